@@ -1,0 +1,16 @@
+"""specfill.core: the backend-neutral spec (configs, stage interfaces, NumPy reference).
+
+Needs NumPy only; importing it never imports torch or mlx.
+"""
+from .config import H2OConfig, SpecPrefillConfig
+from .errors import (BackendUnavailableError, ConfigError, ModelLoadError, PromptTooLongError,
+                     SpecfillError, SpecfillWarning, TokenizerMismatchError)
+from .stages import (AttentionState, H2OCarry, H2OLayerResult, H2OStages, InterResult, IntraResult,
+                     MemorySet, Selection, SpecPrefillStages, TokenScores)
+
+__all__ = [
+    "AttentionState", "BackendUnavailableError", "ConfigError", "H2OCarry", "H2OConfig",
+    "H2OLayerResult", "H2OStages", "InterResult", "IntraResult", "MemorySet", "ModelLoadError",
+    "PromptTooLongError", "Selection", "SpecPrefillConfig", "SpecPrefillStages", "SpecfillError",
+    "SpecfillWarning", "TokenScores", "TokenizerMismatchError",
+]

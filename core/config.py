@@ -1,0 +1,141 @@
+"""Method configurations, validated once at construction.
+
+Defaults follow the design documents: H2O from seed 001's recommended configuration
+(-b 4096 -ub 1024 --h2o-local 256 --h2o-heavy 256), speculative prefill from the reference
+implementation (look-ahead 8, pool kernel 13, keep 10% in chunks of 32).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+from .errors import ConfigError, SpecfillWarning
+
+REDUCTIONS = ("max", "mean")
+
+
+def _require_int(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class H2OConfig:
+    """H2O two-phase chunked sparse prefill.
+
+    chunk_size (S, llama.cpp n_ubatch): tokens per chunk; phase 1 is causal inside a chunk.
+    batch_size (B, llama.cpp n_batch): tokens per logical batch; a multiple of S.
+    local (L): tail tokens of a chunk always kept in its memory set.
+    heavy (H): heavy hitters kept by accumulated score.
+    H2O is enabled iff L + H > 0. L + H < S is enforced by clamping (heavy first, then local)
+    with a SpecfillWarning, as the llama.cpp plan does.
+    """
+
+    chunk_size: int = 1024
+    batch_size: int = 4096
+    local: int = 256
+    heavy: int = 256
+
+    def __post_init__(self) -> None:
+        s = _require_int("chunk_size (S)", self.chunk_size, 1)
+        b = _require_int("batch_size (B)", self.batch_size, 1)
+        local = _require_int("local (L)", self.local, 0)
+        heavy = _require_int("heavy (H)", self.heavy, 0)
+        if b % s != 0:
+            raise ConfigError(f"batch_size (B={b}) must be a multiple of chunk_size (S={s})")
+        if local + heavy >= s:
+            new_local = min(local, s - 1)
+            new_heavy = max(0, min(heavy, s - 1 - new_local))
+            warnings.warn(
+                f"H2O memory L+H={local + heavy} must be < chunk_size S={s}: "
+                f"clamped to L={new_local}, H={new_heavy}",
+                SpecfillWarning,
+                stacklevel=3,
+            )
+            object.__setattr__(self, "local", new_local)
+            object.__setattr__(self, "heavy", new_heavy)
+
+    @property
+    def enabled(self) -> bool:
+        return self.local + self.heavy > 0
+
+    @property
+    def memory_size(self) -> int:
+        """M = L + H, the size of every memory set."""
+        return self.local + self.heavy
+
+
+@dataclass(frozen=True)
+class SpecPrefillConfig:
+    """Speculative prefill (paper section 'Speculative Prefill', seed 002).
+
+    keep_ratio: fraction of selection chunks kept (ceil(n_chunks * keep_ratio)); or
+    keep_tokens: a token budget, kept as ceil(keep_tokens / select_chunk) chunks (>= 1).
+    Exactly one of the two is used: giving keep_tokens turns keep_ratio off.
+    lookahead (N): greedy speculator decode steps whose queries also score the prompt.
+    pool_kernel: odd width of the average pooling along positions (1 = off).
+    select_chunk: tokens per selection chunk (1 = token-level selection).
+    layers: "all" or "last-K" speculator layers used for scoring.
+    head_reduction / layer_reduction: "max" (paper) or "mean"; look-ahead is always averaged.
+    force_keep_last: always keep the last prompt token so decoding has its context.
+    """
+
+    keep_ratio: float | None = 0.1
+    keep_tokens: int | None = None
+    lookahead: int = 8
+    pool_kernel: int = 13
+    select_chunk: int = 32
+    layers: str = "all"
+    head_reduction: str = "max"
+    layer_reduction: str = "max"
+    force_keep_last: bool = True
+
+    def __post_init__(self) -> None:
+        if self.keep_tokens is not None:
+            _require_int("keep_tokens", self.keep_tokens, 1)
+            object.__setattr__(self, "keep_ratio", None)
+        else:
+            ratio = self.keep_ratio
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+                raise ConfigError(f"keep ratio must be a number in (0, 1], got {ratio!r}")
+            if not (0.0 < float(ratio) <= 1.0) or math.isnan(float(ratio)):
+                raise ConfigError(f"keep ratio must be in (0, 1], got {ratio}")
+            object.__setattr__(self, "keep_ratio", float(ratio))
+        _require_int("lookahead", self.lookahead, 0)
+        _require_int("pool_kernel", self.pool_kernel, 1)
+        if self.pool_kernel % 2 == 0:
+            raise ConfigError(f"pool_kernel must be odd (centred pooling), got {self.pool_kernel}")
+        _require_int("select_chunk", self.select_chunk, 1)
+        for name in ("head_reduction", "layer_reduction"):
+            if getattr(self, name) not in REDUCTIONS:
+                raise ConfigError(f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}")
+        self.layer_indices(1)  # validates the layers spec
+
+    def layer_indices(self, n_layers: int) -> list[int]:
+        """Speculator layers used for scoring: all of them, or the last K."""
+        spec = str(self.layers).strip().lower()
+        if spec == "all":
+            return list(range(n_layers))
+        if spec.startswith("last-"):
+            try:
+                k = int(spec[len("last-"):])
+            except ValueError:
+                k = 0
+            if k >= 1:
+                return list(range(max(0, n_layers - k), n_layers))
+        raise ConfigError(f"layers must be 'all' or 'last-K' with K >= 1, got {self.layers!r}")
+
+    def n_kept_chunks(self, n_chunks: int) -> int:
+        """How many selection chunks survive, for a prompt cut into n_chunks."""
+        if n_chunks <= 0:
+            return 0
+        if self.keep_tokens is not None:
+            k = math.ceil(self.keep_tokens / self.select_chunk)
+        else:
+            # the guard keeps float noise (10 * 0.3 = 3.0000000000000004) from adding a chunk
+            k = math.ceil(n_chunks * self.keep_ratio - 1e-9)
+        return max(1, min(n_chunks, k))

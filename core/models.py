@@ -1,0 +1,137 @@
+"""ModelArgs: one description of the Llama, Qwen2 and Qwen3 families for both backends.
+
+Read from a Hugging Face config.json or from GGUF metadata (plain Python values; a backend that
+gets 0-d arrays, like mx.load, converts them with `.item()` first).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+_HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                     "Qwen3ForCausalLM": "qwen3", "MistralForCausalLM": "llama"}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Shape and numerics of a decoder-only model.
+
+    architecture: "llama" | "qwen2" (q/k/v bias) | "qwen3" (per-head q/k RMSNorm).
+    rope_scaling: None or the checkpoint's dict (e.g. {"rope_type": "llama3", "factor": 8, ...}).
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {self.architecture!r} "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ModelLoadError(f"{self.num_attention_heads} attention heads are not a multiple of "
+                                 f"{self.num_key_value_heads} KV heads")
+
+    @property
+    def gqa_group(self) -> int:
+        return self.num_attention_heads // self.num_key_value_heads
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelArgs":
+        """From a transformers config.json dictionary."""
+        arch = config.get("model_type")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            names = config.get("architectures") or []
+            arch = next((_HF_ARCHITECTURES[n] for n in names if n in _HF_ARCHITECTURES), arch)
+        if arch == "mistral":
+            arch = "llama"
+        try:
+            heads = int(config["num_attention_heads"])
+            hidden = int(config["hidden_size"])
+            eos = config.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+            return cls(
+                architecture=str(arch),
+                vocab_size=int(config["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(config["intermediate_size"]),
+                num_hidden_layers=int(config["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+                head_dim=int(config.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(config.get("rope_theta", 10000.0)),
+                rope_scaling=dict(config["rope_scaling"]) if config.get("rope_scaling") else None,
+                max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+                attention_bias=bool(config.get("attention_bias", arch == "qwen2")),
+                qk_norm=arch == "qwen3",
+                bos_token_id=config.get("bos_token_id"),
+                eos_token_ids=tuple(int(e) for e in eos_ids),
+            )
+        except KeyError as missing:
+            raise ModelLoadError(f"config.json lacks {missing.args[0]!r}") from None
+
+    @classmethod
+    def from_gguf_metadata(cls, meta: Mapping[str, Any], has_output_weight: bool) -> "ModelArgs":
+        """From GGUF key/values (llama.cpp names), e.g. `llama.block_count`."""
+        arch = meta.get("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {arch!r} "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+        def get(key: str, default: Any = None) -> Any:
+            value = meta.get(f"{arch}.{key}", default)
+            if value is None:
+                raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
+            return value
+
+        heads = int(get("attention.head_count"))
+        hidden = int(get("embedding_length"))
+        tokens = meta.get("tokenizer.ggml.tokens")
+        vocab = meta.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else None)
+        if vocab is None:
+            raise ModelLoadError("GGUF metadata gives no vocabulary size")
+        scaling = None
+        if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
+            scaling = {"rope_type": meta[f"{arch}.rope.scaling.type"],
+                       "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0)),
+                       "original_max_position_embeddings":
+                           int(meta.get(f"{arch}.rope.scaling.original_context_length", 0))}
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        return cls(
+            architecture=arch,
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(get("feed_forward_length")),
+            num_hidden_layers=int(get("block_count")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+            head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_scaling=scaling,
+            max_position_embeddings=int(meta.get(f"{arch}.context_length", 4096)),
+            tie_word_embeddings=not has_output_weight,
+            attention_bias=arch == "qwen2",
+            qk_norm=arch == "qwen3",
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=(int(eos),) if eos is not None else (),
+        )

@@ -1,0 +1,61 @@
+"""The executable spec: a NumPy reference of every stage of both methods."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import H2OConfig, SpecPrefillConfig
+from ..stages import (AttentionState, H2OLayerResult, InterResult, IntraResult, MemorySet,
+                      Selection)
+from . import attention, h2o, oracle, specprefill
+
+
+class ReferenceStages:
+    """Both methods' stages, implemented by the NumPy reference functions.
+
+    A backend's conformance adapter has the same methods; the orchestration below calls the
+    stages through `self`, so a subclass that changes one stage changes the whole layer.
+    """
+
+    def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
+                        scale: float) -> IntraResult:
+        return h2o.intra_attention(q, k, v, chunk_size, scale)
+
+    def reduce_colsum_to_kv_heads(self, colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:
+        return h2o.reduce_colsum_to_kv_heads(colsum, n_kv_heads)
+
+    def accumulate_scores(self, scores: np.ndarray, memory: MemorySet, kv_colsum: np.ndarray) -> np.ndarray:
+        return h2o.accumulate_scores(scores, memory, kv_colsum)
+
+    def build_memory_set(self, scores: np.ndarray, previous: MemorySet | None, chunk_index: int,
+                         chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet:
+        return h2o.build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy)
+
+    def gather_memory(self, k: np.ndarray, v: np.ndarray, memory: MemorySet) -> tuple[np.ndarray, np.ndarray]:
+        return h2o.gather_memory(k, v, memory)
+
+    def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float) -> InterResult:
+        return h2o.inter_attention(q, k_mem, v_mem, scale)
+
+    def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        return attention.merge_states(a, b)
+
+    def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
+                        scale: float) -> H2OLayerResult:
+        return h2o.h2o_attention_layer(q, k, v, config, scale, stages=self)
+
+    def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
+        return specprefill.attention_scores(queries, keys, scale)
+
+    def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
+        return specprefill.smooth_scores(probs, kernel)
+
+    def reduce_scores(self, probs: np.ndarray, head_reduction: str, layer_reduction: str) -> np.ndarray:
+        return specprefill.reduce_scores(probs, head_reduction, layer_reduction)
+
+    def select_tokens(self, importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
+        return specprefill.select_tokens(importance, config)
+
+
+REFERENCE = ReferenceStages()
+
+__all__ = ["REFERENCE", "ReferenceStages", "attention", "h2o", "oracle", "specprefill"]

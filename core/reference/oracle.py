@@ -1,0 +1,82 @@
+"""The oracle: H2O attention over the explicit key sets of seed 001, Appendix B.
+
+    K(i) = {j in C_c : j <= i} U M_{c-1}       for query i in chunk C_c
+
+Deliberately naive and independent of the two-phase reference: one query at a time, a full
+[N]-wide mask per query, softmax over K(i) in one piece, memory sets built with Python sets
+and a (-score, position) sort. Slow; for small cases and tests only.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int, local: int,
+                     heavy: int, scale: float) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
+    """Returns (output [Hq, N, D], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N])."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    n_heads, n_tokens, _ = q.shape
+    n_kv = k.shape[0]
+    group = n_heads // n_kv
+    n_chunks = math.ceil(n_tokens / chunk_size)
+    chunk_of = lambda i: i // chunk_size  # noqa: E731
+    scores = np.zeros((n_kv, n_tokens))
+
+    # initial scores: column sums of each chunk's own causal softmax
+    for h in range(n_heads):
+        g = h // group
+        for i in range(n_tokens):
+            keys = list(range(chunk_of(i) * chunk_size, i + 1))
+            scores[g, keys] += _softmax(k[g, keys] @ q[h, i] * scale)
+
+    out = np.zeros_like(q)
+    memory: list[list[int]] | None = None
+    memory_sets: list[list[list[int]]] = []
+    for c in range(n_chunks):
+        start, end = c * chunk_size, min((c + 1) * chunk_size, n_tokens)
+        for h in range(n_heads):
+            g = h // group
+            for i in range(start, end):
+                key_set = set(range(start, i + 1)) | (set(memory[g]) if memory else set())
+                mask = np.zeros(n_tokens, dtype=bool)
+                mask[list(key_set)] = True
+                logits = np.where(mask, k[g] @ q[h, i] * scale, -np.inf)
+                out[h, i] = _softmax(logits) @ v[g]
+                if memory:  # inter attention votes for the memory tokens it used
+                    scores[g, memory[g]] += _softmax(k[g, memory[g]] @ q[h, i] * scale)
+        if c == n_chunks - 1:
+            break
+        new_memory = []
+        for g in range(n_kv):
+            local_set = set(range(max(start, end - local), end))
+            candidates = (set(memory[g]) if memory else set()) | set(range(start, end))
+            candidates -= local_set
+            ranked = sorted(candidates, key=lambda j: (-scores[g, j], j))
+            new_memory.append(sorted(local_set | set(ranked[:heavy])))
+        memory = new_memory
+        memory_sets.append(memory)
+    return out, memory_sets, scores
+
+
+def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray]) -> np.ndarray:
+    """[Hkv, N, N] boolean: mask[g, i, j] = j in K(i) for KV head g.
+
+    memory_indices[c] is M_c as [Hkv, M]; the chunk after c reads it.
+    """
+    n_kv = memory_indices[0].shape[0] if memory_indices else 1
+    pos = np.arange(n_tokens)
+    chunk = pos // chunk_size
+    intra = (chunk[:, None] == chunk[None, :]) & (pos[None, :] <= pos[:, None])
+    mask = np.repeat(intra[None], n_kv, axis=0)
+    for c, mem in enumerate(memory_indices):
+        rows = pos[chunk == c + 1]
+        for g in range(n_kv):
+            mask[g][np.ix_(rows, mem[g])] = True
+    return mask

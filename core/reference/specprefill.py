@@ -1,0 +1,103 @@
+"""NumPy reference of speculative prefill token selection (seed 002, Algorithm 1).
+
+Scores come from the speculator's queries of the last prompt token and of its greedy
+look-ahead tokens against the prompt keys of every scoring layer. Look-ahead queries score
+prompt positions only (softmax over the prompt keys), as the reference implementation does.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..config import SpecPrefillConfig
+from ..errors import ConfigError
+from ..stages import Selection, SpecPrefillStages, TokenScores
+from .attention import accumulation_dtype, expand_kv_heads
+
+
+def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
+    """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P]."""
+    dtype = accumulation_dtype(queries, keys)
+    keys = expand_kv_heads(keys, queries.shape[2], axis=1).astype(dtype, copy=False)
+    logits = np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale)
+    logits -= logits.max(axis=-1, keepdims=True)
+    weights = np.exp(logits)
+    return weights / weights.sum(axis=-1, keepdims=True)
+
+
+def smooth_scores(probs: np.ndarray, kernel: int) -> np.ndarray:
+    """Average pooling along the last axis: stride 1, zero padding kernel // 2 each side,
+    every window divided by `kernel` (torch avg_pool1d with count_include_pad)."""
+    if kernel == 1:
+        return probs.copy()
+    pad = kernel // 2
+    padded = np.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(pad, pad)])
+    csum = np.concatenate([np.zeros_like(padded[..., :1]), np.cumsum(padded, axis=-1)], axis=-1)
+    return (csum[..., kernel:] - csum[..., :-kernel]) / kernel
+
+
+def _reduce(x: np.ndarray, how: str, axis: int) -> np.ndarray:
+    if how == "max":
+        return x.max(axis=axis)
+    if how == "mean":
+        return x.mean(axis=axis)
+    raise ConfigError(f"unknown reduction {how!r}")
+
+
+def reduce_scores(probs: np.ndarray, head_reduction: str, layer_reduction: str) -> np.ndarray:
+    """[n_q, n_l, Hq, P] -> [P]: reduce heads, then layers, then mean over the scoring queries."""
+    per_layer = _reduce(probs, head_reduction, axis=2)
+    return _reduce(per_layer, layer_reduction, axis=1).mean(axis=0)
+
+
+def chunk_means(importance: np.ndarray, chunk: int) -> np.ndarray:
+    """Mean importance of each contiguous selection chunk (the last may be shorter)."""
+    n = importance.shape[0]
+    return np.array([importance[s:s + chunk].mean() for s in range(0, n, chunk)], dtype=importance.dtype)
+
+
+def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
+    """Top ceil(n_chunks * keep) chunks by mean score (ties to the earlier chunk), plus the
+    last token; kept tokens keep their original positions and decoding resumes at P."""
+    n_tokens = int(importance.shape[0])
+    if n_tokens < 1:
+        raise ConfigError("speculative prefill needs a prompt of at least one token")
+    chunk = config.select_chunk
+    scores = chunk_means(importance, chunk)
+    n_keep = config.n_kept_chunks(len(scores))
+    order = np.lexsort((np.arange(len(scores)), -scores))[:n_keep]
+    kept = [np.arange(c * chunk, min((c + 1) * chunk, n_tokens)) for c in order]
+    if config.force_keep_last:
+        kept.append(np.array([n_tokens - 1]))
+    kept_positions = np.unique(np.concatenate(kept)).astype(np.int64)
+    return restore_positions(kept_positions, n_tokens, scores)
+
+
+def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarray) -> Selection:
+    """Kept tokens use their original position ids; the first decoded token sits at P."""
+    return Selection(kept=kept, position_ids=kept.copy(), decode_start=int(prompt_len),
+                     chunk_scores=chunk_scores)
+
+
+def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
+                 stages: SpecPrefillStages) -> TokenScores:
+    """Importance of every prompt token from the scoring layers chosen by `config.layers`."""
+    layers = config.layer_indices(queries.shape[0])
+    probs = stages.attention_scores(queries[layers], keys[layers], scale)
+    smoothed = stages.smooth_scores(probs, config.pool_kernel)
+    importance = stages.reduce_scores(smoothed, config.head_reduction, config.layer_reduction)
+    return TokenScores(probs=probs, smoothed=smoothed, importance=importance)
+
+
+def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig,
+                          scale: float, stages: SpecPrefillStages) -> tuple[TokenScores, Selection]:
+    """Scores then selection: what the main model will prefill."""
+    scores = score_tokens(queries, keys, config, scale, stages)
+    return scores, stages.select_tokens(scores.importance, config)
+
+
+def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
+    """Most tokens a selection can keep: its chunks plus the forced last token."""
+    n_chunks = math.ceil(prompt_len / config.select_chunk)
+    return min(prompt_len, config.n_kept_chunks(n_chunks) * config.select_chunk + 1)

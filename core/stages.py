@@ -1,0 +1,188 @@
+"""Typed stage interfaces shared by the NumPy reference and every backend.
+
+Arrays are NumPy at this boundary (backends convert at their adapter). Shapes use:
+  Hq query heads, Hkv KV heads (Hq = G * Hkv, query head h reads KV head h // G),
+  T query tokens, N prompt tokens, D head dim, M memory size (L + H),
+  n_q scoring queries (last prompt token + look-ahead), n_l scoring layers, P prompt length.
+Softmax statistics are float32 at least (float64 when the inputs are float64).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from .config import H2OConfig, SpecPrefillConfig
+
+
+@dataclass(frozen=True)
+class AttentionState:
+    """Online-softmax state of attention over one key block, per query and query head.
+
+    m: [Hq, T] max scaled logit over the block's keys (-inf when the block is empty).
+    l: [Hq, T] sum_j exp(s_j - m) (0 when empty).
+    o: [Hq, T, D] the block's normalised output sum_j exp(s_j - m) v_j / l (0 when empty).
+    Two states over disjoint key blocks merge exactly (see `merge_states`).
+    """
+
+    m: np.ndarray
+    l: np.ndarray
+    o: np.ndarray
+
+
+@dataclass(frozen=True)
+class IntraResult:
+    """Phase 1: block-diagonal causal attention of every chunk at once.
+
+    state: AttentionState over keys [chunk_start(i), i] for each query i.
+    colsum: [Hq, T] per key j, sum over the queries of j's chunk of softmax_intra(i, j)
+    (intra-only normalisation: phase 1 runs before the memory sets exist).
+    """
+
+    state: AttentionState
+    colsum: np.ndarray
+
+
+@dataclass(frozen=True)
+class InterResult:
+    """Phase 2: attention of one chunk's queries to the previous memory set (no mask).
+
+    state: AttentionState over the M gathered keys.
+    colsum: [Hq, M] per memory slot, sum over the chunk's queries of softmax_inter(i, slot).
+    """
+
+    state: AttentionState
+    colsum: np.ndarray
+
+
+@dataclass(frozen=True)
+class MemorySet:
+    """Memory set M_c built after chunk c, per KV head.
+
+    indices: [Hkv, M] int64 prompt positions, ascending in each row, unique, all < chunk_end.
+    Row g = tail-L local window of chunk c plus the top-H of (M_{c-1} U C_c) minus local,
+    ranked by the KV head's accumulated score, ties to the lower position.
+    """
+
+    indices: np.ndarray
+    chunk_index: int
+
+    @property
+    def size(self) -> int:
+        return int(self.indices.shape[1])
+
+
+@dataclass
+class H2OCarry:
+    """State carried across logical batches of one layer (prompt longer than B).
+
+    scores: [Hkv, n_done] accumulated score per processed prompt position.
+    memory: the memory set the next chunk attends to (None before chunk 0 is done).
+    memory_sets: every memory set built so far, in chunk order (for reports and tests).
+    """
+
+    scores: np.ndarray
+    memory: MemorySet | None = None
+    memory_sets: list[MemorySet] = field(default_factory=list)
+
+    @property
+    def n_done(self) -> int:
+        return int(self.scores.shape[1])
+
+
+@dataclass(frozen=True)
+class H2OLayerResult:
+    """One layer's H2O prefill attention over a whole prompt.
+
+    output: [Hq, N, D] attention output for every prompt position.
+    scores: [Hkv, N] final accumulated scores.
+    memory_sets: M_0 .. M_{k-2} (none is built after the final chunk).
+    """
+
+    output: np.ndarray
+    scores: np.ndarray
+    memory_sets: list[MemorySet]
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Speculative-prefill token importance.
+
+    probs: [n_q, n_l, Hq, P] softmax of each scoring query over the prompt keys.
+    smoothed: same shape, after average pooling along P.
+    importance: [P] max over heads and layers, mean over the scoring queries.
+    """
+
+    probs: np.ndarray
+    smoothed: np.ndarray
+    importance: np.ndarray
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which prompt tokens the main model prefills, and where decoding resumes.
+
+    kept: [K] ascending prompt positions (always includes P - 1 when force_keep_last).
+    position_ids: [K] RoPE positions of the kept tokens: their ORIGINAL positions.
+    decode_start: position id of the first generated token (= original prompt length P).
+    chunk_scores: [n_chunks] mean smoothed importance per selection chunk.
+    """
+
+    kept: np.ndarray
+    position_ids: np.ndarray
+    decode_start: int
+    chunk_scores: np.ndarray
+
+
+@runtime_checkable
+class H2OStages(Protocol):
+    """The H2O stages a backend implements (NumPy in, NumPy out at this boundary)."""
+
+    def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
+                        scale: float) -> IntraResult:
+        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block."""
+
+    def reduce_colsum_to_kv_heads(self, colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:
+        """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
+
+    def accumulate_scores(self, scores: np.ndarray, memory: MemorySet,
+                          kv_colsum: np.ndarray) -> np.ndarray:
+        """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s]; returns new array."""
+
+    def build_memory_set(self, scores: np.ndarray, previous: MemorySet | None, chunk_index: int,
+                         chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet:
+        """M_c from scores [Hkv, >= chunk_end] and M_{c-1} (None for chunk 0)."""
+
+    def gather_memory(self, k: np.ndarray, v: np.ndarray,
+                      memory: MemorySet) -> tuple[np.ndarray, np.ndarray]:
+        """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
+
+    def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray,
+                        scale: float) -> InterResult:
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask."""
+
+    def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        """Exact online-softmax merge of two states over disjoint key sets."""
+
+    def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
+                        scale: float) -> H2OLayerResult:
+        """Whole-prompt two-phase attention for one layer, logical batches included."""
+
+
+@runtime_checkable
+class SpecPrefillStages(Protocol):
+    """The speculative-prefill stages a backend implements."""
+
+    def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
+        """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]."""
+
+    def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
+        """Average pooling along the last axis, zero padding kernel // 2 each side."""
+
+    def reduce_scores(self, probs: np.ndarray, head_reduction: str,
+                      layer_reduction: str) -> np.ndarray:
+        """[n_q, n_l, Hq, P] -> [P]: heads, then layers, then mean over the queries."""
+
+    def select_tokens(self, importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
+        """Chunk top-k by ceil(n_chunks * keep), force-keep last, restore positions."""

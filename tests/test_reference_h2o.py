@@ -1,0 +1,44 @@
+"""The two-phase H2O reference against the naive oracle over explicit key sets (seed 001)."""
+import numpy as np
+import pytest
+
+from specfill.core import H2OConfig
+from specfill.core.reference import REFERENCE, h2o, oracle
+
+CASES = [  # (N, S, L, H, Hq, Hkv, B)
+    (37, 8, 2, 3, 4, 2, 8),
+    (50, 8, 0, 4, 6, 2, 16),
+    (50, 8, 5, 0, 3, 3, 24),
+    (5, 8, 2, 2, 2, 1, 8),
+    (64, 16, 4, 6, 8, 1, 32),
+    (41, 8, 3, 4, 8, 4, 40),
+]
+
+
+@pytest.mark.parametrize("n,s,local,heavy,hq,hkv,b", CASES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_two_phase_equals_oracle_float64(n, s, local, heavy, hq, hkv, b, seed):
+    rng = np.random.default_rng(seed)
+    q, k, v = rng.normal(size=(hq, n, 8)), rng.normal(size=(hkv, n, 8)), rng.normal(size=(hkv, n, 8))
+    result = REFERENCE.attention_layer(q, k, v, H2OConfig(s, b, local, heavy), scale=0.4)
+    out, memory_sets, scores = oracle.oracle_h2o_layer(q, k, v, s, local, heavy, scale=0.4)
+    np.testing.assert_allclose(result.output, out, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(result.scores, scores, rtol=1e-10, atol=1e-10)
+    assert len(result.memory_sets) == len(memory_sets) == max(0, -(-n // s) - 1)
+    for built, expected in zip(result.memory_sets, memory_sets):
+        assert built.indices.tolist() == expected
+
+
+def test_dot_product_count_of_seed_001():
+    assert h2o.h2o_dot_products(4096, 1024, 512) == 3_672_064
+    assert h2o.full_dot_products(4096) == 8_390_656
+
+
+def test_dot_products_equal_the_key_sets_actually_used():
+    """Count |K(i)| over a real run (N=4096, S=1024, L=H=256): the formula is what is computed."""
+    rng = np.random.default_rng(0)
+    n = 4096
+    q, k, v = (rng.normal(size=(1, n, 4)).astype(np.float32) for _ in range(3))
+    result = REFERENCE.attention_layer(q, k, v, H2OConfig(1024, 4096, 256, 256), scale=0.5)
+    mask = oracle.key_set_mask(n, 1024, [m.indices for m in result.memory_sets])
+    assert int(mask[0].sum()) == 3_672_064
