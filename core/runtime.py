@@ -1,0 +1,76 @@
+"""The contract between the public API (specfill.load / generate / stream_generate) and a backend.
+
+A backend package (specfill.backends.torch_cuda, specfill.backends.mlx) exposes
+    load(path, dtype=None, device=None) -> (CausalLM, Tokenizer)
+and its model implements `CausalLM`. Timing, detokenisation and response objects live in the
+API layer, once for both backends.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+
+from .config import H2OConfig, SpecPrefillConfig
+from .errors import ConfigError
+from .models import ModelArgs
+
+ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """temperature 0 is greedy; top_p 1.0 is off; seed makes sampling repeatable."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0.0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass(frozen=True)
+class PrefillMethod:
+    """Which prefill runs: "full", "h2o" (with h2o config) or "specprefill" (with config and a
+    speculator: a loaded CausalLM or "self:K" for the main model's first K layers)."""
+
+    name: str = "full"
+    h2o: H2OConfig | None = None
+    specprefill: SpecPrefillConfig | None = None
+    speculator: Any = None
+
+    def __post_init__(self) -> None:
+        if self.name not in ("full", "h2o", "specprefill"):
+            raise ConfigError(f"method must be full, h2o or specprefill, got {self.name!r}")
+
+
+@dataclass
+class PrefillInfo:
+    """What a prefill did: filled in by the backend, read by the API for its report lines."""
+
+    prompt_tokens: int = 0
+    kept_tokens: int = 0
+    kept_positions: Sequence[int] | None = None
+
+
+@runtime_checkable
+class CausalLM(Protocol):
+    """A loaded model on one backend."""
+
+    backend: str  # "cuda" or "mlx"
+    args: ModelArgs
+
+    def __call__(self, ids: Any) -> Any:
+        """Logits for every position, [1, T, vocab], as the backend's array type."""
+
+    def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
+                      stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
+                      progress: ProgressCallback | None = None) -> Iterator[int]:
+        """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time
+        (the first yield marks the time to first token), stopping after a stop id or max_tokens."""
+
+    def peak_memory_gb(self) -> float:
+        """Peak device (or process) memory so far, in GB."""
