@@ -1,0 +1,73 @@
+"""Per-layer KV cache addressed by slot (batch 1).
+
+A slot is where a token's keys/values live; the token's RoPE position is separate and already
+applied to its keys. Tokens fill slots in order: a step appends at [offset, offset + T) and
+attends to slots [0, offset + T). Speculative prefill stores its kept tokens in slots 0..K-1 at
+their original positions and then decodes from slot K at position P (the prompt length).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from specfill.core.errors import PromptTooLongError
+from specfill.core.models import ModelArgs
+
+
+class KVCache:
+    """Keys and values [1, Hkv, capacity, D]; `offset` slots are filled."""
+
+    step = 256  # growth granularity when no capacity was reserved
+
+    def __init__(self, capacity: int | None = None):
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+        self.max_size = capacity  # None: grow without bound
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[2]
+
+    def _reserve(self, needed: int, like_k: mx.array, like_v: mx.array) -> None:
+        """Grow the buffers to hold `needed` slots (to max_size at once when it is known)."""
+        if needed <= self.capacity:
+            return
+        if self.max_size is not None:
+            if needed > self.max_size:
+                raise PromptTooLongError(f"KV cache holds {self.max_size} tokens, "
+                                         f"writing slots {self.offset}..{needed - 1}")
+            size = self.max_size
+        else:
+            size = (needed + self.step - 1) // self.step * self.step
+        heads, pad = like_k.shape[1], size - self.offset
+        new_k = mx.zeros((1, heads, pad, like_k.shape[-1]), like_k.dtype)
+        new_v = mx.zeros((1, heads, pad, like_v.shape[-1]), like_v.dtype)
+        if self.keys is None:
+            self.keys, self.values = new_k, new_v
+        else:
+            self.keys = mx.concatenate([self.keys[..., : self.offset, :], new_k], axis=2)
+            self.values = mx.concatenate([self.values[..., : self.offset, :], new_v], axis=2)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Store post-RoPE keys/values [1, Hkv, T, D] in the next T slots; return all filled
+        slots' keys and values [1, Hkv, offset + T, D]."""
+        end = self.offset + keys.shape[2]
+        self._reserve(end, keys, values)
+        self.keys[..., self.offset:end, :] = keys
+        self.values[..., self.offset:end, :] = values
+        self.offset = end
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    @property
+    def state(self) -> list[mx.array]:
+        """The arrays to evaluate after a step (mx.eval(cache.state))."""
+        return [] if self.keys is None else [self.keys, self.values]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+def make_cache(args: ModelArgs, capacity: int | None = None) -> list[KVCache]:
+    """One cache per layer; `capacity` (slots) reserves the whole buffer on the first write."""
+    return [KVCache(capacity) for _ in range(args.num_hidden_layers)]

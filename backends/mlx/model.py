@@ -1,0 +1,150 @@
+"""Llama / Qwen2 / Qwen3 decoder on MLX in small modules (mlx-lm style), batch 1.
+
+Our own modules rather than mlx-lm's model classes: the prefill methods need two things those
+classes do not expose. H2O replaces each layer's prefill attention with its two-phase chunked
+mode (so a layer's projection, attention and output must be callable one by one), and
+speculative prefill feeds explicit non-contiguous per-token positions while cache slots stay
+contiguous (mlx-lm derives the position from `cache.offset`). Parameter names follow Hugging
+Face (and so mlx-lm), so the same weight dictionaries load into either.
+
+Family differences are flags on ModelArgs: Qwen2 adds q/k/v biases, Qwen3 an RMSNorm per head on
+q and k before RoPE.
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from specfill.core.models import ModelArgs
+
+from .cache import KVCache
+from .rope import Positions, RoPE
+
+
+def output_bias(args: ModelArgs) -> bool:
+    """Llama/Qwen3 put `attention_bias` on o_proj too; Qwen2 biases only q/k/v."""
+    return args.attention_bias and args.architecture != "qwen2"
+
+
+def causal_attention(queries: mx.array, keys: mx.array, values: mx.array,
+                     scale: float) -> mx.array:
+    """q [1, H, T, D] against k/v [1, Hkv, S, D] (S >= T, the queries are the last T slots);
+    grouped-query heads are handled by the kernel. Returns [1, H, T, D]."""
+    mask = "causal" if queries.shape[2] > 1 else None
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        dim, head_dim = args.hidden_size, args.head_dim
+        self.n_heads, self.n_kv_heads = args.num_attention_heads, args.num_key_value_heads
+        self.scale = head_dim**-0.5
+        self.q_proj = nn.Linear(dim, self.n_heads * head_dim, bias=args.attention_bias)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=args.attention_bias)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=args.attention_bias)
+        self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=output_bias(args))
+        self.qk_norm = args.qk_norm
+        if args.qk_norm:
+            self.q_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
+
+    def project(self, x: mx.array, rope: RoPE,
+                positions: Positions) -> tuple[mx.array, mx.array, mx.array]:
+        """x [1, T, hidden] -> q [1, H, T, D], k and v [1, Hkv, T, D], RoPE applied to q, k."""
+        _, steps, _ = x.shape
+        q = self.q_proj(x).reshape(1, steps, self.n_heads, -1)
+        k = self.k_proj(x).reshape(1, steps, self.n_kv_heads, -1)
+        v = self.v_proj(x).reshape(1, steps, self.n_kv_heads, -1).swapaxes(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return rope(q, positions), rope(k, positions), v
+
+    def output(self, attended: mx.array) -> mx.array:
+        """[1, H, T, D] -> [1, T, hidden]."""
+        _, _, steps, _ = attended.shape
+        return self.o_proj(attended.swapaxes(1, 2).reshape(1, steps, -1))
+
+    def __call__(self, x: mx.array, rope: RoPE, positions: Positions,
+                 cache: KVCache | None) -> mx.array:
+        q, k, v = self.project(x, rope, positions)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        return self.output(causal_attention(q, k, v, self.scale))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x: mx.array, rope: RoPE, positions: Positions,
+                 cache: KVCache | None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), rope, positions, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Transformer(nn.Module):
+    """Embedding, blocks and final norm: token ids -> normalised hidden states."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.rope = RoPE(args)
+
+    def __call__(self, ids: mx.array, positions: Positions,
+                 cache: list[KVCache] | None) -> mx.array:
+        h = self.embed_tokens(ids)
+        caches = cache if cache is not None else [None] * len(self.layers)
+        for layer, layer_cache in zip(self.layers, caches):
+            h = layer(h, self.rope, positions, layer_cache)
+        return self.norm(h)
+
+
+class Model(nn.Module):
+    """The causal LM: `hidden` runs the blocks, `logits` the LM head (only where needed)."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = Transformer(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    @property
+    def layers(self) -> list[TransformerBlock]:
+        return self.model.layers
+
+    def hidden(self, ids: mx.array, positions: Positions = 0,
+               cache: list[KVCache] | None = None) -> mx.array:
+        """ids [1, T] at RoPE `positions` (first of consecutive ones, or [T]) appended to
+        `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T, hidden]."""
+        return self.model(ids, positions, cache)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        if self.args.tie_word_embeddings:
+            return self.model.embed_tokens.as_linear(hidden)
+        return self.lm_head(hidden)
+
+    def __call__(self, ids: mx.array, positions: Positions = 0,
+                 cache: list[KVCache] | None = None) -> mx.array:
+        """Logits [1, T, vocab] for every position."""
+        return self.logits(self.hidden(ids, positions, cache))

@@ -1,0 +1,218 @@
+"""Checkpoints -> MLX arrays with Hugging Face names, quantized layers kept quantized.
+
+Three sources, one result (`Checkpoint`):
+- GGUF through `mx.load(path, return_metadata=True)`: Q4_0/Q4_1/Q8_0 arrive as MLX affine
+  triples (packed `weight`, `scales`, `biases`; group 32), other types as MLX gives them (K-quants
+  dequantized to float16). llama.cpp's Q/K row permutation is undone on all three arrays: a row
+  permutation commutes with per-row group quantization.
+- Hugging Face safetensors directories (config.json + model*.safetensors).
+- mlx-lm directories: the same, with a `quantization` entry in config.json.
+Names, tensor checks and RoPE recovery come from the backend-neutral specfill.core.weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from specfill.core.errors import ModelLoadError
+from specfill.core.models import ModelArgs
+from specfill.core.rope import llama3_scaling_from_factors
+from specfill.core.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, safetensors_files,
+                                   unpermute_qk)
+
+GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks
+_QUANT_PARTS = ("scales", "biases")
+_SKIPPED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    """How one layer's weight is quantized (MLX affine mode: w = scale * q + bias per group)."""
+
+    group_size: int
+    bits: int
+
+
+@dataclass
+class Checkpoint:
+    """HF-named arrays; a quantized layer `p` has `p.weight` (packed), `p.scales`, `p.biases`
+    and an entry `quantized[p]`."""
+
+    args: ModelArgs
+    weights: dict[str, mx.array]
+    quantized: dict[str, QuantSpec] = field(default_factory=dict)
+    source: str = ""
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    """A GGUF file, or a Hugging Face / mlx-lm safetensors directory."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
+    if path.is_dir():
+        return _load_directory(path)
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
+    return _load_gguf(path)
+
+
+def _mx_load(path: Path, **kwargs: Any) -> Any:
+    try:
+        return mx.load(str(path), **kwargs)
+    except (RuntimeError, ValueError, OSError) as err:
+        raise ModelLoadError(f"cannot read {path}: {err}") from None
+
+
+def _plain(value: Any) -> Any:
+    """GGUF metadata from mx.load: 0-d arrays -> Python scalars (a float32 as the shortest
+    decimal that rounds to it, 1e-05 rather than 9.99e-06, as the core reader does); the rest
+    unchanged."""
+    if isinstance(value, mx.array) and value.ndim == 0:
+        if value.dtype == mx.float32:
+            return float(str(np.float32(value.item())))
+        return value.item()
+    return value
+
+
+def _logical_shapes(weights: dict[str, mx.array],
+                    quantized: dict[str, QuantSpec]) -> dict[str, tuple[int, ...]]:
+    """Each weight's unquantized shape ([out, in] for a packed matrix); scales/biases left out."""
+    shapes = {}
+    for name, w in weights.items():
+        module, _, part = name.rpartition(".")
+        if module in quantized and part in _QUANT_PARTS:
+            continue
+        if module in quantized and part == "weight":
+            shapes[name] = (w.shape[0], w.shape[1] * 32 // quantized[module].bits)
+        else:
+            shapes[name] = tuple(w.shape)
+    return shapes
+
+
+def _gguf_hf_name(name: str) -> str | None:
+    """GGUF name -> HF name, also for the `scales`/`biases` of a quantized `weight`."""
+    base, _, part = name.rpartition(".")
+    if part in _QUANT_PARTS:
+        hf = gguf_to_hf_name(f"{base}.weight")
+        return None if hf is None else f"{hf.rpartition('.')[0]}.{part}"
+    return gguf_to_hf_name(name)
+
+
+def _unpermute_llama_qk(args: ModelArgs, weights: dict[str, mx.array]) -> None:
+    """llama.cpp stores llama's Q/K rows interleaved for its RoPE; restore HF's half-split rows
+    on the weight (packed or not), its scales/biases and the bias."""
+    for i in range(args.num_hidden_layers):
+        for proj, heads in (("q_proj", args.num_attention_heads),
+                            ("k_proj", args.num_key_value_heads)):
+            for part in ("weight", "bias", *_QUANT_PARTS):
+                name = f"model.layers.{i}.self_attn.{proj}.{part}"
+                if name in weights:  # gather rows by the permutation of their indices
+                    rows = weights[name].shape[0]
+                    order = mx.array(unpermute_qk(np.arange(rows), heads))
+                    weights[name] = weights[name][order]
+
+
+def _load_gguf(path: Path) -> Checkpoint:
+    raw, metadata = _mx_load(path, return_metadata=True)
+    meta = {key: _plain(value) for key, value in metadata.items()}
+    args = ModelArgs.from_gguf_metadata(meta, "output.weight" in raw)
+    weights = {hf: w for name, w in raw.items() if (hf := _gguf_hf_name(name)) is not None}
+    if "rope_freqs.weight" in raw:
+        factors = np.array(raw["rope_freqs.weight"].astype(mx.float32))
+        args = dataclasses.replace(args, rope_scaling=llama3_scaling_from_factors(
+            factors, args.head_dim, args.rope_theta))
+    quantized = {}
+    for name in weights:
+        module, _, part = name.rpartition(".")
+        if part == "scales":
+            packed_cols, groups = weights[f"{module}.weight"].shape[-1], weights[name].shape[-1]
+            quantized[module] = QuantSpec(GGUF_GROUP_SIZE, bits=packed_cols // groups)
+    embed = weights.get("model.embed_tokens.weight")
+    args = dataclasses.replace(  # the tensors, not the metadata, decide these two
+        args, attention_bias="model.layers.0.self_attn.q_proj.bias" in weights,
+        vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
+    check_tensors(args, _logical_shapes(weights, quantized), path)
+    if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
+        _unpermute_llama_qk(args, weights)
+    return Checkpoint(args, weights, quantized, str(path))
+
+
+def _read_config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        raise ModelLoadError(f"{directory} is not a model directory: it has no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"cannot read {path}: {err}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object")
+    return config
+
+
+def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
+                         directory: Path) -> dict[str, QuantSpec]:
+    """mlx-lm's `quantization` entry: defaults plus per-layer overrides keyed by module path."""
+    if "quantization_config" in config and "quantization" not in config:
+        method = config["quantization_config"].get("quant_method", "?")
+        raise ModelLoadError(f"{directory} is quantized with {method!r}, which the MLX backend "
+                             f"does not read (convert it with mlx_lm.convert)")
+    entry = config.get("quantization")
+    if entry is None:
+        return {}
+    quantized = {}
+    for name in weights:
+        module, _, part = name.rpartition(".")
+        if part != "scales":
+            continue
+        spec = entry.get(module, entry)
+        if not isinstance(spec, dict) or "bits" not in spec or "group_size" not in spec:
+            raise ModelLoadError(f"{directory}/config.json gives no bits/group_size for "
+                                 f"quantized layer {module}")
+        if spec.get("mode", "affine") != "affine":
+            raise ModelLoadError(f"{directory}: quantization mode {spec['mode']!r} is not "
+                                 f"supported (affine only)")
+        quantized[module] = QuantSpec(int(spec["group_size"]), int(spec["bits"]))
+    return quantized
+
+
+def _load_directory(directory: Path) -> Checkpoint:
+    config = _read_config(directory)
+    args = ModelArgs.from_hf_config(config)
+    weights: dict[str, mx.array] = {}
+    for file in safetensors_files(directory):
+        weights.update(_mx_load(file))
+    for name in [n for n in weights if n.endswith(_SKIPPED_HF_SUFFIXES)]:
+        del weights[name]
+    if args.tie_word_embeddings:  # some tied checkpoints store the shared copy
+        for part in ("weight", *_QUANT_PARTS):
+            weights.pop(f"lm_head.{part}", None)
+    quantized = _mlx_lm_quantization(config, weights, directory)
+    check_tensors(args, _logical_shapes(weights, quantized), directory)
+    return Checkpoint(args, weights, quantized, str(directory))
+
+
+def to_dtype(checkpoint: Checkpoint, dtype: mx.Dtype, *, dequantize: bool) -> Checkpoint:
+    """Float arrays cast to `dtype`; with `dequantize` quantized layers become plain `dtype`
+    matrices (computed in float32 from the stored scales, then cast)."""
+    weights = dict(checkpoint.weights)
+    quantized = dict(checkpoint.quantized)
+    if dequantize:
+        for module, spec in checkpoint.quantized.items():
+            scales = weights.pop(f"{module}.scales").astype(mx.float32)
+            biases = weights.pop(f"{module}.biases").astype(mx.float32)
+            weights[f"{module}.weight"] = mx.dequantize(
+                weights[f"{module}.weight"], scales, biases, group_size=spec.group_size,
+                bits=spec.bits).astype(dtype)
+        quantized = {}
+    for name, w in weights.items():
+        if mx.issubdtype(w.dtype, mx.floating) and w.dtype != dtype:
+            weights[name] = w.astype(dtype)
+    return Checkpoint(checkpoint.args, weights, quantized, checkpoint.source)
