@@ -15,6 +15,7 @@ from typing import Any
 import mlx.core as mx
 
 from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.tokenizer import load_tokenizer
 
 from .causal_lm import MLXCausalLM, build_model
 from .generate import DEFAULT_PREFILL_STEP_SIZE
@@ -51,17 +52,25 @@ def _stored_float_dtype(checkpoint: Checkpoint) -> mx.Dtype:
     return checkpoint.weights[f"{name}.{part}"].dtype
 
 
-def resolve_dtype(dtype: str | mx.Dtype | None, device: mx.Device,
-                  checkpoint: Checkpoint) -> tuple[mx.Dtype, bool]:
-    """(activation dtype, dequantize?) for a requested dtype (None: keep quantized layers)."""
+def resolve_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
+    """A requested dtype: None (keep quantized layers) or float32 / float16 / bfloat16."""
     if dtype is None:
-        if device.type == mx.DeviceType.cpu:  # MLX's CPU float16/bfloat16 paths are slow
-            return mx.float32, False
-        return _stored_float_dtype(checkpoint), False
-    resolved = dtype if isinstance(dtype, mx.Dtype) else _DTYPES.get(str(dtype).lower())
-    if resolved not in (mx.float32, mx.float16, mx.bfloat16):
+        return None
+    if isinstance(dtype, mx.Dtype):
+        resolved = dtype
+    else:
+        resolved = _DTYPES.get(str(dtype).lower())
+    if resolved is None or resolved not in (mx.float32, mx.float16, mx.bfloat16):
         raise ConfigError(f"unsupported dtype {dtype!r} (use float32, float16 or bfloat16)")
-    return resolved, True
+    return resolved
+
+
+def activation_dtype(dtype: mx.Dtype | None, device: mx.Device, checkpoint: Checkpoint) -> mx.Dtype:
+    """The requested dtype, else float32 on CPU (MLX's CPU float16/bfloat16 paths are slow) and
+    the checkpoint's own float type on the GPU."""
+    if dtype is not None:
+        return dtype
+    return mx.float32 if device.type == mx.DeviceType.cpu else _stored_float_dtype(checkpoint)
 
 
 def load(path: str | Path, dtype: str | mx.Dtype | None = None,
@@ -69,13 +78,12 @@ def load(path: str | Path, dtype: str | mx.Dtype | None = None,
          prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[MLXCausalLM, Any]:
     """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory. Missing,
     corrupt or unsupported checkpoints raise ModelLoadError."""
-    from specfill.core.tokenizer import load_tokenizer
-
     resolved_device = resolve_device(device)
+    requested_dtype = resolve_dtype(dtype)
     checkpoint = load_checkpoint(path)
-    compute_dtype, dequantize = resolve_dtype(dtype, resolved_device, checkpoint)
+    compute_dtype = activation_dtype(requested_dtype, resolved_device, checkpoint)
     with mx.stream(resolved_device):
-        checkpoint = to_dtype(checkpoint, compute_dtype, dequantize=dequantize)
+        checkpoint = to_dtype(checkpoint, compute_dtype, dequantize=requested_dtype is not None)
         model = build_model(checkpoint)
     quantized = bool(checkpoint.quantized)
     del checkpoint

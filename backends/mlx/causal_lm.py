@@ -9,7 +9,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError, PromptTooLongError
+from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
+                                  PromptTooLongError)
 from specfill.core.models import ModelArgs
 from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
@@ -73,14 +74,16 @@ class MLXCausalLM:
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= self.args.vocab_size:
             bad = low if low < 0 else high
-            raise ConfigError(f"token id {bad} is outside the vocabulary (size {self.args.vocab_size})")
+            raise ConfigError(f"token id {bad} is outside the vocabulary "
+                              f"(size {self.args.vocab_size})")
         return mx.array(ids.astype(np.int32))
 
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         context = self.args.max_position_embeddings
         if prompt_tokens + max_tokens > context:
-            raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} "
-                                     f"exceeds the model's context of {context} tokens")
+            raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens "
+                                     f"{max_tokens} exceeds the model's context of {context} "
+                                     f"tokens")
 
     def __call__(self, ids: Any) -> mx.array:
         """Logits [1, T, vocab] (float32) for every position of `ids`, a fresh context."""
@@ -111,9 +114,10 @@ class MLXCausalLM:
 
     def _generate(self, ids: mx.array, max_tokens: int, sampling: SamplingConfig,
                   stop_ids: frozenset[int], progress: ProgressCallback | None) -> Iterator[int]:
+        cache = self.new_cache(ids.shape[0] + max_tokens)
         with mx.stream(self.device):
             yield from generate_tokens(self.model, ids, max_tokens=max_tokens, sampling=sampling,
-                                       stop_ids=stop_ids, cache=self.new_cache(ids.shape[0] + max_tokens),
+                                       stop_ids=stop_ids, cache=cache,
                                        step_size=self.prefill_step_size, progress=progress)
 
     def peak_memory_gb(self) -> float:

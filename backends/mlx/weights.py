@@ -1,7 +1,7 @@
 """Checkpoints -> MLX arrays with Hugging Face names, quantized layers kept quantized.
 
 Three sources, one result (`Checkpoint`):
-- GGUF through `mx.load(path, return_metadata=True)`: Q4_0/Q4_1/Q8_0 arrive as MLX affine
+- GGUF through `mx.load(path)`: Q4_0/Q4_1/Q8_0 arrive as MLX affine
   triples (packed `weight`, `scales`, `biases`; group 32), other types as MLX gives them (K-quants
   dequantized to float16). llama.cpp's Q/K row permutation is undone on all three arrays: a row
   permutation commutes with per-row group quantization.
@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.errors import ModelLoadError
+from specfill.core.gguf_file import read_gguf
 from specfill.core.models import ModelArgs
 from specfill.core.rope import llama3_scaling_from_factors
 from specfill.core.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, safetensors_files,
@@ -63,22 +64,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return _load_gguf(path)
 
 
-def _mx_load(path: Path, **kwargs: Any) -> Any:
+def _mx_load(path: Path) -> dict[str, mx.array]:
     try:
-        return mx.load(str(path), **kwargs)
+        return mx.load(str(path))
     except (RuntimeError, ValueError, OSError) as err:
-        raise ModelLoadError(f"cannot read {path}: {err}") from None
-
-
-def _plain(value: Any) -> Any:
-    """GGUF metadata from mx.load: 0-d arrays -> Python scalars (a float32 as the shortest
-    decimal that rounds to it, 1e-05 rather than 9.99e-06, as the core reader does); the rest
-    unchanged."""
-    if isinstance(value, mx.array) and value.ndim == 0:
-        if value.dtype == mx.float32:
-            return float(str(np.float32(value.item())))
-        return value.item()
-    return value
+        raise ModelLoadError(f"cannot read {path} (truncated or corrupt?): {err}") from None
 
 
 def _logical_shapes(weights: dict[str, mx.array],
@@ -120,8 +110,11 @@ def _unpermute_llama_qk(args: ModelArgs, weights: dict[str, mx.array]) -> None:
 
 
 def _load_gguf(path: Path) -> Checkpoint:
-    raw, metadata = _mx_load(path, return_metadata=True)
-    meta = {key: _plain(value) for key, value in metadata.items()}
+    # The core reader checks the header and every tensor's extent (the same errors as the torch
+    # backend for a corrupt or truncated file) and gives the metadata as Python values.
+    with read_gguf(path) as header:
+        meta = header.metadata
+    raw = _mx_load(path)
     args = ModelArgs.from_gguf_metadata(meta, "output.weight" in raw)
     weights = {hf: w for name, w in raw.items() if (hf := _gguf_hf_name(name)) is not None}
     if "rope_freqs.weight" in raw:
@@ -151,7 +144,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"cannot read {path}: {err}") from None
+        raise ModelLoadError(f"cannot read {path} (truncated or corrupt?): {err}") from None
     if not isinstance(config, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object")
     return config

@@ -1,0 +1,83 @@
+"""The real SmolLM2-135M-Instruct Q4_1 GGUF on MLX: logits against mlx-lm's own llama model on
+the same dequantized weights, and a greedy chat answer. MLX on Linux runs on CPU with reference
+BLAS (~5-10 tokens/s for this model), so one ~200-token forward per implementation is all."""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from specfill.backends.mlx import load
+from specfill.backends.mlx.weights import load_checkpoint, to_dtype
+from specfill.core.demo_model import require_demo_model
+from specfill.core.errors import ModelLoadError
+from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+
+pytestmark = pytest.mark.slow
+
+PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined movable metal type, oil-based ink and a wooden screw press into a practical system "
+    "for producing books. Before his workshop in Mainz, European books were copied by hand, a slow "
+    "and costly process that kept literacy rare. Within a few decades printing spread to more than "
+    "two hundred cities, and millions of volumes circulated across the continent. Scholars could "
+    "compare identical copies of a text, which encouraged careful editing and the growth of "
+    "scientific communities. Pamphlets carried news and arguments faster than ever before, shaping "
+    "religious and political debates. Printers standardised spelling and grammar, and vernacular "
+    "languages gained prestige alongside Latin. Historians still argue about how quickly these "
+    "changes took hold, but most agree that the press altered how knowledge was stored, shared and "
+    "trusted. Today, digital networks raise similar questions about "
+    "authority, speed and access to information. Summarise the main effects of the printing press "
+    "in three sentences, and explain which of them you think mattered most for the spread of "
+    "science."
+)
+
+
+@pytest.fixture(scope="module")
+def demo_path():
+    try:
+        return require_demo_model()
+    except ModelLoadError as err:
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="module")
+def fp32_run(demo_path):
+    """Our model dequantized to float32: (model, prompt ids, logits [T, vocab] as NumPy)."""
+    model, tokenizer = load(demo_path, dtype="float32", device="cpu")
+    ids = tokenizer.encode(PROMPT)
+    assert 180 <= len(ids) <= 240
+    return model, ids, np.asarray(model(ids)[0])
+
+
+def test_logits_match_mlx_lm_llama_on_the_same_weights(demo_path, fp32_run):
+    from mlx_lm.models import llama
+
+    model, ids, logits = fp32_run
+    a = model.args
+    reference = llama.Model(llama.ModelArgs(
+        model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
+        intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
+        num_key_value_heads=a.num_key_value_heads, head_dim=a.head_dim, rms_norm_eps=a.rms_norm_eps,
+        vocab_size=a.vocab_size, rope_theta=a.rope_theta, tie_word_embeddings=a.tie_word_embeddings,
+        max_position_embeddings=a.max_position_embeddings))
+    weights = to_dtype(load_checkpoint(demo_path), mx.float32, dequantize=True).weights
+    reference.load_weights(list(weights.items()), strict=True)
+    with mx.stream(mx.cpu):
+        expected = np.asarray(reference(mx.array([ids]))[0])
+    assert np.abs(logits - expected).max() <= 1e-3
+    assert (logits.argmax(-1) == expected.argmax(-1)).all()
+
+
+def test_greedy_chat_answer_names_paris(demo_path):
+    model, tokenizer = load(demo_path, device="cpu")  # the default: Q4_1/Q8_0 stay quantized
+    assert model.quantized
+    prompt = tokenizer.apply_chat_template([{"role": "user",
+                                             "content": "What is the capital of France?"}])
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    tokens = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(),
+                                      stop_ids=tokenizer.eos_token_ids, method=PrefillMethod(),
+                                      info=PrefillInfo()))
+    assert tokens[-1] in tokenizer.eos_token_ids
+    assert "Paris" in tokenizer.decode(tokens, skip_special_tokens=True)
+    assert 0.0 < model.peak_memory_gb() < 20.0
