@@ -15,6 +15,21 @@ _HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                      "Qwen3ForCausalLM": "qwen3", "MistralForCausalLM": "llama"}
 
 
+def _hf_rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers >= 5 writes `rope_parameters` (theta inside); older configs `rope_scaling`."""
+    return dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+
+
+def _hf_rope_theta(config: Mapping[str, Any]) -> float:
+    return float(config.get("rope_theta") or _hf_rope_parameters(config).get("rope_theta", 10000.0))
+
+
+def _hf_rope_scaling(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    scaling = {k: v for k, v in _hf_rope_parameters(config).items() if k != "rope_theta"}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    return None if kind == "default" else scaling
+
+
 @dataclass(frozen=True)
 class ModelArgs:
     """Shape and numerics of a decoder-only model.
@@ -77,8 +92,8 @@ class ModelArgs:
                 num_key_value_heads=int(config.get("num_key_value_heads") or heads),
                 head_dim=int(config.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(config.get("rope_theta", 10000.0)),
-                rope_scaling=dict(config["rope_scaling"]) if config.get("rope_scaling") else None,
+                rope_theta=_hf_rope_theta(config),
+                rope_scaling=_hf_rope_scaling(config),
                 max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
                 attention_bias=bool(config.get("attention_bias", arch == "qwen2")),

@@ -1,0 +1,66 @@
+"""Causal attention over the KV cache against masked SDPA, and the rope tables."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specfill.backends.torch_cuda.attention import causal_attention
+from specfill.backends.torch_cuda.kv_cache import KVCache
+from specfill.backends.torch_cuda.rope import rope_inv_freq
+from specfill.core.errors import PromptTooLongError
+from specfill.core.models import ModelArgs
+
+ARGS = ModelArgs(architecture="llama", vocab_size=16, hidden_size=48, intermediate_size=8,
+                 num_hidden_layers=1, num_attention_heads=6, num_key_value_heads=2, head_dim=8)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Float64 attention where query t (slot start + t) sees slots 0..start + t."""
+    q, k, v = q.double(), k.double().repeat_interleave(3, 1), v.double().repeat_interleave(3, 1)
+    steps, end = q.shape[2], k.shape[2]
+    visible = torch.arange(end)[None, :] <= start + torch.arange(steps)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("start,steps", [(0, 1), (0, 17), (9, 1), (9, 13), (40, 24)])
+def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance):
+    gen = torch.Generator().manual_seed(start * 100 + steps)
+    cache = KVCache.allocate(ARGS, 80, dtype, "cpu").layers[0]
+    k_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
+    v_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
+    q = torch.randn(1, 6, steps, 8, generator=gen).to(dtype)
+    cache.write(0, k_all[:, :, :start], v_all[:, :, :start])
+    k, v = k_all[:, :, start:], v_all[:, :, start:]
+    cache.write(start, k, v)
+    out = causal_attention(0, q, k, v, cache, start)
+    assert out.shape == q.shape and out.dtype == dtype
+    expected = reference(q, k_all, v_all, start)
+    assert (out.double() - expected).abs().max().item() <= tolerance
+
+
+def test_cache_write_past_capacity_is_refused():
+    cache = KVCache.allocate(ARGS, 4, torch.float32, "cpu").layers[0]
+    kv = torch.zeros(1, 2, 3, 8)
+    cache.write(0, kv, kv)
+    with pytest.raises(PromptTooLongError, match="holds 4 tokens"):
+        cache.write(2, kv, kv)
+
+
+def test_llama3_inv_freq_bands():
+    """High frequencies untouched, low ones divided by the factor, the middle band in between."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    args = ModelArgs(**{**ARGS.__dict__, "head_dim": 32, "rope_theta": 10000.0, "rope_scaling": scaling})
+    plain = 1.0 / 10000.0 ** (torch.arange(0, 32, 2).double() / 32)
+    scaled = rope_inv_freq(args).double()
+    wavelen = 2 * math.pi / plain
+    high, low = wavelen < 64 / 4, wavelen > 64 / 1
+    assert high.any() and low.any() and (~high & ~low).any()
+    torch.testing.assert_close(scaled[high], plain[high], rtol=1e-6, atol=0)
+    torch.testing.assert_close(scaled[low], plain[low] / 8, rtol=1e-6, atol=0)
+    middle = ~high & ~low
+    assert ((scaled[middle] < plain[middle]) & (scaled[middle] > plain[middle] / 8)).all()
