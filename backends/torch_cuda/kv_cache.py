@@ -51,8 +51,9 @@ class KVCache:
     def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype,
                  device: torch.device | str) -> "KVCache":
         shape = (1, args.num_key_value_heads, capacity, args.head_dim)
-        layers = [LayerKVCache(torch.zeros(shape, dtype=dtype, device=device),
-                               torch.zeros(shape, dtype=dtype, device=device))
+        # Uninitialised: attention only ever reads slots below the ones just written.
+        layers = [LayerKVCache(torch.empty(shape, dtype=dtype, device=device),
+                               torch.empty(shape, dtype=dtype, device=device))
                   for _ in range(args.num_hidden_layers)]
         return cls(layers)
 

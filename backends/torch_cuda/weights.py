@@ -1,7 +1,7 @@
 """Hugging Face-named NumPy weights -> a Transformer on the target device and dtype.
 
 The shared loader (specfill.core.weights) gives every checkpoint format the same names and the
-rotate-half Q/K layout; this file only fuses q/k/v and gate/up and checks names and shapes.
+rotate-half Q/K layout; this file only fuses q/k/v and checks names and shapes.
 """
 from __future__ import annotations
 
@@ -84,8 +84,8 @@ def _state_dict(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch
         if args.qk_norm:
             state[dst + "attention.q_norm.weight"] = get(attn + "q_norm.weight")
             state[dst + "attention.k_norm.weight"] = get(attn + "k_norm.weight")
-        state[dst + "mlp.w_gate_up.weight"] = torch.cat([get(src + "mlp.gate_proj.weight"),
-                                                         get(src + "mlp.up_proj.weight")])
+        state[dst + "mlp.w_gate.weight"] = get(src + "mlp.gate_proj.weight")
+        state[dst + "mlp.w_up.weight"] = get(src + "mlp.up_proj.weight")
         state[dst + "mlp.w_down.weight"] = get(src + "mlp.down_proj.weight")
         state[dst + "attention_norm.weight"] = get(src + "input_layernorm.weight")
         state[dst + "mlp_norm.weight"] = get(src + "post_attention_layernorm.weight")
