@@ -15,21 +15,6 @@ _HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
                      "Qwen3ForCausalLM": "qwen3", "MistralForCausalLM": "llama"}
 
 
-def _hf_rope_parameters(config: Mapping[str, Any]) -> dict[str, Any]:
-    """transformers >= 5 writes `rope_parameters` (theta inside); older configs `rope_scaling`."""
-    return dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-
-
-def _hf_rope_theta(config: Mapping[str, Any]) -> float:
-    return float(config.get("rope_theta") or _hf_rope_parameters(config).get("rope_theta", 10000.0))
-
-
-def _hf_rope_scaling(config: Mapping[str, Any]) -> dict[str, Any] | None:
-    scaling = {k: v for k, v in _hf_rope_parameters(config).items() if k != "rope_theta"}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    return None if kind == "default" else scaling
-
-
 @dataclass(frozen=True)
 class ModelArgs:
     """Shape and numerics of a decoder-only model.
@@ -77,7 +62,11 @@ class ModelArgs:
             arch = next((_HF_ARCHITECTURES[n] for n in names if n in _HF_ARCHITECTURES), arch)
         if arch == "mistral":
             arch = "llama"
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {arch!r} in config.json "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
         try:
+            theta, scaling = _hf_rope(config)
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])
             eos = config.get("eos_token_id")
@@ -92,8 +81,8 @@ class ModelArgs:
                 num_key_value_heads=int(config.get("num_key_value_heads") or heads),
                 head_dim=int(config.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                rope_theta=_hf_rope_theta(config),
-                rope_scaling=_hf_rope_scaling(config),
+                rope_theta=theta,
+                rope_scaling=scaling,
                 max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
                 attention_bias=bool(config.get("attention_bias", arch == "qwen2")),
@@ -103,11 +92,15 @@ class ModelArgs:
             )
         except KeyError as missing:
             raise ModelLoadError(f"config.json lacks {missing.args[0]!r}") from None
+        except (TypeError, ValueError) as err:
+            raise ModelLoadError(f"config.json has an invalid value: {err}") from None
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any], has_output_weight: bool) -> "ModelArgs":
         """From GGUF key/values (llama.cpp names), e.g. `llama.block_count`."""
         arch = meta.get("general.architecture")
+        if arch is None:
+            raise ModelLoadError("GGUF metadata lacks general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {arch!r} "
                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -150,3 +143,17 @@ class ModelArgs:
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=(int(eos),) if eos is not None else (),
         )
+
+
+def _hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from transformers <5 keys (rope_theta, rope_scaling) or 5's
+    rope_parameters; scaling is None for default RoPE and always keyed by "rope_type"."""
+    params = dict(config.get("rope_parameters") or {})
+    theta = float(config.get("rope_theta", params.pop("rope_theta", 10000.0)))
+    params.pop("rope_theta", None)
+    scaling = dict(config.get("rope_scaling") or params)
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    if scaling.get("rope_type", "default") == "default":
+        return theta, None
+    return theta, scaling
