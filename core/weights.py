@@ -105,7 +105,7 @@ def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source: Path) -> None:
+def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source: Path | str) -> None:
     """One ModelLoadError naming missing, unexpected or mis-shaped tensors ({name: shape})."""
     expected = expected_tensor_shapes(args)
 

@@ -29,11 +29,6 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-def output_bias(args: ModelArgs) -> bool:
-    """Llama/Qwen3 put `attention_bias` on o_proj too; Qwen2 biases only q/k/v."""
-    return args.attention_bias and args.architecture != "qwen2"
-
-
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
@@ -43,7 +38,7 @@ class Attention(nn.Module):
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (q_size, kv_size, kv_size)
         self.wqkv = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.attention_bias)
-        self.wo = nn.Linear(q_size, args.hidden_size, bias=output_bias(args))
+        self.wo = nn.Linear(q_size, args.hidden_size, bias=False)  # biases are q/k/v only
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 

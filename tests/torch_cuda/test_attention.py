@@ -1,7 +1,5 @@
-"""Causal attention over the KV cache against masked SDPA, and the rope tables."""
+"""Causal attention over the KV cache against masked SDPA; the cache's capacity check."""
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
@@ -9,7 +7,6 @@ import torch.nn.functional as F
 
 from specfill.backends.torch_cuda.attention import causal_attention
 from specfill.backends.torch_cuda.kv_cache import KVCache
-from specfill.backends.torch_cuda.rope import rope_inv_freq
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
 
@@ -48,19 +45,3 @@ def test_cache_write_past_capacity_is_refused():
     cache.write(0, kv, kv)
     with pytest.raises(PromptTooLongError, match="holds 4 tokens"):
         cache.write(2, kv, kv)
-
-
-def test_llama3_inv_freq_bands():
-    """High frequencies untouched, low ones divided by the factor, the middle band in between."""
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-    args = ModelArgs(**{**ARGS.__dict__, "head_dim": 32, "rope_theta": 10000.0, "rope_scaling": scaling})
-    plain = 1.0 / 10000.0 ** (torch.arange(0, 32, 2).double() / 32)
-    scaled = rope_inv_freq(args).double()
-    wavelen = 2 * math.pi / plain
-    high, low = wavelen < 64 / 4, wavelen > 64 / 1
-    assert high.any() and low.any() and (~high & ~low).any()
-    torch.testing.assert_close(scaled[high], plain[high], rtol=1e-6, atol=0)
-    torch.testing.assert_close(scaled[low], plain[low] / 8, rtol=1e-6, atol=0)
-    middle = ~high & ~low
-    assert ((scaled[middle] < plain[middle]) & (scaled[middle] > plain[middle] / 8)).all()

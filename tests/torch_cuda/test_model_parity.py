@@ -8,7 +8,7 @@ from specfill.backends.torch_cuda.generate import decode_one_token, generate_tok
 from specfill.core.errors import ModelLoadError
 from specfill.core.runtime import SamplingConfig
 
-from tiny_torch_models import make_tiny, prompt_ids
+from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
@@ -40,7 +40,7 @@ def test_rope_scaling_matches_transformers(arch, rope):
 def test_unsupported_rope_scaling_is_a_load_error():
     tiny = make_tiny("llama")
     args = type(tiny.args)(**{**tiny.args.__dict__, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    with pytest.raises(ModelLoadError, match="unsupported rope scaling 'yarn'"):
+    with pytest.raises(ModelLoadError, match="rope scaling type 'yarn' is not supported"):
         type(tiny.ours()).from_weights(args, tiny.weights, dtype=torch.float32, device="cpu")
 
 

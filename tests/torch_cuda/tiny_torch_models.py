@@ -1,6 +1,6 @@
 """Tiny random transformers models and the same weights as our torch backend sees them.
 
-Imported by the tests of this folder (a plain module: pytest puts the folder on sys.path).
+Imported by the tests of this folder (`from tests.torch_cuda.tiny_torch_models import ...`).
 """
 from __future__ import annotations
 
