@@ -23,9 +23,10 @@ from typing import Any, Callable
 import torch
 import transformers
 
-from specfill.backends.torch_cuda import TorchCausalLM, load, resolve_device, resolve_dtype
+from specfill.backends.torch_cuda import TorchCausalLM, resolve_device, resolve_dtype
 from specfill.core.demo_model import require_demo_model
 from specfill.core.models import ModelArgs
+from specfill.core.weights import load_weights
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 # Shapes of public checkpoints, for random-weight runs (no download needed).
@@ -188,7 +189,9 @@ def main(argv: list[str] | None = None) -> int:
         model_name = f"random weights, {args.random_shape} shape"
     else:
         path = args.model or require_demo_model()
-        ours, _ = load(path, dtype=dtype, device=device)
+        model_args, weights = load_weights(path)
+        ours = TorchCausalLM.from_weights(model_args, weights, dtype=dtype, device=device)
+        del weights
         hf = hf_from_gguf(path, dtype, device)
         model_name = path.name
     vocab = ours.args.vocab_size

@@ -36,9 +36,18 @@ def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
         return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
     if q.device.type == "cpu":
         return _cpu_prefix_then_causal(q, keys, values, start)
-    # CUDA: lower-right causal dispatches to the fused kernels without a materialised mask.
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=causal_lower_right(steps, end),
-                                          enable_gqa=gqa)
+    return lower_right_causal(q, keys, values)
+
+
+def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Causal attention of the last T of S slots (query t sees slots 0..S - T + t). On CUDA the
+    lower-right causal bias runs the flash / memory-efficient kernels without a materialised
+    mask; those raw kernels take equal head counts, so KV heads are expanded first."""
+    group = q.shape[1] // keys.shape[1]
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+    return F.scaled_dot_product_attention(q, keys, values,
+                                          attn_mask=causal_lower_right(q.shape[2], keys.shape[2]))
 
 
 def _cpu_prefix_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

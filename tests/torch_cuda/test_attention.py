@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specfill.backends.torch_cuda.attention import causal_attention
+from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
 from specfill.backends.torch_cuda.kv_cache import KVCache
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
@@ -37,6 +37,16 @@ def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance):
     assert out.shape == q.shape and out.dtype == dtype
     expected = reference(q, k_all, v_all, start)
     assert (out.double() - expected).abs().max().item() <= tolerance
+
+
+@pytest.mark.parametrize("start,steps", [(0, 9), (7, 5)])
+def test_lower_right_causal_path_used_on_cuda(start, steps):
+    """The CUDA path's semantics and GQA expansion, run here through the CPU fallback."""
+    gen = torch.Generator().manual_seed(steps)
+    q = torch.randn(1, 6, steps, 8, generator=gen)
+    k, v = (torch.randn(1, 2, start + steps, 8, generator=gen) for _ in range(2))
+    out = lower_right_causal(q, k, v)
+    assert (out.double() - reference(q, k, v, start)).abs().max().item() <= 1e-5
 
 
 def test_cache_write_past_capacity_is_refused():
