@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
 import torch
 
 from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.tokenizer import Tokenizer, load_tokenizer
+from specfill.core.weights import load_weights
 
 from .causal_lm import TorchCausalLM
 from .generate import DEFAULT_PREFILL_STEP_SIZE
@@ -53,12 +53,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
 
 def load(path: str | Path, dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None,
-         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[TorchCausalLM, Any]:
+         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[TorchCausalLM, Tokenizer]:
     """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
     safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
-    from specfill.core.tokenizer import load_tokenizer
-    from specfill.core.weights import load_weights
-
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     args, weights = load_weights(path)
