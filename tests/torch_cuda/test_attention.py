@@ -1,4 +1,5 @@
-"""Causal attention over the KV cache against masked SDPA; the cache's capacity check."""
+"""Causal attention over the KV cache against masked SDPA, the cache's capacity check and the
+pluggable prefill attention."""
 from __future__ import annotations
 
 import pytest
@@ -6,9 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
+from specfill.backends.torch_cuda.generate import decode_one_token, prefill
 from specfill.backends.torch_cuda.kv_cache import KVCache
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
+from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 ARGS = ModelArgs(architecture="llama", vocab_size=16, hidden_size=48, intermediate_size=8,
                  num_hidden_layers=1, num_attention_heads=6, num_key_value_heads=2, head_dim=8)
@@ -55,3 +58,31 @@ def test_cache_write_past_capacity_is_refused():
     cache.write(0, kv, kv)
     with pytest.raises(PromptTooLongError, match="holds 4 tokens"):
         cache.write(2, kv, kv)
+
+
+def test_prefill_takes_a_pluggable_attention_strategy():
+    """What H2O's prefill plugs in: per layer, the step's post-RoPE q/k/v (already cached) in,
+    the attention output out; decode keeps full attention."""
+    tiny = make_tiny("qwen3", seed=11)
+    model = tiny.ours()
+    ids, positions = torch.tensor(prompt_ids(12, seed=11)), torch.arange(12)
+    calls = []
+
+    def recording(layer, q, k, v, cache, start):
+        calls.append((layer, tuple(q.shape), tuple(k.shape), start))
+        assert torch.equal(cache.keys(start + k.shape[2])[:, :, start:], k)
+        return causal_attention(layer, q, k, v, cache, start)
+
+    cache = model.new_cache(13)
+    plugged = prefill(model.model, ids, positions, cache, step_size=8, attend=recording)
+    assert calls == [(0, (1, 4, 8, 24), (1, 2, 8, 24), 0), (1, (1, 4, 8, 24), (1, 2, 8, 24), 0),
+                     (0, (1, 4, 4, 24), (1, 2, 4, 24), 8), (1, (1, 4, 4, 24), (1, 2, 4, 24), 8)]
+    torch.testing.assert_close(plugged, model(ids)[0, -1:], rtol=0, atol=1e-5)
+    decode_one_token(model.model, torch.tensor([3]), 12, cache)
+    assert len(calls) == 4  # decode did not go through the prefill strategy
+
+    def blind(layer, q, k, v, cache, start):  # attend to nothing: the output must change
+        return torch.zeros_like(q)
+
+    zeroed = prefill(model.model, ids, positions, model.new_cache(12), attend=blind)
+    assert (zeroed - plugged).abs().max().item() > 1e-2
