@@ -24,10 +24,10 @@ import torch
 import transformers
 
 from specfill.backends.torch_cuda import TorchCausalLM, resolve_device, resolve_dtype
+from specfill.backends.torch_cuda.generate import prefill
 from specfill.core.demo_model import require_demo_model
 from specfill.core.models import ModelArgs
 from specfill.core.weights import load_weights
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 # Shapes of public checkpoints, for random-weight runs (no download needed).
 RANDOM_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -89,9 +89,13 @@ def time_call(fn: Callable[[], int], device: torch.device) -> float:
 
 
 def ours_ttft(model: TorchCausalLM, ids: list[int]) -> int:
-    step = model.generate_step(ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(),
-                               method=PrefillMethod(), info=PrefillInfo())
-    return next(iter(step))
+    """What generate_step runs before its first yield (called directly: an 8K prompt fills the
+    whole 8K context of SmolLM2, leaving generate_step no room for max_tokens)."""
+    tokens = model.token_tensor(ids)
+    cache = model.new_cache(tokens.shape[0])
+    positions = torch.arange(tokens.shape[0], device=tokens.device)
+    logits = prefill(model.model, tokens, positions, cache, step_size=model.prefill_step_size)
+    return int(logits[-1].argmax())
 
 
 @torch.inference_mode()
