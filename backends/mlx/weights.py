@@ -86,6 +86,15 @@ def _logical_shapes(weights: dict[str, mx.array],
     return shapes
 
 
+def _check_finite(weights: dict[str, mx.array], source: Path) -> None:
+    """Float tensors (quantization scales and biases included) hold no NaN or Inf."""
+    floats = [name for name, w in weights.items() if mx.issubdtype(w.dtype, mx.floating)]
+    finite = mx.stack([mx.isfinite(weights[name]).all() for name in floats])
+    if not finite.all().item():
+        bad = floats[int(mx.argmin(finite.astype(mx.int32)).item())]
+        raise ModelLoadError(f"tensor {bad} in {source} holds NaN or Inf values")
+
+
 def _gguf_hf_name(name: str) -> str | None:
     """GGUF name -> HF name, also for the `scales`/`biases` of a quantized `weight`."""
     base, _, part = name.rpartition(".")
@@ -116,6 +125,10 @@ def _load_gguf(path: Path) -> Checkpoint:
         meta = header.metadata
     raw = _mx_load(path)
     args = ModelArgs.from_gguf_metadata(meta, "output.weight" in raw)
+    rope_dims = meta.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
+    if rope_dims != args.head_dim:
+        raise ModelLoadError(f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial "
+                             f"rotary) is not supported")
     weights = {hf: w for name, w in raw.items() if (hf := _gguf_hf_name(name)) is not None}
     if "rope_freqs.weight" in raw:
         factors = np.array(raw["rope_freqs.weight"].astype(mx.float32))
@@ -132,6 +145,7 @@ def _load_gguf(path: Path) -> Checkpoint:
         args, attention_bias="model.layers.0.self_attn.q_proj.bias" in weights,
         vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
     check_tensors(args, _logical_shapes(weights, quantized), path)
+    _check_finite(weights, path)
     if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
         _unpermute_llama_qk(args, weights)
     return Checkpoint(args, weights, quantized, str(path))
@@ -189,6 +203,7 @@ def _load_directory(directory: Path) -> Checkpoint:
             weights.pop(f"lm_head.{part}", None)
     quantized = _mlx_lm_quantization(config, weights, directory)
     check_tensors(args, _logical_shapes(weights, quantized), directory)
+    _check_finite(weights, directory)
     return Checkpoint(args, weights, quantized, str(directory))
 
 

@@ -7,6 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
+from specfill.backends import torch_cuda
 from specfill.backends.mlx import load
 from tests.fixtures import tiny_model_args
 from tests.mlx.conftest import prompt_ids
@@ -20,21 +21,23 @@ def max_diff(a: mx.array | np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("arch,options", CASES)
-def test_fp32_gguf_and_safetensors_match_transformers(tiny_checkpoint, transformers_logits,
-                                                       arch, options):
+def test_fp32_gguf_and_safetensors_match_transformers_and_torch(
+        tiny_checkpoint, transformers_logits, arch, options):
     directory = tiny_checkpoint(arch, "safetensors", **options)
     args = tiny_model_args(arch, **options)
     ids = prompt_ids(64, vocab=args.vocab_size, seed=9)
     expected = transformers_logits(directory, ids)
     assert np.abs(expected).max() > 0.1  # not a degenerate model
     for fmt in ("gguf", "safetensors"):
-        model, _ = load(tiny_checkpoint(arch, fmt, **options), dtype="float32", device="cpu",
-                        prefill_step_size=24)
+        path = tiny_checkpoint(arch, fmt, **options)
+        model, _ = load(path, dtype="float32", device="cpu", prefill_step_size=24)
         assert model.args == args, fmt
         assert not model.quantized
         logits = model(ids)
         assert logits.shape == (1, 64, args.vocab_size) and logits.dtype == mx.float32
         assert max_diff(logits[0], expected) <= 1e-4, fmt
+        torch_model, _ = torch_cuda.load(path, dtype="float32", device="cpu")
+        assert max_diff(logits, torch_model(ids).numpy()) <= 1e-4, fmt
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

@@ -1,5 +1,5 @@
-"""Bad models, prompts and settings give one clear SpecfillError (the classes the torch backend
-uses), never a traceback from inside MLX."""
+"""Bad models, prompts and settings give one clear SpecfillError, never a traceback from inside
+MLX; each case also runs on the torch backend, which must raise the same class."""
 from __future__ import annotations
 
 import json
@@ -7,23 +7,39 @@ import shutil
 
 import pytest
 
-from specfill.backends.mlx import load
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+from specfill.backends import mlx as mlx_backend
+from specfill.backends import torch_cuda
 from specfill.core.config import H2OConfig
 from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
                                   PromptTooLongError)
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 
-def expect_load_error(path, *words, **options):
-    with pytest.raises(ModelLoadError) as info:
-        load(path, **options)
-    message = str(info.value)
-    assert "\n" not in message
-    for word in words:
-        assert word in message, message
+BACKENDS = {"mlx": mlx_backend, "torch": torch_cuda}
 
 
-def test_bad_paths_and_files(tmp_path, tiny_checkpoint):
+@pytest.fixture(params=sorted(BACKENDS))
+def load(request):
+    return BACKENDS[request.param].load
+
+
+@pytest.fixture
+def expect_load_error(load):
+    def expect(path, *words):
+        with pytest.raises(ModelLoadError) as info:
+            load(path, device="cpu")
+        message = str(info.value)
+        assert "\n" not in message
+        for word in words:
+            assert word in message, message
+
+    return expect
+
+
+def test_bad_paths_and_files(tmp_path, tiny_checkpoint, expect_load_error):
     expect_load_error(tmp_path / "nope.gguf", "does not exist", "nope.gguf")
     (tmp_path / "model.bin").write_bytes(b"PK\x03\x04 a zip, not a model")
     expect_load_error(tmp_path / "model.bin", "not a GGUF", "bad magic")
@@ -35,12 +51,16 @@ def test_bad_paths_and_files(tmp_path, tiny_checkpoint):
     expect_load_error(tmp_path / "empty", "no config.json")
 
 
-def test_bad_directories(tmp_path, tiny_checkpoint):
+def test_bad_directories(tmp_path, tiny_checkpoint, expect_load_error):
     path = tmp_path / "model"
     shutil.copytree(tiny_checkpoint("llama", "safetensors"), path)
     shard = path / "model.safetensors"
     shard.write_bytes(shard.read_bytes()[:-10])
-    expect_load_error(path, "truncated or corrupt", "model.safetensors")
+    expect_load_error(path, "truncated", "model.safetensors")
+    weights = load_file(str(tiny_checkpoint("llama", "safetensors") / "model.safetensors"))
+    weights["model.layers.1.mlp.up_proj.weight"][3, 5] = np.nan
+    save_file(weights, str(shard))
+    expect_load_error(path, "model.layers.1.mlp.up_proj.weight", "NaN or Inf")
     shutil.copy(tiny_checkpoint("llama", "safetensors") / "model.safetensors", shard)
     config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(dict(config, rope_scaling={"rope_type": "yarn",
@@ -49,17 +69,28 @@ def test_bad_directories(tmp_path, tiny_checkpoint):
     (path / "config.json").write_text(json.dumps(dict(config, model_type="gpt2",
                                                       architectures=["GPT2LMHeadModel"])))
     expect_load_error(path, "unsupported architecture 'gpt2'")
+
+
+def test_foreign_quantization_config_on_mlx(tmp_path, tiny_checkpoint):
+    """A quantization_config MLX cannot read (GPTQ, AWQ, ...) is named; mlx-lm's own
+    `quantization` entry is the one MLX reads."""
+    path = tmp_path / "model"
+    shutil.copytree(tiny_checkpoint("llama", "safetensors"), path)
+    config = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps(dict(config, quantization_config={
         "quant_method": "gptq", "bits": 4})))
-    expect_load_error(path, "gptq", "mlx_lm.convert")
+    with pytest.raises(ModelLoadError, match="'gptq'.*mlx_lm.convert"):
+        mlx_backend.load(path, device="cpu")
 
 
-def test_bad_dtype_and_device(tiny_checkpoint):
-    path = tiny_checkpoint("llama", "gguf")
+def test_bad_dtype(tiny_checkpoint, load):
     with pytest.raises(ConfigError, match="unsupported dtype 'int8'"):
-        load(path, dtype="int8")
+        load(tiny_checkpoint("llama", "gguf"), dtype="int8", device="cpu")
+
+
+def test_bad_mlx_device(tiny_checkpoint):
     with pytest.raises(ConfigError, match="unknown MLX device 'cuda'"):
-        load(path, device="cuda")
+        mlx_backend.load(tiny_checkpoint("llama", "gguf"), device="cuda")
 
 
 def test_gpu_without_metal_is_unavailable(tiny_checkpoint):
@@ -68,11 +99,11 @@ def test_gpu_without_metal_is_unavailable(tiny_checkpoint):
     if mx.metal.is_available():
         pytest.skip("this machine has a Metal GPU")
     with pytest.raises(BackendUnavailableError, match="no Metal GPU"):
-        load(tiny_checkpoint("llama", "gguf"), device="gpu")
+        mlx_backend.load(tiny_checkpoint("llama", "gguf"), device="gpu")
 
 
-@pytest.fixture(scope="module")
-def model(tiny_checkpoint):
+@pytest.fixture
+def model(tiny_checkpoint, load):
     return load(tiny_checkpoint("llama", "gguf"), device="cpu")[0]
 
 
@@ -98,5 +129,5 @@ def test_bad_prompts(model):
 
 def test_sparse_prefill_methods_are_not_there_yet(model):
     for method in (PrefillMethod("h2o", h2o=H2OConfig()), PrefillMethod("specprefill")):
-        with pytest.raises(BackendUnavailableError, match="not implemented on the MLX backend"):
+        with pytest.raises(BackendUnavailableError, match="not implemented on the (MLX|torch) "):
             generate(model, [5, 6, 7], method=method)
