@@ -16,7 +16,7 @@ from .cache import KVCache
 from .model import Model
 from .rope import Positions
 
-DEFAULT_PREFILL_STEP_SIZE = 512
+DEFAULT_PREFILL_STEP_SIZE = 2048  # mlx-lm's default too
 Sampler = Callable[[mx.array], mx.array]  # log-probabilities [1, vocab] -> token [1]
 
 
@@ -33,7 +33,7 @@ def prefill(model: Model, ids: mx.array, cache: list[KVCache], *, positions: Pos
     logits = []
     for lo in range(0, total, step_size):
         hi = min(lo + step_size, total)
-        step_positions = positions + lo if isinstance(positions, int) else positions[lo:hi]
+        step_positions = positions[lo:hi] if isinstance(positions, mx.array) else positions + lo
         hidden = model.hidden(ids[None, lo:hi], step_positions, cache)
         if hi > first_logit:
             logits.append(model.logits(hidden[:, max(first_logit - lo, 0):]).astype(mx.float32))

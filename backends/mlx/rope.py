@@ -37,8 +37,8 @@ class RoPE(nn.Module):
 
     def __call__(self, x: mx.array, positions: Positions) -> mx.array:
         _, steps, heads, dim = x.shape
-        if isinstance(positions, int):
-            return self._rope(x.swapaxes(1, 2), positions)
+        if isinstance(positions, (int, np.integer)):
+            return self._rope(x.swapaxes(1, 2), int(positions))
         if positions.shape != (steps,):
             raise ValueError(f"positions {positions.shape} do not match {steps} tokens")
         per_token = self._rope(x.reshape(steps, heads, 1, dim), positions.astype(mx.int32))

@@ -1,10 +1,11 @@
 """Checkpoints -> MLX arrays with Hugging Face names, quantized layers kept quantized.
 
 Three sources, one result (`Checkpoint`):
-- GGUF through `mx.load(path)`: Q4_0/Q4_1/Q8_0 arrive as MLX affine
-  triples (packed `weight`, `scales`, `biases`; group 32), other types as MLX gives them (K-quants
-  dequantized to float16). llama.cpp's Q/K row permutation is undone on all three arrays: a row
-  permutation commutes with per-row group quantization.
+- GGUF through `mx.load(path)`: Q4_0/Q4_1/Q8_0 arrive as MLX affine triples (packed `weight`,
+  `scales`, `biases`; group 32), other types as MLX gives them (K-quants and BF16 as float16);
+  files with types MLX cannot read (Q5_0, Q5_1, ...) are dequantized by the core loader.
+  llama.cpp's Q/K row permutation is undone on all three arrays: a row permutation commutes
+  with per-row group quantization.
 - Hugging Face safetensors directories (config.json + model*.safetensors).
 - mlx-lm directories: the same, with a `quantization` entry in config.json.
 Names, tensor checks and RoPE recovery come from the backend-neutral specfill.core.weights.
@@ -24,8 +25,8 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.gguf_file import read_gguf
 from specfill.core.models import ModelArgs
 from specfill.core.rope import llama3_scaling_from_factors
-from specfill.core.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, safetensors_files,
-                                   unpermute_qk)
+from specfill.core.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, load_weights,
+                                   safetensors_files, unpermute_qk)
 
 GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks
 _QUANT_PARTS = ("scales", "biases")
@@ -123,7 +124,12 @@ def _load_gguf(path: Path) -> Checkpoint:
     # backend for a corrupt or truncated file) and gives the metadata as Python values.
     with read_gguf(path) as header:
         meta = header.metadata
-    raw = _mx_load(path)
+    try:
+        raw = mx.load(str(path))
+    except (RuntimeError, ValueError):
+        # The file is sound (checked above) but holds a type MLX cannot read (Q5_0, Q5_1, ...):
+        # the core loader dequantizes it with gguf.quants, or names the type it cannot read.
+        return _dequantized_by_core(path)
     args = ModelArgs.from_gguf_metadata(meta, "output.weight" in raw)
     rope_dims = meta.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
     if rope_dims != args.head_dim:
@@ -149,6 +155,11 @@ def _load_gguf(path: Path) -> Checkpoint:
     if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
         _unpermute_llama_qk(args, weights)
     return Checkpoint(args, weights, quantized, str(path))
+
+
+def _dequantized_by_core(path: Path) -> Checkpoint:
+    args, weights = load_weights(path)
+    return Checkpoint(args, {name: mx.array(w) for name, w in weights.items()}, {}, str(path))
 
 
 def _read_config(directory: Path) -> dict[str, Any]:

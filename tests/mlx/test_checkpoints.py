@@ -56,6 +56,17 @@ def test_quantized_gguf_stays_quantized_and_matches(tiny_checkpoint, transformer
     assert max_diff(model(ids)[0], expected) <= 1e-4
 
 
+@pytest.mark.parametrize("quant", ["Q5_1", "F16"])
+def test_gguf_types_mlx_reads_as_float_or_not_at_all(tiny_checkpoint, transformers_logits, quant):
+    """F16 comes from mx.load as float16; Q5_1, which mx.load cannot read, is dequantized by the
+    core loader. Either way the layers are plain and match transformers."""
+    model, _ = load(tiny_checkpoint("llama", "gguf", quant=quant), device="cpu")
+    assert not model.quantized
+    ids = prompt_ids(24, vocab=model.args.vocab_size, seed=6)
+    expected = transformers_logits(tiny_checkpoint("llama", "safetensors", quant=quant), ids)
+    assert max_diff(model(ids)[0], expected) <= 1e-4
+
+
 def test_dequantize_option_gives_plain_layers_in_the_requested_dtype(tiny_checkpoint):
     path = tiny_checkpoint("llama", "gguf", quant="Q4_1")
     model, _ = load(path, dtype="float16", device="cpu")

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from specfill.backends.mlx import load
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, SamplingConfig
 from tests.mlx.conftest import prompt_ids
 
 GREEDY = SamplingConfig()
@@ -29,6 +29,7 @@ def run(model, ids, *, max_tokens=10, sampling=GREEDY, stop_ids=frozenset(), inf
 
 def test_greedy_tokens_equal_transformers_generate(llama):
     model, directory = llama
+    assert isinstance(model, CausalLM) and model.backend == "mlx"
     ids = prompt_ids(37, vocab=model.args.vocab_size, seed=21)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
     with torch.no_grad():
