@@ -14,6 +14,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", action="append", default=None,
                         help=f"compute dtype to check (repeatable; {', '.join(TOLERANCES)}); "
                              "default: the backend's usual dtypes")
+    parser.add_argument("--kernels", choices=("auto", "on", "off"), default="auto",
+                        help="on: force the backend's custom kernels (Triton, Metal; TRITON_INTERPRET=1 "
+                             "runs Triton on CPU), off: its ops twins, auto: its dispatcher decides")
     parser.add_argument("--out", default="results/conformance", help="report folder (default: %(default)s)")
 
 
@@ -22,10 +25,11 @@ def run(args: argparse.Namespace) -> int:
     for dtype in dtypes or []:
         if dtype not in TOLERANCES:
             raise ConfigError(f"unknown dtype {dtype!r} (known: {', '.join(TOLERANCES)})")
-    report = run_conformance(args.backend, dtypes)
+    use_kernels = {"auto": None, "on": True, "off": False}[args.kernels]
+    report = run_conformance(args.backend, dtypes, use_kernels=use_kernels)
     json_path, md_path = write_reports(report, args.out)
     verdict = "PASS" if report.passed else "FAIL"
-    print(f"conformance {args.backend} [{', '.join(report.dtypes)}]: {verdict} — "
+    print(f"conformance {args.backend} [{', '.join(report.dtypes)}; kernels {report.kernels}]: {verdict} — "
           f"{len(report.results) - len(report.failures)}/{len(report.results)} checks passed "
           f"in {report.seconds:.1f} s")
     for failure in report.failures[:10]:

@@ -14,7 +14,9 @@ class ConformanceAdapter(H2OStages, SpecPrefillStages, Protocol):
 
     name: the backend name ("reference", "cuda", "mlx"); dtype: the compute dtype checked
     ("float64", "float32", "float16", "bfloat16"). Inputs arrive as NumPy arrays already
-    rounded to that dtype; outputs go back as NumPy arrays.
+    rounded to that dtype; outputs go back as NumPy arrays. A backend's factory is called as
+    make_adapter(dtype=..., use_kernels=...): use_kernels True forces its custom kernels
+    (Triton, Metal), False its ops twins, None lets its dispatcher choose.
     """
 
     name: str
@@ -27,7 +29,7 @@ class ReferenceAdapter(ReferenceStages):
     name = "reference"
     dtypes = ("float64", "float32")
 
-    def __init__(self, dtype: str = "float64") -> None:
+    def __init__(self, dtype: str = "float64", use_kernels: bool | None = None) -> None:
         if dtype not in self.dtypes:
             raise BackendUnavailableError(f"the reference runs in {' or '.join(self.dtypes)}, not {dtype}")
         self.dtype = dtype
@@ -72,7 +74,7 @@ class ReferenceAdapter(ReferenceStages):
 
 
 # name -> "module:factory" (imported on first use) or the factory itself;
-# a factory takes dtype= and returns a ConformanceAdapter.
+# a factory takes dtype= and use_kernels= and returns a ConformanceAdapter.
 REGISTRY: dict[str, str | Callable[..., ConformanceAdapter]] = {
     "reference": "specfill.conformance.adapter:ReferenceAdapter",
     "cuda": "specfill.backends.torch_cuda.conformance:make_adapter",

@@ -16,7 +16,7 @@ def write_reports(report: Report, out_dir: str | os.PathLike) -> tuple[Path, Pat
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"conformance-{report.backend}"
     payload = {
-        "backend": report.backend, "dtypes": report.dtypes, "passed": report.passed,
+        "backend": report.backend, "dtypes": report.dtypes, "kernels": report.kernels, "passed": report.passed,
         "n_checks": len(report.results), "n_failed": len(report.failures),
         "seconds": round(report.seconds, 3), "machine": report.machine,
         "tolerances": {d: vars(t) for d, t in TOLERANCES.items() if d in report.dtypes},
@@ -32,7 +32,7 @@ def render_markdown(report: Report) -> str:
     verdict = "PASS" if report.passed else "FAIL"
     lines = [f"# Conformance: backend `{report.backend}` — {verdict}", "",
              f"{len(report.results)} checks, {len(report.failures)} failed, dtypes "
-             f"{', '.join(report.dtypes)}, {report.seconds:.2f} s on {report.machine}.", "",
+             f"{', '.join(report.dtypes)}, kernels {report.kernels}, {report.seconds:.2f} s on {report.machine}.", "",
              "| stage check | dtype | cases | failed | max error | tolerance |",
              "|---|---|---|---|---|---|"]
     groups: dict[tuple[str, str], list] = defaultdict(list)

@@ -20,6 +20,7 @@ CHECK_GROUPS: dict[str, CheckGroup] = {**H2O_CHECKS, **SPECPREFILL_CHECKS}
 class Report:
     backend: str
     dtypes: list[str]
+    kernels: str = "auto"
     results: list[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
     machine: str = field(default_factory=lambda: f"{platform.node()} {platform.machine()} "
@@ -45,17 +46,19 @@ def run_group(adapter: ConformanceAdapter, dtype: str, group: str) -> list[Check
 
 
 def run_conformance(backend: str, dtypes: list[str] | None = None,
-                    make_adapter: Callable[..., ConformanceAdapter] | None = None) -> Report:
-    """Every check group for `backend` at each dtype (default: the backend's usual dtypes)."""
+                    make_adapter: Callable[..., ConformanceAdapter] | None = None,
+                    use_kernels: bool | None = None) -> Report:
+    """Every check group for `backend` at each dtype (default: the backend's usual dtypes);
+    use_kernels forces custom kernels (True) or ops twins (False), None lets the backend pick."""
     factory = make_adapter or adapter_factory(backend)
     dtypes = list(dtypes or DEFAULT_DTYPES.get(backend, ("float32",)))
     for dtype in dtypes:
         if dtype not in TOLERANCES:
             raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(TOLERANCES)})")
-    report = Report(backend, dtypes)
+    report = Report(backend, dtypes, kernels={None: "auto", True: "forced", False: "ops twins"}[use_kernels])
     start = time.perf_counter()
     for dtype in dtypes:
-        adapter = factory(dtype=dtype)
+        adapter = factory(dtype=dtype, use_kernels=use_kernels)
         for group in CHECK_GROUPS:
             report.results.extend(run_group(adapter, dtype, group))
     report.seconds = time.perf_counter() - start
