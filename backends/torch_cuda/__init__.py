@@ -1,1 +1,1 @@
-"""placeholder"""
+"""The PyTorch backend (CUDA with Triton kernels; torch ops on CPU)."""

@@ -1,0 +1,112 @@
+"""`specfill generate`: stream text from a prompt with full, H2O or speculative prefill."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specfill.api import backend_module, format_stats, load, prefill_method, stream_generate
+from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+
+from .progress import PrefillProgressBar
+
+HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
+DEFAULT_PROMPT = "What is the capital of France?"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", choices=("mlx", "cuda"), default="cuda")
+    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
+    p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
+    p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default=None, help="prompt text; '-' reads standard input")
+    src.add_argument("--prompt-file", default=None, help="read the prompt from a file")
+    p.add_argument("--max-tokens", "-m", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--chunk-size", "-ub", type=int, default=H2OConfig.chunk_size, help="H2O chunk size S")
+    p.add_argument("--batch-size", "-b", type=int, default=H2OConfig.batch_size, help="H2O logical batch B")
+    p.add_argument("--h2o-local", type=int, default=H2OConfig.local, help="H2O local window L")
+    p.add_argument("--h2o-heavy", type=int, default=H2OConfig.heavy, help="H2O heavy hitters H")
+    p.add_argument("--keep", default="0.1", help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1")
+    p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
+    p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
+    p.add_argument("--select-chunk", type=int, default=SpecPrefillConfig.select_chunk)
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
+    p.add_argument("--system-prompt", default=None)
+    p.add_argument("--ignore-chat-template", action="store_true")
+
+
+def parse_keep(text: str) -> dict:
+    """'0.1' -> ratio, '1' / '1.0' -> ratio 1.0, '512' -> a 512-token budget."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--keep must be a number, got {text!r}") from None
+    if value > 1 and value.is_integer():
+        return {"keep_tokens": int(value)}
+    return {"keep_ratio": value}
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as err:
+            raise ConfigError(f"cannot read --prompt-file {args.prompt_file}: {err.strerror}") from None
+    if args.prompt == "-":
+        return sys.stdin.read()
+    return args.prompt if args.prompt is not None else DEFAULT_PROMPT
+
+
+def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
+    if args.ignore_chat_template or not tokenizer.chat_template:
+        return text
+    messages = ([{"role": "system", "content": args.system_prompt}] if args.system_prompt else [])
+    messages.append({"role": "user", "content": text})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    h2o = H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy)
+    spec = SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
+                             select_chunk=args.select_chunk, **parse_keep(args.keep))
+    if args.backend == "cuda" and not backend_module("cuda").cuda_available() and args.device in (None, "cuda"):
+        print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
+        args.device = "cpu"
+    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
+    speculator = None
+    if args.method == "specprefill":
+        speculator = resolve_speculator(args, tokenizer)
+    method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
+    prompt = build_prompt(tokenizer, read_prompt(args), args)
+    bar = PrefillProgressBar()
+    last = None
+    print("=" * 10)
+    for last in stream_generate(model, tokenizer, prompt, args.max_tokens, temperature=args.temp,
+                                top_p=args.top_p, seed=args.seed, method=method,
+                                prompt_progress_callback=bar.update):
+        bar.close()
+        print(last.text, end="", flush=True)
+    print()
+    if last is not None:
+        print(format_stats(last))
+    return 0
+
+
+def resolve_speculator(args: argparse.Namespace, tokenizer):
+    """'self:K' stays a string for the backend; a path is loaded on the same backend and its
+    tokenizer must equal the main model's."""
+    from specfill.core import TokenizerMismatchError
+
+    if args.speculator is None:
+        raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
+    if args.speculator.startswith("self:"):
+        return args.speculator
+    spec_model, spec_tokenizer = load(args.speculator, backend=args.backend, dtype=args.dtype, device=args.device)
+    if spec_tokenizer.vocab_fingerprint() != tokenizer.vocab_fingerprint():
+        raise TokenizerMismatchError(f"the speculator {args.speculator} has a different tokenizer than the main model")
+    return spec_model
