@@ -17,6 +17,10 @@ class TokenizerMismatchError(SpecfillError):
     """The speculator's tokenizer differs from the main model's."""
 
 
+class ChatTemplateError(SpecfillError, ValueError):
+    """The model has no chat template, its template is broken, or it rejects the messages."""
+
+
 class PromptTooLongError(SpecfillError):
     """The prompt (plus requested tokens) does not fit the model's context."""
 

@@ -42,6 +42,11 @@ class ModelArgs:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim")
+        bad = [f"{name}={getattr(self, name)}" for name in sizes if not getattr(self, name) > 0]
+        if bad:
+            raise ModelLoadError(f"model sizes must be positive: {', '.join(bad)}")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {self.architecture!r} "
                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -62,7 +67,11 @@ class ModelArgs:
             arch = next((_HF_ARCHITECTURES[n] for n in names if n in _HF_ARCHITECTURES), arch)
         if arch == "mistral":
             arch = "llama"
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {arch!r} in config.json "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
         try:
+            theta, scaling = _hf_rope(config)
             heads = int(config["num_attention_heads"])
             hidden = int(config["hidden_size"])
             eos = config.get("eos_token_id")
@@ -77,8 +86,8 @@ class ModelArgs:
                 num_key_value_heads=int(config.get("num_key_value_heads") or heads),
                 head_dim=int(config.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(config.get("rope_theta", 10000.0)),
-                rope_scaling=dict(config["rope_scaling"]) if config.get("rope_scaling") else None,
+                rope_theta=theta,
+                rope_scaling=scaling,
                 max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
                 attention_bias=bool(config.get("attention_bias", arch == "qwen2")),
@@ -88,11 +97,15 @@ class ModelArgs:
             )
         except KeyError as missing:
             raise ModelLoadError(f"config.json lacks {missing.args[0]!r}") from None
+        except (TypeError, ValueError, ZeroDivisionError) as err:
+            raise ModelLoadError(f"config.json has an invalid value: {err}") from None
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any], has_output_weight: bool) -> "ModelArgs":
         """From GGUF key/values (llama.cpp names), e.g. `llama.block_count`."""
         arch = meta.get("general.architecture")
+        if arch is None:
+            raise ModelLoadError("GGUF metadata lacks general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {arch!r} "
                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -103,6 +116,14 @@ class ModelArgs:
                 raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
             return value
 
+        try:
+            return cls._from_gguf(meta, arch, get, has_output_weight)
+        except (TypeError, ValueError, ZeroDivisionError) as err:
+            raise ModelLoadError(f"GGUF metadata has an invalid value: {err}") from None
+
+    @classmethod
+    def _from_gguf(cls, meta: Mapping[str, Any], arch: str, get: Any,
+                   has_output_weight: bool) -> "ModelArgs":
         heads = int(get("attention.head_count"))
         hidden = int(get("embedding_length"))
         tokens = meta.get("tokenizer.ggml.tokens")
@@ -135,3 +156,17 @@ class ModelArgs:
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=(int(eos),) if eos is not None else (),
         )
+
+
+def _hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) from transformers <5 keys (rope_theta, rope_scaling) or 5's
+    rope_parameters; scaling is None for default RoPE and always keyed by "rope_type"."""
+    params = dict(config.get("rope_parameters") or {})
+    theta = float(config.get("rope_theta", params.pop("rope_theta", 10000.0)))
+    params.pop("rope_theta", None)
+    scaling = dict(config.get("rope_scaling") or params)
+    if "type" in scaling and "rope_type" not in scaling:
+        scaling["rope_type"] = scaling.pop("type")
+    if scaling.get("rope_type", "default") == "default":
+        return theta, None
+    return theta, scaling

@@ -1,0 +1,233 @@
+"""Checkpoint -> (ModelArgs, {Hugging Face name: ndarray}) for a GGUF file or a HF directory.
+
+Output layout is Hugging Face's: Linear weights [out, in], Q/K rows in half-split (rotate-half)
+RoPE order (llama.cpp's row permutation of llama Q/K is undone). Arrays are float32, except
+tensors stored as float16 (GGUF F16, safetensors F16), which stay float16 to halve memory;
+quantized GGUF tensors are dequantized. `lm_head.weight` is absent when embeddings are tied.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import ModelLoadError
+from .gguf_file import GGUF_MAGIC, GGUFFile, read_gguf, tensor_array
+from .models import ModelArgs
+from .rope import llama3_scaling_from_factors
+from .safetensors_file import read_safetensors
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Tensors llama.cpp writes that carry no weights of their own (rope_freqs is read separately).
+_SKIPPED_GGUF = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
+_SKIPPED_HF = re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
+_BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for tensors to
+    skip (rope_freqs); ModelLoadError for a tensor no supported architecture has."""
+    if name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[name]
+    if _SKIPPED_GGUF.match(name):
+        return None
+    match = _BLOCK.match(name)
+    if match is None or match.group(2) not in _BLOCK_NAMES:
+        raise ModelLoadError(f"unexpected GGUF tensor {name!r} (not part of a supported "
+                             f"llama/qwen2/qwen3 model)")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's llama Q/K row permutation (interleaved -> half-split RoPE pairs);
+    n_heads is the head count for Q and the KV head count for K. Works on weights and biases."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's permutation (the inverse of unpermute_qk), as its convert script applies it."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of `args` holds, with its HF shape."""
+    hidden, q_rows = args.hidden_size, args.num_attention_heads * args.head_dim
+    kv_rows, ffn = args.num_key_value_heads * args.head_dim, args.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, hidden),
+                                          "model.norm.weight": (hidden,)}
+    if not args.tie_word_embeddings:
+        shapes["lm_head.weight"] = (args.vocab_size, hidden)
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q_rows, hidden),
+            p + "self_attn.k_proj.weight": (kv_rows, hidden),
+            p + "self_attn.v_proj.weight": (kv_rows, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q_rows),
+            p + "mlp.gate_proj.weight": (ffn, hidden),
+            p + "mlp.up_proj.weight": (ffn, hidden),
+            p + "mlp.down_proj.weight": (hidden, ffn),
+        })
+        if args.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q_rows,),
+                           p + "self_attn.k_proj.bias": (kv_rows,),
+                           p + "self_attn.v_proj.bias": (kv_rows,)})
+        if args.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (args.head_dim,),
+                           p + "self_attn.k_norm.weight": (args.head_dim,)})
+    return shapes
+
+
+def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source: Path) -> None:
+    """One ModelLoadError naming missing, unexpected or mis-shaped tensors ({name: shape})."""
+    layers = {int(m.group(1)) for name in shapes if (m := _HF_LAYER.match(name))}
+    if len(layers) != args.num_hidden_layers:  # also keeps a corrupt count from looping long
+        raise ModelLoadError(f"{source} declares {args.num_hidden_layers} layers but holds "
+                             f"tensors for {len(layers)}")
+    expected = expected_tensor_shapes(args)
+
+    def listed(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" (+{len(names) - 3} more)" if len(names) > 3 else "")
+
+    missing = [n for n in expected if n not in shapes]
+    if missing:
+        raise ModelLoadError(f"{source} is missing {len(missing)} tensors: {listed(missing)}")
+    extra = sorted(n for n in shapes if n not in expected)
+    if extra:
+        raise ModelLoadError(f"{source} has tensors a {args.architecture} model does not use "
+                             f"(unsupported variant?): {listed(extra)}")
+    for name, shape in expected.items():
+        if tuple(shapes[name]) != shape:
+            raise ModelLoadError(f"tensor {name} in {source} has shape {tuple(shapes[name])}, "
+                                 f"expected {shape}")
+
+
+def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """GGUF key/values as Python values (strings decoded, arrays as lists)."""
+    with read_gguf(path) as gguf_file:
+        return gguf_file.metadata
+
+
+def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.ndarray]]:
+    """A GGUF file or a HF directory (config.json + model.safetensors or a sharded index)."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelLoadError(f"model path does not exist: {path}")
+    if path.is_dir():
+        return _load_hf_directory(path)
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
+    with read_gguf(path) as gguf_file:
+        args, weights = _load_gguf(gguf_file)
+    _check_finite(weights, path)
+    return args, weights
+
+
+def _check_finite(weights: Mapping[str, np.ndarray], source: Path) -> None:
+    for name, w in weights.items():
+        if not np.isfinite(w).all():
+            raise ModelLoadError(f"tensor {name} in {source} holds NaN or Inf values")
+
+
+def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
+    tensors = gguf_file.tensors
+    args = ModelArgs.from_gguf_metadata(gguf_file.metadata, "output.weight" in tensors)
+    rope_dims = gguf_file.metadata.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
+    if rope_dims != args.head_dim:
+        raise ModelLoadError(f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial "
+                             f"rotary) is not supported")
+    infos = {hf: tensors[name] for name in tensors if (hf := gguf_to_hf_name(name)) is not None}
+    if "rope_freqs.weight" in tensors:
+        factors = tensor_array(gguf_file, tensors["rope_freqs.weight"])
+        args = dataclasses.replace(args, rope_scaling=llama3_scaling_from_factors(
+            factors, args.head_dim, args.rope_theta))
+    embed = infos.get("model.embed_tokens.weight")
+    args = dataclasses.replace(  # the tensors, not the metadata, decide these two
+        args, attention_bias="model.layers.0.self_attn.q_proj.bias" in infos,
+        vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
+    check_tensors(args, {name: info.shape for name, info in infos.items()}, gguf_file.path)
+    weights = {name: tensor_array(gguf_file, info) for name, info in infos.items()}
+    if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
+        for i in range(args.num_hidden_layers):
+            for proj, heads in (("q_proj", args.num_attention_heads),
+                                ("k_proj", args.num_key_value_heads)):
+                for kind in ("weight", "bias"):
+                    name = f"model.layers.{i}.self_attn.{proj}.{kind}"
+                    if name in weights:
+                        weights[name] = unpermute_qk(weights[name], heads)
+    return args, weights
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ModelLoadError(f"cannot read {path}: {err}") from None
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object")
+    return value
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The shards named by model.safetensors.index.json, else model.safetensors."""
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError(f"{index} has no weight_map")
+        files = [directory / name for name in sorted(set(weight_map.values()))]
+        absent = [f.name for f in files if not f.is_file()]
+        if absent:
+            raise ModelLoadError(f"{index} names shards that are missing: {', '.join(absent)}")
+        return files
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ModelLoadError(f"{directory} has no model.safetensors or model.safetensors.index.json")
+
+
+def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray]]:
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(f"{directory} is not a model directory: it has no config.json")
+    args = ModelArgs.from_hf_config(_read_json(config_path))
+    weights: dict[str, np.ndarray] = {}
+    for file in safetensors_files(directory):
+        weights.update(read_safetensors(file))
+    for name in [n for n in weights if _SKIPPED_HF.match(n)]:
+        del weights[name]
+    if args.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)  # some tied checkpoints store the shared copy
+    check_tensors(args, {name: w.shape for name, w in weights.items()}, directory)
+    _check_finite(weights, directory)
+    return args, weights

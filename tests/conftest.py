@@ -1,0 +1,23 @@
+"""Shared pytest fixtures. Builders live in tests/fixtures (import them from `tests.fixtures`)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.fixtures import write_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """tiny_checkpoint(arch, fmt, **options) -> Path, written once per session per argument set."""
+    cache: dict[tuple, Path] = {}
+
+    def build(arch: str, fmt: str, **options) -> Path:
+        key = (arch, fmt, tuple(sorted(options.items())))
+        if key not in cache:
+            cache[key] = write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt"), arch, fmt, **options)
+        return cache[key]
+
+    return build
