@@ -86,7 +86,7 @@ INTRA_COLSUM_SOURCE = """
         return;
     }
     const int g = h / G;
-    const int stop = metal::min((j / chunk_size + 1) * chunk_size, n_tokens);
+    const int stop = metal::min((j / chunk_size + 1) * chunk_size, int(n_tokens));
     auto k_row = k + (size_t(g) * n_tokens + j) * D;
     float k_reg[D];
     for (int d = 0; d < D; ++d) {

@@ -115,7 +115,7 @@ def attention_scores_kernel(queries: mx.array, keys: mx.array, scale: float) -> 
     template = [("InT", dtype), ("D", head_dim), ("G", n_heads // keys.shape[1])]
     m, l = stats(
         inputs=[queries, keys, n_queries, n_heads, n_keys, float(scale)], template=template,
-        grid=(n_heads, n_queries, n_layers), threadgroup=(n_heads, 1, 1),
+        grid=(n_heads, n_queries, n_layers), threadgroup=(min(THREADS_PER_GROUP, n_heads), 1, 1),
         output_shapes=[(n_layers, n_queries, n_heads)] * 2, output_dtypes=[mx.float32] * 2)
     (probs,) = probs_kernel(
         inputs=[queries, keys, m, l, n_layers, n_queries, n_heads, n_keys, float(scale)],
