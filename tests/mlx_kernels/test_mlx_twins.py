@@ -121,3 +121,9 @@ def test_scoring_twin_matches_reference(dtype, n_heads, n_kv, prompt_len):
     assert got.dtype == mx.float32 and got.shape == (4, 3, n_heads, prompt_len)
     close(got, REFERENCE.attention_scores(qn, kn, 0.25), tol)
 
+
+
+def test_inputs_of_mixed_dtypes_are_refused_on_every_path():
+    q = mx.ones((2, 4, 8), dtype=mx.float16)
+    with pytest.raises(ValueError, match="share one dtype"):
+        intra_attention(q, q.astype(mx.float32), q, 4, 1.0, use_kernel=False)

@@ -23,12 +23,13 @@ def should_use_kernel(use_kernels: bool | None, stage: str) -> bool:
     return bool(use_kernels)
 
 
-def kernel_dtype(*arrays: mx.array) -> mx.Dtype:
-    """The storage dtype the kernels read: the inputs' common floating dtype."""
+def common_dtype(*arrays: mx.array) -> mx.Dtype:
+    """The one floating dtype of a stage's inputs (checked on both paths, so kernel and twin
+    accept exactly the same inputs)."""
     dtype = arrays[0].dtype
     for a in arrays[1:]:
         if a.dtype != dtype:
-            raise ValueError(f"kernel inputs must share one dtype, got {dtype} and {a.dtype}")
+            raise ValueError(f"attention inputs must share one dtype, got {dtype} and {a.dtype}")
     if dtype not in (mx.float32, mx.float16, mx.bfloat16):
-        raise ValueError(f"kernels take float32, float16 or bfloat16 inputs, got {dtype}")
+        raise ValueError(f"attention inputs must be float32, float16 or bfloat16, got {dtype}")
     return dtype

@@ -6,7 +6,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from .dispatch import kernel_dtype, should_use_kernel
+from .dispatch import common_dtype, should_use_kernel
 from .state import AttentionState, InterResult, empty_state
 
 THREADS_PER_GROUP = 64
@@ -122,11 +122,12 @@ def _check(q: mx.array, k_mem: mx.array, v_mem: mx.array) -> None:
                          f"{k_mem.shape}, {v_mem.shape}")
     if q.shape[2] != k_mem.shape[2] or q.shape[0] % k_mem.shape[0] != 0:
         raise ValueError(f"q {q.shape} does not match k_mem {k_mem.shape} (same D, Hq a multiple of Hkv)")
+    common_dtype(q, k_mem, v_mem)
 
 
 def inter_attention_kernel(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
     """The Metal path (needs Metal and M >= 1)."""
-    dtype = kernel_dtype(q, k_mem, v_mem)
+    dtype = q.dtype
     n_heads, n_tokens, head_dim = q.shape
     n_slots = k_mem.shape[1]
     attention, colsum_kernel = _make_inter_kernel()

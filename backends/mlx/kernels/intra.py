@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from specfill.core.errors import ConfigError
 
-from .dispatch import kernel_dtype, should_use_kernel
+from .dispatch import common_dtype, should_use_kernel
 from .state import AttentionState, IntraResult
 
 THREADS_PER_GROUP = 64  # small on purpose: well under any pipeline limit, even with D=256
@@ -132,6 +132,7 @@ def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
                          f"{k.shape}, {v.shape}")
     if q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0] != 0:
         raise ValueError(f"q {q.shape} does not match k/v {k.shape} (same T and D, Hq a multiple of Hkv)")
+    common_dtype(q, k, v)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
 
@@ -139,7 +140,7 @@ def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
 def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
                            scale: float) -> IntraResult:
     """The Metal path (needs Metal)."""
-    dtype = kernel_dtype(q, k, v)
+    dtype = q.dtype
     n_heads, n_tokens, head_dim = q.shape
     attention, colsum_kernel = _make_intra_kernel()
     template = [("InT", dtype), ("D", head_dim), ("G", n_heads // k.shape[0])]

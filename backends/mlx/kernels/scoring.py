@@ -9,7 +9,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from .dispatch import kernel_dtype, should_use_kernel
+from .dispatch import common_dtype, should_use_kernel
 
 THREADS_PER_GROUP = 64
 
@@ -104,11 +104,12 @@ def _check(queries: mx.array, keys: mx.array) -> None:
             or queries.shape[2] % keys.shape[1] != 0):
         raise ValueError(f"queries {queries.shape} do not match keys {keys.shape} "
                          "(same layers and D, Hq a multiple of Hkv)")
+    common_dtype(queries, keys)
 
 
 def attention_scores_kernel(queries: mx.array, keys: mx.array, scale: float) -> mx.array:
     """The Metal path (needs Metal and P >= 1)."""
-    dtype = kernel_dtype(queries, keys)
+    dtype = queries.dtype
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_keys = keys.shape[2]
     stats, probs_kernel = _make_scoring_kernel()
