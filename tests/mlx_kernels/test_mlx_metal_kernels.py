@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from conftest import HAS_METAL, NO_METAL_REASON
+from mlx_test_support import HAS_METAL, NO_METAL_REASON, needs_gxx
 from specfill.backends.mlx.h2o import h2o_attention_layer
 from specfill.backends.mlx.kernels import (attention_scores, dispatch, inter, inter_attention, intra,
                                            intra_attention, scoring)
@@ -20,8 +20,10 @@ from specfill.core import BackendUnavailableError, H2OConfig, SpecPrefillConfig
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection as reference_selection
 
-# (o and probabilities) tolerance: fp16 outputs may differ by one rounding of the stored value
-DTYPES = {"float32": (mx.float32, 1e-5), "float16": (mx.float16, 2e-3)}
+# o tolerance: fp16 outputs may differ by one rounding of the stored value
+DTYPES = {"float32": (mx.float32, 1e-4), "float16": (mx.float16, 2e-3)}
+# float32 statistics: another summation order and Metal's exp() (a few ulp) on logits up to ~100
+STATS_TOL = 1e-4
 
 
 def arrays(seed: int, dtype: mx.Dtype, *shapes: tuple[int, ...], scale: float = 1.0) -> list[mx.array]:
@@ -37,10 +39,10 @@ def same(got: mx.array, want: mx.array, tol: float) -> None:
 
 
 def same_result(kernel, twin, tol: float) -> None:
-    same(kernel.state.m, twin.state.m, 1e-5)
-    same(kernel.state.l, twin.state.l, 1e-5)
+    same(kernel.state.m, twin.state.m, STATS_TOL)
+    same(kernel.state.l, twin.state.l, STATS_TOL)
     same(kernel.state.o, twin.state.o, tol)
-    same(kernel.colsum, twin.colsum, 1e-5)
+    same(kernel.colsum, twin.colsum, STATS_TOL)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,7 +82,7 @@ def test_scoring_kernel_matches_twin(metal_path, dtype, n_layers, n_queries, n_h
     queries, keys = arrays(prompt_len, mx_dtype, (n_layers, n_queries, n_heads, 16),
                            (n_layers, n_kv, prompt_len, 16))
     same(attention_scores(queries, keys, 0.25, use_kernel=True),
-         attention_scores(queries, keys, 0.25, use_kernel=False), 1e-5)
+         attention_scores(queries, keys, 0.25, use_kernel=False), STATS_TOL)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -90,12 +92,12 @@ def test_h2o_layer_on_the_kernels_matches_the_twins(metal_path, dtype):
     config = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=3)
     kernel = h2o_attention_layer(q, k, v, config, 0.25, use_kernels=True)
     twin = h2o_attention_layer(q, k, v, config, 0.25, use_kernels=False)
-    # near-equal scores may rank differently; both sides are checked against the oracle elsewhere
+    # random scores have no near-ties at this size: the memory sets must agree exactly
     agree = [np.array_equal(np.array(a.indices), np.array(b.indices))
              for a, b in zip(kernel.memory_sets, twin.memory_sets)]
     assert len(kernel.memory_sets) == len(twin.memory_sets) == 5 and all(agree)
     same(kernel.output, twin.output, tol)
-    same(kernel.scores, twin.scores, 1e-5)
+    same(kernel.scores, twin.scores, STATS_TOL)
 
 
 def test_speculative_selection_on_the_kernel_matches_the_reference(metal_path):
@@ -138,3 +140,21 @@ def test_the_dispatchers_choose_the_twins_without_metal(monkeypatch):
     intra_attention(q, q, q, 4, 1.0)
     inter_attention(q, q, q, 1.0)
     attention_scores(q[None], q[None], 1.0)
+
+
+@needs_gxx
+@pytest.mark.parametrize("planted", ["reads one key past the query", "wrong GQA head"])
+def test_the_emulator_catches_planted_kernel_bugs(monkeypatch, planted):
+    """The emulated runs above are not vacuous: a broken kernel source fails them."""
+    from metal_emulator import EmulatedKernel
+    old, new = {"reads one key past the query": ("j <= i;", "j <= i + 1;"),
+                "wrong GQA head": ("const int g = h / G;", "const int g = h % G;")}[planted]
+    broken = dict(intra.INTRA_ATTENTION_SPEC, source=intra.INTRA_ATTENTION_SOURCE.replace(old, new))
+    assert broken["source"] != intra.INTRA_ATTENTION_SOURCE
+    monkeypatch.setattr(dispatch, "metal_available", lambda: True)
+    monkeypatch.setattr(intra, "_make_intra_kernel", lambda: (
+        EmulatedKernel(**broken), EmulatedKernel(**intra.INTRA_COLSUM_SPEC)))
+    q, k, v = arrays(0, mx.float32, (4, 16, 16), (2, 16, 16), (2, 16, 16))
+    with pytest.raises((IndexError, AssertionError)):
+        same_result(intra_attention(q, k, v, 8, 0.25, use_kernel=True),
+                    intra_attention(q, k, v, 8, 0.25, use_kernel=False), 1e-4)
