@@ -162,6 +162,7 @@ def intra_attention_ops(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
     n_heads, n_tokens, head_dim = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
+    chunk_size = min(chunk_size, n_tokens)  # one chunk either way; no padding to a large S
     n_chunks = math.ceil(n_tokens / chunk_size)
     padded = n_chunks * chunk_size
 
