@@ -128,15 +128,17 @@ def _colsum_kernel(
     tl.store(CS + head * n_keys + offs_n, colsum, mask=key_ok)
 
 
-def _tiles(n_queries: int, n_keys: int, head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_D, num_warps). The interpreter runs one tile at a time in NumPy,
-    so small problems get small tiles there; every dot dimension stays >= 16."""
+def _launch_config(n_queries: int, n_keys: int, head_dim: int, dtype: torch.dtype
+                   ) -> tuple[int, int, int, dict[str, int]]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, launch options). The interpreter runs one tile at a time in
+    NumPy, so small problems get small tiles there; every dot dimension stays >= 16. On GPUs,
+    fp32 with wide heads pipelines two stages only, to stay within ~100 KB of shared memory."""
     block_d = max(16, next_power_of_2(head_dim))
     if interpreting():
-        return dot_tile(n_queries, 32), dot_tile(n_keys, 32), block_d, 1
-    if block_d <= 64:
-        return 64, 64, block_d, 4
-    return 64, 32, block_d, 4
+        return dot_tile(n_queries, 32), dot_tile(n_keys, 32), block_d, {}
+    stages = 2 if dtype == torch.float32 and block_d > 64 else 3
+    block_n = 64 if block_d <= 64 else 32
+    return 64, block_n, block_d, {"num_warps": 4, "num_stages": stages}
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -146,24 +148,24 @@ def _precision(dtype: torch.dtype) -> str:
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                     chunk_size: int | None, with_colsum: bool,
-                    tiles: tuple[int, int, int] | None = None) -> AttentionResult:
+                    tiles: tuple[int, int] | None = None) -> AttentionResult:
     """q [Hq, T, D], k/v [Hkv, K, D] (any strides) -> state and column sums [Hq, K].
 
     chunk_size None: every key visible (K may differ from T); otherwise block-diagonal causal
-    over chunks of chunk_size (K == T). tiles overrides (BLOCK_M, BLOCK_N, BLOCK_D) for tests.
+    over chunks of chunk_size (K == T). tiles overrides (BLOCK_M, BLOCK_N) for tests.
     """
     n_heads, n_queries, head_dim = q.shape
     n_kv, n_keys = k.shape[0], k.shape[1]
-    block_m, block_n, block_d, num_warps = _tiles(n_queries, n_keys, head_dim)
+    block_m, block_n, block_d, options = _launch_config(n_queries, n_keys, head_dim, q.dtype)
     if tiles is not None:
-        block_m, block_n, block_d = tiles
+        block_m, block_n = tiles
     o = torch.empty((n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
     m = torch.empty((n_heads, n_queries), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     common = dict(n_queries=n_queries, n_keys=n_keys, head_dim=head_dim, chunk_size=chunk_size or 1,
                   group=n_heads // n_kv, qk_scale=float(scale) * LOG2E,
                   BLOCK_DIAGONAL=chunk_size is not None, PRECISION=_precision(q.dtype),
-                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps)
+                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **options)
     _forward_kernel[(triton.cdiv(n_queries, block_m), n_heads)](
         q, k, v, o, m, l, *q.stride(), *k.stride(), *v.stride(), *o.stride(), **common)
     colsum = None

@@ -1,7 +1,8 @@
 """Triton kernel behind speculative-prefill scoring.
 
-One program per (scoring layer, KV head): its rows are the n_q scoring queries of each of the
-G query heads that read this KV head, so every key block is loaded once for all of them. Two
+One program per (scoring layer, KV head, block of rows): its rows are the n_q scoring queries
+of each of the G query heads that read this KV head (at most 64 per program), so a key block is
+loaded once for all of them. Two
 passes over the prompt keys: the first finds each row's max and sum (online softmax), the
 second recomputes the logits and writes exp2(s - m) / l.
 
@@ -28,7 +29,7 @@ def _scoring_kernel(
 ):
     layer = tl.program_id(0)
     kv_head = tl.program_id(1)
-    rows = tl.arange(0, BLOCK_R)
+    rows = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < group * n_queries
     head = kv_head * group + rows // n_queries
     query = rows % n_queries
@@ -62,19 +63,19 @@ def _scoring_kernel(
 
 
 def scoring_softmax(queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                    tiles: tuple[int, int] | None = None) -> torch.Tensor:
+                    block_keys: int | None = None) -> torch.Tensor:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P >= 1, D] (any strides) -> fp32 probs
-    [n_q, n_l, Hq, P]. tiles overrides (BLOCK_N, BLOCK_D) for tests."""
+    [n_q, n_l, Hq, P]. block_keys overrides BLOCK_N (keys per tile) for tests."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
-    block_r = dot_tile(group * n_queries, 1 << 30)
+    block_r = dot_tile(group * n_queries, 64)
     block_d = max(16, next_power_of_2(head_dim))
     block_n = dot_tile(n_keys, 32) if interpreting() else (64 if block_r * block_d <= 64 * 64 else 32)
-    if tiles is not None:
-        block_n, block_d = tiles
+    if block_keys is not None:
+        block_n = block_keys
     probs = torch.empty((n_queries, n_layers, n_heads, n_keys), dtype=torch.float32, device=queries.device)
-    _scoring_kernel[(n_layers, n_kv)](
+    _scoring_kernel[(n_layers, n_kv, triton.cdiv(group * n_queries, block_r))](
         queries, keys, probs, *queries.stride(), *keys.stride(), *probs.stride(),
         n_queries, n_keys, head_dim, group, float(scale) * LOG2E,
         PRECISION="ieee" if queries.dtype == torch.float32 else "tf32",
