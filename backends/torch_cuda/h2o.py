@@ -95,9 +95,10 @@ def gather_memory(k: torch.Tensor, v: torch.Tensor, memory: torch.Tensor) -> tup
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      use_kernels: bool | None = None) -> torch.Tensor:
-    """Plain causal attention [Hq, N, D]: the intra kernel with one chunk, or torch SDPA."""
+    """Plain causal attention [Hq, N, D]: torch SDPA (its fused kernels on CUDA), or the intra
+    kernel with one chunk when kernels are forced."""
     check_attention_shapes(q, k, v)
-    if use_triton(use_kernels, q, k, v):
+    if use_kernels and use_triton(True, q, k, v):
         return intra_attention(q, k, v, max(1, q.shape[1]), scale, use_kernel=True, with_colsum=False).state.o
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                           enable_gqa=q.shape[0] != k.shape[0])

@@ -7,16 +7,17 @@ the interpreter runs every tile in NumPy.
 """
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from specfill.backends.torch_cuda import h2o, specprefill
-from specfill.backends.torch_cuda.kernels import (attention_scores, inter_attention, intra_attention,
-                                                  use_triton)
+from specfill.backends.torch_cuda.kernels import attention_scores, inter_attention, intra_attention, use_triton
 from specfill.backends.torch_cuda.kernels.flash_triton import flash_attention
 from specfill.backends.torch_cuda.kernels.scoring_triton import scoring_softmax
 from specfill.conformance import CHECK_GROUPS, run_group
-from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core import H2OConfig, SpecfillWarning, SpecPrefillConfig
 
 from .torch_stages_support import assert_close, randn
 
@@ -145,6 +146,20 @@ def test_h2o_layer_with_kernels_matches_twins(dtype):
     assert all(torch.equal(a, b) for a, b in zip(got.memory_sets, want.memory_sets))
     assert_close(got.output, want.output, dtype, "layer output")
     assert_close(got.scores, want.scores, torch.float32, "layer scores")
+
+
+@pytest.mark.parametrize("n,local,heavy", [(40, 0, 0), (16, 3, 4)])
+def test_h2o_layer_that_is_plain_causal_with_kernels(n, local, heavy):
+    """H2O disabled (L+H=0) and a prompt within one chunk: plain causal attention."""
+    q = randn(4, n, 16, dtype=torch.float32, device=DEVICE, seed=19)
+    k, v = (randn(2, n, 16, dtype=torch.float32, device=DEVICE, seed=s) for s in (20, 21))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpecfillWarning)
+        config = H2OConfig(chunk_size=16, batch_size=32, local=local, heavy=heavy)
+    got = h2o.h2o_attention_layer(q, k, v, config, 0.25, use_kernels=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, enable_gqa=True)
+    assert_close(got.output, want, torch.float32, "causal output")
+    assert got.memory_sets == []
 
 
 def test_speculative_importance_with_kernels_matches_twins():
