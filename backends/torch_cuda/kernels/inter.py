@@ -10,7 +10,7 @@ import torch
 
 from .dispatch import use_triton
 from .intra import check_attention_shapes
-from .state import AttentionResult, empty_state, masked_softmax_state, stats_dtype
+from .state import AttentionResult, empty_state, softmax_state_, stats_dtype
 
 
 def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
@@ -20,9 +20,9 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
     n_kv, n_mem = k_mem.shape[0], k_mem.shape[1]
     group = n_heads // n_kv
     stats = stats_dtype(q, k_mem, v_mem)
-    rows = q.to(stats).reshape(n_kv, group * n_tokens, head_dim)
-    logits = (rows @ k_mem.to(stats).transpose(-1, -2)) * scale  # [Hkv, G*T, M]
-    state, weights = masked_softmax_state(logits, None, v_mem.to(stats))
+    rows = (q.to(stats) * scale).reshape(n_kv, group * n_tokens, head_dim)
+    logits = rows @ k_mem.to(stats).transpose(-1, -2)  # [Hkv, G*T, M]
+    state, weights = softmax_state_(logits, None, v_mem.to(stats))
     m, l, o = (x.reshape(n_heads, n_tokens, *x.shape[2:]) for x in state)
     colsum = weights.reshape(n_heads, n_tokens, n_mem).sum(dim=1) if with_colsum else None
     return AttentionResult(type(state)(m, l, o.to(q.dtype)), colsum)

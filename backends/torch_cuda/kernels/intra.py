@@ -12,7 +12,7 @@ import math
 import torch
 
 from .dispatch import use_triton
-from .state import AttentionResult, AttentionState, empty_state, masked_softmax_state, stats_dtype
+from .state import AttentionResult, AttentionState, empty_state, softmax_state_, stats_dtype
 
 # logits kept alive at once by the twin: chunks are processed in groups of about this many floats
 _TWIN_LOGITS_BUDGET = 1 << 25
@@ -56,8 +56,8 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
         x = torch.nn.functional.pad(x.to(stats), (0, 0, 0, pad))
         return x.reshape(x.shape[0], n_chunks, chunk_size, head_dim)
 
-    # [Hkv, C, G*S, D]: row r of chunk c is query head g*Hkv.. (h = kv*G + r // S), local r % S
-    qc = chunked(q).reshape(n_kv, group, n_chunks, chunk_size, head_dim).transpose(1, 2)
+    # [Hkv, C, G*S, D]: row g*S + i of chunk c is query i of head kv*G + g (q pre-scaled)
+    qc = (chunked(q) * scale).reshape(n_kv, group, n_chunks, chunk_size, head_dim).transpose(1, 2)
     qc = qc.reshape(n_kv, n_chunks, group * chunk_size, head_dim)
     kc, vc = chunked(k), chunked(v)
     local = torch.arange(chunk_size, device=q.device)
@@ -67,18 +67,19 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
     o = torch.empty((n_kv, n_chunks, group * chunk_size, head_dim), dtype=stats, device=q.device)
     m = torch.empty((n_kv, n_chunks, group * chunk_size), dtype=stats, device=q.device)
     l = torch.empty_like(m)
-    colsum = torch.zeros((n_kv, n_chunks, group, chunk_size), dtype=stats, device=q.device) if with_colsum else None
+    colsum = torch.empty((n_kv, n_chunks, group, chunk_size), dtype=stats, device=q.device) if with_colsum else None
     per_group = max(1, _TWIN_LOGITS_BUDGET // (n_heads * chunk_size * chunk_size))
     for c0 in range(0, n_chunks, per_group):
         c1 = min(n_chunks, c0 + per_group)
-        logits = (qc[:, c0:c1] @ kc[:, c0:c1].transpose(-1, -2)) * scale
-        valid = causal[None, :, :] & real[c0:c1, None, :]  # [c, G*S, S]
-        state, weights = masked_softmax_state(logits, valid[None], vc[:, c0:c1])
+        logits = qc[:, c0:c1] @ kc[:, c0:c1].transpose(-1, -2)
+        hidden = ~(causal[None, :, :] & real[c0:c1, None, :])  # [c, G*S, S]
+        state, weights = softmax_state_(logits, hidden[None], vc[:, c0:c1])
         m[:, c0:c1], l[:, c0:c1], o[:, c0:c1] = state
         if colsum is not None:
-            # padded query rows see real keys: only real queries vote
-            w = weights.reshape(n_kv, c1 - c0, group, chunk_size, chunk_size) * real[None, c0:c1, None, :, None]
-            colsum[:, c0:c1] = w.sum(dim=3)
+            weights = weights.view(n_kv, c1 - c0, group, chunk_size, chunk_size)
+            if c1 == n_chunks and pad:
+                weights[:, -1, :, chunk_size - pad:] = 0  # padded query rows see real keys: no vote
+            colsum[:, c0:c1] = weights.sum(dim=3)
 
     def per_query_head(x: torch.Tensor) -> torch.Tensor:  # [Hkv, C, G*S, ...] -> [Hq, T, ...]
         x = x.reshape(n_kv, n_chunks, group, chunk_size, *x.shape[3:]).transpose(1, 2)

@@ -65,18 +65,19 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
     return AttentionState(m, l, o.to(a.o.dtype))
 
 
-def masked_softmax_state(logits: torch.Tensor, valid: torch.Tensor | None, v: torch.Tensor
-                         ) -> tuple[AttentionState, torch.Tensor]:
-    """State of softmax(logits) @ v over the valid keys, plus the softmax weights.
+def softmax_state_(logits: torch.Tensor, hidden: torch.Tensor | None, v: torch.Tensor
+                   ) -> tuple[AttentionState, torch.Tensor]:
+    """State of softmax(logits) @ v over the visible keys, plus the softmax weights.
 
-    logits [..., R, K] scaled, in the statistics dtype; valid broadcastable to it (None: all);
-    v [..., K, D] in the same dtype. Rows with no valid key give m = -inf, l = 0, o = 0.
+    In place: `logits` [..., R, K] (scaled, statistics dtype, owned by the caller) is turned into
+    the weights. hidden: keys masked out, broadcastable to logits (None: all visible); v [..., K, D].
+    Rows with no visible key give m = -inf, l = 0, o = 0 and zero weights.
     """
-    if valid is not None:
-        logits = logits.masked_fill(~valid, -math.inf)
+    if hidden is not None:
+        logits.masked_fill_(hidden, -math.inf)
     m = logits.amax(dim=-1)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    p = torch.exp(logits - m_safe.unsqueeze(-1))
-    l = p.sum(dim=-1)
-    weights = p * torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1)
+    weights = logits.sub_(m_safe.unsqueeze(-1)).exp_()
+    l = weights.sum(dim=-1)
+    weights.mul_(torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1))
     return AttentionState(m, l, weights @ v), weights
