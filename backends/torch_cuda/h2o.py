@@ -158,7 +158,7 @@ def h2o_attention_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, confi
     if k.shape[1] != n_tokens:
         raise ValueError(f"{n_tokens} queries but {k.shape[1]} keys: one layer's prompt q/k/v must align")
     stats = stats_dtype(q, k, v)
-    if not config.enabled:
+    if n_tokens == 0 or not config.enabled:
         output = causal_attention(q, k, v, scale, use_kernels)
         return H2OLayerOutput(output, torch.zeros((n_kv, n_tokens), dtype=stats, device=q.device), [])
     carry = H2OCarry.start(n_kv, q.device, stats)

@@ -82,6 +82,12 @@ def test_prompt_within_one_chunk_is_plain_causal(n):
     assert got.memory_sets == [] and got.scores.shape == (2, n)
 
 
+def test_empty_prompt_gives_empty_results():
+    q, k, v = _qkv(0, 4, 2)
+    got = h2o.h2o_attention_layer(q, k, v, H2OConfig(8, 16, 2, 3), 0.4, use_kernels=False)
+    assert got.output.shape == (4, 0, 8) and got.scores.shape == (2, 0) and got.memory_sets == []
+
+
 def test_disabled_h2o_is_plain_causal_attention():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpecfillWarning)
