@@ -5,8 +5,9 @@ import argparse
 import sys
 
 from specfill.api import backend_module, format_stats, load, prefill_method, stream_generate
-from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core import ConfigError
 
+from .options import add_method_options, h2o_config, specprefill_config
 from .progress import PrefillProgressBar
 
 HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
@@ -25,29 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--chunk-size", "-ub", type=int, default=H2OConfig.chunk_size, help="H2O chunk size S")
-    p.add_argument("--batch-size", "-b", type=int, default=H2OConfig.batch_size, help="H2O logical batch B")
-    p.add_argument("--h2o-local", type=int, default=H2OConfig.local, help="H2O local window L")
-    p.add_argument("--h2o-heavy", type=int, default=H2OConfig.heavy, help="H2O heavy hitters H")
-    p.add_argument("--keep", default="0.1", help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1")
-    p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
-    p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
-    p.add_argument("--select-chunk", type=int, default=SpecPrefillConfig.select_chunk)
+    add_method_options(p)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--ignore-chat-template", action="store_true")
-
-
-def parse_keep(text: str) -> dict:
-    """'0.1' -> ratio, '1' / '1.0' -> ratio 1.0, '512' -> a 512-token budget."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(f"--keep must be a number, got {text!r}") from None
-    if value > 1 and value.is_integer():
-        return {"keep_tokens": int(value)}
-    return {"keep_ratio": value}
 
 
 def read_prompt(args: argparse.Namespace) -> str:
@@ -71,9 +54,7 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    h2o = H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy)
-    spec = SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
-                             select_chunk=args.select_chunk, **parse_keep(args.keep))
+    h2o, spec = h2o_config(args), specprefill_config(args)
     if args.backend == "cuda" and not backend_module("cuda").cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
