@@ -106,7 +106,7 @@ def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source: Path) -> None:
+def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source: Path | str) -> None:
     """One ModelLoadError naming missing, unexpected or mis-shaped tensors ({name: shape})."""
     layers = {int(m.group(1)) for name in shapes if (m := _HF_LAYER.match(name))}
     if len(layers) != args.num_hidden_layers:  # also keeps a corrupt count from looping long

@@ -1,1 +1,69 @@
-"""The PyTorch backend (CUDA with Triton kernels; torch ops on CPU)."""
+"""PyTorch backend: Llama/Qwen2/Qwen3 on CUDA (Jetson, desktop GPUs) with a CPU fallback.
+
+    model, tokenizer = load(path)                       # GGUF file or Hugging Face directory
+    logits = model([1, 2, 3])                           # [1, T, vocab] float32
+"""
+from __future__ import annotations
+
+from pathlib import Path
+import torch
+
+from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.tokenizer import Tokenizer, load_tokenizer
+from specfill.core.weights import load_weights
+
+from .causal_lm import TorchCausalLM
+from .generate import DEFAULT_PREFILL_STEP_SIZE
+
+__all__ = ["TorchCausalLM", "cuda_available", "load", "resolve_device", "resolve_dtype"]
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16}
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None -> CUDA when available, else CPU. Asking for CUDA without it is an error."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown torch device {device!r} (use 'cpu', 'cuda' or 'cuda:N')") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise BackendUnavailableError(f"device {device!r} requested but this torch "
+                                      f"({torch.__version__}) sees no CUDA GPU")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported torch device {device!r} (use 'cpu' or 'cuda')")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """None -> bfloat16 on CUDA, float32 on CPU; names like "bf16" or "float16" are accepted."""
+    if dtype is None:
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, torch.dtype):
+        resolved = dtype
+    else:
+        resolved = _DTYPES.get(str(dtype).lower())
+    if resolved not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ConfigError(f"unsupported dtype {dtype!r} (use float32, float16 or bfloat16)")
+    return resolved
+
+
+def load(path: str | Path, dtype: str | torch.dtype | None = None,
+         device: str | torch.device | None = None,
+         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[TorchCausalLM, Tokenizer]:
+    """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
+    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
+    resolved_device = resolve_device(device)
+    resolved_dtype = resolve_dtype(dtype, resolved_device)
+    args, weights = load_weights(path)
+    model = TorchCausalLM.from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
+                                       prefill_step_size=prefill_step_size)
+    del weights
+    return model, load_tokenizer(path)

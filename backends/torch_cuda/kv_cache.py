@@ -1,0 +1,65 @@
+"""Static, preallocated KV cache addressed by slot.
+
+A slot is where a token's keys/values live; its RoPE position is separate (already applied to the
+keys). Tokens always fill slots in order, so a step writes the contiguous range
+[start, start + T) and attends to slots [0, start + T). Speculative prefill stores its kept
+tokens in slots 0..K-1 with their original positions and decodes from slot K.
+"""
+from __future__ import annotations
+
+import torch
+
+from specfill.core.errors import PromptTooLongError
+from specfill.core.models import ModelArgs
+
+
+class LayerKVCache:
+    """One layer's keys and values, [1, Hkv, capacity, D] each."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.k = keys
+        self.v = values
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k/v [1, Hkv, T, D] (post-RoPE) in slots [start, start + T)."""
+        end = start + k.shape[2]
+        if end > self.capacity:
+            raise PromptTooLongError(f"KV cache holds {self.capacity} tokens, "
+                                     f"writing slots {start}..{end - 1}")
+        self.k[:, :, start:end] = k
+        self.v[:, :, start:end] = v
+
+    def keys(self, end: int) -> torch.Tensor:
+        return self.k[:, :, :end]
+
+    def values(self, end: int) -> torch.Tensor:
+        return self.v[:, :, :end]
+
+
+class KVCache:
+    """All layers' caches plus the number of slots filled so far."""
+
+    def __init__(self, layers: list[LayerKVCache]):
+        self.layers = layers
+        self.filled = 0
+
+    @classmethod
+    def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype,
+                 device: torch.device | str) -> "KVCache":
+        shape = (1, args.num_key_value_heads, capacity, args.head_dim)
+        # Uninitialised: attention only ever reads slots below the ones just written.
+        layers = [LayerKVCache(torch.empty(shape, dtype=dtype, device=device),
+                               torch.empty(shape, dtype=dtype, device=device))
+                  for _ in range(args.num_hidden_layers)]
+        return cls(layers)
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].capacity
+
+    def nbytes(self) -> int:
+        return sum(c.k.nbytes + c.v.nbytes for c in self.layers)

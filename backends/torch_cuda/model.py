@@ -1,0 +1,118 @@
+"""Llama / Qwen2 / Qwen3 decoder in small modules (gpt-fast style), batch 1.
+
+Differences between the families are flags on ModelArgs: Qwen2 adds q/k/v biases, Qwen3 a
+per-head RMSNorm on q and k before RoPE. q/k/v are fused into one matmul.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specfill.core.models import ModelArgs
+
+from .attention import PrefillAttention, causal_attention
+from .kv_cache import KVCache, LayerKVCache
+from .rope import RotaryEmbedding, apply_rope
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Statistics in float32, scale in the activation dtype (as the reference does).
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_heads, self.n_kv_heads, self.head_dim = (args.num_attention_heads,
+                                                        args.num_key_value_heads, args.head_dim)
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        self.split_sizes = (q_size, kv_size, kv_size)
+        self.wqkv = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.attention_bias)
+        self.wo = nn.Linear(q_size, args.hidden_size, bias=False)  # biases are q/k/v only
+        self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: LayerKVCache, start: int, attend: PrefillAttention) -> torch.Tensor:
+        _, steps, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
+        q = q.view(1, steps, self.n_heads, self.head_dim)
+        k = k.view(1, steps, self.n_kv_heads, self.head_dim)
+        v = v.view(1, steps, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q = apply_rope(q.transpose(1, 2), cos, sin)
+        k = apply_rope(k.transpose(1, 2), cos, sin)
+        cache.write(start, k, v)
+        out = attend(self.layer, q, k, v, cache, start)
+        return self.wo(out.transpose(1, 2).reshape(1, steps, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)). Gate and up stay two matmuls: on CPU the fused one
+    was slower, and its strided halves slow the elementwise ops."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.w_gate = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.w_up = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.w_down = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # In place: each [T, ffn] temporary is the largest activation of the layer.
+        return self.w_down(F.silu(self.w_gate(x), inplace=True).mul_(self.w_up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.attention = Attention(args, layer)
+        self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: LayerKVCache, start: int, attend: PrefillAttention) -> torch.Tensor:
+        h = self.attention(self.attention_norm(x), rope, cache, start, attend).add_(x)
+        return self.mlp(self.mlp_norm(h)).add_(h)
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.embed = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args, i) for i in range(args.num_hidden_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.rope = RotaryEmbedding(args)
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
+                logits_from: int | None = 0,
+                attend: PrefillAttention = causal_attention) -> torch.Tensor | None:
+        """ids [1, T] at RoPE `positions` [T], stored in cache slots [start, start + T).
+
+        Returns logits [1, T - logits_from, vocab] float32 for the step's tokens from index
+        `logits_from` on (the LM head runs only there), or None when logits_from is None.
+        """
+        x = self.embed(ids)
+        rope = self.rope(positions, x.dtype)
+        for block, layer_cache in zip(self.layers, cache.layers):
+            x = block(x, rope, layer_cache, start, attend)
+        cache.filled = start + ids.shape[1]
+        if logits_from is None:
+            return None
+        return self.lm_head(self.norm(x[:, logits_from:])).float()

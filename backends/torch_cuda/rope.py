@@ -1,0 +1,37 @@
+"""Rotary position embedding from explicit per-token position ids.
+
+Positions are a tensor, never an offset: speculative prefill feeds kept tokens at their original,
+non-contiguous positions (e.g. [0, 1, 3, 6, 7]) and then decodes at the next prompt position.
+Q/K use Hugging Face's rotate-half layout (the shared loader un-permutes llama.cpp's rows).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specfill.core.models import ModelArgs
+from specfill.core.rope import rope_inv_freq
+
+class RotaryEmbedding(nn.Module):
+    """Maps position ids [T] to (cos, sin) tables [T, head_dim] in the activation dtype.
+    Frequencies (theta, linear / llama3 scaling) come from the shared spec in core.rope."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.from_numpy(rope_inv_freq(args)), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # Angles in float32 whatever the model dtype: bf16 positions above 256 would round.
+        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        angles = torch.cat((angles, angles), dim=-1)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, D] rotated by the tables [T, D] of its tokens' positions."""
+    return x * cos + rotate_half(x) * sin

@@ -1,0 +1,62 @@
+"""Hugging Face-named NumPy weights -> a Transformer on the target device and dtype.
+
+The shared loader (specfill.core.weights) gives every checkpoint format the same names and the
+rotate-half Q/K layout, and its `check_tensors` is the one list of what a model holds; this
+file only fuses q/k/v.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import torch
+
+from specfill.core.models import ModelArgs
+from specfill.core.weights import check_tensors
+
+from .model import Transformer
+from .rope import RotaryEmbedding
+
+
+def _state_dict(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch.dtype,
+                device: torch.device) -> dict[str, torch.Tensor]:
+    def get(name: str) -> torch.Tensor:
+        array = weights[name]
+        array = array if array.flags.writeable else array.copy()
+        return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
+
+    state = {"embed.weight": get("model.embed_tokens.weight"), "norm.weight": get("model.norm.weight")}
+    state["lm_head.weight"] = (state["embed.weight"] if args.tie_word_embeddings
+                               else get("lm_head.weight"))
+    for i in range(args.num_hidden_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        state[dst + "attention.wqkv.weight"] = torch.cat([get(attn + f"{w}_proj.weight") for w in "qkv"])
+        if args.attention_bias:
+            state[dst + "attention.wqkv.bias"] = torch.cat([get(attn + f"{w}_proj.bias") for w in "qkv"])
+        state[dst + "attention.wo.weight"] = get(attn + "o_proj.weight")
+        if args.qk_norm:
+            state[dst + "attention.q_norm.weight"] = get(attn + "q_norm.weight")
+            state[dst + "attention.k_norm.weight"] = get(attn + "k_norm.weight")
+        state[dst + "mlp.w_gate.weight"] = get(src + "mlp.gate_proj.weight")
+        state[dst + "mlp.w_up.weight"] = get(src + "mlp.up_proj.weight")
+        state[dst + "mlp.w_down.weight"] = get(src + "mlp.down_proj.weight")
+        state[dst + "attention_norm.weight"] = get(src + "input_layernorm.weight")
+        state[dst + "mlp_norm.weight"] = get(src + "post_attention_layernorm.weight")
+    return state
+
+
+def build_transformer(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch.dtype,
+                      device: torch.device | str) -> Transformer:
+    """The model with `weights` (HF names, rotate-half Q/K) in `dtype` on `device`, eval mode,
+    no gradients. Missing, unexpected or misshapen tensors raise ModelLoadError."""
+    device = torch.device(device)
+    check_tensors(args, {name: w.shape for name, w in weights.items()}, "the weights")
+    with torch.device("meta"):
+        model = Transformer(args)
+    state = _state_dict(args, weights, dtype, device)
+    model.load_state_dict(state, strict=True, assign=True)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.rope = RotaryEmbedding(args).to(device)  # its buffer was built on the meta device
+    return model.eval().requires_grad_(False)

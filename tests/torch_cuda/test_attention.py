@@ -1,0 +1,88 @@
+"""Causal attention over the KV cache against masked SDPA, the cache's capacity check and the
+pluggable prefill attention."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
+from specfill.backends.torch_cuda.generate import decode_one_token, prefill
+from specfill.backends.torch_cuda.kv_cache import KVCache
+from specfill.core.errors import PromptTooLongError
+from specfill.core.models import ModelArgs
+from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+ARGS = ModelArgs(architecture="llama", vocab_size=16, hidden_size=48, intermediate_size=8,
+                 num_hidden_layers=1, num_attention_heads=6, num_key_value_heads=2, head_dim=8)
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
+    """Float64 attention where query t (slot start + t) sees slots 0..start + t."""
+    q, k, v = q.double(), k.double().repeat_interleave(3, 1), v.double().repeat_interleave(3, 1)
+    steps, end = q.shape[2], k.shape[2]
+    visible = torch.arange(end)[None, :] <= start + torch.arange(steps)[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("start,steps", [(0, 1), (0, 17), (9, 1), (9, 13), (40, 24)])
+def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance):
+    gen = torch.Generator().manual_seed(start * 100 + steps)
+    cache = KVCache.allocate(ARGS, 80, dtype, "cpu").layers[0]
+    k_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
+    v_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
+    q = torch.randn(1, 6, steps, 8, generator=gen).to(dtype)
+    cache.write(0, k_all[:, :, :start], v_all[:, :, :start])
+    k, v = k_all[:, :, start:], v_all[:, :, start:]
+    cache.write(start, k, v)
+    out = causal_attention(0, q, k, v, cache, start)
+    assert out.shape == q.shape and out.dtype == dtype
+    expected = reference(q, k_all, v_all, start)
+    assert (out.double() - expected).abs().max().item() <= tolerance
+
+
+@pytest.mark.parametrize("start,steps", [(0, 9), (7, 5)])
+def test_lower_right_causal_path_used_on_cuda(start, steps):
+    """The CUDA path's semantics and GQA expansion, run here through the CPU fallback."""
+    gen = torch.Generator().manual_seed(steps)
+    q = torch.randn(1, 6, steps, 8, generator=gen)
+    k, v = (torch.randn(1, 2, start + steps, 8, generator=gen) for _ in range(2))
+    out = lower_right_causal(q, k, v)
+    assert (out.double() - reference(q, k, v, start)).abs().max().item() <= 1e-5
+
+
+def test_cache_write_past_capacity_is_refused():
+    cache = KVCache.allocate(ARGS, 4, torch.float32, "cpu").layers[0]
+    kv = torch.zeros(1, 2, 3, 8)
+    cache.write(0, kv, kv)
+    with pytest.raises(PromptTooLongError, match="holds 4 tokens"):
+        cache.write(2, kv, kv)
+
+
+def test_prefill_takes_a_pluggable_attention_strategy():
+    """What H2O's prefill plugs in: per layer, the step's post-RoPE q/k/v (already cached) in,
+    the attention output out; decode keeps full attention."""
+    tiny = make_tiny("qwen3", seed=11)
+    model = tiny.ours()
+    ids, positions = torch.tensor(prompt_ids(12, seed=11)), torch.arange(12)
+    calls = []
+
+    def recording(layer, q, k, v, cache, start):
+        calls.append((layer, tuple(q.shape), tuple(k.shape), start))
+        assert torch.equal(cache.keys(start + k.shape[2])[:, :, start:], k)
+        return causal_attention(layer, q, k, v, cache, start)
+
+    cache = model.new_cache(13)
+    plugged = prefill(model.model, ids, positions, cache, step_size=8, attend=recording)
+    assert calls == [(0, (1, 4, 8, 24), (1, 2, 8, 24), 0), (1, (1, 4, 8, 24), (1, 2, 8, 24), 0),
+                     (0, (1, 4, 4, 24), (1, 2, 4, 24), 8), (1, (1, 4, 4, 24), (1, 2, 4, 24), 8)]
+    torch.testing.assert_close(plugged, model(ids)[0, -1:], rtol=0, atol=1e-5)
+    decode_one_token(model.model, torch.tensor([3]), 12, cache)
+    assert len(calls) == 4  # decode did not go through the prefill strategy
+
+    def blind(layer, q, k, v, cache, start):  # attend to nothing: the output must change
+        return torch.zeros_like(q)
+
+    zeroed = prefill(model.model, ids, positions, model.new_cache(12), attend=blind)
+    assert (zeroed - plugged).abs().max().item() > 1e-2

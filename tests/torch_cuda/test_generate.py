@@ -1,0 +1,129 @@
+"""Sampling, the CausalLM contract and its errors on a tiny random model."""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from specfill.backends.torch_cuda import TorchCausalLM, resolve_device, resolve_dtype
+from specfill.backends.torch_cuda.generate import make_generator, sample
+from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
+                                  PromptTooLongError)
+from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, SamplingConfig
+
+from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+GREEDY = SamplingConfig()
+
+
+def run(model: TorchCausalLM, ids: list[int], max_tokens: int, *, sampling: SamplingConfig = GREEDY,
+        stop_ids: frozenset[int] = frozenset(), info: PrefillInfo | None = None) -> list[int]:
+    return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
+                                    stop_ids=stop_ids, method=PrefillMethod(),
+                                    info=info or PrefillInfo()))
+
+
+def test_is_a_causal_lm_and_accepts_lists_and_tensors():
+    model = make_tiny("llama").ours()
+    assert isinstance(model, CausalLM) and model.backend == "cuda"
+    ids = prompt_ids(10)
+    from_list = model(ids)
+    torch.testing.assert_close(model(torch.tensor(ids)), from_list, rtol=0, atol=0)
+    torch.testing.assert_close(model(torch.tensor([ids])), from_list, rtol=0, atol=0)
+    assert model.peak_memory_gb() > 0
+
+
+def test_generate_step_is_greedy_reports_info_and_stops_on_eos():
+    model = make_tiny("qwen3", seed=7).ours()
+    ids = prompt_ids(20, seed=7)
+    info = PrefillInfo()
+    tokens = run(model, ids, 10, info=info)
+    assert len(tokens) == 10 and info.prompt_tokens == 20 and info.kept_tokens == 20
+    assert tokens[0] == int(model(ids)[0, -1].argmax())
+    stop_at = 3 + next(i for i, t in enumerate(tokens[3:]) if t not in tokens[:3])
+    assert run(model, ids, 10, stop_ids=frozenset({tokens[stop_at]})) == tokens[:stop_at + 1]
+    assert run(model, ids, 0) == []
+
+
+def test_seeded_sampling_repeats_and_differs_across_seeds():
+    model = make_tiny("llama", seed=8).ours()
+    ids = prompt_ids(12, seed=8)
+    hot = [SamplingConfig(temperature=1.5, top_p=0.95, seed=s) for s in (1, 1, 2)]
+    first, again, other = (run(model, ids, 16, sampling=s) for s in hot)
+    assert first == again and first != other
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([0.05, 0.5, 0.3, 0.15]))
+    generator = make_generator(SamplingConfig(seed=0), torch.device("cpu"))
+    draws = Counter(sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), generator)
+                    for _ in range(400))
+    assert set(draws) == {1, 2}  # 0.5 + 0.3 reaches 0.7; tokens 3 and 0 are cut
+    assert 0.5 < draws[1] / 400 < 0.75  # renormalised 0.625
+    plain = Counter(sample(logits, SamplingConfig(temperature=1.0), generator) for _ in range(400))
+    assert set(plain) == {0, 1, 2, 3}
+
+
+def test_low_temperature_sampling_is_greedy():
+    logits = torch.tensor([0.0, 1.0, 0.5])
+    generator = make_generator(SamplingConfig(seed=0), torch.device("cpu"))
+    assert {sample(logits, SamplingConfig(temperature=1e-3), generator) for _ in range(50)} == {1}
+
+
+def test_sparse_methods_are_not_available_yet():
+    model = make_tiny("llama").ours()
+    for method in (PrefillMethod(name="h2o"), PrefillMethod(name="specprefill")):
+        with pytest.raises(BackendUnavailableError, match=f"{method.name} prefill is not implemented"):
+            model.generate_step([1, 2], max_tokens=2, sampling=GREEDY, stop_ids=frozenset(),
+                                method=method, info=PrefillInfo())
+
+
+def test_prompt_too_long_names_the_numbers():
+    model = make_tiny("llama").ours()  # max_position_embeddings 256
+    with pytest.raises(PromptTooLongError, match="prompt of 250 tokens plus max_tokens 10 exceeds "
+                                                 "the model's context of 256 tokens"):
+        run(model, prompt_ids(250), 10)
+    with pytest.raises(PromptTooLongError, match="257 tokens"):
+        model(prompt_ids(257))
+
+
+@pytest.mark.parametrize("ids,match", [([], "non-empty"), ([[1, 2], [3, 4]], "batch 1"),
+                                       ([1, 128], "token id 128 is outside the vocabulary"),
+                                       ([-1, 3], "token id -1"), ([1.5, 2.0], "integers")])
+def test_bad_token_ids(ids, match):
+    model = make_tiny("llama").ours()
+    with pytest.raises(ConfigError, match=match):
+        model(ids)
+
+
+def test_bad_weights_are_load_errors():
+    tiny = make_tiny("qwen2")
+    load = lambda weights: TorchCausalLM.from_weights(tiny.args, weights, dtype=torch.float32,
+                                                      device="cpu")
+    missing = {k: v for k, v in tiny.weights.items() if k != "model.layers.1.self_attn.k_proj.bias"}
+    with pytest.raises(ModelLoadError, match="missing 1 tensors: model.layers.1.self_attn.k_proj.bias"):
+        load(missing)
+    wrong = {**tiny.weights, "model.norm.weight": np.ones(63, dtype=np.float32)}
+    with pytest.raises(ModelLoadError, match=r"model.norm.weight in the weights has shape \(63,\)"):
+        load(wrong)
+    extra = {**tiny.weights, "model.layers.0.mlp.up_proj.bias": np.ones(96, dtype=np.float32)}
+    with pytest.raises(ModelLoadError, match="does not use"):
+        load(extra)
+
+
+def test_device_and_dtype_resolution():
+    cpu = resolve_device("cpu")
+    assert resolve_dtype(None, cpu) == torch.float32
+    assert resolve_dtype("bf16", cpu) == torch.bfloat16 and resolve_dtype(torch.float16, cpu) == torch.float16
+    with pytest.raises(ConfigError, match="unsupported dtype 'int8'"):
+        resolve_dtype("int8", cpu)
+    with pytest.raises(ConfigError, match="unknown torch device"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        assert resolve_device(None) == cpu
+        with pytest.raises(BackendUnavailableError, match="sees no CUDA GPU"):
+            resolve_device("cuda")
+    else:
+        assert resolve_device(None).type == "cuda" and resolve_dtype(None, resolve_device(None)) == torch.bfloat16
