@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specfill.api import backend_module, format_stats, load, prefill_method, stream_generate
+from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
 from specfill.core import ConfigError
 
 from .options import add_method_options, h2o_config, specprefill_config
@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
     speculator = None
     if args.method == "specprefill":
-        speculator = resolve_speculator(args, tokenizer)
+        if args.speculator is None:
+            raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
+        speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
     method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
     prompt = build_prompt(tokenizer, read_prompt(args), args)
     bar = PrefillProgressBar()
@@ -76,18 +78,3 @@ def run(args: argparse.Namespace) -> int:
     if last is not None:
         print(format_stats(last))
     return 0
-
-
-def resolve_speculator(args: argparse.Namespace, tokenizer):
-    """'self:K' stays a string for the backend; a path is loaded on the same backend and its
-    tokenizer must equal the main model's."""
-    from specfill.core import TokenizerMismatchError
-
-    if args.speculator is None:
-        raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
-    if args.speculator.startswith("self:"):
-        return args.speculator
-    spec_model, spec_tokenizer = load(args.speculator, backend=args.backend, dtype=args.dtype, device=args.device)
-    if spec_tokenizer.vocab_fingerprint() != tokenizer.vocab_fingerprint():
-        raise TokenizerMismatchError(f"the speculator {args.speculator} has a different tokenizer than the main model")
-    return spec_model

@@ -8,9 +8,9 @@ from typing import Sequence
 
 from specfill.core import SpecfillError, SpecfillWarning
 
-from . import conformance
+from . import bench, conformance, generate
 
-SUBCOMMANDS = {"conformance": conformance}
+SUBCOMMANDS = {"generate": generate, "bench": bench, "conformance": conformance}
 
 
 def build_parser() -> argparse.ArgumentParser:
