@@ -15,7 +15,7 @@ DEFAULT_PROMPT = "What is the capital of France?"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=("mlx", "cuda"), default="cuda")
+    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
     p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
@@ -55,7 +55,8 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     h2o, spec = h2o_config(args), specprefill_config(args)
-    if args.backend == "cuda" and not backend_module("cuda").cuda_available() and args.device in (None, "cuda"):
+    backend = backend_module(args.backend)  # unknown or not installed: one clear error
+    if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
