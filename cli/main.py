@@ -8,9 +8,9 @@ from typing import Sequence
 
 from specfill.core import SpecfillError, SpecfillWarning
 
-from . import bench, conformance, generate
+from . import bench, conformance, eval, generate
 
-SUBCOMMANDS = {"generate": generate, "bench": bench, "conformance": conformance}
+SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "conformance": conformance}
 
 
 class OneLineParser(argparse.ArgumentParser):

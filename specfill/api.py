@@ -87,13 +87,16 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
                     temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                    prompt_progress_callback: ProgressCallback | None = None) -> Iterator[GenerationResponse]:
+                    prompt_progress_callback: ProgressCallback | None = None,
+                    prefill_info: PrefillInfo | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm).
 
     method: "full", "h2o" (settings in `h2o`) or "specprefill" (settings in `specprefill`,
     speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; pass a loaded one
     when generating repeatedly, a path is loaded on every call).
+    prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
+    sets when its record_memory is set; timings).
     """
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -104,7 +107,8 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
         speculator = load_speculator(speculator, model, tokenizer)
     plan = method if isinstance(method, PrefillMethod) else prefill_method(
         method, h2o=h2o, specprefill=specprefill, speculator=speculator)
-    info = PrefillInfo(prompt_tokens=len(ids), kept_tokens=len(ids))
+    info = prefill_info if prefill_info is not None else PrefillInfo()
+    info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
     start = time.perf_counter()
     first_at = None
