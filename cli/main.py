@@ -8,9 +8,9 @@ from typing import Sequence
 
 from specfill.core import SpecfillError, SpecfillWarning
 
-from . import bench, conformance, eval, generate
+from . import bench, conformance, eval, generate, parity
 
-SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "conformance": conformance}
+SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance}
 
 
 class OneLineParser(argparse.ArgumentParser):
