@@ -1,1 +1,1 @@
-"""placeholder"""
+"""The `specfill` command line: one module per subcommand."""

@@ -7,7 +7,7 @@ API layer, once for both backends.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .config import H2OConfig, SpecPrefillConfig
@@ -49,11 +49,20 @@ class PrefillMethod:
 
 @dataclass
 class PrefillInfo:
-    """What a prefill did: filled in by the backend, read by the API for its report lines."""
+    """What a prefill did: filled in by the backend, read by the API, bench, eval and parity.
+
+    kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O.
+    memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
+    M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
+    seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}.
+    """
 
     prompt_tokens: int = 0
     kept_tokens: int = 0
     kept_positions: Sequence[int] | None = None
+    record_memory: bool = False
+    memory_sets: list[list[Any]] | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -71,6 +80,11 @@ class CausalLM(Protocol):
                       progress: ProgressCallback | None = None) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time
         (the first yield marks the time to first token), stopping after a stop id or max_tokens."""
+
+    def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: PrefillInfo) -> Any:
+        """Logits [T, vocab] (float32 NumPy) for every prompt position, the prompt's attention
+        computed by `method`: "full" or "h2o" (speculative prefill drops tokens: ConfigError).
+        For perplexity and cross-backend parity."""
 
     def peak_memory_gb(self) -> float:
         """Peak device (or process) memory so far, in GB."""

@@ -28,7 +28,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specfill.backends.mlx import MLXCausalLM, load
+from specfill.backends.mlx import load
+from specfill.backends.mlx.causal_lm import MLXCausalLM
 from specfill.core.demo_model import require_demo_model
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 

@@ -10,8 +10,9 @@ VENV=${SPECFILL_VENV:-.venv}
 PY="$VENV/bin/python"
 stamp="$VENV/.specfill-setup"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+fetch="from specfill.core.demo_model import fetch_demo_model; print(fetch_demo_model())"
 
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -m specfill.core.demo_model >/dev/null 2>&1; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -c "$fetch" >/dev/null 2>&1; then
     exit 0  # up to date
 fi
 
@@ -41,5 +42,5 @@ fi
 
 echo "setup: installing specfill with all extras"
 "$PY" -m pip install -q -e ".[all]"
-echo "setup: demo model at $("$PY" -m specfill.core.demo_model)"
+echo "setup: demo model at $("$PY" -c "$fetch")"
 echo "$want" > "$stamp"

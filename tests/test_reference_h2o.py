@@ -40,5 +40,5 @@ def test_dot_products_equal_the_key_sets_actually_used():
     n = 4096
     q, k, v = (rng.normal(size=(1, n, 4)).astype(np.float32) for _ in range(3))
     result = REFERENCE.attention_layer(q, k, v, H2OConfig(1024, 4096, 256, 256), scale=0.5)
-    mask = oracle.key_set_mask(n, 1024, [m.indices for m in result.memory_sets])
+    mask = oracle.key_set_mask(n, 1024, [m.indices for m in result.memory_sets], 1)
     assert int(mask[0].sum()) == 3_672_064

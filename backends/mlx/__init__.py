@@ -1,91 +1,47 @@
-"""MLX backend: Llama/Qwen2/Qwen3 on Apple silicon (Metal), or MLX's CPU backend elsewhere.
+"""MLX backend: Llama/Qwen2/Qwen3 on Apple silicon (Metal), or MLX's CPU backend elsewhere, with
+H2O two-phase prefill and speculative prefill stages.
 
-    model, tokenizer = load(path)              # GGUF file, HF or mlx-lm directory
-    logits = model([1, 2, 3])                  # mx.array [1, T, vocab] float32
+    model, tokenizer = load(path)      # GGUF file, Hugging Face or mlx-lm directory
+    logits = model([1, 2, 3])          # mx.array [1, T, vocab] float32
 
-dtype=None keeps quantized layers quantized (GGUF Q4_0/Q4_1/Q8_0, mlx-lm directories) and
-computes in float32 on CPU, in the checkpoint's float type on the GPU; a dtype ("float32",
-"float16", "bfloat16") dequantizes every layer to it at load.
+The model runtime:
+  loader.py       load(): device and dtype resolution, checkpoint -> model + tokenizer
+  weights.py      GGUF (quantized layers kept), safetensors and mlx-lm directories -> arrays
+  model.py        the Llama/Qwen2/Qwen3 modules; rope.py (explicit positions); cache.py
+  generate.py     stepped prefill, decode, sampling; causal_lm.py: the CausalLM object
+
+The sparse prefill stages:
+  kernels/intra.py    phase-1 intra attention of all chunks at once + key column sums
+  kernels/inter.py    phase-2 attention to the gathered memory set + slot column sums
+  kernels/scoring.py  speculator scoring: softmax of each scoring query over the prompt keys
+  kernels/state.py    the (m, l, o) online-softmax state and its exact merge
+  h2o.py              memory sets, score accumulation, per-layer orchestration with batch carry
+  specprefill.py      pooling, reductions, chunk selection, original positions
+  conformance.py      the adapter `specfill conformance --backend mlx` drives
+
+Each kernels/ module holds a Metal kernel (built once through `mx.fast.metal_kernel`), an
+MLX-ops twin with the same semantics, and a dispatcher that takes the kernel where Metal exists
+(use_kernel=None), or as forced. Importing this package does not import mlx, so torch-only
+installs can still import `specfill.backends`; `load` says what is missing.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
+from specfill.core.errors import BackendUnavailableError
 
-from specfill.core.errors import BackendUnavailableError, ConfigError
-from specfill.core.tokenizer import load_tokenizer
-
-from .causal_lm import MLXCausalLM, build_model
-from .generate import DEFAULT_PREFILL_STEP_SIZE
-from .weights import Checkpoint, load_checkpoint, to_dtype
-
-__all__ = ["MLXCausalLM", "load", "resolve_device", "resolve_dtype"]
-
-_DTYPES = {"float32": mx.float32, "fp32": mx.float32, "float16": mx.float16,
-           "fp16": mx.float16, "half": mx.float16, "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}
+__all__ = ["load"]
 
 
-def resolve_device(device: str | mx.Device | None) -> mx.Device:
-    """None -> MLX's default (the GPU where Metal is available); "gpu"/"metal" or "cpu"."""
-    if device is None:
-        return mx.default_device()
-    if isinstance(device, mx.Device):
-        resolved = device
-    elif str(device).lower() in ("gpu", "metal", "mps"):
-        resolved = mx.Device(mx.gpu)
-    elif str(device).lower() == "cpu":
-        resolved = mx.Device(mx.cpu)
-    else:
-        raise ConfigError(f"unknown MLX device {device!r} (use 'cpu' or 'gpu')")
-    if resolved.type == mx.DeviceType.gpu and not mx.metal.is_available():
-        raise BackendUnavailableError(f"device {device!r} requested but MLX has no Metal GPU here "
-                                      f"(use 'cpu')")
-    return resolved
-
-
-def _stored_float_dtype(checkpoint: Checkpoint) -> mx.Dtype:
-    """The checkpoint's activation type: its embedding scales (quantized) or embedding table."""
-    name = "model.embed_tokens"
-    part = "scales" if name in checkpoint.quantized else "weight"
-    return checkpoint.weights[f"{name}.{part}"].dtype
-
-
-def resolve_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
-    """A requested dtype: None (keep quantized layers) or float32 / float16 / bfloat16."""
-    if dtype is None:
-        return None
-    if isinstance(dtype, mx.Dtype):
-        resolved = dtype
-    else:
-        resolved = _DTYPES.get(str(dtype).lower())
-    if resolved is None or resolved not in (mx.float32, mx.float16, mx.bfloat16):
-        raise ConfigError(f"unsupported dtype {dtype!r} (use float32, float16 or bfloat16)")
-    return resolved
-
-
-def activation_dtype(dtype: mx.Dtype | None, device: mx.Device, checkpoint: Checkpoint) -> mx.Dtype:
-    """The requested dtype, else float32 on CPU (MLX's CPU float16/bfloat16 paths are slow) and
-    the checkpoint's own float type on the GPU."""
-    if dtype is not None:
-        return dtype
-    return mx.float32 if device.type == mx.DeviceType.cpu else _stored_float_dtype(checkpoint)
-
-
-def load(path: str | Path, dtype: str | mx.Dtype | None = None,
-         device: str | mx.Device | None = None,
-         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[MLXCausalLM, Any]:
-    """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory. Missing,
-    corrupt or unsupported checkpoints raise ModelLoadError."""
-    resolved_device = resolve_device(device)
-    requested_dtype = resolve_dtype(dtype)
-    checkpoint = load_checkpoint(path)
-    compute_dtype = activation_dtype(requested_dtype, resolved_device, checkpoint)
-    with mx.stream(resolved_device):
-        checkpoint = to_dtype(checkpoint, compute_dtype, dequantize=requested_dtype is not None)
-        model = build_model(checkpoint)
-    quantized = bool(checkpoint.quantized)
-    del checkpoint
-    return (MLXCausalLM(model, device=resolved_device, quantized=quantized,
-                        prefill_step_size=prefill_step_size), load_tokenizer(path))
+def load(path: str | Path, dtype: Any = None, device: Any = None,
+         prefill_step_size: int | None = None) -> tuple[Any, Any]:
+    """(MLXCausalLM, Tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory; see
+    loader.load. Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
+    try:
+        from . import loader
+    except ModuleNotFoundError as err:
+        raise BackendUnavailableError(f"backend 'mlx' needs {err.name!r}, which is not installed "
+                                      f"(pip install 'specfill[mlx]')") from None
+    options = {} if prefill_step_size is None else {"prefill_step_size": prefill_step_size}
+    return loader.load(path, dtype=dtype, device=device, **options)

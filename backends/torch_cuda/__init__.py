@@ -15,11 +15,15 @@ from specfill.core.weights import load_weights
 from .causal_lm import TorchCausalLM
 from .generate import DEFAULT_PREFILL_STEP_SIZE
 
-__all__ = ["TorchCausalLM", "load", "resolve_device", "resolve_dtype"]
+__all__ = ["TorchCausalLM", "cuda_available", "load", "resolve_device", "resolve_dtype"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
            "bf16": torch.bfloat16}
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

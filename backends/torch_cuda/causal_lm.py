@@ -80,6 +80,18 @@ class TorchCausalLM:
                          logits_from=0)
         return logits[None]
 
+    def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod,
+                      info: PrefillInfo) -> np.ndarray:
+        """Logits [T, vocab] float32 NumPy for every prompt position under `method`."""
+        if method.name == "specprefill":
+            raise ConfigError("speculative prefill drops prompt tokens: it has no per-position logits")
+        if method.name != "full":
+            raise BackendUnavailableError(f"{method.name} prefill is not implemented on the torch "
+                                          f"backend yet (use method 'full')")
+        logits = self(prompt_ids)[0]
+        info.prompt_tokens = info.kept_tokens = logits.shape[0]
+        return logits.float().cpu().numpy()
+
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
                       progress: ProgressCallback | None = None) -> Iterator[int]:

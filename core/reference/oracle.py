@@ -65,18 +65,50 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
     return out, memory_sets, scores
 
 
-def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray]) -> np.ndarray:
+def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray],
+                 n_kv_heads: int) -> np.ndarray:
     """[Hkv, N, N] boolean: mask[g, i, j] = j in K(i) for KV head g.
 
     memory_indices[c] is M_c as [Hkv, M]; the chunk after c reads it.
     """
-    n_kv = memory_indices[0].shape[0] if memory_indices else 1
     pos = np.arange(n_tokens)
     chunk = pos // chunk_size
     intra = (chunk[:, None] == chunk[None, :]) & (pos[None, :] <= pos[:, None])
-    mask = np.repeat(intra[None], n_kv, axis=0)
+    mask = np.repeat(intra[None], n_kv_heads, axis=0)
     for c, mem in enumerate(memory_indices):
         rows = pos[chunk == c + 1]
-        for g in range(n_kv):
+        for g in range(n_kv_heads):
             mask[g][np.ix_(rows, mem[g])] = True
     return mask
+
+
+def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    logits = np.where(mask, logits, -np.inf)
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
+                     memory_indices: list[np.ndarray], scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(output [Hq, N, D], scores [Hkv, N]) that H2O must produce GIVEN these memory sets.
+
+    Lets a backend be checked exactly even where float ties legitimately change its memory
+    sets: whatever sets it chose, its output must be attention over the K(i) they define.
+    """
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    n_heads, n_tokens, _ = q.shape
+    n_kv = k.shape[0]
+    group = n_heads // n_kv
+    kr, vr = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
+    logits = np.einsum("hid,hjd->hij", q, kr) * scale
+    mask = np.repeat(key_set_mask(n_tokens, chunk_size, memory_indices, n_kv), group, axis=0)
+    output = _masked_softmax(logits, mask) @ vr
+    intra_mask = np.repeat(key_set_mask(n_tokens, chunk_size, [], n_kv), group, axis=0)
+    scores = _masked_softmax(logits, intra_mask).sum(axis=1).reshape(n_kv, group, n_tokens).sum(axis=1)
+    for c, mem in enumerate(memory_indices):
+        rows = np.arange((c + 1) * chunk_size, min((c + 2) * chunk_size, n_tokens))
+        for h in range(n_heads):
+            g = h // group
+            weights = _masked_softmax(logits[h][np.ix_(rows, mem[g])], np.bool_(True))
+            scores[g, mem[g]] += weights.sum(axis=0)
+    return output, scores

@@ -131,3 +131,8 @@ def test_sparse_prefill_methods_are_not_there_yet(model):
     for method in (PrefillMethod("h2o", h2o=H2OConfig()), PrefillMethod("specprefill")):
         with pytest.raises(BackendUnavailableError, match="not implemented on the (MLX|torch) "):
             generate(model, [5, 6, 7], method=method)
+    with pytest.raises(BackendUnavailableError, match="not implemented on the (MLX|torch) "):
+        model.prompt_logits([5, 6, 7], method=PrefillMethod("h2o", h2o=H2OConfig()),
+                            info=PrefillInfo())
+    with pytest.raises(ConfigError, match="no per-position logits"):
+        model.prompt_logits([5, 6, 7], method=PrefillMethod("specprefill"), info=PrefillInfo())

@@ -2,6 +2,7 @@
 max_tokens, progress and PrefillInfo; seeded temperature / top-p sampling."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -63,3 +64,13 @@ def test_seeded_sampling_repeats_and_tiny_top_p_is_greedy(llama):
     assert first != run(model, ids, max_tokens=12)  # 12 samples at T=1.5 are not all the argmax
     nucleus_of_one = SamplingConfig(temperature=1.0, top_p=1e-6, seed=1)
     assert run(model, ids, max_tokens=8, sampling=nucleus_of_one) == run(model, ids, max_tokens=8)
+
+
+def test_prompt_logits_full_equals_call_and_fills_info(llama):
+    model, _ = llama
+    ids = prompt_ids(19, vocab=model.args.vocab_size, seed=24)
+    info = PrefillInfo()
+    logits = model.prompt_logits(ids, method=PrefillMethod(), info=info)
+    assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
+    np.testing.assert_array_equal(logits, np.asarray(model(ids)[0]))
+    assert (info.prompt_tokens, info.kept_tokens) == (19, 19)

@@ -1,0 +1,35 @@
+"""Kernel-or-twin choice shared by the three dispatchers."""
+from __future__ import annotations
+
+import mlx.core as mx
+
+from specfill.core.errors import BackendUnavailableError
+
+
+def metal_available() -> bool:
+    """True on Apple silicon with MLX's Metal back-end (False on MLX's Linux CPU build)."""
+    return bool(mx.metal.is_available())
+
+
+def should_use_kernel(use_kernels: bool | None, stage: str) -> bool:
+    """None: the Metal kernel where Metal exists, else the MLX-ops twin; True forces the kernel
+    (a clear error without Metal); False forces the twin."""
+    if use_kernels is None:
+        return metal_available()
+    if use_kernels and not metal_available():
+        raise BackendUnavailableError(
+            f"the Metal kernel for {stage} needs Apple silicon with MLX's Metal back-end; "
+            "this MLX has none (use the MLX-ops twins: kernels off/auto)")
+    return bool(use_kernels)
+
+
+def common_dtype(*arrays: mx.array) -> mx.Dtype:
+    """The one floating dtype of a stage's inputs (checked on both paths, so kernel and twin
+    accept exactly the same inputs)."""
+    dtype = arrays[0].dtype
+    for a in arrays[1:]:
+        if a.dtype != dtype:
+            raise ValueError(f"attention inputs must share one dtype, got {dtype} and {a.dtype}")
+    if dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        raise ValueError(f"attention inputs must be float32, float16 or bfloat16, got {dtype}")
+    return dtype

@@ -1,0 +1,175 @@
+"""Phase 2 of H2O: one chunk's queries attend to the previous memory set, gathered per KV head
+into k_mem/v_mem [Hkv, M, D], with no mask. Returns the state and per-slot column sums."""
+from __future__ import annotations
+
+from functools import cache
+
+import mlx.core as mx
+
+from .dispatch import common_dtype, should_use_kernel
+from .state import AttentionState, InterResult, empty_state
+
+THREADS_PER_GROUP = 64
+
+# One thread per (query i, query head h): online softmax over the M memory slots (M >= 1).
+INTER_ATTENTION_SOURCE = """
+    const int i = int(thread_position_in_grid.x);
+    const int h = int(thread_position_in_grid.y);
+    if (i >= n_tokens) {
+        return;
+    }
+    const int g = h / G;
+    auto q_row = q + (size_t(h) * n_tokens + i) * D;
+    auto k_head = k_mem + size_t(g) * n_slots * D;
+    auto v_head = v_mem + size_t(g) * n_slots * D;
+
+    float q_reg[D];
+    for (int d = 0; d < D; ++d) {
+        q_reg[d] = static_cast<float>(q_row[d]);
+    }
+    float dot = 0.0f;
+    for (int d = 0; d < D; ++d) {
+        dot += q_reg[d] * static_cast<float>(k_head[d]);
+    }
+    float m_run = dot * scale;
+    float l_run = 1.0f;
+    float acc[D];
+    for (int d = 0; d < D; ++d) {
+        acc[d] = static_cast<float>(v_head[d]);
+    }
+    for (int slot = 1; slot < n_slots; ++slot) {
+        auto k_row = k_head + size_t(slot) * D;
+        auto v_row = v_head + size_t(slot) * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; ++d) {
+            s += q_reg[d] * static_cast<float>(k_row[d]);
+        }
+        s *= scale;
+        if (s > m_run) {
+            const float correction = metal::exp(m_run - s);
+            l_run = l_run * correction + 1.0f;
+            for (int d = 0; d < D; ++d) {
+                acc[d] = acc[d] * correction + static_cast<float>(v_row[d]);
+            }
+            m_run = s;
+        } else {
+            const float p = metal::exp(s - m_run);
+            l_run += p;
+            for (int d = 0; d < D; ++d) {
+                acc[d] += p * static_cast<float>(v_row[d]);
+            }
+        }
+    }
+    const size_t row = size_t(h) * n_tokens + i;
+    m_out[row] = m_run;
+    l_out[row] = l_run;
+    for (int d = 0; d < D; ++d) {
+        o_out[row * D + d] = static_cast<InT>(acc[d] / l_run);
+    }
+"""
+
+# One thread per (memory slot, query head h): sum over the chunk's queries of
+# softmax_inter(i, slot) = exp(s_i,slot - m_i) / l_i.
+INTER_COLSUM_SOURCE = """
+    const int slot = int(thread_position_in_grid.x);
+    const int h = int(thread_position_in_grid.y);
+    if (slot >= n_slots) {
+        return;
+    }
+    const int g = h / G;
+    auto k_row = k_mem + (size_t(g) * n_slots + slot) * D;
+    float k_reg[D];
+    for (int d = 0; d < D; ++d) {
+        k_reg[d] = static_cast<float>(k_row[d]);
+    }
+    float total = 0.0f;
+    for (int i = 0; i < n_tokens; ++i) {
+        const size_t row = size_t(h) * n_tokens + i;
+        auto q_row = q + row * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; ++d) {
+            s += static_cast<float>(q_row[d]) * k_reg[d];
+        }
+        s *= scale;
+        total += metal::exp(s - m_in[row]) / l_in[row];
+    }
+    colsum[size_t(h) * n_slots + slot] = total;
+"""
+
+INTER_ATTENTION_SPEC = dict(
+    name="specfill_inter_attention",
+    input_names=["q", "k_mem", "v_mem", "n_tokens", "n_slots", "scale"],
+    output_names=["m_out", "l_out", "o_out"],
+    source=INTER_ATTENTION_SOURCE,
+)
+INTER_COLSUM_SPEC = dict(
+    name="specfill_inter_colsum",
+    input_names=["q", "k_mem", "m_in", "l_in", "n_tokens", "n_slots", "scale"],
+    output_names=["colsum"],
+    source=INTER_COLSUM_SOURCE,
+)
+
+
+@cache
+def _make_inter_kernel() -> tuple[object, object]:
+    """The (attention, column-sum) Metal kernels, built once."""
+    return mx.fast.metal_kernel(**INTER_ATTENTION_SPEC), mx.fast.metal_kernel(**INTER_COLSUM_SPEC)
+
+
+def _check(q: mx.array, k_mem: mx.array, v_mem: mx.array) -> None:
+    if q.ndim != 3 or k_mem.ndim != 3 or k_mem.shape != v_mem.shape:
+        raise ValueError(f"inter attention takes q [Hq, T, D], k_mem/v_mem [Hkv, M, D]; got {q.shape}, "
+                         f"{k_mem.shape}, {v_mem.shape}")
+    if q.shape[2] != k_mem.shape[2] or q.shape[0] % k_mem.shape[0] != 0:
+        raise ValueError(f"q {q.shape} does not match k_mem {k_mem.shape} (same D, Hq a multiple of Hkv)")
+    common_dtype(q, k_mem, v_mem)
+
+
+def inter_attention_kernel(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
+    """The Metal path (needs Metal and M >= 1)."""
+    dtype = q.dtype
+    n_heads, n_tokens, head_dim = q.shape
+    n_slots = k_mem.shape[1]
+    attention, colsum_kernel = _make_inter_kernel()
+    template = [("InT", dtype), ("D", head_dim), ("G", n_heads // k_mem.shape[0])]
+    m, l, o = attention(
+        inputs=[q, k_mem, v_mem, n_tokens, n_slots, float(scale)], template=template,
+        grid=(n_tokens, n_heads, 1), threadgroup=(min(THREADS_PER_GROUP, n_tokens), 1, 1),
+        output_shapes=[(n_heads, n_tokens), (n_heads, n_tokens), q.shape],
+        output_dtypes=[mx.float32, mx.float32, dtype])
+    (colsum,) = colsum_kernel(
+        inputs=[q, k_mem, m, l, n_tokens, n_slots, float(scale)], template=template,
+        grid=(n_slots, n_heads, 1), threadgroup=(min(THREADS_PER_GROUP, n_slots), 1, 1),
+        output_shapes=[(n_heads, n_slots)], output_dtypes=[mx.float32])
+    return InterResult(AttentionState(m, l, o), colsum)
+
+
+def inter_attention_ops(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
+    """The MLX-ops twin, float32, GQA by broadcasting (no repeated K/V)."""
+    n_heads, n_tokens, head_dim = q.shape
+    n_kv, n_slots = k_mem.shape[:2]
+    qg = q.astype(mx.float32).reshape(n_kv, n_heads // n_kv, n_tokens, head_dim)
+    logits = (qg @ k_mem.astype(mx.float32)[:, None].swapaxes(-1, -2)) * scale  # [Hkv, G, T, M]
+    m = logits.max(axis=-1)
+    p = mx.exp(logits - m[..., None])
+    l = p.sum(axis=-1)
+    weights = p / l[..., None]
+    o = weights @ v_mem.astype(mx.float32)[:, None]
+    state = AttentionState(m.reshape(n_heads, n_tokens), l.reshape(n_heads, n_tokens),
+                           o.reshape(n_heads, n_tokens, head_dim).astype(q.dtype))
+    return InterResult(state, weights.sum(axis=-2).reshape(n_heads, n_slots))
+
+
+def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
+                    use_kernel: bool | None = None) -> InterResult:
+    """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> InterResult. M = 0 gives the empty state
+    (m = -inf, l = 0, o = 0) and no column sums, without NaN."""
+    _check(q, k_mem, v_mem)
+    use = should_use_kernel(use_kernel, "phase-2 inter attention")
+    n_heads, n_tokens, head_dim = q.shape
+    if k_mem.shape[1] == 0 or n_tokens == 0:
+        return InterResult(empty_state(n_heads, n_tokens, head_dim, q.dtype),
+                           mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32))
+    if use:
+        return inter_attention_kernel(q, k_mem, v_mem, scale)
+    return inter_attention_ops(q, k_mem, v_mem, scale)

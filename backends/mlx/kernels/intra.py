@@ -1,0 +1,214 @@
+"""Phase 1 of H2O: block-diagonal causal attention of every chunk at once.
+
+For query i the keys are [chunk_start(i), i] with chunk_start(i) = (i // S) * S (chunks start
+at token 0 of the block). Returns the online-softmax state (m, l float32; o normalised, in the
+input dtype) and, per key, the column sum of the intra-only softmax over its chunk's queries.
+"""
+from __future__ import annotations
+
+import math
+from functools import cache
+
+import mlx.core as mx
+
+from specfill.core.errors import ConfigError
+
+from .dispatch import common_dtype, should_use_kernel
+from .state import AttentionState, IntraResult
+
+THREADS_PER_GROUP = 64  # small on purpose: well under any pipeline limit, even with D=256
+
+# One thread per (query i, query head h): online softmax over keys [chunk_start(i), i].
+# Every query sees itself, so the running state starts from a real key and never holds -inf.
+INTRA_ATTENTION_SOURCE = """
+    const int i = int(thread_position_in_grid.x);
+    const int h = int(thread_position_in_grid.y);
+    if (i >= n_tokens) {
+        return;
+    }
+    const int g = h / G;
+    const int start = (i / chunk_size) * chunk_size;
+    auto q_row = q + (size_t(h) * n_tokens + i) * D;
+    auto k_head = k + size_t(g) * n_tokens * D;
+    auto v_head = v + size_t(g) * n_tokens * D;
+
+    float q_reg[D];
+    for (int d = 0; d < D; ++d) {
+        q_reg[d] = static_cast<float>(q_row[d]);
+    }
+    float dot = 0.0f;
+    for (int d = 0; d < D; ++d) {
+        dot += q_reg[d] * static_cast<float>(k_head[size_t(start) * D + d]);
+    }
+    float m_run = dot * scale;
+    float l_run = 1.0f;
+    float acc[D];
+    for (int d = 0; d < D; ++d) {
+        acc[d] = static_cast<float>(v_head[size_t(start) * D + d]);
+    }
+    for (int j = start + 1; j <= i; ++j) {
+        auto k_row = k_head + size_t(j) * D;
+        auto v_row = v_head + size_t(j) * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; ++d) {
+            s += q_reg[d] * static_cast<float>(k_row[d]);
+        }
+        s *= scale;
+        if (s > m_run) {
+            const float correction = metal::exp(m_run - s);
+            l_run = l_run * correction + 1.0f;
+            for (int d = 0; d < D; ++d) {
+                acc[d] = acc[d] * correction + static_cast<float>(v_row[d]);
+            }
+            m_run = s;
+        } else {
+            const float p = metal::exp(s - m_run);
+            l_run += p;
+            for (int d = 0; d < D; ++d) {
+                acc[d] += p * static_cast<float>(v_row[d]);
+            }
+        }
+    }
+    const size_t row = size_t(h) * n_tokens + i;
+    m_out[row] = m_run;
+    l_out[row] = l_run;
+    for (int d = 0; d < D; ++d) {
+        o_out[row * D + d] = static_cast<InT>(acc[d] / l_run);
+    }
+"""
+
+# One thread per (key j, query head h): sum over the queries i in [j, chunk_end(j)) of
+# softmax_intra(i, j) = exp(s_ij - m_i) / l_i, with the logits computed as in the kernel above.
+INTRA_COLSUM_SOURCE = """
+    const int j = int(thread_position_in_grid.x);
+    const int h = int(thread_position_in_grid.y);
+    if (j >= n_tokens) {
+        return;
+    }
+    const int g = h / G;
+    const int stop = metal::min((j / chunk_size + 1) * chunk_size, int(n_tokens));
+    auto k_row = k + (size_t(g) * n_tokens + j) * D;
+    float k_reg[D];
+    for (int d = 0; d < D; ++d) {
+        k_reg[d] = static_cast<float>(k_row[d]);
+    }
+    float total = 0.0f;
+    for (int i = j; i < stop; ++i) {
+        const size_t row = size_t(h) * n_tokens + i;
+        auto q_row = q + row * D;
+        float s = 0.0f;
+        for (int d = 0; d < D; ++d) {
+            s += static_cast<float>(q_row[d]) * k_reg[d];
+        }
+        s *= scale;
+        total += metal::exp(s - m_in[row]) / l_in[row];
+    }
+    colsum[size_t(h) * n_tokens + j] = total;
+"""
+
+INTRA_ATTENTION_SPEC = dict(
+    name="specfill_intra_attention",
+    input_names=["q", "k", "v", "n_tokens", "chunk_size", "scale"],
+    output_names=["m_out", "l_out", "o_out"],
+    source=INTRA_ATTENTION_SOURCE,
+)
+INTRA_COLSUM_SPEC = dict(
+    name="specfill_intra_colsum",
+    input_names=["q", "k", "m_in", "l_in", "n_tokens", "chunk_size", "scale"],
+    output_names=["colsum"],
+    source=INTRA_COLSUM_SOURCE,
+)
+
+
+@cache
+def _make_intra_kernel() -> tuple[object, object]:
+    """The (attention, column-sum) Metal kernels, built once (MLX compiles them per template)."""
+    return mx.fast.metal_kernel(**INTRA_ATTENTION_SPEC), mx.fast.metal_kernel(**INTRA_COLSUM_SPEC)
+
+
+def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
+    if q.ndim != 3 or k.ndim != 3 or k.shape != v.shape:
+        raise ValueError(f"intra attention takes q [Hq, T, D], k/v [Hkv, T, D]; got {q.shape}, "
+                         f"{k.shape}, {v.shape}")
+    if q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0] != 0:
+        raise ValueError(f"q {q.shape} does not match k/v {k.shape} (same T and D, Hq a multiple of Hkv)")
+    common_dtype(q, k, v)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+
+
+def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
+                           scale: float) -> IntraResult:
+    """The Metal path (needs Metal)."""
+    dtype = q.dtype
+    n_heads, n_tokens, head_dim = q.shape
+    attention, colsum_kernel = _make_intra_kernel()
+    template = [("InT", dtype), ("D", head_dim), ("G", n_heads // k.shape[0])]
+    grid = (n_tokens, n_heads, 1)
+    threadgroup = (min(THREADS_PER_GROUP, n_tokens), 1, 1)
+    m, l, o = attention(
+        inputs=[q, k, v, n_tokens, chunk_size, float(scale)], template=template, grid=grid,
+        threadgroup=threadgroup, output_shapes=[(n_heads, n_tokens), (n_heads, n_tokens), q.shape],
+        output_dtypes=[mx.float32, mx.float32, dtype])
+    (colsum,) = colsum_kernel(
+        inputs=[q, k, m, l, n_tokens, chunk_size, float(scale)], template=template, grid=grid,
+        threadgroup=threadgroup, output_shapes=[(n_heads, n_tokens)], output_dtypes=[mx.float32])
+    return IntraResult(AttentionState(m, l, o), colsum)
+
+
+def intra_attention_ops(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
+                        scale: float) -> IntraResult:
+    """The MLX-ops twin: every chunk padded to S and attended as one [S, S] block, float32."""
+    n_heads, n_tokens, head_dim = q.shape
+    n_kv = k.shape[0]
+    group = n_heads // n_kv
+    chunk_size = min(chunk_size, n_tokens)  # one chunk either way; no padding to a large S
+    n_chunks = math.ceil(n_tokens / chunk_size)
+    padded = n_chunks * chunk_size
+
+    def blocks(x: mx.array) -> mx.array:  # [H, T, D] -> [H, C, S, D] float32, zero padded
+        x = mx.pad(x.astype(mx.float32), [(0, 0), (0, padded - n_tokens), (0, 0)])
+        return x.reshape(x.shape[0], n_chunks, chunk_size, head_dim)
+
+    qb = blocks(q).reshape(n_kv, group, n_chunks, chunk_size, head_dim)
+    kb, vb = blocks(k)[:, None], blocks(v)[:, None]  # [Hkv, 1, C, S, D]: GQA by broadcasting
+    logits = (qb @ kb.swapaxes(-1, -2)) * scale  # [Hkv, G, C, S(query), S(key)]
+    local = mx.arange(chunk_size)
+    real = (mx.arange(n_chunks)[:, None] * chunk_size + local[None, :]) < n_tokens  # [C, S]
+    valid = (local[None, :] <= local[:, None])[None] & real[:, None, :]  # [C, S, S]
+    logits = mx.where(valid, logits, -mx.inf)
+    m = logits.max(axis=-1)  # finite: every query row (padded ones too) sees a real key
+    p = mx.exp(logits - m[..., None])
+    l = p.sum(axis=-1)
+    weights = p / l[..., None]
+    o = weights @ vb
+    # column sums count real queries only (padded query rows see real keys)
+    colsum = (weights * real[:, :, None]).sum(axis=-2)
+
+    def flat(x: mx.array) -> mx.array:  # [Hkv, G, C, S, ...] -> [Hq, T, ...]
+        return x.reshape(n_heads, padded, *x.shape[4:])[:, :n_tokens]
+
+    state = AttentionState(flat(m), flat(l), flat(o).astype(q.dtype))
+    return IntraResult(state, flat(colsum))
+
+
+def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float,
+                    use_kernel: bool | None = None) -> IntraResult:
+    """q [Hq, T, D], k/v [Hkv, T, D] -> IntraResult; the Metal kernel where Metal exists
+    (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False)."""
+    _check(q, k, v, chunk_size)
+    use = should_use_kernel(use_kernel, "phase-1 intra attention")
+    if q.shape[1] == 0:
+        zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
+        return IntraResult(AttentionState(zeros, zeros, mx.zeros(q.shape, dtype=q.dtype)), zeros)
+    if use:
+        return intra_attention_kernel(q, k, v, chunk_size, scale)
+    return intra_attention_ops(q, k, v, chunk_size, scale)
+
+
+def reduce_colsum_to_kv_heads(colsum: mx.array, n_kv_heads: int) -> mx.array:
+    """[Hq, X] -> [Hkv, X]: sum of the G query heads that share each KV head (h // G)."""
+    n_heads = colsum.shape[0]
+    if n_heads % n_kv_heads != 0:
+        raise ValueError(f"{n_heads} query heads are not a multiple of {n_kv_heads} KV heads")
+    return colsum.reshape(n_kv_heads, n_heads // n_kv_heads, *colsum.shape[1:]).sum(axis=1)

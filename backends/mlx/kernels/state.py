@@ -1,0 +1,65 @@
+"""Online-softmax state on MLX arrays and its exact merge (FlashAttention's rescaling).
+
+Shapes follow core.stages: m, l [Hq, T] float32; o [Hq, T, D] normalised, in the input dtype.
+An empty state (no keys) is m = -inf, l = 0, o = 0 and merges as the identity.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class AttentionState:
+    """Attention of each (query head, query) over one key block: m, l float32; o normalised."""
+
+    m: mx.array
+    l: mx.array
+    o: mx.array
+
+
+@dataclass(frozen=True)
+class IntraResult:
+    """Phase 1: state over keys [chunk_start(i), i]; colsum [Hq, T] float32 per key."""
+
+    state: AttentionState
+    colsum: mx.array
+
+
+@dataclass(frozen=True)
+class InterResult:
+    """Phase 2: state over the M gathered memory keys; colsum [Hq, M] float32 per slot."""
+
+    state: AttentionState
+    colsum: mx.array
+
+
+def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: mx.Dtype) -> AttentionState:
+    """The state of attention over no keys."""
+    return AttentionState(
+        m=mx.full((n_heads, n_tokens), -mx.inf, dtype=mx.float32),
+        l=mx.zeros((n_heads, n_tokens), dtype=mx.float32),
+        o=mx.zeros((n_heads, n_tokens, head_dim), dtype=dtype),
+    )
+
+
+def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
+    """Exact merge of two states over disjoint key sets; float32 statistics, no NaN when either
+    or both are empty. The merged o keeps a.o's dtype."""
+    a_m, b_m = a.m.astype(mx.float32), b.m.astype(mx.float32)
+    m = mx.maximum(a_m, b_m)
+    # both empty -> m = -inf; shift by 0 instead so exp() sees -inf, never (-inf) - (-inf)
+    m_safe = mx.where(mx.isinf(m), mx.zeros_like(m), m)
+    weight_a = a.l.astype(mx.float32) * mx.exp(a_m - m_safe)
+    weight_b = b.l.astype(mx.float32) * mx.exp(b_m - m_safe)
+    l = weight_a + weight_b
+    denom = mx.where(l > 0, l, mx.ones_like(l))
+    o = (weight_a[..., None] * a.o.astype(mx.float32)
+         + weight_b[..., None] * b.o.astype(mx.float32)) / denom[..., None]
+    return AttentionState(m=m, l=l, o=o.astype(a.o.dtype))
+
+
+def slice_state(state: AttentionState, start: int, stop: int) -> AttentionState:
+    """The state of query tokens [start, stop)."""
+    return AttentionState(state.m[:, start:stop], state.l[:, start:stop], state.o[:, start:stop])

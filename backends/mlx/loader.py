@@ -1,0 +1,86 @@
+"""load(): checkpoint -> MLXCausalLM + tokenizer, with device and dtype resolution.
+
+dtype=None keeps quantized layers quantized (GGUF Q4_0/Q4_1/Q8_0, mlx-lm directories) and
+computes in float32 on CPU, in the checkpoint's float type on the GPU; a dtype ("float32",
+"float16", "bfloat16") dequantizes every layer to it at load.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.tokenizer import load_tokenizer
+
+from .causal_lm import MLXCausalLM, build_model
+from .generate import DEFAULT_PREFILL_STEP_SIZE
+from .weights import Checkpoint, load_checkpoint, to_dtype
+
+_DTYPES = {"float32": mx.float32, "fp32": mx.float32, "float16": mx.float16,
+           "fp16": mx.float16, "half": mx.float16, "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}
+
+
+def resolve_device(device: str | mx.Device | None) -> mx.Device:
+    """None -> MLX's default (the GPU where Metal is available); "gpu"/"metal" or "cpu"."""
+    if device is None:
+        return mx.default_device()
+    if isinstance(device, mx.Device):
+        resolved = device
+    elif str(device).lower() in ("gpu", "metal", "mps"):
+        resolved = mx.Device(mx.gpu)
+    elif str(device).lower() == "cpu":
+        resolved = mx.Device(mx.cpu)
+    else:
+        raise ConfigError(f"unknown MLX device {device!r} (use 'cpu' or 'gpu')")
+    if resolved.type == mx.DeviceType.gpu and not mx.metal.is_available():
+        raise BackendUnavailableError(f"device {device!r} requested but MLX has no Metal GPU here "
+                                      f"(use 'cpu')")
+    return resolved
+
+
+def _stored_float_dtype(checkpoint: Checkpoint) -> mx.Dtype:
+    """The checkpoint's activation type: its embedding scales (quantized) or embedding table."""
+    name = "model.embed_tokens"
+    part = "scales" if name in checkpoint.quantized else "weight"
+    return checkpoint.weights[f"{name}.{part}"].dtype
+
+
+def resolve_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
+    """A requested dtype: None (keep quantized layers) or float32 / float16 / bfloat16."""
+    if dtype is None:
+        return None
+    if isinstance(dtype, mx.Dtype):
+        resolved = dtype
+    else:
+        resolved = _DTYPES.get(str(dtype).lower())
+    if resolved is None or resolved not in (mx.float32, mx.float16, mx.bfloat16):
+        raise ConfigError(f"unsupported dtype {dtype!r} (use float32, float16 or bfloat16)")
+    return resolved
+
+
+def activation_dtype(dtype: mx.Dtype | None, device: mx.Device, checkpoint: Checkpoint) -> mx.Dtype:
+    """The requested dtype, else float32 on CPU (MLX's CPU float16/bfloat16 paths are slow) and
+    the checkpoint's own float type on the GPU."""
+    if dtype is not None:
+        return dtype
+    return mx.float32 if device.type == mx.DeviceType.cpu else _stored_float_dtype(checkpoint)
+
+
+def load(path: str | Path, dtype: str | mx.Dtype | None = None,
+         device: str | mx.Device | None = None,
+         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[MLXCausalLM, Any]:
+    """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory. Missing,
+    corrupt or unsupported checkpoints raise ModelLoadError."""
+    resolved_device = resolve_device(device)
+    requested_dtype = resolve_dtype(dtype)
+    checkpoint = load_checkpoint(path)
+    compute_dtype = activation_dtype(requested_dtype, resolved_device, checkpoint)
+    with mx.stream(resolved_device):
+        checkpoint = to_dtype(checkpoint, compute_dtype, dequantize=requested_dtype is not None)
+        model = build_model(checkpoint)
+    quantized = bool(checkpoint.quantized)
+    del checkpoint
+    return (MLXCausalLM(model, device=resolved_device, quantized=quantized,
+                        prefill_step_size=prefill_step_size), load_tokenizer(path))

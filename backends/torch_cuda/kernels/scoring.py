@@ -1,0 +1,55 @@
+"""Speculative-prefill scoring: softmax of each captured query over the prompt keys.
+
+queries [n_l, n_q, Hq, D] (last prompt token + look-ahead, per scoring layer) against keys
+[n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P] in fp32 (fp64 for fp64 inputs).
+Triton kernel (kernels/scoring_triton.py) and torch twin, chosen by `attention_scores`.
+"""
+from __future__ import annotations
+
+import torch
+
+from .dispatch import use_triton
+from .state import stats_dtype
+
+
+def check_scoring_shapes(queries: torch.Tensor, keys: torch.Tensor) -> None:
+    if queries.dim() != 4 or keys.dim() != 4:
+        raise ValueError(f"scoring takes queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], got "
+                         f"{tuple(queries.shape)} and {tuple(keys.shape)}")
+    if queries.shape[0] != keys.shape[0] or queries.shape[3] != keys.shape[3]:
+        raise ValueError(f"queries {tuple(queries.shape)} and keys {tuple(keys.shape)} disagree on "
+                         "layers or head dim")
+    if keys.shape[1] == 0 or queries.shape[2] % keys.shape[1] != 0:
+        raise ValueError(f"{queries.shape[2]} query heads are not a multiple of {keys.shape[1]} KV heads")
+
+
+def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    """Torch-ops twin: the G query heads of a KV head share one matmul against its keys."""
+    n_layers, n_queries, n_heads, head_dim = queries.shape
+    n_kv, n_keys = keys.shape[1], keys.shape[2]
+    group = n_heads // n_kv
+    stats = stats_dtype(queries, keys)
+    # [n_l, Hkv, G*n_q, D]: row g*n_q + q of KV head kv is query q of head kv*G + g
+    rows = queries.to(stats).permute(0, 2, 1, 3).reshape(n_layers, n_kv, group * n_queries, head_dim)
+    logits = (rows @ keys.to(stats).transpose(-1, -2)) * scale
+    probs = torch.softmax(logits, dim=-1)
+    return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
+
+
+def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
+                     use_kernel: bool | None = None) -> torch.Tensor:
+    """probs [n_q, n_l, Hq, P]: softmax over the P prompt keys of each scoring query.
+
+    use_kernel: None = Triton on CUDA, else the twin; True / False force one.
+    """
+    check_scoring_shapes(queries, keys)
+    kernel = use_triton(use_kernel, queries, keys)
+    n_layers, n_queries, n_heads, _ = queries.shape
+    if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
+        return torch.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys),
+                           device=queries.device)
+    if kernel:
+        from .scoring_triton import scoring_softmax
+
+        return scoring_softmax(queries, keys, scale)
+    return attention_scores_twin(queries, keys, scale)

@@ -1,0 +1,83 @@
+"""Online-softmax state of attention over one key block, in torch (see core/stages.py).
+
+m, l are float32 (float64 for float64 inputs): statistics never drop below fp32; o keeps the
+input dtype. Empty key blocks give m = -inf, l = 0, o = 0, and merging them changes nothing.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+
+class AttentionState(NamedTuple):
+    """m [Hq, T] max scaled logit, l [Hq, T] sum exp(s - m), o [Hq, T, D] normalised output."""
+
+    m: torch.Tensor
+    l: torch.Tensor
+    o: torch.Tensor
+
+    def rows(self, start: int, stop: int) -> AttentionState:
+        """The state of query tokens [start, stop)."""
+        return AttentionState(self.m[:, start:stop], self.l[:, start:stop], self.o[:, start:stop])
+
+
+class AttentionResult(NamedTuple):
+    """A stage's state plus per-key column sums of its softmax [Hq, K] (None when not asked)."""
+
+    state: AttentionState
+    colsum: torch.Tensor | None
+
+
+def stats_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 when any input is float64, else float32."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: torch.dtype,
+                device: torch.device, stats: torch.dtype = torch.float32) -> AttentionState:
+    """Attention over no keys."""
+    return AttentionState(
+        m=torch.full((n_heads, n_tokens), -math.inf, dtype=stats, device=device),
+        l=torch.zeros((n_heads, n_tokens), dtype=stats, device=device),
+        o=torch.zeros((n_heads, n_tokens, head_dim), dtype=dtype, device=device),
+    )
+
+
+def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
+    """Exact merge of two states over disjoint key sets (FlashAttention's rescaling).
+
+    Computed in the statistics dtype; o comes back in a.o's dtype. Rows empty in both stay empty.
+    """
+    stats = torch.promote_types(stats_dtype(a.o, b.o), torch.promote_types(a.m.dtype, b.m.dtype))
+    m_a, m_b = a.m.to(stats), b.m.to(stats)
+    m = torch.maximum(m_a, m_b)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    weight_a = a.l.to(stats) * torch.exp(m_a - m_safe)
+    weight_b = b.l.to(stats) * torch.exp(m_b - m_safe)
+    l = weight_a + weight_b
+    inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1)
+    o = (weight_a.unsqueeze(-1) * inv) * a.o.to(stats) + (weight_b.unsqueeze(-1) * inv) * b.o.to(stats)
+    return AttentionState(m, l, o.to(a.o.dtype))
+
+
+def softmax_state_(logits: torch.Tensor, hidden: torch.Tensor | None, v: torch.Tensor
+                   ) -> tuple[AttentionState, torch.Tensor]:
+    """State of softmax(logits) @ v over the visible keys, plus the softmax weights.
+
+    In place: `logits` [..., R, K] (scaled, statistics dtype, owned by the caller) is turned into
+    the weights. hidden: keys masked out, broadcastable to logits (None: all visible); v [..., K, D].
+    Rows with no visible key give m = -inf, l = 0, o = 0 and zero weights.
+    """
+    if hidden is not None:
+        logits.masked_fill_(hidden, -math.inf)
+    m = logits.amax(dim=-1)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    weights = logits.sub_(m_safe.unsqueeze(-1)).exp_()
+    l = weights.sum(dim=-1)
+    weights.mul_(torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1))
+    return AttentionState(m, l, weights @ v), weights

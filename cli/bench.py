@@ -1,0 +1,43 @@
+"""`specfill bench`: TTFT and decode tokens/s vs prompt length, ratios against full prefill."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
+
+from .options import add_method_options, h2o_config, int_list, specprefill_config, str_list
+
+HELP = "time-to-first-token and decode speed vs prompt length (JSON + Markdown + PNG)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backends", type=str_list, default=["cuda"], help="comma list: mlx,cuda")
+    p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
+    p.add_argument("--lengths", type=int_list, default=[2000, 4000, 8000], help="comma list of prompt lengths")
+    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
+    p.add_argument("--speculator", default="self:8", help="speculator path or self:K (default: %(default)s)")
+    p.add_argument("--decode-tokens", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="results/bench", help="folder for bench.json/.md/_ttft.png")
+    p.add_argument("--name", default="bench", help="file name stem (default: %(default)s)")
+    add_method_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in args.methods:
+        if name not in ("full", "h2o", "specprefill"):
+            raise ConfigError(f"unknown method {name!r} (full, h2o, specprefill)")
+    if args.decode_tokens < 1 or args.repeats < 1 or any(n < 1 for n in args.lengths):
+        raise ConfigError("--decode-tokens, --repeats and --lengths must be positive")
+    plan = BenchPlan(backends=tuple(args.backends), methods=tuple(args.methods), lengths=tuple(args.lengths),
+                     model=args.model, speculator=args.speculator, h2o=h2o_config(args),
+                     specprefill=specprefill_config(args), decode_tokens=args.decode_tokens,
+                     repeats=args.repeats, dtype=args.dtype, device=args.device)
+    result = run_bench(plan, log=lambda line: print(line, file=sys.stderr))
+    for path in write_bench(result, args.out, args.name):
+        print(path)
+    return 0

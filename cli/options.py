@@ -1,0 +1,48 @@
+"""Options shared by several subcommands: method settings and list parsing."""
+from __future__ import annotations
+
+import argparse
+
+from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+
+
+def str_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(item) for item in str_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+
+
+def add_method_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chunk-size", "-ub", type=int, default=H2OConfig.chunk_size, help="H2O chunk size S")
+    p.add_argument("--batch-size", "-b", type=int, default=H2OConfig.batch_size, help="H2O logical batch B")
+    p.add_argument("--h2o-local", type=int, default=H2OConfig.local, help="H2O local window L")
+    p.add_argument("--h2o-heavy", type=int, default=H2OConfig.heavy, help="H2O heavy hitters H")
+    p.add_argument("--keep", default="0.1", help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1")
+    p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
+    p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
+    p.add_argument("--select-chunk", type=int, default=SpecPrefillConfig.select_chunk)
+
+
+def parse_keep(text: str) -> dict:
+    """'0.1' -> ratio, '1' / '1.0' -> ratio 1.0, '512' -> a 512-token budget."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(f"--keep must be a number, got {text!r}") from None
+    if value > 1 and value.is_integer():
+        return {"keep_tokens": int(value)}
+    return {"keep_ratio": value}
+
+
+def h2o_config(args: argparse.Namespace) -> H2OConfig:
+    return H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy)
+
+
+def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConfig:
+    return SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
+                             select_chunk=args.select_chunk, **{**parse_keep(args.keep), **overrides})

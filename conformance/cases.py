@@ -1,0 +1,93 @@
+"""The cases every backend is checked on: small shapes that reach every edge of the spec."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+
+from specfill.core import H2OConfig, SpecPrefillConfig, SpecfillWarning
+
+CHUNK = 8  # S for the H2O cases: small, so N in {1, S-1, S, S+1, 2S-1, 3S+17} stays cheap
+HEAD_DIM = 16
+
+
+@dataclass(frozen=True)
+class H2OCase:
+    name: str
+    n_tokens: int
+    local: int
+    heavy: int
+    n_heads: int
+    n_kv_heads: int
+    batch_size: int = 4 * CHUNK
+    logit_max: float | None = None  # rescale q so that max |logit| equals this
+    seed: int = 0
+
+    @property
+    def config(self) -> H2OConfig:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SpecfillWarning)  # the clamped case is on purpose
+            return H2OConfig(CHUNK, self.batch_size, self.local, self.heavy)
+
+    def tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q [Hq, N, D], k/v [Hkv, N, D] in float64."""
+        rng = np.random.default_rng(self.seed)
+        q = rng.normal(size=(self.n_heads, self.n_tokens, HEAD_DIM))
+        k = rng.normal(size=(self.n_kv_heads, self.n_tokens, HEAD_DIM))
+        v = rng.normal(size=(self.n_kv_heads, self.n_tokens, HEAD_DIM))
+        if self.logit_max is not None:
+            group = self.n_heads // self.n_kv_heads
+            logits = np.einsum("hnd,hmd->hnm", q, np.repeat(k, group, axis=0)) * SCALE
+            q = q * (self.logit_max / np.abs(logits).max())
+        return q, k, v
+
+
+SCALE = 1.0 / np.sqrt(HEAD_DIM)
+
+H2O_CASES: list[H2OCase] = [
+    *[H2OCase(f"N={n}", n, 2, 3, 4, 2, seed=n) for n in
+      (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 3 * CHUNK + 17)],
+    *[H2OCase(f"gqa-group={g}", 3 * CHUNK + 5, 2, 3, 2 * g, 2, seed=10 + g) for g in (1, 2, 3, 4, 8)],
+    H2OCase("L=0", 3 * CHUNK + 3, 0, 4, 4, 2, seed=21),
+    H2OCase("H=0", 3 * CHUNK + 3, 4, 0, 4, 2, seed=22),
+    H2OCase("L+H>=S-clamped", 3 * CHUNK + 3, 6, 6, 4, 2, seed=23),
+    H2OCase("logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, seed=24),
+    H2OCase("batch=S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=CHUNK, seed=25),
+    H2OCase("batch=2S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=2 * CHUNK, seed=25),
+]
+
+
+@dataclass(frozen=True)
+class SpecCase:
+    name: str
+    prompt_len: int
+    config: SpecPrefillConfig
+    n_layers: int = 3
+    n_queries: int = 4  # last prompt token + 3 look-ahead tokens
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    seed: int = 0
+
+    def tensors(self) -> tuple[np.ndarray, np.ndarray]:
+        """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] in float64."""
+        rng = np.random.default_rng(self.seed)
+        queries = rng.normal(size=(self.n_layers, self.n_queries, self.n_heads, HEAD_DIM))
+        keys = rng.normal(size=(self.n_layers, self.n_kv_heads, self.prompt_len, HEAD_DIM))
+        return queries, keys
+
+
+SPEC_CASES: list[SpecCase] = [
+    SpecCase("keep=one-token", 100, SpecPrefillConfig(keep_tokens=1), seed=1),
+    SpecCase("keep=0.1", 257, SpecPrefillConfig(keep_ratio=0.1), seed=2),
+    SpecCase("keep=1.0", 100, SpecPrefillConfig(keep_ratio=1.0), seed=3),
+    SpecCase("prompt<pool-kernel", 5, SpecPrefillConfig(keep_ratio=0.3), seed=4),
+    SpecCase("prompt<select-chunk", 20, SpecPrefillConfig(keep_ratio=0.3), seed=5),
+    SpecCase("prompt=1", 1, SpecPrefillConfig(keep_ratio=0.3), seed=6),
+    SpecCase("no-lookahead", 150, SpecPrefillConfig(keep_ratio=0.3), n_queries=1, seed=7),
+    SpecCase("gqa-group=1", 90, SpecPrefillConfig(keep_ratio=0.3), n_heads=2, n_kv_heads=2, seed=8),
+    SpecCase("gqa-group=3", 90, SpecPrefillConfig(keep_ratio=0.3), n_heads=6, n_kv_heads=2, seed=9),
+    SpecCase("layers=last-2,mean", 120,
+             SpecPrefillConfig(keep_ratio=0.2, layers="last-2", layer_reduction="mean"), seed=10),
+    SpecCase("token-level", 64, SpecPrefillConfig(keep_ratio=0.25, select_chunk=1, pool_kernel=1), seed=11),
+]

@@ -1,0 +1,218 @@
+"""Stage checks and whole-prompt invariants for H2O two-phase prefill."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from specfill.core import AttentionState, MemorySet
+from specfill.core.reference import REFERENCE, oracle
+from specfill.core.reference.h2o import causal_attention, local_window
+
+from .adapter import ConformanceAdapter
+from .cases import CHUNK, H2O_CASES, HEAD_DIM, SCALE, H2OCase
+from .results import Checker
+from .tolerances import round_to
+
+
+def _lse(state: AttentionState) -> np.ndarray:
+    """Log-sum-exp m + log(l): comparable even when two backends pick different m."""
+    l = np.asarray(state.l, dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return np.where(l > 0, np.asarray(state.m, dtype=np.float64) + np.log(l), -np.inf)
+
+
+def _inputs(case: H2OCase, dtype: str) -> tuple[np.ndarray, ...]:
+    return tuple(round_to(x, dtype) for x in case.tensors())
+
+
+def _state_close(ck: Checker, check: str, case: str, got: AttentionState, want: AttentionState) -> None:
+    ck.close(f"{check}.o", case, got.o, want.o)
+    ck.close(f"{check}.lse", case, _lse(got), _lse(want))
+
+
+def check_intra_attention(ad: ConformanceAdapter, ck: Checker) -> None:
+    for case in H2O_CASES:
+        q, k, v = _inputs(case, ck.dtype)
+        got = ad.intra_attention(q, k, v, CHUNK, SCALE)
+        want = REFERENCE.intra_attention(q, k, v, CHUNK, SCALE)
+        _state_close(ck, "h2o.intra_attention", case.name, got.state, want.state)
+        ck.close("h2o.intra_attention.colsum", case.name, got.colsum, want.colsum)
+
+
+def check_reduce_colsum(ad: ConformanceAdapter, ck: Checker) -> None:
+    rng = np.random.default_rng(1)
+    for group in (1, 2, 3, 4, 8):
+        colsum = round_to(rng.uniform(0, 3, size=(2 * group, 19)), ck.dtype)
+        ck.close("h2o.reduce_colsum_to_kv_heads", f"gqa-group={group}",
+                 ad.reduce_colsum_to_kv_heads(colsum, 2), REFERENCE.reduce_colsum_to_kv_heads(colsum, 2))
+
+
+def _random_memory(rng: np.random.Generator, n_kv: int, before: int, size: int, chunk: int) -> MemorySet:
+    rows = [np.sort(rng.choice(before, size=size, replace=False)) for _ in range(n_kv)]
+    return MemorySet(np.stack(rows).astype(np.int64), chunk)
+
+
+def check_accumulate_scores(ad: ConformanceAdapter, ck: Checker) -> None:
+    rng = np.random.default_rng(2)
+    scores = round_to(rng.uniform(0, 5, size=(3, 40)), ck.dtype)
+    memory = _random_memory(rng, 3, 32, 5, 3)
+    delta = round_to(rng.uniform(0, 2, size=(3, 5)), ck.dtype)
+    ck.close("h2o.accumulate_scores", "random", ad.accumulate_scores(scores, memory, delta),
+             REFERENCE.accumulate_scores(scores, memory, delta))
+
+
+def check_build_memory_set(ad: ConformanceAdapter, ck: Checker) -> None:
+    """Memory sets from given scores must match exactly: distinct scores and exact ties."""
+    rng = np.random.default_rng(3)
+    n_kv, n = 3, 5 * CHUNK
+    for local, heavy in ((2, 3), (0, 4), (4, 0), (6, 1), (0, 7)):
+        for chunk_index in (0, 3):
+            start, end = chunk_index * CHUNK, (chunk_index + 1) * CHUNK
+            previous = _random_memory(rng, n_kv, start, local + heavy, chunk_index - 1) if chunk_index else None
+            for kind in ("distinct", "ties"):
+                if kind == "distinct":
+                    scores = np.stack([rng.permutation(n) for _ in range(n_kv)]).astype(np.float64) / n
+                else:
+                    scores = rng.integers(0, 3, size=(n_kv, n)).astype(np.float64)
+                scores = round_to(scores, ck.dtype)
+                got = ad.build_memory_set(scores, previous, chunk_index, start, end, local, heavy)
+                want = REFERENCE.build_memory_set(scores, previous, chunk_index, start, end, local, heavy)
+                case = f"L={local},H={heavy},chunk={chunk_index},{kind}"
+                ck.exact("h2o.build_memory_set", case, np.array_equal(got.indices, want.indices),
+                         f"got {np.asarray(got.indices).tolist()} want {want.indices.tolist()}")
+
+
+def check_gather_memory(ad: ConformanceAdapter, ck: Checker) -> None:
+    rng = np.random.default_rng(4)
+    k, v = (round_to(rng.normal(size=(3, 30, HEAD_DIM)), ck.dtype) for _ in range(2))
+    memory = _random_memory(rng, 3, 30, 6, 2)
+    got_k, got_v = ad.gather_memory(k, v, memory)
+    want_k, want_v = REFERENCE.gather_memory(k, v, memory)
+    ck.exact("h2o.gather_memory", "random", np.array_equal(got_k, want_k) and np.array_equal(got_v, want_v),
+             "gathered rows differ")
+
+
+def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
+    rng = np.random.default_rng(5)
+    for group, memory_size, logit_max in ((1, 5, None), (2, 5, None), (3, 7, None), (4, 1, None),
+                                          (8, 5, None), (2, 5, 100.0), (2, 0, None)):
+        q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
+        k_mem, v_mem = rng.normal(size=(2, 2, memory_size, HEAD_DIM))
+        if logit_max and memory_size:
+            logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
+            q *= logit_max / np.abs(logits).max()
+        q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
+        case = f"gqa-group={group},M={memory_size}" + (",logits=+-100" if logit_max else "")
+        got = ad.inter_attention(q, k_mem, v_mem, SCALE)
+        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE)
+        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
+        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
+        ck.exact("h2o.inter_attention.finite", case,
+                 bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
+                 "NaN/Inf in o or l")
+
+
+def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
+    rng = np.random.default_rng(6)
+    hq, t = 4, CHUNK
+
+    def state(shift: float) -> AttentionState:
+        m = rng.normal(size=(hq, t)) * 30 + shift
+        l = rng.uniform(1, 5, size=(hq, t))
+        o = rng.normal(size=(hq, t, HEAD_DIM))
+        return AttentionState(*(round_to(x, ck.dtype) for x in (m, l, o)))
+
+    empty = AttentionState(np.full((hq, t), -np.inf), np.zeros((hq, t)), np.zeros((hq, t, HEAD_DIM)))
+    pairs = {"random": (state(0), state(0)), "far-apart-max": (state(-80), state(80)),
+             "inter-empty": (empty, state(0)), "both-empty (fully masked rows)": (empty, empty)}
+    for name, (a, b) in pairs.items():
+        got = ad.merge_states(a, b)
+        want = REFERENCE.merge_states(a, b)
+        _state_close(ck, "h2o.merge_states", name, got, want)
+        ck.exact("h2o.merge_states.finite", name,
+                 bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()), "NaN/Inf in o or l")
+
+
+def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    sa, sb = set(np.asarray(a).tolist()), set(np.asarray(b).tolist())
+    return len(sa & sb) / max(1, len(sa | sb))
+
+
+def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
+    """Whole-prompt invariants of one layer."""
+    for case in H2O_CASES:
+        q, k, v = _inputs(case, ck.dtype)
+        config = case.config
+        got = ad.attention_layer(q, k, v, config, SCALE)
+        want = REFERENCE.attention_layer(q, k, v, config, SCALE)
+        got_sets = [np.asarray(m.indices) for m in got.memory_sets]
+        ck.exact("h2o.layer.finite", case.name, bool(np.isfinite(got.output).all()), "NaN/Inf in output")
+        _check_memory_structure(ck, case, got_sets)
+        # exact whatever sets the backend chose: output and scores are those its K(i) define
+        replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, CHUNK, got_sets, SCALE)
+        ck.close("h2o.layer.output_vs_key_sets", case.name, got.output, replay_out)
+        ck.close("h2o.layer.scores_vs_key_sets", case.name, got.scores, replay_scores)
+        pairs = [(g, w) for gs, ws in zip(got_sets, want.memory_sets) for g, w in zip(gs, ws.indices)]
+        agreement = float(np.mean([_jaccard(g, w) for g, w in pairs])) if pairs else 1.0
+        differing = [(c, h) for c, (gs, ws) in enumerate(zip(got_sets, want.memory_sets))
+                     for h in range(gs.shape[0]) if not np.array_equal(gs[h], ws.indices[h])]
+        ck.at_least("h2o.layer.memory_agreement", case.name, agreement, ck.tol.memory_jaccard,
+                    f"(chunk, kv head) differing: {differing[:8]}")
+        if not differing:
+            ck.close("h2o.layer.output", case.name, got.output, want.output)
+        if case.n_tokens <= CHUNK:
+            ck.close("h2o.layer.single_chunk_is_causal", case.name, got.output,
+                     causal_attention(q, k, v, SCALE).o)
+    _check_batch_independence(ad, ck)
+
+
+def _check_memory_structure(ck: Checker, case: H2OCase, sets: list[np.ndarray]) -> None:
+    config = case.config
+    n_chunks = math.ceil(case.n_tokens / CHUNK)
+    ck.exact("h2o.layer.memory_count", case.name, len(sets) == max(0, n_chunks - 1),
+             f"{len(sets)} memory sets for {n_chunks} chunks (none after the final chunk)")
+    previous = None
+    for c, rows in enumerate(sets):
+        start, end = c * CHUNK, (c + 1) * CHUNK
+        local = set(local_window(start, end, config.local).tolist())
+        problems = []
+        for g, row in enumerate(rows):
+            row_list = row.tolist()
+            if len(row_list) != config.memory_size:
+                problems.append(f"head {g}: size {len(row_list)} != L+H={config.memory_size}")
+            if row_list != sorted(set(row_list)):
+                problems.append(f"head {g}: not sorted/unique")
+            if not local <= set(row_list):
+                problems.append(f"head {g}: misses local window {sorted(local)}")
+            allowed = set(range(start, end)) | (set(previous[g].tolist()) if previous is not None else set())
+            if not set(row_list) <= allowed:
+                problems.append(f"head {g}: {sorted(set(row_list) - allowed)} outside M_(c-1) U C_c")
+        ck.exact("h2o.layer.memory_structure", f"{case.name},chunk={c}", not problems, "; ".join(problems[:4]))
+        previous = rows
+
+
+def _check_batch_independence(ad: ConformanceAdapter, ck: Checker) -> None:
+    """Logical batches (B) only schedule work: outputs and memory sets do not depend on B."""
+    for case in (c for c in H2O_CASES if c.batch_size < 4 * CHUNK):
+        q, k, v = _inputs(case, ck.dtype)
+        small = ad.attention_layer(q, k, v, case.config, SCALE)
+        whole = H2OCase(case.name, case.n_tokens, case.local, case.heavy, case.n_heads, case.n_kv_heads,
+                        batch_size=8 * CHUNK, seed=case.seed)
+        big = ad.attention_layer(q, k, v, whole.config, SCALE)
+        same_sets = len(small.memory_sets) == len(big.memory_sets) and all(
+            np.array_equal(a.indices, b.indices) for a, b in zip(small.memory_sets, big.memory_sets))
+        ck.exact("h2o.layer.batch_independent_memory", case.name, same_sets, "memory sets depend on B")
+        ck.close("h2o.layer.batch_independent_output", case.name, small.output, big.output)
+
+
+H2O_CHECKS = {
+    "h2o.intra_attention": check_intra_attention,
+    "h2o.reduce_colsum_to_kv_heads": check_reduce_colsum,
+    "h2o.accumulate_scores": check_accumulate_scores,
+    "h2o.build_memory_set": check_build_memory_set,
+    "h2o.gather_memory": check_gather_memory,
+    "h2o.inter_attention": check_inter_attention,
+    "h2o.merge_states": check_merge_states,
+    "h2o.layer": check_attention_layer,
+}

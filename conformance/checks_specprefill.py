@@ -1,0 +1,107 @@
+"""Stage checks and whole-prompt invariants for speculative prefill."""
+from __future__ import annotations
+
+import numpy as np
+
+from specfill.core import SpecPrefillConfig
+from specfill.core.reference import REFERENCE, specprefill
+
+from .adapter import ConformanceAdapter
+from .cases import SCALE, SPEC_CASES, SpecCase
+from .results import Checker
+from .tolerances import round_to
+
+
+def _probs(case: SpecCase, dtype: str) -> np.ndarray:
+    queries, keys = (round_to(x, dtype) for x in case.tensors())
+    layers = case.config.layer_indices(case.n_layers)
+    return round_to(REFERENCE.attention_scores(queries[layers], keys[layers], SCALE), dtype)
+
+
+def check_attention_scores(ad: ConformanceAdapter, ck: Checker) -> None:
+    for case in SPEC_CASES:
+        queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
+        got = ad.attention_scores(queries, keys, SCALE)
+        ck.close("specprefill.attention_scores", case.name, got,
+                 REFERENCE.attention_scores(queries, keys, SCALE))
+
+
+def check_smooth_scores(ad: ConformanceAdapter, ck: Checker) -> None:
+    for case in SPEC_CASES:
+        probs = _probs(case, ck.dtype)
+        for kernel in (case.config.pool_kernel, 3):
+            ck.close("specprefill.smooth_scores", f"{case.name},kernel={kernel}",
+                     ad.smooth_scores(probs, kernel), REFERENCE.smooth_scores(probs, kernel))
+
+
+def check_reduce_scores(ad: ConformanceAdapter, ck: Checker) -> None:
+    for case in SPEC_CASES:
+        probs = _probs(case, ck.dtype)
+        for heads, layers in (("max", "max"), ("max", "mean"), ("mean", "max")):
+            ck.close("specprefill.reduce_scores", f"{case.name},heads={heads},layers={layers}",
+                     ad.reduce_scores(probs, heads, layers), REFERENCE.reduce_scores(probs, heads, layers))
+
+
+def _selection_cases(dtype: str) -> list[tuple[str, np.ndarray, SpecPrefillConfig]]:
+    rng = np.random.default_rng(7)
+    out = []
+    for case in SPEC_CASES:
+        importance = round_to(rng.permutation(case.prompt_len) / max(1, case.prompt_len), dtype)
+        out.append((f"{case.name},distinct", importance, case.config))
+    out.append(("all-equal (ties to earlier chunks)", np.ones(100), SpecPrefillConfig(keep_ratio=0.3)))
+    out.append(("last token cold", np.r_[np.ones(99), 0.0], SpecPrefillConfig(keep_ratio=0.5, select_chunk=10)))
+    out.append(("float-noise ceil (10 chunks x 0.3)", round_to(rng.uniform(size=320), dtype),
+                SpecPrefillConfig(keep_ratio=0.3)))
+    return out
+
+
+def check_select_tokens(ad: ConformanceAdapter, ck: Checker) -> None:
+    for name, importance, config in _selection_cases(ck.dtype):
+        got = ad.select_tokens(importance, config)
+        want = REFERENCE.select_tokens(importance, config)
+        ck.exact("specprefill.select_tokens.kept", name, np.array_equal(got.kept, want.kept),
+                 f"got {np.asarray(got.kept).tolist()[:20]} want {want.kept.tolist()[:20]}")
+        ck.exact("specprefill.select_tokens.position_ids", name,
+                 np.array_equal(got.position_ids, want.position_ids),
+                 "position ids are not the kept tokens' original positions")
+        ck.exact("specprefill.select_tokens.decode_start", name, got.decode_start == want.decode_start,
+                 f"decode starts at {got.decode_start}, not at the prompt length {want.decode_start}")
+
+
+def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
+    """Scores and selection through the backend's stages: invariants plus agreement."""
+    for case in SPEC_CASES:
+        queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
+        n = case.prompt_len
+        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad)
+        _, want = specprefill.speculative_selection(queries, keys, case.config, SCALE, REFERENCE)
+        kept = np.asarray(got.kept).tolist()
+        bound = specprefill.keep_count_upper_bound(n, case.config)
+        problems = []
+        if kept != sorted(set(kept)):
+            problems.append("kept positions not sorted/unique")
+        if kept and (kept[0] < 0 or kept[-1] >= n):
+            problems.append("kept position outside the prompt")
+        if n - 1 not in kept:
+            problems.append("last token not kept")
+        if not 1 <= len(kept) <= bound:
+            problems.append(f"{len(kept)} kept, bound {bound}")
+        if case.config.keep_ratio == 1.0 and kept != list(range(n)):
+            problems.append("keep 1.0 must keep every token")
+        if np.asarray(got.position_ids).tolist() != kept:
+            problems.append("position ids differ from original positions")
+        if got.decode_start != n:
+            problems.append(f"decode starts at {got.decode_start}, not {n}")
+        ck.exact("specprefill.selection.invariants", case.name, not problems, "; ".join(problems))
+        jaccard = len(set(kept) & set(want.kept.tolist())) / max(1, len(set(kept) | set(want.kept.tolist())))
+        ck.at_least("specprefill.selection.agreement", case.name, jaccard, ck.tol.memory_jaccard,
+                    f"differing positions: {sorted(set(kept) ^ set(want.kept.tolist()))[:16]}")
+
+
+SPECPREFILL_CHECKS = {
+    "specprefill.attention_scores": check_attention_scores,
+    "specprefill.smooth_scores": check_smooth_scores,
+    "specprefill.reduce_scores": check_reduce_scores,
+    "specprefill.select_tokens": check_select_tokens,
+    "specprefill.selection": check_selection_end_to_end,
+}

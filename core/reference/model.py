@@ -1,0 +1,115 @@
+"""A NumPy transformer forward (Llama / Qwen2 / Qwen3), float64: the model-level oracle.
+
+`forward` is full causal attention at explicit position ids; `forward_h2o_chunk_major` walks the
+prompt chunk by chunk through every layer (seed 001, Appendix A's order) using the core's H2O
+stages, so a backend's layer-major H2O prefill can be checked against a schedule it does not
+share. Slow and small-model only: for tests.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import H2OConfig
+from ..models import ModelArgs
+from ..rope import rope_inv_freq
+from ..stages import MemorySet
+from . import h2o
+from .attention import merge_states
+
+
+class ReferenceModel:
+    """Weights with Hugging Face names (as core.weights.load_weights returns them)."""
+
+    def __init__(self, args: ModelArgs, weights: dict[str, np.ndarray]) -> None:
+        self.args = args
+        self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
+        self.inv_freq = rope_inv_freq(args).astype(np.float64)
+        self.scale = args.head_dim ** -0.5
+
+    def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
+        return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.args.rms_norm_eps) * self.w[name]
+
+    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Half-split (rotate-half) RoPE on x [H, T, D] at the given per-token positions."""
+        angles = positions[:, None].astype(np.float64) * self.inv_freq[None, :]
+        cos, sin = np.cos(angles), np.sin(angles)
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    def qkv(self, layer: int, hidden: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Post-RoPE q [Hq, T, D], k/v [Hkv, T, D] of one layer for hidden [T, hidden]."""
+        a, p = self.args, f"model.layers.{layer}.self_attn."
+        x = self._norm(hidden, f"model.layers.{layer}.input_layernorm.weight")
+
+        def project(name: str, heads: int) -> np.ndarray:
+            y = x @ self.w[p + f"{name}_proj.weight"].T
+            if a.attention_bias:
+                y = y + self.w[p + f"{name}_proj.bias"]
+            return y.reshape(len(x), heads, a.head_dim).transpose(1, 0, 2)
+
+        q, k, v = project("q", a.num_attention_heads), project("k", a.num_key_value_heads), \
+            project("v", a.num_key_value_heads)
+        if a.qk_norm:
+            q, k = self._norm(q, p + "q_norm.weight"), self._norm(k, p + "k_norm.weight")
+        return self._rope(q, positions), self._rope(k, positions), v
+
+    def finish_layer(self, layer: int, hidden: np.ndarray, attn: np.ndarray) -> np.ndarray:
+        """Residual, MLP and residual after the attention output attn [Hq, T, D]."""
+        p = f"model.layers.{layer}."
+        hidden = hidden + attn.transpose(1, 0, 2).reshape(len(hidden), -1) @ self.w[p + "self_attn.o_proj.weight"].T
+        x = self._norm(hidden, p + "post_attention_layernorm.weight")
+        gate, up = x @ self.w[p + "mlp.gate_proj.weight"].T, x @ self.w[p + "mlp.up_proj.weight"].T
+        return hidden + (gate / (1.0 + np.exp(-gate)) * up) @ self.w[p + "mlp.down_proj.weight"].T
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
+        return self._norm(hidden, "model.norm.weight") @ head.T
+
+    def forward(self, ids: list[int], positions: list[int] | None = None) -> np.ndarray:
+        """Logits [T, vocab] with full causal attention (positions default to 0..T-1)."""
+        pos = np.arange(len(ids)) if positions is None else np.asarray(positions)
+        hidden = self.w["model.embed_tokens.weight"][np.asarray(ids)]
+        for layer in range(self.args.num_hidden_layers):
+            q, k, v = self.qkv(layer, hidden, pos)
+            hidden = self.finish_layer(layer, hidden, h2o.causal_attention(q, k, v, self.scale).o)
+        return self.logits(hidden)
+
+    def forward_h2o_chunk_major(self, ids: list[int], config: H2OConfig) -> tuple[np.ndarray, list[list[MemorySet]]]:
+        """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers, and the
+        memory sets built per layer ([layer][chunk])."""
+        n_layers, size = self.args.num_hidden_layers, config.chunk_size
+        keys = [np.zeros((self.args.num_key_value_heads, 0, self.args.head_dim)) for _ in range(n_layers)]
+        values = [k.copy() for k in keys]
+        scores = [np.zeros((self.args.num_key_value_heads, 0)) for _ in range(n_layers)]
+        memory: list[MemorySet | None] = [None] * n_layers
+        built: list[list[MemorySet]] = [[] for _ in range(n_layers)]
+        out = []
+        for start in range(0, len(ids), size):
+            end = min(start + size, len(ids))
+            hidden = self.w["model.embed_tokens.weight"][np.asarray(ids[start:end])]
+            for layer in range(n_layers):
+                q, k, v = self.qkv(layer, hidden, np.arange(start, end))
+                keys[layer] = np.concatenate([keys[layer], k], axis=1)
+                values[layer] = np.concatenate([values[layer], v], axis=1)
+                intra = h2o.intra_attention(q, k, v, size, self.scale)
+                scores[layer] = np.concatenate(
+                    [scores[layer], h2o.reduce_colsum_to_kv_heads(intra.colsum, k.shape[0])], axis=1)
+                state = intra.state
+                if memory[layer] is not None and config.enabled:
+                    k_mem, v_mem = h2o.gather_memory(keys[layer], values[layer], memory[layer])
+                    inter = h2o.inter_attention(q, k_mem, v_mem, self.scale)
+                    scores[layer] = h2o.accumulate_scores(
+                        scores[layer], memory[layer], h2o.reduce_colsum_to_kv_heads(inter.colsum, k.shape[0]))
+                    state = merge_states(inter.state, state)
+                elif start > 0:  # H2O disabled: plain causal attention over everything so far
+                    state = h2o.causal_attention(np.concatenate([np.zeros((q.shape[0], start, q.shape[2])), q], 1),
+                                                 keys[layer], values[layer], self.scale)
+                    state = type(state)(state.m[:, start:], state.l[:, start:], state.o[:, start:])
+                hidden = self.finish_layer(layer, hidden, state.o)
+                if end < len(ids) and config.enabled:
+                    memory[layer] = h2o.build_memory_set(scores[layer], memory[layer], start // size, start, end,
+                                                         config.local, config.heavy)
+                    built[layer].append(memory[layer])
+            out.append(self.logits(hidden))
+        return np.concatenate(out, axis=0), built

@@ -1,0 +1,106 @@
+"""TTFT and decode speed vs prompt length, for chosen methods and backends, in one run."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.core import H2OConfig, SpecPrefillConfig
+
+from .machine import describe_machine, machine_line
+from .plots import plot_ttft
+from .texts import tokens_of_length
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    backends: tuple[str, ...] = ("cuda",)
+    methods: tuple[str, ...] = ("full", "h2o", "specprefill")
+    lengths: tuple[int, ...] = (2000, 4000, 8000)
+    model: str | None = None
+    speculator: str = "self:8"
+    h2o: H2OConfig = field(default_factory=H2OConfig)
+    specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
+    decode_tokens: int = 16
+    repeats: int = 1
+    dtype: str | None = None
+    device: str | None = None
+
+
+
+
+def _one_run(model, tokenizer, ids, method, decode_tokens) -> dict:
+    last = None
+    for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method):
+        pass
+    return {"ttft_s": last.ttft, "decode_tps": last.generation_tps, "kept_tokens": last.kept_tokens,
+            "generated": last.generation_tokens, "peak_memory_gb": last.peak_memory}
+
+
+def run_bench(plan: BenchPlan, log: Callable[[str], None] = print) -> dict:
+    """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs."""
+    rows = []
+    for backend in plan.backends:
+        model, tokenizer = load(plan.model, backend=backend, dtype=plan.dtype, device=plan.device)
+        speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
+                      if "specprefill" in plan.methods else None)
+        methods = {name: prefill_method(name, h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
+                   for name in plan.methods}
+        warm = tokens_of_length(tokenizer, min(plan.lengths))
+        for method in methods.values():  # first calls allocate, compile and fill caches
+            _one_run(model, tokenizer, warm, method, 2)
+        for length in plan.lengths:
+            ids = tokens_of_length(tokenizer, length)
+            for name, method in methods.items():
+                runs = [_one_run(model, tokenizer, ids, method, plan.decode_tokens) for _ in range(plan.repeats)]
+                best = min(runs, key=lambda r: r["ttft_s"])
+                rows.append({"backend": backend, "method": name, "prompt_tokens": length, **best})
+                log(f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "
+                    f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}")
+    _add_ratios(rows)
+    return {"plan": _plan_dict(plan), "machine": describe_machine(), "rows": rows}
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    full = {(r["backend"], r["prompt_tokens"]): r for r in rows if r["method"] == "full"}
+    for r in rows:
+        base = full.get((r["backend"], r["prompt_tokens"]))
+        r["ttft_speedup_vs_full"] = base["ttft_s"] / r["ttft_s"] if base else None
+        r["decode_vs_full"] = r["decode_tps"] / base["decode_tps"] if base and base["decode_tps"] else None
+
+
+def _plan_dict(plan: BenchPlan) -> dict:
+    return {"backends": list(plan.backends), "methods": list(plan.methods), "lengths": list(plan.lengths),
+            "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)", "speculator": plan.speculator,
+            "h2o": vars(plan.h2o), "specprefill": vars(plan.specprefill), "decode_tokens": plan.decode_tokens,
+            "repeats": plan.repeats, "dtype": plan.dtype, "device": plan.device}
+
+
+def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -> list[Path]:
+    """<name>.json, <name>.md and <name>_ttft.png in out_dir."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path, png_path = out / f"{name}.json", out / f"{name}.md", out / f"{name}_ttft.png"
+    partial = json_path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(result, indent=1) + "\n")
+    os.replace(partial, json_path)
+    lines = [f"# TTFT benchmark", "", f"Machine: {machine_line(result['machine'])}.",
+             f"Model: {result['plan']['model']}; dtype {result['plan']['dtype'] or 'backend default'}; "
+             f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
+             f"H={result['plan']['h2o']['heavy']}; SpecPrefill {result['plan']['speculator']} keep "
+             f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}.", "",
+             "| backend | method | prompt tokens | TTFT (s) | speed-up vs full | kept | decode tok/s | decode vs full |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        ratio = f"{r['ttft_speedup_vs_full']:.2f}x" if r["ttft_speedup_vs_full"] else "-"
+        decode = f"{r['decode_vs_full']:.2f}x" if r["decode_vs_full"] else "-"
+        lines.append(f"| {r['backend']} | {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
+                     f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} |")
+    partial = md_path.with_suffix(".md.partial")
+    partial.write_text("\n".join(lines) + "\n")
+    os.replace(partial, md_path)
+    plot_ttft(result["rows"], png_path, f"TTFT vs prompt length ({machine_line(result['machine'])[:60]})")
+    return [json_path, md_path, png_path]

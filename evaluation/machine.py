@@ -1,0 +1,50 @@
+"""A description of the machine a figure was measured on (written into every result file)."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _memory_gb() -> float | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def describe_machine(extra: dict | None = None) -> dict:
+    """CPU, cores, memory, OS, Python and framework versions; GPU name when torch sees one."""
+    info = {
+        "host": platform.node(), "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(),
+        "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gb": round(_memory_gb() or 0.0, 1),
+        "python": platform.python_version(),
+        "versions": {p: _version(p) for p in ("specfill", "numpy", "torch", "triton", "mlx", "mlx-lm", "transformers")},
+        "ld_preload": os.environ.get("LD_PRELOAD", ""),
+    }
+    info.update(extra or {})
+    return info
+
+
+def machine_line(info: dict) -> str:
+    """One line for Markdown reports."""
+    return (f"{info['cpu']} ({info['cores']} cores, {info['memory_gb']} GB), {info['os']} {info['arch']}, "
+            f"Python {info['python']}" + (f", GPU {info['gpu']}" if info.get("gpu") else ""))

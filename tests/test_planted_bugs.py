@@ -1,0 +1,78 @@
+"""Each planted bug, in a copy of the reference adapter, must make conformance checks fail."""
+import numpy as np
+import pytest
+
+from specfill.conformance import ReferenceAdapter, run_conformance
+from specfill.core import AttentionState, MemorySet
+from specfill.core.reference import h2o, specprefill
+
+
+class LocalWindowOffByOne(ReferenceAdapter):
+    def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy):
+        good = super().build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy)
+        if local == 0:
+            return good
+        shifted = super().build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end - 1,
+                                           local, heavy + 1)  # window ends one token early
+        return MemorySet(shifted.indices[:, : good.size], chunk_index)
+
+
+class WrongGqaMapping(ReferenceAdapter):
+    """Query head h reads KV head h % Hkv instead of h // G."""
+
+    @staticmethod
+    def _tile(x, n_heads, axis=0):
+        return np.concatenate([x] * (n_heads // x.shape[axis]), axis=axis)
+
+    def intra_attention(self, q, k, v, chunk_size, scale):
+        n = q.shape[0]
+        return super().intra_attention(q, self._tile(k, n), self._tile(v, n), chunk_size, scale)
+
+    def inter_attention(self, q, k_mem, v_mem, scale):
+        n = q.shape[0]
+        return super().inter_attention(q, self._tile(k_mem, n), self._tile(v_mem, n), scale)
+
+    def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
+        if colsum.shape[0] != n_kv_heads:  # colsum came back per query head: fold h % Hkv
+            return colsum.reshape(-1, n_kv_heads, *colsum.shape[1:]).sum(axis=0)
+        return colsum
+
+    def attention_scores(self, queries, keys, scale):
+        return super().attention_scores(queries, self._tile(keys, queries.shape[2], axis=1), scale)
+
+
+class MergeWithoutRescaling(ReferenceAdapter):
+    def merge_states(self, a, b):
+        l = a.l + b.l
+        o = (a.l[..., None] * a.o + b.l[..., None] * b.o) / np.where(l > 0, l, 1.0)[..., None]
+        return AttentionState(np.maximum(a.m, b.m), l, o)
+
+
+class PositionsNotRestored(ReferenceAdapter):
+    def select_tokens(self, importance, config):
+        good = super().select_tokens(importance, config)
+        n = len(good.kept)
+        return specprefill.Selection(good.kept, np.arange(n), n, good.chunk_scores)
+
+
+@pytest.mark.parametrize("adapter,must_fail", [
+    (LocalWindowOffByOne, {"h2o.build_memory_set", "h2o.layer.memory_structure"}),
+    (WrongGqaMapping, {"h2o.intra_attention.o", "h2o.inter_attention.o", "specprefill.attention_scores"}),
+    (MergeWithoutRescaling, {"h2o.merge_states.o", "h2o.layer.output_vs_key_sets"}),
+    (PositionsNotRestored, {"specprefill.select_tokens.position_ids", "specprefill.select_tokens.decode_start",
+                            "specprefill.selection.invariants"}),
+])
+def test_planted_bug_is_caught(adapter, must_fail):
+    report = run_conformance("planted", ["float64"], make_adapter=adapter)
+    failed = {r.check for r in report.failures}
+    assert not report.passed
+    assert must_fail <= failed, f"missed: {must_fail - failed}"
+
+
+def test_the_unmodified_copy_passes():
+    assert run_conformance("copy", ["float64", "float32"], make_adapter=ReferenceAdapter).passed
+
+
+def test_local_window_helper_is_the_tail_of_the_chunk():
+    assert h2o.local_window(16, 24, 3).tolist() == [21, 22, 23]
+    assert h2o.local_window(16, 24, 0).tolist() == []

@@ -1,0 +1,185 @@
+"""Triton kernels against their torch twins, and the conformance suite with kernels forced.
+
+Not collected by the main run (the name does not start with test_): test_torch_stages_kernels.py
+runs this file in a subprocess, under TRITON_INTERPRET=1 with CPU tensors when there is no GPU
+(Triton decides at decoration time whether it interprets), on CUDA otherwise. Shapes stay tiny:
+the interpreter runs every tile in NumPy.
+"""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from specfill.backends.torch_cuda import h2o, specprefill
+from specfill.backends.torch_cuda.kernels import attention_scores, inter_attention, intra_attention, use_triton
+from specfill.backends.torch_cuda.kernels.flash_triton import flash_attention
+from specfill.backends.torch_cuda.kernels.scoring_triton import scoring_softmax
+from specfill.conformance import CHECK_GROUPS, run_group
+from specfill.core import H2OConfig, SpecfillWarning, SpecPrefillConfig
+
+from .torch_stages_support import assert_close, randn
+
+torch.set_num_threads(1)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16]
+
+
+def test_kernels_are_runnable_here():
+    """Guards against this file silently testing twin against twin."""
+    x = torch.zeros(1, 1, 16, device=DEVICE)
+    assert use_triton(None, x) == (DEVICE == "cuda")
+    assert use_triton(True, x)
+
+
+def _state_close(got, want, dtype, what):
+    assert_close(got.m, want.m, torch.float32, f"{what}.m")
+    assert_close(got.l, want.l, torch.float32, f"{what}.l")
+    assert_close(got.o, want.o, dtype, f"{what}.o")
+
+
+INTRA = [  # (Hq, Hkv, T, D, S): GQA 1/2/3, partial last chunk, S not a tile multiple, S > T, odd D
+    (2, 2, 37, 16, 8),
+    (4, 2, 50, 32, 16),
+    (6, 2, 45, 24, 12),
+    (3, 1, 20, 16, 32),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hq,hkv,t,d,s", INTRA)
+def test_intra_kernel_matches_twin(hq, hkv, t, d, s, dtype):
+    q, k, v = (randn(h, t, d, dtype=dtype, device=DEVICE, seed=i) for i, h in enumerate((hq, hkv, hkv)))
+    want = intra_attention(q, k, v, s, 0.3, use_kernel=False)
+    got = intra_attention(q, k, v, s, 0.3, use_kernel=True)
+    _state_close(got.state, want.state, dtype, "intra")
+    assert got.state.o.dtype == dtype and got.state.m.dtype == torch.float32
+    assert_close(got.colsum, want.colsum, torch.float32, "intra.colsum")
+    # every real query's softmax sums to 1: column sums add up to T per head
+    torch.testing.assert_close(got.colsum.sum(dim=1), torch.full((hq,), float(t), device=DEVICE))
+
+
+@pytest.mark.parametrize("tiles", [(16, 16), (32, 16), (16, 32)])
+def test_intra_kernel_is_tile_independent(tiles):
+    """Query blocks straddling chunks and chunks spanning several key blocks (S=24)."""
+    q, k, v = (randn(h, 70, 16, dtype=torch.float32, device=DEVICE, seed=i) for i, h in enumerate((4, 2, 2)))
+    want = intra_attention(q, k, v, 24, 0.25, use_kernel=False)
+    got = flash_attention(q, k, v, 0.25, 24, with_colsum=True, tiles=tiles)
+    _state_close(got.state, want.state, torch.float32, f"intra{tiles}")
+    assert_close(got.colsum, want.colsum, torch.float32, f"intra{tiles}.colsum")
+
+
+def test_kernels_read_strided_views():
+    """Model layouts hand over [T, H, D] views transposed to [H, T, D]: no copy needed."""
+    q = randn(40, 4, 16, dtype=torch.float32, device=DEVICE, seed=1).transpose(0, 1)
+    k, v = (randn(40, 2, 16, dtype=torch.float32, device=DEVICE, seed=s).transpose(0, 1) for s in (2, 3))
+    assert not q.is_contiguous()
+    want = intra_attention(q.contiguous(), k.contiguous(), v.contiguous(), 16, 0.25, use_kernel=False)
+    got = intra_attention(q, k, v, 16, 0.25, use_kernel=True)
+    _state_close(got.state, want.state, torch.float32, "strided intra")
+    assert_close(got.colsum, want.colsum, torch.float32, "strided intra.colsum")
+
+
+INTER = [(4, 2, 8, 5), (6, 2, 21, 37), (2, 2, 16, 1), (8, 1, 5, 16)]  # (Hq, Hkv, T, M)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hq,hkv,t,mem", INTER)
+def test_inter_kernel_matches_twin(hq, hkv, t, mem, dtype):
+    q = randn(hq, t, 16, dtype=dtype, device=DEVICE, seed=4)
+    k_mem, v_mem = (randn(hkv, mem, 16, dtype=dtype, device=DEVICE, seed=s) for s in (5, 6))
+    want = inter_attention(q, k_mem, v_mem, 0.25, use_kernel=False)
+    got = inter_attention(q, k_mem, v_mem, 0.25, use_kernel=True)
+    _state_close(got.state, want.state, dtype, "inter")
+    assert_close(got.colsum, want.colsum, torch.float32, "inter.colsum")
+
+
+def test_inter_kernel_large_logits_stay_finite():
+    q = randn(4, 8, 16, dtype=torch.float16, device=DEVICE, seed=7, scale=12.0)
+    k_mem, v_mem = (randn(2, 9, 16, dtype=torch.float16, device=DEVICE, seed=s, scale=3.0) for s in (8, 9))
+    got = inter_attention(q, k_mem, v_mem, 1.0, use_kernel=True)
+    assert float(got.state.m.abs().max()) > 100  # the case really has huge logits
+    want = inter_attention(q, k_mem, v_mem, 1.0, use_kernel=False)
+    _state_close(got.state, want.state, torch.float16, "inter +-100")
+    assert bool(torch.isfinite(got.state.o).all() and torch.isfinite(got.colsum).all())
+
+
+def test_inter_kernel_empty_memory_is_the_empty_state():
+    q = randn(4, 8, 16, dtype=torch.float32, device=DEVICE)
+    empty = torch.zeros(2, 0, 16, device=DEVICE)
+    got = inter_attention(q, empty, empty, 0.25, use_kernel=True)
+    assert bool(torch.isneginf(got.state.m).all()) and not bool(got.state.l.any()) and not bool(got.state.o.any())
+    assert got.colsum.shape == (4, 0)
+
+
+SCORING = [(2, 4, 6, 2, 50), (1, 1, 2, 2, 1), (3, 9, 4, 1, 37), (2, 3, 6, 3, 5)]  # (n_l, n_q, Hq, Hkv, P)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_l,n_q,hq,hkv,p", SCORING)
+def test_scoring_kernel_matches_twin(n_l, n_q, hq, hkv, p, dtype):
+    queries = randn(n_l, n_q, hq, 16, dtype=dtype, device=DEVICE, seed=10)
+    keys = randn(n_l, hkv, p, 16, dtype=dtype, device=DEVICE, seed=11)
+    got = attention_scores(queries, keys, 0.25, use_kernel=True)
+    assert got.dtype == torch.float32
+    assert_close(got, attention_scores(queries, keys, 0.25, use_kernel=False), torch.float32, "scoring")
+
+
+def test_scoring_kernel_reads_a_cache_slice_across_key_tiles():
+    """Keys as a view of a larger cache ([n_l, Hkv, capacity, D] sliced to P), several rows blocks."""
+    cache = randn(2, 2, 64, 24, dtype=torch.float32, device=DEVICE, seed=12)
+    keys = cache[:, :, :45]
+    queries = randn(2, 9, 16, 24, dtype=torch.float32, device=DEVICE, seed=13)  # G*n_q = 72 rows
+    want = attention_scores(queries, keys.contiguous(), 0.2, use_kernel=False)
+    assert_close(scoring_softmax(queries, keys, 0.2, block_keys=16), want, torch.float32, "scoring")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_h2o_layer_with_kernels_matches_twins(dtype):
+    q = randn(4, 45, 16, dtype=dtype, device=DEVICE, seed=14)
+    k, v = (randn(2, 45, 16, dtype=dtype, device=DEVICE, seed=s) for s in (15, 16))
+    config = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=4)
+    want = h2o.h2o_attention_layer(q, k, v, config, 0.25, use_kernels=False)
+    got = h2o.h2o_attention_layer(q, k, v, config, 0.25, use_kernels=True)
+    assert len(got.memory_sets) == 2
+    assert all(torch.equal(a, b) for a, b in zip(got.memory_sets, want.memory_sets))
+    assert_close(got.output, want.output, dtype, "layer output")
+    assert_close(got.scores, want.scores, torch.float32, "layer scores")
+
+
+@pytest.mark.parametrize("n,local,heavy", [(40, 0, 0), (16, 3, 4)])
+def test_h2o_layer_that_is_plain_causal_with_kernels(n, local, heavy):
+    """H2O disabled (L+H=0) and a prompt within one chunk: plain causal attention."""
+    q = randn(4, n, 16, dtype=torch.float32, device=DEVICE, seed=19)
+    k, v = (randn(2, n, 16, dtype=torch.float32, device=DEVICE, seed=s) for s in (20, 21))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpecfillWarning)
+        config = H2OConfig(chunk_size=16, batch_size=32, local=local, heavy=heavy)
+    got = h2o.h2o_attention_layer(q, k, v, config, 0.25, use_kernels=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, enable_gqa=True)
+    assert_close(got.output, want, torch.float32, "causal output")
+    assert got.memory_sets == []
+
+
+def test_speculative_importance_with_kernels_matches_twins():
+    queries = randn(3, 4, 4, 16, dtype=torch.float32, device=DEVICE, seed=17)
+    keys = randn(3, 2, 70, 16, dtype=torch.float32, device=DEVICE, seed=18)
+    config = SpecPrefillConfig(keep_ratio=0.3, select_chunk=8, layers="last-2")
+    got = specprefill.token_importance(queries, keys, config, 0.25, use_kernels=True)
+    want = specprefill.token_importance(queries, keys, config, 0.25, use_kernels=False)
+    assert_close(got, want, torch.float32, "importance")
+
+
+# the whole-layer group is the slow one in the interpreter: fp16 layers are covered above
+CONFORMANCE = [(group, dtype) for group in CHECK_GROUPS for dtype in ("float32", "float16")
+               if not (group == "h2o.layer" and dtype == "float16" and DEVICE == "cpu")]
+
+
+@pytest.mark.parametrize("group,dtype", CONFORMANCE)
+def test_conformance_with_kernels_forced(group, dtype):
+    from specfill.backends.torch_cuda.conformance import make_adapter
+
+    results = run_group(make_adapter(dtype=dtype, use_kernels=True, device=DEVICE), dtype, group)
+    failures = [r for r in results if not r.passed]
+    assert results and not failures, "\n".join(f"{r.check} [{r.case}]: {r.detail}" for r in failures[:10])

@@ -1,0 +1,23 @@
+"""Shared helpers of the torch-backend stage tests (imported by the test modules next to it)."""
+from __future__ import annotations
+
+import torch
+
+# elementwise |got - want| <= atol + rtol * |want|, per dtype of the stored result
+TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3)}
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    atol, rtol = TOL[dtype]
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} vs {tuple(want.shape)}"
+    got64, want64 = got.double().cpu(), want.double().cpu()
+    assert torch.equal(torch.isfinite(got64), torch.isfinite(want64)), f"{what}: non-finite values differ"
+    finite = torch.isfinite(want64)
+    err = (got64[finite] - want64[finite]).abs()
+    bound = atol + rtol * want64[finite].abs()
+    assert bool((err <= bound).all()), f"{what}: max error {float(err.max())} (atol {atol}, rtol {rtol})"
+
+
+def randn(*shape: int, dtype: torch.dtype, device: str = "cpu", seed: int = 0, scale: float = 1.0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
