@@ -135,7 +135,10 @@ def write_markdown(path: Path, result: dict[str, Any]) -> None:
              "- prefill tok/s = prompt tokens / time to first token (prefill + last-token logits +"
              " greedy pick); decode tok/s over the following tokens; medians of the repeats",
              "- native = the checkpoint's quantized layers kept (quantized matmul); float32 etc. ="
-             " dequantized at load", "",
+             " dequantized at load",
+             "- on Linux MLX runs on CPU only: these figures check the runtime, they say nothing"
+             " about Apple silicon; OpenBLAS rows ran with LD_PRELOAD of Debian's"
+             " libopenblas0-pthread", "",
              "| BLAS | device | weights | activations | prompt tokens | prefill tok/s | "
              "decode tok/s | TTFT s | other cores busy | measured |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---|"]

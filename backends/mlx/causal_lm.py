@@ -6,35 +6,15 @@ import sys
 from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
-from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
-                                  PromptTooLongError)
+from specfill.core.errors import BackendUnavailableError, ConfigError, PromptTooLongError
 from specfill.core.models import ModelArgs
 from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
 from .cache import KVCache, make_cache
 from .generate import DEFAULT_PREFILL_STEP_SIZE, generate_tokens, prefill
 from .model import Model
-from .weights import Checkpoint
-
-
-def build_model(checkpoint: Checkpoint) -> Model:
-    """The model with the checkpoint's arrays; its quantized layers become QuantizedLinear /
-    QuantizedEmbedding (quantized matmul). Parameters are evaluated before returning."""
-    model = Model(checkpoint.args)
-    specs = checkpoint.quantized
-    if specs:
-        nn.quantize(model, class_predicate=lambda path, _: (
-            {"group_size": specs[path].group_size, "bits": specs[path].bits}
-            if path in specs else False))
-    try:
-        model.load_weights(list(checkpoint.weights.items()), strict=True)
-    except ValueError as err:  # a shape or name mismatch the tensor check did not catch
-        raise ModelLoadError(f"{checkpoint.source}: {err}") from None
-    mx.eval(model.parameters())
-    return model
 
 
 class MLXCausalLM:

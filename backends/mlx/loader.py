@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 
-from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.tokenizer import load_tokenizer
 
-from .causal_lm import MLXCausalLM, build_model
+from .causal_lm import MLXCausalLM
 from .generate import DEFAULT_PREFILL_STEP_SIZE
+from .model import Model
 from .weights import Checkpoint, load_checkpoint, to_dtype
 
 _DTYPES = {"float32": mx.float32, "fp32": mx.float32, "float16": mx.float16,
@@ -66,6 +68,23 @@ def activation_dtype(dtype: mx.Dtype | None, device: mx.Device, checkpoint: Chec
     if dtype is not None:
         return dtype
     return mx.float32 if device.type == mx.DeviceType.cpu else _stored_float_dtype(checkpoint)
+
+
+def build_model(checkpoint: Checkpoint) -> Model:
+    """The model with the checkpoint's arrays; its quantized layers become QuantizedLinear /
+    QuantizedEmbedding (quantized matmul). Parameters are evaluated before returning."""
+    model = Model(checkpoint.args)
+    specs = checkpoint.quantized
+    if specs:
+        nn.quantize(model, class_predicate=lambda path, _: (
+            {"group_size": specs[path].group_size, "bits": specs[path].bits}
+            if path in specs else False))
+    try:
+        model.load_weights(list(checkpoint.weights.items()), strict=True)
+    except ValueError as err:  # a shape or name mismatch the tensor check did not catch
+        raise ModelLoadError(f"{checkpoint.source}: {err}") from None
+    mx.eval(model.parameters())
+    return model
 
 
 def load(path: str | Path, dtype: str | mx.Dtype | None = None,

@@ -1,6 +1,7 @@
 """The real SmolLM2-135M-Instruct Q4_1 GGUF on MLX: logits against mlx-lm's own llama model on
-the same dequantized weights and against our torch backend, and a greedy chat answer. MLX on Linux runs on CPU with reference
-BLAS (~5-10 tokens/s for this model), so one ~200-token forward per implementation is all."""
+the same dequantized weights and against our torch backend, and a greedy chat answer. MLX on
+Linux runs on CPU with reference BLAS (~5-10 tokens/s for this model), so one ~200-token
+forward per MLX implementation is all."""
 from __future__ import annotations
 
 import mlx.core as mx
