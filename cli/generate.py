@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specfill.api import backend_module, format_stats, load, prefill_method, stream_generate
+from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
 from specfill.core import ConfigError
 
 from .options import add_method_options, h2o_config, specprefill_config
@@ -15,7 +15,7 @@ DEFAULT_PROMPT = "What is the capital of France?"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=("mlx", "cuda"), default="cuda")
+    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
     p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
@@ -55,13 +55,16 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     h2o, spec = h2o_config(args), specprefill_config(args)
-    if args.backend == "cuda" and not backend_module("cuda").cuda_available() and args.device in (None, "cuda"):
+    backend = backend_module(args.backend)  # unknown or not installed: one clear error
+    if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
     speculator = None
     if args.method == "specprefill":
-        speculator = resolve_speculator(args, tokenizer)
+        if args.speculator is None:
+            raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
+        speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
     method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
     prompt = build_prompt(tokenizer, read_prompt(args), args)
     bar = PrefillProgressBar()
@@ -76,18 +79,3 @@ def run(args: argparse.Namespace) -> int:
     if last is not None:
         print(format_stats(last))
     return 0
-
-
-def resolve_speculator(args: argparse.Namespace, tokenizer):
-    """'self:K' stays a string for the backend; a path is loaded on the same backend and its
-    tokenizer must equal the main model's."""
-    from specfill.core import TokenizerMismatchError
-
-    if args.speculator is None:
-        raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
-    if args.speculator.startswith("self:"):
-        return args.speculator
-    spec_model, spec_tokenizer = load(args.speculator, backend=args.backend, dtype=args.dtype, device=args.device)
-    if spec_tokenizer.vocab_fingerprint() != tokenizer.vocab_fingerprint():
-        raise TokenizerMismatchError(f"the speculator {args.speculator} has a different tokenizer than the main model")
-    return spec_model

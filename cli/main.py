@@ -8,16 +8,24 @@ from typing import Sequence
 
 from specfill.core import SpecfillError, SpecfillWarning
 
-from . import conformance
+from . import bench, conformance, eval, generate, parity
 
-SUBCOMMANDS = {"conformance": conformance}
+SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes are one line on stderr and exit code 2, like every other bad input."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"specfill: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="specfill", description="Faster time-to-first-token for long prompts: H2O and speculative prefill.")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks and details")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=OneLineParser)
     for name, module in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=module.HELP, description=module.HELP)
         sub.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,

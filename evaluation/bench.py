@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from specfill.api import load, prefill_method, stream_generate
+from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
 
 from .machine import describe_machine, machine_line
@@ -30,10 +30,6 @@ class BenchPlan:
     device: str | None = None
 
 
-def _speculator(plan: BenchPlan, backend: str):
-    if plan.speculator.startswith("self:"):
-        return plan.speculator
-    return load(plan.speculator, backend=backend, dtype=plan.dtype, device=plan.device)[0]
 
 
 def _one_run(model, tokenizer, ids, method, decode_tokens) -> dict:
@@ -49,7 +45,8 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print) -> dict:
     rows = []
     for backend in plan.backends:
         model, tokenizer = load(plan.model, backend=backend, dtype=plan.dtype, device=plan.device)
-        speculator = _speculator(plan, backend) if "specprefill" in plan.methods else None
+        speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
+                      if "specprefill" in plan.methods else None)
         methods = {name: prefill_method(name, h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
                    for name in plan.methods}
         warm = tokens_of_length(tokenizer, min(plan.lengths))

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
+                           TokenizerMismatchError)
 from specfill.core.demo_model import require_demo_model
 from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
@@ -53,6 +54,23 @@ def load(path: str | None = None, backend: str = "cuda", dtype: str | None = Non
     return module.load(str(path) if path is not None else str(require_demo_model()), dtype=dtype, device=device)
 
 
+def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str | None = None,
+                    device: str | None = None) -> Any:
+    """What a backend takes as speculator: "self:K" as is, a loaded model as is, a
+    (model, tokenizer) pair or a path after checking that its tokenizer equals the main one."""
+    if isinstance(speculator, str) and speculator.startswith("self:"):
+        return speculator
+    if isinstance(speculator, str):
+        speculator = load(speculator, backend=model.backend, dtype=dtype, device=device)
+    if isinstance(speculator, tuple):
+        spec_model, spec_tokenizer = speculator
+        if spec_tokenizer.vocab_fingerprint() != tokenizer.vocab_fingerprint():
+            raise TokenizerMismatchError("the speculator's tokenizer differs from the main model's: "
+                                         "speculative prefill needs identical vocabularies")
+        return spec_model
+    return speculator
+
+
 def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
                    specprefill: SpecPrefillConfig | None = None, speculator: Any = None) -> PrefillMethod:
     """The PrefillMethod for a method name, with default configs where none is given."""
@@ -69,17 +87,28 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
                     temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                    prompt_progress_callback: ProgressCallback | None = None) -> Iterator[GenerationResponse]:
+                    prompt_progress_callback: ProgressCallback | None = None,
+                    prefill_info: PrefillInfo | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
-    chat template first if you want one, as with mlx-lm)."""
+    chat template first if you want one, as with mlx-lm).
+
+    method: "full", "h2o" (settings in `h2o`) or "specprefill" (settings in `specprefill`,
+    speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; pass a loaded one
+    when generating repeatedly, a path is loaded on every call).
+    prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
+    sets when its record_memory is set; timings).
+    """
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise ConfigError("the prompt is empty")
+    if speculator is not None:
+        speculator = load_speculator(speculator, model, tokenizer)
     plan = method if isinstance(method, PrefillMethod) else prefill_method(
         method, h2o=h2o, specprefill=specprefill, speculator=speculator)
-    info = PrefillInfo(prompt_tokens=len(ids), kept_tokens=len(ids))
+    info = prefill_info if prefill_info is not None else PrefillInfo()
+    info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
     start = time.perf_counter()
     first_at = None

@@ -1,0 +1,54 @@
+"""`specfill eval`: perplexity and passkey retrieval of full, H2O and speculative prefill."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from specfill.core import ConfigError
+from specfill.evaluation.quality import EvalPlan, run_eval, write_eval
+
+from .options import add_method_options, h2o_config, int_list, specprefill_config, str_list
+
+HELP = "perplexity and passkey retrieval per method (JSON + Markdown + PNG map of kept positions)"
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        return [float(item) for item in str_list(text)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of numbers, got {text!r}") from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
+    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
+    p.add_argument("--tasks", type=str_list, default=["perplexity", "passkey"])
+    p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
+    p.add_argument("--perplexity-lengths", type=int_list, default=[4000, 8000])
+    p.add_argument("--passkey-lengths", type=int_list, default=[2000, 4000, 8000])
+    p.add_argument("--trials", type=int, default=20, help="passkey trials per length and method")
+    p.add_argument("--keeps", type=float_list, default=[0.1, 0.3], help="SpecPrefill keep ratios to evaluate")
+    p.add_argument("--speculator", default="self:8")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="results/eval")
+    p.add_argument("--name", default="eval")
+    add_method_options(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    unknown = set(args.tasks) - {"perplexity", "passkey"} | set(args.methods) - {"full", "h2o", "specprefill"}
+    if unknown:
+        raise ConfigError(f"unknown task or method: {', '.join(sorted(unknown))}")
+    if args.trials < 1:
+        raise ConfigError("--trials must be >= 1")
+    for keep in args.keeps:
+        specprefill_config(args, keep_ratio=keep)  # validates every keep up front
+    plan = EvalPlan(backend=args.backend, model=args.model, tasks=tuple(args.tasks), methods=tuple(args.methods),
+                    perplexity_lengths=tuple(args.perplexity_lengths), passkey_lengths=tuple(args.passkey_lengths),
+                    trials=args.trials, keeps=tuple(args.keeps), speculator=args.speculator, h2o=h2o_config(args),
+                    specprefill=specprefill_config(args), dtype=args.dtype, device=args.device)
+    result = run_eval(plan, log=lambda line: print(line, file=sys.stderr))
+    for path in write_eval(result, args.out, args.name):
+        print(path)
+    return 0

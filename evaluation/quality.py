@@ -1,0 +1,171 @@
+"""Quality of the sparse prefills: perplexity on a fixed text and passkey retrieval."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.runtime import PrefillInfo, PrefillMethod
+
+from .machine import describe_machine
+from .texts import passkey_prompt, passkey_trials, tokens_of_length
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    backend: str = "cuda"
+    model: str | None = None
+    tasks: tuple[str, ...] = ("perplexity", "passkey")
+    methods: tuple[str, ...] = ("full", "h2o", "specprefill")
+    perplexity_lengths: tuple[int, ...] = (4000, 8000)
+    passkey_lengths: tuple[int, ...] = (2000, 4000, 8000)
+    trials: int = 20
+    keeps: tuple[float, ...] = (0.1, 0.3)
+    speculator: str = "self:8"
+    h2o: H2OConfig = field(default_factory=H2OConfig)
+    specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
+    dtype: str | None = None
+    device: str | None = None
+
+
+def method_variants(plan: EvalPlan, speculator) -> dict[str, PrefillMethod]:
+    """Label -> method; speculative prefill once per keep ratio."""
+    out = {}
+    for name in plan.methods:
+        if name == "specprefill":
+            for keep in plan.keeps:
+                config = SpecPrefillConfig(**{**vars(plan.specprefill), "keep_ratio": keep, "keep_tokens": None})
+                out[f"specprefill keep={keep:g}"] = prefill_method(name, specprefill=config, speculator=speculator)
+        else:
+            out[name] = prefill_method(name, h2o=plan.h2o)
+    return out
+
+
+def perplexity(model, ids: list[int], method: PrefillMethod) -> float:
+    """exp(mean negative log-likelihood of ids[1:]) with the prompt's attention from `method`."""
+    logits = np.asarray(model.prompt_logits(ids, method=method, info=PrefillInfo()), dtype=np.float64)[:-1]
+    peak = logits.max(axis=-1, keepdims=True)
+    log_norm = np.log(np.exp(logits - peak).sum(axis=-1)) + peak[:, 0]
+    nll = log_norm - logits[np.arange(len(ids) - 1), ids[1:]]
+    return float(math.exp(nll.mean()))
+
+
+def passkey_trial(model, tokenizer, n_tokens: int, depth: float, key: int, method: PrefillMethod,
+                  info: PrefillInfo) -> tuple[bool, str]:
+    prompt = passkey_prompt(tokenizer, n_tokens, depth, key)
+    text = "".join(r.text for r in stream_generate(model, tokenizer, prompt, 8, method=method, prefill_info=info))
+    return str(key) in text.replace(" ", ""), text
+
+
+def run_eval(plan: EvalPlan, log: Callable[[str], None] = print) -> dict:
+    model, tokenizer = load(plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device)
+    speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
+                  if "specprefill" in plan.methods else None)
+    methods = method_variants(plan, speculator)
+    result: dict = {"plan": _plan_dict(plan), "machine": describe_machine(), "perplexity": [], "passkey": [],
+                    "maps": {}}
+    if "perplexity" in plan.tasks:
+        for length in plan.perplexity_lengths:
+            ids = tokens_of_length(tokenizer, length)
+            for label, method in methods.items():
+                if method.name == "specprefill":
+                    continue  # it drops tokens: no per-position likelihood
+                ppl = perplexity(model, ids, method)
+                result["perplexity"].append({"method": label, "tokens": length, "perplexity": ppl})
+                log(f"perplexity {label:<22} {length:>6} tokens: {ppl:.4f}")
+    if "passkey" in plan.tasks:
+        for length in plan.passkey_lengths:
+            for label, method in methods.items():
+                hits, maps = 0, None
+                for depth, key in passkey_trials(plan.trials, seed=length):
+                    info = PrefillInfo(record_memory=method.name == "h2o")
+                    ok, _ = passkey_trial(model, tokenizer, length, depth, key, method, info)
+                    hits += ok
+                    if maps is None and abs(depth - 0.5) <= 0.5 / plan.trials:
+                        maps = position_map(info, length)
+                result["passkey"].append({"method": label, "tokens": length, "trials": plan.trials,
+                                          "accuracy": hits / plan.trials})
+                if maps is not None:
+                    result["maps"][f"{label} @ {length}"] = maps
+                log(f"passkey {label:<22} {length:>6} tokens: {hits}/{plan.trials}")
+    _add_deltas(result)
+    return result
+
+
+def position_map(info: PrefillInfo, prompt_tokens: int) -> list[float] | None:
+    """Per prompt position: 1/0 kept (SpecPrefill), or the fraction of (layer, KV head) whose
+    last memory set holds it (H2O); None for full prefill."""
+    if info.kept_positions is not None:
+        row = np.zeros(prompt_tokens)
+        row[np.asarray(info.kept_positions, dtype=np.int64)] = 1.0
+        return row.tolist()
+    if info.memory_sets:
+        row = np.zeros(prompt_tokens)
+        last = [np.asarray(sets[-1]) for sets in info.memory_sets if sets]
+        for indices in last:
+            for head_row in indices:
+                row[head_row] += 1.0
+        return (row / max(1, sum(len(x) for x in last))).tolist()
+    return None
+
+
+def _add_deltas(result: dict) -> None:
+    full = {r["tokens"]: r for r in result["perplexity"] if r["method"] == "full"}
+    for r in result["perplexity"]:
+        base = full.get(r["tokens"])
+        r["vs_full_pct"] = 100.0 * (r["perplexity"] / base["perplexity"] - 1.0) if base else None
+    full_acc = {r["tokens"]: r for r in result["passkey"] if r["method"] == "full"}
+    for r in result["passkey"]:
+        base = full_acc.get(r["tokens"])
+        r["vs_full_points"] = 100.0 * (r["accuracy"] - base["accuracy"]) if base else None
+
+
+def _plan_dict(plan: EvalPlan) -> dict:
+    out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(plan).items()}
+    out["h2o"], out["specprefill"] = vars(plan.h2o), vars(plan.specprefill)
+    out["model"] = plan.model or "demo (SmolLM2-135M-Instruct Q4_1)"
+    return out
+
+
+def write_eval(result: dict, out_dir, name: str = "eval") -> list:
+    """<name>.json, <name>.md and, when maps were recorded, <name>_positions.png."""
+    import json
+    import os
+    from pathlib import Path
+
+    from .machine import machine_line
+    from .plots import plot_position_map
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{name}.json", out / f"{name}.md"]
+    compact = {**result, "maps": {k: "see PNG" for k in result["maps"]}}
+    lines = ["# Quality evaluation", "", f"Machine: {machine_line(result['machine'])}.",
+             f"Model: {result['plan']['model']}, backend {result['plan']['backend']}; H2O S="
+             f"{result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
+             f"H={result['plan']['h2o']['heavy']}; SpecPrefill speculator {result['plan']['speculator']}.", ""]
+    if result["perplexity"]:
+        lines += ["## Perplexity (GPL-3 + GFDL-1.3 text)", "", "| method | tokens | perplexity | vs full |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['tokens']} | {r['perplexity']:.4f} | "
+                  + (f"{r['vs_full_pct']:+.2f}% |" if r["vs_full_pct"] is not None else "- |")
+                  for r in result["perplexity"]]
+    if result["passkey"]:
+        lines += ["", "## Passkey retrieval", "", "| method | tokens | trials | accuracy | vs full (points) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['tokens']} | {r['trials']} | {100 * r['accuracy']:.0f}% | "
+                  + (f"{r['vs_full_points']:+.0f} |" if r["vs_full_points"] is not None else "- |")
+                  for r in result["passkey"]]
+    for path, text in ((paths[0], json.dumps(compact, indent=1) + "\n"), (paths[1], "\n".join(lines) + "\n")):
+        partial = path.with_name(path.name + ".partial")
+        partial.write_text(text)
+        os.replace(partial, path)
+    if result["maps"]:
+        paths.append(plot_position_map({k: np.asarray(v) for k, v in result["maps"].items()},
+                                       out / f"{name}_positions.png",
+                                       "kept (SpecPrefill) / in the last memory set (H2O), passkey at mid-depth"))
+    return paths

@@ -1,0 +1,84 @@
+"""`specfill generate` on a tiny model, and every bad input as one line with exit code 2."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from specfill import api
+from specfill.cli.main import main
+
+pytest.importorskip("torch")
+
+
+def run_cli(capsys, *args):
+    code = main(["generate", "--backend", "cuda", "--device", "cpu", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_generate_streams_text_and_prints_statistics(tiny_checkpoint, capsys):
+    code, out, err = run_cli(capsys, "--model", str(tiny_checkpoint("llama", "gguf")), "--prompt", "def main():",
+                             "--max-tokens", "5", "--seed", "1")
+    assert code == 0, err
+    assert out.startswith("==========\n")
+    for line in ("Prompt: ", "TTFT: ", "Generation: ", "Peak memory: "):
+        assert line in out
+    assert "tokens-per-sec" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "/nonexistent/model.gguf"], "does not exist"),
+    (["--max-tokens", "0"], "max_tokens"),
+    (["--keep", "0", "--method", "specprefill", "--speculator", "self:1"], "keep ratio"),
+    (["--keep", "abc"], "--keep must be a number"),
+    (["--chunk-size", "0", "--method", "h2o"], "chunk_size"),
+    (["--temp", "-1"], "temperature"),
+    (["--top-p", "0"], "top_p"),
+    (["--max-tokens", "1000000"], "exceeds the model's context"),
+    (["--method", "specprefill"], "needs --speculator"),
+    (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file"),
+])
+def test_bad_input_is_one_line_exit_2(tiny_checkpoint, capsys, args, message):
+    model = ["--model", str(tiny_checkpoint("llama", "gguf"))] if "--model" not in args else []
+    prompt = [] if "--prompt-file" in args else ["--prompt", "hi"]
+    code, out, err = run_cli(capsys, *model, *prompt, *args)
+    assert code == 2, (out, err)
+    assert err.startswith("specfill: error: ") and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_corrupt_model_file(tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"NOPE" + b"\0" * 100)
+    code, _, err = run_cli(capsys, "--model", str(bad), "--prompt", "hi")
+    assert code == 2 and err.startswith("specfill: error: ") and err.count("\n") == 1
+
+
+def test_unknown_and_missing_backends(capsys, monkeypatch):
+    assert main(["generate", "--backend", "tpu", "--prompt", "hi"]) == 2
+    assert "unknown backend 'tpu'" in capsys.readouterr().err
+    monkeypatch.setitem(api.BACKENDS, "cuda", "specfill_missing_backend_module")
+    assert main(["generate", "--backend", "cuda", "--prompt", "hi"]) == 2
+    assert "not installed" in capsys.readouterr().err
+
+
+def test_speculator_with_another_tokenizer_is_rejected(tiny_checkpoint, tmp_path, capsys):
+    main_model = tiny_checkpoint("llama", "safetensors")
+    other = shutil.copytree(main_model, tmp_path / "other")
+    tokenizer = json.loads((other / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[100:102]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # same size, different meaning
+    (other / "tokenizer.json").write_text(json.dumps(tokenizer))
+    code, _, err = run_cli(capsys, "--model", str(main_model), "--prompt", "hi", "--method", "specprefill",
+                           "--speculator", str(other))
+    assert code == 2 and "tokenizer differs" in err, err
+
+
+def test_usage_errors_are_one_line_too():
+    proc = subprocess.run([sys.executable, "-m", "specfill.cli.main", "generate", "--max-tokens", "many"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "invalid int value" in proc.stderr and "Traceback" not in proc.stderr
