@@ -153,6 +153,10 @@ class TorchCausalLM:
         start_info(info, prompt_tokens)
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
+            spec_context = speculator[0].args.max_position_embeddings
+            if prompt_tokens > spec_context:
+                raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the speculator's context "
+                                         f"of {spec_context} tokens")
         if max_tokens == 0:
             return iter(())
         if method.name == "specprefill":

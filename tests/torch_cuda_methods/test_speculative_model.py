@@ -12,7 +12,7 @@ from specfill.backends.torch_cuda import TorchCausalLM
 from specfill.backends.torch_cuda.generate import decode_one_token, prefill
 from specfill.backends.torch_cuda.speculative import run_speculator, speculative_prefill
 from specfill.core.config import SpecPrefillConfig
-from specfill.core.errors import ConfigError, TokenizerMismatchError
+from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import PrefillInfo, PrefillMethod
@@ -167,3 +167,21 @@ def test_progress_follows_the_speculator_over_the_whole_prompt(tiny):
     greedy(model, prompt(70, t.args.vocab_size), 2, spec(0.2, "self:1"),
            progress=lambda done, total: calls.append((done, total)))
     assert calls == [(32, 70), (64, 70), (70, 70)]
+
+
+def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
+    t = tiny("llama")
+    args = replace(t.args, max_position_embeddings=32)
+    short = TorchCausalLM.from_weights(args, t.weights, dtype=torch.float32, device="cpu")
+    with pytest.raises(PromptTooLongError, match="40 tokens exceeds the speculator's context of 32"):
+        t.model.generate_step(prompt(40, t.args.vocab_size), max_tokens=2, sampling=None, stop_ids=frozenset(),
+                              method=spec(0.5, short), info=PrefillInfo())
+
+
+def test_lookahead_stops_at_the_speculator_context(tiny):
+    t = tiny("qwen3")
+    args = replace(t.args, max_position_embeddings=42)
+    short = TorchCausalLM.from_weights(args, t.weights, dtype=torch.float32, device="cpu")
+    got = run_speculator(short.model, torch.tensor(prompt(40, t.args.vocab_size)), lookahead=4, stop_ids=frozenset(),
+                         step_size=64)
+    assert len(got.lookahead) == 2 and got.queries.shape[1] == 3
