@@ -10,7 +10,6 @@ from typing import Protocol
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from .kv_cache import LayerKVCache
 
@@ -43,6 +42,9 @@ def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     """Causal attention of the last T of S slots (query t sees slots 0..S - T + t). On CUDA the
     lower-right causal bias runs the flash / memory-efficient kernels without a materialised
     mask; those raw kernels take equal head counts, so KV heads are expanded first."""
+    # imported here: torch.nn.attention.bias imports Triton, which CPU-only runs never need
+    from torch.nn.attention.bias import causal_lower_right
+
     group = q.shape[1] // keys.shape[1]
     if group > 1:
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)

@@ -8,33 +8,44 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import torch
 
-from specfill.core.errors import BackendUnavailableError, ConfigError, PromptTooLongError
+from specfill.core.config import H2OConfig, SpecPrefillConfig
+from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.models import ModelArgs
 from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
-from .generate import DEFAULT_PREFILL_STEP_SIZE, generate_tokens, prefill
+from .generate import DEFAULT_PREFILL_STEP_SIZE, decode_tokens, prefill, wall_time
+from .h2o_prefill import h2o_prefill
 from .kv_cache import KVCache
 from .model import Transformer
+from .speculative import speculative_prefill
 from .weights import build_transformer
 
 
 class TorchCausalLM:
-    """A Llama/Qwen2/Qwen3 model on a torch device (CUDA, or CPU as the fallback)."""
+    """A Llama/Qwen2/Qwen3 model on a torch device (CUDA, or CPU as the fallback).
+
+    use_kernels picks the H2O / speculator-scoring stage implementation: None = the Triton
+    kernels on CUDA and the torch twins elsewhere; True / False force one.
+    """
 
     backend = "cuda"
 
-    def __init__(self, model: Transformer, *, prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE):
+    def __init__(self, model: Transformer, *, prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                 use_kernels: bool | None = None):
         if prefill_step_size < 1:
             raise ConfigError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
         self.model = model
         self.args: ModelArgs = model.args
         self.prefill_step_size = prefill_step_size
+        self.use_kernels = use_kernels
 
     @classmethod
     def from_weights(cls, args: ModelArgs, weights: Mapping[str, np.ndarray], *,
                      dtype: torch.dtype, device: torch.device | str,
-                     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> "TorchCausalLM":
-        return cls(build_transformer(args, weights, dtype, device), prefill_step_size=prefill_step_size)
+                     prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                     use_kernels: bool | None = None) -> "TorchCausalLM":
+        return cls(build_transformer(args, weights, dtype, device), prefill_step_size=prefill_step_size,
+                   use_kernels=use_kernels)
 
     @property
     def device(self) -> torch.device:
@@ -85,33 +96,97 @@ class TorchCausalLM:
         """Logits [T, vocab] float32 NumPy for every prompt position under `method`."""
         if method.name == "specprefill":
             raise ConfigError("speculative prefill drops prompt tokens: it has no per-position logits")
-        if method.name != "full":
-            raise BackendUnavailableError(f"{method.name} prefill is not implemented on the torch "
-                                          f"backend yet (use method 'full')")
-        logits = self(prompt_ids)[0]
-        info.prompt_tokens = info.kept_tokens = logits.shape[0]
+        ids = self.token_tensor(prompt_ids)
+        self.check_fits(ids.shape[0], 0)
+        start_info(info, ids.shape[0])
+        logits = self.prefill_prompt(ids, self.new_cache(ids.shape[0]), method, info, logits_from=0)
         return logits.float().cpu().numpy()
+
+    def prefill_prompt(self, ids: torch.Tensor, cache: KVCache, method: PrefillMethod, info: PrefillInfo, *,
+                       logits_from: int = -1, progress: ProgressCallback | None = None) -> torch.Tensor:
+        """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
+        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets)."""
+        started = wall_time(ids.device)
+        if method.name == "h2o":
+            logits, memory_sets = h2o_prefill(self.model, ids, cache, method.h2o or H2OConfig(),
+                                              logits_from=logits_from, step_size=self.prefill_step_size,
+                                              use_kernels=self.use_kernels, progress=progress)
+            if info.record_memory:
+                info.memory_sets = memory_sets
+        else:
+            logits = prefill(self.model, ids, torch.arange(ids.shape[0], device=ids.device), cache,
+                             step_size=self.prefill_step_size, logits_from=logits_from, progress=progress)
+        info.seconds["prefill"] = wall_time(ids.device) - started
+        return logits
+
+    def speculator_model(self, speculator: Any) -> tuple[Transformer, int]:
+        """(speculator Transformer, its prefill step size) for PrefillMethod.speculator: a loaded
+        TorchCausalLM with this model's vocabulary, or "self:K" for this model's first K layers."""
+        n_layers = self.args.num_hidden_layers
+        if isinstance(speculator, str):
+            name, _, count = speculator.partition(":")
+            if name != "self" or not count.strip().isdigit():
+                raise ConfigError(f"speculator {speculator!r}: a string speculator must be 'self:K' "
+                                  f"(the first K of the main model's {n_layers} layers); load other models "
+                                  f"with specfill.load and pass the model")
+            layers = int(count)
+            if not 1 <= layers <= n_layers:
+                raise ConfigError(f"speculator 'self:{layers}' needs 1 <= K <= {n_layers} (the main model's "
+                                  f"layers)")
+            return self.model.first_layers(layers), self.prefill_step_size
+        if not isinstance(speculator, TorchCausalLM):
+            raise ConfigError(f"the speculator must be a model loaded on the torch backend or 'self:K', "
+                              f"got {type(speculator).__name__}")
+        if speculator.args.vocab_size != self.args.vocab_size:
+            raise TokenizerMismatchError(f"the speculator's vocabulary has {speculator.args.vocab_size} tokens, "
+                                         f"the main model's {self.args.vocab_size}: they must share a tokenizer")
+        return speculator.model, speculator.prefill_step_size
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
                       progress: ProgressCallback | None = None) -> Iterator[int]:
-        if method.name != "full":
-            raise BackendUnavailableError(f"{method.name} prefill is not implemented on the torch "
-                                          f"backend yet (use method 'full')")
         if max_tokens < 0:
             raise ConfigError(f"max_tokens must be >= 0, got {max_tokens}")
         ids = self.token_tensor(prompt_ids)
         prompt_tokens = ids.shape[0]
         self.check_fits(prompt_tokens, max_tokens)
-        info.prompt_tokens = prompt_tokens
-        info.kept_tokens = prompt_tokens
-        info.kept_positions = None
+        start_info(info, prompt_tokens)
+        if method.name == "specprefill":  # a bad speculator fails here, not at the first token
+            speculator = self.speculator_model(method.speculator)
+            spec_context = speculator[0].args.max_position_embeddings
+            if prompt_tokens > spec_context:
+                raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the speculator's context "
+                                         f"of {spec_context} tokens")
         if max_tokens == 0:
             return iter(())
-        cache = self.new_cache(prompt_tokens + max_tokens)
-        return generate_tokens(self.model, ids, max_tokens=max_tokens, sampling=sampling,
-                               stop_ids=stop_ids, cache=cache, step_size=self.prefill_step_size,
-                               progress=progress)
+        if method.name == "specprefill":
+            return self._generate_sparse(ids, speculator, method.specprefill or SpecPrefillConfig(),
+                                         max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
+                                         info=info, progress=progress)
+        return self._generate_dense(ids, method, max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
+                                    info=info, progress=progress)
+
+    def _generate_dense(self, ids: torch.Tensor, method: PrefillMethod, *, max_tokens: int,
+                        sampling: SamplingConfig, stop_ids: frozenset[int], info: PrefillInfo,
+                        progress: ProgressCallback | None) -> Iterator[int]:
+        cache = self.new_cache(ids.shape[0] + max_tokens)
+        logits = self.prefill_prompt(ids, cache, method, info, progress=progress)[-1]
+        yield from decode_tokens(self.model, logits, next_position=ids.shape[0], max_tokens=max_tokens,
+                                 sampling=sampling, stop_ids=stop_ids, cache=cache)
+
+    def _generate_sparse(self, ids: torch.Tensor, speculator: tuple[Transformer, int], config: SpecPrefillConfig,
+                         *, max_tokens: int, sampling: SamplingConfig, stop_ids: frozenset[int],
+                         info: PrefillInfo, progress: ProgressCallback | None) -> Iterator[int]:
+        spec_model, spec_step = speculator
+        sparse = speculative_prefill(self.model, ids, spec_model, config, stop_ids=stop_ids,
+                                     extra_slots=max_tokens, step_size=self.prefill_step_size,
+                                     speculator_step_size=spec_step, use_kernels=self.use_kernels,
+                                     progress=progress)
+        info.kept_positions = sparse.selection.kept.tolist()
+        info.kept_tokens = len(info.kept_positions)
+        info.seconds.update(sparse.seconds)
+        yield from decode_tokens(self.model, sparse.logits, next_position=sparse.next_position,
+                                 max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, cache=sparse.cache)
 
     def peak_memory_gb(self) -> float:
         """Peak CUDA memory allocated by torch, or the process's peak resident set on CPU."""
@@ -119,3 +194,11 @@ class TorchCausalLM:
             return torch.cuda.max_memory_allocated(self.device) / 1e9
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB
+
+
+def start_info(info: PrefillInfo, prompt_tokens: int) -> None:
+    """Reset what a prefill reports (an info object may be reused across calls)."""
+    info.prompt_tokens = info.kept_tokens = prompt_tokens
+    info.kept_positions = None
+    info.memory_sets = None
+    info.seconds = {}

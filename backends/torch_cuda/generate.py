@@ -1,6 +1,7 @@
 """Prefill, decode and sampling on the torch Transformer (batch 1, static KV cache)."""
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 import torch
@@ -12,6 +13,13 @@ from .kv_cache import KVCache
 from .model import Transformer
 
 DEFAULT_PREFILL_STEP_SIZE = 2048
+
+
+def wall_time(device: torch.device) -> float:
+    """perf_counter after the work queued on `device` has finished (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 @torch.inference_mode()
@@ -71,17 +79,13 @@ def sample(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Gene
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def generate_tokens(model: Transformer, ids: torch.Tensor, *, max_tokens: int,
-                    sampling: SamplingConfig, stop_ids: frozenset[int], cache: KVCache,
-                    step_size: int = DEFAULT_PREFILL_STEP_SIZE,
-                    progress: ProgressCallback | None = None) -> Iterator[int]:
-    """Full-attention prefill of the prompt ids [P] at positions 0..P-1, then sample/decode;
-    yields each token as soon as it is chosen and stops after a stop id or `max_tokens` tokens."""
-    device = ids.device
-    positions = torch.arange(ids.shape[0], device=device)
+def decode_tokens(model: Transformer, logits: torch.Tensor, *, next_position: int, max_tokens: int,
+                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: KVCache) -> Iterator[int]:
+    """Sample from the prefill's last logits [vocab], then decode one token at a time at RoPE
+    positions next_position, next_position + 1, ... into the cache's next free slots; yields each
+    token as soon as it is chosen and stops after a stop id or `max_tokens` tokens."""
+    device = logits.device
     generator = make_generator(sampling, device)
-    logits = prefill(model, ids, positions, cache, step_size=step_size, progress=progress)[-1]
-    next_position = ids.shape[0]
     for produced in range(1, max_tokens + 1):
         token = sample(logits, sampling, generator)
         yield token
@@ -89,3 +93,14 @@ def generate_tokens(model: Transformer, ids: torch.Tensor, *, max_tokens: int,
             return
         logits = decode_one_token(model, torch.tensor([token], device=device), next_position, cache)
         next_position += 1
+
+
+def generate_tokens(model: Transformer, ids: torch.Tensor, *, max_tokens: int,
+                    sampling: SamplingConfig, stop_ids: frozenset[int], cache: KVCache,
+                    step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                    progress: ProgressCallback | None = None) -> Iterator[int]:
+    """Full-attention prefill of the prompt ids [P] at positions 0..P-1, then sample/decode."""
+    positions = torch.arange(ids.shape[0], device=ids.device)
+    logits = prefill(model, ids, positions, cache, step_size=step_size, progress=progress)[-1]
+    yield from decode_tokens(model, logits, next_position=ids.shape[0], max_tokens=max_tokens,
+                             sampling=sampling, stop_ids=stop_ids, cache=cache)

@@ -41,25 +41,33 @@ class LayerKVCache:
 
 
 class KVCache:
-    """All layers' caches plus the number of slots filled so far."""
+    """All layers' caches plus the number of slots filled so far.
 
-    def __init__(self, layers: list[LayerKVCache]):
-        self.layers = layers
+    Every layer's keys (and values) are views into one [n_layers, 1, Hkv, capacity, D] tensor,
+    so all layers' keys of a slot range are one strided view (speculator scoring reads them so).
+    """
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+        self.k = keys
+        self.v = values
+        self.layers = [LayerKVCache(k, v) for k, v in zip(keys, values)]
         self.filled = 0
 
     @classmethod
     def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype,
                  device: torch.device | str) -> "KVCache":
-        shape = (1, args.num_key_value_heads, capacity, args.head_dim)
+        shape = (args.num_hidden_layers, 1, args.num_key_value_heads, capacity, args.head_dim)
         # Uninitialised: attention only ever reads slots below the ones just written.
-        layers = [LayerKVCache(torch.empty(shape, dtype=dtype, device=device),
-                               torch.empty(shape, dtype=dtype, device=device))
-                  for _ in range(args.num_hidden_layers)]
-        return cls(layers)
+        return cls(torch.empty(shape, dtype=dtype, device=device),
+                   torch.empty(shape, dtype=dtype, device=device))
 
     @property
     def capacity(self) -> int:
-        return self.layers[0].capacity
+        return self.k.shape[3]
+
+    def all_keys(self, end: int) -> torch.Tensor:
+        """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D], a view."""
+        return self.k[:, 0, :, :end]
 
     def nbytes(self) -> int:
-        return sum(c.k.nbytes + c.v.nbytes for c in self.layers)
+        return self.k.nbytes + self.v.nbytes

@@ -5,6 +5,8 @@ per-head RMSNorm on q and k before RoPE. q/k/v are fused into one matmul.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -99,6 +101,17 @@ class Transformer(nn.Module):
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rope = RotaryEmbedding(args)
+
+    def first_layers(self, n: int) -> "Transformer":
+        """A model of this one's first n blocks with its embedding, final norm and LM head, all
+        shared (no copies): the "self:K" speculator."""
+        if not 1 <= n <= len(self.layers):
+            raise ValueError(f"first_layers takes 1..{len(self.layers)} layers, got {n}")
+        with torch.device("meta"):  # placeholders, replaced by the shared modules below
+            view = Transformer(replace(self.args, num_hidden_layers=n))
+        view.embed, view.norm, view.lm_head, view.rope = self.embed, self.norm, self.lm_head, self.rope
+        view.layers = nn.ModuleList(self.layers[:n])
+        return view.eval()
 
     def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
                 logits_from: int | None = 0,

@@ -72,14 +72,6 @@ def test_low_temperature_sampling_is_greedy():
     assert {sample(logits, SamplingConfig(temperature=1e-3), generator) for _ in range(50)} == {1}
 
 
-def test_sparse_methods_are_not_available_yet():
-    model = make_tiny("llama").ours()
-    for method in (PrefillMethod(name="h2o"), PrefillMethod(name="specprefill")):
-        with pytest.raises(BackendUnavailableError, match=f"{method.name} prefill is not implemented"):
-            model.generate_step([1, 2], max_tokens=2, sampling=GREEDY, stop_ids=frozenset(),
-                                method=method, info=PrefillInfo())
-
-
 def test_prompt_too_long_names_the_numbers():
     model = make_tiny("llama").ours()  # max_position_embeddings 256
     with pytest.raises(PromptTooLongError, match="prompt of 250 tokens plus max_tokens 10 exceeds "

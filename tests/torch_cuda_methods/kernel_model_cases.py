@@ -1,0 +1,55 @@
+"""The model-level methods with the Triton kernels forced, against the same model on the twins.
+
+Not collected by the main run: test_kernel_model.py runs this file in a subprocess, on CUDA when
+there is a GPU, else under TRITON_INTERPRET=1 with CPU tensors (Triton decides at decoration time
+whether it interprets). Shapes stay tiny: the interpreter runs every tile in NumPy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specfill.backends.torch_cuda import TorchCausalLM, load
+from specfill.backends.torch_cuda.kernels import use_triton
+from specfill.core.config import H2OConfig, SpecPrefillConfig
+from specfill.core.runtime import PrefillInfo, PrefillMethod
+
+from tests.torch_cuda_methods.methods_support import greedy, prompt
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="module")
+def models(tiny_checkpoint) -> tuple[TorchCausalLM, TorchCausalLM]:
+    model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype="float32", device=DEVICE)
+    return TorchCausalLM(model.model, use_kernels=True), TorchCausalLM(model.model, use_kernels=False)
+
+
+def test_kernels_are_runnable_here():
+    """Guards against this file silently comparing twin with twin."""
+    assert use_triton(True, torch.zeros(1, 1, 16, device=DEVICE))
+
+
+def test_h2o_with_kernels_matches_the_twins(models):
+    kernels, twins = models
+    ids = prompt(50, kernels.args.vocab_size, seed=11)
+    method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4))
+    info_k, info_t = PrefillInfo(record_memory=True), PrefillInfo(record_memory=True)
+    got = kernels.prompt_logits(ids, method=method, info=info_k)
+    want = twins.prompt_logits(ids, method=method, info=info_t)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    for layer_k, layer_t in zip(info_k.memory_sets, info_t.memory_sets):
+        assert len(layer_k) == len(layer_t) == 3
+        for m_k, m_t in zip(layer_k, layer_t):
+            np.testing.assert_array_equal(m_k, m_t)
+
+
+def test_speculative_prefill_with_kernels_matches_the_twins(models):
+    kernels, twins = models
+    ids = prompt(60, kernels.args.vocab_size, seed=12)
+    method = PrefillMethod("specprefill", speculator="self:1",
+                           specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8, pool_kernel=3))
+    info_k, info_t = PrefillInfo(), PrefillInfo()
+    assert greedy(kernels, ids, 3, method, info_k) == greedy(twins, ids, 3, method, info_t)
+    assert info_k.kept_positions == info_t.kept_positions and info_k.kept_tokens < 60

@@ -1,0 +1,187 @@
+"""Speculative prefill inside the torch model: the speculator pass, the selection, the sparse
+main prefill at original positions and decoding from position P, against NumPy oracles."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from specfill.backends.torch_cuda import TorchCausalLM
+from specfill.backends.torch_cuda.generate import decode_one_token, prefill
+from specfill.backends.torch_cuda.speculative import run_speculator, speculative_prefill
+from specfill.core.config import SpecPrefillConfig
+from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from specfill.core.reference import REFERENCE
+from specfill.core.reference.specprefill import speculative_selection
+from specfill.core.runtime import PrefillInfo, PrefillMethod
+
+from tests.fixtures import tiny_model_args, tiny_weights
+from tests.torch_cuda_methods.methods_support import (assert_logits_close, greedy, prompt,
+                                                      reference_speculator, tolerance)
+
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def spec(keep: float, speculator: object = "self:1", lookahead: int = 4, chunk: int = 8) -> PrefillMethod:
+    config = SpecPrefillConfig(keep_ratio=keep, lookahead=lookahead, select_chunk=chunk, pool_kernel=3)
+    return PrefillMethod("specprefill", specprefill=config, speculator=speculator)
+
+
+def sparse(t, ids: list[int], method: PrefillMethod, extra: int = 8):
+    model = t.model
+    speculator, step = model.speculator_model(method.speculator)
+    return speculative_prefill(model.model, torch.tensor(ids), speculator, method.specprefill, stop_ids=frozenset(),
+                               extra_slots=extra, step_size=model.prefill_step_size, speculator_step_size=step)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_keep_everything_is_exactly_full_attention(tiny, arch):
+    t = tiny(arch)
+    ids = prompt(60, t.args.vocab_size, seed=1)
+    method = spec(1.0)
+    result = sparse(t, ids, method)
+    cache = t.model.new_cache(len(ids))
+    full = prefill(t.model.model, torch.tensor(ids), torch.arange(len(ids)), cache)[-1]
+    assert torch.equal(result.logits, full)
+    info = PrefillInfo()
+    assert greedy(t.model, ids, 6, method, info) == greedy(t.model, ids, 6)
+    assert info.kept_positions == list(range(60)) and info.kept_tokens == 60
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("speculator_layers", [1, 2])
+def test_speculator_captures_queries_keys_and_lookahead(tiny, arch, speculator_layers):
+    t = tiny(arch)
+    ids = prompt(40, t.args.vocab_size, seed=2)
+    speculator, _ = t.model.speculator_model(f"self:{speculator_layers}")
+    got = run_speculator(speculator, torch.tensor(ids), lookahead=3, stop_ids=frozenset(), step_size=16)
+    queries, keys, fed = reference_speculator(t.ref, ids, speculator_layers, 3)
+    assert got.lookahead == fed and len(fed) == 3
+    assert tuple(got.queries.shape) == (speculator_layers, 4, t.args.num_attention_heads, t.args.head_dim)
+    assert_logits_close(got.queries, queries, "captured queries")
+    assert_logits_close(got.keys, keys, "prompt keys")
+
+
+def test_lookahead_stops_at_a_stop_id_without_feeding_it(tiny):
+    t = tiny("llama")
+    ids = prompt(30, t.args.vocab_size, seed=5)
+    speculator, _ = t.model.speculator_model("self:2")
+    run = lambda stop, n=4: run_speculator(speculator, torch.tensor(ids), lookahead=n, stop_ids=stop, step_size=64)  # noqa: E731
+    free = run(frozenset())
+    first, second = free.lookahead[:2]
+    assert first != second, "pick a prompt whose first two look-ahead tokens differ"
+    stopped = run(frozenset({second}))
+    assert stopped.lookahead == [first] and stopped.queries.shape[1] == 2
+    torch.testing.assert_close(stopped.queries, free.queries[:, :2], rtol=0, atol=0)
+    assert run(frozenset({first})).queries.shape[1] == 1
+    assert run(frozenset(), 0).queries.shape[1] == 1
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_selection_equals_the_reference_scoring_of_the_reference_speculator(tiny, arch):
+    t = tiny(arch)
+    ids = prompt(90, t.args.vocab_size, seed=6)
+    method = spec(0.3, "self:1", lookahead=3)
+    info = PrefillInfo()
+    greedy(t.model, ids, 1, method, info)
+    queries, keys, _ = reference_speculator(t.ref, ids, 1, 3)
+    _, selection = speculative_selection(queries, keys, method.specprefill, t.ref.scale, REFERENCE)
+    assert info.kept_positions == selection.kept.tolist()
+    assert 8 < info.kept_tokens < 90 and info.kept_positions[-1] == 89  # the last token is forced in
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_first_decoded_token_sits_at_the_prompt_length(tiny, arch):
+    t = tiny(arch)
+    ids = prompt(80, t.args.vocab_size, seed=7)
+    result = sparse(t, ids, spec(0.25))
+    kept = result.selection.kept.tolist()
+    n_kept, n_prompt = len(kept), len(ids)
+    assert n_kept < n_prompt and result.next_position == n_prompt and result.cache.filled == n_kept
+    kept_ids = [ids[i] for i in kept]
+    assert_logits_close(result.logits, t.ref.forward(kept_ids, kept)[-1], "sparse prefill, last kept token")
+    first = int(result.logits.argmax())
+    decoded = decode_one_token(t.model.model, torch.tensor([first]), result.next_position, result.cache)
+    at_prompt_length = t.ref.forward(kept_ids + [first], kept + [n_prompt])[-1]
+    at_kept_count = t.ref.forward(kept_ids + [first], kept + [n_kept])[-1]
+    assert_logits_close(decoded, at_prompt_length, "first decode step at position P")
+    # the check can tell P from K: decoding at slot index K would be far outside the tolerance
+    assert np.abs(at_kept_count - at_prompt_length).max() > 100 * tolerance(at_prompt_length)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_decoding_after_sparse_prefill_continues_at_positions_p_and_on(tiny, arch):
+    t = tiny(arch)
+    ids = prompt(70, t.args.vocab_size, seed=8)
+    info = PrefillInfo()
+    tokens = greedy(t.model, ids, 8, spec(0.3, "self:2"), info)
+    kept = info.kept_positions
+    context = [ids[i] for i in kept]
+    for step, token in enumerate(tokens):
+        positions = kept + list(range(len(ids), len(ids) + step))
+        assert token == int(t.ref.forward(context + tokens[:step], positions)[-1].argmax()), f"step {step}"
+    assert set(info.seconds) == {"speculator", "selection", "main_prefill"}
+    assert all(s >= 0 for s in info.seconds.values())
+
+
+def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
+    t = tiny("qwen2")
+    one_layer_args = replace(t.args, num_hidden_layers=1)
+    one_layer = TorchCausalLM.from_weights(
+        one_layer_args, {k: v for k, v in t.weights.items() if ".layers.1." not in k},
+        dtype=torch.float32, device="cpu", prefill_step_size=16)
+    ids = prompt(75, t.args.vocab_size, seed=9)
+    with_self, with_model = PrefillInfo(), PrefillInfo()
+    tokens = greedy(t.model, ids, 5, spec(0.2, "self:1"), with_self)
+    assert greedy(t.model, ids, 5, spec(0.2, one_layer), with_model) == tokens
+    assert with_self.kept_positions == with_model.kept_positions
+
+
+@pytest.mark.parametrize("speculator,error,match", [
+    ("self:0", ConfigError, r"1 <= K <= 2"), ("self:3", ConfigError, r"1 <= K <= 2"),
+    ("self:x", ConfigError, "must be 'self:K'"), ("draft.gguf", ConfigError, "must be 'self:K'"),
+    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the torch backend"),
+])
+def test_bad_speculators_are_clear_errors(tiny, speculator, error, match):
+    t = tiny("llama")
+    with pytest.raises(error, match=match):
+        t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
+                              method=spec(0.5, speculator), info=PrefillInfo())
+
+
+def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
+    t = tiny("llama")
+    args = replace(tiny_model_args("llama"), vocab_size=256)
+    other = TorchCausalLM.from_weights(args, tiny_weights(args), dtype=torch.float32, device="cpu")
+    with pytest.raises(TokenizerMismatchError, match="256 tokens, the main model's 320"):
+        t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
+                              method=spec(0.5, other), info=PrefillInfo())
+
+
+def test_progress_follows_the_speculator_over_the_whole_prompt(tiny):
+    t = tiny("qwen3")
+    model = TorchCausalLM(t.model.model, prefill_step_size=32)
+    calls = []
+    greedy(model, prompt(70, t.args.vocab_size), 2, spec(0.2, "self:1"),
+           progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(32, 70), (64, 70), (70, 70)]
+
+
+def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
+    t = tiny("llama")
+    args = replace(t.args, max_position_embeddings=32)
+    short = TorchCausalLM.from_weights(args, t.weights, dtype=torch.float32, device="cpu")
+    with pytest.raises(PromptTooLongError, match="40 tokens exceeds the speculator's context of 32"):
+        t.model.generate_step(prompt(40, t.args.vocab_size), max_tokens=2, sampling=None, stop_ids=frozenset(),
+                              method=spec(0.5, short), info=PrefillInfo())
+
+
+def test_lookahead_stops_at_the_speculator_context(tiny):
+    t = tiny("qwen3")
+    args = replace(t.args, max_position_embeddings=42)
+    short = TorchCausalLM.from_weights(args, t.weights, dtype=torch.float32, device="cpu")
+    got = run_speculator(short.model, torch.tensor(prompt(40, t.args.vocab_size)), lookahead=4, stop_ids=frozenset(),
+                         step_size=64)
+    assert len(got.lookahead) == 2 and got.queries.shape[1] == 3
