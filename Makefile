@@ -7,7 +7,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(PY) -m specfill.cli.main conformance --backend reference
+	$(PY) -m specfill.cli.main generate --prompt "What is the capital of France?" --max-tokens 32
 
 test: setup
 	$(PY) -m pytest -q
