@@ -7,16 +7,9 @@ import sys
 from specfill.core import ConfigError
 from specfill.evaluation.quality import EvalPlan, run_eval, write_eval
 
-from .options import add_method_options, h2o_config, int_list, specprefill_config, str_list
+from .options import add_method_options, float_list, h2o_config, int_list, specprefill_config, str_list
 
 HELP = "perplexity and passkey retrieval per method (JSON + Markdown + PNG map of kept positions)"
-
-
-def float_list(text: str) -> list[float]:
-    try:
-        return [float(item) for item in str_list(text)]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of numbers, got {text!r}") from None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

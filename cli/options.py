@@ -10,11 +10,19 @@ def str_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def int_list(text: str) -> list[int]:
+def _number_list(text: str, kind: type, what: str) -> list:
     try:
-        return [int(item) for item in str_list(text)]
+        return [kind(item) for item in str_list(text)]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a comma list of integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a comma list of {what}, got {text!r}") from None
+
+
+def int_list(text: str) -> list[int]:
+    return _number_list(text, int, "integers")
+
+
+def float_list(text: str) -> list[float]:
+    return _number_list(text, float, "numbers")
 
 
 def add_method_options(p: argparse.ArgumentParser) -> None:
