@@ -102,10 +102,10 @@ def _tensor_nbytes(shape: tuple[int, ...], ggml_type: int, name: str, path: Path
     try:
         block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     except (ValueError, KeyError):
-        raise ModelLoadError(f"tensor {name} in {path} has unknown GGML type id {ggml_type}") from None
+        raise ModelLoadError(f"tensor {name!r} in {path} has unknown GGML type id {ggml_type}") from None
     count = int(np.prod(shape, dtype=np.int64))
     if shape and shape[-1] % block:
-        raise ModelLoadError(f"corrupt GGUF file {path}: tensor {name} row of {shape[-1]} is not "
+        raise ModelLoadError(f"corrupt GGUF file {path}: tensor {name!r} row of {shape[-1]} is not "
                              f"a multiple of its block size {block}")
     return count // block * type_size
 
@@ -142,7 +142,7 @@ def _parse(buf: np.ndarray, path: Path) -> GGUFFile:
         name = cur.string()
         n_dims = cur.scalar("<I")
         if n_dims > 8:
-            raise ModelLoadError(f"corrupt GGUF file {path}: tensor {name} has {n_dims} dims")
+            raise ModelLoadError(f"corrupt GGUF file {path}: tensor {name!r} has {n_dims} dims")
         ne = [cur.scalar("<Q") for _ in range(n_dims)]
         raw_infos.append((name, tuple(reversed(ne)), cur.scalar("<I"), cur.scalar("<Q")))
     alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
@@ -154,7 +154,7 @@ def _parse(buf: np.ndarray, path: Path) -> GGUFFile:
         nbytes = _tensor_nbytes(shape, ggml_type, name, path)
         offset = data_start + rel
         if offset + nbytes > len(buf):
-            raise ModelLoadError(f"truncated GGUF file {path}: tensor {name} needs bytes up to "
+            raise ModelLoadError(f"truncated GGUF file {path}: tensor {name!r} needs bytes up to "
                                  f"{offset + nbytes}, file has {len(buf)}")
         tensors[name] = GGUFTensorInfo(name, shape, ggml_type, offset, nbytes)
     return GGUFFile(path, version, metadata, tensors, buf)
@@ -180,7 +180,7 @@ def tensor_array(gguf_file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
     try:
         out = quants.dequantize(rows, qtype)
     except NotImplementedError:
-        raise ModelLoadError(f"tensor {info.name} uses quantization type {qtype.name}, which "
+        raise ModelLoadError(f"tensor {info.name!r} uses quantization type {qtype.name}, which "
                              f"specfill cannot dequantize") from None
     return np.asarray(out, dtype=np.float32).reshape(info.shape)
 

@@ -114,16 +114,18 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:
     types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
     if len(types) != len(tokens):
         raise ModelLoadError(f"GGUF tokenizer has {len(tokens)} tokens but {len(types)} token types")
-    if kind == "gpt2":
-        tok = _gpt2_tokenizer(meta, tokens)
-    elif kind == "llama":
-        tok = _spm_tokenizer(meta, tokens, types)
-    else:
+    if kind not in ("gpt2", "llama"):
         raise ModelLoadError(f"GGUF tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, kind_ in zip(tokens, types) if kind_ == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                    for t, kind_ in zip(tokens, types) if kind_ == USER_DEFINED])
+    try:
+        tok = _gpt2_tokenizer(meta, tokens) if kind == "gpt2" else _spm_tokenizer(meta, tokens, types)
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, kind_ in zip(tokens, types) if kind_ == CONTROL])
+        tok.add_tokens([AddedToken(t, special=False, normalized=False)
+                        for t, kind_ in zip(tokens, types) if kind_ == USER_DEFINED])
+    except ModelLoadError:
+        raise
+    except Exception as err:  # the Rust library raises plain Exception (e.g. a merge of unknown tokens)
+        raise ModelLoadError(f"GGUF tokenizer is invalid: {str(err).splitlines()[0]!r}") from None
     if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
         raise ModelLoadError(f"GGUF tokenizer has duplicate tokens: {len(tokens)} entries, "
                              f"{tok.get_vocab_size(with_added_tokens=True)} distinct")

@@ -42,6 +42,11 @@ class ModelArgs:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim")
+        bad = [f"{name}={getattr(self, name)}" for name in sizes if not getattr(self, name) > 0]
+        if bad:
+            raise ModelLoadError(f"model sizes must be positive: {', '.join(bad)}")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {self.architecture!r} "
                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
@@ -92,7 +97,7 @@ class ModelArgs:
             )
         except KeyError as missing:
             raise ModelLoadError(f"config.json lacks {missing.args[0]!r}") from None
-        except (TypeError, ValueError) as err:
+        except (TypeError, ValueError, ZeroDivisionError) as err:
             raise ModelLoadError(f"config.json has an invalid value: {err}") from None
 
     @classmethod
@@ -111,6 +116,14 @@ class ModelArgs:
                 raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
             return value
 
+        try:
+            return cls._from_gguf(meta, arch, get, has_output_weight)
+        except (TypeError, ValueError, ZeroDivisionError) as err:
+            raise ModelLoadError(f"GGUF metadata has an invalid value: {err}") from None
+
+    @classmethod
+    def _from_gguf(cls, meta: Mapping[str, Any], arch: str, get: Any,
+                   has_output_weight: bool) -> "ModelArgs":
         heads = int(get("attention.head_count"))
         hidden = int(get("embedding_length"))
         tokens = meta.get("tokenizer.ggml.tokens")

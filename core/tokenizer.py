@@ -67,8 +67,9 @@ class Tokenizer:
         """The prompt string for a conversation (encode it with add_special_tokens=False when
         the template writes BOS itself, as transformers does)."""
         if not self.chat_template:
-            raise ChatTemplateError(f"model {self.name or ''} has no chat template: pass a plain "
-                                    f"prompt instead of chat messages".replace("  ", " "))
+            model = f"model {self.name}" if self.name else "the model"
+            raise ChatTemplateError(f"{model} has no chat template: pass a plain prompt instead "
+                                    f"of chat messages")
         specials = {"bos_token": self._text(self.bos_token_id),
                     "eos_token": self._text(self._eos_token_id)}
         return render_chat_template(self.chat_template, messages,

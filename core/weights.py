@@ -44,6 +44,7 @@ _BLOCK_NAMES = {
 _SKIPPED_GGUF = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
 _SKIPPED_HF = re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
 _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def gguf_to_hf_name(name: str) -> str | None:
@@ -107,6 +108,10 @@ def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
 
 def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source: Path | str) -> None:
     """One ModelLoadError naming missing, unexpected or mis-shaped tensors ({name: shape})."""
+    layers = {int(m.group(1)) for name in shapes if (m := _HF_LAYER.match(name))}
+    if len(layers) != args.num_hidden_layers:  # also keeps a corrupt count from looping long
+        raise ModelLoadError(f"{source} declares {args.num_hidden_layers} layers but holds "
+                             f"tensors for {len(layers)}")
     expected = expected_tensor_shapes(args)
 
     def listed(names: list[str]) -> str:
@@ -142,12 +147,24 @@ def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
     with read_gguf(path) as gguf_file:
-        return _load_gguf(gguf_file)
+        args, weights = _load_gguf(gguf_file)
+    _check_finite(weights, path)
+    return args, weights
+
+
+def _check_finite(weights: Mapping[str, np.ndarray], source: Path) -> None:
+    for name, w in weights.items():
+        if not np.isfinite(w).all():
+            raise ModelLoadError(f"tensor {name} in {source} holds NaN or Inf values")
 
 
 def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     tensors = gguf_file.tensors
     args = ModelArgs.from_gguf_metadata(gguf_file.metadata, "output.weight" in tensors)
+    rope_dims = gguf_file.metadata.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
+    if rope_dims != args.head_dim:
+        raise ModelLoadError(f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial "
+                             f"rotary) is not supported")
     infos = {hf: tensors[name] for name in tensors if (hf := gguf_to_hf_name(name)) is not None}
     if "rope_freqs.weight" in tensors:
         factors = tensor_array(gguf_file, tensors["rope_freqs.weight"])
@@ -212,4 +229,5 @@ def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray
     if args.tie_word_embeddings:
         weights.pop("lm_head.weight", None)  # some tied checkpoints store the shared copy
     check_tensors(args, {name: w.shape for name, w in weights.items()}, directory)
+    _check_finite(weights, directory)
     return args, weights

@@ -166,3 +166,55 @@ def test_sharded_directory_and_truncated_shard(tmp_path, tiny_checkpoint):
     expect_error(path, "truncated", "model-00002-of-00002.safetensors")
     shard.unlink()
     expect_error(path, "missing", "model-00002-of-00002.safetensors")
+
+
+def test_corrupted_header_bytes_never_escape_as_other_errors(tmp_path, tiny_checkpoint):
+    """Flip bytes anywhere in the header (metadata and tensor table): the loader either loads
+    or raises ModelLoadError, never an IndexError/ValueError/MemoryError from deep inside."""
+    from specfill.core.gguf_file import read_gguf
+
+    source = tiny_checkpoint("qwen3", "gguf")
+    data = source.read_bytes()
+    with read_gguf(source) as f:
+        header_end = min(info.offset for info in f.tensors.values())
+    rng = np.random.default_rng(0)
+    path = tmp_path / "fuzz.gguf"
+    outcomes = {"loaded": 0, "rejected": 0}
+    for _ in range(300):
+        corrupt = bytearray(data)
+        for at in rng.integers(4, header_end, size=int(rng.integers(1, 4))):
+            corrupt[at] = int(rng.integers(0, 256))
+        path.write_bytes(bytes(corrupt))
+        try:
+            load_weights(path)
+            outcomes["loaded"] += 1
+        except ModelLoadError as err:
+            assert "\n" not in str(err)
+            outcomes["rejected"] += 1
+    assert outcomes["rejected"] > 0
+
+
+def test_nan_weights_are_rejected(tmp_path, tiny_checkpoint):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "nan"
+    shutil.copytree(tiny_checkpoint("qwen2", "safetensors"), path)
+    weights = tiny_weights(tiny_model_args("qwen2"))
+    weights["model.layers.1.mlp.down_proj.weight"][3, 5] = np.nan
+    save_file(weights, str(path / "model.safetensors"))
+    expect_error(path, "model.layers.1.mlp.down_proj.weight", "NaN")
+
+
+def test_gguf_tokenizer_with_a_bad_merge(tmp_path):
+    from specfill.core.tokenizer import load_tokenizer
+
+    path = tmp_path / "badmerge.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "ab"])
+    writer.add_token_merges(["a b", "x y"])  # x, y are not tokens
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
+                 writer.write_tensors_to_file, writer.close):
+        step()
+    with pytest.raises(ModelLoadError, match="GGUF tokenizer is invalid"):
+        load_tokenizer(path)

@@ -100,23 +100,30 @@ def _stream(tok, ids):
     return pieces, "".join(pieces) + stream.finish()
 
 
-def test_streaming_detokenizer_equals_decode(tiny_checkpoint, spm_files):
-    for tok in (load_tokenizer(tiny_checkpoint("llama", "gguf")), load_tokenizer(spm_files[1])):
-        for text in STREAM_TEXTS:
-            ids = tok.encode(text, add_special_tokens=False)
-            pieces, streamed = _stream(tok, ids)
-            assert streamed == tok.decode(ids) == text
-            assert "\ufffd" not in "".join(pieces)
-        # a 4-byte emoji as byte tokens: nothing printable until its last byte arrives
-        pieces, _ = _stream(tok, tok.encode("🚀", add_special_tokens=False))
-        assert len(pieces) > 1 and pieces[:-1] == [""] * (len(pieces) - 1) and pieces[-1] == "🚀"
+@pytest.mark.parametrize("vocabulary", ["byte-level BPE", "sentencepiece"])
+def test_streaming_detokenizer_equals_decode(tiny_checkpoint, request, vocabulary):
+    if vocabulary == "sentencepiece":
+        tok = load_tokenizer(request.getfixturevalue("spm_files")[1])
+    else:
+        tok = load_tokenizer(tiny_checkpoint("llama", "gguf"))
+    for text in STREAM_TEXTS:
+        ids = tok.encode(text, add_special_tokens=False)
+        pieces, streamed = _stream(tok, ids)
+        assert streamed == tok.decode(ids) == text
+        assert "\ufffd" not in "".join(pieces)
+    # a 4-byte emoji as byte tokens: nothing printable until its last byte arrives
+    pieces, _ = _stream(tok, tok.encode("🚀", add_special_tokens=False))
+    assert len(pieces) > 1 and pieces[:-1] == [""] * (len(pieces) - 1) and pieces[-1] == "🚀"
+
+
+def test_streaming_detokenizer_flushes_an_incomplete_character(tiny_checkpoint):
     tok = load_tokenizer(tiny_checkpoint("llama", "gguf"))
     broken = tok.encode("🚀", add_special_tokens=False)[:2]  # cut mid-character
     pieces, streamed = _stream(tok, broken)
     assert pieces == ["", ""] and streamed == tok.decode(broken)
 
 
-def test_chat_template_errors_and_sandbox(tiny_checkpoint, spm_files):
+def test_chat_template_errors_and_sandbox(tiny_checkpoint):
     tok = load_tokenizer(tiny_checkpoint("llama", "gguf"))
     rendered = tok.apply_chat_template([{"role": "user", "content": "hi"}])
     assert rendered == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -193,3 +200,16 @@ def test_demo_tokenizer_matches_transformers(transformers_module):
             reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=generation)
     assert tok.bos_token_id == 1 and tok.eos_token_ids == {2}
     assert tok.token_text(1) == "<|im_start|>" and tok.vocab_size == 49152
+
+
+def test_directory_flags_generation_config_and_template_file(tmp_path, tiny_checkpoint):
+    directory = tmp_path / "flags"
+    shutil.copytree(tiny_checkpoint("llama", "safetensors"), directory)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    (directory / "tokenizer_config.json").write_text(json.dumps(dict(config, add_bos_token=True)))
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    (directory / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
+    tok = load_tokenizer(directory)
+    assert tok.encode("the") == [1, *tok.encode("the", add_special_tokens=False)]
+    assert tok.eos_token_ids == {0, 2}
+    assert tok.apply_chat_template([{"role": "user", "content": "hey"}]) == "<|im_start|>hey"

@@ -171,3 +171,38 @@ def test_demo_model_equals_transformers_gguf_loader():
     assert sorted(theirs) == sorted([*ours, "lm_head.weight"])
     for name, w in ours.items():
         np.testing.assert_array_equal(theirs[name].numpy(), w, err_msg=name)
+
+
+def test_bfloat16_safetensors_widen_exactly(tmp_path, tiny_checkpoint):
+    import shutil
+
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    path = tmp_path / "bf16"
+    shutil.copytree(tiny_checkpoint("qwen3", "safetensors"), path)
+    weights = {k: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16)
+               for k, v in tiny_weights(tiny_model_args("qwen3")).items()}
+    save_file(weights, str(path / "model.safetensors"))
+    _, loaded = load_weights(path)
+    for name, w in weights.items():
+        assert loaded[name].dtype == np.float32
+        np.testing.assert_array_equal(loaded[name], w.float().numpy(), err_msg=name)
+
+
+def test_hf_config_rope_keys_old_and_new():
+    from tests.fixtures import hf_config
+
+    base = hf_config(tiny_model_args("llama"))
+    del base["rope_theta"]
+    v5 = dict(base, rope_parameters=dict(LLAMA3_ROPE, rope_theta=500000.0))
+    args = ModelArgs.from_hf_config(v5)  # transformers >= 5 writes rope_parameters
+    assert args.rope_theta == 500000.0 and args.rope_scaling == LLAMA3_ROPE
+    default = ModelArgs.from_hf_config(dict(base, rope_parameters={"rope_type": "default",
+                                                                   "rope_theta": 1e6}))
+    assert default.rope_theta == 1e6 and default.rope_scaling is None
+    legacy = ModelArgs.from_hf_config(dict(base, rope_theta=1e4, rope_scaling={"type": "linear",
+                                                                               "factor": 2.0}))
+    assert legacy.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    np.testing.assert_allclose(rope_inv_freq(legacy), 1e4 ** (-np.arange(0, 16, 2) / 16) / 2,
+                               rtol=1e-6)
