@@ -33,7 +33,8 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"unknown torch device {device!r} (use 'cpu', 'cuda' or 'cuda:N')") from None
+        raise ConfigError(f"unknown torch device {device!r} "
+                          f"(use 'cpu', 'cuda' or 'cuda:N')") from None
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise BackendUnavailableError(f"device {device!r} requested but this torch "
                                       f"({torch.__version__}) sees no CUDA GPU")

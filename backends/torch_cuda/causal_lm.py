@@ -61,7 +61,8 @@ class TorchCausalLM:
     def token_tensor(self, ids: Any) -> torch.Tensor:
         """ids (a sequence of ints, or a LongTensor [T] or [1, T]) as a LongTensor [T] on the
         model's device, checked against the vocabulary."""
-        ids = torch.as_tensor(ids if isinstance(ids, torch.Tensor) else list(ids), device=self.device)
+        ids = torch.as_tensor(ids if isinstance(ids, torch.Tensor) else list(ids),
+                              device=self.device)
         if ids.dim() == 2 and ids.shape[0] == 1:
             ids = ids[0]
         if ids.dim() != 1 or ids.numel() == 0:
@@ -72,14 +73,15 @@ class TorchCausalLM:
         low, high = int(ids.min()), int(ids.max())
         if low < 0 or high >= self.args.vocab_size:
             bad = low if low < 0 else high
-            raise ConfigError(f"token id {bad} is outside the vocabulary (size {self.args.vocab_size})")
+            raise ConfigError(f"token id {bad} is outside the vocabulary "
+                              f"(size {self.args.vocab_size})")
         return ids.long()
 
     def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
         context = self.args.max_position_embeddings
         if prompt_tokens + max_tokens > context:
-            raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} "
-                                     f"exceeds the model's context of {context} tokens")
+            raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens "
+                                     f"{max_tokens} exceeds the model's context of {context} tokens")
 
     def __call__(self, ids: Any) -> torch.Tensor:
         """Logits [1, T, vocab] (float32) for every position of `ids`, a fresh context."""

@@ -25,15 +25,19 @@ def _state_dict(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch
         array = array if array.flags.writeable else array.copy()
         return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
 
-    state = {"embed.weight": get("model.embed_tokens.weight"), "norm.weight": get("model.norm.weight")}
+    def qkv(prefix: str, kind: str) -> torch.Tensor:
+        return torch.cat([get(prefix + f"{w}_proj.{kind}") for w in "qkv"])
+
+    state = {"embed.weight": get("model.embed_tokens.weight"),
+             "norm.weight": get("model.norm.weight")}
     state["lm_head.weight"] = (state["embed.weight"] if args.tie_word_embeddings
                                else get("lm_head.weight"))
     for i in range(args.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
-        state[dst + "attention.wqkv.weight"] = torch.cat([get(attn + f"{w}_proj.weight") for w in "qkv"])
+        state[dst + "attention.wqkv.weight"] = qkv(attn, "weight")
         if args.attention_bias:
-            state[dst + "attention.wqkv.bias"] = torch.cat([get(attn + f"{w}_proj.bias") for w in "qkv"])
+            state[dst + "attention.wqkv.bias"] = qkv(attn, "bias")
         state[dst + "attention.wo.weight"] = get(attn + "o_proj.weight")
         if args.qk_norm:
             state[dst + "attention.q_norm.weight"] = get(attn + "q_norm.weight")

@@ -119,3 +119,12 @@ def test_device_and_dtype_resolution():
             resolve_device("cuda")
     else:
         assert resolve_device(None).type == "cuda" and resolve_dtype(None, resolve_device(None)) == torch.bfloat16
+
+
+def test_progress_is_reported_after_each_prefill_step():
+    model = make_tiny("qwen2", seed=12).ours(step=8)
+    seen = []
+    tokens = list(model.generate_step(prompt_ids(20, seed=12), max_tokens=2, sampling=GREEDY,
+                                      stop_ids=frozenset(), method=PrefillMethod(), info=PrefillInfo(),
+                                      progress=lambda done, total: seen.append((done, total))))
+    assert seen == [(8, 20), (16, 20), (20, 20)] and len(tokens) == 2
