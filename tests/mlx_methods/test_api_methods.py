@@ -29,3 +29,17 @@ def test_stream_generate_runs_h2o_and_speculative_prefill(tiny_checkpoint):
     assert last.ttft > 0 and set(spec_info.seconds) == {"speculator", "selection", "main_prefill"}
     assert [r.token for r in spec_steps] == greedy(
         model, ids, 4, PrefillMethod("specprefill", specprefill=spec, speculator="self:1"), stop_ids=stops)
+
+
+def test_a_speculator_given_as_a_path_is_loaded_on_mlx(tiny_checkpoint):
+    """A path loads on the main model's backend; the whole tiny model scores as "self:2" does."""
+    path = tiny_checkpoint("qwen3", "gguf")
+    model, tokenizer = load(path, backend="mlx", dtype="float32", device="cpu")
+    ids = prompt(60, model.args.vocab_size, seed=14)
+    spec = SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=4)
+    by_path, by_self = PrefillInfo(), PrefillInfo()
+    tokens = [r.token for r in stream_generate(model, tokenizer, ids, 3, method="specprefill", specprefill=spec,
+                                               speculator=str(path), prefill_info=by_path)]
+    assert tokens == [r.token for r in stream_generate(model, tokenizer, ids, 3, method="specprefill",
+                                                       specprefill=spec, speculator="self:2", prefill_info=by_self)]
+    assert by_path.kept_positions == by_self.kept_positions and by_path.kept_tokens < 60
