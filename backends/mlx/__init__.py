@@ -17,6 +17,8 @@ The sparse prefill stages:
   kernels/state.py    the (m, l, o) online-softmax state and its exact merge
   h2o.py              memory sets, score accumulation, per-layer orchestration with batch carry
   specprefill.py      pooling, reductions, chunk selection, original positions
+  h2o_prefill.py      H2O in the model: each logical batch layer by layer, one carry per layer
+  speculative.py      speculator pass (query capture, look-ahead), selection, sparse main prefill
   conformance.py      the adapter `specfill conformance --backend mlx` drives
 
 Each kernels/ module holds a Metal kernel (built once through `mx.fast.metal_kernel`), an

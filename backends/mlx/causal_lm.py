@@ -3,27 +3,36 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
 from typing import Any, Iterator, Sequence
 
 import mlx.core as mx
 import numpy as np
 
-from specfill.core.errors import BackendUnavailableError, ConfigError, PromptTooLongError
+from specfill.core.config import H2OConfig, SpecPrefillConfig
+from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.models import ModelArgs
 from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
 from .cache import KVCache, make_cache
-from .generate import DEFAULT_PREFILL_STEP_SIZE, generate_tokens, prefill
+from .generate import DEFAULT_PREFILL_STEP_SIZE, decode_tokens, prefill
+from .h2o_prefill import h2o_prefill
 from .model import Model
+from .speculative import Speculator, speculative_prefill
 
 
 class MLXCausalLM:
-    """A Llama/Qwen2/Qwen3 model on an MLX device (Metal GPU on Apple silicon, else CPU)."""
+    """A Llama/Qwen2/Qwen3 model on an MLX device (Metal GPU on Apple silicon, else CPU).
+
+    use_kernels picks the H2O / speculator-scoring stage implementation: None = the Metal
+    kernels where Metal exists and the MLX-ops twins elsewhere; True / False force one.
+    """
 
     backend = "mlx"
 
     def __init__(self, model: Model, *, device: mx.Device, quantized: bool,
-                 prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE):
+                 prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                 use_kernels: bool | None = None):
         if prefill_step_size < 1:
             raise ConfigError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
         self.model = model
@@ -31,6 +40,7 @@ class MLXCausalLM:
         self.device = device
         self.quantized = quantized  # some layers run quantized matmul
         self.prefill_step_size = prefill_step_size
+        self.use_kernels = use_kernels
 
     @property
     def dtype(self) -> mx.Dtype:
@@ -80,38 +90,104 @@ class MLXCausalLM:
         if method.name == "specprefill":
             raise ConfigError("speculative prefill drops prompt tokens: it has no per-position "
                               "logits")
-        if method.name != "full":
-            raise BackendUnavailableError(f"{method.name} prefill is not implemented on the MLX "
-                                          f"backend yet (use method 'full')")
-        logits = np.asarray(self(prompt_ids)[0])
-        info.prompt_tokens = info.kept_tokens = logits.shape[0]
+        ids = self.token_array(prompt_ids)
+        self.check_fits(ids.shape[0], 0)
+        start_info(info, ids.shape[0])
+        with mx.stream(self.device):
+            logits = self.prefill_prompt(ids, self.new_cache(ids.shape[0]), method, info,
+                                         logits_from=0)
+        return np.asarray(logits)
+
+    def prefill_prompt(self, ids: mx.array, cache: list[KVCache], method: PrefillMethod,
+                       info: PrefillInfo, *, logits_from: int = -1,
+                       progress: ProgressCallback | None = None) -> mx.array:
+        """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
+        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets)."""
+        started = time.perf_counter()
+        if method.name == "h2o":
+            logits, memory_sets = h2o_prefill(self.model, ids, cache, method.h2o or H2OConfig(),
+                                              logits_from=logits_from,
+                                              step_size=self.prefill_step_size,
+                                              use_kernels=self.use_kernels, progress=progress)
+            if info.record_memory:
+                info.memory_sets = memory_sets
+        else:
+            logits = prefill(self.model, ids, cache, step_size=self.prefill_step_size,
+                             logits_from=logits_from, progress=progress)
+        info.seconds["prefill"] = time.perf_counter() - started
         return logits
+
+    def speculator_model(self, speculator: Any) -> Speculator:
+        """The Speculator for PrefillMethod.speculator: a loaded MLXCausalLM with this model's
+        vocabulary, or "self:K" for this model's first K layers."""
+        n_layers = self.args.num_hidden_layers
+        if isinstance(speculator, str):
+            name, _, count = speculator.partition(":")
+            if name != "self" or not count.strip().isdigit():
+                raise ConfigError(f"speculator {speculator!r}: a string speculator must be 'self:K' "
+                                  f"(the first K of the main model's {n_layers} layers); load other "
+                                  f"models with specfill.load and pass the model")
+            layers = int(count)
+            if not 1 <= layers <= n_layers:
+                raise ConfigError(f"speculator 'self:{layers}' needs 1 <= K <= {n_layers} (the main "
+                                  f"model's layers)")
+            return Speculator(self.model, layers, self.prefill_step_size)
+        if not isinstance(speculator, MLXCausalLM):
+            raise ConfigError(f"the speculator must be a model loaded on the MLX backend or "
+                              f"'self:K', got {type(speculator).__name__}")
+        if speculator.args.vocab_size != self.args.vocab_size:
+            raise TokenizerMismatchError(f"the speculator's vocabulary has "
+                                         f"{speculator.args.vocab_size} tokens, the main model's "
+                                         f"{self.args.vocab_size}: they must share a tokenizer")
+        return Speculator(speculator.model, speculator.args.num_hidden_layers,
+                          speculator.prefill_step_size)
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
                       progress: ProgressCallback | None = None) -> Iterator[int]:
-        if method.name != "full":
-            raise BackendUnavailableError(f"{method.name} prefill is not implemented on the MLX "
-                                          f"backend yet (use method 'full')")
         if max_tokens < 0:
             raise ConfigError(f"max_tokens must be >= 0, got {max_tokens}")
         ids = self.token_array(prompt_ids)
         prompt_tokens = ids.shape[0]
         self.check_fits(prompt_tokens, max_tokens)
-        info.prompt_tokens = prompt_tokens
-        info.kept_tokens = prompt_tokens
-        info.kept_positions = None
+        start_info(info, prompt_tokens)
+        if method.name == "specprefill":  # a bad speculator fails here, not at the first token
+            speculator = self.speculator_model(method.speculator)
+            if prompt_tokens > speculator.context:
+                raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the "
+                                         f"speculator's context of {speculator.context} tokens")
         if max_tokens == 0:
             return iter(())
-        return self._generate(ids, max_tokens, sampling, stop_ids, progress)
+        if method.name == "specprefill":
+            return self._generate_sparse(ids, speculator, method.specprefill or SpecPrefillConfig(),
+                                         max_tokens=max_tokens, sampling=sampling,
+                                         stop_ids=stop_ids, info=info, progress=progress)
+        return self._generate_dense(ids, method, max_tokens=max_tokens, sampling=sampling,
+                                    stop_ids=stop_ids, info=info, progress=progress)
 
-    def _generate(self, ids: mx.array, max_tokens: int, sampling: SamplingConfig,
-                  stop_ids: frozenset[int], progress: ProgressCallback | None) -> Iterator[int]:
+    def _generate_dense(self, ids: mx.array, method: PrefillMethod, *, max_tokens: int,
+                        sampling: SamplingConfig, stop_ids: frozenset[int], info: PrefillInfo,
+                        progress: ProgressCallback | None) -> Iterator[int]:
         cache = self.new_cache(ids.shape[0] + max_tokens)
         with mx.stream(self.device):
-            yield from generate_tokens(self.model, ids, max_tokens=max_tokens, sampling=sampling,
-                                       stop_ids=stop_ids, cache=cache,
-                                       step_size=self.prefill_step_size, progress=progress)
+            logits = self.prefill_prompt(ids, cache, method, info, progress=progress)
+            yield from decode_tokens(self.model, logits, next_position=ids.shape[0],
+                                     max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
+                                     cache=cache)
+
+    def _generate_sparse(self, ids: mx.array, speculator: Speculator, config: SpecPrefillConfig, *,
+                         max_tokens: int, sampling: SamplingConfig, stop_ids: frozenset[int],
+                         info: PrefillInfo, progress: ProgressCallback | None) -> Iterator[int]:
+        with mx.stream(self.device):
+            sparse = speculative_prefill(self.model, ids, speculator, config, stop_ids=stop_ids,
+                                         extra_slots=max_tokens, step_size=self.prefill_step_size,
+                                         use_kernels=self.use_kernels, progress=progress)
+            info.kept_positions = np.asarray(sparse.selection.kept).tolist()
+            info.kept_tokens = len(info.kept_positions)
+            info.seconds.update(sparse.seconds)
+            yield from decode_tokens(self.model, sparse.logits, next_position=sparse.next_position,
+                                     max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
+                                     cache=sparse.cache)
 
     def peak_memory_gb(self) -> float:
         """MLX's peak allocation on the GPU, or the process's peak resident set on CPU."""
@@ -119,3 +195,11 @@ class MLXCausalLM:
             return mx.get_peak_memory() / 1e9
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB
+
+
+def start_info(info: PrefillInfo, prompt_tokens: int) -> None:
+    """Reset what a prefill reports (an info object may be reused across calls)."""
+    info.prompt_tokens = info.kept_tokens = prompt_tokens
+    info.kept_positions = None
+    info.memory_sets = None
+    info.seconds = {}

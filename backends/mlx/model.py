@@ -2,15 +2,19 @@
 
 Our own modules rather than mlx-lm's model classes: the prefill methods need two things those
 classes do not expose. H2O replaces each layer's prefill attention with its two-phase chunked
-mode (so a layer's projection, attention and output must be callable one by one), and
-speculative prefill feeds explicit non-contiguous per-token positions while cache slots stay
-contiguous (mlx-lm derives the position from `cache.offset`). Parameter names follow Hugging
+mode (a `PrefillAttention` passed down to every layer; projection, attention and output are
+also callable one by one), and speculative prefill feeds explicit non-contiguous per-token
+positions while cache slots stay contiguous (mlx-lm derives the position from `cache.offset`)
+and runs only the first K layers as its "self:K" speculator. Parameter names follow Hugging
 Face (and so mlx-lm), so the same weight dictionaries load into either.
 
 Family differences are flags on ModelArgs: Qwen2 adds q/k/v biases, Qwen3 an RMSNorm per head on
 q and k before RoPE.
 """
 from __future__ import annotations
+
+from functools import partial
+from typing import Callable, Protocol
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -19,6 +23,21 @@ from specfill.core.models import ModelArgs
 
 from .cache import KVCache
 from .rope import Positions, RoPE
+
+# One layer's attention of a step: (q [1, H, T, D], every cached k/v [1, Hkv, S, D]) -> [1, H, T, D]
+LayerAttention = Callable[[mx.array, mx.array, mx.array], mx.array]
+
+
+class PrefillAttention(Protocol):
+    """How a prefill step attends (H2O, the speculator's query capture); plain causal otherwise.
+
+    Called per layer with its index, the step's post-RoPE queries [1, H, T, D] and every key and
+    value cached so far [1, Hkv, S, D] (the step's own in the last T slots)."""
+
+    def __call__(self, layer: int, q: mx.array, k: mx.array, v: mx.array) -> mx.array: ...
+
+    def arrays(self) -> list[mx.array]:
+        """State carried between steps, evaluated with the cache after each step."""
 
 
 def output_bias(args: ModelArgs) -> bool:
@@ -65,12 +84,13 @@ class Attention(nn.Module):
         _, _, steps, _ = attended.shape
         return self.o_proj(attended.swapaxes(1, 2).reshape(1, steps, -1))
 
-    def __call__(self, x: mx.array, rope: RoPE, positions: Positions,
-                 cache: KVCache | None) -> mx.array:
+    def __call__(self, x: mx.array, rope: RoPE, positions: Positions, cache: KVCache | None,
+                 attend: LayerAttention | None = None) -> mx.array:
         q, k, v = self.project(x, rope, positions)
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        return self.output(causal_attention(q, k, v, self.scale))
+        attended = causal_attention(q, k, v, self.scale) if attend is None else attend(q, k, v)
+        return self.output(attended)
 
 
 class MLP(nn.Module):
@@ -94,9 +114,9 @@ class TransformerBlock(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, rope: RoPE, positions: Positions,
-                 cache: KVCache | None) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), rope, positions, cache)
+    def __call__(self, x: mx.array, rope: RoPE, positions: Positions, cache: KVCache | None,
+                 attend: LayerAttention | None = None) -> mx.array:
+        h = x + self.self_attn(self.input_layernorm(x), rope, positions, cache, attend)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -110,12 +130,14 @@ class Transformer(nn.Module):
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.rope = RoPE(args)
 
-    def __call__(self, ids: mx.array, positions: Positions,
-                 cache: list[KVCache] | None) -> mx.array:
+    def __call__(self, ids: mx.array, positions: Positions, cache: list[KVCache] | None,
+                 attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
+        """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator."""
+        layers = self.layers if n_layers is None else self.layers[:n_layers]
         h = self.embed_tokens(ids)
-        caches = cache if cache is not None else [None] * len(self.layers)
-        for layer, layer_cache in zip(self.layers, caches):
-            h = layer(h, self.rope, positions, layer_cache)
+        caches = cache if cache is not None else [None] * len(layers)
+        for index, (layer, layer_cache) in enumerate(zip(layers, caches)):
+            h = layer(h, self.rope, positions, layer_cache, None if attend is None else partial(attend, index))
         return self.norm(h)
 
 
@@ -133,11 +155,12 @@ class Model(nn.Module):
     def layers(self) -> list[TransformerBlock]:
         return self.model.layers
 
-    def hidden(self, ids: mx.array, positions: Positions = 0,
-               cache: list[KVCache] | None = None) -> mx.array:
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[KVCache] | None = None,
+               attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
         """ids [1, T] at RoPE `positions` (first of consecutive ones, or [T]) appended to
-        `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T, hidden]."""
-        return self.model(ids, positions, cache)
+        `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T, hidden].
+        `attend` replaces causal attention; `n_layers` runs only the first blocks."""
+        return self.model(ids, positions, cache, attend, n_layers)
 
     def logits(self, hidden: mx.array) -> mx.array:
         if self.args.tie_word_embeddings:

@@ -133,6 +133,31 @@ def score_tokens(queries: mx.array | Sequence[mx.array], keys: mx.array | Sequen
     return TokenScores(probs=probs, smoothed=smoothed, importance=importance)
 
 
+def token_importance(queries: mx.array, keys: mx.array, config: SpecPrefillConfig, scale: float,
+                     use_kernels: bool | None = None) -> mx.array:
+    """importance [P] (as score_tokens) layer by layer: pooling and the head reduction act within
+    one layer, so only one layer's probabilities [n_q, Hq, P] exist at a time (each layer is
+    evaluated before the next is scored). queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D]."""
+    if queries.shape[0] != keys.shape[0]:
+        raise ValueError(f"queries cover {queries.shape[0]} layers but keys cover {keys.shape[0]}")
+    layers = config.layer_indices(queries.shape[0])
+    combined: mx.array | None = None
+    for layer in layers:
+        probs = attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale,
+                                 use_kernel=use_kernels)
+        per_layer = _reduce(smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2)[:, 0]
+        if combined is None:
+            combined = per_layer
+        elif config.layer_reduction == "max":
+            combined = mx.maximum(combined, per_layer)
+        else:
+            combined = combined + per_layer
+        mx.eval(combined)
+    if config.layer_reduction == "mean":
+        combined = combined / len(layers)
+    return combined.mean(axis=0)
+
+
 def speculative_selection(queries: mx.array | Sequence[mx.array], keys: mx.array | Sequence[mx.array],
                           config: SpecPrefillConfig, scale: float,
                           use_kernels: bool | None = None) -> tuple[TokenScores, Selection]:

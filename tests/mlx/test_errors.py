@@ -12,7 +12,6 @@ from safetensors.numpy import load_file, save_file
 
 from specfill.backends import mlx as mlx_backend
 from specfill.backends import torch_cuda
-from specfill.core.config import H2OConfig
 from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
                                   PromptTooLongError)
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
@@ -125,16 +124,6 @@ def test_bad_prompts(model):
             generate(model, bad)
     with pytest.raises(ConfigError, match="max_tokens must be >= 0"):
         generate(model, [5, 6], max_tokens=-1)
-
-
-def test_sparse_prefill_methods_are_not_there_yet_on_mlx(tiny_checkpoint):
-    model = mlx_backend.load(tiny_checkpoint("llama", "gguf"), device="cpu")[0]
-    for method in (PrefillMethod("h2o", h2o=H2OConfig()), PrefillMethod("specprefill")):
-        with pytest.raises(BackendUnavailableError, match="not implemented on the MLX backend"):
-            generate(model, [5, 6, 7], method=method)
-    with pytest.raises(BackendUnavailableError, match="not implemented on the MLX backend"):
-        model.prompt_logits([5, 6, 7], method=PrefillMethod("h2o", h2o=H2OConfig()),
-                            info=PrefillInfo())
 
 
 def test_specprefill_has_no_prompt_logits(model):

@@ -1,0 +1,108 @@
+"""H2O two-phase prefill inside the MLX model (layer-major, logical batches with a carry) against
+the NumPy reference model's chunk-major H2O (a schedule the backend does not share)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specfill.core.errors import ConfigError
+from specfill.core.runtime import PrefillInfo, PrefillMethod
+
+from tests.mlx_methods.methods_support import (assert_logits_close, greedy, h2o_method, prompt,
+                                               reference_h2o_greedy, tolerance, variant)
+
+ARCHS = ("llama", "qwen2", "qwen3")  # all tiny checkpoints have 4 query heads over 2 KV heads (GQA)
+# (N, S, B, L, H): partial last chunks, prompts over several logical batches, B = S, L or H zero
+CASES = [(50, 16, 32, 4, 4), (37, 8, 16, 2, 3), (64, 16, 16, 8, 0), (64, 16, 64, 0, 5), (40, 16, 64, 5, 6)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("n,s,b,local,heavy", CASES)
+def test_h2o_logits_and_memory_sets_equal_the_chunk_major_reference(tiny, arch, n, s, b, local, heavy):
+    t = tiny(arch)
+    ids = prompt(n, t.args.vocab_size, seed=n + s)
+    method = h2o_method(s, b, local, heavy)
+    info = PrefillInfo(record_memory=True)
+    ours = t.model.prompt_logits(ids, method=method, info=info)
+    want, want_memory = t.ref.forward_h2o_chunk_major(ids, method.h2o)
+    assert isinstance(ours, np.ndarray) and ours.dtype == np.float32 and np.isfinite(ours).all()
+    assert_logits_close(ours, want, f"{arch} H2O N={n} S={s} B={b} L={local} H={heavy}")
+    # H2O really changed the attention: full attention is far outside the tolerance
+    assert np.abs(t.ref.forward(ids) - want).max() > 100 * tolerance(want)
+    assert info.prompt_tokens == info.kept_tokens == n and info.kept_positions is None
+    assert info.seconds["prefill"] > 0
+    n_sets = -(-n // s) - 1
+    assert len(info.memory_sets) == t.args.num_hidden_layers
+    for layer, (got, expected) in enumerate(zip(info.memory_sets, want_memory)):
+        assert len(got) == len(expected) == n_sets
+        for chunk, (g, e) in enumerate(zip(got, expected)):
+            assert isinstance(g, np.ndarray) and g.shape == (t.args.num_key_value_heads, local + heavy)
+            np.testing.assert_array_equal(g, e.indices, err_msg=f"layer {layer} memory set M_{chunk}")
+
+
+def test_memory_sets_are_only_recorded_when_asked(tiny):
+    t = tiny("llama")
+    info = PrefillInfo(record_memory=True)
+    t.model.prompt_logits(prompt(40, t.args.vocab_size), method=h2o_method(16, 32, 4, 4), info=info)
+    assert [len(sets) for sets in info.memory_sets] == [2, 2]
+    t.model.prompt_logits(prompt(40, t.args.vocab_size), method=h2o_method(16, 32, 4, 4), info=PrefillInfo())
+    info.record_memory = False  # a reused info object is reset by the next prefill
+    t.model.prompt_logits(prompt(40, t.args.vocab_size), method=h2o_method(16, 32, 4, 4), info=info)
+    assert info.memory_sets is None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_generation_after_h2o_prefill_decodes_with_full_attention(tiny, arch):
+    """Layer-major NumPy H2O prefill, then decode steps attending to every prompt position."""
+    t = tiny(arch)
+    ids = prompt(45, t.args.vocab_size, seed=3)
+    method = h2o_method(16, 32, 4, 4)
+    tokens = greedy(t.model, ids, 6, method)
+    assert tokens == reference_h2o_greedy(t.ref, ids, method.h2o, 6)
+    assert tokens[0] == int(t.model.prompt_logits(ids, method=method, info=PrefillInfo())[-1].argmax())
+
+
+@pytest.mark.parametrize("n", [1, 9, 16])
+def test_prompt_of_one_chunk_is_exactly_full_attention(tiny, n):
+    t = tiny("qwen3")
+    ids = prompt(n, t.args.vocab_size, seed=n)
+    info = PrefillInfo(record_memory=True)
+    ours = t.model.prompt_logits(ids, method=h2o_method(16, 32, 4, 4), info=info)
+    np.testing.assert_array_equal(ours, t.model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()))
+    assert info.memory_sets == [[], []]
+    assert greedy(t.model, ids, 5, h2o_method(16, 32, 4, 4)) == greedy(t.model, ids, 5)
+
+
+def test_h2o_disabled_is_exactly_full_attention(tiny):
+    t = tiny("llama")
+    ids = prompt(70, t.args.vocab_size, seed=4)
+    disabled = h2o_method(16, 32, 0, 0)
+    full = t.model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
+    np.testing.assert_array_equal(t.model.prompt_logits(ids, method=disabled, info=PrefillInfo()), full)
+    assert_logits_close(full, t.ref.forward(ids), "full attention")
+    assert greedy(t.model, ids, 4, disabled) == greedy(t.model, ids, 4)
+
+
+def test_progress_is_reported_per_logical_batch(tiny):
+    t = tiny("qwen2")
+    calls = []
+    greedy(t.model, prompt(50, t.args.vocab_size), 2, h2o_method(8, 16, 2, 2),
+           progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(16, 50), (32, 50), (48, 50), (50, 50)]
+    calls.clear()  # where H2O is plain attention, the model's own prefill step applies
+    greedy(variant(t.model, prefill_step_size=5), prompt(8, t.args.vocab_size), 1, h2o_method(8, 16, 2, 2),
+           progress=lambda done, total: calls.append((done, total)))
+    assert calls == [(5, 8), (8, 8)]
+
+
+def test_default_h2o_config_when_none_is_given(tiny):
+    t = tiny("llama")
+    ids = prompt(30, t.args.vocab_size)  # under the default S = 1024: full attention
+    ours = t.model.prompt_logits(ids, method=PrefillMethod("h2o"), info=PrefillInfo())
+    np.testing.assert_array_equal(ours, t.model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()))
+
+
+def test_speculative_prefill_has_no_prompt_logits(tiny):
+    t = tiny("llama")
+    with pytest.raises(ConfigError, match="drops prompt tokens"):
+        t.model.prompt_logits([5, 6], method=PrefillMethod("specprefill", speculator="self:1"), info=PrefillInfo())
