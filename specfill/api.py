@@ -93,8 +93,9 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     chat template first if you want one, as with mlx-lm).
 
     method: "full", "h2o" (settings in `h2o`) or "specprefill" (settings in `specprefill`,
-    speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; pass a loaded one
-    when generating repeatedly, a path is loaded on every call).
+    speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; a path is loaded on
+    every call with the backend's default dtype and device, so pass a loaded one (see
+    load_speculator) when generating repeatedly or to choose its dtype).
     prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
     sets when its record_memory is set; timings).
     """
