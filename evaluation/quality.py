@@ -80,14 +80,16 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print) -> dict:
     if "passkey" in plan.tasks:
         for length in plan.passkey_lengths:
             for label, method in methods.items():
-                hits, maps = 0, None
+                hits, maps, actual = 0, None, []
                 for depth, key in passkey_trials(plan.trials, seed=length):
                     info = PrefillInfo(record_memory=method.name == "h2o")
                     ok, _ = passkey_trial(model, tokenizer, length, depth, key, method, info)
                     hits += ok
+                    actual.append(info.prompt_tokens)
                     if maps is None and abs(depth - 0.5) <= 0.5 / plan.trials:
-                        maps = position_map(info, length)
+                        maps = position_map(info, info.prompt_tokens)
                 result["passkey"].append({"method": label, "tokens": length, "trials": plan.trials,
+                                          "mean_prompt_tokens": float(np.mean(actual)),
                                           "accuracy": hits / plan.trials})
                 if maps is not None:
                     result["maps"][f"{label} @ {length}"] = maps

@@ -10,14 +10,17 @@ pytest.importorskip("torch")
 
 def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["bench", "--backends", "cuda", "--device", "cpu", "--model", model, "--methods", "full",
-                 "--lengths", "24,48", "--decode-tokens", "3", "--out", str(tmp_path)])
+    code = main(["bench", "--backends", "cuda", "--device", "cpu", "--model", model, "--lengths", "24,48",
+                 "--decode-tokens", "3", "--chunk-size", "8", "--batch-size", "16", "--h2o-local", "2",
+                 "--h2o-heavy", "2", "--speculator", "self:1", "--keep", "0.25", "--select-chunk", "4",
+                 "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "bench.json").read_text())
-    rows = data["rows"]
-    assert [(r["method"], r["prompt_tokens"]) for r in rows] == [("full", 24), ("full", 48)]
-    assert all(r["ttft_s"] > 0 and r["kept_tokens"] == r["prompt_tokens"] and r["ttft_speedup_vs_full"] == 1.0
-               for r in rows)
+    rows = {(r["method"], r["prompt_tokens"]): r for r in data["rows"]}
+    assert sorted(rows) == [(m, n) for m in ("full", "h2o", "specprefill") for n in (24, 48)]
+    assert all(r["ttft_s"] > 0 and r["ttft_speedup_vs_full"] > 0 for r in rows.values())
+    assert rows[("full", 48)]["ttft_speedup_vs_full"] == 1.0 and rows[("h2o", 48)]["kept_tokens"] == 48
+    assert rows[("specprefill", 48)]["kept_tokens"] == 12 + 1  # 3 of 12 chunks of 4, plus the last token
     assert data["machine"]["cores"] >= 1 and data["machine"]["versions"]["torch"]
     assert "| cuda | full | 48 |" in (tmp_path / "bench.md").read_text()
     assert (tmp_path / "bench_ttft.png").read_bytes()[:4] == b"\x89PNG"
@@ -25,18 +28,44 @@ def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
 
 def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--methods", "full",
-                 "--perplexity-lengths", "40", "--passkey-lengths", "60", "--trials", "2", "--out", str(tmp_path)])
+    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--perplexity-lengths", "40",
+                 "--passkey-lengths", "60", "--trials", "2", "--chunk-size", "16", "--batch-size", "16",
+                 "--h2o-local", "4", "--h2o-heavy", "4", "--speculator", "self:1", "--keeps", "0.5",
+                 "--select-chunk", "4", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "eval.json").read_text())
-    (ppl,) = data["perplexity"]
-    assert ppl["method"] == "full" and ppl["tokens"] == 40 and 1.0 < ppl["perplexity"] < 1e4
-    (passkey,) = data["passkey"]
-    assert passkey["trials"] == 2 and 0.0 <= passkey["accuracy"] <= 1.0
+    ppl = {r["method"]: r for r in data["perplexity"]}
+    assert sorted(ppl) == ["full", "h2o"] and all(1.0 < r["perplexity"] < 1e4 for r in ppl.values())
+    assert ppl["full"]["vs_full_pct"] == 0.0 and ppl["h2o"]["perplexity"] != ppl["full"]["perplexity"]
+    passkey = {r["method"]: r for r in data["passkey"]}
+    assert sorted(passkey) == ["full", "h2o", "specprefill keep=0.5"]
+    assert all(r["trials"] == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in passkey.values())
     text = (tmp_path / "eval.md").read_text()
     assert "## Perplexity" in text and "## Passkey retrieval" in text
+    assert (tmp_path / "eval_positions.png").read_bytes()[:4] == b"\x89PNG"  # kept / memory map
 
 
 def test_eval_rejects_unknown_task(capsys):
     assert main(["eval", "--tasks", "mmlu"]) == 2
     assert "unknown task or method: mmlu" in capsys.readouterr().err
+
+
+def test_parity_writes_agreement_report(tiny_checkpoint, tmp_path, capsys):
+    pytest.importorskip("mlx.core")
+    model = str(tiny_checkpoint("qwen2", "safetensors"))
+    code = main(["parity", "--backends", "mlx,cuda", "--model", model, "--prompt-tokens", "40", "--chunk-size", "8",
+                 "--batch-size", "16", "--h2o-local", "2", "--h2o-heavy", "2", "--speculator", "self:1",
+                 "--keep", "0.25", "--select-chunk", "4", "--generate-tokens", "4", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "parity.json").read_text())
+    assert data["full_logits"]["max_abs_diff"] < 1e-4 and data["full_logits"]["top1_agreement"] == 1.0
+    assert data["h2o_logits"]["max_abs_diff"] < 1e-4
+    assert len(data["h2o_memory_sets"]) == 2 and all(layer["identical"] for layer in data["h2o_memory_sets"])
+    assert data["specprefill_kept"]["jaccard"] == 1.0 and data["specprefill_kept"]["count"][0] > 0
+    assert data["text"]["identical"] is True
+    assert "| H2O memory sets identical (layers) | 2/2 |" in (tmp_path / "parity.md").read_text()
+
+
+def test_parity_needs_two_backends(capsys):
+    assert main(["parity", "--backends", "cuda"]) == 2
+    assert "two different backends" in capsys.readouterr().err

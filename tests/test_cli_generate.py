@@ -82,3 +82,21 @@ def test_usage_errors_are_one_line_too():
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "invalid int value" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["cuda", "mlx"])
+def test_demo_model_with_only_a_prompt(backend, capsys):
+    """No --model: the bundled demo model answers on either backend."""
+    from specfill.core import ModelLoadError
+    from specfill.core.demo_model import require_demo_model
+
+    try:
+        require_demo_model()
+    except ModelLoadError as why:
+        pytest.skip(str(why))
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    assert main(["generate", "--backend", backend, "--prompt", "What is the capital of France?",
+                 "--max-tokens", "12"]) == 0
+    assert "Paris" in capsys.readouterr().out
