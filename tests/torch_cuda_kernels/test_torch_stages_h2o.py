@@ -7,10 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from specfill.backends.torch_cuda import h2o
-from specfill.backends.torch_cuda.kernels import intra_attention, merge_states
+from specfill.backends.torch_cuda.kernels import inter, intra, intra_attention, merge_states
 from specfill.backends.torch_cuda.kernels.state import AttentionState
 from specfill.core import H2OConfig, SpecfillWarning
 from specfill.core.reference import REFERENCE, oracle
+from specfill.core.reference import h2o as reference_h2o
 
 from .torch_stages_support import assert_close, randn
 
@@ -144,3 +145,28 @@ def test_bad_shapes_raise_one_clear_error():
     q, k, v = _qkv(10, 4, 2)
     with pytest.raises(ValueError, match="one key per query"):
         intra_attention(q, k[:, :5], v[:, :5], 4, 0.4)
+
+
+def _numpy_state_close(got, want, what: str) -> None:
+    for name, g, w in zip(("m", "l", "o"), got, (want.m, want.l, want.o)):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-12, atol=1e-12, err_msg=f"{what}.{name}")
+
+
+@pytest.mark.parametrize("block", [None, 5, 64])
+@pytest.mark.parametrize("n,s", [(150, 70), (77, 32), (40, 40)])
+def test_twins_query_blocks_equal_the_numpy_reference(monkeypatch, block, n, s):
+    """The twins walk query rows in blocks and skip keys after a block: chunks of several blocks,
+    chunks not a block multiple, a partial last chunk, GQA 3; m and l each, not just m + log l."""
+    if block is not None:
+        monkeypatch.setattr(intra, "_TWIN_QUERY_BLOCK", block)
+        monkeypatch.setattr(inter, "_TWIN_QUERY_BLOCK", block)
+    q, k, v = _qkv(n, 6, 2, seed=n + s)
+    got = intra.intra_attention_twin(q, k, v, s, 0.4)
+    want = reference_h2o.intra_attention(q.numpy(), k.numpy(), v.numpy(), s, 0.4)
+    _numpy_state_close(got.state, want.state, "intra")
+    np.testing.assert_allclose(got.colsum.numpy(), want.colsum, rtol=1e-12, atol=1e-12)
+    k_mem, v_mem = (randn(2, 19, 8, dtype=torch.float64, seed=seed) for seed in (1, 2))
+    got = inter.inter_attention_twin(q, k_mem, v_mem, 0.4)
+    want = reference_h2o.inter_attention(q.numpy(), k_mem.numpy(), v_mem.numpy(), 0.4)
+    _numpy_state_close(got.state, want.state, "inter")
+    np.testing.assert_allclose(got.colsum.numpy(), want.colsum, rtol=1e-12, atol=1e-12)
