@@ -18,12 +18,12 @@ import torch
 from specfill.backends.torch_cuda import TorchCausalLM, load
 from specfill.core.config import H2OConfig
 from specfill.core.models import ModelArgs
-from specfill.core.reference import REFERENCE, h2o
 from specfill.core.reference.model import ReferenceModel
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 from specfill.core.weights import load_weights
+from tests.fixtures.reference_runs import (RELATIVE_TOLERANCE, prompt, reference_h2o_greedy,  # noqa: F401
+                                           reference_speculator, tolerance)
 
-RELATIVE_TOLERANCE = 1e-5
 
 
 @dataclass
@@ -40,20 +40,11 @@ def load_tiny(path: Path) -> Tiny:
     return Tiny(model, ReferenceModel(args, weights), args, dict(weights))
 
 
-def prompt(n: int, vocab: int, seed: int = 0) -> list[int]:
-    """Random ids that avoid the special tokens 0..3 (bos / eos of the tiny vocabulary)."""
-    return np.random.default_rng(seed).integers(4, vocab, size=n).tolist()
-
-
 def greedy(model: TorchCausalLM, ids: Sequence[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),
            info: PrefillInfo | None = None, stop_ids: frozenset[int] = frozenset(), progress: Any = None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=stop_ids,
                                     method=method, info=info if info is not None else PrefillInfo(),
                                     progress=progress))
-
-
-def tolerance(want: np.ndarray) -> float:
-    return RELATIVE_TOLERANCE * max(1.0, float(np.abs(want).max()))
 
 
 def assert_logits_close(ours: Any, want: np.ndarray, what: str) -> None:
@@ -63,54 +54,3 @@ def assert_logits_close(ours: Any, want: np.ndarray, what: str) -> None:
     assert err <= tolerance(want), f"{what}: max |diff| {err} > {tolerance(want)}"
 
 
-def _decode_reference(ref: ReferenceModel, keys: list[np.ndarray], values: list[np.ndarray], token: int,
-                      position: int) -> np.ndarray:
-    """One decode step with full attention over every cached key; appends to keys/values."""
-    hidden = ref.w["model.embed_tokens.weight"][[token]]
-    for layer in range(ref.args.num_hidden_layers):
-        q, k, v = ref.qkv(layer, hidden, np.array([position]))
-        keys[layer] = np.concatenate([keys[layer], k], axis=1)
-        values[layer] = np.concatenate([values[layer], v], axis=1)
-        attn = h2o.inter_attention(q, keys[layer], values[layer], ref.scale).state.o  # no mask
-        hidden = ref.finish_layer(layer, hidden, attn)
-    return ref.logits(hidden)[-1]
-
-
-def reference_h2o_greedy(ref: ReferenceModel, ids: list[int], config: H2OConfig, max_tokens: int) -> list[int]:
-    """Greedy tokens after an H2O prefill done layer-major by the core's NumPy H2O layer,
-    then full-attention decoding over every prompt position."""
-    hidden = ref.w["model.embed_tokens.weight"][np.asarray(ids)]
-    keys, values = [], []
-    for layer in range(ref.args.num_hidden_layers):
-        q, k, v = ref.qkv(layer, hidden, np.arange(len(ids)))
-        keys.append(k)
-        values.append(v)
-        hidden = ref.finish_layer(layer, hidden, REFERENCE.attention_layer(q, k, v, config, ref.scale).output)
-    tokens = [int(ref.logits(hidden[-1:])[-1].argmax())]
-    while len(tokens) < max_tokens:
-        logits = _decode_reference(ref, keys, values, tokens[-1], len(ids) + len(tokens) - 1)
-        tokens.append(int(logits.argmax()))
-    return tokens
-
-
-def reference_speculator(ref: ReferenceModel, ids: list[int], n_layers: int, lookahead: int,
-                         stop_ids: frozenset[int] = frozenset()) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """The first `n_layers` of the reference model as speculator, recomputed from scratch for each
-    look-ahead step: (queries [n_l, 1 + N', Hq, D], prompt keys [n_l, Hkv, P, D], fed tokens)."""
-    fed: list[int] = []
-    while True:
-        seq = ids + fed
-        hidden = ref.w["model.embed_tokens.weight"][np.asarray(seq)]
-        qs, ks = [], []
-        for layer in range(n_layers):
-            q, k, v = ref.qkv(layer, hidden, np.arange(len(seq)))
-            qs.append(q)
-            ks.append(k)
-            hidden = ref.finish_layer(layer, hidden, h2o.causal_attention(q, k, v, ref.scale).o)
-        token = int(ref.logits(hidden[-1:])[-1].argmax())
-        if len(fed) == lookahead or token in stop_ids:
-            break
-        fed.append(token)
-    queries = np.stack([q[:, len(ids) - 1:].transpose(1, 0, 2) for q in qs])
-    keys = np.stack([k[:, :len(ids)] for k in ks])
-    return queries, keys, fed
