@@ -88,7 +88,8 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     partial.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(partial, json_path)
     lines = [f"# TTFT benchmark", "", f"Machine: {machine_line(result['machine'])}.",
-             f"Model: {result['plan']['model']}; dtype {result['plan']['dtype'] or 'backend default'}; "
+             f"Model: {result['plan']['model']}; device {result['plan']['device'] or 'backend default'}; "
+             f"dtype {result['plan']['dtype'] or 'backend default'}; "
              f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
              f"H={result['plan']['h2o']['heavy']}; SpecPrefill {result['plan']['speculator']} keep "
              f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}.", "",
