@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .config import H2OConfig, SpecPrefillConfig
-from .errors import ConfigError
+from .errors import ConfigError, TokenizerMismatchError
 from .models import ModelArgs
 
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
@@ -45,6 +45,27 @@ class PrefillMethod:
     def __post_init__(self) -> None:
         if self.name not in ("full", "h2o", "specprefill"):
             raise ConfigError(f"method must be full, h2o or specprefill, got {self.name!r}")
+
+
+def self_speculator_layers(speculator: str, n_layers: int) -> int:
+    """K of a "self:K" speculator (the main model's first K layers), checked against n_layers."""
+    name, _, count = speculator.partition(":")
+    if name != "self" or not count.strip().isdigit():
+        raise ConfigError(f"speculator {speculator!r}: a string speculator must be 'self:K' "
+                          f"(the first K of the main model's {n_layers} layers); load other models "
+                          f"with specfill.load and pass the model")
+    layers = int(count)
+    if not 1 <= layers <= n_layers:
+        raise ConfigError(f"speculator 'self:{layers}' needs 1 <= K <= {n_layers} (the main model's layers)")
+    return layers
+
+
+def check_speculator_vocabulary(speculator: ModelArgs, main: ModelArgs) -> None:
+    """A speculator's token ids must mean what the main model's mean (the API also compares
+    tokenizer fingerprints when it has both tokenizers)."""
+    if speculator.vocab_size != main.vocab_size:
+        raise TokenizerMismatchError(f"the speculator's vocabulary has {speculator.vocab_size} tokens, "
+                                     f"the main model's {main.vocab_size}: they must share a tokenizer")
 
 
 @dataclass

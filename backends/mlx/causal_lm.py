@@ -10,9 +10,10 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from specfill.core.errors import ConfigError, PromptTooLongError
 from specfill.core.models import ModelArgs
-from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
+from specfill.core.runtime import (PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
+                                   check_speculator_vocabulary, self_speculator_layers)
 
 from .cache import KVCache, make_cache
 from .generate import DEFAULT_PREFILL_STEP_SIZE, decode_tokens, prefill
@@ -120,25 +121,13 @@ class MLXCausalLM:
     def speculator_model(self, speculator: Any) -> Speculator:
         """The Speculator for PrefillMethod.speculator: a loaded MLXCausalLM with this model's
         vocabulary, or "self:K" for this model's first K layers."""
-        n_layers = self.args.num_hidden_layers
         if isinstance(speculator, str):
-            name, _, count = speculator.partition(":")
-            if name != "self" or not count.strip().isdigit():
-                raise ConfigError(f"speculator {speculator!r}: a string speculator must be 'self:K' "
-                                  f"(the first K of the main model's {n_layers} layers); load other "
-                                  f"models with specfill.load and pass the model")
-            layers = int(count)
-            if not 1 <= layers <= n_layers:
-                raise ConfigError(f"speculator 'self:{layers}' needs 1 <= K <= {n_layers} (the main "
-                                  f"model's layers)")
+            layers = self_speculator_layers(speculator, self.args.num_hidden_layers)
             return Speculator(self.model, layers, self.prefill_step_size)
         if not isinstance(speculator, MLXCausalLM):
             raise ConfigError(f"the speculator must be a model loaded on the MLX backend or "
                               f"'self:K', got {type(speculator).__name__}")
-        if speculator.args.vocab_size != self.args.vocab_size:
-            raise TokenizerMismatchError(f"the speculator's vocabulary has "
-                                         f"{speculator.args.vocab_size} tokens, the main model's "
-                                         f"{self.args.vocab_size}: they must share a tokenizer")
+        check_speculator_vocabulary(speculator.args, self.args)
         return Speculator(speculator.model, speculator.args.num_hidden_layers,
                           speculator.prefill_step_size)
 

@@ -9,9 +9,10 @@ import numpy as np
 import torch
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from specfill.core.errors import ConfigError, PromptTooLongError
 from specfill.core.models import ModelArgs
-from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
+from specfill.core.runtime import (PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
+                                   check_speculator_vocabulary, self_speculator_layers)
 
 from .generate import DEFAULT_PREFILL_STEP_SIZE, decode_tokens, prefill, wall_time
 from .h2o_prefill import h2o_prefill
@@ -124,24 +125,13 @@ class TorchCausalLM:
     def speculator_model(self, speculator: Any) -> tuple[Transformer, int]:
         """(speculator Transformer, its prefill step size) for PrefillMethod.speculator: a loaded
         TorchCausalLM with this model's vocabulary, or "self:K" for this model's first K layers."""
-        n_layers = self.args.num_hidden_layers
         if isinstance(speculator, str):
-            name, _, count = speculator.partition(":")
-            if name != "self" or not count.strip().isdigit():
-                raise ConfigError(f"speculator {speculator!r}: a string speculator must be 'self:K' "
-                                  f"(the first K of the main model's {n_layers} layers); load other models "
-                                  f"with specfill.load and pass the model")
-            layers = int(count)
-            if not 1 <= layers <= n_layers:
-                raise ConfigError(f"speculator 'self:{layers}' needs 1 <= K <= {n_layers} (the main model's "
-                                  f"layers)")
+            layers = self_speculator_layers(speculator, self.args.num_hidden_layers)
             return self.model.first_layers(layers), self.prefill_step_size
         if not isinstance(speculator, TorchCausalLM):
             raise ConfigError(f"the speculator must be a model loaded on the torch backend or 'self:K', "
                               f"got {type(speculator).__name__}")
-        if speculator.args.vocab_size != self.args.vocab_size:
-            raise TokenizerMismatchError(f"the speculator's vocabulary has {speculator.args.vocab_size} tokens, "
-                                         f"the main model's {self.args.vocab_size}: they must share a tokenizer")
+        check_speculator_vocabulary(speculator.args, self.args)
         return speculator.model, speculator.prefill_step_size
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
