@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from specfill.core.config import H2OConfig
 
+from .kernels.cpu_units import units_scope
 from .kernels.dispatch import use_triton
 from .kernels.inter import inter_attention
 from .kernels.intra import check_attention_shapes, intra_attention, reduce_colsum_to_kv_heads
@@ -120,27 +121,29 @@ def h2o_attention_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, carry
         raise ValueError(f"a logical batch must start on a chunk boundary, got position {start}")
     if k.shape[1] < start + n_tokens:
         raise ValueError(f"k/v hold {k.shape[1]} positions, the batch needs {start + n_tokens}")
-    intra = intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens], size, scale,
-                            use_kernel=use_kernels)
-    # every chunk's scores start from its phase-1 column sums; phase 2 adds to them in place
-    scores = torch.cat([carry.scores, reduce_colsum_to_kv_heads(intra.colsum, n_kv).to(carry.scores.dtype)],
-                       dim=1)
-    memory, memory_sets = carry.memory, list(carry.memory_sets)
-    out = intra.state.o  # chunks with a memory set are overwritten by their merged output
-    for local_start in range(0, n_tokens, size):
-        local_end = min(local_start + size, n_tokens)
-        chunk_start, chunk_end = start + local_start, start + local_end
-        if memory is not None:
-            k_mem, v_mem = gather_memory(k, v, memory)
-            inter = inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, use_kernel=use_kernels)
-            scores.scatter_add_(1, memory, reduce_colsum_to_kv_heads(inter.colsum, n_kv).to(scores.dtype))
-            out[:, local_start:local_end] = merge_states(inter.state, intra.state.rows(local_start, local_end)).o
-        if is_last and local_end == n_tokens:
-            break  # no memory set after the final chunk: nothing would read it
-        if local_end - local_start != size:
-            raise ValueError("only the final chunk of a prompt may be partial")
-        memory = build_memory_set(scores, memory, chunk_start, chunk_end, config.local, config.heavy)
-        memory_sets.append(memory)
+    with units_scope(q.device):  # many small ops on CPU: one thread team per stage, not per op
+        intra = intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens], size, scale,
+                                use_kernel=use_kernels)
+        # every chunk's scores start from its phase-1 column sums; phase 2 adds to them in place
+        scores = torch.cat([carry.scores, reduce_colsum_to_kv_heads(intra.colsum, n_kv).to(carry.scores.dtype)],
+                           dim=1)
+        memory, memory_sets = carry.memory, list(carry.memory_sets)
+        out = intra.state.o  # chunks with a memory set are overwritten by their merged output
+        for local_start in range(0, n_tokens, size):
+            local_end = min(local_start + size, n_tokens)
+            chunk_start, chunk_end = start + local_start, start + local_end
+            if memory is not None:
+                k_mem, v_mem = gather_memory(k, v, memory)
+                inter = inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, use_kernel=use_kernels)
+                scores.scatter_add_(1, memory, reduce_colsum_to_kv_heads(inter.colsum, n_kv).to(scores.dtype))
+                merged = merge_states(inter.state, intra.state.rows(local_start, local_end))
+                out[:, local_start:local_end] = merged.o
+            if is_last and local_end == n_tokens:
+                break  # no memory set after the final chunk: nothing would read it
+            if local_end - local_start != size:
+                raise ValueError("only the final chunk of a prompt may be partial")
+            memory = build_memory_set(scores, memory, chunk_start, chunk_end, config.local, config.heavy)
+            memory_sets.append(memory)
     return out, H2OCarry(scores=scores, memory=memory, memory_sets=memory_sets)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .cpu_units import run_units
 from .dispatch import use_triton
 from .intra import check_attention_shapes
 from .state import LOG2E, AttentionResult, AttentionState, empty_state, softmax_state_, stats_dtype
@@ -20,7 +21,8 @@ _TWIN_QUERY_BLOCK = 128
 def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
                          with_colsum: bool = True) -> AttentionResult:
     """Torch-ops twin: the G query heads of a KV head are the rows of one matmul, in blocks of
-    query rows so that a block's logits stay near cache size."""
+    query rows so that a block's logits stay near cache size; blocks are independent work units
+    (cpu_units.run_units)."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_mem = k_mem.shape[0], k_mem.shape[1]
     group = n_heads // n_kv
@@ -30,16 +32,23 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
     o = torch.empty((n_kv, group, n_tokens, head_dim), dtype=stats, device=q.device)
     m = torch.empty((n_kv, group, n_tokens), dtype=stats, device=q.device)
     l = torch.empty_like(m)
-    colsum = torch.zeros((n_kv, group, n_mem), dtype=stats, device=q.device) if with_colsum else None
-    for lo in range(0, n_tokens, _TWIN_QUERY_BLOCK):
+    n_blocks = -(-n_tokens // _TWIN_QUERY_BLOCK)
+    # one partial column sum per block, added up in block order once all have run
+    partial = torch.empty((n_blocks, n_kv, group, n_mem), dtype=stats, device=q.device) if with_colsum else None
+
+    def one_block(index: int) -> None:  # writes only the block's own rows and partial sums
+        lo = index * _TWIN_QUERY_BLOCK
         hi = min(lo + _TWIN_QUERY_BLOCK, n_tokens)
         logits = rows[:, :, lo:hi].reshape(n_kv, group * (hi - lo), head_dim) @ keys_t
         state, weights = softmax_state_(logits, values)
         m[:, :, lo:hi] = state.m.view(n_kv, group, hi - lo)
         l[:, :, lo:hi] = state.l.view(n_kv, group, hi - lo)
         o[:, :, lo:hi] = state.o.view(n_kv, group, hi - lo, head_dim)
-        if colsum is not None:
-            colsum += weights.view(n_kv, group, hi - lo, n_mem).sum(dim=2)
+        if partial is not None:
+            torch.sum(weights.view(n_kv, group, hi - lo, n_mem), dim=2, out=partial[index])
+
+    run_units(one_block, n_blocks, q.device)
+    colsum = None if partial is None else partial.sum(dim=0)
     state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
                            o.view(n_heads, n_tokens, head_dim).to(q.dtype))
     return AttentionResult(state, None if colsum is None else colsum.view(n_heads, n_mem))

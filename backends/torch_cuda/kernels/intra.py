@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from .cpu_units import run_units
 from .dispatch import use_triton
 from .state import LOG2E, AttentionResult, AttentionState, empty_state, softmax_state_, stats_dtype
 
@@ -45,7 +46,7 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
 
     A query block [lo, hi) of a chunk only meets the chunk's keys before hi, so nothing above the
     diagonal is computed. The G query heads of a KV head are stacked as rows of one matmul, so
-    K/V are never repeated.
+    K/V are never repeated. Chunks are independent work units (cpu_units.run_units).
     """
     n_heads, n_tokens, head_dim = q.shape
     n_kv = k.shape[0]
@@ -60,7 +61,9 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
     colsum = torch.zeros_like(m) if with_colsum else None
     block = _TWIN_QUERY_BLOCK
     after_query = torch.ones((block, block), dtype=torch.bool, device=q.device).triu_(1)
-    for chunk_start in range(0, n_tokens, chunk_size):
+
+    def one_chunk(chunk: int) -> None:  # writes only the chunk's own rows and keys
+        chunk_start = chunk * chunk_size
         chunk_end = min(chunk_start + chunk_size, n_tokens)
         for lo in range(chunk_start, chunk_end, block):
             hi = min(lo + block, chunk_end)
@@ -76,6 +79,8 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
             o[:, :, lo:hi] = state.o.view(n_kv, group, n_rows, head_dim)
             if colsum is not None:
                 colsum[:, :, chunk_start:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
+
+    run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
     state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
                            o.view(n_heads, n_tokens, head_dim).to(q.dtype))
     return AttentionResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
