@@ -74,3 +74,23 @@ def test_twins_give_the_same_bits_with_one_or_two_threads(monkeypatch, block):
     for one, two in zip(*results):
         for a, b in zip([*one.state, one.colsum], [*two.state, two.colsum]):
             assert torch.equal(a, b)
+
+
+def test_pool_threads_take_the_callers_inference_mode(two_threads):
+    """The model prefills in inference mode: pool threads write into inference tensors too."""
+    out = torch.zeros(6)
+    modes: set[tuple[bool, bool]] = set()
+
+    def unit(index: int) -> None:
+        modes.add((torch.is_inference_mode_enabled(), torch.is_grad_enabled()))
+        out[index] = index
+
+    with torch.inference_mode():
+        buffer = torch.zeros(64)
+        cpu_units.run_units(lambda i: buffer.__setitem__(i, i), 64, CPU)
+        cpu_units.run_units(unit, 6, CPU)
+    assert buffer.tolist() == list(range(64)) and modes == {(True, False)}
+    with torch.no_grad():
+        modes.clear()
+        cpu_units.run_units(unit, 6, CPU)
+    assert modes == {(False, False)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from specfill.core.config import H2OConfig
 from specfill.core.errors import ConfigError
@@ -102,3 +103,21 @@ def test_speculative_prefill_has_no_prompt_logits(tiny):
     t = tiny("llama")
     with pytest.raises(ConfigError, match="drops prompt tokens"):
         t.model.prompt_logits([5, 6], method=PrefillMethod("specprefill", speculator="self:1"), info=PrefillInfo())
+
+
+def test_h2o_prefill_on_two_threads_equals_one_thread(tiny):
+    """On CPU the twins spread their work units over the torch thread count (pool threads run in
+    the model's inference mode); only the rest of the model's rounding may change with it."""
+    t = tiny("qwen2")
+    ids = prompt(70, t.args.vocab_size, seed=11)
+    method = h2o(16, 32, 4, 4)
+    runs = []
+    previous = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            runs.append(t.model.prompt_logits(ids, method=method, info=PrefillInfo()))
+        finally:
+            torch.set_num_threads(previous)
+    assert_logits_close(runs[1], runs[0], "H2O prefill, 2 threads vs 1")
+    assert_logits_close(runs[0], t.ref.forward_h2o_chunk_major(ids, method.h2o)[0], "H2O prefill, 1 thread")

@@ -41,11 +41,14 @@ def _drain(unit: Callable[[int], None], taken: Iterator[int], n_units: int) -> N
         unit(index)
 
 
-def _pool_drain(unit: Callable[[int], None], taken: Iterator[int], n_units: int) -> None:
+def _pool_drain(unit: Callable[[int], None], taken: Iterator[int], n_units: int, inference: bool,
+                grad: bool) -> None:
     if not getattr(_pool_thread, "single", False):  # pool threads keep one intra-op thread for good
         torch.set_num_threads(1)
         _pool_thread.single = True
-    _drain(unit, taken, n_units)
+    # grad and inference mode are per thread: take the caller's (the model runs in inference mode)
+    with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+        _drain(unit, taken, n_units)
 
 
 @contextmanager
@@ -86,7 +89,8 @@ def run_units(unit: Callable[[int], None], n_units: int, device: torch.device) -
         helpers = []
         if threads > 1:
             pool = _pool_with(threads - 1)
-            helpers = [pool.submit(_pool_drain, unit, taken, n_units) for _ in range(threads - 1)]
+            modes = torch.is_inference_mode_enabled(), torch.is_grad_enabled()
+            helpers = [pool.submit(_pool_drain, unit, taken, n_units, *modes) for _ in range(threads - 1)]
         try:
             _drain(unit, taken, n_units)
         finally:
