@@ -93,6 +93,10 @@ class CausalLM(Protocol):
     backend: str  # "cuda" or "mlx"
     args: ModelArgs
 
+    @property
+    def device_name(self) -> str:
+        """Where it runs, for reports: "cuda:0 (NVIDIA H100 ...)", "cpu", "gpu" (Metal)."""
+
     def __call__(self, ids: Any) -> Any:
         """Logits for every position, [1, T, vocab], as the backend's array type."""
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import sys
 
 
 def _cpu_model() -> str:
@@ -40,6 +41,9 @@ def describe_machine(extra: dict | None = None) -> dict:
         "versions": {p: _version(p) for p in ("specfill", "numpy", "torch", "triton", "mlx", "mlx-lm", "transformers")},
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
     }
+    torch = sys.modules.get("torch")  # only when a torch backend is in use: never import it here
+    if torch is not None:
+        info["torch_threads"] = torch.get_num_threads()
     info.update(extra or {})
     return info
 
@@ -47,4 +51,5 @@ def describe_machine(extra: dict | None = None) -> dict:
 def machine_line(info: dict) -> str:
     """One line for Markdown reports."""
     return (f"{info['cpu']} ({info['cores']} cores, {info['memory_gb']} GB), {info['os']} {info['arch']}, "
-            f"Python {info['python']}" + (f", GPU {info['gpu']}" if info.get("gpu") else ""))
+            f"Python {info['python']}" + (f", GPU {info['gpu']}" if info.get("gpu") else "")
+            + (f"; torch {info['torch_threads']} thread(s)" if info.get("torch_threads") else ""))

@@ -62,6 +62,7 @@ def run_parity(plan: ParityPlan) -> dict:
         spec = prefill_method("specprefill", specprefill=plan.specprefill, speculator=speculator)
         h2o_info, spec_info = PrefillInfo(record_memory=True), PrefillInfo()
         runs[backend] = {
+            "device": model.device_name,
             "full_logits": np.asarray(model.prompt_logits(ids, method=full, info=PrefillInfo())),
             "h2o_logits": np.asarray(model.prompt_logits(ids, method=h2o, info=h2o_info)),
             "memory_sets": h2o_info.memory_sets or [],
@@ -78,6 +79,7 @@ def run_parity(plan: ParityPlan) -> dict:
                  "h2o": vars(plan.h2o), "specprefill": vars(plan.specprefill),
                  "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)"},
         "machine": describe_machine(),
+        "devices": {name: runs[name]["device"] for name in plan.backends},
         "full_logits": compare_logits(a["full_logits"], b["full_logits"]),
         "h2o_logits": compare_logits(a["h2o_logits"], b["h2o_logits"]),
         "h2o_memory_sets": compare_memory_sets(a["memory_sets"], b["memory_sets"]),
@@ -93,7 +95,10 @@ def write_parity(result: dict, out_dir: str | os.PathLike, name: str = "parity")
     out.mkdir(parents=True, exist_ok=True)
     names = result["plan"]["backends"]
     memory = result["h2o_memory_sets"]
+    devices = result["devices"]
     lines = [f"# Parity: {names[0]} vs {names[1]}", "", f"Machine: {machine_line(result['machine'])}.",
+             f"Devices: {names[0]} on {devices[names[0]]}, {names[1]} on {devices[names[1]]} "
+             "(the cuda backend is the torch backend; without a GPU it runs on the CPU).",
              f"Model: {result['plan']['model']}, {result['plan']['dtype']}, prompt {result['plan']['prompt_tokens']} "
              f"tokens; H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
              f"H={result['plan']['h2o']['heavy']}; SpecPrefill {result['plan']['speculator']} keep "

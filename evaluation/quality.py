@@ -81,12 +81,14 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print) -> dict:
         for length in plan.passkey_lengths:
             for label, method in methods.items():
                 hits, maps, actual = 0, None, []
-                for depth, key in passkey_trials(plan.trials, seed=length):
+                trials = passkey_trials(plan.trials, seed=length)
+                mid_depth = min(range(len(trials)), key=lambda i: abs(trials[i][0] - 0.5))  # the mapped trial
+                for index, (depth, key) in enumerate(trials):
                     info = PrefillInfo(record_memory=method.name == "h2o")
                     ok, _ = passkey_trial(model, tokenizer, length, depth, key, method, info)
                     hits += ok
                     actual.append(info.prompt_tokens)
-                    if maps is None and abs(depth - 0.5) <= 0.5 / plan.trials:
+                    if index == mid_depth:
                         maps = position_map(info, info.prompt_tokens)
                 result["passkey"].append({"method": label, "tokens": length, "trials": plan.trials,
                                           "mean_prompt_tokens": float(np.mean(actual)),

@@ -29,7 +29,7 @@ def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
 def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
     code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--perplexity-lengths", "40",
-                 "--passkey-lengths", "60", "--trials", "2", "--chunk-size", "16", "--batch-size", "16",
+                 "--passkey-lengths", "60", "--trials", "20", "--chunk-size", "16", "--batch-size", "16",
                  "--h2o-local", "4", "--h2o-heavy", "4", "--speculator", "self:1", "--keeps", "0.5",
                  "--select-chunk", "4", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
@@ -39,7 +39,9 @@ def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     assert ppl["full"]["vs_full_pct"] == 0.0 and ppl["h2o"]["perplexity"] != ppl["full"]["perplexity"]
     passkey = {r["method"]: r for r in data["passkey"]}
     assert sorted(passkey) == ["full", "h2o", "specprefill keep=0.5"]
-    assert all(r["trials"] == 2 and 0.0 <= r["accuracy"] <= 1.0 for r in passkey.values())
+    assert all(r["trials"] == 20 and 0.0 <= r["accuracy"] <= 1.0 for r in passkey.values())
+    # the mid-depth trial's map, for every sparse method (20 trials: no trial at depth exactly 0.5)
+    assert sorted(data["maps"]) == ["h2o @ 60", "specprefill keep=0.5 @ 60"]
     text = (tmp_path / "eval.md").read_text()
     assert "## Perplexity" in text and "## Passkey retrieval" in text
     assert (tmp_path / "eval_positions.png").read_bytes()[:4] == b"\x89PNG"  # kept / memory map
@@ -64,6 +66,10 @@ def test_parity_writes_agreement_report(tiny_checkpoint, tmp_path, capsys):
     assert data["specprefill_kept"]["jaccard"] == 1.0 and data["specprefill_kept"]["count"][0] > 0
     assert data["text"]["identical"] is True
     assert "| H2O memory sets identical (layers) | 2/2 |" in (tmp_path / "parity.md").read_text()
+    import torch
+    torch_device = "cuda:0 (" if torch.cuda.is_available() else "cpu"
+    assert data["devices"]["cuda"].startswith(torch_device) and data["devices"]["mlx"] in ("cpu", "gpu (Metal)")
+    assert f"cuda on {data['devices']['cuda']}" in (tmp_path / "parity.md").read_text()
 
 
 def test_parity_needs_two_backends(capsys):

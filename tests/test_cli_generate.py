@@ -100,3 +100,19 @@ def test_demo_model_with_only_a_prompt(backend, capsys):
     assert main(["generate", "--backend", backend, "--prompt", "What is the capital of France?",
                  "--max-tokens", "12"]) == 0
     assert "Paris" in capsys.readouterr().out
+
+
+def test_threads_sets_torchs_cpu_threads(tiny_checkpoint, capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code = main(["--threads", "1", "generate", "--backend", "cuda", "--device", "cpu", "--model",
+                     str(tiny_checkpoint("llama", "gguf")), "--prompt", "hi", "--max-tokens", "2"])
+        assert code == 0 and torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        assert main(["generate", "-t", "0", "--prompt", "hi"]) == 2
+        assert "--threads must be >= 1" in capsys.readouterr().err
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

@@ -44,6 +44,10 @@ class MLXCausalLM:
         self.use_kernels = use_kernels
 
     @property
+    def device_name(self) -> str:
+        return "gpu (Metal)" if self.device.type == mx.DeviceType.gpu else "cpu"
+
+    @property
     def dtype(self) -> mx.Dtype:
         """The activation dtype (the final norm's weight dtype)."""
         return self.model.model.norm.weight.dtype

@@ -33,7 +33,7 @@ def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     keys, values = cache.keys(end), cache.values(end)
     if steps == 1:  # one query sees every filled slot
         return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
-    if q.device.type == "cpu":
+    if q.device.type == "cpu" and _cpu_flash() is not None:
         return _cpu_prefix_then_causal(q, keys, values, start)
     return lower_right_causal(q, keys, values)
 
@@ -52,12 +52,21 @@ def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
                                           attn_mask=causal_lower_right(q.shape[2], keys.shape[2]))
 
 
+def _cpu_flash():
+    """torch's CPU flash kernel returning (out, log-sum-exp); a private op, so None where a torch
+    build lacks it (the caller then takes the generic masked path)."""
+    try:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _cpu_prefix_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                             start: int) -> torch.Tensor:
     """A query chunk after `start` cached slots, as two fused CPU flash calls merged by their
     log-sum-exp: unmasked over the prefix, causal over the chunk. A boolean mask would make the
     kernel do the full rectangle, ~1.4x the work at 2K over 4K keys."""
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    flash = _cpu_flash()
     out_prefix, lse_prefix = flash(q, keys[:, :, :start], values[:, :, :start], 0.0, False)
     out_chunk, lse_chunk = flash(q, keys[:, :, start:], values[:, :, start:], 0.0, True)
     lse = torch.logaddexp(lse_prefix, lse_chunk)  # float32 softmax statistics [1, Hq, T]

@@ -53,6 +53,11 @@ class TorchCausalLM:
         return self.model.embed.weight.device
 
     @property
+    def device_name(self) -> str:
+        device = self.device
+        return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.model.embed.weight.dtype
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from specfill.backends.torch_cuda import attention
 from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
 from specfill.backends.torch_cuda.generate import decode_one_token, prefill
 from specfill.backends.torch_cuda.kv_cache import KVCache
@@ -25,9 +26,13 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> 
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible)
 
 
+@pytest.mark.parametrize("private_flash_op", [True, False], ids=["cpu-flash-op", "no-private-op"])
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
 @pytest.mark.parametrize("start,steps", [(0, 1), (0, 17), (9, 1), (9, 13), (40, 24)])
-def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance):
+def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance, private_flash_op, monkeypatch):
+    """Also where a torch build lacks the private CPU flash op: the generic masked path."""
+    if not private_flash_op:
+        monkeypatch.setattr(attention, "_cpu_flash", lambda: None)
     gen = torch.Generator().manual_seed(start * 100 + steps)
     cache = KVCache.allocate(ARGS, 80, dtype, "cpu").layers[0]
     k_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
