@@ -7,7 +7,7 @@ import sys
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
 
-from .options import add_method_options, h2o_config, int_list, specprefill_config, str_list
+from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
 
 HELP = "time-to-first-token and decode speed vs prompt length (JSON + Markdown + PNG)"
 
@@ -16,7 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", type=str_list, default=["cuda"], help="comma list: mlx,cuda")
     p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
     p.add_argument("--lengths", type=int_list, default=[2000, 4000, 8000], help="comma list of prompt lengths")
-    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--speculator", default="self:8", help="speculator path or self:K (default: %(default)s)")
     p.add_argument("--decode-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=1)

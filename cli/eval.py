@@ -7,14 +7,14 @@ import sys
 from specfill.core import ConfigError
 from specfill.evaluation.quality import EvalPlan, run_eval, write_eval
 
-from .options import add_method_options, float_list, h2o_config, int_list, specprefill_config, str_list
+from .options import MODEL_HELP, add_method_options, float_list, h2o_config, int_list, specprefill_config, str_list
 
 HELP = "perplexity and passkey retrieval per method (JSON + Markdown + PNG map of kept positions)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
-    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--tasks", type=str_list, default=["perplexity", "passkey"])
     p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
     p.add_argument("--perplexity-lengths", type=int_list, default=[4000, 8000])

@@ -7,7 +7,7 @@ import sys
 from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
 from specfill.core import ConfigError
 
-from .options import add_method_options, h2o_config, specprefill_config
+from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
 from .progress import PrefillProgressBar
 
 HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
@@ -16,7 +16,7 @@ DEFAULT_PROMPT = "What is the capital of France?"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
-    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
     src = p.add_mutually_exclusive_group()

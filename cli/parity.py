@@ -6,14 +6,14 @@ import argparse
 from specfill.core import ConfigError
 from specfill.evaluation.parity import ParityPlan, run_parity, write_parity
 
-from .options import add_method_options, h2o_config, specprefill_config, str_list
+from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config, str_list
 
 HELP = "compare two backends: logits, H2O memory sets, SpecPrefill kept tokens, text (JSON + Markdown)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", type=str_list, default=["mlx", "cuda"], help="two backends (default: mlx,cuda)")
-    p.add_argument("--model", default=None, help="GGUF file or model directory (default: the demo model)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--speculator", default="self:8")
     p.add_argument("--generate-tokens", type=int, default=24)

@@ -19,6 +19,7 @@ from tokenizers import processors
 from .chat_template import render_chat_template
 from .errors import ChatTemplateError, ModelLoadError
 from .gguf_tokenizer import tokenizer_from_gguf_metadata
+from .random_model import id_tokenizer, is_random_model, random_model_args
 from .weights import read_gguf_metadata
 
 
@@ -209,7 +210,10 @@ def _from_hf_directory(directory: Path) -> Tokenizer:
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
-    """The tokenizer of a GGUF file or of a HF model directory (tokenizer.json)."""
+    """The tokenizer of a GGUF file or of a HF model directory (tokenizer.json); for
+    "random:NAME" ids written as text (see core.random_model)."""
+    if is_random_model(path):
+        return id_tokenizer(random_model_args(path).vocab_size, name=str(path))
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")

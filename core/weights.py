@@ -137,7 +137,12 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.ndarray]]:
-    """A GGUF file or a HF directory (config.json + model.safetensors or a sharded index)."""
+    """A GGUF file or a HF directory (config.json + model.safetensors or a sharded index), or
+    "random:NAME" (random weights of a known shape, see core.random_model)."""
+    if isinstance(path, str) and path.startswith("random:"):
+        from .random_model import load_random_model  # it imports this module
+
+        return load_random_model(path)
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")

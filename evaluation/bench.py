@@ -9,6 +9,7 @@ from typing import Callable
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.random_model import is_random_model, random_prompt_ids
 
 from .machine import describe_machine, machine_line
 from .plots import plot_ttft
@@ -40,6 +41,13 @@ def _one_run(model, tokenizer, ids, method, decode_tokens) -> dict:
             "generated": last.generation_tokens, "peak_memory_gb": last.peak_memory}
 
 
+def prompt_ids(plan: BenchPlan, tokenizer, length: int) -> list[int]:
+    """The evaluation text's first `length` tokens; seeded random ids for a random-weight model."""
+    if is_random_model(plan.model):
+        return random_prompt_ids(tokenizer.vocab_size, length, seed=length)
+    return tokens_of_length(tokenizer, length)
+
+
 def run_bench(plan: BenchPlan, log: Callable[[str], None] = print) -> dict:
     """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs."""
     rows = []
@@ -49,11 +57,11 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print) -> dict:
                       if "specprefill" in plan.methods else None)
         methods = {name: prefill_method(name, h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
                    for name in plan.methods}
-        warm = tokens_of_length(tokenizer, min(plan.lengths))
+        warm = prompt_ids(plan, tokenizer, min(plan.lengths))
         for method in methods.values():  # first calls allocate, compile and fill caches
             _one_run(model, tokenizer, warm, method, 2)
         for length in plan.lengths:
-            ids = tokens_of_length(tokenizer, length)
+            ids = prompt_ids(plan, tokenizer, length)
             for name, method in methods.items():
                 runs = [_one_run(model, tokenizer, ids, method, plan.decode_tokens) for _ in range(plan.repeats)]
                 best = min(runs, key=lambda r: r["ttft_s"])

@@ -10,6 +10,7 @@ so load drift hits both. Writes results/bench_full_prefill_<device>.json and .md
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -27,34 +28,15 @@ from specfill.backends.torch_cuda import TorchCausalLM, resolve_device, resolve_
 from specfill.backends.torch_cuda.generate import prefill
 from specfill.core.demo_model import require_demo_model
 from specfill.core.models import ModelArgs
+from specfill.core.random_model import RANDOM_SHAPES
 from specfill.core.weights import load_weights
 
-# Shapes of public checkpoints, for random-weight runs (no download needed).
-RANDOM_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
-    "smollm2-135m": ("Llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                                   num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                                   rope_theta=100000.0, max_position_embeddings=8192,
-                                   tie_word_embeddings=True)),
-    "llama-1b": ("Llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                               num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                               head_dim=64, max_position_embeddings=131072, tie_word_embeddings=True,
-                               rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
-                                                "factor": 32.0, "low_freq_factor": 1.0,
-                                                "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 8192})),
-    "qwen2-0.5b": ("Qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                                 num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                                 rope_theta=1000000.0, max_position_embeddings=32768,
-                                 tie_word_embeddings=True)),
-    "qwen3-0.6b": ("Qwen3", dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                                 num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
-                                 head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960,
-                                 tie_word_embeddings=True)),
-}
+_HF_FAMILIES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 
 def hf_random(shape: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, TorchCausalLM]:
-    family, config_kwargs = RANDOM_SHAPES[shape]
+    config_kwargs = copy.deepcopy(RANDOM_SHAPES[shape])  # transformers edits nested dicts in place
+    family = _HF_FAMILIES[config_kwargs.pop("model_type")]
     config = getattr(transformers, f"{family}Config")(**config_kwargs)
     torch.manual_seed(0)
     hf = getattr(transformers, f"{family}ForCausalLM")(config)

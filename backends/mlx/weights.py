@@ -24,6 +24,7 @@ import numpy as np
 from specfill.core.errors import ModelLoadError
 from specfill.core.gguf_file import read_gguf
 from specfill.core.models import ModelArgs
+from specfill.core.random_model import is_random_model, load_random_model
 from specfill.core.rope import llama3_scaling_from_factors
 from specfill.core.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, load_weights,
                                    safetensors_files, unpermute_qk)
@@ -53,7 +54,10 @@ class Checkpoint:
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """A GGUF file, or a Hugging Face / mlx-lm safetensors directory."""
+    """A GGUF file, or a Hugging Face / mlx-lm safetensors directory, or "random:NAME"."""
+    if is_random_model(path):
+        args, weights = load_random_model(str(path))
+        return Checkpoint(args, {name: mx.array(w) for name, w in weights.items()}, {}, str(path))
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")

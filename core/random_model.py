@@ -1,0 +1,89 @@
+"""Random-weight models of public checkpoints' shapes, for benchmarks where no checkpoint can
+travel (a GPU machine without network): `load("random:llama-1b")` on either backend.
+
+The weights are seeded normal draws (std 0.02, norms 1), so timings match the real model's shape
+while the text is noise. The tokenizer maps the text "17 4 96" to the ids [17, 4, 96] and back.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import models, pre_tokenizers
+
+from .errors import ModelLoadError
+from .models import ModelArgs
+from .weights import expected_tensor_shapes
+
+PREFIX = "random:"
+
+# config.json values of public checkpoints (no download needed)
+RANDOM_SHAPES: dict[str, dict[str, Any]] = {
+    "tiny-llama": dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=True),
+    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True),
+    "llama-1b": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                     max_position_embeddings=131072, tie_word_embeddings=True, rms_norm_eps=1e-5,
+                     rope_theta=500000.0,
+                     rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    "qwen2-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                       rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       rope_theta=1000000.0, max_position_embeddings=40960, tie_word_embeddings=True),
+}
+
+
+def is_random_model(path: Any) -> bool:
+    return isinstance(path, str) and path.startswith(PREFIX)
+
+
+def random_model_args(path: str) -> ModelArgs:
+    """ModelArgs of "random:NAME"; an unknown NAME is a ModelLoadError listing the known ones."""
+    name = path[len(PREFIX):]
+    if name not in RANDOM_SHAPES:
+        raise ModelLoadError(f"unknown random-weight shape {name!r} "
+                             f"(choose from {', '.join(PREFIX + n for n in RANDOM_SHAPES)})")
+    return ModelArgs.from_hf_config(RANDOM_SHAPES[name])
+
+
+def random_weights(args: ModelArgs, seed: int = 0) -> dict[str, np.ndarray]:
+    """HF-named float32 weights: N(0, 0.02) matrices, norm weights 1, biases 0."""
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, shape in expected_tensor_shapes(args).items():
+        if name.endswith("norm.weight"):
+            weights[name] = np.ones(shape, dtype=np.float32)
+        elif name.endswith(".bias"):
+            weights[name] = np.zeros(shape, dtype=np.float32)
+        else:
+            w = rng.standard_normal(shape, dtype=np.float32)
+            w *= 0.02
+            weights[name] = w
+    return weights
+
+
+def load_random_model(path: str, seed: int = 0) -> tuple[ModelArgs, dict[str, np.ndarray]]:
+    args = random_model_args(path)
+    return args, random_weights(args, seed)
+
+
+def id_tokenizer(vocab_size: int, name: str = "") -> Any:
+    """A core Tokenizer whose text is space-separated ids (an unknown word reads as id 0)."""
+    from .tokenizer import Tokenizer  # tokenizer imports weights, which must not import this module
+
+    backend = BackendTokenizer(models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token="0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return Tokenizer(backend, bos_token_id=None, eos_token_ids=(), chat_template=None, name=name)
+
+
+def random_prompt_ids(vocab_size: int, n_tokens: int, seed: int = 0) -> list[int]:
+    """A seeded prompt of uniformly drawn ids, for timing random-weight models."""
+    return np.random.default_rng(seed).integers(0, vocab_size, size=n_tokens).tolist()
