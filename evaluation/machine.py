@@ -41,6 +41,10 @@ def describe_machine(extra: dict | None = None) -> dict:
         "versions": {p: _version(p) for p in ("specfill", "numpy", "torch", "triton", "mlx", "mlx-lm", "transformers")},
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
     }
+    try:  # other jobs on shared cores skew timings: say how busy the machine was (no Windows)
+        info["load_average_1min"] = round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        pass
     torch = sys.modules.get("torch")  # only when a torch backend is in use: never import it here
     if torch is not None:
         info["torch_threads"] = torch.get_num_threads()
@@ -52,4 +56,5 @@ def machine_line(info: dict) -> str:
     """One line for Markdown reports."""
     return (f"{info['cpu']} ({info['cores']} cores, {info['memory_gb']} GB), {info['os']} {info['arch']}, "
             f"Python {info['python']}" + (f", GPU {info['gpu']}" if info.get("gpu") else "")
-            + (f"; torch {info['torch_threads']} thread(s)" if info.get("torch_threads") else ""))
+            + (f"; torch {info['torch_threads']} thread(s)" if info.get("torch_threads") else "")
+            + (f"; load average {info['load_average_1min']}" if "load_average_1min" in info else ""))
