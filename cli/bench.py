@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
 
 from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
+from .progress import WorkProgressBar
 
 HELP = "time-to-first-token and decode speed vs prompt length (JSON + Markdown + PNG)"
 
@@ -37,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
                      model=args.model, speculator=args.speculator, h2o=h2o_config(args),
                      specprefill=specprefill_config(args), decode_tokens=args.decode_tokens,
                      repeats=args.repeats, dtype=args.dtype, device=args.device)
-    result = run_bench(plan, log=lambda line: print(line, file=sys.stderr))
+    bar = WorkProgressBar("bench")
+    try:
+        result = run_bench(plan, log=bar.log, step=bar.step)
+    finally:
+        bar.close()
     for path in write_bench(result, args.out, args.name):
         print(path)
     return 0

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
 from specfill.core import ConfigError
 from specfill.evaluation.quality import EvalPlan, run_eval, write_eval
 
 from .options import MODEL_HELP, add_method_options, float_list, h2o_config, int_list, specprefill_config, str_list
+from .progress import WorkProgressBar
 
 HELP = "perplexity and passkey retrieval per method (JSON + Markdown + PNG map of kept positions)"
 
@@ -41,7 +41,11 @@ def run(args: argparse.Namespace) -> int:
                     perplexity_lengths=tuple(args.perplexity_lengths), passkey_lengths=tuple(args.passkey_lengths),
                     trials=args.trials, keeps=tuple(args.keeps), speculator=args.speculator, h2o=h2o_config(args),
                     specprefill=specprefill_config(args), dtype=args.dtype, device=args.device)
-    result = run_eval(plan, log=lambda line: print(line, file=sys.stderr))
+    bar = WorkProgressBar("eval")
+    try:
+        result = run_eval(plan, log=bar.log, step=bar.step)
+    finally:
+        bar.close()
     for path in write_eval(result, args.out, args.name):
         print(path)
     return 0

@@ -48,9 +48,16 @@ def prompt_ids(plan: BenchPlan, tokenizer, length: int) -> list[int]:
     return tokens_of_length(tokenizer, length)
 
 
-def run_bench(plan: BenchPlan, log: Callable[[str], None] = print) -> dict:
-    """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs."""
+def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
+              step: Callable[[int, str], None] | None = None) -> dict:
+    """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs.
+    step(total, label) after each generation (warm-ups included), for a progress bar."""
     rows = []
+    total = len(plan.backends) * len(plan.methods) * (1 + len(plan.lengths) * plan.repeats)
+
+    def done(label: str) -> None:
+        if step is not None:
+            step(total, label)
     for backend in plan.backends:
         model, tokenizer = load(plan.model, backend=backend, dtype=plan.dtype, device=plan.device)
         speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
@@ -58,12 +65,16 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print) -> dict:
         methods = {name: prefill_method(name, h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
                    for name in plan.methods}
         warm = prompt_ids(plan, tokenizer, min(plan.lengths))
-        for method in methods.values():  # first calls allocate, compile and fill caches
+        for name, method in methods.items():  # first calls allocate, compile and fill caches
             _one_run(model, tokenizer, warm, method, 2)
+            done(f"{backend} warm-up {name}")
         for length in plan.lengths:
             ids = prompt_ids(plan, tokenizer, length)
             for name, method in methods.items():
-                runs = [_one_run(model, tokenizer, ids, method, plan.decode_tokens) for _ in range(plan.repeats)]
+                runs = []
+                for _ in range(plan.repeats):
+                    runs.append(_one_run(model, tokenizer, ids, method, plan.decode_tokens))
+                    done(f"{backend} {name} {length}")
                 best = min(runs, key=lambda r: r["ttft_s"])
                 rows.append({"backend": backend, "method": name, "prompt_tokens": length, **best})
                 log(f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "

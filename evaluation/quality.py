@@ -61,11 +61,25 @@ def passkey_trial(model, tokenizer, n_tokens: int, depth: float, key: int, metho
     return str(key) in text.replace(" ", ""), text
 
 
-def run_eval(plan: EvalPlan, log: Callable[[str], None] = print) -> dict:
+def eval_steps(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> int:
+    """How many units of work run_eval reports to `step`: a perplexity cell or a passkey trial."""
+    dense = sum(m.name != "specprefill" for m in methods.values())
+    return (dense * len(plan.perplexity_lengths) * ("perplexity" in plan.tasks)
+            + len(methods) * len(plan.passkey_lengths) * plan.trials * ("passkey" in plan.tasks))
+
+
+def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
+             step: Callable[[int, str], None] | None = None) -> dict:
+    """step(total, label) after each unit of work (see eval_steps), for a progress bar."""
     model, tokenizer = load(plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device)
     speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
                   if "specprefill" in plan.methods else None)
     methods = method_variants(plan, speculator)
+    total = eval_steps(plan, methods)
+
+    def done(label: str) -> None:
+        if step is not None:
+            step(total, label)
     result: dict = {"plan": _plan_dict(plan), "machine": describe_machine(), "perplexity": [], "passkey": [],
                     "maps": {}}
     if "perplexity" in plan.tasks:
@@ -76,6 +90,7 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print) -> dict:
                     continue  # it drops tokens: no per-position likelihood
                 ppl = perplexity(model, ids, method)
                 result["perplexity"].append({"method": label, "tokens": length, "perplexity": ppl})
+                done(f"perplexity {label} {length}")
                 log(f"perplexity {label:<22} {length:>6} tokens: {ppl:.4f}")
     if "passkey" in plan.tasks:
         for length in plan.passkey_lengths:
@@ -87,6 +102,7 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print) -> dict:
                     info = PrefillInfo(record_memory=method.name == "h2o")
                     ok, _ = passkey_trial(model, tokenizer, length, depth, key, method, info)
                     hits += ok
+                    done(f"passkey {label} {length}")
                     actual.append(info.prompt_tokens)
                     if index == mid_depth:
                         maps = position_map(info, info.prompt_tokens)

@@ -26,6 +26,28 @@ def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
     assert (tmp_path / "bench_ttft.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
+    """What the CLI's progress bars count: bench generations (warm-ups too), eval cells and trials."""
+    from specfill.core import H2OConfig, SpecPrefillConfig
+    from specfill.evaluation.bench import BenchPlan, run_bench
+    from specfill.evaluation.quality import EvalPlan, run_eval
+
+    model = str(tiny_checkpoint("llama", "gguf"))
+    h2o, spec = H2OConfig(8, 16, 2, 2), SpecPrefillConfig(keep_ratio=0.5, select_chunk=4)
+    steps: list[tuple[int, str]] = []
+    run_bench(BenchPlan(methods=("full", "h2o"), lengths=(24, 40), model=model, h2o=h2o, decode_tokens=2,
+                        repeats=2, device="cpu"), log=lambda line: None, step=lambda *a: steps.append(a))
+    assert len(steps) == 2 * (1 + 2 * 2) and {total for total, _ in steps} == {10}
+    assert steps[0][1] == "cuda warm-up full" and steps[-1][1] == "cuda h2o 40"
+    steps.clear()
+    run_eval(EvalPlan(model=model, perplexity_lengths=(30,), passkey_lengths=(50,), trials=3, keeps=(0.5,),
+                      speculator="self:1", h2o=h2o, specprefill=spec, device="cpu"),
+             log=lambda line: None, step=lambda *a: steps.append(a))
+    # perplexity: full and h2o; passkey: full, h2o, one keep, 3 trials each
+    assert len(steps) == 2 + 3 * 3 and {total for total, _ in steps} == {11}
+    assert steps[0][1] == "perplexity full 30" and steps[-1][1] == "passkey specprefill keep=0.5 50"
+
+
 def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
     code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--perplexity-lengths", "40",
