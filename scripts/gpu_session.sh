@@ -9,6 +9,9 @@
 # Every step runs even if an earlier one fails; the exit code says whether all passed.
 #
 #   OUT=results/gpu bash scripts/gpu_session.sh
+# With the device tool: carry [".whl"] holding gguf's wheel (the GPU image lacks it), fetched here with
+#   pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+# and OUT=$OUT (8 files come back: machine.txt, tests.log, conformance-cuda.*, the bench's 3 files).
 #   MODEL=random:tiny-llama LENGTHS=64,128 DEVICE=cpu DTYPE=float32 SPECULATOR=self:1 KERNELS=off \
 #     TESTS=tests/torch_cuda/test_attention.py NAME=smoke OUT=/tmp/gpu-smoke bash scripts/gpu_session.sh  # smoke run
 set -uo pipefail
@@ -26,11 +29,22 @@ NAME=${NAME:-bench_llama1b_bf16}
 TESTS=${TESTS:-tests/torch_cuda_kernels tests/torch_cuda tests/torch_cuda_methods}
 mkdir -p "$OUT"
 
+SITE=/tmp/specfill-site
+export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 if ! "$PY" -c "import specfill.core" 2>/dev/null; then
     # specfill alone into a scratch folder; its dependencies are the machine's own
-    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target /tmp/specfill-site . \
+    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" . \
         || { echo "gpu_session: cannot install specfill" >&2; exit 2; }
-    export PYTHONPATH=/tmp/specfill-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if ! "$PY" -c "import gguf" 2>/dev/null; then
+    # the test fixtures write tiny GGUF files: carry the pure-Python wheel in .whl/ (gitignored)
+    wheel=$(ls .whl/gguf-*.whl 2>/dev/null | head -1)
+    if [[ -n "$wheel" ]]; then
+        "$PY" -m pip install -q --no-deps --no-index --target "$SITE" "$wheel" \
+            || echo "gpu_session: cannot install $wheel" >&2
+    else
+        echo "gpu_session: no gguf package and no .whl/gguf-*.whl: the tests will fail to import" >&2
+    fi
 fi
 SPECFILL=("$PY" -m specfill.cli.main)
 failed=()
