@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
                      repeats=args.repeats, dtype=args.dtype, device=args.device)
     bar = WorkProgressBar("bench")
     try:
-        result = run_bench(plan, log=bar.log, step=bar.step)
+        result = run_bench(plan, log=bar.log, step=bar.step,
+                           row_done=lambda partial: write_bench(partial, args.out, args.name))
     finally:
         bar.close()
     for path in write_bench(result, args.out, args.name):

@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
                     specprefill=specprefill_config(args), dtype=args.dtype, device=args.device)
     bar = WorkProgressBar("eval")
     try:
-        result = run_eval(plan, log=bar.log, step=bar.step)
+        result = run_eval(plan, log=bar.log, step=bar.step,
+                          cell_done=lambda partial: write_eval(partial, args.out, args.name))
     finally:
         bar.close()
     for path in write_eval(result, args.out, args.name):

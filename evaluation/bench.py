@@ -49,10 +49,13 @@ def prompt_ids(plan: BenchPlan, tokenizer, length: int) -> list[int]:
 
 
 def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
-              step: Callable[[int, str], None] | None = None) -> dict:
+              step: Callable[[int, str], None] | None = None,
+              row_done: Callable[[dict], None] | None = None) -> dict:
     """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs.
-    step(total, label) after each generation (warm-ups included), for a progress bar."""
-    rows = []
+    step(total, label) after each generation (warm-ups included), for a progress bar;
+    row_done(result so far, "complete" False) after each row, to save partial results."""
+    rows: list[dict] = []
+    result = {"plan": _plan_dict(plan), "machine": describe_machine(), "complete": False, "rows": rows}
     total = len(plan.backends) * len(plan.methods) * (1 + len(plan.lengths) * plan.repeats)
 
     def done(label: str) -> None:
@@ -79,8 +82,12 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
                 rows.append({"backend": backend, "method": name, "prompt_tokens": length, **best})
                 log(f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "
                     f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}")
+                if row_done is not None:
+                    _add_ratios(rows)
+                    row_done(result)
     _add_ratios(rows)
-    return {"plan": _plan_dict(plan), "machine": describe_machine(), "rows": rows}
+    result["complete"] = True
+    return result
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -106,7 +113,9 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     partial = json_path.with_suffix(".json.partial")
     partial.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(partial, json_path)
-    lines = [f"# TTFT benchmark", "", f"Machine: {machine_line(result['machine'])}.",
+    status_note = [] if result.get("complete", True) else [
+        "Partial: the run has not finished (or was stopped); these are the rows it completed.", ""]
+    lines = ["# TTFT benchmark", "", *status_note, f"Machine: {machine_line(result['machine'])}.",
              f"Model: {result['plan']['model']}; device {result['plan']['device'] or 'backend default'}; "
              f"dtype {result['plan']['dtype'] or 'backend default'}; "
              f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "

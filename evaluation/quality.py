@@ -69,8 +69,10 @@ def eval_steps(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> int:
 
 
 def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
-             step: Callable[[int, str], None] | None = None) -> dict:
-    """step(total, label) after each unit of work (see eval_steps), for a progress bar."""
+             step: Callable[[int, str], None] | None = None,
+             cell_done: Callable[[dict], None] | None = None) -> dict:
+    """step(total, label) after each unit of work (see eval_steps), for a progress bar;
+    cell_done(result so far, "complete" False) after each finished cell, to save partial results."""
     model, tokenizer = load(plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device)
     speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
                   if "specprefill" in plan.methods else None)
@@ -80,8 +82,14 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
     def done(label: str) -> None:
         if step is not None:
             step(total, label)
-    result: dict = {"plan": _plan_dict(plan), "machine": describe_machine(), "perplexity": [], "passkey": [],
-                    "maps": {}}
+
+    def finished_cell() -> None:
+        if cell_done is not None:
+            _add_deltas(result)
+            cell_done(result)
+
+    result: dict = {"plan": _plan_dict(plan), "machine": describe_machine(), "complete": False,
+                    "perplexity": [], "passkey": [], "maps": {}}
     if "perplexity" in plan.tasks:
         for length in plan.perplexity_lengths:
             ids = tokens_of_length(tokenizer, length)
@@ -92,6 +100,7 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
                 result["perplexity"].append({"method": label, "tokens": length, "perplexity": ppl})
                 done(f"perplexity {label} {length}")
                 log(f"perplexity {label:<22} {length:>6} tokens: {ppl:.4f}")
+                finished_cell()
     if "passkey" in plan.tasks:
         for length in plan.passkey_lengths:
             for label, method in methods.items():
@@ -107,12 +116,14 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
                     if index == mid_depth:
                         maps = position_map(info, info.prompt_tokens)
                 result["passkey"].append({"method": label, "tokens": length, "trials": plan.trials,
-                                          "mean_prompt_tokens": float(np.mean(actual)),
+                                          "hits": hits, "mean_prompt_tokens": float(np.mean(actual)),
                                           "accuracy": hits / plan.trials})
                 if maps is not None:
                     result["maps"][f"{label} @ {length}"] = maps
                 log(f"passkey {label:<22} {length:>6} tokens: {hits}/{plan.trials}")
+                finished_cell()
     _add_deltas(result)
+    result["complete"] = True
     return result
 
 
@@ -164,7 +175,9 @@ def write_eval(result: dict, out_dir, name: str = "eval") -> list:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.json", out / f"{name}.md"]
     compact = {**result, "maps": {k: "see PNG" for k in result["maps"]}}
-    lines = ["# Quality evaluation", "", f"Machine: {machine_line(result['machine'])}.",
+    status_note = [] if result.get("complete", True) else [
+        "Partial: the run has not finished (or was stopped); these are the cells it completed.", ""]
+    lines = ["# Quality evaluation", "", *status_note, f"Machine: {machine_line(result['machine'])}.",
              f"Model: {result['plan']['model']}, backend {result['plan']['backend']}; H2O S="
              f"{result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
              f"H={result['plan']['h2o']['heavy']}; SpecPrefill speculator {result['plan']['speculator']}.", ""]
@@ -175,9 +188,9 @@ def write_eval(result: dict, out_dir, name: str = "eval") -> list:
                   + (f"{r['vs_full_pct']:+.2f}% |" if r["vs_full_pct"] is not None else "- |")
                   for r in result["perplexity"]]
     if result["passkey"]:
-        lines += ["", "## Passkey retrieval", "", "| method | tokens | trials | accuracy | vs full (points) |",
+        lines += ["", "## Passkey retrieval", "", "| method | tokens | trials | accuracy (hits) | vs full (points) |",
                   "|---|---|---|---|---|"]
-        lines += [f"| {r['method']} | {r['tokens']} | {r['trials']} | {100 * r['accuracy']:.0f}% | "
+        lines += [f"| {r['method']} | {r['tokens']} | {r['trials']} | {100 * r['accuracy']:.0f}% ({r['hits']}) | "
                   + (f"{r['vs_full_points']:+.0f} |" if r["vs_full_points"] is not None else "- |")
                   for r in result["passkey"]]
     for path, text in ((paths[0], json.dumps(compact, indent=1) + "\n"), (paths[1], "\n".join(lines) + "\n")):

@@ -97,3 +97,45 @@ def test_parity_writes_agreement_report(tiny_checkpoint, tmp_path, capsys):
 def test_parity_needs_two_backends(capsys):
     assert main(["parity", "--backends", "cuda"]) == 2
     assert "two different backends" in capsys.readouterr().err
+
+
+def test_a_stopped_bench_or_eval_keeps_the_finished_rows(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """Long runs save every finished row / cell (marked partial), so a stop loses only the current one."""
+    from specfill.evaluation import bench, quality
+
+    model = str(tiny_checkpoint("llama", "gguf"))
+    real_run, calls = bench._one_run, []
+
+    def stop_on_fourth(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # 2 warm-ups, the full row, then a stop during the h2o row
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "_one_run", stop_on_fourth)
+    code = main(["bench", "--backends", "cuda", "--device", "cpu", "--model", model, "--lengths", "24",
+                 "--methods", "full,h2o", "--chunk-size", "8", "--batch-size", "16", "--h2o-local", "2",
+                 "--h2o-heavy", "2", "--decode-tokens", "2", "--out", str(tmp_path)])
+    assert code == 130
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["complete"] is False and [r["method"] for r in data["rows"]] == ["full"]
+    assert "Partial:" in (tmp_path / "bench.md").read_text()
+
+    real_trial = quality.passkey_trial
+    trials = []
+
+    def stop_on_third_trial(*args, **kwargs):
+        trials.append(1)
+        if len(trials) == 3:
+            raise KeyboardInterrupt
+        return real_trial(*args, **kwargs)
+
+    monkeypatch.setattr(quality, "passkey_trial", stop_on_third_trial)
+    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks", "perplexity,passkey",
+                 "--methods", "full", "--perplexity-lengths", "30", "--passkey-lengths", "50", "--trials", "3",
+                 "--out", str(tmp_path)])
+    assert code == 130
+    data = json.loads((tmp_path / "eval.json").read_text())
+    assert data["complete"] is False and len(data["perplexity"]) == 1 and len(data["passkey"]) == 0
+    assert "Partial:" in (tmp_path / "eval.md").read_text()
+    capsys.readouterr()
