@@ -7,6 +7,7 @@
 #   4. TTFT of full (torch SDPA) / H2O / SpecPrefill on random Llama-3.2-1B-shape weights,
 #      bf16, 8K/16K/32K                     -> $OUT/bench_llama1b_bf16.{json,md,_ttft.png}
 # Every step runs even if an earlier one fails; the exit code says whether all passed.
+# STEPS=conformance,tests (or bench) runs a subset, to fit a device call's 10-minute limit.
 #
 #   OUT=results/gpu bash scripts/gpu_session.sh
 # With the device tool: carry [".whl"] holding gguf's wheel (the GPU image lacks it), fetched here with
@@ -27,6 +28,7 @@ SPECULATOR=${SPECULATOR:-self:4}  # 4 of the 16 layers, about SmolLM2's self:8 o
 KERNELS=${KERNELS:-on}
 NAME=${NAME:-bench_llama1b_bf16}
 TESTS=${TESTS:-tests/torch_cuda_kernels tests/torch_cuda tests/torch_cuda_methods}
+STEPS=${STEPS:-conformance,tests,bench}  # a subset splits the work over several device calls
 mkdir -p "$OUT"
 
 SITE=/tmp/specfill-site
@@ -53,15 +55,23 @@ failed=()
   "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__);
 print('gpu', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"; } > "$OUT/machine.txt" 2>&1
 
-"${SPECFILL[@]}" conformance --backend cuda --kernels "$KERNELS" --out "$OUT" || failed+=(conformance)
+wants() { [[ ",$STEPS," == *",$1,"* ]]; }
 
-# shellcheck disable=SC2086  # TESTS is a list of paths
-PYTHONUNBUFFERED=1 "$PY" -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1 || failed+=(tests)
-tail -3 "$OUT/tests.log"
+if wants conformance; then
+    "${SPECFILL[@]}" conformance --backend cuda --kernels "$KERNELS" --out "$OUT" || failed+=(conformance)
+fi
 
-"${SPECFILL[@]}" bench --backends cuda --device "$DEVICE" --dtype "$DTYPE" --model "$MODEL" \
-    --lengths "$LENGTHS" --speculator "$SPECULATOR" --decode-tokens 32 --repeats 3 \
-    --out "$OUT" --name "$NAME" || failed+=(bench)
+if wants tests; then
+    # shellcheck disable=SC2086  # TESTS is a list of paths
+    PYTHONUNBUFFERED=1 "$PY" -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1 || failed+=(tests)
+    tail -3 "$OUT/tests.log"
+fi
+
+if wants bench; then
+    "${SPECFILL[@]}" bench --backends cuda --device "$DEVICE" --dtype "$DTYPE" --model "$MODEL" \
+        --lengths "$LENGTHS" --speculator "$SPECULATOR" --decode-tokens 32 --repeats 3 \
+        --out "$OUT" --name "$NAME" || failed+=(bench)
+fi
 
 if ((${#failed[@]})); then
     echo "gpu_session: failed: ${failed[*]}" >&2
