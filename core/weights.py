@@ -221,11 +221,26 @@ def safetensors_files(directory: Path) -> list[Path]:
     raise ModelLoadError(f"{directory} has no model.safetensors or model.safetensors.index.json")
 
 
+def _refuse_quantized(config: Mapping[str, Any], directory: Path) -> None:
+    """GPTQ / AWQ / bitsandbytes (`quantization_config`) and mlx-lm (`quantization`) directories
+    store packed integer weights that this loader would misread as plain matrices."""
+    if "quantization_config" in config:
+        method = config["quantization_config"].get("quant_method", "unknown") \
+            if isinstance(config["quantization_config"], Mapping) else "unknown"
+        raise ModelLoadError(f"{directory} is quantized with {method!r}, which is not supported here "
+                             "(use a GGUF file or an unquantized safetensors checkpoint)")
+    if "quantization" in config:
+        raise ModelLoadError(f"{directory} is an mlx-lm quantized checkpoint: load it with the mlx backend, "
+                             "or use a GGUF file or an unquantized safetensors checkpoint")
+
+
 def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{directory} is not a model directory: it has no config.json")
-    args = ModelArgs.from_hf_config(_read_json(config_path))
+    config = _read_json(config_path)
+    args = ModelArgs.from_hf_config(config)
+    _refuse_quantized(config, directory)
     weights: dict[str, np.ndarray] = {}
     for file in safetensors_files(directory):
         weights.update(read_safetensors(file))

@@ -218,3 +218,17 @@ def test_gguf_tokenizer_with_a_bad_merge(tmp_path):
         step()
     with pytest.raises(ModelLoadError, match="GGUF tokenizer is invalid"):
         load_tokenizer(path)
+
+
+@pytest.mark.parametrize("entry,words", [
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, ("quantized with 'gptq'", "GGUF")),
+    ({"quantization_config": {"quant_method": "awq"}}, ("quantized with 'awq'",)),
+    ({"quantization": {"group_size": 64, "bits": 4}}, ("mlx-lm quantized", "mlx backend")),
+])
+def test_quantized_hf_directories_are_refused_by_name(tmp_path, tiny_checkpoint, entry, words):
+    """Their packed integer weights must never be read as plain matrices."""
+    path = tmp_path / "quantized"
+    shutil.copytree(tiny_checkpoint("llama", "safetensors"), path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, **entry}))
+    expect_error(path, *words)
