@@ -48,7 +48,8 @@ def load(path: str | None = None, backend: str = "cuda", dtype: str | None = Non
          device: str | None = None) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory.
 
-    No path loads the bundled demo model (SmolLM2-135M-Instruct).
+    No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
+    "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
     module = backend_module(backend)
     return module.load(str(path) if path is not None else str(require_demo_model()), dtype=dtype, device=device)
