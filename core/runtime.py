@@ -7,11 +7,12 @@ API layer, once for both backends.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 from .config import H2OConfig, SpecPrefillConfig
-from .errors import ConfigError, TokenizerMismatchError
+from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .models import ModelArgs
 
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
@@ -84,6 +85,37 @@ class PrefillInfo:
     record_memory: bool = False
     memory_sets: list[list[Any]] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+
+    def start(self, prompt_tokens: int) -> None:
+        """Reset what a prefill reports (an info object may be reused across calls)."""
+        self.prompt_tokens = self.kept_tokens = prompt_tokens
+        self.kept_positions = None
+        self.memory_sets = None
+        self.seconds = {}
+
+
+def process_peak_memory_gb() -> float:
+    """This process's peak resident set (the CPU backends' peak memory)."""
+    import resource  # POSIX only: imported where it is used, so core imports everywhere
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB
+
+
+def check_generation_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:
+    """max_tokens is >= 0 and the prompt plus max_tokens fit the model's context."""
+    if max_tokens < 0:
+        raise ConfigError(f"max_tokens must be >= 0, got {max_tokens}")
+    if prompt_tokens + max_tokens > context:
+        raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens "
+                                 f"{max_tokens} exceeds the model's context of {context} tokens")
+
+
+def check_speculator_context(prompt_tokens: int, context: int) -> None:
+    """The speculator reads the whole prompt, so it must fit the speculator's context too."""
+    if prompt_tokens > context:
+        raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the speculator's "
+                                 f"context of {context} tokens")
 
 
 @runtime_checkable

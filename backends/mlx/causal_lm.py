@@ -1,8 +1,6 @@
 """The MLX backend's `CausalLM`: what specfill.load returns for backend="mlx"."""
 from __future__ import annotations
 
-import resource
-import sys
 import time
 from typing import Any, Iterator, Sequence
 
@@ -10,10 +8,12 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.errors import ConfigError, PromptTooLongError
+from specfill.core.errors import ConfigError
 from specfill.core.models import ModelArgs
 from specfill.core.runtime import (PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                                   check_speculator_vocabulary, self_speculator_layers)
+                                   check_generation_fits, check_speculator_context,
+                                   check_speculator_vocabulary, process_peak_memory_gb,
+                                   self_speculator_layers)
 
 from .cache import KVCache, make_cache
 from .generate import DEFAULT_PREFILL_STEP_SIZE, decode_tokens, prefill
@@ -73,17 +73,10 @@ class MLXCausalLM:
                               f"(size {self.args.vocab_size})")
         return mx.array(ids.astype(np.int32))
 
-    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        context = self.args.max_position_embeddings
-        if prompt_tokens + max_tokens > context:
-            raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens "
-                                     f"{max_tokens} exceeds the model's context of {context} "
-                                     f"tokens")
-
     def __call__(self, ids: Any) -> mx.array:
         """Logits [1, T, vocab] (float32) for every position of `ids`, a fresh context."""
         ids = self.token_array(ids)
-        self.check_fits(ids.shape[0], 0)
+        check_generation_fits(ids.shape[0], 0, self.args.max_position_embeddings)
         with mx.stream(self.device):
             logits = prefill(self.model, ids, self.new_cache(ids.shape[0]),
                              step_size=self.prefill_step_size, logits_from=0)
@@ -96,8 +89,8 @@ class MLXCausalLM:
             raise ConfigError("speculative prefill drops prompt tokens: it has no per-position "
                               "logits")
         ids = self.token_array(prompt_ids)
-        self.check_fits(ids.shape[0], 0)
-        start_info(info, ids.shape[0])
+        check_generation_fits(ids.shape[0], 0, self.args.max_position_embeddings)
+        info.start(ids.shape[0])
         with mx.stream(self.device):
             logits = self.prefill_prompt(ids, self.new_cache(ids.shape[0]), method, info,
                                          logits_from=0)
@@ -138,17 +131,13 @@ class MLXCausalLM:
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
                       progress: ProgressCallback | None = None) -> Iterator[int]:
-        if max_tokens < 0:
-            raise ConfigError(f"max_tokens must be >= 0, got {max_tokens}")
         ids = self.token_array(prompt_ids)
         prompt_tokens = ids.shape[0]
-        self.check_fits(prompt_tokens, max_tokens)
-        start_info(info, prompt_tokens)
+        check_generation_fits(prompt_tokens, max_tokens, self.args.max_position_embeddings)
+        info.start(prompt_tokens)
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
-            if prompt_tokens > speculator.context:
-                raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the "
-                                         f"speculator's context of {speculator.context} tokens")
+            check_speculator_context(prompt_tokens, speculator.context)
         if max_tokens == 0:
             return iter(())
         if method.name == "specprefill":
@@ -186,13 +175,5 @@ class MLXCausalLM:
         """MLX's peak allocation on the GPU, or the process's peak resident set on CPU."""
         if self.device.type == mx.DeviceType.gpu:
             return mx.get_peak_memory() / 1e9
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB
+        return process_peak_memory_gb()
 
-
-def start_info(info: PrefillInfo, prompt_tokens: int) -> None:
-    """Reset what a prefill reports (an info object may be reused across calls)."""
-    info.prompt_tokens = info.kept_tokens = prompt_tokens
-    info.kept_positions = None
-    info.memory_sets = None
-    info.seconds = {}

@@ -1,18 +1,18 @@
 """The torch backend's `CausalLM`: what specfill.load returns for backend="cuda"."""
 from __future__ import annotations
 
-import resource
-import sys
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.errors import ConfigError, PromptTooLongError
+from specfill.core.errors import ConfigError
 from specfill.core.models import ModelArgs
 from specfill.core.runtime import (PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                                   check_speculator_vocabulary, self_speculator_layers)
+                                   check_generation_fits, check_speculator_context,
+                                   check_speculator_vocabulary, process_peak_memory_gb,
+                                   self_speculator_layers)
 
 from .generate import DEFAULT_PREFILL_STEP_SIZE, decode_tokens, prefill, wall_time
 from .h2o_prefill import h2o_prefill
@@ -83,16 +83,10 @@ class TorchCausalLM:
                               f"(size {self.args.vocab_size})")
         return ids.long()
 
-    def check_fits(self, prompt_tokens: int, max_tokens: int) -> None:
-        context = self.args.max_position_embeddings
-        if prompt_tokens + max_tokens > context:
-            raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens "
-                                     f"{max_tokens} exceeds the model's context of {context} tokens")
-
     def __call__(self, ids: Any) -> torch.Tensor:
         """Logits [1, T, vocab] (float32) for every position of `ids`, a fresh context."""
         ids = self.token_tensor(ids)
-        self.check_fits(ids.shape[0], 0)
+        check_generation_fits(ids.shape[0], 0, self.args.max_position_embeddings)
         positions = torch.arange(ids.shape[0], device=self.device)
         cache = self.new_cache(ids.shape[0])
         logits = prefill(self.model, ids, positions, cache, step_size=self.prefill_step_size,
@@ -105,8 +99,8 @@ class TorchCausalLM:
         if method.name == "specprefill":
             raise ConfigError("speculative prefill drops prompt tokens: it has no per-position logits")
         ids = self.token_tensor(prompt_ids)
-        self.check_fits(ids.shape[0], 0)
-        start_info(info, ids.shape[0])
+        check_generation_fits(ids.shape[0], 0, self.args.max_position_embeddings)
+        info.start(ids.shape[0])
         logits = self.prefill_prompt(ids, self.new_cache(ids.shape[0]), method, info, logits_from=0)
         return logits.float().cpu().numpy()
 
@@ -142,18 +136,13 @@ class TorchCausalLM:
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
                       progress: ProgressCallback | None = None) -> Iterator[int]:
-        if max_tokens < 0:
-            raise ConfigError(f"max_tokens must be >= 0, got {max_tokens}")
         ids = self.token_tensor(prompt_ids)
         prompt_tokens = ids.shape[0]
-        self.check_fits(prompt_tokens, max_tokens)
-        start_info(info, prompt_tokens)
+        check_generation_fits(prompt_tokens, max_tokens, self.args.max_position_embeddings)
+        info.start(prompt_tokens)
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
-            spec_context = speculator[0].args.max_position_embeddings
-            if prompt_tokens > spec_context:
-                raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the speculator's context "
-                                         f"of {spec_context} tokens")
+            check_speculator_context(prompt_tokens, speculator[0].args.max_position_embeddings)
         if max_tokens == 0:
             return iter(())
         if method.name == "specprefill":
@@ -189,13 +178,5 @@ class TorchCausalLM:
         """Peak CUDA memory allocated by torch, or the process's peak resident set on CPU."""
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 1e9
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB
+        return process_peak_memory_gb()
 
-
-def start_info(info: PrefillInfo, prompt_tokens: int) -> None:
-    """Reset what a prefill reports (an info object may be reused across calls)."""
-    info.prompt_tokens = info.kept_tokens = prompt_tokens
-    info.kept_positions = None
-    info.memory_sets = None
-    info.seconds = {}
