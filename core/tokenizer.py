@@ -8,7 +8,6 @@ tokenizer.json post-processor / tokenizer_config.json flags).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -20,7 +19,7 @@ from .chat_template import render_chat_template
 from .errors import ChatTemplateError, ModelLoadError
 from .gguf_tokenizer import tokenizer_from_gguf_metadata
 from .random_model import id_tokenizer, is_random_model, random_model_args
-from .weights import read_gguf_metadata
+from .weights import read_gguf_metadata, read_json_object
 
 
 class Tokenizer:
@@ -140,16 +139,6 @@ def _set_special_token_insertion(backend: BackendTokenizer, bos_id: int | None,
                                                            special_tokens=pieces)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"cannot read {path}: {err}") from None
-    if not isinstance(value, dict):
-        raise ModelLoadError(f"{path} does not hold a JSON object")
-    return value
-
-
 def _token_content(value: Any) -> str | None:
     """tokenizer_config.json spells a special token as a string or as {"content": ...}."""
     if isinstance(value, Mapping):
@@ -173,7 +162,7 @@ def _hf_chat_template(directory: Path, config: Mapping[str, Any]) -> str | None:
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
         template = named.get("default")
     if template is None and (directory / "chat_template.json").is_file():
-        template = _read_json(directory / "chat_template.json").get("chat_template")
+        template = read_json_object(directory / "chat_template.json").get("chat_template")
     return template if isinstance(template, str) else None
 
 
@@ -186,10 +175,10 @@ def _from_hf_directory(directory: Path) -> Tokenizer:
         backend = BackendTokenizer.from_file(str(path))
     except Exception as err:  # the Rust library raises plain Exception for any parse error
         raise ModelLoadError(f"cannot read {path}: {str(err).splitlines()[0]}") from None
-    config = _read_json(directory / "tokenizer_config.json") \
+    config = read_json_object(directory / "tokenizer_config.json") \
         if (directory / "tokenizer_config.json").is_file() else {}
-    model_config = _read_json(directory / "config.json") if (directory / "config.json").is_file() else {}
-    generation = _read_json(directory / "generation_config.json") \
+    model_config = read_json_object(directory / "config.json") if (directory / "config.json").is_file() else {}
+    generation = read_json_object(directory / "generation_config.json") \
         if (directory / "generation_config.json").is_file() else {}
 
     def token_id(key: str) -> int | None:

@@ -139,9 +139,9 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     """A GGUF file or a HF directory (config.json + model.safetensors or a sharded index), or
     "random:NAME" (random weights of a known shape, see core.random_model)."""
-    if isinstance(path, str) and path.startswith("random:"):
-        from .random_model import load_random_model  # it imports this module
+    from .random_model import is_random_model, load_random_model  # it imports this module
 
+    if is_random_model(path):
         return load_random_model(path)
     path = Path(path)
     if not path.exists():
@@ -192,7 +192,8 @@ def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     return args, weights
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON file holding an object; anything else is a one-line ModelLoadError."""
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
@@ -207,7 +208,7 @@ def safetensors_files(directory: Path) -> list[Path]:
     """The shards named by model.safetensors.index.json, else model.safetensors."""
     index = directory / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelLoadError(f"{index} has no weight_map")
         files = [directory / name for name in sorted(set(weight_map.values()))]
@@ -238,7 +239,7 @@ def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(f"{directory} is not a model directory: it has no config.json")
-    config = _read_json(config_path)
+    config = read_json_object(config_path)
     args = ModelArgs.from_hf_config(config)
     _refuse_quantized(config, directory)
     weights: dict[str, np.ndarray] = {}

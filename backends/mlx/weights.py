@@ -13,7 +13,6 @@ Names, tensor checks and RoPE recovery come from the backend-neutral specfill.co
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,10 +23,10 @@ import numpy as np
 from specfill.core.errors import ModelLoadError
 from specfill.core.gguf_file import read_gguf
 from specfill.core.models import ModelArgs
-from specfill.core.random_model import is_random_model, load_random_model
+from specfill.core.random_model import is_random_model
 from specfill.core.rope import llama3_scaling_from_factors
 from specfill.core.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, load_weights,
-                                   safetensors_files, unpermute_qk)
+                                   read_json_object, safetensors_files, unpermute_qk)
 
 GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks
 _QUANT_PARTS = ("scales", "biases")
@@ -56,8 +55,7 @@ class Checkpoint:
 def load_checkpoint(path: str | Path) -> Checkpoint:
     """A GGUF file, or a Hugging Face / mlx-lm safetensors directory, or "random:NAME"."""
     if is_random_model(path):
-        args, weights = load_random_model(str(path))
-        return Checkpoint(args, {name: mx.array(w) for name, w in weights.items()}, {}, str(path))
+        return _float_from_core_loader(path)
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")
@@ -133,7 +131,7 @@ def _load_gguf(path: Path) -> Checkpoint:
     except (RuntimeError, ValueError):
         # The file is sound (checked above) but holds a type MLX cannot read (Q5_0, Q5_1, ...):
         # the core loader dequantizes it with gguf.quants, or names the type it cannot read.
-        return _dequantized_by_core(path)
+        return _float_from_core_loader(path)
     args = ModelArgs.from_gguf_metadata(meta, "output.weight" in raw)
     rope_dims = meta.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
     if rope_dims != args.head_dim:
@@ -161,7 +159,8 @@ def _load_gguf(path: Path) -> Checkpoint:
     return Checkpoint(args, weights, quantized, str(path))
 
 
-def _dequantized_by_core(path: Path) -> Checkpoint:
+def _float_from_core_loader(path: str | Path) -> Checkpoint:
+    """Plain float arrays from the core loader: GGUF types MLX cannot read, random:SHAPE."""
     args, weights = load_weights(path)
     return Checkpoint(args, {name: mx.array(w) for name, w in weights.items()}, {}, str(path))
 
@@ -170,13 +169,7 @@ def _read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
         raise ModelLoadError(f"{directory} is not a model directory: it has no config.json")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ModelLoadError(f"cannot read {path} (truncated or corrupt?): {err}") from None
-    if not isinstance(config, dict):
-        raise ModelLoadError(f"{path} does not hold a JSON object")
-    return config
+    return read_json_object(path)
 
 
 def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
