@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core import ConfigError
 from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
 
 from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
@@ -37,12 +37,9 @@ def run(args: argparse.Namespace) -> int:
                      model=args.model, speculator=args.speculator, h2o=h2o_config(args),
                      specprefill=specprefill_config(args), decode_tokens=args.decode_tokens,
                      repeats=args.repeats, dtype=args.dtype, device=args.device)
-    bar = WorkProgressBar("bench")
-    try:
+    with WorkProgressBar("bench") as bar:
         result = run_bench(plan, log=bar.log, step=bar.step,
                            row_done=lambda partial: write_bench(partial, args.out, args.name))
-    finally:
-        bar.close()
     for path in write_bench(result, args.out, args.name):
         print(path)
     return 0

@@ -41,12 +41,9 @@ def run(args: argparse.Namespace) -> int:
                     perplexity_lengths=tuple(args.perplexity_lengths), passkey_lengths=tuple(args.passkey_lengths),
                     trials=args.trials, keeps=tuple(args.keeps), speculator=args.speculator, h2o=h2o_config(args),
                     specprefill=specprefill_config(args), dtype=args.dtype, device=args.device)
-    bar = WorkProgressBar("eval")
-    try:
+    with WorkProgressBar("eval") as bar:
         result = run_eval(plan, log=bar.log, step=bar.step,
                           cell_done=lambda partial: write_eval(partial, args.out, args.name))
-    finally:
-        bar.close()
     for path in write_eval(result, args.out, args.name):
         print(path)
     return 0

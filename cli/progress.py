@@ -49,3 +49,9 @@ class WorkProgressBar:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+    def __enter__(self) -> "WorkProgressBar":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
