@@ -1,15 +1,16 @@
-"""The contract between the public API (specfill.load / generate / stream_generate) and a backend.
+"""What a generation request is made of, and its checks, for the driver and the API.
 
 A backend package (specfill.backends.torch_cuda, specfill.backends.mlx) exposes
-    load(path, dtype=None, device=None) -> (CausalLM, Tokenizer)
-and its model implements `CausalLM`. Timing, detokenisation and response objects live in the
-API layer, once for both backends.
+    load(path, dtype=None, device=None) -> (core.driver.CausalLM, Tokenizer)
+Timing, detokenisation and response objects live in the API layer, once for both backends.
 """
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
@@ -111,37 +112,24 @@ def check_generation_fits(prompt_tokens: int, max_tokens: int, context: int) -> 
                                  f"{max_tokens} exceeds the model's context of {context} tokens")
 
 
+def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
+    """Token ids (a sequence of ints or an integer array [T] or [1, T]) as int64 NumPy [T],
+    checked: batch 1, not empty, integers inside the vocabulary."""
+    ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
+    if ids.ndim == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.ndim != 1 or ids.size == 0:
+        raise ConfigError(f"token ids must be a non-empty sequence (batch 1), got shape {tuple(ids.shape)}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ConfigError(f"token ids must be integers, got {ids.dtype}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        raise ConfigError(f"token id {low if low < 0 else high} is outside the vocabulary (size {vocab_size})")
+    return ids.astype(np.int64)
+
+
 def check_speculator_context(prompt_tokens: int, context: int) -> None:
     """The speculator reads the whole prompt, so it must fit the speculator's context too."""
     if prompt_tokens > context:
         raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the speculator's "
                                  f"context of {context} tokens")
-
-
-@runtime_checkable
-class CausalLM(Protocol):
-    """A loaded model on one backend."""
-
-    backend: str  # "cuda" or "mlx"
-    args: ModelArgs
-
-    @property
-    def device_name(self) -> str:
-        """Where it runs, for reports: "cuda:0 (NVIDIA H100 ...)", "cpu", "gpu" (Metal)."""
-
-    def __call__(self, ids: Any) -> Any:
-        """Logits for every position, [1, T, vocab], as the backend's array type."""
-
-    def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
-                      stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
-                      progress: ProgressCallback | None = None) -> Iterator[int]:
-        """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time
-        (the first yield marks the time to first token), stopping after a stop id or max_tokens."""
-
-    def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: PrefillInfo) -> Any:
-        """Logits [T, vocab] (float32 NumPy) for every prompt position, the prompt's attention
-        computed by `method`: "full" or "h2o" (speculative prefill drops tokens: ConfigError).
-        For perplexity and cross-backend parity."""
-
-    def peak_memory_gb(self) -> float:
-        """Peak device (or process) memory so far, in GB."""

@@ -1,23 +1,28 @@
-"""Typed stage interfaces shared by the NumPy reference and every backend.
+"""The one set of stage types, for the NumPy reference and every backend.
 
-Arrays are NumPy at this boundary (backends convert at their adapter). Shapes use:
+Generic over a backend's array type A (np.ndarray for the NumPy reference, torch.Tensor,
+mx.array); the ops protocol the methods are written against is in core/ops.py. Shapes use:
   Hq query heads, Hkv KV heads (Hq = G * Hkv, query head h reads KV head h // G),
   T query tokens, N prompt tokens, D head dim, M memory size (L + H),
   n_q scoring queries (last prompt token + look-ahead), n_l scoring layers, P prompt length.
 Softmax statistics are float32 at least (float64 when the inputs are float64).
+The conformance suite talks to a backend through the same stage names with NumPy in and out
+(`H2OStages` / `SpecPrefillStages`, implemented by each backend's conformance adapter).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 
+A = TypeVar("A")  # a backend's array type
+
 
 @dataclass(frozen=True)
-class AttentionState:
+class AttentionState(Generic[A]):
     """Online-softmax state of attention over one key block, per query and query head.
 
     m: [Hq, T] max scaled logit over the block's keys (-inf when the block is empty).
@@ -26,13 +31,17 @@ class AttentionState:
     Two states over disjoint key blocks merge exactly (see `merge_states`).
     """
 
-    m: np.ndarray
-    l: np.ndarray
-    o: np.ndarray
+    m: A
+    l: A
+    o: A
+
+    def rows(self, start: int, stop: int) -> AttentionState[A]:
+        """The state of query tokens [start, stop)."""
+        return AttentionState(self.m[:, start:stop], self.l[:, start:stop], self.o[:, start:stop])
 
 
 @dataclass(frozen=True)
-class IntraResult:
+class IntraResult(Generic[A]):
     """Phase 1: block-diagonal causal attention of every chunk at once.
 
     state: AttentionState over keys [chunk_start(i), i] for each query i.
@@ -40,24 +49,24 @@ class IntraResult:
     (intra-only normalisation: phase 1 runs before the memory sets exist).
     """
 
-    state: AttentionState
-    colsum: np.ndarray
+    state: AttentionState[A]
+    colsum: A
 
 
 @dataclass(frozen=True)
-class InterResult:
+class InterResult(Generic[A]):
     """Phase 2: attention of one chunk's queries to the previous memory set (no mask).
 
     state: AttentionState over the M gathered keys.
     colsum: [Hq, M] per memory slot, sum over the chunk's queries of softmax_inter(i, slot).
     """
 
-    state: AttentionState
-    colsum: np.ndarray
+    state: AttentionState[A]
+    colsum: A
 
 
 @dataclass(frozen=True)
-class MemorySet:
+class MemorySet(Generic[A]):
     """Memory set M_c built after chunk c, per KV head.
 
     indices: [Hkv, M] int64 prompt positions, ascending in each row, unique, all < chunk_end.
@@ -65,7 +74,7 @@ class MemorySet:
     ranked by the KV head's accumulated score, ties to the lower position.
     """
 
-    indices: np.ndarray
+    indices: A
     chunk_index: int
 
     @property
@@ -74,7 +83,7 @@ class MemorySet:
 
 
 @dataclass
-class H2OCarry:
+class H2OCarry(Generic[A]):
     """State carried across logical batches of one layer (prompt longer than B).
 
     scores: [Hkv, n_done] accumulated score per processed prompt position.
@@ -82,9 +91,9 @@ class H2OCarry:
     memory_sets: every memory set built so far, in chunk order (for reports and tests).
     """
 
-    scores: np.ndarray
-    memory: MemorySet | None = None
-    memory_sets: list[MemorySet] = field(default_factory=list)
+    scores: A
+    memory: MemorySet[A] | None = None
+    memory_sets: list[MemorySet[A]] = field(default_factory=list)
 
     @property
     def n_done(self) -> int:
@@ -92,7 +101,7 @@ class H2OCarry:
 
 
 @dataclass(frozen=True)
-class H2OLayerResult:
+class H2OLayerResult(Generic[A]):
     """One layer's H2O prefill attention over a whole prompt.
 
     output: [Hq, N, D] attention output for every prompt position.
@@ -100,13 +109,13 @@ class H2OLayerResult:
     memory_sets: M_0 .. M_{k-2} (none is built after the final chunk).
     """
 
-    output: np.ndarray
-    scores: np.ndarray
-    memory_sets: list[MemorySet]
+    output: A
+    scores: A
+    memory_sets: list[MemorySet[A]]
 
 
 @dataclass(frozen=True)
-class TokenScores:
+class TokenScores(Generic[A]):
     """Speculative-prefill token importance.
 
     probs: [n_q, n_l, Hq, P] softmax of each scoring query over the prompt keys.
@@ -114,9 +123,9 @@ class TokenScores:
     importance: [P] max over heads and layers, mean over the scoring queries.
     """
 
-    probs: np.ndarray
-    smoothed: np.ndarray
-    importance: np.ndarray
+    probs: A
+    smoothed: A
+    importance: A
 
 
 @dataclass(frozen=True)
@@ -137,7 +146,7 @@ class Selection:
 
 @runtime_checkable
 class H2OStages(Protocol):
-    """The H2O stages a backend implements (NumPy in, NumPy out at this boundary)."""
+    """The H2O stages at the conformance boundary (NumPy in, NumPy out)."""
 
     def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
                         scale: float) -> IntraResult:
@@ -167,12 +176,12 @@ class H2OStages(Protocol):
 
     def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
                         scale: float) -> H2OLayerResult:
-        """Whole-prompt two-phase attention for one layer, logical batches included."""
+        """Whole-prompt two-phase attention for one layer: the core walk over this backend's ops."""
 
 
 @runtime_checkable
 class SpecPrefillStages(Protocol):
-    """The speculative-prefill stages a backend implements."""
+    """The speculative-prefill stages at the conformance boundary (NumPy in, NumPy out)."""
 
     def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
         """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]."""

@@ -24,8 +24,10 @@ from typing import Any, Callable
 import torch
 import transformers
 
-from specfill.backends.torch_cuda import TorchCausalLM, resolve_device, resolve_dtype
-from specfill.backends.torch_cuda.generate import prefill
+from specfill.backends.torch_cuda import from_weights, resolve_device, resolve_dtype
+from specfill.core.driver import CausalLM
+from specfill.core.methods.prefill import prefill
+from specfill.core.runtime import check_token_ids
 from specfill.core.demo_model import require_demo_model
 from specfill.core.models import ModelArgs
 from specfill.core.random_model import RANDOM_SHAPES
@@ -34,7 +36,7 @@ from specfill.core.weights import load_weights
 _HF_FAMILIES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 
 
-def hf_random(shape: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, TorchCausalLM]:
+def hf_random(shape: str, dtype: torch.dtype, device: torch.device) -> tuple[Any, CausalLM]:
     config_kwargs = copy.deepcopy(RANDOM_SHAPES[shape])  # transformers edits nested dicts in place
     family = _HF_FAMILIES[config_kwargs.pop("model_type")]
     config = getattr(transformers, f"{family}Config")(**config_kwargs)
@@ -43,7 +45,7 @@ def hf_random(shape: str, dtype: torch.dtype, device: torch.device) -> tuple[Any
     weights = {k: v.detach().float().numpy() for k, v in hf.state_dict().items()}
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    ours = TorchCausalLM.from_weights(ModelArgs.from_hf_config(config.to_dict()), weights,
+    ours = from_weights(ModelArgs.from_hf_config(config.to_dict()), weights,
                                       dtype=dtype, device=device)
     del weights
     hf = hf.to(device=device, dtype=dtype)
@@ -70,13 +72,14 @@ def time_call(fn: Callable[[], int], device: torch.device) -> float:
     return time.perf_counter() - start
 
 
-def ours_ttft(model: TorchCausalLM, ids: list[int]) -> int:
+def ours_ttft(model: CausalLM, ids: list[int]) -> int:
     """What generate_step runs before its first yield (called directly: an 8K prompt fills the
     whole 8K context of SmolLM2, leaving generate_step no room for max_tokens)."""
-    tokens = model.token_tensor(ids)
-    cache = model.new_cache(tokens.shape[0])
-    positions = torch.arange(tokens.shape[0], device=tokens.device)
-    logits = prefill(model.model, tokens, positions, cache, step_size=model.prefill_step_size)
+    tokens = check_token_ids(ids, model.args.vocab_size)
+    with model.ops.device_scope():
+        cache = model.ops.new_cache(model.model, len(tokens))
+        logits = prefill(model.ops, model.model, model.ops.tokens(tokens), 0, cache,
+                         step_size=model.prefill_step_size)
     return int(logits[-1].argmax())
 
 
@@ -179,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         path = args.model or require_demo_model()
         model_args, weights = load_weights(path)
-        ours = TorchCausalLM.from_weights(model_args, weights, dtype=dtype, device=device)
+        ours = from_weights(model_args, weights, dtype=dtype, device=device)
         del weights
         hf = hf_from_gguf(path, dtype, device)
         model_name = path.name

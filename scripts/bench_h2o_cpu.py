@@ -20,7 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specfill.backends.torch_cuda.h2o import h2o_attention_layer
+from specfill.backends.torch_cuda.ops import TorchOps
+from specfill.core.methods.h2o import h2o_attention_layer
 from specfill.core import H2OConfig
 
 CONFIG = H2OConfig(1024, 4096, 256, 256)  # (S, B, L, H) of issue #4
@@ -39,6 +40,9 @@ def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
     return best_wall, best_cpu
 
 
+TWINS = TorchOps(torch.device("cpu"), torch.float32, use_kernels=False)
+
+
 def layer_rows(lengths: list[int], repeats: int, config: H2OConfig) -> list[dict]:
     rows = []
     scale = HEAD_DIM ** -0.5
@@ -49,7 +53,7 @@ def layer_rows(lengths: list[int], repeats: int, config: H2OConfig) -> list[dict
         k, v = (torch.randn(KV_HEADS, n, HEAD_DIM, generator=gen) for _ in range(2))
         full = timed(lambda: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
                                                             scale=scale, enable_gqa=True), repeats)
-        h2o = timed(lambda: h2o_attention_layer(q, k, v, config, scale, use_kernels=False), repeats)
+        h2o = timed(lambda: h2o_attention_layer(TWINS, q, k, v, config, scale), repeats)
         rows.append({"tokens": n, "full": full, "h2o": h2o})
     return rows
 

@@ -29,7 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.backends.mlx import load
-from specfill.backends.mlx.causal_lm import MLXCausalLM
+from specfill.core.driver import CausalLM
 from specfill.core.demo_model import require_demo_model
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
@@ -92,7 +92,7 @@ class OtherLoad:
         return round(max(others, 0.0) / (end[2] - self.start[2]), 2)
 
 
-def run_once(model: MLXCausalLM, ids: list[int], decode_tokens: int) -> tuple[float, float]:
+def run_once(model: CausalLM, ids: list[int], decode_tokens: int) -> tuple[float, float]:
     """(seconds to the first token, decode tokens/s over the rest)."""
     start = time.perf_counter()
     stamps = []
@@ -102,7 +102,7 @@ def run_once(model: MLXCausalLM, ids: list[int], decode_tokens: int) -> tuple[fl
     return stamps[0] - start, decode_tokens / (stamps[-1] - stamps[0])
 
 
-def measure(model: MLXCausalLM, prompt: list[int], lengths: list[int], repeats: int,
+def measure(model: CausalLM, prompt: list[int], lengths: list[int], repeats: int,
             decode_tokens: int) -> list[dict[str, Any]]:
     run_once(model, prompt[:32], 2)  # warm-up: allocator, kernels, compiled graphs
     rows = []
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         load_s = time.perf_counter() - start
         weights = "quantized (kept)" if model.quantized else f"dequantized {variant}"
         activations = str(model.dtype).removeprefix("mlx.core.")
-        device = "gpu" if model.device.type == mx.DeviceType.gpu else "cpu"
+        device = "gpu" if model.ops.device.type == mx.DeviceType.gpu else "cpu"
         print(f"{variant}: {weights}, activations {activations}, {device}, load {load_s:.2f} s")
         rng = np.random.default_rng(0)
         prompt = rng.integers(100, model.args.vocab_size, max(lengths)).tolist()

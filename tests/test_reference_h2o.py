@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from specfill.core import H2OConfig
+from specfill.core.methods import h2o as methods_h2o
 from specfill.core.reference import REFERENCE, h2o, oracle
 
 CASES = [  # (N, S, L, H, Hq, Hkv, B)
@@ -30,8 +31,8 @@ def test_two_phase_equals_oracle_float64(n, s, local, heavy, hq, hkv, b, seed):
 
 
 def test_dot_product_count_of_seed_001():
-    assert h2o.h2o_dot_products(4096, 1024, 512) == 3_672_064
-    assert h2o.full_dot_products(4096) == 8_390_656
+    assert methods_h2o.h2o_dot_products(4096, 1024, 512) == 3_672_064
+    assert methods_h2o.full_dot_products(4096) == 8_390_656
 
 
 def test_dot_products_equal_the_key_sets_actually_used():

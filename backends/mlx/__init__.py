@@ -8,17 +8,15 @@ The model runtime:
   loader.py       load(): device and dtype resolution, checkpoint -> model + tokenizer
   weights.py      GGUF (quantized layers kept), safetensors and mlx-lm directories -> arrays
   model.py        the Llama/Qwen2/Qwen3 modules; rope.py (explicit positions); cache.py
-  generate.py     stepped prefill, decode, sampling; causal_lm.py: the CausalLM object
+  ops.py          the ops protocol of core/ops.py on mx.arrays (the methods and the generation
+                  driver are written once, in core/methods/ and core/driver.py)
 
 The sparse prefill stages:
   kernels/intra.py    phase-1 intra attention of all chunks at once + key column sums
   kernels/inter.py    phase-2 attention to the gathered memory set + slot column sums
   kernels/scoring.py  speculator scoring: softmax of each scoring query over the prompt keys
   kernels/state.py    the (m, l, o) online-softmax state and its exact merge
-  h2o.py              memory sets, score accumulation, per-layer orchestration with batch carry
-  specprefill.py      pooling, reductions, chunk selection, original positions
-  h2o_prefill.py      H2O in the model: each logical batch layer by layer, one carry per layer
-  speculative.py      speculator pass (query capture, look-ahead), selection, sparse main prefill
+  stages.py           memory sets, score accumulation, gathers, pooling, reductions, sampling
   conformance.py      the adapter `specfill conformance --backend mlx` drives
 
 Each kernels/ module holds a Metal kernel (built once through `mx.fast.metal_kernel`), an
@@ -38,7 +36,7 @@ __all__ = ["load"]
 
 def load(path: str | Path, dtype: Any = None, device: Any = None,
          prefill_step_size: int | None = None) -> tuple[Any, Any]:
-    """(MLXCausalLM, Tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory; see
+    """(CausalLM, Tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory; see
     loader.load. Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
     try:
         from . import loader

@@ -58,6 +58,13 @@ class KVCache:
         self.offset = end
         return self.keys[..., :end, :], self.values[..., :end, :]
 
+    def trim(self, n: int) -> int:
+        """Forget the last n filled slots (their buffers are overwritten later); returns how many
+        were dropped."""
+        dropped = min(max(n, 0), self.offset)
+        self.offset -= dropped
+        return dropped
+
     @property
     def state(self) -> list[mx.array]:
         """The arrays to evaluate after a step (mx.eval(cache.state))."""

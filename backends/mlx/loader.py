@@ -1,4 +1,4 @@
-"""load(): checkpoint -> MLXCausalLM + tokenizer, with device and dtype resolution.
+"""load(): checkpoint -> CausalLM + tokenizer, with device and dtype resolution.
 
 dtype=None keeps quantized layers quantized (GGUF Q4_0/Q4_1/Q8_0, mlx-lm directories) and
 computes in float32 on CPU, in the checkpoint's float type on the GPU; a dtype ("float32",
@@ -12,12 +12,12 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.tokenizer import load_tokenizer
 
-from .causal_lm import MLXCausalLM
-from .generate import DEFAULT_PREFILL_STEP_SIZE
 from .model import Model
+from .ops import MLXOps
 from .weights import Checkpoint, load_checkpoint, to_dtype
 
 _DTYPES = {"float32": mx.float32, "fp32": mx.float32, "float16": mx.float16,
@@ -89,7 +89,7 @@ def build_model(checkpoint: Checkpoint) -> Model:
 
 def load(path: str | Path, dtype: str | mx.Dtype | None = None,
          device: str | mx.Device | None = None,
-         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[MLXCausalLM, Any]:
+         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory. Missing,
     corrupt or unsupported checkpoints raise ModelLoadError."""
     resolved_device = resolve_device(device)
@@ -101,5 +101,5 @@ def load(path: str | Path, dtype: str | mx.Dtype | None = None,
         model = build_model(checkpoint)
     quantized = bool(checkpoint.quantized)
     del checkpoint
-    return (MLXCausalLM(model, device=resolved_device, quantized=quantized,
-                        prefill_step_size=prefill_step_size), load_tokenizer(path))
+    ops = MLXOps(resolved_device, quantized=quantized)
+    return CausalLM(model, ops, prefill_step_size=prefill_step_size), load_tokenizer(path)

@@ -14,30 +14,20 @@ q and k before RoPE.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable, Protocol
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from specfill.core.models import ModelArgs
+from specfill.core.ops import PrefillAttention
 
 from .cache import KVCache
 from .rope import Positions, RoPE
 
 # One layer's attention of a step: (q [1, H, T, D], every cached k/v [1, Hkv, S, D]) -> [1, H, T, D]
 LayerAttention = Callable[[mx.array, mx.array, mx.array], mx.array]
-
-
-class PrefillAttention(Protocol):
-    """How a prefill step attends (H2O, the speculator's query capture); plain causal otherwise.
-
-    Called per layer with its index, the step's post-RoPE queries [1, H, T, D] and every key and
-    value cached so far [1, Hkv, S, D] (the step's own in the last T slots)."""
-
-    def __call__(self, layer: int, q: mx.array, k: mx.array, v: mx.array) -> mx.array: ...
-
-    def arrays(self) -> list[mx.array]:
-        """State carried between steps, evaluated with the cache after each step."""
 
 
 def output_bias(args: ModelArgs) -> bool:
@@ -171,3 +161,26 @@ class Model(nn.Module):
                  cache: list[KVCache] | None = None) -> mx.array:
         """Logits [1, T, vocab] for every position."""
         return self.logits(self.hidden(ids, positions, cache))
+
+    def first_layers(self, n_layers: int) -> LayerView:
+        """This model's first n blocks with its embedding, final norm and LM head, all shared
+        (no copies): the "self:K" speculator."""
+        if not 1 <= n_layers <= len(self.layers):
+            raise ValueError(f"first_layers takes 1..{len(self.layers)} layers, got {n_layers}")
+        return LayerView(self, n_layers, replace(self.args, num_hidden_layers=n_layers))
+
+
+@dataclass(frozen=True)
+class LayerView:
+    """A Model run through its first `n_layers` blocks only (same interface as Model)."""
+
+    model: Model
+    n_layers: int
+    args: ModelArgs
+
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[KVCache] | None = None,
+               attend: PrefillAttention | None = None) -> mx.array:
+        return self.model.hidden(ids, positions, cache, attend, self.n_layers)
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        return self.model.logits(hidden)

@@ -8,14 +8,20 @@ from __future__ import annotations
 from pathlib import Path
 import torch
 
+from typing import Mapping
+
+import numpy as np
+
+from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.models import ModelArgs
 from specfill.core.tokenizer import Tokenizer, load_tokenizer
 from specfill.core.weights import load_weights
 
-from .causal_lm import TorchCausalLM
-from .generate import DEFAULT_PREFILL_STEP_SIZE
+from .ops import TorchOps
+from .weights import build_transformer
 
-__all__ = ["TorchCausalLM", "cuda_available", "load", "resolve_device", "resolve_dtype"]
+__all__ = ["CausalLM", "TorchOps", "cuda_available", "from_weights", "load", "resolve_device", "resolve_dtype"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
            "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
@@ -56,15 +62,25 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return resolved
 
 
+def from_weights(args: ModelArgs, weights: Mapping[str, np.ndarray], *, dtype: torch.dtype,
+                 device: torch.device | str, prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                 use_kernels: bool | None = None) -> CausalLM:
+    """A CausalLM on this backend from Hugging Face-named weights. use_kernels picks the H2O /
+    scoring stages: None = Triton on CUDA and the torch twins elsewhere; True / False force one."""
+    model = build_transformer(args, weights, dtype, device)
+    return CausalLM(model, TorchOps(model.embed.weight.device, dtype, use_kernels),
+                    prefill_step_size=prefill_step_size)
+
+
 def load(path: str | Path, dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None,
-         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[TorchCausalLM, Tokenizer]:
+         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Tokenizer]:
     """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
     safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     args, weights = load_weights(path)
-    model = TorchCausalLM.from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
-                                       prefill_step_size=prefill_step_size)
+    model = from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
+                         prefill_step_size=prefill_step_size)
     del weights
     return model, load_tokenizer(path)

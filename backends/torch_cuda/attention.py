@@ -1,44 +1,34 @@
 """Attention strategies: how one layer turns a step's post-RoPE q/k/v into attention output.
 
-`Attention` projects, normalises and rotates q/k/v, writes k/v to the layer's cache, then hands
-everything to a `PrefillAttention`. Full causal attention is the default; H2O's two-phase prefill
-plugs in its own strategy with the same signature (decode always uses full attention).
+`Attention` projects, normalises and rotates q/k/v, stores k/v with the layer cache's
+`update_and_fetch`, then attends over every cached slot: causal attention by default, or a
+`PrefillAttention` (core/ops.py: H2O's two-phase walk, the speculator's query capture) with the
+same arguments. Decode always uses full attention.
 """
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import LayerKVCache
 
-
-class PrefillAttention(Protocol):
-    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 cache: LayerKVCache, start: int) -> torch.Tensor:
-        """q [1, Hq, T, D], k/v [1, Hkv, T, D]: the step's tokens after RoPE (and q/k norm),
-        already stored in `cache` slots [start, start + T). Returns the attention output
-        [1, Hq, T, D] in q's dtype; query head h reads KV head h // (Hq // Hkv)."""
-
-
-def causal_attention(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     cache: LayerKVCache, start: int) -> torch.Tensor:
-    """Each query attends to every slot up to its own (slots 0..start + t)."""
-    steps = q.shape[2]
-    end = start + steps
-    gqa = q.shape[1] != k.shape[1]
+def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     scale: float | None = None) -> torch.Tensor:
+    """q [1, Hq, T, D] of a step against every cached slot keys/values [1, Hkv, S, D] (the
+    step's own in the last T): query t sees slots 0..S - T + t. Returns [1, Hq, T, D]."""
+    steps, end = q.shape[2], keys.shape[2]
+    start = end - steps
+    gqa = q.shape[1] != keys.shape[1]
     if start == 0:  # the step's own keys are the whole context: plain causal
-        return F.scaled_dot_product_attention(q, k, v, is_causal=steps > 1, enable_gqa=gqa)
-    keys, values = cache.keys(end), cache.values(end)
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=steps > 1, enable_gqa=gqa, scale=scale)
     if steps == 1:  # one query sees every filled slot
-        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa, scale=scale)
     if q.device.type == "cpu" and _cpu_flash() is not None:
-        return _cpu_prefix_then_causal(q, keys, values, start)
-    return lower_right_causal(q, keys, values)
+        return _cpu_prefix_then_causal(q, keys, values, start, scale)
+    return lower_right_causal(q, keys, values, scale)
 
 
-def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       scale: float | None = None) -> torch.Tensor:
     """Causal attention of the last T of S slots (query t sees slots 0..S - T + t). On CUDA the
     lower-right causal bias runs the flash / memory-efficient kernels without a materialised
     mask; those raw kernels take equal head counts, so KV heads are expanded first."""
@@ -49,7 +39,7 @@ def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     if group > 1:
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
     return F.scaled_dot_product_attention(q, keys, values,
-                                          attn_mask=causal_lower_right(q.shape[2], keys.shape[2]))
+                                          attn_mask=causal_lower_right(q.shape[2], keys.shape[2]), scale=scale)
 
 
 def _cpu_flash():
@@ -61,14 +51,14 @@ def _cpu_flash():
         return None
 
 
-def _cpu_prefix_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                            start: int) -> torch.Tensor:
+def _cpu_prefix_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                            scale: float | None = None) -> torch.Tensor:
     """A query chunk after `start` cached slots, as two fused CPU flash calls merged by their
     log-sum-exp: unmasked over the prefix, causal over the chunk. A boolean mask would make the
     kernel do the full rectangle, ~1.4x the work at 2K over 4K keys."""
     flash = _cpu_flash()
-    out_prefix, lse_prefix = flash(q, keys[:, :, :start], values[:, :, :start], 0.0, False)
-    out_chunk, lse_chunk = flash(q, keys[:, :, start:], values[:, :, start:], 0.0, True)
+    out_prefix, lse_prefix = flash(q, keys[:, :, :start], values[:, :, :start], 0.0, False, scale=scale)
+    out_chunk, lse_chunk = flash(q, keys[:, :, start:], values[:, :, start:], 0.0, True, scale=scale)
     lse = torch.logaddexp(lse_prefix, lse_chunk)  # float32 softmax statistics [1, Hq, T]
     w_prefix = torch.exp(lse_prefix - lse).unsqueeze(-1)
     w_chunk = torch.exp(lse_chunk - lse).unsqueeze(-1)

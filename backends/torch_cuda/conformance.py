@@ -2,8 +2,8 @@
 
 Inputs arrive as float64 NumPy arrays already rounded to the dtype under test; they become
 torch tensors of that dtype on the adapter's device, and results go back as NumPy. Softmax
-statistics and scores stay float32 (float64 at float64). `attention_layer` runs this backend's
-own orchestration (backends/torch_cuda/h2o.py), not the core's.
+statistics and scores stay float32 (float64 at float64). `attention_layer` runs
+the one walk of core/methods/h2o.py over this backend's ops (backends/torch_cuda/ops.py).
 """
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import torch
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.errors import BackendUnavailableError
+from specfill.core.methods.h2o import h2o_attention_layer
+from specfill.core.reference.specprefill import select_tokens
 from specfill.core.stages import (AttentionState, H2OLayerResult, InterResult, IntraResult, MemorySet,
                                   Selection)
 
-from . import h2o, specprefill
-from .kernels import inter_attention, intra_attention, kernel_unavailable_reason
-from .kernels.state import AttentionState as TorchState
+from .kernels import kernel_unavailable_reason
+from .ops import TorchOps
 
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
@@ -39,6 +40,7 @@ class TorchStagesAdapter:
         self.stats_dtype = torch.float64 if dtype == "float64" else torch.float32
         self.use_kernels = use_kernels
         self.device = device
+        self.ops = TorchOps(device, self.torch_dtype, use_kernels)
 
     def _in(self, *arrays: np.ndarray, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
         return tuple(torch.as_tensor(np.asarray(a), device=self.device).to(dtype or self.torch_dtype)
@@ -47,64 +49,68 @@ class TorchStagesAdapter:
     def _stats(self, *arrays: np.ndarray) -> tuple[torch.Tensor, ...]:
         return self._in(*arrays, dtype=self.stats_dtype)
 
-    def _indices(self, memory: MemorySet | None) -> torch.Tensor | None:
+    def _memory(self, memory: MemorySet | None) -> MemorySet | None:
         if memory is None:
             return None
-        return torch.as_tensor(np.asarray(memory.indices), dtype=torch.int64, device=self.device)
+        indices = torch.as_tensor(np.asarray(memory.indices), dtype=torch.int64, device=self.device)
+        return MemorySet(indices, memory.chunk_index)
+
+    def _state_in(self, s: AttentionState) -> AttentionState:
+        return AttentionState(*self._stats(s.m, s.l), *self._in(s.o))
 
     @staticmethod
-    def _state(state: TorchState) -> AttentionState:
-        return AttentionState(*(_numpy(x) for x in state))
+    def _state(state: AttentionState) -> AttentionState:
+        return AttentionState(_numpy(state.m), _numpy(state.l), _numpy(state.o))
 
     # H2O stages
     def intra_attention(self, q, k, v, chunk_size, scale) -> IntraResult:
-        result = intra_attention(*self._in(q, k, v), chunk_size, scale, use_kernel=self.use_kernels)
+        result = self.ops.intra_attention(*self._in(q, k, v), chunk_size, scale)
         return IntraResult(self._state(result.state), _numpy(result.colsum))
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads) -> np.ndarray:
-        return _numpy(h2o.reduce_colsum_to_kv_heads(*self._stats(colsum), n_kv_heads))
+        return _numpy(self.ops.reduce_colsum_to_kv_heads(*self._stats(colsum), n_kv_heads))
 
     def accumulate_scores(self, scores, memory, kv_colsum) -> np.ndarray:
         scores_t, colsum_t = self._stats(scores, kv_colsum)
-        return _numpy(h2o.accumulate_scores(scores_t, self._indices(memory), colsum_t))
+        return _numpy(self.ops.accumulate_scores(scores_t, self._memory(memory), colsum_t))
 
     def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy) -> MemorySet:
-        indices = h2o.build_memory_set(*self._stats(scores), self._indices(previous), chunk_start, chunk_end,
-                                       local, heavy)
-        return MemorySet(_numpy(indices), chunk_index)
+        memory = self.ops.build_memory_set(*self._stats(scores), self._memory(previous), chunk_index, chunk_start,
+                                           chunk_end, local, heavy)
+        return MemorySet(_numpy(memory.indices), chunk_index)
 
     def gather_memory(self, k, v, memory) -> tuple[np.ndarray, np.ndarray]:
-        k_mem, v_mem = h2o.gather_memory(*self._in(k, v), self._indices(memory))
+        k_mem, v_mem = self.ops.gather_memory(*self._in(k, v), self._memory(memory))
         return _numpy(k_mem), _numpy(v_mem)
 
     def inter_attention(self, q, k_mem, v_mem, scale) -> InterResult:
-        result = inter_attention(*self._in(q, k_mem, v_mem), scale, use_kernel=self.use_kernels)
+        result = self.ops.inter_attention(*self._in(q, k_mem, v_mem), scale)
         return InterResult(self._state(result.state), _numpy(result.colsum))
 
     def merge_states(self, a, b) -> AttentionState:
-        def state(s: AttentionState) -> TorchState:
-            return TorchState(*self._stats(s.m, s.l), *self._in(s.o))
-        return self._state(h2o.merge_states(state(a), state(b)))
+        return self._state(self.ops.merge_states(self._state_in(a), self._state_in(b)))
 
     def attention_layer(self, q, k, v, config: H2OConfig, scale) -> H2OLayerResult:
-        out = h2o.h2o_attention_layer(*self._in(q, k, v), config, scale, use_kernels=self.use_kernels)
-        sets = [MemorySet(_numpy(m), c) for c, m in enumerate(out.memory_sets)]
+        """The one walk of core/methods/h2o.py over this backend's ops."""
+        out = h2o_attention_layer(self.ops, *self._in(q, k, v), config, scale)
+        sets = [MemorySet(_numpy(m.indices), m.chunk_index) for m in out.memory_sets]
         return H2OLayerResult(_numpy(out.output), _numpy(out.scores), sets)
 
     # speculative-prefill stages
     def attention_scores(self, queries, keys, scale) -> np.ndarray:
-        return _numpy(specprefill.attention_scores(*self._in(queries, keys), scale, use_kernel=self.use_kernels))
+        return _numpy(self.ops.attention_scores(*self._in(queries, keys), scale))
 
     def smooth_scores(self, probs, kernel) -> np.ndarray:
-        return _numpy(specprefill.smooth_scores(*self._stats(probs), kernel))
+        return _numpy(self.ops.smooth_scores(*self._stats(probs), kernel))
 
     def reduce_scores(self, probs, head_reduction, layer_reduction) -> np.ndarray:
-        return _numpy(specprefill.reduce_scores(*self._stats(probs), head_reduction, layer_reduction))
+        per_layer = self.ops.reduce_axis(*self._stats(probs), head_reduction, axis=2)
+        return _numpy(self.ops.reduce_axis(self.ops.reduce_axis(per_layer, layer_reduction, axis=1), "mean", axis=0))
 
     def select_tokens(self, importance, config: SpecPrefillConfig) -> Selection:
-        chosen = specprefill.select_tokens(*self._stats(importance), config)
-        return Selection(kept=_numpy(chosen.kept), position_ids=_numpy(chosen.position_ids),
-                         decode_start=chosen.decode_start, chunk_scores=_numpy(chosen.chunk_scores))
+        """Selection runs on the host for every backend (core/reference/specprefill.py, float64
+        chunk means) from the importance the backend computed in its statistics dtype."""
+        return select_tokens(_numpy(*self._stats(importance)), config)
 
 
 def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,

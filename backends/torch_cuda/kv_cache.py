@@ -1,8 +1,8 @@
 """Static, preallocated KV cache addressed by slot.
 
 A slot is where a token's keys/values live; its RoPE position is separate (already applied to the
-keys). Tokens always fill slots in order, so a step writes the contiguous range
-[start, start + T) and attends to slots [0, start + T). Speculative prefill stores its kept
+keys). Tokens always fill slots in order: a step's `update_and_fetch` writes [offset, offset + T)
+and returns slots [0, offset + T) (mlx-lm's interface, core/ops.py `LayerCache`). Speculative prefill stores its kept
 tokens in slots 0..K-1 with their original positions and decodes from slot K.
 """
 from __future__ import annotations
@@ -19,25 +19,29 @@ class LayerKVCache:
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         self.k = keys
         self.v = values
+        self.offset = 0
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k/v [1, Hkv, T, D] (post-RoPE) in slots [start, start + T)."""
-        end = start + k.shape[2]
+    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store k/v [1, Hkv, T, D] (post-RoPE) in the next T slots; return every filled slot's
+        keys and values [1, Hkv, offset + T, D] (views, no copies)."""
+        start, end = self.offset, self.offset + k.shape[2]
         if end > self.capacity:
             raise PromptTooLongError(f"KV cache holds {self.capacity} tokens, "
                                      f"writing slots {start}..{end - 1}")
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
+        self.offset = end
+        return self.k[:, :, :end], self.v[:, :, :end]
 
-    def keys(self, end: int) -> torch.Tensor:
-        return self.k[:, :, :end]
-
-    def values(self, end: int) -> torch.Tensor:
-        return self.v[:, :, :end]
+    def trim(self, n: int) -> int:
+        """Forget the last n filled slots; returns how many were dropped."""
+        dropped = min(max(n, 0), self.offset)
+        self.offset -= dropped
+        return dropped
 
 
 class KVCache:
@@ -51,7 +55,11 @@ class KVCache:
         self.k = keys
         self.v = values
         self.layers = [LayerKVCache(k, v) for k, v in zip(keys, values)]
-        self.filled = 0
+
+    @property
+    def filled(self) -> int:
+        """Slots filled so far (every layer fills the same ones)."""
+        return self.layers[0].offset
 
     @classmethod
     def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype,

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfill.core.models import ModelArgs
+from specfill.core.ops import PrefillAttention
 
-from .attention import PrefillAttention, causal_attention
+from .attention import causal_attention
 from .kv_cache import KVCache, LayerKVCache
 from .rope import RotaryEmbedding, apply_rope
 
@@ -45,7 +46,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                cache: LayerKVCache, start: int, attend: PrefillAttention) -> torch.Tensor:
+                cache: LayerKVCache, attend: PrefillAttention | None) -> torch.Tensor:
         _, steps, _ = x.shape
         q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
         q = q.view(1, steps, self.n_heads, self.head_dim)
@@ -56,8 +57,8 @@ class Attention(nn.Module):
         cos, sin = rope
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
-        cache.write(start, k, v)
-        out = attend(self.layer, q, k, v, cache, start)
+        keys, values = cache.update_and_fetch(k, v)
+        out = causal_attention(q, keys, values) if attend is None else attend(self.layer, q, keys, values)
         return self.wo(out.transpose(1, 2).reshape(1, steps, -1))
 
 
@@ -85,8 +86,8 @@ class Block(nn.Module):
         self.mlp = MLP(args)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                cache: LayerKVCache, start: int, attend: PrefillAttention) -> torch.Tensor:
-        h = self.attention(self.attention_norm(x), rope, cache, start, attend).add_(x)
+                cache: LayerKVCache, attend: PrefillAttention | None) -> torch.Tensor:
+        h = self.attention(self.attention_norm(x), rope, cache, attend).add_(x)
         return self.mlp(self.mlp_norm(h)).add_(h)
 
 
@@ -113,10 +114,10 @@ class Transformer(nn.Module):
         view.layers = nn.ModuleList(self.layers[:n])
         return view.eval()
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, start: int,
-                logits_from: int | None = 0,
-                attend: PrefillAttention = causal_attention) -> torch.Tensor | None:
-        """ids [1, T] at RoPE `positions` [T], stored in cache slots [start, start + T).
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, logits_from: int | None = 0,
+                attend: PrefillAttention | None = None) -> torch.Tensor | None:
+        """ids [1, T] at RoPE `positions` [T], stored in the cache's next T slots; `attend`
+        replaces causal attention (H2O, the speculator's query capture).
 
         Returns logits [1, T - logits_from, vocab] float32 for the step's tokens from index
         `logits_from` on (the LM head runs only there), or None when logits_from is None.
@@ -124,8 +125,7 @@ class Transformer(nn.Module):
         x = self.embed(ids)
         rope = self.rope(positions, x.dtype)
         for block, layer_cache in zip(self.layers, cache.layers):
-            x = block(x, rope, layer_cache, start, attend)
-        cache.filled = start + ids.shape[1]
+            x = block(x, rope, layer_cache, attend)
         if logits_from is None:
             return None
         return self.lm_head(self.norm(x[:, logits_from:])).float()

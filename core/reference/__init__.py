@@ -1,19 +1,24 @@
 """The executable spec: a NumPy reference of every stage of both methods."""
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Sequence
+
 import numpy as np
 
 from ..config import H2OConfig, SpecPrefillConfig
 from ..stages import (AttentionState, H2OLayerResult, InterResult, IntraResult, MemorySet,
                       Selection)
+from ..methods.h2o import h2o_attention_layer
 from . import attention, h2o, oracle, specprefill
 
 
 class ReferenceStages:
-    """Both methods' stages, implemented by the NumPy reference functions.
+    """Both methods' stages, implemented by the NumPy reference functions: the `H2OOps` and
+    `ScoringOps` protocols (core/ops.py) on NumPy arrays, plus the conformance boundary.
 
-    A backend's conformance adapter has the same methods; the orchestration below calls the
-    stages through `self`, so a subclass that changes one stage changes the whole layer.
+    `attention_layer` runs the one walk of core/methods/h2o.py over `self`, so a subclass that
+    changes one stage (a planted bug) changes the whole layer.
     """
 
     def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
@@ -41,7 +46,28 @@ class ReferenceStages:
 
     def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
                         scale: float) -> H2OLayerResult:
-        return h2o.h2o_attention_layer(q, k, v, config, scale, stages=self)
+        return h2o_attention_layer(self, q, k, v, config, scale)
+
+    def causal_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+        return h2o.causal_attention(q, k, v, scale).o
+
+    def concat(self, arrays: Sequence[np.ndarray], axis: int) -> np.ndarray:
+        return np.concatenate(arrays, axis=axis)
+
+    def empty_scores(self, n_kv_heads: int, like: np.ndarray) -> np.ndarray:
+        return np.zeros((n_kv_heads, 0), attention.accumulation_dtype(like))
+
+    def zero_scores(self, n_kv_heads: int, n_tokens: int, like: np.ndarray) -> np.ndarray:
+        return np.zeros((n_kv_heads, n_tokens), attention.accumulation_dtype(like))
+
+    def cast_like(self, x: np.ndarray, like: np.ndarray) -> np.ndarray:
+        return x  # the reference keeps its accumulation dtype (float64 or float32)
+
+    def stage_scope(self, like: np.ndarray) -> nullcontext:
+        return nullcontext()
+
+    def reduce_axis(self, x: np.ndarray, how: str, axis: int) -> np.ndarray:
+        return specprefill.reduce_axis(x, how, axis)
 
     def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
         return specprefill.attention_scores(queries, keys, scale)

@@ -1,8 +1,9 @@
 """NumPy reference of H2O two-phase chunked sparse prefill (seed 001), one layer.
 
 For query i in chunk C_c the keys are K(i) = {j in C_c : j <= i} U M_{c-1}.
-Phase 1 computes the intra part of every chunk at once; phase 2 walks the chunks, attends to
-the previous memory set, accumulates scores, merges exactly and builds the next memory set.
+These are the stages (phase 1 of every chunk at once, phase 2's attention to a memory set, score
+accumulation, memory-set choice); the chunk walk that strings them together is written once for
+every backend in core/methods/h2o.py.
 """
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ import math
 
 import numpy as np
 
-from ..config import H2OConfig
-from ..stages import AttentionState, H2OCarry, H2OLayerResult, H2OStages, InterResult, IntraResult, MemorySet
-from .attention import accumulation_dtype, empty_state, expand_kv_heads, masked_state, slice_state
+from ..stages import AttentionState, InterResult, IntraResult, MemorySet
+from .attention import accumulation_dtype, empty_state, expand_kv_heads, masked_state
 
 
 def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
@@ -96,80 +96,3 @@ def gather_memory(k: np.ndarray, v: np.ndarray, memory: MemorySet) -> tuple[np.n
     """Per-KV-head gather of the memory rows: [Hkv, n, D] -> [Hkv, M, D]."""
     idx = memory.indices[:, :, None]
     return np.take_along_axis(k, idx, axis=1), np.take_along_axis(v, idx, axis=1)
-
-
-def h2o_attention_batch(q: np.ndarray, k: np.ndarray, v: np.ndarray, carry: H2OCarry,
-                        config: H2OConfig, scale: float, is_last: bool,
-                        stages: H2OStages) -> tuple[np.ndarray, H2OCarry]:
-    """One logical batch of one layer: phase 1 for all its chunks, then the phase-2 walk.
-
-    q [Hq, T, D] are the batch's queries, positions [carry.n_done, carry.n_done + T);
-    k/v [Hkv, >= carry.n_done + T, D] hold every key so far (memory sets point back into them).
-    """
-    size = config.chunk_size
-    start, n_tokens = carry.n_done, q.shape[1]
-    n_kv = k.shape[0]
-    if start % size != 0:
-        raise ValueError(f"a logical batch must start on a chunk boundary, got {start}")
-    intra = stages.intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens],
-                                   size, scale)
-    # scores of every chunk in the batch are initialised from the phase-1 column sums
-    scores = np.concatenate([carry.scores, stages.reduce_colsum_to_kv_heads(intra.colsum, n_kv)], axis=1)
-    memory, memory_sets = carry.memory, list(carry.memory_sets)
-    out = np.empty(intra.state.o.shape, dtype=intra.state.o.dtype)
-    for local_start in range(0, n_tokens, size):
-        local_end = min(local_start + size, n_tokens)
-        chunk_start, chunk_end = start + local_start, start + local_end
-        state = slice_state(intra.state, local_start, local_end)
-        if memory is not None:
-            k_mem, v_mem = stages.gather_memory(k, v, memory)
-            inter = stages.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale)
-            scores = stages.accumulate_scores(
-                scores, memory, stages.reduce_colsum_to_kv_heads(inter.colsum, n_kv))
-            state = stages.merge_states(inter.state, state)
-        out[:, local_start:local_end] = state.o
-        if is_last and local_end == n_tokens:
-            break  # no memory set after the final chunk: nothing would read it
-        if local_end - local_start != size:
-            raise ValueError("only the final chunk of a prompt may be partial")
-        memory = stages.build_memory_set(scores, memory, chunk_start // size, chunk_start, chunk_end,
-                                         config.local, config.heavy)
-        memory_sets.append(memory)
-    return out, H2OCarry(scores=scores, memory=memory, memory_sets=memory_sets)
-
-
-def h2o_attention_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
-                        scale: float, stages: H2OStages) -> H2OLayerResult:
-    """Whole-prompt H2O attention for one layer, logical batch by logical batch.
-
-    With H2O disabled (L + H = 0) this is plain causal attention, as in the llama.cpp plan.
-    """
-    n_tokens, n_kv = q.shape[1], k.shape[0]
-    if not config.enabled:
-        state = stages.intra_attention(q, k, v, max(1, n_tokens), scale).state
-        return H2OLayerResult(state.o, np.zeros((n_kv, n_tokens), state.o.dtype), [])
-    dtype = accumulation_dtype(q, k, v)
-    carry = H2OCarry(scores=np.zeros((n_kv, 0), dtype))
-    outputs = []
-    for batch_start in range(0, n_tokens, config.batch_size):
-        batch_end = min(batch_start + config.batch_size, n_tokens)
-        out, carry = h2o_attention_batch(q[:, batch_start:batch_end], k, v, carry, config, scale,
-                                         is_last=batch_end == n_tokens, stages=stages)
-        outputs.append(out)
-    return H2OLayerResult(np.concatenate(outputs, axis=1), carry.scores, carry.memory_sets)
-
-
-def h2o_dot_products(n_tokens: int, chunk_size: int, memory_size: int) -> int:
-    """q.k products per head of H2O prefill: causal intra per chunk + one memory per later chunk."""
-    total = 0
-    for chunk_start in range(0, n_tokens, chunk_size):
-        length = min(chunk_size, n_tokens - chunk_start)
-        total += length * (length + 1) // 2
-        if chunk_start > 0:
-            total += length * memory_size
-    return total
-
-
-def full_dot_products(n_tokens: int) -> int:
-    """q.k products per head of full causal prefill."""
-    return n_tokens * (n_tokens + 1) // 2

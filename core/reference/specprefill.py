@@ -1,5 +1,7 @@
 """NumPy reference of speculative prefill token selection (seed 002, Algorithm 1).
 
+These are the stages; the flow that strings them together (speculator pass, scoring over its
+layers, selection, sparse main prefill) is written once in core/methods/specprefill.py.
 Scores come from the speculator's queries of the last prompt token and of its greedy
 look-ahead tokens against the prompt keys of every scoring layer. Look-ahead queries score
 prompt positions only (softmax over the prompt keys), as the reference implementation does.
@@ -37,7 +39,8 @@ def smooth_scores(probs: np.ndarray, kernel: int) -> np.ndarray:
     return (csum[..., kernel:] - csum[..., :-kernel]) / kernel
 
 
-def _reduce(x: np.ndarray, how: str, axis: int) -> np.ndarray:
+def reduce_axis(x: np.ndarray, how: str, axis: int) -> np.ndarray:
+    """"max" or "mean" over one axis."""
     if how == "max":
         return x.max(axis=axis)
     if how == "mean":
@@ -47,14 +50,20 @@ def _reduce(x: np.ndarray, how: str, axis: int) -> np.ndarray:
 
 def reduce_scores(probs: np.ndarray, head_reduction: str, layer_reduction: str) -> np.ndarray:
     """[n_q, n_l, Hq, P] -> [P]: reduce heads, then layers, then mean over the scoring queries."""
-    per_layer = _reduce(probs, head_reduction, axis=2)
-    return _reduce(per_layer, layer_reduction, axis=1).mean(axis=0)
+    per_layer = reduce_axis(probs, head_reduction, axis=2)
+    return reduce_axis(per_layer, layer_reduction, axis=1).mean(axis=0)
 
 
 def chunk_means(importance: np.ndarray, chunk: int) -> np.ndarray:
-    """Mean importance of each contiguous selection chunk (the last may be shorter)."""
+    """Mean importance of each contiguous selection chunk (the last may be shorter), in float64:
+    the ranking of near-equal chunks must not depend on the backend's compute dtype."""
     n = importance.shape[0]
-    return np.array([importance[s:s + chunk].mean() for s in range(0, n, chunk)], dtype=importance.dtype)
+    n_chunks = -(-n // chunk)
+    padded = np.zeros(n_chunks * chunk, np.float64)
+    padded[:n] = importance
+    counts = np.full(n_chunks, float(chunk))
+    counts[-1] = n - (n_chunks - 1) * chunk
+    return padded.reshape(n_chunks, chunk).sum(axis=1) / counts
 
 
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
@@ -82,7 +91,8 @@ def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarra
 
 def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
                  stages: SpecPrefillStages) -> TokenScores:
-    """Importance of every prompt token from the scoring layers chosen by `config.layers`."""
+    """Importance of every prompt token from the scoring layers chosen by `config.layers`, through
+    `stages` at the NumPy boundary (the reference itself or a backend's conformance adapter)."""
     layers = config.layer_indices(queries.shape[0])
     probs = stages.attention_scores(queries[layers], keys[layers], scale)
     smoothed = stages.smooth_scores(probs, config.pool_kernel)

@@ -32,7 +32,7 @@ def test_fp32_gguf_and_safetensors_match_transformers_and_torch(
         path = tiny_checkpoint(arch, fmt, **options)
         model, _ = load(path, dtype="float32", device="cpu", prefill_step_size=24)
         assert model.args == args, fmt
-        assert not model.quantized
+        assert not model.ops.quantized
         logits = model(ids)
         assert logits.shape == (1, 64, args.vocab_size) and logits.dtype == mx.float32
         assert max_diff(logits[0], expected) <= 1e-4, fmt
@@ -48,7 +48,7 @@ def test_quantized_gguf_stays_quantized_and_matches(tiny_checkpoint, transformer
     alike, so the quantized model equals transformers on the dequantized values."""
     model, _ = load(tiny_checkpoint(arch, "gguf", quant=quant), device="cpu")
     q_proj = model.model.layers[1].self_attn.q_proj
-    assert model.quantized and isinstance(q_proj, nn.QuantizedLinear)
+    assert model.ops.quantized and isinstance(q_proj, nn.QuantizedLinear)
     assert (q_proj.bits, q_proj.group_size) == (bits, 32)
     assert isinstance(model.model.layers[1].mlp.up_proj, nn.Linear)  # stored F32 by the fixture
     ids = prompt_ids(40, vocab=model.args.vocab_size, seed=3)
@@ -61,7 +61,7 @@ def test_gguf_types_mlx_reads_as_float_or_not_at_all(tiny_checkpoint, transforme
     """F16 comes from mx.load as float16; Q5_1, which mx.load cannot read, is dequantized by the
     core loader. Either way the layers are plain and match transformers."""
     model, _ = load(tiny_checkpoint("llama", "gguf", quant=quant), device="cpu")
-    assert not model.quantized
+    assert not model.ops.quantized
     ids = prompt_ids(24, vocab=model.args.vocab_size, seed=6)
     expected = transformers_logits(tiny_checkpoint("llama", "safetensors", quant=quant), ids)
     assert max_diff(model(ids)[0], expected) <= 1e-4
@@ -71,7 +71,7 @@ def test_dequantize_option_gives_plain_layers_in_the_requested_dtype(tiny_checkp
     path = tiny_checkpoint("llama", "gguf", quant="Q4_1")
     model, _ = load(path, dtype="float16", device="cpu")
     q_proj = model.model.layers[0].self_attn.q_proj
-    assert not model.quantized and type(q_proj) is nn.Linear
+    assert not model.ops.quantized and type(q_proj) is nn.Linear
     assert q_proj.weight.dtype == mx.float16 and model.dtype == mx.float16
     quantized, _ = load(path, device="cpu")
     ids = prompt_ids(12, vocab=model.args.vocab_size, seed=4)
@@ -89,7 +89,7 @@ def test_mlx_lm_quantized_directory_matches_mlx_lm(tiny_checkpoint, tmp_path, ar
     convert(str(tiny_checkpoint(arch, "safetensors")), mlx_path=str(converted), quantize=True,
             q_group_size=32, q_bits=4)
     model, _ = load(converted, device="cpu")
-    assert model.quantized
+    assert model.ops.quantized
     assert isinstance(model.model.model.embed_tokens, nn.QuantizedEmbedding)
     assert model.model.layers[0].mlp.down_proj.bits == 4
     reference, _ = load_model(converted)

@@ -87,7 +87,7 @@ def test_logits_match_the_torch_backend(demo_path, fp32_run):
 
 def test_greedy_chat_answer_names_paris(demo_path):
     model, tokenizer = load(demo_path, device="cpu")  # the default: Q4_1/Q8_0 stay quantized
-    assert model.quantized
+    assert model.ops.quantized
     prompt = tokenizer.apply_chat_template([{"role": "user",
                                              "content": "What is the capital of France?"}])
     ids = tokenizer.encode(prompt, add_special_tokens=False)

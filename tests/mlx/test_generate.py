@@ -8,7 +8,8 @@ import torch
 import transformers
 
 from specfill.backends.mlx import load
-from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.driver import CausalLM
+from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 from tests.mlx.conftest import prompt_ids
 
 GREEDY = SamplingConfig()

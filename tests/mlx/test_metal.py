@@ -23,7 +23,7 @@ def test_gpu_logits_match_cpu(tiny_checkpoint, arch):
     gpu32, _ = load(path, dtype="float32", device="gpu")
     assert np.abs(np.asarray(gpu32(ids)[0]) - expected).max() <= 1e-3
     native, _ = load(path, device="gpu")  # quantized layers kept, float16 activations
-    assert native.quantized and native.dtype == mx.float16
+    assert native.ops.quantized and native.dtype == mx.float16
     logits = np.asarray(native(ids)[0])
     assert np.abs(logits - expected).max() <= 0.1
     assert (logits.argmax(-1) == expected.argmax(-1)).mean() >= 0.9

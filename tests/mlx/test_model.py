@@ -8,8 +8,8 @@ import pytest
 
 from specfill.backends.mlx import load
 from specfill.backends.mlx.cache import KVCache, make_cache
-from specfill.backends.mlx.generate import prefill
 from specfill.backends.mlx.rope import RoPE
+from specfill.core.methods.prefill import prefill
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
 from specfill.core.rope import rope_inv_freq
@@ -81,7 +81,7 @@ def test_stepped_prefill_with_cache_equals_one_pass(qwen3, transformers_logits, 
     ids = prompt_ids(30, vocab=model.args.vocab_size, seed=11)
     expected = transformers_logits(directory, ids)
     cache = make_cache(model.args)
-    logits = prefill(model.model, mx.array(ids), cache, step_size=step_size, logits_from=-5)
+    logits = prefill(model.ops, model.model, mx.array(ids), 0, cache, step_size=step_size, logits_from=-5)
     assert logits.shape == (5, model.args.vocab_size) and cache[0].offset == 30
     assert np.abs(np.asarray(logits) - expected[-5:]).max() <= 1e-4
 
@@ -91,7 +91,7 @@ def test_decode_one_token_at_a_time_equals_one_pass(qwen3, transformers_logits):
     ids = prompt_ids(20, vocab=model.args.vocab_size, seed=12)
     expected = transformers_logits(directory, ids)
     cache = make_cache(model.args)
-    prefill(model.model, mx.array(ids[:12]), cache)
+    prefill(model.ops, model.model, mx.array(ids[:12]), 0, cache, step_size=2048)
     for position in range(12, 20):
         logits = model.model(mx.array([[ids[position]]]), position, cache)
         assert np.abs(np.asarray(logits[0, -1]) - expected[position]).max() <= 1e-4
@@ -107,8 +107,8 @@ def test_kept_tokens_in_slots_at_original_positions_then_decode(qwen3, transform
     expected = transformers_logits(directory, [prompt[i] for i in kept] + [next_token],
                                    position_ids=kept + [24])
     cache = make_cache(model.args)
-    logits = prefill(model.model, mx.array([prompt[i] for i in kept]), cache,
-                     positions=mx.array(kept), step_size=4, logits_from=0)
+    logits = prefill(model.ops, model.model, mx.array([prompt[i] for i in kept]), np.array(kept), cache,
+                     step_size=4, logits_from=0)
     assert np.abs(np.asarray(logits) - expected[:-1]).max() <= 1e-4
     step = model.model(mx.array([[next_token]]), 24, cache)
     assert cache[0].offset == len(kept) + 1

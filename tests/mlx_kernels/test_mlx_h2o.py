@@ -8,13 +8,31 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specfill.backends.mlx.h2o import (H2OCarry, MemorySet, accumulate_scores, build_memory_set,
-                                       h2o_attention_batch, h2o_attention_layer)
-from specfill.core import H2OConfig
+from specfill.backends.mlx.ops import MLXOps
+from specfill.backends.mlx.stages import accumulate_scores, build_memory_set
+from specfill.core import H2OCarry, H2OConfig, MemorySet
+from specfill.core.methods import h2o
 from specfill.core.reference import REFERENCE, oracle
 from specfill.core.reference.h2o import causal_attention
 
 SCALE = 0.25
+
+
+def ops(use_kernels: bool | None) -> MLXOps:
+    return MLXOps(mx.default_device(), use_kernels)
+
+
+def h2o_attention_layer(q, k, v, config, scale, use_kernels=False):
+    """The core's one walk over the MLX ops."""
+    return h2o.h2o_attention_layer(ops(use_kernels), q, k, v, config, scale)
+
+
+def h2o_attention_batch(q, k, v, carry, config, scale, is_last, use_kernels=False):
+    return h2o.h2o_attention_batch(ops(use_kernels), q, k, v, carry, config, scale, is_last)
+
+
+def start_carry(n_kv_heads: int) -> H2OCarry:
+    return H2OCarry(scores=mx.zeros((n_kv_heads, 0), dtype=mx.float32))
 
 
 def prompt(seed: int, n_heads: int, n_kv: int, n_tokens: int, head_dim: int = 16):
@@ -44,7 +62,7 @@ def test_logical_batches_carried_by_the_caller_match_one_call():
     """The model's schedule: per logical batch the KV cache holds only the keys so far."""
     (q, k, v), _ = prompt(7, 4, 2, 45)
     config = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=3)
-    carry = H2OCarry.start(n_kv_heads=2)
+    carry = start_carry(2)
     outputs = []
     for start in range(0, 45, 16):
         end = min(start + 16, 45)
@@ -104,4 +122,4 @@ def test_batches_must_start_on_chunk_boundaries_and_only_the_last_chunk_may_be_p
     with pytest.raises(ValueError, match="chunk boundary"):
         h2o_attention_batch(q[:, 4:12], k, v, H2OCarry(scores=mx.zeros((2, 4))), config, SCALE, False)
     with pytest.raises(ValueError, match="final chunk"):
-        h2o_attention_batch(q[:, :12], k, v, H2OCarry.start(2), config, SCALE, is_last=False)
+        h2o_attention_batch(q[:, :12], k, v, start_carry(2), config, SCALE, is_last=False)

@@ -11,19 +11,26 @@ import numpy as np
 import pytest
 
 from mlx_test_support import HAS_METAL, NO_METAL_REASON, needs_gxx
-from specfill.backends.mlx.h2o import h2o_attention_layer
 from specfill.backends.mlx.kernels import (attention_scores, dispatch, inter, inter_attention, intra,
                                            intra_attention, scoring)
-from specfill.backends.mlx.specprefill import speculative_selection
+from specfill.backends.mlx.ops import MLXOps
 from specfill.conformance import run_conformance
 from specfill.core import BackendUnavailableError, H2OConfig, SpecPrefillConfig
+from specfill.core.methods import h2o
+from specfill.core.methods.specprefill import token_importance
 from specfill.core.reference import REFERENCE
+from specfill.core.reference.specprefill import select_tokens
 from specfill.core.reference.specprefill import speculative_selection as reference_selection
 
 # o tolerance: fp16 outputs may differ by one rounding of the stored value
 DTYPES = {"float32": (mx.float32, 1e-4), "float16": (mx.float16, 2e-3)}
 # float32 statistics: another summation order and Metal's exp() (a few ulp) on logits up to ~100
 STATS_TOL = 1e-4
+
+
+def h2o_attention_layer(q, k, v, config, scale, use_kernels):
+    """The core's one walk over the MLX ops, kernels forced or off."""
+    return h2o.h2o_attention_layer(MLXOps(mx.default_device(), use_kernels), q, k, v, config, scale)
 
 
 def arrays(seed: int, dtype: mx.Dtype, *shapes: tuple[int, ...], scale: float = 1.0) -> list[mx.array]:
@@ -103,7 +110,8 @@ def test_h2o_layer_on_the_kernels_matches_the_twins(metal_path, dtype):
 def test_speculative_selection_on_the_kernel_matches_the_reference(metal_path):
     queries, keys = arrays(9, mx.float32, (3, 4, 4, 16), (3, 2, 120, 16))
     config = SpecPrefillConfig(keep_ratio=0.25, select_chunk=8, pool_kernel=5)
-    _, got = speculative_selection(queries, keys, config, 0.25, use_kernels=True)
+    importance = token_importance(MLXOps(mx.default_device(), True), queries, keys, config, 0.25)
+    got = select_tokens(np.array(importance), config)
     _, want = reference_selection(np.array(queries), np.array(keys), config, 0.25, REFERENCE)
     assert np.array(got.kept).tolist() == want.kept.tolist()
 

@@ -5,9 +5,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specfill.backends.mlx.specprefill import (chunk_means, reduce_scores, score_tokens, select_tokens,
-                                               smooth_scores, speculative_selection)
+from specfill.backends.mlx.conformance import make_adapter
+from specfill.backends.mlx.ops import MLXOps
+from specfill.backends.mlx.stages import reduce_axis, smooth_scores
 from specfill.core import ConfigError, SpecPrefillConfig
+from specfill.core.methods.specprefill import token_importance
 from specfill.core.reference import REFERENCE
 from specfill.core.reference import specprefill as ref
 
@@ -30,44 +32,16 @@ def captured(seed: int, n_layers: int, n_queries: int, n_heads: int, n_kv: int, 
 ])
 def test_selection_matches_the_reference(config, prompt_len):
     (queries, keys), (qn, kn) = captured(prompt_len, 4, 3, 6, 2, prompt_len)
-    scores, got = speculative_selection(queries, keys, config, SCALE, use_kernels=False)
+    scores, _ = ref.speculative_selection(qn, kn, config, SCALE, make_adapter("float32", False))
     want_scores, want = ref.speculative_selection(qn, kn, config, SCALE, REFERENCE)
-    np.testing.assert_allclose(np.array(scores.importance), want_scores.importance, atol=1e-6, rtol=1e-5)
-    np.testing.assert_allclose(np.array(scores.smoothed), want_scores.smoothed, atol=1e-6, rtol=1e-5)
-    np.testing.assert_allclose(np.array(got.chunk_scores), want.chunk_scores, atol=1e-6, rtol=1e-5)
+    importance = token_importance(MLXOps(mx.default_device(), False), queries, keys, config, SCALE)
+    got = ref.select_tokens(np.array(importance), config)
+    np.testing.assert_allclose(np.array(importance), want_scores.importance, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(scores.smoothed, want_scores.smoothed, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(got.chunk_scores, want.chunk_scores, atol=1e-6, rtol=1e-5)
     assert np.array(got.kept).tolist() == want.kept.tolist()
     assert np.array(got.position_ids).tolist() == want.kept.tolist()  # original positions
     assert got.decode_start == prompt_len
-
-
-def test_keep_all_keeps_every_token_at_its_position():
-    (queries, keys), _ = captured(1, 2, 2, 4, 2, 70)
-    _, got = speculative_selection(queries, keys, SpecPrefillConfig(keep_ratio=1.0), SCALE, use_kernels=False)
-    assert np.array(got.kept).tolist() == list(range(70)) and got.decode_start == 70
-
-
-def test_ties_go_to_the_earlier_chunk_and_the_last_token_is_kept():
-    got = select_tokens(mx.ones(100), SpecPrefillConfig(keep_ratio=0.3, select_chunk=10))
-    assert np.array(got.kept).tolist() == list(range(30)) + [99]
-    got = select_tokens(mx.ones(100), SpecPrefillConfig(keep_ratio=0.3, select_chunk=10, force_keep_last=False))
-    assert np.array(got.kept).tolist() == list(range(30))
-
-
-def test_a_cold_last_chunk_still_keeps_the_last_token():
-    importance = mx.array(np.r_[np.linspace(1, 2, 95), np.zeros(5)].astype(np.float32))
-    got = select_tokens(importance, SpecPrefillConfig(keep_ratio=0.2, select_chunk=10))
-    # chunks 7 and 8 score highest; chunk 9 is diluted by its zeros, yet token 99 stays
-    assert np.array(got.kept).tolist() == list(range(70, 90)) + [99]
-
-
-def test_per_layer_lists_score_like_stacked_arrays():
-    (queries, keys), _ = captured(2, 5, 3, 4, 2, 40)
-    config = SpecPrefillConfig(layers="last-3", select_chunk=4)
-    stacked = score_tokens(queries, keys, config, SCALE, use_kernels=False)
-    listed = score_tokens([queries[i] for i in range(5)], [keys[i] for i in range(5)], config, SCALE,
-                          use_kernels=False)
-    assert stacked.probs.shape == (3, 3, 4, 40)
-    np.testing.assert_array_equal(np.array(stacked.importance), np.array(listed.importance))
 
 
 def test_smoothing_pads_with_zeros_and_divides_by_the_kernel():
@@ -80,12 +54,6 @@ def test_smoothing_pads_with_zeros_and_divides_by_the_kernel():
                                    ref.smooth_scores(probs.astype(np.float64), kernel), atol=1e-7)
 
 
-def test_chunk_means_average_a_short_last_chunk_over_its_own_length():
-    np.testing.assert_allclose(np.array(chunk_means(mx.arange(10, dtype=mx.float32), 4)), [1.5, 5.5, 8.5])
-
-
-def test_unknown_reduction_and_empty_prompt_are_config_errors():
+def test_unknown_reduction_is_a_config_error():
     with pytest.raises(ConfigError, match="reduction"):
-        reduce_scores(mx.ones((1, 1, 1, 3)), "median", "max")
-    with pytest.raises(ConfigError, match="at least one token"):
-        select_tokens(mx.zeros((0,)), SpecPrefillConfig())
+        reduce_axis(mx.ones((1, 1, 1, 3)), "median", 2)

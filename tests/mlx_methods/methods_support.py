@@ -17,9 +17,9 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from specfill.backends.mlx import load
-from specfill.backends.mlx.causal_lm import MLXCausalLM
 from specfill.backends.mlx.model import Model
 from specfill.core.config import H2OConfig
+from specfill.core.driver import CausalLM
 from specfill.core.models import ModelArgs
 from specfill.core.reference.model import ReferenceModel
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
@@ -31,7 +31,7 @@ from tests.fixtures.reference_runs import (RELATIVE_TOLERANCE, prompt, reference
 
 @dataclass
 class Tiny:
-    model: MLXCausalLM
+    model: CausalLM
     ref: ReferenceModel
     args: ModelArgs
     path: Path
@@ -43,8 +43,8 @@ def load_tiny(path: Path) -> Tiny:
     return Tiny(model, ReferenceModel(args, dict(weights)), args, path)
 
 
-def variant(model: MLXCausalLM, *, n_layers: int | None = None, context: int | None = None,
-            prefill_step_size: int | None = None) -> MLXCausalLM:
+def variant(model: CausalLM, *, n_layers: int | None = None, context: int | None = None,
+            prefill_step_size: int | None = None) -> CausalLM:
     """A model with `model`'s weights: its first n_layers blocks, another context length or
     prefill step (a separately loaded speculator in the tests)."""
     args = model.args
@@ -55,8 +55,7 @@ def variant(model: MLXCausalLM, *, n_layers: int | None = None, context: int | N
     built = Model(args)
     built.load_weights(weights, strict=True)
     mx.eval(built.parameters())
-    return MLXCausalLM(built, device=model.device, quantized=False,
-                       prefill_step_size=prefill_step_size or model.prefill_step_size)
+    return CausalLM(built, model.ops, prefill_step_size=prefill_step_size or model.prefill_step_size)
 
 
 def greedy(model: Any, ids: Sequence[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),

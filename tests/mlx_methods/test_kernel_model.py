@@ -9,7 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specfill.backends.mlx.causal_lm import MLXCausalLM
+from specfill.backends.mlx.ops import MLXOps
+from specfill.core.driver import CausalLM
 from specfill.core.config import SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
@@ -44,9 +45,9 @@ def kernels(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return request.param
 
 
-def with_kernels(model: MLXCausalLM, use_kernels: bool) -> MLXCausalLM:
-    return MLXCausalLM(model.model, device=model.device, quantized=model.quantized,
-                       prefill_step_size=model.prefill_step_size, use_kernels=use_kernels)
+def with_kernels(model: CausalLM, use_kernels: bool) -> CausalLM:
+    ops = MLXOps(model.ops.device, use_kernels, model.ops.quantized)
+    return CausalLM(model.model, ops, prefill_step_size=model.prefill_step_size)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -11,6 +11,8 @@ import pytest
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.errors import ModelLoadError
+from specfill.core.methods.specprefill import run_speculator, token_importance
+from specfill.core.reference.specprefill import select_tokens
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 from tests.mlx_methods.methods_support import h2o_method, prompt
@@ -68,23 +70,12 @@ def kept_positions(model: Any, ids: list[int], method: PrefillMethod) -> list[in
 def selected_positions(model: Any, ids: list[int], method: PrefillMethod) -> list[int]:
     """The kept positions from the speculator pass and the selection alone (no main prefill)."""
     config = method.specprefill
-    if model.backend == "mlx":
-        import mlx.core as mx
-
-        from specfill.backends.mlx.specprefill import select_tokens, token_importance
-        from specfill.backends.mlx.speculative import run_speculator
-
-        speculator = model.speculator_model(method.speculator)
-        run = run_speculator(speculator, mx.array(ids), lookahead=config.lookahead, stop_ids=frozenset())
-        importance = token_importance(run.queries, run.keys, config, speculator.head_dim ** -0.5)
-        return np.asarray(select_tokens(importance, config).kept).tolist()
-    from specfill.backends.torch_cuda.specprefill import speculative_selection
-    from specfill.backends.torch_cuda.speculative import run_speculator
-
     speculator, step = model.speculator_model(method.speculator)
-    run = run_speculator(speculator, torch.tensor(ids), lookahead=config.lookahead, stop_ids=frozenset(),
-                         step_size=step)
-    return speculative_selection(run.queries, run.keys, config, speculator.args.head_dim ** -0.5)[1].kept.tolist()
+    with model.ops.device_scope():
+        run = run_speculator(model.ops, speculator, np.array(ids), lookahead=config.lookahead, stop_ids=frozenset(),
+                             step_size=step)
+        importance = token_importance(model.ops, run.queries, run.keys, config, speculator.args.head_dim ** -0.5)
+    return select_tokens(model.ops.to_numpy(importance), config).kept.tolist()
 
 
 def h2o_run(model: Any, ids: list[int], method: PrefillMethod) -> tuple[np.ndarray, list[list[np.ndarray]]]:

@@ -8,11 +8,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specfill.backends.mlx.causal_lm import MLXCausalLM
-from specfill.backends.mlx.generate import prefill
 from specfill.backends.mlx.model import Model
-from specfill.backends.mlx.speculative import run_speculator, speculative_prefill
 from specfill.core.config import SpecPrefillConfig
+from specfill.core.driver import CausalLM
+from specfill.core.methods.prefill import prefill
+from specfill.core.methods.specprefill import run_speculator, speculative_prefill
 from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
@@ -32,15 +32,16 @@ def spec(keep: float, speculator: object = "self:1", lookahead: int = 4, chunk: 
 
 def sparse(t, ids: list[int], method: PrefillMethod, extra: int = 8):
     model = t.model
-    return speculative_prefill(model.model, mx.array(ids), model.speculator_model(method.speculator),
-                               method.specprefill, stop_ids=frozenset(), extra_slots=extra,
-                               step_size=model.prefill_step_size)
+    speculator, step = model.speculator_model(method.speculator)
+    return speculative_prefill(model.ops, model.model, np.array(ids), speculator, method.specprefill,
+                               stop_ids=frozenset(), extra_slots=extra, step_size=model.prefill_step_size,
+                               speculator_step_size=step)
 
 
 def speculate(t, ids: list[int], speculator: object = "self:2", lookahead: int = 4,
               stop_ids: frozenset[int] = frozenset()):
-    return run_speculator(t.model.speculator_model(speculator), mx.array(ids), lookahead=lookahead,
-                          stop_ids=stop_ids)
+    model, step = t.model.speculator_model(speculator)
+    return run_speculator(t.model.ops, model, np.array(ids), lookahead=lookahead, stop_ids=stop_ids, step_size=step)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -49,8 +50,9 @@ def test_keep_everything_is_exactly_full_attention(tiny, arch):
     ids = prompt(60, t.args.vocab_size, seed=1)
     method = spec(1.0)
     result = sparse(t, ids, method)
-    full = prefill(t.model.model, mx.array(ids), t.model.new_cache(len(ids)))
-    assert result.logits.shape == full.shape == (1, t.args.vocab_size)
+    ops = t.model.ops
+    full = prefill(ops, t.model.model, mx.array(ids), 0, ops.new_cache(t.model.model, len(ids)), step_size=2048)[-1]
+    assert result.logits.shape == full.shape == (t.args.vocab_size,)
     np.testing.assert_array_equal(np.asarray(result.logits), np.asarray(full))
     info = PrefillInfo()
     assert greedy(t.model, ids, 6, method, info) == greedy(t.model, ids, 6)
@@ -124,8 +126,8 @@ def test_first_decoded_token_sits_at_the_prompt_length(tiny, arch):
     assert n_kept < n_prompt and result.next_position == n_prompt
     assert [c.offset for c in result.cache] == [n_kept, n_kept]
     kept_ids = [ids[i] for i in kept]
-    assert_logits_close(result.logits[0], t.ref.forward(kept_ids, kept)[-1], "sparse prefill, last kept token")
-    first = int(mx.argmax(result.logits[0]).item())
+    assert_logits_close(result.logits, t.ref.forward(kept_ids, kept)[-1], "sparse prefill, last kept token")
+    first = int(mx.argmax(result.logits).item())
     decoded = t.model.model(mx.array([[first]]), result.next_position, result.cache)[0, -1]
     at_prompt_length = t.ref.forward(kept_ids + [first], kept + [n_prompt])[-1]
     at_kept_count = t.ref.forward(kept_ids + [first], kept + [n_kept])[-1]
@@ -163,7 +165,7 @@ def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
 @pytest.mark.parametrize("speculator,error,match", [
     ("self:0", ConfigError, r"1 <= K <= 2"), ("self:3", ConfigError, r"1 <= K <= 2"),
     ("self:x", ConfigError, "must be 'self:K'"), ("draft.gguf", ConfigError, "must be 'self:K'"),
-    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the MLX backend"),
+    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the mlx backend"),
 ])
 def test_bad_speculators_are_clear_errors(tiny, speculator, error, match):
     t = tiny("llama")
@@ -176,14 +178,14 @@ def test_a_torch_model_is_not_an_mlx_speculator(tiny):
     torch_cuda = pytest.importorskip("specfill.backends.torch_cuda")
     t = tiny("llama")
     other, _ = torch_cuda.load(t.path, dtype="float32", device="cpu")
-    with pytest.raises(ConfigError, match="loaded on the MLX backend.*got TorchCausalLM"):
+    with pytest.raises(ConfigError, match="loaded on the mlx backend.*got a model on the cuda backend"):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, other), info=PrefillInfo())
 
 
 def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
     t = tiny("llama")
-    other = MLXCausalLM(Model(replace(t.args, vocab_size=256)), device=t.model.device, quantized=False)
+    other = CausalLM(Model(replace(t.args, vocab_size=256)), t.model.ops)
     with pytest.raises(TokenizerMismatchError, match="256 tokens, the main model's 320"):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, other), info=PrefillInfo())
@@ -209,6 +211,7 @@ def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
 def test_lookahead_stops_at_the_speculator_context(tiny):
     t = tiny("qwen3")
     short = variant(t.model, context=42)
-    got = run_speculator(short.speculator_model("self:2"), mx.array(prompt(40, t.args.vocab_size)),
-                         lookahead=4, stop_ids=frozenset())
+    model, step = short.speculator_model("self:2")
+    got = run_speculator(short.ops, model, np.array(prompt(40, t.args.vocab_size)), lookahead=4,
+                         stop_ids=frozenset(), step_size=step)
     assert len(got.lookahead) == 2 and got.queries.shape[1] == 3

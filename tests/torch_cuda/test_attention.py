@@ -2,14 +2,15 @@
 pluggable prefill attention."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from specfill.backends.torch_cuda import attention
 from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
-from specfill.backends.torch_cuda.generate import decode_one_token, prefill
 from specfill.backends.torch_cuda.kv_cache import KVCache
+from specfill.core.methods.prefill import prefill
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
@@ -38,10 +39,9 @@ def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance, pri
     k_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
     v_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
     q = torch.randn(1, 6, steps, 8, generator=gen).to(dtype)
-    cache.write(0, k_all[:, :, :start], v_all[:, :, :start])
-    k, v = k_all[:, :, start:], v_all[:, :, start:]
-    cache.write(start, k, v)
-    out = causal_attention(0, q, k, v, cache, start)
+    cache.update_and_fetch(k_all[:, :, :start], v_all[:, :, :start])
+    keys, values = cache.update_and_fetch(k_all[:, :, start:], v_all[:, :, start:])
+    out = causal_attention(q, keys, values)
     assert out.shape == q.shape and out.dtype == dtype
     expected = reference(q, k_all, v_all, start)
     assert (out.double() - expected).abs().max().item() <= tolerance
@@ -60,34 +60,41 @@ def test_lower_right_causal_path_used_on_cuda(start, steps):
 def test_cache_write_past_capacity_is_refused():
     cache = KVCache.allocate(ARGS, 4, torch.float32, "cpu").layers[0]
     kv = torch.zeros(1, 2, 3, 8)
-    cache.write(0, kv, kv)
+    cache.update_and_fetch(kv, kv)
     with pytest.raises(PromptTooLongError, match="holds 4 tokens"):
-        cache.write(2, kv, kv)
+        cache.update_and_fetch(kv, kv)
+    assert cache.trim(2) == 2 and cache.offset == 1
+    keys, _ = cache.update_and_fetch(kv, kv)  # room again after the trim
+    assert keys.shape[2] == 4
 
 
 def test_prefill_takes_a_pluggable_attention_strategy():
-    """What H2O's prefill plugs in: per layer, the step's post-RoPE q/k/v (already cached) in,
-    the attention output out; decode keeps full attention."""
+    """What H2O's prefill plugs in: per layer, the step's post-RoPE queries and every cached key
+    and value so far in, the attention output out; decode keeps full attention."""
     tiny = make_tiny("qwen3", seed=11)
     model = tiny.ours()
-    ids, positions = torch.tensor(prompt_ids(12, seed=11)), torch.arange(12)
+    ops, ids = model.ops, model.ops.tokens(np.array(prompt_ids(12, seed=11)))
     calls = []
 
-    def recording(layer, q, k, v, cache, start):
-        calls.append((layer, tuple(q.shape), tuple(k.shape), start))
-        assert torch.equal(cache.keys(start + k.shape[2])[:, :, start:], k)
-        return causal_attention(layer, q, k, v, cache, start)
+    class Recording:
+        def __call__(self, layer, q, k, v):
+            calls.append((layer, tuple(q.shape), tuple(k.shape)))
+            return causal_attention(q, k, v)
 
-    cache = model.new_cache(13)
-    plugged = prefill(model.model, ids, positions, cache, step_size=8, attend=recording)
-    assert calls == [(0, (1, 4, 8, 24), (1, 2, 8, 24), 0), (1, (1, 4, 8, 24), (1, 2, 8, 24), 0),
-                     (0, (1, 4, 4, 24), (1, 2, 4, 24), 8), (1, (1, 4, 4, 24), (1, 2, 4, 24), 8)]
+        def arrays(self):
+            return []
+
+    cache = ops.new_cache(model.model, 13)
+    plugged = prefill(ops, model.model, ids, 0, cache, step_size=8, attend=Recording())
+    assert calls == [(0, (1, 4, 8, 24), (1, 2, 8, 24)), (1, (1, 4, 8, 24), (1, 2, 8, 24)),
+                     (0, (1, 4, 4, 24), (1, 2, 12, 24)), (1, (1, 4, 4, 24), (1, 2, 12, 24))]
     torch.testing.assert_close(plugged, model(ids)[0, -1:], rtol=0, atol=1e-5)
-    decode_one_token(model.model, torch.tensor([3]), 12, cache)
+    ops.forward(model.model, ops.tokens(np.array([3])), 12, cache, None, 0)
     assert len(calls) == 4  # decode did not go through the prefill strategy
 
-    def blind(layer, q, k, v, cache, start):  # attend to nothing: the output must change
-        return torch.zeros_like(q)
+    class Blind(Recording):  # attend to nothing: the output must change
+        def __call__(self, layer, q, k, v):
+            return torch.zeros_like(q)
 
-    zeroed = prefill(model.model, ids, positions, model.new_cache(12), attend=blind)
+    zeroed = prefill(ops, model.model, ids, 0, ops.new_cache(model.model, 12), step_size=2048, attend=Blind())
     assert (zeroed - plugged).abs().max().item() > 1e-2

@@ -6,7 +6,8 @@ import pytest
 import torch
 import transformers
 
-from specfill.backends.torch_cuda import TorchCausalLM
+from specfill.backends.torch_cuda import from_weights
+from specfill.core.driver import CausalLM
 from specfill.core.weights import load_weights
 from tests.torch_cuda.tiny_torch_models import prompt_ids
 
@@ -29,6 +30,6 @@ def test_gguf_and_safetensors_match_transformers(tiny_checkpoint, arch, options)
     assert expected.abs().max() > 0.1  # not a degenerate model
     for fmt in ("gguf", "safetensors"):
         args, weights = load_weights(tiny_checkpoint(arch, fmt, **options))
-        model = TorchCausalLM.from_weights(args, weights, dtype=torch.float32, device="cpu",
+        model = from_weights(args, weights, dtype=torch.float32, device="cpu",
                                            prefill_step_size=24)
         assert (model(ids) - expected).abs().max().item() <= 1e-4, fmt

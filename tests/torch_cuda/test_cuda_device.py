@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specfill.backends.torch_cuda import TorchCausalLM
+from specfill.backends.torch_cuda import from_weights
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 
 
 def on_cuda(tiny, dtype=torch.float32, step=2048):
-    return TorchCausalLM.from_weights(tiny.args, tiny.weights, dtype=dtype, device="cuda",
+    return from_weights(tiny.args, tiny.weights, dtype=dtype, device="cuda",
                                       prefill_step_size=step)
 
 

@@ -7,18 +7,19 @@ import numpy as np
 import pytest
 import torch
 
-from specfill.backends.torch_cuda import TorchCausalLM, resolve_device, resolve_dtype
-from specfill.backends.torch_cuda.generate import make_generator, sample
+from specfill.backends.torch_cuda import from_weights, resolve_device, resolve_dtype
+from specfill.backends.torch_cuda.stages import make_generator, sample
 from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
                                   PromptTooLongError)
-from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.driver import CausalLM
+from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 GREEDY = SamplingConfig()
 
 
-def run(model: TorchCausalLM, ids: list[int], max_tokens: int, *, sampling: SamplingConfig = GREEDY,
+def run(model: CausalLM, ids: list[int], max_tokens: int, *, sampling: SamplingConfig = GREEDY,
         stop_ids: frozenset[int] = frozenset(), info: PrefillInfo | None = None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
                                     stop_ids=stop_ids, method=PrefillMethod(),
@@ -58,18 +59,18 @@ def test_seeded_sampling_repeats_and_differs_across_seeds():
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([0.05, 0.5, 0.3, 0.15]))
     generator = make_generator(SamplingConfig(seed=0), torch.device("cpu"))
-    draws = Counter(sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), generator)
+    draws = Counter(int(sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), generator))
                     for _ in range(400))
     assert set(draws) == {1, 2}  # 0.5 + 0.3 reaches 0.7; tokens 3 and 0 are cut
     assert 0.5 < draws[1] / 400 < 0.75  # renormalised 0.625
-    plain = Counter(sample(logits, SamplingConfig(temperature=1.0), generator) for _ in range(400))
+    plain = Counter(int(sample(logits, SamplingConfig(temperature=1.0), generator)) for _ in range(400))
     assert set(plain) == {0, 1, 2, 3}
 
 
 def test_low_temperature_sampling_is_greedy():
     logits = torch.tensor([0.0, 1.0, 0.5])
     generator = make_generator(SamplingConfig(seed=0), torch.device("cpu"))
-    assert {sample(logits, SamplingConfig(temperature=1e-3), generator) for _ in range(50)} == {1}
+    assert {int(sample(logits, SamplingConfig(temperature=1e-3), generator)) for _ in range(50)} == {1}
 
 
 def test_prompt_too_long_names_the_numbers():
@@ -92,7 +93,7 @@ def test_bad_token_ids(ids, match):
 
 def test_bad_weights_are_load_errors():
     tiny = make_tiny("qwen2")
-    load = lambda weights: TorchCausalLM.from_weights(tiny.args, weights, dtype=torch.float32,
+    load = lambda weights: from_weights(tiny.args, weights, dtype=torch.float32,
                                                       device="cpu")
     missing = {k: v for k, v in tiny.weights.items() if k != "model.layers.1.self_attn.k_proj.bias"}
     with pytest.raises(ModelLoadError, match="missing 1 tensors: model.layers.1.self_attn.k_proj.bias"):

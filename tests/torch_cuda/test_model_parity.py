@@ -1,12 +1,14 @@
 """The torch model against transformers' own Llama / Qwen2 / Qwen3 with the same weights."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
-from specfill.backends.torch_cuda.generate import decode_one_token, generate_tokens, prefill
+from specfill.backends.torch_cuda import from_weights
 from specfill.core.errors import ModelLoadError
-from specfill.core.runtime import SamplingConfig
+from specfill.core.methods.prefill import prefill
+from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
@@ -41,7 +43,7 @@ def test_unsupported_rope_scaling_is_a_load_error():
     tiny = make_tiny("llama")
     args = type(tiny.args)(**{**tiny.args.__dict__, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ModelLoadError, match="rope scaling type 'yarn' is not supported"):
-        type(tiny.ours()).from_weights(args, tiny.weights, dtype=torch.float32, device="cpu")
+        from_weights(args, tiny.weights, dtype=torch.float32, device="cpu")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -51,11 +53,12 @@ def test_non_contiguous_positions_then_decode(arch):
     ids, positions = prompt_ids(6, seed=3), [0, 1, 3, 6, 7, 10]
     reference = tiny.hf_logits(ids, positions)[0]
     model = tiny.ours()
-    cache = model.new_cache(8)
-    kept = prefill(model.model, torch.tensor(ids[:5]), torch.tensor(positions[:5]), cache,
-                   logits_from=0)
+    ops = model.ops
+    cache = ops.new_cache(model.model, 8)
+    kept = prefill(ops, model.model, ops.tokens(np.array(ids[:5])), np.array(positions[:5]), cache,
+                   step_size=2048, logits_from=0)
     assert cache.filled == 5
-    decoded = decode_one_token(model.model, torch.tensor([ids[5]]), 10, cache)
+    decoded = ops.forward(model.model, ops.tokens(np.array([ids[5]])), 10, cache, None, 0)[-1]
     assert (kept - reference[:5]).abs().max().item() <= 1e-4
     assert (decoded - reference[5]).abs().max().item() <= 1e-4
     # the positions matter: contiguous ones give different logits
@@ -78,10 +81,8 @@ def test_greedy_decode_matches_transformers_generate(arch):
     expected = tiny.hf_greedy(ids, 12)
     for step in (2048, 8):  # one-step and multi-step prefill give the same tokens
         model = tiny.ours(step=step)
-        cache = model.new_cache(len(ids) + 12)
-        tokens = list(generate_tokens(model.model, torch.tensor(ids), max_tokens=12,
-                                      sampling=SamplingConfig(), stop_ids=frozenset(), cache=cache,
-                                      step_size=step))
+        tokens = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(), stop_ids=frozenset(),
+                                          method=PrefillMethod(), info=PrefillInfo()))
         assert tokens == expected
 
 

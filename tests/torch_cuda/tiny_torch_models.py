@@ -13,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specfill.backends.torch_cuda import TorchCausalLM  # noqa: E402
+from specfill.backends.torch_cuda import from_weights
+from specfill.core.driver import CausalLM  # noqa: E402
 from specfill.core.models import ModelArgs  # noqa: E402
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -31,8 +32,8 @@ class TinyModel:
     args: ModelArgs
     weights: dict[str, np.ndarray]
 
-    def ours(self, dtype: Any = None, step: int = 2048) -> TorchCausalLM:
-        return TorchCausalLM.from_weights(self.args, self.weights, dtype=dtype or torch.float32,
+    def ours(self, dtype: Any = None, step: int = 2048) -> CausalLM:
+        return from_weights(self.args, self.weights, dtype=dtype or torch.float32,
                                           device="cpu", prefill_step_size=step)
 
     def hf_logits(self, ids: list[int], positions: list[int] | None = None) -> Any:

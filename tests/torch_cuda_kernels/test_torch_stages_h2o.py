@@ -6,14 +6,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specfill.backends.torch_cuda import h2o
+from specfill.backends.torch_cuda import stages
 from specfill.backends.torch_cuda.kernels import inter, intra, intra_attention, merge_states
 from specfill.backends.torch_cuda.kernels.state import AttentionState
-from specfill.core import H2OConfig, SpecfillWarning
+from specfill.core import H2OCarry, H2OConfig, MemorySet, SpecfillWarning
+from specfill.core.methods import h2o
 from specfill.core.reference import REFERENCE, oracle
 from specfill.core.reference import h2o as reference_h2o
 
-from .torch_stages_support import assert_close, randn
+from .torch_stages_support import assert_close, h2o_layer, randn, torch_ops
 
 torch.set_num_threads(1)
 
@@ -33,19 +34,19 @@ def _qkv(n, hq, hkv, d=8, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("n,s,local,heavy,hq,hkv,b", CASES)
 def test_layer_equals_oracle_float64(n, s, local, heavy, hq, hkv, b):
     q, k, v = _qkv(n, hq, hkv, seed=n)
-    got = h2o.h2o_attention_layer(q, k, v, H2OConfig(s, b, local, heavy), 0.4, use_kernels=False)
+    got = h2o_layer(q, k, v, H2OConfig(s, b, local, heavy), 0.4, use_kernels=False)
     out, memory_sets, scores = oracle.oracle_h2o_layer(q.numpy(), k.numpy(), v.numpy(), s, local, heavy, 0.4)
     np.testing.assert_allclose(got.output.numpy(), out, rtol=0, atol=1e-10)
     np.testing.assert_allclose(got.scores.numpy(), scores, rtol=1e-10, atol=1e-10)
-    assert [m.tolist() for m in got.memory_sets] == memory_sets
+    assert [m.indices.tolist() for m in got.memory_sets] == memory_sets
 
 
 def test_layer_float32_matches_reference_memory_sets_exactly():
     q, k, v = _qkv(75, 6, 2, d=16, dtype=torch.float32, seed=3)
     config = H2OConfig(16, 32, 4, 5)
-    got = h2o.h2o_attention_layer(q, k, v, config, 0.25, use_kernels=False)
+    got = h2o_layer(q, k, v, config, 0.25)
     want = REFERENCE.attention_layer(q.numpy(), k.numpy(), v.numpy(), config, 0.25)
-    assert [m.tolist() for m in got.memory_sets] == [m.indices.tolist() for m in want.memory_sets]
+    assert [m.indices.tolist() for m in got.memory_sets] == [m.indices.tolist() for m in want.memory_sets]
     assert got.output.dtype == torch.float32 and got.scores.dtype == torch.float32
     assert_close(got.output, torch.from_numpy(want.output), torch.float32, "output")
 
@@ -54,30 +55,30 @@ def test_batch_by_batch_with_carry_equals_whole_layer():
     """The runtime's batch-major schedule: one call per logical batch, keys growing."""
     q, k, v = _qkv(45, 4, 2, seed=5)
     config = H2OConfig(8, 16, 2, 3)
-    whole = h2o.h2o_attention_layer(q, k, v, config, 0.4, use_kernels=False)
-    carry, outs = h2o.H2OCarry.start(2, q.device, torch.float64), []
+    whole = h2o_layer(q, k, v, config, 0.4)
+    carry, outs = H2OCarry(scores=torch.zeros(2, 0, dtype=torch.float64)), []
     for start in range(0, 45, 16):
         end = min(start + 16, 45)
-        out, carry = h2o.h2o_attention_batch(q[:, start:end], k[:, :end], v[:, :end], carry, config, 0.4,
-                                             is_last=end == 45, use_kernels=False)
+        out, carry = h2o.h2o_attention_batch(torch_ops(), q[:, start:end], k[:, :end], v[:, :end], carry, config,
+                                             0.4, is_last=end == 45)
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=1), whole.output, rtol=0, atol=1e-12)
     torch.testing.assert_close(carry.scores, whole.scores, rtol=0, atol=1e-12)
     assert carry.n_done == 45 and len(carry.memory_sets) == 5
-    assert all(torch.equal(a, b) for a, b in zip(carry.memory_sets, whole.memory_sets))
+    assert all(torch.equal(a.indices, b.indices) for a, b in zip(carry.memory_sets, whole.memory_sets))
 
 
 def test_misaligned_batch_is_rejected():
     q, k, v = _qkv(20, 2, 1)
-    carry = h2o.H2OCarry(scores=torch.zeros(1, 5, dtype=torch.float64))
+    carry = H2OCarry(scores=torch.zeros(1, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="chunk boundary"):
-        h2o.h2o_attention_batch(q[:, 5:13], k, v, carry, H2OConfig(8, 8, 2, 2), 0.4, is_last=False)
+        h2o.h2o_attention_batch(torch_ops(), q[:, 5:13], k, v, carry, H2OConfig(8, 8, 2, 2), 0.4, is_last=False)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8])
 def test_prompt_within_one_chunk_is_plain_causal(n):
     q, k, v = _qkv(n, 4, 2, seed=n)
-    got = h2o.h2o_attention_layer(q, k, v, H2OConfig(8, 16, 2, 3), 0.4, use_kernels=False)
+    got = h2o_layer(q, k, v, H2OConfig(8, 16, 2, 3), 0.4, use_kernels=False)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.4, enable_gqa=True)
     torch.testing.assert_close(got.output, want, rtol=0, atol=1e-12)
     assert got.memory_sets == [] and got.scores.shape == (2, n)
@@ -85,7 +86,7 @@ def test_prompt_within_one_chunk_is_plain_causal(n):
 
 def test_empty_prompt_gives_empty_results():
     q, k, v = _qkv(0, 4, 2)
-    got = h2o.h2o_attention_layer(q, k, v, H2OConfig(8, 16, 2, 3), 0.4, use_kernels=False)
+    got = h2o_layer(q, k, v, H2OConfig(8, 16, 2, 3), 0.4, use_kernels=False)
     assert got.output.shape == (4, 0, 8) and got.scores.shape == (2, 0) and got.memory_sets == []
 
 
@@ -95,7 +96,7 @@ def test_disabled_h2o_is_plain_causal_attention():
         config = H2OConfig(8, 16, 0, 0)
     assert not config.enabled
     q, k, v = _qkv(30, 4, 2)
-    got = h2o.h2o_attention_layer(q, k, v, config, 0.4, use_kernels=False)
+    got = h2o_layer(q, k, v, config, 0.4)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.4, enable_gqa=True)
     torch.testing.assert_close(got.output, want, rtol=0, atol=1e-12)
     assert got.memory_sets == [] and not bool(got.scores.any())
@@ -103,12 +104,12 @@ def test_disabled_h2o_is_plain_causal_attention():
 
 def test_memory_set_ties_go_to_the_lower_position():
     scores = torch.tensor([[1.0, 2.0, 2.0, 0.5, 2.0, 1.0, 0.0, 0.0]])
-    got = h2o.build_memory_set(scores, None, 0, 8, local=2, heavy=3)
-    assert got.tolist() == [[1, 2, 4, 6, 7]]
-    previous = torch.tensor([[0, 3]])
+    got = stages.build_memory_set(scores, None, 0, 0, 8, local=2, heavy=3)
+    assert got.indices.tolist() == [[1, 2, 4, 6, 7]]
+    previous = MemorySet(torch.tensor([[0, 3]]), 0)
     scores = torch.tensor([[5.0, 0.0, 0.0, 5.0, 5.0, 1.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
-    got = h2o.build_memory_set(scores, previous, 4, 12, local=1, heavy=3)
-    assert got.tolist() == [[0, 3, 4, 11]]  # 6 (also 5.0) loses the tie to 0, 3, 4
+    got = stages.build_memory_set(scores, previous, 1, 4, 12, local=1, heavy=3)
+    assert got.indices.tolist() == [[0, 3, 4, 11]]  # 6 (also 5.0) loses the tie to 0, 3, 4
 
 
 def test_merge_of_intra_halves_equals_whole_attention():

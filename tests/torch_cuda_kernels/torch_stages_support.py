@@ -3,6 +3,11 @@ from __future__ import annotations
 
 import torch
 
+from specfill.backends.torch_cuda.ops import TorchOps
+from specfill.core import H2OConfig, H2OLayerResult, SpecPrefillConfig
+from specfill.core.methods.h2o import h2o_attention_layer
+from specfill.core.methods.specprefill import token_importance
+
 # elementwise |got - want| <= atol + rtol * |want|, per dtype of the stored result
 TOL = {torch.float64: (1e-10, 1e-10), torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 4e-3)}
 
@@ -21,3 +26,20 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what
 def randn(*shape: int, dtype: torch.dtype, device: str = "cpu", seed: int = 0, scale: float = 1.0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return (torch.randn(*shape, generator=gen, dtype=torch.float64) * scale).to(device=device, dtype=dtype)
+
+
+def torch_ops(use_kernels: bool | None = False, device: str | torch.device = "cpu") -> TorchOps:
+    """The backend's ops with the twins (False), the kernels (True) or the dispatcher's choice."""
+    return TorchOps(torch.device(device), torch.float32, use_kernels)
+
+
+def h2o_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: H2OConfig, scale: float,
+              use_kernels: bool | None = False) -> H2OLayerResult:
+    """The core's one H2O walk over the torch ops."""
+    return h2o_attention_layer(torch_ops(use_kernels, q.device), q, k, v, config, scale)
+
+
+def importance(queries: torch.Tensor, keys: torch.Tensor, config: SpecPrefillConfig, scale: float,
+               use_kernels: bool | None = False) -> torch.Tensor:
+    """The core's layer-by-layer importance over the torch ops."""
+    return token_importance(torch_ops(use_kernels, queries.device), queries, keys, config, scale)

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from specfill.backends.torch_cuda import TorchCausalLM, load
+from specfill.backends.torch_cuda import from_weights, load
+from specfill.backends.torch_cuda.ops import TorchOps
+from specfill.core.driver import CausalLM
 from specfill.backends.torch_cuda.kernels import use_triton
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
@@ -21,9 +23,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="module")
-def models(tiny_checkpoint) -> tuple[TorchCausalLM, TorchCausalLM]:
+def models(tiny_checkpoint) -> tuple[CausalLM, CausalLM]:
     model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype="float32", device=DEVICE)
-    return TorchCausalLM(model.model, use_kernels=True), TorchCausalLM(model.model, use_kernels=False)
+    kernels, twins = (TorchOps(model.ops.device, model.ops.dtype, use) for use in (True, False))
+    return CausalLM(model.model, kernels), CausalLM(model.model, twins)
 
 
 def test_kernels_are_runnable_here():

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from specfill.backends.torch_cuda import TorchCausalLM, load
+from specfill.backends.torch_cuda import from_weights, load
+from specfill.core.driver import CausalLM
 from specfill.core.config import H2OConfig
 from specfill.core.models import ModelArgs
 from specfill.core.reference.model import ReferenceModel
@@ -28,7 +29,7 @@ from tests.fixtures.reference_runs import (RELATIVE_TOLERANCE, prompt, reference
 
 @dataclass
 class Tiny:
-    model: TorchCausalLM
+    model: CausalLM
     ref: ReferenceModel
     args: ModelArgs
     weights: dict[str, np.ndarray]
@@ -40,7 +41,7 @@ def load_tiny(path: Path) -> Tiny:
     return Tiny(model, ReferenceModel(args, weights), args, dict(weights))
 
 
-def greedy(model: TorchCausalLM, ids: Sequence[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),
+def greedy(model: CausalLM, ids: Sequence[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),
            info: PrefillInfo | None = None, stop_ids: frozenset[int] = frozenset(), progress: Any = None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=stop_ids,
                                     method=method, info=info if info is not None else PrefillInfo(),

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from specfill.backends.torch_cuda import TorchCausalLM
-from specfill.backends.torch_cuda.generate import decode_one_token, prefill
-from specfill.backends.torch_cuda.speculative import run_speculator, speculative_prefill
+from specfill.backends.torch_cuda import from_weights
 from specfill.core.config import SpecPrefillConfig
+from specfill.core.driver import CausalLM
+from specfill.core.methods.prefill import prefill
+from specfill.core.methods.specprefill import run_speculator, speculative_prefill
 from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
@@ -32,8 +33,13 @@ def spec(keep: float, speculator: object = "self:1", lookahead: int = 4, chunk: 
 def sparse(t, ids: list[int], method: PrefillMethod, extra: int = 8):
     model = t.model
     speculator, step = model.speculator_model(method.speculator)
-    return speculative_prefill(model.model, torch.tensor(ids), speculator, method.specprefill, stop_ids=frozenset(),
-                               extra_slots=extra, step_size=model.prefill_step_size, speculator_step_size=step)
+    return speculative_prefill(model.ops, model.model, np.array(ids), speculator, method.specprefill,
+                               stop_ids=frozenset(), extra_slots=extra, step_size=model.prefill_step_size,
+                               speculator_step_size=step)
+
+
+def speculate(model: CausalLM, speculator, ids: list[int], **kwargs):
+    return run_speculator(model.ops, speculator, np.array(ids), **kwargs)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -42,8 +48,9 @@ def test_keep_everything_is_exactly_full_attention(tiny, arch):
     ids = prompt(60, t.args.vocab_size, seed=1)
     method = spec(1.0)
     result = sparse(t, ids, method)
-    cache = t.model.new_cache(len(ids))
-    full = prefill(t.model.model, torch.tensor(ids), torch.arange(len(ids)), cache)[-1]
+    ops = t.model.ops
+    cache = ops.new_cache(t.model.model, len(ids))
+    full = prefill(ops, t.model.model, ops.tokens(np.array(ids)), 0, cache, step_size=2048)[-1]
     assert torch.equal(result.logits, full)
     info = PrefillInfo()
     assert greedy(t.model, ids, 6, method, info) == greedy(t.model, ids, 6)
@@ -56,7 +63,7 @@ def test_speculator_captures_queries_keys_and_lookahead(tiny, arch, speculator_l
     t = tiny(arch)
     ids = prompt(40, t.args.vocab_size, seed=2)
     speculator, _ = t.model.speculator_model(f"self:{speculator_layers}")
-    got = run_speculator(speculator, torch.tensor(ids), lookahead=3, stop_ids=frozenset(), step_size=16)
+    got = speculate(t.model, speculator, ids, lookahead=3, stop_ids=frozenset(), step_size=16)
     queries, keys, fed = reference_speculator(t.ref, ids, speculator_layers, 3)
     assert got.lookahead == fed and len(fed) == 3
     assert tuple(got.queries.shape) == (speculator_layers, 4, t.args.num_attention_heads, t.args.head_dim)
@@ -68,7 +75,7 @@ def test_lookahead_stops_at_a_stop_id_without_feeding_it(tiny):
     t = tiny("llama")
     ids = prompt(30, t.args.vocab_size, seed=5)
     speculator, _ = t.model.speculator_model("self:2")
-    run = lambda stop, n=4: run_speculator(speculator, torch.tensor(ids), lookahead=n, stop_ids=stop, step_size=64)  # noqa: E731
+    run = lambda stop, n=4: speculate(t.model, speculator, ids, lookahead=n, stop_ids=stop, step_size=64)  # noqa: E731
     free = run(frozenset())
     first, second = free.lookahead[:2]
     assert first != second, "pick a prompt whose first two look-ahead tokens differ"
@@ -103,7 +110,8 @@ def test_first_decoded_token_sits_at_the_prompt_length(tiny, arch):
     kept_ids = [ids[i] for i in kept]
     assert_logits_close(result.logits, t.ref.forward(kept_ids, kept)[-1], "sparse prefill, last kept token")
     first = int(result.logits.argmax())
-    decoded = decode_one_token(t.model.model, torch.tensor([first]), result.next_position, result.cache)
+    ops = t.model.ops
+    decoded = ops.forward(t.model.model, ops.tokens(np.array([first])), result.next_position, result.cache, None, 0)[-1]
     at_prompt_length = t.ref.forward(kept_ids + [first], kept + [n_prompt])[-1]
     at_kept_count = t.ref.forward(kept_ids + [first], kept + [n_kept])[-1]
     assert_logits_close(decoded, at_prompt_length, "first decode step at position P")
@@ -129,7 +137,7 @@ def test_decoding_after_sparse_prefill_continues_at_positions_p_and_on(tiny, arc
 def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
     t = tiny("qwen2")
     one_layer_args = replace(t.args, num_hidden_layers=1)
-    one_layer = TorchCausalLM.from_weights(
+    one_layer = from_weights(
         one_layer_args, {k: v for k, v in t.weights.items() if ".layers.1." not in k},
         dtype=torch.float32, device="cpu", prefill_step_size=16)
     ids = prompt(75, t.args.vocab_size, seed=9)
@@ -142,7 +150,7 @@ def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
 @pytest.mark.parametrize("speculator,error,match", [
     ("self:0", ConfigError, r"1 <= K <= 2"), ("self:3", ConfigError, r"1 <= K <= 2"),
     ("self:x", ConfigError, "must be 'self:K'"), ("draft.gguf", ConfigError, "must be 'self:K'"),
-    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the torch backend"),
+    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the cuda backend"),
 ])
 def test_bad_speculators_are_clear_errors(tiny, speculator, error, match):
     t = tiny("llama")
@@ -154,7 +162,7 @@ def test_bad_speculators_are_clear_errors(tiny, speculator, error, match):
 def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
     t = tiny("llama")
     args = replace(tiny_model_args("llama"), vocab_size=256)
-    other = TorchCausalLM.from_weights(args, tiny_weights(args), dtype=torch.float32, device="cpu")
+    other = from_weights(args, tiny_weights(args), dtype=torch.float32, device="cpu")
     with pytest.raises(TokenizerMismatchError, match="256 tokens, the main model's 320"):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, other), info=PrefillInfo())
@@ -162,7 +170,7 @@ def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
 
 def test_progress_follows_the_speculator_over_the_whole_prompt(tiny):
     t = tiny("qwen3")
-    model = TorchCausalLM(t.model.model, prefill_step_size=32)
+    model = CausalLM(t.model.model, t.model.ops, prefill_step_size=32)
     calls = []
     greedy(model, prompt(70, t.args.vocab_size), 2, spec(0.2, "self:1"),
            progress=lambda done, total: calls.append((done, total)))
@@ -172,7 +180,7 @@ def test_progress_follows_the_speculator_over_the_whole_prompt(tiny):
 def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
     t = tiny("llama")
     args = replace(t.args, max_position_embeddings=32)
-    short = TorchCausalLM.from_weights(args, t.weights, dtype=torch.float32, device="cpu")
+    short = from_weights(args, t.weights, dtype=torch.float32, device="cpu")
     with pytest.raises(PromptTooLongError, match="40 tokens exceeds the speculator's context of 32"):
         t.model.generate_step(prompt(40, t.args.vocab_size), max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, short), info=PrefillInfo())
@@ -181,7 +189,6 @@ def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
 def test_lookahead_stops_at_the_speculator_context(tiny):
     t = tiny("qwen3")
     args = replace(t.args, max_position_embeddings=42)
-    short = TorchCausalLM.from_weights(args, t.weights, dtype=torch.float32, device="cpu")
-    got = run_speculator(short.model, torch.tensor(prompt(40, t.args.vocab_size)), lookahead=4, stop_ids=frozenset(),
-                         step_size=64)
+    short = from_weights(args, t.weights, dtype=torch.float32, device="cpu")
+    got = speculate(short, short.model, prompt(40, t.args.vocab_size), lookahead=4, stop_ids=frozenset(), step_size=64)
     assert len(got.lookahead) == 2 and got.queries.shape[1] == 3

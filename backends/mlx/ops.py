@@ -1,0 +1,155 @@
+"""The ops protocol (core/ops.py) on mx.arrays: what the one walk of each method calls.
+
+The hot stages go through the kernels/ dispatchers (Metal where it exists, MLX-ops twins
+elsewhere, or forced by `use_kernels`); the rest is in stages.py. MLX is lazy: `settle`
+evaluates a prefill step's cache and method state (bounding the graph), `schedule` starts the
+next decode step while the current token is handed out (mlx-lm's overlap).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
+from specfill.core.stages import AttentionState, InterResult, IntraResult
+
+from . import stages
+from .cache import KVCache, make_cache
+from .kernels import attention_scores, inter_attention, intra_attention, merge_states, reduce_colsum_to_kv_heads
+from .model import LayerView, Model
+
+
+class MLXOps:
+    """The MLX backend's ops on one device. use_kernels: None = the Metal kernels where Metal
+    exists and the MLX-ops twins elsewhere; True / False force one. quantized: some of the
+    model's layers run quantized matmul (reported by load)."""
+
+    name = "mlx"
+    lazy = True
+
+    def __init__(self, device: mx.Device, use_kernels: bool | None = None, quantized: bool = False):
+        self.device = device
+        self.use_kernels = use_kernels
+        self.quantized = quantized
+
+    # H2O stages
+    def intra_attention(self, q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float) -> IntraResult:
+        result = intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
+        return IntraResult(AttentionState(result.state.m, result.state.l, result.state.o), result.colsum)
+
+    def inter_attention(self, q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
+        result = inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
+        return InterResult(AttentionState(result.state.m, result.state.l, result.state.o), result.colsum)
+
+    def reduce_colsum_to_kv_heads(self, colsum: mx.array, n_kv_heads: int) -> mx.array:
+        return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
+
+    def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        merged = merge_states(a, b)
+        return AttentionState(merged.m, merged.l, merged.o)
+
+    accumulate_scores = staticmethod(stages.accumulate_scores)
+    build_memory_set = staticmethod(stages.build_memory_set)
+    gather_memory = staticmethod(stages.gather_memory)
+
+    def causal_attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        return stages.causal_attention(q[None], k[None], v[None], scale)[0]
+
+    def concat(self, arrays: Sequence[mx.array], axis: int) -> mx.array:
+        return mx.concatenate(list(arrays), axis=axis)
+
+    def empty_scores(self, n_kv_heads: int, like: mx.array) -> mx.array:
+        return mx.zeros((n_kv_heads, 0), dtype=mx.float32)
+
+    def zero_scores(self, n_kv_heads: int, n_tokens: int, like: mx.array) -> mx.array:
+        return mx.zeros((n_kv_heads, n_tokens), dtype=mx.float32)
+
+    def cast_like(self, x: mx.array, like: mx.array) -> mx.array:
+        return x.astype(like.dtype)
+
+    def stage_scope(self, like: mx.array) -> AbstractContextManager[Any]:
+        return mx.stream(self.device)
+
+    # SpecPrefill scoring
+    def attention_scores(self, queries: mx.array, keys: mx.array, scale: float) -> mx.array:
+        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels)
+
+    smooth_scores = staticmethod(stages.smooth_scores)
+    reduce_axis = staticmethod(stages.reduce_axis)
+
+    # model runtime
+    @property
+    def device_name(self) -> str:
+        return "gpu (Metal)" if self.device.type == mx.DeviceType.gpu else "cpu"
+
+    def activation_dtype(self, model: Model) -> mx.Dtype:
+        return model.model.norm.weight.dtype  # the final norm's weights keep the activation dtype
+
+    def device_scope(self) -> AbstractContextManager[Any]:
+        return mx.stream(self.device)
+
+    def tokens(self, ids: np.ndarray) -> mx.array:
+        return mx.array(np.asarray(ids, dtype=np.int32))
+
+    def forward(self, model: Model | LayerView, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache],
+                attend: Any, logits_from: int | None) -> mx.array | None:
+        pos = positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
+        hidden = model.hidden(ids[None], pos, cache, attend)
+        return None if logits_from is None else model.logits(hidden[:, logits_from:]).astype(mx.float32)[0]
+
+    def schedule(self, arrays: list[Any]) -> None:
+        mx.async_eval(arrays)
+
+    def settle(self, arrays: list[Any]) -> None:
+        mx.eval(_flatten(arrays))
+
+    def wall_time(self) -> float:
+        return time.perf_counter()
+
+    def new_cache(self, model: Model | LayerView, capacity: int) -> list[KVCache]:
+        return make_cache(model.args, capacity)
+
+    def cached_keys(self, cache: list[KVCache], end: int) -> mx.array:
+        return mx.stack([c.keys[0, :, :end] for c in cache])
+
+    def first_layers(self, model: Model, n_layers: int) -> LayerView:
+        return model.first_layers(n_layers)
+
+    def causal_step(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        return stages.causal_attention(q, k, v, scale)
+
+    def last_query(self, q: mx.array) -> mx.array:
+        return mx.contiguous(q[0, :, -1])  # a copy: no view of the step's q
+
+    def stack(self, arrays: Sequence[mx.array]) -> mx.array:
+        return mx.stack(list(arrays))
+
+    def sampler(self, sampling: SamplingConfig) -> stages.Sampler:
+        return stages.make_sampler(sampling)
+
+    def item(self, x: mx.array) -> int:
+        return int(x.reshape(-1)[0].item())
+
+    def to_numpy(self, x: mx.array) -> np.ndarray:
+        return np.asarray(x.astype(mx.float32) if x.dtype in (mx.float16, mx.bfloat16) else x)
+
+    def peak_memory_gb(self) -> float:
+        """MLX's peak allocation on the GPU, or the process's peak resident set on CPU."""
+        if self.device.type == mx.DeviceType.gpu:
+            return mx.get_peak_memory() / 1e9
+        return process_peak_memory_gb()
+
+
+def _flatten(items: list[Any]) -> list[Any]:
+    """Caches (lists of KVCache) and nested lists of arrays as one flat list of arrays."""
+    flat: list[Any] = []
+    for item in items:
+        if isinstance(item, list):
+            flat.extend(_flatten(item))
+        else:
+            flat.extend(item.state if isinstance(item, KVCache) else [item])
+    return flat

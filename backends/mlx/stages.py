@@ -1,0 +1,100 @@
+"""The MLX stages that are not hot kernels: memory-set choice and gathers (H2O), pooling and
+reductions (SpecPrefill scoring), causal attention and sampling. `ops.MLXOps` exposes them with
+the kernels/ dispatchers under the ops protocol of core/ops.py."""
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+
+from specfill.core.config import REDUCTIONS
+from specfill.core.errors import ConfigError
+from specfill.core.runtime import SamplingConfig
+from specfill.core.stages import MemorySet
+
+from .ranking import descending_order
+
+Sampler = Callable[[mx.array], mx.array]  # float32 logits [vocab] -> token [1]
+
+
+def accumulate_scores(scores: mx.array, memory: MemorySet, kv_colsum: mx.array) -> mx.array:
+    """scores[g, memory[g, s]] += kv_colsum[g, s]: the inter attention votes for its keys."""
+    rows = mx.arange(scores.shape[0])[:, None]
+    return scores.at[rows, memory.indices].add(kv_colsum.astype(scores.dtype))
+
+
+def build_memory_set(scores: mx.array, previous: MemorySet | None, chunk_index: int,
+                     chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet:
+    """M_c = tail-L of C_c U top-H((M_{c-1} U C_c) minus the tail), per KV head, sorted (int32).
+
+    Candidates are laid out in ascending position (M_{c-1} lies before C_c), so ranking by score
+    with ties to the lower index gives ties to the lower position, as the spec requires.
+    """
+    n_kv = scores.shape[0]
+    local_start = max(chunk_start, chunk_end - local)
+    local_idx = mx.broadcast_to(mx.arange(local_start, chunk_end, dtype=mx.int32), (n_kv, chunk_end - local_start))
+    chunk_rest = mx.broadcast_to(mx.arange(chunk_start, local_start, dtype=mx.int32),
+                                 (n_kv, local_start - chunk_start))
+    parts = [previous.indices.astype(mx.int32), chunk_rest] if previous is not None else [chunk_rest]
+    candidates = mx.concatenate(parts, axis=1)
+    n_heavy = min(heavy, candidates.shape[1])
+    rows = [local_idx]
+    if n_heavy > 0:
+        order = descending_order(mx.take_along_axis(scores, candidates, axis=1))[:, :n_heavy]
+        rows.append(mx.take_along_axis(candidates, order, axis=1))
+    return MemorySet(mx.sort(mx.concatenate(rows, axis=1), axis=1), chunk_index)
+
+
+def gather_memory(k: mx.array, v: mx.array, memory: MemorySet) -> tuple[mx.array, mx.array]:
+    """Per-KV-head gather of the memory rows: k/v [Hkv, n, D] -> [Hkv, M, D]."""
+    idx = memory.indices[:, :, None]
+    return mx.take_along_axis(k, idx, axis=1), mx.take_along_axis(v, idx, axis=1)
+
+
+def causal_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
+    """q [1, H, T, D] against k/v [1, Hkv, S, D] (S >= T, the queries are the last T slots);
+    grouped-query heads are handled by the kernel. Returns [1, H, T, D]."""
+    mask = "causal" if queries.shape[2] > 1 else None
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+def smooth_scores(probs: mx.array, kernel: int) -> mx.array:
+    """Average pooling along the last axis: stride 1, zero padding kernel // 2 each side, every
+    window divided by `kernel` (torch avg_pool1d with count_include_pad)."""
+    if kernel < 1 or kernel % 2 == 0:
+        raise ConfigError(f"pool kernel must be a positive odd width, got {kernel}")
+    if kernel == 1:
+        return probs.astype(mx.float32)
+    pad = kernel // 2
+    n = probs.shape[-1]
+    padded = mx.pad(probs.astype(mx.float32), [(0, 0)] * (probs.ndim - 1) + [(pad, pad)])
+    # k shifted slices: exact window sums, no long cumulative sum to lose precision in
+    total = padded[..., 0:n]
+    for shift in range(1, kernel):
+        total = total + padded[..., shift:shift + n]
+    return total / kernel
+
+
+def reduce_axis(x: mx.array, how: str, axis: int) -> mx.array:
+    """"max" or "mean" over one axis, in float32."""
+    if how not in REDUCTIONS:
+        raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
+    x = x.astype(mx.float32)
+    return x.max(axis=axis) if how == "max" else x.mean(axis=axis)
+
+
+def make_sampler(sampling: SamplingConfig) -> Sampler:
+    """Greedy at temperature 0, else mlx-lm's temperature / top-p sampler (on log-probabilities)."""
+    if sampling.seed is not None:
+        mx.random.seed(sampling.seed)
+    if sampling.temperature == 0.0:
+        return lambda logits: mx.argmax(logits[None], axis=-1)
+    # Imported here: mlx_lm's package import pulls in transformers (seconds), greedy needs none.
+    from mlx_lm.sample_utils import make_sampler as mlx_lm_sampler
+
+    sampler = mlx_lm_sampler(temp=sampling.temperature, top_p=sampling.top_p)
+
+    def choose(logits: mx.array) -> mx.array:
+        logits = logits[None].astype(mx.float32)
+        return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+    return choose

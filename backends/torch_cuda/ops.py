@@ -1,0 +1,156 @@
+"""The ops protocol (core/ops.py) on torch tensors: what the one walk of each method calls.
+
+The hot stages go through the kernels/ dispatchers (Triton on CUDA, torch twins elsewhere, or
+forced by `use_kernels`); the rest is in stages.py. Softmax statistics and scores are float32
+(float64 for float64 inputs).
+"""
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
+from specfill.core.stages import AttentionState, InterResult, IntraResult, MemorySet
+
+from . import stages
+from .attention import causal_attention as causal_step
+from .kernels.cpu_units import units_scope
+from .kernels.inter import inter_attention
+from .kernels.intra import intra_attention, reduce_colsum_to_kv_heads
+from .kernels.scoring import attention_scores, check_scoring_shapes
+from .kernels.state import merge_states, stats_dtype
+from .kv_cache import KVCache
+from .model import Transformer
+
+
+class TorchOps:
+    """The torch backend's ops on one device. use_kernels: None = Triton on CUDA and the
+    twins elsewhere; True / False force one."""
+
+    name = "cuda"
+    lazy = False  # eager: a decode step after the token it follows has been handed out
+
+    def __init__(self, device: torch.device, dtype: torch.dtype, use_kernels: bool | None = None):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.use_kernels = use_kernels
+
+    # H2O stages
+    def intra_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
+                        scale: float) -> IntraResult:
+        result = intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
+        return IntraResult(AttentionState(*result.state), result.colsum)
+
+    def inter_attention(self, q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float) -> InterResult:
+        result = inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
+        return InterResult(AttentionState(*result.state), result.colsum)
+
+    def reduce_colsum_to_kv_heads(self, colsum: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
+        return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
+
+    def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
+        return AttentionState(*merge_states(a, b))
+
+    accumulate_scores = staticmethod(stages.accumulate_scores)
+    build_memory_set = staticmethod(stages.build_memory_set)
+    gather_memory = staticmethod(stages.gather_memory)
+
+    def causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        return stages.causal_attention(q, k, v, scale, self.use_kernels)
+
+    def concat(self, arrays: Sequence[torch.Tensor], axis: int) -> torch.Tensor:
+        return torch.cat(list(arrays), dim=axis)
+
+    def empty_scores(self, n_kv_heads: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((n_kv_heads, 0), dtype=stats_dtype(like), device=like.device)
+
+    def zero_scores(self, n_kv_heads: int, n_tokens: int, like: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((n_kv_heads, n_tokens), dtype=stats_dtype(like), device=like.device)
+
+    def cast_like(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return x.to(like.dtype)
+
+    def stage_scope(self, like: torch.Tensor) -> AbstractContextManager[Any]:
+        return units_scope(like.device)  # many small ops on CPU: one thread team per stage
+
+    # SpecPrefill scoring
+    def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+        check_scoring_shapes(queries, keys)
+        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels)
+
+    smooth_scores = staticmethod(stages.smooth_scores)
+    reduce_axis = staticmethod(stages.reduce_axis)
+
+    # model runtime
+    @property
+    def device_name(self) -> str:
+        device = self.device
+        return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+
+    def activation_dtype(self, model: Transformer) -> torch.dtype:
+        return model.embed.weight.dtype
+
+    def device_scope(self) -> AbstractContextManager[Any]:
+        return torch.inference_mode()
+
+    def tokens(self, ids: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
+
+    def forward(self, model: Transformer, ids: torch.Tensor, positions: int | np.ndarray, cache: KVCache,
+                attend: Any, logits_from: int | None) -> torch.Tensor | None:
+        if isinstance(positions, int):
+            pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
+        else:
+            pos = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
+        logits = model(ids[None], pos, cache, logits_from, attend)
+        return None if logits is None else logits[0]
+
+    def schedule(self, arrays: list[Any]) -> None:
+        """CUDA queues work by itself; nothing to do."""
+
+    def settle(self, arrays: list[Any]) -> None:
+        """Eager: every result is already computed (or queued on the CUDA stream)."""
+
+    def wall_time(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def new_cache(self, model: Transformer, capacity: int) -> KVCache:
+        return KVCache.allocate(model.args, capacity, model.embed.weight.dtype, model.embed.weight.device)
+
+    def cached_keys(self, cache: KVCache, end: int) -> torch.Tensor:
+        return cache.all_keys(end)
+
+    def first_layers(self, model: Transformer, n_layers: int) -> Transformer:
+        return model.first_layers(n_layers)
+
+    def causal_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        return causal_step(q, k, v, scale)
+
+    def last_query(self, q: torch.Tensor) -> torch.Tensor:
+        return q[0, :, -1].clone()  # a copy: the step's q is large
+
+    def stack(self, arrays: Sequence[torch.Tensor]) -> torch.Tensor:
+        return torch.stack(list(arrays))
+
+    def sampler(self, sampling: SamplingConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+        generator = stages.make_generator(sampling, self.device)
+        return lambda logits: stages.sample(logits, sampling, generator)
+
+    def item(self, x: torch.Tensor) -> int:
+        return int(x.reshape(-1)[0])
+
+    def to_numpy(self, x: torch.Tensor) -> np.ndarray:
+        x = x.detach().cpu()
+        return (x.float() if x.dtype in (torch.float16, torch.bfloat16) else x).numpy()
+
+    def peak_memory_gb(self) -> float:
+        """Peak CUDA memory allocated by torch, or the process's peak resident set on CPU."""
+        if self.device.type == "cuda":
+            return torch.cuda.max_memory_allocated(self.device) / 1e9
+        return process_peak_memory_gb()

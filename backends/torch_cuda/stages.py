@@ -1,0 +1,106 @@
+"""The torch stages that are not hot kernels: memory-set choice and gathers (H2O), pooling and
+reductions (SpecPrefill scoring), causal attention and sampling. `ops.TorchOps` exposes them
+with the kernels/ dispatchers under the ops protocol of core/ops.py."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specfill.core.config import REDUCTIONS
+from specfill.core.errors import ConfigError
+from specfill.core.runtime import SamplingConfig
+from specfill.core.stages import MemorySet
+
+from .kernels.dispatch import use_triton
+from .kernels.intra import check_attention_shapes, intra_attention
+
+
+def accumulate_scores(scores: torch.Tensor, memory: MemorySet, kv_colsum: torch.Tensor) -> torch.Tensor:
+    """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s], as a new tensor."""
+    return scores.scatter_add(1, memory.indices, kv_colsum.to(scores.dtype))
+
+
+def build_memory_set(scores: torch.Tensor, previous: MemorySet | None, chunk_index: int, chunk_start: int,
+                     chunk_end: int, local: int, heavy: int) -> MemorySet:
+    """M_c = Local_c U top-H((M_{c-1} U C_c) minus Local_c) per KV head: [Hkv, L + H] ascending.
+
+    Heavy hitters rank by score, ties to the lower position: the candidates are laid out in
+    ascending position and a stable descending sort keeps that order among equal scores.
+    """
+    n_kv, device = scores.shape[0], scores.device
+    local_start = max(chunk_start, chunk_end - local)
+    local_idx = torch.arange(local_start, chunk_end, dtype=torch.int64, device=device).expand(n_kv, -1)
+    rest = torch.arange(chunk_start, local_start, dtype=torch.int64, device=device).expand(n_kv, -1)
+    # M_{c-1} lies before C_c, so [previous, rest] is ascending in every row
+    candidates = rest if previous is None else torch.cat([previous.indices.to(torch.int64), rest], dim=1)
+    n_heavy = min(heavy, candidates.shape[1])
+    if n_heavy == 0:
+        return MemorySet(local_idx.contiguous(), chunk_index)
+    ranked = torch.sort(scores.gather(1, candidates), dim=1, descending=True, stable=True).indices
+    heavy_idx = candidates.gather(1, ranked[:, :n_heavy])
+    return MemorySet(torch.cat([heavy_idx, local_idx], dim=1).sort(dim=1).values, chunk_index)
+
+
+def gather_memory(k: torch.Tensor, v: torch.Tensor, memory: MemorySet) -> tuple[torch.Tensor, torch.Tensor]:
+    """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D]: row g gathers positions memory[g]."""
+    index = memory.indices.unsqueeze(-1).expand(-1, -1, k.shape[-1])
+    return k.gather(1, index), v.gather(1, index)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                     use_kernels: bool | None = None) -> torch.Tensor:
+    """Plain causal attention [Hq, N, D]: torch SDPA (its fused kernels on CUDA), or the intra
+    kernel with one chunk when kernels are forced."""
+    check_attention_shapes(q, k, v)
+    if use_kernels and use_triton(True, q, k, v):
+        return intra_attention(q, k, v, max(1, q.shape[1]), scale, use_kernel=True, with_colsum=False).state.o
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
+
+
+def _float(x: torch.Tensor) -> torch.Tensor:
+    """Scores are probabilities: float32 at least (float64 stays float64)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def smooth_scores(probs: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Average pooling along the last axis: stride 1, zero padding kernel // 2 each side, every
+    window divided by kernel (count_include_pad), so the length stays P."""
+    if kernel < 1 or kernel % 2 == 0:
+        raise ConfigError(f"pool kernel must be a positive odd width, got {kernel}")
+    probs = _float(probs)
+    if kernel == 1 or probs.shape[-1] == 0:
+        return probs.clone()
+    flat = probs.reshape(-1, 1, probs.shape[-1])
+    pooled = F.avg_pool1d(flat, kernel, stride=1, padding=kernel // 2, count_include_pad=True)
+    return pooled.reshape(probs.shape)
+
+
+def reduce_axis(x: torch.Tensor, how: str, axis: int) -> torch.Tensor:
+    """"max" or "mean" over one axis, in float32 or wider."""
+    if how not in REDUCTIONS:
+        raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
+    x = _float(x)
+    return x.amax(dim=axis) if how == "max" else x.mean(dim=axis)
+
+
+def make_generator(sampling: SamplingConfig, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    if sampling.seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(sampling.seed)
+    return generator
+
+
+def sample(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
+    """One token [1] from float32 logits [vocab]: argmax at temperature 0, else temperature then
+    nucleus (smallest set of tokens whose probability reaches top_p)."""
+    if sampling.temperature == 0.0:
+        return logits.argmax(dim=-1, keepdim=True)
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
+        sorted_probs = sorted_probs.masked_fill(before >= sampling.top_p, 0.0)
+        return order[torch.multinomial(sorted_probs, 1, generator=generator)]
+    return torch.multinomial(probs, 1, generator=generator)

@@ -1,0 +1,1 @@
+"""Each prefill method written once over the ops protocol (core/ops.py)."""

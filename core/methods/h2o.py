@@ -1,0 +1,141 @@
+"""H2O two-phase chunked sparse prefill (seed 001), written once over `H2OOps`.
+
+For query i in chunk C_c the keys are K(i) = {j in C_c : j <= i} U M_{c-1}. Per layer and logical
+batch: phase 1 computes the intra part of every chunk at once (state and column sums); phase 2
+walks the chunks in order: attend to the previous memory set, add its column sums to the scores,
+merge the two softmaxes exactly, build the next memory set. `H2OPrefillAttention` plugs the walk
+into a model's prefill (one carry per layer); `h2o_attention_layer` does one layer's whole prompt.
+The conformance oracle (core/reference/oracle.py) checks this walk against naive attention over
+the explicit key sets, so it is checked against something it does not share.
+"""
+from __future__ import annotations
+
+from typing import Any, Generic
+
+import numpy as np
+
+from ..config import H2OConfig
+from ..ops import H2OOps
+from ..stages import A, H2OCarry, H2OLayerResult
+
+
+def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
+    """H2O is plain causal attention for a prompt of one chunk or with no memory (L + H = 0)."""
+    return not config.enabled or n_tokens <= config.chunk_size
+
+
+def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], config: H2OConfig,
+                        scale: float, is_last: bool) -> tuple[A, H2OCarry[A]]:
+    """One logical batch of one layer: phase 1 for all its chunks, then the phase-2 walk.
+
+    q [Hq, T, D] are the batch's queries, positions [carry.n_done, carry.n_done + T);
+    k/v [Hkv, >= carry.n_done + T, D] hold every key so far (memory sets point back into them).
+    is_last: the batch ends the prompt, so no memory set is built after its final chunk.
+    Returns the batch's output [Hq, T, D] (q's dtype) and the carry for the next batch.
+    """
+    size = config.chunk_size
+    start, n_tokens = carry.n_done, q.shape[1]
+    n_kv = k.shape[0]
+    if start % size != 0:
+        raise ValueError(f"a logical batch must start on a chunk boundary, got position {start}")
+    if k.shape[1] < start + n_tokens or tuple(v.shape[:2]) != tuple(k.shape[:2]):
+        raise ValueError(f"k/v {tuple(k.shape)} must hold the {start + n_tokens} keys up to this batch's end")
+    with ops.stage_scope(q):
+        intra = ops.intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens], size, scale)
+        # every chunk's scores start from its own phase-1 column sums; phase 2 adds to them
+        scores = ops.concat([carry.scores, ops.reduce_colsum_to_kv_heads(intra.colsum, n_kv)], axis=1)
+        memory, memory_sets = carry.memory, list(carry.memory_sets)
+        outputs = []
+        for local_start in range(0, n_tokens, size):
+            local_end = min(local_start + size, n_tokens)
+            chunk_start, chunk_end = start + local_start, start + local_end
+            state = intra.state.rows(local_start, local_end)
+            if memory is not None:
+                k_mem, v_mem = ops.gather_memory(k, v, memory)
+                inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale)
+                scores = ops.accumulate_scores(scores, memory, ops.reduce_colsum_to_kv_heads(inter.colsum, n_kv))
+                state = ops.merge_states(inter.state, state)
+            outputs.append(state.o)
+            if is_last and local_end == n_tokens:
+                break  # no memory set after the final chunk: nothing would read it
+            if local_end - local_start != size:
+                raise ValueError("only the final chunk of a prompt may be partial")
+            memory = ops.build_memory_set(scores, memory, chunk_start // size, chunk_start, chunk_end,
+                                          config.local, config.heavy)
+            memory_sets.append(memory)
+        out = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
+    return ops.cast_like(out, q), H2OCarry(scores=scores, memory=memory, memory_sets=memory_sets)
+
+
+def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
+                        scale: float) -> H2OLayerResult[A]:
+    """Whole-prompt H2O attention of one layer: q [Hq, N, D], k/v [Hkv, N, D] after RoPE.
+
+    Logical batch by logical batch (config.batch_size), carrying scores and memory sets. With H2O
+    disabled (L + H = 0) it is plain causal attention with zero scores, as in the llama.cpp plan.
+    """
+    if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape) or q.shape[1] != k.shape[1]:
+        raise ValueError(f"h2o attention takes q [Hq, N, D] and k/v [Hkv, N, D]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    n_tokens, n_kv = q.shape[1], k.shape[0]
+    if n_tokens == 0 or not config.enabled:
+        output = ops.causal_attention(q, k, v, scale) if n_tokens else q
+        return H2OLayerResult(output, ops.zero_scores(n_kv, n_tokens, q), [])
+    carry = H2OCarry(scores=ops.empty_scores(n_kv, q))
+    outputs = []
+    for batch_start in range(0, n_tokens, config.batch_size):
+        batch_end = min(batch_start + config.batch_size, n_tokens)
+        out, carry = h2o_attention_batch(ops, q[:, batch_start:batch_end], k, v, carry, config, scale,
+                                         is_last=batch_end == n_tokens)
+        outputs.append(out)
+    output = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
+    return H2OLayerResult(output, carry.scores, carry.memory_sets)
+
+
+class H2OPrefillAttention(Generic[A]):
+    """The `PrefillAttention` of H2O prefill over a prompt of `n_tokens`: one carry per layer,
+    advanced by each logical batch (one prefill step per batch)."""
+
+    def __init__(self, ops: H2OOps[A], config: H2OConfig, n_layers: int, scale: float, n_tokens: int):
+        self.ops = ops
+        self.config = config
+        self.scale = scale
+        self.n_tokens = n_tokens
+        self.carries: list[H2OCarry[A] | None] = [None] * n_layers
+
+    def __call__(self, layer: int, q: A, k: A, v: A) -> A:
+        end = k.shape[2]
+        start = end - q.shape[2]
+        carry = self.carries[layer] or H2OCarry(scores=self.ops.empty_scores(k.shape[1], q))
+        if carry.n_done != start:
+            raise ValueError(f"layer {layer}: H2O batch starts at slot {start}, the carry is at {carry.n_done}")
+        # memory sets point back into earlier batches: the walk gets every key stored so far
+        out, self.carries[layer] = h2o_attention_batch(self.ops, q[0], k[0], v[0], carry, self.config,
+                                                       self.scale, is_last=end == self.n_tokens)
+        return out[None]
+
+    def arrays(self) -> list[Any]:
+        """The carries' scores and memory sets (evaluating an evaluated array costs nothing)."""
+        carries = [c for c in self.carries if c is not None]
+        return [c.scores for c in carries] + [m.indices for c in carries for m in c.memory_sets]
+
+    def memory_sets(self, to_numpy: Any) -> list[list[np.ndarray]]:
+        """Per layer, M_0 .. M_{k-2} as int64 NumPy arrays [Hkv, L + H]."""
+        return [[np.asarray(to_numpy(m.indices)).astype(np.int64) for m in (c.memory_sets if c else [])]
+                for c in self.carries]
+
+
+def h2o_dot_products(n_tokens: int, chunk_size: int, memory_size: int) -> int:
+    """q.k products per head of H2O prefill: causal intra per chunk + one memory per later chunk."""
+    total = 0
+    for chunk_start in range(0, n_tokens, chunk_size):
+        length = min(chunk_size, n_tokens - chunk_start)
+        total += length * (length + 1) // 2
+        if chunk_start > 0:
+            total += length * memory_size
+    return total
+
+
+def full_dot_products(n_tokens: int) -> int:
+    """q.k products per head of full causal prefill."""
+    return n_tokens * (n_tokens + 1) // 2

@@ -1,0 +1,140 @@
+"""Speculative prefill (seed 002), written once over `ModelOps`.
+
+1. The speculator runs the whole prompt (full attention) and keeps, per layer, the post-RoPE
+   query of the last prompt token; it then decodes up to `lookahead` greedy tokens, feeding each
+   one that is not a stop id and keeping its query too. Its KV cache holds the prompt keys.
+2. The 1 + N' queries score the prompt positions: softmax over the prompt keys per scoring query,
+   average pooling along positions, a head reduction and a layer reduction, mean over queries.
+3. Whole selection chunks are kept (NumPy, float64 chunk means: core/reference/specprefill.py),
+   and the main model prefills only the kept tokens, into cache slots 0..K-1 at their ORIGINAL
+   position ids; decoding continues at position P (the prompt length), slot K.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic
+
+import numpy as np
+
+from ..config import SpecPrefillConfig
+from ..ops import ModelOps, ScoringOps
+from ..reference.specprefill import select_tokens
+from ..runtime import ProgressCallback
+from ..stages import A, Selection
+from .prefill import prefill
+
+
+def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefillConfig,
+                     scale: float) -> A:
+    """importance [P] from queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], layer by layer:
+    pooling and the head reduction act within one layer, so only one layer's probabilities
+    [n_q, Hq, P] exist at a time (then [n_q, n_l, P] for the layer and query reductions). The
+    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
+    per_layer = []
+    for layer in config.layer_indices(queries.shape[0]):
+        probs = ops.attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale)
+        per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
+    combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
+    return ops.reduce_axis(combined, "mean", axis=0)
+
+
+class QueryCapture(Generic[A]):
+    """`PrefillAttention` for the speculator: causal attention that also keeps, per layer, the
+    post-RoPE query of the last token of every step ending at or after slot `first_slot`
+    (the prompt's last token, then each fed look-ahead token)."""
+
+    def __init__(self, ops: ModelOps[A], n_layers: int, first_slot: int, scale: float):
+        self.ops = ops
+        self.first_slot = first_slot
+        self.scale = scale
+        self.queries: list[list[A]] = [[] for _ in range(n_layers)]
+
+    def __call__(self, layer: int, q: A, k: A, v: A) -> A:
+        if k.shape[2] >= self.first_slot:  # k holds every slot up to this step's end
+            self.queries[layer].append(self.ops.last_query(q))
+        return self.ops.causal_step(q, k, v, self.scale)
+
+    def arrays(self) -> list[A]:
+        return [q for per_layer in self.queries for q in per_layer]
+
+    def stacked(self) -> A:
+        """[n_layers, n_queries, Hq, D]."""
+        return self.ops.stack([self.ops.stack(per_layer) for per_layer in self.queries])
+
+
+@dataclass
+class SpeculatorPass(Generic[A]):
+    """queries [n_l, 1 + N', Hq, D] (last prompt token, then the fed look-ahead tokens); keys
+    [n_l, Hkv, P, D] of every prompt position; lookahead the fed tokens; cache the speculator's
+    KV cache (prompt, then look-ahead slots), kept for a later use as a draft model."""
+
+    queries: A
+    keys: A
+    lookahead: list[int]
+    cache: list[Any]
+
+
+def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookahead: int,
+                   stop_ids: frozenset[int], step_size: int,
+                   progress: ProgressCallback | None = None) -> SpeculatorPass[A]:
+    """Full prefill of ids [P] on the speculator, then greedy look-ahead (see the module doc).
+
+    The look-ahead stops early at a stop id (which is not fed) and at the speculator's context.
+    """
+    n_prompt, args = len(ids), speculator.args
+    lookahead = max(0, min(lookahead, args.max_position_embeddings - n_prompt))
+    cache = ops.new_cache(speculator, n_prompt + lookahead)
+    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.head_dim ** -0.5)
+    logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
+                     progress=progress)[-1]
+    fed: list[int] = []
+    for step in range(lookahead):
+        token = int(np.argmax(ops.to_numpy(logits)))
+        if token in stop_ids:
+            break
+        fed.append(token)
+        wants_logits = step + 1 < lookahead  # the last fed token only contributes its query
+        out = ops.forward(speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture,
+                          0 if wants_logits else None)
+        logits = out[-1] if out is not None else logits
+        ops.settle([logits, capture.arrays(), cache])
+    queries, keys = capture.stacked(), ops.cached_keys(cache, n_prompt)
+    ops.settle([queries, keys])
+    return SpeculatorPass(queries, keys, fed, cache)
+
+
+@dataclass
+class SparsePrefill(Generic[A]):
+    """What the main model's sparse prefill leaves for decoding: the last kept token's logits
+    [vocab] (float32), the cache (kept tokens in slots 0..K-1), the position of the first decoded
+    token (the prompt length P), the selection, the speculator's pass and each part's wall time."""
+
+    logits: A
+    cache: list[Any]
+    next_position: int
+    selection: Selection
+    speculator: SpeculatorPass[A]
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
+                        config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
+                        step_size: int, speculator_step_size: int,
+                        progress: ProgressCallback | None = None) -> SparsePrefill[A]:
+    """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
+    cache with room for `extra_slots` decoded tokens after them. `progress` follows the
+    speculator's pass over the whole prompt (the kept tokens' prefill is the short part)."""
+    started = ops.wall_time()
+    spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
+                          step_size=speculator_step_size, progress=progress)
+    speculated = ops.wall_time()
+    importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.head_dim ** -0.5)
+    selection = select_tokens(ops.to_numpy(importance), config)
+    selected = ops.wall_time()
+    cache = ops.new_cache(model, len(selection.kept) + extra_slots)
+    logits = prefill(ops, model, ops.tokens(ids[selection.kept]), selection.position_ids, cache,
+                     step_size=step_size)[-1]
+    finished = ops.wall_time()
+    seconds = {"speculator": speculated - started, "selection": selected - speculated,
+               "main_prefill": finished - selected}
+    return SparsePrefill(logits, cache, selection.decode_start, selection, spec, seconds)

@@ -1,0 +1,174 @@
+"""The ops protocol: what a backend implements so that every method is written once.
+
+core/methods/ (H2O, SpecPrefill) and core/driver.py (generation) call only these, generic over the
+backend's array type A. A backend is its kernels (behind these stage names), its model, its KV
+cache, its loading and one `ops` module implementing `ModelOps` on its arrays; the NumPy reference
+implements the stage part (`H2OOps`, `ScoringOps`). Shapes as in core/stages.py.
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+from .runtime import SamplingConfig
+from .stages import A, AttentionState, InterResult, IntraResult, MemorySet
+
+
+class H2OOps(Protocol[A]):
+    """The H2O stages over a backend's arrays (the Triton / Metal kernels or their twins).
+
+    The walk in core/methods/h2o.py calls only these, so one backend is one implementation.
+    """
+
+    def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float) -> IntraResult[A]:
+        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block."""
+
+    def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float) -> InterResult[A]:
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask."""
+
+    def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
+        """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
+
+    def accumulate_scores(self, scores: A, memory: MemorySet[A], kv_colsum: A) -> A:
+        """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s]; returns a new array."""
+
+    def build_memory_set(self, scores: A, previous: MemorySet[A] | None, chunk_index: int,
+                         chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet[A]:
+        """M_c from scores [Hkv, >= chunk_end] and M_{c-1} (None for chunk 0)."""
+
+    def gather_memory(self, k: A, v: A, memory: MemorySet[A]) -> tuple[A, A]:
+        """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
+
+    def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
+        """Exact online-softmax merge of two states over disjoint key sets."""
+
+    def causal_attention(self, q: A, k: A, v: A, scale: float) -> A:
+        """Plain causal attention [Hq, N, D] of q [Hq, N, D] over k/v [Hkv, N, D]."""
+
+    def concat(self, arrays: Sequence[A], axis: int) -> A:
+        """Concatenate along `axis`."""
+
+    def empty_scores(self, n_kv_heads: int, like: A) -> A:
+        """Accumulated scores of no position yet: [Hkv, 0] in the statistics dtype of `like`."""
+
+    def zero_scores(self, n_kv_heads: int, n_tokens: int, like: A) -> A:
+        """[Hkv, N] zeros in the statistics dtype of `like` (H2O disabled: nothing is scored)."""
+
+    def cast_like(self, x: A, like: A) -> A:
+        """x in like's dtype (the layer output keeps q's dtype)."""
+
+    def stage_scope(self, like: A) -> AbstractContextManager[Any]:
+        """Entered around one logical batch's stages (the torch CPU work units; else a no-op)."""
+
+
+class ScoringOps(Protocol[A]):
+    """The speculative-prefill scoring stages over a backend's arrays."""
+
+    def attention_scores(self, queries: A, keys: A, scale: float) -> A:
+        """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]."""
+
+    def smooth_scores(self, probs: A, kernel: int) -> A:
+        """Average pooling along the last axis, zero padding kernel // 2 each side."""
+
+    def reduce_axis(self, x: A, how: str, axis: int) -> A:
+        """"max" or "mean" over `axis` (probabilities stay float32 or wider)."""
+
+    def concat(self, arrays: Sequence[A], axis: int) -> A:
+        """Concatenate along `axis`."""
+
+
+class PrefillAttention(Protocol[A]):
+    """How a prefill step attends (H2O, the speculator's query capture); causal otherwise.
+
+    Called per layer with its index, the step's post-RoPE queries [1, Hq, T, D] and every key and
+    value cached so far [1, Hkv, S, D] (the step's own in the last T slots); returns [1, Hq, T, D]
+    in q's dtype."""
+
+    def __call__(self, layer: int, q: A, k: A, v: A) -> A: ...
+
+    def arrays(self) -> list[A]:
+        """State carried between steps (a lazy backend evaluates it with the cache)."""
+
+
+class LayerCache(Protocol[A]):
+    """One layer's KV cache (mlx-lm's interface): slots fill in order from `offset`."""
+
+    offset: int
+
+    def update_and_fetch(self, keys: A, values: A) -> tuple[A, A]:
+        """Store post-RoPE keys/values [1, Hkv, T, D] in the next T slots; return every filled
+        slot's keys and values [1, Hkv, offset + T, D]."""
+
+    def trim(self, n: int) -> int:
+        """Forget the last n filled slots (rejected draft tokens); returns how many were dropped."""
+
+
+class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
+    """Everything the methods and the generation driver need from a backend, on its arrays.
+
+    `model` below is the backend's model object (or its first-K-layers view), `cache` a list
+    of LayerCache, one per layer the model runs. Positions are an int (the first of
+    consecutive ones) or an int64 NumPy array [T] (speculative prefill's original positions).
+    """
+
+    name: str  # "cuda" or "mlx": the backend's name in CLI and reports
+    lazy: bool  # the backend evaluates lazily: decode queues step n+1 before handing out token n
+
+    def activation_dtype(self, model: Any) -> Any:
+        """The dtype `model` computes its activations in."""
+
+    def device_scope(self) -> AbstractContextManager[Any]:
+        """Entered around a whole prefill and decode (MLX's stream, torch's inference mode)."""
+
+    def tokens(self, ids: np.ndarray) -> A:
+        """Token ids [T] (int64 NumPy, checked) as the backend's integer array on its device."""
+
+    def forward(self, model: Any, ids: A, positions: int | np.ndarray, cache: list[Any],
+                attend: PrefillAttention[A] | None, logits_from: int | None) -> A | None:
+        """One step: ids [T] appended to `cache` at RoPE `positions`; float32 logits
+        [T - logits_from, vocab] for the step's tokens from `logits_from` on (None: no LM head)."""
+
+    @property
+    def device_name(self) -> str:
+        """Where it runs, for reports: "cuda:0 (NVIDIA H100 ...)", "cpu", "gpu (Metal)"."""
+
+    def schedule(self, arrays: list[Any]) -> None:
+        """Start evaluating these arrays without waiting (MLX's async_eval); eager: nothing."""
+
+    def settle(self, arrays: list[Any]) -> None:
+        """Evaluate pending work on these arrays / caches (MLX), nothing for eager backends."""
+
+    def wall_time(self) -> float:
+        """perf_counter once the device's queued work has finished."""
+
+    def new_cache(self, model: Any, capacity: int) -> list[Any]:
+        """One LayerCache per layer of `model`, room for `capacity` slots."""
+
+    def cached_keys(self, cache: list[Any], end: int) -> A:
+        """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
+
+    def first_layers(self, model: Any, n_layers: int) -> Any:
+        """A view of `model`'s first n blocks with its embedding, final norm and LM head."""
+
+    def causal_step(self, q: A, k: A, v: A, scale: float) -> A:
+        """Causal attention of a step: q [1, Hq, T, D] over every cached k/v [1, Hkv, S, D]."""
+
+    def last_query(self, q: A) -> A:
+        """A copy of the step's last query of every head: q [1, Hq, T, D] -> [Hq, D]."""
+
+    def stack(self, arrays: Sequence[A]) -> A:
+        """Stack along a new leading axis."""
+
+    def sampler(self, sampling: SamplingConfig) -> Any:
+        """A callable: float32 logits [vocab] -> the chosen token as an int array [1]."""
+
+    def item(self, x: A) -> int:
+        """A one-element array's value on the host."""
+
+    def to_numpy(self, x: A) -> np.ndarray:
+        """Host copy (floating types as float32 or float64)."""
+
+    def peak_memory_gb(self) -> float:
+        """Peak device memory (or process memory on CPU) so far, in GB."""
