@@ -1,0 +1,97 @@
+"""One conformance adapter for every backend: its ops (core/ops.py) behind NumPy in, NumPy out.
+
+Inputs arrive as float64 NumPy arrays already rounded to the dtype under test; `Convert` turns them
+into the backend's arrays (compute dtype for q/k/v/o, the statistics dtype for m, l, scores and
+probabilities, integers for memory sets) and results back into NumPy. `attention_layer` runs the
+one walk of core/methods/h2o.py over the backend's ops; selection runs on the host for every
+backend (core/reference/specprefill.py), from the importance computed in the statistics dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from specfill.core.config import H2OConfig, SpecPrefillConfig
+from specfill.core.methods.h2o import h2o_attention_layer
+from specfill.core.ops import ModelOps
+from specfill.core.reference.specprefill import select_tokens
+from specfill.core.stages import AttentionState, H2OLayerResult, InterResult, IntraResult, MemorySet, Selection
+
+
+@dataclass(frozen=True)
+class Convert:
+    """NumPy <-> a backend's arrays: native (compute dtype), stats (statistics dtype), index
+    (memory-set positions) and numpy (back; float16 / bfloat16 widened to float32)."""
+
+    native: Callable[[np.ndarray], Any]
+    stats: Callable[[np.ndarray], Any]
+    index: Callable[[np.ndarray], Any]
+    numpy: Callable[[Any], np.ndarray]
+
+
+class OpsAdapter:
+    """Every stage of both methods of one backend at one compute dtype."""
+
+    def __init__(self, name: str, dtype: str, ops: ModelOps, convert: Convert) -> None:
+        self.name, self.dtype, self.ops, self.cv = name, dtype, ops, convert
+
+    def _state(self, s: AttentionState) -> AttentionState:
+        return AttentionState(self.cv.numpy(s.m), self.cv.numpy(s.l), self.cv.numpy(s.o))
+
+    def _state_in(self, s: AttentionState) -> AttentionState:
+        return AttentionState(self.cv.stats(s.m), self.cv.stats(s.l), self.cv.native(s.o))
+
+    def _memory(self, memory: MemorySet | None) -> MemorySet | None:
+        return None if memory is None else MemorySet(self.cv.index(np.asarray(memory.indices)), memory.chunk_index)
+
+    def _memory_out(self, memory: MemorySet) -> MemorySet:
+        return MemorySet(self.cv.numpy(memory.indices).astype(np.int64), memory.chunk_index)
+
+    # H2O stages
+    def intra_attention(self, q, k, v, chunk_size, scale) -> IntraResult:
+        got = self.ops.intra_attention(self.cv.native(q), self.cv.native(k), self.cv.native(v), chunk_size, scale)
+        return IntraResult(self._state(got.state), self.cv.numpy(got.colsum))
+
+    def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads) -> np.ndarray:
+        return self.cv.numpy(self.ops.reduce_colsum_to_kv_heads(self.cv.stats(colsum), n_kv_heads))
+
+    def accumulate_scores(self, scores, memory, kv_colsum) -> np.ndarray:
+        got = self.ops.accumulate_scores(self.cv.stats(scores), self._memory(memory), self.cv.stats(kv_colsum))
+        return self.cv.numpy(got)
+
+    def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy) -> MemorySet:
+        return self._memory_out(self.ops.build_memory_set(self.cv.stats(scores), self._memory(previous), chunk_index,
+                                                          chunk_start, chunk_end, local, heavy))
+
+    def gather_memory(self, k, v, memory) -> tuple[np.ndarray, np.ndarray]:
+        k_mem, v_mem = self.ops.gather_memory(self.cv.native(k), self.cv.native(v), self._memory(memory))
+        return self.cv.numpy(k_mem), self.cv.numpy(v_mem)
+
+    def inter_attention(self, q, k_mem, v_mem, scale) -> InterResult:
+        got = self.ops.inter_attention(self.cv.native(q), self.cv.native(k_mem), self.cv.native(v_mem), scale)
+        return InterResult(self._state(got.state), self.cv.numpy(got.colsum))
+
+    def merge_states(self, a, b) -> AttentionState:
+        return self._state(self.ops.merge_states(self._state_in(a), self._state_in(b)))
+
+    def attention_layer(self, q, k, v, config: H2OConfig, scale) -> H2OLayerResult:
+        got = h2o_attention_layer(self.ops, self.cv.native(q), self.cv.native(k), self.cv.native(v), config, scale)
+        return H2OLayerResult(self.cv.numpy(got.output), self.cv.numpy(got.scores),
+                              [self._memory_out(m) for m in got.memory_sets])
+
+    # speculative-prefill stages
+    def attention_scores(self, queries, keys, scale) -> np.ndarray:
+        return self.cv.numpy(self.ops.attention_scores(self.cv.native(queries), self.cv.native(keys), scale))
+
+    def smooth_scores(self, probs, kernel) -> np.ndarray:
+        return self.cv.numpy(self.ops.smooth_scores(self.cv.stats(probs), kernel))
+
+    def reduce_scores(self, probs, head_reduction, layer_reduction) -> np.ndarray:
+        per_layer = self.ops.reduce_axis(self.cv.stats(probs), head_reduction, axis=2)
+        return self.cv.numpy(self.ops.reduce_axis(self.ops.reduce_axis(per_layer, layer_reduction, axis=1),
+                                                  "mean", axis=0))
+
+    def select_tokens(self, importance, config: SpecPrefillConfig) -> Selection:
+        return select_tokens(self.cv.numpy(self.cv.stats(importance)), config)
