@@ -30,7 +30,7 @@ import numpy as np
 
 from specfill.backends.mlx import load
 from specfill.backends.mlx.causal_lm import MLXCausalLM
-from specfill.core.demo_model import require_demo_model
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 

@@ -9,7 +9,7 @@ from typing import Any, Iterator, Sequence
 
 from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
-from specfill.core.demo_model import require_demo_model
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",

@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from specfill.core.tokenizer import load_tokenizer
+from specfill.core.io.tokenizer import load_tokenizer
 
 from .causal_lm import MLXCausalLM
 from .generate import DEFAULT_PREFILL_STEP_SIZE

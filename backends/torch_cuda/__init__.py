@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from specfill.core.errors import BackendUnavailableError, ConfigError
-from specfill.core.tokenizer import Tokenizer, load_tokenizer
-from specfill.core.weights import load_weights
+from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
+from specfill.core.io.weights import load_weights
 
 from .causal_lm import TorchCausalLM
 from .generate import DEFAULT_PREFILL_STEP_SIZE
