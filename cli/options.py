@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
-from specfill.core.random_model import RANDOM_SHAPES
+from specfill.core.io.random_model import RANDOM_SHAPES
 
 
 MODEL_HELP = ("GGUF file or model directory (default: the demo model); random:SHAPE for random weights of a "

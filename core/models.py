@@ -58,6 +58,15 @@ class ModelArgs:
     def gqa_group(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
+    @property
+    def biased_projections(self) -> tuple[str, ...]:
+        """The attention projections that carry a bias, as Hugging Face builds each family:
+        Llama's and Qwen3's `attention_bias` covers q, k, v and o; Qwen2 biases q, k, v only.
+        Both backends' model builders and weight loaders read this, never the flag itself."""
+        if not self.attention_bias:
+            return ()
+        return ("q_proj", "k_proj", "v_proj") + (("o_proj",) if self.architecture != "qwen2" else ())
+
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelArgs":
         """From a transformers config.json dictionary."""
@@ -156,6 +165,35 @@ class ModelArgs:
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=(int(eos),) if eos is not None else (),
         )
+
+
+def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of `args` holds, by Hugging Face name, with its shape."""
+    hidden, q_rows = args.hidden_size, args.num_attention_heads * args.head_dim
+    kv_rows, ffn = args.num_key_value_heads * args.head_dim, args.intermediate_size
+    bias_rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows, "o_proj": hidden}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, hidden),
+                                          "model.norm.weight": (hidden,)}
+    if not args.tie_word_embeddings:
+        shapes["lm_head.weight"] = (args.vocab_size, hidden)
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q_rows, hidden),
+            p + "self_attn.k_proj.weight": (kv_rows, hidden),
+            p + "self_attn.v_proj.weight": (kv_rows, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q_rows),
+            p + "mlp.gate_proj.weight": (ffn, hidden),
+            p + "mlp.up_proj.weight": (ffn, hidden),
+            p + "mlp.down_proj.weight": (hidden, ffn),
+        })
+        shapes.update({f"{p}self_attn.{proj}.bias": (bias_rows[proj],) for proj in args.biased_projections})
+        if args.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (args.head_dim,),
+                           p + "self_attn.k_norm.weight": (args.head_dim,)})
+    return shapes
 
 
 def _hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:

@@ -9,7 +9,7 @@ from typing import Callable
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
-from specfill.core.random_model import is_random_model, random_prompt_ids
+from specfill.core.io.random_model import is_random_model, random_prompt_ids
 
 from .machine import describe_machine, machine_line
 from .plots import plot_ttft

@@ -26,12 +26,12 @@ import transformers
 
 from specfill.backends.torch_cuda import from_weights, resolve_device, resolve_dtype
 from specfill.core.driver import CausalLM
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.methods.prefill import prefill
 from specfill.core.runtime import check_token_ids
-from specfill.core.demo_model import require_demo_model
 from specfill.core.models import ModelArgs
-from specfill.core.random_model import RANDOM_SHAPES
-from specfill.core.weights import load_weights
+from specfill.core.io.random_model import RANDOM_SHAPES
+from specfill.core.io.weights import load_weights
 
 _HF_FAMILIES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from specfill.backends.mlx import load
 from specfill.core.driver import CausalLM
-from specfill.core.demo_model import require_demo_model
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
 

@@ -10,7 +10,7 @@ VENV=${SPECFILL_VENV:-.venv}
 PY="$VENV/bin/python"
 stamp="$VENV/.specfill-setup"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
-fetch="from specfill.core.demo_model import fetch_demo_model; print(fetch_demo_model())"
+fetch="from specfill.core.io.demo_model import fetch_demo_model; print(fetch_demo_model())"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$PY" -c "$fetch" >/dev/null 2>&1; then
     exit 0  # up to date

@@ -9,8 +9,8 @@ from typing import Any, Iterator, Sequence
 
 from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
-from specfill.core.demo_model import require_demo_model
 from specfill.core.driver import CausalLM
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",

@@ -89,7 +89,7 @@ def test_usage_errors_are_one_line_too():
 def test_demo_model_with_only_a_prompt(backend, capsys):
     """No --model: the bundled demo model answers on either backend."""
     from specfill.core import ModelLoadError
-    from specfill.core.demo_model import require_demo_model
+    from specfill.core.io.demo_model import require_demo_model
 
     try:
         require_demo_model()

@@ -12,6 +12,15 @@ def test_core_imports_no_backend():
 
 
 def test_promised_packages_import():
-    for name in ("specfill.core", "specfill.backends.mlx", "specfill.backends.torch_cuda",
+    for name in ("specfill.core", "specfill.core.io", "specfill.backends.mlx", "specfill.backends.torch_cuda",
                  "specfill.conformance", "specfill.cli"):
         importlib.import_module(name)
+
+
+def test_core_io_imports_run_one_way():
+    """random_model needs neither weights nor tokenizer (both import it); weights no tokenizer."""
+    code = ("import sys, specfill.core.io.random_model; "
+            "loaded = {'specfill.core.io.weights', 'specfill.core.io.tokenizer'} & set(sys.modules); "
+            "assert not loaded, loaded; import specfill.core.io.weights; "
+            "assert 'specfill.core.io.tokenizer' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specfill.core.errors import ModelLoadError
-from specfill.core.weights import gguf_to_hf_name, load_weights, read_gguf_metadata
+from specfill.core.io.weights import gguf_to_hf_name, load_weights, read_gguf_metadata
 from tests.fixtures import tiny_model_args, tiny_weights, write_gguf_file
 
 
@@ -171,7 +171,7 @@ def test_sharded_directory_and_truncated_shard(tmp_path, tiny_checkpoint):
 def test_corrupted_header_bytes_never_escape_as_other_errors(tmp_path, tiny_checkpoint):
     """Flip bytes anywhere in the header (metadata and tensor table): the loader either loads
     or raises ModelLoadError, never an IndexError/ValueError/MemoryError from deep inside."""
-    from specfill.core.gguf_file import read_gguf
+    from specfill.core.io.gguf_file import read_gguf
 
     source = tiny_checkpoint("qwen3", "gguf")
     data = source.read_bytes()
@@ -206,7 +206,7 @@ def test_nan_weights_are_rejected(tmp_path, tiny_checkpoint):
 
 
 def test_gguf_tokenizer_with_a_bad_merge(tmp_path):
-    from specfill.core.tokenizer import load_tokenizer
+    from specfill.core.io.tokenizer import load_tokenizer
 
     path = tmp_path / "badmerge.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")

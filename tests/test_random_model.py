@@ -13,9 +13,10 @@ import pytest
 
 from specfill.cli.main import main
 from specfill.core import ModelLoadError
-from specfill.core.random_model import RANDOM_SHAPES, random_model_args, random_weights
-from specfill.core.tokenizer import load_tokenizer
-from specfill.core.weights import expected_tensor_shapes, load_weights
+from specfill.core.io.random_model import RANDOM_SHAPES, random_model_args, random_weights
+from specfill.core.io.tokenizer import load_tokenizer
+from specfill.core.io.weights import load_weights
+from specfill.core.models import expected_tensor_shapes
 
 ROOT = Path(__file__).resolve().parents[1]
 

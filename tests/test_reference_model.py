@@ -4,7 +4,7 @@ import pytest
 
 from specfill.core import H2OConfig
 from specfill.core.reference.model import ReferenceModel
-from specfill.core.weights import load_weights
+from specfill.core.io.weights import load_weights
 from tests.fixtures.checkpoints import write_tiny_checkpoint
 
 

@@ -1,4 +1,4 @@
-"""core.tokenizer against transformers and sentencepiece: ids, decode, chat template, streaming,
+"""core.io.tokenizer against transformers and sentencepiece: ids, decode, chat template, streaming,
 vocabulary fingerprint, and errors."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from specfill.core.errors import ChatTemplateError, ModelLoadError
-from specfill.core.tokenizer import load_tokenizer
+from specfill.core.io.tokenizer import load_tokenizer
 from tests.fixtures.tiny_spm import train_tiny_spm, write_spm_gguf
 
 PROMPTS = [
@@ -180,7 +180,7 @@ def test_tokenizer_load_errors(tmp_path, tiny_checkpoint):
 
 @pytest.mark.slow
 def test_demo_tokenizer_matches_transformers(transformers_module):
-    from specfill.core.demo_model import require_demo_model
+    from specfill.core.io.demo_model import require_demo_model
 
     try:
         path = require_demo_model()

@@ -1,15 +1,14 @@
-"""core.weights: GGUF and HF directories load to the same HF-named arrays, checked against the
+"""core.io.weights: GGUF and HF directories load to the same HF-named arrays, checked against the
 fixtures' own values and against transformers; name map and Q/K un-permute; rope_freqs."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from specfill.core.gguf_file import read_gguf, tensor_array
-from specfill.core.models import ModelArgs
+from specfill.core.io.gguf_file import read_gguf, tensor_array
+from specfill.core.io.weights import gguf_to_hf_name, load_weights, permute_qk, read_gguf_metadata, unpermute_qk
+from specfill.core.models import ModelArgs, expected_tensor_shapes
 from specfill.core.rope import llama3_freq_factors, llama3_scaling_from_factors, rope_inv_freq
-from specfill.core.weights import (expected_tensor_shapes, gguf_to_hf_name, load_weights,
-                                   permute_qk, read_gguf_metadata, unpermute_qk)
 from tests.fixtures import (ARCHITECTURES, LLAMA3_ROPE, hf_to_gguf_name, llama_cpp_permute,
                             tiny_model_args, tiny_weights)
 
@@ -129,7 +128,7 @@ def test_transformers_loads_the_same_state_dict(tiny_checkpoint, arch):
 
 
 def test_demo_model_loads_with_the_documented_shape():
-    from specfill.core.demo_model import require_demo_model
+    from specfill.core.io.demo_model import require_demo_model
     from specfill.core.errors import ModelLoadError
 
     try:
@@ -153,7 +152,7 @@ def test_demo_model_loads_with_the_documented_shape():
 @pytest.mark.slow
 def test_demo_model_equals_transformers_gguf_loader():
     """transformers dequantizes and un-permutes the demo GGUF itself: every array must match."""
-    from specfill.core.demo_model import require_demo_model
+    from specfill.core.io.demo_model import require_demo_model
     from specfill.core.errors import ModelLoadError
 
     try:

@@ -14,7 +14,7 @@ import mlx.nn as nn
 
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
-from specfill.core.tokenizer import load_tokenizer
+from specfill.core.io.tokenizer import load_tokenizer
 
 from .model import Model
 from .ops import MLXOps

@@ -8,13 +8,14 @@ positions while cache slots stay contiguous (mlx-lm derives the position from `c
 and runs only the first K layers as its "self:K" speculator. Parameter names follow Hugging
 Face (and so mlx-lm), so the same weight dictionaries load into either.
 
-Family differences are flags on ModelArgs: Qwen2 adds q/k/v biases, Qwen3 an RMSNorm per head on
-q and k before RoPE.
+Family differences come from ModelArgs: which projections carry a bias (`biased_projections`:
+q/k/v for Qwen2, q/k/v/o for Llama and Qwen3 with `attention_bias`), and Qwen3's RMSNorm per head
+on q and k before RoPE.
 """
 from __future__ import annotations
 
-from functools import partial
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable
 
 import mlx.core as mx
@@ -30,9 +31,6 @@ from .rope import Positions, RoPE
 LayerAttention = Callable[[mx.array, mx.array, mx.array], mx.array]
 
 
-def output_bias(args: ModelArgs) -> bool:
-    """Llama/Qwen3 put `attention_bias` on o_proj too; Qwen2 biases only q/k/v."""
-    return args.attention_bias and args.architecture != "qwen2"
 
 
 def causal_attention(queries: mx.array, keys: mx.array, values: mx.array,
@@ -49,10 +47,11 @@ class Attention(nn.Module):
         dim, head_dim = args.hidden_size, args.head_dim
         self.n_heads, self.n_kv_heads = args.num_attention_heads, args.num_key_value_heads
         self.scale = head_dim**-0.5
-        self.q_proj = nn.Linear(dim, self.n_heads * head_dim, bias=args.attention_bias)
-        self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=args.attention_bias)
-        self.v_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias=args.attention_bias)
-        self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias=output_bias(args))
+        biased = args.biased_projections
+        self.q_proj = nn.Linear(dim, self.n_heads * head_dim, bias="q_proj" in biased)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias="k_proj" in biased)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias="v_proj" in biased)
+        self.o_proj = nn.Linear(self.n_heads * head_dim, dim, bias="o_proj" in biased)
         self.qk_norm = args.qk_norm
         if args.qk_norm:
             self.q_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)

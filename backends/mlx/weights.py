@@ -8,7 +8,7 @@ Three sources, one result (`Checkpoint`):
   with per-row group quantization.
 - Hugging Face safetensors directories (config.json + model*.safetensors).
 - mlx-lm directories: the same, with a `quantization` entry in config.json.
-Names, tensor checks and RoPE recovery come from the backend-neutral specfill.core.weights.
+Names, tensor checks and RoPE recovery come from the backend-neutral specfill.core.io.weights.
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.errors import ModelLoadError
-from specfill.core.gguf_file import read_gguf
+from specfill.core.io.gguf_file import read_gguf
 from specfill.core.models import ModelArgs
-from specfill.core.random_model import is_random_model
+from specfill.core.io.random_model import is_random_model
 from specfill.core.rope import llama3_scaling_from_factors
-from specfill.core.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, load_weights,
+from specfill.core.io.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, load_weights,
                                    read_json_object, safetensors_files, unpermute_qk)
 
 GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks

@@ -14,9 +14,9 @@ import numpy as np
 
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
+from specfill.core.io.weights import load_weights
 from specfill.core.models import ModelArgs
-from specfill.core.tokenizer import Tokenizer, load_tokenizer
-from specfill.core.weights import load_weights
 
 from .ops import TorchOps
 from .weights import build_transformer

@@ -1,7 +1,8 @@
 """Llama / Qwen2 / Qwen3 decoder in small modules (gpt-fast style), batch 1.
 
-Differences between the families are flags on ModelArgs: Qwen2 adds q/k/v biases, Qwen3 a
-per-head RMSNorm on q and k before RoPE. q/k/v are fused into one matmul.
+Differences between the families come from ModelArgs: which projections carry a bias
+(`biased_projections`: q/k/v for Qwen2, q/k/v/o for Llama and Qwen3 with `attention_bias`), and
+Qwen3's per-head RMSNorm on q and k before RoPE. q/k/v are fused into one matmul.
 """
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ class Attention(nn.Module):
                                                         args.num_key_value_heads, args.head_dim)
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (q_size, kv_size, kv_size)
-        self.wqkv = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias=args.attention_bias)
-        self.wo = nn.Linear(q_size, args.hidden_size, bias=False)  # biases are q/k/v only
+        biased = args.biased_projections  # q, k, v carry biases together, o only in some families
+        self.wqkv = nn.Linear(args.hidden_size, q_size + 2 * kv_size, bias="q_proj" in biased)
+        self.wo = nn.Linear(q_size, args.hidden_size, bias="o_proj" in biased)
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 

@@ -1,6 +1,6 @@
 """Hugging Face-named NumPy weights -> a Transformer on the target device and dtype.
 
-The shared loader (specfill.core.weights) gives every checkpoint format the same names and the
+The shared loader (specfill.core.io.weights) gives every checkpoint format the same names and the
 rotate-half Q/K layout, and its `check_tensors` is the one list of what a model holds; this
 file only fuses q/k/v.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from specfill.core.models import ModelArgs
-from specfill.core.weights import check_tensors
+from specfill.core.io.weights import check_tensors
 
 from .model import Transformer
 from .rope import RotaryEmbedding
@@ -36,9 +36,11 @@ def _state_dict(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         attn = src + "self_attn."
         state[dst + "attention.wqkv.weight"] = qkv(attn, "weight")
-        if args.attention_bias:
+        if "q_proj" in args.biased_projections:
             state[dst + "attention.wqkv.bias"] = qkv(attn, "bias")
         state[dst + "attention.wo.weight"] = get(attn + "o_proj.weight")
+        if "o_proj" in args.biased_projections:
+            state[dst + "attention.wo.bias"] = get(attn + "o_proj.bias")
         if args.qk_norm:
             state[dst + "attention.q_norm.weight"] = get(attn + "q_norm.weight")
             state[dst + "attention.k_norm.weight"] = get(attn + "k_norm.weight")

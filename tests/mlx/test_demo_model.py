@@ -10,7 +10,7 @@ import pytest
 
 from specfill.backends.mlx import load
 from specfill.backends.mlx.weights import load_checkpoint, to_dtype
-from specfill.core.demo_model import require_demo_model
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.errors import ModelLoadError
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 

@@ -23,7 +23,7 @@ from specfill.core.driver import CausalLM
 from specfill.core.models import ModelArgs
 from specfill.core.reference.model import ReferenceModel
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
-from specfill.core.weights import load_weights
+from specfill.core.io.weights import load_weights
 from tests.fixtures.reference_runs import (RELATIVE_TOLERANCE, prompt, reference_h2o_greedy,  # noqa: F401
                                            reference_speculator, tolerance)
 

@@ -129,7 +129,7 @@ def test_specprefill_kept_tokens_agree_across_backends(pair, arch, speculator, k
 
 @pytest.fixture(scope="module")
 def demo_path():
-    from specfill.core.demo_model import require_demo_model
+    from specfill.core.io.demo_model import require_demo_model
 
     try:
         return require_demo_model()

@@ -8,7 +8,7 @@ import transformers
 
 from specfill.backends.torch_cuda import from_weights
 from specfill.core.driver import CausalLM
-from specfill.core.weights import load_weights
+from specfill.core.io.weights import load_weights
 from tests.torch_cuda.tiny_torch_models import prompt_ids
 
 CASES = [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("llama", {"llama3_rope": True}),

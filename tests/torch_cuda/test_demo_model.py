@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specfill.backends.torch_cuda import load
-from specfill.core.demo_model import require_demo_model
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.errors import ModelLoadError, SpecfillError
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 

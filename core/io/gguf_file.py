@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_file import bf16_to_float32
 
 _FLOAT_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}

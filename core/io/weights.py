@@ -16,10 +16,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 from .gguf_file import GGUF_MAGIC, GGUFFile, read_gguf, tensor_array
-from .models import ModelArgs
-from .rope import llama3_scaling_from_factors
+from ..models import ModelArgs, expected_tensor_shapes
+from ..rope import llama3_scaling_from_factors
+from .random_model import is_random_model, load_random_model
 from .safetensors_file import read_safetensors
 
 _GLOBAL_NAMES = {
@@ -75,37 +76,6 @@ def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, rows // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
-    """Every tensor a checkpoint of `args` holds, with its HF shape."""
-    hidden, q_rows = args.hidden_size, args.num_attention_heads * args.head_dim
-    kv_rows, ffn = args.num_key_value_heads * args.head_dim, args.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, hidden),
-                                          "model.norm.weight": (hidden,)}
-    if not args.tie_word_embeddings:
-        shapes["lm_head.weight"] = (args.vocab_size, hidden)
-    for i in range(args.num_hidden_layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q_rows, hidden),
-            p + "self_attn.k_proj.weight": (kv_rows, hidden),
-            p + "self_attn.v_proj.weight": (kv_rows, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q_rows),
-            p + "mlp.gate_proj.weight": (ffn, hidden),
-            p + "mlp.up_proj.weight": (ffn, hidden),
-            p + "mlp.down_proj.weight": (hidden, ffn),
-        })
-        if args.attention_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (q_rows,),
-                           p + "self_attn.k_proj.bias": (kv_rows,),
-                           p + "self_attn.v_proj.bias": (kv_rows,)})
-        if args.qk_norm:
-            shapes.update({p + "self_attn.q_norm.weight": (args.head_dim,),
-                           p + "self_attn.k_norm.weight": (args.head_dim,)})
-    return shapes
-
-
 def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source: Path | str) -> None:
     """One ModelLoadError naming missing, unexpected or mis-shaped tensors ({name: shape})."""
     layers = {int(m.group(1)) for name in shapes if (m := _HF_LAYER.match(name))}
@@ -138,9 +108,7 @@ def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     """A GGUF file or a HF directory (config.json + model.safetensors or a sharded index), or
-    "random:NAME" (random weights of a known shape, see core.random_model)."""
-    from .random_model import is_random_model, load_random_model  # it imports this module
-
+    "random:NAME" (random weights of a known shape, see core.io.random_model)."""
     if is_random_model(path):
         return load_random_model(path)
     path = Path(path)

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from .errors import ModelLoadError, SpecfillWarning
+from ..errors import ModelLoadError, SpecfillWarning
 
 CONTROL, USER_DEFINED, BYTE = 3, 4, 6
 SPM_SPACE = "\u2581"

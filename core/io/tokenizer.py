@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import processors
+from tokenizers import models, pre_tokenizers, processors
 
 from .chat_template import render_chat_template
-from .errors import ChatTemplateError, ModelLoadError
+from ..errors import ChatTemplateError, ModelLoadError
 from .gguf_tokenizer import tokenizer_from_gguf_metadata
-from .random_model import id_tokenizer, is_random_model, random_model_args
+from .random_model import is_random_model, random_model_args
 from .weights import read_gguf_metadata, read_json_object
 
 
@@ -198,9 +198,17 @@ def _from_hf_directory(directory: Path) -> Tokenizer:
                      chat_template=_hf_chat_template(directory, config), name=directory.name)
 
 
+def id_tokenizer(vocab_size: int, name: str = "") -> Tokenizer:
+    """The tokenizer of random-weight models: text is space-separated ids (an unknown word reads
+    as id 0), no BOS/EOS, no chat template."""
+    backend = BackendTokenizer(models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token="0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return Tokenizer(backend, bos_token_id=None, eos_token_ids=(), chat_template=None, name=name)
+
+
 def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     """The tokenizer of a GGUF file or of a HF model directory (tokenizer.json); for
-    "random:NAME" ids written as text (see core.random_model)."""
+    "random:NAME" ids written as text (see core.io.random_model)."""
     if is_random_model(path):
         return id_tokenizer(random_model_args(path).vocab_size, name=str(path))
     path = Path(path)

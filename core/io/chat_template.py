@@ -10,7 +10,7 @@ import json
 from datetime import datetime
 from typing import Any, Mapping, Sequence
 
-from .errors import ChatTemplateError
+from ..errors import ChatTemplateError
 
 
 def _raise_exception(message: str) -> None:

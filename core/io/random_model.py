@@ -2,19 +2,18 @@
 travel (a GPU machine without network): `load("random:llama-1b")` on either backend.
 
 The weights are seeded normal draws (std 0.02, norms 1), so timings match the real model's shape
-while the text is noise. The tokenizer maps the text "17 4 96" to the ids [17, 4, 96] and back.
+while the text is noise. Their tokenizer (core.io.tokenizer.id_tokenizer) maps the text "17 4 96"
+to the ids [17, 4, 96] and back. This module imports neither the weights nor the tokenizer module:
+both import it.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer as BackendTokenizer
-from tokenizers import models, pre_tokenizers
 
-from .errors import ModelLoadError
-from .models import ModelArgs
-from .weights import expected_tensor_shapes
+from ..errors import ModelLoadError
+from ..models import ModelArgs, expected_tensor_shapes
 
 PREFIX = "random:"
 
@@ -73,15 +72,6 @@ def random_weights(args: ModelArgs, seed: int = 0) -> dict[str, np.ndarray]:
 def load_random_model(path: str, seed: int = 0) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     args = random_model_args(path)
     return args, random_weights(args, seed)
-
-
-def id_tokenizer(vocab_size: int, name: str = "") -> Any:
-    """A core Tokenizer whose text is space-separated ids (an unknown word reads as id 0)."""
-    from .tokenizer import Tokenizer  # tokenizer imports weights, which must not import this module
-
-    backend = BackendTokenizer(models.WordLevel({str(i): i for i in range(vocab_size)}, unk_token="0"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return Tokenizer(backend, bos_token_id=None, eos_token_ids=(), chat_template=None, name=name)
 
 
 def random_prompt_ids(vocab_size: int, n_tokens: int, seed: int = 0) -> list[int]:
