@@ -11,12 +11,14 @@ import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .errors import ConfigError
+from .methods.drafting import DraftState, distribution, speculative_decode
 from .methods.h2o import H2OPrefillAttention, uses_full_attention
 from .methods.prefill import prefill
-from .methods.specprefill import speculative_prefill
+from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
-from .runtime import (PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig, check_generation_fits,
+from .errors import PromptTooLongError
+from .runtime import (Drafting, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig, check_generation_fits,
                       check_speculator_context, check_speculator_vocabulary, check_token_ids,
                       self_speculator_layers)
 from .stages import A
@@ -143,39 +145,102 @@ class CausalLM(Generic[A]):
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
-                      progress: ProgressCallback | None = None) -> Iterator[int]:
+                      progress: ProgressCallback | None = None, drafting: Drafting | None = None) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time (the
-        first yield marks the time to first token), stopping after a stop id or max_tokens."""
+        first yield marks the time to first token), stopping after a stop id or max_tokens.
+        With `drafting`, decode speculatively (core/methods/drafting.py): same tokens as greedy,
+        the main model's distribution when sampling; info.from_draft marks accepted drafts."""
         ids = self._ids(prompt_ids, max_tokens)
         info.start(len(ids))
         speculator = None
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(len(ids), speculator[0].args.max_position_embeddings)
+        draft = None if drafting is None else self._draft_model(drafting, method, len(ids) + max_tokens)
         if max_tokens == 0:
             return iter(())
-        return self._generate(ids, method, speculator, max_tokens=max_tokens, sampling=sampling,
+        return self._generate(ids, method, speculator, draft, max_tokens=max_tokens, sampling=sampling,
                               stop_ids=stop_ids, info=info, progress=progress)
 
-    def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None, *,
-                  max_tokens: int, sampling: SamplingConfig, stop_ids: frozenset[int], info: PrefillInfo,
-                  progress: ProgressCallback | None) -> Iterator[int]:
+    def _draft_model(self, drafting: Drafting, method: PrefillMethod, needed: int) -> tuple[Any, int]:
+        """(draft, k): "self:K" -> K, a CausalLM on this backend, or None for the SpecPrefill
+        speculator; checked before the prefill (vocabulary, context)."""
+        if drafting.model is None:
+            if method.name != "specprefill":
+                raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
+                                  "use method specprefill or give a draft model")
+            return None, drafting.num_tokens
+        if isinstance(drafting.model, str):
+            return self_speculator_layers(drafting.model, self.args.num_hidden_layers), drafting.num_tokens
+        if not isinstance(drafting.model, CausalLM) or drafting.model.backend != self.backend:
+            raise ConfigError(f"the draft model must be a model loaded on the {self.backend} backend or 'self:K'")
+        check_speculator_vocabulary(drafting.model.args, self.args)
+        if needed > drafting.model.args.max_position_embeddings:
+            raise PromptTooLongError(f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
+                                     f"context of {drafting.model.args.max_position_embeddings} tokens")
+        return drafting.model, drafting.num_tokens
+
+    def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
+                  draft: tuple[Any, int] | None, *, max_tokens: int, sampling: SamplingConfig,
+                  stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None) -> Iterator[int]:
+        extra = max_tokens + (0 if draft is None else draft[1] + 1)
         with self.ops.device_scope():
+            sparse = None
             if speculator is None:
-                cache = self.ops.new_cache(self.model, len(ids) + max_tokens)
+                cache = self.ops.new_cache(self.model, len(ids) + extra)
                 logits = self.prefill_prompt(ids, cache, method, info, progress=progress)[-1]
                 next_position = len(ids)
             else:
                 sparse = speculative_prefill(
                     self.ops, self.model, ids, speculator[0], method.specprefill or SpecPrefillConfig(),
-                    stop_ids=stop_ids, extra_slots=max_tokens, step_size=self.prefill_step_size,
-                    speculator_step_size=speculator[1], progress=progress)
+                    stop_ids=stop_ids, extra_slots=extra, step_size=self.prefill_step_size,
+                    speculator_step_size=speculator[1], progress=progress,
+                    speculator_extra_slots=extra if draft is not None and draft[0] is None else 0)
                 info.kept_positions = sparse.selection.kept.tolist()
                 info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
                 logits, cache, next_position = sparse.logits, sparse.cache, sparse.next_position
-            yield from decode_tokens(self.ops, self.model, logits, next_position=next_position,
-                                     max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, cache=cache)
+            if draft is None:
+                yield from decode_tokens(self.ops, self.model, logits, next_position=next_position,
+                                         max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, cache=cache)
+                return
+            yield from self._drafted(ids, logits, cache, next_position, draft, sparse, max_tokens=max_tokens,
+                                     sampling=sampling, stop_ids=stop_ids, info=info)
+
+    def _drafted(self, ids: np.ndarray, logits: A, cache: Any, next_position: int, draft: tuple[Any, int],
+                 sparse: SparsePrefill | None, *, max_tokens: int, sampling: SamplingConfig,
+                 stop_ids: frozenset[int], info: PrefillInfo) -> Iterator[int]:
+        """The first token from the prefill's logits, then speculative decoding."""
+        rng = np.random.default_rng(sampling.seed)
+        last = self.ops.to_numpy(logits)
+        first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
+            int(rng.choice(last.size, p=distribution(last, sampling)))
+        info.from_draft.append(False)
+        yield first
+        if first in stop_ids or max_tokens == 1:
+            return
+        state = self._draft_state(ids, draft[0], cache, sparse, first, max_tokens + draft[1] + 2)
+        for token, from_draft in speculative_decode(
+                self.ops, self.model, cache, first, next_position=next_position, draft=state,
+                num_draft_tokens=draft[1], max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, rng=rng):
+            info.drafted_tokens, info.accepted_tokens = state.drafted, state.accepted
+            info.seconds.update(state.seconds)
+            info.from_draft.append(from_draft)
+            yield token
+
+    def _draft_state(self, ids: np.ndarray, draft: Any, cache: Any, sparse: SparsePrefill | None, first: int,
+                     extra: int) -> DraftState:
+        """The draft ready to read `first`: self:K shares the main cache; the SpecPrefill speculator
+        keeps its prompt KV (its look-ahead slots dropped); a draft model prefills the prompt now."""
+        if isinstance(draft, int):
+            return DraftState(self.ops.first_layers(self.model, draft), cache, len(ids), [first], shared_layers=draft)
+        if draft is None:
+            spec = sparse.speculator
+            self.ops.trim(spec.cache, len(spec.lookahead))
+            return DraftState(spec.model, spec.cache, len(ids), [first])
+        draft_cache = self.ops.new_cache(draft.model, len(ids) + extra)
+        prefill(self.ops, draft.model, self.ops.tokens(ids), 0, draft_cache, step_size=draft.prefill_step_size)
+        return DraftState(draft.model, draft_cache, len(ids), [first])
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or the process's peak resident set on CPU) so far, in GB."""

@@ -146,6 +146,10 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def new_cache(self, model: Any, capacity: int) -> list[Any]:
         """One LayerCache per layer of `model`, room for `capacity` slots."""
 
+    def trim(self, cache: Any, n: int, n_layers: int | None = None) -> None:
+        """Drop the last n filled slots of every layer's cache (of the first n_layers only: a
+        "self:K" draft's writes into the main cache)."""
+
     def cached_keys(self, cache: list[Any], end: int) -> A:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
 

@@ -49,6 +49,20 @@ class PrefillMethod:
             raise ConfigError(f"method must be full, h2o or specprefill, got {self.name!r}")
 
 
+@dataclass(frozen=True)
+class Drafting:
+    """Speculative decoding: `model` drafts `num_tokens` (k >= 1) tokens per round. model: a
+    CausalLM on the main model's backend and vocabulary, "self:K" (the main model's first K layers,
+    sharing its cache), or None with SpecPrefill (the speculator drafts from its prompt KV)."""
+
+    model: Any = None
+    num_tokens: int = 3
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+            raise ConfigError(f"num_draft_tokens must be an integer >= 1, got {self.num_tokens!r}")
+
+
 def self_speculator_layers(speculator: str, n_layers: int) -> int:
     """K of a "self:K" speculator (the main model's first K layers), checked against n_layers."""
     name, _, count = speculator.partition(":")
@@ -77,7 +91,10 @@ class PrefillInfo:
     kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O.
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
-    seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}.
+    seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}, and
+    with drafting {"draft": .., "verify": ..} over the whole decode.
+    drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
+    and, per generated token, whether it was an accepted draft.
     """
 
     prompt_tokens: int = 0
@@ -86,6 +103,9 @@ class PrefillInfo:
     record_memory: bool = False
     memory_sets: list[list[Any]] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    from_draft: list[bool] = field(default_factory=list)
 
     def start(self, prompt_tokens: int) -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""
@@ -93,6 +113,8 @@ class PrefillInfo:
         self.kept_positions = None
         self.memory_sets = None
         self.seconds = {}
+        self.drafted_tokens = self.accepted_tokens = 0
+        self.from_draft = []
 
 
 def process_peak_memory_gb() -> float:

@@ -11,7 +11,7 @@ from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, Spec
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
 from specfill.core.io.demo_model import require_demo_model
-from specfill.core.runtime import PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
+from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
             "mlx": "specfill.backends.mlx"}
@@ -31,6 +31,9 @@ class GenerationResponse:
     generation_tps: float
     peak_memory: float  # GB
     finish_reason: str | None  # "stop", "length", or None while streaming
+    from_draft: bool = False  # an accepted draft token (speculative decoding)
+    drafted_tokens: int = 0  # draft proposals so far
+    accepted_tokens: int = 0  # accepted proposals so far
 
 
 def backend_module(backend: str) -> Any:
@@ -57,9 +60,10 @@ def load(path: str | None = None, backend: str = "cuda", dtype: str | None = Non
 
 
 def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str | None = None,
-                    device: str | None = None) -> Any:
-    """What a backend takes as speculator: "self:K" as is, a loaded model as is, a
-    (model, tokenizer) pair or a path after checking that its tokenizer equals the main one."""
+                    device: str | None = None, role: str = "speculator") -> Any:
+    """What a backend takes as speculator (or draft model: `role`): "self:K" as is, a loaded
+    model as is, a (model, tokenizer) pair or a path after checking that its tokenizer equals the
+    main one."""
     if isinstance(speculator, str) and speculator.startswith("self:"):
         return speculator
     if isinstance(speculator, str):
@@ -67,8 +71,8 @@ def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str
     if isinstance(speculator, tuple):
         spec_model, spec_tokenizer = speculator
         if spec_tokenizer.vocab_fingerprint() != tokenizer.vocab_fingerprint():
-            raise TokenizerMismatchError("the speculator's tokenizer differs from the main model's: "
-                                         "speculative prefill needs identical vocabularies")
+            raise TokenizerMismatchError(f"the {role}'s tokenizer differs from the main model's: "
+                                         f"they must share one vocabulary")
         return spec_model
     return speculator
 
@@ -90,7 +94,8 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
                     prompt_progress_callback: ProgressCallback | None = None,
-                    prefill_info: PrefillInfo | None = None) -> Iterator[GenerationResponse]:
+                    prefill_info: PrefillInfo | None = None, draft_model: Any = None,
+                    num_draft_tokens: int | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm).
 
@@ -100,6 +105,10 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     load_speculator) when generating repeatedly or to choose its dtype).
     prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
     sets when its record_memory is set; timings).
+    draft_model / num_draft_tokens (mlx-lm's names): speculative decoding with a draft model
+    ("self:K", a path or a loaded model with the main model's tokenizer) proposing
+    num_draft_tokens (default 3) per round; with method "specprefill", num_draft_tokens alone
+    makes the speculator the draft, continuing from the prompt KV it already built.
     """
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -110,6 +119,10 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
         speculator = load_speculator(speculator, model, tokenizer)
     plan = method if isinstance(method, PrefillMethod) else prefill_method(
         method, h2o=h2o, specprefill=specprefill, speculator=speculator)
+    drafting = None
+    if draft_model is not None or num_draft_tokens is not None:
+        draft = None if draft_model is None else load_speculator(draft_model, model, tokenizer, role="draft model")
+        drafting = Drafting(draft, 3 if num_draft_tokens is None else num_draft_tokens)
     info = prefill_info if prefill_info is not None else PrefillInfo()
     info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
@@ -117,7 +130,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     first_at = None
     steps = model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(temperature, top_p, seed),
                                 stop_ids=frozenset(tokenizer.eos_token_ids), method=plan, info=info,
-                                progress=prompt_progress_callback)
+                                progress=prompt_progress_callback, drafting=drafting)
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         if first_at is None:
@@ -132,7 +145,9 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
             text=text, token=token, prompt_tokens=len(ids), prompt_tps=len(ids) / max(ttft, 1e-9), ttft=ttft,
             kept_tokens=info.kept_tokens, generation_tokens=n,
             generation_tps=(n - 1) / (now - first_at) if n > 1 else 0.0,
-            peak_memory=model.peak_memory_gb(), finish_reason=finish)
+            peak_memory=model.peak_memory_gb(), finish_reason=finish,
+            from_draft=bool(info.from_draft and info.from_draft[-1]), drafted_tokens=info.drafted_tokens,
+            accepted_tokens=info.accepted_tokens)
         if finish:
             return
 
@@ -159,6 +174,9 @@ def format_stats(last: GenerationResponse) -> str:
     if last.kept_tokens != last.prompt_tokens:
         lines.append(f"Kept: {last.kept_tokens}/{last.prompt_tokens} prompt tokens "
                      f"({100.0 * last.kept_tokens / last.prompt_tokens:.1f}%)")
-    lines += [f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec",
-              f"Peak memory: {last.peak_memory:.3f} GB"]
+    lines.append(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec")
+    if last.drafted_tokens:
+        lines.append(f"Draft: {last.accepted_tokens}/{last.drafted_tokens} proposals accepted "
+                     f"({100.0 * last.accepted_tokens / last.drafted_tokens:.1f}%)")
+    lines.append(f"Peak memory: {last.peak_memory:.3f} GB")
     return "\n".join(lines)

@@ -113,6 +113,10 @@ class MLXOps:
     def new_cache(self, model: Model | LayerView, capacity: int) -> list[KVCache]:
         return make_cache(model.args, capacity)
 
+    def trim(self, cache: list[KVCache], n: int, n_layers: int | None = None) -> None:
+        for layer in cache[:n_layers]:
+            layer.trim(n)
+
     def cached_keys(self, cache: list[KVCache], end: int) -> mx.array:
         return mx.stack([c.keys[0, :, :end] for c in cache])
 

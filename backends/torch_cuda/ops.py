@@ -123,6 +123,10 @@ class TorchOps:
     def new_cache(self, model: Transformer, capacity: int) -> KVCache:
         return KVCache.allocate(model.args, capacity, model.embed.weight.dtype, model.embed.weight.device)
 
+    def trim(self, cache: KVCache, n: int, n_layers: int | None = None) -> None:
+        for layer in cache.layers[:n_layers]:
+            layer.trim(n)
+
     def cached_keys(self, cache: KVCache, end: int) -> torch.Tensor:
         return cache.all_keys(end)
 

@@ -71,19 +71,21 @@ class SpeculatorPass(Generic[A]):
     queries: A
     keys: A
     lookahead: list[int]
-    cache: list[Any]
+    cache: Any
+    model: Any
 
 
 def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookahead: int,
-                   stop_ids: frozenset[int], step_size: int,
-                   progress: ProgressCallback | None = None) -> SpeculatorPass[A]:
+                   stop_ids: frozenset[int], step_size: int, progress: ProgressCallback | None = None,
+                   extra_slots: int = 0) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator, then greedy look-ahead (see the module doc).
 
     The look-ahead stops early at a stop id (which is not fed) and at the speculator's context.
+    extra_slots: cache room after the prompt beyond the look-ahead (the speculator drafting later).
     """
     n_prompt, args = len(ids), speculator.args
     lookahead = max(0, min(lookahead, args.max_position_embeddings - n_prompt))
-    cache = ops.new_cache(speculator, n_prompt + lookahead)
+    cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
     capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.head_dim ** -0.5)
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
                      progress=progress)[-1]
@@ -100,7 +102,7 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
         ops.settle([logits, capture.arrays(), cache])
     queries, keys = capture.stacked(), ops.cached_keys(cache, n_prompt)
     ops.settle([queries, keys])
-    return SpeculatorPass(queries, keys, fed, cache)
+    return SpeculatorPass(queries, keys, fed, cache, speculator)
 
 
 @dataclass
@@ -119,14 +121,14 @@ class SparsePrefill(Generic[A]):
 
 def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
                         config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
-                        step_size: int, speculator_step_size: int,
-                        progress: ProgressCallback | None = None) -> SparsePrefill[A]:
+                        step_size: int, speculator_step_size: int, progress: ProgressCallback | None = None,
+                        speculator_extra_slots: int = 0) -> SparsePrefill[A]:
     """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
     cache with room for `extra_slots` decoded tokens after them. `progress` follows the
     speculator's pass over the whole prompt (the kept tokens' prefill is the short part)."""
     started = ops.wall_time()
     spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
-                          step_size=speculator_step_size, progress=progress)
+                          step_size=speculator_step_size, progress=progress, extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.head_dim ** -0.5)
     selection = select_tokens(ops.to_numpy(importance), config)
