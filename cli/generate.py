@@ -6,6 +6,7 @@ import sys
 
 from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
 from specfill.core import ConfigError
+from specfill.core.runtime import Drafting
 
 from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
 from .progress import PrefillProgressBar
@@ -19,6 +20,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
+    p.add_argument("--draft-model", default=None,
+                   help="speculative decoding: a draft model path, or self:K (the main model's first K layers)")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="tokens drafted per round (default 3 with --draft-model); with --method specprefill and "
+                        "no --draft-model, the speculator drafts from the prompt KV it already built")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; '-' reads standard input")
     src.add_argument("--prompt-file", default=None, help="read the prompt from a file")
@@ -55,6 +61,8 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     h2o, spec = h2o_config(args), specprefill_config(args)
+    if args.num_draft_tokens is not None or args.draft_model is not None:
+        Drafting(None, 3 if args.num_draft_tokens is None else args.num_draft_tokens)  # checks k before loading
     backend = backend_module(args.backend)  # unknown or not installed: one clear error
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
@@ -66,13 +74,16 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
         speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
     method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
+    draft = None if args.draft_model is None else load_speculator(args.draft_model, model, tokenizer, dtype=args.dtype,
+                                                                  device=args.device, role="draft model")
     prompt = build_prompt(tokenizer, read_prompt(args), args)
     bar = PrefillProgressBar()
     last = None
     print("=" * 10)
     for last in stream_generate(model, tokenizer, prompt, args.max_tokens, temperature=args.temp,
                                 top_p=args.top_p, seed=args.seed, method=method,
-                                prompt_progress_callback=bar.update):
+                                prompt_progress_callback=bar.update, draft_model=draft,
+                                num_draft_tokens=args.num_draft_tokens):
         bar.close()
         print(last.text, end="", flush=True)
     print()

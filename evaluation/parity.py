@@ -26,6 +26,7 @@ class ParityPlan:
     speculator: str = "self:8"
     generate_tokens: int = 24
     dtype: str = "float32"
+    num_draft_tokens: int = 3  # the drafted run: SpecPrefill's speculator as the draft
 
 
 def jaccard(a, b) -> float:
@@ -68,8 +69,10 @@ def run_parity(plan: ParityPlan) -> dict:
             "memory_sets": h2o_info.memory_sets or [],
             "text": "".join(r.text for r in stream_generate(model, tokenizer, ids, plan.generate_tokens)),
         }
-        for _ in stream_generate(model, tokenizer, ids, 1, method=spec, prefill_info=spec_info):
-            pass
+        drafted = list(stream_generate(model, tokenizer, ids, plan.generate_tokens, method=spec,
+                                       prefill_info=spec_info, num_draft_tokens=plan.num_draft_tokens))
+        runs[backend]["drafted_text"] = "".join(r.text for r in drafted)
+        runs[backend]["accepted"] = [drafted[-1].accepted_tokens, drafted[-1].drafted_tokens]
         runs[backend]["kept"] = list(spec_info.kept_positions or [])
         del model
     a, b = (runs[name] for name in plan.backends)
@@ -87,6 +90,9 @@ def run_parity(plan: ParityPlan) -> dict:
                              "only_" + plan.backends[0]: sorted(kept_a - kept_b)[:32],
                              "only_" + plan.backends[1]: sorted(kept_b - kept_a)[:32]},
         "text": {plan.backends[0]: a["text"], plan.backends[1]: b["text"], "identical": a["text"] == b["text"]},
+        "drafted_text": {plan.backends[0]: a["drafted_text"], plan.backends[1]: b["drafted_text"],
+                         "identical": a["drafted_text"] == b["drafted_text"],
+                         "accepted_of_drafted": {name: runs[name]["accepted"] for name in plan.backends}},
     }
 
 
@@ -111,12 +117,17 @@ def write_parity(result: dict, out_dir: str | os.PathLike, name: str = "parity")
              f"| H2O memory sets identical (layers) | {sum(m['identical'] for m in memory)}/{len(memory)} |",
              f"| H2O memory-set Jaccard (min over layers) | {min((m['jaccard'] for m in memory), default=1.0):.4f} |",
              f"| SpecPrefill kept-token Jaccard | {result['specprefill_kept']['jaccard']:.4f} |",
-             f"| generated text identical | {result['text']['identical']} |"]
+             f"| generated text identical | {result['text']['identical']} |",
+             f"| SpecPrefill + drafting (k={result['plan']['num_draft_tokens']}) text identical | "
+             f"{result['drafted_text']['identical']} |"]
     differing = [m for m in memory if not m["identical"]]
     if differing:
         lines += ["", "Layers whose memory sets differ (chunk, KV head, differing positions):", ""]
         lines += [f"- layer {m['layer']}: Jaccard {m['jaccard']:.4f}; {m['differing']}" for m in differing]
     lines += ["", "Generated text:", ""] + [f"- {n}: {result['text'][n]!r}" for n in names]
+    accepted = result["drafted_text"]["accepted_of_drafted"]
+    lines += ["", "SpecPrefill then speculative decoding with the speculator as draft (accepted / drafted):", ""]
+    lines += [f"- {n} ({accepted[n][0]}/{accepted[n][1]}): {result['drafted_text'][n]!r}" for n in names]
     paths = [out / f"{name}.json", out / f"{name}.md"]
     for path, text in ((paths[0], json.dumps(result, indent=1) + "\n"), (paths[1], "\n".join(lines) + "\n")):
         partial = path.with_name(path.name + ".partial")

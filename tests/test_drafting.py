@@ -1,0 +1,129 @@
+"""Speculative decoding (core/methods/drafting.py) on both backends: greedy output identical to
+plain greedy decoding for every kind of draft, the sampling acceptance rule exact on a tiny
+vocabulary, stop ids and max_tokens inside an accepted run, and bad input."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from specfill.core.config import SpecPrefillConfig
+from specfill.core.driver import CausalLM
+from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from specfill.core.methods.drafting import accept, acceptance_probability, distribution, residual_distribution
+from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
+
+from tests.fixtures.reference_runs import prompt
+
+BACKENDS = ["cuda", "mlx"]
+SPEC = PrefillMethod("specprefill", specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8),
+                     speculator="self:1")
+
+
+def load(backend: str, path):
+    module = pytest.importorskip("specfill.backends.torch_cuda" if backend == "cuda" else "specfill.backends.mlx")
+    options = {"device": "cpu"} if backend == "cuda" else {}
+    return module.load(path, dtype="float32", **options)[0]
+
+
+def run(model, ids, max_tokens, method=PrefillMethod(), drafting=None, stop_ids=frozenset(), sampling=SamplingConfig(),
+        info=None):
+    return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, method=method,
+                                    info=info if info is not None else PrefillInfo(), drafting=drafting))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_greedy_drafting_equals_plain_greedy(tiny_checkpoint, backend):
+    main = load(backend, tiny_checkpoint("llama", "gguf"))
+    other = load(backend, tiny_checkpoint("qwen3", "safetensors"))  # same vocabulary, other weights
+    ids = prompt(70, main.args.vocab_size, seed=21)
+    plain, sparse = run(main, ids, 20), run(main, ids, 20, SPEC)
+    for k in (1, 2, 4):
+        info = PrefillInfo()
+        assert run(main, ids, 20, drafting=Drafting("self:1", k), info=info) == plain
+        assert len(info.from_draft) == 20 and info.drafted_tokens > 0
+        assert run(main, ids, 20, drafting=Drafting(other, k)) == plain
+        assert run(main, ids, 20, drafting=Drafting(main, k)) == plain  # the model drafting for itself
+        assert run(main, ids, 20, SPEC, drafting=Drafting(None, k)) == sparse  # the speculator drafts
+        assert run(main, ids, 20, SPEC, drafting=Drafting(other, k)) == sparse
+        assert run(main, ids, 20, SPEC, drafting=Drafting("self:1", k)) == sparse  # the main cache holds kept tokens
+    info = PrefillInfo()
+    run(main, ids, 20, drafting=Drafting(main, 3), info=info)
+    assert info.accepted_tokens == info.drafted_tokens and sum(info.from_draft) == info.accepted_tokens
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_stop_ids_and_max_tokens_inside_an_accepted_run(tiny_checkpoint, backend):
+    main = load(backend, tiny_checkpoint("llama", "gguf"))
+    ids = prompt(40, main.args.vocab_size, seed=22)
+    plain = run(main, ids, 16)
+    stop = next(t for i, t in enumerate(plain) if i >= 3 and t not in plain[:i])
+    want = run(main, ids, 16, stop_ids=frozenset({stop}))
+    assert want[-1] == stop and len(want) < 16
+    for max_tokens in (1, 2, 5, 16):
+        assert run(main, ids, max_tokens, drafting=Drafting(main, 4)) == plain[:max_tokens]
+    assert run(main, ids, 16, drafting=Drafting(main, 4), stop_ids=frozenset({stop})) == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_seeded_sampling_with_a_draft_repeats(tiny_checkpoint, backend):
+    main = load(backend, tiny_checkpoint("llama", "gguf"))
+    ids = prompt(30, main.args.vocab_size, seed=23)
+    hot = SamplingConfig(temperature=1.2, top_p=0.9, seed=5)
+    first = run(main, ids, 12, drafting=Drafting("self:1", 3), sampling=hot)
+    assert first == run(main, ids, 12, drafting=Drafting("self:1", 3), sampling=hot) and len(first) == 12
+
+
+def test_acceptance_rule_gives_exactly_the_main_distribution():
+    """Over every draft token d ~ q: keep d with min(1, p/q), else draw from the residual; the
+    output law is p exactly, for any q (tiny vocabulary, exact sums)."""
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5) * 0.3)
+        law = np.zeros(5)
+        for d in range(5):
+            keep = acceptance_probability(p, q, d)
+            law[d] += q[d] * keep
+            law += q[d] * (1.0 - keep) * residual_distribution(p, q)
+        np.testing.assert_allclose(law, p, rtol=0, atol=1e-12)
+    same = rng.dirichlet(np.ones(5))
+    assert all(acceptance_probability(same, same, d) == 1.0 for d in range(5))
+
+
+def test_accept_samples_the_main_distribution_through_the_real_function():
+    """accept() with one draft from q, counted over many rounds, follows p (Monte Carlo, 5 sigma)."""
+    sampling = SamplingConfig(temperature=1.0)
+    logits_p, logits_q = np.log([0.1, 0.5, 0.3, 0.1]), np.log([0.4, 0.1, 0.1, 0.4])
+    p, q = distribution(logits_p, sampling), distribution(logits_q, sampling)
+    rng, counts, n = np.random.default_rng(1), np.zeros(4), 20000
+    for _ in range(n):
+        draft = int(rng.choice(4, p=q))
+        accepted, following = accept([draft], [q], np.stack([logits_p, logits_p]), sampling, rng)
+        counts[draft if accepted else following] += 1
+    assert np.all(np.abs(counts / n - p) <= 5 * np.sqrt(p * (1 - p) / n))
+
+
+def test_distribution_applies_temperature_and_top_p():
+    probs = distribution(np.log([0.05, 0.5, 0.3, 0.15]), SamplingConfig(temperature=1.0, top_p=0.7))
+    np.testing.assert_allclose(probs, [0, 0.625, 0.375, 0], atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_drafts_are_clear_errors(tiny_checkpoint, backend):
+    main = load(backend, tiny_checkpoint("llama", "gguf"))
+    with pytest.raises(ConfigError, match="num_draft_tokens must be an integer >= 1"):
+        Drafting("self:1", 0)
+    with pytest.raises(ConfigError, match="drafts with the SpecPrefill speculator"):
+        run(main, [5, 6, 7], 4, drafting=Drafting(None, 2))
+    with pytest.raises(ConfigError, match="1 <= K <= 2"):
+        run(main, [5, 6, 7], 4, drafting=Drafting("self:5", 2))
+    with pytest.raises(ConfigError, match="draft model must be a model loaded"):
+        run(main, [5, 6, 7], 4, drafting=Drafting(object(), 2))
+    small = CausalLM(main.model, main.ops)  # the checks read only the draft's ModelArgs
+    small.args = replace(main.args, max_position_embeddings=16)
+    with pytest.raises(PromptTooLongError, match="draft model's context of 16"):
+        run(main, prompt(20, main.args.vocab_size), 4, drafting=Drafting(small, 2))
+    small.args = replace(main.args, vocab_size=300)
+    with pytest.raises(TokenizerMismatchError, match="300 tokens"):
+        run(main, [5, 6, 7], 4, drafting=Drafting(small, 2))
