@@ -5,6 +5,7 @@ import argparse
 
 from specfill.core import ConfigError
 from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
+from specfill.evaluation.drafting import DraftingPlan, run_drafting_bench, write_drafting
 
 from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
 from .progress import WorkProgressBar
@@ -24,6 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="results/bench", help="folder for bench.json/.md/_ttft.png")
     p.add_argument("--name", default="bench", help="file name stem (default: %(default)s)")
+    p.add_argument("--draft-tokens", type=int_list, default=None,
+                   help="speculative decoding instead: decode tok/s with k = 0 and each of these draft sizes "
+                        "(one prompt of the first --lengths tokens, --decode-tokens new tokens; see --draft-model)")
+    p.add_argument("--draft-model", default="self:8", help="the draft after full prefill (path or self:K); after "
+                   "SpecPrefill the --speculator drafts (default: %(default)s)")
     add_method_options(p)
 
 
@@ -37,9 +43,25 @@ def run(args: argparse.Namespace) -> int:
                      model=args.model, speculator=args.speculator, h2o=h2o_config(args),
                      specprefill=specprefill_config(args), decode_tokens=args.decode_tokens,
                      repeats=args.repeats, dtype=args.dtype, device=args.device)
+    if args.draft_tokens is not None:
+        return run_drafting(args)
     with WorkProgressBar("bench") as bar:
         result = run_bench(plan, log=bar.log, step=bar.step,
                            row_done=lambda partial: write_bench(partial, args.out, args.name))
     for path in write_bench(result, args.out, args.name):
+        print(path)
+    return 0
+
+
+def run_drafting(args: argparse.Namespace) -> int:
+    """`--draft-tokens`: decode speed with and without speculative decoding (evaluation/drafting.py)."""
+    if any(k < 1 for k in args.draft_tokens):
+        raise ConfigError("--draft-tokens must be positive")
+    plan = DraftingPlan(backend=args.backends[0], model=args.model, draft=args.draft_model, speculator=args.speculator,
+                        methods=tuple(m for m in args.methods if m in ("full", "specprefill")),
+                        draft_tokens=tuple(args.draft_tokens), prompt_tokens=args.lengths[0],
+                        decode_tokens=args.decode_tokens, specprefill=specprefill_config(args), dtype=args.dtype,
+                        device=args.device)
+    for path in write_drafting(run_drafting_bench(plan), args.out, args.name):
         print(path)
     return 0

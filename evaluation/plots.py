@@ -60,3 +60,18 @@ def plot_position_map(maps: dict[str, np.ndarray], path: str | os.PathLike, titl
     ax.set_title(title)
     fig.colorbar(shown, ax=ax, fraction=0.02, label="kept / in memory")
     return _save(fig, path)
+
+
+def plot_decode_speed(rows: Sequence[dict], path: str | os.PathLike, title: str) -> Path:
+    """Decode tokens/s vs draft size k (k = 0: plain decoding), one line per prefill method."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in sorted({r["method"] for r in rows}):
+        points = sorted((r["k"], r["decode_tps"]) for r in rows if r["method"] == method)
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"after {method} prefill")
+    ax.set_xlabel("draft tokens per round k (0 = plain decoding)")
+    ax.set_ylabel("decode tokens / s")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _save(fig, path)
