@@ -7,7 +7,7 @@ import sys
 from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
 from specfill.core import ConfigError
 
-from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
+from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
 
 HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
@@ -34,15 +34,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_prompt(args: argparse.Namespace) -> str:
+    """--prompt-file (a pipe such as <(...) works too), standard input for '-', else --prompt;
+    the bytes must be UTF-8 text."""
     if args.prompt_file is not None:
         try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
+            with open(args.prompt_file, "rb") as f:
+                return _utf8(f.read(), f"--prompt-file {args.prompt_file}")
         except OSError as err:
             raise ConfigError(f"cannot read --prompt-file {args.prompt_file}: {err.strerror}") from None
     if args.prompt == "-":
-        return sys.stdin.read()
+        return _utf8(sys.stdin.buffer.read(), "standard input")
     return args.prompt if args.prompt is not None else DEFAULT_PROMPT
+
+
+def _utf8(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{source} is not UTF-8 text (invalid byte at offset {err.start})") from None
+
+
+def _defaults() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return parser.parse_args([])
 
 
 def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
@@ -54,7 +69,9 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    h2o, spec = h2o_config(args), specprefill_config(args)
+    h2o, spec = h2o_config(args), specprefill_config(args)  # checked even where unused
+    warn_unused_options(args, _defaults())
+    prompt_text = read_prompt(args)
     backend = backend_module(args.backend)  # unknown or not installed: one clear error
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
@@ -66,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
         speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
     method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
-    prompt = build_prompt(tokenizer, read_prompt(args), args)
+    prompt = build_prompt(tokenizer, prompt_text, args)
     bar = PrefillProgressBar()
     last = None
     print("=" * 10)

@@ -22,14 +22,16 @@ import numpy as np
 
 from specfill.core.errors import ModelLoadError
 from specfill.core.io.gguf_file import read_gguf
+from specfill.core.io.safetensors_file import safetensors_layout
 from specfill.core.models import ModelArgs
 from specfill.core.io.random_model import is_random_model
 from specfill.core.rope import llama3_scaling_from_factors
-from specfill.core.io.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, load_weights,
-                                   read_json_object, safetensors_files, unpermute_qk)
+from specfill.core.io.weights import (check_tensors, gguf_to_hf_name, is_gguf_file, load_weights,
+                                      read_json_object, safetensors_files, unpermute_qk)
 
 GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks
 _QUANT_PARTS = ("scales", "biases")
+_GROUP_SIZES, _BITS = (32, 64, 128), (2, 3, 4, 5, 6, 8)  # what mx.quantize supports
 _SKIPPED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -61,13 +63,15 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise ModelLoadError(f"model path does not exist: {path}")
     if path.is_dir():
         return _load_directory(path)
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
+    if not is_gguf_file(path):
+        raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
     return _load_gguf(path)
 
 
 def _mx_load(path: Path) -> dict[str, mx.array]:
+    """A safetensors shard through mx.load, after the core reader's header checks (the same
+    files refused as on the torch backend, and nothing unchecked reaches MLX's C++ reader)."""
+    safetensors_layout(path)
     try:
         return mx.load(str(path))
     except (RuntimeError, ValueError, OSError) as err:
@@ -176,12 +180,15 @@ def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
                          directory: Path) -> dict[str, QuantSpec]:
     """mlx-lm's `quantization` entry: defaults plus per-layer overrides keyed by module path."""
     if "quantization_config" in config and "quantization" not in config:
-        method = config["quantization_config"].get("quant_method", "?")
-        raise ModelLoadError(f"{directory} is quantized with {method!r}, which the MLX backend "
+        method = config["quantization_config"].get("quant_method", "?") \
+            if isinstance(config["quantization_config"], dict) else "?"
+        raise ModelLoadError(f"{directory} is quantized with {method!r:.40}, which the MLX backend "
                              f"does not read (convert it with mlx_lm.convert)")
     entry = config.get("quantization")
     if entry is None:
         return {}
+    if not isinstance(entry, dict):
+        raise ModelLoadError(f"{directory}/config.json quantization must be an object, got {entry!r:.40}")
     quantized = {}
     for name in weights:
         module, _, part = name.rpartition(".")
@@ -194,7 +201,11 @@ def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
         if spec.get("mode", "affine") != "affine":
             raise ModelLoadError(f"{directory}: quantization mode {spec['mode']!r} is not "
                                  f"supported (affine only)")
-        quantized[module] = QuantSpec(int(spec["group_size"]), int(spec["bits"]))
+        group, bits = spec["group_size"], spec["bits"]
+        if group not in _GROUP_SIZES or bits not in _BITS or isinstance(group, bool) or isinstance(bits, bool):
+            raise ModelLoadError(f"{directory}/config.json quantizes {module} with group_size {group!r:.20}, bits "
+                                 f"{bits!r:.20} (MLX takes group sizes {_GROUP_SIZES}, bits {_BITS})")
+        quantized[module] = QuantSpec(group, bits)
     return quantized
 
 
