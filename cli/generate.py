@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from typing import Any, Callable
 
 from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
-from specfill.core import ConfigError
+from specfill.core import ConfigError, SpecfillWarning
 
 from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
@@ -54,6 +56,18 @@ def _utf8(data: bytes, source: str) -> str:
         raise ConfigError(f"{source} is not UTF-8 text (invalid byte at offset {err.start})") from None
 
 
+def _for_method(build: Callable[[argparse.Namespace], Any], args: argparse.Namespace, method: str) -> Any:
+    """The method's config when args.method is `method`, else None; its values are checked
+    either way (a malformed --keep is an error even with --method full), its clamps warn only
+    where it is used."""
+    if args.method == method:
+        return build(args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpecfillWarning)
+        build(args)
+    return None
+
+
 def _defaults() -> argparse.Namespace:
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
@@ -69,7 +83,7 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    h2o, spec = h2o_config(args), specprefill_config(args)  # checked even where unused
+    h2o, spec = _for_method(h2o_config, args, "h2o"), _for_method(specprefill_config, args, "specprefill")
     warn_unused_options(args, _defaults())
     prompt_text = read_prompt(args)
     backend = backend_module(args.backend)  # unknown or not installed: one clear error

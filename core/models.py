@@ -57,8 +57,12 @@ class ModelArgs:
                                  f"{self.num_key_value_heads} KV heads")
         if self.head_dim % 2:
             raise ModelLoadError(f"head_dim {self.head_dim} is odd: RoPE rotates pairs of dimensions")
-        checks.positive_float(self.rms_norm_eps, "RMSNorm epsilon (rms_norm_eps)")
-        checks.positive_float(self.rope_theta, "RoPE base (rope_theta)")
+        if not checks.positive_float(self.rms_norm_eps, "RMSNorm epsilon (rms_norm_eps)") <= 1.0:
+            raise ModelLoadError(f"RMSNorm epsilon (rms_norm_eps) must be at most 1, got {self.rms_norm_eps:g} "
+                                 f"(it is added to a mean square: a large one flattens every activation)")
+        if not checks.positive_float(self.rope_theta, "RoPE base (rope_theta)") >= 1.0:
+            raise ModelLoadError(f"RoPE base (rope_theta) must be at least 1, got {self.rope_theta:g} (a base below 1 "
+                                 f"gives frequencies that overflow float32)")
         checks.check_rope_scaling(self.rope_scaling, self.architecture)
         for token in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + self.eos_token_ids:
             checks.integer(token, "special token id")

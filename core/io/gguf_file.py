@@ -21,8 +21,8 @@ import numpy as np
 from ..errors import ModelLoadError
 from .gguf_tensors import MAX_TENSORS, GGUFTensorInfo, read_entry, tensor_table
 
-__all__ = ["DEFAULT_ALIGNMENT", "GGUF_MAGIC", "GGUFFile", "GGUFTensorInfo", "bf16_to_float32", "read_gguf",
-           "regular_file", "tensor_array", "type_name"]
+__all__ = ["DEFAULT_ALIGNMENT", "FLOAT64", "GGUF_MAGIC", "GGUFFile", "GGUFTensorInfo", "bf16_to_float32",
+           "existing_path", "read_gguf", "regular_file", "tensor_array", "type_name"]
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -34,6 +34,7 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
           10: "<u8", 11: "<i8", 12: "<f8"}
 _STRING, _ARRAY = 8, 9
+FLOAT64 = 12
 _U64 = struct.Struct("<Q")
 MAX_KEYS = 1 << 16  # released models carry a few dozen
 
@@ -45,6 +46,7 @@ class GGUFFile:
     metadata: dict[str, Any]
     tensors: dict[str, GGUFTensorInfo]
     buffer: np.ndarray | None = None  # uint8 view of the mapped file; unmapped once unreferenced
+    value_types: frozenset[int] = frozenset()  # metadata value types present (array element types too)
 
     def close(self) -> None:
         self.buffer = None
@@ -69,11 +71,27 @@ def regular_file(path: str | os.PathLike[str], what: str = "model file") -> Path
     return path
 
 
+def existing_path(path: str | os.PathLike[str]) -> Path:
+    """The path of a model file or directory that exists; a missing path, a name too long, a
+    link loop or a NUL byte is one ModelLoadError (pathlib's exists() raises some of these)."""
+    path = Path(path)
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise ModelLoadError(f"model path does not exist: {path}") from None
+    except OSError as err:
+        raise ModelLoadError(f"model path {str(path)[:200]} cannot be read: {err.strerror}") from None
+    except ValueError:  # an embedded NUL byte
+        raise ModelLoadError(f"model path {str(path)[:200]!r} is not a valid path") from None
+    return path
+
+
 class _Cursor:
     """Sequential little-endian reads over the mapped file; a read past the end is truncation."""
 
     def __init__(self, buf: mmap.mmap, path: Path) -> None:
         self.buf, self.pos, self.path, self.size = buf, 0, path, len(buf)
+        self.types: set[int] = set()
 
     def fail(self, problem: str) -> ModelLoadError:
         return ModelLoadError(f"corrupt GGUF file {self.path}: {problem}")
@@ -95,6 +113,7 @@ class _Cursor:
         return self.buf[start:start + n].decode("utf-8", errors="replace")
 
     def value(self, vtype: int, key: str) -> Any:
+        self.types.add(vtype)
         if vtype == 6:  # float32: the shortest decimal that rounds to it (1e-05, not 9.99e-06)
             return float(str(np.float32(self.scalar("<f"))))
         if vtype in _SCALARS:
@@ -107,6 +126,7 @@ class _Cursor:
 
     def array(self, key: str) -> list[Any]:
         etype, count = self.scalar("<I"), self.scalar("<Q")
+        self.types.add(etype)
         if etype in _NUMPY:
             start = self.take(count * np.dtype(_NUMPY[etype]).itemsize)
             values = np.frombuffer(self.buf, _NUMPY[etype], count, start)
@@ -179,7 +199,7 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFFile:
         cur.pos = entry[1]
     data_start = cur.pos + (-cur.pos % alignment)
     tensors = tensor_table(entries, data_start, cur.size, alignment, path, cur.fail)
-    return GGUFFile(path, version, metadata, tensors, np.frombuffer(buf, np.uint8))
+    return GGUFFile(path, version, metadata, tensors, np.frombuffer(buf, np.uint8), frozenset(cur.types))
 
 
 def tensor_array(gguf_file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:

@@ -116,8 +116,8 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:
     if kind is None or not tokens:
         raise ModelLoadError("GGUF metadata has no tokenizer (tokenizer.ggml.model / tokens)")
     checks.typed_list(tokens, str, "GGUF tokenizer.ggml.tokens")
-    types = checks.typed_list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens), int,
-                              "GGUF tokenizer.ggml.token_type")
+    types = meta.get("tokenizer.ggml.token_type")
+    types = [1] * len(tokens) if types is None else checks.typed_list(types, int, "GGUF tokenizer.ggml.token_type")
     if len(types) != len(tokens):
         raise ModelLoadError(f"GGUF tokenizer has {len(tokens)} tokens but {len(types)} token types")
     if kind not in ("gpt2", "llama"):

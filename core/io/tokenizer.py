@@ -16,8 +16,9 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
 from .. import checks
-from .chat_template import render_chat_template
 from ..errors import ChatTemplateError, ModelLoadError
+from .chat_template import render_chat_template
+from .gguf_file import existing_path
 from .gguf_tokenizer import tokenizer_from_gguf_metadata
 from .random_model import is_random_model, random_model_args
 from .weights import read_gguf_metadata, read_json_object
@@ -228,9 +229,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     "random:NAME" ids written as text (see core.io.random_model)."""
     if is_random_model(path):
         return id_tokenizer(random_model_args(path).vocab_size, name=str(path))
-    path = Path(path)
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
+    path = existing_path(path)
     if path.is_dir():
         return _from_hf_directory(path)
     return Tokenizer.from_gguf_metadata(read_gguf_metadata(path), name=path.name)

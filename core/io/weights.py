@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelLoadError
-from .gguf_file import GGUF_MAGIC, GGUFFile, read_gguf, regular_file, tensor_array
+from .gguf_file import GGUF_MAGIC, GGUFFile, existing_path, read_gguf, regular_file, tensor_array
 from ..models import ModelArgs, expected_tensor_shapes
 from ..rope import llama3_scaling_from_factors
 from .random_model import is_random_model, load_random_model
@@ -111,9 +111,7 @@ def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.
     "random:NAME" (random weights of a known shape, see core.io.random_model)."""
     if is_random_model(path):
         return load_random_model(path)
-    path = Path(path)
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
+    path = existing_path(path)
     if path.is_dir():
         return _load_hf_directory(path)
     if not is_gguf_file(path):
@@ -208,7 +206,7 @@ def _refuse_quantized(config: Mapping[str, Any], directory: Path) -> None:
             if isinstance(config["quantization_config"], Mapping) else "unknown"
         raise ModelLoadError(f"{directory} is quantized with {method!r}, which is not supported here "
                              "(use a GGUF file or an unquantized safetensors checkpoint)")
-    if "quantization" in config:
+    if config.get("quantization") not in (None, {}):  # null or {} quantizes nothing (as on the MLX backend)
         raise ModelLoadError(f"{directory} is an mlx-lm quantized checkpoint: load it with the mlx backend, "
                              "or use a GGUF file or an unquantized safetensors checkpoint")
 
