@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from typing import Any, Callable
 
 from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
-from specfill.core import ConfigError
+from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.runtime import Drafting
 
-from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
+from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
 
 HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
@@ -40,15 +42,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def read_prompt(args: argparse.Namespace) -> str:
+    """--prompt-file (a pipe such as <(...) works too), standard input for '-', else --prompt;
+    the bytes must be UTF-8 text."""
     if args.prompt_file is not None:
         try:
-            with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
+            with open(args.prompt_file, "rb") as f:
+                return _utf8(f.read(), f"--prompt-file {args.prompt_file}")
         except OSError as err:
             raise ConfigError(f"cannot read --prompt-file {args.prompt_file}: {err.strerror}") from None
     if args.prompt == "-":
-        return sys.stdin.read()
+        return _utf8(sys.stdin.buffer.read(), "standard input")
     return args.prompt if args.prompt is not None else DEFAULT_PROMPT
+
+
+def _utf8(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{source} is not UTF-8 text (invalid byte at offset {err.start})") from None
+
+
+def _for_method(build: Callable[[argparse.Namespace], Any], args: argparse.Namespace, method: str) -> Any:
+    """The method's config when args.method is `method`, else None; its values are checked
+    either way (a malformed --keep is an error even with --method full), its clamps warn only
+    where it is used."""
+    if args.method == method:
+        return build(args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpecfillWarning)
+        build(args)
+    return None
+
+
+def _defaults() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return parser.parse_args([])
 
 
 def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
@@ -60,9 +89,11 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    h2o, spec = h2o_config(args), specprefill_config(args)
+    h2o, spec = _for_method(h2o_config, args, "h2o"), _for_method(specprefill_config, args, "specprefill")
     if args.num_draft_tokens is not None or args.draft_model is not None:
         Drafting(None, 3 if args.num_draft_tokens is None else args.num_draft_tokens)  # checks k before loading
+    warn_unused_options(args, _defaults())
+    prompt_text = read_prompt(args)
     backend = backend_module(args.backend)  # unknown or not installed: one clear error
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
@@ -76,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
     draft = None if args.draft_model is None else load_speculator(args.draft_model, model, tokenizer, dtype=args.dtype,
                                                                   device=args.device, role="draft model")
-    prompt = build_prompt(tokenizer, read_prompt(args), args)
+    prompt = build_prompt(tokenizer, prompt_text, args)
     bar = PrefillProgressBar()
     last = None
     print("=" * 10)

@@ -13,6 +13,7 @@ from . import bench, conformance, eval, generate, parity
 SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance}
 
 
+MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this
 THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: torch's own choice)"
 
 
@@ -46,8 +47,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 def set_cpu_threads(threads: int) -> None:
     """torch's intra-op thread count; MLX's CPU backend and BLAS choose their own."""
-    if threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    if not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be >= 1 and <= {MAX_THREADS}, got {threads}")
     try:
         import torch
     except ImportError:

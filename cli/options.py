@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import warnings
 
-from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.io.random_model import RANDOM_SHAPES
 
 
@@ -59,3 +60,16 @@ def h2o_config(args: argparse.Namespace) -> H2OConfig:
 def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConfig:
     return SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
                              select_chunk=args.select_chunk, **{**parse_keep(args.keep), **overrides})
+
+
+_METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy"),
+                   "specprefill": ("keep", "lookahead", "pool_kernel", "select_chunk", "speculator")}
+
+
+def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) -> None:
+    """One warning naming the options given (not at their defaults) that `args.method` ignores."""
+    unused = [f"--{name.replace('_', '-')}" for method, names in _METHOD_OPTIONS.items() if method != args.method
+              for name in names if getattr(args, name) != getattr(defaults, name)]
+    if unused:
+        warnings.warn(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with --method "
+                      f"{args.method}", SpecfillWarning, stacklevel=2)

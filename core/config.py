@@ -15,11 +15,14 @@ from .errors import ConfigError, SpecfillWarning
 REDUCTIONS = ("max", "mean")
 
 
+MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
+
+
 def _require_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if not minimum <= value <= MAX_SETTING:
+        raise ConfigError(f"{name} must be in [{minimum}, {MAX_SETTING}], got {value}")
     return value
 
 

@@ -31,3 +31,7 @@ class BackendUnavailableError(SpecfillError):
 
 class SpecfillWarning(UserWarning):
     """A setting was adjusted (e.g. clamped) rather than rejected."""
+
+
+class NonFiniteLogitsError(SpecfillError):
+    """The model computed NaN or Inf logits: broken weights or numerics, never a text to print."""

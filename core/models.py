@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from . import checks
 from .errors import ModelLoadError
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
@@ -42,17 +43,29 @@ class ModelArgs:
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "head_dim")
-        bad = [f"{name}={getattr(self, name)}" for name in sizes if not getattr(self, name) > 0]
-        if bad:
-            raise ModelLoadError(f"model sizes must be positive: {', '.join(bad)}")
+        """Every path (GGUF metadata, config.json, mlx-lm directories, random shapes) ends here, so
+        a checkpoint whose numbers would load "fine" and compute NaN is refused here, once."""
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {self.architecture!r} "
                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                 "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+        for name in sizes:
+            checks.integer(getattr(self, name), f"model size {name}", minimum=1)
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ModelLoadError(f"{self.num_attention_heads} attention heads are not a multiple of "
                                  f"{self.num_key_value_heads} KV heads")
+        if self.head_dim % 2:
+            raise ModelLoadError(f"head_dim {self.head_dim} is odd: RoPE rotates pairs of dimensions")
+        if not checks.positive_float(self.rms_norm_eps, "RMSNorm epsilon (rms_norm_eps)") <= 1.0:
+            raise ModelLoadError(f"RMSNorm epsilon (rms_norm_eps) must be at most 1, got {self.rms_norm_eps:g} "
+                                 f"(it is added to a mean square: a large one flattens every activation)")
+        if not checks.positive_float(self.rope_theta, "RoPE base (rope_theta)") >= 1.0:
+            raise ModelLoadError(f"RoPE base (rope_theta) must be at least 1, got {self.rope_theta:g} (a base below 1 "
+                                 f"gives frequencies that overflow float32)")
+        checks.check_rope_scaling(self.rope_scaling, self.architecture)
+        for token in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + self.eos_token_ids:
+            checks.integer(token, "special token id")
 
     @property
     def gqa_group(self) -> int:
@@ -69,101 +82,78 @@ class ModelArgs:
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelArgs":
-        """From a transformers config.json dictionary."""
-        arch = config.get("model_type")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            names = config.get("architectures") or []
-            arch = next((_HF_ARCHITECTURES[n] for n in names if n in _HF_ARCHITECTURES), arch)
-        if arch == "mistral":
-            arch = "llama"
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported architecture {arch!r} in config.json "
-                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        try:
-            theta, scaling = _hf_rope(config)
-            heads = int(config["num_attention_heads"])
-            hidden = int(config["hidden_size"])
-            eos = config.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
-            return cls(
-                architecture=str(arch),
-                vocab_size=int(config["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(config["intermediate_size"]),
-                num_hidden_layers=int(config["num_hidden_layers"]),
-                num_attention_heads=heads,
-                num_key_value_heads=int(config.get("num_key_value_heads") or heads),
-                head_dim=int(config.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-                rope_theta=theta,
-                rope_scaling=scaling,
-                max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-                tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-                attention_bias=bool(config.get("attention_bias", arch == "qwen2")),
-                qk_norm=arch == "qwen3",
-                bos_token_id=config.get("bos_token_id"),
-                eos_token_ids=tuple(int(e) for e in eos_ids),
-            )
-        except KeyError as missing:
-            raise ModelLoadError(f"config.json lacks {missing.args[0]!r}") from None
-        except (TypeError, ValueError, ZeroDivisionError) as err:
-            raise ModelLoadError(f"config.json has an invalid value: {err}") from None
+        """From a transformers config.json dictionary; every value it reads is type-checked."""
+        arch = _hf_architecture(config)
+
+        def size(key: str, default: int | None = None) -> int:
+            value = config.get(key)
+            if value is None and default is None:
+                raise ModelLoadError(f"config.json lacks {key!r}")
+            return checks.integer(default if value is None else value, f"config.json {key}", minimum=1)
+
+        def boolean(key: str, default: bool) -> bool:
+            return checks.flag(config.get(key, default), f"config.json {key}")
+
+        theta, scaling = _hf_rope(config)
+        heads, hidden = size("num_attention_heads"), size("hidden_size")
+        eos = config.get("eos_token_id")
+        eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        return cls(
+            architecture=arch, vocab_size=size("vocab_size"), hidden_size=hidden,
+            intermediate_size=size("intermediate_size"), num_hidden_layers=size("num_hidden_layers"),
+            num_attention_heads=heads, num_key_value_heads=size("num_key_value_heads", heads),
+            head_dim=size("head_dim", max(1, hidden // heads)),
+            rms_norm_eps=checks.positive_float(config.get("rms_norm_eps", 1e-6), "config.json rms_norm_eps"),
+            rope_theta=theta, rope_scaling=scaling,
+            max_position_embeddings=size("max_position_embeddings", 4096),
+            tie_word_embeddings=boolean("tie_word_embeddings", False),
+            attention_bias=boolean("attention_bias", arch == "qwen2"), qk_norm=arch == "qwen3",
+            bos_token_id=None if config.get("bos_token_id") is None else
+            checks.integer(config["bos_token_id"], "config.json bos_token_id"),
+            eos_token_ids=tuple(checks.integer(e, "config.json eos_token_id") for e in eos_ids),
+        )
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any], has_output_weight: bool) -> "ModelArgs":
-        """From GGUF key/values (llama.cpp names), e.g. `llama.block_count`."""
-        arch = meta.get("general.architecture")
-        if arch is None:
+        """From GGUF key/values (llama.cpp names, e.g. `llama.block_count`), type-checked."""
+        if "general.architecture" not in meta:
             raise ModelLoadError("GGUF metadata lacks general.architecture")
+        arch = checks.text(meta["general.architecture"], "GGUF general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"unsupported architecture {arch!r} "
                                  f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
-        def get(key: str, default: Any = None) -> Any:
+        def size(key: str, default: int | None = None, minimum: int = 1) -> int:
             value = meta.get(f"{arch}.{key}", default)
             if value is None:
                 raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
-            return value
+            return checks.integer(value, f"GGUF {arch}.{key}", minimum=minimum)
 
-        try:
-            return cls._from_gguf(meta, arch, get, has_output_weight)
-        except (TypeError, ValueError, ZeroDivisionError) as err:
-            raise ModelLoadError(f"GGUF metadata has an invalid value: {err}") from None
+        def number(key: str, default: float) -> float:
+            return checks.positive_float(meta.get(f"{arch}.{key}", default), f"GGUF {arch}.{key}")
 
-    @classmethod
-    def _from_gguf(cls, meta: Mapping[str, Any], arch: str, get: Any,
-                   has_output_weight: bool) -> "ModelArgs":
-        heads = int(get("attention.head_count"))
-        hidden = int(get("embedding_length"))
+        heads, hidden = size("attention.head_count"), size("embedding_length")
         tokens = meta.get("tokenizer.ggml.tokens")
-        vocab = meta.get(f"{arch}.vocab_size", len(tokens) if tokens is not None else None)
-        if vocab is None:
-            raise ModelLoadError("GGUF metadata gives no vocabulary size")
         scaling = None
-        if meta.get(f"{arch}.rope.scaling.type") not in (None, "none"):
-            scaling = {"rope_type": meta[f"{arch}.rope.scaling.type"],
-                       "factor": float(meta.get(f"{arch}.rope.scaling.factor", 1.0)),
-                       "original_max_position_embeddings":
-                           int(meta.get(f"{arch}.rope.scaling.original_context_length", 0))}
-        eos = meta.get("tokenizer.ggml.eos_token_id")
+        kind = meta.get(f"{arch}.rope.scaling.type")
+        if kind not in (None, "none"):
+            scaling = {"rope_type": checks.text(kind, f"GGUF {arch}.rope.scaling.type"),
+                       "factor": number("rope.scaling.factor", 1.0),
+                       "original_max_position_embeddings": size("rope.scaling.original_context_length", 0, 0)}
+        bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
         return cls(
             architecture=arch,
-            vocab_size=int(vocab),
-            hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")),
-            num_hidden_layers=int(get("block_count")),
-            num_attention_heads=heads,
-            num_key_value_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-            head_dim=int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_scaling=scaling,
-            max_position_embeddings=int(meta.get(f"{arch}.context_length", 4096)),
-            tie_word_embeddings=not has_output_weight,
-            attention_bias=arch == "qwen2",
-            qk_norm=arch == "qwen3",
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=(int(eos),) if eos is not None else (),
+            vocab_size=size("vocab_size", len(tokens) if isinstance(tokens, list) else None),
+            hidden_size=hidden, intermediate_size=size("feed_forward_length"),
+            num_hidden_layers=size("block_count"), num_attention_heads=heads,
+            num_key_value_heads=size("attention.head_count_kv", heads),
+            head_dim=size("attention.key_length", max(1, hidden // heads)),
+            rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-5),
+            rope_theta=number("rope.freq_base", 10000.0), rope_scaling=scaling,
+            max_position_embeddings=size("context_length", 4096),
+            tie_word_embeddings=not has_output_weight, attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
+            bos_token_id=None if bos is None else checks.integer(bos, "GGUF tokenizer.ggml.bos_token_id"),
+            eos_token_ids=() if eos is None else (checks.integer(eos, "GGUF tokenizer.ggml.eos_token_id"),),
         )
 
 
@@ -196,11 +186,34 @@ def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _hf_architecture(config: Mapping[str, Any]) -> str:
+    """model_type when present (it must be a known one: mistral reads as llama), else the first
+    known class in `architectures`."""
+    model_type = config.get("model_type")
+    if model_type is not None:
+        arch = "llama" if model_type == "mistral" else model_type
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"unsupported architecture {model_type!r} in config.json "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+        return str(arch)
+    names = config.get("architectures")
+    names = names if isinstance(names, list) else []
+    arch = next((_HF_ARCHITECTURES[n] for n in names if isinstance(n, str) and n in _HF_ARCHITECTURES), None)
+    if arch is None:
+        raise ModelLoadError(f"config.json names no supported architecture (model_type or architectures: "
+                             f"{', '.join(SUPPORTED_ARCHITECTURES)})")
+    return arch
+
+
 def _hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """(rope_theta, rope_scaling) from transformers <5 keys (rope_theta, rope_scaling) or 5's
     rope_parameters; scaling is None for default RoPE and always keyed by "rope_type"."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if config.get(key) is not None and not isinstance(config[key], Mapping):
+            raise ModelLoadError(f"config.json {key} must be an object, got {config[key]!r:.40}")
     params = dict(config.get("rope_parameters") or {})
-    theta = float(config.get("rope_theta", params.pop("rope_theta", 10000.0)))
+    theta = checks.positive_float(config.get("rope_theta", params.pop("rope_theta", 10000.0)),
+                                  "config.json rope_theta")
     params.pop("rope_theta", None)
     scaling = dict(config.get("rope_scaling") or params)
     if "type" in scaling and "rope_type" not in scaling:

@@ -7,11 +7,15 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+import numpy as np
+
 from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
 from specfill.core.io.demo_model import require_demo_model
+from specfill.core.guards import check_logits_finite
 from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
+from specfill.settings import check_sampling, fit_to_prompt, warn_unused
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
             "mlx": "specfill.backends.mlx"}
@@ -56,7 +60,19 @@ def load(path: str | None = None, backend: str = "cuda", dtype: str | None = Non
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
     module = backend_module(backend)
-    return module.load(str(path) if path is not None else str(require_demo_model()), dtype=dtype, device=device)
+    model, tokenizer = module.load(str(path) if path is not None else str(require_demo_model()), dtype=dtype,
+                                   device=device)
+    check_computes_finite(model, dtype)
+    return model, tokenizer
+
+
+def check_computes_finite(model: CausalLM, dtype: str | None) -> None:
+    """One token through the loaded model: a checkpoint that loads but computes NaN or Inf (a
+    corrupt scale, an eps of 1e-45 in a float32 file) is a NonFiniteLogitsError here, not an end
+    token later. Costs one decode step."""
+    logits = model.prompt_logits([0], method=PrefillMethod(), info=PrefillInfo())
+    check_logits_finite(bool(np.isfinite(logits).all()), model.args, where="a one-token check at load",
+                        dtype=dtype)
 
 
 def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str | None = None,
@@ -110,15 +126,22 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     num_draft_tokens (default 3) per round; with method "specprefill", num_draft_tokens alone
     makes the speculator the draft, continuing from the prompt KV it already built.
     """
-    if max_tokens < 1:
-        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
+    check_sampling(temperature, top_p, seed)
     ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise ConfigError("the prompt is empty")
+    if not all(0 <= t < model.args.vocab_size for t in ids):
+        bad = next(t for t in ids if not 0 <= t < model.args.vocab_size)
+        raise ConfigError(f"prompt token id {bad} is outside the model's vocabulary of {model.args.vocab_size}")
+    if not isinstance(method, PrefillMethod):
+        warn_unused(method, h2o=h2o, specprefill=specprefill, speculator=speculator)
     if speculator is not None:
         speculator = load_speculator(speculator, model, tokenizer)
     plan = method if isinstance(method, PrefillMethod) else prefill_method(
         method, h2o=h2o, specprefill=specprefill, speculator=speculator)
+    plan = fit_to_prompt(plan, len(ids), model.args.max_position_embeddings)
     drafting = None
     if draft_model is not None or num_draft_tokens is not None:
         draft = None if draft_model is None else load_speculator(draft_model, model, tokenizer, role="draft model")

@@ -75,10 +75,10 @@ def test_unknown_architecture(tmp_path):
     assert "falcon" in message
 
 
-def test_unsupported_quant_type_is_named(tmp_path):
+def test_a_changed_type_id_is_refused(tmp_path):
+    """Q8_0 -> Q8_1 (both valid ids): the tensor's byte size changes, so it overlaps its neighbour."""
     args = tiny_model_args("llama")
-    weights = tiny_weights(args, quant="Q8_0")
-    base = write_gguf_file(tmp_path / "base.gguf", args, weights)
+    base = write_gguf_file(tmp_path / "base.gguf", args, tiny_weights(args, quant="Q8_0"))
     name = "blk.0.attn_q.weight"
     data = bytearray(base.read_bytes())
     # a tensor-info entry is: name, n_dims (u32), dims (u64 each), type (u32), offset (u64)
@@ -87,7 +87,17 @@ def test_unsupported_quant_type_is_named(tmp_path):
     data[at:at + 4] = int(gguf.GGMLQuantizationType.Q8_1).to_bytes(4, "little")
     path = tmp_path / "q81.gguf"
     path.write_bytes(bytes(data))
-    expect_error(path, "Q8_1", "cannot dequantize", name)
+    expect_error(path, "corrupt", "overlaps", name)
+
+
+def test_unsupported_quant_type_is_named(tmp_path):
+    from specfill.core.io.gguf_file import read_gguf, tensor_array
+
+    name = "blk.0.attn_q.weight"
+    packed = np.zeros((4, 64 // 32 * 40), np.uint8)  # Q8_1: 40 bytes per block of 32
+    path = _minimal_gguf(tmp_path / "q81.gguf", "llama", {name: (packed, gguf.GGMLQuantizationType.Q8_1)})
+    with read_gguf(path) as f, pytest.raises(ModelLoadError, match=f"{name}.*Q8_1.*cannot dequantize"):
+        tensor_array(f, f.tensors[name])
 
 
 @pytest.mark.parametrize("fmt", ["gguf", "safetensors"])

@@ -21,15 +21,17 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.errors import ModelLoadError
-from specfill.core.io.gguf_file import read_gguf
+from specfill.core.io.gguf_file import FLOAT64, existing_path, read_gguf
+from specfill.core.io.safetensors_file import safetensors_layout
 from specfill.core.models import ModelArgs
 from specfill.core.io.random_model import is_random_model
 from specfill.core.rope import llama3_scaling_from_factors
-from specfill.core.io.weights import (GGUF_MAGIC, check_tensors, gguf_to_hf_name, load_weights,
-                                   read_json_object, safetensors_files, unpermute_qk)
+from specfill.core.io.weights import (check_tensors, gguf_to_hf_name, is_gguf_file, load_weights,
+                                      read_json_object, safetensors_files, unpermute_qk)
 
 GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks
 _QUANT_PARTS = ("scales", "biases")
+_GROUP_SIZES, _BITS = (32, 64, 128), (2, 3, 4, 5, 6, 8)  # what mx.quantize supports
 _SKIPPED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
@@ -56,18 +58,18 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     """A GGUF file, or a Hugging Face / mlx-lm safetensors directory, or "random:NAME"."""
     if is_random_model(path):
         return _float_from_core_loader(path)
-    path = Path(path)
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
+    path = existing_path(path)
     if path.is_dir():
         return _load_directory(path)
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
+    if not is_gguf_file(path):
+        raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
     return _load_gguf(path)
 
 
 def _mx_load(path: Path) -> dict[str, mx.array]:
+    """A safetensors shard through mx.load, after the core reader's header checks (the same
+    files refused as on the torch backend, and nothing unchecked reaches MLX's C++ reader)."""
+    safetensors_layout(path)
     try:
         return mx.load(str(path))
     except (RuntimeError, ValueError, OSError) as err:
@@ -87,6 +89,16 @@ def _logical_shapes(weights: dict[str, mx.array],
         else:
             shapes[name] = tuple(w.shape)
     return shapes
+
+
+def _check_values(weights: dict[str, mx.array], quantized: dict[str, QuantSpec], source: Path) -> None:
+    """Every array is a float type except the packed weight of a quantized layer (an integer
+    array elsewhere is a mislabelled tensor: garbage weights), and no float holds NaN or Inf."""
+    for name, w in weights.items():
+        module, _, part = name.rpartition(".")
+        if not mx.issubdtype(w.dtype, mx.floating) and not (module in quantized and part == "weight"):
+            raise ModelLoadError(f"tensor {name} in {source} has dtype {w.dtype}; expected a float type")
+    _check_finite(weights, source)
 
 
 def _check_finite(weights: dict[str, mx.array], source: Path) -> None:
@@ -125,7 +137,10 @@ def _load_gguf(path: Path) -> Checkpoint:
     # The core reader checks the header and every tensor's extent (the same errors as the torch
     # backend for a corrupt or truncated file) and gives the metadata as Python values.
     with read_gguf(path) as header:
-        meta = header.metadata
+        meta, value_types = header.metadata, header.value_types
+    ModelArgs.from_gguf_metadata(meta, True)  # bad metadata is refused before mx.load reads the file
+    if FLOAT64 in value_types:  # mx.load (0.32) crashes on float64 metadata values
+        return _float_from_core_loader(path)
     try:
         raw = mx.load(str(path))
     except (RuntimeError, ValueError):
@@ -153,7 +168,7 @@ def _load_gguf(path: Path) -> Checkpoint:
         args, attention_bias="model.layers.0.self_attn.q_proj.bias" in weights,
         vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
     check_tensors(args, _logical_shapes(weights, quantized), path)
-    _check_finite(weights, path)
+    _check_values(weights, quantized, path)
     if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
         _unpermute_llama_qk(args, weights)
     return Checkpoint(args, weights, quantized, str(path))
@@ -176,12 +191,15 @@ def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
                          directory: Path) -> dict[str, QuantSpec]:
     """mlx-lm's `quantization` entry: defaults plus per-layer overrides keyed by module path."""
     if "quantization_config" in config and "quantization" not in config:
-        method = config["quantization_config"].get("quant_method", "?")
-        raise ModelLoadError(f"{directory} is quantized with {method!r}, which the MLX backend "
+        method = config["quantization_config"].get("quant_method", "?") \
+            if isinstance(config["quantization_config"], dict) else "?"
+        raise ModelLoadError(f"{directory} is quantized with {method!r:.40}, which the MLX backend "
                              f"does not read (convert it with mlx_lm.convert)")
     entry = config.get("quantization")
-    if entry is None:
+    if entry is None or entry == {}:
         return {}
+    if not isinstance(entry, dict):
+        raise ModelLoadError(f"{directory}/config.json quantization must be an object, got {entry!r:.40}")
     quantized = {}
     for name in weights:
         module, _, part = name.rpartition(".")
@@ -194,7 +212,11 @@ def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
         if spec.get("mode", "affine") != "affine":
             raise ModelLoadError(f"{directory}: quantization mode {spec['mode']!r} is not "
                                  f"supported (affine only)")
-        quantized[module] = QuantSpec(int(spec["group_size"]), int(spec["bits"]))
+        group, bits = spec["group_size"], spec["bits"]
+        if group not in _GROUP_SIZES or bits not in _BITS or isinstance(group, bool) or isinstance(bits, bool):
+            raise ModelLoadError(f"{directory}/config.json quantizes {module} with group_size {group!r:.20}, bits "
+                                 f"{bits!r:.20} (MLX takes group sizes {_GROUP_SIZES}, bits {_BITS})")
+        quantized[module] = QuantSpec(group, bits)
     return quantized
 
 
@@ -211,7 +233,7 @@ def _load_directory(directory: Path) -> Checkpoint:
             weights.pop(f"lm_head.{part}", None)
     quantized = _mlx_lm_quantization(config, weights, directory)
     check_tensors(args, _logical_shapes(weights, quantized), directory)
-    _check_finite(weights, directory)
+    _check_values(weights, quantized, directory)
     return Checkpoint(args, weights, quantized, str(directory))
 
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+from .. import checks
 from ..errors import ModelLoadError, SpecfillWarning
 
 CONTROL, USER_DEFINED, BYTE = 3, 4, 6
@@ -53,13 +54,14 @@ def _gpt2_tokenizer(meta: Mapping[str, Any], tokens: list[str]) -> Tokenizer:
     merges = meta.get("tokenizer.ggml.merges")
     if not merges:
         raise ModelLoadError("GGUF gpt2 tokenizer has no tokenizer.ggml.merges")
+    checks.typed_list(merges, str, "GGUF tokenizer.ggml.merges")
     pairs = []
     for merge in merges:
         left, sep, right = merge.partition(" ")
         if not sep:
             raise ModelLoadError(f"GGUF merge {merge!r} is not two tokens separated by a space")
         pairs.append((left, right))
-    pre = str(meta.get("tokenizer.ggml.pre", "default"))
+    pre = checks.text(meta.get("tokenizer.ggml.pre", "default"), "GGUF tokenizer.ggml.pre")
     vocab = {token: index for index, token in enumerate(tokens)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=pre in _IGNORE_MERGES_PRE))
     tok.pre_tokenizer = _byte_level_pre_tokenizer(pre)
@@ -85,14 +87,16 @@ def spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list
 
 def _spm_tokenizer(meta: Mapping[str, Any], tokens: list[str], types: list[int]) -> Tokenizer:
     scores = meta.get("tokenizer.ggml.scores")
-    if scores is None or len(scores) != len(tokens):
+    if scores is None or len(checks.typed_list(scores, float, "GGUF tokenizer.ggml.scores")) != len(tokens):
         raise ModelLoadError("GGUF llama (SentencePiece) tokenizer needs one score per token")
     unk_id = meta.get("tokenizer.ggml.unknown_token_id")
+    if unk_id is not None:
+        checks.integer(unk_id, "GGUF tokenizer.ggml.unknown_token_id", maximum=len(tokens) - 1)
     vocab = {token: index for index, token in enumerate(tokens)}
     model = models.BPE(vocab=vocab, merges=spm_merges(tokens, scores, types), byte_fallback=True,
                        fuse_unk=True, unk_token=tokens[unk_id] if unk_id is not None else None)
     tok = Tokenizer(model)
-    add_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+    add_prefix = checks.flag(meta.get("tokenizer.ggml.add_space_prefix", True), "GGUF tokenizer.ggml.add_space_prefix")
     # As sentencepiece and llama.cpp: "▁" before every text segment (even one starting with a
     # space, unlike Metaspace), then spaces -> "▁"; no pre-splitting.
     steps = [normalizers.Prepend(SPM_SPACE)] if add_prefix else []
@@ -111,7 +115,9 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:
     tokens = meta.get("tokenizer.ggml.tokens")
     if kind is None or not tokens:
         raise ModelLoadError("GGUF metadata has no tokenizer (tokenizer.ggml.model / tokens)")
-    types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
+    checks.typed_list(tokens, str, "GGUF tokenizer.ggml.tokens")
+    types = meta.get("tokenizer.ggml.token_type")
+    types = [1] * len(tokens) if types is None else checks.typed_list(types, int, "GGUF tokenizer.ggml.token_type")
     if len(types) != len(tokens):
         raise ModelLoadError(f"GGUF tokenizer has {len(tokens)} tokens but {len(types)} token types")
     if kind not in ("gpt2", "llama"):

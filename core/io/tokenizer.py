@@ -15,8 +15,10 @@ from typing import Any, Iterable, Mapping, Sequence
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
-from .chat_template import render_chat_template
+from .. import checks
 from ..errors import ChatTemplateError, ModelLoadError
+from .chat_template import render_chat_template
+from .gguf_file import existing_path
 from .gguf_tokenizer import tokenizer_from_gguf_metadata
 from .random_model import is_random_model, random_model_args
 from .weights import read_gguf_metadata, read_json_object
@@ -37,17 +39,27 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any], name: str = "") -> "Tokenizer":
-        """From GGUF key/values as plain Python values (see weights.read_gguf_metadata)."""
+        """From GGUF key/values as plain Python values (see weights.read_gguf_metadata); every
+        key it reads is type-checked and every special id must name a token."""
         backend = tokenizer_from_gguf_metadata(meta)
-        bos = meta.get("tokenizer.ggml.bos_token_id")
-        eos = [meta[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                 "tokenizer.ggml.eom_token_id") if meta.get(k) is not None]
+        vocab = backend.get_vocab_size(with_added_tokens=True)
+
+        def token_id(key: str) -> int | None:
+            value = meta.get(key)
+            return None if value is None else checks.integer(value, f"GGUF {key}", maximum=vocab - 1)
+
+        def flag(key: str, default: bool) -> bool:
+            return checks.flag(meta.get(key, default), f"GGUF {key}")
+
+        bos = token_id("tokenizer.ggml.bos_token_id")
+        eos = [i for k in ("eos", "eot", "eom") if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
         default_bos = meta.get("tokenizer.ggml.model") == "llama"  # llama.cpp's SPM default
         _set_special_token_insertion(
-            backend, bos if meta.get("tokenizer.ggml.add_bos_token", default_bos) else None,
-            eos[0] if eos and meta.get("tokenizer.ggml.add_eos_token", False) else None)
-        return cls(backend, bos_token_id=None if bos is None else int(bos), eos_token_ids=eos,
-                   chat_template=meta.get("tokenizer.chat_template"), name=name)
+            backend, bos if flag("tokenizer.ggml.add_bos_token", default_bos) else None,
+            eos[0] if eos and flag("tokenizer.ggml.add_eos_token", False) else None)
+        template = meta.get("tokenizer.chat_template")
+        return cls(backend, bos_token_id=bos, eos_token_ids=eos, name=name,
+                   chat_template=None if template is None else checks.text(template, "GGUF tokenizer.chat_template"))
 
     @property
     def vocab_size(self) -> int:
@@ -146,17 +158,21 @@ def _token_content(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _ids(value: Any) -> list[int]:
+def _ids(value: Any, what: str, vocab: int) -> list[int]:
+    """A token id or a list of them (config.json / generation_config.json eos_token_id)."""
     if value is None:
         return []
-    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
+    return [checks.integer(v, what, maximum=vocab - 1) for v in (value if isinstance(value, list) else [value])]
 
 
 def _hf_chat_template(directory: Path, config: Mapping[str, Any]) -> str | None:
     """chat_template.jinja, else tokenizer_config.json's chat_template (a string or a list of
     named templates: the "default" one), else chat_template.json."""
     if (directory / "chat_template.jinja").is_file():
-        return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        try:
+            return (directory / "chat_template.jinja").read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ModelLoadError(f"cannot read {directory / 'chat_template.jinja'}: {err}") from None
     template = config.get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
@@ -185,11 +201,13 @@ def _from_hf_directory(directory: Path) -> Tokenizer:
         text = _token_content(config.get(key))
         return None if text is None else backend.token_to_id(text)
 
+    vocab = backend.get_vocab_size(with_added_tokens=True)
     bos = token_id("bos_token")
-    if bos is None and model_config.get("bos_token_id") is not None:
-        bos = int(model_config["bos_token_id"])
-    eos = [i for i in [token_id("eos_token"), *_ids(generation.get("eos_token_id")),
-                       *_ids(model_config.get("eos_token_id"))] if i is not None]
+    if bos is None:
+        bos = next(iter(_ids(model_config.get("bos_token_id"), "config.json bos_token_id", vocab)), None)
+    eos = [i for i in [token_id("eos_token"),
+                       *_ids(generation.get("eos_token_id"), "generation_config.json eos_token_id", vocab),
+                       *_ids(model_config.get("eos_token_id"), "config.json eos_token_id", vocab)] if i is not None]
     eos = list(dict.fromkeys(eos))  # keep order: the tokenizer's own eos first
     if "add_bos_token" in config or "add_eos_token" in config:  # the flags override the file
         _set_special_token_insertion(backend, bos if config.get("add_bos_token") else None,
@@ -211,9 +229,7 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Tokenizer:
     "random:NAME" ids written as text (see core.io.random_model)."""
     if is_random_model(path):
         return id_tokenizer(random_model_args(path).vocab_size, name=str(path))
-    path = Path(path)
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
+    path = existing_path(path)
     if path.is_dir():
         return _from_hf_directory(path)
     return Tokenizer.from_gguf_metadata(read_gguf_metadata(path), name=path.name)

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelLoadError
-from .gguf_file import GGUF_MAGIC, GGUFFile, read_gguf, tensor_array
+from .gguf_file import GGUF_MAGIC, GGUFFile, existing_path, read_gguf, regular_file, tensor_array
 from ..models import ModelArgs, expected_tensor_shapes
 from ..rope import llama3_scaling_from_factors
 from .random_model import is_random_model, load_random_model
@@ -111,18 +111,21 @@ def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.
     "random:NAME" (random weights of a known shape, see core.io.random_model)."""
     if is_random_model(path):
         return load_random_model(path)
-    path = Path(path)
-    if not path.exists():
-        raise ModelLoadError(f"model path does not exist: {path}")
+    path = existing_path(path)
     if path.is_dir():
         return _load_hf_directory(path)
-    with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
+    if not is_gguf_file(path):
+        raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
     with read_gguf(path) as gguf_file:
         args, weights = _load_gguf(gguf_file)
     _check_finite(weights, path)
     return args, weights
+
+
+def is_gguf_file(path: Path) -> bool:
+    """Whether a regular file (anything else is refused: a FIFO would block) starts with GGUF's magic."""
+    with open(regular_file(path), "rb") as f:
+        return f.read(4) == GGUF_MAGIC
 
 
 def _check_finite(weights: Mapping[str, np.ndarray], source: Path) -> None:
@@ -163,10 +166,12 @@ def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON file holding an object; anything else is a one-line ModelLoadError."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(regular_file(path, "JSON file"), encoding="utf-8") as f:
             value = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: bad JSON, a 5000-digit number
         raise ModelLoadError(f"cannot read {path}: {err}") from None
+    except RecursionError:
+        raise ModelLoadError(f"cannot read {path}: JSON nested too deeply") from None
     if not isinstance(value, dict):
         raise ModelLoadError(f"{path} does not hold a JSON object")
     return value
@@ -179,7 +184,10 @@ def safetensors_files(directory: Path) -> list[Path]:
         weight_map = read_json_object(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise ModelLoadError(f"{index} has no weight_map")
-        files = [directory / name for name in sorted(set(weight_map.values()))]
+        names = set(weight_map.values())
+        if not all(isinstance(n, str) and n and Path(n).name == n for n in names):
+            raise ModelLoadError(f"{index} weight_map must map to shard file names in {directory}")
+        files = [directory / name for name in sorted(names)]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
             raise ModelLoadError(f"{index} names shards that are missing: {', '.join(absent)}")
@@ -198,7 +206,7 @@ def _refuse_quantized(config: Mapping[str, Any], directory: Path) -> None:
             if isinstance(config["quantization_config"], Mapping) else "unknown"
         raise ModelLoadError(f"{directory} is quantized with {method!r}, which is not supported here "
                              "(use a GGUF file or an unquantized safetensors checkpoint)")
-    if "quantization" in config:
+    if config.get("quantization") not in (None, {}):  # null or {} quantizes nothing (as on the MLX backend)
         raise ModelLoadError(f"{directory} is an mlx-lm quantized checkpoint: load it with the mlx backend, "
                              "or use a GGUF file or an unquantized safetensors checkpoint")
 
