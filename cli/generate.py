@@ -4,10 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
+from specfill.api import (backend_module, format_stats, load, load_speculator, prefill_method, resolve_backend,
+                          stream_generate)
 from specfill.core import ConfigError
 
-from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
+from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config
 from .progress import PrefillProgressBar
 
 HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
@@ -15,7 +16,7 @@ DEFAULT_PROMPT = "What is the capital of France?"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
+    p.add_argument("--backend", default=None, help=BACKEND_HELP)
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
@@ -55,6 +56,7 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     h2o, spec = h2o_config(args), specprefill_config(args)
+    args.backend = resolve_backend(args.backend)
     backend = backend_module(args.backend)  # unknown or not installed: one clear error
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)

@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import argparse
 
+from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.core.random_model import RANDOM_SHAPES
 
 
 MODEL_HELP = ("GGUF file or model directory (default: the demo model); random:SHAPE for random weights of a "
               "known shape (" + ", ".join(RANDOM_SHAPES) + ")")
+
+BACKEND_HELP = f"mlx or cuda (default: {DEFAULT_BACKEND_RULE})"
 
 
 def str_list(text: str) -> list[str]:

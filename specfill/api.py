@@ -14,6 +14,7 @@ from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, Progress
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
             "mlx": "specfill.backends.mlx"}
+DEFAULT_BACKEND_RULE = "mlx where MLX with Metal is importable (Apple silicon), else cuda (the torch backend)"
 
 
 @dataclass(frozen=True)
@@ -32,8 +33,30 @@ class GenerationResponse:
     finish_reason: str | None  # "stop", "length", or None while streaming
 
 
-def backend_module(backend: str) -> Any:
-    """The backend package, or a one-line error when it is unknown or not installed."""
+def mlx_metal_available() -> bool:
+    """True where MLX imports and has its Metal back-end (Apple silicon); False on MLX's Linux
+    CPU build and where MLX is not installed. Imports mlx.core only, never a backend package."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return False
+    return bool(mx.metal.is_available())
+
+
+def default_backend() -> str:
+    """The backend used when none is named: see DEFAULT_BACKEND_RULE."""
+    return "mlx" if mlx_metal_available() else "cuda"
+
+
+def resolve_backend(backend: str | None) -> str:
+    """`backend` as given, or the platform default for None."""
+    return default_backend() if backend is None else backend
+
+
+def backend_module(backend: str | None) -> Any:
+    """The backend package (None: the platform default), or a one-line error when it is unknown
+    or not installed."""
+    backend = resolve_backend(backend)
     if backend not in BACKENDS:
         raise BackendUnavailableError(f"unknown backend {backend!r} (choose from mlx, cuda)")
     try:
@@ -44,9 +67,11 @@ def backend_module(backend: str) -> Any:
                                       f"(pip install 'specfill[{extra}]')") from None
 
 
-def load(path: str | None = None, backend: str = "cuda", dtype: str | None = None,
+def load(path: str | None = None, backend: str | None = None, dtype: str | None = None,
          device: str | None = None) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory.
+
+    backend: "mlx" or "cuda"; None picks mlx where MLX with Metal is importable, else cuda.
 
     No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
