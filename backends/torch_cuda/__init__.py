@@ -14,6 +14,8 @@ from specfill.core.weights import load_weights
 
 from .causal_lm import TorchCausalLM
 from .generate import DEFAULT_PREFILL_STEP_SIZE
+from .lean_load import is_gguf_file, load_gguf_state
+from .weights import transformer_from_state
 
 __all__ = ["TorchCausalLM", "cuda_available", "load", "resolve_device", "resolve_dtype"]
 
@@ -60,11 +62,21 @@ def load(path: str | Path, dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None,
          prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[TorchCausalLM, Tokenizer]:
     """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
-    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
+    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError.
+
+    A GGUF file is read tensor by tensor straight into `dtype` on `device` (lean_load.py: host
+    memory peaks near the loaded weights' size); directories and random:SHAPE go through the
+    shared NumPy loader."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
-    args, weights = load_weights(path)
-    model = TorchCausalLM.from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
-                                       prefill_step_size=prefill_step_size)
-    del weights
+    if is_gguf_file(path):
+        args, state = load_gguf_state(path, resolved_dtype, resolved_device)
+        model = TorchCausalLM(transformer_from_state(args, state, resolved_device),
+                              prefill_step_size=prefill_step_size)
+        del state
+    else:
+        args, weights = load_weights(path)
+        model = TorchCausalLM.from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
+                                           prefill_step_size=prefill_step_size)
+        del weights
     return model, load_tokenizer(path)
