@@ -18,6 +18,11 @@ DEFAULT_PROMPT = "What is the capital of France?"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help=BACKEND_HELP)
     p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.add_argument("--model-file", default=None,
+                   help="the GGUF file of a repo-id --model (as llama.cpp's --hf-file); same as owner/repo:FILE")
+    p.add_argument("--download", action="store_true",
+                   help="fetch a repo-id --model from the Hugging Face Hub when it is not cached "
+                        "(never when HF_HUB_OFFLINE=1)")
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
     src = p.add_mutually_exclusive_group()
@@ -61,7 +66,10 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
-    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
+    if args.model is None and args.model_file is not None:
+        raise ConfigError("--model-file needs --model owner/repo")
+    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
+                            model_file=args.model_file, download=args.download)
     speculator = None
     if args.method == "specprefill":
         if args.speculator is None:

@@ -10,6 +10,7 @@ from typing import Any, Iterator, Sequence
 from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
 from specfill.core.demo_model import require_demo_model
+from specfill.core.hub import resolve_model
 from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
@@ -68,16 +69,21 @@ def backend_module(backend: str | None) -> Any:
 
 
 def load(path: str | None = None, backend: str | None = None, dtype: str | None = None,
-         device: str | None = None) -> tuple[CausalLM, Any]:
-    """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory.
+         device: str | None = None, *, model_file: str | None = None,
+         download: bool = False) -> tuple[CausalLM, Any]:
+    """(model, tokenizer) from a GGUF file, a Hugging Face / mlx-lm directory or a repo id.
 
     backend: "mlx" or "cuda"; None picks mlx where MLX with Metal is importable, else cuda.
-
+    A path that does not exist locally and reads "owner/repo", "owner/repo:FILE.gguf" or
+    "owner/repo:QUANT" resolves through huggingface_hub's cache (model_file names the GGUF file
+    apart); download=True fetches it when not cached and HF_HUB_OFFLINE allows (core/hub.py).
     No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
     module = backend_module(backend)
-    return module.load(str(path) if path is not None else str(require_demo_model()), dtype=dtype, device=device)
+    if path is None:
+        return module.load(str(require_demo_model()), dtype=dtype, device=device)
+    return module.load(resolve_model(str(path), model_file, download), dtype=dtype, device=device)
 
 
 def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str | None = None,
