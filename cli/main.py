@@ -9,9 +9,10 @@ from typing import Sequence
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, SpecfillError, SpecfillWarning
 
-from . import bench, conformance, eval, generate, parity
+from . import bench, conformance, doctor, eval, generate, parity
 
-SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance}
+SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance,
+               "doctor": doctor}
 
 
 THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: torch's own choice)"

@@ -66,7 +66,7 @@ def read_tensor_into(fd: int, info: GGUFTensorInfo, name: str, out: torch.Tensor
         block = _decode(raw, info.ggml_type, name)
         if not np.isfinite(block).all():
             raise ModelLoadError(f"tensor {name} in {source} holds NaN or Inf values")
-        flat[start:stop].copy_(torch.from_numpy(np.ascontiguousarray(block)).to(out.dtype))
+        flat[start:stop].copy_(torch.from_numpy(block))  # casts while copying: no temporary
 
 
 def _targets(args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dtype,
