@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from specfill.api import DEFAULT_BACKEND_RULE, default_backend
 from specfill.core import ConfigError
 from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
 from specfill.evaluation.drafting import DraftingPlan, run_drafting_bench, write_drafting
@@ -14,7 +15,8 @@ HELP = "time-to-first-token and decode speed vs prompt length (JSON + Markdown +
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backends", type=str_list, default=["cuda"], help="comma list: mlx,cuda")
+    p.add_argument("--backends", type=str_list, default=None,
+                   help=f"comma list: mlx,cuda (default: one, {DEFAULT_BACKEND_RULE})")
     p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
     p.add_argument("--lengths", type=int_list, default=[2000, 4000, 8000], help="comma list of prompt lengths")
     p.add_argument("--model", default=None, help=MODEL_HELP)
@@ -39,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"unknown method {name!r} (full, h2o, specprefill)")
     if args.decode_tokens < 1 or args.repeats < 1 or any(n < 1 for n in args.lengths):
         raise ConfigError("--decode-tokens, --repeats and --lengths must be positive")
-    plan = BenchPlan(backends=tuple(args.backends), methods=tuple(args.methods), lengths=tuple(args.lengths),
+    backends = tuple(args.backends or [default_backend()])
+    plan = BenchPlan(backends=backends, methods=tuple(args.methods), lengths=tuple(args.lengths),
                      model=args.model, speculator=args.speculator, h2o=h2o_config(args),
                      specprefill=specprefill_config(args), decode_tokens=args.decode_tokens,
                      repeats=args.repeats, dtype=args.dtype, device=args.device)

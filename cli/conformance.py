@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from specfill.conformance import REGISTRY, TOLERANCES, run_conformance, write_reports
+from specfill.conformance.self_check import KERNEL_MODES, KERNELS_ENV, kernels_env, kernels_setting
 from specfill.core import ConfigError
 
 HELP = "check a backend's stages against the reference; writes JSON + Markdown reports"
@@ -14,9 +15,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", action="append", default=None,
                         help=f"compute dtype to check (repeatable; {', '.join(TOLERANCES)}); "
                              "default: the backend's usual dtypes")
-    parser.add_argument("--kernels", choices=("auto", "on", "off"), default="auto",
+    parser.add_argument("--kernels", choices=tuple(KERNEL_MODES), default=None,
                         help="on: force the backend's custom kernels (Triton, Metal; TRITON_INTERPRET=1 "
-                             "runs Triton on CPU), off: its ops twins, auto: its dispatcher decides")
+                             "runs Triton on CPU), off: its ops twins, auto: its dispatcher decides "
+                             f"(each kernel after a first-use self-check); default: ${KERNELS_ENV}, else auto")
     parser.add_argument("--out", default="results/conformance", help="report folder (default: %(default)s)")
 
 
@@ -25,8 +27,8 @@ def run(args: argparse.Namespace) -> int:
     for dtype in dtypes or []:
         if dtype not in TOLERANCES:
             raise ConfigError(f"unknown dtype {dtype!r} (known: {', '.join(TOLERANCES)})")
-    use_kernels = {"auto": None, "on": True, "off": False}[args.kernels]
-    report = run_conformance(args.backend, dtypes, use_kernels=use_kernels)
+    with kernels_env(args.kernels):  # the option and the variable are one setting; the option wins
+        report = run_conformance(args.backend, dtypes, use_kernels=kernels_setting(None))
     json_path, md_path = write_reports(report, args.out)
     verdict = "PASS" if report.passed else "FAIL"
     print(f"conformance {args.backend} [{', '.join(report.dtypes)}; kernels {report.kernels}]: {verdict} — "

@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import argparse
 
+from specfill.api import resolve_backend
 from specfill.core import ConfigError
 from specfill.evaluation.quality import EvalPlan, run_eval, write_eval
 
-from .options import MODEL_HELP, add_method_options, float_list, h2o_config, int_list, specprefill_config, str_list
+from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, float_list, h2o_config, int_list,
+                      specprefill_config, str_list)
 from .progress import WorkProgressBar
 
 HELP = "perplexity and passkey retrieval per method (JSON + Markdown + PNG map of kept positions)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
+    p.add_argument("--backend", default=None, help=BACKEND_HELP)
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--tasks", type=str_list, default=["perplexity", "passkey"])
     p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
@@ -37,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--trials must be >= 1")
     for keep in args.keeps:
         specprefill_config(args, keep_ratio=keep)  # validates every keep up front
-    plan = EvalPlan(backend=args.backend, model=args.model, tasks=tuple(args.tasks), methods=tuple(args.methods),
+    backend = resolve_backend(args.backend)
+    plan = EvalPlan(backend=backend, model=args.model, tasks=tuple(args.tasks), methods=tuple(args.methods),
                     perplexity_lengths=tuple(args.perplexity_lengths), passkey_lengths=tuple(args.passkey_lengths),
                     trials=args.trials, keeps=tuple(args.keeps), speculator=args.speculator, h2o=h2o_config(args),
                     specprefill=specprefill_config(args), dtype=args.dtype, device=args.device)

@@ -6,11 +6,12 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
+from specfill.api import (backend_module, format_stats, load, load_speculator, prefill_method, resolve_backend,
+                          stream_generate)
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.runtime import Drafting
 
-from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
+from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
 
 HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
@@ -18,8 +19,13 @@ DEFAULT_PROMPT = "What is the capital of France?"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
+    p.add_argument("--backend", default=None, help=BACKEND_HELP)
     p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.add_argument("--model-file", default=None,
+                   help="the GGUF file of a repo-id --model (as llama.cpp's --hf-file); same as owner/repo:FILE")
+    p.add_argument("--download", action="store_true",
+                   help="fetch a repo-id --model from the Hugging Face Hub when it is not cached "
+                        "(never when HF_HUB_OFFLINE=1)")
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
     p.add_argument("--draft-model", default=None,
@@ -90,6 +96,7 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     h2o, spec = _for_method(h2o_config, args, "h2o"), _for_method(specprefill_config, args, "specprefill")
+    args.backend = resolve_backend(args.backend)
     if args.num_draft_tokens is not None or args.draft_model is not None:
         Drafting(None, 3 if args.num_draft_tokens is None else args.num_draft_tokens)  # checks k before loading
     warn_unused_options(args, _defaults())
@@ -98,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
-    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
+    if args.model is None and args.model_file is not None:
+        raise ConfigError("--model-file needs --model owner/repo")
+    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
+                            model_file=args.model_file, download=args.download)
     speculator = None
     if args.method == "specprefill":
         if args.speculator is None:

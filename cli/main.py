@@ -6,11 +6,13 @@ import sys
 import warnings
 from typing import Sequence
 
+from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, SpecfillError, SpecfillWarning
 
-from . import bench, conformance, eval, generate, parity
+from . import bench, conformance, doctor, eval, generate, parity
 
-SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance}
+SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance,
+               "doctor": doctor}
 
 
 MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this
@@ -26,7 +28,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="specfill", description="Faster time-to-first-token for long prompts: H2O and speculative prefill.")
+        prog="specfill", description="Faster time-to-first-token for long prompts: H2O and speculative prefill.",
+        epilog=f"Default backend: {DEFAULT_BACKEND_RULE}; --backend overrides.")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks and details")
     parser.add_argument("--threads", "-t", type=int, default=None, help=THREADS_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",

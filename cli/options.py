@@ -4,12 +4,16 @@ from __future__ import annotations
 import argparse
 import warnings
 
+from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.io.random_model import RANDOM_SHAPES
 
 
-MODEL_HELP = ("GGUF file or model directory (default: the demo model); random:SHAPE for random weights of a "
-              "known shape (" + ", ".join(RANDOM_SHAPES) + ")")
+MODEL_HELP = ("GGUF file or model directory (default: the demo model); a Hugging Face repo id owner/repo, "
+              "owner/repo:FILE.gguf or owner/repo:QUANT (e.g. :Q4_K_M), looked up in the local Hugging Face "
+              "cache; random:SHAPE for random weights of a known shape (" + ", ".join(RANDOM_SHAPES) + ")")
+
+BACKEND_HELP = f"mlx or cuda (default: {DEFAULT_BACKEND_RULE})"
 
 
 def str_list(text: str) -> list[str]:

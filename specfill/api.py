@@ -12,13 +12,15 @@ import numpy as np
 from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
-from specfill.core.io.demo_model import require_demo_model
 from specfill.core.guards import check_logits_finite
+from specfill.core.io.hub import resolve_model
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 from specfill.settings import check_sampling, fit_to_prompt, warn_unused
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
             "mlx": "specfill.backends.mlx"}
+DEFAULT_BACKEND_RULE = "mlx where MLX with Metal is importable (Apple silicon), else cuda (the torch backend)"
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,30 @@ class GenerationResponse:
     accepted_tokens: int = 0  # accepted proposals so far
 
 
-def backend_module(backend: str) -> Any:
-    """The backend package, or a one-line error when it is unknown or not installed."""
+def mlx_metal_available() -> bool:
+    """True where MLX imports and has its Metal back-end (Apple silicon); False on MLX's Linux
+    CPU build and where MLX is not installed. Imports mlx.core only, never a backend package."""
+    try:
+        import mlx.core as mx
+    except ImportError:
+        return False
+    return bool(mx.metal.is_available())
+
+
+def default_backend() -> str:
+    """The backend used when none is named: see DEFAULT_BACKEND_RULE."""
+    return "mlx" if mlx_metal_available() else "cuda"
+
+
+def resolve_backend(backend: str | None) -> str:
+    """`backend` as given, or the platform default for None."""
+    return default_backend() if backend is None else backend
+
+
+def backend_module(backend: str | None) -> Any:
+    """The backend package (None: the platform default), or a one-line error when it is unknown
+    or not installed."""
+    backend = resolve_backend(backend)
     if backend not in BACKENDS:
         raise BackendUnavailableError(f"unknown backend {backend!r} (choose from mlx, cuda)")
     try:
@@ -52,16 +76,21 @@ def backend_module(backend: str) -> Any:
                                       f"(pip install 'specfill[{extra}]')") from None
 
 
-def load(path: str | None = None, backend: str = "cuda", dtype: str | None = None,
-         device: str | None = None) -> tuple[CausalLM, Any]:
-    """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory.
+def load(path: str | None = None, backend: str | None = None, dtype: str | None = None,
+         device: str | None = None, *, model_file: str | None = None,
+         download: bool = False) -> tuple[CausalLM, Any]:
+    """(model, tokenizer) from a GGUF file, a Hugging Face / mlx-lm directory or a repo id.
 
+    backend: "mlx" or "cuda"; None picks mlx where MLX with Metal is importable, else cuda.
+    A path that does not exist locally and reads "owner/repo", "owner/repo:FILE.gguf" or
+    "owner/repo:QUANT" resolves through huggingface_hub's cache (model_file names the GGUF file
+    apart); download=True fetches it when not cached and HF_HUB_OFFLINE allows (core/hub.py).
     No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
     module = backend_module(backend)
-    model, tokenizer = module.load(str(path) if path is not None else str(require_demo_model()), dtype=dtype,
-                                   device=device)
+    resolved = str(require_demo_model()) if path is None else resolve_model(str(path), model_file, download)
+    model, tokenizer = module.load(resolved, dtype=dtype, device=device)
     check_computes_finite(model, dtype)
     return model, tokenizer
 

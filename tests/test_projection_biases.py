@@ -42,7 +42,7 @@ def test_attention_bias_checkpoint_matches_transformers_on_both_backends(tmp_pat
     mx = pytest.importorskip("mlx.core")
     from specfill.backends.mlx.loader import build_model
     from specfill.backends.mlx.weights import load_checkpoint, to_dtype
-    from specfill.backends.torch_cuda import TorchCausalLM
+    from specfill.backends.torch_cuda import from_weights
     from specfill.core.io.weights import load_weights
     from tests.fixtures import write_gguf_file
     from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
@@ -61,7 +61,7 @@ def test_attention_bias_checkpoint_matches_transformers_on_both_backends(tmp_pat
     for source in (directory, gguf_path):
         args, weights = load_weights(source)
         assert args.biased_projections == QKVO, source
-        ours = TorchCausalLM.from_weights(args, weights, dtype=torch.float32, device="cpu")(ids)[0].numpy()
+        ours = from_weights(args, weights, dtype=torch.float32, device="cpu")(ids)[0].numpy()
         assert np.abs(ours - want).max() <= 1e-4, f"torch from {source.name}"
         model = build_model(to_dtype(load_checkpoint(source), mx.float32, dequantize=True))
         assert "bias" in model.layers[0].self_attn.o_proj

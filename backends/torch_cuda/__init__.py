@@ -18,8 +18,9 @@ from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 from specfill.core.io.weights import load_weights
 from specfill.core.models import ModelArgs
 
+from .lean_load import is_gguf_file, load_gguf_state
 from .ops import TorchOps
-from .weights import build_transformer
+from .weights import build_transformer, transformer_from_state
 
 __all__ = ["CausalLM", "TorchOps", "cuda_available", "from_weights", "load", "resolve_device", "resolve_dtype"]
 
@@ -67,20 +68,31 @@ def from_weights(args: ModelArgs, weights: Mapping[str, np.ndarray], *, dtype: t
                  use_kernels: bool | None = None) -> CausalLM:
     """A CausalLM on this backend from Hugging Face-named weights. use_kernels picks the H2O /
     scoring stages: None = Triton on CUDA and the torch twins elsewhere; True / False force one."""
-    model = build_transformer(args, weights, dtype, device)
-    return CausalLM(model, TorchOps(model.embed.weight.device, dtype, use_kernels),
-                    prefill_step_size=prefill_step_size)
+    return _causal_lm(build_transformer(args, weights, dtype, device), dtype, prefill_step_size, use_kernels)
+
+
+def _causal_lm(model, dtype: torch.dtype, prefill_step_size: int, use_kernels: bool | None = None) -> CausalLM:
+    return CausalLM(model, TorchOps(model.embed.weight.device, dtype, use_kernels), prefill_step_size=prefill_step_size)
 
 
 def load(path: str | Path, dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None,
          prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Tokenizer]:
     """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
-    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
+    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError.
+
+    A GGUF file is read tensor by tensor straight into `dtype` on `device` (lean_load.py: host
+    memory peaks near the loaded weights' size); directories and random:SHAPE go through the
+    shared NumPy loader."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
-    args, weights = load_weights(path)
-    model = from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
-                         prefill_step_size=prefill_step_size)
-    del weights
+    if is_gguf_file(path):
+        args, state = load_gguf_state(path, resolved_dtype, resolved_device)
+        model = _causal_lm(transformer_from_state(args, state, resolved_device), resolved_dtype, prefill_step_size)
+        del state
+    else:
+        args, weights = load_weights(path)
+        model = from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
+                             prefill_step_size=prefill_step_size)
+        del weights
     return model, load_tokenizer(path)

@@ -2,7 +2,8 @@
 
 The shared loader (specfill.core.io.weights) gives every checkpoint format the same names and the
 rotate-half Q/K layout, and its `check_tensors` is the one list of what a model holds; this
-file only fuses q/k/v.
+file only fuses q/k/v. GGUF files take the lean path instead (lean_load.py: tensor by tensor into
+the target dtype and device), which ends in the same `transformer_from_state`.
 """
 from __future__ import annotations
 
@@ -58,9 +59,16 @@ def build_transformer(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype:
     no gradients. Missing, unexpected or misshapen tensors raise ModelLoadError."""
     device = torch.device(device)
     check_tensors(args, {name: w.shape for name, w in weights.items()}, "the weights")
+    return transformer_from_state(args, _state_dict(args, weights, dtype, device), device)
+
+
+def transformer_from_state(args: ModelArgs, state: Mapping[str, torch.Tensor],
+                           device: torch.device | str) -> Transformer:
+    """The model holding `state` (the Transformer's names, e.g. from lean_load) without a copy,
+    eval mode, no gradients."""
+    device = torch.device(device)
     with torch.device("meta"):
         model = Transformer(args)
-    state = _state_dict(args, weights, dtype, device)
     model.load_state_dict(state, strict=True, assign=True)
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight

@@ -22,6 +22,10 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
     "tiny-llama": dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                        rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=True),
+    # long context on a small budget: `specfill doctor`'s micro-bench (4K and 16K tokens in seconds)
+    "tiny-llama-32k": dict(model_type="llama", vocab_size=512, hidden_size=128, intermediate_size=256,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                           rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True),
     "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
                          num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True),

@@ -17,9 +17,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import ModelLoadError
-from .gguf_file import GGUF_MAGIC, GGUFFile, existing_path, read_gguf, regular_file, tensor_array
 from ..models import ModelArgs, expected_tensor_shapes
 from ..rope import llama3_scaling_from_factors
+from .gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensorInfo, existing_path, read_gguf, regular_file, tensor_array
 from .random_model import is_random_model, load_random_model
 from .safetensors_file import read_safetensors
 
@@ -134,7 +134,8 @@ def _check_finite(weights: Mapping[str, np.ndarray], source: Path) -> None:
             raise ModelLoadError(f"tensor {name} in {source} holds NaN or Inf values")
 
 
-def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
+def gguf_model(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, GGUFTensorInfo]]:
+    """The args and the checked tensor table under HF names; reads no tensor data but rope_freqs."""
     tensors = gguf_file.tensors
     args = ModelArgs.from_gguf_metadata(gguf_file.metadata, "output.weight" in tensors)
     rope_dims = gguf_file.metadata.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
@@ -151,16 +152,20 @@ def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
         args, attention_bias="model.layers.0.self_attn.q_proj.bias" in infos,
         vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
     check_tensors(args, {name: info.shape for name, info in infos.items()}, gguf_file.path)
+    return args, infos
+
+
+def gguf_qk_heads(args: ModelArgs, name: str) -> int | None:
+    """Heads to un-permute tensor `name` (HF name) of a GGUF by, or None: only llama's convert permutes."""
+    parts = {".self_attn.q_proj.": args.num_attention_heads, ".self_attn.k_proj.": args.num_key_value_heads}
+    return next((n for part, n in parts.items() if part in name and args.architecture == "llama"), None)
+
+
+def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
+    args, infos = gguf_model(gguf_file)
     weights = {name: tensor_array(gguf_file, info) for name, info in infos.items()}
-    if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
-        for i in range(args.num_hidden_layers):
-            for proj, heads in (("q_proj", args.num_attention_heads),
-                                ("k_proj", args.num_key_value_heads)):
-                for kind in ("weight", "bias"):
-                    name = f"model.layers.{i}.self_attn.{proj}.{kind}"
-                    if name in weights:
-                        weights[name] = unpermute_qk(weights[name], heads)
-    return args, weights
+    return args, {name: w if (heads := gguf_qk_heads(args, name)) is None else unpermute_qk(w, heads)
+                  for name, w in weights.items()}
 
 
 def read_json_object(path: Path) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from .attention import merge_states
 
 
 class ReferenceModel:
-    """Weights with Hugging Face names (as core.weights.load_weights returns them)."""
+    """Weights with Hugging Face names (as core.io.weights.load_weights returns them)."""
 
     def __init__(self, args: ModelArgs, weights: dict[str, np.ndarray]) -> None:
         self.args = args

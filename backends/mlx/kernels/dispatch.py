@@ -1,8 +1,16 @@
-"""Kernel-or-twin choice shared by the three dispatchers."""
+"""Kernel-or-twin choice shared by the three dispatchers.
+
+The kernel setting: use_kernels True / False forces the Metal kernel / the MLX-ops twin; None
+reads SPECFILL_KERNELS (auto | on | off, unset = auto). In auto, a kernel runs only after passing
+its first-use self-check (conformance/self_check.py) for its dtype and shape class.
+"""
 from __future__ import annotations
+
+from typing import Callable
 
 import mlx.core as mx
 
+from specfill.conformance.self_check import kernels_setting
 from specfill.core.errors import BackendUnavailableError
 
 
@@ -11,11 +19,14 @@ def metal_available() -> bool:
     return bool(mx.metal.is_available())
 
 
-def should_use_kernel(use_kernels: bool | None, stage: str) -> bool:
-    """None: the Metal kernel where Metal exists, else the MLX-ops twin; True forces the kernel
-    (a clear error without Metal); False forces the twin."""
+def should_use_kernel(use_kernels: bool | None, stage: str,
+                      self_check: Callable[[], bool] | None = None) -> bool:
+    """None reads SPECFILL_KERNELS; auto: the Metal kernel where Metal exists and `self_check()`
+    (the first-use self-check, run once per process and key) passes, else the MLX-ops twin;
+    True forces the kernel (a clear error without Metal); False forces the twin."""
+    use_kernels = kernels_setting(use_kernels)
     if use_kernels is None:
-        return metal_available()
+        return metal_available() and (self_check is None or self_check())
     if use_kernels and not metal_available():
         raise BackendUnavailableError(
             f"the Metal kernel for {stage} needs Apple silicon with MLX's Metal back-end; "

@@ -7,6 +7,7 @@ from functools import cache
 import mlx.core as mx
 
 from .dispatch import common_dtype, should_use_kernel
+from .self_check import CASE_SLOTS, attention_case, kernel_passes, result_comparisons
 from .state import AttentionState, InterResult, empty_state
 
 THREADS_PER_GROUP = 64
@@ -165,7 +166,8 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> InterResult. M = 0 gives the empty state
     (m = -inf, l = 0, o = 0) and no column sums, without NaN."""
     _check(q, k_mem, v_mem)
-    use = should_use_kernel(use_kernel, "phase-2 inter attention")
+    use = should_use_kernel(use_kernel, "phase-2 inter attention",
+                            self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
     n_heads, n_tokens, head_dim = q.shape
     if k_mem.shape[1] == 0 or n_tokens == 0:
         return InterResult(empty_state(n_heads, n_tokens, head_dim, q.dtype),
@@ -173,3 +175,13 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
     if use:
         return inter_attention_kernel(q, k_mem, v_mem, scale)
     return inter_attention_ops(q, k_mem, v_mem, scale)
+
+
+def _self_check(like: mx.array, group: int) -> bool:
+    """The phase-2 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    def run():
+        q, k_mem, v_mem = attention_case(like, group, CASE_SLOTS)
+        scale = q.shape[-1] ** -0.5
+        got = inter_attention_kernel(q, k_mem, v_mem, scale)
+        return result_comparisons(got, inter_attention_ops(q, k_mem, v_mem, scale))
+    return kernel_passes("phase-2 inter attention", like, group, run)

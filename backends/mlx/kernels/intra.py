@@ -14,6 +14,7 @@ import mlx.core as mx
 from specfill.core.errors import ConfigError
 
 from .dispatch import common_dtype, should_use_kernel
+from .self_check import CASE_CHUNK, CASE_TOKENS, attention_case, kernel_passes, result_comparisons
 from .state import AttentionState, IntraResult
 
 THREADS_PER_GROUP = 64  # small on purpose: well under any pipeline limit, even with D=256
@@ -197,13 +198,24 @@ def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scal
     """q [Hq, T, D], k/v [Hkv, T, D] -> IntraResult; the Metal kernel where Metal exists
     (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False)."""
     _check(q, k, v, chunk_size)
-    use = should_use_kernel(use_kernel, "phase-1 intra attention")
+    use = should_use_kernel(use_kernel, "phase-1 intra attention",
+                            self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
     if q.shape[1] == 0:
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
         return IntraResult(AttentionState(zeros, zeros, mx.zeros(q.shape, dtype=q.dtype)), zeros)
     if use:
         return intra_attention_kernel(q, k, v, chunk_size, scale)
     return intra_attention_ops(q, k, v, chunk_size, scale)
+
+
+def _self_check(like: mx.array, group: int) -> bool:
+    """The phase-1 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    def run():
+        q, k, v = attention_case(like, group, CASE_TOKENS)
+        scale = q.shape[-1] ** -0.5
+        got = intra_attention_kernel(q, k, v, CASE_CHUNK, scale)
+        return result_comparisons(got, intra_attention_ops(q, k, v, CASE_CHUNK, scale))
+    return kernel_passes("phase-1 intra attention", like, group, run)
 
 
 def reduce_colsum_to_kv_heads(colsum: mx.array, n_kv_heads: int) -> mx.array:

@@ -3,15 +3,25 @@
 Triton is imported only when a kernel is actually launched, so the torch twins work without it
 (macOS, CPU-only installs), and TRITON_INTERPRET=1 takes effect as long as it is set before the
 first kernel launch (Triton reads it when it decorates the kernels).
+
+The kernel setting: use_kernel True / False forces the kernel / the twin; None reads
+SPECFILL_KERNELS (auto | on | off, unset = auto). In auto, a kernel runs only after passing its
+first-use self-check (conformance/self_check.py) for its dtype and shape class.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
+from typing import Callable
 
 import torch
 
+from specfill.conformance.self_check import kernels_setting
 from specfill.core.errors import BackendUnavailableError
+
+# the Triton kernel behind each name, in the module that builds it (imported on first use)
+TRITON_KERNELS = {"flash_attention": "flash_triton", "scoring_softmax": "scoring_triton"}
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -36,18 +46,36 @@ def kernel_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
     return None
 
 
-def use_triton(use_kernel: bool | None, *tensors: torch.Tensor) -> bool:
+def triton_kernel(name: str) -> Callable:
+    """The Triton kernel `name` (flash_attention, scoring_softmax), importing Triton on first use.
+
+    The one place a kernel is fetched, so that a test can inject a failing or wrong one."""
+    module = importlib.import_module(f"{__package__}.{TRITON_KERNELS[name]}")
+    return getattr(module, name)
+
+
+def kernel_device_auto(device: torch.device) -> bool:
+    """Whether auto mode picks the kernel for tensors on `device`: CUDA only (the interpreter is
+    for forced runs)."""
+    return device.type == "cuda"
+
+
+def use_triton(use_kernel: bool | None, *tensors: torch.Tensor,
+               self_check: Callable[[], bool] | None = None) -> bool:
     """True to launch the Triton kernel, False for the torch twin.
 
-    use_kernel None picks the kernel for CUDA tensors when it can run, True forces it (a clear
-    error when it cannot), False forces the twin.
+    use_kernel None reads SPECFILL_KERNELS; auto picks the kernel for CUDA tensors when it can
+    run and `self_check()` (the first-use self-check, run once per process and key) passes; True
+    forces it (a clear error when it cannot), False forces the twin.
     """
+    use_kernel = kernels_setting(use_kernel)
     if use_kernel is False:
         return False
     first = tensors[0]
     reason = kernel_unavailable_reason(first.device, first.dtype)
     if use_kernel is None:
-        return reason is None and first.device.type == "cuda"
+        return (reason is None and kernel_device_auto(first.device)
+                and (self_check is None or self_check()))
     if reason is not None:
         raise BackendUnavailableError(reason)
     return True

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 
+from . import dispatch
 from .cpu_units import run_units
 from .dispatch import use_triton
 from .intra import check_attention_shapes
+from .self_check import CASE_SLOTS, attention_case, kernel_passes, result_comparisons
 from .state import LOG2E, AttentionResult, AttentionState, empty_state, softmax_state_, stats_dtype
 
 # query rows per block of the twin (times G stacked heads) against all M memory slots:
@@ -62,14 +64,23 @@ def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, s
     use_kernel: None = Triton on CUDA, else the twin; True / False force one.
     """
     check_attention_shapes(q, k_mem, v_mem)
-    kernel = use_triton(use_kernel, q, k_mem, v_mem)
+    kernel = use_triton(use_kernel, q, k_mem, v_mem,
+                        self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
     if k_mem.shape[1] == 0:
         stats = stats_dtype(q, k_mem, v_mem)
         state = empty_state(q.shape[0], q.shape[1], q.shape[2], q.dtype, q.device, stats)
         colsum = torch.zeros((q.shape[0], 0), dtype=stats, device=q.device) if with_colsum else None
         return AttentionResult(state, colsum)
     if kernel:
-        from .flash_triton import flash_attention
-
-        return flash_attention(q, k_mem, v_mem, scale, None, with_colsum)
+        return dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
     return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum)
+
+
+def _self_check(like: torch.Tensor, group: int) -> bool:
+    """The phase-2 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    def run():
+        q, k_mem, v_mem = attention_case(like, group, CASE_SLOTS)
+        scale = q.shape[-1] ** -0.5
+        got = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, True)
+        return result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale, True))
+    return kernel_passes("phase-2 inter attention", like, group, run)

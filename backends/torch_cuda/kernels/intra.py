@@ -11,8 +11,10 @@ import math
 
 import torch
 
+from . import dispatch
 from .cpu_units import run_units
 from .dispatch import use_triton
+from .self_check import CASE_CHUNK, CASE_TOKENS, attention_case, kernel_passes, result_comparisons
 from .state import LOG2E, AttentionResult, AttentionState, empty_state, softmax_state_, stats_dtype
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
@@ -99,13 +101,21 @@ def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_siz
         raise ValueError(f"intra attention needs one key per query, got {q.shape[1]} queries, {k.shape[1]} keys")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    kernel = use_triton(use_kernel, q, k, v)
+    kernel = use_triton(use_kernel, q, k, v, self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
     if q.shape[1] == 0:
         stats = stats_dtype(q, k, v)
         state = empty_state(q.shape[0], 0, q.shape[2], q.dtype, q.device, stats)
         return AttentionResult(state, state.l.clone() if with_colsum else None)
     if kernel:
-        from .flash_triton import flash_attention
-
-        return flash_attention(q, k, v, scale, chunk_size, with_colsum)
+        return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
     return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum)
+
+
+def _self_check(like: torch.Tensor, group: int) -> bool:
+    """The phase-1 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    def run():
+        q, k, v = attention_case(like, group, CASE_TOKENS)
+        scale = q.shape[-1] ** -0.5
+        got = dispatch.triton_kernel("flash_attention")(q, k, v, scale, CASE_CHUNK, True)
+        return result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale, True))
+    return kernel_passes("phase-1 intra attention", like, group, run)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from . import dispatch
 from .dispatch import use_triton
+from .self_check import kernel_passes, scoring_case, tensor_comparisons
 from .state import stats_dtype
 
 
@@ -43,13 +45,22 @@ def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
     use_kernel: None = Triton on CUDA, else the twin; True / False force one.
     """
     check_scoring_shapes(queries, keys)
-    kernel = use_triton(use_kernel, queries, keys)
+    kernel = use_triton(use_kernel, queries, keys,
+                        self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]))
     n_layers, n_queries, n_heads, _ = queries.shape
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return torch.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys),
                            device=queries.device)
     if kernel:
-        from .scoring_triton import scoring_softmax
-
-        return scoring_softmax(queries, keys, scale)
+        return dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
     return attention_scores_twin(queries, keys, scale)
+
+
+def _self_check(like: torch.Tensor, group: int) -> bool:
+    """The scoring kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    def run():
+        queries, keys = scoring_case(like, group)
+        scale = queries.shape[-1] ** -0.5
+        got = dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
+        return tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
+    return kernel_passes("speculative-prefill scoring", like, group, run)

@@ -1,0 +1,154 @@
+"""`specfill doctor`: what this machine offers specfill, whether its kernels agree with their twins,
+and a short TTFT micro-bench, as one JSON + Markdown report a user attaches to an issue.
+
+Sections: environment (versions, device, memory, BLAS, Metal / CUDA / Triton availability);
+kernels (the conformance suite with the backend's custom kernels forced, or the reason it cannot
+run here) and the first-use self-checks the micro-bench triggered; micro-bench (full / H2O /
+SpecPrefill TTFT on a random-weight model at a few prompt lengths).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from specfill.core import H2OConfig, SpecPrefillConfig
+
+from .machine import describe_machine
+
+PACKAGES = ("specfill", "numpy", "torch", "triton", "mlx", "mlx-metal", "mlx-cpu", "mlx-lm", "gguf",
+            "tokenizers", "safetensors", "transformers", "huggingface-hub")
+
+
+@dataclass(frozen=True)
+class DoctorPlan:
+    """backend: "mlx" or "cuda". The micro-bench: `model` (random:SHAPE) at `lengths` tokens,
+    H2O at its defaults, SpecPrefill with the model's first layer as speculator (self:1)."""
+
+    backend: str
+    model: str = "random:tiny-llama-32k"
+    lengths: tuple[int, ...] = (4000, 16000)
+    methods: tuple[str, ...] = ("full", "h2o", "specprefill")
+    speculator: str = "self:1"
+    run_kernel_conformance: bool = True
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def torch_facts() -> dict[str, Any]:
+    """CUDA, Triton and BLAS as torch sees them (nothing when torch is not installed)."""
+    if not _installed("torch"):
+        return {"installed": False}
+    import torch
+
+    from specfill.backends.torch_cuda.kernels.dispatch import interpreting, kernel_unavailable_reason
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    facts: dict[str, Any] = {"installed": True, "cuda_available": cuda, "cuda_version": torch.version.cuda,
+                             "threads": torch.get_num_threads(), "triton_interpreter": interpreting()}
+    blas = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    facts["blas"] = blas.group(1) if blas else "unknown"
+    if cuda:
+        props = torch.cuda.get_device_properties(device)
+        facts.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 1e9, 1),
+                     compute_capability=f"{props.major}.{props.minor}")
+    facts["triton_kernels_unavailable"] = kernel_unavailable_reason(device, torch.float16)
+    return facts
+
+
+def mlx_facts() -> dict[str, Any]:
+    """Metal, the device and the BLAS MLX's CPU backend uses (nothing when MLX is not installed)."""
+    if not _installed("mlx"):
+        return {"installed": False}
+    import mlx.core as mx
+
+    metal = bool(mx.metal.is_available())
+    facts: dict[str, Any] = {"installed": True, "metal_available": metal,
+                             "device_info": {k: str(v) for k, v in mx.device_info().items()}}
+    preload = os.environ.get("LD_PRELOAD", "")
+    facts["cpu_blas"] = ("Accelerate" if metal else "OpenBLAS (LD_PRELOAD)" if "openblas" in preload.lower()
+                         else "MLX's bundled reference BLAS (slow; see README, OpenBLAS)")
+    return facts
+
+
+def environment() -> dict[str, Any]:
+    import numpy as np
+
+    numpy_blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    try:
+        available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 1e9
+    except (ValueError, OSError, AttributeError):
+        available = None
+    return {"machine": describe_machine(), "packages": {p: _version(p) for p in PACKAGES},
+            "memory_available_gb": None if available is None else round(available, 1),
+            "numpy_blas": f"{numpy_blas.get('name', 'unknown')} {numpy_blas.get('version', '')}".strip(),
+            "torch": torch_facts(), "mlx": mlx_facts()}
+
+
+def kernel_skip_reason(backend: str, env: dict[str, Any]) -> str | None:
+    """Why the backend's custom kernels cannot be forced here, or None when they can."""
+    if backend == "mlx":
+        if not env["mlx"]["installed"]:
+            return "MLX is not installed"
+        return None if env["mlx"]["metal_available"] else "no Metal device (this MLX is its CPU build)"
+    facts = env["torch"]
+    if not facts["installed"]:
+        return "torch is not installed"
+    reason = facts["triton_kernels_unavailable"]
+    if reason is not None and not facts["cuda_available"] and _installed("triton"):
+        return f"no CUDA GPU (torch {_version('torch')} sees none); TRITON_INTERPRET=1 runs the kernels on CPU"
+    return reason
+
+
+def kernel_conformance(backend: str, env: dict[str, Any]) -> dict[str, Any]:
+    """The conformance suite with kernels forced, or {"skipped": reason}."""
+    reason = kernel_skip_reason(backend, env)
+    if reason is not None:
+        return {"skipped": reason}
+    from specfill.conformance import run_conformance
+
+    report = run_conformance(backend, None, use_kernels=True)
+    return {"passed": report.passed, "checks": len(report.results), "failed": len(report.failures),
+            "seconds": round(report.seconds, 1), "dtypes": list(report.dtypes),
+            "failures": [f"{f.check} [{f.dtype}] {f.case}: {f.detail}" for f in report.failures[:20]]}
+
+
+def micro_bench(plan: DoctorPlan, log: Callable[[str], None]) -> dict[str, Any]:
+    from .bench import BenchPlan, run_bench
+
+    bench = BenchPlan(backends=(plan.backend,), methods=plan.methods, lengths=plan.lengths, model=plan.model,
+                      speculator=plan.speculator, h2o=H2OConfig(), specprefill=SpecPrefillConfig(),
+                      decode_tokens=2, repeats=1)
+    result = run_bench(bench, log=log)
+    return {"plan": result["plan"], "rows": result["rows"]}
+
+
+def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every section in order; the self-check verdicts are read after the bench triggered them."""
+    from specfill.conformance.self_check import KERNEL_SELF_CHECK, kernels_setting, kernels_word
+
+    start = time.perf_counter()
+    env = environment()
+    log("doctor: environment read")
+    kernels = (kernel_conformance(plan.backend, env) if plan.run_kernel_conformance
+               else {"skipped": "not asked (--no-kernel-check)"})
+    log(f"doctor: kernels {'skipped: ' + kernels['skipped'] if 'skipped' in kernels else 'checked'}")
+    bench = micro_bench(plan, log) if plan.lengths else {"skipped": "no lengths asked"}
+    checks = [vars(v) | {"passed": v.passed} for v in KERNEL_SELF_CHECK.verdicts()]
+    return {"backend": plan.backend, "kernels_setting": kernels_word(kernels_setting(None)),
+            "environment": env, "kernel_conformance": kernels, "self_checks": checks,
+            "micro_bench": bench, "seconds": round(time.perf_counter() - start, 1)}
