@@ -25,6 +25,8 @@ class EvalPlan:
     passkey_lengths: tuple[int, ...] = (2000, 4000, 8000)
     trials: int = 20
     keeps: tuple[float, ...] = (0.1, 0.3)
+    dense_tails: tuple[int, ...] = (H2OConfig.dense_tail,)  # one H2O variant per W
+    score_layers: tuple[str, ...] = (SpecPrefillConfig.layers,)  # one SpecPrefill variant per rule (x keeps)
     speculator: str = "self:8"
     h2o: H2OConfig = field(default_factory=H2OConfig)
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
@@ -33,15 +35,25 @@ class EvalPlan:
 
 
 def method_variants(plan: EvalPlan, speculator) -> dict[str, PrefillMethod]:
-    """Label -> method; speculative prefill once per keep ratio."""
+    """Label -> method: H2O once per dense tail W, speculative prefill once per (scoring-layer
+    rule, keep ratio). A setting is named in the label when it is swept or not the default."""
     out = {}
     for name in plan.methods:
         if name == "specprefill":
-            for keep in plan.keeps:
-                config = SpecPrefillConfig(**{**vars(plan.specprefill), "keep_ratio": keep, "keep_tokens": None})
-                out[f"specprefill keep={keep:g}"] = prefill_method(name, specprefill=config, speculator=speculator)
+            for rule in plan.score_layers:
+                named = len(plan.score_layers) > 1 or rule != SpecPrefillConfig.layers
+                for keep in plan.keeps:
+                    config = SpecPrefillConfig(**{**vars(plan.specprefill), "keep_ratio": keep, "keep_tokens": None,
+                                                  "layers": rule})
+                    label = f"specprefill keep={keep:g}" + (f" layers={rule}" if named else "")
+                    out[label] = prefill_method(name, specprefill=config, speculator=speculator)
+        elif name == "h2o":
+            for tail in plan.dense_tails:
+                named = len(plan.dense_tails) > 1 or tail != H2OConfig.dense_tail
+                config = H2OConfig(**{**vars(plan.h2o), "dense_tail": tail})
+                out["h2o" + (f" W={tail}" if named else "")] = prefill_method(name, h2o=config)
         else:
-            out[name] = prefill_method(name, h2o=plan.h2o)
+            out[name] = prefill_method(name)
     return out
 
 
@@ -55,10 +67,12 @@ def perplexity(model, ids: list[int], method: PrefillMethod) -> float:
 
 
 def passkey_trial(model, tokenizer, n_tokens: int, depth: float, key: int, method: PrefillMethod,
-                  info: PrefillInfo) -> tuple[bool, str]:
+                  info: PrefillInfo) -> tuple[bool, str, float]:
+    """(answer holds the key, generated text, TTFT in seconds)."""
     prompt = passkey_prompt(tokenizer, n_tokens, depth, key)
-    text = "".join(r.text for r in stream_generate(model, tokenizer, prompt, 8, method=method, prefill_info=info))
-    return str(key) in text.replace(" ", ""), text
+    responses = list(stream_generate(model, tokenizer, prompt, 8, method=method, prefill_info=info))
+    text = "".join(r.text for r in responses)
+    return str(key) in text.replace(" ", ""), text, responses[0].ttft
 
 
 def eval_steps(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> int:
@@ -104,20 +118,22 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
     if "passkey" in plan.tasks:
         for length in plan.passkey_lengths:
             for label, method in methods.items():
-                hits, maps, actual = 0, None, []
+                hits, maps, actual, ttfts = 0, None, [], []
                 trials = passkey_trials(plan.trials, seed=length)
                 mid_depth = min(range(len(trials)), key=lambda i: abs(trials[i][0] - 0.5))  # the mapped trial
                 for index, (depth, key) in enumerate(trials):
                     info = PrefillInfo(record_memory=method.name == "h2o")
-                    ok, _ = passkey_trial(model, tokenizer, length, depth, key, method, info)
+                    ok, _, ttft = passkey_trial(model, tokenizer, length, depth, key, method, info)
                     hits += ok
+                    ttfts.append(ttft)
                     done(f"passkey {label} {length}")
                     actual.append(info.prompt_tokens)
                     if index == mid_depth:
                         maps = position_map(info, info.prompt_tokens)
                 result["passkey"].append({"method": label, "tokens": length, "trials": plan.trials,
                                           "hits": hits, "mean_prompt_tokens": float(np.mean(actual)),
-                                          "accuracy": hits / plan.trials})
+                                          "accuracy": hits / plan.trials,
+                                          "median_ttft_s": float(np.median(ttfts))})
                 if maps is not None:
                     result["maps"][f"{label} @ {length}"] = maps
                 log(f"passkey {label:<22} {length:>6} tokens: {hits}/{plan.trials}")

@@ -85,6 +85,14 @@ def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
     return PrefillMethod(method)
 
 
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Prompt text -> ids as mlx-lm encodes it: the tokenizer's special tokens (BOS) are added
+    unless the text already starts with the BOS token (a chat template writing {{ bos_token }}),
+    so a templated prompt never gets [bos, bos, ...]."""
+    bos = None if tokenizer.bos_token_id is None else tokenizer.token_text(tokenizer.bos_token_id)
+    return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+
+
 def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_tokens: int = 256, *,
                     temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
@@ -103,7 +111,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     """
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise ConfigError("the prompt is empty")
     if speculator is not None:
