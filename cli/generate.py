@@ -6,6 +6,7 @@ import sys
 
 from specfill.api import backend_module, format_stats, load, load_speculator, prefill_method, stream_generate
 from specfill.core import ConfigError
+from specfill.core.runtime import PrefillInfo
 
 from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
 from .progress import PrefillProgressBar
@@ -17,7 +18,12 @@ DEFAULT_PROMPT = "What is the capital of France?"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
+    p.add_argument("--method", choices=("full", "h2o", "specprefill", "auto"), default="full",
+                   help="auto: full prefill below the crossover length measured for this backend and device "
+                        "(results/bench/crossover.json, else 2048 tokens), above it specprefill when "
+                        "--speculator is given, else h2o (default: %(default)s)")
+    p.add_argument("--auto-threshold", type=int, default=None,
+                   help="with --method auto: the prompt length from which the sparse method runs")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; '-' reads standard input")
@@ -54,6 +60,8 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.auto_threshold is not None and args.method != "auto":
+        raise ConfigError("--auto-threshold goes with --method auto")
     h2o, spec = h2o_config(args), specprefill_config(args)
     backend = backend_module(args.backend)  # unknown or not installed: one clear error
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
@@ -61,21 +69,24 @@ def run(args: argparse.Namespace) -> int:
         args.device = "cpu"
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
     speculator = None
-    if args.method == "specprefill":
+    if args.method == "specprefill" or (args.method == "auto" and args.speculator is not None):
         if args.speculator is None:
             raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
         speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
-    method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
+    method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator,
+                            auto_threshold=args.auto_threshold)
     prompt = build_prompt(tokenizer, read_prompt(args), args)
     bar = PrefillProgressBar()
-    last = None
+    last, info = None, PrefillInfo()
     print("=" * 10)
     for last in stream_generate(model, tokenizer, prompt, args.max_tokens, temperature=args.temp,
                                 top_p=args.top_p, seed=args.seed, method=method,
-                                prompt_progress_callback=bar.update):
+                                prompt_progress_callback=bar.update, prefill_info=info):
         bar.close()
         print(last.text, end="", flush=True)
     print()
     if last is not None:
         print(format_stats(last))
+    if args.method == "auto":
+        print(f"Method: auto -> {info.method}")
     return 0

@@ -74,8 +74,14 @@ def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str
 
 
 def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
-                   specprefill: SpecPrefillConfig | None = None, speculator: Any = None) -> PrefillMethod:
-    """The PrefillMethod for a method name, with default configs where none is given."""
+                   specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
+                   auto_threshold: int | None = None) -> PrefillMethod:
+    """The PrefillMethod for a method name, with default configs where none is given. "auto":
+    full prefill below the measured crossover length (or `auto_threshold`), above it speculative
+    prefill when a speculator is given, else H2O (see specfill.core.crossover)."""
+    if method == "auto":
+        return PrefillMethod("auto", h2o=h2o or H2OConfig(), specprefill=specprefill or SpecPrefillConfig(),
+                             speculator=speculator, auto_threshold=auto_threshold)
     if method == "h2o":
         return PrefillMethod("h2o", h2o=h2o or H2OConfig())
     if method == "specprefill":
@@ -97,7 +103,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
                     temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                    prompt_progress_callback: ProgressCallback | None = None,
+                    auto_threshold: int | None = None, prompt_progress_callback: ProgressCallback | None = None,
                     prefill_info: PrefillInfo | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm).
@@ -105,7 +111,8 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     method: "full", "h2o" (settings in `h2o`) or "specprefill" (settings in `specprefill`,
     speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; a path is loaded on
     every call with the backend's default dtype and device, so pass a loaded one (see
-    load_speculator) when generating repeatedly or to choose its dtype).
+    load_speculator) when generating repeatedly or to choose its dtype), or "auto" (full below
+    the crossover length measured for this backend and device, or `auto_threshold` tokens).
     prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
     sets when its record_memory is set; timings).
     """
@@ -117,7 +124,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     if speculator is not None:
         speculator = load_speculator(speculator, model, tokenizer)
     plan = method if isinstance(method, PrefillMethod) else prefill_method(
-        method, h2o=h2o, specprefill=specprefill, speculator=speculator)
+        method, h2o=h2o, specprefill=specprefill, speculator=speculator, auto_threshold=auto_threshold)
     info = prefill_info if prefill_info is not None else PrefillInfo()
     info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
