@@ -4,12 +4,14 @@ from __future__ import annotations
 import argparse
 
 from specfill.core import ConfigError
-from specfill.evaluation.quality import EvalPlan, run_eval, write_eval
+from specfill.evaluation.eval_report import write_eval
+from specfill.evaluation.quality import EvalPlan, run_eval
 
 from .options import MODEL_HELP, add_method_options, float_list, h2o_config, int_list, specprefill_config, str_list
 from .progress import WorkProgressBar
 
-HELP = "perplexity and passkey retrieval per method (JSON + Markdown + PNG map of kept positions)"
+HELP = ("perplexity and passkey retrieval per method and setting (JSON + Markdown + PNG: speed-up vs quality "
+        "trade-off, map of kept positions)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
