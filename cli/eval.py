@@ -5,13 +5,15 @@ import argparse
 
 from specfill.api import resolve_backend
 from specfill.core import ConfigError
-from specfill.evaluation.quality import EvalPlan, run_eval, write_eval
+from specfill.evaluation.eval_report import write_eval
+from specfill.evaluation.quality import EvalPlan, run_eval
 
 from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, float_list, h2o_config, int_list,
                       specprefill_config, str_list)
 from .progress import WorkProgressBar
 
-HELP = "perplexity and passkey retrieval per method (JSON + Markdown + PNG map of kept positions)"
+HELP = ("perplexity and passkey retrieval per method and setting (JSON + Markdown + PNG: speed-up vs quality "
+        "trade-off, map of kept positions)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="results/eval")
     p.add_argument("--name", default="eval")
-    add_method_options(p)
+    add_method_options(p, sweep=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,13 +39,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"unknown task or method: {', '.join(sorted(unknown))}")
     if args.trials < 1:
         raise ConfigError("--trials must be >= 1")
-    for keep in args.keeps:
-        specprefill_config(args, keep_ratio=keep)  # validates every keep up front
+    for keep in args.keeps:  # validates every swept setting up front
+        for rule in args.score_layers:
+            specprefill_config(args, keep_ratio=keep, layers=rule)
+    for tail in args.h2o_dense_tail:
+        h2o_config(args, dense_tail=tail)
     backend = resolve_backend(args.backend)
     plan = EvalPlan(backend=backend, model=args.model, tasks=tuple(args.tasks), methods=tuple(args.methods),
                     perplexity_lengths=tuple(args.perplexity_lengths), passkey_lengths=tuple(args.passkey_lengths),
-                    trials=args.trials, keeps=tuple(args.keeps), speculator=args.speculator, h2o=h2o_config(args),
-                    specprefill=specprefill_config(args), dtype=args.dtype, device=args.device)
+                    trials=args.trials, keeps=tuple(args.keeps), speculator=args.speculator,
+                    dense_tails=tuple(args.h2o_dense_tail), score_layers=tuple(args.score_layers),
+                    h2o=h2o_config(args, dense_tail=args.h2o_dense_tail[0]),
+                    specprefill=specprefill_config(args, layers=args.score_layers[0]), dtype=args.dtype,
+                    device=args.device)
     with WorkProgressBar("eval") as bar:
         result = run_eval(plan, log=bar.log, step=bar.step,
                           cell_done=lambda partial: write_eval(partial, args.out, args.name))

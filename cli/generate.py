@@ -9,7 +9,7 @@ from typing import Any, Callable
 from specfill.api import (backend_module, format_stats, load, load_speculator, prefill_method, resolve_backend,
                           stream_generate)
 from specfill.core import ConfigError, SpecfillWarning
-from specfill.core.runtime import Drafting
+from specfill.core.runtime import Drafting, PrefillInfo
 
 from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
@@ -26,7 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--download", action="store_true",
                    help="fetch a repo-id --model from the Hugging Face Hub when it is not cached "
                         "(never when HF_HUB_OFFLINE=1)")
-    p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full")
+    p.add_argument("--method", choices=("full", "h2o", "specprefill", "auto"), default="full",
+                   help="auto: full prefill below the crossover length measured for this backend and device "
+                        "(results/bench/crossover.json, else 2048 tokens), above it specprefill when "
+                        "--speculator is given, else h2o (default: %(default)s)")
+    p.add_argument("--auto-threshold", type=int, default=None,
+                   help="with --method auto: the prompt length from which the sparse method runs")
     p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
     p.add_argument("--draft-model", default=None,
                    help="speculative decoding: a draft model path, or self:K (the main model's first K layers)")
@@ -95,6 +100,8 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.auto_threshold is not None and args.method != "auto":
+        raise ConfigError("--auto-threshold goes with --method auto")
     h2o, spec = _for_method(h2o_config, args, "h2o"), _for_method(specprefill_config, args, "specprefill")
     args.backend = resolve_backend(args.backend)
     if args.num_draft_tokens is not None or args.draft_model is not None:
@@ -110,24 +117,27 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
                             model_file=args.model_file, download=args.download)
     speculator = None
-    if args.method == "specprefill":
+    if args.method == "specprefill" or (args.method == "auto" and args.speculator is not None):
         if args.speculator is None:
             raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
         speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
-    method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator)
+    method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator,
+                            auto_threshold=args.auto_threshold)
     draft = None if args.draft_model is None else load_speculator(args.draft_model, model, tokenizer, dtype=args.dtype,
                                                                   device=args.device, role="draft model")
     prompt = build_prompt(tokenizer, prompt_text, args)
     bar = PrefillProgressBar()
-    last = None
+    last, info = None, PrefillInfo()
     print("=" * 10)
     for last in stream_generate(model, tokenizer, prompt, args.max_tokens, temperature=args.temp,
                                 top_p=args.top_p, seed=args.seed, method=method,
-                                prompt_progress_callback=bar.update, draft_model=draft,
+                                prompt_progress_callback=bar.update, prefill_info=info, draft_model=draft,
                                 num_draft_tokens=args.num_draft_tokens):
         bar.close()
         print(last.text, end="", flush=True)
     print()
     if last is not None:
         print(format_stats(last))
+    if args.method == "auto":
+        print(f"Method: auto -> {info.method}")
     return 0

@@ -35,11 +35,26 @@ def float_list(text: str) -> list[float]:
     return _number_list(text, float, "numbers")
 
 
-def add_method_options(p: argparse.ArgumentParser) -> None:
+def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """The H2O and SpecPrefill settings; with `sweep` (eval) the dense tail and the scoring
+    layers take comma lists, one evaluated variant each (as --keeps does for keep ratios)."""
     p.add_argument("--chunk-size", "-ub", type=int, default=H2OConfig.chunk_size, help="H2O chunk size S")
     p.add_argument("--batch-size", "-b", type=int, default=H2OConfig.batch_size, help="H2O logical batch B")
     p.add_argument("--h2o-local", type=int, default=H2OConfig.local, help="H2O local window L")
     p.add_argument("--h2o-heavy", type=int, default=H2OConfig.heavy, help="H2O heavy hitters H")
+    tail_help = ("H2O dense tail W: the last W prompt tokens attend to every prompt key (0 = seed 001's "
+                 "method exactly; default %(default)s)")
+    layers_help = ("SpecPrefill scoring layers of the speculator: all (the paper's max over every layer), "
+                   "last-K (a window of K layers ending at its last) or last-1 (the last only); default: "
+                   f"{SpecPrefillConfig.layers}")
+    if sweep:
+        p.add_argument("--h2o-dense-tail", type=int_list, default=[H2OConfig.dense_tail],
+                       help=tail_help.replace("W:", "W (comma list, one H2O variant each):"))
+        p.add_argument("--score-layers", type=str_list, default=[SpecPrefillConfig.layers],
+                       help=layers_help + " (comma list, one SpecPrefill variant each)")
+    else:
+        p.add_argument("--h2o-dense-tail", type=int, default=H2OConfig.dense_tail, help=tail_help)
+        p.add_argument("--score-layers", default=SpecPrefillConfig.layers, help=layers_help)
     p.add_argument("--keep", default="0.1", help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1")
     p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
     p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
@@ -57,17 +72,19 @@ def parse_keep(text: str) -> dict:
     return {"keep_ratio": value}
 
 
-def h2o_config(args: argparse.Namespace) -> H2OConfig:
-    return H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy)
+def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
+    settings = {"dense_tail": args.h2o_dense_tail, **overrides}
+    return H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy, **settings)
 
 
 def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConfig:
+    settings = {"layers": args.score_layers, **parse_keep(args.keep), **overrides}
     return SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
-                             select_chunk=args.select_chunk, **{**parse_keep(args.keep), **overrides})
+                             select_chunk=args.select_chunk, **settings)
 
 
-_METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy"),
-                   "specprefill": ("keep", "lookahead", "pool_kernel", "select_chunk", "speculator")}
+_METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy", "h2o_dense_tail"),
+                   "specprefill": ("keep", "lookahead", "pool_kernel", "select_chunk", "speculator", "score_layers")}
 
 
 def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) -> None:

@@ -23,12 +23,13 @@ class H2OCase:
     batch_size: int = 4 * CHUNK
     logit_max: float | None = None  # rescale q so that max |logit| equals this
     seed: int = 0
+    dense_tail: int = 0  # W: the last W queries attend to every earlier key
 
     @property
     def config(self) -> H2OConfig:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SpecfillWarning)  # the clamped case is on purpose
-            return H2OConfig(CHUNK, self.batch_size, self.local, self.heavy)
+            return H2OConfig(CHUNK, self.batch_size, self.local, self.heavy, dense_tail=self.dense_tail)
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q [Hq, N, D], k/v [Hkv, N, D] in float64."""
@@ -55,6 +56,13 @@ H2O_CASES: list[H2OCase] = [
     H2OCase("logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, seed=24),
     H2OCase("batch=S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=CHUNK, seed=25),
     H2OCase("batch=2S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=2 * CHUNK, seed=25),
+    # the dense tail: W = 0 is every case above; inside the last chunk, spanning chunks (and, with
+    # B = S, logical batches), the whole prompt (W >= N), and a prompt of one chunk
+    H2OCase("tail=3 (in last chunk)", 3 * CHUNK + 5, 2, 3, 4, 2, dense_tail=3, seed=26),
+    H2OCase("tail=S+6 (spans chunks)", 3 * CHUNK + 3, 2, 3, 4, 2, dense_tail=CHUNK + 6, seed=27),
+    H2OCase("tail=2S+1,batch=S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=CHUNK, dense_tail=2 * CHUNK + 1, seed=28),
+    H2OCase("tail>=N", 2 * CHUNK + 3, 2, 3, 6, 2, dense_tail=10 * CHUNK, seed=29),
+    H2OCase("tail=2,N<S", CHUNK - 3, 2, 3, 4, 2, dense_tail=2, seed=30),
 ]
 
 

@@ -150,7 +150,7 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
         ck.exact("h2o.layer.finite", case.name, bool(np.isfinite(got.output).all()), "NaN/Inf in output")
         _check_memory_structure(ck, case, got_sets)
         # exact whatever sets the backend chose: output and scores are those its K(i) define
-        replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, CHUNK, got_sets, SCALE)
+        replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, CHUNK, got_sets, SCALE, config.dense_tail)
         ck.close("h2o.layer.output_vs_key_sets", case.name, got.output, replay_out)
         ck.close("h2o.layer.scores_vs_key_sets", case.name, got.scores, replay_scores)
         pairs = [(g, w) for gs, ws in zip(got_sets, want.memory_sets) for g, w in zip(gs, ws.indices)]
@@ -198,7 +198,7 @@ def _check_batch_independence(ad: ConformanceAdapter, ck: Checker) -> None:
         q, k, v = _inputs(case, ck.dtype)
         small = ad.attention_layer(q, k, v, case.config, SCALE)
         whole = H2OCase(case.name, case.n_tokens, case.local, case.heavy, case.n_heads, case.n_kv_heads,
-                        batch_size=8 * CHUNK, seed=case.seed)
+                        batch_size=8 * CHUNK, seed=case.seed, dense_tail=case.dense_tail)
         big = ad.attention_layer(q, k, v, whole.config, SCALE)
         same_sets = len(small.memory_sets) == len(big.memory_sets) and all(
             np.array_equal(a.indices, b.indices) for a, b in zip(small.memory_sets, big.memory_sets))

@@ -34,6 +34,11 @@ class H2OConfig:
     batch_size (B, llama.cpp n_batch): tokens per logical batch; a multiple of S.
     local (L): tail tokens of a chunk always kept in its memory set.
     heavy (H): heavy hitters kept by accumulated score.
+    dense_tail (W): the last W prompt tokens attend causally to EVERY prompt key in every layer
+    (query-aware finish: the first generated token then reads the whole prompt, as decode does);
+    every other query keeps K(i). W = 0 is seed 001's method exactly. Within a layer, scores and
+    memory sets do not depend on W: the tail's walk attention still votes, and no memory set is
+    built after the final chunk (later layers see the tail's changed hidden states, as they must).
     H2O is enabled iff L + H > 0. L + H < S is enforced by clamping (heavy first, then local)
     with a SpecfillWarning, as the llama.cpp plan does.
     """
@@ -42,9 +47,11 @@ class H2OConfig:
     batch_size: int = 4096
     local: int = 256
     heavy: int = 256
+    dense_tail: int = 0
 
     def __post_init__(self) -> None:
         s = _require_int("chunk_size (S)", self.chunk_size, 1)
+        _require_int("dense_tail (W)", self.dense_tail, 0)
         b = _require_int("batch_size (B)", self.batch_size, 1)
         local = _require_int("local (L)", self.local, 0)
         heavy = _require_int("heavy (H)", self.heavy, 0)

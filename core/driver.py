@@ -5,11 +5,13 @@
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Generic, Iterator, Sequence
 
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
+from .crossover import auto_threshold
 from .errors import ConfigError
 from .methods.drafting import DraftState, distribution, speculative_decode
 from .methods.h2o import H2OPrefillAttention, uses_full_attention
@@ -97,13 +99,26 @@ class CausalLM(Generic[A]):
                              step_size=self.prefill_step_size, logits_from=0)
         return logits[None]
 
+    def resolve_method(self, method: PrefillMethod, n_tokens: int) -> PrefillMethod:
+        """"auto" -> full prefill below the crossover length for this backend and device (or
+        method.auto_threshold), else method.sparse; other methods as they are."""
+        if method.name != "auto":
+            return method
+        threshold = method.auto_threshold
+        if threshold is None:
+            threshold, _ = auto_threshold(self.backend, self.device_name, method.sparse)
+        chosen = method.sparse if threshold is not None and n_tokens >= threshold else "full"
+        return replace(method, name=chosen, auto_threshold=None)
+
     def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: PrefillInfo) -> np.ndarray:
-        """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full" or
-        "h2o"; speculative prefill drops tokens, so it has none). For perplexity and parity."""
+        """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full",
+        "h2o" or "auto" resolving to one of them; speculative prefill drops tokens, so it has
+        none). For perplexity and parity."""
+        ids = self._ids(prompt_ids, 0)
+        method = self.resolve_method(method, len(ids))
         if method.name == "specprefill":
             raise ConfigError("speculative prefill drops prompt tokens: it has no per-position logits")
-        ids = self._ids(prompt_ids, 0)
-        info.start(len(ids))
+        info.start(len(ids), method.name)
         with self.ops.device_scope():
             logits = self.prefill_prompt(ids, self.ops.new_cache(self.model, len(ids)), method, info, logits_from=0)
             return self.ops.to_numpy(logits)
@@ -151,7 +166,8 @@ class CausalLM(Generic[A]):
         With `drafting`, decode speculatively (core/methods/drafting.py): same tokens as greedy,
         the main model's distribution when sampling; info.from_draft marks accepted drafts."""
         ids = self._ids(prompt_ids, max_tokens)
-        info.start(len(ids))
+        method = self.resolve_method(method, len(ids))
+        info.start(len(ids), method.name)
         speculator = None
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)

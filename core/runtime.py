@@ -37,16 +37,28 @@ class SamplingConfig:
 @dataclass(frozen=True)
 class PrefillMethod:
     """Which prefill runs: "full", "h2o" (with h2o config) or "specprefill" (with config and a
-    speculator: a loaded CausalLM or "self:K" for the main model's first K layers)."""
+    speculator: a loaded CausalLM or "self:K" for the main model's first K layers), or "auto":
+    full prefill below a crossover prompt length, above it the configured sparse method
+    (`sparse`: speculative prefill when a speculator is given, else H2O). auto_threshold
+    overrides the measured crossover (core/crossover.py)."""
 
     name: str = "full"
     h2o: H2OConfig | None = None
     specprefill: SpecPrefillConfig | None = None
     speculator: Any = None
+    auto_threshold: int | None = None
 
     def __post_init__(self) -> None:
-        if self.name not in ("full", "h2o", "specprefill"):
-            raise ConfigError(f"method must be full, h2o or specprefill, got {self.name!r}")
+        if self.name not in ("full", "h2o", "specprefill", "auto"):
+            raise ConfigError(f"method must be full, h2o, specprefill or auto, got {self.name!r}")
+        if self.auto_threshold is not None and (isinstance(self.auto_threshold, bool)
+                                                or not isinstance(self.auto_threshold, int) or self.auto_threshold < 1):
+            raise ConfigError(f"the auto threshold must be a prompt length >= 1, got {self.auto_threshold!r}")
+
+    @property
+    def sparse(self) -> str:
+        """The sparse method "auto" switches to: specprefill with a speculator, else h2o."""
+        return "specprefill" if self.speculator is not None else "h2o"
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,7 @@ class PrefillInfo:
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
     seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}, and
     with drafting {"draft": .., "verify": ..} over the whole decode.
+    method: the method that ran ("auto" resolved to full or its sparse method).
     drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
     and, per generated token, whether it was an accepted draft.
     """
@@ -103,12 +116,14 @@ class PrefillInfo:
     record_memory: bool = False
     memory_sets: list[list[Any]] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    method: str = ""
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     from_draft: list[bool] = field(default_factory=list)
 
-    def start(self, prompt_tokens: int) -> None:
+    def start(self, prompt_tokens: int, method: str = "") -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""
+        self.method = method
         self.prompt_tokens = self.kept_tokens = prompt_tokens
         self.kept_positions = None
         self.memory_sets = None

@@ -9,6 +9,7 @@ from typing import Callable
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.crossover import CROSSOVER_FILE, crossovers_from_rows, merge_crossovers
 from specfill.core.io.random_model import is_random_model, random_prompt_ids
 
 from .machine import describe_machine, machine_line
@@ -79,7 +80,8 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
                     runs.append(_one_run(model, tokenizer, ids, method, plan.decode_tokens))
                     done(f"{backend} {name} {length}")
                 best = min(runs, key=lambda r: r["ttft_s"])
-                rows.append({"backend": backend, "method": name, "prompt_tokens": length, **best})
+                rows.append({"backend": backend, "device": model.device_name, "method": name,
+                             "prompt_tokens": length, **best})
                 log(f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "
                     f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}")
                 if row_done is not None:
@@ -106,7 +108,8 @@ def _plan_dict(plan: BenchPlan) -> dict:
 
 
 def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -> list[Path]:
-    """<name>.json, <name>.md and <name>_ttft.png in out_dir."""
+    """<name>.json, <name>.md and <name>_ttft.png in out_dir; once the run is complete, its
+    crossover lengths (method="auto") merged into out_dir/crossover.json too."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path, png_path = out / f"{name}.json", out / f"{name}.md", out / f"{name}_ttft.png"
@@ -132,4 +135,9 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     partial.write_text("\n".join(lines) + "\n")
     os.replace(partial, md_path)
     plot_ttft(result["rows"], png_path, f"TTFT vs prompt length ({machine_line(result['machine'])[:60]})")
-    return [json_path, md_path, png_path]
+    paths = [json_path, md_path, png_path]
+    if result.get("complete", True) and any("device" in r for r in result["rows"]):
+        entries = crossovers_from_rows(result["rows"], f"{name}.json")
+        paths.append(merge_crossovers(out / CROSSOVER_FILE, entries, {"line": machine_line(result["machine"]),
+                                                                      "model": result["plan"]["model"]}))
+    return paths

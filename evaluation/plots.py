@@ -44,20 +44,33 @@ def plot_ttft(rows: Sequence[dict], path: str | os.PathLike, title: str) -> Path
     return _save(fig, path)
 
 
-def plot_position_map(maps: dict[str, np.ndarray], path: str | os.PathLike, title: str) -> Path:
+def plot_position_map(maps: dict[str, np.ndarray], marks: dict[str, dict[str, list[int]]],
+                      path: str | os.PathLike, title: str) -> Path:
     """One row per label: which prompt positions were kept (SpecPrefill) or are in a memory
-    set (H2O: fraction of (layer, KV head) memory sets holding the position)."""
+    set (H2O: fraction of (layer, KV head) memory sets holding the position). A row ends at its
+    own prompt's end (no padding drawn for shorter prompts); marks[label] spans [start, end) of
+    the needle (red) and the question (orange) are drawn under the row."""
     plt = _pyplot()
     labels = list(maps)
     width = max(len(m) for m in maps.values())
-    image = np.zeros((len(labels), width))
+    image = np.full((len(labels), width), np.nan)
     for i, label in enumerate(labels):
         image[i, : len(maps[label])] = maps[label]
-    fig, ax = plt.subplots(figsize=(10, 0.6 + 0.5 * len(labels)))
-    shown = ax.imshow(image, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0, vmax=1.0)
+    fig, ax = plt.subplots(figsize=(10, 0.8 + 0.55 * len(labels)))
+    cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # past a shorter prompt's end
+    shown = ax.imshow(np.ma.masked_invalid(image), aspect="auto", interpolation="nearest", cmap=cmap,
+                      vmin=0.0, vmax=1.0)
+    for i, label in enumerate(labels):
+        for what, color in (("needle", "red"), ("question", "orange")):
+            span = marks.get(label, {}).get(what)
+            if span:
+                ax.plot([span[0] - 0.5, span[1] - 0.5], [i + 0.42, i + 0.42], color=color, linewidth=4,
+                        solid_capstyle="butt", label=what if i == 0 else None)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel("prompt position")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
+    if marks:
+        ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
     fig.colorbar(shown, ax=ax, fraction=0.02, label="kept / in memory")
     return _save(fig, path)
 
@@ -74,4 +87,39 @@ def plot_decode_speed(rows: Sequence[dict], path: str | os.PathLike, title: str)
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
+    return _save(fig, path)
+
+
+def plot_tradeoff(passkey: Sequence[dict], perplexity: Sequence[dict], defaults: Sequence[str],
+                  path: str | os.PathLike, title: str) -> Path:
+    """TTFT speed-up vs full (x) against passkey accuracy change in points (left) and perplexity
+    change in % (right): one point per (method and setting, prompt length); the library's
+    default settings drawn as stars, the others as circles."""
+    plt = _pyplot()
+    panels = [(rows, key, label) for rows, key, label in
+              ((passkey, "vs_full_points", "passkey accuracy vs full (points)"),
+               (perplexity, "vs_full_pct", "perplexity vs full (%)")) if rows]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
+    colors: dict[str, str] = {}
+    for ax, (rows, key, ylabel) in zip(axes[0], panels):
+        for r in rows:
+            if r.get("speedup_vs_full") is None or r.get(key) is None:
+                continue
+            color = colors.setdefault(r["method"], f"C{len(colors) % 10}")
+            ax.scatter(r["speedup_vs_full"], r[key], color=color, s=150 if r["method"] in defaults else 45,
+                       marker="*" if r["method"] in defaults else "o", edgecolors="black", linewidths=0.5)
+            ax.annotate(f"{r['tokens']}", (r["speedup_vs_full"], r[key]), fontsize=7, xytext=(4, 3),
+                        textcoords="offset points")
+        ax.axhline(0.0, color="grey", linewidth=0.8)
+        ax.axvline(1.0, color="grey", linewidth=0.8)
+        ax.set_xlabel("TTFT speed-up vs full prefill (x)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, marker="*" if m in defaults else "o", linestyle="",
+                          markersize=10 if m in defaults else 6, label=m + (" (default)" if m in defaults else ""))
+               for m, c in colors.items()]
+    fig.legend(handles=handles, loc="lower center", ncol=min(4, max(1, len(handles))), fontsize=8,
+               bbox_to_anchor=(0.5, -0.02 - 0.04 * ((len(handles) - 1) // 4)))
+    fig.suptitle(title + "\n(labels: prompt tokens)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(handles) - 1) // 4), 1, 1))
     return _save(fig, path)

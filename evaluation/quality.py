@@ -12,7 +12,7 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
 from .machine import describe_machine
-from .texts import passkey_prompt, passkey_trials, tokens_of_length
+from .texts import passkey_prompt_spans, passkey_trials, tokens_of_length
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,8 @@ class EvalPlan:
     passkey_lengths: tuple[int, ...] = (2000, 4000, 8000)
     trials: int = 20
     keeps: tuple[float, ...] = (0.1, 0.3)
+    dense_tails: tuple[int, ...] = (H2OConfig.dense_tail,)  # one H2O variant per W
+    score_layers: tuple[str, ...] = (SpecPrefillConfig.layers,)  # one SpecPrefill variant per rule (x keeps)
     speculator: str = "self:8"
     h2o: H2OConfig = field(default_factory=H2OConfig)
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
@@ -33,32 +35,47 @@ class EvalPlan:
 
 
 def method_variants(plan: EvalPlan, speculator) -> dict[str, PrefillMethod]:
-    """Label -> method; speculative prefill once per keep ratio."""
+    """Label -> method: H2O once per dense tail W, speculative prefill once per (scoring-layer
+    rule, keep ratio). A setting is named in the label when it is swept or not the default."""
     out = {}
     for name in plan.methods:
         if name == "specprefill":
-            for keep in plan.keeps:
-                config = SpecPrefillConfig(**{**vars(plan.specprefill), "keep_ratio": keep, "keep_tokens": None})
-                out[f"specprefill keep={keep:g}"] = prefill_method(name, specprefill=config, speculator=speculator)
+            for rule in plan.score_layers:
+                named = len(plan.score_layers) > 1 or rule != SpecPrefillConfig.layers
+                for keep in plan.keeps:
+                    config = SpecPrefillConfig(**{**vars(plan.specprefill), "keep_ratio": keep, "keep_tokens": None,
+                                                  "layers": rule})
+                    label = f"specprefill keep={keep:g}" + (f" layers={rule}" if named else "")
+                    out[label] = prefill_method(name, specprefill=config, speculator=speculator)
+        elif name == "h2o":
+            for tail in plan.dense_tails:
+                named = len(plan.dense_tails) > 1 or tail != H2OConfig.dense_tail
+                config = H2OConfig(**{**vars(plan.h2o), "dense_tail": tail})
+                out["h2o" + (f" W={tail}" if named else "")] = prefill_method(name, h2o=config)
         else:
-            out[name] = prefill_method(name, h2o=plan.h2o)
+            out[name] = prefill_method(name)
     return out
 
 
-def perplexity(model, ids: list[int], method: PrefillMethod) -> float:
-    """exp(mean negative log-likelihood of ids[1:]) with the prompt's attention from `method`."""
-    logits = np.asarray(model.prompt_logits(ids, method=method, info=PrefillInfo()), dtype=np.float64)[:-1]
+def perplexity(model, ids: list[int], method: PrefillMethod) -> tuple[float, float]:
+    """(exp(mean negative log-likelihood of ids[1:]) with the prompt's attention from `method`,
+    the prefill's wall time in seconds)."""
+    info = PrefillInfo()
+    logits = np.asarray(model.prompt_logits(ids, method=method, info=info), dtype=np.float64)[:-1]
     peak = logits.max(axis=-1, keepdims=True)
     log_norm = np.log(np.exp(logits - peak).sum(axis=-1)) + peak[:, 0]
     nll = log_norm - logits[np.arange(len(ids) - 1), ids[1:]]
-    return float(math.exp(nll.mean()))
+    return float(math.exp(nll.mean())), info.seconds["prefill"]
 
 
 def passkey_trial(model, tokenizer, n_tokens: int, depth: float, key: int, method: PrefillMethod,
-                  info: PrefillInfo) -> tuple[bool, str]:
-    prompt = passkey_prompt(tokenizer, n_tokens, depth, key)
-    text = "".join(r.text for r in stream_generate(model, tokenizer, prompt, 8, method=method, prefill_info=info))
-    return str(key) in text.replace(" ", ""), text
+                  info: PrefillInfo) -> tuple[bool, float, dict[str, list[int]]]:
+    """(answer holds the key, TTFT in seconds, token spans [start, end) of the needle and the
+    question in the prompt as encoded)."""
+    prompt, spans = passkey_prompt_spans(tokenizer, n_tokens, depth, key)
+    responses = list(stream_generate(model, tokenizer, prompt, 8, method=method, prefill_info=info))
+    text = "".join(r.text for r in responses)
+    return str(key) in text.replace(" ", ""), responses[0].ttft, spans
 
 
 def eval_steps(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> int:
@@ -85,46 +102,56 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
 
     def finished_cell() -> None:
         if cell_done is not None:
-            _add_deltas(result)
+            add_deltas(result)
             cell_done(result)
 
-    result: dict = {"plan": _plan_dict(plan), "machine": describe_machine(), "complete": False,
-                    "perplexity": [], "passkey": [], "maps": {}}
+    machine = describe_machine({"model_dtype": str(model.dtype), "device_name": model.device_name})
+    result: dict = {"plan": _plan_dict(plan, methods), "machine": machine, "complete": False,
+                    "perplexity": [], "passkey": [], "maps": {}, "map_marks": {}}
     if "perplexity" in plan.tasks:
         for length in plan.perplexity_lengths:
             ids = tokens_of_length(tokenizer, length)
             for label, method in methods.items():
                 if method.name == "specprefill":
                     continue  # it drops tokens: no per-position likelihood
-                ppl = perplexity(model, ids, method)
-                result["perplexity"].append({"method": label, "tokens": length, "perplexity": ppl})
+                ppl, seconds = perplexity(model, ids, method)
+                result["perplexity"].append({"method": label, "tokens": length, "perplexity": ppl,
+                                             "prefill_s": seconds})
                 done(f"perplexity {label} {length}")
                 log(f"perplexity {label:<22} {length:>6} tokens: {ppl:.4f}")
                 finished_cell()
     if "passkey" in plan.tasks:
         for length in plan.passkey_lengths:
             for label, method in methods.items():
-                hits, maps, actual = 0, None, []
-                trials = passkey_trials(plan.trials, seed=length)
-                mid_depth = min(range(len(trials)), key=lambda i: abs(trials[i][0] - 0.5))  # the mapped trial
-                for index, (depth, key) in enumerate(trials):
-                    info = PrefillInfo(record_memory=method.name == "h2o")
-                    ok, _ = passkey_trial(model, tokenizer, length, depth, key, method, info)
-                    hits += ok
-                    done(f"passkey {label} {length}")
-                    actual.append(info.prompt_tokens)
-                    if index == mid_depth:
-                        maps = position_map(info, info.prompt_tokens)
-                result["passkey"].append({"method": label, "tokens": length, "trials": plan.trials,
-                                          "hits": hits, "mean_prompt_tokens": float(np.mean(actual)),
-                                          "accuracy": hits / plan.trials})
-                if maps is not None:
-                    result["maps"][f"{label} @ {length}"] = maps
-                log(f"passkey {label:<22} {length:>6} tokens: {hits}/{plan.trials}")
+                result["passkey"].append(_passkey_cell(model, tokenizer, plan, label, method, length, result, done))
+                log(f"passkey {label:<22} {length:>6} tokens: {result['passkey'][-1]['hits']}/{plan.trials}")
                 finished_cell()
-    _add_deltas(result)
+    add_deltas(result)
     result["complete"] = True
     return result
+
+
+def _passkey_cell(model, tokenizer, plan: EvalPlan, label: str, method: PrefillMethod, length: int,
+                  result: dict, done: Callable[[str], None]) -> dict:
+    """plan.trials passkey trials of one method at one length; the mid-depth trial's position
+    map (and its needle / question spans) goes into result["maps"] / result["map_marks"]."""
+    hits, actual, ttfts = 0, [], []
+    trials = passkey_trials(plan.trials, seed=length)
+    mid_depth = min(range(len(trials)), key=lambda i: abs(trials[i][0] - 0.5))  # the mapped trial
+    for index, (depth, key) in enumerate(trials):
+        info = PrefillInfo(record_memory=method.name == "h2o")
+        ok, ttft, spans = passkey_trial(model, tokenizer, length, depth, key, method, info)
+        hits += ok
+        ttfts.append(ttft)
+        done(f"passkey {label} {length}")
+        actual.append(info.prompt_tokens)
+        maps = position_map(info, info.prompt_tokens) if index == mid_depth else None
+        if maps is not None:
+            result["maps"][f"{label} @ {length}"] = maps
+            result["map_marks"][f"{label} @ {length}"] = spans
+    return {"method": label, "tokens": length, "trials": plan.trials, "hits": hits,
+            "mean_prompt_tokens": float(np.mean(actual)), "accuracy": hits / plan.trials,
+            "median_ttft_s": float(np.median(ttfts))}
 
 
 def position_map(info: PrefillInfo, prompt_tokens: int) -> list[float] | None:
@@ -144,61 +171,33 @@ def position_map(info: PrefillInfo, prompt_tokens: int) -> list[float] | None:
     return None
 
 
-def _add_deltas(result: dict) -> None:
+def add_deltas(result: dict) -> None:
+    """Against full prefill at the same length: perplexity change (%), passkey accuracy change
+    (points) and speed-up (full's prefill / median TTFT over the method's)."""
     full = {r["tokens"]: r for r in result["perplexity"] if r["method"] == "full"}
     for r in result["perplexity"]:
         base = full.get(r["tokens"])
         r["vs_full_pct"] = 100.0 * (r["perplexity"] / base["perplexity"] - 1.0) if base else None
+        r["speedup_vs_full"] = base["prefill_s"] / r["prefill_s"] if base and r.get("prefill_s") else None
     full_acc = {r["tokens"]: r for r in result["passkey"] if r["method"] == "full"}
     for r in result["passkey"]:
         base = full_acc.get(r["tokens"])
         r["vs_full_points"] = 100.0 * (r["accuracy"] - base["accuracy"]) if base else None
+        r["speedup_vs_full"] = base["median_ttft_s"] / r["median_ttft_s"] if base and r.get("median_ttft_s") else None
 
 
-def _plan_dict(plan: EvalPlan) -> dict:
+def is_default(method: PrefillMethod) -> bool:
+    """The method runs at the library's default settings (marked in the trade-off plot)."""
+    if method.name == "h2o":
+        return method.h2o == H2OConfig()
+    if method.name == "specprefill":
+        return method.specprefill == SpecPrefillConfig()
+    return True
+
+
+def _plan_dict(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> dict:
     out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(plan).items()}
     out["h2o"], out["specprefill"] = vars(plan.h2o), vars(plan.specprefill)
     out["model"] = plan.model or "demo (SmolLM2-135M-Instruct Q4_1)"
+    out["defaults"] = [label for label, method in methods.items() if is_default(method)]
     return out
-
-
-def write_eval(result: dict, out_dir, name: str = "eval") -> list:
-    """<name>.json, <name>.md and, when maps were recorded, <name>_positions.png."""
-    import json
-    import os
-    from pathlib import Path
-
-    from .machine import machine_line
-    from .plots import plot_position_map
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.json", out / f"{name}.md"]
-    compact = {**result, "maps": {k: "see PNG" for k in result["maps"]}}
-    status_note = [] if result.get("complete", True) else [
-        "Partial: the run has not finished (or was stopped); these are the cells it completed.", ""]
-    lines = ["# Quality evaluation", "", *status_note, f"Machine: {machine_line(result['machine'])}.",
-             f"Model: {result['plan']['model']}, backend {result['plan']['backend']}; H2O S="
-             f"{result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
-             f"H={result['plan']['h2o']['heavy']}; SpecPrefill speculator {result['plan']['speculator']}.", ""]
-    if result["perplexity"]:
-        lines += ["## Perplexity (GPL-3 + GFDL-1.3 text)", "", "| method | tokens | perplexity | vs full |",
-                  "|---|---|---|---|"]
-        lines += [f"| {r['method']} | {r['tokens']} | {r['perplexity']:.4f} | "
-                  + (f"{r['vs_full_pct']:+.2f}% |" if r["vs_full_pct"] is not None else "- |")
-                  for r in result["perplexity"]]
-    if result["passkey"]:
-        lines += ["", "## Passkey retrieval", "", "| method | tokens | trials | accuracy (hits) | vs full (points) |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {r['method']} | {r['tokens']} | {r['trials']} | {100 * r['accuracy']:.0f}% ({r['hits']}) | "
-                  + (f"{r['vs_full_points']:+.0f} |" if r["vs_full_points"] is not None else "- |")
-                  for r in result["passkey"]]
-    for path, text in ((paths[0], json.dumps(compact, indent=1) + "\n"), (paths[1], "\n".join(lines) + "\n")):
-        partial = path.with_name(path.name + ".partial")
-        partial.write_text(text)
-        os.replace(partial, path)
-    if result["maps"]:
-        paths.append(plot_position_map({k: np.asarray(v) for k, v in result["maps"].items()},
-                                       out / f"{name}_positions.png",
-                                       "kept (SpecPrefill) / in the last memory set (H2O), passkey at mid-depth"))
-    return paths

@@ -34,6 +34,23 @@ def passkey_prompt(tokenizer, n_tokens: int, depth: float, passkey: int) -> str:
     return intro + PASSKEY_FILLER * before + needle + PASSKEY_FILLER * (repeats - before) + question
 
 
+def passkey_prompt_spans(tokenizer, n_tokens: int, depth: float, passkey: int) -> tuple[str, dict[str, list[int]]]:
+    """passkey_prompt and the token spans [start, end) of its needle and its question, as the
+    prompt is encoded for generation (prefix lengths under the same BOS rule)."""
+    from specfill.api import encode_prompt
+
+    prompt = passkey_prompt(tokenizer, n_tokens, depth, passkey)
+    needle_at = prompt.index(f"The pass key is {passkey}.")
+    needle_end = prompt.index(f"{passkey} is the pass key. ", needle_at) + len(f"{passkey} is the pass key.")
+    question_at = prompt.rindex("\nWhat is the pass key?")
+
+    def position(char: int) -> int:
+        return len(encode_prompt(tokenizer, prompt[:char])) if char else 0
+
+    total = len(encode_prompt(tokenizer, prompt))
+    return prompt, {"needle": [position(needle_at), position(needle_end)], "question": [position(question_at), total]}
+
+
 def passkey_trials(n_trials: int, seed: int = 0) -> list[tuple[float, int]]:
     """(depth, passkey) pairs spread evenly over depths, keys drawn from a seeded generator."""
     rng = random.Random(seed)

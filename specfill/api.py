@@ -123,8 +123,14 @@ def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str
 
 
 def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
-                   specprefill: SpecPrefillConfig | None = None, speculator: Any = None) -> PrefillMethod:
-    """The PrefillMethod for a method name, with default configs where none is given."""
+                   specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
+                   auto_threshold: int | None = None) -> PrefillMethod:
+    """The PrefillMethod for a method name, with default configs where none is given. "auto":
+    full prefill below the measured crossover length (or `auto_threshold`), above it speculative
+    prefill when a speculator is given, else H2O (see specfill.core.crossover)."""
+    if method == "auto":
+        return PrefillMethod("auto", h2o=h2o or H2OConfig(), specprefill=specprefill or SpecPrefillConfig(),
+                             speculator=speculator, auto_threshold=auto_threshold)
     if method == "h2o":
         return PrefillMethod("h2o", h2o=h2o or H2OConfig())
     if method == "specprefill":
@@ -134,11 +140,19 @@ def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
     return PrefillMethod(method)
 
 
+def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
+    """Prompt text -> ids as mlx-lm encodes it: the tokenizer's special tokens (BOS) are added
+    unless the text already starts with the BOS token (a chat template writing {{ bos_token }}),
+    so a templated prompt never gets [bos, bos, ...]."""
+    bos = None if tokenizer.bos_token_id is None else tokenizer.token_text(tokenizer.bos_token_id)
+    return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+
+
 def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_tokens: int = 256, *,
                     temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                    prompt_progress_callback: ProgressCallback | None = None,
+                    auto_threshold: int | None = None, prompt_progress_callback: ProgressCallback | None = None,
                     prefill_info: PrefillInfo | None = None, draft_model: Any = None,
                     num_draft_tokens: int | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
@@ -147,7 +161,8 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     method: "full", "h2o" (settings in `h2o`) or "specprefill" (settings in `specprefill`,
     speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; a path is loaded on
     every call with the backend's default dtype and device, so pass a loaded one (see
-    load_speculator) when generating repeatedly or to choose its dtype).
+    load_speculator) when generating repeatedly or to choose its dtype), or "auto" (full below
+    the crossover length measured for this backend and device, or `auto_threshold` tokens).
     prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
     sets when its record_memory is set; timings).
     draft_model / num_draft_tokens (mlx-lm's names): speculative decoding with a draft model
@@ -158,7 +173,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
     check_sampling(temperature, top_p, seed)
-    ids = tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
     if not ids:
         raise ConfigError("the prompt is empty")
     if not all(0 <= t < model.args.vocab_size for t in ids):
@@ -169,7 +184,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     if speculator is not None:
         speculator = load_speculator(speculator, model, tokenizer)
     plan = method if isinstance(method, PrefillMethod) else prefill_method(
-        method, h2o=h2o, specprefill=specprefill, speculator=speculator)
+        method, h2o=h2o, specprefill=specprefill, speculator=speculator, auto_threshold=auto_threshold)
     plan = fit_to_prompt(plan, len(ids), model.args.max_position_embeddings)
     drafting = None
     if draft_model is not None or num_draft_tokens is not None:

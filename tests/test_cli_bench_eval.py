@@ -67,6 +67,25 @@ def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     text = (tmp_path / "eval.md").read_text()
     assert "## Perplexity" in text and "## Passkey retrieval" in text
     assert (tmp_path / "eval_positions.png").read_bytes()[:4] == b"\x89PNG"  # kept / memory map
+    assert (tmp_path / "eval_tradeoff.png").read_bytes()[:4] == b"\x89PNG"  # speed-up vs quality
+    assert passkey["full"]["speedup_vs_full"] == 1.0 and passkey["h2o"]["median_ttft_s"] > 0
+    marks = data["map_marks"]["h2o @ 60"]
+    assert 0 < marks["needle"][0] < marks["needle"][1] <= marks["question"][0] < marks["question"][1]
+    assert abs(marks["question"][1] - passkey["h2o"]["mean_prompt_tokens"]) < 2  # the mapped trial's length
+
+
+def test_eval_sweeps_dense_tails_and_scoring_layers(tiny_checkpoint, tmp_path, capsys):
+    model = str(tiny_checkpoint("llama", "gguf"))
+    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks", "passkey",
+                 "--passkey-lengths", "60", "--trials", "2", "--chunk-size", "16", "--batch-size", "16",
+                 "--h2o-local", "4", "--h2o-heavy", "4", "--h2o-dense-tail", "0,8", "--speculator", "self:2",
+                 "--keeps", "0.5", "--score-layers", "all,last-1", "--select-chunk", "4", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "eval.json").read_text())
+    assert [r["method"] for r in data["passkey"]] == [
+        "full", "h2o W=0", "h2o W=8", "specprefill keep=0.5 layers=all", "specprefill keep=0.5 layers=last-1"]
+    assert "full" in data["plan"]["defaults"] and "h2o W=8" not in data["plan"]["defaults"]
+    assert main(["eval", "--score-layers", "first-2"]) == 2
 
 
 def test_eval_rejects_unknown_task(capsys):

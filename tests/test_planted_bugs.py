@@ -1,4 +1,6 @@
 """Each planted bug, in a copy of the reference adapter, must make conformance checks fail."""
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -55,7 +57,16 @@ class PositionsNotRestored(ReferenceAdapter):
         return specprefill.Selection(good.kept, np.arange(n), n, good.chunk_scores)
 
 
+class DenseTailOffByOne(ReferenceAdapter):
+    """The dense tail starts one query late: row N - W keeps its sparse key set."""
+
+    def attention_layer(self, q, k, v, config, scale):
+        short = dataclasses.replace(config, dense_tail=max(0, config.dense_tail - 1))
+        return super().attention_layer(q, k, v, short, scale)
+
+
 @pytest.mark.parametrize("adapter,must_fail", [
+    (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
     (LocalWindowOffByOne, {"h2o.build_memory_set", "h2o.layer.memory_structure"}),
     (WrongGqaMapping, {"h2o.intra_attention.o", "h2o.inter_attention.o", "specprefill.attention_scores"}),
     (MergeWithoutRescaling, {"h2o.merge_states.o", "h2o.layer.output_vs_key_sets"}),

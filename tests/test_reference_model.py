@@ -44,3 +44,16 @@ def test_h2o_disabled_is_full_attention_and_enabled_differs(tiny):
     assert np.abs(on[:8] - off[:8]).max() < 1e-12  # the first chunk sees exactly its causal keys
     assert np.abs(on[8:] - off[8:]).max() > 1e-3  # later chunks see only memory sets
     assert [len(sets) for sets in built] == [5] * model.args.num_hidden_layers  # 6 chunks, none after the last
+
+
+def test_dense_tail_changes_only_the_tail_and_covering_the_prompt_is_full_attention(tiny):
+    _, model = tiny
+    ids = [int(i) for i in np.random.default_rng(1).integers(0, 300, size=45)]
+    sparse, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2))
+    tail, _ = model.forward_h2o_chunk_major(
+        ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2, dense_tail=11))
+    np.testing.assert_allclose(tail[:34], sparse[:34], rtol=0, atol=1e-12)  # rows before N - W untouched
+    assert np.abs(tail[34:] - sparse[34:]).max() > 1e-3
+    whole, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2,
+                                                            dense_tail=45))
+    np.testing.assert_allclose(whole, model.forward(ids), rtol=0, atol=1e-10)

@@ -12,6 +12,7 @@ Names, shapes and checks are core.io.weights' (gguf_model: one list of what a mo
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +28,15 @@ _PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 
 
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:
-    """True for an existing file that starts with the GGUF magic (the lean path's input)."""
+    """True for an existing regular file that starts with the GGUF magic (the lean path's input).
+    Anything else (a directory, a missing path, random:SHAPE, a FIFO that would block in open())
+    goes to the shared loader, whose checks give the one-line error."""
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return False
         with open(path, "rb") as f:
             return f.read(4) == GGUF_MAGIC
-    except OSError:  # a directory, a missing path, random:SHAPE: the shared loader's errors apply
+    except (OSError, ValueError):
         return False
 
 

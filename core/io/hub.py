@@ -112,11 +112,21 @@ def _download(repo: str, selector: str | None) -> Path:
         raise ModelLoadError(f"cannot download {repo} from the Hugging Face Hub: {first}") from None
 
 
+def _exists_locally(spec: str) -> bool:
+    """Whether spec names something on disk; a name too long, a NUL byte or a link loop is not a
+    local path (the loader then says what is wrong with it, in one line)."""
+    try:
+        os.stat(spec)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def resolve_model(spec: str, model_file: str | None = None, download: bool = False) -> str:
     """A local path for `spec`: unchanged when it exists locally or is not a repo id (the loader
     then reports a missing path), else the cached (or, when asked and allowed, downloaded) GGUF
     file or model directory of the repo."""
-    if Path(spec).exists() and model_file is None:
+    if _exists_locally(spec) and model_file is None:
         return spec
     parsed = parse_repo_spec(spec, model_file)
     if parsed is None:

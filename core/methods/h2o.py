@@ -5,6 +5,9 @@ batch: phase 1 computes the intra part of every chunk at once (state and column 
 walks the chunks in order: attend to the previous memory set, add its column sums to the scores,
 merge the two softmaxes exactly, build the next memory set. `H2OPrefillAttention` plugs the walk
 into a model's prefill (one carry per layer); `h2o_attention_layer` does one layer's whole prompt.
+With a dense tail (H2OConfig.dense_tail = W > 0) the last W prompt queries are then recomputed as
+causal attention over every key (`dense_tail_attention`), after the walk, which is left unchanged:
+their sparse attention still votes in the scores, so scores and memory sets do not depend on W.
 The conformance oracle (core/reference/oracle.py) checks this walk against naive attention over
 the explicit key sets, so it is checked against something it does not share.
 """
@@ -24,14 +27,47 @@ def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
     return not config.enabled or n_tokens <= config.chunk_size
 
 
+def dense_tail_start(config: H2OConfig, n_tokens: int) -> int:
+    """First prompt position of the dense tail: n_tokens - W (n_tokens when W = 0, 0 when W >= N)."""
+    return max(0, n_tokens - config.dense_tail)
+
+
+def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_start: int,
+                         block: int, scale: float) -> A | None:
+    """Causal attention over EVERY earlier key for the rows of q at positions >= tail_start.
+
+    q [Hq, T, D] holds positions [start, start + T); k/v [Hkv, >= start + T, D] every key so far.
+    Rows go in blocks of `block` (S): a block [a, b) is its own causal part (the intra stage with
+    one chunk) merged exactly with all keys [0, a) (the inter stage with the prefix as its
+    "memory"), so the stages the walk uses (and their kernels) do the work and the biggest
+    score tile is S x N. Returns o [Hq, rows, D] (statistics' dtype) or None when no row is in
+    the tail.
+    """
+    end = start + q.shape[1]
+    first = max(start, tail_start)
+    if first >= end:
+        return None
+    outputs = []
+    for a in range(first, end, block):
+        b = min(a + block, end)
+        rows = q[:, a - start:b - start]
+        state = ops.intra_attention(rows, k[:, a:b], v[:, a:b], b - a, scale).state
+        if a > 0:
+            state = ops.merge_states(ops.inter_attention(rows, k[:, :a], v[:, :a], scale).state, state)
+        outputs.append(state.o)
+    return outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
+
+
 def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], config: H2OConfig,
-                        scale: float, is_last: bool) -> tuple[A, H2OCarry[A]]:
+                        scale: float, is_last: bool, tail_start: int | None = None) -> tuple[A, H2OCarry[A]]:
     """One logical batch of one layer: phase 1 for all its chunks, then the phase-2 walk.
 
     q [Hq, T, D] are the batch's queries, positions [carry.n_done, carry.n_done + T);
     k/v [Hkv, >= carry.n_done + T, D] hold every key so far (memory sets point back into them).
     is_last: the batch ends the prompt, so no memory set is built after its final chunk.
-    Returns the batch's output [Hq, T, D] (q's dtype) and the carry for the next batch.
+    tail_start: the dense tail's first position (dense_tail_start); None or >= the batch's end:
+    no row of this batch is in it. Returns the batch's output [Hq, T, D] (q's dtype) and the
+    carry for the next batch.
     """
     size = config.chunk_size
     start, n_tokens = carry.n_done, q.shape[1]
@@ -64,6 +100,10 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
                                           config.local, config.heavy)
             memory_sets.append(memory)
         out = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
+        tail = None if tail_start is None else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale)
+        if tail is not None:  # the walk's rows of the tail are replaced, its scores kept
+            keep = tail_start - start
+            out = tail if keep <= 0 else ops.concat([out[:, :keep], tail], axis=1)
     return ops.cast_like(out, q), H2OCarry(scores=scores, memory=memory, memory_sets=memory_sets)
 
 
@@ -86,7 +126,8 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
     for batch_start in range(0, n_tokens, config.batch_size):
         batch_end = min(batch_start + config.batch_size, n_tokens)
         out, carry = h2o_attention_batch(ops, q[:, batch_start:batch_end], k, v, carry, config, scale,
-                                         is_last=batch_end == n_tokens)
+                                         is_last=batch_end == n_tokens,
+                                         tail_start=dense_tail_start(config, n_tokens))
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
     return H2OLayerResult(output, carry.scores, carry.memory_sets)
@@ -111,7 +152,8 @@ class H2OPrefillAttention(Generic[A]):
             raise ValueError(f"layer {layer}: H2O batch starts at slot {start}, the carry is at {carry.n_done}")
         # memory sets point back into earlier batches: the walk gets every key stored so far
         out, self.carries[layer] = h2o_attention_batch(self.ops, q[0], k[0], v[0], carry, self.config,
-                                                       self.scale, is_last=end == self.n_tokens)
+                                                       self.scale, is_last=end == self.n_tokens,
+                                                       tail_start=dense_tail_start(self.config, self.n_tokens))
         return out[None]
 
     def arrays(self) -> list[Any]:
@@ -125,9 +167,11 @@ class H2OPrefillAttention(Generic[A]):
                 for c in self.carries]
 
 
-def h2o_dot_products(n_tokens: int, chunk_size: int, memory_size: int) -> int:
-    """q.k products per head of H2O prefill: causal intra per chunk + one memory per later chunk."""
-    total = 0
+def h2o_dot_products(n_tokens: int, chunk_size: int, memory_size: int, dense_tail: int = 0) -> int:
+    """q.k products per head of H2O prefill: causal intra per chunk + one memory per later chunk
+    (+ the dense tail's rows over every earlier key; its walk rows are counted too, as computed)."""
+    first = max(0, n_tokens - dense_tail)
+    total = sum(i + 1 for i in range(first, n_tokens))
     for chunk_start in range(0, n_tokens, chunk_size):
         length = min(chunk_size, n_tokens - chunk_start)
         total += length * (length + 1) // 2

@@ -75,6 +75,16 @@ class ReferenceModel:
             hidden = self.finish_layer(layer, hidden, h2o.causal_attention(q, k, v, self.scale).o)
         return self.logits(hidden)
 
+    def _dense_tail(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
+                    tail_start: int) -> np.ndarray | None:
+        """Outputs [Hq, rows, D] of the chunk's queries q (positions start..) at positions >=
+        tail_start, causal over every key so far (keys/values [Hkv, start + T, D]); None if none."""
+        first = max(start, tail_start)
+        if first >= start + q.shape[1]:
+            return None
+        padded = np.concatenate([np.zeros((q.shape[0], first, q.shape[2])), q[:, first - start:]], axis=1)
+        return h2o.causal_attention(padded, keys, values, self.scale).o[:, first:]
+
     def forward_h2o_chunk_major(self, ids: list[int], config: H2OConfig) -> tuple[np.ndarray, list[list[MemorySet]]]:
         """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers, and the
         memory sets built per layer ([layer][chunk])."""
@@ -106,6 +116,9 @@ class ReferenceModel:
                     state = h2o.causal_attention(np.concatenate([np.zeros((q.shape[0], start, q.shape[2])), q], 1),
                                                  keys[layer], values[layer], self.scale)
                     state = type(state)(state.m[:, start:], state.l[:, start:], state.o[:, start:])
+                tail = self._dense_tail(q, keys[layer], values[layer], start, len(ids) - config.dense_tail)
+                if tail is not None and config.enabled:
+                    state = type(state)(state.m, state.l, np.concatenate([state.o[:, :state.o.shape[1] - tail.shape[1]], tail], 1))
                 hidden = self.finish_layer(layer, hidden, state.o)
                 if end < len(ids) and config.enabled:
                     memory[layer] = h2o.build_memory_set(scores[layer], memory[layer], start // size, start, end,

@@ -1,6 +1,11 @@
 """The oracle: H2O attention over the explicit key sets of seed 001, Appendix B.
 
-    K(i) = {j in C_c : j <= i} U M_{c-1}       for query i in chunk C_c
+    K(i) = {j in C_c : j <= i} U M_{c-1}       for query i in chunk C_c, i < N - W
+    K(i) = {j : j <= i}                        for query i >= N - W (the dense tail, W >= 0)
+
+The dense tail changes outputs only: scores still add every query's walk attention (intra-only
+softmax, then the inter softmax over M_{c-1}), as the walk computes them, and the memory sets
+follow from the scores.
 
 Deliberately naive and independent of the two-phase reference: one query at a time, a full
 [N]-wide mask per query, softmax over K(i) in one piece, memory sets built with Python sets
@@ -19,7 +24,8 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int, local: int,
-                     heavy: int, scale: float) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
+                     heavy: int, scale: float,
+                     dense_tail: int = 0) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
     """Returns (output [Hq, N, D], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N])."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     n_heads, n_tokens, _ = q.shape
@@ -45,6 +51,8 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
             g = h // group
             for i in range(start, end):
                 key_set = set(range(start, i + 1)) | (set(memory[g]) if memory else set())
+                if i >= n_tokens - dense_tail:
+                    key_set = set(range(0, i + 1))
                 mask = np.zeros(n_tokens, dtype=bool)
                 mask[list(key_set)] = True
                 logits = np.where(mask, k[g] @ q[h, i] * scale, -np.inf)
@@ -66,10 +74,11 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
 
 
 def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray],
-                 n_kv_heads: int) -> np.ndarray:
+                 n_kv_heads: int, dense_tail: int = 0) -> np.ndarray:
     """[Hkv, N, N] boolean: mask[g, i, j] = j in K(i) for KV head g.
 
-    memory_indices[c] is M_c as [Hkv, M]; the chunk after c reads it.
+    memory_indices[c] is M_c as [Hkv, M]; the chunk after c reads it. Rows i >= N - dense_tail
+    are causal over every key.
     """
     pos = np.arange(n_tokens)
     chunk = pos // chunk_size
@@ -79,6 +88,8 @@ def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray
         rows = pos[chunk == c + 1]
         for g in range(n_kv_heads):
             mask[g][np.ix_(rows, mem[g])] = True
+    tail = pos >= n_tokens - dense_tail
+    mask[:, tail] = pos[None, :] <= pos[tail][:, None]
     return mask
 
 
@@ -89,8 +100,10 @@ def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                     memory_indices: list[np.ndarray], scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """(output [Hq, N, D], scores [Hkv, N]) that H2O must produce GIVEN these memory sets.
+                     memory_indices: list[np.ndarray], scale: float,
+                     dense_tail: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(output [Hq, N, D], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
+    a dense tail of `dense_tail` rows, which changes the output only).
 
     Lets a backend be checked exactly even where float ties legitimately change its memory
     sets: whatever sets it chose, its output must be attention over the K(i) they define.
@@ -101,7 +114,7 @@ def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
     group = n_heads // n_kv
     kr, vr = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
     logits = np.einsum("hid,hjd->hij", q, kr) * scale
-    mask = np.repeat(key_set_mask(n_tokens, chunk_size, memory_indices, n_kv), group, axis=0)
+    mask = np.repeat(key_set_mask(n_tokens, chunk_size, memory_indices, n_kv, dense_tail), group, axis=0)
     output = _masked_softmax(logits, mask) @ vr
     intra_mask = np.repeat(key_set_mask(n_tokens, chunk_size, [], n_kv), group, axis=0)
     scores = _masked_softmax(logits, intra_mask).sum(axis=1).reshape(n_kv, group, n_tokens).sum(axis=1)

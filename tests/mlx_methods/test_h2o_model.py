@@ -106,3 +106,17 @@ def test_speculative_prefill_has_no_prompt_logits(tiny):
     t = tiny("llama")
     with pytest.raises(ConfigError, match="drops prompt tokens"):
         t.model.prompt_logits([5, 6], method=PrefillMethod("specprefill", speculator="self:1"), info=PrefillInfo())
+
+
+@pytest.mark.parametrize("n,s,b,tail", [(50, 16, 32, 5), (50, 16, 16, 20), (37, 8, 16, 40)])
+def test_h2o_dense_tail_equals_the_chunk_major_reference(tiny, n, s, b, tail):
+    """The last W queries attend to every earlier key (tail in the last chunk, across logical
+    batches, the whole prompt)."""
+    from specfill.core.config import H2OConfig
+
+    t = tiny("qwen2")
+    ids = prompt(n, t.args.vocab_size, seed=n + tail)
+    method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=s, batch_size=b, local=2, heavy=3, dense_tail=tail))
+    ours = t.model.prompt_logits(ids, method=method, info=PrefillInfo())
+    want, _ = t.ref.forward_h2o_chunk_major(ids, method.h2o)
+    assert_logits_close(ours, want, f"H2O N={n} S={s} B={b} dense tail {tail}")

@@ -121,3 +121,15 @@ def test_h2o_prefill_on_two_threads_equals_one_thread(tiny):
             torch.set_num_threads(previous)
     assert_logits_close(runs[1], runs[0], "H2O prefill, 2 threads vs 1")
     assert_logits_close(runs[0], t.ref.forward_h2o_chunk_major(ids, method.h2o)[0], "H2O prefill, 1 thread")
+
+
+@pytest.mark.parametrize("n,s,b,tail", [(50, 16, 32, 5), (50, 16, 16, 20), (37, 8, 16, 40)])
+def test_h2o_dense_tail_equals_the_chunk_major_reference(tiny, n, s, b, tail):
+    """The last W queries attend to every earlier key (tail in the last chunk, across logical
+    batches, the whole prompt)."""
+    t = tiny("qwen2")
+    ids = prompt(n, t.args.vocab_size, seed=n + tail)
+    method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=s, batch_size=b, local=2, heavy=3, dense_tail=tail))
+    ours = t.model.prompt_logits(ids, method=method, info=PrefillInfo())
+    want, _ = t.ref.forward_h2o_chunk_major(ids, method.h2o)
+    assert_logits_close(ours, want, f"H2O N={n} S={s} B={b} dense tail {tail}")
