@@ -8,9 +8,10 @@ from typing import Sequence
 
 from specfill.core import ConfigError, SpecfillError, SpecfillWarning
 
-from . import bench, conformance, eval, generate, parity
+from . import bench, conformance, eval, generate, parity, serve
 
-SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance}
+SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance,
+               "serve": serve}
 
 
 THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: torch's own choice)"

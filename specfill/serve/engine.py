@@ -1,0 +1,150 @@
+"""One generation, run on the worker thread: a Plan in, a stream of events out.
+
+Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
+usage, statistics). Cancellation (a client that went away) is checked between prefill steps (the
+progress callback raises) and between generated tokens.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from specfill.api import stream_generate
+from specfill.core.runtime import PrefillInfo
+
+from .plan import Plan
+
+
+class Cancelled(Exception):
+    """Raised inside the prefill (from its progress callback) when the client went away."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    processed: int  # prompt tokens processed so far (of the part being prefilled)
+    total: int
+    cached: int  # prompt tokens taken from the prompt cache
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    status: int
+    message: str
+
+
+Event = Progress | Delta | Finished | Failed
+Emit = Callable[[Event], None]
+
+
+class StopMatcher:
+    """Cuts the text at the first stop string; holds back a tail that may start one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to send now, whether a stop string was hit)."""
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        out = self.pending[:len(self.pending) - hold]
+        self.pending = self.pending[len(out):]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Engine:
+    """The loaded model and tokenizer, and how one Plan is generated."""
+
+    def __init__(self, model: Any, tokenizer: Any):
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @property
+    def context(self) -> int:
+        return self.model.args.max_position_embeddings
+
+    def health(self) -> dict[str, Any]:
+        """Extra /health fields."""
+        return {"backend": self.model.backend, "device": self.model.device_name}
+
+    def has_idle_work(self) -> bool:
+        """Whether work is waiting for a moment without requests (none without a prompt cache)."""
+        return False
+
+    def idle_step(self) -> None:
+        """One short piece of idle work (see has_idle_work)."""
+
+    def run(self, plan: Plan, emit: Emit) -> None:
+        """Generate `plan`, sending events through `emit` (ends with Finished, or nothing if cancelled)."""
+        started = time.perf_counter()
+
+        def progress(done: int, total: int) -> None:
+            if plan.cancelled.is_set():
+                raise Cancelled
+            if plan.return_progress:
+                emit(Progress(done, total, 0, time.perf_counter() - started))
+
+        info = PrefillInfo()
+        steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
+                                temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
+                                seed=plan.sampling.seed, method=plan.method,
+                                prompt_progress_callback=progress, prefill_info=info)
+        try:
+            self._stream(plan, steps, info, emit)
+        except Cancelled:
+            pass
+        finally:
+            steps.close()
+
+    def _stream(self, plan: Plan, steps: Iterator[Any], info: PrefillInfo, emit: Emit) -> None:
+        matcher = StopMatcher(plan.stops)
+        last, finish = None, "length"
+        for last in steps:
+            if plan.cancelled.is_set():
+                return
+            text, hit = matcher.feed(last.text)
+            if text:
+                emit(Delta(text))
+            if hit:
+                finish = "stop"
+                break
+            if last.finish_reason:
+                finish = last.finish_reason
+        tail = matcher.flush()  # empty after a stop string: what followed it is dropped
+        if tail:
+            emit(Delta(tail))
+        if last is None:
+            return
+        emit(Finished(finish, len(plan.ids), last.generation_tokens, 0, self.stats(plan, last, info)))
+
+    def stats(self, plan: Plan, last: Any, info: PrefillInfo) -> dict[str, Any]:
+        """What the final chunk reports beside usage: method, TTFT, kept tokens, speeds."""
+        return {"method": plan.method_name, "prefill_method": plan.method.name, "prompt_tokens": last.prompt_tokens,
+                "cached_tokens": 0, "kept_tokens": last.kept_tokens, "ttft_s": round(last.ttft, 6),
+                "prompt_tps": round(last.prompt_tps, 3), "generation_tokens": last.generation_tokens,
+                "generation_tps": round(last.generation_tps, 3), "peak_memory_gb": round(last.peak_memory, 4),
+                "prefill_seconds": {k: round(v, 6) for k, v in info.seconds.items()}, "queue_s": round(plan.queue_seconds, 6), "notes": plan.notes}
