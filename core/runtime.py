@@ -70,6 +70,36 @@ def check_speculator_vocabulary(speculator: ModelArgs, main: ModelArgs) -> None:
 
 
 @dataclass
+class KVState:
+    """A generation's KV cache, kept for the next turn (the prompt cache of `specfill serve`).
+
+    cache: the backend's own cache object (opaque outside the backend).
+    slots: filled slots; slot i < slots holds the KV of conversation token i + position_offset for
+    the slots past a SpecPrefill's kept tokens, and of token i when position_offset is 0.
+    position_offset: RoPE position minus slot of the last filled slot (0 after full or H2O prefill;
+    prompt tokens - kept tokens after SpecPrefill).
+    """
+
+    cache: Any
+    slots: int
+    position_offset: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Conversation tokens the cache stands for (the next token's RoPE position)."""
+        return self.slots + self.position_offset
+
+
+def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> None:
+    """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill."""
+    if method.name != "full":
+        raise ConfigError(f"a reused KV cache is extended by full prefill only, got method {method.name!r}")
+    if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:
+        raise ConfigError(f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
+                          f"the {prompt_tokens} prompt tokens")
+
+
+@dataclass
 class PrefillInfo:
     """What a prefill did: filled in by the backend, read by the API, bench, eval and parity.
 
@@ -77,6 +107,8 @@ class PrefillInfo:
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
     seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}.
+    kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
+    (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
     """
 
     prompt_tokens: int = 0
@@ -85,6 +117,7 @@ class PrefillInfo:
     record_memory: bool = False
     memory_sets: list[list[Any]] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    kv: KVState | None = None
 
     def start(self, prompt_tokens: int) -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""
@@ -92,6 +125,7 @@ class PrefillInfo:
         self.kept_positions = None
         self.memory_sets = None
         self.seconds = {}
+        self.kv = None
 
 
 def process_peak_memory_gb() -> float:
@@ -134,9 +168,12 @@ class CausalLM(Protocol):
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
-                      progress: ProgressCallback | None = None) -> Iterator[int]:
+                      progress: ProgressCallback | None = None, reuse: KVState | None = None) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time
-        (the first yield marks the time to first token), stopping after a stop id or max_tokens."""
+        (the first yield marks the time to first token), stopping after a stop id or max_tokens.
+        reuse: a KVState (from info.kv of an earlier generation) whose first reuse.tokens tokens
+        equal prompt_ids' first ones; only the rest is prefilled (full attention, method "full"),
+        into that cache (grown if needed). info.kv then reports the cache, as after any generation."""
 
     def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: PrefillInfo) -> Any:
         """Logits [T, vocab] (float32 NumPy) for every prompt position, the prompt's attention

@@ -10,7 +10,7 @@ from typing import Any, Iterator, Sequence
 from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
 from specfill.core.demo_model import require_demo_model
-from specfill.core.runtime import CausalLM, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
+from specfill.core.runtime import CausalLM, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
             "mlx": "specfill.backends.mlx"}
@@ -89,7 +89,8 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
                     prompt_progress_callback: ProgressCallback | None = None,
-                    prefill_info: PrefillInfo | None = None) -> Iterator[GenerationResponse]:
+                    prefill_info: PrefillInfo | None = None,
+                    reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm).
 
@@ -98,7 +99,9 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     every call with the backend's default dtype and device, so pass a loaded one (see
     load_speculator) when generating repeatedly or to choose its dtype).
     prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
-    sets when its record_memory is set; timings).
+    sets when its record_memory is set; timings; info.kv, the KV cache left behind).
+    reuse: a KVState from an earlier generation's info.kv standing for a prefix of this prompt:
+    only the rest is prefilled, with full attention (see CausalLM.generate_step).
     """
     if max_tokens < 1:
         raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -116,7 +119,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     first_at = None
     steps = model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(temperature, top_p, seed),
                                 stop_ids=frozenset(tokenizer.eos_token_ids), method=plan, info=info,
-                                progress=prompt_progress_callback)
+                                progress=prompt_progress_callback, reuse=reuse)
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         if first_at is None:

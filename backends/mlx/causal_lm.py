@@ -10,8 +10,8 @@ import numpy as np
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.errors import ConfigError
 from specfill.core.models import ModelArgs
-from specfill.core.runtime import (PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                                   check_generation_fits, check_speculator_context,
+from specfill.core.runtime import (KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
+                                   check_generation_fits, check_reuse, check_speculator_context,
                                    check_speculator_vocabulary, process_peak_memory_gb,
                                    self_speculator_layers)
 
@@ -130,16 +130,21 @@ class MLXCausalLM:
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
-                      progress: ProgressCallback | None = None) -> Iterator[int]:
+                      progress: ProgressCallback | None = None, reuse: KVState | None = None) -> Iterator[int]:
         ids = self.token_array(prompt_ids)
         prompt_tokens = ids.shape[0]
         check_generation_fits(prompt_tokens, max_tokens, self.args.max_position_embeddings)
         info.start(prompt_tokens)
+        if reuse is not None:
+            check_reuse(reuse, prompt_tokens, method)
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(prompt_tokens, speculator.context)
         if max_tokens == 0:
             return iter(())
+        if reuse is not None:
+            return self._generate_reused(ids, reuse, max_tokens=max_tokens, sampling=sampling,
+                                         stop_ids=stop_ids, info=info, progress=progress)
         if method.name == "specprefill":
             return self._generate_sparse(ids, speculator, method.specprefill or SpecPrefillConfig(),
                                          max_tokens=max_tokens, sampling=sampling,
@@ -153,9 +158,31 @@ class MLXCausalLM:
         cache = self.new_cache(ids.shape[0] + max_tokens)
         with mx.stream(self.device):
             logits = self.prefill_prompt(ids, cache, method, info, progress=progress)
-            yield from decode_tokens(self.model, logits, next_position=ids.shape[0],
-                                     max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
-                                     cache=cache)
+            yield from _tracked(decode_tokens(self.model, logits, next_position=ids.shape[0],
+                                              max_tokens=max_tokens, sampling=sampling,
+                                              stop_ids=stop_ids, cache=cache), cache, 0, info)
+
+    def _generate_reused(self, ids: mx.array, reuse: KVState, *, max_tokens: int,
+                         sampling: SamplingConfig, stop_ids: frozenset[int], info: PrefillInfo,
+                         progress: ProgressCallback | None) -> Iterator[int]:
+        """Full prefill of ids[reuse.tokens:] after the reused cache's slots, then decode
+        (prompt-cache hook)."""
+        first = reuse.tokens
+        needed = reuse.slots + ids.shape[0] - first + max_tokens
+        cache = reuse.cache
+        for layer in cache:  # drop slots past the reused ones; grow by half at least when short
+            layer.offset = reuse.slots
+            if layer.capacity < needed:
+                layer.max_size = max(needed, min(layer.capacity * 3 // 2, self.args.max_position_embeddings))
+        started = time.perf_counter()
+        with mx.stream(self.device):
+            logits = prefill(self.model, ids[first:], cache, positions=first,
+                             step_size=self.prefill_step_size, progress=progress)
+            info.seconds["prefill"] = time.perf_counter() - started
+            yield from _tracked(decode_tokens(self.model, logits, next_position=ids.shape[0],
+                                              max_tokens=max_tokens, sampling=sampling,
+                                              stop_ids=stop_ids, cache=cache),
+                                cache, reuse.position_offset, info)
 
     def _generate_sparse(self, ids: mx.array, speculator: Speculator, config: SpecPrefillConfig, *,
                          max_tokens: int, sampling: SamplingConfig, stop_ids: frozenset[int],
@@ -167,9 +194,11 @@ class MLXCausalLM:
             info.kept_positions = np.asarray(sparse.selection.kept).tolist()
             info.kept_tokens = len(info.kept_positions)
             info.seconds.update(sparse.seconds)
-            yield from decode_tokens(self.model, sparse.logits, next_position=sparse.next_position,
-                                     max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
-                                     cache=sparse.cache)
+            yield from _tracked(decode_tokens(self.model, sparse.logits,
+                                              next_position=sparse.next_position,
+                                              max_tokens=max_tokens, sampling=sampling,
+                                              stop_ids=stop_ids, cache=sparse.cache),
+                                sparse.cache, sparse.next_position - sparse.cache[0].offset, info)
 
     def peak_memory_gb(self) -> float:
         """MLX's peak allocation on the GPU, or the process's peak resident set on CPU."""
@@ -177,3 +206,12 @@ class MLXCausalLM:
             return mx.get_peak_memory() / 1e9
         return process_peak_memory_gb()
 
+
+
+def _tracked(tokens: Iterator[int], cache: list[KVCache], position_offset: int,
+             info: PrefillInfo) -> Iterator[int]:
+    """Yield the tokens, keeping info.kv on the cache's filled slots (prompt-cache hook)."""
+    info.kv = KVState(cache, cache[0].offset, position_offset)
+    for token in tokens:
+        info.kv.slots = cache[0].offset
+        yield token

@@ -9,8 +9,8 @@ import torch
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.errors import ConfigError
 from specfill.core.models import ModelArgs
-from specfill.core.runtime import (PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                                   check_generation_fits, check_speculator_context,
+from specfill.core.runtime import (KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
+                                   check_generation_fits, check_reuse, check_speculator_context,
                                    check_speculator_vocabulary, process_peak_memory_gb,
                                    self_speculator_layers)
 
@@ -135,16 +135,21 @@ class TorchCausalLM:
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
-                      progress: ProgressCallback | None = None) -> Iterator[int]:
+                      progress: ProgressCallback | None = None, reuse: KVState | None = None) -> Iterator[int]:
         ids = self.token_tensor(prompt_ids)
         prompt_tokens = ids.shape[0]
         check_generation_fits(prompt_tokens, max_tokens, self.args.max_position_embeddings)
         info.start(prompt_tokens)
+        if reuse is not None:
+            check_reuse(reuse, prompt_tokens, method)
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(prompt_tokens, speculator[0].args.max_position_embeddings)
         if max_tokens == 0:
             return iter(())
+        if reuse is not None:
+            return self._generate_reused(ids, reuse, max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
+                                         info=info, progress=progress)
         if method.name == "specprefill":
             return self._generate_sparse(ids, speculator, method.specprefill or SpecPrefillConfig(),
                                          max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
@@ -157,8 +162,28 @@ class TorchCausalLM:
                         progress: ProgressCallback | None) -> Iterator[int]:
         cache = self.new_cache(ids.shape[0] + max_tokens)
         logits = self.prefill_prompt(ids, cache, method, info, progress=progress)[-1]
-        yield from decode_tokens(self.model, logits, next_position=ids.shape[0], max_tokens=max_tokens,
-                                 sampling=sampling, stop_ids=stop_ids, cache=cache)
+        yield from _tracked(decode_tokens(self.model, logits, next_position=ids.shape[0], max_tokens=max_tokens,
+                                          sampling=sampling, stop_ids=stop_ids, cache=cache), cache, 0, info)
+
+    def _generate_reused(self, ids: torch.Tensor, reuse: KVState, *, max_tokens: int, sampling: SamplingConfig,
+                         stop_ids: frozenset[int], info: PrefillInfo,
+                         progress: ProgressCallback | None) -> Iterator[int]:
+        """Full prefill of ids[reuse.tokens:] after the reused cache's slots, then decode (prompt-cache hook)."""
+        first, new = reuse.tokens, ids.shape[0] - reuse.tokens
+        cache = reuse.cache
+        needed = reuse.slots + new + max_tokens
+        if cache.capacity < needed:  # grow by half at least (up to the context): turns append often
+            grown = self.new_cache(max(needed, min(cache.capacity * 3 // 2, self.args.max_position_embeddings)))
+            grown.k[:, :, :, :reuse.slots] = cache.k[:, :, :, :reuse.slots]
+            grown.v[:, :, :, :reuse.slots] = cache.v[:, :, :, :reuse.slots]
+            cache = grown
+        started = wall_time(ids.device)
+        logits = prefill(self.model, ids[first:], torch.arange(first, ids.shape[0], device=ids.device), cache,
+                         start=reuse.slots, step_size=self.prefill_step_size, progress=progress)[-1]
+        info.seconds["prefill"] = wall_time(ids.device) - started
+        yield from _tracked(decode_tokens(self.model, logits, next_position=ids.shape[0], max_tokens=max_tokens,
+                                          sampling=sampling, stop_ids=stop_ids, cache=cache),
+                            cache, reuse.position_offset, info)
 
     def _generate_sparse(self, ids: torch.Tensor, speculator: tuple[Transformer, int], config: SpecPrefillConfig,
                          *, max_tokens: int, sampling: SamplingConfig, stop_ids: frozenset[int],
@@ -171,8 +196,10 @@ class TorchCausalLM:
         info.kept_positions = sparse.selection.kept.tolist()
         info.kept_tokens = len(info.kept_positions)
         info.seconds.update(sparse.seconds)
-        yield from decode_tokens(self.model, sparse.logits, next_position=sparse.next_position,
-                                 max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, cache=sparse.cache)
+        yield from _tracked(decode_tokens(self.model, sparse.logits, next_position=sparse.next_position,
+                                          max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
+                                          cache=sparse.cache),
+                            sparse.cache, sparse.next_position - sparse.cache.filled, info)
 
     def peak_memory_gb(self) -> float:
         """Peak CUDA memory allocated by torch, or the process's peak resident set on CPU."""
@@ -180,3 +207,11 @@ class TorchCausalLM:
             return torch.cuda.max_memory_allocated(self.device) / 1e9
         return process_peak_memory_gb()
 
+
+
+def _tracked(tokens: Iterator[int], cache: KVCache, position_offset: int, info: PrefillInfo) -> Iterator[int]:
+    """Yield the tokens, keeping info.kv on the cache's filled slots (prompt-cache hook)."""
+    info.kv = KVState(cache, cache.filled, position_offset)
+    for token in tokens:
+        info.kv.slots = cache.filled
+        yield token
