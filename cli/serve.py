@@ -26,6 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens generated when a request sets no max_tokens (default: %(default)s)")
     p.add_argument("--max-queue", type=int, default=8,
                    help="requests that may wait behind the running one; more get 503 (default: %(default)s)")
+    p.add_argument("--prompt-cache", choices=("exact", "approximate", "off"), default="exact",
+                   help="multi-turn KV reuse: exact (sparse caches rebuilt densely first), approximate (reused "
+                        "as they are) or off; requests may choose too (default: %(default)s)")
+    p.add_argument("--cache-tokens", type=int, default=16384,
+                   help="prompt cache bound: conversation tokens kept in all, least recently used evicted "
+                        "(default: %(default)s)")
     p.add_argument("--chat-template", default=None,
                    help="Jinja file, or 'chatml', for models without a chat template of their own")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
@@ -70,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
     model_id = args.model_id or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
     defaults = serve.ServerDefaults(model_id=model_id, method=args.method, h2o=h2o, specprefill=spec,
                                     speculator=speculator, speculator_context=spec_context,
-                                    max_tokens=args.max_tokens)
-    app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue)
+                                    max_tokens=args.max_tokens, prompt_cache=args.prompt_cache)
+    app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens)
     print(f"specfill: serving {model_id} ({args.backend}, {model.device_name}) on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)

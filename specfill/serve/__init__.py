@@ -31,14 +31,26 @@ def read_chat_template(spec: str) -> str:
         raise ConfigError(f"cannot read --chat-template {spec}: {err.strerror}") from None
 
 
-def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue: int = 8) -> Any:
-    """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called)."""
+def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue: int = 8,
+              cache_tokens: int = 16384) -> Any:
+    """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
+
+    cache_tokens: the prompt cache's bound (conversation tokens in all); with
+    defaults.prompt_cache "off" the server has no prompt cache at all.
+    """
     from .app import create_app
     from .engine import Engine
+    from .prompt_cache import PromptCache
 
     if max_queue < 1:  # queue.Queue(0) would be unbounded
         raise ConfigError(f"--max-queue must be >= 1, got {max_queue}")
-    return create_app(Engine(model, tokenizer), defaults, max_queue=max_queue)
+    if cache_tokens < 1:
+        raise ConfigError(f"--cache-tokens must be >= 1, got {cache_tokens}")
+    if defaults.prompt_cache not in ("exact", "approximate", "off"):
+        raise ConfigError(f"--prompt-cache must be exact, approximate or off, got {defaults.prompt_cache!r}")
+    cache = None if defaults.prompt_cache == "off" else \
+        PromptCache(cache_tokens, model.args.max_position_embeddings)
+    return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue)
 
 
 __all__ = ["CHATML", "ServerDefaults", "build_app", "read_chat_template"]

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from specfill.api import stream_generate
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import PrefillInfo, PrefillMethod
 
 from .plan import Plan
+from .prompt_cache import FULL, PromptCache, Reuse
 
 
 class Cancelled(Exception):
@@ -77,11 +78,12 @@ class StopMatcher:
 
 
 class Engine:
-    """The loaded model and tokenizer, and how one Plan is generated."""
+    """The loaded model and tokenizer, the prompt cache, and how one Plan is generated."""
 
-    def __init__(self, model: Any, tokenizer: Any):
+    def __init__(self, model: Any, tokenizer: Any, cache: PromptCache | None = None):
         self.model = model
         self.tokenizer = tokenizer
+        self.cache = cache  # None: the server runs without a prompt cache
 
     @property
     def context(self) -> int:
@@ -89,43 +91,56 @@ class Engine:
 
     def health(self) -> dict[str, Any]:
         """Extra /health fields."""
-        return {"backend": self.model.backend, "device": self.model.device_name}
+        return {"backend": self.model.backend, "device": self.model.device_name,
+                "prompt_cache": None if self.cache is None else self.cache.stats()}
 
     def has_idle_work(self) -> bool:
-        """Whether work is waiting for a moment without requests (none without a prompt cache)."""
-        return False
+        """Whether a conversation's dense KV is being rebuilt (run between requests)."""
+        return self.cache is not None and self.cache.pending() is not None
 
     def idle_step(self) -> None:
-        """One short piece of idle work (see has_idle_work)."""
+        """One step of rebuilding (a few hundred tokens of full prefill)."""
+        if self.cache is not None:
+            self.cache.complete_step(self.model)
 
     def run(self, plan: Plan, emit: Emit) -> None:
         """Generate `plan`, sending events through `emit` (ends with Finished, or nothing if cancelled)."""
         started = time.perf_counter()
+        policy = plan.prompt_cache if self.cache is not None else "off"
+        reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
+        method = FULL if reuse.hit else plan.method  # a conversation's new tokens: full attention
 
         def progress(done: int, total: int) -> None:
             if plan.cancelled.is_set():
                 raise Cancelled
             if plan.return_progress:
-                emit(Progress(done, total, 0, time.perf_counter() - started))
+                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started))
 
         info = PrefillInfo()
         steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
                                 temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
-                                seed=plan.sampling.seed, method=plan.method,
-                                prompt_progress_callback=progress, prefill_info=info)
+                                seed=plan.sampling.seed, method=method, prompt_progress_callback=progress,
+                                prefill_info=info, reuse=reuse.state)
         try:
-            self._stream(plan, steps, info, emit)
+            done = self._stream(plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info))
         except Cancelled:
-            pass
+            return
         finally:
             steps.close()
+        if done is not None and self.cache is not None:
+            self.cache.put(plan.ids + done, info.kv, prompt_tokens=len(plan.ids), method=method.name, reuse=reuse,
+                           policy=policy)
 
-    def _stream(self, plan: Plan, steps: Iterator[Any], info: PrefillInfo, emit: Emit) -> None:
+    def _stream(self, plan: Plan, steps: Iterator[Any], emit: Emit,
+                stats: Callable[[Any], dict[str, Any]]) -> list[int] | None:
+        """Send the text (cut at stop strings) and the Finished event; the generated ids, or None
+        when cancelled or nothing was generated."""
         matcher = StopMatcher(plan.stops)
-        last, finish = None, "length"
+        last, finish, generated = None, "length", []
         for last in steps:
             if plan.cancelled.is_set():
-                return
+                return None
+            generated.append(last.token)
             text, hit = matcher.feed(last.text)
             if text:
                 emit(Delta(text))
@@ -138,13 +153,18 @@ class Engine:
         if tail:
             emit(Delta(tail))
         if last is None:
-            return
-        emit(Finished(finish, len(plan.ids), last.generation_tokens, 0, self.stats(plan, last, info)))
+            return None
+        numbers = stats(last)
+        emit(Finished(finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers))
+        return generated
 
-    def stats(self, plan: Plan, last: Any, info: PrefillInfo) -> dict[str, Any]:
-        """What the final chunk reports beside usage: method, TTFT, kept tokens, speeds."""
-        return {"method": plan.method_name, "prefill_method": plan.method.name, "prompt_tokens": last.prompt_tokens,
-                "cached_tokens": 0, "kept_tokens": last.kept_tokens, "ttft_s": round(last.ttft, 6),
-                "prompt_tps": round(last.prompt_tps, 3), "generation_tokens": last.generation_tokens,
-                "generation_tps": round(last.generation_tps, 3), "peak_memory_gb": round(last.peak_memory, 4),
-                "prefill_seconds": {k: round(v, 6) for k, v in info.seconds.items()}, "queue_s": round(plan.queue_seconds, 6), "notes": plan.notes}
+    @staticmethod
+    def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,
+              info: PrefillInfo) -> dict[str, Any]:
+        """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds."""
+        return {"method": plan.method_name, "prefill_method": method.name, "prompt_cache": policy,
+                "prompt_tokens": last.prompt_tokens, "cached_tokens": reuse.cached, "kept_tokens": last.kept_tokens,
+                "ttft_s": round(last.ttft, 6), "prompt_tps": round(last.prompt_tps, 3),
+                "generation_tokens": last.generation_tokens, "generation_tps": round(last.generation_tps, 3),
+                "peak_memory_gb": round(last.peak_memory, 4), "queue_s": round(plan.queue_seconds, 6),
+                "prefill_seconds": {k: round(v, 6) for k, v in info.seconds.items()}, "notes": plan.notes}

@@ -7,7 +7,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 pytest.importorskip("openai")
 
-from .server_process import ServerProcess  # noqa: E402
+from specfill.evaluation.serve_process import ServerProcess  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -2,23 +2,15 @@
 statistics, per-request methods, progress events, stop strings."""
 from __future__ import annotations
 
-import json
-import urllib.request
-
-from .server_process import client
+from specfill.evaluation.serve_process import client
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
 
 
 def test_models_and_health(tiny_server):
     models = client(tiny_server).models.list()
     assert [m.id for m in models.data] == ["random:tiny-llama"]
-    health = get_json(tiny_server.url + "/health")
+    health = tiny_server.health()
     assert health["status"] == "ok" and health["model"] == "random:tiny-llama"
 
 
@@ -56,7 +48,7 @@ def test_progress_events_are_opt_in(tiny_server):
     plain = list(c.completions.create(model="any", prompt=prompt, max_tokens=2, stream=True))
     assert not any("prompt_progress" in (ch.model_extra or {}) for ch in plain)
     chunks = list(c.completions.create(model="any", prompt=prompt, max_tokens=2, stream=True,
-                                       extra_body={"return_progress": True, "method": "h2o",
+                                       extra_body={"return_progress": True, "method": "h2o", "prompt_cache": "off",
                                                    "h2o_chunk_size": 64, "h2o_batch_size": 128,
                                                    "h2o_local": 8, "h2o_heavy": 8}))
     progress = [ch.model_extra["prompt_progress"] for ch in chunks if "prompt_progress" in ch.model_extra]
@@ -98,7 +90,7 @@ def test_demo_method_per_request(demo_server):
                                                   "h2o_heavy": 16}),
                           ("specprefill", {"keep_ratio": 0.25})):
         r = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=3,
-                                      extra_body={"method": method, **extra})
+                                      extra_body={"method": method, "prompt_cache": "off", **extra})
         seen[method] = r.model_extra["specfill"]
     assert {m: s["method"] for m, s in seen.items()} == {"full": "full", "h2o": "h2o", "specprefill": "specprefill"}
     prompt_tokens = seen["full"]["prompt_tokens"]

@@ -12,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from .server_process import client
+from specfill.evaluation.serve_process import client
 
 CHAT = "/v1/chat/completions"
 COMPLETE = "/v1/completions"
@@ -106,7 +106,7 @@ def test_full_queue_is_503(demo_server):
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
-    while health(demo_server)["waiting"] < 3 and time.monotonic() < deadline:
+    while demo_server.health()["waiting"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     with pytest.raises(openai.APIStatusError) as refused:
         c.completions.create(model="any", prompt="Hi", max_tokens=2)
@@ -127,14 +127,9 @@ def open_stream(server, body: dict) -> http.client.HTTPConnection:
     return connection
 
 
-def health(server) -> dict:
-    with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
-        return json.loads(r.read())
-
-
 def wait_idle(server, seconds: float) -> dict:
     deadline = time.monotonic() + seconds
-    while (state := health(server))["busy"] and time.monotonic() < deadline:
+    while (state := server.health())["busy"] and time.monotonic() < deadline:
         time.sleep(0.05)
     return state
 
@@ -168,7 +163,8 @@ def test_sequential_requests_keep_rss_flat(tiny_server):
         stream = i % 2 == 0
         r = c.chat.completions.create(model="any", messages=[{"role": "user", "content": f"{i} 3 4 5"}],
                                       max_tokens=16, stream=stream,
-                                      extra_body={"method": ("full", "h2o", "specprefill")[i % 3]})
+                                      extra_body={"method": ("full", "h2o", "specprefill")[i % 3],
+                                                  "prompt_cache": "off"})  # a leak check: no cached conversations
         if stream:
             list(r)
         sizes.append(tiny_server.rss_kb())

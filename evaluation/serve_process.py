@@ -1,6 +1,7 @@
-"""A real `specfill serve` in a subprocess on 127.0.0.1 and a free port, for the serve tests."""
+"""A real `specfill serve` in a subprocess on 127.0.0.1 and a free port (serve tests and benchmark)."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -20,15 +21,16 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`specfill --threads 1 serve ARGS --port P`; `url` is http://127.0.0.1:P, `rss_kb()` its resident set."""
+    """`specfill --threads T serve ARGS --port P`; `url` is http://127.0.0.1:P, `rss_kb()` its resident set."""
 
-    def __init__(self, *args: str, log: Path):
+    def __init__(self, *args: str, log: Path, threads: int = 1):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self._log_file = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "specfill.cli.main", "--threads", "1", "serve", *args,
+        self.proc = subprocess.Popen([sys.executable, "-m", "specfill.cli.main", "--threads", str(threads),
+                                      "serve", *args,
                                       "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
                                      stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
         self._wait_ready()
@@ -46,6 +48,11 @@ class ServerProcess:
                 time.sleep(0.3)
         self.stop()
         raise RuntimeError(f"specfill serve did not answer /health in {START_TIMEOUT_S} s:\n{self.log.read_text()}")
+
+    def health(self) -> dict:
+        """GET /health as a dict (busy, waiting, served, prompt_cache statistics, ...)."""
+        with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
+            return json.loads(r.read())
 
     def alive(self) -> bool:
         return self.proc.poll() is None
