@@ -54,6 +54,13 @@ class ServerProcess:
         with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
             return json.loads(r.read())
 
+    def wait_rebuilt(self, seconds: float = 600) -> dict:
+        """Poll /health until the prompt cache has no dense rebuild pending (or `seconds` pass)."""
+        deadline = time.monotonic() + seconds
+        while (state := self.health())["prompt_cache"]["pending_tokens"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return state
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 

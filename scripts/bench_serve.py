@@ -53,8 +53,7 @@ def turn(c: Any, messages: list[dict], **fields: Any) -> dict[str, Any]:
 
 def wait_rebuilt(server: ServerProcess) -> float:
     started = time.perf_counter()
-    while server.health()["prompt_cache"]["pending_tokens"]:
-        time.sleep(0.05)
+    server.wait_rebuilt(3600)
     return round(time.perf_counter() - started, 3)
 
 

@@ -121,15 +121,18 @@ class Engine:
                                 temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
                                 seed=plan.sampling.seed, method=method, prompt_progress_callback=progress,
                                 prefill_info=info, reuse=reuse.state)
+        done = None
         try:
             done = self._stream(plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info))
         except Cancelled:
-            return
+            pass
         finally:
             steps.close()
-        if done is not None and self.cache is not None:
-            self.cache.put(plan.ids + done, info.kv, prompt_tokens=len(plan.ids), method=method.name, reuse=reuse,
-                           policy=policy)
+            if self.cache is not None and done is not None:
+                self.cache.put(plan.ids + done, info.kv, prompt_tokens=len(plan.ids), method=method.name,
+                               reuse=reuse, policy=policy)
+            elif self.cache is not None:  # cancelled or failed: the reused prefix is still intact
+                self.cache.restore(plan.ids, reuse)
 
     def _stream(self, plan: Plan, steps: Iterator[Any], emit: Emit,
                 stats: Callable[[Any], dict[str, Any]]) -> list[int] | None:

@@ -118,6 +118,16 @@ class PromptCache:
         else:
             entry = Entry(list(tokens), None, exact=True, rebuilding=True)
         self.entries.append(entry)
+        self._evict()
+
+    def restore(self, ids: list[int], reuse: Reuse) -> None:
+        """Put back what a cancelled or failed request took: its slots below reuse.state.slots were
+        never written (the backend prefills after them, or into a grown copy)."""
+        if reuse.state is not None:
+            self.entries.append(Entry(list(ids[:reuse.cached]), reuse.state, exact=reuse.exact, fixed=reuse.fixed))
+            self._evict()
+
+    def _evict(self) -> None:
         while sum(len(e.tokens) for e in self.entries) > self.max_tokens:
             self.entries.remove(min(self.entries, key=lambda e: e.used))
 

@@ -2,8 +2,8 @@
 
 Types are strict (a string where a number belongs is a 400, not a silent conversion); unknown
 fields are ignored, as OpenAI-compatible servers do, except the OpenAI features specfill does not
-implement (several choices, log-probabilities, tools, penalties, draft tokens), which are refused
-by name rather than silently dropped. specfill's own fields sit at the top level of the body, so the
+implement (several choices, log-probabilities, tools, penalties, structured output, logit bias, draft
+tokens), which are refused by name rather than silently dropped. specfill's own fields sit at the top level of the body, so the
 `openai` client passes them through `extra_body`.
 """
 from __future__ import annotations
@@ -108,6 +108,9 @@ UNSUPPORTED = (
     ("frequency_penalty", lambda v: v not in (None, 0), "frequency penalties"),
     ("echo", lambda v: v is True, "echoing the prompt"),
     ("suffix", lambda v: v is not None, "suffix (insertion) completions"),
+    ("response_format", lambda v: isinstance(v, dict) and v.get("type") not in (None, "text"),
+     "structured output (response_format other than text)"),
+    ("logit_bias", lambda v: bool(v), "logit_bias"),
     ("num_draft_tokens", lambda v: v is not None, "speculative decoding (draft tokens); specfill has none yet"),
 )
 

@@ -2,7 +2,8 @@
 dense KV rebuilt in idle time and answers exactly as a dense run of both turns (greedy)."""
 from __future__ import annotations
 
-import time
+import http.client
+import json
 
 from specfill.evaluation.serve_process import client
 
@@ -20,13 +21,6 @@ TURN1 = {"role": "user", "content": f"Here is a text.\n\n{TEXT}\n\nWhat is this 
 TURN2 = {"role": "user", "content": "Quote line 7 of the text verbatim."}
 
 
-def wait_rebuilt(server, seconds: float = 60) -> dict:
-    deadline = time.monotonic() + seconds
-    while (state := server.health())["prompt_cache"]["pending_tokens"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return state
-
-
 def chat(c, messages, **fields):
     r = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=24, temperature=0, extra_body=fields)
     return r.choices[0].message.content, r.model_extra["specfill"], r.usage
@@ -36,7 +30,7 @@ def test_turn_two_after_specprefill_equals_dense_run(demo_server):
     c = client(demo_server, timeout=300)
     reply1, stats1, _ = chat(c, [TURN1], method="specprefill", keep_ratio=0.1)
     assert stats1["prefill_method"] == "specprefill" and stats1["kept_tokens"] < stats1["prompt_tokens"] / 4
-    state = wait_rebuilt(demo_server)
+    state = demo_server.wait_rebuilt(60)
     assert state["prompt_cache"]["pending_tokens"] == 0 and state["prompt_cache"]["completed_tokens"] > 0
     two_turns = [TURN1, {"role": "assistant", "content": reply1}, TURN2]
     reply2, stats2, usage2 = chat(c, two_turns, method="specprefill", keep_ratio=0.1)
@@ -69,7 +63,7 @@ def test_progress_counts_cached_tokens(demo_server):
     c = client(demo_server, timeout=300)
     first = [{"role": "user", "content": "Name three colours of the rainbow." + " Please." * 40}]
     reply = c.chat.completions.create(model="smollm2", messages=first, max_tokens=8).choices[0].message.content
-    wait_rebuilt(demo_server)
+    demo_server.wait_rebuilt(60)
     chunks = list(c.chat.completions.create(
         model="smollm2", messages=first + [{"role": "assistant", "content": reply},
                                            {"role": "user", "content": "And three more?"}],
@@ -79,3 +73,19 @@ def test_progress_counts_cached_tokens(demo_server):
     assert final["cached_tokens"] > 40
     assert progress[-1]["processed"] == progress[-1]["total"] == final["prompt_tokens"]
     assert all(p["cache"] == final["cached_tokens"] for p in progress)
+
+
+def test_cancelled_turn_keeps_the_conversation(demo_server):
+    """A client gone during turn 2 leaves turn 1's cached KV in place for its retry."""
+    c = client(demo_server, timeout=300)
+    first = [{"role": "user", "content": "Describe a quiet harbour town." + " In detail." * 30}]
+    reply = c.chat.completions.create(model="smollm2", messages=first, max_tokens=8).choices[0].message.content
+    two_turns = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Go on, at length."}]
+    connection = http.client.HTTPConnection("127.0.0.1", demo_server.port, timeout=60)
+    connection.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
+                       body=json.dumps({"messages": two_turns, "max_tokens": 2000, "stream": True}))
+    response = connection.getresponse()
+    assert [response.readline() for _ in range(4)][-1]
+    connection.close()
+    retry = c.chat.completions.create(model="smollm2", messages=two_turns, max_tokens=2)
+    assert retry.model_extra["specfill"]["cached_tokens"] > 60

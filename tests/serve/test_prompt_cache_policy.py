@@ -75,3 +75,11 @@ def test_lru_bound():
     assert [e.tokens[0] for e in cache.entries] == [1000, 2000]  # the oldest went
     cache.put(list(range(5000, 5300)), dense(300), prompt_tokens=290, method="full", reuse=Reuse(), policy="exact")
     assert [e.tokens[0] for e in cache.entries] == [1000, 2000]  # larger than the bound: not kept
+
+
+def test_restore_after_a_cancelled_request():
+    cache = PromptCache(1000, 4096)
+    cache.put(list(range(100)), dense(100), prompt_tokens=90, method="full", reuse=Reuse(), policy="exact")
+    got = cache.take(list(range(100)) + [1, 2], "exact")
+    cache.restore(list(range(100)) + [1, 2], got)
+    assert cache.take(list(range(100)) + [3], "exact").cached == 100
