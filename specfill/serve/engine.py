@@ -121,23 +121,26 @@ class Engine:
                                 temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
                                 seed=plan.sampling.seed, method=method, prompt_progress_callback=progress,
                                 prefill_info=info, reuse=reuse.state)
-        done = None
+        outcome = None
         try:
-            done = self._stream(plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info))
+            outcome = self._stream(plan, steps, emit,
+                                   lambda last: self.stats(plan, policy, method, reuse, last, info))
         except Cancelled:
             pass
         finally:
             steps.close()
-            if self.cache is not None and done is not None:
-                self.cache.put(plan.ids + done, info.kv, prompt_tokens=len(plan.ids), method=method.name,
+            if self.cache is not None and outcome is not None:
+                self.cache.put(plan.ids + outcome[0], info.kv, prompt_tokens=len(plan.ids), method=method.name,
                                reuse=reuse, policy=policy)
             elif self.cache is not None:  # cancelled or failed: the reused prefix is still intact
                 self.cache.restore(plan.ids, reuse)
+        if outcome is not None:  # only now: the client's next turn must find this one in the cache
+            emit(outcome[1])
 
     def _stream(self, plan: Plan, steps: Iterator[Any], emit: Emit,
-                stats: Callable[[Any], dict[str, Any]]) -> list[int] | None:
-        """Send the text (cut at stop strings) and the Finished event; the generated ids, or None
-        when cancelled or nothing was generated."""
+                stats: Callable[[Any], dict[str, Any]]) -> tuple[list[int], Finished] | None:
+        """Send the text (cut at stop strings); (the generated ids, the Finished event to send),
+        or None when cancelled or nothing was generated."""
         matcher = StopMatcher(plan.stops)
         last, finish, generated = None, "length", []
         for last in steps:
@@ -158,8 +161,7 @@ class Engine:
         if last is None:
             return None
         numbers = stats(last)
-        emit(Finished(finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers))
-        return generated
+        return generated, Finished(finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers)
 
     @staticmethod
     def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,

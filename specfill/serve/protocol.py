@@ -3,8 +3,8 @@
 Types are strict (a string where a number belongs is a 400, not a silent conversion); unknown
 fields are ignored, as OpenAI-compatible servers do, except the OpenAI features specfill does not
 implement (several choices, log-probabilities, tools, penalties, structured output, logit bias, draft
-tokens), which are refused by name rather than silently dropped. specfill's own fields sit at the top level of the body, so the
-`openai` client passes them through `extra_body`.
+tokens), which are refused by name rather than silently dropped. specfill's own fields sit at the
+top level of the body, so the `openai` client passes them through `extra_body`.
 """
 from __future__ import annotations
 
