@@ -74,9 +74,10 @@ class KVState:
     """A generation's KV cache, kept for the next turn (the prompt cache of `specfill serve`).
 
     cache: the backend's own cache object (opaque outside the backend).
-    slots: filled slots; slot i < slots holds the KV of conversation token i + position_offset for
-    the slots past a SpecPrefill's kept tokens, and of token i when position_offset is 0.
-    position_offset: RoPE position minus slot of the last filled slot (0 after full or H2O prefill;
+    slots: filled slots. With position_offset 0, slot i holds conversation token i. After
+    SpecPrefill, slots 0..K-1 hold the K kept prompt tokens (at their own positions) and slot i >= K
+    holds token i + position_offset.
+    position_offset: RoPE position minus slot past the kept tokens (0 after full or H2O prefill;
     prompt tokens - kept tokens after SpecPrefill).
     """
 
