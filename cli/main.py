@@ -9,10 +9,10 @@ from typing import Sequence
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, SpecfillError, SpecfillWarning
 
-from . import bench, conformance, doctor, eval, generate, parity
+from . import bench, conformance, doctor, eval, generate, parity, serve
 
 SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance,
-               "doctor": doctor}
+               "doctor": doctor, "serve": serve}
 
 
 MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this

@@ -12,49 +12,21 @@ import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .crossover import auto_threshold
-from .errors import ConfigError
+from .decoding import decode_tokens, track_kv
+from .errors import ConfigError, PromptTooLongError
 from .methods.drafting import DraftState, distribution, speculative_decode
 from .methods.h2o import H2OPrefillAttention, uses_full_attention
 from .methods.prefill import prefill
 from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
-from .errors import PromptTooLongError
-from .runtime import (Drafting, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig, check_generation_fits,
+from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
+                      check_generation_fits, check_reuse,
                       check_speculator_context, check_speculator_vocabulary, check_token_ids,
                       self_speculator_layers)
 from .stages import A
 
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
-
-
-def decode_tokens(ops: ModelOps[A], model: Any, logits: A, *, next_position: int, max_tokens: int,
-                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: list[Any]) -> Iterator[int]:
-    """Sample from the prefill's last logits [vocab], then decode one token at a time at RoPE
-    positions next_position, next_position + 1, ... into the cache's next free slots; yields each
-    token as soon as it is chosen and stops after a stop id or `max_tokens` tokens. A lazy
-    backend queues step n+1 before handing out token n (mlx-lm's overlap); an eager one computes
-    it after, so the first token's time is the prefill's alone."""
-    choose = ops.sampler(sampling)
-
-    def step(token: A, position: int) -> A:
-        return choose(ops.forward(model, token, position, cache, None, 0)[-1])
-
-    token = choose(logits)
-    for produced in range(1, max_tokens + 1):
-        following = None
-        if ops.lazy and produced < max_tokens:
-            following = step(token, next_position)
-            ops.schedule([following])  # evaluated while token n is handed out
-            next_position += 1
-        value = ops.item(token)
-        yield value
-        if value in stop_ids or produced == max_tokens:
-            return
-        if following is None:
-            following = step(token, next_position)
-            next_position += 1
-        token = following
 
 
 class CausalLM(Generic[A]):
@@ -160,14 +132,22 @@ class CausalLM(Generic[A]):
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
                       stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
-                      progress: ProgressCallback | None = None, drafting: Drafting | None = None) -> Iterator[int]:
+                      progress: ProgressCallback | None = None, drafting: Drafting | None = None,
+                      reuse: KVState | None = None) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time (the
         first yield marks the time to first token), stopping after a stop id or max_tokens.
         With `drafting`, decode speculatively (core/methods/drafting.py): same tokens as greedy,
-        the main model's distribution when sampling; info.from_draft marks accepted drafts."""
+        the main model's distribution when sampling; info.from_draft marks accepted drafts.
+        reuse: a KVState (info.kv of an earlier generation) standing for a prefix of prompt_ids:
+        only the rest is prefilled, with full attention, into that cache (grown if needed).
+        info.kv reports the generation's cache (pass it as `reuse` to extend the conversation)."""
         ids = self._ids(prompt_ids, max_tokens)
         method = self.resolve_method(method, len(ids))
         info.start(len(ids), method.name)
+        if reuse is not None:
+            check_reuse(reuse, len(ids), method)
+            if drafting is not None:
+                raise ConfigError("speculative decoding with a reused KV cache is not supported yet")
         speculator = None
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
@@ -175,7 +155,7 @@ class CausalLM(Generic[A]):
         draft = None if drafting is None else self._draft_model(drafting, method, len(ids) + max_tokens)
         if max_tokens == 0:
             return iter(())
-        return self._generate(ids, method, speculator, draft, max_tokens=max_tokens, sampling=sampling,
+        return self._generate(ids, method, speculator, draft, reuse, max_tokens=max_tokens, sampling=sampling,
                               stop_ids=stop_ids, info=info, progress=progress)
 
     def _draft_model(self, drafting: Drafting, method: PrefillMethod, needed: int) -> tuple[Any, int]:
@@ -197,15 +177,20 @@ class CausalLM(Generic[A]):
         return drafting.model, drafting.num_tokens
 
     def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
-                  draft: tuple[Any, int] | None, *, max_tokens: int, sampling: SamplingConfig,
+                  draft: tuple[Any, int] | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
                   stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None) -> Iterator[int]:
         extra = max_tokens + (0 if draft is None else draft[1] + 1)
         with self.ops.device_scope():
             sparse = None
-            if speculator is None:
+            if reuse is not None:
+                cache = self._reused_cache(reuse, len(ids) - reuse.tokens + extra)
+                started = self.ops.wall_time()
+                logits = prefill(self.ops, self.model, self.ops.tokens(ids[reuse.tokens:]), reuse.tokens, cache,
+                                 step_size=self.prefill_step_size, progress=progress)[-1]
+                info.seconds["prefill"] = self.ops.wall_time() - started
+            elif speculator is None:
                 cache = self.ops.new_cache(self.model, len(ids) + extra)
                 logits = self.prefill_prompt(ids, cache, method, info, progress=progress)[-1]
-                next_position = len(ids)
             else:
                 sparse = speculative_prefill(
                     self.ops, self.model, ids, speculator[0], method.specprefill or SpecPrefillConfig(),
@@ -215,13 +200,25 @@ class CausalLM(Generic[A]):
                 info.kept_positions = sparse.selection.kept.tolist()
                 info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
-                logits, cache, next_position = sparse.logits, sparse.cache, sparse.next_position
+                logits, cache = sparse.logits, sparse.cache
             if draft is None:
-                yield from decode_tokens(self.ops, self.model, logits, next_position=next_position,
-                                         max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, cache=cache)
-                return
-            yield from self._drafted(ids, logits, cache, next_position, draft, sparse, max_tokens=max_tokens,
-                                     sampling=sampling, stop_ids=stop_ids, info=info)
+                tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
+                                       sampling=sampling, stop_ids=stop_ids, cache=cache)
+            else:
+                tokens = self._drafted(ids, logits, cache, len(ids), draft, sparse, max_tokens=max_tokens,
+                                       sampling=sampling, stop_ids=stop_ids, info=info)
+            yield from track_kv(self.ops, tokens, cache, len(ids), info)
+
+    def _reused_cache(self, reuse: KVState, room: int) -> Any:
+        """The reused cache filled up to reuse.slots, with room for `room` more slots (a copy of at
+        least 1.5x its capacity, up to the context, when it is too small)."""
+        cache = reuse.cache
+        self.ops.trim(cache, self.ops.filled(cache) - reuse.slots)
+        needed = reuse.slots + room
+        if self.ops.capacity(cache) < needed:  # grow by half at least: conversations append often
+            grown = max(needed, min(self.ops.capacity(cache) * 3 // 2, self.args.max_position_embeddings))
+            cache = self.ops.grow_cache(self.model, cache, grown)
+        return cache
 
     def _drafted(self, ids: np.ndarray, logits: A, cache: Any, next_position: int, draft: tuple[Any, int],
                  sparse: SparsePrefill | None, *, max_tokens: int, sampling: SamplingConfig,

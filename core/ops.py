@@ -146,6 +146,15 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def new_cache(self, model: Any, capacity: int) -> list[Any]:
         """One LayerCache per layer of `model`, room for `capacity` slots."""
 
+    def filled(self, cache: Any) -> int:
+        """Filled slots of a model's cache (every layer fills the same ones)."""
+
+    def capacity(self, cache: Any) -> int:
+        """Slots a cache can hold without growing."""
+
+    def grow_cache(self, model: Any, cache: Any, capacity: int) -> Any:
+        """A cache holding `cache`'s filled slots with room for `capacity` (may be `cache` itself)."""
+
     def trim(self, cache: Any, n: int, n_layers: int | None = None) -> None:
         """Drop the last n filled slots of every layer's cache (of the first n_layers only: a
         "self:K" draft's writes into the main cache)."""

@@ -97,6 +97,37 @@ def check_speculator_vocabulary(speculator: ModelArgs, main: ModelArgs) -> None:
 
 
 @dataclass
+class KVState:
+    """A generation's KV cache, kept for the next turn (the prompt cache of `specfill serve`).
+
+    cache: the backend's own cache object (opaque outside the backend).
+    slots: filled slots. With position_offset 0, slot i holds conversation token i. After
+    SpecPrefill, slots 0..K-1 hold the K kept prompt tokens (at their own positions) and slot i >= K
+    holds token i + position_offset.
+    position_offset: RoPE position minus slot past the kept tokens (0 after full or H2O prefill;
+    prompt tokens - kept tokens after SpecPrefill).
+    """
+
+    cache: Any
+    slots: int
+    position_offset: int = 0
+
+    @property
+    def tokens(self) -> int:
+        """Conversation tokens the cache stands for (the next token's RoPE position)."""
+        return self.slots + self.position_offset
+
+
+def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> None:
+    """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill."""
+    if method.name != "full":
+        raise ConfigError(f"a reused KV cache is extended by full prefill only, got method {method.name!r}")
+    if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:
+        raise ConfigError(f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
+                          f"the {prompt_tokens} prompt tokens")
+
+
+@dataclass
 class PrefillInfo:
     """What a prefill did: filled in by the backend, read by the API, bench, eval and parity.
 
@@ -108,6 +139,8 @@ class PrefillInfo:
     method: the method that ran ("auto" resolved to full or its sparse method).
     drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
     and, per generated token, whether it was an accepted draft.
+    kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
+    (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
     """
 
     prompt_tokens: int = 0
@@ -120,6 +153,7 @@ class PrefillInfo:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     from_draft: list[bool] = field(default_factory=list)
+    kv: KVState | None = None
 
     def start(self, prompt_tokens: int, method: str = "") -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""
@@ -130,6 +164,7 @@ class PrefillInfo:
         self.seconds = {}
         self.drafted_tokens = self.accepted_tokens = 0
         self.from_draft = []
+        self.kv = None
 
 
 def process_peak_memory_gb() -> float:

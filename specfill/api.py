@@ -13,9 +13,9 @@ from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, Spec
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
 from specfill.core.guards import check_logits_finite
-from specfill.core.io.hub import resolve_model
 from specfill.core.io.demo_model import require_demo_model
-from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
+from specfill.core.io.hub import resolve_model
+from specfill.core.runtime import Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
 from specfill.settings import check_sampling, fit_to_prompt, warn_unused
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
@@ -154,7 +154,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
                     auto_threshold: int | None = None, prompt_progress_callback: ProgressCallback | None = None,
                     prefill_info: PrefillInfo | None = None, draft_model: Any = None,
-                    num_draft_tokens: int | None = None) -> Iterator[GenerationResponse]:
+                    num_draft_tokens: int | None = None, reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm).
 
@@ -164,11 +164,13 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     load_speculator) when generating repeatedly or to choose its dtype), or "auto" (full below
     the crossover length measured for this backend and device, or `auto_threshold` tokens).
     prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
-    sets when its record_memory is set; timings).
+    sets when its record_memory is set; timings; info.kv, the KV cache left behind).
     draft_model / num_draft_tokens (mlx-lm's names): speculative decoding with a draft model
     ("self:K", a path or a loaded model with the main model's tokenizer) proposing
     num_draft_tokens (default 3) per round; with method "specprefill", num_draft_tokens alone
     makes the speculator the draft, continuing from the prompt KV it already built.
+    reuse: a KVState from an earlier generation's info.kv standing for a prefix of this prompt:
+    only the rest is prefilled, with full attention (see CausalLM.generate_step).
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
@@ -197,7 +199,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     first_at = None
     steps = model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(temperature, top_p, seed),
                                 stop_ids=frozenset(tokenizer.eos_token_ids), method=plan, info=info,
-                                progress=prompt_progress_callback, drafting=drafting)
+                                progress=prompt_progress_callback, drafting=drafting, reuse=reuse)
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         if first_at is None:

@@ -113,6 +113,17 @@ class MLXOps:
     def new_cache(self, model: Model | LayerView, capacity: int) -> list[KVCache]:
         return make_cache(model.args, capacity)
 
+    def filled(self, cache: list[KVCache]) -> int:
+        return cache[0].offset
+
+    def capacity(self, cache: list[KVCache]) -> int:
+        return cache[0].max_size if cache[0].max_size is not None else 1 << 62
+
+    def grow_cache(self, model: Model | LayerView, cache: list[KVCache], capacity: int) -> list[KVCache]:
+        for layer in cache:  # MLX caches grow their buffers themselves up to max_size
+            layer.max_size = capacity
+        return cache
+
     def trim(self, cache: list[KVCache], n: int, n_layers: int | None = None) -> None:
         for layer in cache[:n_layers]:
             layer.trim(n)

@@ -123,6 +123,21 @@ class TorchOps:
     def new_cache(self, model: Transformer, capacity: int) -> KVCache:
         return KVCache.allocate(model.args, capacity, model.embed.weight.dtype, model.embed.weight.device)
 
+    def filled(self, cache: KVCache) -> int:
+        return cache.filled
+
+    def capacity(self, cache: KVCache) -> int:
+        return cache.capacity
+
+    def grow_cache(self, model: Transformer, cache: KVCache, capacity: int) -> KVCache:
+        grown = self.new_cache(model, capacity)
+        end = cache.filled
+        grown.k[:, :, :, :end] = cache.k[:, :, :, :end]
+        grown.v[:, :, :, :end] = cache.v[:, :, :, :end]
+        for layer in grown.layers:
+            layer.offset = end
+        return grown
+
     def trim(self, cache: KVCache, n: int, n_layers: int | None = None) -> None:
         for layer in cache.layers[:n_layers]:
             layer.trim(n)

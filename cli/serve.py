@@ -1,0 +1,84 @@
+"""`specfill serve`: an OpenAI-compatible server (FastAPI on uvicorn) with per-request prefill control."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specfill.api import backend_module, load, load_speculator
+from specfill.core import BackendUnavailableError, ConfigError
+
+from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
+
+HELP = "serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
+    p.add_argument("--model", default=None, help=MODEL_HELP)
+    p.add_argument("--model-id", default=None, help="the name /v1/models reports (default: the file's name)")
+    p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full",
+                   help="prefill method when a request names none (default: %(default)s)")
+    p.add_argument("--speculator", default=None,
+                   help="speculator model path, or self:K; needed for specprefill requests")
+    add_method_options(p)
+    p.add_argument("--max-tokens", "-m", type=int, default=512,
+                   help="tokens generated when a request sets no max_tokens (default: %(default)s)")
+    p.add_argument("--max-queue", type=int, default=8,
+                   help="requests that may wait behind the running one; more get 503 (default: %(default)s)")
+    p.add_argument("--prompt-cache", choices=("exact", "approximate", "off"), default="exact",
+                   help="multi-turn KV reuse: exact (sparse caches rebuilt densely first), approximate (reused "
+                        "as they are) or off; requests may choose too (default: %(default)s)")
+    p.add_argument("--cache-tokens", type=int, default=16384,
+                   help="prompt cache bound: conversation tokens kept in all, least recently used evicted "
+                        "(default: %(default)s)")
+    p.add_argument("--chat-template", default=None,
+                   help="Jinja file, or 'chatml', for models without a chat template of their own")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
+    p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _server_modules():
+    try:
+        import uvicorn
+
+        import specfill.serve as serve
+    except ModuleNotFoundError as err:
+        raise BackendUnavailableError(f"specfill serve needs {err.name!r}, which is not installed "
+                                      f"(pip install 'specfill[serve]')") from None
+    return uvicorn, serve
+
+
+def run(args: argparse.Namespace) -> int:
+    uvicorn, serve = _server_modules()
+    if args.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if not 0 <= args.port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    h2o, spec = h2o_config(args), specprefill_config(args)
+    backend = backend_module(args.backend)
+    if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
+        print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
+        args.device = "cpu"
+    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
+    if args.chat_template is not None:
+        tokenizer.chat_template = serve.read_chat_template(args.chat_template)
+    speculator, spec_context = None, None
+    if args.speculator is not None:
+        speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
+        if not isinstance(speculator, str):
+            spec_context = speculator.args.max_position_embeddings
+    if args.method == "specprefill" and speculator is None:
+        raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
+    model_id = args.model_id or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
+    defaults = serve.ServerDefaults(model_id=model_id, method=args.method, h2o=h2o, specprefill=spec,
+                                    speculator=speculator, speculator_context=spec_context,
+                                    max_tokens=args.max_tokens, prompt_cache=args.prompt_cache)
+    app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens)
+    print(f"specfill: serving {model_id} ({args.backend}, {model.device_name}) on http://{args.host}:{args.port}",
+          file=sys.stderr, flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0

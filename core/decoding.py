@@ -1,0 +1,48 @@
+"""The decode loops' shared pieces: plain decoding one token at a time, and the KV-state tracking
+that lets a later turn reuse a generation's cache (the prompt cache of `specfill serve`)."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from .ops import ModelOps
+from .runtime import KVState, PrefillInfo, SamplingConfig
+from .stages import A
+
+
+def decode_tokens(ops: ModelOps[A], model: Any, logits: A, *, next_position: int, max_tokens: int,
+                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: list[Any]) -> Iterator[int]:
+    """Sample from the prefill's last logits [vocab], then decode one token at a time at RoPE
+    positions next_position, next_position + 1, ... into the cache's next free slots; yields each
+    token as soon as it is chosen and stops after a stop id or `max_tokens` tokens. A lazy
+    backend queues step n+1 before handing out token n (mlx-lm's overlap); an eager one computes
+    it after, so the first token's time is the prefill's alone."""
+    choose = ops.sampler(sampling)
+
+    def step(token: A, position: int) -> A:
+        return choose(ops.forward(model, token, position, cache, None, 0)[-1])
+
+    token = choose(logits)
+    for produced in range(1, max_tokens + 1):
+        following = None
+        if ops.lazy and produced < max_tokens:
+            following = step(token, next_position)
+            ops.schedule([following])  # evaluated while token n is handed out
+            next_position += 1
+        value = ops.item(token)
+        yield value
+        if value in stop_ids or produced == max_tokens:
+            return
+        if following is None:
+            following = step(token, next_position)
+            next_position += 1
+        token = following
+
+
+def track_kv(ops: ModelOps[A], tokens: Iterator[int], cache: Any, next_position: int,
+             info: PrefillInfo) -> Iterator[int]:
+    """Yield `tokens`, keeping info.kv on the cache's filled slots. position_offset = RoPE position
+    minus slot: 0 after full or H2O prefill, prompt tokens - kept tokens after SpecPrefill."""
+    info.kv = KVState(cache, ops.filled(cache), next_position - ops.filled(cache))
+    for token in tokens:
+        info.kv.slots = ops.filled(cache)
+        yield token

@@ -1,0 +1,88 @@
+"""A real `specfill serve` in a subprocess on 127.0.0.1 and a free port (serve tests and benchmark)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`specfill --threads T serve ARGS --port P`; `url` is http://127.0.0.1:P, `rss_kb()` its resident set."""
+
+    def __init__(self, *args: str, log: Path, threads: int = 1):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        self._log_file = open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "specfill.cli.main", "--threads", str(threads),
+                                      "serve", *args,
+                                      "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
+                                     stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"specfill serve exited with {self.proc.returncode}:\n{self.log.read_text()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        self.stop()
+        raise RuntimeError(f"specfill serve did not answer /health in {START_TIMEOUT_S} s:\n{self.log.read_text()}")
+
+    def health(self) -> dict:
+        """GET /health as a dict (busy, waiting, served, prompt_cache statistics, ...)."""
+        with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
+            return json.loads(r.read())
+
+    def wait_rebuilt(self, seconds: float = 600) -> dict:
+        """Poll /health until the prompt cache has no dense rebuild pending (or `seconds` pass)."""
+        deadline = time.monotonic() + seconds
+        while (state := self.health())["prompt_cache"]["pending_tokens"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return state
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def rss_kb(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS line")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log_file.close()
+
+
+def client(server: ServerProcess, **options: Any) -> Any:
+    """The official `openai` client on the server, no retries (a 503 must show as a 503)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, **options)

@@ -1,0 +1,56 @@
+"""`specfill serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) over one loaded model.
+
+    from specfill.serve import ServerDefaults, build_app
+    app = build_app(model, tokenizer, ServerDefaults(model_id="smollm2"))   # then uvicorn.run(app)
+
+Modules: protocol (request bodies), plan (request -> runnable Plan, all 400s), engine (one
+generation on the worker thread), scheduler (the worker thread and its bounded queue), responses
+(OpenAI-shaped bodies and chunks), app (routes, streaming, disconnects).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specfill.core import ConfigError
+
+from .plan import ServerDefaults
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+          "{% endif %}")
+
+
+def read_chat_template(spec: str) -> str:
+    """--chat-template: "chatml" (built in) or a Jinja file."""
+    if spec == "chatml":
+        return CHATML
+    try:
+        return Path(spec).read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read --chat-template {spec}: {err.strerror}") from None
+
+
+def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue: int = 8,
+              cache_tokens: int = 16384) -> Any:
+    """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
+
+    cache_tokens: the prompt cache's bound (conversation tokens in all); with
+    defaults.prompt_cache "off" the server has no prompt cache at all.
+    """
+    from .app import create_app
+    from .engine import Engine
+    from .prompt_cache import PromptCache
+
+    if max_queue < 1:  # queue.Queue(0) would be unbounded
+        raise ConfigError(f"--max-queue must be >= 1, got {max_queue}")
+    if cache_tokens < 1:
+        raise ConfigError(f"--cache-tokens must be >= 1, got {cache_tokens}")
+    if defaults.prompt_cache not in ("exact", "approximate", "off"):
+        raise ConfigError(f"--prompt-cache must be exact, approximate or off, got {defaults.prompt_cache!r}")
+    cache = None if defaults.prompt_cache == "off" else \
+        PromptCache(cache_tokens, model.args.max_position_embeddings)
+    return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue)
+
+
+__all__ = ["CHATML", "ServerDefaults", "build_app", "read_chat_template"]

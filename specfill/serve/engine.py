@@ -1,0 +1,178 @@
+"""One generation, run on the worker thread: a Plan in, a stream of events out.
+
+Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
+usage, statistics). Cancellation (a client that went away) is checked between prefill steps (the
+progress callback raises) and between generated tokens.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from specfill.api import stream_generate
+from specfill.core.runtime import PrefillInfo, PrefillMethod
+
+from .plan import Plan
+from .prompt_cache import FULL, PromptCache, Reuse
+
+
+class Cancelled(Exception):
+    """Raised inside the prefill (from its progress callback) when the client went away."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    processed: int  # prompt tokens processed so far (of the part being prefilled)
+    total: int
+    cached: int  # prompt tokens taken from the prompt cache
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str  # "stop" or "length"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    stats: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Failed:
+    status: int
+    message: str
+
+
+Event = Progress | Delta | Finished | Failed
+Emit = Callable[[Event], None]
+
+
+class StopMatcher:
+    """Cuts the text at the first stop string; holds back a tail that may start one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.pending = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text safe to send now, whether a stop string was hit)."""
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        out = self.pending[:len(self.pending) - hold]
+        self.pending = self.pending[len(out):]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Engine:
+    """The loaded model and tokenizer, the prompt cache, and how one Plan is generated."""
+
+    def __init__(self, model: Any, tokenizer: Any, cache: PromptCache | None = None):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.cache = cache  # None: the server runs without a prompt cache
+
+    @property
+    def context(self) -> int:
+        return self.model.args.max_position_embeddings
+
+    def health(self) -> dict[str, Any]:
+        """Extra /health fields."""
+        return {"backend": self.model.backend, "device": self.model.device_name,
+                "prompt_cache": None if self.cache is None else self.cache.stats()}
+
+    def has_idle_work(self) -> bool:
+        """Whether a conversation's dense KV is being rebuilt (run between requests)."""
+        return self.cache is not None and self.cache.pending() is not None
+
+    def idle_step(self) -> None:
+        """One step of rebuilding (a few hundred tokens of full prefill)."""
+        if self.cache is not None:
+            self.cache.complete_step(self.model)
+
+    def run(self, plan: Plan, emit: Emit) -> None:
+        """Generate `plan`, sending events through `emit` (ends with Finished, or nothing if cancelled)."""
+        started = time.perf_counter()
+        policy = plan.prompt_cache if self.cache is not None else "off"
+        reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
+        method = FULL if reuse.hit else plan.method  # a conversation's new tokens: full attention
+
+        def progress(done: int, total: int) -> None:
+            if plan.cancelled.is_set():
+                raise Cancelled
+            if plan.return_progress:
+                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started))
+
+        info = PrefillInfo()
+        drafting = {} if plan.num_draft_tokens is None or reuse.hit else {  # no drafting over a reused cache yet
+            "num_draft_tokens": plan.num_draft_tokens, "draft_model": plan.draft_model}
+        steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
+                                temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
+                                seed=plan.sampling.seed, method=method, prompt_progress_callback=progress,
+                                prefill_info=info, reuse=reuse.state, **drafting)
+        outcome = None
+        try:
+            outcome = self._stream(plan, steps, emit,
+                                   lambda last: self.stats(plan, policy, method, reuse, last, info))
+        except Cancelled:
+            pass
+        finally:
+            steps.close()
+            if self.cache is not None and outcome is not None:
+                self.cache.put(plan.ids + outcome[0], info.kv, prompt_tokens=len(plan.ids), method=method.name,
+                               reuse=reuse, policy=policy)
+            elif self.cache is not None:  # cancelled or failed: the reused prefix is still intact
+                self.cache.restore(plan.ids, reuse)
+        if outcome is not None:  # only now: the client's next turn must find this one in the cache
+            emit(outcome[1])
+
+    def _stream(self, plan: Plan, steps: Iterator[Any], emit: Emit,
+                stats: Callable[[Any], dict[str, Any]]) -> tuple[list[int], Finished] | None:
+        """Send the text (cut at stop strings); (the generated ids, the Finished event to send),
+        or None when cancelled or nothing was generated."""
+        matcher = StopMatcher(plan.stops)
+        last, finish, generated = None, "length", []
+        for last in steps:
+            if plan.cancelled.is_set():
+                return None
+            generated.append(last.token)
+            text, hit = matcher.feed(last.text)
+            if text:
+                emit(Delta(text))
+            if hit:
+                finish = "stop"
+                break
+            if last.finish_reason:
+                finish = last.finish_reason
+        tail = matcher.flush()  # empty after a stop string: what followed it is dropped
+        if tail:
+            emit(Delta(tail))
+        if last is None:
+            return None
+        numbers = stats(last)
+        return generated, Finished(finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers)
+
+    @staticmethod
+    def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,
+              info: PrefillInfo) -> dict[str, Any]:
+        """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds."""
+        return {"method": plan.method_name, "prefill_method": method.name, "prompt_cache": policy,
+                "prompt_tokens": last.prompt_tokens, "cached_tokens": reuse.cached, "kept_tokens": last.kept_tokens,
+                "ttft_s": round(last.ttft, 6), "prompt_tps": round(last.prompt_tps, 3),
+                "generation_tokens": last.generation_tokens, "generation_tps": round(last.generation_tps, 3),
+                "peak_memory_gb": round(last.peak_memory, 4), "queue_s": round(plan.queue_seconds, 6),
+                "drafted_tokens": last.drafted_tokens, "accepted_tokens": last.accepted_tokens,
+                "prefill_seconds": {k: round(v, 6) for k, v in info.seconds.items()}, "notes": plan.notes}

@@ -1,0 +1,35 @@
+"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+from __future__ import annotations
+
+from typing import Any
+
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+               413: "invalid_request_error", 500: "server_error", 503: "overloaded_error"}
+
+
+class RequestError(Exception):
+    """A request the server answers with an error instead of text (never a crash).
+
+    status: HTTP status (400 bad input, 404 unknown route, 503 queue full, 500 a bug).
+    param: the request field at fault, when there is one (OpenAI's `param`).
+    """
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, param=self.param, code=self.code)
+
+
+def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The JSON body OpenAI's API sends with an error status (the openai client reads `message`)."""
+    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None) -> RequestError:
+    return RequestError(400, message, param=param)

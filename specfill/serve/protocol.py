@@ -1,0 +1,143 @@
+"""Request bodies of /v1/chat/completions and /v1/completions, validated strictly.
+
+Types are strict (a string where a number belongs is a 400, not a silent conversion); unknown
+fields are ignored, as OpenAI-compatible servers do, except the OpenAI features specfill does not
+implement (several choices, log-probabilities, tools, penalties, structured output, logit bias, draft
+tokens), which are refused by name rather than silently dropped. specfill's own fields sit at the
+top level of the body, so the `openai` client passes them through `extra_body`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import bad_request
+
+NUMBER = Union[int, float]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: str
+    text: str | None = None
+
+
+class Message(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self, index: int) -> str:
+        """The content as one string (text parts joined); other part types are refused."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        pieces = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise bad_request(f"messages[{index}]: content part of type {part.type!r} is not supported "
+                                  f"(text only)", "messages")
+            pieces.append(part.text)
+        return "".join(pieces)
+
+
+class SpecfillFields(_Strict):
+    """Per-request prefill control (None: the server's default from its command line)."""
+
+    method: str | None = None  # full | h2o | specprefill | auto
+    keep_ratio: NUMBER | None = None  # SpecPrefill: fraction of the prompt kept
+    keep_tokens: int | None = None  # SpecPrefill: a token budget instead of a ratio
+    lookahead: int | None = None  # SpecPrefill look-ahead steps
+    h2o_chunk_size: int | None = None  # H2O S
+    h2o_batch_size: int | None = None  # H2O B
+    h2o_local: int | None = None  # H2O L
+    h2o_heavy: int | None = None  # H2O H
+    return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
+    prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
+    num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft
+
+
+class SamplingFields(_Strict):
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: NUMBER | None = Field(default=None, ge=0)
+    top_p: NUMBER | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    logprobs: bool | int | None = None
+    presence_penalty: NUMBER | None = None
+    frequency_penalty: NUMBER | None = None
+
+    def stop_strings(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if any(not s for s in stops):
+            raise bad_request("stop strings must not be empty", "stop")
+        return stops
+
+
+class ChatRequest(SamplingFields, SpecfillFields):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Any] | None = None
+
+
+class CompletionRequest(SamplingFields, SpecfillFields):
+    prompt: str | list[int] | list[str]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+# OpenAI features refused by name: (field, test that the request uses it, why)
+UNSUPPORTED = (
+    ("n", lambda v: v not in (None, 1), "several choices per request (n > 1)"),
+    ("best_of", lambda v: v not in (None, 1), "best_of > 1"),
+    ("logprobs", lambda v: v not in (None, False, 0), "log-probabilities"),
+    ("top_logprobs", lambda v: v not in (None, 0), "log-probabilities"),
+    ("tools", lambda v: bool(v), "tool calls"),
+    ("presence_penalty", lambda v: v not in (None, 0), "presence penalties"),
+    ("frequency_penalty", lambda v: v not in (None, 0), "frequency penalties"),
+    ("echo", lambda v: v is True, "echoing the prompt"),
+    ("suffix", lambda v: v is not None, "suffix (insertion) completions"),
+    ("response_format", lambda v: isinstance(v, dict) and v.get("type") not in (None, "text"),
+     "structured output (response_format other than text)"),
+    ("logit_bias", lambda v: bool(v), "logit_bias"),
+)
+
+
+def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
+    """The validated request, or a RequestError(400) whose message names the field at fault."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise bad_request(f"malformed JSON body: {err}") from None
+    if not isinstance(data, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
+    try:
+        request = kind.model_validate(data)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise bad_request(f"invalid field '{where}': {first['msg']} (got {_short(first.get('input'))})",
+                          where.split(".")[0]) from None
+    extra = request.model_extra or {}
+    for name, used, what in UNSUPPORTED:
+        value = getattr(request, name, None) if name in type(request).model_fields else extra.get(name)
+        if used(value):
+            raise bad_request(f"'{name}': {what} is not supported by specfill serve", name)
+    return request
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

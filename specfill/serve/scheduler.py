@@ -1,0 +1,126 @@
+"""One generation at a time on the device, a bounded queue in front of it.
+
+The model runs on one worker thread (batch 1); HTTP handlers on the event loop submit Jobs and
+read their events from an asyncio queue. A full queue is refused at once (503), a cancelled job is
+skipped or stopped at its next check, and whatever a generation raises becomes an error event:
+the worker thread never dies on a request.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from specfill.core import SpecfillError
+
+from .engine import Engine, Event, Failed
+from .errors import RequestError
+from .plan import Plan
+
+log = logging.getLogger("specfill.serve")
+
+END = None  # the last item of every job's event queue
+
+
+@dataclass
+class Job:
+    """A Plan plus the event loop and queue its handler reads events from."""
+
+    plan: Plan
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    submitted: float = field(default_factory=time.perf_counter)
+    checked: float = field(default_factory=time.monotonic)  # when the handler last checked its client
+
+    def emit(self, event: Event | None) -> None:
+        """Thread-safe: hand an event (or END) to the handler's loop (dropped if the loop closed)."""
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:
+            pass
+
+    def cancel(self) -> None:
+        self.plan.cancelled.set()
+
+
+class Scheduler:
+    """The worker thread and its bounded queue (max_queue jobs may wait behind the running one)."""
+
+    def __init__(self, engine: Engine, max_queue: int):
+        self.engine = engine
+        self.max_queue = max_queue
+        self._waiting: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._run, name="specfill-worker", daemon=True)
+        self._stopping = threading.Event()
+        self.running: Job | None = None
+        self.served = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop after the running job is cancelled (called at server shutdown)."""
+        self._stopping.set()
+        if self.running is not None:
+            self.running.cancel()
+        try:
+            self._waiting.put_nowait(None)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=10)
+
+    def waiting(self) -> int:
+        return self._waiting.qsize()
+
+    def submit(self, job: Job) -> None:
+        """Queue a job, or RequestError(503) when max_queue jobs are already waiting."""
+        try:
+            self._waiting.put_nowait(job)
+        except queue.Full:
+            raise RequestError(503, f"the server is busy: {self.max_queue} requests are already waiting for the "
+                                    f"device; retry later", code="queue_full") from None
+
+    def _next_job(self) -> Job | None:
+        """The next job; while none waits, the engine's idle work runs in small steps."""
+        while not self._stopping.is_set():
+            if self.engine.has_idle_work():
+                try:
+                    return self._waiting.get_nowait()
+                except queue.Empty:
+                    self._guarded(self.engine.idle_step)
+                    continue
+            return self._waiting.get()
+        return None
+
+    def _run(self) -> None:
+        while True:
+            job = self._next_job()
+            if job is None or self._stopping.is_set():
+                return
+            if job.plan.cancelled.is_set():
+                job.emit(END)
+                continue
+            self.running = job
+            job.plan.queue_seconds = time.perf_counter() - job.submitted
+            try:
+                self._guarded(self.engine.run, job.plan, job.emit, job=job)
+            finally:
+                self.running = None
+                self.served += 1
+                job.emit(END)
+
+    def _guarded(self, work: Any, *args: Any, job: Job | None = None) -> None:
+        """Run work(*args); a SpecfillError becomes a 400 event, anything else a 500 (logged)."""
+        try:
+            work(*args)
+        except SpecfillError as err:
+            if job is not None:
+                job.emit(Failed(400, str(err)))
+        except Exception as err:  # the worker must survive any bug in one request
+            log.exception("request failed")
+            if job is not None:
+                job.emit(Failed(500, f"internal error: {type(err).__name__}: {err}"))
