@@ -34,7 +34,10 @@ def _seconds(fn, repeats: int) -> list[float]:
 def measure(model: str, backend: str, repeats: int) -> dict:
     from evaluation.machine import describe_machine, machine_line
     from specfill.api import load
-    from specfill.core.io.gguf_file import read_gguf
+    try:
+        from specfill.core.io.gguf_file import read_gguf
+    except ImportError:  # the tree before issue #12 moved the loaders into core/io (for "before" runs)
+        from specfill.core.gguf_file import read_gguf
 
     def header() -> None:
         with read_gguf(model) as gguf_file:
