@@ -64,15 +64,18 @@ def check_rope_scaling(scaling: Mapping[str, Any] | None, what: str) -> None:
     each finite and in range; ModelLoadError naming the missing or bad one otherwise."""
     if scaling is None:
         return
+    if not isinstance(scaling, Mapping):
+        raise ModelLoadError(f"{what}: rope_scaling must be a mapping, got {_show(scaling)}")
     kind = scaling.get("rope_type")
-    if kind not in ROPE_SCALING_KEYS:
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_KEYS:
         raise ModelLoadError(f"rope scaling type {kind!r} is not supported (supported: linear, llama3)")
     missing = [key for key in ROPE_SCALING_KEYS[kind] if key not in scaling]
     if missing:
         raise ModelLoadError(f"{what}: {kind} rope scaling lacks {', '.join(missing)}")
-    if not positive_float(scaling["factor"], f"{what}: rope scaling factor") >= 1.0 and kind == "llama3":
-        raise ModelLoadError(f"{what}: llama3 rope scaling factor must be >= 1, got {scaling['factor']}")
+    factor = positive_float(scaling["factor"], f"{what}: rope scaling factor")
     if kind == "llama3":
+        if factor < 1.0:
+            raise ModelLoadError(f"{what}: llama3 rope scaling factor must be >= 1, got {factor}")
         low = positive_float(scaling["low_freq_factor"], f"{what}: rope scaling low_freq_factor")
         high = positive_float(scaling["high_freq_factor"], f"{what}: rope scaling high_freq_factor")
         if not high > low:

@@ -34,7 +34,10 @@ def _seconds(fn, repeats: int) -> list[float]:
 def measure(model: str, backend: str, repeats: int) -> dict:
     from evaluation.machine import describe_machine, machine_line
     from specfill.api import load
-    from specfill.core.io.gguf_file import read_gguf
+    try:
+        from specfill.core.io.gguf_file import read_gguf
+    except ImportError:  # the tree before issue #12 moved the loaders into core/io (for "before" runs)
+        from specfill.core.gguf_file import read_gguf
 
     def header() -> None:
         with read_gguf(model) as gguf_file:
@@ -54,7 +57,10 @@ def report(path: Path) -> Path:
     runs = json.loads(path.read_text())
     lines = ["# Load time before / after input validation (issue #17)", "",
              "`specfill.api.load(path, backend=...)` (weights + tokenizer), median of the timed repeats after a "
-             "warm-up load in the same process; `header` is the GGUF header parse alone (`read_gguf`).", "",
+             "warm-up load in the same process; `header` is the GGUF header parse alone (`read_gguf`). "
+             "`before`: the loader of main 6c47e2a (no validation); `after`: with issue #17's checks "
+             "(header and tensor-table validation, typed metadata, the one-token finite-logits check at load). "
+             "Torch backend on CPU, float32, one thread; one process at a time.", "",
              "| label | model | backend | header median (s) | load median (s) | loads (s) | machine |",
              "|---|---|---|---|---|---|---|"]
     for run in runs:

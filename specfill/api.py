@@ -16,7 +16,7 @@ from specfill.core.guards import check_logits_finite
 from specfill.core.io.demo_model import require_demo_model
 from specfill.core.io.hub import resolve_model
 from specfill.core.runtime import Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
-from specfill.settings import check_sampling, fit_to_prompt, warn_unused
+from specfill.settings import check_sampling, fit_to_prompt, prompt_ids, warn_unused
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
             "mlx": "specfill.backends.mlx"}
@@ -96,9 +96,9 @@ def load(path: str | None = None, backend: str | None = None, dtype: str | None 
 
 
 def check_computes_finite(model: CausalLM, dtype: str | None) -> None:
-    """One token through the loaded model: a checkpoint that loads but computes NaN or Inf (a
-    corrupt scale, an eps of 1e-45 in a float32 file) is a NonFiniteLogitsError here, not an end
-    token later. Costs one decode step."""
+    """One token through the loaded model: a checkpoint that loads but computes NaN or Inf (finite
+    weights whose products overflow float32, say) is a NonFiniteLogitsError here, not an end token
+    later. Costs one decode step."""
     logits = model.prompt_logits([0], method=PrefillMethod(), info=PrefillInfo())
     check_logits_finite(bool(np.isfinite(logits).all()), model.args, where="a one-token check at load",
                         dtype=dtype)
@@ -175,12 +175,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
     check_sampling(temperature, top_p, seed)
-    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    if not ids:
-        raise ConfigError("the prompt is empty")
-    if not all(0 <= t < model.args.vocab_size for t in ids):
-        bad = next(t for t in ids if not 0 <= t < model.args.vocab_size)
-        raise ConfigError(f"prompt token id {bad} is outside the model's vocabulary of {model.args.vocab_size}")
+    ids = prompt_ids(encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt, model.args.vocab_size)
     if not isinstance(method, PrefillMethod):
         warn_unused(method, h2o=h2o, specprefill=specprefill, speculator=speculator)
     if speculator is not None:

@@ -11,9 +11,10 @@ Clamps (to the prompt, once its length is known):
 from __future__ import annotations
 
 import math
+import operator
 import warnings
 from dataclasses import replace
-from typing import Any
+from typing import Any, Sequence
 
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.runtime import PrefillMethod
@@ -33,6 +34,20 @@ def check_sampling(temperature: Any, top_p: Any, seed: Any) -> None:
         raise ConfigError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
     if temperature == 0 and (top_p != 1.0 or seed is not None):
         warnings.warn("top_p and seed do nothing with temperature 0 (greedy decoding)", SpecfillWarning, stacklevel=3)
+
+
+def prompt_ids(ids: Sequence[Any], vocab_size: int) -> list[int]:
+    """The prompt as ids, each an integer inside the model's vocabulary, and at least one."""
+    try:
+        checked = [operator.index(t) for t in ids]
+    except TypeError:
+        raise ConfigError("prompt ids must be integers") from None
+    if not checked:
+        raise ConfigError("the prompt is empty")
+    bad = next((t for t in checked if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ConfigError(f"prompt token id {bad} is outside the model's vocabulary of {vocab_size}")
+    return checked
 
 
 def warn_unused(method: str, *, h2o: H2OConfig | None, specprefill: SpecPrefillConfig | None,

@@ -168,14 +168,17 @@ def _load_gguf(path: Path) -> Checkpoint:
         args, attention_bias="model.layers.0.self_attn.q_proj.bias" in weights,
         vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
     check_tensors(args, _logical_shapes(weights, quantized), path)
-    _check_values(weights, quantized, path)
+    try:
+        _check_values(weights, quantized, path)
+    except ModelLoadError:  # MLX's float16 affine biases can overflow (a large Q8_0 scale times -128)
+        return _float_from_core_loader(path)  # where the file's values do not: decide as the torch backend
     if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
         _unpermute_llama_qk(args, weights)
     return Checkpoint(args, weights, quantized, str(path))
 
 
 def _float_from_core_loader(path: str | Path) -> Checkpoint:
-    """Plain float arrays from the core loader: GGUF types MLX cannot read, random:SHAPE."""
+    """Plain float arrays from the core loader: GGUF types MLX cannot read or represent, random:SHAPE."""
     args, weights = load_weights(path)
     return Checkpoint(args, {name: mx.array(w) for name, w in weights.items()}, {}, str(path))
 

@@ -65,7 +65,9 @@ def regular_file(path: str | os.PathLike[str], what: str = "model file") -> Path
     try:
         mode = os.stat(path).st_mode
     except OSError as err:
-        raise ModelLoadError(f"{what} {path} cannot be read: {err.strerror}") from None
+        raise ModelLoadError(f"{what} {str(path)[:200]} cannot be read: {err.strerror}") from None
+    except ValueError:  # an embedded NUL byte
+        raise ModelLoadError(f"{what} {str(path)[:200]!r} is not a valid path") from None
     if not stat.S_ISREG(mode):
         raise ModelLoadError(f"{what} {path} is not a regular file")
     return path
