@@ -70,6 +70,7 @@ def _bench_lines(bench: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
+    """doctor.md: environment table, kernel verdicts and skip reasons, micro-bench table."""
     lines = [f"# specfill doctor — backend {report['backend']}", "",
              "Attach this file (and doctor.json) to a bug report.", "", "## Environment", "",
              *_environment_lines(report["environment"]), "", "## Kernels", "", *_kernel_lines(report), "",
