@@ -89,7 +89,10 @@ def environment() -> dict[str, Any]:
     """Machine, package versions, available memory, BLAS, and the torch / MLX facts."""
     import numpy as np
 
-    numpy_blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    try:
+        numpy_blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    except TypeError:  # NumPy before 1.26 prints its configuration and takes no mode
+        numpy_blas = {}
     try:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 1e9
     except (ValueError, OSError, AttributeError):
