@@ -27,11 +27,14 @@ _PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
 
 
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:
-    """True for an existing file that starts with the GGUF magic (the lean path's input)."""
+    """True for an existing regular file that starts with the GGUF magic (the lean path's input).
+    Never opens anything else: opening a FIFO would block until a writer comes."""
+    if not Path(path).is_file():  # a directory, a FIFO, a missing path, random:SHAPE
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == GGUF_MAGIC
-    except OSError:  # a directory, a missing path, random:SHAPE: the shared loader's errors apply
+    except OSError:  # unreadable: the shared loader's errors apply
         return False
 
 
