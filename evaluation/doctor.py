@@ -86,9 +86,13 @@ def mlx_facts() -> dict[str, Any]:
 
 
 def environment() -> dict[str, Any]:
+    """Machine, package versions, available memory, BLAS, and the torch / MLX facts."""
     import numpy as np
 
-    numpy_blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    try:
+        numpy_blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    except TypeError:  # NumPy before 1.26 prints its configuration and takes no mode
+        numpy_blas = {}
     try:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 1e9
     except (ValueError, OSError, AttributeError):
@@ -128,6 +132,7 @@ def kernel_conformance(backend: str, env: dict[str, Any]) -> dict[str, Any]:
 
 
 def micro_bench(plan: DoctorPlan, log: Callable[[str], None]) -> dict[str, Any]:
+    """TTFT of each method at each length on the plan's model (evaluation.bench, 2 decode tokens)."""
     from .bench import BenchPlan, run_bench
 
     bench = BenchPlan(backends=(plan.backend,), methods=plan.methods, lengths=plan.lengths, model=plan.model,

@@ -48,7 +48,8 @@ def _kernel_lines(report: dict[str, Any]) -> list[str]:
         lines += [f"- FAIL {failure}" for failure in conformance["failures"]]
     lines += ["", f"First-use self-checks during the micro-bench (kernels setting: {report['kernels_setting']}):"]
     if not report["self_checks"]:
-        lines.append("none ran: the dispatchers used the ops twins (no custom kernel can run here, or kernels off).")
+        lines.append("none ran: no micro-bench ran" if "skipped" in report["micro_bench"] else
+                     "none ran: the dispatchers used the ops twins (no custom kernel can run here, or kernels off).")
     for check in report["self_checks"]:
         outcome = "passed" if check["passed"] else f"FAILED, twin used: {check['reason']}"
         lines.append(f"- {check['backend']} '{check['kernel']}' ({check['dtype']}, {check['shape_class']}): {outcome}")
@@ -70,6 +71,7 @@ def _bench_lines(bench: dict[str, Any]) -> list[str]:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
+    """doctor.md: environment table, kernel verdicts and skip reasons, micro-bench table."""
     lines = [f"# specfill doctor — backend {report['backend']}", "",
              "Attach this file (and doctor.json) to a bug report.", "", "## Environment", "",
              *_environment_lines(report["environment"]), "", "## Kernels", "", *_kernel_lines(report), "",

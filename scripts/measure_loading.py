@@ -108,6 +108,7 @@ def measure_one(path: str, dtype: str, loader: str) -> dict:
 
 
 def run_case(path: str, dtype: str, loader: str) -> dict:
+    """One load in a fresh child process (this script with --child); its JSON row."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, __file__, "--child", path, dtype, loader], env=env,
                          capture_output=True, text=True, check=True)
@@ -115,6 +116,7 @@ def run_case(path: str, dtype: str, loader: str) -> dict:
 
 
 def write(rows: list[dict], runs: list[dict], out: Path) -> None:
+    """loading.json (machine, summary rows, every run) and loading.md (the summary table)."""
     from specfill.evaluation.machine import describe_machine, machine_line
 
     machine = describe_machine()

@@ -248,3 +248,40 @@ def test_mlx_forced_without_metal_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("SPECFILL_KERNELS", "on")
     with pytest.raises(BackendUnavailableError, match="Metal"):
         intra_attention(q, q, q, 2, 0.25)
+
+
+# --- whole prompts: the right answer with one warning per failing kernel ---------------------
+
+def _both_methods(backend, path, monkeypatch, device=None):
+    from specfill import load, stream_generate
+    from specfill.core.config import H2OConfig, SpecPrefillConfig
+
+    kwargs = {"device": device} if device else {}
+    model, tokenizer = load(path, backend=backend, dtype="float32", **kwargs)
+    ids = list(np.random.default_rng(5).integers(0, model.args.vocab_size, 70))
+    h2o = H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4)
+    spec = SpecPrefillConfig(keep_ratio=0.25, lookahead=3, select_chunk=8)
+
+    def tokens():
+        return ([r.token for r in stream_generate(model, tokenizer, ids, 4, method="h2o", h2o=h2o)],
+                [r.token for r in stream_generate(model, tokenizer, ids, 4, method="specprefill",
+                                                  specprefill=spec, speculator="self:1")])
+    got, messages = _one_warning(tokens)
+    monkeypatch.setenv("SPECFILL_KERNELS", "off")
+    return got, tokens(), messages
+
+
+def test_mlx_model_falls_back_per_kernel_with_the_right_answer(mlx_kernels, tiny_checkpoint, monkeypatch):
+    got, want, messages = _both_methods("mlx", tiny_checkpoint("llama", "gguf"), monkeypatch)
+    assert got == want
+    assert sorted(m.split("'")[1] for m in messages) == [
+        "phase-1 intra attention", "phase-2 inter attention", "speculative-prefill scoring"]
+
+
+def test_torch_model_falls_back_per_kernel_with_the_right_answer(torch_kernels, tiny_checkpoint, monkeypatch):
+    install, _ = torch_kernels
+    install(lambda name: _twin_kernel(name, wrong=True))
+    got, want, messages = _both_methods("cuda", tiny_checkpoint("llama", "gguf"), monkeypatch, device="cpu")
+    assert got == want
+    assert sorted(m.split("'")[1] for m in messages) == [
+        "phase-1 intra attention", "phase-2 inter attention", "speculative-prefill scoring"]

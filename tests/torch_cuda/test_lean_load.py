@@ -1,4 +1,6 @@
 """Lean GGUF loading (backends/torch_cuda/lean_load.py) gives exactly the shared loader's model."""
+import os
+
 import pytest
 import torch
 
@@ -52,6 +54,10 @@ def test_load_takes_the_lean_path_for_gguf_only(tiny_checkpoint, monkeypatch):
     assert model.model.lm_head.weight.data_ptr() != 0
     directory = tiny_checkpoint("qwen2", "safetensors")
     assert not is_gguf_file(directory) and not is_gguf_file("random:llama-1b")
+    fifo = directory.parent / "model.fifo"
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    assert not is_gguf_file(fifo)  # returns at once: a FIFO is never opened (it would block)
     load(directory, device="cpu")
     assert calls == [gguf_path]
 

@@ -61,6 +61,7 @@ def result_comparisons(kernel, twin) -> list[Comparison]:
 
 
 def tensor_comparisons(name: str, kernel: mx.array, twin: mx.array) -> list[Comparison]:
+    """One output (the scoring probabilities) as a (name, kernel, twin) comparison, evaluated."""
     mx.eval(kernel)
     return [(name, _numpy(kernel), _numpy(twin))]
 

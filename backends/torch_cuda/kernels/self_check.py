@@ -63,6 +63,7 @@ def result_comparisons(kernel: AttentionResult, twin: AttentionResult) -> list[C
 
 
 def tensor_comparisons(name: str, kernel: torch.Tensor, twin: torch.Tensor) -> list[Comparison]:
+    """One output (the scoring probabilities) as a (name, kernel, twin) comparison."""
     return [(name, _numpy(kernel), _numpy(twin))]
 
 
