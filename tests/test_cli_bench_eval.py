@@ -33,7 +33,7 @@ def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
     from specfill.evaluation.quality import EvalPlan, run_eval
 
     model = str(tiny_checkpoint("llama", "gguf"))
-    h2o, spec = H2OConfig(8, 16, 2, 2), SpecPrefillConfig(keep_ratio=0.5, select_chunk=4)
+    h2o, spec = H2OConfig(8, 16, 2, 2, dense_tail=0), SpecPrefillConfig(keep_ratio=0.5, select_chunk=4)
     steps: list[tuple[int, str]] = []
     run_bench(BenchPlan(methods=("full", "h2o"), lengths=(24, 40), model=model, h2o=h2o, decode_tokens=2,
                         repeats=2, device="cpu"), log=lambda line: None, step=lambda *a: steps.append(a))
@@ -52,7 +52,8 @@ def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
     code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--perplexity-lengths", "40",
                  "--passkey-lengths", "60", "--trials", "20", "--chunk-size", "16", "--batch-size", "16",
-                 "--h2o-local", "4", "--h2o-heavy", "4", "--speculator", "self:1", "--keeps", "0.5",
+                 "--h2o-local", "4", "--h2o-heavy", "4", "--h2o-dense-tail", "0", "--speculator", "self:1",
+                 "--keeps", "0.5",
                  "--select-chunk", "4", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "eval.json").read_text())
