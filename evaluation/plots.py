@@ -63,14 +63,15 @@ def plot_position_map(maps: dict[str, np.ndarray], marks: dict[str, dict[str, li
     for i, label in enumerate(labels):
         for what, color in (("needle", "red"), ("question", "orange")):
             span = marks.get(label, {}).get(what)
-            if span:
-                ax.plot([span[0] - 0.5, span[1] - 0.5], [i + 0.42, i + 0.42], color=color, linewidth=4,
+            if span:  # at least 1/150 of the width, so a short question still shows
+                end = max(span[1], span[0] + width / 150)
+                ax.plot([span[0] - 0.5, end - 0.5], [i + 0.42, i + 0.42], color=color, linewidth=4,
                         solid_capstyle="butt", label=what if i == 0 else None)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel("prompt position")
     ax.set_title(title, fontsize=9)
     if marks:
-        ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.4 / len(labels)), ncol=2, fontsize=8)
     fig.colorbar(shown, ax=ax, fraction=0.02, label="kept / in memory")
     return _save(fig, path)
 
