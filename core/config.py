@@ -86,7 +86,9 @@ class SpecPrefillConfig:
     lookahead (N): greedy speculator decode steps whose queries also score the prompt.
     pool_kernel: odd width of the average pooling along positions (1 = off).
     select_chunk: tokens per selection chunk (1 = token-level selection).
-    layers: "all" or "last-K" speculator layers used for scoring.
+    layers: speculator layers used for scoring: "all" (the paper's max over every layer; the
+    default: no window rule beat it across self:8 and self:12, see README Fidelity), "last-K" (a
+    window of K layers ending at the speculator's last) or "last-1" (the last layer only).
     head_reduction / layer_reduction: "max" (paper) or "mean"; look-ahead is always averaged.
     force_keep_last: always keep the last prompt token so decoding has its context.
     """
