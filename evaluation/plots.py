@@ -88,6 +88,8 @@ def plot_tradeoff(passkey: Sequence[dict], perplexity: Sequence[dict], defaults:
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
     colors: dict[str, str] = {}
     for ax, (rows, key, ylabel) in zip(axes[0], panels):
+        values = [r[key] for r in rows if r.get(key) is not None] or [0.0]
+        ax.set_ylim(min(min(values), -10.0) - 3.0, max(max(values), 0.0) + 3.0)  # a flat 0 stays readable
         for r in rows:
             if r.get("speedup_vs_full") is None or r.get(key) is None:
                 continue
