@@ -122,7 +122,8 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
              f"Model: {result['plan']['model']}; device {result['plan']['device'] or 'backend default'}; "
              f"dtype {result['plan']['dtype'] or 'backend default'}; "
              f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
-             f"H={result['plan']['h2o']['heavy']}; SpecPrefill {result['plan']['speculator']} keep "
+             f"H={result['plan']['h2o']['heavy']} W={result['plan']['h2o'].get('dense_tail', 0)}; "
+             f"SpecPrefill {result['plan']['speculator']} layers {result['plan']['specprefill'].get('layers', 'all')} keep "
              f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}.", "",
              "| backend | method | prompt tokens | TTFT (s) | speed-up vs full | kept | decode tok/s | decode vs full |",
              "|---|---|---|---|---|---|---|---|"]

@@ -63,14 +63,15 @@ def plot_position_map(maps: dict[str, np.ndarray], marks: dict[str, dict[str, li
     for i, label in enumerate(labels):
         for what, color in (("needle", "red"), ("question", "orange")):
             span = marks.get(label, {}).get(what)
-            if span:
-                ax.plot([span[0] - 0.5, span[1] - 0.5], [i + 0.42, i + 0.42], color=color, linewidth=4,
+            if span:  # at least 1/150 of the width, so a short question still shows
+                end = max(span[1], span[0] + width / 150)
+                ax.plot([span[0] - 0.5, end - 0.5], [i + 0.42, i + 0.42], color=color, linewidth=4,
                         solid_capstyle="butt", label=what if i == 0 else None)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel("prompt position")
     ax.set_title(title, fontsize=9)
     if marks:
-        ax.legend(loc="upper right", fontsize=8, framealpha=0.8)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.4 / len(labels)), ncol=2, fontsize=8)
     fig.colorbar(shown, ax=ax, fraction=0.02, label="kept / in memory")
     return _save(fig, path)
 
@@ -102,6 +103,8 @@ def plot_tradeoff(passkey: Sequence[dict], perplexity: Sequence[dict], defaults:
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
     colors: dict[str, str] = {}
     for ax, (rows, key, ylabel) in zip(axes[0], panels):
+        values = [r[key] for r in rows if r.get(key) is not None] or [0.0]
+        ax.set_ylim(min(min(values), -10.0) - 3.0, max(max(values), 0.0) + 3.0)  # a flat 0 stays readable
         for r in rows:
             if r.get("speedup_vs_full") is None or r.get(key) is None:
                 continue

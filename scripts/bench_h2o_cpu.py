@@ -9,10 +9,14 @@ the cores: with one thread they measure the work, not the wait.
 
     python scripts/bench_h2o_cpu.py                      # both parts, 1 thread and the default
     python scripts/bench_h2o_cpu.py --part layer --lengths 4096 8192
+    python scripts/bench_h2o_cpu.py --threads 1 --lengths 8000 --dense-tail 64   # + the tail's cost
+
+With --dense-tail W > 0 a third variant, H2O with the dense tail, is timed beside H2O without it.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import time
 from typing import Callable
@@ -24,7 +28,7 @@ from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.methods.h2o import h2o_attention_layer
 from specfill.core import H2OConfig
 
-CONFIG = H2OConfig(1024, 4096, 256, 256)  # (S, B, L, H) of issue #4
+CONFIG = H2OConfig(1024, 4096, 256, 256, dense_tail=0)  # (S, B, L, H) of issue #4, no dense tail
 HEADS, KV_HEADS, HEAD_DIM = 9, 3, 64
 
 
@@ -43,7 +47,12 @@ def timed(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
 TWINS = TorchOps(torch.device("cpu"), torch.float32, use_kernels=False)
 
 
-def layer_rows(lengths: list[int], repeats: int, config: H2OConfig) -> list[dict]:
+def variants(config: H2OConfig, tail: int) -> dict[str, H2OConfig]:
+    """"h2o" (config as given) and, for tail > 0, "h2o+tail" (the same with dense tail W=tail)."""
+    return {"h2o": config, **({"h2o+tail": dataclasses.replace(config, dense_tail=tail)} if tail else {})}
+
+
+def layer_rows(lengths: list[int], repeats: int, config: H2OConfig, tail: int = 0) -> list[dict]:
     rows = []
     scale = HEAD_DIM ** -0.5
     for n in lengths:
@@ -53,44 +62,54 @@ def layer_rows(lengths: list[int], repeats: int, config: H2OConfig) -> list[dict
         k, v = (torch.randn(KV_HEADS, n, HEAD_DIM, generator=gen) for _ in range(2))
         full = timed(lambda: F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=True,
                                                             scale=scale, enable_gqa=True), repeats)
-        h2o = timed(lambda: h2o_attention_layer(TWINS, q, k, v, config, scale), repeats)
-        rows.append({"tokens": n, "full": full, "h2o": h2o})
+        timings = {name: timed(lambda c=c: h2o_attention_layer(TWINS, q, k, v, c, scale), repeats)
+                   for name, c in variants(config, tail).items()}
+        rows.append({"tokens": n, "full": full, **timings})
     return rows
 
 
-def e2e_rows(lengths: list[int], repeats: int, config: H2OConfig) -> list[dict]:
+def e2e_rows(lengths: list[int], repeats: int, config: H2OConfig, tail: int = 0) -> list[dict]:
     from specfill import load, stream_generate
     from specfill.evaluation.texts import tokens_of_length
 
     model, tokenizer = load(backend="cuda", device="cpu")
 
-    def ttft(ids: list[int], method: str) -> tuple[float, float]:
+    configs = variants(config, tail)
+
+    def ttft(ids: list[int], name: str) -> tuple[float, float]:
         cpu = time.process_time()
         last = None
-        for last in stream_generate(model, tokenizer, ids, 1, method=method, h2o=config):
+        method = "full" if name == "full" else "h2o"
+        for last in stream_generate(model, tokenizer, ids, 1, method=method, h2o=configs.get(name)):
             pass
         return last.ttft, time.process_time() - cpu
 
     warm = tokens_of_length(tokenizer, 1100)
-    ttft(warm, "full"), ttft(warm, "h2o")
+    for name in ("full", *configs):
+        ttft(warm, name)
     rows = []
     for n in lengths:
         ids = tokens_of_length(tokenizer, n)
-        runs: dict[str, list[tuple[float, float]]] = {"full": [], "h2o": []}
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in ("full", *configs)}
         for _ in range(repeats):
-            for method in runs:
-                runs[method].append(ttft(ids, method))
+            for name in runs:
+                runs[name].append(ttft(ids, name))
         rows.append({"tokens": n, **{m: (min(r[0] for r in rs), min(r[1] for r in rs)) for m, rs in runs.items()}})
     return rows
 
 
 def print_rows(title: str, rows: list[dict]) -> None:
     print(f"\n{title}")
-    print("| tokens | full wall s | H2O wall s | speed-up (wall) | full CPU s | H2O CPU s | speed-up (CPU) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| tokens | full wall s | H2O wall s | speed-up (wall) | full CPU s | H2O CPU s | speed-up (CPU) |"
+          + (" H2O+tail CPU s | tail cost (CPU) |" if "h2o+tail" in rows[0] else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if "h2o+tail" in rows[0] else ""))
     for r in rows:
         (fw, fc), (hw, hc) = r["full"], r["h2o"]
-        print(f"| {r['tokens']} | {fw:.3f} | {hw:.3f} | {fw / hw:.2f}x | {fc:.3f} | {hc:.3f} | {fc / hc:.2f}x |")
+        tail = ""
+        if "h2o+tail" in r:
+            tc = r["h2o+tail"][1]
+            tail = f" {tc:.3f} | {100 * (tc / hc - 1):+.1f}% |"
+        print(f"| {r['tokens']} | {fw:.3f} | {hw:.3f} | {fw / hw:.2f}x | {fc:.3f} | {hc:.3f} | {fc / hc:.2f}x |" + tail)
 
 
 def load_line() -> str:
@@ -104,6 +123,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", help="prompt tokens (default: 2000 4000 8000)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 0], help="0 = torch's default")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--dense-tail", type=int, default=0, help="also time H2O with this dense tail W")
     args = parser.parse_args()
     lengths = args.lengths or [2000, 4000, 8000]
     default_threads = torch.get_num_threads()
@@ -113,9 +133,9 @@ def main() -> None:
         print(f"\n## {label}; {load_line()}")
         if args.part in ("layer", "both"):
             print_rows("Per layer (attention only, SmolLM2 shapes, random q/k/v)",
-                       layer_rows(lengths, args.repeats, CONFIG))
+                       layer_rows(lengths, args.repeats, CONFIG, args.dense_tail))
         if args.part in ("e2e", "both"):
-            print_rows("End to end TTFT (demo SmolLM2-135M, fp32)", e2e_rows(lengths, args.repeats, CONFIG))
+            print_rows("End to end TTFT (demo SmolLM2-135M, fp32)", e2e_rows(lengths, args.repeats, CONFIG, args.dense_tail))
         print(f"({load_line()} after)")
 
 

@@ -33,7 +33,7 @@ def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
     from specfill.evaluation.quality import EvalPlan, run_eval
 
     model = str(tiny_checkpoint("llama", "gguf"))
-    h2o, spec = H2OConfig(8, 16, 2, 2), SpecPrefillConfig(keep_ratio=0.5, select_chunk=4)
+    h2o, spec = H2OConfig(8, 16, 2, 2, dense_tail=0), SpecPrefillConfig(keep_ratio=0.5, select_chunk=4)
     steps: list[tuple[int, str]] = []
     run_bench(BenchPlan(methods=("full", "h2o"), lengths=(24, 40), model=model, h2o=h2o, decode_tokens=2,
                         repeats=2, device="cpu"), log=lambda line: None, step=lambda *a: steps.append(a))
@@ -52,26 +52,27 @@ def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
     code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--perplexity-lengths", "40",
                  "--passkey-lengths", "60", "--trials", "20", "--chunk-size", "16", "--batch-size", "16",
-                 "--h2o-local", "4", "--h2o-heavy", "4", "--speculator", "self:1", "--keeps", "0.5",
+                 "--h2o-local", "4", "--h2o-heavy", "4", "--h2o-dense-tail", "0", "--speculator", "self:1",
+                 "--keeps", "0.5",
                  "--select-chunk", "4", "--out", str(tmp_path)])
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "eval.json").read_text())
-    ppl = {r["method"]: r for r in data["perplexity"]}
-    assert sorted(ppl) == ["full", "h2o"] and all(1.0 < r["perplexity"] < 1e4 for r in ppl.values())
-    assert ppl["full"]["vs_full_pct"] == 0.0 and ppl["h2o"]["perplexity"] != ppl["full"]["perplexity"]
+    ppl = {r["method"]: r for r in data["perplexity"]}  # W=0 is not the default: named in the label
+    assert sorted(ppl) == ["full", "h2o W=0"] and all(1.0 < r["perplexity"] < 1e4 for r in ppl.values())
+    assert ppl["full"]["vs_full_pct"] == 0.0 and ppl["h2o W=0"]["perplexity"] != ppl["full"]["perplexity"]
     passkey = {r["method"]: r for r in data["passkey"]}
-    assert sorted(passkey) == ["full", "h2o", "specprefill keep=0.5"]
+    assert sorted(passkey) == ["full", "h2o W=0", "specprefill keep=0.5"]
     assert all(r["trials"] == 20 and 0.0 <= r["accuracy"] <= 1.0 for r in passkey.values())
     # the mid-depth trial's map, for every sparse method (20 trials: no trial at depth exactly 0.5)
-    assert sorted(data["maps"]) == ["h2o @ 60", "specprefill keep=0.5 @ 60"]
+    assert sorted(data["maps"]) == ["h2o W=0 @ 60", "specprefill keep=0.5 @ 60"]
     text = (tmp_path / "eval.md").read_text()
     assert "## Perplexity" in text and "## Passkey retrieval" in text
     assert (tmp_path / "eval_positions.png").read_bytes()[:4] == b"\x89PNG"  # kept / memory map
     assert (tmp_path / "eval_tradeoff.png").read_bytes()[:4] == b"\x89PNG"  # speed-up vs quality
-    assert passkey["full"]["speedup_vs_full"] == 1.0 and passkey["h2o"]["median_ttft_s"] > 0
-    marks = data["map_marks"]["h2o @ 60"]
+    assert passkey["full"]["speedup_vs_full"] == 1.0 and passkey["h2o W=0"]["median_ttft_s"] > 0
+    marks = data["map_marks"]["h2o W=0 @ 60"]
     assert 0 < marks["needle"][0] < marks["needle"][1] <= marks["question"][0] < marks["question"][1]
-    assert abs(marks["question"][1] - passkey["h2o"]["mean_prompt_tokens"]) < 2  # the mapped trial's length
+    assert abs(marks["question"][1] - passkey["h2o W=0"]["mean_prompt_tokens"]) < 2  # the mapped trial's length
 
 
 def test_eval_sweeps_dense_tails_and_scoring_layers(tiny_checkpoint, tmp_path, capsys):

@@ -64,3 +64,14 @@ def test_layer_selection():
     assert SpecPrefillConfig(layers="last-2").layer_indices(5) == [3, 4]
     assert SpecPrefillConfig(layers="last-9").layer_indices(5) == [0, 1, 2, 3, 4]
     assert SpecPrefillConfig().layer_indices(3) == [0, 1, 2]
+
+
+def test_dense_tail_is_a_non_negative_integer_and_scoring_layers_are_checked():
+    assert H2OConfig(dense_tail=0).dense_tail == 0 and H2OConfig().dense_tail == 64
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="dense_tail"):
+            H2OConfig(dense_tail=bad)
+    assert SpecPrefillConfig(layers="last-1").layer_indices(8) == [7]
+    assert SpecPrefillConfig(layers="last-3").layer_indices(8) == [5, 6, 7]
+    with pytest.raises(ConfigError, match="layers"):
+        SpecPrefillConfig(layers="middle")

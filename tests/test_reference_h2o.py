@@ -21,7 +21,7 @@ CASES = [  # (N, S, L, H, Hq, Hkv, B)
 def test_two_phase_equals_oracle_float64(n, s, local, heavy, hq, hkv, b, seed):
     rng = np.random.default_rng(seed)
     q, k, v = rng.normal(size=(hq, n, 8)), rng.normal(size=(hkv, n, 8)), rng.normal(size=(hkv, n, 8))
-    result = REFERENCE.attention_layer(q, k, v, H2OConfig(s, b, local, heavy), scale=0.4)
+    result = REFERENCE.attention_layer(q, k, v, H2OConfig(s, b, local, heavy, dense_tail=0), scale=0.4)
     out, memory_sets, scores = oracle.oracle_h2o_layer(q, k, v, s, local, heavy, scale=0.4)
     np.testing.assert_allclose(result.output, out, rtol=0, atol=1e-10)
     np.testing.assert_allclose(result.scores, scores, rtol=1e-10, atol=1e-10)
@@ -40,6 +40,6 @@ def test_dot_products_equal_the_key_sets_actually_used():
     rng = np.random.default_rng(0)
     n = 4096
     q, k, v = (rng.normal(size=(1, n, 4)).astype(np.float32) for _ in range(3))
-    result = REFERENCE.attention_layer(q, k, v, H2OConfig(1024, 4096, 256, 256), scale=0.5)
+    result = REFERENCE.attention_layer(q, k, v, H2OConfig(1024, 4096, 256, 256, dense_tail=0), scale=0.5)
     mask = oracle.key_set_mask(n, 1024, [m.indices for m in result.memory_sets], 1)
     assert int(mask[0].sum()) == 3_672_064

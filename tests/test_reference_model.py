@@ -30,7 +30,7 @@ def test_full_forward_matches_transformers(tiny):
 def test_h2o_prompt_within_one_chunk_is_full_attention(tiny):
     _, model = tiny
     ids = list(range(5, 21))
-    logits, built = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=16, batch_size=16, local=2, heavy=3))
+    logits, built = model.forward_h2o_chunk_major(ids, H2OConfig(16, 16, 2, 3, dense_tail=0))
     np.testing.assert_allclose(logits, model.forward(ids), rtol=0, atol=1e-12)
     assert all(sets == [] for sets in built)
 
@@ -38,9 +38,9 @@ def test_h2o_prompt_within_one_chunk_is_full_attention(tiny):
 def test_h2o_disabled_is_full_attention_and_enabled_differs(tiny):
     _, model = tiny
     ids = [int(i) for i in np.random.default_rng(0).integers(0, 300, size=45)]
-    off, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=0, heavy=0))
+    off, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=0, heavy=0, dense_tail=0))
     np.testing.assert_allclose(off, model.forward(ids), rtol=0, atol=1e-12)
-    on, built = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2))
+    on, built = model.forward_h2o_chunk_major(ids, H2OConfig(8, 8, 2, 2, dense_tail=0))
     assert np.abs(on[:8] - off[:8]).max() < 1e-12  # the first chunk sees exactly its causal keys
     assert np.abs(on[8:] - off[8:]).max() > 1e-3  # later chunks see only memory sets
     assert [len(sets) for sets in built] == [5] * model.args.num_hidden_layers  # 6 chunks, none after the last
@@ -49,7 +49,7 @@ def test_h2o_disabled_is_full_attention_and_enabled_differs(tiny):
 def test_dense_tail_changes_only_the_tail_and_covering_the_prompt_is_full_attention(tiny):
     _, model = tiny
     ids = [int(i) for i in np.random.default_rng(1).integers(0, 300, size=45)]
-    sparse, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2))
+    sparse, _ = model.forward_h2o_chunk_major(ids, H2OConfig(8, 8, 2, 2, dense_tail=0))
     tail, _ = model.forward_h2o_chunk_major(
         ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2, dense_tail=11))
     np.testing.assert_allclose(tail[:34], sparse[:34], rtol=0, atol=1e-12)  # rows before N - W untouched

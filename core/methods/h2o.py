@@ -99,11 +99,15 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
             memory = ops.build_memory_set(scores, memory, chunk_start // size, chunk_start, chunk_end,
                                           config.local, config.heavy)
             memory_sets.append(memory)
-        out = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
         tail = None if tail_start is None else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale)
-        if tail is not None:  # the walk's rows of the tail are replaced, its scores kept
-            keep = tail_start - start
-            out = tail if keep <= 0 else ops.concat([out[:, :keep], tail], axis=1)
+        if tail is not None:  # the walk's rows of the tail are replaced (one concat), its scores kept
+            keep, pieces = tail_start - start, []
+            for piece in outputs:
+                if keep > 0:
+                    pieces.append(piece if piece.shape[1] <= keep else piece[:, :keep])
+                keep -= piece.shape[1]
+            outputs = pieces + [tail]
+        out = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
     return ops.cast_like(out, q), H2OCarry(scores=scores, memory=memory, memory_sets=memory_sets)
 
 

@@ -49,7 +49,7 @@ def prompt(seed: int, n_heads: int, n_kv: int, n_tokens: int, head_dim: int = 16
 ])
 def test_layer_matches_the_oracle(n_tokens, chunk, batch, local, heavy, n_heads, n_kv):
     (q, k, v), (qn, kn, vn) = prompt(n_tokens, n_heads, n_kv, n_tokens)
-    got = h2o_attention_layer(q, k, v, H2OConfig(chunk, batch, local, heavy), SCALE, use_kernels=False)
+    got = h2o_attention_layer(q, k, v, H2OConfig(chunk, batch, local, heavy, dense_tail=0), SCALE, use_kernels=False)
     out, sets, scores = oracle.oracle_h2o_layer(qn, kn, vn, chunk, local, heavy, SCALE)
     assert [np.array(m.indices).tolist() for m in got.memory_sets] == sets
     assert [m.chunk_index for m in got.memory_sets] == list(range(math.ceil(n_tokens / chunk) - 1))
@@ -61,7 +61,7 @@ def test_layer_matches_the_oracle(n_tokens, chunk, batch, local, heavy, n_heads,
 def test_logical_batches_carried_by_the_caller_match_one_call():
     """The model's schedule: per logical batch the KV cache holds only the keys so far."""
     (q, k, v), _ = prompt(7, 4, 2, 45)
-    config = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=3)
+    config = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=3, dense_tail=0)
     carry = start_carry(2)
     outputs = []
     for start in range(0, 45, 16):
@@ -69,7 +69,7 @@ def test_logical_batches_carried_by_the_caller_match_one_call():
         out, carry = h2o_attention_batch(q[:, start:end], k[:, :end], v[:, :end], carry, config, SCALE,
                                          is_last=end == 45, use_kernels=False)
         outputs.append(out)
-    whole = h2o_attention_layer(q, k, v, H2OConfig(8, 64, 2, 3), SCALE, use_kernels=False)
+    whole = h2o_attention_layer(q, k, v, H2OConfig(8, 64, 2, 3, dense_tail=0), SCALE, use_kernels=False)
     assert carry.n_done == 45
     assert [np.array(m.indices).tolist() for m in carry.memory_sets] == \
         [np.array(m.indices).tolist() for m in whole.memory_sets]
@@ -79,16 +79,16 @@ def test_logical_batches_carried_by_the_caller_match_one_call():
 
 def test_a_prompt_within_one_chunk_is_plain_causal_attention():
     (q, k, v), (qn, kn, vn) = prompt(1, 4, 2, 8)
-    got = h2o_attention_layer(q, k, v, H2OConfig(8, 16, 2, 3), SCALE, use_kernels=False)
+    got = h2o_attention_layer(q, k, v, H2OConfig(8, 16, 2, 3, dense_tail=0), SCALE, use_kernels=False)
     assert got.memory_sets == []
     np.testing.assert_allclose(np.array(got.output), causal_attention(qn, kn, vn, SCALE).o, atol=2e-6)
-    want = REFERENCE.attention_layer(qn, kn, vn, H2OConfig(8, 16, 2, 3), SCALE)
+    want = REFERENCE.attention_layer(qn, kn, vn, H2OConfig(8, 16, 2, 3, dense_tail=0), SCALE)
     np.testing.assert_allclose(np.array(got.scores), want.scores, atol=2e-6)
 
 
 def test_h2o_disabled_is_plain_causal_attention():
     (q, k, v), (qn, kn, vn) = prompt(2, 6, 2, 30)
-    got = h2o_attention_layer(q, k, v, H2OConfig(8, 16, 0, 0), SCALE, use_kernels=False)
+    got = h2o_attention_layer(q, k, v, H2OConfig(8, 16, 0, 0, dense_tail=0), SCALE, use_kernels=False)
     assert got.memory_sets == [] and not np.array(got.scores).any()
     np.testing.assert_allclose(np.array(got.output), causal_attention(qn, kn, vn, SCALE).o, atol=2e-6)
 
@@ -118,7 +118,7 @@ def test_accumulate_scores_adds_at_each_kv_heads_memory_positions():
 
 def test_batches_must_start_on_chunk_boundaries_and_only_the_last_chunk_may_be_partial():
     (q, k, v), _ = prompt(3, 2, 2, 20)
-    config = H2OConfig(8, 8, 1, 1)
+    config = H2OConfig(8, 8, 1, 1, dense_tail=0)
     with pytest.raises(ValueError, match="chunk boundary"):
         h2o_attention_batch(q[:, 4:12], k, v, H2OCarry(scores=mx.zeros((2, 4))), config, SCALE, False)
     with pytest.raises(ValueError, match="final chunk"):

@@ -96,7 +96,7 @@ def test_scoring_kernel_matches_twin(metal_path, dtype, n_layers, n_queries, n_h
 def test_h2o_layer_on_the_kernels_matches_the_twins(metal_path, dtype):
     mx_dtype, tol = DTYPES[dtype]
     q, k, v = arrays(5, mx_dtype, (4, 45, 16), (2, 45, 16), (2, 45, 16))
-    config = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=3)
+    config = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=3, dense_tail=0)
     kernel = h2o_attention_layer(q, k, v, config, 0.25, use_kernels=True)
     twin = h2o_attention_layer(q, k, v, config, 0.25, use_kernels=False)
     # random scores have no near-ties at this size: the memory sets must agree exactly
@@ -130,7 +130,7 @@ def test_forcing_kernels_without_metal_raises_a_clear_error(stage):
         "intra": lambda: intra_attention(q, q, q, 4, 1.0, use_kernel=True),
         "inter": lambda: inter_attention(q, q, q, 1.0, use_kernel=True),
         "scoring": lambda: attention_scores(q[None], q[None], 1.0, use_kernel=True),
-        "layer": lambda: h2o_attention_layer(q, q, q, H2OConfig(4, 8, 1, 1), 1.0, use_kernels=True),
+        "layer": lambda: h2o_attention_layer(q, q, q, H2OConfig(4, 8, 1, 1, dense_tail=0), 1.0, use_kernels=True),
     }
     with pytest.raises(BackendUnavailableError, match="Metal"):
         calls[stage]()

@@ -74,4 +74,5 @@ def assert_logits_close(ours: Any, want: np.ndarray, what: str) -> None:
 
 
 def h2o_method(n_chunk: int, n_batch: int, local: int, heavy: int) -> PrefillMethod:
-    return PrefillMethod("h2o", h2o=H2OConfig(chunk_size=n_chunk, batch_size=n_batch, local=local, heavy=heavy))
+    return PrefillMethod("h2o", h2o=H2OConfig(chunk_size=n_chunk, batch_size=n_batch, local=local, heavy=heavy,
+                                              dense_tail=0))

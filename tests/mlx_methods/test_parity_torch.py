@@ -146,7 +146,7 @@ def test_demo_model_methods_agree_across_backends(demo_path):
     512 tokens the memory sets and kept sets were identical too (max |diff| 3e-4, top-1 100%)."""
     from specfill.evaluation.texts import tokens_of_length
 
-    h2o = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=128, batch_size=256, local=32, heavy=32))
+    h2o = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=128, batch_size=256, local=32, heavy=32, dense_tail=0))
     spec = PrefillMethod("specprefill", speculator="self:4", specprefill=SpecPrefillConfig(keep_ratio=0.3))
     runs = {}
     for name, backend in (("mlx", mlx_backend), ("torch", torch_cuda)):

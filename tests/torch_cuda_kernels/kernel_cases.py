@@ -138,7 +138,7 @@ def test_scoring_kernel_reads_a_cache_slice_across_key_tiles():
 def test_h2o_layer_with_kernels_matches_twins(dtype):
     q = randn(4, 45, 16, dtype=dtype, device=DEVICE, seed=14)
     k, v = (randn(2, 45, 16, dtype=dtype, device=DEVICE, seed=s) for s in (15, 16))
-    config = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=4)
+    config = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=4, dense_tail=0)
     want = h2o_layer(q, k, v, config, 0.25, use_kernels=False)
     got = h2o_layer(q, k, v, config, 0.25, use_kernels=True)
     assert len(got.memory_sets) == 2
@@ -154,7 +154,7 @@ def test_h2o_layer_that_is_plain_causal_with_kernels(n, local, heavy):
     k, v = (randn(2, n, 16, dtype=torch.float32, device=DEVICE, seed=s) for s in (20, 21))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpecfillWarning)
-        config = H2OConfig(chunk_size=16, batch_size=32, local=local, heavy=heavy)
+        config = H2OConfig(chunk_size=16, batch_size=32, local=local, heavy=heavy, dense_tail=0)
     got = h2o_layer(q, k, v, config, 0.25, use_kernels=True)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.25, enable_gqa=True)
     assert_close(got.output, want, torch.float32, "causal output")

@@ -34,7 +34,7 @@ def _qkv(n, hq, hkv, d=8, dtype=torch.float64, seed=0):
 @pytest.mark.parametrize("n,s,local,heavy,hq,hkv,b", CASES)
 def test_layer_equals_oracle_float64(n, s, local, heavy, hq, hkv, b):
     q, k, v = _qkv(n, hq, hkv, seed=n)
-    got = h2o_layer(q, k, v, H2OConfig(s, b, local, heavy), 0.4, use_kernels=False)
+    got = h2o_layer(q, k, v, H2OConfig(s, b, local, heavy, dense_tail=0), 0.4, use_kernels=False)
     out, memory_sets, scores = oracle.oracle_h2o_layer(q.numpy(), k.numpy(), v.numpy(), s, local, heavy, 0.4)
     np.testing.assert_allclose(got.output.numpy(), out, rtol=0, atol=1e-10)
     np.testing.assert_allclose(got.scores.numpy(), scores, rtol=1e-10, atol=1e-10)
@@ -43,7 +43,7 @@ def test_layer_equals_oracle_float64(n, s, local, heavy, hq, hkv, b):
 
 def test_layer_float32_matches_reference_memory_sets_exactly():
     q, k, v = _qkv(75, 6, 2, d=16, dtype=torch.float32, seed=3)
-    config = H2OConfig(16, 32, 4, 5)
+    config = H2OConfig(16, 32, 4, 5, dense_tail=0)
     got = h2o_layer(q, k, v, config, 0.25)
     want = REFERENCE.attention_layer(q.numpy(), k.numpy(), v.numpy(), config, 0.25)
     assert [m.indices.tolist() for m in got.memory_sets] == [m.indices.tolist() for m in want.memory_sets]
@@ -54,7 +54,7 @@ def test_layer_float32_matches_reference_memory_sets_exactly():
 def test_batch_by_batch_with_carry_equals_whole_layer():
     """The runtime's batch-major schedule: one call per logical batch, keys growing."""
     q, k, v = _qkv(45, 4, 2, seed=5)
-    config = H2OConfig(8, 16, 2, 3)
+    config = H2OConfig(8, 16, 2, 3, dense_tail=0)
     whole = h2o_layer(q, k, v, config, 0.4)
     carry, outs = H2OCarry(scores=torch.zeros(2, 0, dtype=torch.float64)), []
     for start in range(0, 45, 16):
@@ -72,13 +72,14 @@ def test_misaligned_batch_is_rejected():
     q, k, v = _qkv(20, 2, 1)
     carry = H2OCarry(scores=torch.zeros(1, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="chunk boundary"):
-        h2o.h2o_attention_batch(torch_ops(), q[:, 5:13], k, v, carry, H2OConfig(8, 8, 2, 2), 0.4, is_last=False)
+        h2o.h2o_attention_batch(torch_ops(), q[:, 5:13], k, v, carry, H2OConfig(8, 8, 2, 2, dense_tail=0), 0.4,
+                                is_last=False)
 
 
 @pytest.mark.parametrize("n", [1, 7, 8])
 def test_prompt_within_one_chunk_is_plain_causal(n):
     q, k, v = _qkv(n, 4, 2, seed=n)
-    got = h2o_layer(q, k, v, H2OConfig(8, 16, 2, 3), 0.4, use_kernels=False)
+    got = h2o_layer(q, k, v, H2OConfig(8, 16, 2, 3, dense_tail=0), 0.4, use_kernels=False)
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.4, enable_gqa=True)
     torch.testing.assert_close(got.output, want, rtol=0, atol=1e-12)
     assert got.memory_sets == [] and got.scores.shape == (2, n)
@@ -86,14 +87,14 @@ def test_prompt_within_one_chunk_is_plain_causal(n):
 
 def test_empty_prompt_gives_empty_results():
     q, k, v = _qkv(0, 4, 2)
-    got = h2o_layer(q, k, v, H2OConfig(8, 16, 2, 3), 0.4, use_kernels=False)
+    got = h2o_layer(q, k, v, H2OConfig(8, 16, 2, 3, dense_tail=0), 0.4, use_kernels=False)
     assert got.output.shape == (4, 0, 8) and got.scores.shape == (2, 0) and got.memory_sets == []
 
 
 def test_disabled_h2o_is_plain_causal_attention():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SpecfillWarning)
-        config = H2OConfig(8, 16, 0, 0)
+        config = H2OConfig(8, 16, 0, 0, dense_tail=0)
     assert not config.enabled
     q, k, v = _qkv(30, 4, 2)
     got = h2o_layer(q, k, v, config, 0.4)

@@ -19,7 +19,8 @@ CASES = [(50, 16, 32, 4, 4), (37, 8, 16, 2, 3), (64, 16, 16, 8, 0), (64, 16, 64,
 
 
 def h2o(n_chunk: int, n_batch: int, local: int, heavy: int) -> PrefillMethod:
-    return PrefillMethod("h2o", h2o=H2OConfig(chunk_size=n_chunk, batch_size=n_batch, local=local, heavy=heavy))
+    return PrefillMethod("h2o", h2o=H2OConfig(chunk_size=n_chunk, batch_size=n_batch, local=local, heavy=heavy,
+                                              dense_tail=0))
 
 
 @pytest.mark.parametrize("arch", ARCHS)
