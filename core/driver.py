@@ -14,6 +14,7 @@ from .config import H2OConfig, SpecPrefillConfig
 from .crossover import auto_threshold
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError, PromptTooLongError
+from .guards import check_logits_finite
 from .methods.drafting import DraftState, distribution, speculative_decode
 from .methods.h2o import H2OPrefillAttention, uses_full_attention
 from .methods.prefill import prefill
@@ -63,8 +64,8 @@ class CausalLM(Generic[A]):
         return checked
 
     def __call__(self, ids: Any) -> A:
-        """Logits [1, T, vocab] (float32) for every position of `ids`, a fresh context."""
-        ids = self._ids(self.ops.to_numpy(ids) if not isinstance(ids, (list, tuple, np.ndarray)) else ids, 0)
+        """Logits [1, T, vocab] (float32) for every position of `ids` (ints, NumPy or the backend's array)."""
+        ids = self._ids(ids if isinstance(ids, (list, tuple, np.ndarray)) else self.ops.to_numpy(ids), 0)
         with self.ops.device_scope():
             cache = self.ops.new_cache(self.model, len(ids))
             logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache,
@@ -83,9 +84,8 @@ class CausalLM(Generic[A]):
         return replace(method, name=chosen, auto_threshold=None)
 
     def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: PrefillInfo) -> np.ndarray:
-        """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full",
-        "h2o" or "auto" resolving to one of them; speculative prefill drops tokens, so it has
-        none). For perplexity and parity."""
+        """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full", "h2o"
+        or "auto" resolving to one; SpecPrefill drops tokens, so it has none). For perplexity, parity."""
         ids = self._ids(prompt_ids, 0)
         method = self.resolve_method(method, len(ids))
         if method.name == "specprefill":
@@ -159,8 +159,7 @@ class CausalLM(Generic[A]):
                               stop_ids=stop_ids, info=info, progress=progress)
 
     def _draft_model(self, drafting: Drafting, method: PrefillMethod, needed: int) -> tuple[Any, int]:
-        """(draft, k): "self:K" -> K, a CausalLM on this backend, or None for the SpecPrefill
-        speculator; checked before the prefill (vocabulary, context)."""
+        """(draft, k): "self:K" -> K, a CausalLM on this backend, or None (the SpecPrefill speculator)."""
         if drafting.model is None:
             if method.name != "specprefill":
                 raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
@@ -201,6 +200,8 @@ class CausalLM(Generic[A]):
                 info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
+            finite = bool(np.isfinite(self.ops.to_numpy(logits)).all())
+            check_logits_finite(finite, self.args, where="the first prefill", dtype=str(self.dtype).rsplit(".", 1)[-1])
             if draft is None:
                 tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, cache=cache)
@@ -210,8 +211,7 @@ class CausalLM(Generic[A]):
             yield from track_kv(self.ops, tokens, cache, len(ids), info)
 
     def _reused_cache(self, reuse: KVState, room: int) -> Any:
-        """The reused cache filled up to reuse.slots, with room for `room` more slots (a copy of at
-        least 1.5x its capacity, up to the context, when it is too small)."""
+        """The reused cache filled up to reuse.slots, with room for `room` more (grown 1.5x at least)."""
         cache = reuse.cache
         self.ops.trim(cache, self.ops.filled(cache) - reuse.slots)
         needed = reuse.slots + room

@@ -58,13 +58,13 @@ def torch_kernels(monkeypatch):
 def _twin_kernel(name, wrong=False):
     from specfill.backends.torch_cuda.kernels import attention_scores_twin, inter_attention_twin
     from specfill.backends.torch_cuda.kernels import intra_attention_twin
-    from specfill.backends.torch_cuda.kernels.state import AttentionResult, AttentionState
+    from specfill.backends.torch_cuda.kernels.state import AttentionState, IntraResult
 
     def flash(q, k, v, scale, chunk, with_colsum):
         r = (intra_attention_twin(q, k, v, chunk, scale, with_colsum) if chunk is not None
              else inter_attention_twin(q, k, v, scale, with_colsum))
         if wrong:
-            r = AttentionResult(AttentionState(r.state.m, r.state.l, r.state.o + 0.1), r.colsum)
+            r = IntraResult(AttentionState(r.state.m, r.state.l, r.state.o + 0.1), r.colsum)
         return r
 
     def scoring(queries, keys, scale):
@@ -133,20 +133,20 @@ def test_torch_good_kernel_is_used_after_its_check(torch_kernels):
 
 
 def test_kernels_setting_reads_the_environment(monkeypatch, torch_kernels):
-    from specfill.backends.torch_cuda.kernels import use_triton
+    from specfill.backends.torch_cuda.kernels import choose_kernel
 
     install, calls = torch_kernels
     install(_twin_kernel)
     x = torch.zeros(1, 2, 16)
     monkeypatch.setenv("SPECFILL_KERNELS", "off")
-    assert kernels_setting() is False and use_triton(None, x) is False
+    assert kernels_setting() is False and choose_kernel(None, x) is False
     assert kernels_setting(True) is True  # an explicit choice wins
     with kernels_env("on"):
         assert kernels_setting() is True
     assert os.environ["SPECFILL_KERNELS"] == "off"  # restored
     monkeypatch.setenv("SPECFILL_KERNELS", "sometimes")
     with pytest.raises(ConfigError, match="SPECFILL_KERNELS='sometimes' is not one of auto, on, off"):
-        use_triton(None, x)
+        choose_kernel(None, x)
     assert calls == []
 
 
@@ -209,7 +209,7 @@ def test_mlx_metal_compile_error_falls_back_with_one_warning(mlx_kernels):
     result, messages = _one_warning(lambda: intra_attention(q, k, k, 8, 0.25))
     assert len(messages) == 1 and "mlx kernel 'phase-1 intra attention' (float32, D=16, G=2)" in messages[0]
     assert "compile or launch error" in messages[0] and "MLX-ops twin" in messages[0]
-    want = intra.intra_attention_ops(q, k, k, 8, 0.25)
+    want = intra.intra_attention_twin(q, k, k, 8, 0.25)
     assert np.array_equal(np.asarray(result.state.o), np.asarray(want.state.o))
     _, again = _one_warning(lambda: intra_attention(q, k, k, 8, 0.25))
     assert again == []
@@ -223,16 +223,16 @@ def test_mlx_wrong_kernel_falls_back(mlx_kernels, monkeypatch):
     from specfill.backends.mlx.kernels.state import AttentionState, InterResult
 
     def wrong_inter(q, k_mem, v_mem, scale):
-        r = inter.inter_attention_ops(q, k_mem, v_mem, scale)
+        r = inter.inter_attention_twin(q, k_mem, v_mem, scale)
         return InterResult(AttentionState(r.state.m, r.state.l * 1.01, r.state.o), r.colsum)
     monkeypatch.setattr(inter, "inter_attention_kernel", wrong_inter)
     monkeypatch.setattr(scoring, "attention_scores_kernel",
-                        lambda queries, keys, scale: scoring.attention_scores_ops(queries, keys, scale) * 0.5)
+                        lambda queries, keys, scale: scoring.attention_scores_twin(queries, keys, scale) * 0.5)
     q = mx.array(np.random.default_rng(1).standard_normal((6, 9, 32)).astype(np.float16))
     result, messages = _one_warning(lambda: inter_attention(q, q[:2], q[:2], 0.2))
     assert len(messages) == 1 and "'phase-2 inter attention' (float16, D=32, G=3)" in messages[0]
     assert "l differs from the twin" in messages[0]
-    want = inter.inter_attention_ops(q, q[:2], q[:2], 0.2)
+    want = inter.inter_attention_twin(q, q[:2], q[:2], 0.2)
     assert np.array_equal(np.asarray(result.state.l), np.asarray(want.state.l))
     _, messages = _one_warning(lambda: scoring.attention_scores(q[None, :2].swapaxes(1, 2), q[None, :2], 0.2))
     assert len(messages) == 1 and "'speculative-prefill scoring'" in messages[0]

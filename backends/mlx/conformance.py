@@ -11,7 +11,7 @@ import numpy as np
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
-from .kernels.dispatch import should_use_kernel
+from .kernels.dispatch import choose_kernel
 from .ops import MLXOps
 
 DTYPES: dict[str, mx.Dtype] = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -27,7 +27,7 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None) -> Ops
     off or auto."""
     if dtype not in DTYPES:
         raise BackendUnavailableError(f"the mlx backend runs in {', '.join(DTYPES)}, not {dtype}")
-    should_use_kernel(use_kernels, "the conformance run")  # forcing Metal without it fails here
+    choose_kernel(use_kernels, "the conformance run")  # forcing Metal without it fails here
     convert = Convert(native=lambda x: mx.array(np.asarray(x, dtype=np.float32)).astype(DTYPES[dtype]),
                       stats=lambda x: mx.array(np.asarray(x, dtype=np.float32)),
                       index=lambda x: mx.array(np.asarray(x, dtype=np.int32)), numpy=_np)

@@ -38,19 +38,16 @@ class MLXOps:
 
     # H2O stages
     def intra_attention(self, q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float) -> IntraResult:
-        result = intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
-        return IntraResult(AttentionState(result.state.m, result.state.l, result.state.o), result.colsum)
+        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
 
     def inter_attention(self, q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
-        result = inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
-        return InterResult(AttentionState(result.state.m, result.state.l, result.state.o), result.colsum)
+        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
 
     def reduce_colsum_to_kv_heads(self, colsum: mx.array, n_kv_heads: int) -> mx.array:
         return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        merged = merge_states(a, b)
-        return AttentionState(merged.m, merged.l, merged.o)
+        return merge_states(a, b)
 
     accumulate_scores = staticmethod(stages.accumulate_scores)
     build_memory_set = staticmethod(stages.build_memory_set)

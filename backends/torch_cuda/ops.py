@@ -42,18 +42,16 @@ class TorchOps:
     # H2O stages
     def intra_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
                         scale: float) -> IntraResult:
-        result = intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
-        return IntraResult(AttentionState(*result.state), result.colsum)
+        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
 
     def inter_attention(self, q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float) -> InterResult:
-        result = inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
-        return InterResult(AttentionState(*result.state), result.colsum)
+        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
 
     def reduce_colsum_to_kv_heads(self, colsum: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
         return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        return AttentionState(*merge_states(a, b))
+        return merge_states(a, b)
 
     accumulate_scores = staticmethod(stages.accumulate_scores)
     build_memory_set = staticmethod(stages.build_memory_set)

@@ -11,7 +11,7 @@ from specfill.core.errors import ConfigError
 from specfill.core.runtime import SamplingConfig
 from specfill.core.stages import MemorySet
 
-from .kernels.dispatch import use_triton
+from .kernels.dispatch import choose_kernel
 from .kernels.intra import check_attention_shapes, intra_attention
 
 
@@ -52,7 +52,7 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
     """Plain causal attention [Hq, N, D]: torch SDPA (its fused kernels on CUDA), or the intra
     kernel with one chunk when kernels are forced."""
     check_attention_shapes(q, k, v)
-    if use_kernels and use_triton(True, q, k, v):
+    if use_kernels and choose_kernel(True, q, k, v):
         return intra_attention(q, k, v, max(1, q.shape[1]), scale, use_kernel=True, with_colsum=False).state.o
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
 

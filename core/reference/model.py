@@ -44,7 +44,7 @@ class ReferenceModel:
 
         def project(name: str, heads: int) -> np.ndarray:
             y = x @ self.w[p + f"{name}_proj.weight"].T
-            if a.attention_bias:
+            if f"{name}_proj" in a.biased_projections:
                 y = y + self.w[p + f"{name}_proj.bias"]
             return y.reshape(len(x), heads, a.head_dim).transpose(1, 0, 2)
 
@@ -58,6 +58,8 @@ class ReferenceModel:
         """Residual, MLP and residual after the attention output attn [Hq, T, D]."""
         p = f"model.layers.{layer}."
         hidden = hidden + attn.transpose(1, 0, 2).reshape(len(hidden), -1) @ self.w[p + "self_attn.o_proj.weight"].T
+        if "o_proj" in self.args.biased_projections:
+            hidden = hidden + self.w[p + "self_attn.o_proj.bias"]
         x = self._norm(hidden, p + "post_attention_layernorm.weight")
         gate, up = x @ self.w[p + "mlp.gate_proj.weight"].T, x @ self.w[p + "mlp.up_proj.weight"].T
         return hidden + (gate / (1.0 + np.exp(-gate)) * up) @ self.w[p + "mlp.down_proj.weight"].T

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import torch
 
-from specfill.backends.torch_cuda.kernels import attention_scores, inter_attention, intra_attention, use_triton
+from specfill.backends.torch_cuda.kernels import attention_scores, inter_attention, intra_attention, choose_kernel
 from specfill.backends.torch_cuda.kernels.flash_triton import flash_attention
 from specfill.backends.torch_cuda.kernels.scoring_triton import scoring_softmax
 from specfill.conformance import CHECK_GROUPS, run_group
@@ -28,8 +28,8 @@ DTYPES = [torch.float32, torch.float16]
 def test_kernels_are_runnable_here():
     """Guards against this file silently testing twin against twin."""
     x = torch.zeros(1, 1, 16, device=DEVICE)
-    assert use_triton(None, x) == (DEVICE == "cuda")
-    assert use_triton(True, x)
+    assert choose_kernel(None, x) == (DEVICE == "cuda")
+    assert choose_kernel(True, x)
 
 
 def _state_close(got, want, dtype, what):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specfill.backends.torch_cuda.conformance import make_adapter
-from specfill.backends.torch_cuda.kernels import intra_attention, kernel_unavailable_reason, use_triton
+from specfill.backends.torch_cuda.kernels import intra_attention, kernel_unavailable_reason, choose_kernel
 from specfill.backends.torch_cuda.kernels.dispatch import interpreting, triton_installed
 from specfill.conformance import CHECK_GROUPS, run_group
 from specfill.core import BackendUnavailableError
@@ -29,8 +29,8 @@ def test_cpu_tensors_use_the_twin_and_never_import_triton():
 
 def test_forced_twin_and_auto_on_cpu():
     x = torch.zeros(1, 2, 16)
-    assert use_triton(False, x) is False
-    assert use_triton(None, x) is False  # CPU tensors: the twin, even under the interpreter
+    assert choose_kernel(False, x) is False
+    assert choose_kernel(None, x) is False  # CPU tensors: the twin, even under the interpreter
 
 
 @pytest.mark.skipif(not CPU_ONLY, reason="needs a CPU-only process without TRITON_INTERPRET")

@@ -124,7 +124,7 @@ def test_merge_of_intra_halves_equals_whole_attention():
     b = inter_attention(q, keys[:, 3:], values[:, 3:], 0.4, use_kernel=False).state
     empty = inter_attention(q, keys[:, :0], values[:, :0], 0.4, use_kernel=False).state
     merged = merge_states(merge_states(a, empty), b)
-    for got, want in zip(merged, whole):
+    for got, want in zip((merged.m, merged.l, merged.o), (whole.m, whole.l, whole.o)):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     both_empty = merge_states(empty, empty)
     assert bool(torch.isneginf(both_empty.m).all()) and bool(torch.isfinite(both_empty.o).all())
@@ -150,7 +150,7 @@ def test_bad_shapes_raise_one_clear_error():
 
 
 def _numpy_state_close(got, want, what: str) -> None:
-    for name, g, w in zip(("m", "l", "o"), got, (want.m, want.l, want.o)):
+    for name, g, w in zip(("m", "l", "o"), (got.m, got.l, got.o), (want.m, want.l, want.o)):
         np.testing.assert_allclose(g.numpy(), w, rtol=1e-12, atol=1e-12, err_msg=f"{what}.{name}")
 
 

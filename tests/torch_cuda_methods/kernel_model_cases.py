@@ -13,7 +13,7 @@ import torch
 from specfill.backends.torch_cuda import from_weights, load
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
-from specfill.backends.torch_cuda.kernels import use_triton
+from specfill.backends.torch_cuda.kernels import choose_kernel
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
@@ -31,7 +31,7 @@ def models(tiny_checkpoint) -> tuple[CausalLM, CausalLM]:
 
 def test_kernels_are_runnable_here():
     """Guards against this file silently comparing twin with twin."""
-    assert use_triton(True, torch.zeros(1, 1, 16, device=DEVICE))
+    assert choose_kernel(True, torch.zeros(1, 1, 16, device=DEVICE))
 
 
 def test_h2o_with_kernels_matches_the_twins(models):

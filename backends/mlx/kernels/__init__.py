@@ -1,6 +1,6 @@
 """The hot stages: each module holds a Metal kernel built once by `_make_*_kernel()`, an MLX-ops
 twin with identical semantics, and one dispatcher that picks the kernel where Metal exists."""
-from .dispatch import metal_available, should_use_kernel
+from .dispatch import metal_available, choose_kernel
 from .inter import inter_attention
 from .intra import intra_attention, reduce_colsum_to_kv_heads
 from .scoring import attention_scores
@@ -9,5 +9,5 @@ from .state import AttentionState, InterResult, IntraResult, empty_state, merge_
 __all__ = [
     "AttentionState", "InterResult", "IntraResult", "attention_scores", "empty_state",
     "inter_attention", "intra_attention", "merge_states", "metal_available",
-    "reduce_colsum_to_kv_heads", "should_use_kernel", "slice_state",
+    "reduce_colsum_to_kv_heads", "choose_kernel", "slice_state",
 ]

@@ -19,7 +19,7 @@ def metal_available() -> bool:
     return bool(mx.metal.is_available())
 
 
-def should_use_kernel(use_kernels: bool | None, stage: str,
+def choose_kernel(use_kernels: bool | None, stage: str,
                       self_check: Callable[[], bool] | None = None) -> bool:
     """None reads SPECFILL_KERNELS; auto: the Metal kernel where Metal exists and `self_check()`
     (the first-use self-check, run once per process and key) passes, else the MLX-ops twin;

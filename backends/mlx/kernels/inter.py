@@ -6,7 +6,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from .dispatch import common_dtype, should_use_kernel
+from .dispatch import common_dtype, choose_kernel
 from .self_check import CASE_SLOTS, attention_case, kernel_passes, result_comparisons
 from .state import AttentionState, InterResult, empty_state
 
@@ -145,7 +145,7 @@ def inter_attention_kernel(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale:
     return InterResult(AttentionState(m, l, o), colsum)
 
 
-def inter_attention_ops(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
+def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
     """The MLX-ops twin, float32, GQA by broadcasting (no repeated K/V)."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_slots = k_mem.shape[:2]
@@ -166,7 +166,7 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> InterResult. M = 0 gives the empty state
     (m = -inf, l = 0, o = 0) and no column sums, without NaN."""
     _check(q, k_mem, v_mem)
-    use = should_use_kernel(use_kernel, "phase-2 inter attention",
+    use = choose_kernel(use_kernel, "phase-2 inter attention",
                             self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
     n_heads, n_tokens, head_dim = q.shape
     if k_mem.shape[1] == 0 or n_tokens == 0:
@@ -174,7 +174,7 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
                            mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32))
     if use:
         return inter_attention_kernel(q, k_mem, v_mem, scale)
-    return inter_attention_ops(q, k_mem, v_mem, scale)
+    return inter_attention_twin(q, k_mem, v_mem, scale)
 
 
 def _self_check(like: mx.array, group: int) -> bool:
@@ -183,5 +183,5 @@ def _self_check(like: mx.array, group: int) -> bool:
         q, k_mem, v_mem = attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5
         got = inter_attention_kernel(q, k_mem, v_mem, scale)
-        return result_comparisons(got, inter_attention_ops(q, k_mem, v_mem, scale))
+        return result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale))
     return kernel_passes("phase-2 inter attention", like, group, run)

@@ -13,7 +13,7 @@ import mlx.core as mx
 
 from specfill.core.errors import ConfigError
 
-from .dispatch import common_dtype, should_use_kernel
+from .dispatch import common_dtype, choose_kernel
 from .self_check import CASE_CHUNK, CASE_TOKENS, attention_case, kernel_passes, result_comparisons
 from .state import AttentionState, IntraResult
 
@@ -157,7 +157,7 @@ def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: in
     return IntraResult(AttentionState(m, l, o), colsum)
 
 
-def intra_attention_ops(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
+def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
                         scale: float) -> IntraResult:
     """The MLX-ops twin: every chunk padded to S and attended as one [S, S] block, float32."""
     n_heads, n_tokens, head_dim = q.shape
@@ -198,14 +198,14 @@ def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scal
     """q [Hq, T, D], k/v [Hkv, T, D] -> IntraResult; the Metal kernel where Metal exists
     (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False)."""
     _check(q, k, v, chunk_size)
-    use = should_use_kernel(use_kernel, "phase-1 intra attention",
+    use = choose_kernel(use_kernel, "phase-1 intra attention",
                             self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
     if q.shape[1] == 0:
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
         return IntraResult(AttentionState(zeros, zeros, mx.zeros(q.shape, dtype=q.dtype)), zeros)
     if use:
         return intra_attention_kernel(q, k, v, chunk_size, scale)
-    return intra_attention_ops(q, k, v, chunk_size, scale)
+    return intra_attention_twin(q, k, v, chunk_size, scale)
 
 
 def _self_check(like: mx.array, group: int) -> bool:
@@ -214,7 +214,7 @@ def _self_check(like: mx.array, group: int) -> bool:
         q, k, v = attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5
         got = intra_attention_kernel(q, k, v, CASE_CHUNK, scale)
-        return result_comparisons(got, intra_attention_ops(q, k, v, CASE_CHUNK, scale))
+        return result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale))
     return kernel_passes("phase-1 intra attention", like, group, run)
 
 

@@ -9,7 +9,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from .dispatch import common_dtype, should_use_kernel
+from .dispatch import common_dtype, choose_kernel
 from .self_check import kernel_passes, scoring_case, tensor_comparisons
 
 THREADS_PER_GROUP = 64
@@ -127,7 +127,7 @@ def attention_scores_kernel(queries: mx.array, keys: mx.array, scale: float) -> 
     return probs
 
 
-def attention_scores_ops(queries: mx.array, keys: mx.array, scale: float) -> mx.array:
+def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float) -> mx.array:
     """The MLX-ops twin, float32, GQA by broadcasting."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv = keys.shape[1]
@@ -145,14 +145,14 @@ def attention_scores(queries: mx.array, keys: mx.array, scale: float,
                      use_kernel: bool | None = None) -> mx.array:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P] float32."""
     _check(queries, keys)
-    use = should_use_kernel(use_kernel, "speculative-prefill scoring",
+    use = choose_kernel(use_kernel, "speculative-prefill scoring",
                             self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]))
     n_layers, n_queries, n_heads, _ = queries.shape
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return mx.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=mx.float32)
     if use:
         return attention_scores_kernel(queries, keys, scale)
-    return attention_scores_ops(queries, keys, scale)
+    return attention_scores_twin(queries, keys, scale)
 
 
 def _self_check(like: mx.array, group: int) -> bool:
@@ -161,5 +161,5 @@ def _self_check(like: mx.array, group: int) -> bool:
         queries, keys = scoring_case(like, group)
         scale = queries.shape[-1] ** -0.5
         got = attention_scores_kernel(queries, keys, scale)
-        return tensor_comparisons("probs", got, attention_scores_ops(queries, keys, scale))
+        return tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
     return kernel_passes("speculative-prefill scoring", like, group, run)

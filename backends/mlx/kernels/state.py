@@ -1,38 +1,15 @@
 """Online-softmax state on MLX arrays and its exact merge (FlashAttention's rescaling).
 
-Shapes follow core.stages: m, l [Hq, T] float32; o [Hq, T, D] normalised, in the input dtype.
+The types are core.stages' (one set for every backend). Shapes: m, l [Hq, T] float32; o [Hq, T, D] normalised, in the input dtype.
 An empty state (no keys) is m = -inf, l = 0, o = 0 and merges as the identity.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import mlx.core as mx
 
+from specfill.core.stages import AttentionState, InterResult, IntraResult
 
-@dataclass(frozen=True)
-class AttentionState:
-    """Attention of each (query head, query) over one key block: m, l float32; o normalised."""
-
-    m: mx.array
-    l: mx.array
-    o: mx.array
-
-
-@dataclass(frozen=True)
-class IntraResult:
-    """Phase 1: state over keys [chunk_start(i), i]; colsum [Hq, T] float32 per key."""
-
-    state: AttentionState
-    colsum: mx.array
-
-
-@dataclass(frozen=True)
-class InterResult:
-    """Phase 2: state over the M gathered memory keys; colsum [Hq, M] float32 per slot."""
-
-    state: AttentionState
-    colsum: mx.array
+__all__ = ["AttentionState", "InterResult", "IntraResult", "empty_state", "merge_states", "slice_state"]
 
 
 def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: mx.Dtype) -> AttentionState:

@@ -60,7 +60,7 @@ def kernel_device_auto(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def use_triton(use_kernel: bool | None, *tensors: torch.Tensor,
+def choose_kernel(use_kernel: bool | None, *tensors: torch.Tensor,
                self_check: Callable[[], bool] | None = None) -> bool:
     """True to launch the Triton kernel, False for the torch twin.
 

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import dot_tile, interpreting, next_power_of_2
-from .state import LN2, LOG2E, AttentionResult, AttentionState
+from .state import LN2, LOG2E, AttentionState, IntraResult
 
 
 @triton.jit
@@ -148,7 +148,7 @@ def _precision(dtype: torch.dtype) -> str:
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                     chunk_size: int | None, with_colsum: bool,
-                    tiles: tuple[int, int] | None = None) -> AttentionResult:
+                    tiles: tuple[int, int] | None = None) -> IntraResult:
     """q [Hq, T, D], k/v [Hkv, K, D] (any strides) -> state and column sums [Hq, K].
 
     chunk_size None: every key visible (K may differ from T); otherwise block-diagonal causal
@@ -173,4 +173,4 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
         colsum = torch.empty((n_heads, n_keys), dtype=torch.float32, device=q.device)
         _colsum_kernel[(triton.cdiv(n_keys, block_n), n_heads)](
             q, k, m, l, colsum, *q.stride(), *k.stride(), **common)
-    return AttentionResult(AttentionState(m.mul_(LN2), l, o), colsum)
+    return IntraResult(AttentionState(m.mul_(LN2), l, o), colsum)

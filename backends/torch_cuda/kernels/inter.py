@@ -10,10 +10,10 @@ import torch
 
 from . import dispatch
 from .cpu_units import run_units
-from .dispatch import use_triton
+from .dispatch import choose_kernel
 from .intra import check_attention_shapes
 from .self_check import CASE_SLOTS, attention_case, kernel_passes, result_comparisons
-from .state import LOG2E, AttentionResult, AttentionState, empty_state, softmax_state_, stats_dtype
+from .state import LOG2E, AttentionState, InterResult, empty_state, softmax_state_, stats_dtype
 
 # query rows per block of the twin (times G stacked heads) against all M memory slots:
 # 64 to 256 measured within ~10% at S = 1024, M = 512 on CPU, whole chunks at once ~50% slower
@@ -21,7 +21,7 @@ _TWIN_QUERY_BLOCK = 128
 
 
 def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                         with_colsum: bool = True) -> AttentionResult:
+                         with_colsum: bool = True) -> InterResult:
     """Torch-ops twin: the G query heads of a KV head are the rows of one matmul, in blocks of
     query rows so that a block's logits stay near cache size; blocks are independent work units
     (cpu_units.run_units)."""
@@ -53,26 +53,27 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
     colsum = None if partial is None else partial.sum(dim=0)
     state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
                            o.view(n_heads, n_tokens, head_dim).to(q.dtype))
-    return AttentionResult(state, None if colsum is None else colsum.view(n_heads, n_mem))
+    return InterResult(state, None if colsum is None else colsum.view(n_heads, n_mem))
 
 
 def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                    use_kernel: bool | None = None, with_colsum: bool = True) -> AttentionResult:
+                    use_kernel: bool | None = None, with_colsum: bool = True) -> InterResult:
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> m, l [Hq, T], o [Hq, T, D], colsum [Hq, M].
 
     An empty memory (M = 0) gives the empty state (m = -inf, l = 0, o = 0) and no column sums.
     use_kernel: None = Triton on CUDA, else the twin; True / False force one.
     """
     check_attention_shapes(q, k_mem, v_mem)
-    kernel = use_triton(use_kernel, q, k_mem, v_mem,
+    kernel = choose_kernel(use_kernel, q, k_mem, v_mem,
                         self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
     if k_mem.shape[1] == 0:
         stats = stats_dtype(q, k_mem, v_mem)
         state = empty_state(q.shape[0], q.shape[1], q.shape[2], q.dtype, q.device, stats)
         colsum = torch.zeros((q.shape[0], 0), dtype=stats, device=q.device) if with_colsum else None
-        return AttentionResult(state, colsum)
+        return InterResult(state, colsum)
     if kernel:
-        return dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
+        result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
+        return InterResult(result.state, result.colsum)
     return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum)
 
 

@@ -13,9 +13,9 @@ import torch
 
 from . import dispatch
 from .cpu_units import run_units
-from .dispatch import use_triton
+from .dispatch import choose_kernel
 from .self_check import CASE_CHUNK, CASE_TOKENS, attention_case, kernel_passes, result_comparisons
-from .state import LOG2E, AttentionResult, AttentionState, empty_state, softmax_state_, stats_dtype
+from .state import LOG2E, AttentionState, IntraResult, empty_state, softmax_state_, stats_dtype
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
 # S keys) stay near cache size and the diagonal blocks waste little; 64 measured fastest on an
@@ -43,7 +43,7 @@ def reduce_colsum_to_kv_heads(colsum: torch.Tensor, n_kv_heads: int) -> torch.Te
 
 
 def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                         scale: float, with_colsum: bool = True) -> AttentionResult:
+                         scale: float, with_colsum: bool = True) -> IntraResult:
     """Torch-ops twin of the phase-1 kernel: explicit logits per block of query rows, fp32 statistics.
 
     A query block [lo, hi) of a chunk only meets the chunk's keys before hi, so nothing above the
@@ -85,11 +85,11 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
     run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
     state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
                            o.view(n_heads, n_tokens, head_dim).to(q.dtype))
-    return AttentionResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
+    return IntraResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
 
 
 def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int, scale: float,
-                    use_kernel: bool | None = None, with_colsum: bool = True) -> AttentionResult:
+                    use_kernel: bool | None = None, with_colsum: bool = True) -> IntraResult:
     """Phase-1 attention: q [Hq, T, D], k/v [Hkv, T, D]; chunks of chunk_size start at token 0.
 
     Returns m, l [Hq, T] (fp32; fp64 for fp64 inputs), o [Hq, T, D] in q's dtype and column sums
@@ -101,11 +101,11 @@ def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_siz
         raise ValueError(f"intra attention needs one key per query, got {q.shape[1]} queries, {k.shape[1]} keys")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    kernel = use_triton(use_kernel, q, k, v, self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
+    kernel = choose_kernel(use_kernel, q, k, v, self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
     if q.shape[1] == 0:
         stats = stats_dtype(q, k, v)
         state = empty_state(q.shape[0], 0, q.shape[2], q.dtype, q.device, stats)
-        return AttentionResult(state, state.l.clone() if with_colsum else None)
+        return IntraResult(state, state.l.clone() if with_colsum else None)
     if kernel:
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
     return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum)

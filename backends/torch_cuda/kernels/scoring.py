@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from .dispatch import use_triton
+from .dispatch import choose_kernel
 from .self_check import kernel_passes, scoring_case, tensor_comparisons
 from .state import stats_dtype
 
@@ -45,7 +45,7 @@ def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
     use_kernel: None = Triton on CUDA, else the twin; True / False force one.
     """
     check_scoring_shapes(queries, keys)
-    kernel = use_triton(use_kernel, queries, keys,
+    kernel = choose_kernel(use_kernel, queries, keys,
                         self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]))
     n_layers, n_queries, n_heads, _ = queries.shape
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:

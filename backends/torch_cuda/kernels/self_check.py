@@ -13,7 +13,7 @@ import torch
 
 from specfill.conformance.self_check import KERNEL_SELF_CHECK, Comparison
 
-from .state import AttentionResult
+from .state import IntraResult
 
 TWIN = "the torch twin"
 CASE_KV_HEADS = 2
@@ -53,7 +53,7 @@ def _numpy(x: torch.Tensor):
     return x.detach().to(device="cpu", dtype=torch.float64).numpy()
 
 
-def result_comparisons(kernel: AttentionResult, twin: AttentionResult) -> list[Comparison]:
+def result_comparisons(kernel: IntraResult, twin: IntraResult) -> list[Comparison]:
     """m, l, o and the column sums of two AttentionResults, as (name, kernel, twin) arrays."""
     pairs = [("m", kernel.state.m, twin.state.m), ("l", kernel.state.l, twin.state.l),
              ("o", kernel.state.o, twin.state.o)]

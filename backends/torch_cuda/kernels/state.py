@@ -6,31 +6,15 @@ input dtype. Empty key blocks give m = -inf, l = 0, o = 0, and merging them chan
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import torch
+
+from specfill.core.stages import AttentionState, InterResult, IntraResult
+
+__all__ = ["LN2", "LOG2E", "AttentionState", "InterResult", "IntraResult", "empty_state",
+           "merge_states", "softmax_state_", "stats_dtype"]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-
-
-class AttentionState(NamedTuple):
-    """m [Hq, T] max scaled logit, l [Hq, T] sum exp(s - m), o [Hq, T, D] normalised output."""
-
-    m: torch.Tensor
-    l: torch.Tensor
-    o: torch.Tensor
-
-    def rows(self, start: int, stop: int) -> AttentionState:
-        """The state of query tokens [start, stop)."""
-        return AttentionState(self.m[:, start:stop], self.l[:, start:stop], self.o[:, start:stop])
-
-
-class AttentionResult(NamedTuple):
-    """A stage's state plus per-key column sums of its softmax [Hq, K] (None when not asked)."""
-
-    state: AttentionState
-    colsum: torch.Tensor | None
 
 
 def stats_dtype(*tensors: torch.Tensor) -> torch.dtype:
