@@ -9,8 +9,10 @@ from __future__ import annotations
 from typing import Callable
 
 import mlx.core as mx
+import numpy as np
 
 from specfill.conformance.self_check import kernels_setting
+from specfill.conformance.self_check_cases import CheckCases
 from specfill.core.errors import BackendUnavailableError
 
 
@@ -44,3 +46,14 @@ def common_dtype(*arrays: mx.array) -> mx.Dtype:
     if dtype not in (mx.float32, mx.float16, mx.bfloat16):
         raise ValueError(f"attention inputs must be float32, float16 or bfloat16, got {dtype}")
     return dtype
+
+
+def _case_random(shape: tuple[int, ...], like: mx.array, seed: int) -> mx.array:
+    return mx.array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).astype(like.dtype)
+
+
+# the first-use self-check's seeded cases (conformance/self_check_cases.py); reading a result back
+# evaluates it, so a Metal compile or launch error surfaces inside the check
+SELF_CHECK = CheckCases("mlx", "the MLX-ops twin", _case_random,
+                        lambda x: np.asarray(x.astype(mx.float32), dtype=np.float64),
+                        lambda dtype: str(dtype).removeprefix("mlx.core."))

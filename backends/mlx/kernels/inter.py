@@ -6,8 +6,9 @@ from functools import cache
 
 import mlx.core as mx
 
-from .dispatch import common_dtype, choose_kernel
-from .self_check import CASE_SLOTS, attention_case, kernel_passes, result_comparisons
+from specfill.conformance.self_check_cases import CASE_SLOTS
+
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype
 from .state import AttentionState, InterResult, empty_state
 
 THREADS_PER_GROUP = 64
@@ -178,10 +179,10 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
 
 
 def _self_check(like: mx.array, group: int) -> bool:
-    """The phase-2 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    """The phase-2 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
     def run():
-        q, k_mem, v_mem = attention_case(like, group, CASE_SLOTS)
+        q, k_mem, v_mem = SELF_CHECK.attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5
         got = inter_attention_kernel(q, k_mem, v_mem, scale)
-        return result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale))
-    return kernel_passes("phase-2 inter attention", like, group, run)
+        return SELF_CHECK.result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale))
+    return SELF_CHECK.kernel_passes("phase-2 inter attention", like, group, run)

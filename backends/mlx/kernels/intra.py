@@ -11,10 +11,10 @@ from functools import cache
 
 import mlx.core as mx
 
+from specfill.conformance.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.errors import ConfigError
 
-from .dispatch import common_dtype, choose_kernel
-from .self_check import CASE_CHUNK, CASE_TOKENS, attention_case, kernel_passes, result_comparisons
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype
 from .state import AttentionState, IntraResult
 
 THREADS_PER_GROUP = 64  # small on purpose: well under any pipeline limit, even with D=256
@@ -209,13 +209,13 @@ def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scal
 
 
 def _self_check(like: mx.array, group: int) -> bool:
-    """The phase-1 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    """The phase-1 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
     def run():
-        q, k, v = attention_case(like, group, CASE_TOKENS)
+        q, k, v = SELF_CHECK.attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5
         got = intra_attention_kernel(q, k, v, CASE_CHUNK, scale)
-        return result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale))
-    return kernel_passes("phase-1 intra attention", like, group, run)
+        return SELF_CHECK.result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale))
+    return SELF_CHECK.kernel_passes("phase-1 intra attention", like, group, run)
 
 
 def reduce_colsum_to_kv_heads(colsum: mx.array, n_kv_heads: int) -> mx.array:

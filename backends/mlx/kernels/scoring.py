@@ -9,8 +9,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from .dispatch import common_dtype, choose_kernel
-from .self_check import kernel_passes, scoring_case, tensor_comparisons
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype
 
 THREADS_PER_GROUP = 64
 
@@ -156,10 +155,10 @@ def attention_scores(queries: mx.array, keys: mx.array, scale: float,
 
 
 def _self_check(like: mx.array, group: int) -> bool:
-    """The scoring kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    """The scoring kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
     def run():
-        queries, keys = scoring_case(like, group)
+        queries, keys = SELF_CHECK.scoring_case(like, group)
         scale = queries.shape[-1] ** -0.5
         got = attention_scores_kernel(queries, keys, scale)
-        return tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
-    return kernel_passes("speculative-prefill scoring", like, group, run)
+        return SELF_CHECK.tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
+    return SELF_CHECK.kernel_passes("speculative-prefill scoring", like, group, run)

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from specfill.conformance.self_check import kernels_setting
+from specfill.conformance.self_check_cases import CheckCases
 from specfill.core.errors import BackendUnavailableError
 
 # the Triton kernel behind each name, in the module that builds it (imported on first use)
@@ -89,3 +90,14 @@ def dot_tile(n: int, cap: int) -> int:
     """A power-of-2 tile >= 16 (the least size every tl.dot operand dimension may take on a GPU)
     that covers n when n is small, else `cap`."""
     return max(16, min(cap, next_power_of_2(n)))
+
+
+def _case_random(shape: tuple[int, ...], like: torch.Tensor, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator, dtype=torch.float32).to(device=like.device, dtype=like.dtype)
+
+
+# the first-use self-check's seeded cases on the caller's device (conformance/self_check_cases.py)
+SELF_CHECK = CheckCases("cuda", "the torch twin", _case_random,
+                        lambda x: x.detach().to(device="cpu", dtype=torch.float64).numpy(),
+                        lambda dtype: str(dtype).removeprefix("torch."))

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from specfill.conformance.self_check_cases import CASE_SLOTS
+
 from . import dispatch
 from .cpu_units import run_units
-from .dispatch import choose_kernel
+from .dispatch import SELF_CHECK, choose_kernel
 from .intra import check_attention_shapes
-from .self_check import CASE_SLOTS, attention_case, kernel_passes, result_comparisons
 from .state import LOG2E, AttentionState, InterResult, empty_state, softmax_state_, stats_dtype
 
 # query rows per block of the twin (times G stacked heads) against all M memory slots:
@@ -78,10 +79,10 @@ def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, s
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
-    """The phase-2 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    """The phase-2 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
     def run():
-        q, k_mem, v_mem = attention_case(like, group, CASE_SLOTS)
+        q, k_mem, v_mem = SELF_CHECK.attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5
         got = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, True)
-        return result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale, True))
-    return kernel_passes("phase-2 inter attention", like, group, run)
+        return SELF_CHECK.result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale, True))
+    return SELF_CHECK.kernel_passes("phase-2 inter attention", like, group, run)

@@ -11,10 +11,11 @@ import math
 
 import torch
 
+from specfill.conformance.self_check_cases import CASE_CHUNK, CASE_TOKENS
+
 from . import dispatch
 from .cpu_units import run_units
-from .dispatch import choose_kernel
-from .self_check import CASE_CHUNK, CASE_TOKENS, attention_case, kernel_passes, result_comparisons
+from .dispatch import SELF_CHECK, choose_kernel
 from .state import LOG2E, AttentionState, IntraResult, empty_state, softmax_state_, stats_dtype
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
@@ -112,10 +113,10 @@ def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_siz
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
-    """The phase-1 kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    """The phase-1 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
     def run():
-        q, k, v = attention_case(like, group, CASE_TOKENS)
+        q, k, v = SELF_CHECK.attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5
         got = dispatch.triton_kernel("flash_attention")(q, k, v, scale, CASE_CHUNK, True)
-        return result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale, True))
-    return kernel_passes("phase-1 intra attention", like, group, run)
+        return SELF_CHECK.result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale, True))
+    return SELF_CHECK.kernel_passes("phase-1 intra attention", like, group, run)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import dispatch
-from .dispatch import choose_kernel
-from .self_check import kernel_passes, scoring_case, tensor_comparisons
+from .dispatch import SELF_CHECK, choose_kernel
 from .state import stats_dtype
 
 
@@ -57,10 +56,10 @@ def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
-    """The scoring kernel against its twin on the small fixed case (kernels/self_check.py)."""
+    """The scoring kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
     def run():
-        queries, keys = scoring_case(like, group)
+        queries, keys = SELF_CHECK.scoring_case(like, group)
         scale = queries.shape[-1] ** -0.5
         got = dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
-        return tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
-    return kernel_passes("speculative-prefill scoring", like, group, run)
+        return SELF_CHECK.tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
+    return SELF_CHECK.kernel_passes("speculative-prefill scoring", like, group, run)
