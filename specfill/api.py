@@ -40,6 +40,8 @@ class GenerationResponse:
     from_draft: bool = False  # an accepted draft token (speculative decoding)
     drafted_tokens: int = 0  # draft proposals so far
     accepted_tokens: int = 0  # accepted proposals so far
+    draft_seconds: float = 0.0  # time spent drafting so far
+    verify_seconds: float = 0.0  # time the main model spent verifying drafts so far
 
 
 def mlx_metal_available() -> bool:
@@ -211,7 +213,8 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
             generation_tps=(n - 1) / (now - first_at) if n > 1 else 0.0,
             peak_memory=model.peak_memory_gb(), finish_reason=finish,
             from_draft=bool(info.from_draft and info.from_draft[-1]), drafted_tokens=info.drafted_tokens,
-            accepted_tokens=info.accepted_tokens)
+            accepted_tokens=info.accepted_tokens, draft_seconds=info.seconds.get("draft", 0.0),
+            verify_seconds=info.seconds.get("verify", 0.0))
         if finish:
             return
 
@@ -241,6 +244,7 @@ def format_stats(last: GenerationResponse) -> str:
     lines.append(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec")
     if last.drafted_tokens:
         lines.append(f"Draft: {last.accepted_tokens}/{last.drafted_tokens} proposals accepted "
-                     f"({100.0 * last.accepted_tokens / last.drafted_tokens:.1f}%)")
+                     f"({100.0 * last.accepted_tokens / last.drafted_tokens:.1f}%); drafting {last.draft_seconds:.3f} s, "
+                     f"verifying {last.verify_seconds:.3f} s")
     lines.append(f"Peak memory: {last.peak_memory:.3f} GB")
     return "\n".join(lines)

@@ -75,6 +75,18 @@ def test_seeded_sampling_with_a_draft_repeats(tiny_checkpoint, backend):
     assert first == run(main, ids, 12, drafting=Drafting("self:1", 3), sampling=hot) and len(first) == 12
 
 
+def test_stream_generate_reports_drafting(tiny_checkpoint):
+    from specfill.api import format_stats, load as api_load, stream_generate
+    model, tokenizer = api_load(str(tiny_checkpoint("llama", "gguf")), backend="cuda", dtype="float32", device="cpu")
+    steps = list(stream_generate(model, tokenizer, prompt(30, model.args.vocab_size, seed=24), 10,
+                                 draft_model=model, num_draft_tokens=3))
+    last = steps[-1]
+    assert last.drafted_tokens > 0 and last.accepted_tokens == last.drafted_tokens  # the model drafts for itself
+    assert sum(r.from_draft for r in steps) == last.accepted_tokens and not steps[0].from_draft
+    assert last.draft_seconds > 0 and last.verify_seconds > 0
+    assert "proposals accepted (100.0%); drafting" in format_stats(last)
+
+
 def test_acceptance_rule_gives_exactly_the_main_distribution():
     """Over every draft token d ~ q: keep d with min(1, p/q), else draw from the residual; the
     output law is p exactly, for any q (tiny vocabulary, exact sums)."""
