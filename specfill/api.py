@@ -150,6 +150,14 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
 
 
+def drafting_plan(model: CausalLM, tokenizer: Any, draft_model: Any, num_draft_tokens: int | None) -> Drafting | None:
+    """Speculative decoding's settings (None: plain decoding); a draft path is loaded and checked."""
+    if draft_model is None and num_draft_tokens is None:
+        return None
+    draft = None if draft_model is None else load_speculator(draft_model, model, tokenizer, role="draft model")
+    return Drafting(draft, 3 if num_draft_tokens is None else num_draft_tokens)
+
+
 def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_tokens: int = 256, *,
                     temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                     method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
@@ -185,10 +193,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     plan = method if isinstance(method, PrefillMethod) else prefill_method(
         method, h2o=h2o, specprefill=specprefill, speculator=speculator, auto_threshold=auto_threshold)
     plan = fit_to_prompt(plan, len(ids), model.args.max_position_embeddings)
-    drafting = None
-    if draft_model is not None or num_draft_tokens is not None:
-        draft = None if draft_model is None else load_speculator(draft_model, model, tokenizer, role="draft model")
-        drafting = Drafting(draft, 3 if num_draft_tokens is None else num_draft_tokens)
+    drafting = drafting_plan(model, tokenizer, draft_model, num_draft_tokens)
     info = prefill_info if prefill_info is not None else PrefillInfo()
     info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
