@@ -30,6 +30,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-tokens", type=int_list, default=None,
                    help="speculative decoding instead: decode tok/s with k = 0 and each of these draft sizes "
                         "(one prompt of the first --lengths tokens, --decode-tokens new tokens; see --draft-model)")
+    p.add_argument("--prompt-file", default=None, help="with --draft-tokens: the prompt's text (default: the "
+                   "evaluation text); its first --lengths tokens are used")
     p.add_argument("--draft-model", default="self:8", help="the draft after full prefill (path or self:K); after "
                    "SpecPrefill the --speculator drafts (default: %(default)s)")
     add_method_options(p)
@@ -64,7 +66,7 @@ def run_drafting(args: argparse.Namespace) -> int:
                         methods=tuple(m for m in args.methods if m in ("full", "specprefill")),
                         draft_tokens=tuple(args.draft_tokens), prompt_tokens=args.lengths[0],
                         decode_tokens=args.decode_tokens, specprefill=specprefill_config(args), dtype=args.dtype,
-                        device=args.device)
+                        device=args.device, prompt_file=args.prompt_file)
     for path in write_drafting(run_drafting_bench(plan), args.out, args.name):
         print(path)
     return 0

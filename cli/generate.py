@@ -10,6 +10,7 @@ from specfill.api import (backend_module, format_stats, load, load_speculator, p
                           stream_generate)
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.runtime import Drafting, PrefillInfo
+from specfill.settings import read_prompt_file
 
 from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
@@ -56,11 +57,7 @@ def read_prompt(args: argparse.Namespace) -> str:
     """--prompt-file (a pipe such as <(...) works too), standard input for '-', else --prompt;
     the bytes must be UTF-8 text."""
     if args.prompt_file is not None:
-        try:
-            with open(args.prompt_file, "rb") as f:
-                return _utf8(f.read(), f"--prompt-file {args.prompt_file}")
-        except OSError as err:
-            raise ConfigError(f"cannot read --prompt-file {args.prompt_file}: {err.strerror}") from None
+        return read_prompt_file(args.prompt_file)
     if args.prompt == "-":
         return _utf8(sys.stdin.buffer.read(), "standard input")
     return args.prompt if args.prompt is not None else DEFAULT_PROMPT

@@ -15,6 +15,7 @@ from typing import Callable
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import SpecPrefillConfig
+from specfill.settings import read_prompt_file
 
 from .machine import describe_machine, machine_line
 from .plots import plot_decode_speed
@@ -34,6 +35,7 @@ class DraftingPlan:
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
     dtype: str | None = None
     device: str | None = None
+    prompt_file: str | None = None  # the prompt's text (its first prompt_tokens tokens); None: the eval text
 
 
 def _one(model, tokenizer, ids, method, plan: DraftingPlan, draft, k: int) -> dict:
@@ -51,7 +53,10 @@ def run_drafting_bench(plan: DraftingPlan, log: Callable[[str], None] = print) -
     model, tokenizer = load(plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device)
     draft = load_speculator(plan.draft, model, tokenizer, plan.dtype, plan.device, role="draft model")
     speculator = load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
-    ids = tokens_of_length(tokenizer, plan.prompt_tokens)
+    if plan.prompt_file is None:
+        ids = tokens_of_length(tokenizer, plan.prompt_tokens)
+    else:
+        ids = tokenizer.encode(read_prompt_file(plan.prompt_file))[:plan.prompt_tokens]
     rows = []
     for name in plan.methods:
         method = prefill_method(name, specprefill=plan.specprefill, speculator=speculator)
@@ -81,7 +86,8 @@ def write_drafting(result: dict, out_dir: str | os.PathLike, name: str = "drafti
              f"Machine: {machine_line(result['machine'])}; device {result['device']}.",
              f"Model: {plan['model']}; draft with full prefill: {plan['draft']}; SpecPrefill speculator (the draft "
              f"after SpecPrefill): {plan['speculator']}, keep {plan['specprefill']['keep_ratio']}; prompt "
-             f"{plan['prompt_tokens']} tokens, {plan['decode_tokens']} new tokens, greedy.", "",
+             f"{plan['prompt_tokens']} tokens ({plan.get('prompt_file') or 'the evaluation text'}), "
+             f"{plan['decode_tokens']} new tokens, greedy.", "",
              "| prefill | k | TTFT (s) | decode tok/s | vs plain | end-to-end (s) | vs plain | accepted / drafted | same text |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:

@@ -77,3 +77,16 @@ def fit_to_prompt(plan: PrefillMethod, n_prompt: int, main_context: int) -> Pref
     if config.pool_kernel > 2 * n_prompt - 1:
         changes["pool_kernel"] = 2 * n_prompt - 1
     return replace(plan, specprefill=replace(config, **changes)) if changes else plan
+
+
+def read_prompt_file(path: str, what: str = "--prompt-file") -> str:
+    """A prompt file's text: readable (a pipe such as <(...) works too) and UTF-8, else one ConfigError line."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} {path} is not UTF-8 text (invalid byte at offset {err.start})") from None
