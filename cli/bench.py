@@ -62,7 +62,8 @@ def run_drafting(args: argparse.Namespace) -> int:
     """`--draft-tokens`: decode speed with and without speculative decoding (evaluation/drafting.py)."""
     if any(k < 1 for k in args.draft_tokens):
         raise ConfigError("--draft-tokens must be positive")
-    plan = DraftingPlan(backend=args.backends[0], model=args.model, draft=args.draft_model, speculator=args.speculator,
+    plan = DraftingPlan(backend=(args.backends or [default_backend()])[0], model=args.model, draft=args.draft_model,
+                        speculator=args.speculator,
                         methods=tuple(m for m in args.methods if m in ("full", "specprefill")),
                         draft_tokens=tuple(args.draft_tokens), prompt_tokens=args.lengths[0],
                         decode_tokens=args.decode_tokens, specprefill=specprefill_config(args), dtype=args.dtype,

@@ -26,6 +26,20 @@ def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
     assert (tmp_path / "bench_ttft.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_bench_draft_tokens_writes_the_drafting_rows(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """`bench --draft-tokens` with the platform's default backend: every row keeps the greedy text."""
+    monkeypatch.setattr("specfill.api.mlx_metal_available", lambda: False)  # the default is then cuda
+    model = str(tiny_checkpoint("llama", "gguf"))
+    code = main(["bench", "--device", "cpu", "--model", model, "--lengths", "40", "--decode-tokens", "6",
+                 "--draft-tokens", "2", "--draft-model", model, "--speculator", "self:1", "--select-chunk", "4",
+                 "--out", str(tmp_path), "--name", "drafting"])
+    assert code == 0, capsys.readouterr().err
+    rows = json.loads((tmp_path / "drafting.json").read_text())["rows"]
+    assert [(r["method"], r["k"]) for r in rows] == [("full", 0), ("full", 2), ("specprefill", 0), ("specprefill", 2)]
+    assert all(r["identical"] for r in rows) and rows[1]["accepted"] == rows[1]["drafted"] > 0  # itself drafts
+    assert (tmp_path / "drafting_decode.png").stat().st_size > 0
+
+
 def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
     """What the CLI's progress bars count: bench generations (warm-ups too), eval cells and trials."""
     from specfill.core import H2OConfig, SpecPrefillConfig
