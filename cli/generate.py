@@ -10,7 +10,7 @@ from specfill.api import (backend_module, format_stats, load, load_speculator, p
                           stream_generate)
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.runtime import Drafting, PrefillInfo
-from specfill.settings import read_prompt_file
+from specfill.settings import decode_utf8, read_prompt_file
 
 from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
@@ -59,15 +59,8 @@ def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is not None:
         return read_prompt_file(args.prompt_file)
     if args.prompt == "-":
-        return _utf8(sys.stdin.buffer.read(), "standard input")
+        return decode_utf8(sys.stdin.buffer.read(), "standard input")
     return args.prompt if args.prompt is not None else DEFAULT_PROMPT
-
-
-def _utf8(data: bytes, source: str) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{source} is not UTF-8 text (invalid byte at offset {err.start})") from None
 
 
 def _for_method(build: Callable[[argparse.Namespace], Any], args: argparse.Namespace, method: str) -> Any:

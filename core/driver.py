@@ -200,13 +200,14 @@ class CausalLM(Generic[A]):
                 info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
-            finite = bool(np.isfinite(self.ops.to_numpy(logits)).all())
-            check_logits_finite(finite, self.args, where="the first prefill", dtype=str(self.dtype).rsplit(".", 1)[-1])
+            last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
+            check_logits_finite(bool(np.isfinite(last).all()), self.args, where="the first prefill",
+                                dtype=str(self.dtype).rsplit(".", 1)[-1])
             if draft is None:
                 tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, cache=cache)
             else:
-                tokens = self._drafted(ids, logits, cache, len(ids), draft, sparse, max_tokens=max_tokens,
+                tokens = self._drafted(ids, last, cache, len(ids), draft, sparse, max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, info=info)
             yield from track_kv(self.ops, tokens, cache, len(ids), info)
 
@@ -220,12 +221,11 @@ class CausalLM(Generic[A]):
             cache = self.ops.grow_cache(self.model, cache, grown)
         return cache
 
-    def _drafted(self, ids: np.ndarray, logits: A, cache: Any, next_position: int, draft: tuple[Any, int],
+    def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, next_position: int, draft: tuple[Any, int],
                  sparse: SparsePrefill | None, *, max_tokens: int, sampling: SamplingConfig,
                  stop_ids: frozenset[int], info: PrefillInfo) -> Iterator[int]:
-        """The first token from the prefill's logits, then speculative decoding."""
+        """The first token from the prefill's last logits [vocab] (host), then speculative decoding."""
         rng = np.random.default_rng(sampling.seed)
-        last = self.ops.to_numpy(logits)
         first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
             int(rng.choice(last.size, p=distribution(last, sampling)))
         info.from_draft.append(False)

@@ -50,11 +50,9 @@ class H2OOps(Protocol[A]):
     def concat(self, arrays: Sequence[A], axis: int) -> A:
         """Concatenate along `axis`."""
 
-    def empty_scores(self, n_kv_heads: int, like: A) -> A:
-        """Accumulated scores of no position yet: [Hkv, 0] in the statistics dtype of `like`."""
-
     def zero_scores(self, n_kv_heads: int, n_tokens: int, like: A) -> A:
-        """[Hkv, N] zeros in the statistics dtype of `like` (H2O disabled: nothing is scored)."""
+        """[Hkv, N] zeros in the statistics dtype of `like` (N = 0: a carry before any chunk; H2O
+        disabled: nothing is scored)."""
 
     def cast_like(self, x: A, like: A) -> A:
         """x in like's dtype (the layer output keeps q's dtype)."""

@@ -86,7 +86,12 @@ def read_prompt_file(path: str, what: str = "--prompt-file") -> str:
             data = f.read()
     except OSError as err:
         raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from None
+    return decode_utf8(data, f"{what} {path}")
+
+
+def decode_utf8(data: bytes, source: str) -> str:
+    """Prompt bytes as text; anything but UTF-8 is one ConfigError line naming `source`."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{what} {path} is not UTF-8 text (invalid byte at offset {err.start})") from None
+        raise ConfigError(f"{source} is not UTF-8 text (invalid byte at offset {err.start})") from None

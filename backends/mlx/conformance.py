@@ -17,18 +17,14 @@ from .ops import MLXOps
 DTYPES: dict[str, mx.Dtype] = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
-def _np(x: mx.array) -> np.ndarray:
-    """MLX -> NumPy (bfloat16 has no NumPy dtype: widen to float32 first)."""
-    return np.array(x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x)
-
-
 def make_adapter(dtype: str = "float32", use_kernels: bool | None = None) -> OpsAdapter:
     """The registry's factory: MLX stages at `dtype` (float32, float16, bfloat16), kernels forced,
     off or auto."""
     if dtype not in DTYPES:
         raise BackendUnavailableError(f"the mlx backend runs in {', '.join(DTYPES)}, not {dtype}")
     choose_kernel(use_kernels, "the conformance run")  # forcing Metal without it fails here
+    ops = MLXOps(mx.default_device(), use_kernels)  # its to_numpy widens float16 / bfloat16 to float32
     convert = Convert(native=lambda x: mx.array(np.asarray(x, dtype=np.float32)).astype(DTYPES[dtype]),
                       stats=lambda x: mx.array(np.asarray(x, dtype=np.float32)),
-                      index=lambda x: mx.array(np.asarray(x, dtype=np.int32)), numpy=_np)
-    return OpsAdapter("mlx", dtype, MLXOps(mx.default_device(), use_kernels), convert)
+                      index=lambda x: mx.array(np.asarray(x, dtype=np.int32)), numpy=ops.to_numpy)
+    return OpsAdapter("mlx", dtype, ops, convert)

@@ -20,7 +20,7 @@ from specfill.core.stages import AttentionState, InterResult, IntraResult
 from . import stages
 from .cache import KVCache, make_cache
 from .kernels import attention_scores, inter_attention, intra_attention, merge_states, reduce_colsum_to_kv_heads
-from .model import LayerView, Model
+from .model import LayerView, Model, causal_attention
 
 
 class MLXOps:
@@ -54,13 +54,10 @@ class MLXOps:
     gather_memory = staticmethod(stages.gather_memory)
 
     def causal_attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-        return stages.causal_attention(q[None], k[None], v[None], scale)[0]
+        return causal_attention(q[None], k[None], v[None], scale)[0]
 
     def concat(self, arrays: Sequence[mx.array], axis: int) -> mx.array:
         return mx.concatenate(list(arrays), axis=axis)
-
-    def empty_scores(self, n_kv_heads: int, like: mx.array) -> mx.array:
-        return mx.zeros((n_kv_heads, 0), dtype=mx.float32)
 
     def zero_scores(self, n_kv_heads: int, n_tokens: int, like: mx.array) -> mx.array:
         return mx.zeros((n_kv_heads, n_tokens), dtype=mx.float32)
@@ -132,7 +129,7 @@ class MLXOps:
         return model.first_layers(n_layers)
 
     def causal_step(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-        return stages.causal_attention(q, k, v, scale)
+        return causal_attention(q, k, v, scale)
 
     def last_query(self, q: mx.array) -> mx.array:
         return mx.contiguous(q[0, :, -1])  # a copy: no view of the step's q

@@ -51,13 +51,6 @@ def gather_memory(k: mx.array, v: mx.array, memory: MemorySet) -> tuple[mx.array
     return mx.take_along_axis(k, idx, axis=1), mx.take_along_axis(v, idx, axis=1)
 
 
-def causal_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
-    """q [1, H, T, D] against k/v [1, Hkv, S, D] (S >= T, the queries are the last T slots);
-    grouped-query heads are handled by the kernel. Returns [1, H, T, D]."""
-    mask = "causal" if queries.shape[2] > 1 else None
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
-
-
 def smooth_scores(probs: mx.array, kernel: int) -> mx.array:
     """Average pooling along the last axis: stride 1, zero padding kernel // 2 each side, every
     window divided by `kernel` (torch avg_pool1d with count_include_pad)."""

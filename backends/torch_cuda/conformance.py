@@ -18,11 +18,6 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.f
           "bfloat16": torch.bfloat16}
 
 
-def _numpy(x: torch.Tensor) -> np.ndarray:
-    x = x.detach().cpu()
-    return (x.float() if x.dtype in (torch.float16, torch.bfloat16) else x).numpy()
-
-
 def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,
                  device: str | torch.device | None = None) -> OpsAdapter:
     """The torch backend's stages at `dtype` on `device` (default: CUDA when available, else CPU).
@@ -45,6 +40,7 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,
     def tensor(x: np.ndarray, to: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), device=resolved).to(to)
 
+    ops = TorchOps(resolved, DTYPES[dtype], use_kernels)
     convert = Convert(native=lambda x: tensor(x, DTYPES[dtype]), stats=lambda x: tensor(x, stats),
-                      index=lambda x: tensor(x, torch.int64), numpy=_numpy)
-    return OpsAdapter("cuda", dtype, TorchOps(resolved, DTYPES[dtype], use_kernels), convert)
+                      index=lambda x: tensor(x, torch.int64), numpy=ops.to_numpy)
+    return OpsAdapter("cuda", dtype, ops, convert)

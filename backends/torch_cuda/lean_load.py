@@ -12,16 +12,16 @@ Names, shapes and checks are core.io.weights' (gguf_model: one list of what a mo
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from specfill.core.errors import ModelLoadError
-from specfill.core.io.gguf_file import GGUF_MAGIC, GGUFTensorInfo, bf16_to_float32, read_gguf, type_name
+from specfill.core.io.gguf_file import GGUFTensorInfo, bf16_to_float32, read_gguf, type_name
 from specfill.core.models import ModelArgs
 from specfill.core.io.weights import gguf_model, gguf_qk_heads, unpermute_qk
+from specfill.core.io.weights import is_gguf_file as shared_is_gguf_file
 
 BLOCK_ELEMENTS = 1 << 23  # floats dequantized at once: 32 MB of float32
 _PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
@@ -32,11 +32,8 @@ def is_gguf_file(path: str | os.PathLike[str]) -> bool:
     Anything else (a directory, a missing path, random:SHAPE, a FIFO that would block in open())
     goes to the shared loader, whose checks give the one-line error."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            return False
-        with open(path, "rb") as f:
-            return f.read(4) == GGUF_MAGIC
-    except (OSError, ValueError):
+        return shared_is_gguf_file(Path(path))
+    except (ModelLoadError, OSError, ValueError):
         return False
 
 

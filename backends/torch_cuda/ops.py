@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
-from specfill.core.stages import AttentionState, InterResult, IntraResult, MemorySet
+from specfill.core.stages import AttentionState, InterResult, IntraResult
 
 from . import stages
 from .attention import causal_attention as causal_step
@@ -62,9 +62,6 @@ class TorchOps:
 
     def concat(self, arrays: Sequence[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.cat(list(arrays), dim=axis)
-
-    def empty_scores(self, n_kv_heads: int, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((n_kv_heads, 0), dtype=stats_dtype(like), device=like.device)
 
     def zero_scores(self, n_kv_heads: int, n_tokens: int, like: torch.Tensor) -> torch.Tensor:
         return torch.zeros((n_kv_heads, n_tokens), dtype=stats_dtype(like), device=like.device)

@@ -125,7 +125,7 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
     if n_tokens == 0 or not config.enabled:
         output = ops.causal_attention(q, k, v, scale) if n_tokens else q
         return H2OLayerResult(output, ops.zero_scores(n_kv, n_tokens, q), [])
-    carry = H2OCarry(scores=ops.empty_scores(n_kv, q))
+    carry = H2OCarry(scores=ops.zero_scores(n_kv, 0, q))
     outputs = []
     for batch_start in range(0, n_tokens, config.batch_size):
         batch_end = min(batch_start + config.batch_size, n_tokens)
@@ -151,7 +151,7 @@ class H2OPrefillAttention(Generic[A]):
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
         end = k.shape[2]
         start = end - q.shape[2]
-        carry = self.carries[layer] or H2OCarry(scores=self.ops.empty_scores(k.shape[1], q))
+        carry = self.carries[layer] or H2OCarry(scores=self.ops.zero_scores(k.shape[1], 0, q))
         if carry.n_done != start:
             raise ValueError(f"layer {layer}: H2O batch starts at slot {start}, the carry is at {carry.n_done}")
         # memory sets point back into earlier batches: the walk gets every key stored so far

@@ -54,9 +54,6 @@ class ReferenceStages:
     def concat(self, arrays: Sequence[np.ndarray], axis: int) -> np.ndarray:
         return np.concatenate(arrays, axis=axis)
 
-    def empty_scores(self, n_kv_heads: int, like: np.ndarray) -> np.ndarray:
-        return np.zeros((n_kv_heads, 0), attention.accumulation_dtype(like))
-
     def zero_scores(self, n_kv_heads: int, n_tokens: int, like: np.ndarray) -> np.ndarray:
         return np.zeros((n_kv_heads, n_tokens), attention.accumulation_dtype(like))
 
