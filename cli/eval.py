@@ -6,7 +6,7 @@ import argparse
 from specfill.api import resolve_backend
 from specfill.core import ConfigError
 from specfill.evaluation.eval_report import write_eval
-from specfill.evaluation.quality import EvalPlan, run_eval
+from specfill.evaluation.quality import RETRIEVAL_TASKS, EvalPlan, run_eval
 
 from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, float_list, h2o_config, int_list,
                       specprefill_config, str_list)
@@ -19,11 +19,14 @@ HELP = ("perplexity and passkey retrieval per method and setting (JSON + Markdow
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help=BACKEND_HELP)
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--tasks", type=str_list, default=["perplexity", "passkey"])
+    p.add_argument("--tasks", type=str_list, default=["perplexity", "passkey"],
+                   help="comma list of perplexity, passkey, multikey (four named numbers hidden in the evaluation "
+                        "text, one asked; lengths from --passkey-lengths); default: perplexity,passkey")
     p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
     p.add_argument("--perplexity-lengths", type=int_list, default=[4000, 8000])
-    p.add_argument("--passkey-lengths", type=int_list, default=[2000, 4000, 8000])
-    p.add_argument("--trials", type=int, default=20, help="passkey trials per length and method")
+    p.add_argument("--passkey-lengths", type=int_list, default=[2000, 4000, 8000],
+                   help="prompt lengths of the retrieval tasks (passkey, multikey)")
+    p.add_argument("--trials", type=int, default=20, help="retrieval trials per task, length and method")
     p.add_argument("--keeps", type=float_list, default=[0.1, 0.3], help="SpecPrefill keep ratios to evaluate")
     p.add_argument("--speculator", default="self:8")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
@@ -34,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    unknown = set(args.tasks) - {"perplexity", "passkey"} | set(args.methods) - {"full", "h2o", "specprefill"}
+    unknown = set(args.tasks) - {"perplexity", *RETRIEVAL_TASKS} | set(args.methods) - {"full", "h2o", "specprefill"}
     if unknown:
         raise ConfigError(f"unknown task or method: {', '.join(sorted(unknown))}")
     if args.trials < 1:

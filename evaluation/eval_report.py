@@ -12,6 +12,10 @@ from .machine import machine_line
 from .plots import plot_position_map, plot_tradeoff
 
 
+RETRIEVAL_HEADINGS = {"passkey": "Passkey retrieval",
+                      "multikey": "Multi-key needle (four named numbers in the evaluation text, one asked)"}
+
+
 def plot_title(result: dict) -> str:
     """Model, dtype, device and threads, as every plot title names them."""
     plan, machine = result["plan"], result["machine"]
@@ -42,13 +46,15 @@ def eval_markdown(result: dict) -> list[str]:
         lines += [f"| {star(r['method'])} | {r['tokens']} | {r['perplexity']:.4f} | {_fmt(r['vs_full_pct'], '{:+.2f}%')} "
                   f"| {_fmt(r.get('prefill_s'), '{:.2f}')} | {_fmt(r.get('speedup_vs_full'), '{:.2f}x')} |"
                   for r in result["perplexity"]]
-    if result["passkey"]:
-        lines += ["", "## Passkey retrieval", "",
+    for task, heading in RETRIEVAL_HEADINGS.items():
+        if not result.get(task):
+            continue
+        lines += ["", f"## {heading}", "",
                   "| method | tokens | trials | accuracy (hits) | vs full (points) | median TTFT (s) | speed-up |",
                   "|---|---|---|---|---|---|---|"]
         lines += [f"| {star(r['method'])} | {r['tokens']} | {r['trials']} | {100 * r['accuracy']:.0f}% ({r['hits']}) "
                   f"| {_fmt(r['vs_full_points'], '{:+.0f}')} | {_fmt(r.get('median_ttft_s'), '{:.2f}')} "
-                  f"| {_fmt(r.get('speedup_vs_full'), '{:.2f}x')} |" for r in result["passkey"]]
+                  f"| {_fmt(r.get('speedup_vs_full'), '{:.2f}x')} |" for r in result[task]]
     return lines
 
 
@@ -65,11 +71,12 @@ def write_eval(result: dict, out_dir, name: str = "eval") -> list[Path]:
         partial.write_text(text)
         os.replace(partial, path)
     title = plot_title(result)
-    if any(r.get("speedup_vs_full") for r in result["passkey"] + result["perplexity"]):
-        paths.append(plot_tradeoff(result["passkey"], result["perplexity"], result["plan"].get("defaults", []),
+    retrieval = {task: result.get(task, []) for task in RETRIEVAL_HEADINGS}
+    if any(r.get("speedup_vs_full") for r in sum(retrieval.values(), []) + result["perplexity"]):
+        paths.append(plot_tradeoff(retrieval, result["perplexity"], result["plan"].get("defaults", []),
                                    out / f"{name}_tradeoff.png", f"Speed-up vs quality: {title}"))
     if result["maps"]:
         paths.append(plot_position_map({k: np.asarray(v) for k, v in result["maps"].items()},
                                        result.get("map_marks", {}), out / f"{name}_positions.png",
-                                       f"kept (SpecPrefill) / in the last memory set (H2O), mid-depth passkey: {title}"))
+                                       f"kept (SpecPrefill) / in the last memory set (H2O), mid-depth needle: {title}"))
     return paths

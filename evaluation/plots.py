@@ -91,15 +91,15 @@ def plot_decode_speed(rows: Sequence[dict], path: str | os.PathLike, title: str)
     return _save(fig, path)
 
 
-def plot_tradeoff(passkey: Sequence[dict], perplexity: Sequence[dict], defaults: Sequence[str],
+def plot_tradeoff(retrieval: dict[str, Sequence[dict]], perplexity: Sequence[dict], defaults: Sequence[str],
                   path: str | os.PathLike, title: str) -> Path:
-    """TTFT speed-up vs full (x) against passkey accuracy change in points (left) and perplexity
-    change in % (right): one point per (method and setting, prompt length); the library's
-    default settings drawn as stars, the others as circles."""
+    """TTFT speed-up vs full (x) against accuracy change in points, one panel per retrieval task
+    (task name -> rows), and perplexity change in % (last panel): one point per (method and
+    setting, prompt length); the library's default settings drawn as stars, the others as circles."""
     plt = _pyplot()
     panels = [(rows, key, label) for rows, key, label in
-              ((passkey, "vs_full_points", "passkey accuracy vs full (points)"),
-               (perplexity, "vs_full_pct", "perplexity vs full (%)")) if rows]
+              [(rows, "vs_full_points", f"{task} accuracy vs full (points)") for task, rows in retrieval.items()]
+              + [(perplexity, "vs_full_pct", "perplexity vs full (%)")] if rows]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
     colors: dict[str, str] = {}
     for ax, (rows, key, ylabel) in zip(axes[0], panels):

@@ -12,7 +12,9 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
 from .machine import describe_machine
-from .texts import passkey_prompt_spans, passkey_trials, tokens_of_length
+from .texts import multikey_prompt_spans, multikey_trials, passkey_prompt_spans, passkey_trials, tokens_of_length
+
+RETRIEVAL_TASKS = ("passkey", "multikey")  # each a list of rows in the result, one per (method, length)
 
 
 @dataclass(frozen=True)
@@ -68,21 +70,30 @@ def perplexity(model, ids: list[int], method: PrefillMethod) -> tuple[float, flo
     return float(math.exp(nll.mean())), info.seconds["prefill"]
 
 
-def passkey_trial(model, tokenizer, n_tokens: int, depth: float, key: int, method: PrefillMethod,
-                  info: PrefillInfo) -> tuple[bool, float, dict[str, list[int]]]:
-    """(answer holds the key, TTFT in seconds, token spans [start, end) of the needle and the
-    question in the prompt as encoded)."""
-    prompt, spans = passkey_prompt_spans(tokenizer, n_tokens, depth, key)
-    responses = list(stream_generate(model, tokenizer, prompt, 8, method=method, prefill_info=info))
+def retrieval_prompts(tokenizer, task: str, n_tokens: int, n_trials: int) -> list[tuple[str, dict, str, float]]:
+    """Per trial (prompt, token spans [start, end) of the asked needle and the question, the answer,
+    the asked needle's depth): passkey (one key in repeated filler) or multikey (four named numbers
+    in the evaluation text, one asked). Seeded by the length: every method sees the same prompts."""
+    if task == "passkey":
+        return [(*passkey_prompt_spans(tokenizer, n_tokens, depth, key), str(key), depth)
+                for depth, key in passkey_trials(n_trials, seed=n_tokens)]
+    return [(*multikey_prompt_spans(tokenizer, n_tokens, trial), trial["depths"][trial["asked"]])
+            for trial in multikey_trials(n_trials, seed=n_tokens)]
+
+
+def retrieval_trial(model, tokenizer, prompt: str, answer: str, method: PrefillMethod,
+                    info: PrefillInfo) -> tuple[bool, float]:
+    """(the greedy answer, 12 tokens at most, holds `answer` once spaces are dropped, TTFT in s)."""
+    responses = list(stream_generate(model, tokenizer, prompt, 12, method=method, prefill_info=info))
     text = "".join(r.text for r in responses)
-    return str(key) in text.replace(" ", ""), responses[0].ttft, spans
+    return answer in text.replace(" ", ""), responses[0].ttft
 
 
 def eval_steps(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> int:
     """How many units of work run_eval reports to `step`: a perplexity cell or a passkey trial."""
     dense = sum(m.name != "specprefill" for m in methods.values())
     return (dense * len(plan.perplexity_lengths) * ("perplexity" in plan.tasks)
-            + len(methods) * len(plan.passkey_lengths) * plan.trials * ("passkey" in plan.tasks))
+            + len(methods) * len(plan.passkey_lengths) * plan.trials * sum(t in plan.tasks for t in RETRIEVAL_TASKS))
 
 
 def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
@@ -107,7 +118,8 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
 
     machine = describe_machine({"model_dtype": str(model.dtype), "device_name": model.device_name})
     result: dict = {"plan": _plan_dict(plan, methods), "machine": machine, "complete": False,
-                    "perplexity": [], "passkey": [], "maps": {}, "map_marks": {}}
+                    "perplexity": [], "maps": {}, "map_marks": {},
+                    **{task: [] for task in RETRIEVAL_TASKS}}
     if "perplexity" in plan.tasks:
         for length in plan.perplexity_lengths:
             ids = tokens_of_length(tokenizer, length)
@@ -120,37 +132,39 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
                 done(f"perplexity {label} {length}")
                 log(f"perplexity {label:<22} {length:>6} tokens: {ppl:.4f}")
                 finished_cell()
-    if "passkey" in plan.tasks:
+    for task in (t for t in RETRIEVAL_TASKS if t in plan.tasks):
         for length in plan.passkey_lengths:
+            prompts = retrieval_prompts(tokenizer, task, length, plan.trials)
             for label, method in methods.items():
-                result["passkey"].append(_passkey_cell(model, tokenizer, plan, label, method, length, result, done))
-                log(f"passkey {label:<22} {length:>6} tokens: {result['passkey'][-1]['hits']}/{plan.trials}")
+                result[task].append(_retrieval_cell(model, tokenizer, task, prompts, label, method, length, result,
+                                                    done))
+                log(f"{task} {label:<22} {length:>6} tokens: {result[task][-1]['hits']}/{plan.trials}")
                 finished_cell()
     add_deltas(result)
     result["complete"] = True
     return result
 
 
-def _passkey_cell(model, tokenizer, plan: EvalPlan, label: str, method: PrefillMethod, length: int,
-                  result: dict, done: Callable[[str], None]) -> dict:
-    """plan.trials passkey trials of one method at one length; the mid-depth trial's position
-    map (and its needle / question spans) goes into result["maps"] / result["map_marks"]."""
+def _retrieval_cell(model, tokenizer, task: str, prompts: list, label: str, method: PrefillMethod, length: int,
+                    result: dict, done: Callable[[str], None]) -> dict:
+    """Every trial of one retrieval task for one method at one length; the position map of the
+    trial whose asked needle lies nearest mid-depth (with its needle / question spans) goes into
+    result["maps"] / result["map_marks"] (passkey's under "LABEL @ N", others' "TASK LABEL @ N")."""
     hits, actual, ttfts = 0, [], []
-    trials = passkey_trials(plan.trials, seed=length)
-    mid_depth = min(range(len(trials)), key=lambda i: abs(trials[i][0] - 0.5))  # the mapped trial
-    for index, (depth, key) in enumerate(trials):
+    mid_depth = min(range(len(prompts)), key=lambda i: abs(prompts[i][3] - 0.5))  # the mapped trial
+    for index, (prompt, spans, answer, _) in enumerate(prompts):
         info = PrefillInfo(record_memory=method.name == "h2o")
-        ok, ttft, spans = passkey_trial(model, tokenizer, length, depth, key, method, info)
+        ok, ttft = retrieval_trial(model, tokenizer, prompt, answer, method, info)
         hits += ok
         ttfts.append(ttft)
-        done(f"passkey {label} {length}")
+        done(f"{task} {label} {length}")
         actual.append(info.prompt_tokens)
         maps = position_map(info, info.prompt_tokens) if index == mid_depth else None
         if maps is not None:
-            result["maps"][f"{label} @ {length}"] = maps
-            result["map_marks"][f"{label} @ {length}"] = spans
-    return {"method": label, "tokens": length, "trials": plan.trials, "hits": hits,
-            "mean_prompt_tokens": float(np.mean(actual)), "accuracy": hits / plan.trials,
+            key = ("" if task == "passkey" else f"{task} ") + f"{label} @ {length}"
+            result["maps"][key], result["map_marks"][key] = maps, spans
+    return {"method": label, "tokens": length, "trials": len(prompts), "hits": hits,
+            "mean_prompt_tokens": float(np.mean(actual)), "accuracy": hits / len(prompts),
             "median_ttft_s": float(np.median(ttfts))}
 
 
@@ -179,11 +193,13 @@ def add_deltas(result: dict) -> None:
         base = full.get(r["tokens"])
         r["vs_full_pct"] = 100.0 * (r["perplexity"] / base["perplexity"] - 1.0) if base else None
         r["speedup_vs_full"] = base["prefill_s"] / r["prefill_s"] if base and r.get("prefill_s") else None
-    full_acc = {r["tokens"]: r for r in result["passkey"] if r["method"] == "full"}
-    for r in result["passkey"]:
-        base = full_acc.get(r["tokens"])
-        r["vs_full_points"] = 100.0 * (r["accuracy"] - base["accuracy"]) if base else None
-        r["speedup_vs_full"] = base["median_ttft_s"] / r["median_ttft_s"] if base and r.get("median_ttft_s") else None
+    for task in RETRIEVAL_TASKS:
+        full_acc = {r["tokens"]: r for r in result.get(task, []) if r["method"] == "full"}
+        for r in result.get(task, []):
+            base = full_acc.get(r["tokens"])
+            r["vs_full_points"] = 100.0 * (r["accuracy"] - base["accuracy"]) if base else None
+            r["speedup_vs_full"] = (base["median_ttft_s"] / r["median_ttft_s"]
+                                    if base and r.get("median_ttft_s") else None)
 
 
 def is_default(method: PrefillMethod) -> bool:

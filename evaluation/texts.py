@@ -55,3 +55,51 @@ def passkey_trials(n_trials: int, seed: int = 0) -> list[tuple[float, int]]:
     """(depth, passkey) pairs spread evenly over depths, keys drawn from a seeded generator."""
     rng = random.Random(seed)
     return [((i + 0.5) / n_trials, rng.randint(10000, 99999)) for i in range(n_trials)]
+
+
+MULTIKEY_NAMES = ("amber", "birch", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
+                  "kestrel", "lagoon", "maple", "nectar", "onyx", "pepper", "quartz", "raven", "saffron", "tundra")
+
+
+def multikey_trials(n_trials: int, needles: int = 4, seed: int = 0) -> list[dict]:
+    """Per trial: `needles` distinct (name, 7-digit number) pairs at evenly spread depths (shifted per
+    trial), and which of them the question asks for (cycling, so every depth slot is asked)."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_trials):
+        names = rng.sample(MULTIKEY_NAMES, needles)
+        shift = (i + 0.5) / n_trials / needles
+        out.append({"pairs": [(name, rng.randint(1_000_000, 9_999_999)) for name in names],
+                    "depths": [j / needles + shift for j in range(needles)], "asked": i % needles})
+    return out
+
+
+def multikey_prompt_spans(tokenizer, n_tokens: int, trial: dict) -> tuple[str, dict[str, list[int]], str]:
+    """A multi-key needle prompt of about n_tokens tokens: the evaluation text as haystack with
+    trial["pairs"] hidden as "The special magic number for NAME is NUMBER." at trial["depths"], and a
+    question for one NAME (the others are distractors a sparse prefill must not confuse with it).
+    Returns (prompt, token spans [start, end) of the asked needle and of the question, the answer)."""
+    from specfill.api import encode_prompt
+
+    name, number = trial["pairs"][trial["asked"]]
+    intro = "Some special magic numbers are hidden inside the following text. Memorize them.\n"
+    needles = [f" The special magic number for {n} is {v}. " for n, v in trial["pairs"]]
+    question = f"\nWhat is the special magic number for {name}? The special magic number for {name} is"
+    budget = n_tokens - len(tokenizer.encode(intro + "".join(needles) + question, add_special_tokens=False))
+    hay = tokenizer.decode(tokens_of_length(tokenizer, max(1, budget)))
+    cuts = sorted(zip((int(len(hay) * d) for d in trial["depths"]), needles))
+    parts, last = [intro], 0
+    for cut, needle in cuts:
+        cut = max(last, hay.rfind(" ", 0, cut) if hay.rfind(" ", 0, cut) > last else cut)  # between words
+        parts += [hay[last:cut], needle]
+        last = cut
+    prompt = "".join(parts + [hay[last:], question])
+    asked = needles[trial["asked"]].strip()
+    at, question_at = prompt.index(asked), prompt.rindex(question.lstrip("\n")) - 1
+
+    def position(char: int) -> int:
+        return len(encode_prompt(tokenizer, prompt[:char])) if char else 0
+
+    spans = {"needle": [position(at), position(at + len(asked))],
+             "question": [position(question_at), len(encode_prompt(tokenizer, prompt))]}
+    return prompt, spans, str(number)

@@ -155,7 +155,7 @@ def test_a_stopped_bench_or_eval_keeps_the_finished_rows(tiny_checkpoint, tmp_pa
     assert data["complete"] is False and [r["method"] for r in data["rows"]] == ["full"]
     assert "Partial:" in (tmp_path / "bench.md").read_text()
 
-    real_trial = quality.passkey_trial
+    real_trial = quality.retrieval_trial
     trials = []
 
     def stop_on_third_trial(*args, **kwargs):
@@ -164,7 +164,7 @@ def test_a_stopped_bench_or_eval_keeps_the_finished_rows(tiny_checkpoint, tmp_pa
             raise KeyboardInterrupt
         return real_trial(*args, **kwargs)
 
-    monkeypatch.setattr(quality, "passkey_trial", stop_on_third_trial)
+    monkeypatch.setattr(quality, "retrieval_trial", stop_on_third_trial)
     code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks", "perplexity,passkey",
                  "--methods", "full", "--perplexity-lengths", "30", "--passkey-lengths", "50", "--trials", "3",
                  "--out", str(tmp_path)])
@@ -173,3 +173,38 @@ def test_a_stopped_bench_or_eval_keeps_the_finished_rows(tiny_checkpoint, tmp_pa
     assert data["complete"] is False and len(data["perplexity"]) == 1 and len(data["passkey"]) == 0
     assert "Partial:" in (tmp_path / "eval.md").read_text()
     capsys.readouterr()
+
+
+def test_multikey_prompts_hide_every_pair_and_ask_one(tiny_checkpoint):
+    """Distinct names and numbers, needles in depth order, the asked needle's token span holds its
+    number, and the question comes last; every method sees the same prompts (seeded by length)."""
+    from specfill.api import encode_prompt, load
+    from specfill.evaluation.quality import retrieval_prompts
+
+    _, tokenizer = load(str(tiny_checkpoint("llama", "gguf")), backend="cuda", device="cpu")
+    prompts = retrieval_prompts(tokenizer, "multikey", 300, 4)
+    assert prompts == retrieval_prompts(tokenizer, "multikey", 300, 4)
+    asked_depths = [depth for *_, depth in prompts]
+    assert asked_depths == sorted(asked_depths) and asked_depths[0] < 0.3 < 0.7 < asked_depths[-1]
+    for prompt, spans, answer, _ in prompts:
+        assert prompt.count("The special magic number for") == 5 and prompt.count(answer) == 1
+        ids = encode_prompt(tokenizer, prompt)
+        needle = tokenizer.decode(ids[spans["needle"][0]:spans["needle"][1]])
+        assert answer in needle.replace(" ", "")
+        assert spans["needle"][1] <= spans["question"][0] < spans["question"][1] == len(ids)
+        assert "What is the special magic number" in tokenizer.decode(ids[spans["question"][0]:])
+        assert 250 <= len(ids) <= 330
+
+
+def test_eval_multikey_task_writes_its_table(tiny_checkpoint, tmp_path, capsys):
+    model = str(tiny_checkpoint("llama", "gguf"))
+    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks", "passkey,multikey",
+                 "--methods", "full,h2o", "--passkey-lengths", "120", "--trials", "2", "--chunk-size", "16",
+                 "--batch-size", "16", "--h2o-local", "4", "--h2o-heavy", "4", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "eval.json").read_text())
+    assert [r["method"] for r in data["multikey"]] == ["full", "h2o"] and len(data["passkey"]) == 2
+    assert data["multikey"][0]["vs_full_points"] == 0.0 and data["multikey"][1]["speedup_vs_full"] > 0
+    assert "multikey h2o @ 120" in data["maps"] and "h2o @ 120" in data["maps"]
+    assert "## Multi-key needle" in (tmp_path / "eval.md").read_text()
+    assert (tmp_path / "eval_tradeoff.png").read_bytes()[:4] == b"\x89PNG"

@@ -20,11 +20,39 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     gqa = q.shape[1] != keys.shape[1]
     if start == 0:  # the step's own keys are the whole context: plain causal
         return F.scaled_dot_product_attention(q, keys, values, is_causal=steps > 1, enable_gqa=gqa, scale=scale)
+    if q.device.type == "cpu" and steps <= CPU_FEW_QUERIES:  # decode, speculative verify
+        return few_queries_cpu(q, keys, values, start, scale)
     if steps == 1:  # one query sees every filled slot
         return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa, scale=scale)
     if q.device.type == "cpu" and _cpu_flash() is not None:
         return _cpu_prefix_then_causal(q, keys, values, start, scale)
     return lower_right_causal(q, keys, values, scale)
+
+
+CPU_FEW_QUERIES = 8  # decode (1 query) and a speculative verify (k + 1 queries) take this path on CPU
+
+
+def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
+                    scale: float | None = None) -> torch.Tensor:
+    """A few queries q [1, Hq, T, D] (query t sees slots 0..start + t) against keys/values
+    [1, Hkv, S, D], as two grouped float32 matmuls. torch's CPU flash kernel parallelises over
+    (head, query block), so one query keeps one core busy per head and walks S serially: 2.6 ms
+    per layer at S = 4K against 0.37 ms here (bf16, 2 threads, results/drafting/cpu_step_costs.md).
+    Scores, softmax and the weighted sum run in float32 (the cache is upcast per step: for T <= 8
+    that costs less than the kernel's serial walk). The Hq / Hkv query heads of a group share
+    their KV head's matmul. Returns [1, Hq, T, D] in q's dtype."""
+    _, n_heads, steps, dim = q.shape
+    n_kv, slots = keys.shape[1], keys.shape[2]
+    group = n_heads // n_kv
+    grouped = q[0].reshape(n_kv, group * steps, dim).float()  # row g * T + t: head (kv, g), query t
+    scores = torch.matmul(grouped, keys[0].float().transpose(1, 2))  # [Hkv, group * T, S]
+    scores.mul_(dim ** -0.5 if scale is None else scale)
+    if steps > 1:
+        query = torch.arange(steps, device=q.device).repeat(group)[:, None]
+        scores.masked_fill_(torch.arange(slots, device=q.device)[None] > start + query, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)  # every row keeps slot 0..start: never fully masked
+    out = torch.matmul(weights, values[0].float())  # [Hkv, group * T, D]
+    return out.reshape(1, n_heads, steps, dim).to(q.dtype)
 
 
 def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

@@ -29,7 +29,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> 
 
 @pytest.mark.parametrize("private_flash_op", [True, False], ids=["cpu-flash-op", "no-private-op"])
 @pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("start,steps", [(0, 1), (0, 17), (9, 1), (9, 13), (40, 24)])
+@pytest.mark.parametrize("start,steps", [(0, 1), (0, 17), (9, 1), (9, 3), (40, 8), (40, 9), (9, 13), (40, 24)])
 def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance, private_flash_op, monkeypatch):
     """Also where a torch build lacks the private CPU flash op: the generic masked path."""
     if not private_flash_op:
@@ -45,6 +45,21 @@ def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance, pri
     assert out.shape == q.shape and out.dtype == dtype
     expected = reference(q, k_all, v_all, start)
     assert (out.double() - expected).abs().max().item() <= tolerance
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("start,steps", [(1, 1), (30, 1), (30, 4), (5, 8)])
+def test_few_queries_cpu_path(start, steps, dtype, tolerance):
+    """Decode and speculative verify on CPU: grouped float32 matmuls, the same causal rule, the
+    output in the activation dtype."""
+    gen = torch.Generator().manual_seed(start + steps)
+    q = torch.randn(1, 6, steps, 8, generator=gen).to(dtype)
+    k, v = (torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype) for _ in range(2))
+    out = attention.few_queries_cpu(q, k, v, start)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert (out.double() - reference(q, k, v, start)).abs().max().item() <= tolerance
+    scaled = attention.few_queries_cpu(q, k, v, start, scale=0.5)
+    assert (scaled.double() - reference(q, k * (0.5 * 8 ** 0.5), v, start)).abs().max().item() <= tolerance
 
 
 @pytest.mark.parametrize("start,steps", [(0, 9), (7, 5)])
