@@ -104,7 +104,7 @@ class CausalLM(Generic[A]):
         config = method.h2o or H2OConfig()
         attend, step = None, self.prefill_step_size
         if method.name == "h2o" and not uses_full_attention(config, len(ids)):
-            attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.head_dim ** -0.5,
+            attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.attention_scale,
                                          len(ids))
             step = config.batch_size
         logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,

@@ -129,6 +129,7 @@ class TorchOps:
         end = cache.filled
         grown.k[:, :, :, :end] = cache.k[:, :, :, :end]
         grown.v[:, :, :, :end] = cache.v[:, :, :, :end]
+        grown.positions[:end] = cache.positions[:end]
         for layer in grown.layers:
             layer.offset = end
         return grown

@@ -86,7 +86,7 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
     n_prompt, args = len(ids), speculator.args
     lookahead = max(0, min(lookahead, args.max_position_embeddings - n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
-    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.head_dim ** -0.5)
+    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale)
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
                      progress=progress)[-1]
     fed: list[int] = []
@@ -130,7 +130,7 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
     spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
                           step_size=speculator_step_size, progress=progress, extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
-    importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.head_dim ** -0.5)
+    importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale)
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()
     cache = ops.new_cache(model, len(selection.kept) + extra_slots)
