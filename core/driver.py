@@ -22,9 +22,8 @@ from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_generation_fits, check_reuse,
-                      check_speculator_context, check_speculator_vocabulary, check_token_ids,
-                      self_speculator_layers)
+                      check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
+                      check_token_ids, self_speculator_layers)
 from .stages import A
 
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
@@ -105,7 +104,7 @@ class CausalLM(Generic[A]):
         attend, step = None, self.prefill_step_size
         if method.name == "h2o" and not uses_full_attention(config, len(ids)):
             attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.attention_scale,
-                                         len(ids))
+                                         len(ids), self.args.layer_windows)
             step = config.batch_size
         logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,
                          logits_from=logits_from, attend=attend, progress=progress)

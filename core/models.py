@@ -101,6 +101,11 @@ class ModelArgs:
             return None
         return self.sliding_window
 
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """layer_window of every layer, in order."""
+        return tuple(self.layer_window(i) for i in range(self.num_hidden_layers))
+
     def local_rope(self, layer: int) -> bool:
         """Whether layer `layer` rotates with the sliding layers' own RoPE base (rope_local_theta)."""
         return self.layer_window(layer) is not None and self.rope_local_theta is not None

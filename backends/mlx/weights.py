@@ -45,8 +45,7 @@ class QuantSpec:
 
 @dataclass
 class Checkpoint:
-    """HF-named arrays; a quantized layer `p` has `p.weight` (packed), `p.scales`, `p.biases`
-    and an entry `quantized[p]`."""
+    """HF-named arrays; a quantized layer `p` has `p.weight` (packed), `p.scales`, `p.biases`, `quantized[p]`."""
 
     args: ModelArgs
     weights: dict[str, mx.array]

@@ -14,7 +14,7 @@ import numpy as np
 from ..config import H2OConfig
 from ..models import ModelArgs
 from ..rope import rope_inv_freq
-from ..stages import MemorySet
+from ..stages import KeyWindow, MemorySet
 from . import h2o
 from .attention import expand_kv_heads, masked_state, merge_states
 
@@ -103,18 +103,18 @@ class ReferenceModel:
         return self.logits(hidden)
 
     def _dense_tail(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
-                    tail_start: int) -> np.ndarray | None:
+                    tail_start: int, window: int | None = None) -> np.ndarray | None:
         """Outputs [Hq, rows, D] of the chunk's queries q (positions start..) at positions >=
         tail_start, causal over every key so far (keys/values [Hkv, start + T, D]); None if none."""
         first = max(start, tail_start)
         if first >= start + q.shape[1]:
             return None
         padded = np.concatenate([np.zeros((q.shape[0], first, q.shape[2])), q[:, first - start:]], axis=1)
-        return h2o.causal_attention(padded, keys, values, self.scale).o[:, first:]
+        return h2o.causal_attention(padded, keys, values, self.scale, window).o[:, first:]
 
     def forward_h2o_chunk_major(self, ids: list[int], config: H2OConfig) -> tuple[np.ndarray, list[list[MemorySet]]]:
-        """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers, and the
-        memory sets built per layer ([layer][chunk])."""
+        """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers (sliding
+        layers inside their windows), and the memory sets built per layer ([layer][chunk])."""
         n_layers, size = self.args.num_hidden_layers, config.chunk_size
         keys = [np.zeros((self.args.num_key_value_heads, 0, self.args.head_dim)) for _ in range(n_layers)]
         values = [k.copy() for k in keys]
@@ -126,24 +126,26 @@ class ReferenceModel:
             end = min(start + size, len(ids))
             hidden = self.embed(ids[start:end])
             for layer in range(n_layers):
+                window = self.args.layer_window(layer)  # every key set below intersected with it
                 q, k, v = self.qkv(layer, hidden, np.arange(start, end))
                 keys[layer] = np.concatenate([keys[layer], k], axis=1)
                 values[layer] = np.concatenate([values[layer], v], axis=1)
-                intra = h2o.intra_attention(q, k, v, size, self.scale)
+                intra = h2o.intra_attention(q, k, v, size, self.scale, window)
                 scores[layer] = np.concatenate(
                     [scores[layer], h2o.reduce_colsum_to_kv_heads(intra.colsum, k.shape[0])], axis=1)
                 state = intra.state
                 if memory[layer] is not None and config.enabled:
                     k_mem, v_mem = h2o.gather_memory(keys[layer], values[layer], memory[layer])
-                    inter = h2o.inter_attention(q, k_mem, v_mem, self.scale)
+                    inter = h2o.inter_attention(q, k_mem, v_mem, self.scale,
+                                                None if window is None else KeyWindow(window, start, memory[layer].indices))
                     scores[layer] = h2o.accumulate_scores(
                         scores[layer], memory[layer], h2o.reduce_colsum_to_kv_heads(inter.colsum, k.shape[0]))
                     state = merge_states(inter.state, state)
                 elif start > 0:  # H2O disabled: plain causal attention over everything so far
                     state = h2o.causal_attention(np.concatenate([np.zeros((q.shape[0], start, q.shape[2])), q], 1),
-                                                 keys[layer], values[layer], self.scale)
+                                                 keys[layer], values[layer], self.scale, window)
                     state = type(state)(state.m[:, start:], state.l[:, start:], state.o[:, start:])
-                tail = self._dense_tail(q, keys[layer], values[layer], start, len(ids) - config.dense_tail)
+                tail = self._dense_tail(q, keys[layer], values[layer], start, len(ids) - config.dense_tail, window)
                 if tail is not None and config.enabled:
                     state = type(state)(state.m, state.l, np.concatenate([state.o[:, :state.o.shape[1] - tail.shape[1]], tail], 1))
                 hidden = self.finish_layer(layer, hidden, state.o)
