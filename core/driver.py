@@ -30,7 +30,7 @@ DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default to
 
 
 class CausalLM(Generic[A]):
-    """A Llama/Qwen2/Qwen3 model on one backend: the backend's model object and its ops.
+    """A Llama/Mistral/Qwen2/Qwen3/Gemma 3 model on one backend: the backend's model object and its ops.
 
     prefill_step_size: tokens per full-attention prefill step (bounds activation memory).
     """

@@ -31,10 +31,10 @@ def hf_architecture(config: Mapping[str, Any]) -> str:
     `architectures`."""
     model_type = config.get("model_type")
     if model_type is not None:
-        if model_type not in _HF_MODEL_TYPES:
+        if not isinstance(model_type, str) or model_type not in _HF_MODEL_TYPES:
             hint = " (Gemma 3's multimodal config: use its text-only Gemma3ForCausalLM checkpoint)" \
                 if model_type == "gemma3" else ""
-            raise ModelLoadError(f"unsupported architecture {model_type!r} in config.json{hint} "
+            raise ModelLoadError(f"unsupported architecture {model_type!r:.40} in config.json{hint} "
                                  f"(supported: {_supported()})")
         return _HF_MODEL_TYPES[model_type]
     names = config.get("architectures")
@@ -100,9 +100,12 @@ def hf_family_fields(config: Mapping[str, Any], arch: str) -> dict[str, Any]:
             raise ModelLoadError("config.json layer_types is not one global layer every n layers "
                                  "(the only Gemma 3 pattern supported)")
     params = config.get("rope_parameters") or {}
-    local = params.get("sliding_attention") if isinstance(params, Mapping) else None
-    local_theta = config.get("rope_local_base_freq", (local or {}).get("rope_theta", GEMMA3_LOCAL_THETA))
-    if isinstance(local, Mapping) and local.get("rope_type", "default") != "default":
+    for kind in ("sliding_attention", "full_attention"):
+        if isinstance(params, Mapping) and not isinstance(params.get(kind, {}), Mapping):
+            raise ModelLoadError(f"config.json rope_parameters.{kind} must be an object")
+    local = params.get("sliding_attention") or {} if isinstance(params, Mapping) else {}
+    local_theta = config.get("rope_local_base_freq", local.get("rope_theta", GEMMA3_LOCAL_THETA))
+    if local.get("rope_type", "default") != "default":
         raise ModelLoadError("config.json: scaled RoPE on Gemma 3's sliding layers is not supported")
     return {"sliding_window": _window(config.get("sliding_window", 4096), "config.json sliding_window"),
             "global_every": every,

@@ -63,3 +63,12 @@ def test_gemma3_gguf_metadata_and_names():
     with pytest.raises(ModelLoadError, match="sliding window on a llama GGUF"):
         ModelArgs.from_gguf_metadata({**{k.replace("gemma3", "llama"): v for k, v in meta.items()},
                                       "general.architecture": "llama"}, has_output_weight=False)
+
+
+@pytest.mark.parametrize("change", [{"model_type": ["gemma3_text"]}, {"model_type": {"a": 1}},
+                                    {"rope_parameters": {"sliding_attention": [1], "full_attention": {}}},
+                                    {"layer_types": "sliding_attention"}, {"sliding_window": "512"},
+                                    {"query_pre_attn_scalar": -1}, {"rope_local_base_freq": [1]}])
+def test_hostile_family_values_are_one_clear_error(change):
+    with pytest.raises(ModelLoadError):
+        ModelArgs.from_hf_config(dict(GEMMA3, **change))

@@ -1,4 +1,4 @@
-"""Llama / Qwen2 / Qwen3 decoder on MLX in small modules (mlx-lm style), batch 1.
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 3 decoder on MLX in small modules (mlx-lm style), batch 1.
 
 Our own modules rather than mlx-lm's model classes: the prefill methods need two things those
 classes do not expose. H2O replaces each layer's prefill attention with its two-phase chunked
