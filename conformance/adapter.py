@@ -34,17 +34,17 @@ class ReferenceAdapter(ReferenceStages):
             raise BackendUnavailableError(f"the reference runs in {' or '.join(self.dtypes)}, not {dtype}")
         self.dtype = dtype
 
-    def intra_attention(self, q, k, v, chunk_size, scale):
-        return super().intra_attention(*self._cast(q, k, v), chunk_size, scale)
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None):
+        return super().intra_attention(*self._cast(q, k, v), chunk_size, scale, window)
 
-    def inter_attention(self, q, k_mem, v_mem, scale):
-        return super().inter_attention(*self._cast(q, k_mem, v_mem), scale)
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None):
+        return super().inter_attention(*self._cast(q, k_mem, v_mem), scale, window)
 
-    def attention_layer(self, q, k, v, config, scale):
-        return super().attention_layer(*self._cast(q, k, v), config, scale)
+    def attention_layer(self, q, k, v, config, scale, window=None):
+        return super().attention_layer(*self._cast(q, k, v), config, scale, window)
 
-    def attention_scores(self, queries, keys, scale):
-        return super().attention_scores(*self._cast(queries, keys), scale)
+    def attention_scores(self, queries, keys, scale, window=None):
+        return super().attention_scores(*self._cast(queries, keys), scale, window)
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
         return super().reduce_colsum_to_kv_heads(*self._cast(colsum), n_kv_heads)

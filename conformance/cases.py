@@ -24,6 +24,7 @@ class H2OCase:
     logit_max: float | None = None  # rescale q so that max |logit| equals this
     seed: int = 0
     dense_tail: int = 0  # W: the last W queries attend to every earlier key
+    window: int | None = None  # a sliding layer's w: query i sees keys j > i - w only
 
     @property
     def config(self) -> H2OConfig:
@@ -63,6 +64,13 @@ H2O_CASES: list[H2OCase] = [
     H2OCase("tail=2S+1,batch=S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=CHUNK, dense_tail=2 * CHUNK + 1, seed=28),
     H2OCase("tail>=N", 2 * CHUNK + 3, 2, 3, 6, 2, dense_tail=10 * CHUNK, seed=29),
     H2OCase("tail=2,N<S", CHUNK - 3, 2, 3, 4, 2, dense_tail=2, seed=30),
+    # a sliding layer: a window inside a chunk (w < S), one spanning chunks (so memory slots fall
+    # in and out of it), one with a dense tail over logical batches of S, one of a single key (w = 1)
+    H2OCase("window=5 (<S)", 3 * CHUNK + 5, 2, 3, 4, 2, window=5, seed=31),
+    H2OCase("window=S+5 (spans chunks)", 4 * CHUNK + 3, 2, 4, 4, 2, window=CHUNK + 5, seed=32),
+    H2OCase("window=S+2,tail=S+6,batch=S", 4 * CHUNK + 3, 2, 3, 6, 2, batch_size=CHUNK,
+            dense_tail=CHUNK + 6, window=CHUNK + 2, seed=33),
+    H2OCase("window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, seed=34),
 ]
 
 
@@ -76,6 +84,7 @@ class SpecCase:
     n_heads: int = 4
     n_kv_heads: int = 2
     seed: int = 0
+    windows: tuple[int | None, ...] = ()  # per layer: a sliding layer's window (empty: all global)
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray]:
         """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] in float64."""
@@ -98,4 +107,9 @@ SPEC_CASES: list[SpecCase] = [
     SpecCase("layers=last-2,mean", 120,
              SpecPrefillConfig(keep_ratio=0.2, layers="last-2", layer_reduction="mean"), seed=10),
     SpecCase("token-level", 64, SpecPrefillConfig(keep_ratio=0.25, select_chunk=1, pool_kernel=1), seed=11),
+    # sliding speculator layers: a window shorter than the look-ahead (the last queries see no
+    # prompt key), and one that reaches back past a selection chunk
+    SpecCase("windows=(2,-,20)", 90, SpecPrefillConfig(keep_ratio=0.3), windows=(2, None, 20), seed=12),
+    SpecCase("windows=(40,40,-),last-2", 120, SpecPrefillConfig(keep_ratio=0.2, layers="last-2"),
+             windows=(40, 40, None), seed=13),
 ]

@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from specfill.core import AttentionState, MemorySet
+from specfill.core.stages import KeyWindow
 from specfill.core.reference import REFERENCE, oracle
 from specfill.core.reference.h2o import causal_attention, local_window
 
@@ -34,8 +35,8 @@ def _state_close(ck: Checker, check: str, case: str, got: AttentionState, want: 
 def check_intra_attention(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in H2O_CASES:
         q, k, v = _inputs(case, ck.dtype)
-        got = ad.intra_attention(q, k, v, CHUNK, SCALE)
-        want = REFERENCE.intra_attention(q, k, v, CHUNK, SCALE)
+        got = ad.intra_attention(q, k, v, CHUNK, SCALE, case.window)
+        want = REFERENCE.intra_attention(q, k, v, CHUNK, SCALE, case.window)
         _state_close(ck, "h2o.intra_attention", case.name, got.state, want.state)
         ck.close("h2o.intra_attention.colsum", case.name, got.colsum, want.colsum)
 
@@ -111,6 +112,28 @@ def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
         ck.exact("h2o.inter_attention.finite", case,
                  bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
                  "NaN/Inf in o or l")
+    _check_windowed_inter_attention(ad, ck, rng)
+
+
+def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np.random.Generator) -> None:
+    """A sliding layer's phase 2 (memory slots at given positions) and dense-tail prefix (keys at
+    consecutive positions): rows whose window holds no slot must come back empty, not NaN."""
+    start = 3 * CHUNK
+    for group, size, positions in ((2, 6, True), (1, CHUNK + 3, True), (3, 2, True), (2, 5, False)):
+        q = round_to(rng.normal(size=(2 * group, CHUNK, HEAD_DIM)), ck.dtype)
+        if positions:
+            memory = _random_memory(rng, 2, start, 7, 2).indices
+            window, n_slots = KeyWindow(size, start, memory), memory.shape[1]
+        else:
+            window, n_slots = KeyWindow(size, start, None, start - 9), 9
+        k_mem, v_mem = (round_to(x, ck.dtype) for x in rng.normal(size=(2, 2, n_slots, HEAD_DIM)))
+        case = f"gqa-group={group},window={size}," + ("memory" if positions else "prefix")
+        got = ad.inter_attention(q, k_mem, v_mem, SCALE, window)
+        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window)
+        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
+        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
+        ck.exact("h2o.inter_attention.finite", case,
+                 bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()), "NaN/Inf in o or l")
 
 
 def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -144,13 +167,14 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in H2O_CASES:
         q, k, v = _inputs(case, ck.dtype)
         config = case.config
-        got = ad.attention_layer(q, k, v, config, SCALE)
-        want = REFERENCE.attention_layer(q, k, v, config, SCALE)
+        got = ad.attention_layer(q, k, v, config, SCALE, case.window)
+        want = REFERENCE.attention_layer(q, k, v, config, SCALE, case.window)
         got_sets = [np.asarray(m.indices) for m in got.memory_sets]
         ck.exact("h2o.layer.finite", case.name, bool(np.isfinite(got.output).all()), "NaN/Inf in output")
         _check_memory_structure(ck, case, got_sets)
         # exact whatever sets the backend chose: output and scores are those its K(i) define
-        replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, CHUNK, got_sets, SCALE, config.dense_tail)
+        replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, CHUNK, got_sets, SCALE, config.dense_tail,
+                                                            case.window)
         ck.close("h2o.layer.output_vs_key_sets", case.name, got.output, replay_out)
         ck.close("h2o.layer.scores_vs_key_sets", case.name, got.scores, replay_scores)
         pairs = [(g, w) for gs, ws in zip(got_sets, want.memory_sets) for g, w in zip(gs, ws.indices)]
@@ -163,7 +187,7 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
             ck.close("h2o.layer.output", case.name, got.output, want.output)
         if case.n_tokens <= CHUNK:
             ck.close("h2o.layer.single_chunk_is_causal", case.name, got.output,
-                     causal_attention(q, k, v, SCALE).o)
+                     causal_attention(q, k, v, SCALE, case.window).o)
     _check_batch_independence(ad, ck)
 
 
@@ -196,10 +220,10 @@ def _check_batch_independence(ad: ConformanceAdapter, ck: Checker) -> None:
     """Logical batches (B) only schedule work: outputs and memory sets do not depend on B."""
     for case in (c for c in H2O_CASES if c.batch_size < 4 * CHUNK):
         q, k, v = _inputs(case, ck.dtype)
-        small = ad.attention_layer(q, k, v, case.config, SCALE)
+        small = ad.attention_layer(q, k, v, case.config, SCALE, case.window)
         whole = H2OCase(case.name, case.n_tokens, case.local, case.heavy, case.n_heads, case.n_kv_heads,
                         batch_size=8 * CHUNK, seed=case.seed, dense_tail=case.dense_tail)
-        big = ad.attention_layer(q, k, v, whole.config, SCALE)
+        big = ad.attention_layer(q, k, v, whole.config, SCALE, case.window)
         same_sets = len(small.memory_sets) == len(big.memory_sets) and all(
             np.array_equal(a.indices, b.indices) for a, b in zip(small.memory_sets, big.memory_sets))
         ck.exact("h2o.layer.batch_independent_memory", case.name, same_sets, "memory sets depend on B")

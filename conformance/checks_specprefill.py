@@ -14,16 +14,18 @@ from .tolerances import round_to
 
 def _probs(case: SpecCase, dtype: str) -> np.ndarray:
     queries, keys = (round_to(x, dtype) for x in case.tensors())
-    layers = case.config.layer_indices(case.n_layers)
-    return round_to(REFERENCE.attention_scores(queries[layers], keys[layers], SCALE), dtype)
+    return round_to(specprefill.score_tokens(queries, keys, case.config, SCALE, REFERENCE, case.windows).probs, dtype)
 
 
 def check_attention_scores(ad: ConformanceAdapter, ck: Checker) -> None:
+    """Every layer at once, or layer by layer with each one's sliding window."""
     for case in SPEC_CASES:
         queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
-        got = ad.attention_scores(queries, keys, SCALE)
-        ck.close("specprefill.attention_scores", case.name, got,
-                 REFERENCE.attention_scores(queries, keys, SCALE))
+        for layer, window in enumerate(case.windows) if case.windows else [(slice(None), None)]:
+            one = slice(layer, layer + 1) if case.windows else layer
+            name = case.name + (f",layer={layer}" if case.windows else "")
+            ck.close("specprefill.attention_scores", name, ad.attention_scores(queries[one], keys[one], SCALE, window),
+                     REFERENCE.attention_scores(queries[one], keys[one], SCALE, window))
 
 
 def check_smooth_scores(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -73,8 +75,8 @@ def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in SPEC_CASES:
         queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
         n = case.prompt_len
-        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad)
-        _, want = specprefill.speculative_selection(queries, keys, case.config, SCALE, REFERENCE)
+        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad, case.windows)
+        _, want = specprefill.speculative_selection(queries, keys, case.config, SCALE, REFERENCE, case.windows)
         kept = np.asarray(got.kept).tolist()
         bound = specprefill.keep_count_upper_bound(n, case.config)
         problems = []

@@ -8,7 +8,7 @@ backend (core/reference/specprefill.py), from the importance computed in the sta
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -17,7 +17,8 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.h2o import h2o_attention_layer
 from specfill.core.ops import ModelOps
 from specfill.core.reference.specprefill import select_tokens
-from specfill.core.stages import AttentionState, H2OLayerResult, InterResult, IntraResult, MemorySet, Selection
+from specfill.core.stages import (AttentionState, H2OLayerResult, InterResult, IntraResult, KeyWindow, MemorySet,
+                                  Selection)
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,9 @@ class OpsAdapter:
         return MemorySet(self.cv.numpy(memory.indices).astype(np.int64), memory.chunk_index)
 
     # H2O stages
-    def intra_attention(self, q, k, v, chunk_size, scale) -> IntraResult:
-        got = self.ops.intra_attention(self.cv.native(q), self.cv.native(k), self.cv.native(v), chunk_size, scale)
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None) -> IntraResult:
+        got = self.ops.intra_attention(self.cv.native(q), self.cv.native(k), self.cv.native(v), chunk_size, scale,
+                                       window)
         return IntraResult(self._state(got.state), self.cv.numpy(got.colsum))
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads) -> np.ndarray:
@@ -69,21 +71,26 @@ class OpsAdapter:
         k_mem, v_mem = self.ops.gather_memory(self.cv.native(k), self.cv.native(v), self._memory(memory))
         return self.cv.numpy(k_mem), self.cv.numpy(v_mem)
 
-    def inter_attention(self, q, k_mem, v_mem, scale) -> InterResult:
-        got = self.ops.inter_attention(self.cv.native(q), self.cv.native(k_mem), self.cv.native(v_mem), scale)
+    def inter_attention(self, q, k_mem, v_mem, scale, window: KeyWindow | None = None) -> InterResult:
+        if window is not None and window.key_positions is not None:
+            window = replace(window, key_positions=self.cv.index(np.asarray(window.key_positions)))
+        got = self.ops.inter_attention(self.cv.native(q), self.cv.native(k_mem), self.cv.native(v_mem), scale,
+                                       window)
         return InterResult(self._state(got.state), self.cv.numpy(got.colsum))
 
     def merge_states(self, a, b) -> AttentionState:
         return self._state(self.ops.merge_states(self._state_in(a), self._state_in(b)))
 
-    def attention_layer(self, q, k, v, config: H2OConfig, scale) -> H2OLayerResult:
-        got = h2o_attention_layer(self.ops, self.cv.native(q), self.cv.native(k), self.cv.native(v), config, scale)
+    def attention_layer(self, q, k, v, config: H2OConfig, scale, window=None) -> H2OLayerResult:
+        got = h2o_attention_layer(self.ops, self.cv.native(q), self.cv.native(k), self.cv.native(v), config, scale,
+                                  window)
         return H2OLayerResult(self.cv.numpy(got.output), self.cv.numpy(got.scores),
                               [self._memory_out(m) for m in got.memory_sets])
 
     # speculative-prefill stages
-    def attention_scores(self, queries, keys, scale) -> np.ndarray:
-        return self.cv.numpy(self.ops.attention_scores(self.cv.native(queries), self.cv.native(keys), scale))
+    def attention_scores(self, queries, keys, scale, window=None) -> np.ndarray:
+        return self.cv.numpy(self.ops.attention_scores(self.cv.native(queries), self.cv.native(keys), scale,
+                                                       window))
 
     def smooth_scores(self, probs, kernel) -> np.ndarray:
         return self.cv.numpy(self.ops.smooth_scores(self.cv.stats(probs), kernel))

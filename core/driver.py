@@ -22,16 +22,15 @@ from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_generation_fits, check_reuse,
-                      check_speculator_context, check_speculator_vocabulary, check_token_ids,
-                      self_speculator_layers)
+                      check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
+                      check_token_ids, self_speculator_layers)
 from .stages import A
 
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
 
 
 class CausalLM(Generic[A]):
-    """A Llama/Qwen2/Qwen3 model on one backend: the backend's model object and its ops.
+    """A Llama/Mistral/Qwen2/Qwen3/Gemma 3 model on one backend: the backend's model object and its ops.
 
     prefill_step_size: tokens per full-attention prefill step (bounds activation memory).
     """
@@ -104,8 +103,8 @@ class CausalLM(Generic[A]):
         config = method.h2o or H2OConfig()
         attend, step = None, self.prefill_step_size
         if method.name == "h2o" and not uses_full_attention(config, len(ids)):
-            attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.head_dim ** -0.5,
-                                         len(ids))
+            attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.attention_scale,
+                                         len(ids), self.args.layer_windows)
             step = config.batch_size
         logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,
                          logits_from=logits_from, attend=attend, progress=progress)

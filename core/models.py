@@ -1,7 +1,9 @@
-"""ModelArgs: one description of the Llama, Qwen2 and Qwen3 families for both backends.
+"""ModelArgs: one description of the Llama (and Mistral), Qwen2, Qwen3 and Gemma 3 families for
+both backends.
 
 Read from a Hugging Face config.json or from GGUF metadata (plain Python values; a backend that
-gets 0-d arrays, like mx.load, converts them with `.item()` first).
+gets 0-d arrays, like mx.load, converts them with `.item()` first); the reading of family details
+is in core/model_config.py.
 """
 from __future__ import annotations
 
@@ -10,18 +12,25 @@ from typing import Any, Mapping
 
 from . import checks
 from .errors import ModelLoadError
-
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
-_HF_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-                     "Qwen3ForCausalLM": "qwen3", "MistralForCausalLM": "llama"}
+from .model_config import (SUPPORTED_ARCHITECTURES, gguf_family_fields, hf_architecture, hf_family_fields,
+                           hf_rope)
 
 
 @dataclass(frozen=True)
 class ModelArgs:
     """Shape and numerics of a decoder-only model.
 
-    architecture: "llama" | "qwen2" (q/k/v bias) | "qwen3" (per-head q/k RMSNorm).
+    architecture: "llama" | "qwen2" (q/k/v bias) | "qwen3" (per-head q/k RMSNorm) | "gemma3"
+    (per-head q/k RMSNorm, four norms per layer, GELU-tanh MLP, embeddings scaled by
+    sqrt(hidden), tied LM head; its RMSNorm weights are held as the multiplier 1 + w, as llama.cpp
+    stores them, so every family's norm is x / rms(x) * weight).
     rope_scaling: None or the checkpoint's dict (e.g. {"rope_type": "llama3", "factor": 8, ...}).
+    sliding_window: w, or None: in a sliding layer the query at position p sees only keys at
+    positions q with p - w < q <= p (HF's convention; positions, not cache slots).
+    global_every: 0 = every layer slides (Mistral) when sliding_window is set; n = layer i is
+    global iff (i + 1) % n == 0 (Gemma 3: n = 6).
+    rope_local_theta: RoPE base of the sliding layers (None: rope_theta; Gemma 3: 10000).
+    query_pre_attn_scalar: attention scale 1 / sqrt(this) (None: 1 / sqrt(head_dim)).
     """
 
     architecture: str
@@ -41,6 +50,10 @@ class ModelArgs:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    sliding_window: int | None = None
+    global_every: int = 0
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
 
     def __post_init__(self) -> None:
         """Every path (GGUF metadata, config.json, mlx-lm directories, random shapes) ends here, so
@@ -64,12 +77,53 @@ class ModelArgs:
             raise ModelLoadError(f"RoPE base (rope_theta) must be at least 1, got {self.rope_theta:g} (a base below 1 "
                                  f"gives frequencies that overflow float32)")
         checks.check_rope_scaling(self.rope_scaling, self.architecture)
+        if self.sliding_window is not None:
+            checks.integer(self.sliding_window, "sliding window", minimum=1)
+        checks.integer(self.global_every, "global layer period (global_every)")
+        for name in ("rope_local_theta", "query_pre_attn_scalar"):
+            if getattr(self, name) is not None:
+                checks.positive_float(getattr(self, name), name)
         for token in ((self.bos_token_id,) if self.bos_token_id is not None else ()) + self.eos_token_ids:
             checks.integer(token, "special token id")
 
     @property
     def gqa_group(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def attention_scale(self) -> float:
+        """Softmax scale of q.k: 1 / sqrt(query_pre_attn_scalar or head_dim)."""
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_window(self, layer: int) -> int | None:
+        """Layer `layer`'s sliding window w (None: global attention over every earlier key)."""
+        if self.sliding_window is None or (self.global_every and (layer + 1) % self.global_every == 0):
+            return None
+        return self.sliding_window
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """layer_window of every layer, in order."""
+        return tuple(self.layer_window(i) for i in range(self.num_hidden_layers))
+
+    def local_rope(self, layer: int) -> bool:
+        """Whether layer `layer` rotates with the sliding layers' own RoPE base (rope_local_theta)."""
+        return self.layer_window(layer) is not None and self.rope_local_theta is not None
+
+    @property
+    def sandwich_norms(self) -> bool:
+        """Gemma 3: RMSNorm after attention and around the MLP too (four norms per layer)."""
+        return self.architecture == "gemma3"
+
+    @property
+    def embedding_scale(self) -> float | None:
+        """Gemma 3 multiplies embeddings by sqrt(hidden) (rounded to the activation dtype first)."""
+        return self.hidden_size ** 0.5 if self.architecture == "gemma3" else None
+
+    @property
+    def mlp_activation(self) -> str:
+        """"silu" (SwiGLU) or "gelu_tanh" (Gemma 3's GeGLU, tanh approximation)."""
+        return "gelu_tanh" if self.architecture == "gemma3" else "silu"
 
     @property
     def biased_projections(self) -> tuple[str, ...]:
@@ -83,7 +137,7 @@ class ModelArgs:
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> "ModelArgs":
         """From a transformers config.json dictionary; every value it reads is type-checked."""
-        arch = _hf_architecture(config)
+        arch = hf_architecture(config)
 
         def size(key: str, default: int | None = None) -> int:
             value = config.get(key)
@@ -94,7 +148,7 @@ class ModelArgs:
         def boolean(key: str, default: bool) -> bool:
             return checks.flag(config.get(key, default), f"config.json {key}")
 
-        theta, scaling = _hf_rope(config)
+        theta, scaling = hf_rope(config)
         heads, hidden = size("num_attention_heads"), size("hidden_size")
         eos = config.get("eos_token_id")
         eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
@@ -106,11 +160,12 @@ class ModelArgs:
             rms_norm_eps=checks.positive_float(config.get("rms_norm_eps", 1e-6), "config.json rms_norm_eps"),
             rope_theta=theta, rope_scaling=scaling,
             max_position_embeddings=size("max_position_embeddings", 4096),
-            tie_word_embeddings=boolean("tie_word_embeddings", False),
-            attention_bias=boolean("attention_bias", arch == "qwen2"), qk_norm=arch == "qwen3",
+            tie_word_embeddings=boolean("tie_word_embeddings", arch == "gemma3"),
+            attention_bias=boolean("attention_bias", arch == "qwen2"), qk_norm=arch in ("qwen3", "gemma3"),
             bos_token_id=None if config.get("bos_token_id") is None else
             checks.integer(config["bos_token_id"], "config.json bos_token_id"),
             eos_token_ids=tuple(checks.integer(e, "config.json eos_token_id") for e in eos_ids),
+            **hf_family_fields(config, arch),
         )
 
     @classmethod
@@ -151,9 +206,11 @@ class ModelArgs:
             rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-5),
             rope_theta=number("rope.freq_base", 10000.0), rope_scaling=scaling,
             max_position_embeddings=size("context_length", 4096),
-            tie_word_embeddings=not has_output_weight, attention_bias=arch == "qwen2", qk_norm=arch == "qwen3",
+            tie_word_embeddings=not has_output_weight, attention_bias=arch == "qwen2",
+            qk_norm=arch in ("qwen3", "gemma3"),
             bos_token_id=None if bos is None else checks.integer(bos, "GGUF tokenizer.ggml.bos_token_id"),
             eos_token_ids=() if eos is None else (checks.integer(eos, "GGUF tokenizer.ggml.eos_token_id"),),
+            **gguf_family_fields(meta, arch, size("attention.key_length", max(1, hidden // heads))),
         )
 
 
@@ -183,41 +240,7 @@ def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
         if args.qk_norm:
             shapes.update({p + "self_attn.q_norm.weight": (args.head_dim,),
                            p + "self_attn.k_norm.weight": (args.head_dim,)})
+        if args.sandwich_norms:
+            shapes.update({p + "pre_feedforward_layernorm.weight": (hidden,),
+                           p + "post_feedforward_layernorm.weight": (hidden,)})
     return shapes
-
-
-def _hf_architecture(config: Mapping[str, Any]) -> str:
-    """model_type when present (it must be a known one: mistral reads as llama), else the first
-    known class in `architectures`."""
-    model_type = config.get("model_type")
-    if model_type is not None:
-        arch = "llama" if model_type == "mistral" else model_type
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported architecture {model_type!r} in config.json "
-                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        return str(arch)
-    names = config.get("architectures")
-    names = names if isinstance(names, list) else []
-    arch = next((_HF_ARCHITECTURES[n] for n in names if isinstance(n, str) and n in _HF_ARCHITECTURES), None)
-    if arch is None:
-        raise ModelLoadError(f"config.json names no supported architecture (model_type or architectures: "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)})")
-    return arch
-
-
-def _hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:
-    """(rope_theta, rope_scaling) from transformers <5 keys (rope_theta, rope_scaling) or 5's
-    rope_parameters; scaling is None for default RoPE and always keyed by "rope_type"."""
-    for key in ("rope_parameters", "rope_scaling"):
-        if config.get(key) is not None and not isinstance(config[key], Mapping):
-            raise ModelLoadError(f"config.json {key} must be an object, got {config[key]!r:.40}")
-    params = dict(config.get("rope_parameters") or {})
-    theta = checks.positive_float(config.get("rope_theta", params.pop("rope_theta", 10000.0)),
-                                  "config.json rope_theta")
-    params.pop("rope_theta", None)
-    scaling = dict(config.get("rope_scaling") or params)
-    if "type" in scaling and "rope_type" not in scaling:
-        scaling["rope_type"] = scaling.pop("type")
-    if scaling.get("rope_type", "default") == "default":
-        return theta, None
-    return theta, scaling

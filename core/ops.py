@@ -13,7 +13,7 @@ from typing import Any, Protocol, Sequence
 import numpy as np
 
 from .runtime import SamplingConfig
-from .stages import A, AttentionState, InterResult, IntraResult, MemorySet
+from .stages import A, AttentionState, InterResult, IntraResult, KeyWindow, MemorySet
 
 
 class H2OOps(Protocol[A]):
@@ -22,11 +22,14 @@ class H2OOps(Protocol[A]):
     The walk in core/methods/h2o.py calls only these, so one backend is one implementation.
     """
 
-    def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float) -> IntraResult[A]:
-        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block."""
+    def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float,
+                        window: int | None = None) -> IntraResult[A]:
+        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query
+        i sees only keys j > i - w of its chunk (a sliding layer)."""
 
-    def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float) -> InterResult[A]:
-        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask."""
+    def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float,
+                        window: KeyWindow[A] | None = None) -> InterResult[A]:
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's."""
 
     def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
         """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
@@ -64,8 +67,9 @@ class H2OOps(Protocol[A]):
 class ScoringOps(Protocol[A]):
     """The speculative-prefill scoring stages over a backend's arrays."""
 
-    def attention_scores(self, queries: A, keys: A, scale: float) -> A:
-        """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]."""
+    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None) -> A:
+        """queries [n_l, n_q, Hq, D] (query n at position P - 1 + n), keys [n_l, Hkv, P, D] ->
+        probs [n_q, n_l, Hq, P]; window w: query n sees only keys j > P - 1 + n - w."""
 
     def smooth_scores(self, probs: A, kernel: int) -> A:
         """Average pooling along the last axis, zero padding kernel // 2 each side."""
@@ -163,8 +167,9 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def first_layers(self, model: Any, n_layers: int) -> Any:
         """A view of `model`'s first n blocks with its embedding, final norm and LM head."""
 
-    def causal_step(self, q: A, k: A, v: A, scale: float) -> A:
-        """Causal attention of a step: q [1, Hq, T, D] over every cached k/v [1, Hkv, S, D]."""
+    def causal_step(self, q: A, k: A, v: A, scale: float, window: int | None = None) -> A:
+        """Causal attention of a step: q [1, Hq, T, D] over every cached k/v [1, Hkv, S, D], slots
+        being positions (a prompt's prefill from slot 0); window w: query p sees keys > p - w."""
 
     def last_query(self, q: A) -> A:
         """A copy of the step's last query of every head: q [1, Hq, T, D] -> [Hq, D]."""

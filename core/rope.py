@@ -26,9 +26,13 @@ def llama3_freq_factors(head_dim: int, rope_theta: float, scaling: dict[str, Any
     return 1.0 / ((1.0 - smooth) / factor + smooth)
 
 
-def rope_inv_freq(args: ModelArgs) -> np.ndarray:
+def rope_inv_freq(args: ModelArgs, local: bool = False) -> np.ndarray:
     """Inverse frequencies [head_dim / 2] (float32) for half-split RoPE, with the checkpoint's
-    scaling applied (default, linear, llama3); other scaling types raise ModelLoadError."""
+    scaling applied (default, linear, llama3); other scaling types raise ModelLoadError.
+    local: the table of sliding layers where the family gives them their own base (Gemma 3's
+    rope_local_theta, never scaled, as HF builds it); otherwise the global table."""
+    if local and args.rope_local_theta is not None:
+        return base_inv_freq(args.head_dim, args.rope_local_theta).astype(np.float32)
     inv_freq = base_inv_freq(args.head_dim, args.rope_theta)
     scaling = args.rope_scaling
     kind = None if scaling is None else scaling.get("rope_type")

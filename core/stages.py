@@ -41,6 +41,29 @@ class AttentionState(Generic[A]):
 
 
 @dataclass(frozen=True)
+class KeyWindow(Generic[A]):
+    """A sliding window on attention to keys that are not the queries' own (phase 2's memory set,
+    the dense tail's prefix): query row t, at position query_start + t, sees key slot s of KV
+    head g iff 0 <= query_start + t - position(g, s) < size (core/models.py's convention).
+
+    key_positions: [Hkv, M] int positions of gathered keys (a memory set's indices), or None when
+    the keys are the consecutive positions key_start, key_start + 1, ... (a prefix of the prompt).
+    A query row whose window holds no key gets the empty state (m = -inf, l = 0, o = 0).
+    """
+
+    size: int
+    query_start: int
+    key_positions: A | None = None
+    key_start: int = 0
+
+
+def window_binds(window: int | None, max_distance: int) -> bool:
+    """Whether a window w can hide a key from a query at most `max_distance` positions after it
+    (host integers only: the methods decide this without reading device arrays)."""
+    return window is not None and max_distance >= window
+
+
+@dataclass(frozen=True)
 class IntraResult(Generic[A]):
     """Phase 1: block-diagonal causal attention of every chunk at once.
 
@@ -149,8 +172,9 @@ class H2OStages(Protocol):
     """The H2O stages at the conformance boundary (NumPy in, NumPy out)."""
 
     def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                        scale: float) -> IntraResult:
-        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block."""
+                        scale: float, window: int | None = None) -> IntraResult:
+        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query i
+        sees only keys j > i - w of its chunk."""
 
     def reduce_colsum_to_kv_heads(self, colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:
         """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
@@ -168,23 +192,27 @@ class H2OStages(Protocol):
         """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
 
     def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray,
-                        scale: float) -> InterResult:
-        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask."""
+                        scale: float, window: KeyWindow | None = None) -> InterResult:
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's."""
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
         """Exact online-softmax merge of two states over disjoint key sets."""
 
     def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
-                        scale: float) -> H2OLayerResult:
-        """Whole-prompt two-phase attention for one layer: the core walk over this backend's ops."""
+                        scale: float, window: int | None = None) -> H2OLayerResult:
+        """Whole-prompt two-phase attention for one layer (a sliding layer of window w: each key
+        set intersected with it): the core walk over this backend's ops."""
 
 
 @runtime_checkable
 class SpecPrefillStages(Protocol):
     """The speculative-prefill stages at the conformance boundary (NumPy in, NumPy out)."""
 
-    def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
-        """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]."""
+    def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float,
+                         window: int | None = None) -> np.ndarray:
+        """queries [n_l, n_q, Hq, D] (query n at position P - 1 + n), keys [n_l, Hkv, P, D] ->
+        probs [n_q, n_l, Hq, P]; window w: query n sees keys j > P - 1 + n - w (a row that sees
+        none is all zeros)."""
 
     def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
         """Average pooling along the last axis, zero padding kernel // 2 each side."""

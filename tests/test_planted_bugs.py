@@ -26,21 +26,23 @@ class WrongGqaMapping(ReferenceAdapter):
     def _tile(x, n_heads, axis=0):
         return np.concatenate([x] * (n_heads // x.shape[axis]), axis=axis)
 
-    def intra_attention(self, q, k, v, chunk_size, scale):
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None):
         n = q.shape[0]
-        return super().intra_attention(q, self._tile(k, n), self._tile(v, n), chunk_size, scale)
+        return super().intra_attention(q, self._tile(k, n), self._tile(v, n), chunk_size, scale, window)
 
-    def inter_attention(self, q, k_mem, v_mem, scale):
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None):
         n = q.shape[0]
-        return super().inter_attention(q, self._tile(k_mem, n), self._tile(v_mem, n), scale)
+        if window is not None and window.key_positions is not None:
+            window = dataclasses.replace(window, key_positions=self._tile(window.key_positions, n))
+        return super().inter_attention(q, self._tile(k_mem, n), self._tile(v_mem, n), scale, window)
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
         if colsum.shape[0] != n_kv_heads:  # colsum came back per query head: fold h % Hkv
             return colsum.reshape(-1, n_kv_heads, *colsum.shape[1:]).sum(axis=0)
         return colsum
 
-    def attention_scores(self, queries, keys, scale):
-        return super().attention_scores(queries, self._tile(keys, queries.shape[2], axis=1), scale)
+    def attention_scores(self, queries, keys, scale, window=None):
+        return super().attention_scores(queries, self._tile(keys, queries.shape[2], axis=1), scale, window)
 
 
 class MergeWithoutRescaling(ReferenceAdapter):
@@ -60,13 +62,30 @@ class PositionsNotRestored(ReferenceAdapter):
 class DenseTailOffByOne(ReferenceAdapter):
     """The dense tail starts one query late: row N - W keeps its sparse key set."""
 
-    def attention_layer(self, q, k, v, config, scale):
+    def attention_layer(self, q, k, v, config, scale, window=None):
         short = dataclasses.replace(config, dense_tail=max(0, config.dense_tail - 1))
-        return super().attention_layer(q, k, v, short, scale)
+        return super().attention_layer(q, k, v, short, scale, window)
+
+
+class SlidingWindowOffByOne(ReferenceAdapter):
+    """A sliding layer's window one key too wide (j >= i - w instead of j > i - w), in every
+    stage that takes one."""
+
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None):
+        return super().intra_attention(q, k, v, chunk_size, scale, None if window is None else window + 1)
+
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None):
+        wider = None if window is None else dataclasses.replace(window, size=window.size + 1)
+        return super().inter_attention(q, k_mem, v_mem, scale, wider)
+
+    def attention_scores(self, queries, keys, scale, window=None):
+        return super().attention_scores(queries, keys, scale, None if window is None else window + 1)
 
 
 @pytest.mark.parametrize("adapter,must_fail", [
     (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
+    (SlidingWindowOffByOne, {"h2o.intra_attention.o", "h2o.inter_attention.o", "h2o.layer.output_vs_key_sets",
+                             "h2o.layer.scores_vs_key_sets", "specprefill.attention_scores"}),
     (LocalWindowOffByOne, {"h2o.build_memory_set", "h2o.layer.memory_structure"}),
     (WrongGqaMapping, {"h2o.intra_attention.o", "h2o.inter_attention.o", "specprefill.attention_scores"}),
     (MergeWithoutRescaling, {"h2o.merge_states.o", "h2o.layer.output_vs_key_sets"}),

@@ -43,3 +43,31 @@ def test_dot_products_equal_the_key_sets_actually_used():
     result = REFERENCE.attention_layer(q, k, v, H2OConfig(1024, 4096, 256, 256, dense_tail=0), scale=0.5)
     mask = oracle.key_set_mask(n, 1024, [m.indices for m in result.memory_sets], 1)
     assert int(mask[0].sum()) == 3_672_064
+
+
+WINDOW_CASES = [  # (N, S, L, H, Hq, Hkv, B, W, window)
+    (37, 8, 2, 3, 4, 2, 8, 0, 5),       # window inside a chunk
+    (50, 8, 2, 4, 6, 2, 16, 0, 12),     # window spans a chunk boundary
+    (50, 8, 3, 3, 4, 1, 24, 13, 6),     # with a dense tail across chunks
+    (41, 8, 0, 4, 4, 2, 40, 0, 1),      # w = 1: each query sees itself only
+    (30, 8, 2, 3, 4, 2, 8, 4, 100),     # a window longer than the prompt changes nothing
+]
+
+
+@pytest.mark.parametrize("n,s,local,heavy,hq,hkv,b,tail,window", WINDOW_CASES)
+def test_sliding_window_two_phase_equals_oracle_float64(n, s, local, heavy, hq, hkv, b, tail, window):
+    """A sliding layer: every key set of the walk intersected with {j > i - w}, scores included."""
+    rng = np.random.default_rng(n + window)
+    q, k, v = rng.normal(size=(hq, n, 8)), rng.normal(size=(hkv, n, 8)), rng.normal(size=(hkv, n, 8))
+    config = H2OConfig(s, b, local, heavy, dense_tail=tail)
+    result = REFERENCE.attention_layer(q, k, v, config, scale=0.4, window=window)
+    out, memory_sets, scores = oracle.oracle_h2o_layer(q, k, v, s, local, heavy, 0.4, tail, window)
+    np.testing.assert_allclose(result.output, out, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(result.scores, scores, rtol=1e-10, atol=1e-10)
+    assert [m.indices.tolist() for m in result.memory_sets] == memory_sets
+    replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, s, [np.array(m) for m in memory_sets], 0.4,
+                                                        tail, window)
+    np.testing.assert_allclose(replay_out, out, atol=1e-10)
+    np.testing.assert_allclose(replay_scores, scores, atol=1e-10)
+    unwindowed = REFERENCE.attention_layer(q, k, v, config, scale=0.4)
+    assert (np.abs(unwindowed.output - out).max() > 1e-3) == (window < n)

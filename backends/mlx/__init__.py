@@ -1,4 +1,4 @@
-"""MLX backend: Llama/Qwen2/Qwen3 on Apple silicon (Metal), or MLX's CPU backend elsewhere, with
+"""MLX backend: Llama/Mistral/Qwen2/Qwen3/Gemma 3 on Apple silicon (Metal), or MLX's CPU backend elsewhere, with
 H2O two-phase prefill and speculative prefill stages.
 
     model, tokenizer = load(path)      # GGUF file, Hugging Face or mlx-lm directory
@@ -7,7 +7,7 @@ H2O two-phase prefill and speculative prefill stages.
 The model runtime:
   loader.py       load(): device and dtype resolution, checkpoint -> model + tokenizer
   weights.py      GGUF (quantized layers kept), safetensors and mlx-lm directories -> arrays
-  model.py        the Llama/Qwen2/Qwen3 modules; rope.py (explicit positions); cache.py
+  model.py        the Llama/Mistral/Qwen2/Qwen3/Gemma 3 modules; rope.py (explicit positions); cache.py
   ops.py          the ops protocol of core/ops.py on mx.arrays (the methods and the generation
                   driver are written once, in core/methods/ and core/driver.py)
 

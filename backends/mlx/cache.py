@@ -8,6 +8,7 @@ their original positions and then decodes from slot K at position P (the prompt 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
@@ -21,6 +22,7 @@ class KVCache:
     def __init__(self, capacity: int | None = None):
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
+        self.positions = np.zeros(0, np.int64)  # host copy of every filled slot's RoPE position
         self.offset = 0
         self.max_size = capacity  # None: grow without bound
 
@@ -57,6 +59,14 @@ class KVCache:
         self.values[..., self.offset:end, :] = values
         self.offset = end
         return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def slot_positions(self, step_positions: np.ndarray) -> np.ndarray:
+        """After a step's update_and_fetch: record its T positions [T] in its slots and return
+        every filled slot's position [offset] (sliding-window layers mask by them). On the host:
+        deciding whether a window binds then never waits for the device."""
+        start = self.offset - step_positions.shape[0]
+        self.positions = np.concatenate([self.positions[:start], step_positions.astype(np.int64)])
+        return self.positions
 
     def trim(self, n: int) -> int:
         """Forget the last n filled slots (their buffers are overwritten later); returns how many

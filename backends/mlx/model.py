@@ -1,4 +1,4 @@
-"""Llama / Qwen2 / Qwen3 decoder on MLX in small modules (mlx-lm style), batch 1.
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 3 decoder on MLX in small modules (mlx-lm style), batch 1.
 
 Our own modules rather than mlx-lm's model classes: the prefill methods need two things those
 classes do not expose. H2O replaces each layer's prefill attention with its two-phase chunked
@@ -9,8 +9,10 @@ and runs only the first K layers as its "self:K" speculator. Parameter names fol
 Face (and so mlx-lm), so the same weight dictionaries load into either.
 
 Family differences come from ModelArgs: which projections carry a bias (`biased_projections`:
-q/k/v for Qwen2, q/k/v/o for Llama and Qwen3 with `attention_bias`), and Qwen3's RMSNorm per head
-on q and k before RoPE.
+q/k/v for Qwen2, q/k/v/o for Llama and Qwen3 with `attention_bias`), RMSNorm per head on q and k
+before RoPE (Qwen3, Gemma 3), each layer's sliding window and RoPE base (`layer_window`,
+`local_rope`: Mistral, Gemma 3), and Gemma 3's scaled embeddings, norms after attention and
+around the MLP (`sandwich_norms`) and GELU-tanh MLP.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from specfill.core.models import ModelArgs
 from specfill.core.ops import PrefillAttention
@@ -41,12 +44,26 @@ def causal_attention(queries: mx.array, keys: mx.array, values: mx.array,
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
+def windowed_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, window: int,
+                       q_positions: np.ndarray, key_positions: np.ndarray) -> mx.array:
+    """Causal attention inside a sliding window: query t (position q_positions[t], [T], host)
+    sees the cached slot s (position key_positions[s], [S], host) iff 0 <= q_pos - k_pos < window.
+    Positions, not slots: speculative prefill keeps tokens at their original positions in
+    consecutive slots. Where the window covers every pair it is plain causal attention."""
+    if int(q_positions.max()) - int(key_positions.min()) < window:
+        return causal_attention(queries, keys, values, scale)
+    distance = mx.array(q_positions[:, None] - key_positions[None, :])  # [T, S]
+    mask = (distance >= 0) & (distance < window)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         dim, head_dim = args.hidden_size, args.head_dim
         self.n_heads, self.n_kv_heads = args.num_attention_heads, args.num_key_value_heads
-        self.scale = head_dim**-0.5
+        self.scale = args.attention_scale
+        self.window = args.layer_window(layer)
         biased = args.biased_projections
         self.q_proj = nn.Linear(dim, self.n_heads * head_dim, bias="q_proj" in biased)
         self.k_proj = nn.Linear(dim, self.n_kv_heads * head_dim, bias="k_proj" in biased)
@@ -75,38 +92,65 @@ class Attention(nn.Module):
 
     def __call__(self, x: mx.array, rope: RoPE, positions: Positions, cache: KVCache | None,
                  attend: LayerAttention | None = None) -> mx.array:
+        """`attend` (H2O, the speculator's capture) replaces causal attention and applies the
+        layer's window itself; without a cache the step's tokens are the whole sequence."""
         q, k, v = self.project(x, rope, positions)
+        keys_at = step = None
+        if self.window is not None:  # every step records its positions, whoever attends
+            step = np.arange(positions, positions + x.shape[1]) if isinstance(positions, (int, np.integer)) \
+                else np.array(positions)
+            keys_at = step
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
-        attended = causal_attention(q, k, v, self.scale) if attend is None else attend(q, k, v)
+            keys_at = cache.slot_positions(step) if step is not None else None
+        if attend is not None:
+            attended = attend(q, k, v)
+        elif self.window is not None:
+            attended = windowed_attention(q, k, v, self.scale, self.window, step, keys_at)
+        else:
+            attended = causal_attention(q, k, v, self.scale)
         return self.output(attended)
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), or Gemma's GeGLU with GELU-tanh in place of silu."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
+        self.activation = nn.gelu_approx if args.mlp_activation == "gelu_tanh" else nn.silu
         self.gate_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.up_proj = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.activation(self.gate_proj(x)) * self.up_proj(x))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: ModelArgs):
+    """Pre-norm residual block (HF names); with sandwich norms (Gemma 3) post_attention_layernorm
+    normalises the attention output and pre/post_feedforward_layernorm wrap the MLP."""
+
+    def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
-        self.self_attn = Attention(args)
+        self.local_rope = args.local_rope(layer)
+        self.sandwich = args.sandwich_norms
+        self.self_attn = Attention(args, layer)
         self.mlp = MLP(args)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        if self.sandwich:
+            self.pre_feedforward_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+            self.post_feedforward_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, rope: RoPE, positions: Positions, cache: KVCache | None,
+    def __call__(self, x: mx.array, ropes: dict[bool, RoPE], positions: Positions, cache: KVCache | None,
                  attend: LayerAttention | None = None) -> mx.array:
-        h = x + self.self_attn(self.input_layernorm(x), rope, positions, cache, attend)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        """ropes: the RoPE by `local_rope` (False: global, True: the sliding layers' base)."""
+        out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend)
+        if not self.sandwich:
+            h = x + out
+            return h + self.mlp(self.post_attention_layernorm(h))
+        h = x + self.post_attention_layernorm(out)
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
 class Transformer(nn.Module):
@@ -114,19 +158,24 @@ class Transformer(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
+        self.embedding_scale = args.embedding_scale
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+        self.layers = [TransformerBlock(args, i) for i in range(args.num_hidden_layers)]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.rope = RoPE(args)
+        self.rope_local = RoPE(args, local=True) if args.rope_local_theta is not None else self.rope
 
     def __call__(self, ids: mx.array, positions: Positions, cache: list[KVCache] | None,
                  attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
         """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator."""
         layers = self.layers if n_layers is None else self.layers[:n_layers]
         h = self.embed_tokens(ids)
+        if self.embedding_scale is not None:  # rounded to the activation dtype, as HF does
+            h = h * mx.array(self.embedding_scale, dtype=h.dtype)
         caches = cache if cache is not None else [None] * len(layers)
+        ropes = {False: self.rope, True: self.rope_local}
         for index, (layer, layer_cache) in enumerate(zip(layers, caches)):
-            h = layer(h, self.rope, positions, layer_cache, None if attend is None else partial(attend, index))
+            h = layer(h, ropes, positions, layer_cache, None if attend is None else partial(attend, index))
         return self.norm(h)
 
 

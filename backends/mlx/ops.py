@@ -15,12 +15,12 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
-from specfill.core.stages import AttentionState, InterResult, IntraResult
+from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
 from . import stages
 from .cache import KVCache, make_cache
 from .kernels import attention_scores, inter_attention, intra_attention, merge_states, reduce_colsum_to_kv_heads
-from .model import LayerView, Model, causal_attention
+from .model import LayerView, Model, causal_attention, windowed_attention
 
 
 class MLXOps:
@@ -37,11 +37,13 @@ class MLXOps:
         self.quantized = quantized
 
     # H2O stages
-    def intra_attention(self, q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float) -> IntraResult:
-        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
+    def intra_attention(self, q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float,
+                        window: int | None = None) -> IntraResult:
+        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
 
-    def inter_attention(self, q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
-        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
+    def inter_attention(self, q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
+                        window: KeyWindow | None = None) -> InterResult:
+        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
 
     def reduce_colsum_to_kv_heads(self, colsum: mx.array, n_kv_heads: int) -> mx.array:
         return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
@@ -69,8 +71,9 @@ class MLXOps:
         return mx.stream(self.device)
 
     # SpecPrefill scoring
-    def attention_scores(self, queries: mx.array, keys: mx.array, scale: float) -> mx.array:
-        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels)
+    def attention_scores(self, queries: mx.array, keys: mx.array, scale: float,
+                         window: int | None = None) -> mx.array:
+        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
 
     smooth_scores = staticmethod(stages.smooth_scores)
     reduce_axis = staticmethod(stages.reduce_axis)
@@ -128,8 +131,12 @@ class MLXOps:
     def first_layers(self, model: Model, n_layers: int) -> LayerView:
         return model.first_layers(n_layers)
 
-    def causal_step(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
-        return causal_attention(q, k, v, scale)
+    def causal_step(self, q: mx.array, k: mx.array, v: mx.array, scale: float,
+                    window: int | None = None) -> mx.array:
+        if window is None:
+            return causal_attention(q, k, v, scale)
+        slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions
+        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2]:], slots)
 
     def last_query(self, q: mx.array) -> mx.array:
         return mx.contiguous(q[0, :, -1])  # a copy: no view of the step's q

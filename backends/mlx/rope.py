@@ -24,11 +24,12 @@ Positions = int | mx.array
 class RoPE(nn.Module):
     """Rotates q or k [1, T, H, D] (token-major, as projected) to [1, H, T, D]."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, local: bool = False):
+        """local: the sliding layers' table where the family gives them their own base (Gemma 3)."""
         super().__init__()
         self.dims = args.head_dim
         # fast.rope wants periods (1 / inverse frequency); the checkpoint's scaling is in them.
-        periods = 1.0 / rope_inv_freq(args).astype(np.float64)
+        periods = 1.0 / rope_inv_freq(args, local).astype(np.float64)
         self._periods = mx.array(periods.astype(np.float32))
 
     def _rope(self, x: mx.array, offset: int | mx.array) -> mx.array:

@@ -26,7 +26,7 @@ from specfill.core.io.safetensors_file import safetensors_layout
 from specfill.core.models import ModelArgs
 from specfill.core.io.random_model import is_random_model
 from specfill.core.rope import llama3_scaling_from_factors
-from specfill.core.io.weights import (check_tensors, gguf_to_hf_name, is_gguf_file, load_weights,
+from specfill.core.io.weights import (check_tensors, gguf_to_hf_name, is_gguf_file, load_weights, norms_as_multipliers,
                                       read_json_object, safetensors_files, unpermute_qk)
 
 GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks
@@ -45,8 +45,7 @@ class QuantSpec:
 
 @dataclass
 class Checkpoint:
-    """HF-named arrays; a quantized layer `p` has `p.weight` (packed), `p.scales`, `p.biases`
-    and an entry `quantized[p]`."""
+    """HF-named arrays; a quantized layer `p` has `p.weight` (packed), `p.scales`, `p.biases`, `quantized[p]`."""
 
     args: ModelArgs
     weights: dict[str, mx.array]
@@ -110,13 +109,13 @@ def _check_finite(weights: dict[str, mx.array], source: Path) -> None:
         raise ModelLoadError(f"tensor {bad} in {source} holds NaN or Inf values")
 
 
-def _gguf_hf_name(name: str) -> str | None:
+def _gguf_hf_name(name: str, architecture: str) -> str | None:
     """GGUF name -> HF name, also for the `scales`/`biases` of a quantized `weight`."""
     base, _, part = name.rpartition(".")
     if part in _QUANT_PARTS:
-        hf = gguf_to_hf_name(f"{base}.weight")
+        hf = gguf_to_hf_name(f"{base}.weight", architecture)
         return None if hf is None else f"{hf.rpartition('.')[0]}.{part}"
-    return gguf_to_hf_name(name)
+    return gguf_to_hf_name(name, architecture)
 
 
 def _unpermute_llama_qk(args: ModelArgs, weights: dict[str, mx.array]) -> None:
@@ -152,7 +151,7 @@ def _load_gguf(path: Path) -> Checkpoint:
     if rope_dims != args.head_dim:
         raise ModelLoadError(f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial "
                              f"rotary) is not supported")
-    weights = {hf: w for name, w in raw.items() if (hf := _gguf_hf_name(name)) is not None}
+    weights = {hf: w for name, w in raw.items() if (hf := _gguf_hf_name(name, args.architecture)) is not None}
     if "rope_freqs.weight" in raw:
         factors = np.array(raw["rope_freqs.weight"].astype(mx.float32))
         args = dataclasses.replace(args, rope_scaling=llama3_scaling_from_factors(
@@ -237,6 +236,7 @@ def _load_directory(directory: Path) -> Checkpoint:
     quantized = _mlx_lm_quantization(config, weights, directory)
     check_tensors(args, _logical_shapes(weights, quantized), directory)
     _check_values(weights, quantized, directory)
+    norms_as_multipliers(args, weights)
     return Checkpoint(args, weights, quantized, str(directory))
 
 

@@ -1,4 +1,4 @@
-"""PyTorch backend: Llama/Qwen2/Qwen3 on CUDA (Jetson, desktop GPUs) with a CPU fallback.
+"""PyTorch backend: Llama/Mistral/Qwen2/Qwen3/Gemma 3 on CUDA (Jetson, desktop GPUs) with a CPU fallback.
 
     model, tokenizer = load(path)                       # GGUF file or Hugging Face directory
     logits = model([1, 2, 3])                           # [1, T, vocab] float32

@@ -3,7 +3,8 @@
 `Attention` projects, normalises and rotates q/k/v, stores k/v with the layer cache's
 `update_and_fetch`, then attends over every cached slot: causal attention by default, or a
 `PrefillAttention` (core/ops.py: H2O's two-phase walk, the speculator's query capture) with the
-same arguments. Decode always uses full attention.
+same arguments. Decode always uses full attention, over the layer's sliding window where it has
+one (`windowed_attention`).
 """
 from __future__ import annotations
 
@@ -53,6 +54,21 @@ def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     weights = torch.softmax(scores, dim=-1)  # every row keeps slot 0..start: never fully masked
     out = torch.matmul(weights, values[0].float())  # [Hkv, group * T, D]
     return out.reshape(1, n_heads, steps, dim).to(q.dtype)
+
+
+def windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None,
+                       window: int, q_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    """Causal attention inside a sliding window: query t (position q_positions[t], [T]) sees the
+    cached slot s (position key_positions[s], [S]) iff 0 <= q_pos - k_pos < window. Positions,
+    not slots: speculative prefill keeps tokens at their original positions in consecutive slots.
+    Where the window covers every pair of a prefill step it is plain causal attention (no mask);
+    a decode step (T = 1) always masks, so that it never waits for the device to decide."""
+    if q.shape[2] > 1 and int(q_positions.max()) - int(key_positions.min()) < window:
+        return causal_attention(q, keys, values, scale)
+    distance = q_positions[:, None] - key_positions[None, :]  # [T, S]
+    mask = (distance >= 0) & (distance < window)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                          enable_gqa=q.shape[1] != keys.shape[1])
 
 
 def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

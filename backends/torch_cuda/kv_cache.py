@@ -14,11 +14,13 @@ from specfill.core.models import ModelArgs
 
 
 class LayerKVCache:
-    """One layer's keys and values, [1, Hkv, capacity, D] each."""
+    """One layer's keys and values, [1, Hkv, capacity, D] each, and the RoPE position of every
+    slot ([capacity] int64, shared by all layers; sliding-window layers read it)."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor):
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor):
         self.k = keys
         self.v = values
+        self.positions = positions
         self.offset = 0
 
     @property
@@ -37,6 +39,12 @@ class LayerKVCache:
         self.offset = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def slot_positions(self, step_positions: torch.Tensor) -> torch.Tensor:
+        """After a step's update_and_fetch: record its T positions [T] in its slots and return
+        every filled slot's position [offset]."""
+        self.positions[self.offset - step_positions.shape[0]:self.offset] = step_positions
+        return self.positions[:self.offset]
+
     def trim(self, n: int) -> int:
         """Forget the last n filled slots; returns how many were dropped."""
         dropped = min(max(n, 0), self.offset)
@@ -54,7 +62,8 @@ class KVCache:
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
         self.k = keys
         self.v = values
-        self.layers = [LayerKVCache(k, v) for k, v in zip(keys, values)]
+        self.positions = torch.zeros(keys.shape[3], dtype=torch.int64, device=keys.device)
+        self.layers = [LayerKVCache(k, v, self.positions) for k, v in zip(keys, values)]
 
     @property
     def filled(self) -> int:

@@ -22,6 +22,7 @@ from specfill.core.io.gguf_file import GGUFTensorInfo, bf16_to_float32, read_ggu
 from specfill.core.models import ModelArgs
 from specfill.core.io.weights import gguf_model, gguf_qk_heads, unpermute_qk
 from specfill.core.io.weights import is_gguf_file as shared_is_gguf_file
+from .weights import block_norm_names
 
 BLOCK_ELEMENTS = 1 << 23  # floats dequantized at once: 32 MB of float32
 _PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
@@ -95,8 +96,7 @@ def _targets(args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dty
         put("lm_head.weight", ["lm_head.weight"])
     parts = {"attention.wo": "self_attn.o_proj", "attention.q_norm": "self_attn.q_norm",
              "attention.k_norm": "self_attn.k_norm", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj",
-             "mlp.w_down": "mlp.down_proj", "attention_norm": "input_layernorm",
-             "mlp_norm": "post_attention_layernorm"}
+             "mlp.w_down": "mlp.down_proj", **block_norm_names(args)}
     for i in range(args.num_hidden_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         for kind in ("weight", "bias"):

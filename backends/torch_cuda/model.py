@@ -1,8 +1,11 @@
-"""Llama / Qwen2 / Qwen3 decoder in small modules (gpt-fast style), batch 1.
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 3 decoder in small modules (gpt-fast style), batch 1.
 
 Differences between the families come from ModelArgs: which projections carry a bias
-(`biased_projections`: q/k/v for Qwen2, q/k/v/o for Llama and Qwen3 with `attention_bias`), and
-Qwen3's per-head RMSNorm on q and k before RoPE. q/k/v are fused into one matmul.
+(`biased_projections`: q/k/v for Qwen2, q/k/v/o for Llama and Qwen3 with `attention_bias`),
+per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3), each layer's sliding window and RoPE
+base (`layer_window`, `local_rope`: Mistral, Gemma 3), and Gemma 3's scaled embeddings, norms
+after attention and around the MLP (`sandwich_norms`) and GELU-tanh MLP. q/k/v are fused into
+one matmul.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from torch import nn
 from specfill.core.models import ModelArgs
 from specfill.core.ops import PrefillAttention
 
-from .attention import causal_attention
+from .attention import causal_attention, windowed_attention
 from .kv_cache import KVCache, LayerKVCache
 from .rope import RotaryEmbedding, apply_rope
 
@@ -37,6 +40,8 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.layer = layer
+        self.window = args.layer_window(layer)
+        self.scale = args.attention_scale
         self.n_heads, self.n_kv_heads, self.head_dim = (args.num_attention_heads,
                                                         args.num_key_value_heads, args.head_dim)
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -47,8 +52,10 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor,
                 cache: LayerKVCache, attend: PrefillAttention | None) -> torch.Tensor:
+        """x [1, T, hidden] at positions [T] -> [1, T, hidden]; `attend` (H2O, the speculator's
+        capture) replaces causal attention and applies the layer's window itself."""
         _, steps, _ = x.shape
         q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
         q = q.view(1, steps, self.n_heads, self.head_dim)
@@ -60,37 +67,57 @@ class Attention(nn.Module):
         q = apply_rope(q.transpose(1, 2), cos, sin)
         k = apply_rope(k.transpose(1, 2), cos, sin)
         keys, values = cache.update_and_fetch(k, v)
-        out = causal_attention(q, keys, values) if attend is None else attend(self.layer, q, keys, values)
+        # a windowed layer records every step's positions, whoever attends (decode reads them)
+        keys_at = cache.slot_positions(positions) if self.window is not None else None
+        if attend is not None:
+            out = attend(self.layer, q, keys, values)
+        elif self.window is not None:
+            out = windowed_attention(q, keys, values, self.scale, self.window, positions, keys_at)
+        else:
+            out = causal_attention(q, keys, values, self.scale)
         return self.wo(out.transpose(1, 2).reshape(1, steps, -1))
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)). Gate and up stay two matmuls: on CPU the fused one
-    was slower, and its strided halves slow the elementwise ops."""
+    """SwiGLU: down(silu(gate(x)) * up(x)), or Gemma's GeGLU with GELU-tanh in place of silu. Gate
+    and up stay two matmuls: on CPU the fused one was slower, and its strided halves slow the
+    elementwise ops."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
+        self.gelu = args.mlp_activation == "gelu_tanh"
         self.w_gate = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.w_up = nn.Linear(args.hidden_size, args.intermediate_size, bias=False)
         self.w_down = nn.Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In place: each [T, ffn] temporary is the largest activation of the layer.
-        return self.w_down(F.silu(self.w_gate(x), inplace=True).mul_(self.w_up(x)))
+        gate = F.gelu(self.w_gate(x), approximate="tanh") if self.gelu else F.silu(self.w_gate(x), inplace=True)
+        return self.w_down(gate.mul_(self.w_up(x)))
 
 
 class Block(nn.Module):
+    """Pre-norm residual block; with sandwich norms (Gemma 3) the attention and MLP outputs are
+    normalised too before their residual adds."""
+
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
+        self.local_rope = args.local_rope(layer)
         self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.attention = Attention(args, layer)
         self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
+        sandwich = args.sandwich_norms
+        self.attention_out_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if sandwich else None
+        self.mlp_out_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if sandwich else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, ropes: dict[bool, tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
                 cache: LayerKVCache, attend: PrefillAttention | None) -> torch.Tensor:
-        h = self.attention(self.attention_norm(x), rope, cache, attend).add_(x)
-        return self.mlp(self.mlp_norm(h)).add_(h)
+        """ropes: the (cos, sin) tables by `local_rope` (False: global, True: sliding layers' base)."""
+        h = self.attention(self.attention_norm(x), ropes[self.local_rope], positions, cache, attend)
+        h = (h if self.attention_out_norm is None else self.attention_out_norm(h)).add_(x)
+        out = self.mlp(self.mlp_norm(h))
+        return (out if self.mlp_out_norm is None else self.mlp_out_norm(out)).add_(h)
 
 
 class Transformer(nn.Module):
@@ -104,6 +131,7 @@ class Transformer(nn.Module):
         if args.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.rope = RotaryEmbedding(args)
+        self.rope_local = RotaryEmbedding(args, local=True) if args.rope_local_theta is not None else None
 
     def first_layers(self, n: int) -> "Transformer":
         """A model of this one's first n blocks with its embedding, final norm and LM head, all
@@ -113,6 +141,7 @@ class Transformer(nn.Module):
         with torch.device("meta"):  # placeholders, replaced by the shared modules below
             view = Transformer(replace(self.args, num_hidden_layers=n))
         view.embed, view.norm, view.lm_head, view.rope = self.embed, self.norm, self.lm_head, self.rope
+        view.rope_local = self.rope_local
         view.layers = nn.ModuleList(self.layers[:n])
         return view.eval()
 
@@ -125,9 +154,12 @@ class Transformer(nn.Module):
         `logits_from` on (the LM head runs only there), or None when logits_from is None.
         """
         x = self.embed(ids)
-        rope = self.rope(positions, x.dtype)
+        if self.args.embedding_scale is not None:  # rounded to the activation dtype, as HF does
+            x = x * torch.tensor(self.args.embedding_scale, dtype=x.dtype)
+        ropes = {False: self.rope(positions, x.dtype)}
+        ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
         for block, layer_cache in zip(self.layers, cache.layers):
-            x = block(x, rope, layer_cache, attend)
+            x = block(x, ropes, positions, layer_cache, attend)
         if logits_from is None:
             return None
         return self.lm_head(self.norm(x[:, logits_from:])).float()

@@ -14,10 +14,10 @@ import numpy as np
 import torch
 
 from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
-from specfill.core.stages import AttentionState, InterResult, IntraResult
+from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
 from . import stages
-from .attention import causal_attention as causal_step
+from .attention import causal_attention as causal_step, windowed_attention
 from .kernels.cpu_units import units_scope
 from .kernels.inter import inter_attention
 from .kernels.intra import intra_attention, reduce_colsum_to_kv_heads
@@ -41,11 +41,12 @@ class TorchOps:
 
     # H2O stages
     def intra_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                        scale: float) -> IntraResult:
-        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels)
+                        scale: float, window: int | None = None) -> IntraResult:
+        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
 
-    def inter_attention(self, q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float) -> InterResult:
-        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels)
+    def inter_attention(self, q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
+                        window: KeyWindow | None = None) -> InterResult:
+        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
 
     def reduce_colsum_to_kv_heads(self, colsum: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
         return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
@@ -73,9 +74,10 @@ class TorchOps:
         return units_scope(like.device)  # many small ops on CPU: one thread team per stage
 
     # SpecPrefill scoring
-    def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
+    def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float,
+                         window: int | None = None) -> torch.Tensor:
         check_scoring_shapes(queries, keys)
-        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels)
+        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
 
     smooth_scores = staticmethod(stages.smooth_scores)
     reduce_axis = staticmethod(stages.reduce_axis)
@@ -129,6 +131,7 @@ class TorchOps:
         end = cache.filled
         grown.k[:, :, :, :end] = cache.k[:, :, :, :end]
         grown.v[:, :, :, :end] = cache.v[:, :, :, :end]
+        grown.positions[:end] = cache.positions[:end]
         for layer in grown.layers:
             layer.offset = end
         return grown
@@ -143,8 +146,12 @@ class TorchOps:
     def first_layers(self, model: Transformer, n_layers: int) -> Transformer:
         return model.first_layers(n_layers)
 
-    def causal_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        return causal_step(q, k, v, scale)
+    def causal_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    window: int | None = None) -> torch.Tensor:
+        if window is None:
+            return causal_step(q, k, v, scale)
+        slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions
+        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2]:], slots)
 
     def last_query(self, q: torch.Tensor) -> torch.Tensor:
         return q[0, :, -1].clone()  # a copy: the step's q is large

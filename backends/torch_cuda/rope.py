@@ -14,11 +14,12 @@ from specfill.core.rope import rope_inv_freq
 
 class RotaryEmbedding(nn.Module):
     """Maps position ids [T] to (cos, sin) tables [T, head_dim] in the activation dtype.
-    Frequencies (theta, linear / llama3 scaling) come from the shared spec in core.rope."""
+    Frequencies (theta, linear / llama3 scaling) come from the shared spec in core.rope; `local`
+    builds the sliding layers' table where the family gives them their own base (Gemma 3)."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, local: bool = False):
         super().__init__()
-        self.register_buffer("inv_freq", torch.from_numpy(rope_inv_freq(args)), persistent=False)
+        self.register_buffer("inv_freq", torch.from_numpy(rope_inv_freq(args, local)), persistent=False)
 
     def forward(self, positions: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,9 +48,18 @@ def _state_dict(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch
         state[dst + "mlp.w_gate.weight"] = get(src + "mlp.gate_proj.weight")
         state[dst + "mlp.w_up.weight"] = get(src + "mlp.up_proj.weight")
         state[dst + "mlp.w_down.weight"] = get(src + "mlp.down_proj.weight")
-        state[dst + "attention_norm.weight"] = get(src + "input_layernorm.weight")
-        state[dst + "mlp_norm.weight"] = get(src + "post_attention_layernorm.weight")
+        for ours, theirs in block_norm_names(args).items():
+            state[dst + f"{ours}.weight"] = get(src + f"{theirs}.weight")
     return state
+
+
+def block_norm_names(args: ModelArgs) -> dict[str, str]:
+    """A block's norms: our module name -> the HF name. HF's post_attention_layernorm is the
+    pre-MLP norm in Llama-style blocks but normalises the attention output in Gemma 3's."""
+    if args.sandwich_norms:
+        return {"attention_norm": "input_layernorm", "attention_out_norm": "post_attention_layernorm",
+                "mlp_norm": "pre_feedforward_layernorm", "mlp_out_norm": "post_feedforward_layernorm"}
+    return {"attention_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 
 
 def build_transformer(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch.dtype,
@@ -73,4 +82,6 @@ def transformer_from_state(args: ModelArgs, state: Mapping[str, torch.Tensor],
     if args.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     model.rope = RotaryEmbedding(args).to(device)  # its buffer was built on the meta device
+    if model.rope_local is not None:
+        model.rope_local = RotaryEmbedding(args, local=True).to(device)
     return model.eval().requires_grad_(False)

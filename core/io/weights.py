@@ -41,6 +41,10 @@ _BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma 3 names its four norms differently (llama.cpp's ffn_norm is the pre-MLP norm there too)
+_GEMMA3_BLOCK_NAMES = {**_BLOCK_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                       "post_attention_norm": "post_attention_layernorm",
+                       "post_ffw_norm": "post_feedforward_layernorm"}
 # Tensors llama.cpp writes that carry no weights of their own (rope_freqs is read separately).
 _SKIPPED_GGUF = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
 _SKIPPED_HF = re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
@@ -48,19 +52,29 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 _HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def gguf_to_hf_name(name: str) -> str | None:
+def gguf_to_hf_name(name: str, architecture: str = "llama") -> str | None:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`; None for tensors to
     skip (rope_freqs); ModelLoadError for a tensor no supported architecture has."""
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     if _SKIPPED_GGUF.match(name):
         return None
+    names = _GEMMA3_BLOCK_NAMES if architecture == "gemma3" else _BLOCK_NAMES
     match = _BLOCK.match(name)
-    if match is None or match.group(2) not in _BLOCK_NAMES:
+    if match is None or match.group(2) not in names:
         raise ModelLoadError(f"unexpected GGUF tensor {name!r} (not part of a supported "
-                             f"llama/qwen2/qwen3 model)")
+                             f"{architecture} model)")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_BLOCK_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
+
+
+def norms_as_multipliers(args: ModelArgs, weights: dict[str, Any]) -> None:
+    """Gemma 3 checkpoints in HF form store RMSNorm weights w applied as x * (1 + w); llama.cpp's
+    GGUF stores 1 + w. In place, HF-form weights become 1 + w, so that every family's norm
+    multiplies by its weight (NumPy or MLX arrays). Other families are left alone."""
+    if args.architecture == "gemma3":
+        for name in [n for n in weights if n.endswith("norm.weight")]:
+            weights[name] = weights[name] + 1
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -142,7 +156,8 @@ def gguf_model(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, GGUFTensorInfo
     if rope_dims != args.head_dim:
         raise ModelLoadError(f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial "
                              f"rotary) is not supported")
-    infos = {hf: tensors[name] for name in tensors if (hf := gguf_to_hf_name(name)) is not None}
+    infos = {hf: tensors[name] for name in tensors
+             if (hf := gguf_to_hf_name(name, args.architecture)) is not None}
     if "rope_freqs.weight" in tensors:
         factors = tensor_array(gguf_file, tensors["rope_freqs.weight"])
         args = dataclasses.replace(args, rope_scaling=llama3_scaling_from_factors(
@@ -232,4 +247,5 @@ def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray
         weights.pop("lm_head.weight", None)  # some tied checkpoints store the shared copy
     check_tensors(args, {name: w.shape for name, w in weights.items()}, directory)
     _check_finite(weights, directory)
+    norms_as_multipliers(args, weights)
     return args, weights

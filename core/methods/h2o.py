@@ -8,18 +8,21 @@ into a model's prefill (one carry per layer); `h2o_attention_layer` does one lay
 With a dense tail (H2OConfig.dense_tail = W > 0) the last W prompt queries are then recomputed as
 causal attention over every key (`dense_tail_attention`), after the walk, which is left unchanged:
 their sparse attention still votes in the scores, so scores and memory sets do not depend on W.
+On a sliding layer of window w (core/models.py: query p sees keys q with p - w < q <= p) every
+key set above is intersected with the window: phase 1, phase 2's memory set and the dense tail
+all mask by position, and the scores only count what each query attended.
 The conformance oracle (core/reference/oracle.py) checks this walk against naive attention over
 the explicit key sets, so it is checked against something it does not share.
 """
 from __future__ import annotations
 
-from typing import Any, Generic
+from typing import Any, Generic, Sequence
 
 import numpy as np
 
 from ..config import H2OConfig
 from ..ops import H2OOps
-from ..stages import A, H2OCarry, H2OLayerResult
+from ..stages import A, H2OCarry, H2OLayerResult, KeyWindow, window_binds
 
 
 def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
@@ -33,15 +36,15 @@ def dense_tail_start(config: H2OConfig, n_tokens: int) -> int:
 
 
 def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_start: int,
-                         block: int, scale: float) -> A | None:
+                         block: int, scale: float, window: int | None = None) -> A | None:
     """Causal attention over EVERY earlier key for the rows of q at positions >= tail_start.
 
     q [Hq, T, D] holds positions [start, start + T); k/v [Hkv, >= start + T, D] every key so far.
     Rows go in blocks of `block` (S): a block [a, b) is its own causal part (the intra stage with
     one chunk) merged exactly with all keys [0, a) (the inter stage with the prefix as its
     "memory"), so the stages the walk uses (and their kernels) do the work and the biggest
-    score tile is S x N. Returns o [Hq, rows, D] (statistics' dtype) or None when no row is in
-    the tail.
+    score tile is S x N. With a window w only the prefix keys [a - w + 1, a) can be seen, and each
+    row masks its own. Returns o [Hq, rows, D] (statistics' dtype) or None when no row is in the tail.
     """
     end = start + q.shape[1]
     first = max(start, tail_start)
@@ -51,23 +54,29 @@ def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_star
     for a in range(first, end, block):
         b = min(a + block, end)
         rows = q[:, a - start:b - start]
-        state = ops.intra_attention(rows, k[:, a:b], v[:, a:b], b - a, scale).state
-        if a > 0:
-            state = ops.merge_states(ops.inter_attention(rows, k[:, :a], v[:, :a], scale).state, state)
+        state = ops.intra_attention(rows, k[:, a:b], v[:, a:b], b - a, scale,
+                                    window if window_binds(window, b - a - 1) else None).state
+        lo = 0 if window is None else max(0, a - window + 1)
+        if a > lo:
+            key_window = KeyWindow(window, a, None, lo) if window_binds(window, b - 1 - lo) else None
+            state = ops.merge_states(ops.inter_attention(rows, k[:, lo:a], v[:, lo:a], scale, key_window).state,
+                                     state)
         outputs.append(state.o)
     return outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
 
 
 def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], config: H2OConfig,
-                        scale: float, is_last: bool, tail_start: int | None = None) -> tuple[A, H2OCarry[A]]:
+                        scale: float, is_last: bool, tail_start: int | None = None,
+                        window: int | None = None) -> tuple[A, H2OCarry[A]]:
     """One logical batch of one layer: phase 1 for all its chunks, then the phase-2 walk.
 
     q [Hq, T, D] are the batch's queries, positions [carry.n_done, carry.n_done + T);
     k/v [Hkv, >= carry.n_done + T, D] hold every key so far (memory sets point back into them).
     is_last: the batch ends the prompt, so no memory set is built after its final chunk.
     tail_start: the dense tail's first position (dense_tail_start); None or >= the batch's end:
-    no row of this batch is in it. Returns the batch's output [Hq, T, D] (q's dtype) and the
-    carry for the next batch.
+    no row of this batch is in it. window: the layer's sliding window (None: global); it is passed
+    to a stage only where it can hide a key (so the kernels keep running elsewhere). Returns the
+    batch's output [Hq, T, D] (q's dtype) and the carry for the next batch.
     """
     size = config.chunk_size
     start, n_tokens = carry.n_done, q.shape[1]
@@ -77,7 +86,8 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
     if k.shape[1] < start + n_tokens or tuple(v.shape[:2]) != tuple(k.shape[:2]):
         raise ValueError(f"k/v {tuple(k.shape)} must hold the {start + n_tokens} keys up to this batch's end")
     with ops.stage_scope(q):
-        intra = ops.intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens], size, scale)
+        intra = ops.intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens], size, scale,
+                                    window if window_binds(window, min(size, n_tokens) - 1) else None)
         # every chunk's scores start from its own phase-1 column sums; phase 2 adds to them
         scores = ops.concat([carry.scores, ops.reduce_colsum_to_kv_heads(intra.colsum, n_kv)], axis=1)
         memory, memory_sets = carry.memory, list(carry.memory_sets)
@@ -88,7 +98,9 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
             state = intra.state.rows(local_start, local_end)
             if memory is not None:
                 k_mem, v_mem = ops.gather_memory(k, v, memory)
-                inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale)
+                key_window = KeyWindow(window, chunk_start, memory.indices) \
+                    if window_binds(window, chunk_end - 1) else None  # memory positions are >= 0
+                inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, key_window)
                 scores = ops.accumulate_scores(scores, memory, ops.reduce_colsum_to_kv_heads(inter.colsum, n_kv))
                 state = ops.merge_states(inter.state, state)
             outputs.append(state.o)
@@ -99,7 +111,8 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
             memory = ops.build_memory_set(scores, memory, chunk_start // size, chunk_start, chunk_end,
                                           config.local, config.heavy)
             memory_sets.append(memory)
-        tail = None if tail_start is None else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale)
+        tail = None if tail_start is None else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale,
+                                                                   window)
         if tail is not None:  # the walk's rows of the tail are replaced (one concat), its scores kept
             keep, pieces = tail_start - start, []
             for piece in outputs:
@@ -112,18 +125,22 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
 
 
 def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
-                        scale: float) -> H2OLayerResult[A]:
+                        scale: float, window: int | None = None) -> H2OLayerResult[A]:
     """Whole-prompt H2O attention of one layer: q [Hq, N, D], k/v [Hkv, N, D] after RoPE.
 
     Logical batch by logical batch (config.batch_size), carrying scores and memory sets. With H2O
-    disabled (L + H = 0) it is plain causal attention with zero scores, as in the llama.cpp plan.
+    disabled (L + H = 0) it is plain causal attention with zero scores, as in the llama.cpp plan
+    (inside the layer's sliding window, when it has one).
     """
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape) or q.shape[1] != k.shape[1]:
         raise ValueError(f"h2o attention takes q [Hq, N, D] and k/v [Hkv, N, D]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     n_tokens, n_kv = q.shape[1], k.shape[0]
     if n_tokens == 0 or not config.enabled:
-        output = ops.causal_attention(q, k, v, scale) if n_tokens else q
+        if n_tokens and window_binds(window, n_tokens - 1):
+            output = ops.cast_like(ops.intra_attention(q, k, v, n_tokens, scale, window).state.o, q)
+        else:
+            output = ops.causal_attention(q, k, v, scale) if n_tokens else q
         return H2OLayerResult(output, ops.zero_scores(n_kv, n_tokens, q), [])
     carry = H2OCarry(scores=ops.zero_scores(n_kv, 0, q))
     outputs = []
@@ -131,7 +148,7 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
         batch_end = min(batch_start + config.batch_size, n_tokens)
         out, carry = h2o_attention_batch(ops, q[:, batch_start:batch_end], k, v, carry, config, scale,
                                          is_last=batch_end == n_tokens,
-                                         tail_start=dense_tail_start(config, n_tokens))
+                                         tail_start=dense_tail_start(config, n_tokens), window=window)
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
     return H2OLayerResult(output, carry.scores, carry.memory_sets)
@@ -139,10 +156,13 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
 
 class H2OPrefillAttention(Generic[A]):
     """The `PrefillAttention` of H2O prefill over a prompt of `n_tokens`: one carry per layer,
-    advanced by each logical batch (one prefill step per batch)."""
+    advanced by each logical batch (one prefill step per batch). windows: each layer's sliding
+    window (ModelArgs.layer_window; empty: every layer global)."""
 
-    def __init__(self, ops: H2OOps[A], config: H2OConfig, n_layers: int, scale: float, n_tokens: int):
+    def __init__(self, ops: H2OOps[A], config: H2OConfig, n_layers: int, scale: float, n_tokens: int,
+                 windows: Sequence[int | None] = ()):
         self.ops = ops
+        self.windows = list(windows) or [None] * n_layers
         self.config = config
         self.scale = scale
         self.n_tokens = n_tokens
@@ -157,7 +177,8 @@ class H2OPrefillAttention(Generic[A]):
         # memory sets point back into earlier batches: the walk gets every key stored so far
         out, self.carries[layer] = h2o_attention_batch(self.ops, q[0], k[0], v[0], carry, self.config,
                                                        self.scale, is_last=end == self.n_tokens,
-                                                       tail_start=dense_tail_start(self.config, self.n_tokens))
+                                                       tail_start=dense_tail_start(self.config, self.n_tokens),
+                                                       window=self.windows[layer])
         return out[None]
 
     def arrays(self) -> list[Any]:

@@ -8,11 +8,14 @@
 3. Whole selection chunks are kept (NumPy, float64 chunk means: core/reference/specprefill.py),
    and the main model prefills only the kept tokens, into cache slots 0..K-1 at their ORIGINAL
    position ids; decoding continues at position P (the prompt length), slot K.
+Sliding layers: the speculator attends and scores inside its own windows; the main model's
+sliding layers apply theirs over ORIGINAL positions, not over kept-token counts (its cache
+records each slot's position).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic
+from typing import Any, Generic, Sequence
 
 import numpy as np
 
@@ -20,31 +23,38 @@ from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
 from ..reference.specprefill import select_tokens
 from ..runtime import ProgressCallback
-from ..stages import A, Selection
+from ..stages import A, Selection, window_binds
 from .prefill import prefill
 
 
 def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefillConfig,
-                     scale: float) -> A:
-    """importance [P] from queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], layer by layer:
+                     scale: float, windows: Sequence[int | None] = ()) -> A:
+    """importance [P] from queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], layer by layer
+    (windows: each speculator layer's sliding window, empty: all global; a sliding layer scores
+    only the keys its queries attended):
     pooling and the head reduction act within one layer, so only one layer's probabilities
     [n_q, Hq, P] exist at a time (then [n_q, n_l, P] for the layer and query reductions). The
     same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
     per_layer = []
+    farthest = keys.shape[2] + queries.shape[1] - 2  # the last look-ahead query to the first key
     for layer in config.layer_indices(queries.shape[0]):
-        probs = ops.attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale)
+        window = windows[layer] if windows else None
+        probs = ops.attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale,
+                                     window if window_binds(window, farthest) else None)
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
     combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
     return ops.reduce_axis(combined, "mean", axis=0)
 
 
 class QueryCapture(Generic[A]):
-    """`PrefillAttention` for the speculator: causal attention that also keeps, per layer, the
-    post-RoPE query of the last token of every step ending at or after slot `first_slot`
-    (the prompt's last token, then each fed look-ahead token)."""
+    """`PrefillAttention` for the speculator: causal attention (inside each layer's sliding window,
+    `windows`) that also keeps, per layer, the post-RoPE query of the last token of every step
+    ending at or after slot `first_slot` (the prompt's last token, then each fed look-ahead token)."""
 
-    def __init__(self, ops: ModelOps[A], n_layers: int, first_slot: int, scale: float):
+    def __init__(self, ops: ModelOps[A], n_layers: int, first_slot: int, scale: float,
+                 windows: Sequence[int | None] = ()):
         self.ops = ops
+        self.windows = list(windows) or [None] * n_layers
         self.first_slot = first_slot
         self.scale = scale
         self.queries: list[list[A]] = [[] for _ in range(n_layers)]
@@ -52,7 +62,7 @@ class QueryCapture(Generic[A]):
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
         if k.shape[2] >= self.first_slot:  # k holds every slot up to this step's end
             self.queries[layer].append(self.ops.last_query(q))
-        return self.ops.causal_step(q, k, v, self.scale)
+        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
 
     def arrays(self) -> list[A]:
         return [q for per_layer in self.queries for q in per_layer]
@@ -86,7 +96,7 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
     n_prompt, args = len(ids), speculator.args
     lookahead = max(0, min(lookahead, args.max_position_embeddings - n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
-    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.head_dim ** -0.5)
+    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows)
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
                      progress=progress)[-1]
     fed: list[int] = []
@@ -130,7 +140,8 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
     spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
                           step_size=speculator_step_size, progress=progress, extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
-    importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.head_dim ** -0.5)
+    importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
+                                  speculator.args.layer_windows)
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()
     cache = ops.new_cache(model, len(selection.kept) + extra_slots)

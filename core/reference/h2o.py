@@ -11,13 +11,14 @@ import math
 
 import numpy as np
 
-from ..stages import AttentionState, InterResult, IntraResult, MemorySet
+from ..stages import AttentionState, InterResult, IntraResult, KeyWindow, MemorySet
 from .attention import accumulation_dtype, empty_state, expand_kv_heads, masked_state
 
 
 def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                    scale: float) -> IntraResult:
-    """Block-diagonal causal attention of all chunks at once (chunks start at token 0)."""
+                    scale: float, window: int | None = None) -> IntraResult:
+    """Block-diagonal causal attention of all chunks at once (chunks start at token 0); window w:
+    query i sees keys j > i - w only."""
     n_heads, n_tokens, head_dim = q.shape
     dtype = accumulation_dtype(q, k, v)
     n_chunks = math.ceil(n_tokens / chunk_size)
@@ -32,7 +33,8 @@ def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int
     logits = np.einsum("hcid,hcjd->hcij", qb, kb) * dtype(scale)
     local = np.arange(chunk_size)
     real = (np.arange(n_chunks)[:, None] * chunk_size + local[None, :]) < n_tokens  # [C, S]
-    causal = local[None, :] <= local[:, None]  # [S(query), S(key)]
+    distance = local[:, None] - local[None, :]  # [S(query), S(key)]
+    causal = (distance >= 0) & (distance < (np.inf if window is None else window))
     valid = causal[None, :, :] & real[:, None, :]
     state, weights = masked_state(logits, valid[None], vb)
     # column sums count real queries only (padded query rows would see real keys)
@@ -41,13 +43,23 @@ def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int
     return IntraResult(AttentionState(flat(state.m), flat(state.l), flat(state.o)), flat(colsum))
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> AttentionState:
+def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                     window: int | None = None) -> AttentionState:
     """Plain causal attention: the intra stage with one chunk spanning the whole prompt."""
-    return intra_attention(q, k, v, max(1, q.shape[1]), scale).state
+    return intra_attention(q, k, v, max(1, q.shape[1]), scale, window).state
 
 
-def inter_attention(q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float) -> InterResult:
-    """Attention of a chunk's queries to its gathered memory keys, no mask."""
+def key_window_mask(window: KeyWindow, n_queries: int, n_kv: int, n_keys: int) -> np.ndarray:
+    """[Hkv, T, M] bool: which key slot each query row sees under `window`."""
+    positions = np.arange(window.key_start, window.key_start + n_keys)[None] if window.key_positions is None \
+        else np.asarray(window.key_positions, dtype=np.int64)
+    distance = (window.query_start + np.arange(n_queries))[None, :, None] - positions[:, None, :]
+    return np.broadcast_to((distance >= 0) & (distance < window.size), (n_kv, n_queries, n_keys))
+
+
+def inter_attention(q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float,
+                    window: KeyWindow | None = None) -> InterResult:
+    """Attention of a chunk's queries to its gathered memory keys: no mask but the window's."""
     n_heads, n_tokens, head_dim = q.shape
     dtype = accumulation_dtype(q, k_mem, v_mem)
     if k_mem.shape[1] == 0:
@@ -55,7 +67,9 @@ def inter_attention(q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: 
     kr = expand_kv_heads(k_mem, n_heads).astype(dtype, copy=False)
     vr = expand_kv_heads(v_mem, n_heads).astype(dtype, copy=False)
     logits = np.einsum("htd,hmd->htm", q.astype(dtype, copy=False), kr) * dtype(scale)
-    state, weights = masked_state(logits, np.bool_(True), vr)
+    valid = np.bool_(True) if window is None else \
+        expand_kv_heads(key_window_mask(window, n_tokens, k_mem.shape[0], k_mem.shape[1]), n_heads)
+    state, weights = masked_state(logits, valid, vr)
     return InterResult(state, weights.sum(axis=1))
 
 

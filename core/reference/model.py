@@ -1,6 +1,8 @@
-"""A NumPy transformer forward (Llama / Qwen2 / Qwen3), float64: the model-level oracle.
+"""A NumPy transformer forward (Llama / Mistral / Qwen2 / Qwen3 / Gemma 3), float64: the
+model-level oracle.
 
-`forward` is full causal attention at explicit position ids; `forward_h2o_chunk_major` walks the
+`forward` is full causal attention at explicit position ids, inside each layer's sliding window
+(a dense mask over positions: query p sees keys q with p - w < q <= p); `forward_h2o_chunk_major` walks the
 prompt chunk by chunk through every layer (seed 001, Appendix A's order) using the core's H2O
 stages, so a backend's layer-major H2O prefill can be checked against a schedule it does not
 share. Slow and small-model only: for tests.
@@ -12,9 +14,9 @@ import numpy as np
 from ..config import H2OConfig
 from ..models import ModelArgs
 from ..rope import rope_inv_freq
-from ..stages import MemorySet
+from ..stages import KeyWindow, MemorySet
 from . import h2o
-from .attention import merge_states
+from .attention import expand_kv_heads, masked_state, merge_states
 
 
 class ReferenceModel:
@@ -23,15 +25,15 @@ class ReferenceModel:
     def __init__(self, args: ModelArgs, weights: dict[str, np.ndarray]) -> None:
         self.args = args
         self.w = {name: np.asarray(value, dtype=np.float64) for name, value in weights.items()}
-        self.inv_freq = rope_inv_freq(args).astype(np.float64)
-        self.scale = args.head_dim ** -0.5
+        self.inv_freq = {local: rope_inv_freq(args, local).astype(np.float64) for local in (False, True)}
+        self.scale = args.attention_scale
 
     def _norm(self, x: np.ndarray, name: str) -> np.ndarray:
         return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + self.args.rms_norm_eps) * self.w[name]
 
-    def _rope(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    def _rope(self, x: np.ndarray, positions: np.ndarray, local: bool) -> np.ndarray:
         """Half-split (rotate-half) RoPE on x [H, T, D] at the given per-token positions."""
-        angles = positions[:, None].astype(np.float64) * self.inv_freq[None, :]
+        angles = positions[:, None].astype(np.float64) * self.inv_freq[local][None, :]
         cos, sin = np.cos(angles), np.sin(angles)
         half = x.shape[-1] // 2
         x1, x2 = x[..., :half], x[..., half:]
@@ -52,44 +54,67 @@ class ReferenceModel:
             project("v", a.num_key_value_heads)
         if a.qk_norm:
             q, k = self._norm(q, p + "q_norm.weight"), self._norm(k, p + "k_norm.weight")
-        return self._rope(q, positions), self._rope(k, positions), v
+        local = a.local_rope(layer)
+        return self._rope(q, positions, local), self._rope(k, positions, local), v
 
     def finish_layer(self, layer: int, hidden: np.ndarray, attn: np.ndarray) -> np.ndarray:
         """Residual, MLP and residual after the attention output attn [Hq, T, D]."""
         p = f"model.layers.{layer}."
-        hidden = hidden + attn.transpose(1, 0, 2).reshape(len(hidden), -1) @ self.w[p + "self_attn.o_proj.weight"].T
+        out = attn.transpose(1, 0, 2).reshape(len(hidden), -1) @ self.w[p + "self_attn.o_proj.weight"].T
         if "o_proj" in self.args.biased_projections:
-            hidden = hidden + self.w[p + "self_attn.o_proj.bias"]
-        x = self._norm(hidden, p + "post_attention_layernorm.weight")
+            out = out + self.w[p + "self_attn.o_proj.bias"]
+        sandwich = self.args.sandwich_norms  # Gemma 3 normalises both outputs before the residual
+        hidden = hidden + (self._norm(out, p + "post_attention_layernorm.weight") if sandwich else out)
+        x = self._norm(hidden, p + ("pre_feedforward_layernorm" if sandwich else "post_attention_layernorm") + ".weight")
         gate, up = x @ self.w[p + "mlp.gate_proj.weight"].T, x @ self.w[p + "mlp.up_proj.weight"].T
-        return hidden + (gate / (1.0 + np.exp(-gate)) * up) @ self.w[p + "mlp.down_proj.weight"].T
+        if self.args.mlp_activation == "gelu_tanh":
+            act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate ** 3)))
+        else:
+            act = gate / (1.0 + np.exp(-gate))
+        out = (act * up) @ self.w[p + "mlp.down_proj.weight"].T
+        return hidden + (self._norm(out, p + "post_feedforward_layernorm.weight") if sandwich else out)
+
+    def embed(self, ids: list[int]) -> np.ndarray:
+        """hidden [T, hidden]: the embedding rows (times sqrt(hidden) for Gemma 3)."""
+        hidden = self.w["model.embed_tokens.weight"][np.asarray(ids)]
+        return hidden if self.args.embedding_scale is None else hidden * self.args.embedding_scale
+
+    def attend(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Dense attention [Hq, T, D] of q [Hq, T, D] over k/v [Hkv, T, D] of the same tokens at
+        `positions` [T] (ascending): causal, inside the layer's window when it has one."""
+        distance = positions[:, None] - positions[None, :]
+        window = self.args.layer_window(layer)
+        valid = (distance >= 0) & (distance < (window if window is not None else np.inf))
+        logits = np.einsum("htd,hsd->hts", q, expand_kv_heads(k, q.shape[0])) * self.scale
+        return masked_state(logits, valid[None], expand_kv_heads(v, q.shape[0]))[0].o
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
         return self._norm(hidden, "model.norm.weight") @ head.T
 
     def forward(self, ids: list[int], positions: list[int] | None = None) -> np.ndarray:
-        """Logits [T, vocab] with full causal attention (positions default to 0..T-1)."""
+        """Logits [T, vocab] with full causal attention (positions default to 0..T-1, else
+        ascending), windowed on sliding layers."""
         pos = np.arange(len(ids)) if positions is None else np.asarray(positions)
-        hidden = self.w["model.embed_tokens.weight"][np.asarray(ids)]
+        hidden = self.embed(ids)
         for layer in range(self.args.num_hidden_layers):
             q, k, v = self.qkv(layer, hidden, pos)
-            hidden = self.finish_layer(layer, hidden, h2o.causal_attention(q, k, v, self.scale).o)
+            hidden = self.finish_layer(layer, hidden, self.attend(layer, q, k, v, pos))
         return self.logits(hidden)
 
     def _dense_tail(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
-                    tail_start: int) -> np.ndarray | None:
+                    tail_start: int, window: int | None = None) -> np.ndarray | None:
         """Outputs [Hq, rows, D] of the chunk's queries q (positions start..) at positions >=
         tail_start, causal over every key so far (keys/values [Hkv, start + T, D]); None if none."""
         first = max(start, tail_start)
         if first >= start + q.shape[1]:
             return None
         padded = np.concatenate([np.zeros((q.shape[0], first, q.shape[2])), q[:, first - start:]], axis=1)
-        return h2o.causal_attention(padded, keys, values, self.scale).o[:, first:]
+        return h2o.causal_attention(padded, keys, values, self.scale, window).o[:, first:]
 
     def forward_h2o_chunk_major(self, ids: list[int], config: H2OConfig) -> tuple[np.ndarray, list[list[MemorySet]]]:
-        """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers, and the
-        memory sets built per layer ([layer][chunk])."""
+        """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers (sliding
+        layers inside their windows), and the memory sets built per layer ([layer][chunk])."""
         n_layers, size = self.args.num_hidden_layers, config.chunk_size
         keys = [np.zeros((self.args.num_key_value_heads, 0, self.args.head_dim)) for _ in range(n_layers)]
         values = [k.copy() for k in keys]
@@ -99,26 +124,28 @@ class ReferenceModel:
         out = []
         for start in range(0, len(ids), size):
             end = min(start + size, len(ids))
-            hidden = self.w["model.embed_tokens.weight"][np.asarray(ids[start:end])]
+            hidden = self.embed(ids[start:end])
             for layer in range(n_layers):
+                window = self.args.layer_window(layer)  # every key set below intersected with it
                 q, k, v = self.qkv(layer, hidden, np.arange(start, end))
                 keys[layer] = np.concatenate([keys[layer], k], axis=1)
                 values[layer] = np.concatenate([values[layer], v], axis=1)
-                intra = h2o.intra_attention(q, k, v, size, self.scale)
+                intra = h2o.intra_attention(q, k, v, size, self.scale, window)
                 scores[layer] = np.concatenate(
                     [scores[layer], h2o.reduce_colsum_to_kv_heads(intra.colsum, k.shape[0])], axis=1)
                 state = intra.state
                 if memory[layer] is not None and config.enabled:
                     k_mem, v_mem = h2o.gather_memory(keys[layer], values[layer], memory[layer])
-                    inter = h2o.inter_attention(q, k_mem, v_mem, self.scale)
+                    inter = h2o.inter_attention(q, k_mem, v_mem, self.scale,
+                                                None if window is None else KeyWindow(window, start, memory[layer].indices))
                     scores[layer] = h2o.accumulate_scores(
                         scores[layer], memory[layer], h2o.reduce_colsum_to_kv_heads(inter.colsum, k.shape[0]))
                     state = merge_states(inter.state, state)
                 elif start > 0:  # H2O disabled: plain causal attention over everything so far
                     state = h2o.causal_attention(np.concatenate([np.zeros((q.shape[0], start, q.shape[2])), q], 1),
-                                                 keys[layer], values[layer], self.scale)
+                                                 keys[layer], values[layer], self.scale, window)
                     state = type(state)(state.m[:, start:], state.l[:, start:], state.o[:, start:])
-                tail = self._dense_tail(q, keys[layer], values[layer], start, len(ids) - config.dense_tail)
+                tail = self._dense_tail(q, keys[layer], values[layer], start, len(ids) - config.dense_tail, window)
                 if tail is not None and config.enabled:
                     state = type(state)(state.m, state.l, np.concatenate([state.o[:, :state.o.shape[1] - tail.shape[1]], tail], 1))
                 hidden = self.finish_layer(layer, hidden, state.o)

@@ -2,6 +2,7 @@
 
     K(i) = {j in C_c : j <= i} U M_{c-1}       for query i in chunk C_c, i < N - W
     K(i) = {j : j <= i}                        for query i >= N - W (the dense tail, W >= 0)
+    K(i) intersected with {j : j > i - w}      on a sliding layer of window w (every query)
 
 The dense tail changes outputs only: scores still add every query's walk attention (intra-only
 softmax, then the inter softmax over M_{c-1}), as the walk computes them, and the memory sets
@@ -24,22 +25,25 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int, local: int,
-                     heavy: int, scale: float,
-                     dense_tail: int = 0) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
-    """Returns (output [Hq, N, D], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N])."""
+                     heavy: int, scale: float, dense_tail: int = 0,
+                     window: int | None = None) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
+    """Returns (output [Hq, N, D], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N]).
+    A sliding window w keeps, of every key set, the keys j > i - w only; the scores count only
+    what each query attended."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     n_heads, n_tokens, _ = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
     n_chunks = math.ceil(n_tokens / chunk_size)
     chunk_of = lambda i: i // chunk_size  # noqa: E731
+    seen = lambda i, keys: [j for j in keys if window is None or j > i - window]  # noqa: E731
     scores = np.zeros((n_kv, n_tokens))
 
     # initial scores: column sums of each chunk's own causal softmax
     for h in range(n_heads):
         g = h // group
         for i in range(n_tokens):
-            keys = list(range(chunk_of(i) * chunk_size, i + 1))
+            keys = seen(i, range(chunk_of(i) * chunk_size, i + 1))
             scores[g, keys] += _softmax(k[g, keys] @ q[h, i] * scale)
 
     out = np.zeros_like(q)
@@ -54,11 +58,12 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
                 if i >= n_tokens - dense_tail:
                     key_set = set(range(0, i + 1))
                 mask = np.zeros(n_tokens, dtype=bool)
-                mask[list(key_set)] = True
+                mask[seen(i, key_set)] = True
                 logits = np.where(mask, k[g] @ q[h, i] * scale, -np.inf)
                 out[h, i] = _softmax(logits) @ v[g]
-                if memory:  # inter attention votes for the memory tokens it used
-                    scores[g, memory[g]] += _softmax(k[g, memory[g]] @ q[h, i] * scale)
+                voters = seen(i, memory[g]) if memory else []
+                if voters:  # inter attention votes for the memory tokens it used
+                    scores[g, voters] += _softmax(k[g, voters] @ q[h, i] * scale)
         if c == n_chunks - 1:
             break
         new_memory = []
@@ -74,11 +79,11 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
 
 
 def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray],
-                 n_kv_heads: int, dense_tail: int = 0) -> np.ndarray:
+                 n_kv_heads: int, dense_tail: int = 0, window: int | None = None) -> np.ndarray:
     """[Hkv, N, N] boolean: mask[g, i, j] = j in K(i) for KV head g.
 
     memory_indices[c] is M_c as [Hkv, M]; the chunk after c reads it. Rows i >= N - dense_tail
-    are causal over every key.
+    are causal over every key. A sliding window w keeps j > i - w only.
     """
     pos = np.arange(n_tokens)
     chunk = pos // chunk_size
@@ -90,20 +95,26 @@ def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray
             mask[g][np.ix_(rows, mem[g])] = True
     tail = pos >= n_tokens - dense_tail
     mask[:, tail] = pos[None, :] <= pos[tail][:, None]
+    if window is not None:
+        mask &= (pos[:, None] - pos[None, :] < window)[None]
     return mask
 
 
 def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Softmax over the masked-in keys; a row with none is all zeros."""
     logits = np.where(mask, logits, -np.inf)
-    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+    top = logits.max(axis=-1, keepdims=True)
+    e = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    return e / np.where(total > 0, total, 1.0)
 
 
 def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                     memory_indices: list[np.ndarray], scale: float,
-                     dense_tail: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                     memory_indices: list[np.ndarray], scale: float, dense_tail: int = 0,
+                     window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(output [Hq, N, D], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
-    a dense tail of `dense_tail` rows, which changes the output only).
+    a dense tail of `dense_tail` rows, which changes the output only; a sliding window w, which
+    hides keys j <= i - w from query i everywhere).
 
     Lets a backend be checked exactly even where float ties legitimately change its memory
     sets: whatever sets it chose, its output must be attention over the K(i) they define.
@@ -114,14 +125,15 @@ def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
     group = n_heads // n_kv
     kr, vr = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
     logits = np.einsum("hid,hjd->hij", q, kr) * scale
-    mask = np.repeat(key_set_mask(n_tokens, chunk_size, memory_indices, n_kv, dense_tail), group, axis=0)
+    mask = np.repeat(key_set_mask(n_tokens, chunk_size, memory_indices, n_kv, dense_tail, window), group, axis=0)
     output = _masked_softmax(logits, mask) @ vr
-    intra_mask = np.repeat(key_set_mask(n_tokens, chunk_size, [], n_kv), group, axis=0)
+    intra_mask = np.repeat(key_set_mask(n_tokens, chunk_size, [], n_kv, window=window), group, axis=0)
     scores = _masked_softmax(logits, intra_mask).sum(axis=1).reshape(n_kv, group, n_tokens).sum(axis=1)
     for c, mem in enumerate(memory_indices):
         rows = np.arange((c + 1) * chunk_size, min((c + 2) * chunk_size, n_tokens))
         for h in range(n_heads):
             g = h // group
-            weights = _masked_softmax(logits[h][np.ix_(rows, mem[g])], np.bool_(True))
+            visible = np.bool_(True) if window is None else rows[:, None] - mem[g][None, :] < window
+            weights = _masked_softmax(logits[h][np.ix_(rows, mem[g])], visible)
             scores[g, mem[g]] += weights.sum(axis=0)
     return output, scores

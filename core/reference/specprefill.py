@@ -9,23 +9,35 @@ prompt positions only (softmax over the prompt keys), as the reference implement
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..errors import ConfigError
 from ..stages import Selection, SpecPrefillStages, TokenScores
-from .attention import accumulation_dtype, expand_kv_heads
+from .attention import accumulation_dtype, expand_kv_heads, masked_state
 
 
-def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float) -> np.ndarray:
-    """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P]."""
+def scoring_window_mask(n_queries: int, n_keys: int, window: int) -> np.ndarray:
+    """[n_q, P] bool: scoring query n sits at position P - 1 + n (the last prompt token, then the
+    look-ahead tokens) and sees prompt key j iff P - 1 + n - j < window."""
+    distance = (n_keys - 1 + np.arange(n_queries))[:, None] - np.arange(n_keys)[None, :]
+    return distance < window
+
+
+def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
+    """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P];
+    with a window (a sliding layer) over the keys it shows each query (rows seeing none: zeros)."""
     dtype = accumulation_dtype(queries, keys)
     keys = expand_kv_heads(keys, queries.shape[2], axis=1).astype(dtype, copy=False)
     logits = np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale)
-    logits -= logits.max(axis=-1, keepdims=True)
-    weights = np.exp(logits)
-    return weights / weights.sum(axis=-1, keepdims=True)
+    if window is None:
+        logits -= logits.max(axis=-1, keepdims=True)
+        weights = np.exp(logits)
+        return weights / weights.sum(axis=-1, keepdims=True)
+    visible = scoring_window_mask(queries.shape[1], keys.shape[2], window)[:, None, None, :]
+    return masked_state(logits, visible, np.zeros((keys.shape[2], 0), dtype))[1]
 
 
 def smooth_scores(probs: np.ndarray, kernel: int) -> np.ndarray:
@@ -90,20 +102,25 @@ def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarra
 
 
 def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                 stages: SpecPrefillStages) -> TokenScores:
+                 stages: SpecPrefillStages, windows: Sequence[int | None] = ()) -> TokenScores:
     """Importance of every prompt token from the scoring layers chosen by `config.layers`, through
-    `stages` at the NumPy boundary (the reference itself or a backend's conformance adapter)."""
+    `stages` at the NumPy boundary (the reference itself or a backend's conformance adapter);
+    windows: each speculator layer's sliding window (empty: all global)."""
     layers = config.layer_indices(queries.shape[0])
-    probs = stages.attention_scores(queries[layers], keys[layers], scale)
+    if windows:
+        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale, windows[i])
+                                for i in layers], axis=1)
+    else:
+        probs = stages.attention_scores(queries[layers], keys[layers], scale)
     smoothed = stages.smooth_scores(probs, config.pool_kernel)
     importance = stages.reduce_scores(smoothed, config.head_reduction, config.layer_reduction)
     return TokenScores(probs=probs, smoothed=smoothed, importance=importance)
 
 
-def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig,
-                          scale: float, stages: SpecPrefillStages) -> tuple[TokenScores, Selection]:
+def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
+                          stages: SpecPrefillStages, windows: Sequence[int | None] = ()) -> tuple[TokenScores, Selection]:
     """Scores then selection: what the main model will prefill."""
-    scores = score_tokens(queries, keys, config, scale, stages)
+    scores = score_tokens(queries, keys, config, scale, stages, windows)
     return scores, stages.select_tokens(scores.importance, config)
 
 

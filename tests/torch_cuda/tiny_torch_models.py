@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from specfill.backends.torch_cuda import from_weights
 from specfill.core.driver import CausalLM  # noqa: E402
+from specfill.core.io.weights import norms_as_multipliers  # noqa: E402
 from specfill.core.models import ModelArgs  # noqa: E402
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
@@ -23,7 +24,15 @@ TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_lay
 ARCH_CONFIGS = {"llama": ("LlamaConfig", "LlamaForCausalLM", {}),
                 "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
                 # head_dim != hidden / heads, as in real Qwen3 checkpoints
-                "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24})}
+                "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 24}),
+                # every layer slides over 8 positions: prompts of 48 tokens cross it
+                "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 8}),
+                # 3 layers: sliding, global, sliding (window 8), local RoPE base 10^4, global 10^6,
+                # query scale 1/sqrt(20) != 1/sqrt(head_dim)
+                "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+                           {"num_hidden_layers": 3, "head_dim": 24, "sliding_window": 8,
+                            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+                            "query_pre_attn_scalar": 20, "rms_norm_eps": 1e-6})}
 
 
 @dataclass
@@ -71,7 +80,9 @@ def make_tiny(arch: str, seed: int = 0, **overrides: Any) -> TinyModel:
     weights = {k: v.detach().numpy().copy() for k, v in hf.state_dict().items()}
     if config.tie_word_embeddings:
         weights.pop("lm_head.weight", None)
-    return TinyModel(hf, ModelArgs.from_hf_config(config.to_dict()), weights)
+    args = ModelArgs.from_hf_config(config.to_dict())
+    norms_as_multipliers(args, weights)  # as the loader does: Gemma's x * (1 + w)
+    return TinyModel(hf, args, weights)
 
 
 def prompt_ids(n: int, vocab: int = 128, seed: int = 0) -> list[int]:

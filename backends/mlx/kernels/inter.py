@@ -9,7 +9,7 @@ import mlx.core as mx
 from specfill.conformance.self_check_cases import CASE_SLOTS
 
 from .dispatch import SELF_CHECK, choose_kernel, common_dtype
-from .state import AttentionState, InterResult, empty_state
+from .state import AttentionState, InterResult, KeyWindow, empty_state
 
 THREADS_PER_GROUP = 64
 
@@ -146,16 +146,28 @@ def inter_attention_kernel(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale:
     return InterResult(AttentionState(m, l, o), colsum)
 
 
-def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
-    """The MLX-ops twin, float32, GQA by broadcasting (no repeated K/V)."""
+def key_window_visible(window: KeyWindow, n_tokens: int, n_slots: int) -> mx.array:
+    """[Hkv or 1, T, M] bool: which key slot each query row sees under a sliding window."""
+    keys = mx.arange(window.key_start, window.key_start + n_slots)[None] if window.key_positions is None \
+        else window.key_positions.astype(mx.int32)
+    distance = (window.query_start + mx.arange(n_tokens))[None, :, None] - keys[:, None, :]
+    return (distance >= 0) & (distance < window.size)
+
+
+def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
+                         window: KeyWindow | None = None) -> InterResult:
+    """The MLX-ops twin, float32, GQA by broadcasting (no repeated K/V); a sliding window hides
+    the slots outside each row's window (a row seeing none gets the empty state)."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_slots = k_mem.shape[:2]
     qg = q.astype(mx.float32).reshape(n_kv, n_heads // n_kv, n_tokens, head_dim)
     logits = (qg @ k_mem.astype(mx.float32)[:, None].swapaxes(-1, -2)) * scale  # [Hkv, G, T, M]
+    if window is not None:
+        logits = mx.where(key_window_visible(window, n_tokens, n_slots)[:, None], logits, -mx.inf)
     m = logits.max(axis=-1)
-    p = mx.exp(logits - m[..., None])
+    p = mx.exp(logits - mx.where(mx.isinf(m), 0.0, m)[..., None])
     l = p.sum(axis=-1)
-    weights = p / l[..., None]
+    weights = p / mx.where(l > 0, l, 1.0)[..., None]
     o = weights @ v_mem.astype(mx.float32)[:, None]
     state = AttentionState(m.reshape(n_heads, n_tokens), l.reshape(n_heads, n_tokens),
                            o.reshape(n_heads, n_tokens, head_dim).astype(q.dtype))
@@ -163,9 +175,10 @@ def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: f
 
 
 def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
-                    use_kernel: bool | None = None) -> InterResult:
+                    use_kernel: bool | None = None, window: KeyWindow | None = None) -> InterResult:
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> InterResult. M = 0 gives the empty state
-    (m = -inf, l = 0, o = 0) and no column sums, without NaN."""
+    (m = -inf, l = 0, o = 0) and no column sums, without NaN. window: a sliding layer's
+    KeyWindow; the Metal kernel takes no window yet, so a window always runs the twin."""
     _check(q, k_mem, v_mem)
     use = choose_kernel(use_kernel, "phase-2 inter attention",
                             self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
@@ -173,9 +186,9 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
     if k_mem.shape[1] == 0 or n_tokens == 0:
         return InterResult(empty_state(n_heads, n_tokens, head_dim, q.dtype),
                            mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32))
-    if use:
+    if use and window is None:
         return inter_attention_kernel(q, k_mem, v_mem, scale)
-    return inter_attention_twin(q, k_mem, v_mem, scale)
+    return inter_attention_twin(q, k_mem, v_mem, scale, window)
 
 
 def _self_check(like: mx.array, group: int) -> bool:

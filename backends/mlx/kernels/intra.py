@@ -158,8 +158,9 @@ def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: in
 
 
 def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
-                        scale: float) -> IntraResult:
-    """The MLX-ops twin: every chunk padded to S and attended as one [S, S] block, float32."""
+                        scale: float, window: int | None = None) -> IntraResult:
+    """The MLX-ops twin: every chunk padded to S and attended as one [S, S] block, float32; a
+    sliding window w also hides keys j <= i - w from query i."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
@@ -176,12 +177,14 @@ def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
     logits = (qb @ kb.swapaxes(-1, -2)) * scale  # [Hkv, G, C, S(query), S(key)]
     local = mx.arange(chunk_size)
     real = (mx.arange(n_chunks)[:, None] * chunk_size + local[None, :]) < n_tokens  # [C, S]
-    valid = (local[None, :] <= local[:, None])[None] & real[:, None, :]  # [C, S, S]
+    distance = local[:, None] - local[None, :]  # [S(query), S(key)]
+    causal = (distance >= 0) if window is None else (distance >= 0) & (distance < window)
+    valid = causal[None] & real[:, None, :]  # [C, S, S]
     logits = mx.where(valid, logits, -mx.inf)
-    m = logits.max(axis=-1)  # finite: every query row (padded ones too) sees a real key
-    p = mx.exp(logits - m[..., None])
+    m = logits.max(axis=-1)  # finite for real rows; a padded row may see nothing under a window
+    p = mx.exp(logits - mx.where(mx.isinf(m), 0.0, m)[..., None])
     l = p.sum(axis=-1)
-    weights = p / l[..., None]
+    weights = p / mx.where(l > 0, l, 1.0)[..., None]
     o = weights @ vb
     # column sums count real queries only (padded query rows see real keys)
     colsum = (weights * real[:, :, None]).sum(axis=-2)
@@ -194,18 +197,20 @@ def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
 
 
 def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float,
-                    use_kernel: bool | None = None) -> IntraResult:
+                    use_kernel: bool | None = None, window: int | None = None) -> IntraResult:
     """q [Hq, T, D], k/v [Hkv, T, D] -> IntraResult; the Metal kernel where Metal exists
-    (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False)."""
+    (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False).
+    window: a sliding layer's w; the Metal kernel takes no window yet, so a window always runs
+    the twin (kernels forced included)."""
     _check(q, k, v, chunk_size)
     use = choose_kernel(use_kernel, "phase-1 intra attention",
                             self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
     if q.shape[1] == 0:
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
         return IntraResult(AttentionState(zeros, zeros, mx.zeros(q.shape, dtype=q.dtype)), zeros)
-    if use:
+    if use and window is None:
         return intra_attention_kernel(q, k, v, chunk_size, scale)
-    return intra_attention_twin(q, k, v, chunk_size, scale)
+    return intra_attention_twin(q, k, v, chunk_size, scale, window)
 
 
 def _self_check(like: mx.array, group: int) -> bool:

@@ -126,32 +126,39 @@ def attention_scores_kernel(queries: mx.array, keys: mx.array, scale: float) -> 
     return probs
 
 
-def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float) -> mx.array:
-    """The MLX-ops twin, float32, GQA by broadcasting."""
+def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float, window: int | None = None) -> mx.array:
+    """The MLX-ops twin, float32, GQA by broadcasting. A sliding window w hides key j from query
+    n (at position P - 1 + n) when P - 1 + n - j >= w; a query that sees no key scores zeros."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv = keys.shape[1]
     # [n_l, n_q, Hq, D] -> [n_l, Hkv, G, n_q, D]
     q = queries.astype(mx.float32).reshape(n_layers, n_queries, n_kv, n_heads // n_kv, head_dim)
     q = q.transpose(0, 2, 3, 1, 4)
     logits = (q @ keys.astype(mx.float32)[:, :, None].swapaxes(-1, -2)) * scale  # [n_l, Hkv, G, n_q, P]
-    logits = logits - logits.max(axis=-1, keepdims=True)
-    weights = mx.exp(logits)
-    probs = weights / weights.sum(axis=-1, keepdims=True)
+    if window is not None:
+        n_keys = keys.shape[2]
+        distance = (n_keys - 1 + mx.arange(n_queries))[:, None] - mx.arange(n_keys)[None, :]  # [n_q, P]
+        logits = mx.where(distance < window, logits, -mx.inf)
+    top = logits.max(axis=-1, keepdims=True)
+    weights = mx.exp(logits - mx.where(mx.isinf(top), 0.0, top))
+    total = weights.sum(axis=-1, keepdims=True)
+    probs = weights / mx.where(total > 0, total, 1.0)
     return probs.reshape(n_layers, n_heads, n_queries, -1).transpose(2, 0, 1, 3)
 
 
 def attention_scores(queries: mx.array, keys: mx.array, scale: float,
-                     use_kernel: bool | None = None) -> mx.array:
-    """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P] float32."""
+                     use_kernel: bool | None = None, window: int | None = None) -> mx.array:
+    """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P] float32.
+    window: a sliding layer's w; the Metal kernel takes no window yet, so a window runs the twin."""
     _check(queries, keys)
     use = choose_kernel(use_kernel, "speculative-prefill scoring",
                             self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]))
     n_layers, n_queries, n_heads, _ = queries.shape
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return mx.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=mx.float32)
-    if use:
+    if use and window is None:
         return attention_scores_kernel(queries, keys, scale)
-    return attention_scores_twin(queries, keys, scale)
+    return attention_scores_twin(queries, keys, scale, window)
 
 
 def _self_check(like: mx.array, group: int) -> bool:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specfill.core.stages import AttentionState, InterResult, IntraResult
+from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-__all__ = ["AttentionState", "InterResult", "IntraResult", "empty_state", "merge_states", "slice_state"]
+__all__ = ["AttentionState", "InterResult", "IntraResult", "KeyWindow", "empty_state", "merge_states", "slice_state"]
 
 
 def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: mx.Dtype) -> AttentionState:

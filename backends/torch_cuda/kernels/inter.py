@@ -6,6 +6,8 @@ Triton kernel (kernels/flash_triton.py) and torch twin, chosen by `inter_attenti
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from specfill.conformance.self_check_cases import CASE_SLOTS
@@ -14,18 +16,25 @@ from . import dispatch
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel
 from .intra import check_attention_shapes
-from .state import LOG2E, AttentionState, InterResult, empty_state, softmax_state_, stats_dtype
+from .state import LOG2E, AttentionState, InterResult, KeyWindow, empty_state, softmax_state_, stats_dtype
 
 # query rows per block of the twin (times G stacked heads) against all M memory slots:
 # 64 to 256 measured within ~10% at S = 1024, M = 512 on CPU, whole chunks at once ~50% slower
 _TWIN_QUERY_BLOCK = 128
 
 
+def key_window_distance(window: KeyWindow, lo: int, hi: int, n_slots: int, device: torch.device) -> torch.Tensor:
+    """[Hkv or 1, hi - lo, M]: position of query rows [lo, hi) minus each key slot's position."""
+    keys = torch.arange(window.key_start, window.key_start + n_slots, device=device)[None] \
+        if window.key_positions is None else window.key_positions.to(device=device, dtype=torch.int64)
+    return (window.query_start + torch.arange(lo, hi, device=device))[None, :, None] - keys[:, None, :]
+
+
 def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                         with_colsum: bool = True) -> InterResult:
+                         with_colsum: bool = True, window: KeyWindow | None = None) -> InterResult:
     """Torch-ops twin: the G query heads of a KV head are the rows of one matmul, in blocks of
     query rows so that a block's logits stay near cache size; blocks are independent work units
-    (cpu_units.run_units)."""
+    (cpu_units.run_units). A sliding window masks the slots outside each row's window."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_mem = k_mem.shape[0], k_mem.shape[1]
     group = n_heads // n_kv
@@ -43,6 +52,10 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
         lo = index * _TWIN_QUERY_BLOCK
         hi = min(lo + _TWIN_QUERY_BLOCK, n_tokens)
         logits = rows[:, :, lo:hi].reshape(n_kv, group * (hi - lo), head_dim) @ keys_t
+        if window is not None:
+            distance = key_window_distance(window, lo, hi, n_mem, q.device)[:, None]  # [Hkv or 1, 1, rows, M]
+            logits.view(n_kv, group, hi - lo, n_mem).masked_fill_((distance < 0) | (distance >= window.size),
+                                                                 -math.inf)
         state, weights = softmax_state_(logits, values)
         m[:, :, lo:hi] = state.m.view(n_kv, group, hi - lo)
         l[:, :, lo:hi] = state.l.view(n_kv, group, hi - lo)
@@ -58,11 +71,13 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
 
 
 def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                    use_kernel: bool | None = None, with_colsum: bool = True) -> InterResult:
+                    use_kernel: bool | None = None, with_colsum: bool = True,
+                    window: KeyWindow | None = None) -> InterResult:
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> m, l [Hq, T], o [Hq, T, D], colsum [Hq, M].
 
     An empty memory (M = 0) gives the empty state (m = -inf, l = 0, o = 0) and no column sums.
-    use_kernel: None = Triton on CUDA, else the twin; True / False force one.
+    use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
+    layer's KeyWindow; the Triton kernel takes no window yet, so a window always runs the twin.
     """
     check_attention_shapes(q, k_mem, v_mem)
     kernel = choose_kernel(use_kernel, q, k_mem, v_mem,
@@ -72,10 +87,10 @@ def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, s
         state = empty_state(q.shape[0], q.shape[1], q.shape[2], q.dtype, q.device, stats)
         colsum = torch.zeros((q.shape[0], 0), dtype=stats, device=q.device) if with_colsum else None
         return InterResult(state, colsum)
-    if kernel:
+    if kernel and window is None:
         result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
         return InterResult(result.state, result.colsum)
-    return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum)
+    return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:

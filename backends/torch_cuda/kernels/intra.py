@@ -44,11 +44,12 @@ def reduce_colsum_to_kv_heads(colsum: torch.Tensor, n_kv_heads: int) -> torch.Te
 
 
 def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                         scale: float, with_colsum: bool = True) -> IntraResult:
+                         scale: float, with_colsum: bool = True, window: int | None = None) -> IntraResult:
     """Torch-ops twin of the phase-1 kernel: explicit logits per block of query rows, fp32 statistics.
 
     A query block [lo, hi) of a chunk only meets the chunk's keys before hi, so nothing above the
-    diagonal is computed. The G query heads of a KV head are stacked as rows of one matmul, so
+    diagonal is computed; with a sliding window w (query i sees keys j > i - w) nothing before
+    lo - w + 1 either, and the rest is masked. The G query heads of a KV head are stacked as rows of one matmul, so
     K/V are never repeated. Chunks are independent work units (cpu_units.run_units).
     """
     n_heads, n_tokens, head_dim = q.shape
@@ -70,18 +71,22 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
         chunk_end = min(chunk_start + chunk_size, n_tokens)
         for lo in range(chunk_start, chunk_end, block):
             hi = min(lo + block, chunk_end)
-            n_rows, n_keys = hi - lo, hi - chunk_start
+            first = chunk_start if window is None else max(chunk_start, lo - window + 1)
+            n_rows, n_keys = hi - lo, hi - first
             block_rows = rows[:, :, lo:hi].reshape(n_kv, group * n_rows, head_dim)
-            logits = block_rows @ k[:, chunk_start:hi].transpose(1, 2)
+            logits = block_rows @ k[:, first:hi].transpose(1, 2)
             # only the block's own keys can come after a query
-            logits.view(n_kv, group, n_rows, n_keys)[..., lo - chunk_start:].masked_fill_(
+            logits.view(n_kv, group, n_rows, n_keys)[..., lo - first:].masked_fill_(
                 after_query[:n_rows, :n_rows], -math.inf)
-            state, weights = softmax_state_(logits, v[:, chunk_start:hi])
+            if window is not None:  # keys at or before i - w fall out of query i's window
+                distance = torch.arange(lo, hi, device=q.device)[:, None] - torch.arange(first, hi, device=q.device)
+                logits.view(n_kv, group, n_rows, n_keys).masked_fill_(distance >= window, -math.inf)
+            state, weights = softmax_state_(logits, v[:, first:hi])
             m[:, :, lo:hi] = state.m.view(n_kv, group, n_rows)
             l[:, :, lo:hi] = state.l.view(n_kv, group, n_rows)
             o[:, :, lo:hi] = state.o.view(n_kv, group, n_rows, head_dim)
             if colsum is not None:
-                colsum[:, :, chunk_start:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
+                colsum[:, :, first:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
 
     run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
     state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
@@ -90,12 +95,14 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
 
 
 def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int, scale: float,
-                    use_kernel: bool | None = None, with_colsum: bool = True) -> IntraResult:
+                    use_kernel: bool | None = None, with_colsum: bool = True,
+                    window: int | None = None) -> IntraResult:
     """Phase-1 attention: q [Hq, T, D], k/v [Hkv, T, D]; chunks of chunk_size start at token 0.
 
     Returns m, l [Hq, T] (fp32; fp64 for fp64 inputs), o [Hq, T, D] in q's dtype and column sums
     [Hq, T] (None when with_colsum is False). use_kernel: None = Triton on CUDA, else the twin;
-    True / False force one.
+    True / False force one. window: a sliding layer's w (query i sees keys j > i - w); the Triton
+    kernel takes no window yet, so a window always runs the twin (kernels forced included).
     """
     check_attention_shapes(q, k, v)
     if k.shape[1] != q.shape[1]:
@@ -107,9 +114,9 @@ def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_siz
         stats = stats_dtype(q, k, v)
         state = empty_state(q.shape[0], 0, q.shape[2], q.dtype, q.device, stats)
         return IntraResult(state, state.l.clone() if with_colsum else None)
-    if kernel:
+    if kernel and window is None:
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
-    return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum)
+    return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 import torch
 
-from specfill.core.stages import AttentionState, InterResult, IntraResult
+from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-__all__ = ["LN2", "LOG2E", "AttentionState", "InterResult", "IntraResult", "empty_state",
+__all__ = ["LN2", "LOG2E", "AttentionState", "InterResult", "IntraResult", "KeyWindow", "empty_state",
            "merge_states", "softmax_state_", "stats_dtype"]
 
 LOG2E = math.log2(math.e)
