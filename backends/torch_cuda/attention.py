@@ -34,8 +34,9 @@ CPU_FEW_QUERIES = 8  # decode (1 query) and a speculative verify (k + 1 queries)
 
 
 def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                    scale: float | None = None) -> torch.Tensor:
-    """A few queries q [1, Hq, T, D] (query t sees slots 0..start + t) against keys/values
+                    scale: float | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """A few queries q [1, Hq, T, D] (query t sees slots 0..start + t, or where `visible` [T, S]
+    is True: a sliding window, each row holding at least the query's own slot) against keys/values
     [1, Hkv, S, D], as two grouped float32 matmuls. torch's CPU flash kernel parallelises over
     (head, query block), so one query keeps one core busy per head and walks S serially: 2.6 ms
     per layer at S = 4K against 0.37 ms here (bf16, 2 threads, results/drafting/cpu_step_costs.md).
@@ -48,10 +49,12 @@ def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     grouped = q[0].reshape(n_kv, group * steps, dim).float()  # row g * T + t: head (kv, g), query t
     scores = torch.matmul(grouped, keys[0].float().transpose(1, 2))  # [Hkv, group * T, S]
     scores.mul_(dim ** -0.5 if scale is None else scale)
-    if steps > 1:
+    if visible is not None:
+        scores.masked_fill_(~visible.repeat(group, 1), float("-inf"))  # row g * T + t takes visible[t]
+    elif steps > 1:
         query = torch.arange(steps, device=q.device).repeat(group)[:, None]
         scores.masked_fill_(torch.arange(slots, device=q.device)[None] > start + query, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)  # every row keeps slot 0..start: never fully masked
+    weights = torch.softmax(scores, dim=-1)  # every row keeps its own slot: never fully masked
     out = torch.matmul(weights, values[0].float())  # [Hkv, group * T, D]
     return out.reshape(1, n_heads, steps, dim).to(q.dtype)
 
@@ -67,6 +70,8 @@ def windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         return causal_attention(q, keys, values, scale)
     distance = q_positions[:, None] - key_positions[None, :]  # [T, S]
     mask = (distance >= 0) & (distance < window)
+    if q.device.type == "cpu" and q.shape[2] <= CPU_FEW_QUERIES:  # decode, verify: see few_queries_cpu
+        return few_queries_cpu(q, keys, values, 0, scale, visible=mask)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                           enable_gqa=q.shape[1] != keys.shape[1])
 

@@ -113,3 +113,20 @@ def test_prefill_takes_a_pluggable_attention_strategy():
 
     zeroed = prefill(ops, model.model, ids, 0, ops.new_cache(model.model, 12), step_size=2048, attend=Blind())
     assert (zeroed - plugged).abs().max().item() > 1e-2
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_windowed_few_queries_cpu_matches_masked_sdpa(steps):
+    """Sliding-window decode / verify on CPU (few_queries_cpu with the window's mask) against
+    masked SDPA in float64, with position gaps (SpecPrefill's kept tokens) in the cache."""
+    gen = torch.Generator().manual_seed(steps)
+    key_positions = torch.tensor([0, 1, 5, 9, 10, 11, 20, 21, 22][:6 + steps])
+    q_positions = key_positions[-steps:]
+    q = torch.randn(1, 6, steps, 8, generator=gen)
+    k, v = (torch.randn(1, 2, key_positions.numel(), 8, generator=gen) for _ in range(2))
+    out = attention.windowed_attention(q, k, v, None, 4, q_positions, key_positions)
+    distance = q_positions[:, None] - key_positions[None, :]
+    mask = (distance >= 0) & (distance < 4)
+    expected = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(3, 1),
+                                              v.double().repeat_interleave(3, 1), attn_mask=mask)
+    assert (out.double() - expected).abs().max().item() <= 1e-5
