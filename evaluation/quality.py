@@ -81,7 +81,7 @@ def retrieval_prompts(tokenizer, task: str, n_tokens: int, n_trials: int) -> lis
             for trial in multikey_trials(n_trials, seed=n_tokens)]
 
 
-def retrieval_trial(model, tokenizer, prompt: str, answer: str, method: PrefillMethod,
+def retrieval_trial(model, tokenizer, prompt: str | list[int], answer: str, method: PrefillMethod,
                     info: PrefillInfo) -> tuple[bool, float]:
     """(the greedy answer, 12 tokens at most, holds `answer` once spaces are dropped, TTFT in s)."""
     responses = list(stream_generate(model, tokenizer, prompt, 12, method=method, prefill_info=info))

@@ -37,18 +37,22 @@ def passkey_prompt(tokenizer, n_tokens: int, depth: float, passkey: int) -> str:
 def passkey_prompt_spans(tokenizer, n_tokens: int, depth: float, passkey: int) -> tuple[str, dict[str, list[int]]]:
     """passkey_prompt and the token spans [start, end) of its needle and its question, as the
     prompt is encoded for generation (prefix lengths under the same BOS rule)."""
-    from specfill.api import encode_prompt
-
     prompt = passkey_prompt(tokenizer, n_tokens, depth, passkey)
     needle_at = prompt.index(f"The pass key is {passkey}.")
     needle_end = prompt.index(f"{passkey} is the pass key. ", needle_at) + len(f"{passkey} is the pass key.")
-    question_at = prompt.rindex("\nWhat is the pass key?")
+    return prompt, _token_spans(tokenizer, prompt, needle_at, needle_end, prompt.rindex("\nWhat is the pass key?"))
+
+
+def _token_spans(tokenizer, prompt: str, needle_at: int, needle_end: int, question_at: int) -> dict[str, list[int]]:
+    """Character offsets -> token spans [start, end) of the needle and of the question (to the end),
+    as the prompt is encoded for generation (prefix lengths under the same BOS rule)."""
+    from specfill.api import encode_prompt
 
     def position(char: int) -> int:
         return len(encode_prompt(tokenizer, prompt[:char])) if char else 0
 
-    total = len(encode_prompt(tokenizer, prompt))
-    return prompt, {"needle": [position(needle_at), position(needle_end)], "question": [position(question_at), total]}
+    return {"needle": [position(needle_at), position(needle_end)],
+            "question": [position(question_at), len(encode_prompt(tokenizer, prompt))]}
 
 
 def passkey_trials(n_trials: int, seed: int = 0) -> list[tuple[float, int]]:
@@ -79,8 +83,6 @@ def multikey_prompt_spans(tokenizer, n_tokens: int, trial: dict) -> tuple[str, d
     trial["pairs"] hidden as "The special magic number for NAME is NUMBER." at trial["depths"], and a
     question for one NAME (the others are distractors a sparse prefill must not confuse with it).
     Returns (prompt, token spans [start, end) of the asked needle and of the question, the answer)."""
-    from specfill.api import encode_prompt
-
     name, number = trial["pairs"][trial["asked"]]
     intro = "Some special magic numbers are hidden inside the following text. Memorize them.\n"
     needles = [f" The special magic number for {n} is {v}. " for n, v in trial["pairs"]]
@@ -90,16 +92,11 @@ def multikey_prompt_spans(tokenizer, n_tokens: int, trial: dict) -> tuple[str, d
     cuts = sorted(zip((int(len(hay) * d) for d in trial["depths"]), needles))
     parts, last = [intro], 0
     for cut, needle in cuts:
-        cut = max(last, hay.rfind(" ", 0, cut) if hay.rfind(" ", 0, cut) > last else cut)  # between words
+        space = hay.rfind(" ", last, cut)
+        cut = space if space > last else max(last, cut)  # between words where there is room
         parts += [hay[last:cut], needle]
         last = cut
     prompt = "".join(parts + [hay[last:], question])
     asked = needles[trial["asked"]].strip()
-    at, question_at = prompt.index(asked), prompt.rindex(question.lstrip("\n")) - 1
-
-    def position(char: int) -> int:
-        return len(encode_prompt(tokenizer, prompt[:char])) if char else 0
-
-    spans = {"needle": [position(at), position(at + len(asked))],
-             "question": [position(question_at), len(encode_prompt(tokenizer, prompt))]}
-    return prompt, spans, str(number)
+    at = prompt.index(asked)
+    return prompt, _token_spans(tokenizer, prompt, at, at + len(asked), prompt.rindex(question)), str(number)

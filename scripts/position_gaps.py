@@ -18,16 +18,16 @@ from pathlib import Path
 
 import numpy as np
 
-from specfill.api import encode_prompt, load, load_speculator, prefill_method, stream_generate
+from specfill.api import encode_prompt, load, load_speculator, prefill_method
 from specfill.core import SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo
 from specfill.evaluation.machine import describe_machine, machine_line
-from specfill.evaluation.quality import retrieval_prompts
+from specfill.evaluation.quality import retrieval_prompts, retrieval_trial
 
 
-def answer(model, tokenizer, ids, method, info=None) -> str:
-    out = stream_generate(model, tokenizer, ids, 12, method=method, prefill_info=info)
-    return "".join(r.text for r in out).replace(" ", "")
+def answers(model, tokenizer, prompt, key, method, info=None) -> bool:
+    """The eval's own check (12 greedy tokens hold the key); prompt as text or token ids."""
+    return retrieval_trial(model, tokenizer, prompt, key, method, PrefillInfo() if info is None else info)[0]
 
 
 def one_trial(model, tokenizer, speculator, prompt, spans, key, keep) -> dict:
@@ -35,14 +35,14 @@ def one_trial(model, tokenizer, speculator, prompt, spans, key, keep) -> dict:
     ids = encode_prompt(tokenizer, prompt)
     info = PrefillInfo()
     method = prefill_method("specprefill", specprefill=SpecPrefillConfig(keep_ratio=keep), speculator=speculator)
-    original = answer(model, tokenizer, ids, method, info)
+    original = answers(model, tokenizer, ids, key, method, info)
     kept = np.asarray(info.kept_positions, dtype=np.int64)
-    contiguous = answer(model, tokenizer, [ids[p] for p in kept], "full")
+    contiguous = answers(model, tokenizer, [ids[p] for p in kept], key, "full")
     needle = set(range(*spans["needle"]))
     gaps = np.diff(kept)
     return {"key": key, "kept": int(kept.size), "needle_kept": needle <= set(kept.tolist()),
             "needle_kept_fraction": len(needle & set(kept.tolist())) / len(needle),
-            "original_positions": key in original, "contiguous_positions": key in contiguous,
+            "original_positions": original, "contiguous_positions": contiguous,
             "max_gap": int(gaps.max()) if gaps.size else 0, "gaps_over_32": int((gaps > 32).sum())}
 
 
@@ -52,7 +52,7 @@ def run(args) -> dict:
     out = {"machine": describe_machine({"model_dtype": str(model.dtype)}), "args": vars(args), "cells": []}
     for length in args.lengths:
         prompts = retrieval_prompts(tokenizer, "passkey", length, args.trials)
-        full = [key in answer(model, tokenizer, prompt, "full") for prompt, _, key, _ in prompts]
+        full = [answers(model, tokenizer, prompt, key, "full") for prompt, _, key, _ in prompts]
         for keep in args.keeps:
             trials = [one_trial(model, tokenizer, speculator, prompt, spans, key, keep)
                       for prompt, spans, key, _ in prompts]
