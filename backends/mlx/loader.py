@@ -43,7 +43,10 @@ def resolve_device(device: str | mx.Device | None) -> mx.Device:
 
 
 def _stored_float_dtype(checkpoint: Checkpoint) -> mx.Dtype:
-    """The checkpoint's activation type: its embedding scales (quantized) or embedding table."""
+    """The checkpoint's activation type: the file's own float type where known (GGUF: float16), else its
+    embedding scales (quantized) or embedding table."""
+    if checkpoint.float_dtype is not None:
+        return checkpoint.float_dtype
     name = "model.embed_tokens"
     part = "scales" if name in checkpoint.quantized else "weight"
     return checkpoint.weights[f"{name}.{part}"].dtype

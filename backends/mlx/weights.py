@@ -1,10 +1,10 @@
 """Checkpoints -> MLX arrays with Hugging Face names, quantized layers kept quantized.
 
 Three sources, one result (`Checkpoint`):
-- GGUF through `mx.load(path)`: Q4_0/Q4_1/Q8_0 arrive as MLX affine triples (packed `weight`,
-  `scales`, `biases`; group 32), other types as MLX gives them (K-quants and BF16 as float16);
-  files with types MLX cannot read (Q5_0, Q5_1, ...) are dequantized by the core loader.
-  llama.cpp's Q/K row permutation is undone on all three arrays: a row permutation commutes
+- GGUF through `gguf_checkpoint` (not `mx.load`, which mis-reads Q4_K): Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
+  Q4_K/Q5_K become MLX affine triples (packed `weight`, `scales`, `biases`; group 32) holding the
+  file's own codes; other types are dequantized by gguf-py to float; a spot check per type against
+  gguf's reference runs at load. llama.cpp's Q/K row permutation is undone on all three arrays: a row permutation commutes
   with per-row group quantization.
 - Hugging Face safetensors directories (config.json + model*.safetensors).
 - mlx-lm directories: the same, with a `quantization` entry in config.json.
@@ -12,7 +12,6 @@ Names, tensor checks and RoPE recovery come from the backend-neutral specfill.co
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,15 +20,16 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.errors import ModelLoadError
-from specfill.core.io.gguf_file import FLOAT64, existing_path, read_gguf
+from specfill.core.io.gguf_file import existing_path, read_gguf
 from specfill.core.io.safetensors_file import safetensors_layout
 from specfill.core.models import ModelArgs
 from specfill.core.io.random_model import is_random_model
-from specfill.core.rope import llama3_scaling_from_factors
-from specfill.core.io.weights import (check_tensors, gguf_to_hf_name, is_gguf_file, load_weights, norms_as_multipliers,
+from specfill.core.io.weights import (check_tensors, is_gguf_file, load_weights, norms_as_multipliers,
                                       read_json_object, safetensors_files, unpermute_qk)
 
-GGUF_GROUP_SIZE = 32  # every llama.cpp block type MLX keeps quantized has 32-wide blocks
+from .gguf_checkpoint import read_arrays, say_float_types
+
+GGUF_GROUP_SIZE = 32  # every GGUF block type the MLX backend keeps quantized has one scale per 32
 _QUANT_PARTS = ("scales", "biases")
 _GROUP_SIZES, _BITS = (32, 64, 128), (2, 3, 4, 5, 6, 8)  # what mx.quantize supports
 _SKIPPED_HF_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -51,6 +51,7 @@ class Checkpoint:
     weights: dict[str, mx.array]
     quantized: dict[str, QuantSpec] = field(default_factory=dict)
     source: str = ""
+    float_dtype: mx.Dtype | None = None  # the file's own float type (GGUF: float16 block scales), if not the arrays'
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
@@ -109,15 +110,6 @@ def _check_finite(weights: dict[str, mx.array], source: Path) -> None:
         raise ModelLoadError(f"tensor {bad} in {source} holds NaN or Inf values")
 
 
-def _gguf_hf_name(name: str, architecture: str) -> str | None:
-    """GGUF name -> HF name, also for the `scales`/`biases` of a quantized `weight`."""
-    base, _, part = name.rpartition(".")
-    if part in _QUANT_PARTS:
-        hf = gguf_to_hf_name(f"{base}.weight", architecture)
-        return None if hf is None else f"{hf.rpartition('.')[0]}.{part}"
-    return gguf_to_hf_name(name, architecture)
-
-
 def _unpermute_llama_qk(args: ModelArgs, weights: dict[str, mx.array]) -> None:
     """llama.cpp stores llama's Q/K rows interleaved for its RoPE; restore HF's half-split rows
     on the weight (packed or not), its scales/biases and the bias."""
@@ -133,47 +125,19 @@ def _unpermute_llama_qk(args: ModelArgs, weights: dict[str, mx.array]) -> None:
 
 
 def _load_gguf(path: Path) -> Checkpoint:
-    # The core reader checks the header and every tensor's extent (the same errors as the torch
-    # backend for a corrupt or truncated file) and gives the metadata as Python values.
+    """Header and tensor table checked by the core reader; tensors decoded by gguf_checkpoint
+    (exact MLX affine triples where the codes fit, else gguf's float dequantization) and
+    spot-checked against gguf's reference before anything runs."""
     with read_gguf(path) as header:
-        meta, value_types = header.metadata, header.value_types
-    ModelArgs.from_gguf_metadata(meta, True)  # bad metadata is refused before mx.load reads the file
-    if FLOAT64 in value_types:  # mx.load (0.32) crashes on float64 metadata values
-        return _float_from_core_loader(path)
-    try:
-        raw = mx.load(str(path))
-    except (RuntimeError, ValueError):
-        # The file is sound (checked above) but holds a type MLX cannot read (Q5_0, Q5_1, ...):
-        # the core loader dequantizes it with gguf.quants, or names the type it cannot read.
-        return _float_from_core_loader(path)
-    args = ModelArgs.from_gguf_metadata(meta, "output.weight" in raw)
-    rope_dims = meta.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
-    if rope_dims != args.head_dim:
-        raise ModelLoadError(f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial "
-                             f"rotary) is not supported")
-    weights = {hf: w for name, w in raw.items() if (hf := _gguf_hf_name(name, args.architecture)) is not None}
-    if "rope_freqs.weight" in raw:
-        factors = np.array(raw["rope_freqs.weight"].astype(mx.float32))
-        args = dataclasses.replace(args, rope_scaling=llama3_scaling_from_factors(
-            factors, args.head_dim, args.rope_theta))
-    quantized = {}
-    for name in weights:
-        module, _, part = name.rpartition(".")
-        if part == "scales":
-            packed_cols, groups = weights[f"{module}.weight"].shape[-1], weights[name].shape[-1]
-            quantized[module] = QuantSpec(GGUF_GROUP_SIZE, bits=packed_cols // groups)
-    embed = weights.get("model.embed_tokens.weight")
-    args = dataclasses.replace(  # the tensors, not the metadata, decide these two
-        args, attention_bias="model.layers.0.self_attn.q_proj.bias" in weights,
-        vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
-    check_tensors(args, _logical_shapes(weights, quantized), path)
-    try:
-        _check_values(weights, quantized, path)
-    except ModelLoadError:  # MLX's float16 affine biases can overflow (a large Q8_0 scale times -128)
-        return _float_from_core_loader(path)  # where the file's values do not: decide as the torch backend
+        arrays = read_arrays(header)
+    quantized = {module: QuantSpec(GGUF_GROUP_SIZE, bits) for module, bits in arrays.quantized_bits.items()}
+    args = arrays.args
+    check_tensors(args, _logical_shapes(arrays.weights, quantized), path)
+    _check_values(arrays.weights, quantized, path)
     if args.architecture == "llama":  # only llama's convert permutes; qwen2/3 use NEOX RoPE
-        _unpermute_llama_qk(args, weights)
-    return Checkpoint(args, weights, quantized, str(path))
+        _unpermute_llama_qk(args, arrays.weights)
+    say_float_types(arrays, path)
+    return Checkpoint(args, arrays.weights, quantized, str(path), float_dtype=mx.float16)
 
 
 def _float_from_core_loader(path: str | Path) -> Checkpoint:

@@ -41,7 +41,7 @@ def test_fp32_gguf_and_safetensors_match_transformers_and_torch(
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-@pytest.mark.parametrize("quant,bits", [("Q8_0", 8), ("Q4_0", 4), ("Q4_1", 4)])
+@pytest.mark.parametrize("quant,bits", [("Q8_0", 8), ("Q4_0", 4), ("Q4_1", 4), ("Q5_0", 5), ("Q5_1", 5)])
 def test_quantized_gguf_stays_quantized_and_matches(tiny_checkpoint, transformers_logits,
                                                     arch, quant, bits):
     """Q/K of llama GGUFs are row-permuted: the packed weight, scales and biases are un-permuted
@@ -56,10 +56,9 @@ def test_quantized_gguf_stays_quantized_and_matches(tiny_checkpoint, transformer
     assert max_diff(model(ids)[0], expected) <= 1e-4
 
 
-@pytest.mark.parametrize("quant", ["Q5_1", "F16"])
-def test_gguf_types_mlx_reads_as_float_or_not_at_all(tiny_checkpoint, transformers_logits, quant):
-    """F16 comes from mx.load as float16; Q5_1, which mx.load cannot read, is dequantized by the
-    core loader. Either way the layers are plain and match transformers."""
+@pytest.mark.parametrize("quant", ["BF16", "F16"])
+def test_float_gguf_types_give_plain_layers(tiny_checkpoint, transformers_logits, quant):
+    """F16 / BF16 matrices are read as floats: plain layers, matching transformers."""
     model, _ = load(tiny_checkpoint("llama", "gguf", quant=quant), device="cpu")
     assert not model.ops.quantized
     ids = prompt_ids(24, vocab=model.args.vocab_size, seed=6)
