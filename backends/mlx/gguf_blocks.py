@@ -15,7 +15,7 @@ the blocks itself, against the format definitions (ggml-quants.c; gguf-py is the
   IQ*, TQ*, ...) and the float types are read by the core reader (gguf-py's dequantize) as float32.
 
 MLX packs `bits`-wide unsigned codes as a little-endian bit stream in uint32 words (checked by
-tests/mlx/test_gguf_blocks.py against mx.quantize for 2..8 bits).
+tests/mlx/test_gguf_quant_types.py against mx.quantize for 2..8 bits).
 """
 from __future__ import annotations
 
@@ -87,9 +87,7 @@ def _k_scales(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _q4_k(b: np.ndarray) -> Decoded:
-    scales, biases = _k_scales(b)
-    codes = _nibbles_by_32(b[:, 16:144])
-    return codes, scales, biases
+    return (_nibbles_by_32(b[:, 16:144]), *_k_scales(b))
 
 
 def _q5_k(b: np.ndarray) -> Decoded:

@@ -31,6 +31,7 @@ from .gguf_blocks import EXACT_TYPES, GROUP, affine_triple, dequantize_triple
 # (one code step is >= 1/255 of a group's range).
 SPOT_CHECK_RTOL = 2.0 ** -20
 SPOT_ROWS = 3  # first, middle and last row of one tensor per GGML type
+FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16: floats in the file already
 
 
 @dataclass
@@ -67,7 +68,7 @@ def read_arrays(gguf_file: GGUFFile) -> GGUFArrays:
             out.quantized_bits[module] = EXACT_TYPES[info.ggml_type][1]
         else:
             out.weights[name] = mx.array(tensor_array(gguf_file, info))
-            if info.ggml_type not in (0, 1, 30):  # F32, F16, BF16 are floats already
+            if info.ggml_type not in FLOAT_TYPES:
                 out.float_types[type_name(info.ggml_type)] += 1
     spot_check(gguf_file, infos, out)
     return out
@@ -82,7 +83,7 @@ def _reference_rows(gguf_file: GGUFFile, info: GGUFTensorInfo, rows: list[int]) 
     """gguf-py's dequantization of the chosen rows only (a row is whole blocks)."""
     from gguf import GGMLQuantizationType, quants
 
-    if info.ggml_type in (0, 1, 30):
+    if info.ggml_type in FLOAT_TYPES:
         return tensor_array(gguf_file, info).reshape(-1, info.shape[-1])[rows].astype(np.float32)
     row_bytes = info.nbytes // int(np.prod(info.shape[:-1], dtype=np.int64))
     raw = _raw(gguf_file, info).reshape(-1, row_bytes)[rows]

@@ -4,8 +4,8 @@ Three sources, one result (`Checkpoint`):
 - GGUF through `gguf_checkpoint` (not `mx.load`, which mis-reads Q4_K): Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/
   Q4_K/Q5_K become MLX affine triples (packed `weight`, `scales`, `biases`; group 32) holding the
   file's own codes; other types are dequantized by gguf-py to float; a spot check per type against
-  gguf's reference runs at load. llama.cpp's Q/K row permutation is undone on all three arrays: a row permutation commutes
-  with per-row group quantization.
+  gguf's reference runs at load. llama.cpp's Q/K row permutation is undone on all three arrays:
+  a row permutation commutes with per-row group quantization.
 - Hugging Face safetensors directories (config.json + model*.safetensors).
 - mlx-lm directories: the same, with a `quantization` entry in config.json.
 Names, tensor checks and RoPE recovery come from the backend-neutral specfill.core.io.weights.
