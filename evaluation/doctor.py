@@ -54,18 +54,19 @@ def torch_facts() -> dict[str, Any]:
         return {"installed": False}
     import torch
 
+    from specfill.backends.torch_cuda import placement
     from specfill.backends.torch_cuda.kernels.dispatch import interpreting, kernel_unavailable_reason
 
-    cuda = torch.cuda.is_available()
+    cuda = placement.RUNTIME.available()
     device = torch.device("cuda" if cuda else "cpu")
     facts: dict[str, Any] = {"installed": True, "cuda_available": cuda, "cuda_version": torch.version.cuda,
                              "threads": torch.get_num_threads(), "triton_interpreter": interpreting()}
     blas = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
     facts["blas"] = blas.group(1) if blas else "unknown"
     if cuda:
-        props = torch.cuda.get_device_properties(device)
+        props = placement.RUNTIME.properties(device)
         facts.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 1e9, 1),
-                     compute_capability=f"{props.major}.{props.minor}")
+                     compute_capability="{}.{}".format(*props.capability))
     facts["triton_kernels_unavailable"] = kernel_unavailable_reason(device, torch.float16)
     return facts
 

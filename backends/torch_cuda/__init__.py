@@ -18,6 +18,7 @@ from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 from specfill.core.io.weights import load_weights
 from specfill.core.models import ModelArgs
 
+from . import placement
 from .lean_load import is_gguf_file, load_gguf_state
 from .ops import TorchOps
 from .weights import build_transformer, transformer_from_state
@@ -30,19 +31,19 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.flo
 
 
 def cuda_available() -> bool:
-    return torch.cuda.is_available()
+    return placement.RUNTIME.available()
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """None -> CUDA when available, else CPU. Asking for CUDA without it is an error."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if placement.RUNTIME.available() else "cpu")
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
         raise ConfigError(f"unknown torch device {device!r} "
                           f"(use 'cpu', 'cuda' or 'cuda:N')") from None
-    if resolved.type == "cuda" and not torch.cuda.is_available():
+    if resolved.type == "cuda" and not placement.RUNTIME.available():
         raise BackendUnavailableError(f"device {device!r} requested but this torch "
                                       f"({torch.__version__}) sees no CUDA GPU")
     if resolved.type not in ("cpu", "cuda"):
@@ -53,7 +54,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
     """None -> bfloat16 on CUDA, float32 on CPU; names like "bf16" or "float16" are accepted."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if placement.on_cuda(device) else torch.float32
     if isinstance(dtype, torch.dtype):
         resolved = dtype
     else:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .placement import on_cuda
+
 
 def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      scale: float | None = None) -> torch.Tensor:
@@ -21,11 +23,11 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     gqa = q.shape[1] != keys.shape[1]
     if start == 0:  # the step's own keys are the whole context: plain causal
         return F.scaled_dot_product_attention(q, keys, values, is_causal=steps > 1, enable_gqa=gqa, scale=scale)
-    if q.device.type == "cpu" and steps <= CPU_FEW_QUERIES:  # decode, speculative verify
+    if not on_cuda(q) and steps <= CPU_FEW_QUERIES:  # decode, speculative verify
         return few_queries_cpu(q, keys, values, start, scale)
     if steps == 1:  # one query sees every filled slot
         return F.scaled_dot_product_attention(q, keys, values, enable_gqa=gqa, scale=scale)
-    if q.device.type == "cpu" and _cpu_flash() is not None:
+    if not on_cuda(q) and _cpu_flash() is not None:
         return _cpu_prefix_then_causal(q, keys, values, start, scale)
     return lower_right_causal(q, keys, values, scale)
 
@@ -70,7 +72,7 @@ def windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
         return causal_attention(q, keys, values, scale)
     distance = q_positions[:, None] - key_positions[None, :]  # [T, S]
     mask = (distance >= 0) & (distance < window)
-    if q.device.type == "cpu" and q.shape[2] <= CPU_FEW_QUERIES:  # decode, verify: see few_queries_cpu
+    if not on_cuda(q) and q.shape[2] <= CPU_FEW_QUERIES:  # decode, verify: see few_queries_cpu
         return few_queries_cpu(q, keys, values, 0, scale, visible=mask)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                           enable_gqa=q.shape[1] != keys.shape[1])

@@ -11,6 +11,7 @@ import torch
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
+from . import placement
 from .kernels import kernel_unavailable_reason
 from .ops import TorchOps
 
@@ -28,8 +29,8 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,
     if dtype not in DTYPES:
         raise BackendUnavailableError(f"the torch backend computes in {', '.join(DTYPES)}, not {dtype}")
     resolved = torch.device(device) if device is not None else \
-        torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if resolved.type == "cuda" and not torch.cuda.is_available():
+        torch.device("cuda" if placement.RUNTIME.available() else "cpu")
+    if resolved.type == "cuda" and not placement.RUNTIME.available():
         raise BackendUnavailableError(f"device {resolved} requested but torch {torch.__version__} sees no CUDA GPU")
     if use_kernels:
         reason = kernel_unavailable_reason(resolved, DTYPES[dtype])

@@ -16,7 +16,7 @@ import torch
 from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-from . import stages
+from . import placement, stages
 from .attention import causal_attention as causal_step, windowed_attention
 from .kernels.cpu_units import units_scope
 from .kernels.inter import inter_attention
@@ -86,7 +86,7 @@ class TorchOps:
     @property
     def device_name(self) -> str:
         device = self.device
-        return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+        return f"{device} ({placement.RUNTIME.properties(device).name})" if placement.on_cuda(device) else str(device)
 
     def activation_dtype(self, model: Transformer) -> torch.dtype:
         return model.embed.weight.dtype
@@ -113,8 +113,8 @@ class TorchOps:
         """Eager: every result is already computed (or queued on the CUDA stream)."""
 
     def wall_time(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        if placement.on_cuda(self.device):
+            placement.RUNTIME.synchronize(self.device)
         return time.perf_counter()
 
     def new_cache(self, model: Transformer, capacity: int) -> KVCache:
@@ -172,6 +172,6 @@ class TorchOps:
 
     def peak_memory_gb(self) -> float:
         """Peak CUDA memory allocated by torch, or the process's peak resident set on CPU."""
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 1e9
+        if placement.on_cuda(self.device):
+            return placement.RUNTIME.peak_memory_bytes(self.device) / 1e9
         return process_peak_memory_gb()

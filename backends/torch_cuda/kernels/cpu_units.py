@@ -18,6 +18,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from .. import placement
+
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
@@ -59,7 +61,7 @@ def units_scope(device: torch.device) -> Iterator[None]:
     For code that interleaves small ops with run_units (the H2O phase-2 walk): each op would
     otherwise fork and join its own thread team.
     """
-    if device.type != "cpu" or getattr(_caller, "threads", None) is not None:
+    if placement.on_cuda(device) or getattr(_caller, "threads", None) is not None:
         yield
         return
     _caller.threads = torch.get_num_threads()
@@ -79,7 +81,7 @@ def run_units(unit: Callable[[int], None], n_units: int, device: torch.device) -
     (the caller's included; the count outside any units_scope); on other devices in order, on
     the caller's thread, as they are.
     """
-    if device.type != "cpu":
+    if placement.on_cuda(device):
         for index in range(n_units):
             unit(index)
         return

@@ -21,6 +21,9 @@ from specfill.conformance.self_check import kernels_setting
 from specfill.conformance.self_check_cases import CheckCases
 from specfill.core.errors import BackendUnavailableError
 
+from .. import placement
+from .tiles import architecture
+
 # the Triton kernel behind each name, in the module that builds it (imported on first use)
 TRITON_KERNELS = {"flash_attention": "flash_triton", "scoring_softmax": "scoring_triton"}
 
@@ -40,7 +43,7 @@ def kernel_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
     """Why the Triton kernels cannot run on these tensors, or None when they can."""
     if not triton_installed():
         return "Triton is not installed (pip install 'specfill[cuda]' on Linux)"
-    if device.type != "cuda" and not interpreting():
+    if not placement.on_cuda(device) and not interpreting():
         return f"Triton kernels need CUDA tensors (got {device.type}); set TRITON_INTERPRET=1 to run them on CPU"
     if dtype not in KERNEL_DTYPES:
         return f"Triton kernels take float32, float16 or bfloat16 tensors, not {dtype}"
@@ -55,10 +58,17 @@ def triton_kernel(name: str) -> Callable:
     return getattr(module, name)
 
 
+def device_arch(device: torch.device) -> int:
+    """The listed GPU target (tiles.py) whose kernel tiles `device` takes; CPU tensors (forced
+    kernel runs outside the interpreter fail at launch anyway) take sm_80's."""
+    capability = placement.RUNTIME.capability(device) if placement.on_cuda(device) else None
+    return architecture(capability)
+
+
 def kernel_device_auto(device: torch.device) -> bool:
     """Whether auto mode picks the kernel for tensors on `device`: CUDA only (the interpreter is
     for forced runs)."""
-    return device.type == "cuda"
+    return placement.on_cuda(device)
 
 
 def choose_kernel(use_kernel: bool | None, *tensors: torch.Tensor,

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import dot_tile, interpreting, next_power_of_2
+from .dispatch import device_arch, dot_tile, interpreting, next_power_of_2
 from .state import LN2, LOG2E, AttentionState, IntraResult
+from .tiles import flash_tiles
 
 
 @triton.jit
@@ -128,17 +129,17 @@ def _colsum_kernel(
     tl.store(CS + head * n_keys + offs_n, colsum, mask=key_ok)
 
 
-def _launch_config(n_queries: int, n_keys: int, head_dim: int, dtype: torch.dtype
-                   ) -> tuple[int, int, int, dict[str, int]]:
+def _launch_config(n_queries: int, n_keys: int, head_dim: int, dtype: torch.dtype,
+                   device: torch.device) -> tuple[int, int, int, dict[str, int]]:
     """(BLOCK_M, BLOCK_N, BLOCK_D, launch options). The interpreter runs one tile at a time in
-    NumPy, so small problems get small tiles there; every dot dimension stays >= 16. On GPUs,
-    fp32 with wide heads pipelines two stages only, to stay within ~100 KB of shared memory."""
+    NumPy, so small problems get small tiles there; every dot dimension stays >= 16. On a GPU
+    the tiles come from the device's architecture (tiles.py), each compiled ahead of time for
+    every listed target without spills or over-sized shared memory (scripts/aot_matrix.py)."""
     block_d = max(16, next_power_of_2(head_dim))
     if interpreting():
         return dot_tile(n_queries, 32), dot_tile(n_keys, 32), block_d, {}
-    stages = 2 if dtype == torch.float32 and block_d > 64 else 3
-    block_n = 64 if block_d <= 64 else 32
-    return 64, block_n, block_d, {"num_warps": 4, "num_stages": stages}
+    tiles = flash_tiles(block_d, dtype, device_arch(device))
+    return tiles.block_m, tiles.block_n, block_d, {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -156,7 +157,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     """
     n_heads, n_queries, head_dim = q.shape
     n_kv, n_keys = k.shape[0], k.shape[1]
-    block_m, block_n, block_d, options = _launch_config(n_queries, n_keys, head_dim, q.dtype)
+    block_m, block_n, block_d, options = _launch_config(n_queries, n_keys, head_dim, q.dtype, q.device)
     if tiles is not None:
         block_m, block_n = tiles
     o = torch.empty((n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)

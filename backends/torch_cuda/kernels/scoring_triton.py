@@ -14,8 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .dispatch import dot_tile, interpreting, next_power_of_2
+from .dispatch import device_arch, dot_tile, interpreting, next_power_of_2
 from .state import LOG2E
+from .tiles import Tiles, scoring_tiles
 
 
 @triton.jit
@@ -69,15 +70,17 @@ def scoring_softmax(queries: torch.Tensor, keys: torch.Tensor, scale: float,
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
-    block_r = dot_tile(group * n_queries, 64)
     block_d = max(16, next_power_of_2(head_dim))
-    block_n = dot_tile(n_keys, 32) if interpreting() else (64 if block_r * block_d <= 64 * 64 else 32)
-    if block_keys is not None:
-        block_n = block_keys
+    if interpreting():
+        tiles = Tiles(dot_tile(group * n_queries, 64), dot_tile(n_keys, 32), 4, 1)
+    else:  # per architecture, compiled ahead of time for every listed target (scripts/aot_matrix.py)
+        tiles = scoring_tiles(group * n_queries, block_d, queries.dtype, device_arch(queries.device))
+    block_r, block_n = tiles.block_m, tiles.block_n if block_keys is None else block_keys
     probs = torch.empty((n_queries, n_layers, n_heads, n_keys), dtype=torch.float32, device=queries.device)
     _scoring_kernel[(n_layers, n_kv, triton.cdiv(group * n_queries, block_r))](
         queries, keys, probs, *queries.stride(), *keys.stride(), *probs.stride(),
         n_queries, n_keys, head_dim, group, float(scale) * LOG2E,
         PRECISION="ieee" if queries.dtype == torch.float32 else "tf32",
-        BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=4)
+        BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages)
     return probs

@@ -1,0 +1,144 @@
+"""Ahead-of-time compilation of the Triton kernels for a named GPU, on a machine without one.
+
+Triton's compiler and its bundled ptxas build a cubin for GPUTarget("cuda", cc, 32) on a CPU;
+the bundled cuobjdump reads the cubin's registers per thread and local memory (register spills:
+Triton kernels hold no local arrays, so any local memory is spill). Each cell is one kernel x
+dtype x head dim x mask x target, compiled with exactly the tiles the dispatcher would pick
+there (tiles.py), and judged against that target's limits. scripts/aot_matrix.py runs the full
+matrix; tests/torch_cuda_kernels/test_aot.py a few cells.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from .dispatch import next_power_of_2
+from .tiles import ARCH_LIMITS, Tiles, flash_tiles, resident_blocks, scoring_tiles
+
+TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+HEAD_DIMS = (64, 80, 96, 128, 256)
+SCORING_ROWS = (16, 32, 64)  # the three BLOCK_R classes: G x n_q up to 16, 32, 64 and above
+# pointer arguments that carry the input dtype; the others are fp32 statistics / outputs
+INPUT_POINTERS = {"Q", "K", "V", "O", "Qs", "Ks"}
+FP32_POINTERS = {"M", "L", "CS", "Probs"}
+# arguments a real launch passes as 1 (contiguous last dim), which Triton specialises to constants
+UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_pp"}
+# integer arguments a real launch passes as multiples of 16 (Triton marks them divisible by 16)
+ALIGNED_INTS = {"stride_qh", "stride_qt", "stride_kh", "stride_kt", "stride_vh", "stride_vt",
+                "stride_oh", "stride_ot", "stride_ql", "stride_qq", "stride_kl", "stride_kp",
+                "head_dim", "chunk_size"}
+
+
+class Cell(NamedTuple):
+    """One compile: kernel name, input dtype, head dim, block-diagonal mask (flash kernels) or
+    scoring rows class, target capability."""
+    kernel: str
+    dtype: torch.dtype
+    head_dim: int
+    variant: int  # flash: 1 block-diagonal / 0 full; scoring: rows (G x n_q) class
+    arch: int
+
+    def tiles(self) -> Tiles:
+        block_d = max(16, next_power_of_2(self.head_dim))
+        if self.kernel == "scoring":
+            return scoring_tiles(self.variant, block_d, self.dtype, self.arch)
+        return flash_tiles(block_d, self.dtype, self.arch)
+
+    def label(self) -> str:
+        kind = f"rows{self.variant}" if self.kernel == "scoring" else ("blockdiag" if self.variant else "full")
+        return f"{self.kernel} {TRITON_TYPES[self.dtype]} d{self.head_dim} {kind} sm_{self.arch}"
+
+
+def all_cells(archs=tuple(ARCH_LIMITS)) -> list[Cell]:
+    """Every configuration the dispatchers can choose, on every target (525 for the 5 targets)."""
+    cells = []
+    for arch in archs:
+        for dtype in TRITON_TYPES:
+            for head_dim in HEAD_DIMS:
+                cells += [Cell(k, dtype, head_dim, mask, arch) for k in ("forward", "colsum") for mask in (0, 1)]
+                cells += [Cell("scoring", dtype, head_dim, rows, arch) for rows in SCORING_ROWS]
+    return cells
+
+
+def _kernel_fn(kernel: str):
+    if kernel == "scoring":
+        from .scoring_triton import _scoring_kernel
+        return _scoring_kernel
+    from .flash_triton import _colsum_kernel, _forward_kernel
+    return _forward_kernel if kernel == "forward" else _colsum_kernel
+
+
+def _source(cell: Cell, tiles: Tiles):
+    """The ASTSource a launch of this cell would build: signature, constants and alignment hints."""
+    from triton.compiler import ASTSource
+    fn = _kernel_fn(cell.kernel)
+    block_d = max(16, next_power_of_2(cell.head_dim))
+    precision = "ieee" if cell.dtype == torch.float32 else "tf32"
+    constants = {"PRECISION": precision, "BLOCK_N": tiles.block_n, "BLOCK_D": block_d}
+    if cell.kernel == "scoring":
+        constants["BLOCK_R"] = tiles.block_m
+    else:
+        constants.update(BLOCK_M=tiles.block_m, BLOCK_DIAGONAL=bool(cell.variant))
+    signature, attrs = {}, {}
+    for index, name in enumerate(fn.arg_names):
+        if name in constants:
+            signature[name] = "constexpr"
+        elif name in UNIT_STRIDES:
+            signature[name], constants[name] = "constexpr", 1
+        elif name in INPUT_POINTERS or name in FP32_POINTERS:
+            signature[name] = "*" + (TRITON_TYPES[cell.dtype] if name in INPUT_POINTERS else "fp32")
+            attrs[(index,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if name == "qk_scale" else "i32"
+            if name in ALIGNED_INTS:
+                attrs[(index,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+
+
+def _resource_usage(cubin: bytes) -> dict[str, int]:
+    """REG / STACK / LOCAL / SHARED of the cubin's one function, from the bundled cuobjdump."""
+    from triton import knobs
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", str(path)],
+                              check=True, capture_output=True, text=True).stdout
+    function = text.split("Function", 1)[1]
+    return {key: int(value) for key, value in re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", function)}
+
+
+def compile_cell(cell: Cell) -> dict:
+    """Compile one cell; a dict of its tiles, resources, residency and failures (empty = valid)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    tiles = cell.tiles()
+    limits = ARCH_LIMITS[cell.arch]
+    row = {"cell": cell.label(), "kernel": cell.kernel, "dtype": TRITON_TYPES[cell.dtype],
+           "head_dim": cell.head_dim, "variant": cell.variant, "arch": cell.arch, **tiles._asdict()}
+    target = GPUTarget("cuda", cell.arch, 32)
+    options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+    try:
+        compiled = triton.compile(_source(cell, tiles), target=target, options=options)
+    except Exception as error:  # the compiler's own error is the finding; keep its first line
+        row.update(failures=[f"compile: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"])
+        return row
+    usage = _resource_usage(compiled.asm["cubin"])
+    shared = int(compiled.metadata.shared) + usage.get("SHARED", 0)
+    blocks, binding = resident_blocks(limits, usage["REG"], shared, tiles.num_warps)
+    row.update(registers=usage["REG"], spill_bytes=usage.get("LOCAL", 0), stack_bytes=usage.get("STACK", 0),
+               shared_bytes=shared, resident_blocks=blocks, bound_by=binding)
+    failures = []
+    if row["spill_bytes"] or row["stack_bytes"]:
+        failures.append(f"register spill: {row['stack_bytes']} B stack frame + {row['spill_bytes']} B local "
+                        "memory per thread")
+    if shared > limits.smem_per_block:
+        failures.append(f"shared memory {shared} B over the {limits.smem_per_block} B a block may have")
+    if blocks < 1:
+        failures.append(f"no block fits on an SM (bound by {binding})")
+    row["failures"] = failures
+    return row

@@ -1,0 +1,93 @@
+"""The Triton kernels compile for real GPU targets here, with the tiles the dispatcher picks.
+
+A few cells of scripts/aot_matrix.py's matrix are compiled for sm_89 (the 99 KB-per-block
+target, where tiles are tightest) in a subprocess (TRITON_INTERPRET must be unset when Triton
+decorates the kernels); the committed full matrix must cover today's tile table with no failure.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from specfill.backends.torch_cuda.kernels.tiles import (
+    ARCH_LIMITS, Tiles, architecture, flash_tiles, resident_blocks, scoring_tiles)
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = ROOT / "results" / "gpu" / "aot" / "aot_matrix.json"
+
+SUBSET = """
+import json, torch
+from specfill.backends.torch_cuda.kernels.aot import Cell, compile_cell
+cells = [Cell("forward", torch.bfloat16, 128, 1, 89), Cell("colsum", torch.float16, 64, 0, 89),
+         Cell("scoring", torch.float32, 128, 32, 89), Cell("forward", torch.float32, 256, 0, 89)]
+print(json.dumps([compile_cell(cell) for cell in cells]))
+"""
+
+
+def _cuda_compiler_missing() -> str | None:
+    """Why Triton cannot compile for NVIDIA targets on this machine, or None when it can."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed (Linux only)"
+    from triton import knobs
+    try:
+        ptxas = knobs.nvidia.ptxas.path
+    except (RuntimeError, OSError, AttributeError) as error:  # the NVIDIA backend's tool lookup
+        return f"Triton's NVIDIA backend has no ptxas here: {error}"
+    return None if Path(ptxas).exists() else f"Triton's bundled ptxas is missing ({ptxas})"
+
+
+@pytest.mark.gpu_aot
+@pytest.mark.skipif(_cuda_compiler_missing() is not None, reason=str(_cuda_compiler_missing()))
+def test_kernels_compile_for_sm89_without_spills():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    run = subprocess.run([sys.executable, "-c", SUBSET], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    for row in rows:
+        assert row["failures"] == [], row
+        assert 0 < row["registers"] <= 255 and row["shared_bytes"] <= ARCH_LIMITS[89].smem_per_block, row
+        assert row["resident_blocks"] >= 1, row
+
+
+def test_committed_matrix_covers_todays_tiles_without_failures():
+    """A change to tiles.py must come with a re-run of scripts/aot_matrix.py."""
+    from specfill.backends.torch_cuda.kernels.aot import all_cells
+    rows = {row["cell"]: row for row in json.loads(MATRIX.read_text())["cells"]}
+    cells = all_cells()
+    assert len(cells) == len(rows) == 525
+    for cell in cells:
+        row = rows[cell.label()]
+        assert Tiles(row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == cell.tiles(), cell
+        assert row["failures"] == [], row
+
+
+def test_capability_maps_to_a_listed_target():
+    assert architecture((8, 6)) == 86 and architecture((8, 9)) == 89 and architecture((9, 0)) == 90
+    assert architecture((8, 8)) == 87  # between listed targets: the one below
+    assert architecture((12, 0)) == 90 and architecture((7, 5)) == 80 and architecture(None) == 80
+
+
+def test_resident_blocks_by_hand():
+    """sm_86: 168 regs x 32 = 5376 -> 5376 per warp (256 steps), 65536 // 5376 = 12 warps = 3
+    blocks of 4 warps; 28 KB + 1 KB reserve -> 100 KB // 29 KB = 3; so 3, bound by registers
+    (listed first among equals)."""
+    assert resident_blocks(ARCH_LIMITS[86], 168, 28 * 1024, 4) == (3, "registers")
+    assert resident_blocks(ARCH_LIMITS[90], 32, 0, 4) == (16, "warps")
+    assert resident_blocks(ARCH_LIMITS[86], 64, 99 * 1024, 4)[0] == 1
+
+
+def test_tiles_stay_dot_shaped_and_cover_the_rows():
+    for arch in ARCH_LIMITS:
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for block_d in (64, 128, 256):
+                tiles = flash_tiles(block_d, dtype, arch)
+                assert tiles.block_m >= 16 and tiles.block_n >= 16 and tiles.num_stages >= 1
+                for rows in (1, 8, 16, 40, 64, 512):
+                    scoring = scoring_tiles(rows, block_d, dtype, arch)
+                    assert 16 <= scoring.block_m <= 64 and scoring.block_n >= 16
