@@ -35,9 +35,12 @@ def run(args: argparse.Namespace) -> int:
     report = run_doctor(plan, log=lambda line: print(line, flush=True))
     paths = write_doctor(report, args.out)
     conformance = report["kernel_conformance"]
-    failed = "skipped" not in conformance and not conformance["passed"]
+    metal = report["metal_matrix"]
+    failed = ("skipped" not in conformance and not conformance["passed"]) or bool(metal.get("failures"))
     failed_checks = [c for c in report["self_checks"] if not c["passed"]]
     verdict = "FAIL" if failed else f"skipped ({conformance['skipped']})" if "skipped" in conformance else "PASS"
+    if "skipped" not in metal:
+        print(f"doctor {backend}: Metal matrix {metal['cells'] - metal['failures']}/{metal['cells']} cells pass")
     print(f"doctor {backend}: kernels {verdict}; "
           f"{len(failed_checks)} self-check fallback(s); {report['seconds']} s")
     print(f"report: {' '.join(str(p) for p in paths)} — attach it to a bug report")

@@ -3,8 +3,9 @@ and a short TTFT micro-bench, as one JSON + Markdown report a user attaches to a
 
 Sections: environment (versions, device, memory, BLAS, Metal / CUDA / Triton availability);
 kernels (the conformance suite with the backend's custom kernels forced, or the reason it cannot
-run here) and the first-use self-checks the micro-bench triggered; micro-bench (full / H2O /
-SpecPrefill TTFT on a random-weight model at a few prompt lengths).
+run here), on a Mac the Metal kernel matrix on real Metal, and the first-use self-checks the
+micro-bench triggered; micro-bench (full / H2O / SpecPrefill TTFT on a random-weight model at a
+few prompt lengths) with the roofline model's prediction from this machine's measured rates.
 """
 from __future__ import annotations
 
@@ -143,6 +144,50 @@ def micro_bench(plan: DoctorPlan, log: Callable[[str], None]) -> dict[str, Any]:
     return {"plan": result["plan"], "rows": result["rows"]}
 
 
+def roofline_prediction(plan: DoctorPlan, bench: dict[str, Any]) -> dict[str, Any]:
+    """The roofline formula (evaluation/roofline.py) with this machine's measured GEMM / attention /
+    copy rates on the bench model's shapes, beside each measured TTFT; {"skipped": reason} when
+    the bench did not run or its model's shape is not known without loading it (a path)."""
+    from specfill.core.io.random_model import is_random_model, random_model_args
+
+    from .roofline import Shape, predict_bench_rows
+    if "skipped" in bench:
+        return {"skipped": "no micro-bench ran"}
+    if not is_random_model(plan.model):
+        return {"skipped": "the prediction needs the bench model's shape: only random:SHAPE models give it"}
+    shape = Shape.from_args(plan.model, random_model_args(plan.model))
+    context = min(max(plan.lengths), 4096)
+    if plan.backend == "mlx":  # random weights are float32, which MLX keeps on Metal and CPU
+        from .rates import mlx_rates
+        rates, width = mlx_rates(shape, "float32", context=context), 4
+    else:  # the torch backend's default: bfloat16 on CUDA, float32 on CPU
+        from specfill.backends.torch_cuda import placement
+
+        from .rates import torch_rates
+        cuda = placement.RUNTIME.available()
+        rates = torch_rates(shape, "cuda" if cuda else "cpu", "bfloat16" if cuda else "float32", context=context)
+        width = 2 if cuda else 4
+    rows = predict_bench_rows(shape, rates, bench["rows"], plan.speculator, width, H2OConfig(),
+                              SpecPrefillConfig().lookahead)
+    return {"rates": vars(rates), "rows": rows}
+
+
+def metal_matrix(backend: str, env: dict[str, Any]) -> dict[str, Any]:
+    """On a Mac (backend mlx, Metal present): every Metal kernel cell against its twin on real
+    Metal (backends/mlx/kernels/matrix.py), the checks the C++ emulation cannot make; elsewhere
+    {"skipped": reason}."""
+    if backend != "mlx":
+        return {"skipped": "the Metal matrix is the mlx backend's check"}
+    reason = kernel_skip_reason(backend, env)
+    if reason is not None:
+        return {"skipped": f"{reason}; scripts/metal_matrix.py runs it through the C++ emulation"}
+    from specfill.backends.mlx.kernels.matrix import run_metal_matrix
+
+    result = run_metal_matrix()
+    return {"cells": len(result["cells"]), "failures": result["failures"], "device": result["device"],
+            "failed": [f"{r['cell']}: {'; '.join(r['failures'])}" for r in result["cells"] if r["failures"]][:20]}
+
+
 def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every section in order; the self-check verdicts are read after the bench triggered them."""
     from specfill.conformance.self_check import KERNEL_SELF_CHECK, kernels_setting, kernels_word
@@ -153,8 +198,11 @@ def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str
     kernels = (kernel_conformance(plan.backend, env) if plan.run_kernel_conformance
                else {"skipped": "not asked (--no-kernel-check)"})
     log(f"doctor: kernels {'skipped: ' + kernels['skipped'] if 'skipped' in kernels else 'checked'}")
+    metal = (metal_matrix(plan.backend, env) if plan.run_kernel_conformance
+             else {"skipped": "not asked (--no-kernel-check)"})
     bench = micro_bench(plan, log) if plan.lengths else {"skipped": "no lengths asked"}
+    prediction = roofline_prediction(plan, bench)
     checks = [vars(v) | {"passed": v.passed} for v in KERNEL_SELF_CHECK.verdicts()]
     return {"backend": plan.backend, "kernels_setting": kernels_word(kernels_setting(None)),
-            "environment": env, "kernel_conformance": kernels, "self_checks": checks,
-            "micro_bench": bench, "seconds": round(time.perf_counter() - start, 1)}
+            "environment": env, "kernel_conformance": kernels, "metal_matrix": metal,
+            "self_checks": checks, "micro_bench": bench, "roofline": prediction, "seconds": round(time.perf_counter() - start, 1)}

@@ -46,6 +46,14 @@ def _kernel_lines(report: dict[str, Any]) -> list[str]:
                  f"— {conformance['checks'] - conformance['failed']}/{conformance['checks']} checks in "
                  f"{conformance['seconds']} s."]
         lines += [f"- FAIL {failure}" for failure in conformance["failures"]]
+    metal = report.get("metal_matrix", {"skipped": "not run"})
+    if "skipped" in metal:
+        lines += ["", f"Metal kernel matrix on real Metal: **skipped** — {metal['skipped']}."]
+    else:
+        lines += ["", f"Metal kernel matrix on real Metal ({metal['device']}): "
+                  f"**{'FAIL' if metal['failures'] else 'PASS'}** — {metal['cells'] - metal['failures']}/"
+                  f"{metal['cells']} cells (backends/mlx/kernels/matrix.py)."]
+        lines += [f"- FAIL {cell}" for cell in metal["failed"]]
     lines += ["", f"First-use self-checks during the micro-bench (kernels setting: {report['kernels_setting']}):"]
     if not report["self_checks"]:
         lines.append("none ran: no micro-bench ran" if "skipped" in report["micro_bench"] else
@@ -56,18 +64,28 @@ def _kernel_lines(report: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _bench_lines(bench: dict[str, Any]) -> list[str]:
+def _bench_lines(bench: dict[str, Any], roofline: dict[str, Any]) -> list[str]:
     if "skipped" in bench:
         return [f"Skipped: {bench['skipped']}."]
+    predicted = {(r["method"], r["prompt_tokens"]): r["predicted_s"] for r in roofline.get("rows", [])}
     plan = bench["plan"]
     lines = [f"Model {plan['model']}, dtype {plan['dtype'] or 'backend default'}, H2O S={plan['h2o']['chunk_size']} "
              f"L={plan['h2o']['local']} H={plan['h2o']['heavy']}, SpecPrefill {plan['speculator']} keep "
              f"{plan['specprefill']['keep_ratio']}; one run each after a warm-up.", "",
-             "| method | prompt tokens | TTFT (s) | speed-up vs full | kept |", "|---|---|---|---|---|"]
+             "| method | prompt tokens | TTFT (s) | roofline prediction (s) | speed-up vs full | kept |",
+             "|---|---|---|---|---|---|"]
     for r in bench["rows"]:
         ratio = f"{r['ttft_speedup_vs_full']:.2f}x" if r["ttft_speedup_vs_full"] else "-"
-        lines.append(f"| {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} | {r['kept_tokens']} |")
-    return lines
+        guess = predicted.get((r["method"], r["prompt_tokens"]))
+        lines.append(f"| {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | "
+                     f"{'-' if guess is None else f'{guess:.3f}'} | {ratio} | {r['kept_tokens']} |")
+    if "skipped" in roofline:
+        return lines + ["", f"Roofline prediction: skipped — {roofline['skipped']}."]
+    rates = roofline["rates"]
+    return lines + ["", f"Roofline prediction (evaluation/roofline.py) from this machine's rates: GEMM "
+                    f"{rates['gemm'] / 1e9:.1f} GFLOP/s, attention {rates['attention'] / 1e9:.1f} GFLOP/s, "
+                    f"copy {rates['bandwidth'] / 1e9:.1f} GB/s ({rates['name']}); norms, RoPE and "
+                    "launch gaps are not priced, so it is a lower bound."]
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -75,7 +93,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# specfill doctor — backend {report['backend']}", "",
              "Attach this file (and doctor.json) to a bug report.", "", "## Environment", "",
              *_environment_lines(report["environment"]), "", "## Kernels", "", *_kernel_lines(report), "",
-             "## TTFT micro-bench", "", *_bench_lines(report["micro_bench"]), "",
+             "## TTFT micro-bench", "", *_bench_lines(report["micro_bench"], report.get("roofline", {})), "",
              f"Doctor ran in {report['seconds']} s."]
     return "\n".join(lines) + "\n"
 

@@ -109,12 +109,14 @@ def decode_seconds(shape: Shape, rates: Rates, context: int, width: int) -> floa
 
 @dataclass(frozen=True)
 class Method:
-    """full, h2o (with its config) or specprefill (speculator shape, keep ratio, look-ahead)."""
+    """full, h2o (with its config) or specprefill (speculator shape, keep ratio, look-ahead;
+    kept_tokens: the main model's prefill length when it is known, as in a bench row)."""
     name: str
     h2o: H2OConfig = H2OConfig()
     speculator: Shape | None = None
     keep: float = 0.1
     lookahead: int = 8
+    kept_tokens: int | None = None
 
 
 def predict(shape: Shape, rates: Rates, n_tokens: int, method: Method, width: int = 2,
@@ -130,7 +132,8 @@ def predict(shape: Shape, rates: Rates, n_tokens: int, method: Method, width: in
     elif method.name == "specprefill":
         spec = method.speculator or shape
         drafted = prefill_seconds(spec, rates, n_tokens, full_dot_products(n_tokens), width, step)
-        kept = min(n_tokens, math.ceil(method.keep * n_tokens) + 1)  # + the forced last token
+        kept = (method.kept_tokens if method.kept_tokens is not None
+                else min(n_tokens, math.ceil(method.keep * n_tokens) + 1))  # + the forced last token
         main = prefill_seconds(shape, rates, kept, full_dot_products(kept), width, step)
         queries = method.lookahead + 1
         scoring = _part(4 * spec.head_dim * spec.heads * queries * n_tokens * spec.layers,
@@ -141,3 +144,24 @@ def predict(shape: Shape, rates: Rates, n_tokens: int, method: Method, width: in
     else:
         raise ValueError(f"unknown method {method.name!r} (full, h2o, specprefill)")
     return {**parts, "ttft": sum(parts.values())}
+
+
+def predict_bench_rows(shape: Shape, rates: Rates, rows: list[dict], speculator: str, width: int,
+                       h2o: H2OConfig = H2OConfig(), lookahead: int = 8) -> list[dict]:
+    """`specfill bench` rows (method, prompt_tokens, ttft_s, kept_tokens) with the formula's TTFT
+    beside the measured one: {"method", "prompt_tokens", "measured_s", "predicted_s", "error"
+    (predicted / measured - 1), "parts"}. SpecPrefill is priced with the row's kept tokens and a
+    "self:K" speculator (the first K layers); a separate speculator model's rows are left out
+    (its shape is not known here)."""
+    layers = int(speculator[5:]) if speculator.startswith("self:") else None
+    out = []
+    for row in rows:
+        if row["method"] == "specprefill" and layers is None:
+            continue
+        method = Method(row["method"], h2o=h2o, lookahead=lookahead,
+                        speculator=shape.first_layers(layers) if layers else None,
+                        kept_tokens=row["kept_tokens"] if row["method"] == "specprefill" else None)
+        parts = predict(shape, rates, row["prompt_tokens"], method, width=width)
+        out.append({"method": row["method"], "prompt_tokens": row["prompt_tokens"], "measured_s": row["ttft_s"],
+                    "predicted_s": parts["ttft"], "error": parts["ttft"] / row["ttft_s"] - 1, "parts": parts})
+    return out

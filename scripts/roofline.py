@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.evaluation.roofline import DEVICES, Method, Rates, Shape, predict
+from specfill.evaluation.roofline import DEVICES, Method, Shape, predict, predict_bench_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 # published configs (Hugging Face config.json of each model)
@@ -75,6 +75,7 @@ def validate(log=print) -> dict:
     from specfill.api import load
     from specfill.evaluation.bench import BenchPlan, run_bench
     from specfill.evaluation.rates import torch_rates
+    load_before = os.getloadavg()
     model, _ = load(None, backend="cuda", dtype="float32", device="cpu")
     shape = Shape.from_args("demo (SmolLM2-135M)", model.model.args)
     del model
@@ -83,15 +84,10 @@ def validate(log=print) -> dict:
     plan = BenchPlan(backends=("cuda",), lengths=(2000, 4000, 8000), speculator="self:8", h2o=H2OConfig(),
                      specprefill=SpecPrefillConfig(), decode_tokens=2, dtype="float32", device="cpu")
     bench = run_bench(plan, log=log)
-    speculator = shape.first_layers(8)
-    rows = []
-    for row in bench["rows"]:
-        method = Method(row["method"], speculator=speculator) if row["method"] != "h2o" else Method("h2o")
-        parts = predict(shape, rates, row["prompt_tokens"], method, width=4)
-        rows.append({"method": row["method"], "prompt_tokens": row["prompt_tokens"], "measured_s": row["ttft_s"],
-                     "predicted_s": parts["ttft"], "error": parts["ttft"] / row["ttft_s"] - 1,
-                     "parts": parts})
-    return {"rates": vars(rates), "threads": torch.get_num_threads(), "rows": rows, "machine": _machine()}
+    rows = predict_bench_rows(shape, rates, bench["rows"], plan.speculator, width=4, h2o=plan.h2o,
+                              lookahead=plan.specprefill.lookahead)
+    return {"rates": vars(rates), "threads": torch.get_num_threads(), "rows": rows,
+            "machine": {**_machine(), "load_before": load_before}}
 
 
 def _machine() -> dict:

@@ -23,12 +23,17 @@ def _table_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _load(load: list[float] | None) -> str:
+    return "?" if load is None else ", ".join(f"{x:.2f}" for x in load)
+
+
 def _validation_lines(check: dict | None) -> list[str]:
     if not check:
         return ["", "No CPU validation recorded yet (`scripts/roofline.py --validate`)."]
     rates, machine = check["rates"], check["machine"]
     lines = ["", f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {check['threads']} threads, "
-             f"load average {', '.join(f'{x:.2f}' for x in machine['load'])} at the end ({machine['notes']}). "
+             f"load average (1, 5, 15 min) {_load(machine.get('load_before'))} before and "
+             f"{_load(machine['load'])} after the run ({machine['notes']}). "
              f"Measured rates ({rates['source']}): GEMM {rates['gemm'] / 1e9:.1f} GFLOP/s, attention "
              f"{rates['attention'] / 1e9:.1f} GFLOP/s, copy {rates['bandwidth'] / 1e9:.1f} GB/s.", "",
              "| method | prompt tokens | measured TTFT (s) | predicted (s) | error |", "|---|---|---|---|---|"]

@@ -37,3 +37,23 @@ def test_a_kernel_that_cannot_launch_is_the_cells_failure(monkeypatch):
     monkeypatch.setattr(dispatch, "metal_available", lambda: False)
     row = matrix.check_metal_cell(matrix.MetalCell("scoring", "float16", 64, 1))
     assert row["failures"][0].startswith("compile or launch:")
+
+
+def test_doctor_without_metal_skips_the_matrix_and_says_where_it_runs():
+    """This machine (no Metal): `specfill doctor --backend mlx` names the emulation instead."""
+    from specfill.evaluation.doctor import environment, metal_matrix
+    env = environment()
+    assert not env["mlx"]["metal_available"]
+    result = metal_matrix("mlx", env)
+    assert "no Metal device" in result["skipped"] and "scripts/metal_matrix.py" in result["skipped"]
+    assert metal_matrix("cuda", env) == {"skipped": "the Metal matrix is the mlx backend's check"}
+
+
+@needs_gxx
+def test_doctor_on_a_mac_runs_the_matrix(emulated_metal, monkeypatch):
+    """The Mac branch, with the emulation standing in for Metal: every cell runs and is counted."""
+    from specfill.evaluation import doctor
+    monkeypatch.setattr(matrix, "metal_cells", lambda: [matrix.MetalCell("intra", "float16", 64, 7)])
+    env = {"mlx": {"installed": True, "metal_available": True}}
+    result = doctor.metal_matrix("mlx", env)
+    assert (result["cells"], result["failures"], result["failed"]) == (1, 0, [])
