@@ -26,7 +26,8 @@ EXAMPLE_TOKENS = 470  # RULER's few-shot examples are generated for 500 tokens l
 class Draft:
     """A sample at one haystack size: the user's text, the answer prefix opening the reply, the
     expected strings, and the texts to mark in position maps ("needle": what the answer is read
-    from, e.g. the queried needles, the chain's hops, the gold documents; "other": distractors)."""
+    from: the queried needles, the chain's hops, QA's answer sentences; "other": distractor
+    needles; "support": QA's gold documents)."""
     user: str
     prefix: str
     outputs: list[str]
@@ -171,7 +172,9 @@ def common_words(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tu
 
 def qa(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tuple[Render, int, int]:
     """A SQuAD or HotpotQA question over its gold documents among distractors (SQuAD: the same
-    article's other paragraphs first, then any); any of the question's answers counts."""
+    article's other paragraphs first, then any); any of the question's answers counts. Marked:
+    the gold documents' sentences holding an answer ("needle"; the documents when none does, as
+    for HotpotQA's yes / no questions) and the gold documents ("support")."""
     questions, docs = qa_data(p["dataset"])
     q = questions[rng.randrange(len(questions))]
     cap = min(len(docs), len(q["context"]) + max(1, n_tokens // 20))
@@ -179,14 +182,16 @@ def qa(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tuple[Render
     extra = [i for i in rng.sample(range(len(docs)), min(len(docs), cap + len(taken))) if i not in taken]
     order = q["context"] + rng.sample(q["more"], len(q["more"])) + extra
     seed, spec = rng.random(), task_templates()["qa"]
+    gold = [docs[d] for d in q["context"]]
+    answer_sentences = [s for doc in gold for s in split_sentences(doc)
+                        if any(a.lower() in s.lower() for a in q["outputs"])] or gold  # yes / no: the documents
 
     def render(size: int) -> Draft:
         chosen = order[:size]
         random.Random(seed).shuffle(chosen)
         context = "\n\n".join(f"Document {i + 1}:\n{docs[d]}" for i, d in enumerate(chosen))
-        gold = [docs[d] for d in q["context"]]
         return Draft(spec["template"].format(context=context, query=q["query"]), spec["answer_prefix"],
-                     list(q["outputs"]), context, {"needle": gold})
+                     list(q["outputs"]), context, {"needle": answer_sentences, "support": gold})
 
     return render, len(q["context"]), min(cap, len(order))
 

@@ -84,3 +84,31 @@ def test_too_short_a_length_is_a_clear_error(tokenizer):
         build_sample(tokenizer, "qa_2", 200, 0)
     with pytest.raises(ConfigError, match="unknown RULER task"):
         build_sample(tokenizer, "niah_everything", 200, 0)
+
+
+@needs_data
+def test_generation_stops_once_the_score_is_final(tokenizer, monkeypatch):
+    """run_sample stops at the token that completes the answer (the score the whole budget would
+    give), and --answer-tokens caps RULER's budget."""
+    from types import SimpleNamespace
+
+    from specfill.core.runtime import PrefillInfo, PrefillMethod
+    from specfill.evaluation import ruler_run
+
+    sample = build_sample(tokenizer, "niah_multivalue", 600, 0)
+    pieces = [" one", f" {sample.outputs[0]}", " and", *[f" {v}" for v in sample.outputs[1:]], " extra", " more"]
+    pulled, budgets = [], []
+
+    def fake_stream(model, tok, prompt, max_tokens, **kwargs):
+        assert prompt == sample.prompt
+        budgets.append(max_tokens)
+        for text in pieces[:max_tokens]:
+            pulled.append(text)
+            yield SimpleNamespace(text=text, ttft=0.25)
+
+    monkeypatch.setattr(ruler_run, "stream_generate", fake_stream)
+    text, value, ttft = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), 5, PrefillInfo())
+    assert (value, ttft, len(pulled), budgets) == (0.75, 0.25, 5, [5])  # the 4th value lies past the cap
+    pulled.clear()
+    text, value, _ = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), None, PrefillInfo())
+    assert value == 1.0 and budgets[-1] == 128 and len(pulled) == 6 and text.endswith(sample.outputs[-1])
