@@ -1,4 +1,4 @@
-"""`specfill eval`: perplexity and passkey retrieval of full, H2O and speculative prefill."""
+"""`specfill eval`: perplexity, passkey retrieval and RULER's tasks for full, H2O and speculative prefill."""
 from __future__ import annotations
 
 import argparse
@@ -7,13 +7,15 @@ from specfill.api import resolve_backend
 from specfill.core import ConfigError
 from specfill.evaluation.eval_report import write_eval
 from specfill.evaluation.quality import RETRIEVAL_TASKS, EvalPlan, run_eval
+from specfill.evaluation.ruler_data import RulerDataMissing, ruler_available
+from specfill.evaluation.ruler_tasks import DEFAULT_RULER_TASKS, RULER_TASKS, expand_tasks
 
 from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, float_list, h2o_config, int_list,
                       specprefill_config, str_list)
 from .progress import WorkProgressBar
 
-HELP = ("perplexity and passkey retrieval per method and setting (JSON + Markdown + PNG: speed-up vs quality "
-        "trade-off, map of kept positions)")
+HELP = ("perplexity, passkey retrieval and RULER's tasks per method and setting (JSON + Markdown + PNG: speed-up "
+        "vs quality trade-off, map of kept positions)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,12 +23,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--tasks", type=str_list, default=["perplexity", "passkey"],
                    help="comma list of perplexity, passkey, multikey (four named numbers hidden in the evaluation "
-                        "text, one asked; lengths from --passkey-lengths); default: perplexity,passkey")
+                        "text, one asked; lengths from --passkey-lengths), RULER's tasks (" + ", ".join(RULER_TASKS)
+                        + "; lengths from --ruler-lengths; needs the 'ruler' extra) or ruler (= "
+                        + ",".join(DEFAULT_RULER_TASKS) + "); default: perplexity,passkey")
     p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
     p.add_argument("--perplexity-lengths", type=int_list, default=[4000, 8000])
     p.add_argument("--passkey-lengths", type=int_list, default=[2000, 4000, 8000],
                    help="prompt lengths of the retrieval tasks (passkey, multikey)")
-    p.add_argument("--trials", type=int, default=20, help="retrieval trials per task, length and method")
+    p.add_argument("--trials", type=int, default=20, help="retrieval trials (RULER: samples) per task, length and method")
+    p.add_argument("--ruler-lengths", type=int_list, default=[4000],
+                   help="prompt lengths in tokens (at most; chat template included) of RULER's tasks")
+    p.add_argument("--ruler-seed", type=int, default=0, help="seed of RULER's samples (each method sees the same)")
+    p.add_argument("--answer-tokens", type=int, default=None,
+                   help="cap on RULER's answer budgets (niah 128, vt 30, cwe 120, qa 32 tokens); generation stops "
+                        "earlier once every expected string is found")
+    p.add_argument("--ignore-chat-template", action="store_true",
+                   help="RULER prompts as plain text (default: in the model's chat template when it has one)")
     p.add_argument("--keeps", type=float_list, default=[0.1, 0.3], help="SpecPrefill keep ratios to evaluate")
     p.add_argument("--speculator", default="self:8")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
@@ -36,25 +48,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_method_options(p, sweep=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    unknown = set(args.tasks) - {"perplexity", *RETRIEVAL_TASKS} | set(args.methods) - {"full", "h2o", "specprefill"}
+def _check_tasks(args: argparse.Namespace) -> list[str]:
+    """The tasks with `ruler` expanded; ConfigError for unknown names or bad numbers,
+    RulerDataMissing when a RULER task is asked for without its data packages."""
+    tasks = expand_tasks(args.tasks)
+    known = {"perplexity", *RETRIEVAL_TASKS, *RULER_TASKS}
+    unknown = set(tasks) - known | set(args.methods) - {"full", "h2o", "specprefill"}
     if unknown:
         raise ConfigError(f"unknown task or method: {', '.join(sorted(unknown))}")
     if args.trials < 1:
         raise ConfigError("--trials must be >= 1")
+    if any(n < 1 for n in args.ruler_lengths) or (args.answer_tokens is not None and args.answer_tokens < 1):
+        raise ConfigError("--ruler-lengths and --answer-tokens must be >= 1")
+    if set(tasks) & set(RULER_TASKS) and ruler_available() is not None:
+        raise RulerDataMissing(ruler_available())
+    return tasks
+
+
+def run(args: argparse.Namespace) -> int:
+    tasks = _check_tasks(args)
     for keep in args.keeps:  # validates every swept setting up front
         for rule in args.score_layers:
             specprefill_config(args, keep_ratio=keep, layers=rule)
     for tail in args.h2o_dense_tail:
         h2o_config(args, dense_tail=tail)
     backend = resolve_backend(args.backend)
-    plan = EvalPlan(backend=backend, model=args.model, tasks=tuple(args.tasks), methods=tuple(args.methods),
+    plan = EvalPlan(backend=backend, model=args.model, tasks=tuple(tasks), methods=tuple(args.methods),
                     perplexity_lengths=tuple(args.perplexity_lengths), passkey_lengths=tuple(args.passkey_lengths),
                     trials=args.trials, keeps=tuple(args.keeps), speculator=args.speculator,
                     dense_tails=tuple(args.h2o_dense_tail), score_layers=tuple(args.score_layers),
                     h2o=h2o_config(args, dense_tail=args.h2o_dense_tail[0]),
                     specprefill=specprefill_config(args, layers=args.score_layers[0]), dtype=args.dtype,
-                    device=args.device)
+                    device=args.device, ruler_lengths=tuple(args.ruler_lengths), ruler_seed=args.ruler_seed,
+                    chat_template=not args.ignore_chat_template, answer_tokens=args.answer_tokens)
     with WorkProgressBar("eval") as bar:
         result = run_eval(plan, log=bar.log, step=bar.step,
                           cell_done=lambda partial: write_eval(partial, args.out, args.name))

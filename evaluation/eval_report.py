@@ -10,6 +10,7 @@ import numpy as np
 
 from .machine import machine_line
 from .plots import plot_position_map, plot_tradeoff
+from .ruler_report import loss_causes, ruler_markdown, write_ruler_plots
 
 
 RETRIEVAL_HEADINGS = {"passkey": "Passkey retrieval",
@@ -55,7 +56,7 @@ def eval_markdown(result: dict) -> list[str]:
         lines += [f"| {star(r['method'])} | {r['tokens']} | {r['trials']} | {100 * r['accuracy']:.0f}% ({r['hits']}) "
                   f"| {_fmt(r['vs_full_points'], '{:+.0f}')} | {_fmt(r.get('median_ttft_s'), '{:.2f}')} "
                   f"| {_fmt(r.get('speedup_vs_full'), '{:.2f}x')} |" for r in result[task]]
-    return lines
+    return lines + ruler_markdown(result)
 
 
 def write_eval(result: dict, out_dir, name: str = "eval") -> list[Path]:
@@ -64,7 +65,9 @@ def write_eval(result: dict, out_dir, name: str = "eval") -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{name}.json", out / f"{name}.md"]
-    compact = {**result, "maps": {k: "see PNG" for k in result["maps"]}}
+    compact = {**result, "maps": {k: "see PNG" for k in result["maps"]},
+               "ruler_maps": {k: "see PNG" for k in result.get("ruler_maps", {})},
+               "ruler_loss_causes": loss_causes(result)}
     for path, text in ((paths[0], json.dumps(compact, indent=1) + "\n"),
                        (paths[1], "\n".join(eval_markdown(result)) + "\n")):
         partial = path.with_name(path.name + ".partial")
@@ -79,4 +82,4 @@ def write_eval(result: dict, out_dir, name: str = "eval") -> list[Path]:
         paths.append(plot_position_map({k: np.asarray(v) for k, v in result["maps"].items()},
                                        result.get("map_marks", {}), out / f"{name}_positions.png",
                                        f"kept (SpecPrefill) / in the last memory set (H2O), mid-depth needle: {title}"))
-    return paths
+    return paths + write_ruler_plots(result, out, name, title)

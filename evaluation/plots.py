@@ -48,8 +48,9 @@ def plot_position_map(maps: dict[str, np.ndarray], marks: dict[str, dict[str, li
                       path: str | os.PathLike, title: str) -> Path:
     """One row per label: which prompt positions were kept (SpecPrefill) or are in a memory
     set (H2O: fraction of (layer, KV head) memory sets holding the position). A row ends at its
-    own prompt's end (no padding drawn for shorter prompts); marks[label] spans [start, end) of
-    the needle (red) and the question (orange) are drawn under the row."""
+    own prompt's end (no padding drawn for shorter prompts); marks[label][kind], a span [start,
+    end) or a list of spans, is drawn under the row: "needle" (what the answer is read from, red),
+    "question" (orange), "other" (distractor needles, grey), "support" (QA's gold documents, pink)."""
     plt = _pyplot()
     labels = list(maps)
     width = max(len(m) for m in maps.values())
@@ -60,18 +61,21 @@ def plot_position_map(maps: dict[str, np.ndarray], marks: dict[str, dict[str, li
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # past a shorter prompt's end
     shown = ax.imshow(np.ma.masked_invalid(image), aspect="auto", interpolation="nearest", cmap=cmap,
                       vmin=0.0, vmax=1.0)
+    shown_kinds: set[str] = set()
     for i, label in enumerate(labels):
-        for what, color in (("needle", "red"), ("question", "orange")):
-            span = marks.get(label, {}).get(what)
-            if span:  # at least 1/150 of the width, so a short question still shows
-                end = max(span[1], span[0] + width / 150)
-                ax.plot([span[0] - 0.5, end - 0.5], [i + 0.42, i + 0.42], color=color, linewidth=4,
-                        solid_capstyle="butt", label=what if i == 0 else None)
+        for what, color, y in (("support", "pink", 0.30), ("other", "grey", 0.42), ("needle", "red", 0.42),
+                               ("question", "orange", 0.42)):
+            spans = marks.get(label, {}).get(what) or []
+            for span in ([spans] if spans and not isinstance(spans[0], (list, tuple)) else spans):
+                end = max(span[1], span[0] + width / 150)  # at least 1/150 of the width: a short span shows
+                ax.plot([span[0] - 0.5, end - 0.5], [i + y, i + y], color=color, linewidth=4,
+                        solid_capstyle="butt", label=None if what in shown_kinds else what)
+                shown_kinds.add(what)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel("prompt position")
     ax.set_title(title, fontsize=9)
     if marks:
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.4 / len(labels)), ncol=2, fontsize=8)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.4 / len(labels)), ncol=4, fontsize=8)
     fig.colorbar(shown, ax=ax, fraction=0.02, label="kept / in memory")
     return _save(fig, path)
 

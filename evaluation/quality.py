@@ -12,6 +12,8 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
 from .machine import describe_machine
+from .ruler_run import add_ruler_deltas, run_ruler
+from .ruler_tasks import RULER_TASKS
 from .texts import multikey_prompt_spans, multikey_trials, passkey_prompt_spans, passkey_trials, tokens_of_length
 
 RETRIEVAL_TASKS = ("passkey", "multikey")  # each a list of rows in the result, one per (method, length)
@@ -34,6 +36,10 @@ class EvalPlan:
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
     dtype: str | None = None
     device: str | None = None
+    ruler_lengths: tuple[int, ...] = (4000,)  # prompt lengths of RULER's tasks (names in `tasks`)
+    ruler_seed: int = 0
+    chat_template: bool = True  # RULER prompts in the model's chat template, when it has one
+    answer_tokens: int | None = None  # cap on RULER's answer budgets (None: RULER's)
 
 
 def method_variants(plan: EvalPlan, speculator) -> dict[str, PrefillMethod]:
@@ -93,7 +99,8 @@ def eval_steps(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> int:
     """How many units of work run_eval reports to `step`: a perplexity cell or a passkey trial."""
     dense = sum(m.name != "specprefill" for m in methods.values())
     return (dense * len(plan.perplexity_lengths) * ("perplexity" in plan.tasks)
-            + len(methods) * len(plan.passkey_lengths) * plan.trials * sum(t in plan.tasks for t in RETRIEVAL_TASKS))
+            + len(methods) * len(plan.passkey_lengths) * plan.trials * sum(t in plan.tasks for t in RETRIEVAL_TASKS)
+            + len(methods) * len(plan.ruler_lengths) * plan.trials * sum(t in plan.tasks for t in RULER_TASKS))
 
 
 def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
@@ -119,6 +126,7 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
     machine = describe_machine({"model_dtype": str(model.dtype), "device_name": model.device_name})
     result: dict = {"plan": _plan_dict(plan, methods), "machine": machine, "complete": False,
                     "perplexity": [], "maps": {}, "map_marks": {},
+                    "ruler": [], "ruler_samples": [], "ruler_maps": {}, "ruler_marks": {},
                     **{task: [] for task in RETRIEVAL_TASKS}}
     if "perplexity" in plan.tasks:
         for length in plan.perplexity_lengths:
@@ -140,7 +148,9 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
                                                     done))
                 log(f"{task} {label:<22} {length:>6} tokens: {result[task][-1]['hits']}/{plan.trials}")
                 finished_cell()
+    run_ruler(plan, model, tokenizer, methods, result, done, log, finished_cell)
     add_deltas(result)
+    result["machine"]["load_average_1min_at_end"] = describe_machine().get("load_average_1min")
     result["complete"] = True
     return result
 
@@ -200,6 +210,7 @@ def add_deltas(result: dict) -> None:
             r["vs_full_points"] = 100.0 * (r["accuracy"] - base["accuracy"]) if base else None
             r["speedup_vs_full"] = (base["median_ttft_s"] / r["median_ttft_s"]
                                     if base and r.get("median_ttft_s") else None)
+    add_ruler_deltas(result)
 
 
 def is_default(method: PrefillMethod) -> bool:

@@ -208,3 +208,38 @@ def test_eval_multikey_task_writes_its_table(tiny_checkpoint, tmp_path, capsys):
     assert "multikey h2o @ 120" in data["maps"] and "h2o @ 120" in data["maps"]
     assert "## Multi-key needle" in (tmp_path / "eval.md").read_text()
     assert (tmp_path / "eval_tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_ruler_tasks_end_to_end(tiny_checkpoint, tmp_path, capsys):
+    """`eval --tasks` with RULER's tasks: one row per (task, method), the same samples for every
+    method, the per-sample records, the table and both plots."""
+    from specfill.evaluation.ruler_data import ruler_available
+
+    if ruler_available() is not None:
+        pytest.skip(ruler_available())
+    model = str(tiny_checkpoint("llama", "gguf"))
+    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks",
+                 "niah_multivalue,niah_single_1", "--ruler-lengths", "600", "--trials", "2", "--chunk-size", "128",
+                 "--batch-size", "128", "--h2o-local", "16", "--h2o-heavy", "16", "--speculator", "self:1",
+                 "--keeps", "0.3", "--select-chunk", "8", "--answer-tokens", "3", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "eval.json").read_text())
+    rows = {(r["task"], r["method"]): r for r in data["ruler"]}
+    methods = ["full", "h2o", "specprefill keep=0.3"]
+    assert sorted(rows) == sorted((t, m) for t in ("niah_multivalue", "niah_single_1") for m in methods)
+    assert all(r["samples"] == 2 and 0 <= r["score"] <= 100 and r["mean_prompt_tokens"] <= 600 for r in rows.values())
+    assert rows[("niah_single_1", "full")]["speedup_vs_full"] == 1.0
+    samples = [r for r in data["ruler_samples"] if r["task"] == "niah_multivalue"]
+    assert len(samples) == 6 and len({(r["index"], r["prompt_tokens"]) for r in samples}) == 2  # shared samples
+    spec = [r for r in samples if r["method"].startswith("specprefill")]
+    assert all(r["kept_tokens"] < r["prompt_tokens"] and len(r["needle_kept"]) == 4 for r in spec)
+    assert "| niah_single_1 | 600 | h2o | 2 |" in (tmp_path / "eval.md").read_text()
+    assert (tmp_path / "eval_ruler_tradeoff.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "eval_ruler_positions.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_eval_ruler_without_its_data_is_one_clear_error(monkeypatch, capsys):
+    monkeypatch.setattr("specfill.cli.eval.ruler_available", lambda: "RULER's tasks need the 'ruler' extra: ...")
+    assert main(["eval", "--tasks", "vt", "--model", "x"]) != 0
+    err = capsys.readouterr().err
+    assert "'ruler' extra" in err and "Traceback" not in err
