@@ -28,12 +28,12 @@ def mlx_lm_model_type(path: str | Path) -> str | None:
     """The model_type of a directory that should load through mlx-lm (None: specfill's own loader:
     not a directory, no readable config.json, one of specfill's own families, or a type mlx-lm
     has no model file for)."""
-    config_path = Path(path) / "config.json"
-    if not config_path.is_file():
-        return None
     try:
+        config_path = Path(path) / "config.json"
+        if not config_path.is_file():  # a FIFO or device would block the read
+            return None
         config = json.loads(config_path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not a directory, no or a broken config.json:
         return None  # specfill's own loader names the problem
     model_type = config.get("model_type") if isinstance(config, dict) else None
     if not isinstance(model_type, str) or model_type in _HF_MODEL_TYPES or not model_type.isidentifier():
