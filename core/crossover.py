@@ -114,7 +114,8 @@ def read_calibration(key: dict[str, Any]) -> dict[str, Any] | None:
 def save_calibration(key: dict[str, Any], points: dict[int, tuple[float, float]], how: str) -> dict[str, Any]:
     """Write the calibration of `key` from points {length: (full s, sparse s)}; returns it."""
     data = {"key": key, "how": how, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "points": {str(n): {"full_s": round(f, 6), "sparse_s": round(s, 6)} for n, (f, s) in sorted(points.items())},
+            "points": {str(n): {"full_s": round(full, 6), "sparse_s": round(sparse, 6)}
+                       for n, (full, sparse) in sorted(points.items())},
             "crossover_tokens": crossover_from_points(points)}
     path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ The probe runs the real prefill code paths on random prompts, on the model's FIR
                the look-ahead steps and the scoring by N_spec overstates the sparse side: a
                conservative estimate, which errs toward full prefill)
 Each time is the faster of two interleaved runs, after one warm-up run at the shortest length
-(first calls compile kernels, run self-checks and size caches). The timing callback is the backend's own
+(first calls compile kernels, run self-checks and size caches). The clock is the backend's own
 (`ops.wall_time`, which waits for its device), so core imports no backend.
 """
 from __future__ import annotations
