@@ -23,7 +23,7 @@ def adapted(lm: nn.Module, prefill_step_size: int = 2048) -> CausalLM:
     return CausalLM(adapt(lm), AdaptedOps(mx.Device(mx.cpu)), prefill_step_size=prefill_step_size)
 
 
-def prompt(n: int, vocab: int = 97, seed: int = 0) -> list[int]:
+def prompt(n: int, vocab: int = 320, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(4, vocab, size=n).tolist()
 
 
