@@ -56,11 +56,15 @@ def ruler_cell(model, tokenizer, samples: list[RulerSample], label: str, method:
                         "needle_kept": span_shares(row, sample.spans.get("needle", [])),
                         "question_kept": span_shares(row, sample.spans["question"])})
         done(f"{sample.task} {label}")
-    row = {"task": samples[0].task, "method": label, "samples": len(samples),
-           "score": 100.0 * float(np.mean([r["score"] for r in records])),
-           "mean_prompt_tokens": float(np.mean([s.tokens for s in samples])),
-           "median_ttft_s": float(np.median([r["ttft_s"] for r in records]))}
-    return row, records, maps
+    return summary_row(records), records, maps
+
+
+def summary_row(records: list[dict]) -> dict:
+    """The table row of one (task, method[, length]) from its per-sample records."""
+    return {"task": records[0]["task"], "method": records[0]["method"], "samples": len(records),
+            "score": 100.0 * float(np.mean([r["score"] for r in records])),
+            "mean_prompt_tokens": float(np.mean([r["prompt_tokens"] for r in records])),
+            "median_ttft_s": float(np.median([r["ttft_s"] for r in records]))}
 
 
 def run_ruler(plan, model, tokenizer, methods: dict[str, PrefillMethod], result: dict,
