@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fetch a repo-id --model from the Hugging Face Hub when it is not cached "
                         "(never when HF_HUB_OFFLINE=1)")
     p.add_argument("--method", choices=("full", "h2o", "specprefill", "auto"), default="full",
-                   help="auto: full prefill below the crossover length measured for this backend and device "
-                        "(results/bench/crossover.json, else 2048 tokens), above it specprefill when "
+                   help="auto: full prefill below the crossover length calibrated on this machine "
+                        "(docs/methods.md#auto), above it specprefill when "
                         "--speculator is given, else h2o (default: %(default)s)")
     p.add_argument("--auto-threshold", type=int, default=None,
                    help="with --method auto: the prompt length from which the sparse method runs")

@@ -40,7 +40,7 @@ class PrefillMethod:
     speculator: a loaded CausalLM or "self:K" for the main model's first K layers), or "auto":
     full prefill below a crossover prompt length, above it the configured sparse method
     (`sparse`: speculative prefill when a speculator is given, else H2O). auto_threshold
-    overrides the measured crossover (core/crossover.py)."""
+    overrides the crossover calibrated on this machine (core/crossover.py)."""
 
     name: str = "full"
     h2o: H2OConfig | None = None

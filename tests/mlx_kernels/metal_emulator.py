@@ -3,7 +3,8 @@
 The function is declared the way MLX declares it (template parameters, inputs in order, scalars
 as references, outputs, `thread_position_in_grid` when the source uses it) and is called once per
 grid point. Metal's address-space words are defined away, `metal::` maths maps to the C++
-library, half is _Float16, and every buffer is a bounds-checked pointer: an out-of-range read or
+library, half is _Float16, bfloat16_t a 16-bit struct converting to and from float with
+round-to-nearest-even (as MLX's Metal bfloat16 does), and every buffer is a bounds-checked pointer: an out-of-range read or
 write is counted and fails the call. What this cannot see: MSL-only compile errors, threadgroup
 memory and SIMD semantics (the kernels here use none), fast-math rounding on a real GPU.
 """
@@ -25,6 +26,7 @@ CACHE = Path(tempfile.gettempdir()) / "specfill-metal-emulator"
 TYPES: dict[mx.Dtype, tuple[str, type]] = {
     mx.float32: ("float", np.float32),
     mx.float16: ("float16_t", np.float16),
+    mx.bfloat16: ("bfloat16_t", np.uint16),  # NumPy has no bfloat16: the raw bits travel
     mx.int32: ("int32_t", np.int32),
     mx.uint32: ("uint32_t", np.uint32),
 }
@@ -33,6 +35,7 @@ PRELUDE = r"""
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #define device
 #define constant
@@ -40,6 +43,22 @@ PRELUDE = r"""
 typedef _Float16 float16_t;
 typedef _Float16 half;
 typedef unsigned int uint;
+struct bfloat16_t {
+  uint16_t bits;
+  bfloat16_t() = default;
+  bfloat16_t(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits = (u & 0x7fffffffu) > 0x7f800000u ? uint16_t((u >> 16) | 0x40u)   // NaN stays NaN
+                                           : uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  operator float() const {
+    uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
 struct uint3 { uint x, y, z; };
 namespace metal {
 inline float exp(float x) { return std::exp(x); }
@@ -138,9 +157,10 @@ class EmulatedKernel:
         if any(g < 1 for g in grid):
             raise ValueError(f"{self.name}: empty grid {grid}")
         arrays = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]  # int -> int32, float -> float32
-        host = [np.ascontiguousarray(np.array(a), dtype=TYPES[a.dtype][1]) for a in arrays]
+        host = [np.ascontiguousarray(_host(a)) for a in arrays]
         fill = np.nan if init_value is None else init_value  # unwritten outputs show up as NaN
-        outputs = [np.full(shape, fill, dtype=TYPES[d][1]) for shape, d in zip(output_shapes, output_dtypes)]
+        outputs = [np.full(shape, _bits(fill) if d == mx.bfloat16 else fill, dtype=TYPES[d][1])
+                   for shape, d in zip(output_shapes, output_dtypes)]
         buffers = (ctypes.c_void_p * (len(host) + len(outputs)))(*[b.ctypes.data for b in host + outputs])
         sizes = (ctypes.c_long * (len(host) + len(outputs)))(*[b.size for b in host + outputs])
         library = self._library(arrays, template, output_dtypes)
@@ -148,4 +168,15 @@ class EmulatedKernel:
         self.launches += 1
         if violations:
             raise IndexError(f"{self.name}: {violations} out-of-bounds buffer accesses")
-        return [mx.array(o) for o in outputs]
+        return [mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o)
+                for o, d in zip(outputs, output_dtypes)]
+
+
+def _host(a: mx.array) -> np.ndarray:
+    """The array's bytes as NumPy (bfloat16 as its uint16 bits)."""
+    return np.array(a.view(mx.uint16)) if a.dtype == mx.bfloat16 else np.array(a, dtype=TYPES[a.dtype][1])
+
+
+def _bits(value: float) -> int:
+    """bfloat16 bits of a float (NaN: the quiet NaN)."""
+    return 0x7FC0 if np.isnan(value) else int(np.array(value, dtype=np.float32).view(np.uint32) >> 16)

@@ -1,0 +1,50 @@
+"""The roofline model (evaluation/roofline.py) and the rate measurement it is checked with."""
+from __future__ import annotations
+
+import pytest
+
+from specfill.evaluation.roofline import DEVICES, Method, Rates, Shape, predict
+
+LLAMA_8B = Shape("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256)
+TINY = Shape("tiny", 2, 64, 4, 2, 16, 128, 100)
+
+
+def test_full_prefill_is_priced_by_its_flops_on_a_compute_bound_device():
+    """8B at 8K on H100: 2 * tokens * params for the linear layers plus 4 * D * heads * pairs."""
+    parts = predict(LLAMA_8B, DEVICES["h100"], 8192, Method("full"))
+    linear_flops = 2 * 8192 * LLAMA_8B.layer_params() * LLAMA_8B.layers
+    assert parts["linear"] == pytest.approx(linear_flops / 989.4e12, rel=0.02)
+    pairs = 8192 * 8193 // 2
+    assert parts["attention"] == pytest.approx(4 * 128 * 32 * pairs * 32 / 989.4e12, rel=1e-6)
+    assert parts["ttft"] == pytest.approx(parts["linear"] + parts["attention"])
+
+
+def test_bandwidth_bound_parts_are_priced_by_their_bytes():
+    slow = Rates("slow memory", 1e18, 1e18, 1e9, "test")
+    parts = predict(TINY, slow, 1, Method("full"), width=4)
+    weights = TINY.layer_params() * TINY.layers * 4 + TINY.hidden * TINY.vocab * 4
+    assert parts["linear"] == pytest.approx(weights / 1e9)
+
+
+def test_sparse_methods_beat_full_at_long_prompts_and_grow_with_length():
+    speedups = []
+    for tokens in (8192, 131072):
+        full = predict(LLAMA_8B, DEVICES["rtx4090"], tokens, Method("full"))["ttft"]
+        h2o = predict(LLAMA_8B, DEVICES["rtx4090"], tokens, Method("h2o"))["ttft"]
+        spec = predict(LLAMA_8B, DEVICES["rtx4090"], tokens,
+                       Method("specprefill", speculator=LLAMA_8B.first_layers(8)))["ttft"]
+        assert h2o < full and spec < full
+        speedups.append(full / h2o)
+    assert speedups[1] > speedups[0]
+
+
+def test_an_unknown_method_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown method 'sparse'"):
+        predict(TINY, DEVICES["h100"], 16, Method("sparse"))
+
+
+def test_measured_torch_rates_are_positive_and_named():
+    from specfill.evaluation.rates import torch_rates
+    rates = torch_rates(TINY, step=32, context=64, repeats=1)
+    assert rates.gemm > 0 and rates.attention > 0 and rates.bandwidth > 0
+    assert rates.name.startswith("torch cpu float32")
