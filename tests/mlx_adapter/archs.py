@@ -9,12 +9,17 @@ named in the refusal (full prefill and decoding still work on them).
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
-BASE = dict(hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
+from tests.fixtures.tiny_tokenizer import tiny_bpe_tokenizer_json, tiny_tokenizer_config
+
+BASE = dict(bos_token_id=1, eos_token_id=2, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, vocab_size=320, max_position_embeddings=512,
             rope_theta=10000.0, tie_word_embeddings=False)
 _MOE = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
@@ -61,13 +66,28 @@ HYBRID: dict[str, dict[str, Any]] = {
                  block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False, full_attn_idxs=[1], norm_eps=1e-5),
 }
 
+REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file
+
 
 def build(arch: str, config: dict[str, Any] | None = None, seed: int = 0) -> nn.Module:
     """mlx-lm's own Model for `arch` from BASE plus the arch's config, random weights (fp32)."""
-    module = importlib.import_module(f"mlx_lm.models.{arch}")
+    module = importlib.import_module(f"mlx_lm.models.{REMAPPED.get(arch, arch)}")
     known = {**HONOURED, **{name: refused[0] for name, refused in REFUSED.items()}, **HYBRID}
     extra = config if config is not None else known[arch]
     mx.random.seed(seed)
-    model = module.Model(module.ModelArgs.from_dict(dict(BASE, model_type=arch, **extra)))
+    model = module.Model(module.ModelArgs.from_dict({**BASE, "model_type": arch, **extra}))
     mx.eval(model.parameters())
     return model
+
+
+def save_directory(arch: str, directory: Path, config: dict[str, Any] | None = None) -> Path:
+    """An mlx-lm directory of build(arch, config): config.json, model.safetensors (mlx-lm's own
+    parameter names) and the tiny tokenizer."""
+    extra = config if config is not None else {**HONOURED, **HYBRID}.get(arch, {})
+    model = build(arch, extra)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps({**BASE, "model_type": arch, **extra}))
+    mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json())
+    (directory / "tokenizer_config.json").write_text(json.dumps(tiny_tokenizer_config()))
+    return directory

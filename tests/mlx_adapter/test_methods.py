@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from specfill.core.adapted import MethodRefusedError
-from specfill.core.errors import ModelLoadError
 from specfill.core.config import H2OConfig, SpecPrefillConfig
+from specfill.core.errors import ModelLoadError
 from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.oracle import oracle_h2o_layer
 from specfill.core.reference.specprefill import speculative_selection
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod
 
 from tests.mlx_adapter.archs import HONOURED, HYBRID, REFUSED, build
 from tests.mlx_adapter.support import adapted, assert_close, greedy, prompt
@@ -108,3 +108,12 @@ def test_sparse_methods_are_refused_by_name_on_layers_they_cannot_run(arch, meth
 def test_hybrids_with_recurrent_layers_are_refused_at_load_by_name(arch):
     with pytest.raises(ModelLoadError, match=rf"^{arch} layer 0 is a linear-attention / state-space layer"):
         adapted(build(arch))
+
+
+@pytest.mark.parametrize("arch", sorted(HONOURED) + sorted(REFUSED))
+def test_drafting_with_the_first_layer_gives_the_greedy_tokens(arch):
+    """Speculative decoding drafts with the model's first layer ("self:1", sharing its cache) and
+    trims rejected drafts: greedy tokens unchanged, on honoured and refused layers alike."""
+    model = adapted(build(arch))
+    ids = prompt(20, seed=12)
+    assert greedy(model, ids, 10, drafting=Drafting("self:1", 3)) == greedy(model, ids, 10)
