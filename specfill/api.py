@@ -78,7 +78,7 @@ def backend_module(backend: str | None) -> Any:
                                       f"(pip install 'specfill[{extra}]')") from None
 
 
-def load(path: str | None = None, backend: str | None = None, dtype: str | None = None,
+def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, dtype: str | None = None,
          device: str | None = None, *, model_file: str | None = None,
          download: bool = False) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file, a Hugging Face / mlx-lm directory or a repo id.
@@ -91,7 +91,10 @@ def load(path: str | None = None, backend: str | None = None, dtype: str | None 
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
     module = backend_module(backend)
-    resolved = str(require_demo_model()) if path is None else resolve_model(str(path), model_file, download)
+    if isinstance(path, tuple):  # a (model, tokenizer) pair from mlx_lm.load: the backend adapts it
+        resolved = path
+    else:
+        resolved = str(require_demo_model()) if path is None else resolve_model(str(path), model_file, download)
     model, tokenizer = module.load(resolved, dtype=dtype, device=device)
     check_computes_finite(model, dtype)
     return model, tokenizer
