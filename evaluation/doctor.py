@@ -82,7 +82,7 @@ def mlx_facts() -> dict[str, Any]:
                              "device_info": {k: str(v) for k, v in mx.device_info().items()}}
     preload = os.environ.get("LD_PRELOAD", "")
     facts["cpu_blas"] = ("Accelerate" if metal else "OpenBLAS (LD_PRELOAD)" if "openblas" in preload.lower()
-                         else "MLX's bundled reference BLAS (slow; see README, OpenBLAS)")
+                         else "MLX's bundled reference BLAS (slow; see docs/results.md, OpenBLAS)")
     return facts
 
 

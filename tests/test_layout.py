@@ -37,3 +37,23 @@ def test_each_method_is_written_once():
         sys.path.pop(0)
     similar = [(name, round(ratio, 3)) for name, ratio in pairs() if ratio >= 0.30]
     assert not similar, similar
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_is_a_front_page():
+    """README: the two set-up commands first (CI runs `make test`), under 200 lines, links that resolve."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) < 200, len(lines)
+    assert lines[3].startswith("make demo") and lines[4].startswith("make test"), lines[:5]
+    for page in ("methods", "usage", "serve", "backends", "results", "development"):
+        assert (ROOT / "docs" / f"{page}.md").is_file() and f"docs/{page}.md" in text, page
+
+
+def test_results_index_lists_every_results_file():
+    """docs/results_index.md is regenerated whenever a file under results/ is added or removed."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "results_index.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -121,8 +121,9 @@ class AdaptedOps(MLXOps):
 
 def adapt(lm: nn.Module) -> AdaptedModel:
     """Take over the attention of every decoder layer of the mlx-lm model `lm` (in place; the
-    original modules stay inside the adapted ones). A layer whose attention is refused and slides
-    cannot run through specfill's cache at all: ModelLoadError."""
+    original modules stay inside the adapted ones; a refused layer runs its own module on specfill's
+    cache, whose `make_mask` gives it mlx-lm's masks). A layer without softmax attention
+    (linear attention, state-space) cannot use specfill's cache at all: ModelLoadError."""
     config = dict(vars(lm.args))
     state = StepState()
     layouts = []
@@ -133,11 +134,9 @@ def adapt(lm: nn.Module) -> AdaptedModel:
             layer[found[0]] = current = current.inner
         layout = describe_layer(config, index, layer)
         if found is None:
-            raise ModelLoadError(f"{config.get('model_type')} layer {index} has {layout.kind}: "
-                                 f"specfill's KV cache holds softmax-attention layers only ({layout.refusal})")
-        if layout.refusal is not None and layout.window is not None:
-            raise ModelLoadError(f"{config.get('model_type')} layer {index} ({layout.kind}) slides over a "
-                                 f"window through mlx-lm's own attention: not supported ({layout.refusal})")
+            raise ModelLoadError(f"{config.get('model_type')} layer {index} is {layout.kind}: specfill's "
+                                 f"KV cache holds softmax-attention layers only ({layout.refusal}); every "
+                                 f"method is refused, use mlx-lm itself")
         layer[found[0]] = AdaptedAttention(current, layout, index, state)
         layouts.append(layout)
     return AdaptedModel(lm, _args(lm, tuple(layouts)), state)

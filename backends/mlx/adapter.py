@@ -96,7 +96,7 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     found = attention_of(layer)
     if found is None:
         kind = ", ".join(sorted(layer.children())) or "no children"
-        return AttentionLayout(f"linear-attention / state-space ({kind})", 1, 1, 2, 1.0,
+        return AttentionLayout(f"a linear-attention / state-space layer (parts: {kind})", 1, 1, 2, 1.0,
                                refusal="the layer keeps a recurrent state, no keys to select")
     _, attn = found
     parts = set(attn.children()) | {name for name, value in attn.items() if isinstance(value, mx.array)}

@@ -45,7 +45,7 @@ def _header(path: Path) -> tuple[dict[str, Any], int, int]:
             raise ModelLoadError(f"corrupt safetensors file {path}: JSON header nested too deeply") from None
     if not isinstance(header, dict):
         raise ModelLoadError(f"corrupt safetensors file {path}: the header is not a JSON object")
-    metadata = header.pop("__metadata__", {})
+    metadata = header.pop("__metadata__", None) or {}  # MLX writes null when it has none
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise ModelLoadError(f"corrupt safetensors file {path}: __metadata__ must map names to strings")
     return header, 8 + header_len, size
