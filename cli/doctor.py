@@ -10,8 +10,6 @@ from specfill.evaluation.doctor_report import write_doctor
 
 from .options import int_list
 
-HELP = "check this machine for specfill (versions, devices, kernels vs twins, a TTFT micro-bench); JSON + Markdown"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help=f"mlx or cuda (default: {DEFAULT_BACKEND_RULE})")

@@ -10,8 +10,6 @@ from specfill.core import BackendUnavailableError, ConfigError
 
 from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
 
-HELP = "serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")

@@ -50,7 +50,7 @@ def test_load_uses_the_default_and_backend_overrides(monkeypatch):
 def test_help_states_the_rule(capsys):
     for command in ("generate", "eval", "bench"):
         with pytest.raises(SystemExit):
-            build_parser().parse_args([command, "--help"])
+            build_parser([command, "--help"]).parse_args([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "mlx where MLX with Metal is importable" in text and "else cuda" in text, command
 
