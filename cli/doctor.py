@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     backend = resolve_backend(args.backend)
     if backend not in ("mlx", "cuda"):
-        raise ConfigError(f"--backend must be mlx or cuda, got {backend!r}")
+        raise ConfigError(f"--backend must be mlx, cuda or torch, got {backend!r}")
     if any(n < 2 for n in args.bench_lengths):
         raise ConfigError("--bench-lengths must be at least 2 tokens each")
     plan = DoctorPlan(backend=backend, model=args.bench_model, lengths=tuple(args.bench_lengths),

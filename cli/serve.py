@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from specfill.api import backend_module, load, load_speculator
+from specfill.api import backend_module, load, load_speculator, resolve_backend
 from specfill.core import BackendUnavailableError, ConfigError
 
 from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     h2o, spec = h2o_config(args), specprefill_config(args)
     backend = backend_module(args.backend)
+    args.backend = resolve_backend(args.backend)
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
