@@ -15,7 +15,6 @@ from specfill.settings import decode_utf8, read_prompt_file
 from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
 from .progress import PrefillProgressBar
 
-HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
 DEFAULT_PROMPT = "What is the capital of France?"
 
 

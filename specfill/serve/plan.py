@@ -27,7 +27,8 @@ CACHE_POLICIES = ("exact", "approximate", "off")
 class ServerDefaults:
     """The server's command-line settings; every request field left out takes these."""
 
-    model_id: str
+    model_id: str  # the name responses carry
+    model_names: tuple[str, ...] = ()  # every name requests may use (--served-model-name); model_id always
     method: str = "full"
     h2o: H2OConfig = field(default_factory=H2OConfig)
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
@@ -35,6 +36,10 @@ class ServerDefaults:
     speculator_context: int | None = None  # a separate speculator's context (None: the main model's)
     max_tokens: int = 512  # when a request gives none (clipped to the room left in the context)
     prompt_cache: str = "exact"
+
+    def names(self) -> tuple[str, ...]:
+        """The served names, model_id first."""
+        return (self.model_id, *(n for n in self.model_names if n != self.model_id))
 
 
 @dataclass

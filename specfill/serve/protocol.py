@@ -115,14 +115,20 @@ UNSUPPORTED = (
 )
 
 
-def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
-    """The validated request, or a RequestError(400) whose message names the field at fault."""
+def read_json(raw: bytes) -> dict[str, Any]:
+    """A JSON object body, or a RequestError(400)."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise bad_request(f"malformed JSON body: {err}") from None
     if not isinstance(data, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
+    """The validated request, or a RequestError(400) whose message names the field at fault."""
+    data = read_json(raw)
     try:
         request = kind.model_validate(data)
     except ValidationError as err:
