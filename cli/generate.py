@@ -16,7 +16,6 @@ from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling
                       specprefill_config, warn_unused_options)
 from .progress import PrefillProgressBar
 
-HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
 DEFAULT_PROMPT = "What is the capital of France?"
 
 

@@ -13,7 +13,7 @@ MODEL_HELP = ("GGUF file or model directory (default: the demo model); a Hugging
               "owner/repo:FILE.gguf or owner/repo:QUANT (e.g. :Q4_K_M), looked up in the local Hugging Face "
               "cache; random:SHAPE for random weights of a known shape (" + ", ".join(RANDOM_SHAPES) + ")")
 
-BACKEND_HELP = f"mlx or cuda (default: {DEFAULT_BACKEND_RULE})"
+BACKEND_HELP = f"mlx, or cuda (also called torch) (default: {DEFAULT_BACKEND_RULE})"
 
 
 def str_list(text: str) -> list[str]:

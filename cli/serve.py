@@ -8,14 +8,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specfill.api import backend_module, load, load_speculator
+from specfill.api import backend_module, load, load_speculator, resolve_backend
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.settings import sampling_config
 
 from .options import (MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
                       specprefill_config)
-
-HELP = "serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -107,6 +105,7 @@ def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OCo
            spec: SpecPrefillConfig) -> int:
     """Load, build the app, serve on the bound socket until a signal."""
     backend = backend_module(args.backend)
+    args.backend = resolve_backend(args.backend)
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"

@@ -18,8 +18,8 @@ from specfill.core.io.hub import resolve_model
 from specfill.core.runtime import Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback
 from specfill.settings import fit_to_prompt, prompt_ids, sampling_config, warn_unused
 
-BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
-            "mlx": "specfill.backends.mlx"}
+BACKENDS = {"cuda": "specfill.backends.torch_cuda", "mlx": "specfill.backends.mlx"}
+BACKEND_ALIASES = {"torch": "cuda"}  # the torch backend answers to both names; "cuda" is the one reported
 DEFAULT_BACKEND_RULE = "mlx where MLX with Metal is importable (Apple silicon), else cuda (the torch backend)"
 
 
@@ -60,8 +60,8 @@ def default_backend() -> str:
 
 
 def resolve_backend(backend: str | None) -> str:
-    """`backend` as given, or the platform default for None."""
-    return default_backend() if backend is None else backend
+    """`backend` by its one name ("torch" -> "cuda"), or the platform default for None."""
+    return default_backend() if backend is None else BACKEND_ALIASES.get(backend, backend)
 
 
 def backend_module(backend: str | None) -> Any:
@@ -69,7 +69,7 @@ def backend_module(backend: str | None) -> Any:
     or not installed."""
     backend = resolve_backend(backend)
     if backend not in BACKENDS:
-        raise BackendUnavailableError(f"unknown backend {backend!r} (choose from mlx, cuda)")
+        raise BackendUnavailableError(f"unknown backend {backend!r} (choose from mlx, cuda or torch)")
     try:
         return importlib.import_module(BACKENDS[backend])
     except ModuleNotFoundError as err:
@@ -86,7 +86,7 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
     backend: "mlx" or "cuda"; None picks mlx where MLX with Metal is importable, else cuda.
     A path that does not exist locally and reads "owner/repo", "owner/repo:FILE.gguf" or
     "owner/repo:QUANT" resolves through huggingface_hub's cache (model_file names the GGUF file
-    apart); download=True fetches it when not cached and HF_HUB_OFFLINE allows (core/hub.py).
+    apart); download=True fetches it when not cached and HF_HUB_OFFLINE allows (core/io/hub.py).
     No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
