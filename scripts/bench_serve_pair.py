@@ -192,20 +192,28 @@ def main() -> None:
         if "cancel" in parts:
             report["progress"] = [progress_events(server, prompt, m) for m in METHODS]
             report["cancel"] = [disconnect(server, prompt, m, 2) for m in METHODS]
-            print(json.dumps(report["cancel"]), flush=True)
+            save(report, out)
         if "concurrency" in parts:
             report["concurrency"] = concurrency(server, 16)
+            save(report, out)
         if "ttft" in parts:
             report["ttft"] = turn2_ttft(server, text_of(server, 2000, offset=3000))
+            save(report, out)
         if "rss" in parts:
             report["rss"] = rss(server, args.requests)
+            save(report, out)
     finally:
         server.stop()
+    print(markdown(report))
+
+
+def save(report: dict[str, Any], out: Path) -> None:
+    """Write what is measured so far (a run cut short keeps its finished parts)."""
     report["load_after"] = round(os.getloadavg()[0], 2)
     report["machine"] = describe_machine()
     (out / "serve_pair.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "serve_pair.md").write_text(markdown(report))
-    print(markdown(report))
+    print(markdown(report), flush=True)
 
 
 if __name__ == "__main__":
