@@ -213,7 +213,29 @@ def save(report: dict[str, Any], out: Path) -> None:
     report["machine"] = describe_machine()
     (out / "serve_pair.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "serve_pair.md").write_text(markdown(report))
+    if "cancel" in report:
+        plot_cancel(report, out / "serve_pair_cancel.png")
     print(markdown(report), flush=True)
+
+
+def plot_cancel(report: dict[str, Any], path: Path) -> None:
+    """Bars: seconds from disconnect to idle per method, labelled with the progress events per prefill."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [row["method"] for row in report["cancel"]]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    bars = ax.bar(methods, [row["disconnect_to_idle_s"] for row in report["cancel"]], color="#4477aa")
+    for bar, whole in zip(bars, report["progress"]):
+        ax.annotate(f"{whole['events']} progress events", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("disconnect to idle (s)")
+    ax.set_title(f"specfill serve, ~4K-token prefill: Qwen2.5-Coder 1.5B + 0.5B Q4_K_M, float32, CPU (torch), "
+                 f"{report['threads']} threads, step {report['prefill_step_size']}", fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
 
 
 if __name__ == "__main__":
