@@ -142,11 +142,13 @@ def markdown(report: dict[str, Any]) -> str:
              f"Server: torch backend on CPU, float32, --prefill-step-size {report['prefill_step_size']}, "
              f"--speculator 0.5B, {report['threads']} thread(s). Command: `{report['command']}`", ""]
     if "cancel" in report:
-        lines += ["## A client leaving during a ~4K-token prefill", "",
-                  "| method | progress events per whole prefill | processed at each | disconnect after | "
+        whole = {row["method"]: row for row in report.get("progress", [])}
+        lines += [f"## A client leaving during a ~{report['prompt_tokens']}-token prefill", "",
+                  "| method | progress events per whole prefill | processed at each | disconnect after events at | "
                   "disconnect to idle (s) |", "|---|---|---|---|---|"]
-        for whole, gone in zip(report["progress"], report["cancel"]):
-            lines.append(f"| {whole['method']} | {whole['events']} | {whole['processed']} | "
+        for gone in report["cancel"]:
+            w = whole.get(gone["method"], {"events": "not run", "processed": ""})
+            lines.append(f"| {gone['method']} | {w['events']} | {w['processed']} | "
                          f"{gone['events_before_disconnect']} | {gone['disconnect_to_idle_s']} |")
         lines.append("")
     if "concurrency" in report:
@@ -174,6 +176,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--prefill-step-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--whole", default="full,h2o,specprefill",
+                   help="methods whose whole prefill is run to count its progress events")
+    p.add_argument("--history-tokens", type=int, default=2000, help="turn-1 history for the turn-2 TTFT")
     p.add_argument("--out", default="results/serve")
     args = p.parse_args()
     parts, out = set(args.parts.split(",")), Path(args.out)
@@ -183,21 +188,24 @@ def main() -> None:
     report.update({"load_before": round(os.getloadavg()[0], 2), "threads": args.threads,
                               "prefill_step_size": args.prefill_step_size,
                               "command": f"python scripts/bench_serve_pair.py --parts {args.parts} --threads "
-                                         f"{args.threads} --prefill-step-size {args.prefill_step_size}"})
+                                         f"{args.threads} --prefill-step-size {args.prefill_step_size} --whole {args.whole} "
+                                         f"--history-tokens {args.history_tokens} --requests {args.requests}"})
     server = ServerProcess("--model", str(MAIN), "--speculator", str(SPEC), "--dtype", "float32",
                            "--prefill-step-size", str(args.prefill_step_size), "--max-tokens", "16",
                            log=Path(tempfile.gettempdir()) / "specfill_serve_pair.log", threads=args.threads)
     try:
         prompt = text_of(server, args.prompt_tokens)
+        report["prompt_tokens"] = args.prompt_tokens
         if "cancel" in parts:
-            report["progress"] = [progress_events(server, prompt, m) for m in METHODS]
             report["cancel"] = [disconnect(server, prompt, m, 2) for m in METHODS]
+            save(report, out)
+            report["progress"] = [progress_events(server, prompt, m) for m in args.whole.split(",") if m]
             save(report, out)
         if "concurrency" in parts:
             report["concurrency"] = concurrency(server, 16)
             save(report, out)
         if "ttft" in parts:
-            report["ttft"] = turn2_ttft(server, text_of(server, 2000, offset=3000))
+            report["ttft"] = turn2_ttft(server, text_of(server, args.history_tokens, offset=3000))
             save(report, out)
         if "rss" in parts:
             report["rss"] = rss(server, args.requests)
@@ -228,11 +236,12 @@ def plot_cancel(report: dict[str, Any], path: Path) -> None:
     methods = [row["method"] for row in report["cancel"]]
     fig, ax = plt.subplots(figsize=(6, 3.5))
     bars = ax.bar(methods, [row["disconnect_to_idle_s"] for row in report["cancel"]], color="#4477aa")
-    for bar, whole in zip(bars, report["progress"]):
-        ax.annotate(f"{whole['events']} progress events", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom", fontsize=8)
+    events = {row["method"]: row["events"] for row in report.get("progress", [])}
+    for bar, method in zip(bars, methods):
+        label = f"{events[method]} progress events" if method in events else ""
+        ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("disconnect to idle (s)")
-    ax.set_title(f"specfill serve, ~4K-token prefill: Qwen2.5-Coder 1.5B + 0.5B Q4_K_M, float32, CPU (torch), "
+    ax.set_title(f"specfill serve, ~{report['prompt_tokens']}-token prefill: Qwen2.5-Coder 1.5B + 0.5B Q4_K_M, float32, CPU (torch), "
                  f"{report['threads']} threads, step {report['prefill_step_size']}", fontsize=8)
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
