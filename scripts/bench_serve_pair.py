@@ -140,7 +140,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"Machine: {machine_line(report['machine'])} (no AMX; AVX-512 incl. BF16). Shared with other jobs: "
              f"load average {report['load_before']} before, {report['load_after']} after; not quiet-machine figures.",
              f"Server: torch backend on CPU, float32, --prefill-step-size {report['prefill_step_size']}, "
-             f"--speculator 0.5B, {report['threads']} thread(s). Command: `{report['command']}`", ""]
+             f"--speculator 0.5B, {report['threads']} thread(s). Commands: "
+             + "; ".join(f"{part}: `{command}`" for part, command in report.get("command_by_part", {}).items()), ""]
     if "cancel" in report:
         whole = {row["method"]: row for row in report.get("progress", [])}
         lines += [f"## A client leaving during a ~{report['prompt_tokens']}-token prefill", "",
@@ -190,6 +191,7 @@ def main() -> None:
                               "command": f"python scripts/bench_serve_pair.py --parts {args.parts} --threads "
                                          f"{args.threads} --prefill-step-size {args.prefill_step_size} --whole {args.whole} "
                                          f"--history-tokens {args.history_tokens} --requests {args.requests}"})
+    report.setdefault("command_by_part", {}).update({part: report["command"] for part in parts})
     server = ServerProcess("--model", str(MAIN), "--speculator", str(SPEC), "--dtype", "float32",
                            "--prefill-step-size", str(args.prefill_step_size), "--max-tokens", "16",
                            log=Path(tempfile.gettempdir()) / "specfill_serve_pair.log", threads=args.threads)
