@@ -10,8 +10,10 @@ from typing import Any
 
 from specfill.api import backend_module, load, load_speculator, resolve_backend
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.settings import sampling_config
 
-from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
+from .options import (MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
+                      specprefill_config)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,6 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculator", default=None,
                    help="speculator model path, or self:K; needed for specprefill requests")
     add_method_options(p)
+    add_sampling_options(p)  # the defaults of requests that set none of these fields
+    p.add_argument("--prefill-step-size", type=int, default=512,
+                   help="tokens per full-prefill step, and per step of the speculator's pass (SpecPrefill): the "
+                        "server sends a progress event and notices a client gone or a shutdown after each step "
+                        "(H2O steps by its logical batch -b); default %(default)s, as llama.cpp's -ub")
     p.add_argument("--max-tokens", "-m", type=int, default=512,
                    help="tokens generated when a request sets no max_tokens (default: %(default)s)")
     p.add_argument("--max-queue", type=int, default=8,
@@ -85,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.prefill_step_size < 1:
+        raise ConfigError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
     h2o, spec = h2o_config(args), specprefill_config(args)
+    sampling_config(0.0, 1.0, None, **sampling_options(args))  # range errors before anything loads
     serve.configure_logging(args.log_level)
     sock = serve.runner.bind(args.host, args.port)  # before the model loads: a port in use fails at once
     if not serve.runner.is_loopback(args.host) and not args.api_key:
@@ -106,6 +116,7 @@ def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OCo
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
+    model.prefill_step_size = args.prefill_step_size  # progress and cancellation granularity
     if args.chat_template is not None:
         tokenizer.chat_template = serve.read_chat_template(args.chat_template)
     speculator, spec_context = None, None
@@ -113,12 +124,14 @@ def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OCo
         speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
         if not isinstance(speculator, str):
             spec_context = speculator.args.max_position_embeddings
+            speculator.prefill_step_size = args.prefill_step_size
     if args.method == "specprefill" and speculator is None:
         raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
     names = tuple(args.served_model_name or (served_name(args.model),))
     defaults = serve.ServerDefaults(model_id=names[0], model_names=names, method=args.method, h2o=h2o,
                                     specprefill=spec, speculator=speculator, speculator_context=spec_context,
-                                    max_tokens=args.max_tokens, prompt_cache=args.prompt_cache)
+                                    max_tokens=args.max_tokens, prompt_cache=args.prompt_cache,
+                                    sampling=sampling_options(args))
     access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))
     app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens,
                           access=access)

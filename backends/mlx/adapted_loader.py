@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specfill.core.driver import CausalLM
-from specfill.core.errors import ModelLoadError
+from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import load_tokenizer
 from specfill.core.model_config import _HF_MODEL_TYPES
 
@@ -69,7 +69,7 @@ def load_adapted(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | N
             lm, _ = load_model(directory)
         except Exception as err:  # mlx-lm raises ValueError, KeyError, FileNotFoundError, ...
             model_type = mlx_lm_model_type(directory)
-            raise ModelLoadError(f"{directory}: unsupported architecture {model_type!r} for specfill's own "
+            raise ModelLoadError(f"{quote(directory)}: unsupported architecture {model_type!r} for specfill's own "
                                  f"models, and mlx-lm could not load it: {str(err).splitlines()[0][:200]}") from None
     if not isinstance(lm, nn.Module):
         raise ModelLoadError(f"expected an mlx-lm model (mlx.nn.Module), got {type(lm).__name__}")

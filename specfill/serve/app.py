@@ -99,8 +99,9 @@ async def _answer(kind: str, request: Request, ctx: _Context) -> Any:
         job = Job(plan, asyncio.get_running_loop())
         ctx.scheduler.submit(job)
     except RequestError as err:
+        named = err.param is None or err.param in err.message
         ctx.metrics.record(Outcome("req-" + uuid.uuid4().hex[:12], kind, str(err.status),
-                                   f"{err.param}: {err.message}" if err.param else err.message))
+                                   err.message if named else f"{err.param}: {err.message}"))
         return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
     shape = ResponseShape(plan, defaults.model_id)
     outcome = Outcome(shape.id, kind, "cancelled")

@@ -11,6 +11,8 @@ from specfill.evaluation.serve_process import ServerProcess, client
     (["--max-queue", "0"], "--max-queue must be >= 1"),
     (["--cache-tokens", "0"], "--cache-tokens must be >= 1"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--prefill-step-size", "0"], "--prefill-step-size must be >= 1"),
+    (["--top-k", "-2"], "top_k must be >= 0"),
     (["--method", "specprefill"], "needs --speculator"),
     (["--chat-template", "/nonexistent/template.jinja"], "cannot read --chat-template"),
 ])

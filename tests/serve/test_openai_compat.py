@@ -23,9 +23,11 @@ ORIGIN = "http://ui.example:3000"
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory):
-    """The tiny model behind an API key from SPECFILL_API_KEY, one CORS origin, two served names, INFO log."""
+    """The tiny model behind an API key from SPECFILL_API_KEY, one CORS origin, two served names, INFO log,
+    prefill steps of 64 tokens."""
     server = ServerProcess("--model", "random:tiny-llama", "--chat-template", "chatml", "--max-tokens", "8",
                            "--served-model-name", "tiny", "tiny-alias", "--allowed-origins", ORIGIN,
+                           "--speculator", "self:1", "--prefill-step-size", "64",
                            log=tmp_path_factory.mktemp("serve") / "keyed.log", log_level="info",
                            env={"SPECFILL_API_KEY": KEY})
     yield server
@@ -143,7 +145,7 @@ def test_log_line_and_metrics(keyed_server):
     ok = [line for line in lines if "outcome=ok" in line and "method=h2o->" in line]
     assert ok and re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} INFO specfill.serve: cmpl-\w+ completion "
                            r"method=h2o->\w+ prompt=4 cached=0 kept=4 ttft=[\d.]+s gen=4 tok/s=[\d.]+ ", ok[-1])
-    assert any("outcome=400 (method: unknown method 'nope'" in line for line in lines)
+    assert any("outcome=400 (unknown method 'nope'" in line for line in lines)
     status, headers, text = request(keyed_server, "GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert status == 200 and headers["content-type"].startswith("text/plain")
     assert re.search(r'^specfill_requests_total\{outcome="ok"\} [1-9]', text, re.M)
@@ -151,6 +153,21 @@ def test_log_line_and_metrics(keyed_server):
     assert re.search(r'^specfill_time_to_first_token_seconds_count\{method="\w+"\} [1-9]', text, re.M)
     assert re.search(r'^specfill_generated_tokens_total [1-9]', text, re.M)
     assert "specfill_queue_depth 0" in text
+
+
+def test_progress_event_per_prefill_step(keyed_server):
+    """--prefill-step-size 64: full prefill and SpecPrefill's speculator pass report (and can be
+    cancelled) every 64 tokens; H2O every logical batch."""
+    c = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=KEY, max_retries=0)
+    prompt = " ".join(str(i % 400 + 3) for i in range(300))
+    for method, extra, steps in (("full", {}, [64, 128, 192, 256, 300]),
+                                 ("specprefill", {"keep_ratio": 0.5}, [64, 128, 192, 256, 300]),
+                                 ("h2o", {"h2o_chunk_size": 32, "h2o_batch_size": 128}, [128, 256, 300])):
+        chunks = c.completions.create(model="tiny", prompt=prompt, max_tokens=1, stream=True,
+                                      extra_body={"method": method, "return_progress": True, "prompt_cache": "off",
+                                                  **extra})
+        got = [ch.model_extra["prompt_progress"]["processed"] for ch in chunks if "prompt_progress" in ch.model_extra]
+        assert got == steps, method
 
 
 @pytest.mark.parametrize("signals", [1, 2])
