@@ -9,6 +9,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from specfill.backends.mlx import load
 from specfill.core.adapted import AdaptedArgs
+from specfill.core.errors import ModelLoadError
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
 from tests.mlx_adapter.archs import HONOURED, MOE, REFUSED, build, save_directory
@@ -87,3 +88,9 @@ def test_a_4bit_mlx_lm_directory_loads_quantized_and_equals_mlx_lm(arch, tmp_pat
     want = np.array(lm(mx.array(ids)[None])[0])
     assert model.ops.quantized and tokenizer.vocab_size == 320
     assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()), want, f"{arch} 4-bit")
+
+
+def test_a_pair_that_is_not_mlx_lm_s_is_one_load_error():
+    lm = build("qwen3_moe")
+    with pytest.raises(ModelLoadError, match="cannot find the directory the tokenizer"):
+        load((lm, object()), device="cpu")
