@@ -145,7 +145,7 @@ def micro_bench(plan: DoctorPlan, log: Callable[[str], None]) -> dict[str, Any]:
 
 def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every section in order; the self-check verdicts are read after the bench triggered them."""
-    from specfill.conformance.self_check import KERNEL_SELF_CHECK, kernels_setting, kernels_word
+    from specfill.core.self_check import KERNEL_SELF_CHECK, kernels_setting, kernels_word
 
     start = time.perf_counter()
     env = environment()

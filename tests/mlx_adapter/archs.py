@@ -42,8 +42,22 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=16),
     "granite": dict(_GRANITE, mlp_bias=False),
     "seed_oss": {},
+    "llama4_text": dict(_MOE, interleave_moe_layer_step=1, no_rope_layers=[1, 0], use_qk_norm=True,
+                        attention_chunk_size=8, intermediate_size_mlp=128),  # q/k RMS without weight, NoPE
+    "deepseek": dict(_MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, moe_layer_freq=1),
+    "qwen2_moe": dict(_MOE, shared_expert_intermediate_size=32),
+    "gemma": {},
+    "glm": {},
+    "cohere": dict(use_qk_norm=True, layer_norm_eps=1e-5, logit_scale=0.5),  # LayerNorm per head, [H, D] weight
+    "internlm3": dict(bias=False, qkv_bias=False),
+    "ernie4_5": dict(use_bias=False),
+    "helium": dict(attention_bias=False, mlp_bias=False),
+    "minicpm": dict(dim_model_base=32, scale_depth=1.4, scale_emb=12.0),
+    "mimo": dict(num_nextn_predict_layers=0),
+    "nemotron": dict(partial_rotary_factor=0.5, norm_eps=1e-5, hidden_act="relu2", mlp_bias=False,
+                     attention_bias=False),
 }
-MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe")
+MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "llama4_text", "deepseek", "qwen2_moe")
 
 # architecture -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
@@ -54,7 +68,9 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
                          v_head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
                          moe_layer_freq=1, routed_scaling_factor=1.0, topk_method="noaux_tc", n_group=1,
                          topk_group=1), "multi-head latent attention"),
-    "hunyuan_v1_dense": ({}, "attention of an unknown layout"),
+    "hunyuan_v1_dense": ({}, "attention of an unknown layout"),  # q/k norms after RoPE, other names
+    "stablelm": (dict(partial_rotary_factor=0.25, use_qkv_bias=False, layer_norm_eps=1e-5),
+                 "attention of an unknown layout"),  # no softmax scale the adapter can read
 }
 
 # hybrids: some layers keep a recurrent state instead of keys (refused at load, every method)
@@ -76,17 +92,28 @@ def build(arch: str, config: dict[str, Any] | None = None, seed: int = 0) -> nn.
     extra = config if config is not None else known[arch]
     mx.random.seed(seed)
     model = module.Model(module.ModelArgs.from_dict({**BASE, "model_type": arch, **extra}))
+    # norms start at 1 (or 0 where the weight is an offset or a plain multiplier, Cohere's q/k
+    # norms): perturbed, so that a norm applied in the wrong place or not at all shows
+    norms = [(name, value + 0.3 * mx.random.normal(value.shape, key=mx.random.key(seed + i)))
+             for i, (name, value) in enumerate(tree_flatten(model.parameters())) if "norm" in name]
+    model.load_weights(norms, strict=False)
     mx.eval(model.parameters())
     return model
 
 
-def save_directory(arch: str, directory: Path, config: dict[str, Any] | None = None) -> Path:
+def save_directory(arch: str, directory: Path, config: dict[str, Any] | None = None,
+                   bits: int | None = None) -> Path:
     """An mlx-lm directory of build(arch, config): config.json, model.safetensors (mlx-lm's own
-    parameter names) and the tiny tokenizer."""
+    parameter names, quantized to `bits` in groups of 32 as mlx-lm's convert does) and the tiny
+    tokenizer."""
     extra = config if config is not None else {**HONOURED, **HYBRID}.get(arch, {})
     model = build(arch, extra)
+    written = {**BASE, "model_type": arch, **extra}
+    if bits is not None:
+        nn.quantize(model, group_size=32, bits=bits)
+        written["quantization"] = {"group_size": 32, "bits": bits}
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({**BASE, "model_type": arch, **extra}))
+    (directory / "config.json").write_text(json.dumps(written))
     mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json())
     (directory / "tokenizer_config.json").write_text(json.dumps(tiny_tokenizer_config()))

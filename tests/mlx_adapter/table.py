@@ -20,11 +20,12 @@ from tests.mlx_adapter.archs import HONOURED, HYBRID, MOE, REFUSED, build
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 BEGIN, END = "<!-- adapter-table:begin (generated: python -m tests.mlx_adapter.table --write) -->", \
     "<!-- adapter-table:end -->"
+MOE_ELSEWHERE = ("gpt_oss", "deepseek_v3", "qwen3_next")  # mixtures of experts among the refused ones
 OWN = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
 def _row(arch: str) -> str:
-    moe = "yes" if arch in MOE or arch in ("gpt_oss", "deepseek_v3", "qwen3_next") else ""
+    moe = "yes" if arch in MOE or arch in MOE_ELSEWHERE else ""
     try:
         args = adapt(build(arch)).args
     except ModelLoadError as err:  # "<arch> layer <i> is <kind>: <why>"
