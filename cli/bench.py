@@ -11,8 +11,6 @@ from specfill.evaluation.drafting import DraftingPlan, run_drafting_bench, write
 from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
 from .progress import WorkProgressBar
 
-HELP = "time-to-first-token and decode speed vs prompt length (JSON + Markdown + PNG)"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", type=str_list, default=None,

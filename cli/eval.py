@@ -14,9 +14,6 @@ from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, float_list, 
                       specprefill_config, str_list)
 from .progress import WorkProgressBar
 
-HELP = ("perplexity, passkey retrieval and RULER's tasks per method and setting (JSON + Markdown + PNG: speed-up "
-        "vs quality trade-off, map of kept positions)")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help=BACKEND_HELP)

@@ -12,10 +12,10 @@ from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.runtime import Drafting, PrefillInfo
 from specfill.settings import decode_utf8, read_prompt_file
 
-from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
+from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
+                      specprefill_config, warn_unused_options)
 from .progress import PrefillProgressBar
 
-HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
 DEFAULT_PROMPT = "What is the capital of France?"
 
 
@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    add_sampling_options(p)
     add_method_options(p)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     last, info = None, PrefillInfo()
     print("=" * 10)
     for last in stream_generate(model, tokenizer, prompt, args.max_tokens, temperature=args.temp,
-                                top_p=args.top_p, seed=args.seed, method=method,
+                                top_p=args.top_p, seed=args.seed, method=method, **sampling_options(args),
                                 prompt_progress_callback=bar.update, prefill_info=info, draft_model=draft,
                                 num_draft_tokens=args.num_draft_tokens):
         bar.close()

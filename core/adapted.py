@@ -52,6 +52,7 @@ class AttentionLayout:
     rope: bool = True
     window: int | None = None
     refusal: str | None = None
+    norm_eps: float = 1e-6  # the epsilon of a "weightless" q/k norm (a norm module keeps its own)
 
     def __post_init__(self) -> None:
         if self.qk_norm not in QK_NORMS:

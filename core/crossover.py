@@ -12,9 +12,10 @@ description; a cached file whose description differs from this machine's is meas
 --save-crossover` stores the bench's own whole-model measurement instead (`save_calibration`).
 
 The crossover is the shortest measured length L at which the sparse method was faster than full
-prefill at L and at every longer measured length (None: it never was, and auto stays on full
-prefill). Prompts shorter than the shortest candidate length run full prefill unmeasured; longer
-than the longest measured length, the verdict at the longest holds.
+prefill (by more than the probe's noise: FASTER_BELOW) at L and at every longer measured length
+(None: it never was, and auto stays on full prefill). Prompts shorter than the shortest candidate
+length run full prefill unmeasured; longer than the longest measured length, the verdict at the
+longest holds.
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ CALIBRATION_VERSION = 1
 CANDIDATE_LENGTHS = (2048, 4096, 8192, 16384)
 # wall seconds after which no longer length is started (the first length always runs)
 CALIBRATION_BUDGET_S = 8.0
+# the sparse method counts as faster only below this fraction of full prefill's time: on a shared
+# machine the probe's repeats spread by ~10% (torch CPU, load 5 on 2 cores), and a tie must not
+# switch methods
+FASTER_BELOW = 0.97
 # CPU flags that change GEMM / attention speed (x86 names as in /proc/cpuinfo)
 GEMM_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
               "amx_int8")
@@ -80,11 +85,11 @@ def calibration_path(key: dict[str, Any]) -> Path:
 
 
 def crossover_from_points(points: dict[int, tuple[float, float]]) -> int | None:
-    """Shortest length L with sparse < full at L and every longer length; None if none."""
+    """Shortest length L with sparse < FASTER_BELOW * full at L and every longer length; None if none."""
     crossover = None
     for length in sorted(points, reverse=True):
         full, sparse = points[length]
-        if not sparse < full:
+        if not sparse < FASTER_BELOW * full:
             break
         crossover = length
     return crossover
@@ -109,7 +114,8 @@ def read_calibration(key: dict[str, Any]) -> dict[str, Any] | None:
 def save_calibration(key: dict[str, Any], points: dict[int, tuple[float, float]], how: str) -> dict[str, Any]:
     """Write the calibration of `key` from points {length: (full s, sparse s)}; returns it."""
     data = {"key": key, "how": how, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "points": {str(n): {"full_s": round(f, 6), "sparse_s": round(s, 6)} for n, (f, s) in sorted(points.items())},
+            "points": {str(n): {"full_s": round(full, 6), "sparse_s": round(sparse, 6)}
+                       for n, (full, sparse) in sorted(points.items())},
             "crossover_tokens": crossover_from_points(points)}
     path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)

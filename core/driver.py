@@ -22,7 +22,7 @@ from .models import ModelArgs
 from .ops import ModelOps
 from .probe import auto_crossover
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
+                      check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
                       check_token_ids, self_speculator_layers)
 from .stages import A
 
@@ -145,8 +145,7 @@ class CausalLM(Generic[A]):
         info.start(len(ids), method.name)
         if reuse is not None:
             check_reuse(reuse, len(ids), method)
-            if drafting is not None:
-                raise ConfigError("speculative decoding with a reused KV cache is not supported yet")
+        check_drafting(drafting, reuse, sampling)
         speculator = None
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
@@ -204,7 +203,7 @@ class CausalLM(Generic[A]):
                                 dtype=str(self.dtype).rsplit(".", 1)[-1])
             if draft is None:
                 tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
-                                       sampling=sampling, stop_ids=stop_ids, cache=cache)
+                                       sampling=sampling, stop_ids=stop_ids, cache=cache, history=ids)
             else:
                 tokens = self._drafted(ids, last, cache, len(ids), draft, sparse, max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, info=info)

@@ -9,8 +9,8 @@ The probe runs the real prefill code paths on random prompts, on the model's FIR
                (the speculator's pass and the scoring grow with its layers; scaling the LM head of
                the look-ahead steps and the scoring by N_spec overstates the sparse side: a
                conservative estimate, which errs toward full prefill)
-Each time is the faster of two runs, after one warm-up run at the shortest length (first calls
-compile kernels, run self-checks and size caches). The timing callback is the backend's own
+Each time is the faster of two interleaved runs, after one warm-up run at the shortest length
+(first calls compile kernels, run self-checks and size caches). The clock is the backend's own
 (`ops.wall_time`, which waits for its device), so core imports no backend.
 """
 from __future__ import annotations
@@ -72,9 +72,13 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
             "speculator_layers": n_layers, "speculator_step": step}
 
 
-def _timed(run: Callable[[], float]) -> float:
-    """The faster of REPEATS runs of run() -> seconds."""
-    return min(run() for _ in range(REPEATS))
+def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> tuple[float, float]:
+    """The faster of REPEATS runs of each, interleaved (full, sparse, full, ...) so that load
+    drifting on a shared machine hits both."""
+    full = sparse = float("inf")
+    for _ in range(REPEATS):
+        full, sparse = min(full, full_run()), min(sparse, sparse_run())
+    return full, sparse
 
 
 def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float, float]:
@@ -82,19 +86,18 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
     ops, args = lm.ops, lm.args
     layer = ops.first_layers(lm.model, 1)
     ids = np.random.default_rng(length).integers(0, args.vocab_size, size=length, dtype=np.int64)
+    n_main = args.num_hidden_layers
 
     def layer_run(step: int = lm.prefill_step_size, attend: Any = None) -> float:
         started = ops.wall_time()
         prefill(ops, layer, ops.tokens(ids), 0, ops.new_cache(layer, length), step_size=step, attend=attend)
-        return ops.wall_time() - started
+        return n_main * (ops.wall_time() - started)
 
-    full = args.num_hidden_layers * _timed(layer_run)
     if method.sparse == "h2o":
         config = method.h2o or H2OConfig()
-        sparse = args.num_hidden_layers * _timed(lambda: layer_run(
+        return _best_of(layer_run, lambda: layer_run(
             step=config.batch_size, attend=H2OPrefillAttention(ops, config, 1, args.attention_scale, length,
                                                                args.layer_windows[:1])))
-        return full, sparse
     spec_layer, _, n_spec, spec_step = _speculator(lm, method)
 
     def sparse_run() -> float:
@@ -102,9 +105,8 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
                                      stop_ids=frozenset(), extra_slots=1, step_size=lm.prefill_step_size,
                                      speculator_step_size=spec_step)
         parts = result.seconds
-        return (n_spec * (parts["speculator"] + parts["selection"])
-                + args.num_hidden_layers * parts["main_prefill"])
-    return full, _timed(sparse_run)
+        return n_spec * (parts["speculator"] + parts["selection"]) + n_main * parts["main_prefill"]
+    return _best_of(layer_run, sparse_run)
 
 
 def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:

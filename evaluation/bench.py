@@ -165,6 +165,10 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     partial = md_path.with_suffix(".md.partial")
     partial.write_text("\n".join(lines) + "\n")
     os.replace(partial, md_path)
-    plot_ttft(result["rows"], png_path, f"TTFT vs prompt length ({machine_line(result['machine'])[:60]})")
+    plan, machine = result["plan"], result["machine"]
+    plot_ttft(result["rows"], png_path,
+              f"TTFT vs prompt length: {Path(str(plan['model'])).name[:40]}, {plan['dtype'] or 'default dtype'}, "
+              f"{plan['device'] or 'default device'}, {machine.get('torch_threads', '?')} thread(s), "
+              f"{machine['cpu'][:30]}, load {machine.get('load_average_1min', '?')}")
     paths = [json_path, md_path, png_path]
     return paths

@@ -9,7 +9,7 @@ warm-up. Work is counted in q.k products per head (core/methods/h2o.py): H2O's r
 per second over full prefill's is how close its CPU path runs to SDPA per unit of work.
 
     python scripts/profile_h2o_cpu.py --shape smollm2 --dtypes float32 bfloat16 --threads 1
-    python scripts/profile_h2o_cpu.py --shape qwen1.5b --lengths 2048 4096 --out results/bench/x
+    python scripts/profile_h2o_cpu.py --shape qwen1.5b --lengths 2048 4096 --out results/bench/h2o_cpu_profile_qwen1_5b
 
 Writes <out>.json, <out>.md and <out>.png (title: shape, dtypes, device, threads).
 """
@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 
 from specfill.backends.torch_cuda.attention import causal_attention as causal_step
+from specfill.backends.torch_cuda.kernels.inter import inter_attention_twin
+from specfill.backends.torch_cuda.kernels.intra import intra_attention_twin
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core import H2OConfig
 from specfill.core.methods import h2o
@@ -103,9 +105,61 @@ def profile(shape: tuple[int, int, int], n: int, dtype: torch.dtype, config: H2O
             "rate_vs_sdpa": (work_h2o / best_h2o) / (work_full / best_full), "stages_s": best_stages}
 
 
-def write(rows: list[dict], out: Path, title: str, machine: dict) -> None:
+def _best(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def flash_then_colsum(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> None:
+    """The alternative to a twin: torch's CPU flash kernel for the output and its log-sum-exp,
+    then the column sums from logits recomputed (one more QK^T GEMM) against that log-sum-exp."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    _, lse = flash(q[None], k[None], v[None], 0.0, causal, scale=scale)
+    n_kv, group, n_q, n_k = k.shape[0], q.shape[0] // k.shape[0], q.shape[1], k.shape[1]
+    rows = (q.float() * scale).reshape(n_kv, group * n_q, -1)
+    colsum = torch.zeros(n_kv, group, n_k)
+    keys_t = k.float().transpose(1, 2)
+    for lo in range(0, n_q, 128):
+        hi = min(lo + 128, n_q)
+        seen = hi if causal else n_k  # a causal block's rows see no key after its last row
+        part = rows.view(n_kv, group, n_q, -1)[:, :, lo:hi].reshape(n_kv, -1, q.shape[2]) @ keys_t[:, :, :seen]
+        part = part.view(n_kv, group, hi - lo, seen)
+        if causal:
+            part.masked_fill_(torch.ones(hi - lo, hi, dtype=torch.bool).triu_(lo + 1), -float("inf"))
+        colsum[..., :seen] += part.sub_(lse[0].view(n_kv, group, n_q)[:, :, lo:hi, None]).exp_().sum(dim=2)
+
+
+def alternatives(shape: tuple[int, int, int], dtype: torch.dtype, repeats: int) -> dict:
+    """Each stage's twin against what could replace it, on one chunk (S = 1024, M = 512), plus
+    the batched GEMM rate of this dtype: the measurements behind keeping or replacing a twin."""
+    heads, kv_heads, dim = shape
+    scale = dim ** -0.5
+    q = torch.randn(1024, heads, dim).transpose(0, 1).to(dtype)
+    k, v, k_mem, v_mem = (torch.randn(kv_heads, n, dim).to(dtype) for n in (1024, 1024, 512, 512))
+    keys = torch.randn(kv_heads, 8192, dim).to(dtype)
+    ops = TorchOps(torch.device("cpu"), dtype, use_kernels=False)
+    a, b = torch.randn(kv_heads, 192, dim).to(dtype), torch.randn(kv_heads, dim, 1024).to(dtype)
+    gemm = _best(lambda: a @ b, repeats)
+    return {
+        "dtype": str(dtype).split(".")[-1], "bmm_gflops": 2 * a.numel() * 1024 / gemm / 1e9,
+        "phase1_twin_s": _best(lambda: intra_attention_twin(q, k, v, 1024, scale), repeats),
+        "phase1_flash_plus_colsum_s": _best(lambda: flash_then_colsum(q, k, v, scale, True), repeats),
+        "phase2_twin_s": _best(lambda: inter_attention_twin(q, k_mem, v_mem, scale), repeats),
+        "phase2_flash_plus_colsum_s": _best(lambda: flash_then_colsum(q, k_mem, v_mem, scale, False), repeats),
+        "tail_walk_s": _best(lambda: h2o.dense_tail_attention(ops, q[:, -64:], keys, keys, 8192 - 64, 8192 - 64,
+                                                              1024, scale), repeats),
+        "tail_sdpa_s": _best(lambda: causal_step(q[None, :, -64:], keys[None], keys[None], scale), repeats)}
+
+
+def write(rows: list[dict], alts: list[dict], out: Path, title: str, machine: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps({"title": title, "machine": machine, "rows": rows}, indent=1))
+    out.with_name(out.name + ".json").write_text(json.dumps({"title": title, "machine": machine, "rows": rows,
+                                                    "alternatives": alts}, indent=1))
     lines = [f"# {title}", "", f"Machine: {machine_line(machine)} (shared: other jobs ran; best of the repeats).",
              "", "| dtype | tokens | SDPA full s | H2O s | speed-up | H2O work / full | H2O rate / SDPA rate | "
              "top stages (s) |", "|---|---|---|---|---|---|---|---|"]
@@ -113,7 +167,14 @@ def write(rows: list[dict], out: Path, title: str, machine: dict) -> None:
         top = ", ".join(f"{k} {v:.3f}" for k, v in sorted(r["stages_s"].items(), key=lambda kv: -kv[1])[:5])
         lines.append(f"| {r['dtype']} | {r['tokens']} | {r['full_s']:.3f} | {r['h2o_s']:.3f} | {r['speedup']:.2f}x "
                      f"| {r['work_ratio']:.2f} | {r['rate_vs_sdpa']:.2f} | {top} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    lines += ["", "Alternatives per stage (one chunk S=1024, memory M=512, dense tail 64 rows x 8,192 keys; s):", "",
+              "| dtype | bmm GFLOP/s | phase 1 twin | flash + colsum | phase 2 twin | flash + colsum | "
+              "tail walk | tail SDPA |", "|---|---|---|---|---|---|---|---|"]
+    for a in alts:
+        lines.append(f"| {a['dtype']} | {a['bmm_gflops']:.1f} | {a['phase1_twin_s']:.4f} | "
+                     f"{a['phase1_flash_plus_colsum_s']:.4f} | {a['phase2_twin_s']:.4f} | "
+                     f"{a['phase2_flash_plus_colsum_s']:.4f} | {a['tail_walk_s']:.4f} | {a['tail_sdpa_s']:.4f} |")
+    out.with_name(out.name + ".md").write_text("\n".join(lines) + "\n")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -131,7 +192,7 @@ def write(rows: list[dict], out: Path, title: str, machine: dict) -> None:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=6, ncol=2)
     fig.tight_layout()
-    fig.savefig(out.with_suffix(".png"), dpi=110)
+    fig.savefig(out.with_name(out.name + ".png"), dpi=110)
 
 
 def main() -> None:
@@ -154,11 +215,12 @@ def main() -> None:
                 r = rows[-1]
                 print(f"{r['dtype']} {n}: full {r['full_s']:.3f} s, H2O {r['h2o_s']:.3f} s ({r['speedup']:.2f}x), "
                       f"rate vs SDPA {r['rate_vs_sdpa']:.2f}", flush=True)
+        alts = [alternatives(SHAPES[args.shape], getattr(torch, dtype), args.repeats) for dtype in args.dtypes]
     machine["load_average_1min_after"] = round(os.getloadavg()[0], 2)
     title = (f"H2O stages vs full prefill (SDPA), one layer, {args.shape} shape {SHAPES[args.shape]}, "
              f"{'/'.join(args.dtypes)}, torch CPU ({machine['cpu'][:30]}), {args.threads} thread(s), "
              f"S={config.chunk_size} L={config.local} H={config.heavy} W={config.dense_tail}")
-    write(rows, Path(args.out), title, machine)
+    write(rows, alts, Path(args.out), title, machine)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ def test_crossover_is_the_shortest_length_from_which_the_sparse_method_always_wi
     points = {2048: (1.0, 0.9), 4096: (2.0, 2.1), 8192: (4.0, 3.0), 16384: (8.0, 5.0)}
     assert crossover.crossover_from_points(points) == 8192
     assert crossover.crossover_from_points({2048: (1.0, 1.0)}) is None  # a tie is not a win
+    assert crossover.crossover_from_points({2048: (1.0, 0.98)}) is None  # nor a win inside the noise
 
 
 def test_auto_picks_full_where_the_calibration_found_the_sparse_method_slower(tiny, monkeypatch):

@@ -81,7 +81,18 @@ class AdaptedModel:
     def step(self, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache] | None,
              attend: Any, logits_from: int | None) -> mx.array | None:
         """ids [T] at `positions` appended to `cache` -> float32 logits [T - logits_from, vocab]
-        (None: the caller wants none; mlx-lm's head is then never evaluated)."""
+        (None: the caller wants none; mlx-lm's head is then never evaluated).
+
+        mlx-lm's forward ends in its head over every token of the call; where only the last
+        tokens' logits are wanted (a prefill's last step) and no method attends, the step runs as
+        two calls, the first without logits (what mlx-lm's own generate does)."""
+        if logits_from is not None and logits_from < 0:  # counted from the end, as a slice start
+            logits_from = max(0, ids.shape[0] + logits_from)
+        if attend is None and logits_from is not None and 0 < logits_from < ids.shape[0]:
+            self.step(ids[:logits_from], positions if isinstance(positions, (int, np.integer))
+                      else positions[:logits_from], cache, None, None)
+            rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
+            return self.step(ids[logits_from:], rest, cache, None, 0)
         layers = self.lm.layers
         caches = list(cache) if cache is not None else [None] * len(layers)
         if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
@@ -119,25 +130,44 @@ class AdaptedOps(MLXOps):
         return model.first_layers(n_layers)
 
 
+def _check_plain_caches(lm: nn.Module, architecture: str) -> None:
+    """specfill gives every layer one KV cache of its own; a model whose mlx-lm caches are anything
+    else (recurrent state, cache lists of latent attention's indexer, layers sharing a cache) is
+    refused here, with the first such layer named."""
+    from mlx_lm.models.cache import KVCache as LibraryKVCache
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    caches = make_prompt_cache(lm)
+    if len(caches) != len(lm.layers):
+        raise ModelLoadError(f"{architecture} has {len(caches)} mlx-lm caches for {len(lm.layers)} layers "
+                             f"(layers share a cache): specfill's KV cache needs one per layer")
+    for index, cache in enumerate(caches):
+        if type(cache) not in (LibraryKVCache, RotatingKVCache):
+            raise ModelLoadError(f"{architecture} layer {index} keeps mlx-lm's {type(cache).__name__}, not keys "
+                                 f"and values: specfill's KV cache cannot hold it (every method is refused, "
+                                 f"use mlx-lm itself)")
+
+
 def adapt(lm: nn.Module) -> AdaptedModel:
     """Take over the attention of every decoder layer of the mlx-lm model `lm` (in place; the
-    original modules stay inside the adapted ones). A layer whose attention is refused and slides
-    cannot run through specfill's cache at all: ModelLoadError."""
+    original modules stay inside the adapted ones; a refused layer runs its own module on specfill's
+    cache, whose `make_mask` gives it mlx-lm's masks). A layer without softmax attention (linear
+    attention, state-space) or with a cache other than keys and values: ModelLoadError, `lm` as it was."""
     config = dict(vars(lm.args))
-    state = StepState()
-    layouts = []
-    for index, layer in enumerate(lm.layers):
+    architecture = str(config.get("model_type"))
+    for layer in lm.layers:  # adapted before: put the original modules back first
         found = attention_of(layer)
-        current = found[1] if found is not None else None
-        if isinstance(current, AdaptedAttention):  # adapted before: keep the original inside
-            layer[found[0]] = current = current.inner
-        layout = describe_layer(config, index, layer)
-        if found is None:
-            raise ModelLoadError(f"{config.get('model_type')} layer {index} has {layout.kind}: "
-                                 f"specfill's KV cache holds softmax-attention layers only ({layout.refusal})")
-        if layout.refusal is not None and layout.window is not None:
-            raise ModelLoadError(f"{config.get('model_type')} layer {index} ({layout.kind}) slides over a "
-                                 f"window through mlx-lm's own attention: not supported ({layout.refusal})")
-        layer[found[0]] = AdaptedAttention(current, layout, index, state)
-        layouts.append(layout)
-    return AdaptedModel(lm, _args(lm, tuple(layouts)), state)
+        if found is not None and isinstance(found[1], AdaptedAttention):
+            layer[found[0]] = found[1].inner
+    layouts = tuple(describe_layer(config, index, layer) for index, layer in enumerate(lm.layers))
+    for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
+        if attention_of(layer) is None:
+            raise ModelLoadError(f"{architecture} layer {index} is {layout.kind}: specfill's KV cache holds "
+                                 f"softmax-attention layers only ({layout.refusal}); every method is refused, "
+                                 f"use mlx-lm itself")
+    _check_plain_caches(lm, architecture)
+    state = StepState()
+    for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
+        name, module = attention_of(layer)
+        layer[name] = AdaptedAttention(module, layout, index, state)
+    return AdaptedModel(lm, _args(lm, layouts), state)

@@ -36,8 +36,11 @@ REFUSED_PARTS = {"sinks": ("attention sinks", "an extra per-head logit joins eve
                                "shared latent, with a RoPE part apart")}
 REFUSED_SETTINGS = {"attn_logit_softcapping": ("attention logit soft-capping", "tanh caps every score "
                                                "before the softmax")}
+# Switches of parts the adapter does not model that change nothing while False
+OFF_SWITCHES = frozenset({"qk_layernorm"})
 # Plain settings of mlx-lm attention modules that change nothing the adapter does not read itself.
 KNOWN_SETTINGS = frozenset({"n_heads", "n_kv_heads", "num_heads", "num_attention_heads", "num_key_value_heads",
+                            "num_kv_heads", "n_kv_groups", "use_qk_norm", "partial_rotary_factor",
                             "num_key_value_groups", "head_dim", "scale", "sm_scale", "repeats", "layer_idx",
                             "args", "config", "hidden_size", "rope_theta", "num_hidden_layers", "is_sliding",
                             "is_local", "use_rope", "use_sliding", "max_position_embeddings", "rms_norm_eps"})
@@ -81,7 +84,8 @@ def _refusal(parts: set[str], found: dict[str, Any], rope: nn.Module | None) -> 
     for name, refused in REFUSED_SETTINGS.items():
         if found.get(name) is not None:
             return refused
-    unknown = sorted(parts - KNOWN_PARTS) + sorted(set(found) - KNOWN_SETTINGS - set(REFUSED_SETTINGS))
+    unknown = sorted(parts - KNOWN_PARTS) + sorted(name for name in set(found) - KNOWN_SETTINGS - set(REFUSED_SETTINGS)
+                                                    if not (name in OFF_SWITCHES and found[name] is False))
     if unknown:
         return "attention of an unknown layout", f"parts or settings the adapter does not model: {', '.join(unknown)}"
     if "qkv_proj" not in parts and not {"q_proj", "k_proj", "v_proj", "o_proj"} <= parts:
@@ -96,7 +100,7 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     found = attention_of(layer)
     if found is None:
         kind = ", ".join(sorted(layer.children())) or "no children"
-        return AttentionLayout(f"linear-attention / state-space ({kind})", 1, 1, 2, 1.0,
+        return AttentionLayout(f"a linear-attention / state-space layer (parts: {kind})", 1, 1, 2, 1.0,
                                refusal="the layer keeps a recurrent state, no keys to select")
     _, attn = found
     parts = set(attn.children()) | {name for name, value in attn.items() if isinstance(value, mx.array)}
@@ -105,8 +109,8 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     refusal = _refusal(parts, own, rope if isinstance(rope, nn.Module) else None)
     n_heads = int(own.get("n_heads") or own.get("num_heads") or own.get("num_attention_heads")
                   or config["num_attention_heads"])
-    n_kv = int(own.get("n_kv_heads") or own.get("num_key_value_heads") or config.get("num_key_value_heads")
-               or n_heads)
+    n_kv = int(own.get("n_kv_heads") or own.get("num_key_value_heads") or own.get("num_kv_heads")
+               or config.get("num_key_value_heads") or n_heads)
     scale = own.get("scale", own.get("sm_scale"))
     window = _window(config, own, settings(layer), index)
     if refusal is None and scale is None:
@@ -117,17 +121,35 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     width = _out_features(attn["qkv_proj"] if fused else attn["q_proj"])
     head_dim = width // (n_heads + 2 * n_kv) if fused else width // n_heads
     kv_width = None if fused else _out_features(attn["k_proj"])
-    qk_norm = "none"
-    if "q_norm" in parts:
-        norm_width = int(attn["q_norm"]["weight"].shape[0])
-        qk_norm = "head" if norm_width == head_dim else "full" if norm_width == n_heads * head_dim else "?"
-    uses_rope = "rope" in parts and type(rope).__name__ != "NoPE"
+    qk_norm = _qk_norm(attn, own, n_heads, head_dim)
+    uses_rope = "rope" in parts and not _is_nope(rope)
     layout = dict(n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, scale=float(scale), fused_qkv=fused,
-                  rope=uses_rope, window=window)
+                  rope=uses_rope, window=window,
+                  norm_eps=float(own.get("rms_norm_eps") or config.get("rms_norm_eps") or 1e-6))
     if qk_norm == "?" or (kv_width is not None and kv_width != n_kv * head_dim) or head_dim % 2:
         return AttentionLayout("attention of an unknown layout", **layout,
                                refusal="projection or q/k norm shapes the adapter does not recognise")
     return AttentionLayout("attention" if uses_rope else "attention (NoPE)", **layout, qk_norm=qk_norm)
+
+
+def _is_nope(rope: Any) -> bool:
+    """mlx-lm's identity stand-in for RoPE on NoPE layers (SmolLM3)."""
+    from mlx_lm.models.smollm3 import NoPE
+
+    return isinstance(rope, NoPE)
+
+
+def _qk_norm(attn: nn.Module, own: dict[str, Any], n_heads: int, head_dim: int) -> str:
+    """How the module normalises q and k before RoPE: "head" (a q_norm whose weight is [D] or
+    [Hq, D], applied to [1, T, H, D]), "full" (weight [Hq * D], before the split into heads),
+    "weightless" (use_qk_norm without a norm module: RMS per head), "none", or "?" (unknown)."""
+    if "q_norm" not in attn:
+        return "weightless" if own.get("use_qk_norm") else "none"
+    weight = attn["q_norm"].get("weight")
+    shape = None if weight is None else tuple(weight.shape)
+    if shape in ((head_dim,), (n_heads, head_dim)):
+        return "head"
+    return "full" if shape == (n_heads * head_dim,) else "?"
 
 
 def _window(config: dict[str, Any], attn: dict[str, Any], block: dict[str, Any], index: int) -> int | None:
@@ -194,6 +216,8 @@ class AdaptedAttention(nn.Module):
         k = k.reshape(1, steps, layout.n_kv_heads, layout.head_dim)
         if layout.qk_norm == "head":
             q, k = inner["q_norm"](q), inner["k_norm"](k)
+        elif layout.qk_norm == "weightless":
+            q, k = mx.fast.rms_norm(q, None, layout.norm_eps), mx.fast.rms_norm(k, None, layout.norm_eps)
         v = v.reshape(1, steps, layout.n_kv_heads, layout.head_dim).swapaxes(1, 2)
         return self._rope(q, positions), self._rope(k, positions), v
 

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 from specfill.api import stream_generate
 from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.sampling import HOST_FIELDS
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
@@ -121,7 +122,8 @@ class Engine:
             "num_draft_tokens": plan.num_draft_tokens, "draft_model": plan.draft_model}
         steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
                                 temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
-                                seed=plan.sampling.seed, method=method, prompt_progress_callback=progress,
+                                seed=plan.sampling.seed, **{f: getattr(plan.sampling, f) for f in HOST_FIELDS},
+                                method=method, prompt_progress_callback=progress,
                                 prefill_info=info, reuse=reuse.state, **drafting)
         outcome = None
         try:

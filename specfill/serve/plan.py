@@ -15,6 +15,7 @@ from typing import Any
 from specfill.api import prefill_method
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig, SpecfillError
 from specfill.core.runtime import PrefillMethod, SamplingConfig
+from specfill.core.sampling import HOST_FIELDS
 
 from .errors import bad_request
 from .protocol import ChatRequest, CompletionRequest, SpecfillFields
@@ -27,7 +28,8 @@ CACHE_POLICIES = ("exact", "approximate", "off")
 class ServerDefaults:
     """The server's command-line settings; every request field left out takes these."""
 
-    model_id: str
+    model_id: str  # the name responses carry
+    model_names: tuple[str, ...] = ()  # every name requests may use (--served-model-name); model_id always
     method: str = "full"
     h2o: H2OConfig = field(default_factory=H2OConfig)
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
@@ -35,6 +37,11 @@ class ServerDefaults:
     speculator_context: int | None = None  # a separate speculator's context (None: the main model's)
     max_tokens: int = 512  # when a request gives none (clipped to the room left in the context)
     prompt_cache: str = "exact"
+    sampling: dict[str, Any] = field(default_factory=dict)  # --top-k etc. (core/sampling.py HOST_FIELDS)
+
+    def names(self) -> tuple[str, ...]:
+        """The served names, model_id first."""
+        return (self.model_id, *(n for n in self.model_names if n != self.model_id))
 
 
 @dataclass
@@ -98,14 +105,18 @@ def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[in
         raise bad_request(f"prompt of {len(ids)} tokens plus max_tokens {wanted} exceeds the model's context "
                           f"of {context} tokens", "messages" if kind == "chat" else "prompt")
     max_tokens = asked if asked is not None else min(defaults.max_tokens, room)
+    host = {name: getattr(request, name) for name in HOST_FIELDS if getattr(request, name) is not None}
     try:
         sampling = SamplingConfig(float(request.temperature if request.temperature is not None else 0.0),
-                                  float(request.top_p if request.top_p is not None else 1.0), request.seed)
+                                  float(request.top_p if request.top_p is not None else 1.0), request.seed,
+                                  **{**defaults.sampling, **host})
     except ConfigError as err:
-        raise bad_request(str(err)) from None
+        raise bad_request(str(err), str(err).split(" ", 1)[0]) from None  # the message starts with the field
     name = request.method or defaults.method
     notes: list[str] = []
     method = request_method(name, request, defaults, len(ids), notes)
+    if request.num_draft_tokens is not None and sampling.host_side:
+        raise bad_request("num_draft_tokens with top_k, min_p or a penalty is not supported yet", "num_draft_tokens")
     if request.num_draft_tokens is not None and defaults.speculator is None:
         raise bad_request("num_draft_tokens needs a draft model: start the server with --speculator PATH or "
                           "--speculator self:K (it drafts)", "num_draft_tokens")
@@ -142,7 +153,8 @@ def request_method(name: str, request: SpecfillFields, defaults: ServerDefaults,
                                        **{k: v for k, v in spec_fields.items() if k != "lookahead" or v is not None})
         notes.extend(str(w.message) for w in caught)
     except ConfigError as err:
-        raise bad_request(str(err), "method") from None
+        param = _field_named(str(err), {**{f"h2o_{k}": v for k, v in h2o_fields.items()}, **spec_fields})
+        raise bad_request(f"'{param}': {err}" if param != "method" else str(err), param) from None
     if name == "specprefill":
         if defaults.speculator is None:
             raise bad_request("method 'specprefill' needs a speculator: start the server with --speculator "
@@ -155,6 +167,16 @@ def request_method(name: str, request: SpecfillFields, defaults: ServerDefaults,
                               speculator=defaults.speculator if name == "specprefill" else None)
     except ConfigError as err:
         raise bad_request(str(err), "method") from None
+
+
+def _field_named(message: str, fields: dict[str, Any]) -> str:
+    """The request field a config error is about: the one set whose setting name the message
+    names ("keep_ratio must be in (0, 1]" -> keep_ratio; "chunk_size ..." -> h2o_chunk_size)."""
+    for field_name, value in fields.items():
+        setting = field_name.removeprefix("h2o_")
+        if value is not None and any(n in message for n in (field_name, setting, setting.replace("_", " "))):
+            return field_name
+    return "method"
 
 
 def _library_has(name: str) -> bool:

@@ -13,7 +13,7 @@ import numpy as np
 
 from specfill.backends.mlx.adapted import AdaptedOps, adapt
 from specfill.core.driver import CausalLM
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
 
 RELATIVE_TOLERANCE = 1e-5
 
@@ -23,7 +23,7 @@ def adapted(lm: nn.Module, prefill_step_size: int = 2048) -> CausalLM:
     return CausalLM(adapt(lm), AdaptedOps(mx.Device(mx.cpu)), prefill_step_size=prefill_step_size)
 
 
-def prompt(n: int, vocab: int = 97, seed: int = 0) -> list[int]:
+def prompt(n: int, vocab: int = 320, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(4, vocab, size=n).tolist()
 
 
@@ -34,6 +34,7 @@ def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 def greedy(model: CausalLM, ids: list[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),
-           info: PrefillInfo | None = None) -> list[int]:
+           info: PrefillInfo | None = None, drafting: Drafting | None = None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                    method=method, info=info if info is not None else PrefillInfo()))
+                                    method=method, info=info if info is not None else PrefillInfo(),
+                                    drafting=drafting))
