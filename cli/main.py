@@ -9,6 +9,7 @@ from typing import Sequence
 
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, SpecfillError, SpecfillWarning
+from specfill.core.errors import one_line
 
 # name -> one-line help. A subcommand's module (cli/<name>.py: add_arguments, run) is imported only
 # when that subcommand runs, so `specfill generate` loads neither evaluation, conformance nor serve.
@@ -33,7 +34,7 @@ class OneLineParser(argparse.ArgumentParser):
     """Usage mistakes are one line on stderr and exit code 2, like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"specfill: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"specfill: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
@@ -59,7 +60,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"specfill: warning: {message}", file=sys.stderr)
+    print(f"specfill: warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def set_cpu_threads(threads: int) -> None:

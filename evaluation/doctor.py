@@ -140,7 +140,7 @@ def micro_bench(plan: DoctorPlan, log: Callable[[str], None]) -> dict[str, Any]:
                       speculator=plan.speculator, h2o=H2OConfig(), specprefill=SpecPrefillConfig(),
                       decode_tokens=2, repeats=1)
     result = run_bench(bench, log=log)
-    return {"plan": result["plan"], "rows": result["rows"]}
+    return {"plan": result["plan"], "rows": result["rows"], "calibration": result["calibration"]}
 
 
 def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -67,6 +67,9 @@ def _bench_lines(bench: dict[str, Any]) -> list[str]:
     for r in bench["rows"]:
         ratio = f"{r['ttft_speedup_vs_full']:.2f}x" if r["ttft_speedup_vs_full"] else "-"
         lines.append(f"| {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} | {r['kept_tokens']} |")
+    for c in bench.get("calibration", []):  # refreshed by the micro-bench (docs/methods.md#auto)
+        lines.append(f"\n`method=\"auto\"` on this machine, this model: {c['method']} from {c['auto_crossover']} "
+                     f"tokens ({c['auto_source']}).")
     return lines
 
 

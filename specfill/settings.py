@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
+from specfill.core.errors import quote
 from specfill.core.runtime import PrefillMethod, SamplingConfig
 
 MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
@@ -96,7 +97,7 @@ def read_prompt_file(path: str, what: str = "--prompt-file") -> str:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as err:
-        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from None
+        raise ConfigError(f"cannot read {what} {quote(path)}: {err.strerror}") from None
     return decode_utf8(data, f"{what} {path}")
 
 

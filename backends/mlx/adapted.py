@@ -81,7 +81,18 @@ class AdaptedModel:
     def step(self, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache] | None,
              attend: Any, logits_from: int | None) -> mx.array | None:
         """ids [T] at `positions` appended to `cache` -> float32 logits [T - logits_from, vocab]
-        (None: the caller wants none; mlx-lm's head is then never evaluated)."""
+        (None: the caller wants none; mlx-lm's head is then never evaluated).
+
+        mlx-lm's forward ends in its head over every token of the call; where only the last
+        tokens' logits are wanted (a prefill's last step) and no method attends, the step runs as
+        two calls, the first without logits (what mlx-lm's own generate does)."""
+        if logits_from is not None and logits_from < 0:  # counted from the end, as a slice start
+            logits_from = max(0, ids.shape[0] + logits_from)
+        if attend is None and logits_from is not None and 0 < logits_from < ids.shape[0]:
+            self.step(ids[:logits_from], positions if isinstance(positions, (int, np.integer))
+                      else positions[:logits_from], cache, None, None)
+            rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
+            return self.step(ids[logits_from:], rest, cache, None, 0)
         layers = self.lm.layers
         caches = list(cache) if cache is not None else [None] * len(layers)
         if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused

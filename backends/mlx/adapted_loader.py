@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from specfill.core.driver import CausalLM
-from specfill.core.errors import ModelLoadError
+from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import load_tokenizer
 from specfill.core.model_config import _HF_MODEL_TYPES
 
@@ -44,12 +44,16 @@ def mlx_lm_model_type(path: str | Path) -> str | None:
 
 
 def _tokenizer_source(tokenizer: Any) -> Path:
-    """The directory an mlx-lm TokenizerWrapper (or a Hugging Face tokenizer) was read from."""
-    inner = tokenizer._tokenizer if type(tokenizer).__name__ == "TokenizerWrapper" else tokenizer
-    source = Path(str(getattr(inner, "name_or_path", "")))
-    if not source.is_dir():
-        raise ModelLoadError(f"cannot find the directory of the tokenizer {type(inner).__name__} came from "
-                             f"(got {str(source)!r}): load the model from its directory instead")
+    """The directory an mlx-lm TokenizerWrapper (or the Hugging Face tokenizer inside it) was read
+    from: specfill reads its own tokenizer from there."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from transformers import PreTrainedTokenizerBase
+
+    inner = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
+    source = Path(inner.name_or_path) if isinstance(inner, PreTrainedTokenizerBase) else None
+    if source is None or not source.is_dir():
+        raise ModelLoadError(f"cannot find the directory the tokenizer ({type(inner).__name__}) was read from: "
+                             f"pass mlx_lm.load's pair or load the model from its directory")
     return source
 
 
@@ -69,7 +73,7 @@ def load_adapted(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | N
             lm, _ = load_model(directory)
         except Exception as err:  # mlx-lm raises ValueError, KeyError, FileNotFoundError, ...
             model_type = mlx_lm_model_type(directory)
-            raise ModelLoadError(f"{directory}: unsupported architecture {model_type!r} for specfill's own "
+            raise ModelLoadError(f"{quote(directory)}: unsupported architecture {model_type!r} for specfill's own "
                                  f"models, and mlx-lm could not load it: {str(err).splitlines()[0][:200]}") from None
     if not isinstance(lm, nn.Module):
         raise ModelLoadError(f"expected an mlx-lm model (mlx.nn.Module), got {type(lm).__name__}")

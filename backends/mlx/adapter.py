@@ -122,7 +122,7 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     head_dim = width // (n_heads + 2 * n_kv) if fused else width // n_heads
     kv_width = None if fused else _out_features(attn["k_proj"])
     qk_norm = _qk_norm(attn, own, n_heads, head_dim)
-    uses_rope = "rope" in parts and type(rope).__name__ != "NoPE"
+    uses_rope = "rope" in parts and not _is_nope(rope)
     layout = dict(n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, scale=float(scale), fused_qkv=fused,
                   rope=uses_rope, window=window,
                   norm_eps=float(own.get("rms_norm_eps") or config.get("rms_norm_eps") or 1e-6))
@@ -130,6 +130,13 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
         return AttentionLayout("attention of an unknown layout", **layout,
                                refusal="projection or q/k norm shapes the adapter does not recognise")
     return AttentionLayout("attention" if uses_rope else "attention (NoPE)", **layout, qk_norm=qk_norm)
+
+
+def _is_nope(rope: Any) -> bool:
+    """mlx-lm's identity stand-in for RoPE on NoPE layers (SmolLM3)."""
+    from mlx_lm.models.smollm3 import NoPE
+
+    return isinstance(rope, NoPE)
 
 
 def _qk_norm(attn: nn.Module, own: dict[str, Any], n_heads: int, head_dim: int) -> str:

@@ -101,13 +101,19 @@ def build(arch: str, config: dict[str, Any] | None = None, seed: int = 0) -> nn.
     return model
 
 
-def save_directory(arch: str, directory: Path, config: dict[str, Any] | None = None) -> Path:
+def save_directory(arch: str, directory: Path, config: dict[str, Any] | None = None,
+                   bits: int | None = None) -> Path:
     """An mlx-lm directory of build(arch, config): config.json, model.safetensors (mlx-lm's own
-    parameter names) and the tiny tokenizer."""
+    parameter names, quantized to `bits` in groups of 32 as mlx-lm's convert does) and the tiny
+    tokenizer."""
     extra = config if config is not None else {**HONOURED, **HYBRID}.get(arch, {})
     model = build(arch, extra)
+    written = {**BASE, "model_type": arch, **extra}
+    if bits is not None:
+        nn.quantize(model, group_size=32, bits=bits)
+        written["quantization"] = {"group_size": 32, "bits": bits}
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps({**BASE, "model_type": arch, **extra}))
+    (directory / "config.json").write_text(json.dumps(written))
     mx.save_safetensors(str(directory / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json())
     (directory / "tokenizer_config.json").write_text(json.dumps(tiny_tokenizer_config()))

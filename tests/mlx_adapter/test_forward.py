@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx_lm
 import numpy as np
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from specfill.backends.mlx import load
 from specfill.core.adapted import AdaptedArgs
+from specfill.core.errors import ModelLoadError
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-from tests.mlx_adapter.archs import HONOURED, MOE, REFUSED, build
+from tests.mlx_adapter.archs import HONOURED, MOE, REFUSED, build, save_directory
 from tests.mlx_adapter.support import adapted, assert_close, greedy, prompt
 
 ALL = sorted(HONOURED) + sorted(REFUSED)
@@ -72,3 +75,22 @@ def test_the_adapted_model_still_runs_as_mlx_lm_outside_specfill():
     np.testing.assert_array_equal(np.array(lm(ids)), want)
     adapted(lm)  # adapting twice keeps one adapter around the original module
     assert type(lm.layers[0].self_attn.inner).__name__ == "Attention"
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "phi3"])
+def test_a_4bit_mlx_lm_directory_loads_quantized_and_equals_mlx_lm(arch, tmp_path):
+    """mlx-community models are mostly 4-bit: the directory loads through mlx-lm's own reader, its
+    layers stay quantized, and the adapter computes what mlx-lm computes on them."""
+    directory = save_directory(arch, tmp_path / arch, bits=4)
+    model, tokenizer = load(directory, device="cpu")
+    lm, _ = mlx_lm.load(str(directory))
+    ids = prompt(30, seed=6)
+    want = np.array(lm(mx.array(ids)[None])[0])
+    assert model.ops.quantized and tokenizer.vocab_size == 320
+    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()), want, f"{arch} 4-bit")
+
+
+def test_a_pair_that_is_not_mlx_lm_s_is_one_load_error():
+    lm = build("qwen3_moe")
+    with pytest.raises(ModelLoadError, match="cannot find the directory the tokenizer"):
+        load((lm, object()), device="cpu")
