@@ -161,6 +161,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["## Turn-2 TTFT with the prompt cache", "",
                   f"{t['prompt_tokens']} prompt tokens, {t['cached_tokens']} from the cache: TTFT {t['ttft_cached_s']} s "
                   f"cached vs {t['ttft_cold_s']} s cold ({t['speedup']}x)", ""]
+    if "rss_note" in report:
+        lines += ["## RSS", "", report["rss_note"], ""]
     if "rss" in report:
         r = report["rss"]
         lines += [f"## RSS over {r['requests']} sequential requests", "",
