@@ -1,0 +1,36 @@
+"""The server's request plan and the API agree: a completion string gets the API's BOS rule, and
+`auto` keeps the server's speculator (issue #23 item 1, #25 item 1). No server process needed."""
+from __future__ import annotations
+
+from specfill.api import encode_prompt, prefill_method
+from specfill.serve.plan import ServerDefaults, completion_prompt_ids, request_method
+from specfill.serve.protocol import CompletionRequest
+
+
+class BosTokenizer:
+    """One id per word; BOS is id 1 written "<s>", added when add_special_tokens is true."""
+
+    bos_token_id = 1
+
+    def token_text(self, token: int) -> str:
+        return "<s>" if token == 1 else str(token)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = [1 if w == "<s>" else 2 + len(w) for w in text.replace("<s>", "<s> ").split()]
+        return ([1] if add_special_tokens else []) + ids
+
+
+def test_completion_string_gets_the_api_bos_rule():
+    tok = BosTokenizer()
+    for prompt in ("3 4 5", "<s>3 4 5"):
+        ids = completion_prompt_ids(tok, CompletionRequest(model="m", prompt=prompt), vocab_size=64)
+        assert ids == encode_prompt(tok, prompt)
+        assert ids.count(1) == 1  # BOS once, never [bos, bos, ...]
+
+
+def test_auto_keeps_the_server_speculator():
+    defaults = ServerDefaults(model_id="m", speculator="self:1")
+    request = CompletionRequest(model="m", prompt="3 4 5", method="auto")
+    method = request_method("auto", request, defaults, prompt_tokens=3, notes=[])
+    api = prefill_method("auto", speculator="self:1")
+    assert method.speculator == api.speculator == "self:1"
