@@ -34,3 +34,20 @@ def test_auto_keeps_the_server_speculator():
     method = request_method("auto", request, defaults, prompt_tokens=3, notes=[])
     api = prefill_method("auto", speculator="self:1")
     assert method.speculator == api.speculator == "self:1"
+
+
+def test_reply_names_the_method_that_ran():
+    """An "auto" request's stats carry the resolved method (PrefillInfo.method), not "auto"."""
+    from types import SimpleNamespace
+
+    from specfill.core.runtime import PrefillInfo
+    from specfill.serve.engine import Engine
+
+    plan = SimpleNamespace(method_name="auto", queue_seconds=0.0, notes=[])
+    last = SimpleNamespace(prompt_tokens=3, kept_tokens=1, ttft=0.1, prompt_tps=30.0, generation_tokens=2,
+                           generation_tps=20.0, peak_memory=0.0, drafted_tokens=0, accepted_tokens=0)
+    info = PrefillInfo()
+    info.method = "specprefill"
+    stats = Engine.stats(plan, "off", prefill_method("auto", speculator="self:1"), SimpleNamespace(cached=0),
+                         last, info)
+    assert stats["method"] == "auto" and stats["prefill_method"] == "specprefill"
