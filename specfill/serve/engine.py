@@ -170,8 +170,9 @@ class Engine:
     @staticmethod
     def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,
               info: PrefillInfo) -> dict[str, Any]:
-        """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds."""
-        return {"method": plan.method_name, "prefill_method": method.name, "prompt_cache": policy,
+        """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds.
+        prefill_method names the method that ran ("auto" resolved, as PrefillInfo.method has it)."""
+        return {"method": plan.method_name, "prefill_method": info.method or method.name, "prompt_cache": policy,
                 "prompt_tokens": last.prompt_tokens, "cached_tokens": reuse.cached, "kept_tokens": last.kept_tokens,
                 "ttft_s": round(last.ttft, 6), "prompt_tps": round(last.prompt_tps, 3),
                 "generation_tokens": last.generation_tokens, "generation_tps": round(last.generation_tps, 3),

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfill.api import prefill_method
+from specfill.api import encode_prompt, prefill_method
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig, SpecfillError
 from specfill.core.runtime import PrefillMethod, SamplingConfig
 from specfill.core.sampling import HOST_FIELDS
@@ -21,7 +21,6 @@ from .errors import bad_request
 from .protocol import ChatRequest, CompletionRequest, SpecfillFields
 
 METHODS = ("full", "h2o", "specprefill")
-CACHE_POLICIES = ("exact", "approximate", "off")
 
 
 @dataclass(frozen=True)
@@ -79,14 +78,15 @@ def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
 
 
 def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size: int) -> list[int]:
-    """A string prompt, a one-string list, or token ids (checked against the vocabulary)."""
+    """A string prompt, a one-string list, or token ids (checked against the vocabulary). A string
+    gets the API's BOS rule (specfill.api.encode_prompt), so the server and `generate` see the same ids."""
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
             raise bad_request("a list of several prompts is not supported (one prompt per request)", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return encode_prompt(tokenizer, prompt)
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary (size {vocab_size})", "prompt")
@@ -164,7 +164,7 @@ def request_method(name: str, request: SpecfillFields, defaults: ServerDefaults,
                               f"{defaults.speculator_context} tokens", "method")
     try:
         return prefill_method(name, h2o=h2o, specprefill=spec,
-                              speculator=defaults.speculator if name == "specprefill" else None)
+                              speculator=defaults.speculator if name in ("specprefill", "auto") else None)
     except ConfigError as err:
         raise bad_request(str(err), "method") from None
 
