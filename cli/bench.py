@@ -11,8 +11,6 @@ from specfill.evaluation.drafting import DraftingPlan, run_drafting_bench, write
 from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
 from .progress import WorkProgressBar
 
-HELP = "time-to-first-token and decode speed vs prompt length (JSON + Markdown + PNG)"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", type=str_list, default=None,
@@ -27,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="results/bench", help="folder for bench.json/.md/_ttft.png")
     p.add_argument("--name", default="bench", help="file name stem (default: %(default)s)")
+    p.add_argument("--save-crossover", action="store_true",
+                   help="make this bench's crossovers what method auto uses on this machine (default: the "
+                        "bench only re-runs auto's short calibration)")
     p.add_argument("--draft-tokens", type=int_list, default=None,
                    help="speculative decoding instead: decode tok/s with k = 0 and each of these draft sizes "
                         "(one prompt of the first --lengths tokens, --decode-tokens new tokens; see --draft-model)")
@@ -47,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     plan = BenchPlan(backends=backends, methods=tuple(args.methods), lengths=tuple(args.lengths),
                      model=args.model, speculator=args.speculator, h2o=h2o_config(args),
                      specprefill=specprefill_config(args), decode_tokens=args.decode_tokens,
-                     repeats=args.repeats, dtype=args.dtype, device=args.device)
+                     repeats=args.repeats, dtype=args.dtype, device=args.device,
+                     save_crossover=args.save_crossover)
     if args.draft_tokens is not None:
         return run_drafting(args)
     with WorkProgressBar("bench") as bar:

@@ -4,10 +4,8 @@ from __future__ import annotations
 import argparse
 
 from specfill.conformance import REGISTRY, TOLERANCES, run_conformance, write_reports
-from specfill.conformance.self_check import KERNEL_MODES, KERNELS_ENV, kernels_env, kernels_setting
+from specfill.core.self_check import KERNEL_MODES, KERNELS_ENV, kernels_env, kernels_setting
 from specfill.core import ConfigError
-
-HELP = "check a backend's stages against the reference; writes JSON + Markdown reports"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

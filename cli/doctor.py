@@ -10,8 +10,6 @@ from specfill.evaluation.doctor_report import write_doctor
 
 from .options import int_list
 
-HELP = "check this machine for specfill (versions, devices, kernels vs twins, a TTFT micro-bench); JSON + Markdown"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help=f"mlx or cuda (default: {DEFAULT_BACKEND_RULE})")
@@ -27,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     backend = resolve_backend(args.backend)
     if backend not in ("mlx", "cuda"):
-        raise ConfigError(f"--backend must be mlx or cuda, got {backend!r}")
+        raise ConfigError(f"--backend must be mlx, cuda or torch, got {backend!r}")
     if any(n < 2 for n in args.bench_lengths):
         raise ConfigError("--bench-lengths must be at least 2 tokens each")
     plan = DoctorPlan(backend=backend, model=args.bench_model, lengths=tuple(args.bench_lengths),

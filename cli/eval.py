@@ -14,9 +14,6 @@ from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, float_list, 
                       specprefill_config, str_list)
 from .progress import WorkProgressBar
 
-HELP = ("perplexity, passkey retrieval and RULER's tasks per method and setting (JSON + Markdown + PNG: speed-up "
-        "vs quality trade-off, map of kept positions)")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help=BACKEND_HELP)
@@ -34,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ruler-lengths", type=int_list, default=[4000],
                    help="prompt lengths in tokens (at most; chat template included) of RULER's tasks")
     p.add_argument("--ruler-seed", type=int, default=0, help="seed of RULER's samples (each method sees the same)")
+    p.add_argument("--ruler-first-sample", type=int, default=0,
+                   help="index of the first RULER sample (runs of other methods or more samples add to a run's)")
     p.add_argument("--answer-tokens", type=int, default=None,
                    help="cap on RULER's answer budgets (niah 128, vt 30, cwe 120, qa 32 tokens); generation stops "
                         "earlier once every expected string is found")
@@ -60,6 +59,8 @@ def _check_tasks(args: argparse.Namespace) -> list[str]:
         raise ConfigError("--trials must be >= 1")
     if any(n < 1 for n in args.ruler_lengths) or (args.answer_tokens is not None and args.answer_tokens < 1):
         raise ConfigError("--ruler-lengths and --answer-tokens must be >= 1")
+    if args.ruler_first_sample < 0:
+        raise ConfigError("--ruler-first-sample must be >= 0")
     if set(tasks) & set(RULER_TASKS) and ruler_available() is not None:
         raise RulerDataMissing(ruler_available())
     return tasks
@@ -80,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
                     h2o=h2o_config(args, dense_tail=args.h2o_dense_tail[0]),
                     specprefill=specprefill_config(args, layers=args.score_layers[0]), dtype=args.dtype,
                     device=args.device, ruler_lengths=tuple(args.ruler_lengths), ruler_seed=args.ruler_seed,
+                    ruler_first=args.ruler_first_sample,
                     chat_template=not args.ignore_chat_template, answer_tokens=args.answer_tokens)
     with WorkProgressBar("eval") as bar:
         result = run_eval(plan, log=bar.log, step=bar.step,

@@ -12,10 +12,10 @@ from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.runtime import Drafting, PrefillInfo
 from specfill.settings import decode_utf8, read_prompt_file
 
-from .options import BACKEND_HELP, MODEL_HELP, add_method_options, h2o_config, specprefill_config, warn_unused_options
+from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
+                      specprefill_config, warn_unused_options)
 from .progress import PrefillProgressBar
 
-HELP = "generate text (default model: the bundled SmolLM2-135M-Instruct demo)"
 DEFAULT_PROMPT = "What is the capital of France?"
 
 
@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fetch a repo-id --model from the Hugging Face Hub when it is not cached "
                         "(never when HF_HUB_OFFLINE=1)")
     p.add_argument("--method", choices=("full", "h2o", "specprefill", "auto"), default="full",
-                   help="auto: full prefill below the crossover length measured for this backend and device "
-                        "(results/bench/crossover.json, else 2048 tokens), above it specprefill when "
+                   help="auto: full prefill below the crossover length calibrated on this machine "
+                        "(docs/methods.md#auto), above it specprefill when "
                         "--speculator is given, else h2o (default: %(default)s)")
     p.add_argument("--auto-threshold", type=int, default=None,
                    help="with --method auto: the prompt length from which the sparse method runs")
@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    add_sampling_options(p)
     add_method_options(p)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     last, info = None, PrefillInfo()
     print("=" * 10)
     for last in stream_generate(model, tokenizer, prompt, args.max_tokens, temperature=args.temp,
-                                top_p=args.top_p, seed=args.seed, method=method,
+                                top_p=args.top_p, seed=args.seed, method=method, **sampling_options(args),
                                 prompt_progress_callback=bar.update, prefill_info=info, draft_model=draft,
                                 num_draft_tokens=args.num_draft_tokens):
         bar.close()

@@ -2,17 +2,28 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import warnings
 from typing import Sequence
 
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, SpecfillError, SpecfillWarning
+from specfill.core.errors import one_line
 
-from . import bench, conformance, doctor, eval, generate, parity, serve
-
-SUBCOMMANDS = {"generate": generate, "bench": bench, "eval": eval, "parity": parity, "conformance": conformance,
-               "doctor": doctor, "serve": serve}
+# name -> one-line help. A subcommand's module (cli/<name>.py: add_arguments, run) is imported only
+# when that subcommand runs, so `specfill generate` loads neither evaluation, conformance nor serve.
+SUBCOMMANDS = {
+    "generate": "generate text (default model: the bundled SmolLM2-135M-Instruct demo)",
+    "bench": "time-to-first-token and decode speed vs prompt length (JSON + Markdown + PNG)",
+    "eval": ("perplexity, passkey retrieval and RULER's tasks per method and setting (JSON + Markdown + PNG: "
+             "speed-up vs quality trade-off, map of kept positions)"),
+    "parity": "compare two backends: logits, H2O memory sets, SpecPrefill kept tokens, text (JSON + Markdown)",
+    "conformance": "check a backend's stages against the reference; writes JSON + Markdown reports",
+    "doctor": ("check this machine for specfill (versions, devices, kernels vs twins, a TTFT micro-bench); "
+               "JSON + Markdown"),
+    "serve": "serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)",
+}
 
 
 MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this
@@ -23,10 +34,12 @@ class OneLineParser(argparse.ArgumentParser):
     """Usage mistakes are one line on stderr and exit code 2, like every other bad input."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(2, f"specfill: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"specfill: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; only the subcommand named in `argv` (if any) has its module imported and its options."""
+    chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     parser = OneLineParser(
         prog="specfill", description="Faster time-to-first-token for long prompts: H2O and speculative prefill.",
         epilog=f"Default backend: {DEFAULT_BACKEND_RULE}; --backend overrides.")
@@ -34,18 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", "-t", type=int, default=None, help=THREADS_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      parser_class=OneLineParser)
-    for name, module in SUBCOMMANDS.items():
-        sub = commands.add_parser(name, help=module.HELP, description=module.HELP)
+    for name, help_text in SUBCOMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
         sub.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
                          help="show tracebacks and details")
         sub.add_argument("--threads", "-t", type=int, default=argparse.SUPPRESS, help=THREADS_HELP)
-        module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
+        if name == chosen:
+            module = importlib.import_module(f"specfill.cli.{name}")
+            module.add_arguments(sub)
+            sub.set_defaults(run=module.run)
     return parser
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    print(f"specfill: warning: {message}", file=sys.stderr)
+    print(f"specfill: warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def set_cpu_threads(threads: int) -> None:
@@ -60,7 +75,8 @@ def set_cpu_threads(threads: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(argv).parse_args(argv)
     if not args.verbose:
         warnings.showwarning = _one_line_warning
         warnings.simplefilter("default", SpecfillWarning)

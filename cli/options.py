@@ -13,7 +13,7 @@ MODEL_HELP = ("GGUF file or model directory (default: the demo model); a Hugging
               "owner/repo:FILE.gguf or owner/repo:QUANT (e.g. :Q4_K_M), looked up in the local Hugging Face "
               "cache; random:SHAPE for random weights of a known shape (" + ", ".join(RANDOM_SHAPES) + ")")
 
-BACKEND_HELP = f"mlx or cuda (default: {DEFAULT_BACKEND_RULE})"
+BACKEND_HELP = f"mlx, or cuda (also called torch) (default: {DEFAULT_BACKEND_RULE})"
 
 
 def str_list(text: str) -> list[str]:
@@ -94,3 +94,23 @@ def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) 
     if unused:
         warnings.warn(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with --method "
                       f"{args.method}", SpecfillWarning, stacklevel=2)
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """--top-k, --min-p and the penalties (core/sampling.py; llama.cpp's and mlx-lm's flag names)."""
+    p.add_argument("--top-k", type=int, default=0, help="sample from the k most likely tokens (default 0: off)")
+    p.add_argument("--min-p", type=float, default=0.0,
+                   help="drop tokens less likely than min_p times the most likely (default 0: off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide a positive logit (multiply a negative one) of a token among the last 64 by this "
+                        "(default 1: off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0,
+                   help="subtract from the logit of a token among the last 64 (default 0: off)")
+    p.add_argument("--frequency-penalty", type=float, default=0.0,
+                   help="subtract this times its count among the last 64 from a token's logit (default 0: off)")
+
+
+def sampling_options(args: argparse.Namespace) -> dict:
+    """The add_sampling_options values as stream_generate keywords."""
+    return {"top_k": args.top_k, "min_p": args.min_p, "repetition_penalty": args.repetition_penalty,
+            "presence_penalty": args.presence_penalty, "frequency_penalty": args.frequency_penalty}

@@ -8,8 +8,6 @@ from specfill.evaluation.parity import ParityPlan, run_parity, write_parity
 
 from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config, str_list
 
-HELP = "compare two backends: logits, H2O memory sets, SpecPrefill kept tokens, text (JSON + Markdown)"
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backends", type=str_list, default=["mlx", "cuda"], help="two backends (default: mlx,cuda)")

@@ -2,26 +2,36 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
-from specfill.api import backend_module, load, load_speculator
-from specfill.core import BackendUnavailableError, ConfigError
+from specfill.api import backend_module, load, load_speculator, resolve_backend
+from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.settings import sampling_config
 
-from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config
-
-HELP = "serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)"
+from .options import (MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
+                      specprefill_config)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--model-id", default=None, help="the name /v1/models reports (default: the file's name)")
+    p.add_argument("--served-model-name", "--model-id", dest="served_model_name", nargs="+", default=None,
+                   metavar="NAME", help="the name(s) requests use and /v1/models reports; other names get 404 "
+                                        "(default: the repo id, or the file name without its extension)")
     p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full",
                    help="prefill method when a request names none (default: %(default)s)")
     p.add_argument("--speculator", default=None,
                    help="speculator model path, or self:K; needed for specprefill requests")
     add_method_options(p)
+    add_sampling_options(p)  # the defaults of requests that set none of these fields
+    p.add_argument("--prefill-step-size", type=int, default=512,
+                   help="tokens per full-prefill step, and per step of the speculator's pass (SpecPrefill): the "
+                        "server sends a progress event and notices a client gone or a shutdown after each step "
+                        "(H2O steps by its logical batch -b); default %(default)s, as llama.cpp's -ub")
     p.add_argument("--max-tokens", "-m", type=int, default=512,
                    help="tokens generated when a request sets no max_tokens (default: %(default)s)")
     p.add_argument("--max-queue", type=int, default=8,
@@ -38,32 +48,75 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    p.add_argument("--api-key", default=os.environ.get("SPECFILL_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: "
+                        "$SPECFILL_API_KEY; none: no check)")
+    p.add_argument("--allowed-origins", default="", type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
+                   help="comma list of browser origins allowed by CORS, or '*' (default: none)")
+    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="server log: info shows one line per request (default: %(default)s)")
 
 
-def _server_modules():
+def _server_modules() -> Any:
+    """specfill.serve with its runner, or BackendUnavailableError when FastAPI / uvicorn are missing."""
     try:
-        import uvicorn
+        import fastapi  # noqa: F401 - checked here so the error names it before the model loads
+        import uvicorn  # noqa: F401
 
         import specfill.serve as serve
+        import specfill.serve.runner  # noqa: F401
     except ModuleNotFoundError as err:
         raise BackendUnavailableError(f"specfill serve needs {err.name!r}, which is not installed "
                                       f"(pip install 'specfill[serve]')") from None
-    return uvicorn, serve
+    return serve
+
+
+def served_name(spec: str | None) -> str:
+    """The default served model name: a file's name without its extension, a directory's name, a
+    repo id without its :FILE / :QUANT tail, or the spec itself (random:SHAPE)."""
+    if spec is None:
+        return "SmolLM2-135M-Instruct"
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path.stem
+    if path.is_dir():
+        return path.resolve().name
+    if spec.startswith("random:"):
+        return spec
+    return spec.split(":", 1)[0]
 
 
 def run(args: argparse.Namespace) -> int:
-    uvicorn, serve = _server_modules()
+    serve = _server_modules()
     if args.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.prefill_step_size < 1:
+        raise ConfigError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
     h2o, spec = h2o_config(args), specprefill_config(args)
+    sampling_config(0.0, 1.0, None, **sampling_options(args))  # range errors before anything loads
+    serve.configure_logging(args.log_level)
+    sock = serve.runner.bind(args.host, args.port)  # before the model loads: a port in use fails at once
+    if not serve.runner.is_loopback(args.host) and not args.api_key:
+        print(f"specfill: WARNING: listening on {args.host} (beyond this machine) with no API key: anyone on the "
+              f"network can use this server; set --api-key or SPECFILL_API_KEY", file=sys.stderr, flush=True)
+    try:
+        return _serve(args, serve, sock, h2o, spec)
+    finally:
+        sock.close()
+
+
+def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OConfig,
+           spec: SpecPrefillConfig) -> int:
+    """Load, build the app, serve on the bound socket until a signal."""
     backend = backend_module(args.backend)
+    args.backend = resolve_backend(args.backend)
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
         print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
         args.device = "cpu"
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
+    model.prefill_step_size = args.prefill_step_size  # progress and cancellation granularity
     if args.chat_template is not None:
         tokenizer.chat_template = serve.read_chat_template(args.chat_template)
     speculator, spec_context = None, None
@@ -71,14 +124,18 @@ def run(args: argparse.Namespace) -> int:
         speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
         if not isinstance(speculator, str):
             spec_context = speculator.args.max_position_embeddings
+            speculator.prefill_step_size = args.prefill_step_size
     if args.method == "specprefill" and speculator is None:
         raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
-    model_id = args.model_id or (Path(args.model).name if args.model else "SmolLM2-135M-Instruct")
-    defaults = serve.ServerDefaults(model_id=model_id, method=args.method, h2o=h2o, specprefill=spec,
-                                    speculator=speculator, speculator_context=spec_context,
-                                    max_tokens=args.max_tokens, prompt_cache=args.prompt_cache)
-    app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens)
-    print(f"specfill: serving {model_id} ({args.backend}, {model.device_name}) on http://{args.host}:{args.port}",
+    names = tuple(args.served_model_name or (served_name(args.model),))
+    defaults = serve.ServerDefaults(model_id=names[0], model_names=names, method=args.method, h2o=h2o,
+                                    specprefill=spec, speculator=speculator, speculator_context=spec_context,
+                                    max_tokens=args.max_tokens, prompt_cache=args.prompt_cache,
+                                    sampling=sampling_options(args))
+    access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))
+    app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens,
+                          access=access)
+    print(f"specfill: serving {names[0]} ({args.backend}, {model.device_name}) on http://{args.host}:{args.port}",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve.runner.run(app, sock, log_level=args.log_level)
     return 0

@@ -7,7 +7,7 @@ tests/test_conformance.py; from the shell, `specfill conformance --backend NAME`
 from .adapter import DEFAULT_DTYPES, REGISTRY, ConformanceAdapter, ReferenceAdapter, adapter_factory
 from .report import render_markdown, write_reports
 from .runner import CHECK_GROUPS, Report, run_conformance, run_group
-from .tolerances import TOLERANCES, Tolerance
+from specfill.core.tolerances import TOLERANCES, Tolerance
 
 __all__ = [
     "CHECK_GROUPS", "DEFAULT_DTYPES", "REGISTRY", "TOLERANCES", "ConformanceAdapter", "Report",

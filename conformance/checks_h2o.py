@@ -13,7 +13,7 @@ from specfill.core.reference.h2o import causal_attention, local_window
 from .adapter import ConformanceAdapter
 from .cases import CHUNK, H2O_CASES, HEAD_DIM, SCALE, H2OCase
 from .results import Checker
-from .tolerances import round_to
+from specfill.core.tolerances import round_to
 
 
 def _lse(state: AttentionState) -> np.ndarray:

@@ -9,7 +9,7 @@ from specfill.core.reference import REFERENCE, specprefill
 from .adapter import ConformanceAdapter
 from .cases import SCALE, SPEC_CASES, SpecCase
 from .results import Checker
-from .tolerances import round_to
+from specfill.core.tolerances import round_to
 
 
 def _probs(case: SpecCase, dtype: str) -> np.ndarray:

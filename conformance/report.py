@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .runner import Report
-from .tolerances import TOLERANCES
+from specfill.core.tolerances import TOLERANCES
 
 
 def write_reports(report: Report, out_dir: str | os.PathLike) -> tuple[Path, Path]:

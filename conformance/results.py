@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .tolerances import TOLERANCES, Tolerance, max_violation
+from specfill.core.tolerances import TOLERANCES, Tolerance, max_violation
 
 
 @dataclass(frozen=True)

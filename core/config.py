@@ -47,7 +47,7 @@ class H2OConfig:
     batch_size: int = 4096
     local: int = 256
     heavy: int = 256
-    dense_tail: int = 64  # measured: results/eval/fidelity/demo_h2o_dense_tail.md (README)
+    dense_tail: int = 64  # measured: results/eval/fidelity/demo_h2o_dense_tail.md (docs/results.md)
 
     def __post_init__(self) -> None:
         s = _require_int("chunk_size (S)", self.chunk_size, 1)
@@ -90,7 +90,7 @@ class SpecPrefillConfig:
     pool_kernel: odd width of the average pooling along positions (1 = off).
     select_chunk: tokens per selection chunk (1 = token-level selection).
     layers: speculator layers used for scoring: "all" (the paper's max over every layer; the
-    default: no window rule beat it across self:8 and self:12, see README Fidelity), "last-K" (a
+    default: no window rule beat it across self:8 and self:12, see docs/results.md, Fidelity), "last-K" (a
     window of K layers ending at the speculator's last) or "last-1" (the last layer only).
     head_reduction / layer_reduction: "max" (paper) or "mean"; look-ahead is always averaged.
     force_keep_last: always keep the last prompt token so decoding has its context.

@@ -1,91 +1,149 @@
-"""`method="auto"`: full prefill below a crossover prompt length, the sparse method above it.
+"""`method="auto"` decided on the machine it runs on: a measured crossover per machine, cached.
 
-The crossover is measured: `specfill bench` writes, next to its results, `crossover.json` with
-one entry per (backend, device, sparse method): the shortest measured prompt length from which
-that method's TTFT beat full prefill at every measured length (see `crossovers_from_rows`). At
-run time the threshold comes from, in order: an explicit `auto_threshold`; the file named by
-$SPECFILL_CROSSOVER, else this source tree's results/bench/crossover.json, for the model's
-backend and device; else FALLBACK_CROSSOVER, documented below. A measured entry with no
-crossover (the sparse method never won) keeps auto on full prefill at every length.
+A crossover (the prompt length from which a sparse method's prefill beats full prefill) belongs
+to one CPU / GPU, thread count, backend, device, dtype, model shape and method configuration:
+H2O's CPU path and full prefill's SDPA ride different BLAS paths (AMX, AVX-512 BF16 or neither),
+so a crossover measured on one machine can send `auto` to the slower method on another. So
+`auto` never reads a file measured elsewhere: the first time a (machine, model shape, dtype,
+method) is used with `auto`, `calibrated_crossover` times both prefills here (core/probe.py, a
+few seconds) and caches the result as JSON under calibration_dir() with that machine
+description; a cached file whose description differs from this machine's is measured again.
+`specfill doctor` and `specfill bench` refresh it (`refresh=True`); `specfill bench
+--save-crossover` stores the bench's own whole-model measurement instead (`save_calibration`).
+
+The crossover is the shortest measured length L at which the sparse method was faster than full
+prefill (by more than the probe's noise: FASTER_BELOW) at L and at every longer measured length
+(None: it never was, and auto stays on full prefill). Prompts shorter than the shortest candidate
+length run full prefill unmeasured; longer than the longest measured length, the verdict at the
+longest holds.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import platform
+import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Sequence
 
-from .errors import ConfigError
+from .io.demo_model import cache_dir
 
-CROSSOVER_FILE = "crossover.json"
-# No measurement for this backend and device: 2048 tokens, the shortest prompt at which both
-# H2O (S=1024) and SpecPrefill (self:8, keep 0.1) beat full prefill in every bench of results/bench
-# (torch on CPU, 1 and 2 threads); at or below one H2O chunk (1024) H2O IS full attention anyway.
-FALLBACK_CROSSOVER = 2048
+CALIBRATION_VERSION = 1
+# prompt lengths the calibration may measure, shortest first (cut at the model's context)
+CANDIDATE_LENGTHS = (2048, 4096, 8192, 16384)
+# wall seconds after which no longer length is started (the first length always runs)
+CALIBRATION_BUDGET_S = 8.0
+# the sparse method counts as faster only below this fraction of full prefill's time: on a shared
+# machine the probe's repeats spread by ~10% (torch CPU, load 5 on 2 cores), and a tie must not
+# switch methods
+FASTER_BELOW = 0.97
+# CPU flags that change GEMM / attention speed (x86 names as in /proc/cpuinfo)
+GEMM_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
+              "amx_int8")
+
+Measure = Callable[[int], tuple[float, float]]  # prompt length -> (full seconds, sparse seconds)
 
 
-def crossover_path() -> Path:
-    """$SPECFILL_CROSSOVER, else <source tree>/results/bench/crossover.json."""
-    override = os.environ.get("SPECFILL_CROSSOVER")
-    return Path(override) if override else Path(__file__).resolve().parents[1] / "results" / "bench" / CROSSOVER_FILE
+def calibration_dir() -> Path:
+    """$SPECFILL_CALIBRATION_DIR, else <specfill cache>/calibration ($SPECFILL_CACHE, else
+    $XDG_CACHE_HOME/specfill, else ~/.cache/specfill)."""
+    override = os.environ.get("SPECFILL_CALIBRATION_DIR")
+    return Path(override) if override else cache_dir() / "calibration"
 
 
-def read_crossovers(path: Path | None = None) -> list[dict]:
-    """The entries of a crossover file ([] when there is none); a corrupt file is an error."""
-    path = path or crossover_path()
-    if not path.is_file():
-        return []
+def cpu_description() -> dict[str, Any]:
+    """CPU model, the GEMM-relevant flags it has and its logical CPUs (Linux: /proc/cpuinfo)."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == "model name" and not model:
+                    model = value.strip()
+                elif name.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor() or platform.machine(), "arch": platform.machine(),
+            "gemm_flags": [f for f in GEMM_FLAGS if f in flags], "logical_cpus": os.cpu_count()}
+
+
+def calibration_key(*, backend: str, device: str, dtype: str, threads: int, model_shape: dict[str, Any],
+                    method: str, method_config: dict[str, Any]) -> dict[str, Any]:
+    """Everything a crossover depends on: this machine's CPU, the backend, device, dtype, thread
+    count, model shape and the sparse method with its configuration."""
+    return {"version": CALIBRATION_VERSION, "machine": cpu_description(), "backend": backend, "device": device,
+            "dtype": dtype, "threads": threads, "model_shape": model_shape, "method": method,
+            "method_config": method_config}
+
+
+def calibration_path(key: dict[str, Any]) -> Path:
+    """calibration_dir()/<backend>-<method>-<hash of the key>.json."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return calibration_dir() / f"{key['backend']}-{key['method']}-{digest}.json"
+
+
+def crossover_from_points(points: dict[int, tuple[float, float]]) -> int | None:
+    """Shortest length L with sparse < FASTER_BELOW * full at L and every longer length; None if none."""
+    crossover = None
+    for length in sorted(points, reverse=True):
+        full, sparse = points[length]
+        if not sparse < FASTER_BELOW * full:
+            break
+        crossover = length
+    return crossover
+
+
+def read_calibration(key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached calibration for `key`, or None when there is none, it is unreadable, or it was
+    measured for another machine description (a file copied from elsewhere is never used)."""
+    path = calibration_path(key)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        entries = data["entries"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ConfigError(f"crossover file {path} is unreadable ({err}): fix it or set --auto-threshold") from None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
-        raise ConfigError(f"crossover file {path}: 'entries' must be a list of objects")
-    return entries
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key or not isinstance(data.get("points"), dict):
+        return None
+    crossover = data.get("crossover_tokens")
+    if crossover is not None and (isinstance(crossover, bool) or not isinstance(crossover, int) or crossover < 1):
+        return None
+    return data
 
 
-def auto_threshold(backend: str, device: str, sparse: str, entries: Iterable[dict] | None = None) -> tuple[int | None, str]:
-    """(prompt tokens from which auto runs `sparse`, where that figure came from). None: never
-    (measured, and the sparse method never beat full prefill)."""
-    for entry in read_crossovers() if entries is None else entries:
-        if (entry.get("backend"), entry.get("device"), entry.get("method")) == (backend, device, sparse):
-            value = entry.get("crossover_tokens")
-            return (None if value is None else int(value)), f"measured ({entry.get('source', 'bench')})"
-    return FALLBACK_CROSSOVER, "fallback (no measurement for this backend and device)"
-
-
-def crossovers_from_rows(rows: Iterable[dict], source: str) -> list[dict]:
-    """Crossover entries from bench rows (backend, device, method, prompt_tokens,
-    ttft_speedup_vs_full): per (backend, device, sparse method), the shortest measured length L
-    with a speed-up >= 1 at L and at every longer measured length; None when the longest
-    measured length is still slower than full prefill."""
-    series: dict[tuple[str, str, str], list[tuple[int, float]]] = {}
-    for r in rows:
-        if r["method"] != "full" and r.get("ttft_speedup_vs_full") is not None:
-            key = (r["backend"], r.get("device", "unknown"), r["method"])
-            series.setdefault(key, []).append((int(r["prompt_tokens"]), float(r["ttft_speedup_vs_full"])))
-    entries = []
-    for (backend, device, method), points in sorted(series.items()):
-        points.sort()
-        crossover = None
-        for length, speedup in reversed(points):
-            if speedup < 1.0:
-                break
-            crossover = length
-        entries.append({"backend": backend, "device": device, "method": method, "crossover_tokens": crossover,
-                        "measured": {str(n): round(s, 3) for n, s in points}, "source": source})
-    return entries
-
-
-def merge_crossovers(path: Path, new: list[dict], machine: dict[str, Any]) -> Path:
-    """Write `new` into the crossover file at `path`, replacing entries of the same (backend,
-    device, method) and keeping the others; each entry records the machine line it came from."""
-    key = lambda e: (e.get("backend"), e.get("device"), e.get("method"))  # noqa: E731
-    fresh = {key(e): {**e, "machine": machine} for e in new}
-    kept = [e for e in read_crossovers(path) if key(e) not in fresh]
-    text = json.dumps({"about": __doc__.strip().splitlines()[0], "entries": kept + list(fresh.values())}, indent=1)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text + "\n", encoding="utf-8")
+def save_calibration(key: dict[str, Any], points: dict[int, tuple[float, float]], how: str) -> dict[str, Any]:
+    """Write the calibration of `key` from points {length: (full s, sparse s)}; returns it."""
+    data = {"key": key, "how": how, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "points": {str(n): {"full_s": round(full, 6), "sparse_s": round(sparse, 6)}
+                       for n, (full, sparse) in sorted(points.items())},
+            "crossover_tokens": crossover_from_points(points)}
+    path = calibration_path(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + f".{os.getpid()}.partial")
+    partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(partial, path)
-    return path
+    return data
+
+
+def calibrate(measure: Measure, lengths: Sequence[int], budget_s: float = CALIBRATION_BUDGET_S,
+              clock: Callable[[], float] = time.perf_counter) -> dict[int, tuple[float, float]]:
+    """Measure ascending `lengths` until `budget_s` wall seconds are spent (the first always runs)."""
+    if not lengths:
+        raise ValueError("a calibration needs at least one prompt length")
+    started, points = clock(), {}
+    for length in sorted(lengths):
+        if points and clock() - started > budget_s:
+            break
+        points[length] = measure(length)
+    return points
+
+
+def calibrated_crossover(key: dict[str, Any], measure: Measure, lengths: Sequence[int], *,
+                         refresh: bool = False) -> tuple[int | None, str]:
+    """(crossover tokens or None, where it came from) for `key` on this machine: the cached
+    calibration when its machine description matches, else (or with refresh) measured now."""
+    data = None if refresh else read_calibration(key)
+    if data is None:
+        data = save_calibration(key, calibrate(measure, lengths), "probe (core/probe.py)")
+        return data["crossover_tokens"], f"calibrated now ({calibration_path(key)})"
+    return data["crossover_tokens"], f"calibrated {data['measured_at']} ({calibration_path(key)})"

@@ -2,21 +2,35 @@
 that lets a later turn reuse a generation's cache (the prompt cache of `specfill serve`)."""
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
 
 from .ops import ModelOps
 from .runtime import KVState, PrefillInfo, SamplingConfig
+from .sampling import HostSampler
 from .stages import A
 
 
+def token_chooser(ops: ModelOps[A], sampling: SamplingConfig, history: Sequence[int]) -> Callable[[A], A]:
+    """float32 logits [vocab] -> the chosen token as a backend int array [1]: the backend's own
+    sampler, or core/sampling.py's on a host copy when a penalty, top_k or min_p is on."""
+    if not sampling.host_side:
+        return ops.sampler(sampling)
+    host = HostSampler(sampling, history)
+    return lambda logits: ops.tokens(np.array([host.choose(ops.to_numpy(logits))], dtype=np.int64))
+
+
 def decode_tokens(ops: ModelOps[A], model: Any, logits: A, *, next_position: int, max_tokens: int,
-                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: list[Any]) -> Iterator[int]:
+                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: list[Any],
+                  history: Sequence[int] = ()) -> Iterator[int]:
     """Sample from the prefill's last logits [vocab], then decode one token at a time at RoPE
     positions next_position, next_position + 1, ... into the cache's next free slots; yields each
     token as soon as it is chosen and stops after a stop id or `max_tokens` tokens. A lazy
     backend queues step n+1 before handing out token n (mlx-lm's overlap); an eager one computes
-    it after, so the first token's time is the prefill's alone."""
-    choose = ops.sampler(sampling)
+    it after, so the first token's time is the prefill's alone. history: the prompt's ids (the
+    penalties' window, core/sampling.py)."""
+    choose = token_chooser(ops, sampling, history)
 
     def step(token: A, position: int) -> A:
         return choose(ops.forward(model, token, position, cache, None, 0)[-1])

@@ -11,7 +11,6 @@ from typing import Any, Generic, Iterator, Sequence
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
-from .crossover import auto_threshold
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError, PromptTooLongError
 from .guards import check_logits_finite
@@ -21,8 +20,9 @@ from .methods.prefill import prefill
 from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
+from .probe import auto_crossover
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
+                      check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
                       check_token_ids, self_speculator_layers)
 from .stages import A
 
@@ -72,13 +72,13 @@ class CausalLM(Generic[A]):
         return logits[None]
 
     def resolve_method(self, method: PrefillMethod, n_tokens: int) -> PrefillMethod:
-        """"auto" -> full prefill below the crossover length for this backend and device (or
-        method.auto_threshold), else method.sparse; other methods as they are."""
+        """"auto" -> method.sparse from the crossover length calibrated on this machine (core/probe.py;
+        or method.auto_threshold), full prefill below it; other methods as they are."""
         if method.name != "auto":
             return method
         threshold = method.auto_threshold
         if threshold is None:
-            threshold, _ = auto_threshold(self.backend, self.device_name, method.sparse)
+            threshold, _ = auto_crossover(self, method, prompt_tokens=n_tokens)
         chosen = method.sparse if threshold is not None and n_tokens >= threshold else "full"
         return replace(method, name=chosen, auto_threshold=None)
 
@@ -145,8 +145,7 @@ class CausalLM(Generic[A]):
         info.start(len(ids), method.name)
         if reuse is not None:
             check_reuse(reuse, len(ids), method)
-            if drafting is not None:
-                raise ConfigError("speculative decoding with a reused KV cache is not supported yet")
+        check_drafting(drafting, reuse, sampling)
         speculator = None
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
@@ -204,7 +203,7 @@ class CausalLM(Generic[A]):
                                 dtype=str(self.dtype).rsplit(".", 1)[-1])
             if draft is None:
                 tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
-                                       sampling=sampling, stop_ids=stop_ids, cache=cache)
+                                       sampling=sampling, stop_ids=stop_ids, cache=cache, history=ids)
             else:
                 tokens = self._drafted(ids, last, cache, len(ids), draft, sparse, max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, info=info)

@@ -1,8 +1,29 @@
-"""Errors that users see as one line (the CLI prints `str(err)` and exits 2)."""
+"""Errors that users see as one line (the CLI prints `str(err)` and exits 2; the server sends it).
+
+Messages are built here once: `str()` of every SpecfillError escapes what is not printable (a
+newline in a model path stays `\\n`), so no user-given text can split a message or forge a
+second line; `quote` is how a message names a user-given path or string (escaped, as repr does).
+"""
+from __future__ import annotations
+
+from os import PathLike
+
+
+def one_line(text: str) -> str:
+    """`text` with every non-printable character (newline, tab, escape, ...) written as repr does."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def quote(value: str | PathLike) -> str:
+    """A user-given path or string as it appears in a message: quoted and escaped (`'a\\nb.gguf'`)."""
+    return repr(str(value))
 
 
 class SpecfillError(Exception):
     """Base class: a problem with the user's input or set-up, not a bug in specfill."""
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class ConfigError(SpecfillError, ValueError):

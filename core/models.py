@@ -87,10 +87,6 @@ class ModelArgs:
             checks.integer(token, "special token id")
 
     @property
-    def gqa_group(self) -> int:
-        return self.num_attention_heads // self.num_key_value_heads
-
-    @property
     def attention_scale(self) -> float:
         """Softmax scale of q.k: 1 / sqrt(query_pre_attn_scalar or head_dim)."""
         return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5

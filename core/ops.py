@@ -136,6 +136,10 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def device_name(self) -> str:
         """Where it runs, for reports: "cuda:0 (NVIDIA H100 ...)", "cpu", "gpu (Metal)"."""
 
+    @property
+    def compute_threads(self) -> int:
+        """CPU threads the backend's ops run on (part of the machine a calibration belongs to)."""
+
     def schedule(self, arrays: list[Any]) -> None:
         """Start evaluating these arrays without waiting (MLX's async_eval); eager: nothing."""
 

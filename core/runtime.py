@@ -21,17 +21,39 @@ ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, promp
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """temperature 0 is greedy; top_p 1.0 is off; seed makes sampling repeatable."""
+    """temperature 0 is greedy; top_p 1.0 is off; seed makes sampling repeatable. top_k (0: off),
+    min_p (0: off) and the penalties (repetition 1.0, presence 0, frequency 0: off) are defined in
+    core/sampling.py, which samples whenever one of them is on (`host_side`)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0.0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ConfigError(f"min_p must be in [0, 1] (0: off), got {self.min_p}")
+        if not self.repetition_penalty > 0.0:
+            raise ConfigError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ConfigError(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}")
+
+    @property
+    def host_side(self) -> bool:
+        """Whether core/sampling.py must choose the tokens (a setting the backends' samplers lack)."""
+        return (self.top_k > 0 or self.min_p > 0.0 or self.repetition_penalty != 1.0
+                or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
 
 @dataclass(frozen=True)
@@ -40,7 +62,7 @@ class PrefillMethod:
     speculator: a loaded CausalLM or "self:K" for the main model's first K layers), or "auto":
     full prefill below a crossover prompt length, above it the configured sparse method
     (`sparse`: speculative prefill when a speculator is given, else H2O). auto_threshold
-    overrides the measured crossover (core/crossover.py)."""
+    overrides the crossover calibrated on this machine (core/crossover.py)."""
 
     name: str = "full"
     h2o: H2OConfig | None = None
@@ -116,6 +138,14 @@ class KVState:
     def tokens(self) -> int:
         """Conversation tokens the cache stands for (the next token's RoPE position)."""
         return self.slots + self.position_offset
+
+
+def check_drafting(drafting: "Drafting | None", reuse: "KVState | None", sampling: SamplingConfig) -> None:
+    """Speculative decoding's limits: no reused KV cache and no host-side sampling settings yet."""
+    if drafting is not None and reuse is not None:
+        raise ConfigError("speculative decoding with a reused KV cache is not supported yet")
+    if drafting is not None and sampling.host_side:
+        raise ConfigError("speculative decoding with top_k, min_p or a penalty is not supported yet")
 
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> None:

@@ -9,8 +9,9 @@ from typing import Callable
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
-from specfill.core.crossover import CROSSOVER_FILE, crossovers_from_rows, merge_crossovers
+from specfill.core.crossover import crossover_from_points, save_calibration
 from specfill.core.io.random_model import is_random_model, random_prompt_ids
+from specfill.core.probe import auto_crossover, key_for
 
 from .machine import describe_machine, machine_line
 from .plots import plot_ttft
@@ -30,6 +31,7 @@ class BenchPlan:
     repeats: int = 1
     dtype: str | None = None
     device: str | None = None
+    save_crossover: bool = False  # the bench's own crossovers become what `auto` reads on this machine
 
 
 
@@ -56,7 +58,8 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
     step(total, label) after each generation (warm-ups included), for a progress bar;
     row_done(result so far, "complete" False) after each row, to save partial results."""
     rows: list[dict] = []
-    result = {"plan": _plan_dict(plan), "machine": describe_machine(), "complete": False, "rows": rows}
+    result = {"plan": _plan_dict(plan), "machine": describe_machine(), "complete": False, "rows": rows,
+              "calibration": []}
     total = len(plan.backends) * len(plan.methods) * (1 + len(plan.lengths) * plan.repeats)
 
     def done(label: str) -> None:
@@ -87,9 +90,32 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
                 if row_done is not None:
                     _add_ratios(rows)
                     row_done(result)
+        result["calibration"] += _calibrate(plan, model, speculator, [r for r in rows if r["backend"] == backend], log)
     _add_ratios(rows)
     result["complete"] = True
     return result
+
+
+def _calibrate(plan: BenchPlan, model, speculator, rows: list[dict], log: Callable[[str], None]) -> list[dict]:
+    """Per sparse method benched: the crossover of these rows (TTFT, whole model), and `auto`'s
+    calibration on this machine refreshed: re-probed, or with plan.save_crossover replaced by
+    the bench's own measurement (core/crossover.py)."""
+    full = {r["prompt_tokens"]: r["ttft_s"] for r in rows if r["method"] == "full"}
+    entries = []
+    for name in [m for m in plan.methods if m != "full"]:
+        auto = prefill_method("auto", h2o=plan.h2o, specprefill=plan.specprefill,
+                              speculator=speculator if name == "specprefill" else None)
+        points = {r["prompt_tokens"]: (full[r["prompt_tokens"]], r["ttft_s"])
+                  for r in rows if r["method"] == name and r["prompt_tokens"] in full}
+        if plan.save_crossover and points:
+            saved = save_calibration(key_for(model, auto), points, "specfill bench --save-crossover (TTFT)")
+            crossover, source = saved["crossover_tokens"], "this bench (saved for auto)"
+        else:
+            crossover, source = auto_crossover(model, auto, refresh=True)
+        entries.append({"backend": rows[0]["backend"] if rows else None, "method": name, "auto_crossover": crossover,
+                        "auto_source": source, "bench_crossover": crossover_from_points(points) if points else None})
+        log(f"auto on this machine: {name} from {crossover} tokens ({source})")
+    return entries
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -104,12 +130,13 @@ def _plan_dict(plan: BenchPlan) -> dict:
     return {"backends": list(plan.backends), "methods": list(plan.methods), "lengths": list(plan.lengths),
             "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)", "speculator": plan.speculator,
             "h2o": vars(plan.h2o), "specprefill": vars(plan.specprefill), "decode_tokens": plan.decode_tokens,
-            "repeats": plan.repeats, "dtype": plan.dtype, "device": plan.device}
+            "repeats": plan.repeats, "dtype": plan.dtype, "device": plan.device,
+            "save_crossover": plan.save_crossover}
 
 
 def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -> list[Path]:
-    """<name>.json, <name>.md and <name>_ttft.png in out_dir; once the run is complete, its
-    crossover lengths (method="auto") merged into out_dir/crossover.json too."""
+    """<name>.json, <name>.md and <name>_ttft.png in out_dir (the crossovers in the JSON's
+    "calibration"; `auto` reads only its own per-machine cache, core/crossover.py)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     json_path, md_path, png_path = out / f"{name}.json", out / f"{name}.md", out / f"{name}_ttft.png"
@@ -132,13 +159,16 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
         decode = f"{r['decode_vs_full']:.2f}x" if r["decode_vs_full"] else "-"
         lines.append(f"| {r['backend']} | {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
                      f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} |")
+    for c in result.get("calibration", []):
+        lines.append(f"\nauto on this machine ({c['backend']}, {c['method']}): from {c['auto_crossover']} tokens "
+                     f"({c['auto_source']}); this bench's crossover: {c['bench_crossover']}.")
     partial = md_path.with_suffix(".md.partial")
     partial.write_text("\n".join(lines) + "\n")
     os.replace(partial, md_path)
-    plot_ttft(result["rows"], png_path, f"TTFT vs prompt length ({machine_line(result['machine'])[:60]})")
+    plan, machine = result["plan"], result["machine"]
+    plot_ttft(result["rows"], png_path,
+              f"TTFT vs prompt length: {Path(str(plan['model'])).name[:40]}, {plan['dtype'] or 'default dtype'}, "
+              f"{plan['device'] or 'default device'}, {machine.get('torch_threads', '?')} thread(s), "
+              f"{machine['cpu'][:30]}, load {machine.get('load_average_1min', '?')}")
     paths = [json_path, md_path, png_path]
-    if result.get("complete", True) and any("device" in r for r in result["rows"]):
-        entries = crossovers_from_rows(result["rows"], f"{name}.json")
-        paths.append(merge_crossovers(out / CROSSOVER_FILE, entries, {"line": machine_line(result["machine"]),
-                                                                      "model": result["plan"]["model"]}))
     return paths

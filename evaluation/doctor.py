@@ -83,7 +83,7 @@ def mlx_facts() -> dict[str, Any]:
                              "device_info": {k: str(v) for k, v in mx.device_info().items()}}
     preload = os.environ.get("LD_PRELOAD", "")
     facts["cpu_blas"] = ("Accelerate" if metal else "OpenBLAS (LD_PRELOAD)" if "openblas" in preload.lower()
-                         else "MLX's bundled reference BLAS (slow; see README, OpenBLAS)")
+                         else "MLX's bundled reference BLAS (slow; see docs/results.md, OpenBLAS)")
     return facts
 
 
@@ -141,7 +141,7 @@ def micro_bench(plan: DoctorPlan, log: Callable[[str], None]) -> dict[str, Any]:
                       speculator=plan.speculator, h2o=H2OConfig(), specprefill=SpecPrefillConfig(),
                       decode_tokens=2, repeats=1)
     result = run_bench(bench, log=log)
-    return {"plan": result["plan"], "rows": result["rows"]}
+    return {"plan": result["plan"], "rows": result["rows"], "calibration": result["calibration"]}
 
 
 def roofline_prediction(plan: DoctorPlan, bench: dict[str, Any]) -> dict[str, Any]:
@@ -190,7 +190,7 @@ def metal_matrix(backend: str, env: dict[str, Any]) -> dict[str, Any]:
 
 def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Every section in order; the self-check verdicts are read after the bench triggered them."""
-    from specfill.conformance.self_check import KERNEL_SELF_CHECK, kernels_setting, kernels_word
+    from specfill.core.self_check import KERNEL_SELF_CHECK, kernels_setting, kernels_word
 
     start = time.perf_counter()
     env = environment()

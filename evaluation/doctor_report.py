@@ -79,6 +79,9 @@ def _bench_lines(bench: dict[str, Any], roofline: dict[str, Any]) -> list[str]:
         guess = predicted.get((r["method"], r["prompt_tokens"]))
         lines.append(f"| {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | "
                      f"{'-' if guess is None else f'{guess:.3f}'} | {ratio} | {r['kept_tokens']} |")
+    for c in bench.get("calibration", []):  # refreshed by the micro-bench (docs/methods.md#auto)
+        lines.append(f"\n`method=\"auto\"` on this machine, this model: {c['method']} from {c['auto_crossover']} "
+                     f"tokens ({c['auto_source']}).")
     if "skipped" in roofline:
         return lines + ["", f"Roofline prediction: skipped — {roofline['skipped']}."]
     rates = roofline["rates"]

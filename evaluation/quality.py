@@ -38,6 +38,7 @@ class EvalPlan:
     device: str | None = None
     ruler_lengths: tuple[int, ...] = (4000,)  # prompt lengths of RULER's tasks (names in `tasks`)
     ruler_seed: int = 0
+    ruler_first: int = 0  # index of the first RULER sample (a later run can add samples to an earlier one's)
     chat_template: bool = True  # RULER prompts in the model's chat template, when it has one
     answer_tokens: int | None = None  # cap on RULER's answer budgets (None: RULER's)
 

@@ -46,7 +46,7 @@ def ruler_markdown(result: dict) -> list[str]:
         return []
     plan = result["plan"]
     lines = ["", "## RULER tasks (RULER's scoring: share of expected strings found; QA: any)", "",
-             f"Samples per cell: {rows[0]['samples']}; prompt lengths {plan.get('ruler_lengths')} tokens (at most); "
+             f"Samples per cell: {min(r['samples'] for r in rows)}-{max(r['samples'] for r in rows)}; prompt lengths {plan.get('ruler_lengths')} tokens (at most); "
              f"chat template {'on' if plan.get('chat_template') else 'off'}; seed {plan.get('ruler_seed')}; "
              f"load average at the end {result['machine'].get('load_average_1min_at_end', '-')}.", "",
              "| task | tokens | method | samples | score | vs full (points) | median TTFT (s) | speed-up |",

@@ -56,17 +56,21 @@ def ruler_cell(model, tokenizer, samples: list[RulerSample], label: str, method:
                         "needle_kept": span_shares(row, sample.spans.get("needle", [])),
                         "question_kept": span_shares(row, sample.spans["question"])})
         done(f"{sample.task} {label}")
-    row = {"task": samples[0].task, "method": label, "samples": len(samples),
-           "score": 100.0 * float(np.mean([r["score"] for r in records])),
-           "mean_prompt_tokens": float(np.mean([s.tokens for s in samples])),
-           "median_ttft_s": float(np.median([r["ttft_s"] for r in records]))}
-    return row, records, maps
+    return summary_row(records), records, maps
+
+
+def summary_row(records: list[dict]) -> dict:
+    """The table row of one (task, method[, length]) from its per-sample records."""
+    return {"task": records[0]["task"], "method": records[0]["method"], "samples": len(records),
+            "score": 100.0 * float(np.mean([r["score"] for r in records])),
+            "mean_prompt_tokens": float(np.mean([r["prompt_tokens"] for r in records])),
+            "median_ttft_s": float(np.median([r["ttft_s"] for r in records]))}
 
 
 def run_ruler(plan, model, tokenizer, methods: dict[str, PrefillMethod], result: dict,
               done: Callable[[str], None], log: Callable[[str], None], finished_cell: Callable[[], None]) -> None:
     """Every RULER task of plan.tasks at every plan.ruler_lengths for every method, plan.trials
-    samples each, into result["ruler"] (rows), result["ruler_samples"] (per-sample records) and
+    samples each (indices from plan.ruler_first), into result["ruler"] (rows), result["ruler_samples"] (per-sample records) and
     result["ruler_maps"] / ["ruler_marks"] (per task, method and length, the map of the first
     sample the method lost against full prefill, else of sample 0, with its spans)."""
     from .ruler_tasks import RULER_TASKS
@@ -74,7 +78,7 @@ def run_ruler(plan, model, tokenizer, methods: dict[str, PrefillMethod], result:
     for task in (t for t in plan.tasks if t in RULER_TASKS):
         for length in plan.ruler_lengths:
             samples = [build_sample(tokenizer, task, length, i, plan.ruler_seed, plan.chat_template)
-                       for i in range(plan.trials)]
+                       for i in range(plan.ruler_first, plan.ruler_first + plan.trials)]
             full_scores: list[float] | None = None
             for label, method in methods.items():
                 row, records, maps = ruler_cell(model, tokenizer, samples, label, method, plan.answer_tokens, done)

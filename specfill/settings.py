@@ -17,7 +17,8 @@ from dataclasses import replace
 from typing import Any, Sequence
 
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
-from specfill.core.runtime import PrefillMethod
+from specfill.core.errors import quote
+from specfill.core.runtime import PrefillMethod, SamplingConfig
 
 MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
 
@@ -34,6 +35,17 @@ def check_sampling(temperature: Any, top_p: Any, seed: Any) -> None:
         raise ConfigError(f"seed must be an integer in [0, {MAX_SEED}], got {seed!r}")
     if temperature == 0 and (top_p != 1.0 or seed is not None):
         warnings.warn("top_p and seed do nothing with temperature 0 (greedy decoding)", SpecfillWarning, stacklevel=3)
+
+
+def sampling_config(temperature: Any, top_p: Any, seed: Any, **host_side: Any) -> SamplingConfig:
+    """The SamplingConfig after check_sampling; host_side: top_k, min_p and the repetition /
+    presence / frequency penalties (numbers of the right kind, ranges checked by SamplingConfig)."""
+    check_sampling(temperature, top_p, seed)
+    for name, value in host_side.items():
+        kind = int if name == "top_k" else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+            raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {value!r}")
+    return SamplingConfig(float(temperature), float(top_p), seed, **host_side)
 
 
 def prompt_ids(ids: Sequence[Any], vocab_size: int) -> list[int]:
@@ -85,7 +97,7 @@ def read_prompt_file(path: str, what: str = "--prompt-file") -> str:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as err:
-        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from None
+        raise ConfigError(f"cannot read {what} {quote(path)}: {err.strerror}") from None
     return decode_utf8(data, f"{what} {path}")
 
 

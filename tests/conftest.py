@@ -1,6 +1,7 @@
 """Shared pytest fixtures. Builders live in tests/fixtures (import them from `tests.fixtures`)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -21,3 +22,11 @@ def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., P
         return cache[key]
 
     return build
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`method="auto"` calibrations of the tests go to a session folder, never ~/.cache."""
+    folder = tmp_path_factory.mktemp("calibration")
+    os.environ["SPECFILL_CALIBRATION_DIR"] = str(folder)
+    return folder

@@ -1,4 +1,4 @@
-"""method="auto": full prefill below the crossover length, the sparse method above it."""
+"""method="auto": full prefill below the crossover calibrated on THIS machine, the sparse method above."""
 import json
 
 import pytest
@@ -6,46 +6,124 @@ import pytest
 from specfill.api import load, prefill_method, stream_generate
 from specfill.cli.main import main
 from specfill.core import ConfigError, H2OConfig
-from specfill.core.crossover import FALLBACK_CROSSOVER, auto_threshold, crossovers_from_rows, merge_crossovers
+from specfill.core import crossover, probe
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-ROWS = [{"backend": "cuda", "device": "cpu", "method": m, "prompt_tokens": n, "ttft_speedup_vs_full": s}
-        for m, n, s in [("h2o", 512, 1.0), ("h2o", 1024, 0.95), ("h2o", 2048, 1.04), ("h2o", 4096, 1.2),
-                        ("specprefill", 512, 1.3), ("specprefill", 2048, 2.5),
-                        ("full", 512, 1.0)]] + [
-    {"backend": "mlx", "device": "cpu", "method": "h2o", "prompt_tokens": 4096, "ttft_speedup_vs_full": 0.9}]
+H2O = H2OConfig(chunk_size=256, batch_size=1024, local=32, heavy=32)  # few chunks: quick at 3000 tokens
+SMALL_H2O = H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2)
+
+
+@pytest.fixture
+def tiny(tiny_checkpoint, tmp_path, monkeypatch):
+    """The tiny llama on torch CPU with an empty calibration cache of its own."""
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    return load(str(tiny_checkpoint("llama", "safetensors")), backend="cuda", device="cpu")
+
+
+def fake_measure(monkeypatch, table: dict[int, tuple[float, float]]) -> list[int]:
+    """probe._measure replaced by `table` {length: (full s, sparse s)}; returns the lengths measured."""
+    calls: list[int] = []
+
+    def measure(lm, method, length):
+        calls.append(length)
+        return table[length]
+    monkeypatch.setattr(probe, "_measure", measure)
+    return calls
+
+
+def run_auto(model, tok, n_tokens: int, **options) -> str:
+    info = PrefillInfo()
+    list(stream_generate(model, tok, [5 + i % 300 for i in range(n_tokens)], 1,
+                         method=prefill_method("auto", h2o=H2O, **options), prefill_info=info))
+    return info.method
 
 
 def test_crossover_is_the_shortest_length_from_which_the_sparse_method_always_wins():
-    entries = {(e["backend"], e["method"]): e["crossover_tokens"] for e in crossovers_from_rows(ROWS, "x.json")}
-    assert entries == {("cuda", "h2o"): 2048, ("cuda", "specprefill"): 512, ("mlx", "h2o"): None}
+    points = {2048: (1.0, 0.9), 4096: (2.0, 2.1), 8192: (4.0, 3.0), 16384: (8.0, 5.0)}
+    assert crossover.crossover_from_points(points) == 8192
+    assert crossover.crossover_from_points({2048: (1.0, 1.0)}) is None  # a tie is not a win
+    assert crossover.crossover_from_points({2048: (1.0, 0.98)}) is None  # nor a win inside the noise
 
 
-def test_threshold_from_the_file_then_fallback(tmp_path, monkeypatch):
-    path = merge_crossovers(tmp_path / "crossover.json", crossovers_from_rows(ROWS, "x.json"), {"line": "m"})
-    merge_crossovers(path, [{"backend": "cuda", "device": "cpu", "method": "h2o", "crossover_tokens": 3000}], {})
-    monkeypatch.setenv("SPECFILL_CROSSOVER", str(path))
-    assert auto_threshold("cuda", "cpu", "h2o")[0] == 3000  # replaced, the others kept
-    assert auto_threshold("cuda", "cpu", "specprefill")[0] == 512
-    assert auto_threshold("mlx", "cpu", "h2o")[0] is None  # measured: never faster
-    value, source = auto_threshold("cuda", "cuda:0 (GPU)", "h2o")  # no measurement for this device
-    assert value == FALLBACK_CROSSOVER and "fallback" in source
+def test_auto_picks_full_where_the_calibration_found_the_sparse_method_slower(tiny, monkeypatch):
+    model, tok = tiny
+    calls = fake_measure(monkeypatch, {2048: (1.0, 1.5), 4096: (2.0, 2.5)})
+    assert run_auto(model, tok, 3000) == "full"
+    assert run_auto(model, tok, 4000) == "full"  # never faster at any length: full everywhere
+    assert calls == [2048, 2048, 4096]  # warm-up, then each length once; then the cache
+    method = PrefillMethod("auto", h2o=H2O)
+    fake_measure(monkeypatch, {2048: (1.0, 0.8), 4096: (2.0, 2.5)})  # faster at 2048, slower at 4096
+    assert probe.auto_crossover(model, method, refresh=True)[0] is None  # refreshed, as doctor and bench do
+    assert run_auto(model, tok, 3000) == "full"
+    calls = fake_measure(monkeypatch, {2048: (1.0, 0.5), 4096: (2.0, 1.0)})
+    assert probe.auto_crossover(model, method, refresh=True)[0] == 2048
+    assert run_auto(model, tok, 2000) == "full" and run_auto(model, tok, 3000) == "h2o"
+    assert run_auto(model, tok, 40) == "full" and calls == [2048, 2048, 4096]  # short prompt: no probe
+
+
+def test_auto_never_reads_a_crossover_measured_on_another_machine(tiny, monkeypatch):
+    model, tok = tiny
+    method = PrefillMethod("auto", h2o=H2O)
+    key = probe.key_for(model, method)
+    elsewhere = {**key, "machine": {**key["machine"], "cpu": "Intel Xeon (AMX)", "gemm_flags": ["amx_bf16"]}}
+    crossover.save_calibration(elsewhere, {2048: (2.0, 1.0)}, "another machine")
+    # the other machine's file copied to where this machine's calibration would be
+    crossover.calibration_path(elsewhere).rename(crossover.calibration_path(key))
+    calls = fake_measure(monkeypatch, {2048: (1.0, 2.0), 4096: (2.0, 3.0)})
+    assert run_auto(model, tok, 3000) == "full" and calls  # measured here, not read
+    saved = json.loads(crossover.calibration_path(key).read_text())
+    assert saved["key"] == key and saved["crossover_tokens"] is None
+
+
+def test_calibration_cache_is_invalidated_by_machine_dtype_threads_and_corruption(tiny, monkeypatch):
+    model, _ = tiny
+    method = PrefillMethod("auto", h2o=H2O)
+    calls = fake_measure(monkeypatch, {2048: (2.0, 1.0), 4096: (4.0, 1.0)})
+    assert probe.auto_crossover(model, method)[0] == 2048 and len(calls) == 3
+    assert "calibrated 20" in probe.auto_crossover(model, method)[1] and len(calls) == 3  # cached
+    real = crossover.cpu_description()
+    monkeypatch.setattr(crossover, "cpu_description", lambda: {**real, "gemm_flags": real["gemm_flags"] + ["amx"]})
+    assert "calibrated now" in probe.auto_crossover(model, method)[1] and len(calls) == 6
+    monkeypatch.setattr(crossover, "cpu_description", lambda: real)
+    path = crossover.calibration_path(probe.key_for(model, method))
     path.write_text("{not json")
-    with pytest.raises(ConfigError, match="crossover file"):
-        auto_threshold("cuda", "cpu", "h2o")
+    assert probe.auto_crossover(model, method)[0] == 2048 and len(calls) == 9  # corrupt: measured again
+    monkeypatch.setattr(type(model.ops), "compute_threads", property(lambda self: 7))
+    assert probe.key_for(model, method)["threads"] == 7
+    assert "calibrated now" in probe.auto_crossover(model, method)[1]
+    other = PrefillMethod("auto", h2o=H2OConfig(chunk_size=16, batch_size=16, local=2, heavy=2))
+    assert crossover.calibration_path(probe.key_for(model, other)) != path
 
 
-def test_auto_runs_full_below_and_the_sparse_method_above_the_threshold(tiny_checkpoint, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECFILL_CROSSOVER", str(tmp_path / "none.json"))  # no file: the fallback
-    model, tok = load(str(tiny_checkpoint("llama", "safetensors")), backend="cuda", device="cpu")
-    h2o = H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2)
-    ids = list(range(5, 45))
-    for threshold, speculator, want in ((41, None, "full"), (40, None, "h2o"), (10, "self:1", "specprefill"),
-                                        (None, None, "full")):
-        info = PrefillInfo()
-        list(stream_generate(model, tok, ids, 1, method=prefill_method("auto", h2o=h2o, speculator=speculator,
-                                                                       auto_threshold=threshold), prefill_info=info))
-        assert info.method == want, (threshold, speculator)
+def test_the_probe_times_both_prefills_and_records_the_machine(tiny, tiny_checkpoint):
+    model, _ = tiny
+    for method in (PrefillMethod("auto", h2o=SMALL_H2O), PrefillMethod("auto", speculator="self:1")):
+        value, source = probe.auto_crossover(model, method, lengths=[32, 64])
+        data = json.loads(crossover.calibration_path(probe.key_for(model, method)).read_text())
+        assert source.startswith("calibrated now") and data["crossover_tokens"] == value
+        assert set(data["points"]) == {"32", "64"} and all(p["full_s"] > 0 and p["sparse_s"] > 0
+                                                           for p in data["points"].values())
+        key = data["key"]
+        assert key["machine"]["cpu"] and isinstance(key["machine"]["gemm_flags"], list)
+        assert key["dtype"] == "float32" and key["threads"] >= 1 and key["device"] == "cpu"
+        assert key["model_shape"]["hidden_size"] == 64 and key["method"] == method.sparse
+
+
+def test_calibration_stops_at_its_budget():
+    ticks = iter(range(100))
+    measured = crossover.calibrate(lambda n: (float(n), 1.0), [4096, 2048, 8192], budget_s=0.5,
+                                   clock=lambda: float(next(ticks)))
+    assert list(measured) == [2048]  # the first length always runs, then the budget is spent
+    with pytest.raises(ValueError):
+        crossover.calibrate(lambda n: (1.0, 1.0), [])
+
+
+def test_explicit_threshold_overrides_the_calibration(tiny, monkeypatch):
+    model, tok = tiny
+    calls = fake_measure(monkeypatch, {})
+    assert run_auto(model, tok, 40, auto_threshold=40) == "h2o"
+    assert run_auto(model, tok, 40, auto_threshold=41) == "full"
+    assert run_auto(model, tok, 40, auto_threshold=10, speculator="self:1") == "specprefill" and not calls
     with pytest.raises(ConfigError, match="auto threshold"):
         PrefillMethod("auto", auto_threshold=0)
 
@@ -55,6 +133,19 @@ def test_cli_auto_threshold_needs_method_auto(capsys):
     assert "--auto-threshold goes with --method auto" in capsys.readouterr().err
 
 
-def test_crossover_file_written_by_bench_is_valid_json(tmp_path):
-    path = merge_crossovers(tmp_path / "c.json", crossovers_from_rows(ROWS, "x.json"), {"line": "m"})
-    assert len(json.loads(path.read_text())["entries"]) == 3
+def test_bench_saves_its_crossover_for_auto_only_when_asked(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path))
+    from specfill.evaluation.bench import BenchPlan, run_bench
+    path = str(tiny_checkpoint("llama", "safetensors"))
+    plan = BenchPlan(backends=("cuda",), methods=("full", "h2o"), lengths=(1100, 2048), model=path, decode_tokens=1,
+                     device="cpu", h2o=H2O)
+    calls = fake_measure(monkeypatch, {2048: (1.0, 2.0), 4096: (2.0, 3.0)})
+    result = run_bench(plan, log=lambda line: None)
+    assert calls and result["calibration"][0]["auto_source"].startswith("calibrated now")  # re-probed
+    model, _ = load(path, backend="cuda", device="cpu")
+    key = probe.key_for(model, PrefillMethod("auto", h2o=H2O))
+    assert json.loads(crossover.calibration_path(key).read_text())["how"].startswith("probe")
+    result = run_bench(BenchPlan(**{**vars(plan), "save_crossover": True}), log=lambda line: None)
+    saved = json.loads(crossover.calibration_path(key).read_text())
+    assert saved["how"].startswith("specfill bench") and set(saved["points"]) == {"1100", "2048"}
+    assert result["calibration"][0]["auto_crossover"] == saved["crossover_tokens"]

@@ -27,6 +27,9 @@ def test_doctor_writes_its_report(tmp_path, capsys, backend):
         (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill")]
     assert all(r["ttft_s"] > 0 for r in rows) and "random:tiny-llama-32k" in markdown
     assert "| specprefill | 96 |" in markdown and "attach it to a bug report" in out
+    # the micro-bench refreshed auto's calibration for its model on this machine (docs/methods.md#auto)
+    assert [c["method"] for c in report["micro_bench"]["calibration"]] == ["h2o", "specprefill"]
+    assert '`method="auto"` on this machine, this model: h2o from' in markdown
 
 
 def test_doctor_bad_input_is_one_line(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""Models by repo id (core/hub.py), resolved offline against a pre-filled Hugging Face cache.
+"""Models by repo id (core/io/hub.py), resolved offline against a pre-filled Hugging Face cache.
 
 HF_HUB_CACHE points at a tmp dir laid out as the hub cache (models--owner--repo/refs/main and
 snapshots/<commit>/...); HF_HUB_OFFLINE=1 everywhere but where a fake download is injected, so

@@ -1,4 +1,4 @@
-"""First-use kernel self-check with fallback (conformance/self_check.py), on both backends.
+"""First-use kernel self-check with fallback (core/self_check.py), on both backends.
 
 Neither Triton-on-GPU nor Metal runs here, so the kernels' availability is patched and a failing
 kernel builder or a wrong kernel is injected; the MLX case also runs the real Metal kernel, which
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from specfill.conformance.self_check import KERNEL_SELF_CHECK, kernels_env, kernels_setting
+from specfill.core.self_check import KERNEL_SELF_CHECK, kernels_env, kernels_setting
 from specfill.core import BackendUnavailableError, ConfigError, SpecfillWarning
 
 torch.set_num_threads(1)
@@ -167,7 +167,7 @@ def test_cli_kernels_option_and_variable_agree(tmp_path, monkeypatch, capsys):
 INTERPRETER_CODE = """
 import warnings, torch
 from specfill.backends.torch_cuda.kernels import dispatch, intra_attention, attention_scores
-from specfill.conformance.self_check import KERNEL_SELF_CHECK
+from specfill.core.self_check import KERNEL_SELF_CHECK
 dispatch.kernel_device_auto = lambda device: True
 warnings.simplefilter("error")
 q = torch.randn(4, 20, 16)

@@ -37,3 +37,63 @@ def test_each_method_is_written_once():
         sys.path.pop(0)
     similar = [(name, round(ratio, 3)) for name, ratio in pairs() if ratio >= 0.30]
     assert not similar, similar
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_is_a_front_page():
+    """README: the two set-up commands first (CI runs `make test`), under 200 lines, links that resolve."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    lines = text.splitlines()
+    assert len(lines) < 200, len(lines)
+    assert lines[3].startswith("make demo") and lines[4].startswith("make test"), lines[:5]
+    for page in ("methods", "usage", "serve", "backends", "results", "development"):
+        assert (ROOT / "docs" / f"{page}.md").is_file() and f"docs/{page}.md" in text, page
+
+
+def test_results_index_lists_every_results_file():
+    """docs/results_index.md is regenerated whenever a file under results/ is added or removed."""
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "results_index.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+# Modules that may import specfill.conformance: the suite itself, its CLI subcommand, each backend's
+# adapter for it, and doctor (which runs the suite on the user's machine).
+CONFORMANCE_USERS = {"conformance", "cli/conformance.py", "backends/mlx/conformance.py",
+                     "backends/torch_cuda/conformance.py", "evaluation/doctor.py"}
+
+
+def test_no_production_module_imports_conformance():
+    """The kernels' first-use self-check is a runtime feature (core/self_check.py): production code
+    never reaches into the test suite."""
+    import ast
+    offenders = []
+    for folder in ("core", "backends", "specfill", "cli", "evaluation", "conformance"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel.split("/")[0] in CONFORMANCE_USERS or rel in CONFORMANCE_USERS:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                offenders += [f"{rel}: {n}" for n in names if n.startswith("specfill.conformance")]
+    assert not offenders, offenders
+
+
+def test_generate_loads_only_what_it_uses():
+    """`specfill generate` imports its own subcommand only: no other subcommand, no evaluation,
+    conformance or NumPy oracle (96 specfill modules before, 60 after: docs/development.md)."""
+    code = ("import sys; from specfill.cli.main import main; "
+            "rc = main(['generate', '--backend', 'cuda', '--model', 'random:tiny-llama', '--prompt', 'hi', "
+            "'--max-tokens', '2']); print(rc, ' '.join(m for m in sys.modules if m.startswith('specfill')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    rc, _, names = done.stdout.strip().splitlines()[-1].partition(" ")
+    loaded = names.split()
+    assert rc == "0", done.stderr
+    unwanted = [m for m in loaded if m.startswith(("specfill.evaluation", "specfill.conformance",
+                                                   "specfill.core.reference", "specfill.serve"))
+                or (m.startswith("specfill.cli.") and m.split(".")[2] not in ("main", "generate", "options", "progress"))]
+    assert not unwanted, unwanted
+    assert len(loaded) <= 64, len(loaded)

@@ -50,7 +50,7 @@ def test_load_uses_the_default_and_backend_overrides(monkeypatch):
 def test_help_states_the_rule(capsys):
     for command in ("generate", "eval", "bench"):
         with pytest.raises(SystemExit):
-            build_parser().parse_args([command, "--help"])
+            build_parser([command, "--help"]).parse_args([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "mlx where MLX with Metal is importable" in text and "else cuda" in text, command
 
@@ -62,3 +62,11 @@ def test_cli_generate_takes_the_default(monkeypatch, capsys):
     assert main(["generate", "--model", "/nonexistent/model.gguf", "--max-tokens", "1"]) == 2
     err = capsys.readouterr().err
     assert "no CUDA GPU found" not in err and "/nonexistent/model.gguf" in err
+
+
+def test_torch_is_the_cuda_backend_by_another_name(capsys):
+    """`--backend torch` (and load(..., backend="torch")) is the torch backend, reported as cuda."""
+    assert api.resolve_backend("torch") == "cuda" and api.backend_module("torch") is api.backend_module("cuda")
+    assert main(["generate", "--backend", "torch", "--model", "random:tiny-llama", "--prompt", "hi",
+                 "--max-tokens", "2"]) == 0
+    assert "unknown backend" not in capsys.readouterr().err

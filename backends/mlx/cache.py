@@ -75,6 +75,18 @@ class KVCache:
         self.offset -= dropped
         return dropped
 
+    def make_mask(self, n_tokens: int, return_array: bool = False,
+                  window_size: int | None = None) -> mx.array | str | None:
+        """mlx-lm's mask for a step of n_tokens written at `offset` (slots = positions): what an
+        mlx-lm attention module run as is (an adapted model's refused layer) reads. Bool
+        [n_tokens, offset + n_tokens], "causal", or None (one token, no window)."""
+        if window_size is None and not return_array:
+            return None if n_tokens == 1 else "causal"
+        rows = mx.arange(self.offset, self.offset + n_tokens)[:, None]
+        cols = mx.arange(self.offset + n_tokens)[None]
+        mask = rows >= cols
+        return mask if window_size is None else mask & (rows < cols + window_size)
+
     @property
     def state(self) -> list[mx.array]:
         """The arrays to evaluate after a step (mx.eval(cache.state))."""

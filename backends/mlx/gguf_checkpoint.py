@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from specfill.core.errors import ModelLoadError, SpecfillWarning
+from specfill.core.errors import ModelLoadError, SpecfillWarning, quote
 from specfill.core.io.gguf_file import GGUFFile, GGUFTensorInfo, tensor_array, type_name
 from specfill.core.io.weights import gguf_model
 from specfill.core.models import ModelArgs
@@ -113,7 +113,7 @@ def spot_check(gguf_file: GGUFFile, infos: dict[str, GGUFTensorInfo], out: GGUFA
         err = np.abs(ours - ref).reshape(len(rows), -1, GROUP)
         bound = SPOT_CHECK_RTOL * np.abs(ref).reshape(len(rows), -1, GROUP).max(-1, keepdims=True)
         if not (err <= bound).all():
-            raise ModelLoadError(f"{gguf_file.path}: {type_name(ggml_type)} tensor {name} read back off by "
+            raise ModelLoadError(f"{quote(gguf_file.path)}: {type_name(ggml_type)} tensor {name} read back off by "
                                  f"up to {float(err.max()):.3g} from gguf's dequantization; refusing to run "
                                  f"on wrong weights")
 

@@ -16,6 +16,7 @@ from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.io.tokenizer import load_tokenizer
 
+from .adapted_loader import load_adapted, mlx_lm_model_type
 from .model import Model
 from .ops import MLXOps
 from .weights import Checkpoint, load_checkpoint, to_dtype
@@ -90,13 +91,17 @@ def build_model(checkpoint: Checkpoint) -> Model:
     return model
 
 
-def load(path: str | Path, dtype: str | mx.Dtype | None = None,
+def load(path: str | Path | tuple[Any, Any], dtype: str | mx.Dtype | None = None,
          device: str | mx.Device | None = None,
          prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Any]:
-    """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory. Missing,
-    corrupt or unsupported checkpoints raise ModelLoadError."""
+    """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory, or a (model,
+    tokenizer) pair from `mlx_lm.load`. Directories of architectures specfill has no model file
+    for, and such pairs, run mlx-lm's own model with the attention adapted (adapted_loader.py).
+    Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
     resolved_device = resolve_device(device)
     requested_dtype = resolve_dtype(dtype)
+    if isinstance(path, tuple) or mlx_lm_model_type(path) is not None:
+        return load_adapted(path, requested_dtype, resolved_device, prefill_step_size)
     checkpoint = load_checkpoint(path)
     compute_dtype = activation_dtype(requested_dtype, resolved_device, checkpoint)
     with mx.stream(resolved_device):

@@ -7,6 +7,7 @@ next decode step while the current token is handed out (mlx-lm's overlap).
 """
 from __future__ import annotations
 
+import os
 import time
 from contextlib import AbstractContextManager
 from typing import Any, Sequence
@@ -82,6 +83,11 @@ class MLXOps:
     @property
     def device_name(self) -> str:
         return "gpu (Metal)" if self.device.type == mx.DeviceType.gpu else "cpu"
+
+    @property
+    def compute_threads(self) -> int:
+        """MLX's CPU ops run on its BLAS (OpenBLAS / Accelerate): that library's thread setting."""
+        return int(os.environ.get("OPENBLAS_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
 
     def activation_dtype(self, model: Model) -> mx.Dtype:
         return model.model.norm.weight.dtype  # the final norm's weights keep the activation dtype

@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from specfill.core.errors import ModelLoadError
+from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.gguf_file import existing_path, read_gguf
 from specfill.core.io.safetensors_file import safetensors_layout
 from specfill.core.models import ModelArgs
@@ -62,7 +62,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     if path.is_dir():
         return _load_directory(path)
     if not is_gguf_file(path):
-        raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
+        raise ModelLoadError(f"{quote(path)} is not a GGUF file (bad magic) nor a model directory")
     return _load_gguf(path)
 
 
@@ -73,7 +73,7 @@ def _mx_load(path: Path) -> dict[str, mx.array]:
     try:
         return mx.load(str(path))
     except (RuntimeError, ValueError, OSError) as err:
-        raise ModelLoadError(f"cannot read {path} (truncated or corrupt?): {err}") from None
+        raise ModelLoadError(f"cannot read {quote(path)} (truncated or corrupt?): {err}") from None
 
 
 def _logical_shapes(weights: dict[str, mx.array],
@@ -149,7 +149,7 @@ def _float_from_core_loader(path: str | Path) -> Checkpoint:
 def _read_config(directory: Path) -> dict[str, Any]:
     path = directory / "config.json"
     if not path.is_file():
-        raise ModelLoadError(f"{directory} is not a model directory: it has no config.json")
+        raise ModelLoadError(f"{quote(directory)} is not a model directory: it has no config.json")
     return read_json_object(path)
 
 
@@ -159,13 +159,13 @@ def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
     if "quantization_config" in config and "quantization" not in config:
         method = config["quantization_config"].get("quant_method", "?") \
             if isinstance(config["quantization_config"], dict) else "?"
-        raise ModelLoadError(f"{directory} is quantized with {method!r:.40}, which the MLX backend "
+        raise ModelLoadError(f"{quote(directory)} is quantized with {method!r:.40}, which the MLX backend "
                              f"does not read (convert it with mlx_lm.convert)")
     entry = config.get("quantization")
     if entry is None or entry == {}:
         return {}
     if not isinstance(entry, dict):
-        raise ModelLoadError(f"{directory}/config.json quantization must be an object, got {entry!r:.40}")
+        raise ModelLoadError(f"{quote(directory)}/config.json quantization must be an object, got {entry!r:.40}")
     quantized = {}
     for name in weights:
         module, _, part = name.rpartition(".")
@@ -173,14 +173,14 @@ def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
             continue
         spec = entry.get(module, entry)
         if not isinstance(spec, dict) or "bits" not in spec or "group_size" not in spec:
-            raise ModelLoadError(f"{directory}/config.json gives no bits/group_size for "
+            raise ModelLoadError(f"{quote(directory)}/config.json gives no bits/group_size for "
                                  f"quantized layer {module}")
         if spec.get("mode", "affine") != "affine":
-            raise ModelLoadError(f"{directory}: quantization mode {spec['mode']!r} is not "
+            raise ModelLoadError(f"{quote(directory)}: quantization mode {spec['mode']!r} is not "
                                  f"supported (affine only)")
         group, bits = spec["group_size"], spec["bits"]
         if group not in _GROUP_SIZES or bits not in _BITS or isinstance(group, bool) or isinstance(bits, bool):
-            raise ModelLoadError(f"{directory}/config.json quantizes {module} with group_size {group!r:.20}, bits "
+            raise ModelLoadError(f"{quote(directory)}/config.json quantizes {module} with group_size {group!r:.20}, bits "
                                  f"{bits!r:.20} (MLX takes group sizes {_GROUP_SIZES}, bits {_BITS})")
         quantized[module] = QuantSpec(group, bits)
     return quantized

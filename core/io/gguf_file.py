@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, quote
 from .gguf_tensors import MAX_TENSORS, GGUFTensorInfo, read_entry, tensor_table
 
 __all__ = ["DEFAULT_ALIGNMENT", "FLOAT64", "GGUF_MAGIC", "GGUFFile", "GGUFTensorInfo", "bf16_to_float32",
@@ -69,7 +69,7 @@ def regular_file(path: str | os.PathLike[str], what: str = "model file") -> Path
     except ValueError:  # an embedded NUL byte
         raise ModelLoadError(f"{what} {str(path)[:200]!r} is not a valid path") from None
     if not stat.S_ISREG(mode):
-        raise ModelLoadError(f"{what} {path} is not a regular file")
+        raise ModelLoadError(f"{what} {quote(path)} is not a regular file")
     return path
 
 
@@ -80,7 +80,7 @@ def existing_path(path: str | os.PathLike[str]) -> Path:
     try:
         os.stat(path)
     except FileNotFoundError:
-        raise ModelLoadError(f"model path does not exist: {path}") from None
+        raise ModelLoadError(f"model path does not exist: {quote(path)}") from None
     except OSError as err:
         raise ModelLoadError(f"model path {str(path)[:200]} cannot be read: {err.strerror}") from None
     except ValueError:  # an embedded NUL byte
@@ -96,12 +96,12 @@ class _Cursor:
         self.types: set[int] = set()
 
     def fail(self, problem: str) -> ModelLoadError:
-        return ModelLoadError(f"corrupt GGUF file {self.path}: {problem}")
+        return ModelLoadError(f"corrupt GGUF file {quote(self.path)}: {problem}")
 
     def take(self, n: int) -> int:
         start = self.pos
         if start + n > self.size:
-            raise ModelLoadError(f"truncated or corrupt GGUF file {self.path} "
+            raise ModelLoadError(f"truncated or corrupt GGUF file {quote(self.path)} "
                                  f"(header needs byte {start + n}, file has {self.size})")
         self.pos += n
         return start
@@ -137,7 +137,7 @@ class _Cursor:
             raise self.fail(f"metadata key {key!r} is an array of type {etype} (arrays hold numbers or "
                             f"strings; nested arrays are not supported, as in llama.cpp)")
         if count > (self.size - self.pos) // 8:  # every string takes 8 bytes or more
-            raise ModelLoadError(f"truncated or corrupt GGUF file {self.path}: metadata key {key!r} claims "
+            raise ModelLoadError(f"truncated or corrupt GGUF file {quote(self.path)}: metadata key {key!r} claims "
                                  f"{count} strings, more than the {self.size - self.pos} bytes left hold")
         return self.strings(count)
 
@@ -164,9 +164,9 @@ def read_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     path = regular_file(path, "GGUF file")
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path} is not a GGUF file (bad magic)")
+            raise ModelLoadError(f"{quote(path)} is not a GGUF file (bad magic)")
         if os.fstat(f.fileno()).st_size < _HEADER.size:
-            raise ModelLoadError(f"truncated GGUF file {path} (shorter than its {_HEADER.size}-byte header)")
+            raise ModelLoadError(f"truncated GGUF file {quote(path)} (shorter than its {_HEADER.size}-byte header)")
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     return _parse(buf, path)
 
@@ -176,10 +176,10 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFFile:
     _, version, n_tensors, n_kv = _HEADER.unpack_from(buf, cur.take(_HEADER.size))
     if version not in (2, 3):
         hint = " (big-endian files are not supported)" if version >= 1 << 16 else ""
-        raise ModelLoadError(f"unsupported GGUF version {version} in {path}{hint}")
+        raise ModelLoadError(f"unsupported GGUF version {version} in {quote(path)}{hint}")
     # a key/value takes 13+ bytes (key length, type, a value byte), a tensor entry 32+
     if n_kv * 13 + n_tensors * 32 > cur.size or n_kv > MAX_KEYS or n_tensors > MAX_TENSORS:
-        raise ModelLoadError(f"truncated or corrupt GGUF file {path}: header claims {n_tensors} tensors and "
+        raise ModelLoadError(f"truncated or corrupt GGUF file {quote(path)}: header claims {n_tensors} tensors and "
                              f"{n_kv} metadata keys (at most {MAX_TENSORS} and {MAX_KEYS}, and no more than "
                              f"{cur.size} bytes hold)")
     metadata: dict[str, Any] = {}
@@ -209,7 +209,7 @@ def tensor_array(gguf_file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
     from gguf import GGMLQuantizationType, quants
 
     if gguf_file.buffer is None:
-        raise ModelLoadError(f"{gguf_file.path} is closed")
+        raise ModelLoadError(f"{quote(gguf_file.path)} is closed")
     raw = gguf_file.buffer[info.offset:info.offset + info.nbytes]
     qtype = GGMLQuantizationType(info.ggml_type)
     if qtype == GGMLQuantizationType.F32:

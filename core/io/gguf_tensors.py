@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, quote
 
 GGML_MAX_DIMS = 4
 GGML_MAX_NAME = 64  # llama.cpp refuses names of 64 bytes or more
@@ -74,7 +74,7 @@ def tensor_table(entries: Sequence[RawEntry], data_start: int, file_size: int, a
         if 0 in shape:
             raise fail(f"tensor {name!r} has a zero dimension {shape}")
         if ggml_type not in sizes:
-            raise ModelLoadError(f"tensor {name!r} in {path} has unknown GGML type id {ggml_type}")
+            raise ModelLoadError(f"tensor {name!r} in {quote(path)} has unknown GGML type id {ggml_type}")
         block, type_size = sizes[ggml_type]
         if shape[-1] % block:
             raise fail(f"tensor {name!r} row of {shape[-1]} is not a multiple of its block size {block}")
@@ -85,7 +85,7 @@ def tensor_table(entries: Sequence[RawEntry], data_start: int, file_size: int, a
         if rel % alignment:
             raise fail(f"tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}")
         if data_start + rel + nbytes > file_size:
-            raise ModelLoadError(f"truncated GGUF file {path}: tensor {name!r} needs bytes up to "
+            raise ModelLoadError(f"truncated GGUF file {quote(path)}: tensor {name!r} needs bytes up to "
                                  f"{data_start + rel + nbytes}, file has {file_size}")
         tensors[name] = GGUFTensorInfo(name, shape, ggml_type, data_start + rel, nbytes)
     _check_tiling(list(tensors.values()), data_start, file_size, alignment, fail)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .. import checks
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, quote
 from .gguf_file import bf16_to_float32, regular_file
 
 _FLOAT_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
@@ -33,21 +33,21 @@ def _header(path: Path) -> tuple[dict[str, Any], int, int]:
     with open(path, "rb") as f:
         head = f.read(8)
         if len(head) < 8:
-            raise ModelLoadError(f"{path} is not a safetensors file (too short)")
+            raise ModelLoadError(f"{quote(path)} is not a safetensors file (too short)")
         (header_len,) = struct.unpack("<Q", head)
         if header_len > min(size - 8, MAX_HEADER):
-            raise ModelLoadError(f"corrupt safetensors file {path}: header length {header_len}")
+            raise ModelLoadError(f"corrupt safetensors file {quote(path)}: header length {header_len}")
         try:
             header = json.loads(f.read(header_len))
         except (UnicodeDecodeError, ValueError) as err:
-            raise ModelLoadError(f"corrupt safetensors file {path}: bad JSON header ({err})") from None
+            raise ModelLoadError(f"corrupt safetensors file {quote(path)}: bad JSON header ({err})") from None
         except RecursionError:
-            raise ModelLoadError(f"corrupt safetensors file {path}: JSON header nested too deeply") from None
+            raise ModelLoadError(f"corrupt safetensors file {quote(path)}: JSON header nested too deeply") from None
     if not isinstance(header, dict):
-        raise ModelLoadError(f"corrupt safetensors file {path}: the header is not a JSON object")
-    metadata = header.pop("__metadata__", {})
+        raise ModelLoadError(f"corrupt safetensors file {quote(path)}: the header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}  # MLX writes null when it has none
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise ModelLoadError(f"corrupt safetensors file {path}: __metadata__ must map names to strings")
+        raise ModelLoadError(f"corrupt safetensors file {quote(path)}: __metadata__ must map names to strings")
     return header, 8 + header_len, size
 
 
@@ -60,14 +60,14 @@ def _entry(name: str, entry: Any, path: Path) -> Entry:
         begin = checks.integer(begin, "offset", maximum=2**62)
         end = checks.integer(end, "offset", minimum=begin, maximum=2**62)
     except (KeyError, TypeError, ValueError, ModelLoadError):
-        raise ModelLoadError(f"corrupt safetensors file {path}: bad entry for {name[:64]!r}") from None
+        raise ModelLoadError(f"corrupt safetensors file {quote(path)}: bad entry for {name[:64]!r}") from None
     if not isinstance(dtype, str) or dtype not in _ITEM_SIZES:
-        raise ModelLoadError(f"corrupt safetensors file {path}: tensor {name} has unknown dtype {dtype!r:.20}")
+        raise ModelLoadError(f"corrupt safetensors file {quote(path)}: tensor {name} has unknown dtype {dtype!r:.20}")
     count = 1
     for dim in shape:
         count *= dim
     if end - begin != count * _ITEM_SIZES[dtype]:
-        raise ModelLoadError(f"corrupt safetensors file {path}: tensor {name} has {end - begin} bytes "
+        raise ModelLoadError(f"corrupt safetensors file {quote(path)}: tensor {name} has {end - begin} bytes "
                              f"for shape {shape} of {dtype}")
     return dtype, shape, begin, end
 
@@ -82,10 +82,10 @@ def safetensors_layout(path: str | os.PathLike[str]) -> tuple[dict[str, Entry], 
     for name, (_, _, begin, end) in sorted(entries.items(), key=lambda item: item[1][2:]):
         if begin != expected:
             problem = "overlaps the tensor before it" if begin < expected else "leaves a gap before it"
-            raise ModelLoadError(f"corrupt safetensors file {path}: tensor {name} {problem}")
+            raise ModelLoadError(f"corrupt safetensors file {quote(path)}: tensor {name} {problem}")
         expected = end
     if data_start + expected != size:
-        raise ModelLoadError(f"truncated or corrupt safetensors file {path}: its tensors need "
+        raise ModelLoadError(f"truncated or corrupt safetensors file {quote(path)}: its tensors need "
                              f"{data_start + expected} bytes, the file has {size}")
     return entries, data_start
 
@@ -95,7 +95,7 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     entries, data_start = safetensors_layout(path)
     for name, (dtype, *_) in entries.items():
         if dtype not in _FLOAT_DTYPES:
-            raise ModelLoadError(f"tensor {name} in {path} has dtype {dtype}; expected F32, F16, F64 or BF16")
+            raise ModelLoadError(f"tensor {name} in {quote(path)} has dtype {dtype}; expected F32, F16, F64 or BF16")
     size = data_start + max((end for *_, end in entries.values()), default=0)
     data = np.memmap(path, np.uint8, "r", offset=data_start) if size > data_start else None
     tensors = {}

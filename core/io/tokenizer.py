@@ -16,7 +16,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import models, pre_tokenizers, processors
 
 from .. import checks
-from ..errors import ChatTemplateError, ModelLoadError
+from ..errors import ChatTemplateError, ModelLoadError, quote
 from .chat_template import render_chat_template
 from .gguf_file import existing_path
 from .gguf_tokenizer import tokenizer_from_gguf_metadata
@@ -185,12 +185,12 @@ def _hf_chat_template(directory: Path, config: Mapping[str, Any]) -> str | None:
 def _from_hf_directory(directory: Path) -> Tokenizer:
     path = directory / "tokenizer.json"
     if not path.is_file():
-        raise ModelLoadError(f"{directory} has no tokenizer.json (a sentencepiece-only "
+        raise ModelLoadError(f"{quote(directory)} has no tokenizer.json (a sentencepiece-only "
                              f"tokenizer.model is not supported)")
     try:
         backend = BackendTokenizer.from_file(str(path))
     except Exception as err:  # the Rust library raises plain Exception for any parse error
-        raise ModelLoadError(f"cannot read {path}: {str(err).splitlines()[0]}") from None
+        raise ModelLoadError(f"cannot read {quote(path)}: {str(err).splitlines()[0]}") from None
     config = read_json_object(directory / "tokenizer_config.json") \
         if (directory / "tokenizer_config.json").is_file() else {}
     model_config = read_json_object(directory / "config.json") if (directory / "config.json").is_file() else {}

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import ModelLoadError
+from ..errors import ModelLoadError, quote
 from ..models import ModelArgs, expected_tensor_shapes
 from ..rope import llama3_scaling_from_factors
 from .gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensorInfo, existing_path, read_gguf, regular_file, tensor_array
@@ -129,7 +129,7 @@ def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.
     if path.is_dir():
         return _load_hf_directory(path)
     if not is_gguf_file(path):
-        raise ModelLoadError(f"{path} is not a GGUF file (bad magic) nor a model directory")
+        raise ModelLoadError(f"{quote(path)} is not a GGUF file (bad magic) nor a model directory")
     with read_gguf(path) as gguf_file:
         args, weights = _load_gguf(gguf_file)
     _check_finite(weights, path)
@@ -189,11 +189,11 @@ def read_json_object(path: Path) -> dict[str, Any]:
         with open(regular_file(path, "JSON file"), encoding="utf-8") as f:
             value = json.load(f)
     except (OSError, UnicodeDecodeError, ValueError) as err:  # ValueError: bad JSON, a 5000-digit number
-        raise ModelLoadError(f"cannot read {path}: {err}") from None
+        raise ModelLoadError(f"cannot read {quote(path)}: {err}") from None
     except RecursionError:
-        raise ModelLoadError(f"cannot read {path}: JSON nested too deeply") from None
+        raise ModelLoadError(f"cannot read {quote(path)}: JSON nested too deeply") from None
     if not isinstance(value, dict):
-        raise ModelLoadError(f"{path} does not hold a JSON object")
+        raise ModelLoadError(f"{quote(path)} does not hold a JSON object")
     return value
 
 
@@ -206,7 +206,7 @@ def safetensors_files(directory: Path) -> list[Path]:
             raise ModelLoadError(f"{index} has no weight_map")
         names = set(weight_map.values())
         if not all(isinstance(n, str) and n and Path(n).name == n for n in names):
-            raise ModelLoadError(f"{index} weight_map must map to shard file names in {directory}")
+            raise ModelLoadError(f"{index} weight_map must map to shard file names in {quote(directory)}")
         files = [directory / name for name in sorted(names)]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
@@ -215,7 +215,7 @@ def safetensors_files(directory: Path) -> list[Path]:
     single = directory / "model.safetensors"
     if single.is_file():
         return [single]
-    raise ModelLoadError(f"{directory} has no model.safetensors or model.safetensors.index.json")
+    raise ModelLoadError(f"{quote(directory)} has no model.safetensors or model.safetensors.index.json")
 
 
 def _refuse_quantized(config: Mapping[str, Any], directory: Path) -> None:
@@ -224,17 +224,17 @@ def _refuse_quantized(config: Mapping[str, Any], directory: Path) -> None:
     if "quantization_config" in config:
         method = config["quantization_config"].get("quant_method", "unknown") \
             if isinstance(config["quantization_config"], Mapping) else "unknown"
-        raise ModelLoadError(f"{directory} is quantized with {method!r}, which is not supported here "
+        raise ModelLoadError(f"{quote(directory)} is quantized with {method!r}, which is not supported here "
                              "(use a GGUF file or an unquantized safetensors checkpoint)")
     if config.get("quantization") not in (None, {}):  # null or {} quantizes nothing (as on the MLX backend)
-        raise ModelLoadError(f"{directory} is an mlx-lm quantized checkpoint: load it with the mlx backend, "
+        raise ModelLoadError(f"{quote(directory)} is an mlx-lm quantized checkpoint: load it with the mlx backend, "
                              "or use a GGUF file or an unquantized safetensors checkpoint")
 
 
 def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     config_path = directory / "config.json"
     if not config_path.is_file():
-        raise ModelLoadError(f"{directory} is not a model directory: it has no config.json")
+        raise ModelLoadError(f"{quote(directory)} is not a model directory: it has no config.json")
     config = read_json_object(config_path)
     args = ModelArgs.from_hf_config(config)
     _refuse_quantized(config, directory)

@@ -21,7 +21,6 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
-from ..reference.specprefill import select_tokens
 from ..runtime import ProgressCallback
 from ..stages import A, Selection, window_binds
 from .prefill import prefill
@@ -142,6 +141,7 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
                                   speculator.args.layer_windows)
+    from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()
     cache = ops.new_cache(model, len(selection.kept) + extra_slots)

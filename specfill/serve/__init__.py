@@ -5,7 +5,9 @@
 
 Modules: protocol (request bodies), plan (request -> runnable Plan, all 400s), engine (one
 generation on the worker thread), scheduler (the worker thread and its bounded queue), responses
-(OpenAI-shaped bodies and chunks), app (routes, streaming, disconnects).
+(OpenAI-shaped bodies and chunks), app (generation routes, streaming, disconnects), info (health,
+models, tokenize, metrics routes), metrics (log line, Prometheus), access (API key, CORS), runner
+(bind before load, signals).
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 
 from specfill.core import ConfigError
 
+from .access import Access
+from .metrics import configure_logging
 from .plan import ServerDefaults
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
@@ -32,9 +36,10 @@ def read_chat_template(spec: str) -> str:
 
 
 def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue: int = 8,
-              cache_tokens: int = 16384) -> Any:
+              cache_tokens: int = 16384, access: Access = Access()) -> Any:
     """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
 
+    access: the API key and CORS origins (default: no key, no cross-origin calls).
     cache_tokens: the prompt cache's bound (conversation tokens in all); with
     defaults.prompt_cache "off" the server has no prompt cache at all.
     """
@@ -50,7 +55,7 @@ def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue
         raise ConfigError(f"--prompt-cache must be exact, approximate or off, got {defaults.prompt_cache!r}")
     cache = None if defaults.prompt_cache == "off" else \
         PromptCache(cache_tokens, model.args.max_position_embeddings)
-    return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue)
+    return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue, access=access)
 
 
-__all__ = ["CHATML", "ServerDefaults", "build_app", "read_chat_template"]
+__all__ = ["CHATML", "Access", "ServerDefaults", "build_app", "configure_logging", "read_chat_template"]

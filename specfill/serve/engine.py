@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 from specfill.api import stream_generate
 from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.sampling import HOST_FIELDS
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
@@ -121,7 +122,8 @@ class Engine:
             "num_draft_tokens": plan.num_draft_tokens, "draft_model": plan.draft_model}
         steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
                                 temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
-                                seed=plan.sampling.seed, method=method, prompt_progress_callback=progress,
+                                seed=plan.sampling.seed, **{f: getattr(plan.sampling, f) for f in HOST_FIELDS},
+                                method=method, prompt_progress_callback=progress,
                                 prefill_info=info, reuse=reuse.state, **drafting)
         outcome = None
         try:
@@ -168,8 +170,9 @@ class Engine:
     @staticmethod
     def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,
               info: PrefillInfo) -> dict[str, Any]:
-        """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds."""
-        return {"method": plan.method_name, "prefill_method": method.name, "prompt_cache": policy,
+        """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds.
+        prefill_method names the method that ran ("auto" resolved, as PrefillInfo.method has it)."""
+        return {"method": plan.method_name, "prefill_method": info.method or method.name, "prompt_cache": policy,
                 "prompt_tokens": last.prompt_tokens, "cached_tokens": reuse.cached, "kept_tokens": last.kept_tokens,
                 "ttft_s": round(last.ttft, 6), "prompt_tps": round(last.prompt_tps, 3),
                 "generation_tokens": last.generation_tokens, "generation_tps": round(last.generation_tps, 3),

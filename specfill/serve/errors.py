@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-               413: "invalid_request_error", 500: "server_error", 503: "overloaded_error"}
+               401: "invalid_request_error", 413: "invalid_request_error", 500: "server_error", 503: "overloaded_error"}
 
 
 class RequestError(Exception):
@@ -14,8 +14,10 @@ class RequestError(Exception):
     param: the request field at fault, when there is one (OpenAI's `param`).
     """
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
+        self.headers = headers or {}  # e.g. Retry-After with a 503
         self.status = status
         self.message = message
         self.param = param

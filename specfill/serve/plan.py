@@ -12,22 +12,23 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfill.api import prefill_method
+from specfill.api import encode_prompt, prefill_method
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig, SpecfillError
 from specfill.core.runtime import PrefillMethod, SamplingConfig
+from specfill.core.sampling import HOST_FIELDS
 
 from .errors import bad_request
 from .protocol import ChatRequest, CompletionRequest, SpecfillFields
 
 METHODS = ("full", "h2o", "specprefill")
-CACHE_POLICIES = ("exact", "approximate", "off")
 
 
 @dataclass(frozen=True)
 class ServerDefaults:
     """The server's command-line settings; every request field left out takes these."""
 
-    model_id: str
+    model_id: str  # the name responses carry
+    model_names: tuple[str, ...] = ()  # every name requests may use (--served-model-name); model_id always
     method: str = "full"
     h2o: H2OConfig = field(default_factory=H2OConfig)
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
@@ -35,6 +36,11 @@ class ServerDefaults:
     speculator_context: int | None = None  # a separate speculator's context (None: the main model's)
     max_tokens: int = 512  # when a request gives none (clipped to the room left in the context)
     prompt_cache: str = "exact"
+    sampling: dict[str, Any] = field(default_factory=dict)  # --top-k etc. (core/sampling.py HOST_FIELDS)
+
+    def names(self) -> tuple[str, ...]:
+        """The served names, model_id first."""
+        return (self.model_id, *(n for n in self.model_names if n != self.model_id))
 
 
 @dataclass
@@ -72,14 +78,15 @@ def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
 
 
 def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size: int) -> list[int]:
-    """A string prompt, a one-string list, or token ids (checked against the vocabulary)."""
+    """A string prompt, a one-string list, or token ids (checked against the vocabulary). A string
+    gets the API's BOS rule (specfill.api.encode_prompt), so the server and `generate` see the same ids."""
     prompt = request.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
             raise bad_request("a list of several prompts is not supported (one prompt per request)", "prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return encode_prompt(tokenizer, prompt)
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
         raise bad_request(f"token id {bad[0]} is outside the vocabulary (size {vocab_size})", "prompt")
@@ -98,14 +105,18 @@ def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[in
         raise bad_request(f"prompt of {len(ids)} tokens plus max_tokens {wanted} exceeds the model's context "
                           f"of {context} tokens", "messages" if kind == "chat" else "prompt")
     max_tokens = asked if asked is not None else min(defaults.max_tokens, room)
+    host = {name: getattr(request, name) for name in HOST_FIELDS if getattr(request, name) is not None}
     try:
         sampling = SamplingConfig(float(request.temperature if request.temperature is not None else 0.0),
-                                  float(request.top_p if request.top_p is not None else 1.0), request.seed)
+                                  float(request.top_p if request.top_p is not None else 1.0), request.seed,
+                                  **{**defaults.sampling, **host})
     except ConfigError as err:
-        raise bad_request(str(err)) from None
+        raise bad_request(str(err), str(err).split(" ", 1)[0]) from None  # the message starts with the field
     name = request.method or defaults.method
     notes: list[str] = []
     method = request_method(name, request, defaults, len(ids), notes)
+    if request.num_draft_tokens is not None and sampling.host_side:
+        raise bad_request("num_draft_tokens with top_k, min_p or a penalty is not supported yet", "num_draft_tokens")
     if request.num_draft_tokens is not None and defaults.speculator is None:
         raise bad_request("num_draft_tokens needs a draft model: start the server with --speculator PATH or "
                           "--speculator self:K (it drafts)", "num_draft_tokens")
@@ -142,7 +153,8 @@ def request_method(name: str, request: SpecfillFields, defaults: ServerDefaults,
                                        **{k: v for k, v in spec_fields.items() if k != "lookahead" or v is not None})
         notes.extend(str(w.message) for w in caught)
     except ConfigError as err:
-        raise bad_request(str(err), "method") from None
+        param = _field_named(str(err), {**{f"h2o_{k}": v for k, v in h2o_fields.items()}, **spec_fields})
+        raise bad_request(f"'{param}': {err}" if param != "method" else str(err), param) from None
     if name == "specprefill":
         if defaults.speculator is None:
             raise bad_request("method 'specprefill' needs a speculator: start the server with --speculator "
@@ -152,9 +164,19 @@ def request_method(name: str, request: SpecfillFields, defaults: ServerDefaults,
                               f"{defaults.speculator_context} tokens", "method")
     try:
         return prefill_method(name, h2o=h2o, specprefill=spec,
-                              speculator=defaults.speculator if name == "specprefill" else None)
+                              speculator=defaults.speculator if name in ("specprefill", "auto") else None)
     except ConfigError as err:
         raise bad_request(str(err), "method") from None
+
+
+def _field_named(message: str, fields: dict[str, Any]) -> str:
+    """The request field a config error is about: the one set whose setting name the message
+    names ("keep_ratio must be in (0, 1]" -> keep_ratio; "chunk_size ..." -> h2o_chunk_size)."""
+    for field_name, value in fields.items():
+        setting = field_name.removeprefix("h2o_")
+        if value is not None and any(n in message for n in (field_name, setting, setting.replace("_", " "))):
+            return field_name
+    return "method"
 
 
 def _library_has(name: str) -> bool:

@@ -2,8 +2,9 @@
 
 Types are strict (a string where a number belongs is a 400, not a silent conversion); unknown
 fields are ignored, as OpenAI-compatible servers do, except the OpenAI features specfill does not
-implement (several choices, log-probabilities, tools, penalties, structured output, logit bias, draft
-tokens), which are refused by name rather than silently dropped. specfill's own fields sit at the
+implement (several choices, log-probabilities, tools, structured output, logit bias, and the sampling
+settings of vLLM and llama.cpp that specfill lacks), which are refused by name rather than silently
+dropped: a request never runs with a setting that has no effect. specfill's own fields sit at the
 top level of the body, so the `openai` client passes them through `extra_body`.
 """
 from __future__ import annotations
@@ -75,6 +76,9 @@ class SamplingFields(_Strict):
     stop: str | list[str] | None = None
     n: int | None = None
     logprobs: bool | int | None = None
+    top_k: int | None = None  # sampling beyond temperature / top_p: core/sampling.py (ranges checked there)
+    min_p: NUMBER | None = None
+    repetition_penalty: NUMBER | None = None
     presence_penalty: NUMBER | None = None
     frequency_penalty: NUMBER | None = None
 
@@ -105,8 +109,28 @@ UNSUPPORTED = (
     ("logprobs", lambda v: v not in (None, False, 0), "log-probabilities"),
     ("top_logprobs", lambda v: v not in (None, 0), "log-probabilities"),
     ("tools", lambda v: bool(v), "tool calls"),
-    ("presence_penalty", lambda v: v not in (None, 0), "presence penalties"),
-    ("frequency_penalty", lambda v: v not in (None, 0), "frequency penalties"),
+    ("repeat_penalty", lambda v: v not in (None, 1), "llama.cpp's repeat_penalty (send repetition_penalty)"),
+    ("repeat_last_n", lambda v: v not in (None, 64), "a penalty window other than the last 64 tokens"),
+    ("typical_p", lambda v: v not in (None, 1), "typical_p sampling"),
+    ("tfs_z", lambda v: v not in (None, 1), "tail-free sampling"),
+    ("top_a", lambda v: v not in (None, 0), "top_a sampling"),
+    ("top_n_sigma", lambda v: v not in (None, -1), "top-n-sigma sampling"),
+    ("mirostat", lambda v: v not in (None, 0), "mirostat sampling"),
+    ("dynatemp_range", lambda v: v not in (None, 0), "dynamic temperature"),
+    ("xtc_probability", lambda v: v not in (None, 0), "XTC sampling"),
+    ("dry_multiplier", lambda v: v not in (None, 0), "DRY repetition penalties"),
+    ("min_tokens", lambda v: v not in (None, 0), "min_tokens"),
+    ("ignore_eos", lambda v: v not in (None, False), "ignore_eos"),
+    ("length_penalty", lambda v: v not in (None, 1), "length_penalty (beam search)"),
+    ("use_beam_search", lambda v: v not in (None, False), "beam search"),
+    ("stop_token_ids", lambda v: bool(v), "stop_token_ids"),
+    ("bad_words", lambda v: bool(v), "bad_words"),
+    ("guided_json", lambda v: v is not None, "guided decoding"),
+    ("guided_regex", lambda v: v is not None, "guided decoding"),
+    ("guided_choice", lambda v: v is not None, "guided decoding"),
+    ("guided_grammar", lambda v: v is not None, "guided decoding"),
+    ("grammar", lambda v: bool(v), "grammars"),
+    ("json_schema", lambda v: v is not None, "JSON schemas"),
     ("echo", lambda v: v is True, "echoing the prompt"),
     ("suffix", lambda v: v is not None, "suffix (insertion) completions"),
     ("response_format", lambda v: isinstance(v, dict) and v.get("type") not in (None, "text"),
@@ -115,19 +139,25 @@ UNSUPPORTED = (
 )
 
 
-def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
-    """The validated request, or a RequestError(400) whose message names the field at fault."""
+def read_json(raw: bytes) -> dict[str, Any]:
+    """A JSON object body, or a RequestError(400)."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise bad_request(f"malformed JSON body: {err}") from None
     if not isinstance(data, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
+    """The validated request, or a RequestError(400) whose message names the field at fault."""
+    data = read_json(raw)
     try:
         request = kind.model_validate(data)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in first["loc"]) or "body"
+        where = ".".join(str(p) for p in first["loc"] if not _is_type_tag(p)) or "body"
         raise bad_request(f"invalid field '{where}': {first['msg']} (got {_short(first.get('input'))})",
                           where.split(".")[0]) from None
     extra = request.model_extra or {}
@@ -136,6 +166,12 @@ def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) ->
         if used(value):
             raise bad_request(f"'{name}': {what} is not supported by specfill serve", name)
     return request
+
+
+def _is_type_tag(part: Any) -> bool:
+    """Whether a pydantic error location part names a union member's type ('int', 'list[int]'),
+    not a field: the location a user reads is the field path alone ('keep_ratio', not 'keep_ratio.int')."""
+    return isinstance(part, str) and (part in ("int", "float", "str", "bool") or "[" in part)
 
 
 def _short(value: Any) -> str:

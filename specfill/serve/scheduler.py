@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
 import threading
 import time
@@ -17,13 +18,14 @@ from typing import Any
 
 from specfill.core import SpecfillError
 
-from .engine import Engine, Event, Failed
+from .engine import Engine, Event, Failed, Finished
 from .errors import RequestError
 from .plan import Plan
 
 log = logging.getLogger("specfill.serve")
 
 END = None  # the last item of every job's event queue
+RETRY_AFTER_MAX_S = 60  # the openai client honours Retry-After up to a minute
 
 
 @dataclass
@@ -35,9 +37,11 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     submitted: float = field(default_factory=time.perf_counter)
     checked: float = field(default_factory=time.monotonic)  # when the handler last checked its client
+    ended: bool = False  # a Finished or Failed event was sent
 
     def emit(self, event: Event | None) -> None:
         """Thread-safe: hand an event (or END) to the handler's loop (dropped if the loop closed)."""
+        self.ended = self.ended or isinstance(event, (Finished, Failed))
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
@@ -58,31 +62,53 @@ class Scheduler:
         self._stopping = threading.Event()
         self.running: Job | None = None
         self.served = 0
+        self.closed = False  # set at the first shutdown signal: new requests get 503
+        self.service_seconds = 1.0  # running mean time a job holds the device (for Retry-After)
 
     def start(self) -> None:
         self._thread.start()
 
+    def close(self) -> None:
+        """Stop taking requests and cancel the running and waiting jobs (each stops at its next
+        step). Safe to call from a signal handler: it only sets flags."""
+        self.closed = True
+        running = self.running
+        if running is not None:
+            running.cancel()
+        for job in list(self._waiting.queue):
+            if job is not None:
+                job.cancel()
+
     def stop(self) -> None:
-        """Stop after the running job is cancelled (called at server shutdown)."""
+        """Stop after the running job is cancelled (server shutdown); joins the worker thread."""
+        self.close()
         self._stopping.set()
-        if self.running is not None:
-            self.running.cancel()
         try:
             self._waiting.put_nowait(None)
         except queue.Full:
             pass
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+
+    def retry_after(self) -> int:
+        """Seconds until the queue has drained (the waiting jobs and the running one at the mean
+        service time), 1..RETRY_AFTER_MAX_S: what a refused client should wait."""
+        seconds = self.service_seconds * (self.waiting() + 1)
+        return max(1, min(RETRY_AFTER_MAX_S, math.ceil(seconds)))
 
     def waiting(self) -> int:
         return self._waiting.qsize()
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or RequestError(503) when max_queue jobs are already waiting."""
+        """Queue a job, or RequestError(503, with Retry-After) when max_queue jobs are already waiting."""
+        if self.closed:
+            raise RequestError(503, "the server is shutting down", code="shutting_down")
         try:
             self._waiting.put_nowait(job)
         except queue.Full:
             raise RequestError(503, f"the server is busy: {self.max_queue} requests are already waiting for the "
-                                    f"device; retry later", code="queue_full") from None
+                                    f"device; retry later", code="queue_full",
+                               headers={"Retry-After": str(self.retry_after())}) from None
 
     def _next_job(self) -> Job | None:
         """The next job; while none waits, the engine's idle work runs in small steps."""
@@ -102,14 +128,16 @@ class Scheduler:
             if job is None or self._stopping.is_set():
                 return
             if job.plan.cancelled.is_set():
-                job.emit(END)
+                self._end(job)
                 continue
             self.running = job
-            job.plan.queue_seconds = time.perf_counter() - job.submitted
+            started = time.perf_counter()
+            job.plan.queue_seconds = started - job.submitted
             try:
                 self._guarded(self.engine.run, job.plan, job.emit, job=job)
             finally:
                 self.running = None
+                self.service_seconds = 0.8 * self.service_seconds + 0.2 * (time.perf_counter() - started)
                 self.served += 1
                 job.emit(END)
 

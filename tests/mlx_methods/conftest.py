@@ -1,6 +1,6 @@
-"""Model-level tests of H2O and speculative prefill on the MLX backend (CPU here, Metal on a
-Mac): tiny fp32 models against the NumPy reference, and against the torch backend. Skips the
-whole folder where mlx is not installed."""
+"""MLX-only model-level tests: the methods on the Metal kernels against the MLX twins (a Mac) and
+against the torch backend (the backend-neutral method tests are tests/methods). Skips the whole
+folder where mlx is not installed."""
 from __future__ import annotations
 
 import importlib.util
@@ -12,7 +12,7 @@ import pytest
 if importlib.util.find_spec("mlx") is None:  # a torch-only install: nothing here can run
     collect_ignore_glob = ["test_*.py"]
 else:
-    from tests.mlx_methods.methods_support import Tiny, load_tiny
+    from tests.methods.support import Tiny, load_tiny
 
     @pytest.fixture(scope="session")
     def tiny(tiny_checkpoint: Callable[..., Path]) -> Callable[[str], Tiny]:
@@ -22,7 +22,7 @@ else:
 
         def build(arch: str) -> Tiny:
             if arch not in cache:
-                cache[arch] = load_tiny(tiny_checkpoint(arch, "safetensors"))
+                cache[arch] = load_tiny("mlx", tiny_checkpoint(arch, "safetensors"))
             return cache[arch]
 
         return build

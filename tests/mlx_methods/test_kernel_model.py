@@ -14,7 +14,7 @@ from specfill.core.driver import CausalLM
 from specfill.core.config import SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-from tests.mlx_methods.methods_support import assert_logits_close, greedy, h2o_method, prompt
+from tests.methods.support import assert_logits_close, greedy, h2o_method, prompt
 
 HAS_METAL = bool(mx.metal.is_available())
 
@@ -59,7 +59,7 @@ def test_h2o_prefill_on_the_kernels_matches_the_twins(tiny, kernels, arch):
     for use in (True, False):
         info = PrefillInfo(record_memory=True)
         runs[use] = with_kernels(t.model, use).prompt_logits(ids, method=method, info=info), info.memory_sets
-    assert_logits_close(runs[True][0], runs[False][0], f"{arch} H2O logits, kernels vs twins")
+    assert_logits_close(t, runs[True][0], runs[False][0], f"{arch} H2O logits, kernels vs twins")
     for layer, (got, want) in enumerate(zip(runs[True][1], runs[False][1])):
         assert len(got) == len(want) == 5
         for chunk, (g, w) in enumerate(zip(got, want)):

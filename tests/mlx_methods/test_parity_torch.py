@@ -15,7 +15,7 @@ from specfill.core.methods.specprefill import run_speculator, token_importance
 from specfill.core.reference.specprefill import select_tokens
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 
-from tests.mlx_methods.methods_support import h2o_method, prompt
+from tests.methods.support import h2o_method, prompt
 
 torch = pytest.importorskip("torch")
 torch_cuda = pytest.importorskip("specfill.backends.torch_cuda")

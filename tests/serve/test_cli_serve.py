@@ -11,6 +11,8 @@ from specfill.evaluation.serve_process import ServerProcess, client
     (["--max-queue", "0"], "--max-queue must be >= 1"),
     (["--cache-tokens", "0"], "--cache-tokens must be >= 1"),
     (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--prefill-step-size", "0"], "--prefill-step-size must be >= 1"),
+    (["--top-k", "-2"], "top_k must be >= 0"),
     (["--method", "specprefill"], "needs --speculator"),
     (["--chat-template", "/nonexistent/template.jinja"], "cannot read --chat-template"),
 ])
@@ -27,18 +29,18 @@ def test_mlx_backend_serves_and_caches(tmp_path):
     try:
         c = client(server, timeout=120)
         first = [{"role": "user", "content": " ".join(str(i) for i in range(3, 80))}]
-        one = c.chat.completions.create(model="m", messages=first, max_tokens=6,
+        one = c.chat.completions.create(model=server.model, messages=first, max_tokens=6,
                                         extra_body={"method": "specprefill", "keep_ratio": 0.3})
         assert one.model_extra["specfill"]["kept_tokens"] < one.usage.prompt_tokens
         two_turns = first + [{"role": "assistant", "content": one.choices[0].message.content},
                              {"role": "user", "content": "5 6 7"}]
         assert server.wait_rebuilt(60)["prompt_cache"]["pending_tokens"] == 0
-        cached = c.chat.completions.create(model="m", messages=two_turns, max_tokens=6)
-        dense = c.chat.completions.create(model="m", messages=two_turns, max_tokens=6,
+        cached = c.chat.completions.create(model=server.model, messages=two_turns, max_tokens=6)
+        dense = c.chat.completions.create(model=server.model, messages=two_turns, max_tokens=6,
                                           extra_body={"prompt_cache": "off"})
         assert cached.usage.prompt_tokens_details.cached_tokens > 70
         assert cached.choices[0].message.content == dense.choices[0].message.content
-        streamed = c.completions.create(model="m", prompt="1 2 3", max_tokens=4, stream=True)
+        streamed = c.completions.create(model=server.model, prompt="1 2 3", max_tokens=4, stream=True)
         assert len("".join(ch.choices[0].text for ch in streamed if ch.choices).split()) == 4
     finally:
         server.stop()

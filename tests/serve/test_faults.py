@@ -79,7 +79,7 @@ def test_concurrent_clients_answered_or_refused(demo_server):
 
     def ask(i: int) -> None:
         try:
-            r = c.completions.create(model="any", prompt=f"Count to {i + 3}:", max_tokens=16,
+            r = c.completions.create(model=demo_server.model, prompt=f"Count to {i + 3}:", max_tokens=16,
                                      extra_body={"prompt_cache": "off"})
             outcomes[i] = r.usage.completion_tokens
         except openai.APIStatusError as err:
@@ -94,7 +94,7 @@ def test_concurrent_clients_answered_or_refused(demo_server):
     refused = [o for o in outcomes if isinstance(o, tuple) and o[0] == 503 and "busy" in o[1]]
     assert len(answered) + len(refused) == 8, outcomes
     assert len(answered) >= 3
-    assert c.completions.create(model="any", prompt="1", max_tokens=2).usage.completion_tokens == 2
+    assert c.completions.create(model=demo_server.model, prompt="1", max_tokens=2).usage.completion_tokens == 2
 
 
 def test_full_queue_is_503(demo_server):
@@ -104,15 +104,16 @@ def test_full_queue_is_503(demo_server):
     results: list[object] = []
     c = client(demo_server, timeout=300)
     threads = [threading.Thread(target=lambda: results.append(
-        c.completions.create(model="any", prompt="Hi", max_tokens=2).usage.completion_tokens)) for _ in range(3)]
+        c.completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).usage.completion_tokens)) for _ in range(3)]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
     while demo_server.health()["waiting"] < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     with pytest.raises(openai.APIStatusError) as refused:
-        c.completions.create(model="any", prompt="Hi", max_tokens=2)
+        c.completions.create(model=demo_server.model, prompt="Hi", max_tokens=2)
     assert refused.value.status_code == 503 and "busy" in refused.value.message
+    assert 1 <= int(refused.value.response.headers["retry-after"]) <= 60  # seconds, from the queue
     connection.close()
     for t in threads:
         t.join(timeout=120)
@@ -154,7 +155,7 @@ def test_disconnect_cancels_generation(demo_server, stream):
     state = wait_idle(demo_server, 10)
     assert not state["busy"] and state["served"] == served + 1
     assert time.monotonic() - gone < 3.0
-    assert client(demo_server).completions.create(model="any", prompt="Hi", max_tokens=2).choices[0].text
+    assert client(demo_server).completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).choices[0].text
 
 
 def test_sequential_requests_keep_rss_flat(tiny_server):
@@ -163,7 +164,7 @@ def test_sequential_requests_keep_rss_flat(tiny_server):
     sizes = []
     for i in range(50):
         stream = i % 2 == 0
-        r = c.chat.completions.create(model="any", messages=[{"role": "user", "content": f"{i} 3 4 5"}],
+        r = c.chat.completions.create(model=tiny_server.model, messages=[{"role": "user", "content": f"{i} 3 4 5"}],
                                       max_tokens=16, stream=stream,
                                       extra_body={"method": ("full", "h2o", "specprefill")[i % 3],
                                                   "prompt_cache": "off"})  # a leak check: no cached conversations

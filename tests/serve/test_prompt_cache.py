@@ -22,7 +22,7 @@ TURN2 = {"role": "user", "content": "Quote line 7 of the text verbatim."}
 
 
 def chat(c, messages, **fields):
-    r = c.chat.completions.create(model="smollm2", messages=messages, max_tokens=24, temperature=0, extra_body=fields)
+    r = c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=24, temperature=0, extra_body=fields)
     return r.choices[0].message.content, r.model_extra["specfill"], r.usage
 
 
@@ -62,10 +62,10 @@ def test_approximate_reuses_sparse_cache_and_exact_refuses_it(demo_server):
 def test_progress_counts_cached_tokens(demo_server):
     c = client(demo_server, timeout=300)
     first = [{"role": "user", "content": "Name three colours of the rainbow." + " Please." * 40}]
-    reply = c.chat.completions.create(model="smollm2", messages=first, max_tokens=8).choices[0].message.content
+    reply = c.chat.completions.create(model=demo_server.model, messages=first, max_tokens=8).choices[0].message.content
     demo_server.wait_rebuilt(60)
     chunks = list(c.chat.completions.create(
-        model="smollm2", messages=first + [{"role": "assistant", "content": reply},
+        model=demo_server.model, messages=first + [{"role": "assistant", "content": reply},
                                            {"role": "user", "content": "And three more?"}],
         max_tokens=4, stream=True, extra_body={"return_progress": True}))
     progress = [ch.model_extra["prompt_progress"] for ch in chunks if "prompt_progress" in ch.model_extra]
@@ -79,7 +79,7 @@ def test_cancelled_turn_keeps_the_conversation(demo_server):
     """A client gone during turn 2 leaves turn 1's cached KV in place for its retry."""
     c = client(demo_server, timeout=300)
     first = [{"role": "user", "content": "Describe a quiet harbour town." + " In detail." * 30}]
-    reply = c.chat.completions.create(model="smollm2", messages=first, max_tokens=8).choices[0].message.content
+    reply = c.chat.completions.create(model=demo_server.model, messages=first, max_tokens=8).choices[0].message.content
     two_turns = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Go on, at length."}]
     connection = http.client.HTTPConnection("127.0.0.1", demo_server.port, timeout=60)
     connection.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
@@ -87,5 +87,5 @@ def test_cancelled_turn_keeps_the_conversation(demo_server):
     response = connection.getresponse()
     assert [response.readline() for _ in range(4)][-1]
     connection.close()
-    retry = c.chat.completions.create(model="smollm2", messages=two_turns, max_tokens=2)
+    retry = c.chat.completions.create(model=demo_server.model, messages=two_turns, max_tokens=2)
     assert retry.model_extra["specfill"]["cached_tokens"] > 60

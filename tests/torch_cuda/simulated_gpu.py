@@ -92,7 +92,7 @@ def _scoring_fill(args, kwargs) -> None:
 def simulated(monkeypatch, capability: tuple[int, int] = (8, 9)) -> Iterator[dict[str, Any]]:
     """{"runtime", "forward", "colsum", "scoring"}: the fake runtime and the three fake launches."""
     from specfill.backends.torch_cuda.kernels import flash_triton, scoring_triton
-    from specfill.conformance.self_check import KERNEL_SELF_CHECK
+    from specfill.core.self_check import KERNEL_SELF_CHECK
     fakes = {"forward": FakeLaunch(_forward_fill), "colsum": FakeLaunch(_colsum_fill),
              "scoring": FakeLaunch(_scoring_fill)}
     monkeypatch.setattr(flash_triton, "_forward_kernel", fakes["forward"])

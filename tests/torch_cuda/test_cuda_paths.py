@@ -19,7 +19,7 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 from tests.torch_cuda.simulated_gpu import simulated
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
-from tests.torch_cuda_methods.methods_support import greedy
+from tests.methods.support import greedy
 
 pytestmark = pytest.mark.skipif(not triton_installed(), reason="Triton is not installed (Linux only)")
 

@@ -17,7 +17,7 @@ from specfill.backends.torch_cuda.kernels import choose_kernel
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-from tests.torch_cuda_methods.methods_support import greedy, prompt
+from tests.methods.support import greedy, prompt
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

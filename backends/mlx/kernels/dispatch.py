@@ -2,7 +2,7 @@
 
 The kernel setting: use_kernels True / False forces the Metal kernel / the MLX-ops twin; None
 reads SPECFILL_KERNELS (auto | on | off, unset = auto). In auto, a kernel runs only after passing
-its first-use self-check (conformance/self_check.py) for its dtype and shape class.
+its first-use self-check (core/self_check.py) for its dtype and shape class.
 """
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from specfill.conformance.self_check import kernels_setting
-from specfill.conformance.self_check_cases import CheckCases
+from specfill.core.self_check import kernels_setting
+from specfill.core.self_check_cases import CheckCases
 from specfill.core.errors import BackendUnavailableError
 
 
@@ -52,7 +52,7 @@ def _case_random(shape: tuple[int, ...], like: mx.array, seed: int) -> mx.array:
     return mx.array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).astype(like.dtype)
 
 
-# the first-use self-check's seeded cases (conformance/self_check_cases.py); reading a result back
+# the first-use self-check's seeded cases (core/self_check_cases.py); reading a result back
 # evaluates it, so a Metal compile or launch error surfaces inside the check
 SELF_CHECK = CheckCases("mlx", "the MLX-ops twin", _case_random,
                         lambda x: np.asarray(x.astype(mx.float32), dtype=np.float64),

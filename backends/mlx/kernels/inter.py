@@ -6,7 +6,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from specfill.conformance.self_check_cases import CASE_SLOTS
+from specfill.core.self_check_cases import CASE_SLOTS
 
 from .dispatch import SELF_CHECK, choose_kernel, common_dtype
 from .state import AttentionState, InterResult, KeyWindow, empty_state
@@ -192,7 +192,7 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
 
 
 def _self_check(like: mx.array, group: int) -> bool:
-    """The phase-2 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
+    """The phase-2 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
     def run():
         q, k_mem, v_mem = SELF_CHECK.attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5

@@ -11,7 +11,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from specfill.conformance.self_check_cases import CASE_CHUNK, CASE_TOKENS
+from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.errors import ConfigError
 
 from .dispatch import SELF_CHECK, choose_kernel, common_dtype
@@ -214,7 +214,7 @@ def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scal
 
 
 def _self_check(like: mx.array, group: int) -> bool:
-    """The phase-1 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
+    """The phase-1 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
     def run():
         q, k, v = SELF_CHECK.attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5

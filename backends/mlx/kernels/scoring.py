@@ -162,7 +162,7 @@ def attention_scores(queries: mx.array, keys: mx.array, scale: float,
 
 
 def _self_check(like: mx.array, group: int) -> bool:
-    """The scoring kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
+    """The scoring kernel against its twin on the small fixed case (core/self_check_cases.py)."""
     def run():
         queries, keys = SELF_CHECK.scoring_case(like, group)
         scale = queries.shape[-1] ** -0.5

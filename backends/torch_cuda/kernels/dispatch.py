@@ -6,7 +6,7 @@ first kernel launch (Triton reads it when it decorates the kernels).
 
 The kernel setting: use_kernel True / False forces the kernel / the twin; None reads
 SPECFILL_KERNELS (auto | on | off, unset = auto). In auto, a kernel runs only after passing its
-first-use self-check (conformance/self_check.py) for its dtype and shape class.
+first-use self-check (core/self_check.py) for its dtype and shape class.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from typing import Callable
 
 import torch
 
-from specfill.conformance.self_check import kernels_setting
-from specfill.conformance.self_check_cases import CheckCases
+from specfill.core.self_check import kernels_setting
+from specfill.core.self_check_cases import CheckCases
 from specfill.core.errors import BackendUnavailableError
 
 from .. import placement
@@ -107,7 +107,7 @@ def _case_random(shape: tuple[int, ...], like: torch.Tensor, seed: int) -> torch
     return torch.randn(shape, generator=generator, dtype=torch.float32).to(device=like.device, dtype=like.dtype)
 
 
-# the first-use self-check's seeded cases on the caller's device (conformance/self_check_cases.py)
+# the first-use self-check's seeded cases on the caller's device (core/self_check_cases.py)
 SELF_CHECK = CheckCases("cuda", "the torch twin", _case_random,
                         lambda x: x.detach().to(device="cpu", dtype=torch.float64).numpy(),
                         lambda dtype: str(dtype).removeprefix("torch."))

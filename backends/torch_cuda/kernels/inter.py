@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from specfill.conformance.self_check_cases import CASE_SLOTS
+from specfill.core.self_check_cases import CASE_SLOTS
 
 from . import dispatch
 from .cpu_units import run_units
@@ -94,7 +94,7 @@ def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, s
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
-    """The phase-2 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
+    """The phase-2 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
     def run():
         q, k_mem, v_mem = SELF_CHECK.attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from specfill.conformance.self_check_cases import CASE_CHUNK, CASE_TOKENS
+from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 
 from . import dispatch
 from .cpu_units import run_units
@@ -120,7 +120,7 @@ def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_siz
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
-    """The phase-1 kernel against its twin on the small fixed case (conformance/self_check_cases.py)."""
+    """The phase-1 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
     def run():
         q, k, v = SELF_CHECK.attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5

@@ -1,26 +1,21 @@
-"""Speculative prefill inside the MLX model: the speculator pass, the selection, the sparse main
-prefill at original positions and decoding from position P, against NumPy oracles."""
+"""Speculative prefill inside each backend's model: the speculator pass, the selection, the sparse
+main prefill at original positions and decoding from position P, against NumPy oracles."""
 from __future__ import annotations
 
-from dataclasses import replace
-
-import mlx.core as mx
 import numpy as np
 import pytest
 
-from specfill.backends.mlx.model import Model
+from specfill import load
 from specfill.core.config import SpecPrefillConfig
-from specfill.core.driver import CausalLM
+from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.methods.prefill import prefill
 from specfill.core.methods.specprefill import run_speculator, speculative_prefill
-from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
-
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-from tests.mlx_methods.methods_support import (assert_logits_close, greedy, prompt, reference_speculator,
-                                               tolerance, variant)
+from tests.methods.support import (MODULES, assert_logits_close, cache_fill, greedy, prompt, reference_speculator,
+                                   tolerance, variant)
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -51,9 +46,10 @@ def test_keep_everything_is_exactly_full_attention(tiny, arch):
     method = spec(1.0)
     result = sparse(t, ids, method)
     ops = t.model.ops
-    full = prefill(ops, t.model.model, mx.array(ids), 0, ops.new_cache(t.model.model, len(ids)), step_size=2048)[-1]
-    assert result.logits.shape == full.shape == (t.args.vocab_size,)
-    np.testing.assert_array_equal(np.asarray(result.logits), np.asarray(full))
+    full = prefill(ops, t.model.model, ops.tokens(np.array(ids)), 0, ops.new_cache(t.model.model, len(ids)),
+                   step_size=2048)[-1]
+    assert tuple(result.logits.shape) == tuple(full.shape) == (t.args.vocab_size,)
+    np.testing.assert_array_equal(ops.to_numpy(result.logits), ops.to_numpy(full))
     info = PrefillInfo()
     assert greedy(t.model, ids, 6, method, info) == greedy(t.model, ids, 6)
     assert info.kept_positions == list(range(60)) and info.kept_tokens == 60
@@ -68,8 +64,8 @@ def test_speculator_captures_queries_keys_and_lookahead(tiny, arch, speculator_l
     queries, keys, fed = reference_speculator(t.ref, ids, speculator_layers, 3)
     assert got.lookahead == fed and len(fed) == 3
     assert tuple(got.queries.shape) == (speculator_layers, 4, t.args.num_attention_heads, t.args.head_dim)
-    assert_logits_close(got.queries, queries, "captured queries")
-    assert_logits_close(got.keys, keys, "prompt keys")
+    assert_logits_close(t, got.queries, queries, "captured queries")
+    assert_logits_close(t, got.keys, keys, "prompt keys")
 
 
 def test_lookahead_stops_at_a_stop_id_without_feeding_it(tiny):
@@ -80,7 +76,8 @@ def test_lookahead_stops_at_a_stop_id_without_feeding_it(tiny):
     assert first != second, "pick a prompt whose first two look-ahead tokens differ"
     stopped = speculate(t, ids, stop_ids=frozenset({second}))
     assert stopped.lookahead == [first] and stopped.queries.shape[1] == 2
-    np.testing.assert_array_equal(np.asarray(stopped.queries), np.asarray(free.queries[:, :2]))
+    to_numpy = t.model.ops.to_numpy
+    np.testing.assert_array_equal(to_numpy(stopped.queries), to_numpy(free.queries[:, :2]))
     assert speculate(t, ids, stop_ids=frozenset({first})).queries.shape[1] == 1
     assert speculate(t, ids, lookahead=0).queries.shape[1] == 1
 
@@ -124,14 +121,15 @@ def test_first_decoded_token_sits_at_the_prompt_length(tiny, arch):
     kept = np.asarray(result.selection.kept).tolist()
     n_kept, n_prompt = len(kept), len(ids)
     assert n_kept < n_prompt and result.next_position == n_prompt
-    assert [c.offset for c in result.cache] == [n_kept, n_kept]
+    assert cache_fill(result.cache) == [n_kept, n_kept]
     kept_ids = [ids[i] for i in kept]
-    assert_logits_close(result.logits, t.ref.forward(kept_ids, kept)[-1], "sparse prefill, last kept token")
-    first = int(mx.argmax(result.logits).item())
-    decoded = t.model.model(mx.array([[first]]), result.next_position, result.cache)[0, -1]
+    assert_logits_close(t, result.logits, t.ref.forward(kept_ids, kept)[-1], "sparse prefill, last kept token")
+    ops = t.model.ops
+    first = int(np.argmax(ops.to_numpy(result.logits)))
+    decoded = ops.forward(t.model.model, ops.tokens(np.array([first])), result.next_position, result.cache, None, 0)[-1]
     at_prompt_length = t.ref.forward(kept_ids + [first], kept + [n_prompt])[-1]
     at_kept_count = t.ref.forward(kept_ids + [first], kept + [n_kept])[-1]
-    assert_logits_close(decoded, at_prompt_length, "first decode step at position P")
+    assert_logits_close(t, decoded, at_prompt_length, "first decode step at position P")
     # the check can tell P from K: decoding at slot index K would be far outside the tolerance
     assert np.abs(at_kept_count - at_prompt_length).max() > 100 * tolerance(at_prompt_length)
 
@@ -154,7 +152,7 @@ def test_decoding_after_sparse_prefill_continues_at_positions_p_and_on(tiny, arc
 
 def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
     t = tiny("qwen2")
-    one_layer = variant(t.model, n_layers=1, prefill_step_size=16)
+    one_layer = variant(t, n_layers=1, prefill_step_size=16)
     ids = prompt(75, t.args.vocab_size, seed=9)
     with_self, with_model = PrefillInfo(), PrefillInfo()
     tokens = greedy(t.model, ids, 5, spec(0.2, "self:1"), with_self)
@@ -165,27 +163,28 @@ def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
 @pytest.mark.parametrize("speculator,error,match", [
     ("self:0", ConfigError, r"1 <= K <= 2"), ("self:3", ConfigError, r"1 <= K <= 2"),
     ("self:x", ConfigError, "must be 'self:K'"), ("draft.gguf", ConfigError, "must be 'self:K'"),
-    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the mlx backend"),
+    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the {backend} backend"),
 ])
 def test_bad_speculators_are_clear_errors(tiny, speculator, error, match):
     t = tiny("llama")
-    with pytest.raises(error, match=match):
+    with pytest.raises(error, match=match.format(backend=t.backend)):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, speculator), info=PrefillInfo())
 
 
-def test_a_torch_model_is_not_an_mlx_speculator(tiny):
-    torch_cuda = pytest.importorskip("specfill.backends.torch_cuda")
+def test_a_model_of_the_other_backend_is_not_a_speculator(tiny):
     t = tiny("llama")
-    other, _ = torch_cuda.load(t.path, dtype="float32", device="cpu")
-    with pytest.raises(ConfigError, match="loaded on the mlx backend.*got a model on the cuda backend"):
+    other_backend = {"cuda": "mlx", "mlx": "cuda"}[t.backend]
+    pytest.importorskip(MODULES[other_backend], reason=f"needs the {other_backend} backend too")
+    other, _ = load(t.path, backend=other_backend, dtype="float32", device="cpu")
+    with pytest.raises(ConfigError, match=f"loaded on the {t.backend} backend.*got a model on the {other_backend} backend"):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, other), info=PrefillInfo())
 
 
 def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
     t = tiny("llama")
-    other = CausalLM(Model(replace(t.args, vocab_size=256)), t.model.ops)
+    other = variant(t, vocab_size=256)
     with pytest.raises(TokenizerMismatchError, match="256 tokens, the main model's 320"):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, other), info=PrefillInfo())
@@ -193,7 +192,7 @@ def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
 
 def test_progress_follows_the_speculator_over_the_whole_prompt(tiny):
     t = tiny("qwen3")
-    model = variant(t.model, prefill_step_size=32)
+    model = variant(t, prefill_step_size=32)
     calls = []
     greedy(model, prompt(70, t.args.vocab_size), 2, spec(0.2, "self:1"),
            progress=lambda done, total: calls.append((done, total)))
@@ -202,7 +201,7 @@ def test_progress_follows_the_speculator_over_the_whole_prompt(tiny):
 
 def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
     t = tiny("llama")
-    short = variant(t.model, context=32)
+    short = variant(t, context=32)
     with pytest.raises(PromptTooLongError, match="40 tokens exceeds the speculator's context of 32"):
         t.model.generate_step(prompt(40, t.args.vocab_size), max_tokens=2, sampling=None, stop_ids=frozenset(),
                               method=spec(0.5, short), info=PrefillInfo())
@@ -210,7 +209,7 @@ def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
 
 def test_lookahead_stops_at_the_speculator_context(tiny):
     t = tiny("qwen3")
-    short = variant(t.model, context=42)
+    short = variant(t, context=42)
     model, step = short.speculator_model("self:2")
     got = run_speculator(short.ops, model, np.array(prompt(40, t.args.vocab_size)), lookahead=4,
                          stop_ids=frozenset(), step_size=step)

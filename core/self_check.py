@@ -3,7 +3,7 @@
 A backend's dispatcher, about to run a custom kernel (Triton, Metal) that it chose on its own
 (kernels "auto"), first asks `KERNEL_SELF_CHECK.passes(...)`. Once per process and per (backend,
 kernel, dtype, shape class) that runs the kernel and its twin on a small fixed case and compares
-every output with the conformance tolerance of the dtype (conformance/tolerances.py). A compile or
+every output with the conformance tolerance of the dtype (core/tolerances.py). A compile or
 launch error, or a mismatch beyond the tolerance, gives one SpecfillWarning line naming the kernel
 and the reason, and the twin is used from then on for that key. Forced kernels ("on") are never
 checked: they run, and fail loudly, as asked.

@@ -1,15 +1,16 @@
-"""H2O two-phase prefill inside the MLX model (layer-major, logical batches with a carry) against
-the NumPy reference model's chunk-major H2O (a schedule the backend does not share)."""
+"""H2O two-phase prefill inside each backend's model (layer-major, logical batches with a carry)
+against the NumPy reference model's chunk-major H2O (a schedule no backend shares)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from specfill.core.config import H2OConfig
 from specfill.core.errors import ConfigError
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-from tests.mlx_methods.methods_support import (assert_logits_close, greedy, h2o_method, prompt,
-                                               reference_h2o_greedy, tolerance, variant)
+from tests.methods.support import (assert_logits_close, greedy, h2o_method, prompt, reference_h2o_greedy,
+                                   tolerance, variant)
 
 ARCHS = ("llama", "qwen2", "qwen3")  # all tiny checkpoints have 4 query heads over 2 KV heads (GQA)
 # (N, S, B, L, H): partial last chunks, prompts over several logical batches, B = S, L or H zero
@@ -26,7 +27,7 @@ def test_h2o_logits_and_memory_sets_equal_the_chunk_major_reference(tiny, arch, 
     ours = t.model.prompt_logits(ids, method=method, info=info)
     want, want_memory = t.ref.forward_h2o_chunk_major(ids, method.h2o)
     assert isinstance(ours, np.ndarray) and ours.dtype == np.float32 and np.isfinite(ours).all()
-    assert_logits_close(ours, want, f"{arch} H2O N={n} S={s} B={b} L={local} H={heavy}")
+    assert_logits_close(t, ours, want, f"{arch} H2O N={n} S={s} B={b} L={local} H={heavy}")
     # H2O really changed the attention: full attention is far outside the tolerance
     assert np.abs(t.ref.forward(ids) - want).max() > 100 * tolerance(want)
     assert info.prompt_tokens == info.kept_tokens == n and info.kept_positions is None
@@ -79,7 +80,7 @@ def test_h2o_disabled_is_exactly_full_attention(tiny):
     disabled = h2o_method(16, 32, 0, 0)
     full = t.model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
     np.testing.assert_array_equal(t.model.prompt_logits(ids, method=disabled, info=PrefillInfo()), full)
-    assert_logits_close(full, t.ref.forward(ids), "full attention")
+    assert_logits_close(t, full, t.ref.forward(ids), "full attention")
     assert greedy(t.model, ids, 4, disabled) == greedy(t.model, ids, 4)
 
 
@@ -90,7 +91,7 @@ def test_progress_is_reported_per_logical_batch(tiny):
            progress=lambda done, total: calls.append((done, total)))
     assert calls == [(16, 50), (32, 50), (48, 50), (50, 50)]
     calls.clear()  # where H2O is plain attention, the model's own prefill step applies
-    greedy(variant(t.model, prefill_step_size=5), prompt(8, t.args.vocab_size), 1, h2o_method(8, 16, 2, 2),
+    greedy(variant(t, prefill_step_size=5), prompt(8, t.args.vocab_size), 1, h2o_method(8, 16, 2, 2),
            progress=lambda done, total: calls.append((done, total)))
     assert calls == [(5, 8), (8, 8)]
 
@@ -112,11 +113,30 @@ def test_speculative_prefill_has_no_prompt_logits(tiny):
 def test_h2o_dense_tail_equals_the_chunk_major_reference(tiny, n, s, b, tail):
     """The last W queries attend to every earlier key (tail in the last chunk, across logical
     batches, the whole prompt)."""
-    from specfill.core.config import H2OConfig
-
     t = tiny("qwen2")
     ids = prompt(n, t.args.vocab_size, seed=n + tail)
     method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=s, batch_size=b, local=2, heavy=3, dense_tail=tail))
     ours = t.model.prompt_logits(ids, method=method, info=PrefillInfo())
     want, _ = t.ref.forward_h2o_chunk_major(ids, method.h2o)
-    assert_logits_close(ours, want, f"H2O N={n} S={s} B={b} dense tail {tail}")
+    assert_logits_close(t, ours, want, f"H2O N={n} S={s} B={b} dense tail {tail}")
+
+
+@pytest.mark.parametrize("backend", ["cuda"], indirect=True)
+def test_h2o_prefill_on_two_threads_equals_one_thread(tiny):
+    """On CPU the torch twins spread their work units over torch's thread count (pool threads run
+    in the model's inference mode); only the rest of the model's rounding may change with it."""
+    import torch
+
+    t = tiny("qwen2")
+    ids = prompt(70, t.args.vocab_size, seed=11)
+    method = h2o_method(16, 32, 4, 4)
+    runs = []
+    previous = torch.get_num_threads()
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            runs.append(t.model.prompt_logits(ids, method=method, info=PrefillInfo()))
+        finally:
+            torch.set_num_threads(previous)
+    assert_logits_close(t, runs[1], runs[0], "H2O prefill, 2 threads vs 1")
+    assert_logits_close(t, runs[0], t.ref.forward_h2o_chunk_major(ids, method.h2o)[0], "H2O prefill, 1 thread")

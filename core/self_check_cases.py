@@ -1,4 +1,4 @@
-"""The small fixed cases of the first-use kernel self-check (conformance/self_check.py), for any backend.
+"""The small fixed cases of the first-use kernel self-check (core/self_check.py), for any backend.
 
 The cases are what a kernel is compiled for besides its dtype, its shape class: the head dim D
 and the GQA group G. They are tiny (2 KV heads, tens of tokens) and seeded; a backend only says

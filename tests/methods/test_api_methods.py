@@ -1,16 +1,16 @@
-"""Both methods through the public API (specfill.stream_generate) on the MLX backend."""
+"""Both methods through the public API (specfill.stream_generate), on every backend."""
 from __future__ import annotations
 
 from specfill import load, stream_generate
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-from tests.mlx_methods.methods_support import greedy, prompt
+from tests.methods.support import greedy, prompt
 
 
-def test_stream_generate_runs_h2o_and_speculative_prefill(tiny_checkpoint):
-    model, tokenizer = load(tiny_checkpoint("llama", "gguf"), backend="mlx", dtype="float32", device="cpu")
-    assert model.backend == "mlx"
+def test_stream_generate_runs_h2o_and_speculative_prefill(backend, tiny_checkpoint):
+    model, tokenizer = load(tiny_checkpoint("llama", "gguf"), backend=backend, dtype="float32", device="cpu")
+    assert model.backend == backend
     ids = prompt(80, model.args.vocab_size, seed=13)
     stops = frozenset(tokenizer.eos_token_ids)
     h2o = H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0)
@@ -31,10 +31,10 @@ def test_stream_generate_runs_h2o_and_speculative_prefill(tiny_checkpoint):
         model, ids, 4, PrefillMethod("specprefill", specprefill=spec, speculator="self:1"), stop_ids=stops)
 
 
-def test_a_speculator_given_as_a_path_is_loaded_on_mlx(tiny_checkpoint):
+def test_a_speculator_given_as_a_path_is_loaded_on_the_same_backend(backend, tiny_checkpoint):
     """A path loads on the main model's backend; the whole tiny model scores as "self:2" does."""
     path = tiny_checkpoint("qwen3", "gguf")
-    model, tokenizer = load(path, backend="mlx", dtype="float32", device="cpu")
+    model, tokenizer = load(path, backend=backend, dtype="float32", device="cpu")
     ids = prompt(60, model.args.vocab_size, seed=14)
     spec = SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=4)
     by_path, by_self = PrefillInfo(), PrefillInfo()

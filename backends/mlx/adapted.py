@@ -1,0 +1,173 @@
+"""An mlx-lm model run by specfill: its own forward, with every layer's attention adapted.
+
+`adapt(lm)` replaces each decoder layer's attention module with an `AdaptedAttention`
+(adapter.py) and returns an `AdaptedModel`: the object `CausalLM` holds, with `AdaptedArgs`
+(core/adapted.py) as its args. `AdaptedOps` is MLXOps with the model step going through mlx-lm's
+own `Model.__call__` (embeddings, MLP / experts, norms and LM head are mlx-lm's code; mlx-lm's
+logits are only computed where the driver asks for them: MLX is lazy). The original modules stay
+inside the adapted ones: outside a specfill step the model still runs as mlx-lm's.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten
+
+from specfill.core.adapted import AdaptedArgs, MethodRefusedError
+from specfill.core.errors import ModelLoadError
+from specfill.core.methods.h2o import H2OPrefillAttention
+from specfill.core.methods.specprefill import QueryCapture
+
+from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
+from .cache import KVCache
+from .ops import MLXOps
+
+FLOATS = (mx.float32, mx.float16, mx.bfloat16)
+
+
+def _backbone(lm: nn.Module) -> nn.Module:
+    """The module whose `layers` list the model iterates: the list holding the layers of mlx-lm's
+    `Model.layers` (that property may return a slice of it: pipeline-parallel models)."""
+    layers = lm.layers
+    for _, module in lm.named_modules():
+        held = module.get("layers")
+        if isinstance(held, list) and len(held) == len(layers) and all(a is b for a, b in zip(held, layers)):
+            return module
+    raise ModelLoadError(f"{type(lm).__module__}: no module holds the model's layer list")
+
+
+def _activation_dtype(lm: nn.Module) -> mx.Dtype:
+    """The most common floating dtype among the parameters (quantized weights: their scales)."""
+    counts = Counter(value.dtype for _, value in tree_flatten(lm.parameters()) if value.dtype in FLOATS)
+    return counts.most_common(1)[0][0] if counts else mx.float32
+
+
+def _args(lm: nn.Module, layouts: tuple) -> AdaptedArgs:
+    config = dict(vars(lm.args))
+    eos = config.get("eos_token_id")
+    return AdaptedArgs(architecture=str(config.get("model_type", type(lm).__module__.rsplit(".", 1)[-1])),
+                       vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
+                       layers=layouts, max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
+                       rms_norm_eps=float(config.get("rms_norm_eps") or 1e-5),
+                       rope_theta=float(config.get("rope_theta") or 10000.0),
+                       bos_token_id=config.get("bos_token_id"),
+                       eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)))
+
+
+class AdaptedModel:
+    """An mlx-lm model whose layers' attention specfill runs (see the module doc).
+
+    lm: the mlx-lm `Model`; args: its AdaptedArgs; n_layers: run only the first n layers (then
+    mlx-lm's final norm and head), the "self:K" speculator view; None: every layer."""
+
+    def __init__(self, lm: nn.Module, args: AdaptedArgs, state: StepState, n_layers: int | None = None):
+        self.lm = lm
+        self.args = args
+        self.state = state
+        self.n_layers = n_layers
+        self.dtype = _activation_dtype(lm)
+        self._backbone = _backbone(lm)
+
+    def first_layers(self, n_layers: int) -> AdaptedModel:
+        total = len(self.lm.layers)
+        if not 1 <= n_layers <= total:
+            raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
+        return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers)
+
+    def step(self, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache] | None,
+             attend: Any, logits_from: int | None) -> mx.array | None:
+        """ids [T] at `positions` appended to `cache` -> float32 logits [T - logits_from, vocab]
+        (None: the caller wants none; mlx-lm's head is then never evaluated).
+
+        mlx-lm's forward ends in its head over every token of the call; where only the last
+        tokens' logits are wanted (a prefill's last step) and no method attends, the step runs as
+        two calls, the first without logits (what mlx-lm's own generate does)."""
+        if logits_from is not None and logits_from < 0:  # counted from the end, as a slice start
+            logits_from = max(0, ids.shape[0] + logits_from)
+        if attend is None and logits_from is not None and 0 < logits_from < ids.shape[0]:
+            self.step(ids[:logits_from], positions if isinstance(positions, (int, np.integer))
+                      else positions[:logits_from], cache, None, None)
+            rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
+            return self.step(ids[logits_from:], rest, cache, None, 0)
+        layers = self.lm.layers
+        caches = list(cache) if cache is not None else [None] * len(layers)
+        if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
+            self._backbone["layers"] = layers[:self.n_layers]
+            caches += [None] * (len(layers) - self.n_layers)
+        self.state.positions, self.state.attend = positions, attend
+        try:
+            logits = self.lm(ids[None], cache=caches)
+        finally:
+            self.state.positions = self.state.attend = None
+            self._backbone["layers"] = layers
+        return None if logits_from is None else logits[0, logits_from:].astype(mx.float32)
+
+
+class AdaptedOps(MLXOps):
+    """MLXOps for AdaptedModel: the step goes through mlx-lm's forward, and a method the model's
+    layers cannot honour is refused by name before anything runs."""
+
+    def activation_dtype(self, model: AdaptedModel) -> mx.Dtype:
+        return model.dtype
+
+    def forward(self, model: AdaptedModel, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache],
+                attend: Any, logits_from: int | None) -> mx.array | None:
+        if isinstance(attend, H2OPrefillAttention):
+            model.args.check_method("h2o")
+        elif isinstance(attend, QueryCapture):
+            model.args.check_method("speculator")
+        elif not isinstance(positions, (int, np.integer)):
+            model.args.check_method("specprefill")
+        elif attend is not None:
+            raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
+        return model.step(ids, positions, cache, attend, logits_from)
+
+    def first_layers(self, model: AdaptedModel, n_layers: int) -> AdaptedModel:
+        return model.first_layers(n_layers)
+
+
+def _check_plain_caches(lm: nn.Module, architecture: str) -> None:
+    """specfill gives every layer one KV cache of its own; a model whose mlx-lm caches are anything
+    else (recurrent state, cache lists of latent attention's indexer, layers sharing a cache) is
+    refused here, with the first such layer named."""
+    from mlx_lm.models.cache import KVCache as LibraryKVCache
+    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+    caches = make_prompt_cache(lm)
+    if len(caches) != len(lm.layers):
+        raise ModelLoadError(f"{architecture} has {len(caches)} mlx-lm caches for {len(lm.layers)} layers "
+                             f"(layers share a cache): specfill's KV cache needs one per layer")
+    for index, cache in enumerate(caches):
+        if type(cache) not in (LibraryKVCache, RotatingKVCache):
+            raise ModelLoadError(f"{architecture} layer {index} keeps mlx-lm's {type(cache).__name__}, not keys "
+                                 f"and values: specfill's KV cache cannot hold it (every method is refused, "
+                                 f"use mlx-lm itself)")
+
+
+def adapt(lm: nn.Module) -> AdaptedModel:
+    """Take over the attention of every decoder layer of the mlx-lm model `lm` (in place; the
+    original modules stay inside the adapted ones; a refused layer runs its own module on specfill's
+    cache, whose `make_mask` gives it mlx-lm's masks). A layer without softmax attention (linear
+    attention, state-space) or with a cache other than keys and values: ModelLoadError, `lm` as it was."""
+    config = dict(vars(lm.args))
+    architecture = str(config.get("model_type"))
+    for layer in lm.layers:  # adapted before: put the original modules back first
+        found = attention_of(layer)
+        if found is not None and isinstance(found[1], AdaptedAttention):
+            layer[found[0]] = found[1].inner
+    layouts = tuple(describe_layer(config, index, layer) for index, layer in enumerate(lm.layers))
+    for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
+        if attention_of(layer) is None:
+            raise ModelLoadError(f"{architecture} layer {index} is {layout.kind}: specfill's KV cache holds "
+                                 f"softmax-attention layers only ({layout.refusal}); every method is refused, "
+                                 f"use mlx-lm itself")
+    _check_plain_caches(lm, architecture)
+    state = StepState()
+    for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
+        name, module = attention_of(layer)
+        layer[name] = AdaptedAttention(module, layout, index, state)
+    return AdaptedModel(lm, _args(lm, layouts), state)

@@ -1,0 +1,88 @@
+"""Loading mlx-lm models into specfill: an mlx-lm directory of an architecture specfill has no model
+file for, or a (model, tokenizer) pair from `mlx_lm.load`, becomes a CausalLM whose layers' attention
+the adapter runs (adapted.py) and whose everything else is mlx-lm's own code.
+
+Routing (loader.load): a directory whose config.json names a model_type of specfill's own
+families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
+other model_type that mlx-lm ships a model file for loads through mlx-lm.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from specfill.core.driver import CausalLM
+from specfill.core.errors import ModelLoadError, quote
+from specfill.core.io.tokenizer import load_tokenizer
+from specfill.core.model_config import _HF_MODEL_TYPES
+
+from .adapted import AdaptedOps, adapt
+
+
+def mlx_lm_model_type(path: str | Path) -> str | None:
+    """The model_type of a directory that should load through mlx-lm (None: specfill's own loader:
+    not a directory, no readable config.json, one of specfill's own families, or a type mlx-lm
+    has no model file for)."""
+    try:
+        config_path = Path(path) / "config.json"
+        if not config_path.is_file():  # a FIFO or device would block the read
+            return None
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError, RecursionError):  # not a directory, no or a broken config.json:
+        return None  # specfill's own loader names the problem
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or model_type in _HF_MODEL_TYPES or not model_type.isidentifier():
+        return None
+    if importlib.util.find_spec(f"mlx_lm.models.{model_type}") is None:
+        return None
+    return model_type
+
+
+def _tokenizer_source(tokenizer: Any) -> Path:
+    """The directory an mlx-lm TokenizerWrapper (or the Hugging Face tokenizer inside it) was read
+    from: specfill reads its own tokenizer from there."""
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from transformers import PreTrainedTokenizerBase
+
+    inner = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
+    source = Path(inner.name_or_path) if isinstance(inner, PreTrainedTokenizerBase) else None
+    if source is None or not source.is_dir():
+        raise ModelLoadError(f"cannot find the directory the tokenizer ({type(inner).__name__}) was read from: "
+                             f"pass mlx_lm.load's pair or load the model from its directory")
+    return source
+
+
+def load_adapted(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | None, device: mx.Device,
+                 prefill_step_size: int) -> tuple[CausalLM, Any]:
+    """(CausalLM, specfill Tokenizer) from an mlx-lm directory or an (mlx-lm model, tokenizer) pair.
+
+    dtype None: float32 on CPU (MLX's CPU half paths are slow), the model's own on the GPU; a
+    dtype casts every floating parameter (quantized weights stay quantized)."""
+    if isinstance(source, tuple):
+        lm, directory = source[0], _tokenizer_source(source[1])
+    else:
+        directory = Path(source)
+        from mlx_lm.utils import load_model  # mlx-lm's import pulls in transformers: only here
+
+        try:
+            lm, _ = load_model(directory)
+        except Exception as err:  # mlx-lm raises ValueError, KeyError, FileNotFoundError, ...
+            model_type = mlx_lm_model_type(directory)
+            raise ModelLoadError(f"{quote(directory)}: unsupported architecture {model_type!r} for specfill's own "
+                                 f"models, and mlx-lm could not load it: {str(err).splitlines()[0][:200]}") from None
+    if not isinstance(lm, nn.Module):
+        raise ModelLoadError(f"expected an mlx-lm model (mlx.nn.Module), got {type(lm).__name__}")
+    wanted = dtype if dtype is not None else (mx.float32 if device.type == mx.DeviceType.cpu else None)
+    with mx.stream(device):
+        if wanted is not None:
+            lm.set_dtype(wanted)
+        mx.eval(lm.parameters())
+        model = adapt(lm)
+    quantized = any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in lm.named_modules())
+    ops = AdaptedOps(device, quantized=quantized)
+    return CausalLM(model, ops, prefill_step_size=prefill_step_size), load_tokenizer(directory)

@@ -1,0 +1,244 @@
+"""Take over the attention of an mlx-lm model's layers: one generic adapter instead of a model file
+per family.
+
+`describe_layer` reads one decoder layer of an mlx-lm model (its attention module's parts and
+settings, the model's config) into a core/adapted.AttentionLayout. `AdaptedAttention` replaces the
+layer's attention module: it runs the module's own projections, q/k norms and RoPE module, but
+at the positions the step gives (an int, or one per token: SpecPrefill's original positions),
+writes specfill's KV cache and attends causally, inside the layer's window, or through the
+method's `PrefillAttention` (H2O, the speculator's query capture). Everything around the
+attention (embeddings, MLP / mixture of experts, norms, LM head) stays mlx-lm's own code.
+
+What the adapter does not model is refused, never approximated: a part or setting it does not
+know (attention sinks, latent attention, logit soft-capping, ...) makes the layer's `refusal`;
+such a layer runs through its original module for full prefill and decode (positions = slots).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from specfill.core.adapted import AttentionLayout
+
+from .cache import KVCache
+from .model import causal_attention, windowed_attention
+
+ATTENTION_NAMES = ("self_attn", "attention", "attn")  # the attention child of a decoder layer
+KNOWN_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rope"})
+# part or setting -> (layer kind, why the methods' stages cannot run it)
+REFUSED_PARTS = {"sinks": ("attention sinks", "an extra per-head logit joins every softmax"),
+                 "kv_a_proj_with_mqa": ("multi-head latent attention", "keys and values are decompressed "
+                                        "from a shared latent, with a RoPE part apart"),
+                 "kv_b_proj": ("multi-head latent attention", "keys and values are decompressed from a "
+                               "shared latent, with a RoPE part apart")}
+REFUSED_SETTINGS = {"attn_logit_softcapping": ("attention logit soft-capping", "tanh caps every score "
+                                               "before the softmax")}
+# Switches of parts the adapter does not model that change nothing while False
+OFF_SWITCHES = frozenset({"qk_layernorm"})
+# Plain settings of mlx-lm attention modules that change nothing the adapter does not read itself.
+KNOWN_SETTINGS = frozenset({"n_heads", "n_kv_heads", "num_heads", "num_attention_heads", "num_key_value_heads",
+                            "num_kv_heads", "n_kv_groups", "use_qk_norm", "partial_rotary_factor",
+                            "num_key_value_groups", "head_dim", "scale", "sm_scale", "repeats", "layer_idx",
+                            "args", "config", "hidden_size", "rope_theta", "num_hidden_layers", "is_sliding",
+                            "is_local", "use_rope", "use_sliding", "max_position_embeddings", "rms_norm_eps"})
+
+
+class StepState:
+    """What the current forward step gives every adapted layer: RoPE positions (an int, the first
+    of consecutive ones, or host int64 [T]) and the method's attention (None: causal). `positions`
+    None: no adapted step is running (mlx-lm's own calls go to the original modules)."""
+
+    def __init__(self) -> None:
+        self.positions: int | np.ndarray | None = None
+        self.attend: Any = None
+
+
+def settings(module: nn.Module) -> dict[str, Any]:
+    """A module's plain (non-array, non-module) attributes, without MLX's own bookkeeping."""
+    return {name: value for name, value in vars(module).items() if not name.startswith("_")}
+
+
+def attention_of(layer: nn.Module) -> tuple[str, nn.Module] | None:
+    """(name, module) of a decoder layer's softmax-attention child, None when it has none."""
+    children = layer.children()
+    for name in ATTENTION_NAMES:
+        if name in children and isinstance(children[name], nn.Module):
+            return name, children[name]
+    return None
+
+
+def _out_features(linear: nn.Module) -> int:
+    """Output width of an nn.Linear or nn.QuantizedLinear (both store weight [out, ...])."""
+    return int(linear["weight"].shape[0])
+
+
+def _refusal(parts: set[str], found: dict[str, Any], rope: nn.Module | None) -> tuple[str, str] | None:
+    """(layer kind, reason) when the adapter cannot run an attention module with these parts and
+    settings, else None."""
+    for part in sorted(parts):
+        if part in REFUSED_PARTS:
+            return REFUSED_PARTS[part]
+    for name, refused in REFUSED_SETTINGS.items():
+        if found.get(name) is not None:
+            return refused
+    unknown = sorted(parts - KNOWN_PARTS) + sorted(name for name in set(found) - KNOWN_SETTINGS - set(REFUSED_SETTINGS)
+                                                    if not (name in OFF_SWITCHES and found[name] is False))
+    if unknown:
+        return "attention of an unknown layout", f"parts or settings the adapter does not model: {', '.join(unknown)}"
+    if "qkv_proj" not in parts and not {"q_proj", "k_proj", "v_proj", "o_proj"} <= parts:
+        return "attention of an unknown layout", "no q/k/v/o projections the adapter recognises"
+    if rope is not None and "Dynamic" in type(rope).__name__:
+        return "dynamic RoPE", "its frequencies depend on the sequence length, not on each position"
+    return None
+
+
+def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> AttentionLayout:
+    """Layer `index`'s attention as an AttentionLayout (config: the mlx-lm model's args as a dict)."""
+    found = attention_of(layer)
+    if found is None:
+        kind = ", ".join(sorted(layer.children())) or "no children"
+        return AttentionLayout(f"a linear-attention / state-space layer (parts: {kind})", 1, 1, 2, 1.0,
+                               refusal="the layer keeps a recurrent state, no keys to select")
+    _, attn = found
+    parts = set(attn.children()) | {name for name, value in attn.items() if isinstance(value, mx.array)}
+    own = settings(attn)
+    rope = attn.children().get("rope")
+    refusal = _refusal(parts, own, rope if isinstance(rope, nn.Module) else None)
+    n_heads = int(own.get("n_heads") or own.get("num_heads") or own.get("num_attention_heads")
+                  or config["num_attention_heads"])
+    n_kv = int(own.get("n_kv_heads") or own.get("num_key_value_heads") or own.get("num_kv_heads")
+               or config.get("num_key_value_heads") or n_heads)
+    scale = own.get("scale", own.get("sm_scale"))
+    window = _window(config, own, settings(layer), index)
+    if refusal is None and scale is None:
+        refusal = "attention of an unknown layout", "no softmax scale found"
+    if refusal is not None:
+        return AttentionLayout(refusal[0], n_heads, n_kv, 2, float(scale or 1.0), window=window, refusal=refusal[1])
+    fused = "qkv_proj" in parts
+    width = _out_features(attn["qkv_proj"] if fused else attn["q_proj"])
+    head_dim = width // (n_heads + 2 * n_kv) if fused else width // n_heads
+    kv_width = None if fused else _out_features(attn["k_proj"])
+    qk_norm = _qk_norm(attn, own, n_heads, head_dim)
+    uses_rope = "rope" in parts and not _is_nope(rope)
+    layout = dict(n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, scale=float(scale), fused_qkv=fused,
+                  rope=uses_rope, window=window,
+                  norm_eps=float(own.get("rms_norm_eps") or config.get("rms_norm_eps") or 1e-6))
+    if qk_norm == "?" or (kv_width is not None and kv_width != n_kv * head_dim) or head_dim % 2:
+        return AttentionLayout("attention of an unknown layout", **layout,
+                               refusal="projection or q/k norm shapes the adapter does not recognise")
+    return AttentionLayout("attention" if uses_rope else "attention (NoPE)", **layout, qk_norm=qk_norm)
+
+
+def _is_nope(rope: Any) -> bool:
+    """mlx-lm's identity stand-in for RoPE on NoPE layers (SmolLM3)."""
+    from mlx_lm.models.smollm3 import NoPE
+
+    return isinstance(rope, NoPE)
+
+
+def _qk_norm(attn: nn.Module, own: dict[str, Any], n_heads: int, head_dim: int) -> str:
+    """How the module normalises q and k before RoPE: "head" (a q_norm whose weight is [D] or
+    [Hq, D], applied to [1, T, H, D]), "full" (weight [Hq * D], before the split into heads),
+    "weightless" (use_qk_norm without a norm module: RMS per head), "none", or "?" (unknown)."""
+    if "q_norm" not in attn:
+        return "weightless" if own.get("use_qk_norm") else "none"
+    weight = attn["q_norm"].get("weight")
+    shape = None if weight is None else tuple(weight.shape)
+    if shape in ((head_dim,), (n_heads, head_dim)):
+        return "head"
+    return "full" if shape == (n_heads * head_dim,) else "?"
+
+
+def _window(config: dict[str, Any], attn: dict[str, Any], block: dict[str, Any], index: int) -> int | None:
+    """The layer's sliding window as mlx-lm applies it: the attention's or block's own flag
+    (is_sliding, is_local, use_sliding), else the config's layer_types, else global."""
+    window = config.get("sliding_window")
+    for flag in (attn.get("is_sliding"), attn.get("is_local"), attn.get("use_sliding"), block.get("use_sliding")):
+        if flag is not None:
+            return int(window) if flag and window else None
+    types = config.get("layer_types")
+    if types and window and types[index] == "sliding_attention":
+        return int(window)
+    return None
+
+
+class AdaptedAttention(nn.Module):
+    """One layer's attention run by specfill around the original module's parts (`inner`).
+
+    Called by the mlx-lm layer as its attention: (x [1, T, hidden], mask, cache) -> [1, T, hidden].
+    The mask is mlx-lm's and is not used: positions and windows come from `step_state` and the cache.
+    """
+
+    def __init__(self, inner: nn.Module, layout: AttentionLayout, index: int, state: StepState):
+        super().__init__()
+        self.inner = inner
+        self.layout = layout
+        self.index = index
+        self.step_state = state
+
+    def __getattr__(self, name: str) -> Any:
+        """The original module's settings (mlx-lm's layers and backbones read some: is_local, ...)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            inner = dict.get(self, "inner")
+            if inner is None:
+                raise
+            return getattr(inner, name)
+
+    def _rope(self, x: mx.array, positions: int | np.ndarray) -> mx.array:
+        """x [1, T, H, D] (token-major) -> [1, H, T, D], rotated by the module's RoPE at `positions`
+        (per token: each token becomes its own batch row, whose offset is its position)."""
+        if not self.layout.rope:
+            return x.swapaxes(1, 2)
+        rope = self.inner["rope"]
+        if isinstance(positions, (int, np.integer)):
+            return rope(x.swapaxes(1, 2), offset=int(positions))
+        _, steps, heads, dim = x.shape
+        rotated = rope(x.reshape(steps, heads, 1, dim), offset=mx.array(positions.astype(np.int32)))
+        return rotated.reshape(1, steps, heads, dim).swapaxes(1, 2)
+
+    def project(self, x: mx.array, positions: int | np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
+        """x [1, T, hidden] -> q [1, Hq, T, D], k and v [1, Hkv, T, D] (q, k normalised and rotated)."""
+        layout, inner, steps = self.layout, self.inner, x.shape[1]
+        q_width, kv_width = layout.n_heads * layout.head_dim, layout.n_kv_heads * layout.head_dim
+        if layout.fused_qkv:
+            qkv = inner["qkv_proj"](x)
+            q, k, v = qkv[..., :q_width], qkv[..., q_width:q_width + kv_width], qkv[..., q_width + kv_width:]
+        else:
+            q, k, v = inner["q_proj"](x), inner["k_proj"](x), inner["v_proj"](x)
+        if layout.qk_norm == "full":
+            q, k = inner["q_norm"](q), inner["k_norm"](k)
+        q = q.reshape(1, steps, layout.n_heads, layout.head_dim)
+        k = k.reshape(1, steps, layout.n_kv_heads, layout.head_dim)
+        if layout.qk_norm == "head":
+            q, k = inner["q_norm"](q), inner["k_norm"](k)
+        elif layout.qk_norm == "weightless":
+            q, k = mx.fast.rms_norm(q, None, layout.norm_eps), mx.fast.rms_norm(k, None, layout.norm_eps)
+        v = v.reshape(1, steps, layout.n_kv_heads, layout.head_dim).swapaxes(1, 2)
+        return self._rope(q, positions), self._rope(k, positions), v
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None, **extra: Any) -> mx.array:
+        positions = self.step_state.positions
+        if positions is None or self.layout.refusal is not None or extra:
+            return self.inner(x, mask=mask, cache=cache, **extra)
+        q, k, v = self.project(x, positions)
+        window, steps = self.layout.window, x.shape[1]
+        step = keys_at = None
+        if window is not None:  # every step records its positions, whoever attends
+            step = np.arange(positions, positions + steps) if isinstance(positions, (int, np.integer)) \
+                else np.asarray(positions)
+            keys_at = step
+        if isinstance(cache, KVCache):
+            k, v = cache.update_and_fetch(k, v)
+            keys_at = cache.slot_positions(step) if step is not None else None
+        if self.step_state.attend is not None:
+            attended = self.step_state.attend(self.index, q, k, v)
+        elif window is not None:
+            attended = windowed_attention(q, k, v, self.layout.scale, window, step, keys_at)
+        else:
+            attended = causal_attention(q, k, v, self.layout.scale)
+        return self.inner["o_proj"](attended.swapaxes(1, 2).reshape(1, steps, -1))

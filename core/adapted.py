@@ -1,0 +1,135 @@
+"""A backend-neutral description of a model whose attention specfill takes over from another library.
+
+A backend's adapter (backends/mlx/adapter.py for mlx-lm models) walks a library model's decoder
+layers and describes each layer's attention as an `AttentionLayout`: head counts, head dim, the
+softmax scale, how q/k/v are projected and normalised, whether RoPE rotates them, the sliding
+window, and, where the layer does something the methods' stages do not model, why. The model's
+own code still runs everything else (embeddings, MLP or mixture of experts, norms, LM head).
+
+`AdaptedArgs` carries what the generation driver and the methods read from a model's args
+(the same names as core/models.ModelArgs), so core/methods and core/driver.py run unchanged.
+
+Refusals are per layer and per method: full prefill and decode run a refused layer through the
+library's own attention (positions = cache slots), while H2O and SpecPrefill, which replace the
+attention (H2O) or feed non-contiguous positions and capture queries (SpecPrefill), are refused
+with one error naming the architecture, the layer, its kind and the method.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+QK_NORMS = ("none", "head", "full", "weightless")  # per head, over all heads at once, RMS without weight
+METHOD_NAMES = {"h2o": "H2O", "specprefill": "SpecPrefill", "speculator": "the SpecPrefill speculator"}
+
+
+class MethodRefusedError(ConfigError):
+    """A method that the model's architecture cannot honour (named layer, kind and method)."""
+
+
+@dataclass(frozen=True)
+class AttentionLayout:
+    """One decoder layer's attention, as the adapter runs it.
+
+    kind: what the layer is, for reports ("attention", "attention (NoPE)", "attention sinks", ...).
+    fused_qkv: one projection yields q, k and v ([Hq + 2 Hkv] * D outputs, in that order).
+    qk_norm: "none", "head" (RMSNorm over each head's D, before RoPE), "full" (over all heads'
+    Hq * D / Hkv * D before the split into heads) or "weightless" (RMS without a weight, per head).
+    rope: RoPE rotates q and k (False: NoPE, the layer attends by content alone).
+    window: sliding window w (query at position p sees keys at p - w < q <= p), None: global.
+    refusal: why the sparse methods cannot run this layer (None: they can); full prefill and
+    decode then go through the library's own attention module.
+    """
+
+    kind: str
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    scale: float
+    fused_qkv: bool = False
+    qk_norm: str = "none"
+    rope: bool = True
+    window: int | None = None
+    refusal: str | None = None
+    norm_eps: float = 1e-6  # the epsilon of a "weightless" q/k norm (a norm module keeps its own)
+
+    def __post_init__(self) -> None:
+        if self.qk_norm not in QK_NORMS:
+            raise ConfigError(f"qk_norm must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ConfigError(f"{self.n_heads} query heads are not a multiple of {self.n_kv_heads} KV heads")
+
+
+@dataclass(frozen=True)
+class AdaptedArgs:
+    """The model-level numbers the driver and methods read (core/models.ModelArgs' names), with one
+    AttentionLayout per decoder layer. architecture: the library's model type ("qwen3_moe", ...)."""
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    layers: tuple[AttentionLayout, ...]
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+
+    @property
+    def num_hidden_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.layers[0].n_heads
+
+    @property
+    def num_key_value_heads(self) -> int:
+        return self.layers[0].n_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.layers[0].head_dim
+
+    @property
+    def attention_scale(self) -> float:
+        """The one softmax scale the methods use for every layer (`uniform` refuses otherwise)."""
+        return self.layers[0].scale
+
+    def layer_window(self, layer: int) -> int | None:
+        return self.layers[layer].window
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        return tuple(layer.window for layer in self.layers)
+
+    def first(self, n_layers: int) -> AdaptedArgs:
+        """The args of the model's first n_layers layers (the "self:K" speculator)."""
+        return AdaptedArgs(self.architecture, self.vocab_size, self.hidden_size, self.layers[:n_layers],
+                           self.max_position_embeddings, self.rms_norm_eps, self.rope_theta,
+                           self.bos_token_id, self.eos_token_ids)
+
+    def refusal(self) -> str | None:
+        """Why the sparse methods cannot run this model (the first refusing layer), or None.
+
+        Besides a layer's own refusal, the methods need one shape of attention across layers:
+        one scale, one head count and head dim (their per-layer stages share them)."""
+        for index, layer in enumerate(self.layers):
+            if layer.refusal is not None:
+                return f"layer {index} ({layer.kind}): {layer.refusal}"
+        first = self.layers[0]
+        for index, layer in enumerate(self.layers):
+            if (layer.n_heads, layer.n_kv_heads, layer.head_dim) != (first.n_heads, first.n_kv_heads,
+                                                                     first.head_dim):
+                return f"layer {index} ({layer.kind}): its head counts differ from layer 0's"
+            if abs(layer.scale - first.scale) > 1e-12 * abs(first.scale):
+                return f"layer {index} ({layer.kind}): its softmax scale differs from layer 0's"
+        return None
+
+    def check_method(self, method: str) -> None:
+        """Raise MethodRefusedError when `method` ("h2o", "specprefill", "speculator") cannot run."""
+        reason = self.refusal()
+        if reason is not None:
+            raise MethodRefusedError(f"{METHOD_NAMES.get(method, method)} cannot run on {self.architecture}: "
+                                     f"{reason} (full prefill and decoding work on it)")

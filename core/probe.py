@@ -1,0 +1,146 @@
+"""The timing run behind `auto`'s calibration (core/crossover.py), over any backend's `ModelOps`.
+
+The probe runs the real prefill code paths on random prompts, on the model's FIRST LAYER only
+(`ops.first_layers`), so that a calibration takes seconds, and scales by layer count:
+  full:        N_main * t_full_1(P)
+  h2o:         N_main * t_h2o_1(P)      (every layer has the same shape: the per-layer ratio is
+                                         the model's, up to the embedding and LM head both share)
+  specprefill: N_spec * t_speculator_1(P) + N_spec * t_selection_1(P) + N_main * t_main_1(kept)
+               (the speculator's pass and the scoring grow with its layers; scaling the LM head of
+               the look-ahead steps and the scoring by N_spec overstates the sparse side: a
+               conservative estimate, which errs toward full prefill)
+Each time is the faster of two interleaved runs, after one warm-up run at the shortest length
+(first calls compile kernels, run self-checks and size caches). The clock is the backend's own
+(`ops.wall_time`, which waits for its device), so core imports no backend.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from .crossover import CANDIDATE_LENGTHS, calibrated_crossover, calibration_key
+from .config import H2OConfig, SpecPrefillConfig
+from .methods.h2o import H2OPrefillAttention
+from .methods.prefill import prefill
+from .methods.specprefill import speculative_prefill
+from .models import ModelArgs
+from .ops import ModelOps
+from .runtime import PrefillMethod, self_speculator_layers
+
+REPEATS = 2
+
+
+class ProbedModel(Protocol):
+    """What the probe needs of core.driver.CausalLM (imported there, so not named here)."""
+
+    ops: ModelOps[Any]
+    model: Any
+    args: ModelArgs
+    prefill_step_size: int
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def device_name(self) -> str: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+    def speculator_model(self, speculator: Any) -> tuple[Any, int]: ...
+
+
+def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, ModelArgs, int, int]:
+    """(the speculator's first layer, its args, its layer count N_spec, its step size)."""
+    spec_model, step = lm.speculator_model(method.speculator)
+    if isinstance(method.speculator, str):  # self:K: K layers shaped as the main model's
+        spec_model, n_layers = lm.model, self_speculator_layers(method.speculator, lm.args.num_hidden_layers)
+    else:
+        n_layers = spec_model.args.num_hidden_layers
+    return lm.ops.first_layers(spec_model, 1), spec_model.args, n_layers, step
+
+
+def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
+    """The sparse method's settings (and the speculator's shape): part of the calibration key."""
+    if method.sparse == "h2o":
+        return asdict(method.h2o or H2OConfig())
+    _, spec_args, n_layers, step = _speculator(lm, method)
+    return {**asdict(method.specprefill or SpecPrefillConfig()), "speculator": asdict(spec_args),
+            "speculator_layers": n_layers, "speculator_step": step}
+
+
+def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> tuple[float, float]:
+    """The faster of REPEATS runs of each, interleaved (full, sparse, full, ...) so that load
+    drifting on a shared machine hits both."""
+    full = sparse = float("inf")
+    for _ in range(REPEATS):
+        full, sparse = min(full, full_run()), min(sparse, sparse_run())
+    return full, sparse
+
+
+def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float, float]:
+    """(full seconds, sparse seconds) estimated for the whole model at a `length`-token prompt."""
+    ops, args = lm.ops, lm.args
+    layer = ops.first_layers(lm.model, 1)
+    ids = np.random.default_rng(length).integers(0, args.vocab_size, size=length, dtype=np.int64)
+    n_main = args.num_hidden_layers
+
+    def layer_run(step: int = lm.prefill_step_size, attend: Any = None) -> float:
+        started = ops.wall_time()
+        prefill(ops, layer, ops.tokens(ids), 0, ops.new_cache(layer, length), step_size=step, attend=attend)
+        return n_main * (ops.wall_time() - started)
+
+    if method.sparse == "h2o":
+        config = method.h2o or H2OConfig()
+        return _best_of(layer_run, lambda: layer_run(
+            step=config.batch_size, attend=H2OPrefillAttention(ops, config, 1, args.attention_scale, length,
+                                                               args.layer_windows[:1])))
+    spec_layer, _, n_spec, spec_step = _speculator(lm, method)
+
+    def sparse_run() -> float:
+        result = speculative_prefill(ops, layer, ids, spec_layer, method.specprefill or SpecPrefillConfig(),
+                                     stop_ids=frozenset(), extra_slots=1, step_size=lm.prefill_step_size,
+                                     speculator_step_size=spec_step)
+        parts = result.seconds
+        return n_spec * (parts["speculator"] + parts["selection"]) + n_main * parts["main_prefill"]
+    return _best_of(layer_run, sparse_run)
+
+
+def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
+    """The calibration key of `method.sparse` on `lm` here (core/crossover.py calibration_key)."""
+    key = calibration_key(backend=lm.backend, device=lm.device_name, dtype=str(lm.dtype).rsplit(".", 1)[-1],
+                          threads=lm.ops.compute_threads, model_shape=asdict(lm.args),
+                          method=method.sparse, method_config=method_config(lm, method))
+    return json.loads(json.dumps(key))  # as it reads back from the file (tuples become lists)
+
+
+def probe_lengths(lm: ProbedModel, method: PrefillMethod) -> list[int]:
+    """CANDIDATE_LENGTHS within the model's context (H2O: above one chunk, where it is not full)."""
+    floor = (method.h2o or H2OConfig()).chunk_size if method.sparse == "h2o" else 0
+    return [n for n in CANDIDATE_LENGTHS if floor < n <= lm.args.max_position_embeddings]
+
+
+def auto_crossover(lm: ProbedModel, method: PrefillMethod, *, prompt_tokens: int | None = None,
+                   refresh: bool = False, lengths: list[int] | None = None) -> tuple[int | None, str]:
+    """(prompt tokens from which `auto` runs method.sparse on this machine, or None: never; where
+    the figure came from): cached for this machine, model shape, dtype and method, else probed.
+    A prompt of `prompt_tokens` shorter than every calibration length gets None unmeasured: no
+    crossover lies below the shortest measured length."""
+    lengths = sorted(probe_lengths(lm, method) if lengths is None else lengths)
+    if not lengths:
+        return None, "no calibration length fits the model's context: full prefill"
+    if prompt_tokens is not None and prompt_tokens < lengths[0]:
+        return None, f"prompt shorter than the shortest calibration length ({lengths[0]}): full prefill"
+    key = key_for(lm, method)
+    warm: list[int] = []
+
+    def measure(length: int) -> tuple[float, float]:
+        with lm.ops.device_scope():
+            if not warm:  # first calls compile kernels, run self-checks and size caches
+                warm.append(length)
+                _measure(lm, method, length)
+            return _measure(lm, method, length)
+    return calibrated_crossover(key, measure, lengths, refresh=refresh)

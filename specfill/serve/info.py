@@ -1,0 +1,112 @@
+"""The routes around generation: health, models, tokenize / detokenize, metrics, OPTIONS.
+
+/tokenize and /detokenize take both llama.cpp's and vLLM's bodies: {"content"} or {"prompt"} or
+{"messages"} in, {"tokens", "count", "max_model_len"} out; {"tokens"} in, {"content", "prompt"}
+(the same text under each server's key) out.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from .engine import Engine
+from .errors import RequestError, bad_request
+from .metrics import Metrics
+from .plan import ServerDefaults
+from .protocol import Message, read_json
+from .scheduler import Scheduler
+
+
+def model_not_found(name: str) -> RequestError:
+    """vLLM's answer for a model the server does not serve (the openai client raises NotFoundError)."""
+    return RequestError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+
+
+def check_model(name: str | None, defaults: ServerDefaults) -> None:
+    """An omitted model is the served one; another name is a 404."""
+    if name is not None and name not in defaults.names():
+        raise model_not_found(name)
+
+
+def add_info_routes(app: FastAPI, engine: Engine, defaults: ServerDefaults, scheduler: Scheduler,
+                    metrics: Metrics) -> None:
+    """Register the non-generating routes on `app`."""
+    started = int(time.time())
+    card = {"id": defaults.model_id, "object": "model", "created": started, "owned_by": "specfill",
+            "max_model_len": engine.context}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": defaults.model_id, "busy": scheduler.running is not None,
+                "waiting": scheduler.waiting(), "served": scheduler.served, **engine.health()}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{**card, "id": name} for name in defaults.names()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str) -> Any:
+        try:
+            check_model(name, defaults)
+        except RequestError as err:
+            return JSONResponse(err.body(), status_code=err.status)
+        return {**card, "id": name}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Any:
+        try:
+            data = read_json(await request.body())
+            check_model(data.get("model"), defaults)
+            ids = _tokenize(engine, data)
+        except RequestError as err:
+            return JSONResponse(err.body(), status_code=err.status)
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.context}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Any:
+        try:
+            data = read_json(await request.body())
+            check_model(data.get("model"), defaults)
+            ids = data.get("tokens")
+            vocab = engine.model.args.vocab_size
+            if not isinstance(ids, list) or not all(type(t) is int and 0 <= t < vocab for t in ids):
+                raise bad_request(f"'tokens' must be a list of token ids in 0..{vocab - 1}", "tokens")
+        except RequestError as err:
+            return JSONResponse(err.body(), status_code=err.status)
+        text = engine.tokenizer.decode(ids)
+        return {"content": text, "prompt": text}
+
+    @app.get("/metrics")
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(scheduler.waiting(), scheduler.running is not None),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.options("/{path:path}")
+    async def options(path: str) -> Response:  # noqa: ARG001 - any path: CORS preflights are answered earlier
+        return Response(status_code=204, headers={"Allow": "GET, POST, OPTIONS"})
+
+
+def _tokenize(engine: Engine, data: dict[str, Any]) -> list[int]:
+    """Token ids of `content` / `prompt` (text) or `messages` (through the chat template)."""
+    special = data.get("add_special", data.get("add_special_tokens"))
+    if special is not None and not isinstance(special, bool):
+        raise bad_request("'add_special' must be true or false", "add_special")
+    if "messages" in data:
+        if not isinstance(data["messages"], list) or not data["messages"]:
+            raise bad_request("'messages' must be a non-empty list of messages", "messages")
+        try:
+            messages = [Message.model_validate(m) for m in data["messages"]]
+        except ValueError:
+            raise bad_request("'messages' must be a list of {role, content} objects", "messages") from None
+        rendered = engine.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": m.text(i)} for i, m in enumerate(messages)],
+            add_generation_prompt=data.get("add_generation_prompt", True) is not False)
+        return engine.tokenizer.encode(rendered, add_special_tokens=bool(special))
+    text = data.get("content", data.get("prompt"))
+    if not isinstance(text, str):
+        raise bad_request("give the text as 'content' (llama.cpp) or 'prompt' (vLLM), or 'messages'", "content")
+    return engine.tokenizer.encode(text, add_special_tokens=True if special is None and "prompt" in data
+                                   else bool(special))

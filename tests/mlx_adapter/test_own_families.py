@@ -1,0 +1,38 @@
+"""The project's own model and the adapter around mlx-lm's model agree on the five families the
+project has model files for: same directory, greedy tokens equal under full prefill, H2O and
+SpecPrefill (fp32, MLX CPU). The adapter side is loaded as a (model, tokenizer) pair from
+`mlx_lm.load`, the own side from the directory."""
+from __future__ import annotations
+
+import mlx_lm
+import pytest
+
+from specfill.backends.mlx import load
+from specfill.backends.mlx.adapted import AdaptedModel
+from specfill.backends.mlx.model import Model
+
+from tests.mlx_adapter.archs import save_directory
+from tests.mlx_adapter.support import greedy, prompt
+from tests.mlx_adapter.test_methods import H2O, spec
+
+FAMILIES = {
+    "llama": {},
+    "mistral": dict(sliding_window=None),  # mlx-lm runs Mistral as Llama: windows only from layer_types
+    "qwen2": dict(tie_word_embeddings=True),
+    "qwen3": {},
+    "gemma3_text": dict(query_pre_attn_scalar=16, sliding_window=8, rope_local_base_freq=10000.0,
+                        num_hidden_layers=6),  # mlx-lm reads the 6th layer's cache for its global mask
+}
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_greedy_tokens_equal_between_the_own_model_and_the_adapter(arch, tmp_path):
+    directory = save_directory(arch, tmp_path / arch, FAMILIES[arch])
+    own, own_tokenizer = load(directory, dtype="float32", device="cpu")
+    ours, tokenizer = load(mlx_lm.load(str(directory)), dtype="float32", device="cpu")
+    assert isinstance(own.model, Model) and isinstance(ours.model, AdaptedModel)
+    assert tokenizer.vocab_fingerprint() == own_tokenizer.vocab_fingerprint()
+    ids = prompt(44, seed=11)
+    for method in (None, H2O, spec(0.3)):
+        args = () if method is None else (method,)
+        assert greedy(ours, ids, 8, *args) == greedy(own, ids, 8, *args), f"{arch} {method}"

@@ -1,0 +1,76 @@
+"""core/sampling.py: the penalties, top_k and min_p by their llama.cpp / mlx-lm definitions, and the
+driver decoding through it on both backends exactly as a host loop over full forwards does."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specfill.core.errors import ConfigError
+from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.sampling import PENALTY_WINDOW, HostSampler, filtered, penalize
+
+from tests.fixtures.reference_runs import prompt
+from tests.test_drafting import BACKENDS, load
+
+
+def test_penalties_by_definition():
+    logits = np.array([2.0, -2.0, 1.0, 0.5], dtype=np.float32)
+    rep = penalize(logits, [0, 1, 1], SamplingConfig(repetition_penalty=2.0))
+    assert rep.tolist() == [1.0, -4.0, 1.0, 0.5]  # positive / r, negative * r, unseen untouched
+    both = penalize(logits, [0, 1, 1], SamplingConfig(presence_penalty=0.5, frequency_penalty=0.25))
+    assert both.tolist() == [2.0 - 0.75, -2.0 - 1.0, 1.0, 0.5]  # presence once, frequency per occurrence
+    assert penalize(logits, [], SamplingConfig(repetition_penalty=2.0)) is logits
+
+
+def test_top_k_and_min_p_by_definition():
+    logits = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
+    assert np.isfinite(filtered(logits, SamplingConfig(top_k=2))).tolist() == [True, True, False, False, False]
+    kept = np.isfinite(filtered(logits, SamplingConfig(min_p=0.3))).tolist()  # p >= 0.3 * 0.5 = 0.15
+    assert kept == [True, True, True, False, False]
+    assert np.isfinite(filtered(logits, SamplingConfig())).all()
+
+
+def test_host_sampler_window_and_seed():
+    sampler = HostSampler(SamplingConfig(repetition_penalty=1e9), history=range(PENALTY_WINDOW + 5))
+    assert list(sampler.window)[0] == 5 and len(sampler.window) == PENALTY_WINDOW  # the last 64 only
+    logits = np.array([5.0, 4.0, 3.0] + [0.0] * (PENALTY_WINDOW + 10), dtype=np.float32)
+    fresh = HostSampler(SamplingConfig(repetition_penalty=1e9))
+    assert [fresh.choose(logits) for _ in range(3)] == [0, 1, 2]  # greedy, each repeat pushed down
+    config = SamplingConfig(temperature=1.0, top_k=3, seed=7)
+    draws = [HostSampler(config).choose(logits) for _ in range(2)]
+    assert draws[0] == draws[1] and draws[0] in (0, 1, 2)
+
+
+@pytest.mark.parametrize("field, value", [("top_k", -1), ("min_p", 1.5), ("repetition_penalty", 0.0),
+                                          ("presence_penalty", 3.0), ("frequency_penalty", -2.5)])
+def test_range_errors_name_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        SamplingConfig(**{field: value})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_driver_samples_through_the_host_sampler(tiny_checkpoint, backend):
+    """Decoding with every setting on equals a host loop: full forward of the growing sequence, then
+    HostSampler with the same seed (so the same random draws)."""
+    model = load(backend, tiny_checkpoint("llama", "gguf"))
+    ids = prompt(40, model.args.vocab_size, seed=5)
+    config = SamplingConfig(temperature=0.8, top_p=0.9, seed=11, top_k=20, min_p=0.02, repetition_penalty=1.3,
+                            presence_penalty=0.4, frequency_penalty=0.2)
+    got = list(model.generate_step(ids, max_tokens=12, sampling=config, stop_ids=frozenset(),
+                                   method=PrefillMethod(), info=PrefillInfo()))
+    reference, sequence = HostSampler(config, ids), list(ids)
+    for _ in range(12):
+        sequence.append(reference.choose(model.ops.to_numpy(model(sequence))[0, -1]))
+    assert got == sequence[len(ids):]
+    greedy = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(repetition_penalty=1.5),
+                                      stop_ids=frozenset(), method=PrefillMethod(), info=PrefillInfo()))
+    plain = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(), stop_ids=frozenset(),
+                                     method=PrefillMethod(), info=PrefillInfo()))
+    assert greedy != plain  # the penalty changes the greedy text of a random model
+
+
+def test_drafting_with_host_settings_is_refused(tiny_checkpoint):
+    model = load("cuda", tiny_checkpoint("llama", "gguf"))
+    with pytest.raises(ConfigError, match="top_k, min_p or a penalty"):
+        model.generate_step([1, 2, 3], max_tokens=2, sampling=SamplingConfig(top_k=3), stop_ids=frozenset(),
+                            method=PrefillMethod(), info=PrefillInfo(), drafting=Drafting("self:1", 2))
