@@ -18,6 +18,19 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd")
+
+
+def _cpu_features() -> str:
+    """The matmul-relevant ISA flags /proc/cpuinfo lists (bf16 speed on torch hangs on these), or '?'."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
+    except OSError:
+        return "?"
+    return " ".join(f for f in _FEATURES if f in flags) or "none of " + "/".join(_FEATURES)
+
+
 def _memory_gb() -> float | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
@@ -36,7 +49,7 @@ def describe_machine(extra: dict | None = None) -> dict:
     """CPU, cores, memory, OS, Python and framework versions; GPU name when torch sees one."""
     info = {
         "host": platform.node(), "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(),
-        "cpu": _cpu_model(), "cores": os.cpu_count(), "memory_gb": round(_memory_gb() or 0.0, 1),
+        "cpu": _cpu_model(), "cpu_features": _cpu_features(), "cores": os.cpu_count(), "memory_gb": round(_memory_gb() or 0.0, 1),
         "python": platform.python_version(),
         "versions": {p: _version(p) for p in ("specfill", "numpy", "torch", "triton", "mlx", "mlx-lm", "transformers")},
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
@@ -54,7 +67,7 @@ def describe_machine(extra: dict | None = None) -> dict:
 
 def machine_line(info: dict) -> str:
     """One line for Markdown reports."""
-    return (f"{info['cpu']} ({info['cores']} cores, {info['memory_gb']} GB), {info['os']} {info['arch']}, "
+    return (f"{info['cpu']} [{info.get('cpu_features', '?')}] ({info['cores']} cores, {info['memory_gb']} GB), {info['os']} {info['arch']}, "
             f"Python {info['python']}" + (f", GPU {info['gpu']}" if info.get("gpu") else "")
             + (f"; torch {info['torch_threads']} thread(s)" if info.get("torch_threads") else "")
             + (f"; load average {info['load_average_1min']}" if "load_average_1min" in info else ""))

@@ -27,6 +27,7 @@ from specfill.backends.mlx import load
 from specfill.backends.mlx.adapted import AdaptedOps, adapt
 from specfill.core.driver import CausalLM
 from specfill.core.methods.prefill import prefill
+from specfill.evaluation.machine import describe_machine
 
 
 def mlx_lm_directory(model: CausalLM, directory: Path) -> Path:
@@ -95,7 +96,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": Path(options.gguf).name, "dtype": "float32", "device": "MLX CPU",
                                "cpu": platform.processor() or platform.machine(), "load_average": os.getloadavg(),
-                               "note": "shared machine under load from other jobs; AVX-512 incl. BF16, no AMX",
+                               "cpu_features": describe_machine()["cpu_features"],
                                "rows": rows}, indent=1))
 
 

@@ -131,7 +131,7 @@ def rss(server: ServerProcess, requests: int) -> dict[str, Any]:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [f"# specfill serve on the Qwen2.5-Coder 1.5B + 0.5B pair (issue 25)", "",
-             f"Machine: {machine_line(report['machine'])} (no AMX; AVX-512 incl. BF16). Shared with other jobs: "
+             f"Machine: {machine_line(report['machine'])}. Shared with other jobs: "
              f"load average {report['load_before']} before, {report['load_after']} after; not quiet-machine figures.",
              f"Server: torch backend on CPU, float32, --prefill-step-size {report['prefill_step_size']}, "
              f"--speculator 0.5B, {report['threads']} thread(s). Commands: " + "; ".join(

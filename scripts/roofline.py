@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -91,10 +90,10 @@ def validate(log=print) -> dict:
 
 
 def _machine() -> dict:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name")), "?")
-    return {"cpu": model, "cores": os.cpu_count(), "load": os.getloadavg(),
-            "notes": "AMD EPYC, AVX-512 incl. BF16, no AMX; shared with other jobs (see load)"}
+    from specfill.evaluation.machine import describe_machine
+    info = describe_machine()
+    return {"cpu": info["cpu"], "cpu_features": info["cpu_features"], "cores": info["cores"],
+            "load": os.getloadavg()}
 
 
 def main(argv: list[str] | None = None) -> int:

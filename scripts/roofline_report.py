@@ -33,14 +33,18 @@ def _validation_lines(check: dict | None) -> list[str]:
     rates, machine = check["rates"], check["machine"]
     lines = ["", f"Machine: {machine['cpu']}, {machine['cores']} cores, torch {check['threads']} threads, "
              f"load average (1, 5, 15 min) {_load(machine.get('load_before'))} before and "
-             f"{_load(machine['load'])} after the run ({machine['notes']}). "
+             f"{_load(machine['load'])} after the run (CPU features: {machine.get('cpu_features', '?')}). "
              f"Measured rates ({rates['source']}): GEMM {rates['gemm'] / 1e9:.1f} GFLOP/s, attention "
              f"{rates['attention'] / 1e9:.1f} GFLOP/s, copy {rates['bandwidth'] / 1e9:.1f} GB/s.", "",
              "| method | prompt tokens | measured TTFT (s) | predicted (s) | error |", "|---|---|---|---|---|"]
     for r in check["rows"]:
         lines.append(f"| {r['method']} | {r['prompt_tokens']} | {r['measured_s']:.2f} | {r['predicted_s']:.2f} | "
                      f"{100 * r['error']:+.0f}% |")
-    return lines
+    worst = max(abs(r["error"]) for r in check["rows"])
+    verdict = ("**Validated: every prediction within 25% of the measured TTFT** (worst " if worst <= 0.25 else
+               "**Not validated: the worst prediction misses by more than 25%** (worst ")
+    return lines + ["", verdict + f"{100 * worst:.0f}%). The load average above says whether the run had the "
+                    "cores to itself; element-wise work (norms, RoPE, activations, cache copies) is not priced."]
 
 
 def _plot(result: dict, path: Path) -> Path:

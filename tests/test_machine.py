@@ -14,3 +14,13 @@ def test_description_names_cores_threads_and_load():
     line = machine_line(info)
     assert f"torch {torch.get_num_threads()} thread(s)" in line and "load average" in line
     assert "GPU none here" in line
+
+
+def test_description_names_the_matmul_isa_flags_from_cpuinfo():
+    """bf16 speed on torch depends on AVX-512 BF16 / AMX: every figure must say which the CPU had."""
+    info = describe_machine()
+    flags = open("/proc/cpuinfo").read().split()  # Linux-only test machine
+    expected = [f for f in ("avx2", "avx512f", "amx_bf16") if f in flags]
+    assert all(f in info["cpu_features"].split() for f in expected)
+    assert ("amx_bf16" in info["cpu_features"]) == ("amx_bf16" in flags)
+    assert f"[{info['cpu_features']}]" in machine_line(info)
