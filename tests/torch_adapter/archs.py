@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from tests.fixtures.tiny_tokenizer import tiny_bpe_tokenizer_json, tiny_tokenizer_config
+from tests.fixtures.tiny_tokenizer import tiny_bpe_tokenizer_json, tiny_tokenizer_config, tiny_vocab
 
 BASE = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=64, num_hidden_layers=2,
             intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -93,3 +94,45 @@ def save_directory(arch: str, directory: Path, extra: dict[str, Any] | None = No
     (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json())
     (directory / "tokenizer_config.json").write_text(json.dumps(tiny_tokenizer_config()))
     return directory
+
+
+def save_gguf(arch: str, path: Path, quant: str = "F32") -> Path:
+    """A GGUF file of build(arch, {}) (no sliding window: GGUF metadata has none for these types),
+    written with gguf-py: llama.cpp's tensor names (gguf's own name map), the metadata
+    transformers' GGUF reader takes for `arch`, the tiny tokenizer; 2-D weights stored as `quant`
+    ("F32" or "Q8_0"), the rest F32."""
+    import gguf
+
+    model = build(arch, {})
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_eps(config.norm_epsilon)
+    writer.add_vocab_size(config.vocab_size)
+    tokens, types, merges = tiny_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(BASE["bos_token_id"])
+    writer.add_eos_token_id(BASE["eos_token_id"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config.num_hidden_layers)
+    qtype = gguf.GGMLQuantizationType[quant]
+    for name, tensor in model.state_dict().items():
+        array = tensor.numpy().astype(np.float32)
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
