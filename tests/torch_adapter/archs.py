@@ -42,8 +42,19 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gemma": {},
     "stablelm": dict(partial_rotary_factor=0.25),
     "gpt_neox": dict(rotary_pct=0.5),  # parallel residual, fused qkv
+    "glm4_moe": dict(_MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1),
+    "ernie4_5_moe": dict(_MOE, moe_num_experts=4, moe_k=2, moe_layer_start_index=1),
+    "hunyuan_v1_moe": dict(_MOE, use_qk_norm=True),
+    "jetmoe": dict(_MOE, kv_channels=16, num_local_experts=4),  # mixture of attention heads' experts too
+    "granite": dict(embedding_multiplier=2.0, attention_multiplier=0.2, logits_scaling=4.0, residual_multiplier=0.5),
+    "nemotron": dict(partial_rotary_factor=0.5),  # LayerNorm1P, relu2
+    "olmo3": _SLIDING,
+    "gpt2": {},  # learned absolute positions, no RoPE
+    "hunyuan_v1_dense": dict(use_qk_norm=True),  # q/k norms after RoPE
+    "apertus": {},  # xIELU MLP, q/k norms
 }
-MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "qwen2_moe")
+MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "qwen2_moe", "glm4_moe", "ernie4_5_moe",
+       "hunyuan_v1_moe", "jetmoe")
 
 # model type -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
@@ -60,6 +71,8 @@ AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
     "qwen3_next": (dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                         linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
                         shared_expert_intermediate_size=32), "linear-attention / state-space layer"),
+    "falcon_h1": ({}, "attention beside a recurrent mixer (hybrid)"),  # a Mamba mixer in every layer
+    "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
 }
 
 
