@@ -21,6 +21,7 @@ from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .probe import auto_crossover
+from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
                       check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
                       check_token_ids, self_speculator_layers)
@@ -150,6 +151,7 @@ class CausalLM(Generic[A]):
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(len(ids), speculator[0].args.max_position_embeddings)
+            method = fit_to_prompt(method, len(ids), speculator[0].args.max_position_embeddings)
         draft = None if drafting is None else self._draft_model(drafting, method, len(ids) + max_tokens)
         if max_tokens == 0:
             return iter(())

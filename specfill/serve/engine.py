@@ -7,12 +7,11 @@ progress callback raises) and between generated tokens.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from specfill.api import stream_generate
+from specfill.api import stream_request
 from specfill.core.runtime import PrefillInfo, PrefillMethod
-from specfill.core.sampling import HOST_FIELDS
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
@@ -109,7 +108,9 @@ class Engine:
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
-        method = FULL if reuse.hit else plan.method  # a conversation's new tokens: full attention
+        # a conversation's new tokens: full attention, and no drafting over a reused cache yet
+        request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
+        method = request.method
 
         def progress(done: int, total: int) -> None:
             if plan.cancelled.is_set():
@@ -118,13 +119,8 @@ class Engine:
                 emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started))
 
         info = PrefillInfo()
-        drafting = {} if plan.num_draft_tokens is None or reuse.hit else {  # no drafting over a reused cache yet
-            "num_draft_tokens": plan.num_draft_tokens, "draft_model": plan.draft_model}
-        steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
-                                temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
-                                seed=plan.sampling.seed, **{f: getattr(plan.sampling, f) for f in HOST_FIELDS},
-                                method=method, prompt_progress_callback=progress,
-                                prefill_info=info, reuse=reuse.state, **drafting)
+        steps = stream_request(self.model, self.tokenizer, plan.ids, request, prompt_progress_callback=progress,
+                               prefill_info=info, reuse=reuse.state)
         outcome = None
         try:
             outcome = self._stream(plan, steps, emit,
