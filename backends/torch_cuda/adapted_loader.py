@@ -53,13 +53,21 @@ def transformers_gguf_architecture(path: str | Path) -> str | None:
 
 
 def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder)."""
+    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder),
+    without transformers' progress bars (specfill's CLI prints its own progress)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
-    if path.is_file():
-        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                    local_files_only=True)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        if path.is_file():
+            return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                        local_files_only=True)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
 
 
 def _tokenizer_source(tokenizer: Any) -> Path:

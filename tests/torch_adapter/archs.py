@@ -73,6 +73,7 @@ AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
                         shared_expert_intermediate_size=32), "linear-attention / state-space layer"),
     "falcon_h1": ({}, "attention beside a recurrent mixer (hybrid)"),  # a Mamba mixer in every layer
     "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
+    "bloom": ({}, "does not run its attention through transformers' AttentionInterface"),  # ALiBi, own attention
 }
 
 

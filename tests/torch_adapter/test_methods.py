@@ -108,7 +108,20 @@ def test_layers_the_kv_cache_cannot_hold_are_refused_at_load_by_name(arch):
     with pytest.raises(ModelLoadError) as refused:
         adapted(build(arch))
     message = str(refused.value)
-    assert message.startswith(f"{arch} layer ") and AT_LOAD[arch][1] in message and "\n" not in message
+    assert message.startswith(f"{arch} ") and AT_LOAD[arch][1] in message and "\n" not in message
+
+
+def test_interface_arguments_the_adapter_does_not_model_refuse_the_layer_by_name():
+    """A future argument of transformers' attention call (here a made-up one) is not ignored."""
+    from torch import nn
+
+    from specfill.backends.torch_cuda.adapter import layout_of
+
+    call = (nn.Identity(), (1, 4, 2, 16), (1, 2, 2, 16), (1, 2, 2, 16), {"scaling": 0.25, "logit_bias": 1.0})
+    layout = layout_of(call, None, 1e-6)
+    assert layout.kind == "attention of an unknown layout (Identity)" and "logit_bias" in layout.refusal
+    neutral = layout_of(call[:4] + ({"scaling": 0.25, "sliding_window": 8, "dropout": 0.0},), None, 1e-6)
+    assert neutral.refusal is None and neutral.window == 8 and neutral.scale == 0.25
 
 
 def test_dynamic_rope_refuses_the_sparse_methods_by_name():
