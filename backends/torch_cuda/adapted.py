@@ -20,8 +20,8 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
-from .adapted_probe import (USE_TRANSFORMERS, check_layer_kinds, config_refusal, implementation, layer_index, probe,
-                            self_check)
+from .adapted_probe import (USE_TRANSFORMERS, check_layer_kinds, config_refusal, implementation, layer_index,
+                            model_configs, probe, self_check)
 from .adapter import ACTIVE, NAME, StepState, check_cacheable, layout_of, register
 from .kv_cache import KVCache
 from .ops import TorchOps
@@ -41,6 +41,7 @@ class AdaptedModel:
         self.index = index
         self.layer_list = layer_list
         self.n_layers = n_layers
+        self.configs = model_configs(lm)  # switched to specfill's attention during each step
         self.dtype = next(p.dtype for p in lm.parameters() if p.is_floating_point())
         self.device = next(lm.parameters()).device
 
@@ -62,7 +63,7 @@ class AdaptedModel:
             setattr(parent, name, nn.ModuleList(list(layers)[:self.n_layers]))
         token = ACTIVE.set(StepState(self.index, self.args.layers, positions, cache, attend))
         try:
-            with implementation(self.lm, NAME):
+            with implementation(self.configs, NAME):
                 out = self.lm(input_ids=ids[None], position_ids=positions[None], use_cache=False,
                               logits_to_keep=keep if keep < steps else 0)
         finally:

@@ -40,21 +40,26 @@ SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16
 USE_TRANSFORMERS = "every method is refused, use transformers itself"
 
 
-@contextmanager
-def implementation(lm: nn.Module, name: str) -> Iterator[None]:
-    """Every config of `lm`'s modules names `name` as attention implementation while inside (the
-    attention modules read `self.config._attn_implementation` at each call)."""
+def model_configs(lm: nn.Module) -> list[Any]:
+    """The distinct config objects `lm`'s modules hold (the model's, its text model's, ...)."""
     from transformers import PreTrainedConfig
 
-    configs = {id(c): c for m in lm.modules() for c in [vars(m).get("config")] if isinstance(c, PreTrainedConfig)}
-    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
-    for config in configs.values():
+    found = {id(c): c for m in lm.modules() for c in [vars(m).get("config")] if isinstance(c, PreTrainedConfig)}
+    return list(found.values())
+
+
+@contextmanager
+def implementation(configs: list[Any], name: str) -> Iterator[None]:
+    """Every config in `configs` (model_configs) names `name` as attention implementation while
+    inside (the attention modules read `self.config._attn_implementation` at each call)."""
+    saved = [config._attn_implementation_internal for config in configs]
+    for config in configs:
         config._attn_implementation_internal = name
     try:
         yield
     finally:
-        for key, config in configs.items():
-            config._attn_implementation_internal = saved[key]
+        for config, value in zip(configs, saved):
+            config._attn_implementation_internal = value
 
 
 def check_layer_kinds(text: Any, architecture: str) -> None:
@@ -85,7 +90,7 @@ def probe(lm: nn.Module, architecture: str) -> list[tuple[nn.Module, tuple, tupl
     token = ACTIVE.set(recorder)
     device = next(lm.parameters()).device
     try:
-        with torch.inference_mode(), implementation(lm, NAME):
+        with torch.inference_mode(), implementation(model_configs(lm), NAME):
             lm(input_ids=torch.zeros(1, 2, dtype=torch.int64, device=device),
                position_ids=torch.arange(2, device=device)[None], use_cache=False, logits_to_keep=1)
     except Exception as err:  # any failure of the library's forward under the recording attention
