@@ -148,15 +148,15 @@ def self_check(model: Any, new_cache: Any) -> None:
     `new_cache(6)` against transformers' own forward in one call: ModelLoadError when they differ
     by more than SELF_CHECK_TOLERANCE of max(1, max|logit|) (something the adapter does not model:
     a state kept outside the KV cache, another mask, attention after the interface call)."""
-    lm = model.lm
-    ids = torch.arange(3, 9, device=model.device) % model.args.vocab_size
+    device, dtype = model.embed.weight.device, model.embed.weight.dtype
+    ids = torch.arange(3, 9, device=device)[None] % model.args.vocab_size
     with torch.inference_mode():
-        want = lm(input_ids=ids[None], use_cache=False).logits[0].float()
+        want = model.lm(input_ids=ids, use_cache=False).logits[0].float()
         cache = new_cache(6)
-        model.step(ids[:3], torch.arange(3, device=model.device), cache, None, None)
-        got = model.step(ids[3:], torch.arange(3, 6, device=model.device), cache, None, 0)
+        model(ids[:, :3], torch.arange(3, device=device), cache, None)
+        got = model(ids[:, 3:], torch.arange(3, 6, device=device), cache, 0)[0]
     err = float((got - want[3:]).abs().max())
-    bound = SELF_CHECK_TOLERANCE.get(model.dtype, 5e-2) * max(1.0, float(want.abs().max()))
+    bound = SELF_CHECK_TOLERANCE.get(dtype, 5e-2) * max(1.0, float(want.abs().max()))
     if not err <= bound:
         raise ModelLoadError(f"{model.args.architecture}: specfill's attention does not reproduce transformers' "
                              f"forward on a 6-token check (max |diff| {err:.3g} > {bound:.3g}): the model does "
