@@ -22,7 +22,7 @@ from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import ACTIVE, NAME, Probe, StepState, check_cacheable, layout_of, register
-from .kv_cache import KVCache
+from .kv_cache import ModelKVCache
 from .ops import TorchOps
 
 # config settings that change which keys a query sees without any interface argument saying so:
@@ -89,7 +89,7 @@ class AdaptedModel:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
         return AdaptedModel(self.lm, self.args.first(n_layers), self.index, self.layer_list, n_layers)
 
-    def step(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, attend: Any,
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache, attend: Any,
              logits_from: int | None) -> torch.Tensor | None:
         """ids [T] at RoPE `positions` [T] appended to `cache` -> float32 logits
         [T - logits_from, vocab] (None: the caller wants none; the head then runs on one token)."""
@@ -117,7 +117,7 @@ class AdaptedOps(TorchOps):
     def activation_dtype(self, model: AdaptedModel) -> torch.dtype:
         return model.dtype
 
-    def forward(self, model: AdaptedModel, ids: torch.Tensor, positions: int | np.ndarray, cache: KVCache,
+    def forward(self, model: AdaptedModel, ids: torch.Tensor, positions: int | np.ndarray, cache: ModelKVCache,
                 attend: Any, logits_from: int | None) -> torch.Tensor | None:
         if isinstance(attend, H2OPrefillAttention):
             model.args.check_method("h2o")
@@ -133,8 +133,8 @@ class AdaptedOps(TorchOps):
             pos = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
         return model.step(ids, pos, cache, attend, logits_from)
 
-    def new_cache(self, model: AdaptedModel, capacity: int) -> KVCache:
-        return KVCache.allocate(model.args, capacity, model.dtype, model.device)
+    def new_cache(self, model: AdaptedModel, capacity: int) -> ModelKVCache:
+        return ModelKVCache.allocate(model.args, capacity, model.dtype, model.device)
 
     def first_layers(self, model: AdaptedModel, n_layers: int) -> AdaptedModel:
         return model.first_layers(n_layers)
