@@ -157,6 +157,16 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> No
                           f"the {prompt_tokens} prompt tokens")
 
 
+@dataclass(frozen=True)
+class PrefillStep:
+    """The last finished prefill step: its stage (core/methods/prefill.py StageProgress) and the
+    stage's done / total count (tokens; look-ahead tokens in "lookahead")."""
+
+    stage: str
+    done: int
+    total: int
+
+
 @dataclass
 class PrefillInfo:
     """What a prefill did: filled in by the backend, read by the API, bench, eval and parity.
@@ -171,6 +181,7 @@ class PrefillInfo:
     and, per generated token, whether it was an accepted draft.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
+    step: the last finished prefill step (None before the first), kept current during the prefill.
     """
 
     prompt_tokens: int = 0
@@ -184,6 +195,7 @@ class PrefillInfo:
     accepted_tokens: int = 0
     from_draft: list[bool] = field(default_factory=list)
     kv: KVState | None = None
+    step: PrefillStep | None = None
 
     def start(self, prompt_tokens: int, method: str = "") -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""
@@ -195,6 +207,7 @@ class PrefillInfo:
         self.drafted_tokens = self.accepted_tokens = 0
         self.from_draft = []
         self.kv = None
+        self.step = None
 
 
 def process_peak_memory_gb() -> float:

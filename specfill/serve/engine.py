@@ -1,8 +1,9 @@
 """One generation, run on the worker thread: a Plan in, a stream of events out.
 
 Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
-usage, statistics). Cancellation (a client that went away) is checked between prefill steps (the
-progress callback raises) and between generated tokens.
+usage, statistics). Cancellation (a client that went away) is checked after every prefill step of
+every method and stage (the progress callback raises: core/methods/prefill.py StageProgress) and
+between generated tokens.
 """
 from __future__ import annotations
 
@@ -24,10 +25,13 @@ class Cancelled(Exception):
 
 @dataclass(frozen=True)
 class Progress:
-    processed: int  # prompt tokens processed so far (of the part being prefilled)
-    total: int
+    processed: int  # prompt tokens processed so far (cached ones included; monotone)
+    total: int  # prompt tokens
     cached: int  # prompt tokens taken from the prompt cache
     seconds: float
+    stage: str  # "prefill"; SpecPrefill: "speculator", "lookahead", "main_prefill"
+    stage_processed: int  # the stage's steps so far, in tokens (look-ahead tokens in "lookahead")
+    stage_total: int
 
 
 @dataclass(frozen=True)
@@ -111,13 +115,15 @@ class Engine:
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
         method = FULL if reuse.hit else plan.method  # a conversation's new tokens: full attention
 
-        def progress(done: int, total: int) -> None:
+        info = PrefillInfo()
+
+        def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
             if plan.cancelled.is_set():
                 raise Cancelled
-            if plan.return_progress:
-                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started))
+            if plan.return_progress and info.step is not None:
+                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started,
+                              info.step.stage, info.step.done, info.step.total))
 
-        info = PrefillInfo()
         drafting = {} if plan.num_draft_tokens is None or reuse.hit else {  # no drafting over a reused cache yet
             "num_draft_tokens": plan.num_draft_tokens, "draft_model": plan.draft_model}
         steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
