@@ -73,8 +73,7 @@ def progress_events(server: ServerProcess, prompt: str, method: str) -> dict[str
             stats = chunk.get("specfill", stats)
     connection.close()
     return {"method": method, "events": len(processed), "processed": processed, "events_by_stage": stages,
-            "ttft_s": stats.get("ttft_s"), "kept_tokens": stats.get("kept_tokens"),
-            "prompt_tokens": stats.get("prompt_tokens")}
+            **{k: stats.get(k) for k in ("ttft_s", "kept_tokens", "prompt_tokens")}}
 
 
 def concurrency(server: ServerProcess, n: int) -> dict[str, Any]:
@@ -198,7 +197,8 @@ def main() -> None:
     report.setdefault("command_by_part", {}).update({part: report["command"] for part in parts})
     server = ServerProcess("--model", str(MAIN), "--speculator", str(SPEC), "--dtype", "float32",
                            "--prefill-step-size", str(args.prefill_step_size), "--max-tokens", "16",
-                           log=Path(tempfile.gettempdir()) / "specfill_serve_pair.log", threads=args.threads)
+                           log=Path(tempfile.gettempdir()) / "specfill_serve_pair.log", threads=args.threads,
+                           start_timeout=400)  # loading the pair takes 1-4 minutes on the loaded 2-core host
     try:
         prompt, report["prompt_tokens"] = text_of(server, args.prompt_tokens), args.prompt_tokens
         if "cancel" in parts:
