@@ -139,14 +139,15 @@ def markdown(report: dict[str, Any]) -> str:
         whole = {row["method"]: row for row in report.get("progress", [])}
         lines += [f"## A client leaving during a ~{report['prompt_tokens']}-token prefill", "",
                   "| method | progress events per whole prefill (by stage) | processed at each | TTFT (s) | "
-                  "disconnect after events at | seconds per step before it | disconnect to idle (s) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "disconnect after events at | seconds per step before it | disconnect to idle (s) | "
+                  "measured at (load average) |", "|---|---|---|---|---|---|---|---|"]
         for gone in report["cancel"]:
             w = whole.get(gone["method"], {"events": "not run", "processed": "", "ttft_s": ""})
             per_step = round(gone["seconds_streamed"] / max(len(gone["events_before_disconnect"]), 1), 1)
             lines.append(f"| {gone['method']} | {w['events']} {w.get('events_by_stage', '')} | {w['processed']} | "
                          f"{w['ttft_s']} | {gone['events_before_disconnect']} | {per_step} | "
-                         f"{gone['disconnect_to_idle_s']} |")
+                         f"{gone['disconnect_to_idle_s']} | {gone.get('at', 'earlier run, old stepping')} ({gone.get('load', '?')}); "
+                         f"{w.get('at', 'earlier run, old stepping')} ({w.get('load', '?')}) |")
         lines += ["", "The disconnect is noticed at once (the handler polls every 0.2 s) and the prefill stops "
                   "at the end of the step in flight, for every method: full prefill in steps of "
                   f"{report['prefill_step_size']} tokens, H2O in whole chunks ({METHODS['h2o']}: steps of 512), "
@@ -180,6 +181,7 @@ def main() -> None:
     p.add_argument("--prefill-step-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--whole", default="full,h2o,specprefill", help="methods whose whole prefill is run (progress)")
+    p.add_argument("--cancel", default="full,h2o,specprefill", help="methods whose prefill is left (cancel)")
     p.add_argument("--history-tokens", type=int, default=2000, help="turn-1 history for the turn-2 TTFT")
     p.add_argument("--out", default="results/serve")
     args = p.parse_args()
@@ -192,7 +194,7 @@ def main() -> None:
     report: dict[str, Any] = json.loads(earlier.read_text()) if earlier.is_file() else {}
     report.update(load_before=round(os.getloadavg()[0], 2), threads=args.threads, prefill_step_size=args.prefill_step_size,
                   command=f"python scripts/bench_serve_pair.py --parts {args.parts} --threads {args.threads} --prefill-step-size "
-                          f"{args.prefill_step_size} --whole {args.whole} --history-tokens {args.history_tokens} "
+                          f"{args.prefill_step_size} --whole {args.whole} --cancel {args.cancel} --history-tokens {args.history_tokens} "
                           f"--requests {args.requests}")
     report.setdefault("command_by_part", {}).update({part: report["command"] for part in parts})
     server = ServerProcess("--model", str(MAIN), "--speculator", str(SPEC), "--dtype", "float32",
@@ -201,14 +203,12 @@ def main() -> None:
                            start_timeout=400)  # loading the pair takes 1-4 minutes on the loaded 2-core host
     try:
         prompt, report["prompt_tokens"] = text_of(server, args.prompt_tokens), args.prompt_tokens
-        if "cancel" in parts:
-            report["cancel"] = [disconnect(server, prompt, m, 2) for m in METHODS]
-            save(report, out)
-        if "progress" in parts:  # whole prefills, merged by method with those of earlier runs
-            rows = {row["method"]: row for row in report.get("progress", [])}
-            for method in (m for m in args.whole.split(",") if m):
-                rows[method] = progress_events(server, prompt, method)
-                report["progress"] = list(rows.values())
+        for key, measure, methods in (("cancel", lambda m: disconnect(server, prompt, m, 2), args.cancel),
+                                      ("progress", lambda m: progress_events(server, prompt, m), args.whole)):
+            for method in (m for m in methods.split(",") if m and key in parts):  # rows by method, merged
+                rows = {row["method"]: row for row in report.get(key, [])}
+                rows[method] = {**measure(method), "load": round(os.getloadavg()[0], 2), "at": time.strftime("%H:%M UTC", time.gmtime())}
+                report[key] = [rows[m] for m in METHODS if m in rows]
                 save(report, out)
         if "concurrency" in parts:
             report["concurrency"] = concurrency(server, 16)
