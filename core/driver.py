@@ -21,6 +21,7 @@ from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .probe import auto_crossover
+from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
                       check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
                       check_token_ids, self_speculator_layers)
@@ -97,11 +98,9 @@ class CausalLM(Generic[A]):
     def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: PrefillInfo, *,
                        logits_from: int = -1, progress: ProgressCallback | None = None) -> A:
         """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
-        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O
-        steps by whole chunks (h2o_step_size); where it is plain causal attention, the full prefill.
-        `progress(done, total)` follows each step."""
-        started = self.ops.wall_time()
-        config = method.h2o or H2OConfig()
+        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O steps by
+        whole chunks (h2o_step_size), else the full prefill; `progress(done, total)` after each step."""
+        started, config = self.ops.wall_time(), method.h2o or H2OConfig()
         attend, step = None, self.prefill_step_size
         if method.name == "h2o" and not uses_full_attention(config, len(ids)):
             attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.attention_scale,
@@ -151,6 +150,7 @@ class CausalLM(Generic[A]):
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(len(ids), speculator[0].args.max_position_embeddings)
+            method = fit_to_prompt(method, len(ids), speculator[0].args.max_position_embeddings)
         draft = None if drafting is None else self._draft_model(drafting, method, len(ids) + max_tokens)
         if max_tokens == 0:
             return iter(())

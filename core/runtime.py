@@ -6,9 +6,10 @@ Timing, detokenisation and response objects live in the API layer, once for both
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -16,7 +17,18 @@ from .config import H2OConfig, SpecPrefillConfig
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .models import ModelArgs
 
+if TYPE_CHECKING:
+    from .methods.prefill import PrefillStep
+
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
+MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
+
+
+def _finite(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    """`value` when it is a finite number of `kind` (never a bool), else one ConfigError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -35,8 +47,15 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        """Each setting's one check: its type (a number, never a bool; top_k and seed integers) and range."""
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            _finite(name, getattr(self, name), (int, float))
+            object.__setattr__(self, name, float(getattr(self, name)))
+        _finite("top_k", self.top_k, int)
+        if self.seed is not None and not 0 <= _finite("seed", self.seed, int) <= MAX_SEED:
+            raise ConfigError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
         if not self.temperature >= 0.0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -145,7 +164,7 @@ def check_drafting(drafting: "Drafting | None", reuse: "KVState | None", samplin
     if drafting is not None and reuse is not None:
         raise ConfigError("speculative decoding with a reused KV cache is not supported yet")
     if drafting is not None and sampling.host_side:
-        raise ConfigError("speculative decoding with top_k, min_p or a penalty is not supported yet")
+        raise ConfigError("num_draft_tokens (speculative decoding) with top_k, min_p or a penalty is not supported yet")
 
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> None:
@@ -155,16 +174,6 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> No
     if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:
         raise ConfigError(f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
                           f"the {prompt_tokens} prompt tokens")
-
-
-@dataclass(frozen=True)
-class PrefillStep:
-    """The last finished prefill step: its stage (core/methods/prefill.py StageProgress) and the
-    stage's done / total count (tokens; look-ahead tokens in "lookahead")."""
-
-    stage: str
-    done: int
-    total: int
 
 
 @dataclass
@@ -181,7 +190,7 @@ class PrefillInfo:
     and, per generated token, whether it was an accepted draft.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
-    step: the last finished prefill step (None before the first), kept current during the prefill.
+    step: the last finished prefill step (methods/prefill.py; None before the first), kept current.
     """
 
     prompt_tokens: int = 0

@@ -8,12 +8,11 @@ between generated tokens.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from specfill.api import stream_generate
+from specfill.api import stream_request
 from specfill.core.runtime import PrefillInfo, PrefillMethod
-from specfill.core.sampling import HOST_FIELDS
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
@@ -113,9 +112,9 @@ class Engine:
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
-        method = FULL if reuse.hit else plan.method  # a conversation's new tokens: full attention
-
-        info = PrefillInfo()
+        # a conversation's new tokens: full attention, and no drafting over a reused cache yet
+        request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
+        method, info = request.method, PrefillInfo()
 
         def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
             if plan.cancelled.is_set():
@@ -124,13 +123,8 @@ class Engine:
                 emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started,
                               info.step.stage, info.step.done, info.step.total))
 
-        drafting = {} if plan.num_draft_tokens is None or reuse.hit else {  # no drafting over a reused cache yet
-            "num_draft_tokens": plan.num_draft_tokens, "draft_model": plan.draft_model}
-        steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
-                                temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
-                                seed=plan.sampling.seed, **{f: getattr(plan.sampling, f) for f in HOST_FIELDS},
-                                method=method, prompt_progress_callback=progress,
-                                prefill_info=info, reuse=reuse.state, **drafting)
+        steps = stream_request(self.model, self.tokenizer, plan.ids, request, prompt_progress_callback=progress,
+                               prefill_info=info, reuse=reuse.state)
         outcome = None
         try:
             outcome = self._stream(plan, steps, emit,

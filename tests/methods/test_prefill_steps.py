@@ -9,7 +9,8 @@ import pytest
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.h2o import h2o_step_size
-from specfill.core.runtime import PrefillInfo, PrefillMethod, PrefillStep
+from specfill.core.methods.prefill import PrefillStep
+from specfill.core.runtime import PrefillInfo, PrefillMethod
 
 from tests.methods.support import greedy, prompt, variant
 

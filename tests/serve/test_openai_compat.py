@@ -145,7 +145,7 @@ def test_log_line_and_metrics(keyed_server):
     ok = [line for line in lines if "outcome=ok" in line and "method=h2o->" in line]
     assert ok and re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} INFO specfill.serve: cmpl-\w+ completion "
                            r"method=h2o->\w+ prompt=4 cached=0 kept=4 ttft=[\d.]+s gen=4 tok/s=[\d.]+ ", ok[-1])
-    assert any("outcome=400 (unknown method 'nope'" in line for line in lines)
+    assert any("outcome=400 (method must be full, h2o, specprefill or auto, got 'nope'" in line for line in lines)
     status, headers, text = request(keyed_server, "GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert status == 200 and headers["content-type"].startswith("text/plain")
     assert re.search(r'^specfill_requests_total\{outcome="ok"\} [1-9]', text, re.M)
