@@ -5,19 +5,25 @@ whose everything else is transformers' own code.
 
 Routing (torch_cuda.load): a directory whose config.json names a model_type of specfill's own
 families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
-other model_type that the installed transformers knows loads with AutoModelForCausalLM.
+other model_type that the installed transformers knows loads with AutoModelForCausalLM. A GGUF
+file of another architecture than specfill's own (llama, qwen2, qwen3, gemma3) loads through
+transformers' GGUF support (`gguf_file=`: dequantized to `dtype`), its tokenizer by specfill's
+GGUF reader.
 """
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from specfill.core.adapted import foreign_model_type
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ModelLoadError, quote
+from specfill.core.io.gguf_file import read_gguf
 from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
+from specfill.core.model_config import SUPPORTED_ARCHITECTURES
 
 
 def transformers_model_type(path: str | Path) -> str | None:
@@ -32,22 +38,74 @@ def transformers_model_type(path: str | Path) -> str | None:
     return model_type if model_type in CONFIG_MAPPING else None
 
 
-def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, prefill_step_size: int,
-                 use_kernels: bool | None = None) -> tuple[CausalLM, Tokenizer]:
-    """(CausalLM, specfill Tokenizer) from a transformers directory: AutoModelForCausalLM reads
-    it in `dtype` (offline: no download here), moved to `device`, then adapted."""
+def transformers_gguf_architecture(path: str | Path) -> str | None:
+    """general.architecture of a GGUF file (already known to be one) that is not one of specfill's
+    own, when transformers is installed to read it; else None (specfill's own GGUF loader)."""
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    try:
+        architecture = read_gguf(path).metadata.get("general.architecture")
+    except ModelLoadError:  # a broken header: specfill's own loader names the problem
+        return None
+    if not isinstance(architecture, str) or architecture in SUPPORTED_ARCHITECTURES:
+        return None
+    return architecture
+
+
+def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder)."""
     from transformers import AutoModelForCausalLM
 
+    if path.is_file():
+        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                    local_files_only=True)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+
+
+def _tokenizer_source(tokenizer: Any) -> Path:
+    """The directory a transformers tokenizer was read from: specfill reads its own tokenizer there."""
+    from transformers import PreTrainedTokenizerBase
+
+    source = Path(tokenizer.name_or_path) if isinstance(tokenizer, PreTrainedTokenizerBase) else None
+    if source is None or not source.is_dir():
+        raise ModelLoadError(f"cannot find the directory the tokenizer ({type(tokenizer).__name__}) was read from: "
+                             f"pass transformers' (model, AutoTokenizer.from_pretrained(dir)) or load the directory")
+    return source
+
+
+def load_pair(pair: tuple[Any, Any], dtype: torch.dtype, device: torch.device, prefill_step_size: int,
+              use_kernels: bool | None = None) -> tuple[CausalLM, Tokenizer]:
+    """(CausalLM, specfill Tokenizer) from a (transformers model, its tokenizer) pair, any family
+    (specfill's own five included: the adapter then runs transformers' model). The model is moved
+    to `device` and `dtype` in place."""
+    from transformers import PreTrainedModel
+
+    from .adapted import AdaptedOps, adapt
+
+    lm, tokenizer = pair
+    if not isinstance(lm, PreTrainedModel):
+        raise ModelLoadError(f"expected a transformers model (PreTrainedModel), got {type(lm).__name__}")
+    directory = _tokenizer_source(tokenizer)
+    model = adapt(lm.to(device=device, dtype=dtype))
+    return CausalLM(model, AdaptedOps(device, dtype, use_kernels), prefill_step_size=prefill_step_size), \
+        load_tokenizer(directory)
+
+
+def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, prefill_step_size: int,
+                 use_kernels: bool | None = None) -> tuple[CausalLM, Tokenizer]:
+    """(CausalLM, specfill Tokenizer) from a transformers directory or a GGUF file:
+    AutoModelForCausalLM reads it in `dtype` (offline: no download here), moved to `device`, then
+    adapted; the tokenizer is specfill's own reader's (tokenizer.json, or the GGUF's metadata)."""
     from .adapted import AdaptedOps, adapt  # here: `specfill generate` on an own family never imports it
 
-    directory = Path(path)
+    path = Path(path)
     try:
-        lm = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+        lm = _from_pretrained(path, dtype)
     except Exception as err:  # transformers raises ValueError, OSError, KeyError, ...
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise ModelLoadError(f"{quote(directory)}: unsupported architecture {transformers_model_type(directory)!r} "
-                             f"for specfill's own models, and transformers could not load it: {first}") from None
-    lm = lm.to(device)
-    model = adapt(lm)
+        what = transformers_gguf_architecture(path) if path.is_file() else transformers_model_type(path)
+        raise ModelLoadError(f"{quote(path)}: unsupported architecture {what!r} for specfill's own models, and "
+                             f"transformers could not load it: {first}") from None
+    model = adapt(lm.to(device))
     ops = AdaptedOps(device, dtype, use_kernels)
-    return CausalLM(model, ops, prefill_step_size=prefill_step_size), load_tokenizer(directory)
+    return CausalLM(model, ops, prefill_step_size=prefill_step_size), load_tokenizer(path)

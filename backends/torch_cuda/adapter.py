@@ -91,7 +91,7 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
         out = windowed_attention(query, keys, values, layout.scale, layout.window, positions, keys_at)
     else:
         out = causal_attention(query, keys, values, layout.scale)
-    return out.transpose(1, 2), None
+    return out.transpose(1, 2).contiguous(), None  # contiguous as transformers own functions return it (views follow)
 
 
 def _own_attention(module: nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,

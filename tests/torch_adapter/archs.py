@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from tests.fixtures.tiny_tokenizer import tiny_bpe_tokenizer_json, tiny_tokenizer_config
+from tests.fixtures.tiny_tokenizer import tiny_bpe_tokenizer_json, tiny_tokenizer_config, tiny_vocab
 
 BASE = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=64, num_hidden_layers=2,
             intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -41,8 +42,19 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gemma": {},
     "stablelm": dict(partial_rotary_factor=0.25),
     "gpt_neox": dict(rotary_pct=0.5),  # parallel residual, fused qkv
+    "glm4_moe": dict(_MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1),
+    "ernie4_5_moe": dict(_MOE, moe_num_experts=4, moe_k=2, moe_layer_start_index=1),
+    "hunyuan_v1_moe": dict(_MOE, use_qk_norm=True),
+    "jetmoe": dict(_MOE, kv_channels=16, num_local_experts=4),  # mixture of attention heads' experts too
+    "granite": dict(embedding_multiplier=2.0, attention_multiplier=0.2, logits_scaling=4.0, residual_multiplier=0.5),
+    "nemotron": dict(partial_rotary_factor=0.5),  # LayerNorm1P, relu2
+    "olmo3": _SLIDING,
+    "gpt2": {},  # learned absolute positions, no RoPE
+    "hunyuan_v1_dense": dict(use_qk_norm=True),  # q/k norms after RoPE
+    "apertus": {},  # xIELU MLP, q/k norms
 }
-MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "qwen2_moe")
+MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "qwen2_moe", "glm4_moe", "ernie4_5_moe",
+       "hunyuan_v1_moe", "jetmoe")
 
 # model type -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
@@ -59,6 +71,8 @@ AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
     "qwen3_next": (dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                         linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
                         shared_expert_intermediate_size=32), "linear-attention / state-space layer"),
+    "falcon_h1": ({}, "attention beside a recurrent mixer (hybrid)"),  # a Mamba mixer in every layer
+    "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
 }
 
 
@@ -93,3 +107,45 @@ def save_directory(arch: str, directory: Path, extra: dict[str, Any] | None = No
     (directory / "tokenizer.json").write_text(tiny_bpe_tokenizer_json())
     (directory / "tokenizer_config.json").write_text(json.dumps(tiny_tokenizer_config()))
     return directory
+
+
+def save_gguf(arch: str, path: Path, quant: str = "F32") -> Path:
+    """A GGUF file of build(arch, {}) (no sliding window: GGUF metadata has none for these types),
+    written with gguf-py: llama.cpp's tensor names (gguf's own name map), the metadata
+    transformers' GGUF reader takes for `arch`, the tiny tokenizer; 2-D weights stored as `quant`
+    ("F32" or "Q8_0"), the rest F32."""
+    import gguf
+
+    model = build(arch, {})
+    config = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_layer_norm_eps(config.norm_epsilon)
+    writer.add_vocab_size(config.vocab_size)
+    tokens, types, merges = tiny_vocab()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(BASE["bos_token_id"])
+    writer.add_eos_token_id(BASE["eos_token_id"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], config.num_hidden_layers)
+    qtype = gguf.GGMLQuantizationType[quant]
+    for name, tensor in model.state_dict().items():
+        array = tensor.numpy().astype(np.float32)
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if array.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -124,3 +124,16 @@ def test_drafting_with_the_first_layer_gives_the_greedy_tokens(arch):
     model = adapted(build(arch))
     ids = prompt(20, seed=12)
     assert greedy(model, ids, 10, drafting=Drafting("self:1", 3)) == greedy(model, ids, 10)
+
+
+def test_the_self_check_refuses_what_the_kind_list_misses(monkeypatch):
+    """A hybrid whose Mamba mixer beside the attention keeps a state between steps (falcon_h1),
+    with transformers' list of cache kinds ignored: the 6-token self-check at load sees the
+    adapter's two steps differ from transformers' one forward and refuses it by name."""
+    from specfill.backends.torch_cuda import adapted
+
+    monkeypatch.setattr(adapted, "check_layer_kinds", lambda text, architecture: None)
+    with pytest.raises(ModelLoadError, match=r"^falcon_h1: specfill's attention does not reproduce transformers' "
+                                              r"forward on a 6-token check"):
+        adapted.adapt(build("falcon_h1"))
+    assert adapted.adapt(build("falcon_h1"), check=False).args.architecture == "falcon_h1"  # what it would miss
