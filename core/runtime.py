@@ -9,13 +9,16 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .models import ModelArgs
+
+if TYPE_CHECKING:
+    from .methods.prefill import PrefillStep
 
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
 MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
@@ -187,6 +190,7 @@ class PrefillInfo:
     and, per generated token, whether it was an accepted draft.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
+    step: the last finished prefill step (methods/prefill.py; None before the first), kept current.
     """
 
     prompt_tokens: int = 0
@@ -200,6 +204,7 @@ class PrefillInfo:
     accepted_tokens: int = 0
     from_draft: list[bool] = field(default_factory=list)
     kv: KVState | None = None
+    step: PrefillStep | None = None
 
     def start(self, prompt_tokens: int, method: str = "") -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""
@@ -211,6 +216,7 @@ class PrefillInfo:
         self.drafted_tokens = self.accepted_tokens = 0
         self.from_draft = []
         self.kv = None
+        self.step = None
 
 
 def process_peak_memory_gb() -> float:

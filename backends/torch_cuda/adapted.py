@@ -24,7 +24,7 @@ from specfill.core.methods.specprefill import QueryCapture
 from .adapted_probe import (USE_TRANSFORMERS, check_layer_kinds, config_refusal, implementation, layer_index,
                             model_configs, probe, self_check)
 from .adapter import ACTIVE, NAME, StepState, check_cacheable, layout_of, register
-from .kv_cache import KVCache
+from .kv_cache import ModelKVCache
 
 
 class AdaptedModel:
@@ -62,8 +62,8 @@ class AdaptedModel:
         elif attend is not None:
             raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, logits_from: int | None = 0,
-                 attend: Any = None) -> torch.Tensor | None:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache,
+                 logits_from: int | None = 0, attend: Any = None) -> torch.Tensor | None:
         """The contract of model.Transformer.forward (TorchOps runs either model): ids [1, T] at RoPE
         `positions` [T] appended to `cache`; `attend` replaces causal attention. Returns float32
         logits [1, T - logits_from, vocab], or None for logits_from None (transformers' head then
@@ -120,6 +120,6 @@ def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
     layouts = tuple(layout_of(call, refusal, eps) for call in sorted(calls, key=lambda c: index[id(c[0])]))
     model = AdaptedModel(lm, _args(text, layouts), index, layer_list)
     if check:
-        self_check(model, lambda capacity: KVCache.allocate(model.args, capacity, model.embed.weight.dtype,
+        self_check(model, lambda capacity: ModelKVCache.allocate(model.args, capacity, model.embed.weight.dtype,
                                                             model.embed.weight.device))
     return model

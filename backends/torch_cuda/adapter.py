@@ -32,7 +32,7 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.ops import PrefillAttention
 
 from .attention import causal_attention, windowed_attention
-from .kv_cache import KVCache
+from .kv_cache import ModelKVCache
 
 NAME = "specfill"  # the attention implementation's name in transformers' AttentionInterface
 # interface arguments that change nothing the adapter does not do itself (or are bookkeeping)
@@ -60,7 +60,7 @@ class StepState:
     index: dict[int, int]
     layouts: tuple[AttentionLayout, ...]
     positions: torch.Tensor
-    cache: KVCache
+    cache: ModelKVCache
     attend: PrefillAttention | None = None
 
 

@@ -1,8 +1,9 @@
 """One generation, run on the worker thread: a Plan in, a stream of events out.
 
 Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
-usage, statistics). Cancellation (a client that went away) is checked between prefill steps (the
-progress callback raises) and between generated tokens.
+usage, statistics). Cancellation (a client that went away) is checked after every prefill step of
+every method and stage (the progress callback raises: core/methods/prefill.py StageProgress) and
+between generated tokens.
 """
 from __future__ import annotations
 
@@ -23,10 +24,13 @@ class Cancelled(Exception):
 
 @dataclass(frozen=True)
 class Progress:
-    processed: int  # prompt tokens processed so far (of the part being prefilled)
-    total: int
+    processed: int  # prompt tokens processed so far (cached ones included; monotone)
+    total: int  # prompt tokens
     cached: int  # prompt tokens taken from the prompt cache
     seconds: float
+    stage: str  # "prefill"; SpecPrefill: "speculator", "lookahead", "main_prefill"
+    stage_processed: int  # the stage's steps so far, in tokens (look-ahead tokens in "lookahead")
+    stage_total: int
 
 
 @dataclass(frozen=True)
@@ -110,15 +114,15 @@ class Engine:
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
         # a conversation's new tokens: full attention, and no drafting over a reused cache yet
         request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
-        method = request.method
+        method, info = request.method, PrefillInfo()
 
-        def progress(done: int, total: int) -> None:
+        def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
             if plan.cancelled.is_set():
                 raise Cancelled
-            if plan.return_progress:
-                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started))
+            if plan.return_progress and info.step is not None:
+                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started,
+                              info.step.stage, info.step.done, info.step.total))
 
-        info = PrefillInfo()
         steps = stream_request(self.model, self.tokenizer, plan.ids, request, prompt_progress_callback=progress,
                                prefill_info=info, reuse=reuse.state)
         outcome = None
