@@ -61,9 +61,9 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "gpt_oss": (dict(_MOE, **_SLIDING), "attention sinks"),
     "gemma2": (dict(query_pre_attn_scalar=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **_SLIDING),
                "attention logit soft-capping"),
-    "deepseek_v3": (dict(_MOE, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, head_dim=8,
-                         v_head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
-                         n_group=1, topk_group=1), "multi-head latent attention"),
+    "deepseek_v3": (dict(_MOE, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
+                         qk_nope_head_dim=16, head_dim=8, v_head_dim=16, n_routed_experts=4, n_shared_experts=1,
+                         first_k_dense_replace=1, n_group=1, topk_group=1), "multi-head latent attention"),
 }
 
 # model type -> (config, the layer kind the load error names)

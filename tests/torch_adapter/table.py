@@ -31,7 +31,8 @@ def _row(arch: str) -> str:
         args = adapt(build(arch)).args
     except ModelLoadError as err:  # "<arch> layer <i> is <kind> (...): <why>"
         kind = AT_LOAD[arch][1]
-        return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {str(err)[len(arch) + 1:]} |"
+        why = str(err)[len(arch) + 1:]
+        return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {why} |"
     kinds = ", ".join(sorted({layer.kind for layer in args.layers}))
     refusal = args.refusal()
     h2o, spec = ("oracle", "oracle") if refusal is None else ("refused", "main pass: oracle; as speculator: refused")

@@ -31,7 +31,8 @@ FAMILIES = {
 def pair(directory) -> tuple:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32), AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(directory)
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
