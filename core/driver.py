@@ -14,6 +14,7 @@ from .config import H2OConfig, SpecPrefillConfig
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError, PromptTooLongError
 from .guards import check_logits_finite
+from .methods.draft_length import DraftLength
 from .methods.draft_sources import DraftSource, ModelDraft, SelfDraft, SpeculatorDraft
 from .methods.drafting import distribution, speculative_decode
 from .methods.h2o import H2OPrefillAttention, uses_full_attention
@@ -155,8 +156,7 @@ class CausalLM(Generic[A]):
         if max_tokens == 0:
             return iter(())
         return self._generate(ids, method, speculator, source, reuse, max_tokens=max_tokens, sampling=sampling,
-                              stop_ids=stop_ids, info=info, progress=progress,
-                              num_draft_tokens=0 if drafting is None else drafting.num_tokens)
+                              stop_ids=stop_ids, info=info, progress=progress, drafting=drafting)
 
     def _draft_source(self, drafting: Drafting, method: PrefillMethod, needed: int) -> DraftSource:
         """Drafting.model as a draft source: "self:K", a CausalLM on this backend (checked against
@@ -179,8 +179,8 @@ class CausalLM(Generic[A]):
     def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
                   draft: DraftSource | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
                   stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None,
-                  num_draft_tokens: int) -> Iterator[int]:
-        extra = max_tokens + (0 if draft is None else num_draft_tokens + 1)
+                  drafting: Drafting | None) -> Iterator[int]:
+        extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
         with self.ops.device_scope():
             sparse = None
             if reuse is not None:
@@ -205,11 +205,11 @@ class CausalLM(Generic[A]):
             last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
             check_logits_finite(bool(np.isfinite(last).all()), self.args, where="the first prefill",
                                 dtype=str(self.dtype).rsplit(".", 1)[-1])
-            if draft is None:
+            if draft is None or drafting is None:
                 tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, cache=cache, history=ids)
             else:
-                tokens = self._drafted(ids, last, cache, draft, sparse, num_draft_tokens, max_tokens=max_tokens,
+                tokens = self._drafted(ids, last, cache, draft, sparse, drafting, max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, info=info)
             yield from track_kv(self.ops, tokens, cache, len(ids), info)
 
@@ -224,10 +224,11 @@ class CausalLM(Generic[A]):
         return cache
 
     def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, draft: DraftSource,
-                 sparse: SparsePrefill | None, num_draft_tokens: int, *, max_tokens: int, sampling: SamplingConfig,
+                 sparse: SparsePrefill | None, drafting: Drafting, *, max_tokens: int, sampling: SamplingConfig,
                  stop_ids: frozenset[int], info: PrefillInfo) -> Iterator[int]:
         """The first token from the prefill's last logits [vocab] (host), then speculative decoding
-        with `draft` prepared to read it (a draft model prefills the prompt here)."""
+        with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
+        adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""
         rng = np.random.default_rng(sampling.seed)
         first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
             int(rng.choice(last.size, p=distribution(last, sampling)))
@@ -235,11 +236,13 @@ class CausalLM(Generic[A]):
         yield first
         if first in stop_ids or max_tokens == 1:
             return
-        state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + num_draft_tokens + 2)
+        state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
+        length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive,
+                             timed=sampling.temperature == 0.0 or sampling.seed is None)
+        info.draft_lengths = length.trajectory
         for token, from_draft in speculative_decode(
-                self.ops, self.model, cache, first, next_position=len(ids), draft=state,
-                num_draft_tokens=num_draft_tokens, max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids,
-                rng=rng):
+                self.ops, self.model, cache, first, next_position=len(ids), draft=state, length=length,
+                max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, rng=rng):
             info.drafted_tokens, info.accepted_tokens = state.drafted, state.accepted
             info.seconds.update(state.seconds)
             info.from_draft.append(from_draft)

@@ -85,12 +85,15 @@ class PrefillMethod:
 
 @dataclass(frozen=True)
 class Drafting:
-    """Speculative decoding: `model` drafts `num_tokens` (k >= 1) tokens per round. model: a
+    """Speculative decoding: `model` drafts up to `num_tokens` (k >= 1) tokens per round. model: a
     CausalLM on the main model's backend and vocabulary, "self:K" (the main model's first K layers,
-    sharing its cache), or None with SpecPrefill (the speculator drafts from its prompt KV)."""
+    sharing its cache), or None with SpecPrefill (the speculator drafts from its prompt KV).
+    adaptive: each round's k follows the running acceptance and the measured step costs, up to
+    num_tokens, 0 where drafting cannot pay (core/methods/draft_length.py); False: always num_tokens."""
 
     model: Any = None
     num_tokens: int = 3
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
@@ -168,7 +171,7 @@ class PrefillInfo:
     with drafting {"draft": .., "verify": ..} over the whole decode.
     method: the method that ran ("auto" resolved to full or its sparse method).
     drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
-    and, per generated token, whether it was an accepted draft.
+    and, per generated token, whether it was an accepted draft; draft_lengths: k of every round.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
     """
@@ -183,6 +186,7 @@ class PrefillInfo:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     from_draft: list[bool] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
     kv: KVState | None = None
 
     def start(self, prompt_tokens: int, method: str = "") -> None:
@@ -194,6 +198,7 @@ class PrefillInfo:
         self.seconds = {}
         self.drafted_tokens = self.accepted_tokens = 0
         self.from_draft = []
+        self.draft_lengths = []
         self.kv = None
 
 

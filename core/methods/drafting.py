@@ -1,7 +1,8 @@
 """Speculative decoding with a draft model (seed 002, "Relation to Speculative Decoding"), written
 once over `ModelOps`.
 
-Each round the draft proposes up to k tokens one at a time; the main model scores the pending
+Each round the draft proposes up to k tokens (k chosen per round from the running acceptance and the
+measured step costs: core/methods/draft_length.py) one at a time; the main model scores the pending
 token and the k drafts in one forward pass; drafts are accepted left to right (greedy: while they
 equal the main model's argmax; sampling: with probability min(1, p/q), a rejection resampling
 from normalise(max(p - q, 0))), then one token from the main model follows (the correction, or a
@@ -22,6 +23,7 @@ import numpy as np
 from ..ops import ModelOps
 from ..runtime import SamplingConfig
 from ..stages import A
+from .draft_length import DraftLength
 from .draft_sources import DraftState, distribution
 
 __all__ = ["accept", "acceptance_probability", "distribution", "residual_distribution", "speculative_decode"]
@@ -59,13 +61,14 @@ def accept(drafts: list[int], draft_probs: list[np.ndarray], logits: np.ndarray,
 
 
 def speculative_decode(ops: ModelOps[A], model: Any, cache: Any, first: int, *, next_position: int,
-                       draft: DraftState, num_draft_tokens: int, max_tokens: int, sampling: SamplingConfig,
+                       draft: DraftState, length: DraftLength, max_tokens: int, sampling: SamplingConfig,
                        stop_ids: frozenset[int], rng: np.random.Generator) -> Iterator[tuple[int, bool]]:
     """After the first token (already yielded by the caller, not yet in any cache), yield
-    (token, from_draft) until a stop id or `max_tokens` tokens in all (the first included)."""
+    (token, from_draft) until a stop id or `max_tokens` tokens in all (the first included).
+    `length` chooses each round's number of drafts and learns from the round's acceptance and times."""
     produced, pending = 1, first
     while produced < max_tokens:
-        n = min(num_draft_tokens, max_tokens - produced - 1)
+        n = length.next(max_tokens - produced - 1)
         started = ops.wall_time()
         drafts, probs = draft.propose(ops, n, sampling, rng)
         verified = ops.wall_time()
@@ -75,8 +78,10 @@ def speculative_decode(ops: ModelOps[A], model: Any, cache: Any, first: int, *, 
         draft.keep(ops, [pending] + drafts[:accepted] + [following], len(drafts), accepted)
         next_position += 1 + accepted
         draft.drafted, draft.accepted = draft.drafted + len(drafts), draft.accepted + accepted
+        finished = ops.wall_time()
+        length.record(len(drafts), accepted, verified - started, finished - verified)
         draft.seconds["draft"] += verified - started
-        draft.seconds["verify"] += ops.wall_time() - verified
+        draft.seconds["verify"] += finished - verified
         for i, token in enumerate(drafts[:accepted] + [following]):
             produced += 1
             yield token, i < accepted
