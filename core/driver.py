@@ -236,7 +236,9 @@ class CausalLM(Generic[A]):
         yield first
         if first in stop_ids or max_tokens == 1:
             return
+        started = self.ops.wall_time()
         state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
+        info.seconds["draft_prefill"] = self.ops.wall_time() - started
         length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive,
                              timed=sampling.temperature == 0.0 or sampling.seed is None)
         info.draft_lengths = length.trajectory

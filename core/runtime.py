@@ -168,7 +168,8 @@ class PrefillInfo:
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
     seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}, and
-    with drafting {"draft": .., "verify": ..} over the whole decode.
+    with drafting {"draft": .., "verify": ..} over the whole decode and "draft_prefill" (a draft
+    model reading the prompt after the first token).
     method: the method that ran ("auto" resolved to full or its sparse method).
     drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
     and, per generated token, whether it was an accepted draft; draft_lengths: k of every round.

@@ -15,7 +15,7 @@ plain steps: the cost rule). The first round is a plain step (it measures verify
 drafts max_k. After a plain round chosen by the rule, drafting is tried again (k = 1) after
 PROBE_AFTER plain rounds, the wait doubling each time the try does not pay.
 
-Step costs are running averages of the measured wall times; verify(T) for a T not yet measured is
+Step costs are the least of the last few measured wall times (a shared machine only adds time); verify(T) for a T not yet measured is
 read off the line through the plain step and the largest T measured. With a sampling seed the
 measured times are not used (the tokens would depend on timing): the costs stay at the priors below
 and k follows the acceptance alone, so a seeded run repeats.
@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 ACCEPTANCE_MEMORY = 0.7  # per round: the weight left to earlier rounds in the acceptance estimate
-COST_MEMORY = 0.5  # per measurement: the weight left to earlier measurements in a step cost
+COST_SAMPLES = 4  # a step cost is the least of its last 4 measurements (other jobs only add time)
 PRIOR_ACCEPTANCE = (1.5, 2.0)  # (accepted, judged) before any round: acceptance 0.75 with weight 2
 PRIOR_DRAFT_STEP = 0.3  # a draft step's cost in plain steps, before any is measured (or with a seed)
 PROBE_AFTER = 4  # plain rounds chosen by the rule before drafting is tried again (doubles per failed try)
@@ -48,6 +48,7 @@ class DraftLength:
     judged: float = PRIOR_ACCEPTANCE[1]
     draft_step: float | None = None
     verify: dict[int, float] = field(default_factory=dict)  # tokens in a verify pass -> seconds
+    samples: dict[int, list[float]] = field(default_factory=dict)  # the measurements behind draft_step (0), verify
     plain_rounds: int = 0  # plain rounds chosen by the rule since the last drafting round
     probe_after: int = PROBE_AFTER
 
@@ -106,17 +107,21 @@ class DraftLength:
 
     def record(self, k: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """What a round of k drafts did: `accepted` of them kept, its drafting and verify times."""
-        self.verify[k + 1] = _average(self.verify.get(k + 1), verify_seconds)
+        self.verify[k + 1] = self._measured(k + 1, verify_seconds)
         if k == 0:
             self.plain_rounds += 1
             return
         self.plain_rounds = 0
-        self.draft_step = _average(self.draft_step, draft_seconds / k)
+        self.draft_step = self._measured(0, draft_seconds / k)
         self.accepted = ACCEPTANCE_MEMORY * self.accepted + accepted
         self.judged = ACCEPTANCE_MEMORY * self.judged + accepted + (1 if accepted < k else 0)
         if self.rate(k) >= self.rate(0):
             self.probe_after = PROBE_AFTER  # drafting pays again: a later stop waits the short time
 
-
-def _average(old: float | None, new: float) -> float:
-    return new if old is None else COST_MEMORY * old + (1.0 - COST_MEMORY) * new
+    def _measured(self, key: int, seconds: float) -> float:
+        """The cost of `key` (0: a draft step, T: a verify pass over T tokens) after a new measurement:
+        the least of the recent ones, so a step slowed by another job does not stop drafting."""
+        recent = self.samples.setdefault(key, [])
+        recent.append(seconds)
+        del recent[:-COST_SAMPLES]
+        return min(recent)
