@@ -10,7 +10,7 @@ time spent drafting and verifying, and whether the tokens equal plain decoding's
     flock /work/model.lock .venv/bin/python scripts/bench_drafting_adaptive.py --config pair
     flock /work/model.lock .venv/bin/python scripts/bench_drafting_adaptive.py --config demo
 
-Each call replaces its configuration's rows in results/bench/drafting_adaptive.json and rewrites the
+Each call replaces its configuration's rows (of the prompts it ran) in results/bench/drafting_adaptive.json and rewrites the
 .md and .png from all rows (one configuration per call keeps each run under 10 minutes).
 """
 from __future__ import annotations
@@ -69,12 +69,14 @@ def generation(model, ids: list[int], max_tokens: int, drafting: Drafting | None
             "load_1min": round(os.getloadavg()[0], 2)}
 
 
-def run_config(name: str, max_k: int, max_tokens: int) -> list[dict]:
+def run_config(name: str, max_k: int, max_tokens: int, only: list[str]) -> list[dict]:
     path, draft_path, label = CONFIGS[name]
     model, tokenizer = load(path, backend="cuda", dtype="float32", device="cpu")
     draft = load_speculator(draft_path, model, tokenizer, "float32", "cpu", role="draft model")
     rows = []
     for prompt, ids in prompts(tokenizer).items():
+        if prompt not in only:
+            continue
         generation(model, ids[:32], 4, Drafting(draft, 2))  # warm-up: shapes and the draft path
         plain = generation(model, ids, max_tokens, None)
         for schedule, drafting in (("fixed", Drafting(draft, max_k, adaptive=False)),
@@ -163,13 +165,15 @@ def main() -> None:
     parser.add_argument("--max-k", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompts", default="code,prose", help="comma-separated: code, prose")
     parser.add_argument("--out", default=str(ROOT / "results/bench/drafting_adaptive"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    rows = run_config(args.config, args.max_k, args.max_tokens)
+    only = args.prompts.split(",")
+    rows = run_config(args.config, args.max_k, args.max_tokens, only)
     old = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() else []
-    rows = [r for r in old if r["config"] != args.config] + rows
+    rows = [r for r in old if r["config"] != args.config or r["prompt"] not in only] + rows
     write({"machine": describe_machine(), "max_tokens": args.max_tokens, "rows": rows}, out)
 
 
