@@ -78,7 +78,8 @@ def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
 
 
 def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConfig:
-    settings = {"layers": args.score_layers, **parse_keep(args.keep), **overrides}
+    keep = {} if {"keep_ratio", "keep_tokens"} & overrides.keys() else parse_keep(args.keep)
+    settings = {"layers": args.score_layers, **keep, **overrides}
     return SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
                              select_chunk=args.select_chunk, **settings)
 

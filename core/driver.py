@@ -17,12 +17,13 @@ from .guards import check_logits_finite
 from .methods.draft_length import DraftLength
 from .methods.draft_sources import DraftSource, ModelDraft, SelfDraft, SpeculatorDraft
 from .methods.drafting import distribution, speculative_decode
-from .methods.h2o import H2OPrefillAttention, uses_full_attention
-from .methods.prefill import prefill
+from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
+from .methods.prefill import StageProgress, prefill
 from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .probe import auto_crossover
+from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
                       check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
                       check_token_ids, self_speculator_layers)
@@ -99,15 +100,14 @@ class CausalLM(Generic[A]):
     def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: PrefillInfo, *,
                        logits_from: int = -1, progress: ProgressCallback | None = None) -> A:
         """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
-        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O
-        runs one step per logical batch; where it is plain causal attention, the full prefill."""
-        started = self.ops.wall_time()
-        config = method.h2o or H2OConfig()
+        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O steps by
+        whole chunks (h2o_step_size), else the full prefill; `progress(done, total)` after each step."""
+        started, config = self.ops.wall_time(), method.h2o or H2OConfig()
         attend, step = None, self.prefill_step_size
         if method.name == "h2o" and not uses_full_attention(config, len(ids)):
             attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.attention_scale,
                                          len(ids), self.args.layer_windows)
-            step = config.batch_size
+            step = h2o_step_size(config, self.prefill_step_size)
         logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,
                          logits_from=logits_from, attend=attend, progress=progress)
         if method.name == "h2o" and info.record_memory:
@@ -152,6 +152,7 @@ class CausalLM(Generic[A]):
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(len(ids), speculator[0].args.max_position_embeddings)
+            method = fit_to_prompt(method, len(ids), speculator[0].args.max_position_embeddings)
         source = None if drafting is None else self._draft_source(drafting, method, len(ids) + max_tokens)
         if max_tokens == 0:
             return iter(())
@@ -181,22 +182,22 @@ class CausalLM(Generic[A]):
                   stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None,
                   drafting: Drafting | None) -> Iterator[int]:
         extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
+        report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
         with self.ops.device_scope():
-            sparse = None
             if reuse is not None:
                 cache = self._reused_cache(reuse, len(ids) - reuse.tokens + extra)
                 started = self.ops.wall_time()
                 logits = prefill(self.ops, self.model, self.ops.tokens(ids[reuse.tokens:]), reuse.tokens, cache,
-                                 step_size=self.prefill_step_size, progress=progress)[-1]
+                                 step_size=self.prefill_step_size, progress=report.of("prefill"))[-1]
                 info.seconds["prefill"] = self.ops.wall_time() - started
             elif speculator is None:
                 cache = self.ops.new_cache(self.model, len(ids) + extra)
-                logits = self.prefill_prompt(ids, cache, method, info, progress=progress)[-1]
+                logits = self.prefill_prompt(ids, cache, method, info, progress=report.of("prefill"))[-1]
             else:
                 sparse = speculative_prefill(
                     self.ops, self.model, ids, speculator[0], method.specprefill or SpecPrefillConfig(),
                     stop_ids=stop_ids, extra_slots=extra, step_size=self.prefill_step_size,
-                    speculator_step_size=speculator[1], progress=progress,
+                    speculator_step_size=speculator[1], report=report,
                     speculator_extra_slots=0 if draft is None else draft.speculator_room(extra))
                 info.kept_positions = sparse.selection.kept.tolist()
                 info.kept_tokens = len(info.kept_positions)
