@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Generic, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Iterator, Sequence
 
 import numpy as np
 
@@ -15,8 +15,6 @@ from .decoding import decode_tokens, track_kv
 from .errors import ConfigError, PromptTooLongError
 from .guards import check_logits_finite
 from .methods.draft_length import DraftLength
-from .methods.draft_sources import DraftSource, ModelDraft, SelfDraft, SpeculatorDraft
-from .methods.drafting import distribution, speculative_decode
 from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
 from .methods.prefill import StageProgress, prefill
 from .methods.specprefill import SparsePrefill, speculative_prefill
@@ -28,6 +26,9 @@ from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCal
                       check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
                       check_token_ids, self_speculator_layers)
 from .stages import A
+
+if TYPE_CHECKING:
+    from .methods.draft_sources import DraftSource
 
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
 
@@ -162,6 +163,8 @@ class CausalLM(Generic[A]):
     def _draft_source(self, drafting: Drafting, method: PrefillMethod, needed: int) -> DraftSource:
         """Drafting.model as a draft source: "self:K", a CausalLM on this backend (checked against
         this model's vocabulary and `needed` = prompt + max_tokens), or None: the speculator."""
+        from .methods.draft_sources import ModelDraft, SelfDraft, SpeculatorDraft  # drafting loads only when asked
+
         if drafting.model is None:
             if method.name != "specprefill":
                 raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
@@ -230,6 +233,8 @@ class CausalLM(Generic[A]):
         """The first token from the prefill's last logits [vocab] (host), then speculative decoding
         with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
         adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""
+        from .methods.drafting import distribution, speculative_decode
+
         rng = np.random.default_rng(sampling.seed)
         first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
             int(rng.choice(last.size, p=distribution(last, sampling)))
