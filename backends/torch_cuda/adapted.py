@@ -2,16 +2,17 @@
 specfill's attention-interface function (adapter.py).
 
 `adapt(lm)` checks and probes the model (adapted_probe.py) to describe each decoder layer's
-attention (core/adapted.py's AttentionLayout) and returns an `AdaptedModel`: the object `CausalLM` holds, with `AdaptedArgs`
-as its args. `AdaptedOps` is TorchOps with the model step going through transformers'
-`ForCausalLM.forward` at explicit `position_ids`, its attention implementation switched to
-specfill's for the step only: outside a specfill step the model still runs as transformers' own.
+attention (core/adapted.py's AttentionLayout) and returns an `AdaptedModel`: the object `CausalLM`
+holds, with `AdaptedArgs` as its args. It keeps the call contract of specfill's own
+model.Transformer, so the backend's one TorchOps runs either (an own main model with an adapted
+speculator or draft, and the reverse): its step is transformers' `ForCausalLM.forward` at explicit
+`position_ids`, the attention implementation switched to specfill's for the step only; outside a
+specfill step the model still runs as transformers' own.
 """
 from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -20,11 +21,10 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
-from .adapted_probe import (USE_TRANSFORMERS, check_layer_kinds, config_refusal, implementation, layer_index, probe,
-                            self_check)
+from .adapted_probe import (USE_TRANSFORMERS, check_layer_kinds, config_refusal, implementation, layer_index,
+                            model_configs, probe, self_check)
 from .adapter import ACTIVE, NAME, StepState, check_cacheable, layout_of, register
-from .kv_cache import KVCache
-from .ops import TorchOps
+from .kv_cache import ModelKVCache
 
 
 class AdaptedModel:
@@ -41,8 +41,8 @@ class AdaptedModel:
         self.index = index
         self.layer_list = layer_list
         self.n_layers = n_layers
-        self.dtype = next(p.dtype for p in lm.parameters() if p.is_floating_point())
-        self.device = next(lm.parameters()).device
+        self.configs = model_configs(lm)  # switched to specfill's attention during each step
+        self.embed = lm.get_input_embeddings()  # TorchOps reads the activation dtype and device from it
 
     def first_layers(self, n_layers: int) -> AdaptedModel:
         total = self.args.num_hidden_layers if self.n_layers is None else self.n_layers
@@ -50,11 +50,26 @@ class AdaptedModel:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
         return AdaptedModel(self.lm, self.args.first(n_layers), self.index, self.layer_list, n_layers)
 
-    def step(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, attend: Any,
-             logits_from: int | None) -> torch.Tensor | None:
-        """ids [T] at RoPE `positions` [T] appended to `cache` -> float32 logits
-        [T - logits_from, vocab] (None: the caller wants none; the head then runs on one token)."""
-        steps = ids.shape[0]
+    def _check(self, attend: Any) -> None:
+        """Refuse by name a method the model's layers cannot honour, before anything runs: H2O or
+        the speculator's query capture. SpecPrefill's main pass (kept tokens at their original
+        positions) runs on every layer: a refused layer attends by its family's own eager function
+        with a mask from the cached positions (adapter._own_attention)."""
+        if isinstance(attend, H2OPrefillAttention):
+            self.args.check_method("h2o")
+        elif isinstance(attend, QueryCapture):
+            self.args.check_method("speculator")
+        elif attend is not None:
+            raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache,
+                 logits_from: int | None = 0, attend: Any = None) -> torch.Tensor | None:
+        """The contract of model.Transformer.forward (TorchOps runs either model): ids [1, T] at RoPE
+        `positions` [T] appended to `cache`; `attend` replaces causal attention. Returns float32
+        logits [1, T - logits_from, vocab], or None for logits_from None (transformers' head then
+        runs on one token only)."""
+        self._check(attend)
+        steps = ids.shape[1]
         keep = 1 if logits_from is None else steps - (logits_from % steps if logits_from < 0 else logits_from)
         parent, name = self.layer_list
         layers = getattr(parent, name)
@@ -62,43 +77,13 @@ class AdaptedModel:
             setattr(parent, name, nn.ModuleList(list(layers)[:self.n_layers]))
         token = ACTIVE.set(StepState(self.index, self.args.layers, positions, cache, attend))
         try:
-            with implementation(self.lm, NAME):
-                out = self.lm(input_ids=ids[None], position_ids=positions[None], use_cache=False,
+            with implementation(self.configs, NAME):
+                out = self.lm(input_ids=ids, position_ids=positions[None], use_cache=False,
                               logits_to_keep=keep if keep < steps else 0)
         finally:
             ACTIVE.reset(token)
             setattr(parent, name, layers)
-        return None if logits_from is None else out.logits[0].float()
-
-
-class AdaptedOps(TorchOps):
-    """TorchOps for AdaptedModel: the step goes through transformers' forward, and a method the
-    model's layers cannot honour is refused by name before anything runs."""
-
-    def activation_dtype(self, model: AdaptedModel) -> torch.dtype:
-        return model.dtype
-
-    def forward(self, model: AdaptedModel, ids: torch.Tensor, positions: int | np.ndarray, cache: KVCache,
-                attend: Any, logits_from: int | None) -> torch.Tensor | None:
-        if isinstance(attend, H2OPrefillAttention):
-            model.args.check_method("h2o")
-        elif isinstance(attend, QueryCapture):
-            model.args.check_method("speculator")
-        elif not isinstance(positions, (int, np.integer)):
-            model.args.check_method("specprefill")
-        elif attend is not None:
-            raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
-        if isinstance(positions, (int, np.integer)):
-            pos = torch.arange(int(positions), int(positions) + ids.shape[0], device=self.device)
-        else:
-            pos = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
-        return model.step(ids, pos, cache, attend, logits_from)
-
-    def new_cache(self, model: AdaptedModel, capacity: int) -> KVCache:
-        return KVCache.allocate(model.args, capacity, model.dtype, model.device)
-
-    def first_layers(self, model: AdaptedModel, n_layers: int) -> AdaptedModel:
-        return model.first_layers(n_layers)
+        return None if logits_from is None else out.logits.float()
 
 
 def _args(text: Any, layouts: tuple) -> AdaptedArgs:
@@ -135,5 +120,6 @@ def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
     layouts = tuple(layout_of(call, refusal, eps) for call in sorted(calls, key=lambda c: index[id(c[0])]))
     model = AdaptedModel(lm, _args(text, layouts), index, layer_list)
     if check:
-        self_check(model, lambda capacity: KVCache.allocate(model.args, capacity, model.dtype, model.device))
+        self_check(model, lambda capacity: ModelKVCache.allocate(model.args, capacity, model.embed.weight.dtype,
+                                                            model.embed.weight.device))
     return model

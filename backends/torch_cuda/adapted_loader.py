@@ -25,6 +25,8 @@ from specfill.core.io.gguf_file import read_gguf
 from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 from specfill.core.model_config import SUPPORTED_ARCHITECTURES
 
+from .ops import TorchOps
+
 
 def transformers_model_type(path: str | Path) -> str | None:
     """The model_type of a directory that should load through transformers (None: specfill's own
@@ -53,13 +55,21 @@ def transformers_gguf_architecture(path: str | Path) -> str | None:
 
 
 def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder)."""
+    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder),
+    without transformers' progress bars (specfill's CLI prints its own progress)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
-    if path.is_file():
-        return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                    local_files_only=True)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        if path.is_file():
+            return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                        local_files_only=True)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
 
 
 def _tokenizer_source(tokenizer: Any) -> Path:
@@ -80,14 +90,14 @@ def load_pair(pair: tuple[Any, Any], dtype: torch.dtype, device: torch.device, p
     to `device` and `dtype` in place."""
     from transformers import PreTrainedModel
 
-    from .adapted import AdaptedOps, adapt
+    from .adapted import adapt
 
     lm, tokenizer = pair
     if not isinstance(lm, PreTrainedModel):
         raise ModelLoadError(f"expected a transformers model (PreTrainedModel), got {type(lm).__name__}")
     directory = _tokenizer_source(tokenizer)
     model = adapt(lm.to(device=device, dtype=dtype))
-    return CausalLM(model, AdaptedOps(device, dtype, use_kernels), prefill_step_size=prefill_step_size), \
+    return CausalLM(model, TorchOps(device, dtype, use_kernels), prefill_step_size=prefill_step_size), \
         load_tokenizer(directory)
 
 
@@ -96,7 +106,7 @@ def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, pre
     """(CausalLM, specfill Tokenizer) from a transformers directory or a GGUF file:
     AutoModelForCausalLM reads it in `dtype` (offline: no download here), moved to `device`, then
     adapted; the tokenizer is specfill's own reader's (tokenizer.json, or the GGUF's metadata)."""
-    from .adapted import AdaptedOps, adapt  # here: `specfill generate` on an own family never imports it
+    from .adapted import adapt  # here: `specfill generate` on an own family never imports it
 
     path = Path(path)
     try:
@@ -107,5 +117,5 @@ def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, pre
         raise ModelLoadError(f"{quote(path)}: unsupported architecture {what!r} for specfill's own models, and "
                              f"transformers could not load it: {first}") from None
     model = adapt(lm.to(device))
-    ops = AdaptedOps(device, dtype, use_kernels)
+    ops = TorchOps(device, dtype, use_kernels)
     return CausalLM(model, ops, prefill_step_size=prefill_step_size), load_tokenizer(path)

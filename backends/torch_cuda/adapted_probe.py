@@ -40,21 +40,26 @@ SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16
 USE_TRANSFORMERS = "every method is refused, use transformers itself"
 
 
-@contextmanager
-def implementation(lm: nn.Module, name: str) -> Iterator[None]:
-    """Every config of `lm`'s modules names `name` as attention implementation while inside (the
-    attention modules read `self.config._attn_implementation` at each call)."""
+def model_configs(lm: nn.Module) -> list[Any]:
+    """The distinct config objects `lm`'s modules hold (the model's, its text model's, ...)."""
     from transformers import PreTrainedConfig
 
-    configs = {id(c): c for m in lm.modules() for c in [vars(m).get("config")] if isinstance(c, PreTrainedConfig)}
-    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
-    for config in configs.values():
+    found = {id(c): c for m in lm.modules() for c in [vars(m).get("config")] if isinstance(c, PreTrainedConfig)}
+    return list(found.values())
+
+
+@contextmanager
+def implementation(configs: list[Any], name: str) -> Iterator[None]:
+    """Every config in `configs` (model_configs) names `name` as attention implementation while
+    inside (the attention modules read `self.config._attn_implementation` at each call)."""
+    saved = [config._attn_implementation_internal for config in configs]
+    for config in configs:
         config._attn_implementation_internal = name
     try:
         yield
     finally:
-        for key, config in configs.items():
-            config._attn_implementation_internal = saved[key]
+        for config, value in zip(configs, saved):
+            config._attn_implementation_internal = value
 
 
 def check_layer_kinds(text: Any, architecture: str) -> None:
@@ -85,7 +90,7 @@ def probe(lm: nn.Module, architecture: str) -> list[tuple[nn.Module, tuple, tupl
     token = ACTIVE.set(recorder)
     device = next(lm.parameters()).device
     try:
-        with torch.inference_mode(), implementation(lm, NAME):
+        with torch.inference_mode(), implementation(model_configs(lm), NAME):
             lm(input_ids=torch.zeros(1, 2, dtype=torch.int64, device=device),
                position_ids=torch.arange(2, device=device)[None], use_cache=False, logits_to_keep=1)
     except Exception as err:  # any failure of the library's forward under the recording attention
@@ -143,15 +148,15 @@ def self_check(model: Any, new_cache: Any) -> None:
     `new_cache(6)` against transformers' own forward in one call: ModelLoadError when they differ
     by more than SELF_CHECK_TOLERANCE of max(1, max|logit|) (something the adapter does not model:
     a state kept outside the KV cache, another mask, attention after the interface call)."""
-    lm = model.lm
-    ids = torch.arange(3, 9, device=model.device) % model.args.vocab_size
+    device, dtype = model.embed.weight.device, model.embed.weight.dtype
+    ids = torch.arange(3, 9, device=device)[None] % model.args.vocab_size
     with torch.inference_mode():
-        want = lm(input_ids=ids[None], use_cache=False).logits[0].float()
+        want = model.lm(input_ids=ids, use_cache=False).logits[0].float()
         cache = new_cache(6)
-        model.step(ids[:3], torch.arange(3, device=model.device), cache, None, None)
-        got = model.step(ids[3:], torch.arange(3, 6, device=model.device), cache, None, 0)
+        model(ids[:, :3], torch.arange(3, device=device), cache, None)
+        got = model(ids[:, 3:], torch.arange(3, 6, device=device), cache, 0)[0]
     err = float((got - want[3:]).abs().max())
-    bound = SELF_CHECK_TOLERANCE.get(model.dtype, 5e-2) * max(1.0, float(want.abs().max()))
+    bound = SELF_CHECK_TOLERANCE.get(dtype, 5e-2) * max(1.0, float(want.abs().max()))
     if not err <= bound:
         raise ModelLoadError(f"{model.args.architecture}: specfill's attention does not reproduce transformers' "
                              f"forward on a 6-token check (max |diff| {err:.3g} > {bound:.3g}): the model does "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from specfill.core.adapted import AttentionLayout
@@ -31,7 +32,7 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.ops import PrefillAttention
 
 from .attention import causal_attention, windowed_attention
-from .kv_cache import KVCache
+from .kv_cache import ModelKVCache
 
 NAME = "specfill"  # the attention implementation's name in transformers' AttentionInterface
 # interface arguments that change nothing the adapter does not do itself (or are bookkeeping)
@@ -59,7 +60,7 @@ class StepState:
     index: dict[int, int]
     layouts: tuple[AttentionLayout, ...]
     positions: torch.Tensor
-    cache: KVCache
+    cache: ModelKVCache
     attend: PrefillAttention | None = None
 
 
@@ -80,11 +81,14 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
     index = step.index[id(module)]
     layout, positions = step.layouts[index], step.positions
     layer_cache = step.cache.layers[index]
+    value_dim = value.shape[-1]
+    if value_dim < key.shape[-1]:  # latent attention (a refused layer): values zero-padded to the keys' head dim
+        value = F.pad(value, (0, key.shape[-1] - value_dim))
     keys, values = layer_cache.update_and_fetch(key, value)
     keys_at = layer_cache.slot_positions(positions)  # every layer records them: windows and refused layers read them
     if layout.refusal is not None:
         out = _own_attention(module, query, keys, values, positions, keys_at, layout, kwargs)
-        return out, None
+        return out[..., :value_dim].contiguous(), None
     if step.attend is not None:
         out = step.attend(index, query, keys, values)
     elif layout.window is not None:
@@ -122,6 +126,9 @@ def register() -> None:
 
 def _refusal(kwargs: dict[str, Any], key: tuple, value: tuple) -> tuple[str, str] | None:
     """(layer kind, reason) for interface arguments or shapes the adapter does not model."""
+    if value[3] != key[3]:
+        return "multi-head latent attention", "keys and values are decompressed from a shared latent (values of " \
+            "another head dim than keys), with a RoPE part apart"
     for name, refused in REFUSED_ARGUMENTS.items():
         if kwargs.get(name) is not None:
             return refused
@@ -150,14 +157,14 @@ def layout_of(call: tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]], confi
 
 
 def check_cacheable(architecture: str, calls: list) -> None:
-    """specfill's torch KV cache holds one [Hkv, D] shape for keys and values of every layer:
-    layers whose keys and values differ in head dim (multi-head latent attention) or in shape
-    across layers are refused at load, every method, with the first such layer named."""
+    """specfill's torch KV cache holds one [Hkv, D] shape for keys and values of every layer (values
+    of a smaller head dim, latent attention's, are zero-padded to it): layers whose key shape
+    differs across layers, or whose values are wider than keys, are refused at load, every method,
+    with the first such layer named."""
     first = calls[0][2]
     for index, (module, q, k, v, _) in enumerate(calls):
-        latent = "latent" if k[3] != v[3] else None
-        if latent or (k[1], k[3]) != (first[1], first[3]):
-            kind = "multi-head latent attention" if latent else "attention of another KV shape"
+        if v[3] > k[3] or (k[1], k[3]) != (first[1], first[3]):
+            kind = "attention of another KV shape"
             raise ModelLoadError(f"{architecture} layer {index} is {kind} ({type(module).__name__}: keys "
                                  f"[{k[1]}, {k[3]}], values [{v[1]}, {v[3]}] per token): specfill's torch KV cache "
                                  f"holds one key/value shape for every layer; every method is refused, use "

@@ -36,7 +36,7 @@ def tiny(request):
 
 def kv_arrays(kv: KVState, slots: int) -> np.ndarray:
     """Every layer's keys and values of the first `slots` slots, float32 NumPy [layers, 2, Hkv, slots, D]."""
-    if isinstance(kv.cache, list):  # MLX: one KVCache per layer
+    if isinstance(kv.cache, list):  # MLX: one LayerKVCache per layer
         import mlx.core as mx
         return np.stack([np.stack([np.asarray(c.keys[0, :, :slots].astype(mx.float32)),
                                    np.asarray(c.values[0, :, :slots].astype(mx.float32))]) for c in kv.cache])

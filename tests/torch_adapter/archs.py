@@ -61,18 +61,19 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "gpt_oss": (dict(_MOE, **_SLIDING), "attention sinks"),
     "gemma2": (dict(query_pre_attn_scalar=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **_SLIDING),
                "attention logit soft-capping"),
+    "deepseek_v3": (dict(_MOE, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, head_dim=8,
+                         v_head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
+                         n_group=1, topk_group=1), "multi-head latent attention"),
 }
 
 # model type -> (config, the layer kind the load error names)
 AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
-    "deepseek_v3": (dict(_MOE, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, head_dim=8,
-                         v_head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
-                         n_group=1, topk_group=1), "multi-head latent attention"),
     "qwen3_next": (dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                         linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
                         shared_expert_intermediate_size=32), "linear-attention / state-space layer"),
     "falcon_h1": ({}, "attention beside a recurrent mixer (hybrid)"),  # a Mamba mixer in every layer
     "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
+    "bloom": ({}, "does not run its attention through transformers' AttentionInterface"),  # ALiBi, own attention
 }
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specfill.backends.torch_cuda.adapted import AdaptedOps, adapt
+from specfill.backends.torch_cuda.adapted import adapt
+from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
 from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
 
@@ -21,7 +22,7 @@ RELATIVE_TOLERANCE = 1e-5
 
 def adapted(lm: torch.nn.Module, prefill_step_size: int = 2048) -> CausalLM:
     """The transformers model `lm` adapted, as specfill's CausalLM on the CPU in float32."""
-    return CausalLM(adapt(lm), AdaptedOps(torch.device("cpu"), torch.float32), prefill_step_size=prefill_step_size)
+    return CausalLM(adapt(lm), TorchOps(torch.device("cpu"), torch.float32), prefill_step_size=prefill_step_size)
 
 
 def prompt(n: int, vocab: int = 320, seed: int = 0) -> list[int]:

@@ -34,8 +34,8 @@ def _row(arch: str) -> str:
         return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {str(err)[len(arch) + 1:]} |"
     kinds = ", ".join(sorted({layer.kind for layer in args.layers}))
     refusal = args.refusal()
-    sparse = "oracle" if refusal is None else "refused"
-    return f"| {arch} | {moe} | {kinds} | forward | greedy | {sparse} | {sparse} | {refusal or ''} |"
+    h2o, spec = ("oracle", "oracle") if refusal is None else ("refused", "main pass: oracle; as speculator: refused")
+    return f"| {arch} | {moe} | {kinds} | forward | greedy | {h2o} | {spec} | {refusal or ''} |"
 
 
 def table() -> str:

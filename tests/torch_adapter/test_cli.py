@@ -12,11 +12,12 @@ from specfill.backends.torch_cuda.adapted import AdaptedModel
 from specfill.cli.main import main
 from specfill.core.runtime import PrefillInfo, PrefillMethod
 
-from tests.torch_adapter.archs import REFUSED, build, save_directory
+from tests.torch_adapter.archs import AT_LOAD, REFUSED, build, save_directory
 from tests.torch_adapter.support import assert_close, prompt
 
 
 def generate(capsys, directory, *options: str) -> tuple[int, str, str]:
+    capsys.readouterr()  # what writing the test model printed
     code = main(["generate", "--backend", "cuda", "--device", "cpu", "--model", str(directory),
                  "--prompt", "The capital of France is Paris. " * 6, "--max-tokens", "4", *options])
     out, err = capsys.readouterr()
@@ -34,6 +35,7 @@ def test_generate_runs_a_family_without_a_model_file(moe_directory, capsys, meth
                               "--h2o-heavy", "2")
     assert code == 0, err
     assert out.strip(), "printed generated text"
+    assert "Loading weights" not in err, "transformers' progress bars stay off"
 
 
 def test_a_method_the_family_cannot_honour_is_one_error_line(tmp_path, capsys):
@@ -43,6 +45,14 @@ def test_a_method_the_family_cannot_honour_is_one_error_line(tmp_path, capsys):
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
     assert any("H2O cannot run on gemma2: layer 0 (attention logit soft-capping" in line for line in lines), err
+
+
+def test_a_family_refused_at_load_is_one_error_line(tmp_path, capsys):
+    directory = save_directory("qwen3_next", tmp_path / "qwen3_next", AT_LOAD["qwen3_next"][0])
+    code, out, err = generate(capsys, directory)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code != 0 and "Traceback" not in err and not out.strip()
+    assert len(lines) == 1 and "qwen3_next layer 0 is a linear-attention / state-space layer" in lines[0], err
 
 
 def test_load_reads_the_directory_through_transformers(moe_directory):

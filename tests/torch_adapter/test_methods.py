@@ -87,14 +87,11 @@ def test_specprefill_kept_positions_equal_the_reference_selection(arch, monkeypa
 
 
 @pytest.mark.parametrize("arch", sorted(REFUSED))
-@pytest.mark.parametrize("method,name", [(H2O, "H2O"), (spec(0.3), "speculator"), (spec(0.3), "SpecPrefill")])
+@pytest.mark.parametrize("method,name", [(H2O, "H2O"), (spec(0.3), "speculator")])
 def test_sparse_methods_are_refused_by_name_on_layers_they_cannot_run(arch, method, name):
     model = adapted(build(arch))
     kind = REFUSED[arch][1]
     ids = prompt(24, seed=9)
-    if name == "SpecPrefill":  # an honoured speculator of the same vocabulary: the main model refuses
-        method = PrefillMethod("specprefill", speculator=adapted(build("qwen3_moe")),
-                               specprefill=method.specprefill)
     with pytest.raises(MethodRefusedError) as refused:
         greedy(model, ids, 2, method)
     message = str(refused.value)
@@ -103,12 +100,46 @@ def test_sparse_methods_are_refused_by_name_on_layers_they_cannot_run(arch, meth
     assert len(greedy(model, ids, 2)) == 2  # full prefill and decoding still run
 
 
+@pytest.mark.parametrize("arch", sorted(REFUSED))
+def test_specprefill_main_pass_runs_refused_layers_with_an_honoured_speculator(arch, monkeypatch):
+    """The kept tokens at their original positions go through the refused layers' own attention
+    (test_forward checks those logits against transformers at the same position_ids); the
+    speculator, an honoured model of the same vocabulary, selects them as the reference does."""
+    model = adapted(build(arch))
+    speculator = adapted(build("qwen3_moe"))
+    ids = prompt(48, seed=8)
+    calls = record(monkeypatch, QueryCapture)
+    method = PrefillMethod("specprefill", speculator=speculator, specprefill=spec(0.3).specprefill)
+    info = PrefillInfo()
+    assert len(greedy(model, ids, 3, method, info)) == 3
+    layers = range(speculator.args.num_hidden_layers)  # a whole model as speculator: every layer scores
+    queries = np.stack([[q[:, -1] for layer, q, k, _, _ in calls if layer == i and k.shape[1] >= len(ids)]
+                        for i in layers])
+    keys = np.stack([[c for c in calls if c[0] == i][0][2][:, :len(ids)] for i in layers])
+    _, selection = speculative_selection(queries.astype(np.float64), keys.astype(np.float64), method.specprefill,
+                                         speculator.args.attention_scale, REFERENCE, speculator.args.layer_windows)
+    assert info.kept_positions == selection.kept.tolist() and 8 <= info.kept_tokens < len(ids)
+
+
 @pytest.mark.parametrize("arch", sorted(AT_LOAD))
 def test_layers_the_kv_cache_cannot_hold_are_refused_at_load_by_name(arch):
     with pytest.raises(ModelLoadError) as refused:
         adapted(build(arch))
     message = str(refused.value)
-    assert message.startswith(f"{arch} layer ") and AT_LOAD[arch][1] in message and "\n" not in message
+    assert message.startswith(f"{arch} ") and AT_LOAD[arch][1] in message and "\n" not in message
+
+
+def test_interface_arguments_the_adapter_does_not_model_refuse_the_layer_by_name():
+    """A future argument of transformers' attention call (here a made-up one) is not ignored."""
+    from torch import nn
+
+    from specfill.backends.torch_cuda.adapter import layout_of
+
+    call = (nn.Identity(), (1, 4, 2, 16), (1, 2, 2, 16), (1, 2, 2, 16), {"scaling": 0.25, "logit_bias": 1.0})
+    layout = layout_of(call, None, 1e-6)
+    assert layout.kind == "attention of an unknown layout (Identity)" and "logit_bias" in layout.refusal
+    neutral = layout_of(call[:4] + ({"scaling": 0.25, "sliding_window": 8, "dropout": 0.0},), None, 1e-6)
+    assert neutral.refusal is None and neutral.window == 8 and neutral.scale == 0.25
 
 
 def test_dynamic_rope_refuses_the_sparse_methods_by_name():

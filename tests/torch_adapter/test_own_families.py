@@ -67,3 +67,19 @@ def test_a_pair_that_is_not_transformers_is_one_load_error(tmp_path):
 
     with pytest.raises(ModelLoadError, match="expected a transformers model"):
         load((object(), object()), device="cpu")
+
+
+def test_an_own_model_and_an_adapted_one_serve_as_each_others_speculator_and_draft(tmp_path):
+    """One ops for both kinds of model: SpecPrefill with the other kind as speculator, and
+    speculative decoding with the other kind as draft (same weights: drafts all accepted)."""
+    from specfill.core.runtime import Drafting, PrefillMethod
+
+    directory = save_directory("qwen3", tmp_path / "qwen3", FAMILIES["qwen3"])
+    own, _ = load(directory, dtype="float32", device="cpu")
+    ours, _ = load(pair(directory), dtype="float32", device="cpu")
+    ids = prompt(40, seed=5)
+    for main, other in ((own, ours), (ours, own)):
+        method = PrefillMethod("specprefill", speculator=other, specprefill=spec(0.3).specprefill)
+        assert greedy(main, ids, 4, method) == greedy(other, ids, 4, method.__class__(
+            "specprefill", speculator=main, specprefill=method.specprefill))
+        assert greedy(main, ids, 8, drafting=Drafting(other, 3)) == greedy(main, ids, 8)
