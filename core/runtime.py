@@ -15,6 +15,7 @@ import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from .methods.draft_length import Drafting  # noqa: F401  (defined with the draft-length rule it configures)
 from .models import ModelArgs
 
 if TYPE_CHECKING:
@@ -102,20 +103,6 @@ class PrefillMethod:
         return "specprefill" if self.speculator is not None else "h2o"
 
 
-@dataclass(frozen=True)
-class Drafting:
-    """Speculative decoding: `model` drafts `num_tokens` (k >= 1) tokens per round. model: a
-    CausalLM on the main model's backend and vocabulary, "self:K" (the main model's first K layers,
-    sharing its cache), or None with SpecPrefill (the speculator drafts from its prompt KV)."""
-
-    model: Any = None
-    num_tokens: int = 3
-
-    def __post_init__(self) -> None:
-        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
-            raise ConfigError(f"num_draft_tokens must be an integer >= 1, got {self.num_tokens!r}")
-
-
 def self_speculator_layers(speculator: str, n_layers: int) -> int:
     """K of a "self:K" speculator (the main model's first K layers), checked against n_layers."""
     name, _, count = speculator.partition(":")
@@ -184,10 +171,11 @@ class PrefillInfo:
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
     seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}, and
-    with drafting {"draft": .., "verify": ..} over the whole decode.
+    with drafting {"draft": .., "verify": ..} over the whole decode and "draft_prefill" (a draft
+    model reading the prompt after the first token).
     method: the method that ran ("auto" resolved to full or its sparse method).
     drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
-    and, per generated token, whether it was an accepted draft.
+    and, per generated token, whether it was an accepted draft; draft_lengths: k of every round.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
     step: the last finished prefill step (methods/prefill.py; None before the first), kept current.
@@ -203,6 +191,7 @@ class PrefillInfo:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     from_draft: list[bool] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
     kv: KVState | None = None
     step: PrefillStep | None = None
 
@@ -215,6 +204,7 @@ class PrefillInfo:
         self.seconds = {}
         self.drafted_tokens = self.accepted_tokens = 0
         self.from_draft = []
+        self.draft_lengths = []
         self.kv = None
         self.step = None
 
