@@ -53,11 +53,12 @@ def plot(rows: list[dict[str, Any]], options: Any, machine: dict, path: Path) ->
     done = [r for r in rows if "ttft_s" in r]
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(done) + 1.5))
     labels = [f"{_label(r['system'])} @ {r['prompt_tokens']}" for r in done]
-    ax.barh(labels, [r["ttft_s"] for r in done], color="tab:blue")
+    bars = ax.barh(labels, [r["ttft_s"] for r in done], color="tab:blue")
+    ax.bar_label(bars, fmt="%.1f s", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("TTFT (s), lower is better")
     threads = machine.get("cores")
-    ax.set_title(f"{Path(options.gguf).name}: TTFT by system (float32 unless llama.cpp Q4_K_M), "
+    ax.set_title(f"{Path(options.gguf).name}: TTFT by system\n(float32 unless llama.cpp Q4_K_M), "
                  f"CPU {machine['cpu']}, {threads} threads", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

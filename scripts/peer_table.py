@@ -50,12 +50,19 @@ def run_llama_cpp(gguf: str, ids: list[int]) -> tuple[float, list[int]]:
     llm.reset()
     start = time.perf_counter()
     llm.eval(ids)
-    tokens = [int(llm.scores[llm.n_tokens - 1].argmax())]
+    tokens = [last_argmax(llm)]
     ttft = time.perf_counter() - start
     for _ in range(FIRST - 1):
         llm.eval(tokens[-1:])
-        tokens.append(int(llm.scores[llm.n_tokens - 1].argmax()))
+        tokens.append(last_argmax(llm))
     return ttft, tokens
+
+
+def last_argmax(llm) -> int:
+    """Greedy token from the last evaluated position: without logits_all, llama-cpp-python keeps no
+    scores, and llama.cpp's output buffer holds one row (the batch's last token)."""
+    import numpy as np
+    return int(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).argmax())
 
 
 def run_mlx_lm(gguf: str, ids: list[int]) -> tuple[float, list[int]]:
@@ -118,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--systems", default=",".join(SYSTEMS))
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one system, print JSON
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "bench")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the earlier peers.json rows of the systems and lengths not run now")
     options = parser.parse_args(argv)
     if options.one:
         system, n = options.one.rsplit("@", 1)
@@ -136,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"system": system, "prompt_tokens": n, **result, "load_before": before,
                          "load_after": os.getloadavg()})
             print(json.dumps(rows[-1]), flush=True)
+    earlier = options.out / "peers.json"
+    if options.merge and earlier.is_file():
+        ran = {(row["system"], row["prompt_tokens"]) for row in rows}
+        rows = [row for row in json.loads(earlier.read_text())["rows"] if (row["system"], row["prompt_tokens"]) not in ran] + rows
+        rows.sort(key=lambda row: (row["prompt_tokens"], SYSTEMS.index(row["system"]) if row["system"] in SYSTEMS else 99))
     for path in write_report(rows, options, options.out):
         print(path)
     return 0
