@@ -4,7 +4,8 @@
    query of the last prompt token; it then decodes up to `lookahead` greedy tokens, feeding each
    one that is not a stop id and keeping its query too. Its KV cache holds the prompt keys.
 2. The 1 + N' queries score the prompt positions: softmax over the prompt keys per scoring query,
-   average pooling along positions, a head reduction and a layer reduction, mean over queries.
+   average pooling along positions, a head reduction and a layer reduction, then the queries'
+   reduction (config.lookahead_reduction: mean, or max).
 3. Whole selection chunks are kept (NumPy, float64 chunk means: core/reference/specprefill.py),
    and the main model prefills only the kept tokens, into cache slots 0..K-1 at their ORIGINAL
    position ids; decoding continues at position P (the prompt length), slot K.
@@ -42,7 +43,7 @@ def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefil
                                      window if window_binds(window, farthest) else None)
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
     combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
-    return ops.reduce_axis(combined, "mean", axis=0)
+    return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
 
 
 class QueryCapture(Generic[A]):
@@ -131,13 +132,16 @@ class SparsePrefill(Generic[A]):
 def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
                         config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
                         step_size: int, speculator_step_size: int, progress: ProgressCallback | None = None,
-                        speculator_extra_slots: int = 0) -> SparsePrefill[A]:
+                        speculator_extra_slots: int = 0, speculated: SpeculatorPass[A] | None = None) -> SparsePrefill[A]:
     """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
     cache with room for `extra_slots` decoded tokens after them. `progress` follows the
-    speculator's pass over the whole prompt (the kept tokens' prefill is the short part)."""
+    speculator's pass over the whole prompt (the kept tokens' prefill is the short part).
+    speculated: a pass of `speculator` over these ids already run (scoring settings compared on
+    one pass, evaluation/ruler_fix.py); its time is then not in seconds["speculator"]."""
     started = ops.wall_time()
-    spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
-                          step_size=speculator_step_size, progress=progress, extra_slots=speculator_extra_slots)
+    spec = speculated or run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
+                                        step_size=speculator_step_size, progress=progress,
+                                        extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
                                   speculator.args.layer_windows)
