@@ -11,22 +11,25 @@ API. Each record holds the answer, its RULER score, TTFT, what was kept of every
 - "misread": every answer span was kept, the answer is still wrong (RoPE gaps, fragmented
   context; H2O: the KV of earlier chunks computed with sparse attention).
 
-SpecPrefill TTFT here is composed: the speculator pass (timed once per sample, shared by the
-settings, all of one look-ahead) plus the setting's own selection, sparse prefill and first
-token; the API's TTFT times the same parts in one call.
+SpecPrefill TTFT here is composed: the speculator pass (timed once per sample and saved, shared
+by the settings, all of one look-ahead) plus the setting's own selection, sparse prefill and
+first token; the API's TTFT times the same parts in one call.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import replace
-from typing import Any, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from specfill.api import encode_prompt, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.decoding import decode_tokens
-from specfill.core.methods.specprefill import run_speculator, speculative_prefill
+from specfill.core.methods.specprefill import prefill_kept, run_speculator
+from specfill.core.reference import REFERENCE
+from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
 from specfill.settings import prompt_ids
 
@@ -112,32 +115,72 @@ def run_api(model, tokenizer, sample: RulerSample, label: str, method: PrefillMe
     return _record(sample, label, text, score(text, sample.outputs, sample.metric), ttft, row, info.kept_tokens)
 
 
-def run_specprefill(model, speculator, tokenizer, sample: RulerSample, settings: dict[str, SpecPrefillConfig],
-                    budget: int, done: Callable[[dict], None]) -> None:
-    """Every SpecPrefill setting (all of one look-ahead) on one speculator pass over the sample."""
-    lookaheads = {c.lookahead for c in settings.values()}
-    if len(lookaheads) != 1:
-        raise ValueError(f"settings compared on one speculator pass need one look-ahead, got {sorted(lookaheads)}")
-    ops, stop = model.ops, frozenset(tokenizer.eos_token_ids)
+@dataclass
+class SavedPass:
+    """A speculator pass over one sample's prompt, on the host: queries [n_l, 1 + N', Hq, D] and
+    prompt keys [n_l, Hkv, P, D] (float32), the prompt ids [P], its wall time, the scale and the
+    speculator's sliding windows. Saved to .npz so that scoring settings run in later processes
+    (one 10-minute run cannot hold a 4K speculator pass and several sparse prefills under load)."""
+
+    queries: np.ndarray
+    keys: np.ndarray
+    ids: np.ndarray
+    seconds: float
+    scale: float
+    windows: tuple
+
+    def save(self, path: Path) -> None:
+        windows = np.array([-1 if w is None else w for w in self.windows], np.int64)
+        np.savez(path, queries=self.queries, keys=self.keys, ids=self.ids, seconds=self.seconds, scale=self.scale,
+                 windows=windows)
+
+    @classmethod
+    def load(cls, path: Path) -> "SavedPass":
+        with np.load(path) as f:
+            windows = tuple(None if w < 0 else int(w) for w in f["windows"])
+            return cls(f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows)
+
+
+def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int) -> SavedPass:
+    """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator)."""
+    ops = model.ops
     ids = np.asarray(prompt_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
     spec_model, spec_step = model.speculator_model(speculator)
     with ops.device_scope():
         started = time.perf_counter()
-        spec = run_speculator(ops, spec_model, ids, lookahead=lookaheads.pop(), stop_ids=stop, step_size=spec_step)
-        ops.settle([spec.queries, spec.keys])
-        speculated = time.perf_counter() - started
-        for label, config in settings.items():
-            started = time.perf_counter()
-            sparse = speculative_prefill(ops, model.model, ids, spec_model, config, stop_ids=stop, extra_slots=budget,
-                                         step_size=model.prefill_step_size, speculator_step_size=spec_step,
-                                         speculated=spec)
-            tokens = decode_tokens(ops, model.model, sparse.logits, next_position=len(ids), max_tokens=budget,
-                                   sampling=SamplingConfig(), stop_ids=stop, cache=sparse.cache, history=ids)
-            text, value, ttft = _answer(tokenizer, tokens, sample, started)
-            row = np.zeros(len(ids))
-            row[sparse.selection.kept] = 1.0
-            record = _record(sample, label, text, value, speculated + ttft, row.tolist(), len(sparse.selection.kept))
-            done({**record, "speculator_s": speculated})
+        spec = run_speculator(ops, spec_model, ids, lookahead=lookahead, stop_ids=frozenset(tokenizer.eos_token_ids),
+                              step_size=spec_step)
+        queries, keys = ops.to_numpy(spec.queries), ops.to_numpy(spec.keys)
+        seconds = time.perf_counter() - started
+    return SavedPass(queries.astype(np.float32), keys.astype(np.float32), ids, seconds,
+                     spec_model.args.attention_scale, tuple(spec_model.args.layer_windows))
+
+
+def run_setting(model, tokenizer, sample: RulerSample, saved: SavedPass, label: str, config: SpecPrefillConfig,
+                budget: int, decode: bool) -> dict:
+    """One SpecPrefill setting on a saved pass: the NumPy reference's scoring and selection (the
+    backends match it: conformance), then (decode) the main model's sparse prefill of the kept
+    tokens and greedy decoding. TTFT = the pass's time + selection, sparse prefill, first token.
+    Without decode: what was kept only (score and TTFT None)."""
+    if config.lookahead + 1 < saved.queries.shape[1]:
+        raise ValueError(f"{label}: look-ahead {config.lookahead} is shorter than the saved pass's")
+    started = time.perf_counter()
+    _, selection = speculative_selection(saved.queries.astype(np.float64), saved.keys.astype(np.float64), config,
+                                         saved.scale, REFERENCE, saved.windows if any(saved.windows) else ())
+    row = np.zeros(len(saved.ids))
+    row[selection.kept] = 1.0
+    text, value, ttft = "", None, None
+    if decode:
+        ops, stop = model.ops, frozenset(tokenizer.eos_token_ids)
+        with ops.device_scope():
+            logits, cache = prefill_kept(ops, model.model, saved.ids, selection, extra_slots=budget,
+                                         step_size=model.prefill_step_size)
+            tokens = decode_tokens(ops, model.model, logits, next_position=len(saved.ids), max_tokens=budget,
+                                   sampling=SamplingConfig(), stop_ids=stop, cache=cache, history=saved.ids)
+            text, value, first = _answer(tokenizer, tokens, sample, started)
+            ttft = saved.seconds + first
+    return {**_record(sample, label, text, value, ttft, row.tolist(), len(selection.kept)),
+            "speculator_s": saved.seconds}
 
 
 def classify(records: list[dict]) -> None:
@@ -147,7 +190,7 @@ def classify(records: list[dict]) -> None:
     for r in records:
         base = full.get((r["task"], r["index"]))
         r["full_score"] = base
-        if r["setting"] == "full" or base is None or r["score"] >= base:
+        if r["setting"] == "full" or base is None or r["score"] is None or r["score"] >= base:
             r["cause"] = None
         elif r.get("answer_kept"):
             r["cause"] = "selection" if min(r["answer_kept"]) < DROPPED_BELOW else "misread"

@@ -7,7 +7,9 @@ record to a JSON file so that runs cut at the 10-minute budget of a shared CPU a
 Without --settings, the SpecPrefill candidates of evaluation.ruler_fix.default_settings() run;
 "--settings 'h2o:' 'h2o share 0.25:memory_share=0.25'" runs H2O settings (through the API).
 --full adds full prefill (the reference score and TTFT); --only-full runs nothing else.
-A (task, sample, setting) already in the file is skipped.
+The speculator's pass over a sample is saved under --pass-dir and reused by later runs
+(--pass-only: make passes, nothing else; --selection-only: what each setting keeps, no decoding).
+A (task, sample, setting) already scored in the file is skipped.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from specfill.api import load, load_speculator
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import PrefillMethod
 from specfill.evaluation.machine import describe_machine
-from specfill.evaluation.ruler_fix import default_settings, parse_setting, resolve_budget, run_api, run_specprefill
+from specfill.evaluation.ruler_fix import (SavedPass, default_settings, parse_setting, resolve_budget, run_api,
+                                           run_setting, speculate)
 from specfill.evaluation.ruler_tasks import build_sample
 
 MODELS = Path.home() / ".cache/specfill/models"
@@ -55,6 +58,9 @@ def main() -> None:
     parser.add_argument("--settings", nargs="*", default=None)
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--only-full", action="store_true")
+    parser.add_argument("--pass-only", action="store_true")
+    parser.add_argument("--selection-only", action="store_true")
+    parser.add_argument("--pass-dir", type=Path, default=Path("/tmp/fid_passes"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
     parser.add_argument("--speculator", default="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
@@ -63,19 +69,22 @@ def main() -> None:
     settings = default_settings() if args.settings is None else dict(map(parse_setting, args.settings))
     if args.only_full:
         settings = {}
+    args.pass_dir.mkdir(parents=True, exist_ok=True)
     result, model, tokenizer, speculator = _setup(args)
     run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": describe_machine()}
     result["runs"].append(run)
-    done = {(r["task"], r["index"], r["setting"]) for r in result["records"]}
+    done = {(r["task"], r["index"], r["setting"]) for r in result["records"] if r["score"] is not None}
 
     def keep(record: dict) -> None:
+        key = (record["task"], record["index"], record["setting"])
+        result["records"] = [r for r in result["records"] if (r["task"], r["index"], r["setting"]) != key]
         result["records"].append(record)
-        done.add((record["task"], record["index"], record["setting"]))
+        if record["score"] is not None:
+            done.add(key)
         run["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
         _save(args.out, result)
-        print(f"{record['task']} #{record['index']} {record['setting']}: score {record['score']:.2f} "
-              f"TTFT {record['ttft_s']:.1f} s kept {record['kept_tokens']} answer kept {record['answer_kept']} "
-              f"| {record['prediction'][:70]!r}", flush=True)
+        print(f"{key}: score {record['score']} TTFT {record['ttft_s']} kept {record['kept_tokens']} "
+              f"answer kept {record['answer_kept']} | {record['prediction'][:70]!r}", flush=True)
 
     for task in args.tasks.split(","):
         for index in map(int, args.samples.split(",")):
@@ -83,12 +92,29 @@ def main() -> None:
             budget = resolve_budget(sample, args.answer_tokens)
             if (args.full or args.only_full) and (task, index, "full") not in done:
                 keep(run_api(model, tokenizer, sample, "full", PrefillMethod("full"), budget))
-            spec = {k: v for k, v in settings.items() if isinstance(v, SpecPrefillConfig) and (task, index, k) not in done}
-            if spec:
-                run_specprefill(model, speculator, tokenizer, sample, spec, budget, keep)
+            _specprefill(args, model, speculator, tokenizer, sample, settings, done, keep, budget)
             for label, config in settings.items():
-                if isinstance(config, H2OConfig) and (task, index, label) not in done:
+                if isinstance(config, H2OConfig) and (task, index, label) not in done and not args.pass_only:
                     keep(run_api(model, tokenizer, sample, label, PrefillMethod("h2o", h2o=config), budget))
+
+
+def _specprefill(args, model, speculator, tokenizer, sample, settings, done, keep, budget) -> None:
+    """The sample's saved speculator pass (made now when missing), then each SpecPrefill setting."""
+    todo = {k: v for k, v in settings.items()
+            if isinstance(v, SpecPrefillConfig) and (sample.task, sample.index, k) not in done}
+    if not todo:
+        return
+    path = args.pass_dir / f"{sample.task}_{args.length}_{args.seed}_{sample.index}.npz"
+    if path.exists():
+        saved = SavedPass.load(path)
+    else:
+        saved = speculate(model, speculator, tokenizer, sample, SpecPrefillConfig().lookahead)
+        saved.save(path)
+        print(f"{sample.task} #{sample.index}: speculator pass {saved.seconds:.1f} s", flush=True)
+    if args.pass_only:
+        return
+    for label, config in todo.items():
+        keep(run_setting(model, tokenizer, sample, saved, label, config, budget, not args.selection_only))
 
 
 if __name__ == "__main__":

@@ -129,6 +129,17 @@ class SparsePrefill(Generic[A]):
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+def prefill_kept(ops: ModelOps[A], model: Any, ids: np.ndarray, selection: Selection, *, extra_slots: int,
+                 step_size: int) -> tuple[A, list[Any]]:
+    """The main model's sparse prefill: the kept tokens of ids [P] into cache slots 0..K-1 at
+    their original positions, room for extra_slots more: (the last kept token's logits [vocab],
+    the cache)."""
+    cache = ops.new_cache(model, len(selection.kept) + extra_slots)
+    logits = prefill(ops, model, ops.tokens(ids[selection.kept]), selection.position_ids, cache,
+                     step_size=step_size)[-1]
+    return logits, cache
+
+
 def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
                         config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
                         step_size: int, speculator_step_size: int, progress: ProgressCallback | None = None,
@@ -148,9 +159,7 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
     from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()
-    cache = ops.new_cache(model, len(selection.kept) + extra_slots)
-    logits = prefill(ops, model, ops.tokens(ids[selection.kept]), selection.position_ids, cache,
-                     step_size=step_size)[-1]
+    logits, cache = prefill_kept(ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size)
     finished = ops.wall_time()
     seconds = {"speculator": speculated - started, "selection": selected - speculated,
                "main_prefill": finished - selected}
