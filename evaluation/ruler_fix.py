@@ -210,5 +210,18 @@ def default_settings() -> dict[str, Setting]:
             "keep 0.1 max-la": replace(base, lookahead_reduction="max"),
             "keep 0.1 nb1": replace(base, neighbours=1),
             "mass 0.5 [0.05,0.3]": SpecPrefillConfig(keep_mass=0.5, mass_floor=0.05, mass_ceiling=0.3),
-            "mass 0.5 max-la": SpecPrefillConfig(keep_mass=0.5, mass_floor=0.05, mass_ceiling=0.3,
+            "mass 0.5 [0.05,0.3] max-la": SpecPrefillConfig(keep_mass=0.5, mass_floor=0.05, mass_ceiling=0.3,
                                                  lookahead_reduction="max")}
+
+
+def selection_grid() -> dict[str, Setting]:
+    """A wider grid for selection-only comparisons (cheap: no main model): keep ratios as the
+    budget baseline, then each candidate and their combinations."""
+    grid: dict[str, Setting] = {f"keep {r}": SpecPrefillConfig(keep_ratio=r) for r in (0.1, 0.2, 0.3)}
+    grid.update({f"keep {r} max-la": SpecPrefillConfig(keep_ratio=r, lookahead_reduction="max") for r in (0.1, 0.2)})
+    grid.update({f"keep 0.1 nb{n}": SpecPrefillConfig(neighbours=n) for n in (1, 2)})
+    for p in (0.3, 0.5, 0.7):
+        for how in ("mean", "max"):
+            grid[f"mass {p} [0.05,0.3]{' max-la' if how == 'max' else ''}"] = SpecPrefillConfig(
+                keep_mass=p, mass_floor=0.05, mass_ceiling=0.3, lookahead_reduction=how)
+    return grid

@@ -8,7 +8,8 @@ Without --settings, the SpecPrefill candidates of evaluation.ruler_fix.default_s
 "--settings 'h2o:' 'h2o share 0.25:memory_share=0.25'" runs H2O settings (through the API).
 --full adds full prefill (the reference score and TTFT); --only-full runs nothing else.
 The speculator's pass over a sample is saved under --pass-dir and reused by later runs
-(--pass-only: make passes, nothing else; --selection-only: what each setting keeps, no decoding).
+(--pass-only: make passes, nothing else; --selection-only: what each setting keeps on the saved
+passes, no decoding and no model weights loaded).
 A (task, sample, setting) already scored in the file is skipped.
 """
 from __future__ import annotations
@@ -21,10 +22,11 @@ from pathlib import Path
 
 from specfill.api import load, load_speculator
 from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.io.tokenizer import load_tokenizer
 from specfill.core.runtime import PrefillMethod
 from specfill.evaluation.machine import describe_machine
 from specfill.evaluation.ruler_fix import (SavedPass, default_settings, parse_setting, resolve_budget, run_api,
-                                           run_setting, speculate)
+                                           run_setting, selection_grid, speculate)
 from specfill.evaluation.ruler_tasks import build_sample
 
 MODELS = Path.home() / ".cache/specfill/models"
@@ -40,8 +42,12 @@ def _setup(args) -> tuple[dict, object, object, object]:
     import torch
 
     torch.set_num_threads(args.threads)
-    model, tokenizer = load(str(MODELS / args.model), backend="cuda", dtype="float32", device="cpu")
-    speculator = load_speculator(str(MODELS / args.speculator), model, tokenizer, dtype="float32", device="cpu")
+    if args.selection_only:  # saved passes and the tokenizer (GGUF metadata) only: no weights, no model lock
+        model = speculator = None
+        tokenizer = load_tokenizer(MODELS / args.model)
+    else:
+        model, tokenizer = load(str(MODELS / args.model), backend="cuda", dtype="float32", device="cpu")
+        speculator = load_speculator(str(MODELS / args.speculator), model, tokenizer, dtype="float32", device="cpu")
     result = json.loads(args.out.read_text()) if args.out.exists() else {"records": [], "runs": []}
     result["plan"] = {"model": args.model, "speculator": args.speculator, "backend": "cuda", "dtype": "float32",
                       "device": "cpu", "length": args.length, "seed": args.seed, "answer_tokens": args.answer_tokens}
@@ -59,6 +65,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--only-full", action="store_true")
     parser.add_argument("--pass-only", action="store_true")
+    parser.add_argument("--grid", action="store_true", help="the wider selection grid (with --selection-only)")
     parser.add_argument("--selection-only", action="store_true")
     parser.add_argument("--pass-dir", type=Path, default=Path("/tmp/fid_passes"))
     parser.add_argument("--threads", type=int, default=2)
@@ -66,7 +73,8 @@ def main() -> None:
     parser.add_argument("--speculator", default="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    settings = default_settings() if args.settings is None else dict(map(parse_setting, args.settings))
+    settings = (selection_grid() if args.grid else default_settings()) if args.settings is None \
+        else dict(map(parse_setting, args.settings))
     if args.only_full:
         settings = {}
     args.pass_dir.mkdir(parents=True, exist_ok=True)
@@ -90,11 +98,12 @@ def main() -> None:
         for index in map(int, args.samples.split(",")):
             sample = build_sample(tokenizer, task, args.length, index, args.seed, True)
             budget = resolve_budget(sample, args.answer_tokens)
-            if (args.full or args.only_full) and (task, index, "full") not in done:
+            if (args.full or args.only_full) and (task, index, "full") not in done and model is not None:
                 keep(run_api(model, tokenizer, sample, "full", PrefillMethod("full"), budget))
             _specprefill(args, model, speculator, tokenizer, sample, settings, done, keep, budget)
             for label, config in settings.items():
-                if isinstance(config, H2OConfig) and (task, index, label) not in done and not args.pass_only:
+                if isinstance(config, H2OConfig) and (task, index, label) not in done and model is not None \
+                        and not args.pass_only:
                     keep(run_api(model, tokenizer, sample, label, PrefillMethod("h2o", h2o=config), budget))
 
 
@@ -107,6 +116,9 @@ def _specprefill(args, model, speculator, tokenizer, sample, settings, done, kee
     path = args.pass_dir / f"{sample.task}_{args.length}_{args.seed}_{sample.index}.npz"
     if path.exists():
         saved = SavedPass.load(path)
+    elif model is None:
+        print(f"{sample.task} #{sample.index}: no saved speculator pass in {args.pass_dir}", flush=True)
+        return
     else:
         saved = speculate(model, speculator, tokenizer, sample, SpecPrefillConfig().lookahead)
         saved.save(path)
