@@ -224,4 +224,12 @@ def selection_grid() -> dict[str, Setting]:
         for how in ("mean", "max"):
             grid[f"mass {p} [0.05,0.3]{' max-la' if how == 'max' else ''}"] = SpecPrefillConfig(
                 keep_mass=p, mass_floor=0.05, mass_ceiling=0.3, lookahead_reduction=how)
+    # the existing reduction options: mean over layers (L-mean) and over heads too (HL-mean)
+    grid.update({f"keep {r} L-mean": SpecPrefillConfig(keep_ratio=r, layer_reduction="mean") for r in (0.1, 0.15, 0.2)})
+    grid["keep 0.1 HL-mean"] = SpecPrefillConfig(head_reduction="mean", layer_reduction="mean")
+    grid["keep 0.1 L-mean nb1"] = SpecPrefillConfig(layer_reduction="mean", neighbours=1)
+    grid["keep 0.1 L-mean max-la"] = SpecPrefillConfig(layer_reduction="mean", lookahead_reduction="max")
+    for p in (0.5, 0.7):
+        grid[f"mass {p} [0.05,0.3] L-mean"] = SpecPrefillConfig(keep_mass=p, mass_floor=0.05, mass_ceiling=0.3,
+                                                                layer_reduction="mean")
     return grid
