@@ -6,11 +6,11 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from specfill.api import (backend_module, format_stats, load, load_speculator, prefill_method, resolve_backend,
-                          stream_generate)
+from specfill.api import backend_module, format_stats, load, load_request_models, resolve_backend, stream_request
 from specfill.core import ConfigError, SpecfillWarning
-from specfill.core.runtime import Drafting, PrefillInfo
-from specfill.settings import decode_utf8, read_prompt_file
+from specfill.core.request import GenerationRequest, build_request
+from specfill.core.runtime import PrefillInfo
+from specfill.prompts import decode_utf8, read_prompt_file
 
 from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
                       specprefill_config, warn_unused_options)
@@ -90,14 +90,24 @@ def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.auto_threshold is not None and args.method != "auto":
-        raise ConfigError("--auto-threshold goes with --method auto")
+def cli_request(args: argparse.Namespace) -> GenerationRequest:
+    """The flags as one request (core/request.py), checked before any model loads; a method's
+    flags are checked even when another method runs (a malformed --keep is an error with
+    --method full too), and flags another method ignores get one warning."""
     h2o, spec = _for_method(h2o_config, args, "h2o"), _for_method(specprefill_config, args, "specprefill")
-    args.backend = resolve_backend(args.backend)
-    if args.num_draft_tokens is not None or args.draft_model is not None:
-        Drafting(None, 3 if args.num_draft_tokens is None else args.num_draft_tokens)  # checks k before loading
     warn_unused_options(args, _defaults())
+    auto = args.method == "auto"
+    return build_request(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, seed=args.seed,
+                         **sampling_options(args), method=args.method, h2o=h2o if args.method in ("h2o", "auto") else None,
+                         specprefill=spec if args.method in ("specprefill", "auto") else None,
+                         speculator=args.speculator if args.method == "specprefill" or auto else None,
+                         auto_threshold=args.auto_threshold, draft_model=args.draft_model,
+                         num_draft_tokens=args.num_draft_tokens)
+
+
+def run(args: argparse.Namespace) -> int:
+    request = cli_request(args)
+    args.backend = resolve_backend(args.backend)
     prompt_text = read_prompt(args)
     backend = backend_module(args.backend)  # unknown or not installed: one clear error
     if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
@@ -107,23 +117,13 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--model-file needs --model owner/repo")
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
                             model_file=args.model_file, download=args.download)
-    speculator = None
-    if args.method == "specprefill" or (args.method == "auto" and args.speculator is not None):
-        if args.speculator is None:
-            raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
-        speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
-    method = prefill_method(args.method, h2o=h2o, specprefill=spec, speculator=speculator,
-                            auto_threshold=args.auto_threshold)
-    draft = None if args.draft_model is None else load_speculator(args.draft_model, model, tokenizer, dtype=args.dtype,
-                                                                  device=args.device, role="draft model")
+    request = load_request_models(request, model, tokenizer, dtype=args.dtype, device=args.device)
     prompt = build_prompt(tokenizer, prompt_text, args)
     bar = PrefillProgressBar()
     last, info = None, PrefillInfo()
     print("=" * 10)
-    for last in stream_generate(model, tokenizer, prompt, args.max_tokens, temperature=args.temp,
-                                top_p=args.top_p, seed=args.seed, method=method, **sampling_options(args),
-                                prompt_progress_callback=bar.update, prefill_info=info, draft_model=draft,
-                                num_draft_tokens=args.num_draft_tokens):
+    for last in stream_request(model, tokenizer, prompt, request, prompt_progress_callback=bar.update,
+                               prefill_info=info):
         bar.close()
         print(last.text, end="", flush=True)
     print()

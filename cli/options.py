@@ -55,7 +55,8 @@ def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     else:
         p.add_argument("--h2o-dense-tail", type=int, default=H2OConfig.dense_tail, help=tail_help)
         p.add_argument("--score-layers", default=SpecPrefillConfig.layers, help=layers_help)
-    p.add_argument("--keep", default="0.1", help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1")
+    p.add_argument("--keep", default=None,
+                   help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1 (default: ratio 0.1)")
     p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
     p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
     p.add_argument("--select-chunk", type=int, default=SpecPrefillConfig.select_chunk)
@@ -89,8 +90,10 @@ def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
 
 
 def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConfig:
-    keep = parse_keep(args.keep) if args.keep_mass is None else {
-        "keep_mass": args.keep_mass, "mass_floor": args.mass_floor, "mass_ceiling": args.mass_ceiling}
+    given = {} if args.keep is None else parse_keep(args.keep)
+    if args.keep_mass is not None:  # with --keep too: SpecPrefillConfig's one check names both
+        given |= {"keep_mass": args.keep_mass, "mass_floor": args.mass_floor, "mass_ceiling": args.mass_ceiling}
+    keep = {} if {"keep_ratio", "keep_tokens", "keep_mass"} & overrides.keys() else given
     settings = {"layers": args.score_layers, "lookahead_reduction": args.lookahead_reduction,
                 "neighbours": args.neighbours, **keep, **overrides}
     return SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,

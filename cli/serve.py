@@ -5,12 +5,13 @@ import argparse
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
 from specfill.api import backend_module, load, load_speculator, resolve_backend
-from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig
-from specfill.settings import sampling_config
+from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
+from specfill.core.request import build_request
 
 from .options import (MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
                       specprefill_config)
@@ -88,14 +89,15 @@ def served_name(spec: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     serve = _server_modules()
-    if args.max_tokens < 1:
-        raise ConfigError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.prefill_step_size < 1:
         raise ConfigError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
     h2o, spec = h2o_config(args), specprefill_config(args)
-    sampling_config(0.0, 1.0, None, **sampling_options(args))  # range errors before anything loads
+    with warnings.catch_warnings():  # requests may pick any method: the defaults of each are the server's
+        warnings.simplefilter("ignore", SpecfillWarning)
+        build_request(max_tokens=args.max_tokens, **sampling_options(args), method=args.method, h2o=h2o,
+                      specprefill=spec, speculator=args.speculator)  # the default request's checks, before loading
     serve.configure_logging(args.log_level)
     sock = serve.runner.bind(args.host, args.port)  # before the model loads: a port in use fails at once
     if not serve.runner.is_loopback(args.host) and not args.api_key:
@@ -125,8 +127,6 @@ def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OCo
         if not isinstance(speculator, str):
             spec_context = speculator.args.max_position_embeddings
             speculator.prefill_step_size = args.prefill_step_size
-    if args.method == "specprefill" and speculator is None:
-        raise ConfigError("--method specprefill needs --speculator PATH or --speculator self:K")
     names = tuple(args.served_model_name or (served_name(args.model),))
     defaults = serve.ServerDefaults(model_id=names[0], model_names=names, method=args.method, h2o=h2o,
                                     specprefill=spec, speculator=speculator, speculator_context=spec_context,

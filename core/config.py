@@ -6,6 +6,7 @@ implementation (look-ahead 8, pool kernel 13, keep 10% in chunks of 32).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from .errors import ConfigError, SpecfillWarning
 
 REDUCTIONS = ("max", "mean")
+DEFAULT_KEEP_RATIO = 0.1  # the reference implementation's keep share
 
 
 MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
@@ -114,8 +116,10 @@ class SpecPrefillConfig:
     """Speculative prefill (paper section 'Speculative Prefill', seed 002).
 
     keep_ratio: fraction of selection chunks kept (ceil(n_chunks * keep_ratio)); or
-    keep_tokens: a token budget, kept as ceil(keep_tokens / select_chunk) chunks (>= 1).
-    Exactly one of the two is used: giving keep_tokens turns keep_ratio off.
+    keep_tokens: a token budget, kept as ceil(keep_tokens / select_chunk) chunks (>= 1); or
+    keep_mass: the importance-mass rule (below). At most one of the three is set: none means
+    keep_ratio 0.1; two is a ConfigError (so a `replace(config, keep_ratio=...)` on a token-budget
+    or mass config fails loudly: use with_keep).
     lookahead (N): greedy speculator decode steps whose queries also score the prompt.
     pool_kernel: odd width of the average pooling along positions (1 = off).
     select_chunk: tokens per selection chunk (1 = token-level selection).
@@ -136,7 +140,7 @@ class SpecPrefillConfig:
     force_keep_last: always keep the last prompt token so decoding has its context.
     """
 
-    keep_ratio: float | None = 0.1
+    keep_ratio: float | None = None
     keep_tokens: int | None = None
     lookahead: int = 8
     pool_kernel: int = 13
@@ -152,19 +156,19 @@ class SpecPrefillConfig:
     neighbours: int = 0
 
     def __post_init__(self) -> None:
+        given = [name for name in ("keep_ratio", "keep_tokens", "keep_mass") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
+                              f"(got {' and '.join(repr(getattr(self, name)) for name in given)})")
         if self.keep_mass is not None:
-            if self.keep_tokens is not None:
-                raise ConfigError("give keep_mass or keep_tokens, not both")
             object.__setattr__(self, "keep_mass", _require_share("keep_mass", self.keep_mass))
             floor = _require_share("mass_floor", self.mass_floor)
             if _require_share("mass_ceiling", self.mass_ceiling) < floor:
                 raise ConfigError(f"mass_ceiling ({self.mass_ceiling}) must be >= mass_floor ({floor})")
-            object.__setattr__(self, "keep_ratio", None)
         elif self.keep_tokens is not None:
             _require_int("keep_tokens", self.keep_tokens, 1)
-            object.__setattr__(self, "keep_ratio", None)
         else:
-            ratio = self.keep_ratio
+            ratio = DEFAULT_KEEP_RATIO if self.keep_ratio is None else self.keep_ratio
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
                 raise ConfigError(f"keep ratio must be a number in (0, 1], got {ratio!r}")
             if not (0.0 < float(ratio) <= 1.0) or math.isnan(float(ratio)):
@@ -180,6 +184,14 @@ class SpecPrefillConfig:
             if getattr(self, name) not in REDUCTIONS:
                 raise ConfigError(f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}")
         self.layer_indices(1)  # validates the layers spec
+
+    def with_keep(self, ratio: float | None = None, tokens: int | None = None,
+                  mass: float | None = None) -> "SpecPrefillConfig":
+        """This config keeping `ratio` of the chunks, a `tokens` budget or a `mass` share of the
+        importance (at most one given: it replaces the keep setting; none: unchanged)."""
+        if ratio is None and tokens is None and mass is None:
+            return self
+        return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass)
 
     def layer_indices(self, n_layers: int) -> list[int]:
         """Speculator layers used for scoring: all of them, or the last K."""

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Generic, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Iterator, Sequence
 
 import numpy as np
 
@@ -14,17 +14,21 @@ from .config import H2OConfig, SpecPrefillConfig
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError, PromptTooLongError
 from .guards import check_logits_finite
-from .methods.drafting import DraftState, distribution, speculative_decode
-from .methods.h2o import H2OPrefillAttention, uses_full_attention
-from .methods.prefill import prefill
+from .methods.draft_length import DraftLength
+from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
+from .methods.prefill import StageProgress, prefill
 from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .probe import auto_crossover
+from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
                       check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
                       check_token_ids, self_speculator_layers)
 from .stages import A
+
+if TYPE_CHECKING:
+    from .methods.draft_sources import DraftSource
 
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
 
@@ -97,15 +101,14 @@ class CausalLM(Generic[A]):
     def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: PrefillInfo, *,
                        logits_from: int = -1, progress: ProgressCallback | None = None) -> A:
         """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
-        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O
-        runs one step per logical batch; where it is plain causal attention, the full prefill."""
-        started = self.ops.wall_time()
-        config = method.h2o or H2OConfig()
+        from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O steps by
+        whole chunks (h2o_step_size), else the full prefill; `progress(done, total)` after each step."""
+        started, config = self.ops.wall_time(), method.h2o or H2OConfig()
         attend, step = None, self.prefill_step_size
         if method.name == "h2o" and not uses_full_attention(config, len(ids)):
             attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.attention_scale,
                                          len(ids), self.args.layer_windows)
-            step = config.batch_size
+            step = h2o_step_size(config, self.prefill_step_size)
         logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,
                          logits_from=logits_from, attend=attend, progress=progress)
         if method.name == "h2o" and info.record_memory:
@@ -150,50 +153,55 @@ class CausalLM(Generic[A]):
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(len(ids), speculator[0].args.max_position_embeddings)
-        draft = None if drafting is None else self._draft_model(drafting, method, len(ids) + max_tokens)
+            method = fit_to_prompt(method, len(ids), speculator[0].args.max_position_embeddings)
+        source = None if drafting is None else self._draft_source(drafting, method, len(ids) + max_tokens)
         if max_tokens == 0:
             return iter(())
-        return self._generate(ids, method, speculator, draft, reuse, max_tokens=max_tokens, sampling=sampling,
-                              stop_ids=stop_ids, info=info, progress=progress)
+        return self._generate(ids, method, speculator, source, reuse, max_tokens=max_tokens, sampling=sampling,
+                              stop_ids=stop_ids, info=info, progress=progress, drafting=drafting)
 
-    def _draft_model(self, drafting: Drafting, method: PrefillMethod, needed: int) -> tuple[Any, int]:
-        """(draft, k): "self:K" -> K, a CausalLM on this backend, or None (the SpecPrefill speculator)."""
+    def _draft_source(self, drafting: Drafting, method: PrefillMethod, needed: int) -> DraftSource:
+        """Drafting.model as a draft source: "self:K", a CausalLM on this backend (checked against
+        this model's vocabulary and `needed` = prompt + max_tokens), or None: the speculator."""
+        from .methods.draft_sources import ModelDraft, SelfDraft, SpeculatorDraft  # drafting loads only when asked
+
         if drafting.model is None:
             if method.name != "specprefill":
                 raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
                                   "use method specprefill or give a draft model")
-            return None, drafting.num_tokens
+            return SpeculatorDraft()
         if isinstance(drafting.model, str):
-            return self_speculator_layers(drafting.model, self.args.num_hidden_layers), drafting.num_tokens
+            return SelfDraft(self_speculator_layers(drafting.model, self.args.num_hidden_layers))
         if not isinstance(drafting.model, CausalLM) or drafting.model.backend != self.backend:
             raise ConfigError(f"the draft model must be a model loaded on the {self.backend} backend or 'self:K'")
         check_speculator_vocabulary(drafting.model.args, self.args)
         if needed > drafting.model.args.max_position_embeddings:
             raise PromptTooLongError(f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
                                      f"context of {drafting.model.args.max_position_embeddings} tokens")
-        return drafting.model, drafting.num_tokens
+        return ModelDraft(drafting.model.model, drafting.model.prefill_step_size)
 
     def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
-                  draft: tuple[Any, int] | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
-                  stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None) -> Iterator[int]:
-        extra = max_tokens + (0 if draft is None else draft[1] + 1)
+                  draft: DraftSource | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
+                  stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None,
+                  drafting: Drafting | None) -> Iterator[int]:
+        extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
+        report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
         with self.ops.device_scope():
-            sparse = None
             if reuse is not None:
                 cache = self._reused_cache(reuse, len(ids) - reuse.tokens + extra)
                 started = self.ops.wall_time()
                 logits = prefill(self.ops, self.model, self.ops.tokens(ids[reuse.tokens:]), reuse.tokens, cache,
-                                 step_size=self.prefill_step_size, progress=progress)[-1]
+                                 step_size=self.prefill_step_size, progress=report.of("prefill"))[-1]
                 info.seconds["prefill"] = self.ops.wall_time() - started
             elif speculator is None:
                 cache = self.ops.new_cache(self.model, len(ids) + extra)
-                logits = self.prefill_prompt(ids, cache, method, info, progress=progress)[-1]
+                logits = self.prefill_prompt(ids, cache, method, info, progress=report.of("prefill"))[-1]
             else:
                 sparse = speculative_prefill(
                     self.ops, self.model, ids, speculator[0], method.specprefill or SpecPrefillConfig(),
                     stop_ids=stop_ids, extra_slots=extra, step_size=self.prefill_step_size,
-                    speculator_step_size=speculator[1], progress=progress,
-                    speculator_extra_slots=extra if draft is not None and draft[0] is None else 0)
+                    speculator_step_size=speculator[1], report=report,
+                    speculator_extra_slots=0 if draft is None else draft.speculator_room(extra))
                 info.kept_positions = sparse.selection.kept.tolist()
                 info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
@@ -201,11 +209,11 @@ class CausalLM(Generic[A]):
             last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
             check_logits_finite(bool(np.isfinite(last).all()), self.args, where="the first prefill",
                                 dtype=str(self.dtype).rsplit(".", 1)[-1])
-            if draft is None:
+            if draft is None or drafting is None:
                 tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, cache=cache, history=ids)
             else:
-                tokens = self._drafted(ids, last, cache, len(ids), draft, sparse, max_tokens=max_tokens,
+                tokens = self._drafted(ids, last, cache, draft, sparse, drafting, max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, info=info)
             yield from track_kv(self.ops, tokens, cache, len(ids), info)
 
@@ -219,10 +227,14 @@ class CausalLM(Generic[A]):
             cache = self.ops.grow_cache(self.model, cache, grown)
         return cache
 
-    def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, next_position: int, draft: tuple[Any, int],
-                 sparse: SparsePrefill | None, *, max_tokens: int, sampling: SamplingConfig,
+    def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, draft: DraftSource,
+                 sparse: SparsePrefill | None, drafting: Drafting, *, max_tokens: int, sampling: SamplingConfig,
                  stop_ids: frozenset[int], info: PrefillInfo) -> Iterator[int]:
-        """The first token from the prefill's last logits [vocab] (host), then speculative decoding."""
+        """The first token from the prefill's last logits [vocab] (host), then speculative decoding
+        with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
+        adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""
+        from .methods.drafting import distribution, speculative_decode
+
         rng = np.random.default_rng(sampling.seed)
         first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
             int(rng.choice(last.size, p=distribution(last, sampling)))
@@ -230,28 +242,19 @@ class CausalLM(Generic[A]):
         yield first
         if first in stop_ids or max_tokens == 1:
             return
-        state = self._draft_state(ids, draft[0], cache, sparse, first, max_tokens + draft[1] + 2)
+        started = self.ops.wall_time()
+        state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
+        info.seconds["draft_prefill"] = self.ops.wall_time() - started
+        length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive,
+                             timed=sampling.temperature == 0.0 or sampling.seed is None)
+        info.draft_lengths = length.trajectory
         for token, from_draft in speculative_decode(
-                self.ops, self.model, cache, first, next_position=next_position, draft=state,
-                num_draft_tokens=draft[1], max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, rng=rng):
+                self.ops, self.model, cache, first, next_position=len(ids), draft=state, length=length,
+                max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, rng=rng):
             info.drafted_tokens, info.accepted_tokens = state.drafted, state.accepted
             info.seconds.update(state.seconds)
             info.from_draft.append(from_draft)
             yield token
-
-    def _draft_state(self, ids: np.ndarray, draft: Any, cache: Any, sparse: SparsePrefill | None, first: int,
-                     extra: int) -> DraftState:
-        """The draft ready to read `first`: self:K shares the main cache; the SpecPrefill speculator
-        keeps its prompt KV (its look-ahead slots dropped); a draft model prefills the prompt now."""
-        if isinstance(draft, int):
-            return DraftState(self.ops.first_layers(self.model, draft), cache, len(ids), [first], shared_layers=draft)
-        if draft is None:
-            spec = sparse.speculator
-            self.ops.trim(spec.cache, len(spec.lookahead))
-            return DraftState(spec.model, spec.cache, len(ids), [first])
-        draft_cache = self.ops.new_cache(draft.model, len(ids) + extra)
-        prefill(self.ops, draft.model, self.ops.tokens(ids), 0, draft_cache, step_size=draft.prefill_step_size)
-        return DraftState(draft.model, draft_cache, len(ids), [first])
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or the process's peak resident set on CPU) so far, in GB."""

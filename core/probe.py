@@ -23,7 +23,7 @@ import numpy as np
 
 from .crossover import CANDIDATE_LENGTHS, calibrated_crossover, calibration_key
 from .config import H2OConfig, SpecPrefillConfig
-from .methods.h2o import H2OPrefillAttention
+from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import speculative_prefill
 from .models import ModelArgs
@@ -95,9 +95,9 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
 
     if method.sparse == "h2o":
         config = method.h2o or H2OConfig()
-        return _best_of(layer_run, lambda: layer_run(
-            step=config.batch_size, attend=H2OPrefillAttention(ops, config, 1, args.attention_scale, length,
-                                                               args.layer_windows[:1])))
+        step = h2o_step_size(config, lm.prefill_step_size)  # a fresh attention (its carries) per run
+        return _best_of(layer_run, lambda: layer_run(step=step, attend=H2OPrefillAttention(
+            ops, config, 1, args.attention_scale, length, args.layer_windows[:1])))
     spec_layer, _, n_spec, spec_step = _speculator(lm, method)
 
     def sparse_run() -> float:

@@ -6,17 +6,30 @@ Timing, detokenisation and response objects live in the API layer, once for both
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from .methods.draft_length import Drafting  # noqa: F401  (defined with the draft-length rule it configures)
 from .models import ModelArgs
 
+if TYPE_CHECKING:
+    from .methods.prefill import PrefillStep
+
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
+MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
+
+
+def _finite(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
+    """`value` when it is a finite number of `kind` (never a bool), else one ConfigError naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
+        raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -35,8 +48,15 @@ class SamplingConfig:
     frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        """Each setting's one check: its type (a number, never a bool; top_k and seed integers) and range."""
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            _finite(name, getattr(self, name), (int, float))
+            object.__setattr__(self, name, float(getattr(self, name)))
+        _finite("top_k", self.top_k, int)
+        if self.seed is not None and not 0 <= _finite("seed", self.seed, int) <= MAX_SEED:
+            raise ConfigError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
         if not self.temperature >= 0.0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -81,20 +101,6 @@ class PrefillMethod:
     def sparse(self) -> str:
         """The sparse method "auto" switches to: specprefill with a speculator, else h2o."""
         return "specprefill" if self.speculator is not None else "h2o"
-
-
-@dataclass(frozen=True)
-class Drafting:
-    """Speculative decoding: `model` drafts `num_tokens` (k >= 1) tokens per round. model: a
-    CausalLM on the main model's backend and vocabulary, "self:K" (the main model's first K layers,
-    sharing its cache), or None with SpecPrefill (the speculator drafts from its prompt KV)."""
-
-    model: Any = None
-    num_tokens: int = 3
-
-    def __post_init__(self) -> None:
-        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
-            raise ConfigError(f"num_draft_tokens must be an integer >= 1, got {self.num_tokens!r}")
 
 
 def self_speculator_layers(speculator: str, n_layers: int) -> int:
@@ -145,7 +151,7 @@ def check_drafting(drafting: "Drafting | None", reuse: "KVState | None", samplin
     if drafting is not None and reuse is not None:
         raise ConfigError("speculative decoding with a reused KV cache is not supported yet")
     if drafting is not None and sampling.host_side:
-        raise ConfigError("speculative decoding with top_k, min_p or a penalty is not supported yet")
+        raise ConfigError("num_draft_tokens (speculative decoding) with top_k, min_p or a penalty is not supported yet")
 
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> None:
@@ -165,12 +171,14 @@ class PrefillInfo:
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
     seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}, and
-    with drafting {"draft": .., "verify": ..} over the whole decode.
+    with drafting {"draft": .., "verify": ..} over the whole decode and "draft_prefill" (a draft
+    model reading the prompt after the first token).
     method: the method that ran ("auto" resolved to full or its sparse method).
     drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
-    and, per generated token, whether it was an accepted draft.
+    and, per generated token, whether it was an accepted draft; draft_lengths: k of every round.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
+    step: the last finished prefill step (methods/prefill.py; None before the first), kept current.
     """
 
     prompt_tokens: int = 0
@@ -183,7 +191,9 @@ class PrefillInfo:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     from_draft: list[bool] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
     kv: KVState | None = None
+    step: PrefillStep | None = None
 
     def start(self, prompt_tokens: int, method: str = "") -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""
@@ -194,7 +204,9 @@ class PrefillInfo:
         self.seconds = {}
         self.drafted_tokens = self.accepted_tokens = 0
         self.from_draft = []
+        self.draft_lengths = []
         self.kv = None
+        self.step = None
 
 
 def process_peak_memory_gb() -> float:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import SpecPrefillConfig
-from specfill.settings import read_prompt_file
+from specfill.prompts import read_prompt_file
 
 from .machine import describe_machine, machine_line
 from .plots import plot_decode_speed

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -52,8 +52,7 @@ def method_variants(plan: EvalPlan, speculator) -> dict[str, PrefillMethod]:
             for rule in plan.score_layers:
                 named = len(plan.score_layers) > 1 or rule != SpecPrefillConfig.layers
                 for keep in plan.keeps:
-                    config = SpecPrefillConfig(**{**vars(plan.specprefill), "keep_ratio": keep, "keep_tokens": None,
-                                                  "layers": rule})
+                    config = replace(plan.specprefill.with_keep(ratio=keep), layers=rule)
                     label = f"specprefill keep={keep:g}" + (f" layers={rule}" if named else "")
                     out[label] = prefill_method(name, specprefill=config, speculator=speculator)
         elif name == "h2o":

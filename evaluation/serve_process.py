@@ -24,7 +24,7 @@ class ServerProcess:
     """`specfill --threads T serve ARGS --port P`; `url` is http://127.0.0.1:P, `rss_kb()` its resident set."""
 
     def __init__(self, *args: str, log: Path, threads: int = 1, log_level: str = "warning",
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, start_timeout: float = START_TIMEOUT_S):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -34,11 +34,11 @@ class ServerProcess:
                                       "serve", *args,
                                       "--host", "127.0.0.1", "--port", str(self.port), "--log-level", log_level],
                                      stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
-        self._wait_ready()
+        self._wait_ready(start_timeout)
         self.model = self.health()["model"]  # the served model name requests must use
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"specfill serve exited with {self.proc.returncode}:\n{self.log.read_text()}")
@@ -49,7 +49,7 @@ class ServerProcess:
             except OSError:
                 time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"specfill serve did not answer /health in {START_TIMEOUT_S} s:\n{self.log.read_text()}")
+        raise RuntimeError(f"specfill serve did not answer /health in {timeout} s:\n{self.log.read_text()}")
 
     def health(self) -> dict:
         """GET /health as a dict (busy, waiting, served, prompt_cache statistics, ...)."""

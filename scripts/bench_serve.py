@@ -19,11 +19,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from specfill.core.tokenizer import load_tokenizer
-from specfill.core.demo_model import require_demo_model
+from specfill.core.io.demo_model import require_demo_model
+from specfill.core.io.tokenizer import load_tokenizer
 from specfill.evaluation.machine import describe_machine, machine_line
 from specfill.evaluation.serve_process import ServerProcess, client
 from specfill.evaluation.texts import eval_text
+
 
 def numbered_text(tokenizer: Any, n_tokens: int, title: str) -> tuple[str, dict[int, str]]:
     """Lines of the evaluation text as "Line N: ...", about n_tokens tokens in all."""

@@ -21,17 +21,15 @@ from specfill.evaluation.texts import eval_text
 
 MODELS = Path.home() / ".cache" / "specfill" / "models"
 MAIN, SPEC = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-METHODS = {"full": {}, "h2o": {"h2o_chunk_size": 512, "h2o_batch_size": 1024},
-           "specprefill": {"keep_ratio": 0.1}}
+METHODS = {"full": {}, "h2o": {"h2o_chunk_size": 512, "h2o_batch_size": 1024}, "specprefill": {"keep_ratio": 0.1}}
 
 
 def text_of(server: ServerProcess, n_tokens: int, offset: int = 0) -> str:
     """About n_tokens tokens of the evaluation text (counted by the server's /tokenize)."""
     words = eval_text().split()[offset:]
-    text = " ".join(words[:int(n_tokens * 0.8)])
-    body = json.dumps({"content": text}).encode()
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    connection.request("POST", "/tokenize", body=body, headers={"Content-Type": "application/json"})
+    connection.request("POST", "/tokenize", body=json.dumps({"content": " ".join(words[:int(n_tokens * 0.8)])}),
+                       headers={"Content-Type": "application/json"})
     count = json.loads(connection.getresponse().read())["count"]
     return " ".join(words[:int(len(words[:int(n_tokens * 0.8)]) * n_tokens / count)])
 
@@ -64,17 +62,18 @@ def progress_events(server: ServerProcess, prompt: str, method: str) -> dict[str
             "prompt_cache": "off", **METHODS[method]}
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
     connection.request("POST", "/v1/completions", body=json.dumps(body), headers={"Content-Type": "application/json"})
-    processed, stats = [], {}
+    processed, stages, stats = [], {}, {}
     for raw in connection.getresponse():
         line = raw.decode().strip()
         if line.startswith("data: {"):
             chunk = json.loads(line[len("data: "):])
             if "prompt_progress" in chunk:
                 processed.append(chunk["prompt_progress"]["processed"])
+                stages[chunk["prompt_progress"]["stage"]] = stages.get(chunk["prompt_progress"]["stage"], 0) + 1
             stats = chunk.get("specfill", stats)
     connection.close()
-    return {"method": method, "events": len(processed), "processed": processed, "ttft_s": stats.get("ttft_s"),
-            "kept_tokens": stats.get("kept_tokens"), "prompt_tokens": stats.get("prompt_tokens")}
+    return {"method": method, "events": len(processed), "processed": processed, "events_by_stage": stages,
+            **{k: stats.get(k) for k in ("ttft_s", "kept_tokens", "prompt_tokens")}}
 
 
 def concurrency(server: ServerProcess, n: int) -> dict[str, Any]:
@@ -139,18 +138,22 @@ def markdown(report: dict[str, Any]) -> str:
     if "cancel" in report:
         whole = {row["method"]: row for row in report.get("progress", [])}
         lines += [f"## A client leaving during a ~{report['prompt_tokens']}-token prefill", "",
-                  "| method | progress events per whole prefill | processed at each | disconnect after events at | "
-                  "seconds per step before it | disconnect to idle (s) |", "|---|---|---|---|---|---|"]
+                  "| method | progress events per whole prefill (by stage) | processed at each | TTFT (s) | "
+                  "disconnect after events at | seconds per step before it | disconnect to idle (s) | "
+                  "measured at (load average) |", "|---|---|---|---|---|---|---|---|"]
         for gone in report["cancel"]:
-            w = whole.get(gone["method"], {"events": "not run", "processed": ""})
+            w = whole.get(gone["method"], {"events": "not run", "processed": "", "ttft_s": ""})
             per_step = round(gone["seconds_streamed"] / max(len(gone["events_before_disconnect"]), 1), 1)
-            lines.append(f"| {gone['method']} | {w['events']} | {w['processed']} | "
-                         f"{gone['events_before_disconnect']} | {per_step} | {gone['disconnect_to_idle_s']} |")
+            lines.append(f"| {gone['method']} | {w['events']} {w.get('events_by_stage', '')} | {w['processed']} | "
+                         f"{w['ttft_s']} | {gone['events_before_disconnect']} | {per_step} | "
+                         f"{gone['disconnect_to_idle_s']} | {gone.get('at', 'earlier run, old stepping')} ({gone.get('load', '?')}); "
+                         f"{w.get('at', 'earlier run, old stepping')} ({w.get('load', '?')}) |")
         lines += ["", "The disconnect is noticed at once (the handler polls every 0.2 s) and the prefill stops "
-                  "at the end of the step in flight: disconnect to idle is about one step (full: 512 tokens; "
-                  "H2O: one logical batch, here 1024; SpecPrefill: one 512-token step of the speculator's pass). "
-                  "Steps later in the prompt attend to more keys, so they take longer than the mean of the "
-                  "first ones. A smaller --prefill-step-size (or H2O batch) shortens it at some prefill speed.", ""]
+                  "at the end of the step in flight, for every method: full prefill in steps of "
+                  f"{report['prefill_step_size']} tokens, H2O in whole chunks ({METHODS['h2o']}: steps of 512), "
+                  "SpecPrefill per speculator step, look-ahead token and main-prefill step. So disconnect to idle "
+                  "is at most one step, and a step is what this CPU takes for it (later steps attend to more keys "
+                  "and take longer than the mean of the first ones); the < 2 s goal needs smaller steps here.", ""]
     if "concurrency" in report:
         c = report["concurrency"]
         lines += [f"## {c['streams']} concurrent streams (queue of 8)", "",
@@ -161,8 +164,6 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["## Turn-2 TTFT with the prompt cache", "",
                   f"{t['prompt_tokens']} prompt tokens, {t['cached_tokens']} from the cache: TTFT {t['ttft_cached_s']} s "
                   f"cached vs {t['ttft_cold_s']} s cold ({t['speedup']}x)", ""]
-    if "rss_note" in report:
-        lines += ["## RSS", "", report["rss_note"], ""]
     if "rss" in report:
         r = report["rss"]
         lines += [f"## RSS over {r['requests']} sequential requests", "",
@@ -173,14 +174,14 @@ def markdown(report: dict[str, Any]) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="cancel,concurrency,ttft,rss")
+    p.add_argument("--parts", default="cancel,progress,concurrency,ttft,rss")
     p.add_argument("--markdown-only", action="store_true", help="rewrite serve_pair.md from serve_pair.json")
     p.add_argument("--prompt-tokens", type=int, default=4000)
     p.add_argument("--requests", type=int, default=100)
     p.add_argument("--prefill-step-size", type=int, default=512)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--whole", default="full,h2o,specprefill",
-                   help="methods whose whole prefill is run to count its progress events")
+    p.add_argument("--whole", default="full,h2o,specprefill", help="methods whose whole prefill is run (progress)")
+    p.add_argument("--cancel", default="full,h2o,specprefill", help="methods whose prefill is left (cancel)")
     p.add_argument("--history-tokens", type=int, default=2000, help="turn-1 history for the turn-2 TTFT")
     p.add_argument("--out", default="results/serve")
     args = p.parse_args()
@@ -191,23 +192,24 @@ def main() -> None:
         return
     earlier = out / "serve_pair.json"  # parts left out keep their figures from an earlier run
     report: dict[str, Any] = json.loads(earlier.read_text()) if earlier.is_file() else {}
-    report.update({"load_before": round(os.getloadavg()[0], 2), "threads": args.threads,
-                              "prefill_step_size": args.prefill_step_size,
-                              "command": f"python scripts/bench_serve_pair.py --parts {args.parts} --threads "
-                                         f"{args.threads} --prefill-step-size {args.prefill_step_size} --whole {args.whole} "
-                                         f"--history-tokens {args.history_tokens} --requests {args.requests}"})
+    report.update(load_before=round(os.getloadavg()[0], 2), threads=args.threads, prefill_step_size=args.prefill_step_size,
+                  command=f"python scripts/bench_serve_pair.py --parts {args.parts} --threads {args.threads} --prefill-step-size "
+                          f"{args.prefill_step_size} --whole {args.whole} --cancel {args.cancel} --history-tokens {args.history_tokens} "
+                          f"--requests {args.requests}")
     report.setdefault("command_by_part", {}).update({part: report["command"] for part in parts})
     server = ServerProcess("--model", str(MAIN), "--speculator", str(SPEC), "--dtype", "float32",
                            "--prefill-step-size", str(args.prefill_step_size), "--max-tokens", "16",
-                           log=Path(tempfile.gettempdir()) / "specfill_serve_pair.log", threads=args.threads)
+                           log=Path(tempfile.gettempdir()) / "specfill_serve_pair.log", threads=args.threads,
+                           start_timeout=400)  # loading the pair takes 1-4 minutes on the loaded 2-core host
     try:
-        prompt = text_of(server, args.prompt_tokens)
-        report["prompt_tokens"] = args.prompt_tokens
-        if "cancel" in parts:
-            report["cancel"] = [disconnect(server, prompt, m, 2) for m in METHODS]
-            save(report, out)
-            report["progress"] = [progress_events(server, prompt, m) for m in args.whole.split(",") if m]
-            save(report, out)
+        prompt, report["prompt_tokens"] = text_of(server, args.prompt_tokens), args.prompt_tokens
+        for key, measure, methods in (("cancel", lambda m: disconnect(server, prompt, m, 2), args.cancel),
+                                      ("progress", lambda m: progress_events(server, prompt, m), args.whole)):
+            for method in (m for m in methods.split(",") if m and key in parts):  # rows by method, merged
+                rows = {row["method"]: row for row in report.get(key, [])}
+                rows[method] = {**measure(method), "load": round(os.getloadavg()[0], 2), "at": time.strftime("%H:%M UTC", time.gmtime())}
+                report[key] = [rows[m] for m in METHODS if m in rows]
+                save(report, out)
         if "concurrency" in parts:
             report["concurrency"] = concurrency(server, 16)
             save(report, out)
@@ -216,6 +218,7 @@ def main() -> None:
             save(report, out)
         if "rss" in parts:
             report["rss"] = rss(server, args.requests)
+            report.pop("rss_note", None)
             save(report, out)
     finally:
         server.stop()
@@ -224,8 +227,7 @@ def main() -> None:
 
 def save(report: dict[str, Any], out: Path) -> None:
     """Write what is measured so far (a run cut short keeps its finished parts)."""
-    report["load_after"] = round(os.getloadavg()[0], 2)
-    report["machine"] = describe_machine()
+    report.update(load_after=round(os.getloadavg()[0], 2), machine=describe_machine())
     (out / "serve_pair.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / "serve_pair.md").write_text(markdown(report))
     if "cancel" in report:
@@ -240,8 +242,7 @@ def plot_cancel(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    methods = [row["method"] for row in report["cancel"]]
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    methods, (fig, ax) = [row["method"] for row in report["cancel"]], plt.subplots(figsize=(6, 3.5))
     bars = ax.bar(methods, [row["disconnect_to_idle_s"] for row in report["cancel"]], color="#4477aa")
     events = {row["method"]: row["events"] for row in report.get("progress", [])}
     for bar, method in zip(bars, methods):

@@ -4,19 +4,19 @@ from __future__ import annotations
 import importlib
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from specfill.core import (BackendUnavailableError, ConfigError, H2OConfig, SpecPrefillConfig,
+from specfill.core import (BackendUnavailableError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
 from specfill.core.guards import check_logits_finite
 from specfill.core.io.demo_model import require_demo_model
 from specfill.core.io.hub import resolve_model
-from specfill.core.runtime import Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback
-from specfill.settings import fit_to_prompt, prompt_ids, sampling_config, warn_unused
+from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
+from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, ProgressCallback, check_token_ids
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "mlx": "specfill.backends.mlx"}
 BACKEND_ALIASES = {"torch": "cuda"}  # the torch backend answers to both names; "cuda" is the one reported
@@ -127,24 +127,6 @@ def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str
     return speculator
 
 
-def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
-                   specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                   auto_threshold: int | None = None) -> PrefillMethod:
-    """The PrefillMethod for a method name, with default configs where none is given. "auto":
-    full prefill below the measured crossover length (or `auto_threshold`), above it speculative
-    prefill when a speculator is given, else H2O (see specfill.core.crossover)."""
-    if method == "auto":
-        return PrefillMethod("auto", h2o=h2o or H2OConfig(), specprefill=specprefill or SpecPrefillConfig(),
-                             speculator=speculator, auto_threshold=auto_threshold)
-    if method == "h2o":
-        return PrefillMethod("h2o", h2o=h2o or H2OConfig())
-    if method == "specprefill":
-        if speculator is None:
-            raise ConfigError("speculative prefill needs a speculator: a loaded model or 'self:K'")
-        return PrefillMethod("specprefill", specprefill=specprefill or SpecPrefillConfig(), speculator=speculator)
-    return PrefillMethod(method)
-
-
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     """Prompt text -> ids as mlx-lm encodes it: the tokenizer's special tokens (BOS) are added
     unless the text already starts with the BOS token (a chat template writing {{ bos_token }}),
@@ -153,12 +135,17 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
 
 
-def drafting_plan(model: CausalLM, tokenizer: Any, draft_model: Any, num_draft_tokens: int | None) -> Drafting | None:
-    """Speculative decoding's settings (None: plain decoding); a draft path is loaded and checked."""
-    if draft_model is None and num_draft_tokens is None:
-        return None
-    draft = None if draft_model is None else load_speculator(draft_model, model, tokenizer, role="draft model")
-    return Drafting(draft, 3 if num_draft_tokens is None else num_draft_tokens)
+def load_request_models(request: GenerationRequest, model: CausalLM, tokenizer: Any, dtype: str | None = None,
+                        device: str | None = None) -> GenerationRequest:
+    """The request with its speculator and draft model loaded (load_speculator): paths become
+    models on the main model's backend, checked against its tokenizer; "self:K" stays as is."""
+    method, drafting = request.method, request.drafting
+    if method.speculator is not None:
+        method = replace(method, speculator=load_speculator(method.speculator, model, tokenizer, dtype, device))
+    if drafting is not None and drafting.model is not None:
+        drafting = replace(drafting, model=load_speculator(drafting.model, model, tokenizer, dtype, device,
+                                                           role="draft model"))
+    return replace(request, method=method, drafting=drafting)
 
 
 def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_tokens: int = 256, *,
@@ -185,28 +172,35 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     makes the speculator the draft, continuing from the prompt KV it already built.
     reuse: a KVState from an earlier generation's info.kv standing for a prefix of this prompt:
     only the rest is prefilled, with full attention (see CausalLM.generate_step).
+    Every setting is checked once, by core/request.build_request (the CLI and the server build
+    the same request from their flags and fields).
     """
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    sampling = sampling_config(temperature, top_p, seed, top_k=top_k, min_p=min_p, presence_penalty=presence_penalty,
-                               repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty)
-    ids = prompt_ids(encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt, model.args.vocab_size)
-    if not isinstance(method, PrefillMethod):
-        warn_unused(method, h2o=h2o, specprefill=specprefill, speculator=speculator)
-    if speculator is not None:
-        speculator = load_speculator(speculator, model, tokenizer)
-    plan = method if isinstance(method, PrefillMethod) else prefill_method(
-        method, h2o=h2o, specprefill=specprefill, speculator=speculator, auto_threshold=auto_threshold)
-    plan = fit_to_prompt(plan, len(ids), model.args.max_position_embeddings)
-    drafting = drafting_plan(model, tokenizer, draft_model, num_draft_tokens)
+    request = build_request(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, top_k=top_k,
+                            min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                            frequency_penalty=frequency_penalty, method=method, h2o=h2o, specprefill=specprefill,
+                            speculator=speculator, auto_threshold=auto_threshold, draft_model=draft_model,
+                            num_draft_tokens=num_draft_tokens)
+    request = load_request_models(request, model, tokenizer)
+    yield from stream_request(model, tokenizer, prompt, request, prompt_progress_callback=prompt_progress_callback,
+                              prefill_info=prefill_info, reuse=reuse)
+
+
+def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], request: GenerationRequest, *,
+                   prompt_progress_callback: ProgressCallback | None = None, prefill_info: PrefillInfo | None = None,
+                   reuse: KVState | None = None) -> Iterator[GenerationResponse]:
+    """stream_generate for a built request (core/request.py) whose models are loaded
+    (load_request_models): the one generation path of the API, the CLI and the server."""
+    ids = check_token_ids(encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt,
+                          model.args.vocab_size)
     info = prefill_info if prefill_info is not None else PrefillInfo()
     info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
     start = time.perf_counter()
     first_at = None
-    steps = model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
-                                stop_ids=frozenset(tokenizer.eos_token_ids), method=plan, info=info,
-                                progress=prompt_progress_callback, drafting=drafting, reuse=reuse)
+    max_tokens = request.max_tokens
+    steps = model.generate_step(ids, max_tokens=max_tokens, sampling=request.sampling,
+                                stop_ids=frozenset(tokenizer.eos_token_ids), method=request.method, info=info,
+                                progress=prompt_progress_callback, drafting=request.drafting, reuse=reuse)
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         first_at = now if first_at is None else first_at

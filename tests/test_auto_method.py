@@ -130,7 +130,7 @@ def test_explicit_threshold_overrides_the_calibration(tiny, monkeypatch):
 
 def test_cli_auto_threshold_needs_method_auto(capsys):
     assert main(["generate", "--auto-threshold", "100", "--prompt", "hi"]) == 2
-    assert "--auto-threshold goes with --method auto" in capsys.readouterr().err
+    assert "auto_threshold (--auto-threshold) goes with method auto" in capsys.readouterr().err
 
 
 def test_bench_saves_its_crossover_for_auto_only_when_asked(tiny_checkpoint, tmp_path, monkeypatch):

@@ -11,7 +11,11 @@ import pytest
 from specfill.core.config import SpecPrefillConfig
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
-from specfill.core.methods.drafting import accept, acceptance_probability, distribution, residual_distribution
+from specfill.core.methods.draft_length import DraftLength
+from specfill.core.methods.draft_sources import DraftState
+from specfill.core.methods.drafting import (accept, acceptance_probability, distribution, residual_distribution,
+                                            speculative_decode)
+from specfill.core.methods.prefill import prefill
 from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
 
 from tests.fixtures.reference_runs import prompt
@@ -48,6 +52,7 @@ def test_greedy_drafting_equals_plain_greedy(tiny_checkpoint, backend):
         assert run(main, ids, 20, SPEC, drafting=Drafting(None, k)) == sparse  # the speculator drafts
         assert run(main, ids, 20, SPEC, drafting=Drafting(other, k)) == sparse
         assert run(main, ids, 20, SPEC, drafting=Drafting("self:1", k)) == sparse  # the main cache holds kept tokens
+        assert run(main, ids, 20, drafting=Drafting(other, k, adaptive=False)) == plain  # the fixed schedule
     info = PrefillInfo()
     run(main, ids, 20, drafting=Drafting(main, 3), info=info)
     assert info.accepted_tokens == info.drafted_tokens and sum(info.from_draft) == info.accepted_tokens
@@ -139,3 +144,52 @@ def test_bad_drafts_are_clear_errors(tiny_checkpoint, backend):
     small.args = replace(main.args, vocab_size=300)
     with pytest.raises(TokenizerMismatchError, match="300 tokens"):
         run(main, [5, 6, 7], 4, drafting=Drafting(small, 2))
+
+
+class ScriptedDraft(DraftState):
+    """Proposes the plain greedy continuation `script` up to token index `good_until`, then wrong
+    tokens: a draft whose acceptance falls (or rises, with `good_from`) on cue."""
+
+    def __init__(self, script: list[int], prompt_tokens: int, vocab: int, good_until: int, good_from: int = 0):
+        super().__init__(None, None, prompt_tokens, [script[0]])
+        self.script, self.prompt_tokens, self.vocab = script, prompt_tokens, vocab
+        self.good_until, self.good_from = good_until, good_from
+
+    def propose(self, ops, n, sampling, rng):
+        start = self.position - self.prompt_tokens + 1  # index in the output of the first draft
+        right = [self.script[i] for i in range(start, start + n)]
+        return [t if self.good_from <= i + start < self.good_until else (t + 1) % self.vocab
+                for i, t in enumerate(right)], [None] * n
+
+    def keep(self, ops, stream, n_drafts, accepted):
+        self.position += len(stream) - 1
+        self.pending = stream[-1:]
+
+
+def scripted(main, ids, plain, good_until, good_from=0):
+    """Greedy speculative decoding of len(plain) tokens with a ScriptedDraft; (tokens, k per round)."""
+    ops = main.ops
+    length = DraftLength(4, timed=False)  # acceptance alone: the trajectory does not depend on the clock
+    with ops.device_scope():
+        cache = ops.new_cache(main.model, len(ids) + len(plain) + 8)
+        logits = prefill(ops, main.model, ops.tokens(np.array(ids)), 0, cache, step_size=64)[-1]
+        first = int(np.argmax(ops.to_numpy(logits)))
+        draft = ScriptedDraft(plain + [0] * 8, len(ids), main.args.vocab_size, good_until, good_from)
+        rest = [t for t, _ in speculative_decode(ops, main.model, cache, first, next_position=len(ids), draft=draft,
+                                                 length=length, max_tokens=len(plain), sampling=SamplingConfig(),
+                                                 stop_ids=frozenset(), rng=np.random.default_rng(0))]
+    return [first] + rest, length.trajectory
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_draft_length_follows_a_scripted_draft_and_the_tokens_stay_plain_greedy(tiny_checkpoint, backend):
+    main = load(backend, tiny_checkpoint("llama", "gguf"))
+    ids = prompt(30, main.args.vocab_size, seed=25)
+    plain = run(main, ids, 60)
+    tokens, falling = scripted(main, ids, plain, good_until=20)
+    assert tokens == plain
+    assert falling[:4] == [0, 4, 4, 4]  # a plain step, then right drafts at the maximum
+    assert max(falling[-20:]) <= 1 and falling[-20:].count(1) <= 3  # wrong drafts: plain, rare single tries
+    tokens, rising = scripted(main, ids, plain, good_until=len(plain), good_from=25)
+    assert tokens == plain
+    assert rising[:2] == [0, 4] and 0 in rising[2:6] and 4 in rising[-5:]  # stops, is tried again, grows

@@ -1,10 +1,13 @@
 """Issue 24's selection options, at the NumPy reference: the importance-mass rule, max over the
 look-ahead queries, neighbour chunks, H2O memory as a share of the prompt, and their checks."""
+import argparse
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from specfill.cli.options import add_method_options, specprefill_config
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.core.reference import specprefill
 
@@ -92,6 +95,28 @@ def test_the_mass_rule_turns_keep_ratio_off_and_reports_its_chunk_range():
     assert config.keep_ratio is None
     assert config.chunk_range(100) == (10, 25) and config.n_kept_chunks(100) == 25
     assert SpecPrefillConfig(keep_ratio=0.3).chunk_range(10) == (3, 3)
+
+
+def test_keep_mass_is_exclusive_with_the_other_keep_settings_and_with_keep_replaces_it():
+    """One check in the config: a mass rule beside a ratio or a budget is an error naming both."""
+    for other in ({"keep_ratio": 0.2}, {"keep_tokens": 64}):
+        with pytest.raises(ConfigError, match="not both"):
+            SpecPrefillConfig(keep_mass=0.5, **other)
+    mass = SpecPrefillConfig(lookahead=3).with_keep(mass=0.5)
+    assert (mass.keep_ratio, mass.keep_tokens, mass.keep_mass, mass.lookahead) == (None, None, 0.5, 3)
+    ratio = mass.with_keep(ratio=0.3)
+    assert (ratio.keep_ratio, ratio.keep_mass) == (0.3, None)
+    with pytest.raises(ConfigError, match="not both"):
+        dataclasses.replace(mass, keep_tokens=64)
+
+
+def test_cli_keep_and_keep_mass_meet_the_same_check():
+    parser = argparse.ArgumentParser()
+    add_method_options(parser)
+    assert specprefill_config(parser.parse_args([])).keep_ratio == 0.1
+    assert specprefill_config(parser.parse_args(["--keep-mass", "0.6"])).keep_mass == 0.6
+    with pytest.raises(ConfigError, match="not both"):
+        specprefill_config(parser.parse_args(["--keep", "0.2", "--keep-mass", "0.6"]))
 
 
 def test_memory_share_resolves_per_prompt_in_the_given_proportion_below_the_chunk():

@@ -1,5 +1,5 @@
-"""Setting checks and clamps (specfill.settings), the NaN guard (core.guards) and the model-config
-checks every loading path ends in (ModelArgs)."""
+"""Setting checks and clamps (core/request.py and the configs it builds), the NaN guard
+(core.guards) and the model-config checks every loading path ends in (ModelArgs)."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,8 +11,8 @@ import pytest
 
 from specfill.core import ConfigError, ModelLoadError, NonFiniteLogitsError, SpecfillWarning, SpecPrefillConfig
 from specfill.core.guards import check_logits_finite
-from specfill.core.runtime import PrefillMethod
-from specfill.settings import check_sampling, fit_to_prompt, warn_unused
+from specfill.core.request import build_request, fit_to_prompt
+from specfill.core.runtime import PrefillMethod, SamplingConfig, check_token_ids
 from tests.fixtures import tiny_model_args, tiny_weights
 
 
@@ -23,18 +23,20 @@ from tests.fixtures import tiny_model_args, tiny_weights
     (0.7, 1.0, 2**70, "seed"), (0.7, 1.0, -1, "seed"), (0.7, 1.0, 1.5, "seed"), (0.7, 1.0, True, "seed")])
 def test_bad_sampling_settings(temperature, top_p, seed, word):
     with pytest.raises(ConfigError, match=word):
-        check_sampling(temperature, top_p, seed)
+        SamplingConfig(temperature, top_p, seed)
+    with pytest.raises(ConfigError, match=word):
+        build_request(temperature=temperature, top_p=top_p, seed=seed)
 
 
 def test_sampling_settings_that_do_nothing_warn():
     with pytest.warns(SpecfillWarning, match="temperature 0"):
-        check_sampling(0.0, 0.5, None)
+        build_request(top_p=0.5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check_sampling(0.7, 0.9, 2**63 - 1)
-        warn_unused("h2o", h2o=object(), specprefill=None, speculator=None)
+        build_request(temperature=0.7, top_p=0.9, seed=2**63 - 1)
+        build_request(method="h2o", h2o=object())
     with pytest.warns(SpecfillWarning, match="SpecPrefill settings and a speculator do nothing with method 'full'"):
-        warn_unused("full", h2o=None, specprefill=SpecPrefillConfig(), speculator="self:2")
+        build_request(specprefill=SpecPrefillConfig(), speculator="self:2")
 
 
 def test_specprefill_settings_are_clamped_to_the_prompt():
@@ -101,10 +103,8 @@ def test_a_model_that_computes_inf_is_refused_at_load(tmp_path, tiny_checkpoint,
 
 
 def test_prompt_ids_are_integers_inside_the_vocabulary():
-    from specfill.settings import prompt_ids
-
-    assert prompt_ids([1, np.int64(2)], 10) == [1, 2]
+    assert check_token_ids([1, np.int64(2)], 10).tolist() == [1, 2]
     for ids, word in (([], "empty"), ([1.5], "integers"), ([float("nan")], "integers"), ([10], "outside"),
                       ([-1], "outside")):
         with pytest.raises(ConfigError, match=word):
-            prompt_ids(ids, 10)
+            check_token_ids(ids, 10)

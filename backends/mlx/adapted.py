@@ -23,7 +23,7 @@ from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
-from .cache import KVCache
+from .cache import LayerKVCache
 from .ops import MLXOps
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -78,7 +78,7 @@ class AdaptedModel:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
         return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers)
 
-    def step(self, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache] | None,
+    def step(self, ids: mx.array, positions: int | np.ndarray, cache: list[LayerKVCache] | None,
              attend: Any, logits_from: int | None) -> mx.array | None:
         """ids [T] at `positions` appended to `cache` -> float32 logits [T - logits_from, vocab]
         (None: the caller wants none; mlx-lm's head is then never evaluated).
@@ -114,7 +114,7 @@ class AdaptedOps(MLXOps):
     def activation_dtype(self, model: AdaptedModel) -> mx.Dtype:
         return model.dtype
 
-    def forward(self, model: AdaptedModel, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache],
+    def forward(self, model: AdaptedModel, ids: mx.array, positions: int | np.ndarray, cache: list[LayerKVCache],
                 attend: Any, logits_from: int | None) -> mx.array | None:
         if isinstance(attend, H2OPrefillAttention):
             model.args.check_method("h2o")

@@ -9,17 +9,16 @@ other model_type that mlx-lm ships a model file for loads through mlx-lm.
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from specfill.core.adapted import foreign_model_type
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import load_tokenizer
-from specfill.core.model_config import _HF_MODEL_TYPES
 
 from .adapted import AdaptedOps, adapt
 
@@ -28,17 +27,8 @@ def mlx_lm_model_type(path: str | Path) -> str | None:
     """The model_type of a directory that should load through mlx-lm (None: specfill's own loader:
     not a directory, no readable config.json, one of specfill's own families, or a type mlx-lm
     has no model file for)."""
-    try:
-        config_path = Path(path) / "config.json"
-        if not config_path.is_file():  # a FIFO or device would block the read
-            return None
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError, RecursionError):  # not a directory, no or a broken config.json:
-        return None  # specfill's own loader names the problem
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(model_type, str) or model_type in _HF_MODEL_TYPES or not model_type.isidentifier():
-        return None
-    if importlib.util.find_spec(f"mlx_lm.models.{model_type}") is None:
+    model_type = foreign_model_type(path)
+    if model_type is None or importlib.util.find_spec(f"mlx_lm.models.{model_type}") is None:
         return None
     return model_type
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from specfill.core.adapted import AttentionLayout
 
-from .cache import KVCache
+from .cache import LayerKVCache
 from .model import causal_attention, windowed_attention
 
 ATTENTION_NAMES = ("self_attn", "attention", "attn")  # the attention child of a decoder layer
@@ -232,7 +232,7 @@ class AdaptedAttention(nn.Module):
             step = np.arange(positions, positions + steps) if isinstance(positions, (int, np.integer)) \
                 else np.asarray(positions)
             keys_at = step
-        if isinstance(cache, KVCache):
+        if isinstance(cache, LayerKVCache):
             k, v = cache.update_and_fetch(k, v)
             keys_at = cache.slot_positions(step) if step is not None else None
         if self.step_state.attend is not None:

@@ -14,7 +14,7 @@ from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
 
 
-class KVCache:
+class LayerKVCache:
     """Keys and values [1, Hkv, capacity, D]; `offset` slots are filled."""
 
     step = 256  # growth granularity when no capacity was reserved
@@ -97,6 +97,6 @@ class KVCache:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
-def make_cache(args: ModelArgs, capacity: int | None = None) -> list[KVCache]:
+def make_cache(args: ModelArgs, capacity: int | None = None) -> list[LayerKVCache]:
     """One cache per layer; `capacity` (slots) reserves the whole buffer on the first write."""
-    return [KVCache(capacity) for _ in range(args.num_hidden_layers)]
+    return [LayerKVCache(capacity) for _ in range(args.num_hidden_layers)]

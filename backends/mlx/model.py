@@ -27,7 +27,7 @@ import numpy as np
 from specfill.core.models import ModelArgs
 from specfill.core.ops import PrefillAttention
 
-from .cache import KVCache
+from .cache import LayerKVCache
 from .rope import Positions, RoPE
 
 # One layer's attention of a step: (q [1, H, T, D], every cached k/v [1, Hkv, S, D]) -> [1, H, T, D]
@@ -90,7 +90,7 @@ class Attention(nn.Module):
         _, _, steps, _ = attended.shape
         return self.o_proj(attended.swapaxes(1, 2).reshape(1, steps, -1))
 
-    def __call__(self, x: mx.array, rope: RoPE, positions: Positions, cache: KVCache | None,
+    def __call__(self, x: mx.array, rope: RoPE, positions: Positions, cache: LayerKVCache | None,
                  attend: LayerAttention | None = None) -> mx.array:
         """`attend` (H2O, the speculator's capture) replaces causal attention and applies the
         layer's window itself; without a cache the step's tokens are the whole sequence."""
@@ -142,7 +142,7 @@ class TransformerBlock(nn.Module):
             self.pre_feedforward_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
             self.post_feedforward_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, ropes: dict[bool, RoPE], positions: Positions, cache: KVCache | None,
+    def __call__(self, x: mx.array, ropes: dict[bool, RoPE], positions: Positions, cache: LayerKVCache | None,
                  attend: LayerAttention | None = None) -> mx.array:
         """ropes: the RoPE by `local_rope` (False: global, True: the sliding layers' base)."""
         out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend)
@@ -165,7 +165,7 @@ class Transformer(nn.Module):
         self.rope = RoPE(args)
         self.rope_local = RoPE(args, local=True) if args.rope_local_theta is not None else self.rope
 
-    def __call__(self, ids: mx.array, positions: Positions, cache: list[KVCache] | None,
+    def __call__(self, ids: mx.array, positions: Positions, cache: list[LayerKVCache] | None,
                  attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
         """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator."""
         layers = self.layers if n_layers is None else self.layers[:n_layers]
@@ -193,7 +193,7 @@ class Model(nn.Module):
     def layers(self) -> list[TransformerBlock]:
         return self.model.layers
 
-    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[KVCache] | None = None,
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[LayerKVCache] | None = None,
                attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
         """ids [1, T] at RoPE `positions` (first of consecutive ones, or [T]) appended to
         `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T, hidden].
@@ -206,7 +206,7 @@ class Model(nn.Module):
         return self.lm_head(hidden)
 
     def __call__(self, ids: mx.array, positions: Positions = 0,
-                 cache: list[KVCache] | None = None) -> mx.array:
+                 cache: list[LayerKVCache] | None = None) -> mx.array:
         """Logits [1, T, vocab] for every position."""
         return self.logits(self.hidden(ids, positions, cache))
 
@@ -226,7 +226,7 @@ class LayerView:
     n_layers: int
     args: ModelArgs
 
-    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[KVCache] | None = None,
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[LayerKVCache] | None = None,
                attend: PrefillAttention | None = None) -> mx.array:
         return self.model.hidden(ids, positions, cache, attend, self.n_layers)
 

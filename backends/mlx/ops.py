@@ -19,7 +19,7 @@ from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
 from . import stages
-from .cache import KVCache, make_cache
+from .cache import LayerKVCache, make_cache
 from .kernels import attention_scores, inter_attention, intra_attention, merge_states, reduce_colsum_to_kv_heads
 from .model import LayerView, Model, causal_attention, windowed_attention
 
@@ -98,7 +98,7 @@ class MLXOps:
     def tokens(self, ids: np.ndarray) -> mx.array:
         return mx.array(np.asarray(ids, dtype=np.int32))
 
-    def forward(self, model: Model | LayerView, ids: mx.array, positions: int | np.ndarray, cache: list[KVCache],
+    def forward(self, model: Model | LayerView, ids: mx.array, positions: int | np.ndarray, cache: list[LayerKVCache],
                 attend: Any, logits_from: int | None) -> mx.array | None:
         pos = positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
         hidden = model.hidden(ids[None], pos, cache, attend)
@@ -113,25 +113,25 @@ class MLXOps:
     def wall_time(self) -> float:
         return time.perf_counter()
 
-    def new_cache(self, model: Model | LayerView, capacity: int) -> list[KVCache]:
+    def new_cache(self, model: Model | LayerView, capacity: int) -> list[LayerKVCache]:
         return make_cache(model.args, capacity)
 
-    def filled(self, cache: list[KVCache]) -> int:
+    def filled(self, cache: list[LayerKVCache]) -> int:
         return cache[0].offset
 
-    def capacity(self, cache: list[KVCache]) -> int:
+    def capacity(self, cache: list[LayerKVCache]) -> int:
         return cache[0].max_size if cache[0].max_size is not None else 1 << 62
 
-    def grow_cache(self, model: Model | LayerView, cache: list[KVCache], capacity: int) -> list[KVCache]:
+    def grow_cache(self, model: Model | LayerView, cache: list[LayerKVCache], capacity: int) -> list[LayerKVCache]:
         for layer in cache:  # MLX caches grow their buffers themselves up to max_size
             layer.max_size = capacity
         return cache
 
-    def trim(self, cache: list[KVCache], n: int, n_layers: int | None = None) -> None:
+    def trim(self, cache: list[LayerKVCache], n: int, n_layers: int | None = None) -> None:
         for layer in cache[:n_layers]:
             layer.trim(n)
 
-    def cached_keys(self, cache: list[KVCache], end: int) -> mx.array:
+    def cached_keys(self, cache: list[LayerKVCache], end: int) -> mx.array:
         return mx.stack([c.keys[0, :, :end] for c in cache])
 
     def first_layers(self, model: Model, n_layers: int) -> LayerView:
@@ -167,11 +167,11 @@ class MLXOps:
 
 
 def _flatten(items: list[Any]) -> list[Any]:
-    """Caches (lists of KVCache) and nested lists of arrays as one flat list of arrays."""
+    """Caches (lists of LayerKVCache) and nested lists of arrays as one flat list of arrays."""
     flat: list[Any] = []
     for item in items:
         if isinstance(item, list):
             flat.extend(_flatten(item))
         else:
-            flat.extend(item.state if isinstance(item, KVCache) else [item])
+            flat.extend(item.state if isinstance(item, LayerKVCache) else [item])
     return flat

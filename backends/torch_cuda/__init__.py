@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 import torch
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from specfill.core.io.weights import load_weights
 from specfill.core.models import ModelArgs
 
 from . import placement
+from .adapted_loader import load_adapted, load_pair, transformers_gguf_architecture, transformers_model_type
 from .lean_load import is_gguf_file, load_gguf_state
 from .ops import TorchOps
 from .weights import build_transformer, transformer_from_state
@@ -76,18 +77,25 @@ def _causal_lm(model, dtype: torch.dtype, prefill_step_size: int, use_kernels: b
     return CausalLM(model, TorchOps(model.embed.weight.device, dtype, use_kernels), prefill_step_size=prefill_step_size)
 
 
-def load(path: str | Path, dtype: str | torch.dtype | None = None,
+def load(path: str | Path | tuple[Any, Any], dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None,
          prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Tokenizer]:
     """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
-    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError.
+    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError. A directory
+    of an architecture specfill has no model file for runs transformers' own model with the
+    attention adapted (adapted_loader.py), as does a (transformers model, tokenizer) pair.
 
     A GGUF file is read tensor by tensor straight into `dtype` on `device` (lean_load.py: host
     memory peaks near the loaded weights' size); directories and random:SHAPE go through the
     shared NumPy loader."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
-    if is_gguf_file(path):
+    if isinstance(path, tuple):
+        return load_pair(path, resolved_dtype, resolved_device, prefill_step_size)
+    gguf = is_gguf_file(path)
+    if transformers_model_type(path) is not None or (gguf and transformers_gguf_architecture(path) is not None):
+        return load_adapted(path, resolved_dtype, resolved_device, prefill_step_size)
+    if gguf:
         args, state = load_gguf_state(path, resolved_dtype, resolved_device)
         model = _causal_lm(transformer_from_state(args, state, resolved_device), resolved_dtype, prefill_step_size)
         del state

@@ -52,7 +52,7 @@ class LayerKVCache:
         return dropped
 
 
-class KVCache:
+class ModelKVCache:
     """All layers' caches plus the number of slots filled so far.
 
     Every layer's keys (and values) are views into one [n_layers, 1, Hkv, capacity, D] tensor,
@@ -72,7 +72,7 @@ class KVCache:
 
     @classmethod
     def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str) -> "KVCache":
+                 device: torch.device | str) -> "ModelKVCache":
         shape = (args.num_hidden_layers, 1, args.num_key_value_heads, capacity, args.head_dim)
         # Uninitialised: attention only ever reads slots below the ones just written.
         return cls(torch.empty(shape, dtype=dtype, device=device),

@@ -19,7 +19,7 @@ from specfill.core.models import ModelArgs
 from specfill.core.ops import PrefillAttention
 
 from .attention import causal_attention, windowed_attention
-from .kv_cache import KVCache, LayerKVCache
+from .kv_cache import ModelKVCache, LayerKVCache
 from .rope import RotaryEmbedding, apply_rope
 
 
@@ -145,7 +145,7 @@ class Transformer(nn.Module):
         view.layers = nn.ModuleList(self.layers[:n])
         return view.eval()
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: KVCache, logits_from: int | None = 0,
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache, logits_from: int | None = 0,
                 attend: PrefillAttention | None = None) -> torch.Tensor | None:
         """ids [1, T] at RoPE `positions` [T], stored in the cache's next T slots; `attend`
         replaces causal attention (H2O, the speculator's query capture).

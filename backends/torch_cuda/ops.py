@@ -23,7 +23,7 @@ from .kernels.inter import inter_attention
 from .kernels.intra import intra_attention, reduce_colsum_to_kv_heads
 from .kernels.scoring import attention_scores, check_scoring_shapes
 from .kernels.state import merge_states, stats_dtype
-from .kv_cache import KVCache
+from .kv_cache import ModelKVCache
 from .model import Transformer
 
 
@@ -101,7 +101,7 @@ class TorchOps:
     def tokens(self, ids: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
 
-    def forward(self, model: Transformer, ids: torch.Tensor, positions: int | np.ndarray, cache: KVCache,
+    def forward(self, model: Transformer, ids: torch.Tensor, positions: int | np.ndarray, cache: ModelKVCache,
                 attend: Any, logits_from: int | None) -> torch.Tensor | None:
         if isinstance(positions, int):
             pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
@@ -121,16 +121,16 @@ class TorchOps:
             placement.RUNTIME.synchronize(self.device)
         return time.perf_counter()
 
-    def new_cache(self, model: Transformer, capacity: int) -> KVCache:
-        return KVCache.allocate(model.args, capacity, model.embed.weight.dtype, model.embed.weight.device)
+    def new_cache(self, model: Transformer, capacity: int) -> ModelKVCache:
+        return ModelKVCache.allocate(model.args, capacity, model.embed.weight.dtype, model.embed.weight.device)
 
-    def filled(self, cache: KVCache) -> int:
+    def filled(self, cache: ModelKVCache) -> int:
         return cache.filled
 
-    def capacity(self, cache: KVCache) -> int:
+    def capacity(self, cache: ModelKVCache) -> int:
         return cache.capacity
 
-    def grow_cache(self, model: Transformer, cache: KVCache, capacity: int) -> KVCache:
+    def grow_cache(self, model: Transformer, cache: ModelKVCache, capacity: int) -> ModelKVCache:
         grown = self.new_cache(model, capacity)
         end = cache.filled
         grown.k[:, :, :, :end] = cache.k[:, :, :, :end]
@@ -140,11 +140,11 @@ class TorchOps:
             layer.offset = end
         return grown
 
-    def trim(self, cache: KVCache, n: int, n_layers: int | None = None) -> None:
+    def trim(self, cache: ModelKVCache, n: int, n_layers: int | None = None) -> None:
         for layer in cache.layers[:n_layers]:
             layer.trim(n)
 
-    def cached_keys(self, cache: KVCache, end: int) -> torch.Tensor:
+    def cached_keys(self, cache: ModelKVCache, end: int) -> torch.Tensor:
         return cache.all_keys(end)
 
     def first_layers(self, model: Transformer, n_layers: int) -> Transformer:

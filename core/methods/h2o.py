@@ -30,6 +30,16 @@ def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
     return not config.for_prompt(n_tokens).enabled or n_tokens <= config.chunk_size
 
 
+def h2o_step_size(config: H2OConfig, step_size: int) -> int:
+    """Tokens per H2O prefill step: the whole chunks that fit in `step_size` (the model's prefill
+    step), at least one chunk and at most a logical batch (B). A step runs phase 1 for its chunks
+    and phase 2 chunk by chunk; the carry holds what the next step needs, so the output does not
+    depend on the step (B and the step size only schedule work) and each step is a point where
+    progress is reported and a cancelled request stops."""
+    size = config.chunk_size
+    return min(config.batch_size, max(size, step_size // size * size))
+
+
 def dense_tail_start(config: H2OConfig, n_tokens: int) -> int:
     """First prompt position of the dense tail: n_tokens - W (n_tokens when W = 0, 0 when W >= N)."""
     return max(0, n_tokens - config.dense_tail)
@@ -40,10 +50,11 @@ def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_star
     """Causal attention over EVERY earlier key for the rows of q at positions >= tail_start.
 
     q [Hq, T, D] holds positions [start, start + T); k/v [Hkv, >= start + T, D] every key so far.
-    Rows go in blocks of `block` (S): a block [a, b) is its own causal part (the intra stage with
-    one chunk) merged exactly with all keys [0, a) (the inter stage with the prefix as its
-    "memory"), so the stages the walk uses (and their kernels) do the work and the biggest
-    score tile is S x N. With a window w only the prefix keys [a - w + 1, a) can be seen, and each
+    Rows go in blocks on the grid of `block` (S; the first from `tail_start` to the next multiple
+    of S): a block [a, b) is its own causal part (the intra stage with one chunk) merged exactly
+    with all keys [0, a) (the inter stage with the prefix as its "memory"), so the stages the walk
+    uses (and their kernels) do the work and the biggest score tile is S x N. Steps start on
+    chunk boundaries, so the blocks, and the rounding, do not depend on how the prompt is stepped. With a window w only the prefix keys [a - w + 1, a) can be seen, and each
     row masks its own. Returns o [Hq, rows, D] (statistics' dtype) or None when no row is in the tail.
     """
     end = start + q.shape[1]
@@ -51,8 +62,8 @@ def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_star
     if first >= end:
         return None
     outputs = []
-    for a in range(first, end, block):
-        b = min(a + block, end)
+    for a in [first] + list(range((first // block + 1) * block, end, block)):
+        b = min((a // block + 1) * block, end)
         rows = q[:, a - start:b - start]
         state = ops.intra_attention(rows, k[:, a:b], v[:, a:b], b - a, scale,
                                     window if window_binds(window, b - a - 1) else None).state

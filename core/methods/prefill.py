@@ -1,13 +1,57 @@
-"""The prefill step loop every method shares, written once over `ModelOps`."""
+"""The prefill step loop every method shares, written once over `ModelOps`, and how a prefill
+made of stages reports its steps (`StageProgress`)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..ops import ModelOps, PrefillAttention
-from ..runtime import ProgressCallback
+from ..runtime import PrefillInfo, ProgressCallback
 from ..stages import A
+
+READS_PROMPT = ("prefill", "speculator")  # the stages whose steps walk through the prompt's tokens
+
+
+@dataclass(frozen=True)
+class PrefillStep:
+    """The last finished prefill step (PrefillInfo.step): its stage (see StageProgress) and the
+    stage's done / total count (tokens; look-ahead tokens in "lookahead")."""
+
+    stage: str
+    done: int
+    total: int
+
+
+class StageProgress:
+    """Called after every step of every prefill stage: "prefill" (full or H2O: the prompt, or the
+    uncached part of it), SpecPrefill's "speculator" (its pass over the prompt), "lookahead" (one
+    step per fed token) and "main_prefill" (the kept tokens).
+
+    Each step is recorded in info.step (the stage, its steps' done / total count) and reported to
+    the public `progress(processed, total)` (mlx-lm's prompt_progress_callback) on the prompt's
+    scale, monotone with a fixed total: a stage that walks the prompt reports its own count;
+    SpecPrefill's later stages report the whole prompt read. A callback that raises stops the
+    prefill there (the server cancels a request this way), so every step is a cancellation point.
+    """
+
+    def __init__(self, progress: ProgressCallback | None, info: PrefillInfo | None):
+        self.progress = progress
+        self.info = info
+        self.prompt = (0, 0)  # the last (processed, total) of a stage that reads the prompt
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self.info is not None:
+            self.info.step = PrefillStep(stage, done, total)
+        if stage in READS_PROMPT:
+            self.prompt = (done, total)
+        if self.progress is not None:
+            self.progress(*self.prompt)
+
+    def of(self, stage: str) -> ProgressCallback:
+        """The (done, total) callback of one stage's step loop (what `prefill` calls)."""
+        return lambda done, total: self(stage, done, total)
 
 
 def step_positions(positions: int | np.ndarray, lo: int, hi: int) -> int | np.ndarray:

@@ -22,9 +22,8 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
-from ..runtime import ProgressCallback
 from ..stages import A, Selection, window_binds
-from .prefill import prefill
+from .prefill import StageProgress, prefill
 
 
 def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefillConfig,
@@ -86,19 +85,20 @@ class SpeculatorPass(Generic[A]):
 
 
 def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookahead: int,
-                   stop_ids: frozenset[int], step_size: int, progress: ProgressCallback | None = None,
+                   stop_ids: frozenset[int], step_size: int, report: StageProgress | None = None,
                    extra_slots: int = 0) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator, then greedy look-ahead (see the module doc).
 
     The look-ahead stops early at a stop id (which is not fed) and at the speculator's context.
     extra_slots: cache room after the prompt beyond the look-ahead (the speculator drafting later).
+    report: told after each step of the pass ("speculator") and each fed token ("lookahead").
     """
     n_prompt, args = len(ids), speculator.args
     lookahead = max(0, min(lookahead, args.max_position_embeddings - n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
     capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows)
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
-                     progress=progress)[-1]
+                     progress=None if report is None else report.of("speculator"))[-1]
     fed: list[int] = []
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
@@ -110,6 +110,8 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
                           0 if wants_logits else None)
         logits = out[-1] if out is not None else logits
         ops.settle([logits, capture.arrays(), cache])
+        if report is not None:
+            report("lookahead", step + 1, lookahead)
     queries, keys = capture.stacked(), ops.cached_keys(cache, n_prompt)
     ops.settle([queries, keys])
     return SpeculatorPass(queries, keys, fed, cache, speculator)
@@ -130,28 +132,28 @@ class SparsePrefill(Generic[A]):
 
 
 def prefill_kept(ops: ModelOps[A], model: Any, ids: np.ndarray, selection: Selection, *, extra_slots: int,
-                 step_size: int) -> tuple[A, list[Any]]:
+                 step_size: int, report: StageProgress | None = None) -> tuple[A, list[Any]]:
     """The main model's sparse prefill: the kept tokens of ids [P] into cache slots 0..K-1 at
     their original positions, room for extra_slots more: (the last kept token's logits [vocab],
-    the cache)."""
+    the cache). `report` is told after each prefill step (stage "main_prefill")."""
     cache = ops.new_cache(model, len(selection.kept) + extra_slots)
     logits = prefill(ops, model, ops.tokens(ids[selection.kept]), selection.position_ids, cache,
-                     step_size=step_size)[-1]
+                     step_size=step_size, progress=None if report is None else report.of("main_prefill"))[-1]
     return logits, cache
 
 
 def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
                         config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
-                        step_size: int, speculator_step_size: int, progress: ProgressCallback | None = None,
+                        step_size: int, speculator_step_size: int, report: StageProgress | None = None,
                         speculator_extra_slots: int = 0, speculated: SpeculatorPass[A] | None = None) -> SparsePrefill[A]:
     """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
-    cache with room for `extra_slots` decoded tokens after them. `progress` follows the
-    speculator's pass over the whole prompt (the kept tokens' prefill is the short part).
+    cache with room for `extra_slots` decoded tokens after them. `report` is told after every
+    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill.
     speculated: a pass of `speculator` over these ids already run (scoring settings compared on
     one pass, evaluation/ruler_fix.py); its time is then not in seconds["speculator"]."""
     started = ops.wall_time()
     spec = speculated or run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
-                                        step_size=speculator_step_size, progress=progress,
+                                        step_size=speculator_step_size, report=report,
                                         extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
@@ -159,7 +161,8 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
     from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()
-    logits, cache = prefill_kept(ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size)
+    logits, cache = prefill_kept(ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size,
+                                 report=report)
     finished = ops.wall_time()
     seconds = {"speculator": speculated - started, "selection": selected - speculated,
                "main_prefill": finished - selected}

@@ -1,18 +1,18 @@
 """One generation, run on the worker thread: a Plan in, a stream of events out.
 
 Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
-usage, statistics). Cancellation (a client that went away) is checked between prefill steps (the
-progress callback raises) and between generated tokens.
+usage, statistics). Cancellation (a client that went away) is checked after every prefill step of
+every method and stage (the progress callback raises: core/methods/prefill.py StageProgress) and
+between generated tokens.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from specfill.api import stream_generate
+from specfill.api import stream_request
 from specfill.core.runtime import PrefillInfo, PrefillMethod
-from specfill.core.sampling import HOST_FIELDS
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
@@ -24,10 +24,13 @@ class Cancelled(Exception):
 
 @dataclass(frozen=True)
 class Progress:
-    processed: int  # prompt tokens processed so far (of the part being prefilled)
-    total: int
+    processed: int  # prompt tokens processed so far (cached ones included; monotone)
+    total: int  # prompt tokens
     cached: int  # prompt tokens taken from the prompt cache
     seconds: float
+    stage: str  # "prefill"; SpecPrefill: "speculator", "lookahead", "main_prefill"
+    stage_processed: int  # the stage's steps so far, in tokens (look-ahead tokens in "lookahead")
+    stage_total: int
 
 
 @dataclass(frozen=True)
@@ -109,22 +112,19 @@ class Engine:
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
-        method = FULL if reuse.hit else plan.method  # a conversation's new tokens: full attention
+        # a conversation's new tokens: full attention, and no drafting over a reused cache yet
+        request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
+        method, info = request.method, PrefillInfo()
 
-        def progress(done: int, total: int) -> None:
+        def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
             if plan.cancelled.is_set():
                 raise Cancelled
-            if plan.return_progress:
-                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started))
+            if plan.return_progress and info.step is not None:
+                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started,
+                              info.step.stage, info.step.done, info.step.total))
 
-        info = PrefillInfo()
-        drafting = {} if plan.num_draft_tokens is None or reuse.hit else {  # no drafting over a reused cache yet
-            "num_draft_tokens": plan.num_draft_tokens, "draft_model": plan.draft_model}
-        steps = stream_generate(self.model, self.tokenizer, plan.ids, plan.max_tokens,
-                                temperature=plan.sampling.temperature, top_p=plan.sampling.top_p,
-                                seed=plan.sampling.seed, **{f: getattr(plan.sampling, f) for f in HOST_FIELDS},
-                                method=method, prompt_progress_callback=progress,
-                                prefill_info=info, reuse=reuse.state, **drafting)
+        steps = stream_request(self.model, self.tokenizer, plan.ids, request, prompt_progress_callback=progress,
+                               prefill_info=info, reuse=reuse.state)
         outcome = None
         try:
             outcome = self._stream(plan, steps, emit,

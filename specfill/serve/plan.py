@@ -12,16 +12,14 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfill.api import encode_prompt, prefill_method
-from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig, SpecfillError
-from specfill.core.runtime import PrefillMethod, SamplingConfig
+from specfill.api import encode_prompt
+from specfill.core import ConfigError, H2OConfig, PromptTooLongError, SpecPrefillConfig, SpecfillError
+from specfill.core.request import GenerationRequest, build_request
+from specfill.core.runtime import check_generation_fits, check_speculator_context
 from specfill.core.sampling import HOST_FIELDS
 
 from .errors import bad_request
-from .protocol import ChatRequest, CompletionRequest, SpecfillFields
-
-METHODS = ("full", "h2o", "specprefill")
-
+from .protocol import ChatRequest, CompletionRequest
 
 @dataclass(frozen=True)
 class ServerDefaults:
@@ -49,17 +47,13 @@ class Plan:
 
     kind: str  # "chat" or "completion"
     ids: list[int]
-    max_tokens: int
-    sampling: SamplingConfig
-    method: PrefillMethod
-    method_name: str
+    request: GenerationRequest  # the settings, built and checked by core/request.build_request
+    method_name: str  # the method the client asked for ("auto" before it resolves)
     stops: list[str]
     stream: bool
     include_usage: bool
     return_progress: bool
     prompt_cache: str
-    num_draft_tokens: int | None = None  # speculative decoding (None: off)
-    draft_model: Any = None  # the draft: the server's speculator; None after SpecPrefill (it drafts from its KV)
     notes: list[str] = field(default_factory=list)  # settings the library adjusted (clamping)
     created: float = field(default_factory=time.time)
     queue_seconds: float = 0.0  # time spent waiting for the device (set by the scheduler)
@@ -73,8 +67,7 @@ def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except SpecfillError as err:
         raise bad_request(str(err), "messages") from None
-    bos = tokenizer.token_text(tokenizer.bos_token_id) if tokenizer.bos_token_id is not None else None
-    return tokenizer.encode(text, add_special_tokens=not (bos and text.startswith(bos)))
+    return encode_prompt(tokenizer, text)
 
 
 def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size: int) -> list[int]:
@@ -95,78 +88,58 @@ def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size
 
 def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[int], defaults: ServerDefaults,
                context: int) -> Plan:
-    """The Plan for a parsed request, or a 400 naming the field at fault."""
+    """The Plan for a parsed request: the HTTP fields, the server's defaults filling the rest,
+    translated into one core/request.build_request call; a 400 names the field at fault."""
+    where = "messages" if kind == "chat" else "prompt"
     if not ids:
-        raise bad_request("the prompt is empty", "messages" if kind == "chat" else "prompt")
-    room = context - len(ids)
+        raise bad_request("the prompt is empty", where)
     asked = getattr(request, "max_completion_tokens", None) or request.max_tokens
-    if room < 1 or (asked is not None and asked > room):
-        wanted = asked if asked is not None else 1
-        raise bad_request(f"prompt of {len(ids)} tokens plus max_tokens {wanted} exceeds the model's context "
-                          f"of {context} tokens", "messages" if kind == "chat" else "prompt")
-    max_tokens = asked if asked is not None else min(defaults.max_tokens, room)
-    host = {name: getattr(request, name) for name in HOST_FIELDS if getattr(request, name) is not None}
+    max_tokens = asked if asked is not None else max(1, min(defaults.max_tokens, context - len(ids)))
     try:
-        sampling = SamplingConfig(float(request.temperature if request.temperature is not None else 0.0),
-                                  float(request.top_p if request.top_p is not None else 1.0), request.seed,
-                                  **{**defaults.sampling, **host})
-    except ConfigError as err:
-        raise bad_request(str(err), str(err).split(" ", 1)[0]) from None  # the message starts with the field
-    name = request.method or defaults.method
+        check_generation_fits(len(ids), max_tokens, context)
+        name = request.method or defaults.method
+        if name == "specprefill" and defaults.speculator_context is not None:
+            check_speculator_context(len(ids), defaults.speculator_context)
+    except PromptTooLongError as err:
+        raise bad_request(str(err), "method" if "speculator" in str(err) else where) from None
     notes: list[str] = []
-    method = request_method(name, request, defaults, len(ids), notes)
-    if request.num_draft_tokens is not None and sampling.host_side:
-        raise bad_request("num_draft_tokens with top_k, min_p or a penalty is not supported yet", "num_draft_tokens")
-    if request.num_draft_tokens is not None and defaults.speculator is None:
-        raise bad_request("num_draft_tokens needs a draft model: start the server with --speculator PATH or "
-                          "--speculator self:K (it drafts)", "num_draft_tokens")
-    return Plan(kind=kind, ids=ids, max_tokens=max_tokens, sampling=sampling, method=method, method_name=name,
-                num_draft_tokens=request.num_draft_tokens,
-                draft_model=None if name == "specprefill" else defaults.speculator,
-                stops=request.stop_strings(), stream=request.stream,
-                include_usage=bool(request.stream_options and request.stream_options.include_usage),
-                return_progress=request.return_progress,
-                prompt_cache=request.prompt_cache or defaults.prompt_cache, notes=notes)
+    built = _build(request, defaults, name, max_tokens, notes)
+    return Plan(kind=kind, ids=ids, request=built, method_name=name, stops=request.stop_strings(),
+                stream=request.stream, include_usage=bool(request.stream_options and request.stream_options.include_usage),
+                return_progress=request.return_progress, prompt_cache=request.prompt_cache or defaults.prompt_cache,
+                notes=notes)
 
 
-def request_method(name: str, request: SpecfillFields, defaults: ServerDefaults, prompt_tokens: int,
-                   notes: list[str]) -> PrefillMethod:
-    """The PrefillMethod: the server's settings overridden by the request's fields."""
-    if name not in METHODS:
-        if name == "auto" and not _library_has("auto"):
-            raise bad_request("method 'auto' is not available yet in this version of specfill "
-                              "(choose full, h2o or specprefill)", "method")
-        if not _library_has(name):
-            raise bad_request(f"unknown method {name!r} (choose full, h2o or specprefill)", "method")
+def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, name: str, max_tokens: int,
+           notes: list[str]) -> GenerationRequest:
+    """build_request from the request's fields over the server's defaults; warnings become notes."""
     h2o_fields = {"chunk_size": request.h2o_chunk_size, "batch_size": request.h2o_batch_size,
                   "local": request.h2o_local, "heavy": request.h2o_heavy}
-    spec_fields: dict[str, Any] = {"lookahead": request.lookahead}
-    if request.keep_tokens is not None:
-        spec_fields["keep_tokens"] = request.keep_tokens
-    elif request.keep_ratio is not None:
-        spec_fields.update(keep_ratio=request.keep_ratio, keep_tokens=None)
+    spec_fields = {"keep_ratio": request.keep_ratio, "keep_tokens": request.keep_tokens, "lookahead": request.lookahead}
+    sampling = {**defaults.sampling, **{f: getattr(request, f) for f in HOST_FIELDS if getattr(request, f) is not None}}
+    speculator = defaults.speculator if name in ("specprefill", "auto") else None
+    drafts = request.num_draft_tokens is not None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             h2o = dataclasses.replace(defaults.h2o, **{k: v for k, v in h2o_fields.items() if v is not None})
-            spec = dataclasses.replace(defaults.specprefill,
-                                       **{k: v for k, v in spec_fields.items() if k != "lookahead" or v is not None})
+            spec = defaults.specprefill.with_keep(request.keep_ratio, request.keep_tokens)
+            spec = spec if request.lookahead is None else dataclasses.replace(spec, lookahead=request.lookahead)
+            built = build_request(
+                max_tokens=max_tokens, temperature=request.temperature if request.temperature is not None else 0.0,
+                top_p=request.top_p if request.top_p is not None else 1.0, seed=request.seed, **sampling,
+                method=name, h2o=h2o if name in ("h2o", "auto") else None,
+                specprefill=spec if name in ("specprefill", "auto") else None, speculator=speculator,
+                draft_model=defaults.speculator if drafts and name != "specprefill" else None,
+                num_draft_tokens=request.num_draft_tokens, auto_threshold=request.auto_threshold)
         notes.extend(str(w.message) for w in caught)
     except ConfigError as err:
-        param = _field_named(str(err), {**{f"h2o_{k}": v for k, v in h2o_fields.items()}, **spec_fields})
+        fields = {"num_draft_tokens": request.num_draft_tokens, "auto_threshold": request.auto_threshold,
+                  **{f"h2o_{k}": v for k, v in h2o_fields.items()}, **spec_fields, **sampling,
+                  "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed}
+        param = _field_named(str(err), fields)
         raise bad_request(f"'{param}': {err}" if param != "method" else str(err), param) from None
-    if name == "specprefill":
-        if defaults.speculator is None:
-            raise bad_request("method 'specprefill' needs a speculator: start the server with --speculator "
-                              "PATH or --speculator self:K", "method")
-        if defaults.speculator_context is not None and prompt_tokens > defaults.speculator_context:
-            raise bad_request(f"prompt of {prompt_tokens} tokens exceeds the speculator's context of "
-                              f"{defaults.speculator_context} tokens", "method")
-    try:
-        return prefill_method(name, h2o=h2o, specprefill=spec,
-                              speculator=defaults.speculator if name in ("specprefill", "auto") else None)
-    except ConfigError as err:
-        raise bad_request(str(err), "method") from None
+    return built
 
 
 def _field_named(message: str, fields: dict[str, Any]) -> str:
@@ -177,13 +150,3 @@ def _field_named(message: str, fields: dict[str, Any]) -> str:
         if value is not None and any(n in message for n in (field_name, setting, setting.replace("_", " "))):
             return field_name
     return "method"
-
-
-def _library_has(name: str) -> bool:
-    """Whether the library's PrefillMethod accepts this method name (so `auto` turns on by itself
-    once the library grows it)."""
-    try:
-        PrefillMethod(name)
-    except ConfigError:
-        return False
-    return True

@@ -53,6 +53,7 @@ class SpecfillFields(_Strict):
     """Per-request prefill control (None: the server's default from its command line)."""
 
     method: str | None = None  # full | h2o | specprefill | auto
+    auto_threshold: int | None = None  # auto: the prompt length from which the sparse method runs
     keep_ratio: NUMBER | None = None  # SpecPrefill: fraction of the prompt kept
     keep_tokens: int | None = None  # SpecPrefill: a token budget instead of a ratio
     lookahead: int | None = None  # SpecPrefill look-ahead steps

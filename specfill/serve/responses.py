@@ -60,7 +60,8 @@ class ResponseShape:
     def progress(self, event: Progress) -> dict[str, Any]:
         return {**self._base(True), "choices": [],
                 "prompt_progress": {"total": event.total, "cache": event.cached, "processed": event.processed,
-                                    "time_ms": round(event.seconds * 1000.0, 3)}}
+                                    "time_ms": round(event.seconds * 1000.0, 3), "stage": event.stage,
+                                    "stage_processed": event.stage_processed, "stage_total": event.stage_total}}
 
     def closing(self, done: Finished) -> list[dict[str, Any]]:
         """The finish-reason chunk (with the statistics), then usage if stream_options asked."""

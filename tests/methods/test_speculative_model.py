@@ -190,15 +190,6 @@ def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
                               method=spec(0.5, other), info=PrefillInfo())
 
 
-def test_progress_follows_the_speculator_over_the_whole_prompt(tiny):
-    t = tiny("qwen3")
-    model = variant(t, prefill_step_size=32)
-    calls = []
-    greedy(model, prompt(70, t.args.vocab_size), 2, spec(0.2, "self:1"),
-           progress=lambda done, total: calls.append((done, total)))
-    assert calls == [(32, 70), (64, 70), (70, 70)]
-
-
 def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
     t = tiny("llama")
     short = variant(t, context=32)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specfill.backends.mlx import load
-from specfill.backends.mlx.cache import KVCache, make_cache
+from specfill.backends.mlx.cache import LayerKVCache, make_cache
 from specfill.backends.mlx.rope import RoPE
 from specfill.core.methods.prefill import prefill
 from specfill.core.errors import PromptTooLongError
@@ -49,10 +49,10 @@ def test_rope_contiguous_offset_equals_explicit_positions_bit_for_bit():
 
 
 def test_cache_appends_by_slot_and_grows():
-    cache = KVCache()
+    cache = LayerKVCache()
     first = mx.ones((1, 2, 3, 4))
     keys, values = cache.update_and_fetch(first, 2 * first)
-    assert cache.offset == 3 and keys.shape == (1, 2, 3, 4) and cache.capacity == KVCache.step
+    assert cache.offset == 3 and keys.shape == (1, 2, 3, 4) and cache.capacity == LayerKVCache.step
     keys, values = cache.update_and_fetch(3 * mx.ones((1, 2, 300, 4)), mx.zeros((1, 2, 300, 4)))
     assert cache.offset == 303 and keys.shape == (1, 2, 303, 4) and cache.capacity == 512
     assert float(keys[0, 0, 2, 0]) == 1.0 and float(keys[0, 0, 3, 0]) == 3.0
@@ -60,7 +60,7 @@ def test_cache_appends_by_slot_and_grows():
 
 
 def test_cache_with_capacity_refuses_to_overflow():
-    cache = KVCache(capacity=4)
+    cache = LayerKVCache(capacity=4)
     kv = mx.zeros((1, 2, 3, 4))
     cache.update_and_fetch(kv, kv)
     assert cache.capacity == 4

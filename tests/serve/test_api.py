@@ -63,7 +63,7 @@ def test_progress_events_are_opt_in(tiny_server):
                                                    "h2o_chunk_size": 64, "h2o_batch_size": 128,
                                                    "h2o_local": 8, "h2o_heavy": 8}))
     progress = [ch.model_extra["prompt_progress"] for ch in chunks if "prompt_progress" in ch.model_extra]
-    assert [p["processed"] for p in progress] == [128, 256, 300]  # one event per H2O logical batch
+    assert [p["processed"] for p in progress] == [128, 256, 300]  # steps: whole chunks, at most a logical batch
     assert all(p["total"] == 300 for p in progress)
     first_text = next(i for i, ch in enumerate(chunks) if ch.choices and ch.choices[0].text)
     assert first_text > max(i for i, ch in enumerate(chunks) if "prompt_progress" in ch.model_extra)

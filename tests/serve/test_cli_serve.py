@@ -10,7 +10,7 @@ from specfill.evaluation.serve_process import ServerProcess, client
 @pytest.mark.parametrize("argv, words", [
     (["--max-queue", "0"], "--max-queue must be >= 1"),
     (["--cache-tokens", "0"], "--cache-tokens must be >= 1"),
-    (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+    (["--max-tokens", "0"], "max_tokens must be an integer >= 1"),
     (["--prefill-step-size", "0"], "--prefill-step-size must be >= 1"),
     (["--top-k", "-2"], "top_k must be >= 0"),
     (["--method", "specprefill"], "needs --speculator"),

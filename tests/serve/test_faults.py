@@ -63,7 +63,7 @@ def test_malformed_requests_get_4xx(tiny_server):
 
 def test_clear_messages(tiny_server):
     cases = {b"{": "malformed JSON", json.dumps({"messages": MSG, "max_tokens": "5"}).encode(): "max_tokens",
-             json.dumps({"messages": MSG, "method": "nope"}).encode(): "unknown method 'nope'",
+             json.dumps({"messages": MSG, "method": "nope"}).encode(): "method must be full, h2o, specprefill or auto, got 'nope'",
              json.dumps({"prompt": LONG}).encode(): "exceeds the model's context of 4096 tokens",
              json.dumps({"messages": MSG, "n": 3}).encode(): "n > 1"}
     for body, words in cases.items():

@@ -25,7 +25,7 @@ def tiny(request):
 
 def keys(kv: KVState, slots: int) -> np.ndarray:
     """Layer-0 and last-layer keys of the first `slots` slots as NumPy [2, Hkv, slots, D]."""
-    if isinstance(kv.cache, list):  # MLX: one KVCache per layer
+    if isinstance(kv.cache, list):  # MLX: one LayerKVCache per layer
         return np.stack([np.asarray(kv.cache[i].keys[0, :, :slots]) for i in (0, -1)])
     return np.stack([kv.cache.k[i, 0, :, :slots].float().numpy() for i in (0, -1)])
 

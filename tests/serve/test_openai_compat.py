@@ -145,7 +145,7 @@ def test_log_line_and_metrics(keyed_server):
     ok = [line for line in lines if "outcome=ok" in line and "method=h2o->" in line]
     assert ok and re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} INFO specfill.serve: cmpl-\w+ completion "
                            r"method=h2o->\w+ prompt=4 cached=0 kept=4 ttft=[\d.]+s gen=4 tok/s=[\d.]+ ", ok[-1])
-    assert any("outcome=400 (unknown method 'nope'" in line for line in lines)
+    assert any("outcome=400 (method must be full, h2o, specprefill or auto, got 'nope'" in line for line in lines)
     status, headers, text = request(keyed_server, "GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert status == 200 and headers["content-type"].startswith("text/plain")
     assert re.search(r'^specfill_requests_total\{outcome="ok"\} [1-9]', text, re.M)
@@ -156,18 +156,29 @@ def test_log_line_and_metrics(keyed_server):
 
 
 def test_progress_event_per_prefill_step(keyed_server):
-    """--prefill-step-size 64: full prefill and SpecPrefill's speculator pass report (and can be
-    cancelled) every 64 tokens; H2O every logical batch."""
+    """--prefill-step-size 64: every method reports (and can be cancelled) every step: full prefill
+    every 64 tokens, H2O every 64 (whole chunks of 32), SpecPrefill every speculator step of 64,
+    every look-ahead token and every 64 kept tokens; `processed` stays on the prompt's scale."""
     c = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=KEY, max_retries=0)
     prompt = " ".join(str(i % 400 + 3) for i in range(300))
-    for method, extra, steps in (("full", {}, [64, 128, 192, 256, 300]),
-                                 ("specprefill", {"keep_ratio": 0.5}, [64, 128, 192, 256, 300]),
-                                 ("h2o", {"h2o_chunk_size": 32, "h2o_batch_size": 128}, [128, 256, 300])):
-        chunks = c.completions.create(model="tiny", prompt=prompt, max_tokens=1, stream=True,
-                                      extra_body={"method": method, "return_progress": True, "prompt_cache": "off",
-                                                  **extra})
-        got = [ch.model_extra["prompt_progress"]["processed"] for ch in chunks if "prompt_progress" in ch.model_extra]
-        assert got == steps, method
+    walk = [64, 128, 192, 256, 300]
+    for method, extra in (("full", {}), ("h2o", {"h2o_chunk_size": 32, "h2o_batch_size": 128}),
+                          ("specprefill", {"keep_ratio": 0.5})):
+        chunks = list(c.completions.create(model="tiny", prompt=prompt, max_tokens=1, stream=True,
+                                           extra_body={"method": method, "return_progress": True,
+                                                       "prompt_cache": "off", **extra}))
+        events = [ch.model_extra["prompt_progress"] for ch in chunks if "prompt_progress" in ch.model_extra]
+        stages = [(e["stage"], e["stage_processed"], e["stage_total"]) for e in events]
+        if method != "specprefill":
+            assert stages == [("prefill", n, 300) for n in walk], method
+            assert [e["processed"] for e in events] == walk, method
+            continue
+        kept = next(ch.model_extra["specfill"]["kept_tokens"] for ch in chunks if "specfill" in ch.model_extra)
+        lookahead = [s for s in stages if s[0] == "lookahead"]
+        assert stages[:5] == [("speculator", n, 300) for n in walk]
+        assert lookahead == [("lookahead", i, 8) for i in range(1, len(lookahead) + 1)] and lookahead
+        assert stages[5 + len(lookahead):] == [("main_prefill", n, kept) for n in (64, 128, kept)]
+        assert [e["processed"] for e in events] == walk + [300] * (len(events) - 5)
 
 
 @pytest.mark.parametrize("signals", [1, 2])

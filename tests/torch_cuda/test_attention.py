@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from specfill.backends.torch_cuda import attention
 from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
-from specfill.backends.torch_cuda.kv_cache import KVCache
+from specfill.backends.torch_cuda.kv_cache import ModelKVCache
 from specfill.core.methods.prefill import prefill
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
@@ -35,7 +35,7 @@ def test_causal_attention_over_cached_prefix(start, steps, dtype, tolerance, pri
     if not private_flash_op:
         monkeypatch.setattr(attention, "_cpu_flash", lambda: None)
     gen = torch.Generator().manual_seed(start * 100 + steps)
-    cache = KVCache.allocate(ARGS, 80, dtype, "cpu").layers[0]
+    cache = ModelKVCache.allocate(ARGS, 80, dtype, "cpu").layers[0]
     k_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
     v_all = torch.randn(1, 2, start + steps, 8, generator=gen).to(dtype)
     q = torch.randn(1, 6, steps, 8, generator=gen).to(dtype)
@@ -73,7 +73,7 @@ def test_lower_right_causal_path_used_on_cuda(start, steps):
 
 
 def test_cache_write_past_capacity_is_refused():
-    cache = KVCache.allocate(ARGS, 4, torch.float32, "cpu").layers[0]
+    cache = ModelKVCache.allocate(ARGS, 4, torch.float32, "cpu").layers[0]
     kv = torch.zeros(1, 2, 3, 8)
     cache.update_and_fetch(kv, kv)
     with pytest.raises(PromptTooLongError, match="holds 4 tokens"):

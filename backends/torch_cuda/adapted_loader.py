@@ -1,0 +1,121 @@
+"""Loading transformers models into specfill: a transformers directory (or a repo id in the Hugging
+Face cache, resolved to its snapshot directory by core/io/hub.py) of an architecture specfill has
+no model file for becomes a CausalLM whose layers' attention the adapter runs (adapted.py) and
+whose everything else is transformers' own code.
+
+Routing (torch_cuda.load): a directory whose config.json names a model_type of specfill's own
+families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
+other model_type that the installed transformers knows loads with AutoModelForCausalLM. A GGUF
+file of another architecture than specfill's own (llama, qwen2, qwen3, gemma3) loads through
+transformers' GGUF support (`gguf_file=`: dequantized to `dtype`), its tokenizer by specfill's
+GGUF reader.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specfill.core.adapted import foreign_model_type
+from specfill.core.driver import CausalLM
+from specfill.core.errors import ModelLoadError, quote
+from specfill.core.io.gguf_file import read_gguf
+from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
+from specfill.core.model_config import SUPPORTED_ARCHITECTURES
+
+from .ops import TorchOps
+
+
+def transformers_model_type(path: str | Path) -> str | None:
+    """The model_type of a directory that should load through transformers (None: specfill's own
+    loader: not a directory, no readable config.json, one of specfill's own families, transformers
+    not installed or not knowing the type)."""
+    model_type = foreign_model_type(path)
+    if model_type is None or importlib.util.find_spec("transformers") is None:
+        return None
+    from transformers import CONFIG_MAPPING
+
+    return model_type if model_type in CONFIG_MAPPING else None
+
+
+def transformers_gguf_architecture(path: str | Path) -> str | None:
+    """general.architecture of a GGUF file (already known to be one) that is not one of specfill's
+    own, when transformers is installed to read it; else None (specfill's own GGUF loader)."""
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    try:
+        architecture = read_gguf(path).metadata.get("general.architecture")
+    except ModelLoadError:  # a broken header: specfill's own loader names the problem
+        return None
+    if not isinstance(architecture, str) or architecture in SUPPORTED_ARCHITECTURES:
+        return None
+    return architecture
+
+
+def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder),
+    without transformers' progress bars (specfill's CLI prints its own progress)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        if path.is_file():
+            return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                        local_files_only=True)
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
+def _tokenizer_source(tokenizer: Any) -> Path:
+    """The directory a transformers tokenizer was read from: specfill reads its own tokenizer there."""
+    from transformers import PreTrainedTokenizerBase
+
+    source = Path(tokenizer.name_or_path) if isinstance(tokenizer, PreTrainedTokenizerBase) else None
+    if source is None or not source.is_dir():
+        raise ModelLoadError(f"cannot find the directory the tokenizer ({type(tokenizer).__name__}) was read from: "
+                             f"pass transformers' (model, AutoTokenizer.from_pretrained(dir)) or load the directory")
+    return source
+
+
+def load_pair(pair: tuple[Any, Any], dtype: torch.dtype, device: torch.device, prefill_step_size: int,
+              use_kernels: bool | None = None) -> tuple[CausalLM, Tokenizer]:
+    """(CausalLM, specfill Tokenizer) from a (transformers model, its tokenizer) pair, any family
+    (specfill's own five included: the adapter then runs transformers' model). The model is moved
+    to `device` and `dtype` in place."""
+    from transformers import PreTrainedModel
+
+    from .adapted import adapt
+
+    lm, tokenizer = pair
+    if not isinstance(lm, PreTrainedModel):
+        raise ModelLoadError(f"expected a transformers model (PreTrainedModel), got {type(lm).__name__}")
+    directory = _tokenizer_source(tokenizer)
+    model = adapt(lm.to(device=device, dtype=dtype))
+    return CausalLM(model, TorchOps(device, dtype, use_kernels), prefill_step_size=prefill_step_size), \
+        load_tokenizer(directory)
+
+
+def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, prefill_step_size: int,
+                 use_kernels: bool | None = None) -> tuple[CausalLM, Tokenizer]:
+    """(CausalLM, specfill Tokenizer) from a transformers directory or a GGUF file:
+    AutoModelForCausalLM reads it in `dtype` (offline: no download here), moved to `device`, then
+    adapted; the tokenizer is specfill's own reader's (tokenizer.json, or the GGUF's metadata)."""
+    from .adapted import adapt  # here: `specfill generate` on an own family never imports it
+
+    path = Path(path)
+    try:
+        lm = _from_pretrained(path, dtype)
+    except Exception as err:  # transformers raises ValueError, OSError, KeyError, ...
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+        what = transformers_gguf_architecture(path) if path.is_file() else transformers_model_type(path)
+        raise ModelLoadError(f"{quote(path)}: unsupported architecture {what!r} for specfill's own models, and "
+                             f"transformers could not load it: {first}") from None
+    model = adapt(lm.to(device))
+    ops = TorchOps(device, dtype, use_kernels)
+    return CausalLM(model, ops, prefill_step_size=prefill_step_size), load_tokenizer(path)

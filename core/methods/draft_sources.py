@@ -1,0 +1,171 @@
+"""Where speculative decoding's drafts come from: one small type per source, one interface.
+
+A source (`SelfDraft`, `ModelDraft`, `SpeculatorDraft`) says how much room the SpecPrefill
+speculator's cache needs and prepares a `DraftState` once the first token is known. The state
+proposes up to n tokens per round and, after the main model's verdict, keeps what was accepted:
+a draft with its own cache (`OwnCacheDraft`: a separate draft model, or the speculator continuing
+from its prompt KV) trims that cache; a "self:K" draft (`SharedCacheDraft`) writes into the main
+cache's first K layers, and the verify pass rewrites those slots with exactly the same KV, so it
+only drops its writes before the verify pass.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..ops import ModelOps
+from ..runtime import SamplingConfig
+from ..stages import A
+from .prefill import prefill
+from .specprefill import SparsePrefill
+
+
+def distribution(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
+    """The sampling distribution [vocab] (float64) of float logits [vocab]: temperature, then the
+    smallest set of tokens whose probability reaches top_p, renormalised (the backends' rule)."""
+    scaled = logits.astype(np.float64) / sampling.temperature
+    probs = np.exp(scaled - scaled.max())
+    probs /= probs.sum()
+    if sampling.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]  # mass of strictly more likely tokens
+        cut = np.zeros_like(probs)
+        cut[order] = np.where(before < sampling.top_p, probs[order], 0.0)
+        probs = cut / cut.sum()
+    return probs
+
+
+@dataclass
+class DraftState(ABC):
+    """A draft while decoding: `pending` tokens of the stream it has not read yet, fed at RoPE
+    positions from `position` into `cache`. drafted / accepted count proposals over the decode;
+    seconds holds the wall time of drafting and of the main model's verify passes."""
+
+    model: Any
+    cache: Any
+    position: int
+    pending: list[int]
+    drafted: int = 0
+    accepted: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "verify": 0.0})
+    written: int = 0  # slots this round's proposal wrote to `cache`
+
+    def propose(self, ops: ModelOps[A], n: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+        """Up to n draft tokens and their draft distributions [vocab] (None when greedy). The
+        draft reads its pending tokens, then every draft but the last (`written` slots)."""
+        tokens: list[int] = []
+        probs: list[np.ndarray | None] = []
+        feed, position, self.written = list(self.pending), self.position, 0
+        for _ in range(n):
+            out = ops.forward(self.model, ops.tokens(np.array(feed)), position, self.cache, None, len(feed) - 1)
+            position, self.written = position + len(feed), self.written + len(feed)
+            logits = ops.to_numpy(out[-1])
+            q = distribution(logits, sampling) if sampling.temperature > 0 else None
+            token = int(rng.choice(q.size, p=q)) if q is not None else int(np.argmax(logits))
+            tokens.append(token)
+            probs.append(q)
+            feed = [token]
+        return tokens, probs
+
+    @abstractmethod
+    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
+        """Roll the draft back to the accepted tokens. stream: the tokens since the round began
+        (the pending one, the accepted drafts, the main model's next)."""
+
+
+class OwnCacheDraft(DraftState):
+    """A draft model with a cache of its own (a separate draft model, or the speculator)."""
+
+    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
+        """Keep the cache entries of tokens the main model accepted; what the draft has not read
+        (the rejected tail excluded) becomes pending."""
+        kept = len(self.pending) + min(accepted, max(n_drafts - 1, 0)) if n_drafts else 0
+        ops.trim(self.cache, self.written - kept)
+        self.position += kept
+        self.pending = (self.pending[kept:] + stream[1:] if kept < len(self.pending)
+                        else stream[1 + kept - len(self.pending):])
+
+
+@dataclass
+class SharedCacheDraft(DraftState):
+    """A "self:K" draft: the main model's first `layers` layers over the main cache."""
+
+    layers: int = 0
+
+    def propose(self, ops: ModelOps[A], n: int, sampling: SamplingConfig,
+                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+        """DraftState.propose, then drop the draft's writes: the verify pass rewrites those slots."""
+        tokens, probs = super().propose(ops, n, sampling, rng)
+        if self.written:
+            ops.trim(self.cache, self.written, self.layers)
+        return tokens, probs
+
+    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
+        """The main cache's layers now hold exactly the kept tokens; the main model's next is pending."""
+        self.position += len(stream) - 1
+        self.pending = stream[-1:]
+
+
+class DraftSource(Protocol):
+    """A kind of draft, before decoding starts."""
+
+    def speculator_room(self, extra: int) -> int:
+        """Slots the SpecPrefill speculator's cache keeps beyond the prompt (`extra` if it drafts)."""
+
+    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
+                sparse: SparsePrefill | None, room: int) -> DraftState:
+        """The draft ready to read `first` at position len(ids): main / cache are the main model and
+        its cache, sparse SpecPrefill's result (None after full prefill), room the decode's slots."""
+
+
+@dataclass(frozen=True)
+class SelfDraft:
+    """"self:K": the main model's first K layers, sharing the main cache (no prefill at all)."""
+
+    layers: int
+
+    def speculator_room(self, extra: int) -> int:
+        return 0
+
+    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
+                sparse: SparsePrefill | None, room: int) -> DraftState:
+        return SharedCacheDraft(ops.first_layers(main, self.layers), cache, len(ids), [first], layers=self.layers)
+
+
+@dataclass(frozen=True)
+class ModelDraft:
+    """A separate draft model (the backend's model object): it prefills the whole prompt when
+    decoding starts, in steps of `step_size` tokens."""
+
+    model: Any
+    step_size: int
+
+    def speculator_room(self, extra: int) -> int:
+        return 0
+
+    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
+                sparse: SparsePrefill | None, room: int) -> DraftState:
+        draft_cache = ops.new_cache(self.model, len(ids) + room)
+        prefill(ops, self.model, ops.tokens(ids), 0, draft_cache, step_size=self.step_size)
+        return OwnCacheDraft(self.model, draft_cache, len(ids), [first])
+
+
+@dataclass(frozen=True)
+class SpeculatorDraft:
+    """The SpecPrefill speculator drafting from the prompt KV it built (its look-ahead slots dropped)."""
+
+    def speculator_room(self, extra: int) -> int:
+        return extra
+
+    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
+                sparse: SparsePrefill | None, room: int) -> DraftState:
+        if sparse is None:
+            raise ConfigError("the SpecPrefill speculator drafts only after speculative prefill")
+        spec = sparse.speculator
+        ops.trim(spec.cache, len(spec.lookahead))
+        return OwnCacheDraft(spec.model, spec.cache, len(ids), [first])
