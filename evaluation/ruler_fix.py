@@ -30,8 +30,7 @@ from specfill.core.decoding import decode_tokens
 from specfill.core.methods.specprefill import prefill_kept, run_speculator
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
-from specfill.settings import prompt_ids
+from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig, check_token_ids
 
 from .quality import position_map
 from .ruler_report import DROPPED_BELOW
@@ -144,7 +143,7 @@ class SavedPass:
 def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int) -> SavedPass:
     """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator)."""
     ops = model.ops
-    ids = np.asarray(prompt_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
+    ids = np.asarray(check_token_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
     spec_model, spec_step = model.speculator_model(speculator)
     with ops.device_scope():
         started = time.perf_counter()
