@@ -109,13 +109,16 @@ class AdaptedModel:
 
 class AdaptedOps(MLXOps):
     """MLXOps for AdaptedModel: the step goes through mlx-lm's forward, and a method the model's
-    layers cannot honour is refused by name before anything runs."""
+    layers cannot honour is refused by name before anything runs. A specfill model (a speculator
+    loaded from a GGUF of an own family, speeding an adapted main model) runs as MLXOps runs it."""
 
-    def activation_dtype(self, model: AdaptedModel) -> mx.Dtype:
-        return model.dtype
+    def activation_dtype(self, model: AdaptedModel | Any) -> mx.Dtype:
+        return model.dtype if isinstance(model, AdaptedModel) else super().activation_dtype(model)
 
-    def forward(self, model: AdaptedModel, ids: mx.array, positions: int | np.ndarray, cache: list[LayerKVCache],
-                attend: Any, logits_from: int | None) -> mx.array | None:
+    def forward(self, model: AdaptedModel | Any, ids: mx.array, positions: int | np.ndarray,
+                cache: list[LayerKVCache], attend: Any, logits_from: int | None) -> mx.array | None:
+        if not isinstance(model, AdaptedModel):
+            return super().forward(model, ids, positions, cache, attend, logits_from)
         if isinstance(attend, H2OPrefillAttention):
             model.args.check_method("h2o")
         elif isinstance(attend, QueryCapture):

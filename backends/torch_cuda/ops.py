@@ -24,6 +24,7 @@ from .kernels.intra import intra_attention, reduce_colsum_to_kv_heads
 from .kernels.scoring import attention_scores, check_scoring_shapes
 from .kernels.state import merge_states, stats_dtype
 from .kv_cache import ModelKVCache
+from .model import few_row_products
 from .model import Transformer
 from .sampling import make_generator, sample
 
@@ -98,6 +99,9 @@ class TorchOps:
 
     def device_scope(self) -> AbstractContextManager[Any]:
         return torch.inference_mode()
+
+    def verify_scope(self) -> AbstractContextManager[Any]:
+        return few_row_products()
 
     def tokens(self, ids: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)

@@ -4,12 +4,15 @@ SpecPrefill (fp32, MLX CPU). The adapter side is loaded as a (model, tokenizer) 
 `mlx_lm.load`, the own side from the directory."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx_lm
 import pytest
 
 from specfill.backends.mlx import load
 from specfill.backends.mlx.adapted import AdaptedModel
 from specfill.backends.mlx.model import Model
+from specfill.core.runtime import PrefillInfo
 
 from tests.mlx_adapter.archs import save_directory
 from tests.mlx_adapter.support import greedy, prompt
@@ -36,3 +39,17 @@ def test_greedy_tokens_equal_between_the_own_model_and_the_adapter(arch, tmp_pat
     for method in (None, H2O, spec(0.3)):
         args = () if method is None else (method,)
         assert greedy(ours, ids, 8, *args) == greedy(own, ids, 8, *args), f"{arch} {method}"
+
+
+def test_an_own_model_speculates_for_the_adapted_model_as_for_the_own_model(tmp_path):
+    """One speculator for both main-model paths (the speed bench compares their SpecPrefill): a
+    specfill model run by the adapted model's ops keeps the same positions and gives the same
+    tokens as under the own main model."""
+    directory = save_directory("qwen2", tmp_path / "qwen2", FAMILIES["qwen2"])
+    own, _ = load(directory, dtype="float32", device="cpu")
+    ours, _ = load(mlx_lm.load(str(directory)), dtype="float32", device="cpu")
+    method = replace(spec(0.3), speculator=own)
+    ids = prompt(44, seed=5)
+    infos = PrefillInfo(), PrefillInfo()
+    assert greedy(ours, ids, 6, method, infos[0]) == greedy(own, ids, 6, method, infos[1])
+    assert infos[0].kept_positions == infos[1].kept_positions and 8 <= infos[0].kept_tokens < 44
