@@ -15,8 +15,8 @@ shared arrays, no second copy in memory). One run times, per prompt length (rand
 SpecPrefill's speculator is one specfill model (`--speculator` GGUF) for both main-model paths.
 Paths run round-robin within each repeat (load from other jobs falls on all of them alike);
 each figure is the best of `--repeats`. Writes results/adapter/prefill_<model>.{json,md,png}
-(`--merge` keeps earlier rows, and the paths a run did not time: `--paths` splits a length
-over runs when one run would not fit in a time limit).
+(`--merge` keeps earlier rows and adds this run to a length's runs: `--paths` splits a length
+over runs when one run would not fit in a time limit; every ratio is taken within one run).
 
     flock /work/model.lock timeout 580 env LD_PRELOAD=/usr/lib/x86_64-linux-gnu/libopenblas.so.0 \\
         .venv/bin/python scripts/bench_adapter_prefill.py MAIN.gguf --speculator SMALL.gguf --lengths 1024
@@ -66,8 +66,9 @@ def mlx_lm_model(own: CausalLM):
     return lm
 
 
-def timers(own: CausalLM, speculator: CausalLM, lm) -> dict[str, Callable[[list[int]], None]]:
-    """path name -> run(prompt ids) that stops at the first token (the paths of the module doc)."""
+def timers(own: CausalLM, speculator: CausalLM, lm) -> dict[str, Callable[[list[int]], dict]]:
+    """path name -> run(prompt ids) that stops at the first token (the paths of the module doc) and
+    returns its stages' seconds (specfill's PrefillInfo.seconds; {} for mlx-lm)."""
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -76,15 +77,18 @@ def timers(own: CausalLM, speculator: CausalLM, lm) -> dict[str, Callable[[list[
                "specprefill": PrefillMethod("specprefill", speculator=speculator,
                                             specprefill=SpecPrefillConfig(keep_ratio=0.1))}
 
-    def library(ids: list[int]) -> None:
+    def library(ids: list[int]) -> dict:
         for _ in generate_step(mx.array(ids, dtype=mx.int32), lm, max_tokens=0, prompt_cache=make_prompt_cache(lm),
                                prefill_step_size=own.prefill_step_size):
             pass
+        return {}
 
-    def specfill(model: CausalLM, method: PrefillMethod) -> Callable[[list[int]], None]:
-        def run(ids: list[int]) -> None:
+    def specfill(model: CausalLM, method: PrefillMethod) -> Callable[[list[int]], dict]:
+        def run(ids: list[int]) -> dict:
+            info = PrefillInfo()
             next(model.generate_step(ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                     method=method, info=PrefillInfo()))
+                                     method=method, info=info))
+            return dict(info.seconds)
         return run
 
     paths = {"mlx-lm full": library}
@@ -94,35 +98,42 @@ def timers(own: CausalLM, speculator: CausalLM, lm) -> dict[str, Callable[[list[
     return paths
 
 
-def measure(paths: dict[str, Callable[[list[int]], None]], n: int, repeats: int) -> dict:
-    """One length: every path's seconds per repeat (round-robin) and the load average after each.
+def measure(paths: dict[str, Callable[[list[int]], dict]], n: int, repeats: int) -> dict:
+    """One length: every path's seconds per repeat (round-robin), the load average after each and
+    the stages' seconds of each path's last repeat.
     H2O with the defaults is plain causal attention on a prompt of one chunk: not timed there."""
     ids = np.random.default_rng(0).integers(10, 1000, n).tolist()
     skipped = [name for name in paths if name.endswith(" h2o") and uses_full_attention(H2OConfig(), n)]
     seconds: dict[str, list[float]] = {name: [] for name in paths if name not in skipped}
-    load = []
+    load, stages = [], {}
     with mx.stream(mx.cpu):
         for _ in range(repeats):
             for name in seconds:
                 start = time.perf_counter()
-                paths[name](ids)
+                stages[name] = paths[name](ids)
                 seconds[name].append(time.perf_counter() - start)
                 load.append(os.getloadavg()[0])
                 print(f"{n} {name}: {seconds[name][-1]:.2f} s (load {load[-1]:.2f})", file=sys.stderr, flush=True)
     return {"tokens": n, "seconds": seconds, "load_average_1min": [min(load), max(load)],
-            "h2o_full_attention": bool(skipped)}
+            "stage_seconds": stages, "h2o_full_attention": bool(skipped)}
 
 
 def derive(row: dict) -> dict:
-    """The row with best seconds per path, the ratios and the targets' verdicts (None: a path
-    the ratio needs was not timed)."""
-    best = {name: min(times) for name, times in row["seconds"].items()}
+    """A length's runs (a row of `measure` each) -> best seconds per path over them, the ratios and
+    the targets' verdicts. Each ratio is taken within one run (the last that timed both paths),
+    never across runs; None: no run timed both."""
+    runs = row["runs"]
+    best = {name: min(t for run in runs for t in run["seconds"].get(name, [])) for run in runs
+            for name in run["seconds"]}
 
     def ratio(a: str, b: str) -> float | None:
-        return best[a] / best[b] if a in best and b in best else None
+        both = [run["seconds"] for run in runs if a in run["seconds"] and b in run["seconds"]]
+        return min(both[-1][a]) / min(both[-1][b]) if both else None
 
-    out = dict(row, best_s=best, adapter_over_mlx_lm=ratio("adapter full", "mlx-lm full"),
-               own_over_mlx_lm=ratio("own full", "mlx-lm full"))
+    out = {"tokens": row["tokens"], "runs": runs, "best_s": best,
+           "load_average_1min": [min(r["load_average_1min"][0] for r in runs),
+                                 max(r["load_average_1min"][1] for r in runs)],
+           "adapter_over_mlx_lm": ratio("adapter full", "mlx-lm full"), "own_over_mlx_lm": ratio("own full", "mlx-lm full")}
     over = out["adapter_over_mlx_lm"]
     verdict = {"adapter_within_5pct_of_mlx_lm": None if over is None else over <= ADAPTER_TARGET}
     for method in METHODS[1:]:
@@ -149,7 +160,8 @@ def markdown(result: dict) -> str:
              f"{result['dtype']}, {result['device']}, {result['threads']} thread(s); speculator "
              f"{result['speculator']} (keep 0.1); H2O defaults. Machine: {machine_line(result['machine'])}.",
              "Shared machine under load from other jobs (load average per row below): not quiet-machine figures.",
-             "Seconds to the first token, best of the repeats, paths round-robin within a run. Targets (issue 21 "
+             "Seconds to the first token, best over repeats and runs, paths round-robin within a run; every "
+             "ratio within one run (a length split over runs by --paths says so). Targets (issue 21 "
              "item 5): adapter full <= 1.05x mlx-lm; adapter speed-ups within 10% of the own model's. H2O at "
              "<= 1024 tokens (one chunk) is full attention: not timed.", "",
              "| tokens | mlx-lm full | adapter full | own full | adapter / mlx-lm | H2O speed-up adapter / own "
@@ -160,7 +172,8 @@ def markdown(result: dict) -> str:
             ups = row[f"{method}_speedup"]
             cells.append(f"{_fmt(ups['adapter'], '.2f')}x / {_fmt(ups['own'], '.2f')}x "
                          f"({_fmt(row[f'{method}_speedup_ratio'], '.3f')})")
-        lines.append(f"| {row['tokens']} | " + " | ".join(_fmt(best.get(f"{p} full"), ".1f") + " s"
+        split = f" ({len(row['runs'])} runs)" if len(row["runs"]) > 1 else ""
+        lines.append(f"| {row['tokens']}{split} | " + " | ".join(_fmt(best.get(f"{p} full"), ".1f") + " s"
                                                           for p in ("mlx-lm", "adapter", "own"))
                      + f" | {_fmt(row['adapter_over_mlx_lm'], '.3f')} | {cells[0]} | {cells[1]} | "
                      f"{row['load_average_1min'][0]:.1f}-{row['load_average_1min'][1]:.1f} |")
@@ -198,15 +211,13 @@ def plot(result: dict, path: Path) -> None:
 
 
 def merged(out: Path, rows: list[dict]) -> list[dict]:
-    """rows joined with the file's earlier rows: other lengths kept; for a length timed again,
-    the earlier paths this run did not time kept (their load range joins the row's)."""
+    """This run's rows ({"tokens", "runs": [one run]}) joined with the file's: other lengths kept,
+    a length timed again gets this run appended to its runs."""
     earlier = {row["tokens"]: row for row in json.loads(out.read_text())["rows"]} if out.exists() else {}
     for row in rows:
         old = earlier.pop(row["tokens"], None)
         if old is not None:
-            row["seconds"] = {**{k: v for k, v in old["seconds"].items() if k not in row["seconds"]}, **row["seconds"]}
-            row["load_average_1min"] = [min(old["load_average_1min"][0], row["load_average_1min"][0]),
-                                        max(old["load_average_1min"][1], row["load_average_1min"][1])]
+            row["runs"] = old["runs"] + row["runs"]
     return list(earlier.values()) + rows
 
 
@@ -229,7 +240,8 @@ def main() -> None:
     if set(wanted) - set(paths):
         parser.error(f"unknown paths {sorted(set(wanted) - set(paths))}; known: {', '.join(paths)}")
     out = Path("results/adapter") / f"prefill_{Path(options.gguf).stem}.json"
-    rows = [measure({k: paths[k] for k in wanted}, int(n), options.repeats) for n in options.lengths.split(",")]
+    rows = [{"tokens": int(n), "runs": [measure({k: paths[k] for k in wanted}, int(n), options.repeats)]}
+            for n in options.lengths.split(",")]
     rows = merged(out, rows) if options.merge else rows
     result = {"model": Path(options.gguf).name, "speculator": Path(options.speculator).name, "dtype": "float32",
               "device": "MLX CPU", "threads": own.ops.compute_threads, "repeats": options.repeats,
