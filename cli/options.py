@@ -55,10 +55,22 @@ def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     else:
         p.add_argument("--h2o-dense-tail", type=int, default=H2OConfig.dense_tail, help=tail_help)
         p.add_argument("--score-layers", default=SpecPrefillConfig.layers, help=layers_help)
-    p.add_argument("--keep", default="0.1", help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1")
+    p.add_argument("--keep", default=None,
+                   help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1 (default: ratio 0.1)")
     p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
     p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
     p.add_argument("--select-chunk", type=int, default=SpecPrefillConfig.select_chunk)
+    p.add_argument("--h2o-memory-share", type=float, default=None,
+                   help="H2O memory L+H as this share of the prompt (split L:H as given, below S); default: fixed L, H")
+    p.add_argument("--lookahead-reduction", default=SpecPrefillConfig.lookahead_reduction,
+                   help="SpecPrefill: mean (paper) or max over the look-ahead queries' scores")
+    p.add_argument("--keep-mass", type=float, default=None,
+                   help="SpecPrefill importance-mass rule (replaces --keep): the fewest chunks holding this share "
+                        "of the speculator's attention mass, within --mass-floor and --mass-ceiling of the chunks")
+    p.add_argument("--mass-floor", type=float, default=SpecPrefillConfig.mass_floor)
+    p.add_argument("--mass-ceiling", type=float, default=SpecPrefillConfig.mass_ceiling)
+    p.add_argument("--neighbours", type=int, default=SpecPrefillConfig.neighbours,
+                   help="SpecPrefill: also keep this many chunks each side of every selected chunk")
 
 
 def parse_keep(text: str) -> dict:
@@ -73,19 +85,24 @@ def parse_keep(text: str) -> dict:
 
 
 def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
-    settings = {"dense_tail": args.h2o_dense_tail, **overrides}
+    settings = {"dense_tail": args.h2o_dense_tail, "memory_share": args.h2o_memory_share, **overrides}
     return H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy, **settings)
 
 
 def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConfig:
-    keep = {} if {"keep_ratio", "keep_tokens"} & overrides.keys() else parse_keep(args.keep)
-    settings = {"layers": args.score_layers, **keep, **overrides}
+    given = {} if args.keep is None else parse_keep(args.keep)
+    if args.keep_mass is not None:  # with --keep too: SpecPrefillConfig's one check names both
+        given |= {"keep_mass": args.keep_mass, "mass_floor": args.mass_floor, "mass_ceiling": args.mass_ceiling}
+    keep = {} if {"keep_ratio", "keep_tokens", "keep_mass"} & overrides.keys() else given
+    settings = {"layers": args.score_layers, "lookahead_reduction": args.lookahead_reduction,
+                "neighbours": args.neighbours, **keep, **overrides}
     return SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
                              select_chunk=args.select_chunk, **settings)
 
 
-_METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy", "h2o_dense_tail"),
-                   "specprefill": ("keep", "lookahead", "pool_kernel", "select_chunk", "speculator", "score_layers")}
+_METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy", "h2o_dense_tail", "h2o_memory_share"),
+                   "specprefill": ("keep", "lookahead", "pool_kernel", "select_chunk", "speculator", "score_layers",
+                                   "lookahead_reduction", "keep_mass", "mass_floor", "mass_ceiling", "neighbours")}
 
 
 def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) -> None:

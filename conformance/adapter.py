@@ -63,8 +63,8 @@ class ReferenceAdapter(ReferenceStages):
     def smooth_scores(self, probs, kernel):
         return super().smooth_scores(*self._cast(probs), kernel)
 
-    def reduce_scores(self, probs, head_reduction, layer_reduction):
-        return super().reduce_scores(*self._cast(probs), head_reduction, layer_reduction)
+    def reduce_scores(self, probs, head_reduction, layer_reduction, lookahead_reduction="mean"):
+        return super().reduce_scores(*self._cast(probs), head_reduction, layer_reduction, lookahead_reduction)
 
     def select_tokens(self, importance, config):
         return super().select_tokens(*self._cast(importance), config)

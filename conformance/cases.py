@@ -25,12 +25,14 @@ class H2OCase:
     seed: int = 0
     dense_tail: int = 0  # W: the last W queries attend to every earlier key
     window: int | None = None  # a sliding layer's w: query i sees keys j > i - w only
+    memory_share: float | None = None  # L + H as a share of the prompt (resolved per prompt)
 
     @property
     def config(self) -> H2OConfig:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SpecfillWarning)  # the clamped case is on purpose
-            return H2OConfig(CHUNK, self.batch_size, self.local, self.heavy, dense_tail=self.dense_tail)
+            return H2OConfig(CHUNK, self.batch_size, self.local, self.heavy, dense_tail=self.dense_tail,
+                             memory_share=self.memory_share)
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q [Hq, N, D], k/v [Hkv, N, D] in float64."""
@@ -71,6 +73,10 @@ H2O_CASES: list[H2OCase] = [
     H2OCase("window=S+2,tail=S+6,batch=S", 4 * CHUNK + 3, 2, 3, 6, 2, batch_size=CHUNK,
             dense_tail=CHUNK + 6, window=CHUNK + 2, seed=33),
     H2OCase("window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, seed=34),
+    # memory as a share of the prompt: 0.1 of 41 tokens -> L + H = 4 in the 2:3 proportion (2, 2);
+    # 0.5 of 35 -> clamped to S - 1 = 7
+    H2OCase("memory-share=0.1", 5 * CHUNK + 1, 2, 3, 4, 2, memory_share=0.1, seed=35),
+    H2OCase("memory-share=0.5 (clamped)", 4 * CHUNK + 3, 2, 3, 4, 2, memory_share=0.5, dense_tail=3, seed=36),
 ]
 
 
@@ -112,4 +118,13 @@ SPEC_CASES: list[SpecCase] = [
     SpecCase("windows=(2,-,20)", 90, SpecPrefillConfig(keep_ratio=0.3), windows=(2, None, 20), seed=12),
     SpecCase("windows=(40,40,-),last-2", 120, SpecPrefillConfig(keep_ratio=0.2, layers="last-2"),
              windows=(40, 40, None), seed=13),
+    # issue 24's options: max over the look-ahead queries, the importance-mass rule (between its
+    # floor and ceiling), neighbour chunks around every kept one, and all three at once
+    SpecCase("lookahead=max", 150, SpecPrefillConfig(keep_ratio=0.2, lookahead_reduction="max"), seed=14),
+    SpecCase("mass=0.5", 200, SpecPrefillConfig(keep_mass=0.5, mass_floor=0.1, mass_ceiling=0.6, select_chunk=8),
+             seed=15),
+    SpecCase("neighbours=1", 200, SpecPrefillConfig(keep_ratio=0.1, neighbours=1, select_chunk=8), seed=16),
+    SpecCase("mass=0.3,max,neighbours=2", 257,
+             SpecPrefillConfig(keep_mass=0.3, mass_floor=0.05, mass_ceiling=0.2, lookahead_reduction="max",
+                               neighbours=2, select_chunk=4), seed=17),
 ]

@@ -192,7 +192,7 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
 
 
 def _check_memory_structure(ck: Checker, case: H2OCase, sets: list[np.ndarray]) -> None:
-    config = case.config
+    config = case.config.for_prompt(case.n_tokens)  # memory_share: the L and H this prompt runs with
     n_chunks = math.ceil(case.n_tokens / CHUNK)
     ck.exact("h2o.layer.memory_count", case.name, len(sets) == max(0, n_chunks - 1),
              f"{len(sets)} memory sets for {n_chunks} chunks (none after the final chunk)")

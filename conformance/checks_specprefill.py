@@ -39,9 +39,10 @@ def check_smooth_scores(ad: ConformanceAdapter, ck: Checker) -> None:
 def check_reduce_scores(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in SPEC_CASES:
         probs = _probs(case, ck.dtype)
-        for heads, layers in (("max", "max"), ("max", "mean"), ("mean", "max")):
-            ck.close("specprefill.reduce_scores", f"{case.name},heads={heads},layers={layers}",
-                     ad.reduce_scores(probs, heads, layers), REFERENCE.reduce_scores(probs, heads, layers))
+        for heads, layers, queries in (("max", "max", "mean"), ("max", "mean", "mean"), ("mean", "max", "mean"),
+                                       ("max", "max", "max")):
+            ck.close("specprefill.reduce_scores", f"{case.name},heads={heads},layers={layers},lookahead={queries}",
+                     ad.reduce_scores(probs, heads, layers, queries), REFERENCE.reduce_scores(probs, heads, layers, queries))
 
 
 def _selection_cases(dtype: str) -> list[tuple[str, np.ndarray, SpecPrefillConfig]]:

@@ -95,10 +95,10 @@ class OpsAdapter:
     def smooth_scores(self, probs, kernel) -> np.ndarray:
         return self.cv.numpy(self.ops.smooth_scores(self.cv.stats(probs), kernel))
 
-    def reduce_scores(self, probs, head_reduction, layer_reduction) -> np.ndarray:
+    def reduce_scores(self, probs, head_reduction, layer_reduction, lookahead_reduction="mean") -> np.ndarray:
         per_layer = self.ops.reduce_axis(self.cv.stats(probs), head_reduction, axis=2)
         return self.cv.numpy(self.ops.reduce_axis(self.ops.reduce_axis(per_layer, layer_reduction, axis=1),
-                                                  "mean", axis=0))
+                                                  lookahead_reduction, axis=0))
 
     def select_tokens(self, importance, config: SpecPrefillConfig) -> Selection:
         return select_tokens(self.cv.numpy(self.cv.stats(importance)), config)

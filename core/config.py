@@ -20,6 +20,15 @@ DEFAULT_KEEP_RATIO = 0.1  # the reference implementation's keep share
 MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
 
 
+def _require_share(name: str, value: object, low: float = 0.0, high: float = 1.0) -> float:
+    """A fraction in (low, high]: a real number, not a bool, not NaN."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(float(value)):
+        raise ConfigError(f"{name} must be a number in ({low:g}, {high:g}], got {value!r}")
+    if not low < float(value) <= high:
+        raise ConfigError(f"{name} must be in ({low:g}, {high:g}], got {value}")
+    return float(value)
+
+
 def _require_int(name: str, value: object, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
@@ -43,6 +52,10 @@ class H2OConfig:
     built after the final chunk (later layers see the tail's changed hidden states, as they must).
     H2O is enabled iff L + H > 0. L + H < S is enforced by clamping (heavy first, then local)
     with a SpecfillWarning, as the llama.cpp plan does.
+    memory_share: None (L and H as given) or a share of the prompt in (0, 1): a prompt of N tokens
+    then gets L + H = round(share * N) (at least 1, below S), split in the given L:H proportion
+    (half and half when both are 0): a memory growing with the prompt rather than fixed
+    (issue 24). `for_prompt(N)` resolves it; the H2O walk resolves every config it is handed.
     """
 
     chunk_size: int = 1024
@@ -50,9 +63,15 @@ class H2OConfig:
     local: int = 256
     heavy: int = 256
     dense_tail: int = 64  # measured: results/eval/fidelity/demo_h2o_dense_tail.md (docs/results.md)
+    memory_share: float | None = None
 
     def __post_init__(self) -> None:
         s = _require_int("chunk_size (S)", self.chunk_size, 1)
+        if self.memory_share is not None:
+            share = _require_share("memory_share", self.memory_share)
+            if share >= 1.0:
+                raise ConfigError(f"memory_share must be below 1 (the memory is part of the prompt), got {share}")
+            object.__setattr__(self, "memory_share", share)
         _require_int("dense_tail (W)", self.dense_tail, 0)
         b = _require_int("batch_size (B)", self.batch_size, 1)
         local = _require_int("local (L)", self.local, 0)
@@ -80,22 +99,44 @@ class H2OConfig:
         """M = L + H, the size of every memory set."""
         return self.local + self.heavy
 
+    def for_prompt(self, n_tokens: int) -> "H2OConfig":
+        """The config a prompt of n_tokens runs with: itself, or (memory_share set) L + H =
+        round(share * N) clamped to [1, S - 1], split in the L:H proportion given (local rounded,
+        heavy the rest). Memory sets stay below S: the next chunk attends to them and itself."""
+        if self.memory_share is None:
+            return self
+        memory = max(1, min(self.chunk_size - 1, round(self.memory_share * n_tokens)))
+        given = self.local + self.heavy
+        local = round(memory * (self.local / given if given else 0.5))
+        return H2OConfig(self.chunk_size, self.batch_size, local, memory - local, self.dense_tail)
+
 
 @dataclass(frozen=True)
 class SpecPrefillConfig:
     """Speculative prefill (paper section 'Speculative Prefill', seed 002).
 
     keep_ratio: fraction of selection chunks kept (ceil(n_chunks * keep_ratio)); or
-    keep_tokens: a token budget, kept as ceil(keep_tokens / select_chunk) chunks (>= 1).
-    Exactly one of the two is set: neither means keep_ratio 0.1; both is a ConfigError (so a
-    `replace(config, keep_ratio=...)` on a token-budget config fails loudly: use with_keep).
+    keep_tokens: a token budget, kept as ceil(keep_tokens / select_chunk) chunks (>= 1); or
+    keep_mass: the importance-mass rule (below). At most one of the three is set: none means
+    keep_ratio 0.1; two is a ConfigError (so a `replace(config, keep_ratio=...)` on a token-budget
+    or mass config fails loudly: use with_keep).
     lookahead (N): greedy speculator decode steps whose queries also score the prompt.
     pool_kernel: odd width of the average pooling along positions (1 = off).
     select_chunk: tokens per selection chunk (1 = token-level selection).
     layers: speculator layers used for scoring: "all" (the paper's max over every layer; the
     default: no window rule beat it across self:8 and self:12, see docs/results.md, Fidelity), "last-K" (a
     window of K layers ending at the speculator's last) or "last-1" (the last layer only).
-    head_reduction / layer_reduction: "max" (paper) or "mean"; look-ahead is always averaged.
+    head_reduction / layer_reduction: "max" (paper) or "mean".
+    lookahead_reduction: over the scoring queries (the last prompt token, then each look-ahead
+    token): "mean" (paper) or "max" (a token one answer step reads strongly counts fully, not
+    divided by the steps: a multi-hop answer reads a different statement at each step).
+    keep_mass: None, or the importance-mass rule replacing keep_ratio / keep_tokens: keep the
+    fewest top chunks whose importance sums to this share of the prompt's, but at least
+    mass_floor and at most mass_ceiling of the chunks (ratios): a peaked score (one needle)
+    keeps few chunks, a spread one (a chain, a document) more.
+    neighbours: also keep this many chunks on each side of every selected chunk (context around
+    what was found: the rest of a statement or sentence a chunk boundary cut); the kept count
+    grows up to (2 * neighbours + 1) times.
     force_keep_last: always keep the last prompt token so decoding has its context.
     """
 
@@ -108,12 +149,23 @@ class SpecPrefillConfig:
     head_reduction: str = "max"
     layer_reduction: str = "max"
     force_keep_last: bool = True
+    lookahead_reduction: str = "mean"
+    keep_mass: float | None = None
+    mass_floor: float = 0.05
+    mass_ceiling: float = 0.5
+    neighbours: int = 0
 
     def __post_init__(self) -> None:
-        if self.keep_tokens is not None and self.keep_ratio is not None:
-            raise ConfigError(f"give keep_ratio or keep_tokens, not both (got {self.keep_ratio!r} and "
-                              f"{self.keep_tokens!r})")
-        if self.keep_tokens is not None:
+        given = [name for name in ("keep_ratio", "keep_tokens", "keep_mass") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
+                              f"(got {' and '.join(repr(getattr(self, name)) for name in given)})")
+        if self.keep_mass is not None:
+            object.__setattr__(self, "keep_mass", _require_share("keep_mass", self.keep_mass))
+            floor = _require_share("mass_floor", self.mass_floor)
+            if _require_share("mass_ceiling", self.mass_ceiling) < floor:
+                raise ConfigError(f"mass_ceiling ({self.mass_ceiling}) must be >= mass_floor ({floor})")
+        elif self.keep_tokens is not None:
             _require_int("keep_tokens", self.keep_tokens, 1)
         else:
             ratio = DEFAULT_KEEP_RATIO if self.keep_ratio is None else self.keep_ratio
@@ -127,17 +179,19 @@ class SpecPrefillConfig:
         if self.pool_kernel % 2 == 0:
             raise ConfigError(f"pool_kernel must be odd (centred pooling), got {self.pool_kernel}")
         _require_int("select_chunk", self.select_chunk, 1)
-        for name in ("head_reduction", "layer_reduction"):
+        _require_int("neighbours", self.neighbours, 0)
+        for name in ("head_reduction", "layer_reduction", "lookahead_reduction"):
             if getattr(self, name) not in REDUCTIONS:
                 raise ConfigError(f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}")
         self.layer_indices(1)  # validates the layers spec
 
-    def with_keep(self, ratio: float | None = None, tokens: int | None = None) -> "SpecPrefillConfig":
-        """This config keeping `ratio` of the chunks or a `tokens` budget (at most one given;
-        neither: unchanged)."""
-        if ratio is None and tokens is None:
+    def with_keep(self, ratio: float | None = None, tokens: int | None = None,
+                  mass: float | None = None) -> "SpecPrefillConfig":
+        """This config keeping `ratio` of the chunks, a `tokens` budget or a `mass` share of the
+        importance (at most one given: it replaces the keep setting; none: unchanged)."""
+        if ratio is None and tokens is None and mass is None:
             return self
-        return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens)
+        return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass)
 
     def layer_indices(self, n_layers: int) -> list[int]:
         """Speculator layers used for scoring: all of them, or the last K."""
@@ -154,9 +208,22 @@ class SpecPrefillConfig:
         raise ConfigError(f"layers must be 'all' or 'last-K' with K >= 1, got {self.layers!r}")
 
     def n_kept_chunks(self, n_chunks: int) -> int:
-        """How many selection chunks survive, for a prompt cut into n_chunks."""
+        """How many selection chunks survive, for a prompt cut into n_chunks (the mass rule:
+        at most; the scores decide within [chunk_range]), before neighbours are added."""
+        return self.chunk_range(n_chunks)[1]
+
+    def chunk_range(self, n_chunks: int) -> tuple[int, int]:
+        """(fewest, most) selected chunks: equal unless the mass rule is on (its floor, ceiling)."""
         if n_chunks <= 0:
-            return 0
+            return 0, 0
+        if self.keep_mass is not None:
+            low, high = (max(1, min(n_chunks, math.ceil(n_chunks * r - 1e-9)))
+                         for r in (self.mass_floor, self.mass_ceiling))
+            return low, high
+        k = self._fixed_chunks(n_chunks)
+        return k, k
+
+    def _fixed_chunks(self, n_chunks: int) -> int:
         if self.keep_tokens is not None:
             k = math.ceil(self.keep_tokens / self.select_chunk)
         else:

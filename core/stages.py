@@ -218,8 +218,9 @@ class SpecPrefillStages(Protocol):
         """Average pooling along the last axis, zero padding kernel // 2 each side."""
 
     def reduce_scores(self, probs: np.ndarray, head_reduction: str,
-                      layer_reduction: str) -> np.ndarray:
-        """[n_q, n_l, Hq, P] -> [P]: heads, then layers, then mean over the queries."""
+                      layer_reduction: str, lookahead_reduction: str = "mean") -> np.ndarray:
+        """[n_q, n_l, Hq, P] -> [P]: heads, then layers, then the queries (mean or max)."""
 
     def select_tokens(self, importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
-        """Chunk top-k by ceil(n_chunks * keep), force-keep last, restore positions."""
+        """Chunk top-k by ceil(n_chunks * keep) or the mass rule, neighbours, force-keep last,
+        restore positions."""

@@ -27,7 +27,7 @@ from ..stages import A, H2OCarry, H2OLayerResult, KeyWindow, window_binds
 
 def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
     """H2O is plain causal attention for a prompt of one chunk or with no memory (L + H = 0)."""
-    return not config.enabled or n_tokens <= config.chunk_size
+    return not config.for_prompt(n_tokens).enabled or n_tokens <= config.chunk_size
 
 
 def h2o_step_size(config: H2OConfig, step_size: int) -> int:
@@ -147,6 +147,7 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
         raise ValueError(f"h2o attention takes q [Hq, N, D] and k/v [Hkv, N, D]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     n_tokens, n_kv = q.shape[1], k.shape[0]
+    config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
     if n_tokens == 0 or not config.enabled:
         if n_tokens and window_binds(window, n_tokens - 1):
             output = ops.cast_like(ops.intra_attention(q, k, v, n_tokens, scale, window).state.o, q)
@@ -174,7 +175,7 @@ class H2OPrefillAttention(Generic[A]):
                  windows: Sequence[int | None] = ()):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
-        self.config = config
+        self.config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
         self.scale = scale
         self.n_tokens = n_tokens
         self.carries: list[H2OCarry[A] | None] = [None] * n_layers

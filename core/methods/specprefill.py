@@ -4,7 +4,8 @@
    query of the last prompt token; it then decodes up to `lookahead` greedy tokens, feeding each
    one that is not a stop id and keeping its query too. Its KV cache holds the prompt keys.
 2. The 1 + N' queries score the prompt positions: softmax over the prompt keys per scoring query,
-   average pooling along positions, a head reduction and a layer reduction, mean over queries.
+   average pooling along positions, a head reduction and a layer reduction, then the queries'
+   reduction (config.lookahead_reduction: mean, or max).
 3. Whole selection chunks are kept (NumPy, float64 chunk means: core/reference/specprefill.py),
    and the main model prefills only the kept tokens, into cache slots 0..K-1 at their ORIGINAL
    position ids; decoding continues at position P (the prompt length), slot K.
@@ -41,7 +42,7 @@ def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefil
                                      window if window_binds(window, farthest) else None)
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
     combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
-    return ops.reduce_axis(combined, "mean", axis=0)
+    return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
 
 
 class QueryCapture(Generic[A]):
@@ -130,25 +131,38 @@ class SparsePrefill(Generic[A]):
     seconds: dict[str, float] = field(default_factory=dict)
 
 
+def prefill_kept(ops: ModelOps[A], model: Any, ids: np.ndarray, selection: Selection, *, extra_slots: int,
+                 step_size: int, report: StageProgress | None = None) -> tuple[A, list[Any]]:
+    """The main model's sparse prefill: the kept tokens of ids [P] into cache slots 0..K-1 at
+    their original positions, room for extra_slots more: (the last kept token's logits [vocab],
+    the cache). `report` is told after each prefill step (stage "main_prefill")."""
+    cache = ops.new_cache(model, len(selection.kept) + extra_slots)
+    logits = prefill(ops, model, ops.tokens(ids[selection.kept]), selection.position_ids, cache,
+                     step_size=step_size, progress=None if report is None else report.of("main_prefill"))[-1]
+    return logits, cache
+
+
 def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
                         config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
                         step_size: int, speculator_step_size: int, report: StageProgress | None = None,
-                        speculator_extra_slots: int = 0) -> SparsePrefill[A]:
+                        speculator_extra_slots: int = 0, speculated: SpeculatorPass[A] | None = None) -> SparsePrefill[A]:
     """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
     cache with room for `extra_slots` decoded tokens after them. `report` is told after every
-    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
+    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill.
+    speculated: a pass of `speculator` over these ids already run (scoring settings compared on
+    one pass, evaluation/ruler_fix.py); its time is then not in seconds["speculator"]."""
     started = ops.wall_time()
-    spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
-                          step_size=speculator_step_size, report=report, extra_slots=speculator_extra_slots)
+    spec = speculated or run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
+                                        step_size=speculator_step_size, report=report,
+                                        extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
                                   speculator.args.layer_windows)
     from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()
-    cache = ops.new_cache(model, len(selection.kept) + extra_slots)
-    logits = prefill(ops, model, ops.tokens(ids[selection.kept]), selection.position_ids, cache,
-                     step_size=step_size, progress=None if report is None else report.of("main_prefill"))[-1]
+    logits, cache = prefill_kept(ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size,
+                                 report=report)
     finished = ops.wall_time()
     seconds = {"speculator": speculated - started, "selection": selected - speculated,
                "main_prefill": finished - selected}

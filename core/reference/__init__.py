@@ -74,8 +74,9 @@ class ReferenceStages:
     def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
         return specprefill.smooth_scores(probs, kernel)
 
-    def reduce_scores(self, probs: np.ndarray, head_reduction: str, layer_reduction: str) -> np.ndarray:
-        return specprefill.reduce_scores(probs, head_reduction, layer_reduction)
+    def reduce_scores(self, probs: np.ndarray, head_reduction: str, layer_reduction: str,
+                      lookahead_reduction: str = "mean") -> np.ndarray:
+        return specprefill.reduce_scores(probs, head_reduction, layer_reduction, lookahead_reduction)
 
     def select_tokens(self, importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
         return specprefill.select_tokens(importance, config)

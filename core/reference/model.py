@@ -115,6 +115,7 @@ class ReferenceModel:
     def forward_h2o_chunk_major(self, ids: list[int], config: H2OConfig) -> tuple[np.ndarray, list[list[MemorySet]]]:
         """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers (sliding
         layers inside their windows), and the memory sets built per layer ([layer][chunk])."""
+        config = config.for_prompt(len(ids))  # a memory_share becomes L and H for this prompt
         n_layers, size = self.args.num_hidden_layers, config.chunk_size
         keys = [np.zeros((self.args.num_key_value_heads, 0, self.args.head_dim)) for _ in range(n_layers)]
         values = [k.copy() for k in keys]

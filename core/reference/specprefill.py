@@ -60,10 +60,12 @@ def reduce_axis(x: np.ndarray, how: str, axis: int) -> np.ndarray:
     raise ConfigError(f"unknown reduction {how!r}")
 
 
-def reduce_scores(probs: np.ndarray, head_reduction: str, layer_reduction: str) -> np.ndarray:
-    """[n_q, n_l, Hq, P] -> [P]: reduce heads, then layers, then mean over the scoring queries."""
+def reduce_scores(probs: np.ndarray, head_reduction: str, layer_reduction: str,
+                  lookahead_reduction: str = "mean") -> np.ndarray:
+    """[n_q, n_l, Hq, P] -> [P]: reduce heads, then layers, then the scoring queries (the last
+    prompt token and the look-ahead tokens: mean, the paper's, or max)."""
     per_layer = reduce_axis(probs, head_reduction, axis=2)
-    return reduce_axis(per_layer, layer_reduction, axis=1).mean(axis=0)
+    return reduce_axis(reduce_axis(per_layer, layer_reduction, axis=1), lookahead_reduction, axis=0)
 
 
 def chunk_means(importance: np.ndarray, chunk: int) -> np.ndarray:
@@ -78,16 +80,44 @@ def chunk_means(importance: np.ndarray, chunk: int) -> np.ndarray:
     return padded.reshape(n_chunks, chunk).sum(axis=1) / counts
 
 
+def mass_chunk_count(scores: np.ndarray, counts: np.ndarray, order: np.ndarray, config: SpecPrefillConfig) -> int:
+    """The importance-mass rule: the fewest chunks, taken in `order` (best first), whose summed
+    importance (chunk mean x chunk length, float64) reaches keep_mass of the whole prompt's,
+    clamped to the config's (floor, ceiling) chunk range. A prompt with no importance at all
+    (every score 0) keeps the floor."""
+    low, high = config.chunk_range(len(scores))
+    mass = (scores * counts)[order]
+    total = float(mass.sum())
+    if total <= 0.0:
+        return low
+    reached = int(np.searchsorted(np.cumsum(mass), config.keep_mass * total * (1.0 - 1e-12))) + 1
+    return max(low, min(high, reached))
+
+
+def with_neighbours(chosen: np.ndarray, n_chunks: int, neighbours: int) -> np.ndarray:
+    """Chunk indices `chosen` plus the `neighbours` chunks on each side of each, inside the prompt."""
+    if neighbours == 0:
+        return chosen
+    spread = (chosen[:, None] + np.arange(-neighbours, neighbours + 1)[None, :]).ravel()
+    return np.unique(spread[(spread >= 0) & (spread < n_chunks)])
+
+
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
-    """Top ceil(n_chunks * keep) chunks by mean score (ties to the earlier chunk), plus the
-    last token; kept tokens keep their original positions and decoding resumes at P."""
+    """Top chunks by mean score (ties to the earlier chunk): ceil(n_chunks * keep) of them, or as
+    many as the mass rule asks; then their neighbours (config.neighbours each side) and the last
+    token; kept tokens keep their original positions and decoding resumes at P."""
     n_tokens = int(importance.shape[0])
     if n_tokens < 1:
         raise ConfigError("speculative prefill needs a prompt of at least one token")
     chunk = config.select_chunk
     scores = chunk_means(importance, chunk)
-    n_keep = config.n_kept_chunks(len(scores))
-    order = np.lexsort((np.arange(len(scores)), -scores))[:n_keep]
+    ranked = np.lexsort((np.arange(len(scores)), -scores))
+    if config.keep_mass is None:
+        n_keep = config.n_kept_chunks(len(scores))
+    else:
+        counts = np.minimum(chunk, n_tokens - np.arange(len(scores)) * chunk).astype(np.float64)
+        n_keep = mass_chunk_count(scores, counts, ranked, config)
+    order = with_neighbours(ranked[:n_keep], len(scores), config.neighbours)
     kept = [np.arange(c * chunk, min((c + 1) * chunk, n_tokens)) for c in order]
     if config.force_keep_last:
         kept.append(np.array([n_tokens - 1]))
@@ -113,7 +143,8 @@ def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfi
     else:
         probs = stages.attention_scores(queries[layers], keys[layers], scale)
     smoothed = stages.smooth_scores(probs, config.pool_kernel)
-    importance = stages.reduce_scores(smoothed, config.head_reduction, config.layer_reduction)
+    importance = stages.reduce_scores(smoothed, config.head_reduction, config.layer_reduction,
+                                      config.lookahead_reduction)
     return TokenScores(probs=probs, smoothed=smoothed, importance=importance)
 
 
@@ -125,6 +156,8 @@ def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPre
 
 
 def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
-    """Most tokens a selection can keep: its chunks plus the forced last token."""
+    """Most tokens a selection can keep: its chunks (each with its neighbours) plus the forced
+    last token."""
     n_chunks = math.ceil(prompt_len / config.select_chunk)
-    return min(prompt_len, config.n_kept_chunks(n_chunks) * config.select_chunk + 1)
+    chunks = min(n_chunks, config.n_kept_chunks(n_chunks) * (2 * config.neighbours + 1))
+    return min(prompt_len, chunks * config.select_chunk + 1)
