@@ -124,6 +124,11 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def device_scope(self) -> AbstractContextManager[Any]:
         """Entered around a whole prefill and decode (MLX's stream, torch's inference mode)."""
 
+    def verify_scope(self) -> AbstractContextManager[Any]:
+        """Entered around a speculative-decoding verify step (k + 1 rows): a backend may pick the
+        product order that suits a few rows there (torch CPU: Linear in backends/torch_cuda/model.py). Only
+        there, so that prefill logits stay bitwise the same for every prefill step size."""
+
     def tokens(self, ids: np.ndarray) -> A:
         """Token ids [T] (int64 NumPy, checked) as the backend's integer array on its device."""
 

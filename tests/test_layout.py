@@ -84,7 +84,8 @@ def test_no_production_module_imports_conformance():
 
 def test_generate_loads_only_what_it_uses():
     """`specfill generate` imports its own subcommand only: no other subcommand, no evaluation,
-    conformance or NumPy oracle (96 specfill modules before, 60 after: docs/development.md)."""
+    conformance or NumPy oracle (96 specfill modules before, 60 after: docs/development.md; 65 now
+    that each backend's sampler has its own module)."""
     code = ("import sys; from specfill.cli.main import main; "
             "rc = main(['generate', '--backend', 'cuda', '--model', 'random:tiny-llama', '--prompt', 'hi', "
             "'--max-tokens', '2']); print(rc, ' '.join(m for m in sys.modules if m.startswith('specfill')))")
@@ -96,4 +97,4 @@ def test_generate_loads_only_what_it_uses():
                                                    "specfill.core.reference", "specfill.serve"))
                 or (m.startswith("specfill.cli.") and m.split(".")[2] not in ("main", "generate", "options", "progress"))]
     assert not unwanted, unwanted
-    assert len(loaded) <= 64, len(loaded)
+    assert len(loaded) <= 65, len(loaded)

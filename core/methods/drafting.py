@@ -72,7 +72,8 @@ def speculative_decode(ops: ModelOps[A], model: Any, cache: Any, first: int, *, 
         started = ops.wall_time()
         drafts, probs = draft.propose(ops, n, sampling, rng)
         verified = ops.wall_time()
-        out = ops.forward(model, ops.tokens(np.array([pending] + drafts)), next_position, cache, None, 0)
+        with ops.verify_scope():
+            out = ops.forward(model, ops.tokens(np.array([pending] + drafts)), next_position, cache, None, 0)
         accepted, following = accept(drafts, probs, ops.to_numpy(out), sampling, rng)
         ops.trim(cache, len(drafts) - accepted)
         draft.keep(ops, [pending] + drafts[:accepted] + [following], len(drafts), accepted)
