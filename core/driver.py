@@ -29,7 +29,6 @@ from .stages import A
 
 if TYPE_CHECKING:
     from .methods.draft_sources import DraftSource
-
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
 
 
