@@ -95,7 +95,7 @@ class TorchOps:
         return torch.get_num_threads()
 
     def activation_dtype(self, model: Transformer) -> torch.dtype:
-        return model.embed.weight.dtype
+        return model.embed_tokens.weight.dtype
 
     def device_scope(self) -> AbstractContextManager[Any]:
         return torch.inference_mode()
@@ -127,7 +127,7 @@ class TorchOps:
         return time.perf_counter()
 
     def new_cache(self, model: Transformer, capacity: int) -> ModelKVCache:
-        return ModelKVCache.allocate(model.args, capacity, model.embed.weight.dtype, model.embed.weight.device)
+        return ModelKVCache.allocate(model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device)
 
     def filled(self, cache: ModelKVCache) -> int:
         return cache.filled
