@@ -98,3 +98,12 @@ def test_generate_loads_only_what_it_uses():
                 or (m.startswith("specfill.cli.") and m.split(".")[2] not in ("main", "generate", "options", "progress"))]
     assert not unwanted, unwanted
     assert len(loaded) <= 65, len(loaded)
+
+
+def test_production_files_stay_under_260_lines():
+    """The house rule: a module a reader opens fits in 260 lines (test files may run longer)."""
+    root = Path(__file__).resolve().parents[1]
+    folders = ("core", "backends", "cli", "conformance", "evaluation", "specfill", "scripts")
+    long = [f"{path.relative_to(root)}: {n}" for folder in folders for path in sorted((root / folder).rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > 260]
+    assert not long, long
