@@ -73,12 +73,13 @@ def markdown(rows: list[dict], records: list[dict], header: list[str]) -> list[s
 
 
 def plot_fix(rows: list[dict], path: Path, title: str) -> Path:
-    """Per task two panels: speed-up vs full (x) against score (y) where both exist (left out
-    when nothing was decoded: selection-only records), and kept share of the prompt (x) against
+    """Per task two panels: score (y) against speed-up vs full (x; kept share of the prompt where
+    the task has no full-prefill record), left out when nothing was decoded (selection-only
+    records); and kept share of the prompt (x) against
     answer recall (y) for every setting. Settings differ by colour and marker (20 x 4 styles)."""
     plt = _pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    decoded = any(r["speedup"] is not None and r["score"] is not None for r in rows)
+    decoded = any(r["score"] is not None for r in rows)
     panels = ("top", "bottom") if decoded else ("bottom",)
     settings = list(dict.fromkeys(r["setting"] for r in rows))
     legend_rows = -(-len(settings) // 4)
@@ -89,11 +90,12 @@ def plot_fix(rows: list[dict], path: Path, title: str) -> Path:
     style = {s: (cmap(i % 20), "osD^"[i // 20 % 4]) for i, s in enumerate(settings)}
     for col, task in enumerate(tasks):
         ax = dict(zip(panels, (axes[row][col] for row in range(len(panels)))))
+        timed = any(r["speedup"] is not None for r in rows if r["task"] == task)
         for r in (r for r in rows if r["task"] == task):
             color, marker = style[r["setting"]]
-            if decoded and r["speedup"] is not None and r["score"] is not None:
-                ax["top"].scatter(r["speedup"], r["score"], color=color, marker=marker, s=45, edgecolors="black",
-                                  linewidths=0.5)
+            x = r["speedup"] if timed else r["kept_share"]
+            if decoded and x is not None and r["score"] is not None:
+                ax["top"].scatter(x, r["score"], color=color, marker=marker, s=45, edgecolors="black", linewidths=0.5)
             if r["answer_recall"] is not None:
                 ax["bottom"].scatter(r["kept_share"], r["answer_recall"], color=color, marker=marker, s=45,
                                      edgecolors="black", linewidths=0.5)
@@ -101,8 +103,9 @@ def plot_fix(rows: list[dict], path: Path, title: str) -> Path:
         if decoded:
             if full:
                 ax["top"].axhline(full["score"], color="grey", linestyle="--", linewidth=0.8, label="full prefill")
-            ax["top"].set(title=f"{task}: score vs speed-up", xlabel="TTFT speed-up vs full (x)", ylabel="RULER score",
-                          ylim=(-5, 105))
+            ax["top"].set(title=f"{task}: score vs {'speed-up' if timed else 'kept share (no full record)'}",
+                          xlabel="TTFT speed-up vs full (x)" if timed else "kept share of the prompt",
+                          ylabel="RULER score", ylim=(-5, 105))
         ax["bottom"].set(title=f"{task}: what selection kept", xlabel="kept share of the prompt",
                          ylabel="answer recall (least-kept span)", ylim=(-0.05, 1.05))
         for one in ax.values():
