@@ -23,13 +23,12 @@ from .ops import ModelOps
 from .probe import auto_crossover
 from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
+                      check_drafting, check_generation_fits, check_reuse, check_companion, check_speculator_context,
                       check_token_ids, self_speculator_layers)
 from .stages import A
 
 if TYPE_CHECKING:
     from .methods.draft_sources import DraftSource
-
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
 
 
@@ -129,7 +128,7 @@ class CausalLM(Generic[A]):
                 else type(speculator).__name__
             raise ConfigError(f"the speculator must be a model loaded on the {self.backend} backend or "
                               f"'self:K', got {what}")
-        check_speculator_vocabulary(speculator.args, self.args)
+        check_companion("speculator", speculator.args, self.args, speculator.ops, self.ops)
         return speculator.model, speculator.prefill_step_size
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
@@ -139,7 +138,7 @@ class CausalLM(Generic[A]):
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time (the
         first yield marks the time to first token), stopping after a stop id or max_tokens.
         With `drafting`, decode speculatively (core/methods/drafting.py): same tokens as greedy,
-        the main model's distribution when sampling; info.from_draft marks accepted drafts.
+        the main model's distribution when sampling; info.decode.from_draft marks accepted drafts.
         reuse: a KVState (info.kv of an earlier generation) standing for a prefix of prompt_ids:
         only the rest is prefilled, with full attention, into that cache (grown if needed).
         info.kv reports the generation's cache (pass it as `reuse` to extend the conversation)."""
@@ -174,7 +173,7 @@ class CausalLM(Generic[A]):
             return SelfDraft(self_speculator_layers(drafting.model, self.args.num_hidden_layers))
         if not isinstance(drafting.model, CausalLM) or drafting.model.backend != self.backend:
             raise ConfigError(f"the draft model must be a model loaded on the {self.backend} backend or 'self:K'")
-        check_speculator_vocabulary(drafting.model.args, self.args)
+        check_companion("draft model", drafting.model.args, self.args, drafting.model.ops, self.ops)
         if needed > drafting.model.args.max_position_embeddings:
             raise PromptTooLongError(f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
                                      f"context of {drafting.model.args.max_position_embeddings} tokens")
@@ -238,22 +237,22 @@ class CausalLM(Generic[A]):
         rng = np.random.default_rng(sampling.seed)
         first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
             int(rng.choice(last.size, p=distribution(last, sampling)))
-        info.from_draft.append(False)
+        info.decode.from_draft.append(False)
         yield first
         if first in stop_ids or max_tokens == 1:
             return
         started = self.ops.wall_time()
         state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
-        info.seconds["draft_prefill"] = self.ops.wall_time() - started
+        info.decode.seconds["draft_prefill"] = self.ops.wall_time() - started
         length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive,
                              timed=sampling.temperature == 0.0 or sampling.seed is None)
-        info.draft_lengths = length.trajectory
+        info.decode.draft_lengths = length.trajectory
         for token, from_draft in speculative_decode(
                 self.ops, self.model, cache, first, next_position=len(ids), draft=state, length=length,
                 max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, rng=rng):
-            info.drafted_tokens, info.accepted_tokens = state.drafted, state.accepted
-            info.seconds.update(state.seconds)
-            info.from_draft.append(from_draft)
+            info.decode.drafted_tokens, info.decode.accepted_tokens = state.drafted, state.accepted
+            info.decode.seconds.update(state.seconds)
+            info.decode.from_draft.append(from_draft)
             yield token
 
     def peak_memory_gb(self) -> float:

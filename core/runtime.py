@@ -116,12 +116,17 @@ def self_speculator_layers(speculator: str, n_layers: int) -> int:
     return layers
 
 
-def check_speculator_vocabulary(speculator: ModelArgs, main: ModelArgs) -> None:
-    """A speculator's token ids must mean what the main model's mean (the API also compares
-    tokenizer fingerprints when it has both tokenizers)."""
-    if speculator.vocab_size != main.vocab_size:
-        raise TokenizerMismatchError(f"the speculator's vocabulary has {speculator.vocab_size} tokens, "
+def check_companion(role: str, other: ModelArgs, main: ModelArgs, other_ops: Any, main_ops: Any) -> None:
+    """A speculator's or draft model's token ids must mean what the main model's mean (the API also
+    compares tokenizer fingerprints when it has both tokenizers), and the main model's ops must be
+    able to run it (MLX: a model mlx-lm runs needs the adapter's ops, which run own models too)."""
+    if other.vocab_size != main.vocab_size:
+        raise TokenizerMismatchError(f"the {role}'s vocabulary has {other.vocab_size} tokens, "
                                      f"the main model's {main.vocab_size}: they must share a tokenizer")
+    if not isinstance(main_ops, type(other_ops)):
+        raise ConfigError(f"the {role} runs through {type(other_ops).__name__}, which the main model's "
+                          f"{type(main_ops).__name__} cannot run: load the main model as the {role} was "
+                          f"loaded (e.g. both through mlx-lm), or the {role} from a GGUF")
 
 
 @dataclass
@@ -164,18 +169,28 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> No
 
 
 @dataclass
+class DecodeRecord:
+    """What speculative decoding did, apart from the prefill: proposals made and accepted over the
+    decode, per generated token whether it was an accepted draft, k of every round, and wall time
+    {"draft_prefill" (a draft model reading the prompt), "draft", "verify"} summed over the decode."""
+
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    from_draft: list[bool] = field(default_factory=list)
+    draft_lengths: list[int] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
 class PrefillInfo:
     """What a prefill did: filled in by the backend, read by the API, bench, eval and parity.
 
     kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O.
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
-    seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}, and
-    with drafting {"draft": .., "verify": ..} over the whole decode and "draft_prefill" (a draft
-    model reading the prompt after the first token).
+    seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}.
     method: the method that ran ("auto" resolved to full or its sparse method).
-    drafted_tokens / accepted_tokens / from_draft: speculative decoding's proposals, acceptances
-    and, per generated token, whether it was an accepted draft; draft_lengths: k of every round.
+    decode: what speculative decoding did (DecodeRecord); empty without drafting.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
     step: the last finished prefill step (methods/prefill.py; None before the first), kept current.
@@ -188,10 +203,7 @@ class PrefillInfo:
     memory_sets: list[list[Any]] | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     method: str = ""
-    drafted_tokens: int = 0
-    accepted_tokens: int = 0
-    from_draft: list[bool] = field(default_factory=list)
-    draft_lengths: list[int] = field(default_factory=list)
+    decode: DecodeRecord = field(default_factory=DecodeRecord)
     kv: KVState | None = None
     step: PrefillStep | None = None
 
@@ -202,9 +214,7 @@ class PrefillInfo:
         self.kept_positions = None
         self.memory_sets = None
         self.seconds = {}
-        self.drafted_tokens = self.accepted_tokens = 0
-        self.from_draft = []
-        self.draft_lengths = []
+        self.decode = DecodeRecord()
         self.kv = None
         self.step = None
 

@@ -73,33 +73,48 @@ def markdown(rows: list[dict], records: list[dict], header: list[str]) -> list[s
 
 
 def plot_fix(rows: list[dict], path: Path, title: str) -> Path:
-    """Per task two panels: speed-up vs full (x) against score (y) where both exist, and kept
-    share of the prompt (x) against answer recall (y) for every setting."""
+    """Per task two panels: score (y) against speed-up vs full (x; kept share of the prompt where
+    the task has no full-prefill record), left out when nothing was decoded (selection-only
+    records); and kept share of the prompt (x) against
+    answer recall (y) for every setting. Settings differ by colour and marker (20 x 4 styles)."""
     plt = _pyplot()
     tasks = list(dict.fromkeys(r["task"] for r in rows))
-    fig, axes = plt.subplots(2, len(tasks), figsize=(4.6 * len(tasks), 7.4), squeeze=False)
+    decoded = any(r["score"] is not None for r in rows)
+    panels = ("top", "bottom") if decoded else ("bottom",)
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    colors = {s: f"C{i % 10}" for i, s in enumerate(settings)}
+    legend_rows = -(-len(settings) // 4)
+    legend_in = 0.2 * legend_rows + 0.35  # inches the legend takes below the panels
+    height = 3.7 * len(panels) + legend_in
+    fig, axes = plt.subplots(len(panels), len(tasks), figsize=(4.6 * len(tasks), height), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    style = {s: (cmap(i % 20), "osD^"[i // 20 % 4]) for i, s in enumerate(settings)}
     for col, task in enumerate(tasks):
-        top, bottom = axes[0][col], axes[1][col]
+        ax = dict(zip(panels, (axes[row][col] for row in range(len(panels)))))
+        timed = any(r["speedup"] is not None for r in rows if r["task"] == task)
         for r in (r for r in rows if r["task"] == task):
-            if r["speedup"] is not None and r["score"] is not None:
-                top.scatter(r["speedup"], r["score"], color=colors[r["setting"]], s=45, edgecolors="black", linewidths=0.5)
+            color, marker = style[r["setting"]]
+            x = r["speedup"] if timed else r["kept_share"]
+            if decoded and x is not None and r["score"] is not None:
+                ax["top"].scatter(x, r["score"], color=color, marker=marker, s=45, edgecolors="black", linewidths=0.5)
             if r["answer_recall"] is not None:
-                bottom.scatter(r["kept_share"], r["answer_recall"], color=colors[r["setting"]], s=45,
-                               edgecolors="black", linewidths=0.5)
+                ax["bottom"].scatter(r["kept_share"], r["answer_recall"], color=color, marker=marker, s=45,
+                                     edgecolors="black", linewidths=0.5)
         full = next((r for r in rows if r["task"] == task and r["setting"] == "full" and r["score"] is not None), None)
-        if full:
-            top.axhline(full["score"], color="grey", linestyle="--", linewidth=0.8, label="full prefill")
-        top.set(title=f"{task}: score vs speed-up", xlabel="TTFT speed-up vs full (x)", ylabel="RULER score", ylim=(-5, 105))
-        bottom.set(title=f"{task}: what selection kept", xlabel="kept share of the prompt",
-                   ylabel="answer recall (least-kept span)", ylim=(-0.05, 1.05))
-        for ax in (top, bottom):
-            ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=s) for s, c in colors.items()]
+        if decoded:
+            if full:
+                ax["top"].axhline(full["score"], color="grey", linestyle="--", linewidth=0.8, label="full prefill")
+            ax["top"].set(title=f"{task}: score vs {'speed-up' if timed else 'kept share (no full record)'}",
+                          xlabel="TTFT speed-up vs full (x)" if timed else "kept share of the prompt",
+                          ylabel="RULER score", ylim=(-5, 105))
+        ax["bottom"].set(title=f"{task}: what selection kept", xlabel="kept share of the prompt",
+                         ylabel="answer recall (least-kept span)", ylim=(-0.05, 1.05))
+        for one in ax.values():
+            one.grid(alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, marker=m, linestyle="", markeredgecolor="black", label=s)
+               for s, (c, m) in style.items()]
     fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.95))
+    fig.tight_layout(rect=(0, legend_in / height, 1, 1 - 0.35 / height))
     return _save(fig, path)
 
 

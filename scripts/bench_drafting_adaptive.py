@@ -56,16 +56,17 @@ def generation(model, ids: list[int], max_tokens: int, drafting: Drafting | None
         stamps.append(time.perf_counter())
         tokens.append(token)
     decode_s = stamps[-1] - stamps[0]
-    lengths = info.draft_lengths
+    record = info.decode
+    lengths = record.draft_lengths
     return {"tokens": tokens, "ttft_s": stamps[0] - started, "decode_s": decode_s,
-            "decode_tps": (len(tokens) - 1) / decode_s, "drafted": info.drafted_tokens,
-            "accepted": info.accepted_tokens,
-            "acceptance": info.accepted_tokens / info.drafted_tokens if info.drafted_tokens else None,
+            "decode_tps": (len(tokens) - 1) / decode_s, "drafted": record.drafted_tokens,
+            "accepted": record.accepted_tokens,
+            "acceptance": record.accepted_tokens / record.drafted_tokens if record.drafted_tokens else None,
             "k_trajectory": lengths, "mean_k": sum(lengths) / len(lengths) if lengths else 0.0,
             "plain_rounds": sum(1 for k in lengths if k == 0) / len(lengths) if lengths else 1.0,
-            "draft_s": info.seconds.get("draft", 0.0), "verify_s": info.seconds.get("verify", 0.0),
-            "draft_prefill_s": info.seconds.get("draft_prefill", 0.0),
-            "rounds_tps": (len(tokens) - 1) / (decode_s - info.seconds.get("draft_prefill", 0.0)),
+            "draft_s": record.seconds.get("draft", 0.0), "verify_s": record.seconds.get("verify", 0.0),
+            "draft_prefill_s": record.seconds.get("draft_prefill", 0.0),
+            "rounds_tps": (len(tokens) - 1) / (decode_s - record.seconds.get("draft_prefill", 0.0)),
             "load_1min": round(os.getloadavg()[0], 2)}
 
 

@@ -209,15 +209,15 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
         text = "" if stop else detokenizer.add_token(token)
         if finish:
             text += detokenizer.finish()
-        ttft = first_at - start
+        ttft, decode = first_at - start, info.decode
         yield GenerationResponse(
             text=text, token=token, prompt_tokens=len(ids), prompt_tps=len(ids) / max(ttft, 1e-9), ttft=ttft,
             kept_tokens=info.kept_tokens, generation_tokens=n,
             generation_tps=(n - 1) / (now - first_at) if n > 1 else 0.0,
             peak_memory=model.peak_memory_gb(), finish_reason=finish,
-            from_draft=bool(info.from_draft and info.from_draft[-1]), drafted_tokens=info.drafted_tokens,
-            accepted_tokens=info.accepted_tokens, draft_seconds=info.seconds.get("draft", 0.0),
-            verify_seconds=info.seconds.get("verify", 0.0))
+            from_draft=bool(decode.from_draft and decode.from_draft[-1]), drafted_tokens=decode.drafted_tokens,
+            accepted_tokens=decode.accepted_tokens, draft_seconds=decode.seconds.get("draft", 0.0),
+            verify_seconds=decode.seconds.get("verify", 0.0))
         if finish:
             return
 

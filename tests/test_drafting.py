@@ -46,7 +46,7 @@ def test_greedy_drafting_equals_plain_greedy(tiny_checkpoint, backend):
     for k in (1, 2, 4):
         info = PrefillInfo()
         assert run(main, ids, 20, drafting=Drafting("self:1", k), info=info) == plain
-        assert len(info.from_draft) == 20 and info.drafted_tokens > 0
+        assert len(info.decode.from_draft) == 20 and info.decode.drafted_tokens > 0
         assert run(main, ids, 20, drafting=Drafting(other, k)) == plain
         assert run(main, ids, 20, drafting=Drafting(main, k)) == plain  # the model drafting for itself
         assert run(main, ids, 20, SPEC, drafting=Drafting(None, k)) == sparse  # the speculator drafts
@@ -55,7 +55,8 @@ def test_greedy_drafting_equals_plain_greedy(tiny_checkpoint, backend):
         assert run(main, ids, 20, drafting=Drafting(other, k, adaptive=False)) == plain  # the fixed schedule
     info = PrefillInfo()
     run(main, ids, 20, drafting=Drafting(main, 3), info=info)
-    assert info.accepted_tokens == info.drafted_tokens and sum(info.from_draft) == info.accepted_tokens
+    record = info.decode
+    assert record.accepted_tokens == record.drafted_tokens and sum(record.from_draft) == record.accepted_tokens
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

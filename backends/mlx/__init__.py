@@ -8,6 +8,7 @@ The model runtime:
   loader.py       load(): device and dtype resolution, checkpoint -> model + tokenizer
   weights.py      GGUF (quantized layers kept), safetensors and mlx-lm directories -> arrays
   model.py        the Llama/Mistral/Qwen2/Qwen3/Gemma 3 modules; rope.py (explicit positions); cache.py
+  sampling.py     greedy / temperature / top-p on the device
   ops.py          the ops protocol of core/ops.py on mx.arrays (the methods and the generation
                   driver are written once, in core/methods/ and core/driver.py)
 
@@ -16,7 +17,7 @@ The sparse prefill stages:
   kernels/inter.py    phase-2 attention to the gathered memory set + slot column sums
   kernels/scoring.py  speculator scoring: softmax of each scoring query over the prompt keys
   kernels/state.py    the (m, l, o) online-softmax state and its exact merge
-  stages.py           memory sets, score accumulation, gathers, pooling, reductions, sampling
+  method_ops.py       memory sets, score accumulation, gathers, pooling, reductions (plain MLX ops)
   conformance.py      the adapter `specfill conformance --backend mlx` drives
 
 Each kernels/ module holds a Metal kernel (built once through `mx.fast.metal_kernel`), an

@@ -1,9 +1,9 @@
 """The ops protocol (core/ops.py) on mx.arrays: what the one walk of each method calls.
 
 The hot stages go through the kernels/ dispatchers (Metal where it exists, MLX-ops twins
-elsewhere, or forced by `use_kernels`); the rest is in stages.py. MLX is lazy: `settle`
-evaluates a prefill step's cache and method state (bounding the graph), `schedule` starts the
-next decode step while the current token is handed out (mlx-lm's overlap).
+elsewhere, or forced by `use_kernels`); the rest is in method_ops.py, the sampler in sampling.py.
+MLX is lazy: `settle` evaluates a prefill step's cache and method state (bounding the graph),
+`schedule` starts the next decode step while the current token is handed out (mlx-lm's overlap).
 """
 from __future__ import annotations
 
@@ -18,10 +18,11 @@ import numpy as np
 from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-from . import stages
+from . import method_ops
 from .cache import LayerKVCache, make_cache
 from .kernels import attention_scores, inter_attention, intra_attention, merge_states, reduce_colsum_to_kv_heads
 from .model import LayerView, Model, causal_attention, windowed_attention
+from .sampling import Sampler, make_sampler
 
 
 class MLXOps:
@@ -52,9 +53,9 @@ class MLXOps:
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
         return merge_states(a, b)
 
-    accumulate_scores = staticmethod(stages.accumulate_scores)
-    build_memory_set = staticmethod(stages.build_memory_set)
-    gather_memory = staticmethod(stages.gather_memory)
+    accumulate_scores = staticmethod(method_ops.accumulate_scores)
+    build_memory_set = staticmethod(method_ops.build_memory_set)
+    gather_memory = staticmethod(method_ops.gather_memory)
 
     def causal_attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
         return causal_attention(q[None], k[None], v[None], scale)[0]
@@ -76,8 +77,8 @@ class MLXOps:
                          window: int | None = None) -> mx.array:
         return attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
 
-    smooth_scores = staticmethod(stages.smooth_scores)
-    reduce_axis = staticmethod(stages.reduce_axis)
+    smooth_scores = staticmethod(method_ops.smooth_scores)
+    reduce_axis = staticmethod(method_ops.reduce_axis)
 
     # model runtime
     @property
@@ -153,8 +154,8 @@ class MLXOps:
     def stack(self, arrays: Sequence[mx.array]) -> mx.array:
         return mx.stack(list(arrays))
 
-    def sampler(self, sampling: SamplingConfig) -> stages.Sampler:
-        return stages.make_sampler(sampling)
+    def sampler(self, sampling: SamplingConfig) -> Sampler:
+        return make_sampler(sampling)
 
     def item(self, x: mx.array) -> int:
         return int(x.reshape(-1)[0].item())

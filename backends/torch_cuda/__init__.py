@@ -74,7 +74,7 @@ def from_weights(args: ModelArgs, weights: Mapping[str, np.ndarray], *, dtype: t
 
 
 def _causal_lm(model, dtype: torch.dtype, prefill_step_size: int, use_kernels: bool | None = None) -> CausalLM:
-    return CausalLM(model, TorchOps(model.embed.weight.device, dtype, use_kernels), prefill_step_size=prefill_step_size)
+    return CausalLM(model, TorchOps(model.embed_tokens.weight.device, dtype, use_kernels), prefill_step_size=prefill_step_size)
 
 
 def load(path: str | Path | tuple[Any, Any], dtype: str | torch.dtype | None = None,

@@ -42,7 +42,7 @@ class AdaptedModel:
         self.layer_list = layer_list
         self.n_layers = n_layers
         self.configs = model_configs(lm)  # switched to specfill's attention during each step
-        self.embed = lm.get_input_embeddings()  # TorchOps reads the activation dtype and device from it
+        self.embed_tokens = lm.get_input_embeddings()  # TorchOps reads the activation dtype and device from it
 
     def first_layers(self, n_layers: int) -> AdaptedModel:
         total = self.args.num_hidden_layers if self.n_layers is None else self.n_layers
@@ -120,6 +120,6 @@ def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
     layouts = tuple(layout_of(call, refusal, eps) for call in sorted(calls, key=lambda c: index[id(c[0])]))
     model = AdaptedModel(lm, _args(text, layouts), index, layer_list)
     if check:
-        self_check(model, lambda capacity: ModelKVCache.allocate(model.args, capacity, model.embed.weight.dtype,
-                                                            model.embed.weight.device))
+        self_check(model, lambda capacity: ModelKVCache.allocate(model.args, capacity, model.embed_tokens.weight.dtype,
+                                                            model.embed_tokens.weight.device))
     return model

@@ -148,7 +148,7 @@ def self_check(model: Any, new_cache: Any) -> None:
     `new_cache(6)` against transformers' own forward in one call: ModelLoadError when they differ
     by more than SELF_CHECK_TOLERANCE of max(1, max|logit|) (something the adapter does not model:
     a state kept outside the KV cache, another mask, attention after the interface call)."""
-    device, dtype = model.embed.weight.device, model.embed.weight.dtype
+    device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     ids = torch.arange(3, 9, device=device)[None] % model.args.vocab_size
     with torch.inference_mode():
         want = model.lm(input_ids=ids, use_cache=False).logits[0].float()

@@ -22,7 +22,7 @@ from specfill.core.io.gguf_file import GGUFTensorInfo, bf16_to_float32, read_ggu
 from specfill.core.models import ModelArgs
 from specfill.core.io.weights import gguf_model, gguf_qk_heads, unpermute_qk
 from specfill.core.io.weights import is_gguf_file as shared_is_gguf_file
-from .weights import block_norm_names
+from .weights import module_name
 
 BLOCK_ELEMENTS = 1 << 23  # floats dequantized at once: 32 MB of float32
 _PLAIN = {"F32": "<f4", "F16": "<f2", "F64": "<f8"}
@@ -76,7 +76,7 @@ def _targets(args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dty
              device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(state dict of empty tensors in the Transformer's names, {HF name: the view it fills}).
 
-    q/k/v weights and biases are row slices of one fused wqkv tensor; tied embeddings share."""
+    q/k/v weights and biases are row slices of one fused qkv_proj tensor; tied embeddings share."""
     state: dict[str, torch.Tensor] = {}
     views: dict[str, torch.Tensor] = {}
 
@@ -88,24 +88,16 @@ def _targets(args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dty
             views[name] = state[key][start:start + shape[0]]
             start += shape[0]
 
-    put("embed.weight", ["model.embed_tokens.weight"])
-    put("norm.weight", ["model.norm.weight"])
+    for name in infos:
+        if (ours := module_name(name)) is not None:
+            put(ours, [name])
     if args.tie_word_embeddings:
-        state["lm_head.weight"] = state["embed.weight"]
-    else:
-        put("lm_head.weight", ["lm_head.weight"])
-    parts = {"attention.wo": "self_attn.o_proj", "attention.q_norm": "self_attn.q_norm",
-             "attention.k_norm": "self_attn.k_norm", "mlp.w_gate": "mlp.gate_proj", "mlp.w_up": "mlp.up_proj",
-             "mlp.w_down": "mlp.down_proj", **block_norm_names(args)}
+        state["lm_head.weight"] = state["embed_tokens.weight"]
     for i in range(args.num_hidden_layers):
-        src, dst = f"model.layers.{i}.", f"layers.{i}."
         for kind in ("weight", "bias"):
-            qkv = [f"{src}self_attn.{w}_proj.{kind}" for w in "qkv"]
+            qkv = [f"model.layers.{i}.self_attn.{w}_proj.{kind}" for w in "qkv"]
             if qkv[0] in infos:
-                put(f"{dst}attention.wqkv.{kind}", qkv)
-        for ours, theirs in parts.items():
-            if f"{src}{theirs}.weight" in infos:
-                put(f"{dst}{ours}.weight", [f"{src}{theirs}.weight"])
+                put(f"layers.{i}.self_attn.qkv_proj.{kind}", qkv)
     unplaced = sorted(set(infos) - set(views))
     if unplaced:  # check_tensors admits only what the model takes: this is a bug, not bad input
         raise AssertionError(f"tensors without a place in the model: {unplaced[:3]}")

@@ -1,11 +1,14 @@
-"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 3 decoder in small modules (gpt-fast style), batch 1.
+"""Llama / Mistral / Qwen2 / Qwen3 / Gemma 3 decoder in small modules, batch 1.
 
 Differences between the families come from ModelArgs: which projections carry a bias
 (`biased_projections`: q/k/v for Qwen2, q/k/v/o for Llama and Qwen3 with `attention_bias`),
 per-head RMSNorm on q and k before RoPE (Qwen3, Gemma 3), each layer's sliding window and RoPE
 base (`layer_window`, `local_rope`: Mistral, Gemma 3), and Gemma 3's scaled embeddings, norms
-after attention and around the MLP (`sandwich_norms`) and GELU-tanh MLP. q/k/v are fused into
-one matmul.
+after attention and around the MLP (`sandwich_norms`) and GELU-tanh MLP.
+
+Module names follow Hugging Face, as the MLX model's do (`self_attn.o_proj`, `mlp.gate_proj`,
+`input_layernorm`, `embed_tokens`, `lm_head`, ...), with one difference: q/k/v are fused into one
+matmul, `qkv_proj` (Phi-3's name for it), one weight read and one GEMM launch instead of three.
 """
 from __future__ import annotations
 
@@ -93,8 +96,9 @@ class Attention(nn.Module):
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (q_size, kv_size, kv_size)
         biased = args.biased_projections  # q, k, v carry biases together, o only in some families
-        self.wqkv = Linear(args.hidden_size, q_size + 2 * kv_size, bias="q_proj" in biased)
-        self.wo = Linear(q_size, args.hidden_size, bias="o_proj" in biased)
+        # fused [q; k; v] rows: one GEMM per step instead of three (the loaders concatenate HF's)
+        self.qkv_proj = Linear(args.hidden_size, q_size + 2 * kv_size, bias="q_proj" in biased)
+        self.o_proj = Linear(q_size, args.hidden_size, bias="o_proj" in biased)
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
@@ -103,7 +107,7 @@ class Attention(nn.Module):
         """x [1, T, hidden] at positions [T] -> [1, T, hidden]; `attend` (H2O, the speculator's
         capture) replaces causal attention and applies the layer's window itself."""
         _, steps, _ = x.shape
-        q, k, v = self.wqkv(x).split(self.split_sizes, dim=-1)
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
         q = q.view(1, steps, self.n_heads, self.head_dim)
         k = k.view(1, steps, self.n_kv_heads, self.head_dim)
         v = v.view(1, steps, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -121,7 +125,7 @@ class Attention(nn.Module):
             out = windowed_attention(q, keys, values, self.scale, self.window, positions, keys_at)
         else:
             out = causal_attention(q, keys, values, self.scale)
-        return self.wo(out.transpose(1, 2).reshape(1, steps, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(1, steps, -1))
 
 
 class MLP(nn.Module):
@@ -132,50 +136,54 @@ class MLP(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.gelu = args.mlp_activation == "gelu_tanh"
-        self.w_gate = Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.w_up = Linear(args.hidden_size, args.intermediate_size, bias=False)
-        self.w_down = Linear(args.intermediate_size, args.hidden_size, bias=False)
+        self.gate_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.up_proj = Linear(args.hidden_size, args.intermediate_size, bias=False)
+        self.down_proj = Linear(args.intermediate_size, args.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In place: each [T, ffn] temporary is the largest activation of the layer.
-        gate = F.gelu(self.w_gate(x), approximate="tanh") if self.gelu else F.silu(self.w_gate(x), inplace=True)
-        return self.w_down(gate.mul_(self.w_up(x)))
+        gate = F.gelu(self.gate_proj(x), approximate="tanh") if self.gelu else F.silu(self.gate_proj(x), inplace=True)
+        return self.down_proj(gate.mul_(self.up_proj(x)))
 
 
-class Block(nn.Module):
-    """Pre-norm residual block; with sandwich norms (Gemma 3) the attention and MLP outputs are
-    normalised too before their residual adds."""
+class TransformerBlock(nn.Module):
+    """Pre-norm residual block (HF names); with sandwich norms (Gemma 3) post_attention_layernorm
+    normalises the attention output and pre/post_feedforward_layernorm wrap the MLP, otherwise
+    post_attention_layernorm is the pre-MLP norm."""
 
     def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
         self.local_rope = args.local_rope(layer)
-        self.attention_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.attention = Attention(args, layer)
-        self.mlp_norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.sandwich = args.sandwich_norms
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, layer)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args)
-        sandwich = args.sandwich_norms
-        self.attention_out_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if sandwich else None
-        self.mlp_out_norm = RMSNorm(args.hidden_size, args.rms_norm_eps) if sandwich else None
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+            self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, ropes: dict[bool, tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
                 cache: LayerKVCache, attend: PrefillAttention | None) -> torch.Tensor:
         """ropes: the (cos, sin) tables by `local_rope` (False: global, True: sliding layers' base)."""
-        h = self.attention(self.attention_norm(x), ropes[self.local_rope], positions, cache, attend)
-        h = (h if self.attention_out_norm is None else self.attention_out_norm(h)).add_(x)
-        out = self.mlp(self.mlp_norm(h))
-        return (out if self.mlp_out_norm is None else self.mlp_out_norm(out)).add_(h)
+        out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend)
+        if not self.sandwich:
+            h = out.add_(x)
+            return self.mlp(self.post_attention_layernorm(h)).add_(h)
+        h = self.post_attention_layernorm(out).add_(x)
+        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))).add_(h)
 
 
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.embed = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = nn.ModuleList(Block(args, i) for i in range(args.num_hidden_layers))
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.num_hidden_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
         if args.tie_word_embeddings:
-            self.lm_head.weight = self.embed.weight
+            self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(args)
         self.rope_local = RotaryEmbedding(args, local=True) if args.rope_local_theta is not None else None
 
@@ -186,7 +194,8 @@ class Transformer(nn.Module):
             raise ValueError(f"first_layers takes 1..{len(self.layers)} layers, got {n}")
         with torch.device("meta"):  # placeholders, replaced by the shared modules below
             view = Transformer(replace(self.args, num_hidden_layers=n))
-        view.embed, view.norm, view.lm_head, view.rope = self.embed, self.norm, self.lm_head, self.rope
+        view.embed_tokens, view.norm, view.lm_head = self.embed_tokens, self.norm, self.lm_head
+        view.rope = self.rope
         view.rope_local = self.rope_local
         view.layers = nn.ModuleList(self.layers[:n])
         return view.eval()
@@ -199,7 +208,7 @@ class Transformer(nn.Module):
         Returns logits [1, T - logits_from, vocab] float32 for the step's tokens from index
         `logits_from` on (the LM head runs only there), or None when logits_from is None.
         """
-        x = self.embed(ids)
+        x = self.embed_tokens(ids)
         if self.args.embedding_scale is not None:  # rounded to the activation dtype, as HF does
             x = x * torch.tensor(self.args.embedding_scale, dtype=x.dtype)
         ropes = {False: self.rope(positions, x.dtype)}

@@ -1,8 +1,8 @@
 """The ops protocol (core/ops.py) on torch tensors: what the one walk of each method calls.
 
 The hot stages go through the kernels/ dispatchers (Triton on CUDA, torch twins elsewhere, or
-forced by `use_kernels`); the rest is in stages.py. Softmax statistics and scores are float32
-(float64 for float64 inputs).
+forced by `use_kernels`); the rest is in method_ops.py, the sampler in sampling.py. Softmax
+statistics and scores are float32 (float64 for float64 inputs).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-from . import placement, stages
+from . import method_ops, placement
 from .attention import causal_attention as causal_step, windowed_attention
 from .kernels.cpu_units import units_scope
 from .kernels.inter import inter_attention
@@ -26,6 +26,7 @@ from .kernels.state import merge_states, stats_dtype
 from .kv_cache import ModelKVCache
 from .model import few_row_products
 from .model import Transformer
+from .sampling import make_generator, sample
 
 
 class TorchOps:
@@ -55,12 +56,12 @@ class TorchOps:
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
         return merge_states(a, b)
 
-    accumulate_scores = staticmethod(stages.accumulate_scores)
-    build_memory_set = staticmethod(stages.build_memory_set)
-    gather_memory = staticmethod(stages.gather_memory)
+    accumulate_scores = staticmethod(method_ops.accumulate_scores)
+    build_memory_set = staticmethod(method_ops.build_memory_set)
+    gather_memory = staticmethod(method_ops.gather_memory)
 
     def causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        return stages.causal_attention(q, k, v, scale, self.use_kernels)
+        return method_ops.causal_attention(q, k, v, scale, self.use_kernels)
 
     def concat(self, arrays: Sequence[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.cat(list(arrays), dim=axis)
@@ -80,8 +81,8 @@ class TorchOps:
         check_scoring_shapes(queries, keys)
         return attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
 
-    smooth_scores = staticmethod(stages.smooth_scores)
-    reduce_axis = staticmethod(stages.reduce_axis)
+    smooth_scores = staticmethod(method_ops.smooth_scores)
+    reduce_axis = staticmethod(method_ops.reduce_axis)
 
     # model runtime
     @property
@@ -94,7 +95,7 @@ class TorchOps:
         return torch.get_num_threads()
 
     def activation_dtype(self, model: Transformer) -> torch.dtype:
-        return model.embed.weight.dtype
+        return model.embed_tokens.weight.dtype
 
     def device_scope(self) -> AbstractContextManager[Any]:
         return torch.inference_mode()
@@ -126,7 +127,7 @@ class TorchOps:
         return time.perf_counter()
 
     def new_cache(self, model: Transformer, capacity: int) -> ModelKVCache:
-        return ModelKVCache.allocate(model.args, capacity, model.embed.weight.dtype, model.embed.weight.device)
+        return ModelKVCache.allocate(model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device)
 
     def filled(self, cache: ModelKVCache) -> int:
         return cache.filled
@@ -168,8 +169,8 @@ class TorchOps:
         return torch.stack(list(arrays))
 
     def sampler(self, sampling: SamplingConfig) -> Callable[[torch.Tensor], torch.Tensor]:
-        generator = stages.make_generator(sampling, self.device)
-        return lambda logits: stages.sample(logits, sampling, generator)
+        generator = make_generator(sampling, self.device)
+        return lambda logits: sample(logits, sampling, generator)
 
     def item(self, x: torch.Tensor) -> int:
         return int(x.reshape(-1)[0])

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specfill.backends.mlx.ops import MLXOps
-from specfill.backends.mlx.stages import accumulate_scores, build_memory_set
+from specfill.backends.mlx.method_ops import accumulate_scores, build_memory_set
 from specfill.core import H2OCarry, H2OConfig, MemorySet
 from specfill.core.methods import h2o
 from specfill.core.reference import REFERENCE, oracle

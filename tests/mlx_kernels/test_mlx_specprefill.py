@@ -7,7 +7,7 @@ import pytest
 
 from specfill.backends.mlx.conformance import make_adapter
 from specfill.backends.mlx.ops import MLXOps
-from specfill.backends.mlx.stages import reduce_axis, smooth_scores
+from specfill.backends.mlx.method_ops import reduce_axis, smooth_scores
 from specfill.core import ConfigError, SpecPrefillConfig
 from specfill.core.methods.specprefill import token_importance
 from specfill.core.reference import REFERENCE

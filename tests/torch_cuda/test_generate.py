@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specfill.backends.torch_cuda import from_weights, resolve_device, resolve_dtype
-from specfill.backends.torch_cuda.stages import make_generator, sample
+from specfill.backends.torch_cuda.sampling import make_generator, sample
 from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
                                   PromptTooLongError)
 from specfill.core.driver import CausalLM

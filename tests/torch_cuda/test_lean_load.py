@@ -38,7 +38,7 @@ def test_lean_types_and_tied_embeddings(tiny_checkpoint, quant):
     path = tiny_checkpoint("llama", "gguf", quant=quant, tie_word_embeddings=True)
     _, state = load_gguf_state(path, torch.float16, torch.device("cpu"))
     _, want = _shared_path_state(path, torch.float16)
-    assert state["lm_head.weight"] is state["embed.weight"]
+    assert state["lm_head.weight"] is state["embed_tokens.weight"]
     for name, tensor in want.items():
         assert torch.equal(state[name], tensor), name
 

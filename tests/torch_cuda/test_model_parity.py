@@ -89,7 +89,7 @@ def test_half_precision_runs_close_to_fp32(dtype, tolerance):
     tiny = make_tiny("qwen3", seed=6)
     ids = prompt_ids(40, seed=6)
     half = tiny.ours(dtype=dtype, step=16)
-    assert half.model.embed.weight.dtype == dtype
+    assert half.model.embed_tokens.weight.dtype == dtype
     logits = half(ids)
     assert torch.isfinite(logits).all()
     assert (logits - tiny.hf_logits(ids)).abs().max().item() <= tolerance

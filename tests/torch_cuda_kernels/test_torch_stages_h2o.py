@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from specfill.backends.torch_cuda import stages
+from specfill.backends.torch_cuda import method_ops
 from specfill.backends.torch_cuda.kernels import inter, intra, intra_attention, merge_states
 from specfill.backends.torch_cuda.kernels.state import AttentionState
 from specfill.core import H2OCarry, H2OConfig, MemorySet, SpecfillWarning
@@ -105,11 +105,11 @@ def test_disabled_h2o_is_plain_causal_attention():
 
 def test_memory_set_ties_go_to_the_lower_position():
     scores = torch.tensor([[1.0, 2.0, 2.0, 0.5, 2.0, 1.0, 0.0, 0.0]])
-    got = stages.build_memory_set(scores, None, 0, 0, 8, local=2, heavy=3)
+    got = method_ops.build_memory_set(scores, None, 0, 0, 8, local=2, heavy=3)
     assert got.indices.tolist() == [[1, 2, 4, 6, 7]]
     previous = MemorySet(torch.tensor([[0, 3]]), 0)
     scores = torch.tensor([[5.0, 0.0, 0.0, 5.0, 5.0, 1.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
-    got = stages.build_memory_set(scores, previous, 1, 4, 12, local=1, heavy=3)
+    got = method_ops.build_memory_set(scores, previous, 1, 4, 12, local=1, heavy=3)
     assert got.indices.tolist() == [[0, 3, 4, 11]]  # 6 (also 5.0) loses the tie to 0, 3, 4
 
 

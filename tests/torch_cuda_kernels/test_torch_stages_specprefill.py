@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from specfill.backends.torch_cuda import stages
+from specfill.backends.torch_cuda import method_ops
 from specfill.backends.torch_cuda.conformance import make_adapter
 from specfill.core import ConfigError, SpecPrefillConfig
 from specfill.core.reference import REFERENCE
@@ -53,9 +53,9 @@ def test_layer_streamed_importance_equals_full_scores_in_float32():
 
 def test_smoothing_is_zero_padded_average_pooling():
     probs = torch.tensor([[0.0, 3.0, 0.0, 0.0, 6.0]])
-    got = stages.smooth_scores(probs, 3)
+    got = method_ops.smooth_scores(probs, 3)
     torch.testing.assert_close(got, torch.tensor([[1.0, 1.0, 1.0, 2.0, 2.0]]))
-    torch.testing.assert_close(stages.smooth_scores(torch.ones(1, 2), 13), torch.full((1, 2), 2 / 13))
+    torch.testing.assert_close(method_ops.smooth_scores(torch.ones(1, 2), 13), torch.full((1, 2), 2 / 13))
 
 
 def test_half_precision_inputs_score_in_float32():
@@ -67,7 +67,7 @@ def test_half_precision_inputs_score_in_float32():
 
 def test_bad_input_raises_clear_errors():
     with pytest.raises(ConfigError, match="reduction"):
-        stages.reduce_axis(torch.zeros(1, 1, 1, 3), "median", 2)
+        method_ops.reduce_axis(torch.zeros(1, 1, 1, 3), "median", 2)
     queries, keys = _capture()
     with pytest.raises(ValueError, match="multiple of"):
         torch_ops().attention_scores(queries, keys[:, :1].expand(-1, 4, -1, -1), 0.25)

@@ -1,20 +1,15 @@
-"""The MLX stages that are not hot kernels: memory-set choice and gathers (H2O), pooling and
-reductions (SpecPrefill scoring), causal attention and sampling. `ops.MLXOps` exposes them with
-the kernels/ dispatchers under the ops protocol of core/ops.py."""
+"""The prefill methods' ops that are plain MLX calls, not hand-written kernels: memory-set choice
+and gathers (H2O), pooling and reductions (SpecPrefill scoring). `ops.MLXOps` exposes them with
+the kernels/ dispatchers under the ops protocol of core/ops.py (the stage types are core/stages.py)."""
 from __future__ import annotations
-
-from typing import Callable
 
 import mlx.core as mx
 
 from specfill.core.config import REDUCTIONS
 from specfill.core.errors import ConfigError
-from specfill.core.runtime import SamplingConfig
 from specfill.core.stages import MemorySet
 
 from .ranking import descending_order
-
-Sampler = Callable[[mx.array], mx.array]  # float32 logits [vocab] -> token [1]
 
 
 def accumulate_scores(scores: mx.array, memory: MemorySet, kv_colsum: mx.array) -> mx.array:
@@ -74,20 +69,3 @@ def reduce_axis(x: mx.array, how: str, axis: int) -> mx.array:
         raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
     x = x.astype(mx.float32)
     return x.max(axis=axis) if how == "max" else x.mean(axis=axis)
-
-
-def make_sampler(sampling: SamplingConfig) -> Sampler:
-    """Greedy at temperature 0, else mlx-lm's temperature / top-p sampler (on log-probabilities)."""
-    if sampling.seed is not None:
-        mx.random.seed(sampling.seed)
-    if sampling.temperature == 0.0:
-        return lambda logits: mx.argmax(logits[None], axis=-1)
-    # Imported here: mlx_lm's package import pulls in transformers (seconds), greedy needs none.
-    from mlx_lm.sample_utils import make_sampler as mlx_lm_sampler
-
-    sampler = mlx_lm_sampler(temp=sampling.temperature, top_p=sampling.top_p)
-
-    def choose(logits: mx.array) -> mx.array:
-        logits = logits[None].astype(mx.float32)
-        return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
-    return choose

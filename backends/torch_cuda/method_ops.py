@@ -1,6 +1,7 @@
-"""The torch stages that are not hot kernels: memory-set choice and gathers (H2O), pooling and
-reductions (SpecPrefill scoring), causal attention and sampling. `ops.TorchOps` exposes them
-with the kernels/ dispatchers under the ops protocol of core/ops.py."""
+"""The prefill methods' ops that are plain torch calls, not hand-written kernels: memory-set
+choice and gathers (H2O), pooling and reductions (SpecPrefill scoring), and the methods' plain
+causal attention [Hq, N, D]. `ops.TorchOps` exposes them with the kernels/ dispatchers under the
+ops protocol of core/ops.py (the stage types are core/stages.py)."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +9,6 @@ import torch.nn.functional as F
 
 from specfill.core.config import REDUCTIONS
 from specfill.core.errors import ConfigError
-from specfill.core.runtime import SamplingConfig
 from specfill.core.stages import MemorySet
 
 from .kernels.dispatch import choose_kernel
@@ -81,26 +81,3 @@ def reduce_axis(x: torch.Tensor, how: str, axis: int) -> torch.Tensor:
         raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
     x = _float(x)
     return x.amax(dim=axis) if how == "max" else x.mean(dim=axis)
-
-
-def make_generator(sampling: SamplingConfig, device: torch.device) -> torch.Generator:
-    generator = torch.Generator(device=device)
-    if sampling.seed is None:
-        generator.seed()
-    else:
-        generator.manual_seed(sampling.seed)
-    return generator
-
-
-def sample(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> torch.Tensor:
-    """One token [1] from float32 logits [vocab]: argmax at temperature 0, else temperature then
-    nucleus (smallest set of tokens whose probability reaches top_p)."""
-    if sampling.temperature == 0.0:
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
-        sorted_probs = sorted_probs.masked_fill(before >= sampling.top_p, 0.0)
-        return order[torch.multinomial(sorted_probs, 1, generator=generator)]
-    return torch.multinomial(probs, 1, generator=generator)
