@@ -23,7 +23,7 @@ from .ops import ModelOps
 from .probe import auto_crossover
 from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_drafting, check_generation_fits, check_reuse, check_speculator_context, check_speculator_vocabulary,
+                      check_drafting, check_generation_fits, check_reuse, check_companion, check_speculator_context,
                       check_token_ids, self_speculator_layers)
 from .stages import A
 
@@ -128,7 +128,7 @@ class CausalLM(Generic[A]):
                 else type(speculator).__name__
             raise ConfigError(f"the speculator must be a model loaded on the {self.backend} backend or "
                               f"'self:K', got {what}")
-        check_speculator_vocabulary(speculator.args, self.args)
+        check_companion("speculator", speculator.args, self.args, speculator.ops, self.ops)
         return speculator.model, speculator.prefill_step_size
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
@@ -173,7 +173,7 @@ class CausalLM(Generic[A]):
             return SelfDraft(self_speculator_layers(drafting.model, self.args.num_hidden_layers))
         if not isinstance(drafting.model, CausalLM) or drafting.model.backend != self.backend:
             raise ConfigError(f"the draft model must be a model loaded on the {self.backend} backend or 'self:K'")
-        check_speculator_vocabulary(drafting.model.args, self.args)
+        check_companion("draft model", drafting.model.args, self.args, drafting.model.ops, self.ops)
         if needed > drafting.model.args.max_position_embeddings:
             raise PromptTooLongError(f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
                                      f"context of {drafting.model.args.max_position_embeddings} tokens")

@@ -116,12 +116,17 @@ def self_speculator_layers(speculator: str, n_layers: int) -> int:
     return layers
 
 
-def check_speculator_vocabulary(speculator: ModelArgs, main: ModelArgs) -> None:
-    """A speculator's token ids must mean what the main model's mean (the API also compares
-    tokenizer fingerprints when it has both tokenizers)."""
-    if speculator.vocab_size != main.vocab_size:
-        raise TokenizerMismatchError(f"the speculator's vocabulary has {speculator.vocab_size} tokens, "
+def check_companion(role: str, other: ModelArgs, main: ModelArgs, other_ops: Any, main_ops: Any) -> None:
+    """A speculator's or draft model's token ids must mean what the main model's mean (the API also
+    compares tokenizer fingerprints when it has both tokenizers), and the main model's ops must be
+    able to run it (MLX: a model mlx-lm runs needs the adapter's ops, which run own models too)."""
+    if other.vocab_size != main.vocab_size:
+        raise TokenizerMismatchError(f"the {role}'s vocabulary has {other.vocab_size} tokens, "
                                      f"the main model's {main.vocab_size}: they must share a tokenizer")
+    if not isinstance(main_ops, type(other_ops)):
+        raise ConfigError(f"the {role} runs through {type(other_ops).__name__}, which the main model's "
+                          f"{type(main_ops).__name__} cannot run: load the main model as the {role} was "
+                          f"loaded (e.g. both through mlx-lm), or the {role} from a GGUF")
 
 
 @dataclass

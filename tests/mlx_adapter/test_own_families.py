@@ -53,3 +53,20 @@ def test_an_own_model_speculates_for_the_adapted_model_as_for_the_own_model(tmp_
     infos = PrefillInfo(), PrefillInfo()
     assert greedy(ours, ids, 6, method, infos[0]) == greedy(own, ids, 6, method, infos[1])
     assert infos[0].kept_positions == infos[1].kept_positions and 8 <= infos[0].kept_tokens < 44
+
+
+def test_an_adapted_speculator_for_an_own_main_model_is_refused_by_name(tmp_path):
+    """The other way round the own model's ops cannot run mlx-lm's model: one ConfigError naming
+    both ops and the way out, for a speculator and for a draft model, before anything runs."""
+    from specfill.core.errors import ConfigError
+    from specfill.core.runtime import Drafting, PrefillMethod, SamplingConfig
+
+    directory = save_directory("qwen2", tmp_path / "qwen2", FAMILIES["qwen2"])
+    own, _ = load(directory, dtype="float32", device="cpu")
+    ours, _ = load(mlx_lm.load(str(directory)), dtype="float32", device="cpu")
+    ids = prompt(44, seed=5)
+    with pytest.raises(ConfigError, match="the speculator runs through AdaptedOps, which the main model's MLXOps"):
+        greedy(own, ids, 4, replace(spec(0.3), speculator=ours))
+    with pytest.raises(ConfigError, match="the draft model runs through AdaptedOps"):
+        list(own.generate_step(ids, max_tokens=4, sampling=SamplingConfig(), stop_ids=frozenset(),
+                               method=PrefillMethod(), info=PrefillInfo(), drafting=Drafting(ours, 2)))
