@@ -232,11 +232,11 @@ class CausalLM(Generic[A]):
         """The first token from the prefill's last logits [vocab] (host), then speculative decoding
         with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
         adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""
-        from .methods.drafting import distribution, speculative_decode
+        from .methods.drafting import probabilities, speculative_decode
 
         rng = np.random.default_rng(sampling.seed)
         first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
-            int(rng.choice(last.size, p=distribution(last, sampling)))
+            int(rng.choice(last.size, p=probabilities(last, sampling)))
         info.decode.from_draft.append(False)
         yield first
         if first in stop_ids or max_tokens == 1:

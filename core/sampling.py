@@ -13,7 +13,7 @@ PENALTY_WINDOW tokens of the prompt plus the tokens generated so far (llama.cpp'
 - min_p m: only tokens whose probability is at least m times the most likely one's stay, measured
   before temperature as llama.cpp and mlx-lm do (0 is off).
 - then temperature (0: the argmax of the penalised, filtered logits) and top_p on the scaled
-  probabilities (the backends' rule: core/methods/drafting.py's distribution).
+  probabilities (the backends' rule; speculative decoding's acceptance reads the same one).
 
 All arithmetic is float64 on the host: the logits arrive as float32 [vocab] NumPy arrays.
 """
@@ -58,8 +58,9 @@ def filtered(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
 
 
 def probabilities(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
-    """The distribution [vocab] (float64) of filtered logits: temperature, then top_p."""
-    scaled = logits / sampling.temperature
+    """The distribution [vocab] (float64) of float logits [vocab] (filtered or not): temperature,
+    then the smallest set of tokens whose probability reaches top_p, renormalised."""
+    scaled = logits.astype(np.float64) / sampling.temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     if sampling.top_p < 1.0:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from specfill.api import encode_prompt, stream_generate
+from specfill.api import encode_prompt
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.decoding import decode_tokens
 from specfill.core.methods.specprefill import prefill_kept, run_speculator
@@ -34,7 +34,7 @@ from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig, ch
 
 from .quality import position_map
 from .ruler_report import DROPPED_BELOW
-from .ruler_run import span_shares
+from .ruler_run import run_sample, span_shares
 from .ruler_tasks import RulerSample, score
 
 Setting = SpecPrefillConfig | H2OConfig
@@ -104,14 +104,8 @@ def _record(sample: RulerSample, label: str, text: str, value: float, ttft: floa
 def run_api(model, tokenizer, sample: RulerSample, label: str, method: PrefillMethod, budget: int) -> dict:
     """Full or H2O prefill through the public API (H2O records its memory sets for the map)."""
     info = PrefillInfo(record_memory=method.name == "h2o")
-    text, ttft = "", 0.0
-    for response in stream_generate(model, tokenizer, sample.prompt, budget, method=method, prefill_info=info):
-        text += response.text
-        ttft = ttft or response.ttft
-        if score(text, sample.outputs, sample.metric) == 1.0:
-            break
-    row = position_map(info, info.prompt_tokens)
-    return _record(sample, label, text, score(text, sample.outputs, sample.metric), ttft, row, info.kept_tokens)
+    text, value, ttft = run_sample(model, tokenizer, sample, method, budget, info)
+    return _record(sample, label, text, value, ttft, position_map(info, info.prompt_tokens), info.kept_tokens)
 
 
 @dataclass
@@ -195,11 +189,6 @@ def classify(records: list[dict]) -> None:
             r["cause"] = "selection" if min(r["answer_kept"]) < DROPPED_BELOW else "misread"
         else:
             r["cause"] = "misread"
-
-
-def resolve_budget(sample: RulerSample, answer_tokens: int | None) -> int:
-    """RULER's answer budget for the task, capped by answer_tokens."""
-    return sample.max_tokens if answer_tokens is None else min(answer_tokens, sample.max_tokens)
 
 
 def default_settings() -> dict[str, Setting]:

@@ -16,10 +16,15 @@ from specfill.core.runtime import PrefillInfo, PrefillMethod
 from .ruler_tasks import RulerSample, build_sample, score
 
 
+def answer_budget(sample: RulerSample, answer_tokens: int | None) -> int:
+    """RULER's answer budget for the task, capped by answer_tokens."""
+    return sample.max_tokens if answer_tokens is None else min(answer_tokens, sample.max_tokens)
+
+
 def run_sample(model, tokenizer, sample: RulerSample, method: PrefillMethod, answer_tokens: int | None,
                info: PrefillInfo) -> tuple[str, float, float]:
     """(the greedy answer after RULER's answer prefix, its score in [0, 1], TTFT in s)."""
-    budget = sample.max_tokens if answer_tokens is None else min(answer_tokens, sample.max_tokens)
+    budget = answer_budget(sample, answer_tokens)
     text, ttft = "", 0.0
     for response in stream_generate(model, tokenizer, sample.prompt, budget, method=method, prefill_info=info):
         text += response.text

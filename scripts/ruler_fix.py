@@ -25,8 +25,9 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.io.tokenizer import load_tokenizer
 from specfill.core.runtime import PrefillMethod
 from specfill.evaluation.machine import describe_machine
-from specfill.evaluation.ruler_fix import (SavedPass, default_settings, parse_setting, resolve_budget, run_api,
+from specfill.evaluation.ruler_fix import (SavedPass, default_settings, parse_setting, run_api,
                                            run_setting, selection_grid, speculate)
+from specfill.evaluation.ruler_run import answer_budget
 from specfill.evaluation.ruler_tasks import build_sample
 
 MODELS = Path.home() / ".cache/specfill/models"
@@ -97,7 +98,7 @@ def main() -> None:
     for task in args.tasks.split(","):
         for index in map(int, args.samples.split(",")):
             sample = build_sample(tokenizer, task, args.length, index, args.seed, True)
-            budget = resolve_budget(sample, args.answer_tokens)
+            budget = answer_budget(sample, args.answer_tokens)
             if (args.full or args.only_full) and (task, index, "full") not in done and model is not None:
                 keep(run_api(model, tokenizer, sample, "full", PrefillMethod("full"), budget))
             _specprefill(args, model, speculator, tokenizer, sample, settings, done, keep, budget)

@@ -13,10 +13,10 @@ from specfill.core.driver import CausalLM
 from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.methods.draft_length import DraftLength
 from specfill.core.methods.draft_sources import DraftState
-from specfill.core.methods.drafting import (accept, acceptance_probability, distribution, residual_distribution,
-                                            speculative_decode)
+from specfill.core.methods.drafting import accept, acceptance_probability, residual_distribution, speculative_decode
 from specfill.core.methods.prefill import prefill
 from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.sampling import probabilities as distribution  # the rule drafting's acceptance reads
 
 from tests.fixtures.reference_runs import prompt
 

@@ -19,24 +19,10 @@ import numpy as np
 from ..errors import ConfigError
 from ..ops import ModelOps
 from ..runtime import SamplingConfig
+from ..sampling import probabilities
 from ..stages import A
 from .prefill import prefill
 from .specprefill import SparsePrefill
-
-
-def distribution(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
-    """The sampling distribution [vocab] (float64) of float logits [vocab]: temperature, then the
-    smallest set of tokens whose probability reaches top_p, renormalised (the backends' rule)."""
-    scaled = logits.astype(np.float64) / sampling.temperature
-    probs = np.exp(scaled - scaled.max())
-    probs /= probs.sum()
-    if sampling.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]  # mass of strictly more likely tokens
-        cut = np.zeros_like(probs)
-        cut[order] = np.where(before < sampling.top_p, probs[order], 0.0)
-        probs = cut / cut.sum()
-    return probs
 
 
 @dataclass
@@ -65,7 +51,7 @@ class DraftState(ABC):
             out = ops.forward(self.model, ops.tokens(np.array(feed)), position, self.cache, None, len(feed) - 1)
             position, self.written = position + len(feed), self.written + len(feed)
             logits = ops.to_numpy(out[-1])
-            q = distribution(logits, sampling) if sampling.temperature > 0 else None
+            q = probabilities(logits, sampling) if sampling.temperature > 0 else None
             token = int(rng.choice(q.size, p=q)) if q is not None else int(np.argmax(logits))
             tokens.append(token)
             probs.append(q)

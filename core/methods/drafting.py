@@ -24,7 +24,8 @@ from ..ops import ModelOps
 from ..runtime import SamplingConfig
 from ..stages import A
 from .draft_length import DraftLength
-from .draft_sources import DraftState, distribution
+from ..sampling import probabilities
+from .draft_sources import DraftState
 
 __all__ = ["accept", "acceptance_probability", "distribution", "residual_distribution", "speculative_decode"]
 
@@ -53,10 +54,10 @@ def accept(drafts: list[int], draft_probs: list[np.ndarray], logits: np.ndarray,
                 return i, target
         return len(drafts), int(np.argmax(logits[len(drafts)]))
     for i, (token, q) in enumerate(zip(drafts, draft_probs)):
-        p = distribution(logits[i], sampling)
+        p = probabilities(logits[i], sampling)
         if rng.random() >= acceptance_probability(p, q, token):
             return i, int(rng.choice(p.size, p=residual_distribution(p, q)))
-    p = distribution(logits[len(drafts)], sampling)
+    p = probabilities(logits[len(drafts)], sampling)
     return len(drafts), int(rng.choice(p.size, p=p))
 
 
