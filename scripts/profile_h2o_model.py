@@ -1,0 +1,134 @@
+"""Where a WHOLE-model prefill spends its time, full vs H2O, torch backend on CPU (issue 26 item 1).
+
+The per-layer profile (scripts/profile_h2o_cpu.py) times attention alone; this one loads a real
+model and times one prompt's prefill through `stream_generate` (one token), with wall time added
+up per part: the fused q/k/v projection, RoPE, KV cache writes, attention (SDPA for full, the H2O
+walk for H2O, with each H2O stage of `TorchOps` apart and the dense tail's share apart), the
+output projection, the MLP and the LM head; "rest" is what none of these covers (norms,
+residuals, the embedding, the step loop). Same token ids for both methods, one warm-up first.
+
+    flock /work/model.lock .venv/bin/python scripts/profile_h2o_model.py \\
+        ~/.cache/specfill/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf --lengths 2048 4096 --threads 2
+
+Writes <out>.json and <out>.md (per part seconds, full and H2O side by side).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from specfill.backends.torch_cuda import model as torch_model
+from specfill.backends.torch_cuda import kv_cache
+from specfill.core.methods import h2o
+from specfill.evaluation.machine import describe_machine, machine_line
+
+STAGES = ("intra_attention", "inter_attention", "merge_states", "reduce_colsum_to_kv_heads", "accumulate_scores",
+          "build_memory_set", "gather_memory", "concat", "cast_like")
+SECONDS: dict[str, float] = defaultdict(float)
+PREFIX = [""]
+
+
+def timed(name: str, fn):
+    """fn with its wall time added to SECONDS[PREFIX + name] (nested parts are counted in both)."""
+    def run(*args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SECONDS[PREFIX[0] + name] += time.perf_counter() - started
+    return run
+
+
+def instrument(lm) -> None:
+    """Wrap the model's parts and the H2O stages of lm.ops with timers (this process only)."""
+    torch_model.causal_attention = timed("attention", torch_model.causal_attention)
+    torch_model.apply_rope = timed("rope", torch_model.apply_rope)
+    h2o.H2OPrefillAttention.__call__ = timed("attention", h2o.H2OPrefillAttention.__call__)
+    tail = h2o.dense_tail_attention
+
+    def tail_timed(*args, **kwargs):
+        PREFIX[0] = "tail:"
+        try:
+            return timed("dense_tail", tail)(*args, **kwargs)
+        finally:
+            PREFIX[0] = ""
+    h2o.dense_tail_attention = tail_timed
+    kv_cache.LayerKVCache.update_and_fetch = timed("kv_cache_write", kv_cache.LayerKVCache.update_and_fetch)
+    for stage in STAGES:
+        setattr(lm.ops, stage, timed("h2o:" + stage, getattr(lm.ops, stage)))
+    net = lm.model
+    for block in net.layers:
+        block.self_attn.qkv_proj.forward = timed("qkv_proj", block.self_attn.qkv_proj.forward)
+        block.self_attn.o_proj.forward = timed("o_proj", block.self_attn.o_proj.forward)
+        block.mlp.forward = timed("mlp", block.mlp.forward)
+    net.lm_head.forward = timed("lm_head", net.lm_head.forward)
+
+
+def run(lm, tokenizer, ids: list[int], method: str) -> dict:
+    from specfill.api import stream_generate
+    SECONDS.clear()
+    started = time.perf_counter()
+    out = list(stream_generate(lm, tokenizer, ids, 1, method=method))
+    total = time.perf_counter() - started
+    parts = dict(SECONDS)
+    outer = ("qkv_proj", "rope", "kv_cache_write", "attention", "o_proj", "mlp", "lm_head")
+    parts["rest"] = total - sum(parts.get(name, 0.0) for name in outer)
+    return {"method": method, "tokens": len(ids), "total_s": total, "ttft_s": out[0].ttft, "parts_s": parts}
+
+
+def write(rows: list[dict], out: Path, title: str, machine: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_name(out.name + ".json").write_text(json.dumps({"title": title, "machine": machine, "rows": rows},
+                                                            indent=1))
+    lines = [f"# {title}", "", f"Machine: {machine_line(machine)} (shared machine: other jobs may have run).", "",
+             "Seconds per part of one whole prefill (nested: h2o:* and tail:* are inside attention).", ""]
+    for n in sorted({r["tokens"] for r in rows}):
+        pair = [r for r in rows if r["tokens"] == n]
+        names = sorted({k for r in pair for k in r["parts_s"]})
+        lines += [f"## {n} tokens", "", "| part | " + " | ".join(r["method"] for r in pair) + " |",
+                  "|---|" + "---|" * len(pair)]
+        lines.append("| total | " + " | ".join(f"{r['total_s']:.2f}" for r in pair) + " |")
+        for name in names:
+            lines.append(f"| {name} | " + " | ".join(f"{r['parts_s'].get(name, 0.0):.2f}" for r in pair) + " |")
+        lines.append("")
+    out.with_name(out.name + ".md").write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("gguf")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--methods", nargs="+", default=["full", "h2o"])
+    parser.add_argument("--out", default="results/bench/h2o_model_profile")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from specfill.api import load
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from peer_table import prompt_ids
+    lm, tokenizer = load(args.gguf, backend="cuda", dtype="float32", device="cpu")
+    instrument(lm)
+    machine = describe_machine({"load_average_1min_before": round(os.getloadavg()[0], 2)})
+    run(lm, tokenizer, prompt_ids(args.gguf, 256), "full")  # warm-up
+    rows = []
+    for n in args.lengths:
+        ids = prompt_ids(args.gguf, n)
+        for method in args.methods:
+            rows.append(run(lm, tokenizer, ids, method))
+            r = rows[-1]
+            print(f"{n} {method}: {r['total_s']:.2f} s " + ", ".join(f"{k} {v:.2f}" for k, v in
+                  sorted(r["parts_s"].items(), key=lambda kv: -kv[1])[:12]), flush=True)
+    machine["load_average_1min_after"] = round(os.getloadavg()[0], 2)
+    title = (f"Whole-model prefill by part, {Path(args.gguf).name}, float32, torch CPU, {args.threads} threads")
+    write(rows, Path(args.out), title, machine)
+
+
+if __name__ == "__main__":
+    main()
