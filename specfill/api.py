@@ -13,7 +13,6 @@ from specfill.core import (BackendUnavailableError, H2OConfig, SpecPrefillConfig
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
 from specfill.core.guards import check_logits_finite
-from specfill.core.io.hub import resolve_model
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
 from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, ProgressCallback, check_token_ids
 
@@ -97,6 +96,8 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
 
         resolved = str(require_demo_model())
     else:
+        from specfill.core.io.hub import resolve_model  # a path or repo id given
+
         resolved = resolve_model(str(path), model_file, download)
     model, tokenizer = module.load(resolved, dtype=dtype, device=device)
     check_computes_finite(model, dtype)
