@@ -9,7 +9,7 @@ from typing import Any, Callable
 from specfill.api import backend_module, format_stats, load, load_request_models, resolve_backend, stream_request
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import GenerationInfo
 
 from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
                       specprefill_config, warn_unused_options)
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     request = load_request_models(request, model, tokenizer, dtype=args.dtype, device=args.device)
     prompt = build_prompt(tokenizer, prompt_text, args)
     bar = PrefillProgressBar()
-    last, info = None, PrefillInfo()
+    last, info = None, GenerationInfo()
     print("=" * 10)
     for last in stream_request(model, tokenizer, prompt, request, prompt_progress_callback=bar.update,
                                prefill_info=info):

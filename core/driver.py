@@ -19,7 +19,7 @@ from .methods.prefill import StageProgress, prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_to_prompt
-from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
+from .runtime import (Drafting, KVState, GenerationInfo, PrefillMethod, ProgressCallback, SamplingConfig,
                       check_drafting, check_generation_fits, check_reuse, check_companion, check_speculator_context,
                       check_token_ids, self_speculator_layers)
 from .stages import A
@@ -84,7 +84,7 @@ class CausalLM(Generic[A]):
         chosen = method.sparse if threshold is not None and n_tokens >= threshold else "full"
         return replace(method, name=chosen, auto_threshold=None)
 
-    def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: PrefillInfo) -> np.ndarray:
+    def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: GenerationInfo) -> np.ndarray:
         """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full", "h2o"
         or "auto" resolving to one; SpecPrefill drops tokens, so it has none). For perplexity, parity."""
         ids = self._ids(prompt_ids, 0)
@@ -96,7 +96,7 @@ class CausalLM(Generic[A]):
             logits = self.prefill_prompt(ids, self.ops.new_cache(self.model, len(ids)), method, info, logits_from=0)
             return self.ops.to_numpy(logits)
 
-    def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: PrefillInfo, *,
+    def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: GenerationInfo, *,
                        logits_from: int = -1, progress: ProgressCallback | None = None) -> A:
         """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
         from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O steps by
@@ -132,7 +132,7 @@ class CausalLM(Generic[A]):
         return speculator.model, speculator.prefill_step_size
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
-                      stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
+                      stop_ids: frozenset[int], method: PrefillMethod, info: GenerationInfo,
                       progress: ProgressCallback | None = None, drafting: Drafting | None = None,
                       reuse: KVState | None = None) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time (the
@@ -180,7 +180,7 @@ class CausalLM(Generic[A]):
 
     def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
                   draft: DraftSource | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
-                  stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None,
+                  stop_ids: frozenset[int], info: GenerationInfo, progress: ProgressCallback | None,
                   drafting: Drafting | None) -> Iterator[int]:
         extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
         report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
@@ -227,7 +227,7 @@ class CausalLM(Generic[A]):
 
     def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, draft: DraftSource,
                  sparse: SparsePrefill | None, drafting: Drafting, *, max_tokens: int, sampling: SamplingConfig,
-                 stop_ids: frozenset[int], info: PrefillInfo) -> Iterator[int]:
+                 stop_ids: frozenset[int], info: GenerationInfo) -> Iterator[int]:
         """The first token from the prefill's last logits [vocab] (host), then speculative decoding
         with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
         adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""

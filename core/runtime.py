@@ -181,8 +181,9 @@ class DecodeRecord:
 
 
 @dataclass
-class PrefillInfo:
-    """What a prefill did: filled in by the backend, read by the API, bench, eval and parity.
+class GenerationInfo:
+    """What one generation did (its prefill, its speculative decoding, its KV cache): filled in by
+    the driver, read by the API, the server, bench, eval and parity.
 
     kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O.
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
