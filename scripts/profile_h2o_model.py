@@ -84,8 +84,11 @@ def run(lm, tokenizer, ids: list[int], method: str) -> dict:
     SECONDS.clear()
     started, cpu = time.perf_counter(), time.process_time()
     steps: list[tuple[int, float]] = []
-    out = list(stream_generate(lm, tokenizer, ids, 1, method=method, prompt_progress_callback=lambda done, _:
-                               steps.append((done, round(time.perf_counter() - started, 3)))))
+
+    def step(done: int, total: int) -> None:  # printed too: a run cut short still shows its steps
+        steps.append((done, round(time.perf_counter() - started, 3)))
+        print(f"  {method} {done}/{total} tokens at {steps[-1][1]:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+    out = list(stream_generate(lm, tokenizer, ids, 1, method=method, prompt_progress_callback=step))
     total, cpu = time.perf_counter() - started, time.process_time() - cpu
     parts = dict(SECONDS)
     outer = ("qkv_proj", "rope", "kv_cache_write", "attention", "o_proj", "mlp", "lm_head")
