@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .config import H2OConfig, SpecPrefillConfig
+from .config import Drafting, H2OConfig, SpecPrefillConfig  # noqa: F401  (Drafting: re-exported)
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
-from .methods.draft_length import Drafting  # noqa: F401  (defined with the draft-length rule it configures)
 from .models import ModelArgs
 
 if TYPE_CHECKING:

@@ -13,8 +13,6 @@ from specfill.core import (BackendUnavailableError, H2OConfig, SpecPrefillConfig
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
 from specfill.core.guards import check_logits_finite
-from specfill.core.io.demo_model import require_demo_model
-from specfill.core.io.hub import resolve_model
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
 from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, ProgressCallback, check_token_ids
 
@@ -93,8 +91,14 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
     module = backend_module(backend)
     if isinstance(path, tuple):  # a (model, tokenizer) pair from mlx_lm.load: the backend adapts it
         resolved = path
+    elif path is None:
+        from specfill.core.io.demo_model import require_demo_model  # the demo run only
+
+        resolved = str(require_demo_model())
     else:
-        resolved = str(require_demo_model()) if path is None else resolve_model(str(path), model_file, download)
+        from specfill.core.io.hub import resolve_model  # a path or repo id given
+
+        resolved = resolve_model(str(path), model_file, download)
     model, tokenizer = module.load(resolved, dtype=dtype, device=device)
     check_computes_finite(model, dtype)
     return model, tokenizer
