@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -41,6 +42,7 @@ STAGES = ("intra_attention", "inter_attention", "merge_states", "reduce_colsum_t
           "build_memory_set", "gather_memory", "concat", "cast_like")
 SECONDS: dict[str, float] = defaultdict(float)
 PREFIX = [""]
+CUT: list[dict] = []  # the prefill under way: recorded as cut short when SIGTERM (timeout) ends the run
 
 
 def timed(name: str, fn):
@@ -84,8 +86,12 @@ def run(lm, tokenizer, ids: list[int], method: str) -> dict:
     SECONDS.clear()
     started, cpu = time.perf_counter(), time.process_time()
     steps: list[tuple[int, float]] = []
-    out = list(stream_generate(lm, tokenizer, ids, 1, method=method, prompt_progress_callback=lambda done, _:
-                               steps.append((done, round(time.perf_counter() - started, 3)))))
+    CUT[:] = [{"method": method, "tokens": len(ids), "cut": True, "steps": steps, "parts_s": SECONDS}]
+
+    def step(done: int, total: int) -> None:  # printed too: a run cut short still shows its steps
+        steps.append((done, round(time.perf_counter() - started, 3)))
+        print(f"  {method} {done}/{total} tokens at {steps[-1][1]:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+    out = list(stream_generate(lm, tokenizer, ids, 1, method=method, prompt_progress_callback=step))
     total, cpu = time.perf_counter() - started, time.process_time() - cpu
     parts = dict(SECONDS)
     outer = ("qkv_proj", "rope", "kv_cache_write", "attention", "o_proj", "mlp", "lm_head")
@@ -99,7 +105,7 @@ def goals(rows: list[dict]) -> list[dict]:
     from specfill.core import H2OConfig
     config, found = H2OConfig(), []
     for n in sorted({r["tokens"] for r in rows}):
-        by = {r["method"]: r for r in rows if r["tokens"] == n}
+        by = {r["method"]: r for r in rows if r["tokens"] == n and not r.get("cut")}
         if "full" not in by or "h2o" not in by:
             continue
         full, ours = by["full"], by["h2o"]
@@ -135,9 +141,12 @@ def write(rows: list[dict], out: Path, title: str, machine: dict) -> None:
     for n in sorted({r["tokens"] for r in rows}):
         pair = [r for r in rows if r["tokens"] == n]
         names = sorted({k for r in pair for k in r["parts_s"]})
-        lines += [f"## {n} tokens", "", "| part | " + " | ".join(r["method"] for r in pair) + " |",
-                  "|---|" + "---|" * len(pair)]
-        lines.append("| total | " + " | ".join(f"{r['total_s']:.2f}" for r in pair) + " |")
+        lines += [f"## {n} tokens", "", "| part | " + " | ".join(r["method"] + (" (cut short)" if r.get("cut") else "")
+                                                                for r in pair) + " |", "|---|" + "---|" * len(pair)]
+        lines.append("| total | " + " | ".join(f"{r.get('total_s', r['steps'][-1][1] if r['steps'] else 0.0):.2f}"
+                                                for r in pair) + " |")
+        lines.append("| steps done (tokens at s) | " + " | ".join(", ".join(f"{d} at {t:.0f}" for d, t in r["steps"])
+                                                                  for r in pair) + " |")
         for name in names:
             lines.append(f"| {name} | " + " | ".join(f"{r['parts_s'].get(name, 0.0):.2f}" for r in pair) + " |")
         lines.append("")
@@ -152,7 +161,7 @@ def plot(rows: list[dict], out: Path, title: str) -> None:
     import matplotlib.pyplot as plt
     parts = ("mlp", "qkv_proj", "o_proj", "attention", "rope", "kv_cache_write", "lm_head", "rest")
     fig, ax = plt.subplots(figsize=(9, 5))
-    labels = [f"{r['tokens']}\n{r['method']}" for r in rows]
+    labels = [f"{r['tokens']}\n{r['method']}" + (" (cut)" if r.get("cut") else "") for r in rows]
     bottom = [0.0] * len(rows)
     for part in parts:
         values = [max(0.0, r["parts_s"].get(part, 0.0)) for r in rows]
@@ -172,9 +181,11 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--methods", nargs="+", default=["full", "h2o"])
+    parser.add_argument("--alternate", action="store_true", help="reverse the method order every other length")
     parser.add_argument("--out", default="results/bench/h2o_model_profile")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` cuts the run: write what it has
     from specfill.api import load
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from peer_table import prompt_ids
@@ -185,10 +196,15 @@ def main() -> None:
     title = f"Whole-model prefill by part, {Path(args.gguf).name}, float32, torch CPU, {args.threads} threads"
     run(lm, tokenizer, prompt_ids(args.gguf, 256), "full")  # warm-up
     rows = []
-    for n in args.lengths:
+    for index, n in enumerate(args.lengths):
         ids = prompt_ids(args.gguf, n)
-        for method in args.methods:
-            rows.append(run(lm, tokenizer, ids, method))
+        for method in args.methods[::-1] if args.alternate and index % 2 else args.methods:
+            try:
+                rows.append(run(lm, tokenizer, ids, method))
+            except KeyboardInterrupt:  # SIGTERM (`timeout`): keep what the cut prefill did
+                rows.append({**CUT[0], "parts_s": dict(SECONDS), "load_after": round(os.getloadavg()[0], 2)})
+                write(rows, Path(args.out), title, machine)
+                raise SystemExit(f"cut short during {method} at {n} tokens; partial rows written")
             r = rows[-1]
             print(f"{n} {method}: {r['total_s']:.2f} s " + ", ".join(f"{k} {v:.2f}" for k, v in
                   sorted(r["parts_s"].items(), key=lambda kv: -kv[1])[:12]), flush=True)

@@ -50,9 +50,7 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
     A query block [lo, hi) of a chunk only meets the chunk's keys before hi, so nothing above the
     diagonal is computed; with a sliding window w (query i sees keys j > i - w) nothing before
     lo - w + 1 either, and the rest is masked. The G query heads of a KV head are stacked as rows of one matmul, so
-    K/V are never repeated. Each (chunk, KV head) is an independent work unit (cpu_units.run_units):
-    a step of two chunks on a 2-KV-head model gives 4 units, so a descheduled thread holds back
-    less, and a unit's logits (G * 64 rows by at most S keys) are half a bmm's over both heads.
+    K/V are never repeated. Chunks are independent work units (cpu_units.run_units).
     """
     n_heads, n_tokens, head_dim = q.shape
     n_kv = k.shape[0]
@@ -68,28 +66,29 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
     block = _TWIN_QUERY_BLOCK
     after_query = torch.ones((block, block), dtype=torch.bool, device=q.device).triu_(1)
 
-    def one_unit(index: int) -> None:  # writes only its chunk's rows and keys of its KV head
-        chunk, head = divmod(index, n_kv)
+    def one_chunk(chunk: int) -> None:  # writes only the chunk's own rows and keys
         chunk_start = chunk * chunk_size
         chunk_end = min(chunk_start + chunk_size, n_tokens)
         for lo in range(chunk_start, chunk_end, block):
             hi = min(lo + block, chunk_end)
             first = chunk_start if window is None else max(chunk_start, lo - window + 1)
             n_rows, n_keys = hi - lo, hi - first
-            logits = rows[head, :, lo:hi].reshape(group * n_rows, head_dim) @ k[head, first:hi].T
+            block_rows = rows[:, :, lo:hi].reshape(n_kv, group * n_rows, head_dim)
+            logits = block_rows @ k[:, first:hi].transpose(1, 2)
             # only the block's own keys can come after a query
-            logits.view(group, n_rows, n_keys)[..., lo - first:].masked_fill_(after_query[:n_rows, :n_rows], -math.inf)
+            logits.view(n_kv, group, n_rows, n_keys)[..., lo - first:].masked_fill_(
+                after_query[:n_rows, :n_rows], -math.inf)
             if window is not None:  # keys at or before i - w fall out of query i's window
                 distance = torch.arange(lo, hi, device=q.device)[:, None] - torch.arange(first, hi, device=q.device)
-                logits.view(group, n_rows, n_keys).masked_fill_(distance >= window, -math.inf)
-            state, weights = softmax_state_(logits, v[head, first:hi])
-            m[head, :, lo:hi] = state.m.view(group, n_rows)
-            l[head, :, lo:hi] = state.l.view(group, n_rows)
-            o[head, :, lo:hi] = state.o.view(group, n_rows, head_dim)
+                logits.view(n_kv, group, n_rows, n_keys).masked_fill_(distance >= window, -math.inf)
+            state, weights = softmax_state_(logits, v[:, first:hi])
+            m[:, :, lo:hi] = state.m.view(n_kv, group, n_rows)
+            l[:, :, lo:hi] = state.l.view(n_kv, group, n_rows)
+            o[:, :, lo:hi] = state.o.view(n_kv, group, n_rows, head_dim)
             if colsum is not None:
-                colsum[head, :, first:hi] += weights.view(group, n_rows, n_keys).sum(dim=1)
+                colsum[:, :, first:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
 
-    run_units(one_unit, math.ceil(n_tokens / chunk_size) * n_kv, q.device)
+    run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
     state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
                            o.view(n_heads, n_tokens, head_dim).to(q.dtype))
     return IntraResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
