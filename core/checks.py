@@ -1,16 +1,25 @@
-"""Typed checks of values read from files and settings (one line each when they fail).
+"""Typed checks of values read from files and settings, and of what a loaded model computes (one
+line each when they fail).
 
 Model files are input like any other: a GGUF key or a config.json entry may hold NaN, a string,
 an array or a number out of range. Each reader converts a value it consumes with one of these,
 naming where it came from, so a bad value is a one-line error of the caller's type
 (ModelLoadError for files, ConfigError for settings) instead of a TypeError or a NaN model.
+
+A model that loads but computes NaN or Inf logits stops with an error naming the likely cause
+(check_logits_finite), never prints an end token and exits 0. It is backend-neutral: the caller
+reduces its logits to one bool in its own array library (one device-to-host transfer, not the
+whole [T, vocab] array) and passes it here.
 """
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from .errors import ModelLoadError, SpecfillError
+from .errors import ModelLoadError, NonFiniteLogitsError, SpecfillError
+
+if TYPE_CHECKING:
+    from .models import ModelArgs
 
 MAX_SIZE = 2**31 - 1  # any model size, count or token id; larger ones are corrupt, not big
 ROPE_SCALING_KEYS = {"linear": ("factor",),
@@ -91,3 +100,22 @@ def _show(value: Any) -> str:
         return f"a {type(value).__name__} of {len(value)} items"
     shown = repr(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+HALF_DTYPES = ("float16", "fp16", "half", "bfloat16", "bf16")
+
+
+def check_logits_finite(all_finite: bool, args: ModelArgs, *, where: str, dtype: str | None = None) -> None:
+    """Raise NonFiniteLogitsError unless `all_finite` (every logit of `where`, e.g. "the first
+    prefill", is finite). The message names the likely cause: half-precision overflow when the
+    model runs in float16 / bfloat16, else the checkpoint's weights or numerics."""
+    if all_finite:
+        return
+    if dtype is not None and str(dtype).lower() in HALF_DTYPES:
+        cause = (f"the activations overflowed {dtype}: load the model with dtype float32 "
+                 f"(--dtype float32)")
+    else:
+        cause = (f"the checkpoint's weights or numerics are broken (corrupt tensors or quantization "
+                 f"scales, or an out-of-range setting: rms_norm_eps={args.rms_norm_eps:g}, "
+                 f"rope_theta={args.rope_theta:g})")
+    raise NonFiniteLogitsError(f"the model computed NaN or Inf logits in {where}: {cause}")

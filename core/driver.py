@@ -14,7 +14,7 @@ import numpy as np
 from .config import H2OConfig, SpecPrefillConfig
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError, PromptTooLongError
-from .guards import check_logits_finite
+from .checks import check_logits_finite
 from .methods.prefill import StageProgress, prefill
 from .models import ModelArgs
 from .ops import ModelOps

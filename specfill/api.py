@@ -12,7 +12,7 @@ import numpy as np
 from specfill.core import (BackendUnavailableError, H2OConfig, SpecPrefillConfig,
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
-from specfill.core.guards import check_logits_finite
+from specfill.core.checks import check_logits_finite
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
 from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, ProgressCallback, check_token_ids
 

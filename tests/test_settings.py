@@ -1,5 +1,5 @@
 """Setting checks and clamps (core/request.py and the configs it builds), the NaN guard
-(core.guards) and the model-config checks every loading path ends in (ModelArgs)."""
+(core.checks) and the model-config checks every loading path ends in (ModelArgs)."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specfill.core import ConfigError, ModelLoadError, NonFiniteLogitsError, SpecfillWarning, SpecPrefillConfig
-from specfill.core.guards import check_logits_finite
+from specfill.core.checks import check_logits_finite
 from specfill.core.request import build_request, fit_to_prompt
 from specfill.core.runtime import PrefillMethod, SamplingConfig, check_token_ids
 from tests.fixtures import tiny_model_args, tiny_weights
