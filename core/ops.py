@@ -170,6 +170,10 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
         """Drop the last n filled slots of every layer's cache (of the first n_layers only: a
         "self:K" draft's writes into the main cache)."""
 
+    def truncate(self, cache: Any, slots: int) -> None:
+        """Cut every layer's cache back to its first `slots` filled slots (a prefill stopped
+        between layers, core/cancel.py, leaves the first layers a step ahead of the others)."""
+
     def cached_keys(self, cache: list[Any], end: int) -> A:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfill.core.adapted import AttentionLayout
+from specfill.core.cancel import checkpoint
 from specfill.core.errors import ModelLoadError
 from specfill.core.ops import PrefillAttention
 
@@ -78,6 +79,7 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
         return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
     if step is None:
         raise RuntimeError(f"attention implementation {NAME!r} runs only inside a specfill step")
+    checkpoint()  # a cancelled request (core/cancel.py) stops at the next layer's attention
     index = step.index[id(module)]
     layout, positions = step.layouts[index], step.positions
     layer_cache = step.cache.layers[index]
