@@ -149,11 +149,12 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{gone['disconnect_to_idle_s']} | {gone.get('at', 'earlier run, old stepping')} ({gone.get('load', '?')}); "
                          f"{w.get('at', 'earlier run, old stepping')} ({w.get('load', '?')}) |")
         lines += ["", "The disconnect is noticed at once (the handler polls every 0.2 s) and the prefill stops "
-                  "at the end of the step in flight, for every method: full prefill in steps of "
-                  f"{report['prefill_step_size']} tokens, H2O in whole chunks ({METHODS['h2o']}: steps of 512), "
-                  "SpecPrefill per speculator step, look-ahead token and main-prefill step. So disconnect to idle "
-                  "is at most one step, and a step is what this CPU takes for it (later steps attend to more keys "
-                  "and take longer than the mean of the first ones); the < 2 s goal needs smaller steps here.", ""]
+                  "before the next transformer layer of the step in flight (core/cancel.py: the main model's and "
+                  "the speculator's layers, and H2O's chunks), so disconnect to idle is about one layer of a step "
+                  f"plus the poll. Steps: full prefill {report['prefill_step_size']} tokens, H2O whole chunks "
+                  f"({METHODS['h2o']}: steps of 512), SpecPrefill per speculator step, look-ahead token and "
+                  "main-prefill step. Rows measured before the in-step check (at most one step) say "
+                  "'old stepping' or are dated before 11:00 UTC on 25 Nov.", ""]
     if "concurrency" in report:
         c = report["concurrency"]
         lines += [f"## {c['streams']} concurrent streams (queue of 8)", "",
