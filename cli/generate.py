@@ -9,8 +9,7 @@ from typing import Any, Callable
 from specfill.api import backend_module, format_stats, load, load_request_models, resolve_backend, stream_request
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request
-from specfill.core.runtime import PrefillInfo
-from specfill.prompts import decode_utf8, read_prompt_file
+from specfill.core.runtime import GenerationInfo
 
 from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
                       specprefill_config, warn_unused_options)
@@ -57,11 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def read_prompt(args: argparse.Namespace) -> str:
     """--prompt-file (a pipe such as <(...) works too), standard input for '-', else --prompt;
     the bytes must be UTF-8 text."""
+    if args.prompt_file is None and args.prompt != "-":
+        return args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    from specfill.prompts import decode_utf8, read_prompt_file  # text from a file or a pipe only
+
     if args.prompt_file is not None:
         return read_prompt_file(args.prompt_file)
-    if args.prompt == "-":
-        return decode_utf8(sys.stdin.buffer.read(), "standard input")
-    return args.prompt if args.prompt is not None else DEFAULT_PROMPT
+    return decode_utf8(sys.stdin.buffer.read(), "standard input")
 
 
 def _for_method(build: Callable[[argparse.Namespace], Any], args: argparse.Namespace, method: str) -> Any:
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     request = load_request_models(request, model, tokenizer, dtype=args.dtype, device=args.device)
     prompt = build_prompt(tokenizer, prompt_text, args)
     bar = PrefillProgressBar()
-    last, info = None, PrefillInfo()
+    last, info = None, GenerationInfo()
     print("=" * 10)
     for last in stream_request(model, tokenizer, prompt, request, prompt_progress_callback=bar.update,
                                prefill_info=info):

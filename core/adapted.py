@@ -16,12 +16,9 @@ with one error naming the architecture, the layer, its kind and the method.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .errors import ConfigError
-from .model_config import _HF_MODEL_TYPES
 
 QK_NORMS = ("none", "head", "full", "weightless")  # per head, over all heads at once, RMS without weight
 METHOD_NAMES = {"h2o": "H2O", "specprefill": "SpecPrefill", "speculator": "the SpecPrefill speculator"}
@@ -136,21 +133,3 @@ class AdaptedArgs:
         if reason is not None:
             raise MethodRefusedError(f"{METHOD_NAMES.get(method, method)} cannot run on {self.architecture}: "
                                      f"{reason} (full prefill and decoding work on it)")
-
-
-def foreign_model_type(path: str | Path) -> str | None:
-    """The model_type of a directory whose config.json names an architecture specfill has no model
-    file for (a backend then asks its library, mlx-lm or transformers, whether it knows it); None
-    for anything else: not a directory, no readable config.json, one of specfill's own families
-    (their loader names any problem)."""
-    try:
-        config_path = Path(path) / "config.json"
-        if not config_path.is_file():  # a FIFO or device would block the read
-            return None
-        config = json.loads(config_path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return None
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if not isinstance(model_type, str) or model_type in _HF_MODEL_TYPES or not model_type.isidentifier():
-        return None
-    return model_type

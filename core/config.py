@@ -10,6 +10,7 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError, SpecfillWarning
 
@@ -133,9 +134,8 @@ class SpecPrefillConfig:
     divided by the steps: a multi-hop answer reads a different statement at each step).
     keep_mass: None, or the importance-mass rule replacing keep_ratio / keep_tokens: keep the
     fewest top chunks whose importance sums to this share of the prompt's, but at least
-    mass_floor and at most mass_ceiling of the chunks (ratios; None: 0.05 and 0.5): a peaked
-    score (one needle) keeps few chunks, a spread one (a chain, a document) more. The bounds
-    belong to the mass rule: given without keep_mass they are a ConfigError, not ignored.
+    mass_floor and at most mass_ceiling of the chunks (ratios; None: 0.05, 0.5; without keep_mass:
+    a ConfigError): a peaked score (one needle) keeps few chunks, a spread one (a chain) more.
     neighbours: also keep this many chunks on each side of every selected chunk (context around
     what was found: the rest of a statement or sentence a chunk boundary cut); the kept count
     grows up to (2 * neighbours + 1) times.
@@ -241,3 +241,20 @@ class SpecPrefillConfig:
             # the guard keeps float noise (10 * 0.3 = 3.0000000000000004) from adding a chunk
             k = math.ceil(n_chunks * self.keep_ratio - 1e-9)
         return max(1, min(n_chunks, k))
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """Speculative decoding: `model` drafts up to `num_tokens` (k >= 1) tokens per round. model: a
+    CausalLM on the main model's backend and vocabulary, "self:K" (the main model's first K layers,
+    sharing its cache), or None with SpecPrefill (the speculator drafts from its prompt KV).
+    adaptive: each round's k follows the running acceptance and the measured step costs, up to
+    num_tokens, 0 where drafting cannot pay (core/methods/draft_length.DraftLength); False: always num_tokens."""
+
+    model: Any = None
+    num_tokens: int = 3
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
+            raise ConfigError(f"num_draft_tokens must be an integer >= 1, got {self.num_tokens!r}")

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .ops import ModelOps
-from .runtime import KVState, PrefillInfo, SamplingConfig
+from .runtime import KVState, GenerationInfo, SamplingConfig
 from .sampling import HostSampler
 from .stages import A
 
@@ -53,7 +53,7 @@ def decode_tokens(ops: ModelOps[A], model: Any, logits: A, *, next_position: int
 
 
 def track_kv(ops: ModelOps[A], tokens: Iterator[int], cache: Any, next_position: int,
-             info: PrefillInfo) -> Iterator[int]:
+             info: GenerationInfo) -> Iterator[int]:
     """Yield `tokens`, keeping info.kv on the cache's filled slots. position_offset = RoPE position
     minus slot: 0 after full or H2O prefill, prompt tokens - kept tokens after SpecPrefill."""
     info.kv = KVState(cache, ops.filled(cache), next_position - ops.filled(cache))

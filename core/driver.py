@@ -1,7 +1,8 @@
 """The generation driver, written once: prefill by method, decode loop, stop handling, statistics.
 
 `CausalLM` is what `specfill.load` returns on every backend: a backend model plus that backend's
-`ModelOps` (core/ops.py). The methods it dispatches to live in core/methods/.
+`ModelOps` (core/ops.py). The methods it dispatches to live in core/methods/; h2o, specprefill,
+drafting and the auto probe are imported where they run (start-up: docs/development.md).
 """
 from __future__ import annotations
 
@@ -14,21 +15,18 @@ from .config import H2OConfig, SpecPrefillConfig
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError, PromptTooLongError
 from .guards import check_logits_finite
-from .methods.draft_length import DraftLength
-from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
 from .methods.prefill import StageProgress, prefill
-from .methods.specprefill import SparsePrefill, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
-from .probe import auto_crossover
 from .request import fit_to_prompt
-from .runtime import (Drafting, KVState, PrefillInfo, PrefillMethod, ProgressCallback, SamplingConfig,
+from .runtime import (Drafting, KVState, GenerationInfo, PrefillMethod, ProgressCallback, SamplingConfig,
                       check_drafting, check_generation_fits, check_reuse, check_companion, check_speculator_context,
                       check_token_ids, self_speculator_layers)
 from .stages import A
 
 if TYPE_CHECKING:
     from .methods.draft_sources import DraftSource
+    from .methods.specprefill import SparsePrefill
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
 
 
@@ -81,11 +79,12 @@ class CausalLM(Generic[A]):
             return method
         threshold = method.auto_threshold
         if threshold is None:
+            from .probe import auto_crossover
             threshold, _ = auto_crossover(self, method, prompt_tokens=n_tokens)
         chosen = method.sparse if threshold is not None and n_tokens >= threshold else "full"
         return replace(method, name=chosen, auto_threshold=None)
 
-    def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: PrefillInfo) -> np.ndarray:
+    def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: GenerationInfo) -> np.ndarray:
         """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full", "h2o"
         or "auto" resolving to one; SpecPrefill drops tokens, so it has none). For perplexity, parity."""
         ids = self._ids(prompt_ids, 0)
@@ -97,17 +96,19 @@ class CausalLM(Generic[A]):
             logits = self.prefill_prompt(ids, self.ops.new_cache(self.model, len(ids)), method, info, logits_from=0)
             return self.ops.to_numpy(logits)
 
-    def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: PrefillInfo, *,
+    def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: GenerationInfo, *,
                        logits_from: int = -1, progress: ProgressCallback | None = None) -> A:
         """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
         from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O steps by
         whole chunks (h2o_step_size), else the full prefill; `progress(done, total)` after each step."""
         started, config = self.ops.wall_time(), method.h2o or H2OConfig()
         attend, step = None, self.prefill_step_size
-        if method.name == "h2o" and not uses_full_attention(config, len(ids)):
-            attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers, self.args.attention_scale,
-                                         len(ids), self.args.layer_windows)
-            step = h2o_step_size(config, self.prefill_step_size)
+        if method.name == "h2o":
+            from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
+            if not uses_full_attention(config, len(ids)):
+                attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers,
+                                             self.args.attention_scale, len(ids), self.args.layer_windows)
+                step = h2o_step_size(config, self.prefill_step_size)
         logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,
                          logits_from=logits_from, attend=attend, progress=progress)
         if method.name == "h2o" and info.record_memory:
@@ -117,9 +118,8 @@ class CausalLM(Generic[A]):
         return logits
 
     def speculator_model(self, speculator: Any) -> tuple[Any, int]:
-        """(speculator model, its prefill step size) for PrefillMethod.speculator: a CausalLM
-        loaded on this backend with this model's vocabulary, or "self:K" for this model's first
-        K layers (sharing their weights)."""
+        """(speculator model, its prefill step size) for PrefillMethod.speculator: a CausalLM on this
+        backend with this model's vocabulary, or "self:K" (this model's first K layers, shared)."""
         if isinstance(speculator, str):
             layers = self_speculator_layers(speculator, self.args.num_hidden_layers)
             return self.ops.first_layers(self.model, layers), self.prefill_step_size
@@ -132,7 +132,7 @@ class CausalLM(Generic[A]):
         return speculator.model, speculator.prefill_step_size
 
     def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
-                      stop_ids: frozenset[int], method: PrefillMethod, info: PrefillInfo,
+                      stop_ids: frozenset[int], method: PrefillMethod, info: GenerationInfo,
                       progress: ProgressCallback | None = None, drafting: Drafting | None = None,
                       reuse: KVState | None = None) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time (the
@@ -163,7 +163,6 @@ class CausalLM(Generic[A]):
         """Drafting.model as a draft source: "self:K", a CausalLM on this backend (checked against
         this model's vocabulary and `needed` = prompt + max_tokens), or None: the speculator."""
         from .methods.draft_sources import ModelDraft, SelfDraft, SpeculatorDraft  # drafting loads only when asked
-
         if drafting.model is None:
             if method.name != "specprefill":
                 raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
@@ -181,7 +180,7 @@ class CausalLM(Generic[A]):
 
     def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
                   draft: DraftSource | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
-                  stop_ids: frozenset[int], info: PrefillInfo, progress: ProgressCallback | None,
+                  stop_ids: frozenset[int], info: GenerationInfo, progress: ProgressCallback | None,
                   drafting: Drafting | None) -> Iterator[int]:
         extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
         report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
@@ -196,13 +195,13 @@ class CausalLM(Generic[A]):
                 cache = self.ops.new_cache(self.model, len(ids) + extra)
                 logits = self.prefill_prompt(ids, cache, method, info, progress=report.of("prefill"))[-1]
             else:
+                from .methods.specprefill import speculative_prefill
                 sparse = speculative_prefill(
                     self.ops, self.model, ids, speculator[0], method.specprefill or SpecPrefillConfig(),
                     stop_ids=stop_ids, extra_slots=extra, step_size=self.prefill_step_size,
                     speculator_step_size=speculator[1], report=report,
                     speculator_extra_slots=0 if draft is None else draft.speculator_room(extra))
-                info.kept_positions = sparse.selection.kept.tolist()
-                info.kept_tokens = len(info.kept_positions)
+                info.kept_positions, info.kept_tokens = sparse.selection.kept.tolist(), len(sparse.selection.kept)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
             last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
@@ -217,7 +216,7 @@ class CausalLM(Generic[A]):
             yield from track_kv(self.ops, tokens, cache, len(ids), info)
 
     def _reused_cache(self, reuse: KVState, room: int) -> Any:
-        """The reused cache cut to reuse.slots on every layer (core/cancel.py), room for `room` more (1.5x)."""
+        """The reused cache cut to reuse.slots on every layer (ops.Cancelled), room for `room` more (1.5x)."""
         cache = reuse.cache
         self.ops.truncate(cache, reuse.slots)
         needed = reuse.slots + room
@@ -228,10 +227,11 @@ class CausalLM(Generic[A]):
 
     def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, draft: DraftSource,
                  sparse: SparsePrefill | None, drafting: Drafting, *, max_tokens: int, sampling: SamplingConfig,
-                 stop_ids: frozenset[int], info: PrefillInfo) -> Iterator[int]:
+                 stop_ids: frozenset[int], info: GenerationInfo) -> Iterator[int]:
         """The first token from the prefill's last logits [vocab] (host), then speculative decoding
         with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
         adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""
+        from .methods.draft_length import DraftLength
         from .methods.drafting import probabilities, speculative_decode
 
         rng = np.random.default_rng(sampling.seed)

@@ -6,6 +6,8 @@ Every value read is type-checked; an unsupported variant is one ModelLoadError n
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Mapping
 
 from . import checks
@@ -138,3 +140,28 @@ def gguf_family_fields(meta: Mapping[str, Any], arch: str, head_dim: int) -> dic
             "rope_local_theta": checks.positive_float(meta.get("gemma3.rope.freq_base_swa", GEMMA3_LOCAL_THETA),
                                                       "GGUF gemma3.rope.freq_base_swa"),
             "query_pre_attn_scalar": scalar}
+
+
+def foreign_model_type(path: str | Path) -> str | None:
+    """The model_type of a directory whose config.json names an architecture specfill has no model
+    file for (a backend then asks its library, mlx-lm or transformers, whether it knows it); None
+    for anything else: not a directory, no readable config.json, one of specfill's own families
+    (their loader names any problem)."""
+    try:
+        config_path = Path(path) / "config.json"
+        if not config_path.is_file():  # a FIFO or device would block the read
+            return None
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return None
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if not isinstance(model_type, str) or model_type in _HF_MODEL_TYPES or not model_type.isidentifier():
+        return None
+    return model_type
+
+
+def foreign_gguf_architecture(metadata: Mapping[str, Any]) -> str | None:
+    """general.architecture of a GGUF file's metadata when it names a family specfill has no model
+    file for (a backend may hand the file to its library); None for specfill's own families."""
+    architecture = metadata.get("general.architecture")
+    return architecture if isinstance(architecture, str) and architecture not in SUPPORTED_ARCHITECTURES else None

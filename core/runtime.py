@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .config import H2OConfig, SpecPrefillConfig
+from .config import Drafting, H2OConfig, SpecPrefillConfig  # noqa: F401  (Drafting: re-exported)
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
-from .methods.draft_length import Drafting  # noqa: F401  (defined with the draft-length rule it configures)
 from .models import ModelArgs
 
 if TYPE_CHECKING:
@@ -182,8 +181,9 @@ class DecodeRecord:
 
 
 @dataclass
-class PrefillInfo:
-    """What a prefill did: filled in by the backend, read by the API, bench, eval and parity.
+class GenerationInfo:
+    """What one generation did (its prefill, its speculative decoding, its KV cache): filled in by
+    the driver, read by the API, the server, bench, eval and parity.
 
     kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O.
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets

@@ -10,7 +10,7 @@ import numpy as np
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import GenerationInfo
 
 from .machine import describe_machine, machine_line
 from .texts import tokens_of_length
@@ -61,10 +61,10 @@ def run_parity(plan: ParityPlan) -> dict:
         full, h2o = prefill_method("full"), prefill_method("h2o", h2o=plan.h2o)
         speculator = load_speculator(plan.speculator, model, tokenizer, plan.dtype)
         spec = prefill_method("specprefill", specprefill=plan.specprefill, speculator=speculator)
-        h2o_info, spec_info = PrefillInfo(record_memory=True), PrefillInfo()
+        h2o_info, spec_info = GenerationInfo(record_memory=True), GenerationInfo()
         runs[backend] = {
             "device": model.device_name,
-            "full_logits": np.asarray(model.prompt_logits(ids, method=full, info=PrefillInfo())),
+            "full_logits": np.asarray(model.prompt_logits(ids, method=full, info=GenerationInfo())),
             "h2o_logits": np.asarray(model.prompt_logits(ids, method=h2o, info=h2o_info)),
             "memory_sets": h2o_info.memory_sets or [],
             "text": "".join(r.text for r in stream_generate(model, tokenizer, ids, plan.generate_tokens)),

@@ -9,7 +9,7 @@ import numpy as np
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .machine import describe_machine
 from .ruler_run import add_ruler_deltas, run_ruler
@@ -68,7 +68,7 @@ def method_variants(plan: EvalPlan, speculator) -> dict[str, PrefillMethod]:
 def perplexity(model, ids: list[int], method: PrefillMethod) -> tuple[float, float]:
     """(exp(mean negative log-likelihood of ids[1:]) with the prompt's attention from `method`,
     the prefill's wall time in seconds)."""
-    info = PrefillInfo()
+    info = GenerationInfo()
     logits = np.asarray(model.prompt_logits(ids, method=method, info=info), dtype=np.float64)[:-1]
     peak = logits.max(axis=-1, keepdims=True)
     log_norm = np.log(np.exp(logits - peak).sum(axis=-1)) + peak[:, 0]
@@ -88,7 +88,7 @@ def retrieval_prompts(tokenizer, task: str, n_tokens: int, n_trials: int) -> lis
 
 
 def retrieval_trial(model, tokenizer, prompt: str | list[int], answer: str, method: PrefillMethod,
-                    info: PrefillInfo) -> tuple[bool, float]:
+                    info: GenerationInfo) -> tuple[bool, float]:
     """(the greedy answer, 12 tokens at most, holds `answer` once spaces are dropped, TTFT in s)."""
     responses = list(stream_generate(model, tokenizer, prompt, 12, method=method, prefill_info=info))
     text = "".join(r.text for r in responses)
@@ -163,7 +163,7 @@ def _retrieval_cell(model, tokenizer, task: str, prompts: list, label: str, meth
     hits, actual, ttfts = 0, [], []
     mid_depth = min(range(len(prompts)), key=lambda i: abs(prompts[i][3] - 0.5))  # the mapped trial
     for index, (prompt, spans, answer, _) in enumerate(prompts):
-        info = PrefillInfo(record_memory=method.name == "h2o")
+        info = GenerationInfo(record_memory=method.name == "h2o")
         ok, ttft = retrieval_trial(model, tokenizer, prompt, answer, method, info)
         hits += ok
         ttfts.append(ttft)
@@ -178,7 +178,7 @@ def _retrieval_cell(model, tokenizer, task: str, prompts: list, label: str, meth
             "median_ttft_s": float(np.median(ttfts))}
 
 
-def position_map(info: PrefillInfo, prompt_tokens: int) -> list[float] | None:
+def position_map(info: GenerationInfo, prompt_tokens: int) -> list[float] | None:
     """Per prompt position: 1/0 kept (SpecPrefill), or the fraction of (layer, KV head) whose
     last memory set holds it (H2O); None for full prefill."""
     if info.kept_positions is not None:

@@ -30,7 +30,7 @@ from specfill.core.decoding import decode_tokens
 from specfill.core.methods.specprefill import prefill_kept, run_speculator
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig, check_token_ids
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig, check_token_ids
 
 from .quality import position_map
 from .ruler_report import DROPPED_BELOW
@@ -103,7 +103,7 @@ def _record(sample: RulerSample, label: str, text: str, value: float, ttft: floa
 
 def run_api(model, tokenizer, sample: RulerSample, label: str, method: PrefillMethod, budget: int) -> dict:
     """Full or H2O prefill through the public API (H2O records its memory sets for the map)."""
-    info = PrefillInfo(record_memory=method.name == "h2o")
+    info = GenerationInfo(record_memory=method.name == "h2o")
     text, value, ttft = run_sample(model, tokenizer, sample, method, budget, info)
     return _record(sample, label, text, value, ttft, position_map(info, info.prompt_tokens), info.kept_tokens)
 

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from specfill.api import stream_generate
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .ruler_tasks import RulerSample, build_sample, score
 
@@ -22,7 +22,7 @@ def answer_budget(sample: RulerSample, answer_tokens: int | None) -> int:
 
 
 def run_sample(model, tokenizer, sample: RulerSample, method: PrefillMethod, answer_tokens: int | None,
-               info: PrefillInfo) -> tuple[str, float, float]:
+               info: GenerationInfo) -> tuple[str, float, float]:
     """(the greedy answer after RULER's answer prefix, its score in [0, 1], TTFT in s)."""
     budget = answer_budget(sample, answer_tokens)
     text, ttft = "", 0.0
@@ -51,7 +51,7 @@ def ruler_cell(model, tokenizer, samples: list[RulerSample], label: str, method:
 
     records, maps = [], []
     for sample in samples:
-        info = PrefillInfo(record_memory=method.name == "h2o")
+        info = GenerationInfo(record_memory=method.name == "h2o")
         text, value, ttft = run_sample(model, tokenizer, sample, method, answer_tokens, info)
         row = position_map(info, info.prompt_tokens)
         maps.append(row)

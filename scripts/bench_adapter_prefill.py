@@ -41,7 +41,7 @@ from specfill.backends.mlx.adapted import AdaptedOps, adapt
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.driver import CausalLM
 from specfill.core.methods.h2o import uses_full_attention
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.evaluation.machine import describe_machine, machine_line
 
 METHODS = ("full", "h2o", "specprefill")
@@ -68,7 +68,7 @@ def mlx_lm_model(own: CausalLM):
 
 def timers(own: CausalLM, speculator: CausalLM, lm) -> dict[str, Callable[[list[int]], dict]]:
     """path name -> run(prompt ids) that stops at the first token (the paths of the module doc) and
-    returns its stages' seconds (specfill's PrefillInfo.seconds; {} for mlx-lm)."""
+    returns its stages' seconds (specfill's GenerationInfo.seconds; {} for mlx-lm)."""
     from mlx_lm.generate import generate_step
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -85,7 +85,7 @@ def timers(own: CausalLM, speculator: CausalLM, lm) -> dict[str, Callable[[list[
 
     def specfill(model: CausalLM, method: PrefillMethod) -> Callable[[list[int]], dict]:
         def run(ids: list[int]) -> dict:
-            info = PrefillInfo()
+            info = GenerationInfo()
             next(model.generate_step(ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(),
                                      method=method, info=info))
             return dict(info.seconds)

@@ -1,4 +1,4 @@
-"""What the in-step cancellation check (core/cancel.py) costs a prefill that is not cancelled: the
+"""What the in-step cancellation check (core/ops.py `checkpoint`) costs a prefill that is not cancelled: the
 library path (no check installed) against the server's (a check installed; MLX then evaluates a
 prefill step layer by layer), on both backends, a random SmolLM2-135M-shaped model in float32 on
 the CPU. Runs alternate between the two paths (load drifts on a shared machine); medians.
@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from specfill import load
-from specfill.core.cancel import cancellation
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.ops import cancellation
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.evaluation.machine import describe_machine, machine_line
 
 MODEL = "random:smollm2-135m"
@@ -27,7 +27,7 @@ def prefill_seconds(model: Any, ids: list[int], checked: bool) -> float:
     """Seconds to the first token of a full prefill of `ids` (with or without an installed check)."""
     started = time.perf_counter()
     steps = model.generate_step(ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                method=PrefillMethod(), info=PrefillInfo())
+                                method=PrefillMethod(), info=GenerationInfo())
     if checked:
         with cancellation(lambda: False):
             next(iter(steps))

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from specfill.api import encode_prompt, load, load_speculator
-from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.evaluation.machine import describe_machine, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def prompts(tokenizer) -> dict[str, list[int]]:
 
 def generation(model, ids: list[int], max_tokens: int, drafting: Drafting | None) -> dict:
     """One greedy generation: its tokens, TTFT and decode tokens/s, and the drafting record."""
-    info = PrefillInfo()
+    info = GenerationInfo()
     started, stamps, tokens = time.perf_counter(), [], []
     for token in model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=frozenset(),
                                      method=PrefillMethod(), info=info, drafting=drafting):

@@ -31,7 +31,7 @@ import numpy as np
 from specfill.backends.mlx import load
 from specfill.core.driver import CausalLM
 from specfill.core.io.demo_model import require_demo_model
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 
 def cpu_name() -> str:
@@ -97,7 +97,7 @@ def run_once(model: CausalLM, ids: list[int], decode_tokens: int) -> tuple[float
     start = time.perf_counter()
     stamps = []
     for _ in model.generate_step(ids, max_tokens=decode_tokens + 1, sampling=SamplingConfig(),
-                                 stop_ids=frozenset(), method=PrefillMethod(), info=PrefillInfo()):
+                                 stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo()):
         stamps.append(time.perf_counter())
     return stamps[0] - start, decode_tokens / (stamps[-1] - stamps[0])
 

@@ -151,7 +151,7 @@ def markdown(report: dict[str, Any]) -> str:
                          f"{gone['disconnect_to_idle_s']} | {gone.get('at', 'earlier run, old stepping')} ({gone.get('load', '?')}); "
                          f"{w.get('at', 'earlier run, old stepping')} ({w.get('load', '?')}) |")
         lines += ["", "The client hangs up inside a step (half a step after an event); the server notices at once "
-                  "and stops before the next transformer layer (core/cancel.py: main model's and speculator's layers, "
+                  "and stops before the next transformer layer (core/ops.py checkpoint: main model's and speculator's layers, "
                   f"H2O's chunks). Steps: {report['prefill_step_size']} tokens (H2O: whole chunks of {METHODS['h2o']}; "
                   "SpecPrefill: speculator, each look-ahead token, main prefill). Rows before 11:00 UTC on 25 Nov "
                   "(or 'old stepping') stopped at the end of the step (after the last event, no half-step wait).", ""]

@@ -26,7 +26,7 @@ import torch
 from specfill.backends.torch_cuda import load
 from specfill.backends.torch_cuda.adapted_loader import load_adapted
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.evaluation.machine import describe_machine, machine_line
 
 TEXT = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n"
@@ -42,7 +42,7 @@ def methods() -> dict[str, PrefillMethod]:
 
 def generated(model, ids: list[int], method: PrefillMethod, tokens: int) -> tuple[list[int], list[int], float]:
     """(greedy tokens, SpecPrefill's kept positions, seconds to the first token)."""
-    info = PrefillInfo()
+    info = GenerationInfo()
     start = time.perf_counter()
     stream = model.generate_step(ids, max_tokens=tokens, sampling=SamplingConfig(), stop_ids=frozenset(),
                                  method=method, info=info)
@@ -70,10 +70,10 @@ def main() -> None:
         library = ours.model.lm(input_ids=torch.tensor([ids]), use_cache=False).logits[0].float().numpy()
         t_library = time.perf_counter() - start
     start = time.perf_counter()
-    adapter = ours.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
+    adapter = ours.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
     t_adapter = time.perf_counter() - start
     start = time.perf_counter()
-    own_logits = own.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
+    own_logits = own.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
     t_own = time.perf_counter() - start
     rows = {}
     for name, method in methods().items():

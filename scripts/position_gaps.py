@@ -3,7 +3,7 @@ paper's method) against the same kept tokens read densely at positions 0..k-1.
 
 Issue 11 asks whether the loss of SpecPrefill at keep 0.3 on the demo model at 8K comes from long
 RoPE position gaps. Per passkey trial (the eval's prompts), this runs SpecPrefill, takes the kept
-positions from PrefillInfo, and answers three ways with the same main model: (a) the method itself
+positions from GenerationInfo, and answers three ways with the same main model: (a) the method itself
 (kept tokens at original positions), (b) a full prefill of only the kept token ids (contiguous
 positions: no gaps), (c) full prefill of the whole prompt. Also records whether every needle token
 was kept, so selection misses and reading misses are told apart.
@@ -20,20 +20,20 @@ import numpy as np
 
 from specfill.api import encode_prompt, load, load_speculator, prefill_method
 from specfill.core import SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import GenerationInfo
 from specfill.evaluation.machine import describe_machine, machine_line
 from specfill.evaluation.quality import retrieval_prompts, retrieval_trial
 
 
 def answers(model, tokenizer, prompt, key, method, info=None) -> bool:
     """The eval's own check (12 greedy tokens hold the key); prompt as text or token ids."""
-    return retrieval_trial(model, tokenizer, prompt, key, method, PrefillInfo() if info is None else info)[0]
+    return retrieval_trial(model, tokenizer, prompt, key, method, GenerationInfo() if info is None else info)[0]
 
 
 def one_trial(model, tokenizer, speculator, prompt, spans, key, keep) -> dict:
     """The three readings of one prompt at one keep ratio."""
     ids = encode_prompt(tokenizer, prompt)
-    info = PrefillInfo()
+    info = GenerationInfo()
     method = prefill_method("specprefill", specprefill=SpecPrefillConfig(keep_ratio=keep), speculator=speculator)
     original = answers(model, tokenizer, ids, key, method, info)
     kept = np.asarray(info.kept_positions, dtype=np.int64)

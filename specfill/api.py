@@ -13,10 +13,8 @@ from specfill.core import (BackendUnavailableError, H2OConfig, SpecPrefillConfig
                            TokenizerMismatchError)
 from specfill.core.driver import CausalLM
 from specfill.core.guards import check_logits_finite
-from specfill.core.io.demo_model import require_demo_model
-from specfill.core.io.hub import resolve_model
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
-from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, ProgressCallback, check_token_ids
+from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, ProgressCallback, check_token_ids
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "mlx": "specfill.backends.mlx"}
 BACKEND_ALIASES = {"torch": "cuda"}  # the torch backend answers to both names; "cuda" is the one reported
@@ -93,8 +91,14 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
     module = backend_module(backend)
     if isinstance(path, tuple):  # a (model, tokenizer) pair from mlx_lm.load: the backend adapts it
         resolved = path
+    elif path is None:
+        from specfill.core.io.demo_model import require_demo_model  # the demo run only
+
+        resolved = str(require_demo_model())
     else:
-        resolved = str(require_demo_model()) if path is None else resolve_model(str(path), model_file, download)
+        from specfill.core.io.hub import resolve_model  # a path or repo id given
+
+        resolved = resolve_model(str(path), model_file, download)
     model, tokenizer = module.load(resolved, dtype=dtype, device=device)
     check_computes_finite(model, dtype)
     return model, tokenizer
@@ -104,7 +108,7 @@ def check_computes_finite(model: CausalLM, dtype: str | None) -> None:
     """One token through the loaded model: a checkpoint that loads but computes NaN or Inf (finite
     weights whose products overflow float32, say) is a NonFiniteLogitsError here, not an end token
     later. Costs one decode step."""
-    logits = model.prompt_logits([0], method=PrefillMethod(), info=PrefillInfo())
+    logits = model.prompt_logits([0], method=PrefillMethod(), info=GenerationInfo())
     check_logits_finite(bool(np.isfinite(logits).all()), model.args, where="a one-token check at load",
                         dtype=dtype)
 
@@ -154,7 +158,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
                     frequency_penalty: float = 0.0, method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
                     specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
                     auto_threshold: int | None = None, prompt_progress_callback: ProgressCallback | None = None,
-                    prefill_info: PrefillInfo | None = None, draft_model: Any = None,
+                    prefill_info: GenerationInfo | None = None, draft_model: Any = None,
                     num_draft_tokens: int | None = None, reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm). top_k, min_p, *_penalty: core/sampling.py.
@@ -164,7 +168,7 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     every call with the backend's default dtype and device, so pass a loaded one (see
     load_speculator) when generating repeatedly or to choose its dtype), or "auto" (full below
     the crossover length measured for this backend and device, or `auto_threshold` tokens).
-    prefill_info: pass a PrefillInfo to receive what the prefill did (kept positions; H2O memory
+    prefill_info: pass a GenerationInfo to receive what the prefill did (kept positions; H2O memory
     sets when its record_memory is set; timings; info.kv, the KV cache left behind).
     draft_model / num_draft_tokens (mlx-lm's names): speculative decoding with a draft model
     ("self:K", a path or a loaded model with the main model's tokenizer) proposing
@@ -186,13 +190,13 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
 
 
 def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], request: GenerationRequest, *,
-                   prompt_progress_callback: ProgressCallback | None = None, prefill_info: PrefillInfo | None = None,
+                   prompt_progress_callback: ProgressCallback | None = None, prefill_info: GenerationInfo | None = None,
                    reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """stream_generate for a built request (core/request.py) whose models are loaded
     (load_request_models): the one generation path of the API, the CLI and the server."""
     ids = check_token_ids(encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt,
                           model.args.vocab_size)
-    info = prefill_info if prefill_info is not None else PrefillInfo()
+    info = prefill_info if prefill_info is not None else GenerationInfo()
     info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
     start = time.perf_counter()

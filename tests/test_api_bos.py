@@ -6,7 +6,7 @@ import pytest
 
 from specfill.api import encode_prompt, load, stream_generate
 from specfill.core.io.tokenizer import load_tokenizer
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import GenerationInfo
 
 
 @pytest.fixture()
@@ -33,6 +33,6 @@ def test_templated_prompt_gets_one_bos_and_plain_text_still_gets_its_bos(bos_che
 def test_stream_generate_prefills_a_single_bos(bos_checkpoint):
     model, tok = load(str(bos_checkpoint), backend="cuda", device="cpu")
     prompt = tok.apply_chat_template([{"role": "user", "content": "the cat"}])
-    info = PrefillInfo()
+    info = GenerationInfo()
     list(stream_generate(model, tok, prompt, 2, prefill_info=info))
     assert info.prompt_tokens == len(tok.encode(prompt)) - 1 == len(encode_prompt(tok, prompt))

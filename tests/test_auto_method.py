@@ -7,7 +7,7 @@ from specfill.api import load, prefill_method, stream_generate
 from specfill.cli.main import main
 from specfill.core import ConfigError, H2OConfig
 from specfill.core import crossover, probe
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 H2O = H2OConfig(chunk_size=256, batch_size=1024, local=32, heavy=32)  # few chunks: quick at 3000 tokens
 SMALL_H2O = H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2)
@@ -32,7 +32,7 @@ def fake_measure(monkeypatch, table: dict[int, tuple[float, float]]) -> list[int
 
 
 def run_auto(model, tok, n_tokens: int, **options) -> str:
-    info = PrefillInfo()
+    info = GenerationInfo()
     list(stream_generate(model, tok, [5 + i % 300 for i in range(n_tokens)], 1,
                          method=prefill_method("auto", h2o=H2O, **options), prefill_info=info))
     return info.method

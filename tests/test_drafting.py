@@ -15,7 +15,7 @@ from specfill.core.methods.draft_length import DraftLength
 from specfill.core.methods.draft_sources import DraftState
 from specfill.core.methods.drafting import accept, acceptance_probability, residual_distribution, speculative_decode
 from specfill.core.methods.prefill import prefill
-from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.core.sampling import probabilities as distribution  # the rule drafting's acceptance reads
 
 from tests.fixtures.reference_runs import prompt
@@ -34,7 +34,7 @@ def load(backend: str, path):
 def run(model, ids, max_tokens, method=PrefillMethod(), drafting=None, stop_ids=frozenset(), sampling=SamplingConfig(),
         info=None):
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, method=method,
-                                    info=info if info is not None else PrefillInfo(), drafting=drafting))
+                                    info=info if info is not None else GenerationInfo(), drafting=drafting))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -44,7 +44,7 @@ def test_greedy_drafting_equals_plain_greedy(tiny_checkpoint, backend):
     ids = prompt(70, main.args.vocab_size, seed=21)
     plain, sparse = run(main, ids, 20), run(main, ids, 20, SPEC)
     for k in (1, 2, 4):
-        info = PrefillInfo()
+        info = GenerationInfo()
         assert run(main, ids, 20, drafting=Drafting("self:1", k), info=info) == plain
         assert len(info.decode.from_draft) == 20 and info.decode.drafted_tokens > 0
         assert run(main, ids, 20, drafting=Drafting(other, k)) == plain
@@ -53,7 +53,7 @@ def test_greedy_drafting_equals_plain_greedy(tiny_checkpoint, backend):
         assert run(main, ids, 20, SPEC, drafting=Drafting(other, k)) == sparse
         assert run(main, ids, 20, SPEC, drafting=Drafting("self:1", k)) == sparse  # the main cache holds kept tokens
         assert run(main, ids, 20, drafting=Drafting(other, k, adaptive=False)) == plain  # the fixed schedule
-    info = PrefillInfo()
+    info = GenerationInfo()
     run(main, ids, 20, drafting=Drafting(main, 3), info=info)
     record = info.decode
     assert record.accepted_tokens == record.drafted_tokens and sum(record.from_draft) == record.accepted_tokens

@@ -65,13 +65,13 @@ def test_both_backends_load_the_same_random_model():
     pytest.importorskip("torch")
     pytest.importorskip("mlx.core")
     from specfill.api import load, prefill_method
-    from specfill.core.runtime import PrefillInfo
+    from specfill.core.runtime import GenerationInfo
 
     logits = []
     for backend, device in (("cuda", "cpu"), ("mlx", None)):
         model, _ = load("random:tiny-llama", backend=backend, dtype="float32", device=device)
         logits.append(np.asarray(model.prompt_logits([5, 17, 300, 2], method=prefill_method("full"),
-                                                     info=PrefillInfo())))
+                                                     info=GenerationInfo())))
     assert logits[0].shape == (4, 512) and np.abs(logits[0] - logits[1]).max() < 1e-4
 
 

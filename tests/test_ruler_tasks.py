@@ -92,7 +92,7 @@ def test_generation_stops_once_the_score_is_final(tokenizer, monkeypatch):
     give), and --answer-tokens caps RULER's budget."""
     from types import SimpleNamespace
 
-    from specfill.core.runtime import PrefillInfo, PrefillMethod
+    from specfill.core.runtime import GenerationInfo, PrefillMethod
     from specfill.evaluation import ruler_run
 
     sample = build_sample(tokenizer, "niah_multivalue", 600, 0)
@@ -107,8 +107,8 @@ def test_generation_stops_once_the_score_is_final(tokenizer, monkeypatch):
             yield SimpleNamespace(text=text, ttft=0.25)
 
     monkeypatch.setattr(ruler_run, "stream_generate", fake_stream)
-    text, value, ttft = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), 5, PrefillInfo())
+    text, value, ttft = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), 5, GenerationInfo())
     assert (value, ttft, len(pulled), budgets) == (0.75, 0.25, 5, [5])  # the 4th value lies past the cap
     pulled.clear()
-    text, value, _ = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), None, PrefillInfo())
+    text, value, _ = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), None, GenerationInfo())
     assert value == 1.0 and budgets[-1] == 128 and len(pulled) == 6 and text.endswith(sample.outputs[-1])

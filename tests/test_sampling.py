@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specfill.core.errors import ConfigError
-from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.core.sampling import PENALTY_WINDOW, HostSampler, filtered, penalize
 
 from tests.fixtures.reference_runs import prompt
@@ -57,15 +57,15 @@ def test_driver_samples_through_the_host_sampler(tiny_checkpoint, backend):
     config = SamplingConfig(temperature=0.8, top_p=0.9, seed=11, top_k=20, min_p=0.02, repetition_penalty=1.3,
                             presence_penalty=0.4, frequency_penalty=0.2)
     got = list(model.generate_step(ids, max_tokens=12, sampling=config, stop_ids=frozenset(),
-                                   method=PrefillMethod(), info=PrefillInfo()))
+                                   method=PrefillMethod(), info=GenerationInfo()))
     reference, sequence = HostSampler(config, ids), list(ids)
     for _ in range(12):
         sequence.append(reference.choose(model.ops.to_numpy(model(sequence))[0, -1]))
     assert got == sequence[len(ids):]
     greedy = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(repetition_penalty=1.5),
-                                      stop_ids=frozenset(), method=PrefillMethod(), info=PrefillInfo()))
+                                      stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo()))
     plain = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                     method=PrefillMethod(), info=PrefillInfo()))
+                                     method=PrefillMethod(), info=GenerationInfo()))
     assert greedy != plain  # the penalty changes the greedy text of a random model
 
 
@@ -73,4 +73,4 @@ def test_drafting_with_host_settings_is_refused(tiny_checkpoint):
     model = load("cuda", tiny_checkpoint("llama", "gguf"))
     with pytest.raises(ConfigError, match="top_k, min_p or a penalty"):
         model.generate_step([1, 2, 3], max_tokens=2, sampling=SamplingConfig(top_k=3), stop_ids=frozenset(),
-                            method=PrefillMethod(), info=PrefillInfo(), drafting=Drafting("self:1", 2))
+                            method=PrefillMethod(), info=GenerationInfo(), drafting=Drafting("self:1", 2))

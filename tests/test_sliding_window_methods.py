@@ -15,7 +15,7 @@ from specfill.core.methods.specprefill import run_speculator, speculative_prefil
 from specfill.core.reference import REFERENCE  # noqa: E402
 from specfill.core.reference.model import ReferenceModel  # noqa: E402
 from specfill.core.reference.specprefill import score_tokens  # noqa: E402
-from specfill.core.runtime import PrefillInfo, PrefillMethod  # noqa: E402
+from specfill.core.runtime import GenerationInfo, PrefillMethod  # noqa: E402
 
 from tests.fixtures.reference_runs import prompt, reference_speculator, tolerance  # noqa: E402
 from tests.torch_cuda.tiny_torch_models import make_tiny  # noqa: E402
@@ -47,7 +47,7 @@ def test_h2o_on_sliding_layers_equals_the_windowed_chunk_major_reference(backend
     ref = ReferenceModel(tiny.args, tiny.weights)
     ids = prompt(41, tiny.args.vocab_size, seed=s + b)
     config = H2OConfig(chunk_size=s, batch_size=b, local=local, heavy=heavy, dense_tail=tail)
-    info = PrefillInfo(record_memory=True)
+    info = GenerationInfo(record_memory=True)
     ours = backend_model(tiny, backend).prompt_logits(ids, method=PrefillMethod("h2o", h2o=config), info=info)
     want, want_memory = ref.forward_h2o_chunk_major(ids, config)
     assert np.abs(ours - want).max() <= tolerance(want)

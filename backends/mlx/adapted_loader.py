@@ -8,29 +8,18 @@ other model_type that mlx-lm ships a model file for loads through mlx-lm.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from specfill.core.adapted import foreign_model_type
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import load_tokenizer
 
 from .adapted import AdaptedOps, adapt
-
-
-def mlx_lm_model_type(path: str | Path) -> str | None:
-    """The model_type of a directory that should load through mlx-lm (None: specfill's own loader:
-    not a directory, no readable config.json, one of specfill's own families, or a type mlx-lm
-    has no model file for)."""
-    model_type = foreign_model_type(path)
-    if model_type is None or importlib.util.find_spec(f"mlx_lm.models.{model_type}") is None:
-        return None
-    return model_type
+from .loader import mlx_lm_model_type
 
 
 def _tokenizer_source(tokenizer: Any) -> Path:

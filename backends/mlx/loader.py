@@ -6,6 +6,7 @@ computes in float32 on CPU, in the checkpoint's float type on the GPU; a dtype (
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,8 @@ import mlx.nn as nn
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.io.tokenizer import load_tokenizer
+from specfill.core.model_config import foreign_model_type
 
-from .adapted_loader import load_adapted, mlx_lm_model_type
 from .model import Model
 from .ops import MLXOps
 from .weights import Checkpoint, load_checkpoint, to_dtype
@@ -91,6 +92,16 @@ def build_model(checkpoint: Checkpoint) -> Model:
     return model
 
 
+def mlx_lm_model_type(path: str | Path) -> str | None:
+    """The model_type of a directory that should load through mlx-lm (None: specfill's own loader:
+    not a directory, no readable config.json, one of specfill's own families, or a type mlx-lm
+    has no model file for)."""
+    model_type = foreign_model_type(path)
+    if model_type is None or importlib.util.find_spec(f"mlx_lm.models.{model_type}") is None:
+        return None
+    return model_type
+
+
 def load(path: str | Path | tuple[Any, Any], dtype: str | mx.Dtype | None = None,
          device: str | mx.Device | None = None,
          prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Any]:
@@ -101,6 +112,8 @@ def load(path: str | Path | tuple[Any, Any], dtype: str | mx.Dtype | None = None
     resolved_device = resolve_device(device)
     requested_dtype = resolve_dtype(dtype)
     if isinstance(path, tuple) or mlx_lm_model_type(path) is not None:
+        from .adapted_loader import load_adapted  # another library's model: its loader is imported only then
+
         return load_adapted(path, requested_dtype, resolved_device, prefill_step_size)
     checkpoint = load_checkpoint(path)
     compute_dtype = activation_dtype(requested_dtype, resolved_device, checkpoint)

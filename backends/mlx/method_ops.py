@@ -3,13 +3,21 @@ and gathers (H2O), pooling and reductions (SpecPrefill scoring). `ops.MLXOps` ex
 the kernels/ dispatchers under the ops protocol of core/ops.py (the stage types are core/stages.py)."""
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 
 from specfill.core.config import REDUCTIONS
 from specfill.core.errors import ConfigError
 from specfill.core.stages import MemorySet
 
-from .ranking import descending_order
+
+def stage_kernels() -> Any:
+    """The kernels/ package, imported by the first H2O or scoring stage: a full prefill never loads
+    the kernels, their dispatch or their self-check (start-up: docs/development.md)."""
+    from . import kernels
+    return kernels
+
 
 
 def accumulate_scores(scores: mx.array, memory: MemorySet, kv_colsum: mx.array) -> mx.array:
@@ -35,6 +43,8 @@ def build_memory_set(scores: mx.array, previous: MemorySet | None, chunk_index: 
     n_heavy = min(heavy, candidates.shape[1])
     rows = [local_idx]
     if n_heavy > 0:
+        from .ranking import descending_order  # H2O only
+
         order = descending_order(mx.take_along_axis(scores, candidates, axis=1))[:, :n_heavy]
         rows.append(mx.take_along_axis(candidates, order, axis=1))
     return MemorySet(mx.sort(mx.concatenate(rows, axis=1), axis=1), chunk_index)

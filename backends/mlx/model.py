@@ -24,9 +24,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from specfill.core.cancel import checkpoint, installed
 from specfill.core.models import ModelArgs
-from specfill.core.ops import PrefillAttention
+from specfill.core.ops import PrefillAttention, checkpoint, installed
 
 from .cache import LayerKVCache
 from .rope import Positions, RoPE
@@ -38,7 +37,7 @@ LAYERWISE_MIN_TOKENS = 32  # steps this long (prefill steps) are evaluated layer
 
 def layer_boundary(h: mx.array) -> None:
     """Before a layer, with hidden states h [1, T, hidden]: a cancelled request stops here
-    (core/cancel.py). MLX is lazy (the whole step's graph runs when the step is settled), so
+    (core/ops.py `checkpoint`). MLX is lazy (the whole step's graph runs when the step is settled), so
     under an installed check a step of LAYERWISE_MIN_TOKENS or more is evaluated up to this layer
     first, and the check then sees the time the work took; decode and verify steps (a few tokens,
     milliseconds) keep their pipelined evaluation and are checked between tokens by the caller.

@@ -19,8 +19,8 @@ from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
 from . import method_ops
+from .method_ops import stage_kernels
 from .cache import LayerKVCache, make_cache
-from .kernels import attention_scores, inter_attention, intra_attention, merge_states, reduce_colsum_to_kv_heads
 from .model import LayerView, Model, causal_attention, windowed_attention
 from .sampling import Sampler, make_sampler
 
@@ -41,17 +41,17 @@ class MLXOps:
     # H2O stages
     def intra_attention(self, q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float,
                         window: int | None = None) -> IntraResult:
-        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
+        return stage_kernels().intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
 
     def inter_attention(self, q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
                         window: KeyWindow | None = None) -> InterResult:
-        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
+        return stage_kernels().inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
 
     def reduce_colsum_to_kv_heads(self, colsum: mx.array, n_kv_heads: int) -> mx.array:
-        return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
+        return stage_kernels().reduce_colsum_to_kv_heads(colsum, n_kv_heads)
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        return merge_states(a, b)
+        return stage_kernels().merge_states(a, b)
 
     accumulate_scores = staticmethod(method_ops.accumulate_scores)
     build_memory_set = staticmethod(method_ops.build_memory_set)
@@ -75,7 +75,7 @@ class MLXOps:
     # SpecPrefill scoring
     def attention_scores(self, queries: mx.array, keys: mx.array, scale: float,
                          window: int | None = None) -> mx.array:
-        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
+        return stage_kernels().attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
 
     smooth_scores = staticmethod(method_ops.smooth_scores)
     reduce_axis = staticmethod(method_ops.reduce_axis)

@@ -21,7 +21,6 @@ import numpy as np
 
 from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.gguf_file import existing_path, read_gguf
-from specfill.core.io.safetensors_file import safetensors_layout
 from specfill.core.models import ModelArgs
 from specfill.core.io.random_model import is_random_model
 from specfill.core.io.weights import (check_tensors, is_gguf_file, load_weights, norms_as_multipliers,
@@ -69,6 +68,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
 def _mx_load(path: Path) -> dict[str, mx.array]:
     """A safetensors shard through mx.load, after the core reader's header checks (the same
     files refused as on the torch backend, and nothing unchecked reaches MLX's C++ reader)."""
+    from specfill.core.io.safetensors_file import safetensors_layout  # directories only: GGUF runs skip it
+
     safetensors_layout(path)
     try:
         return mx.load(str(path))

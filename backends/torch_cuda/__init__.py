@@ -5,21 +5,22 @@
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
-import torch
-
 from typing import Any, Mapping
 
 import numpy as np
+import torch
 
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
-from specfill.core.errors import BackendUnavailableError, ConfigError
+from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from specfill.core.io.gguf_file import read_gguf
 from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 from specfill.core.io.weights import load_weights
+from specfill.core.model_config import foreign_gguf_architecture, foreign_model_type
 from specfill.core.models import ModelArgs
 
 from . import placement
-from .adapted_loader import load_adapted, load_pair, transformers_gguf_architecture, transformers_model_type
 from .lean_load import is_gguf_file, load_gguf_state
 from .ops import TorchOps
 from .weights import build_transformer, transformer_from_state
@@ -65,6 +66,29 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
     return resolved
 
 
+def transformers_model_type(path: str | Path) -> str | None:
+    """The model_type of a directory that should load through transformers (None: specfill's own
+    loader: not a directory, no readable config.json, one of specfill's own families, transformers
+    not installed or not knowing the type)."""
+    model_type = foreign_model_type(path)
+    if model_type is None or importlib.util.find_spec("transformers") is None:
+        return None
+    from transformers import CONFIG_MAPPING
+
+    return model_type if model_type in CONFIG_MAPPING else None
+
+
+def transformers_gguf_architecture(path: str | Path) -> str | None:
+    """general.architecture of a GGUF file (already known to be one) that is not one of specfill's
+    own, when transformers is installed to read it; else None (specfill's own GGUF loader)."""
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    try:
+        return foreign_gguf_architecture(read_gguf(path).metadata)
+    except ModelLoadError:  # a broken header: specfill's own loader names the problem
+        return None
+
+
 def from_weights(args: ModelArgs, weights: Mapping[str, np.ndarray], *, dtype: torch.dtype,
                  device: torch.device | str, prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
                  use_kernels: bool | None = None) -> CausalLM:
@@ -91,9 +115,13 @@ def load(path: str | Path | tuple[Any, Any], dtype: str | torch.dtype | None = N
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     if isinstance(path, tuple):
+        from .adapted_loader import load_pair  # another library's model: its loader is imported only then
+
         return load_pair(path, resolved_dtype, resolved_device, prefill_step_size)
     gguf = is_gguf_file(path)
     if transformers_model_type(path) is not None or (gguf and transformers_gguf_architecture(path) is not None):
+        from .adapted_loader import load_adapted
+
         return load_adapted(path, resolved_dtype, resolved_device, prefill_step_size)
     if gguf:
         args, state = load_gguf_state(path, resolved_dtype, resolved_device)

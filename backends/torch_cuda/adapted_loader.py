@@ -3,7 +3,7 @@ Face cache, resolved to its snapshot directory by core/io/hub.py) of an architec
 no model file for becomes a CausalLM whose layers' attention the adapter runs (adapted.py) and
 whose everything else is transformers' own code.
 
-Routing (torch_cuda.load): a directory whose config.json names a model_type of specfill's own
+Routing (torch_cuda.load, which imports this module only for such a model): a directory whose config.json names a model_type of specfill's own
 families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
 other model_type that the installed transformers knows loads with AutoModelForCausalLM. A GGUF
 file of another architecture than specfill's own (llama, qwen2, qwen3, gemma3) loads through
@@ -12,46 +12,17 @@ GGUF reader.
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specfill.core.adapted import foreign_model_type
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ModelLoadError, quote
-from specfill.core.io.gguf_file import read_gguf
 from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
-from specfill.core.model_config import SUPPORTED_ARCHITECTURES
 
+from . import transformers_gguf_architecture, transformers_model_type
 from .ops import TorchOps
-
-
-def transformers_model_type(path: str | Path) -> str | None:
-    """The model_type of a directory that should load through transformers (None: specfill's own
-    loader: not a directory, no readable config.json, one of specfill's own families, transformers
-    not installed or not knowing the type)."""
-    model_type = foreign_model_type(path)
-    if model_type is None or importlib.util.find_spec("transformers") is None:
-        return None
-    from transformers import CONFIG_MAPPING
-
-    return model_type if model_type in CONFIG_MAPPING else None
-
-
-def transformers_gguf_architecture(path: str | Path) -> str | None:
-    """general.architecture of a GGUF file (already known to be one) that is not one of specfill's
-    own, when transformers is installed to read it; else None (specfill's own GGUF loader)."""
-    if importlib.util.find_spec("transformers") is None:
-        return None
-    try:
-        architecture = read_gguf(path).metadata.get("general.architecture")
-    except ModelLoadError:  # a broken header: specfill's own loader names the problem
-        return None
-    if not isinstance(architecture, str) or architecture in SUPPORTED_ARCHITECTURES:
-        return None
-    return architecture
 
 
 def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:

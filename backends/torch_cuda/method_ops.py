@@ -4,6 +4,8 @@ causal attention [Hq, N, D]. `ops.TorchOps` exposes them with the kernels/ dispa
 ops protocol of core/ops.py (the stage types are core/stages.py)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -11,8 +13,12 @@ from specfill.core.config import REDUCTIONS
 from specfill.core.errors import ConfigError
 from specfill.core.stages import MemorySet
 
-from .kernels.dispatch import choose_kernel
-from .kernels.intra import check_attention_shapes, intra_attention
+
+def stage_kernels() -> Any:
+    """The kernels/ package, imported by the first H2O or scoring stage: a full prefill never loads
+    the kernels, their dispatch or their self-check (start-up: docs/development.md)."""
+    from . import kernels
+    return kernels
 
 
 def accumulate_scores(scores: torch.Tensor, memory: MemorySet, kv_colsum: torch.Tensor) -> torch.Tensor:
@@ -51,9 +57,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: f
                      use_kernels: bool | None = None) -> torch.Tensor:
     """Plain causal attention [Hq, N, D]: torch SDPA (its fused kernels on CUDA), or the intra
     kernel with one chunk when kernels are forced."""
-    check_attention_shapes(q, k, v)
-    if use_kernels and choose_kernel(True, q, k, v):
-        return intra_attention(q, k, v, max(1, q.shape[1]), scale, use_kernel=True, with_colsum=False).state.o
+    kernels = stage_kernels()
+    kernels.check_attention_shapes(q, k, v)
+    if use_kernels and kernels.choose_kernel(True, q, k, v):
+        return kernels.intra_attention(q, k, v, max(1, q.shape[1]), scale, use_kernel=True, with_colsum=False).state.o
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[0] != k.shape[0])
 
 

@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfill.core.cancel import checkpoint
 from specfill.core.models import ModelArgs
-from specfill.core.ops import PrefillAttention
+from specfill.core.ops import PrefillAttention, checkpoint
 
 from .attention import causal_attention, windowed_attention
 from .kv_cache import ModelKVCache, LayerKVCache
@@ -179,7 +178,10 @@ class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        # an empty weight skips nn.Embedding's normal_ init: on the meta device (weights.py) that
+        # init alone imports torch._dynamo, seconds of start-up for weights that are replaced anyway
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size,
+                                         _weight=torch.empty(args.vocab_size, args.hidden_size))
         self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.num_hidden_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
@@ -215,7 +217,7 @@ class Transformer(nn.Module):
         ropes = {False: self.rope(positions, x.dtype)}
         ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
         for block, layer_cache in zip(self.layers, cache.layers):
-            checkpoint()  # a cancelled request (core/cancel.py) stops before the next layer: eager, exact
+            checkpoint()  # a cancelled request (core/ops.py) stops before the next layer: eager, exact
             x = block(x, ropes, positions, layer_cache, attend)
         if logits_from is None:
             return None

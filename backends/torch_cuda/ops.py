@@ -17,12 +17,8 @@ from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
 from . import method_ops, placement
+from .method_ops import stage_kernels
 from .attention import causal_attention as causal_step, windowed_attention
-from .kernels.cpu_units import units_scope
-from .kernels.inter import inter_attention
-from .kernels.intra import intra_attention, reduce_colsum_to_kv_heads
-from .kernels.scoring import attention_scores, check_scoring_shapes
-from .kernels.state import merge_states, stats_dtype
 from .kv_cache import ModelKVCache
 from .model import few_row_products
 from .model import Transformer
@@ -44,17 +40,17 @@ class TorchOps:
     # H2O stages
     def intra_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
                         scale: float, window: int | None = None) -> IntraResult:
-        return intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
+        return stage_kernels().intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
 
     def inter_attention(self, q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
                         window: KeyWindow | None = None) -> InterResult:
-        return inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
+        return stage_kernels().inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
 
     def reduce_colsum_to_kv_heads(self, colsum: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-        return reduce_colsum_to_kv_heads(colsum, n_kv_heads)
+        return stage_kernels().reduce_colsum_to_kv_heads(colsum, n_kv_heads)
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        return merge_states(a, b)
+        return stage_kernels().merge_states(a, b)
 
     accumulate_scores = staticmethod(method_ops.accumulate_scores)
     build_memory_set = staticmethod(method_ops.build_memory_set)
@@ -67,19 +63,20 @@ class TorchOps:
         return torch.cat(list(arrays), dim=axis)
 
     def zero_scores(self, n_kv_heads: int, n_tokens: int, like: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((n_kv_heads, n_tokens), dtype=stats_dtype(like), device=like.device)
+        return torch.zeros((n_kv_heads, n_tokens), dtype=stage_kernels().stats_dtype(like), device=like.device)
 
     def cast_like(self, x: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         return x.to(like.dtype)
 
     def stage_scope(self, like: torch.Tensor) -> AbstractContextManager[Any]:
-        return units_scope(like.device)  # many small ops on CPU: one thread team per stage
+        return stage_kernels().units_scope(like.device)  # many small ops on CPU: one thread team per stage
 
     # SpecPrefill scoring
     def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float,
                          window: int | None = None) -> torch.Tensor:
-        check_scoring_shapes(queries, keys)
-        return attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
+        kernels = stage_kernels()
+        kernels.check_scoring_shapes(queries, keys)
+        return kernels.attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
 
     smooth_scores = staticmethod(method_ops.smooth_scores)
     reduce_axis = staticmethod(method_ops.reduce_axis)

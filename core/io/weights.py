@@ -21,7 +21,6 @@ from ..models import ModelArgs, expected_tensor_shapes
 from ..rope import llama3_scaling_from_factors
 from .gguf_file import GGUF_MAGIC, GGUFFile, GGUFTensorInfo, existing_path, read_gguf, regular_file, tensor_array
 from .random_model import is_random_model, load_random_model
-from .safetensors_file import read_safetensors
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -238,6 +237,8 @@ def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray
     config = read_json_object(config_path)
     args = ModelArgs.from_hf_config(config)
     _refuse_quantized(config, directory)
+    from .safetensors_file import read_safetensors  # directories only: a GGUF run never imports it
+
     weights: dict[str, np.ndarray] = {}
     for file in safetensors_files(directory):
         weights.update(read_safetensors(file))

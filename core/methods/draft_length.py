@@ -23,32 +23,13 @@ and k follows the acceptance alone, so a seeded run repeats.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-from ..errors import ConfigError
 
 ACCEPTANCE_MEMORY = 0.7  # per round: the weight left to earlier rounds in the acceptance estimate
 COST_SAMPLES = 4  # a step cost is the least of its last 4 measurements (other jobs only add time)
 PRIOR_ACCEPTANCE = (1.5, 2.0)  # (accepted, judged) before any round: acceptance 0.75 with weight 2
 PRIOR_DRAFT_STEP = 0.3  # a draft step's cost in plain steps, before any is measured (or with a seed)
 PROBE_AFTER = 4  # plain rounds chosen by the rule before drafting is tried again (doubles per failed try)
-
-
-@dataclass(frozen=True)
-class Drafting:
-    """Speculative decoding: `model` drafts up to `num_tokens` (k >= 1) tokens per round. model: a
-    CausalLM on the main model's backend and vocabulary, "self:K" (the main model's first K layers,
-    sharing its cache), or None with SpecPrefill (the speculator drafts from its prompt KV).
-    adaptive: each round's k follows the running acceptance and the measured step costs, up to
-    num_tokens, 0 where drafting cannot pay (`DraftLength` below); False: always num_tokens."""
-
-    model: Any = None
-    num_tokens: int = 3
-    adaptive: bool = True
-
-    def __post_init__(self) -> None:
-        if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
-            raise ConfigError(f"num_draft_tokens must be an integer >= 1, got {self.num_tokens!r}")
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..ops import ModelOps, PrefillAttention
-from ..runtime import PrefillInfo, ProgressCallback
+from ..runtime import GenerationInfo, ProgressCallback
 from ..stages import A
 
 READS_PROMPT = ("prefill", "speculator")  # the stages whose steps walk through the prompt's tokens
@@ -16,7 +16,7 @@ READS_PROMPT = ("prefill", "speculator")  # the stages whose steps walk through 
 
 @dataclass(frozen=True)
 class PrefillStep:
-    """The last finished prefill step (PrefillInfo.step): its stage (see StageProgress) and the
+    """The last finished prefill step (GenerationInfo.step): its stage (see StageProgress) and the
     stage's done / total count (tokens; look-ahead tokens in "lookahead")."""
 
     stage: str
@@ -36,7 +36,7 @@ class StageProgress:
     prefill there (the server cancels a request this way), so every step is a cancellation point.
     """
 
-    def __init__(self, progress: ProgressCallback | None, info: PrefillInfo | None):
+    def __init__(self, progress: ProgressCallback | None, info: GenerationInfo | None):
         self.progress = progress
         self.info = info
         self.prompt = (0, 0)  # the last (processed, total) of a stage that reads the prompt

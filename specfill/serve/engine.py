@@ -3,7 +3,7 @@
 Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
 usage, statistics). Cancellation (a client that went away, a server shutdown) is checked inside
 every prefill step, before every transformer layer (the speculator's too) and H2O chunk, through
-the check `run` installs (core/cancel.py), after every step (the progress callback raises:
+the check `run` installs (core/ops.py `cancellation`), after every step (the progress callback raises:
 core/methods/prefill.py StageProgress) and between generated tokens.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from specfill.api import stream_request
-from specfill.core.cancel import Cancelled, cancellation
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.ops import Cancelled, cancellation
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
@@ -112,7 +112,7 @@ class Engine:
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
         # a conversation's new tokens: full attention, and no drafting over a reused cache yet
         request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
-        method, info = request.method, PrefillInfo()
+        method, info = request.method, GenerationInfo()
 
         def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
             if plan.cancelled.is_set():
@@ -168,9 +168,9 @@ class Engine:
 
     @staticmethod
     def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,
-              info: PrefillInfo) -> dict[str, Any]:
+              info: GenerationInfo) -> dict[str, Any]:
         """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds.
-        prefill_method names the method that ran ("auto" resolved, as PrefillInfo.method has it)."""
+        prefill_method names the method that ran ("auto" resolved, as GenerationInfo.method has it)."""
         return {"method": plan.method_name, "prefill_method": info.method or method.name, "prompt_cache": policy,
                 "prompt_tokens": last.prompt_tokens, "cached_tokens": reuse.cached, "kept_tokens": last.kept_tokens,
                 "ttft_s": round(last.ttft, 6), "prompt_tps": round(last.prompt_tps, 3),

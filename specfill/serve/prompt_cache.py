@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
 
 COMPLETION_STEP = 256  # tokens densely prefilled per idle step (a request arriving waits at most one step)
 FULL = PrefillMethod("full")
@@ -146,7 +146,7 @@ class PromptCache:
         if entry is None:
             return
         end = min(entry.covered + COMPLETION_STEP, self._target(entry))
-        info = PrefillInfo()
+        info = GenerationInfo()
         steps = model.generate_step(entry.tokens[:end], max_tokens=1, sampling=SamplingConfig(),
                                     stop_ids=frozenset(), method=FULL, info=info, reuse=entry.kv)
         for _ in steps:  # one token, sampled from the last position's logits and dropped

@@ -21,7 +21,7 @@ from specfill.core.driver import CausalLM
 from specfill.core.io.weights import load_weights
 from specfill.core.models import ModelArgs
 from specfill.core.reference.model import ReferenceModel
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from tests.fixtures.reference_runs import (RELATIVE_TOLERANCE, prompt, reference_h2o_greedy,  # noqa: F401
                                            reference_speculator, tolerance)
 
@@ -84,10 +84,10 @@ def cache_fill(cache: Any) -> list[int]:
 
 
 def greedy(model: Any, ids: Sequence[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),
-           info: PrefillInfo | None = None, stop_ids: frozenset[int] = frozenset(),
+           info: GenerationInfo | None = None, stop_ids: frozenset[int] = frozenset(),
            progress: Any = None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=stop_ids,
-                                    method=method, info=info if info is not None else PrefillInfo(),
+                                    method=method, info=info if info is not None else GenerationInfo(),
                                     progress=progress))
 
 

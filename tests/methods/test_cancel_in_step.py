@@ -1,4 +1,4 @@
-"""A cancellation check (core/cancel.py) stops a generation inside a prefill step, before the next
+"""A cancellation check (core/ops.py `cancellation`) stops a generation inside a prefill step, before the next
 layer (the speculator's too) or H2O chunk, on every backend; a check that never fires changes
 nothing; and a reused KV cache a cancelled step left with some layers ahead is cut back on every
 layer before it is extended again (the server's prompt cache puts it back after a disconnect)."""
@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from specfill.core.cancel import Cancelled, cancellation, installed
-from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.ops import Cancelled, cancellation, installed
+from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
 
 from tests.methods.support import greedy, prompt, variant
 from tests.methods.test_prefill_steps import H2O, N, SPEC
@@ -69,22 +69,22 @@ def test_a_reused_cache_left_mid_step_is_cut_back_on_every_layer(tiny):
     what a fresh run samples, with every layer holding the same slots."""
     model = variant(tiny("llama"), prefill_step_size=32)
     turn1 = prompt(40, model.args.vocab_size, seed=4)
-    info = PrefillInfo()
+    info = GenerationInfo()
     greedy(model, turn1, 3, info=info)
     held = KVState(info.kv.cache, 10)
     turn2 = turn1[:10] + prompt(25, model.args.vocab_size, seed=5)
     with pytest.raises(Cancelled), cancellation(Check(fire_at=2)):
         sample(model, turn2, held)
     assert offsets(held.cache)[0] == 35 and offsets(held.cache)[1:] == [10] * (model.args.num_hidden_layers - 1)
-    again, fresh = PrefillInfo(), PrefillInfo()
+    again, fresh = GenerationInfo(), GenerationInfo()
     assert sample(model, turn2, held, again) == sample(model, turn2, None, fresh)
     assert offsets(again.kv.cache) == offsets(fresh.kv.cache)
 
 
-def sample(model, ids: list[int], reuse: KVState | None, info: PrefillInfo | None = None) -> list[int]:
+def sample(model, ids: list[int], reuse: KVState | None, info: GenerationInfo | None = None) -> list[int]:
     """3 tokens sampled with a seed (sampling reads the whole distribution, not only its top)."""
     return list(model.generate_step(ids, max_tokens=3, sampling=SamplingConfig(temperature=1.0, seed=3),
-                                    stop_ids=frozenset(), method=PrefillMethod(), info=info or PrefillInfo(),
+                                    stop_ids=frozenset(), method=PrefillMethod(), info=info or GenerationInfo(),
                                     reuse=reuse))
 
 

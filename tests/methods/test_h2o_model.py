@@ -7,7 +7,7 @@ import pytest
 
 from specfill.core.config import H2OConfig
 from specfill.core.errors import ConfigError
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.methods.support import (assert_logits_close, greedy, h2o_method, prompt, reference_h2o_greedy,
                                    tolerance, variant)
@@ -23,7 +23,7 @@ def test_h2o_logits_and_memory_sets_equal_the_chunk_major_reference(tiny, arch, 
     t = tiny(arch)
     ids = prompt(n, t.args.vocab_size, seed=n + s)
     method = h2o_method(s, b, local, heavy)
-    info = PrefillInfo(record_memory=True)
+    info = GenerationInfo(record_memory=True)
     ours = t.model.prompt_logits(ids, method=method, info=info)
     want, want_memory = t.ref.forward_h2o_chunk_major(ids, method.h2o)
     assert isinstance(ours, np.ndarray) and ours.dtype == np.float32 and np.isfinite(ours).all()
@@ -43,10 +43,10 @@ def test_h2o_logits_and_memory_sets_equal_the_chunk_major_reference(tiny, arch, 
 
 def test_memory_sets_are_only_recorded_when_asked(tiny):
     t = tiny("llama")
-    info = PrefillInfo(record_memory=True)
+    info = GenerationInfo(record_memory=True)
     t.model.prompt_logits(prompt(40, t.args.vocab_size), method=h2o_method(16, 32, 4, 4), info=info)
     assert [len(sets) for sets in info.memory_sets] == [2, 2]
-    t.model.prompt_logits(prompt(40, t.args.vocab_size), method=h2o_method(16, 32, 4, 4), info=PrefillInfo())
+    t.model.prompt_logits(prompt(40, t.args.vocab_size), method=h2o_method(16, 32, 4, 4), info=GenerationInfo())
     info.record_memory = False  # a reused info object is reset by the next prefill
     t.model.prompt_logits(prompt(40, t.args.vocab_size), method=h2o_method(16, 32, 4, 4), info=info)
     assert info.memory_sets is None
@@ -60,16 +60,16 @@ def test_generation_after_h2o_prefill_decodes_with_full_attention(tiny, arch):
     method = h2o_method(16, 32, 4, 4)
     tokens = greedy(t.model, ids, 6, method)
     assert tokens == reference_h2o_greedy(t.ref, ids, method.h2o, 6)
-    assert tokens[0] == int(t.model.prompt_logits(ids, method=method, info=PrefillInfo())[-1].argmax())
+    assert tokens[0] == int(t.model.prompt_logits(ids, method=method, info=GenerationInfo())[-1].argmax())
 
 
 @pytest.mark.parametrize("n", [1, 9, 16])
 def test_prompt_of_one_chunk_is_exactly_full_attention(tiny, n):
     t = tiny("qwen3")
     ids = prompt(n, t.args.vocab_size, seed=n)
-    info = PrefillInfo(record_memory=True)
+    info = GenerationInfo(record_memory=True)
     ours = t.model.prompt_logits(ids, method=h2o_method(16, 32, 4, 4), info=info)
-    np.testing.assert_array_equal(ours, t.model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()))
+    np.testing.assert_array_equal(ours, t.model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()))
     assert info.memory_sets == [[], []]
     assert greedy(t.model, ids, 5, h2o_method(16, 32, 4, 4)) == greedy(t.model, ids, 5)
 
@@ -78,8 +78,8 @@ def test_h2o_disabled_is_exactly_full_attention(tiny):
     t = tiny("llama")
     ids = prompt(70, t.args.vocab_size, seed=4)
     disabled = h2o_method(16, 32, 0, 0)
-    full = t.model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
-    np.testing.assert_array_equal(t.model.prompt_logits(ids, method=disabled, info=PrefillInfo()), full)
+    full = t.model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
+    np.testing.assert_array_equal(t.model.prompt_logits(ids, method=disabled, info=GenerationInfo()), full)
     assert_logits_close(t, full, t.ref.forward(ids), "full attention")
     assert greedy(t.model, ids, 4, disabled) == greedy(t.model, ids, 4)
 
@@ -99,14 +99,14 @@ def test_progress_is_reported_per_logical_batch(tiny):
 def test_default_h2o_config_when_none_is_given(tiny):
     t = tiny("llama")
     ids = prompt(30, t.args.vocab_size)  # under the default S = 1024: full attention
-    ours = t.model.prompt_logits(ids, method=PrefillMethod("h2o"), info=PrefillInfo())
-    np.testing.assert_array_equal(ours, t.model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()))
+    ours = t.model.prompt_logits(ids, method=PrefillMethod("h2o"), info=GenerationInfo())
+    np.testing.assert_array_equal(ours, t.model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()))
 
 
 def test_speculative_prefill_has_no_prompt_logits(tiny):
     t = tiny("llama")
     with pytest.raises(ConfigError, match="drops prompt tokens"):
-        t.model.prompt_logits([5, 6], method=PrefillMethod("specprefill", speculator="self:1"), info=PrefillInfo())
+        t.model.prompt_logits([5, 6], method=PrefillMethod("specprefill", speculator="self:1"), info=GenerationInfo())
 
 
 @pytest.mark.parametrize("n,s,b,tail", [(50, 16, 32, 5), (50, 16, 16, 20), (37, 8, 16, 40)])
@@ -116,7 +116,7 @@ def test_h2o_dense_tail_equals_the_chunk_major_reference(tiny, n, s, b, tail):
     t = tiny("qwen2")
     ids = prompt(n, t.args.vocab_size, seed=n + tail)
     method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=s, batch_size=b, local=2, heavy=3, dense_tail=tail))
-    ours = t.model.prompt_logits(ids, method=method, info=PrefillInfo())
+    ours = t.model.prompt_logits(ids, method=method, info=GenerationInfo())
     want, _ = t.ref.forward_h2o_chunk_major(ids, method.h2o)
     assert_logits_close(t, ours, want, f"H2O N={n} S={s} B={b} dense tail {tail}")
 
@@ -135,7 +135,7 @@ def test_h2o_prefill_on_two_threads_equals_one_thread(tiny):
     for threads in (1, 2):
         torch.set_num_threads(threads)
         try:
-            runs.append(t.model.prompt_logits(ids, method=method, info=PrefillInfo()))
+            runs.append(t.model.prompt_logits(ids, method=method, info=GenerationInfo()))
         finally:
             torch.set_num_threads(previous)
     assert_logits_close(t, runs[1], runs[0], "H2O prefill, 2 threads vs 1")

@@ -10,7 +10,7 @@ import pytest
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.h2o import h2o_step_size
 from specfill.core.methods.prefill import PrefillStep
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.methods.support import greedy, prompt, variant
 
@@ -30,7 +30,7 @@ def run(t, method: PrefillMethod, step: int = 32, cancel_at_forward: int | None 
     of model forwards (speculator's included) up to the end of the prefill or the cancellation).
     cancel_at_forward f: the request is cancelled while forward f runs (a disconnect mid-step)."""
     model = variant(t, prefill_step_size=step)
-    info, calls, steps, forwards, cancelled = PrefillInfo(), [], [], [0], [False]
+    info, calls, steps, forwards, cancelled = GenerationInfo(), [], [], [0], [False]
     if monkeypatch is not None:
         inner = model.ops.forward
 
@@ -68,7 +68,7 @@ def test_h2o_steps_are_whole_chunks_within_a_logical_batch():
 
 def test_specprefill_reports_the_speculator_lookahead_and_main_prefill_steps(tiny):
     t = tiny("qwen3")
-    info = PrefillInfo()
+    info = GenerationInfo()
     greedy(variant(t, prefill_step_size=32), prompt(N, t.args.vocab_size, seed=3), 2, SPEC, info=info)
     kept = info.kept_tokens  # 2 chunks of 8 and the last token: 17 (one main-prefill step of 32)
     calls, steps, _ = run(t, SPEC)
@@ -99,6 +99,6 @@ def test_h2o_logits_do_not_depend_on_the_step(tiny):
     runs = []
     for step, batch in ((16, 64), (32, 64), (48, 160), (2048, 160)):
         method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=batch, local=3, heavy=3, dense_tail=21))
-        runs.append(variant(t, prefill_step_size=step).prompt_logits(ids, method=method, info=PrefillInfo()))
+        runs.append(variant(t, prefill_step_size=step).prompt_logits(ids, method=method, info=GenerationInfo()))
     for got in runs[1:]:
         np.testing.assert_array_equal(got, runs[0])

@@ -12,7 +12,7 @@ from specfill.core.methods.prefill import prefill
 from specfill.core.methods.specprefill import run_speculator, speculative_prefill
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.methods.support import (MODULES, assert_logits_close, cache_fill, greedy, prompt, reference_speculator,
                                    tolerance, variant)
@@ -50,7 +50,7 @@ def test_keep_everything_is_exactly_full_attention(tiny, arch):
                    step_size=2048)[-1]
     assert tuple(result.logits.shape) == tuple(full.shape) == (t.args.vocab_size,)
     np.testing.assert_array_equal(ops.to_numpy(result.logits), ops.to_numpy(full))
-    info = PrefillInfo()
+    info = GenerationInfo()
     assert greedy(t.model, ids, 6, method, info) == greedy(t.model, ids, 6)
     assert info.kept_positions == list(range(60)) and info.kept_tokens == 60
 
@@ -90,7 +90,7 @@ def test_lookahead_stops_at_the_eos_of_a_generation(tiny):
     free = speculate(t, ids, "self:1", lookahead=4)
     assert free.lookahead[2] == eos and eos not in free.lookahead[:2], "pick a prompt whose look-ahead hits eos"
     method = spec(0.3, "self:1", lookahead=4, chunk=2)
-    with_eos, without = PrefillInfo(), PrefillInfo()
+    with_eos, without = GenerationInfo(), GenerationInfo()
     greedy(t.model, ids, 1, method, with_eos, stop_ids=frozenset({eos}))
     greedy(t.model, ids, 1, method, without)
     queries, keys, fed = reference_speculator(t.ref, ids, 1, 4, stop_ids=frozenset({eos}))
@@ -105,7 +105,7 @@ def test_selection_equals_the_reference_scoring_of_the_reference_speculator(tiny
     t = tiny(arch)
     ids = prompt(90, t.args.vocab_size, seed=6)
     method = spec(0.3, "self:1", lookahead=3)
-    info = PrefillInfo()
+    info = GenerationInfo()
     greedy(t.model, ids, 1, method, info)
     queries, keys, _ = reference_speculator(t.ref, ids, 1, 3)
     _, selection = speculative_selection(queries, keys, method.specprefill, t.ref.scale, REFERENCE)
@@ -138,7 +138,7 @@ def test_first_decoded_token_sits_at_the_prompt_length(tiny, arch):
 def test_decoding_after_sparse_prefill_continues_at_positions_p_and_on(tiny, arch):
     t = tiny(arch)
     ids = prompt(70, t.args.vocab_size, seed=8)
-    info = PrefillInfo()
+    info = GenerationInfo()
     tokens = greedy(t.model, ids, 8, spec(0.3, "self:2"), info)
     kept = info.kept_positions
     assert info.prompt_tokens == 70 and info.kept_tokens == len(kept) < 70
@@ -154,7 +154,7 @@ def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
     t = tiny("qwen2")
     one_layer = variant(t, n_layers=1, prefill_step_size=16)
     ids = prompt(75, t.args.vocab_size, seed=9)
-    with_self, with_model = PrefillInfo(), PrefillInfo()
+    with_self, with_model = GenerationInfo(), GenerationInfo()
     tokens = greedy(t.model, ids, 5, spec(0.2, "self:1"), with_self)
     assert greedy(t.model, ids, 5, spec(0.2, one_layer), with_model) == tokens
     assert with_self.kept_positions == with_model.kept_positions
@@ -169,7 +169,7 @@ def test_bad_speculators_are_clear_errors(tiny, speculator, error, match):
     t = tiny("llama")
     with pytest.raises(error, match=match.format(backend=t.backend)):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, speculator), info=PrefillInfo())
+                              method=spec(0.5, speculator), info=GenerationInfo())
 
 
 def test_a_model_of_the_other_backend_is_not_a_speculator(tiny):
@@ -179,7 +179,7 @@ def test_a_model_of_the_other_backend_is_not_a_speculator(tiny):
     other, _ = load(t.path, backend=other_backend, dtype="float32", device="cpu")
     with pytest.raises(ConfigError, match=f"loaded on the {t.backend} backend.*got a model on the {other_backend} backend"):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, other), info=PrefillInfo())
+                              method=spec(0.5, other), info=GenerationInfo())
 
 
 def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
@@ -187,7 +187,7 @@ def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
     other = variant(t, vocab_size=256)
     with pytest.raises(TokenizerMismatchError, match="256 tokens, the main model's 320"):
         t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, other), info=PrefillInfo())
+                              method=spec(0.5, other), info=GenerationInfo())
 
 
 def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
@@ -195,7 +195,7 @@ def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
     short = variant(t, context=32)
     with pytest.raises(PromptTooLongError, match="40 tokens exceeds the speculator's context of 32"):
         t.model.generate_step(prompt(40, t.args.vocab_size), max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, short), info=PrefillInfo())
+                              method=spec(0.5, short), info=GenerationInfo())
 
 
 def test_lookahead_stops_at_the_speculator_context(tiny):

@@ -12,7 +12,7 @@ from specfill.backends.mlx import load
 from specfill.backends.mlx.weights import load_checkpoint, to_dtype
 from specfill.core.io.demo_model import require_demo_model
 from specfill.core.errors import ModelLoadError
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +93,7 @@ def test_greedy_chat_answer_names_paris(demo_path):
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     tokens = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(),
                                       stop_ids=tokenizer.eos_token_ids, method=PrefillMethod(),
-                                      info=PrefillInfo()))
+                                      info=GenerationInfo()))
     assert tokens[-1] in tokenizer.eos_token_ids
     assert "Paris" in tokenizer.decode(tokens, skip_special_tokens=True)
     assert 0.0 < model.peak_memory_gb() < 20.0

@@ -14,7 +14,7 @@ from specfill.backends import mlx as mlx_backend
 from specfill.backends import torch_cuda
 from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
                                   PromptTooLongError)
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 
 BACKENDS = {"mlx": mlx_backend, "torch": torch_cuda}
@@ -109,7 +109,7 @@ def model(tiny_checkpoint, load):
 
 def generate(model, ids, max_tokens=4, method=PrefillMethod()):
     return model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(),
-                               stop_ids=frozenset(), method=method, info=PrefillInfo())
+                               stop_ids=frozenset(), method=method, info=GenerationInfo())
 
 
 def test_bad_prompts(model):
@@ -129,4 +129,4 @@ def test_bad_prompts(model):
 
 def test_specprefill_has_no_prompt_logits(model):
     with pytest.raises(ConfigError, match="no per-position logits"):
-        model.prompt_logits([5, 6, 7], method=PrefillMethod("specprefill"), info=PrefillInfo())
+        model.prompt_logits([5, 6, 7], method=PrefillMethod("specprefill"), info=GenerationInfo())

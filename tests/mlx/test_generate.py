@@ -1,5 +1,5 @@
 """generate_step on a tiny model: greedy tokens equal transformers' greedy generate; stop ids,
-max_tokens, progress and PrefillInfo; seeded temperature / top-p sampling."""
+max_tokens, progress and GenerationInfo; seeded temperature / top-p sampling."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ import transformers
 
 from specfill.backends.mlx import load
 from specfill.core.driver import CausalLM
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from tests.mlx.conftest import prompt_ids
 
 GREEDY = SamplingConfig()
@@ -26,7 +26,7 @@ def run(model, ids, *, max_tokens=10, sampling=GREEDY, stop_ids=frozenset(), inf
         progress=None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
                                     stop_ids=stop_ids, method=PrefillMethod(),
-                                    info=info or PrefillInfo(), progress=progress))
+                                    info=info or GenerationInfo(), progress=progress))
 
 
 def test_greedy_tokens_equal_transformers_generate(llama):
@@ -44,7 +44,7 @@ def test_stop_ids_max_tokens_progress_and_info(llama):
     model, _ = llama
     ids = prompt_ids(40, vocab=model.args.vocab_size, seed=22)
     seen: list[tuple[int, int]] = []
-    info = PrefillInfo()
+    info = GenerationInfo()
     tokens = run(model, ids, max_tokens=6, info=info,
                  progress=lambda done, total: seen.append((done, total)))
     assert len(tokens) == 6
@@ -70,7 +70,7 @@ def test_seeded_sampling_repeats_and_tiny_top_p_is_greedy(llama):
 def test_prompt_logits_full_equals_call_and_fills_info(llama):
     model, _ = llama
     ids = prompt_ids(19, vocab=model.args.vocab_size, seed=24)
-    info = PrefillInfo()
+    info = GenerationInfo()
     logits = model.prompt_logits(ids, method=PrefillMethod(), info=info)
     assert isinstance(logits, np.ndarray) and logits.dtype == np.float32
     np.testing.assert_array_equal(logits, np.asarray(model(ids)[0]))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from specfill.backends.mlx import load
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from tests.mlx.conftest import prompt_ids
 
 pytestmark = pytest.mark.skipif(not mx.metal.is_available(),
@@ -34,6 +34,6 @@ def test_gpu_generates_and_reports_memory(tiny_checkpoint):
     ids = prompt_ids(20, vocab=model.args.vocab_size, seed=32)
     tokens = list(model.generate_step(ids, max_tokens=5, sampling=SamplingConfig(),
                                       stop_ids=frozenset(), method=PrefillMethod(),
-                                      info=PrefillInfo()))
+                                      info=GenerationInfo()))
     assert len(tokens) == 5 and all(0 <= t < model.args.vocab_size for t in tokens)
     assert model.peak_memory_gb() > 0.0

@@ -12,7 +12,7 @@ from specfill.backends.mlx.weights import Checkpoint
 from specfill.core.driver import CausalLM
 from specfill.core.methods.prefill import prefill
 from specfill.core.reference.model import ReferenceModel
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
@@ -53,5 +53,5 @@ def test_greedy_decode_past_the_window_matches_transformers_generate(arch):
     ids = prompt_ids(13, seed=5)
     tokens = list(mlx_model(tiny, step=4).generate_step(ids, max_tokens=10, sampling=SamplingConfig(),
                                                        stop_ids=frozenset(), method=PrefillMethod(),
-                                                       info=PrefillInfo()))
+                                                       info=GenerationInfo()))
     assert tokens == tiny.hf_greedy(ids, 10)

@@ -10,7 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from specfill.backends.mlx import load
 from specfill.core.adapted import AdaptedArgs
 from specfill.core.errors import ModelLoadError
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.mlx_adapter.archs import HONOURED, MOE, REFUSED, build, save_directory
 from tests.mlx_adapter.support import adapted, assert_close, greedy, prompt
@@ -31,7 +31,7 @@ def test_full_prefill_equals_mlx_lm_forward(arch):
     want = np.array(lm(mx.array(ids)[None])[0])
     model = adapted(lm, prefill_step_size=24)
     assert isinstance(model.args, AdaptedArgs) and model.args.num_hidden_layers == 2
-    got = model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
+    got = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
     assert_close(got, want, f"{arch} prefill")
 
 
@@ -87,7 +87,7 @@ def test_a_4bit_mlx_lm_directory_loads_quantized_and_equals_mlx_lm(arch, tmp_pat
     ids = prompt(30, seed=6)
     want = np.array(lm(mx.array(ids)[None])[0])
     assert model.ops.quantized and tokenizer.vocab_size == 320
-    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()), want, f"{arch} 4-bit")
+    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()), want, f"{arch} 4-bit")
 
 
 def test_a_pair_that_is_not_mlx_lm_s_is_one_load_error():

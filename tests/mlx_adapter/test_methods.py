@@ -20,7 +20,7 @@ from specfill.core.methods.specprefill import QueryCapture
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.oracle import oracle_h2o_layer
 from specfill.core.reference.specprefill import speculative_selection
-from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod
+from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
 
 from tests.mlx_adapter.archs import HONOURED, HYBRID, REFUSED, build
 from tests.mlx_adapter.support import adapted, assert_close, greedy, prompt
@@ -52,9 +52,9 @@ def test_h2o_memory_sets_and_outputs_equal_the_oracle(arch, monkeypatch):
     model = adapted(build(arch))
     ids = prompt(36, seed=7)
     calls = record(monkeypatch, H2OPrefillAttention)
-    info = PrefillInfo(record_memory=True)
+    info = GenerationInfo(record_memory=True)
     logits = model.prompt_logits(ids, method=H2O, info=info)
-    full = model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
+    full = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
     assert np.abs(logits - full).max() > 1e-3 * np.abs(full).max(), "H2O really changed the attention"
     assert [call[0] for call in calls] == [0, 1]
     config = H2O.h2o
@@ -73,7 +73,7 @@ def test_specprefill_kept_positions_equal_the_reference_selection(arch, monkeypa
     model = adapted(build(arch))
     ids = prompt(48, seed=8)
     calls = record(monkeypatch, QueryCapture)
-    info = PrefillInfo()
+    info = GenerationInfo()
     tokens = greedy(model, ids, 3, spec(0.3), info)
     n = len(ids)
     queries = np.stack([[q[:, -1] for layer, q, k, _, _ in calls if layer == 0 and k.shape[1] >= n]])

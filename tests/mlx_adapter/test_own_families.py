@@ -12,7 +12,7 @@ import pytest
 from specfill.backends.mlx import load
 from specfill.backends.mlx.adapted import AdaptedModel
 from specfill.backends.mlx.model import Model
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import GenerationInfo
 
 from tests.mlx_adapter.archs import save_directory
 from tests.mlx_adapter.support import greedy, prompt
@@ -50,7 +50,7 @@ def test_an_own_model_speculates_for_the_adapted_model_as_for_the_own_model(tmp_
     ours, _ = load(mlx_lm.load(str(directory)), dtype="float32", device="cpu")
     method = replace(spec(0.3), speculator=own)
     ids = prompt(44, seed=5)
-    infos = PrefillInfo(), PrefillInfo()
+    infos = GenerationInfo(), GenerationInfo()
     assert greedy(ours, ids, 6, method, infos[0]) == greedy(own, ids, 6, method, infos[1])
     assert infos[0].kept_positions == infos[1].kept_positions and 8 <= infos[0].kept_tokens < 44
 
@@ -69,4 +69,4 @@ def test_an_adapted_speculator_for_an_own_main_model_is_refused_by_name(tmp_path
         greedy(own, ids, 4, replace(spec(0.3), speculator=ours))
     with pytest.raises(ConfigError, match="the draft model runs through AdaptedOps"):
         list(own.generate_step(ids, max_tokens=4, sampling=SamplingConfig(), stop_ids=frozenset(),
-                               method=PrefillMethod(), info=PrefillInfo(), drafting=Drafting(ours, 2)))
+                               method=PrefillMethod(), info=GenerationInfo(), drafting=Drafting(ours, 2)))

@@ -12,7 +12,7 @@ import pytest
 from specfill.backends.mlx.ops import MLXOps
 from specfill.core.driver import CausalLM
 from specfill.core.config import SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.methods.support import assert_logits_close, greedy, h2o_method, prompt
 
@@ -57,7 +57,7 @@ def test_h2o_prefill_on_the_kernels_matches_the_twins(tiny, kernels, arch):
     method = h2o_method(8, 16, 2, 3)
     runs = {}
     for use in (True, False):
-        info = PrefillInfo(record_memory=True)
+        info = GenerationInfo(record_memory=True)
         runs[use] = with_kernels(t.model, use).prompt_logits(ids, method=method, info=info), info.memory_sets
     assert_logits_close(t, runs[True][0], runs[False][0], f"{arch} H2O logits, kernels vs twins")
     for layer, (got, want) in enumerate(zip(runs[True][1], runs[False][1])):
@@ -72,7 +72,7 @@ def test_speculative_prefill_on_the_kernels_matches_the_twins(tiny, kernels):
     ids = prompt(70, t.args.vocab_size, seed=12)
     method = PrefillMethod("specprefill", speculator="self:2", specprefill=SpecPrefillConfig(
         keep_ratio=0.3, lookahead=3, select_chunk=4, pool_kernel=5))
-    kernel_info, twin_info = PrefillInfo(), PrefillInfo()
+    kernel_info, twin_info = GenerationInfo(), GenerationInfo()
     tokens = greedy(with_kernels(t.model, True), ids, 4, method, kernel_info)
     assert tokens == greedy(with_kernels(t.model, False), ids, 4, method, twin_info)
     assert kernel_info.kept_positions == twin_info.kept_positions and kernel_info.kept_tokens < 70

@@ -13,7 +13,7 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.errors import ModelLoadError
 from specfill.core.methods.specprefill import run_speculator, token_importance
 from specfill.core.reference.specprefill import select_tokens
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 from tests.methods.support import h2o_method, prompt
 
@@ -60,7 +60,7 @@ def assert_same_memory_sets(mlx_sets: list[list[np.ndarray]], torch_sets: list[l
 
 
 def kept_positions(model: Any, ids: list[int], method: PrefillMethod) -> list[int]:
-    info = PrefillInfo()
+    info = GenerationInfo()
     for _ in model.generate_step(ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(),
                                  method=method, info=info):
         pass
@@ -79,7 +79,7 @@ def selected_positions(model: Any, ids: list[int], method: PrefillMethod) -> lis
 
 
 def h2o_run(model: Any, ids: list[int], method: PrefillMethod) -> tuple[np.ndarray, list[list[np.ndarray]]]:
-    info = PrefillInfo(record_memory=True)
+    info = GenerationInfo(record_memory=True)
     return model.prompt_logits(ids, method=method, info=info), info.memory_sets
 
 
@@ -109,8 +109,8 @@ def test_h2o_memory_sets_and_logits_agree_across_backends(pair, arch, n, s, b, l
     assert_same_memory_sets(mlx_sets, torch_sets, f"{arch} N={n} S={s} B={b} L={local} H={heavy}")
     assert np.abs(mlx_logits - torch_logits).max() <= TINY_LOGIT_TOLERANCE
     full = PrefillMethod()
-    mlx_full = mlx_model.prompt_logits(ids, method=full, info=PrefillInfo())
-    assert np.abs(mlx_full - torch_model.prompt_logits(ids, method=full, info=PrefillInfo())).max() \
+    mlx_full = mlx_model.prompt_logits(ids, method=full, info=GenerationInfo())
+    assert np.abs(mlx_full - torch_model.prompt_logits(ids, method=full, info=GenerationInfo())).max() \
         <= TINY_LOGIT_TOLERANCE
     assert np.abs(mlx_full - mlx_logits).max() > 100 * TINY_LOGIT_TOLERANCE  # H2O changed the logits
 

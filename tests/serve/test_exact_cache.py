@@ -13,7 +13,7 @@ import pytest
 
 from specfill import load
 from specfill.core.config import H2OConfig
-from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.serve.prompt_cache import PromptCache, Reuse
 
 FULL = PrefillMethod("full")
@@ -44,7 +44,7 @@ def kv_arrays(kv: KVState, slots: int) -> np.ndarray:
 
 
 def run(model, ids: list[int], max_tokens: int, method: PrefillMethod = FULL, reuse: KVState | None = None):
-    info = PrefillInfo()
+    info = GenerationInfo()
     out = list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=frozenset(),
                                    method=method, info=info, reuse=reuse))
     return out, info

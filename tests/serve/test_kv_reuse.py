@@ -7,7 +7,7 @@ import pytest
 
 from specfill import load
 from specfill.core import ConfigError, SpecPrefillConfig
-from specfill.core.runtime import KVState, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
 
 FULL = PrefillMethod("full")
 SAMPLE = SamplingConfig(temperature=1.0, seed=3)  # sampling reads the whole distribution, not just its top
@@ -31,7 +31,7 @@ def keys(kv: KVState, slots: int) -> np.ndarray:
 
 
 def run(model, ids, max_tokens, *, method=FULL, reuse=None):
-    info = PrefillInfo()
+    info = GenerationInfo()
     out = list(model.generate_step(ids, max_tokens=max_tokens, sampling=SAMPLE, stop_ids=frozenset(),
                                    method=method, info=info, reuse=reuse))
     return out, info

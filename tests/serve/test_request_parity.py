@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from specfill.api import encode_prompt, generate, load
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import GenerationInfo
 from specfill.evaluation.serve_process import client
 
 MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
@@ -26,7 +26,7 @@ def demo():
     return load(None, backend="cuda", device="cpu")
 
 
-def _api(demo, kind: str, fields: dict) -> tuple[str, int, PrefillInfo]:
+def _api(demo, kind: str, fields: dict) -> tuple[str, int, GenerationInfo]:
     """The same settings through specfill.generate (the server's speculator: self:8)."""
     model, tokenizer = demo
     prompt = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True) if kind == "chat" else PROMPT
@@ -36,7 +36,7 @@ def _api(demo, kind: str, fields: dict) -> tuple[str, int, PrefillInfo]:
         settings["specprefill"] = SpecPrefillConfig(keep_ratio=settings.pop("keep_ratio"))
     if settings["method"] in ("specprefill", "auto"):
         settings["speculator"] = "self:8"
-    info = PrefillInfo()
+    info = GenerationInfo()
     text = generate(model, tokenizer, prompt, 8, prefill_info=info, **settings)
     return text, len(encode_prompt(tokenizer, prompt)), info
 

@@ -9,7 +9,7 @@ import pytest
 
 from specfill.api import generate, load
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo
+from specfill.core.runtime import GenerationInfo
 from specfill.evaluation.serve_process import client
 
 PROMPT = " ".join(str(i % 97 + 3) for i in range(160))
@@ -32,7 +32,7 @@ def test_selection_fields_give_the_librarys_run(tiny_server, tiny_local):
     and different from the server's default keep ratio."""
     reply = complete(tiny_server, method="specprefill", **MASS)
     stats = reply.model_extra["specfill"]
-    info = PrefillInfo()
+    info = GenerationInfo()
     local = generate(*tiny_local, PROMPT, 6, method="specprefill", speculator="self:1", prefill_info=info,
                      specprefill=SpecPrefillConfig(**MASS))
     assert reply.choices[0].text == local and stats["kept_tokens"] == info.kept_tokens

@@ -15,7 +15,7 @@ import torch
 from specfill.backends.torch_cuda.adapted import adapt
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
-from specfill.core.runtime import Drafting, PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 
 RELATIVE_TOLERANCE = 1e-5
 
@@ -36,7 +36,7 @@ def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 def greedy(model: CausalLM, ids: list[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),
-           info: PrefillInfo | None = None, drafting: Drafting | None = None) -> list[int]:
+           info: GenerationInfo | None = None, drafting: Drafting | None = None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                    method=method, info=info if info is not None else PrefillInfo(),
+                                    method=method, info=info if info is not None else GenerationInfo(),
                                     drafting=drafting))

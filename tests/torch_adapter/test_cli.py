@@ -10,7 +10,7 @@ import torch
 from specfill.backends.torch_cuda import load
 from specfill.backends.torch_cuda.adapted import AdaptedModel
 from specfill.cli.main import main
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.torch_adapter.archs import AT_LOAD, REFUSED, build, save_directory
 from tests.torch_adapter.support import assert_close, prompt
@@ -61,5 +61,5 @@ def test_load_reads_the_directory_through_transformers(moe_directory):
     ids = prompt(30, seed=6)
     with torch.no_grad():
         want = build("qwen3_moe")(torch.tensor([ids])).logits[0].numpy()
-    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()), want, "saved and loaded")
+    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()), want, "saved and loaded")
     assert np.isfinite(want).all()

@@ -7,7 +7,7 @@ import torch
 
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.adapted import AdaptedArgs
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.torch_adapter.archs import HONOURED, MOE, REFUSED, build
 from tests.torch_adapter.support import adapted, assert_close, greedy, prompt
@@ -35,7 +35,7 @@ def test_full_prefill_equals_the_transformers_forward(arch):
     want = own_logits(lm, ids)
     model = adapted(lm, prefill_step_size=24)
     assert isinstance(model.args, AdaptedArgs) and model.args.num_hidden_layers == 2
-    got = model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo())
+    got = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
     assert_close(got, want, f"{arch} prefill")
 
 

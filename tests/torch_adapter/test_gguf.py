@@ -10,7 +10,7 @@ import torch
 
 from specfill.backends.torch_cuda import load
 from specfill.backends.torch_cuda.adapted import AdaptedModel
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.torch_adapter.archs import build, save_gguf
 from tests.torch_adapter.support import assert_close, greedy, prompt
@@ -29,7 +29,7 @@ def test_an_f32_gguf_loads_through_transformers_and_runs_every_method(tmp_path, 
     assert isinstance(model.model, AdaptedModel) and model.args.architecture == "starcoder2"
     assert tokenizer.vocab_size == 320 and tokenizer.encode("The capital of France")
     ids = prompt(30, seed=13)
-    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=PrefillInfo()), want, "starcoder2 GGUF F32")
+    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()), want, "starcoder2 GGUF F32")
     for method in (H2O, spec(0.5)):
         assert len(greedy(model, ids, 3, method)) == 3
 
@@ -37,6 +37,6 @@ def test_an_f32_gguf_loads_through_transformers_and_runs_every_method(tmp_path, 
 def test_a_q8_0_gguf_comes_back_within_its_rounding(tmp_path, want):
     model, _ = load(save_gguf("starcoder2", tmp_path / "tiny-starcoder2-q8_0.gguf", "Q8_0"), dtype="float32",
                     device="cpu")
-    got = model.prompt_logits(prompt(30, seed=13), method=PrefillMethod(), info=PrefillInfo())
+    got = model.prompt_logits(prompt(30, seed=13), method=PrefillMethod(), info=GenerationInfo())
     err = np.abs(got - want).max()
     assert 0 < err < 0.05 * np.abs(want).max(), err  # Q8_0 rounds each weight by <= 1/254 of its block's max

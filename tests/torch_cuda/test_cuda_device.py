@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specfill.backends.torch_cuda import from_weights
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU visible to torch")
@@ -35,7 +35,7 @@ def test_cuda_greedy_is_step_independent_and_reports_memory():
         model = on_cuda(tiny, step=step)
         runs.append(list(model.generate_step(ids, max_tokens=8, sampling=SamplingConfig(),
                                              stop_ids=frozenset(), method=PrefillMethod(),
-                                             info=PrefillInfo())))
+                                             info=GenerationInfo())))
     assert runs[0] == runs[1] == tiny.hf_greedy(ids, 8)
     assert model.peak_memory_gb() > 0
 

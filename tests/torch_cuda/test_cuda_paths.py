@@ -16,7 +16,7 @@ from specfill.backends.torch_cuda import cuda_available, resolve_device, resolve
 from specfill.backends.torch_cuda.kernels.dispatch import triton_installed
 from specfill.backends.torch_cuda.kernels.tiles import flash_tiles, scoring_tiles
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 from tests.torch_cuda.simulated_gpu import simulated
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 from tests.methods.support import greedy
@@ -82,12 +82,12 @@ def test_model_methods_and_decode_on_a_simulated_gpu(monkeypatch):
     tiny = make_tiny("llama", seed=21)
     ids = prompt_ids(50, seed=21)
     model = tiny.ours(step=16)
-    want_logits = model.prompt_logits(ids, method=H2O, info=PrefillInfo())
+    want_logits = model.prompt_logits(ids, method=H2O, info=GenerationInfo())
     want_tokens = greedy(model, ids, 4, SPEC)
     plain = greedy(model, ids, 4)
     with simulated(monkeypatch) as gpu:
         simulated_model = tiny.ours(step=16)
-        got_logits = simulated_model.prompt_logits(ids, method=H2O, info=PrefillInfo())
+        got_logits = simulated_model.prompt_logits(ids, method=H2O, info=GenerationInfo())
         assert greedy(simulated_model, ids, 4, SPEC) == want_tokens
         assert greedy(simulated_model, ids, 4) == plain
         assert "Simulated GPU" in simulated_model.device_name and simulated_model.peak_memory_gb() == 3.0

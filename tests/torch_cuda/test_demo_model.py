@@ -8,7 +8,7 @@ import torch
 from specfill.backends.torch_cuda import load
 from specfill.core.io.demo_model import require_demo_model
 from specfill.core.errors import ModelLoadError, SpecfillError
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 PROMPT = (
     "The history of the lighthouse is a story about people, weather and the slow progress of "
@@ -64,7 +64,7 @@ def test_greedy_32_tokens_match_transformers(demo):
                           max_new_tokens=32, do_sample=False, eos_token_id=[], pad_token_id=2)
     expected = out[0, len(ids):].tolist()
     ours = list(model.generate_step(ids, max_tokens=32, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                    method=PrefillMethod(), info=PrefillInfo()))
+                                    method=PrefillMethod(), info=GenerationInfo()))
     assert len(expected) == 32 and ours == expected
 
 
@@ -73,7 +73,7 @@ def test_prompt_longer_than_the_context(demo):
     with pytest.raises(SpecfillError, match="prompt of 8190 tokens plus max_tokens 8 exceeds the "
                                             "model's context of 8192 tokens"):
         model.generate_step([1] * 8190, max_tokens=8, sampling=SamplingConfig(), stop_ids=frozenset(),
-                            method=PrefillMethod(), info=PrefillInfo())
+                            method=PrefillMethod(), info=GenerationInfo())
 
 
 def test_missing_and_corrupt_files_are_load_errors(tmp_path):

@@ -12,7 +12,7 @@ from specfill.backends.torch_cuda.sampling import make_generator, sample
 from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
                                   PromptTooLongError)
 from specfill.core.driver import CausalLM
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
@@ -20,10 +20,10 @@ GREEDY = SamplingConfig()
 
 
 def run(model: CausalLM, ids: list[int], max_tokens: int, *, sampling: SamplingConfig = GREEDY,
-        stop_ids: frozenset[int] = frozenset(), info: PrefillInfo | None = None) -> list[int]:
+        stop_ids: frozenset[int] = frozenset(), info: GenerationInfo | None = None) -> list[int]:
     return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
                                     stop_ids=stop_ids, method=PrefillMethod(),
-                                    info=info or PrefillInfo()))
+                                    info=info or GenerationInfo()))
 
 
 def test_is_a_causal_lm_and_accepts_lists_and_tensors():
@@ -39,7 +39,7 @@ def test_is_a_causal_lm_and_accepts_lists_and_tensors():
 def test_generate_step_is_greedy_reports_info_and_stops_on_eos():
     model = make_tiny("qwen3", seed=7).ours()
     ids = prompt_ids(20, seed=7)
-    info = PrefillInfo()
+    info = GenerationInfo()
     tokens = run(model, ids, 10, info=info)
     assert len(tokens) == 10 and info.prompt_tokens == 20 and info.kept_tokens == 20
     assert tokens[0] == int(model(ids)[0, -1].argmax())
@@ -126,6 +126,6 @@ def test_progress_is_reported_after_each_prefill_step():
     model = make_tiny("qwen2", seed=12).ours(step=8)
     seen = []
     tokens = list(model.generate_step(prompt_ids(20, seed=12), max_tokens=2, sampling=GREEDY,
-                                      stop_ids=frozenset(), method=PrefillMethod(), info=PrefillInfo(),
+                                      stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo(),
                                       progress=lambda done, total: seen.append((done, total))))
     assert seen == [(8, 20), (16, 20), (20, 20)] and len(tokens) == 2

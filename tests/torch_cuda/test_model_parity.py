@@ -7,7 +7,7 @@ import torch
 
 from specfill.core.errors import ModelLoadError
 from specfill.core.methods.prefill import prefill
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
@@ -80,7 +80,7 @@ def test_greedy_decode_matches_transformers_generate(arch):
     for step in (2048, 8):  # one-step and multi-step prefill give the same tokens
         model = tiny.ours(step=step)
         tokens = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                          method=PrefillMethod(), info=PrefillInfo()))
+                                          method=PrefillMethod(), info=GenerationInfo()))
         assert tokens == expected
 
 

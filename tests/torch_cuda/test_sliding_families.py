@@ -11,7 +11,7 @@ import torch
 
 from specfill.core.methods.prefill import prefill
 from specfill.core.reference.model import ReferenceModel
-from specfill.core.runtime import PrefillInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
@@ -66,5 +66,5 @@ def test_greedy_decode_past_the_window_matches_transformers_generate(arch):
     ids = prompt_ids(13, seed=5)
     expected = tiny.hf_greedy(ids, 10)
     tokens = list(tiny.ours(step=4).generate_step(ids, max_tokens=10, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                                  method=PrefillMethod(), info=PrefillInfo()))
+                                                  method=PrefillMethod(), info=GenerationInfo()))
     assert tokens == expected

@@ -15,7 +15,7 @@ from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
 from specfill.backends.torch_cuda.kernels import choose_kernel
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.runtime import PrefillInfo, PrefillMethod
+from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from tests.methods.support import greedy, prompt
 
@@ -38,7 +38,7 @@ def test_h2o_with_kernels_matches_the_twins(models):
     kernels, twins = models
     ids = prompt(50, kernels.args.vocab_size, seed=11)
     method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0))
-    info_k, info_t = PrefillInfo(record_memory=True), PrefillInfo(record_memory=True)
+    info_k, info_t = GenerationInfo(record_memory=True), GenerationInfo(record_memory=True)
     got = kernels.prompt_logits(ids, method=method, info=info_k)
     want = twins.prompt_logits(ids, method=method, info=info_t)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
@@ -53,6 +53,6 @@ def test_speculative_prefill_with_kernels_matches_the_twins(models):
     ids = prompt(60, kernels.args.vocab_size, seed=12)
     method = PrefillMethod("specprefill", speculator="self:1",
                            specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8, pool_kernel=3))
-    info_k, info_t = PrefillInfo(), PrefillInfo()
+    info_k, info_t = GenerationInfo(), GenerationInfo()
     assert greedy(kernels, ids, 3, method, info_k) == greedy(twins, ids, 3, method, info_t)
     assert info_k.kept_positions == info_t.kept_positions and info_k.kept_tokens < 60

@@ -33,8 +33,9 @@ def key_window_distance(window: KeyWindow, lo: int, hi: int, n_slots: int, devic
 def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
                          with_colsum: bool = True, window: KeyWindow | None = None) -> InterResult:
     """Torch-ops twin: the G query heads of a KV head are the rows of one matmul, in blocks of
-    query rows so that a block's logits stay near cache size; blocks are independent work units
-    (cpu_units.run_units). A sliding window masks the slots outside each row's window."""
+    query rows so that a block's logits stay near cache size; each (block, KV head) is an
+    independent work unit (cpu_units.run_units), so that the dense tail's few rows (one block)
+    still spread over the threads. A sliding window masks the slots outside each row's window."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_mem = k_mem.shape[0], k_mem.shape[1]
     group = n_heads // n_kv
@@ -48,22 +49,23 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
     # one partial column sum per block, added up in block order once all have run
     partial = torch.empty((n_blocks, n_kv, group, n_mem), dtype=stats, device=q.device) if with_colsum else None
 
-    def one_block(index: int) -> None:  # writes only the block's own rows and partial sums
-        lo = index * _TWIN_QUERY_BLOCK
+    def one_unit(index: int) -> None:  # writes only its block's rows and partial sums of its KV head
+        block, head = divmod(index, n_kv)
+        lo = block * _TWIN_QUERY_BLOCK
         hi = min(lo + _TWIN_QUERY_BLOCK, n_tokens)
-        logits = rows[:, :, lo:hi].reshape(n_kv, group * (hi - lo), head_dim) @ keys_t
+        logits = rows[head, :, lo:hi].reshape(group * (hi - lo), head_dim) @ keys_t[head]
         if window is not None:
-            distance = key_window_distance(window, lo, hi, n_mem, q.device)[:, None]  # [Hkv or 1, 1, rows, M]
-            logits.view(n_kv, group, hi - lo, n_mem).masked_fill_((distance < 0) | (distance >= window.size),
-                                                                 -math.inf)
-        state, weights = softmax_state_(logits, values)
-        m[:, :, lo:hi] = state.m.view(n_kv, group, hi - lo)
-        l[:, :, lo:hi] = state.l.view(n_kv, group, hi - lo)
-        o[:, :, lo:hi] = state.o.view(n_kv, group, hi - lo, head_dim)
+            distance = key_window_distance(window, lo, hi, n_mem, q.device)  # [Hkv or 1, rows, M]
+            distance = distance[head if distance.shape[0] > 1 else 0]
+            logits.view(group, hi - lo, n_mem).masked_fill_((distance < 0) | (distance >= window.size), -math.inf)
+        state, weights = softmax_state_(logits, values[head])
+        m[head, :, lo:hi] = state.m.view(group, hi - lo)
+        l[head, :, lo:hi] = state.l.view(group, hi - lo)
+        o[head, :, lo:hi] = state.o.view(group, hi - lo, head_dim)
         if partial is not None:
-            torch.sum(weights.view(n_kv, group, hi - lo, n_mem), dim=2, out=partial[index])
+            torch.sum(weights.view(group, hi - lo, n_mem), dim=1, out=partial[block, head])
 
-    run_units(one_block, n_blocks, q.device)
+    run_units(one_unit, n_blocks * n_kv, q.device)
     colsum = None if partial is None else partial.sum(dim=0)
     state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
                            o.view(n_heads, n_tokens, head_dim).to(q.dtype))
