@@ -164,8 +164,8 @@ class SpecPrefillConfig:
                               f"(got {' and '.join(repr(getattr(self, name)) for name in given)})")
         bounds = [name for name in ("mass_floor", "mass_ceiling") if getattr(self, name) is not None]
         if bounds and self.keep_mass is None:
-            raise ConfigError(f"{' and '.join(bounds)} bound the keep_mass rule's chunk count: give keep_mass "
-                              f"too, or leave {'them' if len(bounds) > 1 else 'it'} out")
+            raise ConfigError(f"{' and '.join(bounds)} {'bound' if len(bounds) > 1 else 'bounds'} the keep_mass rule's "
+                              f"chunk count: give keep_mass too, or leave {'them' if len(bounds) > 1 else 'it'} out")
         if self.keep_mass is not None:
             object.__setattr__(self, "keep_mass", _require_share("keep_mass", self.keep_mass))
             floor = _require_share("mass_floor", MASS_FLOOR if self.mass_floor is None else self.mass_floor)
