@@ -6,6 +6,7 @@ import warnings
 
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
+from specfill.core.config import MASS_CEILING, MASS_FLOOR
 from specfill.core.io.random_model import RANDOM_SHAPES
 
 
@@ -67,8 +68,10 @@ def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--keep-mass", type=float, default=None,
                    help="SpecPrefill importance-mass rule (replaces --keep): the fewest chunks holding this share "
                         "of the speculator's attention mass, within --mass-floor and --mass-ceiling of the chunks")
-    p.add_argument("--mass-floor", type=float, default=SpecPrefillConfig.mass_floor)
-    p.add_argument("--mass-ceiling", type=float, default=SpecPrefillConfig.mass_ceiling)
+    p.add_argument("--mass-floor", type=float, default=None,
+                   help=f"with --keep-mass: keep at least this share of the chunks (default {MASS_FLOOR})")
+    p.add_argument("--mass-ceiling", type=float, default=None,
+                   help=f"with --keep-mass: keep at most this share of the chunks (default {MASS_CEILING})")
     p.add_argument("--neighbours", type=int, default=SpecPrefillConfig.neighbours,
                    help="SpecPrefill: also keep this many chunks each side of every selected chunk")
 
@@ -91,8 +94,8 @@ def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
 
 def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConfig:
     given = {} if args.keep is None else parse_keep(args.keep)
-    if args.keep_mass is not None:  # with --keep too: SpecPrefillConfig's one check names both
-        given |= {"keep_mass": args.keep_mass, "mass_floor": args.mass_floor, "mass_ceiling": args.mass_ceiling}
+    mass = {"keep_mass": args.keep_mass, "mass_floor": args.mass_floor, "mass_ceiling": args.mass_ceiling}
+    given |= {k: v for k, v in mass.items() if v is not None}  # SpecPrefillConfig's one check names a conflict
     keep = {} if {"keep_ratio", "keep_tokens", "keep_mass"} & overrides.keys() else given
     settings = {"layers": args.score_layers, "lookahead_reduction": args.lookahead_reduction,
                 "neighbours": args.neighbours, **keep, **overrides}

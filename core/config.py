@@ -16,6 +16,7 @@ from .errors import ConfigError, SpecfillWarning
 
 REDUCTIONS = ("max", "mean")
 DEFAULT_KEEP_RATIO = 0.1  # the reference implementation's keep share
+MASS_FLOOR, MASS_CEILING = 0.05, 0.5  # the mass rule's chunk-share bounds when none are given
 
 
 MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
@@ -133,8 +134,8 @@ class SpecPrefillConfig:
     divided by the steps: a multi-hop answer reads a different statement at each step).
     keep_mass: None, or the importance-mass rule replacing keep_ratio / keep_tokens: keep the
     fewest top chunks whose importance sums to this share of the prompt's, but at least
-    mass_floor and at most mass_ceiling of the chunks (ratios): a peaked score (one needle)
-    keeps few chunks, a spread one (a chain, a document) more.
+    mass_floor and at most mass_ceiling of the chunks (ratios; None: 0.05, 0.5; without keep_mass:
+    a ConfigError): a peaked score (one needle) keeps few chunks, a spread one (a chain) more.
     neighbours: also keep this many chunks on each side of every selected chunk (context around
     what was found: the rest of a statement or sentence a chunk boundary cut); the kept count
     grows up to (2 * neighbours + 1) times.
@@ -152,8 +153,8 @@ class SpecPrefillConfig:
     force_keep_last: bool = True
     lookahead_reduction: str = "mean"
     keep_mass: float | None = None
-    mass_floor: float = 0.05
-    mass_ceiling: float = 0.5
+    mass_floor: float | None = None  # resolved to MASS_FLOOR with keep_mass
+    mass_ceiling: float | None = None  # resolved to MASS_CEILING with keep_mass
     neighbours: int = 0
 
     def __post_init__(self) -> None:
@@ -161,11 +162,18 @@ class SpecPrefillConfig:
         if len(given) > 1:
             raise ConfigError(f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
                               f"(got {' and '.join(repr(getattr(self, name)) for name in given)})")
+        bounds = [name for name in ("mass_floor", "mass_ceiling") if getattr(self, name) is not None]
+        if bounds and self.keep_mass is None:
+            raise ConfigError(f"{' and '.join(bounds)} {'bound' if len(bounds) > 1 else 'bounds'} the keep_mass rule's "
+                              f"chunk count: give keep_mass too, or leave {'them' if len(bounds) > 1 else 'it'} out")
         if self.keep_mass is not None:
             object.__setattr__(self, "keep_mass", _require_share("keep_mass", self.keep_mass))
-            floor = _require_share("mass_floor", self.mass_floor)
-            if _require_share("mass_ceiling", self.mass_ceiling) < floor:
-                raise ConfigError(f"mass_ceiling ({self.mass_ceiling}) must be >= mass_floor ({floor})")
+            floor = _require_share("mass_floor", MASS_FLOOR if self.mass_floor is None else self.mass_floor)
+            ceiling = _require_share("mass_ceiling", MASS_CEILING if self.mass_ceiling is None else self.mass_ceiling)
+            if ceiling < floor:
+                raise ConfigError(f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})")
+            object.__setattr__(self, "mass_floor", floor)
+            object.__setattr__(self, "mass_ceiling", ceiling)
         elif self.keep_tokens is not None:
             _require_int("keep_tokens", self.keep_tokens, 1)
         else:
@@ -189,10 +197,12 @@ class SpecPrefillConfig:
     def with_keep(self, ratio: float | None = None, tokens: int | None = None,
                   mass: float | None = None) -> "SpecPrefillConfig":
         """This config keeping `ratio` of the chunks, a `tokens` budget or a `mass` share of the
-        importance (at most one given: it replaces the keep setting; none: unchanged)."""
+        importance (at most one given: it replaces the keep setting, a replaced mass rule's bounds
+        with it; none: unchanged)."""
         if ratio is None and tokens is None and mass is None:
             return self
-        return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass)
+        bounds = {} if mass is not None else {"mass_floor": None, "mass_ceiling": None}
+        return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass, **bounds)
 
     def layer_indices(self, n_layers: int) -> list[int]:
         """Speculator layers used for scoring: all of them, or the last K."""

@@ -216,9 +216,9 @@ class CausalLM(Generic[A]):
             yield from track_kv(self.ops, tokens, cache, len(ids), info)
 
     def _reused_cache(self, reuse: KVState, room: int) -> Any:
-        """The reused cache filled up to reuse.slots, with room for `room` more (grown 1.5x at least)."""
+        """The reused cache cut to reuse.slots on every layer (ops.Cancelled), room for `room` more (1.5x)."""
         cache = reuse.cache
-        self.ops.trim(cache, self.ops.filled(cache) - reuse.slots)
+        self.ops.truncate(cache, reuse.slots)
         needed = reuse.slots + room
         if self.ops.capacity(cache) < needed:  # grow by half at least: conversations append often
             grown = max(needed, min(self.ops.capacity(cache) * 3 // 2, self.args.max_position_embeddings))

@@ -4,11 +4,23 @@ core/methods/ (H2O, SpecPrefill) and core/driver.py (generation) call only these
 backend's array type A. A backend is its kernels (behind these stage names), its model, its KV
 cache, its loading and one `ops` module implementing `ModelOps` on its arrays; the NumPy reference
 implements the stage part (`H2OOps`, `ScoringOps`). Shapes as in core/stages.py.
+
+Cancellation inside a step (the end of this module): a prefill step of a long prompt takes seconds
+on a CPU (a 512-token step of a 1.5B model, 13-33 s here), so a check between steps is not enough
+for a server whose client left. The server installs a check around a request (`cancellation`); a
+backend's model calls `checkpoint()` before every transformer layer (the speculator's too) and the
+H2O walk before every chunk, and a check that answers True stops the generation there with
+`Cancelled`. A context variable, not an argument: the model keeps `model(ids, cache=...)` and the
+methods carry no callable. With no check installed (the library, the CLI) `checkpoint()` is one
+context-variable read; `installed()` tells a lazy backend (MLX) to evaluate layer by layer only
+then. A stopped step can leave the first layers' caches a step ahead: a reused cache is cut back on
+every layer (`ModelOps.truncate`) before it is extended again.
 """
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
-from typing import Any, Protocol, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -170,6 +182,10 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
         """Drop the last n filled slots of every layer's cache (of the first n_layers only: a
         "self:K" draft's writes into the main cache)."""
 
+    def truncate(self, cache: Any, slots: int) -> None:
+        """Cut every layer's cache back to its first `slots` filled slots (a prefill stopped
+        between layers, `Cancelled`, leaves the first layers a step ahead of the others)."""
+
     def cached_keys(self, cache: list[Any], end: int) -> A:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
 
@@ -197,3 +213,34 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or process memory on CPU) so far, in GB."""
+
+
+class Cancelled(Exception):
+    """The installed check answered True: the generation stopped where the check ran (between
+    layers, H2O chunks or prefill steps). Not a SpecfillError: nothing is wrong with the request."""
+
+
+_CANCEL_CHECK: ContextVar[Callable[[], bool] | None] = ContextVar("specfill_cancel_check", default=None)
+
+
+@contextmanager
+def cancellation(is_cancelled: Callable[[], bool]) -> Iterator[None]:
+    """Install `is_cancelled` (cheap, thread-safe: e.g. threading.Event.is_set) for the code run
+    inside the block on this thread (generators iterated there included)."""
+    token = _CANCEL_CHECK.set(is_cancelled)
+    try:
+        yield
+    finally:
+        _CANCEL_CHECK.reset(token)
+
+
+def installed() -> bool:
+    """Whether a cancellation check is installed (MLX then evaluates a prefill step per layer)."""
+    return _CANCEL_CHECK.get() is not None
+
+
+def checkpoint() -> None:
+    """Raise Cancelled when the installed check answers True (nothing installed: return)."""
+    check = _CANCEL_CHECK.get()
+    if check is not None and check():
+        raise Cancelled

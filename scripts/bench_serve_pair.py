@@ -35,8 +35,8 @@ def text_of(server: ServerProcess, n_tokens: int, offset: int = 0) -> str:
 
 
 def disconnect(server: ServerProcess, prompt: str, method: str, events_before: int) -> dict[str, Any]:
-    """Stream a completion with progress events, hang up after `events_before` of them, and time
-    how long the server stays busy afterwards."""
+    """Stream with progress events, hang up half a (mean) step after the `events_before`-th, inside
+    the next step, and time how long the server stays busy afterwards."""
     body = {"prompt": prompt, "max_tokens": 8, "stream": True, "return_progress": True, "method": method,
             "prompt_cache": "off", **METHODS[method]}
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=600)
@@ -48,11 +48,13 @@ def disconnect(server: ServerProcess, prompt: str, method: str, events_before: i
             break
         if "prompt_progress" in line:
             seen.append(json.loads(line[len("data: "):])["prompt_progress"]["processed"])
+    time.sleep((time.perf_counter() - started) / max(len(seen), 1) / 2)
     connection.close()
     gone = time.perf_counter()
     while server.health()["busy"]:
         time.sleep(0.02)
     return {"method": method, "events_before_disconnect": seen, "seconds_streamed": round(gone - started, 2),
+            "hang_up": "half a step after the last event",
             "disconnect_to_idle_s": round(time.perf_counter() - gone, 2)}
 
 
@@ -139,21 +141,20 @@ def markdown(report: dict[str, Any]) -> str:
         whole = {row["method"]: row for row in report.get("progress", [])}
         lines += [f"## A client leaving during a ~{report['prompt_tokens']}-token prefill", "",
                   "| method | progress events per whole prefill (by stage) | processed at each | TTFT (s) | "
-                  "disconnect after events at | seconds per step before it | disconnect to idle (s) | "
+                  "disconnect after events at (+ half a step) | seconds per step before it | disconnect to idle (s) | "
                   "measured at (load average) |", "|---|---|---|---|---|---|---|---|"]
         for gone in report["cancel"]:
             w = whole.get(gone["method"], {"events": "not run", "processed": "", "ttft_s": ""})
-            per_step = round(gone["seconds_streamed"] / max(len(gone["events_before_disconnect"]), 1), 1)
+            per_step = round(gone["seconds_streamed"] / (len(gone["events_before_disconnect"]) + 0.5 * ("hang_up" in gone)), 1)
             lines.append(f"| {gone['method']} | {w['events']} {w.get('events_by_stage', '')} | {w['processed']} | "
                          f"{w['ttft_s']} | {gone['events_before_disconnect']} | {per_step} | "
                          f"{gone['disconnect_to_idle_s']} | {gone.get('at', 'earlier run, old stepping')} ({gone.get('load', '?')}); "
                          f"{w.get('at', 'earlier run, old stepping')} ({w.get('load', '?')}) |")
-        lines += ["", "The disconnect is noticed at once (the handler polls every 0.2 s) and the prefill stops "
-                  "at the end of the step in flight, for every method: full prefill in steps of "
-                  f"{report['prefill_step_size']} tokens, H2O in whole chunks ({METHODS['h2o']}: steps of 512), "
-                  "SpecPrefill per speculator step, look-ahead token and main-prefill step. So disconnect to idle "
-                  "is at most one step, and a step is what this CPU takes for it (later steps attend to more keys "
-                  "and take longer than the mean of the first ones); the < 2 s goal needs smaller steps here.", ""]
+        lines += ["", "The client hangs up inside a step (half a step after an event); the server notices at once "
+                  "and stops before the next transformer layer (core/ops.py checkpoint: main model's and speculator's layers, "
+                  f"H2O's chunks). Steps: {report['prefill_step_size']} tokens (H2O: whole chunks of {METHODS['h2o']}; "
+                  "SpecPrefill: speculator, each look-ahead token, main prefill). Rows before 11:00 UTC on 25 Nov "
+                  "(or 'old stepping') stopped at the end of the step (after the last event, no half-step wait).", ""]
     if "concurrency" in report:
         c = report["concurrency"]
         lines += [f"## {c['streams']} concurrent streams (queue of 8)", "",

@@ -24,7 +24,7 @@ import numpy as np
 from specfill.core.adapted import AttentionLayout
 
 from .cache import LayerKVCache
-from .model import causal_attention, windowed_attention
+from .model import causal_attention, layer_boundary, windowed_attention
 
 ATTENTION_NAMES = ("self_attn", "attention", "attn")  # the attention child of a decoder layer
 KNOWN_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rope"})
@@ -222,6 +222,7 @@ class AdaptedAttention(nn.Module):
         return self._rope(q, positions), self._rope(k, positions), v
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None, **extra: Any) -> mx.array:
+        layer_boundary(x)  # a cancelled request stops here, before this layer's attention
         positions = self.step_state.positions
         if positions is None or self.layout.refusal is not None or extra:
             return self.inner(x, mask=mask, cache=cache, **extra)

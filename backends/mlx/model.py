@@ -25,13 +25,27 @@ import mlx.nn as nn
 import numpy as np
 
 from specfill.core.models import ModelArgs
-from specfill.core.ops import PrefillAttention
+from specfill.core.ops import PrefillAttention, checkpoint, installed
 
 from .cache import LayerKVCache
 from .rope import Positions, RoPE
 
 # One layer's attention of a step: (q [1, H, T, D], every cached k/v [1, Hkv, S, D]) -> [1, H, T, D]
 LayerAttention = Callable[[mx.array, mx.array, mx.array], mx.array]
+LAYERWISE_MIN_TOKENS = 32  # steps this long (prefill steps) are evaluated layer by layer under a cancel check
+
+
+def layer_boundary(h: mx.array) -> None:
+    """Before a layer, with hidden states h [1, T, hidden]: a cancelled request stops here
+    (core/ops.py `checkpoint`). MLX is lazy (the whole step's graph runs when the step is settled), so
+    under an installed check a step of LAYERWISE_MIN_TOKENS or more is evaluated up to this layer
+    first, and the check then sees the time the work took; decode and verify steps (a few tokens,
+    milliseconds) keep their pipelined evaluation and are checked between tokens by the caller.
+    Without a check (library, CLI) nothing is evaluated here: the graph stays whole."""
+    if installed():
+        if h.shape[1] >= LAYERWISE_MIN_TOKENS:
+            mx.eval(h)
+        checkpoint()
 
 
 
@@ -175,6 +189,7 @@ class Transformer(nn.Module):
         caches = cache if cache is not None else [None] * len(layers)
         ropes = {False: self.rope, True: self.rope_local}
         for index, (layer, layer_cache) in enumerate(zip(layers, caches)):
+            layer_boundary(h)
             h = layer(h, ropes, positions, layer_cache, None if attend is None else partial(attend, index))
         return self.norm(h)
 

@@ -135,6 +135,10 @@ class MLXOps:
         for layer in cache[:n_layers]:
             layer.trim(n)
 
+    def truncate(self, cache: list[LayerKVCache], slots: int) -> None:
+        for layer in cache:
+            layer.trim(layer.offset - slots)
+
     def cached_keys(self, cache: list[LayerKVCache], end: int) -> mx.array:
         return mx.stack([c.keys[0, :, :end] for c in cache])
 

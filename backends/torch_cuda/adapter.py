@@ -29,7 +29,7 @@ from torch import nn
 
 from specfill.core.adapted import AttentionLayout
 from specfill.core.errors import ModelLoadError
-from specfill.core.ops import PrefillAttention
+from specfill.core.ops import PrefillAttention, checkpoint
 
 from .attention import causal_attention, windowed_attention
 from .kv_cache import ModelKVCache
@@ -78,6 +78,7 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
         return query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[-1]), None
     if step is None:
         raise RuntimeError(f"attention implementation {NAME!r} runs only inside a specfill step")
+    checkpoint()  # a cancelled request (core/ops.py) stops at the next layer's attention
     index = step.index[id(module)]
     layout, positions = step.layouts[index], step.positions
     layer_cache = step.cache.layers[index]

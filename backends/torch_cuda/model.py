@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfill.core.models import ModelArgs
-from specfill.core.ops import PrefillAttention
+from specfill.core.ops import PrefillAttention, checkpoint
 
 from .attention import causal_attention, windowed_attention
 from .kv_cache import ModelKVCache, LayerKVCache
@@ -217,6 +217,7 @@ class Transformer(nn.Module):
         ropes = {False: self.rope(positions, x.dtype)}
         ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
         for block, layer_cache in zip(self.layers, cache.layers):
+            checkpoint()  # a cancelled request (core/ops.py) stops before the next layer: eager, exact
             x = block(x, ropes, positions, layer_cache, attend)
         if logits_from is None:
             return None

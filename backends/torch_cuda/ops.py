@@ -146,6 +146,10 @@ class TorchOps:
         for layer in cache.layers[:n_layers]:
             layer.trim(n)
 
+    def truncate(self, cache: ModelKVCache, slots: int) -> None:
+        for layer in cache.layers:
+            layer.trim(layer.offset - slots)
+
     def cached_keys(self, cache: ModelKVCache, end: int) -> torch.Tensor:
         return cache.all_keys(end)
 

@@ -21,7 +21,7 @@ from typing import Any, Generic, Sequence
 import numpy as np
 
 from ..config import H2OConfig
-from ..ops import H2OOps
+from ..ops import H2OOps, checkpoint
 from ..stages import A, H2OCarry, H2OLayerResult, KeyWindow, window_binds
 
 
@@ -104,6 +104,7 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
         memory, memory_sets = carry.memory, list(carry.memory_sets)
         outputs = []
         for local_start in range(0, n_tokens, size):
+            checkpoint()  # a cancelled request (core/ops.py) stops before the next chunk
             local_end = min(local_start + size, n_tokens)
             chunk_start, chunk_end = start + local_start, start + local_end
             state = intra.state.rows(local_start, local_end)

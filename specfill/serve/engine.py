@@ -1,9 +1,10 @@
 """One generation, run on the worker thread: a Plan in, a stream of events out.
 
 Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
-usage, statistics). Cancellation (a client that went away) is checked after every prefill step of
-every method and stage (the progress callback raises: core/methods/prefill.py StageProgress) and
-between generated tokens.
+usage, statistics). Cancellation (a client that went away, a server shutdown) is checked inside
+every prefill step, before every transformer layer (the speculator's too) and H2O chunk, through
+the check `run` installs (core/ops.py `cancellation`), after every step (the progress callback raises:
+core/methods/prefill.py StageProgress) and between generated tokens.
 """
 from __future__ import annotations
 
@@ -12,14 +13,11 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
 from specfill.api import stream_request
+from specfill.core.ops import Cancelled, cancellation
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
-
-
-class Cancelled(Exception):
-    """Raised inside the prefill (from its progress callback) when the client went away."""
 
 
 @dataclass(frozen=True)
@@ -127,8 +125,9 @@ class Engine:
                                prefill_info=info, reuse=reuse.state)
         outcome = None
         try:
-            outcome = self._stream(plan, steps, emit,
-                                   lambda last: self.stats(plan, policy, method, reuse, last, info))
+            with cancellation(plan.cancelled.is_set):  # checked between layers, chunks and steps
+                outcome = self._stream(plan, steps, emit,
+                                       lambda last: self.stats(plan, policy, method, reuse, last, info))
         except Cancelled:
             pass
         finally:

@@ -21,6 +21,10 @@ from specfill.core.sampling import HOST_FIELDS
 from .errors import bad_request
 from .protocol import ChatRequest, CompletionRequest
 
+# SpecPrefillConfig settings a request sets by their own names (the keep rule goes through with_keep);
+# a name that contains another comes first, for _field_named
+SPEC_SETTINGS = ("mass_ceiling", "mass_floor", "lookahead_reduction", "lookahead", "neighbours")
+
 @dataclass(frozen=True)
 class ServerDefaults:
     """The server's command-line settings; every request field left out takes these."""
@@ -114,8 +118,10 @@ def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, n
            notes: list[str]) -> GenerationRequest:
     """build_request from the request's fields over the server's defaults; warnings become notes."""
     h2o_fields = {"chunk_size": request.h2o_chunk_size, "batch_size": request.h2o_batch_size,
-                  "local": request.h2o_local, "heavy": request.h2o_heavy}
-    spec_fields = {"keep_ratio": request.keep_ratio, "keep_tokens": request.keep_tokens, "lookahead": request.lookahead}
+                  "local": request.h2o_local, "heavy": request.h2o_heavy, "memory_share": request.h2o_memory_share}
+    spec_settings = {setting: getattr(request, setting) for setting in SPEC_SETTINGS}  # one field per setting
+    spec_fields = {"keep_ratio": request.keep_ratio, "keep_tokens": request.keep_tokens,
+                   "keep_mass": request.keep_mass, **spec_settings}
     sampling = {**defaults.sampling, **{f: getattr(request, f) for f in HOST_FIELDS if getattr(request, f) is not None}}
     speculator = defaults.speculator if name in ("specprefill", "auto") else None
     drafts = request.num_draft_tokens is not None
@@ -123,8 +129,8 @@ def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, n
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             h2o = dataclasses.replace(defaults.h2o, **{k: v for k, v in h2o_fields.items() if v is not None})
-            spec = defaults.specprefill.with_keep(request.keep_ratio, request.keep_tokens)
-            spec = spec if request.lookahead is None else dataclasses.replace(spec, lookahead=request.lookahead)
+            spec = defaults.specprefill.with_keep(request.keep_ratio, request.keep_tokens, request.keep_mass)
+            spec = dataclasses.replace(spec, **{k: v for k, v in spec_settings.items() if v is not None})
             built = build_request(
                 max_tokens=max_tokens, temperature=request.temperature if request.temperature is not None else 0.0,
                 top_p=request.top_p if request.top_p is not None else 1.0, seed=request.seed, **sampling,

@@ -122,7 +122,8 @@ class PromptCache:
 
     def restore(self, ids: list[int], reuse: Reuse) -> None:
         """Put back what a cancelled or failed request took: its slots below reuse.state.slots were
-        never written (the backend prefills after them, or into a grown copy)."""
+        never written (the backend prefills after them, or into a grown copy; layers a request
+        stopped mid-step left ahead are cut back when the cache is next used: ModelOps.truncate)."""
         if reuse.state is not None:
             self.entries.append(Entry(list(ids[:reuse.cached]), reuse.state, exact=reuse.exact, fixed=reuse.fixed))
             self._evict()

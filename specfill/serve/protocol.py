@@ -56,11 +56,17 @@ class SpecfillFields(_Strict):
     auto_threshold: int | None = None  # auto: the prompt length from which the sparse method runs
     keep_ratio: NUMBER | None = None  # SpecPrefill: fraction of the prompt kept
     keep_tokens: int | None = None  # SpecPrefill: a token budget instead of a ratio
+    keep_mass: NUMBER | None = None  # SpecPrefill: the importance-mass rule instead of a ratio
+    mass_floor: NUMBER | None = None  # with keep_mass: fewest chunks kept (share)
+    mass_ceiling: NUMBER | None = None  # with keep_mass: most chunks kept (share)
     lookahead: int | None = None  # SpecPrefill look-ahead steps
+    lookahead_reduction: str | None = None  # SpecPrefill: mean or max over the look-ahead queries
+    neighbours: int | None = None  # SpecPrefill: chunks kept each side of a selected chunk
     h2o_chunk_size: int | None = None  # H2O S
     h2o_batch_size: int | None = None  # H2O B
     h2o_local: int | None = None  # H2O L
     h2o_heavy: int | None = None  # H2O H
+    h2o_memory_share: NUMBER | None = None  # H2O L + H as a share of the prompt
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft
