@@ -1,7 +1,7 @@
 """The real SmolLM2-135M-Instruct Q4_1 GGUF on MLX: logits against mlx-lm's own llama model on
 the same dequantized weights and against our torch backend, and a greedy chat answer. MLX on
-Linux runs on CPU with reference BLAS (~5-10 tokens/s for this model), so one ~200-token
-forward per MLX implementation is all."""
+Linux runs on CPU with reference BLAS (~2-5 tokens/s for this model under a loaded suite), so one
+~70-token forward per MLX implementation is all (it was ~200 tokens: three minutes of the suite)."""
 from __future__ import annotations
 
 import mlx.core as mx
@@ -20,17 +20,8 @@ PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
     "combined movable metal type, oil-based ink and a wooden screw press into a practical system "
     "for producing books. Before his workshop in Mainz, European books were copied by hand, a slow "
-    "and costly process that kept literacy rare. Within a few decades printing spread to more than "
-    "two hundred cities, and millions of volumes circulated across the continent. Scholars could "
-    "compare identical copies of a text, which encouraged careful editing and the growth of "
-    "scientific communities. Pamphlets carried news and arguments faster than ever before, shaping "
-    "religious and political debates. Printers standardised spelling and grammar, and vernacular "
-    "languages gained prestige alongside Latin. Historians still argue about how quickly these "
-    "changes took hold, but most agree that the press altered how knowledge was stored, shared and "
-    "trusted. Today, digital networks raise similar questions about "
-    "authority, speed and access to information. Summarise the main effects of the printing press "
-    "in three sentences, and explain which of them you think mattered most for the spread of "
-    "science."
+    "and costly process that kept literacy rare. Summarise the main effects of the printing press "
+    "in three sentences."
 )
 
 
@@ -47,7 +38,7 @@ def fp32_run(demo_path):
     """Our model dequantized to float32: (model, prompt ids, logits [T, vocab] as NumPy)."""
     model, tokenizer = load(demo_path, dtype="float32", device="cpu")
     ids = tokenizer.encode(PROMPT)
-    assert 180 <= len(ids) <= 240
+    assert 50 <= len(ids) <= 90
     return model, ids, np.asarray(model(ids)[0])
 
 
