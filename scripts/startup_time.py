@@ -66,7 +66,7 @@ def write(table: dict, trees: dict[str, Path], repeats: int, loads: tuple[str, s
     names = list(trees)
     lines = [f"# specfill start-up: wall time and specfill modules per command ({', '.join(names)})", "",
              f"Machine: {machine_line(machine)} (1-, 5-, 15-minute load {loads[0]} at the start, {loads[1]} at the "
-             f"end; other jobs ran; best of {repeats}, checkouts alternating). Made by scripts/startup_time.py.", "",
+             f"end, these runs included; best of {repeats}, checkouts alternating). Made by scripts/startup_time.py.", "",
              "| command | " + " | ".join(f"{n} s | {n} modules" for n in names) + " |",
              "|---|" + "---|---|" * len(names)]
     for command, cells in table.items():
