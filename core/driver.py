@@ -13,7 +13,7 @@ import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .decoding import decode_tokens, track_kv
-from .errors import ConfigError, PromptTooLongError
+from .errors import ConfigError
 from .checks import check_logits_finite
 from .methods.prefill import StageProgress, prefill
 from .models import ModelArgs
@@ -153,30 +153,16 @@ class CausalLM(Generic[A]):
             speculator = self.speculator_model(method.speculator)
             check_speculator_context(len(ids), speculator[0].args.max_position_embeddings)
             method = fit_to_prompt(method, len(ids), speculator[0].args.max_position_embeddings)
-        source = None if drafting is None else self._draft_source(drafting, method, len(ids) + max_tokens)
+        source = None
+        if drafting is not None:
+            from .methods.draft_sources import draft_source  # drafting loads only when asked
+            source = draft_source(self, drafting, method, len(ids) + max_tokens, sampling)
+        if source is not None and drafting.adaptive and (why := source.skip_reason(len(ids), max_tokens)):
+            info.decode.skipped, source, drafting = why, None, None  # plain decoding, no draft prefill
         if max_tokens == 0:
             return iter(())
         return self._generate(ids, method, speculator, source, reuse, max_tokens=max_tokens, sampling=sampling,
                               stop_ids=stop_ids, info=info, progress=progress, drafting=drafting)
-
-    def _draft_source(self, drafting: Drafting, method: PrefillMethod, needed: int) -> DraftSource:
-        """Drafting.model as a draft source: "self:K", a CausalLM on this backend (checked against
-        this model's vocabulary and `needed` = prompt + max_tokens), or None: the speculator."""
-        from .methods.draft_sources import ModelDraft, SelfDraft, SpeculatorDraft  # drafting loads only when asked
-        if drafting.model is None:
-            if method.name != "specprefill":
-                raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
-                                  "use method specprefill or give a draft model")
-            return SpeculatorDraft()
-        if isinstance(drafting.model, str):
-            return SelfDraft(self_speculator_layers(drafting.model, self.args.num_hidden_layers))
-        if not isinstance(drafting.model, CausalLM) or drafting.model.backend != self.backend:
-            raise ConfigError(f"the draft model must be a model loaded on the {self.backend} backend or 'self:K'")
-        check_companion("draft model", drafting.model.args, self.args, drafting.model.ops, self.ops)
-        if needed > drafting.model.args.max_position_embeddings:
-            raise PromptTooLongError(f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
-                                     f"context of {drafting.model.args.max_position_embeddings} tokens")
-        return ModelDraft(drafting.model.model, drafting.model.prefill_step_size)
 
     def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
                   draft: DraftSource | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
@@ -244,8 +230,7 @@ class CausalLM(Generic[A]):
         started = self.ops.wall_time()
         state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
         info.decode.seconds["draft_prefill"] = self.ops.wall_time() - started
-        length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive,
-                             timed=sampling.temperature == 0.0 or sampling.seed is None)
+        length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive, timed=sampling.clock_free)
         info.decode.draft_lengths = length.trajectory
         for token, from_draft in speculative_decode(
                 self.ops, self.model, cache, first, next_position=len(ids), draft=state, length=length,
@@ -254,6 +239,8 @@ class CausalLM(Generic[A]):
             info.decode.seconds.update(state.seconds)
             info.decode.from_draft.append(from_draft)
             yield token
+        if length.timed:
+            draft.remember(length, info.decode.seconds["draft_prefill"], len(ids), state.drafted, state.accepted)
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or the process's peak resident set on CPU) so far, in GB."""

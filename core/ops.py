@@ -18,6 +18,7 @@ every layer (`ModelOps.truncate`) before it is extended again.
 """
 from __future__ import annotations
 
+import sys
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator, Protocol, Sequence
@@ -244,3 +245,11 @@ def checkpoint() -> None:
     check = _CANCEL_CHECK.get()
     if check is not None and check():
         raise Cancelled
+
+
+def process_peak_memory_gb() -> float:
+    """This process's peak resident set (the CPU backends' peak memory)."""
+    import resource  # POSIX only: imported where it is used, so core imports everywhere
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB

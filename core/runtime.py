@@ -7,7 +7,6 @@ Timing, detokenisation and response objects live in the API layer, once for both
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -73,6 +72,11 @@ class SamplingConfig:
         """Whether core/sampling.py must choose the tokens (a setting the backends' samplers lack)."""
         return (self.top_k > 0 or self.min_p > 0.0 or self.repetition_penalty != 1.0
                 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+
+    @property
+    def clock_free(self) -> bool:
+        """Whether decisions may follow measured times (drafting): a seeded sampling run must repeat."""
+        return self.temperature == 0.0 or self.seed is None
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,7 @@ class DecodeRecord:
     from_draft: list[bool] = field(default_factory=list)
     draft_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    skipped: str = ""  # why drafting did not run at all (a draft model's costs measured here: draft_costs.py)
 
 
 @dataclass
@@ -217,14 +222,6 @@ class GenerationInfo:
         self.decode = DecodeRecord()
         self.kv = None
         self.step = None
-
-
-def process_peak_memory_gb() -> float:
-    """This process's peak resident set (the CPU backends' peak memory)."""
-    import resource  # POSIX only: imported where it is used, so core imports everywhere
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB
 
 
 def check_generation_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:

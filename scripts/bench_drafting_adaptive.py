@@ -1,8 +1,11 @@
 """Speculative decoding with a fixed draft length k against the adaptive one (issue #26 item 5).
 
-Per model configuration and prompt, three greedy generations in one process: plain decoding, drafting
+Per model configuration and prompt, four greedy generations in one process: plain decoding, drafting
 with a fixed k (`Drafting(adaptive=False)`, the schedule before) and the adaptive draft length
-(core/methods/draft_length.py, the default now, k <= the same maximum). Reported per run: decode
+(core/methods/draft_length.py, the default now, k <= the same maximum) twice: first with no step
+costs remembered for the pair on this machine (its first decode here), then with the costs that run
+kept (core/methods/draft_costs.py: a draft model that cannot pay is skipped before its prefill).
+The remembered costs go to a temporary folder (SPECFILL_CALIBRATION_DIR), never the user's cache. Reported per run: decode
 tokens/s (first to last token, the draft model's prompt prefill included), speed-up against plain
 decoding, acceptance, the k of every round (summarised: mean k, share of plain rounds), the step
 time spent drafting and verifying, and whether the tokens equal plain decoding's.
@@ -18,12 +21,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from specfill.api import encode_prompt, load, load_speculator
+from specfill.core.crossover import calibration_dir
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.evaluation.machine import describe_machine, machine_line
 
@@ -65,7 +70,7 @@ def generation(model, ids: list[int], max_tokens: int, drafting: Drafting | None
             "k_trajectory": lengths, "mean_k": sum(lengths) / len(lengths) if lengths else 0.0,
             "plain_rounds": sum(1 for k in lengths if k == 0) / len(lengths) if lengths else 1.0,
             "draft_s": record.seconds.get("draft", 0.0), "verify_s": record.seconds.get("verify", 0.0),
-            "draft_prefill_s": record.seconds.get("draft_prefill", 0.0),
+            "draft_prefill_s": record.seconds.get("draft_prefill", 0.0), "skipped": record.skipped,
             "rounds_tps": (len(tokens) - 1) / (decode_s - record.seconds.get("draft_prefill", 0.0)),
             "load_1min": round(os.getloadavg()[0], 2)}
 
@@ -81,7 +86,11 @@ def run_config(name: str, max_k: int, max_tokens: int, only: list[str]) -> list[
         generation(model, ids[:32], 4, Drafting(draft, 2))  # warm-up: shapes and the draft path
         plain = generation(model, ids, max_tokens, None)
         for schedule, drafting in (("fixed", Drafting(draft, max_k, adaptive=False)),
-                                   ("adaptive", Drafting(draft, max_k))):
+                                   ("adaptive, first use", Drafting(draft, max_k)),
+                                   ("adaptive, costs kept", Drafting(draft, max_k))):
+            if schedule == "adaptive, first use":  # nothing remembered: the pair's first decode here
+                for book in calibration_dir().glob("*-drafting-*.json"):
+                    book.unlink()
             row = generation(model, ids, max_tokens, drafting)
             row.update(config=name, label=label, prompt=prompt, prompt_tokens=len(ids), schedule=schedule,
                        max_k=max_k, plain_tps=plain["decode_tps"], plain_load_1min=plain["load_1min"],
@@ -110,8 +119,8 @@ def write(result: dict, out: Path) -> None:
     rows = result["rows"]
     lines = ["# Speculative decoding: fixed draft length k against the adaptive draft length", "",
              f"Machine: {machine_line(result['machine'])}; torch backend on cpu, float32 (bf16 matmuls are "
-             f"~50x slower on this AVX2-only CPU). Shared machine: the load average of each run is in its row; "
-             f"these are not quiet-machine figures.",
+             f"~50x slower on this AVX2-only CPU). The load average before plain decoding / after each run "
+             f"is in its row.",
              f"Greedy, {result['max_tokens']} new tokens; decode tok/s from the first to the last token (a draft "
              f"model's prompt prefill included; the column after the speed-up leaves it out and gives its "
              f"seconds); speed-up against plain decoding run just before, same process. "
@@ -124,7 +133,8 @@ def write(result: dict, out: Path) -> None:
         lines.append(f"| {r['label']} | {r['prompt']} ({r['prompt_tokens']}) | {r['schedule']} | {r['max_k']} "
                      f"| {r['decode_tps']:.2f} | {r['plain_tps']:.2f} | **{r['speedup']:.2f}x** "
                      f"| {r['rounds_tps'] / r['plain_tps']:.2f}x ({r['draft_prefill_s']:.1f} s) | {rate} "
-                     f"| {r['mean_k']:.2f} | {100 * r['plain_rounds']:.0f}% | {summary(r['k_trajectory'])} "
+                     f"| {r['mean_k']:.2f} | {100 * r['plain_rounds']:.0f}% "
+                     f"| {'skipped: no draft prefill' if r.get('skipped') else summary(r['k_trajectory'])} "
                      f"| {r['identical']} | {r['plain_load_1min']} / {r['load_1min']} |")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
@@ -140,11 +150,11 @@ def plot(rows: list[dict], path: Path, machine: dict) -> None:
 
     cases = sorted({(r["label"], r["prompt"]) for r in rows}, key=lambda c: (c[0], c[1]))
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    width = 0.38
-    for offset, schedule in ((-width / 2, "fixed"), (width / 2, "adaptive")):
+    width = 0.27
+    for offset, schedule in ((-width, "fixed"), (0.0, "adaptive, first use"), (width, "adaptive, costs kept")):
         values = [next((r["speedup"] for r in rows if (r["label"], r["prompt"]) == c and r["schedule"] == schedule),
                        0.0) for c in cases]
-        bars = ax.bar([i + offset for i in range(len(cases))], values, width, label=f"{schedule} k")
+        bars = ax.bar([i + offset for i in range(len(cases))], values, width, label=schedule)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(0.97, color="red", linewidth=0.8, linestyle="--", label="0.97x floor")
@@ -170,6 +180,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "results/bench/drafting_adaptive"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    os.environ["SPECFILL_CALIBRATION_DIR"] = tempfile.mkdtemp(prefix="specfill-drafting-bench-")
     out = Path(args.out)
     only = args.prompts.split(",")
     rows = run_config(args.config, args.max_k, args.max_tokens, only)

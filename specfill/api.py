@@ -40,6 +40,7 @@ class GenerationResponse:
     accepted_tokens: int = 0  # accepted proposals so far
     draft_seconds: float = 0.0  # time spent drafting so far
     verify_seconds: float = 0.0  # time the main model spent verifying drafts so far
+    draft_skipped: str = ""  # why a draft model did not draft at all (its costs measured here say it cannot pay)
 
 
 def mlx_metal_available() -> bool:
@@ -221,7 +222,7 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
             peak_memory=model.peak_memory_gb(), finish_reason=finish,
             from_draft=bool(decode.from_draft and decode.from_draft[-1]), drafted_tokens=decode.drafted_tokens,
             accepted_tokens=decode.accepted_tokens, draft_seconds=decode.seconds.get("draft", 0.0),
-            verify_seconds=decode.seconds.get("verify", 0.0))
+            verify_seconds=decode.seconds.get("verify", 0.0), draft_skipped=decode.skipped)
         if finish:
             return
 
@@ -253,5 +254,7 @@ def format_stats(last: GenerationResponse) -> str:
         lines.append(f"Draft: {last.accepted_tokens}/{last.drafted_tokens} proposals accepted "
                      f"({100.0 * last.accepted_tokens / last.drafted_tokens:.1f}%); drafting {last.draft_seconds:.3f} s, "
                      f"verifying {last.verify_seconds:.3f} s")
+    elif last.draft_skipped:
+        lines.append(f"Draft: {last.draft_skipped}")
     lines.append(f"Peak memory: {last.peak_memory:.3f} GB")
     return "\n".join(lines)

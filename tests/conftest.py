@@ -30,3 +30,12 @@ def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("calibration")
     os.environ["SPECFILL_CALIBRATION_DIR"] = str(folder)
     return folder
+
+
+@pytest.fixture(autouse=True)
+def fresh_drafting_costs(calibration_cache: Path):
+    """Each test starts with no remembered drafting costs (core/methods/draft_costs.py): a drafted
+    decode keeps its step costs, and a later test's draft model would otherwise skip drafting on them."""
+    yield
+    for book in calibration_cache.glob("*-drafting-*.json"):
+        book.unlink()

@@ -15,7 +15,8 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
-from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
+from specfill.core.ops import process_peak_memory_gb
+from specfill.core.runtime import SamplingConfig
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
 from . import method_ops

@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from specfill.core.runtime import SamplingConfig, process_peak_memory_gb
+from specfill.core.ops import process_peak_memory_gb
+from specfill.core.runtime import SamplingConfig
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
 from . import method_ops, placement

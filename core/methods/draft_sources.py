@@ -12,16 +12,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..config import Drafting
+from ..errors import ConfigError, PromptTooLongError
 from ..ops import ModelOps
-from ..runtime import SamplingConfig
+from ..runtime import PrefillMethod, SamplingConfig, check_companion, self_speculator_layers
 from ..sampling import probabilities
 from ..stages import A
 from .prefill import prefill
+
+if TYPE_CHECKING:
+    from ..driver import CausalLM
+    from .draft_costs import CostBook
+    from .draft_length import DraftLength
 from .specprefill import SparsePrefill
 
 
@@ -108,6 +114,13 @@ class DraftSource(Protocol):
         """The draft ready to read `first` at position len(ids): main / cache are the main model and
         its cache, sparse SpecPrefill's result (None after full prefill), room the decode's slots."""
 
+    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
+        """Why drafting cannot pay for this decode, from costs measured here before; "" to draft."""
+
+    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
+                 accepted: int) -> None:
+        """Keep what a finished drafted decode measured, for the next decode's skip_reason."""
+
 
 @dataclass(frozen=True)
 class SelfDraft:
@@ -122,14 +135,23 @@ class SelfDraft:
                 sparse: SparsePrefill | None, room: int) -> DraftState:
         return SharedCacheDraft(ops.first_layers(main, self.layers), cache, len(ids), [first], layers=self.layers)
 
+    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
+        return ""  # no prefill of its own: the adaptive length alone decides, round by round
+
+    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
+                 accepted: int) -> None:
+        return None
+
 
 @dataclass(frozen=True)
 class ModelDraft:
     """A separate draft model (the backend's model object): it prefills the whole prompt when
-    decoding starts, in steps of `step_size` tokens."""
+    decoding starts, in steps of `step_size` tokens. book: its step costs measured on this machine
+    (methods/draft_costs.py), None where a run must not depend on them (seeded sampling)."""
 
     model: Any
     step_size: int
+    book: CostBook | None = None
 
     def speculator_room(self, extra: int) -> int:
         return 0
@@ -139,6 +161,14 @@ class ModelDraft:
         draft_cache = ops.new_cache(self.model, len(ids) + room)
         prefill(ops, self.model, ops.tokens(ids), 0, draft_cache, step_size=self.step_size)
         return OwnCacheDraft(self.model, draft_cache, len(ids), [first])
+
+    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
+        return "" if self.book is None else self.book.skip_reason(prompt_tokens, new_tokens)
+
+    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
+                 accepted: int) -> None:
+        if self.book is not None:
+            self.book.remember(length, prefill_seconds, prompt_tokens, drafted, accepted)
 
 
 @dataclass(frozen=True)
@@ -155,3 +185,38 @@ class SpeculatorDraft:
         spec = sparse.speculator
         ops.trim(spec.cache, len(spec.lookahead))
         return OwnCacheDraft(spec.model, spec.cache, len(ids), [first])
+
+    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
+        return ""  # its prompt KV is SpecPrefill's own: drafting costs no prefill
+
+    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
+                 accepted: int) -> None:
+        return None
+
+
+def draft_source(main: CausalLM, drafting: Drafting, method: PrefillMethod, needed: int,
+                 sampling: SamplingConfig) -> DraftSource:
+    """Drafting.model as a draft source for `main`: "self:K", a CausalLM on main's backend (checked
+    against main's vocabulary and `needed` = prompt + max_tokens), or None: the speculator. A draft
+    model gets its cost book when the run may follow measured times (not seeded sampling)."""
+    from ..driver import CausalLM  # the driver imports this module where drafting runs
+    if drafting.model is None:
+        if method.name != "specprefill":
+            raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
+                              "use method specprefill or give a draft model")
+        return SpeculatorDraft()
+    if isinstance(drafting.model, str):
+        return SelfDraft(self_speculator_layers(drafting.model, main.args.num_hidden_layers))
+    if not isinstance(drafting.model, CausalLM) or drafting.model.backend != main.backend:
+        raise ConfigError(f"the draft model must be a model loaded on the {main.backend} backend or 'self:K'")
+    check_companion("draft model", drafting.model.args, main.args, drafting.model.ops, main.ops)
+    if needed > drafting.model.args.max_position_embeddings:
+        raise PromptTooLongError(f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
+                                 f"context of {drafting.model.args.max_position_embeddings} tokens")
+    book = None
+    if sampling.clock_free:
+        from .draft_costs import CostBook, cost_key
+        book = CostBook(cost_key(backend=main.backend, device=main.device_name,
+                                 dtype=str(main.dtype).rsplit(".", 1)[-1], threads=main.ops.compute_threads,
+                                 main=main.args, draft=drafting.model.args), drafting.num_tokens)
+    return ModelDraft(drafting.model.model, drafting.model.prefill_step_size, book)

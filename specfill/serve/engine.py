@@ -177,6 +177,7 @@ class Engine:
                 "generation_tokens": last.generation_tokens, "generation_tps": round(last.generation_tps, 3),
                 "peak_memory_gb": round(last.peak_memory, 4), "queue_s": round(plan.queue_seconds, 6),
                 "drafted_tokens": last.drafted_tokens, "accepted_tokens": last.accepted_tokens,
+                "draft_skipped": last.draft_skipped,
                 # the field has always carried drafting's draft_prefill / draft / verify seconds too
                 "prefill_seconds": {k: round(v, 6) for k, v in {**info.seconds, **info.decode.seconds}.items()},
                 "notes": plan.notes}

@@ -1,0 +1,107 @@
+"""Drafting with a separate draft model, decided before its prompt prefill from costs measured here.
+
+A draft model must read the whole prompt before it drafts a token (`ModelDraft.prepare`); the
+adaptive draft length (draft_length.py) stops drafting once the measured step costs say it cannot
+pay, but by then that prefill is spent: on a CPU where a 0.5B draft step costs half a 1.5B step
+(fp32, AVX2), a 64-token reply ran at 0.82x of plain decoding although only 13% of its rounds drafted.
+
+So the costs a drafted decode measured are kept per machine, like `auto`'s crossover
+(core/crossover.py: same directory, same machine description, never a file measured elsewhere),
+under a key of the CPU, backend, device, dtype, threads and both models' shapes:
+    plain_step (s, one main-model decode step), draft_step (s), verify {T: s} (a main pass over T
+    tokens), prefill_per_token (s per prompt token of the draft model's prefill), acceptance (its
+    runs' accepted / drafted, the latest weighing half).
+The next decode with that pair first predicts, with draft_length's round model at that acceptance,
+    drafted = prefill_per_token * prompt_tokens + (new_tokens - 1) / max_k rate(k)
+    plain   = (new_tokens - 1) * plain_step
+and decodes plainly, without the draft's prefill, when drafted >= plain (info.decode.skipped says
+why). Only a timed adaptive run uses the book (a seeded sampling run never reads the clock, a fixed
+schedule drafts as asked); every timed run updates it, so `Drafting(adaptive=False)` remeasures.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..crossover import CALIBRATION_VERSION, calibration_path, cpu_description
+from ..models import ModelArgs
+from .draft_length import DraftLength
+
+ACCEPTANCE_WEIGHT = 2.0  # judged drafts the remembered acceptance counts for in the prediction
+COSTS = ("plain_step", "draft_step", "prefill_per_token", "acceptance")
+
+
+def cost_key(*, backend: str, device: str, dtype: str, threads: int, main: ModelArgs,
+             draft: ModelArgs) -> dict[str, Any]:
+    """Everything the step costs depend on (crossover.calibration_key's machine description)."""
+    key = {"version": CALIBRATION_VERSION, "machine": cpu_description(), "backend": backend, "device": device,
+           "dtype": dtype, "threads": threads, "method": "drafting", "main_shape": asdict(main),
+           "draft_shape": asdict(draft)}
+    return json.loads(json.dumps(key))  # as it reads back from the file (tuples become lists)
+
+
+@dataclass(frozen=True)
+class CostBook:
+    """The remembered costs of one (machine, main model, draft model) pair; max_k: Drafting.num_tokens."""
+
+    key: dict[str, Any]
+    max_k: int
+
+    def read(self) -> dict[str, Any] | None:
+        """The costs measured here before, or None (none yet, unreadable, or another machine's)."""
+        try:
+            data = json.loads(calibration_path(self.key).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        costs = data.get("costs") if isinstance(data, dict) and data.get("key") == self.key else None
+        if not isinstance(costs, dict) or not isinstance(costs.get("verify"), dict):
+            return None
+        if not all(type(costs.get(name)) in (int, float) and 0 <= costs[name] < math.inf for name in COSTS) \
+                or costs["plain_step"] <= 0:
+            return None
+        try:
+            costs["verify"] = {int(t): float(s) for t, s in costs["verify"].items() if 0 < float(s) < math.inf}
+        except (TypeError, ValueError):
+            return None
+        return costs
+
+    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
+        """Why drafting would not pay for this decode ("" when it would, or when nothing is known)."""
+        costs = self.read()
+        if costs is None or new_tokens < 2:
+            return ""
+        length = DraftLength(self.max_k)
+        length.draft_step, length.verify = costs["draft_step"], {**costs["verify"], 1: costs["plain_step"]}
+        length.accepted, length.judged = costs["acceptance"] * ACCEPTANCE_WEIGHT, ACCEPTANCE_WEIGHT
+        best = max(length.rate(k) for k in range(1, self.max_k + 1))
+        drafted = costs["prefill_per_token"] * prompt_tokens + (new_tokens - 1) / best
+        plain = (new_tokens - 1) * costs["plain_step"]
+        if drafted < plain:
+            return ""
+        return (f"drafting skipped: the step costs measured on this machine (draft step {costs['draft_step']:.3g} s, "
+                f"plain step {costs['plain_step']:.3g} s, acceptance {costs['acceptance']:.2f}) predict "
+                f"{drafted:.1f} s with the draft model's prompt prefill against {plain:.1f} s plain")
+
+    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
+                 accepted: int) -> None:
+        """Keep what a timed decode measured (costs it did not measure stay as they were)."""
+        old = self.read() or {}
+        plain_step = length.verify.get(1, old.get("plain_step"))
+        draft_step = length.draft_step if length.draft_step is not None else old.get("draft_step")
+        if plain_step is None or draft_step is None:
+            return  # a plain step and a draft step are the least a prediction needs
+        acceptance = accepted / drafted if drafted else old.get("acceptance", 0.0)
+        if drafted and "acceptance" in old:
+            acceptance = 0.5 * old["acceptance"] + 0.5 * acceptance
+        verify = {**old.get("verify", {}), **{t: s for t, s in length.verify.items() if t > 1}}
+        costs = {"plain_step": plain_step, "draft_step": draft_step,
+                 "verify": {str(t): round(s, 6) for t, s in sorted(verify.items())},
+                 "prefill_per_token": prefill_seconds / max(prompt_tokens, 1), "acceptance": round(acceptance, 4)}
+        path = calibration_path(self.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + f".{os.getpid()}.partial")
+        partial.write_text(json.dumps({"key": self.key, "costs": costs}, indent=1) + "\n", encoding="utf-8")
+        os.replace(partial, path)
