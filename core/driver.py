@@ -157,7 +157,8 @@ class CausalLM(Generic[A]):
         if drafting is not None:
             from .methods.draft_sources import draft_source  # drafting loads only when asked
             source = draft_source(self, drafting, method, len(ids) + max_tokens, sampling)
-        if source is not None and drafting.adaptive and (why := source.skip_reason(len(ids), max_tokens)):
+        book = None if source is None or not drafting.adaptive else source.costs_book()
+        if book is not None and (why := book.skip_reason(len(ids), max_tokens)):
             info.decode.skipped, source, drafting = why, None, None  # plain decoding, no draft prefill
         if max_tokens == 0:
             return iter(())
@@ -231,6 +232,8 @@ class CausalLM(Generic[A]):
         state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
         info.decode.seconds["draft_prefill"] = self.ops.wall_time() - started
         length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive, timed=sampling.clock_free)
+        if (book := draft.costs_book()) is not None:
+            book.seed(length)  # costs kept from earlier runs: no single slow first measurement decides
         info.decode.draft_lengths = length.trajectory
         for token, from_draft in speculative_decode(
                 self.ops, self.model, cache, first, next_position=len(ids), draft=state, length=length,
@@ -239,8 +242,8 @@ class CausalLM(Generic[A]):
             info.decode.seconds.update(state.seconds)
             info.decode.from_draft.append(from_draft)
             yield token
-        if length.timed:
-            draft.remember(length, info.decode.seconds["draft_prefill"], len(ids), state.drafted, state.accepted)
+        if (book := draft.costs_book()) is not None:
+            book.remember(length, info.decode.seconds["draft_prefill"], len(ids), state.drafted, state.accepted)
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or the process's peak resident set on CPU) so far, in GB."""

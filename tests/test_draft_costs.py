@@ -83,6 +83,24 @@ def test_another_machines_or_a_corrupt_file_is_never_used(tmp_path, monkeypatch)
     assert book.read() is None
 
 
+def test_kept_costs_seed_the_draft_length_and_new_measurements_join_them(tmp_path, monkeypatch):
+    book = tiny_book(tmp_path, monkeypatch)
+    fresh = DraftLength(4)
+    book.seed(fresh)  # nothing kept: nothing seeded
+    assert fresh.verify == {} and fresh.draft_step is None
+    book.remember(measured(0.5, 0.26, 0.75), prefill_seconds=4.0, prompt_tokens=500, drafted=4, accepted=4)
+    seeded = DraftLength(4)
+    book.seed(seeded)
+    assert seeded.verify == {1: 0.5, 5: 0.75} and seeded.draft_step == 0.26
+    assert seeded.acceptance == 0.75  # the prior: acceptance belongs to the prompt, not the machine
+    slow_first = DraftLength(4)
+    for length in (slow_first, seeded):  # a plain round, then a first 5-row verify twice as slow
+        length.record(0, 0, 0.0, 0.5)
+        length.record(4, 4, 4 * 0.26, 1.5)
+    assert seeded.verify[5] == 0.75 and slow_first.verify[5] == 1.5
+    assert seeded.rate(3) > slow_first.rate(3)
+
+
 def test_nothing_is_kept_without_a_measured_draft_step(tmp_path, monkeypatch):
     book = tiny_book(tmp_path, monkeypatch)
     plain_only = DraftLength(4)

@@ -15,7 +15,8 @@ The next decode with that pair first predicts, with draft_length's round model a
     drafted = prefill_per_token * prompt_tokens + (new_tokens - 1) / max_k rate(k)
     plain   = (new_tokens - 1) * plain_step
 and decodes plainly, without the draft's prefill, when drafted >= plain (info.decode.skipped says
-why). Only a timed adaptive run uses the book (a seeded sampling run never reads the clock, a fixed
+why). Where it drafts, the kept costs are the draft length's first measurements (`seed`): one slow
+first verify of a shape no longer prices longer drafts out for a whole decode. Only a timed adaptive run uses the book (a seeded sampling run never reads the clock, a fixed
 schedule drafts as asked); every timed run updates it, so `Drafting(adaptive=False)` remeasures.
 """
 from __future__ import annotations
@@ -84,6 +85,17 @@ class CostBook:
         return (f"drafting skipped: the step costs measured on this machine (draft step {costs['draft_step']:.3g} s, "
                 f"plain step {costs['plain_step']:.3g} s, acceptance {costs['acceptance']:.2f}) predict "
                 f"{drafted:.1f} s with the draft model's prompt prefill against {plain:.1f} s plain")
+
+    def seed(self, length: DraftLength) -> None:
+        """Start `length` from the kept step costs as its first measurements (a round's own times
+        join them, the least of the last few counting), so that one slow first pass of a shape does
+        not price longer drafts out for the whole decode. The acceptance starts at its prior."""
+        costs = self.read()
+        if costs is None:
+            return
+        for tokens, seconds in {**costs["verify"], 1: costs["plain_step"]}.items():
+            length.samples[tokens], length.verify[tokens] = [seconds], seconds
+        length.samples[0], length.draft_step = [costs["draft_step"]], costs["draft_step"]
 
     def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
                  accepted: int) -> None:

@@ -27,7 +27,6 @@ from .prefill import prefill
 if TYPE_CHECKING:
     from ..driver import CausalLM
     from .draft_costs import CostBook
-    from .draft_length import DraftLength
 from .specprefill import SparsePrefill
 
 
@@ -114,12 +113,9 @@ class DraftSource(Protocol):
         """The draft ready to read `first` at position len(ids): main / cache are the main model and
         its cache, sparse SpecPrefill's result (None after full prefill), room the decode's slots."""
 
-    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
-        """Why drafting cannot pay for this decode, from costs measured here before; "" to draft."""
-
-    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
-                 accepted: int) -> None:
-        """Keep what a finished drafted decode measured, for the next decode's skip_reason."""
+    def costs_book(self) -> CostBook | None:
+        """Where this draft's step costs measured on this machine are kept (methods/draft_costs.py),
+        None for a draft with no prefill of its own or a run that must not follow the clock."""
 
 
 @dataclass(frozen=True)
@@ -135,12 +131,8 @@ class SelfDraft:
                 sparse: SparsePrefill | None, room: int) -> DraftState:
         return SharedCacheDraft(ops.first_layers(main, self.layers), cache, len(ids), [first], layers=self.layers)
 
-    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
-        return ""  # no prefill of its own: the adaptive length alone decides, round by round
-
-    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
-                 accepted: int) -> None:
-        return None
+    def costs_book(self) -> CostBook | None:
+        return None  # no prefill of its own: the adaptive length alone decides, round by round
 
 
 @dataclass(frozen=True)
@@ -162,13 +154,8 @@ class ModelDraft:
         prefill(ops, self.model, ops.tokens(ids), 0, draft_cache, step_size=self.step_size)
         return OwnCacheDraft(self.model, draft_cache, len(ids), [first])
 
-    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
-        return "" if self.book is None else self.book.skip_reason(prompt_tokens, new_tokens)
-
-    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
-                 accepted: int) -> None:
-        if self.book is not None:
-            self.book.remember(length, prefill_seconds, prompt_tokens, drafted, accepted)
+    def costs_book(self) -> CostBook | None:
+        return self.book
 
 
 @dataclass(frozen=True)
@@ -186,12 +173,8 @@ class SpeculatorDraft:
         ops.trim(spec.cache, len(spec.lookahead))
         return OwnCacheDraft(spec.model, spec.cache, len(ids), [first])
 
-    def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
-        return ""  # its prompt KV is SpecPrefill's own: drafting costs no prefill
-
-    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
-                 accepted: int) -> None:
-        return None
+    def costs_book(self) -> CostBook | None:
+        return None  # its prompt KV is SpecPrefill's own: drafting costs no prefill
 
 
 def draft_source(main: CausalLM, drafting: Drafting, method: PrefillMethod, needed: int,
