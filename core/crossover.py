@@ -117,12 +117,17 @@ def save_calibration(key: dict[str, Any], points: dict[int, tuple[float, float]]
             "points": {str(n): {"full_s": round(full, 6), "sparse_s": round(sparse, 6)}
                        for n, (full, sparse) in sorted(points.items())},
             "crossover_tokens": crossover_from_points(points)}
+    write_calibration(key, data)
+    return data
+
+
+def write_calibration(key: dict[str, Any], data: dict[str, Any]) -> None:
+    """Write `data` as the file of `key` whole or not at all (a partial file, then one rename)."""
     path = calibration_path(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + f".{os.getpid()}.partial")
     partial.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     os.replace(partial, path)
-    return data
 
 
 def calibrate(measure: Measure, lengths: Sequence[int], budget_s: float = CALIBRATION_BUDGET_S,

@@ -232,7 +232,8 @@ class CausalLM(Generic[A]):
         state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
         info.decode.seconds["draft_prefill"] = self.ops.wall_time() - started
         length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive, timed=sampling.clock_free)
-        if (book := draft.costs_book()) is not None:
+        book = draft.costs_book()
+        if book is not None:
             book.seed(length)  # costs kept from earlier runs: no single slow first measurement decides
         info.decode.draft_lengths = length.trajectory
         for token, from_draft in speculative_decode(
@@ -242,7 +243,7 @@ class CausalLM(Generic[A]):
             info.decode.seconds.update(state.seconds)
             info.decode.from_draft.append(from_draft)
             yield token
-        if (book := draft.costs_book()) is not None:
+        if book is not None:
             book.remember(length, info.decode.seconds["draft_prefill"], len(ids), state.drafted, state.accepted)
 
     def peak_memory_gb(self) -> float:

@@ -97,6 +97,7 @@ def run(lm, tokenizer, ids: list[int], method: str) -> dict:
     outer = ("qkv_proj", "rope", "kv_cache_write", "attention", "o_proj", "mlp", "lm_head")
     parts["rest"] = total - sum(parts.get(name, 0.0) for name in outer)
     return {"method": method, "tokens": len(ids), "total_s": total, "ttft_s": out[0].ttft, "parts_s": parts,
+            "first_token": out[0].token,
             "cpu_s": cpu, "steps": steps, "load_after": round(os.getloadavg()[0], 2)}
 
 
@@ -120,7 +121,9 @@ def goals(rows: list[dict]) -> list[dict]:
                           "work_ratio": work, "bound_s": bound, "of_bound": bound / mine["ttft_s"],
                           "of_own_bound": own / mine["ttft_s"], "attention_speedup": attn / h2o_attn,
                           "attention_rate_vs_sdpa": attn * work / h2o_attn,
-                          "cpu_speedup": full["cpu_s"] / mine["cpu_s"] if "cpu_s" in full else None})
+                          "cpu_speedup": full["cpu_s"] / mine["cpu_s"] if "cpu_s" in full else None,
+                          "same_first_token": None if "first_token" not in full else
+                          full["first_token"] == mine.get("first_token")})
     return found
 
 
@@ -135,13 +138,14 @@ def write(rows: list[dict], out: Path, title: str, machine: dict) -> None:
              "per prefill in the JSON).", "",
              "| tokens | full TTFT s | H2O TTFT s | H2O speed-up | attention share of full | H2O work / full "
              "| FLOP bound s | H2O at % of bound | same, H2O's own non-attention time | attention speed-up "
-             "| H2O attention rate / SDPA's | speed-up in CPU seconds |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| H2O attention rate / SDPA's | speed-up in CPU seconds | same first token |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {g['tokens']} | {g['full_ttft_s']:.1f} | {g['h2o_ttft_s']:.1f} | {g['speedup']:.2f}x | "
               f"{g['attention_share']:.0%} | {g['work_ratio']:.3f} | {g['bound_s']:.1f} | {g['of_bound']:.0%} | "
               f"{g.get('of_own_bound', 0):.0%} | {g.get('attention_speedup', 0):.2f}x | "
               f"{g['attention_rate_vs_sdpa']:.2f} | "
-              + (f"{g['cpu_speedup']:.2f}x |" if g["cpu_speedup"] else "- |") for g in found]
+              + (f"{g['cpu_speedup']:.2f}x |" if g["cpu_speedup"] else "- |")
+              + f" {'-' if g.get('same_first_token') is None else g['same_first_token']} |" for g in found]
     lines += ["", "FLOP bound = (T_full - A_full) + A_full * W_h2o / W_full (A: full's attention seconds, W: q.k "
               "products, dense tail counted). bf16 not measured: torch bf16 matmul is ~50x slower than fp32 on "
               "this AVX2-only CPU.", "", "Seconds per part of one whole prefill (nested: h2o:* and tail:* are "

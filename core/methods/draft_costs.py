@@ -15,19 +15,19 @@ The next decode with that pair first predicts, with draft_length's round model a
     drafted = prefill_per_token * prompt_tokens + (new_tokens - 1) / max_k rate(k)
     plain   = (new_tokens - 1) * plain_step
 and decodes plainly, without the draft's prefill, when drafted >= plain (info.decode.skipped says
-why). Where it drafts, the kept costs are the draft length's first measurements (`seed`): one slow
-first verify of a shape no longer prices longer drafts out for a whole decode. Only a timed adaptive run uses the book (a seeded sampling run never reads the clock, a fixed
-schedule drafts as asked); every timed run updates it, so `Drafting(adaptive=False)` remeasures.
+why). Where it drafts, the kept costs are the draft length's first measurements (`seed`), so one
+slow first verify of a shape does not price longer drafts out for a whole decode. Only an adaptive
+run skips (a fixed schedule drafts as asked); a seeded sampling run never reads the clock, so it has
+no book; every other run updates it, `Drafting(adaptive=False)` included.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..crossover import CALIBRATION_VERSION, calibration_path, cpu_description
+from ..crossover import calibration_key, calibration_path, write_calibration
 from ..models import ModelArgs
 from .draft_length import DraftLength
 
@@ -37,11 +37,18 @@ COSTS = ("plain_step", "draft_step", "prefill_per_token", "acceptance")
 
 def cost_key(*, backend: str, device: str, dtype: str, threads: int, main: ModelArgs,
              draft: ModelArgs) -> dict[str, Any]:
-    """Everything the step costs depend on (crossover.calibration_key's machine description)."""
-    key = {"version": CALIBRATION_VERSION, "machine": cpu_description(), "backend": backend, "device": device,
-           "dtype": dtype, "threads": threads, "method": "drafting", "main_shape": asdict(main),
-           "draft_shape": asdict(draft)}
+    """Everything the step costs depend on: crossover.calibration_key with method "drafting" and
+    the draft model's shape as the method's configuration."""
+    key = calibration_key(backend=backend, device=device, dtype=dtype, threads=threads, model_shape=asdict(main),
+                          method="drafting", method_config={"draft_shape": asdict(draft)})
     return json.loads(json.dumps(key))  # as it reads back from the file (tuples become lists)
+
+
+def fill(length: DraftLength, costs: dict[str, Any]) -> None:
+    """Kept costs as `length`'s measurements: each the one sample of its kind so far."""
+    for tokens, seconds in {**costs["verify"], 1: costs["plain_step"]}.items():
+        length.samples[tokens], length.verify[tokens] = [seconds], seconds
+    length.samples[0], length.draft_step = [costs["draft_step"]], costs["draft_step"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class CostBook:
         if costs is None or new_tokens < 2:
             return ""
         length = DraftLength(self.max_k)
-        length.draft_step, length.verify = costs["draft_step"], {**costs["verify"], 1: costs["plain_step"]}
+        fill(length, costs)
         length.accepted, length.judged = costs["acceptance"] * ACCEPTANCE_WEIGHT, ACCEPTANCE_WEIGHT
         best = max(length.rate(k) for k in range(1, self.max_k + 1))
         drafted = costs["prefill_per_token"] * prompt_tokens + (new_tokens - 1) / best
@@ -91,11 +98,8 @@ class CostBook:
         join them, the least of the last few counting), so that one slow first pass of a shape does
         not price longer drafts out for the whole decode. The acceptance starts at its prior."""
         costs = self.read()
-        if costs is None:
-            return
-        for tokens, seconds in {**costs["verify"], 1: costs["plain_step"]}.items():
-            length.samples[tokens], length.verify[tokens] = [seconds], seconds
-        length.samples[0], length.draft_step = [costs["draft_step"]], costs["draft_step"]
+        if costs is not None:
+            fill(length, costs)
 
     def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
                  accepted: int) -> None:
@@ -112,8 +116,4 @@ class CostBook:
         costs = {"plain_step": plain_step, "draft_step": draft_step,
                  "verify": {str(t): round(s, 6) for t, s in sorted(verify.items())},
                  "prefill_per_token": prefill_seconds / max(prompt_tokens, 1), "acceptance": round(acceptance, 4)}
-        path = calibration_path(self.key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + f".{os.getpid()}.partial")
-        partial.write_text(json.dumps({"key": self.key, "costs": costs}, indent=1) + "\n", encoding="utf-8")
-        os.replace(partial, path)
+        write_calibration(self.key, {"key": self.key, "costs": costs})
