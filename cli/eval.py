@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 
 from specfill.api import resolve_backend
-from specfill.core import ConfigError
+from specfill.core import ConfigError, SpecPrefillConfig
 from specfill.evaluation.eval_report import write_eval
 from specfill.evaluation.quality import RETRIEVAL_TASKS, EvalPlan, run_eval
 from specfill.evaluation.ruler_data import RulerDataMissing, ruler_available
@@ -42,6 +42,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--speculator", default="self:8")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None)
+    p.add_argument("--candidates", nargs="+", default=None, metavar="NAME[:key=value,...]",
+                   help="RULER selection protocol: compare these settings on saved speculator passes instead of the "
+                        "method sweep. Each is 'full', 'h2o...:' + H2OConfig fields, any other name + SpecPrefillConfig "
+                        "fields (e.g. 'mean 0.2:keep_ratio=0.2,layer_reduction=mean'), 'defaults' (full and each "
+                        "method's default) or 'grid' (the built-in SpecPrefill candidates); docs/eval.md")
+    p.add_argument("--selection-only", action="store_true",
+                   help="with --candidates: what each SpecPrefill candidate keeps of the answer spans, no main-model decoding")
+    p.add_argument("--end-to-end", action="store_true",
+                   help="with --candidates: decode SpecPrefill candidates through the API, one speculator pass each "
+                        "(TTFT measured in one call; default: from the saved pass)")
+    p.add_argument("--cache-dir", default=None,
+                   help="speculator passes and full-prefill answers kept between runs "
+                        "(default: $SPECFILL_CACHE/eval or ~/.cache/specfill/eval)")
     p.add_argument("--out", default="results/eval")
     p.add_argument("--name", default="eval")
     add_method_options(p, sweep=True)
@@ -68,6 +81,8 @@ def _check_tasks(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     tasks = _check_tasks(args)
+    if args.candidates is not None or args.selection_only or args.end_to_end:
+        return _run_protocol(args, tasks)
     for keep in args.keeps:  # validates every swept setting up front
         for rule in args.score_layers:
             specprefill_config(args, keep_ratio=keep, layers=rule)
@@ -87,5 +102,44 @@ def run(args: argparse.Namespace) -> int:
         result = run_eval(plan, log=bar.log, step=bar.step,
                           cell_done=lambda partial: write_eval(partial, args.out, args.name))
     for path in write_eval(result, args.out, args.name):
+        print(path)
+    return 0
+
+
+def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:
+    """`--candidates`: evaluation/ruler_protocol.py on the RULER tasks, results written as they come."""
+    import os
+    from pathlib import Path
+
+    from specfill.evaluation.machine import default_eval_dtype, describe_machine
+    from specfill.evaluation.ruler_protocol import ProtocolPlan, resolve_candidates, run_protocol
+    from specfill.evaluation.ruler_protocol_report import write_protocol_report
+
+    if args.candidates is None:
+        raise ConfigError("--selection-only and --end-to-end go with --candidates")
+    if set(tasks) - set(RULER_TASKS):
+        raise ConfigError(f"--candidates runs RULER tasks only, not {', '.join(sorted(set(tasks) - set(RULER_TASKS)))}")
+    if args.model is None:
+        raise ConfigError("--candidates needs --model (the main model the speculator's choices are for)")
+    candidates = resolve_candidates(args.candidates)
+    backend = resolve_backend(args.backend)
+    cache = Path(args.cache_dir) if args.cache_dir else Path(os.environ.get("SPECFILL_CACHE", Path.home() / ".cache/specfill")) / "eval"
+    plan = ProtocolPlan(model=args.model, speculator=args.speculator, backend=backend,
+                        dtype=args.dtype or default_eval_dtype(backend, args.device), device=args.device,
+                        tasks=tuple(tasks), lengths=tuple(args.ruler_lengths), candidates=candidates,
+                        trials=args.trials, first=args.ruler_first_sample, seed=args.ruler_seed,
+                        chat_template=not args.ignore_chat_template, answer_tokens=args.answer_tokens,
+                        selection_only=args.selection_only, end_to_end=args.end_to_end, cache_dir=cache)
+    out = Path(args.out)
+    per_sample = sum(1 for c in candidates.values() if not args.selection_only or isinstance(c, SpecPrefillConfig))
+    total = len(plan.lengths) * len(plan.tasks) * plan.trials * per_sample
+
+    def step(label: str) -> None:
+        bar.log(label)
+        bar.step(total, label[:60])
+
+    with WorkProgressBar("eval") as bar:
+        result = run_protocol(plan, out / f"{args.name}.json", log=bar.log, step=step, machine=describe_machine())
+    for path in [out / f"{args.name}.json", *write_protocol_report(result, out, args.name)]:
         print(path)
     return 0

@@ -61,6 +61,8 @@ def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
     p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
     p.add_argument("--select-chunk", type=int, default=SpecPrefillConfig.select_chunk)
+    p.add_argument("--h2o-dense-layers", type=int, default=H2OConfig.dense_layers,
+                   help="H2O: the first N layers attend to every key (full attention), the later ones run H2O")
     p.add_argument("--h2o-memory-share", type=float, default=None,
                    help="H2O memory L+H as this share of the prompt (split L:H as given, below S); default: fixed L, H")
     p.add_argument("--lookahead-reduction", default=SpecPrefillConfig.lookahead_reduction,
@@ -74,6 +76,21 @@ def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                    help=f"with --keep-mass: keep at most this share of the chunks (default {MASS_CEILING})")
     p.add_argument("--neighbours", type=int, default=SpecPrefillConfig.neighbours,
                    help="SpecPrefill: also keep this many chunks each side of every selected chunk")
+    p.add_argument("--layer-reduction", default=SpecPrefillConfig.layer_reduction,
+                   help="SpecPrefill: mean or max over the speculator's scoring layers")
+    p.add_argument("--head-reduction", default=SpecPrefillConfig.head_reduction,
+                   help="SpecPrefill: mean or max over the speculator's attention heads")
+    p.add_argument("--token-floor", type=int, default=SpecPrefillConfig.token_floor,
+                   help="SpecPrefill: keep at least this many tokens whatever the keep rule says")
+    p.add_argument("--keep-first", type=int, default=SpecPrefillConfig.keep_first,
+                   help="SpecPrefill: always keep the prompt's first N tokens (on top of the budget)")
+    p.add_argument("--keep-last", type=int, default=SpecPrefillConfig.keep_last,
+                   help="SpecPrefill: always keep the prompt's last N tokens (on top of the budget)")
+
+
+# SpecPrefillConfig's scoring and selection settings an option sets by their own names (--layer-reduction ...)
+SELECTION_OPTIONS = ("lookahead_reduction", "layer_reduction", "head_reduction", "neighbours", "token_floor",
+                     "keep_first", "keep_last")
 
 
 def parse_keep(text: str) -> dict:
@@ -88,7 +105,8 @@ def parse_keep(text: str) -> dict:
 
 
 def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
-    settings = {"dense_tail": args.h2o_dense_tail, "memory_share": args.h2o_memory_share, **overrides}
+    settings = {"dense_tail": args.h2o_dense_tail, "memory_share": args.h2o_memory_share,
+                "dense_layers": args.h2o_dense_layers, **overrides}
     return H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy, **settings)
 
 
@@ -97,15 +115,16 @@ def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConf
     mass = {"keep_mass": args.keep_mass, "mass_floor": args.mass_floor, "mass_ceiling": args.mass_ceiling}
     given |= {k: v for k, v in mass.items() if v is not None}  # SpecPrefillConfig's one check names a conflict
     keep = {} if {"keep_ratio", "keep_tokens", "keep_mass"} & overrides.keys() else given
-    settings = {"layers": args.score_layers, "lookahead_reduction": args.lookahead_reduction,
-                "neighbours": args.neighbours, **keep, **overrides}
+    settings = {"layers": args.score_layers, **{name: getattr(args, name) for name in SELECTION_OPTIONS},
+                **keep, **overrides}
     return SpecPrefillConfig(lookahead=args.lookahead, pool_kernel=args.pool_kernel,
                              select_chunk=args.select_chunk, **settings)
 
 
-_METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy", "h2o_dense_tail", "h2o_memory_share"),
+_METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy", "h2o_dense_tail", "h2o_memory_share",
+                           "h2o_dense_layers"),
                    "specprefill": ("keep", "lookahead", "pool_kernel", "select_chunk", "speculator", "score_layers",
-                                   "lookahead_reduction", "keep_mass", "mass_floor", "mass_ceiling", "neighbours")}
+                                   "keep_mass", "mass_floor", "mass_ceiling", *SELECTION_OPTIONS)}
 
 
 def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) -> None:

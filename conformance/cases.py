@@ -127,4 +127,9 @@ SPEC_CASES: list[SpecCase] = [
     SpecCase("mass=0.3,max,neighbours=2", 257,
              SpecPrefillConfig(keep_mass=0.3, mass_floor=0.05, mass_ceiling=0.2, lookahead_reduction="max",
                                neighbours=2, select_chunk=4), seed=17),
+    # issue 34's options: a token floor above the ratio's budget, always-kept first and last
+    # tokens, scoring layers as a share (the last half)
+    SpecCase("floor+edges,last-0.5", 200,
+             SpecPrefillConfig(keep_ratio=0.05, token_floor=48, keep_first=5, keep_last=9, layers="last-0.5",
+                               layer_reduction="mean", select_chunk=8), seed=18),
 ]

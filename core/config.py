@@ -54,6 +54,9 @@ class H2OConfig:
     built after the final chunk (later layers see the tail's changed hidden states, as they must).
     H2O is enabled iff L + H > 0. L + H < S is enforced by clamping (heavy first, then local)
     with a SpecfillWarning, as the llama.cpp plan does.
+    dense_layers: the first this many layers attend causally to every key (full attention) and
+    only the later ones run H2O: every later layer then reads keys and values computed from
+    whole-prompt context in the layers below (0: seed 001's method in every layer).
     memory_share: None (L and H as given) or a share of the prompt in (0, 1): a prompt of N tokens
     then gets L + H = round(share * N) (at least 1, below S), split in the given L:H proportion
     (half and half when both are 0): a memory growing with the prompt rather than fixed
@@ -66,9 +69,11 @@ class H2OConfig:
     heavy: int = 256
     dense_tail: int = 64  # measured: results/eval/fidelity/demo_h2o_dense_tail.md (docs/results.md)
     memory_share: float | None = None
+    dense_layers: int = 0
 
     def __post_init__(self) -> None:
         s = _require_int("chunk_size (S)", self.chunk_size, 1)
+        _require_int("dense_layers", self.dense_layers, 0)
         if self.memory_share is not None:
             share = _require_share("memory_share", self.memory_share)
             if share >= 1.0:
@@ -110,7 +115,8 @@ class H2OConfig:
         memory = max(1, min(self.chunk_size - 1, round(self.memory_share * n_tokens)))
         given = self.local + self.heavy
         local = round(memory * (self.local / given if given else 0.5))
-        return H2OConfig(self.chunk_size, self.batch_size, local, memory - local, self.dense_tail)
+        return H2OConfig(self.chunk_size, self.batch_size, local, memory - local, self.dense_tail,
+                         dense_layers=self.dense_layers)
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,11 @@ class SpecPrefillConfig:
     what was found: the rest of a statement or sentence a chunk boundary cut); the kept count
     grows up to (2 * neighbours + 1) times.
     force_keep_last: always keep the last prompt token so decoding has its context.
+    token_floor: keep at least this many tokens (in whole chunks) whatever the keep rule says:
+    a short prompt's 10% is too few to hold a question and its answer (0: no floor).
+    keep_first / keep_last: the prompt's first / last this many tokens are always kept, on top of
+    the budget (the system prompt and instructions; the question and the chat template's turn
+    markers, which every answer reads) (0: none; force_keep_last still keeps the last token).
     """
 
     keep_ratio: float | None = None
@@ -156,6 +167,9 @@ class SpecPrefillConfig:
     mass_floor: float | None = None  # resolved to MASS_FLOOR with keep_mass
     mass_ceiling: float | None = None  # resolved to MASS_CEILING with keep_mass
     neighbours: int = 0
+    token_floor: int = 0
+    keep_first: int = 0
+    keep_last: int = 0
 
     def __post_init__(self) -> None:
         given = [name for name in ("keep_ratio", "keep_tokens", "keep_mass") if getattr(self, name) is not None]
@@ -188,7 +202,8 @@ class SpecPrefillConfig:
         if self.pool_kernel % 2 == 0:
             raise ConfigError(f"pool_kernel must be odd (centred pooling), got {self.pool_kernel}")
         _require_int("select_chunk", self.select_chunk, 1)
-        _require_int("neighbours", self.neighbours, 0)
+        for name in ("neighbours", "token_floor", "keep_first", "keep_last"):
+            _require_int(name, getattr(self, name), 0)
         for name in ("head_reduction", "layer_reduction", "lookahead_reduction"):
             if getattr(self, name) not in REDUCTIONS:
                 raise ConfigError(f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}")
@@ -205,18 +220,24 @@ class SpecPrefillConfig:
         return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass, **bounds)
 
     def layer_indices(self, n_layers: int) -> list[int]:
-        """Speculator layers used for scoring: all of them, or the last K."""
+        """Speculator layers used for scoring: all of them, the last K, or the last share F of them
+        ("last-0.67": round(F * n_layers), at least one)."""
         spec = str(self.layers).strip().lower()
         if spec == "all":
             return list(range(n_layers))
         if spec.startswith("last-"):
+            text = spec[len("last-"):]
+            k = 0
             try:
-                k = int(spec[len("last-"):])
+                if text.isdigit():
+                    k = int(text)
+                elif 0.0 < float(text) < 1.0:
+                    k = max(1, round(float(text) * n_layers)) if n_layers else 1
             except ValueError:
-                k = 0
+                pass
             if k >= 1:
                 return list(range(max(0, n_layers - k), n_layers))
-        raise ConfigError(f"layers must be 'all' or 'last-K' with K >= 1, got {self.layers!r}")
+        raise ConfigError(f"layers must be 'all', 'last-K' with K >= 1 or 'last-F' with F in (0, 1), got {self.layers!r}")
 
     def n_kept_chunks(self, n_chunks: int) -> int:
         """How many selection chunks survive, for a prompt cut into n_chunks (the mass rule:
@@ -227,11 +248,12 @@ class SpecPrefillConfig:
         """(fewest, most) selected chunks: equal unless the mass rule is on (its floor, ceiling)."""
         if n_chunks <= 0:
             return 0, 0
+        floor = min(n_chunks, math.ceil(self.token_floor / self.select_chunk))
         if self.keep_mass is not None:
-            low, high = (max(1, min(n_chunks, math.ceil(n_chunks * r - 1e-9)))
+            low, high = (max(1, floor, min(n_chunks, math.ceil(n_chunks * r - 1e-9)))
                          for r in (self.mass_floor, self.mass_ceiling))
             return low, high
-        k = self._fixed_chunks(n_chunks)
+        k = max(floor, self._fixed_chunks(n_chunks))
         return k, k
 
     def _fixed_chunks(self, n_chunks: int) -> int:

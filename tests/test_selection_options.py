@@ -135,3 +135,38 @@ def test_memory_share_resolves_per_prompt_in_the_given_proportion_below_the_chun
 def test_bad_memory_share_is_one_config_error(share):
     with pytest.raises(ConfigError):
         H2OConfig(memory_share=share)
+
+
+def test_a_token_floor_raises_the_budget_and_edges_are_always_kept():
+    rng = np.random.default_rng(1)
+    importance = rng.uniform(size=100)
+    low = SpecPrefillConfig(keep_ratio=0.1, select_chunk=4, force_keep_last=False)
+    assert len(specprefill.select_tokens(importance, low).kept) == 12  # ceil(25 * 0.1) = 3 chunks
+    floored = SpecPrefillConfig(keep_ratio=0.1, select_chunk=4, force_keep_last=False, token_floor=30)
+    assert len(specprefill.select_tokens(importance, floored).kept) == 32  # ceil(30 / 4) = 8 chunks
+    assert floored.chunk_range(25) == (8, 8) and SpecPrefillConfig(token_floor=10_000).chunk_range(25) == (25, 25)
+    mass = SpecPrefillConfig(keep_mass=0.1, mass_floor=0.04, mass_ceiling=0.2, token_floor=40, select_chunk=4)
+    assert mass.chunk_range(25) == (10, 10)
+    importance = np.zeros(100)
+    importance[50] = 1.0
+    edges = SpecPrefillConfig(keep_tokens=4, select_chunk=4, keep_first=3, keep_last=5, force_keep_last=False)
+    kept = specprefill.select_tokens(importance, edges).kept.tolist()
+    assert kept == [0, 1, 2, 48, 49, 50, 51, 95, 96, 97, 98, 99]
+    assert len(kept) <= specprefill.keep_count_upper_bound(100, edges)
+    tiny = specprefill.select_tokens(np.ones(3), SpecPrefillConfig(keep_first=10, keep_last=10)).kept.tolist()
+    assert tiny == [0, 1, 2]
+
+
+def test_scoring_layers_as_a_share_of_the_speculator():
+    assert SpecPrefillConfig(layers="last-0.5").layer_indices(24) == list(range(12, 24))
+    assert SpecPrefillConfig(layers="last-0.67").layer_indices(24) == list(range(8, 24))
+    assert SpecPrefillConfig(layers="last-0.1").layer_indices(3) == [2]  # at least one layer
+    for bad in ("last-1.5", "last-0", "last-x", "first-0.5"):
+        with pytest.raises(ConfigError):
+            SpecPrefillConfig(layers=bad)
+
+
+@pytest.mark.parametrize("fields", [{"token_floor": -1}, {"keep_first": 1.5}, {"keep_last": True}])
+def test_bad_floor_or_edges_are_one_config_error(fields):
+    with pytest.raises(ConfigError):
+        SpecPrefillConfig(**fields)

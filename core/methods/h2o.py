@@ -169,8 +169,9 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
 
 class H2OPrefillAttention(Generic[A]):
     """The `PrefillAttention` of H2O prefill over a prompt of `n_tokens`: one carry per layer,
-    advanced by each logical batch (one prefill step per batch). windows: each layer's sliding
-    window (ModelArgs.layer_window; empty: every layer global)."""
+    advanced by each logical batch (one prefill step per batch); the first config.dense_layers
+    layers attend causally to every key instead (no carry, no memory sets). windows: each
+    layer's sliding window (ModelArgs.layer_window; empty: every layer global)."""
 
     def __init__(self, ops: H2OOps[A], config: H2OConfig, n_layers: int, scale: float, n_tokens: int,
                  windows: Sequence[int | None] = ()):
@@ -182,6 +183,8 @@ class H2OPrefillAttention(Generic[A]):
         self.carries: list[H2OCarry[A] | None] = [None] * n_layers
 
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
+        if layer < self.config.dense_layers:  # full causal attention below the H2O layers
+            return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
         end = k.shape[2]
         start = end - q.shape[2]
         carry = self.carries[layer] or H2OCarry(scores=self.ops.zero_scores(k.shape[1], 0, q))

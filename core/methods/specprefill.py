@@ -145,16 +145,13 @@ def prefill_kept(ops: ModelOps[A], model: Any, ids: np.ndarray, selection: Selec
 def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
                         config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
                         step_size: int, speculator_step_size: int, report: StageProgress | None = None,
-                        speculator_extra_slots: int = 0, speculated: SpeculatorPass[A] | None = None) -> SparsePrefill[A]:
+                        speculator_extra_slots: int = 0) -> SparsePrefill[A]:
     """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
     cache with room for `extra_slots` decoded tokens after them. `report` is told after every
-    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill.
-    speculated: a pass of `speculator` over these ids already run (scoring settings compared on
-    one pass, evaluation/ruler_fix.py); its time is then not in seconds["speculator"]."""
+    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
     started = ops.wall_time()
-    spec = speculated or run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
-                                        step_size=speculator_step_size, report=report,
-                                        extra_slots=speculator_extra_slots)
+    spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
+                          step_size=speculator_step_size, report=report, extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
                                   speculator.args.layer_windows)

@@ -104,7 +104,8 @@ def with_neighbours(chosen: np.ndarray, n_chunks: int, neighbours: int) -> np.nd
 
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
     """Top chunks by mean score (ties to the earlier chunk): ceil(n_chunks * keep) of them, or as
-    many as the mass rule asks; then their neighbours (config.neighbours each side) and the last
+    many as the mass rule asks (at least config.token_floor tokens' worth); then their neighbours
+    (config.neighbours each side), the first keep_first and last keep_last tokens and the last
     token; kept tokens keep their original positions and decoding resumes at P."""
     n_tokens = int(importance.shape[0])
     if n_tokens < 1:
@@ -119,6 +120,8 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
         n_keep = mass_chunk_count(scores, counts, ranked, config)
     order = with_neighbours(ranked[:n_keep], len(scores), config.neighbours)
     kept = [np.arange(c * chunk, min((c + 1) * chunk, n_tokens)) for c in order]
+    kept.append(np.arange(min(config.keep_first, n_tokens)))
+    kept.append(np.arange(max(0, n_tokens - config.keep_last), n_tokens))
     if config.force_keep_last:
         kept.append(np.array([n_tokens - 1]))
     kept_positions = np.unique(np.concatenate(kept)).astype(np.int64)
@@ -156,8 +159,8 @@ def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPre
 
 
 def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
-    """Most tokens a selection can keep: its chunks (each with its neighbours) plus the forced
-    last token."""
+    """Most tokens a selection can keep: its chunks (each with its neighbours) plus the boundary
+    spans and the forced last token."""
     n_chunks = math.ceil(prompt_len / config.select_chunk)
     chunks = min(n_chunks, config.n_kept_chunks(n_chunks) * (2 * config.neighbours + 1))
-    return min(prompt_len, chunks * config.select_chunk + 1)
+    return min(prompt_len, chunks * config.select_chunk + config.keep_first + config.keep_last + 1)

@@ -23,7 +23,8 @@ from .protocol import ChatRequest, CompletionRequest
 
 # SpecPrefillConfig settings a request sets by their own names (the keep rule goes through with_keep);
 # a name that contains another comes first, for _field_named
-SPEC_SETTINGS = ("mass_ceiling", "mass_floor", "lookahead_reduction", "lookahead", "neighbours")
+SPEC_SETTINGS = ("mass_ceiling", "mass_floor", "lookahead_reduction", "lookahead", "neighbours", "layer_reduction",
+                 "head_reduction", "token_floor", "keep_first", "keep_last")
 
 @dataclass(frozen=True)
 class ServerDefaults:
@@ -118,7 +119,8 @@ def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, n
            notes: list[str]) -> GenerationRequest:
     """build_request from the request's fields over the server's defaults; warnings become notes."""
     h2o_fields = {"chunk_size": request.h2o_chunk_size, "batch_size": request.h2o_batch_size,
-                  "local": request.h2o_local, "heavy": request.h2o_heavy, "memory_share": request.h2o_memory_share}
+                  "local": request.h2o_local, "heavy": request.h2o_heavy, "memory_share": request.h2o_memory_share,
+                  "dense_layers": request.h2o_dense_layers}
     spec_settings = {setting: getattr(request, setting) for setting in SPEC_SETTINGS}  # one field per setting
     spec_fields = {"keep_ratio": request.keep_ratio, "keep_tokens": request.keep_tokens,
                    "keep_mass": request.keep_mass, **spec_settings}

@@ -62,11 +62,17 @@ class SpecfillFields(_Strict):
     lookahead: int | None = None  # SpecPrefill look-ahead steps
     lookahead_reduction: str | None = None  # SpecPrefill: mean or max over the look-ahead queries
     neighbours: int | None = None  # SpecPrefill: chunks kept each side of a selected chunk
+    layer_reduction: str | None = None  # SpecPrefill: mean or max over the speculator's scoring layers
+    head_reduction: str | None = None  # SpecPrefill: mean or max over the speculator's heads
+    token_floor: int | None = None  # SpecPrefill: fewest tokens kept
+    keep_first: int | None = None  # SpecPrefill: the prompt's first N tokens always kept
+    keep_last: int | None = None  # SpecPrefill: the prompt's last N tokens always kept
     h2o_chunk_size: int | None = None  # H2O S
     h2o_batch_size: int | None = None  # H2O B
     h2o_local: int | None = None  # H2O L
     h2o_heavy: int | None = None  # H2O H
     h2o_memory_share: NUMBER | None = None  # H2O L + H as a share of the prompt
+    h2o_dense_layers: int | None = None  # H2O: the first N layers attend to every key
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft

@@ -140,3 +140,26 @@ def test_h2o_prefill_on_two_threads_equals_one_thread(tiny):
             torch.set_num_threads(previous)
     assert_logits_close(t, runs[1], runs[0], "H2O prefill, 2 threads vs 1")
     assert_logits_close(t, runs[0], t.ref.forward_h2o_chunk_major(ids, method.h2o)[0], "H2O prefill, 1 thread")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_h2o_dense_layers_equal_the_chunk_major_reference(tiny, arch):
+    """The first dense_layers layers attend to every key (no memory sets), the rest run H2O; all
+    layers dense is full prefill."""
+    t = tiny(arch)
+    ids = prompt(50, t.args.vocab_size, seed=21)
+    config = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=4, dense_tail=5, dense_layers=1)
+    info = GenerationInfo(record_memory=True)
+    ours = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=config), info=info)
+    want, want_memory = t.ref.forward_h2o_chunk_major(ids, config)
+    assert_logits_close(t, ours, want, f"{arch} H2O with the first layer dense")
+    assert info.memory_sets[0] == [] and want_memory[0] == [] and len(info.memory_sets[1]) == 3
+    for got, expected in zip(info.memory_sets[1], want_memory[1]):
+        np.testing.assert_array_equal(got, expected.indices)
+    sparse = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=H2OConfig(16, 32, 3, 4, 5)),
+                                   info=GenerationInfo())
+    assert np.abs(sparse - ours).max() > 100 * tolerance(want)  # the dense layer changed the result
+    every = H2OConfig(16, 32, 3, 4, 5, dense_layers=t.args.num_hidden_layers)
+    full = t.model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
+    assert_logits_close(t, t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=every), info=GenerationInfo()),
+                        full, "every layer dense")

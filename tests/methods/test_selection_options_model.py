@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.methods.specprefill import speculative_prefill
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import GenerationInfo, PrefillMethod
@@ -48,19 +47,6 @@ def test_max_over_the_lookahead_changes_the_selection_of_a_model(tiny):
         greedy(t.model, ids, 1, PrefillMethod("specprefill", specprefill=config, speculator="self:1"), info)
         kept.append(info.kept_positions)
     assert kept[0] != kept[1]
-
-
-def test_a_speculator_pass_can_be_reused_for_another_setting(tiny):
-    """speculative_prefill(speculated=...) selects from the given pass exactly as from its own."""
-    t = tiny("qwen2")
-    ids = np.array(prompt(70, t.args.vocab_size, seed=12))
-    model, step = t.model.speculator_model("self:1")
-    kwargs = dict(stop_ids=frozenset(), extra_slots=4, step_size=t.model.prefill_step_size, speculator_step_size=step)
-    config = CONFIGS["mass=0.4"]
-    own = speculative_prefill(t.model.ops, t.model.model, ids, model, config, **kwargs)
-    reused = speculative_prefill(t.model.ops, t.model.model, ids, model, config, speculated=own.speculator, **kwargs)
-    assert reused.selection.kept.tolist() == own.selection.kept.tolist()
-    np.testing.assert_array_equal(t.model.ops.to_numpy(reused.logits), t.model.ops.to_numpy(own.logits))
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

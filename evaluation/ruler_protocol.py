@@ -1,0 +1,461 @@
+"""The selection protocol of `specfill eval --candidates` (RULER tasks): which prefill setting
+keeps the answer, measured cheaply enough for a small machine.
+
+Per sample:
+- the speculator's pass over the prompt (queries of the last prompt token and of the look-ahead
+  tokens, prompt keys of every layer) runs ONCE and is saved under the cache directory, keyed by
+  (speculator, backend, dtype, task, length, seed, index, template);
+- every SpecPrefill candidate is scored on that pass with the NumPy reference's scoring and
+  selection (`PassScores`: attention, pooling and the head reduction once per sample, the rest per
+  candidate) without the main model: what it keeps of each answer span (chain hop, answer
+  sentence, queried needle) is the selection proxy (`--selection-only` stops there);
+- the main model decodes only the candidates asked for: SpecPrefill from the saved pass (TTFT =
+  the pass's measured time + selection, the kept tokens' prefill and the first token) or, with
+  end_to_end, through the API like any user (TTFT measured in one call); H2O and full through
+  the API. Full prefill's answer is cached per (model, backend, dtype, device, sample, answer
+  budget): no run computes it twice.
+Records are written one by one (atomically) and a run resumes past every (task, length, sample,
+candidate) already recorded. A loss against full prefill gets a cause: "selection" (an answer
+span kept below DROPPED_BELOW: SpecPrefill dropped it; H2O: too few last memory sets hold it) or
+"misread" (every span kept, the answer still wrong).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod
+
+from .ruler_report import DROPPED_BELOW
+from .ruler_tasks import RulerSample, build_sample, score
+
+Setting = SpecPrefillConfig | H2OConfig | None  # None: full prefill
+PASS_LOOKAHEAD = SpecPrefillConfig.lookahead  # the look-ahead a saved pass holds (candidates may use fewer)
+
+
+def parse_candidate(text: str) -> tuple[str, Setting]:
+    """"NAME:key=value,..." -> (NAME, setting): NAME "full" is full prefill, a NAME starting with
+    "h2o" an H2OConfig, any other a SpecPrefillConfig; values are ints, floats or words ("mean");
+    "NAME:" (or "NAME") is that method's default. A bad key or value is one ConfigError."""
+    name, _, body = text.partition(":")
+    name = name.strip()
+    if not name:
+        raise ConfigError(f"candidate {text!r}: give a name before ':'")
+    fields: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in body.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"candidate {name!r}: {item!r} is not key=value")
+        for cast in (int, float, str):
+            try:
+                fields[key.strip()] = cast(value.strip())
+                break
+            except ValueError:
+                continue
+    if name == "full":
+        if fields:
+            raise ConfigError("candidate 'full' takes no settings")
+        return name, None
+    kind = H2OConfig if name.startswith("h2o") else SpecPrefillConfig
+    try:
+        return name, kind(**fields)
+    except TypeError as err:
+        raise ConfigError(f"candidate {name!r}: {err}") from None
+
+
+def default_candidates() -> dict[str, Setting]:
+    """Full prefill and each sparse method at its current default."""
+    return {"full": None, "h2o": H2OConfig(), "specprefill": SpecPrefillConfig()}
+
+
+def candidate_grid() -> dict[str, Setting]:
+    """The selection candidates (issue 34): the paper's scoring (max over layers) and layer-mean
+    scoring at several budgets, a token floor, always-kept boundary spans, neighbours, skipping
+    the speculator's first layers, and the adaptive (importance-mass) budget."""
+    paper = {f"max {r}": SpecPrefillConfig(keep_ratio=r, layer_reduction="max") for r in (0.1, 0.2, 0.3)}
+    mean = {f"mean {r}": SpecPrefillConfig(keep_ratio=r, layer_reduction="mean") for r in (0.1, 0.15, 0.2, 0.25, 0.3)}
+    base = SpecPrefillConfig(keep_ratio=0.15, layer_reduction="mean")
+    grid: dict[str, Setting] = {**paper, **mean}
+    grid["mean 0.15 floor1024"] = replace(base, token_floor=1024)
+    grid["mean 0.15 edges64"] = replace(base, keep_first=64, keep_last=64)
+    grid["mean 0.15 last256"] = replace(base, keep_last=256)
+    grid["mean 0.1 nb1"] = SpecPrefillConfig(keep_ratio=0.1, layer_reduction="mean", neighbours=1)
+    grid["mean 0.15 skip-first-third"] = replace(base, layers="last-16")
+    grid["mean 0.2 head-mean"] = SpecPrefillConfig(keep_ratio=0.2, layer_reduction="mean", head_reduction="mean")
+    grid["mean 0.2 la-max"] = SpecPrefillConfig(keep_ratio=0.2, layer_reduction="mean", lookahead_reduction="max")
+    for p in (0.5, 0.7):
+        grid[f"mean mass {p} [0.1,0.3]"] = SpecPrefillConfig(keep_mass=p, mass_floor=0.1, mass_ceiling=0.3,
+                                                            layer_reduction="mean")
+    return grid
+
+
+def resolve_candidates(specs: list[str]) -> dict[str, Setting]:
+    """`--candidates` words: "defaults" (default_candidates), "grid" (candidate_grid), or specs."""
+    out: dict[str, Setting] = {}
+    for spec in specs:
+        if spec == "defaults":
+            out.update(default_candidates())
+        elif spec == "grid":
+            out.update(candidate_grid())
+        else:
+            name, setting = parse_candidate(spec)
+            out[name] = setting
+    return out
+
+
+@dataclass(frozen=True)
+class ProtocolPlan:
+    model: str
+    speculator: str
+    backend: str
+    dtype: str
+    device: str | None
+    tasks: tuple[str, ...]
+    lengths: tuple[int, ...]
+    candidates: dict[str, Setting]
+    trials: int = 8
+    first: int = 0
+    seed: int = 0
+    chat_template: bool = True
+    answer_tokens: int | None = None
+    selection_only: bool = False
+    end_to_end: bool = False  # SpecPrefill candidates decoded through the API (one speculator pass each)
+    cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache/specfill/eval")
+
+
+def _stem(path: str) -> str:
+    return Path(str(path)).name.removesuffix(".gguf")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def sample_key(sample: RulerSample, length: int, seed: int, chat: bool) -> str:
+    return f"{sample.task}_{length}_{seed}_{sample.index}_{'chat' if chat else 'plain'}"
+
+
+@dataclass
+class SavedPass:
+    """A speculator pass over one prompt, on the host: queries [n_l, 1 + N', Hq, D] and prompt keys
+    [n_l, Hkv, P, D] (float32), the prompt ids [P], its wall time, the attention scale and the
+    speculator's sliding windows (None: global)."""
+
+    queries: np.ndarray
+    keys: np.ndarray
+    ids: np.ndarray
+    seconds: float
+    scale: float
+    windows: tuple
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        windows = np.array([-1 if w is None else w for w in self.windows], np.int64)
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, queries=self.queries, keys=self.keys, ids=self.ids, seconds=self.seconds, scale=self.scale,
+                 windows=windows)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "SavedPass":
+        with np.load(path) as f:
+            windows = tuple(None if w < 0 else int(w) for w in f["windows"])
+            return cls(f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows)
+
+
+def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int = PASS_LOOKAHEAD) -> SavedPass:
+    """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator), timed."""
+    from specfill.api import encode_prompt
+    from specfill.core.methods.specprefill import run_speculator
+    from specfill.core.runtime import check_token_ids
+
+    ops = model.ops
+    ids = np.asarray(check_token_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
+    spec_model, spec_step = model.speculator_model(speculator)
+    with ops.device_scope():
+        started = time.perf_counter()
+        spec = run_speculator(ops, spec_model, ids, lookahead=lookahead, stop_ids=frozenset(tokenizer.eos_token_ids),
+                              step_size=spec_step)
+        queries, keys = ops.to_numpy(spec.queries), ops.to_numpy(spec.keys)
+        seconds = time.perf_counter() - started
+    return SavedPass(queries.astype(np.float32), keys.astype(np.float32), ids, seconds,
+                     spec_model.args.attention_scale, tuple(spec_model.args.layer_windows))
+
+
+class PassScores:
+    """Every SpecPrefill candidate's selection on one saved pass, as the NumPy reference selects
+    (core/reference/specprefill.speculative_selection; tests/test_ruler_protocol.py checks they
+    agree): the per-layer softmax over the prompt keys, the pooling and the head reduction run
+    once per (pool kernel, head reduction) and are shared by the candidates; the layer subset,
+    the layer and look-ahead reductions and the selection run per candidate."""
+
+    def __init__(self, saved: SavedPass):
+        self.saved = saved
+        self._per_layer: dict[tuple[int, str], np.ndarray] = {}
+
+    def _reduced_heads(self, kernel: int, heads: str) -> np.ndarray:
+        """[n_q, n_l, P] float64: per layer, softmax over the prompt keys, pooled, heads reduced."""
+        from specfill.core.reference.specprefill import attention_scores, reduce_axis, smooth_scores
+
+        key = (kernel, heads)
+        if key not in self._per_layer:
+            q = self.saved.queries.astype(np.float64)
+            k = self.saved.keys.astype(np.float64)
+            layers = []
+            for i in range(q.shape[0]):
+                window = self.saved.windows[i] if any(w is not None for w in self.saved.windows) else None
+                probs = attention_scores(q[i:i + 1], k[i:i + 1], self.saved.scale, window)  # [n_q, 1, Hq, P]
+                layers.append(reduce_axis(smooth_scores(probs, kernel), heads, axis=2))  # [n_q, 1, P]
+            self._per_layer[key] = np.concatenate(layers, axis=1)
+        return self._per_layer[key]
+
+    def importance(self, config: SpecPrefillConfig) -> np.ndarray:
+        from specfill.core.reference.specprefill import reduce_axis
+
+        n_queries = self.saved.queries.shape[1]
+        if config.lookahead + 1 > n_queries and n_queries == PASS_LOOKAHEAD + 1:
+            raise ConfigError(f"look-ahead {config.lookahead} exceeds the saved pass's {PASS_LOOKAHEAD}")
+        per_layer = self._reduced_heads(config.pool_kernel, config.head_reduction)
+        layers = config.layer_indices(per_layer.shape[1])
+        chosen = per_layer[:config.lookahead + 1, layers]
+        return reduce_axis(reduce_axis(chosen, config.layer_reduction, axis=1), config.lookahead_reduction, axis=0)
+
+    def select(self, config: SpecPrefillConfig):
+        from specfill.core.reference.specprefill import select_tokens
+
+        return select_tokens(self.importance(config), config)
+
+
+def span_shares(row: np.ndarray | None, spans: list[list[int]]) -> list[float] | None:
+    """Per span [start, end): the mean of the position map over it (SpecPrefill: the share of its
+    tokens kept; H2O: the share of (layer, KV head) last memory sets holding its tokens)."""
+    if row is None:
+        return None
+    values = np.asarray(row)
+    return [round(float(values[a:b].mean()), 3) if b > a else 0.0 for a, b in spans]
+
+
+def compact_map(row) -> dict | None:
+    """A position map for JSON: kept/dropped as [start, end) runs, fractions (H2O) to 2 decimals."""
+    if row is None:
+        return None
+    values = np.asarray(row, np.float64)
+    if np.isin(values, (0.0, 1.0)).all():
+        edges = np.flatnonzero(np.diff(np.r_[0.0, values, 0.0]))
+        return {"n": len(values), "runs": edges.reshape(-1, 2).tolist()}
+    return {"n": len(values), "values": np.round(values, 2).tolist()}
+
+
+def expand_map(stored: dict) -> np.ndarray:
+    """compact_map's inverse: [n] float."""
+    if "values" in stored:
+        return np.asarray(stored["values"], np.float64)
+    row = np.zeros(stored["n"])
+    for start, end in stored["runs"]:
+        row[start:end] = 1.0
+    return row
+
+
+def record(sample: RulerSample, length: int, setting: str, kind: str, *, text: str | None, value: float | None,
+           ttft: float | None, row, kept: int, **extra) -> dict:
+    """One (sample, candidate) result. answer_kept: per answer span, the share kept (None: full)."""
+    return {"task": sample.task, "tokens": length, "index": sample.index, "setting": setting, "kind": kind,
+            "prompt_tokens": sample.tokens, "score": value,
+            "prediction": None if text is None else text.strip()[:200], "expected": list(sample.outputs),
+            "ttft_s": ttft, "kept_tokens": kept, "answer_kept": span_shares(row, sample.spans.get("needle", [])),
+            "question_kept": span_shares(row, sample.spans["question"]), "map": compact_map(row),
+            "spans": sample.spans, **extra}
+
+
+def _answer(tokenizer, tokens, sample: RulerSample, started: float) -> tuple[str, float, float]:
+    """Detokenize greedy tokens until the score is final or they end: (text, score, TTFT)."""
+    detok, text, ttft = tokenizer.streaming_detokenizer(), "", 0.0
+    for token in tokens:
+        ttft = ttft or time.perf_counter() - started
+        if token in tokenizer.eos_token_ids:
+            break
+        text += detok.add_token(token)
+        if score(text, sample.outputs, sample.metric) == 1.0:
+            break
+    text += detok.finish()
+    return text, score(text, sample.outputs, sample.metric), ttft
+
+
+def decode_from_pass(model, tokenizer, sample: RulerSample, saved: SavedPass, selection, budget: int,
+                     started: float) -> tuple[str, float, float]:
+    """The main model's sparse prefill of the kept tokens, then greedy decoding: (answer, score,
+    TTFT = the saved pass's time + everything since `started`, selection included)."""
+    from specfill.core.decoding import decode_tokens
+    from specfill.core.methods.specprefill import prefill_kept
+    from specfill.core.runtime import SamplingConfig
+
+    ops, stop = model.ops, frozenset(tokenizer.eos_token_ids)
+    with ops.device_scope():
+        logits, cache = prefill_kept(ops, model.model, saved.ids, selection, extra_slots=budget,
+                                     step_size=model.prefill_step_size)
+        tokens = decode_tokens(ops, model.model, logits, next_position=len(saved.ids), max_tokens=budget,
+                               sampling=SamplingConfig(), stop_ids=stop, cache=cache, history=saved.ids)
+        text, value, first = _answer(tokenizer, tokens, sample, started)
+    return text, value, saved.seconds + first
+
+
+def run_api(model, tokenizer, sample: RulerSample, method: PrefillMethod, budget: int):
+    """Through the public API like any user: (answer, score, TTFT, the position map)."""
+    from .quality import position_map
+    from .ruler_run import run_sample
+
+    info = GenerationInfo(record_memory=method.name == "h2o")
+    text, value, ttft = run_sample(model, tokenizer, sample, method, budget, info)
+    return text, value, ttft, position_map(info, info.prompt_tokens), info.kept_tokens
+
+
+class Models:
+    """The tokenizer at once; the main model and speculator loaded on first use."""
+
+    def __init__(self, plan: ProtocolPlan, log: Callable[[str], None]):
+        from specfill.core.io.tokenizer import load_tokenizer
+
+        self.plan, self.log = plan, log
+        self._pair = None
+        self.tokenizer = load_tokenizer(plan.model) if str(plan.model).endswith(".gguf") else self.pair()[2]
+
+    def pair(self):
+        if self._pair is None:
+            from specfill.api import load, load_speculator
+
+            p = self.plan
+            self.log(f"loading {p.model} and {p.speculator} ({p.backend}, {p.dtype})")
+            model, tokenizer = load(p.model, backend=p.backend, dtype=p.dtype, device=p.device)
+            speculator = load_speculator(p.speculator, model, tokenizer, dtype=p.dtype, device=p.device)
+            self._pair = (model, speculator, tokenizer)
+        return self._pair
+
+
+def _key(r: dict) -> tuple:
+    return r["task"], r["tokens"], r["index"], r["setting"]
+
+
+def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step: Callable[[str], None],
+                 machine: dict) -> dict:
+    """Every candidate on every (length, task, sample) of the plan, into the JSON file `out`
+    (written after each record; records already there are kept and not run again)."""
+    from .ruler_run import answer_budget
+
+    result = json.loads(out.read_text()) if out.exists() else {"records": [], "runs": []}
+    result["plan"] = plan_summary(plan)
+    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
+           "selection_only": plan.selection_only, "end_to_end": plan.end_to_end}
+    result["runs"].append(run)
+    done = {_key(r) for r in result["records"] if r["score"] is not None or plan.selection_only}
+    models = Models(plan, log)
+    device = f"{plan.backend}-{plan.dtype}-{plan.device or 'default'}"
+    passes = plan.cache_dir / "passes" / f"{_stem(plan.speculator).replace(':', '-')}-{device}"
+    answers = plan.cache_dir / "answers" / f"{_stem(plan.model)}-{device}"
+
+    def keep(rec: dict) -> None:
+        result["records"] = [r for r in result["records"] if _key(r) != _key(rec)] + [rec]
+        done.add(_key(rec))
+        run["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
+        _write_atomic(out, json.dumps(result) + "\n")
+        shown = "-" if rec["score"] is None else f"{rec['score']:.2f}"
+        ttft = "-" if rec["ttft_s"] is None else f"{rec['ttft_s']:.1f}s"
+        step(f"{rec['task']}@{rec['tokens']} #{rec['index']} {rec['setting']}: score {shown} TTFT {ttft} "
+             f"kept {rec['kept_tokens']} answer kept {rec['answer_kept']}")
+
+    for length in plan.lengths:
+        for task in plan.tasks:
+            for index in range(plan.first, plan.first + plan.trials):
+                todo = [n for n in plan.candidates if (task, length, index, n) not in done
+                        and not (plan.selection_only and not isinstance(plan.candidates[n], SpecPrefillConfig))]
+                if not todo:
+                    continue
+                sample = build_sample(models.tokenizer, task, length, index, plan.seed, plan.chat_template)
+                budget = answer_budget(sample, plan.answer_tokens)
+                name = sample_key(sample, length, plan.seed, plan.chat_template)
+                scores = None
+                if any(isinstance(plan.candidates[n], SpecPrefillConfig) for n in todo):
+                    scores = PassScores(_saved_pass(models, passes / f"{name}.npz", sample, log))
+                for setting in todo:
+                    keep(_run_candidate(plan, models, sample, length, setting, scores, budget,
+                                        answers / f"{name}_{budget}.json"))
+    return result
+
+
+def _saved_pass(models: Models, path: Path, sample: RulerSample, log: Callable[[str], None]) -> SavedPass:
+    if path.exists():
+        return SavedPass.load(path)
+    model, speculator, tokenizer = models.pair()
+    saved = speculate(model, speculator, tokenizer, sample)
+    saved.save(path)
+    log(f"{sample.task} #{sample.index}: speculator pass {saved.seconds:.1f} s (saved)")
+    return saved
+
+
+def _run_candidate(plan: ProtocolPlan, models: Models, sample: RulerSample, length: int, name: str,
+                   scores: PassScores | None, budget: int, full_cache: Path) -> dict:
+    setting = plan.candidates[name]
+    if setting is None:
+        if full_cache.exists():
+            cached = json.loads(full_cache.read_text())
+            return {**cached, "setting": name, "tokens": length, "cached": True}
+        model, _, tokenizer = models.pair()
+        text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("full"), budget)
+        rec = record(sample, length, name, "full", text=text, value=value, ttft=ttft, row=row, kept=kept,
+                     machine_load=round(os.getloadavg()[0], 2), measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        _write_atomic(full_cache, json.dumps(rec) + "\n")
+        return rec
+    if isinstance(setting, H2OConfig):
+        model, _, tokenizer = models.pair()
+        text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("h2o", h2o=setting), budget)
+        return record(sample, length, name, "h2o", text=text, value=value, ttft=ttft, row=row, kept=kept)
+    started = time.perf_counter()
+    selection = scores.select(setting)
+    row = np.zeros(len(scores.saved.ids))
+    row[selection.kept] = 1.0
+    extra = {"speculator_s": scores.saved.seconds, "config": {k: v for k, v in vars(setting).items()}}
+    if plan.selection_only:
+        return record(sample, length, name, "specprefill", text=None, value=None, ttft=None, row=row,
+                      kept=len(selection.kept), **extra)
+    model, speculator, tokenizer = models.pair()
+    if plan.end_to_end:
+        method = PrefillMethod("specprefill", specprefill=setting, speculator=speculator)
+        text, value, ttft, api_row, kept = run_api(model, tokenizer, sample, method, budget)
+        return record(sample, length, name, "specprefill", text=text, value=value, ttft=ttft, row=api_row,
+                      kept=kept, end_to_end=True, **extra)
+    text, value, ttft = decode_from_pass(model, tokenizer, sample, scores.saved, selection, budget, started)
+    return record(sample, length, name, "specprefill", text=text, value=value, ttft=ttft, row=row,
+                  kept=len(selection.kept), **extra)
+
+
+def plan_summary(plan: ProtocolPlan) -> dict:
+    return {"model": _stem(plan.model), "speculator": _stem(plan.speculator), "backend": plan.backend,
+            "dtype": plan.dtype, "device": plan.device or "default", "tasks": list(plan.tasks),
+            "lengths": list(plan.lengths), "seed": plan.seed, "chat_template": plan.chat_template,
+            "answer_tokens": plan.answer_tokens,
+            "candidates": {n: None if s is None else {"method": "h2o" if isinstance(s, H2OConfig) else "specprefill",
+                                                      **vars(s)} for n, s in plan.candidates.items()}}
+
+
+def classify(records: list[dict]) -> None:
+    """Adds "full_score" and "cause" to every record whose sample has a full-prefill record: None
+    when it scored at least full's (or was not decoded), else "selection" or "misread"."""
+    full = {(r["task"], r.get("tokens"), r["index"]): r["score"] for r in records if r.get("kind", r["setting"]) == "full"}
+    for r in records:
+        base = full.get((r["task"], r.get("tokens"), r["index"]))
+        r["full_score"] = base
+        if r.get("kind", r["setting"]) == "full" or base is None or r["score"] is None or r["score"] >= base:
+            r["cause"] = None
+        elif r.get("answer_kept"):
+            r["cause"] = "selection" if min(r["answer_kept"]) < DROPPED_BELOW else "misread"
+        else:
+            r["cause"] = "misread"
