@@ -4,7 +4,8 @@ A Messages body is checked field by field (a 400 in Anthropic's error shape name
 translated into the OpenAI chat body the other route parses: system -> a system message, tool_use
 blocks -> the assistant's tool_calls, tool_result blocks -> tool messages, tools -> function
 tools, tool_choice auto / any / tool / none -> auto / required / the named function / none
-(disable_parallel_tool_use -> parallel_tool_calls false), stop_sequences -> stop. From there both
+(disable_parallel_tool_use -> parallel_tool_calls false), stop_sequences -> stop, output_config's
+format -> response_format json_schema (validated, as there). From there both
 routes are one path: chat.py renders the template and plan.py builds the Plan. specfill's own
 fields (method, keep_ratio, ...) travel in `metadata` or as extra top-level fields.
 
@@ -57,6 +58,7 @@ class MessagesRequest(BaseModel):
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # its format (a JSON schema) is response_format; effort is ignored
 
 
 def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
@@ -218,6 +220,14 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
         body["tool_choice"], parallel = _tool_choice(request.tool_choice)
         if not parallel:
             body["parallel_tool_calls"] = False
+    form = (request.output_config or {}).get("format")
+    if form is not None:
+        if not isinstance(form, dict) or form.get("type") != "json_schema":
+            raise bad_request("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                              "output_config.format")
+        unknown_field(form, frozenset({"type", "schema"}), "output_config.format")
+        schema = check_schema(form.get("schema"), "output_config.format.schema")
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
     extra = {**(request.metadata or {}), **(request.model_extra or {})}
     body.update({name: extra[name] for name in SPECFILL_FIELDS if name in extra})
     return body
