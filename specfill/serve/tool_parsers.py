@@ -166,7 +166,7 @@ class ReplySplitter:
         self.max_calls = max_calls
         self.pending = ""  # text not yet handed out
         self.body: str | None = None  # inside a call: its text so far (after `opening`)
-        self.opening = ""  # the marker that opened the current call
+        self.opening = ""  # the marker that opened the current call (and the white space before it)
         self.calls = 0  # calls handed out
         self.began = False  # text other than white space has been seen (leading openings no longer apply)
 
@@ -214,10 +214,11 @@ class ReplySplitter:
         at = self.pending.find(fmt.start)
         if at >= 0:
             before = self.pending[:at].rstrip()
-            if before.strip():
+            if before:
                 out.append(Text(before))
-            self.began = True
-            self.opening, self.body, self.pending = fmt.start, "", self.pending[at + len(fmt.start):]
+            self.began = True  # the white space before the marker is dropped if a call follows, else kept
+            self.opening = self.pending[len(before):at] + fmt.start
+            self.body, self.pending = "", self.pending[at + len(fmt.start):]
             return True
         hold = max((k for k in range(1, len(fmt.start)) if self.pending.endswith(fmt.start[:k])), default=0)
         ready = self.pending[:len(self.pending) - hold].rstrip()  # trailing white space waits: a call may follow
