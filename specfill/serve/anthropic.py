@@ -35,7 +35,10 @@ from .tool_parsers import Text, ToolCall
 
 NUMBER = Union[int, float]
 error_body = anthropic_error_body
-TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control"})
+# a custom tool's documented fields; all but the first four are accepted and ignored (the prompt cache is
+# automatic, inputs stream whole, every tool is rendered, nothing runs tools server-side)
+TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control", "eager_input_streaming",
+                         "strict", "defer_loading", "input_examples", "allowed_callers"})
 CHOICE_FIELDS = frozenset({"type", "name", "disable_parallel_tool_use"})
 SPECFILL_FIELDS = tuple(SpecfillFields.model_fields)
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
