@@ -6,6 +6,7 @@ naming an unknown tool field, response_format checked."""
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import openai
 import pydantic
@@ -24,6 +25,13 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 TOOLS = [WEATHER, TIME]
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
 CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def tokenize(server, body: dict) -> dict:
+    request = urllib.request.Request(server.url + "/tokenize", data=json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {TOOL_KEY}"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        return json.loads(reply.read())
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +59,8 @@ def test_tool_round_trip(c, tool_server):
     assert second.usage.prompt_tokens == len(chat_prompt_ids(tokenizer, request, setup))
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
     assert CALL_TEXT in text and '<tool_response>\n{"temperature": 21}\n</tool_response>' in text
+    counted = tokenize(tool_server, {"messages": turn, "tools": TOOLS})
+    assert counted["count"] == second.usage.prompt_tokens  # /tokenize renders tools and tool messages alike
 
 
 def test_tool_calls_stream_as_deltas(c, tool_server):
