@@ -153,3 +153,30 @@ def test_anthropic_body_translation():
     with pytest.raises(RequestError, match="'tools\\[0\\].type': only custom tools"):
         chat_body(MessagesRequest.model_validate({"messages": [{"role": "user", "content": "x"}],
                                                   "tools": [{"type": "web_search_20250305", "name": "web_search"}]}))
+
+
+def test_tools_render_as_transformers_renders_them(tmp_path):
+    """The server's rendering (chat.template_messages + the tokenizer's tools) equals transformers'
+    apply_chat_template on the Qwen2.5-style tool template, and a template asking `tools is not none`
+    sees None when a request has no tools, as under transformers."""
+    transformers = pytest.importorskip("transformers")
+    from specfill.core.io.tokenizer import load_tokenizer
+    from tests.fixtures.tool_model import write_tool_checkpoint
+
+    directory = write_tool_checkpoint(tmp_path / "tools")
+    ours, reference = load_tokenizer(directory), transformers.AutoTokenizer.from_pretrained(str(directory))
+    tools = [TOOL, {"type": "function", "function": {"name": "g", "description": "G", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}}}}]
+    request = ChatRequest.model_validate({"messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "Both.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"n": 2}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "one"}, {"role": "tool", "tool_call_id": "c2", "content": "two"}]})
+    messages = template_messages(request.messages)
+    for kwargs in ({"tools": tools}, {}):
+        assert ours.apply_chat_template(messages, add_generation_prompt=True, **kwargs) == \
+            reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    ours.chat_template = reference.chat_template = "{% if tools is not none %}T{% endif %}{{ messages[0].content }}"
+    assert ours.apply_chat_template(messages[:1]) == reference.apply_chat_template(messages[:1], tokenize=False) \
+        == "Be brief."
