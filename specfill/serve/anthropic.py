@@ -368,8 +368,9 @@ class MessageShape:
             out += self._close_block()
             stop_reason, stop_sequence = self._stop(event)
             usage = self.usage(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
-            out.append(sse({"type": "message_delta", "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                            "usage": usage, "specfill": self._stats(event)}, "message_delta"))
+            delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+            out.append(sse({"type": "message_delta", "delta": delta, "usage": usage, "specfill": self._stats(event)},
+                           "message_delta"))
             return out + [sse({"type": "message_stop"}, "message_stop")]
         if isinstance(event, Failed):
             return [sse(anthropic_error_body(event.status, event.message), "error")]

@@ -1,8 +1,8 @@
 """The routes around generation: health, models, tokenize / detokenize, metrics, OPTIONS.
 
 /tokenize and /detokenize take both llama.cpp's and vLLM's bodies: {"content"} or {"prompt"} or
-{"messages"} (with "tools", as a chat request renders them) in, {"tokens", "count", "max_model_len"} out; {"tokens"} in, {"content", "prompt"}
-(the same text under each server's key) out.
+{"messages"} (with "tools", as a chat request renders them) in, {"tokens", "count", "max_model_len"}
+out; {"tokens"} in, {"content", "prompt"} (the same text under each server's key) out.
 """
 from __future__ import annotations
 

@@ -126,7 +126,8 @@ def test_errors_have_anthropics_shape(c, tool_server):
     with pytest.raises(anthropic.AuthenticationError) as refused_key:
         anthropic.Anthropic(base_url=tool_server.url, api_key="wrong", max_retries=0).messages.create(
             model=tool_server.model, max_tokens=4, messages=ASK)
-    assert refused_key.value.body["type"] == "error" and refused_key.value.body["error"]["type"] == "authentication_error"
+    assert refused_key.value.body == {"type": "error", "error": {"type": "authentication_error", "message":
+                                      refused_key.value.body["error"]["message"]}}
     status, body = post(tool_server, "/v1/messages", {"messages": ASK, "max_tokens": 2},
                         {"authorization": f"Bearer {TOOL_KEY}"})  # Claude Code's ANTHROPIC_AUTH_TOKEN header
     assert status == 200 and body["type"] == "message"

@@ -172,7 +172,8 @@ def test_tools_render_as_transformers_renders_them(tmp_path):
         {"role": "assistant", "content": "Both.", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": '{"n": 2}'}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "one"}, {"role": "tool", "tool_call_id": "c2", "content": "two"}]})
+        {"role": "tool", "tool_call_id": "c1", "content": "one"},
+        {"role": "tool", "tool_call_id": "c2", "content": "two"}]})
     messages = template_messages(request.messages)
     for kwargs in ({"tools": tools}, {}):
         assert ours.apply_chat_template(messages, add_generation_prompt=True, **kwargs) == \

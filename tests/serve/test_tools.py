@@ -144,7 +144,8 @@ def test_response_format(c, tool_server):
                                             response_format={"type": "json_object"}))
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == done.choices[0].message.content
     for bad, field in (({"type": "xml"}, "response_format.type"),
-                       ({"type": "json_schema", "json_schema": {"schema": {"type": 5}}}, "response_format.json_schema.schema"),
+                       ({"type": "json_schema", "json_schema": {"schema": {"type": 5}}},
+                        "response_format.json_schema.schema"),
                        ({"type": "json_object", "strict": True}, "response_format.strict")):
         with pytest.raises(openai.BadRequestError) as refused:
             c.chat.completions.create(model=tool_server.model, messages=plain, response_format=bad)
