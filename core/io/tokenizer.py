@@ -75,9 +75,13 @@ class Tokenizer:
         return self.backend.id_to_token(token_id)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True, **extra: Any) -> str:
+                            add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
+                            **extra: Any) -> str:
         """The prompt string for a conversation (encode it with add_special_tokens=False when
-        the template writes BOS itself, as transformers does)."""
+        the template writes BOS itself, as transformers does). tools: JSON schemas of functions
+        ({"type": "function", "function": {...}}), given to the template as transformers gives them:
+        `tools` is None when there are none (templates test `tools is not none`); messages may carry
+        an assistant's `tool_calls` and a tool result's `tool_call_id`, which the template reads."""
         if not self.chat_template:
             model = f"model {self.name}" if self.name else "the model"
             raise ChatTemplateError(f"{model} has no chat template: pass a plain prompt instead "
@@ -86,7 +90,7 @@ class Tokenizer:
                     "eos_token": self._text(self._eos_token_id)}
         return render_chat_template(self.chat_template, messages,
                                     add_generation_prompt=add_generation_prompt,
-                                    special_tokens=specials, **extra)
+                                    special_tokens=specials, tools=None if tools is None else list(tools), **extra)
 
     def vocab_fingerprint(self) -> str:
         """Hash of the id -> token map and of which ids are special. Two tokenizers with the

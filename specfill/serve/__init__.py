@@ -1,13 +1,15 @@
-"""`specfill serve`: an OpenAI-compatible HTTP server (FastAPI on uvicorn) over one loaded model.
+"""`specfill serve`: an OpenAI- and Anthropic-compatible HTTP server (FastAPI on uvicorn) over one loaded model.
 
     from specfill.serve import ServerDefaults, build_app
     app = build_app(model, tokenizer, ServerDefaults(model_id="smollm2"))   # then uvicorn.run(app)
 
-Modules: protocol (request bodies), plan (request -> runnable Plan, all 400s), engine (one
-generation on the worker thread), scheduler (the worker thread and its bounded queue), responses
-(OpenAI-shaped bodies and chunks), app (generation routes, streaming, disconnects), info (health,
-models, tokenize, metrics routes), metrics (log line, Prometheus), access (API key, CORS), runner
-(bind before load, signals).
+Modules: protocol (request bodies), chat (a chat request's template rendering with tools, and its
+reply rules: tool_choice, response_format), plan (request -> runnable Plan, all 400s), engine (one
+generation on the worker thread), scheduler (the worker thread and its bounded queue), tool_parsers
+(tool calls read back from a reply), responses (OpenAI-shaped bodies and chunks), anthropic (the
+Messages API: its body -> the chat request, its bodies and events), app (generation routes,
+streaming, disconnects), info (health, models, tokenize, metrics routes), metrics (log line,
+Prometheus), access (API key, CORS), runner (bind before load, signals).
 """
 from __future__ import annotations
 

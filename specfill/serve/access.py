@@ -2,9 +2,10 @@
 
 Access(api_key=None, allowed_origins=()) is the default: no key, no cross-origin browser calls.
 With a key every route but /health (and CORS preflights, which browsers send without
-credentials) needs `Authorization: Bearer KEY`; the comparison is constant-time (hmac) so the
-answer time says nothing about how much of a guess was right. A refusal is a 401 with an OpenAI
-error body, which the openai client raises as AuthenticationError.
+credentials) needs `Authorization: Bearer KEY` or `x-api-key: KEY` (the anthropic client's
+header; Claude Code sends either); the comparison is constant-time (hmac) so the answer time says
+nothing about how much of a guess was right. A refusal is a 401 with an OpenAI error body (an
+Anthropic one under /v1/messages), which either client raises as AuthenticationError.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .errors import error_body
+from .errors import anthropic_error_body, error_body, is_anthropic_path
 
 OPEN_PATHS = frozenset({"/health"})  # load balancers probe it without a key (as vLLM and llama.cpp do)
 
@@ -28,24 +29,28 @@ class Access:
 
 
 class RequireKey:
-    """ASGI middleware: 401 for an HTTP request without `Authorization: Bearer <key>`."""
+    """ASGI middleware: 401 for an HTTP request without `Authorization: Bearer <key>` or `x-api-key: <key>`."""
 
     def __init__(self, app: Any, key: str):
         self.app = app
         self.expected = f"Bearer {key}".encode()
+        self.key = key.encode()
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
                        send: Callable[[dict], Awaitable[None]]) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
-        given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
+        headers = dict(scope["headers"])
+        given, header_key = headers.get(b"authorization", b""), headers.get(b"x-api-key", b"")
+        if hmac.compare_digest(given, self.expected) | hmac.compare_digest(header_key, self.key):
             await self.app(scope, receive, send)
             return
-        why = "no API key given" if not given else "invalid API key"
-        body = json.dumps(error_body(401, f"{why}: send 'Authorization: Bearer KEY' with the server's "
-                                          f"--api-key", code="invalid_api_key")).encode()
+        why = "no API key given" if not (given or header_key) else "invalid API key"
+        message = f"{why}: send 'Authorization: Bearer KEY' or 'x-api-key: KEY' with the server's --api-key"
+        body = anthropic_error_body(401, message) if is_anthropic_path(scope["path"]) else \
+            error_body(401, message, code="invalid_api_key")
+        body = json.dumps(body).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
                                 (b"content-length", str(len(body)).encode())]})

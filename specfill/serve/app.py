@@ -1,5 +1,9 @@
 """The FastAPI application: routes, streaming, error bodies, disconnect handling.
 
+Routes: /v1/chat/completions and /v1/completions (OpenAI), /v1/messages and its count_tokens
+(Anthropic, translated into the same chat Plan by anthropic.py); each is a Route: its parse, its
+response shape, its error bodies.
+
 Every request is parsed and planned on the event loop (400s return at once), queued for the
 worker thread (503 when the queue is full), then answered as one JSON body or as server-sent
 events. A client that goes away cancels its generation: the handler notices (the stream is
@@ -13,20 +17,23 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from . import anthropic
 from .access import Access, protect
-from .engine import Delta, Engine, Failed, Finished, Progress
-from .errors import RequestError, error_body
+from .chat import chat_prompt_ids, chat_setup
+from .engine import Delta, Engine, Failed, Finished
+from .errors import RequestError, anthropic_error_body, error_body, is_anthropic_path
 from .info import add_info_routes, check_model
 from .metrics import Metrics, Outcome
-from .plan import ServerDefaults, build_plan, chat_prompt_ids, completion_prompt_ids
+from .plan import Plan, ServerDefaults, build_plan, completion_prompt_ids
 from .protocol import ChatRequest, CompletionRequest, parse_body
-from .responses import ResponseShape, sse
+from .responses import ResponseShape
 from .scheduler import END, Job, Scheduler
 
 log = logging.getLogger("specfill.serve")
@@ -53,24 +60,38 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
     app.state.metrics = metrics
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(err.status_code, str(err.detail)), status_code=err.status_code)
+    async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        body = _error_for(request.url.path)(err.status_code, str(err.detail))
+        return JSONResponse(body, status_code=err.status_code)
 
     @app.exception_handler(Exception)
-    async def internal_error(_: Request, err: Exception) -> JSONResponse:
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return JSONResponse(error_body(500, f"internal error: {type(err).__name__}: {err}"), status_code=500)
+        body = _error_for(request.url.path)(500, f"internal error: {type(err).__name__}: {err}")
+        return JSONResponse(body, status_code=500)
 
     add_info_routes(app, engine, defaults, scheduler, metrics)
     context = _Context(engine, defaults, scheduler, metrics)
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        return await _answer("chat", request, context)
+        return await _answer(CHAT, request, context)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        return await _answer("completion", request, context)
+        return await _answer(COMPLETION, request, context)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request) -> Any:
+        return await _answer(MESSAGES, request, context)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request) -> Any:
+        try:
+            _, _, ids = anthropic.prepare(await request.body(), engine.tokenizer, defaults, counting=True)
+        except RequestError as err:
+            return JSONResponse(anthropic_error_body(err.status, err.message), status_code=err.status)
+        return {"input_tokens": len(ids)}
 
     protect(app, access)
     return app
@@ -83,28 +104,61 @@ class _Context:
         self.engine, self.defaults, self.scheduler, self.metrics = engine, defaults, scheduler, metrics
 
 
-async def _answer(kind: str, request: Request, ctx: _Context) -> Any:
-    engine, defaults = ctx.engine, ctx.defaults
+@dataclass(frozen=True)
+class Route:
+    """One generation route: its name in the log, how a body becomes a Plan and the shape of its
+    response (RequestError for a bad one), and its error bodies (OpenAI's or Anthropic's)."""
+
+    kind: str  # "chat", "completion", "messages"
+    prepare: Callable[[bytes, _Context], tuple[Plan, Any]]
+    error: Callable[..., dict[str, Any]]  # (status, message, param, code) -> body
+
+
+def _prepare_chat(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
+    body = parse_body(raw, ChatRequest)
+    check_model(body.model, ctx.defaults)
+    setup = chat_setup(body, ctx.engine.tokenizer.chat_template)
+    ids = chat_prompt_ids(ctx.engine.tokenizer, body, setup)
+    plan = build_plan("chat", body, ids, ctx.defaults, ctx.engine.context)
+    return plan, ResponseShape(plan, ctx.defaults.model_id, setup)
+
+
+def _prepare_completion(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
+    body = parse_body(raw, CompletionRequest)
+    check_model(body.model, ctx.defaults)
+    ids = completion_prompt_ids(ctx.engine.tokenizer, body, ctx.engine.model.args.vocab_size)
+    plan = build_plan("completion", body, ids, ctx.defaults, ctx.engine.context)
+    return plan, ResponseShape(plan, ctx.defaults.model_id)
+
+
+def _prepare_messages(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
+    body, setup, ids = anthropic.prepare(raw, ctx.engine.tokenizer, ctx.defaults)
+    plan = build_plan("chat", body, ids, ctx.defaults, ctx.engine.context)
+    return plan, anthropic.MessageShape(plan, ctx.defaults.model_id, setup)
+
+
+CHAT = Route("chat", _prepare_chat, ResponseShape.error)
+COMPLETION = Route("completion", _prepare_completion, ResponseShape.error)
+MESSAGES = Route("messages", _prepare_messages, anthropic_error_body)
+
+
+def _error_for(path: str) -> Callable[..., dict[str, Any]]:
+    """The error body style of a path: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+    return anthropic_error_body if is_anthropic_path(path) else error_body
+
+
+async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
     try:
-        raw = await request.body()
-        if kind == "chat":
-            body = parse_body(raw, ChatRequest)
-            check_model(body.model, defaults)
-            ids = chat_prompt_ids(engine.tokenizer, body)
-        else:
-            body = parse_body(raw, CompletionRequest)
-            check_model(body.model, defaults)
-            ids = completion_prompt_ids(engine.tokenizer, body, engine.model.args.vocab_size)
-        plan = build_plan(kind, body, ids, defaults, engine.context)
+        plan, shape = route.prepare(await request.body(), ctx)
         job = Job(plan, asyncio.get_running_loop())
         ctx.scheduler.submit(job)
     except RequestError as err:
         named = err.param is None or err.param in err.message
-        ctx.metrics.record(Outcome("req-" + uuid.uuid4().hex[:12], kind, str(err.status),
+        ctx.metrics.record(Outcome("req-" + uuid.uuid4().hex[:12], route.kind, str(err.status),
                                    err.message if named else f"{err.param}: {err.message}"))
-        return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-    shape = ResponseShape(plan, defaults.model_id)
-    outcome = Outcome(shape.id, kind, "cancelled")
+        return JSONResponse(route.error(err.status, err.message, err.param, err.code), status_code=err.status,
+                            headers=err.headers)
+    outcome = Outcome(shape.id, route.kind, "cancelled")
     if plan.stream:
         return StreamingResponse(_stream(job, shape, request, outcome, ctx.metrics), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -140,39 +194,31 @@ async def _next_event(job: Job, request: Request) -> Any:
             continue
 
 
-async def _whole(job: Job, shape: ResponseShape, request: Request, outcome: Outcome) -> JSONResponse:
-    pieces: list[str] = []
+async def _whole(job: Job, shape: Any, request: Request, outcome: Outcome) -> JSONResponse:
     while (event := await _next_event(job, request)) is not END:
         _settle(outcome, event)
         if isinstance(event, Delta):
-            pieces.append(event.text)
+            shape.collect(event.text)
         elif isinstance(event, Failed):
-            return JSONResponse(error_body(event.status, event.message), status_code=event.status)
+            return JSONResponse(shape.error(event.status, event.message), status_code=event.status)
         elif isinstance(event, Finished):
-            return JSONResponse(shape.whole("".join(pieces), event))
-    return JSONResponse(error_body(500, "the generation ended without a result"), status_code=500)
+            return JSONResponse(shape.whole(event))
+    return JSONResponse(shape.error(500, "the generation ended without a result"), status_code=500)
 
 
-async def _stream(job: Job, shape: ResponseShape, request: Request, outcome: Outcome,
-                  metrics: Metrics) -> AsyncIterator[str]:
-    """Server-sent events: role chunk, progress / text chunks, final chunk(s), [DONE]. Errors after
-    the stream began arrive as an `error` event (the openai client raises them)."""
+async def _stream(job: Job, shape: Any, request: Request, outcome: Outcome, metrics: Metrics) -> AsyncIterator[str]:
+    """Server-sent events in the shape's dialect (OpenAI: role chunk, progress / text / tool-call
+    chunks, final chunk(s), [DONE]; Anthropic: its message and content-block events). Errors after
+    the stream began arrive as an error event (both clients raise them)."""
     try:
-        opening = shape.opening()
-        if opening is not None:
-            yield sse(opening)
+        for chunk in shape.opening():
+            yield chunk
         while (event := await _next_event(job, request)) is not END:
             _settle(outcome, event)
-            if isinstance(event, Progress):
-                yield sse(shape.progress(event))
-            elif isinstance(event, Delta):
-                yield sse(shape.delta(event.text))
-            elif isinstance(event, Finished):
-                for chunk in shape.closing(event):
-                    yield sse(chunk)
-            elif isinstance(event, Failed):
-                yield sse(error_body(event.status, event.message))
-        yield sse("[DONE]")
+            for chunk in shape.event(event):
+                yield chunk
+        for chunk in shape.ending():
+            yield chunk
     except ClientGone:
         return
     finally:

@@ -1,7 +1,8 @@
 """One generation, run on the worker thread: a Plan in, a stream of events out.
 
-Events: Progress (prefill progress, when asked for), Delta (new text), Finished (finish reason,
-usage, statistics). Cancellation (a client that went away, a server shutdown) is checked inside
+Events: Started (the job holds the device; its prompt-cache hit), Progress (prefill progress,
+when asked for), Delta (new text), Finished (finish reason, usage, statistics). Cancellation (a
+client that went away, a server shutdown) is checked inside
 every prefill step, before every transformer layer (the speculator's too) and H2O chunk, through
 the check `run` installs (core/ops.py `cancellation`), after every step (the progress callback raises:
 core/methods/prefill.py StageProgress) and between generated tokens.
@@ -18,6 +19,11 @@ from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
+
+
+@dataclass(frozen=True)
+class Started:
+    cached: int  # prompt tokens taken from the prompt cache (Anthropic's message_start reports them)
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Finished:
     completion_tokens: int
     cached_tokens: int
     stats: dict[str, Any]
+    stop: str | None = None  # the stop string that ended the text (Anthropic's stop_sequence)
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,7 @@ class Failed:
     message: str
 
 
-Event = Progress | Delta | Finished | Failed
+Event = Started | Progress | Delta | Finished | Failed
 Emit = Callable[[Event], None]
 
 
@@ -61,13 +68,15 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self.stops = stops
         self.pending = ""
+        self.hit: str | None = None  # the stop string found
 
     def feed(self, text: str) -> tuple[str, bool]:
         """(text safe to send now, whether a stop string was hit)."""
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.pending = self.pending[:min(hits)], ""
+        found = [(i, s) for s in self.stops if (i := self.pending.find(s)) >= 0]
+        if found:
+            at, self.hit = min(found, key=lambda f: f[0])
+            out, self.pending = self.pending[:at], ""
             return out, True
         hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
         out = self.pending[:len(self.pending) - hold]
@@ -112,6 +121,7 @@ class Engine:
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
         # a conversation's new tokens: full attention, and no drafting over a reused cache yet
         request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
+        emit(Started(reuse.cached))
         method, info = request.method, GenerationInfo()
 
         def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
@@ -164,7 +174,8 @@ class Engine:
         if last is None:
             return None
         numbers = stats(last)
-        return generated, Finished(finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers)
+        return generated, Finished(finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers,
+                                   stop=matcher.hit)
 
     @staticmethod
     def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,

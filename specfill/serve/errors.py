@@ -1,4 +1,5 @@
-"""OpenAI-style error bodies: {"error": {"message", "type", "param", "code"}} with an HTTP status."""
+"""Error bodies with an HTTP status: OpenAI's {"error": {"message", "type", "param", "code"}}, and
+Anthropic's {"type": "error", "error": {"type", "message"}} on its routes (/v1/messages)."""
 from __future__ import annotations
 
 from typing import Any
@@ -35,3 +36,22 @@ def error_body(status: int, message: str, *, param: str | None = None, code: str
 
 def bad_request(message: str, param: str | None = None) -> RequestError:
     return RequestError(400, message, param=param)
+
+
+# Anthropic's error types by status (https://docs.anthropic.com/en/api/errors); 503 is its overloaded_error
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                         429: "rate_limit_error", 500: "api_error", 503: "overloaded_error", 529: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str, param: str | None = None,  # noqa: ARG001 - OpenAI's
+                         code: str | None = None) -> dict[str, Any]:  # noqa: ARG001 - fields have no place here
+    """The JSON body Anthropic's API sends with an error status (the anthropic client reads it): the
+    field at fault is named in the message, which every RequestError of specfill does."""
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether a route speaks Anthropic's dialect (its error bodies): /v1/messages and below."""
+    return path == "/v1/messages" or path.startswith("/v1/messages/")

@@ -1,8 +1,8 @@
 """The routes around generation: health, models, tokenize / detokenize, metrics, OPTIONS.
 
 /tokenize and /detokenize take both llama.cpp's and vLLM's bodies: {"content"} or {"prompt"} or
-{"messages"} in, {"tokens", "count", "max_model_len"} out; {"tokens"} in, {"content", "prompt"}
-(the same text under each server's key) out.
+{"messages"} (with "tools", as a chat request renders them) in, {"tokens", "count", "max_model_len"}
+out; {"tokens"} in, {"content", "prompt"} (the same text under each server's key) out.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from .chat import template_messages, tool_definitions
 from .engine import Engine
 from .errors import RequestError, bad_request
 from .metrics import Metrics
@@ -101,9 +102,10 @@ def _tokenize(engine: Engine, data: dict[str, Any]) -> list[int]:
             messages = [Message.model_validate(m) for m in data["messages"]]
         except ValueError:
             raise bad_request("'messages' must be a list of {role, content} objects", "messages") from None
+        tools = {"tools": [dict(t) for t in tool_definitions(data["tools"])]} if data.get("tools") else {}
         rendered = engine.tokenizer.apply_chat_template(
-            [{"role": m.role, "content": m.text(i)} for i, m in enumerate(messages)],
-            add_generation_prompt=data.get("add_generation_prompt", True) is not False)
+            template_messages(messages), add_generation_prompt=data.get("add_generation_prompt", True) is not False,
+            **tools)
         return engine.tokenizer.encode(rendered, add_special_tokens=bool(special))
     text = data.get("content", data.get("prompt"))
     if not isinstance(text, str):

@@ -23,7 +23,7 @@ class Outcome:
     """How one request ended. outcome: "ok", "cancelled", or the HTTP status of an error ("400", "503")."""
 
     request_id: str
-    route: str  # "chat", "completion"
+    route: str  # "chat", "completion", "messages"
     outcome: str
     reason: str = ""  # the error message, for errors
     stats: dict[str, Any] = field(default_factory=dict)  # the response's `specfill` statistics, when it ran

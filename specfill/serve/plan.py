@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specfill.api import encode_prompt
-from specfill.core import ConfigError, H2OConfig, PromptTooLongError, SpecPrefillConfig, SpecfillError
+from specfill.core import ConfigError, H2OConfig, PromptTooLongError, SpecPrefillConfig
 from specfill.core.request import GenerationRequest, build_request
 from specfill.core.runtime import check_generation_fits, check_speculator_context
 from specfill.core.sampling import HOST_FIELDS
@@ -63,16 +63,6 @@ class Plan:
     created: float = field(default_factory=time.time)
     queue_seconds: float = 0.0  # time spent waiting for the device (set by the scheduler)
     cancelled: threading.Event = field(default_factory=threading.Event)
-
-
-def chat_prompt_ids(tokenizer: Any, request: ChatRequest) -> list[int]:
-    """The chat template rendered server-side and tokenized (BOS only if the template lacks it)."""
-    messages = [{"role": m.role, "content": m.text(i)} for i, m in enumerate(request.messages)]
-    try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except SpecfillError as err:
-        raise bad_request(str(err), "messages") from None
-    return encode_prompt(tokenizer, text)
 
 
 def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size: int) -> list[int]:

@@ -2,7 +2,8 @@
 
 Types are strict (a string where a number belongs is a 400, not a silent conversion); unknown
 fields are ignored, as OpenAI-compatible servers do, except the OpenAI features specfill does not
-implement (several choices, log-probabilities, tools, structured output, logit bias, and the sampling
+implement (several choices, log-probabilities, grammars, logit bias, tools and structured output
+outside chat completions, and the sampling
 settings of vLLM and llama.cpp that specfill lacks), which are refused by name rather than silently
 dropped: a request never runs with a setting that has no effect. specfill's own fields sit at the
 top level of the body, so the `openai` client passes them through `extra_body`.
@@ -35,6 +36,9 @@ class TextPart(_Strict):
 class Message(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[Any] | None = None  # an assistant's calls (checked in chat.py)
+    tool_call_id: str | None = None  # a tool result's call
+    name: str | None = None
 
     def text(self, index: int) -> str:
         """The content as one string (text parts joined); other part types are refused."""
@@ -105,7 +109,10 @@ class SamplingFields(_Strict):
 class ChatRequest(SamplingFields, SpecfillFields):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # tools, tool_choice, response_format: checked in chat.py
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, SpecfillFields):
@@ -150,6 +157,7 @@ UNSUPPORTED = (
      "structured output (response_format other than text)"),
     ("logit_bias", lambda v: bool(v), "logit_bias"),
 )
+CHAT_FEATURES = frozenset({"tools", "response_format"})  # the chat route reads these (chat.py)
 
 
 def read_json(raw: bytes) -> dict[str, Any]:
@@ -165,7 +173,11 @@ def read_json(raw: bytes) -> dict[str, Any]:
 
 def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
     """The validated request, or a RequestError(400) whose message names the field at fault."""
-    data = read_json(raw)
+    return parse_data(read_json(raw), kind)
+
+
+def parse_data(data: dict[str, Any], kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
+    """parse_body for a body already read (the Anthropic route translates its body into a chat one)."""
     try:
         request = kind.model_validate(data)
     except ValidationError as err:
@@ -175,6 +187,8 @@ def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) ->
                           where.split(".")[0]) from None
     extra = request.model_extra or {}
     for name, used, what in UNSUPPORTED:
+        if name in CHAT_FEATURES and kind is ChatRequest:
+            continue
         value = getattr(request, name, None) if name in type(request).model_fields else extra.get(name)
         if used(value):
             raise bad_request(f"'{name}': {what} is not supported by specfill serve", name)

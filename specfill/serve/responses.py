@@ -1,8 +1,11 @@
 """OpenAI-shaped response bodies and stream chunks for chat and text completions.
 
 specfill adds two fields the `openai` client keeps as extras: `specfill` (statistics: method,
-TTFT, kept and cached tokens, speeds) on the final chunk / the whole response, and
-`prompt_progress` (llama.cpp's shape) on progress chunks, which carry no choices.
+TTFT, kept and cached tokens, speeds; `response_format`, the JSON check's verdict) on the final
+chunk / the whole response, and `prompt_progress` (llama.cpp's shape) on progress chunks, which
+carry no choices. A chat reply is read through the request's ReplySplitter: tool calls become
+`tool_calls` (one whole call per stream delta, its arguments in one piece), finish_reason
+"tool_calls"; the rest is content.
 """
 from __future__ import annotations
 
@@ -10,33 +13,97 @@ import json
 import uuid
 from typing import Any
 
-from .engine import Finished, Progress
+from .chat import ChatSetup
+from .engine import Delta, Failed, Finished, Progress
+from .errors import error_body
 from .plan import Plan
+from .tool_parsers import Piece, ReplySplitter, Text, ToolCall
+
+
+class Reply:
+    """A reply's text read through its setup: the forced start first, then the model's text, as
+    content and tool calls; keeps what it handed out (the whole response, the output check)."""
+
+    def __init__(self, setup: ChatSetup):
+        self.setup = setup
+        self.splitter = ReplySplitter(setup.format, setup.max_calls)
+        self.prefix = setup.prefix
+        self.content: list[str] = []
+        self.calls: list[ToolCall] = []
+        self.pieces: list[Piece] = []  # in order, neighbouring text joined (Anthropic's content blocks)
+
+    def feed(self, text: str) -> list[Piece]:
+        text, self.prefix = self.prefix + text, ""
+        return self._keep(self.splitter.feed(text))
+
+    def finish(self) -> list[Piece]:
+        """The pieces held back until the end (the forced start too, if no text ever came)."""
+        text, self.prefix = self.prefix, ""
+        return self._keep(self.splitter.feed(text) + self.splitter.finish())
+
+    def _keep(self, pieces: list[Piece]) -> list[Piece]:
+        for piece in pieces:
+            if isinstance(piece, Text):
+                self.content.append(piece.text)
+            else:
+                self.calls.append(piece)
+            if isinstance(piece, Text) and self.pieces and isinstance(self.pieces[-1], Text):
+                self.pieces[-1] = Text(self.pieces[-1].text + piece.text)
+            else:
+                self.pieces.append(piece)
+        return pieces
+
+    def text(self) -> str:
+        return "".join(self.content)
+
+    def verdict(self) -> dict[str, Any] | None:
+        """The response_format check of the finished reply (None: no check, or the reply is calls)."""
+        check = self.setup.output
+        if check is None or self.calls:
+            return None
+        error = check.check(self.text())
+        return {"type": check.kind, "valid": error is None, "error": error}
+
+
+def call_id(prefix: str = "call_") -> str:
+    return prefix + uuid.uuid4().hex[:24]
 
 
 class ResponseShape:
     """Builds the bodies of one response (one id, one creation time, one model name)."""
 
-    def __init__(self, plan: Plan, model_id: str):
+    def __init__(self, plan: Plan, model_id: str, setup: ChatSetup | None = None):
         self.plan = plan
         self.chat = plan.kind == "chat"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.model_id = model_id
+        self.reply = Reply(setup or ChatSetup())
+        self.sent_calls = 0
 
     def _base(self, stream: bool) -> dict[str, Any]:
         obj = ("chat.completion.chunk" if stream else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": obj, "created": int(self.plan.created), "model": self.model_id}
 
-    def _choice(self, text: str | None, finish: str | None, *, stream: bool, first: bool = False) -> dict[str, Any]:
+    def _choice(self, text: str | None, finish: str | None, *, stream: bool, first: bool = False,
+                calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
         if not self.chat:
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         if not stream:
-            return {"index": 0, "message": {"role": "assistant", "content": text or ""}, "logprobs": None,
-                    "finish_reason": finish}
+            message: dict[str, Any] = {"role": "assistant", "content": text or ("" if not calls else None)}
+            if calls:
+                message["tool_calls"] = calls
+            return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
         if text:
             delta["content"] = text
+        if calls:
+            delta["tool_calls"] = calls
         return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    @staticmethod
+    def _call(call: ToolCall) -> dict[str, Any]:
+        return {"id": call_id(), "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
 
     @staticmethod
     def usage(done: Finished) -> dict[str, Any]:
@@ -44,15 +111,61 @@ class ResponseShape:
                 "total_tokens": done.prompt_tokens + done.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
 
-    def whole(self, text: str, done: Finished) -> dict[str, Any]:
-        """The non-streaming response."""
-        return {**self._base(False), "choices": [self._choice(text, done.finish_reason, stream=False)],
-                "usage": self.usage(done), "specfill": done.stats}
+    def _finish_reason(self, done: Finished) -> str:
+        return "tool_calls" if self.reply.calls and done.finish_reason == "stop" else done.finish_reason
 
-    def opening(self) -> dict[str, Any] | None:
+    def _stats(self, done: Finished) -> dict[str, Any]:
+        verdict = self.reply.verdict()
+        return done.stats if verdict is None else {**done.stats, "response_format": verdict}
+
+    @staticmethod
+    def error(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+        return error_body(status, message, param=param, code=code)
+
+    # the whole response
+    def collect(self, text: str) -> None:
+        self.reply.feed(text)
+
+    def whole(self, done: Finished) -> dict[str, Any]:
+        """The non-streaming response."""
+        self.reply.finish()
+        calls = [self._call(c) for c in self.reply.calls]
+        return {**self._base(False),
+                "choices": [self._choice(self.reply.text(), self._finish_reason(done), stream=False, calls=calls)],
+                "usage": self.usage(done), "specfill": self._stats(done)}
+
+    # the stream
+    def opening(self) -> list[str]:
         """Chat streams open with the assistant role (OpenAI's first chunk); text streams don't."""
-        return {**self._base(True), "choices": [self._choice(None, None, stream=True, first=True)]} \
-            if self.chat else None
+        return [sse({**self._base(True), "choices": [self._choice(None, None, stream=True, first=True)]})] \
+            if self.chat else []
+
+    def event(self, event: Any) -> list[str]:
+        """The chunks one engine event turns into."""
+        if isinstance(event, Progress):
+            return [sse(self.progress(event))]
+        if isinstance(event, Delta):
+            return [sse(c) for c in self._pieces(self.reply.feed(event.text))]
+        if isinstance(event, Finished):
+            return [sse(c) for c in self._pieces(self.reply.finish()) + self.closing(event)]
+        if isinstance(event, Failed):
+            return [sse(error_body(event.status, event.message))]
+        return []
+
+    @staticmethod
+    def ending() -> list[str]:
+        return [sse("[DONE]")]
+
+    def _pieces(self, pieces: list[Piece]) -> list[dict[str, Any]]:
+        chunks = []
+        for piece in pieces:
+            if isinstance(piece, Text):
+                chunks.append(self.delta(piece.text))
+                continue
+            call = {"index": self.sent_calls, **self._call(piece)}
+            self.sent_calls += 1
+            chunks.append({**self._base(True), "choices": [self._choice(None, None, stream=True, calls=[call])]})
+        return chunks
 
     def delta(self, text: str) -> dict[str, Any]:
         return {**self._base(True), "choices": [self._choice(text, None, stream=True)]}
@@ -65,13 +178,14 @@ class ResponseShape:
 
     def closing(self, done: Finished) -> list[dict[str, Any]]:
         """The finish-reason chunk (with the statistics), then usage if stream_options asked."""
-        chunks = [{**self._base(True), "choices": [self._choice(None, done.finish_reason, stream=True)],
-                   "specfill": done.stats}]
+        chunks = [{**self._base(True), "choices": [self._choice(None, self._finish_reason(done), stream=True)],
+                   "specfill": self._stats(done)}]
         if self.plan.include_usage:
             chunks.append({**self._base(True), "choices": [], "usage": self.usage(done)})
         return chunks
 
 
-def sse(data: dict[str, Any] | str) -> str:
-    """One server-sent event."""
-    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+def sse(data: dict[str, Any] | str, event: str | None = None) -> str:
+    """One server-sent event (named, for Anthropic's stream)."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {data if isinstance(data, str) else json.dumps(data)}\n\n"

@@ -9,7 +9,7 @@ import pytest
 from specfill.api import load
 from specfill.core.config import H2OConfig
 from specfill.core.request import build_request
-from specfill.serve.engine import Engine, Finished, Progress
+from specfill.serve.engine import Engine, Finished, Progress, Started
 from specfill.serve.plan import Plan
 from specfill.serve.prompt_cache import PromptCache
 
@@ -81,7 +81,7 @@ def test_a_disconnect_mid_step_stops_before_the_next_layer(tiny):
 def test_every_method_stops_mid_step(tiny, method):
     """H2O (checked per layer and chunk) and SpecPrefill (its "self:2" speculator's layers, then the
     main model's): the client leaves during layer 1 of step 1; layer 2 never runs, nothing is
-    reported, no Finished, and the engine serves the same prompt afterwards."""
+    reported after the start, no Finished, and the engine serves the same prompt afterwards."""
     model, tokenizer = tiny
     engine = Engine(model, tokenizer, None)
     ids = list(range(3, 120))
@@ -99,7 +99,7 @@ def test_every_method_stops_mid_step(tiny, method):
     finally:
         for hook in hooks:
             hook.remove()
-    assert calls == [model.model.layers[0]] and events == []
+    assert calls == [model.model.layers[0]] and events == [Started(cached=0)]
     assert isinstance(run(engine, plan(ids, method, **settings))[-1], Finished)
 
 

@@ -36,7 +36,7 @@ MALFORMED = [  # (route, raw body): every one must get a 4xx with an OpenAI erro
     (COMPLETE, {"prompt": LONG}), (COMPLETE, {"prompt": [1, 2, 99999]}), (COMPLETE, {"prompt": ["a", "b"]}),
     (COMPLETE, {"prompt": ""}), (COMPLETE, {"prompt": "1 2", "echo": True}), (COMPLETE, {"max_tokens": 3}),
     (COMPLETE, {"prompt": "1", "num_draft_tokens": 0}),
-    (CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}),
+    (CHAT, {"messages": MSG, "response_format": {"type": "grammar"}}),
     (COMPLETE, {"prompt": "1", "logit_bias": {"5": 1}}),
 ]
 

@@ -1,0 +1,377 @@
+"""Anthropic's Messages API (POST /v1/messages and /v1/messages/count_tokens) on the chat route's Plan.
+
+A Messages body is checked field by field (a 400 in Anthropic's error shape names the field), then
+translated into the OpenAI chat body the other route parses: system -> a system message, tool_use
+blocks -> the assistant's tool_calls, tool_result blocks -> tool messages, tools -> function
+tools, tool_choice auto / any / tool / none -> auto / required / the named function / none
+(disable_parallel_tool_use -> parallel_tool_calls false), stop_sequences -> stop, output_config's
+format -> response_format json_schema (validated, as there). From there both
+routes are one path: chat.py renders the template and plan.py builds the Plan. specfill's own
+fields (method, keep_ratio, ...) travel in `metadata` or as extra top-level fields.
+
+The reply is read by the same ReplySplitter and shaped as a Message (content blocks, stop_reason,
+usage with cache_read_input_tokens from the prompt cache) or as Anthropic's event stream:
+message_start, per block content_block_start / content_block_delta / content_block_stop,
+message_delta (stop_reason, usage), message_stop. thinking / redacted_thinking blocks of earlier
+turns are dropped (the model's own reasoning, not context it needs); images and documents are a 400.
+An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .chat import ChatSetup, chat_prompt_ids, chat_setup, check_schema, check_tool_name, unknown_field
+from .engine import Delta, Failed, Finished, Started
+from .errors import anthropic_error_body, bad_request
+from .info import check_model
+from .plan import Plan, ServerDefaults
+from .protocol import ChatRequest, SpecfillFields, parse_data, read_json
+from .responses import Reply, sse
+from .tool_parsers import Text, ToolCall
+
+NUMBER = Union[int, float]
+error_body = anthropic_error_body
+# a custom tool's documented fields; all but the first four are accepted and ignored (the prompt cache is
+# automatic, inputs stream whole, every tool is rendered, nothing runs tools server-side)
+TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control", "eager_input_streaming",
+                         "strict", "defer_loading", "input_examples", "allowed_callers"})
+CHOICE_FIELDS = frozenset({"type", "name", "disable_parallel_tool_use"})
+SPECFILL_FIELDS = tuple(SpecfillFields.model_fields)
+DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+
+
+class MessagesRequest(BaseModel):
+    """The fields specfill reads; others (service_tier, container, ...) are ignored, as on the OpenAI route."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)  # required on /v1/messages, not for counting
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: NUMBER | None = Field(default=None, ge=0)
+    top_p: NUMBER | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = None
+    stream: bool = False
+    tools: list[Any] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # its format (a JSON schema) is response_format; effort is ignored
+
+
+def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
+    try:
+        request = MessagesRequest.model_validate(data)
+    except ValidationError as err:
+        first = err.errors(include_url=False)[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]
+                        if not (isinstance(p, str) and (p in ("int", "float", "str", "bool") or "[" in p)))
+        where = where.lstrip(".") or "body"
+        raise bad_request(f"invalid field '{where}': {first['msg']}", where) from None
+    if request.max_tokens is None and not counting:
+        raise bad_request("missing field 'max_tokens': Messages requests must set it", "max_tokens")
+    return request
+
+
+def _text_of(blocks: Any, where: str) -> str:
+    """A string, or text blocks joined (other block types are a 400)."""
+    if isinstance(blocks, str):
+        return blocks
+    if not isinstance(blocks, list):
+        raise bad_request(f"'{where}' must be a string or a list of content blocks", where)
+    texts = []
+    for j, block in enumerate(blocks):
+        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported here (text only)", where)
+        texts.append(block["text"])
+    return "\n\n".join(texts)
+
+
+def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
+    """An assistant turn: its text and its tool_use blocks as tool_calls."""
+    texts, calls = [], []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_use":
+            if not isinstance(block.get("input"), dict) or not isinstance(block.get("id"), str):
+                raise bad_request(f"'{where}[{j}]': a tool_use block needs an id, a name and an input object", where)
+            name = check_tool_name(block.get("name"), f"{where}[{j}].name")
+            calls.append({"id": block["id"], "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(block["input"], ensure_ascii=False)}})
+        elif kind not in DROPPED_BLOCKS:
+            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported in an assistant turn "
+                              f"(text, tool_use)", where)
+    message: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts)}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str, Any]]:
+    """A user turn: each tool_result a tool message (in order), text blocks user messages between them."""
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append({"role": "user", "content": "\n\n".join(texts)})
+            texts.clear()
+
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif kind == "tool_result":
+            flush()
+            call = block.get("tool_use_id")
+            if not isinstance(call, str):
+                raise bad_request(f"'{where}[{j}].tool_use_id' must be the id of a tool_use block", where)
+            content = _text_of(block.get("content", ""), f"{where}[{j}].content")
+            message = {"role": "tool", "content": content, "tool_call_id": call}
+            if call in names:
+                message["name"] = names[call]
+            out.append(message)
+        else:
+            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported in a user turn "
+                              f"(text, tool_result)", where)
+    flush()
+    return out
+
+
+def _messages(request: MessagesRequest) -> list[dict[str, Any]]:
+    """The conversation as OpenAI chat messages (system first)."""
+    out: list[dict[str, Any]] = []
+    if request.system:
+        out.append({"role": "system", "content": _text_of(request.system, "system")})
+    names: dict[str, str] = {}  # tool_use id -> tool name, for the tool messages that answer it
+    for i, message in enumerate(request.messages):
+        where = f"messages[{i}]"
+        role, content = message.get("role"), message.get("content")
+        if role not in ("user", "assistant"):
+            raise bad_request(f"'{where}.role' must be \"user\" or \"assistant\", got {role!r}", f"{where}.role")
+        if isinstance(content, str):
+            out.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise bad_request(f"'{where}.content' must be a string or a list of content blocks", f"{where}.content")
+        if role == "assistant":
+            turn = _assistant(content, f"{where}.content")
+            names.update({c["id"]: c["function"]["name"] for c in turn.get("tool_calls", [])})
+            out.append(turn)
+        else:
+            out.extend(_user(content, f"{where}.content", names))
+    return out
+
+
+def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+    """Custom tools as OpenAI function tools (server tools, e.g. web_search, are a 400)."""
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise bad_request(f"'{where}' must be an object", where)
+        if tool.get("type", "custom") != "custom":
+            raise bad_request(f"'{where}.type': only custom tools are supported, got {tool['type']!r}", f"{where}.type")
+        unknown_field(tool, TOOL_FIELDS, where)
+        name = check_tool_name(tool.get("name"), f"{where}.name")
+        schema = check_schema(tool.get("input_schema"), f"{where}.input_schema")
+        function = {"name": name, "parameters": schema}
+        if tool.get("description") is not None:
+            if not isinstance(tool["description"], str):
+                raise bad_request(f"'{where}.description' must be a string", f"{where}.description")
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: dict[str, Any]) -> tuple[Any, bool]:
+    """(OpenAI's tool_choice, parallel_tool_calls)."""
+    unknown_field(choice, CHOICE_FIELDS, "tool_choice")
+    kind = choice.get("type")
+    serial = choice.get("disable_parallel_tool_use", False)
+    if not isinstance(serial, bool):
+        raise bad_request("'tool_choice.disable_parallel_tool_use' must be true or false", "tool_choice")
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}, not serial
+    if kind in ("auto", "none"):
+        return kind, not serial
+    if kind == "any":
+        return "required", not serial
+    raise bad_request(f"'tool_choice.type' must be auto, any, tool or none, got {kind!r}", "tool_choice.type")
+
+
+def chat_body(request: MessagesRequest) -> dict[str, Any]:
+    """The OpenAI chat body a Messages request stands for (specfill's fields from metadata, then
+    the top level)."""
+    body: dict[str, Any] = {"messages": _messages(request), "stream": request.stream}
+    for name in ("model", "max_tokens", "temperature", "top_p", "top_k"):
+        if getattr(request, name) is not None:
+            body[name] = getattr(request, name)
+    if request.stop_sequences:
+        body["stop"] = list(request.stop_sequences)
+    if request.tools:
+        body["tools"] = _tools(request.tools)
+    if request.tool_choice is not None:
+        body["tool_choice"], parallel = _tool_choice(request.tool_choice)
+        if not parallel:
+            body["parallel_tool_calls"] = False
+    form = (request.output_config or {}).get("format")
+    if form is not None:
+        if not isinstance(form, dict) or form.get("type") != "json_schema":
+            raise bad_request("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                              "output_config.format")
+        unknown_field(form, frozenset({"type", "schema"}), "output_config.format")
+        schema = check_schema(form.get("schema"), "output_config.format.schema")
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    extra = {**(request.metadata or {}), **(request.model_extra or {})}
+    body.update({name: extra[name] for name in SPECFILL_FIELDS if name in extra})
+    return body
+
+
+def prepare(raw: bytes, tokenizer: Any, defaults: ServerDefaults, *,
+            counting: bool = False) -> tuple[ChatRequest, ChatSetup, list[int]]:
+    """A Messages body -> (the chat request it stands for, its setup, the prompt ids); a 400 / 404
+    (RequestError) names the field. counting: /count_tokens (max_tokens may be left out)."""
+    request = _validated(read_json(raw), counting)
+    check_model(request.model, defaults)
+    chat = parse_data(chat_body(request), ChatRequest)
+    setup = chat_setup(chat, tokenizer.chat_template)
+    return chat, setup, chat_prompt_ids(tokenizer, chat, setup)
+
+
+def tool_use_id() -> str:
+    return "toolu_" + uuid.uuid4().hex[:24]
+
+
+class MessageShape:
+    """The body of one Messages response, whole or as Anthropic's event stream."""
+
+    error = staticmethod(anthropic_error_body)
+
+    def __init__(self, plan: Plan, model_id: str, setup: ChatSetup):
+        self.plan = plan
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+        self.model_id = model_id
+        self.reply = Reply(setup)
+        self.started = False
+        self.blocks = 0  # content blocks opened so far
+        self.open: str | None = None  # the type of the block open now
+
+    @staticmethod
+    def usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
+        """Anthropic's usage: input_tokens are the prompt tokens not read from the cache."""
+        return {"input_tokens": prompt - cached, "output_tokens": output, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": cached}
+
+    def _stop(self, done: Finished) -> tuple[str, str | None]:
+        """(stop_reason, stop_sequence)."""
+        if done.stop is not None:
+            return "stop_sequence", done.stop
+        if done.finish_reason == "length":
+            return "max_tokens", None
+        return ("tool_use" if self.reply.calls else "end_turn"), None
+
+    def _message(self, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
+                 usage: dict[str, Any]) -> dict[str, Any]:
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": content,
+                "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage}
+
+    @staticmethod
+    def _tool_use(call: ToolCall) -> dict[str, Any]:
+        return {"type": "tool_use", "id": tool_use_id(), "name": call.name, "input": call.arguments}
+
+    # the whole response
+    def collect(self, text: str) -> None:
+        self.reply.feed(text)
+
+    def whole(self, done: Finished) -> dict[str, Any]:
+        self.reply.finish()
+        content: list[dict[str, Any]] = []
+        for piece in self.reply.pieces:
+            if isinstance(piece, Text):
+                content.append({"type": "text", "text": piece.text})
+            else:
+                content.append(self._tool_use(piece))
+        body = self._message(content or [{"type": "text", "text": ""}], self._stop(done),
+                             self.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens))
+        return {**body, "specfill": self._stats(done)}
+
+    def _stats(self, done: Finished) -> dict[str, Any]:
+        verdict = self.reply.verdict()
+        return done.stats if verdict is None else {**done.stats, "response_format": verdict}
+
+    # the stream
+    @staticmethod
+    def opening() -> list[str]:
+        return []
+
+    @staticmethod
+    def ending() -> list[str]:
+        return []
+
+    def _start(self, cached: int) -> list[str]:
+        if self.started:
+            return []
+        self.started = True
+        usage = self.usage(len(self.plan.ids), cached, 0)
+        return [sse({"type": "message_start", "message": self._message([], (None, None), usage)}, "message_start"),
+                sse({"type": "ping"}, "ping")]
+
+    def _close_block(self) -> list[str]:
+        if self.open is None:
+            return []
+        self.open = None
+        return [sse({"type": "content_block_stop", "index": self.blocks - 1}, "content_block_stop")]
+
+    def _open_block(self, block: dict[str, Any]) -> list[str]:
+        out = self._close_block()
+        self.open, self.blocks = block["type"], self.blocks + 1
+        return out + [sse({"type": "content_block_start", "index": self.blocks - 1, "content_block": block},
+                          "content_block_start")]
+
+    def _delta(self, delta: dict[str, Any]) -> str:
+        return sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}, "content_block_delta")
+
+    def _pieces(self, pieces: list[Any]) -> list[str]:
+        out: list[str] = []
+        for piece in pieces:
+            if isinstance(piece, Text):
+                if self.open != "text":
+                    out += self._open_block({"type": "text", "text": ""})
+                out.append(self._delta({"type": "text_delta", "text": piece.text}))
+            else:
+                block = self._tool_use(piece)
+                out += self._open_block({**block, "input": {}})
+                out.append(self._delta({"type": "input_json_delta",
+                                        "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
+                out += self._close_block()
+        return out
+
+    def event(self, event: Any) -> list[str]:
+        """The events one engine event turns into."""
+        if isinstance(event, Started):
+            return self._start(event.cached)
+        if isinstance(event, Delta):
+            return self._start(0) + self._pieces(self.reply.feed(event.text))
+        if isinstance(event, Finished):
+            out = self._start(event.cached_tokens) + self._pieces(self.reply.finish())
+            if not self.blocks:
+                out += self._open_block({"type": "text", "text": ""})
+            out += self._close_block()
+            stop_reason, stop_sequence = self._stop(event)
+            usage = self.usage(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
+            delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
+            out.append(sse({"type": "message_delta", "delta": delta, "usage": usage, "specfill": self._stats(event)},
+                           "message_delta"))
+            return out + [sse({"type": "message_stop"}, "message_stop")]
+        if isinstance(event, Failed):
+            return [sse(anthropic_error_body(event.status, event.message), "error")]
+        return []

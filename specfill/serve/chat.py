@@ -1,0 +1,251 @@
+"""A chat request's prompt and the rules its reply is read back by: messages (assistant tool calls
+and tool results included), tools, tool_choice, parallel_tool_calls and response_format, rendered
+through the model's own chat template as transformers renders them.
+
+tool_choice "none" leaves the tools out of the template and the reply unparsed; "required" and a
+named function start the reply with the format's opening (and the name) in the prompt, so the model
+continues a call rather than being constrained to one (tool_parsers.ToolFormat.forced). A JSON
+response_format is validated, not constrained: an object reply is started with "{", a schema is
+shown to the model in the system message, and the text is checked once it is complete
+(OutputCheck; the verdict travels in the response's `specfill.response_format`).
+Everything a request can get wrong here is a 400 naming the field, before the request queues.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from specfill.api import encode_prompt
+from specfill.core import SpecfillError
+
+from .errors import bad_request
+from .protocol import ChatRequest, Message
+from .tool_parsers import ToolFormat, detect_format
+
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI's rule (a-z, A-Z, 0-9, _ and -, at most 64), plus . and :
+TOOL_FIELDS = frozenset({"type", "function"})
+FUNCTION_FIELDS = frozenset({"name", "description", "parameters", "strict"})
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}
+SCHEMA_NOTE = "Reply with one JSON value that matches this JSON schema, and nothing else:\n"
+
+
+def unknown_field(value: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    """A 400 naming the first field of `value` that is not in `allowed`."""
+    for key in value:
+        if key not in allowed:
+            raise bad_request(f"unknown field '{where}.{key}' (allowed: {', '.join(sorted(allowed))})",
+                              f"{where}.{key}")
+
+
+def check_schema(schema: Any, where: str) -> dict[str, Any]:
+    """A JSON schema object, checked against its metaschema (a 400 naming `where` otherwise)."""
+    if not isinstance(schema, dict):
+        raise bad_request(f"'{where}' must be a JSON schema object, got {type(schema).__name__}", where)
+    from jsonschema import SchemaError
+    from jsonschema.validators import validator_for
+
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as err:
+        path = "".join(f"[{p!r}]" for p in err.absolute_path)
+        raise bad_request(f"'{where}' is not a valid JSON schema: {err.message} (at {path or 'the top'})",
+                          where) from None
+    return schema
+
+
+def check_tool_name(name: Any, where: str) -> str:
+    if not isinstance(name, str) or not TOOL_NAME.match(name):
+        raise bad_request(f"'{where}' must be 1-64 letters, digits, '_', '-', '.' or ':', got {name!r}", where)
+    return name
+
+
+def tool_definitions(tools: list[Any]) -> tuple[dict[str, Any], ...]:
+    """OpenAI function tools, checked strictly (an unknown field is a 400 naming it): what the
+    chat template gets, as transformers passes them ({"type": "function", "function": {...}})."""
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise bad_request(f"'{where}' must be an object, got {type(tool).__name__}", where)
+        if tool.get("type") != "function":
+            raise bad_request(f"'{where}.type': only function tools are supported, got {tool.get('type')!r}",
+                              f"{where}.type")
+        unknown_field(tool, TOOL_FIELDS, where)
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise bad_request(f"'{where}.function' must be an object with a name", f"{where}.function")
+        unknown_field(function, FUNCTION_FIELDS, f"{where}.function")
+        name = check_tool_name(function.get("name"), f"{where}.function.name")
+        if not isinstance(function.get("description", ""), str):
+            raise bad_request(f"'{where}.function.description' must be a string", f"{where}.function.description")
+        if not isinstance(function.get("strict", False), bool):
+            raise bad_request(f"'{where}.function.strict' must be true or false", f"{where}.function.strict")
+        parameters = check_schema(function.get("parameters", EMPTY_PARAMETERS), f"{where}.function.parameters")
+        out.append({"type": "function", "function": {**function, "name": name, "parameters": parameters}})
+    names = [t["function"]["name"] for t in out]
+    if len(set(names)) != len(names):
+        raise bad_request(f"'tools': two tools are named {next(n for n in names if names.count(n) > 1)!r}", "tools")
+    return tuple(out)
+
+
+def tool_choice(value: Any, names: list[str]) -> tuple[str, str | None]:
+    """("auto" | "none" | "required", the named function or None)."""
+    if value is None:
+        return ("auto" if names else "none"), None
+    if value in ("auto", "none", "required"):
+        if value == "required" and not names:
+            raise bad_request("'tool_choice' is \"required\" but the request has no tools", "tool_choice")
+        return value, None
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("function"), dict):
+        unknown_field(value, TOOL_FIELDS, "tool_choice")
+        unknown_field(value["function"], frozenset({"name"}), "tool_choice.function")
+        name = value["function"].get("name")
+        if name not in names:
+            raise bad_request(f"'tool_choice.function.name': {name!r} is not one of the request's tools", "tool_choice")
+        return "required", name
+    raise bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or "
+                      "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """response_format json_object / json_schema: the reply's text is checked once complete."""
+
+    kind: str  # "json_object" or "json_schema"
+    schema: dict[str, Any] | None = None
+
+    @property
+    def wants_object(self) -> bool:
+        return self.schema is None or self.schema.get("type") == "object" or "properties" in self.schema
+
+    def check(self, text: str) -> str | None:
+        """None when the text is valid, else why not (one line)."""
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            return f"not JSON: {err}"
+        if self.schema is None:
+            return None if isinstance(value, dict) else f"a JSON {type(value).__name__}, not an object"
+        from jsonschema.exceptions import best_match
+        from jsonschema.validators import validator_for
+
+        error = best_match(validator_for(self.schema)(self.schema).iter_errors(value))
+        if error is None:
+            return None
+        path = "".join(f"[{p!r}]" for p in error.absolute_path)
+        return f"does not match the schema at {path or 'the top'}: {error.message}"
+
+
+def output_check(value: Any) -> OutputCheck | None:
+    """response_format: None (text), or the check of a JSON reply."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise bad_request("'response_format' must be an object with a 'type'", "response_format")
+    unknown_field(value, frozenset({"type", "json_schema"}), "response_format")
+    kind = value.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return OutputCheck("json_object")
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise bad_request("'response_format.json_schema' must be an object with a 'schema'",
+                              "response_format.json_schema")
+        unknown_field(spec, frozenset({"name", "schema", "strict", "description"}), "response_format.json_schema")
+        return OutputCheck("json_schema", check_schema(spec.get("schema"), "response_format.json_schema.schema"))
+    raise bad_request(f"'response_format.type' must be text, json_object or json_schema, got {kind!r}",
+                      "response_format.type")
+
+
+@dataclass(frozen=True)
+class ChatSetup:
+    """What tools and response_format change about one chat request: the tools the template gets,
+    the text the reply is started with (in the prompt, and the reply's first text), and how the
+    reply is read back (the call format, at most how many calls, the output check)."""
+
+    tools: tuple[dict[str, Any], ...] = ()  # empty: the template gets none
+    format: ToolFormat | None = None  # None: the reply is text, unparsed
+    prefix: str = ""
+    max_calls: int | None = None
+    output: OutputCheck | None = None
+
+
+def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
+    """The request's tools, tool_choice, parallel_tool_calls and response_format, checked against
+    what the model's chat template can do (tools it does not render would have no effect: a 400)."""
+    tools = tool_definitions(request.tools) if request.tools else ()
+    choice, name = tool_choice(request.tool_choice, [t["function"]["name"] for t in tools])
+    output = output_check(request.response_format)
+    if not tools or choice == "none":
+        wants_object = output is not None and output.wants_object
+        return ChatSetup(prefix="{" if wants_object else "", output=output)
+    if not template or "tools" not in template:
+        raise bad_request("'tools': the model's chat template does not render tools (give a template "
+                          "that does with --chat-template)", "tools")
+    fmt = detect_format(template)
+    if fmt is None:
+        raise bad_request("'tools': the model's chat template writes tool calls in a format specfill does not "
+                          "read (it reads Qwen/Hermes <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])", "tools")
+    return ChatSetup(tools=tools, format=fmt, prefix=fmt.forced(name) if choice == "required" else "",
+                     max_calls=1 if request.parallel_tool_calls is False else None, output=output)
+
+
+def _template_call(call: Any, where: str) -> dict[str, Any]:
+    """An assistant message's tool call as templates read it: arguments as an object (vLLM and
+    transformers do the same; Qwen's template writes them with tojson)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        raise bad_request(f"'{where}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
+                          f"\"arguments\"}}}}", where)
+    function = call["function"]
+    name = check_tool_name(function.get("name"), f"{where}.function.name")
+    arguments = function.get("arguments", "{}")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except json.JSONDecodeError:
+            pass  # the text as it was: the template writes what the model wrote
+    return {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def template_messages(messages: list[Message], system_note: str | None = None) -> list[dict[str, Any]]:
+    """Messages as a chat template reads them (transformers' shapes): content as text, an
+    assistant's tool_calls, a tool result's tool_call_id and name; system_note joins the system
+    message (one is added first when there is none)."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        item: dict[str, Any] = {"role": m.role, "content": m.text(i)}
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise bad_request(f"'messages[{i}].tool_calls': only assistant messages carry tool calls",
+                                  "messages")
+            item["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{j}]")
+                                  for j, c in enumerate(m.tool_calls)]
+        if m.role == "tool":
+            item["tool_call_id"] = m.tool_call_id
+        if m.name is not None:
+            item["name"] = m.name
+        out.append(item)
+    if system_note:
+        if out and out[0]["role"] in ("system", "developer"):
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{system_note}".lstrip()}
+        else:
+            out.insert(0, {"role": "system", "content": system_note})
+    return out
+
+
+def chat_prompt_ids(tokenizer: Any, request: ChatRequest, setup: ChatSetup = ChatSetup()) -> list[int]:
+    """The chat template rendered server-side (with the request's tools), the reply's forced start
+    appended, tokenized (BOS only if the template lacks it)."""
+    schema = setup.output.schema if setup.output is not None else None
+    note = SCHEMA_NOTE + json.dumps(schema) if schema is not None else None
+    messages = template_messages(request.messages, note)
+    extra = {"tools": [dict(t) for t in setup.tools]} if setup.tools else {}
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
+    except SpecfillError as err:
+        raise bad_request(str(err), "messages") from None
+    return encode_prompt(tokenizer, text + setup.prefix)
