@@ -6,7 +6,7 @@ import warnings
 
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
-from specfill.core.config import MASS_CEILING, MASS_FLOOR
+from specfill.core.config import DEFAULT_KEEP_RATIO, MASS_CEILING, MASS_FLOOR
 from specfill.core.io.random_model import RANDOM_SHAPES
 
 
@@ -57,12 +57,14 @@ def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         p.add_argument("--h2o-dense-tail", type=int, default=H2OConfig.dense_tail, help=tail_help)
         p.add_argument("--score-layers", default=SpecPrefillConfig.layers, help=layers_help)
     p.add_argument("--keep", default=None,
-                   help="SpecPrefill keep: a ratio in (0, 1] or a token budget > 1 (default: ratio 0.1)")
+                   help=f"SpecPrefill keep: a ratio in (0, 1] or a token budget > 1 (default: ratio {DEFAULT_KEEP_RATIO}; "
+                        f"the paper's 0.1 loses multi-hop answers: docs/eval.md)")
     p.add_argument("--lookahead", type=int, default=SpecPrefillConfig.lookahead)
     p.add_argument("--pool-kernel", type=int, default=SpecPrefillConfig.pool_kernel)
     p.add_argument("--select-chunk", type=int, default=SpecPrefillConfig.select_chunk)
-    p.add_argument("--h2o-dense-layers", type=int, default=H2OConfig.dense_layers,
-                   help="H2O: the first N layers attend to every key (full attention), the later ones run H2O")
+    p.add_argument("--h2o-layers", default=H2OConfig.layers,
+                   help="H2O: the layers that run it (all, first-K, last-K, first-F, last-F with F a share); the "
+                        "others attend to every key")
     p.add_argument("--h2o-memory-share", type=float, default=None,
                    help="H2O memory L+H as this share of the prompt (split L:H as given, below S); default: fixed L, H")
     p.add_argument("--lookahead-reduction", default=SpecPrefillConfig.lookahead_reduction,
@@ -106,7 +108,7 @@ def parse_keep(text: str) -> dict:
 
 def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
     settings = {"dense_tail": args.h2o_dense_tail, "memory_share": args.h2o_memory_share,
-                "dense_layers": args.h2o_dense_layers, **overrides}
+                "layers": args.h2o_layers, **overrides}
     return H2OConfig(args.chunk_size, args.batch_size, args.h2o_local, args.h2o_heavy, **settings)
 
 
@@ -122,7 +124,7 @@ def specprefill_config(args: argparse.Namespace, **overrides) -> SpecPrefillConf
 
 
 _METHOD_OPTIONS = {"h2o": ("chunk_size", "batch_size", "h2o_local", "h2o_heavy", "h2o_dense_tail", "h2o_memory_share",
-                           "h2o_dense_layers"),
+                           "h2o_layers"),
                    "specprefill": ("keep", "lookahead", "pool_kernel", "select_chunk", "speculator", "score_layers",
                                    "keep_mass", "mass_floor", "mass_ceiling", *SELECTION_OPTIONS)}
 

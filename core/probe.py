@@ -97,12 +97,12 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
 
     if method.sparse == "h2o":
         config = method.h2o or H2OConfig()
-        sparse_layer = dataclasses.replace(config, dense_layers=0)  # the timed layer runs H2O
+        sparse_layer = dataclasses.replace(config, layers="all")  # the timed layer runs H2O
         step = h2o_step_size(config, lm.prefill_step_size)  # a fresh attention (its carries) per run
         full, h2o = _best_of(layer_run, lambda: layer_run(step=step, attend=H2OPrefillAttention(
             ops, sparse_layer, 1, args.attention_scale, length, args.layer_windows[:1])))
-        dense = min(config.dense_layers, n_main) / n_main  # layers below the H2O ones cost what full's do
-        return full, dense * full + (1.0 - dense) * h2o
+        sparse = len(config.layer_indices(n_main)) / n_main  # the other layers cost what full's do
+        return full, (1.0 - sparse) * full + sparse * h2o
     spec_layer, _, n_spec, spec_step = _speculator(lm, method)
 
     def sparse_run() -> float:

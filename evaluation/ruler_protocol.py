@@ -362,7 +362,10 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
     passes = plan.cache_dir / "passes" / f"{_stem(plan.speculator).replace(':', '-')}-{device}"
     answers = plan.cache_dir / "answers" / f"{_stem(plan.model)}-{device}"
 
+    written: list[tuple] = []
+
     def keep(rec: dict) -> None:
+        written.append(_key(rec))
         result["records"] = [r for r in result["records"] if _key(r) != _key(rec)] + [rec]
         done.add(_key(rec))
         run["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
@@ -388,6 +391,11 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
                 for setting in todo:
                     keep(_run_candidate(plan, models, sample, length, setting, scores, budget,
                                         answers / f"{name}_{budget}.json"))
+    if not written:  # nothing ran: no run to record
+        result["runs"].remove(run)
+    text = json.dumps(result) + "\n"
+    if not out.exists() or out.read_text() != text:  # the plan (its candidates) may have changed
+        _write_atomic(out, text)
     return result
 
 

@@ -172,13 +172,14 @@ def frontier_markdown(front: list[dict]) -> list[str]:
 
 def plot_frontier(front: list[dict], path: Path, title: str) -> Path:
     """Per length: mean score over the tasks against the TTFT speed-up (decoded), or span recall
-    against the kept share (selection only); one labelled point per setting, full prefill's
-    score dashed."""
+    against the kept share (selection only); one labelled point per setting that ran every task
+    of that length, full prefill's score dashed."""
     plt = _pyplot()
     lengths = list(dict.fromkeys(r["tokens"] for r in front))
     fig, axes = plt.subplots(1, len(lengths), figsize=(6.4 * len(lengths), 5.2), squeeze=False)
     for ax, tokens in zip(axes[0], lengths):
-        mine = [r for r in front if r["tokens"] == tokens]
+        most = max(r["tasks"] for r in front if r["tokens"] == tokens)
+        mine = [r for r in front if r["tokens"] == tokens and r["tasks"] == most]  # a mean over fewer tasks is not comparable
         decoded = any(r["score"] is not None and r["speedup"] for r in mine)
         for r in mine:
             if decoded:

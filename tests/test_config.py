@@ -36,7 +36,8 @@ def test_h2o_rejects_bad_settings(kwargs, match):
 
 def test_specprefill_defaults_follow_the_reference_implementation():
     c = SpecPrefillConfig()
-    assert (c.keep_ratio, c.lookahead, c.pool_kernel, c.select_chunk) == (0.1, 8, 13, 32)
+    assert (c.keep_ratio, c.lookahead, c.pool_kernel, c.select_chunk) == (0.3, 8, 13, 32)
+    assert SpecPrefillConfig.paper() == SpecPrefillConfig(keep_ratio=0.1) and SpecPrefillConfig.paper(lookahead=2).lookahead == 2
     assert (c.head_reduction, c.layer_reduction, c.layers, c.force_keep_last) == ("max", "max", "all", True)
 
 
@@ -44,7 +45,7 @@ def test_specprefill_defaults_follow_the_reference_implementation():
     (dict(keep_ratio=0.0), "keep ratio"), (dict(keep_ratio=1.5), "keep ratio"),
     (dict(keep_ratio=float("nan")), "keep ratio"), (dict(keep_tokens=0), "keep_tokens"),
     (dict(pool_kernel=4), "odd"), (dict(select_chunk=0), "select_chunk"), (dict(lookahead=-1), "lookahead"),
-    (dict(layers="first-2"), "layers"), (dict(layers="last-0"), "layers"), (dict(head_reduction="sum"), "head"),
+    (dict(layers="middle-2"), "layers"), (dict(layers="last-0"), "layers"), (dict(head_reduction="sum"), "head"),
 ])
 def test_specprefill_rejects_bad_settings(kwargs, match):
     with pytest.raises(ConfigError, match=match):

@@ -44,8 +44,8 @@ def test_a_request_holds_checked_parts():
 
 
 def test_keep_ratio_and_keep_tokens_are_exclusive():
-    """Neither: ratio 0.1; both: an error, never a silent winner; with_keep switches cleanly."""
-    assert (SpecPrefillConfig().keep_ratio, SpecPrefillConfig().keep_tokens) == (0.1, None)
+    """Neither: ratio 0.3; both: an error, never a silent winner; with_keep switches cleanly."""
+    assert (SpecPrefillConfig().keep_ratio, SpecPrefillConfig().keep_tokens) == (0.3, None)
     with pytest.raises(ConfigError, match="not both"):
         SpecPrefillConfig(keep_ratio=0.2, keep_tokens=64)
     with pytest.raises(ConfigError, match="not both"):

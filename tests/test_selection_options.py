@@ -113,7 +113,7 @@ def test_keep_mass_is_exclusive_with_the_other_keep_settings_and_with_keep_repla
 def test_cli_keep_and_keep_mass_meet_the_same_check():
     parser = argparse.ArgumentParser()
     add_method_options(parser)
-    assert specprefill_config(parser.parse_args([])).keep_ratio == 0.1
+    assert specprefill_config(parser.parse_args([])).keep_ratio == 0.3
     assert specprefill_config(parser.parse_args(["--keep-mass", "0.6"])).keep_mass == 0.6
     with pytest.raises(ConfigError, match="not both"):
         specprefill_config(parser.parse_args(["--keep", "0.2", "--keep-mass", "0.6"]))
@@ -161,7 +161,8 @@ def test_scoring_layers_as_a_share_of_the_speculator():
     assert SpecPrefillConfig(layers="last-0.5").layer_indices(24) == list(range(12, 24))
     assert SpecPrefillConfig(layers="last-0.67").layer_indices(24) == list(range(8, 24))
     assert SpecPrefillConfig(layers="last-0.1").layer_indices(3) == [2]  # at least one layer
-    for bad in ("last-1.5", "last-0", "last-x", "first-0.5"):
+    assert SpecPrefillConfig(layers="first-2").layer_indices(5) == [0, 1]
+    for bad in ("last-1.5", "last-0", "last-x", "middle-0.5"):
         with pytest.raises(ConfigError):
             SpecPrefillConfig(layers=bad)
 

@@ -169,8 +169,8 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
 
 class H2OPrefillAttention(Generic[A]):
     """The `PrefillAttention` of H2O prefill over a prompt of `n_tokens`: one carry per layer,
-    advanced by each logical batch (one prefill step per batch); the first config.dense_layers
-    layers attend causally to every key instead (no carry, no memory sets). windows: each
+    advanced by each logical batch (one prefill step per batch); layers outside config.layers
+    attend causally to every key instead (no carry, no memory sets). windows: each
     layer's sliding window (ModelArgs.layer_window; empty: every layer global)."""
 
     def __init__(self, ops: H2OOps[A], config: H2OConfig, n_layers: int, scale: float, n_tokens: int,
@@ -178,12 +178,13 @@ class H2OPrefillAttention(Generic[A]):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
         self.config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
+        self.sparse = frozenset(config.layer_indices(n_layers))
         self.scale = scale
         self.n_tokens = n_tokens
         self.carries: list[H2OCarry[A] | None] = [None] * n_layers
 
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
-        if layer < self.config.dense_layers:  # full causal attention below the H2O layers
+        if layer not in self.sparse:  # a layer outside config.layers attends to every key
             return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
         end = k.shape[2]
         start = end - q.shape[2]

@@ -114,10 +114,11 @@ class ReferenceModel:
 
     def forward_h2o_chunk_major(self, ids: list[int], config: H2OConfig) -> tuple[np.ndarray, list[list[MemorySet]]]:
         """Logits [T, vocab] of H2O prefill computed chunk by chunk through all layers (sliding
-        layers inside their windows; the first config.dense_layers layers, never holding a memory
-        set, attend causally to everything so far), and the memory sets built per layer ([layer][chunk])."""
+        layers inside their windows; layers outside config.layers, never holding a memory set,
+        attend causally to everything so far), and the memory sets built per layer ([layer][chunk])."""
         config = config.for_prompt(len(ids))  # a memory_share becomes L and H for this prompt
         n_layers, size = self.args.num_hidden_layers, config.chunk_size
+        sparse = set(config.layer_indices(n_layers))
         keys = [np.zeros((self.args.num_key_value_heads, 0, self.args.head_dim)) for _ in range(n_layers)]
         values = [k.copy() for k in keys]
         scores = [np.zeros((self.args.num_key_value_heads, 0)) for _ in range(n_layers)]
@@ -151,7 +152,7 @@ class ReferenceModel:
                 if tail is not None and config.enabled:
                     state = type(state)(state.m, state.l, np.concatenate([state.o[:, :state.o.shape[1] - tail.shape[1]], tail], 1))
                 hidden = self.finish_layer(layer, hidden, state.o)
-                if end < len(ids) and config.enabled and layer >= config.dense_layers:  # dense layers: no memory
+                if end < len(ids) and config.enabled and layer in sparse:  # a dense layer keeps no memory
                     memory[layer] = h2o.build_memory_set(scores[layer], memory[layer], start // size, start, end,
                                                          config.local, config.heavy)
                     built[layer].append(memory[layer])

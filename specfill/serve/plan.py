@@ -110,7 +110,7 @@ def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, n
     """build_request from the request's fields over the server's defaults; warnings become notes."""
     h2o_fields = {"chunk_size": request.h2o_chunk_size, "batch_size": request.h2o_batch_size,
                   "local": request.h2o_local, "heavy": request.h2o_heavy, "memory_share": request.h2o_memory_share,
-                  "dense_layers": request.h2o_dense_layers}
+                  "layers": request.h2o_layers}
     spec_settings = {setting: getattr(request, setting) for setting in SPEC_SETTINGS}  # one field per setting
     spec_fields = {"keep_ratio": request.keep_ratio, "keep_tokens": request.keep_tokens,
                    "keep_mass": request.keep_mass, **spec_settings}

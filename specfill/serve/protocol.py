@@ -76,7 +76,7 @@ class SpecfillFields(_Strict):
     h2o_local: int | None = None  # H2O L
     h2o_heavy: int | None = None  # H2O H
     h2o_memory_share: NUMBER | None = None  # H2O L + H as a share of the prompt
-    h2o_dense_layers: int | None = None  # H2O: the first N layers attend to every key
+    h2o_layers: str | None = None  # H2O: the layers that run it (first-K, last-F, ...); the others are dense
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft

@@ -100,5 +100,6 @@ def assert_logits_close(t: Tiny, ours: Any, want: np.ndarray, what: str) -> None
 
 
 def h2o_method(n_chunk: int, n_batch: int, local: int, heavy: int) -> PrefillMethod:
+    """Seed 001's H2O in every layer (no dense tail, no dense layers)."""
     return PrefillMethod("h2o", h2o=H2OConfig(chunk_size=n_chunk, batch_size=n_batch, local=local, heavy=heavy,
-                                              dense_tail=0))
+                                              dense_tail=0, layers="all"))

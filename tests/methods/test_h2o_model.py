@@ -143,23 +143,27 @@ def test_h2o_prefill_on_two_threads_equals_one_thread(tiny):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_h2o_dense_layers_equal_the_chunk_major_reference(tiny, arch):
-    """The first dense_layers layers attend to every key (no memory sets), the rest run H2O; all
-    layers dense is full prefill."""
+@pytest.mark.parametrize("layers,sparse", [("last-1", 1), ("first-1", 0), ("last-0.5", 1)])
+def test_h2o_on_some_layers_equals_the_chunk_major_reference(tiny, arch, layers, sparse):
+    """Only config.layers run H2O (memory sets there only); the others attend to every key."""
     t = tiny(arch)
     ids = prompt(50, t.args.vocab_size, seed=21)
-    config = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=4, dense_tail=5, dense_layers=1)
+    config = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=4, dense_tail=5, layers=layers)
     info = GenerationInfo(record_memory=True)
     ours = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=config), info=info)
     want, want_memory = t.ref.forward_h2o_chunk_major(ids, config)
-    assert_logits_close(t, ours, want, f"{arch} H2O with the first layer dense")
-    assert info.memory_sets[0] == [] and want_memory[0] == [] and len(info.memory_sets[1]) == 3
-    for got, expected in zip(info.memory_sets[1], want_memory[1]):
+    assert_logits_close(t, ours, want, f"{arch} H2O on layers {layers}")
+    dense = 1 - sparse
+    assert info.memory_sets[dense] == [] and want_memory[dense] == [] and len(info.memory_sets[sparse]) == 3
+    for got, expected in zip(info.memory_sets[sparse], want_memory[sparse]):
         np.testing.assert_array_equal(got, expected.indices)
-    sparse = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=H2OConfig(16, 32, 3, 4, 5)),
-                                   info=GenerationInfo())
-    assert np.abs(sparse - ours).max() > 100 * tolerance(want)  # the dense layer changed the result
-    every = H2OConfig(16, 32, 3, 4, 5, dense_layers=t.args.num_hidden_layers)
+    every = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=H2OConfig(16, 32, 3, 4, 5)), info=GenerationInfo())
     full = t.model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
-    assert_logits_close(t, t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=every), info=GenerationInfo()),
-                        full, "every layer dense")
+    for other in (every, full):  # neither H2O everywhere nor nowhere
+        assert np.abs(other - ours).max() > 100 * tolerance(want)
+
+
+@pytest.mark.parametrize("spec", ["none", "first-0", "last-1.5", "middle-2"])
+def test_a_bad_h2o_layers_spec_is_one_config_error(spec):
+    with pytest.raises(ConfigError):
+        H2OConfig(layers=spec)
