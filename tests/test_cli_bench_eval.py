@@ -100,7 +100,7 @@ def test_eval_sweeps_dense_tails_and_scoring_layers(tiny_checkpoint, tmp_path, c
     assert [r["method"] for r in data["passkey"]] == [
         "full", "h2o W=0", "h2o W=8", "specprefill keep=0.5 layers=all", "specprefill keep=0.5 layers=last-1"]
     assert "full" in data["plan"]["defaults"] and "h2o W=8" not in data["plan"]["defaults"]
-    assert main(["eval", "--score-layers", "first-2"]) == 2
+    assert main(["eval", "--score-layers", "middle-2"]) == 2
 
 
 def test_eval_rejects_unknown_task(capsys):

@@ -105,10 +105,11 @@ def test_generate_loads_only_what_it_uses():
     assert len(loaded) <= 44, len(loaded)
 
 
-def test_production_files_stay_under_260_lines():
-    """The house rule: a module a reader opens fits in 260 lines (test files may run longer)."""
+def test_production_files_stay_under_500_lines():
+    """Files go by responsibility, not by a line cap (the 260-line cap split concepts across files,
+    issue 35); 500 lines flags a module that has grown to hold more than one (tests may run longer)."""
     root = Path(__file__).resolve().parents[1]
     folders = ("core", "backends", "cli", "conformance", "evaluation", "specfill", "scripts")
     long = [f"{path.relative_to(root)}: {n}" for folder in folders for path in sorted((root / folder).rglob("*.py"))
-            if (n := len(path.read_text().splitlines())) > 260]
+            if (n := len(path.read_text().splitlines())) > 500]
     assert not long, long

@@ -40,7 +40,7 @@ def test_h2o_disabled_is_full_attention_and_enabled_differs(tiny):
     ids = [int(i) for i in np.random.default_rng(0).integers(0, 300, size=45)]
     off, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=0, heavy=0, dense_tail=0))
     np.testing.assert_allclose(off, model.forward(ids), rtol=0, atol=1e-12)
-    on, built = model.forward_h2o_chunk_major(ids, H2OConfig(8, 8, 2, 2, dense_tail=0))
+    on, built = model.forward_h2o_chunk_major(ids, H2OConfig(8, 8, 2, 2, dense_tail=0, layers="all"))
     assert np.abs(on[:8] - off[:8]).max() < 1e-12  # the first chunk sees exactly its causal keys
     assert np.abs(on[8:] - off[8:]).max() > 1e-3  # later chunks see only memory sets
     assert [len(sets) for sets in built] == [5] * model.args.num_hidden_layers  # 6 chunks, none after the last

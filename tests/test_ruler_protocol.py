@@ -30,17 +30,18 @@ def test_losses_are_selection_when_an_answer_span_was_dropped_else_misread():
 
 
 def test_selection_only_records_count_in_recall_and_the_frontier_averages_tasks():
-    records = [_record("full", 1.0, None, 1000, 100.0), _record("a", None, [0.25, 1.0], ttft=None),
-               _record("a", 0.5, [1.0, 1.0], ttft=20.0, index=1),
+    records = [_record("full", 1.0, None, 1000, 100.0), _record("full", 1.0, None, 1000, 100.0, index=1),
+               _record("a", None, [0.25, 1.0], ttft=None), _record("a", 0.5, [1.0, 1.0], ttft=20.0, index=1),
                _record("full", 0.0, None, 1000, 50.0, task="qa_1"), _record("a", 1.0, [1.0], ttft=10.0, task="qa_1")]
     rows = {(r["task"], r["setting"]): r for r in summarize(records)}
     a = rows[("vt", "a")]
-    assert records[1]["cause"] is None
+    assert records[2]["cause"] is None and records[3]["cause"] == "misread"
     assert a["samples"] == 2 and a["decoded"] == 1 and a["score"] == 50.0
     assert a["answer_recall"] == pytest.approx(0.625) and a["span_recall"] == pytest.approx(0.8125)
     assert a["all_spans_kept"] == 1 and a["speedup"] == pytest.approx(5.0) and rows[("vt", "full")]["speedup"] is None
     front = {r["setting"]: r for r in frontier(list(rows.values()))}
     assert front["a"]["score"] == pytest.approx(75.0) and front["a"]["tasks"] == 2
+    # against full on the same samples: vt sample 1 only (sample 0 was not decoded), qa_1 sample 0
     assert front["a"]["vs_full_mean"] == pytest.approx((-50 + 100) / 2) and front["a"]["vs_full_worst"] == -50
     assert front["a"]["speedup"] == pytest.approx(np.sqrt(5.0 * 5.0))
 

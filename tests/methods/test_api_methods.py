@@ -13,7 +13,7 @@ def test_stream_generate_runs_h2o_and_speculative_prefill(backend, tiny_checkpoi
     assert model.backend == backend
     ids = prompt(80, model.args.vocab_size, seed=13)
     stops = frozenset(tokenizer.eos_token_ids)
-    h2o = H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0)
+    h2o = H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0, layers="all")
     h2o_info = GenerationInfo(record_memory=True)
     h2o_steps = list(stream_generate(model, tokenizer, ids, 4, method="h2o", h2o=h2o, prefill_info=h2o_info))
     assert [r.token for r in h2o_steps] == greedy(model, ids, 4, PrefillMethod("h2o", h2o=h2o), stop_ids=stops)

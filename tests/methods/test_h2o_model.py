@@ -157,7 +157,8 @@ def test_h2o_on_some_layers_equals_the_chunk_major_reference(tiny, arch, layers,
     assert info.memory_sets[dense] == [] and want_memory[dense] == [] and len(info.memory_sets[sparse]) == 3
     for got, expected in zip(info.memory_sets[sparse], want_memory[sparse]):
         np.testing.assert_array_equal(got, expected.indices)
-    every = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=H2OConfig(16, 32, 3, 4, 5)), info=GenerationInfo())
+    every = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=H2OConfig(16, 32, 3, 4, 5, layers="all")),
+                                  info=GenerationInfo())
     full = t.model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
     for other in (every, full):  # neither H2O everywhere nor nowhere
         assert np.abs(other - ours).max() > 100 * tolerance(want)

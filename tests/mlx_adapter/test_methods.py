@@ -25,7 +25,7 @@ from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
 from tests.mlx_adapter.archs import HONOURED, HYBRID, REFUSED, build
 from tests.mlx_adapter.support import adapted, assert_close, greedy, prompt
 
-H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=8, batch_size=64, local=2, heavy=3, dense_tail=0))
+H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=8, batch_size=64, local=2, heavy=3, dense_tail=0, layers="all"))
 
 
 def spec(keep: float, lookahead: int = 2) -> PrefillMethod:

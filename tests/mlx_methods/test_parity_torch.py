@@ -147,7 +147,8 @@ def test_demo_model_methods_agree_across_backends(demo_path):
     were identical too (max |diff| 3e-4, top-1 100%)."""
     from specfill.evaluation.texts import tokens_of_length
 
-    h2o = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=64, batch_size=128, local=16, heavy=16, dense_tail=0))
+    h2o = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=64, batch_size=128, local=16, heavy=16, dense_tail=0,
+                                             layers="all"))
     spec = PrefillMethod("specprefill", speculator="self:4", specprefill=SpecPrefillConfig(keep_ratio=0.3))
     runs = {}
     for name, backend in (("mlx", mlx_backend), ("torch", torch_cuda)):

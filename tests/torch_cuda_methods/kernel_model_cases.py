@@ -37,7 +37,8 @@ def test_kernels_are_runnable_here():
 def test_h2o_with_kernels_matches_the_twins(models):
     kernels, twins = models
     ids = prompt(50, kernels.args.vocab_size, seed=11)
-    method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0))
+    method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0,
+                                                layers="all"))
     info_k, info_t = GenerationInfo(record_memory=True), GenerationInfo(record_memory=True)
     got = kernels.prompt_logits(ids, method=method, info=info_k)
     want = twins.prompt_logits(ids, method=method, info=info_t)
