@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(TTFT measured in one call; default: from the saved pass)")
     p.add_argument("--cache-dir", default=None,
                    help="speculator passes and full-prefill answers kept between runs "
-                        "(default: $SPECFILL_CACHE/eval or ~/.cache/specfill/eval)")
+                        "(default: <specfill cache>/eval: $SPECFILL_CACHE, else ~/.cache/specfill)")
     p.add_argument("--out", default="results/eval")
     p.add_argument("--name", default="eval")
     add_method_options(p, sweep=True)
@@ -108,9 +108,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:
     """`--candidates`: evaluation/ruler_protocol.py on the RULER tasks, results written as they come."""
-    import os
     from pathlib import Path
 
+    from specfill.core.io.demo_model import cache_dir
     from specfill.evaluation.machine import default_eval_dtype, describe_machine
     from specfill.evaluation.ruler_protocol import ProtocolPlan, resolve_candidates, run_protocol
     from specfill.evaluation.ruler_protocol_report import write_protocol_report
@@ -123,7 +123,7 @@ def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:
         raise ConfigError("--candidates needs --model (the main model the speculator's choices are for)")
     candidates = resolve_candidates(args.candidates)
     backend = resolve_backend(args.backend)
-    cache = Path(args.cache_dir) if args.cache_dir else Path(os.environ.get("SPECFILL_CACHE", Path.home() / ".cache/specfill")) / "eval"
+    cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "eval"
     plan = ProtocolPlan(model=args.model, speculator=args.speculator, backend=backend,
                         dtype=args.dtype or default_eval_dtype(backend, args.device), device=args.device,
                         tasks=tuple(tasks), lengths=tuple(args.ruler_lengths), candidates=candidates,

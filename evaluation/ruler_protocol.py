@@ -31,9 +31,11 @@ from typing import Any, Callable
 import numpy as np
 
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .ruler_report import DROPPED_BELOW
+from .ruler_run import span_shares
 from .ruler_tasks import RulerSample, build_sample, score
 
 Setting = SpecPrefillConfig | H2OConfig | None  # None: full prefill
@@ -127,14 +129,14 @@ class ProtocolPlan:
     answer_tokens: int | None = None
     selection_only: bool = False
     end_to_end: bool = False  # SpecPrefill candidates decoded through the API (one speculator pass each)
-    cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache/specfill/eval")
+    cache_dir: Path = field(default_factory=lambda: specfill_cache() / "eval")
 
 
 def _stem(path: str) -> str:
     return Path(str(path)).name.removesuffix(".gguf")
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
@@ -222,8 +224,7 @@ class PassScores:
     def importance(self, config: SpecPrefillConfig) -> np.ndarray:
         from specfill.core.reference.specprefill import reduce_axis
 
-        n_queries = self.saved.queries.shape[1]
-        if config.lookahead + 1 > n_queries and n_queries == PASS_LOOKAHEAD + 1:
+        if config.lookahead > PASS_LOOKAHEAD:  # a pass holds PASS_LOOKAHEAD tokens' queries at most
             raise ConfigError(f"look-ahead {config.lookahead} exceeds the saved pass's {PASS_LOOKAHEAD}")
         per_layer = self._reduced_heads(config.pool_kernel, config.head_reduction)
         layers = config.layer_indices(per_layer.shape[1])
@@ -234,15 +235,6 @@ class PassScores:
         from specfill.core.reference.specprefill import select_tokens
 
         return select_tokens(self.importance(config), config)
-
-
-def span_shares(row: np.ndarray | None, spans: list[list[int]]) -> list[float] | None:
-    """Per span [start, end): the mean of the position map over it (SpecPrefill: the share of its
-    tokens kept; H2O: the share of (layer, KV head) last memory sets holding its tokens)."""
-    if row is None:
-        return None
-    values = np.asarray(row)
-    return [round(float(values[a:b].mean()), 3) if b > a else 0.0 for a, b in spans]
 
 
 def compact_map(row) -> dict | None:
@@ -369,7 +361,7 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
         result["records"] = [r for r in result["records"] if _key(r) != _key(rec)] + [rec]
         done.add(_key(rec))
         run["load_average_1min_at_end"] = round(os.getloadavg()[0], 2)
-        _write_atomic(out, json.dumps(result) + "\n")
+        write_atomic(out, json.dumps(result) + "\n")
         shown = "-" if rec["score"] is None else f"{rec['score']:.2f}"
         ttft = "-" if rec["ttft_s"] is None else f"{rec['ttft_s']:.1f}s"
         step(f"{rec['task']}@{rec['tokens']} #{rec['index']} {rec['setting']}: score {shown} TTFT {ttft} "
@@ -395,7 +387,7 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
         result["runs"].remove(run)
     text = json.dumps(result) + "\n"
     if not out.exists() or out.read_text() != text:  # the plan (its candidates) may have changed
-        _write_atomic(out, text)
+        write_atomic(out, text)
     return result
 
 
@@ -420,7 +412,7 @@ def _run_candidate(plan: ProtocolPlan, models: Models, sample: RulerSample, leng
         text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("full"), budget)
         rec = record(sample, length, name, "full", text=text, value=value, ttft=ttft, row=row, kept=kept,
                      machine_load=round(os.getloadavg()[0], 2), measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        _write_atomic(full_cache, json.dumps(rec) + "\n")
+        write_atomic(full_cache, json.dumps(rec) + "\n")
         return rec
     if isinstance(setting, H2OConfig):
         model, _, tokenizer = models.pair()
@@ -430,7 +422,7 @@ def _run_candidate(plan: ProtocolPlan, models: Models, sample: RulerSample, leng
     selection = scores.select(setting)
     row = np.zeros(len(scores.saved.ids))
     row[selection.kept] = 1.0
-    extra = {"speculator_s": scores.saved.seconds, "config": {k: v for k, v in vars(setting).items()}}
+    extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}
     if plan.selection_only:
         return record(sample, length, name, "specprefill", text=None, value=None, ttft=None, row=row,
                       kept=len(selection.kept), **extra)

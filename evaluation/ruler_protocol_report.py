@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .plots import _pyplot, _save, plot_position_map
-from .ruler_protocol import classify, expand_map
+from .ruler_protocol import classify, expand_map, write_atomic
 from .ruler_report import DROPPED_BELOW
 
 
@@ -232,7 +232,7 @@ def write_protocol_report(result: dict, out: Path, name: str, map_sample: int | 
               "## Frontier (over the tasks)", "", *frontier_markdown(front), "", "## Per task"]
     paths = [out / f"{name}.md"]
     tail = ["", "## Runs (machine, load average)", "", *runs]
-    _write_text(paths[0], "\n".join(markdown(rows, records, header) + tail) + "\n")
+    write_atomic(paths[0], "\n".join(markdown(rows, records, header) + tail) + "\n")
     paths.append(plot_frontier(front, out / f"{name}_frontier.png", title))
     for tokens in dict.fromkeys(r["tokens"] for r in rows):
         paths.append(plot_fix([r for r in rows if r["tokens"] == tokens], out / f"{name}_tradeoff_{tokens}.png",
@@ -249,12 +249,3 @@ def write_protocol_report(result: dict, out: Path, name: str, map_sample: int | 
 def _first_loss(records: list[dict], task: str) -> int:
     lost = [r["index"] for r in records if r["task"] == task and r.get("cause")]
     return lost[0] if lost else min(r["index"] for r in records if r["task"] == task)
-
-
-def _write_text(path: Path, text: str) -> None:
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
