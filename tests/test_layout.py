@@ -1,4 +1,5 @@
 """The core stays backend-free, and every promised package imports."""
+import ast
 import importlib
 import subprocess
 import sys
@@ -29,12 +30,9 @@ def test_core_io_imports_run_one_way():
 
 def test_each_method_is_written_once():
     """Same-named backend modules share under 30% of their lines once the array library's prefix
-    is masked (scripts/backend_similarity.py): the orchestration lives in core/, once."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    try:
-        from backend_similarity import pairs
-    finally:
-        sys.path.pop(0)
+    is masked (tests/backend_similarity.py): the orchestration lives in core/, once."""
+    from tests.backend_similarity import pairs
+
     similar = [(name, round(ratio, 3)) for name, ratio in pairs() if ratio >= 0.30]
     assert not similar, similar
 
@@ -59,6 +57,44 @@ def test_results_index_lists_every_results_file():
     assert done.returncode == 0, done.stderr
 
 
+PRODUCT = ("core", "backends", "cli", "conformance", "evaluation", "specfill", "scripts", "tests")
+
+
+def _imports_and_path_entries(path: Path) -> tuple[list[str], list[str]]:
+    """The modules a file imports, and the source of what it adds to sys.path (insert / append)."""
+    text = path.read_text(encoding="utf-8")
+    imports, entries = [], []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            imports += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            imports.append(node.module or "")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("insert", "append")
+              and ast.get_source_segment(text, node.func.value) == "sys.path"):
+            entries.append(ast.get_source_segment(text, node.args[-1]))
+    return imports, entries
+
+
+def test_research_stays_apart_from_the_product():
+    """research/ (one-off studies, their scripts and results) is never imported or put on sys.path
+    by the product, its tools or its tests; a study imports `specfill` like any user and puts only
+    its own folder or a sibling study's on sys.path, no product folder (research/README.md)."""
+    offenders = []
+    for folder in PRODUCT:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            imports, entries = _imports_and_path_entries(path)
+            offenders += [f"{path.relative_to(ROOT)}: import {n}" for n in imports if n.split(".")[0] == "research"]
+            offenders += [f"{path.relative_to(ROOT)}: sys.path {e}" for e in entries if "research" in e]
+    inside_research = ("Path(__file__).parent", "Path(__file__).resolve().parent)", "parents[1] / ", '"research"')
+    for path in sorted((ROOT / "research").rglob("*.py")):
+        _, entries = _imports_and_path_entries(path)
+        offenders += [f"{path.relative_to(ROOT)}: sys.path {e}" for e in entries
+                      if not any(mark in e for mark in inside_research)]
+    assert not offenders, offenders
+    studies = [p.name for p in (ROOT / "scripts").iterdir() if p.name.startswith(("bench_", "profile_", "peer_", "check_"))]
+    assert not studies, f"one-off benchmarks and studies go to research/: {studies}"
+
+
 # Modules that may import specfill.conformance: the suite itself, its CLI subcommand, each backend's
 # adapter for it, and doctor (which runs the suite on the user's machine).
 CONFORMANCE_USERS = {"conformance", "cli/conformance.py", "backends/mlx/conformance.py",
@@ -68,7 +104,6 @@ CONFORMANCE_USERS = {"conformance", "cli/conformance.py", "backends/mlx/conforma
 def test_no_production_module_imports_conformance():
     """The kernels' first-use self-check is a runtime feature (core/self_check.py): production code
     never reaches into the test suite."""
-    import ast
     offenders = []
     for folder in ("core", "backends", "specfill", "cli", "evaluation", "conformance"):
         for path in sorted((ROOT / folder).rglob("*.py")):

@@ -41,7 +41,7 @@ def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     is True: a sliding window, each row holding at least the query's own slot) against keys/values
     [1, Hkv, S, D], as two grouped float32 matmuls. torch's CPU flash kernel parallelises over
     (head, query block), so one query keeps one core busy per head and walks S serially: 2.6 ms
-    per layer at S = 4K against 0.37 ms here (bf16, 2 threads, results/drafting/cpu_step_costs.md).
+    per layer at S = 4K against 0.37 ms here (bf16, 2 threads, research/drafting/results/cpu_step_costs.md).
     Scores, softmax and the weighted sum run in float32 (the cache is upcast per step: for T <= 8
     that costs less than the kernel's serial walk). The Hq / Hkv query heads of a group share
     their KV head's matmul. Returns [1, Hq, T, D] in q's dtype."""
