@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "backends/torch_cuda"
-TESTS = ["tests/torch_cuda", "tests/torch_cuda_kernels", "tests/torch_adapter", "tests/methods"]
+TESTS = ["tests/torch_cuda", "tests/torch_cuda_kernels", "tests/adapters", "tests/methods"]
 CUDA_PATHS = "tests/torch_cuda/test_cuda_paths.py"
 
 

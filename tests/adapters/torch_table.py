@@ -1,13 +1,13 @@
 """The model types x methods table of docs/models.md (torch backend), generated from the
 transformers adapter tests' own set.
 
-Each row is a transformers model type the tests in this folder build and run: which attention
+Each row is a transformers model type the adapter tests build and run on torch: which attention
 modules the adapter found, and per method either "tested" (the test that checks it: forward =
 equal to transformers' own forward and decoding; oracle = H2O memory sets / SpecPrefill kept
 positions equal to the NumPy oracle's; greedy = drafting gives the greedy tokens) or the refusal
 the tests expect.
 
-    .venv/bin/python -m tests.torch_adapter.table --write    # rewrite the table in docs/models.md
+    .venv/bin/python -m tests.adapters.torch_table --write    # rewrite the table in docs/models.md
 """
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from pathlib import Path
 from specfill.backends.torch_cuda.adapted import adapt
 from specfill.core.errors import ModelLoadError
 
-from tests.torch_adapter.archs import AT_LOAD, HONOURED, MOE, REFUSED, build
+from tests.adapters.torch_archs import AT_LOAD, HONOURED, MOE, REFUSED, build
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
-BEGIN, END = "<!-- torch-adapter-table:begin (generated: python -m tests.torch_adapter.table --write) -->", \
+BEGIN, END = "<!-- torch-adapter-table:begin (generated: python -m tests.adapters.torch_table --write) -->", \
     "<!-- torch-adapter-table:end -->"
 MOE_ELSEWHERE = ("gpt_oss", "deepseek_v3", "qwen3_next", "llama4_text")  # mixtures of experts among the refused ones
 

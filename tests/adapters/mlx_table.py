@@ -1,11 +1,11 @@
 """The architectures x methods table of docs/models.md, generated from the adapter tests' own set.
 
-Each row is an architecture the tests in this folder build and run: which layer kinds the adapter
+Each row is an architecture the adapter tests build and run on MLX: which layer kinds the adapter
 found, and per method either "tested" (the test that checks it: forward = equal to mlx-lm's own
 forward and decoding; oracle = H2O memory sets / SpecPrefill kept positions equal to the NumPy
 oracle's; greedy = drafting gives the greedy tokens) or the refusal the tests expect.
 
-    .venv/bin/python -m tests.mlx_adapter.table --write    # rewrite the table in docs/models.md
+    .venv/bin/python -m tests.adapters.mlx_table --write    # rewrite the table in docs/models.md
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 from specfill.backends.mlx.adapted import adapt
 from specfill.core.errors import ModelLoadError
 
-from tests.mlx_adapter.archs import HONOURED, HYBRID, MOE, REFUSED, build
+from tests.adapters.mlx_archs import HONOURED, HYBRID, MOE, REFUSED, build
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
-BEGIN, END = "<!-- adapter-table:begin (generated: python -m tests.mlx_adapter.table --write) -->", \
+BEGIN, END = "<!-- adapter-table:begin (generated: python -m tests.adapters.mlx_table --write) -->", \
     "<!-- adapter-table:end -->"
 MOE_ELSEWHERE = ("gpt_oss", "deepseek_v3", "qwen3_next")  # mixtures of experts among the refused ones
 OWN = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")

@@ -12,9 +12,8 @@ from specfill.backends.torch_cuda import load
 from specfill.backends.torch_cuda.adapted import AdaptedModel
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
-from tests.torch_adapter.archs import build, save_gguf
-from tests.torch_adapter.support import assert_close, greedy, prompt
-from tests.torch_adapter.test_methods import H2O, spec
+from tests.adapters.torch_archs import build, save_gguf
+from tests.adapters.support import H2O, assert_close, greedy, prompt, spec
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 
 from specfill.core.adapted import MethodRefusedError
-from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.errors import ModelLoadError
 from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 from specfill.core.reference import REFERENCE
@@ -22,36 +20,14 @@ from specfill.core.reference.oracle import oracle_h2o_layer
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
 
-from tests.mlx_adapter.archs import HONOURED, HYBRID, REFUSED, build
-from tests.mlx_adapter.support import adapted, assert_close, greedy, prompt
-
-H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=8, batch_size=64, local=2, heavy=3, dense_tail=0, layers="all"))
+from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
 
-def spec(keep: float, lookahead: int = 2) -> PrefillMethod:
-    return PrefillMethod("specprefill", speculator="self:1", specprefill=SpecPrefillConfig(
-        keep_ratio=keep, lookahead=lookahead, select_chunk=4, pool_kernel=3))
-
-
-def record(monkeypatch, cls) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
-    """Every call of cls (a PrefillAttention) as (layer, q, k, v, output), NumPy [H, T, D]."""
-    calls = []
-    original = cls.__call__
-
-    def spy(self, layer, q, k, v):
-        out = original(self, layer, q, k, v)
-        calls.append((layer, *(np.array(a[0]) for a in (q, k, v, out))))
-        return out
-
-    monkeypatch.setattr(cls, "__call__", spy)
-    return calls
-
-
-@pytest.mark.parametrize("arch", sorted(HONOURED))
-def test_h2o_memory_sets_and_outputs_equal_the_oracle(arch, monkeypatch):
-    model = adapted(build(arch))
+@pytest.mark.archs("honoured")
+def test_h2o_memory_sets_and_outputs_equal_the_oracle(backend, arch, monkeypatch):
+    model = backend.adapted(backend.build(arch))
     ids = prompt(36, seed=7)
-    calls = record(monkeypatch, H2OPrefillAttention)
+    calls = record(monkeypatch, H2OPrefillAttention, backend.to_numpy)
     info = GenerationInfo(record_memory=True)
     logits = model.prompt_logits(ids, method=H2O, info=info)
     full = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
@@ -68,11 +44,11 @@ def test_h2o_memory_sets_and_outputs_equal_the_oracle(arch, monkeypatch):
             np.testing.assert_array_equal(g, np.array(w), err_msg=f"{arch} layer {layer} M_{chunk}")
 
 
-@pytest.mark.parametrize("arch", sorted(HONOURED))
-def test_specprefill_kept_positions_equal_the_reference_selection(arch, monkeypatch):
-    model = adapted(build(arch))
+@pytest.mark.archs("honoured")
+def test_specprefill_kept_positions_equal_the_reference_selection(backend, arch, monkeypatch):
+    model = backend.adapted(backend.build(arch))
     ids = prompt(48, seed=8)
-    calls = record(monkeypatch, QueryCapture)
+    calls = record(monkeypatch, QueryCapture, backend.to_numpy)
     info = GenerationInfo()
     tokens = greedy(model, ids, 3, spec(0.3), info)
     n = len(ids)
@@ -86,34 +62,29 @@ def test_specprefill_kept_positions_equal_the_reference_selection(arch, monkeypa
     assert len(tokens) == 3 and greedy(model, ids, 4, spec(1.0)) == greedy(model, ids, 4)
 
 
-@pytest.mark.parametrize("arch", sorted(REFUSED))
-@pytest.mark.parametrize("method,name", [(H2O, "H2O"), (spec(0.3), "speculator"), (spec(0.3), "SpecPrefill")])
-def test_sparse_methods_are_refused_by_name_on_layers_they_cannot_run(arch, method, name):
-    lm = build(arch)
-    model = adapted(lm)
-    kind = REFUSED[arch][1]
+@pytest.mark.archs("refused")
+def test_sparse_methods_are_refused_by_name_on_layers_they_cannot_run(backend, arch, refusal):
+    """refusal: "H2O", "speculator" (SpecPrefill with the model as its own speculator) and, on MLX,
+    "SpecPrefill" (an honoured speculator of the same vocabulary: the main model refuses)."""
+    model = backend.adapted(backend.build(arch))
+    kind = backend.REFUSED[arch][1]
     ids = prompt(24, seed=9)
-    if name == "SpecPrefill":  # an honoured speculator of the same vocabulary: the main model refuses
-        method = PrefillMethod("specprefill", speculator=adapted(build("qwen3_moe")),
+    method = H2O if refusal == "H2O" else spec(0.3)
+    if refusal == "SpecPrefill":
+        method = PrefillMethod("specprefill", speculator=backend.adapted(backend.build("qwen3_moe")),
                                specprefill=method.specprefill)
     with pytest.raises(MethodRefusedError) as refused:
         greedy(model, ids, 2, method)
     message = str(refused.value)
-    assert message.startswith(f"{name}") or f"the SpecPrefill {name}" in message
+    assert message.startswith(f"{refusal}") or f"the SpecPrefill {refusal}" in message
     assert arch in message and "layer 0" in message and kind in message and "\n" not in message
     assert len(greedy(model, ids, 2)) == 2  # full prefill and decoding still run
 
 
-@pytest.mark.parametrize("arch", sorted(HYBRID))
-def test_hybrids_with_recurrent_layers_are_refused_at_load_by_name(arch):
-    with pytest.raises(ModelLoadError, match=rf"^{arch} layer 0 is a linear-attention / state-space layer"):
-        adapted(build(arch))
-
-
-@pytest.mark.parametrize("arch", sorted(HONOURED) + sorted(REFUSED))
-def test_drafting_with_the_first_layer_gives_the_greedy_tokens(arch):
+@pytest.mark.archs("honoured", "refused")
+def test_drafting_with_the_first_layer_gives_the_greedy_tokens(backend, arch):
     """Speculative decoding drafts with the model's first layer ("self:1", sharing its cache) and
     trims rejected drafts: greedy tokens unchanged, on honoured and refused layers alike."""
-    model = adapted(build(arch))
+    model = backend.adapted(backend.build(arch))
     ids = prompt(20, seed=12)
     assert greedy(model, ids, 10, drafting=Drafting("self:1", 3)) == greedy(model, ids, 10)

@@ -1,7 +1,0 @@
-"""docs/models.md shows the architectures x methods table these tests run (regenerate it with
-`python -m tests.mlx_adapter.table --write` when the set of architectures or refusals changes)."""
-from tests.mlx_adapter.table import DOC, table
-
-
-def test_the_docs_table_is_the_generated_one():
-    assert table() in DOC.read_text(), "docs/models.md is stale: python -m tests.mlx_adapter.table --write"
