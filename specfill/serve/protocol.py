@@ -13,7 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.request import settings_of
 
 from .errors import bad_request
 
@@ -53,30 +56,21 @@ class Message(_Strict):
         return "".join(pieces)
 
 
-class SpecfillFields(_Strict):
+METHOD_CONFIGS = (H2OConfig, SpecPrefillConfig)  # every field with a request field is one (core/request.py SETTINGS)
+_FIELD_TYPES = {int: int, float: NUMBER, str: str, bool: bool}  # a float setting takes a JSON integer too
+
+# One field per H2OConfig / SpecPrefillConfig setting that requests may set, named by the settings table
+# (None: the server's default from its command line)
+MethodFields = create_model("MethodFields", __base__=_Strict, **{
+    s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help))
+    for config in METHOD_CONFIGS for s in settings_of(config) if s.server})
+
+
+class SpecfillFields(MethodFields):
     """Per-request prefill control (None: the server's default from its command line)."""
 
     method: str | None = None  # full | h2o | specprefill | auto
     auto_threshold: int | None = None  # auto: the prompt length from which the sparse method runs
-    keep_ratio: NUMBER | None = None  # SpecPrefill: fraction of the prompt kept
-    keep_tokens: int | None = None  # SpecPrefill: a token budget instead of a ratio
-    keep_mass: NUMBER | None = None  # SpecPrefill: the importance-mass rule instead of a ratio
-    mass_floor: NUMBER | None = None  # with keep_mass: fewest chunks kept (share)
-    mass_ceiling: NUMBER | None = None  # with keep_mass: most chunks kept (share)
-    lookahead: int | None = None  # SpecPrefill look-ahead steps
-    lookahead_reduction: str | None = None  # SpecPrefill: mean or max over the look-ahead queries
-    neighbours: int | None = None  # SpecPrefill: chunks kept each side of a selected chunk
-    layer_reduction: str | None = None  # SpecPrefill: mean or max over the speculator's scoring layers
-    head_reduction: str | None = None  # SpecPrefill: mean or max over the speculator's heads
-    token_floor: int | None = None  # SpecPrefill: fewest tokens kept
-    keep_first: int | None = None  # SpecPrefill: the prompt's first N tokens always kept
-    keep_last: int | None = None  # SpecPrefill: the prompt's last N tokens always kept
-    h2o_chunk_size: int | None = None  # H2O S
-    h2o_batch_size: int | None = None  # H2O B
-    h2o_local: int | None = None  # H2O L
-    h2o_heavy: int | None = None  # H2O H
-    h2o_memory_share: NUMBER | None = None  # H2O L + H as a share of the prompt
-    h2o_layers: str | None = None  # H2O: the layers that run it (first-K, last-F, ...); the others are dense
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft
