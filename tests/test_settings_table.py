@@ -58,11 +58,10 @@ def test_cli_flags_are_the_tables():
 
 def test_server_fields_are_the_tables():
     pytest.importorskip("pydantic")
-    from specfill.serve.protocol import ChatRequest, CompletionRequest, MethodFields
+    from specfill.serve.protocol import ChatRequest, CompletionRequest, MethodFields, SamplingSettings
 
-    method_fields = {s.server for config in ("H2OConfig", "SpecPrefillConfig") for s in settings_of(config)
-                     if s.server}
-    assert set(MethodFields.model_fields) == method_fields
+    for model, configs in ((MethodFields, ("H2OConfig", "SpecPrefillConfig")), (SamplingSettings, ("SamplingConfig",))):
+        assert set(model.model_fields) == {s.server for config in configs for s in settings_of(config) if s.server}
     for s in SETTINGS:
         if s.server:
             assert s.server in ChatRequest.model_fields and s.server in CompletionRequest.model_fields, s.server
@@ -81,22 +80,24 @@ def test_every_check_names_its_field(setting):
     assert (err.value.config, err.value.field) == (setting.config, setting.field), str(err.value)
 
 
-@pytest.mark.parametrize("setting", [s for config in ("H2OConfig", "SpecPrefillConfig") for s in settings_of(config)
-                                     if s.server], ids=lambda s: s.server)
+METHOD_OF = {"H2OConfig": "h2o", "SpecPrefillConfig": "specprefill", "PrefillMethod": "auto"}
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.server], ids=lambda s: s.server)
 def test_the_server_names_the_field_at_fault(setting):
-    """Every method setting's request field, given a value its config refuses: a 400 naming it."""
+    """Every request field of the table, given a value its check refuses: a 400 naming that field."""
     pytest.importorskip("pydantic")
     from specfill.serve.errors import RequestError
     from specfill.serve.plan import ServerDefaults, build_plan
-    from specfill.serve.protocol import CompletionRequest
+    from specfill.serve.protocol import CompletionRequest, parse_data
 
-    bad = {int: -1, float: 2.0, str: "no-such-value"}[setting.kind]
-    method = "h2o" if setting.config == "H2OConfig" else "specprefill"
-    request = CompletionRequest.model_validate({"prompt": "1 2", "method": method, setting.server: bad})
+    bad = {int: -1, float: -5.0, str: "no-such-value"}[setting.kind]
+    body = {"prompt": "1 2", "method": METHOD_OF.get(setting.config, "full"), setting.server: bad}
     with pytest.raises(RequestError) as refused:
+        request = parse_data(body, CompletionRequest)
         build_plan("completion", request, [1, 2, 3], ServerDefaults("tiny", speculator="self:1"), 64)
     assert (refused.value.status, refused.value.param) == (400, setting.server), refused.value.message
-    assert refused.value.message.startswith(f"'{setting.server}': ")
+    assert setting.server in refused.value.message or setting.field in refused.value.message
 
 
 def test_docs_show_the_generated_table():

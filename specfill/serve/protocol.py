@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.request import settings_of
+from specfill.core.runtime import SamplingConfig
 
 from .errors import bad_request
 
@@ -59,11 +60,17 @@ class Message(_Strict):
 METHOD_CONFIGS = (H2OConfig, SpecPrefillConfig)  # every field with a request field is one (core/request.py SETTINGS)
 _FIELD_TYPES = {int: int, float: NUMBER, str: str, bool: bool}  # a float setting takes a JSON integer too
 
-# One field per H2OConfig / SpecPrefillConfig setting that requests may set, named by the settings table
-# (None: the server's default from its command line)
-MethodFields = create_model("MethodFields", __base__=_Strict, **{
-    s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help))
-    for config in METHOD_CONFIGS for s in settings_of(config) if s.server})
+
+def _settings_model(name: str, *configs: type) -> type[_Strict]:
+    """One request field per setting of `configs` that requests may set, named by the settings table
+    (None: the server's default); the types are strict, the ranges the configs' own checks."""
+    return create_model(name, __base__=_Strict, **{
+        s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help))
+        for config in configs for s in settings_of(config) if s.server})
+
+
+MethodFields = _settings_model("MethodFields", *METHOD_CONFIGS)
+SamplingSettings = _settings_model("SamplingSettings", SamplingConfig)  # temperature, top_p, seed, top_k, ...
 
 
 class SpecfillFields(MethodFields):
@@ -76,22 +83,14 @@ class SpecfillFields(MethodFields):
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft
 
 
-class SamplingFields(_Strict):
+class SamplingFields(SamplingSettings):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: NUMBER | None = Field(default=None, ge=0)
-    top_p: NUMBER | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     n: int | None = None
     logprobs: bool | int | None = None
-    top_k: int | None = None  # sampling beyond temperature / top_p: core/sampling.py (ranges checked there)
-    min_p: NUMBER | None = None
-    repetition_penalty: NUMBER | None = None
-    presence_penalty: NUMBER | None = None
-    frequency_penalty: NUMBER | None = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
