@@ -63,14 +63,21 @@ def add_config_options(p: argparse.ArgumentParser, config: type, sweep: bool = F
         if setting.cli[0] == KEEP_FLAG:
             if setting.field == "keep_ratio":  # one flag for the ratio and the budget
                 p.add_argument(KEEP_FLAG, default=None, help=KEEP_HELP)
-            continue
-        shown = "" if setting.default is None else " (default: %(default)s)"
-        kind = None if setting.kind is str else setting.kind
-        if sweep and (setting.config, setting.field) in SWEPT:
-            p.add_argument(*setting.cli, type=str_list if kind is None else int_list, default=[setting.default],
-                           help=f"{setting.help} (comma list, one variant each){shown}")
+        elif sweep and (setting.config, setting.field) in SWEPT:
+            add_setting_option(p, setting, type=str_list if setting.kind is str else int_list,
+                               default=[setting.default], help=f"{setting.help} (comma list, one variant each)")
         else:
-            p.add_argument(*setting.cli, type=kind, default=setting.default, help=setting.help + shown)
+            add_setting_option(p, setting)
+
+
+def add_setting_option(p: argparse.ArgumentParser, setting: Setting, **overrides: Any) -> None:
+    """The flag of one setting: its names, type, default and help from the table; `overrides`
+    (argparse keywords) where a command reads it otherwise (--num-draft-tokens: none given, no drafting)."""
+    options = {"type": setting.kind if setting.kind in (int, float) else None, "default": setting.default,
+               "help": setting.help, **overrides}
+    if options["default"] is not None:
+        options["help"] += " (default: %(default)s)"
+    p.add_argument(*setting.cli, **options)
 
 
 def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
