@@ -87,13 +87,16 @@ def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[in
         raise bad_request("the prompt is empty", where)
     asked = getattr(request, "max_completion_tokens", None) or request.max_tokens
     max_tokens = asked if asked is not None else max(1, min(defaults.max_tokens, context - len(ids)))
+    name = request.method or defaults.method
     try:
         check_generation_fits(len(ids), max_tokens, context)
-        name = request.method or defaults.method
-        if name == "specprefill" and defaults.speculator_context is not None:
-            check_speculator_context(len(ids), defaults.speculator_context)
     except PromptTooLongError as err:
-        raise bad_request(str(err), "method" if "speculator" in str(err) else where) from None
+        raise bad_request(str(err), where) from None
+    if name == "specprefill" and defaults.speculator_context is not None:
+        try:
+            check_speculator_context(len(ids), defaults.speculator_context)
+        except PromptTooLongError as err:  # a separate speculator reads the whole prompt too: about the method
+            raise bad_request(str(err), "method") from None
     notes: list[str] = []
     built = _build(request, defaults, name, max_tokens, notes)
     return Plan(kind=kind, ids=ids, request=built, method_name=name, stops=request.stop_strings(),
