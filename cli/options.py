@@ -8,10 +8,10 @@ from typing import Any
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.config import DEFAULT_KEEP_RATIO, KEEP_RULES
+from specfill.core.io.random_model import RANDOM_SHAPES
+from specfill.core.request import Setting, settings_of
 from specfill.core.runtime import SamplingConfig
 from specfill.core.sampling import HOST_FIELDS
-from specfill.core.request import Setting, settings_of
-from specfill.core.io.random_model import RANDOM_SHAPES
 
 
 MODEL_HELP = ("GGUF file or model directory (default: the demo model); a Hugging Face repo id owner/repo, "
@@ -55,7 +55,7 @@ def _dest(setting: Setting) -> str:
 
 def add_config_options(p: argparse.ArgumentParser, config: type, sweep: bool = False,
                        only: tuple[str, ...] | None = None) -> None:
-    """One flag per field of `config` that the CLI offers (core/request.py (SETTINGS): names, defaults, help);
+    """One flag per field of `config` that the CLI offers (core/request.SETTINGS: names, defaults, help);
     `only`: those fields alone. With `sweep` (eval) the SWEPT settings take comma lists."""
     for setting in settings_of(config):
         if not setting.cli or (only is not None and setting.field not in only):
@@ -81,7 +81,7 @@ def add_setting_option(p: argparse.ArgumentParser, setting: Setting, **overrides
 
 
 def add_method_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
-    """The H2O and SpecPrefill settings (every field core/request.py (SETTINGS) gives a flag); with `sweep`
+    """The H2O and SpecPrefill settings (every field core/request.SETTINGS gives a flag); with `sweep`
     (eval) the dense tail and the scoring layers take comma lists, one evaluated variant each."""
     add_config_options(p, H2OConfig, sweep)
     add_config_options(p, SpecPrefillConfig, sweep)
@@ -140,7 +140,7 @@ def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) 
 
 def add_sampling_options(p: argparse.ArgumentParser, basic: bool = False) -> None:
     """--top-k, --min-p and the penalties (core/sampling.py; llama.cpp's and mlx-lm's flag names);
-    with `basic` also --temp, --top-p and --seed (core/request.py (SETTINGS): SamplingConfig's flags)."""
+    with `basic` also --temp, --top-p and --seed (core/request.SETTINGS: SamplingConfig's flags)."""
     add_config_options(p, SamplingConfig, only=None if basic else HOST_FIELDS)
 
 

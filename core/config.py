@@ -33,7 +33,7 @@ KEEP_RULES = ("keep_ratio", "keep_tokens", "keep_mass")  # SpecPrefill's keep ru
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
     """A config field with what the front ends show of it: its help text and, for a string, the
-    values it takes. core/request.py (SETTINGS) turns each field into its CLI flag and server field, and
+    values it takes. core/request.SETTINGS turns each field into its CLI flag and server field, and
     the settings table of docs/usage.md; the field's own check stays in its config."""
     return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 

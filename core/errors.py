@@ -30,7 +30,7 @@ class ConfigError(SpecfillError, ValueError):
     """An invalid method setting (S, B, L, H, keep, look-ahead, pooling, ...).
 
     fields: the config fields the message is about, the one at fault first (`field`); config: the
-    name of the config class that owns them ("H2OConfig", ...). core/request.py (SETTINGS) maps the pair to
+    name of the config class that owns them ("H2OConfig", ...). core/request.SETTINGS maps the pair to
     the public names (CLI flag, request field), so a front end names the field without reading the
     message. Both are empty for errors about no single setting.
     """

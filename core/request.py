@@ -14,10 +14,11 @@ on the command line and `h2o_local` in a server request for H2OConfig.local, `--
 PRIVATE the fields a front end does not offer, each with its reason. cli/options.py builds its
 flags from the table, specfill/serve/protocol.py its request fields, docs/usage.md shows it
 (`markdown_table`), and a ConfigError's (config, field) finds the request field at fault here
-(`server_field`). What
-needs the model or the prompt (token ids inside the vocabulary, the context, the speculator's
-backend, vocabulary and context, the clamps of SpecPrefill settings to the prompt) is checked by
-the driver, once, when it runs the request; `fit_to_prompt` below is that clamp.
+(`server_field`).
+
+What needs the model or the prompt (token ids inside the vocabulary, the context, the
+speculator's backend, vocabulary and context, the clamps of SpecPrefill settings to the prompt)
+is checked by the driver, once, when it runs the request; `fit_to_prompt` below is that clamp.
 
 Clamps (to the prompt, once its length is known):
 - look-ahead N: to what the speculator's context holds after the prompt, with a notice (the
@@ -132,6 +133,7 @@ def settings_of(config: type | str) -> tuple[Setting, ...]:
 
 
 def find(config: str, field: str) -> Setting:
+    """The table's row of config.field."""
     return next(s for s in SETTINGS if (s.config, s.field) == (config, field))
 
 
@@ -151,7 +153,7 @@ def markdown_table(configs: tuple[type, ...] = CONFIGS) -> str:
                 continue  # a nested config (PrefillMethod.h2o): its own rows
             cli = " ".join(f"`{flag}`" for flag in s.cli) or "-"
             server = f"`{s.server}`" if s.server else "-"
-            default = "-" if s.default is None or s.default is dataclasses.MISSING else f"`{s.default}`"
+            default = "-" if s.default is None else f"`{s.default}`"
             meaning = s.help.replace("|", "\\|")
             lines.append(f"| `{s.config}.{s.field}` | {cli} | {server} | {default} | {meaning} |")
     return "\n".join(lines)
