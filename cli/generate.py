@@ -8,11 +8,11 @@ from typing import Any, Callable
 
 from specfill.api import backend_module, format_stats, load, load_request_models, resolve_backend, stream_request
 from specfill.core import ConfigError, SpecfillWarning
-from specfill.core.request import GenerationRequest, build_request
+from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
 
-from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
-                      specprefill_config, warn_unused_options)
+from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, add_setting_option, h2o_config,
+                      sampling_options, specprefill_config, warn_unused_options)
 from .progress import PrefillProgressBar
 
 DEFAULT_PROMPT = "What is the capital of France?"
@@ -26,26 +26,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--download", action="store_true",
                    help="fetch a repo-id --model from the Hugging Face Hub when it is not cached "
                         "(never when HF_HUB_OFFLINE=1)")
-    p.add_argument("--method", choices=("full", "h2o", "specprefill", "auto"), default="full",
-                   help="auto: full prefill below the crossover length calibrated on this machine "
-                        "(docs/methods.md#auto), above it specprefill when "
-                        "--speculator is given, else h2o (default: %(default)s)")
-    p.add_argument("--auto-threshold", type=int, default=None,
-                   help="with --method auto: the prompt length from which the sparse method runs")
-    p.add_argument("--speculator", default=None, help="speculator model path, or self:K (the first K layers)")
-    p.add_argument("--draft-model", default=None,
-                   help="speculative decoding: a draft model path, or self:K (the main model's first K layers)")
-    p.add_argument("--num-draft-tokens", type=int, default=None,
-                   help="tokens drafted per round (default 3 with --draft-model); with --method specprefill and "
-                        "no --draft-model, the speculator drafts from the prompt KV it already built")
+    method = find("PrefillMethod", "name")
+    add_setting_option(p, method, choices=method.choices)  # auto: docs/methods.md#auto
+    add_setting_option(p, find("PrefillMethod", "auto_threshold"))
+    add_setting_option(p, find("PrefillMethod", "speculator"))
+    add_setting_option(p, find("Drafting", "model"))
+    add_setting_option(p, find("Drafting", "num_tokens"), default=None)  # none given: no drafting
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", default=None, help="prompt text; '-' reads standard input")
     src.add_argument("--prompt-file", default=None, help="read the prompt from a file")
     p.add_argument("--max-tokens", "-m", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    add_sampling_options(p)
+    add_sampling_options(p, basic=True)
     add_method_options(p)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")

@@ -28,6 +28,14 @@ DEFAULT_H2O_LAYERS = "first-0.33"
 
 
 MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
+KEEP_RULES = ("keep_ratio", "keep_tokens", "keep_mass")  # SpecPrefill's keep rule: at most one is set
+
+
+def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
+    """A config field with what the front ends show of it: its help text and, for a string, the
+    values it takes. core/request.SETTINGS turns each field into its CLI flag and server field, and
+    the settings table of docs/usage.md; the field's own check stays in its config."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
 
 
 def layer_subset(spec: str, n_layers: int) -> list[int]:
@@ -48,26 +56,42 @@ def layer_subset(spec: str, n_layers: int) -> list[int]:
             pass
     if k < 1:
         raise ConfigError(f"layers must be 'all', 'first-K' / 'last-K' with K >= 1 or 'first-F' / 'last-F' with F in "
-                          f"(0, 1), got {spec!r}")
+                          f"(0, 1), got {spec!r}", "layers")
     k = min(k, n_layers)
     return list(range(k)) if side == "first" else list(range(n_layers - k, n_layers))
 
 
-def _require_share(name: str, value: object, low: float = 0.0, high: float = 1.0) -> float:
-    """A fraction in (low, high]: a real number, not a bool, not NaN."""
+def _error(config: object, message: str, *fields: str) -> ConfigError:
+    """The ConfigError of `config`'s `fields` (the one at fault first)."""
+    return ConfigError(message, *fields, config=type(config).__name__)
+
+
+def _require_share(config: object, name: str, value: object = None, label: str | None = None) -> float:
+    """config's field `name` (or `value` for it) as a fraction in (0, 1]: a real number, not a bool, not NaN."""
+    value, label = getattr(config, name) if value is None else value, label or name
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(float(value)):
-        raise ConfigError(f"{name} must be a number in ({low:g}, {high:g}], got {value!r}")
-    if not low < float(value) <= high:
-        raise ConfigError(f"{name} must be in ({low:g}, {high:g}], got {value}")
+        raise _error(config, f"{label} must be a number in (0, 1], got {value!r}", name)
+    if not 0.0 < float(value) <= 1.0:
+        raise _error(config, f"{label} must be in (0, 1], got {value}", name)
     return float(value)
 
 
-def _require_int(name: str, value: object, minimum: int) -> int:
+def _require_int(config: object, name: str, minimum: int, label: str | None = None) -> int:
+    """config's field `name` as an integer in [minimum, MAX_SETTING]; `label` names it in the message."""
+    value, label = getattr(config, name), label or name
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
+        raise _error(config, f"{label} must be an integer, got {value!r}", name)
     if not minimum <= value <= MAX_SETTING:
-        raise ConfigError(f"{name} must be in [{minimum}, {MAX_SETTING}], got {value}")
+        raise _error(config, f"{label} must be in [{minimum}, {MAX_SETTING}], got {value}", name)
     return value
+
+
+def _check_layers(config: object) -> None:
+    """config.layers is a layer spec (layer_subset's grammar)."""
+    try:
+        layer_subset(config.layers, 1)
+    except ConfigError as err:
+        raise _error(config, err.args[0], "layers") from None
 
 
 @dataclass(frozen=True)
@@ -96,28 +120,34 @@ class H2OConfig:
     (issue 24). `for_prompt(N)` resolves it; the H2O walk resolves every config it is handed.
     """
 
-    chunk_size: int = 1024
-    batch_size: int = 4096
-    local: int = 256
-    heavy: int = 256
-    dense_tail: int = 64  # measured: results/eval/fidelity/demo_h2o_dense_tail.md (docs/results.md)
-    memory_share: float | None = None
-    layers: str = DEFAULT_H2O_LAYERS
+    chunk_size: int = setting(1024, "H2O chunk size S: tokens per chunk (llama.cpp's n_ubatch)")
+    batch_size: int = setting(4096, "H2O logical batch B: a multiple of S (llama.cpp's n_batch)")
+    local: int = setting(256, "H2O local window L: each chunk's last L tokens stay in its memory set")
+    heavy: int = setting(256, "H2O heavy hitters H: the tokens with the highest accumulated scores kept")
+    # measured: results/eval/fidelity/demo_h2o_dense_tail.md (docs/results.md)
+    dense_tail: int = setting(64, "H2O dense tail W: the last W prompt tokens attend to every prompt key "
+                                  "(0 = seed 001's method exactly)")
+    memory_share: float | None = setting(None, "H2O memory L+H as this share of the prompt (split L:H as given, "
+                                               "below S); none: fixed L, H")
+    layers: str = setting(DEFAULT_H2O_LAYERS, "H2O: the layers that run it (all, first-K, last-K, first-F, last-F "
+                                              "with F a share); the others attend to every key")
 
     def __post_init__(self) -> None:
-        s = _require_int("chunk_size (S)", self.chunk_size, 1)
-        self.layer_indices(1)  # validates the layers spec
+        s = _require_int(self, "chunk_size", 1, "chunk_size (S)")
+        _check_layers(self)
         if self.memory_share is not None:
-            share = _require_share("memory_share", self.memory_share)
+            share = _require_share(self, "memory_share")
             if share >= 1.0:
-                raise ConfigError(f"memory_share must be below 1 (the memory is part of the prompt), got {share}")
+                raise _error(self, f"memory_share must be below 1 (the memory is part of the prompt), got {share}",
+                             "memory_share")
             object.__setattr__(self, "memory_share", share)
-        _require_int("dense_tail (W)", self.dense_tail, 0)
-        b = _require_int("batch_size (B)", self.batch_size, 1)
-        local = _require_int("local (L)", self.local, 0)
-        heavy = _require_int("heavy (H)", self.heavy, 0)
+        _require_int(self, "dense_tail", 0, "dense_tail (W)")
+        b = _require_int(self, "batch_size", 1, "batch_size (B)")
+        local = _require_int(self, "local", 0, "local (L)")
+        heavy = _require_int(self, "heavy", 0, "heavy (H)")
         if b % s != 0:
-            raise ConfigError(f"batch_size (B={b}) must be a multiple of chunk_size (S={s})")
+            raise _error(self, f"batch_size (B={b}) must be a multiple of chunk_size (S={s})", "chunk_size",
+                         "batch_size")
         if local + heavy >= s:
             new_local = min(local, s - 1)
             new_heavy = max(0, min(heavy, s - 1 - new_local))
@@ -190,61 +220,75 @@ class SpecPrefillConfig:
     markers, which every answer reads) (0: none; force_keep_last still keeps the last token).
     """
 
-    keep_ratio: float | None = None
-    keep_tokens: int | None = None
-    lookahead: int = 8
-    pool_kernel: int = 13
-    select_chunk: int = 32
-    layers: str = "all"
-    head_reduction: str = "max"
-    layer_reduction: str = "max"
-    force_keep_last: bool = True
-    lookahead_reduction: str = "mean"
-    keep_mass: float | None = None
-    mass_floor: float | None = None  # resolved to MASS_FLOOR with keep_mass
-    mass_ceiling: float | None = None  # resolved to MASS_CEILING with keep_mass
-    neighbours: int = 0
-    token_floor: int = 0
-    keep_first: int = 0
-    keep_last: int = 0
+    keep_ratio: float | None = setting(None, f"SpecPrefill: the share of the prompt's chunks kept, in (0, 1] "
+                                             f"(none given: {DEFAULT_KEEP_RATIO}; the paper's 0.1 loses multi-hop "
+                                             f"answers: docs/eval.md)")
+    keep_tokens: int | None = setting(None, "SpecPrefill: a token budget instead of a ratio")
+    lookahead: int = setting(8, "SpecPrefill look-ahead N: greedy speculator steps whose queries also score the "
+                                "prompt (clamped to the speculator's context)")
+    pool_kernel: int = setting(13, "SpecPrefill: odd width of the average pooling of the scores (1 = off)")
+    select_chunk: int = setting(32, "SpecPrefill: tokens per selection chunk (1 = token-level selection)")
+    layers: str = setting("all", "SpecPrefill scoring layers of the speculator: all (the paper's max over every "
+                                 "layer), last-K (a window of K layers ending at its last) or last-1 (the last only)")
+    head_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's attention heads",
+                                  REDUCTIONS)
+    layer_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's scoring layers",
+                                   REDUCTIONS)
+    force_keep_last: bool = setting(True, "SpecPrefill: always keep the last prompt token (decoding reads it)")
+    lookahead_reduction: str = setting("mean", "SpecPrefill: mean (paper) or max over the look-ahead queries' "
+                                               "scores", REDUCTIONS)
+    keep_mass: float | None = setting(None, "SpecPrefill importance-mass rule (replaces the keep ratio or "
+                                            "budget): the fewest chunks holding this share of the speculator's "
+                                            "attention mass, within mass_floor and mass_ceiling of the chunks")
+    mass_floor: float | None = setting(None, f"with keep_mass: keep at least this share of the chunks (none "
+                                             f"given: {MASS_FLOOR})")
+    mass_ceiling: float | None = setting(None, f"with keep_mass: keep at most this share of the chunks (none "
+                                               f"given: {MASS_CEILING})")
+    neighbours: int = setting(0, "SpecPrefill: also keep this many chunks each side of every selected chunk")
+    token_floor: int = setting(0, "SpecPrefill: keep at least this many tokens whatever the keep rule says")
+    keep_first: int = setting(0, "SpecPrefill: always keep the prompt's first N tokens (on top of the budget)")
+    keep_last: int = setting(0, "SpecPrefill: always keep the prompt's last N tokens (on top of the budget)")
 
     def __post_init__(self) -> None:
-        given = [name for name in ("keep_ratio", "keep_tokens", "keep_mass") if getattr(self, name) is not None]
+        given = [name for name in KEEP_RULES if getattr(self, name) is not None]
         if len(given) > 1:
-            raise ConfigError(f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
-                              f"(got {' and '.join(repr(getattr(self, name)) for name in given)})")
+            raise _error(self, f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
+                               f"(got {' and '.join(repr(getattr(self, name)) for name in given)})", *given)
         bounds = [name for name in ("mass_floor", "mass_ceiling") if getattr(self, name) is not None]
         if bounds and self.keep_mass is None:
-            raise ConfigError(f"{' and '.join(bounds)} {'bound' if len(bounds) > 1 else 'bounds'} the keep_mass rule's "
-                              f"chunk count: give keep_mass too, or leave {'them' if len(bounds) > 1 else 'it'} out")
+            raise _error(self, f"{' and '.join(bounds)} {'bound' if len(bounds) > 1 else 'bounds'} the keep_mass "
+                               f"rule's chunk count: give keep_mass too, or leave {'them' if len(bounds) > 1 else 'it'} "
+                               f"out", *bounds)
         if self.keep_mass is not None:
-            object.__setattr__(self, "keep_mass", _require_share("keep_mass", self.keep_mass))
-            floor = _require_share("mass_floor", MASS_FLOOR if self.mass_floor is None else self.mass_floor)
-            ceiling = _require_share("mass_ceiling", MASS_CEILING if self.mass_ceiling is None else self.mass_ceiling)
+            object.__setattr__(self, "keep_mass", _require_share(self, "keep_mass"))
+            floor = _require_share(self, "mass_floor", MASS_FLOOR if self.mass_floor is None else self.mass_floor)
+            ceiling = _require_share(self, "mass_ceiling",
+                                     MASS_CEILING if self.mass_ceiling is None else self.mass_ceiling)
             if ceiling < floor:
-                raise ConfigError(f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})")
+                raise _error(self, f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})", "mass_ceiling",
+                             "mass_floor")
             object.__setattr__(self, "mass_floor", floor)
             object.__setattr__(self, "mass_ceiling", ceiling)
         elif self.keep_tokens is not None:
-            _require_int("keep_tokens", self.keep_tokens, 1)
+            _require_int(self, "keep_tokens", 1)
         else:
             ratio = DEFAULT_KEEP_RATIO if self.keep_ratio is None else self.keep_ratio
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-                raise ConfigError(f"keep ratio must be a number in (0, 1], got {ratio!r}")
+                raise _error(self, f"keep ratio must be a number in (0, 1], got {ratio!r}", "keep_ratio")
             if not (0.0 < float(ratio) <= 1.0) or math.isnan(float(ratio)):
-                raise ConfigError(f"keep ratio must be in (0, 1], got {ratio}")
+                raise _error(self, f"keep ratio must be in (0, 1], got {ratio}", "keep_ratio")
             object.__setattr__(self, "keep_ratio", float(ratio))
-        _require_int("lookahead", self.lookahead, 0)
-        _require_int("pool_kernel", self.pool_kernel, 1)
+        _require_int(self, "lookahead", 0)
+        _require_int(self, "pool_kernel", 1)
         if self.pool_kernel % 2 == 0:
-            raise ConfigError(f"pool_kernel must be odd (centred pooling), got {self.pool_kernel}")
-        _require_int("select_chunk", self.select_chunk, 1)
+            raise _error(self, f"pool_kernel must be odd (centred pooling), got {self.pool_kernel}", "pool_kernel")
+        _require_int(self, "select_chunk", 1)
         for name in ("neighbours", "token_floor", "keep_first", "keep_last"):
-            _require_int(name, getattr(self, name), 0)
+            _require_int(self, name, 0)
         for name in ("head_reduction", "layer_reduction", "lookahead_reduction"):
             if getattr(self, name) not in REDUCTIONS:
-                raise ConfigError(f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}")
-        self.layer_indices(1)  # validates the layers spec
+                raise _error(self, f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}", name)
+        _check_layers(self)
 
     @classmethod
     def paper(cls, **fields: Any) -> "SpecPrefillConfig":
@@ -300,10 +344,12 @@ class Drafting:
     adaptive: each round's k follows the running acceptance and the measured step costs, up to
     num_tokens, 0 where drafting cannot pay (core/methods/draft_length.DraftLength); False: always num_tokens."""
 
-    model: Any = None
-    num_tokens: int = 3
-    adaptive: bool = True
+    model: Any = setting(None, "speculative decoding: a draft model path, or self:K (the main model's first K "
+                               "layers)")
+    num_tokens: int = setting(3, "tokens drafted per round (default 3 with a draft model); with method specprefill "
+                                 "and no draft model, the speculator drafts from the prompt KV it already built")
+    adaptive: bool = setting(True, "the draft length follows the running acceptance and the measured step costs")
 
     def __post_init__(self) -> None:
         if isinstance(self.num_tokens, bool) or not isinstance(self.num_tokens, int) or self.num_tokens < 1:
-            raise ConfigError(f"num_draft_tokens must be an integer >= 1, got {self.num_tokens!r}")
+            raise _error(self, f"num_draft_tokens must be an integer >= 1, got {self.num_tokens!r}", "num_tokens")

@@ -20,7 +20,7 @@ from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, GenerationInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_drafting, check_generation_fits, check_reuse, check_companion, check_speculator_context,
+                      check_generation_fits, check_reuse, check_companion, check_speculator_context,
                       check_token_ids, self_speculator_layers)
 from .stages import A
 
@@ -141,13 +141,14 @@ class CausalLM(Generic[A]):
         the main model's distribution when sampling; info.decode.from_draft marks accepted drafts.
         reuse: a KVState (info.kv of an earlier generation) standing for a prefix of prompt_ids:
         only the rest is prefilled, with full attention, into that cache (grown if needed).
-        info.kv reports the generation's cache (pass it as `reuse` to extend the conversation)."""
+        info.kv reports the generation's cache (pass it as `reuse` to extend the conversation).
+        sampling, method and drafting are a built request's parts (core/request.build_request checks how
+        they combine); the prompt's ids, the speculator and the draft model are checked here."""
         ids = self._ids(prompt_ids, max_tokens)
         method = self.resolve_method(method, len(ids))
         info.start(len(ids), method.name)
         if reuse is not None:
-            check_reuse(reuse, len(ids), method)
-        check_drafting(drafting, reuse, sampling)
+            check_reuse(reuse, len(ids), method, drafting)
         speculator = None
         if method.name == "specprefill":  # a bad speculator fails here, not at the first token
             speculator = self.speculator_model(method.speculator)
@@ -156,7 +157,7 @@ class CausalLM(Generic[A]):
         source = None
         if drafting is not None:
             from .methods.draft_sources import draft_source  # drafting loads only when asked
-            source = draft_source(self, drafting, method, len(ids) + max_tokens, sampling)
+            source = draft_source(self, drafting, len(ids) + max_tokens, sampling)
         book = None if source is None or not drafting.adaptive else source.costs_book()
         if book is not None and (why := book.skip_reason(len(ids), max_tokens)):
             info.decode.skipped, source, drafting = why, None, None  # plain decoding, no draft prefill

@@ -27,7 +27,23 @@ class SpecfillError(Exception):
 
 
 class ConfigError(SpecfillError, ValueError):
-    """An invalid method setting (S, B, L, H, keep, look-ahead, pooling, ...)."""
+    """An invalid method setting (S, B, L, H, keep, look-ahead, pooling, ...).
+
+    fields: the config fields the message is about, the one at fault first (`field`); config: the
+    name of the config class that owns them ("H2OConfig", ...). core/request.SETTINGS maps the pair to
+    the public names (CLI flag, request field), so a front end names the field without reading the
+    message. Both are empty for errors about no single setting.
+    """
+
+    def __init__(self, message: str, *fields: str, config: str | None = None) -> None:
+        super().__init__(message)
+        self.fields: tuple[str, ...] = fields
+        self.config = config
+
+    @property
+    def field(self) -> str | None:
+        """The config field at fault (None: no single setting)."""
+        return self.fields[0] if self.fields else None
 
 
 class ModelLoadError(SpecfillError):

@@ -30,6 +30,7 @@ from .methods.prefill import prefill
 from .methods.specprefill import speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
+from .request import fit_lookahead
 from .runtime import PrefillMethod, self_speculator_layers
 
 REPEATS = 2
@@ -103,10 +104,13 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
             ops, sparse_layer, 1, args.attention_scale, length, args.layer_windows[:1])))
         sparse = len(config.layer_indices(n_main)) / n_main  # the other layers cost what full's do
         return full, (1.0 - sparse) * full + sparse * h2o
-    spec_layer, _, n_spec, spec_step = _speculator(lm, method)
+    spec_layer, spec_args, n_spec, spec_step = _speculator(lm, method)
+    config = method.specprefill or SpecPrefillConfig()
+    config = dataclasses.replace(config, lookahead=fit_lookahead(config.lookahead, length,
+                                                                 spec_args.max_position_embeddings))
 
     def sparse_run() -> float:
-        result = speculative_prefill(ops, layer, ids, spec_layer, method.specprefill or SpecPrefillConfig(),
+        result = speculative_prefill(ops, layer, ids, spec_layer, config,
                                      stop_ids=frozenset(), extra_slots=1, step_size=lm.prefill_step_size,
                                      speculator_step_size=spec_step)
         parts = result.seconds

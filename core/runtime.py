@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
-from .config import Drafting, H2OConfig, SpecPrefillConfig  # noqa: F401  (Drafting: re-exported)
+from .config import Drafting, H2OConfig, SpecPrefillConfig, setting  # noqa: F401  (Drafting: re-exported)
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .models import ModelArgs
 
@@ -21,13 +21,19 @@ if TYPE_CHECKING:
 
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
 MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
+METHODS = ("full", "h2o", "specprefill", "auto")
 
 
 def _finite(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
     """`value` when it is a finite number of `kind` (never a bool), else one ConfigError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
-        raise ConfigError(f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {value!r}")
+        raise _sampling_error(f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {value!r}",
+                              name)
     return value
+
+
+def _sampling_error(message: str, name: str) -> ConfigError:
+    return ConfigError(message, name, config="SamplingConfig")
 
 
 @dataclass(frozen=True)
@@ -36,14 +42,16 @@ class SamplingConfig:
     min_p (0: off) and the penalties (repetition 1.0, presence 0, frequency 0: off) are defined in
     core/sampling.py, which samples whenever one of them is on (`host_side`)."""
 
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    temperature: float = setting(0.0, "sampling temperature (0: greedy)")
+    top_p: float = setting(1.0, "sample from the most likely tokens holding this probability (1: off)")
+    seed: int | None = setting(None, "the sampler's seed (sampling repeats with it)")
+    top_k: int = setting(0, "sample from the k most likely tokens (0: off)")
+    min_p: float = setting(0.0, "drop tokens less likely than min_p times the most likely (0: off)")
+    repetition_penalty: float = setting(1.0, "divide a positive logit (multiply a negative one) of a token among "
+                                             "the last 64 by this (1: off)")
+    presence_penalty: float = setting(0.0, "subtract from the logit of a token among the last 64 (0: off)")
+    frequency_penalty: float = setting(0.0, "subtract this times its count among the last 64 from a token's "
+                                            "logit (0: off)")
 
     def __post_init__(self) -> None:
         """Each setting's one check: its type (a number, never a bool; top_k and seed integers) and range."""
@@ -52,20 +60,21 @@ class SamplingConfig:
             object.__setattr__(self, name, float(getattr(self, name)))
         _finite("top_k", self.top_k, int)
         if self.seed is not None and not 0 <= _finite("seed", self.seed, int) <= MAX_SEED:
-            raise ConfigError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}")
+            raise _sampling_error(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}", "seed")
         if not self.temperature >= 0.0:
-            raise ConfigError(f"temperature must be a finite number >= 0, got {self.temperature}")
+            raise _sampling_error(f"temperature must be a finite number >= 0, got {self.temperature}", "temperature")
         if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise _sampling_error(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < 0:
-            raise ConfigError(f"top_k must be >= 0 (0: off), got {self.top_k}")
+            raise _sampling_error(f"top_k must be >= 0 (0: off), got {self.top_k}", "top_k")
         if not 0.0 <= self.min_p <= 1.0:
-            raise ConfigError(f"min_p must be in [0, 1] (0: off), got {self.min_p}")
+            raise _sampling_error(f"min_p must be in [0, 1] (0: off), got {self.min_p}", "min_p")
         if not self.repetition_penalty > 0.0:
-            raise ConfigError(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}")
+            raise _sampling_error(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}",
+                                  "repetition_penalty")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ConfigError(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}")
+                raise _sampling_error(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}", name)
 
     @property
     def host_side(self) -> bool:
@@ -87,18 +96,23 @@ class PrefillMethod:
     (`sparse`: speculative prefill when a speculator is given, else H2O). auto_threshold
     overrides the crossover calibrated on this machine (core/crossover.py)."""
 
-    name: str = "full"
+    name: str = setting("full", "the prefill method (auto: full below the crossover length calibrated on this "
+                                "machine, above it specprefill with a speculator, else h2o)", METHODS)
     h2o: H2OConfig | None = None
     specprefill: SpecPrefillConfig | None = None
-    speculator: Any = None
-    auto_threshold: int | None = None
+    speculator: Any = setting(None, "the SpecPrefill speculator: a model path, or self:K (the main model's first K "
+                                    "layers)")
+    auto_threshold: int | None = setting(None, "with method auto: the prompt length from which the sparse method "
+                                               "runs")
 
     def __post_init__(self) -> None:
-        if self.name not in ("full", "h2o", "specprefill", "auto"):
-            raise ConfigError(f"method must be full, h2o, specprefill or auto, got {self.name!r}")
+        if self.name not in METHODS:
+            raise ConfigError(f"method must be full, h2o, specprefill or auto, got {self.name!r}", "name",
+                              config="PrefillMethod")
         if self.auto_threshold is not None and (isinstance(self.auto_threshold, bool)
                                                 or not isinstance(self.auto_threshold, int) or self.auto_threshold < 1):
-            raise ConfigError(f"the auto threshold must be a prompt length >= 1, got {self.auto_threshold!r}")
+            raise ConfigError(f"the auto threshold must be a prompt length >= 1, got {self.auto_threshold!r}",
+                              "auto_threshold", config="PrefillMethod")
 
     @property
     def sparse(self) -> str:
@@ -154,16 +168,26 @@ class KVState:
         return self.slots + self.position_offset
 
 
-def check_drafting(drafting: "Drafting | None", reuse: "KVState | None", sampling: SamplingConfig) -> None:
-    """Speculative decoding's limits: no reused KV cache and no host-side sampling settings yet."""
-    if drafting is not None and reuse is not None:
-        raise ConfigError("speculative decoding with a reused KV cache is not supported yet")
-    if drafting is not None and sampling.host_side:
-        raise ConfigError("num_draft_tokens (speculative decoding) with top_k, min_p or a penalty is not supported yet")
+def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling: SamplingConfig) -> None:
+    """Speculative decoding's limits, checked once where a request is made (core/request.build_request;
+    the driver runs a request's parts as they are): no host-side sampling settings yet, and no draft
+    model only after speculative prefill (the speculator drafts from the prompt KV it built)."""
+    if drafting is None:
+        return
+    if sampling.host_side:
+        raise ConfigError("num_draft_tokens (speculative decoding) with top_k, min_p or a penalty is not supported yet",
+                          "num_tokens", config="Drafting")
+    if drafting.model is None and method.name != "specprefill":
+        raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
+                          "use method specprefill or give a draft model", "num_tokens", config="Drafting")
 
 
-def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod) -> None:
-    """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill."""
+def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, drafting: "Drafting | None") -> None:
+    """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill,
+    without speculative decoding (yet)."""
+    if drafting is not None:
+        raise ConfigError("speculative decoding with a reused KV cache is not supported yet", "num_tokens",
+                          config="Drafting")
     if method.name != "full":
         raise ConfigError(f"a reused KV cache is extended by full prefill only, got method {method.name!r}")
     if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:

@@ -179,6 +179,7 @@ def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int 
     """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator), timed."""
     from specfill.api import encode_prompt
     from specfill.core.methods.specprefill import run_speculator
+    from specfill.core.request import fit_lookahead
     from specfill.core.runtime import check_token_ids
 
     ops = model.ops
@@ -186,6 +187,7 @@ def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int 
     spec_model, spec_step = model.speculator_model(speculator)
     with ops.device_scope():
         started = time.perf_counter()
+        lookahead = fit_lookahead(lookahead, len(ids), spec_model.args.max_position_embeddings)
         spec = run_speculator(ops, spec_model, ids, lookahead=lookahead, stop_ids=frozenset(tokenizer.eos_token_ids),
                               step_size=spec_step)
         queries, keys = ops.to_numpy(spec.queries), ops.to_numpy(spec.keys)

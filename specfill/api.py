@@ -14,7 +14,7 @@ from specfill.core import (BackendUnavailableError, H2OConfig, SpecPrefillConfig
 from specfill.core.driver import CausalLM
 from specfill.core.checks import check_logits_finite
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
-from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, ProgressCallback, check_token_ids
+from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, ProgressCallback
 
 BACKENDS = {"cuda": "specfill.backends.torch_cuda", "mlx": "specfill.backends.mlx"}
 BACKEND_ALIASES = {"torch": "cuda"}  # the torch backend answers to both names; "cuda" is the one reported
@@ -195,17 +195,17 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
                    reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """stream_generate for a built request (core/request.py) whose models are loaded
     (load_request_models): the one generation path of the API, the CLI and the server."""
-    ids = check_token_ids(encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt,
-                          model.args.vocab_size)
+    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt
     info = prefill_info if prefill_info is not None else GenerationInfo()
-    info.prompt_tokens = info.kept_tokens = len(ids)
     detokenizer = tokenizer.streaming_detokenizer()
     start = time.perf_counter()
     first_at = None
     max_tokens = request.max_tokens
+    # the driver checks the ids (core/runtime.check_token_ids) before it returns the steps
     steps = model.generate_step(ids, max_tokens=max_tokens, sampling=request.sampling,
                                 stop_ids=frozenset(tokenizer.eos_token_ids), method=request.method, info=info,
                                 progress=prompt_progress_callback, drafting=request.drafting, reuse=reuse)
+    n_prompt = info.prompt_tokens
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         first_at = now if first_at is None else first_at
@@ -216,7 +216,7 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
             text += detokenizer.finish()
         ttft, decode = first_at - start, info.decode
         yield GenerationResponse(
-            text=text, token=token, prompt_tokens=len(ids), prompt_tps=len(ids) / max(ttft, 1e-9), ttft=ttft,
+            text=text, token=token, prompt_tokens=n_prompt, prompt_tps=n_prompt / max(ttft, 1e-9), ttft=ttft,
             kept_tokens=info.kept_tokens, generation_tokens=n,
             generation_tps=(n - 1) / (now - first_at) if n > 1 else 0.0,
             peak_memory=model.peak_memory_gb(), finish_reason=finish,

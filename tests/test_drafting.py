@@ -15,6 +15,7 @@ from specfill.core.methods.draft_length import DraftLength
 from specfill.core.methods.draft_sources import DraftState
 from specfill.core.methods.drafting import accept, acceptance_probability, residual_distribution, speculative_decode
 from specfill.core.methods.prefill import prefill
+from specfill.core.request import build_request
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.core.sampling import probabilities as distribution  # the rule drafting's acceptance reads
 
@@ -132,7 +133,9 @@ def test_bad_drafts_are_clear_errors(tiny_checkpoint, backend):
     main = load(backend, tiny_checkpoint("llama", "gguf"))
     with pytest.raises(ConfigError, match="num_draft_tokens must be an integer >= 1"):
         Drafting("self:1", 0)
-    with pytest.raises(ConfigError, match="drafts with the SpecPrefill speculator"):
+    with pytest.raises(ConfigError, match="drafts with the SpecPrefill speculator"):  # where the request is made
+        build_request(num_draft_tokens=2)
+    with pytest.raises(ConfigError, match="drafts only after speculative prefill"):  # the driver's parts, unbuilt
         run(main, [5, 6, 7], 4, drafting=Drafting(None, 2))
     with pytest.raises(ConfigError, match="1 <= K <= 2"):
         run(main, [5, 6, 7], 4, drafting=Drafting("self:5", 2))

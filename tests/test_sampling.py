@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specfill.core.errors import ConfigError
-from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.core.sampling import PENALTY_WINDOW, HostSampler, filtered, penalize
 
 from tests.fixtures.reference_runs import prompt
@@ -70,7 +70,9 @@ def test_driver_samples_through_the_host_sampler(tiny_checkpoint, backend):
 
 
 def test_drafting_with_host_settings_is_refused(tiny_checkpoint):
-    model = load("cuda", tiny_checkpoint("llama", "gguf"))
+    """Checked where the request is made (core/request.build_request), so the API refuses it too."""
+    from specfill.api import generate, load
+
+    model, tokenizer = load("random:tiny-llama", backend="cuda", device="cpu")
     with pytest.raises(ConfigError, match="top_k, min_p or a penalty"):
-        model.generate_step([1, 2, 3], max_tokens=2, sampling=SamplingConfig(top_k=3), stop_ids=frozenset(),
-                            method=PrefillMethod(), info=GenerationInfo(), drafting=Drafting("self:1", 2))
+        generate(model, tokenizer, [1, 2, 3], 2, top_k=3, draft_model="self:1", num_draft_tokens=2)

@@ -12,7 +12,7 @@ import pytest
 from specfill.core import ConfigError, ModelLoadError, NonFiniteLogitsError, SpecfillWarning, SpecPrefillConfig
 from specfill.core.checks import check_logits_finite
 from specfill.core.request import build_request, fit_to_prompt
-from specfill.core.runtime import PrefillMethod, SamplingConfig, check_token_ids
+from specfill.core.runtime import Drafting, KVState, PrefillMethod, SamplingConfig, check_reuse, check_token_ids
 from tests.fixtures import tiny_model_args, tiny_weights
 
 
@@ -108,3 +108,17 @@ def test_prompt_ids_are_integers_inside_the_vocabulary():
                       ([-1], "outside")):
         with pytest.raises(ConfigError, match=word):
             check_token_ids(ids, 10)
+
+
+def test_reuse_checks_where_it_meets_the_request():
+    """The driver's one check of a reused cache (core/runtime.check_reuse): a proper prefix, full
+    prefill, no speculative decoding yet; each error names the setting at fault."""
+    reuse = KVState(cache=None, slots=3)
+    check_reuse(reuse, 5, PrefillMethod(), None)
+    with pytest.raises(ConfigError, match="speculative decoding with a reused KV cache") as err:
+        check_reuse(reuse, 5, PrefillMethod(), Drafting("self:1", 2))
+    assert (err.value.config, err.value.field) == ("Drafting", "num_tokens")
+    with pytest.raises(ConfigError, match="full prefill only"):
+        check_reuse(reuse, 5, PrefillMethod("h2o"), None)
+    with pytest.raises(ConfigError, match="must cover"):
+        check_reuse(reuse, 3, PrefillMethod(), None)

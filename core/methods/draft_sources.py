@@ -19,7 +19,7 @@ import numpy as np
 from ..config import Drafting
 from ..errors import ConfigError, PromptTooLongError
 from ..ops import ModelOps
-from ..runtime import PrefillMethod, SamplingConfig, check_companion, self_speculator_layers
+from ..runtime import SamplingConfig, check_companion, self_speculator_layers
 from ..sampling import probabilities
 from ..stages import A
 from .prefill import prefill
@@ -177,16 +177,13 @@ class SpeculatorDraft:
         return None  # its prompt KV is SpecPrefill's own: drafting costs no prefill
 
 
-def draft_source(main: CausalLM, drafting: Drafting, method: PrefillMethod, needed: int,
-                 sampling: SamplingConfig) -> DraftSource:
+def draft_source(main: CausalLM, drafting: Drafting, needed: int, sampling: SamplingConfig) -> DraftSource:
     """Drafting.model as a draft source for `main`: "self:K", a CausalLM on main's backend (checked
-    against main's vocabulary and `needed` = prompt + max_tokens), or None: the speculator. A draft
-    model gets its cost book when the run may follow measured times (not seeded sampling)."""
+    against main's vocabulary and `needed` = prompt + max_tokens), or None: the speculator (after
+    speculative prefill: core/runtime.check_drafting, where the request is made). A draft model
+    gets its cost book when the run may follow measured times (not seeded sampling)."""
     from ..driver import CausalLM  # the driver imports this module where drafting runs
     if drafting.model is None:
-        if method.name != "specprefill":
-            raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
-                              "use method specprefill or give a draft model")
         return SpeculatorDraft()
     if isinstance(drafting.model, str):
         return SelfDraft(self_speculator_layers(drafting.model, main.args.num_hidden_layers))

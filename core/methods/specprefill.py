@@ -89,12 +89,12 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
                    extra_slots: int = 0) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator, then greedy look-ahead (see the module doc).
 
-    The look-ahead stops early at a stop id (which is not fed) and at the speculator's context.
+    The look-ahead stops early at a stop id (which is not fed); `lookahead` fits the speculator's
+    context (core/request.fit_lookahead: a run's config comes clamped by fit_to_prompt).
     extra_slots: cache room after the prompt beyond the look-ahead (the speculator drafting later).
     report: told after each step of the pass ("speculator") and each fed token ("lookahead").
     """
     n_prompt, args = len(ids), speculator.args
-    lookahead = max(0, min(lookahead, args.max_position_embeddings - n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
     capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows)
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,

@@ -54,8 +54,8 @@ class MessagesRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)  # required on /v1/messages, not for counting
     system: str | list[dict[str, Any]] | None = None
     stop_sequences: list[str] | None = None
-    temperature: NUMBER | None = Field(default=None, ge=0)
-    top_p: NUMBER | None = Field(default=None, gt=0, le=1)
+    temperature: NUMBER | None = None  # ranges: SamplingConfig's checks, on the chat request
+    top_p: NUMBER | None = None
     top_k: int | None = None
     stream: bool = False
     tools: list[Any] | None = None

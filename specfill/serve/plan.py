@@ -14,17 +14,14 @@ from typing import Any
 
 from specfill.api import encode_prompt
 from specfill.core import ConfigError, H2OConfig, PromptTooLongError, SpecPrefillConfig
-from specfill.core.request import GenerationRequest, build_request
+from specfill.core.config import KEEP_RULES
+from specfill.core.request import GenerationRequest, build_request, server_field, settings_of
 from specfill.core.runtime import check_generation_fits, check_speculator_context
 from specfill.core.sampling import HOST_FIELDS
 
 from .errors import bad_request
 from .protocol import ChatRequest, CompletionRequest
 
-# SpecPrefillConfig settings a request sets by their own names (the keep rule goes through with_keep);
-# a name that contains another comes first, for _field_named
-SPEC_SETTINGS = ("mass_ceiling", "mass_floor", "lookahead_reduction", "lookahead", "neighbours", "layer_reduction",
-                 "head_reduction", "token_floor", "keep_first", "keep_last")
 
 @dataclass(frozen=True)
 class ServerDefaults:
@@ -90,13 +87,16 @@ def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[in
         raise bad_request("the prompt is empty", where)
     asked = getattr(request, "max_completion_tokens", None) or request.max_tokens
     max_tokens = asked if asked is not None else max(1, min(defaults.max_tokens, context - len(ids)))
+    name = request.method or defaults.method
     try:
         check_generation_fits(len(ids), max_tokens, context)
-        name = request.method or defaults.method
-        if name == "specprefill" and defaults.speculator_context is not None:
-            check_speculator_context(len(ids), defaults.speculator_context)
     except PromptTooLongError as err:
-        raise bad_request(str(err), "method" if "speculator" in str(err) else where) from None
+        raise bad_request(str(err), where) from None
+    if name == "specprefill" and defaults.speculator_context is not None:
+        try:
+            check_speculator_context(len(ids), defaults.speculator_context)
+        except PromptTooLongError as err:  # a separate speculator reads the whole prompt too: about the method
+            raise bad_request(str(err), "method") from None
     notes: list[str] = []
     built = _build(request, defaults, name, max_tokens, notes)
     return Plan(kind=kind, ids=ids, request=built, method_name=name, stops=request.stop_strings(),
@@ -108,21 +108,18 @@ def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[in
 def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, name: str, max_tokens: int,
            notes: list[str]) -> GenerationRequest:
     """build_request from the request's fields over the server's defaults; warnings become notes."""
-    h2o_fields = {"chunk_size": request.h2o_chunk_size, "batch_size": request.h2o_batch_size,
-                  "local": request.h2o_local, "heavy": request.h2o_heavy, "memory_share": request.h2o_memory_share,
-                  "layers": request.h2o_layers}
-    spec_settings = {setting: getattr(request, setting) for setting in SPEC_SETTINGS}  # one field per setting
-    spec_fields = {"keep_ratio": request.keep_ratio, "keep_tokens": request.keep_tokens,
-                   "keep_mass": request.keep_mass, **spec_settings}
+    h2o_given = _given(request, H2OConfig)
+    spec_given = _given(request, SpecPrefillConfig)
+    keep = {rule: spec_given.pop(rule, None) for rule in KEEP_RULES}  # the keep rule goes through with_keep
     sampling = {**defaults.sampling, **{f: getattr(request, f) for f in HOST_FIELDS if getattr(request, f) is not None}}
     speculator = defaults.speculator if name in ("specprefill", "auto") else None
     drafts = request.num_draft_tokens is not None
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            h2o = dataclasses.replace(defaults.h2o, **{k: v for k, v in h2o_fields.items() if v is not None})
-            spec = defaults.specprefill.with_keep(request.keep_ratio, request.keep_tokens, request.keep_mass)
-            spec = dataclasses.replace(spec, **{k: v for k, v in spec_settings.items() if v is not None})
+            h2o = dataclasses.replace(defaults.h2o, **h2o_given)
+            spec = defaults.specprefill.with_keep(keep["keep_ratio"], keep["keep_tokens"], keep["keep_mass"])
+            spec = dataclasses.replace(spec, **spec_given)
             built = build_request(
                 max_tokens=max_tokens, temperature=request.temperature if request.temperature is not None else 0.0,
                 top_p=request.top_p if request.top_p is not None else 1.0, seed=request.seed, **sampling,
@@ -132,19 +129,23 @@ def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, n
                 num_draft_tokens=request.num_draft_tokens, auto_threshold=request.auto_threshold)
         notes.extend(str(w.message) for w in caught)
     except ConfigError as err:
-        fields = {"num_draft_tokens": request.num_draft_tokens, "auto_threshold": request.auto_threshold,
-                  **{f"h2o_{k}": v for k, v in h2o_fields.items()}, **spec_fields, **sampling,
-                  "temperature": request.temperature, "top_p": request.top_p, "seed": request.seed}
-        param = _field_named(str(err), fields)
+        param = _field_at_fault(err, request)
         raise bad_request(f"'{param}': {err}" if param != "method" else str(err), param) from None
     return built
 
 
-def _field_named(message: str, fields: dict[str, Any]) -> str:
-    """The request field a config error is about: the one set whose setting name the message
-    names ("keep_ratio must be in (0, 1]" -> keep_ratio; "chunk_size ..." -> h2o_chunk_size)."""
-    for field_name, value in fields.items():
-        setting = field_name.removeprefix("h2o_")
-        if value is not None and any(n in message for n in (field_name, setting, setting.replace("_", " "))):
-            return field_name
+def _given(request: ChatRequest | CompletionRequest, config: type) -> dict[str, Any]:
+    """config's fields the request sets (by their request fields, core/request.py SETTINGS)."""
+    return {s.field: getattr(request, s.server) for s in settings_of(config)
+            if s.server and getattr(request, s.server) is not None}
+
+
+def _field_at_fault(err: ConfigError, request: ChatRequest | CompletionRequest) -> str:
+    """The request field a ConfigError is about: the first of the fields it names (err.fields, the one
+    at fault first) that the request sets; "method" when the request sets none of them (the error is
+    about the server's defaults together, or about no single setting)."""
+    for name in err.fields:
+        param = server_field(err.config, name)
+        if param is not None and getattr(request, param, None) is not None:
+            return param
     return "method"

@@ -13,7 +13,11 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.request import settings_of
+from specfill.core.runtime import SamplingConfig
 
 from .errors import bad_request
 
@@ -53,51 +57,40 @@ class Message(_Strict):
         return "".join(pieces)
 
 
-class SpecfillFields(_Strict):
+METHOD_CONFIGS = (H2OConfig, SpecPrefillConfig)  # every field with a request field is one (core/request.py SETTINGS)
+_FIELD_TYPES = {int: int, float: NUMBER, str: str, bool: bool}  # a float setting takes a JSON integer too
+
+
+def _settings_model(name: str, *configs: type) -> type[_Strict]:
+    """One request field per setting of `configs` that requests may set, named by the settings table
+    (None: the server's default); the types are strict, the ranges the configs' own checks."""
+    return create_model(name, __base__=_Strict, **{
+        s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help))
+        for config in configs for s in settings_of(config) if s.server})
+
+
+MethodFields = _settings_model("MethodFields", *METHOD_CONFIGS)
+SamplingSettings = _settings_model("SamplingSettings", SamplingConfig)  # temperature, top_p, seed, top_k, ...
+
+
+class SpecfillFields(MethodFields):
     """Per-request prefill control (None: the server's default from its command line)."""
 
     method: str | None = None  # full | h2o | specprefill | auto
     auto_threshold: int | None = None  # auto: the prompt length from which the sparse method runs
-    keep_ratio: NUMBER | None = None  # SpecPrefill: fraction of the prompt kept
-    keep_tokens: int | None = None  # SpecPrefill: a token budget instead of a ratio
-    keep_mass: NUMBER | None = None  # SpecPrefill: the importance-mass rule instead of a ratio
-    mass_floor: NUMBER | None = None  # with keep_mass: fewest chunks kept (share)
-    mass_ceiling: NUMBER | None = None  # with keep_mass: most chunks kept (share)
-    lookahead: int | None = None  # SpecPrefill look-ahead steps
-    lookahead_reduction: str | None = None  # SpecPrefill: mean or max over the look-ahead queries
-    neighbours: int | None = None  # SpecPrefill: chunks kept each side of a selected chunk
-    layer_reduction: str | None = None  # SpecPrefill: mean or max over the speculator's scoring layers
-    head_reduction: str | None = None  # SpecPrefill: mean or max over the speculator's heads
-    token_floor: int | None = None  # SpecPrefill: fewest tokens kept
-    keep_first: int | None = None  # SpecPrefill: the prompt's first N tokens always kept
-    keep_last: int | None = None  # SpecPrefill: the prompt's last N tokens always kept
-    h2o_chunk_size: int | None = None  # H2O S
-    h2o_batch_size: int | None = None  # H2O B
-    h2o_local: int | None = None  # H2O L
-    h2o_heavy: int | None = None  # H2O H
-    h2o_memory_share: NUMBER | None = None  # H2O L + H as a share of the prompt
-    h2o_layers: str | None = None  # H2O: the layers that run it (first-K, last-F, ...); the others are dense
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft
 
 
-class SamplingFields(_Strict):
+class SamplingFields(SamplingSettings):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: NUMBER | None = Field(default=None, ge=0)
-    top_p: NUMBER | None = Field(default=None, gt=0, le=1)
-    seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     n: int | None = None
     logprobs: bool | int | None = None
-    top_k: int | None = None  # sampling beyond temperature / top_p: core/sampling.py (ranges checked there)
-    min_p: NUMBER | None = None
-    repetition_penalty: NUMBER | None = None
-    presence_penalty: NUMBER | None = None
-    frequency_penalty: NUMBER | None = None
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

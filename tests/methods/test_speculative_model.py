@@ -10,6 +10,7 @@ from specfill.core.config import SpecPrefillConfig
 from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.methods.prefill import prefill
 from specfill.core.methods.specprefill import run_speculator, speculative_prefill
+from specfill.core.request import fit_lookahead
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import GenerationInfo, PrefillMethod
@@ -199,9 +200,11 @@ def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
 
 
 def test_lookahead_stops_at_the_speculator_context(tiny):
+    """fit_lookahead is the one clamp (fit_to_prompt's for a run); the pass runs the steps it fits."""
     t = tiny("qwen3")
     short = variant(t, context=42)
     model, step = short.speculator_model("self:2")
-    got = run_speculator(short.ops, model, np.array(prompt(40, t.args.vocab_size)), lookahead=4,
+    lookahead = fit_lookahead(4, 40, short.args.max_position_embeddings)
+    got = run_speculator(short.ops, model, np.array(prompt(40, t.args.vocab_size)), lookahead=lookahead,
                          stop_ids=frozenset(), step_size=step)
-    assert len(got.lookahead) == 2 and got.queries.shape[1] == 3
+    assert lookahead == 2 and len(got.lookahead) == 2 and got.queries.shape[1] == 3
