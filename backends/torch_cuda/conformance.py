@@ -11,7 +11,7 @@ import torch
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
-from . import placement
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from .kernels import kernel_unavailable_reason
 from .ops import TorchOps
 
