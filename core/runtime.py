@@ -1,6 +1,6 @@
 """What a generation request is made of, and its checks, for the driver and the API.
 
-A backend package (specfill.backends.torch_cuda, specfill.backends.mlx) exposes
+A backend (core/backend.py; specfill.backends.get_backend("mlx" / "cuda")) loads
     load(path, dtype=None, device=None) -> (core.driver.CausalLM, Tokenizer)
 Timing, detokenisation and response objects live in the API layer, once for both backends.
 """

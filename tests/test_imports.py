@@ -90,9 +90,14 @@ def test_the_graph_sees_every_kind_of_import():
     can fail): a few edges known to exist in the product."""
     graph = import_graph()
     assert "specfill.core.config" in graph["specfill.core"]  # from .config import ... in an __init__
-    assert "specfill.core.driver" in graph["specfill.api"]  # from specfill.core.driver import ...
+    assert "specfill.core.driver" in graph["specfill.api"]  # from specfill.core.driver import ..., TYPE_CHECKING
     assert "specfill.core.io.hub" in graph["specfill.api"]  # inside load(): a lazy import
     assert "specfill.core.stages" in graph["specfill.core.reference.model"]  # from ..stages import ...
+    # from . import h2o: the package's __init__ and the module
+    assert {"specfill.core.reference", "specfill.core.reference.h2o"} <= graph["specfill.core.reference.model"]
+    # import specfill.backends.torch_cuda.placement as placement: the module only
+    assert "specfill.backends.torch_cuda.placement" in graph["specfill.backends.torch_cuda.ops"]
+    assert "specfill.backends.torch_cuda" not in graph["specfill.backends.torch_cuda.ops"]
 
 
 def test_find_cycles_reports_the_path():
