@@ -75,7 +75,8 @@ def test_mlx_has_no_fallback_notice():
     pytest.importorskip("mlx.core")
     assert api.choose_device("mlx", None) == (None, None) and api.choose_device("mlx", "cpu") == ("cpu", None)
     mx = pytest.importorskip("mlx.core")
-    assert get_backend("mlx").resolve_dtype("bf16", "cpu") == mx.bfloat16 and get_backend("mlx").resolve_dtype(None) is None
+    mlx = get_backend("mlx")
+    assert mlx.resolve_dtype("bf16", "cpu") == mx.bfloat16 and mlx.resolve_dtype(None) is None
 
 
 def test_the_cli_prints_the_fallback_and_runs_on_the_cpu(monkeypatch, capsys):

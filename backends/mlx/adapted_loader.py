@@ -2,9 +2,10 @@
 file for, or a (model, tokenizer) pair from `mlx_lm.load`, becomes a CausalLM whose layers' attention
 the adapter runs (adapted.py) and whose everything else is mlx-lm's own code.
 
-Routing (loader.load, which imports this module only for such a model): a directory whose config.json names a model_type of specfill's own
-families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
-other model_type that mlx-lm ships a model file for loads through mlx-lm.
+Routing (loader.load, which imports this module only for such a model): a directory whose
+config.json names a model_type of specfill's own families (llama, mistral, qwen2, qwen3,
+gemma3_text) loads into specfill's model as before; any other model_type that mlx-lm ships a model
+file for loads through mlx-lm.
 """
 from __future__ import annotations
 
