@@ -6,7 +6,7 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from specfill.api import backend_module, format_stats, load, load_request_models, resolve_backend, stream_request
+from specfill.api import choose_device, format_stats, load, load_request_models, resolve_backend, stream_request
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
@@ -101,10 +101,9 @@ def run(args: argparse.Namespace) -> int:
     request = cli_request(args)
     args.backend = resolve_backend(args.backend)
     prompt_text = read_prompt(args)
-    backend = backend_module(args.backend)  # unknown or not installed: one clear error
-    if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
-        print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
-        args.device = "cpu"
+    args.device, notice = choose_device(args.backend, args.device)  # unknown or not installed: one clear error
+    if notice is not None:
+        print(f"specfill: {notice}", file=sys.stderr)
     if args.model is None and args.model_file is not None:
         raise ConfigError("--model-file needs --model owner/repo")
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device,

@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specfill.api import backend_module, load, load_speculator, resolve_backend
+from specfill.api import choose_device, load, load_speculator, resolve_backend
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.request import build_request
 
@@ -112,11 +112,10 @@ def run(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OConfig,
            spec: SpecPrefillConfig) -> int:
     """Load, build the app, serve on the bound socket until a signal."""
-    backend = backend_module(args.backend)
+    args.device, notice = choose_device(args.backend, args.device)  # unknown or not installed: one clear error
     args.backend = resolve_backend(args.backend)
-    if args.backend == "cuda" and not backend.cuda_available() and args.device in (None, "cuda"):
-        print("specfill: no CUDA GPU found: the cuda backend runs on the CPU", file=sys.stderr)
-        args.device = "cpu"
+    if notice is not None:
+        print(f"specfill: {notice}", file=sys.stderr)
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
     model.prefill_step_size = args.prefill_step_size  # progress and cancellation granularity
     if args.chat_template is not None:

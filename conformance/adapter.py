@@ -4,8 +4,13 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Protocol, runtime_checkable
 
+import numpy as np
+
 from specfill.core import AttentionState, BackendUnavailableError, H2OStages, SpecPrefillStages
 from specfill.core.reference import ReferenceStages
+from specfill.core.reference.kv_cache import ReferenceKVCache
+
+from .ops_adapter import CacheAdapter, Convert
 
 
 @runtime_checkable
@@ -17,10 +22,14 @@ class ConformanceAdapter(H2OStages, SpecPrefillStages, Protocol):
     rounded to that dtype; outputs go back as NumPy arrays. A backend's factory is called as
     make_adapter(dtype=..., use_kernels=...): use_kernels True forces its custom kernels
     (Triton, Metal), False its ops twins, None lets its dispatcher choose.
+    new_cache(n_layers, n_kv_heads, head_dim, capacity): the backend's KV cache in that dtype,
+    behind the same boundary (conformance/ops_adapter.py's CacheAdapter).
     """
 
     name: str
     dtype: str
+
+    def new_cache(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int) -> CacheAdapter: ...
 
 
 class ReferenceAdapter(ReferenceStages):
@@ -68,6 +77,11 @@ class ReferenceAdapter(ReferenceStages):
 
     def select_tokens(self, importance, config):
         return super().select_tokens(*self._cast(importance), config)
+
+    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity) -> CacheAdapter:
+        cast = lambda x: np.asarray(x, dtype=self.dtype)  # noqa: E731
+        return CacheAdapter(ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype),
+                            Convert(native=cast, stats=cast, index=lambda x: np.asarray(x, np.int64), numpy=np.asarray))
 
     def _cast(self, *arrays):
         return tuple(a.astype(self.dtype, copy=False) for a in arrays)

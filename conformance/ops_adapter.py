@@ -5,6 +5,8 @@ into the backend's arrays (compute dtype for q/k/v/o, the statistics dtype for m
 probabilities, integers for memory sets) and results back into NumPy. `attention_layer` runs the
 one walk of core/methods/h2o.py over the backend's ops; selection runs on the host for every
 backend (core/reference/specprefill.py), from the importance computed in the statistics dtype.
+`new_cache` makes the backend's KV cache (core/ops.py's KVCache) behind the same boundary
+(`CacheAdapter`), for the cache's checks against core/reference/kv_cache.py.
 """
 from __future__ import annotations
 
@@ -32,11 +34,54 @@ class Convert:
     numpy: Callable[[Any], np.ndarray]
 
 
-class OpsAdapter:
-    """Every stage of both methods of one backend at one compute dtype."""
+class CacheAdapter:
+    """A KV cache (core/ops.py's KVCache) behind NumPy in, NumPy out: keys and values go in
+    through `native`, what the cache holds comes back through `numpy`."""
 
-    def __init__(self, name: str, dtype: str, ops: ModelOps, convert: Convert) -> None:
-        self.name, self.dtype, self.ops, self.cv = name, dtype, ops, convert
+    def __init__(self, cache: Any, convert: Convert) -> None:
+        self.cache, self.cv = cache, convert
+
+    def write(self, layer: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """keys/values [1, Hkv, T, D] into one layer's next T slots; every filled slot's back."""
+        got_k, got_v = self.cache.layers[layer].update_and_fetch(self.cv.native(keys), self.cv.native(values))
+        return self.cv.numpy(got_k), self.cv.numpy(got_v)
+
+    def offsets(self) -> list[int]:
+        return [int(layer.offset) for layer in self.cache.layers]
+
+    @property
+    def filled(self) -> int:
+        return int(self.cache.filled)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.cache.capacity)
+
+    def grown(self, capacity: int) -> CacheAdapter:
+        return CacheAdapter(self.cache.grown(capacity), self.cv)
+
+    def trim(self, n: int, n_layers: int | None = None) -> None:
+        self.cache.trim(n, n_layers)
+
+    def truncate(self, slots: int) -> None:
+        self.cache.truncate(slots)
+
+    def keys(self, end: int) -> np.ndarray:
+        return self.cv.numpy(self.cache.keys(end))
+
+
+# (n_layers, n_kv_heads, head_dim, capacity) -> a backend's empty KV cache in the dtype under test
+CacheFactory = Callable[[int, int, int, int], Any]
+
+
+class OpsAdapter:
+    """Every stage of both methods of one backend at one compute dtype, and its KV cache."""
+
+    def __init__(self, name: str, dtype: str, ops: ModelOps, convert: Convert, cache: CacheFactory) -> None:
+        self.name, self.dtype, self.ops, self.cv, self._cache = name, dtype, ops, convert, cache
+
+    def new_cache(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int) -> CacheAdapter:
+        return CacheAdapter(self._cache(n_layers, n_kv_heads, head_dim, capacity), self.cv)
 
     def _state(self, s: AttentionState) -> AttentionState:
         return AttentionState(self.cv.numpy(s.m), self.cv.numpy(s.l), self.cv.numpy(s.o))

@@ -14,12 +14,17 @@ whole [T, vocab] array) and passes it here.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping, Protocol
 
 from .errors import ModelLoadError, NonFiniteLogitsError, SpecfillError
 
-if TYPE_CHECKING:
-    from .models import ModelArgs
+
+class NumericSettings(Protocol):
+    """What check_logits_finite names of a model's settings (core/models.py's ModelArgs has them;
+    models.py imports this module, so it is not imported back)."""
+
+    rms_norm_eps: float
+    rope_theta: float
 
 MAX_SIZE = 2**31 - 1  # any model size, count or token id; larger ones are corrupt, not big
 ROPE_SCALING_KEYS = {"linear": ("factor",),
@@ -105,7 +110,7 @@ def _show(value: Any) -> str:
 HALF_DTYPES = ("float16", "fp16", "half", "bfloat16", "bf16")
 
 
-def check_logits_finite(all_finite: bool, args: ModelArgs, *, where: str, dtype: str | None = None) -> None:
+def check_logits_finite(all_finite: bool, args: NumericSettings, *, where: str, dtype: str | None = None) -> None:
     """Raise NonFiniteLogitsError unless `all_finite` (every logit of `where`, e.g. "the first
     prefill", is finite). The message names the likely cause: half-precision overflow when the
     model runs in float16 / bfloat16, else the checkpoint's weights or numerics."""

@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .ops import ModelOps
+from .ops import KVCache, ModelOps
 from .runtime import KVState, GenerationInfo, SamplingConfig
 from .sampling import HostSampler
 from .stages import A
@@ -22,7 +22,7 @@ def token_chooser(ops: ModelOps[A], sampling: SamplingConfig, history: Sequence[
 
 
 def decode_tokens(ops: ModelOps[A], model: Any, logits: A, *, next_position: int, max_tokens: int,
-                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: list[Any],
+                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: KVCache[A],
                   history: Sequence[int] = ()) -> Iterator[int]:
     """Sample from the prefill's last logits [vocab], then decode one token at a time at RoPE
     positions next_position, next_position + 1, ... into the cache's next free slots; yields each
@@ -52,11 +52,10 @@ def decode_tokens(ops: ModelOps[A], model: Any, logits: A, *, next_position: int
         token = following
 
 
-def track_kv(ops: ModelOps[A], tokens: Iterator[int], cache: Any, next_position: int,
-             info: GenerationInfo) -> Iterator[int]:
+def track_kv(tokens: Iterator[int], cache: KVCache, next_position: int, info: GenerationInfo) -> Iterator[int]:
     """Yield `tokens`, keeping info.kv on the cache's filled slots. position_offset = RoPE position
     minus slot: 0 after full or H2O prefill, prompt tokens - kept tokens after SpecPrefill."""
-    info.kv = KVState(cache, ops.filled(cache), next_position - ops.filled(cache))
+    info.kv = KVState(cache, cache.filled, next_position - cache.filled)
     for token in tokens:
-        info.kv.slots = ops.filled(cache)
+        info.kv.slots = cache.filled
         yield token

@@ -7,16 +7,16 @@ drafting and the auto probe are imported where they run (start-up: docs/developm
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Generic, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError
+from .backend import DEFAULT_PREFILL_STEP_SIZE, LoadedModel  # noqa: F401 (DEFAULT_PREFILL_STEP_SIZE: re-exported)
 from .checks import check_logits_finite
 from .methods.prefill import StageProgress, prefill
-from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_to_prompt
 from .runtime import (Drafting, KVState, GenerationInfo, PrefillMethod, ProgressCallback, SamplingConfig,
@@ -27,36 +27,13 @@ from .stages import A
 if TYPE_CHECKING:
     from .methods.draft_sources import DraftSource
     from .methods.specprefill import SparsePrefill
-DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
 
 
-class CausalLM(Generic[A]):
-    """A Llama/Mistral/Qwen2/Qwen3/Gemma 3 model on one backend: the backend's model object and its ops.
+class CausalLM(LoadedModel[A]):
+    """A Llama/Mistral/Qwen2/Qwen3/Gemma 3 model on one backend (core/backend.py) and its generation.
 
     prefill_step_size: tokens per full-attention prefill step (bounds activation memory).
     """
-
-    def __init__(self, model: Any, ops: ModelOps[A], *, prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE):
-        if prefill_step_size < 1:
-            raise ConfigError(f"prefill_step_size must be >= 1, got {prefill_step_size}")
-        self.model = model
-        self.ops = ops
-        self.args: ModelArgs = model.args
-        self.prefill_step_size = prefill_step_size
-
-    @property
-    def backend(self) -> str:
-        return self.ops.name
-
-    @property
-    def device_name(self) -> str:
-        """Where it runs, for reports: "cuda:0 (NVIDIA H100 ...)", "cpu", "gpu (Metal)"."""
-        return self.ops.device_name
-
-    @property
-    def dtype(self) -> Any:
-        """The activation dtype (the backend's own dtype object)."""
-        return self.ops.activation_dtype(self.model)
 
     def _ids(self, ids: Any, max_tokens: int) -> np.ndarray:
         checked = check_token_ids(ids, self.args.vocab_size)
@@ -201,16 +178,15 @@ class CausalLM(Generic[A]):
             else:
                 tokens = self._drafted(ids, last, cache, draft, sparse, drafting, max_tokens=max_tokens,
                                        sampling=sampling, stop_ids=stop_ids, info=info)
-            yield from track_kv(self.ops, tokens, cache, len(ids), info)
+            yield from track_kv(tokens, cache, len(ids), info)
 
     def _reused_cache(self, reuse: KVState, room: int) -> Any:
         """The reused cache cut to reuse.slots on every layer (ops.Cancelled), room for `room` more (1.5x)."""
         cache = reuse.cache
-        self.ops.truncate(cache, reuse.slots)
+        cache.truncate(reuse.slots)
         needed = reuse.slots + room
-        if self.ops.capacity(cache) < needed:  # grow by half at least: conversations append often
-            grown = max(needed, min(self.ops.capacity(cache) * 3 // 2, self.args.max_position_embeddings))
-            cache = self.ops.grow_cache(self.model, cache, grown)
+        if cache.capacity < needed:  # grow by half at least: conversations append often
+            cache = cache.grown(max(needed, min(cache.capacity * 3 // 2, self.args.max_position_embeddings)))
         return cache
 
     def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, draft: DraftSource,

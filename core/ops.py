@@ -2,8 +2,9 @@
 
 core/methods/ (H2O, SpecPrefill) and core/driver.py (generation) call only these, generic over the
 backend's array type A. A backend is its kernels (behind these stage names), its model, its KV
-cache, its loading and one `ops` module implementing `ModelOps` on its arrays; the NumPy reference
-implements the stage part (`H2OOps`, `ScoringOps`). Shapes as in core/stages.py.
+cache (a `KVCache`, keeping its own books), its loading (core/backend.py) and one `ops` module
+implementing `ModelOps` on its arrays; the NumPy reference implements the stage part (`H2OOps`,
+`ScoringOps`) and a NumPy `KVCache` (core/reference/kv_cache.py). Shapes as in core/stages.py.
 
 Cancellation inside a step (the end of this module): a prefill step of a long prompt takes seconds
 on a CPU (a 512-token step of a 1.5B model, 13-33 s here), so a check between steps is not enough
@@ -14,14 +15,14 @@ H2O walk before every chunk, and a check that answers True stops the generation 
 methods carry no callable. With no check installed (the library, the CLI) `checkpoint()` is one
 context-variable read; `installed()` tells a lazy backend (MLX) to evaluate layer by layer only
 then. A stopped step can leave the first layers' caches a step ahead: a reused cache is cut back on
-every layer (`ModelOps.truncate`) before it is extended again.
+every layer (`KVCache.truncate`) before it is extended again.
 """
 from __future__ import annotations
 
 import sys
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Iterator, Protocol, Sequence
+from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -77,6 +78,38 @@ class H2OOps(Protocol[A]):
         """Entered around one logical batch's stages (the torch CPU work units; else a no-op)."""
 
 
+class KernelStages(Generic[A]):
+    """The stages a backend's kernels/ package dispatches, written once for every backend's ops:
+    each runs the kernel or its twin as `use_kernels` says (None: the kernel where the device has
+    one; True / False force one). A backend's ops class sets `use_kernels` and `stage_kernels`."""
+
+    use_kernels: bool | None
+
+    @staticmethod
+    def stage_kernels() -> Any:
+        """The backend's kernels/ package (imported by the first stage that runs)."""
+        raise NotImplementedError
+
+    def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float,
+                        window: int | None = None) -> IntraResult[A]:
+        return self.stage_kernels().intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels,
+                                                    window=window)
+
+    def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float,
+                        window: KeyWindow[A] | None = None) -> InterResult[A]:
+        return self.stage_kernels().inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels,
+                                                    window=window)
+
+    def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
+        return self.stage_kernels().reduce_colsum_to_kv_heads(colsum, n_kv_heads)
+
+    def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
+        return self.stage_kernels().merge_states(a, b)
+
+    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None) -> A:
+        return self.stage_kernels().attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
+
+
 class ScoringOps(Protocol[A]):
     """The speculative-prefill scoring stages over a backend's arrays."""
 
@@ -120,11 +153,41 @@ class LayerCache(Protocol[A]):
         """Forget the last n filled slots (rejected draft tokens); returns how many were dropped."""
 
 
+class KVCache(Protocol[A]):
+    """A model's KV cache, every layer's: one LayerCache per layer (`layers`) in the backend's own
+    container, made by ModelOps.new_cache and filled by ModelOps.forward; the rest of its books are
+    its own. Every layer fills the same slots, except a prefill stopped between layers (see above)."""
+
+    layers: Sequence[LayerCache[A]]
+
+    @property
+    def filled(self) -> int:
+        """Filled slots (every layer fills the same ones)."""
+
+    @property
+    def capacity(self) -> int:
+        """Slots it can hold without growing."""
+
+    def grown(self, capacity: int) -> KVCache[A]:
+        """A cache holding these filled slots with room for `capacity` (may be this one)."""
+
+    def trim(self, n: int, n_layers: int | None = None) -> None:
+        """Drop the last n filled slots of every layer (of the first n_layers only: a "self:K"
+        draft's writes into the main cache)."""
+
+    def truncate(self, slots: int) -> None:
+        """Cut every layer back to its first `slots` filled slots (a prefill stopped between
+        layers, `Cancelled`, leaves the first layers a step ahead of the others)."""
+
+    def keys(self, end: int) -> A:
+        """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
+
+
 class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     """Everything the methods and the generation driver need from a backend, on its arrays.
 
-    `model` below is the backend's model object (or its first-K-layers view), `cache` a list
-    of LayerCache, one per layer the model runs. Positions are an int (the first of
+    `model` below is the backend's model object (or its first-K-layers view), `cache` its KVCache
+    (`new_cache`), which keeps its own books. Positions are an int (the first of
     consecutive ones) or an int64 NumPy array [T] (speculative prefill's original positions).
     """
 
@@ -145,7 +208,7 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def tokens(self, ids: np.ndarray) -> A:
         """Token ids [T] (int64 NumPy, checked) as the backend's integer array on its device."""
 
-    def forward(self, model: Any, ids: A, positions: int | np.ndarray, cache: list[Any],
+    def forward(self, model: Any, ids: A, positions: int | np.ndarray, cache: KVCache[A],
                 attend: PrefillAttention[A] | None, logits_from: int | None) -> A | None:
         """One step: ids [T] appended to `cache` at RoPE `positions`; float32 logits
         [T - logits_from, vocab] for the step's tokens from `logits_from` on (None: no LM head)."""
@@ -167,28 +230,8 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def wall_time(self) -> float:
         """perf_counter once the device's queued work has finished."""
 
-    def new_cache(self, model: Any, capacity: int) -> list[Any]:
-        """One LayerCache per layer of `model`, room for `capacity` slots."""
-
-    def filled(self, cache: Any) -> int:
-        """Filled slots of a model's cache (every layer fills the same ones)."""
-
-    def capacity(self, cache: Any) -> int:
-        """Slots a cache can hold without growing."""
-
-    def grow_cache(self, model: Any, cache: Any, capacity: int) -> Any:
-        """A cache holding `cache`'s filled slots with room for `capacity` (may be `cache` itself)."""
-
-    def trim(self, cache: Any, n: int, n_layers: int | None = None) -> None:
-        """Drop the last n filled slots of every layer's cache (of the first n_layers only: a
-        "self:K" draft's writes into the main cache)."""
-
-    def truncate(self, cache: Any, slots: int) -> None:
-        """Cut every layer's cache back to its first `slots` filled slots (a prefill stopped
-        between layers, `Cancelled`, leaves the first layers a step ahead of the others)."""
-
-    def cached_keys(self, cache: list[Any], end: int) -> A:
-        """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
+    def new_cache(self, model: Any, capacity: int) -> KVCache[A]:
+        """A KV cache for every layer of `model`, room for `capacity` slots."""
 
     def first_layers(self, model: Any, n_layers: int) -> Any:
         """A view of `model`'s first n blocks with its embedding, final norm and LM head."""

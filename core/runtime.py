@@ -1,6 +1,6 @@
 """What a generation request is made of, and its checks, for the driver and the API.
 
-A backend package (specfill.backends.torch_cuda, specfill.backends.mlx) exposes
+A backend (core/backend.py; specfill.backends.get_backend("mlx" / "cuda")) loads
     load(path, dtype=None, device=None) -> (core.driver.CausalLM, Tokenizer)
 Timing, detokenisation and response objects live in the API layer, once for both backends.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -16,8 +16,6 @@ from .config import Drafting, H2OConfig, SpecPrefillConfig, setting  # noqa: F40
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .models import ModelArgs
 
-if TYPE_CHECKING:
-    from .methods.prefill import PrefillStep
 
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
 MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
@@ -207,6 +205,16 @@ class DecodeRecord:
     draft_lengths: list[int] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     skipped: str = ""  # why drafting did not run at all (a draft model's costs measured here: draft_costs.py)
+
+
+@dataclass(frozen=True)
+class PrefillStep:
+    """The last finished prefill step (GenerationInfo.step): its stage (see methods/prefill.py's
+    StageProgress) and the stage's done / total count (tokens; look-ahead tokens in "lookahead")."""
+
+    stage: str
+    done: int
+    total: int
 
 
 @dataclass

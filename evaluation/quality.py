@@ -12,6 +12,7 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .machine import describe_machine
+from .positions import position_map
 from .ruler_run import add_ruler_deltas, run_ruler
 from .ruler_tasks import RULER_TASKS
 from .texts import multikey_prompt_spans, multikey_trials, passkey_prompt_spans, passkey_trials, tokens_of_length
@@ -176,23 +177,6 @@ def _retrieval_cell(model, tokenizer, task: str, prompts: list, label: str, meth
     return {"method": label, "tokens": length, "trials": len(prompts), "hits": hits,
             "mean_prompt_tokens": float(np.mean(actual)), "accuracy": hits / len(prompts),
             "median_ttft_s": float(np.median(ttfts))}
-
-
-def position_map(info: GenerationInfo, prompt_tokens: int) -> list[float] | None:
-    """Per prompt position: 1/0 kept (SpecPrefill), or the fraction of (layer, KV head) whose
-    last memory set holds it (H2O); None for full prefill."""
-    if info.kept_positions is not None:
-        row = np.zeros(prompt_tokens)
-        row[np.asarray(info.kept_positions, dtype=np.int64)] = 1.0
-        return row.tolist()
-    if info.memory_sets:
-        row = np.zeros(prompt_tokens)
-        last = [np.asarray(sets[-1]) for sets in info.memory_sets if sets]
-        for indices in last:
-            for head_row in indices:
-                row[head_row] += 1.0
-        return (row / max(1, sum(len(x) for x in last))).tolist()
-    return None
 
 
 def add_deltas(result: dict) -> None:

@@ -34,6 +34,7 @@ from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
+from .positions import position_map
 from .ruler_report import DROPPED_BELOW
 from .ruler_run import span_shares
 from .ruler_tasks import RulerSample, build_sample, score
@@ -305,7 +306,6 @@ def decode_from_pass(model, tokenizer, sample: RulerSample, saved: SavedPass, se
 
 def run_api(model, tokenizer, sample: RulerSample, method: PrefillMethod, budget: int):
     """Through the public API like any user: (answer, score, TTFT, the position map)."""
-    from .quality import position_map
     from .ruler_run import run_sample
 
     info = GenerationInfo(record_memory=method.name == "h2o")

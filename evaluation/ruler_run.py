@@ -13,6 +13,7 @@ import numpy as np
 from specfill.api import stream_generate
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
+from .positions import position_map
 from .ruler_tasks import RulerSample, build_sample, score
 
 
@@ -47,8 +48,6 @@ def ruler_cell(model, tokenizer, samples: list[RulerSample], label: str, method:
                answer_tokens: int | None, done: Callable[[str], None]) -> tuple[dict, list[dict], list]:
     """One method over one (task, length)'s samples: (the table row, per-sample records, the
     per-sample position maps (None for full prefill))."""
-    from .quality import position_map
-
     records, maps = [], []
     for sample in samples:
         info = GenerationInfo(record_memory=method.name == "h2o")

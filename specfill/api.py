@@ -1,23 +1,22 @@
 """The mlx-lm-style public API: load, generate, stream_generate — once for both backends."""
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
-from specfill.core import (BackendUnavailableError, H2OConfig, SpecPrefillConfig,
-                           TokenizerMismatchError)
-from specfill.core.driver import CausalLM
+from specfill.core import H2OConfig, SpecPrefillConfig, TokenizerMismatchError
 from specfill.core.checks import check_logits_finite
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
 from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, ProgressCallback
 
-BACKENDS = {"cuda": "specfill.backends.torch_cuda", "mlx": "specfill.backends.mlx"}
-BACKEND_ALIASES = {"torch": "cuda"}  # the torch backend answers to both names; "cuda" is the one reported
+if TYPE_CHECKING:
+    from specfill.core.backend import Backend
+    from specfill.core.driver import CausalLM
+
 DEFAULT_BACKEND_RULE = "mlx where MLX with Metal is importable (Apple silicon), else cuda (the torch backend)"
 
 
@@ -60,21 +59,27 @@ def default_backend() -> str:
 
 def resolve_backend(backend: str | None) -> str:
     """`backend` by its one name ("torch" -> "cuda"), or the platform default for None."""
-    return default_backend() if backend is None else BACKEND_ALIASES.get(backend, backend)
+    from specfill.backends import canonical_name
+
+    return default_backend() if backend is None else canonical_name(backend)
 
 
-def backend_module(backend: str | None) -> Any:
-    """The backend package (None: the platform default), or a one-line error when it is unknown
-    or not installed."""
-    backend = resolve_backend(backend)
-    if backend not in BACKENDS:
-        raise BackendUnavailableError(f"unknown backend {backend!r} (choose from mlx, cuda or torch)")
-    try:
-        return importlib.import_module(BACKENDS[backend])
-    except ModuleNotFoundError as err:
-        extra = "mlx" if backend == "mlx" else "cuda"
-        raise BackendUnavailableError(f"backend {backend!r} needs {err.name!r}, which is not installed "
-                                      f"(pip install 'specfill[{extra}]')") from None
+def get_backend(backend: str | None) -> Backend:
+    """The Backend object (core/backend.py; None: the platform default), or a one-line error when the
+    name is unknown. Its libraries are imported by its first call, which says when they are missing."""
+    from specfill.backends import get_backend as registered
+
+    return registered(resolve_backend(backend))
+
+
+def choose_device(backend: str | None, device: str | None) -> tuple[str | None, str | None]:
+    """The device to load `backend` (None: the default) on for a requested `device` (None: the
+    backend's default), and the notice that goes with it: where the GPU the backend is for is missing,
+    the default and that GPU both become "cpu" with a one-line notice (the CLI's generate and serve
+    print it before loading); else `device` and None. The CPU fallback is decided here, once;
+    BackendUnavailableError when the backend is unknown or not installed."""
+    notice = get_backend(backend).cpu_fallback(device)
+    return (device, None) if notice is None else ("cpu", notice)
 
 
 def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, dtype: str | None = None,
@@ -89,7 +94,7 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
     No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
     """
-    module = backend_module(backend)
+    chosen = get_backend(backend)
     if isinstance(path, tuple):  # a (model, tokenizer) pair from mlx_lm.load: the backend adapts it
         resolved = path
     elif path is None:
@@ -100,7 +105,7 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
         from specfill.core.io.hub import resolve_model  # a path or repo id given
 
         resolved = resolve_model(str(path), model_file, download)
-    model, tokenizer = module.load(resolved, dtype=dtype, device=device)
+    model, tokenizer = chosen.load(resolved, dtype=dtype, device=device)
     check_computes_finite(model, dtype)
     return model, tokenizer
 

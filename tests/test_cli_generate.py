@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
-from specfill import api
+from specfill.backends import torch_cuda
 from specfill.cli.main import main
+from specfill.core.backend import Backend
 
 pytest.importorskip("torch")
 
@@ -59,9 +60,12 @@ def test_corrupt_model_file(tmp_path, capsys):
 def test_unknown_and_missing_backends(capsys, monkeypatch):
     assert main(["generate", "--backend", "tpu", "--prompt", "hi"]) == 2
     assert "unknown backend 'tpu'" in capsys.readouterr().err
-    monkeypatch.setitem(api.BACKENDS, "cuda", "specfill_missing_backend_module")
+    missing = Backend(name="cuda", extra="cuda", loader_module="specfill_missing_backend_module")
+    monkeypatch.setattr(torch_cuda, "BACKEND", missing)
     assert main(["generate", "--backend", "cuda", "--prompt", "hi"]) == 2
-    assert "not installed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "backend 'cuda' needs 'specfill_missing_backend_module', which is not installed" in err, err
+    assert err.count("\n") == 1
 
 
 def test_speculator_with_another_tokenizer_is_rejected(tiny_checkpoint, tmp_path, capsys):

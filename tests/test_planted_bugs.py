@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from specfill.conformance import ReferenceAdapter, run_conformance
+from specfill.conformance.ops_adapter import CacheAdapter
 from specfill.core import AttentionState, MemorySet
 from specfill.core.reference import h2o, specprefill
+from specfill.core.reference.kv_cache import ReferenceKVCache
 
 
 class LocalWindowOffByOne(ReferenceAdapter):
@@ -82,7 +84,26 @@ class SlidingWindowOffByOne(ReferenceAdapter):
         return super().attention_scores(queries, keys, scale, None if window is None else window + 1)
 
 
+class TrimSparesTheFirstLayers(ReferenceAdapter):
+    """A cache whose trim(n, n_layers) ignores n_layers (a "self:K" draft's trim cuts every layer)
+    and whose growth keeps one slot too few."""
+
+    class Cache(ReferenceKVCache):
+        def trim(self, n, n_layers=None):
+            super().trim(n)
+
+        def grown(self, capacity):
+            grown = super().grown(capacity)
+            grown.trim(1)
+            return grown
+
+    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity):
+        good = super().new_cache(n_layers, n_kv_heads, head_dim, capacity)
+        return CacheAdapter(self.Cache(n_layers, n_kv_heads, head_dim, capacity, self.dtype), good.cv)
+
+
 @pytest.mark.parametrize("adapter,must_fail", [
+    (TrimSparesTheFirstLayers, {"kv_cache.offsets", "kv_cache.filled", "kv_cache.keys"}),
     (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
     (SlidingWindowOffByOne, {"h2o.intra_attention.o", "h2o.inter_attention.o", "h2o.layer.output_vs_key_sets",
                              "h2o.layer.scores_vs_key_sets", "specprefill.attention_scores"}),

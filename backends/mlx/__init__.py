@@ -5,7 +5,8 @@ H2O two-phase prefill and speculative prefill stages.
     logits = model([1, 2, 3])          # mx.array [1, T, vocab] float32
 
 The model runtime:
-  loader.py       load(): device and dtype resolution, checkpoint -> model + tokenizer
+  loader.py       load(): device and dtype resolution, checkpoint -> model + tokenizer; the
+                  package's BACKEND (core/backend.py) calls it
   weights.py      GGUF (quantized layers kept), safetensors and mlx-lm directories -> arrays
   model.py        the Llama/Mistral/Qwen2/Qwen3/Gemma 3 modules; rope.py (explicit positions); cache.py
   sampling.py     greedy / temperature / top-p on the device
@@ -27,22 +28,10 @@ installs can still import `specfill.backends`; `load` says what is missing.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
-from specfill.core.errors import BackendUnavailableError
+from specfill.core.backend import Backend
 
 __all__ = ["load"]
 
-
-def load(path: str | Path, dtype: Any = None, device: Any = None,
-         prefill_step_size: int | None = None) -> tuple[Any, Any]:
-    """(CausalLM, Tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory; see
-    loader.load. Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
-    try:
-        from . import loader
-    except ModuleNotFoundError as err:
-        raise BackendUnavailableError(f"backend 'mlx' needs {err.name!r}, which is not installed "
-                                      f"(pip install 'specfill[mlx]')") from None
-    options = {} if prefill_step_size is None else {"prefill_step_size": prefill_step_size}
-    return loader.load(path, dtype=dtype, device=device, **options)
+# What the API, the CLI and the server ask of this backend (core/backend.py); loader.py implements it.
+BACKEND = Backend(name="mlx", extra="mlx", loader_module="specfill.backends.mlx.loader")
+load = BACKEND.load

@@ -10,7 +10,7 @@ inside the adapted ones: outside a specfill step the model still runs as mlx-lm'
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -23,7 +23,7 @@ from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
-from .cache import LayerKVCache
+from .cache import LayerKVCache, ModelKVCache
 from .ops import MLXOps
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -78,7 +78,7 @@ class AdaptedModel:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
         return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers)
 
-    def step(self, ids: mx.array, positions: int | np.ndarray, cache: list[LayerKVCache] | None,
+    def step(self, ids: mx.array, positions: int | np.ndarray, cache: Sequence[LayerKVCache] | None,
              attend: Any, logits_from: int | None) -> mx.array | None:
         """ids [T] at `positions` appended to `cache` -> float32 logits [T - logits_from, vocab]
         (None: the caller wants none; mlx-lm's head is then never evaluated).
@@ -116,7 +116,7 @@ class AdaptedOps(MLXOps):
         return model.dtype if isinstance(model, AdaptedModel) else super().activation_dtype(model)
 
     def forward(self, model: AdaptedModel | Any, ids: mx.array, positions: int | np.ndarray,
-                cache: list[LayerKVCache], attend: Any, logits_from: int | None) -> mx.array | None:
+                cache: ModelKVCache, attend: Any, logits_from: int | None) -> mx.array | None:
         if not isinstance(model, AdaptedModel):
             return super().forward(model, ids, positions, cache, attend, logits_from)
         if isinstance(attend, H2OPrefillAttention):

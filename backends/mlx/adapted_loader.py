@@ -2,9 +2,10 @@
 file for, or a (model, tokenizer) pair from `mlx_lm.load`, becomes a CausalLM whose layers' attention
 the adapter runs (adapted.py) and whose everything else is mlx-lm's own code.
 
-Routing (loader.load): a directory whose config.json names a model_type of specfill's own
-families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
-other model_type that mlx-lm ships a model file for loads through mlx-lm.
+Routing (loader.load, which imports this module only for such a model): a directory whose
+config.json names a model_type of specfill's own families (llama, mistral, qwen2, qwen3,
+gemma3_text) loads into specfill's model as before; any other model_type that mlx-lm ships a model
+file for loads through mlx-lm.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import load_tokenizer
 
 from .adapted import AdaptedOps, adapt
-from .loader import mlx_lm_model_type
 
 
 def _tokenizer_source(tokenizer: Any) -> Path:
@@ -37,11 +37,12 @@ def _tokenizer_source(tokenizer: Any) -> Path:
 
 
 def load_adapted(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | None, device: mx.Device,
-                 prefill_step_size: int) -> tuple[CausalLM, Any]:
+                 prefill_step_size: int, *, architecture: str | None = None) -> tuple[CausalLM, Any]:
     """(CausalLM, specfill Tokenizer) from an mlx-lm directory or an (mlx-lm model, tokenizer) pair.
 
     dtype None: float32 on CPU (MLX's CPU half paths are slow), the model's own on the GPU; a
-    dtype casts every floating parameter (quantized weights stay quantized)."""
+    dtype casts every floating parameter (quantized weights stay quantized). architecture: the
+    directory's model_type that routed it here (loader.py), for errors."""
     if isinstance(source, tuple):
         lm, directory = source[0], _tokenizer_source(source[1])
     else:
@@ -51,8 +52,7 @@ def load_adapted(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | N
         try:
             lm, _ = load_model(directory)
         except Exception as err:  # mlx-lm raises ValueError, KeyError, FileNotFoundError, ...
-            model_type = mlx_lm_model_type(directory)
-            raise ModelLoadError(f"{quote(directory)}: unsupported architecture {model_type!r} for specfill's own "
+            raise ModelLoadError(f"{quote(directory)}: unsupported architecture {architecture!r} for specfill's own "
                                  f"models, and mlx-lm could not load it: {str(err).splitlines()[0][:200]}") from None
     if not isinstance(lm, nn.Module):
         raise ModelLoadError(f"expected an mlx-lm model (mlx.nn.Module), got {type(lm).__name__}")

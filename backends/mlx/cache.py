@@ -7,6 +7,8 @@ their original positions and then decodes from slot K at position P (the prompt 
 """
 from __future__ import annotations
 
+from typing import Iterator
+
 import mlx.core as mx
 import numpy as np
 
@@ -97,6 +99,59 @@ class LayerKVCache:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
 
 
-def make_cache(args: ModelArgs, capacity: int | None = None) -> list[LayerKVCache]:
+class ModelKVCache:
+    """Every layer's LayerKVCache (core/ops.py's KVCache): a sequence of them, one per layer, which
+    is what the model's layers (and an adapted mlx-lm model's) take."""
+
+    def __init__(self, layers: list[LayerKVCache]):
+        self.layers = layers
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def __getitem__(self, index: int) -> LayerKVCache:
+        return self.layers[index]
+
+    def __iter__(self) -> Iterator[LayerKVCache]:
+        return iter(self.layers)
+
+    @property
+    def filled(self) -> int:
+        return self.layers[0].offset
+
+    @property
+    def capacity(self) -> int:
+        """The reserved size; unbounded (2**62) for a cache made without one."""
+        size = self.layers[0].max_size
+        return size if size is not None else 1 << 62
+
+    def grown(self, capacity: int) -> ModelKVCache:
+        """Itself: MLX caches grow their buffers themselves, up to the new max_size."""
+        for layer in self.layers:
+            layer.max_size = capacity
+        return self
+
+    def trim(self, n: int, n_layers: int | None = None) -> None:
+        for layer in self.layers[:n_layers]:
+            layer.trim(n)
+
+    def truncate(self, slots: int) -> None:
+        for layer in self.layers:
+            layer.trim(layer.offset - slots)
+
+    def keys(self, end: int) -> mx.array:
+        return mx.stack([layer.keys[0, :, :end] for layer in self.layers])
+
+    @property
+    def state(self) -> list[mx.array]:
+        """Every layer's arrays, to evaluate after a step."""
+        return [array for layer in self.layers for array in layer.state]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+
+def make_cache(args: ModelArgs, capacity: int | None = None) -> ModelKVCache:
     """One cache per layer; `capacity` (slots) reserves the whole buffer on the first write."""
-    return [LayerKVCache(capacity) for _ in range(args.num_hidden_layers)]
+    return ModelKVCache([LayerKVCache(capacity) for _ in range(args.num_hidden_layers)])

@@ -11,6 +11,7 @@ import numpy as np
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
+from .cache import LayerKVCache, ModelKVCache
 from .kernels.dispatch import choose_kernel
 from .ops import MLXOps
 
@@ -27,4 +28,6 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None) -> Ops
     convert = Convert(native=lambda x: mx.array(np.asarray(x, dtype=np.float32)).astype(DTYPES[dtype]),
                       stats=lambda x: mx.array(np.asarray(x, dtype=np.float32)),
                       index=lambda x: mx.array(np.asarray(x, dtype=np.int32)), numpy=ops.to_numpy)
-    return OpsAdapter("mlx", dtype, ops, convert)
+    return OpsAdapter("mlx", dtype, ops, convert,
+                      lambda n_layers, n_kv_heads, head_dim, capacity: ModelKVCache(
+                          [LayerKVCache(capacity) for _ in range(n_layers)]))

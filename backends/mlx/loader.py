@@ -54,8 +54,14 @@ def _stored_float_dtype(checkpoint: Checkpoint) -> mx.Dtype:
     return checkpoint.weights[f"{name}.{part}"].dtype
 
 
-def resolve_dtype(dtype: str | mx.Dtype | None) -> mx.Dtype | None:
-    """A requested dtype: None (keep quantized layers) or float32 / float16 / bfloat16."""
+def cpu_fallback(device: str | None) -> str | None:
+    """None: MLX runs on its own default device (the GPU where Metal is, else the CPU) without a notice."""
+    return None
+
+
+def resolve_dtype(dtype: str | mx.Dtype | None, device: mx.Device | None = None) -> mx.Dtype | None:
+    """A requested dtype: None (keep quantized layers; the compute dtype then follows the checkpoint
+    and the device, activation_dtype) or float32 / float16 / bfloat16, the same on every device."""
     if dtype is None:
         return None
     if isinstance(dtype, mx.Dtype):
@@ -111,10 +117,11 @@ def load(path: str | Path | tuple[Any, Any], dtype: str | mx.Dtype | None = None
     Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
     resolved_device = resolve_device(device)
     requested_dtype = resolve_dtype(dtype)
-    if isinstance(path, tuple) or mlx_lm_model_type(path) is not None:
+    architecture = None if isinstance(path, tuple) else mlx_lm_model_type(path)
+    if isinstance(path, tuple) or architecture is not None:
         from .adapted_loader import load_adapted  # another library's model: its loader is imported only then
 
-        return load_adapted(path, requested_dtype, resolved_device, prefill_step_size)
+        return load_adapted(path, requested_dtype, resolved_device, prefill_step_size, architecture=architecture)
     checkpoint = load_checkpoint(path)
     compute_dtype = activation_dtype(requested_dtype, resolved_device, checkpoint)
     with mx.stream(resolved_device):

@@ -15,7 +15,7 @@ from specfill.core.stages import MemorySet
 def stage_kernels() -> Any:
     """The kernels/ package, imported by the first H2O or scoring stage: a full prefill never loads
     the kernels, their dispatch or their self-check (start-up: docs/development.md)."""
-    from . import kernels
+    import specfill.backends.mlx.kernels as kernels
     return kernels
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable
+from typing import Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -179,7 +179,7 @@ class Transformer(nn.Module):
         self.rope = RoPE(args)
         self.rope_local = RoPE(args, local=True) if args.rope_local_theta is not None else self.rope
 
-    def __call__(self, ids: mx.array, positions: Positions, cache: list[LayerKVCache] | None,
+    def __call__(self, ids: mx.array, positions: Positions, cache: Sequence[LayerKVCache] | None,
                  attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
         """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator."""
         layers = self.layers if n_layers is None else self.layers[:n_layers]
@@ -208,7 +208,7 @@ class Model(nn.Module):
     def layers(self) -> list[TransformerBlock]:
         return self.model.layers
 
-    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[LayerKVCache] | None = None,
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache: Sequence[LayerKVCache] | None = None,
                attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
         """ids [1, T] at RoPE `positions` (first of consecutive ones, or [T]) appended to
         `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T, hidden].
@@ -221,7 +221,7 @@ class Model(nn.Module):
         return self.lm_head(hidden)
 
     def __call__(self, ids: mx.array, positions: Positions = 0,
-                 cache: list[LayerKVCache] | None = None) -> mx.array:
+                 cache: Sequence[LayerKVCache] | None = None) -> mx.array:
         """Logits [1, T, vocab] for every position."""
         return self.logits(self.hidden(ids, positions, cache))
 
@@ -241,7 +241,7 @@ class LayerView:
     n_layers: int
     args: ModelArgs
 
-    def hidden(self, ids: mx.array, positions: Positions = 0, cache: list[LayerKVCache] | None = None,
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache: Sequence[LayerKVCache] | None = None,
                attend: PrefillAttention | None = None) -> mx.array:
         return self.model.hidden(ids, positions, cache, attend, self.n_layers)
 

@@ -15,18 +15,17 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
-from specfill.core.ops import process_peak_memory_gb
+from specfill.core.ops import KernelStages, process_peak_memory_gb
 from specfill.core.runtime import SamplingConfig
-from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-from . import method_ops
+import specfill.backends.mlx.method_ops as method_ops
 from .method_ops import stage_kernels
-from .cache import LayerKVCache, make_cache
+from .cache import LayerKVCache, ModelKVCache, make_cache
 from .model import LayerView, Model, causal_attention, windowed_attention
 from .sampling import Sampler, make_sampler
 
 
-class MLXOps:
+class MLXOps(KernelStages):
     """The MLX backend's ops on one device. use_kernels: None = the Metal kernels where Metal
     exists and the MLX-ops twins elsewhere; True / False force one. quantized: some of the
     model's layers run quantized matmul (reported by load)."""
@@ -39,20 +38,8 @@ class MLXOps:
         self.use_kernels = use_kernels
         self.quantized = quantized
 
-    # H2O stages
-    def intra_attention(self, q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float,
-                        window: int | None = None) -> IntraResult:
-        return stage_kernels().intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
-
-    def inter_attention(self, q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
-                        window: KeyWindow | None = None) -> InterResult:
-        return stage_kernels().inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
-
-    def reduce_colsum_to_kv_heads(self, colsum: mx.array, n_kv_heads: int) -> mx.array:
-        return stage_kernels().reduce_colsum_to_kv_heads(colsum, n_kv_heads)
-
-    def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        return stage_kernels().merge_states(a, b)
+    # H2O stages (intra_attention, inter_attention, reduce_colsum_to_kv_heads, merge_states: KernelStages)
+    stage_kernels = staticmethod(stage_kernels)
 
     accumulate_scores = staticmethod(method_ops.accumulate_scores)
     build_memory_set = staticmethod(method_ops.build_memory_set)
@@ -73,11 +60,7 @@ class MLXOps:
     def stage_scope(self, like: mx.array) -> AbstractContextManager[Any]:
         return mx.stream(self.device)
 
-    # SpecPrefill scoring
-    def attention_scores(self, queries: mx.array, keys: mx.array, scale: float,
-                         window: int | None = None) -> mx.array:
-        return stage_kernels().attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
-
+    # SpecPrefill scoring (attention_scores: KernelStages)
     smooth_scores = staticmethod(method_ops.smooth_scores)
     reduce_axis = staticmethod(method_ops.reduce_axis)
 
@@ -103,7 +86,7 @@ class MLXOps:
     def tokens(self, ids: np.ndarray) -> mx.array:
         return mx.array(np.asarray(ids, dtype=np.int32))
 
-    def forward(self, model: Model | LayerView, ids: mx.array, positions: int | np.ndarray, cache: list[LayerKVCache],
+    def forward(self, model: Model | LayerView, ids: mx.array, positions: int | np.ndarray, cache: ModelKVCache,
                 attend: Any, logits_from: int | None) -> mx.array | None:
         pos = positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
         hidden = model.hidden(ids[None], pos, cache, attend)
@@ -118,30 +101,8 @@ class MLXOps:
     def wall_time(self) -> float:
         return time.perf_counter()
 
-    def new_cache(self, model: Model | LayerView, capacity: int) -> list[LayerKVCache]:
+    def new_cache(self, model: Model | LayerView, capacity: int) -> ModelKVCache:
         return make_cache(model.args, capacity)
-
-    def filled(self, cache: list[LayerKVCache]) -> int:
-        return cache[0].offset
-
-    def capacity(self, cache: list[LayerKVCache]) -> int:
-        return cache[0].max_size if cache[0].max_size is not None else 1 << 62
-
-    def grow_cache(self, model: Model | LayerView, cache: list[LayerKVCache], capacity: int) -> list[LayerKVCache]:
-        for layer in cache:  # MLX caches grow their buffers themselves up to max_size
-            layer.max_size = capacity
-        return cache
-
-    def trim(self, cache: list[LayerKVCache], n: int, n_layers: int | None = None) -> None:
-        for layer in cache[:n_layers]:
-            layer.trim(n)
-
-    def truncate(self, cache: list[LayerKVCache], slots: int) -> None:
-        for layer in cache:
-            layer.trim(layer.offset - slots)
-
-    def cached_keys(self, cache: list[LayerKVCache], end: int) -> mx.array:
-        return mx.stack([c.keys[0, :, :end] for c in cache])
 
     def first_layers(self, model: Model, n_layers: int) -> LayerView:
         return model.first_layers(n_layers)
@@ -176,11 +137,11 @@ class MLXOps:
 
 
 def _flatten(items: list[Any]) -> list[Any]:
-    """Caches (lists of LayerKVCache) and nested lists of arrays as one flat list of arrays."""
+    """Caches (ModelKVCache, LayerKVCache) and nested lists of arrays as one flat list of arrays."""
     flat: list[Any] = []
     for item in items:
         if isinstance(item, list):
             flat.extend(_flatten(item))
         else:
-            flat.extend(item.state if isinstance(item, LayerKVCache) else [item])
+            flat.extend(item.state if isinstance(item, (ModelKVCache, LayerKVCache)) else [item])
     return flat

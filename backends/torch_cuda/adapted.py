@@ -24,7 +24,7 @@ from specfill.core.methods.specprefill import QueryCapture
 from .adapted_probe import (USE_TRANSFORMERS, check_layer_kinds, config_refusal, implementation, layer_index,
                             model_configs, probe, self_check)
 from .adapter import ACTIVE, NAME, StepState, check_cacheable, layout_of, register
-from .kv_cache import ModelKVCache
+from .cache import ModelKVCache
 
 
 class AdaptedModel:

@@ -3,7 +3,7 @@ Face cache, resolved to its snapshot directory by core/io/hub.py) of an architec
 no model file for becomes a CausalLM whose layers' attention the adapter runs (adapted.py) and
 whose everything else is transformers' own code.
 
-Routing (torch_cuda.load, which imports this module only for such a model): a directory whose config.json names a model_type of specfill's own
+Routing (loader.load, which imports this module only for such a model): a directory whose config.json names a model_type of specfill's own
 families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
 other model_type that the installed transformers knows loads with AutoModelForCausalLM. A GGUF
 file of another architecture than specfill's own (llama, qwen2, qwen3, gemma3) loads through
@@ -21,7 +21,6 @@ from specfill.core.driver import CausalLM
 from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 
-from . import transformers_gguf_architecture, transformers_model_type
 from .ops import TorchOps
 
 
@@ -73,10 +72,11 @@ def load_pair(pair: tuple[Any, Any], dtype: torch.dtype, device: torch.device, p
 
 
 def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, prefill_step_size: int,
-                 use_kernels: bool | None = None) -> tuple[CausalLM, Tokenizer]:
+                 use_kernels: bool | None = None, *, architecture: str | None = None) -> tuple[CausalLM, Tokenizer]:
     """(CausalLM, specfill Tokenizer) from a transformers directory or a GGUF file:
     AutoModelForCausalLM reads it in `dtype` (offline: no download here), moved to `device`, then
-    adapted; the tokenizer is specfill's own reader's (tokenizer.json, or the GGUF's metadata)."""
+    adapted; the tokenizer is specfill's own reader's (tokenizer.json, or the GGUF's metadata).
+    architecture: the model_type or GGUF architecture that routed it here (loader.py), for errors."""
     from .adapted import adapt  # here: `specfill generate` on an own family never imports it
 
     path = Path(path)
@@ -84,8 +84,7 @@ def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, pre
         lm = _from_pretrained(path, dtype)
     except Exception as err:  # transformers raises ValueError, OSError, KeyError, ...
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        what = transformers_gguf_architecture(path) if path.is_file() else transformers_model_type(path)
-        raise ModelLoadError(f"{quote(path)}: unsupported architecture {what!r} for specfill's own models, and "
+        raise ModelLoadError(f"{quote(path)}: unsupported architecture {architecture!r} for specfill's own models, and "
                              f"transformers could not load it: {first}") from None
     model = adapt(lm.to(device))
     ops = TorchOps(device, dtype, use_kernels)

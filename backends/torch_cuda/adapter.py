@@ -32,7 +32,7 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.ops import PrefillAttention, checkpoint
 
 from .attention import causal_attention, windowed_attention
-from .kv_cache import ModelKVCache
+from .cache import ModelKVCache
 
 NAME = "specfill"  # the attention implementation's name in transformers' AttentionInterface
 # interface arguments that change nothing the adapter does not do itself (or are bookkeeping)

@@ -11,7 +11,8 @@ import torch
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
-from . import placement
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
+from .cache import ModelKVCache
 from .kernels import kernel_unavailable_reason
 from .ops import TorchOps
 
@@ -41,7 +42,12 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,
     def tensor(x: np.ndarray, to: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), device=resolved).to(to)
 
+    def cache(n_layers: int, n_kv_heads: int, head_dim: int, capacity: int) -> ModelKVCache:
+        shape = (n_layers, 1, n_kv_heads, capacity, head_dim)
+        return ModelKVCache(torch.empty(shape, dtype=DTYPES[dtype], device=resolved),
+                            torch.empty(shape, dtype=DTYPES[dtype], device=resolved))
+
     ops = TorchOps(resolved, DTYPES[dtype], use_kernels)
     convert = Convert(native=lambda x: tensor(x, DTYPES[dtype]), stats=lambda x: tensor(x, stats),
                       index=lambda x: tensor(x, torch.int64), numpy=ops.to_numpy)
-    return OpsAdapter("cuda", dtype, ops, convert)
+    return OpsAdapter("cuda", dtype, ops, convert, cache)

@@ -25,7 +25,7 @@ from specfill.core.models import ModelArgs
 from specfill.core.ops import PrefillAttention, checkpoint
 
 from .attention import causal_attention, windowed_attention
-from .kv_cache import ModelKVCache, LayerKVCache
+from .cache import ModelKVCache, LayerKVCache
 from .rope import RotaryEmbedding, apply_rope
 
 

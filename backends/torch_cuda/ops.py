@@ -13,20 +13,20 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from specfill.core.ops import process_peak_memory_gb
+from specfill.core.ops import KernelStages, process_peak_memory_gb
 from specfill.core.runtime import SamplingConfig
-from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-from . import method_ops, placement
+import specfill.backends.torch_cuda.method_ops as method_ops
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from .method_ops import stage_kernels
 from .attention import causal_attention as causal_step, windowed_attention
-from .kv_cache import ModelKVCache
+from .cache import ModelKVCache
 from .model import few_row_products
 from .model import Transformer
 from .sampling import make_generator, sample
 
 
-class TorchOps:
+class TorchOps(KernelStages):
     """The torch backend's ops on one device. use_kernels: None = Triton on CUDA and the
     twins elsewhere; True / False force one."""
 
@@ -38,20 +38,8 @@ class TorchOps:
         self.dtype = dtype
         self.use_kernels = use_kernels
 
-    # H2O stages
-    def intra_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                        scale: float, window: int | None = None) -> IntraResult:
-        return stage_kernels().intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window)
-
-    def inter_attention(self, q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                        window: KeyWindow | None = None) -> InterResult:
-        return stage_kernels().inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window)
-
-    def reduce_colsum_to_kv_heads(self, colsum: torch.Tensor, n_kv_heads: int) -> torch.Tensor:
-        return stage_kernels().reduce_colsum_to_kv_heads(colsum, n_kv_heads)
-
-    def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
-        return stage_kernels().merge_states(a, b)
+    # H2O stages (intra_attention, inter_attention, reduce_colsum_to_kv_heads, merge_states: KernelStages)
+    stage_kernels = staticmethod(stage_kernels)
 
     accumulate_scores = staticmethod(method_ops.accumulate_scores)
     build_memory_set = staticmethod(method_ops.build_memory_set)
@@ -75,9 +63,9 @@ class TorchOps:
     # SpecPrefill scoring
     def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float,
                          window: int | None = None) -> torch.Tensor:
-        kernels = stage_kernels()
-        kernels.check_scoring_shapes(queries, keys)
-        return kernels.attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
+        """KernelStages' after the shapes are checked."""
+        stage_kernels().check_scoring_shapes(queries, keys)
+        return super().attention_scores(queries, keys, scale, window)
 
     smooth_scores = staticmethod(method_ops.smooth_scores)
     reduce_axis = staticmethod(method_ops.reduce_axis)
@@ -126,33 +114,6 @@ class TorchOps:
 
     def new_cache(self, model: Transformer, capacity: int) -> ModelKVCache:
         return ModelKVCache.allocate(model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device)
-
-    def filled(self, cache: ModelKVCache) -> int:
-        return cache.filled
-
-    def capacity(self, cache: ModelKVCache) -> int:
-        return cache.capacity
-
-    def grow_cache(self, model: Transformer, cache: ModelKVCache, capacity: int) -> ModelKVCache:
-        grown = self.new_cache(model, capacity)
-        end = cache.filled
-        grown.k[:, :, :, :end] = cache.k[:, :, :, :end]
-        grown.v[:, :, :, :end] = cache.v[:, :, :, :end]
-        grown.positions[:end] = cache.positions[:end]
-        for layer in grown.layers:
-            layer.offset = end
-        return grown
-
-    def trim(self, cache: ModelKVCache, n: int, n_layers: int | None = None) -> None:
-        for layer in cache.layers[:n_layers]:
-            layer.trim(n)
-
-    def truncate(self, cache: ModelKVCache, slots: int) -> None:
-        for layer in cache.layers:
-            layer.trim(layer.offset - slots)
-
-    def cached_keys(self, cache: ModelKVCache, end: int) -> torch.Tensor:
-        return cache.all_keys(end)
 
     def first_layers(self, model: Transformer, n_layers: int) -> Transformer:
         return model.first_layers(n_layers)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..config import Drafting
 from ..errors import ConfigError, PromptTooLongError
+from ..backend import LoadedModel
 from ..ops import ModelOps
 from ..runtime import SamplingConfig, check_companion, self_speculator_layers
 from ..sampling import probabilities
@@ -25,7 +26,6 @@ from ..stages import A
 from .prefill import prefill
 
 if TYPE_CHECKING:
-    from ..driver import CausalLM
     from .draft_costs import CostBook
 from .specprefill import SparsePrefill
 
@@ -76,7 +76,7 @@ class OwnCacheDraft(DraftState):
         """Keep the cache entries of tokens the main model accepted; what the draft has not read
         (the rejected tail excluded) becomes pending."""
         kept = len(self.pending) + min(accepted, max(n_drafts - 1, 0)) if n_drafts else 0
-        ops.trim(self.cache, self.written - kept)
+        self.cache.trim(self.written - kept)
         self.position += kept
         self.pending = (self.pending[kept:] + stream[1:] if kept < len(self.pending)
                         else stream[1 + kept - len(self.pending):])
@@ -93,7 +93,7 @@ class SharedCacheDraft(DraftState):
         """DraftState.propose, then drop the draft's writes: the verify pass rewrites those slots."""
         tokens, probs = super().propose(ops, n, sampling, rng)
         if self.written:
-            ops.trim(self.cache, self.written, self.layers)
+            self.cache.trim(self.written, self.layers)
         return tokens, probs
 
     def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
@@ -170,24 +170,23 @@ class SpeculatorDraft:
         if sparse is None:
             raise ConfigError("the SpecPrefill speculator drafts only after speculative prefill")
         spec = sparse.speculator
-        ops.trim(spec.cache, len(spec.lookahead))
+        spec.cache.trim(len(spec.lookahead))
         return OwnCacheDraft(spec.model, spec.cache, len(ids), [first])
 
     def costs_book(self) -> CostBook | None:
         return None  # its prompt KV is SpecPrefill's own: drafting costs no prefill
 
 
-def draft_source(main: CausalLM, drafting: Drafting, needed: int, sampling: SamplingConfig) -> DraftSource:
+def draft_source(main: LoadedModel, drafting: Drafting, needed: int, sampling: SamplingConfig) -> DraftSource:
     """Drafting.model as a draft source for `main`: "self:K", a CausalLM on main's backend (checked
     against main's vocabulary and `needed` = prompt + max_tokens), or None: the speculator (after
     speculative prefill: core/runtime.check_drafting, where the request is made). A draft model
     gets its cost book when the run may follow measured times (not seeded sampling)."""
-    from ..driver import CausalLM  # the driver imports this module where drafting runs
     if drafting.model is None:
         return SpeculatorDraft()
     if isinstance(drafting.model, str):
         return SelfDraft(self_speculator_layers(drafting.model, main.args.num_hidden_layers))
-    if not isinstance(drafting.model, CausalLM) or drafting.model.backend != main.backend:
+    if not isinstance(drafting.model, LoadedModel) or drafting.model.backend != main.backend:
         raise ConfigError(f"the draft model must be a model loaded on the {main.backend} backend or 'self:K'")
     check_companion("draft model", drafting.model.args, main.args, drafting.model.ops, main.ops)
     if needed > drafting.model.args.max_position_embeddings:

@@ -76,7 +76,7 @@ def speculative_decode(ops: ModelOps[A], model: Any, cache: Any, first: int, *, 
         with ops.verify_scope():
             out = ops.forward(model, ops.tokens(np.array([pending] + drafts)), next_position, cache, None, 0)
         accepted, following = accept(drafts, probs, ops.to_numpy(out), sampling, rng)
-        ops.trim(cache, len(drafts) - accepted)
+        cache.trim(len(drafts) - accepted)
         draft.keep(ops, [pending] + drafts[:accepted] + [following], len(drafts), accepted)
         next_position += 1 + accepted
         draft.drafted, draft.accepted = draft.drafted + len(drafts), draft.accepted + accepted

@@ -2,26 +2,15 @@
 made of stages reports its steps (`StageProgress`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..ops import ModelOps, PrefillAttention
-from ..runtime import GenerationInfo, ProgressCallback
+from ..runtime import GenerationInfo, PrefillStep, ProgressCallback  # PrefillStep: re-exported
 from ..stages import A
 
 READS_PROMPT = ("prefill", "speculator")  # the stages whose steps walk through the prompt's tokens
-
-
-@dataclass(frozen=True)
-class PrefillStep:
-    """The last finished prefill step (GenerationInfo.step): its stage (see StageProgress) and the
-    stage's done / total count (tokens; look-ahead tokens in "lookahead")."""
-
-    stage: str
-    done: int
-    total: int
 
 
 class StageProgress:

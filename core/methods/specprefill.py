@@ -112,7 +112,7 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
         ops.settle([logits, capture.arrays(), cache])
         if report is not None:
             report("lookahead", step + 1, lookahead)
-    queries, keys = capture.stacked(), ops.cached_keys(cache, n_prompt)
+    queries, keys = capture.stacked(), cache.keys(n_prompt)
     ops.settle([queries, keys])
     return SpeculatorPass(queries, keys, fed, cache, speculator)
 

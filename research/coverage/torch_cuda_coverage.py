@@ -84,7 +84,7 @@ def markdown(before: dict, after: dict, machine: str, commit: str) -> str:
               "- **Argument checks and empty inputs** (intra.py, scoring.py, dispatch.py: wrong ranks, mismatched "
               "heads, zero queries or keys, Triton not installed): reachable on the CPU, not by these test "
               "files (the conformance and hostile-input suites exercise the public entry points instead).",
-              "- **Paths no torch-backend test takes** (ops.grow_cache, a few cache helpers, one fallback when "
+              "- **Paths no torch-backend test takes** (a few cache helpers, one fallback when "
               "torch lacks its CPU flash op): CPU code, listed so they are not mistaken for GPU-only lines."]
     return "\n".join(lines) + "\n"
 

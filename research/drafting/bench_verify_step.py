@@ -35,7 +35,7 @@ def timed(ops, model, cache, ids: np.ndarray, position: int, scope) -> float:
         out = ops.forward(model, ops.tokens(ids), position, cache, None, 0)
         ops.settle([out])
     seconds = time.perf_counter() - start
-    ops.trim(cache, len(ids))
+    cache.trim(len(ids))
     return seconds
 
 

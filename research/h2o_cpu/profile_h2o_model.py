@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from specfill.backends.torch_cuda import model as torch_model
-from specfill.backends.torch_cuda import kv_cache
+from specfill.backends.torch_cuda import cache as kv_cache
 from specfill.core.methods import h2o
 from specfill.evaluation.machine import describe_machine, machine_line
 

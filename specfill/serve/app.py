@@ -24,7 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from . import anthropic
+from .anthropic import MessageShape, prepare as prepare_messages
 from .access import Access, protect
 from .chat import chat_prompt_ids, chat_setup
 from .engine import Delta, Engine, Failed, Finished
@@ -88,7 +88,7 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Any:
         try:
-            _, _, ids = anthropic.prepare(await request.body(), engine.tokenizer, defaults, counting=True)
+            _, _, ids = prepare_messages(await request.body(), engine.tokenizer, defaults, counting=True)
         except RequestError as err:
             return JSONResponse(anthropic_error_body(err.status, err.message), status_code=err.status)
         return {"input_tokens": len(ids)}
@@ -132,9 +132,9 @@ def _prepare_completion(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
 
 
 def _prepare_messages(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
-    body, setup, ids = anthropic.prepare(raw, ctx.engine.tokenizer, ctx.defaults)
+    body, setup, ids = prepare_messages(raw, ctx.engine.tokenizer, ctx.defaults)
     plan = build_plan("chat", body, ids, ctx.defaults, ctx.engine.context)
-    return plan, anthropic.MessageShape(plan, ctx.defaults.model_id, setup)
+    return plan, MessageShape(plan, ctx.defaults.model_id, setup)
 
 
 CHAT = Route("chat", _prepare_chat, ResponseShape.error)

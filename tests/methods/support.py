@@ -77,10 +77,8 @@ def variant(t: Tiny, *, n_layers: int | None = None, context: int | None = None,
 
 
 def cache_fill(cache: Any) -> list[int]:
-    """Tokens held per layer (MLX: a list of per-layer caches; torch: one cache of all layers)."""
-    if isinstance(cache, list):
-        return [c.offset for c in cache]
-    return [cache.filled] * len(cache.layers)
+    """Tokens held per layer (core/ops.py's KVCache: one LayerCache per layer)."""
+    return [layer.offset for layer in cache.layers]
 
 
 def greedy(model: Any, ids: Sequence[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),

@@ -89,5 +89,5 @@ def sample(model, ids: list[int], reuse: KVState | None, info: GenerationInfo | 
 
 
 def offsets(cache) -> list[int]:
-    """Filled slots of every layer (MLX: a list of layer caches; torch: ModelKVCache.layers)."""
-    return [layer.offset for layer in (cache if isinstance(cache, list) else cache.layers)]
+    """Filled slots of every layer (core/ops.py's KVCache: one LayerCache per layer)."""
+    return [layer.offset for layer in cache.layers]

@@ -36,11 +36,12 @@ def tiny(request):
 
 def kv_arrays(kv: KVState, slots: int) -> np.ndarray:
     """Every layer's keys and values of the first `slots` slots, float32 NumPy [layers, 2, Hkv, slots, D]."""
-    if isinstance(kv.cache, list):  # MLX: one LayerKVCache per layer
-        import mlx.core as mx
-        return np.stack([np.stack([np.asarray(c.keys[0, :, :slots].astype(mx.float32)),
-                                   np.asarray(c.values[0, :, :slots].astype(mx.float32))]) for c in kv.cache])
-    return np.stack([kv.cache.k[:, 0, :, :slots].float().numpy(), kv.cache.v[:, 0, :, :slots].float().numpy()], axis=1)
+    if hasattr(kv.cache, "k"):  # torch: every layer's keys (values) in one tensor
+        return np.stack([kv.cache.k[:, 0, :, :slots].float().numpy(), kv.cache.v[:, 0, :, :slots].float().numpy()],
+                        axis=1)
+    import mlx.core as mx  # MLX: one LayerKVCache per layer
+    return np.stack([np.stack([np.asarray(c.keys[0, :, :slots].astype(mx.float32)),
+                               np.asarray(c.values[0, :, :slots].astype(mx.float32))]) for c in kv.cache.layers])
 
 
 def run(model, ids: list[int], max_tokens: int, method: PrefillMethod = FULL, reuse: KVState | None = None):

@@ -25,9 +25,9 @@ def tiny(request):
 
 def keys(kv: KVState, slots: int) -> np.ndarray:
     """Layer-0 and last-layer keys of the first `slots` slots as NumPy [2, Hkv, slots, D]."""
-    if isinstance(kv.cache, list):  # MLX: one LayerKVCache per layer
-        return np.stack([np.asarray(kv.cache[i].keys[0, :, :slots]) for i in (0, -1)])
-    return np.stack([kv.cache.k[i, 0, :, :slots].float().numpy() for i in (0, -1)])
+    every = kv.cache.keys(slots)  # [layers, Hkv, slots, D] on the backend (core/ops.py's KVCache)
+    host = every.float().numpy() if hasattr(every, "float") else np.asarray(every)  # torch or MLX
+    return host[[0, -1]]
 
 
 def run(model, ids, max_tokens, *, method=FULL, reuse=None):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from specfill.backends.torch_cuda import attention
 from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
-from specfill.backends.torch_cuda.kv_cache import ModelKVCache
+from specfill.backends.torch_cuda.cache import ModelKVCache
 from specfill.core.methods.prefill import prefill
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs

@@ -46,7 +46,7 @@ def test_lean_types_and_tied_embeddings(tiny_checkpoint, quant):
 def test_load_takes_the_lean_path_for_gguf_only(tiny_checkpoint, monkeypatch):
     calls = []
     real = lean_load.load_gguf_state
-    monkeypatch.setattr("specfill.backends.torch_cuda.load_gguf_state",
+    monkeypatch.setattr("specfill.backends.torch_cuda.loader.load_gguf_state",
                         lambda *a: calls.append(a[0]) or real(*a))
     gguf_path = tiny_checkpoint("qwen2", "gguf")
     model, _ = load(gguf_path, dtype="bfloat16", device="cpu")

@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from .. import placement
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None

@@ -21,7 +21,7 @@ from specfill.core.self_check import kernels_setting
 from specfill.core.self_check_cases import CheckCases
 from specfill.core.errors import BackendUnavailableError
 
-from .. import placement
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from .tiles import architecture
 
 # the Triton kernel behind each name, in the module that builds it (imported on first use)

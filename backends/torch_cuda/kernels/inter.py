@@ -12,7 +12,7 @@ import torch
 
 from specfill.core.self_check_cases import CASE_SLOTS
 
-from . import dispatch
+import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel
 from .intra import check_attention_shapes

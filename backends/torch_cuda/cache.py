@@ -53,7 +53,7 @@ class LayerKVCache:
 
 
 class ModelKVCache:
-    """All layers' caches plus the number of slots filled so far.
+    """All layers' caches plus the number of slots filled so far (core/ops.py's KVCache).
 
     Every layer's keys (and values) are views into one [n_layers, 1, Hkv, capacity, D] tensor,
     so all layers' keys of a slot range are one strided view (speculator scoring reads them so).
@@ -82,7 +82,28 @@ class ModelKVCache:
     def capacity(self) -> int:
         return self.k.shape[3]
 
-    def all_keys(self, end: int) -> torch.Tensor:
+    def grown(self, capacity: int) -> ModelKVCache:
+        """A new cache of `capacity` slots (same layers, heads, dtype, device) holding this one's
+        filled slots: keys, values and positions."""
+        shape = self.k.shape[:3] + (capacity,) + self.k.shape[4:]
+        grown = ModelKVCache(self.k.new_empty(shape), self.v.new_empty(shape))
+        end = self.filled
+        grown.k[:, :, :, :end] = self.k[:, :, :, :end]
+        grown.v[:, :, :, :end] = self.v[:, :, :, :end]
+        grown.positions[:end] = self.positions[:end]
+        for layer in grown.layers:
+            layer.offset = end
+        return grown
+
+    def trim(self, n: int, n_layers: int | None = None) -> None:
+        for layer in self.layers[:n_layers]:
+            layer.trim(n)
+
+    def truncate(self, slots: int) -> None:
+        for layer in self.layers:
+            layer.trim(layer.offset - slots)
+
+    def keys(self, end: int) -> torch.Tensor:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D], a view."""
         return self.k[:, 0, :, :end]
 

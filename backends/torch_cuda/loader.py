@@ -1,0 +1,145 @@
+"""load(): checkpoint -> CausalLM + tokenizer on the torch backend, with device and dtype resolution.
+
+A GGUF file or Hugging Face directory of one of specfill's own families loads into specfill's model
+(model.py, weights.py; GGUF tensor by tensor through lean_load.py); any other architecture the
+installed transformers knows, and a (transformers model, tokenizer) pair, through adapted_loader.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
+from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
+from specfill.core.io.gguf_file import read_gguf
+from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
+from specfill.core.io.weights import load_weights
+from specfill.core.model_config import foreign_gguf_architecture, foreign_model_type
+from specfill.core.models import ModelArgs
+
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
+from .lean_load import is_gguf_file, load_gguf_state
+from .ops import TorchOps
+from .weights import build_transformer, transformer_from_state
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16}
+
+
+def cuda_available() -> bool:
+    return placement.RUNTIME.available()
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """None -> CUDA when available, else CPU. Asking for CUDA without it is an error."""
+    if device is None:
+        return torch.device("cuda" if placement.RUNTIME.available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown torch device {device!r} "
+                          f"(use 'cpu', 'cuda' or 'cuda:N')") from None
+    if resolved.type == "cuda" and not placement.RUNTIME.available():
+        raise BackendUnavailableError(f"device {device!r} requested but this torch "
+                                      f"({torch.__version__}) sees no CUDA GPU")
+    if resolved.type not in ("cpu", "cuda"):
+        raise ConfigError(f"unsupported torch device {device!r} (use 'cpu' or 'cuda')")
+    return resolved
+
+
+def cpu_fallback(device: str | None) -> str | None:
+    """The default device or "cuda" asked for where torch sees no CUDA GPU: the notice that it runs on
+    the CPU (the CLI then loads on "cpu"); else None."""
+    if device not in (None, "cuda") or placement.RUNTIME.available():
+        return None
+    return "no CUDA GPU found: the cuda backend runs on the CPU"
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """None -> bfloat16 on CUDA, float32 on CPU; names like "bf16" or "float16" are accepted."""
+    if dtype is None:
+        return torch.bfloat16 if placement.on_cuda(device) else torch.float32
+    if isinstance(dtype, torch.dtype):
+        resolved = dtype
+    else:
+        resolved = _DTYPES.get(str(dtype).lower())
+    if resolved not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ConfigError(f"unsupported dtype {dtype!r} (use float32, float16 or bfloat16)")
+    return resolved
+
+
+def transformers_model_type(path: str | Path) -> str | None:
+    """The model_type of a directory that should load through transformers (None: specfill's own
+    loader: not a directory, no readable config.json, one of specfill's own families, transformers
+    not installed or not knowing the type)."""
+    model_type = foreign_model_type(path)
+    if model_type is None or importlib.util.find_spec("transformers") is None:
+        return None
+    from transformers import CONFIG_MAPPING
+
+    return model_type if model_type in CONFIG_MAPPING else None
+
+
+def transformers_gguf_architecture(path: str | Path) -> str | None:
+    """general.architecture of a GGUF file (already known to be one) that is not one of specfill's
+    own, when transformers is installed to read it; else None (specfill's own GGUF loader)."""
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    try:
+        return foreign_gguf_architecture(read_gguf(path).metadata)
+    except ModelLoadError:  # a broken header: specfill's own loader names the problem
+        return None
+
+
+def from_weights(args: ModelArgs, weights: Mapping[str, np.ndarray], *, dtype: torch.dtype,
+                 device: torch.device | str, prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+                 use_kernels: bool | None = None) -> CausalLM:
+    """A CausalLM on this backend from Hugging Face-named weights. use_kernels picks the H2O /
+    scoring stages: None = Triton on CUDA and the torch twins elsewhere; True / False force one."""
+    return _causal_lm(build_transformer(args, weights, dtype, device), dtype, prefill_step_size, use_kernels)
+
+
+def _causal_lm(model, dtype: torch.dtype, prefill_step_size: int, use_kernels: bool | None = None) -> CausalLM:
+    return CausalLM(model, TorchOps(model.embed_tokens.weight.device, dtype, use_kernels), prefill_step_size=prefill_step_size)
+
+
+def load(path: str | Path | tuple[Any, Any], dtype: str | torch.dtype | None = None,
+         device: str | torch.device | None = None,
+         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Tokenizer]:
+    """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
+    safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError. A directory
+    of an architecture specfill has no model file for runs transformers' own model with the
+    attention adapted (adapted_loader.py), as does a (transformers model, tokenizer) pair.
+
+    A GGUF file is read tensor by tensor straight into `dtype` on `device` (lean_load.py: host
+    memory peaks near the loaded weights' size); directories and random:SHAPE go through the
+    shared NumPy loader."""
+    resolved_device = resolve_device(device)
+    resolved_dtype = resolve_dtype(dtype, resolved_device)
+    if isinstance(path, tuple):
+        from .adapted_loader import load_pair  # another library's model: its loader is imported only then
+
+        return load_pair(path, resolved_dtype, resolved_device, prefill_step_size)
+    gguf = is_gguf_file(path)
+    architecture = transformers_model_type(path)
+    if architecture is None and gguf:
+        architecture = transformers_gguf_architecture(path)
+    if architecture is not None:
+        from .adapted_loader import load_adapted
+
+        return load_adapted(path, resolved_dtype, resolved_device, prefill_step_size, architecture=architecture)
+    if gguf:
+        args, state = load_gguf_state(path, resolved_dtype, resolved_device)
+        model = _causal_lm(transformer_from_state(args, state, resolved_device), resolved_dtype, prefill_step_size)
+        del state
+    else:
+        args, weights = load_weights(path)
+        model = from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
+                             prefill_step_size=prefill_step_size)
+        del weights
+    return model, load_tokenizer(path)

@@ -1,0 +1,74 @@
+"""The KV cache as the executable spec (core/ops.py's KVCache and LayerCache), on NumPy arrays.
+
+The conformance suite drives a backend's cache and this one through the same writes, trims, cuts
+and growth and compares what each holds (conformance/checks_kv_cache.py). A slot is where a token's
+keys and values live; slots fill in order from `offset`; every layer fills the same slots except
+where a draft wrote into the first layers only or a prefill stopped between layers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import PromptTooLongError
+
+
+class ReferenceLayerCache:
+    """One layer: keys and values [1, Hkv, capacity, D]; `offset` slots are filled."""
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, offset: int = 0) -> None:
+        self.k, self.v, self.offset = keys, values, offset
+
+    def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store keys/values [1, Hkv, T, D] in the next T slots; return every filled slot's."""
+        end = self.offset + keys.shape[2]
+        if end > self.k.shape[2]:
+            raise PromptTooLongError(f"KV cache holds {self.k.shape[2]} tokens, writing slots {self.offset}..{end - 1}")
+        self.k[:, :, self.offset:end], self.v[:, :, self.offset:end] = keys, values
+        self.offset = end
+        return self.k[:, :, :end].copy(), self.v[:, :, :end].copy()
+
+    def trim(self, n: int) -> int:
+        """Forget the last n filled slots (at most all of them); returns how many were dropped."""
+        dropped = min(max(n, 0), self.offset)
+        self.offset -= dropped
+        return dropped
+
+
+class ReferenceKVCache:
+    """Every layer's cache, `capacity` slots each."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
+                 dtype: np.dtype | str = np.float64) -> None:
+        shape = (1, n_kv_heads, capacity, head_dim)
+        self.layers = [ReferenceLayerCache(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(n_layers)]
+
+    @property
+    def filled(self) -> int:
+        return self.layers[0].offset
+
+    @property
+    def capacity(self) -> int:
+        return self.layers[0].k.shape[2]
+
+    def grown(self, capacity: int) -> ReferenceKVCache:
+        """A cache of `capacity` slots holding these filled slots (each layer's own)."""
+        _, heads, _, head_dim = self.layers[0].k.shape
+        grown = ReferenceKVCache(len(self.layers), heads, head_dim, capacity, self.layers[0].k.dtype)
+        for old, new in zip(self.layers, grown.layers):
+            new.k[:, :, :old.offset], new.v[:, :, :old.offset] = old.k[:, :, :old.offset], old.v[:, :, :old.offset]
+            new.offset = old.offset
+        return grown
+
+    def trim(self, n: int, n_layers: int | None = None) -> None:
+        """Drop the last n filled slots of every layer (of the first n_layers only)."""
+        for layer in self.layers[:n_layers]:
+            layer.trim(n)
+
+    def truncate(self, slots: int) -> None:
+        """Cut every layer back to its first `slots` filled slots."""
+        for layer in self.layers:
+            layer.trim(layer.offset - slots)
+
+    def keys(self, end: int) -> np.ndarray:
+        """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
+        return np.stack([layer.k[0, :, :end] for layer in self.layers])
