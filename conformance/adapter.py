@@ -52,8 +52,8 @@ class ReferenceAdapter(ReferenceStages):
     def attention_layer(self, q, k, v, config, scale, window=None):
         return super().attention_layer(*self._cast(q, k, v), config, scale, window)
 
-    def attention_scores(self, queries, keys, scale, window=None):
-        return super().attention_scores(*self._cast(queries, keys), scale, window)
+    def attention_scores(self, queries, keys, scale, window=None, query_start=None):
+        return super().attention_scores(*self._cast(queries, keys), scale, window, query_start)
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
         return super().reduce_colsum_to_kv_heads(*self._cast(colsum), n_kv_heads)

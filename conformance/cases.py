@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specfill.core import H2OConfig, SpecPrefillConfig, SpecfillWarning
+from specfill.core.stages import query_start
 
 CHUNK = 8  # S for the H2O cases: small, so N in {1, S-1, S, S+1, 2S-1, 3S+17} stays cheap
 HEAD_DIM = 16
@@ -91,6 +92,11 @@ class SpecCase:
     n_kv_heads: int = 2
     seed: int = 0
     windows: tuple[int | None, ...] = ()  # per layer: a sliding layer's window (empty: all global)
+    n_window: int = 1  # the first n_window queries are the prompt's last tokens' (config.query_window)
+
+    @property
+    def query_start(self) -> int | None:
+        return query_start(self.prompt_len, self.n_window)
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray]:
         """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] in float64."""
@@ -120,6 +126,14 @@ SPEC_CASES: list[SpecCase] = [
              windows=(40, 40, None), seed=13),
     # issue 24's options: max over the look-ahead queries, the importance-mass rule (between its
     # floor and ceiling), neighbour chunks around every kept one, and all three at once
+    # an observation window (query_window): the prompt's last W queries score causally, alone,
+    # with look-ahead queries after them, and under sliding layers
+    SpecCase("query-window=8", 130, SpecPrefillConfig(keep_ratio=0.2, query_window=8), n_queries=11, n_window=8,
+             seed=20),
+    SpecCase("query-window=5,no-lookahead", 60, SpecPrefillConfig(keep_ratio=0.3, query_window=5), n_queries=5,
+             n_window=5, seed=21),
+    SpecCase("query-window=6,windows=(3,-,20)", 90, SpecPrefillConfig(keep_ratio=0.3, query_window=6),
+             n_queries=9, n_window=6, windows=(3, None, 20), seed=22),
     SpecCase("lookahead=max", 150, SpecPrefillConfig(keep_ratio=0.2, lookahead_reduction="max"), seed=14),
     SpecCase("mass=0.5", 200, SpecPrefillConfig(keep_mass=0.5, mass_floor=0.1, mass_ceiling=0.6, select_chunk=8),
              seed=15),

@@ -133,9 +133,9 @@ class OpsAdapter:
                               [self._memory_out(m) for m in got.memory_sets])
 
     # speculative-prefill stages
-    def attention_scores(self, queries, keys, scale, window=None) -> np.ndarray:
+    def attention_scores(self, queries, keys, scale, window=None, query_start=None) -> np.ndarray:
         return self.cv.numpy(self.ops.attention_scores(self.cv.native(queries), self.cv.native(keys), scale,
-                                                       window))
+                                                       window, query_start))
 
     def smooth_scores(self, probs, kernel) -> np.ndarray:
         return self.cv.numpy(self.ops.smooth_scores(self.cv.stats(probs), kernel))

@@ -218,6 +218,10 @@ class SpecPrefillConfig:
     keep_first / keep_last: the prompt's first / last this many tokens are always kept, on top of
     the budget (the system prompt and instructions; the question and the chat template's turn
     markers, which every answer reads) (0: none; force_keep_last still keeps the last token).
+    query_window (W >= 1): the queries of the prompt's last W tokens score the prompt, each over
+    the keys at or before its own position (an observation window, as SnapKV's); 1 is the paper's
+    (the last prompt token only). The look-ahead queries follow them; lookahead_reduction runs
+    over all W + N of them. W is clamped to the prompt's length.
     """
 
     keep_ratio: float | None = setting(None, f"SpecPrefill: the share of the prompt's chunks kept, in (0, 1] "
@@ -248,6 +252,8 @@ class SpecPrefillConfig:
     token_floor: int = setting(0, "SpecPrefill: keep at least this many tokens whatever the keep rule says")
     keep_first: int = setting(0, "SpecPrefill: always keep the prompt's first N tokens (on top of the budget)")
     keep_last: int = setting(0, "SpecPrefill: always keep the prompt's last N tokens (on top of the budget)")
+    query_window: int = setting(1, "SpecPrefill: the prompt's last W tokens' queries score the prompt too, each "
+                                   "over the keys before it (1: the last token only, the paper's)")
 
     def __post_init__(self) -> None:
         given = [name for name in KEEP_RULES if getattr(self, name) is not None]
@@ -285,6 +291,7 @@ class SpecPrefillConfig:
         _require_int(self, "select_chunk", 1)
         for name in ("neighbours", "token_floor", "keep_first", "keep_last"):
             _require_int(self, name, 0)
+        _require_int(self, "query_window", 1)
         for name in ("head_reduction", "layer_reduction", "lookahead_reduction"):
             if getattr(self, name) not in REDUCTIONS:
                 raise _error(self, f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}", name)

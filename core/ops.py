@@ -106,16 +106,20 @@ class KernelStages(Generic[A]):
     def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
         return self.stage_kernels().merge_states(a, b)
 
-    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None) -> A:
-        return self.stage_kernels().attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window)
+    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None,
+                         query_start: int | None = None) -> A:
+        return self.stage_kernels().attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window,
+                                                     query_start=query_start)
 
 
 class ScoringOps(Protocol[A]):
     """The speculative-prefill scoring stages over a backend's arrays."""
 
-    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None) -> A:
-        """queries [n_l, n_q, Hq, D] (query n at position P - 1 + n), keys [n_l, Hkv, P, D] ->
-        probs [n_q, n_l, Hq, P]; window w: query n sees only keys j > P - 1 + n - w."""
+    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None,
+                         query_start: int | None = None) -> A:
+        """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
+        [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
+        a window w, j > its position - w (core/reference/specprefill.scoring_mask)."""
 
     def smooth_scores(self, probs: A, kernel: int) -> A:
         """Average pooling along the last axis, zero padding kernel // 2 each side."""
@@ -240,8 +244,8 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
         """Causal attention of a step: q [1, Hq, T, D] over every cached k/v [1, Hkv, S, D], slots
         being positions (a prompt's prefill from slot 0); window w: query p sees keys > p - w."""
 
-    def last_query(self, q: A) -> A:
-        """A copy of the step's last query of every head: q [1, Hq, T, D] -> [Hq, D]."""
+    def last_queries(self, q: A, n: int) -> A:
+        """A copy of the step's last n queries of every head: q [1, Hq, T, D] -> [n, Hq, D]."""
 
     def stack(self, arrays: Sequence[A]) -> A:
         """Stack along a new leading axis."""

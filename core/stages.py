@@ -63,6 +63,13 @@ def window_binds(window: int | None, max_distance: int) -> bool:
     return window is not None and max_distance >= window
 
 
+def query_start(n_keys: int, n_window: int) -> int | None:
+    """The position of the first SpecPrefill scoring query when the first n_window of them are the
+    prompt's last tokens' (an observation window over n_keys prompt keys): None for the paper's
+    single last-token query (position P - 1: nothing to mask causally)."""
+    return None if n_window <= 1 else n_keys - n_window
+
+
 @dataclass(frozen=True)
 class IntraResult(Generic[A]):
     """Phase 1: block-diagonal causal attention of every chunk at once.
@@ -209,10 +216,10 @@ class SpecPrefillStages(Protocol):
     """The speculative-prefill stages at the conformance boundary (NumPy in, NumPy out)."""
 
     def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float,
-                         window: int | None = None) -> np.ndarray:
-        """queries [n_l, n_q, Hq, D] (query n at position P - 1 + n), keys [n_l, Hkv, P, D] ->
-        probs [n_q, n_l, Hq, P]; window w: query n sees keys j > P - 1 + n - w (a row that sees
-        none is all zeros)."""
+                         window: int | None = None, query_start: int | None = None) -> np.ndarray:
+        """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
+        [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
+        a window w, j > its position - w (a row that sees none is all zeros)."""
 
     def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
         """Average pooling along the last axis, zero padding kernel // 2 each side."""

@@ -41,6 +41,7 @@ from .ruler_tasks import RulerSample, build_sample, score
 
 Setting = SpecPrefillConfig | H2OConfig | None  # None: full prefill
 PASS_LOOKAHEAD = SpecPrefillConfig.lookahead  # the look-ahead a saved pass holds (candidates may use fewer)
+PASS_QUERY_WINDOW = 64  # the prompt's last tokens whose queries a saved pass holds (candidates may use fewer)
 
 
 def parse_candidate(text: str) -> tuple[str, Setting]:
@@ -150,9 +151,10 @@ def sample_key(sample: RulerSample, length: int, seed: int, chat: bool) -> str:
 
 @dataclass
 class SavedPass:
-    """A speculator pass over one prompt, on the host: queries [n_l, 1 + N', Hq, D] and prompt keys
-    [n_l, Hkv, P, D] (float32), the prompt ids [P], its wall time, the attention scale and the
-    speculator's sliding windows (None: global)."""
+    """A speculator pass over one prompt, on the host: queries [n_l, W + N', Hq, D] (the prompt's
+    last W = n_window tokens', then the look-ahead's) and prompt keys [n_l, Hkv, P, D] (float32),
+    the prompt ids [P], its wall time, the attention scale and the speculator's sliding windows
+    (None: global). A pass saved before query windows existed holds W = 1."""
 
     queries: np.ndarray
     keys: np.ndarray
@@ -160,23 +162,26 @@ class SavedPass:
     seconds: float
     scale: float
     windows: tuple
+    n_window: int = 1
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         windows = np.array([-1 if w is None else w for w in self.windows], np.int64)
         tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
         np.savez(tmp, queries=self.queries, keys=self.keys, ids=self.ids, seconds=self.seconds, scale=self.scale,
-                 windows=windows)
+                 windows=windows, n_window=self.n_window)
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: Path) -> "SavedPass":
         with np.load(path) as f:
             windows = tuple(None if w < 0 else int(w) for w in f["windows"])
-            return cls(f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows)
+            n_window = int(f["n_window"]) if "n_window" in f.files else 1
+            return cls(f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows, n_window)
 
 
-def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int = PASS_LOOKAHEAD) -> SavedPass:
+def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int = PASS_LOOKAHEAD,
+              query_window: int = PASS_QUERY_WINDOW) -> SavedPass:
     """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator), timed."""
     from specfill.api import encode_prompt
     from specfill.core.methods.specprefill import run_speculator
@@ -190,11 +195,11 @@ def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int 
         started = time.perf_counter()
         lookahead = fit_lookahead(lookahead, len(ids), spec_model.args.max_position_embeddings)
         spec = run_speculator(ops, spec_model, ids, lookahead=lookahead, stop_ids=frozenset(tokenizer.eos_token_ids),
-                              step_size=spec_step)
+                              step_size=spec_step, query_window=query_window)
         queries, keys = ops.to_numpy(spec.queries), ops.to_numpy(spec.keys)
         seconds = time.perf_counter() - started
     return SavedPass(queries.astype(np.float32), keys.astype(np.float32), ids, seconds,
-                     spec_model.args.attention_scale, tuple(spec_model.args.layer_windows))
+                     spec_model.args.attention_scale, tuple(spec_model.args.layer_windows), spec.n_window)
 
 
 class PassScores:
@@ -211,6 +216,7 @@ class PassScores:
     def _reduced_heads(self, kernel: int, heads: str) -> np.ndarray:
         """[n_q, n_l, P] float64: per layer, softmax over the prompt keys, pooled, heads reduced."""
         from specfill.core.reference.specprefill import attention_scores, reduce_axis, smooth_scores
+        from specfill.core.stages import query_start
 
         key = (kernel, heads)
         if key not in self._per_layer:
@@ -219,7 +225,8 @@ class PassScores:
             layers = []
             for i in range(q.shape[0]):
                 window = self.saved.windows[i] if any(w is not None for w in self.saved.windows) else None
-                probs = attention_scores(q[i:i + 1], k[i:i + 1], self.saved.scale, window)  # [n_q, 1, Hq, P]
+                start = query_start(k.shape[2], self.saved.n_window)
+                probs = attention_scores(q[i:i + 1], k[i:i + 1], self.saved.scale, window, start)  # [n_q, 1, Hq, P]
                 layers.append(reduce_axis(smooth_scores(probs, kernel), heads, axis=2))  # [n_q, 1, P]
             self._per_layer[key] = np.concatenate(layers, axis=1)
         return self._per_layer[key]
@@ -229,9 +236,13 @@ class PassScores:
 
         if config.lookahead > PASS_LOOKAHEAD:  # a pass holds PASS_LOOKAHEAD tokens' queries at most
             raise ConfigError(f"look-ahead {config.lookahead} exceeds the saved pass's {PASS_LOOKAHEAD}")
+        saved = self.saved.n_window
+        window = min(config.query_window, len(self.saved.ids))
+        if window > saved:
+            raise ConfigError(f"query window {config.query_window} exceeds the saved pass's {saved}")
         per_layer = self._reduced_heads(config.pool_kernel, config.head_reduction)
         layers = config.layer_indices(per_layer.shape[1])
-        chosen = per_layer[:config.lookahead + 1, layers]
+        chosen = per_layer[saved - window:saved + config.lookahead, layers]
         return reduce_axis(reduce_axis(chosen, config.layer_reduction, axis=1), config.lookahead_reduction, axis=0)
 
     def select(self, config: SpecPrefillConfig):
@@ -381,7 +392,8 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
                 name = sample_key(sample, length, plan.seed, plan.chat_template)
                 scores = None
                 if any(isinstance(plan.candidates[n], SpecPrefillConfig) for n in todo):
-                    scores = PassScores(_saved_pass(models, passes / f"{name}.npz", sample, log))
+                    window = max(s.query_window for s in plan.candidates.values() if isinstance(s, SpecPrefillConfig))
+                    scores = PassScores(_saved_pass(models, passes / f"{name}.npz", sample, log, window))
                 for setting in todo:
                     keep(_run_candidate(plan, models, sample, length, setting, scores, budget,
                                         answers / f"{name}_{budget}.json"))
@@ -393,9 +405,14 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
     return result
 
 
-def _saved_pass(models: Models, path: Path, sample: RulerSample, log: Callable[[str], None]) -> SavedPass:
+def _saved_pass(models: Models, path: Path, sample: RulerSample, log: Callable[[str], None],
+                window: int = 1) -> SavedPass:
+    """The sample's saved pass, run (and saved) when there is none or it holds fewer than `window`
+    of the prompt's last queries (a pass saved before query windows holds one)."""
     if path.exists():
-        return SavedPass.load(path)
+        saved = SavedPass.load(path)
+        if saved.n_window >= min(window, len(saved.ids)):
+            return saved
     model, speculator, tokenizer = models.pair()
     saved = speculate(model, speculator, tokenizer, sample)
     saved.save(path)

@@ -21,3 +21,21 @@ def test_paper_position_example():
     selection = specprefill.restore_positions(np.array([0, 1, 3, 6, 7]), 10, np.zeros(10))
     assert selection.position_ids.tolist() == [0, 1, 3, 6, 7]
     assert selection.decode_start == 10
+
+
+def test_observation_window_queries_see_only_the_keys_at_or_before_them():
+    """query_start s: query n sits at position s + n; its probabilities on later keys are 0 and the
+    rest are the softmax over the keys it sees; queries from P - 1 on see every key (the paper's)."""
+    rng = np.random.default_rng(3)
+    queries, keys = rng.normal(size=(2, 7, 4, 8)), rng.normal(size=(2, 2, 20, 8))
+    probs = specprefill.attention_scores(queries, keys, 0.3, query_start=15)  # 5 window queries, then 2
+    for n in range(7):
+        seen = min(20, 15 + n + 1)
+        assert np.all(probs[n, ..., seen:] == 0.0)
+        np.testing.assert_allclose(probs[n, ..., :seen].sum(-1), 1.0)
+        alone = specprefill.attention_scores(queries[:, n:n + 1], keys[:, :, :seen], 0.3)
+        np.testing.assert_allclose(probs[n:n + 1, ..., :seen], alone, rtol=1e-12)
+    np.testing.assert_array_equal(specprefill.attention_scores(queries, keys, 0.3, query_start=19),
+                                  specprefill.attention_scores(queries, keys, 0.3))
+    with_window = specprefill.attention_scores(queries, keys, 0.3, window=4, query_start=15)
+    assert np.all(with_window[0, ..., :12] == 0.0) and np.all(with_window[0, ..., 16:] == 0.0)

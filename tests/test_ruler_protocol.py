@@ -70,23 +70,32 @@ def test_candidate_specs_build_the_configs_and_reject_bad_ones():
 
 
 @pytest.mark.parametrize("windows", [(None, None, None), (None, 40, None)])
-def test_shared_pass_scoring_selects_what_the_reference_selects(windows):
+@pytest.mark.parametrize("saved_window", [1, 6])
+def test_shared_pass_scoring_selects_what_the_reference_selects(windows, saved_window):
     """PassScores (per-layer softmax, pooling, head reduction once per sample) keeps exactly the
-    tokens speculative_selection keeps, for every grid candidate and the options it does not use."""
+    tokens speculative_selection keeps, for every grid candidate and the options it does not use,
+    from a pass holding the prompt's last query only or its last 6 (query windows 1 to 6)."""
     rng = np.random.default_rng(3)
-    n_l, n_q, hq, hkv, p, d = 3, 9, 4, 2, 300, 16
+    n_l, n_q, hq, hkv, p, d = 3, 8 + saved_window, 4, 2, 300, 16
     saved = SavedPass(rng.standard_normal((n_l, n_q, hq, d)).astype(np.float32),
-                      rng.standard_normal((n_l, hkv, p, d)).astype(np.float32), np.arange(p), 1.0, d ** -0.5, windows)
+                      rng.standard_normal((n_l, hkv, p, d)).astype(np.float32), np.arange(p), 1.0, d ** -0.5, windows,
+                      saved_window)
     scores = PassScores(saved)
     configs = list(candidate_grid().values()) + [
         SpecPrefillConfig(lookahead=3, pool_kernel=1, select_chunk=8), SpecPrefillConfig(layers="last-1"),
         SpecPrefillConfig(keep_ratio=0.05, token_floor=100, keep_first=7, keep_last=9)]
+    if saved_window > 1:
+        configs += [SpecPrefillConfig(query_window=6), SpecPrefillConfig(query_window=3, lookahead=2)]
     for config in configs:
         config = replace(config, layers="last-2") if config.layers == "last-16" else config
-        _, expected = speculative_selection(saved.queries[:, :config.lookahead + 1].astype(np.float64),
+        first = saved_window - config.query_window
+        _, expected = speculative_selection(saved.queries[:, first:saved_window + config.lookahead].astype(np.float64),
                                             saved.keys.astype(np.float64), config, saved.scale, REFERENCE,
-                                            windows if any(windows) else ())
+                                            windows if any(windows) else (), config.query_window)
         np.testing.assert_array_equal(scores.select(config).kept, expected.kept)
+    if saved_window == 1:
+        with pytest.raises(ConfigError, match="query window 4 exceeds the saved pass's 1"):
+            scores.select(SpecPrefillConfig(query_window=4))
 
 
 def test_a_saved_pass_round_trips(tmp_path):
@@ -94,7 +103,7 @@ def test_a_saved_pass_round_trips(tmp_path):
                       0.5, (None, 7))
     saved.save(tmp_path / "p.npz")
     back = SavedPass.load(tmp_path / "p.npz")
-    assert back.windows == (None, 7) and back.seconds == 1.5 and back.scale == 0.5
+    assert back.windows == (None, 7) and back.seconds == 1.5 and back.scale == 0.5 and back.n_window == 1
     np.testing.assert_array_equal(back.queries, saved.queries)
     assert [p.name for p in tmp_path.iterdir()] == ["p.npz"]  # nothing left half-written
 

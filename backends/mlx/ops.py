@@ -114,8 +114,8 @@ class MLXOps(KernelStages):
         slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions
         return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2]:], slots)
 
-    def last_query(self, q: mx.array) -> mx.array:
-        return mx.contiguous(q[0, :, -1])  # a copy: no view of the step's q
+    def last_queries(self, q: mx.array, n: int) -> mx.array:
+        return mx.contiguous(q[0, :, q.shape[2] - n:].transpose(1, 0, 2))  # a copy: no view of the step's q
 
     def stack(self, arrays: Sequence[mx.array]) -> mx.array:
         return mx.stack(list(arrays))

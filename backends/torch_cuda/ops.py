@@ -62,10 +62,10 @@ class TorchOps(KernelStages):
 
     # SpecPrefill scoring
     def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                         window: int | None = None) -> torch.Tensor:
+                         window: int | None = None, query_start: int | None = None) -> torch.Tensor:
         """KernelStages' after the shapes are checked."""
         stage_kernels().check_scoring_shapes(queries, keys)
-        return super().attention_scores(queries, keys, scale, window)
+        return super().attention_scores(queries, keys, scale, window, query_start)
 
     smooth_scores = staticmethod(method_ops.smooth_scores)
     reduce_axis = staticmethod(method_ops.reduce_axis)
@@ -125,8 +125,8 @@ class TorchOps(KernelStages):
         slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions
         return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2]:], slots)
 
-    def last_query(self, q: torch.Tensor) -> torch.Tensor:
-        return q[0, :, -1].clone()  # a copy: the step's q is large
+    def last_queries(self, q: torch.Tensor, n: int) -> torch.Tensor:
+        return q[0, :, q.shape[2] - n:].transpose(0, 1).clone(memory_format=torch.contiguous_format)  # a copy
 
     def stack(self, arrays: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(list(arrays))

@@ -1,9 +1,11 @@
 """Speculative prefill (seed 002), written once over `ModelOps`.
 
 1. The speculator runs the whole prompt (full attention) and keeps, per layer, the post-RoPE
-   query of the last prompt token; it then decodes up to `lookahead` greedy tokens, feeding each
-   one that is not a stop id and keeping its query too. Its KV cache holds the prompt keys.
-2. The 1 + N' queries score the prompt positions: softmax over the prompt keys per scoring query,
+   queries of the last W prompt tokens (config.query_window; 1, the paper's: the last token
+   only); it then decodes up to `lookahead` greedy tokens, feeding each one that is not a stop id
+   and keeping its query too. Its KV cache holds the prompt keys.
+2. The W + N' queries score the prompt positions: softmax over the prompt keys per scoring query
+   (an observation window's query over the keys at or before its own position),
    average pooling along positions, a head reduction and a layer reduction, then the queries'
    reduction (config.lookahead_reduction: mean, or max).
 3. Whole selection chunks are kept (NumPy, float64 chunk means: core/reference/specprefill.py),
@@ -22,24 +24,26 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
-from ..stages import A, Selection, window_binds
+from ..stages import A, Selection, query_start, window_binds
 from .prefill import StageProgress, prefill
 
 
 def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefillConfig,
-                     scale: float, windows: Sequence[int | None] = ()) -> A:
-    """importance [P] from queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], layer by layer
-    (windows: each speculator layer's sliding window, empty: all global; a sliding layer scores
-    only the keys its queries attended):
-    pooling and the head reduction act within one layer, so only one layer's probabilities
-    [n_q, Hq, P] exist at a time (then [n_q, n_l, P] for the layer and query reductions). The
-    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
+                     scale: float, windows: Sequence[int | None] = (), n_window: int = 1) -> A:
+    """importance [P] from queries [n_l, n_q, Hq, D] (the first n_window the prompt's last tokens',
+    then the look-ahead's) and keys [n_l, Hkv, P, D], layer by layer (windows: each speculator
+    layer's sliding window, empty: all global; a sliding layer scores only the keys its queries
+    attended): pooling and the head reduction act within one layer, so only one layer's
+    probabilities [n_q, Hq, P] exist at a time (then [n_q, n_l, P] for the layer and query
+    reductions). The same composition at the NumPy boundary is core/reference/specprefill.py's
+    score_tokens."""
     per_layer = []
-    farthest = keys.shape[2] + queries.shape[1] - 2  # the last look-ahead query to the first key
+    start = query_start(keys.shape[2], n_window)
+    farthest = keys.shape[2] + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
     for layer in config.layer_indices(queries.shape[0]):
         window = windows[layer] if windows else None
         probs = ops.attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale,
-                                     window if window_binds(window, farthest) else None)
+                                     window if window_binds(window, farthest) else None, start)
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
     combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
     return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
@@ -47,20 +51,24 @@ def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefil
 
 class QueryCapture(Generic[A]):
     """`PrefillAttention` for the speculator: causal attention (inside each layer's sliding window,
-    `windows`) that also keeps, per layer, the post-RoPE query of the last token of every step
-    ending at or after slot `first_slot` (the prompt's last token, then each fed look-ahead token)."""
+    `windows`) that also keeps, per layer, the post-RoPE queries of the prompt's last `n_window`
+    tokens (the prompt ends at slot `first_slot`) and the query of every later step (each fed
+    look-ahead token)."""
 
     def __init__(self, ops: ModelOps[A], n_layers: int, first_slot: int, scale: float,
-                 windows: Sequence[int | None] = ()):
+                 windows: Sequence[int | None] = (), n_window: int = 1):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
         self.first_slot = first_slot
+        self.window_start = first_slot - n_window
         self.scale = scale
         self.queries: list[list[A]] = [[] for _ in range(n_layers)]
 
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
-        if k.shape[2] >= self.first_slot:  # k holds every slot up to this step's end
-            self.queries[layer].append(self.ops.last_query(q))
+        end = k.shape[2]  # k holds every slot up to this step's end
+        if end > self.window_start:  # a step ending inside the window, or a look-ahead step
+            n = end - max(self.window_start, end - q.shape[2]) if end <= self.first_slot else 1
+            self.queries[layer].append(self.ops.last_queries(q, n))
         return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
 
     def arrays(self) -> list[A]:
@@ -68,35 +76,40 @@ class QueryCapture(Generic[A]):
 
     def stacked(self) -> A:
         """[n_layers, n_queries, Hq, D]."""
-        return self.ops.stack([self.ops.stack(per_layer) for per_layer in self.queries])
+        return self.ops.stack([self.ops.concat(per_layer, axis=0) for per_layer in self.queries])
 
 
 @dataclass
 class SpeculatorPass(Generic[A]):
-    """queries [n_l, 1 + N', Hq, D] (last prompt token, then the fed look-ahead tokens); keys
-    [n_l, Hkv, P, D] of every prompt position; lookahead the fed tokens; cache the speculator's
-    KV cache (prompt, then look-ahead slots), kept for a later use as a draft model."""
+    """queries [n_l, W + N', Hq, D] (the prompt's last W tokens, then the fed look-ahead tokens);
+    keys [n_l, Hkv, P, D] of every prompt position; lookahead the fed tokens; cache the
+    speculator's KV cache (prompt, then look-ahead slots), kept for a later use as a draft model;
+    n_window: W (the query window, clamped to the prompt)."""
 
     queries: A
     keys: A
     lookahead: list[int]
     cache: Any
     model: Any
+    n_window: int = 1
 
 
 def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookahead: int,
                    stop_ids: frozenset[int], step_size: int, report: StageProgress | None = None,
-                   extra_slots: int = 0) -> SpeculatorPass[A]:
+                   extra_slots: int = 0, query_window: int = 1) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator, then greedy look-ahead (see the module doc).
 
     The look-ahead stops early at a stop id (which is not fed); `lookahead` fits the speculator's
     context (core/request.fit_lookahead: a run's config comes clamped by fit_to_prompt).
     extra_slots: cache room after the prompt beyond the look-ahead (the speculator drafting later).
     report: told after each step of the pass ("speculator") and each fed token ("lookahead").
+    query_window: the prompt's last tokens whose queries are kept (at most the prompt).
     """
     n_prompt, args = len(ids), speculator.args
+    n_window = max(1, min(query_window, n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
-    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows)
+    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows,
+                           n_window)
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
                      progress=None if report is None else report.of("speculator"))[-1]
     fed: list[int] = []
@@ -114,7 +127,7 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
             report("lookahead", step + 1, lookahead)
     queries, keys = capture.stacked(), cache.keys(n_prompt)
     ops.settle([queries, keys])
-    return SpeculatorPass(queries, keys, fed, cache, speculator)
+    return SpeculatorPass(queries, keys, fed, cache, speculator, n_window)
 
 
 @dataclass
@@ -151,10 +164,11 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
     step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
     started = ops.wall_time()
     spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
-                          step_size=speculator_step_size, report=report, extra_slots=speculator_extra_slots)
+                          step_size=speculator_step_size, report=report, extra_slots=speculator_extra_slots,
+                          query_window=config.query_window)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
-                                  speculator.args.layer_windows)
+                                  speculator.args.layer_windows, spec.n_window)
     from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()

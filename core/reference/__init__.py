@@ -68,8 +68,8 @@ class ReferenceStages:
         return specprefill.reduce_axis(x, how, axis)
 
     def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float,
-                         window: int | None = None) -> np.ndarray:
-        return specprefill.attention_scores(queries, keys, scale, window)
+                         window: int | None = None, query_start: int | None = None) -> np.ndarray:
+        return specprefill.attention_scores(queries, keys, scale, window, query_start)
 
     def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
         return specprefill.smooth_scores(probs, kernel)

@@ -15,28 +15,34 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..errors import ConfigError
-from ..stages import Selection, SpecPrefillStages, TokenScores
+from ..stages import Selection, SpecPrefillStages, TokenScores, query_start
 from .attention import accumulation_dtype, expand_kv_heads, masked_state
 
 
-def scoring_window_mask(n_queries: int, n_keys: int, window: int) -> np.ndarray:
-    """[n_q, P] bool: scoring query n sits at position P - 1 + n (the last prompt token, then the
-    look-ahead tokens) and sees prompt key j iff P - 1 + n - j < window."""
-    distance = (n_keys - 1 + np.arange(n_queries))[:, None] - np.arange(n_keys)[None, :]
-    return distance < window
+def scoring_mask(n_queries: int, n_keys: int, window: int | None = None, query_start: int | None = None) -> np.ndarray:
+    """[n_q, P] bool: scoring query n sits at position query_start + n (None: P - 1, the last prompt
+    token, then the look-ahead tokens) and sees prompt key j iff j <= its position (causal: only an
+    observation window's queries, before P - 1, have keys after them) and, with a sliding window,
+    its position - j < window."""
+    start = n_keys - 1 if query_start is None else query_start
+    distance = (start + np.arange(n_queries))[:, None] - np.arange(n_keys)[None, :]
+    visible = distance >= 0
+    return visible if window is None else visible & (distance < window)
 
 
-def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
+def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window: int | None = None,
+                     query_start: int | None = None) -> np.ndarray:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P];
-    with a window (a sliding layer) over the keys it shows each query (rows seeing none: zeros)."""
+    with a window (a sliding layer) or an observation window's queries (query_start < P - 1) over
+    the keys each query sees (scoring_mask; rows seeing none: zeros)."""
     dtype = accumulation_dtype(queries, keys)
     keys = expand_kv_heads(keys, queries.shape[2], axis=1).astype(dtype, copy=False)
     logits = np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale)
-    if window is None:
+    if window is None and (query_start is None or query_start >= keys.shape[2] - 1):
         logits -= logits.max(axis=-1, keepdims=True)
         weights = np.exp(logits)
         return weights / weights.sum(axis=-1, keepdims=True)
-    visible = scoring_window_mask(queries.shape[1], keys.shape[2], window)[:, None, None, :]
+    visible = scoring_mask(queries.shape[1], keys.shape[2], window, query_start)[:, None, None, :]
     return masked_state(logits, visible, np.zeros((keys.shape[2], 0), dtype))[1]
 
 
@@ -135,16 +141,18 @@ def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarra
 
 
 def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                 stages: SpecPrefillStages, windows: Sequence[int | None] = ()) -> TokenScores:
+                 stages: SpecPrefillStages, windows: Sequence[int | None] = (), n_window: int = 1) -> TokenScores:
     """Importance of every prompt token from the scoring layers chosen by `config.layers`, through
     `stages` at the NumPy boundary (the reference itself or a backend's conformance adapter);
-    windows: each speculator layer's sliding window (empty: all global)."""
+    windows: each speculator layer's sliding window (empty: all global); n_window: how many of
+    the queries are the prompt's last tokens' (the observation window, then the look-ahead)."""
     layers = config.layer_indices(queries.shape[0])
+    start = query_start(keys.shape[2], n_window)
     if windows:
-        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale, windows[i])
+        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale, windows[i], start)
                                 for i in layers], axis=1)
     else:
-        probs = stages.attention_scores(queries[layers], keys[layers], scale)
+        probs = stages.attention_scores(queries[layers], keys[layers], scale, None, start)
     smoothed = stages.smooth_scores(probs, config.pool_kernel)
     importance = stages.reduce_scores(smoothed, config.head_reduction, config.layer_reduction,
                                       config.lookahead_reduction)
@@ -152,9 +160,10 @@ def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfi
 
 
 def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                          stages: SpecPrefillStages, windows: Sequence[int | None] = ()) -> tuple[TokenScores, Selection]:
+                          stages: SpecPrefillStages, windows: Sequence[int | None] = (),
+                          n_window: int = 1) -> tuple[TokenScores, Selection]:
     """Scores then selection: what the main model will prefill."""
-    scores = score_tokens(queries, keys, config, scale, stages, windows)
+    scores = score_tokens(queries, keys, config, scale, stages, windows, n_window)
     return scores, stages.select_tokens(scores.importance, config)
 
 

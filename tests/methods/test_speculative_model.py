@@ -115,6 +115,31 @@ def test_selection_equals_the_reference_scoring_of_the_reference_speculator(tiny
 
 
 @pytest.mark.parametrize("arch", ARCHS)
+def test_query_window_captures_and_scores_as_the_reference(tiny, arch):
+    """query_window W: the prompt's last W queries (across prefill steps of 7 tokens) then the
+    look-ahead's, each window query scoring only the keys at or before its position, select what
+    the reference's scoring of the reference speculator selects; W = 1 is the paper's pass."""
+    t = tiny(arch)
+    ids = prompt(90, t.args.vocab_size, seed=6)
+    model, _ = t.model.speculator_model("self:1")
+    ops = t.model.ops
+    run = run_speculator(ops, model, np.array(ids), lookahead=3, stop_ids=frozenset(), step_size=7, query_window=10)
+    queries, keys, fed = reference_speculator(t.ref, ids, 1, 3, window=10)
+    assert run.n_window == 10 and run.lookahead == fed
+    got = ops.to_numpy(run.queries)
+    assert got.shape == queries.shape and float(np.abs(got - queries).max()) <= tolerance(queries)
+    config = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kernel=3, query_window=10)
+    info = GenerationInfo()
+    greedy(t.model, ids, 1, PrefillMethod("specprefill", specprefill=config, speculator="self:1"), info)
+    _, selection = speculative_selection(queries, keys, config, t.ref.scale, REFERENCE, n_window=10)
+    assert info.kept_positions == selection.kept.tolist()
+    _, paper = speculative_selection(queries[:, 9:], keys, config, t.ref.scale, REFERENCE)
+    assert paper.kept.tolist() != selection.kept.tolist(), "pick a prompt where the window changes the selection"
+    one = run_speculator(ops, model, np.array(ids), lookahead=3, stop_ids=frozenset(), step_size=7)
+    np.testing.assert_array_equal(ops.to_numpy(one.queries), ops.to_numpy(run.queries)[:, 9:])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
 def test_first_decoded_token_sits_at_the_prompt_length(tiny, arch):
     t = tiny(arch)
     ids = prompt(80, t.args.vocab_size, seed=7)

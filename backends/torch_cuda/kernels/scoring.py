@@ -27,10 +27,10 @@ def check_scoring_shapes(queries: torch.Tensor, keys: torch.Tensor) -> None:
 
 
 def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                          window: int | None = None) -> torch.Tensor:
-    """Torch-ops twin: the G query heads of a KV head share one matmul against its keys. A
-    sliding window w hides key j from query n (at position P - 1 + n) when P - 1 + n - j >= w;
-    a query that sees no key scores zeros."""
+                          window: int | None = None, query_start: int | None = None) -> torch.Tensor:
+    """Torch-ops twin: the G query heads of a KV head share one matmul against its keys. Query n
+    sits at position s + n (s = query_start, None: P - 1) and sees key j iff j <= s + n and, with
+    a sliding window w, s + n - j < w; a query that sees no key scores zeros."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
@@ -38,9 +38,10 @@ def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: floa
     # [n_l, Hkv, G*n_q, D]: row g*n_q + q of KV head kv is query q of head kv*G + g
     rows = queries.to(stats).permute(0, 2, 1, 3).reshape(n_layers, n_kv, group * n_queries, head_dim)
     logits = (rows @ keys.to(stats).transpose(-1, -2)) * scale
-    if window is not None:
-        positions = n_keys - 1 + torch.arange(n_queries, device=keys.device)
-        hidden = positions[:, None] - torch.arange(n_keys, device=keys.device)[None, :] >= window  # [n_q, P]
+    if window is not None or (query_start is not None and query_start < n_keys - 1):
+        start = n_keys - 1 if query_start is None else query_start
+        distance = start + torch.arange(n_queries, device=keys.device)[:, None] - torch.arange(n_keys, device=keys.device)
+        hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)  # [n_q, P]
         logits = logits.view(n_layers, n_kv, group, n_queries, n_keys).masked_fill(hidden, -math.inf)
         probs = torch.softmax(logits, dim=-1).masked_fill(hidden.all(dim=-1)[:, None], 0.0)
         return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
@@ -49,11 +50,13 @@ def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: floa
 
 
 def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                     use_kernel: bool | None = None, window: int | None = None) -> torch.Tensor:
+                     use_kernel: bool | None = None, window: int | None = None,
+                     query_start: int | None = None) -> torch.Tensor:
     """probs [n_q, n_l, Hq, P]: softmax over the P prompt keys of each scoring query.
 
     use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
-    layer's w; the Triton kernel takes no window yet, so a window always runs the twin.
+    layer's w; query_start: the first query's position when an observation window's queries come
+    first (None: P - 1). The Triton kernel masks neither yet, so either runs the twin.
     """
     check_scoring_shapes(queries, keys)
     kernel = choose_kernel(use_kernel, queries, keys,
@@ -62,9 +65,9 @@ def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return torch.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys),
                            device=queries.device)
-    if kernel and window is None:
+    if kernel and window is None and query_start is None:
         return dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
-    return attention_scores_twin(queries, keys, scale, window)
+    return attention_scores_twin(queries, keys, scale, window, query_start)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
