@@ -11,7 +11,8 @@
    position ids; decoding continues at position P (the prompt length), slot K.
 Sliding layers: the speculator attends and scores inside its own windows; the main model's
 sliding layers apply theirs over ORIGINAL positions, not over kept-token counts (its cache
-records each slot's position).
+records each slot's position). A layer's attention terms (soft-cap, sinks: core/stages.AttentionTerms)
+enter the speculator's attention and the scoring softmaxes alike (layer_terms, like the windows).
 """
 from __future__ import annotations
 
@@ -22,15 +23,16 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
-from ..stages import A, Selection, window_binds
+from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, window_binds
 from .prefill import StageProgress, prefill
 
 
 def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefillConfig,
-                     scale: float, windows: Sequence[int | None] = ()) -> A:
+                     scale: float, windows: Sequence[int | None] = (),
+                     terms: Sequence[AttentionTerms[A] | None] = ()) -> A:
     """importance [P] from queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], layer by layer
     (windows: each speculator layer's sliding window, empty: all global; a sliding layer scores
-    only the keys its queries attended):
+    only the keys its queries attended; terms: each layer's attention terms, empty: none):
     pooling and the head reduction act within one layer, so only one layer's probabilities
     [n_q, Hq, P] exist at a time (then [n_q, n_l, P] for the layer and query reductions). The
     same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
@@ -38,8 +40,9 @@ def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefil
     farthest = keys.shape[2] + queries.shape[1] - 2  # the last look-ahead query to the first key
     for layer in config.layer_indices(queries.shape[0]):
         window = windows[layer] if windows else None
+        extra = () if not terms or active_terms(terms[layer]) is None else (active_terms(terms[layer]),)
         probs = ops.attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale,
-                                     window if window_binds(window, farthest) else None)
+                                     window if window_binds(window, farthest) else None, *extra)
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
     combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
     return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
@@ -47,13 +50,15 @@ def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefil
 
 class QueryCapture(Generic[A]):
     """`PrefillAttention` for the speculator: causal attention (inside each layer's sliding window,
-    `windows`) that also keeps, per layer, the post-RoPE query of the last token of every step
-    ending at or after slot `first_slot` (the prompt's last token, then each fed look-ahead token)."""
+    `windows`, with each layer's attention `terms`) that also keeps, per layer, the post-RoPE query
+    of the last token of every step ending at or after slot `first_slot` (the prompt's last token,
+    then each fed look-ahead token)."""
 
     def __init__(self, ops: ModelOps[A], n_layers: int, first_slot: int, scale: float,
-                 windows: Sequence[int | None] = ()):
+                 windows: Sequence[int | None] = (), terms: Sequence[AttentionTerms[A] | None] = ()):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
+        self.terms = [active_terms(t) for t in terms] or [None] * n_layers
         self.first_slot = first_slot
         self.scale = scale
         self.queries: list[list[A]] = [[] for _ in range(n_layers)]
@@ -61,7 +66,10 @@ class QueryCapture(Generic[A]):
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
         if k.shape[2] >= self.first_slot:  # k holds every slot up to this step's end
             self.queries[layer].append(self.ops.last_query(q))
-        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
+        terms = self.terms[layer]
+        if terms is None:
+            return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
+        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], terms)
 
     def arrays(self) -> list[A]:
         return [q for per_layer in self.queries for q in per_layer]
@@ -96,7 +104,8 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
     n_prompt, args = len(ids), speculator.args
     lookahead = max(0, min(lookahead, args.max_position_embeddings - n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
-    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows)
+    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows,
+                           layer_terms(args))
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
                      progress=None if report is None else report.of("speculator"))[-1]
     fed: list[int] = []
@@ -154,7 +163,7 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
                           step_size=speculator_step_size, report=report, extra_slots=speculator_extra_slots)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
-                                  speculator.args.layer_windows)
+                                  speculator.args.layer_windows, layer_terms(speculator.args))
     from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()

@@ -15,8 +15,8 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..errors import ConfigError
-from ..stages import Selection, SpecPrefillStages, TokenScores
-from .attention import accumulation_dtype, expand_kv_heads, masked_state
+from ..stages import AttentionTerms, Selection, SpecPrefillStages, TokenScores, active_terms, sinks_of, softcap_of
+from .attention import accumulation_dtype, expand_kv_heads, masked_state, soft_cap
 
 
 def scoring_window_mask(n_queries: int, n_keys: int, window: int) -> np.ndarray:
@@ -26,12 +26,21 @@ def scoring_window_mask(n_queries: int, n_keys: int, window: int) -> np.ndarray:
     return distance < window
 
 
-def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window: int | None = None) -> np.ndarray:
+def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window: int | None = None,
+                     terms: AttentionTerms | None = None) -> np.ndarray:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P];
-    with a window (a sliding layer) over the keys it shows each query (rows seeing none: zeros)."""
+    with a window (a sliding layer) over the keys it shows each query (rows seeing none: zeros).
+    terms (every given layer's): the soft-cap caps the scaled logits, a sink [Hq] joins each
+    softmax's denominator (the scores then sum to less than 1: the sink's share)."""
     dtype = accumulation_dtype(queries, keys)
     keys = expand_kv_heads(keys, queries.shape[2], axis=1).astype(dtype, copy=False)
-    logits = np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale)
+    logits = soft_cap(np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale),
+                      softcap_of(terms))
+    if sinks_of(terms) is not None:
+        visible = np.bool_(True) if window is None else \
+            scoring_window_mask(queries.shape[1], keys.shape[2], window)[:, None, None, :]
+        sinks = np.asarray(sinks_of(terms), dtype=dtype)  # [Hq]: one per row of [n_q, n_l, Hq]
+        return masked_state(logits, visible, np.zeros((keys.shape[2], 0), dtype), sinks)[1]
     if window is None:
         logits -= logits.max(axis=-1, keepdims=True)
         weights = np.exp(logits)
@@ -135,12 +144,17 @@ def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarra
 
 
 def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                 stages: SpecPrefillStages, windows: Sequence[int | None] = ()) -> TokenScores:
+                 stages: SpecPrefillStages, windows: Sequence[int | None] = (),
+                 terms: Sequence[AttentionTerms | None] = ()) -> TokenScores:
     """Importance of every prompt token from the scoring layers chosen by `config.layers`, through
     `stages` at the NumPy boundary (the reference itself or a backend's conformance adapter);
-    windows: each speculator layer's sliding window (empty: all global)."""
+    windows / terms: each speculator layer's sliding window / attention terms (empty: none)."""
     layers = config.layer_indices(queries.shape[0])
-    if windows:
+    if any(active_terms(t) is not None for t in terms):
+        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale,
+                                                        windows[i] if windows else None, active_terms(terms[i]))
+                                for i in layers], axis=1)
+    elif windows:
         probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale, windows[i])
                                 for i in layers], axis=1)
     else:
@@ -152,9 +166,10 @@ def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfi
 
 
 def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                          stages: SpecPrefillStages, windows: Sequence[int | None] = ()) -> tuple[TokenScores, Selection]:
+                          stages: SpecPrefillStages, windows: Sequence[int | None] = (),
+                          terms: Sequence[AttentionTerms | None] = ()) -> tuple[TokenScores, Selection]:
     """Scores then selection: what the main model will prefill."""
-    scores = score_tokens(queries, keys, config, scale, stages, windows)
+    scores = score_tokens(queries, keys, config, scale, stages, windows, terms)
     return scores, stages.select_tokens(scores.importance, config)
 
 
