@@ -14,18 +14,25 @@ from specfill.core.tolerances import round_to
 
 def _probs(case: SpecCase, dtype: str) -> np.ndarray:
     queries, keys = (round_to(x, dtype) for x in case.tensors())
-    return round_to(specprefill.score_tokens(queries, keys, case.config, SCALE, REFERENCE, case.windows).probs, dtype)
+    return round_to(specprefill.score_tokens(queries, keys, case.config, SCALE, REFERENCE, case.windows,
+                                             case.terms).probs, dtype)
 
 
 def check_attention_scores(ad: ConformanceAdapter, ck: Checker) -> None:
-    """Every layer at once, or layer by layer with each one's sliding window."""
+    """Every layer at once, or layer by layer with each one's sliding window and terms."""
     for case in SPEC_CASES:
         queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
-        for layer, window in enumerate(case.windows) if case.windows else [(slice(None), None)]:
-            one = slice(layer, layer + 1) if case.windows else layer
-            name = case.name + (f",layer={layer}" if case.windows else "")
-            ck.close("specprefill.attention_scores", name, ad.attention_scores(queries[one], keys[one], SCALE, window),
-                     REFERENCE.attention_scores(queries[one], keys[one], SCALE, window))
+        per_layer = bool(case.windows or case.terms)
+        for layer in range(case.n_layers) if per_layer else [slice(None)]:
+            window = case.windows[layer] if case.windows else None
+            terms = (case.terms[layer],) if case.terms else ()
+            one = slice(layer, layer + 1) if per_layer else layer
+            name = case.name + (f",layer={layer}" if per_layer else "")
+            got = ad.attention_scores(queries[one], keys[one], SCALE, window, *terms)
+            ck.close("specprefill.attention_scores", name, got,
+                     REFERENCE.attention_scores(queries[one], keys[one], SCALE, window, *terms))
+            if terms:
+                ck.exact("specprefill.attention_scores.finite", name, bool(np.isfinite(got).all()), "NaN/Inf in probs")
 
 
 def check_smooth_scores(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -76,8 +83,9 @@ def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in SPEC_CASES:
         queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
         n = case.prompt_len
-        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad, case.windows)
-        _, want = specprefill.speculative_selection(queries, keys, case.config, SCALE, REFERENCE, case.windows)
+        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad, case.windows, case.terms)
+        _, want = specprefill.speculative_selection(queries, keys, case.config, SCALE, REFERENCE, case.windows,
+                                                    case.terms)
         kept = np.asarray(got.kept).tolist()
         bound = specprefill.keep_count_upper_bound(n, case.config)
         problems = []
