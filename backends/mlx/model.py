@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,6 +69,31 @@ def windowed_attention(queries: mx.array, keys: mx.array, values: mx.array, scal
     distance = mx.array(q_positions[:, None] - key_positions[None, :])  # [T, S]
     mask = (distance >= 0) & (distance < window)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+def terms_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, terms: Any,
+                    q_positions: np.ndarray, key_positions: np.ndarray, window: int | None = None) -> mx.array:
+    """Attention of a layer with terms (core/stages.AttentionTerms: a logit soft-cap, per-head
+    sinks): q [1, Hq, T, D] against k/v [1, Hkv, S, D]; query t (position q_positions[t], host)
+    sees slot s (key_positions[s]) iff 0 <= q_pos - k_pos (< window). Explicit float32 logits,
+    scaled, soft-capped, masked, each row's sink in the softmax's denominator (gpt_oss, gemma2 as
+    mlx-lm computes them). Returns [1, Hq, T, D] in q's dtype."""
+    from .kernels.state import sink_weights, soft_cap
+
+    _, n_heads, steps, dim = queries.shape
+    n_kv = keys.shape[1]
+    group = n_heads // n_kv
+    q = queries[0].astype(mx.float32).reshape(n_kv, group, steps, dim)
+    logits = soft_cap((q @ keys[0].astype(mx.float32)[:, None].swapaxes(-1, -2)) * scale, terms.softcap)
+    distance = mx.array(q_positions[:, None] - key_positions[None, :])  # [T, S]
+    visible = distance >= 0 if window is None else (distance >= 0) & (distance < window)
+    logits = mx.where(visible, logits, -mx.inf)  # [Hkv, G, T, S]; every row keeps its own slot
+    if terms.sinks is None:
+        weights = mx.softmax(logits, axis=-1)
+    else:
+        weights = sink_weights(logits, logits.max(axis=-1), terms.sinks.reshape(n_kv, group, 1))
+    out = weights @ values[0].astype(mx.float32)[:, None]
+    return out.reshape(1, n_heads, steps, dim).astype(queries.dtype)
 
 
 class Attention(nn.Module):
