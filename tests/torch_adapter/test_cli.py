@@ -12,8 +12,10 @@ from specfill.backends.torch_cuda.adapted import AdaptedModel
 from specfill.cli.main import main
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
-from tests.torch_adapter.archs import AT_LOAD, REFUSED, build, save_directory
-from tests.torch_adapter.support import assert_close, prompt
+from specfill.core.config import H2OConfig
+
+from tests.torch_adapter.archs import AT_LOAD, REFUSED, TERMS, build, save_directory
+from tests.torch_adapter.support import adapted, assert_close, prompt
 
 
 def generate(capsys, directory, *options: str) -> tuple[int, str, str]:
@@ -39,12 +41,27 @@ def test_generate_runs_a_family_without_a_model_file(moe_directory, capsys, meth
 
 
 def test_a_method_the_family_cannot_honour_is_one_error_line(tmp_path, capsys):
-    directory = save_directory("gemma2", tmp_path / "gemma2", REFUSED["gemma2"][0])
+    directory = save_directory("deepseek_v3", tmp_path / "deepseek_v3", REFUSED["deepseek_v3"][0])
     code, out, err = generate(capsys, directory, "--method", "h2o", "--chunk-size", "8", "--h2o-local", "2",
                               "--h2o-heavy", "2")
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert any("H2O cannot run on gemma2: layer 0 (attention logit soft-capping" in line for line in lines), err
+    assert any("H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention" in line for line in lines), err
+
+
+@pytest.mark.parametrize("arch", TERMS)
+def test_families_with_attention_terms_run_the_sparse_methods_from_a_directory(arch, tmp_path, capsys):
+    """gpt_oss (sinks) and gemma2 (logit soft-capping) saved and loaded: the terms are read from the
+    loaded weights, and H2O gives what the same model's H2O gives in memory."""
+    directory = save_directory(arch, tmp_path / arch)
+    code, out, err = generate(capsys, directory, "--method", "h2o", "--chunk-size", "8", "--h2o-local", "2",
+                              "--h2o-heavy", "2")
+    assert code == 0 and out.strip(), err
+    model, _ = load(directory, dtype="float32", device="cpu")
+    ids = prompt(30, seed=6)
+    method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=8, batch_size=64, local=2, heavy=3, layers="all"))
+    assert_close(model.prompt_logits(ids, method=method, info=GenerationInfo()),
+                 adapted(build(arch)).prompt_logits(ids, method=method, info=GenerationInfo()), f"{arch} loaded")
 
 
 def test_a_family_refused_at_load_is_one_error_line(tmp_path, capsys):

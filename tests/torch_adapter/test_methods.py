@@ -22,7 +22,7 @@ from specfill.core.reference.oracle import oracle_h2o_layer
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
 
-from tests.torch_adapter.archs import AT_LOAD, HONOURED, REFUSED, build
+from tests.torch_adapter.archs import AT_LOAD, HONOURED, REFUSED, TERMS, build
 from tests.torch_adapter.support import adapted, assert_close, greedy, prompt
 
 H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=8, batch_size=64, local=2, heavy=3, dense_tail=0, layers="all"))
@@ -31,6 +31,21 @@ H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=8, batch_size=64, local=2, h
 def spec(keep: float, lookahead: int = 2) -> PrefillMethod:
     return PrefillMethod("specprefill", speculator="self:1", specprefill=SpecPrefillConfig(
         keep_ratio=keep, lookahead=lookahead, select_chunk=4, pool_kernel=3))
+
+
+def oracle_terms(model, layer: int) -> dict:
+    """The layer's attention terms as the oracle takes them (sinks as float64 NumPy [Hq])."""
+    terms = model.args.layer_terms[layer]
+    if terms is None:
+        return {}
+    return dict(sinks=None if terms.sinks is None else terms.sinks.detach().double().numpy(), softcap=terms.softcap)
+
+
+def reference_terms(model, layers) -> tuple:
+    """The layers' terms with NumPy sinks, as the reference scoring takes them."""
+    from specfill.core.stages import AttentionTerms
+
+    return tuple(None if not oracle_terms(model, i) else AttentionTerms(**oracle_terms(model, i)) for i in layers)
 
 
 def record(monkeypatch, cls) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
@@ -60,7 +75,8 @@ def test_h2o_memory_sets_and_outputs_equal_the_oracle(arch, monkeypatch):
     config = H2O.h2o
     for layer, q, k, v, out in calls:
         want_out, want_sets, _ = oracle_h2o_layer(q, k, v, config.chunk_size, config.local, config.heavy,
-                                                  model.args.attention_scale, window=model.args.layer_window(layer))
+                                                  model.args.attention_scale, window=model.args.layer_window(layer),
+                                                  **oracle_terms(model, layer))
         assert_close(out, want_out.astype(np.float32), f"{arch} layer {layer} H2O output")
         got = info.memory_sets[layer]
         assert len(got) == len(want_sets) == 36 // 8
@@ -80,7 +96,8 @@ def test_specprefill_kept_positions_equal_the_reference_selection(arch, monkeypa
     keys = np.stack([calls[0][2][:, :n]])  # the prefill step's keys of layer 0
     assert queries.shape[1] == 3  # the last prompt token and two look-ahead tokens
     _, selection = speculative_selection(queries.astype(np.float64), keys.astype(np.float64), spec(0.3).specprefill,
-                                         model.args.attention_scale, REFERENCE, model.args.layer_windows[:1])
+                                         model.args.attention_scale, REFERENCE, model.args.layer_windows[:1],
+                                         reference_terms(model, [0]))
     assert info.kept_positions == selection.kept.tolist()
     assert 8 <= info.kept_tokens < n and info.kept_positions[-1] == n - 1
     assert len(tokens) == 3 and greedy(model, ids, 4, spec(1.0)) == greedy(model, ids, 4)
@@ -119,6 +136,23 @@ def test_specprefill_main_pass_runs_refused_layers_with_an_honoured_speculator(a
     _, selection = speculative_selection(queries.astype(np.float64), keys.astype(np.float64), method.specprefill,
                                          speculator.args.attention_scale, REFERENCE, speculator.args.layer_windows)
     assert info.kept_positions == selection.kept.tolist() and 8 <= info.kept_tokens < len(ids)
+
+
+@pytest.mark.parametrize("arch", TERMS)
+def test_attention_terms_are_honoured_and_matter(arch, monkeypatch):
+    """gpt_oss's sinks and gemma2's logit soft-cap reach every method as the layers' terms (not a
+    refusal), and they matter: the oracle without them disagrees with what H2O computed."""
+    model = adapted(build(arch))
+    assert model.args.refusal() is None and all(t is not None for t in model.args.layer_terms)
+    kinds = {layer.kind.split(" (")[0] for layer in model.args.layers}
+    assert kinds == {"attention with sinks" if arch == "gpt_oss" else "attention with logit soft-capping"}
+    calls = record(monkeypatch, H2OPrefillAttention)
+    model.prompt_logits(prompt(36, seed=7), method=H2O, info=GenerationInfo())
+    layer, q, k, v, out = calls[1]
+    config = H2O.h2o
+    plain, _, _ = oracle_h2o_layer(q, k, v, config.chunk_size, config.local, config.heavy, model.args.attention_scale,
+                                   window=model.args.layer_window(layer))
+    assert np.abs(out - plain).max() > 1e-3 * np.abs(plain).max(), f"{arch}: the terms changed nothing"
 
 
 @pytest.mark.parametrize("arch", sorted(AT_LOAD))
