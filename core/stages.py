@@ -240,6 +240,9 @@ class H2OStages(Protocol):
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
         """Exact online-softmax merge of two states over disjoint key sets."""
 
+    def add_sinks(self, state: AttentionState, sinks: np.ndarray) -> AttentionState:
+        """A query's final state with each head's sink (sinks [Hq]) in its denominator."""
+
     def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
                         scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> H2OLayerResult:
         """Whole-prompt two-phase attention for one layer (a sliding layer of window w: each key
