@@ -97,3 +97,27 @@ def test_a_kernel_falls_back_to_its_twin_for_terms_said_once(monkeypatch):
     said = [str(w.message) for w in caught if issubclass(w.category, SpecfillWarning)]
     assert len(said) == 3 and all("takes no attention sinks or logit soft-cap" in line for line in said), said
     assert ("cuda", "phase-1 intra attention") in self_check.term_fallbacks()
+
+
+@pytest.mark.parametrize("block", [256, 3])
+def test_terms_attention_of_a_model_step_equals_the_explicit_softmax(block, monkeypatch):
+    """A plain step of a layer with terms (positions, not slots: SpecPrefill's kept tokens), in
+    blocks of query rows or not, against softmax([capped logits, sink]) over the visible keys."""
+    import specfill.backends.torch_cuda.attention as attention
+
+    monkeypatch.setattr(attention, "TERMS_QUERY_BLOCK", block)
+    rng = np.random.default_rng(5)
+    q, k, v, sinks = rng.normal(size=(1, 4, 7, 16)), rng.normal(size=(1, 2, 12, 16)), rng.normal(size=(1, 2, 12, 16)), \
+        rng.normal(size=4)
+    key_positions = np.array([0, 1, 2, 5, 6, 9, 10, 11, 14, 15, 16, 20])
+    q_positions = key_positions[5:]
+    got = attention.terms_attention(t(q, torch.float32), t(k, torch.float32), t(v, torch.float32), SCALE,
+                                    AttentionTerms(t(sinks, torch.float32), 2.0), torch.as_tensor(q_positions),
+                                    torch.as_tensor(key_positions), window=8)
+    logits = 2.0 * np.tanh(np.einsum("htd,hsd->hts", q[0], np.repeat(k[0], 2, axis=0)) * SCALE / 2.0)
+    distance = q_positions[:, None] - key_positions[None, :]
+    logits = np.where((distance >= 0) & (distance < 8), logits, -np.inf)
+    full = np.concatenate([logits, np.broadcast_to(sinks[:, None, None], (4, 7, 1))], axis=-1)
+    weights = np.exp(full - full.max(-1, keepdims=True))
+    want = (weights / weights.sum(-1, keepdims=True))[..., :-1] @ np.repeat(v[0], 2, axis=0)
+    np.testing.assert_allclose(got[0].double().numpy(), want, atol=1e-5)
