@@ -131,7 +131,8 @@ def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.ra
             q *= logit_max / np.abs(logits).max()
         q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
         terms = case_terms(2 * group, sink_scale, softcap, group * 7 + size)
-        window = None if window_size is None else KeyWindow(window_size, start, _random_memory(rng, 2, start, size, 2).indices)
+        window = None if window_size is None else \
+            KeyWindow(window_size, start, _random_memory(rng, 2, start, size, 2).indices)
         case = (f"gqa-group={group},M={size}" + (f",logits=+-{logit_max:g}" if logit_max else "")
                 + (f",sinks~{sink_scale:g}" if sink_scale else "") + (f",softcap={softcap:g}" if softcap else "")
                 + (f",window={window_size}" if window_size else ""))

@@ -233,8 +233,8 @@ class H2OStages(Protocol):
                       memory: MemorySet) -> tuple[np.ndarray, np.ndarray]:
         """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
 
-    def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray,
-                        scale: float, window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+    def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float,
+                        window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
         """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as above."""
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:

@@ -108,8 +108,8 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
 def _own_attention(module: nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    positions: torch.Tensor, keys_at: torch.Tensor, layout: AttentionLayout,
                    kwargs: dict[str, Any]) -> torch.Tensor:
-    """A refused layer's attention by its family's own `eager_attention_forward` (sinks,
-    soft-capping included) over every cached key, with an additive mask [1, 1, T, S] from the
+    """A refused layer's attention by its family's own `eager_attention_forward` (whatever it
+    adds to the softmax included) over every cached key, with an additive mask [1, 1, T, S] from the
     positions: query t sees slot s iff 0 <= positions[t] - keys_at[s] (< window). -> [1, T, Hq, D]."""
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
     distance = positions[:, None] - keys_at[None, :]

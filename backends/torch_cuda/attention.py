@@ -133,7 +133,8 @@ def terms_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     n_kv = keys.shape[1]
     group = n_heads // n_kv
     keys_t, vals = keys[0].float().transpose(1, 2), values[0].float()
-    sinks = None if terms.sinks is None else terms.sinks.to(device=q.device, dtype=torch.float32).reshape(n_kv, group, 1)
+    sinks = None if terms.sinks is None else \
+        terms.sinks.to(device=q.device, dtype=torch.float32).reshape(n_kv, group, 1)
     out = torch.empty((n_kv, group, steps, dim), dtype=torch.float32, device=q.device)
     for lo in range(0, steps, TERMS_QUERY_BLOCK):
         hi = min(lo + TERMS_QUERY_BLOCK, steps)

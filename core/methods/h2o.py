@@ -178,8 +178,8 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
     config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
     if n_tokens == 0 or not config.enabled:
         if n_tokens and (window_binds(window, n_tokens - 1) or terms is not None):
-            state = ops.intra_attention(q, k, v, n_tokens, scale, window if window_binds(window, n_tokens - 1) else None,
-                                        *_with(terms)).state
+            binding = window if window_binds(window, n_tokens - 1) else None
+            state = ops.intra_attention(q, k, v, n_tokens, scale, binding, *_with(terms)).state
             output = ops.cast_like(finish(ops, state, terms).o, q)
         else:
             output = ops.causal_attention(q, k, v, scale) if n_tokens else q

@@ -72,8 +72,8 @@ def test_add_sinks_on_empty_rows_and_extreme_sinks():
     for state in (empty_state(4, 5, 16, mx.float32),
                   AttentionState(mx.full((4, 5), 80.0), mx.full((4, 5), 2.0), mx.ones((4, 5, 16)))):
         got = add_sinks(state, mx.array(sinks.astype(np.float32)))
-        want = REFERENCE.add_sinks(AttentionState(*(np.array(x).astype(np.float64) for x in (state.m, state.l, state.o))),
-                                   sinks)
+        host = AttentionState(*(np.array(x).astype(np.float64) for x in (state.m, state.l, state.o)))
+        want = REFERENCE.add_sinks(host, sinks)
         assert all(np.isfinite(np.array(x)).all() for x in (got.m, got.l, got.o))
         close(got.o, want.o, 1e-6)
 
