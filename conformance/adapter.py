@@ -7,6 +7,7 @@ from typing import Callable, Protocol, runtime_checkable
 import numpy as np
 
 from specfill.core import AttentionState, BackendUnavailableError, H2OStages, SpecPrefillStages
+from specfill.core.stages import AttentionTerms
 from specfill.core.reference import ReferenceStages
 from specfill.core.reference.kv_cache import ReferenceKVCache
 
@@ -43,17 +44,20 @@ class ReferenceAdapter(ReferenceStages):
             raise BackendUnavailableError(f"the reference runs in {' or '.join(self.dtypes)}, not {dtype}")
         self.dtype = dtype
 
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None):
-        return super().intra_attention(*self._cast(q, k, v), chunk_size, scale, window)
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+        return super().intra_attention(*self._cast(q, k, v), chunk_size, scale, window, self._terms(terms))
 
-    def inter_attention(self, q, k_mem, v_mem, scale, window=None):
-        return super().inter_attention(*self._cast(q, k_mem, v_mem), scale, window)
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
+        return super().inter_attention(*self._cast(q, k_mem, v_mem), scale, window, self._terms(terms))
 
-    def attention_layer(self, q, k, v, config, scale, window=None):
-        return super().attention_layer(*self._cast(q, k, v), config, scale, window)
+    def add_sinks(self, state, sinks):
+        return super().add_sinks(AttentionState(*self._cast(state.m, state.l, state.o)), *self._cast(sinks))
 
-    def attention_scores(self, queries, keys, scale, window=None, query_start=None):
-        return super().attention_scores(*self._cast(queries, keys), scale, window, query_start)
+    def attention_layer(self, q, k, v, config, scale, window=None, terms=None):
+        return super().attention_layer(*self._cast(q, k, v), config, scale, window, self._terms(terms))
+
+    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
+        return super().attention_scores(*self._cast(queries, keys), scale, window, self._terms(terms), query_start)
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
         return super().reduce_colsum_to_kv_heads(*self._cast(colsum), n_kv_heads)
@@ -82,6 +86,11 @@ class ReferenceAdapter(ReferenceStages):
         cast = lambda x: np.asarray(x, dtype=self.dtype)  # noqa: E731
         return CacheAdapter(ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype),
                             Convert(native=cast, stats=cast, index=lambda x: np.asarray(x, np.int64), numpy=np.asarray))
+
+    def _terms(self, terms):
+        if terms is None or terms.sinks is None:
+            return terms
+        return AttentionTerms(*self._cast(np.asarray(terms.sinks)), terms.softcap)
 
     def _cast(self, *arrays):
         return tuple(a.astype(self.dtype, copy=False) for a in arrays)

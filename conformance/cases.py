@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specfill.core import H2OConfig, SpecPrefillConfig, SpecfillWarning
-from specfill.core.stages import query_start
+from specfill.core.stages import AttentionTerms, query_start
 
 CHUNK = 8  # S for the H2O cases: small, so N in {1, S-1, S, S+1, 2S-1, 3S+17} stays cheap
 HEAD_DIM = 16
@@ -27,6 +27,18 @@ class H2OCase:
     dense_tail: int = 0  # W: the last W queries attend to every earlier key
     window: int | None = None  # a sliding layer's w: query i sees keys j > i - w only
     memory_share: float | None = None  # L + H as a share of the prompt (resolved per prompt)
+    sink_scale: float | None = None  # a layer with attention sinks: sinks [Hq] ~ N(0, sink_scale^2)
+    softcap: float | None = None  # a layer with a logit soft-cap
+
+    @property
+    def terms(self) -> AttentionTerms | None:
+        """The case's attention terms (sinks as float64 NumPy [Hq]), None for a plain layer."""
+        return case_terms(self.n_heads, self.sink_scale, self.softcap, self.seed)
+
+    @property
+    def term_args(self) -> tuple:
+        """The stages' trailing terms argument: nothing for a plain layer (today's calls)."""
+        return () if self.terms is None else (self.terms,)
 
     @property
     def config(self) -> H2OConfig:
@@ -49,6 +61,14 @@ class H2OCase:
 
 
 SCALE = 1.0 / np.sqrt(HEAD_DIM)
+
+
+def case_terms(n_heads: int, sink_scale: float | None, softcap: float | None, seed: int) -> AttentionTerms | None:
+    """Seeded attention terms of a case: sinks [Hq] ~ N(0, sink_scale^2) (float64), the soft-cap."""
+    if sink_scale is None and softcap is None:
+        return None
+    sinks = None if sink_scale is None else np.random.default_rng(1000 + seed).normal(size=n_heads) * sink_scale
+    return AttentionTerms(sinks, softcap)
 
 H2O_CASES: list[H2OCase] = [
     *[H2OCase(f"N={n}", n, 2, 3, 4, 2, seed=n) for n in
@@ -78,6 +98,18 @@ H2O_CASES: list[H2OCase] = [
     # 0.5 of 35 -> clamped to S - 1 = 7
     H2OCase("memory-share=0.1", 5 * CHUNK + 1, 2, 3, 4, 2, memory_share=0.1, seed=35),
     H2OCase("memory-share=0.5 (clamped)", 4 * CHUNK + 3, 2, 3, 4, 2, memory_share=0.5, dense_tail=3, seed=36),
+    # attention terms (gpt_oss's sinks, gemma2's logit soft-cap): sinks of either sign and one
+    # close to the logits (so the sink holds a real share), sinks and logits at +-100 (no NaN/Inf),
+    # a soft-cap that binds (logits +-100 capped to +-5), both with a window and a dense tail
+    H2OCase("sinks", 3 * CHUNK + 5, 2, 3, 4, 2, sink_scale=2.0, seed=37),
+    H2OCase("sinks,gqa-group=3,batch=S", 4 * CHUNK + 3, 2, 3, 6, 2, batch_size=CHUNK, sink_scale=1.0, seed=38),
+    H2OCase("sinks=+-100,logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, sink_scale=60.0, seed=39),
+    H2OCase("softcap=5,logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, softcap=5.0, seed=40),
+    H2OCase("softcap=1.5", 3 * CHUNK + 5, 2, 3, 4, 2, softcap=1.5, seed=41),
+    H2OCase("sinks+softcap,window=S+2,tail=S+6", 4 * CHUNK + 3, 2, 3, 4, 2, dense_tail=CHUNK + 6,
+            window=CHUNK + 2, sink_scale=2.0, softcap=3.0, seed=42),
+    H2OCase("sinks,window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, sink_scale=2.0, seed=43),
+    H2OCase("sinks+softcap,N<S", CHUNK - 2, 2, 3, 4, 2, sink_scale=2.0, softcap=2.0, seed=44),
 ]
 
 
@@ -93,10 +125,20 @@ class SpecCase:
     seed: int = 0
     windows: tuple[int | None, ...] = ()  # per layer: a sliding layer's window (empty: all global)
     n_window: int = 1  # the first n_window queries are the prompt's last tokens' (config.query_window)
+    sink_scale: float | None = None  # every layer has attention sinks [Hq] ~ N(0, sink_scale^2)
+    softcap: float | None = None  # every layer has a logit soft-cap
 
     @property
     def query_start(self) -> int | None:
         return query_start(self.prompt_len, self.n_window)
+
+    @property
+    def terms(self) -> tuple[AttentionTerms | None, ...]:
+        """Each layer's attention terms (its own sinks), () for a case without terms."""
+        if self.sink_scale is None and self.softcap is None:
+            return ()
+        return tuple(case_terms(self.n_heads, self.sink_scale, self.softcap, 100 * self.seed + layer)
+                     for layer in range(self.n_layers))
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray]:
         """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] in float64."""
@@ -146,4 +188,10 @@ SPEC_CASES: list[SpecCase] = [
     SpecCase("floor+edges,last-0.5", 200,
              SpecPrefillConfig(keep_ratio=0.05, token_floor=48, keep_first=5, keep_last=9, layers="last-0.5",
                                layer_reduction="mean", select_chunk=8), seed=18),
+    # attention terms: per-layer sinks (some large enough to take most of a row's mass), a
+    # soft-cap, and both with sliding layers whose last queries see no prompt key
+    SpecCase("sinks", 150, SpecPrefillConfig(keep_ratio=0.2), sink_scale=3.0, seed=19),
+    SpecCase("softcap=1.5", 150, SpecPrefillConfig(keep_ratio=0.2), softcap=1.5, seed=20),
+    SpecCase("sinks+softcap,windows=(2,-,20)", 90, SpecPrefillConfig(keep_ratio=0.3), windows=(2, None, 20),
+             sink_scale=2.0, softcap=2.0, seed=21),
 ]

@@ -11,7 +11,7 @@ from specfill.core.reference import REFERENCE, oracle
 from specfill.core.reference.h2o import causal_attention, local_window
 
 from .adapter import ConformanceAdapter
-from .cases import CHUNK, H2O_CASES, HEAD_DIM, SCALE, H2OCase
+from .cases import CHUNK, H2O_CASES, HEAD_DIM, SCALE, H2OCase, case_terms
 from .results import Checker
 from specfill.core.tolerances import round_to
 
@@ -35,8 +35,8 @@ def _state_close(ck: Checker, check: str, case: str, got: AttentionState, want: 
 def check_intra_attention(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in H2O_CASES:
         q, k, v = _inputs(case, ck.dtype)
-        got = ad.intra_attention(q, k, v, CHUNK, SCALE, case.window)
-        want = REFERENCE.intra_attention(q, k, v, CHUNK, SCALE, case.window)
+        got = ad.intra_attention(q, k, v, CHUNK, SCALE, case.window, *case.term_args)
+        want = REFERENCE.intra_attention(q, k, v, CHUNK, SCALE, case.window, *case.term_args)
         _state_close(ck, "h2o.intra_attention", case.name, got.state, want.state)
         ck.close("h2o.intra_attention.colsum", case.name, got.colsum, want.colsum)
 
@@ -113,6 +113,36 @@ def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
                  bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
                  "NaN/Inf in o or l")
     _check_windowed_inter_attention(ad, ck, rng)
+    _check_inter_attention_terms(ad, ck, rng)
+
+
+def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.random.Generator) -> None:
+    """Phase 2 with a layer's terms: the soft-capped logits and the sink in the column sums'
+    denominators (the state stays sink-free: the walk folds the sink in once), logits and sinks
+    up to +-100, and a window under which some rows see no slot (their weights stay 0)."""
+    start = 3 * CHUNK
+    for group, size, logit_max, sink_scale, softcap, window_size in (
+            (2, 5, None, 2.0, None, None), (3, 7, None, None, 1.5, None), (2, 5, 100.0, 60.0, None, None),
+            (2, 5, 100.0, None, 5.0, None), (2, 6, None, 2.0, 3.0, 6), (1, 1, None, 2.0, None, None)):
+        q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
+        k_mem, v_mem = rng.normal(size=(2, 2, size, HEAD_DIM))
+        if logit_max:
+            logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
+            q *= logit_max / np.abs(logits).max()
+        q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
+        terms = case_terms(2 * group, sink_scale, softcap, group * 7 + size)
+        window = None if window_size is None else \
+            KeyWindow(window_size, start, _random_memory(rng, 2, start, size, 2).indices)
+        case = (f"gqa-group={group},M={size}" + (f",logits=+-{logit_max:g}" if logit_max else "")
+                + (f",sinks~{sink_scale:g}" if sink_scale else "") + (f",softcap={softcap:g}" if softcap else "")
+                + (f",window={window_size}" if window_size else ""))
+        got = ad.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
+        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
+        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
+        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
+        ck.exact("h2o.inter_attention.finite", case,
+                 bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()
+                      and np.isfinite(got.colsum).all()), "NaN/Inf in o, l or the column sums")
 
 
 def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np.random.Generator) -> None:
@@ -157,6 +187,30 @@ def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
                  bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()), "NaN/Inf in o or l")
 
 
+def check_add_sinks(ad: ConformanceAdapter, ck: Checker) -> None:
+    """A sink folded into a query's final state: random states, far-apart maxima, sinks far above
+    and below every logit (+-100), and empty rows (a query over no key: finite, o = 0)."""
+    rng = np.random.default_rng(8)
+    hq, t = 4, CHUNK
+    empty = AttentionState(np.full((hq, t), -np.inf), np.zeros((hq, t)), np.zeros((hq, t, HEAD_DIM)))
+
+    def state(shift: float) -> AttentionState:
+        m = rng.normal(size=(hq, t)) * 30 + shift
+        return AttentionState(*(round_to(x, ck.dtype) for x in (m, rng.uniform(1, 5, size=(hq, t)),
+                                                                rng.normal(size=(hq, t, HEAD_DIM)))))
+
+    cases = {"random": (state(0), rng.normal(size=hq) * 3), "sink=+100": (state(0), np.full(hq, 100.0)),
+             "sink=-100": (state(0), np.full(hq, -100.0)), "m=+-80": (state(80), np.array([-80.0, 0.0, 80.0, 5.0])),
+             "empty rows": (empty, rng.normal(size=hq) * 3)}
+    for name, (base, sinks) in cases.items():
+        sinks = round_to(sinks, ck.dtype)
+        got = ad.add_sinks(base, sinks)
+        want = REFERENCE.add_sinks(base, sinks)
+        _state_close(ck, "h2o.add_sinks", name, got, want)
+        ck.exact("h2o.add_sinks.finite", name, bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()
+                                                    and np.isfinite(got.m).all()), "NaN/Inf in m, o or l")
+
+
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
     sa, sb = set(np.asarray(a).tolist()), set(np.asarray(b).tolist())
     return len(sa & sb) / max(1, len(sa | sb))
@@ -167,14 +221,16 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in H2O_CASES:
         q, k, v = _inputs(case, ck.dtype)
         config = case.config
-        got = ad.attention_layer(q, k, v, config, SCALE, case.window)
-        want = REFERENCE.attention_layer(q, k, v, config, SCALE, case.window)
+        got = ad.attention_layer(q, k, v, config, SCALE, case.window, *case.term_args)
+        want = REFERENCE.attention_layer(q, k, v, config, SCALE, case.window, *case.term_args)
         got_sets = [np.asarray(m.indices) for m in got.memory_sets]
         ck.exact("h2o.layer.finite", case.name, bool(np.isfinite(got.output).all()), "NaN/Inf in output")
         _check_memory_structure(ck, case, got_sets)
         # exact whatever sets the backend chose: output and scores are those its K(i) define
+        terms = case.terms
         replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, CHUNK, got_sets, SCALE, config.dense_tail,
-                                                            case.window)
+                                                            case.window, None if terms is None else terms.sinks,
+                                                            None if terms is None else terms.softcap)
         ck.close("h2o.layer.output_vs_key_sets", case.name, got.output, replay_out)
         ck.close("h2o.layer.scores_vs_key_sets", case.name, got.scores, replay_scores)
         pairs = [(g, w) for gs, ws in zip(got_sets, want.memory_sets) for g, w in zip(gs, ws.indices)]
@@ -187,7 +243,7 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
             ck.close("h2o.layer.output", case.name, got.output, want.output)
         if case.n_tokens <= CHUNK:
             ck.close("h2o.layer.single_chunk_is_causal", case.name, got.output,
-                     causal_attention(q, k, v, SCALE, case.window).o)
+                     causal_attention(q, k, v, SCALE, case.window, terms).o)
     _check_batch_independence(ad, ck)
 
 
@@ -220,10 +276,10 @@ def _check_batch_independence(ad: ConformanceAdapter, ck: Checker) -> None:
     """Logical batches (B) only schedule work: outputs and memory sets do not depend on B."""
     for case in (c for c in H2O_CASES if c.batch_size < 4 * CHUNK):
         q, k, v = _inputs(case, ck.dtype)
-        small = ad.attention_layer(q, k, v, case.config, SCALE, case.window)
+        small = ad.attention_layer(q, k, v, case.config, SCALE, case.window, *case.term_args)
         whole = H2OCase(case.name, case.n_tokens, case.local, case.heavy, case.n_heads, case.n_kv_heads,
                         batch_size=8 * CHUNK, seed=case.seed, dense_tail=case.dense_tail)
-        big = ad.attention_layer(q, k, v, whole.config, SCALE, case.window)
+        big = ad.attention_layer(q, k, v, whole.config, SCALE, case.window, *case.term_args)
         same_sets = len(small.memory_sets) == len(big.memory_sets) and all(
             np.array_equal(a.indices, b.indices) for a, b in zip(small.memory_sets, big.memory_sets))
         ck.exact("h2o.layer.batch_independent_memory", case.name, same_sets, "memory sets depend on B")
@@ -238,5 +294,6 @@ H2O_CHECKS = {
     "h2o.gather_memory": check_gather_memory,
     "h2o.inter_attention": check_inter_attention,
     "h2o.merge_states": check_merge_states,
+    "h2o.add_sinks": check_add_sinks,
     "h2o.layer": check_attention_layer,
 }

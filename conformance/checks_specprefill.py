@@ -15,20 +15,25 @@ from specfill.core.tolerances import round_to
 def _probs(case: SpecCase, dtype: str) -> np.ndarray:
     queries, keys = (round_to(x, dtype) for x in case.tensors())
     return round_to(specprefill.score_tokens(queries, keys, case.config, SCALE, REFERENCE, case.windows,
-                                                 case.n_window).probs, dtype)
+                                             case.terms, case.n_window).probs, dtype)
 
 
 def check_attention_scores(ad: ConformanceAdapter, ck: Checker) -> None:
-    """Every layer at once, or layer by layer with each one's sliding window (an observation
-    window's queries see the keys up to their own positions)."""
+    """Every layer at once, or layer by layer with each one's sliding window and terms (an
+    observation window's queries see the keys up to their own positions)."""
     for case in SPEC_CASES:
         queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
-        for layer, window in enumerate(case.windows) if case.windows else [(slice(None), None)]:
-            one = slice(layer, layer + 1) if case.windows else layer
-            name = case.name + (f",layer={layer}" if case.windows else "")
-            ck.close("specprefill.attention_scores", name,
-                     ad.attention_scores(queries[one], keys[one], SCALE, window, case.query_start),
-                     REFERENCE.attention_scores(queries[one], keys[one], SCALE, window, case.query_start))
+        per_layer = bool(case.windows or case.terms)
+        for layer in range(case.n_layers) if per_layer else [slice(None)]:
+            window = case.windows[layer] if case.windows else None
+            terms = case.terms[layer] if case.terms else None
+            one = slice(layer, layer + 1) if per_layer else layer
+            name = case.name + (f",layer={layer}" if per_layer else "")
+            got = ad.attention_scores(queries[one], keys[one], SCALE, window, terms, case.query_start)
+            ck.close("specprefill.attention_scores", name, got,
+                     REFERENCE.attention_scores(queries[one], keys[one], SCALE, window, terms, case.query_start))
+            if terms is not None:
+                ck.exact("specprefill.attention_scores.finite", name, bool(np.isfinite(got).all()), "NaN/Inf in probs")
 
 
 def check_smooth_scores(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -79,9 +84,10 @@ def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in SPEC_CASES:
         queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
         n = case.prompt_len
-        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad, case.windows, case.n_window)
+        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad, case.windows, case.terms,
+                                                   case.n_window)
         _, want = specprefill.speculative_selection(queries, keys, case.config, SCALE, REFERENCE, case.windows,
-                                                    case.n_window)
+                                                    case.terms, case.n_window)
         kept = np.asarray(got.kept).tolist()
         bound = specprefill.keep_count_upper_bound(n, case.config)
         problems = []

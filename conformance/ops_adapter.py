@@ -19,8 +19,8 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.h2o import h2o_attention_layer
 from specfill.core.ops import ModelOps
 from specfill.core.reference.specprefill import select_tokens
-from specfill.core.stages import (AttentionState, H2OLayerResult, InterResult, IntraResult, KeyWindow, MemorySet,
-                                  Selection)
+from specfill.core.stages import (AttentionState, AttentionTerms, H2OLayerResult, InterResult, IntraResult, KeyWindow,
+                                  MemorySet, Selection, active_terms)
 
 
 @dataclass(frozen=True)
@@ -92,13 +92,22 @@ class OpsAdapter:
     def _memory(self, memory: MemorySet | None) -> MemorySet | None:
         return None if memory is None else MemorySet(self.cv.index(np.asarray(memory.indices)), memory.chunk_index)
 
+    def _terms(self, terms: AttentionTerms | None) -> tuple:
+        """The stages' trailing terms argument on the backend's arrays (sinks in the statistics
+        dtype), or nothing at all without terms: a call without terms is today's call."""
+        terms = active_terms(terms)
+        if terms is None:
+            return ()
+        sinks = None if terms.sinks is None else self.cv.stats(np.asarray(terms.sinks))
+        return (AttentionTerms(sinks, terms.softcap),)
+
     def _memory_out(self, memory: MemorySet) -> MemorySet:
         return MemorySet(self.cv.numpy(memory.indices).astype(np.int64), memory.chunk_index)
 
     # H2O stages
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None) -> IntraResult:
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None) -> IntraResult:
         got = self.ops.intra_attention(self.cv.native(q), self.cv.native(k), self.cv.native(v), chunk_size, scale,
-                                       window)
+                                       window, *self._terms(terms))
         return IntraResult(self._state(got.state), self.cv.numpy(got.colsum))
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads) -> np.ndarray:
@@ -116,26 +125,29 @@ class OpsAdapter:
         k_mem, v_mem = self.ops.gather_memory(self.cv.native(k), self.cv.native(v), self._memory(memory))
         return self.cv.numpy(k_mem), self.cv.numpy(v_mem)
 
-    def inter_attention(self, q, k_mem, v_mem, scale, window: KeyWindow | None = None) -> InterResult:
+    def inter_attention(self, q, k_mem, v_mem, scale, window: KeyWindow | None = None, terms=None) -> InterResult:
         if window is not None and window.key_positions is not None:
             window = replace(window, key_positions=self.cv.index(np.asarray(window.key_positions)))
         got = self.ops.inter_attention(self.cv.native(q), self.cv.native(k_mem), self.cv.native(v_mem), scale,
-                                       window)
+                                       window, *self._terms(terms))
         return InterResult(self._state(got.state), self.cv.numpy(got.colsum))
 
     def merge_states(self, a, b) -> AttentionState:
         return self._state(self.ops.merge_states(self._state_in(a), self._state_in(b)))
 
-    def attention_layer(self, q, k, v, config: H2OConfig, scale, window=None) -> H2OLayerResult:
+    def add_sinks(self, state, sinks) -> AttentionState:
+        return self._state(self.ops.add_sinks(self._state_in(state), self.cv.stats(np.asarray(sinks))))
+
+    def attention_layer(self, q, k, v, config: H2OConfig, scale, window=None, terms=None) -> H2OLayerResult:
         got = h2o_attention_layer(self.ops, self.cv.native(q), self.cv.native(k), self.cv.native(v), config, scale,
-                                  window)
+                                  window, *self._terms(terms))
         return H2OLayerResult(self.cv.numpy(got.output), self.cv.numpy(got.scores),
                               [self._memory_out(m) for m in got.memory_sets])
 
     # speculative-prefill stages
-    def attention_scores(self, queries, keys, scale, window=None, query_start=None) -> np.ndarray:
+    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None) -> np.ndarray:
         return self.cv.numpy(self.ops.attention_scores(self.cv.native(queries), self.cv.native(keys), scale,
-                                                       window, query_start))
+                                                       window, *self._terms(terms), query_start=query_start))
 
     def smooth_scores(self, probs, kernel) -> np.ndarray:
         return self.cv.numpy(self.ops.smooth_scores(self.cv.stats(probs), kernel))

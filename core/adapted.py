@@ -17,8 +17,10 @@ with one error naming the architecture, the layer, its kind and the method.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ConfigError
+from .stages import AttentionTerms
 
 QK_NORMS = ("none", "head", "full", "weightless")  # per head, over all heads at once, RMS without weight
 METHOD_NAMES = {"h2o": "H2O", "specprefill": "SpecPrefill", "speculator": "the SpecPrefill speculator"}
@@ -26,6 +28,15 @@ METHOD_NAMES = {"h2o": "H2O", "specprefill": "SpecPrefill", "speculator": "the S
 
 class MethodRefusedError(ConfigError):
     """A method that the model's architecture cannot honour (named layer, kind and method)."""
+
+
+def terms_kind(terms: AttentionTerms[Any] | None, base: str = "attention") -> str:
+    """How a report names a layer with these terms: "attention", "attention with sinks", ..."""
+    if terms is None:
+        return base
+    named = [name for name, present in (("sinks", terms.sinks is not None),
+                                        ("logit soft-capping", terms.softcap is not None)) if present]
+    return f"{base} with " + " and ".join(named) if named else base
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,9 @@ class AttentionLayout:
     Hq * D / Hkv * D before the split into heads) or "weightless" (RMS without a weight, per head).
     rope: RoPE rotates q and k (False: NoPE, the layer attends by content alone).
     window: sliding window w (query at position p sees keys at p - w < q <= p), None: global.
+    terms: what the layer adds to its softmax (core/stages.AttentionTerms: gpt_oss's per-head
+    sinks, the library's own parameter array; gemma2's logit soft-cap), None: nothing; every
+    method honours them (not compared: an array).
     refusal: why the sparse methods cannot run this layer (None: they can); full prefill and
     decode then go through the library's own attention module.
     """
@@ -53,6 +67,7 @@ class AttentionLayout:
     window: int | None = None
     refusal: str | None = None
     norm_eps: float = 1e-6  # the epsilon of a "weightless" q/k norm (a norm module keeps its own)
+    terms: AttentionTerms[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.qk_norm not in QK_NORMS:
@@ -103,6 +118,11 @@ class AdaptedArgs:
     @property
     def layer_windows(self) -> tuple[int | None, ...]:
         return tuple(layer.window for layer in self.layers)
+
+    @property
+    def layer_terms(self) -> tuple[AttentionTerms[Any] | None, ...]:
+        """Each layer's attention terms (sinks, soft-cap), as layer_windows are its windows."""
+        return tuple(layer.terms for layer in self.layers)
 
     def first(self, n_layers: int) -> AdaptedArgs:
         """The args of the model's first n_layers layers (the "self:K" speculator)."""

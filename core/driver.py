@@ -82,9 +82,11 @@ class CausalLM(LoadedModel[A]):
         attend, step = None, self.prefill_step_size
         if method.name == "h2o":
             from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
+            from .stages import layer_terms
             if not uses_full_attention(config, len(ids)):
                 attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers,
-                                             self.args.attention_scale, len(ids), self.args.layer_windows)
+                                             self.args.attention_scale, len(ids), self.args.layer_windows,
+                                             layer_terms(self.args))
                 step = h2o_step_size(config, self.prefill_step_size)
         logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,
                          logits_from=logits_from, attend=attend, progress=progress)

@@ -102,6 +102,12 @@ class ModelArgs:
         """layer_window of every layer, in order."""
         return tuple(self.layer_window(i) for i in range(self.num_hidden_layers))
 
+    @property
+    def layer_terms(self) -> tuple[None, ...]:
+        """Each layer's attention terms (core/stages.AttentionTerms): none in the own families'
+        model files (core/model_config.py refuses a GGUF whose attention soft-caps its logits)."""
+        return (None,) * self.num_hidden_layers
+
     def local_rope(self, layer: int) -> bool:
         """Whether layer `layer` rotates with the sliding layers' own RoPE base (rope_local_theta)."""
         return self.layer_window(layer) is not None and self.rope_local_theta is not None

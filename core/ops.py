@@ -27,7 +27,7 @@ from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
 import numpy as np
 
 from .runtime import SamplingConfig
-from .stages import A, AttentionState, InterResult, IntraResult, KeyWindow, MemorySet
+from .stages import A, AttentionState, AttentionTerms, InterResult, IntraResult, KeyWindow, MemorySet
 
 
 class H2OOps(Protocol[A]):
@@ -37,13 +37,20 @@ class H2OOps(Protocol[A]):
     """
 
     def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float,
-                        window: int | None = None) -> IntraResult[A]:
+                        window: int | None = None, terms: AttentionTerms[A] | None = None) -> IntraResult[A]:
         """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query
-        i sees only keys j > i - w of its chunk (a sliding layer)."""
+        i sees only keys j > i - w of its chunk (a sliding layer). terms: the layer's soft-cap
+        caps the logits, its sinks join the column sums' denominators; the state stays sink-free
+        (the walk folds the sink in once: `add_sinks`)."""
 
     def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float,
-                        window: KeyWindow[A] | None = None) -> InterResult[A]:
-        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's."""
+                        window: KeyWindow[A] | None = None, terms: AttentionTerms[A] | None = None) -> InterResult[A]:
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as in
+        intra_attention."""
+
+    def add_sinks(self, state: AttentionState[A], sinks: A) -> AttentionState[A]:
+        """The state over a query's whole key set with each head's sink logit (sinks [Hq]) in its
+        denominator (exp(sink - m) joins l, no value joins o); rows over no key stay finite."""
 
     def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
         """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
@@ -91,14 +98,19 @@ class KernelStages(Generic[A]):
         raise NotImplementedError
 
     def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float,
-                        window: int | None = None) -> IntraResult[A]:
+                        window: int | None = None, terms: AttentionTerms[A] | None = None) -> IntraResult[A]:
+        extra = {} if terms is None else {"terms": terms}
         return self.stage_kernels().intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels,
-                                                    window=window)
+                                                    window=window, **extra)
 
     def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float,
-                        window: KeyWindow[A] | None = None) -> InterResult[A]:
+                        window: KeyWindow[A] | None = None, terms: AttentionTerms[A] | None = None) -> InterResult[A]:
+        extra = {} if terms is None else {"terms": terms}
         return self.stage_kernels().inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels,
-                                                    window=window)
+                                                    window=window, **extra)
+
+    def add_sinks(self, state: AttentionState[A], sinks: A) -> AttentionState[A]:
+        return self.stage_kernels().add_sinks(state, sinks)
 
     def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
         return self.stage_kernels().reduce_colsum_to_kv_heads(colsum, n_kv_heads)
@@ -107,19 +119,21 @@ class KernelStages(Generic[A]):
         return self.stage_kernels().merge_states(a, b)
 
     def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None,
-                         query_start: int | None = None) -> A:
+                         terms: AttentionTerms[A] | None = None, query_start: int | None = None) -> A:
+        extra = {} if terms is None else {"terms": terms}
         return self.stage_kernels().attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window,
-                                                     query_start=query_start)
+                                                     query_start=query_start, **extra)
 
 
 class ScoringOps(Protocol[A]):
     """The speculative-prefill scoring stages over a backend's arrays."""
 
     def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None,
-                         query_start: int | None = None) -> A:
+                         terms: AttentionTerms[A] | None = None, query_start: int | None = None) -> A:
         """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
         [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
-        a window w, j > its position - w (core/reference/specprefill.scoring_mask)."""
+        a window w, j > its position - w (core/reference/specprefill.scoring_mask); terms: the
+        layers' soft-cap caps the logits, their sinks [Hq] join each softmax's denominator."""
 
     def smooth_scores(self, probs: A, kernel: int) -> A:
         """Average pooling along the last axis, zero padding kernel // 2 each side."""
@@ -240,9 +254,11 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def first_layers(self, model: Any, n_layers: int) -> Any:
         """A view of `model`'s first n blocks with its embedding, final norm and LM head."""
 
-    def causal_step(self, q: A, k: A, v: A, scale: float, window: int | None = None) -> A:
+    def causal_step(self, q: A, k: A, v: A, scale: float, window: int | None = None,
+                    terms: AttentionTerms[A] | None = None) -> A:
         """Causal attention of a step: q [1, Hq, T, D] over every cached k/v [1, Hkv, S, D], slots
-        being positions (a prompt's prefill from slot 0); window w: query p sees keys > p - w."""
+        being positions (a prompt's prefill from slot 0); window w: query p sees keys > p - w;
+        terms: the layer's soft-cap and sinks (core/stages.AttentionTerms)."""
 
     def last_queries(self, q: A, n: int) -> A:
         """A copy of the step's last n queries of every head: q [1, Hq, T, D] -> [n, Hq, D]."""

@@ -32,6 +32,7 @@ from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
 from .runtime import PrefillMethod, self_speculator_layers
+from .stages import layer_terms
 
 REPEATS = 2
 
@@ -101,7 +102,7 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         sparse_layer = dataclasses.replace(config, layers="all")  # the timed layer runs H2O
         step = h2o_step_size(config, lm.prefill_step_size)  # a fresh attention (its carries) per run
         full, h2o = _best_of(layer_run, lambda: layer_run(step=step, attend=H2OPrefillAttention(
-            ops, sparse_layer, 1, args.attention_scale, length, args.layer_windows[:1])))
+            ops, sparse_layer, 1, args.attention_scale, length, args.layer_windows[:1], layer_terms(args)[:1])))
         sparse = len(config.layer_indices(n_main)) / n_main  # the other layers cost what full's do
         return full, (1.0 - sparse) * full + sparse * h2o
     spec_layer, spec_args, n_spec, spec_step = _speculator(lm, method)

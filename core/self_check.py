@@ -144,3 +144,24 @@ class KernelSelfCheck:
 
 
 KERNEL_SELF_CHECK = KernelSelfCheck()
+
+
+_TERM_FALLBACKS: set[tuple[str, str]] = set()
+_TERM_FALLBACKS_LOCK = threading.Lock()
+
+
+def note_term_fallback(backend: str, kernel: str, twin: str) -> None:
+    """Say once per process and (backend, kernel) that a layer's attention terms (soft-cap, sinks:
+    core/stages.AttentionTerms) run `twin` instead of the kernel, which does not take them."""
+    with _TERM_FALLBACKS_LOCK:
+        if (backend, kernel) in _TERM_FALLBACKS:
+            return
+        _TERM_FALLBACKS.add((backend, kernel))
+    warnings.warn(f"{backend} kernel '{kernel}' takes no attention sinks or logit soft-cap; layers with them "
+                  f"run {twin} (exact, slower)", SpecfillWarning, stacklevel=3)
+
+
+def term_fallbacks() -> list[tuple[str, str]]:
+    """(backend, kernel) pairs that fell back to their twin for attention terms so far."""
+    with _TERM_FALLBACKS_LOCK:
+        return sorted(_TERM_FALLBACKS)

@@ -57,6 +57,48 @@ class KeyWindow(Generic[A]):
     key_start: int = 0
 
 
+@dataclass(frozen=True, eq=False)
+class AttentionTerms(Generic[A]):
+    """Terms a layer adds to its softmax besides q.k (None: the term is absent), carried per layer
+    like its sliding window (ModelArgs / AdaptedArgs.layer_terms) into every attention stage.
+
+    softcap: logits -> softcap * tanh(logits / softcap), on the SCALED logits (scale * q.k), before
+    any mask (gemma2's attn_logit_softcapping, transformers' eager_attention_forward order).
+    sinks: [Hq] one learned logit per query head that joins every softmax's denominator and
+    carries no value (gpt_oss: a column of logits appended, the softmax taken, the column
+    dropped): p_j = exp(s_j) / (sum_k exp(s_k) + exp(sink_h)); in the backend's array type,
+    any float dtype (the stages read it in the statistics dtype). It is not capped.
+    eq=False: an array field does not compare; identity is enough (one object per layer).
+    """
+
+    sinks: A | None = None
+    softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.softcap is not None and not float(self.softcap) > 0:
+            raise ValueError(f"a logit soft-cap must be positive, got {self.softcap!r}")
+
+
+def active_terms(terms: AttentionTerms[A] | None) -> AttentionTerms[A] | None:
+    """`terms` when it holds a term, else None: the stages and the walk test one value, and a layer
+    without terms takes exactly today's path."""
+    return terms if terms is not None and (terms.sinks is not None or terms.softcap is not None) else None
+
+
+def layer_terms(args: object) -> tuple[AttentionTerms | None, ...]:
+    """A model's per-layer attention terms (its args' `layer_terms`, like `layer_windows`; () for
+    args that have none, e.g. a test's stand-in)."""
+    return tuple(getattr(args, "layer_terms", ()))
+
+
+def sinks_of(terms: AttentionTerms[A] | None) -> A | None:
+    return None if terms is None else terms.sinks
+
+
+def softcap_of(terms: AttentionTerms[A] | None) -> float | None:
+    return None if terms is None or terms.softcap is None else float(terms.softcap)
+
+
 def window_binds(window: int | None, max_distance: int) -> bool:
     """Whether a window w can hide a key from a query at most `max_distance` positions after it
     (host integers only: the methods decide this without reading device arrays)."""
@@ -179,9 +221,9 @@ class H2OStages(Protocol):
     """The H2O stages at the conformance boundary (NumPy in, NumPy out)."""
 
     def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                        scale: float, window: int | None = None) -> IntraResult:
+                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
         """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query i
-        sees only keys j > i - w of its chunk."""
+        sees only keys j > i - w of its chunk; terms (sinks as NumPy [Hq]) as core/ops.H2OOps says."""
 
     def reduce_colsum_to_kv_heads(self, colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:
         """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
@@ -198,17 +240,21 @@ class H2OStages(Protocol):
                       memory: MemorySet) -> tuple[np.ndarray, np.ndarray]:
         """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
 
-    def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray,
-                        scale: float, window: KeyWindow | None = None) -> InterResult:
-        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's."""
+    def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float,
+                        window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as above."""
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
         """Exact online-softmax merge of two states over disjoint key sets."""
 
+    def add_sinks(self, state: AttentionState, sinks: np.ndarray) -> AttentionState:
+        """A query's final state with each head's sink (sinks [Hq]) in its denominator."""
+
     def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
-                        scale: float, window: int | None = None) -> H2OLayerResult:
+                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> H2OLayerResult:
         """Whole-prompt two-phase attention for one layer (a sliding layer of window w: each key
-        set intersected with it): the core walk over this backend's ops."""
+        set intersected with it; the layer's terms in every softmax): the core walk over this
+        backend's ops."""
 
 
 @runtime_checkable
@@ -216,10 +262,12 @@ class SpecPrefillStages(Protocol):
     """The speculative-prefill stages at the conformance boundary (NumPy in, NumPy out)."""
 
     def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float,
-                         window: int | None = None, query_start: int | None = None) -> np.ndarray:
+                         window: int | None = None, terms: AttentionTerms | None = None,
+                         query_start: int | None = None) -> np.ndarray:
         """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
         [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
-        a window w, j > its position - w (a row that sees none is all zeros)."""
+        a window w, j > its position - w (a row that sees none is all zeros); terms: soft-capped
+        logits, sinks [Hq] in each denominator."""
 
     def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
         """Average pooling along the last axis, zero padding kernel // 2 each side."""

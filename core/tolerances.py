@@ -3,6 +3,13 @@
 Inputs are rounded to the dtype under test before the float64 reference sees them, so only the
 backend's arithmetic is measured, never input rounding. A value passes when
 |got - want| <= atol + rtol * |want| elementwise.
+
+A layer's attention terms (sinks, logit soft-cap: the "sinks" and "softcap" conformance cases) are
+checked at the same tolerances, because neither widens the error a dtype's arithmetic makes: the
+soft-cap cap * tanh(s / cap) has slope at most 1, so it never amplifies a logit's error (it adds
+one tanh rounding and shrinks logits of |100| to |cap|), and a sink is one more exp() term of a
+float32 denominator whose argument (sink - m, sinks up to |100| as logits are) carries the same
+~1e-5 absolute error the logits' rows already budget for.
 """
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ import pytest
 from specfill.conformance import ReferenceAdapter, run_conformance
 from specfill.conformance.ops_adapter import CacheAdapter
 from specfill.core import AttentionState, MemorySet
-from specfill.core.reference import h2o, specprefill
+from specfill.core.reference import attention, h2o, specprefill
 from specfill.core.reference.kv_cache import ReferenceKVCache
+from specfill.core.stages import AttentionTerms
 
 
 class LocalWindowOffByOne(ReferenceAdapter):
@@ -28,23 +29,24 @@ class WrongGqaMapping(ReferenceAdapter):
     def _tile(x, n_heads, axis=0):
         return np.concatenate([x] * (n_heads // x.shape[axis]), axis=axis)
 
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None):
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
         n = q.shape[0]
-        return super().intra_attention(q, self._tile(k, n), self._tile(v, n), chunk_size, scale, window)
+        return super().intra_attention(q, self._tile(k, n), self._tile(v, n), chunk_size, scale, window, terms)
 
-    def inter_attention(self, q, k_mem, v_mem, scale, window=None):
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
         n = q.shape[0]
         if window is not None and window.key_positions is not None:
             window = dataclasses.replace(window, key_positions=self._tile(window.key_positions, n))
-        return super().inter_attention(q, self._tile(k_mem, n), self._tile(v_mem, n), scale, window)
+        return super().inter_attention(q, self._tile(k_mem, n), self._tile(v_mem, n), scale, window, terms)
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
         if colsum.shape[0] != n_kv_heads:  # colsum came back per query head: fold h % Hkv
             return colsum.reshape(-1, n_kv_heads, *colsum.shape[1:]).sum(axis=0)
         return colsum
 
-    def attention_scores(self, queries, keys, scale, window=None):
-        return super().attention_scores(queries, self._tile(keys, queries.shape[2], axis=1), scale, window)
+    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
+        return super().attention_scores(queries, self._tile(keys, queries.shape[2], axis=1), scale, window, terms,
+                                        query_start)
 
 
 class MergeWithoutRescaling(ReferenceAdapter):
@@ -64,24 +66,82 @@ class PositionsNotRestored(ReferenceAdapter):
 class DenseTailOffByOne(ReferenceAdapter):
     """The dense tail starts one query late: row N - W keeps its sparse key set."""
 
-    def attention_layer(self, q, k, v, config, scale, window=None):
+    def attention_layer(self, q, k, v, config, scale, window=None, terms=None):
         short = dataclasses.replace(config, dense_tail=max(0, config.dense_tail - 1))
-        return super().attention_layer(q, k, v, short, scale, window)
+        return super().attention_layer(q, k, v, short, scale, window, terms)
 
 
 class SlidingWindowOffByOne(ReferenceAdapter):
     """A sliding layer's window one key too wide (j >= i - w instead of j > i - w), in every
     stage that takes one."""
 
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None):
-        return super().intra_attention(q, k, v, chunk_size, scale, None if window is None else window + 1)
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+        return super().intra_attention(q, k, v, chunk_size, scale, None if window is None else window + 1, terms)
 
-    def inter_attention(self, q, k_mem, v_mem, scale, window=None):
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
         wider = None if window is None else dataclasses.replace(window, size=window.size + 1)
-        return super().inter_attention(q, k_mem, v_mem, scale, wider)
+        return super().inter_attention(q, k_mem, v_mem, scale, wider, terms)
 
-    def attention_scores(self, queries, keys, scale, window=None):
-        return super().attention_scores(queries, keys, scale, None if window is None else window + 1)
+    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
+        return super().attention_scores(queries, keys, scale, None if window is None else window + 1, terms,
+                                        query_start)
+
+
+class SinkInEveryState(ReferenceAdapter):
+    """The sink folded into phase 1's and phase 2's states before they merge (counted twice for
+    a query that has both), instead of once into the merged state."""
+
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+        got = super().intra_attention(q, k, v, chunk_size, scale, window, terms)
+        if terms is None or terms.sinks is None:
+            return got
+        return h2o.IntraResult(attention.add_sinks(got.state, terms.sinks), got.colsum)
+
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
+        got = super().inter_attention(q, k_mem, v_mem, scale, window, terms)
+        if terms is None or terms.sinks is None or k_mem.shape[1] == 0:
+            return got
+        return h2o.InterResult(attention.add_sinks(got.state, terms.sinks), got.colsum)
+
+    def add_sinks(self, state, sinks):
+        return state  # already in (the bug)
+
+
+class SinkLeftOutOfScores(ReferenceAdapter):
+    """The column sums and SpecPrefill's scores normalised without the sink (the outputs keep it)."""
+
+    @staticmethod
+    def _no_sinks(terms):
+        return None if terms is None or terms.softcap is None else AttentionTerms(None, terms.softcap)
+
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+        got = super().intra_attention(q, k, v, chunk_size, scale, window, terms)
+        return h2o.IntraResult(got.state, super().intra_attention(q, k, v, chunk_size, scale, window,
+                                                                  self._no_sinks(terms)).colsum)
+
+    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
+        return super().attention_scores(queries, keys, scale, window, self._no_sinks(terms), query_start)
+
+
+class SoftcapAfterTheMask(ReferenceAdapter):
+    """The soft-cap applied to masked logits too (tanh(-inf) = -1: hidden keys get weight)."""
+
+    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
+        if terms is None or terms.softcap is None or window is None:
+            return super().attention_scores(queries, keys, scale, window, terms, query_start)
+        cap = terms.softcap
+        logits = np.einsum("lqhd,lhpd->qlhp", queries, np.repeat(keys, queries.shape[2] // keys.shape[1], axis=1))
+        visible = specprefill.scoring_mask(queries.shape[1], keys.shape[2], window, query_start)[:, None, None, :]
+        capped = np.tanh(np.where(visible, logits * scale, -np.inf) / cap) * cap
+        sinks = None if terms.sinks is None else np.asarray(terms.sinks)
+        return attention.masked_state(capped, np.bool_(True), np.zeros((keys.shape[2], 0)), sinks)[1]
+
+
+class QueryWindowSeesTheFuture(ReferenceAdapter):
+    """An observation window's queries score every prompt key (query_start dropped: no causal mask)."""
+
+    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
+        return super().attention_scores(queries, keys, scale, window, terms)
 
 
 class TrimSparesTheFirstLayers(ReferenceAdapter):
@@ -110,6 +170,11 @@ class TrimSparesTheFirstLayers(ReferenceAdapter):
     (LocalWindowOffByOne, {"h2o.build_memory_set", "h2o.layer.memory_structure"}),
     (WrongGqaMapping, {"h2o.intra_attention.o", "h2o.inter_attention.o", "specprefill.attention_scores"}),
     (MergeWithoutRescaling, {"h2o.merge_states.o", "h2o.layer.output_vs_key_sets"}),
+    (SinkInEveryState, {"h2o.layer.output_vs_key_sets"}),
+    (SinkLeftOutOfScores, {"h2o.intra_attention.colsum", "h2o.layer.scores_vs_key_sets",
+                           "specprefill.attention_scores"}),
+    (SoftcapAfterTheMask, {"specprefill.attention_scores"}),
+    (QueryWindowSeesTheFuture, {"specprefill.attention_scores"}),
     (PositionsNotRestored, {"specprefill.select_tokens.position_ids", "specprefill.select_tokens.decode_start",
                             "specprefill.selection.invariants"}),
 ])

@@ -157,6 +157,9 @@ def adapt(lm: nn.Module) -> AdaptedModel:
     cache, whose `make_mask` gives it mlx-lm's masks). A layer without softmax attention (linear
     attention, state-space) or with a cache other than keys and values: ModelLoadError, `lm` as it was."""
     config = dict(vars(lm.args))
+    backbone_types = getattr(getattr(lm, "model", None), "layer_types", None)
+    if not config.get("layer_types") and isinstance(backbone_types, (list, tuple)):
+        config["layer_types"] = list(backbone_types)  # a default the backbone fills in (gpt_oss's alternation)
     architecture = str(config.get("model_type"))
     for layer in lm.layers:  # adapted before: put the original modules back first
         found = attention_of(layer)

@@ -9,9 +9,13 @@ writes specfill's KV cache and attends causally, inside the layer's window, or t
 method's `PrefillAttention` (H2O, the speculator's query capture). Everything around the
 attention (embeddings, MLP / mixture of experts, norms, LM head) stays mlx-lm's own code.
 
+Attention sinks (gpt_oss's `sinks` array, one per query head) and logit soft-capping (gemma2's
+attn_logit_softcapping) become the layer's AttentionTerms (core/stages.py), which every method
+honours (`terms_attention` for a plain step, the methods' stages otherwise); the sinks are the
+module's array at adapt time (adapt after the weights are loaded: loader.py does).
 What the adapter does not model is refused, never approximated: a part or setting it does not
-know (attention sinks, latent attention, logit soft-capping, ...) makes the layer's `refusal`;
-such a layer runs through its original module for full prefill and decode (positions = slots).
+know (latent attention, ...) makes the layer's `refusal`; such a layer runs through its original
+module for full prefill and decode (positions = slots).
 """
 from __future__ import annotations
 
@@ -21,21 +25,22 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from specfill.core.adapted import AttentionLayout
+from specfill.core.adapted import AttentionLayout, terms_kind
+from specfill.core.stages import AttentionTerms
 
 from .cache import LayerKVCache
-from .model import causal_attention, layer_boundary, windowed_attention
+from .model import causal_attention, layer_boundary, terms_attention, windowed_attention
 
 ATTENTION_NAMES = ("self_attn", "attention", "attn")  # the attention child of a decoder layer
-KNOWN_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rope"})
+KNOWN_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rope",
+                         "sinks"})  # sinks: the layer's AttentionTerms
+SOFTCAP_SETTING = "attn_logit_softcapping"  # the layer's AttentionTerms
 # part or setting -> (layer kind, why the methods' stages cannot run it)
-REFUSED_PARTS = {"sinks": ("attention sinks", "an extra per-head logit joins every softmax"),
-                 "kv_a_proj_with_mqa": ("multi-head latent attention", "keys and values are decompressed "
+REFUSED_PARTS = {"kv_a_proj_with_mqa": ("multi-head latent attention", "keys and values are decompressed "
                                         "from a shared latent, with a RoPE part apart"),
                  "kv_b_proj": ("multi-head latent attention", "keys and values are decompressed from a "
                                "shared latent, with a RoPE part apart")}
-REFUSED_SETTINGS = {"attn_logit_softcapping": ("attention logit soft-capping", "tanh caps every score "
-                                               "before the softmax")}
+REFUSED_SETTINGS: dict[str, tuple[str, str]] = {}
 # Switches of parts the adapter does not model that change nothing while False
 OFF_SWITCHES = frozenset({"qk_layernorm"})
 # Plain settings of mlx-lm attention modules that change nothing the adapter does not read itself.
@@ -43,7 +48,8 @@ KNOWN_SETTINGS = frozenset({"n_heads", "n_kv_heads", "num_heads", "num_attention
                             "num_kv_heads", "n_kv_groups", "use_qk_norm", "partial_rotary_factor",
                             "num_key_value_groups", "head_dim", "scale", "sm_scale", "repeats", "layer_idx",
                             "args", "config", "hidden_size", "rope_theta", "num_hidden_layers", "is_sliding",
-                            "is_local", "use_rope", "use_sliding", "max_position_embeddings", "rms_norm_eps"})
+                            "is_local", "use_rope", "use_sliding", "max_position_embeddings", "rms_norm_eps",
+                            SOFTCAP_SETTING})
 
 
 class StepState:
@@ -95,6 +101,21 @@ def _refusal(parts: set[str], found: dict[str, Any], rope: nn.Module | None) -> 
     return None
 
 
+def _terms(attn: nn.Module, own: dict[str, Any], n_heads: int) -> tuple[AttentionTerms | None, str | None]:
+    """(the layer's AttentionTerms or None, a refusal reason or None): the module's sinks array
+    (one per query head) and its positive logit soft-cap."""
+    sinks = attn.get("sinks") if "sinks" in attn else None
+    softcap = own.get(SOFTCAP_SETTING)
+    if sinks is None and softcap is None:
+        return None, None
+    if sinks is not None and (not isinstance(sinks, mx.array) or tuple(sinks.shape) != (n_heads,)):
+        return None, f"attention sinks of shape {tuple(getattr(sinks, 'shape', ()))}, not one per query head"
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                    and softcap > 0):
+        return None, f"a logit soft-cap of {softcap!r}, not a positive number"
+    return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
+
+
 def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> AttentionLayout:
     """Layer `index`'s attention as an AttentionLayout (config: the mlx-lm model's args as a dict)."""
     found = attention_of(layer)
@@ -129,7 +150,11 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     if qk_norm == "?" or (kv_width is not None and kv_width != n_kv * head_dim) or head_dim % 2:
         return AttentionLayout("attention of an unknown layout", **layout,
                                refusal="projection or q/k norm shapes the adapter does not recognise")
-    return AttentionLayout("attention" if uses_rope else "attention (NoPE)", **layout, qk_norm=qk_norm)
+    terms, odd_terms = _terms(attn, own, n_heads)
+    if odd_terms is not None:
+        return AttentionLayout("attention of an unknown layout", **layout, refusal=odd_terms)
+    kind = terms_kind(terms, "attention" if uses_rope else "attention (NoPE)")
+    return AttentionLayout(kind, **layout, qk_norm=qk_norm, terms=terms)
 
 
 def _is_nope(rope: Any) -> bool:
@@ -227,9 +252,9 @@ class AdaptedAttention(nn.Module):
         if positions is None or self.layout.refusal is not None or extra:
             return self.inner(x, mask=mask, cache=cache, **extra)
         q, k, v = self.project(x, positions)
-        window, steps = self.layout.window, x.shape[1]
+        window, terms, steps = self.layout.window, self.layout.terms, x.shape[1]
         step = keys_at = None
-        if window is not None:  # every step records its positions, whoever attends
+        if window is not None or terms is not None:  # every step records its positions, whoever attends
             step = np.arange(positions, positions + steps) if isinstance(positions, (int, np.integer)) \
                 else np.asarray(positions)
             keys_at = step
@@ -238,6 +263,8 @@ class AdaptedAttention(nn.Module):
             keys_at = cache.slot_positions(step) if step is not None else None
         if self.step_state.attend is not None:
             attended = self.step_state.attend(self.index, q, k, v)
+        elif terms is not None:
+            attended = terms_attention(q, k, v, self.layout.scale, terms, step, keys_at, window)
         elif window is not None:
             attended = windowed_attention(q, k, v, self.layout.scale, window, step, keys_at)
         else:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -69,6 +69,38 @@ def windowed_attention(queries: mx.array, keys: mx.array, values: mx.array, scal
     distance = mx.array(q_positions[:, None] - key_positions[None, :])  # [T, S]
     mask = (distance >= 0) & (distance < window)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+TERMS_QUERY_BLOCK = 256  # query rows per block of `terms_attention`: its logits stay [Hq, 256, S]
+
+
+def terms_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, terms: Any,
+                    q_positions: np.ndarray, key_positions: np.ndarray, window: int | None = None) -> mx.array:
+    """Attention of a layer with terms (core/stages.AttentionTerms: a logit soft-cap, per-head
+    sinks), which mx.fast's kernel does not take together: q [1, Hq, T, D] against k/v
+    [1, Hkv, S, D]; query t (position q_positions[t], host) sees slot s (key_positions[s]) iff
+    0 <= q_pos - k_pos (< window). Explicit float32 logits per block of query rows, scaled,
+    soft-capped, masked, each row's sink in the softmax's denominator (gpt_oss, gemma2 as mlx-lm
+    computes them). Returns [1, Hq, T, D] in q's dtype."""
+    from .kernels.state import sink_weights, soft_cap
+
+    _, n_heads, steps, dim = queries.shape
+    n_kv = keys.shape[1]
+    group = n_heads // n_kv
+    keys_t, vals = keys[0].astype(mx.float32)[:, None].swapaxes(-1, -2), values[0].astype(mx.float32)[:, None]
+    sinks = None if terms.sinks is None else terms.sinks.reshape(n_kv, group, 1)
+    blocks = []
+    for lo in range(0, steps, TERMS_QUERY_BLOCK):
+        hi = min(lo + TERMS_QUERY_BLOCK, steps)
+        q = queries[0, :, lo:hi].astype(mx.float32).reshape(n_kv, group, hi - lo, dim)
+        logits = soft_cap((q @ keys_t) * scale, terms.softcap)  # [Hkv, G, rows, S]
+        distance = mx.array(q_positions[lo:hi, None] - key_positions[None, :])
+        visible = distance >= 0 if window is None else (distance >= 0) & (distance < window)
+        logits = mx.where(visible, logits, -mx.inf)  # every row keeps its own slot
+        weights = mx.softmax(logits, axis=-1) if sinks is None else sink_weights(logits, logits.max(axis=-1), sinks)
+        blocks.append(weights @ vals)
+    out = blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=2)
+    return out.reshape(1, n_heads, steps, dim).astype(queries.dtype)
 
 
 class Attention(nn.Module):

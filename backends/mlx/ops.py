@@ -21,7 +21,7 @@ from specfill.core.runtime import SamplingConfig
 import specfill.backends.mlx.method_ops as method_ops
 from .method_ops import stage_kernels
 from .cache import LayerKVCache, ModelKVCache, make_cache
-from .model import LayerView, Model, causal_attention, windowed_attention
+from .model import LayerView, Model, causal_attention, terms_attention, windowed_attention
 from .sampling import Sampler, make_sampler
 
 
@@ -108,7 +108,10 @@ class MLXOps(KernelStages):
         return model.first_layers(n_layers)
 
     def causal_step(self, q: mx.array, k: mx.array, v: mx.array, scale: float,
-                    window: int | None = None) -> mx.array:
+                    window: int | None = None, terms: Any = None) -> mx.array:
+        if terms is not None and (terms.sinks is not None or terms.softcap is not None):
+            slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions
+            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2]:], slots, window)
         if window is None:
             return causal_attention(q, k, v, scale)
         slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions

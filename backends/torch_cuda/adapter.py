@@ -11,8 +11,10 @@ and attends causally, inside the layer's window, or through the method's `Prefil
 norms, LM head, logit scaling) is transformers' own code.
 
 `describe` learns each layer's attention by one probe call of the model (2 tokens): which module
-called the interface from which decoder layer, with which shapes and arguments. Arguments the
-adapter does not model (attention sinks, soft-capping, ...) make the layer's `refusal`; such a
+called the interface from which decoder layer, with which shapes and arguments. Attention sinks
+(gpt_oss's `s_aux`, the module's own parameter) and logit soft-capping (gemma2's `softcap`) become
+the layer's AttentionTerms, which every method honours (`terms_attention` for a plain step, the
+methods' stages otherwise). Arguments the adapter does not model make the layer's `refusal`; such a
 layer still runs full prefill and decoding through its family's own eager attention function on
 specfill's cache, with a mask from the cached positions.
 """
@@ -27,11 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfill.core.adapted import AttentionLayout
+from specfill.core.adapted import AttentionLayout, terms_kind
 from specfill.core.errors import ModelLoadError
 from specfill.core.ops import PrefillAttention, checkpoint
+from specfill.core.stages import AttentionTerms
 
-from .attention import causal_attention, windowed_attention
+from .attention import causal_attention, terms_attention, windowed_attention
 from .cache import ModelKVCache
 
 NAME = "specfill"  # the attention implementation's name in transformers' AttentionInterface
@@ -39,10 +42,11 @@ NAME = "specfill"  # the attention implementation's name in transformers' Attent
 NEUTRAL_ARGUMENTS = frozenset({"dropout", "scaling", "sliding_window", "position_ids", "use_cache", "cache_position",
                                "output_router_logits", "output_attentions", "position_embeddings", "past_key_values",
                                "layer_idx"})
+# arguments the layer's AttentionTerms take (core/stages.py): per-head sinks [Hq], the logit soft-cap
+SINK_ARGUMENTS = ("s_aux", "sinks")
+SOFTCAP_ARGUMENT = "softcap"
 # argument -> (layer kind, why the methods' stages cannot run it), when its value is not None
-REFUSED_ARGUMENTS = {"s_aux": ("attention sinks", "an extra per-head logit joins every softmax"),
-                     "sinks": ("attention sinks", "an extra per-head logit joins every softmax"),
-                     "softcap": ("attention logit soft-capping", "tanh caps every score before the softmax")}
+REFUSED_ARGUMENTS: dict[str, tuple[str, str]] = {}
 
 
 @dataclass
@@ -92,6 +96,8 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
         return out[..., :value_dim].contiguous(), None
     if step.attend is not None:
         out = step.attend(index, query, keys, values)
+    elif layout.terms is not None:
+        out = terms_attention(query, keys, values, layout.scale, layout.terms, positions, keys_at, layout.window)
     elif layout.window is not None:
         out = windowed_attention(query, keys, values, layout.scale, layout.window, positions, keys_at)
     else:
@@ -102,8 +108,8 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
 def _own_attention(module: nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    positions: torch.Tensor, keys_at: torch.Tensor, layout: AttentionLayout,
                    kwargs: dict[str, Any]) -> torch.Tensor:
-    """A refused layer's attention by its family's own `eager_attention_forward` (sinks,
-    soft-capping included) over every cached key, with an additive mask [1, 1, T, S] from the
+    """A refused layer's attention by its family's own `eager_attention_forward` (whatever it
+    adds to the softmax included) over every cached key, with an additive mask [1, 1, T, S] from the
     positions: query t sees slot s iff 0 <= positions[t] - keys_at[s] (< window). -> [1, T, Hq, D]."""
     eager = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
     distance = positions[:, None] - keys_at[None, :]
@@ -133,11 +139,29 @@ def _refusal(kwargs: dict[str, Any], key: tuple, value: tuple) -> tuple[str, str
     for name, refused in REFUSED_ARGUMENTS.items():
         if kwargs.get(name) is not None:
             return refused
-    unknown = sorted(name for name, value in kwargs.items() if name not in NEUTRAL_ARGUMENTS
+    modelled = NEUTRAL_ARGUMENTS | set(SINK_ARGUMENTS) | {SOFTCAP_ARGUMENT}  # the terms: terms_of
+    unknown = sorted(name for name, value in kwargs.items() if name not in modelled
                      and value is not None and value is not False and not (name == "is_causal" and value is True))
     if unknown:
         return "attention of an unknown layout", f"interface arguments the adapter does not model: {', '.join(unknown)}"
     return None
+
+
+def terms_of(kwargs: dict[str, Any], n_heads: int) -> tuple[AttentionTerms | None, str | None]:
+    """(the layer's AttentionTerms or None, a refusal reason or None) from its interface arguments:
+    sinks, the library's own [Hq] parameter (read at each step: weights loaded later count), and a
+    positive soft-cap."""
+    sinks = next((kwargs[name] for name in SINK_ARGUMENTS if kwargs.get(name) is not None), None)
+    softcap = kwargs.get(SOFTCAP_ARGUMENT)
+    if sinks is None and softcap is None:
+        return None, None
+    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (n_heads,)):
+        return None, f"attention sinks of shape {tuple(getattr(sinks, 'shape', ()))}, not one per query head"
+    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+                                    and softcap > 0):
+        return None, f"a logit soft-cap of {softcap!r}, not a positive number"
+    # the parameter itself, not a copy: a later load or move of the weights is what the steps read
+    return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
 
 
 def layout_of(call: tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]], config_refusal: tuple[str, str] | None,
@@ -150,11 +174,14 @@ def layout_of(call: tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]], confi
     window = kwargs.get("sliding_window")
     window = int(window) if isinstance(window, int) and not isinstance(window, bool) else None
     refusal = config_refusal or _refusal(kwargs, k, v)
-    kind = f"attention ({type(module).__name__})"
+    terms, odd_terms = terms_of(kwargs, n_heads)
+    if refusal is None and odd_terms is not None:
+        refusal = "attention of an unknown layout", odd_terms
+    kind = f"{terms_kind(terms)} ({type(module).__name__})"
     if refusal is not None:
-        kind = f"{refusal[0]} ({type(module).__name__})"
+        kind, terms = f"{refusal[0]} ({type(module).__name__})", None
     return AttentionLayout(kind, n_heads, n_kv, head_dim, scale, window=window,
-                           refusal=None if refusal is None else refusal[1], norm_eps=eps)
+                           refusal=None if refusal is None else refusal[1], norm_eps=eps, terms=terms)
 
 
 def check_cacheable(architecture: str, calls: list) -> None:

@@ -8,6 +8,8 @@ one (`windowed_attention`).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -114,3 +116,39 @@ def _cpu_prefix_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     w_prefix = torch.exp(lse_prefix - lse).unsqueeze(-1)
     w_chunk = torch.exp(lse_chunk - lse).unsqueeze(-1)
     return (out_prefix.float() * w_prefix + out_chunk.float() * w_chunk).to(q.dtype)
+
+
+TERMS_QUERY_BLOCK = 256  # query rows per block of `terms_attention`: its logits stay [Hq, 256, S]
+
+
+def terms_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, terms: Any,
+                    q_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Attention of a layer with terms (core/stages.AttentionTerms: a logit soft-cap, per-head
+    sinks), which torch's fused kernels do not take: q [1, Hq, T, D] against keys/values
+    [1, Hkv, S, D]; query t (position q_positions[t]) sees slot s (key_positions[s]) iff
+    0 <= q_pos - k_pos (< window). Explicit float32 logits per block of query rows, as
+    transformers' eager function computes them: scaled, soft-capped, masked, the sink as one more
+    column of the softmax (dropped after). Returns [1, Hq, T, D] in q's dtype."""
+    _, n_heads, steps, dim = q.shape
+    n_kv = keys.shape[1]
+    group = n_heads // n_kv
+    keys_t, vals = keys[0].float().transpose(1, 2), values[0].float()
+    sinks = None if terms.sinks is None else \
+        terms.sinks.to(device=q.device, dtype=torch.float32).reshape(n_kv, group, 1)
+    out = torch.empty((n_kv, group, steps, dim), dtype=torch.float32, device=q.device)
+    for lo in range(0, steps, TERMS_QUERY_BLOCK):
+        hi = min(lo + TERMS_QUERY_BLOCK, steps)
+        rows = q[0, :, lo:hi].float().reshape(n_kv, group * (hi - lo), dim)
+        logits = torch.matmul(rows, keys_t).mul_(scale)  # [Hkv, G * rows, S]
+        if terms.softcap is not None:
+            logits = torch.tanh(logits / terms.softcap) * terms.softcap
+        distance = q_positions[lo:hi, None] - key_positions[None, :]
+        hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
+        logits.masked_fill_(hidden.repeat(group, 1), float("-inf"))  # row g * rows + t takes hidden[t]
+        if sinks is not None:
+            column = sinks.expand(n_kv, group, hi - lo).reshape(n_kv, group * (hi - lo), 1)
+            weights = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
+        else:
+            weights = torch.softmax(logits, dim=-1)  # every row keeps its own slot: never fully masked
+        out[:, :, lo:hi] = torch.matmul(weights, vals).view(n_kv, group, hi - lo, dim)
+    return out.reshape(1, n_heads, steps, dim).to(q.dtype)

@@ -19,7 +19,7 @@ from specfill.core.runtime import SamplingConfig
 import specfill.backends.torch_cuda.method_ops as method_ops
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from .method_ops import stage_kernels
-from .attention import causal_attention as causal_step, windowed_attention
+from .attention import causal_attention as causal_step, terms_attention, windowed_attention
 from .cache import ModelKVCache
 from .model import few_row_products
 from .model import Transformer
@@ -62,10 +62,11 @@ class TorchOps(KernelStages):
 
     # SpecPrefill scoring
     def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                         window: int | None = None, query_start: int | None = None) -> torch.Tensor:
+                         window: int | None = None, terms: Any = None,
+                         query_start: int | None = None) -> torch.Tensor:
         """KernelStages' after the shapes are checked."""
         stage_kernels().check_scoring_shapes(queries, keys)
-        return super().attention_scores(queries, keys, scale, window, query_start)
+        return super().attention_scores(queries, keys, scale, window, terms, query_start)
 
     smooth_scores = staticmethod(method_ops.smooth_scores)
     reduce_axis = staticmethod(method_ops.reduce_axis)
@@ -119,7 +120,10 @@ class TorchOps(KernelStages):
         return model.first_layers(n_layers)
 
     def causal_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    window: int | None = None) -> torch.Tensor:
+                    window: int | None = None, terms: Any = None) -> torch.Tensor:
+        if terms is not None and (terms.sinks is not None or terms.softcap is not None):
+            slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions
+            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2]:], slots, window)
         if window is None:
             return causal_step(q, k, v, scale)
         slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions

@@ -11,6 +11,15 @@ their sparse attention still votes in the scores, so scores and memory sets do n
 On a sliding layer of window w (core/models.py: query p sees keys q with p - w < q <= p) every
 key set above is intersected with the window: phase 1, phase 2's memory set and the dense tail
 all mask by position, and the scores only count what each query attended.
+A layer's attention terms (core/stages.AttentionTerms: a logit soft-cap, per-head sinks) go to
+every stage that computes logits; the stages cap the logits and put the sink into the softmaxes
+whose weights they hand out (the column sums: each of the two softmaxes that vote, intra-only and
+inter-only, is the one the layer computes over that key set, sink included), but their states
+(m, l, o) stay sink-free. The sink is added ONCE, here, to each query's state over its whole key
+set (`finish`): after phase 1 and phase 2 are merged, after the dense tail's prefix is merged. The
+two phases cover disjoint key sets and merge as partial sums of one softmax; a sink folded into
+either would be counted again by the merge (twice for a query with both), and states with the
+sink inside would no longer merge exactly. Without terms the walk is exactly what it was.
 The conformance oracle (core/reference/oracle.py) checks this walk against naive attention over
 the explicit key sets, so it is checked against something it does not share.
 """
@@ -22,7 +31,8 @@ import numpy as np
 
 from ..config import H2OConfig
 from ..ops import H2OOps, checkpoint
-from ..stages import A, H2OCarry, H2OLayerResult, KeyWindow, window_binds
+from ..stages import A, AttentionState, AttentionTerms, H2OCarry, H2OLayerResult, KeyWindow, active_terms, sinks_of, \
+    window_binds
 
 
 def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
@@ -45,8 +55,20 @@ def dense_tail_start(config: H2OConfig, n_tokens: int) -> int:
     return max(0, n_tokens - config.dense_tail)
 
 
+def _with(terms: AttentionTerms[A] | None) -> tuple:
+    """The stages' trailing terms argument: none at all without terms (today's calls, unchanged)."""
+    return () if terms is None else (terms,)
+
+
+def finish(ops: H2OOps[A], state: AttentionState[A], terms: AttentionTerms[A] | None) -> AttentionState[A]:
+    """A query's state over its whole key set, its sink (if any) folded in once (the module doc)."""
+    sinks = sinks_of(terms)
+    return state if sinks is None else ops.add_sinks(state, sinks)
+
+
 def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_start: int,
-                         block: int, scale: float, window: int | None = None) -> A | None:
+                         block: int, scale: float, window: int | None = None,
+                         terms: AttentionTerms[A] | None = None) -> A | None:
     """Causal attention over EVERY earlier key for the rows of q at positions >= tail_start.
 
     q [Hq, T, D] holds positions [start, start + T); k/v [Hkv, >= start + T, D] every key so far.
@@ -57,6 +79,7 @@ def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_star
     chunk boundaries, so the blocks, and the rounding, do not depend on how the prompt is stepped. With a window w only the prefix keys [a - w + 1, a) can be seen, and each
     row masks its own. Returns o [Hq, rows, D] (statistics' dtype) or None when no row is in the tail.
     """
+    terms = active_terms(terms)
     end = start + q.shape[1]
     first = max(start, tail_start)
     if first >= end:
@@ -66,19 +89,19 @@ def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_star
         b = min((a // block + 1) * block, end)
         rows = q[:, a - start:b - start]
         state = ops.intra_attention(rows, k[:, a:b], v[:, a:b], b - a, scale,
-                                    window if window_binds(window, b - a - 1) else None).state
+                                    window if window_binds(window, b - a - 1) else None, *_with(terms)).state
         lo = 0 if window is None else max(0, a - window + 1)
         if a > lo:
             key_window = KeyWindow(window, a, None, lo) if window_binds(window, b - 1 - lo) else None
-            state = ops.merge_states(ops.inter_attention(rows, k[:, lo:a], v[:, lo:a], scale, key_window).state,
-                                     state)
-        outputs.append(state.o)
+            state = ops.merge_states(ops.inter_attention(rows, k[:, lo:a], v[:, lo:a], scale, key_window,
+                                                         *_with(terms)).state, state)
+        outputs.append(finish(ops, state, terms).o)
     return outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
 
 
 def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], config: H2OConfig,
                         scale: float, is_last: bool, tail_start: int | None = None,
-                        window: int | None = None) -> tuple[A, H2OCarry[A]]:
+                        window: int | None = None, terms: AttentionTerms[A] | None = None) -> tuple[A, H2OCarry[A]]:
     """One logical batch of one layer: phase 1 for all its chunks, then the phase-2 walk.
 
     q [Hq, T, D] are the batch's queries, positions [carry.n_done, carry.n_done + T);
@@ -86,10 +109,11 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
     is_last: the batch ends the prompt, so no memory set is built after its final chunk.
     tail_start: the dense tail's first position (dense_tail_start); None or >= the batch's end:
     no row of this batch is in it. window: the layer's sliding window (None: global); it is passed
-    to a stage only where it can hide a key (so the kernels keep running elsewhere). Returns the
+    to a stage only where it can hide a key (so the kernels keep running elsewhere). terms: the
+    layer's attention terms (None: none; the sink is folded in once per query, see the module doc). Returns the
     batch's output [Hq, T, D] (q's dtype) and the carry for the next batch.
     """
-    size = config.chunk_size
+    size, terms = config.chunk_size, active_terms(terms)
     start, n_tokens = carry.n_done, q.shape[1]
     n_kv = k.shape[0]
     if start % size != 0:
@@ -98,7 +122,8 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
         raise ValueError(f"k/v {tuple(k.shape)} must hold the {start + n_tokens} keys up to this batch's end")
     with ops.stage_scope(q):
         intra = ops.intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens], size, scale,
-                                    window if window_binds(window, min(size, n_tokens) - 1) else None)
+                                    window if window_binds(window, min(size, n_tokens) - 1) else None,
+                                    *_with(terms))
         # every chunk's scores start from its own phase-1 column sums; phase 2 adds to them
         scores = ops.concat([carry.scores, ops.reduce_colsum_to_kv_heads(intra.colsum, n_kv)], axis=1)
         memory, memory_sets = carry.memory, list(carry.memory_sets)
@@ -112,10 +137,11 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
                 k_mem, v_mem = ops.gather_memory(k, v, memory)
                 key_window = KeyWindow(window, chunk_start, memory.indices) \
                     if window_binds(window, chunk_end - 1) else None  # memory positions are >= 0
-                inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, key_window)
+                inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, key_window,
+                                            *_with(terms))
                 scores = ops.accumulate_scores(scores, memory, ops.reduce_colsum_to_kv_heads(inter.colsum, n_kv))
                 state = ops.merge_states(inter.state, state)
-            outputs.append(state.o)
+            outputs.append(finish(ops, state, terms).o)
             if is_last and local_end == n_tokens:
                 break  # no memory set after the final chunk: nothing would read it
             if local_end - local_start != size:
@@ -124,7 +150,7 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
                                           config.local, config.heavy)
             memory_sets.append(memory)
         tail = None if tail_start is None else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale,
-                                                                   window)
+                                                                   window, terms)
         if tail is not None:  # the walk's rows of the tail are replaced (one concat), its scores kept
             keep, pieces = tail_start - start, []
             for piece in outputs:
@@ -137,21 +163,24 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
 
 
 def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
-                        scale: float, window: int | None = None) -> H2OLayerResult[A]:
+                        scale: float, window: int | None = None,
+                        terms: AttentionTerms[A] | None = None) -> H2OLayerResult[A]:
     """Whole-prompt H2O attention of one layer: q [Hq, N, D], k/v [Hkv, N, D] after RoPE.
 
     Logical batch by logical batch (config.batch_size), carrying scores and memory sets. With H2O
     disabled (L + H = 0) it is plain causal attention with zero scores, as in the llama.cpp plan
-    (inside the layer's sliding window, when it has one).
+    (inside the layer's sliding window, when it has one; with the layer's terms, when it has any).
     """
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape) or q.shape[1] != k.shape[1]:
         raise ValueError(f"h2o attention takes q [Hq, N, D] and k/v [Hkv, N, D]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
-    n_tokens, n_kv = q.shape[1], k.shape[0]
+    n_tokens, n_kv, terms = q.shape[1], k.shape[0], active_terms(terms)
     config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
     if n_tokens == 0 or not config.enabled:
-        if n_tokens and window_binds(window, n_tokens - 1):
-            output = ops.cast_like(ops.intra_attention(q, k, v, n_tokens, scale, window).state.o, q)
+        if n_tokens and (window_binds(window, n_tokens - 1) or terms is not None):
+            binding = window if window_binds(window, n_tokens - 1) else None
+            state = ops.intra_attention(q, k, v, n_tokens, scale, binding, *_with(terms)).state
+            output = ops.cast_like(finish(ops, state, terms).o, q)
         else:
             output = ops.causal_attention(q, k, v, scale) if n_tokens else q
         return H2OLayerResult(output, ops.zero_scores(n_kv, n_tokens, q), [])
@@ -161,7 +190,8 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
         batch_end = min(batch_start + config.batch_size, n_tokens)
         out, carry = h2o_attention_batch(ops, q[:, batch_start:batch_end], k, v, carry, config, scale,
                                          is_last=batch_end == n_tokens,
-                                         tail_start=dense_tail_start(config, n_tokens), window=window)
+                                         tail_start=dense_tail_start(config, n_tokens), window=window,
+                                         terms=terms)
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
     return H2OLayerResult(output, carry.scores, carry.memory_sets)
@@ -171,12 +201,14 @@ class H2OPrefillAttention(Generic[A]):
     """The `PrefillAttention` of H2O prefill over a prompt of `n_tokens`: one carry per layer,
     advanced by each logical batch (one prefill step per batch); layers outside config.layers
     attend causally to every key instead (no carry, no memory sets). windows: each
-    layer's sliding window (ModelArgs.layer_window; empty: every layer global)."""
+    layer's sliding window (ModelArgs.layer_window; empty: every layer global); terms: each layer's
+    attention terms (layer_terms; empty: none)."""
 
     def __init__(self, ops: H2OOps[A], config: H2OConfig, n_layers: int, scale: float, n_tokens: int,
-                 windows: Sequence[int | None] = ()):
+                 windows: Sequence[int | None] = (), terms: Sequence[AttentionTerms[A] | None] = ()):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
+        self.terms = [active_terms(t) for t in terms] or [None] * n_layers
         self.config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
         self.sparse = frozenset(config.layer_indices(n_layers))
         self.scale = scale
@@ -185,7 +217,7 @@ class H2OPrefillAttention(Generic[A]):
 
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
         if layer not in self.sparse:  # a layer outside config.layers attends to every key
-            return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
+            return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], *_with(self.terms[layer]))
         end = k.shape[2]
         start = end - q.shape[2]
         carry = self.carries[layer] or H2OCarry(scores=self.ops.zero_scores(k.shape[1], 0, q))
@@ -195,7 +227,7 @@ class H2OPrefillAttention(Generic[A]):
         out, self.carries[layer] = h2o_attention_batch(self.ops, q[0], k[0], v[0], carry, self.config,
                                                        self.scale, is_last=end == self.n_tokens,
                                                        tail_start=dense_tail_start(self.config, self.n_tokens),
-                                                       window=self.windows[layer])
+                                                       window=self.windows[layer], terms=self.terms[layer])
         return out[None]
 
     def arrays(self) -> list[Any]:

@@ -13,7 +13,8 @@
    position ids; decoding continues at position P (the prompt length), slot K.
 Sliding layers: the speculator attends and scores inside its own windows; the main model's
 sliding layers apply theirs over ORIGINAL positions, not over kept-token counts (its cache
-records each slot's position).
+records each slot's position). A layer's attention terms (soft-cap, sinks: core/stages.AttentionTerms)
+enter the speculator's attention and the scoring softmaxes alike (layer_terms, like the windows).
 """
 from __future__ import annotations
 
@@ -24,26 +25,29 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
-from ..stages import A, Selection, query_start, window_binds
+from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, query_start, window_binds
 from .prefill import StageProgress, prefill
 
 
 def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefillConfig,
-                     scale: float, windows: Sequence[int | None] = (), n_window: int = 1) -> A:
+                     scale: float, windows: Sequence[int | None] = (),
+                     terms: Sequence[AttentionTerms[A] | None] = (), n_window: int = 1) -> A:
     """importance [P] from queries [n_l, n_q, Hq, D] (the first n_window the prompt's last tokens',
     then the look-ahead's) and keys [n_l, Hkv, P, D], layer by layer (windows: each speculator
     layer's sliding window, empty: all global; a sliding layer scores only the keys its queries
-    attended): pooling and the head reduction act within one layer, so only one layer's
-    probabilities [n_q, Hq, P] exist at a time (then [n_q, n_l, P] for the layer and query
-    reductions). The same composition at the NumPy boundary is core/reference/specprefill.py's
-    score_tokens."""
+    attended; terms: each layer's attention terms, empty: none): pooling and the head reduction
+    act within one layer, so only one layer's probabilities [n_q, Hq, P] exist at a time (then
+    [n_q, n_l, P] for the layer and query reductions). The same composition at the NumPy
+    boundary is core/reference/specprefill.py's score_tokens."""
     per_layer = []
     start = query_start(keys.shape[2], n_window)
     farthest = keys.shape[2] + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
     for layer in config.layer_indices(queries.shape[0]):
         window = windows[layer] if windows else None
+        extra = () if not terms or active_terms(terms[layer]) is None else (active_terms(terms[layer]),)
         probs = ops.attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale,
-                                     window if window_binds(window, farthest) else None, start)
+                                     window if window_binds(window, farthest) else None, *extra,
+                                     query_start=start)
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
     combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
     return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
@@ -51,14 +55,16 @@ def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefil
 
 class QueryCapture(Generic[A]):
     """`PrefillAttention` for the speculator: causal attention (inside each layer's sliding window,
-    `windows`) that also keeps, per layer, the post-RoPE queries of the prompt's last `n_window`
-    tokens (the prompt ends at slot `first_slot`) and the query of every later step (each fed
-    look-ahead token)."""
+    `windows`, with each layer's attention `terms`) that also keeps, per layer, the post-RoPE
+    queries of the prompt's last `n_window` tokens (the prompt ends at slot `first_slot`) and the
+    query of every later step (each fed look-ahead token)."""
 
     def __init__(self, ops: ModelOps[A], n_layers: int, first_slot: int, scale: float,
-                 windows: Sequence[int | None] = (), n_window: int = 1):
+                 windows: Sequence[int | None] = (), terms: Sequence[AttentionTerms[A] | None] = (),
+                 n_window: int = 1):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
+        self.terms = [active_terms(t) for t in terms] or [None] * n_layers
         self.first_slot = first_slot
         self.window_start = first_slot - n_window
         self.scale = scale
@@ -69,7 +75,10 @@ class QueryCapture(Generic[A]):
         if end > self.window_start:  # a step ending inside the window, or a look-ahead step
             n = end - max(self.window_start, end - q.shape[2]) if end <= self.first_slot else 1
             self.queries[layer].append(self.ops.last_queries(q, n))
-        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
+        terms = self.terms[layer]
+        if terms is None:
+            return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
+        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], terms)
 
     def arrays(self) -> list[A]:
         return [q for per_layer in self.queries for q in per_layer]
@@ -109,7 +118,7 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
     n_window = max(1, min(query_window, n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
     capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows,
-                           n_window)
+                           layer_terms(args), n_window)
     logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
                      progress=None if report is None else report.of("speculator"))[-1]
     fed: list[int] = []
@@ -168,7 +177,7 @@ def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculato
                           query_window=config.query_window)
     speculated = ops.wall_time()
     importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
-                                  speculator.args.layer_windows, spec.n_window)
+                                  speculator.args.layer_windows, layer_terms(speculator.args), spec.n_window)
     from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()

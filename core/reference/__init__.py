@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import H2OConfig, SpecPrefillConfig
-from ..stages import (AttentionState, H2OLayerResult, InterResult, IntraResult, KeyWindow, MemorySet,
+from ..stages import (AttentionState, AttentionTerms, H2OLayerResult, InterResult, IntraResult, KeyWindow, MemorySet,
                       Selection)
 from ..methods.h2o import h2o_attention_layer
 from . import attention, h2o, oracle, specprefill
@@ -22,8 +22,8 @@ class ReferenceStages:
     """
 
     def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                        scale: float, window: int | None = None) -> IntraResult:
-        return h2o.intra_attention(q, k, v, chunk_size, scale, window)
+                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
+        return h2o.intra_attention(q, k, v, chunk_size, scale, window, terms)
 
     def reduce_colsum_to_kv_heads(self, colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:
         return h2o.reduce_colsum_to_kv_heads(colsum, n_kv_heads)
@@ -39,15 +39,18 @@ class ReferenceStages:
         return h2o.gather_memory(k, v, memory)
 
     def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float,
-                        window: KeyWindow | None = None) -> InterResult:
-        return h2o.inter_attention(q, k_mem, v_mem, scale, window)
+                        window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+        return h2o.inter_attention(q, k_mem, v_mem, scale, window, terms)
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
         return attention.merge_states(a, b)
 
+    def add_sinks(self, state: AttentionState, sinks: np.ndarray) -> AttentionState:
+        return attention.add_sinks(state, sinks)
+
     def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
-                        scale: float, window: int | None = None) -> H2OLayerResult:
-        return h2o_attention_layer(self, q, k, v, config, scale, window)
+                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> H2OLayerResult:
+        return h2o_attention_layer(self, q, k, v, config, scale, window, terms)
 
     def causal_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
         return h2o.causal_attention(q, k, v, scale).o
@@ -68,8 +71,9 @@ class ReferenceStages:
         return specprefill.reduce_axis(x, how, axis)
 
     def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float,
-                         window: int | None = None, query_start: int | None = None) -> np.ndarray:
-        return specprefill.attention_scores(queries, keys, scale, window, query_start)
+                         window: int | None = None, terms: AttentionTerms | None = None,
+                         query_start: int | None = None) -> np.ndarray:
+        return specprefill.attention_scores(queries, keys, scale, window, terms, query_start)
 
     def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
         return specprefill.smooth_scores(probs, kernel)

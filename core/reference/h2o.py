@@ -11,14 +11,22 @@ import math
 
 import numpy as np
 
-from ..stages import AttentionState, InterResult, IntraResult, KeyWindow, MemorySet
-from .attention import accumulation_dtype, empty_state, expand_kv_heads, masked_state
+from ..stages import AttentionState, AttentionTerms, InterResult, IntraResult, KeyWindow, MemorySet, sinks_of, \
+    softcap_of
+from .attention import accumulation_dtype, add_sinks, empty_state, expand_kv_heads, masked_state, soft_cap
+
+
+def _head_sinks(terms: AttentionTerms | None, dtype: type, extra_axes: int) -> np.ndarray | None:
+    """The terms' sinks [Hq] as [Hq, 1, ...] (extra_axes ones) in `dtype`, or None."""
+    sinks = sinks_of(terms)
+    return None if sinks is None else np.asarray(sinks, dtype=dtype).reshape(-1, *([1] * extra_axes))
 
 
 def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                    scale: float, window: int | None = None) -> IntraResult:
+                    scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
     """Block-diagonal causal attention of all chunks at once (chunks start at token 0); window w:
-    query i sees keys j > i - w only."""
+    query i sees keys j > i - w only. terms: the soft-cap caps the logits; a sink joins the
+    column sums' softmax denominators, not the state (core/reference/attention.py)."""
     n_heads, n_tokens, head_dim = q.shape
     dtype = accumulation_dtype(q, k, v)
     n_chunks = math.ceil(n_tokens / chunk_size)
@@ -30,13 +38,13 @@ def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int
         return x.reshape(n_heads, n_chunks, chunk_size, head_dim)
 
     qb, kb, vb = blocks(q), blocks(k), blocks(v)
-    logits = np.einsum("hcid,hcjd->hcij", qb, kb) * dtype(scale)
+    logits = soft_cap(np.einsum("hcid,hcjd->hcij", qb, kb) * dtype(scale), softcap_of(terms))
     local = np.arange(chunk_size)
     real = (np.arange(n_chunks)[:, None] * chunk_size + local[None, :]) < n_tokens  # [C, S]
     distance = local[:, None] - local[None, :]  # [S(query), S(key)]
     causal = (distance >= 0) & (distance < (np.inf if window is None else window))
     valid = causal[None, :, :] & real[:, None, :]
-    state, weights = masked_state(logits, valid[None], vb)
+    state, weights = masked_state(logits, valid[None], vb, _head_sinks(terms, dtype, 2))
     # column sums count real queries only (padded query rows would see real keys)
     colsum = (weights * real[None, :, :, None]).sum(axis=2)
     flat = lambda x: x.reshape(n_heads, padded, *x.shape[3:])[:, :n_tokens]  # noqa: E731
@@ -44,9 +52,11 @@ def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int
 
 
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-                     window: int | None = None) -> AttentionState:
-    """Plain causal attention: the intra stage with one chunk spanning the whole prompt."""
-    return intra_attention(q, k, v, max(1, q.shape[1]), scale, window).state
+                     window: int | None = None, terms: AttentionTerms | None = None) -> AttentionState:
+    """Plain causal attention: the intra stage with one chunk spanning the whole prompt (its
+    state over every key of each query, so a sink is folded in here)."""
+    state = intra_attention(q, k, v, max(1, q.shape[1]), scale, window, terms).state
+    return state if sinks_of(terms) is None else add_sinks(state, sinks_of(terms))
 
 
 def key_window_mask(window: KeyWindow, n_queries: int, n_kv: int, n_keys: int) -> np.ndarray:
@@ -58,18 +68,19 @@ def key_window_mask(window: KeyWindow, n_queries: int, n_kv: int, n_keys: int) -
 
 
 def inter_attention(q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float,
-                    window: KeyWindow | None = None) -> InterResult:
-    """Attention of a chunk's queries to its gathered memory keys: no mask but the window's."""
+                    window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+    """Attention of a chunk's queries to its gathered memory keys: no mask but the window's;
+    terms as in intra_attention."""
     n_heads, n_tokens, head_dim = q.shape
     dtype = accumulation_dtype(q, k_mem, v_mem)
     if k_mem.shape[1] == 0:
         return InterResult(empty_state(n_heads, n_tokens, head_dim, dtype), np.zeros((n_heads, 0), dtype))
     kr = expand_kv_heads(k_mem, n_heads).astype(dtype, copy=False)
     vr = expand_kv_heads(v_mem, n_heads).astype(dtype, copy=False)
-    logits = np.einsum("htd,hmd->htm", q.astype(dtype, copy=False), kr) * dtype(scale)
+    logits = soft_cap(np.einsum("htd,hmd->htm", q.astype(dtype, copy=False), kr) * dtype(scale), softcap_of(terms))
     valid = np.bool_(True) if window is None else \
         expand_kv_heads(key_window_mask(window, n_tokens, k_mem.shape[0], k_mem.shape[1]), n_heads)
-    state, weights = masked_state(logits, valid, vr)
+    state, weights = masked_state(logits, valid, vr, _head_sinks(terms, dtype, 1))
     return InterResult(state, weights.sum(axis=1))
 
 

@@ -4,6 +4,11 @@
     K(i) = {j : j <= i}                        for query i >= N - W (the dense tail, W >= 0)
     K(i) intersected with {j : j > i - w}      on a sliding layer of window w (every query)
 
+A layer's terms enter every softmax here as the model itself writes them (transformers'
+eager_attention_forward): the soft-cap as cap * tanh(scale * q.k / cap) before the mask, a sink
+as one more column of logits that is softmaxed with the keys and then dropped (gpt_oss). Both the
+outputs and the scores' softmaxes take them: the sink is in every denominator.
+
 The dense tail changes outputs only: scores still add every query's walk attention (intra-only
 softmax, then the inter softmax over M_{c-1}), as the walk computes them, and the memory sets
 follow from the scores.
@@ -19,18 +24,28 @@ import math
 import numpy as np
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
+def _softmax(x: np.ndarray, sink: float | None = None) -> np.ndarray:
+    """Softmax of logits x [K] (with a sink: of [x, sink], the sink's column dropped)."""
+    if sink is not None:
+        return _softmax(np.append(x, sink))[:-1]
     e = np.exp(x - x.max())
     return e / e.sum()
 
 
+def _capped(logits: np.ndarray, softcap: float | None) -> np.ndarray:
+    return logits if softcap is None else softcap * np.tanh(logits / softcap)
+
+
 def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int, local: int,
-                     heavy: int, scale: float, dense_tail: int = 0,
-                     window: int | None = None) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
+                     heavy: int, scale: float, dense_tail: int = 0, window: int | None = None,
+                     sinks: np.ndarray | None = None,
+                     softcap: float | None = None) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
     """Returns (output [Hq, N, D], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N]).
     A sliding window w keeps, of every key set, the keys j > i - w only; the scores count only
-    what each query attended."""
+    what each query attended. sinks [Hq] / softcap: the layer's terms (see the module doc)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    sink = (lambda h: None) if sinks is None else (lambda h: float(sinks[h]))  # noqa: E731
+    logit = lambda g, keys, h, i: _capped(k[g, keys] @ q[h, i] * scale, softcap)  # noqa: E731
     n_heads, n_tokens, _ = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
@@ -44,7 +59,7 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
         g = h // group
         for i in range(n_tokens):
             keys = seen(i, range(chunk_of(i) * chunk_size, i + 1))
-            scores[g, keys] += _softmax(k[g, keys] @ q[h, i] * scale)
+            scores[g, keys] += _softmax(logit(g, keys, h, i), sink(h))
 
     out = np.zeros_like(q)
     memory: list[list[int]] | None = None
@@ -59,11 +74,11 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
                     key_set = set(range(0, i + 1))
                 mask = np.zeros(n_tokens, dtype=bool)
                 mask[seen(i, key_set)] = True
-                logits = np.where(mask, k[g] @ q[h, i] * scale, -np.inf)
-                out[h, i] = _softmax(logits) @ v[g]
+                logits = np.where(mask, logit(g, slice(None), h, i), -np.inf)
+                out[h, i] = _softmax(logits, sink(h)) @ v[g]
                 voters = seen(i, memory[g]) if memory else []
                 if voters:  # inter attention votes for the memory tokens it used
-                    scores[g, voters] += _softmax(k[g, voters] @ q[h, i] * scale)
+                    scores[g, voters] += _softmax(logit(g, voters, h, i), sink(h))
         if c == n_chunks - 1:
             break
         new_memory = []
@@ -100,8 +115,15 @@ def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray
     return mask
 
 
-def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    """Softmax over the masked-in keys; a row with none is all zeros."""
+def _masked_softmax(logits: np.ndarray, mask: np.ndarray, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the masked-in keys; a row with none is all zeros. sinks (broadcastable to the
+    rows, logits.shape[:-1]): one more column per row, softmaxed with the keys and dropped."""
+    if sinks is not None:
+        mask = np.broadcast_to(mask, logits.shape)
+        column = np.broadcast_to(np.asarray(sinks, dtype=logits.dtype), logits.shape[:-1])[..., None]
+        padded = np.concatenate([logits, column], axis=-1)
+        keep = np.concatenate([mask, np.ones(column.shape, dtype=bool)], axis=-1)
+        return _masked_softmax(padded, keep)[..., :-1]
     logits = np.where(mask, logits, -np.inf)
     top = logits.max(axis=-1, keepdims=True)
     e = np.exp(logits - np.where(np.isfinite(top), top, 0.0))
@@ -111,10 +133,12 @@ def _masked_softmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
                      memory_indices: list[np.ndarray], scale: float, dense_tail: int = 0,
-                     window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                     window: int | None = None, sinks: np.ndarray | None = None,
+                     softcap: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(output [Hq, N, D], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
     a dense tail of `dense_tail` rows, which changes the output only; a sliding window w, which
-    hides keys j <= i - w from query i everywhere).
+    hides keys j <= i - w from query i everywhere; the layer's terms, sinks [Hq] and softcap, in
+    every softmax as the module doc says).
 
     Lets a backend be checked exactly even where float ties legitimately change its memory
     sets: whatever sets it chose, its output must be attention over the K(i) they define.
@@ -124,16 +148,18 @@ def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
     n_kv = k.shape[0]
     group = n_heads // n_kv
     kr, vr = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
-    logits = np.einsum("hid,hjd->hij", q, kr) * scale
+    logits = _capped(np.einsum("hid,hjd->hij", q, kr) * scale, softcap)
+    row_sinks = None if sinks is None else np.asarray(sinks, dtype=np.float64)[:, None]  # [Hq, 1] per row
     mask = np.repeat(key_set_mask(n_tokens, chunk_size, memory_indices, n_kv, dense_tail, window), group, axis=0)
-    output = _masked_softmax(logits, mask) @ vr
+    output = _masked_softmax(logits, mask, row_sinks) @ vr
     intra_mask = np.repeat(key_set_mask(n_tokens, chunk_size, [], n_kv, window=window), group, axis=0)
-    scores = _masked_softmax(logits, intra_mask).sum(axis=1).reshape(n_kv, group, n_tokens).sum(axis=1)
+    scores = _masked_softmax(logits, intra_mask, row_sinks).sum(axis=1).reshape(n_kv, group, n_tokens).sum(axis=1)
     for c, mem in enumerate(memory_indices):
         rows = np.arange((c + 1) * chunk_size, min((c + 2) * chunk_size, n_tokens))
         for h in range(n_heads):
             g = h // group
             visible = np.bool_(True) if window is None else rows[:, None] - mem[g][None, :] < window
-            weights = _masked_softmax(logits[h][np.ix_(rows, mem[g])], visible)
+            weights = _masked_softmax(logits[h][np.ix_(rows, mem[g])], visible,
+                                      None if sinks is None else float(sinks[h]))
             scores[g, mem[g]] += weights.sum(axis=0)
     return output, scores

@@ -15,8 +15,9 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..errors import ConfigError
-from ..stages import Selection, SpecPrefillStages, TokenScores, query_start
-from .attention import accumulation_dtype, expand_kv_heads, masked_state
+from ..stages import (AttentionTerms, Selection, SpecPrefillStages, TokenScores, active_terms, query_start, sinks_of,
+                      softcap_of)
+from .attention import accumulation_dtype, expand_kv_heads, masked_state, soft_cap
 
 
 def scoring_mask(n_queries: int, n_keys: int, window: int | None = None, query_start: int | None = None) -> np.ndarray:
@@ -31,14 +32,23 @@ def scoring_mask(n_queries: int, n_keys: int, window: int | None = None, query_s
 
 
 def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window: int | None = None,
-                     query_start: int | None = None) -> np.ndarray:
+                     terms: AttentionTerms | None = None, query_start: int | None = None) -> np.ndarray:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P];
     with a window (a sliding layer) or an observation window's queries (query_start < P - 1) over
-    the keys each query sees (scoring_mask; rows seeing none: zeros)."""
+    the keys each query sees (scoring_mask; rows seeing none: zeros). terms (every given layer's):
+    the soft-cap caps the scaled logits, a sink [Hq] joins each softmax's denominator (the scores
+    then sum to less than 1: the sink's share)."""
     dtype = accumulation_dtype(queries, keys)
     keys = expand_kv_heads(keys, queries.shape[2], axis=1).astype(dtype, copy=False)
-    logits = np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale)
-    if window is None and (query_start is None or query_start >= keys.shape[2] - 1):
+    logits = soft_cap(np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale),
+                      softcap_of(terms))
+    masked = window is not None or (query_start is not None and query_start < keys.shape[2] - 1)
+    if sinks_of(terms) is not None:
+        visible = scoring_mask(queries.shape[1], keys.shape[2], window, query_start)[:, None, None, :] if masked \
+            else np.bool_(True)
+        sinks = np.asarray(sinks_of(terms), dtype=dtype)  # [Hq]: one per row of [n_q, n_l, Hq]
+        return masked_state(logits, visible, np.zeros((keys.shape[2], 0), dtype), sinks)[1]
+    if not masked:
         logits -= logits.max(axis=-1, keepdims=True)
         weights = np.exp(logits)
         return weights / weights.sum(axis=-1, keepdims=True)
@@ -141,18 +151,26 @@ def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarra
 
 
 def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                 stages: SpecPrefillStages, windows: Sequence[int | None] = (), n_window: int = 1) -> TokenScores:
+                 stages: SpecPrefillStages, windows: Sequence[int | None] = (),
+                 terms: Sequence[AttentionTerms | None] = (), n_window: int = 1) -> TokenScores:
     """Importance of every prompt token from the scoring layers chosen by `config.layers`, through
     `stages` at the NumPy boundary (the reference itself or a backend's conformance adapter);
-    windows: each speculator layer's sliding window (empty: all global); n_window: how many of
-    the queries are the prompt's last tokens' (the observation window, then the look-ahead)."""
+    windows / terms: each speculator layer's sliding window / attention terms (empty: none);
+    n_window: how many of the queries are the prompt's last tokens' (the observation window, then
+    the look-ahead)."""
     layers = config.layer_indices(queries.shape[0])
     start = query_start(keys.shape[2], n_window)
-    if windows:
-        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale, windows[i], start)
+    if any(active_terms(t) is not None for t in terms):
+        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale,
+                                                        windows[i] if windows else None, active_terms(terms[i]),
+                                                        query_start=start)
+                                for i in layers], axis=1)
+    elif windows:
+        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale, windows[i],
+                                                        query_start=start)
                                 for i in layers], axis=1)
     else:
-        probs = stages.attention_scores(queries[layers], keys[layers], scale, None, start)
+        probs = stages.attention_scores(queries[layers], keys[layers], scale, None, query_start=start)
     smoothed = stages.smooth_scores(probs, config.pool_kernel)
     importance = stages.reduce_scores(smoothed, config.head_reduction, config.layer_reduction,
                                       config.lookahead_reduction)
@@ -161,9 +179,10 @@ def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfi
 
 def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
                           stages: SpecPrefillStages, windows: Sequence[int | None] = (),
+                          terms: Sequence[AttentionTerms | None] = (),
                           n_window: int = 1) -> tuple[TokenScores, Selection]:
     """Scores then selection: what the main model will prefill."""
-    scores = score_tokens(queries, keys, config, scale, stages, windows, n_window)
+    scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
     return scores, stages.select_tokens(scores.importance, config)
 
 

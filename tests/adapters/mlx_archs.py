@@ -56,14 +56,17 @@ HONOURED: dict[str, dict[str, Any]] = {
     "mimo": dict(num_nextn_predict_layers=0),
     "nemotron": dict(partial_rotary_factor=0.5, norm_eps=1e-5, hidden_act="relu2", mlp_bias=False,
                      attention_bias=False),
+    # attention terms (core/stages.AttentionTerms): sinks (build() draws them N(0, 1), so that they
+    # hold a real share of every softmax), a logit soft-cap low enough to bind at these logits (and
+    # the LM head's own final soft-capping, the family's code)
+    "gpt_oss": dict(_MOE, experts_per_token=2, sliding_window=8),  # slides: mlx-lm's masks
+    "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0),
 }
-MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "llama4_text", "deepseek", "qwen2_moe")
+MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "llama4_text", "deepseek", "qwen2_moe", "gpt_oss")
+TERMS = ("gpt_oss", "gemma2")  # honoured architectures whose layers add terms to their softmax
 
 # architecture -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "gpt_oss": (dict(_MOE, experts_per_token=2, sliding_window=8), "attention sinks"),  # slides: mlx-lm's masks
-    "gemma2": (dict(query_pre_attn_scalar=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
-               "attention logit soft-capping"),
     "deepseek_v3": (dict(_MOE, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
                          v_head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
                          moe_layer_freq=1, routed_scaling_factor=1.0, topk_method="noaux_tc", n_group=1,
@@ -96,7 +99,9 @@ def build(arch: str, config: dict[str, Any] | None = None, seed: int = 0) -> nn.
     # norms): perturbed, so that a norm applied in the wrong place or not at all shows
     norms = [(name, value + 0.3 * mx.random.normal(value.shape, key=mx.random.key(seed + i)))
              for i, (name, value) in enumerate(tree_flatten(model.parameters())) if "norm" in name]
-    model.load_weights(norms, strict=False)
+    sinks = [(name, mx.random.normal(value.shape, key=mx.random.key(seed + 1000 + i)))  # gpt_oss's start at 0
+             for i, (name, value) in enumerate(tree_flatten(model.parameters())) if name.endswith(".sinks")]
+    model.load_weights(norms + sinks, strict=False)
     mx.eval(model.parameters())
     return model
 

@@ -18,15 +18,16 @@ from specfill.backends.mlx.model import Model as OwnModel
 from specfill.core.driver import CausalLM
 
 from tests.adapters import mlx_table as table
-from tests.adapters.mlx_archs import HONOURED, MOE, REFUSED, build, save_directory
+from tests.adapters.mlx_archs import HONOURED, MOE, REFUSED, TERMS, build, save_directory
 
-__all__ = ["AdaptedModel", "HONOURED", "MOE", "OwnModel", "REFUSED", "build", "load", "save_directory", "table"]
+__all__ = ["AdaptedModel", "HONOURED", "MOE", "OwnModel", "REFUSED", "TERMS", "build", "load", "save_directory",
+           "table"]
 
 NAME, CLI_BACKEND = "mlx", "mlx"
 # the refusal test's cases: H2O, the SpecPrefill speculator, and the main model under SpecPrefill
 # with an honoured speculator (on the torch backend the main pass runs refused layers instead)
 REFUSAL_NAMES = ("H2O", "speculator", "SpecPrefill")
-SOFTCAP_REFUSAL = "H2O cannot run on gemma2: layer 0 (attention logit soft-capping)"
+LATENT_REFUSAL = "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention)"  # what a refused method says (deepseek_v3)
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},
     "mistral": dict(sliding_window=None),  # mlx-lm runs Mistral as Llama: windows only from layer_types

@@ -36,9 +36,32 @@ def test_generate_runs_a_family_without_a_model_file(backend, moe_directory, cap
 
 
 def test_a_method_the_family_cannot_honour_is_one_error_line(backend, tmp_path, capsys):
-    directory = backend.save_directory("gemma2", tmp_path / "gemma2", backend.REFUSED["gemma2"][0])
+    directory = backend.save_directory("deepseek_v3", tmp_path / "deepseek_v3", backend.REFUSED["deepseek_v3"][0])
     code, out, err = generate(capsys, backend, directory, "--method", "h2o", "--chunk-size", "8", "--h2o-local", "2",
                               "--h2o-heavy", "2")
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert any(backend.SOFTCAP_REFUSAL in line for line in lines), err
+    assert any(backend.LATENT_REFUSAL in line for line in lines), err
+
+
+@pytest.mark.archs("terms")
+@pytest.mark.parametrize("method", [["h2o"], ["specprefill", "--speculator", "self:1"]])
+def test_families_with_attention_terms_run_the_sparse_methods(backend, arch, tmp_path, capsys, method):
+    """gpt_oss (sinks) and gemma2 (logit soft-capping), saved and loaded from a directory: the terms
+    come from the loaded weights, and H2O gives what the same model's H2O gives in memory."""
+    from specfill.core.config import H2OConfig
+    from specfill.core.runtime import GenerationInfo, PrefillMethod
+
+    from tests.adapters.support import assert_close, prompt
+
+    directory = backend.save_directory(arch, tmp_path / arch)
+    code, out, err = generate(capsys, backend, directory, "--method", *method, "--chunk-size", "8", "--h2o-local",
+                              "2", "--h2o-heavy", "2")
+    assert code == 0 and out.strip(), err
+    if method == ["h2o"]:
+        model, _ = backend.load(directory, dtype="float32", device="cpu")
+        ids = prompt(30, seed=6)
+        h2o = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=8, batch_size=64, local=2, heavy=3, layers="all"))
+        assert_close(model.prompt_logits(ids, method=h2o, info=GenerationInfo()),
+                     backend.adapted(backend.build(arch)).prompt_logits(ids, method=h2o, info=GenerationInfo()),
+                     f"{arch} loaded")

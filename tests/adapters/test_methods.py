@@ -23,6 +23,23 @@ from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
 
+def oracle_terms(backend, model, layer: int) -> dict:
+    """The layer's attention terms as the oracle takes them (sinks as float64 NumPy [Hq])."""
+    terms = model.args.layer_terms[layer]
+    if terms is None:
+        return {}
+    sinks = None if terms.sinks is None else backend.to_numpy(terms.sinks).astype(np.float64)
+    return dict(sinks=sinks, softcap=terms.softcap)
+
+
+def reference_terms(backend, model, layers) -> tuple:
+    """The layers' terms with NumPy sinks, as the reference scoring takes them."""
+    from specfill.core.stages import AttentionTerms
+
+    return tuple(AttentionTerms(**oracle_terms(backend, model, i)) if oracle_terms(backend, model, i) else None
+                 for i in layers)
+
+
 @pytest.mark.archs("honoured")
 def test_h2o_memory_sets_and_outputs_equal_the_oracle(backend, arch, monkeypatch):
     model = backend.adapted(backend.build(arch))
@@ -36,7 +53,8 @@ def test_h2o_memory_sets_and_outputs_equal_the_oracle(backend, arch, monkeypatch
     config = H2O.h2o
     for layer, q, k, v, out in calls:
         want_out, want_sets, _ = oracle_h2o_layer(q, k, v, config.chunk_size, config.local, config.heavy,
-                                                  model.args.attention_scale, window=model.args.layer_window(layer))
+                                                  model.args.attention_scale, window=model.args.layer_window(layer),
+                                                  **oracle_terms(backend, model, layer))
         assert_close(out, want_out.astype(np.float32), f"{arch} layer {layer} H2O output")
         got = info.memory_sets[layer]
         assert len(got) == len(want_sets) == 36 // 8
@@ -56,7 +74,8 @@ def test_specprefill_kept_positions_equal_the_reference_selection(backend, arch,
     keys = np.stack([calls[0][2][:, :n]])  # the prefill step's keys of layer 0
     assert queries.shape[1] == 3  # the last prompt token and two look-ahead tokens
     _, selection = speculative_selection(queries.astype(np.float64), keys.astype(np.float64), spec(0.3).specprefill,
-                                         model.args.attention_scale, REFERENCE, model.args.layer_windows[:1])
+                                         model.args.attention_scale, REFERENCE, model.args.layer_windows[:1],
+                                         reference_terms(backend, model, [0]))
     assert info.kept_positions == selection.kept.tolist()
     assert 8 <= info.kept_tokens < n and info.kept_positions[-1] == n - 1
     assert len(tokens) == 3 and greedy(model, ids, 4, spec(1.0)) == greedy(model, ids, 4)
@@ -79,6 +98,23 @@ def test_sparse_methods_are_refused_by_name_on_layers_they_cannot_run(backend, a
     assert message.startswith(f"{refusal}") or f"the SpecPrefill {refusal}" in message
     assert arch in message and "layer 0" in message and kind in message and "\n" not in message
     assert len(greedy(model, ids, 2)) == 2  # full prefill and decoding still run
+
+
+@pytest.mark.archs("terms")
+def test_attention_terms_are_honoured_and_matter(backend, arch, monkeypatch):
+    """gpt_oss's sinks and gemma2's logit soft-cap reach every method as the layers' terms (not a
+    refusal), and they matter: the oracle without them disagrees with what H2O computed."""
+    model = backend.adapted(backend.build(arch))
+    assert model.args.refusal() is None and all(t is not None for t in model.args.layer_terms)
+    kinds = {layer.kind.split(" (")[0] for layer in model.args.layers}
+    assert kinds == {"attention with sinks" if arch == "gpt_oss" else "attention with logit soft-capping"}
+    calls = record(monkeypatch, H2OPrefillAttention, backend.to_numpy)
+    model.prompt_logits(prompt(36, seed=7), method=H2O, info=GenerationInfo())
+    layer, q, k, v, out = calls[1]
+    config = H2O.h2o
+    plain, _, _ = oracle_h2o_layer(q, k, v, config.chunk_size, config.local, config.heavy, model.args.attention_scale,
+                                   window=model.args.layer_window(layer))
+    assert np.abs(out - plain).max() > 1e-3 * np.abs(plain).max(), f"{arch}: the terms changed nothing"
 
 
 @pytest.mark.archs("honoured", "refused")

@@ -3,7 +3,8 @@ head dim 16, vocabulary 320, the tiny tokenizer's) and transformers models built
 seeded random weights (fp32).
 
 HONOURED: the adapter runs every method on them (the project's own five families are not here:
-they have model files of their own). MOE marks mixtures of experts. REFUSED: model types whose
+they have model files of their own); TERMS: those of them whose layers add attention sinks or a
+logit soft-cap to their softmax. MOE marks mixtures of experts. REFUSED: model types whose
 layers a sparse method cannot run, with the layer kind the refusal names (full prefill and
 decoding still work on them). AT_LOAD: model types refused at load, with the kind named.
 """
@@ -52,15 +53,18 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gpt2": {},  # learned absolute positions, no RoPE
     "hunyuan_v1_dense": dict(use_qk_norm=True),  # q/k norms after RoPE
     "apertus": {},  # xIELU MLP, q/k norms
+    # attention terms (core/stages.AttentionTerms): sinks (build() draws them N(0, 1), so that they
+    # hold a real share of every softmax), a logit soft-cap low enough to bind at these logits (and
+    # the LM head's own final soft-capping, the family's code)
+    "gpt_oss": dict(_MOE, **_SLIDING),
+    "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0, **_SLIDING),
 }
+TERMS = ("gpt_oss", "gemma2")  # honoured model types whose layers add terms to their softmax
 MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "qwen2_moe", "glm4_moe", "ernie4_5_moe",
-       "hunyuan_v1_moe", "jetmoe")
+       "hunyuan_v1_moe", "jetmoe", "gpt_oss")
 
 # model type -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "gpt_oss": (dict(_MOE, **_SLIDING), "attention sinks"),
-    "gemma2": (dict(query_pre_attn_scalar=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, **_SLIDING),
-               "attention logit soft-capping"),
     "deepseek_v3": (dict(_MOE, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
                          qk_nope_head_dim=16, head_dim=8, v_head_dim=16, n_routed_experts=4, n_shared_experts=1,
                          first_k_dense_replace=1, n_group=1, topk_group=1), "multi-head latent attention"),
@@ -96,6 +100,8 @@ def build(arch: str, extra: dict[str, Any] | None = None, seed: int = 0) -> torc
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.add_(0.3 * torch.randn_like(parameter))
+            elif name.endswith(".sinks"):  # per-head attention sinks (gpt_oss)
+                parameter.normal_(0.0, 1.0)
             elif parameter.dim() >= 2:
                 parameter.normal_(0.0, 0.15)
     return model

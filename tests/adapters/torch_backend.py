@@ -19,15 +19,16 @@ from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
 
 from tests.adapters import torch_table as table
-from tests.adapters.torch_archs import HONOURED, MOE, REFUSED, build, save_directory
+from tests.adapters.torch_archs import HONOURED, MOE, REFUSED, TERMS, build, save_directory
 
-__all__ = ["AdaptedModel", "HONOURED", "MOE", "OwnModel", "REFUSED", "build", "load", "save_directory", "table"]
+__all__ = ["AdaptedModel", "HONOURED", "MOE", "OwnModel", "REFUSED", "TERMS", "build", "load", "save_directory",
+           "table"]
 
 NAME, CLI_BACKEND = "torch", "cuda"
 # the refusal test's cases: H2O and the SpecPrefill speculator (the main pass runs refused layers:
 # test_transformers_only.py)
 REFUSAL_NAMES = ("H2O", "speculator")
-SOFTCAP_REFUSAL = "H2O cannot run on gemma2: layer 0 (attention logit soft-capping"
+LATENT_REFUSAL = "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention"  # what a refused method says (deepseek_v3)
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},
     "mistral": dict(sliding_window=8),
@@ -43,7 +44,7 @@ def adapted(lm: torch.nn.Module, prefill_step_size: int = 2048) -> CausalLM:
 
 
 def to_numpy(a: torch.Tensor) -> np.ndarray:
-    return a.float().numpy().copy()
+    return a.detach().float().numpy().copy()
 
 
 def own_logits(lm: torch.nn.Module, ids: list[int], positions: list[int] | None = None) -> np.ndarray:

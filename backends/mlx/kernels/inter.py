@@ -6,10 +6,12 @@ from functools import cache
 
 import mlx.core as mx
 
+from specfill.core.self_check import note_term_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
+from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 from .dispatch import SELF_CHECK, choose_kernel, common_dtype
-from .state import AttentionState, InterResult, KeyWindow, empty_state
+from .state import AttentionState, InterResult, KeyWindow, empty_state, sink_weights, soft_cap
 
 THREADS_PER_GROUP = 64
 
@@ -155,13 +157,15 @@ def key_window_visible(window: KeyWindow, n_tokens: int, n_slots: int) -> mx.arr
 
 
 def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
-                         window: KeyWindow | None = None) -> InterResult:
+                         window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
     """The MLX-ops twin, float32, GQA by broadcasting (no repeated K/V); a sliding window hides
-    the slots outside each row's window (a row seeing none gets the empty state)."""
+    the slots outside each row's window (a row seeing none gets the empty state). terms: the
+    soft-cap caps the logits before the mask; sinks join the column sums' denominators only."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_slots = k_mem.shape[:2]
     qg = q.astype(mx.float32).reshape(n_kv, n_heads // n_kv, n_tokens, head_dim)
-    logits = (qg @ k_mem.astype(mx.float32)[:, None].swapaxes(-1, -2)) * scale  # [Hkv, G, T, M]
+    logits = soft_cap((qg @ k_mem.astype(mx.float32)[:, None].swapaxes(-1, -2)) * scale,
+                      softcap_of(terms))  # [Hkv, G, T, M]
     if window is not None:
         logits = mx.where(key_window_visible(window, n_tokens, n_slots)[:, None], logits, -mx.inf)
     m = logits.max(axis=-1)
@@ -169,16 +173,20 @@ def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: f
     l = p.sum(axis=-1)
     weights = p / mx.where(l > 0, l, 1.0)[..., None]
     o = weights @ v_mem.astype(mx.float32)[:, None]
+    if sinks_of(terms) is not None:  # the column sums' softmax takes the sink (o above does not)
+        weights = sink_weights(logits, m, sinks_of(terms).reshape(n_kv, n_heads // n_kv, 1))
     state = AttentionState(m.reshape(n_heads, n_tokens), l.reshape(n_heads, n_tokens),
                            o.reshape(n_heads, n_tokens, head_dim).astype(q.dtype))
     return InterResult(state, weights.sum(axis=-2).reshape(n_heads, n_slots))
 
 
 def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
-                    use_kernel: bool | None = None, window: KeyWindow | None = None) -> InterResult:
+                    use_kernel: bool | None = None, window: KeyWindow | None = None,
+                    terms: AttentionTerms | None = None) -> InterResult:
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> InterResult. M = 0 gives the empty state
     (m = -inf, l = 0, o = 0) and no column sums, without NaN. window: a sliding layer's
-    KeyWindow; the Metal kernel takes no window yet, so a window always runs the twin."""
+    KeyWindow; the Metal kernel takes no window yet, so a window always runs the twin; nor
+    attention terms (soft-cap, sinks): they run the twin too, said once."""
     _check(q, k_mem, v_mem)
     use = choose_kernel(use_kernel, "phase-2 inter attention",
                             self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
@@ -186,9 +194,14 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
     if k_mem.shape[1] == 0 or n_tokens == 0:
         return InterResult(empty_state(n_heads, n_tokens, head_dim, q.dtype),
                            mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32))
-    if use and window is None:
+    terms = active_terms(terms)
+    if use and terms is not None:
+        note_term_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
+    if use and window is None and terms is None:
         return inter_attention_kernel(q, k_mem, v_mem, scale)
-    return inter_attention_twin(q, k_mem, v_mem, scale, window)
+    if terms is None:
+        return inter_attention_twin(q, k_mem, v_mem, scale, window)
+    return inter_attention_twin(q, k_mem, v_mem, scale, window, terms)
 
 
 def _self_check(like: mx.array, group: int) -> bool:

@@ -11,11 +11,13 @@ from functools import cache
 
 import mlx.core as mx
 
+from specfill.core.self_check import note_term_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
+from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 from specfill.core.errors import ConfigError
 
 from .dispatch import SELF_CHECK, choose_kernel, common_dtype
-from .state import AttentionState, IntraResult
+from .state import AttentionState, IntraResult, sink_weights, soft_cap
 
 THREADS_PER_GROUP = 64  # small on purpose: well under any pipeline limit, even with D=256
 
@@ -158,9 +160,10 @@ def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: in
 
 
 def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
-                        scale: float, window: int | None = None) -> IntraResult:
+                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
     """The MLX-ops twin: every chunk padded to S and attended as one [S, S] block, float32; a
-    sliding window w also hides keys j <= i - w from query i."""
+    sliding window w also hides keys j <= i - w from query i. terms: the soft-cap caps the
+    logits before the mask; sinks join the column sums' denominators, not the state."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
@@ -174,7 +177,7 @@ def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
 
     qb = blocks(q).reshape(n_kv, group, n_chunks, chunk_size, head_dim)
     kb, vb = blocks(k)[:, None], blocks(v)[:, None]  # [Hkv, 1, C, S, D]: GQA by broadcasting
-    logits = (qb @ kb.swapaxes(-1, -2)) * scale  # [Hkv, G, C, S(query), S(key)]
+    logits = soft_cap((qb @ kb.swapaxes(-1, -2)) * scale, softcap_of(terms))  # [Hkv, G, C, S(query), S(key)]
     local = mx.arange(chunk_size)
     real = (mx.arange(n_chunks)[:, None] * chunk_size + local[None, :]) < n_tokens  # [C, S]
     distance = local[:, None] - local[None, :]  # [S(query), S(key)]
@@ -186,6 +189,8 @@ def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
     l = p.sum(axis=-1)
     weights = p / mx.where(l > 0, l, 1.0)[..., None]
     o = weights @ vb
+    if sinks_of(terms) is not None:  # the column sums' softmax takes the sink (o above does not)
+        weights = sink_weights(logits, m, sinks_of(terms).reshape(n_kv, group, 1, 1))
     # column sums count real queries only (padded query rows see real keys)
     colsum = (weights * real[:, :, None]).sum(axis=-2)
 
@@ -197,20 +202,27 @@ def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
 
 
 def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float,
-                    use_kernel: bool | None = None, window: int | None = None) -> IntraResult:
+                    use_kernel: bool | None = None, window: int | None = None,
+                    terms: AttentionTerms | None = None) -> IntraResult:
     """q [Hq, T, D], k/v [Hkv, T, D] -> IntraResult; the Metal kernel where Metal exists
     (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False).
     window: a sliding layer's w; the Metal kernel takes no window yet, so a window always runs
-    the twin (kernels forced included)."""
+    the twin (kernels forced included); nor attention terms (soft-cap, sinks): they run the twin
+    too, said once (note_term_fallback)."""
     _check(q, k, v, chunk_size)
     use = choose_kernel(use_kernel, "phase-1 intra attention",
                             self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
     if q.shape[1] == 0:
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
         return IntraResult(AttentionState(zeros, zeros, mx.zeros(q.shape, dtype=q.dtype)), zeros)
-    if use and window is None:
+    terms = active_terms(terms)
+    if use and terms is not None:
+        note_term_fallback("mlx", "phase-1 intra attention", "the MLX-ops twin")
+    if use and window is None and terms is None:
         return intra_attention_kernel(q, k, v, chunk_size, scale)
-    return intra_attention_twin(q, k, v, chunk_size, scale, window)
+    if terms is None:
+        return intra_attention_twin(q, k, v, chunk_size, scale, window)
+    return intra_attention_twin(q, k, v, chunk_size, scale, window, terms)
 
 
 def _self_check(like: mx.array, group: int) -> bool:

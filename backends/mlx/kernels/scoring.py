@@ -9,7 +9,11 @@ from functools import cache
 
 import mlx.core as mx
 
+from specfill.core.self_check import note_term_fallback
+from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
+
 from .dispatch import SELF_CHECK, choose_kernel, common_dtype
+from .state import sink_weights, soft_cap
 
 THREADS_PER_GROUP = 64
 
@@ -127,22 +131,27 @@ def attention_scores_kernel(queries: mx.array, keys: mx.array, scale: float) -> 
 
 
 def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float, window: int | None = None,
-                          query_start: int | None = None) -> mx.array:
+                          terms: AttentionTerms | None = None, query_start: int | None = None) -> mx.array:
     """The MLX-ops twin, float32, GQA by broadcasting. Query n sits at position s + n (s =
     query_start, None: P - 1) and sees key j iff j <= s + n and, with a sliding window w,
-    s + n - j < w; a query that sees no key scores zeros."""
+    s + n - j < w; a query that sees no key scores zeros. terms: a soft-cap on the logits (before
+    the mask), sinks [Hq] in the denominators."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv = keys.shape[1]
     # [n_l, n_q, Hq, D] -> [n_l, Hkv, G, n_q, D]
     q = queries.astype(mx.float32).reshape(n_layers, n_queries, n_kv, n_heads // n_kv, head_dim)
     q = q.transpose(0, 2, 3, 1, 4)
-    logits = (q @ keys.astype(mx.float32)[:, :, None].swapaxes(-1, -2)) * scale  # [n_l, Hkv, G, n_q, P]
+    logits = soft_cap((q @ keys.astype(mx.float32)[:, :, None].swapaxes(-1, -2)) * scale,
+                      softcap_of(terms))  # [n_l, Hkv, G, n_q, P]
     n_keys = keys.shape[2]
     if window is not None or (query_start is not None and query_start < n_keys - 1):
         start = n_keys - 1 if query_start is None else query_start
         distance = (start + mx.arange(n_queries))[:, None] - mx.arange(n_keys)[None, :]  # [n_q, P]
         visible = distance >= 0 if window is None else (distance >= 0) & (distance < window)
         logits = mx.where(visible, logits, -mx.inf)
+    if sinks_of(terms) is not None:
+        probs = sink_weights(logits, logits.max(axis=-1), sinks_of(terms).reshape(1, n_kv, n_heads // n_kv, 1))
+        return probs.reshape(n_layers, n_heads, n_queries, -1).transpose(2, 0, 1, 3)
     top = logits.max(axis=-1, keepdims=True)
     weights = mx.exp(logits - mx.where(mx.isinf(top), 0.0, top))
     total = weights.sum(axis=-1, keepdims=True)
@@ -152,19 +161,23 @@ def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float, windo
 
 def attention_scores(queries: mx.array, keys: mx.array, scale: float,
                      use_kernel: bool | None = None, window: int | None = None,
-                     query_start: int | None = None) -> mx.array:
+                     terms: AttentionTerms | None = None, query_start: int | None = None) -> mx.array:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P] float32.
     window: a sliding layer's w; query_start: the first query's position when an observation
-    window's queries come first (None: P - 1). The Metal kernel masks neither yet: the twin runs."""
+    window's queries come first (None: P - 1). The Metal kernel masks neither yet: the twin runs;
+    nor attention terms (soft-cap, sinks): they run the twin too, said once."""
     _check(queries, keys)
     use = choose_kernel(use_kernel, "speculative-prefill scoring",
                             self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]))
     n_layers, n_queries, n_heads, _ = queries.shape
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return mx.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=mx.float32)
-    if use and window is None and query_start is None:
+    terms = active_terms(terms)
+    if use and terms is not None:
+        note_term_fallback("mlx", "speculative-prefill scoring", "the MLX-ops twin")
+    if use and window is None and query_start is None and terms is None:
         return attention_scores_kernel(queries, keys, scale)
-    return attention_scores_twin(queries, keys, scale, window, query_start)
+    return attention_scores_twin(queries, keys, scale, window, terms, query_start)
 
 
 def _self_check(like: mx.array, group: int) -> bool:

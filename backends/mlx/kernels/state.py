@@ -9,7 +9,8 @@ import mlx.core as mx
 
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-__all__ = ["AttentionState", "InterResult", "IntraResult", "KeyWindow", "empty_state", "merge_states", "slice_state"]
+__all__ = ["AttentionState", "InterResult", "IntraResult", "KeyWindow", "add_sinks", "empty_state", "merge_states",
+           "sink_weights", "slice_state", "soft_cap"]
 
 
 def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: mx.Dtype) -> AttentionState:
@@ -40,3 +41,31 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
 def slice_state(state: AttentionState, start: int, stop: int) -> AttentionState:
     """The state of query tokens [start, stop)."""
     return AttentionState(state.m[:, start:stop], state.l[:, start:stop], state.o[:, start:stop])
+
+
+def soft_cap(logits: mx.array, softcap: float | None) -> mx.array:
+    """A layer's logit soft-cap on scaled logits, BEFORE any mask: cap * tanh(logits / cap)."""
+    return logits if softcap is None else mx.tanh(logits / softcap) * softcap
+
+
+def sink_weights(logits: mx.array, m: mx.array, sinks: mx.array) -> mx.array:
+    """Softmax weights of masked logits [..., K] (row max m [...]) with each row's sink (sinks
+    broadcastable to m) in the denominator only, shifted by max(m, sink): finite, an empty row's
+    weights 0. The twins' column sums and scores; their states stay sink-free (`add_sinks`)."""
+    sinks = sinks.astype(mx.float32)
+    top = mx.maximum(m, sinks)
+    shifted = mx.exp(logits - top[..., None])
+    return shifted / (shifted.sum(axis=-1) + mx.exp(sinks - top))[..., None]
+
+
+def add_sinks(state: AttentionState, sinks: mx.array) -> AttentionState:
+    """The state with each query head's sink logit (sinks [Hq]) in its denominator: exp(sink - m)
+    joins l and no value joins o. For the state over a query's whole key set (merged states would
+    count a sink twice). A row over no key becomes m = sink, l = 1, o = 0: finite."""
+    m_old = state.m.astype(mx.float32)
+    sink = sinks.astype(mx.float32).reshape(-1, *([1] * (m_old.ndim - 1)))
+    m = mx.maximum(m_old, sink)
+    kept = state.l.astype(mx.float32) * mx.exp(m_old - m)  # exp(-inf) = 0 for an empty row
+    l = kept + mx.exp(sink - m)
+    o = state.o.astype(mx.float32) * (kept / l)[..., None]
+    return AttentionState(m=m, l=l, o=o.astype(state.o.dtype))

@@ -8,10 +8,10 @@ from .dispatch import kernel_unavailable_reason, choose_kernel
 from .inter import inter_attention, inter_attention_twin
 from .intra import check_attention_shapes, intra_attention, intra_attention_twin, reduce_colsum_to_kv_heads
 from .scoring import attention_scores, check_scoring_shapes, attention_scores_twin
-from .state import AttentionState, InterResult, IntraResult, empty_state, merge_states, stats_dtype
+from .state import AttentionState, InterResult, IntraResult, add_sinks, empty_state, merge_states, stats_dtype
 
 __all__ = [
-    "AttentionState", "InterResult", "IntraResult", "attention_scores", "attention_scores_twin",
+    "AttentionState", "InterResult", "IntraResult", "add_sinks", "attention_scores", "attention_scores_twin",
     "check_attention_shapes", "check_scoring_shapes", "choose_kernel", "empty_state", "inter_attention",
     "inter_attention_twin", "intra_attention", "intra_attention_twin", "kernel_unavailable_reason",
     "merge_states", "reduce_colsum_to_kv_heads", "stats_dtype", "units_scope",

@@ -10,13 +10,15 @@ import math
 
 import torch
 
+from specfill.core.self_check import note_term_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
+from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel
-from .intra import check_attention_shapes
-from .state import LOG2E, AttentionState, InterResult, KeyWindow, empty_state, softmax_state_, stats_dtype
+from .intra import check_attention_shapes, row_sinks2
+from .state import LOG2E, AttentionState, InterResult, KeyWindow, empty_state, soft_cap2_, softmax_state_, stats_dtype
 
 # query rows per block of the twin (times G stacked heads) against all M memory slots:
 # 64 to 256 measured within ~10% at S = 1024, M = 512 on CPU, whole chunks at once ~50% slower
@@ -31,11 +33,13 @@ def key_window_distance(window: KeyWindow, lo: int, hi: int, n_slots: int, devic
 
 
 def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                         with_colsum: bool = True, window: KeyWindow | None = None) -> InterResult:
+                         with_colsum: bool = True, window: KeyWindow | None = None,
+                         terms: AttentionTerms | None = None) -> InterResult:
     """Torch-ops twin: the G query heads of a KV head are the rows of one matmul, in blocks of
     query rows so that a block's logits stay near cache size; each (block, KV head) is an
     independent work unit (cpu_units.run_units), so that the dense tail's few rows (one block)
-    still spread over the threads. A sliding window masks the slots outside each row's window."""
+    still spread over the threads. A sliding window masks the slots outside each row's window.
+    terms: the soft-cap caps the logits before the mask; sinks join the column sums' denominators."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_mem = k_mem.shape[0], k_mem.shape[1]
     group = n_heads // n_kv
@@ -48,17 +52,19 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
     n_blocks = -(-n_tokens // _TWIN_QUERY_BLOCK)
     # one partial column sum per block, added up in block order once all have run
     partial = torch.empty((n_blocks, n_kv, group, n_mem), dtype=stats, device=q.device) if with_colsum else None
+    sinks, softcap = sinks_of(terms), softcap_of(terms)
 
     def one_unit(index: int) -> None:  # writes only its block's rows and partial sums of its KV head
         block, head = divmod(index, n_kv)
         lo = block * _TWIN_QUERY_BLOCK
         hi = min(lo + _TWIN_QUERY_BLOCK, n_tokens)
-        logits = rows[head, :, lo:hi].reshape(group * (hi - lo), head_dim) @ keys_t[head]
+        logits = soft_cap2_(rows[head, :, lo:hi].reshape(group * (hi - lo), head_dim) @ keys_t[head], softcap)
         if window is not None:
             distance = key_window_distance(window, lo, hi, n_mem, q.device)  # [Hkv or 1, rows, M]
             distance = distance[head if distance.shape[0] > 1 else 0]
             logits.view(group, hi - lo, n_mem).masked_fill_((distance < 0) | (distance >= window.size), -math.inf)
-        state, weights = softmax_state_(logits, values[head])
+        sinks2 = None if sinks is None else row_sinks2(terms, n_kv, group, hi - lo, stats, q.device)[head]
+        state, weights = softmax_state_(logits, values[head], sinks2)
         m[head, :, lo:hi] = state.m.view(group, hi - lo)
         l[head, :, lo:hi] = state.l.view(group, hi - lo)
         o[head, :, lo:hi] = state.o.view(group, hi - lo, head_dim)
@@ -74,12 +80,13 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
 
 def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
                     use_kernel: bool | None = None, with_colsum: bool = True,
-                    window: KeyWindow | None = None) -> InterResult:
+                    window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> m, l [Hq, T], o [Hq, T, D], colsum [Hq, M].
 
     An empty memory (M = 0) gives the empty state (m = -inf, l = 0, o = 0) and no column sums.
     use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
-    layer's KeyWindow; the Triton kernel takes no window yet, so a window always runs the twin.
+    layer's KeyWindow; the Triton kernel takes no window yet, so a window always runs the twin;
+    nor attention terms (soft-cap, sinks): they run the twin too, said once.
     """
     check_attention_shapes(q, k_mem, v_mem)
     kernel = choose_kernel(use_kernel, q, k_mem, v_mem,
@@ -89,10 +96,15 @@ def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, s
         state = empty_state(q.shape[0], q.shape[1], q.shape[2], q.dtype, q.device, stats)
         colsum = torch.zeros((q.shape[0], 0), dtype=stats, device=q.device) if with_colsum else None
         return InterResult(state, colsum)
-    if kernel and window is None:
+    terms = active_terms(terms)
+    if kernel and terms is not None:
+        note_term_fallback("cuda", "phase-2 inter attention", "the torch twin")
+    if kernel and window is None and terms is None:
         result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
         return InterResult(result.state, result.colsum)
-    return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window)
+    if terms is None:
+        return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window)
+    return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window, terms)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:

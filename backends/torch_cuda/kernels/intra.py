@@ -11,12 +11,14 @@ import math
 
 import torch
 
+from specfill.core.self_check import note_term_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
+from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel
-from .state import LOG2E, AttentionState, IntraResult, empty_state, softmax_state_, stats_dtype
+from .state import LOG2E, AttentionState, IntraResult, empty_state, soft_cap2_, softmax_state_, stats_dtype
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
 # S keys) stay near cache size and the diagonal blocks waste little; 64 measured fastest on an
@@ -43,14 +45,27 @@ def reduce_colsum_to_kv_heads(colsum: torch.Tensor, n_kv_heads: int) -> torch.Te
     return colsum.reshape(n_kv_heads, n_heads // n_kv_heads, *colsum.shape[1:]).sum(dim=1)
 
 
+def row_sinks2(terms: AttentionTerms | None, n_kv: int, group: int, n_rows: int,
+               stats: torch.dtype, device: torch.device) -> torch.Tensor | None:
+    """The terms' sinks [Hq] in base-2 units as [Hkv, G * n_rows, 1]: row g * n_rows + r of KV head
+    kv (the twins' stacked rows) takes query head kv * G + g's sink. None without sinks."""
+    sinks = sinks_of(terms)
+    if sinks is None:
+        return None
+    sinks2 = sinks.to(device=device, dtype=stats).reshape(n_kv, group, 1) * LOG2E
+    return sinks2.expand(n_kv, group, n_rows).reshape(n_kv, group * n_rows, 1)
+
+
 def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                         scale: float, with_colsum: bool = True, window: int | None = None) -> IntraResult:
+                         scale: float, with_colsum: bool = True, window: int | None = None,
+                         terms: AttentionTerms | None = None) -> IntraResult:
     """Torch-ops twin of the phase-1 kernel: explicit logits per block of query rows, fp32 statistics.
 
     A query block [lo, hi) of a chunk only meets the chunk's keys before hi, so nothing above the
     diagonal is computed; with a sliding window w (query i sees keys j > i - w) nothing before
     lo - w + 1 either, and the rest is masked. The G query heads of a KV head are stacked as rows of one matmul, so
-    K/V are never repeated. Chunks are independent work units (cpu_units.run_units).
+    K/V are never repeated. Chunks are independent work units (cpu_units.run_units). terms: the
+    soft-cap caps the logits before the masks; sinks join the column sums' denominators only.
     """
     n_heads, n_tokens, head_dim = q.shape
     n_kv = k.shape[0]
@@ -64,6 +79,7 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
     l = torch.empty_like(m)
     colsum = torch.zeros_like(m) if with_colsum else None
     block = _TWIN_QUERY_BLOCK
+    sinks, softcap = sinks_of(terms), softcap_of(terms)
     after_query = torch.ones((block, block), dtype=torch.bool, device=q.device).triu_(1)
 
     def one_chunk(chunk: int) -> None:  # writes only the chunk's own rows and keys
@@ -74,14 +90,15 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
             first = chunk_start if window is None else max(chunk_start, lo - window + 1)
             n_rows, n_keys = hi - lo, hi - first
             block_rows = rows[:, :, lo:hi].reshape(n_kv, group * n_rows, head_dim)
-            logits = block_rows @ k[:, first:hi].transpose(1, 2)
+            logits = soft_cap2_(block_rows @ k[:, first:hi].transpose(1, 2), softcap)
             # only the block's own keys can come after a query
             logits.view(n_kv, group, n_rows, n_keys)[..., lo - first:].masked_fill_(
                 after_query[:n_rows, :n_rows], -math.inf)
             if window is not None:  # keys at or before i - w fall out of query i's window
                 distance = torch.arange(lo, hi, device=q.device)[:, None] - torch.arange(first, hi, device=q.device)
                 logits.view(n_kv, group, n_rows, n_keys).masked_fill_(distance >= window, -math.inf)
-            state, weights = softmax_state_(logits, v[:, first:hi])
+            sinks2 = None if sinks is None else row_sinks2(terms, n_kv, group, n_rows, stats, q.device)
+            state, weights = softmax_state_(logits, v[:, first:hi], sinks2)
             m[:, :, lo:hi] = state.m.view(n_kv, group, n_rows)
             l[:, :, lo:hi] = state.l.view(n_kv, group, n_rows)
             o[:, :, lo:hi] = state.o.view(n_kv, group, n_rows, head_dim)
@@ -96,13 +113,14 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
 
 def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int, scale: float,
                     use_kernel: bool | None = None, with_colsum: bool = True,
-                    window: int | None = None) -> IntraResult:
+                    window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
     """Phase-1 attention: q [Hq, T, D], k/v [Hkv, T, D]; chunks of chunk_size start at token 0.
 
     Returns m, l [Hq, T] (fp32; fp64 for fp64 inputs), o [Hq, T, D] in q's dtype and column sums
     [Hq, T] (None when with_colsum is False). use_kernel: None = Triton on CUDA, else the twin;
     True / False force one. window: a sliding layer's w (query i sees keys j > i - w); the Triton
-    kernel takes no window yet, so a window always runs the twin (kernels forced included).
+    kernel takes no window yet, so a window always runs the twin (kernels forced included); nor
+    attention terms (soft-cap, sinks): they run the twin too, said once (note_term_fallback).
     """
     check_attention_shapes(q, k, v)
     if k.shape[1] != q.shape[1]:
@@ -114,9 +132,14 @@ def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_siz
         stats = stats_dtype(q, k, v)
         state = empty_state(q.shape[0], 0, q.shape[2], q.dtype, q.device, stats)
         return IntraResult(state, state.l.clone() if with_colsum else None)
-    if kernel and window is None:
+    terms = active_terms(terms)
+    if kernel and terms is not None:
+        note_term_fallback("cuda", "phase-1 intra attention", "the torch twin")
+    if kernel and window is None and terms is None:
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
-    return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window)
+    if terms is None:
+        return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window)
+    return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window, terms)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:

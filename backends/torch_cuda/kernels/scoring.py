@@ -10,6 +10,9 @@ import math
 
 import torch
 
+from specfill.core.self_check import note_term_fallback
+from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
+
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from .dispatch import SELF_CHECK, choose_kernel
 from .state import stats_dtype
@@ -26,11 +29,32 @@ def check_scoring_shapes(queries: torch.Tensor, keys: torch.Tensor) -> None:
         raise ValueError(f"{queries.shape[2]} query heads are not a multiple of {keys.shape[1]} KV heads")
 
 
+def _terms_probs(logits: torch.Tensor, hidden: torch.Tensor | None, terms: AttentionTerms,
+                 n_kv: int, group: int, n_queries: int) -> torch.Tensor:
+    """Softmax of scaled logits [n_l, Hkv, G * n_q, P] with the layer's terms: soft-capped before
+    the mask (hidden [n_q, P] or None), each row's sink as one more column, dropped after (gpt_oss's
+    formulation; a row that sees no key then scores zeros, its mass all on the sink)."""
+    softcap, sinks = softcap_of(terms), sinks_of(terms)
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if hidden is not None:
+        shape = logits.shape
+        logits = logits.view(shape[0], n_kv, group, n_queries, shape[-1]).masked_fill(hidden, -math.inf).view(shape)
+    if sinks is None:
+        probs = torch.softmax(logits, dim=-1)
+        return probs if hidden is None else probs.masked_fill(hidden.all(dim=-1).repeat(group)[:, None], 0.0)
+    column = sinks.to(device=logits.device, dtype=logits.dtype).reshape(n_kv, group, 1).expand(n_kv, group, n_queries)
+    column = column.reshape(1, n_kv, group * n_queries, 1).expand(*logits.shape[:-1], 1)
+    return torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
+
+
 def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                          window: int | None = None, query_start: int | None = None) -> torch.Tensor:
+                          window: int | None = None, terms: AttentionTerms | None = None,
+                          query_start: int | None = None) -> torch.Tensor:
     """Torch-ops twin: the G query heads of a KV head share one matmul against its keys. Query n
     sits at position s + n (s = query_start, None: P - 1) and sees key j iff j <= s + n and, with
-    a sliding window w, s + n - j < w; a query that sees no key scores zeros."""
+    a sliding window w, s + n - j < w; a query that sees no key scores zeros. terms: a soft-cap on
+    the logits, sinks [Hq] in the denominators."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
@@ -38,10 +62,15 @@ def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: floa
     # [n_l, Hkv, G*n_q, D]: row g*n_q + q of KV head kv is query q of head kv*G + g
     rows = queries.to(stats).permute(0, 2, 1, 3).reshape(n_layers, n_kv, group * n_queries, head_dim)
     logits = (rows @ keys.to(stats).transpose(-1, -2)) * scale
+    hidden = None  # [n_q, P]: the keys a query does not see (its future, or past its window)
     if window is not None or (query_start is not None and query_start < n_keys - 1):
         start = n_keys - 1 if query_start is None else query_start
         distance = start + torch.arange(n_queries, device=keys.device)[:, None] - torch.arange(n_keys, device=keys.device)
-        hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)  # [n_q, P]
+        hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
+    if active_terms(terms) is not None:
+        probs = _terms_probs(logits, hidden, terms, n_kv, group, n_queries)
+        return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
+    if hidden is not None:
         logits = logits.view(n_layers, n_kv, group, n_queries, n_keys).masked_fill(hidden, -math.inf)
         probs = torch.softmax(logits, dim=-1).masked_fill(hidden.all(dim=-1)[:, None], 0.0)
         return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
@@ -51,12 +80,13 @@ def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: floa
 
 def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
                      use_kernel: bool | None = None, window: int | None = None,
-                     query_start: int | None = None) -> torch.Tensor:
+                     terms: AttentionTerms | None = None, query_start: int | None = None) -> torch.Tensor:
     """probs [n_q, n_l, Hq, P]: softmax over the P prompt keys of each scoring query.
 
     use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
     layer's w; query_start: the first query's position when an observation window's queries come
-    first (None: P - 1). The Triton kernel masks neither yet, so either runs the twin.
+    first (None: P - 1). The Triton kernel masks neither yet, so either runs the twin; nor does it
+    take attention terms (soft-cap, sinks): they run the twin too, said once.
     """
     check_scoring_shapes(queries, keys)
     kernel = choose_kernel(use_kernel, queries, keys,
@@ -65,9 +95,12 @@ def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return torch.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys),
                            device=queries.device)
-    if kernel and window is None and query_start is None:
+    terms = active_terms(terms)
+    if kernel and terms is not None:
+        note_term_fallback("cuda", "speculative-prefill scoring", "the torch twin")
+    if kernel and window is None and query_start is None and terms is None:
         return dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
-    return attention_scores_twin(queries, keys, scale, window, query_start)
+    return attention_scores_twin(queries, keys, scale, window, terms, query_start)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:

@@ -10,8 +10,8 @@ import torch
 
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-__all__ = ["LN2", "LOG2E", "AttentionState", "InterResult", "IntraResult", "KeyWindow", "empty_state",
-           "merge_states", "softmax_state_", "stats_dtype"]
+__all__ = ["LN2", "LOG2E", "AttentionState", "InterResult", "IntraResult", "KeyWindow", "add_sinks", "empty_state",
+           "merge_states", "soft_cap2_", "softmax_state_", "stats_dtype"]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -49,17 +49,49 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
     return AttentionState(m, l, o.to(a.o.dtype))
 
 
-def softmax_state_(logits2: torch.Tensor, v: torch.Tensor) -> tuple[AttentionState, torch.Tensor]:
+def soft_cap2_(logits2: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """A layer's logit soft-cap on base-2 logits (scaled logits times log2(e)), in place, BEFORE
+    any mask: cap * tanh(s / cap) in natural units is c2 * tanh(s2 / c2) with c2 = cap * log2(e)."""
+    if softcap is None:
+        return logits2
+    cap2 = float(softcap) * LOG2E
+    return logits2.div_(cap2).tanh_().mul_(cap2)
+
+
+def softmax_state_(logits2: torch.Tensor, v: torch.Tensor,
+                   sinks2: torch.Tensor | None = None) -> tuple[AttentionState, torch.Tensor]:
     """State of softmax(logits) @ v over the visible keys, plus the normalised softmax weights.
 
     logits2 [..., R, K]: scaled logits times log2(e) (base-2 units, as the kernels use), -inf
     for hidden keys, in the statistics dtype and owned by the caller: they are turned into the
     weights in place. exp2 runs ~3x faster than exp on CPU. v [..., K, D]. m comes back in
     natural units. Rows with no visible key give m = -inf, l = 0, o = 0 and zero weights.
+    sinks2 [..., R, 1] (base-2 units): each row's sink joins the WEIGHTS' denominator only; the
+    state stays sink-free (`add_sinks` folds it in once, over a query's whole key set).
     """
     m2 = logits2.amax(dim=-1, keepdim=True)
     # a row with no visible key has max -inf: subtracting the lowest finite value keeps it at -inf
-    weights = logits2.sub_(m2.clamp_min(torch.finfo(m2.dtype).min)).exp2_()
+    shift = m2.clamp_min(torch.finfo(m2.dtype).min)
+    weights = logits2.sub_(shift).exp2_()
     l = weights.sum(dim=-1, keepdim=True)
-    weights.mul_(torch.where(l > 0, 1.0 / l, torch.zeros_like(l)))
-    return AttentionState(m2.squeeze(-1).mul_(LN2), l.squeeze(-1), weights @ v), weights
+    if sinks2 is None:
+        weights.mul_(torch.where(l > 0, 1.0 / l, torch.zeros_like(l)))
+        return AttentionState(m2.squeeze(-1).mul_(LN2), l.squeeze(-1), weights @ v), weights
+    o = (weights * torch.where(l > 0, 1.0 / l, torch.zeros_like(l))) @ v
+    # an empty row's weights are 0 whatever the denominator (an overflow to inf included)
+    weights.div_(l + torch.exp2(sinks2.to(l.dtype) - shift))
+    return AttentionState(m2.squeeze(-1).mul_(LN2), l.squeeze(-1), o), weights
+
+
+def add_sinks(state: AttentionState, sinks: torch.Tensor) -> AttentionState:
+    """The state with each query head's sink logit (sinks [Hq]) in its denominator: exp(sink - m)
+    joins l and no value joins o. For the state over a query's whole key set (merged states
+    would count a sink twice). A row over no key becomes m = sink, l = 1, o = 0: finite."""
+    stats = torch.promote_types(stats_dtype(state.o), state.m.dtype)
+    m_old = state.m.to(stats)
+    sink = sinks.to(device=m_old.device, dtype=stats).reshape(-1, *([1] * (m_old.dim() - 1)))
+    m = torch.maximum(m_old, sink)
+    kept = state.l.to(stats) * torch.exp(m_old - m)  # exp(-inf) = 0 for an empty row
+    l = kept + torch.exp(sink - m)
+    o = state.o.to(stats) * (kept / l).unsqueeze(-1)
+    return AttentionState(m, l, o.to(state.o.dtype))
