@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specfill.api import choose_device, load, load_speculator, resolve_backend
+from specfill.api import choose_device, launched_group, load, load_speculator, resolve_backend
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.request import build_request
 
@@ -89,6 +89,9 @@ def served_name(spec: str | None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     serve = _server_modules()
+    if launched_group(args.backend) is not None:  # mlx.launch started several ranks
+        raise ConfigError("specfill serve does not run sharded over mlx.launch ranks yet (issue 39, item 2): "
+                          "run it as one process, or use `specfill generate` under mlx.launch")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.prefill_step_size < 1:

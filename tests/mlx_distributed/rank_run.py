@@ -1,0 +1,45 @@
+"""One rank of a distributed check, run by mlx.launch (tests/mlx_distributed/launch.py):
+  rank_run.py MODEL_DIR SPECULATOR_DIR KIND OUT_DIR [--die RANK]
+loads MODEL_DIR sharded over the launched group (KIND: tensor or pipeline), runs every scenario of
+scenarios.py and writes OUT_DIR/rank{r}.json. --die RANK: that rank exits right after loading
+(os._exit) and the others generate: they must end with one DistributedError line."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.* imports
+
+import mlx.core as mx  # noqa: E402
+
+from specfill.core.errors import SpecfillError  # noqa: E402
+from tests.mlx_distributed.scenarios import run_scenarios  # noqa: E402
+
+
+def main() -> int:
+    model_dir, speculator_dir, kind, out_dir = sys.argv[1:5]
+    die = int(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[5] == "--die" else None
+    group = mx.distributed.init(strict=True)
+    import specfill
+
+    try:
+        model, tokenizer = specfill.load(model_dir, backend="mlx", group=group, pipeline=kind == "pipeline")
+        if die is not None:
+            if group.rank() == die:
+                os._exit(3)
+            list(specfill.stream_generate(model, tokenizer, list(range(3, 60)), 64))
+            print(f"rank {group.rank()}: generated without its peer", flush=True)
+            return 0
+        results = run_scenarios(model, tokenizer, speculator_dir, kind)
+    except SpecfillError as err:
+        print(f"specfill: error: {err}", file=sys.stderr, flush=True)
+        return 2
+    results.update(rank=group.rank(), size=group.size())
+    Path(out_dir, f"rank{group.rank()}.json").write_text(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
