@@ -30,6 +30,9 @@ A rank that dies ends the others at their next collective with DistributedError 
 """
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -56,6 +59,42 @@ LOST_PEER = ("connection to a peer was lost", "closed by the peer", "Too many se
 
 class DistributedError(SpecfillError):
     """A rank of the group is gone (it died or was stopped): this rank cannot go on."""
+
+    reported = threading.Event()  # one was raised in this process: a later SIGTERM adds no second line
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        DistributedError.reported.set()
+
+
+def stop_on_terminate(rank: int, size: int) -> bool:
+    """mlx.launch ends every rank with SIGTERM when one fails: this rank then writes one line,
+    `specfill: error: rank R of N: another rank is gone ...`, and exits at once (status 143),
+    even while its main thread waits inside a collective (a thread watches signal.set_wakeup_fd,
+    which the interpreter writes from its C handler). Unless a DistributedError already said so.
+    Installed from the main thread only (False elsewhere, and where SIGTERM has a handler of its own)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+        return False
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    try:
+        signal.set_wakeup_fd(write)
+    except ValueError:
+        return False
+    signal.signal(signal.SIGTERM, lambda *_: None)  # the watcher below acts; the default would kill silently
+    line = (f"specfill: error: rank {rank} of {size}: another rank is gone (mlx.launch stopped this one after "
+            f"a rank failed); stopping\n").encode()
+
+    def watch() -> None:
+        while True:
+            got = os.read(read, 16)
+            if signal.SIGTERM in got:
+                if not DistributedError.reported.is_set():
+                    os.write(2, line)
+                os._exit(128 + signal.SIGTERM)
+    threading.Thread(target=watch, name="specfill-sigterm", daemon=True).start()
+    return True
 
 
 @dataclass(frozen=True)
@@ -283,6 +322,7 @@ def load_distributed(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype
     architecture = str(config.get("model_type", type(lm).__module__.rsplit(".", 1)[-1]))
     distributed = Distributed(group, kind)
     _check_can_shard(lm, architecture, kind, distributed.size)
+    stop_on_terminate(distributed.rank, distributed.size)
     wanted = dtype if dtype is not None else (mx.float32 if device.type == mx.DeviceType.cpu else None)
     with mx.stream(device):
         if pipeline:

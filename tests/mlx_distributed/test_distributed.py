@@ -1,0 +1,176 @@
+"""Issue 39: an mlx-lm model sharded by mlx-lm's own tensor- or pipeline-parallel code over two
+ring ranks on this machine (mlx.launch --backend ring -n 2 --hosts 127.0.0.1), run by specfill.
+
+Every rank runs tests/mlx_distributed/scenarios.py through the public API; this process runs the
+same scenarios on the unsharded model (mlx_lm.load's pair, adapted: one process). Tokens equal
+the one-process run's for full prefill, H2O, SpecPrefill (a replicated 1-layer speculator),
+drafting and the prompt cache; H2O memory sets gathered over the ranks (tensor: KV heads in rank
+order; pipeline: each layer from the rank holding it) and SpecPrefill's kept positions equal the
+one-process run's; what is refused is refused by name. A rank that dies ends the other with one
+error line within seconds. Each launch is bounded (launch.LAUNCH_LIMIT_S); the module skips with
+the reason where mlx.launch or the ring back-end cannot run here."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+from tests.mlx_adapter.archs import HONOURED, save_directory  # noqa: E402
+from tests.mlx_distributed.launch import HERE, LAUNCH_LIMIT_S, RANKS, launch, unavailable  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ARCHS = {"llama": {}, "qwen3_moe": dict(HONOURED["qwen3_moe"], num_hidden_layers=4)}
+# what is refused under each kind, and the words of its refusal
+REFUSED = {"tensor": {"spec_self": "refused under tensor parallelism", "auto": "needs auto_threshold"},
+           "pipeline": {"spec_self": "refused under pipeline parallelism",
+                        "draft_self": "refused under pipeline parallelism", "auto": "needs auto_threshold"}}
+COMPARED = ("full", "h2o", "specprefill", "spec_self", "draft", "draft_self", "reuse_first", "reuse")
+
+
+@pytest.fixture(scope="module")
+def ring() -> None:
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("distributed")
+    made = {arch: save_directory(arch, root / arch, config) for arch, config in ARCHS.items()}
+    made["speculator"] = save_directory("llama", root / "speculator", {"num_hidden_layers": 1})
+    return made
+
+
+_REFERENCE: dict[str, dict[str, Any]] = {}
+
+
+def reference(arch: str, models: dict[str, Path]) -> dict[str, Any]:
+    """The scenarios on the unsharded mlx-lm model in this process (once per architecture)."""
+    if arch not in _REFERENCE:
+        from mlx_lm import load as mlx_lm_load
+
+        import specfill
+        from tests.mlx_distributed.scenarios import run_scenarios
+
+        model, tokenizer = specfill.load(mlx_lm_load(str(models[arch])), backend="mlx")
+        _REFERENCE[arch] = run_scenarios(model, tokenizer, str(models["speculator"]), None)
+    return _REFERENCE[arch]
+
+
+def gathered_memory_sets(ranks: list[dict[str, Any]], kind: str) -> list[list[np.ndarray]]:
+    """Every layer's H2O memory sets [Hkv, L + H] from the ranks' own: tensor, each rank's KV heads
+    in rank order (mlx-lm's all-to-sharded split gives rank r the r-th run of heads); pipeline,
+    each layer from the one rank that ran it (the others record none)."""
+    per_rank = [[[np.asarray(m) for m in layer] for layer in r["h2o"]["memory_sets"]] for r in ranks]
+    if kind == "tensor":
+        return [[np.concatenate(sets, axis=0) for sets in zip(*layers)] for layers in zip(*per_rank)]
+    merged = []
+    for layers in zip(*per_rank):
+        held = [sets for sets in layers if sets]
+        assert len(held) == 1, f"a layer's memory sets come from {len(held)} ranks, expected 1"
+        merged.append(held[0])
+    return merged
+
+
+@pytest.mark.parametrize("arch, kind", [("llama", "tensor"), ("qwen3_moe", "tensor"), ("qwen3_moe", "pipeline")])
+def test_sharded_run_equals_one_process(ring: None, models: dict[str, Path], tmp_path: Path, arch: str,
+                                        kind: str) -> None:
+    run = launch(HERE / "rank_run.py", str(models[arch]), str(models["speculator"]), kind, str(tmp_path))
+    assert run.returncode is not None, f"the launch ran past {LAUNCH_LIMIT_S} s:\n{run.output[-3000:]}"
+    files = [tmp_path / f"rank{r}.json" for r in range(RANKS)]
+    assert all(f.exists() for f in files), f"a rank wrote no results:\n{run.output[-3000:]}"
+    ranks = [json.loads(f.read_text()) for f in files]
+    want = reference(arch, models)
+    assert [r["size"] for r in ranks] == [RANKS] * RANKS
+    for name in COMPARED:
+        refused = REFUSED[kind].get(name)
+        for r in ranks:
+            got = r[name]
+            if refused is not None:
+                assert refused in got.get("error", ""), f"rank {r['rank']} {name}: {got}"
+            else:
+                assert "error" not in got, f"rank {r['rank']} {name}: {got['error']}"
+                assert got["tokens"] == want[name]["tokens"], f"rank {r['rank']} {name}"
+                assert got["distributed"] == f"{RANKS} ranks, {kind}"
+                assert f"Distributed: {RANKS} ranks, {kind}" in got["stats"]
+    assert "Distributed" not in want["full"]["stats"] and want["full"]["distributed"] == ""
+    for r in ranks:
+        assert r["specprefill"]["kept_positions"] == want["specprefill"]["kept_positions"]
+        assert r["h2o"]["info_distributed"] == f"{RANKS} ranks, {kind}"
+        assert r["draft"]["drafted"] > 0  # the draft model did draft (a fixed length on every rank)
+    # a sampling run without a seed: one seed for all ranks (rank 0's), so every rank samples alike
+    assert ranks[0]["sampled"]["tokens"] == ranks[1]["sampled"]["tokens"]
+    got_sets = gathered_memory_sets(ranks, kind)
+    want_sets = [[np.asarray(m) for m in layer] for layer in want["h2o"]["memory_sets"]]
+    assert [len(layer) for layer in got_sets] == [len(layer) for layer in want_sets]
+    assert all(len(layer) > 0 for layer in want_sets)
+    for index, (got_layer, want_layer) in enumerate(zip(got_sets, want_sets)):
+        for chunk, (got, wanted) in enumerate(zip(got_layer, want_layer)):
+            np.testing.assert_array_equal(got, wanted, err_msg=f"layer {index}, memory set {chunk}")
+
+
+def test_dead_rank_ends_the_other_with_one_line(ring: None, models: dict[str, Path], tmp_path: Path) -> None:
+    """Rank 1 exits right after loading; rank 0, generating, ends at its next collective with one
+    error line (DistributedError), no hang and no traceback."""
+    run = launch(HERE / "rank_run.py", str(models["llama"]), str(models["speculator"]), "tensor", str(tmp_path),
+                 "--die", "1", limit_s=LAUNCH_LIMIT_S)
+    assert run.returncode is not None, f"rank 0 hung after rank 1 died:\n{run.output[-3000:]}"
+    assert run.output.count("specfill: error: rank 0 of 2: another rank is gone") == 1, run.output[-3000:]
+    assert "generated without its peer" not in run.output
+    assert "Traceback" not in run.output, run.output[-3000:]
+    assert run.seconds < LAUNCH_LIMIT_S
+
+
+def test_cli_generate_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
+    """`specfill generate` on two ranks: rank 0 alone prints, and its statistics name the ranks."""
+    run = launch(HERE / "cli_rank.py", "generate", "--backend", "mlx", "--model", str(models["qwen3_moe"]),
+                 "--pipeline", "--prompt", "hello world", "--max-tokens", "4", "--ignore-chat-template",
+                 "--method", "h2o")
+    assert run.returncode is not None, f"the launch ran past {LAUNCH_LIMIT_S} s:\n{run.output[-3000:]}"
+    assert run.output.count("Distributed: 2 ranks, pipeline") == 1, run.output[-3000:]
+    assert run.output.count("Generation: 4 tokens") == 1, run.output[-3000:]
+
+
+def test_refused_by_name_before_sharding(models: dict[str, Path]) -> None:
+    """What mlx-lm's model files cannot shard is a one-line ConfigError, before any rank is waited
+    for: llama has tensor- but no pipeline-parallel code in mlx-lm; heads that do not split."""
+    import mlx.core as mx
+
+    from specfill.backends.mlx.distributed import load_distributed
+    from specfill.core.errors import ConfigError
+
+    class TwoRanks:  # the group's size is all the checks read before sharding
+        def size(self) -> int:
+            return 2
+
+        def rank(self) -> int:
+            return 0
+
+    cpu = mx.Device(mx.cpu)
+    with pytest.raises(ConfigError, match=r"^llama: mlx-lm has no pipeline-parallel code for it .*tensor"):
+        load_distributed(models["llama"], None, cpu, 2048, group=TwoRanks(), pipeline=True)
+
+    class ThreeRanks(TwoRanks):
+        def size(self) -> int:
+            return 3
+
+    with pytest.raises(ConfigError, match="4 query and 2 KV heads do not split over 3 ranks"):
+        load_distributed(models["llama"], None, cpu, 2048, group=ThreeRanks())
+
+
+def test_group_of_one_loads_as_one_process(models: dict[str, Path]) -> None:
+    """A group of size 1 (mx.distributed.init() outside mlx.launch) loads as if none was given."""
+    import mlx.core as mx
+
+    import specfill
+
+    model, _ = specfill.load(str(models["llama"]), backend="mlx", group=mx.distributed.init())
+    assert model.distributed is None
