@@ -114,7 +114,7 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
         model, tokenizer = chosen.load(resolved, dtype=dtype, device=device)
     else:
         model, tokenizer = chosen.load(resolved, dtype=dtype, device=device, group=group, pipeline=pipeline)
-    if model.distributed is not None:
+    if getattr(model, "distributed", None) is not None:
         model.distributed.collect(lambda: check_computes_finite(model, dtype))
     else:
         check_computes_finite(model, dtype)
@@ -126,9 +126,12 @@ def launched_group(backend: str | None) -> Any:
     more than one rank and `backend` is mlx, else None (the CLI's generate passes it to load)."""
     if resolve_backend(backend) != "mlx" or get_backend("mlx").available() is not None:
         return None
-    from specfill.backends.mlx.distributed import launched_group as mlx_group
+    import mlx.core as mx  # the mlx backend is installed: its array library is
 
-    return mlx_group()
+    if not mx.distributed.is_available():
+        return None
+    group = mx.distributed.init()  # a group of one where no launcher started this process
+    return group if group.size() > 1 else None
 
 
 def check_computes_finite(model: CausalLM, dtype: str | None) -> None:
@@ -221,7 +224,7 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
                    reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """stream_generate for a built request (core/request.py) whose models are loaded
     (load_request_models): the one generation path of the API, the CLI and the server."""
-    shared = model.distributed
+    shared = getattr(model, "distributed", None)
     if shared is None:
         yield from _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, prefill_info, reuse)
         return

@@ -237,14 +237,6 @@ class DistributedOps(AdaptedOps):
         return super().new_cache(model, capacity)
 
 
-def launched_group() -> Any:
-    """The group mlx.launch (or mpirun) started this process in, None when it runs alone."""
-    if not mx.distributed.is_available():
-        return None
-    group = mx.distributed.init()
-    return group if group.size() > 1 else None
-
-
 def _check_can_shard(lm: nn.Module, architecture: str, kind: str, size: int) -> None:
     """ConfigError naming what mlx-lm's model file lacks for `kind`, or heads that do not split."""
     can_tensor = hasattr(lm, "shard")

@@ -4,6 +4,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root
 
-from specfill.cli.main import main  # noqa: E402
+from specfill.cli.main import main
 
 sys.exit(main(sys.argv[1:]))

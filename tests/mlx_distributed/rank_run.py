@@ -12,10 +12,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.* imports
 
-import mlx.core as mx  # noqa: E402
+import mlx.core as mx
 
-from specfill.core.errors import SpecfillError  # noqa: E402
-from tests.mlx_distributed.scenarios import run_scenarios  # noqa: E402
+from specfill.core.errors import SpecfillError
+from tests.mlx_distributed.scenarios import run_scenarios
 
 
 def main() -> int:
