@@ -1,6 +1,7 @@
 """One rank of a distributed check, run by mlx.launch (tests/mlx_distributed/launch.py):
-  rank_run.py MODEL_DIR SPECULATOR_DIR KIND OUT_DIR [--die RANK]
-loads MODEL_DIR sharded over the launched group (KIND: tensor or pipeline), runs every scenario of
+  rank_run.py MODEL_DIR SPECULATOR_DIR KIND OUT_DIR [--pair] [--die RANK]
+loads MODEL_DIR sharded over the launched group (KIND: tensor or pipeline; --pair: mlx_lm.load's
+unsharded (model, tokenizer) pair handed to specfill.load, else the directory), runs every scenario of
 scenarios.py and writes OUT_DIR/rank{r}.json. --die RANK: that rank exits right after loading
 (os._exit) and the others generate: they must end with one DistributedError line."""
 from __future__ import annotations
@@ -20,12 +21,18 @@ from tests.mlx_distributed.scenarios import run_scenarios
 
 def main() -> int:
     model_dir, speculator_dir, kind, out_dir = sys.argv[1:5]
-    die = int(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[5] == "--die" else None
+    options = sys.argv[5:]
+    die = int(options[options.index("--die") + 1]) if "--die" in options else None
     group = mx.distributed.init(strict=True)
     import specfill
 
+    source = model_dir
+    if "--pair" in options:
+        from mlx_lm import load as mlx_lm_load
+
+        source = mlx_lm_load(model_dir)
     try:
-        model, tokenizer = specfill.load(model_dir, backend="mlx", group=group, pipeline=kind == "pipeline")
+        model, tokenizer = specfill.load(source, backend="mlx", group=group, pipeline=kind == "pipeline")
         if die is not None:
             if group.rank() == die:
                 os._exit(3)

@@ -27,6 +27,8 @@ from tests.mlx_distributed.launch import HERE, LAUNCH_LIMIT_S, RANKS, launch, un
 pytestmark = pytest.mark.slow
 
 ARCHS = {"llama": {}, "qwen3_moe": dict(HONOURED["qwen3_moe"], num_hidden_layers=4)}
+BITS = {"llama": 8}  # quantized as mlx-lm's convert does: mlx-lm's shard splits the quantized layers
+PAIR = {"llama"}  # handed over as mlx_lm.load's unsharded (model, tokenizer) pair, the others as directories
 # what is refused under each kind, and the words of its refusal
 REFUSED = {"tensor": {"spec_self": "refused under tensor parallelism", "auto": "needs auto_threshold"},
            "pipeline": {"spec_self": "refused under pipeline parallelism",
@@ -44,7 +46,7 @@ def ring() -> None:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("distributed")
-    made = {arch: save_directory(arch, root / arch, config) for arch, config in ARCHS.items()}
+    made = {arch: save_directory(arch, root / arch, config, bits=BITS.get(arch)) for arch, config in ARCHS.items()}
     made["speculator"] = save_directory("llama", root / "speculator", {"num_hidden_layers": 1})
     return made
 
@@ -83,7 +85,8 @@ def gathered_memory_sets(ranks: list[dict[str, Any]], kind: str) -> list[list[np
 @pytest.mark.parametrize("arch, kind", [("llama", "tensor"), ("qwen3_moe", "tensor"), ("qwen3_moe", "pipeline")])
 def test_sharded_run_equals_one_process(ring: None, models: dict[str, Path], tmp_path: Path, arch: str,
                                         kind: str) -> None:
-    run = launch(HERE / "rank_run.py", str(models[arch]), str(models["speculator"]), kind, str(tmp_path))
+    run = launch(HERE / "rank_run.py", str(models[arch]), str(models["speculator"]), kind, str(tmp_path),
+                 *(["--pair"] if arch in PAIR else []))
     assert run.returncode is not None, f"the launch ran past {LAUNCH_LIMIT_S} s:\n{run.output[-3000:]}"
     files = [tmp_path / f"rank{r}.json" for r in range(RANKS)]
     assert all(f.exists() for f in files), f"a rank wrote no results:\n{run.output[-3000:]}"
@@ -137,6 +140,22 @@ def test_cli_generate_under_mlx_launch(ring: None, models: dict[str, Path]) -> N
     assert run.returncode is not None, f"the launch ran past {LAUNCH_LIMIT_S} s:\n{run.output[-3000:]}"
     assert run.output.count("Distributed: 2 ranks, pipeline") == 1, run.output[-3000:]
     assert run.output.count("Generation: 4 tokens") == 1, run.output[-3000:]
+
+
+def test_serve_refused_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
+    """`specfill serve` does not run sharded yet: each rank says so in one line, before loading."""
+    run = launch(HERE / "cli_rank.py", "serve", "--backend", "mlx", "--model", str(models["llama"]), "--port", "0")
+    assert run.returncode is not None, run.output[-3000:]
+    assert run.output.count("specfill: error: specfill serve does not run sharded over mlx.launch ranks") == RANKS, \
+        run.output[-3000:]
+
+
+def test_group_refused_on_the_cuda_backend() -> None:
+    from specfill.backends import get_backend
+    from specfill.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="supported on the mlx backend only, not cuda"):
+        get_backend("cuda").load("unused", group=object())
 
 
 def test_refused_by_name_before_sharding(models: dict[str, Path]) -> None:
