@@ -50,21 +50,57 @@ def _free_port_pair() -> int:
     raise RuntimeError("no free port pair on 127.0.0.1")
 
 
-def launch(script: Path, *args: str, limit_s: float = LAUNCH_LIMIT_S, env: dict[str, str] | None = None) -> Launched:
-    """`script args` on RANKS ring ranks on 127.0.0.1 (niced: this machine is shared)."""
+def start(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`script args` on RANKS ring ranks on 127.0.0.1 (niced: this machine is shared), in a process
+    group of its own (killed whole at a limit), output piped."""
     command = ["nice", "-n", "19", str(launcher()), "--backend", "ring", "-n", str(RANKS), "--hosts", "127.0.0.1",
                "--starting-port", str(_free_port_pair()), "--python", sys.executable]
     for key, value in (env or {}).items():
         command += ["--env", f"{key}={value}"]
     command += ["--", str(script), *args]  # "--": the script's own options are not the launcher's
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def rank_pid(process: subprocess.Popen, rank: int) -> int | None:
+    """The pid of rank `rank` among the processes `start` made (its process group; MLX_RANK)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) != process.pid:
+                continue
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ProcessLookupError):
+            continue
+        if f"MLX_RANK={rank}".encode() in environ and b"python" in (entry / "cmdline").read_bytes():
+            return int(entry.name)
+    return None
+
+
+def kill(process: subprocess.Popen) -> None:
+    """The launcher and the ranks it started (all ours: their own process group)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def launch(script: Path, *args: str, limit_s: float = LAUNCH_LIMIT_S, env: dict[str, str] | None = None) -> Launched:
+    """`script args` on RANKS ring ranks on 127.0.0.1, bounded by limit_s."""
     started = time.monotonic()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = start(script, *args, env=env)
     try:
         output, _ = process.communicate(timeout=limit_s)
         code: int | None = process.returncode
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)  # the launcher and the ranks it started, all ours
+        kill(process)
         output, _ = process.communicate()
         code = None
     return Launched(code, output, time.monotonic() - started)

@@ -142,12 +142,99 @@ def test_cli_generate_under_mlx_launch(ring: None, models: dict[str, Path]) -> N
     assert run.output.count("Generation: 4 tokens") == 1, run.output[-3000:]
 
 
-def test_serve_refused_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
-    """`specfill serve` does not run sharded yet: each rank says so in one line, before loading."""
-    run = launch(HERE / "cli_rank.py", "serve", "--backend", "mlx", "--model", str(models["llama"]), "--port", "0")
-    assert run.returncode is not None, run.output[-3000:]
-    assert run.output.count("specfill: error: specfill serve does not run sharded over mlx.launch ranks") == RANKS, \
-        run.output[-3000:]
+SERVE_FLAGS = ("--backend", "mlx", "--log-level", "warning", "--chunk-size", "8", "--batch-size", "64",
+               "--h2o-local", "2", "--h2o-heavy", "3", "--h2o-layers", "all", "--keep", "0.5",
+               "--select-chunk", "4")
+LONG = [int(t) for t in np.random.default_rng(1).integers(3, 320, 40)]
+SERVED = [  # (request fields, what the responses share) in order: the prompt cache sees them in turn
+    ({"prompt": LONG[:16], "max_tokens": 6}, "full"),
+    ({"prompt": LONG, "max_tokens": 6, "method": "specprefill", "prompt_cache": "off"}, "specprefill"),
+    ({"prompt": LONG, "max_tokens": 6, "method": "h2o", "prompt_cache": "off"}, "h2o"),
+    ({"prompt": LONG[:16], "max_tokens": 6}, "full, the prompt cache's hit"),
+    ({"prompt": LONG, "max_tokens": 6, "temperature": 0.8, "seed": 3}, "sampled, seeded"),
+]
+
+
+def _post(port: int, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return json.loads(reply.read())
+
+
+def _health(port: int, limit_s: float) -> dict[str, Any] | None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as reply:
+                return json.loads(reply.read())
+        except OSError:
+            time.sleep(0.5)
+    return None
+
+
+def _cancelled_stream(port: int) -> None:
+    """A streamed request the client leaves after its first event (the server cancels it)."""
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request("POST", "/v1/completions", json.dumps({"prompt": LONG[:4], "max_tokens": 400, "stream": True}),
+                       {"content-type": "application/json"})
+    reply = connection.getresponse()
+    assert reply.status == 200
+    assert reply.fp.readline()  # the first event
+    connection.close()
+
+
+def test_serve_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
+    """`specfill serve` on two ranks (pipeline): rank 0 serves HTTP and the other follows it; every
+    response (full, SpecPrefill, H2O, a prompt-cache hit, a seeded sample) equals a one-process
+    server's; a stream the client leaves is cancelled on both ranks alike (the next request is
+    served); SIGINT to rank 0 stops both ranks."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.mlx_distributed.launch import free_port, kill, rank_pid, start
+
+    model = ("--model", str(models["qwen3_moe"]), "--speculator", str(models["speculator"]))
+    ports = free_port(), free_port()
+    launched = start(HERE / "cli_rank.py", "serve", *SERVE_FLAGS, *model, "--pipeline", "--port", str(ports[0]))
+    alone = subprocess.Popen(["nice", "-n", "19", sys.executable, str(HERE / "cli_rank.py"), "serve", *SERVE_FLAGS,
+                              *model, "--port", str(ports[1])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, start_new_session=True)
+    try:
+        health = _health(ports[0], LAUNCH_LIMIT_S), _health(ports[1], LAUNCH_LIMIT_S)
+        assert health[0] is not None and health[1] is not None, "a server did not start"
+        assert health[0]["distributed"] == f"{RANKS} ranks, pipeline" and "distributed" not in health[1]
+        for body, what in SERVED:
+            sharded, one = _post(ports[0], body), _post(ports[1], body)
+            assert sharded["choices"] == one["choices"], what
+            assert sharded["usage"] == one["usage"], what
+            for key in ("prefill_method", "kept_tokens", "cached_tokens"):
+                assert sharded["specfill"][key] == one["specfill"][key], (what, key)
+        assert _post(ports[0], SERVED[3][0])["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        assert _post(ports[0], SERVED[1][0])["specfill"]["kept_tokens"] < len(LONG)  # SpecPrefill kept a part
+        _cancelled_stream(ports[0])
+        time.sleep(1)
+        assert _post(ports[0], SERVED[1][0])["choices"] == _post(ports[1], SERVED[1][0])["choices"]
+        leader = rank_pid(launched, 0)
+        assert leader is not None
+        import os
+        import signal
+
+        os.kill(leader, signal.SIGINT)  # rank 0 drains, then tells rank 1 to stop
+        output, _ = launched.communicate(timeout=30)
+        assert "exited with code" not in output and "Traceback" not in output, output[-3000:]
+    finally:
+        kill(launched)
+        kill(alone)
+        alone.communicate()
 
 
 def test_group_refused_on_the_cuda_backend() -> None:
