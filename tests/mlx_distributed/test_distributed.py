@@ -146,6 +146,7 @@ SERVE_FLAGS = ("--backend", "mlx", "--log-level", "warning", "--chunk-size", "8"
                "--h2o-local", "2", "--h2o-heavy", "3", "--h2o-layers", "all", "--keep", "0.5",
                "--select-chunk", "4")
 LONG = [int(t) for t in np.random.default_rng(1).integers(3, 320, 40)]
+FRESH = [int(t) for t in np.random.default_rng(2).integers(3, 320, 40)]  # a conversation no earlier request began
 SERVED = [  # (request fields, what the responses share) in order: the prompt cache sees them in turn
     ({"prompt": LONG[:16], "max_tokens": 6}, "full"),
     ({"prompt": LONG, "max_tokens": 6, "method": "specprefill", "prompt_cache": "off"}, "specprefill"),
@@ -176,6 +177,19 @@ def _health(port: int, limit_s: float) -> dict[str, Any] | None:
         except OSError:
             time.sleep(0.5)
     return None
+
+
+def _rebuilt(port: int, limit_s: float = 30) -> bool:
+    """Whether the prompt cache has no dense rebuild pending (waits up to limit_s)."""
+    import time
+
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        health = _health(port, limit_s)
+        if health is not None and health["prompt_cache"]["pending_tokens"] == 0:
+            return True
+        time.sleep(0.3)
+    return False
 
 
 def _cancelled_stream(port: int) -> None:
@@ -219,6 +233,18 @@ def test_serve_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
             for key in ("prefill_method", "kept_tokens", "cached_tokens"):
                 assert sharded["specfill"][key] == one["specfill"][key], (what, key)
         assert _post(ports[0], SERVED[3][0])["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+        # an H2O prefill kept in the exact prompt cache is rebuilt densely between requests (idle
+        # steps, which rank 0 tells rank 1 to run too); the next turn then reuses the rebuilt KV
+        first = {"prompt": FRESH, "max_tokens": 4, "method": "h2o"}
+        replies = [_post(port, first) for port in ports]
+        assert replies[0]["choices"] == replies[1]["choices"]
+        for port in ports:
+            assert _rebuilt(port), "the prompt cache's dense rebuild did not finish"
+            assert _health(port, 5)["prompt_cache"]["completed_tokens"] > 0  # the rebuild ran
+        turn = {"prompt": FRESH + [t for t in range(3, 12)], "max_tokens": 6}
+        replies = [_post(port, turn) for port in ports]
+        assert replies[0]["choices"] == replies[1]["choices"] and replies[0]["usage"] == replies[1]["usage"]
+        assert replies[0]["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(FRESH)
         assert _post(ports[0], SERVED[1][0])["specfill"]["kept_tokens"] < len(LONG)  # SpecPrefill kept a part
         _cancelled_stream(ports[0])
         time.sleep(1)
