@@ -232,11 +232,14 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
     info = prefill_info if prefill_info is not None else GenerationInfo()
     info.distributed = shared.describe()
     steps = _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, info, reuse)
-    while True:  # a rank that is gone ends this one with one line (DistributedError), not a traceback
-        response = shared.collect(lambda: next(steps, None))
-        if response is None:
-            return
-        yield replace(response, distributed=info.distributed)
+    try:
+        while True:  # a rank that is gone ends this one with one line (DistributedError), not a traceback
+            response = shared.collect(lambda: next(steps, None))
+            if response is None:
+                return
+            yield replace(response, distributed=info.distributed)
+    finally:
+        steps.close()  # closed early (a stop string, a cancel): the driver's generator closes now too
 
 
 def _stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], request: GenerationRequest,

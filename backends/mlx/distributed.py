@@ -72,7 +72,8 @@ def stop_on_terminate(rank: int, size: int) -> bool:
     `specfill: error: rank R of N: another rank is gone ...`, and exits at once (status 143),
     even while its main thread waits inside a collective (a thread watches signal.set_wakeup_fd,
     which the interpreter writes from its C handler). Unless a DistributedError already said so.
-    Installed from the main thread only (False elsewhere, and where SIGTERM has a handler of its own)."""
+    Installed from the main thread only (False elsewhere, and where SIGTERM has a handler of its own);
+    a handler set later (the server's: drain, then stop the other ranks) takes over from it."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
         return False
@@ -82,14 +83,18 @@ def stop_on_terminate(rank: int, size: int) -> bool:
         signal.set_wakeup_fd(write)
     except ValueError:
         return False
-    signal.signal(signal.SIGTERM, lambda *_: None)  # the watcher below acts; the default would kill silently
+
+    def ours(*_: Any) -> None:  # the watcher below acts; the default would kill silently
+        return None
+
+    signal.signal(signal.SIGTERM, ours)
     line = (f"specfill: error: rank {rank} of {size}: another rank is gone (mlx.launch stopped this one after "
             f"a rank failed); stopping\n").encode()
 
     def watch() -> None:
         while True:
             got = os.read(read, 16)
-            if signal.SIGTERM in got:
+            if signal.SIGTERM in got and signal.getsignal(signal.SIGTERM) is ours:  # else: a server's own
                 if not DistributedError.reported.is_set():
                     os.write(2, line)
                 os._exit(128 + signal.SIGTERM)

@@ -72,9 +72,14 @@ class Channel:
         self.models = models
 
     def _sum(self, value: Any) -> Any:
+        """value summed over the group, evaluated (a lost peer: DistributedError)."""
         import mlx.core as mx
 
-        return self.shared.collect(lambda: mx.distributed.all_sum(value, group=self.shared.group, stream=mx.cpu))
+        def summed() -> Any:
+            total = mx.distributed.all_sum(value, group=self.shared.group, stream=mx.cpu)
+            mx.eval(total)
+            return total
+        return self.shared.collect(summed)
 
     def send(self, message: Any) -> None:
         import mlx.core as mx
@@ -83,8 +88,8 @@ class Channel:
         buffer = io.BytesIO()
         _Pickler(buffer, self.models).dump(message)
         data = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
-        self._sum(mx.array(data.size, dtype=mx.int32)).item()
-        mx.eval(self._sum(mx.array(data)))
+        self._sum(mx.array(data.size, dtype=mx.int32))
+        self._sum(mx.array(data))
 
     def receive(self) -> Any:
         import mlx.core as mx

@@ -263,6 +263,31 @@ def test_serve_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
         alone.communicate()
 
 
+def test_serving_rank_that_dies_ends_the_other(ring: None, models: dict[str, Path]) -> None:
+    """A follower killed while the server idles: rank 0 (told by mlx.launch) stops with one line."""
+    import os
+    import signal
+    import time
+
+    from tests.mlx_distributed.launch import free_port, kill, rank_pid, start
+
+    port = free_port()
+    launched = start(HERE / "cli_rank.py", "serve", "--backend", "mlx", "--model", str(models["llama"]), "--port",
+                     str(port), "--log-level", "warning")
+    try:
+        assert _health(port, LAUNCH_LIMIT_S) is not None, "the server did not start"
+        follower = rank_pid(launched, 1)
+        assert follower is not None
+        started = time.monotonic()
+        os.kill(follower, signal.SIGKILL)
+        output, _ = launched.communicate(timeout=30)
+        assert time.monotonic() - started < 30
+        assert output.count("specfill: error: rank 0 of 2: another rank is gone") == 1, output[-3000:]
+        assert "Traceback" not in output, output[-3000:]
+    finally:
+        kill(launched)
+
+
 def test_group_refused_on_the_cuda_backend() -> None:
     from specfill.backends import get_backend
     from specfill.core.errors import ConfigError
