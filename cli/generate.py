@@ -6,7 +6,8 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from specfill.api import choose_device, format_stats, load, load_request_models, resolve_backend, stream_request
+from specfill.api import (choose_device, format_stats, launched_group, load, load_request_models, resolve_backend,
+                          stream_request)
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
@@ -40,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_method_options(p)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="under mlx.launch (more than one rank): split the model's layers over the ranks "
+                        "(mlx-lm's pipeline parallelism) instead of its heads (tensor parallelism)")
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--ignore-chat-template", action="store_true")
 
@@ -106,20 +110,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"specfill: {notice}", file=sys.stderr)
     if args.model is None and args.model_file is not None:
         raise ConfigError("--model-file needs --model owner/repo")
+    group = launched_group(args.backend)  # under mlx.launch: the model is sharded over the ranks
+    if args.pipeline and group is None:
+        raise ConfigError("--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch "
+                          "with more than one rank")
     model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
-                            model_file=args.model_file, download=args.download)
+                            model_file=args.model_file, download=args.download, group=group,
+                            pipeline=args.pipeline)
+    quiet = group is not None and group.rank() != 0  # every rank generates alike; rank 0 prints
     request = load_request_models(request, model, tokenizer, dtype=args.dtype, device=args.device)
     prompt = build_prompt(tokenizer, prompt_text, args)
     bar = PrefillProgressBar()
     last, info = None, GenerationInfo()
-    print("=" * 10)
-    for last in stream_request(model, tokenizer, prompt, request, prompt_progress_callback=bar.update,
-                               prefill_info=info):
+    say = (lambda *_, **__: None) if quiet else print
+    say("=" * 10)
+    for last in stream_request(model, tokenizer, prompt, request,
+                               prompt_progress_callback=None if quiet else bar.update, prefill_info=info):
         bar.close()
-        print(last.text, end="", flush=True)
-    print()
+        say(last.text, end="", flush=True)
+    say()
     if last is not None:
-        print(format_stats(last))
+        say(format_stats(last))
     if args.method == "auto":
-        print(f"Method: auto -> {info.method}")
+        say(f"Method: auto -> {info.method}")
     return 0

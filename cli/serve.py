@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specfill.api import choose_device, load, load_speculator, resolve_backend
+from specfill.api import choose_device, launched_group, load, load_speculator, resolve_backend
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.request import build_request
 
@@ -54,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "$SPECFILL_API_KEY; none: no check)")
     p.add_argument("--allowed-origins", default="", type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
                    help="comma list of browser origins allowed by CORS, or '*' (default: none)")
+    p.add_argument("--pipeline", action="store_true",
+                   help="under mlx.launch (more than one rank): split the model's layers over the ranks "
+                        "(mlx-lm's pipeline parallelism) instead of its heads; rank 0 serves HTTP")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="server log: info shows one line per request (default: %(default)s)")
 
@@ -98,43 +101,84 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore", SpecfillWarning)
         build_request(max_tokens=args.max_tokens, **sampling_options(args), method=args.method, h2o=h2o,
                       specprefill=spec, speculator=args.speculator)  # the default request's checks, before loading
+    group = launched_group(args.backend)  # under mlx.launch: rank 0 serves, the others follow it
+    if args.pipeline and group is None:
+        raise ConfigError("--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch "
+                          "with more than one rank")
+    if group is not None and group.rank() != 0:
+        return _follow(args, group)
     serve.configure_logging(args.log_level)
     sock = serve.runner.bind(args.host, args.port)  # before the model loads: a port in use fails at once
     if not serve.runner.is_loopback(args.host) and not args.api_key:
         print(f"specfill: WARNING: listening on {args.host} (beyond this machine) with no API key: anyone on the "
               f"network can use this server; set --api-key or SPECFILL_API_KEY", file=sys.stderr, flush=True)
     try:
-        return _serve(args, serve, sock, h2o, spec)
+        return _serve(args, serve, sock, h2o, spec, group)
     finally:
         sock.close()
 
 
-def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OConfig,
-           spec: SpecPrefillConfig) -> int:
-    """Load, build the app, serve on the bound socket until a signal."""
+def _load(args: argparse.Namespace, group: Any) -> tuple[Any, Any, Any, int | None]:
+    """(model, tokenizer, speculator, the speculator's context): the same on every rank."""
     args.device, notice = choose_device(args.backend, args.device)  # unknown or not installed: one clear error
     args.backend = resolve_backend(args.backend)
     if notice is not None:
         print(f"specfill: {notice}", file=sys.stderr)
-    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device)
+    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device, group=group,
+                            pipeline=args.pipeline)
     model.prefill_step_size = args.prefill_step_size  # progress and cancellation granularity
-    if args.chat_template is not None:
-        tokenizer.chat_template = serve.read_chat_template(args.chat_template)
     speculator, spec_context = None, None
     if args.speculator is not None:
         speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
         if not isinstance(speculator, str):
             spec_context = speculator.args.max_position_embeddings
             speculator.prefill_step_size = args.prefill_step_size
+    return model, tokenizer, speculator, spec_context
+
+
+def _channel(model: Any, speculator: Any) -> Any:
+    """Rank 0's messages to the others; the loaded speculator travels as a reference to each rank's own."""
+    from specfill.serve.distributed import Channel
+
+    return Channel(model, [] if speculator is None or isinstance(speculator, str) else [speculator])
+
+
+def _follow(args: argparse.Namespace, group: Any) -> int:
+    """Every rank but 0 under mlx.launch: load alike, then do what rank 0 does (serve/distributed.py)."""
+    from specfill.serve.distributed import engine_for, follow
+
+    model, tokenizer, speculator, _ = _load(args, group)
+    if args.chat_template is not None:
+        tokenizer.chat_template = _server_modules().read_chat_template(args.chat_template)
+    return follow(engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, None),
+                  _channel(model, speculator))
+
+
+def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OConfig,
+           spec: SpecPrefillConfig, group: Any = None) -> int:
+    """Load, build the app, serve on the bound socket until a signal."""
+    model, tokenizer, speculator, spec_context = _load(args, group)
+    if args.chat_template is not None:
+        tokenizer.chat_template = serve.read_chat_template(args.chat_template)
     names = tuple(args.served_model_name or (served_name(args.model),))
     defaults = serve.ServerDefaults(model_id=names[0], model_names=names, method=args.method, h2o=h2o,
                                     specprefill=spec, speculator=speculator, speculator_context=spec_context,
                                     max_tokens=args.max_tokens, prompt_cache=args.prompt_cache,
                                     sampling=sampling_options(args))
     access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))
+    leader = None
+    if group is not None:  # rank 0 of several: its engine tells the others what to do
+        from specfill.serve.distributed import engine_for
+
+        leader = engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, _channel(model, speculator))
     app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens,
-                          access=access)
-    print(f"specfill: serving {names[0]} ({args.backend}, {model.device_name}) on http://{args.host}:{args.port}",
-          file=sys.stderr, flush=True)
-    serve.runner.run(app, sock, log_level=args.log_level)
+                          access=access, engine=leader)
+    where = "" if group is None else f", {model.distributed.describe()}"
+    print(f"specfill: serving {names[0]} ({args.backend}, {model.device_name}{where}) on "
+          f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    try:
+        serve.runner.run(app, sock, log_level=args.log_level)
+    finally:
+        if leader is not None:
+            leader.stop_followers()
     return 0

@@ -42,6 +42,9 @@ class LoadedModel(Generic[A]):
         self.ops = ops
         self.args: ModelArgs = model.args
         self.prefill_step_size = prefill_step_size
+        # sharded over a group of processes (backends/mlx/distributed.py's Distributed: rank, size,
+        # kind, describe(), check_request(), lost_peer()); None: one process
+        self.distributed: Any = None
 
     @property
     def backend(self) -> str:
@@ -83,11 +86,18 @@ class Backend:
         return importlib.import_module(self.loader_module)
 
     def load(self, path: str | Path | tuple[Any, Any], dtype: Any = None, device: Any = None,
-             prefill_step_size: int | None = None) -> tuple[LoadedModel, Any]:
+             prefill_step_size: int | None = None, *, group: Any = None,
+             pipeline: bool = False) -> tuple[LoadedModel, Any]:
         """(CausalLM, Tokenizer) from a GGUF file, a model directory or another library's (model,
         tokenizer) pair, on `device` in `dtype` (None: this backend's defaults, see resolve_device and
-        resolve_dtype). Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
-        options = {} if prefill_step_size is None else {"prefill_step_size": prefill_step_size}
+        resolve_dtype). Missing, corrupt or unsupported checkpoints raise ModelLoadError.
+        group (MLX only): an mx.distributed group sharding the model (pipeline: by layers, else by
+        heads); see backends/mlx/distributed.py."""
+        options: dict[str, Any] = {} if prefill_step_size is None else {"prefill_step_size": prefill_step_size}
+        if group is not None:
+            if self.name != "mlx":
+                raise ConfigError(f"a distributed group (group=) is supported on the mlx backend only, not {self.name}")
+            options.update(group=group, pipeline=pipeline)
         return self.loader().load(path, dtype=dtype, device=device, **options)
 
     def resolve_device(self, device: Any) -> Any:

@@ -231,6 +231,7 @@ class GenerationInfo:
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
     step: the last finished prefill step (methods/prefill.py; None before the first), kept current.
+    distributed: the ranks and kind of a model sharded over a group (api.stream_request), else "".
     """
 
     prompt_tokens: int = 0
@@ -243,6 +244,7 @@ class GenerationInfo:
     decode: DecodeRecord = field(default_factory=DecodeRecord)
     kv: KVState | None = None
     step: PrefillStep | None = None
+    distributed: str = ""  # "2 ranks, tensor": the model is sharded over a group of processes
 
     def start(self, prompt_tokens: int, method: str = "") -> None:
         """Reset what a prefill reports (an info object may be reused across calls)."""

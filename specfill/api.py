@@ -40,6 +40,7 @@ class GenerationResponse:
     draft_seconds: float = 0.0  # time spent drafting so far
     verify_seconds: float = 0.0  # time the main model spent verifying drafts so far
     draft_skipped: str = ""  # why a draft model did not draft at all (its costs measured here say it cannot pay)
+    distributed: str = ""  # "2 ranks, tensor" where the model is sharded over a group of processes
 
 
 def mlx_metal_available() -> bool:
@@ -84,7 +85,7 @@ def choose_device(backend: str | None, device: str | None) -> tuple[str | None, 
 
 def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, dtype: str | None = None,
          device: str | None = None, *, model_file: str | None = None,
-         download: bool = False) -> tuple[CausalLM, Any]:
+         download: bool = False, group: Any = None, pipeline: bool = False) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file, a Hugging Face / mlx-lm directory or a repo id.
 
     backend: "mlx" or "cuda"; None picks mlx where MLX with Metal is importable, else cuda.
@@ -93,6 +94,10 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
     apart); download=True fetches it when not cached and HF_HUB_OFFLINE allows (core/io/hub.py).
     No path loads the bundled demo model (SmolLM2-135M-Instruct); "random:SHAPE" (e.g.
     "random:llama-1b") builds seeded random weights of a known shape, for benchmarks.
+    group (mlx-lm's name; MLX only): an mx.distributed group (mx.distributed.init() under
+    mlx.launch) of size > 1 shards an mlx-lm model over its ranks with mlx-lm's own code: tensor
+    parallelism (Model.shard), or pipeline parallelism with pipeline=True (Model.model.pipeline);
+    every rank calls load and generate alike (docs/backends.md, "Distributed (MLX)").
     """
     chosen = get_backend(backend)
     if isinstance(path, tuple):  # a (model, tokenizer) pair from mlx_lm.load: the backend adapts it
@@ -105,9 +110,28 @@ def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, 
         from specfill.core.io.hub import resolve_model  # a path or repo id given
 
         resolved = resolve_model(str(path), model_file, download)
-    model, tokenizer = chosen.load(resolved, dtype=dtype, device=device)
-    check_computes_finite(model, dtype)
+    if group is None:
+        model, tokenizer = chosen.load(resolved, dtype=dtype, device=device)
+    else:
+        model, tokenizer = chosen.load(resolved, dtype=dtype, device=device, group=group, pipeline=pipeline)
+    if getattr(model, "distributed", None) is not None:
+        model.distributed.collect(lambda: check_computes_finite(model, dtype))
+    else:
+        check_computes_finite(model, dtype)
     return model, tokenizer
+
+
+def launched_group(backend: str | None) -> Any:
+    """The mx.distributed group this process was started in by mlx.launch (or mpirun) when it has
+    more than one rank and `backend` is mlx, else None (the CLI's generate passes it to load)."""
+    if resolve_backend(backend) != "mlx" or get_backend("mlx").available() is not None:
+        return None
+    import mlx.core as mx  # the mlx backend is installed: its array library is
+
+    if not mx.distributed.is_available():
+        return None
+    group = mx.distributed.init()  # a group of one where no launcher started this process
+    return group if group.size() > 1 else None
 
 
 def check_computes_finite(model: CausalLM, dtype: str | None) -> None:
@@ -200,6 +224,27 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
                    reuse: KVState | None = None) -> Iterator[GenerationResponse]:
     """stream_generate for a built request (core/request.py) whose models are loaded
     (load_request_models): the one generation path of the API, the CLI and the server."""
+    shared = getattr(model, "distributed", None)
+    if shared is None:
+        yield from _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, prefill_info, reuse)
+        return
+    request = shared.collect(lambda: shared.check_request(request))
+    info = prefill_info if prefill_info is not None else GenerationInfo()
+    info.distributed = shared.describe()
+    steps = _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, info, reuse)
+    try:
+        while True:  # a rank that is gone ends this one with one line (DistributedError), not a traceback
+            response = shared.collect(lambda: next(steps, None))
+            if response is None:
+                return
+            yield replace(response, distributed=info.distributed)
+    finally:
+        steps.close()  # closed early (a stop string, a cancel): the driver's generator closes now too
+
+
+def _stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], request: GenerationRequest,
+                    prompt_progress_callback: ProgressCallback | None, prefill_info: GenerationInfo | None,
+                    reuse: KVState | None) -> Iterator[GenerationResponse]:
     ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt
     info = prefill_info if prefill_info is not None else GenerationInfo()
     detokenizer = tokenizer.streaming_detokenizer()
@@ -262,4 +307,6 @@ def format_stats(last: GenerationResponse) -> str:
     elif last.draft_skipped:
         lines.append(f"Draft: {last.draft_skipped}")
     lines.append(f"Peak memory: {last.peak_memory:.3f} GB")
+    if last.distributed:
+        lines.append(f"Distributed: {last.distributed}")
     return "\n".join(lines)

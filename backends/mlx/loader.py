@@ -110,13 +110,24 @@ def mlx_lm_model_type(path: str | Path) -> str | None:
 
 def load(path: str | Path | tuple[Any, Any], dtype: str | mx.Dtype | None = None,
          device: str | mx.Device | None = None,
-         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Any]:
+         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, *, group: Any = None,
+         pipeline: bool = False) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory, or a (model,
     tokenizer) pair from `mlx_lm.load`. Directories of architectures specfill has no model file
     for, and such pairs, run mlx-lm's own model with the attention adapted (adapted_loader.py).
+    group: an mx.distributed group of size > 1 shards the mlx-lm model over it with mlx-lm's own
+    tensor (or, pipeline=True, pipeline) parallel code (distributed.py); size 1 or None: one process.
     Missing, corrupt or unsupported checkpoints raise ModelLoadError."""
     resolved_device = resolve_device(device)
     requested_dtype = resolve_dtype(dtype)
+    if group is not None and group.size() > 1:
+        from .distributed import load_distributed  # sharded over the group by mlx-lm's own code
+
+        if not isinstance(path, tuple) and Path(path).suffix == ".gguf":
+            raise ConfigError("a distributed group shards mlx-lm models: pass an mlx-lm / Hugging Face "
+                              "directory, not a GGUF file")
+        return load_distributed(path, requested_dtype, resolved_device, prefill_step_size, group=group,
+                                pipeline=pipeline)
     architecture = None if isinstance(path, tuple) else mlx_lm_model_type(path)
     if isinstance(path, tuple) or architecture is not None:
         from .adapted_loader import load_adapted  # another library's model: its loader is imported only then

@@ -38,12 +38,14 @@ def read_chat_template(spec: str) -> str:
 
 
 def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue: int = 8,
-              cache_tokens: int = 16384, access: Access = Access()) -> Any:
+              cache_tokens: int = 16384, access: Access = Access(), engine: Any = None) -> Any:
     """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
 
     access: the API key and CORS origins (default: no key, no cross-origin calls).
     cache_tokens: the prompt cache's bound (conversation tokens in all); with
     defaults.prompt_cache "off" the server has no prompt cache at all.
+    engine: a ready Engine (serve/distributed.py's LeaderEngine, rank 0 under mlx.launch) with its own
+    prompt cache; None: one made here.
     """
     from .app import create_app
     from .engine import Engine
@@ -57,7 +59,8 @@ def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue
         raise ConfigError(f"--prompt-cache must be exact, approximate or off, got {defaults.prompt_cache!r}")
     cache = None if defaults.prompt_cache == "off" else \
         PromptCache(cache_tokens, model.args.max_position_embeddings)
-    return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue, access=access)
+    return create_app(engine if engine is not None else Engine(model, tokenizer, cache), defaults,
+                      max_queue=max_queue, access=access)
 
 
 __all__ = ["CHATML", "Access", "ServerDefaults", "build_app", "configure_logging", "read_chat_template"]

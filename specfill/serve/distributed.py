@@ -1,0 +1,209 @@
+"""`specfill serve` under mlx.launch: rank 0 serves HTTP, every other rank follows it.
+
+The model is sharded over the ranks (backends/mlx/distributed.py), so every model step needs every
+rank. Rank 0 runs the server as usual with a `LeaderEngine`: before each generation (a Plan) and
+each idle step of the prompt cache it broadcasts what it is about to do (`Channel`: a pickled
+message summed over the group, the others adding zeros, as mlx-lm's server does); the other ranks
+run `follow`, which receives each message and does the same with an `Engine` of their own (the
+same prompt cache, the same loaded speculator / draft model, the events thrown away) until rank 0
+says stop. Loaded models inside a Plan travel as references to each rank's own copy.
+
+Cancellation (a client gone, a server shutdown) must stop every rank at the same point: a rank
+that stopped alone would leave the others inside a collective. Here it is agreed between prefill
+steps and between generated tokens (`AgreedCancel`: rank 0's flag summed over the group), not
+inside a step between layers as one process does (Engine.run's `cancellation` check is not
+installed).
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import threading
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from specfill.api import stream_request
+from specfill.core import SpecfillError
+from specfill.core.ops import Cancelled
+from specfill.core.runtime import GenerationInfo
+
+from .engine import Engine, Progress, Started
+from .plan import Plan
+from .prompt_cache import FULL, PromptCache, Reuse
+
+RUN, IDLE, STOP = "run", "idle", "stop"
+
+
+class _Pickler(pickle.Pickler):
+    """Loaded models (the speculator, the draft model) as their index in `models`; the Plan's
+    cancellation event as nothing (each rank makes its own)."""
+
+    def __init__(self, file: io.BytesIO, models: list[Any]):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.models = models
+
+    def persistent_id(self, obj: Any) -> Any:
+        for index, model in enumerate(self.models):
+            if obj is model:
+                return ("model", index)
+        if isinstance(obj, threading.Event):
+            return ("event", 0)
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, models: list[Any]):
+        super().__init__(file)
+        self.models = models
+
+    def persistent_load(self, pid: Any) -> Any:
+        kind, index = pid
+        return self.models[index] if kind == "model" else threading.Event()
+
+
+class Channel:
+    """Rank 0 -> every rank: one message at a time, summed over the group (mx.distributed.all_sum).
+    models: the loaded objects a message may refer to, the same list in the same order on every rank."""
+
+    def __init__(self, model: Any, models: list[Any]):
+        self.shared = model.distributed
+        self.models = models
+
+    def _sum(self, value: Any) -> Any:
+        """value summed over the group, evaluated (a lost peer: DistributedError)."""
+        import mlx.core as mx
+
+        def summed() -> Any:
+            total = mx.distributed.all_sum(value, group=self.shared.group, stream=mx.cpu)
+            mx.eval(total)
+            return total
+        return self.shared.collect(summed)
+
+    def send(self, message: Any) -> None:
+        import mlx.core as mx
+        import numpy as np
+
+        buffer = io.BytesIO()
+        _Pickler(buffer, self.models).dump(message)
+        data = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+        self._sum(mx.array(data.size, dtype=mx.int32))
+        self._sum(mx.array(data))
+
+    def receive(self) -> Any:
+        import mlx.core as mx
+        import numpy as np
+
+        size = int(self._sum(mx.array(0, dtype=mx.int32)).item())
+        data = self._sum(mx.zeros(size, dtype=mx.uint8))
+        return _Unpickler(io.BytesIO(np.asarray(data).tobytes()), self.models).load()
+
+    def agree(self, flag: bool) -> bool:
+        """Whether rank 0's flag is set (the others pass False)."""
+        import mlx.core as mx
+
+        return bool(self._sum(mx.array(int(flag), dtype=mx.int32)).item())
+
+
+class AgreedCancel:
+    """A Plan's `cancelled` as every rank sees it: is_set() sums rank 0's own event over the group
+    (every rank calls it at the same points: after each prefill step, before each token) and stays
+    set once set."""
+
+    def __init__(self, channel: Channel, own: threading.Event | None):
+        self.channel = channel
+        self.own = own  # rank 0's event; None on the others
+        self.agreed = False
+
+    def is_set(self) -> bool:
+        if not self.agreed:
+            self.agreed = self.channel.agree(self.own is not None and self.own.is_set())
+        return self.agreed
+
+    def set(self) -> None:
+        if self.own is not None:
+            self.own.set()
+
+
+def run_agreed(engine: Engine, plan: Plan, emit: Callable[[Any], None], cancelled: AgreedCancel) -> None:
+    """Engine.run with cancellation agreed between the ranks (see the module doc): the same prompt
+    cache steps, events and statistics, without the per-layer check."""
+    started = time.perf_counter()
+    plan = replace(plan, cancelled=cancelled)
+    policy = plan.prompt_cache if engine.cache is not None else "off"
+    reuse = engine.cache.take(plan.ids, policy) if engine.cache is not None else Reuse()
+    request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
+    emit(Started(reuse.cached))
+    method, info = request.method, GenerationInfo()
+
+    def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
+        if cancelled.is_set():
+            raise Cancelled
+        if plan.return_progress and info.step is not None:
+            emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started,
+                          info.step.stage, info.step.done, info.step.total))
+
+    steps = stream_request(engine.model, engine.tokenizer, plan.ids, request, prompt_progress_callback=progress,
+                           prefill_info=info, reuse=reuse.state)
+    outcome = None
+    try:
+        outcome = engine._stream(plan, steps, emit, lambda last: engine.stats(plan, policy, method, reuse, last, info))
+    except Cancelled:
+        pass
+    finally:
+        steps.close()
+        if engine.cache is not None and outcome is not None:
+            engine.cache.put(plan.ids + outcome[0], info.kv, prompt_tokens=len(plan.ids), method=method.name,
+                             reuse=reuse, policy=policy)
+        elif engine.cache is not None:
+            engine.cache.restore(plan.ids, reuse)
+    if outcome is not None:
+        emit(outcome[1])
+
+
+class LeaderEngine(Engine):
+    """Rank 0's engine: says what it does before doing it (Channel), then does it like every rank."""
+
+    def __init__(self, model: Any, tokenizer: Any, cache: PromptCache | None, channel: Channel):
+        super().__init__(model, tokenizer, cache)
+        self.channel = channel
+
+    def health(self) -> dict[str, Any]:
+        return {**super().health(), "distributed": self.model.distributed.describe()}
+
+    def run(self, plan: Plan, emit: Callable[[Any], None]) -> None:
+        self.channel.send((RUN, plan))
+        run_agreed(self, plan, emit, AgreedCancel(self.channel, plan.cancelled))
+
+    def idle_step(self) -> None:
+        self.channel.send((IDLE, None))
+        super().idle_step()
+
+    def stop_followers(self) -> None:
+        self.channel.send((STOP, None))
+
+
+def follow(engine: Engine, channel: Channel) -> int:
+    """The loop of every rank but 0: do what rank 0 says until it says stop. A request that fails
+    fails here too (rank 0 reports it to its client); a lost rank 0 ends this one (DistributedError)."""
+    while True:
+        kind, payload = channel.receive()
+        if kind == STOP:
+            return 0
+        try:
+            if kind == IDLE:
+                engine.idle_step()
+            else:
+                run_agreed(engine, payload, lambda event: None, AgreedCancel(channel, None))
+        except SpecfillError as err:
+            if type(err).__name__ == "DistributedError":
+                raise
+            print(f"specfill: rank {channel.shared.rank}: a request failed as on rank 0: {err}", file=sys.stderr,
+                  flush=True)
+
+
+def engine_for(model: Any, tokenizer: Any, prompt_cache: str, cache_tokens: int, channel: Channel | None) -> Engine:
+    """A LeaderEngine (channel given, rank 0) or a follower's Engine, with the prompt cache build_app makes."""
+    cache = None if prompt_cache == "off" else PromptCache(cache_tokens, model.args.max_position_embeddings)
+    return Engine(model, tokenizer, cache) if channel is None else LeaderEngine(model, tokenizer, cache, channel)
