@@ -27,7 +27,7 @@ from .draft_length import DraftLength
 from ..sampling import probabilities
 from .draft_sources import DraftState
 
-__all__ = ["accept", "acceptance_probability", "distribution", "residual_distribution", "speculative_decode"]
+__all__ = ["accept", "acceptance_probability", "residual_distribution", "speculative_decode"]
 
 
 def acceptance_probability(p: np.ndarray, q: np.ndarray, token: int) -> float:
