@@ -47,9 +47,9 @@ OFF_SWITCHES = frozenset({"qk_layernorm"})
 KNOWN_SETTINGS = frozenset({"n_heads", "n_kv_heads", "num_heads", "num_attention_heads", "num_key_value_heads",
                             "num_kv_heads", "n_kv_groups", "use_qk_norm", "partial_rotary_factor",
                             "num_key_value_groups", "head_dim", "scale", "sm_scale", "repeats", "layer_idx",
-                            "args", "config", "hidden_size", "rope_theta", "num_hidden_layers", "is_sliding",
-                            "is_local", "use_rope", "use_sliding", "max_position_embeddings", "rms_norm_eps",
-                            SOFTCAP_SETTING})
+                            "args", "config", "hidden_size", "hidden_dim", "rope_theta", "num_hidden_layers",
+                            "is_sliding", "is_local", "use_rope", "use_sliding", "max_position_embeddings",
+                            "rms_norm_eps", SOFTCAP_SETTING})
 
 
 class StepState:

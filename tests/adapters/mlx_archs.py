@@ -56,13 +56,20 @@ HONOURED: dict[str, dict[str, Any]] = {
     "mimo": dict(num_nextn_predict_layers=0),
     "nemotron": dict(partial_rotary_factor=0.5, norm_eps=1e-5, hidden_act="relu2", mlp_bias=False,
                      attention_bias=False),
+    "olmo3": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]),  # olmo2's norms, slides
+    "glm4_moe": dict(_MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+                     routed_scaling_factor=1.0, rope_scaling=None, use_qk_norm=True, attention_bias=True,
+                     partial_rotary_factor=0.5),  # q/k RMSNorm per head, RoPE on half of each head
+    "minimax": dict(_MOE, shared_intermediate_size=0, rotary_dim=8),  # MiniMax-M2 (mlx-lm's minimax: softmax
+    # attention only): q/k RMSNorm over all heads at once, RoPE on half of each head
     # attention terms (core/stages.AttentionTerms): sinks (build() draws them N(0, 1), so that they
     # hold a real share of every softmax), a logit soft-cap low enough to bind at these logits (and
     # the LM head's own final soft-capping, the family's code)
     "gpt_oss": dict(_MOE, experts_per_token=2, sliding_window=8),  # slides: mlx-lm's masks
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0),
 }
-MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "llama4_text", "deepseek", "qwen2_moe", "gpt_oss")
+MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "llama4_text", "deepseek", "qwen2_moe", "gpt_oss",
+       "glm4_moe", "minimax")
 TERMS = ("gpt_oss", "gemma2")  # honoured architectures whose layers add terms to their softmax
 
 # architecture -> (config, the layer kind its refusal names)
@@ -74,6 +81,12 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "hunyuan_v1_dense": ({}, "attention of an unknown layout"),  # q/k norms after RoPE, other names
     "stablelm": (dict(partial_rotary_factor=0.25, use_qkv_bias=False, layer_norm_eps=1e-5),
                  "attention of an unknown layout"),  # no softmax scale the adapter can read
+    # an RMS norm on v, KV-shared layers, k = v layers, and a call that passes and returns (k, v) and
+    # the offset: parts and settings the adapter does not model yet; full-attention layers with heads
+    # twice as wide (global_head_dim), partial proportional RoPE, per-layer inputs, as Gemma 4's
+    "gemma4_text": (dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"], global_head_dim=32,
+                         num_kv_shared_layers=0, hidden_size_per_layer_input=16, vocab_size_per_layer_input=320),
+                    "attention of an unknown layout"),
 }
 
 # hybrids: some layers keep a recurrent state instead of keys (refused at load, every method)
@@ -83,6 +96,12 @@ HYBRID: dict[str, dict[str, Any]] = {
                        shared_expert_intermediate_size=32, partial_rotary_factor=0.25),
     "lfm2": dict(conv_bias=False, conv_L_cache=3, block_dim=64, block_ff_dim=128, block_multiple_of=16,
                  block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False, full_attn_idxs=[1], norm_eps=1e-5),
+    # gated delta-net (linear attention) on layer 0, gated softmax attention on layer 1
+    "qwen3_5": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+                    linear_conv_kernel_dim=4, full_attention_interval=2),
+    "qwen3_5_moe": dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+                        shared_expert_intermediate_size=32),
 }
 
 REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file

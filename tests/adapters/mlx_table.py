@@ -20,7 +20,7 @@ from tests.adapters.mlx_archs import HONOURED, HYBRID, MOE, REFUSED, build
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 BEGIN, END = "<!-- adapter-table:begin (generated: python -m tests.adapters.mlx_table --write) -->", \
     "<!-- adapter-table:end -->"
-MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next")  # mixtures of experts among the refused ones
+MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "qwen3_5_moe")  # mixtures of experts among the refused ones
 OWN = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 
