@@ -78,6 +78,21 @@ AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
     "falcon_h1": ({}, "attention beside a recurrent mixer (hybrid)"),  # a Mamba mixer in every layer
     "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
     "bloom": ({}, "does not run its attention through transformers' AttentionInterface"),  # ALiBi, own attention
+    # gated delta-net (linear attention) on layer 0, gated softmax attention on layer 1 (the causal LM
+    # of transformers' qwen3_5 / qwen3_5_moe checkpoints is the _text model type)
+    "qwen3_5_text": (dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                          linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2),
+                     "linear-attention / state-space layer"),
+    "qwen3_5_moe_text": (dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                              linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
+                              shared_expert_intermediate_size=32), "linear-attention / state-space layer"),
+    # MiniMax-Text-01 (transformers' minimax): lightning (linear) attention on layer 0, softmax on layer 1
+    "minimax": (dict(_MOE, layer_types=["linear_attention", "full_attention"], block_size=8),
+                "linear-attention / state-space layer"),
+    # Gemma 4: full-attention layers' heads twice as wide as the sliding layers' (global_head_dim),
+    # as in every Gemma 4 checkpoint; v RMS-normed, partial proportional RoPE, per-layer inputs
+    "gemma4_text": (dict(_SLIDING, global_head_dim=32, final_logit_softcapping=30.0, hidden_size_per_layer_input=16,
+                         vocab_size_per_layer_input=320), "attention of another KV shape"),
 }
 
 

@@ -22,7 +22,8 @@ from tests.adapters.torch_archs import AT_LOAD, HONOURED, MOE, REFUSED, build
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 BEGIN, END = "<!-- torch-adapter-table:begin (generated: python -m tests.adapters.torch_table --write) -->", \
     "<!-- torch-adapter-table:end -->"
-MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "llama4_text")  # mixtures of experts among the refused ones
+# mixtures of experts among the refused ones
+MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "llama4_text", "qwen3_5_moe_text", "minimax")
 
 
 def _row(arch: str) -> str:
