@@ -1,0 +1,176 @@
+"""The prompt cache for agents on a tiny random model, both backends: KV caches' books (nbytes,
+copy), LRU by memory, longest-prefix reuse across conversations (a shared system prompt) equal to a
+cold run, and the disk store (a restart reuses a saved entry; foreign, corrupt and half-written
+files are skipped)."""
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+import pytest
+
+from specfill import load
+from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
+from specfill.serve.prompt_cache import PromptCache, Reuse
+from specfill.serve.prompt_store import PromptStore
+
+FULL = PrefillMethod("full")
+NAME = "random:tiny-llama"
+
+
+@pytest.fixture(scope="module", params=["cuda", "mlx"])
+def model(request):
+    pytest.importorskip("torch" if request.param == "cuda" else "mlx.core")
+    if request.param == "cuda":
+        import torch
+        torch.set_num_threads(1)
+        return load(NAME, backend="cuda", device="cpu", dtype="float32")[0]
+    return load(NAME, backend="mlx", dtype="float32")[0]
+
+
+def greedy(model, ids: list[int], n: int = 6, reuse: KVState | None = None) -> tuple[list[int], GenerationInfo]:
+    info = GenerationInfo()
+    out = list(model.generate_step(ids, max_tokens=n, sampling=SamplingConfig(), stop_ids=frozenset(), method=FULL,
+                                   info=info, reuse=reuse))
+    return out, info
+
+
+def turn(model, cache: PromptCache, ids: list[int], n: int = 6) -> tuple[list[int], Reuse]:
+    """One request as the engine runs it: take, generate, put."""
+    reuse = cache.take(ids, "exact")
+    out, info = greedy(model, ids, n, reuse.state)
+    cache.put(ids + out, info.kv, prompt_tokens=len(ids), method="full", reuse=reuse, policy="exact")
+    return out, reuse
+
+
+def host_keys(cache, slots: int) -> np.ndarray:
+    every = cache.keys(slots)
+    return every.float().numpy() if hasattr(every, "float") else np.asarray(every)
+
+
+def tokens(model, seed: int, n: int) -> list[int]:
+    return np.random.default_rng(seed).integers(4, model.args.vocab_size, n).tolist()
+
+
+def slot_bytes(model) -> int:
+    """Keys and values of one slot, every layer, float32."""
+    a = model.args
+    return 2 * a.num_hidden_layers * a.num_key_value_heads * a.head_dim * 4
+
+
+def test_copy_is_independent_and_nbytes_counts_the_buffers(model):
+    prompt = tokens(model, 1, 60)
+    _, info = greedy(model, prompt)
+    cache = info.kv.cache
+    assert cache.nbytes >= slot_bytes(model) * cache.filled
+    whole = host_keys(cache, 60)
+    copy = cache.copy(30)
+    assert copy.filled == 30 and copy is not cache
+    positions = copy.nbytes - slot_bytes(model) * 30  # torch: an int64 per slot; MLX: per windowed layer's slot
+    assert positions in (0, 30 * 8, 30 * 8 * model.args.num_hidden_layers)
+    other = prompt[:30] + tokens(model, 2, 20)
+    out, extended = greedy(model, other, reuse=KVState(copy, 30))
+    assert out == greedy(model, other)[0]
+    np.testing.assert_array_equal(host_keys(cache, 60), whole)  # the source is untouched
+    assert cache.filled >= 60 and not np.array_equal(host_keys(extended.kv.cache, 50)[:, :, 30:], whole[:, :, 30:50])
+
+
+def test_lru_by_memory_counts_the_caches_bytes(model):
+    runs = [greedy(model, tokens(model, seed, 40 + 10 * seed)) for seed in range(3)]
+    sizes = [info.kv.cache.nbytes for _, info in runs]
+    cache = PromptCache(None, model.args.max_position_embeddings, max_bytes=sizes[0] + sizes[1] + sizes[2] - 1)
+    for seed, (out, info) in enumerate(runs):
+        ids = tokens(model, seed, 40 + 10 * seed)
+        cache.put(ids + out, info.kv, prompt_tokens=len(ids), method="full", reuse=Reuse(), policy="exact")
+    assert [len(e.tokens) for e in cache.entries] == [56, 66]  # the least recently used went
+    assert cache.memory_bytes() == sizes[1] + sizes[2] == sum(e.kv.cache.nbytes for e in cache.entries)
+    assert cache.stats()["bytes"] == cache.memory_bytes() and cache.stats()["entries"] == 2
+
+
+def test_two_agents_sharing_a_system_prompt(model):
+    """Agent B reuses agent A's system prompt (a copy); A's next turn reuses all of A's
+    conversation; every reply equals a cold run's (greedy, exact policy)."""
+    system = tokens(model, 10, 80)
+    a, b = system + tokens(model, 11, 100), system + tokens(model, 12, 120)
+    cache = PromptCache(None, model.args.max_position_embeddings, max_bytes=10 ** 9)
+    out_a, miss = turn(model, cache, a)
+    assert not miss.hit
+    out_b, shared = turn(model, cache, b)
+    assert shared.copied and shared.cached == 80 and out_b == greedy(model, b)[0]
+    a2 = a + out_a + tokens(model, 13, 15)
+    out_a2, own = turn(model, cache, a2)
+    assert not own.copied and own.cached >= len(a) + len(out_a) - 1 and out_a2 == greedy(model, a2)[0]
+    b2 = b + out_b + tokens(model, 14, 5)
+    out_b2, own_b = turn(model, cache, b2)
+    assert own_b.cached >= len(b) and out_b2 == greedy(model, b2)[0]
+    assert len(cache.entries) == 2 and cache.hits == 3 and cache.copies == 1
+
+
+def store_for(model, directory, name: str = NAME) -> PromptCache:
+    return PromptCache(None, model.args.max_position_embeddings, 10 ** 9, PromptStore(directory, model, name, 10 ** 9))
+
+
+def test_a_restarted_cache_reuses_the_saved_entry(model, tmp_path):
+    cache = store_for(model, tmp_path)
+    prompt = tokens(model, 20, 70)
+    out, _ = turn(model, cache, prompt)
+    assert cache.has_idle_work()  # written after the response, in idle time
+    cache.idle_step(model)
+    assert not cache.has_idle_work() and len(os.listdir(tmp_path)) == 1
+    restarted = store_for(model, tmp_path)
+    assert restarted.stats()["disk_entries"] == 1 and restarted.stats()["entries"] == 0
+    follow = prompt + out + tokens(model, 21, 10)
+    out2, reuse = turn(model, restarted, follow)
+    assert reuse.cached >= len(prompt) and out2 == greedy(model, follow)[0]
+    restarted.idle_step(model)  # the longer conversation replaces the file it came from
+    assert len(os.listdir(tmp_path)) == 1 and restarted.stats()["disk_entries"] == 1
+
+
+def test_foreign_and_corrupt_files_are_skipped(model, tmp_path, caplog):
+    other = store_for(model, tmp_path, name="some/other-model")
+    turn(model, other, tokens(model, 30, 40))
+    other.idle_step(model)
+    (good,) = os.listdir(tmp_path)
+    (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    data = (tmp_path / good).read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[:len(data) // 2])
+    with caplog.at_level(logging.WARNING, logger="specfill.serve"):
+        cache = store_for(model, tmp_path)
+    assert cache.entries == []
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("another model" in line for line in lines) == 1
+    assert any("junk.safetensors" in line for line in lines) and any("cut.safetensors" in line for line in lines)
+    prompt = tokens(model, 30, 40)
+    assert not cache.take(prompt, "exact").hit  # the other model's conversation is not reused
+
+
+def test_a_file_broken_after_listing_is_a_miss(model, tmp_path, caplog):
+    cache = store_for(model, tmp_path)
+    prompt = tokens(model, 40, 50)
+    out, _ = turn(model, cache, prompt)
+    cache.idle_step(model)
+    (name,) = os.listdir(tmp_path)
+    restarted = store_for(model, tmp_path)
+    (tmp_path / name).write_bytes(b"garbage")  # broken after the header was read at startup
+    with caplog.at_level(logging.WARNING, logger="specfill.serve"):
+        reuse = restarted.take(prompt + out + [5], "exact")
+    assert not reuse.hit and restarted.entries == [] and any("skipping" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_write_leaves_no_file(model, tmp_path, monkeypatch, caplog):
+    cache = store_for(model, tmp_path)
+    out, _ = turn(model, cache, tokens(model, 50, 30))
+    kind = type(cache.entries[0].kv.cache)
+
+    def half_then_fail(self, path, slots, metadata):
+        with open(path, "wb") as f:
+            f.write(b"\x00" * 100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(kind, "save", half_then_fail)
+    with caplog.at_level(logging.WARNING, logger="specfill.serve"):
+        cache.idle_step(model)
+    assert os.listdir(tmp_path) == []
+    assert cache.entries[0].kv is not None and cache.entries[0].unsaved and not cache.has_idle_work()
+    assert any("No space left" in r.getMessage() for r in caplog.records)
