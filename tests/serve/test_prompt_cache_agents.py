@@ -174,3 +174,38 @@ def test_a_failed_write_leaves_no_file(model, tmp_path, monkeypatch, caplog):
     assert os.listdir(tmp_path) == []
     assert cache.entries[0].kv is not None and cache.entries[0].unsaved and not cache.has_idle_work()
     assert any("No space left" in r.getMessage() for r in caplog.records)
+
+
+def test_reference_cache_books_and_files(tmp_path):
+    """The NumPy reference KVCache: nbytes, copy, save and load (the protocol's executable spec)."""
+    from specfill.core.reference.kv_cache import ReferenceKVCache
+
+    rng = np.random.default_rng(0)
+    cache = ReferenceKVCache(2, 3, 4, 10)
+    assert cache.nbytes == 2 * 2 * 3 * 10 * 4 * 8  # float64, every reserved slot
+    for layer in cache.layers:
+        layer.update_and_fetch(rng.normal(size=(1, 3, 6, 4)), rng.normal(size=(1, 3, 6, 4)))
+    copy = cache.copy(4, 8)
+    assert copy.filled == 4 and copy.capacity == 8 and copy.nbytes == cache.nbytes * 8 // 10
+    copy.layers[0].update_and_fetch(np.ones((1, 3, 2, 4)), np.ones((1, 3, 2, 4)))
+    assert not np.array_equal(copy.keys(6)[0], cache.keys(6)[0])  # its own memory
+    np.testing.assert_array_equal(copy.keys(4), cache.keys(4))
+    cache.save(str(tmp_path / "c.safetensors"), 5, {"format": "test"})
+    back = ReferenceKVCache(2, 3, 4, 5)
+    assert back.load(str(tmp_path / "c.safetensors")) == 5 and back.filled == 5
+    np.testing.assert_array_equal(back.keys(5), cache.keys(5))
+    with pytest.raises(ValueError):
+        ReferenceKVCache(2, 2, 4, 5).load(str(tmp_path / "c.safetensors"))  # other heads
+    with pytest.raises(ValueError):
+        cache.copy(7)  # more than it holds
+
+
+def test_a_backend_cache_refuses_a_file_of_another_shape(model, tmp_path):
+    _, info = greedy(model, tokens(model, 60, 20))
+    path = str(tmp_path / "kv.safetensors")
+    info.kv.cache.save(path, 20, {"format": "test"})
+    fresh = model.ops.new_cache(model.model, 20)
+    assert fresh.load(path) == 20
+    np.testing.assert_array_equal(host_keys(fresh, 20), host_keys(info.kv.cache, 20))
+    with pytest.raises(ValueError):
+        model.ops.new_cache(model.model, 10).load(path)  # no room for its slots
