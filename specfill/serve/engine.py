@@ -119,7 +119,8 @@ class Engine:
         """Generate `plan`, sending events through `emit` (ends with Finished, or nothing if cancelled)."""
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
-        reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
+        sparse = plan.request.method.name != FULL.name  # h2o, specprefill, auto
+        reuse = self.cache.take(plan.ids, policy, sparse) if self.cache is not None else Reuse()
         # a conversation's new tokens: full attention, and no drafting over a reused cache yet
         request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
         emit(Started(reuse.cached))

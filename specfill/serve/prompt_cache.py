@@ -3,7 +3,10 @@
 A request whose tokens start with tokens of a cached conversation (its own earlier turn; another
 agent's conversation sharing the system prompt and tool definitions) reuses that KV for the
 longest such prefix over every kept conversation and prefills only the rest, with full attention
-(the sparse methods cannot start from a reused prefix: docs/serve.md, Prompt cache). Policies:
+(the sparse methods cannot start from a reused prefix: docs/serve.md, Prompt cache). A request
+asking for a sparse method reuses a prefix only when it is at least half of its prompt; else its
+method runs over the whole prompt (a shared system prompt must not turn a long new prompt into a
+full prefill). Policies:
   exact (default): only a dense KV (a full prefill's) is ever reused. A conversation whose KV came
     from sparse prefill (H2O or SpecPrefill) is not reusable as such: its sparse KV is dropped and a
     dense one is rebuilt from its tokens in idle time (COMPLETION_STEP tokens at a time between
@@ -126,9 +129,11 @@ class PromptCache:
         self.completed_tokens = 0  # tokens densely rebuilt in idle time so far
         self.saved = 0  # entries written to disk
 
-    def take(self, ids: list[int], policy: str) -> Reuse:
+    def take(self, ids: list[int], policy: str, sparse: bool = False) -> Reuse:
         """The reuse for a prompt (the longest usable cached prefix; its entry leaves the cache or
-        lends a copy) or a miss."""
+        lends a copy) or a miss. sparse: the request asks for a sparse method (or auto), which runs
+        over the whole prompt instead when the prefix would be the smaller part of it (a reused
+        prefix means full prefill of the rest: the module doc)."""
         if policy == "off":
             return Reuse()
         best, best_cached, best_match, stale = None, 0, 0, []
@@ -142,8 +147,10 @@ class PromptCache:
                 best, best_cached, best_match = entry, cached, match
             elif cached == 0 and cuttable(entry, match) and (policy == "exact" or match >= entry.fixed):
                 stale.append(entry)  # its earlier turn, unusable (sparse) or still being rebuilt
+        if sparse and 2 * best_cached < len(ids):
+            return Reuse()  # the method over the whole prompt; nothing here changes
         if best is not None and best.kv is None and not self._load(best):
-            return self.take(ids, policy)  # its file is gone or broken: dropped, look again
+            return self.take(ids, policy, sparse)  # its file is gone or broken: dropped, look again
         for entry in stale:
             self._drop(entry)
         if best is None:
