@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import sys
@@ -100,8 +101,8 @@ def check_cache_bounds(args: argparse.Namespace) -> None:
     if args.cache_tokens is not None and args.cache_tokens < 1:
         raise ConfigError(f"--cache-tokens must be >= 1, got {args.cache_tokens}")
     for flag, value in (("--cache-memory", args.cache_memory), ("--cache-disk", args.cache_disk)):
-        if value is not None and not value > 0:
-            raise ConfigError(f"{flag} must be a number of GB > 0, got {value}")
+        if value is not None and not 0 < value < math.inf:  # NaN too
+            raise ConfigError(f"{flag} must be a finite number of GB > 0, got {value}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,9 +9,12 @@ generation on the worker thread), scheduler (the worker thread and its bounded q
 (tool calls read back from a reply), responses (OpenAI-shaped bodies and chunks), anthropic (the
 Messages API: its body -> the chat request, its bodies and events), app (generation routes,
 streaming, disconnects), info (health, models, tokenize, metrics routes), metrics (log line,
-Prometheus), access (API key, CORS), runner (bind before load, signals).
+Prometheus), access (API key, CORS), runner (bind before load, signals), prompt_cache (conversations'
+KV reused by later prompts), prompt_store (its files: --prompt-cache-dir).
 """
 from __future__ import annotations
+
+import math
 
 from pathlib import Path
 from typing import Any
@@ -57,8 +60,8 @@ def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue
     if cache_tokens is not None and cache_tokens < 1:
         raise ConfigError(f"--cache-tokens must be >= 1, got {cache_tokens}")
     for flag, value in (("--cache-memory", cache_memory), ("--cache-disk", cache_disk)):
-        if value is not None and not value > 0:  # NaN too
-            raise ConfigError(f"{flag} must be a number of GB > 0, got {value}")
+        if value is not None and not 0 < value < math.inf:  # NaN too
+            raise ConfigError(f"{flag} must be a finite number of GB > 0, got {value}")
     if defaults.prompt_cache not in ("exact", "approximate", "off"):
         raise ConfigError(f"--prompt-cache must be exact, approximate or off, got {defaults.prompt_cache!r}")
     cache = None

@@ -209,3 +209,22 @@ def test_a_backend_cache_refuses_a_file_of_another_shape(model, tmp_path):
     np.testing.assert_array_equal(host_keys(fresh, 20), host_keys(info.kv.cache, 20))
     with pytest.raises(ValueError):
         model.ops.new_cache(model.model, 10).load(path)  # no room for its slots
+
+
+def test_the_disk_store_is_bounded_oldest_first(model, tmp_path):
+    cache = store_for(model, tmp_path)
+    out, _ = turn(model, cache, tokens(model, 70, 40))
+    cache.idle_step(model)
+    (first,) = os.listdir(tmp_path)
+    size = (tmp_path / first).stat().st_size
+    cache.store.max_bytes = size + size // 2  # room for one file of this size only
+    os.utime(tmp_path / first, (1, 1))  # unmistakably the oldest
+    cache.max_bytes = 1  # and nothing in memory: the first conversation lives on disk only
+    cache._evict()
+    assert [e.kv for e in cache.entries] == [None] and cache.stats()["disk_entries"] == 1
+    cache.max_bytes = 10 ** 9
+    turn(model, cache, tokens(model, 71, 40))
+    cache.idle_step(model)
+    assert first not in os.listdir(tmp_path) and len(os.listdir(tmp_path)) == 1
+    assert len(cache.entries) == 1 and cache.stats()["disk_entries"] == 1  # the disk-only one is gone
+    assert cache.stats()["disk_bytes"] <= cache.store.max_bytes
