@@ -183,9 +183,12 @@ class PromptCache:
             entry = Entry(list(tokens), None, exact=True, rebuilding=True)
         if self.max_bytes is not None and entry.nbytes > self.max_bytes:
             return
-        for old in [e for e in self.entries if len(e.tokens) <= len(tokens) and e.tokens == entry.tokens[:len(e.tokens)]
-                    and (entry.exact or not e.exact)]:
+        for old in sorted((e for e in self.entries if len(e.tokens) <= len(tokens)
+                           and e.tokens == entry.tokens[:len(e.tokens)] and (entry.exact or not e.exact)),
+                          key=lambda e: e.covered):
             self._drop(old)  # a shorter prefix of this conversation: superseded
+            if entry.rebuilding and old.exact and old.kv is not None and old.covered > entry.covered:
+                entry.kv = old.kv  # its dense KV: the rebuild goes on from there
         self.entries.append(entry)
         self._evict()
 

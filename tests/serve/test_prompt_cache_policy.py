@@ -112,6 +112,16 @@ def test_sparse_conversation_is_rebuilt_under_exact():
     assert cache.entries == []  # its result replaces the conversation
 
 
+def test_a_sparse_turn_extending_a_dense_conversation_rebuilds_from_its_kv():
+    cache = PromptCache(None, 4096)
+    keep(cache, list(range(100)))
+    dense_kv = cache.entries[0].kv
+    sparse = KVState(FakeCache(30), 30, 370)
+    cache.put(list(range(400)), sparse, prompt_tokens=398, method="h2o", reuse=Reuse(), policy="exact")
+    (entry,) = cache.entries
+    assert entry.rebuilding and entry.kv is dense_kv and cache.stats()["pending_tokens"] == 300
+
+
 def test_sparse_conversation_kept_under_approximate():
     cache = PromptCache(1000, 4096)
     sparse = KVState(FakeCache(12), 12, 88)
