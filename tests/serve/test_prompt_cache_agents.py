@@ -228,3 +228,41 @@ def test_the_disk_store_is_bounded_oldest_first(model, tmp_path):
     assert first not in os.listdir(tmp_path) and len(os.listdir(tmp_path)) == 1
     assert len(cache.entries) == 1 and cache.stats()["disk_entries"] == 1  # the disk-only one is gone
     assert cache.stats()["disk_bytes"] <= cache.store.max_bytes
+
+
+def engine_turn(engine, ids: list[int], method: str = "full", policy: str = "exact"):
+    """One request through the server's Engine (greedy, 6 tokens): (Started, Finished, its text)."""
+    from specfill.core.config import H2OConfig
+    from specfill.core.request import build_request
+    from specfill.serve.engine import Delta, Finished, Started
+    from specfill.serve.plan import Plan
+
+    h2o = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=0) if method == "h2o" else None
+    job = Plan(kind="completion", ids=ids, request=build_request(max_tokens=6, method=method, h2o=h2o),
+               method_name=method, stops=[], stream=False, include_usage=False, return_progress=False,
+               prompt_cache=policy)
+    events: list = []
+    engine.run(job, events.append)
+    started = next(e for e in events if isinstance(e, Started))
+    return started, events[-1] if isinstance(events[-1], Finished) else None, \
+        "".join(e.text for e in events if isinstance(e, Delta))
+
+
+def test_the_engine_reuses_a_shared_prefix_and_keeps_sparse_requests_sparse(model):
+    """Through the server's Engine: a second conversation reuses the first's system prompt (a copy,
+    the same reply as without the cache); a sparse request whose shared prefix is the smaller part
+    of its prompt runs its method over the whole prompt."""
+    from specfill import load as load_pair
+    from specfill.serve.engine import Engine
+
+    _, tokenizer = load_pair(NAME, backend=model.backend, **({"device": "cpu", "dtype": "float32"}
+                                                              if model.backend == "cuda" else {"dtype": "float32"}))
+    engine = Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, 10 ** 9))
+    system = tokens(model, 80, 64)
+    engine_turn(engine, system + tokens(model, 81, 100))
+    started, finished, reply = engine_turn(engine, system + tokens(model, 82, 90))
+    assert started.cached == finished.cached_tokens == 64 and finished.stats["prefill_method"] == "full"
+    assert reply == engine_turn(engine, system + tokens(model, 82, 90), policy="off")[2]
+    assert engine.cache.copies == 1 and engine.health()["prompt_cache"]["entries"] == 2
+    _, sparse, _ = engine_turn(engine, system + tokens(model, 83, 200), method="h2o")
+    assert sparse.cached_tokens == 0 and sparse.stats["prefill_method"] == "h2o"
