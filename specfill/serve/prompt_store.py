@@ -62,6 +62,13 @@ def read_header(path: Path) -> dict[str, str]:
     return meta
 
 
+def mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:  # gone since it was listed: read (and skipped) as such
+        return 0.0
+
+
 class PromptStore:
     """The files of one directory for one model (see the module doc)."""
 
@@ -88,7 +95,7 @@ class PromptStore:
     def scan(self) -> list[Entry]:
         """The directory's entries for this model, disk-only (their KV unread), oldest first."""
         entries, foreign = [], 0
-        for path in sorted(self.files(), key=lambda p: p.stat().st_mtime):
+        for path in sorted(self.files(), key=mtime):
             try:
                 meta = read_header(path)
                 if json.loads(meta["identity"]) != self.identity:
@@ -135,12 +142,13 @@ class PromptStore:
         are within the bound; the paths deleted."""
         if self.max_bytes is None:
             return []
-        files = sorted(((p.stat().st_mtime, p != keep, p) for p in self.files()), key=lambda f: (not f[1], f[0]))
-        total, gone = sum(p.stat().st_size for *_, p in files), []
-        for *_, path in files:
+        files = sorted(self.files(), key=lambda p: (p == keep, mtime(p)))  # the one just written last
+        sizes = {p: p.stat().st_size for p in files}
+        total, gone = sum(sizes.values()), []
+        for path in files:
             if total <= self.max_bytes:
                 break
-            total -= path.stat().st_size
+            total -= sizes[path]
             self.delete(str(path))
             gone.append(str(path))
         return gone
