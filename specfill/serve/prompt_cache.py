@@ -136,15 +136,16 @@ class PromptCache:
         prefix means full prefill of the rest: the module doc)."""
         if policy == "off":
             return Reuse()
-        best, best_cached, best_match, stale = None, 0, 0, []
+        best, best_cached, best_match, best_key, stale = None, 0, 0, (), []
         for entry in self.entries:
             match = min(common_prefix(entry.tokens, ids), len(ids) - 1)
             if match < 1:
                 continue
             usable = (entry.exact or policy == "approximate") and match >= entry.fixed
             cached = min(match, entry.covered) if usable else 0
-            if cached > best_cached or (cached == best_cached > 0 and entry.used > best.used):
-                best, best_cached, best_match = entry, cached, match
+            key = (cached, cuttable(entry, match), entry.used)  # ties: its own turn (no copy), then the newest
+            if cached > 0 and key > best_key:
+                best, best_cached, best_match, best_key = entry, cached, match, key
             elif cached == 0 and cuttable(entry, match) and (policy == "exact" or match >= entry.fixed):
                 stale.append(entry)  # its earlier turn, unusable (sparse) or still being rebuilt
         if sparse and 2 * best_cached < len(ids):

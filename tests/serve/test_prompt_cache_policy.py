@@ -81,6 +81,14 @@ def test_longest_prefix_over_every_conversation():
     assert got.cached == 60 and got.copied and len(cache.entries) == 3
 
 
+def test_a_tie_goes_to_the_conversation_the_prompt_continues():
+    cache = PromptCache(None, 4096)
+    keep(cache, list(range(50)) + [1] * 10)  # the prompt's own earlier turn (the reply re-tokenized)
+    keep(cache, list(range(50)) + [2] * 300)  # newer, sharing as much: would need a copy
+    got = cache.take(list(range(50)) + [3] * 20, "exact")
+    assert got.cached == 50 and not got.copied and [len(e.tokens) for e in cache.entries] == [350]
+
+
 def test_a_short_conversation_is_the_next_turn_and_is_taken_out():
     """A conversation sharing all but its last few tokens is the prompt's earlier turn: taken out
     (extended in place), however long the new part."""
