@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import sys
@@ -40,9 +41,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-cache", choices=("exact", "approximate", "off"), default="exact",
                    help="multi-turn KV reuse: exact (sparse caches rebuilt densely first), approximate (reused "
                         "as they are) or off; requests may choose too (default: %(default)s)")
-    p.add_argument("--cache-tokens", type=int, default=16384,
-                   help="prompt cache bound: conversation tokens kept in all, least recently used evicted "
+    p.add_argument("--cache-memory", type=float, default=4.0, metavar="GB",
+                   help="prompt cache bound: GB of KV kept in memory in all, least recently used evicted "
                         "(default: %(default)s)")
+    p.add_argument("--cache-tokens", type=int, default=None,
+                   help="prompt cache bound besides --cache-memory: conversation tokens kept in memory in all "
+                        "(default: none)")
+    p.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
+                   help="also keep the prompt cache's conversations in DIR (written after their responses), "
+                        "reused by a restarted server of the same model (default: memory only)")
+    p.add_argument("--cache-disk", type=float, default=None, metavar="GB",
+                   help="bound on --prompt-cache-dir's files, oldest deleted first (default: --cache-memory)")
     p.add_argument("--chat-template", default=None,
                    help="Jinja file, or 'chatml', for models without a chat template of their own")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
@@ -90,12 +99,22 @@ def served_name(spec: str | None) -> str:
     return spec.split(":", 1)[0]
 
 
+def check_cache_bounds(args: argparse.Namespace) -> None:
+    """The prompt cache's bounds, before the model loads (build_app checks them again)."""
+    if args.cache_tokens is not None and args.cache_tokens < 1:
+        raise ConfigError(f"--cache-tokens must be >= 1, got {args.cache_tokens}")
+    for flag, value in (("--cache-memory", args.cache_memory), ("--cache-disk", args.cache_disk)):
+        if value is not None and not 0 < value < math.inf:  # NaN too
+            raise ConfigError(f"{flag} must be a finite number of GB > 0, got {value}")
+
+
 def run(args: argparse.Namespace) -> int:
     serve = _server_modules()
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.prefill_step_size < 1:
         raise ConfigError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
+    check_cache_bounds(args)
     h2o, spec = h2o_config(args), specprefill_config(args)
     with warnings.catch_warnings():  # requests may pick any method: the defaults of each are the server's
         warnings.simplefilter("ignore", SpecfillWarning)
@@ -150,7 +169,7 @@ def _follow(args: argparse.Namespace, group: Any) -> int:
     model, tokenizer, speculator, _ = _load(args, group)
     if args.chat_template is not None:
         tokenizer.chat_template = _server_modules().read_chat_template(args.chat_template)
-    return follow(engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, None),
+    return follow(engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, None, args.cache_memory),
                   _channel(model, speculator))
 
 
@@ -170,9 +189,11 @@ def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OCo
     if group is not None:  # rank 0 of several: its engine tells the others what to do
         from specfill.serve.distributed import engine_for
 
-        leader = engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, _channel(model, speculator))
+        leader = engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, _channel(model, speculator),
+                            args.cache_memory)
     app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens,
-                          access=access, engine=leader)
+                          access=access, engine=leader, cache_memory=args.cache_memory,
+                          cache_dir=args.prompt_cache_dir, cache_disk=args.cache_disk, model_name=args.model or names[0])
     where = "" if group is None else f", {model.distributed.describe()}"
     print(f"specfill: serving {names[0]} ({args.backend}, {model.device_name}{where}) on "
           f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)

@@ -4,7 +4,8 @@ trims and cuts and growth on both, then what each holds compared.
 The script is what generation does to a cache: a prefill fills every layer; rejected drafts are
 trimmed; a "self:K" draft writes into the first layers only and is trimmed there; a prefill stopped
 after its first layer (a cancelled request) is cut back on every layer before the cache is reused;
-a reused cache grows past its first capacity and keeps its slots.
+a reused cache grows past its first capacity and keeps its slots; a copy of a prefix (the prompt
+cache lending a shared prefix) holds those slots and its writes leave its source as it was.
 """
 from __future__ import annotations
 
@@ -55,6 +56,15 @@ def check_kv_cache(ad: ConformanceAdapter, ck: Checker) -> None:
     books("grown to twice the capacity")
     write(range(LAYERS), CAPACITY, "past the first capacity")
     books("filled past the first capacity")
+    source, reference = got, want
+    got, want = got.copy(4, CAPACITY), want.copy(4, CAPACITY)
+    books("a copy of the first 4 slots")
+    ck.exact("kv_cache.nbytes", "a copy of 4 slots", 0 < got.nbytes < source.nbytes,
+             f"{got.nbytes} bytes, its source's {source.nbytes}")
+    write(range(LAYERS), 3, "into the copy")
+    books("the copy extended by 3")
+    got, want = source, reference
+    books("the copy's source, untouched by its writes")
 
 
 KV_CACHE_CHECKS = {"kv_cache": check_kv_cache}

@@ -60,6 +60,13 @@ class CacheAdapter:
     def grown(self, capacity: int) -> CacheAdapter:
         return CacheAdapter(self.cache.grown(capacity), self.cv)
 
+    def copy(self, slots: int, capacity: int | None = None) -> CacheAdapter:
+        return CacheAdapter(self.cache.copy(slots, capacity), self.cv)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.cache.nbytes)
+
     def trim(self, n: int, n_layers: int | None = None) -> None:
         self.cache.trim(n, n_layers)
 

@@ -200,6 +200,26 @@ class KVCache(Protocol[A]):
     def keys(self, end: int) -> A:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes its buffers occupy now: every reserved slot, filled or not (the prompt cache of
+        `specfill serve` bounds its memory by it)."""
+
+    def copy(self, slots: int, capacity: int | None = None) -> KVCache[A]:
+        """A new cache holding the first `slots` filled slots of every layer, with room for
+        `capacity` (at least `slots`), sharing no memory with this one: extending either leaves
+        the other intact (the prompt cache hands a request a shared prefix of a conversation
+        it keeps). Costs one copy of those slots' keys and values."""
+
+    def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
+        """Write the first `slots` slots to a safetensors file at `path` (ending in .safetensors):
+        tensors "keys" and "values" [n_layers, Hkv, slots, D] (a backend's also "positions" [slots]
+        int64, its slots' RoPE positions) and the str -> str `metadata` in its header."""
+
+    def load(self, path: str) -> int:
+        """Fill this empty cache (room for the file's slots) from a file `save` wrote; returns the
+        slots read; ValueError when the file does not fit this cache."""
+
 
 class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     """Everything the methods and the generation driver need from a backend, on its arrays.

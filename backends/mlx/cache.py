@@ -96,7 +96,8 @@ class LayerKVCache:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        """Bytes its buffers occupy (every reserved slot, filled or not, and the host positions)."""
+        return self.positions.nbytes + (0 if self.keys is None else self.keys.nbytes + self.values.nbytes)
 
 
 class ModelKVCache:
@@ -149,7 +150,55 @@ class ModelKVCache:
 
     @property
     def nbytes(self) -> int:
+        """Bytes its buffers occupy (every reserved slot, filled or not)."""
         return sum(layer.nbytes for layer in self.layers)
+
+    def copy(self, slots: int, capacity: int | None = None) -> ModelKVCache:
+        """A new cache holding this one's first `slots` slots (keys, values, positions), its buffers
+        exactly that long (they grow on the next write, up to `capacity`, or this one's bound); it
+        shares no memory with this one (evaluated here)."""
+        if not 0 <= slots <= min(layer.offset for layer in self.layers):
+            raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
+        layers = []
+        for layer in self.layers:
+            bound = layer.max_size if capacity is None else max(slots, capacity)
+            copied = LayerKVCache(bound)
+            if slots and layer.keys is not None:
+                copied.keys = mx.contiguous(layer.keys[..., :slots, :])
+                copied.values = mx.contiguous(layer.values[..., :slots, :])
+            copied.positions, copied.offset = layer.positions[:slots].copy(), slots
+            layers.append(copied)
+        result = ModelKVCache(layers)
+        mx.eval(result.state)
+        return result
+
+    def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
+        """Write the first `slots` slots to a safetensors file (`path` ends in .safetensors): keys and
+        values [n_layers, Hkv, slots, D], positions [slots] (int64: the sliding-window layers' record,
+        every layer's alike; slot numbers when no layer has one), and `metadata` in its header."""
+        recorded = [layer.positions for layer in self.layers if len(layer.positions) >= slots]
+        positions = recorded[0][:slots] if recorded else np.arange(slots)  # unread: no sliding-window layer
+        arrays = {"keys": mx.stack([layer.keys[0, :, :slots] for layer in self.layers]),
+                  "values": mx.stack([layer.values[0, :, :slots] for layer in self.layers]),
+                  "positions": mx.array(positions.astype(np.int64))}
+        mx.save_safetensors(path, arrays, metadata=metadata)
+
+    def load(self, path: str) -> int:
+        """Fill this empty cache from a file `save` wrote; returns its slots. ValueError when the
+        file's layers or positions do not fit this cache or it needs more room (its heads, head size
+        and dtype are the file's: the caller checks them against the model)."""
+        arrays = mx.load(path)
+        keys, values, positions = arrays["keys"], arrays["values"], np.asarray(arrays["positions"])
+        slots = keys.shape[2]
+        if keys.ndim != 4 or keys.shape[0] != len(self.layers) or values.shape[:3] != keys.shape[:3] \
+                or positions.shape != (slots,) or slots > self.capacity:
+            raise ValueError(f"the file holds keys {tuple(keys.shape)}, this cache {len(self.layers)} layers "
+                             f"of {self.capacity} slots")
+        for i, layer in enumerate(self.layers):
+            layer.update_and_fetch(keys[i][None], values[i][None])
+            layer.positions = positions.astype(np.int64)
+        mx.eval(self.state)
+        return slots
 
 
 def make_cache(args: ModelArgs, capacity: int | None = None) -> ModelKVCache:

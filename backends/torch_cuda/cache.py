@@ -107,5 +107,49 @@ class ModelKVCache:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D], a view."""
         return self.k[:, 0, :, :end]
 
+    @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        """Bytes its buffers occupy (every reserved slot, filled or not, and the positions)."""
+        return self.k.nbytes + self.v.nbytes + self.positions.nbytes
+
+    def copy(self, slots: int, capacity: int | None = None) -> ModelKVCache:
+        """A new cache holding this one's first `slots` slots (keys, values, positions) with room
+        for `capacity` (at least `slots`); it shares no memory with this one."""
+        if not 0 <= slots <= min(layer.offset for layer in self.layers):
+            raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
+        shape = self.k.shape[:3] + (max(slots, capacity or slots),) + self.k.shape[4:]
+        copied = ModelKVCache(self.k.new_empty(shape), self.v.new_empty(shape))
+        copied.k[:, :, :, :slots] = self.k[:, :, :, :slots]
+        copied.v[:, :, :, :slots] = self.v[:, :, :, :slots]
+        copied.positions[:slots] = self.positions[:slots]
+        for layer in copied.layers:
+            layer.offset = slots
+        return copied
+
+    def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
+        """Write the first `slots` slots to a safetensors file: keys and values [n_layers, Hkv,
+        slots, D], positions [slots] (int64), and `metadata` in its header."""
+        from safetensors.torch import save_file
+
+        save_file({"keys": self.k[:, 0, :, :slots].contiguous(), "values": self.v[:, 0, :, :slots].contiguous(),
+                   "positions": self.positions[:slots].contiguous()}, path, metadata=metadata)
+
+    def load(self, path: str) -> int:
+        """Fill this empty cache from a file `save` wrote; returns its slots. ValueError when the
+        file's layers, heads, head size or dtype are not this cache's, or it needs more room."""
+        from safetensors.torch import load_file
+
+        tensors = load_file(path, device=str(self.k.device))
+        keys, values, positions = tensors["keys"], tensors["values"], tensors["positions"]
+        slots = keys.shape[2]
+        expected = (self.k.shape[0], self.k.shape[2], slots, self.k.shape[4])
+        if tuple(keys.shape) != expected or tuple(values.shape) != expected or keys.dtype != self.k.dtype \
+                or values.dtype != self.v.dtype or tuple(positions.shape) != (slots,) or slots > self.capacity:
+            raise ValueError(f"the file holds keys {tuple(keys.shape)} {keys.dtype}, this cache "
+                             f"{expected} {self.k.dtype} with {self.capacity} slots")
+        self.k[:, 0, :, :slots] = keys
+        self.v[:, 0, :, :slots] = values
+        self.positions[:slots] = positions
+        for layer in self.layers:
+            layer.offset = slots
+        return slots

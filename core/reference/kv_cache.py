@@ -72,3 +72,46 @@ class ReferenceKVCache:
     def keys(self, end: int) -> np.ndarray:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
         return np.stack([layer.k[0, :, :end] for layer in self.layers])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its buffers occupy (every reserved slot, filled or not)."""
+        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
+
+    def copy(self, slots: int, capacity: int | None = None) -> ReferenceKVCache:
+        """A new cache of max(slots, capacity) slots holding the first `slots` of every layer; it
+        shares no memory with this one."""
+        if not 0 <= slots <= min(layer.offset for layer in self.layers):
+            raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
+        _, heads, _, head_dim = self.layers[0].k.shape
+        copied = ReferenceKVCache(len(self.layers), heads, head_dim, max(slots, capacity or slots),
+                                  self.layers[0].k.dtype)
+        for old, new in zip(self.layers, copied.layers):
+            new.k[:, :, :slots], new.v[:, :, :slots] = old.k[:, :, :slots], old.v[:, :, :slots]
+            new.offset = slots
+        return copied
+
+    def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
+        """Write the first `slots` slots to a safetensors file: keys and values [n_layers, Hkv,
+        slots, D] and `metadata` in its header (no positions: slot i is position i here)."""
+        from safetensors.numpy import save_file
+
+        save_file({"keys": self.keys(slots), "values": np.stack([layer.v[0, :, :slots] for layer in self.layers])},
+                  path, metadata=metadata)
+
+    def load(self, path: str) -> int:
+        """Fill this empty cache from a file `save` wrote; returns its slots (ValueError when its
+        shape or dtype is not this cache's)."""
+        from safetensors.numpy import load_file
+
+        arrays = load_file(path)
+        keys, values = arrays["keys"], arrays["values"]
+        _, heads, capacity, head_dim = self.layers[0].k.shape
+        slots = keys.shape[2]
+        if keys.shape != (len(self.layers), heads, slots, head_dim) or values.shape != keys.shape \
+                or keys.dtype != self.layers[0].k.dtype or slots > capacity:
+            raise ValueError(f"the file holds keys {keys.shape} {keys.dtype}, this cache "
+                             f"{(len(self.layers), heads, capacity, head_dim)} {self.layers[0].k.dtype}")
+        for i, layer in enumerate(self.layers):
+            layer.k[0, :, :slots], layer.v[0, :, :slots], layer.offset = keys[i], values[i], slots
+        return slots

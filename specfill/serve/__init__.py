@@ -9,9 +9,12 @@ generation on the worker thread), scheduler (the worker thread and its bounded q
 (tool calls read back from a reply), responses (OpenAI-shaped bodies and chunks), anthropic (the
 Messages API: its body -> the chat request, its bodies and events), app (generation routes,
 streaming, disconnects), info (health, models, tokenize, metrics routes), metrics (log line,
-Prometheus), access (API key, CORS), runner (bind before load, signals).
+Prometheus), access (API key, CORS), runner (bind before load, signals), prompt_cache (conversations'
+KV reused by later prompts), prompt_store (its files: --prompt-cache-dir).
 """
 from __future__ import annotations
+
+import math
 
 from pathlib import Path
 from typing import Any
@@ -38,14 +41,18 @@ def read_chat_template(spec: str) -> str:
 
 
 def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue: int = 8,
-              cache_tokens: int = 16384, access: Access = Access(), engine: Any = None) -> Any:
+              cache_tokens: int | None = None, access: Access = Access(), engine: Any = None,
+              cache_memory: float | None = 4.0, cache_dir: str | None = None, cache_disk: float | None = None,
+              model_name: str | None = None) -> Any:
     """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
 
     access: the API key and CORS origins (default: no key, no cross-origin calls).
-    cache_tokens: the prompt cache's bound (conversation tokens in all); with
-    defaults.prompt_cache "off" the server has no prompt cache at all.
+    cache_memory: the prompt cache's bound, GB of KV (None: none); cache_tokens: a bound on its
+    conversation tokens too (None: none); cache_dir: its disk store (None: none), bounded by
+    cache_disk GB (None: cache_memory's); model_name: the model's identity in the store's files
+    (default: defaults.model_id). With defaults.prompt_cache "off" the server has no prompt cache.
     engine: a ready Engine (serve/distributed.py's LeaderEngine, rank 0 under mlx.launch) with its own
-    prompt cache; None: one made here.
+    prompt cache (memory-bounded, no disk store); None: one made here.
     """
     from .app import create_app
     from .engine import Engine
@@ -53,14 +60,33 @@ def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue
 
     if max_queue < 1:  # queue.Queue(0) would be unbounded
         raise ConfigError(f"--max-queue must be >= 1, got {max_queue}")
-    if cache_tokens < 1:
+    if cache_tokens is not None and cache_tokens < 1:
         raise ConfigError(f"--cache-tokens must be >= 1, got {cache_tokens}")
+    for flag, value in (("--cache-memory", cache_memory), ("--cache-disk", cache_disk)):
+        if value is not None and not 0 < value < math.inf:  # NaN too
+            raise ConfigError(f"{flag} must be a finite number of GB > 0, got {value}")
     if defaults.prompt_cache not in ("exact", "approximate", "off"):
         raise ConfigError(f"--prompt-cache must be exact, approximate or off, got {defaults.prompt_cache!r}")
-    cache = None if defaults.prompt_cache == "off" else \
-        PromptCache(cache_tokens, model.args.max_position_embeddings)
-    return create_app(engine if engine is not None else Engine(model, tokenizer, cache), defaults,
-                      max_queue=max_queue, access=access)
+    if engine is not None:
+        if cache_dir is not None:
+            raise ConfigError("--prompt-cache-dir is not supported under mlx.launch yet (each rank keeps its own "
+                              "prompt cache in memory)")
+        return create_app(engine, defaults, max_queue=max_queue, access=access)
+    cache = None
+    if defaults.prompt_cache != "off":
+        store = None
+        if cache_dir is not None:
+            from .prompt_store import PromptStore
+
+            disk = cache_disk if cache_disk is not None else cache_memory
+            try:
+                store = PromptStore(cache_dir, model, model_name or defaults.model_id,
+                                    None if disk is None else int(disk * 1e9))
+            except OSError as err:
+                raise ConfigError(f"cannot use --prompt-cache-dir {cache_dir}: {err.strerror or err}") from None
+        cache = PromptCache(cache_tokens, model.args.max_position_embeddings,
+                            None if cache_memory is None else int(cache_memory * 1e9), store)
+    return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue, access=access)
 
 
 __all__ = ["CHATML", "Access", "ServerDefaults", "build_app", "configure_logging", "read_chat_template"]

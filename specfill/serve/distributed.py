@@ -132,7 +132,8 @@ def run_agreed(engine: Engine, plan: Plan, emit: Callable[[Any], None], cancelle
     started = time.perf_counter()
     plan = replace(plan, cancelled=cancelled)
     policy = plan.prompt_cache if engine.cache is not None else "off"
-    reuse = engine.cache.take(plan.ids, policy) if engine.cache is not None else Reuse()
+    sparse = plan.request.method.name != FULL.name  # as Engine.run: a sparse request reuses only a long prefix
+    reuse = engine.cache.take(plan.ids, policy, sparse) if engine.cache is not None else Reuse()
     request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
     emit(Started(reuse.cached))
     method, info = request.method, GenerationInfo()
@@ -203,7 +204,9 @@ def follow(engine: Engine, channel: Channel) -> int:
                   flush=True)
 
 
-def engine_for(model: Any, tokenizer: Any, prompt_cache: str, cache_tokens: int, channel: Channel | None) -> Engine:
+def engine_for(model: Any, tokenizer: Any, prompt_cache: str, cache_tokens: int | None, channel: Channel | None,
+               cache_memory: float | None = None) -> Engine:
     """A LeaderEngine (channel given, rank 0) or a follower's Engine, with the prompt cache build_app makes."""
-    cache = None if prompt_cache == "off" else PromptCache(cache_tokens, model.args.max_position_embeddings)
+    cache = None if prompt_cache == "off" else PromptCache(
+        cache_tokens, model.args.max_position_embeddings, None if cache_memory is None else int(cache_memory * 1e9))
     return Engine(model, tokenizer, cache) if channel is None else LeaderEngine(model, tokenizer, cache, channel)

@@ -106,19 +106,21 @@ class Engine:
                 "prompt_cache": None if self.cache is None else self.cache.stats()}
 
     def has_idle_work(self) -> bool:
-        """Whether a conversation's dense KV is being rebuilt (run between requests)."""
-        return self.cache is not None and self.cache.pending() is not None
+        """Whether a conversation's dense KV is being rebuilt, or one waits to be written to disk
+        (run between requests, after the responses)."""
+        return self.cache is not None and self.cache.has_idle_work()
 
     def idle_step(self) -> None:
-        """One step of rebuilding (a few hundred tokens of full prefill)."""
+        """One step of rebuilding (a few hundred tokens of full prefill), or one entry written."""
         if self.cache is not None:
-            self.cache.complete_step(self.model)
+            self.cache.idle_step(self.model)
 
     def run(self, plan: Plan, emit: Emit) -> None:
         """Generate `plan`, sending events through `emit` (ends with Finished, or nothing if cancelled)."""
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
-        reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
+        sparse = plan.request.method.name != FULL.name  # h2o, specprefill, auto
+        reuse = self.cache.take(plan.ids, policy, sparse) if self.cache is not None else Reuse()
         # a conversation's new tokens: full attention, and no drafting over a reused cache yet
         request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
         emit(Started(reuse.cached))

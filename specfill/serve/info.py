@@ -82,7 +82,8 @@ def add_info_routes(app: FastAPI, engine: Engine, defaults: ServerDefaults, sche
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(scheduler.waiting(), scheduler.running is not None),
+        cache = None if engine.cache is None else engine.cache.stats()
+        return PlainTextResponse(metrics.render(scheduler.waiting(), scheduler.running is not None, cache),
                                  media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.options("/{path:path}")

@@ -91,7 +91,7 @@ class Metrics:
         level = logging.INFO if outcome.outcome in ("ok", "cancelled") else logging.WARNING
         log.log(level, outcome.line())
 
-    def render(self, waiting: int, running: bool) -> str:
+    def render(self, waiting: int, running: bool, cache: dict[str, Any] | None = None) -> str:
         """The Prometheus text exposition (format 0.0.4)."""
         out = ["# HELP specfill_requests_total Requests answered, by outcome (ok, cancelled, HTTP error status).",
                "# TYPE specfill_requests_total counter"]
@@ -107,6 +107,13 @@ class Metrics:
             out += [f"# HELP {name} {what}.", f"# TYPE {name} counter", f"{name} {self.tokens[kind]}"]
         out += ["# HELP specfill_prompt_cache_hits_total Requests that reused a cached conversation.",
                 "# TYPE specfill_prompt_cache_hits_total counter", f"specfill_prompt_cache_hits_total {self.cache_hits}"]
+        for key, what in (("entries", "Conversations whose KV the prompt cache holds in memory"),
+                          ("bytes", "Bytes of the prompt cache's KV in memory"),
+                          ("disk_entries", "Conversations in the prompt cache's disk store"),
+                          ("disk_bytes", "Bytes of the prompt cache's disk store")):
+            if cache is not None and cache.get(key) is not None:
+                name = f"specfill_prompt_cache_{key}"
+                out += [f"# HELP {name} {what}.", f"# TYPE {name} gauge", f"{name} {cache[key]}"]
         for name, hist, what in (("specfill_time_to_first_token_seconds", self.ttft, "Time to first token"),
                                  ("specfill_prefill_seconds", self.prefill, "Prefill time")):
             out += [f"# HELP {name} {what}, by the prefill method that ran.", f"# TYPE {name} histogram"]

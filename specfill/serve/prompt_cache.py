@@ -1,22 +1,42 @@
-"""The multi-turn prompt cache: conversations' KV caches, reused when a request extends one.
+"""The prompt cache: many conversations' KV caches, the longest cached prefix of a prompt reused.
 
-A request whose tokens start with a cached conversation's reuses that KV and prefills only the
-rest (with full attention). Policies:
+A request whose tokens start with tokens of a cached conversation (its own earlier turn; another
+agent's conversation sharing the system prompt and tool definitions) reuses that KV for the
+longest such prefix over every kept conversation and prefills only the rest, with full attention
+(the sparse methods cannot start from a reused prefix: docs/serve.md, Prompt cache). A request
+asking for a sparse method reuses a prefix only when it is at least half of its prompt; else its
+method runs over the whole prompt (a shared system prompt must not turn a long new prompt into a
+full prefill). Policies:
   exact (default): only a dense KV (a full prefill's) is ever reused. A conversation whose KV came
     from sparse prefill (H2O or SpecPrefill) is not reusable as such: its sparse KV is dropped and a
     dense one is rebuilt from its tokens in idle time (COMPLETION_STEP tokens at a time between
     requests); a request arriving before that finished prefills the rest densely itself. Either
     way the next turn attends to every earlier token exactly as a dense run of the whole
     conversation would.
-  approximate: the KV is reused as it is (a SpecPrefill cache keeps only its kept prompt tokens;
-    an H2O cache holds KV computed under sparse attention); nothing is rebuilt.
+  approximate: the KV is reused as it is (a SpecPrefill cache keeps only its kept prompt tokens, so
+    it is never cut into them; an H2O cache holds KV computed under sparse attention); nothing is
+    rebuilt.
   off: no lookup, nothing stored.
-The cache holds at most `max_tokens` conversation tokens in all; the least recently used
-conversations go first. A request takes its conversation's entry out (its cache is extended in
-place) and puts the longer conversation back when it finishes. All methods run on the worker thread.
+
+Taking or copying (the rule that keeps a conversation safe): a request whose prompt shares all of
+a conversation but at most its last max(CUT_SLACK, 1/8) tokens (its own next turn: the reply's last
+tokens often re-tokenize differently) takes that entry out, extends its cache in place and puts the
+longer conversation back when it finishes. A shorter shared prefix (a second conversation sharing a
+system prompt; an edited history) gets a copy of those slots (KVCache.copy: one copy of the prefix's
+keys and values, far cheaper than prefilling it) and the conversation stays as it was. A request
+whose earlier turn is kept only sparsely (exact policy) takes that entry out too: its own full
+prefill replaces it.
+
+Bounds: the entries' KV bytes (KVCache.nbytes: what their buffers occupy) at most `max_bytes`, and
+their tokens at most `max_tokens` (either may be None: unbounded); the least recently used go
+first, and one larger than a bound is not kept. With a disk store (prompt_store.py) an entry's KV is
+also written to disk in idle time, after its response; an entry evicted from memory then stays as a
+disk-only entry, loaded again when a prompt reuses it, and a restarted server finds the entries of
+the same model in the directory. All methods run on the worker thread.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +44,9 @@ from typing import Any
 from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
 
 COMPLETION_STEP = 256  # tokens densely prefilled per idle step (a request arriving waits at most one step)
+CUT_SLACK = 64  # a conversation's tokens past the shared prefix that a request may cut off (or 1/8 of them)
 FULL = PrefillMethod("full")
+log = logging.getLogger("specfill.serve")
 
 
 @dataclass
@@ -36,6 +58,8 @@ class Entry:
     built from its tokens in idle time (kv covers the part done so far).
     fixed: the shortest prefix the KV may be cut to (the prompt length of a SpecPrefill whose
     sparse KV is kept under the approximate policy: its first slots hold only the kept tokens).
+    path: its file in the disk store (None: not written); with kv None it lives on disk only and
+    `stored` is the number of tokens its file's KV stands for. unsaved: its write failed (not retried).
     """
 
     tokens: list[int]
@@ -44,23 +68,38 @@ class Entry:
     rebuilding: bool = False
     fixed: int = 0
     used: float = field(default_factory=time.monotonic)
+    path: str | None = None
+    stored: int = 0
+    unsaved: bool = False
 
     @property
     def covered(self) -> int:
-        return 0 if self.kv is None else self.kv.tokens
+        if self.kv is not None:
+            return self.kv.tokens
+        return self.stored if self.path is not None else 0
+
+    @property
+    def in_memory(self) -> bool:
+        return self.kv is not None or self.rebuilding
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.kv is None else int(self.kv.cache.nbytes)
 
 
 @dataclass(frozen=True)
 class Reuse:
     """What a request takes from the cache: the state to pass as `reuse` (None: prefill all), the
     tokens it covers, whether the request hit a conversation (then it prefills with full
-    attention) and whether the result stays exact."""
+    attention), whether the result stays exact, and whether the state is a copy (the conversation
+    it came from stays in the cache)."""
 
     state: KVState | None = None
     cached: int = 0
     hit: bool = False
     exact: bool = True
     fixed: int = 0
+    copied: bool = False
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -71,45 +110,71 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def cuttable(entry: Entry, match: int) -> bool:
+    """Whether a prompt sharing `match` tokens with the entry is its own next turn (see the module doc)."""
+    return len(entry.tokens) - match <= max(CUT_SLACK, len(entry.tokens) // 8)
+
+
 class PromptCache:
-    """LRU set of conversations, bounded by their total tokens (see the module doc)."""
+    """LRU set of conversations, bounded by their KV bytes and tokens (see the module doc)."""
 
-    def __init__(self, max_tokens: int, context: int):
+    def __init__(self, max_tokens: int | None, context: int, max_bytes: int | None = None, store: Any = None):
         self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self.context = context
-        self.entries: list[Entry] = []
+        self.store = store  # prompt_store.PromptStore or None
+        self.entries: list[Entry] = [] if store is None else store.scan()
         self.hits = 0
+        self.copies = 0  # hits served by a copy of a shared prefix
         self.completed_tokens = 0  # tokens densely rebuilt in idle time so far
+        self.saved = 0  # entries written to disk
 
-    def take(self, ids: list[int], policy: str) -> Reuse:
-        """The reuse for a prompt (its entry leaves the cache) or a miss. A conversation counts
-        only when it and the prompt share at least half of the tokens of each: a shared system
-        prompt alone neither evicts a whole conversation nor turns a long new prompt's requested
-        sparse method into a full prefill."""
+    def take(self, ids: list[int], policy: str, sparse: bool = False) -> Reuse:
+        """The reuse for a prompt (the longest usable cached prefix; its entry leaves the cache or
+        lends a copy) or a miss. sparse: the request asks for a sparse method (or auto), which runs
+        over the whole prompt instead when the prefix would be the smaller part of it (a reused
+        prefix means full prefill of the rest: the module doc)."""
         if policy == "off":
             return Reuse()
-        best, best_match = None, 0
+        best, best_cached, best_match, best_key, stale = None, 0, 0, (), []
         for entry in self.entries:
             match = min(common_prefix(entry.tokens, ids), len(ids) - 1)
-            shared = 2 * match >= max(len(entry.tokens), len(ids))
-            if shared and match > best_match and (policy == "exact" or match >= entry.fixed):
-                best, best_match = entry, match
+            if match < 1:
+                continue
+            usable = (entry.exact or policy == "approximate") and match >= entry.fixed
+            cached = min(match, entry.covered) if usable else 0
+            key = (cached, cuttable(entry, match), entry.used)  # ties: its own turn (no copy), then the newest
+            if cached > 0 and key > best_key:
+                best, best_cached, best_match, best_key = entry, cached, match, key
+            elif cached == 0 and cuttable(entry, match) and (policy == "exact" or match >= entry.fixed):
+                stale.append(entry)  # its earlier turn, unusable (sparse) or still being rebuilt
+        if sparse and 2 * best_cached < len(ids):
+            return Reuse()  # the method over the whole prompt; nothing here changes
+        if best is not None and best.kv is None and not self._load(best):
+            return self.take(ids, policy, sparse)  # its file is gone or broken: dropped, look again
+        for entry in stale:
+            self._drop(entry)
         if best is None:
+            if stale:  # nothing dense yet: the request's own full prefill replaces it
+                self.hits += 1
+                return Reuse(hit=True)
             return Reuse()
-        self.entries.remove(best)
         self.hits += 1
-        usable = best.exact or policy == "approximate"
-        cached = min(best_match, best.covered) if usable else 0
-        if cached < 1:  # nothing dense yet: the request's own full prefill completes it
-            return Reuse(hit=True)
-        state = KVState(best.kv.cache, cached - best.kv.position_offset, best.kv.position_offset)
-        return Reuse(state, cached, True, best.exact, best.fixed)
+        offset = best.kv.position_offset
+        if cuttable(best, best_match):
+            self._drop(best)  # extended in place; put back (and written again) when the turn finishes
+            state = KVState(best.kv.cache, best_cached - offset, offset)
+            return Reuse(state, best_cached, True, best.exact, best.fixed)
+        best.used = time.monotonic()
+        self.copies += 1
+        state = KVState(best.kv.cache.copy(best_cached - offset), best_cached - offset, offset)
+        return Reuse(state, best_cached, True, best.exact, best.fixed, copied=True)
 
     def put(self, tokens: list[int], kv: KVState | None, *, prompt_tokens: int, method: str, reuse: Reuse,
             policy: str) -> None:
         """Keep a finished conversation (prompt + generated tokens): its KV as is when exact (or
         under the approximate policy), else its tokens only, for a dense rebuild in idle time."""
-        if policy == "off" or kv is None or len(tokens) > self.max_tokens:
+        if policy == "off" or kv is None or (self.max_tokens is not None and len(tokens) > self.max_tokens):
             return
         dense = method == "full" and reuse.exact
         if dense or policy == "approximate":
@@ -117,25 +182,102 @@ class PromptCache:
             entry = Entry(list(tokens), kv, exact=dense, fixed=fixed)
         else:
             entry = Entry(list(tokens), None, exact=True, rebuilding=True)
+        if self.max_bytes is not None and entry.nbytes > self.max_bytes:
+            return
+        for old in sorted((e for e in self.entries if len(e.tokens) <= len(tokens)
+                           and e.tokens == entry.tokens[:len(e.tokens)] and (entry.exact or not e.exact)),
+                          key=lambda e: e.covered):
+            self._drop(old)  # a shorter prefix of this conversation: superseded
+            if entry.rebuilding and old.exact and old.kv is not None and old.covered > entry.covered:
+                entry.kv = old.kv  # its dense KV: the rebuild goes on from there
         self.entries.append(entry)
         self._evict()
 
     def restore(self, ids: list[int], reuse: Reuse) -> None:
         """Put back what a cancelled or failed request took: its slots below reuse.state.slots were
         never written (the backend prefills after them, or into a grown copy; layers a request
-        stopped mid-step left ahead are cut back when the cache is next used: ModelOps.truncate)."""
-        if reuse.state is not None:
+        stopped mid-step left ahead are cut back when the cache is next used: ModelOps.truncate).
+        A copy is dropped: the conversation it came from is still here."""
+        if reuse.state is not None and not reuse.copied:
             self.entries.append(Entry(list(ids[:reuse.cached]), reuse.state, exact=reuse.exact, fixed=reuse.fixed))
             self._evict()
 
-    def _evict(self) -> None:
-        while sum(len(e.tokens) for e in self.entries) > self.max_tokens:
-            self.entries.remove(min(self.entries, key=lambda e: e.used))
+    def _drop(self, entry: Entry) -> None:
+        """Remove an entry, its file too."""
+        self.entries.remove(entry)
+        if entry.path is not None and self.store is not None:
+            self.store.delete(entry.path)
+
+    def _load(self, entry: Entry) -> bool:
+        """Read a disk-only entry's KV back (False: its file failed to load and was dropped)."""
+        try:
+            entry.kv = self.store.load(entry)
+        except Exception as err:  # noqa: BLE001 - a broken file is skipped, never a crash
+            log.warning("prompt cache: skipping %s: %s", entry.path, err)
+            self._drop(entry)
+            return False
+        entry.used = time.monotonic()
+        self._evict(keep=entry)
+        return True
+
+    def memory_bytes(self) -> int:
+        return sum(e.nbytes for e in self.entries)
+
+    def memory_tokens(self) -> int:
+        return sum(len(e.tokens) for e in self.entries if e.in_memory)
+
+    def _evict(self, keep: Entry | None = None) -> None:
+        """Least recently used first until both bounds hold; one with a file stays on disk only."""
+        while (self.max_tokens is not None and self.memory_tokens() > self.max_tokens) or \
+                (self.max_bytes is not None and self.memory_bytes() > self.max_bytes):
+            victims = [e for e in self.entries if e.in_memory and e is not keep]
+            if not victims:
+                return
+            victim = min(victims, key=lambda e: e.used)
+            if victim.path is not None and not victim.rebuilding:
+                victim.kv = None
+            else:
+                self.entries.remove(victim)
 
     def pending(self) -> Entry | None:
         """The most recently used conversation whose dense KV is still being rebuilt."""
         waiting = [e for e in self.entries if e.rebuilding]
         return max(waiting, key=lambda e: e.used) if waiting else None
+
+    def unsaved(self) -> Entry | None:
+        """The most recently used conversation to write to the disk store (None: none, or no store)."""
+        if self.store is None:
+            return None
+        waiting = [e for e in self.entries if e.kv is not None and e.path is None and not e.rebuilding
+                   and not e.unsaved]
+        return max(waiting, key=lambda e: e.used) if waiting else None
+
+    def has_idle_work(self) -> bool:
+        return self.pending() is not None or self.unsaved() is not None
+
+    def idle_step(self, model: Any) -> None:
+        """One step of idle work: rebuilding a dense KV first, then writing an entry to disk."""
+        if self.pending() is not None:
+            self.complete_step(model)
+        elif (entry := self.unsaved()) is not None:
+            self.save(entry)
+
+    def save(self, entry: Entry) -> None:
+        """Write one entry to the disk store (a failure is logged once and not retried)."""
+        try:
+            entry.path, dropped = self.store.save(entry)
+        except Exception as err:  # noqa: BLE001 - a full disk must not stop the server
+            entry.unsaved = True
+            log.warning("prompt cache: cannot write an entry of %d tokens to %s: %s", len(entry.tokens),
+                        self.store.directory, err)
+            return
+        self.saved += 1
+        for gone in dropped:  # the store's bound evicted these files (oldest first)
+            for other in [e for e in self.entries if e.path == gone]:
+                other.path = None
+                if other.kv is None:
+                    self.entries.remove(other)
+        entry.unsaved = entry.path is None  # larger than the store's bound by itself: not tried again
 
     def _target(self, entry: Entry) -> int:
         return min(len(entry.tokens), self.context - 1)  # the step below needs a slot for one token
@@ -154,9 +296,14 @@ class PromptCache:
         self.completed_tokens += end - entry.covered
         entry.kv = info.kv
         entry.rebuilding = entry.covered < self._target(entry)
+        self._evict(keep=entry)
 
     def stats(self) -> dict[str, Any]:
-        return {"entries": len(self.entries), "tokens": sum(len(e.tokens) for e in self.entries),
-                "max_tokens": self.max_tokens,
+        memory = [e for e in self.entries if e.in_memory]
+        disk = {e.path: e for e in self.entries if e.path is not None}
+        return {"entries": len(memory), "tokens": sum(len(e.tokens) for e in memory),
+                "max_tokens": self.max_tokens, "bytes": self.memory_bytes(), "max_bytes": self.max_bytes,
                 "pending_tokens": sum(self._target(e) - e.covered for e in self.entries if e.rebuilding),
-                "hits": self.hits, "completed_tokens": self.completed_tokens}
+                "hits": self.hits, "copies": self.copies, "completed_tokens": self.completed_tokens,
+                "disk_entries": len(disk), "disk_bytes": None if self.store is None else self.store.nbytes,
+                "max_disk_bytes": None if self.store is None else self.store.max_bytes, "saved": self.saved}

@@ -10,6 +10,10 @@ from specfill.evaluation.serve_process import ServerProcess, client
 @pytest.mark.parametrize("argv, words", [
     (["--max-queue", "0"], "--max-queue must be >= 1"),
     (["--cache-tokens", "0"], "--cache-tokens must be >= 1"),
+    (["--cache-memory", "-1"], "--cache-memory must be a finite number of GB > 0, got -1.0"),
+    (["--cache-memory", "nan"], "--cache-memory must be a finite number of GB > 0"),
+    (["--cache-memory", "inf"], "--cache-memory must be a finite number of GB > 0"),
+    (["--cache-disk", "0"], "--cache-disk must be a finite number of GB > 0, got 0.0"),
     (["--max-tokens", "0"], "max_tokens must be an integer >= 1"),
     (["--prefill-step-size", "0"], "--prefill-step-size must be >= 1"),
     (["--top-k", "-2"], "top_k must be >= 0"),

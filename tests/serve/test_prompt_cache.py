@@ -44,7 +44,8 @@ def test_turn_two_after_specprefill_equals_dense_run(demo_server):
 
 def test_approximate_reuses_sparse_cache_and_exact_refuses_it(demo_server):
     """approximate: the SpecPrefill cache is extended as it is (no rebuild); an exact request on
-    that conversation prefills all of it densely and matches the dense run."""
+    that conversation prefills all of it densely (but a dense prefix another conversation shares)
+    and matches the dense run."""
     c = client(demo_server, timeout=300)
     text = "\n".join(f"Line {i}: {s}" for i, s in enumerate(SENTENCES[::-1] * 2, 1))  # shares no prefix with TEXT
     turn1 = {"role": "user", "content": f"Read this.\n\n{text}\n\nWhat is this text about? Answer in one sentence."}
@@ -54,7 +55,8 @@ def test_approximate_reuses_sparse_cache_and_exact_refuses_it(demo_server):
     _, approx, _ = chat(c, two_turns, prompt_cache="approximate")
     assert approx["cached_tokens"] >= stats1["prompt_tokens"] and approx["prefill_method"] == "full"
     exact, stats_exact, _ = chat(c, two_turns, prompt_cache="exact")
-    assert stats_exact["cached_tokens"] == 0 and stats_exact["prefill_method"] == "full"
+    # at most the chat template's system prompt, shared with other conversations: not the sparse one
+    assert stats_exact["cached_tokens"] < approx["cached_tokens"] / 4 and stats_exact["prefill_method"] == "full"
     dense, _, _ = chat(c, two_turns, prompt_cache="off")
     assert exact == dense
 
