@@ -9,6 +9,7 @@ kernels/ (the hot stages), adapter.py / adapted.py / adapted_loader.py (another 
 the attention adapted), conformance.py (the conformance suite's adapter). Importing a backend package
 (and so its Backend object) imports neither torch nor mlx: loader.py does, on the first load.
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,4 +1,5 @@
 """`specfill bench`: TTFT and decode tokens/s vs prompt length, ratios against full prefill."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,9 @@ from .progress import WorkProgressBar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backends", type=str_list, default=None,
-                   help=f"comma list: mlx,cuda (default: one, {DEFAULT_BACKEND_RULE})")
+    p.add_argument(
+        "--backends", type=str_list, default=None, help=f"comma list: mlx,cuda (default: one, {DEFAULT_BACKEND_RULE})"
+    )
     p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
     p.add_argument("--lengths", type=int_list, default=[2000, 4000, 8000], help="comma list of prompt lengths")
     p.add_argument("--model", default=None, help=MODEL_HELP)
@@ -25,16 +27,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="results/bench", help="folder for bench.json/.md/_ttft.png")
     p.add_argument("--name", default="bench", help="file name stem (default: %(default)s)")
-    p.add_argument("--save-crossover", action="store_true",
-                   help="make this bench's crossovers what method auto uses on this machine (default: the "
-                        "bench only re-runs auto's short calibration)")
-    p.add_argument("--draft-tokens", type=int_list, default=None,
-                   help="speculative decoding instead: decode tok/s with k = 0 and each of these draft sizes "
-                        "(one prompt of the first --lengths tokens, --decode-tokens new tokens; see --draft-model)")
-    p.add_argument("--prompt-file", default=None, help="with --draft-tokens: the prompt's text (default: the "
-                   "evaluation text); its first --lengths tokens are used")
-    p.add_argument("--draft-model", default="self:8", help="the draft after full prefill (path or self:K); after "
-                   "SpecPrefill the --speculator drafts (default: %(default)s)")
+    p.add_argument(
+        "--save-crossover",
+        action="store_true",
+        help="make this bench's crossovers what method auto uses on this machine (default: the "
+        "bench only re-runs auto's short calibration)",
+    )
+    p.add_argument(
+        "--draft-tokens",
+        type=int_list,
+        default=None,
+        help="speculative decoding instead: decode tok/s with k = 0 and each of these draft sizes "
+        "(one prompt of the first --lengths tokens, --decode-tokens new tokens; see --draft-model)",
+    )
+    p.add_argument(
+        "--prompt-file",
+        default=None,
+        help="with --draft-tokens: the prompt's text (default: the "
+        "evaluation text); its first --lengths tokens are used",
+    )
+    p.add_argument(
+        "--draft-model",
+        default="self:8",
+        help="the draft after full prefill (path or self:K); after "
+        "SpecPrefill the --speculator drafts (default: %(default)s)",
+    )
     add_method_options(p)
 
 
@@ -45,16 +62,26 @@ def run(args: argparse.Namespace) -> int:
     if args.decode_tokens < 1 or args.repeats < 1 or any(n < 1 for n in args.lengths):
         raise ConfigError("--decode-tokens, --repeats and --lengths must be positive")
     backends = tuple(args.backends or [default_backend()])
-    plan = BenchPlan(backends=backends, methods=tuple(args.methods), lengths=tuple(args.lengths),
-                     model=args.model, speculator=args.speculator, h2o=h2o_config(args),
-                     specprefill=specprefill_config(args), decode_tokens=args.decode_tokens,
-                     repeats=args.repeats, dtype=args.dtype, device=args.device,
-                     save_crossover=args.save_crossover)
+    plan = BenchPlan(
+        backends=backends,
+        methods=tuple(args.methods),
+        lengths=tuple(args.lengths),
+        model=args.model,
+        speculator=args.speculator,
+        h2o=h2o_config(args),
+        specprefill=specprefill_config(args),
+        decode_tokens=args.decode_tokens,
+        repeats=args.repeats,
+        dtype=args.dtype,
+        device=args.device,
+        save_crossover=args.save_crossover,
+    )
     if args.draft_tokens is not None:
         return run_drafting(args)
     with WorkProgressBar("bench") as bar:
-        result = run_bench(plan, log=bar.log, step=bar.step,
-                           row_done=lambda partial: write_bench(partial, args.out, args.name))
+        result = run_bench(
+            plan, log=bar.log, step=bar.step, row_done=lambda partial: write_bench(partial, args.out, args.name)
+        )
     for path in write_bench(result, args.out, args.name):
         print(path)
     return 0
@@ -64,12 +91,20 @@ def run_drafting(args: argparse.Namespace) -> int:
     """`--draft-tokens`: decode speed with and without speculative decoding (evaluation/drafting.py)."""
     if any(k < 1 for k in args.draft_tokens):
         raise ConfigError("--draft-tokens must be positive")
-    plan = DraftingPlan(backend=(args.backends or [default_backend()])[0], model=args.model, draft=args.draft_model,
-                        speculator=args.speculator,
-                        methods=tuple(m for m in args.methods if m in ("full", "specprefill")),
-                        draft_tokens=tuple(args.draft_tokens), prompt_tokens=args.lengths[0],
-                        decode_tokens=args.decode_tokens, specprefill=specprefill_config(args), dtype=args.dtype,
-                        device=args.device, prompt_file=args.prompt_file)
+    plan = DraftingPlan(
+        backend=(args.backends or [default_backend()])[0],
+        model=args.model,
+        draft=args.draft_model,
+        speculator=args.speculator,
+        methods=tuple(m for m in args.methods if m in ("full", "specprefill")),
+        draft_tokens=tuple(args.draft_tokens),
+        prompt_tokens=args.lengths[0],
+        decode_tokens=args.decode_tokens,
+        specprefill=specprefill_config(args),
+        dtype=args.dtype,
+        device=args.device,
+        prompt_file=args.prompt_file,
+    )
     for path in write_drafting(run_drafting_bench(plan), args.out, args.name):
         print(path)
     return 0

@@ -1,4 +1,5 @@
 """`specfill generate`: stream text from a prompt with full, H2O or speculative prefill."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,14 +7,30 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from specfill.api import (choose_device, format_stats, launched_group, load, load_request_models, resolve_backend,
-                          stream_request)
+from specfill.api import (
+    choose_device,
+    format_stats,
+    launched_group,
+    load,
+    load_request_models,
+    resolve_backend,
+    stream_request,
+)
 from specfill.core import ConfigError, SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
 
-from .options import (BACKEND_HELP, MODEL_HELP, add_method_options, add_sampling_options, add_setting_option, h2o_config,
-                      sampling_options, specprefill_config, warn_unused_options)
+from .options import (
+    BACKEND_HELP,
+    MODEL_HELP,
+    add_method_options,
+    add_sampling_options,
+    add_setting_option,
+    h2o_config,
+    sampling_options,
+    specprefill_config,
+    warn_unused_options,
+)
 from .progress import PrefillProgressBar
 
 DEFAULT_PROMPT = "What is the capital of France?"
@@ -22,11 +39,16 @@ DEFAULT_PROMPT = "What is the capital of France?"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help=BACKEND_HELP)
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--model-file", default=None,
-                   help="the GGUF file of a repo-id --model (as llama.cpp's --hf-file); same as owner/repo:FILE")
-    p.add_argument("--download", action="store_true",
-                   help="fetch a repo-id --model from the Hugging Face Hub when it is not cached "
-                        "(never when HF_HUB_OFFLINE=1)")
+    p.add_argument(
+        "--model-file",
+        default=None,
+        help="the GGUF file of a repo-id --model (as llama.cpp's --hf-file); same as owner/repo:FILE",
+    )
+    p.add_argument(
+        "--download",
+        action="store_true",
+        help="fetch a repo-id --model from the Hugging Face Hub when it is not cached (never when HF_HUB_OFFLINE=1)",
+    )
     method = find("PrefillMethod", "name")
     add_setting_option(p, method, choices=method.choices)  # auto: docs/methods.md#auto
     add_setting_option(p, find("PrefillMethod", "auto_threshold"))
@@ -41,9 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_method_options(p)
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
-    p.add_argument("--pipeline", action="store_true",
-                   help="under mlx.launch (more than one rank): split the model's layers over the ranks "
-                        "(mlx-lm's pipeline parallelism) instead of its heads (tensor parallelism)")
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="under mlx.launch (more than one rank): split the model's layers over the ranks "
+        "(mlx-lm's pipeline parallelism) instead of its heads (tensor parallelism)",
+    )
     p.add_argument("--system-prompt", default=None)
     p.add_argument("--ignore-chat-template", action="store_true")
 
@@ -81,7 +106,7 @@ def _defaults() -> argparse.Namespace:
 def build_prompt(tokenizer, text: str, args: argparse.Namespace) -> str:
     if args.ignore_chat_template or not tokenizer.chat_template:
         return text
-    messages = ([{"role": "system", "content": args.system_prompt}] if args.system_prompt else [])
+    messages = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
     messages.append({"role": "user", "content": text})
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True)
 
@@ -93,12 +118,20 @@ def cli_request(args: argparse.Namespace) -> GenerationRequest:
     h2o, spec = _for_method(h2o_config, args, "h2o"), _for_method(specprefill_config, args, "specprefill")
     warn_unused_options(args, _defaults())
     auto = args.method == "auto"
-    return build_request(max_tokens=args.max_tokens, temperature=args.temp, top_p=args.top_p, seed=args.seed,
-                         **sampling_options(args), method=args.method, h2o=h2o if args.method in ("h2o", "auto") else None,
-                         specprefill=spec if args.method in ("specprefill", "auto") else None,
-                         speculator=args.speculator if args.method == "specprefill" or auto else None,
-                         auto_threshold=args.auto_threshold, draft_model=args.draft_model,
-                         num_draft_tokens=args.num_draft_tokens)
+    return build_request(
+        max_tokens=args.max_tokens,
+        temperature=args.temp,
+        top_p=args.top_p,
+        seed=args.seed,
+        **sampling_options(args),
+        method=args.method,
+        h2o=h2o if args.method in ("h2o", "auto") else None,
+        specprefill=spec if args.method in ("specprefill", "auto") else None,
+        speculator=args.speculator if args.method == "specprefill" or auto else None,
+        auto_threshold=args.auto_threshold,
+        draft_model=args.draft_model,
+        num_draft_tokens=args.num_draft_tokens,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,11 +145,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--model-file needs --model owner/repo")
     group = launched_group(args.backend)  # under mlx.launch: the model is sharded over the ranks
     if args.pipeline and group is None:
-        raise ConfigError("--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch "
-                          "with more than one rank")
-    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device,
-                            model_file=args.model_file, download=args.download, group=group,
-                            pipeline=args.pipeline)
+        raise ConfigError(
+            "--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch with more than one rank"
+        )
+    model, tokenizer = load(
+        args.model,
+        backend=args.backend,
+        dtype=args.dtype,
+        device=args.device,
+        model_file=args.model_file,
+        download=args.download,
+        group=group,
+        pipeline=args.pipeline,
+    )
     quiet = group is not None and group.rank() != 0  # every rank generates alike; rank 0 prints
     request = load_request_models(request, model, tokenizer, dtype=args.dtype, device=args.device)
     prompt = build_prompt(tokenizer, prompt_text, args)
@@ -124,8 +165,9 @@ def run(args: argparse.Namespace) -> int:
     last, info = None, GenerationInfo()
     say = (lambda *_, **__: None) if quiet else print
     say("=" * 10)
-    for last in stream_request(model, tokenizer, prompt, request,
-                               prompt_progress_callback=None if quiet else bar.update, prefill_info=info):
+    for last in stream_request(
+        model, tokenizer, prompt, request, prompt_progress_callback=None if quiet else bar.update, prefill_info=info
+    ):
         bar.close()
         say(last.text, end="", flush=True)
     say()

@@ -1,4 +1,5 @@
 """`specfill` command line: one module per subcommand, one-line errors, exit code 2 on bad input."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,12 +17,15 @@ from specfill.core.errors import one_line
 SUBCOMMANDS = {
     "generate": "generate text (default model: the bundled SmolLM2-135M-Instruct demo)",
     "bench": "time-to-first-token and decode speed vs prompt length (JSON + Markdown + PNG)",
-    "eval": ("perplexity, passkey retrieval and RULER's tasks per method and setting (JSON + Markdown + PNG: "
-             "speed-up vs quality trade-off, map of kept positions)"),
+    "eval": (
+        "perplexity, passkey retrieval and RULER's tasks per method and setting (JSON + Markdown + PNG: "
+        "speed-up vs quality trade-off, map of kept positions)"
+    ),
     "parity": "compare two backends: logits, H2O memory sets, SpecPrefill kept tokens, text (JSON + Markdown)",
     "conformance": "check a backend's stages against the reference; writes JSON + Markdown reports",
-    "doctor": ("check this machine for specfill (versions, devices, kernels vs twins, a TTFT micro-bench); "
-               "JSON + Markdown"),
+    "doctor": (
+        "check this machine for specfill (versions, devices, kernels vs twins, a TTFT micro-bench); JSON + Markdown"
+    ),
     "serve": "serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)",
 }
 
@@ -41,16 +45,18 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser; only the subcommand named in `argv` (if any) has its module imported and its options."""
     chosen = next((a for a in argv if a in SUBCOMMANDS), None)
     parser = OneLineParser(
-        prog="specfill", description="Faster time-to-first-token for long prompts: H2O and speculative prefill.",
-        epilog=f"Default backend: {DEFAULT_BACKEND_RULE}; --backend overrides.")
+        prog="specfill",
+        description="Faster time-to-first-token for long prompts: H2O and speculative prefill.",
+        epilog=f"Default backend: {DEFAULT_BACKEND_RULE}; --backend overrides.",
+    )
     parser.add_argument("--verbose", action="store_true", help="show tracebacks and details")
     parser.add_argument("--threads", "-t", type=int, default=None, help=THREADS_HELP)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                     parser_class=OneLineParser)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=OneLineParser)
     for name, help_text in SUBCOMMANDS.items():
         sub = commands.add_parser(name, help=help_text, description=help_text)
-        sub.add_argument("--verbose", action="store_true", default=argparse.SUPPRESS,
-                         help="show tracebacks and details")
+        sub.add_argument(
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and details"
+        )
         sub.add_argument("--threads", "-t", type=int, default=argparse.SUPPRESS, help=THREADS_HELP)
         if name == chosen:
             module = importlib.import_module(f"specfill.cli.{name}")

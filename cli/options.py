@@ -1,4 +1,5 @@
 """Options shared by several subcommands: method settings and list parsing."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,10 +14,11 @@ from specfill.core.request import Setting, settings_of
 from specfill.core.runtime import SamplingConfig
 from specfill.core.sampling import HOST_FIELDS
 
-
-MODEL_HELP = ("GGUF file or model directory (default: the demo model); a Hugging Face repo id owner/repo, "
-              "owner/repo:FILE.gguf or owner/repo:QUANT (e.g. :Q4_K_M), looked up in the local Hugging Face "
-              "cache; random:SHAPE for random weights of a known shape (" + ", ".join(RANDOM_SHAPES) + ")")
+MODEL_HELP = (
+    "GGUF file or model directory (default: the demo model); a Hugging Face repo id owner/repo, "
+    "owner/repo:FILE.gguf or owner/repo:QUANT (e.g. :Q4_K_M), looked up in the local Hugging Face "
+    "cache; random:SHAPE for random weights of a known shape (" + ", ".join(RANDOM_SHAPES) + ")"
+)
 
 BACKEND_HELP = f"mlx, or cuda (also called torch) (default: {DEFAULT_BACKEND_RULE})"
 
@@ -44,8 +46,10 @@ def float_list(text: str) -> list[float]:
 SWEPT = (("H2OConfig", "dense_tail"), ("SpecPrefillConfig", "layers"))
 MASS_RULE = ("keep_mass", "mass_floor", "mass_ceiling")
 KEEP_FLAG = "--keep"  # SpecPrefillConfig.keep_ratio and .keep_tokens: parse_keep tells them apart
-KEEP_HELP = (f"SpecPrefill keep: a ratio in (0, 1] or a token budget > 1 (default: ratio {DEFAULT_KEEP_RATIO}; "
-             f"the paper's 0.1 loses multi-hop answers: docs/eval.md)")
+KEEP_HELP = (
+    f"SpecPrefill keep: a ratio in (0, 1] or a token budget > 1 (default: ratio {DEFAULT_KEEP_RATIO}; "
+    f"the paper's 0.1 loses multi-hop answers: docs/eval.md)"
+)
 
 
 def _dest(setting: Setting) -> str:
@@ -53,8 +57,9 @@ def _dest(setting: Setting) -> str:
     return setting.cli[0].lstrip("-").replace("-", "_")
 
 
-def add_config_options(p: argparse.ArgumentParser, config: type, sweep: bool = False,
-                       only: tuple[str, ...] | None = None) -> None:
+def add_config_options(
+    p: argparse.ArgumentParser, config: type, sweep: bool = False, only: tuple[str, ...] | None = None
+) -> None:
     """One flag per field of `config` that the CLI offers (core/request.SETTINGS: names, defaults, help);
     `only`: those fields alone. With `sweep` (eval) the SWEPT settings take comma lists."""
     for setting in settings_of(config):
@@ -64,8 +69,13 @@ def add_config_options(p: argparse.ArgumentParser, config: type, sweep: bool = F
             if setting.field == "keep_ratio":  # one flag for the ratio and the budget
                 p.add_argument(KEEP_FLAG, default=None, help=KEEP_HELP)
         elif sweep and (setting.config, setting.field) in SWEPT:
-            add_setting_option(p, setting, type=str_list if setting.kind is str else int_list,
-                               default=[setting.default], help=f"{setting.help} (comma list, one variant each)")
+            add_setting_option(
+                p,
+                setting,
+                type=str_list if setting.kind is str else int_list,
+                default=[setting.default],
+                help=f"{setting.help} (comma list, one variant each)",
+            )
         else:
             add_setting_option(p, setting)
 
@@ -73,8 +83,12 @@ def add_config_options(p: argparse.ArgumentParser, config: type, sweep: bool = F
 def add_setting_option(p: argparse.ArgumentParser, setting: Setting, **overrides: Any) -> None:
     """The flag of one setting: its names, type, default and help from the table; `overrides`
     (argparse keywords) where a command reads it otherwise (--num-draft-tokens: none given, no drafting)."""
-    options = {"type": setting.kind if setting.kind in (int, float) else None, "default": setting.default,
-               "help": setting.help, **overrides}
+    options = {
+        "type": setting.kind if setting.kind in (int, float) else None,
+        "default": setting.default,
+        "help": setting.help,
+        **overrides,
+    }
     if options["default"] is not None:
         options["help"] += " (default: %(default)s)"
     p.add_argument(*setting.cli, **options)
@@ -131,11 +145,19 @@ def _method_flags(method: str) -> tuple[str, ...]:
 
 def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) -> None:
     """One warning naming the options given (not at their defaults) that `args.method` ignores."""
-    unused = [f"--{name.replace('_', '-')}" for method in ("h2o", "specprefill") if method != args.method
-              for name in dict.fromkeys(_method_flags(method)) if getattr(args, name) != getattr(defaults, name)]
+    unused = [
+        f"--{name.replace('_', '-')}"
+        for method in ("h2o", "specprefill")
+        if method != args.method
+        for name in dict.fromkeys(_method_flags(method))
+        if getattr(args, name) != getattr(defaults, name)
+    ]
     if unused:
-        warnings.warn(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with --method "
-                      f"{args.method}", SpecfillWarning, stacklevel=2)
+        warnings.warn(
+            f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with --method {args.method}",
+            SpecfillWarning,
+            stacklevel=2,
+        )
 
 
 def add_sampling_options(p: argparse.ArgumentParser, basic: bool = False) -> None:

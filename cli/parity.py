@@ -1,4 +1,5 @@
 """`specfill parity --backends mlx,cuda`: the same weights and prompt on two backends."""
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--backends takes two different backends, got {','.join(args.backends)}")
     if args.prompt_tokens < 2 or args.generate_tokens < 1:
         raise ConfigError("--prompt-tokens must be >= 2 and --generate-tokens >= 1")
-    plan = ParityPlan(backends=tuple(args.backends), model=args.model, prompt_tokens=args.prompt_tokens,
-                      h2o=h2o_config(args), specprefill=specprefill_config(args), speculator=args.speculator,
-                      generate_tokens=args.generate_tokens, dtype=args.dtype)
+    plan = ParityPlan(
+        backends=tuple(args.backends),
+        model=args.model,
+        prompt_tokens=args.prompt_tokens,
+        h2o=h2o_config(args),
+        specprefill=specprefill_config(args),
+        speculator=args.speculator,
+        generate_tokens=args.generate_tokens,
+        dtype=args.dtype,
+    )
     for path in write_parity(run_parity(plan), args.out, args.name):
         print(path)
     return 0

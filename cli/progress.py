@@ -1,5 +1,6 @@
 """tqdm progress bars on stderr: long prefills (shown only when the prefill is long), and the
 units of work of bench / eval runs."""
+
 from __future__ import annotations
 
 import sys

@@ -1,4 +1,5 @@
 """`specfill serve`: an OpenAI-compatible server (FastAPI on uvicorn) with per-request prefill control."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,60 +15,126 @@ from specfill.api import choose_device, launched_group, load, load_speculator, r
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.request import build_request
 
-from .options import (MODEL_HELP, add_method_options, add_sampling_options, h2o_config, sampling_options,
-                      specprefill_config)
+from .options import (
+    MODEL_HELP,
+    add_method_options,
+    add_sampling_options,
+    h2o_config,
+    sampling_options,
+    specprefill_config,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
     p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--served-model-name", "--model-id", dest="served_model_name", nargs="+", default=None,
-                   metavar="NAME", help="the name(s) requests use and /v1/models reports; other names get 404 "
-                                        "(default: the repo id, or the file name without its extension)")
-    p.add_argument("--method", choices=("full", "h2o", "specprefill"), default="full",
-                   help="prefill method when a request names none (default: %(default)s)")
-    p.add_argument("--speculator", default=None,
-                   help="speculator model path, or self:K; needed for specprefill requests")
+    p.add_argument(
+        "--served-model-name",
+        "--model-id",
+        dest="served_model_name",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="the name(s) requests use and /v1/models reports; other names get 404 "
+        "(default: the repo id, or the file name without its extension)",
+    )
+    p.add_argument(
+        "--method",
+        choices=("full", "h2o", "specprefill"),
+        default="full",
+        help="prefill method when a request names none (default: %(default)s)",
+    )
+    p.add_argument(
+        "--speculator", default=None, help="speculator model path, or self:K; needed for specprefill requests"
+    )
     add_method_options(p)
     add_sampling_options(p)  # the defaults of requests that set none of these fields
-    p.add_argument("--prefill-step-size", type=int, default=512,
-                   help="tokens per full-prefill step, and per step of the speculator's pass (SpecPrefill): the "
-                        "server sends a progress event and notices a client gone or a shutdown after each step "
-                        "(H2O steps by its logical batch -b); default %(default)s, as llama.cpp's -ub")
-    p.add_argument("--max-tokens", "-m", type=int, default=512,
-                   help="tokens generated when a request sets no max_tokens (default: %(default)s)")
-    p.add_argument("--max-queue", type=int, default=8,
-                   help="requests that may wait behind the running one; more get 503 (default: %(default)s)")
-    p.add_argument("--prompt-cache", choices=("exact", "approximate", "off"), default="exact",
-                   help="multi-turn KV reuse: exact (sparse caches rebuilt densely first), approximate (reused "
-                        "as they are) or off; requests may choose too (default: %(default)s)")
-    p.add_argument("--cache-memory", type=float, default=4.0, metavar="GB",
-                   help="prompt cache bound: GB of KV kept in memory in all, least recently used evicted "
-                        "(default: %(default)s)")
-    p.add_argument("--cache-tokens", type=int, default=None,
-                   help="prompt cache bound besides --cache-memory: conversation tokens kept in memory in all "
-                        "(default: none)")
-    p.add_argument("--prompt-cache-dir", default=None, metavar="DIR",
-                   help="also keep the prompt cache's conversations in DIR (written after their responses), "
-                        "reused by a restarted server of the same model (default: memory only)")
-    p.add_argument("--cache-disk", type=float, default=None, metavar="GB",
-                   help="bound on --prompt-cache-dir's files, oldest deleted first (default: --cache-memory)")
-    p.add_argument("--chat-template", default=None,
-                   help="Jinja file, or 'chatml', for models without a chat template of their own")
+    p.add_argument(
+        "--prefill-step-size",
+        type=int,
+        default=512,
+        help="tokens per full-prefill step, and per step of the speculator's pass (SpecPrefill): the "
+        "server sends a progress event and notices a client gone or a shutdown after each step "
+        "(H2O steps by its logical batch -b); default %(default)s, as llama.cpp's -ub",
+    )
+    p.add_argument(
+        "--max-tokens",
+        "-m",
+        type=int,
+        default=512,
+        help="tokens generated when a request sets no max_tokens (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=8,
+        help="requests that may wait behind the running one; more get 503 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--prompt-cache",
+        choices=("exact", "approximate", "off"),
+        default="exact",
+        help="multi-turn KV reuse: exact (sparse caches rebuilt densely first), approximate (reused "
+        "as they are) or off; requests may choose too (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cache-memory",
+        type=float,
+        default=4.0,
+        metavar="GB",
+        help="prompt cache bound: GB of KV kept in memory in all, least recently used evicted (default: %(default)s)",
+    )
+    p.add_argument(
+        "--cache-tokens",
+        type=int,
+        default=None,
+        help="prompt cache bound besides --cache-memory: conversation tokens kept in memory in all (default: none)",
+    )
+    p.add_argument(
+        "--prompt-cache-dir",
+        default=None,
+        metavar="DIR",
+        help="also keep the prompt cache's conversations in DIR (written after their responses), "
+        "reused by a restarted server of the same model (default: memory only)",
+    )
+    p.add_argument(
+        "--cache-disk",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="bound on --prompt-cache-dir's files, oldest deleted first (default: --cache-memory)",
+    )
+    p.add_argument(
+        "--chat-template", default=None, help="Jinja file, or 'chatml', for models without a chat template of their own"
+    )
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=8080, help="port (default: %(default)s)")
-    p.add_argument("--api-key", default=os.environ.get("SPECFILL_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every route but /health (default: "
-                        "$SPECFILL_API_KEY; none: no check)")
-    p.add_argument("--allowed-origins", default="", type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
-                   help="comma list of browser origins allowed by CORS, or '*' (default: none)")
-    p.add_argument("--pipeline", action="store_true",
-                   help="under mlx.launch (more than one rank): split the model's layers over the ranks "
-                        "(mlx-lm's pipeline parallelism) instead of its heads; rank 0 serves HTTP")
-    p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
-                   help="server log: info shows one line per request (default: %(default)s)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("SPECFILL_API_KEY"),
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: "
+        "$SPECFILL_API_KEY; none: no check)",
+    )
+    p.add_argument(
+        "--allowed-origins",
+        default="",
+        type=lambda text: [o.strip() for o in text.split(",") if o.strip()],
+        help="comma list of browser origins allowed by CORS, or '*' (default: none)",
+    )
+    p.add_argument(
+        "--pipeline",
+        action="store_true",
+        help="under mlx.launch (more than one rank): split the model's layers over the ranks "
+        "(mlx-lm's pipeline parallelism) instead of its heads; rank 0 serves HTTP",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="server log: info shows one line per request (default: %(default)s)",
+    )
 
 
 def _server_modules() -> Any:
@@ -79,8 +146,9 @@ def _server_modules() -> Any:
         import specfill.serve as serve
         import specfill.serve.runner  # noqa: F401
     except ModuleNotFoundError as err:
-        raise BackendUnavailableError(f"specfill serve needs {err.name!r}, which is not installed "
-                                      f"(pip install 'specfill[serve]')") from None
+        raise BackendUnavailableError(
+            f"specfill serve needs {err.name!r}, which is not installed (pip install 'specfill[serve]')"
+        ) from None
     return serve
 
 
@@ -118,19 +186,30 @@ def run(args: argparse.Namespace) -> int:
     h2o, spec = h2o_config(args), specprefill_config(args)
     with warnings.catch_warnings():  # requests may pick any method: the defaults of each are the server's
         warnings.simplefilter("ignore", SpecfillWarning)
-        build_request(max_tokens=args.max_tokens, **sampling_options(args), method=args.method, h2o=h2o,
-                      specprefill=spec, speculator=args.speculator)  # the default request's checks, before loading
+        build_request(
+            max_tokens=args.max_tokens,
+            **sampling_options(args),
+            method=args.method,
+            h2o=h2o,
+            specprefill=spec,
+            speculator=args.speculator,
+        )  # the default request's checks, before loading
     group = launched_group(args.backend)  # under mlx.launch: rank 0 serves, the others follow it
     if args.pipeline and group is None:
-        raise ConfigError("--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch "
-                          "with more than one rank")
+        raise ConfigError(
+            "--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch with more than one rank"
+        )
     if group is not None and group.rank() != 0:
         return _follow(args, group)
     serve.configure_logging(args.log_level)
     sock = serve.runner.bind(args.host, args.port)  # before the model loads: a port in use fails at once
     if not serve.runner.is_loopback(args.host) and not args.api_key:
-        print(f"specfill: WARNING: listening on {args.host} (beyond this machine) with no API key: anyone on the "
-              f"network can use this server; set --api-key or SPECFILL_API_KEY", file=sys.stderr, flush=True)
+        print(
+            f"specfill: WARNING: listening on {args.host} (beyond this machine) with no API key: anyone on the "
+            f"network can use this server; set --api-key or SPECFILL_API_KEY",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         return _serve(args, serve, sock, h2o, spec, group)
     finally:
@@ -143,8 +222,9 @@ def _load(args: argparse.Namespace, group: Any) -> tuple[Any, Any, Any, int | No
     args.backend = resolve_backend(args.backend)
     if notice is not None:
         print(f"specfill: {notice}", file=sys.stderr)
-    model, tokenizer = load(args.model, backend=args.backend, dtype=args.dtype, device=args.device, group=group,
-                            pipeline=args.pipeline)
+    model, tokenizer = load(
+        args.model, backend=args.backend, dtype=args.dtype, device=args.device, group=group, pipeline=args.pipeline
+    )
     model.prefill_step_size = args.prefill_step_size  # progress and cancellation granularity
     speculator, spec_context = None, None
     if args.speculator is not None:
@@ -169,34 +249,64 @@ def _follow(args: argparse.Namespace, group: Any) -> int:
     model, tokenizer, speculator, _ = _load(args, group)
     if args.chat_template is not None:
         tokenizer.chat_template = _server_modules().read_chat_template(args.chat_template)
-    return follow(engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, None, args.cache_memory),
-                  _channel(model, speculator))
+    return follow(
+        engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, None, args.cache_memory),
+        _channel(model, speculator),
+    )
 
 
-def _serve(args: argparse.Namespace, serve: Any, sock: socket.socket, h2o: H2OConfig,
-           spec: SpecPrefillConfig, group: Any = None) -> int:
+def _serve(
+    args: argparse.Namespace,
+    serve: Any,
+    sock: socket.socket,
+    h2o: H2OConfig,
+    spec: SpecPrefillConfig,
+    group: Any = None,
+) -> int:
     """Load, build the app, serve on the bound socket until a signal."""
     model, tokenizer, speculator, spec_context = _load(args, group)
     if args.chat_template is not None:
         tokenizer.chat_template = serve.read_chat_template(args.chat_template)
     names = tuple(args.served_model_name or (served_name(args.model),))
-    defaults = serve.ServerDefaults(model_id=names[0], model_names=names, method=args.method, h2o=h2o,
-                                    specprefill=spec, speculator=speculator, speculator_context=spec_context,
-                                    max_tokens=args.max_tokens, prompt_cache=args.prompt_cache,
-                                    sampling=sampling_options(args))
+    defaults = serve.ServerDefaults(
+        model_id=names[0],
+        model_names=names,
+        method=args.method,
+        h2o=h2o,
+        specprefill=spec,
+        speculator=speculator,
+        speculator_context=spec_context,
+        max_tokens=args.max_tokens,
+        prompt_cache=args.prompt_cache,
+        sampling=sampling_options(args),
+    )
     access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))
     leader = None
     if group is not None:  # rank 0 of several: its engine tells the others what to do
         from specfill.serve.distributed import engine_for
 
-        leader = engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, _channel(model, speculator),
-                            args.cache_memory)
-    app = serve.build_app(model, tokenizer, defaults, max_queue=args.max_queue, cache_tokens=args.cache_tokens,
-                          access=access, engine=leader, cache_memory=args.cache_memory,
-                          cache_dir=args.prompt_cache_dir, cache_disk=args.cache_disk, model_name=args.model or names[0])
+        leader = engine_for(
+            model, tokenizer, args.prompt_cache, args.cache_tokens, _channel(model, speculator), args.cache_memory
+        )
+    app = serve.build_app(
+        model,
+        tokenizer,
+        defaults,
+        max_queue=args.max_queue,
+        cache_tokens=args.cache_tokens,
+        access=access,
+        engine=leader,
+        cache_memory=args.cache_memory,
+        cache_dir=args.prompt_cache_dir,
+        cache_disk=args.cache_disk,
+        model_name=args.model or names[0],
+    )
     where = "" if group is None else f", {model.distributed.describe()}"
-    print(f"specfill: serving {names[0]} ({args.backend}, {model.device_name}{where}) on "
-          f"http://{args.host}:{args.port}", file=sys.stderr, flush=True)
+    print(
+        f"specfill: serving {names[0]} ({args.backend}, {model.device_name}{where}) on http://{args.host}:{args.port}",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         serve.runner.run(app, sock, log_level=args.log_level)
     finally:

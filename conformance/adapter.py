@@ -1,4 +1,5 @@
 """What a backend registers to be checked: both methods' stages behind NumPy in, NumPy out."""
+
 from __future__ import annotations
 
 import importlib
@@ -7,9 +8,9 @@ from typing import Callable, Protocol, runtime_checkable
 import numpy as np
 
 from specfill.core import AttentionState, BackendUnavailableError, H2OStages, SpecPrefillStages
-from specfill.core.stages import AttentionTerms
 from specfill.core.reference import ReferenceStages
 from specfill.core.reference.kv_cache import ReferenceKVCache
+from specfill.core.stages import AttentionTerms
 
 from .ops_adapter import CacheAdapter, Convert
 
@@ -66,8 +67,9 @@ class ReferenceAdapter(ReferenceStages):
         return super().accumulate_scores(self._cast(scores)[0], memory, self._cast(kv_colsum)[0])
 
     def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy):
-        return super().build_memory_set(self._cast(scores)[0], previous, chunk_index, chunk_start,
-                                        chunk_end, local, heavy)
+        return super().build_memory_set(
+            self._cast(scores)[0], previous, chunk_index, chunk_start, chunk_end, local, heavy
+        )
 
     def merge_states(self, a, b):
         cast = lambda s: AttentionState(*self._cast(s.m, s.l, s.o))  # noqa: E731
@@ -84,8 +86,10 @@ class ReferenceAdapter(ReferenceStages):
 
     def new_cache(self, n_layers, n_kv_heads, head_dim, capacity) -> CacheAdapter:
         cast = lambda x: np.asarray(x, dtype=self.dtype)  # noqa: E731
-        return CacheAdapter(ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype),
-                            Convert(native=cast, stats=cast, index=lambda x: np.asarray(x, np.int64), numpy=np.asarray))
+        return CacheAdapter(
+            ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype),
+            Convert(native=cast, stats=cast, index=lambda x: np.asarray(x, np.int64), numpy=np.asarray),
+        )
 
     def _terms(self, terms):
         if terms is None or terms.sinks is None:
@@ -124,7 +128,8 @@ def adapter_factory(name: str) -> Callable[..., ConformanceAdapter]:
     except ModuleNotFoundError as err:
         if err.name and module_name.startswith(err.name):
             raise BackendUnavailableError(
-                f"backend {name!r} has no conformance adapter yet ({module_name} is missing)") from None
+                f"backend {name!r} has no conformance adapter yet ({module_name} is missing)"
+            ) from None
         raise BackendUnavailableError(
             f"backend {name!r} needs {err.name!r}, which is not installed (pip install 'specfill[{name}]')"
         ) from None

@@ -1,4 +1,5 @@
 """The cases every backend is checked on: small shapes that reach every edge of the spec."""
+
 from __future__ import annotations
 
 import warnings
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specfill.core import H2OConfig, SpecPrefillConfig, SpecfillWarning
+from specfill.core import H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.stages import AttentionTerms, query_start
 
 CHUNK = 8  # S for the H2O cases: small, so N in {1, S-1, S, S+1, 2S-1, 3S+17} stays cheap
@@ -44,8 +45,14 @@ class H2OCase:
     def config(self) -> H2OConfig:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SpecfillWarning)  # the clamped case is on purpose
-            return H2OConfig(CHUNK, self.batch_size, self.local, self.heavy, dense_tail=self.dense_tail,
-                             memory_share=self.memory_share)
+            return H2OConfig(
+                CHUNK,
+                self.batch_size,
+                self.local,
+                self.heavy,
+                dense_tail=self.dense_tail,
+                memory_share=self.memory_share,
+            )
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q [Hq, N, D], k/v [Hkv, N, D] in float64."""
@@ -70,9 +77,12 @@ def case_terms(n_heads: int, sink_scale: float | None, softcap: float | None, se
     sinks = None if sink_scale is None else np.random.default_rng(1000 + seed).normal(size=n_heads) * sink_scale
     return AttentionTerms(sinks, softcap)
 
+
 H2O_CASES: list[H2OCase] = [
-    *[H2OCase(f"N={n}", n, 2, 3, 4, 2, seed=n) for n in
-      (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 3 * CHUNK + 17)],
+    *[
+        H2OCase(f"N={n}", n, 2, 3, 4, 2, seed=n)
+        for n in (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 3 * CHUNK + 17)
+    ],
     *[H2OCase(f"gqa-group={g}", 3 * CHUNK + 5, 2, 3, 2 * g, 2, seed=10 + g) for g in (1, 2, 3, 4, 8)],
     H2OCase("L=0", 3 * CHUNK + 3, 0, 4, 4, 2, seed=21),
     H2OCase("H=0", 3 * CHUNK + 3, 4, 0, 4, 2, seed=22),
@@ -91,8 +101,18 @@ H2O_CASES: list[H2OCase] = [
     # in and out of it), one with a dense tail over logical batches of S, one of a single key (w = 1)
     H2OCase("window=5 (<S)", 3 * CHUNK + 5, 2, 3, 4, 2, window=5, seed=31),
     H2OCase("window=S+5 (spans chunks)", 4 * CHUNK + 3, 2, 4, 4, 2, window=CHUNK + 5, seed=32),
-    H2OCase("window=S+2,tail=S+6,batch=S", 4 * CHUNK + 3, 2, 3, 6, 2, batch_size=CHUNK,
-            dense_tail=CHUNK + 6, window=CHUNK + 2, seed=33),
+    H2OCase(
+        "window=S+2,tail=S+6,batch=S",
+        4 * CHUNK + 3,
+        2,
+        3,
+        6,
+        2,
+        batch_size=CHUNK,
+        dense_tail=CHUNK + 6,
+        window=CHUNK + 2,
+        seed=33,
+    ),
     H2OCase("window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, seed=34),
     # memory as a share of the prompt: 0.1 of 41 tokens -> L + H = 4 in the 2:3 proportion (2, 2);
     # 0.5 of 35 -> clamped to S - 1 = 7
@@ -106,8 +126,19 @@ H2O_CASES: list[H2OCase] = [
     H2OCase("sinks=+-100,logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, sink_scale=60.0, seed=39),
     H2OCase("softcap=5,logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, softcap=5.0, seed=40),
     H2OCase("softcap=1.5", 3 * CHUNK + 5, 2, 3, 4, 2, softcap=1.5, seed=41),
-    H2OCase("sinks+softcap,window=S+2,tail=S+6", 4 * CHUNK + 3, 2, 3, 4, 2, dense_tail=CHUNK + 6,
-            window=CHUNK + 2, sink_scale=2.0, softcap=3.0, seed=42),
+    H2OCase(
+        "sinks+softcap,window=S+2,tail=S+6",
+        4 * CHUNK + 3,
+        2,
+        3,
+        4,
+        2,
+        dense_tail=CHUNK + 6,
+        window=CHUNK + 2,
+        sink_scale=2.0,
+        softcap=3.0,
+        seed=42,
+    ),
     H2OCase("sinks,window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, sink_scale=2.0, seed=43),
     H2OCase("sinks+softcap,N<S", CHUNK - 2, 2, 3, 4, 2, sink_scale=2.0, softcap=2.0, seed=44),
 ]
@@ -137,8 +168,10 @@ class SpecCase:
         """Each layer's attention terms (its own sinks), () for a case without terms."""
         if self.sink_scale is None and self.softcap is None:
             return ()
-        return tuple(case_terms(self.n_heads, self.sink_scale, self.softcap, 100 * self.seed + layer)
-                     for layer in range(self.n_layers))
+        return tuple(
+            case_terms(self.n_heads, self.sink_scale, self.softcap, 100 * self.seed + layer)
+            for layer in range(self.n_layers)
+        )
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray]:
         """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] in float64."""
@@ -158,40 +191,84 @@ SPEC_CASES: list[SpecCase] = [
     SpecCase("no-lookahead", 150, SpecPrefillConfig(keep_ratio=0.3), n_queries=1, seed=7),
     SpecCase("gqa-group=1", 90, SpecPrefillConfig(keep_ratio=0.3), n_heads=2, n_kv_heads=2, seed=8),
     SpecCase("gqa-group=3", 90, SpecPrefillConfig(keep_ratio=0.3), n_heads=6, n_kv_heads=2, seed=9),
-    SpecCase("layers=last-2,mean", 120,
-             SpecPrefillConfig(keep_ratio=0.2, layers="last-2", layer_reduction="mean"), seed=10),
+    SpecCase(
+        "layers=last-2,mean", 120, SpecPrefillConfig(keep_ratio=0.2, layers="last-2", layer_reduction="mean"), seed=10
+    ),
     SpecCase("token-level", 64, SpecPrefillConfig(keep_ratio=0.25, select_chunk=1, pool_kernel=1), seed=11),
     # sliding speculator layers: a window shorter than the look-ahead (the last queries see no
     # prompt key), and one that reaches back past a selection chunk
     SpecCase("windows=(2,-,20)", 90, SpecPrefillConfig(keep_ratio=0.3), windows=(2, None, 20), seed=12),
-    SpecCase("windows=(40,40,-),last-2", 120, SpecPrefillConfig(keep_ratio=0.2, layers="last-2"),
-             windows=(40, 40, None), seed=13),
+    SpecCase(
+        "windows=(40,40,-),last-2",
+        120,
+        SpecPrefillConfig(keep_ratio=0.2, layers="last-2"),
+        windows=(40, 40, None),
+        seed=13,
+    ),
     # issue 24's options: max over the look-ahead queries, the importance-mass rule (between its
     # floor and ceiling), neighbour chunks around every kept one, and all three at once
     # an observation window (query_window): the prompt's last W queries score causally, alone,
     # with look-ahead queries after them, and under sliding layers
-    SpecCase("query-window=8", 130, SpecPrefillConfig(keep_ratio=0.2, query_window=8), n_queries=11, n_window=8,
-             seed=20),
-    SpecCase("query-window=5,no-lookahead", 60, SpecPrefillConfig(keep_ratio=0.3, query_window=5), n_queries=5,
-             n_window=5, seed=21),
-    SpecCase("query-window=6,windows=(3,-,20)", 90, SpecPrefillConfig(keep_ratio=0.3, query_window=6),
-             n_queries=9, n_window=6, windows=(3, None, 20), seed=22),
+    SpecCase(
+        "query-window=8", 130, SpecPrefillConfig(keep_ratio=0.2, query_window=8), n_queries=11, n_window=8, seed=20
+    ),
+    SpecCase(
+        "query-window=5,no-lookahead",
+        60,
+        SpecPrefillConfig(keep_ratio=0.3, query_window=5),
+        n_queries=5,
+        n_window=5,
+        seed=21,
+    ),
+    SpecCase(
+        "query-window=6,windows=(3,-,20)",
+        90,
+        SpecPrefillConfig(keep_ratio=0.3, query_window=6),
+        n_queries=9,
+        n_window=6,
+        windows=(3, None, 20),
+        seed=22,
+    ),
     SpecCase("lookahead=max", 150, SpecPrefillConfig(keep_ratio=0.2, lookahead_reduction="max"), seed=14),
-    SpecCase("mass=0.5", 200, SpecPrefillConfig(keep_mass=0.5, mass_floor=0.1, mass_ceiling=0.6, select_chunk=8),
-             seed=15),
+    SpecCase(
+        "mass=0.5", 200, SpecPrefillConfig(keep_mass=0.5, mass_floor=0.1, mass_ceiling=0.6, select_chunk=8), seed=15
+    ),
     SpecCase("neighbours=1", 200, SpecPrefillConfig(keep_ratio=0.1, neighbours=1, select_chunk=8), seed=16),
-    SpecCase("mass=0.3,max,neighbours=2", 257,
-             SpecPrefillConfig(keep_mass=0.3, mass_floor=0.05, mass_ceiling=0.2, lookahead_reduction="max",
-                               neighbours=2, select_chunk=4), seed=17),
+    SpecCase(
+        "mass=0.3,max,neighbours=2",
+        257,
+        SpecPrefillConfig(
+            keep_mass=0.3, mass_floor=0.05, mass_ceiling=0.2, lookahead_reduction="max", neighbours=2, select_chunk=4
+        ),
+        seed=17,
+    ),
     # issue 34's options: a token floor above the ratio's budget, always-kept first and last
     # tokens, scoring layers as a share (the last half)
-    SpecCase("floor+edges,last-0.5", 200,
-             SpecPrefillConfig(keep_ratio=0.05, token_floor=48, keep_first=5, keep_last=9, layers="last-0.5",
-                               layer_reduction="mean", select_chunk=8), seed=18),
+    SpecCase(
+        "floor+edges,last-0.5",
+        200,
+        SpecPrefillConfig(
+            keep_ratio=0.05,
+            token_floor=48,
+            keep_first=5,
+            keep_last=9,
+            layers="last-0.5",
+            layer_reduction="mean",
+            select_chunk=8,
+        ),
+        seed=18,
+    ),
     # attention terms: per-layer sinks (some large enough to take most of a row's mass), a
     # soft-cap, and both with sliding layers whose last queries see no prompt key
     SpecCase("sinks", 150, SpecPrefillConfig(keep_ratio=0.2), sink_scale=3.0, seed=19),
     SpecCase("softcap=1.5", 150, SpecPrefillConfig(keep_ratio=0.2), softcap=1.5, seed=20),
-    SpecCase("sinks+softcap,windows=(2,-,20)", 90, SpecPrefillConfig(keep_ratio=0.3), windows=(2, None, 20),
-             sink_scale=2.0, softcap=2.0, seed=21),
+    SpecCase(
+        "sinks+softcap,windows=(2,-,20)",
+        90,
+        SpecPrefillConfig(keep_ratio=0.3),
+        windows=(2, None, 20),
+        sink_scale=2.0,
+        softcap=2.0,
+        seed=21,
+    ),
 ]

@@ -1,4 +1,5 @@
 """Stage checks and whole-prompt invariants for H2O two-phase prefill."""
+
 from __future__ import annotations
 
 import math
@@ -6,14 +7,14 @@ import math
 import numpy as np
 
 from specfill.core import AttentionState, MemorySet
-from specfill.core.stages import KeyWindow
 from specfill.core.reference import REFERENCE, oracle
 from specfill.core.reference.h2o import causal_attention, local_window
+from specfill.core.stages import KeyWindow
+from specfill.core.tolerances import round_to
 
 from .adapter import ConformanceAdapter
 from .cases import CHUNK, H2O_CASES, HEAD_DIM, SCALE, H2OCase, case_terms
 from .results import Checker
-from specfill.core.tolerances import round_to
 
 
 def _lse(state: AttentionState) -> np.ndarray:
@@ -45,8 +46,12 @@ def check_reduce_colsum(ad: ConformanceAdapter, ck: Checker) -> None:
     rng = np.random.default_rng(1)
     for group in (1, 2, 3, 4, 8):
         colsum = round_to(rng.uniform(0, 3, size=(2 * group, 19)), ck.dtype)
-        ck.close("h2o.reduce_colsum_to_kv_heads", f"gqa-group={group}",
-                 ad.reduce_colsum_to_kv_heads(colsum, 2), REFERENCE.reduce_colsum_to_kv_heads(colsum, 2))
+        ck.close(
+            "h2o.reduce_colsum_to_kv_heads",
+            f"gqa-group={group}",
+            ad.reduce_colsum_to_kv_heads(colsum, 2),
+            REFERENCE.reduce_colsum_to_kv_heads(colsum, 2),
+        )
 
 
 def _random_memory(rng: np.random.Generator, n_kv: int, before: int, size: int, chunk: int) -> MemorySet:
@@ -59,8 +64,12 @@ def check_accumulate_scores(ad: ConformanceAdapter, ck: Checker) -> None:
     scores = round_to(rng.uniform(0, 5, size=(3, 40)), ck.dtype)
     memory = _random_memory(rng, 3, 32, 5, 3)
     delta = round_to(rng.uniform(0, 2, size=(3, 5)), ck.dtype)
-    ck.close("h2o.accumulate_scores", "random", ad.accumulate_scores(scores, memory, delta),
-             REFERENCE.accumulate_scores(scores, memory, delta))
+    ck.close(
+        "h2o.accumulate_scores",
+        "random",
+        ad.accumulate_scores(scores, memory, delta),
+        REFERENCE.accumulate_scores(scores, memory, delta),
+    )
 
 
 def check_build_memory_set(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -80,8 +89,12 @@ def check_build_memory_set(ad: ConformanceAdapter, ck: Checker) -> None:
                 got = ad.build_memory_set(scores, previous, chunk_index, start, end, local, heavy)
                 want = REFERENCE.build_memory_set(scores, previous, chunk_index, start, end, local, heavy)
                 case = f"L={local},H={heavy},chunk={chunk_index},{kind}"
-                ck.exact("h2o.build_memory_set", case, np.array_equal(got.indices, want.indices),
-                         f"got {np.asarray(got.indices).tolist()} want {want.indices.tolist()}")
+                ck.exact(
+                    "h2o.build_memory_set",
+                    case,
+                    np.array_equal(got.indices, want.indices),
+                    f"got {np.asarray(got.indices).tolist()} want {want.indices.tolist()}",
+                )
 
 
 def check_gather_memory(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -90,14 +103,25 @@ def check_gather_memory(ad: ConformanceAdapter, ck: Checker) -> None:
     memory = _random_memory(rng, 3, 30, 6, 2)
     got_k, got_v = ad.gather_memory(k, v, memory)
     want_k, want_v = REFERENCE.gather_memory(k, v, memory)
-    ck.exact("h2o.gather_memory", "random", np.array_equal(got_k, want_k) and np.array_equal(got_v, want_v),
-             "gathered rows differ")
+    ck.exact(
+        "h2o.gather_memory",
+        "random",
+        np.array_equal(got_k, want_k) and np.array_equal(got_v, want_v),
+        "gathered rows differ",
+    )
 
 
 def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
     rng = np.random.default_rng(5)
-    for group, memory_size, logit_max in ((1, 5, None), (2, 5, None), (3, 7, None), (4, 1, None),
-                                          (8, 5, None), (2, 5, 100.0), (2, 0, None)):
+    for group, memory_size, logit_max in (
+        (1, 5, None),
+        (2, 5, None),
+        (3, 7, None),
+        (4, 1, None),
+        (8, 5, None),
+        (2, 5, 100.0),
+        (2, 0, None),
+    ):
         q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
         k_mem, v_mem = rng.normal(size=(2, 2, memory_size, HEAD_DIM))
         if logit_max and memory_size:
@@ -109,9 +133,12 @@ def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
         want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE)
         _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
         ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact("h2o.inter_attention.finite", case,
-                 bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
-                 "NaN/Inf in o or l")
+        ck.exact(
+            "h2o.inter_attention.finite",
+            case,
+            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
+            "NaN/Inf in o or l",
+        )
     _check_windowed_inter_attention(ad, ck, rng)
     _check_inter_attention_terms(ad, ck, rng)
 
@@ -122,8 +149,13 @@ def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.ra
     up to +-100, and a window under which some rows see no slot (their weights stay 0)."""
     start = 3 * CHUNK
     for group, size, logit_max, sink_scale, softcap, window_size in (
-            (2, 5, None, 2.0, None, None), (3, 7, None, None, 1.5, None), (2, 5, 100.0, 60.0, None, None),
-            (2, 5, 100.0, None, 5.0, None), (2, 6, None, 2.0, 3.0, 6), (1, 1, None, 2.0, None, None)):
+        (2, 5, None, 2.0, None, None),
+        (3, 7, None, None, 1.5, None),
+        (2, 5, 100.0, 60.0, None, None),
+        (2, 5, 100.0, None, 5.0, None),
+        (2, 6, None, 2.0, 3.0, 6),
+        (1, 1, None, 2.0, None, None),
+    ):
         q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
         k_mem, v_mem = rng.normal(size=(2, 2, size, HEAD_DIM))
         if logit_max:
@@ -131,18 +163,28 @@ def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.ra
             q *= logit_max / np.abs(logits).max()
         q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
         terms = case_terms(2 * group, sink_scale, softcap, group * 7 + size)
-        window = None if window_size is None else \
-            KeyWindow(window_size, start, _random_memory(rng, 2, start, size, 2).indices)
-        case = (f"gqa-group={group},M={size}" + (f",logits=+-{logit_max:g}" if logit_max else "")
-                + (f",sinks~{sink_scale:g}" if sink_scale else "") + (f",softcap={softcap:g}" if softcap else "")
-                + (f",window={window_size}" if window_size else ""))
+        window = (
+            None
+            if window_size is None
+            else KeyWindow(window_size, start, _random_memory(rng, 2, start, size, 2).indices)
+        )
+        case = (
+            f"gqa-group={group},M={size}"
+            + (f",logits=+-{logit_max:g}" if logit_max else "")
+            + (f",sinks~{sink_scale:g}" if sink_scale else "")
+            + (f",softcap={softcap:g}" if softcap else "")
+            + (f",window={window_size}" if window_size else "")
+        )
         got = ad.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
         want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
         _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
         ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact("h2o.inter_attention.finite", case,
-                 bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()
-                      and np.isfinite(got.colsum).all()), "NaN/Inf in o, l or the column sums")
+        ck.exact(
+            "h2o.inter_attention.finite",
+            case,
+            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all() and np.isfinite(got.colsum).all()),
+            "NaN/Inf in o, l or the column sums",
+        )
 
 
 def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np.random.Generator) -> None:
@@ -162,8 +204,12 @@ def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np
         want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window)
         _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
         ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact("h2o.inter_attention.finite", case,
-                 bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()), "NaN/Inf in o or l")
+        ck.exact(
+            "h2o.inter_attention.finite",
+            case,
+            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
+            "NaN/Inf in o or l",
+        )
 
 
 def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -177,14 +223,22 @@ def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
         return AttentionState(*(round_to(x, ck.dtype) for x in (m, l, o)))
 
     empty = AttentionState(np.full((hq, t), -np.inf), np.zeros((hq, t)), np.zeros((hq, t, HEAD_DIM)))
-    pairs = {"random": (state(0), state(0)), "far-apart-max": (state(-80), state(80)),
-             "inter-empty": (empty, state(0)), "both-empty (fully masked rows)": (empty, empty)}
+    pairs = {
+        "random": (state(0), state(0)),
+        "far-apart-max": (state(-80), state(80)),
+        "inter-empty": (empty, state(0)),
+        "both-empty (fully masked rows)": (empty, empty),
+    }
     for name, (a, b) in pairs.items():
         got = ad.merge_states(a, b)
         want = REFERENCE.merge_states(a, b)
         _state_close(ck, "h2o.merge_states", name, got, want)
-        ck.exact("h2o.merge_states.finite", name,
-                 bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()), "NaN/Inf in o or l")
+        ck.exact(
+            "h2o.merge_states.finite",
+            name,
+            bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()),
+            "NaN/Inf in o or l",
+        )
 
 
 def check_add_sinks(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -196,19 +250,28 @@ def check_add_sinks(ad: ConformanceAdapter, ck: Checker) -> None:
 
     def state(shift: float) -> AttentionState:
         m = rng.normal(size=(hq, t)) * 30 + shift
-        return AttentionState(*(round_to(x, ck.dtype) for x in (m, rng.uniform(1, 5, size=(hq, t)),
-                                                                rng.normal(size=(hq, t, HEAD_DIM)))))
+        return AttentionState(
+            *(round_to(x, ck.dtype) for x in (m, rng.uniform(1, 5, size=(hq, t)), rng.normal(size=(hq, t, HEAD_DIM))))
+        )
 
-    cases = {"random": (state(0), rng.normal(size=hq) * 3), "sink=+100": (state(0), np.full(hq, 100.0)),
-             "sink=-100": (state(0), np.full(hq, -100.0)), "m=+-80": (state(80), np.array([-80.0, 0.0, 80.0, 5.0])),
-             "empty rows": (empty, rng.normal(size=hq) * 3)}
+    cases = {
+        "random": (state(0), rng.normal(size=hq) * 3),
+        "sink=+100": (state(0), np.full(hq, 100.0)),
+        "sink=-100": (state(0), np.full(hq, -100.0)),
+        "m=+-80": (state(80), np.array([-80.0, 0.0, 80.0, 5.0])),
+        "empty rows": (empty, rng.normal(size=hq) * 3),
+    }
     for name, (base, sinks) in cases.items():
         sinks = round_to(sinks, ck.dtype)
         got = ad.add_sinks(base, sinks)
         want = REFERENCE.add_sinks(base, sinks)
         _state_close(ck, "h2o.add_sinks", name, got, want)
-        ck.exact("h2o.add_sinks.finite", name, bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()
-                                                    and np.isfinite(got.m).all()), "NaN/Inf in m, o or l")
+        ck.exact(
+            "h2o.add_sinks.finite",
+            name,
+            bool(np.isfinite(got.o).all() and np.isfinite(got.l).all() and np.isfinite(got.m).all()),
+            "NaN/Inf in m, o or l",
+        )
 
 
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
@@ -228,30 +291,56 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
         _check_memory_structure(ck, case, got_sets)
         # exact whatever sets the backend chose: output and scores are those its K(i) define
         terms = case.terms
-        replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, CHUNK, got_sets, SCALE, config.dense_tail,
-                                                            case.window, None if terms is None else terms.sinks,
-                                                            None if terms is None else terms.softcap)
+        replay_out, replay_scores = oracle.replay_h2o_layer(
+            q,
+            k,
+            v,
+            CHUNK,
+            got_sets,
+            SCALE,
+            config.dense_tail,
+            case.window,
+            None if terms is None else terms.sinks,
+            None if terms is None else terms.softcap,
+        )
         ck.close("h2o.layer.output_vs_key_sets", case.name, got.output, replay_out)
         ck.close("h2o.layer.scores_vs_key_sets", case.name, got.scores, replay_scores)
         pairs = [(g, w) for gs, ws in zip(got_sets, want.memory_sets) for g, w in zip(gs, ws.indices)]
         agreement = float(np.mean([_jaccard(g, w) for g, w in pairs])) if pairs else 1.0
-        differing = [(c, h) for c, (gs, ws) in enumerate(zip(got_sets, want.memory_sets))
-                     for h in range(gs.shape[0]) if not np.array_equal(gs[h], ws.indices[h])]
-        ck.at_least("h2o.layer.memory_agreement", case.name, agreement, ck.tol.memory_jaccard,
-                    f"(chunk, kv head) differing: {differing[:8]}")
+        differing = [
+            (c, h)
+            for c, (gs, ws) in enumerate(zip(got_sets, want.memory_sets))
+            for h in range(gs.shape[0])
+            if not np.array_equal(gs[h], ws.indices[h])
+        ]
+        ck.at_least(
+            "h2o.layer.memory_agreement",
+            case.name,
+            agreement,
+            ck.tol.memory_jaccard,
+            f"(chunk, kv head) differing: {differing[:8]}",
+        )
         if not differing:
             ck.close("h2o.layer.output", case.name, got.output, want.output)
         if case.n_tokens <= CHUNK:
-            ck.close("h2o.layer.single_chunk_is_causal", case.name, got.output,
-                     causal_attention(q, k, v, SCALE, case.window, terms).o)
+            ck.close(
+                "h2o.layer.single_chunk_is_causal",
+                case.name,
+                got.output,
+                causal_attention(q, k, v, SCALE, case.window, terms).o,
+            )
     _check_batch_independence(ad, ck)
 
 
 def _check_memory_structure(ck: Checker, case: H2OCase, sets: list[np.ndarray]) -> None:
     config = case.config.for_prompt(case.n_tokens)  # memory_share: the L and H this prompt runs with
     n_chunks = math.ceil(case.n_tokens / CHUNK)
-    ck.exact("h2o.layer.memory_count", case.name, len(sets) == max(0, n_chunks - 1),
-             f"{len(sets)} memory sets for {n_chunks} chunks (none after the final chunk)")
+    ck.exact(
+        "h2o.layer.memory_count",
+        case.name,
+        len(sets) == max(0, n_chunks - 1),
+        f"{len(sets)} memory sets for {n_chunks} chunks (none after the final chunk)",
+    )
     previous = None
     for c, rows in enumerate(sets):
         start, end = c * CHUNK, (c + 1) * CHUNK
@@ -277,11 +366,21 @@ def _check_batch_independence(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in (c for c in H2O_CASES if c.batch_size < 4 * CHUNK):
         q, k, v = _inputs(case, ck.dtype)
         small = ad.attention_layer(q, k, v, case.config, SCALE, case.window, *case.term_args)
-        whole = H2OCase(case.name, case.n_tokens, case.local, case.heavy, case.n_heads, case.n_kv_heads,
-                        batch_size=8 * CHUNK, seed=case.seed, dense_tail=case.dense_tail)
+        whole = H2OCase(
+            case.name,
+            case.n_tokens,
+            case.local,
+            case.heavy,
+            case.n_heads,
+            case.n_kv_heads,
+            batch_size=8 * CHUNK,
+            seed=case.seed,
+            dense_tail=case.dense_tail,
+        )
         big = ad.attention_layer(q, k, v, whole.config, SCALE, case.window, *case.term_args)
         same_sets = len(small.memory_sets) == len(big.memory_sets) and all(
-            np.array_equal(a.indices, b.indices) for a, b in zip(small.memory_sets, big.memory_sets))
+            np.array_equal(a.indices, b.indices) for a, b in zip(small.memory_sets, big.memory_sets)
+        )
         ck.exact("h2o.layer.batch_independent_memory", case.name, same_sets, "memory sets depend on B")
         ck.close("h2o.layer.batch_independent_output", case.name, small.output, big.output)
 

@@ -7,6 +7,7 @@ after its first layer (a cancelled request) is cut back on every layer before th
 a reused cache grows past its first capacity and keeps its slots; a copy of a prefix (the prompt
 cache lending a shared prefix) holds those slots and its writes leave its source as it was.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,8 +60,12 @@ def check_kv_cache(ad: ConformanceAdapter, ck: Checker) -> None:
     source, reference = got, want
     got, want = got.copy(4, CAPACITY), want.copy(4, CAPACITY)
     books("a copy of the first 4 slots")
-    ck.exact("kv_cache.nbytes", "a copy of 4 slots", 0 < got.nbytes < source.nbytes,
-             f"{got.nbytes} bytes, its source's {source.nbytes}")
+    ck.exact(
+        "kv_cache.nbytes",
+        "a copy of 4 slots",
+        0 < got.nbytes < source.nbytes,
+        f"{got.nbytes} bytes, its source's {source.nbytes}",
+    )
     write(range(LAYERS), 3, "into the copy")
     books("the copy extended by 3")
     got, want = source, reference

@@ -1,21 +1,26 @@
 """Stage checks and whole-prompt invariants for speculative prefill."""
+
 from __future__ import annotations
 
 import numpy as np
 
 from specfill.core import SpecPrefillConfig
 from specfill.core.reference import REFERENCE, specprefill
+from specfill.core.tolerances import round_to
 
 from .adapter import ConformanceAdapter
 from .cases import SCALE, SPEC_CASES, SpecCase
 from .results import Checker
-from specfill.core.tolerances import round_to
 
 
 def _probs(case: SpecCase, dtype: str) -> np.ndarray:
     queries, keys = (round_to(x, dtype) for x in case.tensors())
-    return round_to(specprefill.score_tokens(queries, keys, case.config, SCALE, REFERENCE, case.windows,
-                                             case.terms, case.n_window).probs, dtype)
+    return round_to(
+        specprefill.score_tokens(
+            queries, keys, case.config, SCALE, REFERENCE, case.windows, case.terms, case.n_window
+        ).probs,
+        dtype,
+    )
 
 
 def check_attention_scores(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -30,8 +35,12 @@ def check_attention_scores(ad: ConformanceAdapter, ck: Checker) -> None:
             one = slice(layer, layer + 1) if per_layer else layer
             name = case.name + (f",layer={layer}" if per_layer else "")
             got = ad.attention_scores(queries[one], keys[one], SCALE, window, terms, case.query_start)
-            ck.close("specprefill.attention_scores", name, got,
-                     REFERENCE.attention_scores(queries[one], keys[one], SCALE, window, terms, case.query_start))
+            ck.close(
+                "specprefill.attention_scores",
+                name,
+                got,
+                REFERENCE.attention_scores(queries[one], keys[one], SCALE, window, terms, case.query_start),
+            )
             if terms is not None:
                 ck.exact("specprefill.attention_scores.finite", name, bool(np.isfinite(got).all()), "NaN/Inf in probs")
 
@@ -40,17 +49,29 @@ def check_smooth_scores(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in SPEC_CASES:
         probs = _probs(case, ck.dtype)
         for kernel in (case.config.pool_kernel, 3):
-            ck.close("specprefill.smooth_scores", f"{case.name},kernel={kernel}",
-                     ad.smooth_scores(probs, kernel), REFERENCE.smooth_scores(probs, kernel))
+            ck.close(
+                "specprefill.smooth_scores",
+                f"{case.name},kernel={kernel}",
+                ad.smooth_scores(probs, kernel),
+                REFERENCE.smooth_scores(probs, kernel),
+            )
 
 
 def check_reduce_scores(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in SPEC_CASES:
         probs = _probs(case, ck.dtype)
-        for heads, layers, queries in (("max", "max", "mean"), ("max", "mean", "mean"), ("mean", "max", "mean"),
-                                       ("max", "max", "max")):
-            ck.close("specprefill.reduce_scores", f"{case.name},heads={heads},layers={layers},lookahead={queries}",
-                     ad.reduce_scores(probs, heads, layers, queries), REFERENCE.reduce_scores(probs, heads, layers, queries))
+        for heads, layers, queries in (
+            ("max", "max", "mean"),
+            ("max", "mean", "mean"),
+            ("mean", "max", "mean"),
+            ("max", "max", "max"),
+        ):
+            ck.close(
+                "specprefill.reduce_scores",
+                f"{case.name},heads={heads},layers={layers},lookahead={queries}",
+                ad.reduce_scores(probs, heads, layers, queries),
+                REFERENCE.reduce_scores(probs, heads, layers, queries),
+            )
 
 
 def _selection_cases(dtype: str) -> list[tuple[str, np.ndarray, SpecPrefillConfig]]:
@@ -61,8 +82,13 @@ def _selection_cases(dtype: str) -> list[tuple[str, np.ndarray, SpecPrefillConfi
         out.append((f"{case.name},distinct", importance, case.config))
     out.append(("all-equal (ties to earlier chunks)", np.ones(100), SpecPrefillConfig(keep_ratio=0.3)))
     out.append(("last token cold", np.r_[np.ones(99), 0.0], SpecPrefillConfig(keep_ratio=0.5, select_chunk=10)))
-    out.append(("float-noise ceil (10 chunks x 0.3)", round_to(rng.uniform(size=320), dtype),
-                SpecPrefillConfig(keep_ratio=0.3)))
+    out.append(
+        (
+            "float-noise ceil (10 chunks x 0.3)",
+            round_to(rng.uniform(size=320), dtype),
+            SpecPrefillConfig(keep_ratio=0.3),
+        )
+    )
     return out
 
 
@@ -70,13 +96,24 @@ def check_select_tokens(ad: ConformanceAdapter, ck: Checker) -> None:
     for name, importance, config in _selection_cases(ck.dtype):
         got = ad.select_tokens(importance, config)
         want = REFERENCE.select_tokens(importance, config)
-        ck.exact("specprefill.select_tokens.kept", name, np.array_equal(got.kept, want.kept),
-                 f"got {np.asarray(got.kept).tolist()[:20]} want {want.kept.tolist()[:20]}")
-        ck.exact("specprefill.select_tokens.position_ids", name,
-                 np.array_equal(got.position_ids, want.position_ids),
-                 "position ids are not the kept tokens' original positions")
-        ck.exact("specprefill.select_tokens.decode_start", name, got.decode_start == want.decode_start,
-                 f"decode starts at {got.decode_start}, not at the prompt length {want.decode_start}")
+        ck.exact(
+            "specprefill.select_tokens.kept",
+            name,
+            np.array_equal(got.kept, want.kept),
+            f"got {np.asarray(got.kept).tolist()[:20]} want {want.kept.tolist()[:20]}",
+        )
+        ck.exact(
+            "specprefill.select_tokens.position_ids",
+            name,
+            np.array_equal(got.position_ids, want.position_ids),
+            "position ids are not the kept tokens' original positions",
+        )
+        ck.exact(
+            "specprefill.select_tokens.decode_start",
+            name,
+            got.decode_start == want.decode_start,
+            f"decode starts at {got.decode_start}, not at the prompt length {want.decode_start}",
+        )
 
 
 def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -84,10 +121,12 @@ def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in SPEC_CASES:
         queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
         n = case.prompt_len
-        _, got = specprefill.speculative_selection(queries, keys, case.config, SCALE, ad, case.windows, case.terms,
-                                                   case.n_window)
-        _, want = specprefill.speculative_selection(queries, keys, case.config, SCALE, REFERENCE, case.windows,
-                                                    case.terms, case.n_window)
+        _, got = specprefill.speculative_selection(
+            queries, keys, case.config, SCALE, ad, case.windows, case.terms, case.n_window
+        )
+        _, want = specprefill.speculative_selection(
+            queries, keys, case.config, SCALE, REFERENCE, case.windows, case.terms, case.n_window
+        )
         kept = np.asarray(got.kept).tolist()
         bound = specprefill.keep_count_upper_bound(n, case.config)
         problems = []
@@ -107,8 +146,13 @@ def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
             problems.append(f"decode starts at {got.decode_start}, not {n}")
         ck.exact("specprefill.selection.invariants", case.name, not problems, "; ".join(problems))
         jaccard = len(set(kept) & set(want.kept.tolist())) / max(1, len(set(kept) | set(want.kept.tolist())))
-        ck.at_least("specprefill.selection.agreement", case.name, jaccard, ck.tol.memory_jaccard,
-                    f"differing positions: {sorted(set(kept) ^ set(want.kept.tolist()))[:16]}")
+        ck.at_least(
+            "specprefill.selection.agreement",
+            case.name,
+            jaccard,
+            ck.tol.memory_jaccard,
+            f"differing positions: {sorted(set(kept) ^ set(want.kept.tolist()))[:16]}",
+        )
 
 
 SPECPREFILL_CHECKS = {

@@ -8,6 +8,7 @@ backend (core/reference/specprefill.py), from the importance computed in the sta
 `new_cache` makes the backend's KV cache (core/ops.py's KVCache) behind the same boundary
 (`CacheAdapter`), for the cache's checks against core/reference/kv_cache.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -19,8 +20,17 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.h2o import h2o_attention_layer
 from specfill.core.ops import ModelOps
 from specfill.core.reference.specprefill import select_tokens
-from specfill.core.stages import (AttentionState, AttentionTerms, H2OLayerResult, InterResult, IntraResult, KeyWindow,
-                                  MemorySet, Selection, active_terms)
+from specfill.core.stages import (
+    AttentionState,
+    AttentionTerms,
+    H2OLayerResult,
+    InterResult,
+    IntraResult,
+    KeyWindow,
+    MemorySet,
+    Selection,
+    active_terms,
+)
 
 
 @dataclass(frozen=True)
@@ -113,8 +123,9 @@ class OpsAdapter:
 
     # H2O stages
     def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None) -> IntraResult:
-        got = self.ops.intra_attention(self.cv.native(q), self.cv.native(k), self.cv.native(v), chunk_size, scale,
-                                       window, *self._terms(terms))
+        got = self.ops.intra_attention(
+            self.cv.native(q), self.cv.native(k), self.cv.native(v), chunk_size, scale, window, *self._terms(terms)
+        )
         return IntraResult(self._state(got.state), self.cv.numpy(got.colsum))
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads) -> np.ndarray:
@@ -125,8 +136,11 @@ class OpsAdapter:
         return self.cv.numpy(got)
 
     def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy) -> MemorySet:
-        return self._memory_out(self.ops.build_memory_set(self.cv.stats(scores), self._memory(previous), chunk_index,
-                                                          chunk_start, chunk_end, local, heavy))
+        return self._memory_out(
+            self.ops.build_memory_set(
+                self.cv.stats(scores), self._memory(previous), chunk_index, chunk_start, chunk_end, local, heavy
+            )
+        )
 
     def gather_memory(self, k, v, memory) -> tuple[np.ndarray, np.ndarray]:
         k_mem, v_mem = self.ops.gather_memory(self.cv.native(k), self.cv.native(v), self._memory(memory))
@@ -135,8 +149,9 @@ class OpsAdapter:
     def inter_attention(self, q, k_mem, v_mem, scale, window: KeyWindow | None = None, terms=None) -> InterResult:
         if window is not None and window.key_positions is not None:
             window = replace(window, key_positions=self.cv.index(np.asarray(window.key_positions)))
-        got = self.ops.inter_attention(self.cv.native(q), self.cv.native(k_mem), self.cv.native(v_mem), scale,
-                                       window, *self._terms(terms))
+        got = self.ops.inter_attention(
+            self.cv.native(q), self.cv.native(k_mem), self.cv.native(v_mem), scale, window, *self._terms(terms)
+        )
         return InterResult(self._state(got.state), self.cv.numpy(got.colsum))
 
     def merge_states(self, a, b) -> AttentionState:
@@ -146,23 +161,41 @@ class OpsAdapter:
         return self._state(self.ops.add_sinks(self._state_in(state), self.cv.stats(np.asarray(sinks))))
 
     def attention_layer(self, q, k, v, config: H2OConfig, scale, window=None, terms=None) -> H2OLayerResult:
-        got = h2o_attention_layer(self.ops, self.cv.native(q), self.cv.native(k), self.cv.native(v), config, scale,
-                                  window, *self._terms(terms))
-        return H2OLayerResult(self.cv.numpy(got.output), self.cv.numpy(got.scores),
-                              [self._memory_out(m) for m in got.memory_sets])
+        got = h2o_attention_layer(
+            self.ops,
+            self.cv.native(q),
+            self.cv.native(k),
+            self.cv.native(v),
+            config,
+            scale,
+            window,
+            *self._terms(terms),
+        )
+        return H2OLayerResult(
+            self.cv.numpy(got.output), self.cv.numpy(got.scores), [self._memory_out(m) for m in got.memory_sets]
+        )
 
     # speculative-prefill stages
     def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None) -> np.ndarray:
-        return self.cv.numpy(self.ops.attention_scores(self.cv.native(queries), self.cv.native(keys), scale,
-                                                       window, *self._terms(terms), query_start=query_start))
+        return self.cv.numpy(
+            self.ops.attention_scores(
+                self.cv.native(queries),
+                self.cv.native(keys),
+                scale,
+                window,
+                *self._terms(terms),
+                query_start=query_start,
+            )
+        )
 
     def smooth_scores(self, probs, kernel) -> np.ndarray:
         return self.cv.numpy(self.ops.smooth_scores(self.cv.stats(probs), kernel))
 
     def reduce_scores(self, probs, head_reduction, layer_reduction, lookahead_reduction="mean") -> np.ndarray:
         per_layer = self.ops.reduce_axis(self.cv.stats(probs), head_reduction, axis=2)
-        return self.cv.numpy(self.ops.reduce_axis(self.ops.reduce_axis(per_layer, layer_reduction, axis=1),
-                                                  lookahead_reduction, axis=0))
+        return self.cv.numpy(
+            self.ops.reduce_axis(self.ops.reduce_axis(per_layer, layer_reduction, axis=1), lookahead_reduction, axis=0)
+        )
 
     def select_tokens(self, importance, config: SpecPrefillConfig) -> Selection:
         return select_tokens(self.cv.numpy(self.cv.stats(importance)), config)

@@ -1,4 +1,5 @@
 """The conformance report: JSON for machines, Markdown for people."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,9 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
-from .runner import Report
 from specfill.core.tolerances import TOLERANCES
+
+from .runner import Report
 
 
 def write_reports(report: Report, out_dir: str | os.PathLike) -> tuple[Path, Path]:
@@ -16,9 +18,14 @@ def write_reports(report: Report, out_dir: str | os.PathLike) -> tuple[Path, Pat
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"conformance-{report.backend}"
     payload = {
-        "backend": report.backend, "dtypes": report.dtypes, "kernels": report.kernels, "passed": report.passed,
-        "n_checks": len(report.results), "n_failed": len(report.failures),
-        "seconds": round(report.seconds, 3), "machine": report.machine,
+        "backend": report.backend,
+        "dtypes": report.dtypes,
+        "kernels": report.kernels,
+        "passed": report.passed,
+        "n_checks": len(report.results),
+        "n_failed": len(report.failures),
+        "seconds": round(report.seconds, 3),
+        "machine": report.machine,
         "tolerances": {d: vars(t) for d, t in TOLERANCES.items() if d in report.dtypes},
         "results": [r.to_dict() for r in report.results],
     }
@@ -30,27 +37,37 @@ def write_reports(report: Report, out_dir: str | os.PathLike) -> tuple[Path, Pat
 
 def render_markdown(report: Report) -> str:
     verdict = "PASS" if report.passed else "FAIL"
-    lines = [f"# Conformance: backend `{report.backend}` — {verdict}", "",
-             f"{len(report.results)} checks, {len(report.failures)} failed, dtypes "
-             f"{', '.join(report.dtypes)}, kernels {report.kernels}, {report.seconds:.2f} s on {report.machine}.", "",
-             "| stage check | dtype | cases | failed | max error | tolerance |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Conformance: backend `{report.backend}` — {verdict}",
+        "",
+        f"{len(report.results)} checks, {len(report.failures)} failed, dtypes "
+        f"{', '.join(report.dtypes)}, kernels {report.kernels}, {report.seconds:.2f} s on {report.machine}.",
+        "",
+        "| stage check | dtype | cases | failed | max error | tolerance |",
+        "|---|---|---|---|---|---|",
+    ]
     groups: dict[tuple[str, str], list] = defaultdict(list)
     for r in report.results:
         groups[(r.check, r.dtype)].append(r)
     for (check, dtype), rows in groups.items():
         errors = [r.max_error for r in rows if r.max_error is not None]
         worst = f"{max(errors):.2e}" if errors else "-"
-        lines.append(f"| {check} | {dtype} | {len(rows)} | {sum(not r.passed for r in rows)} | {worst} "
-                     f"| {rows[0].tolerance} |")
+        lines.append(
+            f"| {check} | {dtype} | {len(rows)} | {sum(not r.passed for r in rows)} | {worst} | {rows[0].tolerance} |"
+        )
     if report.failures:
         lines += ["", "## Failures", ""]
-        lines += [f"- `{r.check}` [{r.dtype}] case `{r.case}`: {r.detail or 'mismatch'}"
-                  + (f" (max error {r.max_error:.3g})" if r.max_error is not None else "")
-                  for r in report.failures]
+        lines += [
+            f"- `{r.check}` [{r.dtype}] case `{r.case}`: {r.detail or 'mismatch'}"
+            + (f" (max error {r.max_error:.3g})" if r.max_error is not None else "")
+            for r in report.failures
+        ]
     lines += ["", "## Tolerances", "", "| dtype | atol | rtol | memory-set Jaccard | why |", "|---|---|---|---|---|"]
-    lines += [f"| {d} | {t.atol:g} | {t.rtol:g} | {t.memory_jaccard:g} | {t.why} |"
-              for d, t in TOLERANCES.items() if d in report.dtypes]
+    lines += [
+        f"| {d} | {t.atol:g} | {t.rtol:g} | {t.memory_jaccard:g} | {t.why} |"
+        for d, t in TOLERANCES.items()
+        if d in report.dtypes
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,5 @@
 """Check results and the collector that compares a backend's values with the reference."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -36,24 +37,33 @@ class Checker:
     def close(self, check: str, case: str, got: np.ndarray, want: np.ndarray) -> bool:
         """got matches want within the dtype's tolerance (and is finite exactly where want is)."""
         err, ok = max_violation(got, want, self.tol)
-        detail = "" if ok else f"shape {np.shape(got)} vs {np.shape(want)}" if np.shape(got) != np.shape(want) \
+        detail = (
+            ""
+            if ok
+            else f"shape {np.shape(got)} vs {np.shape(want)}"
+            if np.shape(got) != np.shape(want)
             else "non-finite values or error above tolerance"
-        self.results.append(CheckResult(check, case, self.dtype, ok, err,
-                                        f"atol={self.tol.atol:g} rtol={self.tol.rtol:g}", detail))
+        )
+        self.results.append(
+            CheckResult(check, case, self.dtype, ok, err, f"atol={self.tol.atol:g} rtol={self.tol.rtol:g}", detail)
+        )
         return ok
 
     def exact(self, check: str, case: str, ok: bool, detail: str = "") -> bool:
         """A discrete property (indices, counts, positions) that must hold exactly."""
-        self.results.append(CheckResult(check, case, self.dtype, bool(ok), None, "exact",
-                                        "" if ok else detail))
+        self.results.append(CheckResult(check, case, self.dtype, bool(ok), None, "exact", "" if ok else detail))
         return bool(ok)
 
     def at_least(self, check: str, case: str, value: float, minimum: float, detail: str = "") -> bool:
         ok = value >= minimum
-        self.results.append(CheckResult(check, case, self.dtype, ok, 1.0 - value, f">= {minimum:g}",
-                                        detail if not ok or value < 1.0 else ""))
+        self.results.append(
+            CheckResult(
+                check, case, self.dtype, ok, 1.0 - value, f">= {minimum:g}", detail if not ok or value < 1.0 else ""
+            )
+        )
         return ok
 
     def crashed(self, check: str, case: str, err: BaseException) -> None:
-        self.results.append(CheckResult(check, case, self.dtype, False, None, "-",
-                                        f"raised {type(err).__name__}: {err}"))
+        self.results.append(
+            CheckResult(check, case, self.dtype, False, None, "-", f"raised {type(err).__name__}: {err}")
+        )

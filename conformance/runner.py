@@ -1,4 +1,5 @@
 """Runs every check group against a backend adapter and collects a report."""
+
 from __future__ import annotations
 
 import platform
@@ -6,12 +7,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from specfill.core.tolerances import TOLERANCES
+
 from .adapter import DEFAULT_DTYPES, ConformanceAdapter, adapter_factory
 from .checks_h2o import H2O_CHECKS
 from .checks_kv_cache import KV_CACHE_CHECKS
 from .checks_specprefill import SPECPREFILL_CHECKS
 from .results import Checker, CheckResult
-from specfill.core.tolerances import TOLERANCES
 
 CheckGroup = Callable[[ConformanceAdapter, Checker], None]
 CHECK_GROUPS: dict[str, CheckGroup] = {**H2O_CHECKS, **SPECPREFILL_CHECKS, **KV_CACHE_CHECKS}
@@ -24,8 +26,11 @@ class Report:
     kernels: str = "auto"
     results: list[CheckResult] = field(default_factory=list)
     seconds: float = 0.0
-    machine: str = field(default_factory=lambda: f"{platform.node()} {platform.machine()} "
-                                                 f"{platform.system()} python {platform.python_version()}")
+    machine: str = field(
+        default_factory=lambda: (
+            f"{platform.node()} {platform.machine()} {platform.system()} python {platform.python_version()}"
+        )
+    )
 
     @property
     def failures(self) -> list[CheckResult]:
@@ -46,9 +51,12 @@ def run_group(adapter: ConformanceAdapter, dtype: str, group: str) -> list[Check
     return checker.results
 
 
-def run_conformance(backend: str, dtypes: list[str] | None = None,
-                    make_adapter: Callable[..., ConformanceAdapter] | None = None,
-                    use_kernels: bool | None = None) -> Report:
+def run_conformance(
+    backend: str,
+    dtypes: list[str] | None = None,
+    make_adapter: Callable[..., ConformanceAdapter] | None = None,
+    use_kernels: bool | None = None,
+) -> Report:
     """Every check group for `backend` at each dtype (default: the backend's usual dtypes);
     use_kernels forces custom kernels (True) or ops twins (False), None lets the backend pick."""
     factory = make_adapter or adapter_factory(backend)

@@ -14,6 +14,7 @@ library's own attention (positions = cache slots), while H2O and SpecPrefill, wh
 attention (H2O) or feed non-contiguous positions and capture queries (SpecPrefill), are refused
 with one error naming the architecture, the layer, its kind and the method.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -34,8 +35,11 @@ def terms_kind(terms: AttentionTerms[Any] | None, base: str = "attention") -> st
     """How a report names a layer with these terms: "attention", "attention with sinks", ..."""
     if terms is None:
         return base
-    named = [name for name, present in (("sinks", terms.sinks is not None),
-                                        ("logit soft-capping", terms.softcap is not None)) if present]
+    named = [
+        name
+        for name, present in (("sinks", terms.sinks is not None), ("logit soft-capping", terms.softcap is not None))
+        if present
+    ]
     return f"{base} with " + " and ".join(named) if named else base
 
 
@@ -126,9 +130,17 @@ class AdaptedArgs:
 
     def first(self, n_layers: int) -> AdaptedArgs:
         """The args of the model's first n_layers layers (the "self:K" speculator)."""
-        return AdaptedArgs(self.architecture, self.vocab_size, self.hidden_size, self.layers[:n_layers],
-                           self.max_position_embeddings, self.rms_norm_eps, self.rope_theta,
-                           self.bos_token_id, self.eos_token_ids)
+        return AdaptedArgs(
+            self.architecture,
+            self.vocab_size,
+            self.hidden_size,
+            self.layers[:n_layers],
+            self.max_position_embeddings,
+            self.rms_norm_eps,
+            self.rope_theta,
+            self.bos_token_id,
+            self.eos_token_ids,
+        )
 
     def refusal(self) -> str | None:
         """Why the sparse methods cannot run this model (the first refusing layer), or None.
@@ -140,8 +152,7 @@ class AdaptedArgs:
                 return f"layer {index} ({layer.kind}): {layer.refusal}"
         first = self.layers[0]
         for index, layer in enumerate(self.layers):
-            if (layer.n_heads, layer.n_kv_heads, layer.head_dim) != (first.n_heads, first.n_kv_heads,
-                                                                     first.head_dim):
+            if (layer.n_heads, layer.n_kv_heads, layer.head_dim) != (first.n_heads, first.n_kv_heads, first.head_dim):
                 return f"layer {index} ({layer.kind}): its head counts differ from layer 0's"
             if abs(layer.scale - first.scale) > 1e-12 * abs(first.scale):
                 return f"layer {index} ({layer.kind}): its softmax scale differs from layer 0's"
@@ -151,5 +162,7 @@ class AdaptedArgs:
         """Raise MethodRefusedError when `method` ("h2o", "specprefill", "speculator") cannot run."""
         reason = self.refusal()
         if reason is not None:
-            raise MethodRefusedError(f"{METHOD_NAMES.get(method, method)} cannot run on {self.architecture}: "
-                                     f"{reason} (full prefill and decoding work on it)")
+            raise MethodRefusedError(
+                f"{METHOD_NAMES.get(method, method)} cannot run on {self.architecture}: "
+                f"{reason} (full prefill and decoding work on it)"
+            )

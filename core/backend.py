@@ -11,6 +11,7 @@ it. So naming a backend costs nothing, and a missing library is one line (`avail
 BackendUnavailableError from the calls), never a traceback. A loaded model carries its ops
 (core/ops.py's ModelOps, `model.ops`) and makes its KV caches through them (core/ops.py's KVCache).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -74,8 +75,10 @@ class Backend:
         try:
             importlib.import_module(self.loader_module)
         except ModuleNotFoundError as err:
-            return (f"backend {self.name!r} needs {err.name!r}, which is not installed "
-                    f"(pip install 'specfill[{self.extra}]')")
+            return (
+                f"backend {self.name!r} needs {err.name!r}, which is not installed "
+                f"(pip install 'specfill[{self.extra}]')"
+            )
         return None
 
     def loader(self) -> ModuleType:
@@ -85,9 +88,16 @@ class Backend:
             raise BackendUnavailableError(reason)
         return importlib.import_module(self.loader_module)
 
-    def load(self, path: str | Path | tuple[Any, Any], dtype: Any = None, device: Any = None,
-             prefill_step_size: int | None = None, *, group: Any = None,
-             pipeline: bool = False) -> tuple[LoadedModel, Any]:
+    def load(
+        self,
+        path: str | Path | tuple[Any, Any],
+        dtype: Any = None,
+        device: Any = None,
+        prefill_step_size: int | None = None,
+        *,
+        group: Any = None,
+        pipeline: bool = False,
+    ) -> tuple[LoadedModel, Any]:
         """(CausalLM, Tokenizer) from a GGUF file, a model directory or another library's (model,
         tokenizer) pair, on `device` in `dtype` (None: this backend's defaults, see resolve_device and
         resolve_dtype). Missing, corrupt or unsupported checkpoints raise ModelLoadError.

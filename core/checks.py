@@ -11,6 +11,7 @@ A model that loads but computes NaN or Inf logits stops with an error naming the
 reduces its logits to one bool in its own array library (one device-to-host transfer, not the
 whole [T, vocab] array) and passes it here.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,14 +27,17 @@ class NumericSettings(Protocol):
     rms_norm_eps: float
     rope_theta: float
 
+
 MAX_SIZE = 2**31 - 1  # any model size, count or token id; larger ones are corrupt, not big
-ROPE_SCALING_KEYS = {"linear": ("factor",),
-                     "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                                "original_max_position_embeddings")}
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 
-def integer(value: Any, what: str, minimum: int = 0, maximum: int = MAX_SIZE,
-            error: type[SpecfillError] = ModelLoadError) -> int:
+def integer(
+    value: Any, what: str, minimum: int = 0, maximum: int = MAX_SIZE, error: type[SpecfillError] = ModelLoadError
+) -> int:
     """An int (bool and float refused: a float where an id belongs is corruption) in range."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise error(f"{what} must be an integer, got {_show(value)}")
@@ -67,8 +71,9 @@ def flag(value: Any, what: str, error: type[SpecfillError] = ModelLoadError) -> 
 def typed_list(value: Any, kind: type, what: str, error: type[SpecfillError] = ModelLoadError) -> list:
     """A list whose items are all `kind` (int items: not bool; float items: int or float)."""
     kinds = (int, float) if kind is float else (kind,)
-    if not isinstance(value, list) or any(isinstance(v, bool) != (kind is bool) or not isinstance(v, kinds)
-                                          for v in value):
+    if not isinstance(value, list) or any(
+        isinstance(v, bool) != (kind is bool) or not isinstance(v, kinds) for v in value
+    ):
         raise error(f"{what} must be a list of {kind.__name__}, got {_show(value)}")
     return value
 
@@ -93,10 +98,12 @@ def check_rope_scaling(scaling: Mapping[str, Any] | None, what: str) -> None:
         low = positive_float(scaling["low_freq_factor"], f"{what}: rope scaling low_freq_factor")
         high = positive_float(scaling["high_freq_factor"], f"{what}: rope scaling high_freq_factor")
         if not high > low:
-            raise ModelLoadError(f"{what}: rope scaling high_freq_factor {high} must exceed "
-                                 f"low_freq_factor {low}")
-        integer(scaling["original_max_position_embeddings"],
-                f"{what}: rope scaling original_max_position_embeddings", minimum=1)
+            raise ModelLoadError(f"{what}: rope scaling high_freq_factor {high} must exceed low_freq_factor {low}")
+        integer(
+            scaling["original_max_position_embeddings"],
+            f"{what}: rope scaling original_max_position_embeddings",
+            minimum=1,
+        )
 
 
 def _show(value: Any) -> str:
@@ -117,10 +124,11 @@ def check_logits_finite(all_finite: bool, args: NumericSettings, *, where: str, 
     if all_finite:
         return
     if dtype is not None and str(dtype).lower() in HALF_DTYPES:
-        cause = (f"the activations overflowed {dtype}: load the model with dtype float32 "
-                 f"(--dtype float32)")
+        cause = f"the activations overflowed {dtype}: load the model with dtype float32 (--dtype float32)"
     else:
-        cause = (f"the checkpoint's weights or numerics are broken (corrupt tensors or quantization "
-                 f"scales, or an out-of-range setting: rms_norm_eps={args.rms_norm_eps:g}, "
-                 f"rope_theta={args.rope_theta:g})")
+        cause = (
+            f"the checkpoint's weights or numerics are broken (corrupt tensors or quantization "
+            f"scales, or an out-of-range setting: rms_norm_eps={args.rms_norm_eps:g}, "
+            f"rope_theta={args.rope_theta:g})"
+        )
     raise NonFiniteLogitsError(f"the model computed NaN or Inf logits in {where}: {cause}")

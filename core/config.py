@@ -1,12 +1,14 @@
 """Method configurations, validated once at construction.
 
 Defaults follow the design documents: H2O from seed 001's recommended configuration
-(-b 4096 -ub 1024 --h2o-local 256 --h2o-heavy 256) plus a measured dense tail of 64 tokens, speculative prefill from the reference
+(-b 4096 -ub 1024 --h2o-local 256 --h2o-heavy 256) plus a measured dense tail of 64 tokens, speculative prefill
+from the reference
 implementation (look-ahead 8, pool kernel 13, chunks of 32, max over heads and layers) but keeping 30% of the
 prompt, not the paper's 10%: at 10% the Qwen2.5-Coder pair lost a third of its RULER answers (variable
 tracking 47 vs 87), at 30% it is within 3.5 points of full prefill on average (issue 34;
 results/eval/ruler/frontier/, docs/eval.md). `SpecPrefillConfig.paper()` is the paper's setting.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,8 +57,11 @@ def layer_subset(spec: str, n_layers: int) -> list[int]:
         except ValueError:
             pass
     if k < 1:
-        raise ConfigError(f"layers must be 'all', 'first-K' / 'last-K' with K >= 1 or 'first-F' / 'last-F' with F in "
-                          f"(0, 1), got {spec!r}", "layers")
+        raise ConfigError(
+            f"layers must be 'all', 'first-K' / 'last-K' with K >= 1 or 'first-F' / 'last-F' with F in "
+            f"(0, 1), got {spec!r}",
+            "layers",
+        )
     k = min(k, n_layers)
     return list(range(k)) if side == "first" else list(range(n_layers - k, n_layers))
 
@@ -125,12 +130,17 @@ class H2OConfig:
     local: int = setting(256, "H2O local window L: each chunk's last L tokens stay in its memory set")
     heavy: int = setting(256, "H2O heavy hitters H: the tokens with the highest accumulated scores kept")
     # measured: results/eval/fidelity/demo_h2o_dense_tail.md (docs/results.md)
-    dense_tail: int = setting(64, "H2O dense tail W: the last W prompt tokens attend to every prompt key "
-                                  "(0 = seed 001's method exactly)")
-    memory_share: float | None = setting(None, "H2O memory L+H as this share of the prompt (split L:H as given, "
-                                               "below S); none: fixed L, H")
-    layers: str = setting(DEFAULT_H2O_LAYERS, "H2O: the layers that run it (all, first-K, last-K, first-F, last-F "
-                                              "with F a share); the others attend to every key")
+    dense_tail: int = setting(
+        64, "H2O dense tail W: the last W prompt tokens attend to every prompt key (0 = seed 001's method exactly)"
+    )
+    memory_share: float | None = setting(
+        None, "H2O memory L+H as this share of the prompt (split L:H as given, below S); none: fixed L, H"
+    )
+    layers: str = setting(
+        DEFAULT_H2O_LAYERS,
+        "H2O: the layers that run it (all, first-K, last-K, first-F, last-F "
+        "with F a share); the others attend to every key",
+    )
 
     def __post_init__(self) -> None:
         s = _require_int(self, "chunk_size", 1, "chunk_size (S)")
@@ -138,22 +148,25 @@ class H2OConfig:
         if self.memory_share is not None:
             share = _require_share(self, "memory_share")
             if share >= 1.0:
-                raise _error(self, f"memory_share must be below 1 (the memory is part of the prompt), got {share}",
-                             "memory_share")
+                raise _error(
+                    self,
+                    f"memory_share must be below 1 (the memory is part of the prompt), got {share}",
+                    "memory_share",
+                )
             object.__setattr__(self, "memory_share", share)
         _require_int(self, "dense_tail", 0, "dense_tail (W)")
         b = _require_int(self, "batch_size", 1, "batch_size (B)")
         local = _require_int(self, "local", 0, "local (L)")
         heavy = _require_int(self, "heavy", 0, "heavy (H)")
         if b % s != 0:
-            raise _error(self, f"batch_size (B={b}) must be a multiple of chunk_size (S={s})", "chunk_size",
-                         "batch_size")
+            raise _error(
+                self, f"batch_size (B={b}) must be a multiple of chunk_size (S={s})", "chunk_size", "batch_size"
+            )
         if local + heavy >= s:
             new_local = min(local, s - 1)
             new_heavy = max(0, min(heavy, s - 1 - new_local))
             warnings.warn(
-                f"H2O memory L+H={local + heavy} must be < chunk_size S={s}: "
-                f"clamped to L={new_local}, H={new_heavy}",
+                f"H2O memory L+H={local + heavy} must be < chunk_size S={s}: clamped to L={new_local}, H={new_heavy}",
                 SpecfillWarning,
                 stacklevel=3,
             )
@@ -178,8 +191,7 @@ class H2OConfig:
         memory = max(1, min(self.chunk_size - 1, round(self.memory_share * n_tokens)))
         given = self.local + self.heavy
         local = round(memory * (self.local / given if given else 0.5))
-        return H2OConfig(self.chunk_size, self.batch_size, local, memory - local, self.dense_tail,
-                         layers=self.layers)
+        return H2OConfig(self.chunk_size, self.batch_size, local, memory - local, self.dense_tail, layers=self.layers)
 
     def layer_indices(self, n_layers: int) -> list[int]:
         """The layers that run H2O (layer_subset); the others attend to every key."""
@@ -193,7 +205,8 @@ class SpecPrefillConfig:
     keep_ratio: fraction of selection chunks kept (ceil(n_chunks * keep_ratio)); or
     keep_tokens: a token budget, kept as ceil(keep_tokens / select_chunk) chunks (>= 1); or
     keep_mass: the importance-mass rule (below). At most one of the three is set: none means
-    keep_ratio 0.3 (DEFAULT_KEEP_RATIO; the paper's is 0.1: `paper()`); two is a ConfigError (so a `replace(config, keep_ratio=...)` on a token-budget
+    keep_ratio 0.3 (DEFAULT_KEEP_RATIO; the paper's is 0.1: `paper()`); two is a ConfigError (so a
+    `replace(config, keep_ratio=...)` on a token-budget
     or mass config fails loudly: use with_keep).
     lookahead (N): greedy speculator decode steps whose queries also score the prompt.
     pool_kernel: odd width of the average pooling along positions (1 = off).
@@ -224,55 +237,81 @@ class SpecPrefillConfig:
     over all W + N of them. W is clamped to the prompt's length.
     """
 
-    keep_ratio: float | None = setting(None, f"SpecPrefill: the share of the prompt's chunks kept, in (0, 1] "
-                                             f"(none given: {DEFAULT_KEEP_RATIO}; the paper's 0.1 loses multi-hop "
-                                             f"answers: docs/eval.md)")
+    keep_ratio: float | None = setting(
+        None,
+        f"SpecPrefill: the share of the prompt's chunks kept, in (0, 1] "
+        f"(none given: {DEFAULT_KEEP_RATIO}; the paper's 0.1 loses multi-hop "
+        f"answers: docs/eval.md)",
+    )
     keep_tokens: int | None = setting(None, "SpecPrefill: a token budget instead of a ratio")
-    lookahead: int = setting(8, "SpecPrefill look-ahead N: greedy speculator steps whose queries also score the "
-                                "prompt (clamped to the speculator's context)")
+    lookahead: int = setting(
+        8,
+        "SpecPrefill look-ahead N: greedy speculator steps whose queries also score the "
+        "prompt (clamped to the speculator's context)",
+    )
     pool_kernel: int = setting(13, "SpecPrefill: odd width of the average pooling of the scores (1 = off)")
     select_chunk: int = setting(32, "SpecPrefill: tokens per selection chunk (1 = token-level selection)")
-    layers: str = setting("all", "SpecPrefill scoring layers of the speculator: all (the paper's max over every "
-                                 "layer), last-K (a window of K layers ending at its last) or last-1 (the last only)")
-    head_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's attention heads",
-                                  REDUCTIONS)
-    layer_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's scoring layers",
-                                   REDUCTIONS)
+    layers: str = setting(
+        "all",
+        "SpecPrefill scoring layers of the speculator: all (the paper's max over every "
+        "layer), last-K (a window of K layers ending at its last) or last-1 (the last only)",
+    )
+    head_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's attention heads", REDUCTIONS)
+    layer_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's scoring layers", REDUCTIONS)
     force_keep_last: bool = setting(True, "SpecPrefill: always keep the last prompt token (decoding reads it)")
-    lookahead_reduction: str = setting("mean", "SpecPrefill: mean (paper) or max over the look-ahead queries' "
-                                               "scores", REDUCTIONS)
-    keep_mass: float | None = setting(None, "SpecPrefill importance-mass rule (replaces the keep ratio or "
-                                            "budget): the fewest chunks holding this share of the speculator's "
-                                            "attention mass, within mass_floor and mass_ceiling of the chunks")
-    mass_floor: float | None = setting(None, f"with keep_mass: keep at least this share of the chunks (none "
-                                             f"given: {MASS_FLOOR})")
-    mass_ceiling: float | None = setting(None, f"with keep_mass: keep at most this share of the chunks (none "
-                                               f"given: {MASS_CEILING})")
+    lookahead_reduction: str = setting(
+        "mean", "SpecPrefill: mean (paper) or max over the look-ahead queries' scores", REDUCTIONS
+    )
+    keep_mass: float | None = setting(
+        None,
+        "SpecPrefill importance-mass rule (replaces the keep ratio or "
+        "budget): the fewest chunks holding this share of the speculator's "
+        "attention mass, within mass_floor and mass_ceiling of the chunks",
+    )
+    mass_floor: float | None = setting(
+        None, f"with keep_mass: keep at least this share of the chunks (none given: {MASS_FLOOR})"
+    )
+    mass_ceiling: float | None = setting(
+        None, f"with keep_mass: keep at most this share of the chunks (none given: {MASS_CEILING})"
+    )
     neighbours: int = setting(0, "SpecPrefill: also keep this many chunks each side of every selected chunk")
     token_floor: int = setting(0, "SpecPrefill: keep at least this many tokens whatever the keep rule says")
     keep_first: int = setting(0, "SpecPrefill: always keep the prompt's first N tokens (on top of the budget)")
     keep_last: int = setting(0, "SpecPrefill: always keep the prompt's last N tokens (on top of the budget)")
-    query_window: int = setting(1, "SpecPrefill: the prompt's last W tokens' queries score the prompt too, each "
-                                   "over the keys before it (1: the last token only, the paper's)")
+    query_window: int = setting(
+        1,
+        "SpecPrefill: the prompt's last W tokens' queries score the prompt too, each "
+        "over the keys before it (1: the last token only, the paper's)",
+    )
 
     def __post_init__(self) -> None:
         given = [name for name in KEEP_RULES if getattr(self, name) is not None]
         if len(given) > 1:
-            raise _error(self, f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
-                               f"(got {' and '.join(repr(getattr(self, name)) for name in given)})", *given)
+            raise _error(
+                self,
+                f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
+                f"(got {' and '.join(repr(getattr(self, name)) for name in given)})",
+                *given,
+            )
         bounds = [name for name in ("mass_floor", "mass_ceiling") if getattr(self, name) is not None]
         if bounds and self.keep_mass is None:
-            raise _error(self, f"{' and '.join(bounds)} {'bound' if len(bounds) > 1 else 'bounds'} the keep_mass "
-                               f"rule's chunk count: give keep_mass too, or leave {'them' if len(bounds) > 1 else 'it'} "
-                               f"out", *bounds)
+            raise _error(
+                self,
+                f"{' and '.join(bounds)} {'bound' if len(bounds) > 1 else 'bounds'} the keep_mass "
+                f"rule's chunk count: give keep_mass too, or leave {'them' if len(bounds) > 1 else 'it'} "
+                f"out",
+                *bounds,
+            )
         if self.keep_mass is not None:
             object.__setattr__(self, "keep_mass", _require_share(self, "keep_mass"))
             floor = _require_share(self, "mass_floor", MASS_FLOOR if self.mass_floor is None else self.mass_floor)
-            ceiling = _require_share(self, "mass_ceiling",
-                                     MASS_CEILING if self.mass_ceiling is None else self.mass_ceiling)
+            ceiling = _require_share(
+                self, "mass_ceiling", MASS_CEILING if self.mass_ceiling is None else self.mass_ceiling
+            )
             if ceiling < floor:
-                raise _error(self, f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})", "mass_ceiling",
-                             "mass_floor")
+                raise _error(
+                    self, f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})", "mass_ceiling", "mass_floor"
+                )
             object.__setattr__(self, "mass_floor", floor)
             object.__setattr__(self, "mass_ceiling", ceiling)
         elif self.keep_tokens is not None:
@@ -303,8 +342,9 @@ class SpecPrefillConfig:
         `fields` on top: the reference implementation's numbers, faster and less accurate than the default."""
         return cls(**{"keep_ratio": PAPER_KEEP_RATIO, **fields})
 
-    def with_keep(self, ratio: float | None = None, tokens: int | None = None,
-                  mass: float | None = None) -> "SpecPrefillConfig":
+    def with_keep(
+        self, ratio: float | None = None, tokens: int | None = None, mass: float | None = None
+    ) -> "SpecPrefillConfig":
         """This config keeping `ratio` of the chunks, a `tokens` budget or a `mass` share of the
         importance (at most one given: it replaces the keep setting, a replaced mass rule's bounds
         with it; none: unchanged)."""
@@ -328,8 +368,10 @@ class SpecPrefillConfig:
             return 0, 0
         floor = min(n_chunks, math.ceil(self.token_floor / self.select_chunk))
         if self.keep_mass is not None:
-            low, high = (max(1, floor, min(n_chunks, math.ceil(n_chunks * r - 1e-9)))
-                         for r in (self.mass_floor, self.mass_ceiling))
+            low, high = (
+                max(1, floor, min(n_chunks, math.ceil(n_chunks * r - 1e-9)))
+                for r in (self.mass_floor, self.mass_ceiling)
+            )
             return low, high
         k = max(floor, self._fixed_chunks(n_chunks))
         return k, k
@@ -351,10 +393,12 @@ class Drafting:
     adaptive: each round's k follows the running acceptance and the measured step costs, up to
     num_tokens, 0 where drafting cannot pay (core/methods/draft_length.DraftLength); False: always num_tokens."""
 
-    model: Any = setting(None, "speculative decoding: a draft model path, or self:K (the main model's first K "
-                               "layers)")
-    num_tokens: int = setting(3, "tokens drafted per round (default 3 with a draft model); with method specprefill "
-                                 "and no draft model, the speculator drafts from the prompt KV it already built")
+    model: Any = setting(None, "speculative decoding: a draft model path, or self:K (the main model's first K layers)")
+    num_tokens: int = setting(
+        3,
+        "tokens drafted per round (default 3 with a draft model); with method specprefill "
+        "and no draft model, the speculator drafts from the prompt KV it already built",
+    )
     adaptive: bool = setting(True, "the draft length follows the running acceptance and the measured step costs")
 
     def __post_init__(self) -> None:

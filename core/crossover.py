@@ -17,6 +17,7 @@ prefill (by more than the probe's noise: FASTER_BELOW) at L and at every longer 
 length run full prefill unmeasured; longer than the longest measured length, the verdict at the
 longest holds.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -39,8 +40,7 @@ CALIBRATION_BUDGET_S = 8.0
 # switch methods
 FASTER_BELOW = 0.97
 # CPU flags that change GEMM / attention speed (x86 names as in /proc/cpuinfo)
-GEMM_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16",
-              "amx_int8")
+GEMM_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
 Measure = Callable[[int], tuple[float, float]]  # prompt length -> (full seconds, sparse seconds)
 
@@ -65,17 +65,37 @@ def cpu_description() -> dict[str, Any]:
                     flags = set(value.split())
     except OSError:
         pass
-    return {"cpu": model or platform.processor() or platform.machine(), "arch": platform.machine(),
-            "gemm_flags": [f for f in GEMM_FLAGS if f in flags], "logical_cpus": os.cpu_count()}
+    return {
+        "cpu": model or platform.processor() or platform.machine(),
+        "arch": platform.machine(),
+        "gemm_flags": [f for f in GEMM_FLAGS if f in flags],
+        "logical_cpus": os.cpu_count(),
+    }
 
 
-def calibration_key(*, backend: str, device: str, dtype: str, threads: int, model_shape: dict[str, Any],
-                    method: str, method_config: dict[str, Any]) -> dict[str, Any]:
+def calibration_key(
+    *,
+    backend: str,
+    device: str,
+    dtype: str,
+    threads: int,
+    model_shape: dict[str, Any],
+    method: str,
+    method_config: dict[str, Any],
+) -> dict[str, Any]:
     """Everything a crossover depends on: this machine's CPU, the backend, device, dtype, thread
     count, model shape and the sparse method with its configuration."""
-    return {"version": CALIBRATION_VERSION, "machine": cpu_description(), "backend": backend, "device": device,
-            "dtype": dtype, "threads": threads, "model_shape": model_shape, "method": method,
-            "method_config": method_config}
+    return {
+        "version": CALIBRATION_VERSION,
+        "machine": cpu_description(),
+        "backend": backend,
+        "device": device,
+        "dtype": dtype,
+        "threads": threads,
+        "model_shape": model_shape,
+        "method": method,
+        "method_config": method_config,
+    }
 
 
 def calibration_path(key: dict[str, Any]) -> Path:
@@ -113,10 +133,16 @@ def read_calibration(key: dict[str, Any]) -> dict[str, Any] | None:
 
 def save_calibration(key: dict[str, Any], points: dict[int, tuple[float, float]], how: str) -> dict[str, Any]:
     """Write the calibration of `key` from points {length: (full s, sparse s)}; returns it."""
-    data = {"key": key, "how": how, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "points": {str(n): {"full_s": round(full, 6), "sparse_s": round(sparse, 6)}
-                       for n, (full, sparse) in sorted(points.items())},
-            "crossover_tokens": crossover_from_points(points)}
+    data = {
+        "key": key,
+        "how": how,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "points": {
+            str(n): {"full_s": round(full, 6), "sparse_s": round(sparse, 6)}
+            for n, (full, sparse) in sorted(points.items())
+        },
+        "crossover_tokens": crossover_from_points(points),
+    }
     write_calibration(key, data)
     return data
 
@@ -130,8 +156,12 @@ def write_calibration(key: dict[str, Any], data: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def calibrate(measure: Measure, lengths: Sequence[int], budget_s: float = CALIBRATION_BUDGET_S,
-              clock: Callable[[], float] = time.perf_counter) -> dict[int, tuple[float, float]]:
+def calibrate(
+    measure: Measure,
+    lengths: Sequence[int],
+    budget_s: float = CALIBRATION_BUDGET_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[int, tuple[float, float]]:
     """Measure ascending `lengths` until `budget_s` wall seconds are spent (the first always runs)."""
     if not lengths:
         raise ValueError("a calibration needs at least one prompt length")
@@ -143,8 +173,9 @@ def calibrate(measure: Measure, lengths: Sequence[int], budget_s: float = CALIBR
     return points
 
 
-def calibrated_crossover(key: dict[str, Any], measure: Measure, lengths: Sequence[int], *,
-                         refresh: bool = False) -> tuple[int | None, str]:
+def calibrated_crossover(
+    key: dict[str, Any], measure: Measure, lengths: Sequence[int], *, refresh: bool = False
+) -> tuple[int | None, str]:
     """(crossover tokens or None, where it came from) for `key` on this machine: the cached
     calibration when its machine description matches, else (or with refresh) measured now."""
     data = None if refresh else read_calibration(key)

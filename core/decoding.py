@@ -1,5 +1,6 @@
 """The decode loops' shared pieces: plain decoding one token at a time, and the KV-state tracking
 that lets a later turn reuse a generation's cache (the prompt cache of `specfill serve`)."""
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Sequence
@@ -7,7 +8,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .ops import KVCache, ModelOps
-from .runtime import KVState, GenerationInfo, SamplingConfig
+from .runtime import GenerationInfo, KVState, SamplingConfig
 from .sampling import HostSampler
 from .stages import A
 
@@ -21,9 +22,18 @@ def token_chooser(ops: ModelOps[A], sampling: SamplingConfig, history: Sequence[
     return lambda logits: ops.tokens(np.array([host.choose(ops.to_numpy(logits))], dtype=np.int64))
 
 
-def decode_tokens(ops: ModelOps[A], model: Any, logits: A, *, next_position: int, max_tokens: int,
-                  sampling: SamplingConfig, stop_ids: frozenset[int], cache: KVCache[A],
-                  history: Sequence[int] = ()) -> Iterator[int]:
+def decode_tokens(
+    ops: ModelOps[A],
+    model: Any,
+    logits: A,
+    *,
+    next_position: int,
+    max_tokens: int,
+    sampling: SamplingConfig,
+    stop_ids: frozenset[int],
+    cache: KVCache[A],
+    history: Sequence[int] = (),
+) -> Iterator[int]:
     """Sample from the prefill's last logits [vocab], then decode one token at a time at RoPE
     positions next_position, next_position + 1, ... into the cache's next free slots; yields each
     token as soon as it is chosen and stops after a stop id or `max_tokens` tokens. A lazy

@@ -4,6 +4,7 @@
 `ModelOps` (core/ops.py). The methods it dispatches to live in core/methods/; h2o, specprefill,
 drafting and the auto probe are imported where they run (start-up: docs/development.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,17 +12,27 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 
+from .backend import DEFAULT_PREFILL_STEP_SIZE, LoadedModel  # noqa: F401 (DEFAULT_PREFILL_STEP_SIZE: re-exported)
+from .checks import check_logits_finite
 from .config import H2OConfig, SpecPrefillConfig
 from .decoding import decode_tokens, track_kv
 from .errors import ConfigError
-from .backend import DEFAULT_PREFILL_STEP_SIZE, LoadedModel  # noqa: F401 (DEFAULT_PREFILL_STEP_SIZE: re-exported)
-from .checks import check_logits_finite
 from .methods.prefill import StageProgress, prefill
-from .ops import ModelOps
 from .request import fit_to_prompt
-from .runtime import (Drafting, KVState, GenerationInfo, PrefillMethod, ProgressCallback, SamplingConfig,
-                      check_generation_fits, check_reuse, check_companion, check_speculator_context,
-                      check_token_ids, self_speculator_layers)
+from .runtime import (
+    Drafting,
+    GenerationInfo,
+    KVState,
+    PrefillMethod,
+    ProgressCallback,
+    SamplingConfig,
+    check_companion,
+    check_generation_fits,
+    check_reuse,
+    check_speculator_context,
+    check_token_ids,
+    self_speculator_layers,
+)
 from .stages import A
 
 if TYPE_CHECKING:
@@ -45,18 +56,20 @@ class CausalLM(LoadedModel[A]):
         ids = self._ids(ids if isinstance(ids, (list, tuple, np.ndarray)) else self.ops.to_numpy(ids), 0)
         with self.ops.device_scope():
             cache = self.ops.new_cache(self.model, len(ids))
-            logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache,
-                             step_size=self.prefill_step_size, logits_from=0)
+            logits = prefill(
+                self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=self.prefill_step_size, logits_from=0
+            )
         return logits[None]
 
     def resolve_method(self, method: PrefillMethod, n_tokens: int) -> PrefillMethod:
-        """"auto" -> method.sparse from the crossover length calibrated on this machine (core/probe.py;
+        """ "auto" -> method.sparse from the crossover length calibrated on this machine (core/probe.py;
         or method.auto_threshold), full prefill below it; other methods as they are."""
         if method.name != "auto":
             return method
         threshold = method.auto_threshold
         if threshold is None:
             from .probe import auto_crossover
+
             threshold, _ = auto_crossover(self, method, prompt_tokens=n_tokens)
         chosen = method.sparse if threshold is not None and n_tokens >= threshold else "full"
         return replace(method, name=chosen, auto_threshold=None)
@@ -73,8 +86,16 @@ class CausalLM(LoadedModel[A]):
             logits = self.prefill_prompt(ids, self.ops.new_cache(self.model, len(ids)), method, info, logits_from=0)
             return self.ops.to_numpy(logits)
 
-    def prefill_prompt(self, ids: np.ndarray, cache: list[Any], method: PrefillMethod, info: GenerationInfo, *,
-                       logits_from: int = -1, progress: ProgressCallback | None = None) -> A:
+    def prefill_prompt(
+        self,
+        ids: np.ndarray,
+        cache: list[Any],
+        method: PrefillMethod,
+        info: GenerationInfo,
+        *,
+        logits_from: int = -1,
+        progress: ProgressCallback | None = None,
+    ) -> A:
         """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
         from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O steps by
         whole chunks (h2o_step_size), else the full prefill; `progress(done, total)` after each step."""
@@ -83,16 +104,35 @@ class CausalLM(LoadedModel[A]):
         if method.name == "h2o":
             from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
             from .stages import layer_terms
+
             if not uses_full_attention(config, len(ids)):
-                attend = H2OPrefillAttention(self.ops, config, self.args.num_hidden_layers,
-                                             self.args.attention_scale, len(ids), self.args.layer_windows,
-                                             layer_terms(self.args))
+                attend = H2OPrefillAttention(
+                    self.ops,
+                    config,
+                    self.args.num_hidden_layers,
+                    self.args.attention_scale,
+                    len(ids),
+                    self.args.layer_windows,
+                    layer_terms(self.args),
+                )
                 step = h2o_step_size(config, self.prefill_step_size)
-        logits = prefill(self.ops, self.model, self.ops.tokens(ids), 0, cache, step_size=step,
-                         logits_from=logits_from, attend=attend, progress=progress)
+        logits = prefill(
+            self.ops,
+            self.model,
+            self.ops.tokens(ids),
+            0,
+            cache,
+            step_size=step,
+            logits_from=logits_from,
+            attend=attend,
+            progress=progress,
+        )
         if method.name == "h2o" and info.record_memory:
-            info.memory_sets = (attend.memory_sets(self.ops.to_numpy) if attend is not None
-                                else [[] for _ in range(self.args.num_hidden_layers)])
+            info.memory_sets = (
+                attend.memory_sets(self.ops.to_numpy)
+                if attend is not None
+                else [[] for _ in range(self.args.num_hidden_layers)]
+            )
         info.seconds["prefill"] = self.ops.wall_time() - started
         return logits
 
@@ -103,17 +143,30 @@ class CausalLM(LoadedModel[A]):
             layers = self_speculator_layers(speculator, self.args.num_hidden_layers)
             return self.ops.first_layers(self.model, layers), self.prefill_step_size
         if not isinstance(speculator, CausalLM) or speculator.backend != self.backend:
-            what = f"a model on the {speculator.backend} backend" if isinstance(speculator, CausalLM) \
+            what = (
+                f"a model on the {speculator.backend} backend"
+                if isinstance(speculator, CausalLM)
                 else type(speculator).__name__
-            raise ConfigError(f"the speculator must be a model loaded on the {self.backend} backend or "
-                              f"'self:K', got {what}")
+            )
+            raise ConfigError(
+                f"the speculator must be a model loaded on the {self.backend} backend or 'self:K', got {what}"
+            )
         check_companion("speculator", speculator.args, self.args, speculator.ops, self.ops)
         return speculator.model, speculator.prefill_step_size
 
-    def generate_step(self, prompt_ids: Sequence[int], *, max_tokens: int, sampling: SamplingConfig,
-                      stop_ids: frozenset[int], method: PrefillMethod, info: GenerationInfo,
-                      progress: ProgressCallback | None = None, drafting: Drafting | None = None,
-                      reuse: KVState | None = None) -> Iterator[int]:
+    def generate_step(
+        self,
+        prompt_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        stop_ids: frozenset[int],
+        method: PrefillMethod,
+        info: GenerationInfo,
+        progress: ProgressCallback | None = None,
+        drafting: Drafting | None = None,
+        reuse: KVState | None = None,
+    ) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time (the
         first yield marks the time to first token), stopping after a stop id or max_tokens.
         With `drafting`, decode speculatively (core/methods/drafting.py): same tokens as greedy,
@@ -136,50 +189,112 @@ class CausalLM(LoadedModel[A]):
         source = None
         if drafting is not None:
             from .methods.draft_sources import draft_source  # drafting loads only when asked
+
             source = draft_source(self, drafting, len(ids) + max_tokens, sampling)
         book = None if source is None or not drafting.adaptive else source.costs_book()
         if book is not None and (why := book.skip_reason(len(ids), max_tokens)):
             info.decode.skipped, source, drafting = why, None, None  # plain decoding, no draft prefill
         if max_tokens == 0:
             return iter(())
-        return self._generate(ids, method, speculator, source, reuse, max_tokens=max_tokens, sampling=sampling,
-                              stop_ids=stop_ids, info=info, progress=progress, drafting=drafting)
+        return self._generate(
+            ids,
+            method,
+            speculator,
+            source,
+            reuse,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            info=info,
+            progress=progress,
+            drafting=drafting,
+        )
 
-    def _generate(self, ids: np.ndarray, method: PrefillMethod, speculator: tuple[Any, int] | None,
-                  draft: DraftSource | None, reuse: KVState | None, *, max_tokens: int, sampling: SamplingConfig,
-                  stop_ids: frozenset[int], info: GenerationInfo, progress: ProgressCallback | None,
-                  drafting: Drafting | None) -> Iterator[int]:
+    def _generate(
+        self,
+        ids: np.ndarray,
+        method: PrefillMethod,
+        speculator: tuple[Any, int] | None,
+        draft: DraftSource | None,
+        reuse: KVState | None,
+        *,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        stop_ids: frozenset[int],
+        info: GenerationInfo,
+        progress: ProgressCallback | None,
+        drafting: Drafting | None,
+    ) -> Iterator[int]:
         extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
         report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
         with self.ops.device_scope():
             if reuse is not None:
                 cache = self._reused_cache(reuse, len(ids) - reuse.tokens + extra)
                 started = self.ops.wall_time()
-                logits = prefill(self.ops, self.model, self.ops.tokens(ids[reuse.tokens:]), reuse.tokens, cache,
-                                 step_size=self.prefill_step_size, progress=report.of("prefill"))[-1]
+                logits = prefill(
+                    self.ops,
+                    self.model,
+                    self.ops.tokens(ids[reuse.tokens :]),
+                    reuse.tokens,
+                    cache,
+                    step_size=self.prefill_step_size,
+                    progress=report.of("prefill"),
+                )[-1]
                 info.seconds["prefill"] = self.ops.wall_time() - started
             elif speculator is None:
                 cache = self.ops.new_cache(self.model, len(ids) + extra)
                 logits = self.prefill_prompt(ids, cache, method, info, progress=report.of("prefill"))[-1]
             else:
                 from .methods.specprefill import speculative_prefill
+
                 sparse = speculative_prefill(
-                    self.ops, self.model, ids, speculator[0], method.specprefill or SpecPrefillConfig(),
-                    stop_ids=stop_ids, extra_slots=extra, step_size=self.prefill_step_size,
-                    speculator_step_size=speculator[1], report=report,
-                    speculator_extra_slots=0 if draft is None else draft.speculator_room(extra))
+                    self.ops,
+                    self.model,
+                    ids,
+                    speculator[0],
+                    method.specprefill or SpecPrefillConfig(),
+                    stop_ids=stop_ids,
+                    extra_slots=extra,
+                    step_size=self.prefill_step_size,
+                    speculator_step_size=speculator[1],
+                    report=report,
+                    speculator_extra_slots=0 if draft is None else draft.speculator_room(extra),
+                )
                 info.kept_positions, info.kept_tokens = sparse.selection.kept.tolist(), len(sparse.selection.kept)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
             last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
-            check_logits_finite(bool(np.isfinite(last).all()), self.args, where="the first prefill",
-                                dtype=str(self.dtype).rsplit(".", 1)[-1])
+            check_logits_finite(
+                bool(np.isfinite(last).all()),
+                self.args,
+                where="the first prefill",
+                dtype=str(self.dtype).rsplit(".", 1)[-1],
+            )
             if draft is None or drafting is None:
-                tokens = decode_tokens(self.ops, self.model, logits, next_position=len(ids), max_tokens=max_tokens,
-                                       sampling=sampling, stop_ids=stop_ids, cache=cache, history=ids)
+                tokens = decode_tokens(
+                    self.ops,
+                    self.model,
+                    logits,
+                    next_position=len(ids),
+                    max_tokens=max_tokens,
+                    sampling=sampling,
+                    stop_ids=stop_ids,
+                    cache=cache,
+                    history=ids,
+                )
             else:
-                tokens = self._drafted(ids, last, cache, draft, sparse, drafting, max_tokens=max_tokens,
-                                       sampling=sampling, stop_ids=stop_ids, info=info)
+                tokens = self._drafted(
+                    ids,
+                    last,
+                    cache,
+                    draft,
+                    sparse,
+                    drafting,
+                    max_tokens=max_tokens,
+                    sampling=sampling,
+                    stop_ids=stop_ids,
+                    info=info,
+                )
             yield from track_kv(tokens, cache, len(ids), info)
 
     def _reused_cache(self, reuse: KVState, room: int) -> Any:
@@ -191,9 +306,20 @@ class CausalLM(LoadedModel[A]):
             cache = cache.grown(max(needed, min(cache.capacity * 3 // 2, self.args.max_position_embeddings)))
         return cache
 
-    def _drafted(self, ids: np.ndarray, last: np.ndarray, cache: Any, draft: DraftSource,
-                 sparse: SparsePrefill | None, drafting: Drafting, *, max_tokens: int, sampling: SamplingConfig,
-                 stop_ids: frozenset[int], info: GenerationInfo) -> Iterator[int]:
+    def _drafted(
+        self,
+        ids: np.ndarray,
+        last: np.ndarray,
+        cache: Any,
+        draft: DraftSource,
+        sparse: SparsePrefill | None,
+        drafting: Drafting,
+        *,
+        max_tokens: int,
+        sampling: SamplingConfig,
+        stop_ids: frozenset[int],
+        info: GenerationInfo,
+    ) -> Iterator[int]:
         """The first token from the prefill's last logits [vocab] (host), then speculative decoding
         with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
         adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""
@@ -201,8 +327,11 @@ class CausalLM(LoadedModel[A]):
         from .methods.drafting import probabilities, speculative_decode
 
         rng = np.random.default_rng(sampling.seed)
-        first = int(np.argmax(last)) if sampling.temperature == 0.0 else \
-            int(rng.choice(last.size, p=probabilities(last, sampling)))
+        first = (
+            int(np.argmax(last))
+            if sampling.temperature == 0.0
+            else int(rng.choice(last.size, p=probabilities(last, sampling)))
+        )
         info.decode.from_draft.append(False)
         yield first
         if first in stop_ids or max_tokens == 1:
@@ -216,8 +345,18 @@ class CausalLM(LoadedModel[A]):
             book.seed(length)  # costs kept from earlier runs: no single slow first measurement decides
         info.decode.draft_lengths = length.trajectory
         for token, from_draft in speculative_decode(
-                self.ops, self.model, cache, first, next_position=len(ids), draft=state, length=length,
-                max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, rng=rng):
+            self.ops,
+            self.model,
+            cache,
+            first,
+            next_position=len(ids),
+            draft=state,
+            length=length,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            rng=rng,
+        ):
             info.decode.drafted_tokens, info.decode.accepted_tokens = state.drafted, state.accepted
             info.decode.seconds.update(state.seconds)
             info.decode.from_draft.append(from_draft)

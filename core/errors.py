@@ -4,6 +4,7 @@ Messages are built here once: `str()` of every SpecfillError escapes what is not
 newline in a model path stays `\\n`), so no user-given text can split a message or forge a
 second line; `quote` is how a message names a user-given path or string (escaped, as repr does).
 """
+
 from __future__ import annotations
 
 from os import PathLike

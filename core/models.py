@@ -5,6 +5,7 @@ Read from a Hugging Face config.json or from GGUF metadata (plain Python values;
 gets 0-d arrays, like mx.load, converts them with `.item()` first); the reading of family details
 is in core/model_config.py.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -12,8 +13,7 @@ from typing import Any, Mapping
 
 from . import checks
 from .errors import ModelLoadError
-from .model_config import (SUPPORTED_ARCHITECTURES, gguf_family_fields, hf_architecture, hf_family_fields,
-                           hf_rope)
+from .model_config import SUPPORTED_ARCHITECTURES, gguf_family_fields, hf_architecture, hf_family_fields, hf_rope
 
 
 @dataclass(frozen=True)
@@ -59,23 +59,37 @@ class ModelArgs:
         """Every path (GGUF metadata, config.json, mlx-lm directories, random shapes) ends here, so
         a checkpoint whose numbers would load "fine" and compute NaN is refused here, once."""
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported architecture {self.architecture!r} "
-                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-        sizes = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings")
+            raise ModelLoadError(
+                f"unsupported architecture {self.architecture!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        sizes = (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        )
         for name in sizes:
             checks.integer(getattr(self, name), f"model size {name}", minimum=1)
         if self.num_attention_heads % self.num_key_value_heads != 0:
-            raise ModelLoadError(f"{self.num_attention_heads} attention heads are not a multiple of "
-                                 f"{self.num_key_value_heads} KV heads")
+            raise ModelLoadError(
+                f"{self.num_attention_heads} attention heads are not a multiple of {self.num_key_value_heads} KV heads"
+            )
         if self.head_dim % 2:
             raise ModelLoadError(f"head_dim {self.head_dim} is odd: RoPE rotates pairs of dimensions")
         if not checks.positive_float(self.rms_norm_eps, "RMSNorm epsilon (rms_norm_eps)") <= 1.0:
-            raise ModelLoadError(f"RMSNorm epsilon (rms_norm_eps) must be at most 1, got {self.rms_norm_eps:g} "
-                                 f"(it is added to a mean square: a large one flattens every activation)")
+            raise ModelLoadError(
+                f"RMSNorm epsilon (rms_norm_eps) must be at most 1, got {self.rms_norm_eps:g} "
+                f"(it is added to a mean square: a large one flattens every activation)"
+            )
         if not checks.positive_float(self.rope_theta, "RoPE base (rope_theta)") >= 1.0:
-            raise ModelLoadError(f"RoPE base (rope_theta) must be at least 1, got {self.rope_theta:g} (a base below 1 "
-                                 f"gives frequencies that overflow float32)")
+            raise ModelLoadError(
+                f"RoPE base (rope_theta) must be at least 1, got {self.rope_theta:g} (a base below 1 "
+                f"gives frequencies that overflow float32)"
+            )
         checks.check_rope_scaling(self.rope_scaling, self.architecture)
         if self.sliding_window is not None:
             checks.integer(self.sliding_window, "sliding window", minimum=1)
@@ -120,11 +134,11 @@ class ModelArgs:
     @property
     def embedding_scale(self) -> float | None:
         """Gemma 3 multiplies embeddings by sqrt(hidden) (rounded to the activation dtype first)."""
-        return self.hidden_size ** 0.5 if self.architecture == "gemma3" else None
+        return self.hidden_size**0.5 if self.architecture == "gemma3" else None
 
     @property
     def mlp_activation(self) -> str:
-        """"silu" (SwiGLU) or "gelu_tanh" (Gemma 3's GeGLU, tanh approximation)."""
+        """ "silu" (SwiGLU) or "gelu_tanh" (Gemma 3's GeGLU, tanh approximation)."""
         return "gelu_tanh" if self.architecture == "gemma3" else "silu"
 
     @property
@@ -155,17 +169,24 @@ class ModelArgs:
         eos = config.get("eos_token_id")
         eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         return cls(
-            architecture=arch, vocab_size=size("vocab_size"), hidden_size=hidden,
-            intermediate_size=size("intermediate_size"), num_hidden_layers=size("num_hidden_layers"),
-            num_attention_heads=heads, num_key_value_heads=size("num_key_value_heads", heads),
+            architecture=arch,
+            vocab_size=size("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=size("intermediate_size"),
+            num_hidden_layers=size("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=size("num_key_value_heads", heads),
             head_dim=size("head_dim", max(1, hidden // heads)),
             rms_norm_eps=checks.positive_float(config.get("rms_norm_eps", 1e-6), "config.json rms_norm_eps"),
-            rope_theta=theta, rope_scaling=scaling,
+            rope_theta=theta,
+            rope_scaling=scaling,
             max_position_embeddings=size("max_position_embeddings", 4096),
             tie_word_embeddings=boolean("tie_word_embeddings", arch == "gemma3"),
-            attention_bias=boolean("attention_bias", arch == "qwen2"), qk_norm=arch in ("qwen3", "gemma3"),
-            bos_token_id=None if config.get("bos_token_id") is None else
-            checks.integer(config["bos_token_id"], "config.json bos_token_id"),
+            attention_bias=boolean("attention_bias", arch == "qwen2"),
+            qk_norm=arch in ("qwen3", "gemma3"),
+            bos_token_id=None
+            if config.get("bos_token_id") is None
+            else checks.integer(config["bos_token_id"], "config.json bos_token_id"),
             eos_token_ids=tuple(checks.integer(e, "config.json eos_token_id") for e in eos_ids),
             **hf_family_fields(config, arch),
         )
@@ -177,8 +198,7 @@ class ModelArgs:
             raise ModelLoadError("GGUF metadata lacks general.architecture")
         arch = checks.text(meta["general.architecture"], "GGUF general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(f"unsupported architecture {arch!r} "
-                                 f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+            raise ModelLoadError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
         def size(key: str, default: int | None = None, minimum: int = 1) -> int:
             value = meta.get(f"{arch}.{key}", default)
@@ -194,21 +214,27 @@ class ModelArgs:
         scaling = None
         kind = meta.get(f"{arch}.rope.scaling.type")
         if kind not in (None, "none"):
-            scaling = {"rope_type": checks.text(kind, f"GGUF {arch}.rope.scaling.type"),
-                       "factor": number("rope.scaling.factor", 1.0),
-                       "original_max_position_embeddings": size("rope.scaling.original_context_length", 0, 0)}
+            scaling = {
+                "rope_type": checks.text(kind, f"GGUF {arch}.rope.scaling.type"),
+                "factor": number("rope.scaling.factor", 1.0),
+                "original_max_position_embeddings": size("rope.scaling.original_context_length", 0, 0),
+            }
         bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
         return cls(
             architecture=arch,
             vocab_size=size("vocab_size", len(tokens) if isinstance(tokens, list) else None),
-            hidden_size=hidden, intermediate_size=size("feed_forward_length"),
-            num_hidden_layers=size("block_count"), num_attention_heads=heads,
+            hidden_size=hidden,
+            intermediate_size=size("feed_forward_length"),
+            num_hidden_layers=size("block_count"),
+            num_attention_heads=heads,
             num_key_value_heads=size("attention.head_count_kv", heads),
             head_dim=size("attention.key_length", max(1, hidden // heads)),
             rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-5),
-            rope_theta=number("rope.freq_base", 10000.0), rope_scaling=scaling,
+            rope_theta=number("rope.freq_base", 10000.0),
+            rope_scaling=scaling,
             max_position_embeddings=size("context_length", 4096),
-            tie_word_embeddings=not has_output_weight, attention_bias=arch == "qwen2",
+            tie_word_embeddings=not has_output_weight,
+            attention_bias=arch == "qwen2",
             qk_norm=arch in ("qwen3", "gemma3"),
             bos_token_id=None if bos is None else checks.integer(bos, "GGUF tokenizer.ggml.bos_token_id"),
             eos_token_ids=() if eos is None else (checks.integer(eos, "GGUF tokenizer.ggml.eos_token_id"),),
@@ -221,28 +247,34 @@ def expected_tensor_shapes(args: ModelArgs) -> dict[str, tuple[int, ...]]:
     hidden, q_rows = args.hidden_size, args.num_attention_heads * args.head_dim
     kv_rows, ffn = args.num_key_value_heads * args.head_dim, args.intermediate_size
     bias_rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows, "o_proj": hidden}
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (args.vocab_size, hidden),
-                                          "model.norm.weight": (hidden,)}
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (args.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
     if not args.tie_word_embeddings:
         shapes["lm_head.weight"] = (args.vocab_size, hidden)
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q_rows, hidden),
-            p + "self_attn.k_proj.weight": (kv_rows, hidden),
-            p + "self_attn.v_proj.weight": (kv_rows, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q_rows),
-            p + "mlp.gate_proj.weight": (ffn, hidden),
-            p + "mlp.up_proj.weight": (ffn, hidden),
-            p + "mlp.down_proj.weight": (hidden, ffn),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q_rows, hidden),
+                p + "self_attn.k_proj.weight": (kv_rows, hidden),
+                p + "self_attn.v_proj.weight": (kv_rows, hidden),
+                p + "self_attn.o_proj.weight": (hidden, q_rows),
+                p + "mlp.gate_proj.weight": (ffn, hidden),
+                p + "mlp.up_proj.weight": (ffn, hidden),
+                p + "mlp.down_proj.weight": (hidden, ffn),
+            }
+        )
         shapes.update({f"{p}self_attn.{proj}.bias": (bias_rows[proj],) for proj in args.biased_projections})
         if args.qk_norm:
-            shapes.update({p + "self_attn.q_norm.weight": (args.head_dim,),
-                           p + "self_attn.k_norm.weight": (args.head_dim,)})
+            shapes.update(
+                {p + "self_attn.q_norm.weight": (args.head_dim,), p + "self_attn.k_norm.weight": (args.head_dim,)}
+            )
         if args.sandwich_norms:
-            shapes.update({p + "pre_feedforward_layernorm.weight": (hidden,),
-                           p + "post_feedforward_layernorm.weight": (hidden,)})
+            shapes.update(
+                {p + "pre_feedforward_layernorm.weight": (hidden,), p + "post_feedforward_layernorm.weight": (hidden,)}
+            )
     return shapes

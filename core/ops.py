@@ -17,6 +17,7 @@ context-variable read; `installed()` tells a lazy backend (MLX) to evaluate laye
 then. A stopped step can leave the first layers' caches a step ahead: a reused cache is cut back on
 every layer (`KVCache.truncate`) before it is extended again.
 """
+
 from __future__ import annotations
 
 import sys
@@ -36,15 +37,30 @@ class H2OOps(Protocol[A]):
     The walk in core/methods/h2o.py calls only these, so one backend is one implementation.
     """
 
-    def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float,
-                        window: int | None = None, terms: AttentionTerms[A] | None = None) -> IntraResult[A]:
+    def intra_attention(
+        self,
+        q: A,
+        k: A,
+        v: A,
+        chunk_size: int,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms[A] | None = None,
+    ) -> IntraResult[A]:
         """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query
         i sees only keys j > i - w of its chunk (a sliding layer). terms: the layer's soft-cap
         caps the logits, its sinks join the column sums' denominators; the state stays sink-free
         (the walk folds the sink in once: `add_sinks`)."""
 
-    def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float,
-                        window: KeyWindow[A] | None = None, terms: AttentionTerms[A] | None = None) -> InterResult[A]:
+    def inter_attention(
+        self,
+        q: A,
+        k_mem: A,
+        v_mem: A,
+        scale: float,
+        window: KeyWindow[A] | None = None,
+        terms: AttentionTerms[A] | None = None,
+    ) -> InterResult[A]:
         """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as in
         intra_attention."""
 
@@ -58,8 +74,16 @@ class H2OOps(Protocol[A]):
     def accumulate_scores(self, scores: A, memory: MemorySet[A], kv_colsum: A) -> A:
         """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s]; returns a new array."""
 
-    def build_memory_set(self, scores: A, previous: MemorySet[A] | None, chunk_index: int,
-                         chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet[A]:
+    def build_memory_set(
+        self,
+        scores: A,
+        previous: MemorySet[A] | None,
+        chunk_index: int,
+        chunk_start: int,
+        chunk_end: int,
+        local: int,
+        heavy: int,
+    ) -> MemorySet[A]:
         """M_c from scores [Hkv, >= chunk_end] and M_{c-1} (None for chunk 0)."""
 
     def gather_memory(self, k: A, v: A, memory: MemorySet[A]) -> tuple[A, A]:
@@ -97,17 +121,34 @@ class KernelStages(Generic[A]):
         """The backend's kernels/ package (imported by the first stage that runs)."""
         raise NotImplementedError
 
-    def intra_attention(self, q: A, k: A, v: A, chunk_size: int, scale: float,
-                        window: int | None = None, terms: AttentionTerms[A] | None = None) -> IntraResult[A]:
+    def intra_attention(
+        self,
+        q: A,
+        k: A,
+        v: A,
+        chunk_size: int,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms[A] | None = None,
+    ) -> IntraResult[A]:
         extra = {} if terms is None else {"terms": terms}
-        return self.stage_kernels().intra_attention(q, k, v, chunk_size, scale, use_kernel=self.use_kernels,
-                                                    window=window, **extra)
+        return self.stage_kernels().intra_attention(
+            q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window, **extra
+        )
 
-    def inter_attention(self, q: A, k_mem: A, v_mem: A, scale: float,
-                        window: KeyWindow[A] | None = None, terms: AttentionTerms[A] | None = None) -> InterResult[A]:
+    def inter_attention(
+        self,
+        q: A,
+        k_mem: A,
+        v_mem: A,
+        scale: float,
+        window: KeyWindow[A] | None = None,
+        terms: AttentionTerms[A] | None = None,
+    ) -> InterResult[A]:
         extra = {} if terms is None else {"terms": terms}
-        return self.stage_kernels().inter_attention(q, k_mem, v_mem, scale, use_kernel=self.use_kernels,
-                                                    window=window, **extra)
+        return self.stage_kernels().inter_attention(
+            q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window, **extra
+        )
 
     def add_sinks(self, state: AttentionState[A], sinks: A) -> AttentionState[A]:
         return self.stage_kernels().add_sinks(state, sinks)
@@ -118,18 +159,33 @@ class KernelStages(Generic[A]):
     def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
         return self.stage_kernels().merge_states(a, b)
 
-    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None,
-                         terms: AttentionTerms[A] | None = None, query_start: int | None = None) -> A:
+    def attention_scores(
+        self,
+        queries: A,
+        keys: A,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms[A] | None = None,
+        query_start: int | None = None,
+    ) -> A:
         extra = {} if terms is None else {"terms": terms}
-        return self.stage_kernels().attention_scores(queries, keys, scale, use_kernel=self.use_kernels, window=window,
-                                                     query_start=query_start, **extra)
+        return self.stage_kernels().attention_scores(
+            queries, keys, scale, use_kernel=self.use_kernels, window=window, query_start=query_start, **extra
+        )
 
 
 class ScoringOps(Protocol[A]):
     """The speculative-prefill scoring stages over a backend's arrays."""
 
-    def attention_scores(self, queries: A, keys: A, scale: float, window: int | None = None,
-                         terms: AttentionTerms[A] | None = None, query_start: int | None = None) -> A:
+    def attention_scores(
+        self,
+        queries: A,
+        keys: A,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms[A] | None = None,
+        query_start: int | None = None,
+    ) -> A:
         """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
         [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
         a window w, j > its position - w (core/reference/specprefill.scoring_mask); terms: the
@@ -139,7 +195,7 @@ class ScoringOps(Protocol[A]):
         """Average pooling along the last axis, zero padding kernel // 2 each side."""
 
     def reduce_axis(self, x: A, how: str, axis: int) -> A:
-        """"max" or "mean" over `axis` (probabilities stay float32 or wider)."""
+        """ "max" or "mean" over `axis` (probabilities stay float32 or wider)."""
 
     def concat(self, arrays: Sequence[A], axis: int) -> A:
         """Concatenate along `axis`."""
@@ -246,8 +302,15 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def tokens(self, ids: np.ndarray) -> A:
         """Token ids [T] (int64 NumPy, checked) as the backend's integer array on its device."""
 
-    def forward(self, model: Any, ids: A, positions: int | np.ndarray, cache: KVCache[A],
-                attend: PrefillAttention[A] | None, logits_from: int | None) -> A | None:
+    def forward(
+        self,
+        model: Any,
+        ids: A,
+        positions: int | np.ndarray,
+        cache: KVCache[A],
+        attend: PrefillAttention[A] | None,
+        logits_from: int | None,
+    ) -> A | None:
         """One step: ids [T] appended to `cache` at RoPE `positions`; float32 logits
         [T - logits_from, vocab] for the step's tokens from `logits_from` on (None: no LM head)."""
 
@@ -274,8 +337,9 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def first_layers(self, model: Any, n_layers: int) -> Any:
         """A view of `model`'s first n blocks with its embedding, final norm and LM head."""
 
-    def causal_step(self, q: A, k: A, v: A, scale: float, window: int | None = None,
-                    terms: AttentionTerms[A] | None = None) -> A:
+    def causal_step(
+        self, q: A, k: A, v: A, scale: float, window: int | None = None, terms: AttentionTerms[A] | None = None
+    ) -> A:
         """Causal attention of a step: q [1, Hq, T, D] over every cached k/v [1, Hkv, S, D], slots
         being positions (a prompt's prefill from slot 0); window w: query p sees keys > p - w;
         terms: the layer's soft-cap and sinks (core/stages.AttentionTerms)."""

@@ -13,18 +13,18 @@ Each time is the faster of two interleaved runs, after one warm-up run at the sh
 (first calls compile kernels, run self-checks and size caches). The clock is the backend's own
 (`ops.wall_time`, which waits for its device), so core imports no backend.
 """
+
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from dataclasses import asdict
 from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .crossover import CANDIDATE_LENGTHS, calibrated_crossover, calibration_key
 from .config import H2OConfig, SpecPrefillConfig
+from .crossover import CANDIDATE_LENGTHS, calibrated_crossover, calibration_key
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import speculative_prefill
@@ -72,8 +72,12 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     if method.sparse == "h2o":
         return asdict(method.h2o or H2OConfig())
     _, spec_args, n_layers, step = _speculator(lm, method)
-    return {**asdict(method.specprefill or SpecPrefillConfig()), "speculator": asdict(spec_args),
-            "speculator_layers": n_layers, "speculator_step": step}
+    return {
+        **asdict(method.specprefill or SpecPrefillConfig()),
+        "speculator": asdict(spec_args),
+        "speculator_layers": n_layers,
+        "speculator_step": step,
+    }
 
 
 def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> tuple[float, float]:
@@ -101,29 +105,52 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         config = method.h2o or H2OConfig()
         sparse_layer = dataclasses.replace(config, layers="all")  # the timed layer runs H2O
         step = h2o_step_size(config, lm.prefill_step_size)  # a fresh attention (its carries) per run
-        full, h2o = _best_of(layer_run, lambda: layer_run(step=step, attend=H2OPrefillAttention(
-            ops, sparse_layer, 1, args.attention_scale, length, args.layer_windows[:1], layer_terms(args)[:1])))
+        full, h2o = _best_of(
+            layer_run,
+            lambda: layer_run(
+                step=step,
+                attend=H2OPrefillAttention(
+                    ops, sparse_layer, 1, args.attention_scale, length, args.layer_windows[:1], layer_terms(args)[:1]
+                ),
+            ),
+        )
         sparse = len(config.layer_indices(n_main)) / n_main  # the other layers cost what full's do
         return full, (1.0 - sparse) * full + sparse * h2o
     spec_layer, spec_args, n_spec, spec_step = _speculator(lm, method)
     config = method.specprefill or SpecPrefillConfig()
-    config = dataclasses.replace(config, lookahead=fit_lookahead(config.lookahead, length,
-                                                                 spec_args.max_position_embeddings))
+    config = dataclasses.replace(
+        config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
+    )
 
     def sparse_run() -> float:
-        result = speculative_prefill(ops, layer, ids, spec_layer, config,
-                                     stop_ids=frozenset(), extra_slots=1, step_size=lm.prefill_step_size,
-                                     speculator_step_size=spec_step)
+        result = speculative_prefill(
+            ops,
+            layer,
+            ids,
+            spec_layer,
+            config,
+            stop_ids=frozenset(),
+            extra_slots=1,
+            step_size=lm.prefill_step_size,
+            speculator_step_size=spec_step,
+        )
         parts = result.seconds
         return n_spec * (parts["speculator"] + parts["selection"]) + n_main * parts["main_prefill"]
+
     return _best_of(layer_run, sparse_run)
 
 
 def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     """The calibration key of `method.sparse` on `lm` here (core/crossover.py calibration_key)."""
-    key = calibration_key(backend=lm.backend, device=lm.device_name, dtype=str(lm.dtype).rsplit(".", 1)[-1],
-                          threads=lm.ops.compute_threads, model_shape=asdict(lm.args),
-                          method=method.sparse, method_config=method_config(lm, method))
+    key = calibration_key(
+        backend=lm.backend,
+        device=lm.device_name,
+        dtype=str(lm.dtype).rsplit(".", 1)[-1],
+        threads=lm.ops.compute_threads,
+        model_shape=asdict(lm.args),
+        method=method.sparse,
+        method_config=method_config(lm, method),
+    )
     return json.loads(json.dumps(key))  # as it reads back from the file (tuples become lists)
 
 
@@ -133,8 +160,14 @@ def probe_lengths(lm: ProbedModel, method: PrefillMethod) -> list[int]:
     return [n for n in CANDIDATE_LENGTHS if floor < n <= lm.args.max_position_embeddings]
 
 
-def auto_crossover(lm: ProbedModel, method: PrefillMethod, *, prompt_tokens: int | None = None,
-                   refresh: bool = False, lengths: list[int] | None = None) -> tuple[int | None, str]:
+def auto_crossover(
+    lm: ProbedModel,
+    method: PrefillMethod,
+    *,
+    prompt_tokens: int | None = None,
+    refresh: bool = False,
+    lengths: list[int] | None = None,
+) -> tuple[int | None, str]:
     """(prompt tokens from which `auto` runs method.sparse on this machine, or None: never; where
     the figure came from): cached for this machine, model shape, dtype and method, else probed.
     A prompt of `prompt_tokens` shorter than every calibration length gets None unmeasured: no
@@ -153,4 +186,5 @@ def auto_crossover(lm: ProbedModel, method: PrefillMethod, *, prompt_tokens: int
                 warm.append(length)
                 _measure(lm, method, length)
             return _measure(lm, method, length)
+
     return calibrated_crossover(key, measure, lengths, refresh=refresh)

@@ -27,6 +27,7 @@ Clamps (to the prompt, once its length is known):
   those the whole prompt is one selection chunk / every pooling window covers the whole prompt,
   so the selection is the same and no buffer the size of the setting is allocated.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -34,7 +35,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import H2OConfig, MAX_SETTING, SpecPrefillConfig
+from .config import MAX_SETTING, H2OConfig, SpecPrefillConfig
 from .errors import ConfigError, SpecfillWarning
 from .runtime import Drafting, PrefillMethod, SamplingConfig, check_drafting
 
@@ -118,8 +119,19 @@ def _table() -> tuple[Setting, ...]:
         for f in dataclasses.fields(config):
             kind, optional = _kind(f.type)
             cli, server = _public(config.__name__, f.name)
-            rows.append(Setting(config.__name__, f.name, f.default, kind, optional, f.metadata.get("help", ""),
-                                tuple(f.metadata.get("choices", ())), cli, server))
+            rows.append(
+                Setting(
+                    config.__name__,
+                    f.name,
+                    f.default,
+                    kind,
+                    optional,
+                    f.metadata.get("help", ""),
+                    tuple(f.metadata.get("choices", ())),
+                    cli,
+                    server,
+                )
+            )
     return tuple(rows)
 
 
@@ -145,8 +157,10 @@ def server_field(config: str | None, field: str | None) -> str | None:
 def markdown_table(configs: tuple[type, ...] = CONFIGS) -> str:
     """The settings as a Markdown table (docs/usage.md holds it; tests/test_settings_table.py keeps
     them equal): config field, CLI flags, request field, default, meaning."""
-    lines = ["| setting (Python) | CLI flag | HTTP field (`specfill serve`) | default | meaning |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| setting (Python) | CLI flag | HTTP field (`specfill serve`) | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
     for config in configs:
         for s in settings_of(config):
             if not s.help:
@@ -174,22 +188,48 @@ class GenerationRequest:
     drafting: Drafting | None = None
 
 
-def build_request(*, max_tokens: Any = 256, temperature: Any = 0.0, top_p: Any = 1.0, seed: Any = None,
-                  top_k: Any = 0, min_p: Any = 0.0, repetition_penalty: Any = 1.0, presence_penalty: Any = 0.0,
-                  frequency_penalty: Any = 0.0, method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
-                  specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                  auto_threshold: Any = None, draft_model: Any = None,
-                  num_draft_tokens: Any = None) -> GenerationRequest:
+def build_request(
+    *,
+    max_tokens: Any = 256,
+    temperature: Any = 0.0,
+    top_p: Any = 1.0,
+    seed: Any = None,
+    top_k: Any = 0,
+    min_p: Any = 0.0,
+    repetition_penalty: Any = 1.0,
+    presence_penalty: Any = 0.0,
+    frequency_penalty: Any = 0.0,
+    method: str | PrefillMethod = "full",
+    h2o: H2OConfig | None = None,
+    specprefill: SpecPrefillConfig | None = None,
+    speculator: Any = None,
+    auto_threshold: Any = None,
+    draft_model: Any = None,
+    num_draft_tokens: Any = None,
+) -> GenerationRequest:
     """The request for these settings (the keywords of specfill.generate), or one ConfigError
     naming the setting at fault; a SpecfillWarning for settings that do nothing."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_SETTING:
         raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    sampling = SamplingConfig(temperature, top_p, seed, top_k=top_k, min_p=min_p, presence_penalty=presence_penalty,
-                              repetition_penalty=repetition_penalty, frequency_penalty=frequency_penalty)
+    sampling = SamplingConfig(
+        temperature,
+        top_p,
+        seed,
+        top_k=top_k,
+        min_p=min_p,
+        presence_penalty=presence_penalty,
+        repetition_penalty=repetition_penalty,
+        frequency_penalty=frequency_penalty,
+    )
     if sampling.temperature == 0 and (sampling.top_p != 1.0 or sampling.seed is not None):
         warnings.warn("top_p and seed do nothing with temperature 0 (greedy decoding)", SpecfillWarning, stacklevel=3)
-    plan = method if isinstance(method, PrefillMethod) else prefill_method(
-        method, h2o=h2o, specprefill=specprefill, speculator=speculator, auto_threshold=auto_threshold)
+    plan = (
+        method
+        if isinstance(method, PrefillMethod)
+        else prefill_method(
+            method, h2o=h2o, specprefill=specprefill, speculator=speculator, auto_threshold=auto_threshold
+        )
+    )
     drafting = None
     if draft_model is not None or num_draft_tokens is not None:
         drafting = Drafting(draft_model, DEFAULT_NUM_DRAFT_TOKENS if num_draft_tokens is None else num_draft_tokens)
@@ -197,16 +237,24 @@ def build_request(*, max_tokens: Any = 256, temperature: Any = 0.0, top_p: Any =
     return GenerationRequest(max_tokens, sampling, plan, drafting)
 
 
-def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
-                   specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                   auto_threshold: Any = None) -> PrefillMethod:
+def prefill_method(
+    method: str = "full",
+    *,
+    h2o: H2OConfig | None = None,
+    specprefill: SpecPrefillConfig | None = None,
+    speculator: Any = None,
+    auto_threshold: Any = None,
+) -> PrefillMethod:
     """The PrefillMethod for a method name, with default configs where none is given; one warning
     naming settings given for another method. "auto": full prefill below the crossover length
     calibrated on this machine (or `auto_threshold`), above it speculative prefill when a
     speculator is given, else H2O (core/crossover.py)."""
     if auto_threshold is not None and method != "auto":
-        raise ConfigError("auto_threshold (--auto-threshold) goes with method auto (--method auto)", "auto_threshold",
-                          config="PrefillMethod")
+        raise ConfigError(
+            "auto_threshold (--auto-threshold) goes with method auto (--method auto)",
+            "auto_threshold",
+            config="PrefillMethod",
+        )
     if method not in ("auto", "h2o", "specprefill"):
         _warn_unused(method, h2o=h2o, specprefill=specprefill, speculator=speculator)
         return PrefillMethod(method)
@@ -216,18 +264,29 @@ def prefill_method(method: str = "full", *, h2o: H2OConfig | None = None,
     if method == "specprefill":
         _warn_unused(method, h2o=h2o, specprefill=None, speculator=None)
         if speculator is None:
-            raise ConfigError("speculative prefill needs --speculator (API: speculator=): a model path, a loaded "
-                              "model, or 'self:K' (the main model's first K layers)", "speculator",
-                              config="PrefillMethod")
+            raise ConfigError(
+                "speculative prefill needs --speculator (API: speculator=): a model path, a loaded "
+                "model, or 'self:K' (the main model's first K layers)",
+                "speculator",
+                config="PrefillMethod",
+            )
         return PrefillMethod("specprefill", specprefill=specprefill or SpecPrefillConfig(), speculator=speculator)
-    return PrefillMethod("auto", h2o=h2o or H2OConfig(), specprefill=specprefill or SpecPrefillConfig(),
-                         speculator=speculator, auto_threshold=auto_threshold)
+    return PrefillMethod(
+        "auto",
+        h2o=h2o or H2OConfig(),
+        specprefill=specprefill or SpecPrefillConfig(),
+        speculator=speculator,
+        auto_threshold=auto_threshold,
+    )
 
 
 def _warn_unused(method: str, *, h2o: Any, specprefill: Any, speculator: Any) -> None:
     """One warning naming the settings given for another method than `method`."""
-    unused = ([] if h2o is None else ["H2O settings"]) + ([] if specprefill is None else ["SpecPrefill settings"]) \
+    unused = (
+        ([] if h2o is None else ["H2O settings"])
+        + ([] if specprefill is None else ["SpecPrefill settings"])
         + ([] if speculator is None else ["a speculator"])
+    )
     if unused:
         warnings.warn(f"{' and '.join(unused)} do nothing with method {method!r}", SpecfillWarning, stacklevel=4)
 
@@ -247,12 +306,14 @@ def fit_to_prompt(plan: PrefillMethod, n_prompt: int, speculator_context: int) -
     changes: dict[str, int] = {}
     if (lookahead := fit_lookahead(config.lookahead, n_prompt, speculator_context)) != config.lookahead:
         changes["lookahead"] = lookahead
-        warnings.warn(f"look-ahead {config.lookahead} clamped to {lookahead}: the speculator's "
-                      f"context of {speculator_context} tokens holds the {n_prompt}-token prompt and no more",
-                      SpecfillWarning, stacklevel=4)
+        warnings.warn(
+            f"look-ahead {config.lookahead} clamped to {lookahead}: the speculator's "
+            f"context of {speculator_context} tokens holds the {n_prompt}-token prompt and no more",
+            SpecfillWarning,
+            stacklevel=4,
+        )
     if config.select_chunk > n_prompt:
         changes["select_chunk"] = n_prompt
     if config.pool_kernel > 2 * n_prompt - 1:
         changes["pool_kernel"] = 2 * n_prompt - 1
     return replace(plan, specprefill=replace(config, **changes)) if changes else plan
-

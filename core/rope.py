@@ -1,5 +1,6 @@
 """RoPE frequencies from ModelArgs, shared by both backends, and Llama 3 scaling recovered from a
 GGUF's `rope_freqs.weight` (llama.cpp stores the per-frequency divisors, not the parameters)."""
+
 from __future__ import annotations
 
 import math
@@ -45,8 +46,7 @@ def rope_inv_freq(args: ModelArgs, local: bool = False) -> np.ndarray:
     raise ModelLoadError(f"rope scaling type {kind!r} is not supported (supported: linear, llama3)")
 
 
-def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int,
-                                rope_theta: float) -> dict[str, Any] | None:
+def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, rope_theta: float) -> dict[str, Any] | None:
     """Fit HF's llama3 rope_scaling to llama.cpp's divisors (None when they are all 1).
 
     In the smooth band 1/f = (1 - s)/factor + s with s = C/wavelen*k - lo*k, k = 1/(hi - lo):
@@ -61,17 +61,22 @@ def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int,
         return None
     band = (f > 1.0 + 1e-4) & (f < factor * (1.0 - 1e-4))
     if band.sum() < 2:
-        raise ModelLoadError("rope_freqs.weight has fewer than two smoothed frequencies: cannot "
-                             "recover its Llama 3 rope scaling")
+        raise ModelLoadError(
+            "rope_freqs.weight has fewer than two smoothed frequencies: cannot recover its Llama 3 rope scaling"
+        )
     smooth = (1.0 / f[band] - 1.0 / factor) / (1.0 - 1.0 / factor)
     inv_wavelen = base_inv_freq(head_dim, rope_theta)[band] / (2 * math.pi)
     slope, intercept = np.polyfit(inv_wavelen, smooth, 1)
     k = -intercept  # lo * k with lo = 1
     if not k > 0 or not slope > 0:
         raise ModelLoadError("rope_freqs.weight does not follow Llama 3 rope scaling")
-    scaling = {"rope_type": "llama3", "factor": float(round(factor, 4)), "low_freq_factor": 1.0,
-               "high_freq_factor": float(round(1.0 + 1.0 / k, 4)),
-               "original_max_position_embeddings": int(round(slope / k))}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": float(round(factor, 4)),
+        "low_freq_factor": 1.0,
+        "high_freq_factor": float(round(1.0 + 1.0 / k, 4)),
+        "original_max_position_embeddings": int(round(slope / k)),
+    }
     if not np.allclose(llama3_freq_factors(head_dim, rope_theta, scaling), f, rtol=1e-3):
         raise ModelLoadError("rope_freqs.weight does not follow Llama 3 rope scaling")
     return scaling

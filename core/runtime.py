@@ -4,6 +4,7 @@ A backend (core/backend.py; specfill.backends.get_backend("mlx" / "cuda")) loads
     load(path, dtype=None, device=None) -> (core.driver.CausalLM, Tokenizer)
 Timing, detokenisation and response objects live in the API layer, once for both backends.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,7 +17,6 @@ from .config import Drafting, H2OConfig, SpecPrefillConfig, setting  # noqa: F40
 from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from .models import ModelArgs
 
-
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
 MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
 METHODS = ("full", "h2o", "specprefill", "auto")
@@ -25,8 +25,9 @@ METHODS = ("full", "h2o", "specprefill", "auto")
 def _finite(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
     """`value` when it is a finite number of `kind` (never a bool), else one ConfigError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value):
-        raise _sampling_error(f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {value!r}",
-                              name)
+        raise _sampling_error(
+            f"{name} must be {'an integer' if kind is int else 'a finite number'}, got {value!r}", name
+        )
     return value
 
 
@@ -45,11 +46,13 @@ class SamplingConfig:
     seed: int | None = setting(None, "the sampler's seed (sampling repeats with it)")
     top_k: int = setting(0, "sample from the k most likely tokens (0: off)")
     min_p: float = setting(0.0, "drop tokens less likely than min_p times the most likely (0: off)")
-    repetition_penalty: float = setting(1.0, "divide a positive logit (multiply a negative one) of a token among "
-                                             "the last 64 by this (1: off)")
+    repetition_penalty: float = setting(
+        1.0, "divide a positive logit (multiply a negative one) of a token among the last 64 by this (1: off)"
+    )
     presence_penalty: float = setting(0.0, "subtract from the logit of a token among the last 64 (0: off)")
-    frequency_penalty: float = setting(0.0, "subtract this times its count among the last 64 from a token's "
-                                            "logit (0: off)")
+    frequency_penalty: float = setting(
+        0.0, "subtract this times its count among the last 64 from a token's logit (0: off)"
+    )
 
     def __post_init__(self) -> None:
         """Each setting's one check: its type (a number, never a bool; top_k and seed integers) and range."""
@@ -68,8 +71,9 @@ class SamplingConfig:
         if not 0.0 <= self.min_p <= 1.0:
             raise _sampling_error(f"min_p must be in [0, 1] (0: off), got {self.min_p}", "min_p")
         if not self.repetition_penalty > 0.0:
-            raise _sampling_error(f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}",
-                                  "repetition_penalty")
+            raise _sampling_error(
+                f"repetition_penalty must be > 0 (1: off), got {self.repetition_penalty}", "repetition_penalty"
+            )
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise _sampling_error(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}", name)
@@ -77,8 +81,13 @@ class SamplingConfig:
     @property
     def host_side(self) -> bool:
         """Whether core/sampling.py must choose the tokens (a setting the backends' samplers lack)."""
-        return (self.top_k > 0 or self.min_p > 0.0 or self.repetition_penalty != 1.0
-                or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+        return (
+            self.top_k > 0
+            or self.min_p > 0.0
+            or self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
 
     @property
     def clock_free(self) -> bool:
@@ -94,23 +103,32 @@ class PrefillMethod:
     (`sparse`: speculative prefill when a speculator is given, else H2O). auto_threshold
     overrides the crossover calibrated on this machine (core/crossover.py)."""
 
-    name: str = setting("full", "the prefill method (auto: full below the crossover length calibrated on this "
-                                "machine, above it specprefill with a speculator, else h2o)", METHODS)
+    name: str = setting(
+        "full",
+        "the prefill method (auto: full below the crossover length calibrated on this "
+        "machine, above it specprefill with a speculator, else h2o)",
+        METHODS,
+    )
     h2o: H2OConfig | None = None
     specprefill: SpecPrefillConfig | None = None
-    speculator: Any = setting(None, "the SpecPrefill speculator: a model path, or self:K (the main model's first K "
-                                    "layers)")
-    auto_threshold: int | None = setting(None, "with method auto: the prompt length from which the sparse method "
-                                               "runs")
+    speculator: Any = setting(
+        None, "the SpecPrefill speculator: a model path, or self:K (the main model's first K layers)"
+    )
+    auto_threshold: int | None = setting(None, "with method auto: the prompt length from which the sparse method runs")
 
     def __post_init__(self) -> None:
         if self.name not in METHODS:
-            raise ConfigError(f"method must be full, h2o, specprefill or auto, got {self.name!r}", "name",
-                              config="PrefillMethod")
-        if self.auto_threshold is not None and (isinstance(self.auto_threshold, bool)
-                                                or not isinstance(self.auto_threshold, int) or self.auto_threshold < 1):
-            raise ConfigError(f"the auto threshold must be a prompt length >= 1, got {self.auto_threshold!r}",
-                              "auto_threshold", config="PrefillMethod")
+            raise ConfigError(
+                f"method must be full, h2o, specprefill or auto, got {self.name!r}", "name", config="PrefillMethod"
+            )
+        if self.auto_threshold is not None and (
+            isinstance(self.auto_threshold, bool) or not isinstance(self.auto_threshold, int) or self.auto_threshold < 1
+        ):
+            raise ConfigError(
+                f"the auto threshold must be a prompt length >= 1, got {self.auto_threshold!r}",
+                "auto_threshold",
+                config="PrefillMethod",
+            )
 
     @property
     def sparse(self) -> str:
@@ -122,9 +140,11 @@ def self_speculator_layers(speculator: str, n_layers: int) -> int:
     """K of a "self:K" speculator (the main model's first K layers), checked against n_layers."""
     name, _, count = speculator.partition(":")
     if name != "self" or not count.strip().isdigit():
-        raise ConfigError(f"speculator {speculator!r}: a string speculator must be 'self:K' "
-                          f"(the first K of the main model's {n_layers} layers); load other models "
-                          f"with specfill.load and pass the model")
+        raise ConfigError(
+            f"speculator {speculator!r}: a string speculator must be 'self:K' "
+            f"(the first K of the main model's {n_layers} layers); load other models "
+            f"with specfill.load and pass the model"
+        )
     layers = int(count)
     if not 1 <= layers <= n_layers:
         raise ConfigError(f"speculator 'self:{layers}' needs 1 <= K <= {n_layers} (the main model's layers)")
@@ -136,12 +156,16 @@ def check_companion(role: str, other: ModelArgs, main: ModelArgs, other_ops: Any
     compares tokenizer fingerprints when it has both tokenizers), and the main model's ops must be
     able to run it (MLX: a model mlx-lm runs needs the adapter's ops, which run own models too)."""
     if other.vocab_size != main.vocab_size:
-        raise TokenizerMismatchError(f"the {role}'s vocabulary has {other.vocab_size} tokens, "
-                                     f"the main model's {main.vocab_size}: they must share a tokenizer")
+        raise TokenizerMismatchError(
+            f"the {role}'s vocabulary has {other.vocab_size} tokens, "
+            f"the main model's {main.vocab_size}: they must share a tokenizer"
+        )
     if not isinstance(main_ops, type(other_ops)):
-        raise ConfigError(f"the {role} runs through {type(other_ops).__name__}, which the main model's "
-                          f"{type(main_ops).__name__} cannot run: load the main model as the {role} was "
-                          f"loaded (e.g. both through mlx-lm), or the {role} from a GGUF")
+        raise ConfigError(
+            f"the {role} runs through {type(other_ops).__name__}, which the main model's "
+            f"{type(main_ops).__name__} cannot run: load the main model as the {role} was "
+            f"loaded (e.g. both through mlx-lm), or the {role} from a GGUF"
+        )
 
 
 @dataclass
@@ -173,24 +197,34 @@ def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling:
     if drafting is None:
         return
     if sampling.host_side:
-        raise ConfigError("num_draft_tokens (speculative decoding) with top_k, min_p or a penalty is not supported yet",
-                          "num_tokens", config="Drafting")
+        raise ConfigError(
+            "num_draft_tokens (speculative decoding) with top_k, min_p or a penalty is not supported yet",
+            "num_tokens",
+            config="Drafting",
+        )
     if drafting.model is None and method.name != "specprefill":
-        raise ConfigError("num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
-                          "use method specprefill or give a draft model", "num_tokens", config="Drafting")
+        raise ConfigError(
+            "num_draft_tokens without a draft model drafts with the SpecPrefill speculator: "
+            "use method specprefill or give a draft model",
+            "num_tokens",
+            config="Drafting",
+        )
 
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, drafting: "Drafting | None") -> None:
     """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill,
     without speculative decoding (yet)."""
     if drafting is not None:
-        raise ConfigError("speculative decoding with a reused KV cache is not supported yet", "num_tokens",
-                          config="Drafting")
+        raise ConfigError(
+            "speculative decoding with a reused KV cache is not supported yet", "num_tokens", config="Drafting"
+        )
     if method.name != "full":
         raise ConfigError(f"a reused KV cache is extended by full prefill only, got method {method.name!r}")
     if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:
-        raise ConfigError(f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
-                          f"the {prompt_tokens} prompt tokens")
+        raise ConfigError(
+            f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
+            f"the {prompt_tokens} prompt tokens"
+        )
 
 
 @dataclass
@@ -263,8 +297,10 @@ def check_generation_fits(prompt_tokens: int, max_tokens: int, context: int) -> 
     if max_tokens < 0:
         raise ConfigError(f"max_tokens must be >= 0, got {max_tokens}")
     if prompt_tokens + max_tokens > context:
-        raise PromptTooLongError(f"prompt of {prompt_tokens} tokens plus max_tokens "
-                                 f"{max_tokens} exceeds the model's context of {context} tokens")
+        raise PromptTooLongError(
+            f"prompt of {prompt_tokens} tokens plus max_tokens "
+            f"{max_tokens} exceeds the model's context of {context} tokens"
+        )
 
 
 def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
@@ -286,5 +322,6 @@ def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
 def check_speculator_context(prompt_tokens: int, context: int) -> None:
     """The speculator reads the whole prompt, so it must fit the speculator's context too."""
     if prompt_tokens > context:
-        raise PromptTooLongError(f"prompt of {prompt_tokens} tokens exceeds the speculator's "
-                                 f"context of {context} tokens")
+        raise PromptTooLongError(
+            f"prompt of {prompt_tokens} tokens exceeds the speculator's context of {context} tokens"
+        )

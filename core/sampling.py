@@ -17,6 +17,7 @@ PENALTY_WINDOW tokens of the prompt plus the tokens generated so far (llama.cpp'
 
 All arithmetic is float64 on the host: the logits arrive as float32 [vocab] NumPy arrays.
 """
+
 from __future__ import annotations
 
 from collections import Counter, deque

@@ -11,6 +11,7 @@ checked: they run, and fail loudly, as asked.
 The kernel setting: an explicit `use_kernel` (True / False) wins; None reads SPECFILL_KERNELS
 (auto | on | off, unset = auto), the same three words as `--kernels`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -95,8 +96,10 @@ def _compare(comparisons: Iterable[Comparison], dtype: str) -> str | None:
         error, ok = max_violation(got, want, tol)
         if not ok:
             shape = "" if np.shape(got) == np.shape(want) else f" (shape {np.shape(got)} vs {np.shape(want)})"
-            return (f"{name} differs from the twin by {error:.3g}{shape}, beyond the {dtype} tolerance "
-                    f"(atol {tol.atol:g}, rtol {tol.rtol:g})")
+            return (
+                f"{name} differs from the twin by {error:.3g}{shape}, beyond the {dtype} tolerance "
+                f"(atol {tol.atol:g}, rtol {tol.rtol:g})"
+            )
     return None
 
 
@@ -112,8 +115,15 @@ class KernelSelfCheck:
         self._verdicts: dict[tuple[str, str, str, str], Verdict] = {}
         self._lock = threading.Lock()
 
-    def passes(self, backend: str, kernel: str, dtype: str, shape_class: str, twin: str,
-               run: Callable[[], Iterable[Comparison]]) -> bool:
+    def passes(
+        self,
+        backend: str,
+        kernel: str,
+        dtype: str,
+        shape_class: str,
+        twin: str,
+        run: Callable[[], Iterable[Comparison]],
+    ) -> bool:
         """True to use the kernel. `run` launches the kernel and its twin on the small fixed case
         and returns their outputs; any exception it raises counts as a compile / launch error.
         `twin` names what is used instead in the warning ("the torch twin", "the MLX-ops twin")."""
@@ -127,9 +137,12 @@ class KernelSelfCheck:
                     reason = f"compile or launch error: {_first_line(err)}"
                 verdict = self._verdicts[key] = Verdict(backend, kernel, dtype, shape_class, reason)
                 if reason is not None:
-                    warnings.warn(f"{backend} kernel '{kernel}' ({dtype}, {shape_class}) failed its first-use "
-                                  f"self-check ({reason}); using {twin} from now on", SpecfillWarning,
-                                  stacklevel=3)
+                    warnings.warn(
+                        f"{backend} kernel '{kernel}' ({dtype}, {shape_class}) failed its first-use "
+                        f"self-check ({reason}); using {twin} from now on",
+                        SpecfillWarning,
+                        stacklevel=3,
+                    )
         return verdict.passed
 
     def verdicts(self) -> list[Verdict]:
@@ -157,8 +170,12 @@ def note_term_fallback(backend: str, kernel: str, twin: str) -> None:
         if (backend, kernel) in _TERM_FALLBACKS:
             return
         _TERM_FALLBACKS.add((backend, kernel))
-    warnings.warn(f"{backend} kernel '{kernel}' takes no attention sinks or logit soft-cap; layers with them "
-                  f"run {twin} (exact, slower)", SpecfillWarning, stacklevel=3)
+    warnings.warn(
+        f"{backend} kernel '{kernel}' takes no attention sinks or logit soft-cap; layers with them "
+        f"run {twin} (exact, slower)",
+        SpecfillWarning,
+        stacklevel=3,
+    )
 
 
 def term_fallbacks() -> list[tuple[str, str]]:

@@ -4,6 +4,7 @@ The cases are what a kernel is compiled for besides its dtype, its shape class: 
 and the GQA group G. They are tiny (2 KV heads, tens of tokens) and seeded; a backend only says
 how to make a seeded array like the caller's (dtype, device) and how to read one back.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,20 +36,27 @@ class CheckCases:
     def attention_case(self, like: Any, group: int, n_keys: int) -> tuple[Any, Any, Any]:
         """q [2G, T, D], k/v [2, n_keys, D] (T = CASE_TOKENS, D = like's head dim)."""
         head_dim = like.shape[-1]
-        return (self.random((CASE_KV_HEADS * group, CASE_TOKENS, head_dim), like, 1),
-                self.random((CASE_KV_HEADS, n_keys, head_dim), like, 2),
-                self.random((CASE_KV_HEADS, n_keys, head_dim), like, 3))
+        return (
+            self.random((CASE_KV_HEADS * group, CASE_TOKENS, head_dim), like, 1),
+            self.random((CASE_KV_HEADS, n_keys, head_dim), like, 2),
+            self.random((CASE_KV_HEADS, n_keys, head_dim), like, 3),
+        )
 
     def scoring_case(self, like: Any, group: int) -> tuple[Any, Any]:
         """queries [2, 3, 2G, D], keys [2, 2, CASE_KEYS, D]."""
         head_dim = like.shape[-1]
-        return (self.random((2, 3, CASE_KV_HEADS * group, head_dim), like, 4),
-                self.random((2, CASE_KV_HEADS, CASE_KEYS, head_dim), like, 5))
+        return (
+            self.random((2, 3, CASE_KV_HEADS * group, head_dim), like, 4),
+            self.random((2, CASE_KV_HEADS, CASE_KEYS, head_dim), like, 5),
+        )
 
     def result_comparisons(self, kernel: Any, twin: Any) -> list[Comparison]:
         """m, l, o (and the column sums) of two IntraResults / InterResults."""
-        pairs = [("m", kernel.state.m, twin.state.m), ("l", kernel.state.l, twin.state.l),
-                 ("o", kernel.state.o, twin.state.o)]
+        pairs = [
+            ("m", kernel.state.m, twin.state.m),
+            ("l", kernel.state.l, twin.state.l),
+            ("o", kernel.state.o, twin.state.o),
+        ]
         if kernel.colsum is not None or twin.colsum is not None:
             pairs.append(("colsum", kernel.colsum, twin.colsum))
         return [(name, self.numpy(a), self.numpy(b)) for name, a, b in pairs]

@@ -9,6 +9,7 @@ Softmax statistics are float32 at least (float64 when the inputs are float64).
 The conformance suite talks to a backend through the same stage names with NumPy in and out
 (`H2OStages` / `SpecPrefillStages`, implemented by each backend's conformance adapter).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -220,28 +221,49 @@ class Selection:
 class H2OStages(Protocol):
     """The H2O stages at the conformance boundary (NumPy in, NumPy out)."""
 
-    def intra_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
+    def intra_attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        chunk_size: int,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms | None = None,
+    ) -> IntraResult:
         """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query i
         sees only keys j > i - w of its chunk; terms (sinks as NumPy [Hq]) as core/ops.H2OOps says."""
 
     def reduce_colsum_to_kv_heads(self, colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:
         """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
 
-    def accumulate_scores(self, scores: np.ndarray, memory: MemorySet,
-                          kv_colsum: np.ndarray) -> np.ndarray:
+    def accumulate_scores(self, scores: np.ndarray, memory: MemorySet, kv_colsum: np.ndarray) -> np.ndarray:
         """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s]; returns new array."""
 
-    def build_memory_set(self, scores: np.ndarray, previous: MemorySet | None, chunk_index: int,
-                         chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet:
+    def build_memory_set(
+        self,
+        scores: np.ndarray,
+        previous: MemorySet | None,
+        chunk_index: int,
+        chunk_start: int,
+        chunk_end: int,
+        local: int,
+        heavy: int,
+    ) -> MemorySet:
         """M_c from scores [Hkv, >= chunk_end] and M_{c-1} (None for chunk 0)."""
 
-    def gather_memory(self, k: np.ndarray, v: np.ndarray,
-                      memory: MemorySet) -> tuple[np.ndarray, np.ndarray]:
+    def gather_memory(self, k: np.ndarray, v: np.ndarray, memory: MemorySet) -> tuple[np.ndarray, np.ndarray]:
         """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
 
-    def inter_attention(self, q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float,
-                        window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+    def inter_attention(
+        self,
+        q: np.ndarray,
+        k_mem: np.ndarray,
+        v_mem: np.ndarray,
+        scale: float,
+        window: KeyWindow | None = None,
+        terms: AttentionTerms | None = None,
+    ) -> InterResult:
         """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as above."""
 
     def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
@@ -250,8 +272,16 @@ class H2OStages(Protocol):
     def add_sinks(self, state: AttentionState, sinks: np.ndarray) -> AttentionState:
         """A query's final state with each head's sink (sinks [Hq]) in its denominator."""
 
-    def attention_layer(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, config: H2OConfig,
-                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> H2OLayerResult:
+    def attention_layer(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        config: H2OConfig,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms | None = None,
+    ) -> H2OLayerResult:
         """Whole-prompt two-phase attention for one layer (a sliding layer of window w: each key
         set intersected with it; the layer's terms in every softmax): the core walk over this
         backend's ops."""
@@ -261,9 +291,15 @@ class H2OStages(Protocol):
 class SpecPrefillStages(Protocol):
     """The speculative-prefill stages at the conformance boundary (NumPy in, NumPy out)."""
 
-    def attention_scores(self, queries: np.ndarray, keys: np.ndarray, scale: float,
-                         window: int | None = None, terms: AttentionTerms | None = None,
-                         query_start: int | None = None) -> np.ndarray:
+    def attention_scores(
+        self,
+        queries: np.ndarray,
+        keys: np.ndarray,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms | None = None,
+        query_start: int | None = None,
+    ) -> np.ndarray:
         """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
         [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
         a window w, j > its position - w (a row that sees none is all zeros); terms: soft-capped
@@ -272,8 +308,9 @@ class SpecPrefillStages(Protocol):
     def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
         """Average pooling along the last axis, zero padding kernel // 2 each side."""
 
-    def reduce_scores(self, probs: np.ndarray, head_reduction: str,
-                      layer_reduction: str, lookahead_reduction: str = "mean") -> np.ndarray:
+    def reduce_scores(
+        self, probs: np.ndarray, head_reduction: str, layer_reduction: str, lookahead_reduction: str = "mean"
+    ) -> np.ndarray:
         """[n_q, n_l, Hq, P] -> [P]: heads, then layers, then the queries (mean or max)."""
 
     def select_tokens(self, importance: np.ndarray, config: SpecPrefillConfig) -> Selection:

@@ -11,6 +11,7 @@ one tanh rounding and shrinks logits of |100| to |cap|), and a sink is one more 
 float32 denominator whose argument (sink - m, sinks up to |100| as logits are) carries the same
 ~1e-5 absolute error the logits' rows already budget for.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,22 +29,34 @@ class Tolerance:
 
 TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(
-        1e-10, 1e-10, 1.0,
+        1e-10,
+        1e-10,
+        1.0,
         "same math in another order: float64 rounding (1e-16) times at most ~1e3 terms, with margin;"
-        " memory sets must be identical"),
+        " memory sets must be identical",
+    ),
     "float32": Tolerance(
-        1e-4, 1e-4, 0.99,
+        1e-4,
+        1e-4,
+        0.99,
         "fp32 unit roundoff 6e-8; logits up to |100| carry ~1e-5 absolute error into exp(),"
         " i.e. ~1e-5 relative on weights and outputs, with 10x margin; rare near-ties of"
-        " accumulated scores may flip one heavy hitter"),
+        " accumulated scores may flip one heavy hitter",
+    ),
     "float16": Tolerance(
-        4e-3, 4e-3, 0.9,
+        4e-3,
+        4e-3,
+        0.9,
         "fp16 unit roundoff 4.9e-4 on P before the PV product and on the stored output"
-        " (statistics stay fp32): about 4 ulps; score ties under rounding flip heavy hitters"),
+        " (statistics stay fp32): about 4 ulps; score ties under rounding flip heavy hitters",
+    ),
     "bfloat16": Tolerance(
-        3e-2, 3e-2, 0.9,
+        3e-2,
+        3e-2,
+        0.9,
         "bf16 unit roundoff 3.9e-3 on P and the output (statistics stay fp32): about 4 ulps;"
-        " score ties under rounding flip heavy hitters"),
+        " score ties under rounding flip heavy hitters",
+    ),
 }
 
 

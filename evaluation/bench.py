@@ -1,4 +1,5 @@
 """TTFT and decode speed vs prompt length, for chosen methods and backends, in one run."""
+
 from __future__ import annotations
 
 import json
@@ -34,14 +35,17 @@ class BenchPlan:
     save_crossover: bool = False  # the bench's own crossovers become what `auto` reads on this machine
 
 
-
-
 def _one_run(model, tokenizer, ids, method, decode_tokens) -> dict:
     last = None
     for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method):
         pass
-    return {"ttft_s": last.ttft, "decode_tps": last.generation_tps, "kept_tokens": last.kept_tokens,
-            "generated": last.generation_tokens, "peak_memory_gb": last.peak_memory}
+    return {
+        "ttft_s": last.ttft,
+        "decode_tps": last.generation_tps,
+        "kept_tokens": last.kept_tokens,
+        "generated": last.generation_tokens,
+        "peak_memory_gb": last.peak_memory,
+    }
 
 
 def prompt_ids(plan: BenchPlan, tokenizer, length: int) -> list[int]:
@@ -51,26 +55,40 @@ def prompt_ids(plan: BenchPlan, tokenizer, length: int) -> list[int]:
     return tokens_of_length(tokenizer, length)
 
 
-def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
-              step: Callable[[int, str], None] | None = None,
-              row_done: Callable[[dict], None] | None = None) -> dict:
+def run_bench(
+    plan: BenchPlan,
+    log: Callable[[str], None] = print,
+    step: Callable[[int, str], None] | None = None,
+    row_done: Callable[[dict], None] | None = None,
+) -> dict:
     """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs.
     step(total, label) after each generation (warm-ups included), for a progress bar;
     row_done(result so far, "complete" False) after each row, to save partial results."""
     rows: list[dict] = []
-    result = {"plan": _plan_dict(plan), "machine": describe_machine(), "complete": False, "rows": rows,
-              "calibration": []}
+    result = {
+        "plan": _plan_dict(plan),
+        "machine": describe_machine(),
+        "complete": False,
+        "rows": rows,
+        "calibration": [],
+    }
     total = len(plan.backends) * len(plan.methods) * (1 + len(plan.lengths) * plan.repeats)
 
     def done(label: str) -> None:
         if step is not None:
             step(total, label)
+
     for backend in plan.backends:
         model, tokenizer = load(plan.model, backend=backend, dtype=plan.dtype, device=plan.device)
-        speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
-                      if "specprefill" in plan.methods else None)
-        methods = {name: prefill_method(name, h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
-                   for name in plan.methods}
+        speculator = (
+            load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
+            if "specprefill" in plan.methods
+            else None
+        )
+        methods = {
+            name: prefill_method(name, h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
+            for name in plan.methods
+        }
         warm = prompt_ids(plan, tokenizer, min(plan.lengths))
         for name, method in methods.items():  # first calls allocate, compile and fill caches
             _one_run(model, tokenizer, warm, method, 2)
@@ -83,10 +101,13 @@ def run_bench(plan: BenchPlan, log: Callable[[str], None] = print,
                     runs.append(_one_run(model, tokenizer, ids, method, plan.decode_tokens))
                     done(f"{backend} {name} {length}")
                 best = min(runs, key=lambda r: r["ttft_s"])
-                rows.append({"backend": backend, "device": model.device_name, "method": name,
-                             "prompt_tokens": length, **best})
-                log(f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "
-                    f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}")
+                rows.append(
+                    {"backend": backend, "device": model.device_name, "method": name, "prompt_tokens": length, **best}
+                )
+                log(
+                    f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "
+                    f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}"
+                )
                 if row_done is not None:
                     _add_ratios(rows)
                     row_done(result)
@@ -103,17 +124,28 @@ def _calibrate(plan: BenchPlan, model, speculator, rows: list[dict], log: Callab
     full = {r["prompt_tokens"]: r["ttft_s"] for r in rows if r["method"] == "full"}
     entries = []
     for name in [m for m in plan.methods if m != "full"]:
-        auto = prefill_method("auto", h2o=plan.h2o, specprefill=plan.specprefill,
-                              speculator=speculator if name == "specprefill" else None)
-        points = {r["prompt_tokens"]: (full[r["prompt_tokens"]], r["ttft_s"])
-                  for r in rows if r["method"] == name and r["prompt_tokens"] in full}
+        auto = prefill_method(
+            "auto", h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator if name == "specprefill" else None
+        )
+        points = {
+            r["prompt_tokens"]: (full[r["prompt_tokens"]], r["ttft_s"])
+            for r in rows
+            if r["method"] == name and r["prompt_tokens"] in full
+        }
         if plan.save_crossover and points:
             saved = save_calibration(key_for(model, auto), points, "specfill bench --save-crossover (TTFT)")
             crossover, source = saved["crossover_tokens"], "this bench (saved for auto)"
         else:
             crossover, source = auto_crossover(model, auto, refresh=True)
-        entries.append({"backend": rows[0]["backend"] if rows else None, "method": name, "auto_crossover": crossover,
-                        "auto_source": source, "bench_crossover": crossover_from_points(points) if points else None})
+        entries.append(
+            {
+                "backend": rows[0]["backend"] if rows else None,
+                "method": name,
+                "auto_crossover": crossover,
+                "auto_source": source,
+                "bench_crossover": crossover_from_points(points) if points else None,
+            }
+        )
         log(f"auto on this machine: {name} from {crossover} tokens ({source})")
     return entries
 
@@ -127,11 +159,20 @@ def _add_ratios(rows: list[dict]) -> None:
 
 
 def _plan_dict(plan: BenchPlan) -> dict:
-    return {"backends": list(plan.backends), "methods": list(plan.methods), "lengths": list(plan.lengths),
-            "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)", "speculator": plan.speculator,
-            "h2o": vars(plan.h2o), "specprefill": vars(plan.specprefill), "decode_tokens": plan.decode_tokens,
-            "repeats": plan.repeats, "dtype": plan.dtype, "device": plan.device,
-            "save_crossover": plan.save_crossover}
+    return {
+        "backends": list(plan.backends),
+        "methods": list(plan.methods),
+        "lengths": list(plan.lengths),
+        "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)",
+        "speculator": plan.speculator,
+        "h2o": vars(plan.h2o),
+        "specprefill": vars(plan.specprefill),
+        "decode_tokens": plan.decode_tokens,
+        "repeats": plan.repeats,
+        "dtype": plan.dtype,
+        "device": plan.device,
+        "save_crossover": plan.save_crossover,
+    }
 
 
 def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -> list[Path]:
@@ -143,32 +184,48 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     partial = json_path.with_suffix(".json.partial")
     partial.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(partial, json_path)
-    status_note = [] if result.get("complete", True) else [
-        "Partial: the run has not finished (or was stopped); these are the rows it completed.", ""]
-    lines = ["# TTFT benchmark", "", *status_note, f"Machine: {machine_line(result['machine'])}.",
-             f"Model: {result['plan']['model']}; device {result['plan']['device'] or 'backend default'}; "
-             f"dtype {result['plan']['dtype'] or 'backend default'}; "
-             f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
-             f"H={result['plan']['h2o']['heavy']} W={result['plan']['h2o'].get('dense_tail', 0)}; "
-             f"SpecPrefill {result['plan']['speculator']} layers {result['plan']['specprefill'].get('layers', 'all')} keep "
-             f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}.", "",
-             "| backend | method | prompt tokens | TTFT (s) | speed-up vs full | kept | decode tok/s | decode vs full |",
-             "|---|---|---|---|---|---|---|---|"]
+    status_note = (
+        []
+        if result.get("complete", True)
+        else ["Partial: the run has not finished (or was stopped); these are the rows it completed.", ""]
+    )
+    lines = [
+        "# TTFT benchmark",
+        "",
+        *status_note,
+        f"Machine: {machine_line(result['machine'])}.",
+        f"Model: {result['plan']['model']}; device {result['plan']['device'] or 'backend default'}; "
+        f"dtype {result['plan']['dtype'] or 'backend default'}; "
+        f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
+        f"H={result['plan']['h2o']['heavy']} W={result['plan']['h2o'].get('dense_tail', 0)}; "
+        f"SpecPrefill {result['plan']['speculator']} layers {result['plan']['specprefill'].get('layers', 'all')} keep "
+        f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}.",
+        "",
+        "| backend | method | prompt tokens | TTFT (s) | speed-up vs full | kept | decode tok/s | decode vs full |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         ratio = f"{r['ttft_speedup_vs_full']:.2f}x" if r["ttft_speedup_vs_full"] else "-"
         decode = f"{r['decode_vs_full']:.2f}x" if r["decode_vs_full"] else "-"
-        lines.append(f"| {r['backend']} | {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
-                     f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} |")
+        lines.append(
+            f"| {r['backend']} | {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
+            f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} |"
+        )
     for c in result.get("calibration", []):
-        lines.append(f"\nauto on this machine ({c['backend']}, {c['method']}): from {c['auto_crossover']} tokens "
-                     f"({c['auto_source']}); this bench's crossover: {c['bench_crossover']}.")
+        lines.append(
+            f"\nauto on this machine ({c['backend']}, {c['method']}): from {c['auto_crossover']} tokens "
+            f"({c['auto_source']}); this bench's crossover: {c['bench_crossover']}."
+        )
     partial = md_path.with_suffix(".md.partial")
     partial.write_text("\n".join(lines) + "\n")
     os.replace(partial, md_path)
     plan, machine = result["plan"], result["machine"]
-    plot_ttft(result["rows"], png_path,
-              f"TTFT vs prompt length: {Path(str(plan['model'])).name[:40]}, {plan['dtype'] or 'default dtype'}, "
-              f"{plan['device'] or 'default device'}, {machine.get('torch_threads', '?')} thread(s), "
-              f"{machine['cpu'][:30]}, load {machine.get('load_average_1min', '?')}")
+    plot_ttft(
+        result["rows"],
+        png_path,
+        f"TTFT vs prompt length: {Path(str(plan['model'])).name[:40]}, {plan['dtype'] or 'default dtype'}, "
+        f"{plan['device'] or 'default device'}, {machine.get('torch_threads', '?')} thread(s), "
+        f"{machine['cpu'][:30]}, load {machine.get('load_average_1min', '?')}",
+    )
     paths = [json_path, md_path, png_path]
     return paths

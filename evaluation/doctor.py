@@ -7,6 +7,7 @@ run here), on a Mac the Metal kernel matrix on real Metal, and the first-use sel
 micro-bench triggered; micro-bench (full / H2O / SpecPrefill TTFT on a random-weight model at a
 few prompt lengths) with the roofline model's prediction from this machine's measured rates.
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -21,8 +22,21 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 
 from .machine import describe_machine
 
-PACKAGES = ("specfill", "numpy", "torch", "triton", "mlx", "mlx-metal", "mlx-cpu", "mlx-lm", "gguf",
-            "tokenizers", "safetensors", "transformers", "huggingface-hub")
+PACKAGES = (
+    "specfill",
+    "numpy",
+    "torch",
+    "triton",
+    "mlx",
+    "mlx-metal",
+    "mlx-cpu",
+    "mlx-lm",
+    "gguf",
+    "tokenizers",
+    "safetensors",
+    "transformers",
+    "huggingface-hub",
+)
 
 
 @dataclass(frozen=True)
@@ -60,14 +74,22 @@ def torch_facts() -> dict[str, Any]:
 
     cuda = placement.RUNTIME.available()
     device = torch.device("cuda" if cuda else "cpu")
-    facts: dict[str, Any] = {"installed": True, "cuda_available": cuda, "cuda_version": torch.version.cuda,
-                             "threads": torch.get_num_threads(), "triton_interpreter": interpreting()}
+    facts: dict[str, Any] = {
+        "installed": True,
+        "cuda_available": cuda,
+        "cuda_version": torch.version.cuda,
+        "threads": torch.get_num_threads(),
+        "triton_interpreter": interpreting(),
+    }
     blas = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
     facts["blas"] = blas.group(1) if blas else "unknown"
     if cuda:
         props = placement.RUNTIME.properties(device)
-        facts.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 1e9, 1),
-                     compute_capability="{}.{}".format(*props.capability))
+        facts.update(
+            gpu=props.name,
+            gpu_memory_gb=round(props.total_memory / 1e9, 1),
+            compute_capability="{}.{}".format(*props.capability),
+        )
     facts["triton_kernels_unavailable"] = kernel_unavailable_reason(device, torch.float16)
     return facts
 
@@ -79,11 +101,19 @@ def mlx_facts() -> dict[str, Any]:
     import mlx.core as mx
 
     metal = bool(mx.metal.is_available())
-    facts: dict[str, Any] = {"installed": True, "metal_available": metal,
-                             "device_info": {k: str(v) for k, v in mx.device_info().items()}}
+    facts: dict[str, Any] = {
+        "installed": True,
+        "metal_available": metal,
+        "device_info": {k: str(v) for k, v in mx.device_info().items()},
+    }
     preload = os.environ.get("LD_PRELOAD", "")
-    facts["cpu_blas"] = ("Accelerate" if metal else "OpenBLAS (LD_PRELOAD)" if "openblas" in preload.lower()
-                         else "MLX's bundled reference BLAS (slow; see docs/results.md, OpenBLAS)")
+    facts["cpu_blas"] = (
+        "Accelerate"
+        if metal
+        else "OpenBLAS (LD_PRELOAD)"
+        if "openblas" in preload.lower()
+        else "MLX's bundled reference BLAS (slow; see docs/results.md, OpenBLAS)"
+    )
     return facts
 
 
@@ -99,10 +129,14 @@ def environment() -> dict[str, Any]:
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") / 1e9
     except (ValueError, OSError, AttributeError):
         available = None
-    return {"machine": describe_machine(), "packages": {p: _version(p) for p in PACKAGES},
-            "memory_available_gb": None if available is None else round(available, 1),
-            "numpy_blas": f"{numpy_blas.get('name', 'unknown')} {numpy_blas.get('version', '')}".strip(),
-            "torch": torch_facts(), "mlx": mlx_facts()}
+    return {
+        "machine": describe_machine(),
+        "packages": {p: _version(p) for p in PACKAGES},
+        "memory_available_gb": None if available is None else round(available, 1),
+        "numpy_blas": f"{numpy_blas.get('name', 'unknown')} {numpy_blas.get('version', '')}".strip(),
+        "torch": torch_facts(),
+        "mlx": mlx_facts(),
+    }
 
 
 def kernel_skip_reason(backend: str, env: dict[str, Any]) -> str | None:
@@ -128,18 +162,31 @@ def kernel_conformance(backend: str, env: dict[str, Any]) -> dict[str, Any]:
     from specfill.conformance import run_conformance
 
     report = run_conformance(backend, None, use_kernels=True)
-    return {"passed": report.passed, "checks": len(report.results), "failed": len(report.failures),
-            "seconds": round(report.seconds, 1), "dtypes": list(report.dtypes),
-            "failures": [f"{f.check} [{f.dtype}] {f.case}: {f.detail}" for f in report.failures[:20]]}
+    return {
+        "passed": report.passed,
+        "checks": len(report.results),
+        "failed": len(report.failures),
+        "seconds": round(report.seconds, 1),
+        "dtypes": list(report.dtypes),
+        "failures": [f"{f.check} [{f.dtype}] {f.case}: {f.detail}" for f in report.failures[:20]],
+    }
 
 
 def micro_bench(plan: DoctorPlan, log: Callable[[str], None]) -> dict[str, Any]:
     """TTFT of each method at each length on the plan's model (evaluation.bench, 2 decode tokens)."""
     from .bench import BenchPlan, run_bench
 
-    bench = BenchPlan(backends=(plan.backend,), methods=plan.methods, lengths=plan.lengths, model=plan.model,
-                      speculator=plan.speculator, h2o=H2OConfig(), specprefill=SpecPrefillConfig(),
-                      decode_tokens=2, repeats=1)
+    bench = BenchPlan(
+        backends=(plan.backend,),
+        methods=plan.methods,
+        lengths=plan.lengths,
+        model=plan.model,
+        speculator=plan.speculator,
+        h2o=H2OConfig(),
+        specprefill=SpecPrefillConfig(),
+        decode_tokens=2,
+        repeats=1,
+    )
     result = run_bench(bench, log=log)
     return {"plan": result["plan"], "rows": result["rows"], "calibration": result["calibration"]}
 
@@ -151,6 +198,7 @@ def roofline_prediction(plan: DoctorPlan, bench: dict[str, Any]) -> dict[str, An
     from specfill.core.io.random_model import is_random_model, random_model_args
 
     from .roofline import Shape, predict_bench_rows
+
     if "skipped" in bench:
         return {"skipped": "no micro-bench ran"}
     if not is_random_model(plan.model):
@@ -159,16 +207,19 @@ def roofline_prediction(plan: DoctorPlan, bench: dict[str, Any]) -> dict[str, An
     context = min(max(plan.lengths), 4096)
     if plan.backend == "mlx":  # random weights are float32, which MLX keeps on Metal and CPU
         from .rates import mlx_rates
+
         rates, width = mlx_rates(shape, "float32", context=context), 4
     else:  # the torch backend's default: bfloat16 on CUDA, float32 on CPU
         from specfill.backends.torch_cuda import placement
 
         from .rates import torch_rates
+
         cuda = placement.RUNTIME.available()
         rates = torch_rates(shape, "cuda" if cuda else "cpu", "bfloat16" if cuda else "float32", context=context)
         width = 2 if cuda else 4
-    rows = predict_bench_rows(shape, rates, bench["rows"], plan.speculator, width, H2OConfig(),
-                              SpecPrefillConfig().lookahead)
+    rows = predict_bench_rows(
+        shape, rates, bench["rows"], plan.speculator, width, H2OConfig(), SpecPrefillConfig().lookahead
+    )
     return {"rates": vars(rates), "rows": rows}
 
 
@@ -184,8 +235,12 @@ def metal_matrix(backend: str, env: dict[str, Any]) -> dict[str, Any]:
     from specfill.backends.mlx.kernels.matrix import run_metal_matrix
 
     result = run_metal_matrix()
-    return {"cells": len(result["cells"]), "failures": result["failures"], "device": result["device"],
-            "failed": [f"{r['cell']}: {'; '.join(r['failures'])}" for r in result["cells"] if r["failures"]][:20]}
+    return {
+        "cells": len(result["cells"]),
+        "failures": result["failures"],
+        "device": result["device"],
+        "failed": [f"{r['cell']}: {'; '.join(r['failures'])}" for r in result["cells"] if r["failures"]][:20],
+    }
 
 
 def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -195,14 +250,26 @@ def run_doctor(plan: DoctorPlan, log: Callable[[str], None] = print) -> dict[str
     start = time.perf_counter()
     env = environment()
     log("doctor: environment read")
-    kernels = (kernel_conformance(plan.backend, env) if plan.run_kernel_conformance
-               else {"skipped": "not asked (--no-kernel-check)"})
+    kernels = (
+        kernel_conformance(plan.backend, env)
+        if plan.run_kernel_conformance
+        else {"skipped": "not asked (--no-kernel-check)"}
+    )
     log(f"doctor: kernels {'skipped: ' + kernels['skipped'] if 'skipped' in kernels else 'checked'}")
-    metal = (metal_matrix(plan.backend, env) if plan.run_kernel_conformance
-             else {"skipped": "not asked (--no-kernel-check)"})
+    metal = (
+        metal_matrix(plan.backend, env) if plan.run_kernel_conformance else {"skipped": "not asked (--no-kernel-check)"}
+    )
     bench = micro_bench(plan, log) if plan.lengths else {"skipped": "no lengths asked"}
     prediction = roofline_prediction(plan, bench)
     checks = [vars(v) | {"passed": v.passed} for v in KERNEL_SELF_CHECK.verdicts()]
-    return {"backend": plan.backend, "kernels_setting": kernels_word(kernels_setting(None)),
-            "environment": env, "kernel_conformance": kernels, "metal_matrix": metal,
-            "self_checks": checks, "micro_bench": bench, "roofline": prediction, "seconds": round(time.perf_counter() - start, 1)}
+    return {
+        "backend": plan.backend,
+        "kernels_setting": kernels_word(kernels_setting(None)),
+        "environment": env,
+        "kernel_conformance": kernels,
+        "metal_matrix": metal,
+        "self_checks": checks,
+        "micro_bench": bench,
+        "roofline": prediction,
+        "seconds": round(time.perf_counter() - start, 1),
+    }

@@ -5,6 +5,7 @@ seconds (TTFT + decode), acceptance, and whether the greedy text equals k = 0's 
 With full prefill the draft is `draft` (a path or self:K); with SpecPrefill the speculator
 drafts from the prompt KV it already built.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,10 +44,17 @@ def _one(model, tokenizer, ids, method, plan: DraftingPlan, draft, k: int) -> di
     steps = list(stream_generate(model, tokenizer, ids, plan.decode_tokens, method=method, **kwargs))
     last = steps[-1]
     decode_s = (last.generation_tokens - 1) / last.generation_tps if last.generation_tps else 0.0
-    return {"k": k, "ttft_s": last.ttft, "decode_tps": last.generation_tps, "total_s": last.ttft + decode_s,
-            "generated": last.generation_tokens, "drafted": last.drafted_tokens, "accepted": last.accepted_tokens,
-            "acceptance": last.accepted_tokens / last.drafted_tokens if last.drafted_tokens else None,
-            "tokens": [r.token for r in steps]}
+    return {
+        "k": k,
+        "ttft_s": last.ttft,
+        "decode_tps": last.generation_tps,
+        "total_s": last.ttft + decode_s,
+        "generated": last.generation_tokens,
+        "drafted": last.drafted_tokens,
+        "accepted": last.accepted_tokens,
+        "acceptance": last.accepted_tokens / last.drafted_tokens if last.drafted_tokens else None,
+        "tokens": [r.token for r in steps],
+    }
 
 
 def run_drafting_bench(plan: DraftingPlan, log: Callable[[str], None] = print) -> dict:
@@ -56,25 +64,43 @@ def run_drafting_bench(plan: DraftingPlan, log: Callable[[str], None] = print) -
     if plan.prompt_file is None:
         ids = tokens_of_length(tokenizer, plan.prompt_tokens)
     else:
-        ids = tokenizer.encode(read_prompt_file(plan.prompt_file))[:plan.prompt_tokens]
+        ids = tokenizer.encode(read_prompt_file(plan.prompt_file))[: plan.prompt_tokens]
     rows = []
     for name in plan.methods:
         method = prefill_method(name, specprefill=plan.specprefill, speculator=speculator)
         _one(model, tokenizer, ids[:64], method, DraftingPlan(decode_tokens=4), draft if name == "full" else None, 2)
-        runs = [_one(model, tokenizer, ids, method, plan, draft if name == "full" else None, k)
-                for k in (0, *plan.draft_tokens)]
+        runs = [
+            _one(model, tokenizer, ids, method, plan, draft if name == "full" else None, k)
+            for k in (0, *plan.draft_tokens)
+        ]
         base = runs[0]
         for row in runs:
-            row.update(method=name, identical=row["tokens"] == base["tokens"],
-                       decode_vs_plain=row["decode_tps"] / base["decode_tps"], total_vs_plain=base["total_s"] / row["total_s"])
+            row.update(
+                method=name,
+                identical=row["tokens"] == base["tokens"],
+                decode_vs_plain=row["decode_tps"] / base["decode_tps"],
+                total_vs_plain=base["total_s"] / row["total_s"],
+            )
         for row in runs:
             del row["tokens"]
             rows.append(row)
-            log(f"{name:<11} k={row['k']}: TTFT {row['ttft_s']:.2f} s, decode {row['decode_tps']:.2f} tok/s "
-                f"({row['decode_vs_plain']:.2f}x), accepted {row['accepted']}/{row['drafted']}, same text {row['identical']}")
-    return {"plan": {**vars(plan), "methods": list(plan.methods), "draft_tokens": list(plan.draft_tokens),
-                     "specprefill": vars(plan.specprefill), "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)"},
-            "machine": describe_machine(), "device": model.device_name, "rows": rows}
+            log(
+                f"{name:<11} k={row['k']}: TTFT {row['ttft_s']:.2f} s, decode {row['decode_tps']:.2f} tok/s "
+                f"({row['decode_vs_plain']:.2f}x), accepted {row['accepted']}/{row['drafted']}, same text "
+                f"{row['identical']}"
+            )
+    return {
+        "plan": {
+            **vars(plan),
+            "methods": list(plan.methods),
+            "draft_tokens": list(plan.draft_tokens),
+            "specprefill": vars(plan.specprefill),
+            "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)",
+        },
+        "machine": describe_machine(),
+        "device": model.device_name,
+        "rows": rows,
+    }
 
 
 def write_drafting(result: dict, out_dir: str | os.PathLike, name: str = "drafting") -> list[Path]:
@@ -82,23 +108,32 @@ def write_drafting(result: dict, out_dir: str | os.PathLike, name: str = "drafti
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plan = result["plan"]
-    lines = ["# Speculative decoding: decode speed with and without a draft", "",
-             f"Machine: {machine_line(result['machine'])}; device {result['device']}.",
-             f"Model: {plan['model']}; draft with full prefill: {plan['draft']}; SpecPrefill speculator (the draft "
-             f"after SpecPrefill): {plan['speculator']}, keep {plan['specprefill']['keep_ratio']}; prompt "
-             f"{plan['prompt_tokens']} tokens ({plan.get('prompt_file') or 'the evaluation text'}), "
-             f"{plan['decode_tokens']} new tokens, greedy.", "",
-             "| prefill | k | TTFT (s) | decode tok/s | vs plain | end-to-end (s) | vs plain | accepted / drafted | same text |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Speculative decoding: decode speed with and without a draft",
+        "",
+        f"Machine: {machine_line(result['machine'])}; device {result['device']}.",
+        f"Model: {plan['model']}; draft with full prefill: {plan['draft']}; SpecPrefill speculator (the draft "
+        f"after SpecPrefill): {plan['speculator']}, keep {plan['specprefill']['keep_ratio']}; prompt "
+        f"{plan['prompt_tokens']} tokens ({plan.get('prompt_file') or 'the evaluation text'}), "
+        f"{plan['decode_tokens']} new tokens, greedy.",
+        "",
+        "| prefill | k | TTFT (s) | decode tok/s | vs plain | end-to-end (s) | vs plain | accepted / drafted | "
+        "same text |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
-        lines.append(f"| {r['method']} | {r['k']} | {r['ttft_s']:.2f} | {r['decode_tps']:.2f} | {r['decode_vs_plain']:.2f}x "
-                     f"| {r['total_s']:.1f} | {r['total_vs_plain']:.2f}x | {r['accepted']}/{r['drafted']} | {r['identical']} |")
+        lines.append(
+            f"| {r['method']} | {r['k']} | {r['ttft_s']:.2f} | {r['decode_tps']:.2f} | {r['decode_vs_plain']:.2f}x "
+            f"| {r['total_s']:.1f} | {r['total_vs_plain']:.2f}x | {r['accepted']}/{r['drafted']} | {r['identical']} |"
+        )
     paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}_decode.png"]
     for path, text in ((paths[0], json.dumps(result, indent=1) + "\n"), (paths[1], "\n".join(lines) + "\n")):
         partial = path.with_name(path.name + ".partial")
         partial.write_text(text)
         os.replace(partial, path)
-    title = (f"Decode tok/s vs draft tokens k: {plan['model']}, {plan['dtype'] or 'default dtype'}, "
-             f"{result['device']}, {result['machine'].get('torch_threads', '?')} threads")
+    title = (
+        f"Decode tok/s vs draft tokens k: {plan['model']}, {plan['dtype'] or 'default dtype'}, "
+        f"{result['device']}, {result['machine'].get('torch_threads', '?')} threads"
+    )
     plot_decode_speed(result["rows"], paths[2], title)
     return paths

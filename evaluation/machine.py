@@ -1,4 +1,5 @@
 """A description of the machine a figure was measured on (written into every result file)."""
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -71,8 +72,13 @@ def _version(package: str) -> str | None:
 def describe_machine(extra: dict | None = None) -> dict:
     """CPU, cores, memory, OS, Python and framework versions; GPU name when torch sees one."""
     info = {
-        "host": platform.node(), "os": f"{platform.system()} {platform.release()}", "arch": platform.machine(),
-        "cpu": _cpu_model(), "cpu_features": _cpu_features(), "cores": os.cpu_count(), "memory_gb": round(_memory_gb() or 0.0, 1),
+        "host": platform.node(),
+        "os": f"{platform.system()} {platform.release()}",
+        "arch": platform.machine(),
+        "cpu": _cpu_model(),
+        "cpu_features": _cpu_features(),
+        "cores": os.cpu_count(),
+        "memory_gb": round(_memory_gb() or 0.0, 1),
         "python": platform.python_version(),
         "versions": {p: _version(p) for p in ("specfill", "numpy", "torch", "triton", "mlx", "mlx-lm", "transformers")},
         "ld_preload": os.environ.get("LD_PRELOAD", ""),
@@ -90,7 +96,11 @@ def describe_machine(extra: dict | None = None) -> dict:
 
 def machine_line(info: dict) -> str:
     """One line for Markdown reports."""
-    return (f"{info['cpu']} [{info.get('cpu_features', '?')}] ({info['cores']} cores, {info['memory_gb']} GB), {info['os']} {info['arch']}, "
-            f"Python {info['python']}" + (f", GPU {info['gpu']}" if info.get("gpu") else "")
-            + (f"; torch {info['torch_threads']} thread(s)" if info.get("torch_threads") else "")
-            + (f"; load average {info['load_average_1min']}" if "load_average_1min" in info else ""))
+    return (
+        f"{info['cpu']} [{info.get('cpu_features', '?')}] ({info['cores']} cores, {info['memory_gb']} GB), "
+        f"{info['os']} {info['arch']}, "
+        f"Python {info['python']}"
+        + (f", GPU {info['gpu']}" if info.get("gpu") else "")
+        + (f"; torch {info['torch_threads']} thread(s)" if info.get("torch_threads") else "")
+        + (f"; load average {info['load_average_1min']}" if "load_average_1min" in info else "")
+    )

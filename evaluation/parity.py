@@ -1,4 +1,5 @@
 """Cross-backend parity: the same weights and prompt on two backends, compared stage by stage."""
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,7 @@ def jaccard(a, b) -> float:
 
 def compare_logits(a: np.ndarray, b: np.ndarray) -> dict:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return {"max_abs_diff": float(np.abs(a - b).max()),
-            "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
+    return {"max_abs_diff": float(np.abs(a - b).max()), "top1_agreement": float((a.argmax(-1) == b.argmax(-1)).mean())}
 
 
 def compare_memory_sets(a: list[list[np.ndarray]], b: list[list[np.ndarray]]) -> list[dict]:
@@ -45,11 +45,20 @@ def compare_memory_sets(a: list[list[np.ndarray]], b: list[list[np.ndarray]]) ->
     layers = []
     for layer, (sets_a, sets_b) in enumerate(zip(a, b)):
         pairs = [(ra, rb) for ma, mb in zip(sets_a, sets_b) for ra, rb in zip(np.asarray(ma), np.asarray(mb))]
-        differing = [(c, h, sorted(set(ra.tolist()) ^ set(rb.tolist()))[:6])
-                     for c, (ma, mb) in enumerate(zip(sets_a, sets_b))
-                     for h, (ra, rb) in enumerate(zip(np.asarray(ma), np.asarray(mb))) if not np.array_equal(ra, rb)]
-        layers.append({"layer": layer, "jaccard": float(np.mean([jaccard(x, y) for x, y in pairs])) if pairs else 1.0,
-                       "identical": not differing and len(sets_a) == len(sets_b), "differing": differing[:8]})
+        differing = [
+            (c, h, sorted(set(ra.tolist()) ^ set(rb.tolist()))[:6])
+            for c, (ma, mb) in enumerate(zip(sets_a, sets_b))
+            for h, (ra, rb) in enumerate(zip(np.asarray(ma), np.asarray(mb)))
+            if not np.array_equal(ra, rb)
+        ]
+        layers.append(
+            {
+                "layer": layer,
+                "jaccard": float(np.mean([jaccard(x, y) for x, y in pairs])) if pairs else 1.0,
+                "identical": not differing and len(sets_a) == len(sets_b),
+                "differing": differing[:8],
+            }
+        )
     return layers
 
 
@@ -69,8 +78,17 @@ def run_parity(plan: ParityPlan) -> dict:
             "memory_sets": h2o_info.memory_sets or [],
             "text": "".join(r.text for r in stream_generate(model, tokenizer, ids, plan.generate_tokens)),
         }
-        drafted = list(stream_generate(model, tokenizer, ids, plan.generate_tokens, method=spec,
-                                       prefill_info=spec_info, num_draft_tokens=plan.num_draft_tokens))
+        drafted = list(
+            stream_generate(
+                model,
+                tokenizer,
+                ids,
+                plan.generate_tokens,
+                method=spec,
+                prefill_info=spec_info,
+                num_draft_tokens=plan.num_draft_tokens,
+            )
+        )
         runs[backend]["drafted_text"] = "".join(r.text for r in drafted)
         runs[backend]["accepted"] = [drafted[-1].accepted_tokens, drafted[-1].drafted_tokens]
         runs[backend]["kept"] = list(spec_info.kept_positions or [])
@@ -78,21 +96,30 @@ def run_parity(plan: ParityPlan) -> dict:
     a, b = (runs[name] for name in plan.backends)
     kept_a, kept_b = set(a["kept"]), set(b["kept"])
     return {
-        "plan": {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(plan).items()},
-                 "h2o": vars(plan.h2o), "specprefill": vars(plan.specprefill),
-                 "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)"},
+        "plan": {
+            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(plan).items()},
+            "h2o": vars(plan.h2o),
+            "specprefill": vars(plan.specprefill),
+            "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)",
+        },
         "machine": describe_machine(),
         "devices": {name: runs[name]["device"] for name in plan.backends},
         "full_logits": compare_logits(a["full_logits"], b["full_logits"]),
         "h2o_logits": compare_logits(a["h2o_logits"], b["h2o_logits"]),
         "h2o_memory_sets": compare_memory_sets(a["memory_sets"], b["memory_sets"]),
-        "specprefill_kept": {"jaccard": jaccard(a["kept"], b["kept"]), "count": [len(kept_a), len(kept_b)],
-                             "only_" + plan.backends[0]: sorted(kept_a - kept_b)[:32],
-                             "only_" + plan.backends[1]: sorted(kept_b - kept_a)[:32]},
+        "specprefill_kept": {
+            "jaccard": jaccard(a["kept"], b["kept"]),
+            "count": [len(kept_a), len(kept_b)],
+            "only_" + plan.backends[0]: sorted(kept_a - kept_b)[:32],
+            "only_" + plan.backends[1]: sorted(kept_b - kept_a)[:32],
+        },
         "text": {plan.backends[0]: a["text"], plan.backends[1]: b["text"], "identical": a["text"] == b["text"]},
-        "drafted_text": {plan.backends[0]: a["drafted_text"], plan.backends[1]: b["drafted_text"],
-                         "identical": a["drafted_text"] == b["drafted_text"],
-                         "accepted_of_drafted": {name: runs[name]["accepted"] for name in plan.backends}},
+        "drafted_text": {
+            plan.backends[0]: a["drafted_text"],
+            plan.backends[1]: b["drafted_text"],
+            "identical": a["drafted_text"] == b["drafted_text"],
+            "accepted_of_drafted": {name: runs[name]["accepted"] for name in plan.backends},
+        },
     }
 
 
@@ -102,24 +129,30 @@ def write_parity(result: dict, out_dir: str | os.PathLike, name: str = "parity")
     names = result["plan"]["backends"]
     memory = result["h2o_memory_sets"]
     devices = result["devices"]
-    lines = [f"# Parity: {names[0]} vs {names[1]}", "", f"Machine: {machine_line(result['machine'])}.",
-             f"Devices: {names[0]} on {devices[names[0]]}, {names[1]} on {devices[names[1]]} "
-             "(the cuda backend is the torch backend; without a GPU it runs on the CPU).",
-             f"Model: {result['plan']['model']}, {result['plan']['dtype']}, prompt {result['plan']['prompt_tokens']} "
-             f"tokens; H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
-             f"H={result['plan']['h2o']['heavy']}; SpecPrefill {result['plan']['speculator']} keep "
-             f"{result['plan']['specprefill']['keep_ratio']}.", "",
-             "| quantity | value |", "|---|---|",
-             f"| full logits max abs diff | {result['full_logits']['max_abs_diff']:.3g} |",
-             f"| full logits top-1 agreement | {100 * result['full_logits']['top1_agreement']:.2f}% |",
-             f"| H2O logits max abs diff | {result['h2o_logits']['max_abs_diff']:.3g} |",
-             f"| H2O logits top-1 agreement | {100 * result['h2o_logits']['top1_agreement']:.2f}% |",
-             f"| H2O memory sets identical (layers) | {sum(m['identical'] for m in memory)}/{len(memory)} |",
-             f"| H2O memory-set Jaccard (min over layers) | {min((m['jaccard'] for m in memory), default=1.0):.4f} |",
-             f"| SpecPrefill kept-token Jaccard | {result['specprefill_kept']['jaccard']:.4f} |",
-             f"| generated text identical | {result['text']['identical']} |",
-             f"| SpecPrefill + drafting (k={result['plan']['num_draft_tokens']}) text identical | "
-             f"{result['drafted_text']['identical']} |"]
+    lines = [
+        f"# Parity: {names[0]} vs {names[1]}",
+        "",
+        f"Machine: {machine_line(result['machine'])}.",
+        f"Devices: {names[0]} on {devices[names[0]]}, {names[1]} on {devices[names[1]]} "
+        "(the cuda backend is the torch backend; without a GPU it runs on the CPU).",
+        f"Model: {result['plan']['model']}, {result['plan']['dtype']}, prompt {result['plan']['prompt_tokens']} "
+        f"tokens; H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
+        f"H={result['plan']['h2o']['heavy']}; SpecPrefill {result['plan']['speculator']} keep "
+        f"{result['plan']['specprefill']['keep_ratio']}.",
+        "",
+        "| quantity | value |",
+        "|---|---|",
+        f"| full logits max abs diff | {result['full_logits']['max_abs_diff']:.3g} |",
+        f"| full logits top-1 agreement | {100 * result['full_logits']['top1_agreement']:.2f}% |",
+        f"| H2O logits max abs diff | {result['h2o_logits']['max_abs_diff']:.3g} |",
+        f"| H2O logits top-1 agreement | {100 * result['h2o_logits']['top1_agreement']:.2f}% |",
+        f"| H2O memory sets identical (layers) | {sum(m['identical'] for m in memory)}/{len(memory)} |",
+        f"| H2O memory-set Jaccard (min over layers) | {min((m['jaccard'] for m in memory), default=1.0):.4f} |",
+        f"| SpecPrefill kept-token Jaccard | {result['specprefill_kept']['jaccard']:.4f} |",
+        f"| generated text identical | {result['text']['identical']} |",
+        f"| SpecPrefill + drafting (k={result['plan']['num_draft_tokens']}) text identical | "
+        f"{result['drafted_text']['identical']} |",
+    ]
     differing = [m for m in memory if not m["identical"]]
     if differing:
         lines += ["", "Layers whose memory sets differ (chunk, KV head, differing positions):", ""]

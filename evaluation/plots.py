@@ -1,4 +1,5 @@
 """PNG plots for results a person would rather look at (matplotlib, headless)."""
+
 from __future__ import annotations
 
 import os
@@ -44,8 +45,9 @@ def plot_ttft(rows: Sequence[dict], path: str | os.PathLike, title: str) -> Path
     return _save(fig, path)
 
 
-def plot_position_map(maps: dict[str, np.ndarray], marks: dict[str, dict[str, list[int]]],
-                      path: str | os.PathLike, title: str) -> Path:
+def plot_position_map(
+    maps: dict[str, np.ndarray], marks: dict[str, dict[str, list[int]]], path: str | os.PathLike, title: str
+) -> Path:
     """One row per label: which prompt positions were kept (SpecPrefill) or are in a memory
     set (H2O: fraction of (layer, KV head) memory sets holding the position). A row ends at its
     own prompt's end (no padding drawn for shorter prompts); marks[label][kind], a span [start,
@@ -59,17 +61,28 @@ def plot_position_map(maps: dict[str, np.ndarray], marks: dict[str, dict[str, li
         image[i, : len(maps[label])] = maps[label]
     fig, ax = plt.subplots(figsize=(10, 0.8 + 0.55 * len(labels)))
     cmap = plt.get_cmap("viridis").with_extremes(bad="white")  # past a shorter prompt's end
-    shown = ax.imshow(np.ma.masked_invalid(image), aspect="auto", interpolation="nearest", cmap=cmap,
-                      vmin=0.0, vmax=1.0)
+    shown = ax.imshow(
+        np.ma.masked_invalid(image), aspect="auto", interpolation="nearest", cmap=cmap, vmin=0.0, vmax=1.0
+    )
     shown_kinds: set[str] = set()
     for i, label in enumerate(labels):
-        for what, color, y in (("support", "pink", 0.30), ("other", "grey", 0.42), ("needle", "red", 0.42),
-                               ("question", "orange", 0.42)):
+        for what, color, y in (
+            ("support", "pink", 0.30),
+            ("other", "grey", 0.42),
+            ("needle", "red", 0.42),
+            ("question", "orange", 0.42),
+        ):
             spans = marks.get(label, {}).get(what) or []
-            for span in ([spans] if spans and not isinstance(spans[0], (list, tuple)) else spans):
+            for span in [spans] if spans and not isinstance(spans[0], (list, tuple)) else spans:
                 end = max(span[1], span[0] + width / 150)  # at least 1/150 of the width: a short span shows
-                ax.plot([span[0] - 0.5, end - 0.5], [i + y, i + y], color=color, linewidth=4,
-                        solid_capstyle="butt", label=None if what in shown_kinds else what)
+                ax.plot(
+                    [span[0] - 0.5, end - 0.5],
+                    [i + y, i + y],
+                    color=color,
+                    linewidth=4,
+                    solid_capstyle="butt",
+                    label=None if what in shown_kinds else what,
+                )
                 shown_kinds.add(what)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_xlabel("prompt position")
@@ -95,15 +108,25 @@ def plot_decode_speed(rows: Sequence[dict], path: str | os.PathLike, title: str)
     return _save(fig, path)
 
 
-def plot_tradeoff(retrieval: dict[str, Sequence[dict]], perplexity: Sequence[dict], defaults: Sequence[str],
-                  path: str | os.PathLike, title: str) -> Path:
+def plot_tradeoff(
+    retrieval: dict[str, Sequence[dict]],
+    perplexity: Sequence[dict],
+    defaults: Sequence[str],
+    path: str | os.PathLike,
+    title: str,
+) -> Path:
     """TTFT speed-up vs full (x) against accuracy change in points, one panel per retrieval task
     (task name -> rows), and perplexity change in % (last panel): one point per (method and
     setting, prompt length); the library's default settings drawn as stars, the others as circles."""
     plt = _pyplot()
-    panels = [(rows, key, label) for rows, key, label in
-              [(rows, "vs_full_points", f"{task} accuracy vs full (points)") for task, rows in retrieval.items()]
-              + [(perplexity, "vs_full_pct", "perplexity vs full (%)")] if rows]
+    panels = [
+        (rows, key, label)
+        for rows, key, label in [
+            (rows, "vs_full_points", f"{task} accuracy vs full (points)") for task, rows in retrieval.items()
+        ]
+        + [(perplexity, "vs_full_pct", "perplexity vs full (%)")]
+        if rows
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.8), squeeze=False)
     colors: dict[str, str] = {}
     for ax, (rows, key, ylabel) in zip(axes[0], panels):
@@ -113,20 +136,42 @@ def plot_tradeoff(retrieval: dict[str, Sequence[dict]], perplexity: Sequence[dic
             if r.get("speedup_vs_full") is None or r.get(key) is None:
                 continue
             color = colors.setdefault(r["method"], f"C{len(colors) % 10}")
-            ax.scatter(r["speedup_vs_full"], r[key], color=color, s=150 if r["method"] in defaults else 45,
-                       marker="*" if r["method"] in defaults else "o", edgecolors="black", linewidths=0.5)
-            ax.annotate(f"{r['tokens']}", (r["speedup_vs_full"], r[key]), fontsize=7, xytext=(4, 3),
-                        textcoords="offset points")
+            ax.scatter(
+                r["speedup_vs_full"],
+                r[key],
+                color=color,
+                s=150 if r["method"] in defaults else 45,
+                marker="*" if r["method"] in defaults else "o",
+                edgecolors="black",
+                linewidths=0.5,
+            )
+            ax.annotate(
+                f"{r['tokens']}", (r["speedup_vs_full"], r[key]), fontsize=7, xytext=(4, 3), textcoords="offset points"
+            )
         ax.axhline(0.0, color="grey", linewidth=0.8)
         ax.axvline(1.0, color="grey", linewidth=0.8)
         ax.set_xlabel("TTFT speed-up vs full prefill (x)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], color=c, marker="*" if m in defaults else "o", linestyle="",
-                          markersize=10 if m in defaults else 6, label=m + (" (default)" if m in defaults else ""))
-               for m, c in colors.items()]
-    fig.legend(handles=handles, loc="lower center", ncol=min(4, max(1, len(handles))), fontsize=8,
-               bbox_to_anchor=(0.5, -0.02 - 0.04 * ((len(handles) - 1) // 4)))
+    handles = [
+        plt.Line2D(
+            [],
+            [],
+            color=c,
+            marker="*" if m in defaults else "o",
+            linestyle="",
+            markersize=10 if m in defaults else 6,
+            label=m + (" (default)" if m in defaults else ""),
+        )
+        for m, c in colors.items()
+    ]
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=min(4, max(1, len(handles))),
+        fontsize=8,
+        bbox_to_anchor=(0.5, -0.02 - 0.04 * ((len(handles) - 1) // 4)),
+    )
     fig.suptitle(title + "\n(labels: prompt tokens)", fontsize=9)
     fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(handles) - 1) // 4), 1, 1))
     return _save(fig, path)

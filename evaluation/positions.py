@@ -1,5 +1,6 @@
 """Which prompt positions a sparse prefill kept: the rows of the position-map plots. Its own module:
 the quality run, the RULER run and the protocol all draw them."""
+
 from __future__ import annotations
 
 import numpy as np

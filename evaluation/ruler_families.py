@@ -6,6 +6,7 @@ Each family draws a sample's random content once (keys, values, chain, question,
 fractions) from the sample's generator, then returns a Draft for any haystack size: the prompt
 grows with the size while what is asked stays the same, so the size that fits a token length can
 be found by bisection (ruler_tasks.fit_sample) and every method sees the same sample."""
+
 from __future__ import annotations
 
 import random
@@ -28,6 +29,7 @@ class Draft:
     expected strings, and the texts to mark in position maps ("needle": what the answer is read
     from: the queried needles, the chain's hops, QA's answer sentences; "other": distractor
     needles; "support": QA's gold documents)."""
+
     user: str
     prefix: str
     outputs: list[str]
@@ -41,7 +43,7 @@ Count = Callable[[str], int]
 
 def _random_value(rng: random.Random, kind: str) -> str:
     if kind == "numbers":
-        return str(rng.randint(10 ** 6, 10 ** 7 - 1))
+        return str(rng.randint(10**6, 10**7 - 1))
     if kind == "words":  # one of RULER's adjective-noun pairs
         return f"{rng.choice(word_list('adjectivelist.txt'))}-{rng.choice(word_list('nounlist.txt'))}"
     return str(uuid.UUID(int=rng.getrandbits(128), version=4))
@@ -61,7 +63,9 @@ def niah(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tuple[Rend
     nk, nv, nq = max(p["num_needle_k"], p["num_needle_q"]), p["num_needle_v"], p["num_needle_q"]
     keys = [_random_value(rng, p["type_needle_k"]) for _ in range(nk)]
     values = [[_random_value(rng, p["type_needle_v"]) for _ in range(nv)] for _ in range(nk)]
-    needles = [NEEDLE.format(type_needle_v=p["type_needle_v"], key=k, value=v) for k, vs in zip(keys, values) for v in vs]
+    needles = [
+        NEEDLE.format(type_needle_v=p["type_needle_v"], key=k, value=v) for k, vs in zip(keys, values) for v in vs
+    ]
     rng.shuffle(needles)
     asked = rng.sample(range(nk), nq)
     answers = [v for i in asked for v in values[i]]
@@ -76,9 +80,18 @@ def niah(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tuple[Rend
     fractions = sorted(rng.random() for _ in needles)
     haystack = p["type_haystack"]
     cap = min(len(essay_words()), n_tokens) if haystack == "essay" else max(2, n_tokens // 8)
-    distractors = ([NEEDLE.format(type_needle_v=p["type_needle_v"], key=_random_value(rng, p["type_needle_k"]),
-                                  value=_random_value(rng, p["type_needle_v"])) for _ in range(cap)]
-                   if haystack == "needle" else [])
+    distractors = (
+        [
+            NEEDLE.format(
+                type_needle_v=p["type_needle_v"],
+                key=_random_value(rng, p["type_needle_k"]),
+                value=_random_value(rng, p["type_needle_v"]),
+            )
+            for _ in range(cap)
+        ]
+        if haystack == "needle"
+        else []
+    )
     asked_needles = [s for s in needles if any(f"for {keys[i]} is:" in s for i in asked)]
 
     def render(size: int) -> Draft:
@@ -87,16 +100,21 @@ def niah(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tuple[Rend
             cuts = [0] + [int(len(sentences) * d / 100) for d in depths] + [len(sentences)]
             pieces = []
             for i in range(1, len(cuts)):
-                pieces.append(" ".join(sentences[cuts[i - 1]:cuts[i]]))
+                pieces.append(" ".join(sentences[cuts[i - 1] : cuts[i]]))
                 if i - 1 < len(needles):
                     pieces.append(needles[i - 1])
             context = " ".join(pieces)
         else:
-            context = "\n".join(_insert([NOISE] * size if haystack == "repeat" else distractors[:size], needles,
-                                        fractions))
-        return Draft(template.format(type_needle_v=kind, context=context, query=query),
-                     prefix.format(type_needle_v=kind, query=query), answers, context,
-                     {"needle": asked_needles, "other": [s for s in needles if s not in asked_needles]})
+            context = "\n".join(
+                _insert([NOISE] * size if haystack == "repeat" else distractors[:size], needles, fractions)
+            )
+        return Draft(
+            template.format(type_needle_v=kind, context=context, query=query),
+            prefix.format(type_needle_v=kind, query=query),
+            answers,
+            context,
+            {"needle": asked_needles, "other": [s for s in needles if s not in asked_needles]},
+        )
 
     return render, 1, cap
 
@@ -108,7 +126,8 @@ def _chain(rng: random.Random, letters: int, hops: int) -> tuple[list[str], list
         name = "".join(rng.choices(string.ascii_uppercase, k=letters))
         names += [name] if name not in names else []
     return names, [f"VAR {names[0]} = {rng.randint(10000, 99999)}"] + [
-        f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)]
+        f"VAR {names[j + 1]} = VAR {names[j]} " for j in range(hops)
+    ]
 
 
 def _vt_text(names: list[str], statements: list[str], fractions: list[float], size: int) -> tuple[str, str, str]:
@@ -116,8 +135,11 @@ def _vt_text(names: list[str], statements: list[str], fractions: list[float], si
     spec = task_templates()["variable_tracking"]
     context = " ".join(_insert([NOISE + "\n"] * size, statements, fractions)).replace(". \n", ".\n")
     value = statements[0].split("=")[-1].strip()
-    return (spec["template"].format(context=context, query=value),
-            spec["answer_prefix"].format(num_v=len(names), query=value), context)
+    return (
+        spec["template"].format(context=context, query=value),
+        spec["answer_prefix"].format(num_v=len(names), query=value),
+        context,
+    )
 
 
 def variable_tracking(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tuple[Render, int, int]:
@@ -157,15 +179,24 @@ def common_words(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tu
         return " ".join(f"{i + 1}. {w}" for i, w in enumerate(listed))
 
     ex_words = rng.sample(pool, example_shape[0])
-    shot = (spec["template"].format(context=listing(ex_words, example_shape[1:], rng.random()), query="")
-            + spec["answer_prefix"] + " " + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ex_words[:num_cw])))
+    shot = (
+        spec["template"].format(context=listing(ex_words, example_shape[1:], rng.random()), query="")
+        + spec["answer_prefix"]
+        + " "
+        + " ".join(f"{i + 1}. {w}" for i, w in enumerate(ex_words[:num_cw]))
+    )
     cap = min(len(pool), num_cw + n_tokens // (2 * rarely))
     words, seed = rng.sample(pool, cap), rng.random()
 
     def render(size: int) -> Draft:
         context = listing(words[:size], (often, rarely), seed)
-        return Draft(shot + "\n" + spec["template"].format(context=context, query=""), spec["answer_prefix"],
-                     words[:num_cw], context, {})
+        return Draft(
+            shot + "\n" + spec["template"].format(context=context, query=""),
+            spec["answer_prefix"],
+            words[:num_cw],
+            context,
+            {},
+        )
 
     return render, num_cw + 1, cap
 
@@ -183,15 +214,21 @@ def qa(rng: random.Random, p: dict, n_tokens: int, count: Count) -> tuple[Render
     order = q["context"] + rng.sample(q["more"], len(q["more"])) + extra
     seed, spec = rng.random(), task_templates()["qa"]
     gold = [docs[d] for d in q["context"]]
-    answer_sentences = [s for doc in gold for s in split_sentences(doc)
-                        if any(a.lower() in s.lower() for a in q["outputs"])] or gold  # yes / no: the documents
+    answer_sentences = [
+        s for doc in gold for s in split_sentences(doc) if any(a.lower() in s.lower() for a in q["outputs"])
+    ] or gold  # yes / no: the documents
 
     def render(size: int) -> Draft:
         chosen = order[:size]
         random.Random(seed).shuffle(chosen)
         context = "\n\n".join(f"Document {i + 1}:\n{docs[d]}" for i, d in enumerate(chosen))
-        return Draft(spec["template"].format(context=context, query=q["query"]), spec["answer_prefix"],
-                     list(q["outputs"]), context, {"needle": answer_sentences, "support": gold})
+        return Draft(
+            spec["template"].format(context=context, query=q["query"]),
+            spec["answer_prefix"],
+            list(q["outputs"]),
+            context,
+            {"needle": answer_sentences, "support": gold},
+        )
 
     return render, len(q["context"]), min(cap, len(order))
 
@@ -208,4 +245,8 @@ def bisect_size(tokens: Callable[[int], int], n_tokens: int, low: int, high: int
 
 
 FAMILIES: dict[str, Callable[..., tuple[Render, int, int]]] = {
-    "niah": niah, "variable_tracking": variable_tracking, "common_words_extraction": common_words, "qa": qa}
+    "niah": niah,
+    "variable_tracking": variable_tracking,
+    "common_words_extraction": common_words,
+    "qa": qa,
+}

@@ -19,6 +19,7 @@ candidate) already recorded. A loss against full prefill gets a cause: "selectio
 span kept below DROPPED_BELOW: SpecPrefill dropped it; H2O: too few last memory sets hold it) or
 "misread" (every span kept, the answer still wrong).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,17 +36,16 @@ from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .positions import position_map
+from .ruler_passes import PassScores, SavedPass, decode_from_pass, speculate
 from .ruler_report import DROPPED_BELOW
 from .ruler_run import span_shares
-from .ruler_tasks import RulerSample, build_sample, score
+from .ruler_tasks import RulerSample, build_sample
 
 Setting = SpecPrefillConfig | H2OConfig | None  # None: full prefill
-PASS_LOOKAHEAD = SpecPrefillConfig.lookahead  # the look-ahead a saved pass holds (candidates may use fewer)
-PASS_QUERY_WINDOW = 64  # the prompt's last tokens whose queries a saved pass holds (candidates may use fewer)
 
 
 def parse_candidate(text: str) -> tuple[str, Setting]:
-    """"NAME:key=value,..." -> (NAME, setting): NAME "full" is full prefill, a NAME starting with
+    """ "NAME:key=value,..." -> (NAME, setting): NAME "full" is full prefill, a NAME starting with
     "h2o" an H2OConfig, any other a SpecPrefillConfig; values are ints, floats or words ("mean");
     "NAME:" (or "NAME") is that method's default. A bad key or value is one ConfigError."""
     name, _, body = text.partition(":")
@@ -95,8 +95,9 @@ def candidate_grid() -> dict[str, Setting]:
     grid["mean 0.2 head-mean"] = SpecPrefillConfig(keep_ratio=0.2, layer_reduction="mean", head_reduction="mean")
     grid["mean 0.2 la-max"] = SpecPrefillConfig(keep_ratio=0.2, layer_reduction="mean", lookahead_reduction="max")
     for p in (0.5, 0.7):
-        grid[f"mean mass {p} [0.1,0.3]"] = SpecPrefillConfig(keep_mass=p, mass_floor=0.1, mass_ceiling=0.3,
-                                                            layer_reduction="mean")
+        grid[f"mean mass {p} [0.1,0.3]"] = SpecPrefillConfig(
+            keep_mass=p, mass_floor=0.1, mass_ceiling=0.3, layer_reduction="mean"
+        )
     return grid
 
 
@@ -149,108 +150,6 @@ def sample_key(sample: RulerSample, length: int, seed: int, chat: bool) -> str:
     return f"{sample.task}_{length}_{seed}_{sample.index}_{'chat' if chat else 'plain'}"
 
 
-@dataclass
-class SavedPass:
-    """A speculator pass over one prompt, on the host: queries [n_l, W + N', Hq, D] (the prompt's
-    last W = n_window tokens', then the look-ahead's) and prompt keys [n_l, Hkv, P, D] (float32),
-    the prompt ids [P], its wall time, the attention scale and the speculator's sliding windows
-    (None: global). A pass saved before query windows existed holds W = 1."""
-
-    queries: np.ndarray
-    keys: np.ndarray
-    ids: np.ndarray
-    seconds: float
-    scale: float
-    windows: tuple
-    n_window: int = 1
-
-    def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        windows = np.array([-1 if w is None else w for w in self.windows], np.int64)
-        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, queries=self.queries, keys=self.keys, ids=self.ids, seconds=self.seconds, scale=self.scale,
-                 windows=windows, n_window=self.n_window)
-        os.replace(tmp, path)
-
-    @classmethod
-    def load(cls, path: Path) -> "SavedPass":
-        with np.load(path) as f:
-            windows = tuple(None if w < 0 else int(w) for w in f["windows"])
-            n_window = int(f["n_window"]) if "n_window" in f.files else 1
-            return cls(f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows, n_window)
-
-
-def speculate(model, speculator, tokenizer, sample: RulerSample, lookahead: int = PASS_LOOKAHEAD,
-              query_window: int = PASS_QUERY_WINDOW) -> SavedPass:
-    """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator), timed."""
-    from specfill.api import encode_prompt
-    from specfill.core.methods.specprefill import run_speculator
-    from specfill.core.request import fit_lookahead
-    from specfill.core.runtime import check_token_ids
-
-    ops = model.ops
-    ids = np.asarray(check_token_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
-    spec_model, spec_step = model.speculator_model(speculator)
-    with ops.device_scope():
-        started = time.perf_counter()
-        lookahead = fit_lookahead(lookahead, len(ids), spec_model.args.max_position_embeddings)
-        spec = run_speculator(ops, spec_model, ids, lookahead=lookahead, stop_ids=frozenset(tokenizer.eos_token_ids),
-                              step_size=spec_step, query_window=query_window)
-        queries, keys = ops.to_numpy(spec.queries), ops.to_numpy(spec.keys)
-        seconds = time.perf_counter() - started
-    return SavedPass(queries.astype(np.float32), keys.astype(np.float32), ids, seconds,
-                     spec_model.args.attention_scale, tuple(spec_model.args.layer_windows), spec.n_window)
-
-
-class PassScores:
-    """Every SpecPrefill candidate's selection on one saved pass, as the NumPy reference selects
-    (core/reference/specprefill.speculative_selection; tests/test_ruler_protocol.py checks they
-    agree): the per-layer softmax over the prompt keys, the pooling and the head reduction run
-    once per (pool kernel, head reduction) and are shared by the candidates; the layer subset,
-    the layer and look-ahead reductions and the selection run per candidate."""
-
-    def __init__(self, saved: SavedPass):
-        self.saved = saved
-        self._per_layer: dict[tuple[int, str], np.ndarray] = {}
-
-    def _reduced_heads(self, kernel: int, heads: str) -> np.ndarray:
-        """[n_q, n_l, P] float64: per layer, softmax over the prompt keys, pooled, heads reduced."""
-        from specfill.core.reference.specprefill import attention_scores, reduce_axis, smooth_scores
-        from specfill.core.stages import query_start
-
-        key = (kernel, heads)
-        if key not in self._per_layer:
-            q = self.saved.queries.astype(np.float64)
-            k = self.saved.keys.astype(np.float64)
-            layers = []
-            for i in range(q.shape[0]):
-                window = self.saved.windows[i] if any(w is not None for w in self.saved.windows) else None
-                start = query_start(k.shape[2], self.saved.n_window)
-                probs = attention_scores(q[i:i + 1], k[i:i + 1], self.saved.scale, window, start)  # [n_q, 1, Hq, P]
-                layers.append(reduce_axis(smooth_scores(probs, kernel), heads, axis=2))  # [n_q, 1, P]
-            self._per_layer[key] = np.concatenate(layers, axis=1)
-        return self._per_layer[key]
-
-    def importance(self, config: SpecPrefillConfig) -> np.ndarray:
-        from specfill.core.reference.specprefill import reduce_axis
-
-        if config.lookahead > PASS_LOOKAHEAD:  # a pass holds PASS_LOOKAHEAD tokens' queries at most
-            raise ConfigError(f"look-ahead {config.lookahead} exceeds the saved pass's {PASS_LOOKAHEAD}")
-        saved = self.saved.n_window
-        window = min(config.query_window, len(self.saved.ids))
-        if window > saved:
-            raise ConfigError(f"query window {config.query_window} exceeds the saved pass's {saved}")
-        per_layer = self._reduced_heads(config.pool_kernel, config.head_reduction)
-        layers = config.layer_indices(per_layer.shape[1])
-        chosen = per_layer[saved - window:saved + config.lookahead, layers]
-        return reduce_axis(reduce_axis(chosen, config.layer_reduction, axis=1), config.lookahead_reduction, axis=0)
-
-    def select(self, config: SpecPrefillConfig):
-        from specfill.core.reference.specprefill import select_tokens
-
-        return select_tokens(self.importance(config), config)
-
-
 def compact_map(row) -> dict | None:
     """A position map for JSON: kept/dropped as [start, end) runs, fractions (H2O) to 2 decimals."""
     if row is None:
@@ -272,47 +171,38 @@ def expand_map(stored: dict) -> np.ndarray:
     return row
 
 
-def record(sample: RulerSample, length: int, setting: str, kind: str, *, text: str | None, value: float | None,
-           ttft: float | None, row, kept: int, **extra) -> dict:
+def record(
+    sample: RulerSample,
+    length: int,
+    setting: str,
+    kind: str,
+    *,
+    text: str | None,
+    value: float | None,
+    ttft: float | None,
+    row,
+    kept: int,
+    **extra,
+) -> dict:
     """One (sample, candidate) result. answer_kept: per answer span, the share kept (None: full)."""
-    return {"task": sample.task, "tokens": length, "index": sample.index, "setting": setting, "kind": kind,
-            "prompt_tokens": sample.tokens, "score": value,
-            "prediction": None if text is None else text.strip()[:200], "expected": list(sample.outputs),
-            "ttft_s": ttft, "kept_tokens": kept, "answer_kept": span_shares(row, sample.spans.get("needle", [])),
-            "question_kept": span_shares(row, sample.spans["question"]), "map": compact_map(row),
-            "spans": sample.spans, **extra}
-
-
-def _answer(tokenizer, tokens, sample: RulerSample, started: float) -> tuple[str, float, float]:
-    """Detokenize greedy tokens until the score is final or they end: (text, score, TTFT)."""
-    detok, text, ttft = tokenizer.streaming_detokenizer(), "", 0.0
-    for token in tokens:
-        ttft = ttft or time.perf_counter() - started
-        if token in tokenizer.eos_token_ids:
-            break
-        text += detok.add_token(token)
-        if score(text, sample.outputs, sample.metric) == 1.0:
-            break
-    text += detok.finish()
-    return text, score(text, sample.outputs, sample.metric), ttft
-
-
-def decode_from_pass(model, tokenizer, sample: RulerSample, saved: SavedPass, selection, budget: int,
-                     started: float) -> tuple[str, float, float]:
-    """The main model's sparse prefill of the kept tokens, then greedy decoding: (answer, score,
-    TTFT = the saved pass's time + everything since `started`, selection included)."""
-    from specfill.core.decoding import decode_tokens
-    from specfill.core.methods.specprefill import prefill_kept
-    from specfill.core.runtime import SamplingConfig
-
-    ops, stop = model.ops, frozenset(tokenizer.eos_token_ids)
-    with ops.device_scope():
-        logits, cache = prefill_kept(ops, model.model, saved.ids, selection, extra_slots=budget,
-                                     step_size=model.prefill_step_size)
-        tokens = decode_tokens(ops, model.model, logits, next_position=len(saved.ids), max_tokens=budget,
-                               sampling=SamplingConfig(), stop_ids=stop, cache=cache, history=saved.ids)
-        text, value, first = _answer(tokenizer, tokens, sample, started)
-    return text, value, saved.seconds + first
+    return {
+        "task": sample.task,
+        "tokens": length,
+        "index": sample.index,
+        "setting": setting,
+        "kind": kind,
+        "prompt_tokens": sample.tokens,
+        "score": value,
+        "prediction": None if text is None else text.strip()[:200],
+        "expected": list(sample.outputs),
+        "ttft_s": ttft,
+        "kept_tokens": kept,
+        "answer_kept": span_shares(row, sample.spans.get("needle", [])),
+        "question_kept": span_shares(row, sample.spans["question"]),
+        "map": compact_map(row),
+        "spans": sample.spans,
+        **extra,
+    }
 
 
 def run_api(model, tokenizer, sample: RulerSample, method: PrefillMethod, budget: int):
@@ -350,16 +240,21 @@ def _key(r: dict) -> tuple:
     return r["task"], r["tokens"], r["index"], r["setting"]
 
 
-def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step: Callable[[str], None],
-                 machine: dict) -> dict:
+def run_protocol(
+    plan: ProtocolPlan, out: Path, log: Callable[[str], None], step: Callable[[str], None], machine: dict
+) -> dict:
     """Every candidate on every (length, task, sample) of the plan, into the JSON file `out`
     (written after each record; records already there are kept and not run again)."""
     from .ruler_run import answer_budget
 
     result = json.loads(out.read_text()) if out.exists() else {"records": [], "runs": []}
     result["plan"] = plan_summary(plan)
-    run = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine,
-           "selection_only": plan.selection_only, "end_to_end": plan.end_to_end}
+    run = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine,
+        "selection_only": plan.selection_only,
+        "end_to_end": plan.end_to_end,
+    }
     result["runs"].append(run)
     done = {_key(r) for r in result["records"] if r["score"] is not None or plan.selection_only}
     models = Models(plan, log)
@@ -377,14 +272,20 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
         write_atomic(out, json.dumps(result) + "\n")
         shown = "-" if rec["score"] is None else f"{rec['score']:.2f}"
         ttft = "-" if rec["ttft_s"] is None else f"{rec['ttft_s']:.1f}s"
-        step(f"{rec['task']}@{rec['tokens']} #{rec['index']} {rec['setting']}: score {shown} TTFT {ttft} "
-             f"kept {rec['kept_tokens']} answer kept {rec['answer_kept']}")
+        step(
+            f"{rec['task']}@{rec['tokens']} #{rec['index']} {rec['setting']}: score {shown} TTFT {ttft} "
+            f"kept {rec['kept_tokens']} answer kept {rec['answer_kept']}"
+        )
 
     for length in plan.lengths:
         for task in plan.tasks:
             for index in range(plan.first, plan.first + plan.trials):
-                todo = [n for n in plan.candidates if (task, length, index, n) not in done
-                        and not (plan.selection_only and not isinstance(plan.candidates[n], SpecPrefillConfig))]
+                todo = [
+                    n
+                    for n in plan.candidates
+                    if (task, length, index, n) not in done
+                    and not (plan.selection_only and not isinstance(plan.candidates[n], SpecPrefillConfig))
+                ]
                 if not todo:
                     continue
                 sample = build_sample(models.tokenizer, task, length, index, plan.seed, plan.chat_template)
@@ -395,8 +296,11 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
                     window = max(s.query_window for s in plan.candidates.values() if isinstance(s, SpecPrefillConfig))
                     scores = PassScores(_saved_pass(models, passes / f"{name}.npz", sample, log, window))
                 for setting in todo:
-                    keep(_run_candidate(plan, models, sample, length, setting, scores, budget,
-                                        answers / f"{name}_{budget}.json"))
+                    keep(
+                        _run_candidate(
+                            plan, models, sample, length, setting, scores, budget, answers / f"{name}_{budget}.json"
+                        )
+                    )
     if not written:  # nothing ran: no run to record
         result["runs"].remove(run)
     text = json.dumps(result) + "\n"
@@ -405,8 +309,9 @@ def run_protocol(plan: ProtocolPlan, out: Path, log: Callable[[str], None], step
     return result
 
 
-def _saved_pass(models: Models, path: Path, sample: RulerSample, log: Callable[[str], None],
-                window: int = 1) -> SavedPass:
+def _saved_pass(
+    models: Models, path: Path, sample: RulerSample, log: Callable[[str], None], window: int = 1
+) -> SavedPass:
     """The sample's saved pass, run (and saved) when there is none or it holds fewer than `window`
     of the prompt's last queries (a pass saved before query windows holds one)."""
     if path.exists():
@@ -420,8 +325,16 @@ def _saved_pass(models: Models, path: Path, sample: RulerSample, log: Callable[[
     return saved
 
 
-def _run_candidate(plan: ProtocolPlan, models: Models, sample: RulerSample, length: int, name: str,
-                   scores: PassScores | None, budget: int, full_cache: Path) -> dict:
+def _run_candidate(
+    plan: ProtocolPlan,
+    models: Models,
+    sample: RulerSample,
+    length: int,
+    name: str,
+    scores: PassScores | None,
+    budget: int,
+    full_cache: Path,
+) -> dict:
     setting = plan.candidates[name]
     if setting is None:
         if full_cache.exists():
@@ -429,8 +342,19 @@ def _run_candidate(plan: ProtocolPlan, models: Models, sample: RulerSample, leng
             return {**cached, "setting": name, "tokens": length, "cached": True}
         model, _, tokenizer = models.pair()
         text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("full"), budget)
-        rec = record(sample, length, name, "full", text=text, value=value, ttft=ttft, row=row, kept=kept,
-                     machine_load=round(os.getloadavg()[0], 2), measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        rec = record(
+            sample,
+            length,
+            name,
+            "full",
+            text=text,
+            value=value,
+            ttft=ttft,
+            row=row,
+            kept=kept,
+            machine_load=round(os.getloadavg()[0], 2),
+            measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        )
         write_atomic(full_cache, json.dumps(rec) + "\n")
         return rec
     if isinstance(setting, H2OConfig):
@@ -443,32 +367,75 @@ def _run_candidate(plan: ProtocolPlan, models: Models, sample: RulerSample, leng
     row[selection.kept] = 1.0
     extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}
     if plan.selection_only:
-        return record(sample, length, name, "specprefill", text=None, value=None, ttft=None, row=row,
-                      kept=len(selection.kept), **extra)
+        return record(
+            sample,
+            length,
+            name,
+            "specprefill",
+            text=None,
+            value=None,
+            ttft=None,
+            row=row,
+            kept=len(selection.kept),
+            **extra,
+        )
     model, speculator, tokenizer = models.pair()
     if plan.end_to_end:
         method = PrefillMethod("specprefill", specprefill=setting, speculator=speculator)
         text, value, ttft, api_row, kept = run_api(model, tokenizer, sample, method, budget)
-        return record(sample, length, name, "specprefill", text=text, value=value, ttft=ttft, row=api_row,
-                      kept=kept, end_to_end=True, **extra)
+        return record(
+            sample,
+            length,
+            name,
+            "specprefill",
+            text=text,
+            value=value,
+            ttft=ttft,
+            row=api_row,
+            kept=kept,
+            end_to_end=True,
+            **extra,
+        )
     text, value, ttft = decode_from_pass(model, tokenizer, sample, scores.saved, selection, budget, started)
-    return record(sample, length, name, "specprefill", text=text, value=value, ttft=ttft, row=row,
-                  kept=len(selection.kept), **extra)
+    return record(
+        sample,
+        length,
+        name,
+        "specprefill",
+        text=text,
+        value=value,
+        ttft=ttft,
+        row=row,
+        kept=len(selection.kept),
+        **extra,
+    )
 
 
 def plan_summary(plan: ProtocolPlan) -> dict:
-    return {"model": _stem(plan.model), "speculator": _stem(plan.speculator), "backend": plan.backend,
-            "dtype": plan.dtype, "device": plan.device or "default", "tasks": list(plan.tasks),
-            "lengths": list(plan.lengths), "seed": plan.seed, "chat_template": plan.chat_template,
-            "answer_tokens": plan.answer_tokens,
-            "candidates": {n: None if s is None else {"method": "h2o" if isinstance(s, H2OConfig) else "specprefill",
-                                                      **vars(s)} for n, s in plan.candidates.items()}}
+    return {
+        "model": _stem(plan.model),
+        "speculator": _stem(plan.speculator),
+        "backend": plan.backend,
+        "dtype": plan.dtype,
+        "device": plan.device or "default",
+        "tasks": list(plan.tasks),
+        "lengths": list(plan.lengths),
+        "seed": plan.seed,
+        "chat_template": plan.chat_template,
+        "answer_tokens": plan.answer_tokens,
+        "candidates": {
+            n: None if s is None else {"method": "h2o" if isinstance(s, H2OConfig) else "specprefill", **vars(s)}
+            for n, s in plan.candidates.items()
+        },
+    }
 
 
 def classify(records: list[dict]) -> None:
     """Adds "full_score" and "cause" to every record whose sample has a full-prefill record: None
     when it scored at least full's (or was not decoded), else "selection" or "misread"."""
-    full = {(r["task"], r.get("tokens"), r["index"]): r["score"] for r in records if r.get("kind", r["setting"]) == "full"}
+    full = {
+        (r["task"], r.get("tokens"), r["index"]): r["score"] for r in records if r.get("kind", r["setting"]) == "full"
+    }
     for r in records:
         base = full.get((r["task"], r.get("tokens"), r["index"]))
         r["full_score"] = base

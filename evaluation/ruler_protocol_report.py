@@ -3,6 +3,7 @@ candidate the RULER score, TTFT and speed-up vs full prefill, how much of the an
 candidate kept (selection recall, known even where no answer was decoded), why each loss
 happened; the frontier over the tasks (mean score and recall against speed-up or kept share) and
 the plots (per task; the frontier; the positions map of every candidate on one sample)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -37,23 +38,32 @@ def summarize(records: list[dict]) -> list[dict]:
             spans = [float(np.mean(r["answer_kept"])) for r in mine if r.get("answer_kept") and not is_full]
             ttft = _median([r["ttft_s"] for r in scored])
             same = [r["full_score"] for r in scored if r.get("full_score") is not None]  # full on these samples
-            rows.append({"tokens": tokens, "task": task, "setting": setting, "kind": mine[0].get("kind"),
-                         "full_same_samples": 100.0 * float(np.mean(same)) if same and not is_full else None,
-                         "samples": len(mine), "decoded": len(scored),
-                         "score": 100.0 * float(np.mean([r["score"] for r in scored])) if scored else None,
-                         "kept_share": float(np.mean([r["kept_tokens"] / r["prompt_tokens"] for r in mine])),
-                         "span_recall": float(np.mean(spans)) if spans else None,
-                         "answer_recall": float(np.mean(least)) if least else None,
-                         "all_spans_kept": sum(s >= DROPPED_BELOW for s in least) if least else None,
-                         "median_ttft_s": ttft,
-                         "speedup": full / ttft if full and ttft and not is_full else None,
-                         "causes": {c: sum(r.get("cause") == c for r in scored) for c in ("selection", "misread")}})
+            rows.append(
+                {
+                    "tokens": tokens,
+                    "task": task,
+                    "setting": setting,
+                    "kind": mine[0].get("kind"),
+                    "full_same_samples": 100.0 * float(np.mean(same)) if same and not is_full else None,
+                    "samples": len(mine),
+                    "decoded": len(scored),
+                    "score": 100.0 * float(np.mean([r["score"] for r in scored])) if scored else None,
+                    "kept_share": float(np.mean([r["kept_tokens"] / r["prompt_tokens"] for r in mine])),
+                    "span_recall": float(np.mean(spans)) if spans else None,
+                    "answer_recall": float(np.mean(least)) if least else None,
+                    "all_spans_kept": sum(s >= DROPPED_BELOW for s in least) if least else None,
+                    "median_ttft_s": ttft,
+                    "speedup": full / ttft if full and ttft and not is_full else None,
+                    "causes": {c: sum(r.get("cause") == c for r in scored) for c in ("selection", "misread")},
+                }
+            )
     return rows
 
 
 def frontier(rows: list[dict]) -> list[dict]:
     """One row per (length, setting) over the tasks it ran: mean score, the mean and worst task's
-    points against full prefill on the same samples, mean span recall and samples with every span kept, mean kept share, and the
+    points against full prefill on the same samples, mean span recall and samples with every span kept, mean
+    kept share, and the
     geometric-mean speed-up."""
     out = []
     for tokens, setting in dict.fromkeys((r["tokens"], r["setting"]) for r in rows):
@@ -64,15 +74,23 @@ def frontier(rows: list[dict]) -> list[dict]:
             gaps = [0.0 for _ in scored]
         recall = [r["span_recall"] for r in mine if r["span_recall"] is not None]
         speed = [r["speedup"] for r in mine if r["speedup"]]
-        out.append({"tokens": tokens, "setting": setting, "tasks": len(mine), "kind": mine[0].get("kind"),
-                    "samples": sum(r["samples"] for r in mine), "decoded": sum(r["decoded"] for r in mine),
-                    "score": float(np.mean([r["score"] for r in scored])) if scored else None,
-                    "vs_full_mean": float(np.mean(gaps)) if gaps else None,
-                    "vs_full_worst": float(min(gaps)) if gaps else None,
-                    "span_recall": float(np.mean(recall)) if recall else None,
-                    "all_spans_kept": sum(r["all_spans_kept"] or 0 for r in mine) if recall else None,
-                    "kept_share": float(np.mean([r["kept_share"] for r in mine])),
-                    "speedup": float(np.exp(np.mean(np.log(speed)))) if speed else None})
+        out.append(
+            {
+                "tokens": tokens,
+                "setting": setting,
+                "tasks": len(mine),
+                "kind": mine[0].get("kind"),
+                "samples": sum(r["samples"] for r in mine),
+                "decoded": sum(r["decoded"] for r in mine),
+                "score": float(np.mean([r["score"] for r in scored])) if scored else None,
+                "vs_full_mean": float(np.mean(gaps)) if gaps else None,
+                "vs_full_worst": float(min(gaps)) if gaps else None,
+                "span_recall": float(np.mean(recall)) if recall else None,
+                "all_spans_kept": sum(r["all_spans_kept"] or 0 for r in mine) if recall else None,
+                "kept_share": float(np.mean([r["kept_share"] for r in mine])),
+                "speedup": float(np.exp(np.mean(np.log(speed)))) if speed else None,
+            }
+        )
     return out
 
 
@@ -82,27 +100,42 @@ def _f(value, pattern: str) -> str:
 
 def markdown(rows: list[dict], records: list[dict], header: list[str]) -> list[str]:
     """The tables: per task and setting, then every loss against full prefill with its cause."""
-    lines = header + ["", "| length | task | setting | samples (decoded) | score | kept share | span recall | least-kept span | "
-                          "samples with every answer span kept | median TTFT (s) | speed-up vs full | losses: selection / misread |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = header + [
+        "",
+        "| length | task | setting | samples (decoded) | score | kept share | span recall | least-kept span | "
+        "samples with every answer span kept | median TTFT (s) | speed-up vs full | losses: selection / misread |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         causes = r["causes"]
-        lines.append(f"| {r['tokens']} | {r['task']} | {r['setting']} | {r['samples']} ({r['decoded']}) | {_f(r['score'], '{:.0f}')} "
-                     f"| {r['kept_share']:.3f} | {_f(r['span_recall'], '{:.2f}')} | {_f(r['answer_recall'], '{:.2f}')} "
-                     f"| {_f(r['all_spans_kept'], '{}')}/{r['samples']} | {_f(r['median_ttft_s'], '{:.0f}')} "
-                     f"| {_f(r['speedup'], '{:.2f}x')} | {causes['selection']} / {causes['misread']} |")
+        lines.append(
+            f"| {r['tokens']} | {r['task']} | {r['setting']} | {r['samples']} ({r['decoded']}) "
+            f"| {_f(r['score'], '{:.0f}')} "
+            f"| {r['kept_share']:.3f} | {_f(r['span_recall'], '{:.2f}')} | {_f(r['answer_recall'], '{:.2f}')} "
+            f"| {_f(r['all_spans_kept'], '{}')}/{r['samples']} | {_f(r['median_ttft_s'], '{:.0f}')} "
+            f"| {_f(r['speedup'], '{:.2f}x')} | {causes['selection']} / {causes['misread']} |"
+        )
     losses = [r for r in records if r.get("cause")]
-    lines += ["", f"Losses against full prefill (selection: an answer span kept < {DROPPED_BELOW:.0%}; "
-                  "misread: every span kept, answer still wrong):", ""]
+    lines += [
+        "",
+        f"Losses against full prefill (selection: an answer span kept < {DROPPED_BELOW:.0%}; "
+        "misread: every span kept, answer still wrong):",
+        "",
+    ]
     if not losses:
         return lines + ["None among the samples with a full-prefill record."]
-    lines += ["| length | task | sample | setting | score / full | cause | answer spans kept | answer (start) |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "| length | task | sample | setting | score / full | cause | answer spans kept | answer (start) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in losses:
         shares = ", ".join(f"{s:.2f}" for s in r.get("answer_kept") or []) or "-"
         answer = r["prediction"][:50].replace("|", "/").replace("\n", " ")
-        lines.append(f"| {r.get('tokens')} | {r['task']} | {r['index']} | {r['setting']} | {r['score']:.2f} / {r['full_score']:.2f} "
-                     f"| {r['cause']} | {shares} | {answer} |")
+        lines.append(
+            f"| {r.get('tokens')} | {r['task']} | {r['index']} | {r['setting']} "
+            f"| {r['score']:.2f} / {r['full_score']:.2f} "
+            f"| {r['cause']} | {shares} | {answer} |"
+        )
     return lines
 
 
@@ -131,21 +164,37 @@ def plot_fix(rows: list[dict], path: Path, title: str) -> Path:
             if decoded and x is not None and r["score"] is not None:
                 ax["top"].scatter(x, r["score"], color=color, marker=marker, s=45, edgecolors="black", linewidths=0.5)
             if r["answer_recall"] is not None:
-                ax["bottom"].scatter(r["kept_share"], r["answer_recall"], color=color, marker=marker, s=45,
-                                     edgecolors="black", linewidths=0.5)
+                ax["bottom"].scatter(
+                    r["kept_share"],
+                    r["answer_recall"],
+                    color=color,
+                    marker=marker,
+                    s=45,
+                    edgecolors="black",
+                    linewidths=0.5,
+                )
         full = next((r for r in rows if r["task"] == task and r["setting"] == "full" and r["score"] is not None), None)
         if decoded:
             if full:
                 ax["top"].axhline(full["score"], color="grey", linestyle="--", linewidth=0.8, label="full prefill")
-            ax["top"].set(title=f"{task}: score vs {'speed-up' if timed else 'kept share (no full record)'}",
-                          xlabel="TTFT speed-up vs full (x)" if timed else "kept share of the prompt",
-                          ylabel="RULER score", ylim=(-5, 105))
-        ax["bottom"].set(title=f"{task}: what selection kept", xlabel="kept share of the prompt",
-                         ylabel="answer recall (least-kept span)", ylim=(-0.05, 1.05))
+            ax["top"].set(
+                title=f"{task}: score vs {'speed-up' if timed else 'kept share (no full record)'}",
+                xlabel="TTFT speed-up vs full (x)" if timed else "kept share of the prompt",
+                ylabel="RULER score",
+                ylim=(-5, 105),
+            )
+        ax["bottom"].set(
+            title=f"{task}: what selection kept",
+            xlabel="kept share of the prompt",
+            ylabel="answer recall (least-kept span)",
+            ylim=(-0.05, 1.05),
+        )
         for one in ax.values():
             one.grid(alpha=0.3)
-    handles = [plt.Line2D([], [], color=c, marker=m, linestyle="", markeredgecolor="black", label=s)
-               for s, (c, m) in style.items()]
+    handles = [
+        plt.Line2D([], [], color=c, marker=m, linestyle="", markeredgecolor="black", label=s)
+        for s, (c, m) in style.items()
+    ]
     fig.legend(handles=handles, loc="lower center", ncol=min(4, len(handles)), fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, legend_in / height, 1, 1 - 0.35 / height))
@@ -162,14 +211,19 @@ def plot_positions(records: list[dict], task: str, index: int, path: Path, title
 
 
 def frontier_markdown(front: list[dict]) -> list[str]:
-    lines = ["| length | setting | tasks | samples (decoded) | mean score | vs full: mean / worst task (points) | "
-             "span recall | samples with every span kept | kept share | speed-up (geo-mean) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| length | setting | tasks | samples (decoded) | mean score | vs full: mean / worst task (points) | "
+        "span recall | samples with every span kept | kept share | speed-up (geo-mean) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in front:
         gap = "-" if r["vs_full_mean"] is None else f"{r['vs_full_mean']:+.1f} / {r['vs_full_worst']:+.1f}"
-        lines.append(f"| {r['tokens']} | {r['setting']} | {r['tasks']} | {r['samples']} ({r['decoded']}) "
-                     f"| {_f(r['score'], '{:.1f}')} | {gap} | {_f(r['span_recall'], '{:.3f}')} "
-                     f"| {_f(r['all_spans_kept'], '{}')}/{r['samples']} | {r['kept_share']:.3f} | {_f(r['speedup'], '{:.2f}x')} |")
+        lines.append(
+            f"| {r['tokens']} | {r['setting']} | {r['tasks']} | {r['samples']} ({r['decoded']}) "
+            f"| {_f(r['score'], '{:.1f}')} | {gap} | {_f(r['span_recall'], '{:.3f}')} "
+            f"| {_f(r['all_spans_kept'], '{}')}/{r['samples']} | {r['kept_share']:.3f} "
+            f"| {_f(r['speedup'], '{:.2f}x')} |"
+        )
     return lines
 
 
@@ -182,7 +236,9 @@ def plot_frontier(front: list[dict], path: Path, title: str) -> Path:
     fig, axes = plt.subplots(1, len(lengths), figsize=(6.4 * len(lengths), 5.2), squeeze=False)
     for ax, tokens in zip(axes[0], lengths):
         most = max(r["tasks"] for r in front if r["tokens"] == tokens)
-        mine = [r for r in front if r["tokens"] == tokens and r["tasks"] == most]  # a mean over fewer tasks is not comparable
+        mine = [
+            r for r in front if r["tokens"] == tokens and r["tasks"] == most
+        ]  # a mean over fewer tasks is not comparable
         decoded = any(r["score"] is not None and r["speedup"] for r in mine)
         for r in mine:
             if decoded:
@@ -199,9 +255,11 @@ def plot_frontier(front: list[dict], path: Path, title: str) -> Path:
             color = "tab:blue" if r["kind"] == "specprefill" else "tab:orange"
             ax.scatter(x, y, color=color, s=40, edgecolors="black", linewidths=0.5)
             ax.annotate(r["setting"], (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
-        ax.set(title=f"~{tokens} tokens, {mine[0]['tasks']} tasks",
-               xlabel="TTFT speed-up vs full prefill (x)" if decoded else "kept share of the prompt",
-               ylabel="mean RULER score over the tasks" if decoded else "answer-span recall (mean over tasks)")
+        ax.set(
+            title=f"~{tokens} tokens, {mine[0]['tasks']} tasks",
+            xlabel="TTFT speed-up vs full prefill (x)" if decoded else "kept share of the prompt",
+            ylabel="mean RULER score over the tasks" if decoded else "answer-span recall (mean over tasks)",
+        )
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
@@ -210,8 +268,10 @@ def plot_frontier(front: list[dict], path: Path, title: str) -> Path:
 
 def protocol_title(result: dict) -> str:
     plan, machine = result["plan"], result["runs"][-1]["machine"]
-    return (f"{plan['model']} (speculator {plan['speculator']}), {plan['dtype']}, {plan['backend']} on {plan['device']}, "
-            f"{machine.get('torch_threads', '?')} thread(s), {machine['cpu'][:24]} [{machine.get('cpu_features', '?')}]")
+    return (
+        f"{plan['model']} (speculator {plan['speculator']}), {plan['dtype']}, {plan['backend']} on {plan['device']}, "
+        f"{machine.get('torch_threads', '?')} thread(s), {machine['cpu'][:24]} [{machine.get('cpu_features', '?')}]"
+    )
 
 
 def write_protocol_report(result: dict, out: Path, name: str, map_sample: int | None = None) -> list[Path]:
@@ -223,26 +283,51 @@ def write_protocol_report(result: dict, out: Path, name: str, map_sample: int | 
     rows = summarize(records)
     front = frontier(rows)
     title = protocol_title(result)
-    runs = [f"- run {r['started']}{' (selection only)' if r.get('selection_only') else ''}: {machine_line(r['machine'])}; "
-            f"load at end {r.get('load_average_1min_at_end', '-')}" for r in result["runs"]]
-    header = [f"# RULER selection protocol: {name}", "", title, "",
-              "SpecPrefill TTFT = the speculator pass (timed when it was saved) + the setting's selection, sparse prefill "
-              "and first token, unless the run was end to end (through the API); full and H2O through the API. "
-              "Full prefill's answers come from the answer cache when a run computed them before.", "",
-              "## Frontier (over the tasks)", "", *frontier_markdown(front), "", "## Per task"]
+    runs = [
+        f"- run {r['started']}{' (selection only)' if r.get('selection_only') else ''}: {machine_line(r['machine'])}; "
+        f"load at end {r.get('load_average_1min_at_end', '-')}"
+        for r in result["runs"]
+    ]
+    header = [
+        f"# RULER selection protocol: {name}",
+        "",
+        title,
+        "",
+        "SpecPrefill TTFT = the speculator pass (timed when it was saved) + the setting's selection, sparse prefill "
+        "and first token, unless the run was end to end (through the API); full and H2O through the API. "
+        "Full prefill's answers come from the answer cache when a run computed them before.",
+        "",
+        "## Frontier (over the tasks)",
+        "",
+        *frontier_markdown(front),
+        "",
+        "## Per task",
+    ]
     paths = [out / f"{name}.md"]
     tail = ["", "## Runs (machine, load average)", "", *runs]
     write_atomic(paths[0], "\n".join(markdown(rows, records, header) + tail) + "\n")
     paths.append(plot_frontier(front, out / f"{name}_frontier.png", title))
     for tokens in dict.fromkeys(r["tokens"] for r in rows):
-        paths.append(plot_fix([r for r in rows if r["tokens"] == tokens], out / f"{name}_tradeoff_{tokens}.png",
-                              f"~{tokens} tokens; {title}"))
+        paths.append(
+            plot_fix(
+                [r for r in rows if r["tokens"] == tokens],
+                out / f"{name}_tradeoff_{tokens}.png",
+                f"~{tokens} tokens; {title}",
+            )
+        )
         for task in dict.fromkeys(r["task"] for r in rows if r["tokens"] == tokens):
             mine = [r for r in records if r.get("tokens") == tokens]
             index = map_sample if map_sample is not None else _first_loss(mine, task)
             if any(r["task"] == task and r["index"] == index and r.get("map") for r in mine):
-                paths.append(plot_positions(mine, task, index, out / f"{name}_positions_{task}_{tokens}.png",
-                                            f"{task} #{index} ~{tokens}: kept (SpecPrefill) / in last memory sets (H2O); {title}"))
+                paths.append(
+                    plot_positions(
+                        mine,
+                        task,
+                        index,
+                        out / f"{name}_positions_{task}_{tokens}.png",
+                        f"{task} #{index} ~{tokens}: kept (SpecPrefill) / in last memory sets (H2O); {title}",
+                    )
+                )
     return paths
 
 

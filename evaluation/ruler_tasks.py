@@ -4,6 +4,7 @@ samples fitted to a token length with the model's tokenizer, and RULER's scoring
 A sample's length is its prompt's tokens (chat template and answer prefix included) and stays
 at or under the asked length (RULER counts the answer budget in too; the prompt is what TTFT
 depends on). Samples are seeded by (seed, task, length, index): every method sees the same ones."""
+
 from __future__ import annotations
 
 import random
@@ -16,17 +17,29 @@ from .ruler_families import FAMILIES, bisect_size
 
 # name -> (family, parameters), RULER's synthetic.yaml settings
 RULER_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
-    **{name: ("niah", {"type_haystack": hay, "type_needle_k": k, "type_needle_v": v, "num_needle_k": nk,
-                       "num_needle_v": nv, "num_needle_q": nq})
-       for name, (hay, k, v, nk, nv, nq) in {
-           "niah_single_1": ("repeat", "words", "numbers", 1, 1, 1),
-           "niah_single_2": ("essay", "words", "numbers", 1, 1, 1),
-           "niah_single_3": ("essay", "words", "uuids", 1, 1, 1),
-           "niah_multikey_1": ("essay", "words", "numbers", 4, 1, 1),
-           "niah_multikey_2": ("needle", "words", "numbers", 1, 1, 1),
-           "niah_multikey_3": ("needle", "uuids", "uuids", 1, 1, 1),
-           "niah_multivalue": ("essay", "words", "numbers", 1, 4, 1),
-           "niah_multiquery": ("essay", "words", "numbers", 1, 1, 4)}.items()},
+    **{
+        name: (
+            "niah",
+            {
+                "type_haystack": hay,
+                "type_needle_k": k,
+                "type_needle_v": v,
+                "num_needle_k": nk,
+                "num_needle_v": nv,
+                "num_needle_q": nq,
+            },
+        )
+        for name, (hay, k, v, nk, nv, nq) in {
+            "niah_single_1": ("repeat", "words", "numbers", 1, 1, 1),
+            "niah_single_2": ("essay", "words", "numbers", 1, 1, 1),
+            "niah_single_3": ("essay", "words", "uuids", 1, 1, 1),
+            "niah_multikey_1": ("essay", "words", "numbers", 4, 1, 1),
+            "niah_multikey_2": ("needle", "words", "numbers", 1, 1, 1),
+            "niah_multikey_3": ("needle", "uuids", "uuids", 1, 1, 1),
+            "niah_multivalue": ("essay", "words", "numbers", 1, 4, 1),
+            "niah_multiquery": ("essay", "words", "numbers", 1, 1, 4),
+        }.items()
+    },
     "vt": ("variable_tracking", {"num_chains": 1, "num_hops": 4}),
     "cwe": ("common_words_extraction", {"freq_cw": 30, "freq_ucw": 3, "num_cw": 10}),
     "qa_1": ("qa", {"dataset": "squad"}),
@@ -43,6 +56,7 @@ class RulerSample:
     """One prompt as fed to the model, with what scores it. spans: kind -> token spans [start,
     end) in the prompt ("needle": what the answer is read from; "other": distractor needles;
     "question": from the context's end to the prompt's end)."""
+
     task: str
     index: int
     prompt: str
@@ -57,8 +71,10 @@ def wrap_prompt(tokenizer, user: str, prefix: str, chat: bool) -> str:
     """The user's text in the model's chat template (when `chat` and it has one) with RULER's
     answer prefix opening the reply; else the text and the prefix as one string."""
     if chat and tokenizer.chat_template:
-        return tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True) \
+        return (
+            tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True)
             + prefix.lstrip()
+        )
     return user + prefix
 
 
@@ -84,8 +100,16 @@ def build_sample(tokenizer, task: str, n_tokens: int, index: int, seed: int = 0,
     if tokens > n_tokens:
         raise ConfigError(f"{n_tokens} tokens is too short for RULER task {task} (its smallest prompt holds {tokens})")
     budget = int(_template_value(family, "tokens_to_generate"))
-    return RulerSample(task, index, prompt, tuple(draft.outputs), METRIC.get(family, "all"), budget, tokens,
-                       token_spans(tokenizer, prompt, draft.context, draft.marks))
+    return RulerSample(
+        task,
+        index,
+        prompt,
+        tuple(draft.outputs),
+        METRIC.get(family, "all"),
+        budget,
+        tokens,
+        token_spans(tokenizer, prompt, draft.context, draft.marks),
+    )
 
 
 def _template_value(family: str, key: str) -> Any:
@@ -127,6 +151,6 @@ def expand_tasks(names: list[str] | tuple[str, ...]) -> list[str]:
     """`ruler` -> the default RULER set; other names kept (order kept, duplicates dropped)."""
     out: list[str] = []
     for name in names:
-        for task in (DEFAULT_RULER_TASKS if name == "ruler" else (name,)):
+        for task in DEFAULT_RULER_TASKS if name == "ruler" else (name,):
             out += [task] if task not in out else []
     return out

@@ -1,4 +1,5 @@
 """A real `specfill serve` in a subprocess on 127.0.0.1 and a free port (serve tests and benchmark)."""
+
 from __future__ import annotations
 
 import json
@@ -23,17 +24,40 @@ def free_port() -> int:
 class ServerProcess:
     """`specfill --threads T serve ARGS --port P`; `url` is http://127.0.0.1:P, `rss_kb()` its resident set."""
 
-    def __init__(self, *args: str, log: Path, threads: int = 1, log_level: str = "warning",
-                 env: dict[str, str] | None = None, start_timeout: float = START_TIMEOUT_S):
+    def __init__(
+        self,
+        *args: str,
+        log: Path,
+        threads: int = 1,
+        log_level: str = "warning",
+        env: dict[str, str] | None = None,
+        start_timeout: float = START_TIMEOUT_S,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
         self._log_file = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "specfill.cli.main", "--threads", str(threads),
-                                      "serve", *args,
-                                      "--host", "127.0.0.1", "--port", str(self.port), "--log-level", log_level],
-                                     stdout=self._log_file, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "specfill.cli.main",
+                "--threads",
+                str(threads),
+                "serve",
+                *args,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--log-level",
+                log_level,
+            ],
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         self._wait_ready(start_timeout)
         self.model = self.health()["model"]  # the served model name requests must use
 

@@ -1,4 +1,5 @@
 """Prompts for benchmarks and evaluation: a fixed English text and passkey-retrieval prompts."""
+
 from __future__ import annotations
 
 import random
@@ -23,8 +24,10 @@ def tokens_of_length(tokenizer, n_tokens: int) -> list[int]:
 
 def passkey_prompt(tokenizer, n_tokens: int, depth: float, passkey: int) -> str:
     """A prompt of about n_tokens tokens hiding `passkey` at relative depth (0 = start, 1 = end)."""
-    intro = ("There is an important piece of information hidden inside a lot of irrelevant text. "
-             "Find it and memorize it. I will quiz you about it.\n")
+    intro = (
+        "There is an important piece of information hidden inside a lot of irrelevant text. "
+        "Find it and memorize it. I will quiz you about it.\n"
+    )
     needle = f"The pass key is {passkey}. Remember it. {passkey} is the pass key. "
     question = "\nWhat is the pass key? The pass key is"
     budget = n_tokens - len(tokenizer.encode(intro + needle + question, add_special_tokens=False))
@@ -51,8 +54,10 @@ def _token_spans(tokenizer, prompt: str, needle_at: int, needle_end: int, questi
     def position(char: int) -> int:
         return len(encode_prompt(tokenizer, prompt[:char])) if char else 0
 
-    return {"needle": [position(needle_at), position(needle_end)],
-            "question": [position(question_at), len(encode_prompt(tokenizer, prompt))]}
+    return {
+        "needle": [position(needle_at), position(needle_end)],
+        "question": [position(question_at), len(encode_prompt(tokenizer, prompt))],
+    }
 
 
 def passkey_trials(n_trials: int, seed: int = 0) -> list[tuple[float, int]]:
@@ -61,8 +66,28 @@ def passkey_trials(n_trials: int, seed: int = 0) -> list[tuple[float, int]]:
     return [((i + 0.5) / n_trials, rng.randint(10000, 99999)) for i in range(n_trials)]
 
 
-MULTIKEY_NAMES = ("amber", "birch", "cobalt", "dune", "ember", "fjord", "garnet", "harbor", "indigo", "juniper",
-                  "kestrel", "lagoon", "maple", "nectar", "onyx", "pepper", "quartz", "raven", "saffron", "tundra")
+MULTIKEY_NAMES = (
+    "amber",
+    "birch",
+    "cobalt",
+    "dune",
+    "ember",
+    "fjord",
+    "garnet",
+    "harbor",
+    "indigo",
+    "juniper",
+    "kestrel",
+    "lagoon",
+    "maple",
+    "nectar",
+    "onyx",
+    "pepper",
+    "quartz",
+    "raven",
+    "saffron",
+    "tundra",
+)
 
 
 def multikey_trials(n_trials: int, needles: int = 4, seed: int = 0) -> list[dict]:
@@ -73,8 +98,13 @@ def multikey_trials(n_trials: int, needles: int = 4, seed: int = 0) -> list[dict
     for i in range(n_trials):
         names = rng.sample(MULTIKEY_NAMES, needles)
         shift = (i + 0.5) / n_trials / needles
-        out.append({"pairs": [(name, rng.randint(1_000_000, 9_999_999)) for name in names],
-                    "depths": [j / needles + shift for j in range(needles)], "asked": i % needles})
+        out.append(
+            {
+                "pairs": [(name, rng.randint(1_000_000, 9_999_999)) for name in names],
+                "depths": [j / needles + shift for j in range(needles)],
+                "asked": i % needles,
+            }
+        )
     return out
 
 

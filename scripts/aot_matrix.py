@@ -8,6 +8,7 @@ No GPU is needed: Triton's compiler and bundled ptxas build each cubin for GPUTa
 asks more shared memory than its target gives a block; the exit code is 1 when any cell fails.
 Compiles are cached by Triton (~/.triton/cache), so a re-run recompiles only changed cells.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,32 +30,45 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", type=int, action="append", choices=sorted(ARCH_LIMITS),
-                        help="target compute capability x10 (repeatable; default: all)")
-    parser.add_argument("--kernel", action="append", choices=("forward", "colsum", "scoring"),
-                        help="kernel (repeatable; default: all)")
+    parser.add_argument(
+        "--arch",
+        type=int,
+        action="append",
+        choices=sorted(ARCH_LIMITS),
+        help="target compute capability x10 (repeatable; default: all)",
+    )
+    parser.add_argument(
+        "--kernel", action="append", choices=("forward", "colsum", "scoring"), help="kernel (repeatable; default: all)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu" / "aot")
     return parser.parse_args(argv)
 
 
 def _markdown(rows: list[dict], meta: dict) -> str:
     failed = [row for row in rows if row["failures"]]
-    lines = [f"# Triton kernels compiled ahead of time for {len(meta['targets'])} GPU targets",
-             "", f"`{meta['command']}` on {meta['machine']} (no GPU; Triton {meta['triton']}, its bundled "
-             f"ptxas), {meta['seconds']:.0f} s under load {meta['load']}.", "",
-             f"**{len(rows)} cells, {len(failed)} failures, {meta['spills']} with register spills.** "
-             "A cell is one kernel x dtype x head dim x mask (flash kernels: block-diagonal or full) "
-             "or rows class (scoring: G x n_q up to 16/32/64) x target, compiled with the tiles the "
-             "dispatcher picks there (backends/torch_cuda/kernels/tiles.py). Resident blocks per SM "
-             "follow the per-arch limits of the CUDA C++ Programming Guide (cited in tiles.py).", "",
-             "| cell | BLOCK_M x BLOCK_N | warps | stages | regs | spill B | smem KB | blocks/SM | bound by | failures |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Triton kernels compiled ahead of time for {len(meta['targets'])} GPU targets",
+        "",
+        f"`{meta['command']}` on {meta['machine']} (no GPU; Triton {meta['triton']}, its bundled "
+        f"ptxas), {meta['seconds']:.0f} s under load {meta['load']}.",
+        "",
+        f"**{len(rows)} cells, {len(failed)} failures, {meta['spills']} with register spills.** "
+        "A cell is one kernel x dtype x head dim x mask (flash kernels: block-diagonal or full) "
+        "or rows class (scoring: G x n_q up to 16/32/64) x target, compiled with the tiles the "
+        "dispatcher picks there (backends/torch_cuda/kernels/tiles.py). Resident blocks per SM "
+        "follow the per-arch limits of the CUDA C++ Programming Guide (cited in tiles.py).",
+        "",
+        "| cell | BLOCK_M x BLOCK_N | warps | stages | regs | spill B | smem KB | blocks/SM | bound by | failures |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
-        lines.append(f"| {row['cell']} | {row['block_m']}x{row['block_n']} | {row['num_warps']} | "
-                     f"{row['num_stages']} | {row.get('registers', '-')} | "
-                     f"{row.get('spill_bytes', 0) + row.get('stack_bytes', 0)} | "
-                     f"{row.get('shared_bytes', 0) / 1024:.1f} | {row.get('resident_blocks', '-')} | "
-                     f"{row.get('bound_by', '-')} | {'; '.join(row['failures']) or '-'} |")
+        lines.append(
+            f"| {row['cell']} | {row['block_m']}x{row['block_n']} | {row['num_warps']} | "
+            f"{row['num_stages']} | {row.get('registers', '-')} | "
+            f"{row.get('spill_bytes', 0) + row.get('stack_bytes', 0)} | "
+            f"{row.get('shared_bytes', 0) / 1024:.1f} | {row.get('resident_blocks', '-')} | "
+            f"{row.get('bound_by', '-')} | {'; '.join(row['failures']) or '-'} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -72,6 +86,7 @@ def _machine() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import triton
+
     args = _parse(argv)
     archs = tuple(args.arch or ARCH_LIMITS)
     cells = [c for c in all_cells(archs) if not args.kernel or c.kernel in args.kernel]
@@ -80,12 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(compile_cell(cell))
         status = "; ".join(rows[-1]["failures"]) or "ok"
         print(f"[{number}/{len(cells)}] {cell.label()}: {status}", flush=True)
-    meta = {"command": "python scripts/" + " ".join([Path(__file__).name, *(argv or sys.argv[1:])]),
-            "machine": _machine(), "triton": triton.__version__, "targets": list(archs),
-            "seconds": time.perf_counter() - start, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
-            "failures": sum(bool(row["failures"]) for row in rows),
-            "spills": sum(bool(row.get("spill_bytes") or row.get("stack_bytes")) for row in rows),
-            "by_kernel": dict(Counter(row["kernel"] for row in rows))}
+    meta = {
+        "command": "python scripts/" + " ".join([Path(__file__).name, *(argv or sys.argv[1:])]),
+        "machine": _machine(),
+        "triton": triton.__version__,
+        "targets": list(archs),
+        "seconds": time.perf_counter() - start,
+        "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "failures": sum(bool(row["failures"]) for row in rows),
+        "spills": sum(bool(row.get("spill_bytes") or row.get("stack_bytes")) for row in rows),
+        "by_kernel": dict(Counter(row["kernel"] for row in rows)),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "aot_matrix.json").write_text(json.dumps({"meta": meta, "cells": rows}, indent=1) + "\n")
     (args.out / "aot_matrix.md").write_text(_markdown(rows, meta))

@@ -7,6 +7,7 @@ a `python -m specfill` subprocess; run twice, and the two runs must be identical
 Model cases run in a worker process that reports one JSON line per case, so a crash or a hang in
 native code is caught and attributed to its case (then the worker restarts after it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,12 @@ def model_cases(folder: Path) -> list[dict]:
     """Every corpus case on both backends, restarting the worker after a crash or a hang."""
     outcomes, start = [], 0
     while True:
-        proc = subprocess.Popen([sys.executable, __file__, "--worker", str(start), "--folder", str(folder)],
-                                stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(start), "--folder", str(folder)],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
         selector = selectors.DefaultSelector()
         selector.register(proc.stdout, selectors.EVENT_READ)
         current = None
@@ -79,11 +84,29 @@ def model_cases(folder: Path) -> list[dict]:
         if status is None:
             return outcomes
         if current is None:  # died between cases (while generating the corpus, say)
-            outcomes.append({"index": start, "case": "#worker", "backend": "", "status": status, "error_type": "",
-                             "message": "", "seconds": 0.0})
+            outcomes.append(
+                {
+                    "index": start,
+                    "case": "#worker",
+                    "backend": "",
+                    "status": status,
+                    "error_type": "",
+                    "message": "",
+                    "seconds": 0.0,
+                }
+            )
             return outcomes
-        outcomes.append({"index": int(current[0]), "case": f"#{current[0]}", "backend": current[1],
-                         "status": status, "error_type": "", "message": "", "seconds": CASE_LIMIT_S})
+        outcomes.append(
+            {
+                "index": int(current[0]),
+                "case": f"#{current[0]}",
+                "backend": current[1],
+                "status": status,
+                "error_type": "",
+                "message": "",
+                "seconds": CASE_LIMIT_S,
+            }
+        )
         start = int(current[0]) + 1
 
 
@@ -110,20 +133,39 @@ def cli_cases(folder: Path) -> list[dict]:
 def _run_cli(case, args: list[str], backend: str) -> dict:
     start = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "specfill", *args], input=case.stdin, capture_output=True,
-                              timeout=CLI_LIMIT_S, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "specfill", *args],
+            input=case.stdin,
+            capture_output=True,
+            timeout=CLI_LIMIT_S,
+            cwd=ROOT,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
     except subprocess.TimeoutExpired:
         return {"case": case.name, "backend": backend, "status": "hang", "exit": None, "line": ""}
-    err = [line for line in proc.stderr.decode(errors="replace").splitlines()
-           if not line.startswith("specfill: no CUDA GPU")]
+    err = [
+        line
+        for line in proc.stderr.decode(errors="replace").splitlines()
+        if not line.startswith("specfill: no CUDA GPU")
+    ]
     errors = [line for line in err if line.startswith("specfill: error: ")]
     warns = [line for line in err if line.startswith("specfill: warning: ")]
     line = (errors or warns or [""])[0]
-    good = (proc.returncode == case.exit_code and "Traceback" not in proc.stderr.decode(errors="replace")
-            and len(err) == len(errors) + len(warns) and case.word in line
-            and (len(errors) == 1 if case.exit_code == 2 else not errors))
-    return {"case": case.name, "backend": backend, "status": "pass" if good else "fail", "exit": proc.returncode,
-            "line": line.replace(str(ROOT), "<repo>")[:300], "seconds": round(time.perf_counter() - start, 2)}
+    good = (
+        proc.returncode == case.exit_code
+        and "Traceback" not in proc.stderr.decode(errors="replace")
+        and len(err) == len(errors) + len(warns)
+        and case.word in line
+        and (len(errors) == 1 if case.exit_code == 2 else not errors)
+    )
+    return {
+        "case": case.name,
+        "backend": backend,
+        "status": "pass" if good else "fail",
+        "exit": proc.returncode,
+        "line": line.replace(str(ROOT), "<repo>")[:300],
+        "seconds": round(time.perf_counter() - start, 2),
+    }
 
 
 def header_timings(folder: Path) -> dict[str, float]:
@@ -132,8 +174,12 @@ def header_timings(folder: Path) -> dict[str, float]:
     from specfill.core.io.gguf_file import read_gguf
     from tests.fixtures.fuzz_run import corpus
 
-    wanted = ("gguf/llama/header/1e6-empty-arrays", "gguf/llama/header/1.5e6-empty-strings",
-              "gguf/llama/header/nested-array-depth=3000", "gguf/llama/header/100k-keys")
+    wanted = (
+        "gguf/llama/header/1e6-empty-arrays",
+        "gguf/llama/header/1.5e6-empty-strings",
+        "gguf/llama/header/nested-array-depth=3000",
+        "gguf/llama/header/100k-keys",
+    )
     timings = {}
     for name, write in corpus(folder / "timing", **{**CORPUS, "archs": ("llama",), "n_flips": 0, "n_cuts": 0}):
         if name in wanted:
@@ -167,29 +213,42 @@ def summarize(models: list[dict], cli: list[dict]) -> dict:
     for o in models:
         by_case[o["case"]][o["backend"]] = o["status"]
     return {
-        "model_cases": len(by_case), "model_runs": len(models),
+        "model_cases": len(by_case),
+        "model_runs": len(models),
         "model_status": dict(collections.Counter(f"{o['backend']} {o['status']}" for o in models)),
         "failures": [o for o in models if o["status"] not in ("ok", "error")],
         "backends_disagree": sorted(c for c, s in by_case.items() if len(set(s.values())) > 1),
         "families": {" | ".join(k): v for k, v in sorted(families.items())},
-        "cli_cases": len(cli), "cli_failures": [c for c in cli if c["status"] != "pass"],
-        "slowest_model_cases": sorted(({"case": o["case"], "backend": o["backend"], "seconds": o["seconds"]}
-                                       for o in models), key=lambda o: -o["seconds"])[:5],
+        "cli_cases": len(cli),
+        "cli_failures": [c for c in cli if c["status"] != "pass"],
+        "slowest_model_cases": sorted(
+            ({"case": o["case"], "backend": o["backend"], "seconds": o["seconds"]} for o in models),
+            key=lambda o: -o["seconds"],
+        )[:5],
     }
 
 
 def write_markdown(report: dict, path: Path) -> None:
     s = report["summary"]
-    lines = ["# Hostile inputs: fuzz run (issue #17)", "", f"Machine: {report['machine']}", "",
-             f"- model cases: {s['model_cases']} generated bad model files / directories / special files, "
-             f"{s['model_runs']} loads ({', '.join(BACKENDS)} backends)",
-             f"- outcomes: {', '.join(f'{k}: {v}' for k, v in sorted(s['model_status'].items()))}",
-             f"- tracebacks / foreign exception types / hangs / crashes / non-finite successes: {len(s['failures'])}",
-             f"- cases the two backends treat differently: {len(s['backends_disagree'])}",
-             f"- CLI cases: {s['cli_cases']} runs, failures: {len(s['cli_failures'])} (each error one line, exit 2; "
-             f"clamps and unused settings exit 0 with one warning)",
-             f"- second run identical: {report['second_run_identical']}", "",
-             "## 12 MB hostile headers (read_gguf, best of 3)", "", "| header | seconds |", "|---|---|"]
+    lines = [
+        "# Hostile inputs: fuzz run (issue #17)",
+        "",
+        f"Machine: {report['machine']}",
+        "",
+        f"- model cases: {s['model_cases']} generated bad model files / directories / special files, "
+        f"{s['model_runs']} loads ({', '.join(BACKENDS)} backends)",
+        f"- outcomes: {', '.join(f'{k}: {v}' for k, v in sorted(s['model_status'].items()))}",
+        f"- tracebacks / foreign exception types / hangs / crashes / non-finite successes: {len(s['failures'])}",
+        f"- cases the two backends treat differently: {len(s['backends_disagree'])}",
+        f"- CLI cases: {s['cli_cases']} runs, failures: {len(s['cli_failures'])} (each error one line, exit 2; "
+        f"clamps and unused settings exit 0 with one warning)",
+        f"- second run identical: {report['second_run_identical']}",
+        "",
+        "## 12 MB hostile headers (read_gguf, best of 3)",
+        "",
+        "| header | seconds |",
+        "|---|---|",
+    ]
     lines += [f"| {k} | {v} |" for k, v in report["header_seconds"].items()]
     lines += ["", "## Outcomes by family", "", "| family | backend | status | cases |", "|---|---|---|---|"]
     lines += [f"| {k.replace(' | ', ' | ')} | {v} |" for k, v in s["families"].items()]
@@ -215,21 +274,29 @@ def main() -> int:
             started = time.perf_counter()
             runs.append((model_cases(Path(tmp) / "models"), cli_cases(Path(tmp)), time.perf_counter() - started))
     (models, cli, seconds), (models2, cli2, _) = runs
-    report = {"machine": machine_line(describe_machine()), "corpus": {**CORPUS, "case_limit_s": CASE_LIMIT_S},
-              "seconds_per_run": round(seconds, 1),
-              "second_run_identical": (_comparable(models), _comparable(cli)) == (_comparable(models2),
-                                                                                  _comparable(cli2)),
-              "second_run_differences": [(a, b) for a, b in zip(_comparable(models) + _comparable(cli),
-                                                                _comparable(models2) + _comparable(cli2)) if a != b][:10],
-              "header_seconds": header_timings(Path(tempfile.mkdtemp())), "summary": summarize(models, cli),
-              "cli": cli}
+    report = {
+        "machine": machine_line(describe_machine()),
+        "corpus": {**CORPUS, "case_limit_s": CASE_LIMIT_S},
+        "seconds_per_run": round(seconds, 1),
+        "second_run_identical": (_comparable(models), _comparable(cli)) == (_comparable(models2), _comparable(cli2)),
+        "second_run_differences": [
+            (a, b)
+            for a, b in zip(_comparable(models) + _comparable(cli), _comparable(models2) + _comparable(cli2))
+            if a != b
+        ][:10],
+        "header_seconds": header_timings(Path(tempfile.mkdtemp())),
+        "summary": summarize(models, cli),
+        "cli": cli,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "fuzz.json").write_text(json.dumps(report, indent=2) + "\n")
     write_markdown(report, args.out / "fuzz.md")
     s = report["summary"]
-    print(f"{s['model_cases']} model cases, {len(s['failures'])} failures, {len(s['backends_disagree'])} "
-          f"disagreements, {len(s['cli_failures'])} CLI failures, "
-          f"second run identical: {report['second_run_identical']}")
+    print(
+        f"{s['model_cases']} model cases, {len(s['failures'])} failures, {len(s['backends_disagree'])} "
+        f"disagreements, {len(s['cli_failures'])} CLI failures, "
+        f"second run identical: {report['second_run_identical']}"
+    )
     clean = not (s["failures"] or s["cli_failures"] or s["backends_disagree"])
     return 0 if clean and report["second_run_identical"] else 1
 

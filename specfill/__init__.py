@@ -10,6 +10,7 @@ The sub-packages live in the repository's top-level folders (see pyproject.toml)
   specfill.conformance  the suite every backend must pass
   specfill.cli          the `specfill` command
 """
+
 from .api import GenerationResponse, generate, load, stream_generate
 
 __version__ = "0.1.0"

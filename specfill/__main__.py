@@ -1,4 +1,5 @@
 """`python -m specfill ...`: the same command line as the `specfill` script."""
+
 import sys
 
 from specfill.cli.main import main

@@ -1,4 +1,5 @@
 """The mlx-lm-style public API: load, generate, stream_generate — once for both backends."""
+
 from __future__ import annotations
 
 import sys
@@ -11,7 +12,7 @@ import numpy as np
 from specfill.core import H2OConfig, SpecPrefillConfig, TokenizerMismatchError
 from specfill.core.checks import check_logits_finite
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
-from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, ProgressCallback
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, ProgressCallback
 
 if TYPE_CHECKING:
     from specfill.core.backend import Backend
@@ -83,9 +84,17 @@ def choose_device(backend: str | None, device: str | None) -> tuple[str | None, 
     return (device, None) if notice is None else ("cpu", notice)
 
 
-def load(path: str | tuple[Any, Any] | None = None, backend: str | None = None, dtype: str | None = None,
-         device: str | None = None, *, model_file: str | None = None,
-         download: bool = False, group: Any = None, pipeline: bool = False) -> tuple[CausalLM, Any]:
+def load(
+    path: str | tuple[Any, Any] | None = None,
+    backend: str | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    *,
+    model_file: str | None = None,
+    download: bool = False,
+    group: Any = None,
+    pipeline: bool = False,
+) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file, a Hugging Face / mlx-lm directory or a repo id.
 
     backend: "mlx" or "cuda"; None picks mlx where MLX with Metal is importable, else cuda.
@@ -139,12 +148,17 @@ def check_computes_finite(model: CausalLM, dtype: str | None) -> None:
     weights whose products overflow float32, say) is a NonFiniteLogitsError here, not an end token
     later. Costs one decode step."""
     logits = model.prompt_logits([0], method=PrefillMethod(), info=GenerationInfo())
-    check_logits_finite(bool(np.isfinite(logits).all()), model.args, where="a one-token check at load",
-                        dtype=dtype)
+    check_logits_finite(bool(np.isfinite(logits).all()), model.args, where="a one-token check at load", dtype=dtype)
 
 
-def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str | None = None,
-                    device: str | None = None, role: str = "speculator") -> Any:
+def load_speculator(
+    speculator: Any,
+    model: CausalLM,
+    tokenizer: Any,
+    dtype: str | None = None,
+    device: str | None = None,
+    role: str = "speculator",
+) -> Any:
     """What a backend takes as speculator (or draft model: `role`): "self:K" as is, a loaded
     model as is, a (model, tokenizer) pair or a path after checking that its tokenizer equals the
     main one."""
@@ -155,8 +169,9 @@ def load_speculator(speculator: Any, model: CausalLM, tokenizer: Any, dtype: str
     if isinstance(speculator, tuple):
         spec_model, spec_tokenizer = speculator
         if spec_tokenizer.vocab_fingerprint() != tokenizer.vocab_fingerprint():
-            raise TokenizerMismatchError(f"the {role}'s tokenizer differs from the main model's: "
-                                         f"they must share one vocabulary")
+            raise TokenizerMismatchError(
+                f"the {role}'s tokenizer differs from the main model's: they must share one vocabulary"
+            )
         return spec_model
     return speculator
 
@@ -169,27 +184,46 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
 
 
-def load_request_models(request: GenerationRequest, model: CausalLM, tokenizer: Any, dtype: str | None = None,
-                        device: str | None = None) -> GenerationRequest:
+def load_request_models(
+    request: GenerationRequest, model: CausalLM, tokenizer: Any, dtype: str | None = None, device: str | None = None
+) -> GenerationRequest:
     """The request with its speculator and draft model loaded (load_speculator): paths become
     models on the main model's backend, checked against its tokenizer; "self:K" stays as is."""
     method, drafting = request.method, request.drafting
     if method.speculator is not None:
         method = replace(method, speculator=load_speculator(method.speculator, model, tokenizer, dtype, device))
     if drafting is not None and drafting.model is not None:
-        drafting = replace(drafting, model=load_speculator(drafting.model, model, tokenizer, dtype, device,
-                                                           role="draft model"))
+        drafting = replace(
+            drafting, model=load_speculator(drafting.model, model, tokenizer, dtype, device, role="draft model")
+        )
     return replace(request, method=method, drafting=drafting)
 
 
-def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_tokens: int = 256, *,
-                    temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, top_k: int = 0,
-                    min_p: float = 0.0, repetition_penalty: float = 1.0, presence_penalty: float = 0.0,
-                    frequency_penalty: float = 0.0, method: str | PrefillMethod = "full", h2o: H2OConfig | None = None,
-                    specprefill: SpecPrefillConfig | None = None, speculator: Any = None,
-                    auto_threshold: int | None = None, prompt_progress_callback: ProgressCallback | None = None,
-                    prefill_info: GenerationInfo | None = None, draft_model: Any = None,
-                    num_draft_tokens: int | None = None, reuse: KVState | None = None) -> Iterator[GenerationResponse]:
+def stream_generate(
+    model: CausalLM,
+    tokenizer: Any,
+    prompt: str | Sequence[int],
+    max_tokens: int = 256,
+    *,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    method: str | PrefillMethod = "full",
+    h2o: H2OConfig | None = None,
+    specprefill: SpecPrefillConfig | None = None,
+    speculator: Any = None,
+    auto_threshold: int | None = None,
+    prompt_progress_callback: ProgressCallback | None = None,
+    prefill_info: GenerationInfo | None = None,
+    draft_model: Any = None,
+    num_draft_tokens: int | None = None,
+    reuse: KVState | None = None,
+) -> Iterator[GenerationResponse]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm). top_k, min_p, *_penalty: core/sampling.py.
 
@@ -209,19 +243,46 @@ def stream_generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     Every setting is checked once, by core/request.build_request (the CLI and the server build
     the same request from their flags and fields).
     """
-    request = build_request(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, top_k=top_k,
-                            min_p=min_p, repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
-                            frequency_penalty=frequency_penalty, method=method, h2o=h2o, specprefill=specprefill,
-                            speculator=speculator, auto_threshold=auto_threshold, draft_model=draft_model,
-                            num_draft_tokens=num_draft_tokens)
+    request = build_request(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        method=method,
+        h2o=h2o,
+        specprefill=specprefill,
+        speculator=speculator,
+        auto_threshold=auto_threshold,
+        draft_model=draft_model,
+        num_draft_tokens=num_draft_tokens,
+    )
     request = load_request_models(request, model, tokenizer)
-    yield from stream_request(model, tokenizer, prompt, request, prompt_progress_callback=prompt_progress_callback,
-                              prefill_info=prefill_info, reuse=reuse)
+    yield from stream_request(
+        model,
+        tokenizer,
+        prompt,
+        request,
+        prompt_progress_callback=prompt_progress_callback,
+        prefill_info=prefill_info,
+        reuse=reuse,
+    )
 
 
-def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], request: GenerationRequest, *,
-                   prompt_progress_callback: ProgressCallback | None = None, prefill_info: GenerationInfo | None = None,
-                   reuse: KVState | None = None) -> Iterator[GenerationResponse]:
+def stream_request(
+    model: CausalLM,
+    tokenizer: Any,
+    prompt: str | Sequence[int],
+    request: GenerationRequest,
+    *,
+    prompt_progress_callback: ProgressCallback | None = None,
+    prefill_info: GenerationInfo | None = None,
+    reuse: KVState | None = None,
+) -> Iterator[GenerationResponse]:
     """stream_generate for a built request (core/request.py) whose models are loaded
     (load_request_models): the one generation path of the API, the CLI and the server."""
     shared = getattr(model, "distributed", None)
@@ -242,9 +303,15 @@ def stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int],
         steps.close()  # closed early (a stop string, a cancel): the driver's generator closes now too
 
 
-def _stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], request: GenerationRequest,
-                    prompt_progress_callback: ProgressCallback | None, prefill_info: GenerationInfo | None,
-                    reuse: KVState | None) -> Iterator[GenerationResponse]:
+def _stream_request(
+    model: CausalLM,
+    tokenizer: Any,
+    prompt: str | Sequence[int],
+    request: GenerationRequest,
+    prompt_progress_callback: ProgressCallback | None,
+    prefill_info: GenerationInfo | None,
+    reuse: KVState | None,
+) -> Iterator[GenerationResponse]:
     ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt
     info = prefill_info if prefill_info is not None else GenerationInfo()
     detokenizer = tokenizer.streaming_detokenizer()
@@ -252,9 +319,17 @@ def _stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
     first_at = None
     max_tokens = request.max_tokens
     # the driver checks the ids (core/runtime.check_token_ids) before it returns the steps
-    steps = model.generate_step(ids, max_tokens=max_tokens, sampling=request.sampling,
-                                stop_ids=frozenset(tokenizer.eos_token_ids), method=request.method, info=info,
-                                progress=prompt_progress_callback, drafting=request.drafting, reuse=reuse)
+    steps = model.generate_step(
+        ids,
+        max_tokens=max_tokens,
+        sampling=request.sampling,
+        stop_ids=frozenset(tokenizer.eos_token_ids),
+        method=request.method,
+        info=info,
+        progress=prompt_progress_callback,
+        drafting=request.drafting,
+        reuse=reuse,
+    )
     n_prompt = info.prompt_tokens
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
@@ -266,19 +341,36 @@ def _stream_request(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int]
             text += detokenizer.finish()
         ttft, decode = first_at - start, info.decode
         yield GenerationResponse(
-            text=text, token=token, prompt_tokens=n_prompt, prompt_tps=n_prompt / max(ttft, 1e-9), ttft=ttft,
-            kept_tokens=info.kept_tokens, generation_tokens=n,
+            text=text,
+            token=token,
+            prompt_tokens=n_prompt,
+            prompt_tps=n_prompt / max(ttft, 1e-9),
+            ttft=ttft,
+            kept_tokens=info.kept_tokens,
+            generation_tokens=n,
             generation_tps=(n - 1) / (now - first_at) if n > 1 else 0.0,
-            peak_memory=model.peak_memory_gb(), finish_reason=finish,
-            from_draft=bool(decode.from_draft and decode.from_draft[-1]), drafted_tokens=decode.drafted_tokens,
-            accepted_tokens=decode.accepted_tokens, draft_seconds=decode.seconds.get("draft", 0.0),
-            verify_seconds=decode.seconds.get("verify", 0.0), draft_skipped=decode.skipped)
+            peak_memory=model.peak_memory_gb(),
+            finish_reason=finish,
+            from_draft=bool(decode.from_draft and decode.from_draft[-1]),
+            drafted_tokens=decode.drafted_tokens,
+            accepted_tokens=decode.accepted_tokens,
+            draft_seconds=decode.seconds.get("draft", 0.0),
+            verify_seconds=decode.seconds.get("verify", 0.0),
+            draft_skipped=decode.skipped,
+        )
         if finish:
             return
 
 
-def generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_tokens: int = 256, *,
-             verbose: bool = False, **kwargs: Any) -> str:
+def generate(
+    model: CausalLM,
+    tokenizer: Any,
+    prompt: str | Sequence[int],
+    max_tokens: int = 256,
+    *,
+    verbose: bool = False,
+    **kwargs: Any,
+) -> str:
     """The whole generated text; verbose streams it to stdout with mlx-lm-style statistics."""
     text, last = [], None
     for last in stream_generate(model, tokenizer, prompt, max_tokens, **kwargs):
@@ -293,17 +385,23 @@ def generate(model: CausalLM, tokenizer: Any, prompt: str | Sequence[int], max_t
 
 def format_stats(last: GenerationResponse) -> str:
     """The closing lines, as mlx-lm prints them, plus TTFT and kept tokens."""
-    lines = ["=" * 10,
-             f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec",
-             f"TTFT: {last.ttft:.3f} s"]
+    lines = [
+        "=" * 10,
+        f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec",
+        f"TTFT: {last.ttft:.3f} s",
+    ]
     if last.kept_tokens != last.prompt_tokens:
-        lines.append(f"Kept: {last.kept_tokens}/{last.prompt_tokens} prompt tokens "
-                     f"({100.0 * last.kept_tokens / last.prompt_tokens:.1f}%)")
+        lines.append(
+            f"Kept: {last.kept_tokens}/{last.prompt_tokens} prompt tokens "
+            f"({100.0 * last.kept_tokens / last.prompt_tokens:.1f}%)"
+        )
     lines.append(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec")
     if last.drafted_tokens:
-        lines.append(f"Draft: {last.accepted_tokens}/{last.drafted_tokens} proposals accepted "
-                     f"({100.0 * last.accepted_tokens / last.drafted_tokens:.1f}%); drafting {last.draft_seconds:.3f} s, "
-                     f"verifying {last.verify_seconds:.3f} s")
+        lines.append(
+            f"Draft: {last.accepted_tokens}/{last.drafted_tokens} proposals accepted "
+            f"({100.0 * last.accepted_tokens / last.drafted_tokens:.1f}%); drafting {last.draft_seconds:.3f} s, "
+            f"verifying {last.verify_seconds:.3f} s"
+        )
     elif last.draft_skipped:
         lines.append(f"Draft: {last.draft_skipped}")
     lines.append(f"Peak memory: {last.peak_memory:.3f} GB")

@@ -1,5 +1,6 @@
 """Prompt text from files and standard input: readable, UTF-8, one clear error line otherwise.
 (Every generation setting is checked in core/request.py.)"""
+
 from __future__ import annotations
 
 from specfill.core import ConfigError

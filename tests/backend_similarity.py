@@ -5,6 +5,7 @@ first, so what remains measures duplicated orchestration, not shared vocabulary.
 difflib's ratio over non-blank, non-comment, non-docstring-only lines (2 * matches / total).
 usage: python tests/backend_similarity.py [--max 0.30]   (exit 1 if a pair is above --max)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MASKS = [(re.compile(r"\b(mx|torch|F|nn|np|tl)\."), "ARR."),
-         (re.compile(r"\b(mx\.array|torch\.Tensor|mx\.Dtype|torch\.dtype)\b"), "ARRAY"),
-         (re.compile(r"\b(MLX|Torch)"), "B")]
+MASKS = [
+    (re.compile(r"\b(mx|torch|F|nn|np|tl)\."), "ARR."),
+    (re.compile(r"\b(mx\.array|torch\.Tensor|mx\.Dtype|torch\.dtype)\b"), "ARRAY"),
+    (re.compile(r"\b(MLX|Torch)"), "B"),
+]
 
 
 def code_lines(path: Path) -> list[str]:

@@ -1,4 +1,5 @@
 """Shared pytest fixtures. Builders live in tests/fixtures (import them from `tests.fixtures`)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """A chat template that writes BOS itself must not get a second one (mlx-lm's encoding rule)."""
+
 import json
 import shutil
 

@@ -1,12 +1,12 @@
 """method="auto": full prefill below the crossover calibrated on THIS machine, the sparse method above."""
+
 import json
 
 import pytest
 
 from specfill.api import load, prefill_method, stream_generate
 from specfill.cli.main import main
-from specfill.core import ConfigError, H2OConfig
-from specfill.core import crossover, probe
+from specfill.core import ConfigError, H2OConfig, crossover, probe
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 H2O = H2OConfig(chunk_size=256, batch_size=1024, local=32, heavy=32)  # few chunks: quick at 3000 tokens
@@ -27,14 +27,23 @@ def fake_measure(monkeypatch, table: dict[int, tuple[float, float]]) -> list[int
     def measure(lm, method, length):
         calls.append(length)
         return table[length]
+
     monkeypatch.setattr(probe, "_measure", measure)
     return calls
 
 
 def run_auto(model, tok, n_tokens: int, **options) -> str:
     info = GenerationInfo()
-    list(stream_generate(model, tok, [5 + i % 300 for i in range(n_tokens)], 1,
-                         method=prefill_method("auto", h2o=H2O, **options), prefill_info=info))
+    list(
+        stream_generate(
+            model,
+            tok,
+            [5 + i % 300 for i in range(n_tokens)],
+            1,
+            method=prefill_method("auto", h2o=H2O, **options),
+            prefill_info=info,
+        )
+    )
     return info.method
 
 
@@ -101,8 +110,9 @@ def test_the_probe_times_both_prefills_and_records_the_machine(tiny, tiny_checkp
         value, source = probe.auto_crossover(model, method, lengths=[32, 64])
         data = json.loads(crossover.calibration_path(probe.key_for(model, method)).read_text())
         assert source.startswith("calibrated now") and data["crossover_tokens"] == value
-        assert set(data["points"]) == {"32", "64"} and all(p["full_s"] > 0 and p["sparse_s"] > 0
-                                                           for p in data["points"].values())
+        assert set(data["points"]) == {"32", "64"} and all(
+            p["full_s"] > 0 and p["sparse_s"] > 0 for p in data["points"].values()
+        )
         key = data["key"]
         assert key["machine"]["cpu"] and isinstance(key["machine"]["gemm_flags"], list)
         assert key["dtype"] == "float32" and key["threads"] >= 1 and key["device"] == "cpu"
@@ -111,8 +121,9 @@ def test_the_probe_times_both_prefills_and_records_the_machine(tiny, tiny_checkp
 
 def test_calibration_stops_at_its_budget():
     ticks = iter(range(100))
-    measured = crossover.calibrate(lambda n: (float(n), 1.0), [4096, 2048, 8192], budget_s=0.5,
-                                   clock=lambda: float(next(ticks)))
+    measured = crossover.calibrate(
+        lambda n: (float(n), 1.0), [4096, 2048, 8192], budget_s=0.5, clock=lambda: float(next(ticks))
+    )
     assert list(measured) == [2048]  # the first length always runs, then the budget is spent
     with pytest.raises(ValueError):
         crossover.calibrate(lambda n: (1.0, 1.0), [])
@@ -136,9 +147,17 @@ def test_cli_auto_threshold_needs_method_auto(capsys):
 def test_bench_saves_its_crossover_for_auto_only_when_asked(tiny_checkpoint, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path))
     from specfill.evaluation.bench import BenchPlan, run_bench
+
     path = str(tiny_checkpoint("llama", "safetensors"))
-    plan = BenchPlan(backends=("cuda",), methods=("full", "h2o"), lengths=(1100, 2048), model=path, decode_tokens=1,
-                     device="cpu", h2o=H2O)
+    plan = BenchPlan(
+        backends=("cuda",),
+        methods=("full", "h2o"),
+        lengths=(1100, 2048),
+        model=path,
+        decode_tokens=1,
+        device="cpu",
+        h2o=H2O,
+    )
     calls = fake_measure(monkeypatch, {2048: (1.0, 2.0), 4096: (2.0, 3.0)})
     result = run_bench(plan, log=lambda line: None)
     assert calls and result["calibration"][0]["auto_source"].startswith("calibrated now")  # re-probed

@@ -1,5 +1,6 @@
 """The backend contract (core/backend.py): one Backend object per backend, found by every name the
 CLI accepts, importing nothing heavy until asked; the CPU fallback decided once, in the API."""
+
 import subprocess
 import sys
 
@@ -23,18 +24,24 @@ def test_every_name_finds_its_backend():
 
 
 def test_naming_a_backend_imports_no_array_library():
-    code = ("import sys; from specfill.backends import get_backend; "
-            "names = [get_backend(n).name for n in ('cuda', 'mlx', 'torch')]; "
-            "bad = {'torch', 'mlx', 'mlx.core'} & set(sys.modules); assert not bad, bad")
+    code = (
+        "import sys; from specfill.backends import get_backend; "
+        "names = [get_backend(n).name for n in ('cuda', 'mlx', 'torch')]; "
+        "bad = {'torch', 'mlx', 'mlx.core'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_missing_library_is_one_line():
     missing = Backend(name="cuda", extra="cuda", loader_module="specfill_missing_backend_module")
-    assert missing.available() == ("backend 'cuda' needs 'specfill_missing_backend_module', which is not "
-                                   "installed (pip install 'specfill[cuda]')")
-    for call in (lambda: missing.load("m.gguf"), lambda: missing.resolve_device(None),
-                 lambda: missing.cpu_fallback(None)):
+    assert missing.available() == (
+        "backend 'cuda' needs 'specfill_missing_backend_module', which is not installed (pip install 'specfill[cuda]')"
+    )
+    for call in (
+        lambda: missing.load("m.gguf"),
+        lambda: missing.resolve_device(None),
+        lambda: missing.cpu_fallback(None),
+    ):
         with pytest.raises(BackendUnavailableError, match="not installed"):
             call()
 
@@ -63,8 +70,8 @@ def test_the_torch_backend_resolves_and_falls_back(monkeypatch):
 
 def test_a_visible_gpu_is_no_fallback(monkeypatch):
     pytest.importorskip("torch")
-    from tests.torch_cuda.simulated_gpu import FakeRuntime
     from specfill.backends.torch_cuda import placement
+    from tests.torch_cuda.simulated_gpu import FakeRuntime
 
     monkeypatch.setattr(placement, "RUNTIME", FakeRuntime())
     assert api.choose_device("cuda", None) == (None, None)
@@ -84,6 +91,8 @@ def test_the_cli_prints_the_fallback_and_runs_on_the_cpu(monkeypatch, capsys):
     from specfill.backends.torch_cuda import placement
 
     monkeypatch.setattr(placement.RUNTIME, "available", lambda: False)
-    assert main(["generate", "--backend", "cuda", "--model", "random:tiny-llama", "--prompt", "hi",
-                 "--max-tokens", "1"]) == 0
+    assert (
+        main(["generate", "--backend", "cuda", "--model", "random:tiny-llama", "--prompt", "hi", "--max-tokens", "1"])
+        == 0
+    )
     assert capsys.readouterr().err.startswith(f"specfill: {NOTICE}\n")

@@ -5,6 +5,7 @@ the `specfill` command.
 The extras are hidden in a subprocess by a meta-path finder that refuses to import them, so the
 test means the same on a machine where they are installed.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -12,8 +13,19 @@ import sys
 
 import pytest
 
-EXTRAS = ("torch", "triton", "mlx", "mlx_lm", "gguf", "safetensors", "tokenizers", "jinja2",
-          "matplotlib", "transformers", "accelerate")
+EXTRAS = (
+    "torch",
+    "triton",
+    "mlx",
+    "mlx_lm",
+    "gguf",
+    "safetensors",
+    "tokenizers",
+    "jinja2",
+    "matplotlib",
+    "transformers",
+    "accelerate",
+)
 BLOCKER = f"""
 import importlib.abc, runpy, sys
 class Refuse(importlib.abc.MetaPathFinder):
@@ -52,9 +64,11 @@ def test_reference_conformance_runs_without_extras(tmp_path):
 
 
 def test_python_m_specfill_is_the_command():
-    result = subprocess.run([sys.executable, "-m", "specfill", "generate", "--help"], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "specfill", "generate", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and result.stdout.startswith("usage: specfill generate")
-    bad = subprocess.run([sys.executable, "-m", "specfill", "generate", "--chunk-size", "x"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "specfill", "generate", "--chunk-size", "x"], capture_output=True, text=True, timeout=120
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("specfill: error: ")

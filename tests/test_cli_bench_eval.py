@@ -1,4 +1,5 @@
 """`specfill bench` and `specfill eval` on a tiny model: the files they write hold real rows."""
+
 import json
 
 import pytest
@@ -10,10 +11,37 @@ pytest.importorskip("torch")
 
 def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["bench", "--backends", "cuda", "--device", "cpu", "--model", model, "--lengths", "24,48",
-                 "--decode-tokens", "3", "--chunk-size", "8", "--batch-size", "16", "--h2o-local", "2",
-                 "--h2o-heavy", "2", "--speculator", "self:1", "--keep", "0.25", "--select-chunk", "4",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "bench",
+            "--backends",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--lengths",
+            "24,48",
+            "--decode-tokens",
+            "3",
+            "--chunk-size",
+            "8",
+            "--batch-size",
+            "16",
+            "--h2o-local",
+            "2",
+            "--h2o-heavy",
+            "2",
+            "--speculator",
+            "self:1",
+            "--keep",
+            "0.25",
+            "--select-chunk",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "bench.json").read_text())
     rows = {(r["method"], r["prompt_tokens"]): r for r in data["rows"]}
@@ -30,9 +58,31 @@ def test_bench_draft_tokens_writes_the_drafting_rows(tiny_checkpoint, tmp_path, 
     """`bench --draft-tokens` with the platform's default backend: every row keeps the greedy text."""
     monkeypatch.setattr("specfill.api.mlx_metal_available", lambda: False)  # the default is then cuda
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["bench", "--device", "cpu", "--model", model, "--lengths", "40", "--decode-tokens", "6",
-                 "--draft-tokens", "2", "--draft-model", model, "--speculator", "self:1", "--select-chunk", "4",
-                 "--out", str(tmp_path), "--name", "drafting"])
+    code = main(
+        [
+            "bench",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--lengths",
+            "40",
+            "--decode-tokens",
+            "6",
+            "--draft-tokens",
+            "2",
+            "--draft-model",
+            model,
+            "--speculator",
+            "self:1",
+            "--select-chunk",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "drafting",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     rows = json.loads((tmp_path / "drafting.json").read_text())["rows"]
     assert [(r["method"], r["k"]) for r in rows] == [("full", 0), ("full", 2), ("specprefill", 0), ("specprefill", 2)]
@@ -49,14 +99,31 @@ def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
     model = str(tiny_checkpoint("llama", "gguf"))
     h2o, spec = H2OConfig(8, 16, 2, 2, dense_tail=0), SpecPrefillConfig(keep_ratio=0.5, select_chunk=4)
     steps: list[tuple[int, str]] = []
-    run_bench(BenchPlan(methods=("full", "h2o"), lengths=(24, 40), model=model, h2o=h2o, decode_tokens=2,
-                        repeats=2, device="cpu"), log=lambda line: None, step=lambda *a: steps.append(a))
+    run_bench(
+        BenchPlan(
+            methods=("full", "h2o"), lengths=(24, 40), model=model, h2o=h2o, decode_tokens=2, repeats=2, device="cpu"
+        ),
+        log=lambda line: None,
+        step=lambda *a: steps.append(a),
+    )
     assert len(steps) == 2 * (1 + 2 * 2) and {total for total, _ in steps} == {10}
     assert steps[0][1] == "cuda warm-up full" and steps[-1][1] == "cuda h2o 40"
     steps.clear()
-    run_eval(EvalPlan(model=model, perplexity_lengths=(30,), passkey_lengths=(50,), trials=3, keeps=(0.5,),
-                      speculator="self:1", h2o=h2o, specprefill=spec, device="cpu"),
-             log=lambda line: None, step=lambda *a: steps.append(a))
+    run_eval(
+        EvalPlan(
+            model=model,
+            perplexity_lengths=(30,),
+            passkey_lengths=(50,),
+            trials=3,
+            keeps=(0.5,),
+            speculator="self:1",
+            h2o=h2o,
+            specprefill=spec,
+            device="cpu",
+        ),
+        log=lambda line: None,
+        step=lambda *a: steps.append(a),
+    )
     # perplexity: full and h2o; passkey: full, h2o, one keep, 3 trials each
     assert len(steps) == 2 + 3 * 3 and {total for total, _ in steps} == {11}
     assert steps[0][1] == "perplexity full 30" and steps[-1][1] == "passkey specprefill keep=0.5 50"
@@ -64,11 +131,41 @@ def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
 
 def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--perplexity-lengths", "40",
-                 "--passkey-lengths", "60", "--trials", "20", "--chunk-size", "16", "--batch-size", "16",
-                 "--h2o-local", "4", "--h2o-heavy", "4", "--h2o-dense-tail", "0", "--speculator", "self:1",
-                 "--keeps", "0.5",
-                 "--select-chunk", "4", "--out", str(tmp_path)])
+    code = main(
+        [
+            "eval",
+            "--backend",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--perplexity-lengths",
+            "40",
+            "--passkey-lengths",
+            "60",
+            "--trials",
+            "20",
+            "--chunk-size",
+            "16",
+            "--batch-size",
+            "16",
+            "--h2o-local",
+            "4",
+            "--h2o-heavy",
+            "4",
+            "--h2o-dense-tail",
+            "0",
+            "--speculator",
+            "self:1",
+            "--keeps",
+            "0.5",
+            "--select-chunk",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "eval.json").read_text())
     ppl = {r["method"]: r for r in data["perplexity"]}  # W=0 is not the default: named in the label
@@ -91,14 +188,52 @@ def test_eval_writes_perplexity_and_passkey(tiny_checkpoint, tmp_path, capsys):
 
 def test_eval_sweeps_dense_tails_and_scoring_layers(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks", "passkey",
-                 "--passkey-lengths", "60", "--trials", "2", "--chunk-size", "16", "--batch-size", "16",
-                 "--h2o-local", "4", "--h2o-heavy", "4", "--h2o-dense-tail", "0,8", "--speculator", "self:2",
-                 "--keeps", "0.5", "--score-layers", "all,last-1", "--select-chunk", "4", "--out", str(tmp_path)])
+    code = main(
+        [
+            "eval",
+            "--backend",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--tasks",
+            "passkey",
+            "--passkey-lengths",
+            "60",
+            "--trials",
+            "2",
+            "--chunk-size",
+            "16",
+            "--batch-size",
+            "16",
+            "--h2o-local",
+            "4",
+            "--h2o-heavy",
+            "4",
+            "--h2o-dense-tail",
+            "0,8",
+            "--speculator",
+            "self:2",
+            "--keeps",
+            "0.5",
+            "--score-layers",
+            "all,last-1",
+            "--select-chunk",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "eval.json").read_text())
     assert [r["method"] for r in data["passkey"]] == [
-        "full", "h2o W=0", "h2o W=8", "specprefill keep=0.5 layers=all", "specprefill keep=0.5 layers=last-1"]
+        "full",
+        "h2o W=0",
+        "h2o W=8",
+        "specprefill keep=0.5 layers=all",
+        "specprefill keep=0.5 layers=last-1",
+    ]
     assert "full" in data["plan"]["defaults"] and "h2o W=8" not in data["plan"]["defaults"]
     assert main(["eval", "--score-layers", "middle-2"]) == 2
 
@@ -111,9 +246,35 @@ def test_eval_rejects_unknown_task(capsys):
 def test_parity_writes_agreement_report(tiny_checkpoint, tmp_path, capsys):
     pytest.importorskip("mlx.core")
     model = str(tiny_checkpoint("qwen2", "safetensors"))
-    code = main(["parity", "--backends", "mlx,cuda", "--model", model, "--prompt-tokens", "40", "--chunk-size", "8",
-                 "--batch-size", "16", "--h2o-local", "2", "--h2o-heavy", "2", "--speculator", "self:1",
-                 "--keep", "0.25", "--select-chunk", "4", "--generate-tokens", "4", "--out", str(tmp_path)])
+    code = main(
+        [
+            "parity",
+            "--backends",
+            "mlx,cuda",
+            "--model",
+            model,
+            "--prompt-tokens",
+            "40",
+            "--chunk-size",
+            "8",
+            "--batch-size",
+            "16",
+            "--h2o-local",
+            "2",
+            "--h2o-heavy",
+            "2",
+            "--speculator",
+            "self:1",
+            "--keep",
+            "0.25",
+            "--select-chunk",
+            "4",
+            "--generate-tokens",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "parity.json").read_text())
     assert data["full_logits"]["max_abs_diff"] < 1e-4 and data["full_logits"]["top1_agreement"] == 1.0
@@ -123,6 +284,7 @@ def test_parity_writes_agreement_report(tiny_checkpoint, tmp_path, capsys):
     assert data["text"]["identical"] is True
     assert "| H2O memory sets identical (layers) | 2/2 |" in (tmp_path / "parity.md").read_text()
     import torch
+
     torch_device = "cuda:0 (" if torch.cuda.is_available() else "cpu"
     assert data["devices"]["cuda"].startswith(torch_device) and data["devices"]["mlx"] in ("cpu", "gpu (Metal)")
     assert f"cuda on {data['devices']['cuda']}" in (tmp_path / "parity.md").read_text()
@@ -147,9 +309,33 @@ def test_a_stopped_bench_or_eval_keeps_the_finished_rows(tiny_checkpoint, tmp_pa
         return real_run(*args, **kwargs)
 
     monkeypatch.setattr(bench, "_one_run", stop_on_fourth)
-    code = main(["bench", "--backends", "cuda", "--device", "cpu", "--model", model, "--lengths", "24",
-                 "--methods", "full,h2o", "--chunk-size", "8", "--batch-size", "16", "--h2o-local", "2",
-                 "--h2o-heavy", "2", "--decode-tokens", "2", "--out", str(tmp_path)])
+    code = main(
+        [
+            "bench",
+            "--backends",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--lengths",
+            "24",
+            "--methods",
+            "full,h2o",
+            "--chunk-size",
+            "8",
+            "--batch-size",
+            "16",
+            "--h2o-local",
+            "2",
+            "--h2o-heavy",
+            "2",
+            "--decode-tokens",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 130
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["complete"] is False and [r["method"] for r in data["rows"]] == ["full"]
@@ -165,9 +351,29 @@ def test_a_stopped_bench_or_eval_keeps_the_finished_rows(tiny_checkpoint, tmp_pa
         return real_trial(*args, **kwargs)
 
     monkeypatch.setattr(quality, "retrieval_trial", stop_on_third_trial)
-    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks", "perplexity,passkey",
-                 "--methods", "full", "--perplexity-lengths", "30", "--passkey-lengths", "50", "--trials", "3",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "eval",
+            "--backend",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--tasks",
+            "perplexity,passkey",
+            "--methods",
+            "full",
+            "--perplexity-lengths",
+            "30",
+            "--passkey-lengths",
+            "50",
+            "--trials",
+            "3",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 130
     data = json.loads((tmp_path / "eval.json").read_text())
     assert data["complete"] is False and len(data["perplexity"]) == 1 and len(data["passkey"]) == 0
@@ -189,18 +395,44 @@ def test_multikey_prompts_hide_every_pair_and_ask_one(tiny_checkpoint):
     for prompt, spans, answer, _ in prompts:
         assert prompt.count("The special magic number for") == 5 and prompt.count(answer) == 1
         ids = encode_prompt(tokenizer, prompt)
-        needle = tokenizer.decode(ids[spans["needle"][0]:spans["needle"][1]])
+        needle = tokenizer.decode(ids[spans["needle"][0] : spans["needle"][1]])
         assert answer in needle.replace(" ", "")
         assert spans["needle"][1] <= spans["question"][0] < spans["question"][1] == len(ids)
-        assert "What is the special magic number" in tokenizer.decode(ids[spans["question"][0]:])
+        assert "What is the special magic number" in tokenizer.decode(ids[spans["question"][0] :])
         assert 250 <= len(ids) <= 330
 
 
 def test_eval_multikey_task_writes_its_table(tiny_checkpoint, tmp_path, capsys):
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks", "passkey,multikey",
-                 "--methods", "full,h2o", "--passkey-lengths", "120", "--trials", "2", "--chunk-size", "16",
-                 "--batch-size", "16", "--h2o-local", "4", "--h2o-heavy", "4", "--out", str(tmp_path)])
+    code = main(
+        [
+            "eval",
+            "--backend",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--tasks",
+            "passkey,multikey",
+            "--methods",
+            "full,h2o",
+            "--passkey-lengths",
+            "120",
+            "--trials",
+            "2",
+            "--chunk-size",
+            "16",
+            "--batch-size",
+            "16",
+            "--h2o-local",
+            "4",
+            "--h2o-heavy",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "eval.json").read_text())
     assert [r["method"] for r in data["multikey"]] == ["full", "h2o"] and len(data["passkey"]) == 2
@@ -218,10 +450,41 @@ def test_eval_ruler_tasks_end_to_end(tiny_checkpoint, tmp_path, capsys):
     if ruler_available() is not None:
         pytest.skip(ruler_available())
     model = str(tiny_checkpoint("llama", "gguf"))
-    code = main(["eval", "--backend", "cuda", "--device", "cpu", "--model", model, "--tasks",
-                 "niah_multivalue,niah_single_1", "--ruler-lengths", "600", "--trials", "2", "--chunk-size", "128",
-                 "--batch-size", "128", "--h2o-local", "16", "--h2o-heavy", "16", "--speculator", "self:1",
-                 "--keeps", "0.3", "--select-chunk", "8", "--answer-tokens", "3", "--out", str(tmp_path)])
+    code = main(
+        [
+            "eval",
+            "--backend",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            model,
+            "--tasks",
+            "niah_multivalue,niah_single_1",
+            "--ruler-lengths",
+            "600",
+            "--trials",
+            "2",
+            "--chunk-size",
+            "128",
+            "--batch-size",
+            "128",
+            "--h2o-local",
+            "16",
+            "--h2o-heavy",
+            "16",
+            "--speculator",
+            "self:1",
+            "--keeps",
+            "0.3",
+            "--select-chunk",
+            "8",
+            "--answer-tokens",
+            "3",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     data = json.loads((tmp_path / "eval.json").read_text())
     rows = {(r["task"], r["method"]): r for r in data["ruler"]}

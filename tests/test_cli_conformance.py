@@ -1,4 +1,5 @@
 """`specfill conformance`: reports written, exit codes, one-line errors."""
+
 import json
 import subprocess
 import sys
@@ -18,7 +19,9 @@ def test_reference_passes_and_writes_both_reports(tmp_path, capsys):
     data = json.loads((tmp_path / "conformance-reference.json").read_text())
     assert data["passed"] is True and data["n_failed"] == 0 and data["n_checks"] > 700
     assert set(data["dtypes"]) == {"float64", "float32"}
-    assert {"h2o.layer.output_vs_key_sets", "specprefill.select_tokens.position_ids"} <= {r["check"] for r in data["results"]}
+    assert {"h2o.layer.output_vs_key_sets", "specprefill.select_tokens.position_ids"} <= {
+        r["check"] for r in data["results"]
+    }
     markdown = (tmp_path / "conformance-reference.md").read_text()
     assert "— PASS" in markdown and "## Tolerances" in markdown
     assert "PASS" in capsys.readouterr().out
@@ -33,10 +36,16 @@ def test_failing_backend_exits_1_and_lists_failures(tmp_path, monkeypatch, capsy
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):
-    for args in (["--backend", "nope"], ["--backend", "reference", "--dtype", "float8"],
-                 ["--backend", "reference", "--dtype", "bfloat16"]):
-        proc = subprocess.run([sys.executable, "-m", "specfill.cli.main", "conformance", *args, "--out", str(tmp_path)],
-                              capture_output=True, text=True)
+    for args in (
+        ["--backend", "nope"],
+        ["--backend", "reference", "--dtype", "float8"],
+        ["--backend", "reference", "--dtype", "bfloat16"],
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "specfill.cli.main", "conformance", *args, "--out", str(tmp_path)],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.startswith("specfill: error: ") and proc.stderr.count("\n") == 1, proc.stderr
         assert "Traceback" not in proc.stderr

@@ -1,4 +1,5 @@
 """`specfill doctor`: the report's sections, the kernel skip reasons here, and bad input."""
+
 import json
 
 import pytest
@@ -24,7 +25,8 @@ def test_doctor_writes_its_report(tmp_path, capsys, backend):
         assert ("no CUDA GPU" if backend == "cuda" else "no Metal device") in skip
     rows = report["micro_bench"]["rows"]
     assert [(r["method"], r["prompt_tokens"]) for r in rows] == [
-        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill")]
+        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill")
+    ]
     assert all(r["ttft_s"] > 0 for r in rows) and "random:tiny-llama-32k" in markdown
     assert "| specprefill | 96 |" in markdown and "attach it to a bug report" in out
     # the micro-bench refreshed auto's calibration for its model on this machine (docs/methods.md#auto)

@@ -1,4 +1,5 @@
 """`specfill generate` on a tiny model, and every bad input as one line with exit code 2."""
+
 import json
 import shutil
 import subprocess
@@ -20,8 +21,17 @@ def run_cli(capsys, *args):
 
 
 def test_generate_streams_text_and_prints_statistics(tiny_checkpoint, capsys):
-    code, out, err = run_cli(capsys, "--model", str(tiny_checkpoint("llama", "gguf")), "--prompt", "def main():",
-                             "--max-tokens", "5", "--seed", "1")
+    code, out, err = run_cli(
+        capsys,
+        "--model",
+        str(tiny_checkpoint("llama", "gguf")),
+        "--prompt",
+        "def main():",
+        "--max-tokens",
+        "5",
+        "--seed",
+        "1",
+    )
     assert code == 0, err
     assert out.startswith("==========\n")
     for line in ("Prompt: ", "TTFT: ", "Generation: ", "Peak memory: "):
@@ -29,18 +39,21 @@ def test_generate_streams_text_and_prints_statistics(tiny_checkpoint, capsys):
     assert "tokens-per-sec" in out
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model", "/nonexistent/model.gguf"], "does not exist"),
-    (["--max-tokens", "0"], "max_tokens"),
-    (["--keep", "0", "--method", "specprefill", "--speculator", "self:1"], "keep ratio"),
-    (["--keep", "abc"], "--keep must be a number"),
-    (["--chunk-size", "0", "--method", "h2o"], "chunk_size"),
-    (["--temp", "-1"], "temperature"),
-    (["--top-p", "0"], "top_p"),
-    (["--max-tokens", "1000000"], "exceeds the model's context"),
-    (["--method", "specprefill"], "needs --speculator"),
-    (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "/nonexistent/model.gguf"], "does not exist"),
+        (["--max-tokens", "0"], "max_tokens"),
+        (["--keep", "0", "--method", "specprefill", "--speculator", "self:1"], "keep ratio"),
+        (["--keep", "abc"], "--keep must be a number"),
+        (["--chunk-size", "0", "--method", "h2o"], "chunk_size"),
+        (["--temp", "-1"], "temperature"),
+        (["--top-p", "0"], "top_p"),
+        (["--max-tokens", "1000000"], "exceeds the model's context"),
+        (["--method", "specprefill"], "needs --speculator"),
+        (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(tiny_checkpoint, capsys, args, message):
     model = ["--model", str(tiny_checkpoint("llama", "gguf"))] if "--model" not in args else []
     prompt = [] if "--prompt-file" in args else ["--prompt", "hi"]
@@ -76,14 +89,16 @@ def test_speculator_with_another_tokenizer_is_rejected(tiny_checkpoint, tmp_path
     first, second = sorted(vocab, key=vocab.get)[100:102]
     vocab[first], vocab[second] = vocab[second], vocab[first]  # same size, different meaning
     (other / "tokenizer.json").write_text(json.dumps(tokenizer))
-    code, _, err = run_cli(capsys, "--model", str(main_model), "--prompt", "hi", "--method", "specprefill",
-                           "--speculator", str(other))
+    code, _, err = run_cli(
+        capsys, "--model", str(main_model), "--prompt", "hi", "--method", "specprefill", "--speculator", str(other)
+    )
     assert code == 2 and "tokenizer differs" in err, err
 
 
 def test_usage_errors_are_one_line_too():
-    proc = subprocess.run([sys.executable, "-m", "specfill.cli.main", "generate", "--max-tokens", "many"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "specfill.cli.main", "generate", "--max-tokens", "many"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "invalid int value" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -101,8 +116,10 @@ def test_demo_model_with_only_a_prompt(backend, capsys):
         pytest.skip(str(why))
     if backend == "mlx":
         pytest.importorskip("mlx.core")
-    assert main(["generate", "--backend", backend, "--prompt", "What is the capital of France?",
-                 "--max-tokens", "12"]) == 0
+    assert (
+        main(["generate", "--backend", backend, "--prompt", "What is the capital of France?", "--max-tokens", "12"])
+        == 0
+    )
     assert "Paris" in capsys.readouterr().out
 
 
@@ -111,8 +128,23 @@ def test_threads_sets_torchs_cpu_threads(tiny_checkpoint, capsys):
 
     before = torch.get_num_threads()
     try:
-        code = main(["--threads", "1", "generate", "--backend", "cuda", "--device", "cpu", "--model",
-                     str(tiny_checkpoint("llama", "gguf")), "--prompt", "hi", "--max-tokens", "2"])
+        code = main(
+            [
+                "--threads",
+                "1",
+                "generate",
+                "--backend",
+                "cuda",
+                "--device",
+                "cpu",
+                "--model",
+                str(tiny_checkpoint("llama", "gguf")),
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "2",
+            ]
+        )
         assert code == 0 and torch.get_num_threads() == 1
         torch.set_num_threads(2)
         assert main(["generate", "-t", "0", "--prompt", "hi"]) == 2

@@ -1,6 +1,7 @@
 """The command-line cases of issue #17 in-process: every bad setting or hostile model is one
 `specfill: error:` line and exit 2; clamps and settings that do nothing give exit 0 and one
 warning line. (scripts/fuzz_inputs.py runs the same cases as subprocesses on both backends.)"""
+
 from __future__ import annotations
 
 import io
@@ -54,6 +55,21 @@ def test_hostile_models(capsys, monkeypatch, tmp_path):
             written[name] = write(folder)
     assert sorted(written) == sorted(MODEL_CASES)
     for name, path in written.items():
-        code, out, err = run(capsys, monkeypatch, ["generate", "--backend", "cuda", "--device", "cpu", "--model", path,
-                                                   "--prompt", "hello", "--max-tokens", "2"])
+        code, out, err = run(
+            capsys,
+            monkeypatch,
+            [
+                "generate",
+                "--backend",
+                "cuda",
+                "--device",
+                "cpu",
+                "--model",
+                path,
+                "--prompt",
+                "hello",
+                "--max-tokens",
+                "2",
+            ],
+        )
         check(code, out, err, 2, MODEL_CASES[name])

@@ -1,4 +1,5 @@
 """Config validation: clear errors, the seed's clamping rule, selection arithmetic."""
+
 import warnings
 
 import pytest
@@ -25,10 +26,16 @@ def test_h2o_no_warning_when_valid_and_disabled_when_empty():
         assert not H2OConfig(chunk_size=8, batch_size=16, local=0, heavy=0).enabled
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(chunk_size=0), "chunk_size"), (dict(batch_size=1000, chunk_size=512), "multiple"),
-    (dict(local=-1), "local"), (dict(heavy=1.5), "integer"), (dict(chunk_size=True), "integer"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(chunk_size=0), "chunk_size"),
+        (dict(batch_size=1000, chunk_size=512), "multiple"),
+        (dict(local=-1), "local"),
+        (dict(heavy=1.5), "integer"),
+        (dict(chunk_size=True), "integer"),
+    ],
+)
 def test_h2o_rejects_bad_settings(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         H2OConfig(**kwargs)
@@ -37,16 +44,28 @@ def test_h2o_rejects_bad_settings(kwargs, match):
 def test_specprefill_defaults_follow_the_reference_implementation():
     c = SpecPrefillConfig()
     assert (c.keep_ratio, c.lookahead, c.pool_kernel, c.select_chunk) == (0.3, 8, 13, 32)
-    assert SpecPrefillConfig.paper() == SpecPrefillConfig(keep_ratio=0.1) and SpecPrefillConfig.paper(lookahead=2).lookahead == 2
+    assert (
+        SpecPrefillConfig.paper() == SpecPrefillConfig(keep_ratio=0.1)
+        and SpecPrefillConfig.paper(lookahead=2).lookahead == 2
+    )
     assert (c.head_reduction, c.layer_reduction, c.layers, c.force_keep_last) == ("max", "max", "all", True)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(keep_ratio=0.0), "keep ratio"), (dict(keep_ratio=1.5), "keep ratio"),
-    (dict(keep_ratio=float("nan")), "keep ratio"), (dict(keep_tokens=0), "keep_tokens"),
-    (dict(pool_kernel=4), "odd"), (dict(select_chunk=0), "select_chunk"), (dict(lookahead=-1), "lookahead"),
-    (dict(layers="middle-2"), "layers"), (dict(layers="last-0"), "layers"), (dict(head_reduction="sum"), "head"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(keep_ratio=0.0), "keep ratio"),
+        (dict(keep_ratio=1.5), "keep ratio"),
+        (dict(keep_ratio=float("nan")), "keep ratio"),
+        (dict(keep_tokens=0), "keep_tokens"),
+        (dict(pool_kernel=4), "odd"),
+        (dict(select_chunk=0), "select_chunk"),
+        (dict(lookahead=-1), "lookahead"),
+        (dict(layers="middle-2"), "layers"),
+        (dict(layers="last-0"), "layers"),
+        (dict(head_reduction="sum"), "head"),
+    ],
+)
 def test_specprefill_rejects_bad_settings(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         SpecPrefillConfig(**kwargs)

@@ -1,5 +1,6 @@
 """The conformance suite under pytest: every registered backend that is available here,
 at each of its default dtypes, one test per check group."""
+
 import pytest
 
 from specfill.conformance import CHECK_GROUPS, DEFAULT_DTYPES, REGISTRY, adapter_factory, run_group

@@ -2,6 +2,7 @@
 skips drafting where the measured costs say it cannot pay and drafts where it can, a file of another
 machine or a corrupt one is never used, and through the driver a skipped decode is plain greedy
 decoding without the draft's prefill, reported, while a fixed schedule and seeded sampling ignore it."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ from specfill.core.methods.draft_costs import CostBook, cost_key
 from specfill.core.methods.draft_length import DraftLength
 from specfill.core.models import ModelArgs
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
-
 from tests.fixtures.reference_runs import prompt
 
 
@@ -27,14 +27,31 @@ def measured(plain: float, draft: float, verify5: float) -> DraftLength:
 
 def book_for(model, draft, max_k: int = 4) -> CostBook:
     """The book the driver keeps for `model` drafted by `draft` (torch, CPU, float32)."""
-    return CostBook(cost_key(backend=model.backend, device=model.device_name, dtype="float32",
-                             threads=model.ops.compute_threads, main=model.args, draft=draft.args), max_k)
+    return CostBook(
+        cost_key(
+            backend=model.backend,
+            device=model.device_name,
+            dtype="float32",
+            threads=model.ops.compute_threads,
+            main=model.args,
+            draft=draft.args,
+        ),
+        max_k,
+    )
 
 
 def tiny_book(tmp_path, monkeypatch) -> CostBook:
     monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path))
-    args = ModelArgs(architecture="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
-                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    args = ModelArgs(
+        architecture="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     key = cost_key(backend="cuda", device="cpu", dtype="float32", threads=1, main=args, draft=args)
     return CostBook(key, 4)
 
@@ -111,14 +128,24 @@ def test_nothing_is_kept_without_a_measured_draft_step(tmp_path, monkeypatch):
 
 def test_a_skipped_decode_is_plain_greedy_without_the_draft_prefill(tiny_checkpoint):
     from specfill.backends.torch_cuda import load
+
     main = load(tiny_checkpoint("llama", "gguf"), dtype="float32", device="cpu")[0]
     draft = load(tiny_checkpoint("qwen3", "safetensors"), dtype="float32", device="cpu")[0]
     ids = prompt(60, main.args.vocab_size, seed=31)
 
     def run(drafting, sampling=SamplingConfig()):
         info = GenerationInfo()
-        tokens = list(main.generate_step(ids, max_tokens=12, sampling=sampling, stop_ids=frozenset(),
-                                         method=PrefillMethod(), info=info, drafting=drafting))
+        tokens = list(
+            main.generate_step(
+                ids,
+                max_tokens=12,
+                sampling=sampling,
+                stop_ids=frozenset(),
+                method=PrefillMethod(),
+                info=info,
+                drafting=drafting,
+            )
+        )
         return tokens, info.decode
 
     plain, _ = run(None)

@@ -1,6 +1,7 @@
 """The draft-length rule (core/methods/draft_length.py) on scripted rounds: k shrinks and drafting
 stops when acceptance falls, grows one per round up to the maximum when it is high, stays off where
 the measured step costs say drafting cannot pay, and a seeded run ignores the clock."""
+
 from __future__ import annotations
 
 from specfill.core.methods.draft_length import PROBE_AFTER, DraftLength

@@ -1,6 +1,7 @@
 """Speculative decoding (core/methods/drafting.py) on both backends: greedy output identical to
 plain greedy decoding for every kind of draft, the sampling acceptance rule exact on a tiny
 vocabulary, stop ids and max_tokens inside an accepted run, and bad input."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -18,12 +19,12 @@ from specfill.core.methods.prefill import prefill
 from specfill.core.request import build_request
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.core.sampling import probabilities as distribution  # the rule drafting's acceptance reads
-
 from tests.fixtures.reference_runs import prompt
 
 BACKENDS = ["cuda", "mlx"]
-SPEC = PrefillMethod("specprefill", specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8),
-                     speculator="self:1")
+SPEC = PrefillMethod(
+    "specprefill", specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8), speculator="self:1"
+)
 
 
 def load(backend: str, path):
@@ -32,10 +33,27 @@ def load(backend: str, path):
     return module.load(path, dtype="float32", **options)[0]
 
 
-def run(model, ids, max_tokens, method=PrefillMethod(), drafting=None, stop_ids=frozenset(), sampling=SamplingConfig(),
-        info=None):
-    return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling, stop_ids=stop_ids, method=method,
-                                    info=info if info is not None else GenerationInfo(), drafting=drafting))
+def run(
+    model,
+    ids,
+    max_tokens,
+    method=PrefillMethod(),
+    drafting=None,
+    stop_ids=frozenset(),
+    sampling=SamplingConfig(),
+    info=None,
+):
+    return list(
+        model.generate_step(
+            ids,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            method=method,
+            info=info if info is not None else GenerationInfo(),
+            drafting=drafting,
+        )
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -83,10 +101,15 @@ def test_seeded_sampling_with_a_draft_repeats(tiny_checkpoint, backend):
 
 
 def test_stream_generate_reports_drafting(tiny_checkpoint):
-    from specfill.api import format_stats, load as api_load, stream_generate
+    from specfill.api import format_stats, stream_generate
+    from specfill.api import load as api_load
+
     model, tokenizer = api_load(str(tiny_checkpoint("llama", "gguf")), backend="cuda", dtype="float32", device="cpu")
-    steps = list(stream_generate(model, tokenizer, prompt(30, model.args.vocab_size, seed=24), 10,
-                                 draft_model=model, num_draft_tokens=3))
+    steps = list(
+        stream_generate(
+            model, tokenizer, prompt(30, model.args.vocab_size, seed=24), 10, draft_model=model, num_draft_tokens=3
+        )
+    )
     last = steps[-1]
     assert last.drafted_tokens > 0 and last.accepted_tokens == last.drafted_tokens  # the model drafts for itself
     assert sum(r.from_draft for r in steps) == last.accepted_tokens and not steps[0].from_draft
@@ -162,8 +185,9 @@ class ScriptedDraft(DraftState):
     def propose(self, ops, n, sampling, rng):
         start = self.position - self.prompt_tokens + 1  # index in the output of the first draft
         right = [self.script[i] for i in range(start, start + n)]
-        return [t if self.good_from <= i + start < self.good_until else (t + 1) % self.vocab
-                for i, t in enumerate(right)], [None] * n
+        return [
+            t if self.good_from <= i + start < self.good_until else (t + 1) % self.vocab for i, t in enumerate(right)
+        ], [None] * n
 
     def keep(self, ops, stream, n_drafts, accepted):
         self.position += len(stream) - 1
@@ -179,9 +203,22 @@ def scripted(main, ids, plain, good_until, good_from=0):
         logits = prefill(ops, main.model, ops.tokens(np.array(ids)), 0, cache, step_size=64)[-1]
         first = int(np.argmax(ops.to_numpy(logits)))
         draft = ScriptedDraft(plain + [0] * 8, len(ids), main.args.vocab_size, good_until, good_from)
-        rest = [t for t, _ in speculative_decode(ops, main.model, cache, first, next_position=len(ids), draft=draft,
-                                                 length=length, max_tokens=len(plain), sampling=SamplingConfig(),
-                                                 stop_ids=frozenset(), rng=np.random.default_rng(0))]
+        rest = [
+            t
+            for t, _ in speculative_decode(
+                ops,
+                main.model,
+                cache,
+                first,
+                next_position=len(ids),
+                draft=draft,
+                length=length,
+                max_tokens=len(plain),
+                sampling=SamplingConfig(),
+                stop_ids=frozenset(),
+                rng=np.random.default_rng(0),
+            )
+        ]
     return [first] + rest, length.trajectory
 
 

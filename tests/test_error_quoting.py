@@ -1,4 +1,5 @@
 """Every error is one line: user-given paths and strings appear quoted and escaped (core/errors.py)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -19,8 +20,25 @@ def test_quote_and_one_line_escape_what_is_not_printable():
 def test_a_model_path_with_control_characters_is_one_quoted_line(tmp_path, name):
     path = tmp_path / name
     path.write_bytes(b"not a gguf at all, long enough to have a header")
-    done = subprocess.run([sys.executable, "-m", "specfill", "generate", "--backend", "cuda", "--model", str(path),
-                           "--prompt", "hi", "--max-tokens", "1"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specfill",
+            "generate",
+            "--backend",
+            "cuda",
+            "--model",
+            str(path),
+            "--prompt",
+            "hi",
+            "--max-tokens",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2
     lines = [line for line in done.stderr.strip().splitlines() if not line.startswith("specfill: no CUDA GPU")]
     assert len(lines) == 1 and lines[0].startswith("specfill: error: "), done.stderr
@@ -29,6 +47,7 @@ def test_a_model_path_with_control_characters_is_one_quoted_line(tmp_path, name)
 
 def test_a_missing_path_is_named_quoted(tmp_path):
     from specfill.core.io.weights import load_weights
+
     with pytest.raises(ModelLoadError) as err:
         load_weights(tmp_path / "no\nsuch.gguf")
     assert "\n" not in str(err.value) and quote(tmp_path / "no\nsuch.gguf") in str(err.value)

@@ -4,6 +4,7 @@ and compute finite logits or raise one of our own one-line errors, and both back
 The larger run (more architectures and random flips, the CLI cases, a second identical run) is
 scripts/fuzz_inputs.py; its results are in results/fuzz/.
 """
+
 from __future__ import annotations
 
 import collections
@@ -14,8 +15,11 @@ import pytest
 from tests.fixtures.fuzz_run import PASSING, corpus, run_corpus
 
 CASE_TIME_LIMIT_S = 20.0  # a hang guard; a typical case takes milliseconds
-BACKENDS = tuple(name for name, module in (("cuda", "torch"), ("mlx", "mlx.core"))
-                 if importlib.util.find_spec(module.split(".")[0]) is not None)
+BACKENDS = tuple(
+    name
+    for name, module in (("cuda", "torch"), ("mlx", "mlx.core"))
+    if importlib.util.find_spec(module.split(".")[0]) is not None
+)
 # Cases named in the issue, with a word their error must contain.
 EXPECTED = {
     "gguf/llama/meta/llama.attention.layer_norm_rms_epsilon=nan": "finite and > 0",

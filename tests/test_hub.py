@@ -4,6 +4,7 @@ HF_HUB_CACHE points at a tmp dir laid out as the hub cache (models--owner--repo/
 snapshots/<commit>/...); HF_HUB_OFFLINE=1 everywhere but where a fake download is injected, so
 no test can reach the network.
 """
+
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,6 @@ import pytest
 from specfill.api import load
 from specfill.cli.main import main
 from specfill.core import ModelLoadError
-from specfill.core.io import hub
 from specfill.core.io.hub import parse_repo_spec, resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -97,17 +97,38 @@ def test_download_when_asked_and_allowed(hub_cache, monkeypatch, tiny_checkpoint
     def fake_download(repo, filename, cache_dir=None):
         fetched.append((repo, filename, cache_dir))
         return str(tiny_checkpoint("qwen2", "gguf"))
+
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", fake_download)
     assert resolve_model("someone/remote:Q8_0", download=True) == str(tiny_checkpoint("qwen2", "gguf"))
     assert fetched == [("someone/remote", "m-Q8_0.gguf", str(hub_cache[0].parents[2]))]
 
 
 def test_cli_generate_by_repo_id(hub_cache, capsys):
-    assert main(["generate", "--backend", "cuda", "--device", "cpu", "--model", "someone/tiny-GGUF",
-                 "--model-file", "tiny-q8_0.gguf", "--prompt", "hello", "--max-tokens", "2",
-                 "--ignore-chat-template"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--backend",
+                "cuda",
+                "--device",
+                "cpu",
+                "--model",
+                "someone/tiny-GGUF",
+                "--model-file",
+                "tiny-q8_0.gguf",
+                "--prompt",
+                "hello",
+                "--max-tokens",
+                "2",
+                "--ignore-chat-template",
+            ]
+        )
+        == 0
+    )
     assert "Generation: " in capsys.readouterr().out
-    assert main(["generate", "--backend", "cuda", "--device", "cpu", "--model", "someone/absent",
-                 "--max-tokens", "1"]) == 2
+    assert (
+        main(["generate", "--backend", "cuda", "--device", "cpu", "--model", "someone/absent", "--max-tokens", "1"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("specfill: error: model 'someone/absent' is not a local path")

@@ -11,6 +11,7 @@ Parent packages a statement imports on the way (specfill.core before specfill.co
 not edges: Python runs them first whoever asks, and a package's __init__ re-exporting its
 modules (core/__init__.py) is then no circle with them.
 """
+
 from __future__ import annotations
 
 import ast
@@ -18,8 +19,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Folders at the repository root -> the package each one is installed as (pyproject.toml).
-PACKAGE_DIRS = {"specfill": "specfill", "core": "specfill.core", "backends": "specfill.backends",
-                "conformance": "specfill.conformance", "cli": "specfill.cli", "evaluation": "specfill.evaluation"}
+PACKAGE_DIRS = {
+    "specfill": "specfill",
+    "core": "specfill.core",
+    "backends": "specfill.backends",
+    "conformance": "specfill.conformance",
+    "cli": "specfill.cli",
+    "evaluation": "specfill.evaluation",
+}
 # Cycles allowed, each with its reason: none.
 EXEMPT: dict[tuple[str, ...], str] = {}
 
@@ -76,7 +83,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                 on_path.pop()
                 done.add(node)
             elif child in on_path:
-                cycle = on_path[on_path.index(child):] + [child]
+                cycle = on_path[on_path.index(child) :] + [child]
                 if tuple(cycle) not in EXEMPT:
                     cycles.append(cycle)
             elif child not in done:
@@ -114,8 +121,11 @@ def test_no_import_cycles():
 def test_no_method_module_imports_the_driver():
     """core/methods/ is written over the ops protocol; the driver calls the methods, never back."""
     graph = import_graph()
-    offenders = sorted(name for name, targets in graph.items()
-                       if name.startswith("specfill.core.methods") and "specfill.core.driver" in targets)
+    offenders = sorted(
+        name
+        for name, targets in graph.items()
+        if name.startswith("specfill.core.methods") and "specfill.core.driver" in targets
+    )
     assert not offenders, offenders
 
 

@@ -5,6 +5,7 @@ kernel builder or a wrong kernel is injected; the MLX case also runs the real Me
 fails on MLX's CPU build exactly as a Metal compile error would. The Triton interpreter runs the
 real Triton kernels through the auto path in a subprocess.
 """
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from specfill.core.self_check import KERNEL_SELF_CHECK, kernels_env, kernels_setting
 from specfill.core import BackendUnavailableError, ConfigError, SpecfillWarning
+from specfill.core.self_check import KERNEL_SELF_CHECK, kernels_env, kernels_setting
 
 torch.set_num_threads(1)
 
@@ -38,6 +39,7 @@ def _one_warning(call):
 
 # --- torch ---------------------------------------------------------------------------------
 
+
 @pytest.fixture
 def torch_kernels(monkeypatch):
     """Auto mode picks the 'Triton' kernel on CPU tensors; returns a setter for the kernel."""
@@ -51,18 +53,22 @@ def torch_kernels(monkeypatch):
         def fetch(name):
             calls.append(name)
             return make_kernel(name)
+
         monkeypatch.setattr(dispatch, "triton_kernel", fetch)
+
     return install, calls
 
 
 def _twin_kernel(name, wrong=False):
-    from specfill.backends.torch_cuda.kernels import attention_scores_twin, inter_attention_twin
-    from specfill.backends.torch_cuda.kernels import intra_attention_twin
+    from specfill.backends.torch_cuda.kernels import attention_scores_twin, inter_attention_twin, intra_attention_twin
     from specfill.backends.torch_cuda.kernels.state import AttentionState, IntraResult
 
     def flash(q, k, v, scale, chunk, with_colsum):
-        r = (intra_attention_twin(q, k, v, chunk, scale, with_colsum) if chunk is not None
-             else inter_attention_twin(q, k, v, scale, with_colsum))
+        r = (
+            intra_attention_twin(q, k, v, chunk, scale, with_colsum)
+            if chunk is not None
+            else inter_attention_twin(q, k, v, scale, with_colsum)
+        )
         if wrong:
             r = IntraResult(AttentionState(r.state.m, r.state.l, r.state.o + 0.1), r.colsum)
         return r
@@ -70,6 +76,7 @@ def _twin_kernel(name, wrong=False):
     def scoring(queries, keys, scale):
         probs = attention_scores_twin(queries, keys, scale)
         return probs.flip(-1) if wrong else probs
+
     return flash if name == "flash_attention" else scoring
 
 
@@ -88,7 +95,9 @@ def test_torch_compile_error_falls_back_with_one_warning(torch_kernels):
     def broken(name):
         def kernel(*args):
             raise RuntimeError("triton.CompilationError: at 12:4: unsupported tile\n  more detail")
+
         return kernel
+
     install(broken)
     q, k, v = _torch_inputs()
     result, messages = _one_warning(lambda: intra_attention(q, k, v, 8, 0.25))
@@ -159,8 +168,10 @@ def test_cli_kernels_option_and_variable_agree(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECFILL_KERNELS", "bogus")
     assert main(["conformance", "--backend", "cuda", "--out", str(tmp_path)]) == 2
     assert "SPECFILL_KERNELS='bogus'" in capsys.readouterr().err
-    assert main(["conformance", "--backend", "cuda", "--dtype", "float32", "--kernels", "off",
-                 "--out", str(tmp_path)]) == 0  # the option wins over the variable
+    assert (
+        main(["conformance", "--backend", "cuda", "--dtype", "float32", "--kernels", "off", "--out", str(tmp_path)])
+        == 0
+    )  # the option wins over the variable
     assert os.environ["SPECFILL_KERNELS"] == "bogus"
 
 
@@ -181,14 +192,13 @@ def test_real_triton_kernels_pass_their_self_check_in_the_interpreter():
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     env.pop("SPECFILL_KERNELS", None)
-    out = subprocess.run([sys.executable, "-c", INTERPRETER_CODE], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", INTERPRETER_CODE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == ("[('phase-1 intra attention', True), "
-                                  "('speculative-prefill scoring', True)]")
+    assert out.stdout.strip() == ("[('phase-1 intra attention', True), ('speculative-prefill scoring', True)]")
 
 
 # --- mlx -----------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def mlx_kernels(monkeypatch):
@@ -225,9 +235,13 @@ def test_mlx_wrong_kernel_falls_back(mlx_kernels, monkeypatch):
     def wrong_inter(q, k_mem, v_mem, scale):
         r = inter.inter_attention_twin(q, k_mem, v_mem, scale)
         return InterResult(AttentionState(r.state.m, r.state.l * 1.01, r.state.o), r.colsum)
+
     monkeypatch.setattr(inter, "inter_attention_kernel", wrong_inter)
-    monkeypatch.setattr(scoring, "attention_scores_kernel",
-                        lambda queries, keys, scale: scoring.attention_scores_twin(queries, keys, scale) * 0.5)
+    monkeypatch.setattr(
+        scoring,
+        "attention_scores_kernel",
+        lambda queries, keys, scale: scoring.attention_scores_twin(queries, keys, scale) * 0.5,
+    )
     q = mx.array(np.random.default_rng(1).standard_normal((6, 9, 32)).astype(np.float16))
     result, messages = _one_warning(lambda: inter_attention(q, q[:2], q[:2], 0.2))
     assert len(messages) == 1 and "'phase-2 inter attention' (float16, D=32, G=3)" in messages[0]
@@ -252,6 +266,7 @@ def test_mlx_forced_without_metal_is_one_clear_error(monkeypatch):
 
 # --- whole prompts: the right answer with one warning per failing kernel ---------------------
 
+
 def _both_methods(backend, path, monkeypatch, device=None):
     from specfill import load, stream_generate
     from specfill.core.config import H2OConfig, SpecPrefillConfig
@@ -263,9 +278,16 @@ def _both_methods(backend, path, monkeypatch, device=None):
     spec = SpecPrefillConfig(keep_ratio=0.25, lookahead=3, select_chunk=8)
 
     def tokens():
-        return ([r.token for r in stream_generate(model, tokenizer, ids, 4, method="h2o", h2o=h2o)],
-                [r.token for r in stream_generate(model, tokenizer, ids, 4, method="specprefill",
-                                                  specprefill=spec, speculator="self:1")])
+        return (
+            [r.token for r in stream_generate(model, tokenizer, ids, 4, method="h2o", h2o=h2o)],
+            [
+                r.token
+                for r in stream_generate(
+                    model, tokenizer, ids, 4, method="specprefill", specprefill=spec, speculator="self:1"
+                )
+            ],
+        )
+
     got, messages = _one_warning(tokens)
     monkeypatch.setenv("SPECFILL_KERNELS", "off")
     return got, tokens(), messages
@@ -275,7 +297,10 @@ def test_mlx_model_falls_back_per_kernel_with_the_right_answer(mlx_kernels, tiny
     got, want, messages = _both_methods("mlx", tiny_checkpoint("llama", "gguf"), monkeypatch)
     assert got == want
     assert sorted(m.split("'")[1] for m in messages) == [
-        "phase-1 intra attention", "phase-2 inter attention", "speculative-prefill scoring"]
+        "phase-1 intra attention",
+        "phase-2 inter attention",
+        "speculative-prefill scoring",
+    ]
 
 
 def test_torch_model_falls_back_per_kernel_with_the_right_answer(torch_kernels, tiny_checkpoint, monkeypatch):
@@ -284,4 +309,7 @@ def test_torch_model_falls_back_per_kernel_with_the_right_answer(torch_kernels, 
     got, want, messages = _both_methods("cuda", tiny_checkpoint("llama", "gguf"), monkeypatch, device="cpu")
     assert got == want
     assert sorted(m.split("'")[1] for m in messages) == [
-        "phase-1 intra attention", "phase-2 inter attention", "speculative-prefill scoring"]
+        "phase-1 intra attention",
+        "phase-2 inter attention",
+        "speculative-prefill scoring",
+    ]

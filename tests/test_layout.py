@@ -1,4 +1,5 @@
 """The core stays backend-free, and every promised package imports."""
+
 import ast
 import importlib
 import subprocess
@@ -7,24 +8,34 @@ from pathlib import Path
 
 
 def test_core_imports_no_backend():
-    code = ("import specfill.core, specfill.core.reference, specfill.core.methods.h2o, "
-            "specfill.core.methods.specprefill, specfill.core.driver, sys; "
-            "bad = {'torch', 'mlx', 'mlx.core'} & set(sys.modules); assert not bad, bad")
+    code = (
+        "import specfill.core, specfill.core.reference, specfill.core.methods.h2o, "
+        "specfill.core.methods.specprefill, specfill.core.driver, sys; "
+        "bad = {'torch', 'mlx', 'mlx.core'} & set(sys.modules); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_promised_packages_import():
-    for name in ("specfill.core", "specfill.core.io", "specfill.backends.mlx", "specfill.backends.torch_cuda",
-                 "specfill.conformance", "specfill.cli"):
+    for name in (
+        "specfill.core",
+        "specfill.core.io",
+        "specfill.backends.mlx",
+        "specfill.backends.torch_cuda",
+        "specfill.conformance",
+        "specfill.cli",
+    ):
         importlib.import_module(name)
 
 
 def test_core_io_imports_run_one_way():
     """random_model needs neither weights nor tokenizer (both import it); weights no tokenizer."""
-    code = ("import sys, specfill.core.io.random_model; "
-            "loaded = {'specfill.core.io.weights', 'specfill.core.io.tokenizer'} & set(sys.modules); "
-            "assert not loaded, loaded; import specfill.core.io.weights; "
-            "assert 'specfill.core.io.tokenizer' not in sys.modules")
+    code = (
+        "import sys, specfill.core.io.random_model; "
+        "loaded = {'specfill.core.io.weights', 'specfill.core.io.tokenizer'} & set(sys.modules); "
+        "assert not loaded, loaded; import specfill.core.io.weights; "
+        "assert 'specfill.core.io.tokenizer' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -52,8 +63,9 @@ def test_readme_is_a_front_page():
 
 def test_results_index_lists_every_results_file():
     """docs/results_index.md is regenerated whenever a file under results/ is added or removed."""
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "results_index.py"), "--check"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "results_index.py"), "--check"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
 
 
@@ -69,8 +81,12 @@ def _imports_and_path_entries(path: Path) -> tuple[list[str], list[str]]:
             imports += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             imports.append(node.module or "")
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("insert", "append")
-              and ast.get_source_segment(text, node.func.value) == "sys.path"):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("insert", "append")
+            and ast.get_source_segment(text, node.func.value) == "sys.path"
+        ):
             entries.append(ast.get_source_segment(text, node.args[-1]))
     return imports, entries
 
@@ -88,17 +104,25 @@ def test_research_stays_apart_from_the_product():
     inside_research = ("Path(__file__).parent", "Path(__file__).resolve().parent)", "parents[1] / ", '"research"')
     for path in sorted((ROOT / "research").rglob("*.py")):
         _, entries = _imports_and_path_entries(path)
-        offenders += [f"{path.relative_to(ROOT)}: sys.path {e}" for e in entries
-                      if not any(mark in e for mark in inside_research)]
+        offenders += [
+            f"{path.relative_to(ROOT)}: sys.path {e}" for e in entries if not any(mark in e for mark in inside_research)
+        ]
     assert not offenders, offenders
-    studies = [p.name for p in (ROOT / "scripts").iterdir() if p.name.startswith(("bench_", "profile_", "peer_", "check_"))]
+    studies = [
+        p.name for p in (ROOT / "scripts").iterdir() if p.name.startswith(("bench_", "profile_", "peer_", "check_"))
+    ]
     assert not studies, f"one-off benchmarks and studies go to research/: {studies}"
 
 
 # Modules that may import specfill.conformance: the suite itself, its CLI subcommand, each backend's
 # adapter for it, and doctor (which runs the suite on the user's machine).
-CONFORMANCE_USERS = {"conformance", "cli/conformance.py", "backends/mlx/conformance.py",
-                     "backends/torch_cuda/conformance.py", "evaluation/doctor.py"}
+CONFORMANCE_USERS = {
+    "conformance",
+    "cli/conformance.py",
+    "backends/mlx/conformance.py",
+    "backends/torch_cuda/conformance.py",
+    "evaluation/doctor.py",
+}
 
 
 def test_no_production_module_imports_conformance():
@@ -111,8 +135,13 @@ def test_no_production_module_imports_conformance():
             if rel.split("/")[0] in CONFORMANCE_USERS or rel in CONFORMANCE_USERS:
                 continue
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
                 offenders += [f"{rel}: {n}" for n in names if n.startswith("specfill.conformance")]
     assert not offenders, offenders
 
@@ -123,20 +152,36 @@ def test_generate_loads_only_what_it_uses():
     self-check (96 specfill modules at 8afab58, 65 before the kernels were imported on first use,
     44 after; 46 now that the backend contract has its module, core/backend.py, and the torch
     backend's load code left its package __init__ for loader.py: docs/development.md)."""
-    code = ("import sys; from specfill.cli.main import main; "
-            "rc = main(['generate', '--backend', 'cuda', '--model', 'random:tiny-llama', '--prompt', 'hi', "
-            "'--max-tokens', '2']); print(rc, ' '.join(m for m in sys.modules if m.startswith('specfill')))")
+    code = (
+        "import sys; from specfill.cli.main import main; "
+        "rc = main(['generate', '--backend', 'cuda', '--model', 'random:tiny-llama', '--prompt', 'hi', "
+        "'--max-tokens', '2']); print(rc, ' '.join(m for m in sys.modules if m.startswith('specfill')))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     rc, _, names = done.stdout.strip().splitlines()[-1].partition(" ")
     loaded = names.split()
     assert rc == "0", done.stderr
-    unwanted = [m for m in loaded if m.startswith(("specfill.evaluation", "specfill.conformance",
-                                                   "specfill.core.reference", "specfill.serve"))
-                or (m.startswith("specfill.cli.") and m.split(".")[2] not in ("main", "generate", "options", "progress"))]
+    unwanted = [
+        m
+        for m in loaded
+        if m.startswith(("specfill.evaluation", "specfill.conformance", "specfill.core.reference", "specfill.serve"))
+        or (m.startswith("specfill.cli.") and m.split(".")[2] not in ("main", "generate", "options", "progress"))
+    ]
     assert not unwanted, unwanted
-    lazy = [m for m in loaded if m.startswith(("specfill.backends.torch_cuda.kernels", "specfill.core.self_check",
-                                                "specfill.core.methods.h2o", "specfill.core.methods.specprefill",
-                                                "specfill.core.probe", "specfill.backends.torch_cuda.adapted"))]
+    lazy = [
+        m
+        for m in loaded
+        if m.startswith(
+            (
+                "specfill.backends.torch_cuda.kernels",
+                "specfill.core.self_check",
+                "specfill.core.methods.h2o",
+                "specfill.core.methods.specprefill",
+                "specfill.core.probe",
+                "specfill.backends.torch_cuda.adapted",
+            )
+        )
+    ]
     assert not lazy, lazy
     assert len(loaded) <= 46, len(loaded)
 
@@ -146,6 +191,10 @@ def test_production_files_stay_under_500_lines():
     issue 35); 500 lines flags a module that has grown to hold more than one (tests may run longer)."""
     root = Path(__file__).resolve().parents[1]
     folders = ("core", "backends", "cli", "conformance", "evaluation", "specfill", "scripts")
-    long = [f"{path.relative_to(root)}: {n}" for folder in folders for path in sorted((root / folder).rglob("*.py"))
-            if (n := len(path.read_text().splitlines())) > 500]
+    long = [
+        f"{path.relative_to(root)}: {n}"
+        for folder in folders
+        for path in sorted((root / folder).rglob("*.py"))
+        if (n := len(path.read_text().splitlines())) > 500
+    ]
     assert not long, long

@@ -1,4 +1,5 @@
 """Every bad checkpoint gives one ModelLoadError whose message names the problem."""
+
 from __future__ import annotations
 
 import json
@@ -53,7 +54,7 @@ def test_corrupt_gguf_counts_and_types(tmp_path, tiny_checkpoint):
     expect_error(path, "corrupt")
     first_key_len = int.from_bytes(data[24:32], "little")
     type_at = 32 + first_key_len
-    path.write_bytes(data[:type_at] + (99).to_bytes(4, "little") + data[type_at + 4:])
+    path.write_bytes(data[:type_at] + (99).to_bytes(4, "little") + data[type_at + 4 :])
     expect_error(path, "corrupt", "value type 99")
 
 
@@ -83,8 +84,8 @@ def test_a_changed_type_id_is_refused(tmp_path):
     data = bytearray(base.read_bytes())
     # a tensor-info entry is: name, n_dims (u32), dims (u64 each), type (u32), offset (u64)
     at = data.index(name.encode()) + len(name) + 4 + 8 * 2
-    assert int.from_bytes(data[at:at + 4], "little") == gguf.GGMLQuantizationType.Q8_0
-    data[at:at + 4] = int(gguf.GGMLQuantizationType.Q8_1).to_bytes(4, "little")
+    assert int.from_bytes(data[at : at + 4], "little") == gguf.GGMLQuantizationType.Q8_0
+    data[at : at + 4] = int(gguf.GGMLQuantizationType.Q8_1).to_bytes(4, "little")
     path = tmp_path / "q81.gguf"
     path.write_bytes(bytes(data))
     expect_error(path, "corrupt", "overlaps", name)
@@ -111,6 +112,7 @@ def test_missing_tensor(tmp_path, tiny_checkpoint, fmt):
         path = tmp_path / "missing"
         shutil.copytree(tiny_checkpoint("qwen3", "safetensors"), path)
         from safetensors.numpy import save_file
+
         save_file(weights, str(path / "model.safetensors"))
     expect_error(path, "missing 1 tensors", "model.layers.1.self_attn.k_norm.weight")
 
@@ -121,8 +123,9 @@ def test_unexpected_and_misshaped_tensors(tmp_path, tiny_checkpoint):
     path = tmp_path / "extra"
     shutil.copytree(tiny_checkpoint("llama", "safetensors"), path)
     weights = tiny_weights(tiny_model_args("llama"))
-    save_file(dict(weights, **{"model.layers.0.mlp.up_proj.bias": np.zeros(128, np.float32)}),
-              str(path / "model.safetensors"))
+    save_file(
+        dict(weights, **{"model.layers.0.mlp.up_proj.bias": np.zeros(128, np.float32)}), str(path / "model.safetensors")
+    )
     expect_error(path, "does not use", "model.layers.0.mlp.up_proj.bias")
     weights["model.norm.weight"] = np.ones(32, np.float32)
     save_file(weights, str(path / "model.safetensors"))
@@ -147,8 +150,7 @@ def test_bad_config_json(tmp_path, tiny_checkpoint):
     (path / "config.json").write_text("{not json")
     expect_error(path, "config.json")
     config = json.loads((tiny_checkpoint("llama", "safetensors") / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps(dict(config, model_type="gpt2",
-                                                      architectures=["GPT2LMHeadModel"])))
+    (path / "config.json").write_text(json.dumps(dict(config, model_type="gpt2", architectures=["GPT2LMHeadModel"])))
     expect_error(path, "unsupported architecture 'gpt2'", "qwen3")
     del config["hidden_size"]
     (path / "config.json").write_text(json.dumps(config))
@@ -163,8 +165,10 @@ def test_sharded_directory_and_truncated_shard(tmp_path, tiny_checkpoint):
     (path / "model.safetensors").unlink()
     weights = tiny_weights(tiny_model_args("qwen2"))
     names = sorted(weights)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for file, part in shards.items():
         save_file({n: weights[n] for n in part}, str(path / file))
     index = {"weight_map": {n: file for file, part in shards.items() for n in part}}
@@ -223,18 +227,20 @@ def test_gguf_tokenizer_with_a_bad_merge(tmp_path):
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(["a", "b", "ab"])
     writer.add_token_merges(["a b", "x y"])  # x, y are not tokens
-    for step in (writer.write_header_to_file, writer.write_kv_data_to_file,
-                 writer.write_tensors_to_file, writer.close):
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file, writer.write_tensors_to_file, writer.close):
         step()
     with pytest.raises(ModelLoadError, match="GGUF tokenizer is invalid"):
         load_tokenizer(path)
 
 
-@pytest.mark.parametrize("entry,words", [
-    ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, ("quantized with 'gptq'", "GGUF")),
-    ({"quantization_config": {"quant_method": "awq"}}, ("quantized with 'awq'",)),
-    ({"quantization": {"group_size": 64, "bits": 4}}, ("mlx-lm quantized", "mlx backend")),
-])
+@pytest.mark.parametrize(
+    "entry,words",
+    [
+        ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, ("quantized with 'gptq'", "GGUF")),
+        ({"quantization_config": {"quant_method": "awq"}}, ("quantized with 'awq'",)),
+        ({"quantization": {"group_size": 64, "bits": 4}}, ("mlx-lm quantized", "mlx backend")),
+    ],
+)
 def test_quantized_hf_directories_are_refused_by_name(tmp_path, tiny_checkpoint, entry, words):
     """Their packed integer weights must never be read as plain matrices."""
     path = tmp_path / "quantized"

@@ -1,4 +1,5 @@
 """The machine description written into every result file."""
+
 import os
 
 import pytest

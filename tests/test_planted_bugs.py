@@ -1,4 +1,5 @@
 """Each planted bug, in a copy of the reference adapter, must make conformance checks fail."""
+
 import dataclasses
 
 import numpy as np
@@ -17,8 +18,9 @@ class LocalWindowOffByOne(ReferenceAdapter):
         good = super().build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy)
         if local == 0:
             return good
-        shifted = super().build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end - 1,
-                                           local, heavy + 1)  # window ends one token early
+        shifted = super().build_memory_set(
+            scores, previous, chunk_index, chunk_start, chunk_end - 1, local, heavy + 1
+        )  # window ends one token early
         return MemorySet(shifted.indices[:, : good.size], chunk_index)
 
 
@@ -45,8 +47,9 @@ class WrongGqaMapping(ReferenceAdapter):
         return colsum
 
     def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
-        return super().attention_scores(queries, self._tile(keys, queries.shape[2], axis=1), scale, window, terms,
-                                        query_start)
+        return super().attention_scores(
+            queries, self._tile(keys, queries.shape[2], axis=1), scale, window, terms, query_start
+        )
 
 
 class MergeWithoutRescaling(ReferenceAdapter):
@@ -83,8 +86,9 @@ class SlidingWindowOffByOne(ReferenceAdapter):
         return super().inter_attention(q, k_mem, v_mem, scale, wider, terms)
 
     def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
-        return super().attention_scores(queries, keys, scale, None if window is None else window + 1, terms,
-                                        query_start)
+        return super().attention_scores(
+            queries, keys, scale, None if window is None else window + 1, terms, query_start
+        )
 
 
 class SinkInEveryState(ReferenceAdapter):
@@ -116,8 +120,9 @@ class SinkLeftOutOfScores(ReferenceAdapter):
 
     def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
         got = super().intra_attention(q, k, v, chunk_size, scale, window, terms)
-        return h2o.IntraResult(got.state, super().intra_attention(q, k, v, chunk_size, scale, window,
-                                                                  self._no_sinks(terms)).colsum)
+        return h2o.IntraResult(
+            got.state, super().intra_attention(q, k, v, chunk_size, scale, window, self._no_sinks(terms)).colsum
+        )
 
     def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
         return super().attention_scores(queries, keys, scale, window, self._no_sinks(terms), query_start)
@@ -162,22 +167,41 @@ class TrimSparesTheFirstLayers(ReferenceAdapter):
         return CacheAdapter(self.Cache(n_layers, n_kv_heads, head_dim, capacity, self.dtype), good.cv)
 
 
-@pytest.mark.parametrize("adapter,must_fail", [
-    (TrimSparesTheFirstLayers, {"kv_cache.offsets", "kv_cache.filled", "kv_cache.keys"}),
-    (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
-    (SlidingWindowOffByOne, {"h2o.intra_attention.o", "h2o.inter_attention.o", "h2o.layer.output_vs_key_sets",
-                             "h2o.layer.scores_vs_key_sets", "specprefill.attention_scores"}),
-    (LocalWindowOffByOne, {"h2o.build_memory_set", "h2o.layer.memory_structure"}),
-    (WrongGqaMapping, {"h2o.intra_attention.o", "h2o.inter_attention.o", "specprefill.attention_scores"}),
-    (MergeWithoutRescaling, {"h2o.merge_states.o", "h2o.layer.output_vs_key_sets"}),
-    (SinkInEveryState, {"h2o.layer.output_vs_key_sets"}),
-    (SinkLeftOutOfScores, {"h2o.intra_attention.colsum", "h2o.layer.scores_vs_key_sets",
-                           "specprefill.attention_scores"}),
-    (SoftcapAfterTheMask, {"specprefill.attention_scores"}),
-    (QueryWindowSeesTheFuture, {"specprefill.attention_scores"}),
-    (PositionsNotRestored, {"specprefill.select_tokens.position_ids", "specprefill.select_tokens.decode_start",
-                            "specprefill.selection.invariants"}),
-])
+@pytest.mark.parametrize(
+    "adapter,must_fail",
+    [
+        (TrimSparesTheFirstLayers, {"kv_cache.offsets", "kv_cache.filled", "kv_cache.keys"}),
+        (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
+        (
+            SlidingWindowOffByOne,
+            {
+                "h2o.intra_attention.o",
+                "h2o.inter_attention.o",
+                "h2o.layer.output_vs_key_sets",
+                "h2o.layer.scores_vs_key_sets",
+                "specprefill.attention_scores",
+            },
+        ),
+        (LocalWindowOffByOne, {"h2o.build_memory_set", "h2o.layer.memory_structure"}),
+        (WrongGqaMapping, {"h2o.intra_attention.o", "h2o.inter_attention.o", "specprefill.attention_scores"}),
+        (MergeWithoutRescaling, {"h2o.merge_states.o", "h2o.layer.output_vs_key_sets"}),
+        (SinkInEveryState, {"h2o.layer.output_vs_key_sets"}),
+        (
+            SinkLeftOutOfScores,
+            {"h2o.intra_attention.colsum", "h2o.layer.scores_vs_key_sets", "specprefill.attention_scores"},
+        ),
+        (SoftcapAfterTheMask, {"specprefill.attention_scores"}),
+        (QueryWindowSeesTheFuture, {"specprefill.attention_scores"}),
+        (
+            PositionsNotRestored,
+            {
+                "specprefill.select_tokens.position_ids",
+                "specprefill.select_tokens.decode_start",
+                "specprefill.selection.invariants",
+            },
+        ),
+    ],
+)
 def test_planted_bug_is_caught(adapter, must_fail):
     report = run_conformance("planted", ["float64"], make_adapter=adapter)
     failed = {r.check for r in report.failures}

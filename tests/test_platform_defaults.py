@@ -1,4 +1,5 @@
 """The default backend: mlx where MLX with Metal is importable, else cuda (the torch backend)."""
+
 import sys
 
 import pytest
@@ -37,6 +38,7 @@ def test_load_uses_the_default_and_backend_overrides(monkeypatch):
     def fake_backend(backend):
         seen.append(api.resolve_backend(backend))
         return FakeBackend
+
     monkeypatch.setattr(api, "get_backend", fake_backend)
     monkeypatch.setattr(api, "check_computes_finite", lambda model, dtype: None)  # the fake loads no model
     monkeypatch.setattr(api, "mlx_metal_available", lambda: True)
@@ -67,6 +69,8 @@ def test_cli_generate_takes_the_default(monkeypatch, capsys):
 def test_torch_is_the_cuda_backend_by_another_name(capsys):
     """`--backend torch` (and load(..., backend="torch")) is the torch backend, reported as cuda."""
     assert api.resolve_backend("torch") == "cuda" and api.get_backend("torch") is api.get_backend("cuda")
-    assert main(["generate", "--backend", "torch", "--model", "random:tiny-llama", "--prompt", "hi",
-                 "--max-tokens", "2"]) == 0
+    assert (
+        main(["generate", "--backend", "torch", "--model", "random:tiny-llama", "--prompt", "hi", "--max-tokens", "2"])
+        == 0
+    )
     assert "unknown backend" not in capsys.readouterr().err

@@ -6,6 +6,7 @@ q, k, v only. Each case loads transformers' own random model (every bias non-zer
 loaders (safetensors directory and GGUF) on both backends and compares logits with
 transformers'.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -16,21 +17,38 @@ import pytest
 from specfill.core.models import ModelArgs, expected_tensor_shapes
 
 QKV, QKVO = ("q_proj", "k_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj")
-CONFIG = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2)
+CONFIG = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+)
 
 
-@pytest.mark.parametrize("model_type,attention_bias,expected", [
-    ("llama", False, ()), ("llama", True, QKVO), ("qwen3", True, QKVO), ("qwen3", None, ()),
-    ("qwen2", None, QKV), ("qwen2", True, QKV)])
+@pytest.mark.parametrize(
+    "model_type,attention_bias,expected",
+    [
+        ("llama", False, ()),
+        ("llama", True, QKVO),
+        ("qwen3", True, QKVO),
+        ("qwen3", None, ()),
+        ("qwen2", None, QKV),
+        ("qwen2", True, QKV),
+    ],
+)
 def test_biased_projections_follow_hugging_face(model_type, attention_bias, expected):
     config = {**CONFIG, "model_type": model_type}
     if attention_bias is not None:
         config["attention_bias"] = attention_bias
     args = ModelArgs.from_hf_config(config)
     assert args.biased_projections == expected
-    biases = {name.split(".")[-2] for name in expected_tensor_shapes(args)
-              if name.startswith("model.layers.0.") and name.endswith(".bias")}
+    biases = {
+        name.split(".")[-2]
+        for name in expected_tensor_shapes(args)
+        if name.startswith("model.layers.0.") and name.endswith(".bias")
+    }
     assert biases == set(expected)
 
 
@@ -49,13 +67,20 @@ def test_attention_bias_checkpoint_matches_transformers_on_both_backends(tmp_pat
 
     torch.set_num_threads(1)
     tiny = make_tiny(arch, seed=7, attention_bias=True)
-    hf_biases = {n.split(".")[-2] for n, _ in tiny.hf.named_parameters()
-                 if n.startswith("model.layers.0.") and n.endswith(".bias")}
+    hf_biases = {
+        n.split(".")[-2]
+        for n, _ in tiny.hf.named_parameters()
+        if n.startswith("model.layers.0.") and n.endswith(".bias")
+    }
     assert tiny.args.biased_projections == QKVO and hf_biases == set(QKVO)
     directory = tmp_path / "hf"
     tiny.hf.save_pretrained(directory, safe_serialization=True)
-    gguf_path = write_gguf_file(tmp_path / "tiny.gguf", replace(tiny.args, bos_token_id=1, eos_token_ids=(2,)),
-                                {k: v.astype(np.float32) for k, v in tiny.weights.items()}, quant="F32")
+    gguf_path = write_gguf_file(
+        tmp_path / "tiny.gguf",
+        replace(tiny.args, bos_token_id=1, eos_token_ids=(2,)),
+        {k: v.astype(np.float32) for k, v in tiny.weights.items()},
+        quant="F32",
+    )
     ids = prompt_ids(24, seed=7)
     want = tiny.hf_logits(ids)[0].numpy()
     for source in (directory, gguf_path):

@@ -1,5 +1,6 @@
 """random:SHAPE models: shapes, seeded weights, the id tokenizer, loading on both backends, the
 benchmark on them and the GPU-session script's smoke run."""
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_llama_1b_shape_is_llama_3_2_1b():
     args = random_model_args("random:llama-1b")
-    assert (args.num_hidden_layers, args.hidden_size, args.num_attention_heads, args.num_key_value_heads,
-            args.head_dim, args.vocab_size) == (16, 2048, 32, 8, 64, 128256)
+    assert (
+        args.num_hidden_layers,
+        args.hidden_size,
+        args.num_attention_heads,
+        args.num_key_value_heads,
+        args.head_dim,
+        args.vocab_size,
+    ) == (16, 2048, 32, 8, 64, 128256)
     assert args.rope_theta == 500000.0 and args.rope_scaling["rope_type"] == "llama3"
     assert args.tie_word_embeddings
 
@@ -40,8 +47,9 @@ def test_weights_are_seeded_and_complete():
     assert {k: v.shape for k, v in weights.items()} == expected_tensor_shapes(args)
     again = random_weights(args, seed=0)
     assert all(np.array_equal(weights[k], again[k]) for k in weights)
-    assert not np.array_equal(weights["model.embed_tokens.weight"],
-                              random_weights(args, seed=1)["model.embed_tokens.weight"])
+    assert not np.array_equal(
+        weights["model.embed_tokens.weight"], random_weights(args, seed=1)["model.embed_tokens.weight"]
+    )
     assert np.all(weights["model.norm.weight"] == 1.0)
     assert 0.015 < weights["model.layers.0.mlp.up_proj.weight"].std() < 0.025
 
@@ -70,16 +78,37 @@ def test_both_backends_load_the_same_random_model():
     logits = []
     for backend, device in (("cuda", "cpu"), ("mlx", None)):
         model, _ = load("random:tiny-llama", backend=backend, dtype="float32", device=device)
-        logits.append(np.asarray(model.prompt_logits([5, 17, 300, 2], method=prefill_method("full"),
-                                                     info=GenerationInfo())))
+        logits.append(
+            np.asarray(model.prompt_logits([5, 17, 300, 2], method=prefill_method("full"), info=GenerationInfo()))
+        )
     assert logits[0].shape == (4, 512) and np.abs(logits[0] - logits[1]).max() < 1e-4
 
 
 def test_bench_on_a_random_model_uses_random_ids(tmp_path, capsys):
     pytest.importorskip("torch")
-    code = main(["bench", "--backends", "cuda", "--device", "cpu", "--model", "random:tiny-llama", "--lengths",
-                 "40", "--methods", "full,specprefill", "--speculator", "self:1", "--select-chunk", "4",
-                 "--decode-tokens", "2", "--out", str(tmp_path)])
+    code = main(
+        [
+            "bench",
+            "--backends",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            "random:tiny-llama",
+            "--lengths",
+            "40",
+            "--methods",
+            "full,specprefill",
+            "--speculator",
+            "self:1",
+            "--select-chunk",
+            "4",
+            "--decode-tokens",
+            "2",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert [(r["method"], r["prompt_tokens"]) for r in rows] == [("full", 40), ("specprefill", 40)]
@@ -90,14 +119,33 @@ def test_bench_on_a_random_model_uses_random_ids(tmp_path, capsys):
 def test_gpu_session_script_smoke_run(tmp_path):
     """The script a GPU session runs, end to end on the CPU with a tiny random model."""
     pytest.importorskip("torch")
-    env = {**os.environ, "MODEL": "random:tiny-llama", "LENGTHS": "48", "DEVICE": "cpu", "DTYPE": "float32",
-           "SPECULATOR": "self:1", "KERNELS": "off", "TESTS": "tests/torch_cuda/test_attention.py",
-           "NAME": "smoke", "OUT": str(tmp_path), "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_session.sh")], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "MODEL": "random:tiny-llama",
+        "LENGTHS": "48",
+        "DEVICE": "cpu",
+        "DTYPE": "float32",
+        "SPECULATOR": "self:1",
+        "KERNELS": "off",
+        "TESTS": "tests/torch_cuda/test_attention.py",
+        "NAME": "smoke",
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_session.sh")],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all passed" in proc.stdout
     assert json.loads((tmp_path / "conformance-cuda.json").read_text())["passed"] is True
     assert {r["method"] for r in json.loads((tmp_path / "smoke.json").read_text())["rows"]} == {
-        "full", "h2o", "specprefill"}
+        "full",
+        "h2o",
+        "specprefill",
+    }
     assert "passed" in (tmp_path / "tests.log").read_text()

@@ -1,10 +1,11 @@
 """The two-phase H2O reference against the naive oracle over explicit key sets (seed 001)."""
+
 import numpy as np
 import pytest
 
 from specfill.core import H2OConfig
 from specfill.core.methods import h2o as methods_h2o
-from specfill.core.reference import REFERENCE, h2o, oracle
+from specfill.core.reference import REFERENCE, oracle
 
 CASES = [  # (N, S, L, H, Hq, Hkv, B)
     (37, 8, 2, 3, 4, 2, 8),
@@ -46,11 +47,11 @@ def test_dot_products_equal_the_key_sets_actually_used():
 
 
 WINDOW_CASES = [  # (N, S, L, H, Hq, Hkv, B, W, window)
-    (37, 8, 2, 3, 4, 2, 8, 0, 5),       # window inside a chunk
-    (50, 8, 2, 4, 6, 2, 16, 0, 12),     # window spans a chunk boundary
-    (50, 8, 3, 3, 4, 1, 24, 13, 6),     # with a dense tail across chunks
-    (41, 8, 0, 4, 4, 2, 40, 0, 1),      # w = 1: each query sees itself only
-    (30, 8, 2, 3, 4, 2, 8, 4, 100),     # a window longer than the prompt changes nothing
+    (37, 8, 2, 3, 4, 2, 8, 0, 5),  # window inside a chunk
+    (50, 8, 2, 4, 6, 2, 16, 0, 12),  # window spans a chunk boundary
+    (50, 8, 3, 3, 4, 1, 24, 13, 6),  # with a dense tail across chunks
+    (41, 8, 0, 4, 4, 2, 40, 0, 1),  # w = 1: each query sees itself only
+    (30, 8, 2, 3, 4, 2, 8, 4, 100),  # a window longer than the prompt changes nothing
 ]
 
 
@@ -65,8 +66,9 @@ def test_sliding_window_two_phase_equals_oracle_float64(n, s, local, heavy, hq, 
     np.testing.assert_allclose(result.output, out, rtol=0, atol=1e-10)
     np.testing.assert_allclose(result.scores, scores, rtol=1e-10, atol=1e-10)
     assert [m.indices.tolist() for m in result.memory_sets] == memory_sets
-    replay_out, replay_scores = oracle.replay_h2o_layer(q, k, v, s, [np.array(m) for m in memory_sets], 0.4,
-                                                        tail, window)
+    replay_out, replay_scores = oracle.replay_h2o_layer(
+        q, k, v, s, [np.array(m) for m in memory_sets], 0.4, tail, window
+    )
     np.testing.assert_allclose(replay_out, out, atol=1e-10)
     np.testing.assert_allclose(replay_scores, scores, atol=1e-10)
     unwindowed = REFERENCE.attention_layer(q, k, v, config, scale=0.4)

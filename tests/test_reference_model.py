@@ -1,10 +1,11 @@
 """The NumPy model oracle: full attention matches transformers; chunk-major H2O obeys the spec."""
+
 import numpy as np
 import pytest
 
 from specfill.core import H2OConfig
-from specfill.core.reference.model import ReferenceModel
 from specfill.core.io.weights import load_weights
+from specfill.core.reference.model import ReferenceModel
 from tests.fixtures.checkpoints import write_tiny_checkpoint
 
 
@@ -50,10 +51,10 @@ def test_dense_tail_changes_only_the_tail_and_covering_the_prompt_is_full_attent
     _, model = tiny
     ids = [int(i) for i in np.random.default_rng(1).integers(0, 300, size=45)]
     sparse, _ = model.forward_h2o_chunk_major(ids, H2OConfig(8, 8, 2, 2, dense_tail=0))
-    tail, _ = model.forward_h2o_chunk_major(
-        ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2, dense_tail=11))
+    tail, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2, dense_tail=11))
     np.testing.assert_allclose(tail[:34], sparse[:34], rtol=0, atol=1e-12)  # rows before N - W untouched
     assert np.abs(tail[34:] - sparse[34:]).max() > 1e-3
-    whole, _ = model.forward_h2o_chunk_major(ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2,
-                                                            dense_tail=45))
+    whole, _ = model.forward_h2o_chunk_major(
+        ids, H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2, dense_tail=45)
+    )
     np.testing.assert_allclose(whole, model.forward(ids), rtol=0, atol=1e-10)

@@ -1,4 +1,5 @@
 """Speculative-prefill reference: seed 000's worked example and the paper's position rules."""
+
 import math
 
 import numpy as np
@@ -33,9 +34,11 @@ def test_observation_window_queries_see_only_the_keys_at_or_before_them():
         seen = min(20, 15 + n + 1)
         assert np.all(probs[n, ..., seen:] == 0.0)
         np.testing.assert_allclose(probs[n, ..., :seen].sum(-1), 1.0)
-        alone = specprefill.attention_scores(queries[:, n:n + 1], keys[:, :, :seen], 0.3)
-        np.testing.assert_allclose(probs[n:n + 1, ..., :seen], alone, rtol=1e-12)
-    np.testing.assert_array_equal(specprefill.attention_scores(queries, keys, 0.3, query_start=19),
-                                  specprefill.attention_scores(queries, keys, 0.3))
+        alone = specprefill.attention_scores(queries[:, n : n + 1], keys[:, :, :seen], 0.3)
+        np.testing.assert_allclose(probs[n : n + 1, ..., :seen], alone, rtol=1e-12)
+    np.testing.assert_array_equal(
+        specprefill.attention_scores(queries, keys, 0.3, query_start=19),
+        specprefill.attention_scores(queries, keys, 0.3),
+    )
     with_window = specprefill.attention_scores(queries, keys, 0.3, window=4, query_start=15)
     assert np.all(with_window[0, ..., :12] == 0.0) and np.all(with_window[0, ..., 16:] == 0.0)

@@ -2,6 +2,7 @@
 NumPy reference: the H2O walk against the naive oracle, the sink folded in once, SpecPrefill's
 scores against gpt_oss's and gemma2's own formulations, finite results at the edges, and the
 terms-free path untouched."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +19,12 @@ SCALE = 0.25
 
 def tensors(seed: int, n_heads: int = 4, n_kv: int = 2, n_tokens: int = 45, logit_scale: float = 2.0):
     rng = np.random.default_rng(seed)
-    return (rng.normal(size=(n_heads, n_tokens, 16)) * logit_scale, rng.normal(size=(n_kv, n_tokens, 16)),
-            rng.normal(size=(n_kv, n_tokens, 16)), rng.normal(size=n_heads) * 2.0)
+    return (
+        rng.normal(size=(n_heads, n_tokens, 16)) * logit_scale,
+        rng.normal(size=(n_kv, n_tokens, 16)),
+        rng.normal(size=(n_kv, n_tokens, 16)),
+        rng.normal(size=n_heads) * 2.0,
+    )
 
 
 @pytest.mark.parametrize("sinks,softcap", [(True, None), (False, 1.5), (True, 2.0)])
@@ -29,8 +34,9 @@ def test_the_walk_with_terms_equals_the_oracle(sinks, softcap, window, tail, n_h
     terms = AttentionTerms(sink_values if sinks else None, softcap)
     config = H2OConfig(8, 16, 2, 3, dense_tail=tail)
     got = REFERENCE.attention_layer(q, k, v, config, SCALE, window, terms)
-    want_out, want_sets, want_scores = oracle.oracle_h2o_layer(q, k, v, 8, 2, 3, SCALE, tail, window,
-                                                               sinks=terms.sinks, softcap=softcap)
+    want_out, want_sets, want_scores = oracle.oracle_h2o_layer(
+        q, k, v, 8, 2, 3, SCALE, tail, window, sinks=terms.sinks, softcap=softcap
+    )
     assert [m.indices.tolist() for m in got.memory_sets] == want_sets
     np.testing.assert_allclose(got.output, want_out, atol=1e-12)
     np.testing.assert_allclose(got.scores, want_scores, atol=1e-12)
@@ -75,8 +81,10 @@ def test_fully_masked_rows_and_extreme_logits_stay_finite():
     for dtype in (np.float32, np.float64):
         got = REFERENCE.attention_layer(*(x.astype(dtype) for x in (q, k, v)), H2OConfig(8, 16, 2, 3), SCALE, 3, terms)
         assert np.isfinite(got.output).all() and np.isfinite(got.scores).all()
-    queries, keys = np.random.default_rng(7).normal(size=(2, 1, 3, 4, 16)) * 40, np.random.default_rng(8).normal(
-        size=(1, 2, 20, 16))
+    queries, keys = (
+        np.random.default_rng(7).normal(size=(2, 1, 3, 4, 16)) * 40,
+        np.random.default_rng(8).normal(size=(1, 2, 20, 16)),
+    )
     probs = REFERENCE.attention_scores(queries[0], keys, SCALE, 2, terms)  # the last queries see no key
     assert np.isfinite(probs).all() and not probs[2].any()
 
@@ -91,12 +99,16 @@ def test_scores_match_gpt_oss_and_gemma2_formulations():
     combined = np.concatenate([logits, column], axis=-1)
     gpt_oss = np.exp(combined - combined.max(-1, keepdims=True))
     gpt_oss = (gpt_oss / gpt_oss.sum(-1, keepdims=True))[..., :-1]
-    np.testing.assert_allclose(REFERENCE.attention_scores(queries, keys, SCALE, None, AttentionTerms(sinks)),
-                               gpt_oss, atol=1e-14)
+    np.testing.assert_allclose(
+        REFERENCE.attention_scores(queries, keys, SCALE, None, AttentionTerms(sinks)), gpt_oss, atol=1e-14
+    )
     capped = 1.5 * np.tanh(logits / 1.5)
     gemma2 = np.exp(capped - capped.max(-1, keepdims=True))
-    np.testing.assert_allclose(REFERENCE.attention_scores(queries, keys, SCALE, None, AttentionTerms(None, 1.5)),
-                               gemma2 / gemma2.sum(-1, keepdims=True), atol=1e-14)
+    np.testing.assert_allclose(
+        REFERENCE.attention_scores(queries, keys, SCALE, None, AttentionTerms(None, 1.5)),
+        gemma2 / gemma2.sum(-1, keepdims=True),
+        atol=1e-14,
+    )
 
 
 def test_empty_terms_take_the_plain_path_bit_for_bit():

@@ -1,6 +1,7 @@
 """core/request.build_request: every generation setting's one check (issue #23 item 1). The API,
 the CLI and the server all reach these through build_request (tests/serve/test_request_parity.py
 and the CLI tests check the translations)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,30 +14,51 @@ from specfill.core.request import GenerationRequest, build_request
 from specfill.core.runtime import Drafting, PrefillMethod, SamplingConfig
 
 
-@pytest.mark.parametrize("settings,word", [
-    ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 2.5}, "max_tokens"), ({"max_tokens": True}, "max_tokens"),
-    ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"), ({"seed": -1}, "seed"),
-    ({"top_k": -1}, "top_k"), ({"top_k": 1.5}, "top_k"), ({"min_p": 2}, "min_p"),
-    ({"repetition_penalty": 0}, "repetition_penalty"), ({"presence_penalty": 3}, "presence_penalty"),
-    ({"frequency_penalty": float("nan")}, "frequency_penalty"),
-    ({"method": "fast"}, "method must be"),
-    ({"auto_threshold": 10}, "goes with method auto"), ({"method": "auto", "auto_threshold": 0}, "auto threshold"),
-    ({"method": "specprefill"}, "needs --speculator"),
-    ({"num_draft_tokens": 0, "draft_model": "self:1"}, "num_draft_tokens"),
-    ({"num_draft_tokens": 2}, "without a draft model"),
-    ({"draft_model": "self:1", "top_k": 5}, "with top_k, min_p or a penalty"),
-])
+@pytest.mark.parametrize(
+    "settings,word",
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 2.5}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"seed": -1}, "seed"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 1.5}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"frequency_penalty": float("nan")}, "frequency_penalty"),
+        ({"method": "fast"}, "method must be"),
+        ({"auto_threshold": 10}, "goes with method auto"),
+        ({"method": "auto", "auto_threshold": 0}, "auto threshold"),
+        ({"method": "specprefill"}, "needs --speculator"),
+        ({"num_draft_tokens": 0, "draft_model": "self:1"}, "num_draft_tokens"),
+        ({"num_draft_tokens": 2}, "without a draft model"),
+        ({"draft_model": "self:1", "top_k": 5}, "with top_k, min_p or a penalty"),
+    ],
+)
 def test_each_setting_has_one_check(settings, word):
     with pytest.raises(ConfigError, match=word):
         build_request(**settings)
 
 
 def test_a_request_holds_checked_parts():
-    request = build_request(max_tokens=7, temperature=0.5, top_p=0.9, method="specprefill", speculator="self:2",
-                            specprefill=SpecPrefillConfig(keep_tokens=64), num_draft_tokens=2)
-    assert request == GenerationRequest(7, SamplingConfig(0.5, 0.9),
-                                        PrefillMethod("specprefill", specprefill=SpecPrefillConfig(keep_tokens=64),
-                                                      speculator="self:2"), Drafting(None, 2))
+    request = build_request(
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        method="specprefill",
+        speculator="self:2",
+        specprefill=SpecPrefillConfig(keep_tokens=64),
+        num_draft_tokens=2,
+    )
+    assert request == GenerationRequest(
+        7,
+        SamplingConfig(0.5, 0.9),
+        PrefillMethod("specprefill", specprefill=SpecPrefillConfig(keep_tokens=64), speculator="self:2"),
+        Drafting(None, 2),
+    )
     assert build_request(draft_model="self:1").drafting == Drafting("self:1", 3)  # mlx-lm's default k
     assert build_request(method="h2o").method.h2o == H2OConfig()
     auto = build_request(method="auto", speculator="self:1", auto_threshold=100).method

@@ -1,6 +1,7 @@
 """The RULER selection protocol (evaluation/ruler_protocol.py, ruler_protocol_report.py): candidate
 specs, the shared-pass scorer against the NumPy reference, causes, maps, the summary and frontier
 rows, and `specfill eval --candidates` end to end (saved passes, the full-answer cache, resuming)."""
+
 import json
 from dataclasses import replace
 
@@ -10,29 +11,58 @@ import pytest
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
-from specfill.evaluation.ruler_protocol import (PassScores, SavedPass, candidate_grid, classify, compact_map,
-                                                expand_map, parse_candidate, resolve_candidates)
+from specfill.evaluation.ruler_protocol import (
+    PassScores,
+    SavedPass,
+    candidate_grid,
+    classify,
+    compact_map,
+    expand_map,
+    parse_candidate,
+    resolve_candidates,
+)
 from specfill.evaluation.ruler_protocol_report import frontier, summarize
 
 
 def _record(setting, score, answer_kept, kept=100, ttft=10.0, index=0, task="vt"):
-    return {"task": task, "tokens": 1000, "index": index, "setting": setting, "kind": "full" if setting == "full"
-            else "specprefill", "score": score, "answer_kept": answer_kept, "kept_tokens": kept, "prompt_tokens": 1000,
-            "ttft_s": ttft, "prediction": "x", "expected": ["A"]}
+    return {
+        "task": task,
+        "tokens": 1000,
+        "index": index,
+        "setting": setting,
+        "kind": "full" if setting == "full" else "specprefill",
+        "score": score,
+        "answer_kept": answer_kept,
+        "kept_tokens": kept,
+        "prompt_tokens": 1000,
+        "ttft_s": ttft,
+        "prediction": "x",
+        "expected": ["A"],
+    }
 
 
 def test_losses_are_selection_when_an_answer_span_was_dropped_else_misread():
-    records = [_record("full", 1.0, None, 1000, 100.0), _record("dropped", 0.4, [1.0, 0.2]),
-               _record("kept", 0.4, [1.0, 0.9]), _record("as good", 1.0, [0.0]), _record("no full", 0.0, [0.0], index=1)]
+    records = [
+        _record("full", 1.0, None, 1000, 100.0),
+        _record("dropped", 0.4, [1.0, 0.2]),
+        _record("kept", 0.4, [1.0, 0.9]),
+        _record("as good", 1.0, [0.0]),
+        _record("no full", 0.0, [0.0], index=1),
+    ]
     classify(records)
     assert [r["cause"] for r in records] == [None, "selection", "misread", None, None]
     assert records[1]["full_score"] == 1.0 and records[4]["full_score"] is None
 
 
 def test_selection_only_records_count_in_recall_and_the_frontier_averages_tasks():
-    records = [_record("full", 1.0, None, 1000, 100.0), _record("full", 1.0, None, 1000, 100.0, index=1),
-               _record("a", None, [0.25, 1.0], ttft=None), _record("a", 0.5, [1.0, 1.0], ttft=20.0, index=1),
-               _record("full", 0.0, None, 1000, 50.0, task="qa_1"), _record("a", 1.0, [1.0], ttft=10.0, task="qa_1")]
+    records = [
+        _record("full", 1.0, None, 1000, 100.0),
+        _record("full", 1.0, None, 1000, 100.0, index=1),
+        _record("a", None, [0.25, 1.0], ttft=None),
+        _record("a", 0.5, [1.0, 1.0], ttft=20.0, index=1),
+        _record("full", 0.0, None, 1000, 50.0, task="qa_1"),
+        _record("a", 1.0, [1.0], ttft=10.0, task="qa_1"),
+    ]
     rows = {(r["task"], r["setting"]): r for r in summarize(records)}
     a = rows[("vt", "a")]
     assert records[2]["cause"] is None and records[3]["cause"] == "misread"
@@ -58,8 +88,9 @@ def test_maps_round_trip_as_runs_or_rounded_fractions():
 
 def test_candidate_specs_build_the_configs_and_reject_bad_ones():
     name, config = parse_candidate("mass:keep_mass=0.5,mass_ceiling=0.3,layer_reduction=mean,keep_last=64")
-    assert name == "mass" and config == SpecPrefillConfig(keep_mass=0.5, mass_ceiling=0.3, layer_reduction="mean",
-                                                          keep_last=64)
+    assert name == "mass" and config == SpecPrefillConfig(
+        keep_mass=0.5, mass_ceiling=0.3, layer_reduction="mean", keep_last=64
+    )
     assert parse_candidate("h2o share:memory_share=0.25") == ("h2o share", H2OConfig(memory_share=0.25))
     assert parse_candidate("full") == ("full", None) and parse_candidate("sp:") == ("sp", SpecPrefillConfig())
     assert set(resolve_candidates(["defaults"])) == {"full", "h2o", "specprefill"}
@@ -77,21 +108,35 @@ def test_shared_pass_scoring_selects_what_the_reference_selects(windows, saved_w
     from a pass holding the prompt's last query only or its last 6 (query windows 1 to 6)."""
     rng = np.random.default_rng(3)
     n_l, n_q, hq, hkv, p, d = 3, 8 + saved_window, 4, 2, 300, 16
-    saved = SavedPass(rng.standard_normal((n_l, n_q, hq, d)).astype(np.float32),
-                      rng.standard_normal((n_l, hkv, p, d)).astype(np.float32), np.arange(p), 1.0, d ** -0.5, windows,
-                      saved_window)
+    saved = SavedPass(
+        rng.standard_normal((n_l, n_q, hq, d)).astype(np.float32),
+        rng.standard_normal((n_l, hkv, p, d)).astype(np.float32),
+        np.arange(p),
+        1.0,
+        d**-0.5,
+        windows,
+        saved_window,
+    )
     scores = PassScores(saved)
     configs = list(candidate_grid().values()) + [
-        SpecPrefillConfig(lookahead=3, pool_kernel=1, select_chunk=8), SpecPrefillConfig(layers="last-1"),
-        SpecPrefillConfig(keep_ratio=0.05, token_floor=100, keep_first=7, keep_last=9)]
+        SpecPrefillConfig(lookahead=3, pool_kernel=1, select_chunk=8),
+        SpecPrefillConfig(layers="last-1"),
+        SpecPrefillConfig(keep_ratio=0.05, token_floor=100, keep_first=7, keep_last=9),
+    ]
     if saved_window > 1:
         configs += [SpecPrefillConfig(query_window=6), SpecPrefillConfig(query_window=3, lookahead=2)]
     for config in configs:
         config = replace(config, layers="last-2") if config.layers == "last-16" else config
         first = saved_window - config.query_window
-        _, expected = speculative_selection(saved.queries[:, first:saved_window + config.lookahead].astype(np.float64),
-                                            saved.keys.astype(np.float64), config, saved.scale, REFERENCE,
-                                            windows if any(windows) else (), config.query_window)
+        _, expected = speculative_selection(
+            saved.queries[:, first : saved_window + config.lookahead].astype(np.float64),
+            saved.keys.astype(np.float64),
+            config,
+            saved.scale,
+            REFERENCE,
+            windows if any(windows) else (),
+            n_window=config.query_window,
+        )
         np.testing.assert_array_equal(scores.select(config).kept, expected.kept)
     if saved_window == 1:
         with pytest.raises(ConfigError, match="query window 4 exceeds the saved pass's 1"):
@@ -99,8 +144,9 @@ def test_shared_pass_scoring_selects_what_the_reference_selects(windows, saved_w
 
 
 def test_a_saved_pass_round_trips(tmp_path):
-    saved = SavedPass(np.ones((1, 2, 2, 4), np.float32), np.zeros((1, 1, 5, 4), np.float32), np.arange(5), 1.5,
-                      0.5, (None, 7))
+    saved = SavedPass(
+        np.ones((1, 2, 2, 4), np.float32), np.zeros((1, 1, 5, 4), np.float32), np.arange(5), 1.5, 0.5, (None, 7)
+    )
     saved.save(tmp_path / "p.npz")
     back = SavedPass.load(tmp_path / "p.npz")
     assert back.windows == (None, 7) and back.seconds == 1.5 and back.scale == 0.5 and back.n_window == 1
@@ -119,9 +165,31 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
     if ruler_available() is not None:
         pytest.skip(ruler_available())
     model = str(tiny_checkpoint("llama", "gguf"))
-    common = ["eval", "--backend", "cuda", "--device", "cpu", "--dtype", "float32", "--model", model,
-              "--speculator", "self:1", "--tasks", "niah_multivalue", "--ruler-lengths", "600", "--trials", "2",
-              "--answer-tokens", "2", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path)]
+    common = [
+        "eval",
+        "--backend",
+        "cuda",
+        "--device",
+        "cpu",
+        "--dtype",
+        "float32",
+        "--model",
+        model,
+        "--speculator",
+        "self:1",
+        "--tasks",
+        "niah_multivalue",
+        "--ruler-lengths",
+        "600",
+        "--trials",
+        "2",
+        "--answer-tokens",
+        "2",
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path),
+    ]
     spec = ["a:keep_ratio=0.2,select_chunk=8,layer_reduction=mean", "b:keep_ratio=0.3,select_chunk=8"]
     assert main([*common, "--name", "sel", "--selection-only", "--candidates", *spec]) == 0, capsys.readouterr().err
     sel = json.loads((tmp_path / "sel.json").read_text())

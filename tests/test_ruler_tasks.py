@@ -1,5 +1,6 @@
 """RULER's tasks: samples are deterministic, fit the asked length, hold their answers where the
 spans say, and RULER's scoring gives what it should on hand-made answers."""
+
 import pytest
 
 from specfill.core import ConfigError
@@ -62,8 +63,7 @@ def test_answers_lie_in_the_marked_spans(tokenizer, task):
     ids = encode_prompt(tokenizer, s.prompt)
     marked = "".join(tokenizer.decode(ids[a:b]) for a, b in s.spans["needle"])
     assert all(out in marked for out in s.outputs), (s.outputs, marked)
-    assert len(s.spans["needle"]) == (4 if task in ("niah_multivalue", "niah_multiquery") else
-                                      5 if task == "vt" else 1)
+    assert len(s.spans["needle"]) == (4 if task in ("niah_multivalue", "niah_multiquery") else 5 if task == "vt" else 1)
     assert s.spans["question"][0][1] == s.tokens and s.spans["question"][0][0] > s.spans["needle"][-1][1]
 
 

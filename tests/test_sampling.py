@@ -1,5 +1,6 @@
 """core/sampling.py: the penalties, top_k and min_p by their llama.cpp / mlx-lm definitions, and the
 driver decoding through it on both backends exactly as a host loop over full forwards does."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +9,6 @@ import pytest
 from specfill.core.errors import ConfigError
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.core.sampling import PENALTY_WINDOW, HostSampler, filtered, penalize
-
 from tests.fixtures.reference_runs import prompt
 from tests.test_drafting import BACKENDS, load
 
@@ -41,8 +41,16 @@ def test_host_sampler_window_and_seed():
     assert draws[0] == draws[1] and draws[0] in (0, 1, 2)
 
 
-@pytest.mark.parametrize("field, value", [("top_k", -1), ("min_p", 1.5), ("repetition_penalty", 0.0),
-                                          ("presence_penalty", 3.0), ("frequency_penalty", -2.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("top_k", -1),
+        ("min_p", 1.5),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -2.5),
+    ],
+)
 def test_range_errors_name_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
         SamplingConfig(**{field: value})
@@ -54,18 +62,45 @@ def test_driver_samples_through_the_host_sampler(tiny_checkpoint, backend):
     HostSampler with the same seed (so the same random draws)."""
     model = load(backend, tiny_checkpoint("llama", "gguf"))
     ids = prompt(40, model.args.vocab_size, seed=5)
-    config = SamplingConfig(temperature=0.8, top_p=0.9, seed=11, top_k=20, min_p=0.02, repetition_penalty=1.3,
-                            presence_penalty=0.4, frequency_penalty=0.2)
-    got = list(model.generate_step(ids, max_tokens=12, sampling=config, stop_ids=frozenset(),
-                                   method=PrefillMethod(), info=GenerationInfo()))
+    config = SamplingConfig(
+        temperature=0.8,
+        top_p=0.9,
+        seed=11,
+        top_k=20,
+        min_p=0.02,
+        repetition_penalty=1.3,
+        presence_penalty=0.4,
+        frequency_penalty=0.2,
+    )
+    got = list(
+        model.generate_step(
+            ids, max_tokens=12, sampling=config, stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo()
+        )
+    )
     reference, sequence = HostSampler(config, ids), list(ids)
     for _ in range(12):
         sequence.append(reference.choose(model.ops.to_numpy(model(sequence))[0, -1]))
-    assert got == sequence[len(ids):]
-    greedy = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(repetition_penalty=1.5),
-                                      stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo()))
-    plain = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                     method=PrefillMethod(), info=GenerationInfo()))
+    assert got == sequence[len(ids) :]
+    greedy = list(
+        model.generate_step(
+            ids,
+            max_tokens=12,
+            sampling=SamplingConfig(repetition_penalty=1.5),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
+    )
+    plain = list(
+        model.generate_step(
+            ids,
+            max_tokens=12,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
+    )
     assert greedy != plain  # the penalty changes the greedy text of a random model
 
 

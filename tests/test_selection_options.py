@@ -1,5 +1,6 @@
 """Issue 24's selection options, at the NumPy reference: the importance-mass rule, max over the
 look-ahead queries, neighbour chunks, H2O memory as a share of the prompt, and their checks."""
+
 import argparse
 import dataclasses
 import math
@@ -60,7 +61,7 @@ def test_max_over_the_lookahead_keeps_what_one_step_reads_strongly():
 
 def test_neighbours_keep_the_chunks_around_each_selected_one_inside_the_prompt():
     importance = np.zeros(40)
-    importance[0] = 1.0   # chunk 0: no left neighbour
+    importance[0] = 1.0  # chunk 0: no left neighbour
     importance[21] = 2.0  # chunk 5
     config = SpecPrefillConfig(keep_tokens=8, select_chunk=4, neighbours=1, force_keep_last=False)
     kept = specprefill.select_tokens(importance, config).kept.tolist()
@@ -79,12 +80,22 @@ def test_upper_bound_covers_the_mass_ceiling_and_neighbours():
     assert specprefill.keep_count_upper_bound(203, config) == min(203, min(51, math.ceil(51 * 0.3) * 5) * 4 + 1)
 
 
-@pytest.mark.parametrize("fields", [
-    {"keep_mass": 0.0}, {"keep_mass": 1.5}, {"keep_mass": True}, {"keep_mass": float("nan")},
-    {"keep_mass": 0.5, "keep_tokens": 10}, {"keep_mass": 0.5, "mass_floor": 0.4, "mass_ceiling": 0.2},
-    {"keep_mass": 0.5, "mass_floor": 0.0}, {"keep_mass": 0.5, "mass_ceiling": 1.2},
-    {"neighbours": -1}, {"neighbours": 1.5}, {"lookahead_reduction": "sum"},
-])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"keep_mass": 0.0},
+        {"keep_mass": 1.5},
+        {"keep_mass": True},
+        {"keep_mass": float("nan")},
+        {"keep_mass": 0.5, "keep_tokens": 10},
+        {"keep_mass": 0.5, "mass_floor": 0.4, "mass_ceiling": 0.2},
+        {"keep_mass": 0.5, "mass_floor": 0.0},
+        {"keep_mass": 0.5, "mass_ceiling": 1.2},
+        {"neighbours": -1},
+        {"neighbours": 1.5},
+        {"lookahead_reduction": "sum"},
+    ],
+)
 def test_bad_selection_options_are_one_config_error(fields):
     with pytest.raises(ConfigError):
         SpecPrefillConfig(**fields)

@@ -1,5 +1,6 @@
 """Setting checks and clamps (core/request.py and the configs it builds), the NaN guard
 (core.checks) and the model-config checks every loading path ends in (ModelArgs)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,11 +17,21 @@ from specfill.core.runtime import Drafting, KVState, PrefillMethod, SamplingConf
 from tests.fixtures import tiny_model_args, tiny_weights
 
 
-@pytest.mark.parametrize("temperature,top_p,seed,word", [
-    (float("inf"), 1.0, None, "temperature"), (float("nan"), 1.0, None, "temperature"),
-    (-0.1, 1.0, None, "temperature"),
-    ("1", 1.0, None, "temperature"), (0.7, float("nan"), None, "top_p"), (0.7, 1.5, None, "top_p"),
-    (0.7, 1.0, 2**70, "seed"), (0.7, 1.0, -1, "seed"), (0.7, 1.0, 1.5, "seed"), (0.7, 1.0, True, "seed")])
+@pytest.mark.parametrize(
+    "temperature,top_p,seed,word",
+    [
+        (float("inf"), 1.0, None, "temperature"),
+        (float("nan"), 1.0, None, "temperature"),
+        (-0.1, 1.0, None, "temperature"),
+        ("1", 1.0, None, "temperature"),
+        (0.7, float("nan"), None, "top_p"),
+        (0.7, 1.5, None, "top_p"),
+        (0.7, 1.0, 2**70, "seed"),
+        (0.7, 1.0, -1, "seed"),
+        (0.7, 1.0, 1.5, "seed"),
+        (0.7, 1.0, True, "seed"),
+    ],
+)
 def test_bad_sampling_settings(temperature, top_p, seed, word):
     with pytest.raises(ConfigError, match=word):
         SamplingConfig(temperature, top_p, seed)
@@ -40,18 +51,20 @@ def test_sampling_settings_that_do_nothing_warn():
 
 
 def test_specprefill_settings_are_clamped_to_the_prompt():
-    plan = PrefillMethod("specprefill", specprefill=SpecPrefillConfig(lookahead=10**9, select_chunk=1000,
-                                                                      pool_kernel=101, keep_tokens=5),
-                         speculator="self:1")
+    plan = PrefillMethod(
+        "specprefill",
+        specprefill=SpecPrefillConfig(lookahead=10**9, select_chunk=1000, pool_kernel=101, keep_tokens=5),
+        speculator="self:1",
+    )
     with pytest.warns(SpecfillWarning, match="look-ahead 1000000000 clamped to 44"):
         fitted = fit_to_prompt(plan, 20, 64)
     config = fitted.specprefill
     assert (config.lookahead, config.select_chunk, config.pool_kernel, config.keep_tokens) == (44, 20, 39, 5)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert fit_to_prompt(PrefillMethod("specprefill", specprefill=SpecPrefillConfig(), speculator="self:1"),
-                             2000, 8192) == PrefillMethod("specprefill", specprefill=SpecPrefillConfig(),
-                                                          speculator="self:1")
+        assert fit_to_prompt(
+            PrefillMethod("specprefill", specprefill=SpecPrefillConfig(), speculator="self:1"), 2000, 8192
+        ) == PrefillMethod("specprefill", specprefill=SpecPrefillConfig(), speculator="self:1")
 
 
 @pytest.mark.parametrize("value", [2**31, 2**63])
@@ -71,15 +84,23 @@ def test_nan_guard_names_the_likely_cause():
         check_logits_finite(False, args, where="the first prefill")
 
 
-@pytest.mark.parametrize("changes,word", [
-    ({"rms_norm_eps": float("nan")}, "rms_norm_eps"), ({"rms_norm_eps": 0.0}, "rms_norm_eps"),
-    ({"rms_norm_eps": 2.0}, "at most 1"), ({"rope_theta": float("inf")}, "rope_theta"),
-    ({"rope_theta": 0.5}, "at least 1"),
-    ({"head_dim": 15}, "odd"), ({"hidden_size": 2**40}, "hidden_size"), ({"vocab_size": 0}, "vocab_size"),
-    ({"rope_scaling": {"rope_type": "linear"}}, "lacks factor"),
-    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "not supported"),
-    ({"bos_token_id": -1}, "special token id")])
+@pytest.mark.parametrize(
+    "changes,word",
+    [
+        ({"rms_norm_eps": float("nan")}, "rms_norm_eps"),
+        ({"rms_norm_eps": 0.0}, "rms_norm_eps"),
+        ({"rms_norm_eps": 2.0}, "at most 1"),
+        ({"rope_theta": float("inf")}, "rope_theta"),
+        ({"rope_theta": 0.5}, "at least 1"),
+        ({"head_dim": 15}, "odd"),
+        ({"hidden_size": 2**40}, "hidden_size"),
+        ({"vocab_size": 0}, "vocab_size"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "lacks factor"),
+        ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "lacks low_freq_factor"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "not supported"),
+        ({"bos_token_id": -1}, "special token id"),
+    ],
+)
 def test_model_args_refuse_numbers_that_compute_nan(changes, word):
     with pytest.raises(ModelLoadError, match=word):
         dataclasses.replace(tiny_model_args("llama"), **changes)
@@ -104,8 +125,13 @@ def test_a_model_that_computes_inf_is_refused_at_load(tmp_path, tiny_checkpoint,
 
 def test_prompt_ids_are_integers_inside_the_vocabulary():
     assert check_token_ids([1, np.int64(2)], 10).tolist() == [1, 2]
-    for ids, word in (([], "empty"), ([1.5], "integers"), ([float("nan")], "integers"), ([10], "outside"),
-                      ([-1], "outside")):
+    for ids, word in (
+        ([], "empty"),
+        ([1.5], "integers"),
+        ([float("nan")], "integers"),
+        ([10], "outside"),
+        ([-1], "outside"),
+    ):
         with pytest.raises(ConfigError, match=word):
             check_token_ids(ids, 10)
 

@@ -2,6 +2,7 @@
 backends, against the NumPy reference model: chunk-major H2O with every key set intersected with
 the layer's window, the speculator's captured queries and scores inside its windows, and the main
 model's sparse prefill windowed over ORIGINAL positions."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,7 +17,6 @@ from specfill.core.reference import REFERENCE  # noqa: E402
 from specfill.core.reference.model import ReferenceModel  # noqa: E402
 from specfill.core.reference.specprefill import score_tokens  # noqa: E402
 from specfill.core.runtime import GenerationInfo, PrefillMethod  # noqa: E402
-
 from tests.fixtures.reference_runs import prompt, reference_speculator, tolerance  # noqa: E402
 from tests.torch_cuda.tiny_torch_models import make_tiny  # noqa: E402
 
@@ -30,6 +30,7 @@ def backend_model(tiny, backend: str, step: int = 2048):
     from specfill.backends.mlx.ops import MLXOps
     from specfill.backends.mlx.weights import Checkpoint
     from specfill.core.driver import CausalLM
+
     arrays = {name: mx.array(w) for name, w in tiny.weights.items()}
     return CausalLM(build_model(Checkpoint(tiny.args, arrays, {}, "tiny")), MLXOps(mx.cpu), prefill_step_size=step)
 
@@ -72,15 +73,25 @@ def test_speculator_scores_inside_its_windows_and_the_main_prefill_windows_origi
     assert np.abs(model.ops.to_numpy(run.queries) - queries).max() <= tolerance(queries)
     config = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=4, pool_kernel=3)
     windows = speculator.args.layer_windows
-    importance = model.ops.to_numpy(token_importance(model.ops, run.queries, run.keys, config,
-                                                     tiny.args.attention_scale, windows))
+    importance = model.ops.to_numpy(
+        token_importance(model.ops, run.queries, run.keys, config, tiny.args.attention_scale, windows)
+    )
     want = score_tokens(queries, keys, config, tiny.args.attention_scale, REFERENCE, windows).importance
     assert np.abs(importance - want).max() <= 1e-5
     unwindowed = score_tokens(queries, keys, config, tiny.args.attention_scale, REFERENCE).importance
     assert np.abs(unwindowed - want).max() > 1e-3
     # the main model's prefill of the kept tokens at their original positions
-    result = speculative_prefill(model.ops, model.model, np.array(ids), speculator, config, stop_ids=frozenset(),
-                                 extra_slots=4, step_size=8, speculator_step_size=step)
+    result = speculative_prefill(
+        model.ops,
+        model.model,
+        np.array(ids),
+        speculator,
+        config,
+        stop_ids=frozenset(),
+        extra_slots=4,
+        step_size=8,
+        speculator_step_size=step,
+    )
     kept = result.selection.kept.tolist()
     expected = ref.forward([ids[i] for i in kept], kept)[-1]
     assert np.abs(model.ops.to_numpy(result.logits) - expected).max() <= tolerance(expected)

@@ -1,5 +1,6 @@
 """core.io.tokenizer against transformers and sentencepiece: ids, decode, chat template, streaming,
 vocabulary fingerprint, and errors."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ PROMPTS = [
     "   leading spaces and trailing   ",
     "",
 ]
-MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi 🚀"},
-            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Capital of France?"}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi 🚀"},
+    {"role": "assistant", "content": "Hello!"},
+    {"role": "user", "content": "Capital of France?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +56,7 @@ def test_tiny_bpe_gguf_and_directory_agree_with_transformers(tiny_checkpoint, tr
     assert from_gguf.bos_token_id == from_dir.bos_token_id == 1
     assert from_gguf.eos_token_ids == from_dir.eos_token_ids == frozenset({2})
     for generation in (True, False):
-        expected = reference.apply_chat_template(MESSAGES, tokenize=False,
-                                                 add_generation_prompt=generation)
+        expected = reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=generation)
         assert from_gguf.apply_chat_template(MESSAGES, add_generation_prompt=generation) == expected
         assert from_dir.apply_chat_template(MESSAGES, add_generation_prompt=generation) == expected
     assert from_gguf.vocab_fingerprint() == from_dir.vocab_fingerprint()
@@ -85,8 +89,9 @@ def test_fingerprint_tells_vocabularies_apart(tiny_checkpoint, spm_files, tmp_pa
     vocab = data["model"]["vocab"]
     token = next(t for t, i in vocab.items() if i == 100)
     vocab["X" + token] = vocab.pop(token)  # one token spelled differently, same ids otherwise
-    data["model"]["merges"] = [m for m in data["model"]["merges"]
-                               if token not in ("".join(m) if isinstance(m, list) else m.replace(" ", ""))]
+    data["model"]["merges"] = [
+        m for m in data["model"]["merges"] if token not in ("".join(m) if isinstance(m, list) else m.replace(" ", ""))
+    ]
     (changed / "tokenizer.json").write_text(json.dumps(data))
     assert load_tokenizer(changed).vocab_fingerprint() != bpe.vocab_fingerprint()
 
@@ -196,8 +201,9 @@ def test_demo_tokenizer_matches_transformers(transformers_module):
         assert _stream(tok, ids)[1] == reference.decode(ids)
     assert tok.encode("What is the capital of France?") == [1780, 314, 260, 3575, 282, 4649, 47]
     for generation in (True, False):
-        assert tok.apply_chat_template(MESSAGES, add_generation_prompt=generation) == \
-            reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=generation)
+        assert tok.apply_chat_template(MESSAGES, add_generation_prompt=generation) == reference.apply_chat_template(
+            MESSAGES, tokenize=False, add_generation_prompt=generation
+        )
     assert tok.bos_token_id == 1 and tok.eos_token_ids == {2}
     assert tok.token_text(1) == "<|im_start|>" and tok.vocab_size == 49152
 

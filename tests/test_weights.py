@@ -1,5 +1,6 @@
 """core.io.weights: GGUF and HF directories load to the same HF-named arrays, checked against the
 fixtures' own values and against transformers; name map and Q/K un-permute; rope_freqs."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -9,8 +10,7 @@ from specfill.core.io.gguf_file import read_gguf, tensor_array
 from specfill.core.io.weights import gguf_to_hf_name, load_weights, permute_qk, read_gguf_metadata, unpermute_qk
 from specfill.core.models import ModelArgs, expected_tensor_shapes
 from specfill.core.rope import llama3_freq_factors, llama3_scaling_from_factors, rope_inv_freq
-from tests.fixtures import (ARCHITECTURES, LLAMA3_ROPE, hf_to_gguf_name, llama_cpp_permute,
-                            tiny_model_args, tiny_weights)
+from tests.fixtures import ARCHITECTURES, LLAMA3_ROPE, hf_to_gguf_name, llama_cpp_permute, tiny_model_args, tiny_weights
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -114,13 +114,17 @@ def test_transformers_loads_the_same_state_dict(tiny_checkpoint, arch):
     sources = [transformers.AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)]
     if arch != "qwen3":  # transformers' GGUF config mapping drops qwen3's key_length (head_dim)
         gguf_path = tiny_checkpoint(arch, "gguf")
-        sources.append(transformers.AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32))
+        sources.append(
+            transformers.AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32
+            )
+        )
     for model in sources:
         theirs = {k: v.numpy() for k, v in model.state_dict().items()}
         if args.tie_word_embeddings:  # transformers lists the tied head under its own name
-            np.testing.assert_array_equal(theirs.pop("lm_head.weight"),
-                                          ours["model.embed_tokens.weight"].astype(np.float32))
+            np.testing.assert_array_equal(
+                theirs.pop("lm_head.weight"), ours["model.embed_tokens.weight"].astype(np.float32)
+            )
         assert sorted(theirs) == sorted(ours)
         for name, w in ours.items():
             np.testing.assert_array_equal(theirs[name], w.astype(np.float32), err_msg=name)
@@ -128,8 +132,8 @@ def test_transformers_loads_the_same_state_dict(tiny_checkpoint, arch):
 
 
 def test_demo_model_loads_with_the_documented_shape():
-    from specfill.core.io.demo_model import require_demo_model
     from specfill.core.errors import ModelLoadError
+    from specfill.core.io.demo_model import require_demo_model
 
     try:
         path = require_demo_model()
@@ -137,11 +141,24 @@ def test_demo_model_loads_with_the_documented_shape():
         pytest.skip(f"demo model not downloaded ({err})")
     args, weights = load_weights(path)
     assert args == ModelArgs(
-        architecture="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64,
-        rms_norm_eps=1e-5, rope_theta=100000.0, rope_scaling=None, max_position_embeddings=8192,
-        tie_word_embeddings=True, attention_bias=False, qk_norm=False, bos_token_id=1,
-        eos_token_ids=(2,))
+        architecture="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        rope_scaling=None,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        qk_norm=False,
+        bos_token_id=1,
+        eos_token_ids=(2,),
+    )
     assert len(weights) == 2 + 9 * 30 and "lm_head.weight" not in weights
     for w in weights.values():
         assert w.dtype == np.float32 and np.isfinite(w).all()
@@ -152,8 +169,8 @@ def test_demo_model_loads_with_the_documented_shape():
 @pytest.mark.slow
 def test_demo_model_equals_transformers_gguf_loader():
     """transformers dequantizes and un-permutes the demo GGUF itself: every array must match."""
-    from specfill.core.io.demo_model import require_demo_model
     from specfill.core.errors import ModelLoadError
+    from specfill.core.io.demo_model import require_demo_model
 
     try:
         path = require_demo_model()
@@ -164,8 +181,7 @@ def test_demo_model_equals_transformers_gguf_loader():
     torch.set_num_threads(1)
     transformers.logging.set_verbosity_error()
     _, ours = load_weights(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
-                                                              dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     theirs = model.state_dict()
     assert sorted(theirs) == sorted([*ours, "lm_head.weight"])
     for name, w in ours.items():
@@ -180,8 +196,10 @@ def test_bfloat16_safetensors_widen_exactly(tmp_path, tiny_checkpoint):
 
     path = tmp_path / "bf16"
     shutil.copytree(tiny_checkpoint("qwen3", "safetensors"), path)
-    weights = {k: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16)
-               for k, v in tiny_weights(tiny_model_args("qwen3")).items()}
+    weights = {
+        k: torch.from_numpy(v.astype(np.float32)).to(torch.bfloat16)
+        for k, v in tiny_weights(tiny_model_args("qwen3")).items()
+    }
     save_file(weights, str(path / "model.safetensors"))
     _, loaded = load_weights(path)
     for name, w in weights.items():
@@ -197,11 +215,8 @@ def test_hf_config_rope_keys_old_and_new():
     v5 = dict(base, rope_parameters=dict(LLAMA3_ROPE, rope_theta=500000.0))
     args = ModelArgs.from_hf_config(v5)  # transformers >= 5 writes rope_parameters
     assert args.rope_theta == 500000.0 and args.rope_scaling == LLAMA3_ROPE
-    default = ModelArgs.from_hf_config(dict(base, rope_parameters={"rope_type": "default",
-                                                                   "rope_theta": 1e6}))
+    default = ModelArgs.from_hf_config(dict(base, rope_parameters={"rope_type": "default", "rope_theta": 1e6}))
     assert default.rope_theta == 1e6 and default.rope_scaling is None
-    legacy = ModelArgs.from_hf_config(dict(base, rope_theta=1e4, rope_scaling={"type": "linear",
-                                                                               "factor": 2.0}))
+    legacy = ModelArgs.from_hf_config(dict(base, rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0}))
     assert legacy.rope_scaling == {"rope_type": "linear", "factor": 2.0}
-    np.testing.assert_allclose(rope_inv_freq(legacy), 1e4 ** (-np.arange(0, 16, 2) / 16) / 2,
-                               rtol=1e-6)
+    np.testing.assert_allclose(rope_inv_freq(legacy), 1e4 ** (-np.arange(0, 16, 2) / 16) / 2, rtol=1e-6)

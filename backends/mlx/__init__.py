@@ -26,6 +26,7 @@ MLX-ops twin with the same semantics, and a dispatcher that takes the kernel whe
 (use_kernel=None), or as forced. Importing this package does not import mlx, so torch-only
 installs can still import `specfill.backends`; `load` says what is missing.
 """
+
 from __future__ import annotations
 
 from specfill.core.backend import Backend

@@ -7,6 +7,7 @@ own `Model.__call__` (embeddings, MLP / experts, norms and LM head are mlx-lm's 
 logits are only computed where the driver asks for them: MLX is lazy). The original modules stay
 inside the adapted ones: outside a specfill step the model still runs as mlx-lm's.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -49,13 +50,17 @@ def _activation_dtype(lm: nn.Module) -> mx.Dtype:
 def _args(lm: nn.Module, layouts: tuple) -> AdaptedArgs:
     config = dict(vars(lm.args))
     eos = config.get("eos_token_id")
-    return AdaptedArgs(architecture=str(config.get("model_type", type(lm).__module__.rsplit(".", 1)[-1])),
-                       vocab_size=int(config["vocab_size"]), hidden_size=int(config["hidden_size"]),
-                       layers=layouts, max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
-                       rms_norm_eps=float(config.get("rms_norm_eps") or 1e-5),
-                       rope_theta=float(config.get("rope_theta") or 10000.0),
-                       bos_token_id=config.get("bos_token_id"),
-                       eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)))
+    return AdaptedArgs(
+        architecture=str(config.get("model_type", type(lm).__module__.rsplit(".", 1)[-1])),
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=int(config["hidden_size"]),
+        layers=layouts,
+        max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
+        rms_norm_eps=float(config.get("rms_norm_eps") or 1e-5),
+        rope_theta=float(config.get("rope_theta") or 10000.0),
+        bos_token_id=config.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+    )
 
 
 class AdaptedModel:
@@ -78,8 +83,14 @@ class AdaptedModel:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
         return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers)
 
-    def step(self, ids: mx.array, positions: int | np.ndarray, cache: Sequence[LayerKVCache] | None,
-             attend: Any, logits_from: int | None) -> mx.array | None:
+    def step(
+        self,
+        ids: mx.array,
+        positions: int | np.ndarray,
+        cache: Sequence[LayerKVCache] | None,
+        attend: Any,
+        logits_from: int | None,
+    ) -> mx.array | None:
         """ids [T] at `positions` appended to `cache` -> float32 logits [T - logits_from, vocab]
         (None: the caller wants none; mlx-lm's head is then never evaluated).
 
@@ -89,14 +100,19 @@ class AdaptedModel:
         if logits_from is not None and logits_from < 0:  # counted from the end, as a slice start
             logits_from = max(0, ids.shape[0] + logits_from)
         if attend is None and logits_from is not None and 0 < logits_from < ids.shape[0]:
-            self.step(ids[:logits_from], positions if isinstance(positions, (int, np.integer))
-                      else positions[:logits_from], cache, None, None)
+            self.step(
+                ids[:logits_from],
+                positions if isinstance(positions, (int, np.integer)) else positions[:logits_from],
+                cache,
+                None,
+                None,
+            )
             rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
             return self.step(ids[logits_from:], rest, cache, None, 0)
         layers = self.lm.layers
         caches = list(cache) if cache is not None else [None] * len(layers)
         if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
-            self._backbone["layers"] = layers[:self.n_layers]
+            self._backbone["layers"] = layers[: self.n_layers]
             caches += [None] * (len(layers) - self.n_layers)
         self.state.positions, self.state.attend = positions, attend
         try:
@@ -115,8 +131,15 @@ class AdaptedOps(MLXOps):
     def activation_dtype(self, model: AdaptedModel | Any) -> mx.Dtype:
         return model.dtype if isinstance(model, AdaptedModel) else super().activation_dtype(model)
 
-    def forward(self, model: AdaptedModel | Any, ids: mx.array, positions: int | np.ndarray,
-                cache: ModelKVCache, attend: Any, logits_from: int | None) -> mx.array | None:
+    def forward(
+        self,
+        model: AdaptedModel | Any,
+        ids: mx.array,
+        positions: int | np.ndarray,
+        cache: ModelKVCache,
+        attend: Any,
+        logits_from: int | None,
+    ) -> mx.array | None:
         if not isinstance(model, AdaptedModel):
             return super().forward(model, ids, positions, cache, attend, logits_from)
         if isinstance(attend, H2OPrefillAttention):
@@ -142,13 +165,17 @@ def _check_plain_caches(lm: nn.Module, architecture: str) -> None:
 
     caches = make_prompt_cache(lm)
     if len(caches) != len(lm.layers):
-        raise ModelLoadError(f"{architecture} has {len(caches)} mlx-lm caches for {len(lm.layers)} layers "
-                             f"(layers share a cache): specfill's KV cache needs one per layer")
+        raise ModelLoadError(
+            f"{architecture} has {len(caches)} mlx-lm caches for {len(lm.layers)} layers "
+            f"(layers share a cache): specfill's KV cache needs one per layer"
+        )
     for index, cache in enumerate(caches):
         if type(cache) not in (LibraryKVCache, RotatingKVCache):
-            raise ModelLoadError(f"{architecture} layer {index} keeps mlx-lm's {type(cache).__name__}, not keys "
-                                 f"and values: specfill's KV cache cannot hold it (every method is refused, "
-                                 f"use mlx-lm itself)")
+            raise ModelLoadError(
+                f"{architecture} layer {index} keeps mlx-lm's {type(cache).__name__}, not keys "
+                f"and values: specfill's KV cache cannot hold it (every method is refused, "
+                f"use mlx-lm itself)"
+            )
 
 
 def adapt(lm: nn.Module) -> AdaptedModel:
@@ -168,9 +195,11 @@ def adapt(lm: nn.Module) -> AdaptedModel:
     layouts = tuple(describe_layer(config, index, layer) for index, layer in enumerate(lm.layers))
     for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
         if attention_of(layer) is None:
-            raise ModelLoadError(f"{architecture} layer {index} is {layout.kind}: specfill's KV cache holds "
-                                 f"softmax-attention layers only ({layout.refusal}); every method is refused, "
-                                 f"use mlx-lm itself")
+            raise ModelLoadError(
+                f"{architecture} layer {index} is {layout.kind}: specfill's KV cache holds "
+                f"softmax-attention layers only ({layout.refusal}); every method is refused, "
+                f"use mlx-lm itself"
+            )
     _check_plain_caches(lm, architecture)
     state = StepState()
     for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):

@@ -7,6 +7,7 @@ config.json names a model_type of specfill's own families (llama, mistral, qwen2
 gemma3_text) loads into specfill's model as before; any other model_type that mlx-lm ships a model
 file for loads through mlx-lm.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,13 +32,21 @@ def _tokenizer_source(tokenizer: Any) -> Path:
     inner = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
     source = Path(inner.name_or_path) if isinstance(inner, PreTrainedTokenizerBase) else None
     if source is None or not source.is_dir():
-        raise ModelLoadError(f"cannot find the directory the tokenizer ({type(inner).__name__}) was read from: "
-                             f"pass mlx_lm.load's pair or load the model from its directory")
+        raise ModelLoadError(
+            f"cannot find the directory the tokenizer ({type(inner).__name__}) was read from: "
+            f"pass mlx_lm.load's pair or load the model from its directory"
+        )
     return source
 
 
-def load_adapted(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | None, device: mx.Device,
-                 prefill_step_size: int, *, architecture: str | None = None) -> tuple[CausalLM, Any]:
+def load_adapted(
+    source: str | Path | tuple[nn.Module, Any],
+    dtype: mx.Dtype | None,
+    device: mx.Device,
+    prefill_step_size: int,
+    *,
+    architecture: str | None = None,
+) -> tuple[CausalLM, Any]:
     """(CausalLM, specfill Tokenizer) from an mlx-lm directory or an (mlx-lm model, tokenizer) pair.
 
     dtype None: float32 on CPU (MLX's CPU half paths are slow), the model's own on the GPU; a
@@ -52,8 +61,10 @@ def load_adapted(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | N
         try:
             lm, _ = load_model(directory)
         except Exception as err:  # mlx-lm raises ValueError, KeyError, FileNotFoundError, ...
-            raise ModelLoadError(f"{quote(directory)}: unsupported architecture {architecture!r} for specfill's own "
-                                 f"models, and mlx-lm could not load it: {str(err).splitlines()[0][:200]}") from None
+            raise ModelLoadError(
+                f"{quote(directory)}: unsupported architecture {architecture!r} for specfill's own "
+                f"models, and mlx-lm could not load it: {str(err).splitlines()[0][:200]}"
+            ) from None
     if not isinstance(lm, nn.Module):
         raise ModelLoadError(f"expected an mlx-lm model (mlx.nn.Module), got {type(lm).__name__}")
     wanted = dtype if dtype is not None else (mx.float32 if device.type == mx.DeviceType.cpu else None)

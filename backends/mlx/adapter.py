@@ -17,6 +17,7 @@ What the adapter does not model is refused, never approximated: a part or settin
 know (latent attention, ...) makes the layer's `refusal`; such a layer runs through its original
 module for full prefill and decode (positions = slots).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -32,24 +33,57 @@ from .cache import LayerKVCache
 from .model import causal_attention, layer_boundary, terms_attention, windowed_attention
 
 ATTENTION_NAMES = ("self_attn", "attention", "attn")  # the attention child of a decoder layer
-KNOWN_PARTS = frozenset({"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rope",
-                         "sinks"})  # sinks: the layer's AttentionTerms
+KNOWN_PARTS = frozenset(
+    {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rope", "sinks"}
+)  # sinks: the layer's AttentionTerms
 SOFTCAP_SETTING = "attn_logit_softcapping"  # the layer's AttentionTerms
 # part or setting -> (layer kind, why the methods' stages cannot run it)
-REFUSED_PARTS = {"kv_a_proj_with_mqa": ("multi-head latent attention", "keys and values are decompressed "
-                                        "from a shared latent, with a RoPE part apart"),
-                 "kv_b_proj": ("multi-head latent attention", "keys and values are decompressed from a "
-                               "shared latent, with a RoPE part apart")}
+REFUSED_PARTS = {
+    "kv_a_proj_with_mqa": (
+        "multi-head latent attention",
+        "keys and values are decompressed from a shared latent, with a RoPE part apart",
+    ),
+    "kv_b_proj": (
+        "multi-head latent attention",
+        "keys and values are decompressed from a shared latent, with a RoPE part apart",
+    ),
+}
 REFUSED_SETTINGS: dict[str, tuple[str, str]] = {}
 # Switches of parts the adapter does not model that change nothing while False
 OFF_SWITCHES = frozenset({"qk_layernorm"})
 # Plain settings of mlx-lm attention modules that change nothing the adapter does not read itself.
-KNOWN_SETTINGS = frozenset({"n_heads", "n_kv_heads", "num_heads", "num_attention_heads", "num_key_value_heads",
-                            "num_kv_heads", "n_kv_groups", "use_qk_norm", "partial_rotary_factor",
-                            "num_key_value_groups", "head_dim", "scale", "sm_scale", "repeats", "layer_idx",
-                            "args", "config", "hidden_size", "hidden_dim", "rope_theta", "num_hidden_layers",
-                            "is_sliding", "is_local", "use_rope", "use_sliding", "max_position_embeddings",
-                            "rms_norm_eps", SOFTCAP_SETTING})
+KNOWN_SETTINGS = frozenset(
+    {
+        "n_heads",
+        "n_kv_heads",
+        "num_heads",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "num_kv_heads",
+        "n_kv_groups",
+        "use_qk_norm",
+        "partial_rotary_factor",
+        "num_key_value_groups",
+        "head_dim",
+        "scale",
+        "sm_scale",
+        "repeats",
+        "layer_idx",
+        "args",
+        "config",
+        "hidden_size",
+        "hidden_dim",
+        "rope_theta",
+        "num_hidden_layers",
+        "is_sliding",
+        "is_local",
+        "use_rope",
+        "use_sliding",
+        "max_position_embeddings",
+        "rms_norm_eps",
+        SOFTCAP_SETTING,
+    }
+)
 
 
 class StepState:
@@ -90,8 +124,11 @@ def _refusal(parts: set[str], found: dict[str, Any], rope: nn.Module | None) -> 
     for name, refused in REFUSED_SETTINGS.items():
         if found.get(name) is not None:
             return refused
-    unknown = sorted(parts - KNOWN_PARTS) + sorted(name for name in set(found) - KNOWN_SETTINGS - set(REFUSED_SETTINGS)
-                                                    if not (name in OFF_SWITCHES and found[name] is False))
+    unknown = sorted(parts - KNOWN_PARTS) + sorted(
+        name
+        for name in set(found) - KNOWN_SETTINGS - set(REFUSED_SETTINGS)
+        if not (name in OFF_SWITCHES and found[name] is False)
+    )
     if unknown:
         return "attention of an unknown layout", f"parts or settings the adapter does not model: {', '.join(unknown)}"
     if "qkv_proj" not in parts and not {"q_proj", "k_proj", "v_proj", "o_proj"} <= parts:
@@ -110,8 +147,9 @@ def _terms(attn: nn.Module, own: dict[str, Any], n_heads: int) -> tuple[Attentio
         return None, None
     if sinks is not None and (not isinstance(sinks, mx.array) or tuple(sinks.shape) != (n_heads,)):
         return None, f"attention sinks of shape {tuple(getattr(sinks, 'shape', ()))}, not one per query head"
-    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
-                                    and softcap > 0):
+    if softcap is not None and not (
+        isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap > 0
+    ):
         return None, f"a logit soft-cap of {softcap!r}, not a positive number"
     return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
 
@@ -121,17 +159,29 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     found = attention_of(layer)
     if found is None:
         kind = ", ".join(sorted(layer.children())) or "no children"
-        return AttentionLayout(f"a linear-attention / state-space layer (parts: {kind})", 1, 1, 2, 1.0,
-                               refusal="the layer keeps a recurrent state, no keys to select")
+        return AttentionLayout(
+            f"a linear-attention / state-space layer (parts: {kind})",
+            1,
+            1,
+            2,
+            1.0,
+            refusal="the layer keeps a recurrent state, no keys to select",
+        )
     _, attn = found
     parts = set(attn.children()) | {name for name, value in attn.items() if isinstance(value, mx.array)}
     own = settings(attn)
     rope = attn.children().get("rope")
     refusal = _refusal(parts, own, rope if isinstance(rope, nn.Module) else None)
-    n_heads = int(own.get("n_heads") or own.get("num_heads") or own.get("num_attention_heads")
-                  or config["num_attention_heads"])
-    n_kv = int(own.get("n_kv_heads") or own.get("num_key_value_heads") or own.get("num_kv_heads")
-               or config.get("num_key_value_heads") or n_heads)
+    n_heads = int(
+        own.get("n_heads") or own.get("num_heads") or own.get("num_attention_heads") or config["num_attention_heads"]
+    )
+    n_kv = int(
+        own.get("n_kv_heads")
+        or own.get("num_key_value_heads")
+        or own.get("num_kv_heads")
+        or config.get("num_key_value_heads")
+        or n_heads
+    )
     scale = own.get("scale", own.get("sm_scale"))
     window = _window(config, own, settings(layer), index)
     if refusal is None and scale is None:
@@ -144,12 +194,22 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     kv_width = None if fused else _out_features(attn["k_proj"])
     qk_norm = _qk_norm(attn, own, n_heads, head_dim)
     uses_rope = "rope" in parts and not _is_nope(rope)
-    layout = dict(n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, scale=float(scale), fused_qkv=fused,
-                  rope=uses_rope, window=window,
-                  norm_eps=float(own.get("rms_norm_eps") or config.get("rms_norm_eps") or 1e-6))
+    layout = dict(
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim,
+        scale=float(scale),
+        fused_qkv=fused,
+        rope=uses_rope,
+        window=window,
+        norm_eps=float(own.get("rms_norm_eps") or config.get("rms_norm_eps") or 1e-6),
+    )
     if qk_norm == "?" or (kv_width is not None and kv_width != n_kv * head_dim) or head_dim % 2:
-        return AttentionLayout("attention of an unknown layout", **layout,
-                               refusal="projection or q/k norm shapes the adapter does not recognise")
+        return AttentionLayout(
+            "attention of an unknown layout",
+            **layout,
+            refusal="projection or q/k norm shapes the adapter does not recognise",
+        )
     terms, odd_terms = _terms(attn, own, n_heads)
     if odd_terms is not None:
         return AttentionLayout("attention of an unknown layout", **layout, refusal=odd_terms)
@@ -232,7 +292,7 @@ class AdaptedAttention(nn.Module):
         q_width, kv_width = layout.n_heads * layout.head_dim, layout.n_kv_heads * layout.head_dim
         if layout.fused_qkv:
             qkv = inner["qkv_proj"](x)
-            q, k, v = qkv[..., :q_width], qkv[..., q_width:q_width + kv_width], qkv[..., q_width + kv_width:]
+            q, k, v = qkv[..., :q_width], qkv[..., q_width : q_width + kv_width], qkv[..., q_width + kv_width :]
         else:
             q, k, v = inner["q_proj"](x), inner["k_proj"](x), inner["v_proj"](x)
         if layout.qk_norm == "full":
@@ -255,8 +315,11 @@ class AdaptedAttention(nn.Module):
         window, terms, steps = self.layout.window, self.layout.terms, x.shape[1]
         step = keys_at = None
         if window is not None or terms is not None:  # every step records its positions, whoever attends
-            step = np.arange(positions, positions + steps) if isinstance(positions, (int, np.integer)) \
+            step = (
+                np.arange(positions, positions + steps)
+                if isinstance(positions, (int, np.integer))
                 else np.asarray(positions)
+            )
             keys_at = step
         if isinstance(cache, LayerKVCache):
             k, v = cache.update_and_fetch(k, v)

@@ -5,6 +5,7 @@ applied to its keys. Tokens fill slots in order: a step appends at [offset, offs
 attends to slots [0, offset + T). Speculative prefill stores its kept tokens in slots 0..K-1 at
 their original positions and then decodes from slot K at position P (the prompt length).
 """
+
 from __future__ import annotations
 
 from typing import Iterator
@@ -38,8 +39,9 @@ class LayerKVCache:
             return
         if self.max_size is not None:
             if needed > self.max_size:
-                raise PromptTooLongError(f"KV cache holds {self.max_size} tokens, "
-                                         f"writing slots {self.offset}..{needed - 1}")
+                raise PromptTooLongError(
+                    f"KV cache holds {self.max_size} tokens, writing slots {self.offset}..{needed - 1}"
+                )
             size = self.max_size
         else:
             size = (needed + self.step - 1) // self.step * self.step
@@ -57,8 +59,8 @@ class LayerKVCache:
         slots' keys and values [1, Hkv, offset + T, D]."""
         end = self.offset + keys.shape[2]
         self._reserve(end, keys, values)
-        self.keys[..., self.offset:end, :] = keys
-        self.values[..., self.offset:end, :] = values
+        self.keys[..., self.offset : end, :] = keys
+        self.values[..., self.offset : end, :] = values
         self.offset = end
         return self.keys[..., :end, :], self.values[..., :end, :]
 
@@ -77,8 +79,9 @@ class LayerKVCache:
         self.offset -= dropped
         return dropped
 
-    def make_mask(self, n_tokens: int, return_array: bool = False,
-                  window_size: int | None = None) -> mx.array | str | None:
+    def make_mask(
+        self, n_tokens: int, return_array: bool = False, window_size: int | None = None
+    ) -> mx.array | str | None:
         """mlx-lm's mask for a step of n_tokens written at `offset` (slots = positions): what an
         mlx-lm attention module run as is (an adapted model's refused layer) reads. Bool
         [n_tokens, offset + n_tokens], "causal", or None (one token, no window)."""
@@ -178,9 +181,11 @@ class ModelKVCache:
         every layer's alike; slot numbers when no layer has one), and `metadata` in its header."""
         recorded = [layer.positions for layer in self.layers if len(layer.positions) >= slots]
         positions = recorded[0][:slots] if recorded else np.arange(slots)  # unread: no sliding-window layer
-        arrays = {"keys": mx.stack([layer.keys[0, :, :slots] for layer in self.layers]),
-                  "values": mx.stack([layer.values[0, :, :slots] for layer in self.layers]),
-                  "positions": mx.array(positions.astype(np.int64))}
+        arrays = {
+            "keys": mx.stack([layer.keys[0, :, :slots] for layer in self.layers]),
+            "values": mx.stack([layer.values[0, :, :slots] for layer in self.layers]),
+            "positions": mx.array(positions.astype(np.int64)),
+        }
         mx.save_safetensors(path, arrays, metadata=metadata)
 
     def load(self, path: str) -> int:
@@ -190,10 +195,17 @@ class ModelKVCache:
         arrays = mx.load(path)
         keys, values, positions = arrays["keys"], arrays["values"], np.asarray(arrays["positions"])
         slots = keys.shape[2]
-        if keys.ndim != 4 or keys.shape[0] != len(self.layers) or values.shape[:3] != keys.shape[:3] \
-                or positions.shape != (slots,) or slots > self.capacity:
-            raise ValueError(f"the file holds keys {tuple(keys.shape)}, this cache {len(self.layers)} layers "
-                             f"of {self.capacity} slots")
+        if (
+            keys.ndim != 4
+            or keys.shape[0] != len(self.layers)
+            or values.shape[:3] != keys.shape[:3]
+            or positions.shape != (slots,)
+            or slots > self.capacity
+        ):
+            raise ValueError(
+                f"the file holds keys {tuple(keys.shape)}, this cache {len(self.layers)} layers "
+                f"of {self.capacity} slots"
+            )
         for i, layer in enumerate(self.layers):
             layer.update_and_fetch(keys[i][None], values[i][None])
             layer.positions = positions.astype(np.int64)

@@ -3,6 +3,7 @@
 Inputs become MLX arrays of the dtype under test; statistics, scores and probabilities stay
 float32, as in the stages.
 """
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -25,9 +26,18 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None) -> Ops
         raise BackendUnavailableError(f"the mlx backend runs in {', '.join(DTYPES)}, not {dtype}")
     choose_kernel(use_kernels, "the conformance run")  # forcing Metal without it fails here
     ops = MLXOps(mx.default_device(), use_kernels)  # its to_numpy widens float16 / bfloat16 to float32
-    convert = Convert(native=lambda x: mx.array(np.asarray(x, dtype=np.float32)).astype(DTYPES[dtype]),
-                      stats=lambda x: mx.array(np.asarray(x, dtype=np.float32)),
-                      index=lambda x: mx.array(np.asarray(x, dtype=np.int32)), numpy=ops.to_numpy)
-    return OpsAdapter("mlx", dtype, ops, convert,
-                      lambda n_layers, n_kv_heads, head_dim, capacity: ModelKVCache(
-                          [LayerKVCache(capacity) for _ in range(n_layers)]))
+    convert = Convert(
+        native=lambda x: mx.array(np.asarray(x, dtype=np.float32)).astype(DTYPES[dtype]),
+        stats=lambda x: mx.array(np.asarray(x, dtype=np.float32)),
+        index=lambda x: mx.array(np.asarray(x, dtype=np.int32)),
+        numpy=ops.to_numpy,
+    )
+    return OpsAdapter(
+        "mlx",
+        dtype,
+        ops,
+        convert,
+        lambda n_layers, n_kv_heads, head_dim, capacity: ModelKVCache(
+            [LayerKVCache(capacity) for _ in range(n_layers)]
+        ),
+    )

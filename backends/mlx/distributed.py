@@ -28,6 +28,7 @@ Per rank:
   "auto" without auto_threshold is refused: the crossover is measured per machine.
 A rank that dies ends the others at their next collective with DistributedError (one line).
 """
+
 from __future__ import annotations
 
 import os
@@ -47,14 +48,20 @@ from specfill.core.io.tokenizer import load_tokenizer
 from specfill.core.methods.specprefill import QueryCapture
 
 from .adapted import AdaptedModel, AdaptedOps, _activation_dtype, _args, _check_plain_caches, adapt
-from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .adapted_loader import _tokenizer_source
+from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .cache import LayerKVCache, ModelKVCache
 
 KINDS = ("tensor", "pipeline")
 # what the ring / MPI / JACCL back-ends say when a peer is gone
-LOST_PEER = ("connection to a peer was lost", "closed by the peer", "Too many send/recv errors", "[ring]",
-             "[mpi]", "[jaccl]")
+LOST_PEER = (
+    "connection to a peer was lost",
+    "closed by the peer",
+    "Too many send/recv errors",
+    "[ring]",
+    "[mpi]",
+    "[jaccl]",
+)
 
 
 class DistributedError(SpecfillError):
@@ -74,8 +81,10 @@ def stop_on_terminate(rank: int, size: int) -> bool:
     which the interpreter writes from its C handler). Unless a DistributedError already said so.
     Installed from the main thread only (False elsewhere, and where SIGTERM has a handler of its own);
     a handler set later (the server's: drain, then stop the other ranks) takes over from it."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None):
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) not in (
+        signal.SIG_DFL,
+        None,
+    ):
         return False
     read, write = os.pipe()
     os.set_blocking(write, False)
@@ -88,8 +97,10 @@ def stop_on_terminate(rank: int, size: int) -> bool:
         return None
 
     signal.signal(signal.SIGTERM, ours)
-    line = (f"specfill: error: rank {rank} of {size}: another rank is gone (mlx.launch stopped this one after "
-            f"a rank failed); stopping\n").encode()
+    line = (
+        f"specfill: error: rank {rank} of {size}: another rank is gone (mlx.launch stopped this one after "
+        f"a rank failed); stopping\n"
+    ).encode()
 
     def watch() -> None:
         while True:
@@ -98,6 +109,7 @@ def stop_on_terminate(rank: int, size: int) -> bool:
                 if not DistributedError.reported.is_set():
                     os.write(2, line)
                 os._exit(128 + signal.SIGTERM)
+
     threading.Thread(target=watch, name="specfill-sigterm", daemon=True).start()
     return True
 
@@ -124,16 +136,21 @@ class Distributed:
     def agree_seed(self) -> int:
         """A seed every rank gets the same of: rank 0's fresh random one (the others add 0)."""
         own = int(np.random.default_rng().integers(0, 2**31 - 1)) if self.rank == 0 else 0
-        return int(self.collect(lambda: mx.distributed.all_sum(mx.array(own, dtype=mx.int32), group=self.group,
-                                                               stream=mx.cpu).item()))
+        return int(
+            self.collect(
+                lambda: mx.distributed.all_sum(mx.array(own, dtype=mx.int32), group=self.group, stream=mx.cpu).item()
+            )
+        )
 
     def check_request(self, request: Any) -> Any:
         """The request as every rank must run it (core/request.py's GenerationRequest): one seed for a
         sampling run without one, a fixed draft length; "auto" without a threshold refused."""
         method = request.method
         if method.name == "auto" and method.auto_threshold is None:
-            raise ConfigError("method 'auto' under a distributed group needs auto_threshold (--auto-threshold): "
-                              "the crossover measured on each rank could differ")
+            raise ConfigError(
+                "method 'auto' under a distributed group needs auto_threshold (--auto-threshold): "
+                "the crossover measured on each rank could differ"
+            )
         if request.sampling.temperature > 0 and request.sampling.seed is None:
             request = replace(request, sampling=replace(request.sampling, seed=self.agree_seed()))
         if request.drafting is not None and request.drafting.adaptive:
@@ -160,10 +177,15 @@ class Distributed:
 
 
 def refuse_self_layers(kind: str, what: str = "'self:K'") -> ConfigError:
-    why = ("each rank would score with its own share of the heads" if kind == "tensor"
-           else "its first K layers live on other ranks")
-    return ConfigError(f"{what} (the main model's first layers) is refused under {kind} parallelism: {why}; "
-                       f"load a small speculator / draft model on every rank (specfill.load without group)")
+    why = (
+        "each rank would score with its own share of the heads"
+        if kind == "tensor"
+        else "its first K layers live on other ranks"
+    )
+    return ConfigError(
+        f"{what} (the main model's first layers) is refused under {kind} parallelism: {why}; "
+        f"load a small speculator / draft model on every rank (specfill.load without group)"
+    )
 
 
 class PipelineKVCache(ModelKVCache):
@@ -201,14 +223,25 @@ class PipelinedAdaptedModel(AdaptedModel):
     def first_layers(self, n_layers: int) -> AdaptedModel:
         raise refuse_self_layers("pipeline")
 
-    def step(self, ids: mx.array, positions: int | np.ndarray, cache: Sequence[LayerKVCache] | None,
-             attend: Any, logits_from: int | None) -> mx.array | None:
+    def step(
+        self,
+        ids: mx.array,
+        positions: int | np.ndarray,
+        cache: Sequence[LayerKVCache] | None,
+        attend: Any,
+        logits_from: int | None,
+    ) -> mx.array | None:
         """AdaptedModel.step on this rank's layers (the same split of a last step in two calls)."""
         if logits_from is not None and logits_from < 0:
             logits_from = max(0, ids.shape[0] + logits_from)
         if attend is None and logits_from is not None and 0 < logits_from < ids.shape[0]:
-            self.step(ids[:logits_from], positions if isinstance(positions, (int, np.integer))
-                      else positions[:logits_from], cache, None, None)
+            self.step(
+                ids[:logits_from],
+                positions if isinstance(positions, (int, np.integer)) else positions[:logits_from],
+                cache,
+                None,
+                None,
+            )
             rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
             return self.step(ids[logits_from:], rest, cache, None, 0)
         own = [None] * (self.end - self.start) if cache is None else [cache[i] for i in range(self.start, self.end)]
@@ -229,16 +262,22 @@ class DistributedOps(AdaptedOps):
         self.distributed = distributed
         self.sharded_lm = lm
 
-    def forward(self, model: Any, ids: mx.array, positions: int | np.ndarray, cache: ModelKVCache, attend: Any,
-                logits_from: int | None) -> mx.array | None:
+    def forward(
+        self,
+        model: Any,
+        ids: mx.array,
+        positions: int | np.ndarray,
+        cache: ModelKVCache,
+        attend: Any,
+        logits_from: int | None,
+    ) -> mx.array | None:
         if isinstance(attend, QueryCapture) and isinstance(model, AdaptedModel) and model.lm is self.sharded_lm:
             raise refuse_self_layers(self.distributed.kind, "SpecPrefill's speculator 'self:K'")
         return super().forward(model, ids, positions, cache, attend, logits_from)
 
     def new_cache(self, model: Any, capacity: int) -> ModelKVCache:
         if isinstance(model, PipelinedAdaptedModel):
-            return PipelineKVCache([LayerKVCache(capacity) for _ in range(model.args.num_hidden_layers)],
-                                   model.start)
+            return PipelineKVCache([LayerKVCache(capacity) for _ in range(model.args.num_hidden_layers)], model.start)
         return super().new_cache(model, capacity)
 
 
@@ -251,15 +290,20 @@ def _check_can_shard(lm: nn.Module, architecture: str, kind: str, size: int) -> 
         raise ConfigError(f"{architecture}: mlx-lm has no tensor-parallel code for it (no Model.shard){other}")
     if kind == "pipeline" and not can_pipeline:
         other = " (it has tensor parallelism: leave pipeline off)" if can_tensor else ""
-        raise ConfigError(f"{architecture}: mlx-lm has no pipeline-parallel code for it "
-                          f"(no Model.model.pipeline){other}")
+        raise ConfigError(
+            f"{architecture}: mlx-lm has no pipeline-parallel code for it (no Model.model.pipeline){other}"
+        )
     if kind == "tensor":
         config = dict(vars(lm.args))
-        heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads") or config.get(
-            "num_attention_heads")
+        heads, kv = (
+            config.get("num_attention_heads"),
+            config.get("num_key_value_heads") or config.get("num_attention_heads"),
+        )
         if heads and kv and (heads % size or kv % size):
-            raise ConfigError(f"{architecture}: {heads} query and {kv} KV heads do not split over {size} ranks "
-                              f"(tensor parallelism needs both divisible by the group size)")
+            raise ConfigError(
+                f"{architecture}: {heads} query and {kv} KV heads do not split over {size} ranks "
+                f"(tensor parallelism needs both divisible by the group size)"
+            )
     if kind == "pipeline" and len(lm.layers) < size:
         raise ConfigError(f"{architecture}: {len(lm.layers)} layers cannot split over {size} ranks")
 
@@ -270,9 +314,11 @@ def _check_local_heads(model: AdaptedModel, config: dict[str, Any], size: int, a
     kv = int(config.get("num_key_value_heads") or heads)
     for index, layout in enumerate(model.args.layers):
         if layout.refusal is None and (layout.n_heads * size != heads or layout.n_kv_heads * size != kv):
-            raise ModelLoadError(f"{architecture} layer {index}: the adapter read {layout.n_heads} query / "
-                                 f"{layout.n_kv_heads} KV heads after shard() over {size} ranks, expected "
-                                 f"{heads // size} / {kv // size}")
+            raise ModelLoadError(
+                f"{architecture} layer {index}: the adapter read {layout.n_heads} query / "
+                f"{layout.n_kv_heads} KV heads after shard() over {size} ranks, expected "
+                f"{heads // size} / {kv // size}"
+            )
 
 
 def _adapt_pipelined(lm: nn.Module, layouts: tuple, architecture: str) -> PipelinedAdaptedModel:
@@ -283,8 +329,10 @@ def _adapt_pipelined(lm: nn.Module, layouts: tuple, architecture: str) -> Pipeli
     for offset, layer in enumerate(local):
         if attention_of(layer) is None:
             layout = layouts[start + offset]
-            raise ModelLoadError(f"{architecture} layer {start + offset} is {layout.kind}: specfill's KV cache "
-                                 f"holds softmax-attention layers only ({layout.refusal})")
+            raise ModelLoadError(
+                f"{architecture} layer {start + offset} is {layout.kind}: specfill's KV cache "
+                f"holds softmax-attention layers only ({layout.refusal})"
+            )
     _check_plain_caches(lm, architecture)
     state = StepState()
     for offset, layer in enumerate(local):
@@ -293,8 +341,15 @@ def _adapt_pipelined(lm: nn.Module, layouts: tuple, architecture: str) -> Pipeli
     return PipelinedAdaptedModel(lm, _args(lm, layouts), state, start, end)
 
 
-def load_distributed(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype | None, device: mx.Device,
-                     prefill_step_size: int, *, group: Any, pipeline: bool = False) -> tuple[CausalLM, Any]:
+def load_distributed(
+    source: str | Path | tuple[nn.Module, Any],
+    dtype: mx.Dtype | None,
+    device: mx.Device,
+    prefill_step_size: int,
+    *,
+    group: Any,
+    pipeline: bool = False,
+) -> tuple[CausalLM, Any]:
     """(CausalLM, Tokenizer) of an mlx-lm model sharded over `group` (size > 1) by mlx-lm's own
     Model.shard (tensor) or Model.model.pipeline (pipeline=True), as mlx_lm.utils.sharded_load
     does (lazy load, shard, evaluate: each rank materialises its own share only), then adapted.
@@ -311,8 +366,9 @@ def load_distributed(source: str | Path | tuple[nn.Module, Any], dtype: mx.Dtype
         try:
             lm, _ = load_model(directory, lazy=True)
         except Exception as err:  # mlx-lm raises ValueError, KeyError, FileNotFoundError, ...
-            raise ModelLoadError(f"{quote(directory)}: mlx-lm could not load it: "
-                                 f"{str(err).splitlines()[0][:200]}") from None
+            raise ModelLoadError(
+                f"{quote(directory)}: mlx-lm could not load it: {str(err).splitlines()[0][:200]}"
+            ) from None
     if not isinstance(lm, nn.Module):
         raise ModelLoadError(f"expected an mlx-lm model (mlx.nn.Module), got {type(lm).__name__}")
     config = dict(vars(lm.args))

@@ -17,6 +17,7 @@ the blocks itself, against the format definitions (ggml-quants.c; gguf-py is the
 MLX packs `bits`-wide unsigned codes as a little-endian bit stream in uint32 words (checked by
 tests/mlx/test_gguf_quant_types.py against mx.quantize for 2..8 bits).
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -28,8 +29,13 @@ ROWS_PER_PASS = 2048  # bounds the temporaries of one tensor (codes widen to uin
 
 # ggml type id -> (name, bits, bytes per block, elements per block)
 EXACT_TYPES: dict[int, tuple[str, int, int, int]] = {
-    2: ("Q4_0", 4, 18, 32), 3: ("Q4_1", 4, 20, 32), 6: ("Q5_0", 5, 22, 32),
-    7: ("Q5_1", 5, 24, 32), 8: ("Q8_0", 8, 34, 32), 12: ("Q4_K", 4, 144, 256), 13: ("Q5_K", 5, 176, 256),
+    2: ("Q4_0", 4, 18, 32),
+    3: ("Q4_1", 4, 20, 32),
+    6: ("Q5_0", 5, 22, 32),
+    7: ("Q5_1", 5, 24, 32),
+    8: ("Q8_0", 8, 34, 32),
+    12: ("Q4_K", 4, 144, 256),
+    13: ("Q5_K", 5, 176, 256),
 }
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes [n, B] uint8, scales [n, B/32], biases [n, B/32]
@@ -37,7 +43,7 @@ Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # codes [n, B] uint8, scale
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
     """Column of fp16 values at byte `start` of each block -> float32 [n, 1]."""
-    return blocks[:, start:start + 2].copy().view("<f2").astype(np.float32)
+    return blocks[:, start : start + 2].copy().view("<f2").astype(np.float32)
 
 
 def _nibbles(qs: np.ndarray) -> np.ndarray:
@@ -106,7 +112,14 @@ def _nibbles_by_32(qs: np.ndarray) -> np.ndarray:
 
 
 _DECODERS: dict[int, Callable[[np.ndarray], Decoded]] = {
-    2: _q4_0, 3: _q4_1, 6: _q5_0, 7: _q5_1, 8: _q8_0, 12: _q4_k, 13: _q5_k}
+    2: _q4_0,
+    3: _q4_1,
+    6: _q5_0,
+    7: _q5_1,
+    8: _q8_0,
+    12: _q4_k,
+    13: _q5_k,
+}
 
 
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
@@ -135,12 +148,12 @@ def affine_triple(raw: np.ndarray, shape: tuple[int, ...], ggml_type: int) -> tu
     scales = np.empty((rows, cols // GROUP), np.float32)
     biases = np.empty_like(scales)
     for start in range(0, rows, ROWS_PER_PASS):
-        part = by_row[start:start + ROWS_PER_PASS]
+        part = by_row[start : start + ROWS_PER_PASS]
         n = part.shape[0]
         codes, s, b = _DECODERS[ggml_type](part.reshape(-1, block_bytes))
-        packed[start:start + n] = pack_codes(codes.reshape(n, cols), bits)
-        scales[start:start + n] = s.reshape(n, -1)
-        biases[start:start + n] = b.reshape(n, -1)
+        packed[start : start + n] = pack_codes(codes.reshape(n, cols), bits)
+        scales[start : start + n] = s.reshape(n, -1)
+        biases[start : start + n] = b.reshape(n, -1)
     return packed, scales, biases
 
 

@@ -6,6 +6,7 @@ errors as the torch backend for a corrupt file); the bytes from `gguf_blocks` (e
 triples) or from the core reader (gguf-py's dequantize, float32) - never from `mx.load`, whose
 GGUF path mis-reads Q4_K (see gguf_blocks).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -29,7 +30,7 @@ from .gguf_blocks import EXACT_TYPES, GROUP, affine_triple, dequantize_triple
 # rounding of scale * q + bias (a fused multiply-add in one, two roundings in the other): ~2**-23 of
 # the group's magnitude; 2**-20 leaves room for that and for nothing a wrong code could hide in
 # (one code step is >= 1/255 of a group's range).
-SPOT_CHECK_RTOL = 2.0 ** -20
+SPOT_CHECK_RTOL = 2.0**-20
 SPOT_ROWS = 3  # first, middle and last row of one tensor per GGML type
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16: floats in the file already
 
@@ -47,7 +48,7 @@ class GGUFArrays:
 
 def _raw(gguf_file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
     assert gguf_file.buffer is not None  # open: gguf_model read the table from it
-    return gguf_file.buffer[info.offset:info.offset + info.nbytes]
+    return gguf_file.buffer[info.offset : info.offset + info.nbytes]
 
 
 def _is_matrix_weight(name: str, info: GGUFTensorInfo) -> bool:
@@ -62,9 +63,10 @@ def read_arrays(gguf_file: GGUFFile) -> GGUFArrays:
     for name, info in infos.items():
         if info.ggml_type in EXACT_TYPES and _is_matrix_weight(name, info):
             packed, scales, biases = affine_triple(_raw(gguf_file, info), info.shape, info.ggml_type)
-            module = name[:-len(".weight")]
-            out.weights.update({name: mx.array(packed), f"{module}.scales": mx.array(scales),
-                                f"{module}.biases": mx.array(biases)})
+            module = name[: -len(".weight")]
+            out.weights.update(
+                {name: mx.array(packed), f"{module}.scales": mx.array(scales), f"{module}.biases": mx.array(biases)}
+            )
             out.quantized_bits[module] = EXACT_TYPES[info.ggml_type][1]
         else:
             out.weights[name] = mx.array(tensor_array(gguf_file, info))
@@ -91,7 +93,7 @@ def _reference_rows(gguf_file: GGUFFile, info: GGUFTensorInfo, rows: list[int]) 
 
 
 def _our_rows(out: GGUFArrays, name: str, rows: list[int]) -> np.ndarray:
-    module = name[:-len(".weight")]
+    module = name[: -len(".weight")]
     index = mx.array(rows)
     if module in out.quantized_bits:
         parts = [np.array(out.weights[f"{module}.{p}"][index]) for p in ("weight", "scales", "biases")]
@@ -113,9 +115,11 @@ def spot_check(gguf_file: GGUFFile, infos: dict[str, GGUFTensorInfo], out: GGUFA
         err = np.abs(ours - ref).reshape(len(rows), -1, GROUP)
         bound = SPOT_CHECK_RTOL * np.abs(ref).reshape(len(rows), -1, GROUP).max(-1, keepdims=True)
         if not (err <= bound).all():
-            raise ModelLoadError(f"{quote(gguf_file.path)}: {type_name(ggml_type)} tensor {name} read back off by "
-                                 f"up to {float(err.max()):.3g} from gguf's dequantization; refusing to run "
-                                 f"on wrong weights")
+            raise ModelLoadError(
+                f"{quote(gguf_file.path)}: {type_name(ggml_type)} tensor {name} read back off by "
+                f"up to {float(err.max()):.3g} from gguf's dequantization; refusing to run "
+                f"on wrong weights"
+            )
 
 
 def say_float_types(out: GGUFArrays, path: Path) -> None:
@@ -123,6 +127,9 @@ def say_float_types(out: GGUFArrays, path: Path) -> None:
     file) because no MLX affine format holds their blocks exactly."""
     if out.float_types:
         kinds = ", ".join(f"{t} ({n} tensors)" for t, n in sorted(out.float_types.items()))
-        warnings.warn(f"{path.name}: {kinds} dequantized to float with gguf (no MLX group-32 affine "
-                      f"format holds these blocks exactly); the other quantized tensors stay quantized",
-                      SpecfillWarning, stacklevel=3)
+        warnings.warn(
+            f"{path.name}: {kinds} dequantized to float with gguf (no MLX group-32 affine "
+            f"format holds these blocks exactly); the other quantized tensors stay quantized",
+            SpecfillWarning,
+            stacklevel=3,
+        )

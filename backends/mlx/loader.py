@@ -4,6 +4,7 @@ dtype=None keeps quantized layers quantized (GGUF Q4_0/Q4_1/Q8_0, mlx-lm directo
 computes in float32 on CPU, in the checkpoint's float type on the GPU; a dtype ("float32",
 "float16", "bfloat16") dequantizes every layer to it at load.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -22,8 +23,15 @@ from .model import Model
 from .ops import MLXOps
 from .weights import Checkpoint, load_checkpoint, to_dtype
 
-_DTYPES = {"float32": mx.float32, "fp32": mx.float32, "float16": mx.float16,
-           "fp16": mx.float16, "half": mx.float16, "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}
+_DTYPES = {
+    "float32": mx.float32,
+    "fp32": mx.float32,
+    "float16": mx.float16,
+    "fp16": mx.float16,
+    "half": mx.float16,
+    "bfloat16": mx.bfloat16,
+    "bf16": mx.bfloat16,
+}
 
 
 def resolve_device(device: str | mx.Device | None) -> mx.Device:
@@ -39,8 +47,7 @@ def resolve_device(device: str | mx.Device | None) -> mx.Device:
     else:
         raise ConfigError(f"unknown MLX device {device!r} (use 'cpu' or 'gpu')")
     if resolved.type == mx.DeviceType.gpu and not mx.metal.is_available():
-        raise BackendUnavailableError(f"device {device!r} requested but MLX has no Metal GPU here "
-                                      f"(use 'cpu')")
+        raise BackendUnavailableError(f"device {device!r} requested but MLX has no Metal GPU here (use 'cpu')")
     return resolved
 
 
@@ -87,9 +94,12 @@ def build_model(checkpoint: Checkpoint) -> Model:
     model = Model(checkpoint.args)
     specs = checkpoint.quantized
     if specs:
-        nn.quantize(model, class_predicate=lambda path, _: (
-            {"group_size": specs[path].group_size, "bits": specs[path].bits}
-            if path in specs else False))
+        nn.quantize(
+            model,
+            class_predicate=lambda path, _: (
+                {"group_size": specs[path].group_size, "bits": specs[path].bits} if path in specs else False
+            ),
+        )
     try:
         model.load_weights(list(checkpoint.weights.items()), strict=True)
     except ValueError as err:  # a shape or name mismatch the tensor check did not catch
@@ -108,10 +118,15 @@ def mlx_lm_model_type(path: str | Path) -> str | None:
     return model_type
 
 
-def load(path: str | Path | tuple[Any, Any], dtype: str | mx.Dtype | None = None,
-         device: str | mx.Device | None = None,
-         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE, *, group: Any = None,
-         pipeline: bool = False) -> tuple[CausalLM, Any]:
+def load(
+    path: str | Path | tuple[Any, Any],
+    dtype: str | mx.Dtype | None = None,
+    device: str | mx.Device | None = None,
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    *,
+    group: Any = None,
+    pipeline: bool = False,
+) -> tuple[CausalLM, Any]:
     """(model, tokenizer) from a GGUF file or a Hugging Face / mlx-lm directory, or a (model,
     tokenizer) pair from `mlx_lm.load`. Directories of architectures specfill has no model file
     for, and such pairs, run mlx-lm's own model with the attention adapted (adapted_loader.py).
@@ -124,10 +139,12 @@ def load(path: str | Path | tuple[Any, Any], dtype: str | mx.Dtype | None = None
         from .distributed import load_distributed  # sharded over the group by mlx-lm's own code
 
         if not isinstance(path, tuple) and Path(path).suffix == ".gguf":
-            raise ConfigError("a distributed group shards mlx-lm models: pass an mlx-lm / Hugging Face "
-                              "directory, not a GGUF file")
-        return load_distributed(path, requested_dtype, resolved_device, prefill_step_size, group=group,
-                                pipeline=pipeline)
+            raise ConfigError(
+                "a distributed group shards mlx-lm models: pass an mlx-lm / Hugging Face directory, not a GGUF file"
+            )
+        return load_distributed(
+            path, requested_dtype, resolved_device, prefill_step_size, group=group, pipeline=pipeline
+        )
     architecture = None if isinstance(path, tuple) else mlx_lm_model_type(path)
     if isinstance(path, tuple) or architecture is not None:
         from .adapted_loader import load_adapted  # another library's model: its loader is imported only then

@@ -1,6 +1,7 @@
 """The prefill methods' ops that are plain MLX calls, not hand-written kernels: memory-set choice
 and gathers (H2O), pooling and reductions (SpecPrefill scoring). `ops.MLXOps` exposes them with
 the kernels/ dispatchers under the ops protocol of core/ops.py (the stage types are core/stages.py)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,8 @@ def stage_kernels() -> Any:
     """The kernels/ package, imported by the first H2O or scoring stage: a full prefill never loads
     the kernels, their dispatch or their self-check (start-up: docs/development.md)."""
     import specfill.backends.mlx.kernels as kernels
-    return kernels
 
+    return kernels
 
 
 def accumulate_scores(scores: mx.array, memory: MemorySet, kv_colsum: mx.array) -> mx.array:
@@ -26,8 +27,15 @@ def accumulate_scores(scores: mx.array, memory: MemorySet, kv_colsum: mx.array) 
     return scores.at[rows, memory.indices].add(kv_colsum.astype(scores.dtype))
 
 
-def build_memory_set(scores: mx.array, previous: MemorySet | None, chunk_index: int,
-                     chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet:
+def build_memory_set(
+    scores: mx.array,
+    previous: MemorySet | None,
+    chunk_index: int,
+    chunk_start: int,
+    chunk_end: int,
+    local: int,
+    heavy: int,
+) -> MemorySet:
     """M_c = tail-L of C_c U top-H((M_{c-1} U C_c) minus the tail), per KV head, sorted (int32).
 
     Candidates are laid out in ascending position (M_{c-1} lies before C_c), so ranking by score
@@ -36,8 +44,7 @@ def build_memory_set(scores: mx.array, previous: MemorySet | None, chunk_index: 
     n_kv = scores.shape[0]
     local_start = max(chunk_start, chunk_end - local)
     local_idx = mx.broadcast_to(mx.arange(local_start, chunk_end, dtype=mx.int32), (n_kv, chunk_end - local_start))
-    chunk_rest = mx.broadcast_to(mx.arange(chunk_start, local_start, dtype=mx.int32),
-                                 (n_kv, local_start - chunk_start))
+    chunk_rest = mx.broadcast_to(mx.arange(chunk_start, local_start, dtype=mx.int32), (n_kv, local_start - chunk_start))
     parts = [previous.indices.astype(mx.int32), chunk_rest] if previous is not None else [chunk_rest]
     candidates = mx.concatenate(parts, axis=1)
     n_heavy = min(heavy, candidates.shape[1])
@@ -69,12 +76,12 @@ def smooth_scores(probs: mx.array, kernel: int) -> mx.array:
     # k shifted slices: exact window sums, no long cumulative sum to lose precision in
     total = padded[..., 0:n]
     for shift in range(1, kernel):
-        total = total + padded[..., shift:shift + n]
+        total = total + padded[..., shift : shift + n]
     return total / kernel
 
 
 def reduce_axis(x: mx.array, how: str, axis: int) -> mx.array:
-    """"max" or "mean" over one axis, in float32."""
+    """ "max" or "mean" over one axis, in float32."""
     if how not in REDUCTIONS:
         raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
     x = x.astype(mx.float32)

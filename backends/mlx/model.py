@@ -14,6 +14,7 @@ before RoPE (Qwen3, Gemma 3), each layer's sliding window and RoPE base (`layer_
 `local_rope`: Mistral, Gemma 3), and Gemma 3's scaled embeddings, norms after attention and
 around the MLP (`sandwich_norms`) and GELU-tanh MLP.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -48,18 +49,22 @@ def layer_boundary(h: mx.array) -> None:
         checkpoint()
 
 
-
-
-def causal_attention(queries: mx.array, keys: mx.array, values: mx.array,
-                     scale: float) -> mx.array:
+def causal_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float) -> mx.array:
     """q [1, H, T, D] against k/v [1, Hkv, S, D] (S >= T, the queries are the last T slots);
     grouped-query heads are handled by the kernel. Returns [1, H, T, D]."""
     mask = "causal" if queries.shape[2] > 1 else None
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
-def windowed_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, window: int,
-                       q_positions: np.ndarray, key_positions: np.ndarray) -> mx.array:
+def windowed_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    window: int,
+    q_positions: np.ndarray,
+    key_positions: np.ndarray,
+) -> mx.array:
     """Causal attention inside a sliding window: query t (position q_positions[t], [T], host)
     sees the cached slot s (position key_positions[s], [S], host) iff 0 <= q_pos - k_pos < window.
     Positions, not slots: speculative prefill keeps tokens at their original positions in
@@ -74,8 +79,16 @@ def windowed_attention(queries: mx.array, keys: mx.array, values: mx.array, scal
 TERMS_QUERY_BLOCK = 256  # query rows per block of `terms_attention`: its logits stay [Hq, 256, S]
 
 
-def terms_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, terms: Any,
-                    q_positions: np.ndarray, key_positions: np.ndarray, window: int | None = None) -> mx.array:
+def terms_attention(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    terms: Any,
+    q_positions: np.ndarray,
+    key_positions: np.ndarray,
+    window: int | None = None,
+) -> mx.array:
     """Attention of a layer with terms (core/stages.AttentionTerms: a logit soft-cap, per-head
     sinks), which mx.fast's kernel does not take together: q [1, Hq, T, D] against k/v
     [1, Hkv, S, D]; query t (position q_positions[t], host) sees slot s (key_positions[s]) iff
@@ -120,8 +133,7 @@ class Attention(nn.Module):
             self.q_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
             self.k_norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
 
-    def project(self, x: mx.array, rope: RoPE,
-                positions: Positions) -> tuple[mx.array, mx.array, mx.array]:
+    def project(self, x: mx.array, rope: RoPE, positions: Positions) -> tuple[mx.array, mx.array, mx.array]:
         """x [1, T, hidden] -> q [1, H, T, D], k and v [1, Hkv, T, D], RoPE applied to q, k."""
         _, steps, _ = x.shape
         q = self.q_proj(x).reshape(1, steps, self.n_heads, -1)
@@ -136,15 +148,24 @@ class Attention(nn.Module):
         _, _, steps, _ = attended.shape
         return self.o_proj(attended.swapaxes(1, 2).reshape(1, steps, -1))
 
-    def __call__(self, x: mx.array, rope: RoPE, positions: Positions, cache: LayerKVCache | None,
-                 attend: LayerAttention | None = None) -> mx.array:
+    def __call__(
+        self,
+        x: mx.array,
+        rope: RoPE,
+        positions: Positions,
+        cache: LayerKVCache | None,
+        attend: LayerAttention | None = None,
+    ) -> mx.array:
         """`attend` (H2O, the speculator's capture) replaces causal attention and applies the
         layer's window itself; without a cache the step's tokens are the whole sequence."""
         q, k, v = self.project(x, rope, positions)
         keys_at = step = None
         if self.window is not None:  # every step records its positions, whoever attends
-            step = np.arange(positions, positions + x.shape[1]) if isinstance(positions, (int, np.integer)) \
+            step = (
+                np.arange(positions, positions + x.shape[1])
+                if isinstance(positions, (int, np.integer))
                 else np.array(positions)
+            )
             keys_at = step
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
@@ -188,8 +209,14 @@ class TransformerBlock(nn.Module):
             self.pre_feedforward_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
             self.post_feedforward_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, x: mx.array, ropes: dict[bool, RoPE], positions: Positions, cache: LayerKVCache | None,
-                 attend: LayerAttention | None = None) -> mx.array:
+    def __call__(
+        self,
+        x: mx.array,
+        ropes: dict[bool, RoPE],
+        positions: Positions,
+        cache: LayerKVCache | None,
+        attend: LayerAttention | None = None,
+    ) -> mx.array:
         """ropes: the RoPE by `local_rope` (False: global, True: the sliding layers' base)."""
         out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend)
         if not self.sandwich:
@@ -211,8 +238,14 @@ class Transformer(nn.Module):
         self.rope = RoPE(args)
         self.rope_local = RoPE(args, local=True) if args.rope_local_theta is not None else self.rope
 
-    def __call__(self, ids: mx.array, positions: Positions, cache: Sequence[LayerKVCache] | None,
-                 attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
+    def __call__(
+        self,
+        ids: mx.array,
+        positions: Positions,
+        cache: Sequence[LayerKVCache] | None,
+        attend: PrefillAttention | None = None,
+        n_layers: int | None = None,
+    ) -> mx.array:
         """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator."""
         layers = self.layers if n_layers is None else self.layers[:n_layers]
         h = self.embed_tokens(ids)
@@ -240,8 +273,14 @@ class Model(nn.Module):
     def layers(self) -> list[TransformerBlock]:
         return self.model.layers
 
-    def hidden(self, ids: mx.array, positions: Positions = 0, cache: Sequence[LayerKVCache] | None = None,
-               attend: PrefillAttention | None = None, n_layers: int | None = None) -> mx.array:
+    def hidden(
+        self,
+        ids: mx.array,
+        positions: Positions = 0,
+        cache: Sequence[LayerKVCache] | None = None,
+        attend: PrefillAttention | None = None,
+        n_layers: int | None = None,
+    ) -> mx.array:
         """ids [1, T] at RoPE `positions` (first of consecutive ones, or [T]) appended to
         `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T, hidden].
         `attend` replaces causal attention; `n_layers` runs only the first blocks."""
@@ -252,8 +291,9 @@ class Model(nn.Module):
             return self.model.embed_tokens.as_linear(hidden)
         return self.lm_head(hidden)
 
-    def __call__(self, ids: mx.array, positions: Positions = 0,
-                 cache: Sequence[LayerKVCache] | None = None) -> mx.array:
+    def __call__(
+        self, ids: mx.array, positions: Positions = 0, cache: Sequence[LayerKVCache] | None = None
+    ) -> mx.array:
         """Logits [1, T, vocab] for every position."""
         return self.logits(self.hidden(ids, positions, cache))
 
@@ -273,8 +313,13 @@ class LayerView:
     n_layers: int
     args: ModelArgs
 
-    def hidden(self, ids: mx.array, positions: Positions = 0, cache: Sequence[LayerKVCache] | None = None,
-               attend: PrefillAttention | None = None) -> mx.array:
+    def hidden(
+        self,
+        ids: mx.array,
+        positions: Positions = 0,
+        cache: Sequence[LayerKVCache] | None = None,
+        attend: PrefillAttention | None = None,
+    ) -> mx.array:
         return self.model.hidden(ids, positions, cache, attend, self.n_layers)
 
     def logits(self, hidden: mx.array) -> mx.array:

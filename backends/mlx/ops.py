@@ -5,6 +5,7 @@ elsewhere, or forced by `use_kernels`); the rest is in method_ops.py, the sample
 MLX is lazy: `settle` evaluates a prefill step's cache and method state (bounding the graph),
 `schedule` starts the next decode step while the current token is handed out (mlx-lm's overlap).
 """
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,12 @@ from typing import Any, Sequence
 import mlx.core as mx
 import numpy as np
 
+import specfill.backends.mlx.method_ops as method_ops
 from specfill.core.ops import KernelStages, process_peak_memory_gb
 from specfill.core.runtime import SamplingConfig
 
-import specfill.backends.mlx.method_ops as method_ops
-from .method_ops import stage_kernels
 from .cache import LayerKVCache, ModelKVCache, make_cache
+from .method_ops import stage_kernels
 from .model import LayerView, Model, causal_attention, terms_attention, windowed_attention
 from .sampling import Sampler, make_sampler
 
@@ -86,8 +87,15 @@ class MLXOps(KernelStages):
     def tokens(self, ids: np.ndarray) -> mx.array:
         return mx.array(np.asarray(ids, dtype=np.int32))
 
-    def forward(self, model: Model | LayerView, ids: mx.array, positions: int | np.ndarray, cache: ModelKVCache,
-                attend: Any, logits_from: int | None) -> mx.array | None:
+    def forward(
+        self,
+        model: Model | LayerView,
+        ids: mx.array,
+        positions: int | np.ndarray,
+        cache: ModelKVCache,
+        attend: Any,
+        logits_from: int | None,
+    ) -> mx.array | None:
         pos = positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
         hidden = model.hidden(ids[None], pos, cache, attend)
         return None if logits_from is None else model.logits(hidden[:, logits_from:]).astype(mx.float32)[0]
@@ -107,18 +115,19 @@ class MLXOps(KernelStages):
     def first_layers(self, model: Model, n_layers: int) -> LayerView:
         return model.first_layers(n_layers)
 
-    def causal_step(self, q: mx.array, k: mx.array, v: mx.array, scale: float,
-                    window: int | None = None, terms: Any = None) -> mx.array:
+    def causal_step(
+        self, q: mx.array, k: mx.array, v: mx.array, scale: float, window: int | None = None, terms: Any = None
+    ) -> mx.array:
         if terms is not None and (terms.sinks is not None or terms.softcap is not None):
             slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions
-            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2]:], slots, window)
+            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2] :], slots, window)
         if window is None:
             return causal_attention(q, k, v, scale)
         slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions
-        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2]:], slots)
+        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2] :], slots)
 
     def last_queries(self, q: mx.array, n: int) -> mx.array:
-        return mx.contiguous(q[0, :, q.shape[2] - n:].transpose(1, 0, 2))  # a copy: no view of the step's q
+        return mx.contiguous(q[0, :, q.shape[2] - n :].transpose(1, 0, 2))  # a copy: no view of the step's q
 
     def stack(self, arrays: Sequence[mx.array]) -> mx.array:
         return mx.stack(list(arrays))

@@ -3,6 +3,7 @@
 mx.argsort promises no stability (the CPU sort happens to be stable, Metal's need not be), so
 the order is taken on a unique 64-bit key: the value's order-preserving bits, then the index.
 """
+
 from __future__ import annotations
 
 import mlx.core as mx

@@ -7,6 +7,7 @@ own batch row of length 1, so the array offset becomes a per-token position. Con
 positions take the ordinary path; both run the same kernel and give bit-identical results.
 Q/K use Hugging Face's rotate-half layout (llama.cpp's row permutation is undone at load).
 """
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -33,8 +34,7 @@ class RoPE(nn.Module):
         self._periods = mx.array(periods.astype(np.float32))
 
     def _rope(self, x: mx.array, offset: int | mx.array) -> mx.array:
-        return mx.fast.rope(x, self.dims, traditional=False, base=None, scale=1.0, offset=offset,
-                            freqs=self._periods)
+        return mx.fast.rope(x, self.dims, traditional=False, base=None, scale=1.0, offset=offset, freqs=self._periods)
 
     def __call__(self, x: mx.array, positions: Positions) -> mx.array:
         _, steps, heads, dim = x.shape

@@ -1,5 +1,6 @@
 """The MLX backend's own sampler: greedy, or temperature / top-p on the device (no host copy per
 token). Settings beyond those go through core/sampling.py's host sampler instead."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -25,4 +26,5 @@ def make_sampler(sampling: SamplingConfig) -> Sampler:
     def choose(logits: mx.array) -> mx.array:
         logits = logits[None].astype(mx.float32)
         return sampler(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+
     return choose

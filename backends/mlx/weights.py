@@ -10,6 +10,7 @@ Three sources, one result (`Checkpoint`):
 - mlx-lm directories: the same, with a `quantization` entry in config.json.
 Names, tensor checks and RoPE recovery come from the backend-neutral specfill.core.io.weights.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,10 +22,17 @@ import numpy as np
 
 from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.gguf_file import existing_path, read_gguf
-from specfill.core.models import ModelArgs
 from specfill.core.io.random_model import is_random_model
-from specfill.core.io.weights import (check_tensors, is_gguf_file, load_weights, norms_as_multipliers,
-                                      read_json_object, safetensors_files, unpermute_qk)
+from specfill.core.io.weights import (
+    check_tensors,
+    is_gguf_file,
+    load_weights,
+    norms_as_multipliers,
+    read_json_object,
+    safetensors_files,
+    unpermute_qk,
+)
+from specfill.core.models import ModelArgs
 
 from .gguf_checkpoint import read_arrays, say_float_types
 
@@ -77,8 +85,7 @@ def _mx_load(path: Path) -> dict[str, mx.array]:
         raise ModelLoadError(f"cannot read {quote(path)} (truncated or corrupt?): {err}") from None
 
 
-def _logical_shapes(weights: dict[str, mx.array],
-                    quantized: dict[str, QuantSpec]) -> dict[str, tuple[int, ...]]:
+def _logical_shapes(weights: dict[str, mx.array], quantized: dict[str, QuantSpec]) -> dict[str, tuple[int, ...]]:
     """Each weight's unquantized shape ([out, in] for a packed matrix); scales/biases left out."""
     shapes = {}
     for name, w in weights.items():
@@ -115,8 +122,7 @@ def _unpermute_llama_qk(args: ModelArgs, weights: dict[str, mx.array]) -> None:
     """llama.cpp stores llama's Q/K rows interleaved for its RoPE; restore HF's half-split rows
     on the weight (packed or not), its scales/biases and the bias."""
     for i in range(args.num_hidden_layers):
-        for proj, heads in (("q_proj", args.num_attention_heads),
-                            ("k_proj", args.num_key_value_heads)):
+        for proj, heads in (("q_proj", args.num_attention_heads), ("k_proj", args.num_key_value_heads)):
             for part in ("weight", "bias", *_QUANT_PARTS):
                 name = f"model.layers.{i}.self_attn.{proj}.{part}"
                 if name in weights:  # gather rows by the permutation of their indices
@@ -154,14 +160,18 @@ def _read_config(directory: Path) -> dict[str, Any]:
     return read_json_object(path)
 
 
-def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
-                         directory: Path) -> dict[str, QuantSpec]:
+def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array], directory: Path) -> dict[str, QuantSpec]:
     """mlx-lm's `quantization` entry: defaults plus per-layer overrides keyed by module path."""
     if "quantization_config" in config and "quantization" not in config:
-        method = config["quantization_config"].get("quant_method", "?") \
-            if isinstance(config["quantization_config"], dict) else "?"
-        raise ModelLoadError(f"{quote(directory)} is quantized with {method!r:.40}, which the MLX backend "
-                             f"does not read (convert it with mlx_lm.convert)")
+        method = (
+            config["quantization_config"].get("quant_method", "?")
+            if isinstance(config["quantization_config"], dict)
+            else "?"
+        )
+        raise ModelLoadError(
+            f"{quote(directory)} is quantized with {method!r:.40}, which the MLX backend "
+            f"does not read (convert it with mlx_lm.convert)"
+        )
     entry = config.get("quantization")
     if entry is None or entry == {}:
         return {}
@@ -174,15 +184,19 @@ def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array],
             continue
         spec = entry.get(module, entry)
         if not isinstance(spec, dict) or "bits" not in spec or "group_size" not in spec:
-            raise ModelLoadError(f"{quote(directory)}/config.json gives no bits/group_size for "
-                                 f"quantized layer {module}")
+            raise ModelLoadError(
+                f"{quote(directory)}/config.json gives no bits/group_size for quantized layer {module}"
+            )
         if spec.get("mode", "affine") != "affine":
-            raise ModelLoadError(f"{quote(directory)}: quantization mode {spec['mode']!r} is not "
-                                 f"supported (affine only)")
+            raise ModelLoadError(
+                f"{quote(directory)}: quantization mode {spec['mode']!r} is not supported (affine only)"
+            )
         group, bits = spec["group_size"], spec["bits"]
         if group not in _GROUP_SIZES or bits not in _BITS or isinstance(group, bool) or isinstance(bits, bool):
-            raise ModelLoadError(f"{quote(directory)}/config.json quantizes {module} with group_size {group!r:.20}, bits "
-                                 f"{bits!r:.20} (MLX takes group sizes {_GROUP_SIZES}, bits {_BITS})")
+            raise ModelLoadError(
+                f"{quote(directory)}/config.json quantizes {module} with group_size {group!r:.20}, bits "
+                f"{bits!r:.20} (MLX takes group sizes {_GROUP_SIZES}, bits {_BITS})"
+            )
         quantized[module] = QuantSpec(group, bits)
     return quantized
 
@@ -215,8 +229,8 @@ def to_dtype(checkpoint: Checkpoint, dtype: mx.Dtype, *, dequantize: bool) -> Ch
             scales = weights.pop(f"{module}.scales").astype(mx.float32)
             biases = weights.pop(f"{module}.biases").astype(mx.float32)
             weights[f"{module}.weight"] = mx.dequantize(
-                weights[f"{module}.weight"], scales, biases, group_size=spec.group_size,
-                bits=spec.bits).astype(dtype)
+                weights[f"{module}.weight"], scales, biases, group_size=spec.group_size, bits=spec.bits
+            ).astype(dtype)
         quantized = {}
     for name, w in weights.items():
         if mx.issubdtype(w.dtype, mx.floating) and w.dtype != dtype:

@@ -16,6 +16,7 @@ The model runtime:
 Importing this package does not import torch: the names below come from loader.py when first read
 (`load` says what is missing, as the MLX backend's does).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -9,6 +9,7 @@ speculator or draft, and the reverse): its step is transformers' `ForCausalLM.fo
 `position_ids`, the attention implementation switched to specfill's for the step only; outside a
 specfill step the model still runs as transformers' own.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,8 +22,16 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
-from .adapted_probe import (USE_TRANSFORMERS, check_layer_kinds, config_refusal, implementation, layer_index,
-                            model_configs, probe, self_check)
+from .adapted_probe import (
+    USE_TRANSFORMERS,
+    check_layer_kinds,
+    config_refusal,
+    implementation,
+    layer_index,
+    model_configs,
+    probe,
+    self_check,
+)
 from .adapter import ACTIVE, NAME, StepState, check_cacheable, layout_of, register
 from .cache import ModelKVCache
 
@@ -34,8 +43,14 @@ class AdaptedModel:
     n_layers: run only the first n decoder layers (then the final norm and head), the "self:K"
     speculator view; None: every layer."""
 
-    def __init__(self, lm: nn.Module, args: AdaptedArgs, index: dict[int, int], layer_list: tuple[nn.Module, str],
-                 n_layers: int | None = None):
+    def __init__(
+        self,
+        lm: nn.Module,
+        args: AdaptedArgs,
+        index: dict[int, int],
+        layer_list: tuple[nn.Module, str],
+        n_layers: int | None = None,
+    ):
         self.lm = lm
         self.args = args
         self.index = index
@@ -62,8 +77,14 @@ class AdaptedModel:
         elif attend is not None:
             raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache,
-                 logits_from: int | None = 0, attend: Any = None) -> torch.Tensor | None:
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: ModelKVCache,
+        logits_from: int | None = 0,
+        attend: Any = None,
+    ) -> torch.Tensor | None:
         """The contract of model.Transformer.forward (TorchOps runs either model): ids [1, T] at RoPE
         `positions` [T] appended to `cache`; `attend` replaces causal attention. Returns float32
         logits [1, T - logits_from, vocab], or None for logits_from None (transformers' head then
@@ -74,12 +95,16 @@ class AdaptedModel:
         parent, name = self.layer_list
         layers = getattr(parent, name)
         if self.n_layers is not None:
-            setattr(parent, name, nn.ModuleList(list(layers)[:self.n_layers]))
+            setattr(parent, name, nn.ModuleList(list(layers)[: self.n_layers]))
         token = ACTIVE.set(StepState(self.index, self.args.layers, positions, cache, attend))
         try:
             with implementation(self.configs, NAME):
-                out = self.lm(input_ids=ids, position_ids=positions[None], use_cache=False,
-                              logits_to_keep=keep if keep < steps else 0)
+                out = self.lm(
+                    input_ids=ids,
+                    position_ids=positions[None],
+                    use_cache=False,
+                    logits_to_keep=keep if keep < steps else 0,
+                )
         finally:
             ACTIVE.reset(token)
             setattr(parent, name, layers)
@@ -90,12 +115,17 @@ def _args(text: Any, layouts: tuple) -> AdaptedArgs:
     eos = getattr(text, "eos_token_id", None)
     rope = getattr(text, "rope_parameters", None)
     theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-    return AdaptedArgs(architecture=str(text.model_type), vocab_size=int(text.vocab_size),
-                       hidden_size=int(text.hidden_size), layers=layouts,
-                       max_position_embeddings=int(getattr(text, "max_position_embeddings", None) or 4096),
-                       rms_norm_eps=float(getattr(text, "rms_norm_eps", None) or 1e-5),
-                       rope_theta=float(theta or 10000.0), bos_token_id=getattr(text, "bos_token_id", None),
-                       eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)))
+    return AdaptedArgs(
+        architecture=str(text.model_type),
+        vocab_size=int(text.vocab_size),
+        hidden_size=int(text.hidden_size),
+        layers=layouts,
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", None) or 4096),
+        rms_norm_eps=float(getattr(text, "rms_norm_eps", None) or 1e-5),
+        rope_theta=float(theta or 10000.0),
+        bos_token_id=getattr(text, "bos_token_id", None),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
+    )
 
 
 def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
@@ -112,14 +142,20 @@ def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
     calls = probe(lm, architecture)
     index, layer_list = layer_index(lm, calls, architecture)
     if any(call[4].get("is_causal") is False for call in calls):
-        raise ModelLoadError(f"{architecture} has bidirectional attention layers (is_causal=False): specfill's "
-                             f"masks are causal; {USE_TRANSFORMERS}")
+        raise ModelLoadError(
+            f"{architecture} has bidirectional attention layers (is_causal=False): specfill's "
+            f"masks are causal; {USE_TRANSFORMERS}"
+        )
     check_cacheable(architecture, calls)
     refusal = config_refusal(text)
     eps = float(getattr(text, "rms_norm_eps", None) or 1e-6)
     layouts = tuple(layout_of(call, refusal, eps) for call in sorted(calls, key=lambda c: index[id(c[0])]))
     model = AdaptedModel(lm, _args(text, layouts), index, layer_list)
     if check:
-        self_check(model, lambda capacity: ModelKVCache.allocate(model.args, capacity, model.embed_tokens.weight.dtype,
-                                                            model.embed_tokens.weight.device))
+        self_check(
+            model,
+            lambda capacity: ModelKVCache.allocate(
+                model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
+            ),
+        )
     return model

@@ -3,13 +3,15 @@ Face cache, resolved to its snapshot directory by core/io/hub.py) of an architec
 no model file for becomes a CausalLM whose layers' attention the adapter runs (adapted.py) and
 whose everything else is transformers' own code.
 
-Routing (loader.load, which imports this module only for such a model): a directory whose config.json names a model_type of specfill's own
+Routing (loader.load, which imports this module only for such a model): a directory whose config.json names a
+model_type of specfill's own
 families (llama, mistral, qwen2, qwen3, gemma3_text) loads into specfill's model as before; any
 other model_type that the installed transformers knows loads with AutoModelForCausalLM. A GGUF
 file of another architecture than specfill's own (llama, qwen2, qwen3, gemma3) loads through
 transformers' GGUF support (`gguf_file=`: dequantized to `dtype`), its tokenizer by specfill's
 GGUF reader.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,8 +36,9 @@ def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     logging.disable_progress_bar()
     try:
         if path.is_file():
-            return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                        local_files_only=True)
+            return AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=dtype, local_files_only=True
+            )
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
     finally:
         if shown:
@@ -48,13 +51,20 @@ def _tokenizer_source(tokenizer: Any) -> Path:
 
     source = Path(tokenizer.name_or_path) if isinstance(tokenizer, PreTrainedTokenizerBase) else None
     if source is None or not source.is_dir():
-        raise ModelLoadError(f"cannot find the directory the tokenizer ({type(tokenizer).__name__}) was read from: "
-                             f"pass transformers' (model, AutoTokenizer.from_pretrained(dir)) or load the directory")
+        raise ModelLoadError(
+            f"cannot find the directory the tokenizer ({type(tokenizer).__name__}) was read from: "
+            f"pass transformers' (model, AutoTokenizer.from_pretrained(dir)) or load the directory"
+        )
     return source
 
 
-def load_pair(pair: tuple[Any, Any], dtype: torch.dtype, device: torch.device, prefill_step_size: int,
-              use_kernels: bool | None = None) -> tuple[CausalLM, Tokenizer]:
+def load_pair(
+    pair: tuple[Any, Any],
+    dtype: torch.dtype,
+    device: torch.device,
+    prefill_step_size: int,
+    use_kernels: bool | None = None,
+) -> tuple[CausalLM, Tokenizer]:
     """(CausalLM, specfill Tokenizer) from a (transformers model, its tokenizer) pair, any family
     (specfill's own five included: the adapter then runs transformers' model). The model is moved
     to `device` and `dtype` in place."""
@@ -67,12 +77,20 @@ def load_pair(pair: tuple[Any, Any], dtype: torch.dtype, device: torch.device, p
         raise ModelLoadError(f"expected a transformers model (PreTrainedModel), got {type(lm).__name__}")
     directory = _tokenizer_source(tokenizer)
     model = adapt(lm.to(device=device, dtype=dtype))
-    return CausalLM(model, TorchOps(device, dtype, use_kernels), prefill_step_size=prefill_step_size), \
-        load_tokenizer(directory)
+    return CausalLM(model, TorchOps(device, dtype, use_kernels), prefill_step_size=prefill_step_size), load_tokenizer(
+        directory
+    )
 
 
-def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, prefill_step_size: int,
-                 use_kernels: bool | None = None, *, architecture: str | None = None) -> tuple[CausalLM, Tokenizer]:
+def load_adapted(
+    path: str | Path,
+    dtype: torch.dtype,
+    device: torch.device,
+    prefill_step_size: int,
+    use_kernels: bool | None = None,
+    *,
+    architecture: str | None = None,
+) -> tuple[CausalLM, Tokenizer]:
     """(CausalLM, specfill Tokenizer) from a transformers directory or a GGUF file:
     AutoModelForCausalLM reads it in `dtype` (offline: no download here), moved to `device`, then
     adapted; the tokenizer is specfill's own reader's (tokenizer.json, or the GGUF's metadata).
@@ -84,8 +102,10 @@ def load_adapted(path: str | Path, dtype: torch.dtype, device: torch.device, pre
         lm = _from_pretrained(path, dtype)
     except Exception as err:  # transformers raises ValueError, OSError, KeyError, ...
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        raise ModelLoadError(f"{quote(path)}: unsupported architecture {architecture!r} for specfill's own models, and "
-                             f"transformers could not load it: {first}") from None
+        raise ModelLoadError(
+            f"{quote(path)}: unsupported architecture {architecture!r} for specfill's own models, and "
+            f"transformers could not load it: {first}"
+        ) from None
     model = adapt(lm.to(device))
     ops = TorchOps(device, dtype, use_kernels)
     return CausalLM(model, ops, prefill_step_size=prefill_step_size), load_tokenizer(path)

@@ -10,6 +10,7 @@
   anything the adapter does not model that shows on consecutive positions is refused at load
   instead of running silently wrong.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -25,15 +26,22 @@ from .adapter import ACTIVE, NAME, Probe
 # transformers' cache kinds -> (the layer kind a refusal names, why); softmax-attention kinds pass
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
 _RECURRENT = "it keeps a recurrent state, which specfill's KV cache does not hold"
-REFUSED_KINDS = {"conv": ("a linear-attention / state-space layer", _RECURRENT),
-                 "linear_attention": ("a linear-attention / state-space layer", _RECURRENT),
-                 "hybrid": ("attention beside a recurrent mixer (hybrid)", _RECURRENT),
-                 "hybrid_sliding": ("attention beside a recurrent mixer (hybrid)", _RECURRENT),
-                 "chunked_attention": ("chunked attention", "each query sees only its own chunk's keys, a mask "
-                                       "specfill does not build"),
-                 "dummy": ("a layer without a KV cache of its own", "it shares another layer's keys and values or "
-                           "has no attention; specfill's KV cache holds one attention per layer"),
-                 "indexed_attention": ("indexed sparse attention", "an indexer picks the keys each query sees")}
+REFUSED_KINDS = {
+    "conv": ("a linear-attention / state-space layer", _RECURRENT),
+    "linear_attention": ("a linear-attention / state-space layer", _RECURRENT),
+    "hybrid": ("attention beside a recurrent mixer (hybrid)", _RECURRENT),
+    "hybrid_sliding": ("attention beside a recurrent mixer (hybrid)", _RECURRENT),
+    "chunked_attention": (
+        "chunked attention",
+        "each query sees only its own chunk's keys, a mask specfill does not build",
+    ),
+    "dummy": (
+        "a layer without a KV cache of its own",
+        "it shares another layer's keys and values or "
+        "has no attention; specfill's KV cache holds one attention per layer",
+    ),
+    "indexed_attention": ("indexed sparse attention", "an indexer picks the keys each query sees"),
+}
 # config settings that change which keys a query sees without any argument of the interface call
 MASK_SETTINGS = {"use_bidirectional_attention": "bidirectional attention"}
 SELF_CHECK_TOLERANCE = {torch.float32: 1e-3, torch.float16: 5e-2, torch.bfloat16: 5e-2}  # x max(1, max|logit|)
@@ -67,20 +75,24 @@ def check_layer_kinds(text: Any, architecture: str) -> None:
     or whose config makes its mask one specfill does not build."""
     for setting, kind in MASK_SETTINGS.items():
         if getattr(text, setting, None):
-            raise ModelLoadError(f"{architecture} layer 0 is {kind} ({setting}): specfill's masks are causal; "
-                                 f"{USE_TRANSFORMERS}")
+            raise ModelLoadError(
+                f"{architecture} layer 0 is {kind} ({setting}): specfill's masks are causal; {USE_TRANSFORMERS}"
+            )
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     try:
         kinds, _ = get_layer_types_and_kwargs(text)
     except (ValueError, TypeError, AttributeError) as err:  # configs transformers' own cache cannot describe
-        raise ModelLoadError(f"{architecture}: transformers cannot list its layers' cache kinds "
-                             f"({str(err).splitlines()[0][:120]}); {USE_TRANSFORMERS}") from None
+        raise ModelLoadError(
+            f"{architecture}: transformers cannot list its layers' cache kinds "
+            f"({str(err).splitlines()[0][:120]}); {USE_TRANSFORMERS}"
+        ) from None
     for index, kind in enumerate(kinds):
         if kind not in ATTENTION_KINDS:
             name, why = REFUSED_KINDS.get(kind, (f"a {kind} layer", "specfill runs softmax-attention layers only"))
-            raise ModelLoadError(f"{architecture} layer {index} is {name} (transformers' cache kind {kind!r}): "
-                                 f"{why}; {USE_TRANSFORMERS}")
+            raise ModelLoadError(
+                f"{architecture} layer {index} is {name} (transformers' cache kind {kind!r}): {why}; {USE_TRANSFORMERS}"
+            )
 
 
 def probe(lm: nn.Module, architecture: str) -> list[tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]]]:
@@ -91,17 +103,25 @@ def probe(lm: nn.Module, architecture: str) -> list[tuple[nn.Module, tuple, tupl
     device = next(lm.parameters()).device
     try:
         with torch.inference_mode(), implementation(model_configs(lm), NAME):
-            lm(input_ids=torch.zeros(1, 2, dtype=torch.int64, device=device),
-               position_ids=torch.arange(2, device=device)[None], use_cache=False, logits_to_keep=1)
+            lm(
+                input_ids=torch.zeros(1, 2, dtype=torch.int64, device=device),
+                position_ids=torch.arange(2, device=device)[None],
+                use_cache=False,
+                logits_to_keep=1,
+            )
     except Exception as err:  # any failure of the library's forward under the recording attention
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:160]
-        raise ModelLoadError(f"{architecture}: transformers' forward fails with specfill's attention "
-                             f"({type(err).__name__}: {first}); {USE_TRANSFORMERS}") from None
+        raise ModelLoadError(
+            f"{architecture}: transformers' forward fails with specfill's attention "
+            f"({type(err).__name__}: {first}); {USE_TRANSFORMERS}"
+        ) from None
     finally:
         ACTIVE.reset(token)
     if not recorder.calls:
-        raise ModelLoadError(f"{architecture} ({type(lm).__name__}) does not run its attention through "
-                             f"transformers' AttentionInterface: specfill cannot take it over; {USE_TRANSFORMERS}")
+        raise ModelLoadError(
+            f"{architecture} ({type(lm).__name__}) does not run its attention through "
+            f"transformers' AttentionInterface: specfill cannot take it over; {USE_TRANSFORMERS}"
+        )
     return recorder.calls
 
 
@@ -113,8 +133,15 @@ def layer_index(lm: nn.Module, calls: list, architecture: str) -> tuple[dict[int
     """(id(attention module) -> decoder layer, (parent, attribute) of the decoder-layer ModuleList).
     Every decoder layer must call the interface exactly once, from its own attention module."""
     first = calls[0][0]
-    found = next(((parent, name) for parent in lm.modules() for name, child in parent.named_children()
-                  if isinstance(child, nn.ModuleList) and any(_contains(layer, first) for layer in child)), None)
+    found = next(
+        (
+            (parent, name)
+            for parent in lm.modules()
+            for name, child in parent.named_children()
+            if isinstance(child, nn.ModuleList) and any(_contains(layer, first) for layer in child)
+        ),
+        None,
+    )
     if found is None:
         raise ModelLoadError(f"{architecture}: no module list of decoder layers holds {type(first).__name__}")
     layers = list(getattr(*found))
@@ -122,14 +149,18 @@ def layer_index(lm: nn.Module, calls: list, architecture: str) -> tuple[dict[int
     for module, *_ in calls:
         owner = next((i for i, layer in enumerate(layers) if _contains(layer, module)), None)
         if owner is None or id(module) in index or owner in index.values():
-            raise ModelLoadError(f"{architecture}: {type(module).__name__} is called outside the decoder layers or "
-                                 f"more than once per layer; specfill's KV cache holds one attention per layer")
+            raise ModelLoadError(
+                f"{architecture}: {type(module).__name__} is called outside the decoder layers or "
+                f"more than once per layer; specfill's KV cache holds one attention per layer"
+            )
         index[id(module)] = owner
     for i, layer in enumerate(layers):
         if i not in index.values():
             kinds = ", ".join(sorted({type(c).__name__ for c in layer.children()}))
-            raise ModelLoadError(f"{architecture} layer {i} is a linear-attention / state-space layer ({kinds}): "
-                                 f"specfill's KV cache holds softmax-attention layers only; {USE_TRANSFORMERS}")
+            raise ModelLoadError(
+                f"{architecture} layer {i} is a linear-attention / state-space layer ({kinds}): "
+                f"specfill's KV cache holds softmax-attention layers only; {USE_TRANSFORMERS}"
+            )
     return index, found
 
 
@@ -158,6 +189,8 @@ def self_check(model: Any, new_cache: Any) -> None:
     err = float((got - want[3:]).abs().max())
     bound = SELF_CHECK_TOLERANCE.get(dtype, 5e-2) * max(1.0, float(want.abs().max()))
     if not err <= bound:
-        raise ModelLoadError(f"{model.args.architecture}: specfill's attention does not reproduce transformers' "
-                             f"forward on a 6-token check (max |diff| {err:.3g} > {bound:.3g}): the model does "
-                             f"something the adapter does not model; {USE_TRANSFORMERS}")
+        raise ModelLoadError(
+            f"{model.args.architecture}: specfill's attention does not reproduce transformers' "
+            f"forward on a 6-token check (max |diff| {err:.3g} > {bound:.3g}): the model does "
+            f"something the adapter does not model; {USE_TRANSFORMERS}"
+        )

@@ -18,6 +18,7 @@ methods' stages otherwise). Arguments the adapter does not model make the layer'
 layer still runs full prefill and decoding through its family's own eager attention function on
 specfill's cache, with a mask from the cached positions.
 """
+
 from __future__ import annotations
 
 import sys
@@ -39,9 +40,21 @@ from .cache import ModelKVCache
 
 NAME = "specfill"  # the attention implementation's name in transformers' AttentionInterface
 # interface arguments that change nothing the adapter does not do itself (or are bookkeeping)
-NEUTRAL_ARGUMENTS = frozenset({"dropout", "scaling", "sliding_window", "position_ids", "use_cache", "cache_position",
-                               "output_router_logits", "output_attentions", "position_embeddings", "past_key_values",
-                               "layer_idx"})
+NEUTRAL_ARGUMENTS = frozenset(
+    {
+        "dropout",
+        "scaling",
+        "sliding_window",
+        "position_ids",
+        "use_cache",
+        "cache_position",
+        "output_router_logits",
+        "output_attentions",
+        "position_embeddings",
+        "past_key_values",
+        "layer_idx",
+    }
+)
 # arguments the layer's AttentionTerms take (core/stages.py): per-head sinks [Hq], the logit soft-cap
 SINK_ARGUMENTS = ("s_aux", "sinks")
 SOFTCAP_ARGUMENT = "softcap"
@@ -71,8 +84,9 @@ class StepState:
 ACTIVE: ContextVar[StepState | Probe | None] = ContextVar("specfill_attention_step", default=None)
 
 
-def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+def specfill_attention(
+    module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-interface call: q [1, Hq, T, D], k/v [1, Hkv, T, D] of the step
     (post-RoPE) -> ([1, T, Hq, D], None). transformers' mask is not used (none is built for this
     implementation): causality and windows come from the step's positions and the cache."""
@@ -105,9 +119,16 @@ def specfill_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
     return out.transpose(1, 2).contiguous(), None  # contiguous as transformers own functions return it (views follow)
 
 
-def _own_attention(module: nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                   positions: torch.Tensor, keys_at: torch.Tensor, layout: AttentionLayout,
-                   kwargs: dict[str, Any]) -> torch.Tensor:
+def _own_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    positions: torch.Tensor,
+    keys_at: torch.Tensor,
+    layout: AttentionLayout,
+    kwargs: dict[str, Any],
+) -> torch.Tensor:
     """A refused layer's attention by its family's own `eager_attention_forward` (whatever it
     adds to the softmax included) over every cached key, with an additive mask [1, 1, T, S] from the
     positions: query t sees slot s iff 0 <= positions[t] - keys_at[s] (< window). -> [1, T, Hq, D]."""
@@ -134,14 +155,23 @@ def register() -> None:
 def _refusal(kwargs: dict[str, Any], key: tuple, value: tuple) -> tuple[str, str] | None:
     """(layer kind, reason) for interface arguments or shapes the adapter does not model."""
     if value[3] != key[3]:
-        return "multi-head latent attention", "keys and values are decompressed from a shared latent (values of " \
-            "another head dim than keys), with a RoPE part apart"
+        return (
+            "multi-head latent attention",
+            "keys and values are decompressed from a shared latent (values of "
+            "another head dim than keys), with a RoPE part apart",
+        )
     for name, refused in REFUSED_ARGUMENTS.items():
         if kwargs.get(name) is not None:
             return refused
     modelled = NEUTRAL_ARGUMENTS | set(SINK_ARGUMENTS) | {SOFTCAP_ARGUMENT}  # the terms: terms_of
-    unknown = sorted(name for name, value in kwargs.items() if name not in modelled
-                     and value is not None and value is not False and not (name == "is_causal" and value is True))
+    unknown = sorted(
+        name
+        for name, value in kwargs.items()
+        if name not in modelled
+        and value is not None
+        and value is not False
+        and not (name == "is_causal" and value is True)
+    )
     if unknown:
         return "attention of an unknown layout", f"interface arguments the adapter does not model: {', '.join(unknown)}"
     return None
@@ -157,20 +187,22 @@ def terms_of(kwargs: dict[str, Any], n_heads: int) -> tuple[AttentionTerms | Non
         return None, None
     if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (n_heads,)):
         return None, f"attention sinks of shape {tuple(getattr(sinks, 'shape', ()))}, not one per query head"
-    if softcap is not None and not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
-                                    and softcap > 0):
+    if softcap is not None and not (
+        isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap > 0
+    ):
         return None, f"a logit soft-cap of {softcap!r}, not a positive number"
     # the parameter itself, not a copy: a later load or move of the weights is what the steps read
     return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
 
 
-def layout_of(call: tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]], config_refusal: tuple[str, str] | None,
-              eps: float) -> AttentionLayout:
+def layout_of(
+    call: tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]], config_refusal: tuple[str, str] | None, eps: float
+) -> AttentionLayout:
     """One probe call (module, q/k/v shapes [1, H, 2, D], arguments) as the layer's AttentionLayout."""
     module, q, k, v, kwargs = call
     n_heads, n_kv, head_dim = q[1], k[1], q[3]
     scale = kwargs.get("scaling")
-    scale = float(head_dim ** -0.5 if scale is None else scale)
+    scale = float(head_dim**-0.5 if scale is None else scale)
     window = kwargs.get("sliding_window")
     window = int(window) if isinstance(window, int) and not isinstance(window, bool) else None
     refusal = config_refusal or _refusal(kwargs, k, v)
@@ -180,8 +212,17 @@ def layout_of(call: tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]], confi
     kind = f"{terms_kind(terms)} ({type(module).__name__})"
     if refusal is not None:
         kind, terms = f"{refusal[0]} ({type(module).__name__})", None
-    return AttentionLayout(kind, n_heads, n_kv, head_dim, scale, window=window,
-                           refusal=None if refusal is None else refusal[1], norm_eps=eps, terms=terms)
+    return AttentionLayout(
+        kind,
+        n_heads,
+        n_kv,
+        head_dim,
+        scale,
+        window=window,
+        refusal=None if refusal is None else refusal[1],
+        norm_eps=eps,
+        terms=terms,
+    )
 
 
 def check_cacheable(architecture: str, calls: list) -> None:
@@ -193,7 +234,9 @@ def check_cacheable(architecture: str, calls: list) -> None:
     for index, (module, q, k, v, _) in enumerate(calls):
         if v[3] > k[3] or (k[1], k[3]) != (first[1], first[3]):
             kind = "attention of another KV shape"
-            raise ModelLoadError(f"{architecture} layer {index} is {kind} ({type(module).__name__}: keys "
-                                 f"[{k[1]}, {k[3]}], values [{v[1]}, {v[3]}] per token): specfill's torch KV cache "
-                                 f"holds one key/value shape for every layer; every method is refused, use "
-                                 f"transformers itself")
+            raise ModelLoadError(
+                f"{architecture} layer {index} is {kind} ({type(module).__name__}: keys "
+                f"[{k[1]}, {k[3]}], values [{v[1]}, {v[3]}] per token): specfill's torch KV cache "
+                f"holds one key/value shape for every layer; every method is refused, use "
+                f"transformers itself"
+            )

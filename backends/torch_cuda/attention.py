@@ -6,6 +6,7 @@
 same arguments. Decode always uses full attention, over the layer's sliding window where it has
 one (`windowed_attention`).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,9 @@ import torch.nn.functional as F
 from .placement import on_cuda
 
 
-def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     scale: float | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
     """q [1, Hq, T, D] of a step against every cached slot keys/values [1, Hkv, S, D] (the
     step's own in the last T): query t sees slots 0..S - T + t. Returns [1, Hq, T, D]."""
     steps, end = q.shape[2], keys.shape[2]
@@ -37,8 +39,14 @@ def causal_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
 CPU_FEW_QUERIES = 8  # decode (1 query) and a speculative verify (k + 1 queries) take this path on CPU
 
 
-def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                    scale: float | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+def few_queries_cpu(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    start: int,
+    scale: float | None = None,
+    visible: torch.Tensor | None = None,
+) -> torch.Tensor:
     """A few queries q [1, Hq, T, D] (query t sees slots 0..start + t, or where `visible` [T, S]
     is True: a sliding window, each row holding at least the query's own slot) against keys/values
     [1, Hkv, S, D], as two grouped float32 matmuls. torch's CPU flash kernel parallelises over
@@ -52,7 +60,7 @@ def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     group = n_heads // n_kv
     grouped = q[0].reshape(n_kv, group * steps, dim).float()  # row g * T + t: head (kv, g), query t
     scores = torch.matmul(grouped, keys[0].float().transpose(1, 2))  # [Hkv, group * T, S]
-    scores.mul_(dim ** -0.5 if scale is None else scale)
+    scores.mul_(dim**-0.5 if scale is None else scale)
     if visible is not None:
         scores.masked_fill_(~visible.repeat(group, 1), float("-inf"))  # row g * T + t takes visible[t]
     elif steps > 1:
@@ -63,8 +71,15 @@ def few_queries_cpu(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     return out.reshape(1, n_heads, steps, dim).to(q.dtype)
 
 
-def windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None,
-                       window: int, q_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+def windowed_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float | None,
+    window: int,
+    q_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+) -> torch.Tensor:
     """Causal attention inside a sliding window: query t (position q_positions[t], [T]) sees the
     cached slot s (position key_positions[s], [S]) iff 0 <= q_pos - k_pos < window. Positions,
     not slots: speculative prefill keeps tokens at their original positions in consecutive slots.
@@ -76,12 +91,14 @@ def windowed_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     mask = (distance >= 0) & (distance < window)
     if not on_cuda(q) and q.shape[2] <= CPU_FEW_QUERIES:  # decode, verify: see few_queries_cpu
         return few_queries_cpu(q, keys, values, 0, scale, visible=mask)
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
-                                          enable_gqa=q.shape[1] != keys.shape[1])
+    return F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != keys.shape[1]
+    )
 
 
-def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       scale: float | None = None) -> torch.Tensor:
+def lower_right_causal(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
     """Causal attention of the last T of S slots (query t sees slots 0..S - T + t). On CUDA the
     lower-right causal bias runs the flash / memory-efficient kernels without a materialised
     mask; those raw kernels take equal head counts, so KV heads are expanded first."""
@@ -91,8 +108,9 @@ def lower_right_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor
     group = q.shape[1] // keys.shape[1]
     if group > 1:
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-    return F.scaled_dot_product_attention(q, keys, values,
-                                          attn_mask=causal_lower_right(q.shape[2], keys.shape[2]), scale=scale)
+    return F.scaled_dot_product_attention(
+        q, keys, values, attn_mask=causal_lower_right(q.shape[2], keys.shape[2]), scale=scale
+    )
 
 
 def _cpu_flash():
@@ -104,8 +122,9 @@ def _cpu_flash():
         return None
 
 
-def _cpu_prefix_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int,
-                            scale: float | None = None) -> torch.Tensor:
+def _cpu_prefix_then_causal(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float | None = None
+) -> torch.Tensor:
     """A query chunk after `start` cached slots, as two fused CPU flash calls merged by their
     log-sum-exp: unmasked over the prefix, causal over the chunk. A boolean mask would make the
     kernel do the full rectangle, ~1.4x the work at 2K over 4K keys."""
@@ -121,8 +140,16 @@ def _cpu_prefix_then_causal(q: torch.Tensor, keys: torch.Tensor, values: torch.T
 TERMS_QUERY_BLOCK = 256  # query rows per block of `terms_attention`: its logits stay [Hq, 256, S]
 
 
-def terms_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, terms: Any,
-                    q_positions: torch.Tensor, key_positions: torch.Tensor, window: int | None = None) -> torch.Tensor:
+def terms_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float,
+    terms: Any,
+    q_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    window: int | None = None,
+) -> torch.Tensor:
     """Attention of a layer with terms (core/stages.AttentionTerms: a logit soft-cap, per-head
     sinks), which torch's fused kernels do not take: q [1, Hq, T, D] against keys/values
     [1, Hkv, S, D]; query t (position q_positions[t]) sees slot s (key_positions[s]) iff
@@ -133,8 +160,9 @@ def terms_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, s
     n_kv = keys.shape[1]
     group = n_heads // n_kv
     keys_t, vals = keys[0].float().transpose(1, 2), values[0].float()
-    sinks = None if terms.sinks is None else \
-        terms.sinks.to(device=q.device, dtype=torch.float32).reshape(n_kv, group, 1)
+    sinks = (
+        None if terms.sinks is None else terms.sinks.to(device=q.device, dtype=torch.float32).reshape(n_kv, group, 1)
+    )
     out = torch.empty((n_kv, group, steps, dim), dtype=torch.float32, device=q.device)
     for lo in range(0, steps, TERMS_QUERY_BLOCK):
         hi = min(lo + TERMS_QUERY_BLOCK, steps)

@@ -5,6 +5,7 @@ keys). Tokens always fill slots in order: a step's `update_and_fetch` writes [of
 and returns slots [0, offset + T) (mlx-lm's interface, core/ops.py `LayerCache`). Speculative prefill stores its kept
 tokens in slots 0..K-1 with their original positions and decodes from slot K.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,8 +33,7 @@ class LayerKVCache:
         keys and values [1, Hkv, offset + T, D] (views, no copies)."""
         start, end = self.offset, self.offset + k.shape[2]
         if end > self.capacity:
-            raise PromptTooLongError(f"KV cache holds {self.capacity} tokens, "
-                                     f"writing slots {start}..{end - 1}")
+            raise PromptTooLongError(f"KV cache holds {self.capacity} tokens, writing slots {start}..{end - 1}")
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.offset = end
@@ -42,8 +42,8 @@ class LayerKVCache:
     def slot_positions(self, step_positions: torch.Tensor) -> torch.Tensor:
         """After a step's update_and_fetch: record its T positions [T] in its slots and return
         every filled slot's position [offset]."""
-        self.positions[self.offset - step_positions.shape[0]:self.offset] = step_positions
-        return self.positions[:self.offset]
+        self.positions[self.offset - step_positions.shape[0] : self.offset] = step_positions
+        return self.positions[: self.offset]
 
     def trim(self, n: int) -> int:
         """Forget the last n filled slots; returns how many were dropped."""
@@ -71,12 +71,10 @@ class ModelKVCache:
         return self.layers[0].offset
 
     @classmethod
-    def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype,
-                 device: torch.device | str) -> "ModelKVCache":
+    def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype, device: torch.device | str) -> "ModelKVCache":
         shape = (args.num_hidden_layers, 1, args.num_key_value_heads, capacity, args.head_dim)
         # Uninitialised: attention only ever reads slots below the ones just written.
-        return cls(torch.empty(shape, dtype=dtype, device=device),
-                   torch.empty(shape, dtype=dtype, device=device))
+        return cls(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
 
     @property
     def capacity(self) -> int:
@@ -131,8 +129,15 @@ class ModelKVCache:
         slots, D], positions [slots] (int64), and `metadata` in its header."""
         from safetensors.torch import save_file
 
-        save_file({"keys": self.k[:, 0, :, :slots].contiguous(), "values": self.v[:, 0, :, :slots].contiguous(),
-                   "positions": self.positions[:slots].contiguous()}, path, metadata=metadata)
+        save_file(
+            {
+                "keys": self.k[:, 0, :, :slots].contiguous(),
+                "values": self.v[:, 0, :, :slots].contiguous(),
+                "positions": self.positions[:slots].contiguous(),
+            },
+            path,
+            metadata=metadata,
+        )
 
     def load(self, path: str) -> int:
         """Fill this empty cache from a file `save` wrote; returns its slots. ValueError when the
@@ -143,10 +148,18 @@ class ModelKVCache:
         keys, values, positions = tensors["keys"], tensors["values"], tensors["positions"]
         slots = keys.shape[2]
         expected = (self.k.shape[0], self.k.shape[2], slots, self.k.shape[4])
-        if tuple(keys.shape) != expected or tuple(values.shape) != expected or keys.dtype != self.k.dtype \
-                or values.dtype != self.v.dtype or tuple(positions.shape) != (slots,) or slots > self.capacity:
-            raise ValueError(f"the file holds keys {tuple(keys.shape)} {keys.dtype}, this cache "
-                             f"{expected} {self.k.dtype} with {self.capacity} slots")
+        if (
+            tuple(keys.shape) != expected
+            or tuple(values.shape) != expected
+            or keys.dtype != self.k.dtype
+            or values.dtype != self.v.dtype
+            or tuple(positions.shape) != (slots,)
+            or slots > self.capacity
+        ):
+            raise ValueError(
+                f"the file holds keys {tuple(keys.shape)} {keys.dtype}, this cache "
+                f"{expected} {self.k.dtype} with {self.capacity} slots"
+            )
         self.k[:, 0, :, :slots] = keys
         self.v[:, 0, :, :slots] = values
         self.positions[:slots] = positions

@@ -3,25 +3,26 @@
 Inputs become torch tensors of the dtype under test on the adapter's device; softmax statistics
 and scores stay float32 (float64 at float64).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
-import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from .cache import ModelKVCache
 from .kernels import kernel_unavailable_reason
 from .ops import TorchOps
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
-          "bfloat16": torch.bfloat16}
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,
-                 device: str | torch.device | None = None) -> OpsAdapter:
+def make_adapter(
+    dtype: str = "float32", use_kernels: bool | None = None, device: str | torch.device | None = None
+) -> OpsAdapter:
     """The torch backend's stages at `dtype` on `device` (default: CUDA when available, else CPU).
 
     use_kernels True forces the Triton kernels (CUDA, or CPU under TRITON_INTERPRET=1), False
@@ -29,8 +30,9 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,
     """
     if dtype not in DTYPES:
         raise BackendUnavailableError(f"the torch backend computes in {', '.join(DTYPES)}, not {dtype}")
-    resolved = torch.device(device) if device is not None else \
-        torch.device("cuda" if placement.RUNTIME.available() else "cpu")
+    resolved = (
+        torch.device(device) if device is not None else torch.device("cuda" if placement.RUNTIME.available() else "cpu")
+    )
     if resolved.type == "cuda" and not placement.RUNTIME.available():
         raise BackendUnavailableError(f"device {resolved} requested but torch {torch.__version__} sees no CUDA GPU")
     if use_kernels:
@@ -44,10 +46,16 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None,
 
     def cache(n_layers: int, n_kv_heads: int, head_dim: int, capacity: int) -> ModelKVCache:
         shape = (n_layers, 1, n_kv_heads, capacity, head_dim)
-        return ModelKVCache(torch.empty(shape, dtype=DTYPES[dtype], device=resolved),
-                            torch.empty(shape, dtype=DTYPES[dtype], device=resolved))
+        return ModelKVCache(
+            torch.empty(shape, dtype=DTYPES[dtype], device=resolved),
+            torch.empty(shape, dtype=DTYPES[dtype], device=resolved),
+        )
 
     ops = TorchOps(resolved, DTYPES[dtype], use_kernels)
-    convert = Convert(native=lambda x: tensor(x, DTYPES[dtype]), stats=lambda x: tensor(x, stats),
-                      index=lambda x: tensor(x, torch.int64), numpy=ops.to_numpy)
+    convert = Convert(
+        native=lambda x: tensor(x, DTYPES[dtype]),
+        stats=lambda x: tensor(x, stats),
+        index=lambda x: tensor(x, torch.int64),
+        numpy=ops.to_numpy,
+    )
     return OpsAdapter("cuda", dtype, ops, convert, cache)

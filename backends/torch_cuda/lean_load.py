@@ -9,6 +9,7 @@ memory is then the loaded weights (on CPU) plus one block. Q/K/V are written int
 matrix directly; llama's Q/K row permutation is undone in place per tensor.
 Names, shapes and checks are core.io.weights' (gguf_model: one list of what a model holds).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,9 +20,10 @@ import torch
 
 from specfill.core.errors import ModelLoadError
 from specfill.core.io.gguf_file import GGUFTensorInfo, bf16_to_float32, read_gguf, type_name
-from specfill.core.models import ModelArgs
 from specfill.core.io.weights import gguf_model, gguf_qk_heads, unpermute_qk
 from specfill.core.io.weights import is_gguf_file as shared_is_gguf_file
+from specfill.core.models import ModelArgs
+
 from .weights import module_name
 
 BLOCK_ELEMENTS = 1 << 23  # floats dequantized at once: 32 MB of float32
@@ -50,8 +52,9 @@ def _decode(raw: np.ndarray, ggml_type: int, name: str) -> np.ndarray:
     try:
         return quants.dequantize(raw, GGMLQuantizationType(ggml_type))
     except NotImplementedError:
-        raise ModelLoadError(f"tensor {name!r} uses quantization type {kind}, which specfill cannot "
-                             "dequantize") from None
+        raise ModelLoadError(
+            f"tensor {name!r} uses quantization type {kind}, which specfill cannot dequantize"
+        ) from None
 
 
 def read_tensor_into(fd: int, info: GGUFTensorInfo, name: str, out: torch.Tensor, source: Path) -> None:
@@ -72,8 +75,9 @@ def read_tensor_into(fd: int, info: GGUFTensorInfo, name: str, out: torch.Tensor
         flat[start:stop].copy_(torch.from_numpy(block))  # casts while copying: no temporary
 
 
-def _targets(args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dtype,
-             device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def _targets(
+    args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dtype, device: torch.device
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """(state dict of empty tensors in the Transformer's names, {HF name: the view it fills}).
 
     q/k/v weights and biases are row slices of one fused qkv_proj tensor; tied embeddings share."""
@@ -85,7 +89,7 @@ def _targets(args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dty
         state[key] = torch.empty((sum(s[0] for s in shapes), *shapes[0][1:]), dtype=dtype, device=device)
         start = 0
         for name, shape in zip(names, shapes):
-            views[name] = state[key][start:start + shape[0]]
+            views[name] = state[key][start : start + shape[0]]
             start += shape[0]
 
     for name in infos:
@@ -104,8 +108,9 @@ def _targets(args: ModelArgs, infos: dict[str, GGUFTensorInfo], dtype: torch.dty
     return state, views
 
 
-def load_gguf_state(path: str | os.PathLike[str], dtype: torch.dtype,
-                    device: torch.device) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
+def load_gguf_state(
+    path: str | os.PathLike[str], dtype: torch.dtype, device: torch.device
+) -> tuple[ModelArgs, dict[str, torch.Tensor]]:
     """(ModelArgs, the Transformer's state dict in `dtype` on `device`) from a GGUF file, one
     tensor at a time; the same names, layout and checks as core.io.weights.load_weights."""
     path = Path(path)

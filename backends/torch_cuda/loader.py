@@ -4,6 +4,7 @@ A GGUF file or Hugging Face directory of one of specfill's own families loads in
 (model.py, weights.py; GGUF tensor by tensor through lean_load.py); any other architecture the
 installed transformers knows, and a (transformers model, tokenizer) pair, through adapted_loader.py.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -13,6 +14,7 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.io.gguf_file import read_gguf
@@ -21,14 +23,19 @@ from specfill.core.io.weights import load_weights
 from specfill.core.model_config import foreign_gguf_architecture, foreign_model_type
 from specfill.core.models import ModelArgs
 
-import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from .lean_load import is_gguf_file, load_gguf_state
 from .ops import TorchOps
 from .weights import build_transformer, transformer_from_state
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
-           "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 def cuda_available() -> bool:
@@ -42,11 +49,11 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     try:
         resolved = torch.device(device)
     except (RuntimeError, TypeError):
-        raise ConfigError(f"unknown torch device {device!r} "
-                          f"(use 'cpu', 'cuda' or 'cuda:N')") from None
+        raise ConfigError(f"unknown torch device {device!r} (use 'cpu', 'cuda' or 'cuda:N')") from None
     if resolved.type == "cuda" and not placement.RUNTIME.available():
-        raise BackendUnavailableError(f"device {device!r} requested but this torch "
-                                      f"({torch.__version__}) sees no CUDA GPU")
+        raise BackendUnavailableError(
+            f"device {device!r} requested but this torch ({torch.__version__}) sees no CUDA GPU"
+        )
     if resolved.type not in ("cpu", "cuda"):
         raise ConfigError(f"unsupported torch device {device!r} (use 'cpu' or 'cuda')")
     return resolved
@@ -96,21 +103,32 @@ def transformers_gguf_architecture(path: str | Path) -> str | None:
         return None
 
 
-def from_weights(args: ModelArgs, weights: Mapping[str, np.ndarray], *, dtype: torch.dtype,
-                 device: torch.device | str, prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
-                 use_kernels: bool | None = None) -> CausalLM:
+def from_weights(
+    args: ModelArgs,
+    weights: Mapping[str, np.ndarray],
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    use_kernels: bool | None = None,
+) -> CausalLM:
     """A CausalLM on this backend from Hugging Face-named weights. use_kernels picks the H2O /
     scoring stages: None = Triton on CUDA and the torch twins elsewhere; True / False force one."""
     return _causal_lm(build_transformer(args, weights, dtype, device), dtype, prefill_step_size, use_kernels)
 
 
 def _causal_lm(model, dtype: torch.dtype, prefill_step_size: int, use_kernels: bool | None = None) -> CausalLM:
-    return CausalLM(model, TorchOps(model.embed_tokens.weight.device, dtype, use_kernels), prefill_step_size=prefill_step_size)
+    return CausalLM(
+        model, TorchOps(model.embed_tokens.weight.device, dtype, use_kernels), prefill_step_size=prefill_step_size
+    )
 
 
-def load(path: str | Path | tuple[Any, Any], dtype: str | torch.dtype | None = None,
-         device: str | torch.device | None = None,
-         prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE) -> tuple[CausalLM, Tokenizer]:
+def load(
+    path: str | Path | tuple[Any, Any],
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+) -> tuple[CausalLM, Tokenizer]:
     """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
     safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError. A directory
     of an architecture specfill has no model file for runs transformers' own model with the
@@ -139,7 +157,8 @@ def load(path: str | Path | tuple[Any, Any], dtype: str | torch.dtype | None = N
         del state
     else:
         args, weights = load_weights(path)
-        model = from_weights(args, weights, dtype=resolved_dtype, device=resolved_device,
-                             prefill_step_size=prefill_step_size)
+        model = from_weights(
+            args, weights, dtype=resolved_dtype, device=resolved_device, prefill_step_size=prefill_step_size
+        )
         del weights
     return model, load_tokenizer(path)

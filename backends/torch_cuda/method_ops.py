@@ -2,6 +2,7 @@
 choice and gathers (H2O), pooling and reductions (SpecPrefill scoring), and the methods' plain
 causal attention [Hq, N, D]. `ops.TorchOps` exposes them with the kernels/ dispatchers under the
 ops protocol of core/ops.py (the stage types are core/stages.py)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -18,6 +19,7 @@ def stage_kernels() -> Any:
     """The kernels/ package, imported by the first H2O or scoring stage: a full prefill never loads
     the kernels, their dispatch or their self-check (start-up: docs/development.md)."""
     import specfill.backends.torch_cuda.kernels as kernels
+
     return kernels
 
 
@@ -26,8 +28,15 @@ def accumulate_scores(scores: torch.Tensor, memory: MemorySet, kv_colsum: torch.
     return scores.scatter_add(1, memory.indices, kv_colsum.to(scores.dtype))
 
 
-def build_memory_set(scores: torch.Tensor, previous: MemorySet | None, chunk_index: int, chunk_start: int,
-                     chunk_end: int, local: int, heavy: int) -> MemorySet:
+def build_memory_set(
+    scores: torch.Tensor,
+    previous: MemorySet | None,
+    chunk_index: int,
+    chunk_start: int,
+    chunk_end: int,
+    local: int,
+    heavy: int,
+) -> MemorySet:
     """M_c = Local_c U top-H((M_{c-1} U C_c) minus Local_c) per KV head: [Hkv, L + H] ascending.
 
     Heavy hitters rank by score, ties to the lower position: the candidates are laid out in
@@ -53,8 +62,9 @@ def gather_memory(k: torch.Tensor, v: torch.Tensor, memory: MemorySet) -> tuple[
     return k.gather(1, index), v.gather(1, index)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                     use_kernels: bool | None = None) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, use_kernels: bool | None = None
+) -> torch.Tensor:
     """Plain causal attention [Hq, N, D]: torch SDPA (its fused kernels on CUDA), or the intra
     kernel with one chunk when kernels are forced."""
     kernels = stage_kernels()
@@ -83,7 +93,7 @@ def smooth_scores(probs: torch.Tensor, kernel: int) -> torch.Tensor:
 
 
 def reduce_axis(x: torch.Tensor, how: str, axis: int) -> torch.Tensor:
-    """"max" or "mean" over one axis, in float32 or wider."""
+    """ "max" or "mean" over one axis, in float32 or wider."""
     if how not in REDUCTIONS:
         raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
     x = _float(x)

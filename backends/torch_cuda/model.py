@@ -10,6 +10,7 @@ Module names follow Hugging Face, as the MLX model's do (`self_attn.o_proj`, `ml
 `input_layernorm`, `embed_tokens`, `lm_head`, ...), with one difference: q/k/v are fused into one
 matmul, `qkv_proj` (Phi-3's name for it), one weight read and one GEMM launch instead of three.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -25,9 +26,8 @@ from specfill.core.models import ModelArgs
 from specfill.core.ops import PrefillAttention, checkpoint
 
 from .attention import causal_attention, windowed_attention
-from .cache import ModelKVCache, LayerKVCache
+from .cache import LayerKVCache, ModelKVCache
 from .rope import RotaryEmbedding, apply_rope
-
 
 # Few-row products on the CPU: Linear reads the weight once, at GEMV speed, in a verify step.
 # `nn.Linear` computes x @ W^T. On the CPU (torch 2.13, AVX2 fp32, 2 threads, AMD EPYC) that GEMM
@@ -91,8 +91,11 @@ class Attention(nn.Module):
         self.layer = layer
         self.window = args.layer_window(layer)
         self.scale = args.attention_scale
-        self.n_heads, self.n_kv_heads, self.head_dim = (args.num_attention_heads,
-                                                        args.num_key_value_heads, args.head_dim)
+        self.n_heads, self.n_kv_heads, self.head_dim = (
+            args.num_attention_heads,
+            args.num_key_value_heads,
+            args.head_dim,
+        )
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
         self.split_sizes = (q_size, kv_size, kv_size)
         biased = args.biased_projections  # q, k, v carry biases together, o only in some families
@@ -102,8 +105,14 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps) if args.qk_norm else None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], positions: torch.Tensor,
-                cache: LayerKVCache, attend: PrefillAttention | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        positions: torch.Tensor,
+        cache: LayerKVCache,
+        attend: PrefillAttention | None,
+    ) -> torch.Tensor:
         """x [1, T, hidden] at positions [T] -> [1, T, hidden]; `attend` (H2O, the speculator's
         capture) replaces causal attention and applies the layer's window itself."""
         _, steps, _ = x.shape
@@ -163,8 +172,14 @@ class TransformerBlock(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
             self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, ropes: dict[bool, tuple[torch.Tensor, torch.Tensor]], positions: torch.Tensor,
-                cache: LayerKVCache, attend: PrefillAttention | None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        ropes: dict[bool, tuple[torch.Tensor, torch.Tensor]],
+        positions: torch.Tensor,
+        cache: LayerKVCache,
+        attend: PrefillAttention | None,
+    ) -> torch.Tensor:
         """ropes: the (cos, sin) tables by `local_rope` (False: global, True: sliding layers' base)."""
         out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend)
         if not self.sandwich:
@@ -180,8 +195,9 @@ class Transformer(nn.Module):
         self.args = args
         # an empty weight skips nn.Embedding's normal_ init: on the meta device (weights.py) that
         # init alone imports torch._dynamo, seconds of start-up for weights that are replaced anyway
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size,
-                                         _weight=torch.empty(args.vocab_size, args.hidden_size))
+        self.embed_tokens = nn.Embedding(
+            args.vocab_size, args.hidden_size, _weight=torch.empty(args.vocab_size, args.hidden_size)
+        )
         self.layers = nn.ModuleList(TransformerBlock(args, i) for i in range(args.num_hidden_layers))
         self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.lm_head = Linear(args.hidden_size, args.vocab_size, bias=False)
@@ -203,8 +219,14 @@ class Transformer(nn.Module):
         view.layers = nn.ModuleList(self.layers[:n])
         return view.eval()
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache, logits_from: int | None = 0,
-                attend: PrefillAttention | None = None) -> torch.Tensor | None:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: ModelKVCache,
+        logits_from: int | None = 0,
+        attend: PrefillAttention | None = None,
+    ) -> torch.Tensor | None:
         """ids [1, T] at RoPE `positions` [T], stored in the cache's next T slots; `attend`
         replaces causal attention (H2O, the speculator's query capture).
 

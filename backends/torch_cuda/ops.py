@@ -4,6 +4,7 @@ The hot stages go through the kernels/ dispatchers (Triton on CUDA, torch twins 
 forced by `use_kernels`); the rest is in method_ops.py, the sampler in sampling.py. Softmax
 statistics and scores are float32 (float64 for float64 inputs).
 """
+
 from __future__ import annotations
 
 import time
@@ -13,16 +14,16 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+import specfill.backends.torch_cuda.method_ops as method_ops
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from specfill.core.ops import KernelStages, process_peak_memory_gb
 from specfill.core.runtime import SamplingConfig
 
-import specfill.backends.torch_cuda.method_ops as method_ops
-import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
-from .method_ops import stage_kernels
-from .attention import causal_attention as causal_step, terms_attention, windowed_attention
+from .attention import causal_attention as causal_step
+from .attention import terms_attention, windowed_attention
 from .cache import ModelKVCache
-from .model import few_row_products
-from .model import Transformer
+from .method_ops import stage_kernels
+from .model import Transformer, few_row_products
 from .sampling import make_generator, sample
 
 
@@ -61,9 +62,15 @@ class TorchOps(KernelStages):
         return stage_kernels().units_scope(like.device)  # many small ops on CPU: one thread team per stage
 
     # SpecPrefill scoring
-    def attention_scores(self, queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                         window: int | None = None, terms: Any = None,
-                         query_start: int | None = None) -> torch.Tensor:
+    def attention_scores(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        terms: Any = None,
+        query_start: int | None = None,
+    ) -> torch.Tensor:
         """KernelStages' after the shapes are checked."""
         stage_kernels().check_scoring_shapes(queries, keys)
         return super().attention_scores(queries, keys, scale, window, terms, query_start)
@@ -93,8 +100,15 @@ class TorchOps(KernelStages):
     def tokens(self, ids: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
 
-    def forward(self, model: Transformer, ids: torch.Tensor, positions: int | np.ndarray, cache: ModelKVCache,
-                attend: Any, logits_from: int | None) -> torch.Tensor | None:
+    def forward(
+        self,
+        model: Transformer,
+        ids: torch.Tensor,
+        positions: int | np.ndarray,
+        cache: ModelKVCache,
+        attend: Any,
+        logits_from: int | None,
+    ) -> torch.Tensor | None:
         if isinstance(positions, int):
             pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
         else:
@@ -114,23 +128,32 @@ class TorchOps(KernelStages):
         return time.perf_counter()
 
     def new_cache(self, model: Transformer, capacity: int) -> ModelKVCache:
-        return ModelKVCache.allocate(model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device)
+        return ModelKVCache.allocate(
+            model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
+        )
 
     def first_layers(self, model: Transformer, n_layers: int) -> Transformer:
         return model.first_layers(n_layers)
 
-    def causal_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    window: int | None = None, terms: Any = None) -> torch.Tensor:
+    def causal_step(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        terms: Any = None,
+    ) -> torch.Tensor:
         if terms is not None and (terms.sinks is not None or terms.softcap is not None):
             slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions
-            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2]:], slots, window)
+            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2] :], slots, window)
         if window is None:
             return causal_step(q, k, v, scale)
         slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions
-        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2]:], slots)
+        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2] :], slots)
 
     def last_queries(self, q: torch.Tensor, n: int) -> torch.Tensor:
-        return q[0, :, q.shape[2] - n:].transpose(0, 1).clone(memory_format=torch.contiguous_format)  # a copy
+        return q[0, :, q.shape[2] - n :].transpose(0, 1).clone(memory_format=torch.contiguous_format)  # a copy
 
     def stack(self, arrays: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(list(arrays))

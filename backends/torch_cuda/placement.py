@@ -9,6 +9,7 @@ the runtime questions from `runtime` (tests/torch_cuda/test_cuda_paths.py). Only
 launch itself and torch's own CUDA kernels stay out of reach; scripts/aot_matrix.py compiles
 the launches' kernels for real GPU targets instead.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ import torch
 
 class GpuProperties(NamedTuple):
     """What doctor reports of a GPU: name, total memory (bytes), compute capability."""
+
     name: str
     total_memory: int
     capability: tuple[int, int]

@@ -4,6 +4,7 @@ Positions are a tensor, never an offset: speculative prefill feeds kept tokens a
 non-contiguous positions (e.g. [0, 1, 3, 6, 7]) and then decodes at the next prompt position.
 Q/K use Hugging Face's rotate-half layout (the shared loader un-permutes llama.cpp's rows).
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 from specfill.core.models import ModelArgs
 from specfill.core.rope import rope_inv_freq
+
 
 class RotaryEmbedding(nn.Module):
     """Maps position ids [T] to (cos, sin) tables [T, head_dim] in the activation dtype.
@@ -21,8 +23,7 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.register_buffer("inv_freq", torch.from_numpy(rope_inv_freq(args, local)), persistent=False)
 
-    def forward(self, positions: torch.Tensor,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         # Angles in float32 whatever the model dtype: bf16 positions above 256 would round.
         angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((angles, angles), dim=-1)

@@ -1,5 +1,6 @@
 """The torch backend's own sampler: greedy, or temperature / top-p on the device (no host copy per
 token). Settings beyond those go through core/sampling.py's host sampler instead."""
+
 from __future__ import annotations
 
 import torch

@@ -6,6 +6,7 @@ Transformer's modules carry the same names, so this file only drops the "model."
 q/k/v into `qkv_proj`. GGUF files take the lean path instead (lean_load.py: tensor by tensor into
 the target dtype and device), which ends in the same `transformer_from_state`.
 """
+
 from __future__ import annotations
 
 from typing import Mapping
@@ -13,15 +14,16 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from specfill.core.models import ModelArgs
 from specfill.core.io.weights import check_tensors
+from specfill.core.models import ModelArgs
 
 from .model import Transformer
 from .rope import RotaryEmbedding
 
 
-def _state_dict(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch.dtype,
-                device: torch.device) -> dict[str, torch.Tensor]:
+def _state_dict(
+    args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch.dtype, device: torch.device
+) -> dict[str, torch.Tensor]:
     def get(name: str) -> torch.Tensor:
         array = weights[name]
         array = array if array.flags.writeable else array.copy()
@@ -52,8 +54,9 @@ def module_name(hf_name: str) -> str | None:
     return hf_name.removeprefix("model.")
 
 
-def build_transformer(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch.dtype,
-                      device: torch.device | str) -> Transformer:
+def build_transformer(
+    args: ModelArgs, weights: Mapping[str, np.ndarray], dtype: torch.dtype, device: torch.device | str
+) -> Transformer:
     """The model with `weights` (HF names, rotate-half Q/K) in `dtype` on `device`, eval mode,
     no gradients. Missing, unexpected or misshapen tensors raise ModelLoadError."""
     device = torch.device(device)
@@ -61,8 +64,9 @@ def build_transformer(args: ModelArgs, weights: Mapping[str, np.ndarray], dtype:
     return transformer_from_state(args, _state_dict(args, weights, dtype, device), device)
 
 
-def transformer_from_state(args: ModelArgs, state: Mapping[str, torch.Tensor],
-                           device: torch.device | str) -> Transformer:
+def transformer_from_state(
+    args: ModelArgs, state: Mapping[str, torch.Tensor], device: torch.device | str
+) -> Transformer:
     """The model holding `state` (the Transformer's names, e.g. from lean_load) without a copy,
     eval mode, no gradients."""
     device = torch.device(device)

@@ -3,6 +3,7 @@
 Templates ship inside model files, so they run in jinja2's ImmutableSandboxedEnvironment: no
 attribute access to Python internals, no mutation of the messages passed in.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,11 +22,15 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     # jinja's own tojson escapes HTML characters; templates expect plain JSON
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 MAX_REPEAT = 1_000_000  # characters or items one `*` may build; the exponent of `**` is bounded too
@@ -45,8 +50,7 @@ def _bounded_environment() -> type:
                 raise SecurityError(f"exponent {right} is too large")
             if operator == "*":
                 sized, count = (left, right) if isinstance(right, int) else (right, left)
-                if isinstance(sized, (str, list, tuple)) and isinstance(count, int) \
-                        and len(sized) * count > MAX_REPEAT:
+                if isinstance(sized, (str, list, tuple)) and isinstance(count, int) and len(sized) * count > MAX_REPEAT:
                     raise SecurityError(f"repetition to {len(sized) * count} items is too large")
             return super().call_binop(context, operator, left, right)
 
@@ -67,15 +71,21 @@ def compile_template(source: str) -> Any:
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as err:
-        raise ChatTemplateError(f"the model's chat template is invalid Jinja (line {err.lineno}: "
-                                f"{err.message})") from None
+        raise ChatTemplateError(
+            f"the model's chat template is invalid Jinja (line {err.lineno}: {err.message})"
+        ) from None
     except RecursionError:
         raise ChatTemplateError("the model's chat template is nested too deeply") from None
 
 
-def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
-                         add_generation_prompt: bool, special_tokens: Mapping[str, str | None],
-                         **extra: Any) -> str:
+def render_chat_template(
+    source: str,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    special_tokens: Mapping[str, str | None],
+    **extra: Any,
+) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}, ...])."""
     import jinja2
 
@@ -84,11 +94,22 @@ def render_chat_template(source: str, messages: Sequence[Mapping[str, Any]], *,
             raise ChatTemplateError(f"message {i} is not a mapping with a 'role' key: {message!r}")
     template = compile_template(source)
     try:
-        return template.render(messages=[dict(m) for m in messages],
-                               add_generation_prompt=add_generation_prompt,
-                               **dict(special_tokens), **extra)
+        return template.render(
+            messages=[dict(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            **dict(special_tokens),
+            **extra,
+        )
     except jinja2.exceptions.SecurityError as err:
         raise ChatTemplateError(f"chat template tried an unsafe operation: {err}") from None
-    except (jinja2.TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError,
-            RecursionError) as err:
+    except (
+        jinja2.TemplateError,
+        TypeError,
+        ValueError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        ArithmeticError,
+        RecursionError,
+    ) as err:
         raise ChatTemplateError(f"chat template failed to render: {type(err).__name__}: {err}"[:300]) from None

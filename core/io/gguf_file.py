@@ -6,6 +6,7 @@ it, so a truncated, corrupt or hostile file gives one clear ModelLoadError in ti
 file (each count is bounded by the bytes left before it is looped over; arrays do not nest, as
 in llama.cpp). The tensor table is checked by gguf_tensors; dequantization uses gguf.quants.
 """
+
 from __future__ import annotations
 
 import mmap
@@ -21,18 +22,39 @@ import numpy as np
 from ..errors import ModelLoadError, quote
 from .gguf_tensors import MAX_TENSORS, GGUFTensorInfo, read_entry, tensor_table
 
-__all__ = ["DEFAULT_ALIGNMENT", "FLOAT64", "GGUF_MAGIC", "GGUFFile", "GGUFTensorInfo", "bf16_to_float32",
-           "existing_path", "read_gguf", "regular_file", "tensor_array", "type_name"]
+__all__ = [
+    "DEFAULT_ALIGNMENT",
+    "FLOAT64",
+    "GGUF_MAGIC",
+    "GGUFFile",
+    "GGUFTensorInfo",
+    "bf16_to_float32",
+    "existing_path",
+    "read_gguf",
+    "regular_file",
+    "tensor_array",
+    "type_name",
+]
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 _HEADER = struct.Struct("<4sIQQ")  # magic, version, tensor count, metadata key count
 
 # GGUF metadata value types (gguf spec): scalar struct codes; 8 = string, 9 = array.
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
-          10: "<u8", 11: "<i8", 12: "<f8"}
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "<u1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 _STRING, _ARRAY = 8, 9
 FLOAT64 = 12
 _U64 = struct.Struct("<Q")
@@ -101,8 +123,10 @@ class _Cursor:
     def take(self, n: int) -> int:
         start = self.pos
         if start + n > self.size:
-            raise ModelLoadError(f"truncated or corrupt GGUF file {quote(self.path)} "
-                                 f"(header needs byte {start + n}, file has {self.size})")
+            raise ModelLoadError(
+                f"truncated or corrupt GGUF file {quote(self.path)} "
+                f"(header needs byte {start + n}, file has {self.size})"
+            )
         self.pos += n
         return start
 
@@ -112,7 +136,7 @@ class _Cursor:
     def string(self) -> str:
         n = self.scalar("<Q")
         start = self.take(n)
-        return self.buf[start:start + n].decode("utf-8", errors="replace")
+        return self.buf[start : start + n].decode("utf-8", errors="replace")
 
     def value(self, vtype: int, key: str) -> Any:
         self.types.add(vtype)
@@ -134,11 +158,15 @@ class _Cursor:
             values = np.frombuffer(self.buf, _NUMPY[etype], count, start)
             return values.astype(bool).tolist() if etype == 7 else values.tolist()
         if etype != _STRING:
-            raise self.fail(f"metadata key {key!r} is an array of type {etype} (arrays hold numbers or "
-                            f"strings; nested arrays are not supported, as in llama.cpp)")
+            raise self.fail(
+                f"metadata key {key!r} is an array of type {etype} (arrays hold numbers or "
+                f"strings; nested arrays are not supported, as in llama.cpp)"
+            )
         if count > (self.size - self.pos) // 8:  # every string takes 8 bytes or more
-            raise ModelLoadError(f"truncated or corrupt GGUF file {quote(self.path)}: metadata key {key!r} claims "
-                                 f"{count} strings, more than the {self.size - self.pos} bytes left hold")
+            raise ModelLoadError(
+                f"truncated or corrupt GGUF file {quote(self.path)}: metadata key {key!r} claims "
+                f"{count} strings, more than the {self.size - self.pos} bytes left hold"
+            )
         return self.strings(count)
 
     def strings(self, count: int) -> list[str]:
@@ -151,7 +179,7 @@ class _Cursor:
             pos += 8
             if pos + n > size:
                 break
-            out.append(buf[pos:pos + n].decode("utf-8", errors="replace"))
+            out.append(buf[pos : pos + n].decode("utf-8", errors="replace"))
             pos += n
         self.pos = pos
         if len(out) < count:
@@ -179,9 +207,11 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFFile:
         raise ModelLoadError(f"unsupported GGUF version {version} in {quote(path)}{hint}")
     # a key/value takes 13+ bytes (key length, type, a value byte), a tensor entry 32+
     if n_kv * 13 + n_tensors * 32 > cur.size or n_kv > MAX_KEYS or n_tensors > MAX_TENSORS:
-        raise ModelLoadError(f"truncated or corrupt GGUF file {quote(path)}: header claims {n_tensors} tensors and "
-                             f"{n_kv} metadata keys (at most {MAX_TENSORS} and {MAX_KEYS}, and no more than "
-                             f"{cur.size} bytes hold)")
+        raise ModelLoadError(
+            f"truncated or corrupt GGUF file {quote(path)}: header claims {n_tensors} tensors and "
+            f"{n_kv} metadata keys (at most {MAX_TENSORS} and {MAX_KEYS}, and no more than "
+            f"{cur.size} bytes hold)"
+        )
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
@@ -189,8 +219,7 @@ def _parse(buf: mmap.mmap, path: Path) -> GGUFFile:
             raise cur.fail(f"metadata key {key!r} appears twice")
         metadata[key] = cur.value(cur.scalar("<I"), key)
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 \
-            or alignment & (alignment - 1):
+    if isinstance(alignment, bool) or not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise cur.fail(f"general.alignment must be a power of two, got {alignment!r:.40}")
     entries = []
     for _ in range(n_tensors):
@@ -210,7 +239,7 @@ def tensor_array(gguf_file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
 
     if gguf_file.buffer is None:
         raise ModelLoadError(f"{quote(gguf_file.path)} is closed")
-    raw = gguf_file.buffer[info.offset:info.offset + info.nbytes]
+    raw = gguf_file.buffer[info.offset : info.offset + info.nbytes]
     qtype = GGMLQuantizationType(info.ggml_type)
     if qtype == GGMLQuantizationType.F32:
         return raw.view("<f4").reshape(info.shape).copy()
@@ -224,8 +253,9 @@ def tensor_array(gguf_file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
     try:
         out = quants.dequantize(rows, qtype)
     except NotImplementedError:
-        raise ModelLoadError(f"tensor {info.name!r} uses quantization type {qtype.name}, which "
-                             f"specfill cannot dequantize") from None
+        raise ModelLoadError(
+            f"tensor {info.name!r} uses quantization type {qtype.name}, which specfill cannot dequantize"
+        ) from None
     return np.asarray(out, dtype=np.float32).reshape(info.shape)
 
 

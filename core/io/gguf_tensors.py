@@ -8,6 +8,7 @@ llama.cpp's 64-byte limit and an aligned offset; and the tensors, in offset orde
 the data region exactly (each starts where the previous one ends, rounded up to the alignment,
 and the file ends after the last one's padding).
 """
+
 from __future__ import annotations
 
 import struct
@@ -47,7 +48,7 @@ def read_entry(buf: bytes, pos: int, size: int, fail: Fail) -> tuple[RawEntry, i
     (n,) = struct.unpack_from("<Q", buf, pos)
     if pos + 8 + n + 4 > size:
         return None
-    name = buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace")
+    name = buf[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace")
     pos += 8 + n
     (n_dims,) = struct.unpack_from("<I", buf, pos)
     if not 1 <= n_dims <= GGML_MAX_DIMS:
@@ -59,8 +60,9 @@ def read_entry(buf: bytes, pos: int, size: int, fail: Fail) -> tuple[RawEntry, i
     return (name, tuple(reversed(ne)), ggml_type, offset), end
 
 
-def tensor_table(entries: Sequence[RawEntry], data_start: int, file_size: int, alignment: int,
-                 path: Path, fail: Fail) -> dict[str, GGUFTensorInfo]:
+def tensor_table(
+    entries: Sequence[RawEntry], data_start: int, file_size: int, alignment: int, path: Path, fail: Fail
+) -> dict[str, GGUFTensorInfo]:
     """{name: info} with absolute offsets, or ModelLoadError naming the first bad entry."""
     from gguf import GGML_QUANT_SIZES
 
@@ -85,15 +87,16 @@ def tensor_table(entries: Sequence[RawEntry], data_start: int, file_size: int, a
         if rel % alignment:
             raise fail(f"tensor {name!r} offset {rel} is not a multiple of the alignment {alignment}")
         if data_start + rel + nbytes > file_size:
-            raise ModelLoadError(f"truncated GGUF file {quote(path)}: tensor {name!r} needs bytes up to "
-                                 f"{data_start + rel + nbytes}, file has {file_size}")
+            raise ModelLoadError(
+                f"truncated GGUF file {quote(path)}: tensor {name!r} needs bytes up to "
+                f"{data_start + rel + nbytes}, file has {file_size}"
+            )
         tensors[name] = GGUFTensorInfo(name, shape, ggml_type, data_start + rel, nbytes)
     _check_tiling(list(tensors.values()), data_start, file_size, alignment, fail)
     return tensors
 
 
-def _check_tiling(infos: list[GGUFTensorInfo], data_start: int, file_size: int, alignment: int,
-                  fail: Fail) -> None:
+def _check_tiling(infos: list[GGUFTensorInfo], data_start: int, file_size: int, alignment: int, fail: Fail) -> None:
     """In offset order each tensor starts where the previous one's padded end is; the file ends
     within the last one's padding."""
     if not infos:
@@ -103,10 +106,12 @@ def _check_tiling(infos: list[GGUFTensorInfo], data_start: int, file_size: int, 
         if info.offset < expected:
             raise fail(f"tensor {info.name!r} overlaps tensor {previous!r}")
         if info.offset > expected:
-            raise fail(f"{info.offset - expected} unused bytes before tensor {info.name!r} (tensors must "
-                       f"fill the data region)")
+            raise fail(
+                f"{info.offset - expected} unused bytes before tensor {info.name!r} (tensors must fill the data region)"
+            )
         end = info.offset + info.nbytes
         expected, previous = end + (-end % alignment), info.name
     if not end <= file_size <= expected:
-        raise fail(f"{file_size - expected} bytes after the last tensor {previous!r} (tensors "
-                   f"must fill the data region)")
+        raise fail(
+            f"{file_size - expected} bytes after the last tensor {previous!r} (tensors must fill the data region)"
+        )

@@ -5,6 +5,7 @@ llama (SentencePiece) vocabularies -> BPE with byte fallback whose merges are ra
 merged piece's score, which is how llama.cpp's SPM tokenizer picks the next pair to join.
 Token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -19,16 +20,27 @@ CONTROL, USER_DEFINED, BYTE = 3, 4, 6
 SPM_SPACE = "\u2581"
 
 # Splits of published tokenizers (the same regexes their tokenizer.json files hold).
-_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _GPT2_PRE = ("default", "gpt-2", "gpt2", "mpt", "olmo", "jais")
-_SINGLE_DIGIT_GPT2_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
-                          "minerva")
-_SPLIT_PRE = {"llama3": _LLAMA3_SPLIT, "llama-bpe": _LLAMA3_SPLIT, "llama-v3": _LLAMA3_SPLIT,
-              "smaug-bpe": _LLAMA3_SPLIT, "dbrx": _LLAMA3_SPLIT, "falcon3": _LLAMA3_SPLIT,
-              "qwen2": _QWEN2_SPLIT, "deepseek-r1-qwen": _QWEN2_SPLIT, "stablelm2": _QWEN2_SPLIT}
+_SINGLE_DIGIT_GPT2_PRE = ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva")
+_SPLIT_PRE = {
+    "llama3": _LLAMA3_SPLIT,
+    "llama-bpe": _LLAMA3_SPLIT,
+    "llama-v3": _LLAMA3_SPLIT,
+    "smaug-bpe": _LLAMA3_SPLIT,
+    "dbrx": _LLAMA3_SPLIT,
+    "falcon3": _LLAMA3_SPLIT,
+    "qwen2": _QWEN2_SPLIT,
+    "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "stablelm2": _QWEN2_SPLIT,
+}
 # llama.cpp matches whole vocabulary words before merging for Llama 3 (tokenizer.json's
 # "ignore_merges": true).
 _IGNORE_MERGES_PRE = ("llama3", "llama-bpe", "llama-v3")
@@ -36,17 +48,26 @@ _IGNORE_MERGES_PRE = ("llama3", "llama-bpe", "llama-v3")
 
 def _byte_level_pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     if pre in _SPLIT_PRE:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(_SPLIT_PRE[pre]), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(_SPLIT_PRE[pre]), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     if pre in _SINGLE_DIGIT_GPT2_PRE:
-        return pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Digits(individual_digits=True),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            ]
+        )
     if pre not in _GPT2_PRE:
-        warnings.warn(f"GGUF pre-tokenizer {pre!r} is not known to specfill: splitting text with "
-                      f"the GPT-2 regex, so some prompts may tokenize differently from llama.cpp",
-                      SpecfillWarning, stacklevel=3)
+        warnings.warn(
+            f"GGUF pre-tokenizer {pre!r} is not known to specfill: splitting text with "
+            f"the GPT-2 regex, so some prompts may tokenize differently from llama.cpp",
+            SpecfillWarning,
+            stacklevel=3,
+        )
     return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
 
 
@@ -93,8 +114,13 @@ def _spm_tokenizer(meta: Mapping[str, Any], tokens: list[str], types: list[int])
     if unk_id is not None:
         checks.integer(unk_id, "GGUF tokenizer.ggml.unknown_token_id", maximum=len(tokens) - 1)
     vocab = {token: index for index, token in enumerate(tokens)}
-    model = models.BPE(vocab=vocab, merges=spm_merges(tokens, scores, types), byte_fallback=True,
-                       fuse_unk=True, unk_token=tokens[unk_id] if unk_id is not None else None)
+    model = models.BPE(
+        vocab=vocab,
+        merges=spm_merges(tokens, scores, types),
+        byte_fallback=True,
+        fuse_unk=True,
+        unk_token=tokens[unk_id] if unk_id is not None else None,
+    )
     tok = Tokenizer(model)
     add_prefix = checks.flag(meta.get("tokenizer.ggml.add_space_prefix", True), "GGUF tokenizer.ggml.add_space_prefix")
     # As sentencepiece and llama.cpp: "▁" before every text segment (even one starting with a
@@ -124,15 +150,19 @@ def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:
         raise ModelLoadError(f"GGUF tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
     try:
         tok = _gpt2_tokenizer(meta, tokens) if kind == "gpt2" else _spm_tokenizer(meta, tokens, types)
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, kind_ in zip(tokens, types) if kind_ == CONTROL])
-        tok.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, kind_ in zip(tokens, types) if kind_ == USER_DEFINED])
+        tok.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t, kind_ in zip(tokens, types) if kind_ == CONTROL]
+        )
+        tok.add_tokens(
+            [AddedToken(t, special=False, normalized=False) for t, kind_ in zip(tokens, types) if kind_ == USER_DEFINED]
+        )
     except ModelLoadError:
         raise
     except Exception as err:  # the Rust library raises plain Exception (e.g. a merge of unknown tokens)
         raise ModelLoadError(f"GGUF tokenizer is invalid: {str(err).splitlines()[0]!r}") from None
     if tok.get_vocab_size(with_added_tokens=True) != len(tokens):
-        raise ModelLoadError(f"GGUF tokenizer has duplicate tokens: {len(tokens)} entries, "
-                             f"{tok.get_vocab_size(with_added_tokens=True)} distinct")
+        raise ModelLoadError(
+            f"GGUF tokenizer has duplicate tokens: {len(tokens)} entries, "
+            f"{tok.get_vocab_size(with_added_tokens=True)} distinct"
+        )
     return tok

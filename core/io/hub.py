@@ -13,6 +13,7 @@ nothing is fetched unless the caller asks (`--download`, `load(..., download=Tru
 environment allows it (HF_HUB_OFFLINE unset). A spec that cannot be resolved is one
 ModelLoadError line saying what was looked for and where.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -72,8 +73,9 @@ def _pick_gguf(repo: str, names: list[str], selector: str | None, where: str) ->
         what = "no .gguf file" if not tagged else f"{len(tagged)} .gguf files"
         raise ModelLoadError(f"{repo} has {what} matching {selector!r} {where}" + _listing(tagged or ggufs))
     if len(ggufs) > 1:
-        raise ModelLoadError(f"{repo} holds {len(ggufs)} .gguf files {where}: name one as {repo}:FILE or "
-                             f"{repo}:QUANT" + _listing(ggufs))
+        raise ModelLoadError(
+            f"{repo} holds {len(ggufs)} .gguf files {where}: name one as {repo}:FILE or {repo}:QUANT" + _listing(ggufs)
+        )
     return ggufs[0] if ggufs else None
 
 
@@ -96,8 +98,7 @@ def _from_cache(repo: str, selector: str | None) -> Path | None:
         return snapshot / gguf
     if (snapshot / "config.json").is_file():
         return snapshot
-    raise ModelLoadError(f"{repo} in the Hugging Face cache ({snapshot}) holds neither a .gguf file nor "
-                         "config.json")
+    raise ModelLoadError(f"{repo} in the Hugging Face cache ({snapshot}) holds neither a .gguf file nor config.json")
 
 
 def _download(repo: str, selector: str | None) -> Path:
@@ -138,9 +139,11 @@ def resolve_model(spec: str, model_file: str | None = None, download: bool = Fal
     if cached is not None:
         return str(cached)
     if not download:
-        raise ModelLoadError(f"model {spec!r} is not a local path and {repo} is not in the Hugging Face cache "
-                             f"({_cache_dir() or 'the default cache'}): pass --download (load(..., download=True)) "
-                             "to fetch it")
+        raise ModelLoadError(
+            f"model {spec!r} is not a local path and {repo} is not in the Hugging Face cache "
+            f"({_cache_dir() or 'the default cache'}): pass --download (load(..., download=True)) "
+            "to fetch it"
+        )
     if not downloads_allowed():
         raise ModelLoadError(f"{repo} is not in the Hugging Face cache and HF_HUB_OFFLINE forbids downloading it")
     return str(_download(repo, selector))

@@ -6,6 +6,7 @@ while the text is noise. Their tokenizer (core.io.tokenizer.id_tokenizer) maps t
 to the ids [17, 4, 96] and back. This module imports neither the weights nor the tokenizer module:
 both import it.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,28 +20,90 @@ PREFIX = "random:"
 
 # config.json values of public checkpoints (no download needed)
 RANDOM_SHAPES: dict[str, dict[str, Any]] = {
-    "tiny-llama": dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                       rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=True),
+    "tiny-llama": dict(
+        model_type="llama",
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+    ),
     # long context on a small budget: `specfill doctor`'s micro-bench (4K and 16K tokens in seconds)
-    "tiny-llama-32k": dict(model_type="llama", vocab_size=512, hidden_size=128, intermediate_size=256,
-                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-                           rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True),
-    "smollm2-135m": dict(model_type="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                         num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                         rope_theta=100000.0, max_position_embeddings=8192, tie_word_embeddings=True),
-    "llama-1b": dict(model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                     num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-                     max_position_embeddings=131072, tie_word_embeddings=True, rms_norm_eps=1e-5,
-                     rope_theta=500000.0,
-                     rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
-    "qwen2-0.5b": dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                       rope_theta=1000000.0, max_position_embeddings=32768, tie_word_embeddings=True),
-    "qwen3-0.6b": dict(model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072,
-                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       rope_theta=1000000.0, max_position_embeddings=40960, tie_word_embeddings=True),
+    "tiny-llama-32k": dict(
+        model_type="llama",
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    ),
+    "smollm2-135m": dict(
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
+    "llama-1b": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "qwen2-0.5b": dict(
+        model_type="qwen2",
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        rope_theta=1000000.0,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-0.6b": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -50,10 +113,11 @@ def is_random_model(path: Any) -> bool:
 
 def random_model_args(path: str) -> ModelArgs:
     """ModelArgs of "random:NAME"; an unknown NAME is a ModelLoadError listing the known ones."""
-    name = path[len(PREFIX):]
+    name = path[len(PREFIX) :]
     if name not in RANDOM_SHAPES:
-        raise ModelLoadError(f"unknown random-weight shape {name!r} "
-                             f"(choose from {', '.join(PREFIX + n for n in RANDOM_SHAPES)})")
+        raise ModelLoadError(
+            f"unknown random-weight shape {name!r} (choose from {', '.join(PREFIX + n for n in RANDOM_SHAPES)})"
+        )
     return ModelArgs.from_hf_config(RANDOM_SHAPES[name])
 
 

@@ -6,6 +6,7 @@ reader, every header entry is checked before use (a JSON object of entries with 
 a shape of non-negative integers and offsets that match it) and the tensors must tile the data
 region exactly, as the format requires, so a lying header is one ModelLoadError.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,23 @@ from ..errors import ModelLoadError, quote
 from .gguf_file import bf16_to_float32, regular_file
 
 _FLOAT_DTYPES = {"F32": "<f4", "F16": "<f2", "F64": "<f8", "BF16": "<u2"}
-_ITEM_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2, "BF16": 2,
-               "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8}
+_ITEM_SIZES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
+}
 Entry = tuple[str, tuple[int, ...], int, int]  # dtype, shape, begin and end in the data region
 MAX_HEADER = 100_000_000  # the safetensors library's own limit
 
@@ -67,8 +83,10 @@ def _entry(name: str, entry: Any, path: Path) -> Entry:
     for dim in shape:
         count *= dim
     if end - begin != count * _ITEM_SIZES[dtype]:
-        raise ModelLoadError(f"corrupt safetensors file {quote(path)}: tensor {name} has {end - begin} bytes "
-                             f"for shape {shape} of {dtype}")
+        raise ModelLoadError(
+            f"corrupt safetensors file {quote(path)}: tensor {name} has {end - begin} bytes "
+            f"for shape {shape} of {dtype}"
+        )
     return dtype, shape, begin, end
 
 
@@ -85,8 +103,10 @@ def safetensors_layout(path: str | os.PathLike[str]) -> tuple[dict[str, Entry], 
             raise ModelLoadError(f"corrupt safetensors file {quote(path)}: tensor {name} {problem}")
         expected = end
     if data_start + expected != size:
-        raise ModelLoadError(f"truncated or corrupt safetensors file {quote(path)}: its tensors need "
-                             f"{data_start + expected} bytes, the file has {size}")
+        raise ModelLoadError(
+            f"truncated or corrupt safetensors file {quote(path)}: its tensors need "
+            f"{data_start + expected} bytes, the file has {size}"
+        )
     return entries, data_start
 
 

@@ -5,6 +5,7 @@ the model's chat template and a streaming detokenizer.
 adds BOS/EOS exactly as the checkpoint asks (GGUF `tokenizer.ggml.add_bos_token`, or the
 tokenizer.json post-processor / tokenizer_config.json flags).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,8 +28,15 @@ from .weights import read_gguf_metadata, read_json_object
 class Tokenizer:
     """Text <-> ids for one model. `backend` is the underlying tokenizers.Tokenizer."""
 
-    def __init__(self, backend: BackendTokenizer, *, bos_token_id: int | None,
-                 eos_token_ids: Iterable[int], chat_template: str | None, name: str = "") -> None:
+    def __init__(
+        self,
+        backend: BackendTokenizer,
+        *,
+        bos_token_id: int | None,
+        eos_token_ids: Iterable[int],
+        chat_template: str | None,
+        name: str = "",
+    ) -> None:
         self.backend = backend
         self.bos_token_id = bos_token_id
         eos = [int(i) for i in eos_token_ids]
@@ -55,11 +63,18 @@ class Tokenizer:
         eos = [i for k in ("eos", "eot", "eom") if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
         default_bos = meta.get("tokenizer.ggml.model") == "llama"  # llama.cpp's SPM default
         _set_special_token_insertion(
-            backend, bos if flag("tokenizer.ggml.add_bos_token", default_bos) else None,
-            eos[0] if eos and flag("tokenizer.ggml.add_eos_token", False) else None)
+            backend,
+            bos if flag("tokenizer.ggml.add_bos_token", default_bos) else None,
+            eos[0] if eos and flag("tokenizer.ggml.add_eos_token", False) else None,
+        )
         template = meta.get("tokenizer.chat_template")
-        return cls(backend, bos_token_id=bos, eos_token_ids=eos, name=name,
-                   chat_template=None if template is None else checks.text(template, "GGUF tokenizer.chat_template"))
+        return cls(
+            backend,
+            bos_token_id=bos,
+            eos_token_ids=eos,
+            name=name,
+            chat_template=None if template is None else checks.text(template, "GGUF tokenizer.chat_template"),
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -74,9 +89,13 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]],
-                            add_generation_prompt: bool = True, tools: Sequence[Mapping[str, Any]] | None = None,
-                            **extra: Any) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        **extra: Any,
+    ) -> str:
         """The prompt string for a conversation (encode it with add_special_tokens=False when
         the template writes BOS itself, as transformers does). tools: JSON schemas of functions
         ({"type": "function", "function": {...}}), given to the template as transformers gives them:
@@ -84,13 +103,16 @@ class Tokenizer:
         an assistant's `tool_calls` and a tool result's `tool_call_id`, which the template reads."""
         if not self.chat_template:
             model = f"model {self.name}" if self.name else "the model"
-            raise ChatTemplateError(f"{model} has no chat template: pass a plain prompt instead "
-                                    f"of chat messages")
-        specials = {"bos_token": self._text(self.bos_token_id),
-                    "eos_token": self._text(self._eos_token_id)}
-        return render_chat_template(self.chat_template, messages,
-                                    add_generation_prompt=add_generation_prompt,
-                                    special_tokens=specials, tools=None if tools is None else list(tools), **extra)
+            raise ChatTemplateError(f"{model} has no chat template: pass a plain prompt instead of chat messages")
+        specials = {"bos_token": self._text(self.bos_token_id), "eos_token": self._text(self._eos_token_id)}
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=specials,
+            tools=None if tools is None else list(tools),
+            **extra,
+        )
 
     def vocab_fingerprint(self) -> str:
         """Hash of the id -> token map and of which ids are special. Two tokenizers with the
@@ -129,30 +151,31 @@ class StreamingDetokenizer:
     def add_token(self, token_id: int) -> str:
         """The text that became printable with this id ('' while a character is incomplete)."""
         self.ids.append(int(token_id))
-        done = self._decode(self.ids[self._prefix:self._read])
-        text = self._decode(self.ids[self._prefix:])
+        done = self._decode(self.ids[self._prefix : self._read])
+        text = self._decode(self.ids[self._prefix :])
         if len(text) <= len(done) or text.endswith("\ufffd"):
             return ""
         self._prefix, self._read = self._read, len(self.ids)
-        return text[len(done):]
+        return text[len(done) :]
 
     def finish(self) -> str:
         """Whatever is still held back (an incomplete character decodes to U+FFFD)."""
-        done = self._decode(self.ids[self._prefix:self._read])
-        text = self._decode(self.ids[self._prefix:])
+        done = self._decode(self.ids[self._prefix : self._read])
+        text = self._decode(self.ids[self._prefix :])
         self._prefix = self._read = len(self.ids)
-        return text[len(done):]
+        return text[len(done) :]
 
 
-def _set_special_token_insertion(backend: BackendTokenizer, bos_id: int | None,
-                                 eos_id: int | None) -> None:
+def _set_special_token_insertion(backend: BackendTokenizer, bos_id: int | None, eos_id: int | None) -> None:
     """A post-processor adding BOS before and/or EOS after the text (plain text if neither)."""
     pieces = [(backend.id_to_token(i), i) for i in (bos_id, eos_id) if i is not None]
-    single = " ".join(([f"{pieces[0][0]}:0"] if bos_id is not None else []) + ["$A:0"] +
-                      ([f"{backend.id_to_token(eos_id)}:0"] if eos_id is not None else []))
+    single = " ".join(
+        ([f"{pieces[0][0]}:0"] if bos_id is not None else [])
+        + ["$A:0"]
+        + ([f"{backend.id_to_token(eos_id)}:0"] if eos_id is not None else [])
+    )
     pair = single + " $B:1"
-    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair,
-                                                           special_tokens=pieces)
+    backend.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=pieces)
 
 
 def _token_content(value: Any) -> str | None:
@@ -189,17 +212,22 @@ def _hf_chat_template(directory: Path, config: Mapping[str, Any]) -> str | None:
 def _from_hf_directory(directory: Path) -> Tokenizer:
     path = directory / "tokenizer.json"
     if not path.is_file():
-        raise ModelLoadError(f"{quote(directory)} has no tokenizer.json (a sentencepiece-only "
-                             f"tokenizer.model is not supported)")
+        raise ModelLoadError(
+            f"{quote(directory)} has no tokenizer.json (a sentencepiece-only tokenizer.model is not supported)"
+        )
     try:
         backend = BackendTokenizer.from_file(str(path))
     except Exception as err:  # the Rust library raises plain Exception for any parse error
         raise ModelLoadError(f"cannot read {quote(path)}: {str(err).splitlines()[0]}") from None
-    config = read_json_object(directory / "tokenizer_config.json") \
-        if (directory / "tokenizer_config.json").is_file() else {}
+    config = (
+        read_json_object(directory / "tokenizer_config.json") if (directory / "tokenizer_config.json").is_file() else {}
+    )
     model_config = read_json_object(directory / "config.json") if (directory / "config.json").is_file() else {}
-    generation = read_json_object(directory / "generation_config.json") \
-        if (directory / "generation_config.json").is_file() else {}
+    generation = (
+        read_json_object(directory / "generation_config.json")
+        if (directory / "generation_config.json").is_file()
+        else {}
+    )
 
     def token_id(key: str) -> int | None:
         text = _token_content(config.get(key))
@@ -209,15 +237,29 @@ def _from_hf_directory(directory: Path) -> Tokenizer:
     bos = token_id("bos_token")
     if bos is None:
         bos = next(iter(_ids(model_config.get("bos_token_id"), "config.json bos_token_id", vocab)), None)
-    eos = [i for i in [token_id("eos_token"),
-                       *_ids(generation.get("eos_token_id"), "generation_config.json eos_token_id", vocab),
-                       *_ids(model_config.get("eos_token_id"), "config.json eos_token_id", vocab)] if i is not None]
+    eos = [
+        i
+        for i in [
+            token_id("eos_token"),
+            *_ids(generation.get("eos_token_id"), "generation_config.json eos_token_id", vocab),
+            *_ids(model_config.get("eos_token_id"), "config.json eos_token_id", vocab),
+        ]
+        if i is not None
+    ]
     eos = list(dict.fromkeys(eos))  # keep order: the tokenizer's own eos first
     if "add_bos_token" in config or "add_eos_token" in config:  # the flags override the file
-        _set_special_token_insertion(backend, bos if config.get("add_bos_token") else None,
-                                     eos[0] if eos and config.get("add_eos_token") else None)
-    return Tokenizer(backend, bos_token_id=bos, eos_token_ids=eos,
-                     chat_template=_hf_chat_template(directory, config), name=directory.name)
+        _set_special_token_insertion(
+            backend,
+            bos if config.get("add_bos_token") else None,
+            eos[0] if eos and config.get("add_eos_token") else None,
+        )
+    return Tokenizer(
+        backend,
+        bos_token_id=bos,
+        eos_token_ids=eos,
+        chat_template=_hf_chat_template(directory, config),
+        name=directory.name,
+    )
 
 
 def id_tokenizer(vocab_size: int, name: str = "") -> Tokenizer:

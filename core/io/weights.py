@@ -5,6 +5,7 @@ RoPE order (llama.cpp's row permutation of llama Q/K is undone). Arrays are floa
 tensors stored as float16 (GGUF F16, safetensors F16), which stay float16 to halve memory;
 quantized GGUF tensors are dequantized. `lm_head.weight` is absent when embeddings are tied.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -41,9 +42,12 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 # Gemma 3 names its four norms differently (llama.cpp's ffn_norm is the pre-MLP norm there too)
-_GEMMA3_BLOCK_NAMES = {**_BLOCK_NAMES, "ffn_norm": "pre_feedforward_layernorm",
-                       "post_attention_norm": "post_attention_layernorm",
-                       "post_ffw_norm": "post_feedforward_layernorm"}
+_GEMMA3_BLOCK_NAMES = {
+    **_BLOCK_NAMES,
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 # Tensors llama.cpp writes that carry no weights of their own (rope_freqs is read separately).
 _SKIPPED_GGUF = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd\.weight)$")
 _SKIPPED_HF = re.compile(r"^model\.(layers\.\d+\.self_attn\.)?rotary_emb\.inv_freq$")
@@ -61,8 +65,7 @@ def gguf_to_hf_name(name: str, architecture: str = "llama") -> str | None:
     names = _GEMMA3_BLOCK_NAMES if architecture == "gemma3" else _BLOCK_NAMES
     match = _BLOCK.match(name)
     if match is None or match.group(2) not in names:
-        raise ModelLoadError(f"unexpected GGUF tensor {name!r} (not part of a supported "
-                             f"{architecture} model)")
+        raise ModelLoadError(f"unexpected GGUF tensor {name!r} (not part of a supported {architecture} model)")
     layer, part, kind = match.groups()
     return f"model.layers.{layer}.{names[part]}.{kind}"
 
@@ -93,8 +96,7 @@ def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source
     """One ModelLoadError naming missing, unexpected or mis-shaped tensors ({name: shape})."""
     layers = {int(m.group(1)) for name in shapes if (m := _HF_LAYER.match(name))}
     if len(layers) != args.num_hidden_layers:  # also keeps a corrupt count from looping long
-        raise ModelLoadError(f"{source} declares {args.num_hidden_layers} layers but holds "
-                             f"tensors for {len(layers)}")
+        raise ModelLoadError(f"{source} declares {args.num_hidden_layers} layers but holds tensors for {len(layers)}")
     expected = expected_tensor_shapes(args)
 
     def listed(names: list[str]) -> str:
@@ -105,12 +107,12 @@ def check_tensors(args: ModelArgs, shapes: Mapping[str, tuple[int, ...]], source
         raise ModelLoadError(f"{source} is missing {len(missing)} tensors: {listed(missing)}")
     extra = sorted(n for n in shapes if n not in expected)
     if extra:
-        raise ModelLoadError(f"{source} has tensors a {args.architecture} model does not use "
-                             f"(unsupported variant?): {listed(extra)}")
+        raise ModelLoadError(
+            f"{source} has tensors a {args.architecture} model does not use (unsupported variant?): {listed(extra)}"
+        )
     for name, shape in expected.items():
         if tuple(shapes[name]) != shape:
-            raise ModelLoadError(f"tensor {name} in {source} has shape {tuple(shapes[name])}, "
-                                 f"expected {shape}")
+            raise ModelLoadError(f"tensor {name} in {source} has shape {tuple(shapes[name])}, expected {shape}")
 
 
 def read_gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -153,18 +155,21 @@ def gguf_model(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, GGUFTensorInfo
     args = ModelArgs.from_gguf_metadata(gguf_file.metadata, "output.weight" in tensors)
     rope_dims = gguf_file.metadata.get(f"{args.architecture}.rope.dimension_count", args.head_dim)
     if rope_dims != args.head_dim:
-        raise ModelLoadError(f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial "
-                             f"rotary) is not supported")
-    infos = {hf: tensors[name] for name in tensors
-             if (hf := gguf_to_hf_name(name, args.architecture)) is not None}
+        raise ModelLoadError(
+            f"RoPE on {rope_dims} of {args.head_dim} head dimensions (partial rotary) is not supported"
+        )
+    infos = {hf: tensors[name] for name in tensors if (hf := gguf_to_hf_name(name, args.architecture)) is not None}
     if "rope_freqs.weight" in tensors:
         factors = tensor_array(gguf_file, tensors["rope_freqs.weight"])
-        args = dataclasses.replace(args, rope_scaling=llama3_scaling_from_factors(
-            factors, args.head_dim, args.rope_theta))
+        args = dataclasses.replace(
+            args, rope_scaling=llama3_scaling_from_factors(factors, args.head_dim, args.rope_theta)
+        )
     embed = infos.get("model.embed_tokens.weight")
     args = dataclasses.replace(  # the tensors, not the metadata, decide these two
-        args, attention_bias="model.layers.0.self_attn.q_proj.bias" in infos,
-        vocab_size=embed.shape[0] if embed is not None else args.vocab_size)
+        args,
+        attention_bias="model.layers.0.self_attn.q_proj.bias" in infos,
+        vocab_size=embed.shape[0] if embed is not None else args.vocab_size,
+    )
     check_tensors(args, {name: info.shape for name, info in infos.items()}, gguf_file.path)
     return args, infos
 
@@ -178,8 +183,10 @@ def gguf_qk_heads(args: ModelArgs, name: str) -> int | None:
 def _load_gguf(gguf_file: GGUFFile) -> tuple[ModelArgs, dict[str, np.ndarray]]:
     args, infos = gguf_model(gguf_file)
     weights = {name: tensor_array(gguf_file, info) for name, info in infos.items()}
-    return args, {name: w if (heads := gguf_qk_heads(args, name)) is None else unpermute_qk(w, heads)
-                  for name, w in weights.items()}
+    return args, {
+        name: w if (heads := gguf_qk_heads(args, name)) is None else unpermute_qk(w, heads)
+        for name, w in weights.items()
+    }
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -221,13 +228,20 @@ def _refuse_quantized(config: Mapping[str, Any], directory: Path) -> None:
     """GPTQ / AWQ / bitsandbytes (`quantization_config`) and mlx-lm (`quantization`) directories
     store packed integer weights that this loader would misread as plain matrices."""
     if "quantization_config" in config:
-        method = config["quantization_config"].get("quant_method", "unknown") \
-            if isinstance(config["quantization_config"], Mapping) else "unknown"
-        raise ModelLoadError(f"{quote(directory)} is quantized with {method!r}, which is not supported here "
-                             "(use a GGUF file or an unquantized safetensors checkpoint)")
+        method = (
+            config["quantization_config"].get("quant_method", "unknown")
+            if isinstance(config["quantization_config"], Mapping)
+            else "unknown"
+        )
+        raise ModelLoadError(
+            f"{quote(directory)} is quantized with {method!r}, which is not supported here "
+            "(use a GGUF file or an unquantized safetensors checkpoint)"
+        )
     if config.get("quantization") not in (None, {}):  # null or {} quantizes nothing (as on the MLX backend)
-        raise ModelLoadError(f"{quote(directory)} is an mlx-lm quantized checkpoint: load it with the mlx backend, "
-                             "or use a GGUF file or an unquantized safetensors checkpoint")
+        raise ModelLoadError(
+            f"{quote(directory)} is an mlx-lm quantized checkpoint: load it with the mlx backend, "
+            "or use a GGUF file or an unquantized safetensors checkpoint"
+        )
 
 
 def _load_hf_directory(directory: Path) -> tuple[ModelArgs, dict[str, np.ndarray]]:

@@ -20,6 +20,7 @@ slow first verify of a shape does not price longer drafts out for a whole decode
 run skips (a fixed schedule drafts as asked); a seeded sampling run never reads the clock, so it has
 no book; every other run updates it, `Drafting(adaptive=False)` included.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,12 +36,20 @@ ACCEPTANCE_WEIGHT = 2.0  # judged drafts the remembered acceptance counts for in
 COSTS = ("plain_step", "draft_step", "prefill_per_token", "acceptance")
 
 
-def cost_key(*, backend: str, device: str, dtype: str, threads: int, main: ModelArgs,
-             draft: ModelArgs) -> dict[str, Any]:
+def cost_key(
+    *, backend: str, device: str, dtype: str, threads: int, main: ModelArgs, draft: ModelArgs
+) -> dict[str, Any]:
     """Everything the step costs depend on: crossover.calibration_key with method "drafting" and
     the draft model's shape as the method's configuration."""
-    key = calibration_key(backend=backend, device=device, dtype=dtype, threads=threads, model_shape=asdict(main),
-                          method="drafting", method_config={"draft_shape": asdict(draft)})
+    key = calibration_key(
+        backend=backend,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        model_shape=asdict(main),
+        method="drafting",
+        method_config={"draft_shape": asdict(draft)},
+    )
     return json.loads(json.dumps(key))  # as it reads back from the file (tuples become lists)
 
 
@@ -67,8 +76,10 @@ class CostBook:
         costs = data.get("costs") if isinstance(data, dict) and data.get("key") == self.key else None
         if not isinstance(costs, dict) or not isinstance(costs.get("verify"), dict):
             return None
-        if not all(type(costs.get(name)) in (int, float) and 0 <= costs[name] < math.inf for name in COSTS) \
-                or costs["plain_step"] <= 0:
+        if (
+            not all(type(costs.get(name)) in (int, float) and 0 <= costs[name] < math.inf for name in COSTS)
+            or costs["plain_step"] <= 0
+        ):
             return None
         try:
             costs["verify"] = {int(t): float(s) for t, s in costs["verify"].items() if 0 < float(s) < math.inf}
@@ -89,9 +100,11 @@ class CostBook:
         plain = (new_tokens - 1) * costs["plain_step"]
         if drafted < plain:
             return ""
-        return (f"drafting skipped: the step costs measured on this machine (draft step {costs['draft_step']:.3g} s, "
-                f"plain step {costs['plain_step']:.3g} s, acceptance {costs['acceptance']:.2f}) predict "
-                f"{drafted:.1f} s with the draft model's prompt prefill against {plain:.1f} s plain")
+        return (
+            f"drafting skipped: the step costs measured on this machine (draft step {costs['draft_step']:.3g} s, "
+            f"plain step {costs['plain_step']:.3g} s, acceptance {costs['acceptance']:.2f}) predict "
+            f"{drafted:.1f} s with the draft model's prompt prefill against {plain:.1f} s plain"
+        )
 
     def seed(self, length: DraftLength) -> None:
         """Start `length` from the kept step costs as its first measurements (a round's own times
@@ -101,8 +114,9 @@ class CostBook:
         if costs is not None:
             fill(length, costs)
 
-    def remember(self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int,
-                 accepted: int) -> None:
+    def remember(
+        self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int, accepted: int
+    ) -> None:
         """Keep what a timed decode measured (costs it did not measure stay as they were)."""
         old = self.read() or {}
         plain_step = length.verify.get(1, old.get("plain_step"))
@@ -113,7 +127,11 @@ class CostBook:
         if drafted and "acceptance" in old:
             acceptance = 0.5 * old["acceptance"] + 0.5 * acceptance
         verify = {**old.get("verify", {}), **{t: s for t, s in length.verify.items() if t > 1}}
-        costs = {"plain_step": plain_step, "draft_step": draft_step,
-                 "verify": {str(t): round(s, 6) for t, s in sorted(verify.items())},
-                 "prefill_per_token": prefill_seconds / max(prompt_tokens, 1), "acceptance": round(acceptance, 4)}
+        costs = {
+            "plain_step": plain_step,
+            "draft_step": draft_step,
+            "verify": {str(t): round(s, 6) for t, s in sorted(verify.items())},
+            "prefill_per_token": prefill_seconds / max(prompt_tokens, 1),
+            "acceptance": round(acceptance, 4),
+        }
         write_calibration(self.key, {"key": self.key, "costs": costs})

@@ -15,15 +15,16 @@ plain steps: the cost rule). The first round is a plain step (it measures verify
 drafts max_k. After a plain round chosen by the rule, drafting is tried again (k = 1) after
 PROBE_AFTER plain rounds, the wait doubling each time the try does not pay.
 
-Step costs are the least of the last few measured wall times (a shared machine only adds time); verify(T) for a T not yet measured is
+Step costs are the least of the last few measured wall times (a shared machine only adds time); verify(T) for a
+T not yet measured is
 read off the line through the plain step and the largest T measured. With a sampling seed the
 measured times are not used (the tokens would depend on timing): the costs stay at the priors below
 and k follows the acceptance alone, so a seeded run repeats.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 
 ACCEPTANCE_MEMORY = 0.7  # per round: the weight left to earlier rounds in the acceptance estimate
 COST_SAMPLES = 4  # a step cost is the least of its last 4 measurements (other jobs only add time)

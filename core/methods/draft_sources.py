@@ -8,6 +8,7 @@ from its prompt KV) trims that cache; a "self:K" draft (`SharedCacheDraft`) writ
 cache's first K layers, and the verify pass rewrites those slots with exactly the same KV, so it
 only drops its writes before the verify pass.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -16,9 +17,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from ..backend import LoadedModel
 from ..config import Drafting
 from ..errors import ConfigError, PromptTooLongError
-from ..backend import LoadedModel
 from ..ops import ModelOps
 from ..runtime import SamplingConfig, check_companion, self_speculator_layers
 from ..sampling import probabilities
@@ -45,8 +46,9 @@ class DraftState(ABC):
     seconds: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "verify": 0.0})
     written: int = 0  # slots this round's proposal wrote to `cache`
 
-    def propose(self, ops: ModelOps[A], n: int, sampling: SamplingConfig,
-                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+    def propose(
+        self, ops: ModelOps[A], n: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> tuple[list[int], list[np.ndarray | None]]:
         """Up to n draft tokens and their draft distributions [vocab] (None when greedy). The
         draft reads its pending tokens, then every draft but the last (`written` slots)."""
         tokens: list[int] = []
@@ -78,8 +80,9 @@ class OwnCacheDraft(DraftState):
         kept = len(self.pending) + min(accepted, max(n_drafts - 1, 0)) if n_drafts else 0
         self.cache.trim(self.written - kept)
         self.position += kept
-        self.pending = (self.pending[kept:] + stream[1:] if kept < len(self.pending)
-                        else stream[1 + kept - len(self.pending):])
+        self.pending = (
+            self.pending[kept:] + stream[1:] if kept < len(self.pending) else stream[1 + kept - len(self.pending) :]
+        )
 
 
 @dataclass
@@ -88,8 +91,9 @@ class SharedCacheDraft(DraftState):
 
     layers: int = 0
 
-    def propose(self, ops: ModelOps[A], n: int, sampling: SamplingConfig,
-                rng: np.random.Generator) -> tuple[list[int], list[np.ndarray | None]]:
+    def propose(
+        self, ops: ModelOps[A], n: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> tuple[list[int], list[np.ndarray | None]]:
         """DraftState.propose, then drop the draft's writes: the verify pass rewrites those slots."""
         tokens, probs = super().propose(ops, n, sampling, rng)
         if self.written:
@@ -108,8 +112,16 @@ class DraftSource(Protocol):
     def speculator_room(self, extra: int) -> int:
         """Slots the SpecPrefill speculator's cache keeps beyond the prompt (`extra` if it drafts)."""
 
-    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
-                sparse: SparsePrefill | None, room: int) -> DraftState:
+    def prepare(
+        self,
+        ops: ModelOps[A],
+        main: Any,
+        cache: Any,
+        ids: np.ndarray,
+        first: int,
+        sparse: SparsePrefill | None,
+        room: int,
+    ) -> DraftState:
         """The draft ready to read `first` at position len(ids): main / cache are the main model and
         its cache, sparse SpecPrefill's result (None after full prefill), room the decode's slots."""
 
@@ -120,15 +132,23 @@ class DraftSource(Protocol):
 
 @dataclass(frozen=True)
 class SelfDraft:
-    """"self:K": the main model's first K layers, sharing the main cache (no prefill at all)."""
+    """ "self:K": the main model's first K layers, sharing the main cache (no prefill at all)."""
 
     layers: int
 
     def speculator_room(self, extra: int) -> int:
         return 0
 
-    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
-                sparse: SparsePrefill | None, room: int) -> DraftState:
+    def prepare(
+        self,
+        ops: ModelOps[A],
+        main: Any,
+        cache: Any,
+        ids: np.ndarray,
+        first: int,
+        sparse: SparsePrefill | None,
+        room: int,
+    ) -> DraftState:
         return SharedCacheDraft(ops.first_layers(main, self.layers), cache, len(ids), [first], layers=self.layers)
 
     def costs_book(self) -> CostBook | None:
@@ -148,8 +168,16 @@ class ModelDraft:
     def speculator_room(self, extra: int) -> int:
         return 0
 
-    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
-                sparse: SparsePrefill | None, room: int) -> DraftState:
+    def prepare(
+        self,
+        ops: ModelOps[A],
+        main: Any,
+        cache: Any,
+        ids: np.ndarray,
+        first: int,
+        sparse: SparsePrefill | None,
+        room: int,
+    ) -> DraftState:
         draft_cache = ops.new_cache(self.model, len(ids) + room)
         prefill(ops, self.model, ops.tokens(ids), 0, draft_cache, step_size=self.step_size)
         return OwnCacheDraft(self.model, draft_cache, len(ids), [first])
@@ -165,8 +193,16 @@ class SpeculatorDraft:
     def speculator_room(self, extra: int) -> int:
         return extra
 
-    def prepare(self, ops: ModelOps[A], main: Any, cache: Any, ids: np.ndarray, first: int,
-                sparse: SparsePrefill | None, room: int) -> DraftState:
+    def prepare(
+        self,
+        ops: ModelOps[A],
+        main: Any,
+        cache: Any,
+        ids: np.ndarray,
+        first: int,
+        sparse: SparsePrefill | None,
+        room: int,
+    ) -> DraftState:
         if sparse is None:
             raise ConfigError("the SpecPrefill speculator drafts only after speculative prefill")
         spec = sparse.speculator
@@ -190,12 +226,23 @@ def draft_source(main: LoadedModel, drafting: Drafting, needed: int, sampling: S
         raise ConfigError(f"the draft model must be a model loaded on the {main.backend} backend or 'self:K'")
     check_companion("draft model", drafting.model.args, main.args, drafting.model.ops, main.ops)
     if needed > drafting.model.args.max_position_embeddings:
-        raise PromptTooLongError(f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
-                                 f"context of {drafting.model.args.max_position_embeddings} tokens")
+        raise PromptTooLongError(
+            f"prompt plus max_tokens ({needed} tokens) exceeds the draft model's "
+            f"context of {drafting.model.args.max_position_embeddings} tokens"
+        )
     book = None
     if sampling.clock_free:
         from .draft_costs import CostBook, cost_key
-        book = CostBook(cost_key(backend=main.backend, device=main.device_name,
-                                 dtype=str(main.dtype).rsplit(".", 1)[-1], threads=main.ops.compute_threads,
-                                 main=main.args, draft=drafting.model.args), drafting.num_tokens)
+
+        book = CostBook(
+            cost_key(
+                backend=main.backend,
+                device=main.device_name,
+                dtype=str(main.dtype).rsplit(".", 1)[-1],
+                threads=main.ops.compute_threads,
+                main=main.args,
+                draft=drafting.model.args,
+            ),
+            drafting.num_tokens,
+        )
     return ModelDraft(drafting.model.model, drafting.model.prefill_step_size, book)

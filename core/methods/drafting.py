@@ -14,6 +14,7 @@ logits per round, small beside a forward pass.
 Where drafts come from (a "self:K" draft sharing the main cache, a separate draft model, the
 SpecPrefill speculator) and how each keeps its cache in step: core/methods/draft_sources.py.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -22,9 +23,9 @@ import numpy as np
 
 from ..ops import ModelOps
 from ..runtime import SamplingConfig
+from ..sampling import probabilities
 from ..stages import A
 from .draft_length import DraftLength
-from ..sampling import probabilities
 from .draft_sources import DraftState
 
 __all__ = ["accept", "acceptance_probability", "residual_distribution", "speculative_decode"]
@@ -43,8 +44,13 @@ def residual_distribution(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return residual / total if total > 0 else p
 
 
-def accept(drafts: list[int], draft_probs: list[np.ndarray], logits: np.ndarray, sampling: SamplingConfig,
-           rng: np.random.Generator) -> tuple[int, int]:
+def accept(
+    drafts: list[int],
+    draft_probs: list[np.ndarray],
+    logits: np.ndarray,
+    sampling: SamplingConfig,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
     """(accepted draft count n, the main model's next token) from the main logits [len(drafts) + 1,
     vocab]: row i is the main model's distribution for the token after draft i - 1."""
     if sampling.temperature == 0.0:
@@ -61,9 +67,20 @@ def accept(drafts: list[int], draft_probs: list[np.ndarray], logits: np.ndarray,
     return len(drafts), int(rng.choice(p.size, p=p))
 
 
-def speculative_decode(ops: ModelOps[A], model: Any, cache: Any, first: int, *, next_position: int,
-                       draft: DraftState, length: DraftLength, max_tokens: int, sampling: SamplingConfig,
-                       stop_ids: frozenset[int], rng: np.random.Generator) -> Iterator[tuple[int, bool]]:
+def speculative_decode(
+    ops: ModelOps[A],
+    model: Any,
+    cache: Any,
+    first: int,
+    *,
+    next_position: int,
+    draft: DraftState,
+    length: DraftLength,
+    max_tokens: int,
+    sampling: SamplingConfig,
+    stop_ids: frozenset[int],
+    rng: np.random.Generator,
+) -> Iterator[tuple[int, bool]]:
     """After the first token (already yielded by the caller, not yet in any cache), yield
     (token, from_draft) until a stop id or `max_tokens` tokens in all (the first included).
     `length` chooses each round's number of drafts and learns from the round's acceptance and times."""
@@ -90,4 +107,3 @@ def speculative_decode(ops: ModelOps[A], model: Any, cache: Any, first: int, *, 
             if token in stop_ids or produced == max_tokens:
                 return
         pending = following
-

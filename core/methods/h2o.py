@@ -23,6 +23,7 @@ sink inside would no longer merge exactly. Without terms the walk is exactly wha
 The conformance oracle (core/reference/oracle.py) checks this walk against naive attention over
 the explicit key sets, so it is checked against something it does not share.
 """
+
 from __future__ import annotations
 
 from typing import Any, Generic, Sequence
@@ -31,8 +32,17 @@ import numpy as np
 
 from ..config import H2OConfig
 from ..ops import H2OOps, checkpoint
-from ..stages import A, AttentionState, AttentionTerms, H2OCarry, H2OLayerResult, KeyWindow, active_terms, sinks_of, \
-    window_binds
+from ..stages import (
+    A,
+    AttentionState,
+    AttentionTerms,
+    H2OCarry,
+    H2OLayerResult,
+    KeyWindow,
+    active_terms,
+    sinks_of,
+    window_binds,
+)
 
 
 def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
@@ -66,9 +76,18 @@ def finish(ops: H2OOps[A], state: AttentionState[A], terms: AttentionTerms[A] | 
     return state if sinks is None else ops.add_sinks(state, sinks)
 
 
-def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_start: int,
-                         block: int, scale: float, window: int | None = None,
-                         terms: AttentionTerms[A] | None = None) -> A | None:
+def dense_tail_attention(
+    ops: H2OOps[A],
+    q: A,
+    k: A,
+    v: A,
+    start: int,
+    tail_start: int,
+    block: int,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms[A] | None = None,
+) -> A | None:
     """Causal attention over EVERY earlier key for the rows of q at positions >= tail_start.
 
     q [Hq, T, D] holds positions [start, start + T); k/v [Hkv, >= start + T, D] every key so far.
@@ -76,7 +95,8 @@ def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_star
     of S): a block [a, b) is its own causal part (the intra stage with one chunk) merged exactly
     with all keys [0, a) (the inter stage with the prefix as its "memory"), so the stages the walk
     uses (and their kernels) do the work and the biggest score tile is S x N. Steps start on
-    chunk boundaries, so the blocks, and the rounding, do not depend on how the prompt is stepped. With a window w only the prefix keys [a - w + 1, a) can be seen, and each
+    chunk boundaries, so the blocks, and the rounding, do not depend on how the prompt is stepped. With a
+    window w only the prefix keys [a - w + 1, a) can be seen, and each
     row masks its own. Returns o [Hq, rows, D] (statistics' dtype) or None when no row is in the tail.
     """
     terms = active_terms(terms)
@@ -87,21 +107,33 @@ def dense_tail_attention(ops: H2OOps[A], q: A, k: A, v: A, start: int, tail_star
     outputs = []
     for a in [first] + list(range((first // block + 1) * block, end, block)):
         b = min((a // block + 1) * block, end)
-        rows = q[:, a - start:b - start]
-        state = ops.intra_attention(rows, k[:, a:b], v[:, a:b], b - a, scale,
-                                    window if window_binds(window, b - a - 1) else None, *_with(terms)).state
+        rows = q[:, a - start : b - start]
+        state = ops.intra_attention(
+            rows, k[:, a:b], v[:, a:b], b - a, scale, window if window_binds(window, b - a - 1) else None, *_with(terms)
+        ).state
         lo = 0 if window is None else max(0, a - window + 1)
         if a > lo:
             key_window = KeyWindow(window, a, None, lo) if window_binds(window, b - 1 - lo) else None
-            state = ops.merge_states(ops.inter_attention(rows, k[:, lo:a], v[:, lo:a], scale, key_window,
-                                                         *_with(terms)).state, state)
+            state = ops.merge_states(
+                ops.inter_attention(rows, k[:, lo:a], v[:, lo:a], scale, key_window, *_with(terms)).state, state
+            )
         outputs.append(finish(ops, state, terms).o)
     return outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
 
 
-def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], config: H2OConfig,
-                        scale: float, is_last: bool, tail_start: int | None = None,
-                        window: int | None = None, terms: AttentionTerms[A] | None = None) -> tuple[A, H2OCarry[A]]:
+def h2o_attention_batch(
+    ops: H2OOps[A],
+    q: A,
+    k: A,
+    v: A,
+    carry: H2OCarry[A],
+    config: H2OConfig,
+    scale: float,
+    is_last: bool,
+    tail_start: int | None = None,
+    window: int | None = None,
+    terms: AttentionTerms[A] | None = None,
+) -> tuple[A, H2OCarry[A]]:
     """One logical batch of one layer: phase 1 for all its chunks, then the phase-2 walk.
 
     q [Hq, T, D] are the batch's queries, positions [carry.n_done, carry.n_done + T);
@@ -121,9 +153,15 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
     if k.shape[1] < start + n_tokens or tuple(v.shape[:2]) != tuple(k.shape[:2]):
         raise ValueError(f"k/v {tuple(k.shape)} must hold the {start + n_tokens} keys up to this batch's end")
     with ops.stage_scope(q):
-        intra = ops.intra_attention(q, k[:, start:start + n_tokens], v[:, start:start + n_tokens], size, scale,
-                                    window if window_binds(window, min(size, n_tokens) - 1) else None,
-                                    *_with(terms))
+        intra = ops.intra_attention(
+            q,
+            k[:, start : start + n_tokens],
+            v[:, start : start + n_tokens],
+            size,
+            scale,
+            window if window_binds(window, min(size, n_tokens) - 1) else None,
+            *_with(terms),
+        )
         # every chunk's scores start from its own phase-1 column sums; phase 2 adds to them
         scores = ops.concat([carry.scores, ops.reduce_colsum_to_kv_heads(intra.colsum, n_kv)], axis=1)
         memory, memory_sets = carry.memory, list(carry.memory_sets)
@@ -135,10 +173,10 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
             state = intra.state.rows(local_start, local_end)
             if memory is not None:
                 k_mem, v_mem = ops.gather_memory(k, v, memory)
-                key_window = KeyWindow(window, chunk_start, memory.indices) \
-                    if window_binds(window, chunk_end - 1) else None  # memory positions are >= 0
-                inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, key_window,
-                                            *_with(terms))
+                key_window = (
+                    KeyWindow(window, chunk_start, memory.indices) if window_binds(window, chunk_end - 1) else None
+                )  # memory positions are >= 0
+                inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, key_window, *_with(terms))
                 scores = ops.accumulate_scores(scores, memory, ops.reduce_colsum_to_kv_heads(inter.colsum, n_kv))
                 state = ops.merge_states(inter.state, state)
             outputs.append(finish(ops, state, terms).o)
@@ -146,11 +184,15 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
                 break  # no memory set after the final chunk: nothing would read it
             if local_end - local_start != size:
                 raise ValueError("only the final chunk of a prompt may be partial")
-            memory = ops.build_memory_set(scores, memory, chunk_start // size, chunk_start, chunk_end,
-                                          config.local, config.heavy)
+            memory = ops.build_memory_set(
+                scores, memory, chunk_start // size, chunk_start, chunk_end, config.local, config.heavy
+            )
             memory_sets.append(memory)
-        tail = None if tail_start is None else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale,
-                                                                   window, terms)
+        tail = (
+            None
+            if tail_start is None
+            else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale, window, terms)
+        )
         if tail is not None:  # the walk's rows of the tail are replaced (one concat), its scores kept
             keep, pieces = tail_start - start, []
             for piece in outputs:
@@ -162,9 +204,16 @@ def h2o_attention_batch(ops: H2OOps[A], q: A, k: A, v: A, carry: H2OCarry[A], co
     return ops.cast_like(out, q), H2OCarry(scores=scores, memory=memory, memory_sets=memory_sets)
 
 
-def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
-                        scale: float, window: int | None = None,
-                        terms: AttentionTerms[A] | None = None) -> H2OLayerResult[A]:
+def h2o_attention_layer(
+    ops: H2OOps[A],
+    q: A,
+    k: A,
+    v: A,
+    config: H2OConfig,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms[A] | None = None,
+) -> H2OLayerResult[A]:
     """Whole-prompt H2O attention of one layer: q [Hq, N, D], k/v [Hkv, N, D] after RoPE.
 
     Logical batch by logical batch (config.batch_size), carrying scores and memory sets. With H2O
@@ -172,8 +221,10 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
     (inside the layer's sliding window, when it has one; with the layer's terms, when it has any).
     """
     if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape) or q.shape[1] != k.shape[1]:
-        raise ValueError(f"h2o attention takes q [Hq, N, D] and k/v [Hkv, N, D]; got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"h2o attention takes q [Hq, N, D] and k/v [Hkv, N, D]; got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     n_tokens, n_kv, terms = q.shape[1], k.shape[0], active_terms(terms)
     config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
     if n_tokens == 0 or not config.enabled:
@@ -188,10 +239,19 @@ def h2o_attention_layer(ops: H2OOps[A], q: A, k: A, v: A, config: H2OConfig,
     outputs = []
     for batch_start in range(0, n_tokens, config.batch_size):
         batch_end = min(batch_start + config.batch_size, n_tokens)
-        out, carry = h2o_attention_batch(ops, q[:, batch_start:batch_end], k, v, carry, config, scale,
-                                         is_last=batch_end == n_tokens,
-                                         tail_start=dense_tail_start(config, n_tokens), window=window,
-                                         terms=terms)
+        out, carry = h2o_attention_batch(
+            ops,
+            q[:, batch_start:batch_end],
+            k,
+            v,
+            carry,
+            config,
+            scale,
+            is_last=batch_end == n_tokens,
+            tail_start=dense_tail_start(config, n_tokens),
+            window=window,
+            terms=terms,
+        )
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
     return H2OLayerResult(output, carry.scores, carry.memory_sets)
@@ -204,8 +264,16 @@ class H2OPrefillAttention(Generic[A]):
     layer's sliding window (ModelArgs.layer_window; empty: every layer global); terms: each layer's
     attention terms (layer_terms; empty: none)."""
 
-    def __init__(self, ops: H2OOps[A], config: H2OConfig, n_layers: int, scale: float, n_tokens: int,
-                 windows: Sequence[int | None] = (), terms: Sequence[AttentionTerms[A] | None] = ()):
+    def __init__(
+        self,
+        ops: H2OOps[A],
+        config: H2OConfig,
+        n_layers: int,
+        scale: float,
+        n_tokens: int,
+        windows: Sequence[int | None] = (),
+        terms: Sequence[AttentionTerms[A] | None] = (),
+    ):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
         self.terms = [active_terms(t) for t in terms] or [None] * n_layers
@@ -224,10 +292,19 @@ class H2OPrefillAttention(Generic[A]):
         if carry.n_done != start:
             raise ValueError(f"layer {layer}: H2O batch starts at slot {start}, the carry is at {carry.n_done}")
         # memory sets point back into earlier batches: the walk gets every key stored so far
-        out, self.carries[layer] = h2o_attention_batch(self.ops, q[0], k[0], v[0], carry, self.config,
-                                                       self.scale, is_last=end == self.n_tokens,
-                                                       tail_start=dense_tail_start(self.config, self.n_tokens),
-                                                       window=self.windows[layer], terms=self.terms[layer])
+        out, self.carries[layer] = h2o_attention_batch(
+            self.ops,
+            q[0],
+            k[0],
+            v[0],
+            carry,
+            self.config,
+            self.scale,
+            is_last=end == self.n_tokens,
+            tail_start=dense_tail_start(self.config, self.n_tokens),
+            window=self.windows[layer],
+            terms=self.terms[layer],
+        )
         return out[None]
 
     def arrays(self) -> list[Any]:
@@ -237,8 +314,10 @@ class H2OPrefillAttention(Generic[A]):
 
     def memory_sets(self, to_numpy: Any) -> list[list[np.ndarray]]:
         """Per layer, M_0 .. M_{k-2} as int64 NumPy arrays [Hkv, L + H]."""
-        return [[np.asarray(to_numpy(m.indices)).astype(np.int64) for m in (c.memory_sets if c else [])]
-                for c in self.carries]
+        return [
+            [np.asarray(to_numpy(m.indices)).astype(np.int64) for m in (c.memory_sets if c else [])]
+            for c in self.carries
+        ]
 
 
 def h2o_dot_products(n_tokens: int, chunk_size: int, memory_size: int, dense_tail: int = 0) -> int:

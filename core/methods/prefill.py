@@ -1,5 +1,6 @@
 """The prefill step loop every method shares, written once over `ModelOps`, and how a prefill
 made of stages reports its steps (`StageProgress`)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -48,9 +49,18 @@ def step_positions(positions: int | np.ndarray, lo: int, hi: int) -> int | np.nd
     return positions + lo if isinstance(positions, int) else positions[lo:hi]
 
 
-def prefill(ops: ModelOps[A], model: Any, ids: A, positions: int | np.ndarray, cache: list[Any], *,
-            step_size: int, logits_from: int = -1, attend: PrefillAttention[A] | None = None,
-            progress: ProgressCallback | None = None) -> A:
+def prefill(
+    ops: ModelOps[A],
+    model: Any,
+    ids: A,
+    positions: int | np.ndarray,
+    cache: list[Any],
+    *,
+    step_size: int,
+    logits_from: int = -1,
+    attend: PrefillAttention[A] | None = None,
+    progress: ProgressCallback | None = None,
+) -> A:
     """Append ids [T] at RoPE `positions` to `cache` in steps of `step_size` tokens.
 
     Returns float32 logits [T - logits_from, vocab] for the tokens from index `logits_from`

@@ -16,6 +16,7 @@ sliding layers apply theirs over ORIGINAL positions, not over kept-token counts 
 records each slot's position). A layer's attention terms (soft-cap, sinks: core/stages.AttentionTerms)
 enter the speculator's attention and the scoring softmaxes alike (layer_terms, like the windows).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,9 +30,16 @@ from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, qu
 from .prefill import StageProgress, prefill
 
 
-def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefillConfig,
-                     scale: float, windows: Sequence[int | None] = (),
-                     terms: Sequence[AttentionTerms[A] | None] = (), n_window: int = 1) -> A:
+def token_importance(
+    ops: ScoringOps[A],
+    queries: A,
+    keys: A,
+    config: SpecPrefillConfig,
+    scale: float,
+    windows: Sequence[int | None] = (),
+    terms: Sequence[AttentionTerms[A] | None] = (),
+    n_window: int = 1,
+) -> A:
     """importance [P] from queries [n_l, n_q, Hq, D] (the first n_window the prompt's last tokens',
     then the look-ahead's) and keys [n_l, Hkv, P, D], layer by layer (windows: each speculator
     layer's sliding window, empty: all global; a sliding layer scores only the keys its queries
@@ -45,9 +53,14 @@ def token_importance(ops: ScoringOps[A], queries: A, keys: A, config: SpecPrefil
     for layer in config.layer_indices(queries.shape[0]):
         window = windows[layer] if windows else None
         extra = () if not terms or active_terms(terms[layer]) is None else (active_terms(terms[layer]),)
-        probs = ops.attention_scores(queries[layer:layer + 1], keys[layer:layer + 1], scale,
-                                     window if window_binds(window, farthest) else None, *extra,
-                                     query_start=start)
+        probs = ops.attention_scores(
+            queries[layer : layer + 1],
+            keys[layer : layer + 1],
+            scale,
+            window if window_binds(window, farthest) else None,
+            *extra,
+            query_start=start,
+        )
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
     combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
     return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
@@ -59,9 +72,16 @@ class QueryCapture(Generic[A]):
     queries of the prompt's last `n_window` tokens (the prompt ends at slot `first_slot`) and the
     query of every later step (each fed look-ahead token)."""
 
-    def __init__(self, ops: ModelOps[A], n_layers: int, first_slot: int, scale: float,
-                 windows: Sequence[int | None] = (), terms: Sequence[AttentionTerms[A] | None] = (),
-                 n_window: int = 1):
+    def __init__(
+        self,
+        ops: ModelOps[A],
+        n_layers: int,
+        first_slot: int,
+        scale: float,
+        windows: Sequence[int | None] = (),
+        terms: Sequence[AttentionTerms[A] | None] = (),
+        n_window: int = 1,
+    ):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
         self.terms = [active_terms(t) for t in terms] or [None] * n_layers
@@ -103,9 +123,18 @@ class SpeculatorPass(Generic[A]):
     n_window: int = 1
 
 
-def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookahead: int,
-                   stop_ids: frozenset[int], step_size: int, report: StageProgress | None = None,
-                   extra_slots: int = 0, query_window: int = 1) -> SpeculatorPass[A]:
+def run_speculator(
+    ops: ModelOps[A],
+    speculator: Any,
+    ids: np.ndarray,
+    *,
+    lookahead: int,
+    stop_ids: frozenset[int],
+    step_size: int,
+    report: StageProgress | None = None,
+    extra_slots: int = 0,
+    query_window: int = 1,
+) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator, then greedy look-ahead (see the module doc).
 
     The look-ahead stops early at a stop id (which is not fed); `lookahead` fits the speculator's
@@ -117,10 +146,19 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
     n_prompt, args = len(ids), speculator.args
     n_window = max(1, min(query_window, n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
-    capture = QueryCapture(ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows,
-                           layer_terms(args), n_window)
-    logits = prefill(ops, speculator, ops.tokens(ids), 0, cache, step_size=step_size, attend=capture,
-                     progress=None if report is None else report.of("speculator"))[-1]
+    capture = QueryCapture(
+        ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows, layer_terms(args), n_window
+    )
+    logits = prefill(
+        ops,
+        speculator,
+        ops.tokens(ids),
+        0,
+        cache,
+        step_size=step_size,
+        attend=capture,
+        progress=None if report is None else report.of("speculator"),
+    )[-1]
     fed: list[int] = []
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
@@ -128,8 +166,9 @@ def run_speculator(ops: ModelOps[A], speculator: Any, ids: np.ndarray, *, lookah
             break
         fed.append(token)
         wants_logits = step + 1 < lookahead  # the last fed token only contributes its query
-        out = ops.forward(speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture,
-                          0 if wants_logits else None)
+        out = ops.forward(
+            speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture, 0 if wants_logits else None
+        )
         logits = out[-1] if out is not None else logits
         ops.settle([logits, capture.arrays(), cache])
         if report is not None:
@@ -153,37 +192,85 @@ class SparsePrefill(Generic[A]):
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def prefill_kept(ops: ModelOps[A], model: Any, ids: np.ndarray, selection: Selection, *, extra_slots: int,
-                 step_size: int, report: StageProgress | None = None) -> tuple[A, list[Any]]:
+def prefill_kept(
+    ops: ModelOps[A],
+    model: Any,
+    ids: np.ndarray,
+    selection: Selection,
+    *,
+    extra_slots: int,
+    step_size: int,
+    report: StageProgress | None = None,
+) -> tuple[A, list[Any]]:
     """The main model's sparse prefill: the kept tokens of ids [P] into cache slots 0..K-1 at
     their original positions, room for extra_slots more: (the last kept token's logits [vocab],
     the cache). `report` is told after each prefill step (stage "main_prefill")."""
     cache = ops.new_cache(model, len(selection.kept) + extra_slots)
-    logits = prefill(ops, model, ops.tokens(ids[selection.kept]), selection.position_ids, cache,
-                     step_size=step_size, progress=None if report is None else report.of("main_prefill"))[-1]
+    logits = prefill(
+        ops,
+        model,
+        ops.tokens(ids[selection.kept]),
+        selection.position_ids,
+        cache,
+        step_size=step_size,
+        progress=None if report is None else report.of("main_prefill"),
+    )[-1]
     return logits, cache
 
 
-def speculative_prefill(ops: ModelOps[A], model: Any, ids: np.ndarray, speculator: Any,
-                        config: SpecPrefillConfig, *, stop_ids: frozenset[int], extra_slots: int,
-                        step_size: int, speculator_step_size: int, report: StageProgress | None = None,
-                        speculator_extra_slots: int = 0) -> SparsePrefill[A]:
+def speculative_prefill(
+    ops: ModelOps[A],
+    model: Any,
+    ids: np.ndarray,
+    speculator: Any,
+    config: SpecPrefillConfig,
+    *,
+    stop_ids: frozenset[int],
+    extra_slots: int,
+    step_size: int,
+    speculator_step_size: int,
+    report: StageProgress | None = None,
+    speculator_extra_slots: int = 0,
+) -> SparsePrefill[A]:
     """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
     cache with room for `extra_slots` decoded tokens after them. `report` is told after every
     step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
     started = ops.wall_time()
-    spec = run_speculator(ops, speculator, ids, lookahead=config.lookahead, stop_ids=stop_ids,
-                          step_size=speculator_step_size, report=report, extra_slots=speculator_extra_slots,
-                          query_window=config.query_window)
+    spec = run_speculator(
+        ops,
+        speculator,
+        ids,
+        lookahead=config.lookahead,
+        stop_ids=stop_ids,
+        step_size=speculator_step_size,
+        report=report,
+        extra_slots=speculator_extra_slots,
+        query_window=config.query_window,
+    )
     speculated = ops.wall_time()
-    importance = token_importance(ops, spec.queries, spec.keys, config, speculator.args.attention_scale,
-                                  speculator.args.layer_windows, layer_terms(speculator.args), spec.n_window)
-    from ..reference.specprefill import select_tokens  # here: the reference package loads only when a prompt is selected
+    importance = token_importance(
+        ops,
+        spec.queries,
+        spec.keys,
+        config,
+        speculator.args.attention_scale,
+        speculator.args.layer_windows,
+        layer_terms(speculator.args),
+        spec.n_window,
+    )
+    from ..reference.specprefill import (
+        select_tokens,
+    )  # here: the reference package loads only when a prompt is selected
+
     selection = select_tokens(ops.to_numpy(importance), config)
     selected = ops.wall_time()
-    logits, cache = prefill_kept(ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size,
-                                 report=report)
+    logits, cache = prefill_kept(
+        ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size, report=report
+    )
     finished = ops.wall_time()
-    seconds = {"speculator": speculated - started, "selection": selected - speculated,
-               "main_prefill": finished - selected}
+    seconds = {
+        "speculator": speculated - started,
+        "selection": selected - speculated,
+        "main_prefill": finished - selected,
+    }
     return SparsePrefill(logits, cache, selection.decode_start, selection, spec, seconds)

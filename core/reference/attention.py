@@ -6,6 +6,7 @@ that states over disjoint key sets still merge exactly; the sink is folded in on
 over the query's whole key set (`add_sinks`), while the softmax weights a stage hands out (the
 column sums, the scores) take it in their own denominator (`masked_state(..., sinks)`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,9 @@ def soft_cap(logits: np.ndarray, softcap: float | None) -> np.ndarray:
     return np.tanh(logits / cap) * cap
 
 
-def masked_state(logits: np.ndarray, valid: np.ndarray, v: np.ndarray,
-                 sinks: np.ndarray | None = None) -> tuple[AttentionState, np.ndarray]:
+def masked_state(
+    logits: np.ndarray, valid: np.ndarray, v: np.ndarray, sinks: np.ndarray | None = None
+) -> tuple[AttentionState, np.ndarray]:
     """State of softmax(logits) @ v over the valid keys, plus the softmax weights.
 
     logits [..., T, K] (already scaled), valid broadcastable to it, v [..., K, D].

@@ -5,14 +5,23 @@ These are the stages (phase 1 of every chunk at once, phase 2's attention to a m
 accumulation, memory-set choice); the chunk walk that strings them together is written once for
 every backend in core/methods/h2o.py.
 """
+
 from __future__ import annotations
 
 import math
 
 import numpy as np
 
-from ..stages import AttentionState, AttentionTerms, InterResult, IntraResult, KeyWindow, MemorySet, sinks_of, \
-    softcap_of
+from ..stages import (
+    AttentionState,
+    AttentionTerms,
+    InterResult,
+    IntraResult,
+    KeyWindow,
+    MemorySet,
+    sinks_of,
+    softcap_of,
+)
 from .attention import accumulation_dtype, add_sinks, empty_state, expand_kv_heads, masked_state, soft_cap
 
 
@@ -22,8 +31,15 @@ def _head_sinks(terms: AttentionTerms | None, dtype: type, extra_axes: int) -> n
     return None if sinks is None else np.asarray(sinks, dtype=dtype).reshape(-1, *([1] * extra_axes))
 
 
-def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                    scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
+def intra_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    chunk_size: int,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+) -> IntraResult:
     """Block-diagonal causal attention of all chunks at once (chunks start at token 0); window w:
     query i sees keys j > i - w only. terms: the soft-cap caps the logits; a sink joins the
     column sums' softmax denominators, not the state (core/reference/attention.py)."""
@@ -51,8 +67,14 @@ def intra_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int
     return IntraResult(AttentionState(flat(state.m), flat(state.l), flat(state.o)), flat(colsum))
 
 
-def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
-                     window: int | None = None, terms: AttentionTerms | None = None) -> AttentionState:
+def causal_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+) -> AttentionState:
     """Plain causal attention: the intra stage with one chunk spanning the whole prompt (its
     state over every key of each query, so a sink is folded in here)."""
     state = intra_attention(q, k, v, max(1, q.shape[1]), scale, window, terms).state
@@ -61,14 +83,23 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
 
 def key_window_mask(window: KeyWindow, n_queries: int, n_kv: int, n_keys: int) -> np.ndarray:
     """[Hkv, T, M] bool: which key slot each query row sees under `window`."""
-    positions = np.arange(window.key_start, window.key_start + n_keys)[None] if window.key_positions is None \
+    positions = (
+        np.arange(window.key_start, window.key_start + n_keys)[None]
+        if window.key_positions is None
         else np.asarray(window.key_positions, dtype=np.int64)
+    )
     distance = (window.query_start + np.arange(n_queries))[None, :, None] - positions[:, None, :]
     return np.broadcast_to((distance >= 0) & (distance < window.size), (n_kv, n_queries, n_keys))
 
 
-def inter_attention(q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: float,
-                    window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+def inter_attention(
+    q: np.ndarray,
+    k_mem: np.ndarray,
+    v_mem: np.ndarray,
+    scale: float,
+    window: KeyWindow | None = None,
+    terms: AttentionTerms | None = None,
+) -> InterResult:
     """Attention of a chunk's queries to its gathered memory keys: no mask but the window's;
     terms as in intra_attention."""
     n_heads, n_tokens, head_dim = q.shape
@@ -78,8 +109,11 @@ def inter_attention(q: np.ndarray, k_mem: np.ndarray, v_mem: np.ndarray, scale: 
     kr = expand_kv_heads(k_mem, n_heads).astype(dtype, copy=False)
     vr = expand_kv_heads(v_mem, n_heads).astype(dtype, copy=False)
     logits = soft_cap(np.einsum("htd,hmd->htm", q.astype(dtype, copy=False), kr) * dtype(scale), softcap_of(terms))
-    valid = np.bool_(True) if window is None else \
-        expand_kv_heads(key_window_mask(window, n_tokens, k_mem.shape[0], k_mem.shape[1]), n_heads)
+    valid = (
+        np.bool_(True)
+        if window is None
+        else expand_kv_heads(key_window_mask(window, n_tokens, k_mem.shape[0], k_mem.shape[1]), n_heads)
+    )
     state, weights = masked_state(logits, valid, vr, _head_sinks(terms, dtype, 1))
     return InterResult(state, weights.sum(axis=1))
 
@@ -103,8 +137,15 @@ def local_window(chunk_start: int, chunk_end: int, local: int) -> np.ndarray:
     return np.arange(max(chunk_start, chunk_end - local), chunk_end, dtype=np.int64)
 
 
-def build_memory_set(scores: np.ndarray, previous: MemorySet | None, chunk_index: int,
-                     chunk_start: int, chunk_end: int, local: int, heavy: int) -> MemorySet:
+def build_memory_set(
+    scores: np.ndarray,
+    previous: MemorySet | None,
+    chunk_index: int,
+    chunk_start: int,
+    chunk_end: int,
+    local: int,
+    heavy: int,
+) -> MemorySet:
     """M_c = Local_c U top-H((M_{c-1} U C_c) minus Local_c), per KV head, sorted."""
     local_idx = local_window(chunk_start, chunk_end, local)
     chunk_rest = np.arange(chunk_start, local_idx[0] if local_idx.size else chunk_end, dtype=np.int64)

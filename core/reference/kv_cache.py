@@ -5,6 +5,7 @@ and growth and compares what each holds (conformance/checks_kv_cache.py). A slot
 keys and values live; slots fill in order from `offset`; every layer fills the same slots except
 where a draft wrote into the first layers only or a prefill stopped between layers.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,7 +24,7 @@ class ReferenceLayerCache:
         end = self.offset + keys.shape[2]
         if end > self.k.shape[2]:
             raise PromptTooLongError(f"KV cache holds {self.k.shape[2]} tokens, writing slots {self.offset}..{end - 1}")
-        self.k[:, :, self.offset:end], self.v[:, :, self.offset:end] = keys, values
+        self.k[:, :, self.offset : end], self.v[:, :, self.offset : end] = keys, values
         self.offset = end
         return self.k[:, :, :end].copy(), self.v[:, :, :end].copy()
 
@@ -37,8 +38,9 @@ class ReferenceLayerCache:
 class ReferenceKVCache:
     """Every layer's cache, `capacity` slots each."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: np.dtype | str = np.float64) -> None:
+    def __init__(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype: np.dtype | str = np.float64
+    ) -> None:
         shape = (1, n_kv_heads, capacity, head_dim)
         self.layers = [ReferenceLayerCache(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(n_layers)]
 
@@ -55,7 +57,7 @@ class ReferenceKVCache:
         _, heads, _, head_dim = self.layers[0].k.shape
         grown = ReferenceKVCache(len(self.layers), heads, head_dim, capacity, self.layers[0].k.dtype)
         for old, new in zip(self.layers, grown.layers):
-            new.k[:, :, :old.offset], new.v[:, :, :old.offset] = old.k[:, :, :old.offset], old.v[:, :, :old.offset]
+            new.k[:, :, : old.offset], new.v[:, :, : old.offset] = old.k[:, :, : old.offset], old.v[:, :, : old.offset]
             new.offset = old.offset
         return grown
 
@@ -84,8 +86,9 @@ class ReferenceKVCache:
         if not 0 <= slots <= min(layer.offset for layer in self.layers):
             raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
         _, heads, _, head_dim = self.layers[0].k.shape
-        copied = ReferenceKVCache(len(self.layers), heads, head_dim, max(slots, capacity or slots),
-                                  self.layers[0].k.dtype)
+        copied = ReferenceKVCache(
+            len(self.layers), heads, head_dim, max(slots, capacity or slots), self.layers[0].k.dtype
+        )
         for old, new in zip(self.layers, copied.layers):
             new.k[:, :, :slots], new.v[:, :, :slots] = old.k[:, :, :slots], old.v[:, :, :slots]
             new.offset = slots
@@ -96,8 +99,11 @@ class ReferenceKVCache:
         slots, D] and `metadata` in its header (no positions: slot i is position i here)."""
         from safetensors.numpy import save_file
 
-        save_file({"keys": self.keys(slots), "values": np.stack([layer.v[0, :, :slots] for layer in self.layers])},
-                  path, metadata=metadata)
+        save_file(
+            {"keys": self.keys(slots), "values": np.stack([layer.v[0, :, :slots] for layer in self.layers])},
+            path,
+            metadata=metadata,
+        )
 
     def load(self, path: str) -> int:
         """Fill this empty cache from a file `save` wrote; returns its slots (ValueError when its
@@ -108,10 +114,16 @@ class ReferenceKVCache:
         keys, values = arrays["keys"], arrays["values"]
         _, heads, capacity, head_dim = self.layers[0].k.shape
         slots = keys.shape[2]
-        if keys.shape != (len(self.layers), heads, slots, head_dim) or values.shape != keys.shape \
-                or keys.dtype != self.layers[0].k.dtype or slots > capacity:
-            raise ValueError(f"the file holds keys {keys.shape} {keys.dtype}, this cache "
-                             f"{(len(self.layers), heads, capacity, head_dim)} {self.layers[0].k.dtype}")
+        if (
+            keys.shape != (len(self.layers), heads, slots, head_dim)
+            or values.shape != keys.shape
+            or keys.dtype != self.layers[0].k.dtype
+            or slots > capacity
+        ):
+            raise ValueError(
+                f"the file holds keys {keys.shape} {keys.dtype}, this cache "
+                f"{(len(self.layers), heads, capacity, head_dim)} {self.layers[0].k.dtype}"
+            )
         for i, layer in enumerate(self.layers):
             layer.k[0, :, :slots], layer.v[0, :, :slots], layer.offset = keys[i], values[i], slots
         return slots

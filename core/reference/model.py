@@ -7,6 +7,7 @@ prompt chunk by chunk through every layer (seed 001, Appendix A's order) using t
 stages, so a backend's layer-major H2O prefill can be checked against a schedule it does not
 share. Slow and small-model only: for tests.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,8 +51,11 @@ class ReferenceModel:
                 y = y + self.w[p + f"{name}_proj.bias"]
             return y.reshape(len(x), heads, a.head_dim).transpose(1, 0, 2)
 
-        q, k, v = project("q", a.num_attention_heads), project("k", a.num_key_value_heads), \
-            project("v", a.num_key_value_heads)
+        q, k, v = (
+            project("q", a.num_attention_heads),
+            project("k", a.num_key_value_heads),
+            project("v", a.num_key_value_heads),
+        )
         if a.qk_norm:
             q, k = self._norm(q, p + "q_norm.weight"), self._norm(k, p + "k_norm.weight")
         local = a.local_rope(layer)
@@ -65,10 +69,12 @@ class ReferenceModel:
             out = out + self.w[p + "self_attn.o_proj.bias"]
         sandwich = self.args.sandwich_norms  # Gemma 3 normalises both outputs before the residual
         hidden = hidden + (self._norm(out, p + "post_attention_layernorm.weight") if sandwich else out)
-        x = self._norm(hidden, p + ("pre_feedforward_layernorm" if sandwich else "post_attention_layernorm") + ".weight")
+        x = self._norm(
+            hidden, p + ("pre_feedforward_layernorm" if sandwich else "post_attention_layernorm") + ".weight"
+        )
         gate, up = x @ self.w[p + "mlp.gate_proj.weight"].T, x @ self.w[p + "mlp.up_proj.weight"].T
         if self.args.mlp_activation == "gelu_tanh":
-            act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate ** 3)))
+            act = 0.5 * gate * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (gate + 0.044715 * gate**3)))
         else:
             act = gate / (1.0 + np.exp(-gate))
         out = (act * up) @ self.w[p + "mlp.down_proj.weight"].T
@@ -102,14 +108,21 @@ class ReferenceModel:
             hidden = self.finish_layer(layer, hidden, self.attend(layer, q, k, v, pos))
         return self.logits(hidden)
 
-    def _dense_tail(self, q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int,
-                    tail_start: int, window: int | None = None) -> np.ndarray | None:
+    def _dense_tail(
+        self,
+        q: np.ndarray,
+        keys: np.ndarray,
+        values: np.ndarray,
+        start: int,
+        tail_start: int,
+        window: int | None = None,
+    ) -> np.ndarray | None:
         """Outputs [Hq, rows, D] of the chunk's queries q (positions start..) at positions >=
         tail_start, causal over every key so far (keys/values [Hkv, start + T, D]); None if none."""
         first = max(start, tail_start)
         if first >= start + q.shape[1]:
             return None
-        padded = np.concatenate([np.zeros((q.shape[0], first, q.shape[2])), q[:, first - start:]], axis=1)
+        padded = np.concatenate([np.zeros((q.shape[0], first, q.shape[2])), q[:, first - start :]], axis=1)
         return h2o.causal_attention(padded, keys, values, self.scale, window).o[:, first:]
 
     def forward_h2o_chunk_major(self, ids: list[int], config: H2OConfig) -> tuple[np.ndarray, list[list[MemorySet]]]:
@@ -135,26 +148,41 @@ class ReferenceModel:
                 values[layer] = np.concatenate([values[layer], v], axis=1)
                 intra = h2o.intra_attention(q, k, v, size, self.scale, window)
                 scores[layer] = np.concatenate(
-                    [scores[layer], h2o.reduce_colsum_to_kv_heads(intra.colsum, k.shape[0])], axis=1)
+                    [scores[layer], h2o.reduce_colsum_to_kv_heads(intra.colsum, k.shape[0])], axis=1
+                )
                 state = intra.state
                 if memory[layer] is not None and config.enabled:
                     k_mem, v_mem = h2o.gather_memory(keys[layer], values[layer], memory[layer])
-                    inter = h2o.inter_attention(q, k_mem, v_mem, self.scale,
-                                                None if window is None else KeyWindow(window, start, memory[layer].indices))
+                    inter = h2o.inter_attention(
+                        q,
+                        k_mem,
+                        v_mem,
+                        self.scale,
+                        None if window is None else KeyWindow(window, start, memory[layer].indices),
+                    )
                     scores[layer] = h2o.accumulate_scores(
-                        scores[layer], memory[layer], h2o.reduce_colsum_to_kv_heads(inter.colsum, k.shape[0]))
+                        scores[layer], memory[layer], h2o.reduce_colsum_to_kv_heads(inter.colsum, k.shape[0])
+                    )
                     state = merge_states(inter.state, state)
                 elif start > 0:  # H2O disabled: plain causal attention over everything so far
-                    state = h2o.causal_attention(np.concatenate([np.zeros((q.shape[0], start, q.shape[2])), q], 1),
-                                                 keys[layer], values[layer], self.scale, window)
+                    state = h2o.causal_attention(
+                        np.concatenate([np.zeros((q.shape[0], start, q.shape[2])), q], 1),
+                        keys[layer],
+                        values[layer],
+                        self.scale,
+                        window,
+                    )
                     state = type(state)(state.m[:, start:], state.l[:, start:], state.o[:, start:])
                 tail = self._dense_tail(q, keys[layer], values[layer], start, len(ids) - config.dense_tail, window)
                 if tail is not None and config.enabled:
-                    state = type(state)(state.m, state.l, np.concatenate([state.o[:, :state.o.shape[1] - tail.shape[1]], tail], 1))
+                    state = type(state)(
+                        state.m, state.l, np.concatenate([state.o[:, : state.o.shape[1] - tail.shape[1]], tail], 1)
+                    )
                 hidden = self.finish_layer(layer, hidden, state.o)
                 if end < len(ids) and config.enabled and layer in sparse:  # a dense layer keeps no memory
-                    memory[layer] = h2o.build_memory_set(scores[layer], memory[layer], start // size, start, end,
-                                                         config.local, config.heavy)
+                    memory[layer] = h2o.build_memory_set(
+                        scores[layer], memory[layer], start // size, start, end, config.local, config.heavy
+                    )
                     built[layer].append(memory[layer])
             out.append(self.logits(hidden))
         return np.concatenate(out, axis=0), built

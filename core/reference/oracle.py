@@ -17,6 +17,7 @@ Deliberately naive and independent of the two-phase reference: one query at a ti
 [N]-wide mask per query, softmax over K(i) in one piece, memory sets built with Python sets
 and a (-score, position) sort. Slow; for small cases and tests only.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,10 +37,19 @@ def _capped(logits: np.ndarray, softcap: float | None) -> np.ndarray:
     return logits if softcap is None else softcap * np.tanh(logits / softcap)
 
 
-def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int, local: int,
-                     heavy: int, scale: float, dense_tail: int = 0, window: int | None = None,
-                     sinks: np.ndarray | None = None,
-                     softcap: float | None = None) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
+def oracle_h2o_layer(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    chunk_size: int,
+    local: int,
+    heavy: int,
+    scale: float,
+    dense_tail: int = 0,
+    window: int | None = None,
+    sinks: np.ndarray | None = None,
+    softcap: float | None = None,
+) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
     """Returns (output [Hq, N, D], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N]).
     A sliding window w keeps, of every key set, the keys j > i - w only; the scores count only
     what each query attended. sinks [Hq] / softcap: the layer's terms (see the module doc)."""
@@ -93,8 +103,14 @@ def oracle_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
     return out, memory_sets, scores
 
 
-def key_set_mask(n_tokens: int, chunk_size: int, memory_indices: list[np.ndarray],
-                 n_kv_heads: int, dense_tail: int = 0, window: int | None = None) -> np.ndarray:
+def key_set_mask(
+    n_tokens: int,
+    chunk_size: int,
+    memory_indices: list[np.ndarray],
+    n_kv_heads: int,
+    dense_tail: int = 0,
+    window: int | None = None,
+) -> np.ndarray:
     """[Hkv, N, N] boolean: mask[g, i, j] = j in K(i) for KV head g.
 
     memory_indices[c] is M_c as [Hkv, M]; the chunk after c reads it. Rows i >= N - dense_tail
@@ -131,10 +147,18 @@ def _masked_softmax(logits: np.ndarray, mask: np.ndarray, sinks: np.ndarray | No
     return e / np.where(total > 0, total, 1.0)
 
 
-def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: int,
-                     memory_indices: list[np.ndarray], scale: float, dense_tail: int = 0,
-                     window: int | None = None, sinks: np.ndarray | None = None,
-                     softcap: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def replay_h2o_layer(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    chunk_size: int,
+    memory_indices: list[np.ndarray],
+    scale: float,
+    dense_tail: int = 0,
+    window: int | None = None,
+    sinks: np.ndarray | None = None,
+    softcap: float | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """(output [Hq, N, D], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
     a dense tail of `dense_tail` rows, which changes the output only; a sliding window w, which
     hides keys j <= i - w from query i everywhere; the layer's terms, sinks [Hq] and softcap, in
@@ -159,7 +183,8 @@ def replay_h2o_layer(q: np.ndarray, k: np.ndarray, v: np.ndarray, chunk_size: in
         for h in range(n_heads):
             g = h // group
             visible = np.bool_(True) if window is None else rows[:, None] - mem[g][None, :] < window
-            weights = _masked_softmax(logits[h][np.ix_(rows, mem[g])], visible,
-                                      None if sinks is None else float(sinks[h]))
+            weights = _masked_softmax(
+                logits[h][np.ix_(rows, mem[g])], visible, None if sinks is None else float(sinks[h])
+            )
             scores[g, mem[g]] += weights.sum(axis=0)
     return output, scores

@@ -6,6 +6,7 @@ Scores come from the speculator's queries of the last prompt token and of its gr
 look-ahead tokens against the prompt keys of every scoring layer. Look-ahead queries score
 prompt positions only (softmax over the prompt keys), as the reference implementation does.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,16 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..errors import ConfigError
-from ..stages import (AttentionTerms, Selection, SpecPrefillStages, TokenScores, active_terms, query_start, sinks_of,
-                      softcap_of)
+from ..stages import (
+    AttentionTerms,
+    Selection,
+    SpecPrefillStages,
+    TokenScores,
+    active_terms,
+    query_start,
+    sinks_of,
+    softcap_of,
+)
 from .attention import accumulation_dtype, expand_kv_heads, masked_state, soft_cap
 
 
@@ -31,8 +40,14 @@ def scoring_mask(n_queries: int, n_keys: int, window: int | None = None, query_s
     return visible if window is None else visible & (distance < window)
 
 
-def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window: int | None = None,
-                     terms: AttentionTerms | None = None, query_start: int | None = None) -> np.ndarray:
+def attention_scores(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+    query_start: int | None = None,
+) -> np.ndarray:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P];
     with a window (a sliding layer) or an observation window's queries (query_start < P - 1) over
     the keys each query sees (scoring_mask; rows seeing none: zeros). terms (every given layer's):
@@ -40,12 +55,16 @@ def attention_scores(queries: np.ndarray, keys: np.ndarray, scale: float, window
     then sum to less than 1: the sink's share)."""
     dtype = accumulation_dtype(queries, keys)
     keys = expand_kv_heads(keys, queries.shape[2], axis=1).astype(dtype, copy=False)
-    logits = soft_cap(np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale),
-                      softcap_of(terms))
+    logits = soft_cap(
+        np.einsum("lqhd,lhpd->qlhp", queries.astype(dtype, copy=False), keys) * dtype(scale), softcap_of(terms)
+    )
     masked = window is not None or (query_start is not None and query_start < keys.shape[2] - 1)
     if sinks_of(terms) is not None:
-        visible = scoring_mask(queries.shape[1], keys.shape[2], window, query_start)[:, None, None, :] if masked \
+        visible = (
+            scoring_mask(queries.shape[1], keys.shape[2], window, query_start)[:, None, None, :]
+            if masked
             else np.bool_(True)
+        )
         sinks = np.asarray(sinks_of(terms), dtype=dtype)  # [Hq]: one per row of [n_q, n_l, Hq]
         return masked_state(logits, visible, np.zeros((keys.shape[2], 0), dtype), sinks)[1]
     if not masked:
@@ -68,7 +87,7 @@ def smooth_scores(probs: np.ndarray, kernel: int) -> np.ndarray:
 
 
 def reduce_axis(x: np.ndarray, how: str, axis: int) -> np.ndarray:
-    """"max" or "mean" over one axis."""
+    """ "max" or "mean" over one axis."""
     if how == "max":
         return x.max(axis=axis)
     if how == "mean":
@@ -76,8 +95,9 @@ def reduce_axis(x: np.ndarray, how: str, axis: int) -> np.ndarray:
     raise ConfigError(f"unknown reduction {how!r}")
 
 
-def reduce_scores(probs: np.ndarray, head_reduction: str, layer_reduction: str,
-                  lookahead_reduction: str = "mean") -> np.ndarray:
+def reduce_scores(
+    probs: np.ndarray, head_reduction: str, layer_reduction: str, lookahead_reduction: str = "mean"
+) -> np.ndarray:
     """[n_q, n_l, Hq, P] -> [P]: reduce heads, then layers, then the scoring queries (the last
     prompt token and the look-ahead tokens: mean, the paper's, or max)."""
     per_layer = reduce_axis(probs, head_reduction, axis=2)
@@ -146,13 +166,19 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
 
 def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarray) -> Selection:
     """Kept tokens use their original position ids; the first decoded token sits at P."""
-    return Selection(kept=kept, position_ids=kept.copy(), decode_start=int(prompt_len),
-                     chunk_scores=chunk_scores)
+    return Selection(kept=kept, position_ids=kept.copy(), decode_start=int(prompt_len), chunk_scores=chunk_scores)
 
 
-def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                 stages: SpecPrefillStages, windows: Sequence[int | None] = (),
-                 terms: Sequence[AttentionTerms | None] = (), n_window: int = 1) -> TokenScores:
+def score_tokens(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    config: SpecPrefillConfig,
+    scale: float,
+    stages: SpecPrefillStages,
+    windows: Sequence[int | None] = (),
+    terms: Sequence[AttentionTerms | None] = (),
+    n_window: int = 1,
+) -> TokenScores:
     """Importance of every prompt token from the scoring layers chosen by `config.layers`, through
     `stages` at the NumPy boundary (the reference itself or a backend's conformance adapter);
     windows / terms: each speculator layer's sliding window / attention terms (empty: none);
@@ -161,26 +187,47 @@ def score_tokens(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfi
     layers = config.layer_indices(queries.shape[0])
     start = query_start(keys.shape[2], n_window)
     if any(active_terms(t) is not None for t in terms):
-        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale,
-                                                        windows[i] if windows else None, active_terms(terms[i]),
-                                                        query_start=start)
-                                for i in layers], axis=1)
+        probs = np.concatenate(
+            [
+                stages.attention_scores(
+                    queries[i : i + 1],
+                    keys[i : i + 1],
+                    scale,
+                    windows[i] if windows else None,
+                    active_terms(terms[i]),
+                    query_start=start,
+                )
+                for i in layers
+            ],
+            axis=1,
+        )
     elif windows:
-        probs = np.concatenate([stages.attention_scores(queries[i:i + 1], keys[i:i + 1], scale, windows[i],
-                                                        query_start=start)
-                                for i in layers], axis=1)
+        probs = np.concatenate(
+            [
+                stages.attention_scores(queries[i : i + 1], keys[i : i + 1], scale, windows[i], query_start=start)
+                for i in layers
+            ],
+            axis=1,
+        )
     else:
         probs = stages.attention_scores(queries[layers], keys[layers], scale, None, query_start=start)
     smoothed = stages.smooth_scores(probs, config.pool_kernel)
-    importance = stages.reduce_scores(smoothed, config.head_reduction, config.layer_reduction,
-                                      config.lookahead_reduction)
+    importance = stages.reduce_scores(
+        smoothed, config.head_reduction, config.layer_reduction, config.lookahead_reduction
+    )
     return TokenScores(probs=probs, smoothed=smoothed, importance=importance)
 
 
-def speculative_selection(queries: np.ndarray, keys: np.ndarray, config: SpecPrefillConfig, scale: float,
-                          stages: SpecPrefillStages, windows: Sequence[int | None] = (),
-                          terms: Sequence[AttentionTerms | None] = (),
-                          n_window: int = 1) -> tuple[TokenScores, Selection]:
+def speculative_selection(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    config: SpecPrefillConfig,
+    scale: float,
+    stages: SpecPrefillStages,
+    windows: Sequence[int | None] = (),
+    terms: Sequence[AttentionTerms | None] = (),
+    n_window: int = 1,
+) -> tuple[TokenScores, Selection]:
     """Scores then selection: what the main model will prefill."""
     scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
     return scores, stages.select_tokens(scores.importance, config)

@@ -12,10 +12,10 @@ streaming, disconnects), info (health, models, tokenize, metrics routes), metric
 Prometheus), access (API key, CORS), runner (bind before load, signals), prompt_cache (conversations'
 KV reused by later prompts), prompt_store (its files: --prompt-cache-dir).
 """
+
 from __future__ import annotations
 
 import math
-
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +25,11 @@ from .access import Access
 from .metrics import configure_logging
 from .plan import ServerDefaults
 
-CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-          "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
-          "{% endif %}")
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% endif %}"
+)
 
 
 def read_chat_template(spec: str) -> str:
@@ -40,10 +42,20 @@ def read_chat_template(spec: str) -> str:
         raise ConfigError(f"cannot read --chat-template {spec}: {err.strerror}") from None
 
 
-def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue: int = 8,
-              cache_tokens: int | None = None, access: Access = Access(), engine: Any = None,
-              cache_memory: float | None = 4.0, cache_dir: str | None = None, cache_disk: float | None = None,
-              model_name: str | None = None) -> Any:
+def build_app(
+    model: Any,
+    tokenizer: Any,
+    defaults: ServerDefaults,
+    *,
+    max_queue: int = 8,
+    cache_tokens: int | None = None,
+    access: Access = Access(),
+    engine: Any = None,
+    cache_memory: float | None = 4.0,
+    cache_dir: str | None = None,
+    cache_disk: float | None = None,
+    model_name: str | None = None,
+) -> Any:
     """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
 
     access: the API key and CORS origins (default: no key, no cross-origin calls).
@@ -69,8 +81,10 @@ def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue
         raise ConfigError(f"--prompt-cache must be exact, approximate or off, got {defaults.prompt_cache!r}")
     if engine is not None:
         if cache_dir is not None:
-            raise ConfigError("--prompt-cache-dir is not supported under mlx.launch yet (each rank keeps its own "
-                              "prompt cache in memory)")
+            raise ConfigError(
+                "--prompt-cache-dir is not supported under mlx.launch yet (each rank keeps its own "
+                "prompt cache in memory)"
+            )
         return create_app(engine, defaults, max_queue=max_queue, access=access)
     cache = None
     if defaults.prompt_cache != "off":
@@ -80,12 +94,17 @@ def build_app(model: Any, tokenizer: Any, defaults: ServerDefaults, *, max_queue
 
             disk = cache_disk if cache_disk is not None else cache_memory
             try:
-                store = PromptStore(cache_dir, model, model_name or defaults.model_id,
-                                    None if disk is None else int(disk * 1e9))
+                store = PromptStore(
+                    cache_dir, model, model_name or defaults.model_id, None if disk is None else int(disk * 1e9)
+                )
             except OSError as err:
                 raise ConfigError(f"cannot use --prompt-cache-dir {cache_dir}: {err.strerror or err}") from None
-        cache = PromptCache(cache_tokens, model.args.max_position_embeddings,
-                            None if cache_memory is None else int(cache_memory * 1e9), store)
+        cache = PromptCache(
+            cache_tokens,
+            model.args.max_position_embeddings,
+            None if cache_memory is None else int(cache_memory * 1e9),
+            store,
+        )
     return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue, access=access)
 
 

@@ -7,6 +7,7 @@ header; Claude Code sends either); the comparison is constant-time (hmac) so the
 nothing about how much of a guess was right. A refusal is a 401 with an OpenAI error body (an
 Anthropic one under /v1/messages), which either client raises as AuthenticationError.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -36,8 +37,9 @@ class RequireKey:
         self.expected = f"Bearer {key}".encode()
         self.key = key.encode()
 
-    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]],
-                       send: Callable[[dict], Awaitable[None]]) -> None:
+    async def __call__(
+        self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Callable[[dict], Awaitable[None]]
+    ) -> None:
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
@@ -48,12 +50,23 @@ class RequireKey:
             return
         why = "no API key given" if not (given or header_key) else "invalid API key"
         message = f"{why}: send 'Authorization: Bearer KEY' or 'x-api-key: KEY' with the server's --api-key"
-        body = anthropic_error_body(401, message) if is_anthropic_path(scope["path"]) else \
-            error_body(401, message, code="invalid_api_key")
+        body = (
+            anthropic_error_body(401, message)
+            if is_anthropic_path(scope["path"])
+            else error_body(401, message, code="invalid_api_key")
+        )
         body = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-                                (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b"Bearer"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -64,5 +77,10 @@ def protect(app: Any, access: Access) -> None:
     if access.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(access.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"], expose_headers=["Retry-After"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(access.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["Retry-After"],
+        )

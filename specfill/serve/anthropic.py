@@ -16,6 +16,7 @@ message_delta (stop_reason, usage), message_stop. thinking / redacted_thinking b
 turns are dropped (the model's own reasoning, not context it needs); images and documents are a 400.
 An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,20 @@ NUMBER = Union[int, float]
 error_body = anthropic_error_body
 # a custom tool's documented fields; all but the first four are accepted and ignored (the prompt cache is
 # automatic, inputs stream whole, every tool is rendered, nothing runs tools server-side)
-TOOL_FIELDS = frozenset({"name", "description", "input_schema", "type", "cache_control", "eager_input_streaming",
-                         "strict", "defer_loading", "input_examples", "allowed_callers"})
+TOOL_FIELDS = frozenset(
+    {
+        "name",
+        "description",
+        "input_schema",
+        "type",
+        "cache_control",
+        "eager_input_streaming",
+        "strict",
+        "defer_loading",
+        "input_examples",
+        "allowed_callers",
+    }
+)
 CHOICE_FIELDS = frozenset({"type", "name", "disable_parallel_tool_use"})
 SPECFILL_FIELDS = tuple(SpecfillFields.model_fields)
 DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
@@ -69,8 +82,11 @@ def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
         request = MessagesRequest.model_validate(data)
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]
-                        if not (isinstance(p, str) and (p in ("int", "float", "str", "bool") or "[" in p)))
+        where = "".join(
+            f"[{p}]" if isinstance(p, int) else f".{p}"
+            for p in first["loc"]
+            if not (isinstance(p, str) and (p in ("int", "float", "str", "bool") or "[" in p))
+        )
         where = where.lstrip(".") or "body"
         raise bad_request(f"invalid field '{where}': {first['msg']}", where) from None
     if request.max_tokens is None and not counting:
@@ -104,11 +120,18 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
             if not isinstance(block.get("input"), dict) or not isinstance(block.get("id"), str):
                 raise bad_request(f"'{where}[{j}]': a tool_use block needs an id, a name and an input object", where)
             name = check_tool_name(block.get("name"), f"{where}[{j}].name")
-            calls.append({"id": block["id"], "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(block["input"], ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(block["input"], ensure_ascii=False)},
+                }
+            )
         elif kind not in DROPPED_BLOCKS:
-            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported in an assistant turn "
-                              f"(text, tool_use)", where)
+            raise bad_request(
+                f"'{where}[{j}]': content of type {kind!r} is not supported in an assistant turn (text, tool_use)",
+                where,
+            )
     message: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts)}
     if calls:
         message["tool_calls"] = calls
@@ -140,8 +163,9 @@ def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str
                 message["name"] = names[call]
             out.append(message)
         else:
-            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported in a user turn "
-                              f"(text, tool_result)", where)
+            raise bad_request(
+                f"'{where}[{j}]': content of type {kind!r} is not supported in a user turn (text, tool_result)", where
+            )
     flush()
     return out
 
@@ -156,7 +180,7 @@ def _messages(request: MessagesRequest) -> list[dict[str, Any]]:
         where = f"messages[{i}]"
         role, content = message.get("role"), message.get("content")
         if role not in ("user", "assistant"):
-            raise bad_request(f"'{where}.role' must be \"user\" or \"assistant\", got {role!r}", f"{where}.role")
+            raise bad_request(f'\'{where}.role\' must be "user" or "assistant", got {role!r}', f"{where}.role")
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -226,8 +250,9 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
     form = (request.output_config or {}).get("format")
     if form is not None:
         if not isinstance(form, dict) or form.get("type") != "json_schema":
-            raise bad_request("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
-                              "output_config.format")
+            raise bad_request(
+                '\'output_config.format\' must be {"type": "json_schema", "schema": {...}}', "output_config.format"
+            )
         unknown_field(form, frozenset({"type", "schema"}), "output_config.format")
         schema = check_schema(form.get("schema"), "output_config.format.schema")
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
@@ -236,8 +261,9 @@ def chat_body(request: MessagesRequest) -> dict[str, Any]:
     return body
 
 
-def prepare(raw: bytes, tokenizer: Any, defaults: ServerDefaults, *,
-            counting: bool = False) -> tuple[ChatRequest, ChatSetup, list[int]]:
+def prepare(
+    raw: bytes, tokenizer: Any, defaults: ServerDefaults, *, counting: bool = False
+) -> tuple[ChatRequest, ChatSetup, list[int]]:
     """A Messages body -> (the chat request it stands for, its setup, the prompt ids); a 400 / 404
     (RequestError) names the field. counting: /count_tokens (max_tokens may be left out)."""
     request = _validated(read_json(raw), counting)
@@ -268,8 +294,12 @@ class MessageShape:
     @staticmethod
     def usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
         """Anthropic's usage: input_tokens are the prompt tokens not read from the cache."""
-        return {"input_tokens": prompt - cached, "output_tokens": output, "cache_creation_input_tokens": 0,
-                "cache_read_input_tokens": cached}
+        return {
+            "input_tokens": prompt - cached,
+            "output_tokens": output,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": cached,
+        }
 
     def _stop(self, done: Finished) -> tuple[str, str | None]:
         """(stop_reason, stop_sequence)."""
@@ -279,10 +309,19 @@ class MessageShape:
             return "max_tokens", None
         return ("tool_use" if self.reply.calls else "end_turn"), None
 
-    def _message(self, content: list[dict[str, Any]], stop: tuple[str | None, str | None],
-                 usage: dict[str, Any]) -> dict[str, Any]:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model_id, "content": content,
-                "stop_reason": stop[0], "stop_sequence": stop[1], "usage": usage}
+    def _message(
+        self, content: list[dict[str, Any]], stop: tuple[str | None, str | None], usage: dict[str, Any]
+    ) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model_id,
+            "content": content,
+            "stop_reason": stop[0],
+            "stop_sequence": stop[1],
+            "usage": usage,
+        }
 
     @staticmethod
     def _tool_use(call: ToolCall) -> dict[str, Any]:
@@ -300,8 +339,11 @@ class MessageShape:
                 content.append({"type": "text", "text": piece.text})
             else:
                 content.append(self._tool_use(piece))
-        body = self._message(content or [{"type": "text", "text": ""}], self._stop(done),
-                             self.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens))
+        body = self._message(
+            content or [{"type": "text", "text": ""}],
+            self._stop(done),
+            self.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens),
+        )
         return {**body, "specfill": self._stats(done)}
 
     def _stats(self, done: Finished) -> dict[str, Any]:
@@ -322,8 +364,10 @@ class MessageShape:
             return []
         self.started = True
         usage = self.usage(len(self.plan.ids), cached, 0)
-        return [sse({"type": "message_start", "message": self._message([], (None, None), usage)}, "message_start"),
-                sse({"type": "ping"}, "ping")]
+        return [
+            sse({"type": "message_start", "message": self._message([], (None, None), usage)}, "message_start"),
+            sse({"type": "ping"}, "ping"),
+        ]
 
     def _close_block(self) -> list[str]:
         if self.open is None:
@@ -334,8 +378,11 @@ class MessageShape:
     def _open_block(self, block: dict[str, Any]) -> list[str]:
         out = self._close_block()
         self.open, self.blocks = block["type"], self.blocks + 1
-        return out + [sse({"type": "content_block_start", "index": self.blocks - 1, "content_block": block},
-                          "content_block_start")]
+        return out + [
+            sse(
+                {"type": "content_block_start", "index": self.blocks - 1, "content_block": block}, "content_block_start"
+            )
+        ]
 
     def _delta(self, delta: dict[str, Any]) -> str:
         return sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}, "content_block_delta")
@@ -350,8 +397,11 @@ class MessageShape:
             else:
                 block = self._tool_use(piece)
                 out += self._open_block({**block, "input": {}})
-                out.append(self._delta({"type": "input_json_delta",
-                                        "partial_json": json.dumps(block["input"], ensure_ascii=False)}))
+                out.append(
+                    self._delta(
+                        {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+                    )
+                )
                 out += self._close_block()
         return out
 
@@ -369,8 +419,12 @@ class MessageShape:
             stop_reason, stop_sequence = self._stop(event)
             usage = self.usage(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
             delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-            out.append(sse({"type": "message_delta", "delta": delta, "usage": usage, "specfill": self._stats(event)},
-                           "message_delta"))
+            out.append(
+                sse(
+                    {"type": "message_delta", "delta": delta, "usage": usage, "specfill": self._stats(event)},
+                    "message_delta",
+                )
+            )
             return out + [sse({"type": "message_stop"}, "message_stop")]
         if isinstance(event, Failed):
             return [sse(anthropic_error_body(event.status, event.message), "error")]

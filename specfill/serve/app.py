@@ -10,6 +10,7 @@ events. A client that goes away cancels its generation: the handler notices (the
 cancelled, or a poll of the connection sees the disconnect) and flags the job, which the worker
 checks between prefill steps and between tokens.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .anthropic import MessageShape, prepare as prepare_messages
 from .access import Access, protect
+from .anthropic import MessageShape
+from .anthropic import prepare as prepare_messages
 from .chat import chat_prompt_ids, chat_setup
 from .engine import Delta, Engine, Failed, Finished
 from .errors import RequestError, anthropic_error_body, error_body, is_anthropic_path
@@ -154,14 +156,24 @@ async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
         ctx.scheduler.submit(job)
     except RequestError as err:
         named = err.param is None or err.param in err.message
-        ctx.metrics.record(Outcome("req-" + uuid.uuid4().hex[:12], route.kind, str(err.status),
-                                   err.message if named else f"{err.param}: {err.message}"))
-        return JSONResponse(route.error(err.status, err.message, err.param, err.code), status_code=err.status,
-                            headers=err.headers)
+        ctx.metrics.record(
+            Outcome(
+                "req-" + uuid.uuid4().hex[:12],
+                route.kind,
+                str(err.status),
+                err.message if named else f"{err.param}: {err.message}",
+            )
+        )
+        return JSONResponse(
+            route.error(err.status, err.message, err.param, err.code), status_code=err.status, headers=err.headers
+        )
     outcome = Outcome(shape.id, route.kind, "cancelled")
     if plan.stream:
-        return StreamingResponse(_stream(job, shape, request, outcome, ctx.metrics), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return StreamingResponse(
+            _stream(job, shape, request, outcome, ctx.metrics),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     try:
         return await _whole(job, shape, request, outcome)
     except (ClientGone, asyncio.CancelledError):

@@ -10,6 +10,7 @@ shown to the model in the system message, and the text is checked once it is com
 (OutputCheck; the verdict travels in the response's `specfill.response_format`).
 Everything a request can get wrong here is a 400 naming the field, before the request queues.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def unknown_field(value: dict[str, Any], allowed: frozenset[str], where: str) ->
     """A 400 naming the first field of `value` that is not in `allowed`."""
     for key in value:
         if key not in allowed:
-            raise bad_request(f"unknown field '{where}.{key}' (allowed: {', '.join(sorted(allowed))})",
-                              f"{where}.{key}")
+            raise bad_request(
+                f"unknown field '{where}.{key}' (allowed: {', '.join(sorted(allowed))})", f"{where}.{key}"
+            )
 
 
 def check_schema(schema: Any, where: str) -> dict[str, Any]:
@@ -50,8 +52,9 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
         validator_for(schema).check_schema(schema)
     except SchemaError as err:
         path = "".join(f"[{p!r}]" for p in err.absolute_path)
-        raise bad_request(f"'{where}' is not a valid JSON schema: {err.message} (at {path or 'the top'})",
-                          where) from None
+        raise bad_request(
+            f"'{where}' is not a valid JSON schema: {err.message} (at {path or 'the top'})", where
+        ) from None
     return schema
 
 
@@ -70,8 +73,9 @@ def tool_definitions(tools: list[Any]) -> tuple[dict[str, Any], ...]:
         if not isinstance(tool, dict):
             raise bad_request(f"'{where}' must be an object, got {type(tool).__name__}", where)
         if tool.get("type") != "function":
-            raise bad_request(f"'{where}.type': only function tools are supported, got {tool.get('type')!r}",
-                              f"{where}.type")
+            raise bad_request(
+                f"'{where}.type': only function tools are supported, got {tool.get('type')!r}", f"{where}.type"
+            )
         unknown_field(tool, TOOL_FIELDS, where)
         function = tool.get("function")
         if not isinstance(function, dict):
@@ -105,8 +109,10 @@ def tool_choice(value: Any, names: list[str]) -> tuple[str, str | None]:
         if name not in names:
             raise bad_request(f"'tool_choice.function.name': {name!r} is not one of the request's tools", "tool_choice")
         return "required", name
-    raise bad_request("'tool_choice' must be \"auto\", \"none\", \"required\" or "
-                      "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    raise bad_request(
+        '\'tool_choice\' must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
+        "tool_choice",
+    )
 
 
 @dataclass(frozen=True)
@@ -153,12 +159,14 @@ def output_check(value: Any) -> OutputCheck | None:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
-            raise bad_request("'response_format.json_schema' must be an object with a 'schema'",
-                              "response_format.json_schema")
+            raise bad_request(
+                "'response_format.json_schema' must be an object with a 'schema'", "response_format.json_schema"
+            )
         unknown_field(spec, frozenset({"name", "schema", "strict", "description"}), "response_format.json_schema")
         return OutputCheck("json_schema", check_schema(spec.get("schema"), "response_format.json_schema.schema"))
-    raise bad_request(f"'response_format.type' must be text, json_object or json_schema, got {kind!r}",
-                      "response_format.type")
+    raise bad_request(
+        f"'response_format.type' must be text, json_object or json_schema, got {kind!r}", "response_format.type"
+    )
 
 
 @dataclass(frozen=True)
@@ -184,22 +192,33 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
         wants_object = output is not None and output.wants_object
         return ChatSetup(prefix="{" if wants_object else "", output=output)
     if not template or "tools" not in template:
-        raise bad_request("'tools': the model's chat template does not render tools (give a template "
-                          "that does with --chat-template)", "tools")
+        raise bad_request(
+            "'tools': the model's chat template does not render tools (give a template that does with --chat-template)",
+            "tools",
+        )
     fmt = detect_format(template)
     if fmt is None:
-        raise bad_request("'tools': the model's chat template writes tool calls in a format specfill does not "
-                          "read (it reads Qwen/Hermes <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])", "tools")
-    return ChatSetup(tools=tools, format=fmt, prefix=fmt.forced(name) if choice == "required" else "",
-                     max_calls=1 if request.parallel_tool_calls is False else None, output=output)
+        raise bad_request(
+            "'tools': the model's chat template writes tool calls in a format specfill does not "
+            "read (it reads Qwen/Hermes <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])",
+            "tools",
+        )
+    return ChatSetup(
+        tools=tools,
+        format=fmt,
+        prefix=fmt.forced(name) if choice == "required" else "",
+        max_calls=1 if request.parallel_tool_calls is False else None,
+        output=output,
+    )
 
 
 def _template_call(call: Any, where: str) -> dict[str, Any]:
     """An assistant message's tool call as templates read it: arguments as an object (vLLM and
     transformers do the same; Qwen's template writes them with tojson)."""
     if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
-        raise bad_request(f"'{where}' must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", "
-                          f"\"arguments\"}}}}", where)
+        raise bad_request(
+            f'\'{where}\' must be {{"id", "type": "function", "function": {{"name", "arguments"}}}}', where
+        )
     function = call["function"]
     name = check_tool_name(function.get("name"), f"{where}.function.name")
     arguments = function.get("arguments", "{}")
@@ -220,10 +239,10 @@ def template_messages(messages: list[Message], system_note: str | None = None) -
         item: dict[str, Any] = {"role": m.role, "content": m.text(i)}
         if m.tool_calls:
             if m.role != "assistant":
-                raise bad_request(f"'messages[{i}].tool_calls': only assistant messages carry tool calls",
-                                  "messages")
-            item["tool_calls"] = [_template_call(c, f"messages[{i}].tool_calls[{j}]")
-                                  for j, c in enumerate(m.tool_calls)]
+                raise bad_request(f"'messages[{i}].tool_calls': only assistant messages carry tool calls", "messages")
+            item["tool_calls"] = [
+                _template_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls)
+            ]
         if m.role == "tool":
             item["tool_call_id"] = m.tool_call_id
         if m.name is not None:

@@ -14,6 +14,7 @@ steps and between generated tokens (`AgreedCancel`: rank 0's flag summed over th
 inside a step between layers as one process does (Engine.run's `cancellation` check is not
 installed).
 """
+
 from __future__ import annotations
 
 import io
@@ -79,6 +80,7 @@ class Channel:
             total = mx.distributed.all_sum(value, group=self.shared.group, stream=mx.cpu)
             mx.eval(total)
             return total
+
         return self.shared.collect(summed)
 
     def send(self, message: Any) -> None:
@@ -142,11 +144,27 @@ def run_agreed(engine: Engine, plan: Plan, emit: Callable[[Any], None], cancelle
         if cancelled.is_set():
             raise Cancelled
         if plan.return_progress and info.step is not None:
-            emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started,
-                          info.step.stage, info.step.done, info.step.total))
+            emit(
+                Progress(
+                    reuse.cached + done,
+                    len(plan.ids),
+                    reuse.cached,
+                    time.perf_counter() - started,
+                    info.step.stage,
+                    info.step.done,
+                    info.step.total,
+                )
+            )
 
-    steps = stream_request(engine.model, engine.tokenizer, plan.ids, request, prompt_progress_callback=progress,
-                           prefill_info=info, reuse=reuse.state)
+    steps = stream_request(
+        engine.model,
+        engine.tokenizer,
+        plan.ids,
+        request,
+        prompt_progress_callback=progress,
+        prefill_info=info,
+        reuse=reuse.state,
+    )
     outcome = None
     try:
         outcome = engine._stream(plan, steps, emit, lambda last: engine.stats(plan, policy, method, reuse, last, info))
@@ -155,8 +173,14 @@ def run_agreed(engine: Engine, plan: Plan, emit: Callable[[Any], None], cancelle
     finally:
         steps.close()
         if engine.cache is not None and outcome is not None:
-            engine.cache.put(plan.ids + outcome[0], info.kv, prompt_tokens=len(plan.ids), method=method.name,
-                             reuse=reuse, policy=policy)
+            engine.cache.put(
+                plan.ids + outcome[0],
+                info.kv,
+                prompt_tokens=len(plan.ids),
+                method=method.name,
+                reuse=reuse,
+                policy=policy,
+            )
         elif engine.cache is not None:
             engine.cache.restore(plan.ids, reuse)
     if outcome is not None:
@@ -200,13 +224,27 @@ def follow(engine: Engine, channel: Channel) -> int:
         except SpecfillError as err:
             if type(err).__name__ == "DistributedError":
                 raise
-            print(f"specfill: rank {channel.shared.rank}: a request failed as on rank 0: {err}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"specfill: rank {channel.shared.rank}: a request failed as on rank 0: {err}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
-def engine_for(model: Any, tokenizer: Any, prompt_cache: str, cache_tokens: int | None, channel: Channel | None,
-               cache_memory: float | None = None) -> Engine:
+def engine_for(
+    model: Any,
+    tokenizer: Any,
+    prompt_cache: str,
+    cache_tokens: int | None,
+    channel: Channel | None,
+    cache_memory: float | None = None,
+) -> Engine:
     """A LeaderEngine (channel given, rank 0) or a follower's Engine, with the prompt cache build_app makes."""
-    cache = None if prompt_cache == "off" else PromptCache(
-        cache_tokens, model.args.max_position_embeddings, None if cache_memory is None else int(cache_memory * 1e9))
+    cache = (
+        None
+        if prompt_cache == "off"
+        else PromptCache(
+            cache_tokens, model.args.max_position_embeddings, None if cache_memory is None else int(cache_memory * 1e9)
+        )
+    )
     return Engine(model, tokenizer, cache) if channel is None else LeaderEngine(model, tokenizer, cache, channel)

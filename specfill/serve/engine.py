@@ -7,6 +7,7 @@ every prefill step, before every transformer layer (the speculator's too) and H2
 the check `run` installs (core/ops.py `cancellation`), after every step (the progress callback raises:
 core/methods/prefill.py StageProgress) and between generated tokens.
 """
+
 from __future__ import annotations
 
 import time
@@ -79,8 +80,8 @@ class StopMatcher:
             out, self.pending = self.pending[:at], ""
             return out, True
         hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
-        out = self.pending[:len(self.pending) - hold]
-        self.pending = self.pending[len(out):]
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out) :]
         return out, False
 
     def flush(self) -> str:
@@ -102,8 +103,11 @@ class Engine:
 
     def health(self) -> dict[str, Any]:
         """Extra /health fields."""
-        return {"backend": self.model.backend, "device": self.model.device_name,
-                "prompt_cache": None if self.cache is None else self.cache.stats()}
+        return {
+            "backend": self.model.backend,
+            "device": self.model.device_name,
+            "prompt_cache": None if self.cache is None else self.cache.stats(),
+        }
 
     def has_idle_work(self) -> bool:
         """Whether a conversation's dense KV is being rebuilt, or one waits to be written to disk
@@ -130,30 +134,54 @@ class Engine:
             if plan.cancelled.is_set():
                 raise Cancelled
             if plan.return_progress and info.step is not None:
-                emit(Progress(reuse.cached + done, len(plan.ids), reuse.cached, time.perf_counter() - started,
-                              info.step.stage, info.step.done, info.step.total))
+                emit(
+                    Progress(
+                        reuse.cached + done,
+                        len(plan.ids),
+                        reuse.cached,
+                        time.perf_counter() - started,
+                        info.step.stage,
+                        info.step.done,
+                        info.step.total,
+                    )
+                )
 
-        steps = stream_request(self.model, self.tokenizer, plan.ids, request, prompt_progress_callback=progress,
-                               prefill_info=info, reuse=reuse.state)
+        steps = stream_request(
+            self.model,
+            self.tokenizer,
+            plan.ids,
+            request,
+            prompt_progress_callback=progress,
+            prefill_info=info,
+            reuse=reuse.state,
+        )
         outcome = None
         try:
             with cancellation(plan.cancelled.is_set):  # checked between layers, chunks and steps
-                outcome = self._stream(plan, steps, emit,
-                                       lambda last: self.stats(plan, policy, method, reuse, last, info))
+                outcome = self._stream(
+                    plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info)
+                )
         except Cancelled:
             pass
         finally:
             steps.close()
             if self.cache is not None and outcome is not None:
-                self.cache.put(plan.ids + outcome[0], info.kv, prompt_tokens=len(plan.ids), method=method.name,
-                               reuse=reuse, policy=policy)
+                self.cache.put(
+                    plan.ids + outcome[0],
+                    info.kv,
+                    prompt_tokens=len(plan.ids),
+                    method=method.name,
+                    reuse=reuse,
+                    policy=policy,
+                )
             elif self.cache is not None:  # cancelled or failed: the reused prefix is still intact
                 self.cache.restore(plan.ids, reuse)
         if outcome is not None:  # only now: the client's next turn must find this one in the cache
             emit(outcome[1])
 
-    def _stream(self, plan: Plan, steps: Iterator[Any], emit: Emit,
-                stats: Callable[[Any], dict[str, Any]]) -> tuple[list[int], Finished] | None:
+    def _stream(
+        self, plan: Plan, steps: Iterator[Any], emit: Emit, stats: Callable[[Any], dict[str, Any]]
+    ) -> tuple[list[int], Finished] | None:
         """Send the text (cut at stop strings); (the generated ids, the Finished event to send),
         or None when cancelled or nothing was generated."""
         matcher = StopMatcher(plan.stops)
@@ -176,21 +204,33 @@ class Engine:
         if last is None:
             return None
         numbers = stats(last)
-        return generated, Finished(finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers,
-                                   stop=matcher.hit)
+        return generated, Finished(
+            finish, len(plan.ids), last.generation_tokens, numbers["cached_tokens"], numbers, stop=matcher.hit
+        )
 
     @staticmethod
-    def stats(plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any,
-              info: GenerationInfo) -> dict[str, Any]:
+    def stats(
+        plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any, info: GenerationInfo
+    ) -> dict[str, Any]:
         """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds.
         prefill_method names the method that ran ("auto" resolved, as GenerationInfo.method has it)."""
-        return {"method": plan.method_name, "prefill_method": info.method or method.name, "prompt_cache": policy,
-                "prompt_tokens": last.prompt_tokens, "cached_tokens": reuse.cached, "kept_tokens": last.kept_tokens,
-                "ttft_s": round(last.ttft, 6), "prompt_tps": round(last.prompt_tps, 3),
-                "generation_tokens": last.generation_tokens, "generation_tps": round(last.generation_tps, 3),
-                "peak_memory_gb": round(last.peak_memory, 4), "queue_s": round(plan.queue_seconds, 6),
-                "drafted_tokens": last.drafted_tokens, "accepted_tokens": last.accepted_tokens,
-                "draft_skipped": last.draft_skipped,
-                # the field has always carried drafting's draft_prefill / draft / verify seconds too
-                "prefill_seconds": {k: round(v, 6) for k, v in {**info.seconds, **info.decode.seconds}.items()},
-                "notes": plan.notes}
+        return {
+            "method": plan.method_name,
+            "prefill_method": info.method or method.name,
+            "prompt_cache": policy,
+            "prompt_tokens": last.prompt_tokens,
+            "cached_tokens": reuse.cached,
+            "kept_tokens": last.kept_tokens,
+            "ttft_s": round(last.ttft, 6),
+            "prompt_tps": round(last.prompt_tps, 3),
+            "generation_tokens": last.generation_tokens,
+            "generation_tps": round(last.generation_tps, 3),
+            "peak_memory_gb": round(last.peak_memory, 4),
+            "queue_s": round(plan.queue_seconds, 6),
+            "drafted_tokens": last.drafted_tokens,
+            "accepted_tokens": last.accepted_tokens,
+            "draft_skipped": last.draft_skipped,
+            # the field has always carried drafting's draft_prefill / draft / verify seconds too
+            "prefill_seconds": {k: round(v, 6) for k, v in {**info.seconds, **info.decode.seconds}.items()},
+            "notes": plan.notes,
+        }

@@ -4,6 +4,7 @@
 {"messages"} (with "tools", as a chat request renders them) in, {"tokens", "count", "max_model_len"}
 out; {"tokens"} in, {"content", "prompt"} (the same text under each server's key) out.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,17 +33,29 @@ def check_model(name: str | None, defaults: ServerDefaults) -> None:
         raise model_not_found(name)
 
 
-def add_info_routes(app: FastAPI, engine: Engine, defaults: ServerDefaults, scheduler: Scheduler,
-                    metrics: Metrics) -> None:
+def add_info_routes(
+    app: FastAPI, engine: Engine, defaults: ServerDefaults, scheduler: Scheduler, metrics: Metrics
+) -> None:
     """Register the non-generating routes on `app`."""
     started = int(time.time())
-    card = {"id": defaults.model_id, "object": "model", "created": started, "owned_by": "specfill",
-            "max_model_len": engine.context}
+    card = {
+        "id": defaults.model_id,
+        "object": "model",
+        "created": started,
+        "owned_by": "specfill",
+        "max_model_len": engine.context,
+    }
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": defaults.model_id, "busy": scheduler.running is not None,
-                "waiting": scheduler.waiting(), "served": scheduler.served, **engine.health()}
+        return {
+            "status": "ok",
+            "model": defaults.model_id,
+            "busy": scheduler.running is not None,
+            "waiting": scheduler.waiting(),
+            "served": scheduler.served,
+            **engine.health(),
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -83,8 +96,10 @@ def add_info_routes(app: FastAPI, engine: Engine, defaults: ServerDefaults, sche
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
         cache = None if engine.cache is None else engine.cache.stats()
-        return PlainTextResponse(metrics.render(scheduler.waiting(), scheduler.running is not None, cache),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(
+            metrics.render(scheduler.waiting(), scheduler.running is not None, cache),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
+        )
 
     @app.options("/{path:path}")
     async def options(path: str) -> Response:  # noqa: ARG001 - any path: CORS preflights are answered earlier
@@ -105,11 +120,14 @@ def _tokenize(engine: Engine, data: dict[str, Any]) -> list[int]:
             raise bad_request("'messages' must be a list of {role, content} objects", "messages") from None
         tools = {"tools": [dict(t) for t in tool_definitions(data["tools"])]} if data.get("tools") else {}
         rendered = engine.tokenizer.apply_chat_template(
-            template_messages(messages), add_generation_prompt=data.get("add_generation_prompt", True) is not False,
-            **tools)
+            template_messages(messages),
+            add_generation_prompt=data.get("add_generation_prompt", True) is not False,
+            **tools,
+        )
         return engine.tokenizer.encode(rendered, add_special_tokens=bool(special))
     text = data.get("content", data.get("prompt"))
     if not isinstance(text, str):
         raise bad_request("give the text as 'content' (llama.cpp) or 'prompt' (vLLM), or 'messages'", "content")
-    return engine.tokenizer.encode(text, add_special_tokens=True if special is None and "prompt" in data
-                                   else bool(special))
+    return engine.tokenizer.encode(
+        text, add_special_tokens=True if special is None and "prompt" in data else bool(special)
+    )

@@ -4,6 +4,7 @@ Every request ends in exactly one Outcome, recorded on the event loop (no lock n
 logged as one line (`specfill.serve` logger, INFO; timestamps from the log format) and counted.
 Metric names follow vLLM's and llama.cpp's conventions, with the `specfill_` prefix.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,10 +34,12 @@ class Outcome:
         s = self.stats
         parts = [f"{self.request_id} {self.route}"]
         if s:
-            parts.append(f"method={s.get('method')}->{s.get('prefill_method')} prompt={s.get('prompt_tokens')} "
-                         f"cached={s.get('cached_tokens')} kept={s.get('kept_tokens')} "
-                         f"ttft={s.get('ttft_s', 0.0):.3f}s gen={s.get('generation_tokens')} "
-                         f"tok/s={s.get('generation_tps', 0.0):.1f} queue={s.get('queue_s', 0.0):.3f}s")
+            parts.append(
+                f"method={s.get('method')}->{s.get('prefill_method')} prompt={s.get('prompt_tokens')} "
+                f"cached={s.get('cached_tokens')} kept={s.get('kept_tokens')} "
+                f"ttft={s.get('ttft_s', 0.0):.3f}s gen={s.get('generation_tokens')} "
+                f"tok/s={s.get('generation_tps', 0.0):.1f} queue={s.get('queue_s', 0.0):.3f}s"
+            )
         parts.append(f"outcome={self.outcome}" + (f" ({self.reason})" if self.reason else ""))
         return " ".join(parts)
 
@@ -93,29 +96,44 @@ class Metrics:
 
     def render(self, waiting: int, running: bool, cache: dict[str, Any] | None = None) -> str:
         """The Prometheus text exposition (format 0.0.4)."""
-        out = ["# HELP specfill_requests_total Requests answered, by outcome (ok, cancelled, HTTP error status).",
-               "# TYPE specfill_requests_total counter"]
+        out = [
+            "# HELP specfill_requests_total Requests answered, by outcome (ok, cancelled, HTTP error status).",
+            "# TYPE specfill_requests_total counter",
+        ]
         out += [f'specfill_requests_total{{outcome="{k}"}} {v}' for k, v in sorted(self.outcomes.items())]
-        out += ["# HELP specfill_queue_depth Requests waiting for the device.", "# TYPE specfill_queue_depth gauge",
-                f"specfill_queue_depth {waiting}",
-                "# HELP specfill_requests_running Requests on the device (0 or 1).",
-                "# TYPE specfill_requests_running gauge", f"specfill_requests_running {int(running)}"]
-        for kind, what in (("prompt", "Prompt tokens of answered requests"),
-                           ("cached", "Prompt tokens taken from the prompt cache"),
-                           ("generated", "Tokens generated")):
+        out += [
+            "# HELP specfill_queue_depth Requests waiting for the device.",
+            "# TYPE specfill_queue_depth gauge",
+            f"specfill_queue_depth {waiting}",
+            "# HELP specfill_requests_running Requests on the device (0 or 1).",
+            "# TYPE specfill_requests_running gauge",
+            f"specfill_requests_running {int(running)}",
+        ]
+        for kind, what in (
+            ("prompt", "Prompt tokens of answered requests"),
+            ("cached", "Prompt tokens taken from the prompt cache"),
+            ("generated", "Tokens generated"),
+        ):
             name = f"specfill_{kind}_tokens_total"
             out += [f"# HELP {name} {what}.", f"# TYPE {name} counter", f"{name} {self.tokens[kind]}"]
-        out += ["# HELP specfill_prompt_cache_hits_total Requests that reused a cached conversation.",
-                "# TYPE specfill_prompt_cache_hits_total counter", f"specfill_prompt_cache_hits_total {self.cache_hits}"]
-        for key, what in (("entries", "Conversations whose KV the prompt cache holds in memory"),
-                          ("bytes", "Bytes of the prompt cache's KV in memory"),
-                          ("disk_entries", "Conversations in the prompt cache's disk store"),
-                          ("disk_bytes", "Bytes of the prompt cache's disk store")):
+        out += [
+            "# HELP specfill_prompt_cache_hits_total Requests that reused a cached conversation.",
+            "# TYPE specfill_prompt_cache_hits_total counter",
+            f"specfill_prompt_cache_hits_total {self.cache_hits}",
+        ]
+        for key, what in (
+            ("entries", "Conversations whose KV the prompt cache holds in memory"),
+            ("bytes", "Bytes of the prompt cache's KV in memory"),
+            ("disk_entries", "Conversations in the prompt cache's disk store"),
+            ("disk_bytes", "Bytes of the prompt cache's disk store"),
+        ):
             if cache is not None and cache.get(key) is not None:
                 name = f"specfill_prompt_cache_{key}"
                 out += [f"# HELP {name} {what}.", f"# TYPE {name} gauge", f"{name} {cache[key]}"]
-        for name, hist, what in (("specfill_time_to_first_token_seconds", self.ttft, "Time to first token"),
-                                 ("specfill_prefill_seconds", self.prefill, "Prefill time")):
+        for name, hist, what in (
+            ("specfill_time_to_first_token_seconds", self.ttft, "Time to first token"),
+            ("specfill_prefill_seconds", self.prefill, "Prefill time"),
+        ):
             out += [f"# HELP {name} {what}, by the prefill method that ran.", f"# TYPE {name} histogram"]
             out += hist.lines(name, "method")
         return "\n".join(out) + "\n"
@@ -124,8 +142,9 @@ class Metrics:
 def configure_logging(level: str) -> None:
     """Timestamped lines on stderr for specfill's and uvicorn's loggers at `level` (--log-level)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s",
-                                           datefmt="%Y-%m-%dT%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", datefmt="%Y-%m-%dT%H:%M:%S")
+    )
     for name in ("specfill.serve", "uvicorn", "uvicorn.error"):
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler] if name != "uvicorn.error" else []

@@ -3,6 +3,7 @@
 Everything a request can get wrong is checked here, in the HTTP handler, before the request
 queues: a 400 comes back at once and the worker only ever sees runnable jobs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,8 +79,9 @@ def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size
     return list(prompt)
 
 
-def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[int], defaults: ServerDefaults,
-               context: int) -> Plan:
+def build_plan(
+    kind: str, request: ChatRequest | CompletionRequest, ids: list[int], defaults: ServerDefaults, context: int
+) -> Plan:
     """The Plan for a parsed request: the HTTP fields, the server's defaults filling the rest,
     translated into one core/request.build_request call; a 400 names the field at fault."""
     where = "messages" if kind == "chat" else "prompt"
@@ -99,14 +101,23 @@ def build_plan(kind: str, request: ChatRequest | CompletionRequest, ids: list[in
             raise bad_request(str(err), "method") from None
     notes: list[str] = []
     built = _build(request, defaults, name, max_tokens, notes)
-    return Plan(kind=kind, ids=ids, request=built, method_name=name, stops=request.stop_strings(),
-                stream=request.stream, include_usage=bool(request.stream_options and request.stream_options.include_usage),
-                return_progress=request.return_progress, prompt_cache=request.prompt_cache or defaults.prompt_cache,
-                notes=notes)
+    return Plan(
+        kind=kind,
+        ids=ids,
+        request=built,
+        method_name=name,
+        stops=request.stop_strings(),
+        stream=request.stream,
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        return_progress=request.return_progress,
+        prompt_cache=request.prompt_cache or defaults.prompt_cache,
+        notes=notes,
+    )
 
 
-def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, name: str, max_tokens: int,
-           notes: list[str]) -> GenerationRequest:
+def _build(
+    request: ChatRequest | CompletionRequest, defaults: ServerDefaults, name: str, max_tokens: int, notes: list[str]
+) -> GenerationRequest:
     """build_request from the request's fields over the server's defaults; warnings become notes."""
     h2o_given = _given(request, H2OConfig)
     spec_given = _given(request, SpecPrefillConfig)
@@ -121,12 +132,19 @@ def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, n
             spec = defaults.specprefill.with_keep(keep["keep_ratio"], keep["keep_tokens"], keep["keep_mass"])
             spec = dataclasses.replace(spec, **spec_given)
             built = build_request(
-                max_tokens=max_tokens, temperature=request.temperature if request.temperature is not None else 0.0,
-                top_p=request.top_p if request.top_p is not None else 1.0, seed=request.seed, **sampling,
-                method=name, h2o=h2o if name in ("h2o", "auto") else None,
-                specprefill=spec if name in ("specprefill", "auto") else None, speculator=speculator,
+                max_tokens=max_tokens,
+                temperature=request.temperature if request.temperature is not None else 0.0,
+                top_p=request.top_p if request.top_p is not None else 1.0,
+                seed=request.seed,
+                **sampling,
+                method=name,
+                h2o=h2o if name in ("h2o", "auto") else None,
+                specprefill=spec if name in ("specprefill", "auto") else None,
+                speculator=speculator,
                 draft_model=defaults.speculator if drafts and name != "specprefill" else None,
-                num_draft_tokens=request.num_draft_tokens, auto_threshold=request.auto_threshold)
+                num_draft_tokens=request.num_draft_tokens,
+                auto_threshold=request.auto_threshold,
+            )
         notes.extend(str(w.message) for w in caught)
     except ConfigError as err:
         param = _field_at_fault(err, request)
@@ -136,8 +154,11 @@ def _build(request: ChatRequest | CompletionRequest, defaults: ServerDefaults, n
 
 def _given(request: ChatRequest | CompletionRequest, config: type) -> dict[str, Any]:
     """config's fields the request sets (by their request fields, core/request.py SETTINGS)."""
-    return {s.field: getattr(request, s.server) for s in settings_of(config)
-            if s.server and getattr(request, s.server) is not None}
+    return {
+        s.field: getattr(request, s.server)
+        for s in settings_of(config)
+        if s.server and getattr(request, s.server) is not None
+    }
 
 
 def _field_at_fault(err: ConfigError, request: ChatRequest | CompletionRequest) -> str:

@@ -34,6 +34,7 @@ also written to disk in idle time, after its response; an entry evicted from mem
 disk-only entry, loaded again when a prompt reuses it, and a restarted server finds the entries of
 the same model in the directory. All methods run on the worker thread.
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 
 COMPLETION_STEP = 256  # tokens densely prefilled per idle step (a request arriving waits at most one step)
 CUT_SLACK = 64  # a conversation's tokens past the shared prefix that a request may cut off (or 1/8 of them)
@@ -170,8 +171,9 @@ class PromptCache:
         state = KVState(best.kv.cache.copy(best_cached - offset), best_cached - offset, offset)
         return Reuse(state, best_cached, True, best.exact, best.fixed, copied=True)
 
-    def put(self, tokens: list[int], kv: KVState | None, *, prompt_tokens: int, method: str, reuse: Reuse,
-            policy: str) -> None:
+    def put(
+        self, tokens: list[int], kv: KVState | None, *, prompt_tokens: int, method: str, reuse: Reuse, policy: str
+    ) -> None:
         """Keep a finished conversation (prompt + generated tokens): its KV as is when exact (or
         under the approximate policy), else its tokens only, for a dense rebuild in idle time."""
         if policy == "off" or kv is None or (self.max_tokens is not None and len(tokens) > self.max_tokens):
@@ -184,9 +186,16 @@ class PromptCache:
             entry = Entry(list(tokens), None, exact=True, rebuilding=True)
         if self.max_bytes is not None and entry.nbytes > self.max_bytes:
             return
-        for old in sorted((e for e in self.entries if len(e.tokens) <= len(tokens)
-                           and e.tokens == entry.tokens[:len(e.tokens)] and (entry.exact or not e.exact)),
-                          key=lambda e: e.covered):
+        for old in sorted(
+            (
+                e
+                for e in self.entries
+                if len(e.tokens) <= len(tokens)
+                and e.tokens == entry.tokens[: len(e.tokens)]
+                and (entry.exact or not e.exact)
+            ),
+            key=lambda e: e.covered,
+        ):
             self._drop(old)  # a shorter prefix of this conversation: superseded
             if entry.rebuilding and old.exact and old.kv is not None and old.covered > entry.covered:
                 entry.kv = old.kv  # its dense KV: the rebuild goes on from there
@@ -199,7 +208,7 @@ class PromptCache:
         stopped mid-step left ahead are cut back when the cache is next used: ModelOps.truncate).
         A copy is dropped: the conversation it came from is still here."""
         if reuse.state is not None and not reuse.copied:
-            self.entries.append(Entry(list(ids[:reuse.cached]), reuse.state, exact=reuse.exact, fixed=reuse.fixed))
+            self.entries.append(Entry(list(ids[: reuse.cached]), reuse.state, exact=reuse.exact, fixed=reuse.fixed))
             self._evict()
 
     def _drop(self, entry: Entry) -> None:
@@ -228,8 +237,9 @@ class PromptCache:
 
     def _evict(self, keep: Entry | None = None) -> None:
         """Least recently used first until both bounds hold; one with a file stays on disk only."""
-        while (self.max_tokens is not None and self.memory_tokens() > self.max_tokens) or \
-                (self.max_bytes is not None and self.memory_bytes() > self.max_bytes):
+        while (self.max_tokens is not None and self.memory_tokens() > self.max_tokens) or (
+            self.max_bytes is not None and self.memory_bytes() > self.max_bytes
+        ):
             victims = [e for e in self.entries if e.in_memory and e is not keep]
             if not victims:
                 return
@@ -248,8 +258,9 @@ class PromptCache:
         """The most recently used conversation to write to the disk store (None: none, or no store)."""
         if self.store is None:
             return None
-        waiting = [e for e in self.entries if e.kv is not None and e.path is None and not e.rebuilding
-                   and not e.unsaved]
+        waiting = [
+            e for e in self.entries if e.kv is not None and e.path is None and not e.rebuilding and not e.unsaved
+        ]
         return max(waiting, key=lambda e: e.used) if waiting else None
 
     def has_idle_work(self) -> bool:
@@ -268,8 +279,12 @@ class PromptCache:
             entry.path, dropped = self.store.save(entry)
         except Exception as err:  # noqa: BLE001 - a full disk must not stop the server
             entry.unsaved = True
-            log.warning("prompt cache: cannot write an entry of %d tokens to %s: %s", len(entry.tokens),
-                        self.store.directory, err)
+            log.warning(
+                "prompt cache: cannot write an entry of %d tokens to %s: %s",
+                len(entry.tokens),
+                self.store.directory,
+                err,
+            )
             return
         self.saved += 1
         for gone in dropped:  # the store's bound evicted these files (oldest first)
@@ -289,8 +304,15 @@ class PromptCache:
             return
         end = min(entry.covered + COMPLETION_STEP, self._target(entry))
         info = GenerationInfo()
-        steps = model.generate_step(entry.tokens[:end], max_tokens=1, sampling=SamplingConfig(),
-                                    stop_ids=frozenset(), method=FULL, info=info, reuse=entry.kv)
+        steps = model.generate_step(
+            entry.tokens[:end],
+            max_tokens=1,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=FULL,
+            info=info,
+            reuse=entry.kv,
+        )
         for _ in steps:  # one token, sampled from the last position's logits and dropped
             pass
         self.completed_tokens += end - entry.covered
@@ -301,9 +323,18 @@ class PromptCache:
     def stats(self) -> dict[str, Any]:
         memory = [e for e in self.entries if e.in_memory]
         disk = {e.path: e for e in self.entries if e.path is not None}
-        return {"entries": len(memory), "tokens": sum(len(e.tokens) for e in memory),
-                "max_tokens": self.max_tokens, "bytes": self.memory_bytes(), "max_bytes": self.max_bytes,
-                "pending_tokens": sum(self._target(e) - e.covered for e in self.entries if e.rebuilding),
-                "hits": self.hits, "copies": self.copies, "completed_tokens": self.completed_tokens,
-                "disk_entries": len(disk), "disk_bytes": None if self.store is None else self.store.nbytes,
-                "max_disk_bytes": None if self.store is None else self.store.max_bytes, "saved": self.saved}
+        return {
+            "entries": len(memory),
+            "tokens": sum(len(e.tokens) for e in memory),
+            "max_tokens": self.max_tokens,
+            "bytes": self.memory_bytes(),
+            "max_bytes": self.max_bytes,
+            "pending_tokens": sum(self._target(e) - e.covered for e in self.entries if e.rebuilding),
+            "hits": self.hits,
+            "copies": self.copies,
+            "completed_tokens": self.completed_tokens,
+            "disk_entries": len(disk),
+            "disk_bytes": None if self.store is None else self.store.nbytes,
+            "max_disk_bytes": None if self.store is None else self.store.max_bytes,
+            "saved": self.saved,
+        }

@@ -15,6 +15,7 @@ a reader sees the whole file or none; a failed write leaves nothing). At startup
 are read (a corrupt, foreign or unreadable file is skipped with one log line); an entry's KV is read
 when a prompt reuses it. The files' bytes are bounded by `max_bytes`: the oldest go first.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -37,9 +38,16 @@ log = logging.getLogger("specfill.serve")
 def identity(model: Any, name: str | None) -> dict[str, Any]:
     """What a file must match to be reused: the model and the shape and dtype of its KV."""
     args = model.args
-    return {"model": name, "backend": model.backend, "dtype": str(model.dtype).rsplit(".", 1)[-1],
-            "layers": args.num_hidden_layers, "kv_heads": args.num_key_value_heads, "head_dim": args.head_dim,
-            "vocab": args.vocab_size, "context": args.max_position_embeddings}
+    return {
+        "model": name,
+        "backend": model.backend,
+        "dtype": str(model.dtype).rsplit(".", 1)[-1],
+        "layers": args.num_hidden_layers,
+        "kv_heads": args.num_key_value_heads,
+        "head_dim": args.head_dim,
+        "vocab": args.vocab_size,
+        "context": args.max_position_embeddings,
+    }
 
 
 def read_header(path: Path) -> dict[str, str]:
@@ -106,13 +114,26 @@ class PromptStore:
                 if not 0 < slots + offset <= len(tokens):
                     raise ValueError(f"{slots} + {offset} slots for {len(tokens)} tokens")
                 # oldest first, and older than any entry made from now on (time.monotonic() > 0)
-                entries.append(Entry(tokens, None, exact=meta["exact"] == "1", fixed=int(meta["fixed"]),
-                                     used=-1e9 + len(entries), path=str(path), stored=slots + offset))
+                entries.append(
+                    Entry(
+                        tokens,
+                        None,
+                        exact=meta["exact"] == "1",
+                        fixed=int(meta["fixed"]),
+                        used=-1e9 + len(entries),
+                        path=str(path),
+                        stored=slots + offset,
+                    )
+                )
             except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
                 log.warning("prompt cache: skipping %s: %s", path, err)
         if foreign:
-            log.warning("prompt cache: skipping %d file(s) in %s of another model, dtype or backend (not %s)",
-                        foreign, self.directory, json.dumps(self.identity, sort_keys=True))
+            log.warning(
+                "prompt cache: skipping %d file(s) in %s of another model, dtype or backend (not %s)",
+                foreign,
+                self.directory,
+                json.dumps(self.identity, sort_keys=True),
+            )
         if entries:
             log.info("prompt cache: %d conversation(s) on disk in %s", len(entries), self.directory)
         return entries
@@ -125,9 +146,15 @@ class PromptStore:
         """Write an entry atomically; (its path, the paths the bound then evicted)."""
         kv = entry.kv
         path = self.path_for(entry.tokens)
-        meta = {"format": FORMAT, "identity": json.dumps(self.identity, sort_keys=True),
-                "tokens": json.dumps(entry.tokens), "slots": str(kv.slots), "position_offset": str(kv.position_offset),
-                "exact": "1" if entry.exact else "0", "fixed": str(entry.fixed)}
+        meta = {
+            "format": FORMAT,
+            "identity": json.dumps(self.identity, sort_keys=True),
+            "tokens": json.dumps(entry.tokens),
+            "slots": str(kv.slots),
+            "position_offset": str(kv.position_offset),
+            "exact": "1" if entry.exact else "0",
+            "fixed": str(entry.fixed),
+        }
         temp = self.directory / f".{path.stem}.{os.getpid()}.tmp{SUFFIX}"
         try:
             kv.cache.save(str(temp), kv.slots, meta)

@@ -8,6 +8,7 @@ settings of vLLM and llama.cpp that specfill lacks), which are refused by name r
 dropped: a request never runs with a setting that has no effect. specfill's own fields sit at the
 top level of the body, so the `openai` client passes them through `extra_body`.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,8 +52,9 @@ class Message(_Strict):
         pieces = []
         for part in self.content:
             if part.type != "text" or part.text is None:
-                raise bad_request(f"messages[{index}]: content part of type {part.type!r} is not supported "
-                                  f"(text only)", "messages")
+                raise bad_request(
+                    f"messages[{index}]: content part of type {part.type!r} is not supported (text only)", "messages"
+                )
             pieces.append(part.text)
         return "".join(pieces)
 
@@ -64,9 +66,16 @@ _FIELD_TYPES = {int: int, float: NUMBER, str: str, bool: bool}  # a float settin
 def _settings_model(name: str, *configs: type) -> type[_Strict]:
     """One request field per setting of `configs` that requests may set, named by the settings table
     (None: the server's default); the types are strict, the ranges the configs' own checks."""
-    return create_model(name, __base__=_Strict, **{
-        s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help))
-        for config in configs for s in settings_of(config) if s.server})
+    return create_model(
+        name,
+        __base__=_Strict,
+        **{
+            s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help))
+            for config in configs
+            for s in settings_of(config)
+            if s.server
+        },
+    )
 
 
 MethodFields = _settings_model("MethodFields", *METHOD_CONFIGS)
@@ -146,8 +155,11 @@ UNSUPPORTED = (
     ("json_schema", lambda v: v is not None, "JSON schemas"),
     ("echo", lambda v: v is True, "echoing the prompt"),
     ("suffix", lambda v: v is not None, "suffix (insertion) completions"),
-    ("response_format", lambda v: isinstance(v, dict) and v.get("type") not in (None, "text"),
-     "structured output (response_format other than text)"),
+    (
+        "response_format",
+        lambda v: isinstance(v, dict) and v.get("type") not in (None, "text"),
+        "structured output (response_format other than text)",
+    ),
     ("logit_bias", lambda v: bool(v), "logit_bias"),
 )
 CHAT_FEATURES = frozenset({"tools", "response_format"})  # the chat route reads these (chat.py)
@@ -176,8 +188,9 @@ def parse_data(data: dict[str, Any], kind: type[ChatRequest] | type[CompletionRe
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"] if not _is_type_tag(p)) or "body"
-        raise bad_request(f"invalid field '{where}': {first['msg']} (got {_short(first.get('input'))})",
-                          where.split(".")[0]) from None
+        raise bad_request(
+            f"invalid field '{where}': {first['msg']} (got {_short(first.get('input'))})", where.split(".")[0]
+        ) from None
     extra = request.model_extra or {}
     for name, used, what in UNSUPPORTED:
         if name in CHAT_FEATURES and kind is ChatRequest:

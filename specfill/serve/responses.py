@@ -7,6 +7,7 @@ carry no choices. A chat reply is read through the request's ReplySplitter: tool
 `tool_calls` (one whole call per stream delta, its arguments in one piece), finish_reason
 "tool_calls"; the rest is content.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,8 +85,15 @@ class ResponseShape:
         obj = ("chat.completion.chunk" if stream else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": obj, "created": int(self.plan.created), "model": self.model_id}
 
-    def _choice(self, text: str | None, finish: str | None, *, stream: bool, first: bool = False,
-                calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    def _choice(
+        self,
+        text: str | None,
+        finish: str | None,
+        *,
+        stream: bool,
+        first: bool = False,
+        calls: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         if not self.chat:
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         if not stream:
@@ -102,14 +110,20 @@ class ResponseShape:
 
     @staticmethod
     def _call(call: ToolCall) -> dict[str, Any]:
-        return {"id": call_id(), "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)}}
+        return {
+            "id": call_id(),
+            "type": "function",
+            "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+        }
 
     @staticmethod
     def usage(done: Finished) -> dict[str, Any]:
-        return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-                "total_tokens": done.prompt_tokens + done.completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": done.cached_tokens}}
+        return {
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "total_tokens": done.prompt_tokens + done.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
+        }
 
     def _finish_reason(self, done: Finished) -> str:
         return "tool_calls" if self.reply.calls and done.finish_reason == "stop" else done.finish_reason
@@ -130,15 +144,21 @@ class ResponseShape:
         """The non-streaming response."""
         self.reply.finish()
         calls = [self._call(c) for c in self.reply.calls]
-        return {**self._base(False),
-                "choices": [self._choice(self.reply.text(), self._finish_reason(done), stream=False, calls=calls)],
-                "usage": self.usage(done), "specfill": self._stats(done)}
+        return {
+            **self._base(False),
+            "choices": [self._choice(self.reply.text(), self._finish_reason(done), stream=False, calls=calls)],
+            "usage": self.usage(done),
+            "specfill": self._stats(done),
+        }
 
     # the stream
     def opening(self) -> list[str]:
         """Chat streams open with the assistant role (OpenAI's first chunk); text streams don't."""
-        return [sse({**self._base(True), "choices": [self._choice(None, None, stream=True, first=True)]})] \
-            if self.chat else []
+        return (
+            [sse({**self._base(True), "choices": [self._choice(None, None, stream=True, first=True)]})]
+            if self.chat
+            else []
+        )
 
     def event(self, event: Any) -> list[str]:
         """The chunks one engine event turns into."""
@@ -171,15 +191,29 @@ class ResponseShape:
         return {**self._base(True), "choices": [self._choice(text, None, stream=True)]}
 
     def progress(self, event: Progress) -> dict[str, Any]:
-        return {**self._base(True), "choices": [],
-                "prompt_progress": {"total": event.total, "cache": event.cached, "processed": event.processed,
-                                    "time_ms": round(event.seconds * 1000.0, 3), "stage": event.stage,
-                                    "stage_processed": event.stage_processed, "stage_total": event.stage_total}}
+        return {
+            **self._base(True),
+            "choices": [],
+            "prompt_progress": {
+                "total": event.total,
+                "cache": event.cached,
+                "processed": event.processed,
+                "time_ms": round(event.seconds * 1000.0, 3),
+                "stage": event.stage,
+                "stage_processed": event.stage_processed,
+                "stage_total": event.stage_total,
+            },
+        }
 
     def closing(self, done: Finished) -> list[dict[str, Any]]:
         """The finish-reason chunk (with the statistics), then usage if stream_options asked."""
-        chunks = [{**self._base(True), "choices": [self._choice(None, self._finish_reason(done), stream=True)],
-                   "specfill": self._stats(done)}]
+        chunks = [
+            {
+                **self._base(True),
+                "choices": [self._choice(None, self._finish_reason(done), stream=True)],
+                "specfill": self._stats(done),
+            }
+        ]
         if self.plan.include_usage:
             chunks.append({**self._base(True), "choices": [], "usage": self.usage(done)})
         return chunks

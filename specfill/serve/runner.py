@@ -7,6 +7,7 @@ prefill steps and between tokens); a second cancels everything at once. Either w
 thread is joined before the process exits, so no native thread dies mid-kernel, and the exit
 status is 0 with no traceback.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -73,8 +74,12 @@ def _server_class() -> type:
                 print("specfill: stopping now", file=sys.stderr, flush=True)
             else:
                 self.should_exit = True
-                print("specfill: stopping: no new requests; the running one is cancelled at its next step "
-                      "(signal again to stop at once)", file=sys.stderr, flush=True)
+                print(
+                    "specfill: stopping: no new requests; the running one is cancelled at its next step "
+                    "(signal again to stop at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             self.scheduler.close()
 
         @contextlib.contextmanager
@@ -95,8 +100,7 @@ def run(app: Any, sock: socket.socket, *, log_level: str) -> None:
     import uvicorn
 
     scheduler: Scheduler = app.state.scheduler
-    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30, access_log=False,
-                            log_config=None)
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=30, access_log=False, log_config=None)
     server = _server_class()(config)
     server.scheduler = scheduler
     try:

@@ -5,6 +5,7 @@ read their events from an asyncio queue. A full queue is refused at once (503), 
 skipped or stopped at its next check, and whatever a generation raises becomes an error event:
 the worker thread never dies on a request.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -106,9 +107,12 @@ class Scheduler:
         try:
             self._waiting.put_nowait(job)
         except queue.Full:
-            raise RequestError(503, f"the server is busy: {self.max_queue} requests are already waiting for the "
-                                    f"device; retry later", code="queue_full",
-                               headers={"Retry-After": str(self.retry_after())}) from None
+            raise RequestError(
+                503,
+                f"the server is busy: {self.max_queue} requests are already waiting for the device; retry later",
+                code="queue_full",
+                headers={"Retry-After": str(self.retry_after())},
+            ) from None
 
     def _next_job(self) -> Job | None:
         """The next job; while none waits, the engine's idle work runs in small steps."""

@@ -14,6 +14,7 @@ ReplySplitter turns the reply's text, as it streams, into content text and whole
 that does not parse is handed back as the text the model wrote (content), never as an error.
 Written here rather than imported from mlx-lm (docs/serve.md says why).
 """
+
 from __future__ import annotations
 
 import json
@@ -78,8 +79,10 @@ def _xml_value(raw: str) -> Any:
 def hermes_calls(body: str) -> list[ToolCall]:
     """The body of one <tool_call> block: JSON, or Qwen3-Coder's <function=...> form."""
     if body.lstrip().startswith("<function="):
-        calls = [ToolCall(name, {p: _xml_value(v) for p, v in _PARAMETER.findall(inner)})
-                 for name, inner in _FUNCTION.findall(body)]
+        calls = [
+            ToolCall(name, {p: _xml_value(v) for p, v in _PARAMETER.findall(inner)})
+            for name, inner in _FUNCTION.findall(body)
+        ]
         if not calls or _FUNCTION.sub("", body).strip():
             raise ValueError("not a <function=...> call")
         return calls
@@ -129,12 +132,24 @@ class ToolFormat:
         return self.required if name is None else self.named.format(name=json.dumps(name))
 
 
-HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", hermes_calls, required="<tool_call>",
-                    named='<tool_call>\n{{"name": {name}, "arguments": ')
-LLAMA3 = ToolFormat("llama3", "<|python_tag|>", None, json_calls, required='{"name": "',
-                    named='{{"name": {name}, "parameters": ', leading=("{",))
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, mistral_calls, required="[TOOL_CALLS]",
-                     named="[TOOL_CALLS]")
+HERMES = ToolFormat(
+    "hermes",
+    "<tool_call>",
+    "</tool_call>",
+    hermes_calls,
+    required="<tool_call>",
+    named='<tool_call>\n{{"name": {name}, "arguments": ',
+)
+LLAMA3 = ToolFormat(
+    "llama3",
+    "<|python_tag|>",
+    None,
+    json_calls,
+    required='{"name": "',
+    named='{{"name": {name}, "parameters": ',
+    leading=("{",),
+)
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, mistral_calls, required="[TOOL_CALLS]", named="[TOOL_CALLS]")
 FORMATS = {f.name: f for f in (HERMES, LLAMA3, MISTRAL)}
 
 
@@ -199,7 +214,7 @@ class ReplySplitter:
             self.body, self.pending = self.body + self.pending, ""
             if fmt.end is None or (cut := self.body.find(fmt.end)) < 0:
                 return False
-            body, self.pending = self.body[:cut], self.body[cut + len(fmt.end):]
+            body, self.pending = self.body[:cut], self.body[cut + len(fmt.end) :]
             out.extend(self._close(body, self.opening + body + fmt.end))
             self.body = None
             return True
@@ -217,14 +232,14 @@ class ReplySplitter:
             if before:
                 out.append(Text(before))
             self.began = True  # the white space before the marker is dropped if a call follows, else kept
-            self.opening = self.pending[len(before):at] + fmt.start
-            self.body, self.pending = "", self.pending[at + len(fmt.start):]
+            self.opening = self.pending[len(before) : at] + fmt.start
+            self.body, self.pending = "", self.pending[at + len(fmt.start) :]
             return True
         hold = max((k for k in range(1, len(fmt.start)) if self.pending.endswith(fmt.start[:k])), default=0)
-        ready = self.pending[:len(self.pending) - hold].rstrip()  # trailing white space waits: a call may follow
+        ready = self.pending[: len(self.pending) - hold].rstrip()  # trailing white space waits: a call may follow
         if ready.strip():
             out.append(Text(ready))
-            self.pending = self.pending[len(ready):]
+            self.pending = self.pending[len(ready) :]
             self.began = True
         return False
 

@@ -7,6 +7,7 @@ named sets ("honoured", "refused"); a test that also takes `refusal` runs per me
 backend's refusal cases name. A backend whose libraries are missing gives one skipped case per
 test; its own test files (test_mlx_*.py, test_transformers_*.py) are not collected. One torch
 thread (the machine is shared and the models are tiny)."""
+
 from __future__ import annotations
 
 import importlib
@@ -15,13 +16,15 @@ import pytest
 
 from tests.adapters.support import BACKENDS, installed
 
-collect_ignore_glob = ([] if installed("mlx") else ["test_mlx_*.py"]) + \
-    ([] if installed("torch") else ["test_transformers_*.py"])
+collect_ignore_glob = ([] if installed("mlx") else ["test_mlx_*.py"]) + (
+    [] if installed("torch") else ["test_transformers_*.py"]
+)
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "archs(*sets): run a `backend` test per architecture of the backend's "
-                                       "sets (honoured, refused)")
+    config.addinivalue_line(
+        "markers", "archs(*sets): run a `backend` test per architecture of the backend's sets (honoured, refused)"
+    )
 
 
 def pytest_generate_tests(metafunc) -> None:
@@ -32,11 +35,19 @@ def pytest_generate_tests(metafunc) -> None:
     params = []
     for name, libraries in BACKENDS.items():
         if not installed(name):
-            params.append(pytest.param(name, *[None] * (len(names) - 1), id=name,
-                                       marks=pytest.mark.skip(reason=f"{' and '.join(libraries)} not installed")))
+            params.append(
+                pytest.param(
+                    name,
+                    *[None] * (len(names) - 1),
+                    id=name,
+                    marks=pytest.mark.skip(reason=f"{' and '.join(libraries)} not installed"),
+                )
+            )
             continue
         backend = importlib.import_module(f"tests.adapters.{name}_backend")
-        archs = [arch for group in marker.args for arch in sorted(getattr(backend, group.upper()))] if marker else [None]
+        archs = (
+            [arch for group in marker.args for arch in sorted(getattr(backend, group.upper()))] if marker else [None]
+        )
         refusals = backend.REFUSAL_NAMES if "refusal" in names else [None]
         for arch in archs:
             for refusal in refusals:

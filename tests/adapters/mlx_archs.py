@@ -6,6 +6,7 @@ they have model files of their own; test_own_families.py compares the two). MOE 
 experts. REFUSED: architectures whose layers a sparse method cannot run, with the layer kind
 named in the refusal (full prefill and decoding still work on them).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -19,13 +20,37 @@ from mlx.utils import tree_flatten
 
 from tests.fixtures.tiny_tokenizer import tiny_bpe_tokenizer_json, tiny_tokenizer_config
 
-BASE = dict(bos_token_id=1, eos_token_id=2, hidden_size=64, num_hidden_layers=2, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, vocab_size=320, max_position_embeddings=512,
-            rope_theta=10000.0, tie_word_embeddings=False)
-_MOE = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-            decoder_sparse_step=1, norm_topk_prob=True, mlp_only_layers=[])
-_GRANITE = dict(embedding_multiplier=2.0, attention_multiplier=0.2, logits_scaling=4.0, residual_multiplier=0.5,
-                attention_bias=False)
+BASE = dict(
+    bos_token_id=1,
+    eos_token_id=2,
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+)
+_MOE = dict(
+    num_experts=4,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    decoder_sparse_step=1,
+    norm_topk_prob=True,
+    mlp_only_layers=[],
+)
+_GRANITE = dict(
+    embedding_multiplier=2.0,
+    attention_multiplier=0.2,
+    logits_scaling=4.0,
+    residual_multiplier=0.5,
+    attention_bias=False,
+)
 
 HONOURED: dict[str, dict[str, Any]] = {
     "qwen3_moe": _MOE,
@@ -42,8 +67,14 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gemma3_text": dict(sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=16),
     "granite": dict(_GRANITE, mlp_bias=False),
     "seed_oss": {},
-    "llama4_text": dict(_MOE, interleave_moe_layer_step=1, no_rope_layers=[1, 0], use_qk_norm=True,
-                        attention_chunk_size=8, intermediate_size_mlp=128),  # q/k RMS without weight, NoPE
+    "llama4_text": dict(
+        _MOE,
+        interleave_moe_layer_step=1,
+        no_rope_layers=[1, 0],
+        use_qk_norm=True,
+        attention_chunk_size=8,
+        intermediate_size_mlp=128,
+    ),  # q/k RMS without weight, NoPE
     "deepseek": dict(_MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, moe_layer_freq=1),
     "qwen2_moe": dict(_MOE, shared_expert_intermediate_size=32),
     "gemma": {},
@@ -54,12 +85,23 @@ HONOURED: dict[str, dict[str, Any]] = {
     "helium": dict(attention_bias=False, mlp_bias=False),
     "minicpm": dict(dim_model_base=32, scale_depth=1.4, scale_emb=12.0),
     "mimo": dict(num_nextn_predict_layers=0),
-    "nemotron": dict(partial_rotary_factor=0.5, norm_eps=1e-5, hidden_act="relu2", mlp_bias=False,
-                     attention_bias=False),
+    "nemotron": dict(
+        partial_rotary_factor=0.5, norm_eps=1e-5, hidden_act="relu2", mlp_bias=False, attention_bias=False
+    ),
     "olmo3": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"]),  # olmo2's norms, slides
-    "glm4_moe": dict(_MOE, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
-                     routed_scaling_factor=1.0, rope_scaling=None, use_qk_norm=True, attention_bias=True,
-                     partial_rotary_factor=0.5),  # q/k RMSNorm per head, RoPE on half of each head
+    "glm4_moe": dict(
+        _MOE,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+        routed_scaling_factor=1.0,
+        rope_scaling=None,
+        use_qk_norm=True,
+        attention_bias=True,
+        partial_rotary_factor=0.5,
+    ),  # q/k RMSNorm per head, RoPE on half of each head
     "minimax": dict(_MOE, shared_intermediate_size=0, rotary_dim=8),  # MiniMax-M2 (mlx-lm's minimax: softmax
     # attention only): q/k RMSNorm over all heads at once, RoPE on half of each head
     # attention terms (core/stages.AttentionTerms): sinks (build() draws them N(0, 1), so that they
@@ -68,40 +110,106 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gpt_oss": dict(_MOE, experts_per_token=2, sliding_window=8),  # slides: mlx-lm's masks
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0),
 }
-MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "llama4_text", "deepseek", "qwen2_moe", "gpt_oss",
-       "glm4_moe", "minimax")
+MOE = (
+    "qwen3_moe",
+    "mixtral",
+    "granitemoe",
+    "olmoe",
+    "phimoe",
+    "llama4_text",
+    "deepseek",
+    "qwen2_moe",
+    "gpt_oss",
+    "glm4_moe",
+    "minimax",
+)
 TERMS = ("gpt_oss", "gemma2")  # honoured architectures whose layers add terms to their softmax
 
 # architecture -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "deepseek_v3": (dict(_MOE, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16,
-                         v_head_dim=16, n_routed_experts=4, n_shared_experts=1, first_k_dense_replace=1,
-                         moe_layer_freq=1, routed_scaling_factor=1.0, topk_method="noaux_tc", n_group=1,
-                         topk_group=1), "multi-head latent attention"),
+    "deepseek_v3": (
+        dict(
+            _MOE,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=16,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            moe_layer_freq=1,
+            routed_scaling_factor=1.0,
+            topk_method="noaux_tc",
+            n_group=1,
+            topk_group=1,
+        ),
+        "multi-head latent attention",
+    ),
     "hunyuan_v1_dense": ({}, "attention of an unknown layout"),  # q/k norms after RoPE, other names
-    "stablelm": (dict(partial_rotary_factor=0.25, use_qkv_bias=False, layer_norm_eps=1e-5),
-                 "attention of an unknown layout"),  # no softmax scale the adapter can read
+    "stablelm": (
+        dict(partial_rotary_factor=0.25, use_qkv_bias=False, layer_norm_eps=1e-5),
+        "attention of an unknown layout",
+    ),  # no softmax scale the adapter can read
     # an RMS norm on v, KV-shared layers, k = v layers, and a call that passes and returns (k, v) and
     # the offset: parts and settings the adapter does not model yet; full-attention layers with heads
     # twice as wide (global_head_dim), partial proportional RoPE, per-layer inputs, as Gemma 4's
-    "gemma4_text": (dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"], global_head_dim=32,
-                         num_kv_shared_layers=0, hidden_size_per_layer_input=16, vocab_size_per_layer_input=320),
-                    "attention of an unknown layout"),
+    "gemma4_text": (
+        dict(
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+            global_head_dim=32,
+            num_kv_shared_layers=0,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=320,
+        ),
+        "attention of an unknown layout",
+    ),
 }
 
 # hybrids: some layers keep a recurrent state instead of keys (refused at load, every method)
 HYBRID: dict[str, dict[str, Any]] = {
-    "qwen3_next": dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                       linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
-                       shared_expert_intermediate_size=32, partial_rotary_factor=0.25),
-    "lfm2": dict(conv_bias=False, conv_L_cache=3, block_dim=64, block_ff_dim=128, block_multiple_of=16,
-                 block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False, full_attn_idxs=[1], norm_eps=1e-5),
+    "qwen3_next": dict(
+        _MOE,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=2,
+        shared_expert_intermediate_size=32,
+        partial_rotary_factor=0.25,
+    ),
+    "lfm2": dict(
+        conv_bias=False,
+        conv_L_cache=3,
+        block_dim=64,
+        block_ff_dim=128,
+        block_multiple_of=16,
+        block_ffn_dim_multiplier=1.0,
+        block_auto_adjust_ff_dim=False,
+        full_attn_idxs=[1],
+        norm_eps=1e-5,
+    ),
     # gated delta-net (linear attention) on layer 0, gated softmax attention on layer 1
-    "qwen3_5": dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
-                    linear_conv_kernel_dim=4, full_attention_interval=2),
-    "qwen3_5_moe": dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
-                        shared_expert_intermediate_size=32),
+    "qwen3_5": dict(
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=2,
+    ),
+    "qwen3_5_moe": dict(
+        _MOE,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=2,
+        shared_expert_intermediate_size=32,
+    ),
 }
 
 REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file
@@ -116,17 +224,22 @@ def build(arch: str, config: dict[str, Any] | None = None, seed: int = 0) -> nn.
     model = module.Model(module.ModelArgs.from_dict({**BASE, "model_type": arch, **extra}))
     # norms start at 1 (or 0 where the weight is an offset or a plain multiplier, Cohere's q/k
     # norms): perturbed, so that a norm applied in the wrong place or not at all shows
-    norms = [(name, value + 0.3 * mx.random.normal(value.shape, key=mx.random.key(seed + i)))
-             for i, (name, value) in enumerate(tree_flatten(model.parameters())) if "norm" in name]
-    sinks = [(name, mx.random.normal(value.shape, key=mx.random.key(seed + 1000 + i)))  # gpt_oss's start at 0
-             for i, (name, value) in enumerate(tree_flatten(model.parameters())) if name.endswith(".sinks")]
+    norms = [
+        (name, value + 0.3 * mx.random.normal(value.shape, key=mx.random.key(seed + i)))
+        for i, (name, value) in enumerate(tree_flatten(model.parameters()))
+        if "norm" in name
+    ]
+    sinks = [
+        (name, mx.random.normal(value.shape, key=mx.random.key(seed + 1000 + i)))  # gpt_oss's start at 0
+        for i, (name, value) in enumerate(tree_flatten(model.parameters()))
+        if name.endswith(".sinks")
+    ]
     model.load_weights(norms + sinks, strict=False)
     mx.eval(model.parameters())
     return model
 
 
-def save_directory(arch: str, directory: Path, config: dict[str, Any] | None = None,
-                   bits: int | None = None) -> Path:
+def save_directory(arch: str, directory: Path, config: dict[str, Any] | None = None, bits: int | None = None) -> Path:
     """An mlx-lm directory of build(arch, config): config.json, model.safetensors (mlx-lm's own
     parameter names, quantized to `bits` in groups of 32 as mlx-lm's convert does) and the tiny
     tokenizer."""

@@ -4,6 +4,7 @@ mlx-lm model, mlx-lm's own forward and decoding to compare with, and the backend
 Tolerance: the adapter and mlx-lm both compute in float32 with the same MLX kernels, so their
 logits agree to float32 rounding: observed exactly equal on every architecture here (MLX CPU).
 """
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -16,25 +17,37 @@ from specfill.backends.mlx import load
 from specfill.backends.mlx.adapted import AdaptedModel, AdaptedOps, adapt
 from specfill.backends.mlx.model import Model as OwnModel
 from specfill.core.driver import CausalLM
-
 from tests.adapters import mlx_table as table
 from tests.adapters.mlx_archs import HONOURED, MOE, REFUSED, TERMS, build, save_directory
 
-__all__ = ["AdaptedModel", "HONOURED", "MOE", "OwnModel", "REFUSED", "TERMS", "build", "load", "save_directory",
-           "table"]
+__all__ = [
+    "AdaptedModel",
+    "HONOURED",
+    "MOE",
+    "OwnModel",
+    "REFUSED",
+    "TERMS",
+    "build",
+    "load",
+    "save_directory",
+    "table",
+]
 
 NAME, CLI_BACKEND = "mlx", "mlx"
 # the refusal test's cases: H2O, the SpecPrefill speculator, and the main model under SpecPrefill
 # with an honoured speculator (on the torch backend the main pass runs refused layers instead)
 REFUSAL_NAMES = ("H2O", "speculator", "SpecPrefill")
-LATENT_REFUSAL = "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention)"  # what a refused method says (deepseek_v3)
+LATENT_REFUSAL = (
+    "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention)"  # what a refused method says (deepseek_v3)
+)
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},
     "mistral": dict(sliding_window=None),  # mlx-lm runs Mistral as Llama: windows only from layer_types
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3": {},
-    "gemma3_text": dict(query_pre_attn_scalar=16, sliding_window=8, rope_local_base_freq=10000.0,
-                        num_hidden_layers=6),  # mlx-lm reads the 6th layer's cache for its global mask
+    "gemma3_text": dict(
+        query_pre_attn_scalar=16, sliding_window=8, rope_local_base_freq=10000.0, num_hidden_layers=6
+    ),  # mlx-lm reads the 6th layer's cache for its global mask
 }
 
 

@@ -7,6 +7,7 @@ oracle's; greedy = drafting gives the greedy tokens) or the refusal the tests ex
 
     .venv/bin/python -m tests.adapters.mlx_table --write    # rewrite the table in docs/models.md
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,12 +15,13 @@ from pathlib import Path
 
 from specfill.backends.mlx.adapted import adapt
 from specfill.core.errors import ModelLoadError
-
 from tests.adapters.mlx_archs import HONOURED, HYBRID, MOE, REFUSED, build
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
-BEGIN, END = "<!-- adapter-table:begin (generated: python -m tests.adapters.mlx_table --write) -->", \
-    "<!-- adapter-table:end -->"
+BEGIN, END = (
+    "<!-- adapter-table:begin (generated: python -m tests.adapters.mlx_table --write) -->",
+    "<!-- adapter-table:end -->",
+)
 MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "qwen3_5_moe")  # mixtures of experts among the refused ones
 OWN = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
@@ -30,7 +32,8 @@ def _row(arch: str) -> str:
         args = adapt(build(arch)).args
     except ModelLoadError as err:  # "<arch> layer <i> is <kind>: <why>"
         kind = str(err).split(" is ", 1)[1].split(" (parts")[0]
-        return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {str(err)[len(arch) + 1:]} |"
+        reason = str(err)[len(arch) + 1 :]
+        return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {reason} |"
     kinds = ", ".join(sorted({layer.kind for layer in args.layers}))
     refusal = args.refusal()
     sparse = "oracle" if refusal is None else "refused"
@@ -41,10 +44,19 @@ def table() -> str:
     """The markdown table (with its markers) for the architectures the adapter tests run."""
     rows = [_row(arch) for arch in sorted(HONOURED) + sorted(REFUSED) + sorted(HYBRID)]
     own = ", ".join(OWN)
-    return "\n".join([BEGIN, "| mlx-lm architecture | MoE | layer kinds | full prefill + decode | drafting | H2O | "
-                             "SpecPrefill | refused because |", "|---|---|---|---|---|---|---|---|", *rows, "",
-                      f"Own model files ({own}): every method, and greedy tokens equal to the adapter's under "
-                      f"full, H2O and SpecPrefill (test_own_families.py).", END])
+    return "\n".join(
+        [
+            BEGIN,
+            "| mlx-lm architecture | MoE | layer kinds | full prefill + decode | drafting | H2O | "
+            "SpecPrefill | refused because |",
+            "|---|---|---|---|---|---|---|---|",
+            *rows,
+            "",
+            f"Own model files ({own}): every method, and greedy tokens equal to the adapter's under "
+            f"full, H2O and SpecPrefill (test_own_families.py).",
+            END,
+        ]
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -7,6 +7,7 @@ mlx_backend.py, torch_backend.py). `assert_close` allows 1e-5 * max|logit| (the 
 tolerance, tests/fixtures/reference_runs), far below what a wrong position, norm, window or cache
 slot changes (> 1e-2 * max|logit|).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -31,8 +32,11 @@ def installed(backend: str) -> bool:
 
 
 def spec(keep: float, lookahead: int = 2) -> PrefillMethod:
-    return PrefillMethod("specprefill", speculator="self:1", specprefill=SpecPrefillConfig(
-        keep_ratio=keep, lookahead=lookahead, select_chunk=4, pool_kernel=3))
+    return PrefillMethod(
+        "specprefill",
+        speculator="self:1",
+        specprefill=SpecPrefillConfig(keep_ratio=keep, lookahead=lookahead, select_chunk=4, pool_kernel=3),
+    )
 
 
 def prompt(n: int, vocab: int = 320, seed: int = 0) -> list[int]:
@@ -45,11 +49,25 @@ def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
     assert err <= bound, f"{what}: max |diff| {err} > {bound}"
 
 
-def greedy(model: CausalLM, ids: list[int], max_tokens: int, method: PrefillMethod = PrefillMethod(),
-           info: GenerationInfo | None = None, drafting: Drafting | None = None) -> list[int]:
-    return list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                    method=method, info=info if info is not None else GenerationInfo(),
-                                    drafting=drafting))
+def greedy(
+    model: CausalLM,
+    ids: list[int],
+    max_tokens: int,
+    method: PrefillMethod = PrefillMethod(),
+    info: GenerationInfo | None = None,
+    drafting: Drafting | None = None,
+) -> list[int]:
+    return list(
+        model.generate_step(
+            ids,
+            max_tokens=max_tokens,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=method,
+            info=info if info is not None else GenerationInfo(),
+            drafting=drafting,
+        )
+    )
 
 
 def record(monkeypatch, cls, to_numpy: Callable) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:

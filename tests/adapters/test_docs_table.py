@@ -5,5 +5,4 @@ architectures or refusals changes)."""
 
 def test_the_docs_table_is_the_generated_one(backend):
     table = backend.table
-    assert table.table() in table.DOC.read_text(), \
-        f"docs/models.md is stale: python -m {table.__name__} --write"
+    assert table.table() in table.DOC.read_text(), f"docs/models.md is stale: python -m {table.__name__} --write"

@@ -1,12 +1,12 @@
 """Full prefill and decoding through the adapter equal the adapted library's own model (fp32, CPU):
 mlx-lm's on MLX, transformers' on torch."""
+
 from __future__ import annotations
 
 import pytest
 
 from specfill.core.adapted import AdaptedArgs
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
 from tests.adapters.support import assert_close, greedy, prompt
 
 

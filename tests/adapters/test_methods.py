@@ -7,6 +7,7 @@ speculator's queries and prompt keys recorded the same way go through the float6
 scoring and selection (core/reference/specprefill.py): its kept positions must equal the run's.
 Architectures the methods cannot honour are refused by name (architecture, layer, kind, method).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -19,7 +20,6 @@ from specfill.core.reference import REFERENCE
 from specfill.core.reference.oracle import oracle_h2o_layer
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
-
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
 
@@ -36,8 +36,9 @@ def reference_terms(backend, model, layers) -> tuple:
     """The layers' terms with NumPy sinks, as the reference scoring takes them."""
     from specfill.core.stages import AttentionTerms
 
-    return tuple(AttentionTerms(**oracle_terms(backend, model, i)) if oracle_terms(backend, model, i) else None
-                 for i in layers)
+    return tuple(
+        AttentionTerms(**oracle_terms(backend, model, i)) if oracle_terms(backend, model, i) else None for i in layers
+    )
 
 
 @pytest.mark.archs("honoured")
@@ -52,9 +53,17 @@ def test_h2o_memory_sets_and_outputs_equal_the_oracle(backend, arch, monkeypatch
     assert [call[0] for call in calls] == [0, 1]
     config = H2O.h2o
     for layer, q, k, v, out in calls:
-        want_out, want_sets, _ = oracle_h2o_layer(q, k, v, config.chunk_size, config.local, config.heavy,
-                                                  model.args.attention_scale, window=model.args.layer_window(layer),
-                                                  **oracle_terms(backend, model, layer))
+        want_out, want_sets, _ = oracle_h2o_layer(
+            q,
+            k,
+            v,
+            config.chunk_size,
+            config.local,
+            config.heavy,
+            model.args.attention_scale,
+            window=model.args.layer_window(layer),
+            **oracle_terms(backend, model, layer),
+        )
         assert_close(out, want_out.astype(np.float32), f"{arch} layer {layer} H2O output")
         got = info.memory_sets[layer]
         assert len(got) == len(want_sets) == 36 // 8
@@ -73,9 +82,15 @@ def test_specprefill_kept_positions_equal_the_reference_selection(backend, arch,
     queries = np.stack([[q[:, -1] for layer, q, k, _, _ in calls if layer == 0 and k.shape[1] >= n]])
     keys = np.stack([calls[0][2][:, :n]])  # the prefill step's keys of layer 0
     assert queries.shape[1] == 3  # the last prompt token and two look-ahead tokens
-    _, selection = speculative_selection(queries.astype(np.float64), keys.astype(np.float64), spec(0.3).specprefill,
-                                         model.args.attention_scale, REFERENCE, model.args.layer_windows[:1],
-                                         reference_terms(backend, model, [0]))
+    _, selection = speculative_selection(
+        queries.astype(np.float64),
+        keys.astype(np.float64),
+        spec(0.3).specprefill,
+        model.args.attention_scale,
+        REFERENCE,
+        model.args.layer_windows[:1],
+        reference_terms(backend, model, [0]),
+    )
     assert info.kept_positions == selection.kept.tolist()
     assert 8 <= info.kept_tokens < n and info.kept_positions[-1] == n - 1
     assert len(tokens) == 3 and greedy(model, ids, 4, spec(1.0)) == greedy(model, ids, 4)
@@ -90,8 +105,9 @@ def test_sparse_methods_are_refused_by_name_on_layers_they_cannot_run(backend, a
     ids = prompt(24, seed=9)
     method = H2O if refusal == "H2O" else spec(0.3)
     if refusal == "SpecPrefill":
-        method = PrefillMethod("specprefill", speculator=backend.adapted(backend.build("qwen3_moe")),
-                               specprefill=method.specprefill)
+        method = PrefillMethod(
+            "specprefill", speculator=backend.adapted(backend.build("qwen3_moe")), specprefill=method.specprefill
+        )
     with pytest.raises(MethodRefusedError) as refused:
         greedy(model, ids, 2, method)
     message = str(refused.value)
@@ -112,8 +128,16 @@ def test_attention_terms_are_honoured_and_matter(backend, arch, monkeypatch):
     model.prompt_logits(prompt(36, seed=7), method=H2O, info=GenerationInfo())
     layer, q, k, v, out = calls[1]
     config = H2O.h2o
-    plain, _, _ = oracle_h2o_layer(q, k, v, config.chunk_size, config.local, config.heavy, model.args.attention_scale,
-                                   window=model.args.layer_window(layer))
+    plain, _, _ = oracle_h2o_layer(
+        q,
+        k,
+        v,
+        config.chunk_size,
+        config.local,
+        config.heavy,
+        model.args.attention_scale,
+        window=model.args.layer_window(layer),
+    )
     assert np.abs(out - plain).max() > 1e-3 * np.abs(plain).max(), f"{arch}: the terms changed nothing"
 
 

@@ -2,6 +2,7 @@
 4-bit directories, hybrids refused at load, the model left usable as mlx-lm's, and the one-way
 rule between specfill's MLX model and the adapted one (a speculator or draft model runs through
 the main model's ops)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -14,7 +15,6 @@ import pytest
 from specfill.backends.mlx import load
 from specfill.core.errors import ModelLoadError
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
 from tests.adapters.mlx_archs import HONOURED, HYBRID, build, save_directory
 from tests.adapters.mlx_backend import FAMILIES, adapted
 from tests.adapters.support import assert_close, greedy, prompt, spec
@@ -31,9 +31,9 @@ def test_per_token_positions_rotate_each_token_at_its_own_position(arch):
         attention = layer.self_attn
         q, k, v = attention.project(x, positions)
         for t, position in enumerate(positions.tolist()):
-            q_t, k_t, v_t = attention.project(x[:, t:t + 1], position)
+            q_t, k_t, v_t = attention.project(x[:, t : t + 1], position)
             for got, want, name in ((q, q_t, "q"), (k, k_t, "k"), (v, v_t, "v")):
-                assert_close(np.array(got[:, :, t:t + 1]), np.array(want), f"{arch} {name} at {position}")
+                assert_close(np.array(got[:, :, t : t + 1]), np.array(want), f"{arch} {name} at {position}")
         if attention.layout.rope:  # RoPE really turns q: position 19 differs from position 0
             assert np.abs(np.array(attention.project(x[:, :1], 19)[0] - q[:, :, :1])).max() > 1e-3
 
@@ -100,5 +100,14 @@ def test_an_adapted_speculator_for_an_own_main_model_is_refused_by_name(tmp_path
     with pytest.raises(ConfigError, match="the speculator runs through AdaptedOps, which the main model's MLXOps"):
         greedy(own, ids, 4, replace(spec(0.3), speculator=ours))
     with pytest.raises(ConfigError, match="the draft model runs through AdaptedOps"):
-        list(own.generate_step(ids, max_tokens=4, sampling=SamplingConfig(), stop_ids=frozenset(),
-                               method=PrefillMethod(), info=GenerationInfo(), drafting=Drafting(ours, 2)))
+        list(
+            own.generate_step(
+                ids,
+                max_tokens=4,
+                sampling=SamplingConfig(),
+                stop_ids=frozenset(),
+                method=PrefillMethod(),
+                info=GenerationInfo(),
+                drafting=Drafting(ours, 2),
+            )
+        )

@@ -2,6 +2,7 @@
 agree on the five families the project has model files for: same directory, greedy tokens equal
 under full prefill, H2O and SpecPrefill (fp32, CPU). The adapter side is loaded as a (model,
 tokenizer) pair from the library, the own side from the directory."""
+
 from __future__ import annotations
 
 import pytest

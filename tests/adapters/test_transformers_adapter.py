@@ -3,6 +3,7 @@ the main pass of SpecPrefill through refused layers, model types refused at load
 cannot hold their layers) and by the load-time self-check, attention-call arguments it does not
 model, dynamic RoPE, `load(<directory>)` and repo ids from a Hugging Face cache, and an own model
 and an adapted one serving as each other's speculator and draft (one ops for both)."""
+
 from __future__ import annotations
 
 import shutil
@@ -22,10 +23,9 @@ from specfill.core.methods.specprefill import QueryCapture
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
+from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 from tests.adapters.torch_archs import AT_LOAD, HONOURED, REFUSED, build, save_directory
 from tests.adapters.torch_backend import FAMILIES, adapted, library_pair, own_logits, to_numpy
-from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
 ALL = sorted(HONOURED) + sorted(REFUSED)
 
@@ -73,11 +73,18 @@ def test_specprefill_main_pass_runs_refused_layers_with_an_honoured_speculator(a
     info = GenerationInfo()
     assert len(greedy(model, ids, 3, method, info)) == 3
     layers = range(speculator.args.num_hidden_layers)  # a whole model as speculator: every layer scores
-    queries = np.stack([[q[:, -1] for layer, q, k, _, _ in calls if layer == i and k.shape[1] >= len(ids)]
-                        for i in layers])
-    keys = np.stack([[c for c in calls if c[0] == i][0][2][:, :len(ids)] for i in layers])
-    _, selection = speculative_selection(queries.astype(np.float64), keys.astype(np.float64), method.specprefill,
-                                         speculator.args.attention_scale, REFERENCE, speculator.args.layer_windows)
+    queries = np.stack(
+        [[q[:, -1] for layer, q, k, _, _ in calls if layer == i and k.shape[1] >= len(ids)] for i in layers]
+    )
+    keys = np.stack([[c for c in calls if c[0] == i][0][2][:, : len(ids)] for i in layers])
+    _, selection = speculative_selection(
+        queries.astype(np.float64),
+        keys.astype(np.float64),
+        method.specprefill,
+        speculator.args.attention_scale,
+        REFERENCE,
+        speculator.args.layer_windows,
+    )
     assert info.kept_positions == selection.kept.tolist() and 8 <= info.kept_tokens < len(ids)
 
 
@@ -115,8 +122,11 @@ def test_the_self_check_refuses_what_the_kind_list_misses(monkeypatch):
     from specfill.backends.torch_cuda import adapted as adapted_module
 
     monkeypatch.setattr(adapted_module, "check_layer_kinds", lambda text, architecture: None)
-    with pytest.raises(ModelLoadError, match=r"^falcon_h1: specfill's attention does not reproduce transformers' "
-                                              r"forward on a 6-token check"):
+    with pytest.raises(
+        ModelLoadError,
+        match=r"^falcon_h1: specfill's attention does not reproduce transformers' "
+        r"forward on a 6-token check",
+    ):
         adapted_module.adapt(build("falcon_h1"))
     assert adapted_module.adapt(build("falcon_h1"), check=False).args.architecture == "falcon_h1"  # what it would miss
 
@@ -125,8 +135,21 @@ def test_a_family_refused_at_load_is_one_error_line(tmp_path, capsys):
     """`specfill generate --backend cuda --model <directory>` of a model type refused at load."""
     directory = save_directory("qwen3_next", tmp_path / "qwen3_next", AT_LOAD["qwen3_next"][0])
     capsys.readouterr()  # what writing the test model printed
-    code = main(["generate", "--backend", "cuda", "--device", "cpu", "--model", str(directory),
-                 "--prompt", "The capital of France is Paris. " * 6, "--max-tokens", "4"])
+    code = main(
+        [
+            "generate",
+            "--backend",
+            "cuda",
+            "--device",
+            "cpu",
+            "--model",
+            str(directory),
+            "--prompt",
+            "The capital of France is Paris. " * 6,
+            "--max-tokens",
+            "4",
+        ]
+    )
     out, err = capsys.readouterr()
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0 and "Traceback" not in err and not out.strip()
@@ -176,6 +199,7 @@ def test_an_own_model_and_an_adapted_one_serve_as_each_others_speculator_and_dra
     ids = prompt(40, seed=5)
     for main_model, other in ((own, ours), (ours, own)):
         method = PrefillMethod("specprefill", speculator=other, specprefill=spec(0.3).specprefill)
-        assert greedy(main_model, ids, 4, method) == greedy(other, ids, 4, method.__class__(
-            "specprefill", speculator=main_model, specprefill=method.specprefill))
+        assert greedy(main_model, ids, 4, method) == greedy(
+            other, ids, 4, method.__class__("specprefill", speculator=main_model, specprefill=method.specprefill)
+        )
         assert greedy(main_model, ids, 8, drafting=Drafting(other, 3)) == greedy(main_model, ids, 8)

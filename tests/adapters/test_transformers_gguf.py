@@ -2,6 +2,7 @@
 transformers' GGUF support on the torch backend: the weights come back as written (F32: the
 original model's logits; Q8_0: within its rounding), the tokenizer from the GGUF's metadata, and
 the methods run on it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,9 +12,8 @@ import torch
 from specfill.backends.torch_cuda import load
 from specfill.backends.torch_cuda.adapted import AdaptedModel
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
-from tests.adapters.torch_archs import build, save_gguf
 from tests.adapters.support import H2O, assert_close, greedy, prompt, spec
+from tests.adapters.torch_archs import build, save_gguf
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,9 @@ def want() -> np.ndarray:
 
 
 def test_an_f32_gguf_loads_through_transformers_and_runs_every_method(tmp_path, want):
-    model, tokenizer = load(save_gguf("starcoder2", tmp_path / "tiny-starcoder2-f32.gguf"), dtype="float32",
-                            device="cpu")
+    model, tokenizer = load(
+        save_gguf("starcoder2", tmp_path / "tiny-starcoder2-f32.gguf"), dtype="float32", device="cpu"
+    )
     assert isinstance(model.model, AdaptedModel) and model.args.architecture == "starcoder2"
     assert tokenizer.vocab_size == 320 and tokenizer.encode("The capital of France")
     ids = prompt(30, seed=13)
@@ -34,8 +35,9 @@ def test_an_f32_gguf_loads_through_transformers_and_runs_every_method(tmp_path, 
 
 
 def test_a_q8_0_gguf_comes_back_within_its_rounding(tmp_path, want):
-    model, _ = load(save_gguf("starcoder2", tmp_path / "tiny-starcoder2-q8_0.gguf", "Q8_0"), dtype="float32",
-                    device="cpu")
+    model, _ = load(
+        save_gguf("starcoder2", tmp_path / "tiny-starcoder2-q8_0.gguf", "Q8_0"), dtype="float32", device="cpu"
+    )
     got = model.prompt_logits(prompt(30, seed=13), method=PrefillMethod(), info=GenerationInfo())
     err = np.abs(got - want).max()
     assert 0 < err < 0.05 * np.abs(want).max(), err  # Q8_0 rounds each weight by <= 1/254 of its block's max

@@ -8,6 +8,7 @@ logit soft-cap to their softmax. MOE marks mixtures of experts. REFUSED: model t
 layers a sparse method cannot run, with the layer kind the refusal names (full prefill and
 decoding still work on them). AT_LOAD: model types refused at load, with the kind named.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,17 +20,30 @@ import torch
 
 from tests.fixtures.tiny_tokenizer import tiny_bpe_tokenizer_json, tiny_tokenizer_config, tiny_vocab
 
-BASE = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=64, num_hidden_layers=2,
-            intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
-            vocab_size=320, max_position_embeddings=512, tie_word_embeddings=False)
+BASE = dict(
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    vocab_size=320,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
 _MOE = dict(num_experts=4, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 _SLIDING = dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"])
 
 HONOURED: dict[str, dict[str, Any]] = {
     "qwen3_moe": _MOE,
     "mixtral": dict(_MOE, sliding_window=8),  # every layer slides
-    "granitemoe": dict(_MOE, embedding_multiplier=2.0, attention_multiplier=0.2, logits_scaling=4.0,
-                       residual_multiplier=0.5),
+    "granitemoe": dict(
+        _MOE, embedding_multiplier=2.0, attention_multiplier=0.2, logits_scaling=4.0, residual_multiplier=0.5
+    ),
     "olmoe": _MOE,
     "phimoe": _MOE,
     "qwen2_moe": dict(_MOE, shared_expert_intermediate_size=32),
@@ -60,39 +74,103 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0, **_SLIDING),
 }
 TERMS = ("gpt_oss", "gemma2")  # honoured model types whose layers add terms to their softmax
-MOE = ("qwen3_moe", "mixtral", "granitemoe", "olmoe", "phimoe", "qwen2_moe", "glm4_moe", "ernie4_5_moe",
-       "hunyuan_v1_moe", "jetmoe", "gpt_oss")
+MOE = (
+    "qwen3_moe",
+    "mixtral",
+    "granitemoe",
+    "olmoe",
+    "phimoe",
+    "qwen2_moe",
+    "glm4_moe",
+    "ernie4_5_moe",
+    "hunyuan_v1_moe",
+    "jetmoe",
+    "gpt_oss",
+)
 
 # model type -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "deepseek_v3": (dict(_MOE, num_key_value_heads=4, kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8,
-                         qk_nope_head_dim=16, head_dim=8, v_head_dim=16, n_routed_experts=4, n_shared_experts=1,
-                         first_k_dense_replace=1, n_group=1, topk_group=1), "multi-head latent attention"),
+    "deepseek_v3": (
+        dict(
+            _MOE,
+            num_key_value_heads=4,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+        ),
+        "multi-head latent attention",
+    ),
 }
 
 # model type -> (config, the layer kind the load error names)
 AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
-    "qwen3_next": (dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                        linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
-                        shared_expert_intermediate_size=32), "linear-attention / state-space layer"),
+    "qwen3_next": (
+        dict(
+            _MOE,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=2,
+            shared_expert_intermediate_size=32,
+        ),
+        "linear-attention / state-space layer",
+    ),
     "falcon_h1": ({}, "attention beside a recurrent mixer (hybrid)"),  # a Mamba mixer in every layer
     "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
     "bloom": ({}, "does not run its attention through transformers' AttentionInterface"),  # ALiBi, own attention
     # gated delta-net (linear attention) on layer 0, gated softmax attention on layer 1 (the causal LM
     # of transformers' qwen3_5 / qwen3_5_moe checkpoints is the _text model type)
-    "qwen3_5_text": (dict(linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                          linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2),
-                     "linear-attention / state-space layer"),
-    "qwen3_5_moe_text": (dict(_MOE, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                              linear_value_head_dim=16, linear_conv_kernel_dim=4, full_attention_interval=2,
-                              shared_expert_intermediate_size=32), "linear-attention / state-space layer"),
+    "qwen3_5_text": (
+        dict(
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=2,
+        ),
+        "linear-attention / state-space layer",
+    ),
+    "qwen3_5_moe_text": (
+        dict(
+            _MOE,
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=2,
+            shared_expert_intermediate_size=32,
+        ),
+        "linear-attention / state-space layer",
+    ),
     # MiniMax-Text-01 (transformers' minimax): lightning (linear) attention on layer 0, softmax on layer 1
-    "minimax": (dict(_MOE, layer_types=["linear_attention", "full_attention"], block_size=8),
-                "linear-attention / state-space layer"),
+    "minimax": (
+        dict(_MOE, layer_types=["linear_attention", "full_attention"], block_size=8),
+        "linear-attention / state-space layer",
+    ),
     # Gemma 4: full-attention layers' heads twice as wide as the sliding layers' (global_head_dim),
     # as in every Gemma 4 checkpoint; v RMS-normed, partial proportional RoPE, per-layer inputs
-    "gemma4_text": (dict(_SLIDING, global_head_dim=32, final_logit_softcapping=30.0, hidden_size_per_layer_input=16,
-                         vocab_size_per_layer_input=320), "attention of another KV shape"),
+    "gemma4_text": (
+        dict(
+            _SLIDING,
+            global_head_dim=32,
+            final_logit_softcapping=30.0,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=320,
+        ),
+        "attention of another KV shape",
+    ),
 }
 
 

@@ -7,6 +7,7 @@ projections, norms and RoPE (transformers' own code); only the attention itself 
 against torch's SDPA as transformers calls it), so logits agree to float32 rounding: observed
 max |diff| <= 3e-7 on logits of max |logit| ~ 0.5-10.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,18 +18,29 @@ from specfill.backends.torch_cuda.adapted import AdaptedModel, adapt
 from specfill.backends.torch_cuda.model import Transformer as OwnModel
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
-
 from tests.adapters import torch_table as table
 from tests.adapters.torch_archs import HONOURED, MOE, REFUSED, TERMS, build, save_directory
 
-__all__ = ["AdaptedModel", "HONOURED", "MOE", "OwnModel", "REFUSED", "TERMS", "build", "load", "save_directory",
-           "table"]
+__all__ = [
+    "AdaptedModel",
+    "HONOURED",
+    "MOE",
+    "OwnModel",
+    "REFUSED",
+    "TERMS",
+    "build",
+    "load",
+    "save_directory",
+    "table",
+]
 
 NAME, CLI_BACKEND = "torch", "cuda"
 # the refusal test's cases: H2O and the SpecPrefill speculator (the main pass runs refused layers:
 # test_transformers_only.py)
 REFUSAL_NAMES = ("H2O", "speculator")
-LATENT_REFUSAL = "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention"  # what a refused method says (deepseek_v3)
+LATENT_REFUSAL = (
+    "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention"  # what a refused method says (deepseek_v3)
+)
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},
     "mistral": dict(sliding_window=8),

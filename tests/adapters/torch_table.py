@@ -9,6 +9,7 @@ the tests expect.
 
     .venv/bin/python -m tests.adapters.torch_table --write    # rewrite the table in docs/models.md
 """
+
 from __future__ import annotations
 
 import sys
@@ -16,12 +17,13 @@ from pathlib import Path
 
 from specfill.backends.torch_cuda.adapted import adapt
 from specfill.core.errors import ModelLoadError
-
 from tests.adapters.torch_archs import AT_LOAD, HONOURED, MOE, REFUSED, build
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
-BEGIN, END = "<!-- torch-adapter-table:begin (generated: python -m tests.adapters.torch_table --write) -->", \
-    "<!-- torch-adapter-table:end -->"
+BEGIN, END = (
+    "<!-- torch-adapter-table:begin (generated: python -m tests.adapters.torch_table --write) -->",
+    "<!-- torch-adapter-table:end -->",
+)
 # mixtures of experts among the refused ones
 MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "llama4_text", "qwen3_5_moe_text", "minimax")
 
@@ -32,7 +34,7 @@ def _row(arch: str) -> str:
         args = adapt(build(arch)).args
     except ModelLoadError as err:  # "<arch> layer <i> is <kind> (...): <why>"
         kind = AT_LOAD[arch][1]
-        why = str(err)[len(arch) + 1:]
+        why = str(err)[len(arch) + 1 :]
         return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {why} |"
     kinds = ", ".join(sorted({layer.kind for layer in args.layers}))
     refusal = args.refusal()
@@ -43,8 +45,16 @@ def _row(arch: str) -> str:
 def table() -> str:
     """The markdown table (with its markers) for the model types the adapter tests run."""
     rows = [_row(arch) for arch in sorted(HONOURED) + sorted(REFUSED) + sorted(AT_LOAD)]
-    return "\n".join([BEGIN, "| transformers model type | MoE | layer kinds | full prefill + decode | drafting | H2O | "
-                             "SpecPrefill | refused because |", "|---|---|---|---|---|---|---|---|", *rows, END])
+    return "\n".join(
+        [
+            BEGIN,
+            "| transformers model type | MoE | layer kinds | full prefill + decode | drafting | H2O | "
+            "SpecPrefill | refused because |",
+            "|---|---|---|---|---|---|---|---|",
+            *rows,
+            END,
+        ]
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -1,10 +1,10 @@
 """Both methods through the public API (specfill.stream_generate), on every backend."""
+
 from __future__ import annotations
 
 from specfill import load, stream_generate
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
 from tests.methods.support import greedy, prompt
 
 
@@ -22,13 +22,24 @@ def test_stream_generate_runs_h2o_and_speculative_prefill(backend, tiny_checkpoi
 
     spec = SpecPrefillConfig(keep_ratio=0.25, lookahead=3, select_chunk=8)
     spec_info = GenerationInfo()
-    spec_steps = list(stream_generate(model, tokenizer, ids, 4, method="specprefill", specprefill=spec,
-                                      speculator="self:1", prefill_info=spec_info))
+    spec_steps = list(
+        stream_generate(
+            model,
+            tokenizer,
+            ids,
+            4,
+            method="specprefill",
+            specprefill=spec,
+            speculator="self:1",
+            prefill_info=spec_info,
+        )
+    )
     last = spec_steps[-1]
     assert last.prompt_tokens == 80 and last.kept_tokens == len(spec_info.kept_positions) < 80
     assert last.ttft > 0 and set(spec_info.seconds) == {"speculator", "selection", "main_prefill"}
     assert [r.token for r in spec_steps] == greedy(
-        model, ids, 4, PrefillMethod("specprefill", specprefill=spec, speculator="self:1"), stop_ids=stops)
+        model, ids, 4, PrefillMethod("specprefill", specprefill=spec, speculator="self:1"), stop_ids=stops
+    )
 
 
 def test_a_speculator_given_as_a_path_is_loaded_on_the_same_backend(backend, tiny_checkpoint):
@@ -38,8 +49,16 @@ def test_a_speculator_given_as_a_path_is_loaded_on_the_same_backend(backend, tin
     ids = prompt(60, model.args.vocab_size, seed=14)
     spec = SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=4)
     by_path, by_self = GenerationInfo(), GenerationInfo()
-    tokens = [r.token for r in stream_generate(model, tokenizer, ids, 3, method="specprefill", specprefill=spec,
-                                               speculator=str(path), prefill_info=by_path)]
-    assert tokens == [r.token for r in stream_generate(model, tokenizer, ids, 3, method="specprefill",
-                                                       specprefill=spec, speculator="self:2", prefill_info=by_self)]
+    tokens = [
+        r.token
+        for r in stream_generate(
+            model, tokenizer, ids, 3, method="specprefill", specprefill=spec, speculator=str(path), prefill_info=by_path
+        )
+    ]
+    assert tokens == [
+        r.token
+        for r in stream_generate(
+            model, tokenizer, ids, 3, method="specprefill", specprefill=spec, speculator="self:2", prefill_info=by_self
+        )
+    ]
     assert by_path.kept_positions == by_self.kept_positions and by_path.kept_tokens < 60

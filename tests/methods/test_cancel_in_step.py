@@ -2,6 +2,7 @@
 layer (the speculator's too) or H2O chunk, on every backend; a check that never fires changes
 nothing; and a reused KV cache a cancelled step left with some layers ahead is cut back on every
 layer before it is extended again (the server's prompt cache puts it back after a disconnect)."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -9,10 +10,9 @@ from dataclasses import replace
 import pytest
 
 from specfill.core.ops import Cancelled, cancellation, installed
-from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
-
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 from tests.methods.support import greedy, prompt, variant
-from tests.methods.test_prefill_steps import H2O, N, SPEC
+from tests.methods.test_prefill_steps import H2O, SPEC, N
 
 METHODS = [PrefillMethod(), H2O, replace(SPEC, speculator="self:2")]  # a speculator of 2 layers
 
@@ -33,8 +33,13 @@ def run(model, method: PrefillMethod, check: Check) -> tuple[list[int] | None, l
     reports: list[int] = []
     try:
         with cancellation(check):
-            return greedy(model, prompt(N, model.args.vocab_size, seed=3), 2, method,
-                          progress=lambda done, total: reports.append(check.calls)), reports
+            return greedy(
+                model,
+                prompt(N, model.args.vocab_size, seed=3),
+                2,
+                method,
+                progress=lambda done, total: reports.append(check.calls),
+            ), reports
     except Cancelled:
         return None, reports
 
@@ -83,9 +88,17 @@ def test_a_reused_cache_left_mid_step_is_cut_back_on_every_layer(tiny):
 
 def sample(model, ids: list[int], reuse: KVState | None, info: GenerationInfo | None = None) -> list[int]:
     """3 tokens sampled with a seed (sampling reads the whole distribution, not only its top)."""
-    return list(model.generate_step(ids, max_tokens=3, sampling=SamplingConfig(temperature=1.0, seed=3),
-                                    stop_ids=frozenset(), method=PrefillMethod(), info=info or GenerationInfo(),
-                                    reuse=reuse))
+    return list(
+        model.generate_step(
+            ids,
+            max_tokens=3,
+            sampling=SamplingConfig(temperature=1.0, seed=3),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=info or GenerationInfo(),
+            reuse=reuse,
+        )
+    )
 
 
 def offsets(cache) -> list[int]:

@@ -1,5 +1,6 @@
 """H2O two-phase prefill inside each backend's model (layer-major, logical batches with a carry)
 against the NumPy reference model's chunk-major H2O (a schedule no backend shares)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,9 +9,15 @@ import pytest
 from specfill.core.config import H2OConfig
 from specfill.core.errors import ConfigError
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
-from tests.methods.support import (assert_logits_close, greedy, h2o_method, prompt, reference_h2o_greedy,
-                                   tolerance, variant)
+from tests.methods.support import (
+    assert_logits_close,
+    greedy,
+    h2o_method,
+    prompt,
+    reference_h2o_greedy,
+    tolerance,
+    variant,
+)
 
 ARCHS = ("llama", "qwen2", "qwen3")  # all tiny checkpoints have 4 query heads over 2 KV heads (GQA)
 # (N, S, B, L, H): partial last chunks, prompts over several logical batches, B = S, L or H zero
@@ -87,12 +94,22 @@ def test_h2o_disabled_is_exactly_full_attention(tiny):
 def test_progress_is_reported_per_logical_batch(tiny):
     t = tiny("qwen2")
     calls = []
-    greedy(t.model, prompt(50, t.args.vocab_size), 2, h2o_method(8, 16, 2, 2),
-           progress=lambda done, total: calls.append((done, total)))
+    greedy(
+        t.model,
+        prompt(50, t.args.vocab_size),
+        2,
+        h2o_method(8, 16, 2, 2),
+        progress=lambda done, total: calls.append((done, total)),
+    )
     assert calls == [(16, 50), (32, 50), (48, 50), (50, 50)]
     calls.clear()  # where H2O is plain attention, the model's own prefill step applies
-    greedy(variant(t, prefill_step_size=5), prompt(8, t.args.vocab_size), 1, h2o_method(8, 16, 2, 2),
-           progress=lambda done, total: calls.append((done, total)))
+    greedy(
+        variant(t, prefill_step_size=5),
+        prompt(8, t.args.vocab_size),
+        1,
+        h2o_method(8, 16, 2, 2),
+        progress=lambda done, total: calls.append((done, total)),
+    )
     assert calls == [(5, 8), (8, 8)]
 
 
@@ -157,8 +174,9 @@ def test_h2o_on_some_layers_equals_the_chunk_major_reference(tiny, arch, layers,
     assert info.memory_sets[dense] == [] and want_memory[dense] == [] and len(info.memory_sets[sparse]) == 3
     for got, expected in zip(info.memory_sets[sparse], want_memory[sparse]):
         np.testing.assert_array_equal(got, expected.indices)
-    every = t.model.prompt_logits(ids, method=PrefillMethod("h2o", h2o=H2OConfig(16, 32, 3, 4, 5, layers="all")),
-                                  info=GenerationInfo())
+    every = t.model.prompt_logits(
+        ids, method=PrefillMethod("h2o", h2o=H2OConfig(16, 32, 3, 4, 5, layers="all")), info=GenerationInfo()
+    )
     full = t.model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
     for other in (every, full):  # neither H2O everywhere nor nowhere
         assert np.abs(other - ours).max() > 100 * tolerance(want)

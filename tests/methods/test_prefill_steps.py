@@ -2,6 +2,7 @@
 stops at the first report after a cancellation: full prefill per `prefill_step_size`, H2O per
 group of whole chunks, SpecPrefill per speculator step, look-ahead token and main-prefill step.
 The server's disconnect and shutdown handling rest on this (specfill/serve/engine.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -11,13 +12,15 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.h2o import h2o_step_size
 from specfill.core.methods.prefill import PrefillStep
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
 from tests.methods.support import greedy, prompt, variant
 
 N = 70  # prompt tokens; steps of 32: 32, 64, 70
 H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=64, local=3, heavy=3, dense_tail=5))
-SPEC = PrefillMethod("specprefill", speculator="self:1",
-                     specprefill=SpecPrefillConfig(keep_ratio=0.2, lookahead=4, select_chunk=8, pool_kernel=3))
+SPEC = PrefillMethod(
+    "specprefill",
+    speculator="self:1",
+    specprefill=SpecPrefillConfig(keep_ratio=0.2, lookahead=4, select_chunk=8, pool_kernel=3),
+)
 PROMPT_STEPS = [PrefillStep("prefill", 32, N), PrefillStep("prefill", 64, N), PrefillStep("prefill", N, N)]
 
 
@@ -38,6 +41,7 @@ def run(t, method: PrefillMethod, step: int = 32, cancel_at_forward: int | None 
             forwards[0] += 1
             cancelled[0] = cancelled[0] or forwards[0] == cancel_at_forward
             return inner(*args)
+
         monkeypatch.setattr(model.ops, "forward", counting)
 
     def progress(done: int, total: int) -> None:
@@ -73,9 +77,11 @@ def test_specprefill_reports_the_speculator_lookahead_and_main_prefill_steps(tin
     kept = info.kept_tokens  # 2 chunks of 8 and the last token: 17 (one main-prefill step of 32)
     calls, steps, _ = run(t, SPEC)
     assert kept == 17
-    assert steps == [PrefillStep("speculator", 32, N), PrefillStep("speculator", 64, N),
-                     PrefillStep("speculator", N, N)] + [PrefillStep("lookahead", i, 4) for i in (1, 2, 3, 4)] + [
-                     PrefillStep("main_prefill", kept, kept)]
+    assert steps == [
+        PrefillStep("speculator", 32, N),
+        PrefillStep("speculator", 64, N),
+        PrefillStep("speculator", N, N),
+    ] + [PrefillStep("lookahead", i, 4) for i in (1, 2, 3, 4)] + [PrefillStep("main_prefill", kept, kept)]
     assert calls == [(32, N), (64, N)] + [(N, N)] * 6  # monotone, on the prompt's scale
 
 
@@ -99,8 +105,9 @@ def test_h2o_logits_do_not_depend_on_the_step(tiny):
     ids = prompt(150, t.args.vocab_size, seed=5)
     runs = []
     for step, batch in ((16, 64), (32, 64), (48, 160), (2048, 160)):
-        method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=batch, local=3, heavy=3, dense_tail=21,
-                                                       layers="all"))
+        method = PrefillMethod(
+            "h2o", h2o=H2OConfig(chunk_size=16, batch_size=batch, local=3, heavy=3, dense_tail=21, layers="all")
+        )
         runs.append(variant(t, prefill_step_size=step).prompt_logits(ids, method=method, info=GenerationInfo()))
     for got in runs[1:]:
         np.testing.assert_array_equal(got, runs[0])

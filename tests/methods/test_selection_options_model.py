@@ -1,6 +1,7 @@
 """Issue 24's options inside each backend's model: SpecPrefill's max over the look-ahead, mass
 rule and neighbours select what the NumPy reference selects from the reference speculator;
 H2O's memory_share runs exactly the L and H it resolves to, as the chunk-major reference does."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,16 +11,18 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
 from tests.methods.support import assert_logits_close, greedy, prompt, reference_speculator
 
 CONFIGS = {
-    "lookahead=max": SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kernel=3,
-                                       lookahead_reduction="max"),
-    "mass=0.4": SpecPrefillConfig(keep_mass=0.4, mass_floor=0.1, mass_ceiling=0.6, lookahead=3, select_chunk=4,
-                                  pool_kernel=3),
-    "neighbours=1,max": SpecPrefillConfig(keep_ratio=0.1, lookahead=3, select_chunk=4, pool_kernel=3, neighbours=1,
-                                          lookahead_reduction="max"),
+    "lookahead=max": SpecPrefillConfig(
+        keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kernel=3, lookahead_reduction="max"
+    ),
+    "mass=0.4": SpecPrefillConfig(
+        keep_mass=0.4, mass_floor=0.1, mass_ceiling=0.6, lookahead=3, select_chunk=4, pool_kernel=3
+    ),
+    "neighbours=1,max": SpecPrefillConfig(
+        keep_ratio=0.1, lookahead=3, select_chunk=4, pool_kernel=3, neighbours=1, lookahead_reduction="max"
+    ),
 }
 
 

@@ -1,5 +1,6 @@
 """Speculative prefill inside each backend's model: the speculator pass, the selection, the sparse
 main prefill at original positions and decoding from position P, against NumPy oracles."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,13 +11,20 @@ from specfill.core.config import SpecPrefillConfig
 from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.methods.prefill import prefill
 from specfill.core.methods.specprefill import run_speculator, speculative_prefill
-from specfill.core.request import fit_lookahead
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
+from specfill.core.request import fit_lookahead
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
-from tests.methods.support import (MODULES, assert_logits_close, cache_fill, greedy, prompt, reference_speculator,
-                                   tolerance, variant)
+from tests.methods.support import (
+    MODULES,
+    assert_logits_close,
+    cache_fill,
+    greedy,
+    prompt,
+    reference_speculator,
+    tolerance,
+    variant,
+)
 
 ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -29,13 +37,22 @@ def spec(keep: float, speculator: object = "self:1", lookahead: int = 4, chunk: 
 def sparse(t, ids: list[int], method: PrefillMethod, extra: int = 8):
     model = t.model
     speculator, step = model.speculator_model(method.speculator)
-    return speculative_prefill(model.ops, model.model, np.array(ids), speculator, method.specprefill,
-                               stop_ids=frozenset(), extra_slots=extra, step_size=model.prefill_step_size,
-                               speculator_step_size=step)
+    return speculative_prefill(
+        model.ops,
+        model.model,
+        np.array(ids),
+        speculator,
+        method.specprefill,
+        stop_ids=frozenset(),
+        extra_slots=extra,
+        step_size=model.prefill_step_size,
+        speculator_step_size=step,
+    )
 
 
-def speculate(t, ids: list[int], speculator: object = "self:2", lookahead: int = 4,
-              stop_ids: frozenset[int] = frozenset()):
+def speculate(
+    t, ids: list[int], speculator: object = "self:2", lookahead: int = 4, stop_ids: frozenset[int] = frozenset()
+):
     model, step = t.model.speculator_model(speculator)
     return run_speculator(t.model.ops, model, np.array(ids), lookahead=lookahead, stop_ids=stop_ids, step_size=step)
 
@@ -47,8 +64,9 @@ def test_keep_everything_is_exactly_full_attention(tiny, arch):
     method = spec(1.0)
     result = sparse(t, ids, method)
     ops = t.model.ops
-    full = prefill(ops, t.model.model, ops.tokens(np.array(ids)), 0, ops.new_cache(t.model.model, len(ids)),
-                   step_size=2048)[-1]
+    full = prefill(
+        ops, t.model.model, ops.tokens(np.array(ids)), 0, ops.new_cache(t.model.model, len(ids)), step_size=2048
+    )[-1]
     assert tuple(result.logits.shape) == tuple(full.shape) == (t.args.vocab_size,)
     np.testing.assert_array_equal(ops.to_numpy(result.logits), ops.to_numpy(full))
     info = GenerationInfo()
@@ -186,16 +204,28 @@ def test_self_speculator_is_the_first_layers_of_the_main_model(tiny):
     assert with_self.kept_positions == with_model.kept_positions
 
 
-@pytest.mark.parametrize("speculator,error,match", [
-    ("self:0", ConfigError, r"1 <= K <= 2"), ("self:3", ConfigError, r"1 <= K <= 2"),
-    ("self:x", ConfigError, "must be 'self:K'"), ("draft.gguf", ConfigError, "must be 'self:K'"),
-    (None, ConfigError, "got NoneType"), (object(), ConfigError, "loaded on the {backend} backend"),
-])
+@pytest.mark.parametrize(
+    "speculator,error,match",
+    [
+        ("self:0", ConfigError, r"1 <= K <= 2"),
+        ("self:3", ConfigError, r"1 <= K <= 2"),
+        ("self:x", ConfigError, "must be 'self:K'"),
+        ("draft.gguf", ConfigError, "must be 'self:K'"),
+        (None, ConfigError, "got NoneType"),
+        (object(), ConfigError, "loaded on the {backend} backend"),
+    ],
+)
 def test_bad_speculators_are_clear_errors(tiny, speculator, error, match):
     t = tiny("llama")
     with pytest.raises(error, match=match.format(backend=t.backend)):
-        t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, speculator), info=GenerationInfo())
+        t.model.generate_step(
+            [5, 6, 7],
+            max_tokens=2,
+            sampling=None,
+            stop_ids=frozenset(),
+            method=spec(0.5, speculator),
+            info=GenerationInfo(),
+        )
 
 
 def test_a_model_of_the_other_backend_is_not_a_speculator(tiny):
@@ -203,25 +233,35 @@ def test_a_model_of_the_other_backend_is_not_a_speculator(tiny):
     other_backend = {"cuda": "mlx", "mlx": "cuda"}[t.backend]
     pytest.importorskip(MODULES[other_backend], reason=f"needs the {other_backend} backend too")
     other, _ = load(t.path, backend=other_backend, dtype="float32", device="cpu")
-    with pytest.raises(ConfigError, match=f"loaded on the {t.backend} backend.*got a model on the {other_backend} backend"):
-        t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, other), info=GenerationInfo())
+    with pytest.raises(
+        ConfigError, match=f"loaded on the {t.backend} backend.*got a model on the {other_backend} backend"
+    ):
+        t.model.generate_step(
+            [5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(), method=spec(0.5, other), info=GenerationInfo()
+        )
 
 
 def test_a_speculator_with_another_vocabulary_is_a_tokenizer_mismatch(tiny):
     t = tiny("llama")
     other = variant(t, vocab_size=256)
     with pytest.raises(TokenizerMismatchError, match="256 tokens, the main model's 320"):
-        t.model.generate_step([5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, other), info=GenerationInfo())
+        t.model.generate_step(
+            [5, 6, 7], max_tokens=2, sampling=None, stop_ids=frozenset(), method=spec(0.5, other), info=GenerationInfo()
+        )
 
 
 def test_a_prompt_longer_than_the_speculator_context_is_an_error(tiny):
     t = tiny("llama")
     short = variant(t, context=32)
     with pytest.raises(PromptTooLongError, match="40 tokens exceeds the speculator's context of 32"):
-        t.model.generate_step(prompt(40, t.args.vocab_size), max_tokens=2, sampling=None, stop_ids=frozenset(),
-                              method=spec(0.5, short), info=GenerationInfo())
+        t.model.generate_step(
+            prompt(40, t.args.vocab_size),
+            max_tokens=2,
+            sampling=None,
+            stop_ids=frozenset(),
+            method=spec(0.5, short),
+            info=GenerationInfo(),
+        )
 
 
 def test_lookahead_stops_at_the_speculator_context(tiny):
@@ -230,6 +270,12 @@ def test_lookahead_stops_at_the_speculator_context(tiny):
     short = variant(t, context=42)
     model, step = short.speculator_model("self:2")
     lookahead = fit_lookahead(4, 40, short.args.max_position_embeddings)
-    got = run_speculator(short.ops, model, np.array(prompt(40, t.args.vocab_size)), lookahead=lookahead,
-                         stop_ids=frozenset(), step_size=step)
+    got = run_speculator(
+        short.ops,
+        model,
+        np.array(prompt(40, t.args.vocab_size)),
+        lookahead=lookahead,
+        stop_ids=frozenset(),
+        step_size=step,
+    )
     assert lookahead == 2 and len(got.lookahead) == 2 and got.queries.shape[1] == 3

@@ -1,5 +1,6 @@
 """MLX backend tests: tiny models on MLX's CPU backend (Metal on a Mac), transformers as the
 reference. torch runs on one thread: the machine is shared and the models are tiny."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -31,12 +32,15 @@ def transformers_logits() -> Callable[..., np.ndarray]:
     def run(directory: Path, ids: list[int], position_ids: list[int] | None = None) -> np.ndarray:
         if directory not in models:
             models[directory] = transformers.AutoModelForCausalLM.from_pretrained(
-                str(directory), dtype=torch.float32).eval()
+                str(directory), dtype=torch.float32
+            ).eval()
         kwargs = {}
         if position_ids is not None:  # an explicit mask stops transformers from reading
             # non-consecutive positions as packed sequences
-            kwargs = {"position_ids": torch.tensor([position_ids]),
-                      "attention_mask": torch.ones(1, len(ids), dtype=torch.long)}
+            kwargs = {
+                "position_ids": torch.tensor([position_ids]),
+                "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+            }
         with torch.no_grad():
             out = models[directory](torch.tensor([ids]), use_cache=False, **kwargs)
         return out.logits[0].numpy()

@@ -1,5 +1,6 @@
 """Tiny GGUF, safetensors and mlx-lm checkpoints on disk -> our MLX model, against transformers
 loading the same values (the fixtures write identical values to both formats)."""
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -12,8 +13,13 @@ from specfill.backends.mlx import load
 from tests.fixtures import tiny_model_args
 from tests.mlx.conftest import prompt_ids
 
-CASES = [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("llama", {"llama3_rope": True}),
-         ("qwen3", {"tie_word_embeddings": True})]
+CASES = [
+    ("llama", {}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+    ("llama", {"llama3_rope": True}),
+    ("qwen3", {"tie_word_embeddings": True}),
+]
 
 
 def max_diff(a: mx.array | np.ndarray, b: np.ndarray) -> float:
@@ -21,8 +27,7 @@ def max_diff(a: mx.array | np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("arch,options", CASES)
-def test_fp32_gguf_and_safetensors_match_transformers_and_torch(
-        tiny_checkpoint, transformers_logits, arch, options):
+def test_fp32_gguf_and_safetensors_match_transformers_and_torch(tiny_checkpoint, transformers_logits, arch, options):
     directory = tiny_checkpoint(arch, "safetensors", **options)
     args = tiny_model_args(arch, **options)
     ids = prompt_ids(64, vocab=args.vocab_size, seed=9)
@@ -42,8 +47,7 @@ def test_fp32_gguf_and_safetensors_match_transformers_and_torch(
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("quant,bits", [("Q8_0", 8), ("Q4_0", 4), ("Q4_1", 4), ("Q5_0", 5), ("Q5_1", 5)])
-def test_quantized_gguf_stays_quantized_and_matches(tiny_checkpoint, transformers_logits,
-                                                    arch, quant, bits):
+def test_quantized_gguf_stays_quantized_and_matches(tiny_checkpoint, transformers_logits, arch, quant, bits):
     """Q/K of llama GGUFs are row-permuted: the packed weight, scales and biases are un-permuted
     alike, so the quantized model equals transformers on the dequantized values."""
     model, _ = load(tiny_checkpoint(arch, "gguf", quant=quant), device="cpu")
@@ -85,8 +89,9 @@ def test_mlx_lm_quantized_directory_matches_mlx_lm(tiny_checkpoint, tmp_path, ar
     from mlx_lm.utils import load_model
 
     converted = tmp_path / "mlx-q4"
-    convert(str(tiny_checkpoint(arch, "safetensors")), mlx_path=str(converted), quantize=True,
-            q_group_size=32, q_bits=4)
+    convert(
+        str(tiny_checkpoint(arch, "safetensors")), mlx_path=str(converted), quantize=True, q_group_size=32, q_bits=4
+    )
     model, _ = load(converted, device="cpu")
     assert model.ops.quantized
     assert isinstance(model.model.model.embed_tokens, nn.QuantizedEmbedding)

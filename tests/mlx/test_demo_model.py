@@ -2,6 +2,7 @@
 the same dequantized weights and against our torch backend, and a greedy chat answer. MLX on
 Linux runs on CPU with reference BLAS (~2-5 tokens/s for this model under a loaded suite), so one
 ~70-token forward per MLX implementation is all (it was ~200 tokens: three minutes of the suite)."""
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -10,8 +11,8 @@ import pytest
 
 from specfill.backends.mlx import load
 from specfill.backends.mlx.weights import load_checkpoint, to_dtype
-from specfill.core.io.demo_model import require_demo_model
 from specfill.core.errors import ModelLoadError
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 pytestmark = pytest.mark.slow
@@ -47,12 +48,22 @@ def test_logits_match_mlx_lm_llama_on_the_same_weights(demo_path, fp32_run):
 
     model, ids, logits = fp32_run
     a = model.args
-    reference = llama.Model(llama.ModelArgs(
-        model_type="llama", hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
-        intermediate_size=a.intermediate_size, num_attention_heads=a.num_attention_heads,
-        num_key_value_heads=a.num_key_value_heads, head_dim=a.head_dim, rms_norm_eps=a.rms_norm_eps,
-        vocab_size=a.vocab_size, rope_theta=a.rope_theta, tie_word_embeddings=a.tie_word_embeddings,
-        max_position_embeddings=a.max_position_embeddings))
+    reference = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=a.hidden_size,
+            num_hidden_layers=a.num_hidden_layers,
+            intermediate_size=a.intermediate_size,
+            num_attention_heads=a.num_attention_heads,
+            num_key_value_heads=a.num_key_value_heads,
+            head_dim=a.head_dim,
+            rms_norm_eps=a.rms_norm_eps,
+            vocab_size=a.vocab_size,
+            rope_theta=a.rope_theta,
+            tie_word_embeddings=a.tie_word_embeddings,
+            max_position_embeddings=a.max_position_embeddings,
+        )
+    )
     weights = to_dtype(load_checkpoint(demo_path), mx.float32, dequantize=True).weights
     reference.load_weights(list(weights.items()), strict=True)
     with mx.stream(mx.cpu):
@@ -79,12 +90,18 @@ def test_logits_match_the_torch_backend(demo_path, fp32_run):
 def test_greedy_chat_answer_names_paris(demo_path):
     model, tokenizer = load(demo_path, device="cpu")  # the default: Q4_1/Q8_0 stay quantized
     assert model.ops.quantized
-    prompt = tokenizer.apply_chat_template([{"role": "user",
-                                             "content": "What is the capital of France?"}])
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
     ids = tokenizer.encode(prompt, add_special_tokens=False)
-    tokens = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(),
-                                      stop_ids=tokenizer.eos_token_ids, method=PrefillMethod(),
-                                      info=GenerationInfo()))
+    tokens = list(
+        model.generate_step(
+            ids,
+            max_tokens=12,
+            sampling=SamplingConfig(),
+            stop_ids=tokenizer.eos_token_ids,
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
+    )
     assert tokens[-1] in tokenizer.eos_token_ids
     assert "Paris" in tokenizer.decode(tokens, skip_special_tokens=True)
     assert 0.0 < model.peak_memory_gb() < 20.0

@@ -1,21 +1,19 @@
 """Bad models, prompts and settings give one clear SpecfillError, never a traceback from inside
 MLX; each case also runs on the torch backend, which must raise the same class."""
+
 from __future__ import annotations
 
 import json
 import shutil
 
-import pytest
-
 import numpy as np
+import pytest
 from safetensors.numpy import load_file, save_file
 
 from specfill.backends import mlx as mlx_backend
 from specfill.backends import torch_cuda
-from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
-                                  PromptTooLongError)
+from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError, PromptTooLongError
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-
 
 BACKENDS = {"mlx": mlx_backend, "torch": torch_cuda}
 
@@ -62,12 +60,12 @@ def test_bad_directories(tmp_path, tiny_checkpoint, expect_load_error):
     expect_load_error(path, "model.layers.1.mlp.up_proj.weight", "NaN or Inf")
     shutil.copy(tiny_checkpoint("llama", "safetensors") / "model.safetensors", shard)
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps(dict(config, rope_scaling={"rope_type": "yarn",
-                                                                            "factor": 4.0})))
+    (path / "config.json").write_text(json.dumps(dict(config, rope_scaling={"rope_type": "yarn", "factor": 4.0})))
     expect_load_error(path, "rope scaling", "yarn")
     # an architecture neither specfill, mlx-lm nor transformers knows (gpt2 now loads through the adapters)
-    (path / "config.json").write_text(json.dumps(dict(config, model_type="no_such_arch",
-                                                      architectures=["NoSuchArchForCausalLM"])))
+    (path / "config.json").write_text(
+        json.dumps(dict(config, model_type="no_such_arch", architectures=["NoSuchArchForCausalLM"]))
+    )
     expect_load_error(path, "unsupported architecture 'no_such_arch'")
 
 
@@ -77,8 +75,7 @@ def test_foreign_quantization_config_on_mlx(tmp_path, tiny_checkpoint):
     path = tmp_path / "model"
     shutil.copytree(tiny_checkpoint("llama", "safetensors"), path)
     config = json.loads((path / "config.json").read_text())
-    (path / "config.json").write_text(json.dumps(dict(config, quantization_config={
-        "quant_method": "gptq", "bits": 4})))
+    (path / "config.json").write_text(json.dumps(dict(config, quantization_config={"quant_method": "gptq", "bits": 4})))
     with pytest.raises(ModelLoadError, match="'gptq'.*mlx_lm.convert"):
         mlx_backend.load(path, device="cpu")
 
@@ -108,8 +105,14 @@ def model(tiny_checkpoint, load):
 
 
 def generate(model, ids, max_tokens=4, method=PrefillMethod()):
-    return model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(),
-                               stop_ids=frozenset(), method=method, info=GenerationInfo())
+    return model.generate_step(
+        ids,
+        max_tokens=max_tokens,
+        sampling=SamplingConfig(),
+        stop_ids=frozenset(),
+        method=method,
+        info=GenerationInfo(),
+    )
 
 
 def test_bad_prompts(model):
@@ -118,9 +121,13 @@ def test_bad_prompts(model):
         generate(model, [5] * (context - 2), max_tokens=3)  # raised before the first token
     with pytest.raises(PromptTooLongError):
         model([5] * (context + 1))
-    for bad, message in (([], "non-empty"), ([5, model.args.vocab_size], "outside the vocabulary"),
-                         ([5, -1], "outside the vocabulary"), ([[1, 2], [3, 4]], "batch 1"),
-                         ([0.5, 2.0], "integers")):
+    for bad, message in (
+        ([], "non-empty"),
+        ([5, model.args.vocab_size], "outside the vocabulary"),
+        ([5, -1], "outside the vocabulary"),
+        ([[1, 2], [3, 4]], "batch 1"),
+        ([0.5, 2.0], "integers"),
+    ):
         with pytest.raises(ConfigError, match=message):
             generate(model, bad)
     with pytest.raises(ConfigError, match="max_tokens must be >= 0"):

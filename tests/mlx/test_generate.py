@@ -1,5 +1,6 @@
 """generate_step on a tiny model: greedy tokens equal transformers' greedy generate; stop ids,
 max_tokens, progress and GenerationInfo; seeded temperature / top-p sampling."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -22,11 +23,18 @@ def llama(tiny_checkpoint):
     return model, directory
 
 
-def run(model, ids, *, max_tokens=10, sampling=GREEDY, stop_ids=frozenset(), info=None,
-        progress=None) -> list[int]:
-    return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
-                                    stop_ids=stop_ids, method=PrefillMethod(),
-                                    info=info or GenerationInfo(), progress=progress))
+def run(model, ids, *, max_tokens=10, sampling=GREEDY, stop_ids=frozenset(), info=None, progress=None) -> list[int]:
+    return list(
+        model.generate_step(
+            ids,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            method=PrefillMethod(),
+            info=info or GenerationInfo(),
+            progress=progress,
+        )
+    )
 
 
 def test_greedy_tokens_equal_transformers_generate(llama):
@@ -35,8 +43,13 @@ def test_greedy_tokens_equal_transformers_generate(llama):
     ids = prompt_ids(37, vocab=model.args.vocab_size, seed=21)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32)
     with torch.no_grad():
-        expected = hf.eval().generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
-                                      eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+        expected = (
+            hf.eval()
+            .generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)[
+                0, len(ids) :
+            ]
+            .tolist()
+        )
     assert run(model, ids, max_tokens=12) == expected
 
 
@@ -45,14 +58,13 @@ def test_stop_ids_max_tokens_progress_and_info(llama):
     ids = prompt_ids(40, vocab=model.args.vocab_size, seed=22)
     seen: list[tuple[int, int]] = []
     info = GenerationInfo()
-    tokens = run(model, ids, max_tokens=6, info=info,
-                 progress=lambda done, total: seen.append((done, total)))
+    tokens = run(model, ids, max_tokens=6, info=info, progress=lambda done, total: seen.append((done, total)))
     assert len(tokens) == 6
     assert seen == [(16, 40), (32, 40), (40, 40)]  # prefill steps of 16
     assert (info.prompt_tokens, info.kept_tokens, info.kept_positions) == (40, 40, None)
     stop_at = tokens[2]
     first = tokens.index(stop_at)
-    assert run(model, ids, max_tokens=6, stop_ids=frozenset({stop_at})) == tokens[:first + 1]
+    assert run(model, ids, max_tokens=6, stop_ids=frozenset({stop_at})) == tokens[: first + 1]
     assert run(model, ids, max_tokens=0) == []
 
 

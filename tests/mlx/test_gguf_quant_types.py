@@ -7,6 +7,7 @@ come back as MLX quantized triples, the rest as float; every tensor is compared 
 `gguf.quants.dequantize`. Tolerance: float32 rounding only (the triple holds the reference's
 float32 scale and bias; see backends/mlx/gguf_checkpoint.SPOT_CHECK_RTOL).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +28,25 @@ from tests.fixtures.checkpoints import tiny_model_args, tiny_weights, write_gguf
 
 T = gguf.GGMLQuantizationType
 EXACT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K")
-AS_FLOAT = ("Q2_K", "Q3_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M",
-            "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0", "BF16", "F16")
-RTOL = 2.0 ** -20  # of each 32-wide group's largest |value| (see gguf_checkpoint.SPOT_CHECK_RTOL)
+AS_FLOAT = (
+    "Q2_K",
+    "Q3_K",
+    "Q6_K",
+    "IQ2_XXS",
+    "IQ2_XS",
+    "IQ2_S",
+    "IQ3_XXS",
+    "IQ3_S",
+    "IQ1_S",
+    "IQ1_M",
+    "IQ4_NL",
+    "IQ4_XS",
+    "TQ1_0",
+    "TQ2_0",
+    "BF16",
+    "F16",
+)
+RTOL = 2.0**-20  # of each 32-wide group's largest |value| (see gguf_checkpoint.SPOT_CHECK_RTOL)
 
 
 def close_per_group(got: np.ndarray, expected: np.ndarray) -> bool:
@@ -49,23 +66,32 @@ def random_blocks(qtype: T, shape: tuple[int, int], rng: np.random.Generator) ->
 
 def write_model(tmp_path: Path, quant: str, seed: int = 0) -> tuple[Path, dict[str, np.ndarray]]:
     """The GGUF and, per HF name of each matrix, its reference dequantization."""
-    args = dataclasses.replace(tiny_model_args("qwen3"), hidden_size=256, intermediate_size=256,
-                               num_hidden_layers=1, head_dim=64)
+    args = dataclasses.replace(
+        tiny_model_args("qwen3"), hidden_size=256, intermediate_size=256, num_hidden_layers=1, head_dim=64
+    )
     rng = np.random.default_rng(seed)
     qtype = T[quant]
-    raw = {name: (random_blocks(qtype, shape, rng), qtype)
-           for name, shape in expected_tensor_shapes(args).items() if len(shape) == 2}
+    raw = {
+        name: (random_blocks(qtype, shape, rng), qtype)
+        for name, shape in expected_tensor_shapes(args).items()
+        if len(shape) == 2
+    }
     path = write_gguf_file(tmp_path / f"q-{quant}.gguf", args, tiny_weights(args, seed=seed), raw=raw)
     ref = {name: gguf.quants.dequantize(blocks, qtype).astype(np.float32) for name, (blocks, _) in raw.items()}
     return path, ref
 
 
 def held_as_float(checkpoint, name: str) -> np.ndarray:
-    module = name[:-len(".weight")]
+    module = name[: -len(".weight")]
     if module in checkpoint.quantized:
         spec = checkpoint.quantized[module]
-        w = mx.dequantize(checkpoint.weights[name], checkpoint.weights[f"{module}.scales"],
-                          checkpoint.weights[f"{module}.biases"], group_size=spec.group_size, bits=spec.bits)
+        w = mx.dequantize(
+            checkpoint.weights[name],
+            checkpoint.weights[f"{module}.scales"],
+            checkpoint.weights[f"{module}.biases"],
+            group_size=spec.group_size,
+            bits=spec.bits,
+        )
         return np.array(w.astype(mx.float32))
     return np.array(checkpoint.weights[name].astype(mx.float32))
 
@@ -81,7 +107,7 @@ def test_every_tensor_equals_gguf_reference(tmp_path, quant):
     assert len(said) == (quant in AS_FLOAT and quant not in ("BF16", "F16")), said
     assert all(quant in message for message in said), said
     for name, expected in ref.items():
-        module = name[:-len(".weight")]
+        module = name[: -len(".weight")]
         assert (module in checkpoint.quantized) == (quant in EXACT), name
         assert close_per_group(held_as_float(checkpoint, name), expected), (quant, name)
 
@@ -98,10 +124,10 @@ def test_pack_codes_is_mlx_layout(bits):
     """Our packing of known codes equals mx.quantize's for the same codes (MLX stores them as
     max - q with a negative scale, so quantize a ramp whose codes we know)."""
     rng = np.random.default_rng(bits)
-    codes = rng.integers(0, 2 ** bits, (4, 64)).astype(np.uint8)
-    codes[:, [0, 32]], codes[:, [1, 33]] = 0, 2 ** bits - 1  # each group spans the full range
+    codes = rng.integers(0, 2**bits, (4, 64)).astype(np.uint8)
+    codes[:, [0, 32]], codes[:, [1, 33]] = 0, 2**bits - 1  # each group spans the full range
     packed, _, _ = mx.quantize(mx.array(codes.astype(np.float32)), group_size=32, bits=bits)
-    assert np.array_equal(gguf_blocks.pack_codes(2 ** bits - 1 - codes, bits), np.array(packed))
+    assert np.array_equal(gguf_blocks.pack_codes(2**bits - 1 - codes, bits), np.array(packed))
 
 
 def test_spot_check_refuses_a_wrong_decoder(tmp_path, monkeypatch):
@@ -114,18 +140,21 @@ def test_spot_check_refuses_a_wrong_decoder(tmp_path, monkeypatch):
         codes = codes.copy()
         codes[0, 0] ^= 1
         return codes, scales, biases
+
     monkeypatch.setitem(gguf_blocks._DECODERS, 12, off_by_one)
     with pytest.raises(ModelLoadError, match="Q4_K tensor .* off by"):
         load_checkpoint(path)
 
 
 def test_type_gguf_cannot_read_is_one_error(tmp_path):
-    args = dataclasses.replace(tiny_model_args("qwen3"), hidden_size=256, intermediate_size=256,
-                               num_hidden_layers=1, head_dim=64)
+    args = dataclasses.replace(
+        tiny_model_args("qwen3"), hidden_size=256, intermediate_size=256, num_hidden_layers=1, head_dim=64
+    )
     shape = expected_tensor_shapes(args)["model.layers.0.mlp.up_proj.weight"]
     blocks = random_blocks(T.Q8_1, shape, np.random.default_rng(0))
-    path = write_gguf_file(tmp_path / "q8_1.gguf", args, tiny_weights(args),
-                           raw={"model.layers.0.mlp.up_proj.weight": (blocks, T.Q8_1)})
+    path = write_gguf_file(
+        tmp_path / "q8_1.gguf", args, tiny_weights(args), raw={"model.layers.0.mlp.up_proj.weight": (blocks, T.Q8_1)}
+    )
     with pytest.raises(ModelLoadError, match="Q8_1"):
         load_checkpoint(path)
 
@@ -147,6 +176,7 @@ def test_real_q4_k_m_file(size):
     with pytest.warns(SpecfillWarning, match="Q6_K"):
         checkpoint = load_checkpoint(path)
     from specfill.core.io.weights import gguf_to_hf_name
+
     last = max(int(t.name.split(".")[1]) for t in reader.tensors if t.name.startswith("blk."))
     chosen = [t for t in reader.tensors if not t.name.startswith("blk.") or t.name.split(".")[1] in ("0", str(last))]
     assert {t.tensor_type for t in chosen} == {t.tensor_type for t in reader.tensors}

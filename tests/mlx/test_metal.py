@@ -1,5 +1,6 @@
 """On Apple silicon: the runtime on the Metal GPU agrees with MLX's CPU backend (skipped where
 MLX has no Metal back-end, as on Linux)."""
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -10,8 +11,7 @@ from specfill.backends.mlx import load
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from tests.mlx.conftest import prompt_ids
 
-pytestmark = pytest.mark.skipif(not mx.metal.is_available(),
-                                reason="needs Apple silicon with MLX's Metal back-end")
+pytestmark = pytest.mark.skipif(not mx.metal.is_available(), reason="needs Apple silicon with MLX's Metal back-end")
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -32,8 +32,15 @@ def test_gpu_logits_match_cpu(tiny_checkpoint, arch):
 def test_gpu_generates_and_reports_memory(tiny_checkpoint):
     model, _ = load(tiny_checkpoint("qwen3", "gguf"), device="gpu")
     ids = prompt_ids(20, vocab=model.args.vocab_size, seed=32)
-    tokens = list(model.generate_step(ids, max_tokens=5, sampling=SamplingConfig(),
-                                      stop_ids=frozenset(), method=PrefillMethod(),
-                                      info=GenerationInfo()))
+    tokens = list(
+        model.generate_step(
+            ids,
+            max_tokens=5,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
+    )
     assert len(tokens) == 5 and all(0 <= t < model.args.vocab_size for t in tokens)
     assert model.peak_memory_gb() > 0.0

@@ -1,5 +1,6 @@
 """RoPE at explicit positions, the slot-addressed KV cache, stepped prefill and decode, and a
 speculative-prefill-shaped cache (kept tokens in slots 0..K-1 at their original positions)."""
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -9,16 +10,25 @@ import pytest
 from specfill.backends.mlx import load
 from specfill.backends.mlx.cache import LayerKVCache, make_cache
 from specfill.backends.mlx.rope import RoPE
-from specfill.core.methods.prefill import prefill
 from specfill.core.errors import PromptTooLongError
+from specfill.core.methods.prefill import prefill
 from specfill.core.models import ModelArgs
 from specfill.core.rope import rope_inv_freq
 from tests.fixtures import LLAMA3_ROPE
 from tests.mlx.conftest import prompt_ids
 
-ARGS = ModelArgs(architecture="llama", vocab_size=16, hidden_size=96, intermediate_size=8,
-                 num_hidden_layers=1, num_attention_heads=3, num_key_value_heads=1, head_dim=32,
-                 rope_theta=500000.0, rope_scaling=dict(LLAMA3_ROPE))
+ARGS = ModelArgs(
+    architecture="llama",
+    vocab_size=16,
+    hidden_size=96,
+    intermediate_size=8,
+    num_hidden_layers=1,
+    num_attention_heads=3,
+    num_key_value_heads=1,
+    head_dim=32,
+    rope_theta=500000.0,
+    rope_scaling=dict(LLAMA3_ROPE),
+)
 
 
 def rope_reference(x: np.ndarray, positions: np.ndarray, args: ModelArgs) -> np.ndarray:
@@ -30,8 +40,9 @@ def rope_reference(x: np.ndarray, positions: np.ndarray, args: ModelArgs) -> np.
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
-@pytest.mark.parametrize("positions,tolerance", [([0, 1, 3, 6, 7, 200, 4000], 5e-4), ([17], 2e-5),
-                                                 (list(range(5, 12)), 2e-5)])
+@pytest.mark.parametrize(
+    "positions,tolerance", [([0, 1, 3, 6, 7, 200, 4000], 5e-4), ([17], 2e-5), (list(range(5, 12)), 2e-5)]
+)
 def test_rope_at_explicit_positions_matches_cos_sin_reference(positions, tolerance):
     """Against float64; float32 angles lose ~position * 6e-8 rad (2.4e-4 at 4000)."""
     x = mx.random.normal((1, len(positions), 3, 32), key=mx.random.key(len(positions)))
@@ -104,11 +115,11 @@ def test_kept_tokens_in_slots_at_original_positions_then_decode(qwen3, transform
     prompt = prompt_ids(24, vocab=model.args.vocab_size, seed=13)
     kept = [0, 1, 2, 5, 6, 11, 12, 13, 20, 23]
     next_token = 7
-    expected = transformers_logits(directory, [prompt[i] for i in kept] + [next_token],
-                                   position_ids=kept + [24])
+    expected = transformers_logits(directory, [prompt[i] for i in kept] + [next_token], position_ids=kept + [24])
     cache = make_cache(model.args)
-    logits = prefill(model.ops, model.model, mx.array([prompt[i] for i in kept]), np.array(kept), cache,
-                     step_size=4, logits_from=0)
+    logits = prefill(
+        model.ops, model.model, mx.array([prompt[i] for i in kept]), np.array(kept), cache, step_size=4, logits_from=0
+    )
     assert np.abs(np.asarray(logits) - expected[:-1]).max() <= 1e-4
     step = model.model(mx.array([[next_token]]), 24, cache)
     assert cache[0].offset == len(kept) + 1

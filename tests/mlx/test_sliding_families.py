@@ -1,5 +1,6 @@
 """Mistral and Gemma 3 on MLX: the same tiny transformers models as tests/torch_cuda's, their
 weights built into our MLX model (sliding windows over positions, Gemma 3's layer kinds)."""
+
 from __future__ import annotations
 
 import mlx.core as mx
@@ -13,7 +14,6 @@ from specfill.core.driver import CausalLM
 from specfill.core.methods.prefill import prefill
 from specfill.core.reference.model import ReferenceModel
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 FAMILIES = ["mistral", "gemma3"]
@@ -40,8 +40,9 @@ def test_window_counts_original_positions_in_a_sparse_cache(arch):
     model = mlx_model(tiny)
     ops = model.ops
     cache = ops.new_cache(model.model, 16)
-    kept = prefill(ops, model.model, ops.tokens(np.array(ids[:11])), np.array(positions[:11]), cache,
-                   step_size=4, logits_from=0)
+    kept = prefill(
+        ops, model.model, ops.tokens(np.array(ids[:11])), np.array(positions[:11]), cache, step_size=4, logits_from=0
+    )
     decoded = ops.forward(model.model, ops.tokens(np.array([ids[11]])), 30, cache, None, 0)[-1]
     assert np.abs(np.asarray(kept) - reference[:11]).max() <= 1e-4
     assert np.abs(np.asarray(decoded) - reference[11]).max() <= 1e-4
@@ -51,7 +52,14 @@ def test_window_counts_original_positions_in_a_sparse_cache(arch):
 def test_greedy_decode_past_the_window_matches_transformers_generate(arch):
     tiny = make_tiny(arch, seed=5)
     ids = prompt_ids(13, seed=5)
-    tokens = list(mlx_model(tiny, step=4).generate_step(ids, max_tokens=10, sampling=SamplingConfig(),
-                                                       stop_ids=frozenset(), method=PrefillMethod(),
-                                                       info=GenerationInfo()))
+    tokens = list(
+        mlx_model(tiny, step=4).generate_step(
+            ids,
+            max_tokens=10,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
+    )
     assert tokens == tiny.hf_greedy(ids, 10)

@@ -1,4 +1,5 @@
 """The by-hand check of the ring back-end on this machine: each rank prints the sum of (rank + 1)."""
+
 import mlx.core as mx
 
 group = mx.distributed.init(strict=True)

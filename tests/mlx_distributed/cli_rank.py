@@ -1,4 +1,5 @@
 """`specfill ARGS` on one rank under mlx.launch (mlx.launch runs a script, not `-m specfill`)."""
+
 import sys
 from pathlib import Path
 

@@ -1,6 +1,7 @@
 """Run a script on two ranks of this machine with `mlx.launch --backend ring -n 2 --hosts 127.0.0.1`,
 bounded in time (the whole process group is killed at the limit), and the reason to skip where
 mlx.launch or the ring back-end is unavailable here."""
+
 from __future__ import annotations
 
 import os
@@ -53,13 +54,28 @@ def _free_port_pair() -> int:
 def start(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`script args` on RANKS ring ranks on 127.0.0.1 (niced: this machine is shared), in a process
     group of its own (killed whole at a limit), output piped."""
-    command = ["nice", "-n", "19", str(launcher()), "--backend", "ring", "-n", str(RANKS), "--hosts", "127.0.0.1",
-               "--starting-port", str(_free_port_pair()), "--python", sys.executable]
+    command = [
+        "nice",
+        "-n",
+        "19",
+        str(launcher()),
+        "--backend",
+        "ring",
+        "-n",
+        str(RANKS),
+        "--hosts",
+        "127.0.0.1",
+        "--starting-port",
+        str(_free_port_pair()),
+        "--python",
+        sys.executable,
+    ]
     for key, value in (env or {}).items():
         command += ["--env", f"{key}={value}"]
     command += ["--", str(script), *args]  # "--": the script's own options are not the launcher's
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
 
 
 def rank_pid(process: subprocess.Popen, rank: int) -> int | None:

@@ -4,6 +4,7 @@ loads MODEL_DIR sharded over the launched group (KIND: tensor or pipeline; --pai
 unsharded (model, tokenizer) pair handed to specfill.load, else the directory), runs every scenario of
 scenarios.py and writes OUT_DIR/rank{r}.json. --die RANK: that rank exits right after loading
 (os._exit) and the others generate: they must end with one DistributedError line."""
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """What one process (a rank under mlx.launch, or the one-process reference) runs through the public
 API on a loaded model: every method and feature, each as {"tokens": [...], ...} or {"error": line}.
 The same code runs sharded and unsharded, so the two runs' results compare key by key."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -19,16 +20,20 @@ H2O = H2OConfig(chunk_size=8, batch_size=64, local=2, heavy=3, dense_tail=0, lay
 SPEC = SpecPrefillConfig(keep_ratio=0.5, lookahead=2, select_chunk=4, pool_kernel=3)
 
 
-def _run(model: Any, tokenizer: Any, prompt: list[int], info: GenerationInfo | None = None,
-         **options: Any) -> dict[str, Any]:
+def _run(
+    model: Any, tokenizer: Any, prompt: list[int], info: GenerationInfo | None = None, **options: Any
+) -> dict[str, Any]:
     try:
-        responses = list(specfill.stream_generate(model, tokenizer, prompt, MAX_TOKENS, prefill_info=info,
-                                                  **options))
+        responses = list(specfill.stream_generate(model, tokenizer, prompt, MAX_TOKENS, prefill_info=info, **options))
     except ConfigError as err:
         return {"error": str(err)}
     last = responses[-1]
-    return {"tokens": [r.token for r in responses], "stats": format_stats(last), "drafted": last.drafted_tokens,
-            "distributed": last.distributed}
+    return {
+        "tokens": [r.token for r in responses],
+        "stats": format_stats(last),
+        "drafted": last.drafted_tokens,
+        "distributed": last.distributed,
+    }
 
 
 def run_scenarios(model: Any, tokenizer: Any, speculator_dir: str, kind: str | None) -> dict[str, Any]:
@@ -40,8 +45,9 @@ def run_scenarios(model: Any, tokenizer: Any, speculator_dir: str, kind: str | N
     out["h2o"]["memory_sets"] = [[np.asarray(m).tolist() for m in layer] for layer in info.memory_sets]
     out["h2o"]["info_distributed"] = info.distributed
     info = GenerationInfo()
-    out["specprefill"] = _run(model, tokenizer, PROMPT, info, method="specprefill", specprefill=SPEC,
-                              speculator=speculator)
+    out["specprefill"] = _run(
+        model, tokenizer, PROMPT, info, method="specprefill", specprefill=SPEC, speculator=speculator
+    )
     out["specprefill"]["kept_positions"] = [int(p) for p in info.kept_positions]
     out["spec_self"] = _run(model, tokenizer, PROMPT, method="specprefill", specprefill=SPEC, speculator="self:1")
     out["draft"] = _run(model, tokenizer, PROMPT, draft_model=speculator, num_draft_tokens=2)

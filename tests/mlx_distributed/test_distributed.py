@@ -9,6 +9,7 @@ order; pipeline: each layer from the rank holding it) and SpecPrefill's kept pos
 one-process run's; what is refused is refused by name. A rank that dies ends the other with one
 error line within seconds. Each launch is bounded (launch.LAUNCH_LIMIT_S); the module skips with
 the reason where mlx.launch or the ring back-end cannot run here."""
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,14 @@ ARCHS = {"llama": {}, "qwen3_moe": dict(HONOURED["qwen3_moe"], num_hidden_layers
 BITS = {"llama": 8}  # quantized as mlx-lm's convert does: mlx-lm's shard splits the quantized layers
 PAIR = {"llama"}  # handed over as mlx_lm.load's unsharded (model, tokenizer) pair, the others as directories
 # what is refused under each kind, and the words of its refusal
-REFUSED = {"tensor": {"spec_self": "refused under tensor parallelism", "auto": "needs auto_threshold"},
-           "pipeline": {"spec_self": "refused under pipeline parallelism",
-                        "draft_self": "refused under pipeline parallelism", "auto": "needs auto_threshold"}}
+REFUSED = {
+    "tensor": {"spec_self": "refused under tensor parallelism", "auto": "needs auto_threshold"},
+    "pipeline": {
+        "spec_self": "refused under pipeline parallelism",
+        "draft_self": "refused under pipeline parallelism",
+        "auto": "needs auto_threshold",
+    },
+}
 COMPARED = ("full", "h2o", "specprefill", "spec_self", "draft", "draft_self", "reuse_first", "reuse")
 
 
@@ -83,10 +89,17 @@ def gathered_memory_sets(ranks: list[dict[str, Any]], kind: str) -> list[list[np
 
 
 @pytest.mark.parametrize("arch, kind", [("llama", "tensor"), ("qwen3_moe", "tensor"), ("qwen3_moe", "pipeline")])
-def test_sharded_run_equals_one_process(ring: None, models: dict[str, Path], tmp_path: Path, arch: str,
-                                        kind: str) -> None:
-    run = launch(HERE / "rank_run.py", str(models[arch]), str(models["speculator"]), kind, str(tmp_path),
-                 *(["--pair"] if arch in PAIR else []))
+def test_sharded_run_equals_one_process(
+    ring: None, models: dict[str, Path], tmp_path: Path, arch: str, kind: str
+) -> None:
+    run = launch(
+        HERE / "rank_run.py",
+        str(models[arch]),
+        str(models["speculator"]),
+        kind,
+        str(tmp_path),
+        *(["--pair"] if arch in PAIR else []),
+    )
     assert run.returncode is not None, f"the launch ran past {LAUNCH_LIMIT_S} s:\n{run.output[-3000:]}"
     files = [tmp_path / f"rank{r}.json" for r in range(RANKS)]
     assert all(f.exists() for f in files), f"a rank wrote no results:\n{run.output[-3000:]}"
@@ -123,8 +136,16 @@ def test_sharded_run_equals_one_process(ring: None, models: dict[str, Path], tmp
 def test_dead_rank_ends_the_other_with_one_line(ring: None, models: dict[str, Path], tmp_path: Path) -> None:
     """Rank 1 exits right after loading; rank 0, generating, ends at its next collective with one
     error line (DistributedError), no hang and no traceback."""
-    run = launch(HERE / "rank_run.py", str(models["llama"]), str(models["speculator"]), "tensor", str(tmp_path),
-                 "--die", "1", limit_s=LAUNCH_LIMIT_S)
+    run = launch(
+        HERE / "rank_run.py",
+        str(models["llama"]),
+        str(models["speculator"]),
+        "tensor",
+        str(tmp_path),
+        "--die",
+        "1",
+        limit_s=LAUNCH_LIMIT_S,
+    )
     assert run.returncode is not None, f"rank 0 hung after rank 1 died:\n{run.output[-3000:]}"
     assert run.output.count("specfill: error: rank 0 of 2: another rank is gone") == 1, run.output[-3000:]
     assert "generated without its peer" not in run.output
@@ -134,17 +155,47 @@ def test_dead_rank_ends_the_other_with_one_line(ring: None, models: dict[str, Pa
 
 def test_cli_generate_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
     """`specfill generate` on two ranks: rank 0 alone prints, and its statistics name the ranks."""
-    run = launch(HERE / "cli_rank.py", "generate", "--backend", "mlx", "--model", str(models["qwen3_moe"]),
-                 "--pipeline", "--prompt", "hello world", "--max-tokens", "4", "--ignore-chat-template",
-                 "--method", "h2o")
+    run = launch(
+        HERE / "cli_rank.py",
+        "generate",
+        "--backend",
+        "mlx",
+        "--model",
+        str(models["qwen3_moe"]),
+        "--pipeline",
+        "--prompt",
+        "hello world",
+        "--max-tokens",
+        "4",
+        "--ignore-chat-template",
+        "--method",
+        "h2o",
+    )
     assert run.returncode is not None, f"the launch ran past {LAUNCH_LIMIT_S} s:\n{run.output[-3000:]}"
     assert run.output.count("Distributed: 2 ranks, pipeline") == 1, run.output[-3000:]
     assert run.output.count("Generation: 4 tokens") == 1, run.output[-3000:]
 
 
-SERVE_FLAGS = ("--backend", "mlx", "--log-level", "warning", "--chunk-size", "8", "--batch-size", "64",
-               "--h2o-local", "2", "--h2o-heavy", "3", "--h2o-layers", "all", "--keep", "0.5",
-               "--select-chunk", "4")
+SERVE_FLAGS = (
+    "--backend",
+    "mlx",
+    "--log-level",
+    "warning",
+    "--chunk-size",
+    "8",
+    "--batch-size",
+    "64",
+    "--h2o-local",
+    "2",
+    "--h2o-heavy",
+    "3",
+    "--h2o-layers",
+    "all",
+    "--keep",
+    "0.5",
+    "--select-chunk",
+    "4",
+)
 LONG = [int(t) for t in np.random.default_rng(1).integers(3, 320, 40)]
 FRESH = [int(t) for t in np.random.default_rng(2).integers(3, 320, 40)]  # a conversation no earlier request began
 SERVED = [  # (request fields, what the responses share) in order: the prompt cache sees them in turn
@@ -159,8 +210,11 @@ SERVED = [  # (request fields, what the responses share) in order: the prompt ca
 def _post(port: int, body: dict[str, Any], timeout: float = 30) -> dict[str, Any]:
     import urllib.request
 
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=timeout) as reply:
         return json.loads(reply.read())
 
@@ -197,8 +251,12 @@ def _cancelled_stream(port: int) -> None:
     import http.client
 
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request("POST", "/v1/completions", json.dumps({"prompt": LONG[:4], "max_tokens": 400, "stream": True}),
-                       {"content-type": "application/json"})
+    connection.request(
+        "POST",
+        "/v1/completions",
+        json.dumps({"prompt": LONG[:4], "max_tokens": 400, "stream": True}),
+        {"content-type": "application/json"},
+    )
     reply = connection.getresponse()
     assert reply.status == 200
     assert reply.fp.readline()  # the first event
@@ -219,9 +277,24 @@ def test_serve_under_mlx_launch(ring: None, models: dict[str, Path]) -> None:
     model = ("--model", str(models["qwen3_moe"]), "--speculator", str(models["speculator"]))
     ports = free_port(), free_port()
     launched = start(HERE / "cli_rank.py", "serve", *SERVE_FLAGS, *model, "--pipeline", "--port", str(ports[0]))
-    alone = subprocess.Popen(["nice", "-n", "19", sys.executable, str(HERE / "cli_rank.py"), "serve", *SERVE_FLAGS,
-                              *model, "--port", str(ports[1])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
+    alone = subprocess.Popen(
+        [
+            "nice",
+            "-n",
+            "19",
+            sys.executable,
+            str(HERE / "cli_rank.py"),
+            "serve",
+            *SERVE_FLAGS,
+            *model,
+            "--port",
+            str(ports[1]),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         health = _health(ports[0], LAUNCH_LIMIT_S), _health(ports[1], LAUNCH_LIMIT_S)
         assert health[0] is not None and health[1] is not None, "a server did not start"
@@ -272,8 +345,18 @@ def test_serving_rank_that_dies_ends_the_other(ring: None, models: dict[str, Pat
     from tests.mlx_distributed.launch import free_port, kill, rank_pid, start
 
     port = free_port()
-    launched = start(HERE / "cli_rank.py", "serve", "--backend", "mlx", "--model", str(models["llama"]), "--port",
-                     str(port), "--log-level", "warning")
+    launched = start(
+        HERE / "cli_rank.py",
+        "serve",
+        "--backend",
+        "mlx",
+        "--model",
+        str(models["llama"]),
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    )
     try:
         assert _health(port, LAUNCH_LIMIT_S) is not None, "the server did not start"
         follower = rank_pid(launched, 1)

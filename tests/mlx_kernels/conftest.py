@@ -1,4 +1,5 @@
 """Fixtures for the MLX stage tests; skips the whole folder where mlx is not installed."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -10,8 +11,7 @@ if importlib.util.find_spec("mlx") is None:  # a torch-only install: nothing her
 else:
     from mlx_test_support import install_emulated_metal, needs_gxx, needs_metal
 
-    @pytest.fixture(params=[pytest.param("metal", marks=needs_metal),
-                            pytest.param("emulated", marks=needs_gxx)])
+    @pytest.fixture(params=[pytest.param("metal", marks=needs_metal), pytest.param("emulated", marks=needs_gxx)])
     def metal_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
         """Each kernel test runs on real Metal (Macs) and through the C++ emulator (where g++ is)."""
         if request.param == "emulated":

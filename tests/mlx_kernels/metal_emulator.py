@@ -4,10 +4,12 @@ The function is declared the way MLX declares it (template parameters, inputs in
 as references, outputs, `thread_position_in_grid` when the source uses it) and is called once per
 grid point. Metal's address-space words are defined away, `metal::` maths maps to the C++
 library, half is _Float16, bfloat16_t a 16-bit struct converting to and from float with
-round-to-nearest-even (as MLX's Metal bfloat16 does), and every buffer is a bounds-checked pointer: an out-of-range read or
+round-to-nearest-even (as MLX's Metal bfloat16 does), and every buffer is a bounds-checked pointer: an
+out-of-range read or
 write is counted and fails the call. What this cannot see: MSL-only compile errors, threadgroup
 memory and SIMD semantics (the kernels here use none), fast-math rounding on a real GPU.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -90,8 +92,9 @@ struct checked_ptr {
 class EmulatedKernel:
     """Drop-in for the callable `mx.fast.metal_kernel(...)` returns (plain outputs only)."""
 
-    def __init__(self, name: str, input_names: list[str], output_names: list[str], source: str,
-                 header: str = "") -> None:
+    def __init__(
+        self, name: str, input_names: list[str], output_names: list[str], source: str, header: str = ""
+    ) -> None:
         self.name, self.input_names, self.output_names = name, list(input_names), list(output_names)
         self.source, self.header = source, header
         self.launches = 0
@@ -107,28 +110,42 @@ class EmulatedKernel:
         return params
 
     def _library(self, inputs: list[mx.array], template: list, output_dtypes: list[mx.Dtype]) -> ctypes.CDLL:
-        names = ", ".join(f"{'typename' if isinstance(v, mx.Dtype) else 'bool' if isinstance(v, bool) else 'int'} {n}"
-                          for n, v in template)
+        names = ", ".join(
+            f"{'typename' if isinstance(v, mx.Dtype) else 'bool' if isinstance(v, bool) else 'int'} {n}"
+            for n, v in template
+        )
         values = ", ".join(TYPES[v][0] if isinstance(v, mx.Dtype) else str(v).lower() for _, v in template)
-        n_in, n_out = len(inputs), len(output_dtypes)
+        n_in = len(inputs)
         args = []
         for i, arr in enumerate(inputs):
             ctype = TYPES[arr.dtype][0]
-            args.append(f"*(const {ctype}*)buffers[{i}]" if arr.ndim == 0 else
-                        f"checked_ptr<const {ctype}>{{(const {ctype}*)buffers[{i}], sizes[{i}], 0}}")
+            args.append(
+                f"*(const {ctype}*)buffers[{i}]"
+                if arr.ndim == 0
+                else f"checked_ptr<const {ctype}>{{(const {ctype}*)buffers[{i}], sizes[{i}], 0}}"
+            )
         for j, dtype in enumerate(output_dtypes):
             ctype = TYPES[dtype][0]
             args.append(f"checked_ptr<{ctype}>{{({ctype}*)buffers[{n_in + j}], sizes[{n_in + j}], 0}}")
         if "thread_position_in_grid" in self.source:
             args.append("uint3{x, y, z}")
-        code = "\n".join([
-            PRELUDE, self.header, f"template <{names}>" if template else "",
-            f"void kernel_body({', '.join(self._signature(inputs, output_dtypes))}) {{", self.source, "}",
-            'extern "C" long launch(void** buffers, const long* sizes, unsigned gx, unsigned gy, unsigned gz) {',
-            "  g_violations = 0;",
-            "  for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y) for (unsigned x = 0; x < gx; ++x)",
-            f"    kernel_body{f'<{values}>' if template else ''}({', '.join(args)});",
-            "  return g_violations;", "}"])
+        code = "\n".join(
+            [
+                PRELUDE,
+                self.header,
+                f"template <{names}>" if template else "",
+                f"void kernel_body({', '.join(self._signature(inputs, output_dtypes))}) {{",
+                self.source,
+                "}",
+                'extern "C" long launch(void** buffers, const long* sizes, unsigned gx, unsigned gy, unsigned gz) {',
+                "  g_violations = 0;",
+                "  for (unsigned z = 0; z < gz; ++z) for (unsigned y = 0; y < gy; ++y)"
+                " for (unsigned x = 0; x < gx; ++x)",
+                f"    kernel_body{f'<{values}>' if template else ''}({', '.join(args)});",
+                "  return g_violations;",
+                "}",
+            ]
+        )
         digest = hashlib.sha256(code.encode()).hexdigest()[:20]
         CACHE.mkdir(parents=True, exist_ok=True)
         lib = CACHE / f"{self.name}-{digest}.so"
@@ -136,8 +153,11 @@ class EmulatedKernel:
             src = CACHE / f"{self.name}-{digest}-{os.getpid()}.cpp"
             src.write_text(code)
             tmp = lib.with_suffix(f".{os.getpid()}.tmp")
-            done = subprocess.run(["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(tmp), str(src)],
-                                  capture_output=True, text=True)
+            done = subprocess.run(
+                ["g++", "-std=c++17", "-O1", "-shared", "-fPIC", "-o", str(tmp), str(src)],
+                capture_output=True,
+                text=True,
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"kernel {self.name} does not compile as C++:\n{done.stderr[-4000:]}")
             tmp.replace(lib)
@@ -146,12 +166,23 @@ class EmulatedKernel:
         library.launch.restype = ctypes.c_long
         return library
 
-    def __call__(self, *, inputs: list, template: list, grid: tuple[int, int, int],
-                 threadgroup: tuple[int, int, int], output_shapes: list, output_dtypes: list,
-                 init_value: float | None = None, verbose: bool = False) -> list[mx.array]:
+    def __call__(
+        self,
+        *,
+        inputs: list,
+        template: list,
+        grid: tuple[int, int, int],
+        threadgroup: tuple[int, int, int],
+        output_shapes: list,
+        output_dtypes: list,
+        init_value: float | None = None,
+        verbose: bool = False,
+    ) -> list[mx.array]:
         if len(inputs) != len(self.input_names) or len(output_shapes) != len(self.output_names):
-            raise ValueError(f"{self.name}: {len(inputs)} inputs / {len(output_shapes)} outputs, expected "
-                             f"{len(self.input_names)} / {len(self.output_names)}")
+            raise ValueError(
+                f"{self.name}: {len(inputs)} inputs / {len(output_shapes)} outputs, expected "
+                f"{len(self.input_names)} / {len(self.output_names)}"
+            )
         if any(t < 1 for t in threadgroup) or int(np.prod(threadgroup)) > 1024:
             raise ValueError(f"{self.name}: threadgroup {threadgroup} is not a legal Metal threadgroup")
         if any(g < 1 for g in grid):
@@ -159,8 +190,10 @@ class EmulatedKernel:
         arrays = [x if isinstance(x, mx.array) else mx.array(x) for x in inputs]  # int -> int32, float -> float32
         host = [np.ascontiguousarray(_host(a)) for a in arrays]
         fill = np.nan if init_value is None else init_value  # unwritten outputs show up as NaN
-        outputs = [np.full(shape, _bits(fill) if d == mx.bfloat16 else fill, dtype=TYPES[d][1])
-                   for shape, d in zip(output_shapes, output_dtypes)]
+        outputs = [
+            np.full(shape, _bits(fill) if d == mx.bfloat16 else fill, dtype=TYPES[d][1])
+            for shape, d in zip(output_shapes, output_dtypes)
+        ]
         buffers = (ctypes.c_void_p * (len(host) + len(outputs)))(*[b.ctypes.data for b in host + outputs])
         sizes = (ctypes.c_long * (len(host) + len(outputs)))(*[b.size for b in host + outputs])
         library = self._library(arrays, template, output_dtypes)
@@ -168,8 +201,9 @@ class EmulatedKernel:
         self.launches += 1
         if violations:
             raise IndexError(f"{self.name}: {violations} out-of-bounds buffer accesses")
-        return [mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o)
-                for o, d in zip(outputs, output_dtypes)]
+        return [
+            mx.array(o).view(mx.bfloat16) if d == mx.bfloat16 else mx.array(o) for o, d in zip(outputs, output_dtypes)
+        ]
 
 
 def _host(a: mx.array) -> np.ndarray:

@@ -1,5 +1,6 @@
 """A fast subset of the Metal matrix (backends/mlx/kernels/matrix.py) through the C++ emulation:
 every stage x dtype at one head dim and an odd GQA group; the full matrix is scripts/metal_matrix.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -34,6 +35,7 @@ def test_a_wrong_kernel_fails_its_cell(emulated_metal, monkeypatch):
 def test_a_kernel_that_cannot_launch_is_the_cells_failure(monkeypatch):
     """Without Metal (and without the emulation) forcing the kernel raises: the cell records it."""
     from specfill.backends.mlx.kernels import dispatch
+
     monkeypatch.setattr(dispatch, "metal_available", lambda: False)
     row = matrix.check_metal_cell(matrix.MetalCell("scoring", "float16", 64, 1))
     assert row["failures"][0].startswith("compile or launch:")
@@ -42,6 +44,7 @@ def test_a_kernel_that_cannot_launch_is_the_cells_failure(monkeypatch):
 def test_doctor_without_metal_skips_the_matrix_and_says_where_it_runs():
     """This machine (no Metal): `specfill doctor --backend mlx` names the emulation instead."""
     from specfill.evaluation.doctor import environment, metal_matrix
+
     env = environment()
     assert not env["mlx"]["metal_available"]
     result = metal_matrix("mlx", env)
@@ -53,6 +56,7 @@ def test_doctor_without_metal_skips_the_matrix_and_says_where_it_runs():
 def test_doctor_on_a_mac_runs_the_matrix(emulated_metal, monkeypatch):
     """The Mac branch, with the emulation standing in for Metal: every cell runs and is counted."""
     from specfill.evaluation import doctor
+
     monkeypatch.setattr(matrix, "metal_cells", lambda: [matrix.MetalCell("intra", "float16", 64, 7)])
     env = {"mlx": {"installed": True, "metal_available": True}}
     result = doctor.metal_matrix("mlx", env)

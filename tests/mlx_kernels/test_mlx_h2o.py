@@ -1,5 +1,6 @@
 """H2O on MLX (twins): the whole-layer orchestration against the naive oracle of seed 001,
 logical-batch carry, the N <= S and L + H = 0 edges, and memory-set ranking rules."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from specfill.backends.mlx.ops import MLXOps
 from specfill.backends.mlx.method_ops import accumulate_scores, build_memory_set
+from specfill.backends.mlx.ops import MLXOps
 from specfill.core import H2OCarry, H2OConfig, MemorySet
 from specfill.core.methods import h2o
 from specfill.core.reference import REFERENCE, oracle
@@ -41,12 +42,15 @@ def prompt(seed: int, n_heads: int, n_kv: int, n_tokens: int, head_dim: int = 16
     return [mx.array(h) for h in host], [h.astype(np.float64) for h in host]
 
 
-@pytest.mark.parametrize("n_tokens,chunk,batch,local,heavy,n_heads,n_kv", [
-    (41, 8, 16, 2, 3, 4, 2),   # partial last chunk, logical batches of 2 chunks
-    (32, 8, 8, 0, 4, 6, 2),    # L = 0, one chunk per logical batch, full last chunk
-    (27, 8, 32, 4, 0, 3, 3),   # H = 0, no GQA
-    (50, 16, 32, 5, 6, 8, 2),  # group of 4
-])
+@pytest.mark.parametrize(
+    "n_tokens,chunk,batch,local,heavy,n_heads,n_kv",
+    [
+        (41, 8, 16, 2, 3, 4, 2),  # partial last chunk, logical batches of 2 chunks
+        (32, 8, 8, 0, 4, 6, 2),  # L = 0, one chunk per logical batch, full last chunk
+        (27, 8, 32, 4, 0, 3, 3),  # H = 0, no GQA
+        (50, 16, 32, 5, 6, 8, 2),  # group of 4
+    ],
+)
 def test_layer_matches_the_oracle(n_tokens, chunk, batch, local, heavy, n_heads, n_kv):
     (q, k, v), (qn, kn, vn) = prompt(n_tokens, n_heads, n_kv, n_tokens)
     got = h2o_attention_layer(q, k, v, H2OConfig(chunk, batch, local, heavy, dense_tail=0), SCALE, use_kernels=False)
@@ -66,13 +70,15 @@ def test_logical_batches_carried_by_the_caller_match_one_call():
     outputs = []
     for start in range(0, 45, 16):
         end = min(start + 16, 45)
-        out, carry = h2o_attention_batch(q[:, start:end], k[:, :end], v[:, :end], carry, config, SCALE,
-                                         is_last=end == 45, use_kernels=False)
+        out, carry = h2o_attention_batch(
+            q[:, start:end], k[:, :end], v[:, :end], carry, config, SCALE, is_last=end == 45, use_kernels=False
+        )
         outputs.append(out)
     whole = h2o_attention_layer(q, k, v, H2OConfig(8, 64, 2, 3, dense_tail=0), SCALE, use_kernels=False)
     assert carry.n_done == 45
-    assert [np.array(m.indices).tolist() for m in carry.memory_sets] == \
-        [np.array(m.indices).tolist() for m in whole.memory_sets]
+    assert [np.array(m.indices).tolist() for m in carry.memory_sets] == [
+        np.array(m.indices).tolist() for m in whole.memory_sets
+    ]
     np.testing.assert_allclose(np.array(mx.concatenate(outputs, axis=1)), np.array(whole.output), atol=1e-6)
     np.testing.assert_allclose(np.array(carry.scores), np.array(whole.scores), atol=1e-6)
 

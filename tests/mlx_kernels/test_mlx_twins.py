@@ -1,13 +1,19 @@
 """The MLX-ops twins (what runs where Metal is absent) against the NumPy reference."""
+
 from __future__ import annotations
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from specfill.backends.mlx.kernels import (AttentionState, attention_scores, empty_state,
-                                           inter_attention, intra_attention, merge_states,
-                                           reduce_colsum_to_kv_heads)
+from specfill.backends.mlx.kernels import (
+    attention_scores,
+    empty_state,
+    inter_attention,
+    intra_attention,
+    merge_states,
+    reduce_colsum_to_kv_heads,
+)
 from specfill.core.reference import REFERENCE
 
 DTYPES = {"float32": (mx.float32, 2e-5), "float16": (mx.float16, 3e-3)}
@@ -26,13 +32,14 @@ def close(got: mx.array, want: np.ndarray, tol: float) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n_heads,n_kv,n_tokens,chunk", [
-    (4, 2, 1, 8), (4, 2, 7, 8), (4, 2, 8, 8), (6, 2, 29, 8), (3, 3, 13, 4), (8, 1, 17, 16)])
+@pytest.mark.parametrize(
+    "n_heads,n_kv,n_tokens,chunk",
+    [(4, 2, 1, 8), (4, 2, 7, 8), (4, 2, 8, 8), (6, 2, 29, 8), (3, 3, 13, 4), (8, 1, 17, 16)],
+)
 def test_intra_twin_matches_reference(dtype, n_heads, n_kv, n_tokens, chunk):
     mx_dtype, tol = DTYPES[dtype]
     rng = np.random.default_rng(n_tokens)
-    (q, k, v), (qn, kn, vn) = inputs(rng, dtype, (n_heads, n_tokens, 16), (n_kv, n_tokens, 16),
-                                     (n_kv, n_tokens, 16))
+    (q, k, v), (qn, kn, vn) = inputs(rng, dtype, (n_heads, n_tokens, 16), (n_kv, n_tokens, 16), (n_kv, n_tokens, 16))
     got = intra_attention(q, k, v, chunk, 0.25, use_kernel=False)
     want = REFERENCE.intra_attention(qn, kn, vn, chunk, 0.25)
     assert got.state.m.dtype == mx.float32 and got.state.l.dtype == mx.float32
@@ -84,8 +91,10 @@ def test_merge_of_two_key_blocks_is_attention_over_their_union():
     rng = np.random.default_rng(3)
     (q, k, v), _ = inputs(rng, "float32", (4, 8, 16), (2, 12, 16), (2, 12, 16))
     whole = inter_attention(q, k, v, 0.25, use_kernel=False).state
-    merged = merge_states(inter_attention(q, k[:, :5], v[:, :5], 0.25, use_kernel=False).state,
-                          inter_attention(q, k[:, 5:], v[:, 5:], 0.25, use_kernel=False).state)
+    merged = merge_states(
+        inter_attention(q, k[:, :5], v[:, :5], 0.25, use_kernel=False).state,
+        inter_attention(q, k[:, 5:], v[:, 5:], 0.25, use_kernel=False).state,
+    )
     for got, want in ((merged.m, whole.m), (merged.l, whole.l), (merged.o, whole.o)):
         np.testing.assert_allclose(np.array(got), np.array(want), rtol=2e-6, atol=2e-6)
 
@@ -120,7 +129,6 @@ def test_scoring_twin_matches_reference(dtype, n_heads, n_kv, prompt_len):
     got = attention_scores(queries, keys, 0.25, use_kernel=False)
     assert got.dtype == mx.float32 and got.shape == (4, 3, n_heads, prompt_len)
     close(got, REFERENCE.attention_scores(qn, kn, 0.25), tol)
-
 
 
 def test_inputs_of_mixed_dtypes_are_refused_on_every_path():

@@ -1,6 +1,7 @@
 """MLX-only model-level tests: the methods on the Metal kernels against the MLX twins (a Mac) and
 against the torch backend (the backend-neutral method tests are tests/methods). Skips the whole
 folder where mlx is not installed."""
+
 from __future__ import annotations
 
 import importlib.util

@@ -2,6 +2,7 @@
 backend, both float32 on CPU. H2O memory sets and SpecPrefill kept tokens must be identical, or
 where float ties legitimately differ Jaccard >= 0.99 with the differing positions in the failure
 message; logits agree within the runtime issue's bounds."""
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -14,7 +15,6 @@ from specfill.core.errors import ModelLoadError
 from specfill.core.methods.specprefill import run_speculator, token_importance
 from specfill.core.reference.specprefill import select_tokens
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-
 from tests.methods.support import h2o_method, prompt
 
 torch = pytest.importorskip("torch")
@@ -39,12 +39,11 @@ def jaccard(a: set, b: set) -> float:
 def assert_same_positions(mlx_kept: Sequence[int], torch_kept: Sequence[int], what: str) -> None:
     a, b = set(mlx_kept), set(torch_kept)
     assert a == b or jaccard(a, b) >= MIN_JACCARD, (
-        f"{what}: Jaccard {jaccard(a, b):.4f} < {MIN_JACCARD}; only MLX {sorted(a - b)}, "
-        f"only torch {sorted(b - a)}")
+        f"{what}: Jaccard {jaccard(a, b):.4f} < {MIN_JACCARD}; only MLX {sorted(a - b)}, only torch {sorted(b - a)}"
+    )
 
 
-def assert_same_memory_sets(mlx_sets: list[list[np.ndarray]], torch_sets: list[list[np.ndarray]],
-                            what: str) -> None:
+def assert_same_memory_sets(mlx_sets: list[list[np.ndarray]], torch_sets: list[list[np.ndarray]], what: str) -> None:
     """Per layer, the (chunk, KV head, position) triples of every memory set."""
     assert len(mlx_sets) == len(torch_sets), f"{what}: {len(mlx_sets)} vs {len(torch_sets)} layers"
     for layer, (ours, theirs) in enumerate(zip(mlx_sets, torch_sets)):
@@ -56,13 +55,15 @@ def assert_same_memory_sets(mlx_sets: list[list[np.ndarray]], torch_sets: list[l
         a, b = triples(ours), triples(theirs)
         assert a == b or jaccard(a, b) >= MIN_JACCARD, (
             f"{what} layer {layer}: Jaccard {jaccard(a, b):.4f} < {MIN_JACCARD}; (chunk, KV head, position) "
-            f"only on MLX {sorted(a - b)[:16]}, only on torch {sorted(b - a)[:16]}")
+            f"only on MLX {sorted(a - b)[:16]}, only on torch {sorted(b - a)[:16]}"
+        )
 
 
 def kept_positions(model: Any, ids: list[int], method: PrefillMethod) -> list[int]:
     info = GenerationInfo()
-    for _ in model.generate_step(ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                 method=method, info=info):
+    for _ in model.generate_step(
+        ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(), method=method, info=info
+    ):
         pass
     return list(info.kept_positions)
 
@@ -72,9 +73,10 @@ def selected_positions(model: Any, ids: list[int], method: PrefillMethod) -> lis
     config = method.specprefill
     speculator, step = model.speculator_model(method.speculator)
     with model.ops.device_scope():
-        run = run_speculator(model.ops, speculator, np.array(ids), lookahead=config.lookahead, stop_ids=frozenset(),
-                             step_size=step)
-        importance = token_importance(model.ops, run.queries, run.keys, config, speculator.args.head_dim ** -0.5)
+        run = run_speculator(
+            model.ops, speculator, np.array(ids), lookahead=config.lookahead, stop_ids=frozenset(), step_size=step
+        )
+        importance = token_importance(model.ops, run.queries, run.keys, config, speculator.args.head_dim**-0.5)
     return select_tokens(model.ops.to_numpy(importance), config).kept.tolist()
 
 
@@ -91,8 +93,10 @@ def pair(tiny_checkpoint):
     def build(arch: str) -> tuple[Any, Any]:
         if arch not in cache:
             path = tiny_checkpoint(arch, "gguf")
-            cache[arch] = (mlx_backend.load(path, dtype="float32", device="cpu")[0],
-                           torch_cuda.load(path, dtype="float32", device="cpu")[0])
+            cache[arch] = (
+                mlx_backend.load(path, dtype="float32", device="cpu")[0],
+                torch_cuda.load(path, dtype="float32", device="cpu")[0],
+            )
         return cache[arch]
 
     return build
@@ -110,8 +114,10 @@ def test_h2o_memory_sets_and_logits_agree_across_backends(pair, arch, n, s, b, l
     assert np.abs(mlx_logits - torch_logits).max() <= TINY_LOGIT_TOLERANCE
     full = PrefillMethod()
     mlx_full = mlx_model.prompt_logits(ids, method=full, info=GenerationInfo())
-    assert np.abs(mlx_full - torch_model.prompt_logits(ids, method=full, info=GenerationInfo())).max() \
+    assert (
+        np.abs(mlx_full - torch_model.prompt_logits(ids, method=full, info=GenerationInfo())).max()
         <= TINY_LOGIT_TOLERANCE
+    )
     assert np.abs(mlx_full - mlx_logits).max() > 100 * TINY_LOGIT_TOLERANCE  # H2O changed the logits
 
 
@@ -120,8 +126,11 @@ def test_h2o_memory_sets_and_logits_agree_across_backends(pair, arch, n, s, b, l
 def test_specprefill_kept_tokens_agree_across_backends(pair, arch, speculator, keep, chunk):
     mlx_model, torch_model = pair(arch)
     ids = prompt(100, mlx_model.args.vocab_size, seed=len(arch))
-    method = PrefillMethod("specprefill", speculator=speculator, specprefill=SpecPrefillConfig(
-        keep_ratio=keep, lookahead=4, select_chunk=chunk, pool_kernel=5))
+    method = PrefillMethod(
+        "specprefill",
+        speculator=speculator,
+        specprefill=SpecPrefillConfig(keep_ratio=keep, lookahead=4, select_chunk=chunk, pool_kernel=5),
+    )
     mlx_kept = kept_positions(mlx_model, ids, method)
     assert 0 < len(mlx_kept) < len(ids)
     assert_same_positions(mlx_kept, kept_positions(torch_model, ids, method), f"{arch} {speculator}")
@@ -147,8 +156,9 @@ def test_demo_model_methods_agree_across_backends(demo_path):
     were identical too (max |diff| 3e-4, top-1 100%)."""
     from specfill.evaluation.texts import tokens_of_length
 
-    h2o = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=64, batch_size=128, local=16, heavy=16, dense_tail=0,
-                                             layers="all"))
+    h2o = PrefillMethod(
+        "h2o", h2o=H2OConfig(chunk_size=64, batch_size=128, local=16, heavy=16, dense_tail=0, layers="all")
+    )
     spec = PrefillMethod("specprefill", speculator="self:4", specprefill=SpecPrefillConfig(keep_ratio=0.3))
     runs = {}
     for name, backend in (("mlx", mlx_backend), ("torch", torch_cuda)):

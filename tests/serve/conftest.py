@@ -1,5 +1,6 @@
 """Servers shared by the serve tests: a tiny random model, the rote tool model and the demo model
 (one process each)."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,9 +15,19 @@ from specfill.evaluation.serve_process import ServerProcess  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_server(tmp_path_factory: pytest.TempPathFactory):
     """random:tiny-llama (no chat template of its own: chatml), self:1 speculator, queue of 3."""
-    server = ServerProcess("--model", "random:tiny-llama", "--chat-template", "chatml", "--speculator", "self:1",
-                           "--max-queue", "3", "--max-tokens", "16",
-                           log=tmp_path_factory.mktemp("serve") / "tiny.log")
+    server = ServerProcess(
+        "--model",
+        "random:tiny-llama",
+        "--chat-template",
+        "chatml",
+        "--speculator",
+        "self:1",
+        "--max-queue",
+        "3",
+        "--max-tokens",
+        "16",
+        log=tmp_path_factory.mktemp("serve") / "tiny.log",
+    )
     yield server
     server.stop()
 
@@ -24,8 +35,15 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(scope="session")
 def demo_server(tmp_path_factory: pytest.TempPathFactory):
     """The demo model (SmolLM2-135M-Instruct), self:8 speculator, full prefill by default, queue of 3."""
-    server = ServerProcess("--speculator", "self:8", "--max-tokens", "32", "--max-queue", "3",
-                           log=tmp_path_factory.mktemp("serve") / "demo.log")
+    server = ServerProcess(
+        "--speculator",
+        "self:8",
+        "--max-tokens",
+        "32",
+        "--max-queue",
+        "3",
+        log=tmp_path_factory.mktemp("serve") / "demo.log",
+    )
     yield server
     server.stop()
 
@@ -40,8 +58,15 @@ def tool_server(tmp_path_factory: pytest.TempPathFactory):
     from tests.fixtures.tool_model import write_tool_checkpoint
 
     checkpoint = write_tool_checkpoint(tmp_path_factory.mktemp("tools") / "tiny-tools")
-    server = ServerProcess("--model", str(checkpoint), "--max-tokens", "32", "--api-key", TOOL_KEY,
-                           log=tmp_path_factory.mktemp("serve") / "tools.log")
+    server = ServerProcess(
+        "--model",
+        str(checkpoint),
+        "--max-tokens",
+        "32",
+        "--api-key",
+        TOOL_KEY,
+        log=tmp_path_factory.mktemp("serve") / "tools.log",
+    )
     server.checkpoint = checkpoint
     yield server
     server.stop()

@@ -2,6 +2,7 @@
 layer, not at the end of the step, puts back the conversation it took from the prompt cache, and
 the next request is served as on a fresh server. The engine in-process on the tiny torch model,
 so the disconnect can land at a known layer of a known step (a forward hook sets the flag)."""
+
 from __future__ import annotations
 
 import pytest
@@ -20,6 +21,7 @@ STEP = 16  # prefill step size: turn 2's 40 new tokens go in 3 steps
 @pytest.fixture(scope="module")
 def tiny():
     import torch
+
     torch.set_num_threads(1)
     model, tokenizer = load("random:tiny-llama", backend="cuda", device="cpu", dtype="float32")
     model.prefill_step_size = STEP
@@ -28,9 +30,17 @@ def tiny():
 
 def plan(ids: list[int], method: str = "full", **settings) -> Plan:
     """A streamed completion of `ids` with progress events (4 tokens; settings: build_request's)."""
-    return Plan(kind="completion", ids=ids, request=build_request(max_tokens=4, method=method, **settings),
-                method_name=method, stops=[], stream=True, include_usage=False, return_progress=True,
-                prompt_cache="exact")
+    return Plan(
+        kind="completion",
+        ids=ids,
+        request=build_request(max_tokens=4, method=method, **settings),
+        method_name=method,
+        stops=[],
+        stream=True,
+        include_usage=False,
+        return_progress=True,
+        prompt_cache="exact",
+    )
 
 
 def run(engine: Engine, job: Plan) -> list:
@@ -69,7 +79,7 @@ def test_a_disconnect_mid_step_stops_before_the_next_layer(tiny):
     assert job.cancelled.is_set() and after == [], f"{len(after)} layers ran after the disconnect"
     assert progress_events(events) == 1 and not any(isinstance(e, Finished) for e in events)
     entry = engine.cache.entries[0]  # the conversation is back, for the client's retry
-    assert entry.tokens == turn2[:entry.covered] and entry.covered >= cached - 1
+    assert entry.tokens == turn2[: entry.covered] and entry.covered >= cached - 1
     retried = run(engine, plan(turn2))
     fresh_engine = Engine(model, tokenizer, PromptCache(4096, model.args.max_position_embeddings))
     fresh = run(fresh_engine, plan(conversation(fresh_engine)))
@@ -85,8 +95,11 @@ def test_every_method_stops_mid_step(tiny, method):
     model, tokenizer = tiny
     engine = Engine(model, tokenizer, None)
     ids = list(range(3, 120))
-    settings = {"h2o": H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3)} if method == "h2o" else \
-        {"speculator": "self:2"}
+    settings = (
+        {"h2o": H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3)}
+        if method == "h2o"
+        else {"speculator": "self:2"}
+    )
     job, calls = plan(ids, method, **settings), []
 
     def disconnect(block, inputs, output):

@@ -6,6 +6,7 @@ step grid, a sparse turn's KV is rebuilt in COMPLETION_STEP pieces). So its KV c
 dense run's to within rounding: a few units in the last place of the dtype, bitwise on MLX's CPU
 device. A bug that moves a position or loses a key changes the KV by O(1) (checked below), two
 orders of magnitude past the bound even in bfloat16."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -13,41 +14,67 @@ import pytest
 
 from specfill import load
 from specfill.core.config import H2OConfig
-from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 from specfill.serve.prompt_cache import PromptCache, Reuse
 
 FULL = PrefillMethod("full")
 H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=0))
-ULP = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7}  # relative spacing of the dtype's numbers
+ULP = {"float32": 2.0**-23, "bfloat16": 2.0**-7}  # relative spacing of the dtype's numbers
 ULPS = 8  # observed: torch CPU <= 2 ulps in both dtypes, MLX CPU 0
 
 
-@pytest.fixture(scope="module", params=[(b, d) for b in ("cuda", "mlx") for d in ("float32", "bfloat16")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(
+    scope="module",
+    params=[(b, d) for b in ("cuda", "mlx") for d in ("float32", "bfloat16")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def tiny(request):
     backend, dtype = request.param
     pytest.importorskip("torch" if backend == "cuda" else "mlx.core")
     if backend == "cuda":
         import torch
+
         torch.set_num_threads(1)
-    model, _ = load("random:tiny-llama", backend=backend, dtype=dtype, **({"device": "cpu"} if backend == "cuda" else {}))
+    model, _ = load(
+        "random:tiny-llama", backend=backend, dtype=dtype, **({"device": "cpu"} if backend == "cuda" else {})
+    )
     return model, dtype
 
 
 def kv_arrays(kv: KVState, slots: int) -> np.ndarray:
     """Every layer's keys and values of the first `slots` slots, float32 NumPy [layers, 2, Hkv, slots, D]."""
     if hasattr(kv.cache, "k"):  # torch: every layer's keys (values) in one tensor
-        return np.stack([kv.cache.k[:, 0, :, :slots].float().numpy(), kv.cache.v[:, 0, :, :slots].float().numpy()],
-                        axis=1)
+        return np.stack(
+            [kv.cache.k[:, 0, :, :slots].float().numpy(), kv.cache.v[:, 0, :, :slots].float().numpy()], axis=1
+        )
     import mlx.core as mx  # MLX: one LayerKVCache per layer
-    return np.stack([np.stack([np.asarray(c.keys[0, :, :slots].astype(mx.float32)),
-                               np.asarray(c.values[0, :, :slots].astype(mx.float32))]) for c in kv.cache.layers])
+
+    return np.stack(
+        [
+            np.stack(
+                [
+                    np.asarray(c.keys[0, :, :slots].astype(mx.float32)),
+                    np.asarray(c.values[0, :, :slots].astype(mx.float32)),
+                ]
+            )
+            for c in kv.cache.layers
+        ]
+    )
 
 
 def run(model, ids: list[int], max_tokens: int, method: PrefillMethod = FULL, reuse: KVState | None = None):
     info = GenerationInfo()
-    out = list(model.generate_step(ids, max_tokens=max_tokens, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                   method=method, info=info, reuse=reuse))
+    out = list(
+        model.generate_step(
+            ids,
+            max_tokens=max_tokens,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=method,
+            info=info,
+            reuse=reuse,
+        )
+    )
     return out, info
 
 

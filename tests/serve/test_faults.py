@@ -1,4 +1,5 @@
 """The server under bad input, load and disconnects: it answers 4xx / 503 and keeps serving."""
+
 from __future__ import annotations
 
 import http.client
@@ -20,21 +21,40 @@ MSG = [{"role": "user", "content": "1 2 3"}]
 LONG = " ".join(["7"] * 5000)  # more than the tiny model's 4096-token context
 
 MALFORMED = [  # (route, raw body): every one must get a 4xx with an OpenAI error body
-    (CHAT, b"{"), (CHAT, b"not json"), (CHAT, b"[1, 2]"), (CHAT, b"\xff\xfe"), (CHAT, b""), (CHAT, b"null"),
-    (CHAT, {}), (CHAT, {"messages": []}), (CHAT, {"messages": "hello"}), (CHAT, {"messages": [{"content": "x"}]}),
+    (CHAT, b"{"),
+    (CHAT, b"not json"),
+    (CHAT, b"[1, 2]"),
+    (CHAT, b"\xff\xfe"),
+    (CHAT, b""),
+    (CHAT, b"null"),
+    (CHAT, {}),
+    (CHAT, {"messages": []}),
+    (CHAT, {"messages": "hello"}),
+    (CHAT, {"messages": [{"content": "x"}]}),
     (CHAT, {"messages": [{"role": "wizard", "content": "x"}]}),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
-    (CHAT, {"messages": MSG, "max_tokens": "5"}), (CHAT, {"messages": MSG, "max_tokens": 0}),
-    (CHAT, {"messages": MSG, "max_tokens": 1.5}), (CHAT, {"messages": MSG, "temperature": -1}),
-    (CHAT, {"messages": MSG, "top_p": 0}), (CHAT, {"messages": MSG, "stream": "yes"}),
-    (CHAT, {"messages": MSG, "n": 2}), (CHAT, {"messages": MSG, "logprobs": True}),
-    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}), (CHAT, {"messages": MSG, "stop": [""]}),
-    (CHAT, {"messages": MSG, "method": "magic"}), (CHAT, {"messages": MSG, "method": "auto", "keep_ratio": 3}),
+    (CHAT, {"messages": MSG, "max_tokens": "5"}),
+    (CHAT, {"messages": MSG, "max_tokens": 0}),
+    (CHAT, {"messages": MSG, "max_tokens": 1.5}),
+    (CHAT, {"messages": MSG, "temperature": -1}),
+    (CHAT, {"messages": MSG, "top_p": 0}),
+    (CHAT, {"messages": MSG, "stream": "yes"}),
+    (CHAT, {"messages": MSG, "n": 2}),
+    (CHAT, {"messages": MSG, "logprobs": True}),
+    (CHAT, {"messages": MSG, "tools": [{"type": "function"}]}),
+    (CHAT, {"messages": MSG, "stop": [""]}),
+    (CHAT, {"messages": MSG, "method": "magic"}),
+    (CHAT, {"messages": MSG, "method": "auto", "keep_ratio": 3}),
     (CHAT, {"messages": MSG, "method": "specprefill", "keep_ratio": 0}),
     (CHAT, {"messages": MSG, "method": "h2o", "h2o_chunk_size": 64, "h2o_batch_size": 100}),
-    (CHAT, {"messages": MSG, "h2o_local": "many"}), (CHAT, {"messages": MSG, "max_tokens": 5000}),
-    (COMPLETE, {"prompt": LONG}), (COMPLETE, {"prompt": [1, 2, 99999]}), (COMPLETE, {"prompt": ["a", "b"]}),
-    (COMPLETE, {"prompt": ""}), (COMPLETE, {"prompt": "1 2", "echo": True}), (COMPLETE, {"max_tokens": 3}),
+    (CHAT, {"messages": MSG, "h2o_local": "many"}),
+    (CHAT, {"messages": MSG, "max_tokens": 5000}),
+    (COMPLETE, {"prompt": LONG}),
+    (COMPLETE, {"prompt": [1, 2, 99999]}),
+    (COMPLETE, {"prompt": ["a", "b"]}),
+    (COMPLETE, {"prompt": ""}),
+    (COMPLETE, {"prompt": "1 2", "echo": True}),
+    (COMPLETE, {"max_tokens": 3}),
     (COMPLETE, {"prompt": "1", "num_draft_tokens": 0}),
     (CHAT, {"messages": MSG, "response_format": {"type": "grammar"}}),
     (COMPLETE, {"prompt": "1", "logit_bias": {"5": 1}}),
@@ -62,10 +82,15 @@ def test_malformed_requests_get_4xx(tiny_server):
 
 
 def test_clear_messages(tiny_server):
-    cases = {b"{": "malformed JSON", json.dumps({"messages": MSG, "max_tokens": "5"}).encode(): "max_tokens",
-             json.dumps({"messages": MSG, "method": "nope"}).encode(): "method must be full, h2o, specprefill or auto, got 'nope'",
-             json.dumps({"prompt": LONG}).encode(): "exceeds the model's context of 4096 tokens",
-             json.dumps({"messages": MSG, "n": 3}).encode(): "n > 1"}
+    cases = {
+        b"{": "malformed JSON",
+        json.dumps({"messages": MSG, "max_tokens": "5"}).encode(): "max_tokens",
+        json.dumps(
+            {"messages": MSG, "method": "nope"}
+        ).encode(): "method must be full, h2o, specprefill or auto, got 'nope'",
+        json.dumps({"prompt": LONG}).encode(): "exceeds the model's context of 4096 tokens",
+        json.dumps({"messages": MSG, "n": 3}).encode(): "n > 1",
+    }
     for body, words in cases.items():
         route = COMPLETE if b'"prompt"' in body else CHAT
         assert words in post(tiny_server.url + route, body)[1]["error"]["message"]
@@ -79,8 +104,9 @@ def test_concurrent_clients_answered_or_refused(demo_server):
 
     def ask(i: int) -> None:
         try:
-            r = c.completions.create(model=demo_server.model, prompt=f"Count to {i + 3}:", max_tokens=16,
-                                     extra_body={"prompt_cache": "off"})
+            r = c.completions.create(
+                model=demo_server.model, prompt=f"Count to {i + 3}:", max_tokens=16, extra_body={"prompt_cache": "off"}
+            )
             outcomes[i] = r.usage.completion_tokens
         except openai.APIStatusError as err:
             outcomes[i] = (err.status_code, err.message)
@@ -103,8 +129,14 @@ def test_full_queue_is_503(demo_server):
     connection = open_stream(demo_server, {"prompt": "Tell a long story.", "max_tokens": 2000, "stream": True})
     results: list[object] = []
     c = client(demo_server, timeout=300)
-    threads = [threading.Thread(target=lambda: results.append(
-        c.completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).usage.completion_tokens)) for _ in range(3)]
+    threads = [
+        threading.Thread(
+            target=lambda: results.append(
+                c.completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).usage.completion_tokens
+            )
+        )
+        for _ in range(3)
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
@@ -164,10 +196,13 @@ def test_sequential_requests_keep_rss_flat(tiny_server):
     sizes = []
     for i in range(50):
         stream = i % 2 == 0
-        r = c.chat.completions.create(model=tiny_server.model, messages=[{"role": "user", "content": f"{i} 3 4 5"}],
-                                      max_tokens=16, stream=stream,
-                                      extra_body={"method": ("full", "h2o", "specprefill")[i % 3],
-                                                  "prompt_cache": "off"})  # a leak check: no cached conversations
+        r = c.chat.completions.create(
+            model=tiny_server.model,
+            messages=[{"role": "user", "content": f"{i} 3 4 5"}],
+            max_tokens=16,
+            stream=stream,
+            extra_body={"method": ("full", "h2o", "specprefill")[i % 3], "prompt_cache": "off"},
+        )  # a leak check: no cached conversations
         if stream:
             list(r)
         sizes.append(tiny_server.rss_kb())

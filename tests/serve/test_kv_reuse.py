@@ -1,5 +1,6 @@
 """The prompt-cache hook of both backends: generate_step(reuse=info.kv of an earlier generation)
 prefills only the new tokens, and the cache it leaves equals a fresh full prefill's."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ import pytest
 
 from specfill import load
 from specfill.core import ConfigError, SpecPrefillConfig
-from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 
 FULL = PrefillMethod("full")
 SAMPLE = SamplingConfig(temperature=1.0, seed=3)  # sampling reads the whole distribution, not just its top
@@ -18,6 +19,7 @@ def tiny(request):
     pytest.importorskip("torch" if request.param == "cuda" else "mlx.core")
     if request.param == "cuda":
         import torch
+
         torch.set_num_threads(1)
         return load("random:tiny-llama", backend="cuda", device="cpu", dtype="float32")
     return load("random:tiny-llama", backend="mlx")
@@ -32,8 +34,11 @@ def keys(kv: KVState, slots: int) -> np.ndarray:
 
 def run(model, ids, max_tokens, *, method=FULL, reuse=None):
     info = GenerationInfo()
-    out = list(model.generate_step(ids, max_tokens=max_tokens, sampling=SAMPLE, stop_ids=frozenset(),
-                                   method=method, info=info, reuse=reuse))
+    out = list(
+        model.generate_step(
+            ids, max_tokens=max_tokens, sampling=SAMPLE, stop_ids=frozenset(), method=method, info=info, reuse=reuse
+        )
+    )
     return out, info
 
 
@@ -67,8 +72,9 @@ def test_specprefill_cache_reports_its_offset(tiny):
     it can be extended as is (the approximate policy)."""
     model, _ = tiny
     prompt = list(range(1, 129))
-    method = PrefillMethod("specprefill", specprefill=SpecPrefillConfig(keep_ratio=0.25, select_chunk=8),
-                           speculator="self:1")
+    method = PrefillMethod(
+        "specprefill", specprefill=SpecPrefillConfig(keep_ratio=0.25, select_chunk=8), speculator="self:1"
+    )
     out, info = run(model, prompt, 3, method=method)
     offset = len(prompt) - info.kept_tokens
     assert info.kept_tokens < 40 and info.kv.position_offset == offset

@@ -1,6 +1,7 @@
 """What users of vLLM / llama.cpp server expect (issue 25), driven with the official openai client on
 the tiny model: model names and 404s, API keys, CORS, tokenize, the log line and /metrics, the port
 bound before loading, and a clean stop on signals."""
+
 from __future__ import annotations
 
 import http.client
@@ -25,11 +26,26 @@ ORIGIN = "http://ui.example:3000"
 def keyed_server(tmp_path_factory: pytest.TempPathFactory):
     """The tiny model behind an API key from SPECFILL_API_KEY, one CORS origin, two served names, INFO log,
     prefill steps of 64 tokens."""
-    server = ServerProcess("--model", "random:tiny-llama", "--chat-template", "chatml", "--max-tokens", "8",
-                           "--served-model-name", "tiny", "tiny-alias", "--allowed-origins", ORIGIN,
-                           "--speculator", "self:1", "--prefill-step-size", "64",
-                           log=tmp_path_factory.mktemp("serve") / "keyed.log", log_level="info",
-                           env={"SPECFILL_API_KEY": KEY})
+    server = ServerProcess(
+        "--model",
+        "random:tiny-llama",
+        "--chat-template",
+        "chatml",
+        "--max-tokens",
+        "8",
+        "--served-model-name",
+        "tiny",
+        "tiny-alias",
+        "--allowed-origins",
+        ORIGIN,
+        "--speculator",
+        "self:1",
+        "--prefill-step-size",
+        "64",
+        log=tmp_path_factory.mktemp("serve") / "keyed.log",
+        log_level="info",
+        env={"SPECFILL_API_KEY": KEY},
+    )
     yield server
     server.stop()
 
@@ -105,15 +121,20 @@ def test_port_in_use_fails_before_loading(capsys):
 
 
 def test_cors_and_options(keyed_server, tiny_server):
-    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
+    preflight = {
+        "Origin": ORIGIN,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type",
+    }
     status, headers, _ = request(keyed_server, "OPTIONS", "/v1/chat/completions", headers=preflight)
     assert status == 200 and headers["access-control-allow-origin"] == ORIGIN  # no key needed for a preflight
-    status, headers, _ = request(keyed_server, "OPTIONS", "/v1/chat/completions",
-                                 headers={**preflight, "Origin": "http://evil.example"})
+    status, headers, _ = request(
+        keyed_server, "OPTIONS", "/v1/chat/completions", headers={**preflight, "Origin": "http://evil.example"}
+    )
     assert status == 400 and "access-control-allow-origin" not in headers
-    status, headers, _ = request(keyed_server, "GET", "/v1/models",
-                                 headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"})
+    status, headers, _ = request(
+        keyed_server, "GET", "/v1/models", headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"}
+    )
     assert status == 200 and headers["access-control-allow-origin"] == ORIGIN
     status, headers, _ = request(tiny_server, "OPTIONS", "/v1/completions", headers=preflight)
     assert status == 204 and "access-control-allow-origin" not in headers  # default: no origin allowed
@@ -126,11 +147,14 @@ def test_tokenize_and_detokenize(tiny_server):
     vllm = request(tiny_server, "POST", "/tokenize", {"model": tiny_server.model, "prompt": "4 5 6"})[2]
     assert vllm["tokens"][-3:] == [4, 5, 6]
     chat = request(tiny_server, "POST", "/tokenize", {"messages": [{"role": "user", "content": "4 5"}]})[2]
-    done = client(tiny_server).chat.completions.create(model=tiny_server.model, max_tokens=1,
-                                                       messages=[{"role": "user", "content": "4 5"}])
+    done = client(tiny_server).chat.completions.create(
+        model=tiny_server.model, max_tokens=1, messages=[{"role": "user", "content": "4 5"}]
+    )
     assert chat["count"] == done.usage.prompt_tokens  # the same template as a chat request
-    assert request(tiny_server, "POST", "/detokenize", {"tokens": [7, 8, 9]})[2] == {"content": "7 8 9",
-                                                                                    "prompt": "7 8 9"}
+    assert request(tiny_server, "POST", "/detokenize", {"tokens": [7, 8, 9]})[2] == {
+        "content": "7 8 9",
+        "prompt": "7 8 9",
+    }
     status, _, bad = request(tiny_server, "POST", "/detokenize", {"tokens": [1, -4]})
     assert status == 400 and bad["error"]["param"] == "tokens"
     assert request(tiny_server, "POST", "/tokenize", {"content": "1", "model": "other"})[0] == 404
@@ -143,15 +167,18 @@ def test_log_line_and_metrics(keyed_server):
         c.completions.create(model="tiny", prompt="3 4", max_tokens=4, extra_body={"method": "nope"})
     lines = keyed_server.log.read_text().splitlines()
     ok = [line for line in lines if "outcome=ok" in line and "method=h2o->" in line]
-    assert ok and re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} INFO specfill.serve: cmpl-\w+ completion "
-                           r"method=h2o->\w+ prompt=4 cached=0 kept=4 ttft=[\d.]+s gen=4 tok/s=[\d.]+ ", ok[-1])
+    assert ok and re.match(
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} INFO specfill.serve: cmpl-\w+ completion "
+        r"method=h2o->\w+ prompt=4 cached=0 kept=4 ttft=[\d.]+s gen=4 tok/s=[\d.]+ ",
+        ok[-1],
+    )
     assert any("outcome=400 (method must be full, h2o, specprefill or auto, got 'nope'" in line for line in lines)
     status, headers, text = request(keyed_server, "GET", "/metrics", headers={"Authorization": f"Bearer {KEY}"})
     assert status == 200 and headers["content-type"].startswith("text/plain")
     assert re.search(r'^specfill_requests_total\{outcome="ok"\} [1-9]', text, re.M)
     assert re.search(r'^specfill_requests_total\{outcome="400"\} [1-9]', text, re.M)
     assert re.search(r'^specfill_time_to_first_token_seconds_count\{method="\w+"\} [1-9]', text, re.M)
-    assert re.search(r'^specfill_generated_tokens_total [1-9]', text, re.M)
+    assert re.search(r"^specfill_generated_tokens_total [1-9]", text, re.M)
     assert "specfill_queue_depth 0" in text
 
 
@@ -162,11 +189,20 @@ def test_progress_event_per_prefill_step(keyed_server):
     c = openai.OpenAI(base_url=keyed_server.url + "/v1", api_key=KEY, max_retries=0)
     prompt = " ".join(str(i % 400 + 3) for i in range(300))
     walk = [64, 128, 192, 256, 300]
-    for method, extra in (("full", {}), ("h2o", {"h2o_chunk_size": 32, "h2o_batch_size": 128}),
-                          ("specprefill", {"keep_ratio": 0.5})):
-        chunks = list(c.completions.create(model="tiny", prompt=prompt, max_tokens=1, stream=True,
-                                           extra_body={"method": method, "return_progress": True,
-                                                       "prompt_cache": "off", **extra}))
+    for method, extra in (
+        ("full", {}),
+        ("h2o", {"h2o_chunk_size": 32, "h2o_batch_size": 128}),
+        ("specprefill", {"keep_ratio": 0.5}),
+    ):
+        chunks = list(
+            c.completions.create(
+                model="tiny",
+                prompt=prompt,
+                max_tokens=1,
+                stream=True,
+                extra_body={"method": method, "return_progress": True, "prompt_cache": "off", **extra},
+            )
+        )
         events = [ch.model_extra["prompt_progress"] for ch in chunks if "prompt_progress" in ch.model_extra]
         stages = [(e["stage"], e["stage_processed"], e["stage_total"]) for e in events]
         if method != "specprefill":
@@ -177,15 +213,16 @@ def test_progress_event_per_prefill_step(keyed_server):
         lookahead = [s for s in stages if s[0] == "lookahead"]
         assert stages[:5] == [("speculator", n, 300) for n in walk]
         assert lookahead == [("lookahead", i, 8) for i in range(1, len(lookahead) + 1)] and lookahead
-        assert stages[5 + len(lookahead):] == [("main_prefill", n, kept) for n in (64, 128, kept)]
+        assert stages[5 + len(lookahead) :] == [("main_prefill", n, kept) for n in (64, 128, kept)]
         assert [e["processed"] for e in events] == walk + [300] * (len(events) - 5)
 
 
 @pytest.mark.parametrize("signals", [1, 2])
 def test_signals_stop_cleanly(tmp_path, signals):
     """Ctrl+C mid-stream (once: drain; twice: at once): the stream ends, exit status 0, no traceback."""
-    server = ServerProcess("--model", "random:tiny-llama", "--max-tokens", "3000", log=tmp_path / "sig.log",
-                           log_level="info")
+    server = ServerProcess(
+        "--model", "random:tiny-llama", "--max-tokens", "3000", log=tmp_path / "sig.log", log_level="info"
+    )
     try:
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         connection.request("POST", "/v1/completions", body=json.dumps({"prompt": "1 2", "stream": True}))

@@ -1,5 +1,6 @@
 """The multi-turn prompt cache on the demo model: after a SpecPrefill turn, the next turn reuses a
 dense KV rebuilt in idle time and answers exactly as a dense run of both turns (greedy)."""
+
 from __future__ import annotations
 
 import http.client
@@ -8,13 +9,18 @@ import json
 from specfill.evaluation.serve_process import client
 
 SENTENCES = [
-    "The harbour master counted eleven blue boats at dawn.", "A copper kettle whistled in the empty kitchen.",
-    "Marta planted forty tulip bulbs along the northern fence.", "The night train to Vienna left four minutes late.",
+    "The harbour master counted eleven blue boats at dawn.",
+    "A copper kettle whistled in the empty kitchen.",
+    "Marta planted forty tulip bulbs along the northern fence.",
+    "The night train to Vienna left four minutes late.",
     "Seven crows argued loudly over a crust of rye bread.",
     "Old Tomas repaired the clock tower with a borrowed ladder.",
-    "The secret password for the archive is juniper falcon.", "Rain fell on the glass roof of the botanical garden.",
-    "A chess tournament in the library drew ninety players.", "The baker sold out of cinnamon rolls before nine.",
-    "Fog rolled over the hills and hid the lighthouse.", "Nobody remembered who had painted the red door.",
+    "The secret password for the archive is juniper falcon.",
+    "Rain fell on the glass roof of the botanical garden.",
+    "A chess tournament in the library drew ninety players.",
+    "The baker sold out of cinnamon rolls before nine.",
+    "Fog rolled over the hills and hid the lighthouse.",
+    "Nobody remembered who had painted the red door.",
 ]
 TEXT = "\n".join(f"Line {i}: {s}" for i, s in enumerate(SENTENCES * 2, 1))  # ~400 tokens
 TURN1 = {"role": "user", "content": f"Here is a text.\n\n{TEXT}\n\nWhat is this text about? Answer briefly."}
@@ -22,7 +28,9 @@ TURN2 = {"role": "user", "content": "Quote line 7 of the text verbatim."}
 
 
 def chat(c, messages, **fields):
-    r = c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=24, temperature=0, extra_body=fields)
+    r = c.chat.completions.create(
+        model="SmolLM2-135M-Instruct", messages=messages, max_tokens=24, temperature=0, extra_body=fields
+    )
     return r.choices[0].message.content, r.model_extra["specfill"], r.usage
 
 
@@ -35,8 +43,10 @@ def test_turn_two_after_specprefill_equals_dense_run(demo_server):
     two_turns = [TURN1, {"role": "assistant", "content": reply1}, TURN2]
     reply2, stats2, usage2 = chat(c, two_turns, method="specprefill", keep_ratio=0.1)
     assert stats2["prefill_method"] == "full"  # a conversation's new tokens: full attention
-    assert stats2["cached_tokens"] >= stats1["prompt_tokens"] and usage2.prompt_tokens_details.cached_tokens == \
-        stats2["cached_tokens"]
+    assert (
+        stats2["cached_tokens"] >= stats1["prompt_tokens"]
+        and usage2.prompt_tokens_details.cached_tokens == stats2["cached_tokens"]
+    )
     dense, stats_dense, _ = chat(c, two_turns, method="full", prompt_cache="off")
     assert stats_dense["cached_tokens"] == 0 and stats_dense["kept_tokens"] == stats_dense["prompt_tokens"]
     assert reply2 == dense
@@ -66,10 +76,15 @@ def test_progress_counts_cached_tokens(demo_server):
     first = [{"role": "user", "content": "Name three colours of the rainbow." + " Please." * 40}]
     reply = c.chat.completions.create(model=demo_server.model, messages=first, max_tokens=8).choices[0].message.content
     demo_server.wait_rebuilt(60)
-    chunks = list(c.chat.completions.create(
-        model=demo_server.model, messages=first + [{"role": "assistant", "content": reply},
-                                           {"role": "user", "content": "And three more?"}],
-        max_tokens=4, stream=True, extra_body={"return_progress": True}))
+    chunks = list(
+        c.chat.completions.create(
+            model=demo_server.model,
+            messages=first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "And three more?"}],
+            max_tokens=4,
+            stream=True,
+            extra_body={"return_progress": True},
+        )
+    )
     progress = [ch.model_extra["prompt_progress"] for ch in chunks if "prompt_progress" in ch.model_extra]
     final = next(ch.model_extra["specfill"] for ch in chunks if "specfill" in ch.model_extra)
     assert final["cached_tokens"] > 40
@@ -84,8 +99,12 @@ def test_cancelled_turn_keeps_the_conversation(demo_server):
     reply = c.chat.completions.create(model=demo_server.model, messages=first, max_tokens=8).choices[0].message.content
     two_turns = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Go on, at length."}]
     connection = http.client.HTTPConnection("127.0.0.1", demo_server.port, timeout=60)
-    connection.request("POST", "/v1/chat/completions", headers={"Content-Type": "application/json"},
-                       body=json.dumps({"messages": two_turns, "max_tokens": 2000, "stream": True}))
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        headers={"Content-Type": "application/json"},
+        body=json.dumps({"messages": two_turns, "max_tokens": 2000, "stream": True}),
+    )
     response = connection.getresponse()
     assert [response.readline() for _ in range(4)][-1]
     connection.close()

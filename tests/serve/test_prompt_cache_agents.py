@@ -2,6 +2,7 @@
 copy), LRU by memory, longest-prefix reuse across conversations (a shared system prompt) equal to a
 cold run, and the disk store (a restart reuses a saved entry; foreign, corrupt and half-written
 files are skipped)."""
+
 from __future__ import annotations
 
 import logging
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 from specfill import load
-from specfill.core.runtime import KVState, GenerationInfo, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 from specfill.serve.prompt_cache import PromptCache, Reuse
 from specfill.serve.prompt_store import PromptStore
 
@@ -24,6 +25,7 @@ def model(request):
     pytest.importorskip("torch" if request.param == "cuda" else "mlx.core")
     if request.param == "cuda":
         import torch
+
         torch.set_num_threads(1)
         return load(NAME, backend="cuda", device="cpu", dtype="float32")[0]
     return load(NAME, backend="mlx", dtype="float32")[0]
@@ -31,8 +33,11 @@ def model(request):
 
 def greedy(model, ids: list[int], n: int = 6, reuse: KVState | None = None) -> tuple[list[int], GenerationInfo]:
     info = GenerationInfo()
-    out = list(model.generate_step(ids, max_tokens=n, sampling=SamplingConfig(), stop_ids=frozenset(), method=FULL,
-                                   info=info, reuse=reuse))
+    out = list(
+        model.generate_step(
+            ids, max_tokens=n, sampling=SamplingConfig(), stop_ids=frozenset(), method=FULL, info=info, reuse=reuse
+        )
+    )
     return out, info
 
 
@@ -93,7 +98,7 @@ def test_two_agents_sharing_a_system_prompt(model):
     conversation; every reply equals a cold run's (greedy, exact policy)."""
     system = tokens(model, 10, 80)
     a, b = system + tokens(model, 11, 100), system + tokens(model, 12, 120)
-    cache = PromptCache(None, model.args.max_position_embeddings, max_bytes=10 ** 9)
+    cache = PromptCache(None, model.args.max_position_embeddings, max_bytes=10**9)
     out_a, miss = turn(model, cache, a)
     assert not miss.hit
     out_b, shared = turn(model, cache, b)
@@ -108,7 +113,7 @@ def test_two_agents_sharing_a_system_prompt(model):
 
 
 def store_for(model, directory, name: str = NAME) -> PromptCache:
-    return PromptCache(None, model.args.max_position_embeddings, 10 ** 9, PromptStore(directory, model, name, 10 ** 9))
+    return PromptCache(None, model.args.max_position_embeddings, 10**9, PromptStore(directory, model, name, 10**9))
 
 
 def test_a_restarted_cache_reuses_the_saved_entry(model, tmp_path):
@@ -134,7 +139,7 @@ def test_foreign_and_corrupt_files_are_skipped(model, tmp_path, caplog):
     (good,) = os.listdir(tmp_path)
     (tmp_path / "junk.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     data = (tmp_path / good).read_bytes()
-    (tmp_path / "cut.safetensors").write_bytes(data[:len(data) // 2])
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) // 2])
     with caplog.at_level(logging.WARNING, logger="specfill.serve"):
         cache = store_for(model, tmp_path)
     assert cache.entries == []
@@ -222,7 +227,7 @@ def test_the_disk_store_is_bounded_oldest_first(model, tmp_path):
     cache.max_bytes = 1  # and nothing in memory: the first conversation lives on disk only
     cache._evict()
     assert [e.kv for e in cache.entries] == [None] and cache.stats()["disk_entries"] == 1
-    cache.max_bytes = 10 ** 9
+    cache.max_bytes = 10**9
     turn(model, cache, tokens(model, 71, 40))
     cache.idle_step(model)
     assert first not in os.listdir(tmp_path) and len(os.listdir(tmp_path)) == 1
@@ -238,14 +243,25 @@ def engine_turn(engine, ids: list[int], method: str = "full", policy: str = "exa
     from specfill.serve.plan import Plan
 
     h2o = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=0) if method == "h2o" else None
-    job = Plan(kind="completion", ids=ids, request=build_request(max_tokens=6, method=method, h2o=h2o),
-               method_name=method, stops=[], stream=False, include_usage=False, return_progress=False,
-               prompt_cache=policy)
+    job = Plan(
+        kind="completion",
+        ids=ids,
+        request=build_request(max_tokens=6, method=method, h2o=h2o),
+        method_name=method,
+        stops=[],
+        stream=False,
+        include_usage=False,
+        return_progress=False,
+        prompt_cache=policy,
+    )
     events: list = []
     engine.run(job, events.append)
     started = next(e for e in events if isinstance(e, Started))
-    return started, events[-1] if isinstance(events[-1], Finished) else None, \
-        "".join(e.text for e in events if isinstance(e, Delta))
+    return (
+        started,
+        events[-1] if isinstance(events[-1], Finished) else None,
+        "".join(e.text for e in events if isinstance(e, Delta)),
+    )
 
 
 def test_the_engine_reuses_a_shared_prefix_and_keeps_sparse_requests_sparse(model):
@@ -255,9 +271,12 @@ def test_the_engine_reuses_a_shared_prefix_and_keeps_sparse_requests_sparse(mode
     from specfill import load as load_pair
     from specfill.serve.engine import Engine
 
-    _, tokenizer = load_pair(NAME, backend=model.backend, **({"device": "cpu", "dtype": "float32"}
-                                                              if model.backend == "cuda" else {"dtype": "float32"}))
-    engine = Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, 10 ** 9))
+    _, tokenizer = load_pair(
+        NAME,
+        backend=model.backend,
+        **({"device": "cpu", "dtype": "float32"} if model.backend == "cuda" else {"dtype": "float32"}),
+    )
+    engine = Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, 10**9))
     system = tokens(model, 80, 64)
     engine_turn(engine, system + tokens(model, 81, 100))
     started, finished, reply = engine_turn(engine, system + tokens(model, 82, 90))

@@ -1,5 +1,6 @@
 """PromptCache bookkeeping without a model: longest-prefix matching, taking vs copying, policies,
 the memory and token bounds (LRU)."""
+
 from __future__ import annotations
 
 from specfill.core.runtime import KVState
@@ -102,8 +103,14 @@ def test_a_conversation_extending_a_kept_one_supersedes_it():
     cache = PromptCache(None, 4096)
     keep(cache, list(range(300)))
     got = cache.take(list(range(20)) + [5] * 10, "exact")  # a copy: the 300-token conversation stays
-    cache.put(list(range(20)) + [5] * 15, KVState(got.state.cache, 35), prompt_tokens=30, method="full",
-              reuse=got, policy="exact")
+    cache.put(
+        list(range(20)) + [5] * 15,
+        KVState(got.state.cache, 35),
+        prompt_tokens=30,
+        method="full",
+        reuse=got,
+        policy="exact",
+    )
     keep(cache, list(range(300)) + [1, 2, 3])  # the first conversation, one turn on (and its prefix)
     assert sorted(len(e.tokens) for e in cache.entries) == [35, 303]
 

@@ -1,6 +1,7 @@
 """`specfill serve --prompt-cache-dir`: a conversation written to disk after its response is reused by
 a restarted server (cached tokens, the same reply as without the cache); a broken file in the
 directory is skipped with a log line."""
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,18 @@ def wait_saved(server: ServerProcess, seconds: float = 60) -> dict:
 def test_a_restarted_server_reuses_its_saved_conversation(backend, tmp_path):
     pytest.importorskip("torch" if backend == "cuda" else "mlx.core")
     store = tmp_path / "store"
-    args = ("--backend", backend, "--model", "random:tiny-llama", "--chat-template", "chatml",
-            "--prompt-cache-dir", str(store), "--cache-memory", "0.5")
+    args = (
+        "--backend",
+        backend,
+        "--model",
+        "random:tiny-llama",
+        "--chat-template",
+        "chatml",
+        "--prompt-cache-dir",
+        str(store),
+        "--cache-memory",
+        "0.5",
+    )
     first = [{"role": "user", "content": " ".join(str(i) for i in range(3, 60))}]
     server = ServerProcess(*args, log=tmp_path / "one.log")
     try:
@@ -39,11 +50,14 @@ def test_a_restarted_server_reuses_its_saved_conversation(backend, tmp_path):
         state = server.health()["prompt_cache"]
         assert state["disk_entries"] == 1 and state["entries"] == 0  # on disk only until a prompt reuses it
         c = client(server, timeout=120)
-        two_turns = first + [{"role": "assistant", "content": one.choices[0].message.content},
-                             {"role": "user", "content": "5 6 7"}]
+        two_turns = first + [
+            {"role": "assistant", "content": one.choices[0].message.content},
+            {"role": "user", "content": "5 6 7"},
+        ]
         cached = c.chat.completions.create(model=server.model, messages=two_turns, max_tokens=6, temperature=0)
-        dense = c.chat.completions.create(model=server.model, messages=two_turns, max_tokens=6, temperature=0,
-                                          extra_body={"prompt_cache": "off"})
+        dense = c.chat.completions.create(
+            model=server.model, messages=two_turns, max_tokens=6, temperature=0, extra_body={"prompt_cache": "off"}
+        )
         assert cached.usage.prompt_tokens_details.cached_tokens > 50
         assert cached.choices[0].message.content == dense.choices[0].message.content
         with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:

@@ -2,6 +2,7 @@
 (core/request.build_request) from the same input, so they run the same token ids with the same
 method and give the same greedy text, for chat, completion and auto; a setting's range error
 is the same check, answered by the server as a 400 naming its field."""
+
 from __future__ import annotations
 
 import openai
@@ -33,6 +34,7 @@ def _api(demo, kind: str, fields: dict) -> tuple[str, int, GenerationInfo]:
     settings = dict(fields)
     if "keep_ratio" in settings:
         from specfill.core import SpecPrefillConfig
+
         settings["specprefill"] = SpecPrefillConfig(keep_ratio=settings.pop("keep_ratio"))
     if settings["method"] in ("specprefill", "auto"):
         settings["speculator"] = "self:8"
@@ -63,10 +65,15 @@ def test_a_range_error_is_the_same_check_on_both(demo_server, demo):
     with pytest.raises(Exception, match="keep ratio must be in"):
         _api(demo, "completion", {"method": "specprefill", "keep_ratio": 1.5})
     with pytest.raises(openai.BadRequestError) as err:
-        client(demo_server).completions.create(model=demo_server.model, prompt=PROMPT, max_tokens=4,
-                                               extra_body={"method": "specprefill", "keep_ratio": 1.5})
+        client(demo_server).completions.create(
+            model=demo_server.model,
+            prompt=PROMPT,
+            max_tokens=4,
+            extra_body={"method": "specprefill", "keep_ratio": 1.5},
+        )
     assert "keep ratio must be in" in str(err.value) and err.value.body["param"] == "keep_ratio"
     with pytest.raises(openai.BadRequestError) as err:
-        client(demo_server).completions.create(model=demo_server.model, prompt=PROMPT, max_tokens=4,
-                                               extra_body={"method": "full", "auto_threshold": 5})
+        client(demo_server).completions.create(
+            model=demo_server.model, prompt=PROMPT, max_tokens=4, extra_body={"method": "full", "auto_threshold": 5}
+        )
     assert err.value.body["param"] == "auto_threshold"

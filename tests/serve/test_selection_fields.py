@@ -2,6 +2,7 @@
 mass_floor, mass_ceiling, lookahead_reduction, neighbours, h2o_memory_share), through the openai
 client: the library's text for the same settings, their range errors as 400s naming the field, and
 mass bounds without keep_mass refused (core/config.py's one check, not silently ignored)."""
+
 from __future__ import annotations
 
 import openai
@@ -23,8 +24,9 @@ def tiny_local():
 
 
 def complete(server, **fields):
-    return client(server).completions.create(model=server.model, prompt=PROMPT, max_tokens=6,
-                                             extra_body={"prompt_cache": "off", **fields})
+    return client(server).completions.create(
+        model=server.model, prompt=PROMPT, max_tokens=6, extra_body={"prompt_cache": "off", **fields}
+    )
 
 
 def test_selection_fields_give_the_librarys_run(tiny_server, tiny_local):
@@ -33,8 +35,15 @@ def test_selection_fields_give_the_librarys_run(tiny_server, tiny_local):
     reply = complete(tiny_server, method="specprefill", **MASS)
     stats = reply.model_extra["specfill"]
     info = GenerationInfo()
-    local = generate(*tiny_local, PROMPT, 6, method="specprefill", speculator="self:1", prefill_info=info,
-                     specprefill=SpecPrefillConfig(**MASS))
+    local = generate(
+        *tiny_local,
+        PROMPT,
+        6,
+        method="specprefill",
+        speculator="self:1",
+        prefill_info=info,
+        specprefill=SpecPrefillConfig(**MASS),
+    )
     assert reply.choices[0].text == local and stats["kept_tokens"] == info.kept_tokens
     default = complete(tiny_server, method="specprefill").model_extra["specfill"]["kept_tokens"]
     assert default != stats["kept_tokens"]
@@ -43,20 +52,34 @@ def test_selection_fields_give_the_librarys_run(tiny_server, tiny_local):
 def test_h2o_memory_share_field(tiny_server, tiny_local):
     fields = {"h2o_chunk_size": 32, "h2o_batch_size": 64, "h2o_local": 4, "h2o_heavy": 4}
     shared = complete(tiny_server, method="h2o", h2o_memory_share=0.05, **fields).choices[0].text
-    local = generate(*tiny_local, PROMPT, 6, method="h2o",
-                     h2o=H2OConfig(chunk_size=32, batch_size=64, local=4, heavy=4, memory_share=0.05))
+    local = generate(
+        *tiny_local,
+        PROMPT,
+        6,
+        method="h2o",
+        h2o=H2OConfig(chunk_size=32, batch_size=64, local=4, heavy=4, memory_share=0.05),
+    )
     assert shared == local
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"keep_mass": 1.5}, "keep_mass"), ({"keep_mass": 0.5, "mass_floor": 0}, "mass_floor"),
-    ({"keep_mass": 0.5, "mass_ceiling": 1.2}, "mass_ceiling"), ({"mass_floor": 0.1}, "mass_floor"),
-    ({"mass_ceiling": 0.4}, "mass_ceiling"), ({"keep_ratio": 0.2, "mass_floor": 0.1}, "mass_floor"),
-    ({"keep_mass": 0.5, "keep_tokens": 10}, "keep_tokens"), ({"neighbours": -1}, "neighbours"),
-    ({"lookahead_reduction": "sum"}, "lookahead_reduction"), ({"lookahead_reduction": "max", "lookahead": 2}, None),
-    ({"h2o_memory_share": 1.0, "method": "h2o"}, "h2o_memory_share"),
-    ({"keep_mass": "x"}, "keep_mass"), ({"neighbours": 1.5}, "neighbours"),
-])
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"keep_mass": 1.5}, "keep_mass"),
+        ({"keep_mass": 0.5, "mass_floor": 0}, "mass_floor"),
+        ({"keep_mass": 0.5, "mass_ceiling": 1.2}, "mass_ceiling"),
+        ({"mass_floor": 0.1}, "mass_floor"),
+        ({"mass_ceiling": 0.4}, "mass_ceiling"),
+        ({"keep_ratio": 0.2, "mass_floor": 0.1}, "mass_floor"),
+        ({"keep_mass": 0.5, "keep_tokens": 10}, "keep_tokens"),
+        ({"neighbours": -1}, "neighbours"),
+        ({"lookahead_reduction": "sum"}, "lookahead_reduction"),
+        ({"lookahead_reduction": "max", "lookahead": 2}, None),
+        ({"h2o_memory_share": 1.0, "method": "h2o"}, "h2o_memory_share"),
+        ({"keep_mass": "x"}, "keep_mass"),
+        ({"neighbours": 1.5}, "neighbours"),
+    ],
+)
 def test_bad_values_name_the_field(tiny_server, fields, param):
     body = {"method": "specprefill", **fields}
     if param is None:  # both valid: served

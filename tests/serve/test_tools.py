@@ -3,6 +3,7 @@
 results reach the model's template, its <tool_call> output comes back as tool_calls (whole and
 streamed), tool_choice none / required / a named function, a malformed call as content, one 400
 naming an unknown tool field, response_format checked."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,14 @@ from specfill.serve.protocol import ChatRequest
 
 from .conftest import TOOL_KEY
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 TOOLS = [WEATHER, TIME]
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
@@ -28,8 +34,9 @@ CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 
 
 def tokenize(server, body: dict) -> dict:
-    request = urllib.request.Request(server.url + "/tokenize", data=json.dumps(body).encode(),
-                                     headers={"Authorization": f"Bearer {TOOL_KEY}"})
+    request = urllib.request.Request(
+        server.url + "/tokenize", data=json.dumps(body).encode(), headers={"Authorization": f"Bearer {TOOL_KEY}"}
+    )
     with urllib.request.urlopen(request, timeout=30) as reply:
         return json.loads(reply.read())
 
@@ -46,8 +53,11 @@ def test_tool_round_trip(c, tool_server):
     (call,) = choice.message.tool_calls
     assert call.type == "function" and call.id.startswith("call_") and call.function.name == "get_weather"
     assert json.loads(call.function.arguments) == {"city": "Paris"}
-    turn = [*ASK, choice.message.model_dump(exclude_none=True),
-            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'}]
+    turn = [
+        *ASK,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21}'},
+    ]
     second = c.chat.completions.create(model=tool_server.model, messages=turn, tools=TOOLS)
     assert second.choices[0].message.tool_calls[0].function.name == "get_weather"  # the rote model's answer
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens  # turn 1 reused
@@ -80,16 +90,25 @@ def test_tool_choice(c, tool_server):
     none = c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS, tool_choice="none")
     assert none.choices[0].message.content == CALL_TEXT  # unparsed, the special tags kept
     assert none.choices[0].message.tool_calls is None and none.choices[0].finish_reason == "stop"
-    named = c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS,
-                                      tool_choice={"type": "function", "function": {"name": "get_time"}})
+    named = c.chat.completions.create(
+        model=tool_server.model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
     (call,) = named.choices[0].message.tool_calls
     assert call.function.name == "get_time" and json.loads(call.function.arguments) == {"timezone": "UTC"}
-    required = c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS, tool_choice="required",
-                                         parallel_tool_calls=False)
+    required = c.chat.completions.create(
+        model=tool_server.model, messages=ASK, tools=TOOLS, tool_choice="required", parallel_tool_calls=False
+    )
     assert [t.function.name for t in required.choices[0].message.tool_calls] == ["get_weather"]
     with pytest.raises(openai.BadRequestError, match="not one of the request's tools"):
-        c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS,
-                                  tool_choice={"type": "function", "function": {"name": "rm_rf"}})
+        c.chat.completions.create(
+            model=tool_server.model,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "rm_rf"}},
+        )
 
 
 def test_malformed_call_is_content(c, tool_server):
@@ -98,19 +117,23 @@ def test_malformed_call_is_content(c, tool_server):
     whole = c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS, stop=["Paris"])
     assert whole.choices[0].message.content == cut and whole.choices[0].message.tool_calls is None
     assert whole.choices[0].finish_reason == "stop"
-    chunks = list(c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS, stop=["Paris"],
-                                            stream=True))
+    chunks = list(
+        c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS, stop=["Paris"], stream=True)
+    )
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == cut
     short = c.chat.completions.create(model=tool_server.model, messages=ASK, tools=TOOLS, max_tokens=1)
     assert short.choices[0].message.content == "<tool_call>" and short.choices[0].finish_reason == "length"
 
 
 def test_bad_tools_are_one_400_naming_the_field(c, tool_server, tiny_server):
-    cases = {"tools[0].function.examples": [{"type": "function", "function": {**WEATHER["function"], "examples": []}}],
-             "tools[1].cache": [WEATHER, {**TIME, "cache": True}],
-             "tools[0].type": [{"type": "custom", "custom": {"name": "x"}}],
-             "tools[0].function.parameters": [{"type": "function", "function": {"name": "f", "parameters":
-                                                                                  {"type": "objekt"}}}]}
+    cases = {
+        "tools[0].function.examples": [{"type": "function", "function": {**WEATHER["function"], "examples": []}}],
+        "tools[1].cache": [WEATHER, {**TIME, "cache": True}],
+        "tools[0].type": [{"type": "custom", "custom": {"name": "x"}}],
+        "tools[0].function.parameters": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}
+        ],
+    }
     for field, tools in cases.items():
         with pytest.raises(openai.BadRequestError) as refused:
             c.chat.completions.create(model=tool_server.model, messages=ASK, tools=tools)
@@ -136,17 +159,24 @@ def test_response_format(c, tool_server):
     parsed = c.chat.completions.parse(model=tool_server.model, messages=plain, response_format=Weather)
     assert parsed.choices[0].message.parsed == Weather(city="Paris", unit="celsius")  # the client's own check
     schema = {"type": "object", "properties": {"temperature": {"type": "number"}}, "required": ["temperature"]}
-    wrong = c.chat.completions.create(model=tool_server.model, messages=plain, response_format={
-        "type": "json_schema", "json_schema": {"name": "t", "schema": schema}})
+    wrong = c.chat.completions.create(
+        model=tool_server.model,
+        messages=plain,
+        response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
+    )
     verdict = wrong.model_extra["specfill"]["response_format"]
     assert verdict["valid"] is False and "'temperature' is a required property" in verdict["error"]
-    chunks = list(c.chat.completions.create(model=tool_server.model, messages=plain, stream=True,
-                                            response_format={"type": "json_object"}))
+    chunks = list(
+        c.chat.completions.create(
+            model=tool_server.model, messages=plain, stream=True, response_format={"type": "json_object"}
+        )
+    )
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == done.choices[0].message.content
-    for bad, field in (({"type": "xml"}, "response_format.type"),
-                       ({"type": "json_schema", "json_schema": {"schema": {"type": 5}}},
-                        "response_format.json_schema.schema"),
-                       ({"type": "json_object", "strict": True}, "response_format.strict")):
+    for bad, field in (
+        ({"type": "xml"}, "response_format.type"),
+        ({"type": "json_schema", "json_schema": {"schema": {"type": 5}}}, "response_format.json_schema.schema"),
+        ({"type": "json_object", "strict": True}, "response_format.strict"),
+    ):
         with pytest.raises(openai.BadRequestError) as refused:
             c.chat.completions.create(model=tool_server.model, messages=plain, response_format=bad)
         assert refused.value.param == field, refused.value.message

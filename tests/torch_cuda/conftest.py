@@ -1,4 +1,5 @@
 """Torch backend tests run on one thread: the machine is shared and the models are tiny."""
+
 import pytest
 
 torch = pytest.importorskip("torch")

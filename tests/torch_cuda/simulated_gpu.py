@@ -6,6 +6,7 @@ launches by FakeLaunch objects: each records its grid and keyword arguments (til
 stages: the launch the GPU would get) and fills the outputs with the torch twin's result, in the
 units the real kernel writes (m in log2 units), so everything after the launch runs for real.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -52,12 +53,14 @@ class FakeLaunch:
         def launch(*args, **kwargs):
             self.launches.append((grid, kwargs))
             self.fill(args, kwargs)
+
         return launch
 
 
 def _forward_fill(args, kwargs) -> None:
     from specfill.backends.torch_cuda.kernels.inter import inter_attention_twin
     from specfill.backends.torch_cuda.kernels.intra import intra_attention_twin
+
     q, k, v, o, m, l = args[:6]
     scale = kwargs["qk_scale"] / LOG2E
     if kwargs["BLOCK_DIAGONAL"]:
@@ -72,6 +75,7 @@ def _forward_fill(args, kwargs) -> None:
 def _colsum_fill(args, kwargs) -> None:
     from specfill.backends.torch_cuda.kernels.inter import inter_attention_twin
     from specfill.backends.torch_cuda.kernels.intra import intra_attention_twin
+
     q, k, _, _, colsum = args[:5]
     scale = kwargs["qk_scale"] / LOG2E
     if kwargs["BLOCK_DIAGONAL"]:
@@ -83,6 +87,7 @@ def _colsum_fill(args, kwargs) -> None:
 
 def _scoring_fill(args, kwargs) -> None:
     from specfill.backends.torch_cuda.kernels.scoring import attention_scores_twin
+
     queries, keys, probs = args[:3]
     scale = args[-1] / LOG2E
     probs.copy_(attention_scores_twin(queries, keys, scale))
@@ -93,8 +98,12 @@ def simulated(monkeypatch, capability: tuple[int, int] = (8, 9)) -> Iterator[dic
     """{"runtime", "forward", "colsum", "scoring"}: the fake runtime and the three fake launches."""
     from specfill.backends.torch_cuda.kernels import flash_triton, scoring_triton
     from specfill.core.self_check import KERNEL_SELF_CHECK
-    fakes = {"forward": FakeLaunch(_forward_fill), "colsum": FakeLaunch(_colsum_fill),
-             "scoring": FakeLaunch(_scoring_fill)}
+
+    fakes = {
+        "forward": FakeLaunch(_forward_fill),
+        "colsum": FakeLaunch(_colsum_fill),
+        "scoring": FakeLaunch(_scoring_fill),
+    }
     monkeypatch.setattr(flash_triton, "_forward_kernel", fakes["forward"])
     monkeypatch.setattr(flash_triton, "_colsum_kernel", fakes["colsum"])
     monkeypatch.setattr(scoring_triton, "_scoring_kernel", fakes["scoring"])

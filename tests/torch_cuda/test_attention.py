@@ -1,5 +1,6 @@
 """Causal attention over the KV cache against masked SDPA, the cache's capacity check and the
 pluggable prefill attention."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,13 +11,21 @@ import torch.nn.functional as F
 from specfill.backends.torch_cuda import attention
 from specfill.backends.torch_cuda.attention import causal_attention, lower_right_causal
 from specfill.backends.torch_cuda.cache import ModelKVCache
-from specfill.core.methods.prefill import prefill
 from specfill.core.errors import PromptTooLongError
+from specfill.core.methods.prefill import prefill
 from specfill.core.models import ModelArgs
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
-ARGS = ModelArgs(architecture="llama", vocab_size=16, hidden_size=48, intermediate_size=8,
-                 num_hidden_layers=1, num_attention_heads=6, num_key_value_heads=2, head_dim=8)
+ARGS = ModelArgs(
+    architecture="llama",
+    vocab_size=16,
+    hidden_size=48,
+    intermediate_size=8,
+    num_hidden_layers=1,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    head_dim=8,
+)
 
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
@@ -59,7 +68,7 @@ def test_few_queries_cpu_path(start, steps, dtype, tolerance):
     assert out.dtype == dtype and out.shape == q.shape
     assert (out.double() - reference(q, k, v, start)).abs().max().item() <= tolerance
     scaled = attention.few_queries_cpu(q, k, v, start, scale=0.5)
-    assert (scaled.double() - reference(q, k * (0.5 * 8 ** 0.5), v, start)).abs().max().item() <= tolerance
+    assert (scaled.double() - reference(q, k * (0.5 * 8**0.5), v, start)).abs().max().item() <= tolerance
 
 
 @pytest.mark.parametrize("start,steps", [(0, 9), (7, 5)])
@@ -101,8 +110,12 @@ def test_prefill_takes_a_pluggable_attention_strategy():
 
     cache = ops.new_cache(model.model, 13)
     plugged = prefill(ops, model.model, ids, 0, cache, step_size=8, attend=Recording())
-    assert calls == [(0, (1, 4, 8, 24), (1, 2, 8, 24)), (1, (1, 4, 8, 24), (1, 2, 8, 24)),
-                     (0, (1, 4, 4, 24), (1, 2, 12, 24)), (1, (1, 4, 4, 24), (1, 2, 12, 24))]
+    assert calls == [
+        (0, (1, 4, 8, 24), (1, 2, 8, 24)),
+        (1, (1, 4, 8, 24), (1, 2, 8, 24)),
+        (0, (1, 4, 4, 24), (1, 2, 12, 24)),
+        (1, (1, 4, 4, 24), (1, 2, 12, 24)),
+    ]
     torch.testing.assert_close(plugged, model(ids)[0, -1:], rtol=0, atol=1e-5)
     ops.forward(model.model, ops.tokens(np.array([3])), 12, cache, None, 0)
     assert len(calls) == 4  # decode did not go through the prefill strategy
@@ -120,13 +133,14 @@ def test_windowed_few_queries_cpu_matches_masked_sdpa(steps):
     """Sliding-window decode / verify on CPU (few_queries_cpu with the window's mask) against
     masked SDPA in float64, with position gaps (SpecPrefill's kept tokens) in the cache."""
     gen = torch.Generator().manual_seed(steps)
-    key_positions = torch.tensor([0, 1, 5, 9, 10, 11, 20, 21, 22][:6 + steps])
+    key_positions = torch.tensor([0, 1, 5, 9, 10, 11, 20, 21, 22][: 6 + steps])
     q_positions = key_positions[-steps:]
     q = torch.randn(1, 6, steps, 8, generator=gen)
     k, v = (torch.randn(1, 2, key_positions.numel(), 8, generator=gen) for _ in range(2))
     out = attention.windowed_attention(q, k, v, None, 4, q_positions, key_positions)
     distance = q_positions[:, None] - key_positions[None, :]
     mask = (distance >= 0) & (distance < 4)
-    expected = F.scaled_dot_product_attention(q.double(), k.double().repeat_interleave(3, 1),
-                                              v.double().repeat_interleave(3, 1), attn_mask=mask)
+    expected = F.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(3, 1), v.double().repeat_interleave(3, 1), attn_mask=mask
+    )
     assert (out.double() - expected).abs().max().item() <= 1e-5

@@ -1,5 +1,6 @@
 """Tiny GGUF and safetensors checkpoints on disk -> our torch model, against transformers
 loading the same values (the fixtures write identical values to both formats)."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,12 +8,16 @@ import torch
 import transformers
 
 from specfill.backends.torch_cuda import from_weights
-from specfill.core.driver import CausalLM
 from specfill.core.io.weights import load_weights
 from tests.torch_cuda.tiny_torch_models import prompt_ids
 
-CASES = [("llama", {}), ("qwen2", {}), ("qwen3", {}), ("llama", {"llama3_rope": True}),
-         ("qwen3", {"tie_word_embeddings": True})]
+CASES = [
+    ("llama", {}),
+    ("qwen2", {}),
+    ("qwen3", {}),
+    ("llama", {"llama3_rope": True}),
+    ("qwen3", {"tie_word_embeddings": True}),
+]
 
 
 def transformers_logits(directory, ids: list[int]) -> torch.Tensor:
@@ -30,6 +35,5 @@ def test_gguf_and_safetensors_match_transformers(tiny_checkpoint, arch, options)
     assert expected.abs().max() > 0.1  # not a degenerate model
     for fmt in ("gguf", "safetensors"):
         args, weights = load_weights(tiny_checkpoint(arch, fmt, **options))
-        model = from_weights(args, weights, dtype=torch.float32, device="cpu",
-                                           prefill_step_size=24)
+        model = from_weights(args, weights, dtype=torch.float32, device="cpu", prefill_step_size=24)
         assert (model(ids) - expected).abs().max().item() <= 1e-4, fmt

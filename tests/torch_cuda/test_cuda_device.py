@@ -1,5 +1,6 @@
 """The same model on a CUDA GPU (skipped where torch sees none): fp32 parity with transformers on
 CPU, the lower-right causal path of multi-step prefill, greedy decode, bf16 sanity, memory."""
+
 from __future__ import annotations
 
 import pytest
@@ -13,8 +14,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA G
 
 
 def on_cuda(tiny, dtype=torch.float32, step=2048):
-    return from_weights(tiny.args, tiny.weights, dtype=dtype, device="cuda",
-                                      prefill_step_size=step)
+    return from_weights(tiny.args, tiny.weights, dtype=dtype, device="cuda", prefill_step_size=step)
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -33,9 +33,18 @@ def test_cuda_greedy_is_step_independent_and_reports_memory():
     runs = []
     for step in (2048, 8):
         model = on_cuda(tiny, step=step)
-        runs.append(list(model.generate_step(ids, max_tokens=8, sampling=SamplingConfig(),
-                                             stop_ids=frozenset(), method=PrefillMethod(),
-                                             info=GenerationInfo())))
+        runs.append(
+            list(
+                model.generate_step(
+                    ids,
+                    max_tokens=8,
+                    sampling=SamplingConfig(),
+                    stop_ids=frozenset(),
+                    method=PrefillMethod(),
+                    info=GenerationInfo(),
+                )
+            )
+        )
     assert runs[0] == runs[1] == tiny.hf_greedy(ids, 8)
     assert model.peak_memory_gb() > 0
 

@@ -6,6 +6,7 @@ dispatchers with their first-use self-checks, each launch's tiles for the GPU's 
 (up to the launch, whose outputs the twin fills), timing synchronisation, memory reporting and
 doctor's GPU facts. Results must equal the plain CPU run's.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,19 +18,23 @@ from specfill.backends.torch_cuda.kernels.dispatch import triton_installed
 from specfill.backends.torch_cuda.kernels.tiles import flash_tiles, scoring_tiles
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import GenerationInfo, PrefillMethod
+from tests.methods.support import greedy
 from tests.torch_cuda.simulated_gpu import simulated
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
-from tests.methods.support import greedy
 
 pytestmark = pytest.mark.skipif(not triton_installed(), reason="Triton is not installed (Linux only)")
 
 H2O = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0))
-SPEC = PrefillMethod("specprefill", speculator="self:1",
-                     specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8, pool_kernel=3))
+SPEC = PrefillMethod(
+    "specprefill",
+    speculator="self:1",
+    specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8, pool_kernel=3),
+)
 
 
 def test_device_and_dtype_choice(monkeypatch):
     from specfill.backends.torch_cuda.conformance import make_adapter
+
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
     with simulated(monkeypatch):
         assert cuda_available() and resolve_device(None) == torch.device("cuda")
@@ -39,11 +44,14 @@ def test_device_and_dtype_choice(monkeypatch):
         assert make_adapter(device="cpu", use_kernels=True).ops.use_kernels is True
 
 
-@pytest.mark.parametrize("capability,dtype", [((8, 6), torch.float32), ((8, 9), torch.bfloat16),
-                                              ((9, 0), torch.float16), ((8, 7), torch.float32)])
+@pytest.mark.parametrize(
+    "capability,dtype",
+    [((8, 6), torch.float32), ((8, 9), torch.bfloat16), ((9, 0), torch.float16), ((8, 7), torch.float32)],
+)
 def test_attention_launches_take_the_gpus_tiles(monkeypatch, capability, dtype):
     from specfill.backends.torch_cuda.kernels import inter_attention, intra_attention
     from specfill.backends.torch_cuda.kernels.intra import intra_attention_twin
+
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(shape, generator=gen).to(dtype) for shape in ((4, 40, 80), (2, 40, 80), (2, 40, 80)))
     want = intra_attention_twin(q, k, v, 16, 0.1, True)
@@ -65,13 +73,18 @@ def test_attention_launches_take_the_gpus_tiles(monkeypatch, capability, dtype):
 
 def test_scoring_launch_takes_the_gpus_tiles(monkeypatch):
     from specfill.backends.torch_cuda.kernels import attention_scores, attention_scores_twin
+
     gen = torch.Generator().manual_seed(4)
     queries, keys = torch.randn(2, 3, 8, 128, generator=gen), torch.randn(2, 2, 50, 128, generator=gen)
     with simulated(monkeypatch, (8, 6)) as gpu:
         got = attention_scores(queries, keys, 0.09)
     grid, launch = gpu["scoring"].launches[-1]
     tiles = scoring_tiles(4 * 3, 128, torch.float32, 86)
-    assert (launch["BLOCK_R"], launch["BLOCK_N"], launch["num_warps"]) == (tiles.block_m, tiles.block_n, tiles.num_warps)
+    assert (launch["BLOCK_R"], launch["BLOCK_N"], launch["num_warps"]) == (
+        tiles.block_m,
+        tiles.block_n,
+        tiles.num_warps,
+    )
     assert grid == (2, 2, 1)
     torch.testing.assert_close(got, attention_scores_twin(queries, keys, 0.09))
 
@@ -98,6 +111,7 @@ def test_model_methods_and_decode_on_a_simulated_gpu(monkeypatch):
 
 def test_doctor_reports_the_gpu(monkeypatch):
     from specfill.evaluation.doctor import kernel_skip_reason, torch_facts
+
     with simulated(monkeypatch, (8, 7)):
         facts = torch_facts()
     assert facts["cuda_available"] and facts["gpu"] == "Simulated GPU" and facts["gpu_memory_gb"] == 24.0

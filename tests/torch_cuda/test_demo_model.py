@@ -1,13 +1,14 @@
 """The real SmolLM2-135M-Instruct Q4_1 GGUF: our torch backend against HF transformers loading the
 same GGUF (fp32), and the errors a bad model path gives."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from specfill.backends.torch_cuda import load
-from specfill.core.io.demo_model import require_demo_model
 from specfill.core.errors import ModelLoadError, SpecfillError
+from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
 PROMPT = (
@@ -40,8 +41,7 @@ def demo():
         pytest.skip(f"demo model not available: {err}")
     transformers = pytest.importorskip("transformers")
     model, tokenizer = load(path, dtype="float32", device="cpu")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                          dtype=torch.float32)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     ids = tokenizer.encode(PROMPT)
     return model, tokenizer, hf.eval(), ids
 
@@ -60,20 +60,41 @@ def test_logits_match_transformers_on_the_same_gguf(demo):
 def test_greedy_32_tokens_match_transformers(demo):
     model, _, hf, ids = demo
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                          max_new_tokens=32, do_sample=False, eos_token_id=[], pad_token_id=2)
-    expected = out[0, len(ids):].tolist()
-    ours = list(model.generate_step(ids, max_tokens=32, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                    method=PrefillMethod(), info=GenerationInfo()))
+        out = hf.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=32,
+            do_sample=False,
+            eos_token_id=[],
+            pad_token_id=2,
+        )
+    expected = out[0, len(ids) :].tolist()
+    ours = list(
+        model.generate_step(
+            ids,
+            max_tokens=32,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
+    )
     assert len(expected) == 32 and ours == expected
 
 
 def test_prompt_longer_than_the_context(demo):
     model, _, _, _ = demo
-    with pytest.raises(SpecfillError, match="prompt of 8190 tokens plus max_tokens 8 exceeds the "
-                                            "model's context of 8192 tokens"):
-        model.generate_step([1] * 8190, max_tokens=8, sampling=SamplingConfig(), stop_ids=frozenset(),
-                            method=PrefillMethod(), info=GenerationInfo())
+    with pytest.raises(
+        SpecfillError, match="prompt of 8190 tokens plus max_tokens 8 exceeds the model's context of 8192 tokens"
+    ):
+        model.generate_step(
+            [1] * 8190,
+            max_tokens=8,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
 
 
 def test_missing_and_corrupt_files_are_load_errors(tmp_path):

@@ -1,4 +1,5 @@
 """Sampling, the CausalLM contract and its errors on a tiny random model."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -9,21 +10,33 @@ import torch
 
 from specfill.backends.torch_cuda import from_weights, resolve_device, resolve_dtype
 from specfill.backends.torch_cuda.sampling import make_generator, sample
-from specfill.core.errors import (BackendUnavailableError, ConfigError, ModelLoadError,
-                                  PromptTooLongError)
 from specfill.core.driver import CausalLM
+from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError, PromptTooLongError
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 GREEDY = SamplingConfig()
 
 
-def run(model: CausalLM, ids: list[int], max_tokens: int, *, sampling: SamplingConfig = GREEDY,
-        stop_ids: frozenset[int] = frozenset(), info: GenerationInfo | None = None) -> list[int]:
-    return list(model.generate_step(ids, max_tokens=max_tokens, sampling=sampling,
-                                    stop_ids=stop_ids, method=PrefillMethod(),
-                                    info=info or GenerationInfo()))
+def run(
+    model: CausalLM,
+    ids: list[int],
+    max_tokens: int,
+    *,
+    sampling: SamplingConfig = GREEDY,
+    stop_ids: frozenset[int] = frozenset(),
+    info: GenerationInfo | None = None,
+) -> list[int]:
+    return list(
+        model.generate_step(
+            ids,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            method=PrefillMethod(),
+            info=info or GenerationInfo(),
+        )
+    )
 
 
 def test_is_a_causal_lm_and_accepts_lists_and_tensors():
@@ -44,7 +57,7 @@ def test_generate_step_is_greedy_reports_info_and_stops_on_eos():
     assert len(tokens) == 10 and info.prompt_tokens == 20 and info.kept_tokens == 20
     assert tokens[0] == int(model(ids)[0, -1].argmax())
     stop_at = 3 + next(i for i, t in enumerate(tokens[3:]) if t not in tokens[:3])
-    assert run(model, ids, 10, stop_ids=frozenset({tokens[stop_at]})) == tokens[:stop_at + 1]
+    assert run(model, ids, 10, stop_ids=frozenset({tokens[stop_at]})) == tokens[: stop_at + 1]
     assert run(model, ids, 0) == []
 
 
@@ -59,8 +72,7 @@ def test_seeded_sampling_repeats_and_differs_across_seeds():
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([0.05, 0.5, 0.3, 0.15]))
     generator = make_generator(SamplingConfig(seed=0), torch.device("cpu"))
-    draws = Counter(int(sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), generator))
-                    for _ in range(400))
+    draws = Counter(int(sample(logits, SamplingConfig(temperature=1.0, top_p=0.7), generator)) for _ in range(400))
     assert set(draws) == {1, 2}  # 0.5 + 0.3 reaches 0.7; tokens 3 and 0 are cut
     assert 0.5 < draws[1] / 400 < 0.75  # renormalised 0.625
     plain = Counter(int(sample(logits, SamplingConfig(temperature=1.0), generator)) for _ in range(400))
@@ -75,16 +87,24 @@ def test_low_temperature_sampling_is_greedy():
 
 def test_prompt_too_long_names_the_numbers():
     model = make_tiny("llama").ours()  # max_position_embeddings 256
-    with pytest.raises(PromptTooLongError, match="prompt of 250 tokens plus max_tokens 10 exceeds "
-                                                 "the model's context of 256 tokens"):
+    with pytest.raises(
+        PromptTooLongError, match="prompt of 250 tokens plus max_tokens 10 exceeds the model's context of 256 tokens"
+    ):
         run(model, prompt_ids(250), 10)
     with pytest.raises(PromptTooLongError, match="257 tokens"):
         model(prompt_ids(257))
 
 
-@pytest.mark.parametrize("ids,match", [([], "non-empty"), ([[1, 2], [3, 4]], "batch 1"),
-                                       ([1, 128], "token id 128 is outside the vocabulary"),
-                                       ([-1, 3], "token id -1"), ([1.5, 2.0], "integers")])
+@pytest.mark.parametrize(
+    "ids,match",
+    [
+        ([], "non-empty"),
+        ([[1, 2], [3, 4]], "batch 1"),
+        ([1, 128], "token id 128 is outside the vocabulary"),
+        ([-1, 3], "token id -1"),
+        ([1.5, 2.0], "integers"),
+    ],
+)
 def test_bad_token_ids(ids, match):
     model = make_tiny("llama").ours()
     with pytest.raises(ConfigError, match=match):
@@ -93,8 +113,10 @@ def test_bad_token_ids(ids, match):
 
 def test_bad_weights_are_load_errors():
     tiny = make_tiny("qwen2")
-    load = lambda weights: from_weights(tiny.args, weights, dtype=torch.float32,
-                                                      device="cpu")
+
+    def load(weights):
+        return from_weights(tiny.args, weights, dtype=torch.float32, device="cpu")
+
     missing = {k: v for k, v in tiny.weights.items() if k != "model.layers.1.self_attn.k_proj.bias"}
     with pytest.raises(ModelLoadError, match="missing 1 tensors: model.layers.1.self_attn.k_proj.bias"):
         load(missing)
@@ -125,7 +147,15 @@ def test_device_and_dtype_resolution():
 def test_progress_is_reported_after_each_prefill_step():
     model = make_tiny("qwen2", seed=12).ours(step=8)
     seen = []
-    tokens = list(model.generate_step(prompt_ids(20, seed=12), max_tokens=2, sampling=GREEDY,
-                                      stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo(),
-                                      progress=lambda done, total: seen.append((done, total))))
+    tokens = list(
+        model.generate_step(
+            prompt_ids(20, seed=12),
+            max_tokens=2,
+            sampling=GREEDY,
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+            progress=lambda done, total: seen.append((done, total)),
+        )
+    )
     assert seen == [(8, 20), (16, 20), (20, 20)] and len(tokens) == 2

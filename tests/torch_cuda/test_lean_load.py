@@ -1,4 +1,5 @@
 """Lean GGUF loading (backends/torch_cuda/lean_load.py) gives exactly the shared loader's model."""
+
 import os
 
 import pytest
@@ -46,8 +47,9 @@ def test_lean_types_and_tied_embeddings(tiny_checkpoint, quant):
 def test_load_takes_the_lean_path_for_gguf_only(tiny_checkpoint, monkeypatch):
     calls = []
     real = lean_load.load_gguf_state
-    monkeypatch.setattr("specfill.backends.torch_cuda.loader.load_gguf_state",
-                        lambda *a: calls.append(a[0]) or real(*a))
+    monkeypatch.setattr(
+        "specfill.backends.torch_cuda.loader.load_gguf_state", lambda *a: calls.append(a[0]) or real(*a)
+    )
     gguf_path = tiny_checkpoint("qwen2", "gguf")
     model, _ = load(gguf_path, dtype="bfloat16", device="cpu")
     assert calls == [gguf_path] and model.dtype == torch.bfloat16

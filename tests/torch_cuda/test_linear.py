@@ -3,6 +3,7 @@
 Tolerance: the two orders sum the same products differently; fp32 rounding over 256 terms of
 unit-scale values stays below 1e-4 absolute (measured ~1e-6), so 1e-4 catches any wrong product.
 """
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,7 @@ def test_state_dict_is_nn_linears():
 
 def test_torch_ops_verify_scope_is_the_few_row_products():
     from specfill.backends.torch_cuda.ops import TorchOps
+
     lin, x = layer(False), torch.randn(1, 5, 256)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         with TorchOps(torch.device("cpu"), torch.float32).verify_scope():

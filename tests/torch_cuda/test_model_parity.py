@@ -1,4 +1,5 @@
 """The torch model against transformers' own Llama / Qwen2 / Qwen3 with the same weights."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -8,12 +9,17 @@ import torch
 from specfill.core.errors import ModelLoadError
 from specfill.core.methods.prefill import prefill
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 ARCHS = ["llama", "qwen2", "qwen3"]
-LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 50000.0, "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 50000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -27,8 +33,7 @@ def test_logits_match_transformers(arch, tie):
     assert (ours - tiny.hf_logits(ids)).abs().max().item() <= 1e-4
 
 
-@pytest.mark.parametrize("rope", [LLAMA3_ROPE, {"rope_type": "linear", "rope_theta": 1000.0,
-                                                "factor": 4.0}])
+@pytest.mark.parametrize("rope", [LLAMA3_ROPE, {"rope_type": "linear", "rope_theta": 1000.0, "factor": 4.0}])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_rope_scaling_matches_transformers(arch, rope):
     tiny = make_tiny(arch, seed=2, rope_parameters=rope)
@@ -53,8 +58,9 @@ def test_non_contiguous_positions_then_decode(arch):
     model = tiny.ours()
     ops = model.ops
     cache = ops.new_cache(model.model, 8)
-    kept = prefill(ops, model.model, ops.tokens(np.array(ids[:5])), np.array(positions[:5]), cache,
-                   step_size=2048, logits_from=0)
+    kept = prefill(
+        ops, model.model, ops.tokens(np.array(ids[:5])), np.array(positions[:5]), cache, step_size=2048, logits_from=0
+    )
     assert cache.filled == 5
     decoded = ops.forward(model.model, ops.tokens(np.array([ids[5]])), 10, cache, None, 0)[-1]
     assert (kept - reference[:5]).abs().max().item() <= 1e-4
@@ -79,8 +85,16 @@ def test_greedy_decode_matches_transformers_generate(arch):
     expected = tiny.hf_greedy(ids, 12)
     for step in (2048, 8):  # one-step and multi-step prefill give the same tokens
         model = tiny.ours(step=step)
-        tokens = list(model.generate_step(ids, max_tokens=12, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                          method=PrefillMethod(), info=GenerationInfo()))
+        tokens = list(
+            model.generate_step(
+                ids,
+                max_tokens=12,
+                sampling=SamplingConfig(),
+                stop_ids=frozenset(),
+                method=PrefillMethod(),
+                info=GenerationInfo(),
+            )
+        )
         assert tokens == expected
 
 

@@ -1,4 +1,5 @@
 """The roofline model (evaluation/roofline.py) and the rate measurement it is checked with."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,9 @@ def test_sparse_methods_beat_full_at_long_prompts_and_grow_with_length():
     for tokens in (8192, 131072):
         full = predict(LLAMA_8B, DEVICES["rtx4090"], tokens, Method("full"))["ttft"]
         h2o = predict(LLAMA_8B, DEVICES["rtx4090"], tokens, Method("h2o"))["ttft"]
-        spec = predict(LLAMA_8B, DEVICES["rtx4090"], tokens,
-                       Method("specprefill", speculator=LLAMA_8B.first_layers(8)))["ttft"]
+        spec = predict(
+            LLAMA_8B, DEVICES["rtx4090"], tokens, Method("specprefill", speculator=LLAMA_8B.first_layers(8))
+        )["ttft"]
         assert h2o < full and spec < full
         speedups.append(full / h2o)
     assert speedups[1] > speedups[0]
@@ -45,6 +47,7 @@ def test_an_unknown_method_is_a_clear_error():
 
 def test_measured_torch_rates_are_positive_and_named():
     from specfill.evaluation.rates import torch_rates
+
     rates = torch_rates(TINY, step=32, context=64, repeats=1)
     assert rates.gemm > 0 and rates.attention > 0 and rates.bandwidth > 0
     assert rates.name.startswith("torch cpu float32")

@@ -1,18 +1,17 @@
 """Mistral (every layer slides) and Gemma 3 (sliding and global layers, q/k norms, sandwich
 norms, scaled embeddings, GELU-tanh, its own query scale and local RoPE base) against
 transformers' own models and against the NumPy reference's dense window mask."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 from specfill.core.methods.prefill import prefill
 from specfill.core.reference.model import ReferenceModel
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
 FAMILIES = ["mistral", "gemma3"]
@@ -35,7 +34,7 @@ def test_gemma3_layer_kinds():
     args = make_tiny("gemma3").args
     assert [args.layer_window(i) for i in range(3)] == [8, None, 8]
     assert [args.local_rope(i) for i in range(3)] == [True, False, True]
-    assert args.attention_scale == pytest.approx(20 ** -0.5) and args.embedding_scale == pytest.approx(8.0)
+    assert args.attention_scale == pytest.approx(20**-0.5) and args.embedding_scale == pytest.approx(8.0)
     assert args.rope_theta == 1e6 and args.rope_local_theta == 1e4 and args.tie_word_embeddings
 
 
@@ -50,8 +49,9 @@ def test_window_counts_original_positions_in_a_sparse_cache(arch):
     model = tiny.ours()
     ops = model.ops
     cache = ops.new_cache(model.model, 16)
-    kept = prefill(ops, model.model, ops.tokens(np.array(ids[:11])), np.array(positions[:11]), cache,
-                   step_size=4, logits_from=0)
+    kept = prefill(
+        ops, model.model, ops.tokens(np.array(ids[:11])), np.array(positions[:11]), cache, step_size=4, logits_from=0
+    )
     decoded = ops.forward(model.model, ops.tokens(np.array([ids[11]])), 30, cache, None, 0)[-1]
     assert np.abs(kept.numpy() - reference[:11]).max() <= 1e-4
     assert np.abs(decoded.numpy() - reference[11]).max() <= 1e-4
@@ -65,6 +65,14 @@ def test_greedy_decode_past_the_window_matches_transformers_generate(arch):
     tiny = make_tiny(arch, seed=5)
     ids = prompt_ids(13, seed=5)
     expected = tiny.hf_greedy(ids, 10)
-    tokens = list(tiny.ours(step=4).generate_step(ids, max_tokens=10, sampling=SamplingConfig(), stop_ids=frozenset(),
-                                                  method=PrefillMethod(), info=GenerationInfo()))
+    tokens = list(
+        tiny.ours(step=4).generate_step(
+            ids,
+            max_tokens=10,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=GenerationInfo(),
+        )
+    )
     assert tokens == expected

@@ -5,6 +5,7 @@ runs this file in a subprocess, under TRITON_INTERPRET=1 with CPU tensors when t
 (Triton decides at decoration time whether it interprets), on CUDA otherwise. Shapes stay tiny:
 the interpreter runs every tile in NumPy.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -12,7 +13,7 @@ import warnings
 import pytest
 import torch
 
-from specfill.backends.torch_cuda.kernels import attention_scores, inter_attention, intra_attention, choose_kernel
+from specfill.backends.torch_cuda.kernels import attention_scores, choose_kernel, inter_attention, intra_attention
 from specfill.backends.torch_cuda.kernels.flash_triton import flash_attention
 from specfill.backends.torch_cuda.kernels.scoring_triton import scoring_softmax
 from specfill.conformance import CHECK_GROUPS, run_group
@@ -171,8 +172,12 @@ def test_speculative_importance_with_kernels_matches_twins():
 
 
 # the whole-layer group is the slow one in the interpreter: fp16 layers are covered above
-CONFORMANCE = [(group, dtype) for group in CHECK_GROUPS for dtype in ("float32", "float16")
-               if not (group == "h2o.layer" and dtype == "float16" and DEVICE == "cpu")]
+CONFORMANCE = [
+    (group, dtype)
+    for group in CHECK_GROUPS
+    for dtype in ("float32", "float16")
+    if not (group == "h2o.layer" and dtype == "float16" and DEVICE == "cpu")
+]
 
 
 @pytest.mark.parametrize("group,dtype", CONFORMANCE)

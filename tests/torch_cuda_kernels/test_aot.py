@@ -4,6 +4,7 @@ A few cells of scripts/aot_matrix.py's matrix are compiled for sm_89 (the 99 KB-
 target, where tiles are tightest) in a subprocess (TRITON_INTERPRET must be unset when Triton
 decorates the kernels); the committed full matrix must cover today's tile table with no failure.
 """
+
 import importlib.util
 import json
 import os
@@ -15,7 +16,13 @@ import pytest
 import torch
 
 from specfill.backends.torch_cuda.kernels.tiles import (
-    ARCH_LIMITS, Tiles, architecture, flash_tiles, resident_blocks, scoring_tiles)
+    ARCH_LIMITS,
+    Tiles,
+    architecture,
+    flash_tiles,
+    resident_blocks,
+    scoring_tiles,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = ROOT / "results" / "gpu" / "aot" / "aot_matrix.json"
@@ -34,6 +41,7 @@ def _cuda_compiler_missing() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "Triton is not installed (Linux only)"
     from triton import knobs
+
     try:
         ptxas = knobs.nvidia.ptxas.path
     except (RuntimeError, OSError, AttributeError) as error:  # the NVIDIA backend's tool lookup
@@ -58,6 +66,7 @@ def test_kernels_compile_for_sm89_without_spills():
 def test_committed_matrix_covers_todays_tiles_without_failures():
     """A change to tiles.py must come with a re-run of scripts/aot_matrix.py."""
     from specfill.backends.torch_cuda.kernels.aot import all_cells
+
     rows = {row["cell"]: row for row in json.loads(MATRIX.read_text())["cells"]}
     cells = all_cells()
     assert len(cells) == len(rows) == 525

@@ -1,4 +1,5 @@
 """Work units of the torch twins on CPU threads: same results at any thread count, settings restored."""
+
 import threading
 
 import pytest
@@ -67,12 +68,15 @@ def test_twins_give_the_same_bits_with_one_or_two_threads(monkeypatch, block):
     for threads in (1, 2):
         torch.set_num_threads(threads)
         try:
-            results.append((intra.intra_attention_twin(q, k, v, 25, 0.3),
-                            inter.inter_attention_twin(q, k_mem, v_mem, 0.3)))
+            results.append(
+                (intra.intra_attention_twin(q, k, v, 25, 0.3), inter.inter_attention_twin(q, k_mem, v_mem, 0.3))
+            )
         finally:
             torch.set_num_threads(previous)
     for one, two in zip(*results):
-        for a, b in zip([one.state.m, one.state.l, one.state.o, one.colsum], [two.state.m, two.state.l, two.state.o, two.colsum]):
+        for a, b in zip(
+            [one.state.m, one.state.l, one.state.o, one.colsum], [two.state.m, two.state.l, two.state.o, two.colsum]
+        ):
             assert torch.equal(a, b)
 
 

@@ -1,4 +1,5 @@
 """Kernel-or-twin dispatch, the conformance adapter's errors, and the twins at float64."""
+
 import os
 import subprocess
 import sys
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from specfill.backends.torch_cuda.conformance import make_adapter
-from specfill.backends.torch_cuda.kernels import intra_attention, kernel_unavailable_reason, choose_kernel
+from specfill.backends.torch_cuda.kernels import choose_kernel, intra_attention, kernel_unavailable_reason
 from specfill.backends.torch_cuda.kernels.dispatch import interpreting, triton_installed
 from specfill.conformance import CHECK_GROUPS, run_group
 from specfill.core import BackendUnavailableError
@@ -17,12 +18,14 @@ CPU_ONLY = not torch.cuda.is_available() and not interpreting()
 
 
 def test_cpu_tensors_use_the_twin_and_never_import_triton():
-    code = ("import sys, torch\n"
-            "from specfill.backends.torch_cuda.kernels import intra_attention, attention_scores\n"
-            "q = torch.randn(2, 9, 16)\n"
-            "intra_attention(q, q, q, 4, 0.25)\n"
-            "attention_scores(torch.randn(1, 3, 2, 16), q[None], 0.25)\n"
-            "assert 'triton' not in sys.modules, 'the twin path imported triton'\n")
+    code = (
+        "import sys, torch\n"
+        "from specfill.backends.torch_cuda.kernels import intra_attention, attention_scores\n"
+        "q = torch.randn(2, 9, 16)\n"
+        "intra_attention(q, q, q, 4, 0.25)\n"
+        "attention_scores(torch.randn(1, 3, 2, 16), q[None], 0.25)\n"
+        "assert 'triton' not in sys.modules, 'the twin path imported triton'\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
 

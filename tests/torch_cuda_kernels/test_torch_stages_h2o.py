@@ -1,4 +1,5 @@
 """The torch H2O layer (twins, CPU) against the core's oracle, reference and plain attention."""
+
 import warnings
 
 import numpy as np
@@ -59,8 +60,9 @@ def test_batch_by_batch_with_carry_equals_whole_layer():
     carry, outs = H2OCarry(scores=torch.zeros(2, 0, dtype=torch.float64)), []
     for start in range(0, 45, 16):
         end = min(start + 16, 45)
-        out, carry = h2o.h2o_attention_batch(torch_ops(), q[:, start:end], k[:, :end], v[:, :end], carry, config,
-                                             0.4, is_last=end == 45)
+        out, carry = h2o.h2o_attention_batch(
+            torch_ops(), q[:, start:end], k[:, :end], v[:, :end], carry, config, 0.4, is_last=end == 45
+        )
         outs.append(out)
     torch.testing.assert_close(torch.cat(outs, dim=1), whole.output, rtol=0, atol=1e-12)
     torch.testing.assert_close(carry.scores, whole.scores, rtol=0, atol=1e-12)
@@ -72,8 +74,9 @@ def test_misaligned_batch_is_rejected():
     q, k, v = _qkv(20, 2, 1)
     carry = H2OCarry(scores=torch.zeros(1, 5, dtype=torch.float64))
     with pytest.raises(ValueError, match="chunk boundary"):
-        h2o.h2o_attention_batch(torch_ops(), q[:, 5:13], k, v, carry, H2OConfig(8, 8, 2, 2, dense_tail=0), 0.4,
-                                is_last=False)
+        h2o.h2o_attention_batch(
+            torch_ops(), q[:, 5:13], k, v, carry, H2OConfig(8, 8, 2, 2, dense_tail=0), 0.4, is_last=False
+        )
 
 
 @pytest.mark.parametrize("n", [1, 7, 8])

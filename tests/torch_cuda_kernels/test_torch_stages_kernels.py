@@ -4,6 +4,7 @@ subprocess: on CUDA when there is a GPU, else in Triton's interpreter on CPU ten
 A subprocess because Triton reads TRITON_INTERPRET when it decorates a kernel: this process may
 already have imported the kernels (or must keep running them on a GPU).
 """
+
 import os
 import subprocess
 import sys
@@ -22,7 +23,12 @@ def test_triton_kernels_match_twins_and_conform():
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env["TRITON_INTERPRET"] = "1"
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
-                         env=env, capture_output=True, text=True, timeout=900)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-2000:]

@@ -1,5 +1,6 @@
 """Torch speculative-prefill scoring (twins, CPU) against the NumPy reference; selection runs on
 the host for every backend (core/reference/specprefill.py)."""
+
 import numpy as np
 import pytest
 import torch
@@ -23,8 +24,10 @@ CONFIGS = [
 
 
 def _capture(n_layers=4, n_queries=5, hq=6, hkv=2, prompt=150, dtype=torch.float64, seed=0):
-    return (randn(n_layers, n_queries, hq, 16, dtype=dtype, seed=seed),
-            randn(n_layers, hkv, prompt, 16, dtype=dtype, seed=seed + 1))
+    return (
+        randn(n_layers, n_queries, hq, 16, dtype=dtype, seed=seed),
+        randn(n_layers, hkv, prompt, 16, dtype=dtype, seed=seed + 1),
+    )
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.layers},{c.head_reduction},{c.pool_kernel}")

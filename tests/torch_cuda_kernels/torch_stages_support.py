@@ -1,4 +1,5 @@
 """Shared helpers of the torch-backend stage tests (imported by the test modules next to it)."""
+
 from __future__ import annotations
 
 import torch
@@ -33,13 +34,15 @@ def torch_ops(use_kernels: bool | None = False, device: str | torch.device = "cp
     return TorchOps(torch.device(device), torch.float32, use_kernels)
 
 
-def h2o_layer(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: H2OConfig, scale: float,
-              use_kernels: bool | None = False) -> H2OLayerResult:
+def h2o_layer(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, config: H2OConfig, scale: float, use_kernels: bool | None = False
+) -> H2OLayerResult:
     """The core's one H2O walk over the torch ops."""
     return h2o_attention_layer(torch_ops(use_kernels, q.device), q, k, v, config, scale)
 
 
-def importance(queries: torch.Tensor, keys: torch.Tensor, config: SpecPrefillConfig, scale: float,
-               use_kernels: bool | None = False) -> torch.Tensor:
+def importance(
+    queries: torch.Tensor, keys: torch.Tensor, config: SpecPrefillConfig, scale: float, use_kernels: bool | None = False
+) -> torch.Tensor:
     """The core's layer-by-layer importance over the torch ops."""
     return token_importance(torch_ops(use_kernels, queries.device), queries, keys, config, scale)

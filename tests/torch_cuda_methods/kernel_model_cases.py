@@ -4,19 +4,19 @@ Not collected by the main run: test_kernel_model.py runs this file in a subproce
 there is a GPU, else under TRITON_INTERPRET=1 with CPU tensors (Triton decides at decoration time
 whether it interprets). Shapes stay tiny: the interpreter runs every tile in NumPy.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from specfill.backends.torch_cuda import from_weights, load
-from specfill.backends.torch_cuda.ops import TorchOps
-from specfill.core.driver import CausalLM
+from specfill.backends.torch_cuda import load
 from specfill.backends.torch_cuda.kernels import choose_kernel
+from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.config import H2OConfig, SpecPrefillConfig
+from specfill.core.driver import CausalLM
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-
 from tests.methods.support import greedy, prompt
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -37,8 +37,9 @@ def test_kernels_are_runnable_here():
 def test_h2o_with_kernels_matches_the_twins(models):
     kernels, twins = models
     ids = prompt(50, kernels.args.vocab_size, seed=11)
-    method = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0,
-                                                layers="all"))
+    method = PrefillMethod(
+        "h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=0, layers="all")
+    )
     info_k, info_t = GenerationInfo(record_memory=True), GenerationInfo(record_memory=True)
     got = kernels.prompt_logits(ids, method=method, info=info_k)
     want = twins.prompt_logits(ids, method=method, info=info_t)
@@ -52,8 +53,11 @@ def test_h2o_with_kernels_matches_the_twins(models):
 def test_speculative_prefill_with_kernels_matches_the_twins(models):
     kernels, twins = models
     ids = prompt(60, kernels.args.vocab_size, seed=12)
-    method = PrefillMethod("specprefill", speculator="self:1",
-                           specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8, pool_kernel=3))
+    method = PrefillMethod(
+        "specprefill",
+        speculator="self:1",
+        specprefill=SpecPrefillConfig(keep_ratio=0.3, lookahead=2, select_chunk=8, pool_kernel=3),
+    )
     info_k, info_t = GenerationInfo(), GenerationInfo()
     assert greedy(kernels, ids, 3, method, info_k) == greedy(twins, ids, 3, method, info_t)
     assert info_k.kept_positions == info_t.kept_positions and info_k.kept_tokens < 60

@@ -4,6 +4,7 @@ The kernel setting: use_kernels True / False forces the Metal kernel / the MLX-o
 reads SPECFILL_KERNELS (auto | on | off, unset = auto). In auto, a kernel runs only after passing
 its first-use self-check (core/self_check.py) for its dtype and shape class.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -11,9 +12,9 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
+from specfill.core.errors import BackendUnavailableError
 from specfill.core.self_check import kernels_setting
 from specfill.core.self_check_cases import CheckCases
-from specfill.core.errors import BackendUnavailableError
 
 
 def metal_available() -> bool:
@@ -21,8 +22,7 @@ def metal_available() -> bool:
     return bool(mx.metal.is_available())
 
 
-def choose_kernel(use_kernels: bool | None, stage: str,
-                      self_check: Callable[[], bool] | None = None) -> bool:
+def choose_kernel(use_kernels: bool | None, stage: str, self_check: Callable[[], bool] | None = None) -> bool:
     """None reads SPECFILL_KERNELS; auto: the Metal kernel where Metal exists and `self_check()`
     (the first-use self-check, run once per process and key) passes, else the MLX-ops twin;
     True forces the kernel (a clear error without Metal); False forces the twin."""
@@ -32,7 +32,8 @@ def choose_kernel(use_kernels: bool | None, stage: str,
     if use_kernels and not metal_available():
         raise BackendUnavailableError(
             f"the Metal kernel for {stage} needs Apple silicon with MLX's Metal back-end; "
-            "this MLX has none (use the MLX-ops twins: kernels off/auto)")
+            "this MLX has none (use the MLX-ops twins: kernels off/auto)"
+        )
     return bool(use_kernels)
 
 
@@ -54,6 +55,10 @@ def _case_random(shape: tuple[int, ...], like: mx.array, seed: int) -> mx.array:
 
 # the first-use self-check's seeded cases (core/self_check_cases.py); reading a result back
 # evaluates it, so a Metal compile or launch error surfaces inside the check
-SELF_CHECK = CheckCases("mlx", "the MLX-ops twin", _case_random,
-                        lambda x: np.asarray(x.astype(mx.float32), dtype=np.float64),
-                        lambda dtype: str(dtype).removeprefix("mlx.core."))
+SELF_CHECK = CheckCases(
+    "mlx",
+    "the MLX-ops twin",
+    _case_random,
+    lambda x: np.asarray(x.astype(mx.float32), dtype=np.float64),
+    lambda dtype: str(dtype).removeprefix("mlx.core."),
+)

@@ -1,5 +1,6 @@
 """Phase 2 of H2O: one chunk's queries attend to the previous memory set, gathered per KV head
 into k_mem/v_mem [Hkv, M, D], with no mask. Returns the state and per-slot column sums."""
+
 from __future__ import annotations
 
 from functools import cache
@@ -122,8 +123,9 @@ def _make_inter_kernel() -> tuple[object, object]:
 
 def _check(q: mx.array, k_mem: mx.array, v_mem: mx.array) -> None:
     if q.ndim != 3 or k_mem.ndim != 3 or k_mem.shape != v_mem.shape:
-        raise ValueError(f"inter attention takes q [Hq, T, D], k_mem/v_mem [Hkv, M, D]; got {q.shape}, "
-                         f"{k_mem.shape}, {v_mem.shape}")
+        raise ValueError(
+            f"inter attention takes q [Hq, T, D], k_mem/v_mem [Hkv, M, D]; got {q.shape}, {k_mem.shape}, {v_mem.shape}"
+        )
     if q.shape[2] != k_mem.shape[2] or q.shape[0] % k_mem.shape[0] != 0:
         raise ValueError(f"q {q.shape} does not match k_mem {k_mem.shape} (same D, Hq a multiple of Hkv)")
     common_dtype(q, k_mem, v_mem)
@@ -137,35 +139,52 @@ def inter_attention_kernel(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale:
     attention, colsum_kernel = _make_inter_kernel()
     template = [("InT", dtype), ("D", head_dim), ("G", n_heads // k_mem.shape[0])]
     m, l, o = attention(
-        inputs=[q, k_mem, v_mem, n_tokens, n_slots, float(scale)], template=template,
-        grid=(n_tokens, n_heads, 1), threadgroup=(min(THREADS_PER_GROUP, n_tokens), 1, 1),
+        inputs=[q, k_mem, v_mem, n_tokens, n_slots, float(scale)],
+        template=template,
+        grid=(n_tokens, n_heads, 1),
+        threadgroup=(min(THREADS_PER_GROUP, n_tokens), 1, 1),
         output_shapes=[(n_heads, n_tokens), (n_heads, n_tokens), q.shape],
-        output_dtypes=[mx.float32, mx.float32, dtype])
+        output_dtypes=[mx.float32, mx.float32, dtype],
+    )
     (colsum,) = colsum_kernel(
-        inputs=[q, k_mem, m, l, n_tokens, n_slots, float(scale)], template=template,
-        grid=(n_slots, n_heads, 1), threadgroup=(min(THREADS_PER_GROUP, n_slots), 1, 1),
-        output_shapes=[(n_heads, n_slots)], output_dtypes=[mx.float32])
+        inputs=[q, k_mem, m, l, n_tokens, n_slots, float(scale)],
+        template=template,
+        grid=(n_slots, n_heads, 1),
+        threadgroup=(min(THREADS_PER_GROUP, n_slots), 1, 1),
+        output_shapes=[(n_heads, n_slots)],
+        output_dtypes=[mx.float32],
+    )
     return InterResult(AttentionState(m, l, o), colsum)
 
 
 def key_window_visible(window: KeyWindow, n_tokens: int, n_slots: int) -> mx.array:
     """[Hkv or 1, T, M] bool: which key slot each query row sees under a sliding window."""
-    keys = mx.arange(window.key_start, window.key_start + n_slots)[None] if window.key_positions is None \
+    keys = (
+        mx.arange(window.key_start, window.key_start + n_slots)[None]
+        if window.key_positions is None
         else window.key_positions.astype(mx.int32)
+    )
     distance = (window.query_start + mx.arange(n_tokens))[None, :, None] - keys[:, None, :]
     return (distance >= 0) & (distance < window.size)
 
 
-def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
-                         window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+def inter_attention_twin(
+    q: mx.array,
+    k_mem: mx.array,
+    v_mem: mx.array,
+    scale: float,
+    window: KeyWindow | None = None,
+    terms: AttentionTerms | None = None,
+) -> InterResult:
     """The MLX-ops twin, float32, GQA by broadcasting (no repeated K/V); a sliding window hides
     the slots outside each row's window (a row seeing none gets the empty state). terms: the
     soft-cap caps the logits before the mask; sinks join the column sums' denominators only."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_slots = k_mem.shape[:2]
     qg = q.astype(mx.float32).reshape(n_kv, n_heads // n_kv, n_tokens, head_dim)
-    logits = soft_cap((qg @ k_mem.astype(mx.float32)[:, None].swapaxes(-1, -2)) * scale,
-                      softcap_of(terms))  # [Hkv, G, T, M]
+    logits = soft_cap(
+        (qg @ k_mem.astype(mx.float32)[:, None].swapaxes(-1, -2)) * scale, softcap_of(terms)
+    )  # [Hkv, G, T, M]
     if window is not None:
         logits = mx.where(key_window_visible(window, n_tokens, n_slots)[:, None], logits, -mx.inf)
     m = logits.max(axis=-1)
@@ -175,25 +194,36 @@ def inter_attention_twin(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: f
     o = weights @ v_mem.astype(mx.float32)[:, None]
     if sinks_of(terms) is not None:  # the column sums' softmax takes the sink (o above does not)
         weights = sink_weights(logits, m, sinks_of(terms).reshape(n_kv, n_heads // n_kv, 1))
-    state = AttentionState(m.reshape(n_heads, n_tokens), l.reshape(n_heads, n_tokens),
-                           o.reshape(n_heads, n_tokens, head_dim).astype(q.dtype))
+    state = AttentionState(
+        m.reshape(n_heads, n_tokens),
+        l.reshape(n_heads, n_tokens),
+        o.reshape(n_heads, n_tokens, head_dim).astype(q.dtype),
+    )
     return InterResult(state, weights.sum(axis=-2).reshape(n_heads, n_slots))
 
 
-def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
-                    use_kernel: bool | None = None, window: KeyWindow | None = None,
-                    terms: AttentionTerms | None = None) -> InterResult:
+def inter_attention(
+    q: mx.array,
+    k_mem: mx.array,
+    v_mem: mx.array,
+    scale: float,
+    use_kernel: bool | None = None,
+    window: KeyWindow | None = None,
+    terms: AttentionTerms | None = None,
+) -> InterResult:
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> InterResult. M = 0 gives the empty state
     (m = -inf, l = 0, o = 0) and no column sums, without NaN. window: a sliding layer's
     KeyWindow; the Metal kernel takes no window yet, so a window always runs the twin; nor
     attention terms (soft-cap, sinks): they run the twin too, said once."""
     _check(q, k_mem, v_mem)
-    use = choose_kernel(use_kernel, "phase-2 inter attention",
-                            self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
+    use = choose_kernel(
+        use_kernel, "phase-2 inter attention", self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0])
+    )
     n_heads, n_tokens, head_dim = q.shape
     if k_mem.shape[1] == 0 or n_tokens == 0:
-        return InterResult(empty_state(n_heads, n_tokens, head_dim, q.dtype),
-                           mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32))
+        return InterResult(
+            empty_state(n_heads, n_tokens, head_dim, q.dtype), mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32)
+        )
     terms = active_terms(terms)
     if use and terms is not None:
         note_term_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
@@ -206,9 +236,11 @@ def inter_attention(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float,
 
 def _self_check(like: mx.array, group: int) -> bool:
     """The phase-2 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
+
     def run():
         q, k_mem, v_mem = SELF_CHECK.attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5
         got = inter_attention_kernel(q, k_mem, v_mem, scale)
         return SELF_CHECK.result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale))
+
     return SELF_CHECK.kernel_passes("phase-2 inter attention", like, group, run)

@@ -4,6 +4,7 @@ For query i the keys are [chunk_start(i), i] with chunk_start(i) = (i // S) * S 
 at token 0 of the block). Returns the online-softmax state (m, l float32; o normalised, in the
 input dtype) and, per key, the column sum of the intra-only softmax over its chunk's queries.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,10 +12,10 @@ from functools import cache
 
 import mlx.core as mx
 
+from specfill.core.errors import ConfigError
 from specfill.core.self_check import note_term_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
-from specfill.core.errors import ConfigError
 
 from .dispatch import SELF_CHECK, choose_kernel, common_dtype
 from .state import AttentionState, IntraResult, sink_weights, soft_cap
@@ -131,8 +132,7 @@ def _make_intra_kernel() -> tuple[object, object]:
 
 def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
     if q.ndim != 3 or k.ndim != 3 or k.shape != v.shape:
-        raise ValueError(f"intra attention takes q [Hq, T, D], k/v [Hkv, T, D]; got {q.shape}, "
-                         f"{k.shape}, {v.shape}")
+        raise ValueError(f"intra attention takes q [Hq, T, D], k/v [Hkv, T, D]; got {q.shape}, {k.shape}, {v.shape}")
     if q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0] != 0:
         raise ValueError(f"q {q.shape} does not match k/v {k.shape} (same T and D, Hq a multiple of Hkv)")
     common_dtype(q, k, v)
@@ -140,8 +140,7 @@ def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
         raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
 
 
-def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
-                           scale: float) -> IntraResult:
+def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float) -> IntraResult:
     """The Metal path (needs Metal)."""
     dtype = q.dtype
     n_heads, n_tokens, head_dim = q.shape
@@ -150,17 +149,33 @@ def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: in
     grid = (n_tokens, n_heads, 1)
     threadgroup = (min(THREADS_PER_GROUP, n_tokens), 1, 1)
     m, l, o = attention(
-        inputs=[q, k, v, n_tokens, chunk_size, float(scale)], template=template, grid=grid,
-        threadgroup=threadgroup, output_shapes=[(n_heads, n_tokens), (n_heads, n_tokens), q.shape],
-        output_dtypes=[mx.float32, mx.float32, dtype])
+        inputs=[q, k, v, n_tokens, chunk_size, float(scale)],
+        template=template,
+        grid=grid,
+        threadgroup=threadgroup,
+        output_shapes=[(n_heads, n_tokens), (n_heads, n_tokens), q.shape],
+        output_dtypes=[mx.float32, mx.float32, dtype],
+    )
     (colsum,) = colsum_kernel(
-        inputs=[q, k, m, l, n_tokens, chunk_size, float(scale)], template=template, grid=grid,
-        threadgroup=threadgroup, output_shapes=[(n_heads, n_tokens)], output_dtypes=[mx.float32])
+        inputs=[q, k, m, l, n_tokens, chunk_size, float(scale)],
+        template=template,
+        grid=grid,
+        threadgroup=threadgroup,
+        output_shapes=[(n_heads, n_tokens)],
+        output_dtypes=[mx.float32],
+    )
     return IntraResult(AttentionState(m, l, o), colsum)
 
 
-def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
-                        scale: float, window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
+def intra_attention_twin(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    chunk_size: int,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+) -> IntraResult:
     """The MLX-ops twin: every chunk padded to S and attended as one [S, S] block, float32; a
     sliding window w also hides keys j <= i - w from query i. terms: the soft-cap caps the
     logits before the mask; sinks join the column sums' denominators, not the state."""
@@ -201,17 +216,25 @@ def intra_attention_twin(q: mx.array, k: mx.array, v: mx.array, chunk_size: int,
     return IntraResult(state, flat(colsum))
 
 
-def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float,
-                    use_kernel: bool | None = None, window: int | None = None,
-                    terms: AttentionTerms | None = None) -> IntraResult:
+def intra_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    chunk_size: int,
+    scale: float,
+    use_kernel: bool | None = None,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+) -> IntraResult:
     """q [Hq, T, D], k/v [Hkv, T, D] -> IntraResult; the Metal kernel where Metal exists
     (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False).
     window: a sliding layer's w; the Metal kernel takes no window yet, so a window always runs
     the twin (kernels forced included); nor attention terms (soft-cap, sinks): they run the twin
     too, said once (note_term_fallback)."""
     _check(q, k, v, chunk_size)
-    use = choose_kernel(use_kernel, "phase-1 intra attention",
-                            self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
+    use = choose_kernel(
+        use_kernel, "phase-1 intra attention", self_check=lambda: _self_check(q, q.shape[0] // k.shape[0])
+    )
     if q.shape[1] == 0:
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
         return IntraResult(AttentionState(zeros, zeros, mx.zeros(q.shape, dtype=q.dtype)), zeros)
@@ -227,11 +250,13 @@ def intra_attention(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scal
 
 def _self_check(like: mx.array, group: int) -> bool:
     """The phase-1 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
+
     def run():
         q, k, v = SELF_CHECK.attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5
         got = intra_attention_kernel(q, k, v, CASE_CHUNK, scale)
         return SELF_CHECK.result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale))
+
     return SELF_CHECK.kernel_passes("phase-1 intra attention", like, group, run)
 
 

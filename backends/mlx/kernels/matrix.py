@@ -10,6 +10,7 @@ Run by `specfill doctor` on a Mac (real Metal: MSL compilation, the GPU's maths 
 threadgroup limits, the things only a Mac can check) and by scripts/metal_matrix.py here, through
 the C++ emulation of the kernel sources (tests/mlx_kernels/metal_emulator.py).
 """
+
 from __future__ import annotations
 
 import time
@@ -55,7 +56,7 @@ def _arrays(cell: MetalCell, *shapes: tuple[int, ...]) -> list[mx.array]:
 def _outputs(cell: MetalCell, use_kernel: bool) -> dict[str, mx.array]:
     """The stage's outputs on the cell's case: intra T=40 in chunks of 16 (a partial chunk);
     inter 24 queries over 70 memory slots; scoring 2 layers x 3 queries over 50 keys."""
-    heads, dim, scale = KV_HEADS * cell.group, cell.head_dim, cell.head_dim ** -0.5
+    heads, dim, scale = KV_HEADS * cell.group, cell.head_dim, cell.head_dim**-0.5
     if cell.stage == "scoring":
         queries, keys = _arrays(cell, (2, 3, heads, dim), (2, KV_HEADS, 50, dim))
         return {"probs": attention_scores(queries, keys, scale, use_kernel=use_kernel)}

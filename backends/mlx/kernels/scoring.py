@@ -3,6 +3,7 @@
 queries [n_l, n_q, Hq, D] (last prompt token + look-ahead tokens), keys [n_l, Hkv, P, D]
 -> probs [n_q, n_l, Hq, P] float32 (the layout core.reference.specprefill uses).
 """
+
 from __future__ import annotations
 
 from functools import cache
@@ -87,8 +88,7 @@ SCORING_STATS_SPEC = dict(
 )
 SCORING_PROBS_SPEC = dict(
     name="specfill_scoring_probs",
-    input_names=["queries", "keys", "m_in", "l_in", "n_layers", "n_queries", "n_heads", "n_keys",
-                 "scale"],
+    input_names=["queries", "keys", "m_in", "l_in", "n_layers", "n_queries", "n_heads", "n_keys", "scale"],
     output_names=["probs"],
     source=SCORING_PROBS_SOURCE,
 )
@@ -102,12 +102,13 @@ def _make_scoring_kernel() -> tuple[object, object]:
 
 def _check(queries: mx.array, keys: mx.array) -> None:
     if queries.ndim != 4 or keys.ndim != 4:
-        raise ValueError(f"scoring takes queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D]; "
-                         f"got {queries.shape} and {keys.shape}")
-    if (queries.shape[0] != keys.shape[0] or queries.shape[3] != keys.shape[3]
-            or queries.shape[2] % keys.shape[1] != 0):
-        raise ValueError(f"queries {queries.shape} do not match keys {keys.shape} "
-                         "(same layers and D, Hq a multiple of Hkv)")
+        raise ValueError(
+            f"scoring takes queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D]; got {queries.shape} and {keys.shape}"
+        )
+    if queries.shape[0] != keys.shape[0] or queries.shape[3] != keys.shape[3] or queries.shape[2] % keys.shape[1] != 0:
+        raise ValueError(
+            f"queries {queries.shape} do not match keys {keys.shape} (same layers and D, Hq a multiple of Hkv)"
+        )
     common_dtype(queries, keys)
 
 
@@ -119,19 +120,32 @@ def attention_scores_kernel(queries: mx.array, keys: mx.array, scale: float) -> 
     stats, probs_kernel = _make_scoring_kernel()
     template = [("InT", dtype), ("D", head_dim), ("G", n_heads // keys.shape[1])]
     m, l = stats(
-        inputs=[queries, keys, n_queries, n_heads, n_keys, float(scale)], template=template,
-        grid=(n_heads, n_queries, n_layers), threadgroup=(min(THREADS_PER_GROUP, n_heads), 1, 1),
-        output_shapes=[(n_layers, n_queries, n_heads)] * 2, output_dtypes=[mx.float32] * 2)
+        inputs=[queries, keys, n_queries, n_heads, n_keys, float(scale)],
+        template=template,
+        grid=(n_heads, n_queries, n_layers),
+        threadgroup=(min(THREADS_PER_GROUP, n_heads), 1, 1),
+        output_shapes=[(n_layers, n_queries, n_heads)] * 2,
+        output_dtypes=[mx.float32] * 2,
+    )
     (probs,) = probs_kernel(
         inputs=[queries, keys, m, l, n_layers, n_queries, n_heads, n_keys, float(scale)],
-        template=template, grid=(n_keys, n_heads, n_layers * n_queries),
+        template=template,
+        grid=(n_keys, n_heads, n_layers * n_queries),
         threadgroup=(min(THREADS_PER_GROUP, n_keys), 1, 1),
-        output_shapes=[(n_queries, n_layers, n_heads, n_keys)], output_dtypes=[mx.float32])
+        output_shapes=[(n_queries, n_layers, n_heads, n_keys)],
+        output_dtypes=[mx.float32],
+    )
     return probs
 
 
-def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float, window: int | None = None,
-                          terms: AttentionTerms | None = None, query_start: int | None = None) -> mx.array:
+def attention_scores_twin(
+    queries: mx.array,
+    keys: mx.array,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+    query_start: int | None = None,
+) -> mx.array:
     """The MLX-ops twin, float32, GQA by broadcasting. Query n sits at position s + n (s =
     query_start, None: P - 1) and sees key j iff j <= s + n and, with a sliding window w,
     s + n - j < w; a query that sees no key scores zeros. terms: a soft-cap on the logits (before
@@ -141,8 +155,9 @@ def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float, windo
     # [n_l, n_q, Hq, D] -> [n_l, Hkv, G, n_q, D]
     q = queries.astype(mx.float32).reshape(n_layers, n_queries, n_kv, n_heads // n_kv, head_dim)
     q = q.transpose(0, 2, 3, 1, 4)
-    logits = soft_cap((q @ keys.astype(mx.float32)[:, :, None].swapaxes(-1, -2)) * scale,
-                      softcap_of(terms))  # [n_l, Hkv, G, n_q, P]
+    logits = soft_cap(
+        (q @ keys.astype(mx.float32)[:, :, None].swapaxes(-1, -2)) * scale, softcap_of(terms)
+    )  # [n_l, Hkv, G, n_q, P]
     n_keys = keys.shape[2]
     if window is not None or (query_start is not None and query_start < n_keys - 1):
         start = n_keys - 1 if query_start is None else query_start
@@ -159,16 +174,25 @@ def attention_scores_twin(queries: mx.array, keys: mx.array, scale: float, windo
     return probs.reshape(n_layers, n_heads, n_queries, -1).transpose(2, 0, 1, 3)
 
 
-def attention_scores(queries: mx.array, keys: mx.array, scale: float,
-                     use_kernel: bool | None = None, window: int | None = None,
-                     terms: AttentionTerms | None = None, query_start: int | None = None) -> mx.array:
+def attention_scores(
+    queries: mx.array,
+    keys: mx.array,
+    scale: float,
+    use_kernel: bool | None = None,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+    query_start: int | None = None,
+) -> mx.array:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P] float32.
     window: a sliding layer's w; query_start: the first query's position when an observation
     window's queries come first (None: P - 1). The Metal kernel masks neither yet: the twin runs;
     nor attention terms (soft-cap, sinks): they run the twin too, said once."""
     _check(queries, keys)
-    use = choose_kernel(use_kernel, "speculative-prefill scoring",
-                            self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]))
+    use = choose_kernel(
+        use_kernel,
+        "speculative-prefill scoring",
+        self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]),
+    )
     n_layers, n_queries, n_heads, _ = queries.shape
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return mx.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=mx.float32)
@@ -182,9 +206,11 @@ def attention_scores(queries: mx.array, keys: mx.array, scale: float,
 
 def _self_check(like: mx.array, group: int) -> bool:
     """The scoring kernel against its twin on the small fixed case (core/self_check_cases.py)."""
+
     def run():
         queries, keys = SELF_CHECK.scoring_case(like, group)
         scale = queries.shape[-1] ** -0.5
         got = attention_scores_kernel(queries, keys, scale)
         return SELF_CHECK.tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
+
     return SELF_CHECK.kernel_passes("speculative-prefill scoring", like, group, run)

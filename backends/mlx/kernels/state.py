@@ -1,16 +1,28 @@
 """Online-softmax state on MLX arrays and its exact merge (FlashAttention's rescaling).
 
-The types are core.stages' (one set for every backend). Shapes: m, l [Hq, T] float32; o [Hq, T, D] normalised, in the input dtype.
+The types are core.stages' (one set for every backend). Shapes: m, l [Hq, T] float32; o [Hq, T, D] normalised,
+in the input dtype.
 An empty state (no keys) is m = -inf, l = 0, o = 0 and merges as the identity.
 """
+
 from __future__ import annotations
 
 import mlx.core as mx
 
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-__all__ = ["AttentionState", "InterResult", "IntraResult", "KeyWindow", "add_sinks", "empty_state", "merge_states",
-           "sink_weights", "slice_state", "soft_cap"]
+__all__ = [
+    "AttentionState",
+    "InterResult",
+    "IntraResult",
+    "KeyWindow",
+    "add_sinks",
+    "empty_state",
+    "merge_states",
+    "sink_weights",
+    "slice_state",
+    "soft_cap",
+]
 
 
 def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: mx.Dtype) -> AttentionState:
@@ -33,8 +45,7 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
     weight_b = b.l.astype(mx.float32) * mx.exp(b_m - m_safe)
     l = weight_a + weight_b
     denom = mx.where(l > 0, l, mx.ones_like(l))
-    o = (weight_a[..., None] * a.o.astype(mx.float32)
-         + weight_b[..., None] * b.o.astype(mx.float32)) / denom[..., None]
+    o = (weight_a[..., None] * a.o.astype(mx.float32) + weight_b[..., None] * b.o.astype(mx.float32)) / denom[..., None]
     return AttentionState(m=m, l=l, o=o.astype(a.o.dtype))
 
 

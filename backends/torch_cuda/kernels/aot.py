@@ -7,6 +7,7 @@ dtype x head dim x mask x target, compiled with exactly the tiles the dispatcher
 there (tiles.py), and judged against that target's limits. scripts/aot_matrix.py runs the full
 matrix; tests/torch_cuda_kernels/test_aot.py a few cells.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,14 +30,28 @@ FP32_POINTERS = {"M", "L", "CS", "Probs"}
 # arguments a real launch passes as 1 (contiguous last dim), which Triton specialises to constants
 UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_pp"}
 # integer arguments a real launch passes as multiples of 16 (Triton marks them divisible by 16)
-ALIGNED_INTS = {"stride_qh", "stride_qt", "stride_kh", "stride_kt", "stride_vh", "stride_vt",
-                "stride_oh", "stride_ot", "stride_ql", "stride_qq", "stride_kl", "stride_kp",
-                "head_dim", "chunk_size"}
+ALIGNED_INTS = {
+    "stride_qh",
+    "stride_qt",
+    "stride_kh",
+    "stride_kt",
+    "stride_vh",
+    "stride_vt",
+    "stride_oh",
+    "stride_ot",
+    "stride_ql",
+    "stride_qq",
+    "stride_kl",
+    "stride_kp",
+    "head_dim",
+    "chunk_size",
+}
 
 
 class Cell(NamedTuple):
     """One compile: kernel name, input dtype, head dim, block-diagonal mask (flash kernels) or
     scoring rows class, target capability."""
+
     kernel: str
     dtype: torch.dtype
     head_dim: int
@@ -68,14 +83,17 @@ def all_cells(archs=tuple(ARCH_LIMITS)) -> list[Cell]:
 def _kernel_fn(kernel: str):
     if kernel == "scoring":
         from .scoring_triton import _scoring_kernel
+
         return _scoring_kernel
     from .flash_triton import _colsum_kernel, _forward_kernel
+
     return _forward_kernel if kernel == "forward" else _colsum_kernel
 
 
 def _source(cell: Cell, tiles: Tiles):
     """The ASTSource a launch of this cell would build: signature, constants and alignment hints."""
     from triton.compiler import ASTSource
+
     fn = _kernel_fn(cell.kernel)
     block_d = max(16, next_power_of_2(cell.head_dim))
     precision = "ieee" if cell.dtype == torch.float32 else "tf32"
@@ -103,11 +121,13 @@ def _source(cell: Cell, tiles: Tiles):
 def _resource_usage(cubin: bytes) -> dict[str, int]:
     """REG / STACK / LOCAL / SHARED of the cubin's one function, from the bundled cuobjdump."""
     from triton import knobs
+
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        text = subprocess.run([knobs.nvidia.cuobjdump.path, "-res-usage", str(path)],
-                              check=True, capture_output=True, text=True).stdout
+        text = subprocess.run(
+            [knobs.nvidia.cuobjdump.path, "-res-usage", str(path)], check=True, capture_output=True, text=True
+        ).stdout
     function = text.split("Function", 1)[1]
     return {key: int(value) for key, value in re.findall(r"(REG|STACK|LOCAL|SHARED):(\d+)", function)}
 
@@ -116,10 +136,18 @@ def compile_cell(cell: Cell) -> dict:
     """Compile one cell; a dict of its tiles, resources, residency and failures (empty = valid)."""
     import triton
     from triton.backends.compiler import GPUTarget
+
     tiles = cell.tiles()
     limits = ARCH_LIMITS[cell.arch]
-    row = {"cell": cell.label(), "kernel": cell.kernel, "dtype": TRITON_TYPES[cell.dtype],
-           "head_dim": cell.head_dim, "variant": cell.variant, "arch": cell.arch, **tiles._asdict()}
+    row = {
+        "cell": cell.label(),
+        "kernel": cell.kernel,
+        "dtype": TRITON_TYPES[cell.dtype],
+        "head_dim": cell.head_dim,
+        "variant": cell.variant,
+        "arch": cell.arch,
+        **tiles._asdict(),
+    }
     target = GPUTarget("cuda", cell.arch, 32)
     options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
     try:
@@ -130,12 +158,19 @@ def compile_cell(cell: Cell) -> dict:
     usage = _resource_usage(compiled.asm["cubin"])
     shared = int(compiled.metadata.shared) + usage.get("SHARED", 0)
     blocks, binding = resident_blocks(limits, usage["REG"], shared, tiles.num_warps)
-    row.update(registers=usage["REG"], spill_bytes=usage.get("LOCAL", 0), stack_bytes=usage.get("STACK", 0),
-               shared_bytes=shared, resident_blocks=blocks, bound_by=binding)
+    row.update(
+        registers=usage["REG"],
+        spill_bytes=usage.get("LOCAL", 0),
+        stack_bytes=usage.get("STACK", 0),
+        shared_bytes=shared,
+        resident_blocks=blocks,
+        bound_by=binding,
+    )
     failures = []
     if row["spill_bytes"] or row["stack_bytes"]:
-        failures.append(f"register spill: {row['stack_bytes']} B stack frame + {row['spill_bytes']} B local "
-                        "memory per thread")
+        failures.append(
+            f"register spill: {row['stack_bytes']} B stack frame + {row['spill_bytes']} B local memory per thread"
+        )
     if shared > limits.smem_per_block:
         failures.append(f"shared memory {shared} B over the {limits.smem_per_block} B a block may have")
     if blocks < 1:

@@ -8,6 +8,7 @@ that run with single-threaded ops on the calling thread plus a small pool (torch
 GIL inside ops) and joins once per call, as a fused kernel's parallel loop does. Every unit runs
 single-threaded whatever the thread count, so results do not depend on it.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,8 +44,7 @@ def _drain(unit: Callable[[int], None], taken: Iterator[int], n_units: int) -> N
         unit(index)
 
 
-def _pool_drain(unit: Callable[[int], None], taken: Iterator[int], n_units: int, inference: bool,
-                grad: bool) -> None:
+def _pool_drain(unit: Callable[[int], None], taken: Iterator[int], n_units: int, inference: bool, grad: bool) -> None:
     if not getattr(_pool_thread, "single", False):  # pool threads keep one intra-op thread for good
         torch.set_num_threads(1)
         _pool_thread.single = True

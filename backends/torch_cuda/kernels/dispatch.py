@@ -8,6 +8,7 @@ The kernel setting: use_kernel True / False forces the kernel / the twin; None r
 SPECFILL_KERNELS (auto | on | off, unset = auto). In auto, a kernel runs only after passing its
 first-use self-check (core/self_check.py) for its dtype and shape class.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -17,11 +18,11 @@ from typing import Callable
 
 import torch
 
+import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
+from specfill.core.errors import BackendUnavailableError
 from specfill.core.self_check import kernels_setting
 from specfill.core.self_check_cases import CheckCases
-from specfill.core.errors import BackendUnavailableError
 
-import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from .tiles import architecture
 
 # the Triton kernel behind each name, in the module that builds it (imported on first use)
@@ -71,8 +72,9 @@ def kernel_device_auto(device: torch.device) -> bool:
     return placement.on_cuda(device)
 
 
-def choose_kernel(use_kernel: bool | None, *tensors: torch.Tensor,
-               self_check: Callable[[], bool] | None = None) -> bool:
+def choose_kernel(
+    use_kernel: bool | None, *tensors: torch.Tensor, self_check: Callable[[], bool] | None = None
+) -> bool:
     """True to launch the Triton kernel, False for the torch twin.
 
     use_kernel None reads SPECFILL_KERNELS; auto picks the kernel for CUDA tensors when it can
@@ -85,8 +87,7 @@ def choose_kernel(use_kernel: bool | None, *tensors: torch.Tensor,
     first = tensors[0]
     reason = kernel_unavailable_reason(first.device, first.dtype)
     if use_kernel is None:
-        return (reason is None and kernel_device_auto(first.device)
-                and (self_check is None or self_check()))
+        return reason is None and kernel_device_auto(first.device) and (self_check is None or self_check())
     if reason is not None:
         raise BackendUnavailableError(reason)
     return True
@@ -108,6 +109,10 @@ def _case_random(shape: tuple[int, ...], like: torch.Tensor, seed: int) -> torch
 
 
 # the first-use self-check's seeded cases on the caller's device (core/self_check_cases.py)
-SELF_CHECK = CheckCases("cuda", "the torch twin", _case_random,
-                        lambda x: x.detach().to(device="cpu", dtype=torch.float64).numpy(),
-                        lambda dtype: str(dtype).removeprefix("torch."))
+SELF_CHECK = CheckCases(
+    "cuda",
+    "the torch twin",
+    _case_random,
+    lambda x: x.detach().to(device="cpu", dtype=torch.float64).numpy(),
+    lambda dtype: str(dtype).removeprefix("torch."),
+)

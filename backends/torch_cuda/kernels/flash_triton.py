@@ -12,6 +12,7 @@ pointer arithmetic: K/V are never repeated in memory.
 
 Imported lazily by the dispatchers: Triton decides at decoration time whether it interprets.
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,14 +26,35 @@ from .tiles import flash_tiles
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, O, M, L,
-    stride_qh, stride_qt, stride_qd,
-    stride_kh, stride_kt, stride_kd,
-    stride_vh, stride_vt, stride_vd,
-    stride_oh, stride_ot, stride_od,
-    n_queries, n_keys, head_dim, chunk_size, group, qk_scale,
-    BLOCK_DIAGONAL: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q,
+    K,
+    V,
+    O,
+    M,
+    L,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    stride_vh,
+    stride_vt,
+    stride_vd,
+    stride_oh,
+    stride_ot,
+    stride_od,
+    n_queries,
+    n_keys,
+    head_dim,
+    chunk_size,
+    group,
+    qk_scale,
+    BLOCK_DIAGONAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     block = tl.program_id(0)
     head = tl.program_id(1)
@@ -41,8 +63,11 @@ def _forward_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     row_ok = offs_m < n_queries
     d_ok = offs_d < head_dim
-    q = tl.load(Q + head * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Q + head * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + kv_head * stride_vh + offs_d[None, :] * stride_vd
 
@@ -63,8 +88,11 @@ def _forward_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = key_ok[None, :]
         if BLOCK_DIAGONAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None]) \
+            visible = (
+                visible
+                & (offs_n[None, :] <= offs_m[:, None])
                 & ((offs_n[None, :] // chunk_size) == (offs_m[:, None] // chunk_size))
+            )
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -77,20 +105,39 @@ def _forward_kernel(
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     out = acc / l_safe[:, None]
-    tl.store(O + head * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
-             out.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(
+        O + head * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
+        out.to(O.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
     tl.store(M + head * n_queries + offs_m, m_i, mask=row_ok)
     tl.store(L + head * n_queries + offs_m, l_i, mask=row_ok)
 
 
 @triton.jit
 def _colsum_kernel(
-    Q, K, M, L, CS,
-    stride_qh, stride_qt, stride_qd,
-    stride_kh, stride_kt, stride_kd,
-    n_queries, n_keys, head_dim, chunk_size, group, qk_scale,
-    BLOCK_DIAGONAL: tl.constexpr, PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    Q,
+    K,
+    M,
+    L,
+    CS,
+    stride_qh,
+    stride_qt,
+    stride_qd,
+    stride_kh,
+    stride_kt,
+    stride_kd,
+    n_queries,
+    n_keys,
+    head_dim,
+    chunk_size,
+    group,
+    qk_scale,
+    BLOCK_DIAGONAL: tl.constexpr,
+    PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     block = tl.program_id(0)
     head = tl.program_id(1)
@@ -99,8 +146,11 @@ def _colsum_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     key_ok = offs_n < n_keys
     d_ok = offs_d < head_dim
-    k = tl.load(K + kv_head * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-                mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+    k = tl.load(
+        K + kv_head * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
+        mask=key_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     q_base = Q + head * stride_qh + offs_d[None, :] * stride_qd
 
     colsum = tl.zeros([BLOCK_N], tl.float32)
@@ -121,16 +171,20 @@ def _colsum_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = row_ok[:, None] & key_ok[None, :]
         if BLOCK_DIAGONAL:
-            visible = visible & (offs_n[None, :] <= offs_m[:, None]) \
+            visible = (
+                visible
+                & (offs_n[None, :] <= offs_m[:, None])
                 & ((offs_n[None, :] // chunk_size) == (offs_m[:, None] // chunk_size))
+            )
         l_safe = tl.where(l > 0, l, 1.0)
         p = tl.exp2(tl.where(visible, s - m[:, None], float("-inf"))) / l_safe[:, None]
         colsum += tl.sum(p, 0)
     tl.store(CS + head * n_keys + offs_n, colsum, mask=key_ok)
 
 
-def _launch_config(n_queries: int, n_keys: int, head_dim: int, dtype: torch.dtype,
-                   device: torch.device) -> tuple[int, int, int, dict[str, int]]:
+def _launch_config(
+    n_queries: int, n_keys: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[int, int, int, dict[str, int]]:
     """(BLOCK_M, BLOCK_N, BLOCK_D, launch options). The interpreter runs one tile at a time in
     NumPy, so small problems get small tiles there; every dot dimension stays >= 16. On a GPU
     the tiles come from the device's architecture (tiles.py), each compiled ahead of time for
@@ -147,9 +201,15 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-                    chunk_size: int | None, with_colsum: bool,
-                    tiles: tuple[int, int] | None = None) -> IntraResult:
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float,
+    chunk_size: int | None,
+    with_colsum: bool,
+    tiles: tuple[int, int] | None = None,
+) -> IntraResult:
     """q [Hq, T, D], k/v [Hkv, K, D] (any strides) -> state and column sums [Hq, K].
 
     chunk_size None: every key visible (K may differ from T); otherwise block-diagonal causal
@@ -163,15 +223,25 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     o = torch.empty((n_heads, n_queries, head_dim), dtype=q.dtype, device=q.device)
     m = torch.empty((n_heads, n_queries), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
-    common = dict(n_queries=n_queries, n_keys=n_keys, head_dim=head_dim, chunk_size=chunk_size or 1,
-                  group=n_heads // n_kv, qk_scale=float(scale) * LOG2E,
-                  BLOCK_DIAGONAL=chunk_size is not None, PRECISION=_precision(q.dtype),
-                  BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **options)
+    common = dict(
+        n_queries=n_queries,
+        n_keys=n_keys,
+        head_dim=head_dim,
+        chunk_size=chunk_size or 1,
+        group=n_heads // n_kv,
+        qk_scale=float(scale) * LOG2E,
+        BLOCK_DIAGONAL=chunk_size is not None,
+        PRECISION=_precision(q.dtype),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        **options,
+    )
     _forward_kernel[(triton.cdiv(n_queries, block_m), n_heads)](
-        q, k, v, o, m, l, *q.stride(), *k.stride(), *v.stride(), *o.stride(), **common)
+        q, k, v, o, m, l, *q.stride(), *k.stride(), *v.stride(), *o.stride(), **common
+    )
     colsum = None
     if with_colsum:
         colsum = torch.empty((n_heads, n_keys), dtype=torch.float32, device=q.device)
-        _colsum_kernel[(triton.cdiv(n_keys, block_n), n_heads)](
-            q, k, m, l, colsum, *q.stride(), *k.stride(), **common)
+        _colsum_kernel[(triton.cdiv(n_keys, block_n), n_heads)](q, k, m, l, colsum, *q.stride(), *k.stride(), **common)
     return IntraResult(AttentionState(m.mul_(LN2), l, o), colsum)

@@ -4,17 +4,18 @@ No mask: every query of the chunk sees every memory slot of its KV head. Returns
 online-softmax state and, per memory slot, the column sum over the chunk's queries.
 Triton kernel (kernels/flash_triton.py) and torch twin, chosen by `inter_attention`.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
+import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from specfill.core.self_check import note_term_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel
 from .intra import check_attention_shapes, row_sinks2
@@ -27,14 +28,23 @@ _TWIN_QUERY_BLOCK = 128
 
 def key_window_distance(window: KeyWindow, lo: int, hi: int, n_slots: int, device: torch.device) -> torch.Tensor:
     """[Hkv or 1, hi - lo, M]: position of query rows [lo, hi) minus each key slot's position."""
-    keys = torch.arange(window.key_start, window.key_start + n_slots, device=device)[None] \
-        if window.key_positions is None else window.key_positions.to(device=device, dtype=torch.int64)
+    keys = (
+        torch.arange(window.key_start, window.key_start + n_slots, device=device)[None]
+        if window.key_positions is None
+        else window.key_positions.to(device=device, dtype=torch.int64)
+    )
     return (window.query_start + torch.arange(lo, hi, device=device))[None, :, None] - keys[:, None, :]
 
 
-def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                         with_colsum: bool = True, window: KeyWindow | None = None,
-                         terms: AttentionTerms | None = None) -> InterResult:
+def inter_attention_twin(
+    q: torch.Tensor,
+    k_mem: torch.Tensor,
+    v_mem: torch.Tensor,
+    scale: float,
+    with_colsum: bool = True,
+    window: KeyWindow | None = None,
+    terms: AttentionTerms | None = None,
+) -> InterResult:
     """Torch-ops twin: the G query heads of a KV head are the rows of one matmul, in blocks of
     query rows so that a block's logits stay near cache size; each (block, KV head) is an
     independent work unit (cpu_units.run_units), so that the dense tail's few rows (one block)
@@ -73,14 +83,22 @@ def inter_attention_twin(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tens
 
     run_units(one_unit, n_blocks * n_kv, q.device)
     colsum = None if partial is None else partial.sum(dim=0)
-    state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
-                           o.view(n_heads, n_tokens, head_dim).to(q.dtype))
+    state = AttentionState(
+        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, head_dim).to(q.dtype)
+    )
     return InterResult(state, None if colsum is None else colsum.view(n_heads, n_mem))
 
 
-def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, scale: float,
-                    use_kernel: bool | None = None, with_colsum: bool = True,
-                    window: KeyWindow | None = None, terms: AttentionTerms | None = None) -> InterResult:
+def inter_attention(
+    q: torch.Tensor,
+    k_mem: torch.Tensor,
+    v_mem: torch.Tensor,
+    scale: float,
+    use_kernel: bool | None = None,
+    with_colsum: bool = True,
+    window: KeyWindow | None = None,
+    terms: AttentionTerms | None = None,
+) -> InterResult:
     """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> m, l [Hq, T], o [Hq, T, D], colsum [Hq, M].
 
     An empty memory (M = 0) gives the empty state (m = -inf, l = 0, o = 0) and no column sums.
@@ -89,8 +107,7 @@ def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, s
     nor attention terms (soft-cap, sinks): they run the twin too, said once.
     """
     check_attention_shapes(q, k_mem, v_mem)
-    kernel = choose_kernel(use_kernel, q, k_mem, v_mem,
-                        self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
+    kernel = choose_kernel(use_kernel, q, k_mem, v_mem, self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
     if k_mem.shape[1] == 0:
         stats = stats_dtype(q, k_mem, v_mem)
         state = empty_state(q.shape[0], q.shape[1], q.shape[2], q.dtype, q.device, stats)
@@ -109,9 +126,11 @@ def inter_attention(q: torch.Tensor, k_mem: torch.Tensor, v_mem: torch.Tensor, s
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
     """The phase-2 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
+
     def run():
         q, k_mem, v_mem = SELF_CHECK.attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5
         got = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, True)
         return SELF_CHECK.result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale, True))
+
     return SELF_CHECK.kernel_passes("phase-2 inter attention", like, group, run)

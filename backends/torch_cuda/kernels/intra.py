@@ -5,17 +5,18 @@ state per query and query head plus, per key j, the column sum over the queries 
 of the intra-only softmax, and the GQA reduction of those sums to KV heads.
 Triton kernel (kernels/flash_triton.py) and torch twin, chosen by `intra_attention`.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
+import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from specfill.core.self_check import note_term_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel
 from .state import LOG2E, AttentionState, IntraResult, empty_state, soft_cap2_, softmax_state_, stats_dtype
@@ -29,8 +30,10 @@ _TWIN_QUERY_BLOCK = 64
 def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     """q [Hq, T, D], k/v [Hkv, K, D] with Hq a multiple of Hkv."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"attention takes q [Hq, T, D] and k/v [Hkv, K, D], got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"attention takes q [Hq, T, D] and k/v [Hkv, K, D], got {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if k.shape != v.shape or q.shape[2] != k.shape[2]:
         raise ValueError(f"k/v shapes {tuple(k.shape)}, {tuple(v.shape)} do not match q {tuple(q.shape)}")
     if k.shape[0] == 0 or q.shape[0] % k.shape[0] != 0:
@@ -45,8 +48,9 @@ def reduce_colsum_to_kv_heads(colsum: torch.Tensor, n_kv_heads: int) -> torch.Te
     return colsum.reshape(n_kv_heads, n_heads // n_kv_heads, *colsum.shape[1:]).sum(dim=1)
 
 
-def row_sinks2(terms: AttentionTerms | None, n_kv: int, group: int, n_rows: int,
-               stats: torch.dtype, device: torch.device) -> torch.Tensor | None:
+def row_sinks2(
+    terms: AttentionTerms | None, n_kv: int, group: int, n_rows: int, stats: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
     """The terms' sinks [Hq] in base-2 units as [Hkv, G * n_rows, 1]: row g * n_rows + r of KV head
     kv (the twins' stacked rows) takes query head kv * G + g's sink. None without sinks."""
     sinks = sinks_of(terms)
@@ -56,9 +60,16 @@ def row_sinks2(terms: AttentionTerms | None, n_kv: int, group: int, n_rows: int,
     return sinks2.expand(n_kv, group, n_rows).reshape(n_kv, group * n_rows, 1)
 
 
-def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int,
-                         scale: float, with_colsum: bool = True, window: int | None = None,
-                         terms: AttentionTerms | None = None) -> IntraResult:
+def intra_attention_twin(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int,
+    scale: float,
+    with_colsum: bool = True,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+) -> IntraResult:
     """Torch-ops twin of the phase-1 kernel: explicit logits per block of query rows, fp32 statistics.
 
     A query block [lo, hi) of a chunk only meets the chunk's keys before hi, so nothing above the
@@ -92,8 +103,9 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
             block_rows = rows[:, :, lo:hi].reshape(n_kv, group * n_rows, head_dim)
             logits = soft_cap2_(block_rows @ k[:, first:hi].transpose(1, 2), softcap)
             # only the block's own keys can come after a query
-            logits.view(n_kv, group, n_rows, n_keys)[..., lo - first:].masked_fill_(
-                after_query[:n_rows, :n_rows], -math.inf)
+            logits.view(n_kv, group, n_rows, n_keys)[..., lo - first :].masked_fill_(
+                after_query[:n_rows, :n_rows], -math.inf
+            )
             if window is not None:  # keys at or before i - w fall out of query i's window
                 distance = torch.arange(lo, hi, device=q.device)[:, None] - torch.arange(first, hi, device=q.device)
                 logits.view(n_kv, group, n_rows, n_keys).masked_fill_(distance >= window, -math.inf)
@@ -106,14 +118,23 @@ def intra_attention_twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chun
                 colsum[:, :, first:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
 
     run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
-    state = AttentionState(m.view(n_heads, n_tokens), l.view(n_heads, n_tokens),
-                           o.view(n_heads, n_tokens, head_dim).to(q.dtype))
+    state = AttentionState(
+        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, head_dim).to(q.dtype)
+    )
     return IntraResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
 
 
-def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: int, scale: float,
-                    use_kernel: bool | None = None, with_colsum: bool = True,
-                    window: int | None = None, terms: AttentionTerms | None = None) -> IntraResult:
+def intra_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    chunk_size: int,
+    scale: float,
+    use_kernel: bool | None = None,
+    with_colsum: bool = True,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+) -> IntraResult:
     """Phase-1 attention: q [Hq, T, D], k/v [Hkv, T, D]; chunks of chunk_size start at token 0.
 
     Returns m, l [Hq, T] (fp32; fp64 for fp64 inputs), o [Hq, T, D] in q's dtype and column sums
@@ -144,9 +165,11 @@ def intra_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_siz
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
     """The phase-1 kernel against its twin on the small fixed case (core/self_check_cases.py)."""
+
     def run():
         q, k, v = SELF_CHECK.attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5
         got = dispatch.triton_kernel("flash_attention")(q, k, v, scale, CASE_CHUNK, True)
         return SELF_CHECK.result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale, True))
+
     return SELF_CHECK.kernel_passes("phase-1 intra attention", like, group, run)

@@ -4,33 +4,36 @@ queries [n_l, n_q, Hq, D] (last prompt token + look-ahead, per scoring layer) ag
 [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P] in fp32 (fp64 for fp64 inputs).
 Triton kernel (kernels/scoring_triton.py) and torch twin, chosen by `attention_scores`.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
+import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from specfill.core.self_check import note_term_fallback
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from .dispatch import SELF_CHECK, choose_kernel
 from .state import stats_dtype
 
 
 def check_scoring_shapes(queries: torch.Tensor, keys: torch.Tensor) -> None:
     if queries.dim() != 4 or keys.dim() != 4:
-        raise ValueError(f"scoring takes queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], got "
-                         f"{tuple(queries.shape)} and {tuple(keys.shape)}")
+        raise ValueError(
+            f"scoring takes queries [n_l, n_q, Hq, D] and keys [n_l, Hkv, P, D], got "
+            f"{tuple(queries.shape)} and {tuple(keys.shape)}"
+        )
     if queries.shape[0] != keys.shape[0] or queries.shape[3] != keys.shape[3]:
-        raise ValueError(f"queries {tuple(queries.shape)} and keys {tuple(keys.shape)} disagree on "
-                         "layers or head dim")
+        raise ValueError(f"queries {tuple(queries.shape)} and keys {tuple(keys.shape)} disagree on layers or head dim")
     if keys.shape[1] == 0 or queries.shape[2] % keys.shape[1] != 0:
         raise ValueError(f"{queries.shape[2]} query heads are not a multiple of {keys.shape[1]} KV heads")
 
 
-def _terms_probs(logits: torch.Tensor, hidden: torch.Tensor | None, terms: AttentionTerms,
-                 n_kv: int, group: int, n_queries: int) -> torch.Tensor:
+def _terms_probs(
+    logits: torch.Tensor, hidden: torch.Tensor | None, terms: AttentionTerms, n_kv: int, group: int, n_queries: int
+) -> torch.Tensor:
     """Softmax of scaled logits [n_l, Hkv, G * n_q, P] with the layer's terms: soft-capped before
     the mask (hidden [n_q, P] or None), each row's sink as one more column, dropped after (gpt_oss's
     formulation; a row that sees no key then scores zeros, its mass all on the sink)."""
@@ -48,9 +51,14 @@ def _terms_probs(logits: torch.Tensor, hidden: torch.Tensor | None, terms: Atten
     return torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
 
 
-def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                          window: int | None = None, terms: AttentionTerms | None = None,
-                          query_start: int | None = None) -> torch.Tensor:
+def attention_scores_twin(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+    query_start: int | None = None,
+) -> torch.Tensor:
     """Torch-ops twin: the G query heads of a KV head share one matmul against its keys. Query n
     sits at position s + n (s = query_start, None: P - 1) and sees key j iff j <= s + n and, with
     a sliding window w, s + n - j < w; a query that sees no key scores zeros. terms: a soft-cap on
@@ -65,7 +73,9 @@ def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: floa
     hidden = None  # [n_q, P]: the keys a query does not see (its future, or past its window)
     if window is not None or (query_start is not None and query_start < n_keys - 1):
         start = n_keys - 1 if query_start is None else query_start
-        distance = start + torch.arange(n_queries, device=keys.device)[:, None] - torch.arange(n_keys, device=keys.device)
+        distance = (
+            start + torch.arange(n_queries, device=keys.device)[:, None] - torch.arange(n_keys, device=keys.device)
+        )
         hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
     if active_terms(terms) is not None:
         probs = _terms_probs(logits, hidden, terms, n_kv, group, n_queries)
@@ -78,9 +88,15 @@ def attention_scores_twin(queries: torch.Tensor, keys: torch.Tensor, scale: floa
     return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
 
 
-def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                     use_kernel: bool | None = None, window: int | None = None,
-                     terms: AttentionTerms | None = None, query_start: int | None = None) -> torch.Tensor:
+def attention_scores(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scale: float,
+    use_kernel: bool | None = None,
+    window: int | None = None,
+    terms: AttentionTerms | None = None,
+    query_start: int | None = None,
+) -> torch.Tensor:
     """probs [n_q, n_l, Hq, P]: softmax over the P prompt keys of each scoring query.
 
     use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
@@ -89,12 +105,14 @@ def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
     take attention terms (soft-cap, sinks): they run the twin too, said once.
     """
     check_scoring_shapes(queries, keys)
-    kernel = choose_kernel(use_kernel, queries, keys,
-                        self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1]))
+    kernel = choose_kernel(
+        use_kernel, queries, keys, self_check=lambda: _self_check(queries, queries.shape[2] // keys.shape[1])
+    )
     n_layers, n_queries, n_heads, _ = queries.shape
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
-        return torch.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys),
-                           device=queries.device)
+        return torch.zeros(
+            (n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys), device=queries.device
+        )
     terms = active_terms(terms)
     if kernel and terms is not None:
         note_term_fallback("cuda", "speculative-prefill scoring", "the torch twin")
@@ -105,9 +123,11 @@ def attention_scores(queries: torch.Tensor, keys: torch.Tensor, scale: float,
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
     """The scoring kernel against its twin on the small fixed case (core/self_check_cases.py)."""
+
     def run():
         queries, keys = SELF_CHECK.scoring_case(like, group)
         scale = queries.shape[-1] ** -0.5
         got = dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
         return SELF_CHECK.tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
+
     return SELF_CHECK.kernel_passes("speculative-prefill scoring", like, group, run)

@@ -8,6 +8,7 @@ second recomputes the logits and writes exp2(s - m) / l.
 
 Imported lazily by the dispatcher: Triton decides at decoration time whether it interprets.
 """
+
 from __future__ import annotations
 
 import torch
@@ -21,12 +22,30 @@ from .tiles import Tiles, scoring_tiles
 
 @triton.jit
 def _scoring_kernel(
-    Qs, Ks, Probs,
-    stride_ql, stride_qq, stride_qh, stride_qd,
-    stride_kl, stride_kh, stride_kp, stride_kd,
-    stride_pq, stride_pl, stride_ph, stride_pp,
-    n_queries, n_keys, head_dim, group, qk_scale,
-    PRECISION: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    Qs,
+    Ks,
+    Probs,
+    stride_ql,
+    stride_qq,
+    stride_qh,
+    stride_qd,
+    stride_kl,
+    stride_kh,
+    stride_kp,
+    stride_kd,
+    stride_pq,
+    stride_pl,
+    stride_ph,
+    stride_pp,
+    n_queries,
+    n_keys,
+    head_dim,
+    group,
+    qk_scale,
+    PRECISION: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     layer = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -36,8 +55,11 @@ def _scoring_kernel(
     query = rows % n_queries
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
-    q = tl.load(Qs + layer * stride_ql + query[:, None] * stride_qq + head[:, None] * stride_qh
-                + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(
+        Qs + layer * stride_ql + query[:, None] * stride_qq + head[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
     k_base = Ks + layer * stride_kl + kv_head * stride_kh + offs_d[None, :] * stride_kd
 
     m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
@@ -46,8 +68,7 @@ def _scoring_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_keys
         k = tl.load(k_base + offs_n[:, None] * stride_kp, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.where(key_ok[None, :], tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale,
-                     float("-inf"))
+        s = tl.where(key_ok[None, :], tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the first block holds key 0
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
         m_i = m_new
@@ -63,8 +84,9 @@ def _scoring_kernel(
         tl.store(p_base + offs_n[None, :] * stride_pp, p, mask=row_ok[:, None] & key_ok[None, :])
 
 
-def scoring_softmax(queries: torch.Tensor, keys: torch.Tensor, scale: float,
-                    block_keys: int | None = None) -> torch.Tensor:
+def scoring_softmax(
+    queries: torch.Tensor, keys: torch.Tensor, scale: float, block_keys: int | None = None
+) -> torch.Tensor:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P >= 1, D] (any strides) -> fp32 probs
     [n_q, n_l, Hq, P]. block_keys overrides BLOCK_N (keys per tile) for tests."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
@@ -78,9 +100,22 @@ def scoring_softmax(queries: torch.Tensor, keys: torch.Tensor, scale: float,
     block_r, block_n = tiles.block_m, tiles.block_n if block_keys is None else block_keys
     probs = torch.empty((n_queries, n_layers, n_heads, n_keys), dtype=torch.float32, device=queries.device)
     _scoring_kernel[(n_layers, n_kv, triton.cdiv(group * n_queries, block_r))](
-        queries, keys, probs, *queries.stride(), *keys.stride(), *probs.stride(),
-        n_queries, n_keys, head_dim, group, float(scale) * LOG2E,
+        queries,
+        keys,
+        probs,
+        *queries.stride(),
+        *keys.stride(),
+        *probs.stride(),
+        n_queries,
+        n_keys,
+        head_dim,
+        group,
+        float(scale) * LOG2E,
         PRECISION="ieee" if queries.dtype == torch.float32 else "tf32",
-        BLOCK_R=block_r, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages)
+        BLOCK_R=block_r,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
     return probs

@@ -3,15 +3,29 @@
 m, l are float32 (float64 for float64 inputs): statistics never drop below fp32; o keeps the
 input dtype. Empty key blocks give m = -inf, l = 0, o = 0, and merging them changes nothing.
 """
+
 from __future__ import annotations
 
 import math
+
 import torch
 
 from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
 
-__all__ = ["LN2", "LOG2E", "AttentionState", "InterResult", "IntraResult", "KeyWindow", "add_sinks", "empty_state",
-           "merge_states", "soft_cap2_", "softmax_state_", "stats_dtype"]
+__all__ = [
+    "LN2",
+    "LOG2E",
+    "AttentionState",
+    "InterResult",
+    "IntraResult",
+    "KeyWindow",
+    "add_sinks",
+    "empty_state",
+    "merge_states",
+    "soft_cap2_",
+    "softmax_state_",
+    "stats_dtype",
+]
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -22,8 +36,14 @@ def stats_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: torch.dtype,
-                device: torch.device, stats: torch.dtype = torch.float32) -> AttentionState:
+def empty_state(
+    n_heads: int,
+    n_tokens: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    stats: torch.dtype = torch.float32,
+) -> AttentionState:
     """Attention over no keys."""
     return AttentionState(
         m=torch.full((n_heads, n_tokens), -math.inf, dtype=stats, device=device),
@@ -58,8 +78,9 @@ def soft_cap2_(logits2: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return logits2.div_(cap2).tanh_().mul_(cap2)
 
 
-def softmax_state_(logits2: torch.Tensor, v: torch.Tensor,
-                   sinks2: torch.Tensor | None = None) -> tuple[AttentionState, torch.Tensor]:
+def softmax_state_(
+    logits2: torch.Tensor, v: torch.Tensor, sinks2: torch.Tensor | None = None
+) -> tuple[AttentionState, torch.Tensor]:
     """State of softmax(logits) @ v over the visible keys, plus the normalised softmax weights.
 
     logits2 [..., R, K]: scaled logits times log2(e) (base-2 units, as the kernels use), -inf

@@ -8,6 +8,7 @@ Why per architecture: sm_86 (RTX 30xx) and sm_89 (RTX 40xx) give a block at most
 memory against 163 KB on sm_80 / sm_87 and 227 KB on sm_90, and every target has 64K registers
 per SM; a tile that pipelines well on an H100 spills or does not fit on an RTX 4090.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -25,6 +26,7 @@ class ArchLimits(NamedTuple):
     per block (1 KB on 8.x and 9.0). Register allocation unit (256 per warp) and shared memory
     allocation unit (128 B): the CUDA Occupancy Calculator's per-capability constants.
     """
+
     name: str
     max_blocks: int
     max_warps: int
@@ -50,6 +52,7 @@ TARGETS = tuple(ARCH_LIMITS)
 
 class Tiles(NamedTuple):
     """One launch choice: rows x keys per tile, warps, software-pipeline stages."""
+
     block_m: int
     block_n: int
     num_warps: int
@@ -105,8 +108,7 @@ def scoring_tiles(rows: int, block_d: int, dtype: torch.dtype, arch: int) -> Til
     return Tiles(block_r, block_n, 4, 2 if _small_smem(arch) else 3)
 
 
-def resident_blocks(limits: ArchLimits, regs_per_thread: int, shared_bytes: int, num_warps: int
-                    ) -> tuple[int, str]:
+def resident_blocks(limits: ArchLimits, regs_per_thread: int, shared_bytes: int, num_warps: int) -> tuple[int, str]:
     """(blocks resident per SM, the limit that binds): the least of the block, warp, register
     and shared-memory bounds, with registers allocated per warp in reg_unit steps and shared
     memory per block rounded to smem_unit plus the system's reserved kilobyte."""
