@@ -23,8 +23,11 @@ from specfill.core.io.weights import load_weights
 from specfill.core.models import ModelArgs
 from specfill.core.reference.model import ReferenceModel
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-from tests.fixtures.reference_runs import (
+from tests.fixtures.reference_runs import (  # re-exported for the tests of this folder
+    RELATIVE_TOLERANCE,  # noqa: F401
+    prompt,  # noqa: F401
     reference_h2o_greedy,  # noqa: F401
+    reference_speculator,  # noqa: F401
     tolerance,
 )
 

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from tests.mlx_adapter.archs import HONOURED, save_directory
+from tests.adapters.mlx_archs import HONOURED, save_directory
 from tests.mlx_distributed.launch import HERE, LAUNCH_LIMIT_S, RANKS, launch, unavailable
 
 pytestmark = pytest.mark.slow
