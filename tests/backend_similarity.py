@@ -2,7 +2,10 @@
 
 The array-library prefixes (`mx.`, `torch.`, `F.`, `nn.`) and the backends' type names are masked
 first, so what remains measures duplicated orchestration, not shared vocabulary. Similarity is
-difflib's ratio over non-blank, non-comment, non-docstring-only lines (2 * matches / total).
+difflib's ratio over logical lines (Python statements as the tokenizer ends them, tokens joined by
+one space; comments, docstring-only statements and imports dropped: shared imports are shared
+vocabulary, like the masked prefixes), so that a formatter's line breaks (a call's arguments one per
+line, a closing bracket alone) count for nothing: 2 * matches / total.
 usage: python tests/backend_similarity.py [--max 0.30]   (exit 1 if a pair is above --max)
 """
 
@@ -10,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import io
 import re
 import sys
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,11 +28,20 @@ MASKS = [
 
 
 def code_lines(path: Path) -> list[str]:
-    """Stripped code lines with library prefixes masked (blank lines and comments dropped)."""
-    lines = []
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
+    """The module's logical lines with library prefixes masked (comments and docstrings dropped)."""
+    lines, statement = [], []
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER)
+    for token in tokenize.generate_tokens(io.StringIO(path.read_text()).readline):
+        if token.type in skip:
+            continue
+        if token.type != tokenize.NEWLINE:
+            statement.append(token.string)
+            continue
+        line = " ".join(statement)
+        statement = []
+        if len(line.split(" ")) == 1 and line[:1] in "\"'rRbBuUfF":  # a docstring alone
+            continue
+        if line.startswith(("import ", "from ")):
             continue
         for pattern, repl in MASKS:
             line = pattern.sub(repl, line)

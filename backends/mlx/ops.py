@@ -41,10 +41,7 @@ class MLXOps(KernelStages):
 
     # H2O stages (intra_attention, inter_attention, reduce_colsum_to_kv_heads, merge_states: KernelStages)
     stage_kernels = staticmethod(stage_kernels)
-
-    accumulate_scores = staticmethod(method_ops.accumulate_scores)
-    build_memory_set = staticmethod(method_ops.build_memory_set)
-    gather_memory = staticmethod(method_ops.gather_memory)
+    method_ops = method_ops
 
     def causal_attention(self, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
         return causal_attention(q[None], k[None], v[None], scale)[0]
@@ -62,8 +59,6 @@ class MLXOps(KernelStages):
         return mx.stream(self.device)
 
     # SpecPrefill scoring (attention_scores: KernelStages)
-    smooth_scores = staticmethod(method_ops.smooth_scores)
-    reduce_axis = staticmethod(method_ops.reduce_axis)
 
     # model runtime
     @property
@@ -115,16 +110,12 @@ class MLXOps(KernelStages):
     def first_layers(self, model: Model, n_layers: int) -> LayerView:
         return model.first_layers(n_layers)
 
-    def causal_step(
-        self, q: mx.array, k: mx.array, v: mx.array, scale: float, window: int | None = None, terms: Any = None
-    ) -> mx.array:
-        if terms is not None and (terms.sinks is not None or terms.softcap is not None):
-            slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions
-            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2] :], slots, window)
-        if window is None:
-            return causal_attention(q, k, v, scale)
-        slots = np.arange(k.shape[2])  # a prompt's prefill: slots are positions
-        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2] :], slots)
+    causal_attention = staticmethod(causal_attention)
+    terms_attention = staticmethod(terms_attention)
+    windowed_attention = staticmethod(windowed_attention)
+
+    def slot_positions(self, k: mx.array) -> np.ndarray:
+        return np.arange(k.shape[2])
 
     def last_queries(self, q: mx.array, n: int) -> mx.array:
         return mx.contiguous(q[0, :, q.shape[2] - n :].transpose(1, 0, 2))  # a copy: no view of the step's q

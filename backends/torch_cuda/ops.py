@@ -19,7 +19,6 @@ import specfill.backends.torch_cuda.placement as placement  # a module reference
 from specfill.core.ops import KernelStages, process_peak_memory_gb
 from specfill.core.runtime import SamplingConfig
 
-from .attention import causal_attention as causal_step
 from .attention import terms_attention, windowed_attention
 from .cache import ModelKVCache
 from .method_ops import stage_kernels
@@ -41,10 +40,7 @@ class TorchOps(KernelStages):
 
     # H2O stages (intra_attention, inter_attention, reduce_colsum_to_kv_heads, merge_states: KernelStages)
     stage_kernels = staticmethod(stage_kernels)
-
-    accumulate_scores = staticmethod(method_ops.accumulate_scores)
-    build_memory_set = staticmethod(method_ops.build_memory_set)
-    gather_memory = staticmethod(method_ops.gather_memory)
+    method_ops = method_ops
 
     def causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return method_ops.causal_attention(q, k, v, scale, self.use_kernels)
@@ -74,9 +70,6 @@ class TorchOps(KernelStages):
         """KernelStages' after the shapes are checked."""
         stage_kernels().check_scoring_shapes(queries, keys)
         return super().attention_scores(queries, keys, scale, window, terms, query_start)
-
-    smooth_scores = staticmethod(method_ops.smooth_scores)
-    reduce_axis = staticmethod(method_ops.reduce_axis)
 
     # model runtime
     @property
@@ -135,22 +128,12 @@ class TorchOps(KernelStages):
     def first_layers(self, model: Transformer, n_layers: int) -> Transformer:
         return model.first_layers(n_layers)
 
-    def causal_step(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        scale: float,
-        window: int | None = None,
-        terms: Any = None,
-    ) -> torch.Tensor:
-        if terms is not None and (terms.sinks is not None or terms.softcap is not None):
-            slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions
-            return terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2] :], slots, window)
-        if window is None:
-            return causal_step(q, k, v, scale)
-        slots = torch.arange(k.shape[2], device=k.device)  # a prompt's prefill: slots are positions
-        return windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2] :], slots)
+    causal_attention = staticmethod(causal_attention)
+    terms_attention = staticmethod(terms_attention)
+    windowed_attention = staticmethod(windowed_attention)
+
+    def slot_positions(self, k: torch.Tensor) -> torch.Tensor:
+        return torch.arange(k.shape[2], device=k.device)
 
     def last_queries(self, q: torch.Tensor, n: int) -> torch.Tensor:
         return q[0, :, q.shape[2] - n :].transpose(0, 1).clone(memory_format=torch.contiguous_format)  # a copy
