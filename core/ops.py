@@ -113,7 +113,8 @@ class KernelStages(Generic[A]):
     """The stages a backend's kernels/ package dispatches, written once for every backend's ops:
     each runs the kernel or its twin as `use_kernels` says (None: the kernel where the device has
     one; True / False force one). A backend's ops class sets `use_kernels`, `stage_kernels`, its
-    `method_ops` module, its three attentions (causal, windowed, with terms) and `slot_positions`."""
+    `method_ops` module, its three step attentions (plain_step, windowed_step, terms_step) and
+    `slot_positions`."""
 
     method_ops: Any  # the backend's method_ops module: its plain-library memory-set and scoring ops
 
@@ -133,17 +134,18 @@ class KernelStages(Generic[A]):
         return self.method_ops.reduce_axis(*args, **kwargs)
 
     # a prompt step's causal attention (ModelOps.causal_step), dispatched once for every backend:
-    # the backend gives the three attentions and the slot positions of its cache
+    # the backend gives the three step attentions (plain_step, windowed_step, terms_step) and
+    # the slot positions of its cache
     def causal_step(
         self, q: A, k: A, v: A, scale: float, window: int | None = None, terms: AttentionTerms[A] | None = None
     ) -> A:
         if terms is not None and (terms.sinks is not None or terms.softcap is not None):
             slots = self.slot_positions(k)  # a prompt's prefill: slots are positions
-            return self.terms_attention(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2] :], slots, window)
+            return self.terms_step(q, k, v, scale, terms, slots[k.shape[2] - q.shape[2] :], slots, window)
         if window is None:
-            return self.causal_attention(q, k, v, scale)
+            return self.plain_step(q, k, v, scale)
         slots = self.slot_positions(k)
-        return self.windowed_attention(q, k, v, scale, window, slots[k.shape[2] - q.shape[2] :], slots)
+        return self.windowed_step(q, k, v, scale, window, slots[k.shape[2] - q.shape[2] :], slots)
 
     use_kernels: bool | None
 

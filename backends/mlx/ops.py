@@ -23,6 +23,7 @@ from specfill.core.runtime import SamplingConfig
 from .cache import LayerKVCache, ModelKVCache, make_cache
 from .method_ops import stage_kernels
 from .model import LayerView, Model, causal_attention, terms_attention, windowed_attention
+from .model import causal_attention as causal_step_attention
 from .sampling import Sampler, make_sampler
 
 
@@ -110,9 +111,9 @@ class MLXOps(KernelStages):
     def first_layers(self, model: Model, n_layers: int) -> LayerView:
         return model.first_layers(n_layers)
 
-    causal_attention = staticmethod(causal_attention)
-    terms_attention = staticmethod(terms_attention)
-    windowed_attention = staticmethod(windowed_attention)
+    plain_step = staticmethod(causal_step_attention)
+    terms_step = staticmethod(terms_attention)
+    windowed_step = staticmethod(windowed_attention)
 
     def slot_positions(self, k: mx.array) -> np.ndarray:
         return np.arange(k.shape[2])

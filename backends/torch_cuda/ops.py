@@ -19,6 +19,7 @@ import specfill.backends.torch_cuda.placement as placement  # a module reference
 from specfill.core.ops import KernelStages, process_peak_memory_gb
 from specfill.core.runtime import SamplingConfig
 
+from .attention import causal_attention as causal_step_attention
 from .attention import terms_attention, windowed_attention
 from .cache import ModelKVCache
 from .method_ops import stage_kernels
@@ -128,9 +129,9 @@ class TorchOps(KernelStages):
     def first_layers(self, model: Transformer, n_layers: int) -> Transformer:
         return model.first_layers(n_layers)
 
-    causal_attention = staticmethod(causal_attention)
-    terms_attention = staticmethod(terms_attention)
-    windowed_attention = staticmethod(windowed_attention)
+    plain_step = staticmethod(causal_step_attention)
+    terms_step = staticmethod(terms_attention)
+    windowed_step = staticmethod(windowed_attention)
 
     def slot_positions(self, k: torch.Tensor) -> torch.Tensor:
         return torch.arange(k.shape[2], device=k.device)
