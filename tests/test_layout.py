@@ -186,15 +186,16 @@ def test_generate_loads_only_what_it_uses():
     assert len(loaded) <= 46, len(loaded)
 
 
-def test_production_files_stay_under_500_lines():
+def test_production_files_stay_under_450_lines():
     """Files go by responsibility, not by a line cap (the 260-line cap split concepts across files,
-    issue 35); 500 lines flags a module that has grown to hold more than one (tests may run longer)."""
+    issue 35): up to ~400 lines where one concept needs it (ruff-formatted, line length 120); 450
+    flags a module that has grown to hold more than one (tests may run longer)."""
     root = Path(__file__).resolve().parents[1]
     folders = ("core", "backends", "cli", "conformance", "evaluation", "specfill", "scripts")
     long = [
         f"{path.relative_to(root)}: {n}"
         for folder in folders
         for path in sorted((root / folder).rglob("*.py"))
-        if (n := len(path.read_text().splitlines())) > 500
+        if (n := len(path.read_text().splitlines())) > 450
     ]
     assert not long, long
