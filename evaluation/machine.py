@@ -7,34 +7,14 @@ import os
 import platform
 import sys
 
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-_FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd")
-
-
-def _cpu_features() -> str:
-    """The matmul-relevant ISA flags /proc/cpuinfo lists (bf16 speed on torch hangs on these), or '?'."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith(("flags", "Features"))), [])
-    except OSError:
-        return "?"
-    return " ".join(f for f in _FEATURES if f in flags) or "none of " + "/".join(_FEATURES)
+from specfill.core.cpu import cpu_features as _cpu_features
+from specfill.core.cpu import cpu_model as _cpu_model
+from specfill.core.cpu import has_fast_bf16
 
 
 def cpu_has_fast_bf16() -> bool:
-    """AVX-512 BF16 or AMX on this CPU: torch's bf16 matmuls run 3-4x its fp32 there, ~50x slower without."""
-    return any(f in _cpu_features().split() for f in ("avx512_bf16", "amx_bf16"))
+    """AVX-512 BF16 or AMX on this CPU (core/cpu.py)."""
+    return has_fast_bf16()
 
 
 def default_eval_dtype(backend: str, device: str | None) -> str:

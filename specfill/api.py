@@ -42,6 +42,7 @@ class GenerationResponse:
     verify_seconds: float = 0.0  # time the main model spent verifying drafts so far
     draft_skipped: str = ""  # why a draft model did not draft at all (its costs measured here say it cannot pay)
     distributed: str = ""  # "2 ranks, tensor" where the model is sharded over a group of processes
+    compute: str = ""  # where and in what it ran: "cpu, bfloat16" (the default dtype follows the hardware)
 
 
 def mlx_metal_available() -> bool:
@@ -331,6 +332,7 @@ def _stream_request(
         reuse=reuse,
     )
     n_prompt = info.prompt_tokens
+    compute = f"{model.device_name}, {str(model.dtype).rsplit('.', 1)[-1]}"
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         first_at = now if first_at is None else first_at
@@ -351,6 +353,7 @@ def _stream_request(
             generation_tps=(n - 1) / (now - first_at) if n > 1 else 0.0,
             peak_memory=model.peak_memory_gb(),
             finish_reason=finish,
+            compute=compute,
             from_draft=bool(decode.from_draft and decode.from_draft[-1]),
             drafted_tokens=decode.drafted_tokens,
             accepted_tokens=decode.accepted_tokens,
@@ -405,6 +408,8 @@ def format_stats(last: GenerationResponse) -> str:
     elif last.draft_skipped:
         lines.append(f"Draft: {last.draft_skipped}")
     lines.append(f"Peak memory: {last.peak_memory:.3f} GB")
+    if last.compute:
+        lines.append(f"Compute: {last.compute}")
     if last.distributed:
         lines.append(f"Distributed: {last.distributed}")
     return "\n".join(lines)

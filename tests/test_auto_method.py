@@ -17,7 +17,7 @@ SMALL_H2O = H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2)
 def tiny(tiny_checkpoint, tmp_path, monkeypatch):
     """The tiny llama on torch CPU with an empty calibration cache of its own."""
     monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "calibration"))
-    return load(str(tiny_checkpoint("llama", "safetensors")), backend="cuda", device="cpu")
+    return load(str(tiny_checkpoint("llama", "safetensors")), backend="cuda", device="cpu", dtype="float32")
 
 
 def fake_measure(monkeypatch, table: dict[int, tuple[float, float]]) -> list[int]:

@@ -58,7 +58,12 @@ def test_the_torch_backend_resolves_and_falls_back(monkeypatch):
     assert cuda.available() is None
     monkeypatch.setattr(placement, "RUNTIME", NoGpu())
     assert cuda.resolve_device(None) == torch.device("cpu") and cuda.resolve_device("cpu") == torch.device("cpu")
-    assert cuda.resolve_dtype(None) == torch.float32 and cuda.resolve_dtype("bf16", "cpu") == torch.bfloat16
+    import specfill.backends.torch_cuda.loader as loader
+
+    for fast, default in ((False, torch.float32), (True, torch.bfloat16)):  # the default follows the CPU
+        monkeypatch.setattr(loader, "has_fast_bf16", lambda fast=fast: fast)
+        assert cuda.resolve_dtype(None) == default
+    assert cuda.resolve_dtype("bf16", "cpu") == torch.bfloat16
     with pytest.raises(ConfigError, match="unsupported dtype"):
         cuda.resolve_dtype("int8", "cpu")
     with pytest.raises(BackendUnavailableError, match="sees no CUDA GPU"):

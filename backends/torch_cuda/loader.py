@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
+from specfill.core.cpu import has_fast_bf16
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.io.gguf_file import read_gguf
@@ -68,9 +69,10 @@ def cpu_fallback(device: str | None) -> str | None:
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """None -> bfloat16 on CUDA, float32 on CPU; names like "bf16" or "float16" are accepted."""
+    """None -> bfloat16 on CUDA and on a CPU with fast bf16 matmuls (AVX-512 BF16 or AMX:
+    core/cpu.has_fast_bf16), float32 on any other CPU; names like "bf16" or "float16" are accepted."""
     if dtype is None:
-        return torch.bfloat16 if placement.on_cuda(device) else torch.float32
+        return torch.bfloat16 if placement.on_cuda(device) or has_fast_bf16() else torch.float32
     if isinstance(dtype, torch.dtype):
         resolved = dtype
     else:

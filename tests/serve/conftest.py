@@ -36,6 +36,8 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory):
 def demo_server(tmp_path_factory: pytest.TempPathFactory):
     """The demo model (SmolLM2-135M-Instruct), self:8 speculator, full prefill by default, queue of 3."""
     server = ServerProcess(
+        "--dtype",
+        "float32",  # the exact cache's replies equal dense runs in float32 (bf16 rounds chunk by chunk)
         "--speculator",
         "self:8",
         "--max-tokens",

@@ -33,8 +33,10 @@ SPEC = PrefillMethod(
 
 
 def test_device_and_dtype_choice(monkeypatch):
+    import specfill.backends.torch_cuda.loader as loader
     from specfill.backends.torch_cuda.conformance import make_adapter
 
+    monkeypatch.setattr(loader, "has_fast_bf16", lambda: False)  # a CPU without AVX-512 BF16 or AMX
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
     with simulated(monkeypatch):
         assert cuda_available() and resolve_device(None) == torch.device("cuda")

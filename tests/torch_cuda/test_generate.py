@@ -128,9 +128,15 @@ def test_bad_weights_are_load_errors():
         load(extra)
 
 
-def test_device_and_dtype_resolution():
+def test_device_and_dtype_resolution(monkeypatch):
+    """With no dtype: bfloat16 on a CPU with fast bf16 matmuls (AVX-512 BF16 or AMX), float32 on any
+    other (core/cpu.py); a named dtype is taken as given."""
+    import specfill.backends.torch_cuda.loader as loader
+
     cpu = resolve_device("cpu")
-    assert resolve_dtype(None, cpu) == torch.float32
+    for fast, default in ((False, torch.float32), (True, torch.bfloat16)):
+        monkeypatch.setattr(loader, "has_fast_bf16", lambda fast=fast: fast)
+        assert resolve_dtype(None, cpu) == default
     assert resolve_dtype("bf16", cpu) == torch.bfloat16 and resolve_dtype(torch.float16, cpu) == torch.float16
     with pytest.raises(ConfigError, match="unsupported dtype 'int8'"):
         resolve_dtype("int8", cpu)
