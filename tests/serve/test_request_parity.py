@@ -24,7 +24,7 @@ CASES = [  # (kind, method fields sent to both, the method the reply must name)
 
 @pytest.fixture(scope="module")
 def demo():
-    return load(None, backend="cuda", device="cpu")
+    return load(None, backend="cuda", device="cpu", dtype="float32")  # as the demo server runs
 
 
 def _api(demo, kind: str, fields: dict) -> tuple[str, int, GenerationInfo]:
