@@ -164,9 +164,8 @@ class KernelStages(Generic[A]):
         window: int | None = None,
         terms: AttentionTerms[A] | None = None,
     ) -> IntraResult[A]:
-        extra = {} if terms is None else {"terms": terms}
         return self.stage_kernels().intra_attention(
-            q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window, **extra
+            q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window, terms=terms
         )
 
     def inter_attention(
@@ -178,9 +177,8 @@ class KernelStages(Generic[A]):
         window: KeyWindow[A] | None = None,
         terms: AttentionTerms[A] | None = None,
     ) -> InterResult[A]:
-        extra = {} if terms is None else {"terms": terms}
         return self.stage_kernels().inter_attention(
-            q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window, **extra
+            q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window, terms=terms
         )
 
     def add_sinks(self, state: AttentionState[A], sinks: A) -> AttentionState[A]:
@@ -201,9 +199,8 @@ class KernelStages(Generic[A]):
         terms: AttentionTerms[A] | None = None,
         query_start: int | None = None,
     ) -> A:
-        extra = {} if terms is None else {"terms": terms}
         return self.stage_kernels().attention_scores(
-            queries, keys, scale, use_kernel=self.use_kernels, window=window, query_start=query_start, **extra
+            queries, keys, scale, use_kernel=self.use_kernels, window=window, query_start=query_start, terms=terms
         )
 
 
@@ -405,9 +402,9 @@ _CANCEL_CHECK: ContextVar[Callable[[], bool] | None] = ContextVar("specfill_canc
 
 
 @contextmanager
-def cancellation(is_cancelled: Callable[[], bool]) -> Iterator[None]:
+def cancellation(is_cancelled: Callable[[], bool] | None) -> Iterator[None]:
     """Install `is_cancelled` (cheap, thread-safe: e.g. threading.Event.is_set) for the code run
-    inside the block on this thread (generators iterated there included)."""
+    inside the block on this thread (generators iterated there included); None: no check there."""
     token = _CANCEL_CHECK.set(is_cancelled)
     try:
         yield

@@ -277,6 +277,8 @@ def run_protocol(
             f"kept {rec['kept_tokens']} answer kept {rec['answer_kept']}"
         )
 
+    # the most observation-window queries a candidate scores with: a saved pass holding fewer is rerun
+    window = max((s.query_window for s in plan.candidates.values() if isinstance(s, SpecPrefillConfig)), default=1)
     for length in plan.lengths:
         for task in plan.tasks:
             for index in range(plan.first, plan.first + plan.trials):
@@ -293,7 +295,6 @@ def run_protocol(
                 name = sample_key(sample, length, plan.seed, plan.chat_template)
                 scores = None
                 if any(isinstance(plan.candidates[n], SpecPrefillConfig) for n in todo):
-                    window = max(s.query_window for s in plan.candidates.values() if isinstance(s, SpecPrefillConfig))
                     scores = PassScores(_saved_pass(models, passes / f"{name}.npz", sample, log, window))
                 for setting in todo:
                     keep(

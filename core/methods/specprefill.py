@@ -52,13 +52,12 @@ def token_importance(
     farthest = keys.shape[2] + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
     for layer in config.layer_indices(queries.shape[0]):
         window = windows[layer] if windows else None
-        extra = () if not terms or active_terms(terms[layer]) is None else (active_terms(terms[layer]),)
         probs = ops.attention_scores(
             queries[layer : layer + 1],
             keys[layer : layer + 1],
             scale,
             window if window_binds(window, farthest) else None,
-            *extra,
+            active_terms(terms[layer]) if terms else None,
             query_start=start,
         )
         per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
@@ -95,10 +94,7 @@ class QueryCapture(Generic[A]):
         if end > self.window_start:  # a step ending inside the window, or a look-ahead step
             n = end - max(self.window_start, end - q.shape[2]) if end <= self.first_slot else 1
             self.queries[layer].append(self.ops.last_queries(q, n))
-        terms = self.terms[layer]
-        if terms is None:
-            return self.ops.causal_step(q, k, v, self.scale, self.windows[layer])
-        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], terms)
+        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], self.terms[layer])
 
     def arrays(self) -> list[A]:
         return [q for per_layer in self.queries for q in per_layer]

@@ -21,18 +21,14 @@ import io
 import pickle
 import sys
 import threading
-import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from specfill.api import stream_request
 from specfill.core import SpecfillError
-from specfill.core.ops import Cancelled
-from specfill.core.runtime import GenerationInfo
 
-from .engine import Engine, Progress, Started
+from .engine import Engine
 from .plan import Plan
-from .prompt_cache import FULL, PromptCache, Reuse
+from .prompt_cache import PromptCache
 
 RUN, IDLE, STOP = "run", "idle", "stop"
 
@@ -131,60 +127,7 @@ class AgreedCancel:
 def run_agreed(engine: Engine, plan: Plan, emit: Callable[[Any], None], cancelled: AgreedCancel) -> None:
     """Engine.run with cancellation agreed between the ranks (see the module doc): the same prompt
     cache steps, events and statistics, without the per-layer check."""
-    started = time.perf_counter()
-    plan = replace(plan, cancelled=cancelled)
-    policy = plan.prompt_cache if engine.cache is not None else "off"
-    sparse = plan.request.method.name != FULL.name  # as Engine.run: a sparse request reuses only a long prefix
-    reuse = engine.cache.take(plan.ids, policy, sparse) if engine.cache is not None else Reuse()
-    request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
-    emit(Started(reuse.cached))
-    method, info = request.method, GenerationInfo()
-
-    def progress(done: int, total: int) -> None:  # noqa: ARG001 - total: the uncached tokens
-        if cancelled.is_set():
-            raise Cancelled
-        if plan.return_progress and info.step is not None:
-            emit(
-                Progress(
-                    reuse.cached + done,
-                    len(plan.ids),
-                    reuse.cached,
-                    time.perf_counter() - started,
-                    info.step.stage,
-                    info.step.done,
-                    info.step.total,
-                )
-            )
-
-    steps = stream_request(
-        engine.model,
-        engine.tokenizer,
-        plan.ids,
-        request,
-        prompt_progress_callback=progress,
-        prefill_info=info,
-        reuse=reuse.state,
-    )
-    outcome = None
-    try:
-        outcome = engine._stream(plan, steps, emit, lambda last: engine.stats(plan, policy, method, reuse, last, info))
-    except Cancelled:
-        pass
-    finally:
-        steps.close()
-        if engine.cache is not None and outcome is not None:
-            engine.cache.put(
-                plan.ids + outcome[0],
-                info.kv,
-                prompt_tokens=len(plan.ids),
-                method=method.name,
-                reuse=reuse,
-                policy=policy,
-            )
-        elif engine.cache is not None:
-            engine.cache.restore(plan.ids, reuse)
-    if outcome is not None:
-        emit(outcome[1])
+    Engine.run(engine, replace(plan, cancelled=cancelled), emit, layer_checks=False)  # not a subclass's run
 
 
 class LeaderEngine(Engine):

@@ -119,8 +119,10 @@ class Engine:
         if self.cache is not None:
             self.cache.idle_step(self.model)
 
-    def run(self, plan: Plan, emit: Emit) -> None:
-        """Generate `plan`, sending events through `emit` (ends with Finished, or nothing if cancelled)."""
+    def run(self, plan: Plan, emit: Emit, layer_checks: bool = True) -> None:
+        """Generate `plan`, sending events through `emit` (ends with Finished, or nothing if cancelled).
+        layer_checks: also check plan.cancelled between layers and chunks inside a step (off under a
+        process group, whose ranks agree on cancellation only between steps: serve/distributed.py)."""
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
         sparse = plan.request.method.name != FULL.name  # h2o, specprefill, auto
@@ -157,7 +159,7 @@ class Engine:
         )
         outcome = None
         try:
-            with cancellation(plan.cancelled.is_set):  # checked between layers, chunks and steps
+            with cancellation(plan.cancelled.is_set if layer_checks else None):  # between layers, chunks, steps
                 outcome = self._stream(
                     plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info)
                 )
