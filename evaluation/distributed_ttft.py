@@ -53,14 +53,14 @@ SHAPES: dict[str, dict[str, Any]] = {  # mlx-lm qwen2 configs (qwen2 has both Mo
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
-    "tiny": dict(  # seconds: the smoke test's
-        hidden_size=64,
+    "tiny": dict(  # seconds: the smoke test's; the 0.5B's head counts (7 query / 1 KV per rank) and tying
+        hidden_size=112,
         num_hidden_layers=4,
         intermediate_size=128,
-        num_attention_heads=4,
+        num_attention_heads=14,
         num_key_value_heads=2,
         vocab_size=512,
-        tie_word_embeddings=False,
+        tie_word_embeddings=True,
     ),
 }
 COMMON = dict(
