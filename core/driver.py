@@ -344,7 +344,13 @@ class CausalLM(LoadedModel[A]):
         if book is not None:
             book.seed(length)  # costs kept from earlier runs: no single slow first measurement decides
         info.decode.draft_lengths = length.trajectory
-        for token, from_draft in speculative_decode(
+
+        def keep_costs() -> None:
+            if book is not None:
+                book.remember(length, info.decode.seconds["draft_prefill"], len(ids), state.drafted, state.accepted)
+
+        produced = 1
+        steps = speculative_decode(
             self.ops,
             self.model,
             cache,
@@ -356,13 +362,21 @@ class CausalLM(LoadedModel[A]):
             sampling=sampling,
             stop_ids=stop_ids,
             rng=rng,
-        ):
+        )
+        for token, from_draft in steps:
             info.decode.drafted_tokens, info.decode.accepted_tokens = state.drafted, state.accepted
             info.decode.seconds.update(state.seconds)
             info.decode.from_draft.append(from_draft)
-            yield token
-        if book is not None:
-            book.remember(length, info.decode.seconds["draft_prefill"], len(ids), state.drafted, state.accepted)
+            produced += 1
+            if token in stop_ids or produced == max_tokens:
+                keep_costs()  # before the last token: a reader stops at it and never resumes this generator
+                yield token
+                return
+            try:
+                yield token
+            except GeneratorExit:  # closed early (a stop string, a cancel): what was measured still counts
+                keep_costs()
+                raise
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or the process's peak resident set on CPU) so far, in GB."""

@@ -163,3 +163,30 @@ def test_a_skipped_decode_is_plain_greedy_without_the_draft_prefill(tiny_checkpo
     book.remember(measured(0.001, 0.01, 0.01), prefill_seconds=1.0, prompt_tokens=60, drafted=4, accepted=1)
     _, record = run(Drafting(draft, 4), seeded)  # a seeded sampling run never reads the clock's book
     assert record.skipped == "" and record.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_decode_through_the_api_keeps_its_costs(tiny_checkpoint, calibration_cache, dtype):
+    """The API stops reading the driver's steps at the last token (finish set), so the costs must be
+    kept before that token is yielded, not after a resumption that never comes (issue #38: no book
+    was written after five drafted decodes of a bf16 pair). A stop string closes the steps early:
+    what was measured is kept then too."""
+    from specfill.api import load as api_load
+    from specfill.api import stream_generate
+
+    model, tokenizer = api_load(str(tiny_checkpoint("llama", "gguf")), backend="cuda", dtype=dtype, device="cpu")
+    draft = api_load(str(tiny_checkpoint("llama", "gguf")), backend="cuda", dtype=dtype, device="cpu")[0]
+    ids = prompt(30, model.args.vocab_size, seed=24)
+    last = list(stream_generate(model, tokenizer, ids, 10, draft_model=draft, num_draft_tokens=3))[-1]
+    assert last.drafted_tokens > 0 and last.finish_reason == "length"
+    books = list(calibration_cache.glob("cuda-drafting-*.json"))
+    assert len(books) == 1
+    kept = json.loads(books[0].read_text())
+    assert kept["key"]["dtype"] == dtype and kept["costs"]["draft_step"] > 0
+    books[0].unlink()
+    steps = stream_generate(model, tokenizer, ids, 10, draft_model=draft, num_draft_tokens=3)
+    for response in steps:  # a consumer that stops early (a stop string, a cancelled request)
+        if response.drafted_tokens:
+            break
+    steps.close()
+    assert len(list(calibration_cache.glob("cuda-drafting-*.json"))) == 1
