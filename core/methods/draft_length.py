@@ -13,8 +13,9 @@ the highest rate: k shrinks when acceptance falls, grows by one per round while 
 is 0 (plain decoding) where even full acceptance could not pay ((k + 1) tokens cost more than k + 1
 plain steps: the cost rule). The first round is a plain step (it measures verify(1)), the second
 drafts max_k; a length seeded with costs kept from earlier decodes (draft_costs.py) chooses by the
-rule from its first round, so a pair whose kept costs say drafting does not pay stops at once. After a plain round chosen by the rule, drafting is tried again (k = 1) after
-PROBE_AFTER plain rounds, the wait doubling each time the try does not pay.
+rule from its first round, so a pair whose kept costs say drafting does not pay stops at once.
+After a plain round chosen by the rule, drafting is tried again (k = 1) after PROBE_AFTER plain
+rounds, the wait doubling each time the try does not pay.
 
 Step costs are the least of the last few measured wall times (a shared machine only adds time); verify(T) for a
 T not yet measured is
