@@ -8,6 +8,7 @@ from specfill.api import DEFAULT_BACKEND_RULE, default_backend
 from specfill.core import ConfigError
 from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
 from specfill.evaluation.drafting import DraftingPlan, run_drafting_bench, write_drafting
+from specfill.evaluation.drafting_ratios import DEFAULT_PROMPTS, RatioPlan, run_drafting_ratios, write_drafting_ratios
 
 from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
 from .progress import WorkProgressBar
@@ -52,6 +53,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the draft after full prefill (path or self:K); after "
         "SpecPrefill the --speculator drafts (default: %(default)s)",
     )
+    p.add_argument(
+        "--draft-ratios",
+        action="store_true",
+        help="end-to-end time drafted / plain with the default drafting and --draft-model, per dtype (--dtype, "
+        "else float32 and bfloat16), prompt (--ratio-prompts, cut to the first --lengths tokens) and reply "
+        "length (--reply-tokens), each row run max(--repeats, 2) times, the last judged",
+    )
+    p.add_argument(
+        "--ratio-prompts",
+        type=str_list,
+        default=[f"{kind}={path}" for kind, path in DEFAULT_PROMPTS],
+        help="with --draft-ratios: comma list of KIND=TEXT_FILE (default: %(default)s)",
+    )
+    p.add_argument(
+        "--reply-tokens",
+        type=int_list,
+        default=[32, 256],
+        help="with --draft-ratios: max_tokens per row (default: 32,256)",
+    )
     add_method_options(p)
 
 
@@ -78,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.draft_tokens is not None:
         return run_drafting(args)
+    if args.draft_ratios:
+        return run_ratios(args)
     with WorkProgressBar("bench") as bar:
         result = run_bench(
             plan, log=bar.log, step=bar.step, row_done=lambda partial: write_bench(partial, args.out, args.name)
@@ -106,5 +128,30 @@ def run_drafting(args: argparse.Namespace) -> int:
         prompt_file=args.prompt_file,
     )
     for path in write_drafting(run_drafting_bench(plan), args.out, args.name):
+        print(path)
+    return 0
+
+
+def run_ratios(args: argparse.Namespace) -> int:
+    """`--draft-ratios`: drafting against plain decoding end to end (evaluation/drafting_ratios.py)."""
+    prompts = tuple(tuple(item.split("=", 1)) for item in args.ratio_prompts)
+    if any(len(p) != 2 or not all(p) for p in prompts):
+        raise ConfigError("--ratio-prompts takes KIND=TEXT_FILE items")
+    if any(n < 2 for n in args.reply_tokens):
+        raise ConfigError("--reply-tokens must be at least 2 (a reply of one token drafts nothing)")
+    plan = RatioPlan(
+        backend=(args.backends or [default_backend()])[0],
+        model=args.model,
+        draft=args.draft_model,
+        prompts=prompts,
+        prompt_tokens=args.lengths[0],
+        reply_tokens=tuple(args.reply_tokens),
+        dtypes=(args.dtype,) if args.dtype else ("float32", "bfloat16"),
+        runs=max(args.repeats, 2),
+        device=args.device,
+    )
+    name = args.name if args.name != "bench" else "drafting_ratios"
+    write = lambda partial: write_drafting_ratios(partial, args.out, name)  # noqa: E731
+    for path in write(run_drafting_ratios(plan, row_done=write)):
         print(path)
     return 0

@@ -194,9 +194,11 @@ class CausalLM(LoadedModel[A]):
         book = None if source is None or not drafting.adaptive else source.costs_book()
         if book is not None and (why := book.skip_reason(len(ids), max_tokens)):
             info.decode.skipped, source, drafting = why, None, None  # plain decoding, no draft prefill
+        else:
+            book = None
         if max_tokens == 0:
             return iter(())
-        return self._generate(
+        tokens = self._generate(
             ids,
             method,
             speculator,
@@ -209,6 +211,7 @@ class CausalLM(LoadedModel[A]):
             progress=progress,
             drafting=drafting,
         )
+        return tokens if book is None else book.noting_reply(tokens, max_tokens, stop_ids)
 
     def _generate(
         self,
@@ -344,7 +347,14 @@ class CausalLM(LoadedModel[A]):
         if book is not None:
             book.seed(length)  # costs kept from earlier runs: no single slow first measurement decides
         info.decode.draft_lengths = length.trajectory
-        for token, from_draft in speculative_decode(
+
+        def keep_costs(stopped: bool) -> None:
+            if book is not None:
+                seconds, reply = info.decode.seconds["draft_prefill"], (produced, stopped)
+                book.remember(length, seconds, len(ids), state.drafted, state.accepted, reply)
+
+        produced = 1
+        steps = speculative_decode(
             self.ops,
             self.model,
             cache,
@@ -356,13 +366,21 @@ class CausalLM(LoadedModel[A]):
             sampling=sampling,
             stop_ids=stop_ids,
             rng=rng,
-        ):
+        )
+        for token, from_draft in steps:
             info.decode.drafted_tokens, info.decode.accepted_tokens = state.drafted, state.accepted
             info.decode.seconds.update(state.seconds)
             info.decode.from_draft.append(from_draft)
-            yield token
-        if book is not None:
-            book.remember(length, info.decode.seconds["draft_prefill"], len(ids), state.drafted, state.accepted)
+            produced += 1
+            if token in stop_ids or produced == max_tokens:
+                keep_costs(token in stop_ids)  # before the last token: a reader stops there, never resuming us
+                yield token
+                return
+            try:
+                yield token
+            except GeneratorExit:  # closed early (a stop string, a cancel): what was measured still counts
+                keep_costs(True)
+                raise
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or the process's peak resident set on CPU) so far, in GB."""

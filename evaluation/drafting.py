@@ -53,6 +53,7 @@ def _one(model, tokenizer, ids, method, plan: DraftingPlan, draft, k: int) -> di
         "drafted": last.drafted_tokens,
         "accepted": last.accepted_tokens,
         "acceptance": last.accepted_tokens / last.drafted_tokens if last.drafted_tokens else None,
+        "skipped": last.draft_skipped,  # the draft's cost book said it cannot pay (core/methods/draft_costs.py)
         "tokens": [r.token for r in steps],
     }
 

@@ -163,3 +163,91 @@ def test_a_skipped_decode_is_plain_greedy_without_the_draft_prefill(tiny_checkpo
     book.remember(measured(0.001, 0.01, 0.01), prefill_seconds=1.0, prompt_tokens=60, drafted=4, accepted=1)
     _, record = run(Drafting(draft, 4), seeded)  # a seeded sampling run never reads the clock's book
     assert record.skipped == "" and record.drafted_tokens > 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_decode_through_the_api_keeps_its_costs(tiny_checkpoint, calibration_cache, dtype):
+    """The API stops reading the driver's steps at the last token (finish set), so the costs must be
+    kept before that token is yielded, not after a resumption that never comes (issue #38: no book
+    was written after five drafted decodes of a bf16 pair). A stop string closes the steps early:
+    what was measured is kept then too."""
+    from specfill.api import load as api_load
+    from specfill.api import stream_generate
+
+    model, tokenizer = api_load(str(tiny_checkpoint("llama", "gguf")), backend="cuda", dtype=dtype, device="cpu")
+    draft = api_load(str(tiny_checkpoint("llama", "gguf")), backend="cuda", dtype=dtype, device="cpu")[0]
+    ids = prompt(30, model.args.vocab_size, seed=24)
+    last = list(stream_generate(model, tokenizer, ids, 10, draft_model=draft, num_draft_tokens=3))[-1]
+    assert last.drafted_tokens > 0 and last.finish_reason == "length"
+    books = list(calibration_cache.glob("cuda-drafting-*.json"))
+    assert len(books) == 1
+    kept = json.loads(books[0].read_text())
+    assert kept["key"]["dtype"] == dtype and kept["costs"]["draft_step"] > 0
+    books[0].unlink()
+    steps = stream_generate(model, tokenizer, ids, 10, draft_model=draft, num_draft_tokens=3)
+    for response in steps:  # a consumer that stops early (a stop string, a cancelled request)
+        if response.drafted_tokens:
+            break
+    steps.close()
+    assert len(list(calibration_cache.glob("cuda-drafting-*.json"))) == 1
+
+
+def test_replies_that_end_early_do_not_earn_back_the_draft_prefill(tmp_path, monkeypatch):
+    book = tiny_book(tmp_path, monkeypatch)
+    # drafting pays per token (draft step a tenth, flat verify, all accepted) but its prefill costs 2 plain steps
+    costs = measured(0.1, 0.01, 0.11)
+    book.remember(costs, prefill_seconds=0.2, prompt_tokens=500, drafted=4, accepted=4, reply=(64, False))
+    assert book.expected_tokens(64) == 64 and book.skip_reason(500, 64) == ""
+    for _ in range(8):  # replies a stop ended after 3 tokens: the prefill is never earned back
+        book.remember(costs, prefill_seconds=0.2, prompt_tokens=500, drafted=4, accepted=4, reply=(3, True))
+    assert book.expected_tokens(64) == 3 and book.expected_tokens(2) == 2
+    assert "for the 3 tokens expected" in book.skip_reason(500, 64)
+    book.note_reply(64, False)  # a long reply (a skipped decode's) brings the mean up: 3 * 7/8 + 64/8
+    assert book.expected_tokens(64) == pytest.approx((7 * 3 + 64) / 8) and book.skip_reason(500, 64) == ""
+    assert len(book.read()["replies"]) == 8
+
+
+def test_kept_costs_that_say_drafting_cannot_pay_stop_it_from_the_first_round(tmp_path, monkeypatch):
+    book = tiny_book(tmp_path, monkeypatch)
+    book.remember(measured(0.5, 0.45, 2.5), prefill_seconds=1.0, prompt_tokens=500, drafted=4, accepted=4)
+    expensive = DraftLength(4)
+    book.seed(expensive)
+    assert expensive.next(60) == 0  # no plain measuring round, no forced max_k round: the rule decides
+    book.remember(measured(0.5, 0.02, 0.55), prefill_seconds=1.0, prompt_tokens=500, drafted=4, accepted=4)
+    cheap = DraftLength(4)
+    book.seed(cheap)
+    assert cheap.next(60) == 4
+    fresh = DraftLength(4)  # nothing kept: a plain round measures the plain step, then max_k
+    assert fresh.next(60) == 0
+    fresh.record(0, 0, 0.0, 0.5)
+    assert fresh.next(60) == 4
+
+
+def test_a_skipped_decode_notes_its_reply_and_the_speculator_has_no_book(tiny_checkpoint):
+    from specfill.backends.torch_cuda import load
+    from specfill.core.methods.draft_sources import draft_source
+
+    main = load(tiny_checkpoint("llama", "gguf"), dtype="float32", device="cpu")[0]
+    draft = load(tiny_checkpoint("qwen3", "safetensors"), dtype="float32", device="cpu")[0]
+    assert draft_source(main, Drafting(None, 3), 100, SamplingConfig()).costs_book() is None  # prefills nothing
+    ids = prompt(40, main.args.vocab_size, seed=7)
+    book = book_for(main, draft)
+    for _ in range(8):  # cheap steps, but every reply so far ended after 2 tokens
+        book.remember(
+            measured(0.1, 0.01, 0.11), prefill_seconds=0.4, prompt_tokens=40, drafted=4, accepted=4, reply=(2, True)
+        )
+    info = GenerationInfo()
+    steps = main.generate_step(
+        ids,
+        max_tokens=9,
+        sampling=SamplingConfig(),
+        stop_ids=frozenset(),
+        method=PrefillMethod(),
+        info=info,
+        drafting=Drafting(draft, 4),
+    )
+    for n, _ in enumerate(steps, start=1):
+        if n == 9:
+            break  # a reader that stops at the last token, as the API does
+    assert info.decode.skipped.startswith("drafting skipped") and info.decode.drafted_tokens == 0
+    assert book.read()["replies"][-1] == (9, False)

@@ -11,13 +11,18 @@ under a key of the CPU, backend, device, dtype, threads and both models' shapes:
     plain_step (s, one main-model decode step), draft_step (s), verify {T: s} (a main pass over T
     tokens), prefill_per_token (s per prompt token of the draft model's prefill), acceptance (its
     runs' accepted / drafted, the latest weighing half).
-The next decode with that pair first predicts, with draft_length's round model at that acceptance,
-    drafted = prefill_per_token * prompt_tokens + (new_tokens - 1) / max_k rate(k)
-    plain   = (new_tokens - 1) * plain_step
-and decodes plainly, without the draft's prefill, when drafted >= plain (info.decode.skipped says
-why). Where it drafts, the kept costs are the draft length's first measurements (`seed`), so one
-slow first verify of a shape does not price longer drafts out for a whole decode. Only an adaptive
-run skips (a fixed schedule drafts as asked); a seeded sampling run never reads the clock, so it has
+The book also keeps the lengths of the pair's last REPLY_MEMORY replies (tokens, and whether a stop
+ended them), skipped decodes included: a reply that ends early must not pay a prefill it cannot earn
+back. The next decode with that pair first predicts, with draft_length's round model at that acceptance,
+    drafted = prefill_per_token * prompt_tokens + (n - 1) / max_k rate(k)
+    plain   = (n - 1) * plain_step
+for the expected reply length n = mean over the kept replies of min(max_tokens, tokens) for one a stop
+ended and max_tokens for one cut at its limit (it showed no early end); max_tokens when none is kept.
+Both sides are linear in n, so comparing them at the mean compares the expected times. It decodes
+plainly, without the draft's prefill, when drafted >= plain (info.decode.skipped says why).
+Where it drafts, the kept costs are the draft length's first measurements (`seed`), so one slow
+first verify of a shape does not price longer drafts out for a whole decode. Only an adaptive run
+skips (a fixed schedule drafts as asked); a seeded sampling run never reads the clock, so it has
 no book; every other run updates it, `Drafting(adaptive=False)` included.
 """
 
@@ -26,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ..crossover import calibration_key, calibration_path, write_calibration
 from ..models import ModelArgs
@@ -34,6 +39,7 @@ from .draft_length import DraftLength
 
 ACCEPTANCE_WEIGHT = 2.0  # judged drafts the remembered acceptance counts for in the prediction
 COSTS = ("plain_step", "draft_step", "prefill_per_token", "acceptance")
+REPLY_MEMORY = 8  # replies whose lengths the expected reply length is taken over
 
 
 def cost_key(
@@ -83,9 +89,18 @@ class CostBook:
             return None
         try:
             costs["verify"] = {int(t): float(s) for t, s in costs["verify"].items() if 0 < float(s) < math.inf}
+            costs["replies"] = [(int(t), bool(stop)) for t, stop in costs.get("replies", []) if int(t) > 0]
         except (TypeError, ValueError):
             return None
         return costs
+
+    def expected_tokens(self, max_tokens: int, costs: dict[str, Any] | None = None) -> float:
+        """The reply length to expect for a request of max_tokens: the kept replies' mean of
+        min(max_tokens, tokens) (one a stop ended) or max_tokens (one cut at its limit)."""
+        replies = (costs if costs is not None else self.read() or {}).get("replies") or []
+        if not replies:
+            return float(max_tokens)
+        return sum(min(max_tokens, t) if stop else max_tokens for t, stop in replies) / len(replies)
 
     def skip_reason(self, prompt_tokens: int, new_tokens: int) -> str:
         """Why drafting would not pay for this decode ("" when it would, or when nothing is known)."""
@@ -96,15 +111,45 @@ class CostBook:
         fill(length, costs)
         length.accepted, length.judged = costs["acceptance"] * ACCEPTANCE_WEIGHT, ACCEPTANCE_WEIGHT
         best = max(length.rate(k) for k in range(1, self.max_k + 1))
-        drafted = costs["prefill_per_token"] * prompt_tokens + (new_tokens - 1) / best
-        plain = (new_tokens - 1) * costs["plain_step"]
+        expected = self.expected_tokens(new_tokens, costs)
+        drafted = costs["prefill_per_token"] * prompt_tokens + max(expected - 1, 0.0) / best
+        plain = max(expected - 1, 0.0) * costs["plain_step"]
         if drafted < plain:
             return ""
         return (
             f"drafting skipped: the step costs measured on this machine (draft step {costs['draft_step']:.3g} s, "
-            f"plain step {costs['plain_step']:.3g} s, acceptance {costs['acceptance']:.2f}) predict "
-            f"{drafted:.1f} s with the draft model's prompt prefill against {plain:.1f} s plain"
+            f"plain step {costs['plain_step']:.3g} s, acceptance {costs['acceptance']:.2f}) predict, for the "
+            f"{expected:.0f} tokens expected, {drafted:.1f} s with the draft model's prompt prefill against "
+            f"{plain:.1f} s plain"
         )
+
+    def note_reply(self, tokens: int, stopped: bool) -> None:
+        """Keep the length of a reply decoded plainly because drafting was skipped (its costs stay)."""
+        costs = self.read()
+        if costs is not None:
+            costs["replies"] = (costs["replies"] + [(tokens, stopped)])[-REPLY_MEMORY:]
+            self._write(costs)
+
+    def noting_reply(self, tokens: Iterator[int], max_tokens: int, stop_ids: frozenset[int]) -> Iterator[int]:
+        """`tokens` of a decode that skipped drafting, its reply's length noted before the last one
+        is yielded (a reader stops at it) or when closed early (a stop string: an early end)."""
+        produced = 0
+        for token in tokens:
+            produced += 1
+            if token in stop_ids or produced == max_tokens:
+                self.note_reply(produced, token in stop_ids)
+                yield token
+                return
+            try:
+                yield token
+            except GeneratorExit:
+                self.note_reply(produced, True)
+                raise
+
+    def _write(self, costs: dict[str, Any]) -> None:
+        costs = {**costs, "verify": {str(t): round(s, 6) for t, s in sorted(costs["verify"].items())}}
+        costs["replies"] = [[t, int(stop)] for t, stop in costs["replies"]]
+        write_calibration(self.key, {"key": self.key, "costs": costs})
 
     def seed(self, length: DraftLength) -> None:
         """Start `length` from the kept step costs as its first measurements (a round's own times
@@ -115,9 +160,16 @@ class CostBook:
             fill(length, costs)
 
     def remember(
-        self, length: DraftLength, prefill_seconds: float, prompt_tokens: int, drafted: int, accepted: int
+        self,
+        length: DraftLength,
+        prefill_seconds: float,
+        prompt_tokens: int,
+        drafted: int,
+        accepted: int,
+        reply: tuple[int, bool] | None = None,
     ) -> None:
-        """Keep what a timed decode measured (costs it did not measure stay as they were)."""
+        """Keep what a timed decode measured (costs it did not measure stay as they were); reply:
+        its length in tokens and whether a stop (not max_tokens) ended it."""
         old = self.read() or {}
         plain_step = length.verify.get(1, old.get("plain_step"))
         draft_step = length.draft_step if length.draft_step is not None else old.get("draft_step")
@@ -127,11 +179,13 @@ class CostBook:
         if drafted and "acceptance" in old:
             acceptance = 0.5 * old["acceptance"] + 0.5 * acceptance
         verify = {**old.get("verify", {}), **{t: s for t, s in length.verify.items() if t > 1}}
+        replies = old.get("replies", []) + ([reply] if reply is not None else [])
         costs = {
             "plain_step": plain_step,
             "draft_step": draft_step,
-            "verify": {str(t): round(s, 6) for t, s in sorted(verify.items())},
+            "verify": verify,
             "prefill_per_token": prefill_seconds / max(prompt_tokens, 1),
             "acceptance": round(acceptance, 4),
+            "replies": replies[-REPLY_MEMORY:],
         }
-        write_calibration(self.key, {"key": self.key, "costs": costs})
+        self._write(costs)

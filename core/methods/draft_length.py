@@ -12,8 +12,10 @@ verify(1) is a plain decoding step. Each round takes the k in 0 .. min(max_k, la
 the highest rate: k shrinks when acceptance falls, grows by one per round while the gain holds, and
 is 0 (plain decoding) where even full acceptance could not pay ((k + 1) tokens cost more than k + 1
 plain steps: the cost rule). The first round is a plain step (it measures verify(1)), the second
-drafts max_k. After a plain round chosen by the rule, drafting is tried again (k = 1) after
-PROBE_AFTER plain rounds, the wait doubling each time the try does not pay.
+drafts max_k; a length seeded with costs kept from earlier decodes (draft_costs.py) chooses by the
+rule from its first round, so a pair whose kept costs say drafting does not pay stops at once.
+After a plain round chosen by the rule, drafting is tried again (k = 1) after PROBE_AFTER plain
+rounds, the wait doubling each time the try does not pay.
 
 Step costs are the least of the last few measured wall times (a shared machine only adds time); verify(T) for a
 T not yet measured is
@@ -69,11 +71,11 @@ class DraftLength:
     def _choose(self) -> int:
         if not self.adaptive:
             return self.max_k
-        if not self.trajectory:
+        if not self.trajectory and 1 not in self.verify:
             return 0  # a plain step first: it measures verify(1)
-        if len(self.trajectory) == 1:
-            return self.max_k
-        last = self.trajectory[-1]
+        if self.draft_step is None:
+            return self.max_k  # a draft step not measured yet (nor kept: draft_costs.CostBook.seed)
+        last = self.trajectory[-1] if self.trajectory else self.max_k
         best = max(range(min(self.max_k, last + 1) + 1), key=self.rate)
         if best == 0 and last == 0 and self.plain_rounds >= self.probe_after:
             self.probe_after *= 2  # try one draft again; each try that ends in plain again waits longer
