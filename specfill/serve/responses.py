@@ -40,11 +40,12 @@ class Reply:
         self.calls: list[ToolCall] = []
         self.pieces: list[Piece] = []  # in order, neighbouring text joined (Anthropic's content blocks)
 
-    def feed(self, text: str) -> list[Piece]:
+    def feed(self, text: str) -> list[Any]:
+        """The pieces the text gives: Text and ToolCall, and a stream's CallStart / CallArgs / CallEnd."""
         text, self.prefix = self.prefix + text, ""
         return self._keep(self.splitter.feed(text))
 
-    def finish(self) -> list[Piece]:
+    def finish(self) -> list[Any]:
         """The pieces held back until the end (the forced start too, if no text ever came)."""
         text, self.prefix = self.prefix, ""
         return self._keep(self.splitter.feed(text) + self.splitter.finish())

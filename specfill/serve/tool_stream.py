@@ -17,8 +17,9 @@ import json
 import re
 import string
 from dataclasses import dataclass, field
+from typing import Any
 
-from .tool_parsers import HERMES, Piece, ReplySplitter, Text, ToolCall, ToolFormat
+from .tool_parsers import HERMES, ReplySplitter, Text, ToolCall, ToolFormat
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,7 @@ class StreamingSplitter(ReplySplitter):
         self.live: _Live | None = None
         self.undecided = False  # inside a call whose header is still being read
 
-    def _step(self, out: list[Piece]) -> bool:
+    def _step(self, out: list[Any]) -> bool:
         if self.live is not None:
             return self._stream(out, final=False)
         if self.body is not None and self.undecided:
@@ -248,13 +249,13 @@ class StreamingSplitter(ReplySplitter):
             self.undecided = self.fmt is HERMES
         return more
 
-    def finish(self) -> list[Piece]:
-        out: list[Piece] = []
+    def finish(self) -> list[Any]:
+        out: list[Any] = []
         if self.live is not None:
             self._stream(out, final=True)
         return out + super().finish()
 
-    def _stream(self, out: list[Piece], final: bool) -> bool:
+    def _stream(self, out: list[Any], final: bool) -> bool:
         live, end = self.live, self.fmt.end if self.fmt is not None else None
         assert live is not None and end is not None and self.body is not None
         body, self.pending = self.body + self.pending, ""
