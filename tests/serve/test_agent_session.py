@@ -45,3 +45,11 @@ def test_two_turn_session_with_a_restart(tmp_path):
     assert (out / "agent_session_ttft.png").stat().st_size > 0
     assert main(argv) == 0  # all measured: the rerun only rewrites the report (no server)
     assert json.loads((out / "agent_session.json").read_text())["turns"] == result["turns"]
+    (out / "agent_session.json").write_text(json.dumps({**result, "turns": [one], "restart": []}))
+    assert main(argv) == 0  # resumed after turn 1: turn 2 on a new server, its cache read from disk
+    resumed = json.loads((out / "agent_session.json").read_text())
+    assert (
+        resumed["turns"][0] == one
+        and resumed["turns"][1]["cached"]["cached_tokens"] >= one["cached"]["prompt_tokens"] - 1
+    )
+    assert resumed["turns"][1]["equal"] and len(resumed["restart"]) == 2
