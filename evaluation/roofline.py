@@ -5,13 +5,22 @@ over the prompt's tokens; weights read once per prefill step), attention (4 * he
 visible query-key pair per head: QK^T and PV; K/V read once per 128-query block), a decode step
 (weights + KV cache read once) and SpecPrefill's scoring (its n_q queries against every prompt
 key). Methods: full (causal over every pair), H2O (core.methods.h2o.h2o_dot_products: causal
-inside each chunk + one memory set per later chunk + the dense tail), SpecPrefill (the
-speculator's full prefill + look-ahead decode + scoring, then the main model's prefill of the
-kept tokens). Norms, RoPE, softmax element-wise work and kernel launch gaps are not priced, so on
-vendor peaks the figures are lower bounds; the speed-ups vs full are ratios of such bounds.
+inside each chunk + one memory set per later chunk + the dense tail, in the layers
+H2OConfig.layers names; the others full), SpecPrefill (the speculator's full prefill + look-ahead
+decode + scoring, then the main model's prefill of the kept tokens) and the composition
+(Method.speculator_h2o: the speculator's prompt pass priced as H2O, the rest as SpecPrefill).
+Norms, RoPE, softmax element-wise work and kernel launch gaps are not priced, so on vendor peaks
+the figures are lower bounds; the speed-ups vs full are ratios of such bounds.
 
 Peaks are vendor datasheet figures (DEVICES, sources in each entry); `Rates` measured on the
 machine itself (evaluation/rates.py) make the same formula a prediction to check against bench.
+
+Over N devices (`Parallel`, priced as mlx-lm's own sharded models run, backends/mlx/distributed.py):
+tensor parallelism splits every layer's heads and MLP over the ranks and adds two all-reduces of
+the step's hidden states per layer; pipeline parallelism runs the layers rank after rank (no
+overlap: mlx-lm all-gathers each step's output) and adds the hand-offs. Communication is not
+overlapped with compute (each collective is a dependency of the next layer). The speculator is
+replicated (loaded without a group on every rank), so its pass is not split.
 """
 
 from __future__ import annotations
@@ -105,7 +114,85 @@ DEVICES: dict[str, Rates] = {
         "NVIDIA Ampere GA102 GPU architecture whitepaper, table 9: peak BF16 tensor TFLOPS with "
         "FP32 accumulate 71 (142 sparse); 936 GB/s GDDR6X",
     ),
+    "m3ultra": Rates(
+        "Mac Studio M3 Ultra (80-core GPU)",
+        28.6e12,
+        28.6e12,
+        819e9,
+        "Apple Mac Studio (2025) announcement: M3 Ultra up to 80 GPU cores, 819 GB/s unified memory "
+        "(techpowerup.com news, Ars Technica table: 819.2 GB/s); Apple publishes no TFLOPS: 80 cores x 128 "
+        "ALUs x 2 FLOP x 1.398 GHz = 28.6 TFLOP/s FP16 = FP32 (no matrix units before M5), the per-core "
+        "figure of hmc-tech.com's M3 GPU pages (10-core M3: 3.58 TFLOPS; 60-core M3 Ultra: 21.47)",
+    ),
 }
+
+
+@dataclass(frozen=True)
+class Link:
+    """A device-to-device link: bytes/s each way and seconds of latency per message."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    source: str
+
+
+LINKS: dict[str, Link] = {
+    "tb5": Link(
+        "Thunderbolt 5, RDMA (MLX JACCL)",
+        10e9,
+        50e-6,
+        "Intel Thunderbolt 5 announcement (Sept. 2023): 80 Gb/s bidirectional = 10 GB/s each way (the "
+        "120 Gb/s Bandwidth Boost is one-way, for displays); latency < 50 us with RDMA over Thunderbolt "
+        "(macOS 26.2, Apple TN3205; measured by Jeff Geerling on four M3 Ultra Mac Studios, Dec. 2025; "
+        "exo reports ~3 us: 50 us is the cautious figure); MLX docs: JACCL is MLX's RDMA-over-Thunderbolt "
+        "back-end, 'necessary for things like tensor parallelism'",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """A model sharded over `ranks` devices joined by `link`: kind "tensor" (mlx-lm's Model.shard:
+    each rank a 1/ranks share of the heads and MLP, o_proj and down_proj all-sum) or "pipeline"
+    (Model.model.pipeline: each rank a run of layers; mlx-lm hands the hidden state on and
+    all-gathers the last one every step, so the ranks do not overlap)."""
+
+    kind: str
+    ranks: int
+    link: Link
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("tensor", "pipeline") or self.ranks < 1:
+            raise ValueError(f"parallel kind {self.kind!r} over {self.ranks} ranks (tensor or pipeline, >= 1 rank)")
+
+
+def all_reduce_seconds(nbytes: float, ranks: int, link: Link) -> float:
+    """A ring all-reduce (reduce-scatter + all-gather) of nbytes: 2 (ranks - 1) messages of
+    nbytes / ranks each, one after another on every rank."""
+    return 0.0 if ranks == 1 else 2 * (ranks - 1) * (nbytes / ranks / link.bandwidth + link.latency)
+
+
+def all_gather_seconds(nbytes: float, ranks: int, link: Link) -> float:
+    """A ring all-gather of nbytes from each rank: ranks - 1 messages of nbytes."""
+    return (ranks - 1) * (nbytes / link.bandwidth + link.latency)
+
+
+def communication_seconds(shape: Shape, n_tokens: int, width: int, parallel: Parallel, step: int = 2048) -> float:
+    """Seconds in collectives of a sharded prefill of n_tokens in steps of `step` tokens: tensor,
+    two all-reduces of the step's hidden states per layer; pipeline, ranks - 1 hand-offs of them
+    and mlx-lm's all-gather of the last rank's output, every step. Not overlapped with compute."""
+    if parallel.ranks == 1:
+        return 0.0
+    total, link, ranks = 0.0, parallel.link, parallel.ranks
+    for start in range(0, n_tokens, step):
+        hidden = min(step, n_tokens - start) * shape.hidden * width
+        if parallel.kind == "tensor":
+            total += 2 * shape.layers * all_reduce_seconds(hidden, ranks, link)
+        else:
+            total += (ranks - 1) * (hidden / link.bandwidth + link.latency) + all_gather_seconds(hidden, ranks, link)
+    return total
+
 
 KV_BLOCK = 128  # queries that share one read of their keys / values (a flash-attention tile)
 
@@ -115,21 +202,51 @@ def _part(flops: float, nbytes: float, rate: float, rates: Rates) -> float:
 
 
 def prefill_seconds(
-    shape: Shape, rates: Rates, n_tokens: int, pairs: int, width: int, step: int = 2048, logits: bool = True
+    shape: Shape,
+    rates: Rates,
+    n_tokens: int,
+    pairs: float,
+    width: int,
+    step: int = 2048,
+    logits: bool = True,
+    parallel: Parallel | None = None,
 ) -> dict[str, float]:
     """{"linear", "attention"} seconds of prefilling n_tokens whose attention visits `pairs`
-    query-key pairs per head per layer, weights and cache `width` bytes per value."""
+    query-key pairs per head per layer, weights and cache `width` bytes per value; sharded over
+    `parallel` (one rank's share of the work, the ranks in step) with "communication" added."""
     if n_tokens == 0:
-        return {"linear": 0.0, "attention": 0.0}
-    weights = shape.layer_params() * shape.layers * width
+        return {"linear": 0.0, "attention": 0.0, **({"communication": 0.0} if parallel else {})}
+    split = parallel.ranks if parallel is not None and parallel.kind == "tensor" else 1
+    if split > 1 and (shape.heads % split or shape.kv_heads % split):
+        raise ValueError(f"{shape.name}: {shape.heads} / {shape.kv_heads} heads do not split over {split} ranks")
+    weights = shape.layer_params() * shape.layers * width / split
     linear = _part(
-        2 * n_tokens * shape.layer_params() * shape.layers, weights * math.ceil(n_tokens / step), rates.gemm, rates
+        2 * n_tokens * shape.layer_params() * shape.layers / split,
+        weights * math.ceil(n_tokens / step),
+        rates.gemm,
+        rates,
     )
-    if logits:  # the last token's logits only
+    if logits:  # the last token's logits only (mlx-lm's shard leaves lm_head whole on every rank)
         linear += _part(2 * shape.hidden * shape.vocab, shape.hidden * shape.vocab * width, rates.gemm, rates)
-    kv_reads = 2 * shape.kv_heads * shape.head_dim * width * pairs / KV_BLOCK * shape.layers
-    attention = _part(4 * shape.head_dim * shape.heads * pairs * shape.layers, kv_reads, rates.attention, rates)
-    return {"linear": linear, "attention": attention}
+    kv_reads = 2 * shape.kv_heads * shape.head_dim * width * pairs / KV_BLOCK * shape.layers / split
+    attention = _part(4 * shape.head_dim * shape.heads * pairs * shape.layers / split, kv_reads, rates.attention, rates)
+    parts = {"linear": linear, "attention": attention}
+    if parallel is not None:
+        parts["communication"] = communication_seconds(shape, n_tokens, width, parallel, step)
+    return parts
+
+
+def h2o_pairs(n_tokens: int, config: H2OConfig, n_layers: int) -> float:
+    """Query-key pairs per head, averaged over the n_layers layers, of an H2O prefill: the layers
+    config.layers names visit h2o_dot_products' pairs (memory_share resolved for the prompt), the
+    others every causal pair; a prompt within one chunk, or a memory of 0, is full."""
+    config = config.for_prompt(n_tokens)
+    full = full_dot_products(n_tokens)
+    if n_tokens <= config.chunk_size or config.memory_size == 0:
+        return float(full)
+    sparse = h2o_dot_products(n_tokens, config.chunk_size, config.memory_size, config.dense_tail)
+    chosen = len(config.layer_indices(n_layers))
+    return (chosen * sparse + (n_layers - chosen) * full) / n_layers
 
 
 def decode_seconds(shape: Shape, rates: Rates, context: int, width: int) -> float:
@@ -147,7 +264,8 @@ def decode_seconds(shape: Shape, rates: Rates, context: int, width: int) -> floa
 @dataclass(frozen=True)
 class Method:
     """full, h2o (with its config) or specprefill (speculator shape, keep ratio, look-ahead;
-    kept_tokens: the main model's prefill length when it is known, as in a bench row)."""
+    kept_tokens: the main model's prefill length when it is known, as in a bench row;
+    speculator_h2o: the composition, the speculator's prompt pass run as H2O with this config)."""
 
     name: str
     h2o: H2OConfig = H2OConfig()
@@ -155,31 +273,41 @@ class Method:
     keep: float = 0.1
     lookahead: int = 8
     kept_tokens: int | None = None
+    speculator_h2o: H2OConfig | None = None
 
 
 def predict(
-    shape: Shape, rates: Rates, n_tokens: int, method: Method, width: int = 2, step: int = 2048
+    shape: Shape,
+    rates: Rates,
+    n_tokens: int,
+    method: Method,
+    width: int = 2,
+    step: int = 2048,
+    parallel: Parallel | None = None,
 ) -> dict[str, float]:
-    """Seconds per part and "ttft" (their sum) of one method on one prompt length."""
+    """Seconds per part and "ttft" (their sum) of one method on one prompt length; with `parallel`,
+    the main model sharded (the speculator replicated on every rank, run whole)."""
     if method.name == "full":
-        parts = prefill_seconds(shape, rates, n_tokens, full_dot_products(n_tokens), width, step)
+        parts = prefill_seconds(shape, rates, n_tokens, full_dot_products(n_tokens), width, step, parallel=parallel)
     elif method.name == "h2o":
-        config = method.h2o
-        pairs = (
-            full_dot_products(n_tokens)
-            if n_tokens <= config.chunk_size
-            else h2o_dot_products(n_tokens, config.chunk_size, config.local + config.heavy, config.dense_tail)
-        )
-        parts = prefill_seconds(shape, rates, n_tokens, pairs, width, step)
+        pairs = h2o_pairs(n_tokens, method.h2o, shape.layers)
+        parts = prefill_seconds(shape, rates, n_tokens, pairs, width, step, parallel=parallel)
     elif method.name == "specprefill":
         spec = method.speculator or shape
-        drafted = prefill_seconds(spec, rates, n_tokens, full_dot_products(n_tokens), width, step)
+        if method.speculator is None and parallel is not None and parallel.ranks > 1:
+            raise ValueError("a sharded main model needs a separate speculator (self:K is refused there)")
+        spec_pairs = (
+            full_dot_products(n_tokens)
+            if method.speculator_h2o is None
+            else h2o_pairs(n_tokens, method.speculator_h2o, spec.layers)
+        )
+        drafted = prefill_seconds(spec, rates, n_tokens, spec_pairs, width, step)
         kept = (
             method.kept_tokens
             if method.kept_tokens is not None
             else min(n_tokens, math.ceil(method.keep * n_tokens) + 1)
         )  # + the forced last token
-        main = prefill_seconds(shape, rates, kept, full_dot_products(kept), width, step)
+        main = prefill_seconds(shape, rates, kept, full_dot_products(kept), width, step, parallel=parallel)
         queries = method.lookahead + 1
         scoring = _part(
             4 * spec.head_dim * spec.heads * queries * n_tokens * spec.layers,
@@ -194,6 +322,8 @@ def predict(
             "main_linear": main["linear"],
             "main_attention": main["attention"],
         }
+        if parallel is not None:
+            parts["communication"] = main["communication"]
     else:
         raise ValueError(f"unknown method {method.name!r} (full, h2o, specprefill)")
     return {**parts, "ttft": sum(parts.values())}
