@@ -175,3 +175,26 @@ def plot_tradeoff(
     fig.suptitle(title + "\n(labels: prompt tokens)", fontsize=9)
     fig.tight_layout(rect=(0, 0.06 + 0.04 * ((len(handles) - 1) // 4), 1, 1))
     return _save(fig, path)
+
+
+def plot_agent_session(turns: Sequence[dict], restart: Sequence[dict], path: str | os.PathLike, title: str) -> Path:
+    """TTFT (s) per turn of the agent session (evaluation/agent_session.py): cold (no prompt cache),
+    cached (the session as played) and after a server restart (the cache read back from disk)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    series = {
+        "cold (prompt cache off)": [(t["turn"], t["cold"]["ttft_s"]) for t in turns],
+        "cached (the session)": [(t["turn"], t["cached"]["ttft_s"]) for t in turns],
+        "after restart (last turn first: from --prompt-cache-dir)": [(r["turn"], r["ttft_s"]) for r in restart],
+    }
+    for label, points in series.items():
+        points = [p for p in points if p[1] is not None]
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("time to first token (s)")
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return _save(fig, path)

@@ -33,11 +33,13 @@ from .plan import Plan, ServerDefaults
 from .protocol import ChatRequest, SpecfillFields, parse_data, read_json
 from .responses import Reply, sse
 from .tool_parsers import Text, ToolCall
+from .tool_stream import CallArgs, CallEnd, CallStart
 
 NUMBER = Union[int, float]
 error_body = anthropic_error_body
 # a custom tool's documented fields; all but the first four are accepted and ignored (the prompt cache is
-# automatic, inputs stream whole, every tool is rendered, nothing runs tools server-side)
+# automatic, Hermes inputs stream as written (others whole), every tool is rendered, nothing runs tools
+# server-side)
 TOOL_FIELDS = frozenset(
     {
         "name",
@@ -286,7 +288,7 @@ class MessageShape:
         self.plan = plan
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model_id = model_id
-        self.reply = Reply(setup)
+        self.reply = Reply(setup, plan.stream)
         self.started = False
         self.blocks = 0  # content blocks opened so far
         self.open: str | None = None  # the type of the block open now
@@ -394,6 +396,12 @@ class MessageShape:
                 if self.open != "text":
                     out += self._open_block({"type": "text", "text": ""})
                 out.append(self._delta({"type": "text_delta", "text": piece.text}))
+            elif isinstance(piece, CallStart):
+                out += self._open_block({"type": "tool_use", "id": tool_use_id(), "name": piece.name, "input": {}})
+            elif isinstance(piece, CallArgs):
+                out.append(self._delta({"type": "input_json_delta", "partial_json": piece.text}))
+            elif isinstance(piece, CallEnd):
+                out += self._close_block()
             else:
                 block = self._tool_use(piece)
                 out += self._open_block({**block, "input": {}})

@@ -4,8 +4,9 @@ specfill adds two fields the `openai` client keeps as extras: `specfill` (statis
 TTFT, kept and cached tokens, speeds; `response_format`, the JSON check's verdict) on the final
 chunk / the whole response, and `prompt_progress` (llama.cpp's shape) on progress chunks, which
 carry no choices. A chat reply is read through the request's ReplySplitter: tool calls become
-`tool_calls` (one whole call per stream delta, its arguments in one piece), finish_reason
-"tool_calls"; the rest is content.
+`tool_calls`, finish_reason "tool_calls"; the rest is content. A stream hands a Hermes call out as
+the model writes it (tool_stream.py): a first delta with index, id, type and the name, then pieces
+of the arguments; calls in other formats come as one delta each.
 """
 
 from __future__ import annotations
@@ -19,31 +20,42 @@ from .engine import Delta, Failed, Finished, Progress
 from .errors import error_body
 from .plan import Plan
 from .tool_parsers import Piece, ReplySplitter, Text, ToolCall
+from .tool_stream import CallArgs, CallEnd, CallStart, StreamingSplitter
 
 
 class Reply:
     """A reply's text read through its setup: the forced start first, then the model's text, as
     content and tool calls; keeps what it handed out (the whole response, the output check)."""
 
-    def __init__(self, setup: ChatSetup):
+    def __init__(self, setup: ChatSetup, stream: bool = False):
         self.setup = setup
-        self.splitter = ReplySplitter(setup.format, setup.max_calls)
+        names = frozenset(t["function"]["name"] for t in setup.tools)
+        self.splitter = (
+            StreamingSplitter(setup.format, setup.max_calls, names)
+            if stream
+            else ReplySplitter(setup.format, setup.max_calls)
+        )
         self.prefix = setup.prefix
         self.content: list[str] = []
         self.calls: list[ToolCall] = []
         self.pieces: list[Piece] = []  # in order, neighbouring text joined (Anthropic's content blocks)
 
-    def feed(self, text: str) -> list[Piece]:
+    def feed(self, text: str) -> list[Any]:
+        """The pieces the text gives: Text and ToolCall, and a stream's CallStart / CallArgs / CallEnd."""
         text, self.prefix = self.prefix + text, ""
         return self._keep(self.splitter.feed(text))
 
-    def finish(self) -> list[Piece]:
+    def finish(self) -> list[Any]:
         """The pieces held back until the end (the forced start too, if no text ever came)."""
         text, self.prefix = self.prefix, ""
         return self._keep(self.splitter.feed(text) + self.splitter.finish())
 
-    def _keep(self, pieces: list[Piece]) -> list[Piece]:
+    def _keep(self, pieces: list[Any]) -> list[Any]:
         for piece in pieces:
+            if isinstance(piece, CallEnd) and piece.call is not None:
+                piece = piece.call
+            elif isinstance(piece, (CallStart, CallArgs, CallEnd)):
+                continue
             if isinstance(piece, Text):
                 self.content.append(piece.text)
             else:
@@ -78,7 +90,7 @@ class ResponseShape:
         self.chat = plan.kind == "chat"
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.model_id = model_id
-        self.reply = Reply(setup or ChatSetup())
+        self.reply = Reply(setup or ChatSetup(), plan.stream)
         self.sent_calls = 0
 
     def _base(self, stream: bool) -> dict[str, Any]:
@@ -176,14 +188,23 @@ class ResponseShape:
     def ending() -> list[str]:
         return [sse("[DONE]")]
 
-    def _pieces(self, pieces: list[Piece]) -> list[dict[str, Any]]:
+    def _pieces(self, pieces: list[Any]) -> list[dict[str, Any]]:
         chunks = []
         for piece in pieces:
             if isinstance(piece, Text):
                 chunks.append(self.delta(piece.text))
                 continue
-            call = {"index": self.sent_calls, **self._call(piece)}
-            self.sent_calls += 1
+            if isinstance(piece, CallStart):
+                function = {"name": piece.name, "arguments": ""}
+                call = {"index": self.sent_calls, "id": call_id(), "type": "function", "function": function}
+            elif isinstance(piece, CallArgs):
+                call = {"index": self.sent_calls, "function": {"arguments": piece.text}}
+            elif isinstance(piece, CallEnd):
+                self.sent_calls += 1
+                continue
+            else:
+                call = {"index": self.sent_calls, **self._call(piece)}
+                self.sent_calls += 1
             chunks.append({**self._base(True), "choices": [self._choice(None, None, stream=True, calls=[call])]})
         return chunks
 

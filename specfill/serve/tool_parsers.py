@@ -12,6 +12,8 @@ Mistral's `[TOOL_CALLS]`. Formats (detect_format picks one from the chat templat
 
 ReplySplitter turns the reply's text, as it streams, into content text and whole calls. A call
 that does not parse is handed back as the text the model wrote (content), never as an error.
+A stream reads Hermes calls with tool_stream.StreamingSplitter instead, which hands a call out as
+the model writes it.
 Written here rather than imported from mlx-lm (docs/serve.md says why).
 """
 

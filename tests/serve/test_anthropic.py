@@ -52,7 +52,7 @@ def test_tool_use_round_trip(c, tool_server):
     (use,) = first.content
     assert use.type == "tool_use" and use.name == "get_weather" and use.input == {"city": "Paris"}
     assert use.id.startswith("toolu_")
-    assert first.usage.output_tokens == 4 and first.usage.input_tokens > 0
+    assert first.usage.output_tokens == 6 and first.usage.input_tokens > 0
     turn = [
         *ASK,
         {"role": "assistant", "content": [b.model_dump() for b in first.content]},
@@ -79,18 +79,29 @@ def test_tool_use_round_trip(c, tool_server):
 
 def test_stream_events(c, tool_server):
     with c.messages.stream(model=tool_server.model, max_tokens=32, messages=ASK, tools=[WEATHER]) as stream:
-        kinds = [event.type for event in stream]
+        events = list(stream)
         final = stream.get_final_message()
+    kinds = [event.type for event in events]
+    assert [e.partial_json for e in events if e.type == "input_json"] == ['{"city": ', '"Paris"}']
     assert [k for k in kinds if k not in ("ping", "input_json", "text")] == [
         "message_start",
         "content_block_start",
+        "content_block_delta",  # the input as the model wrote it: '{"city": ', then '"Paris"}'
         "content_block_delta",
         "content_block_stop",
         "message_delta",
         "message_stop",
     ]
     assert final.stop_reason == "tool_use" and final.content[0].input == {"city": "Paris"}
-    assert final.usage.output_tokens == 4
+    assert final.usage.output_tokens == 6
+    # a call cut short after it was announced keeps the input it streamed (the client parses it partially)
+    with c.messages.stream(
+        model=tool_server.model, max_tokens=32, messages=ASK, tools=[WEATHER], stop_sequences=["Paris"]
+    ) as stream:
+        partial = "".join(e.partial_json for e in stream if e.type == "input_json")
+        cut_call = stream.get_final_message()
+    assert partial == '{"city": "' and cut_call.content[0].type == "tool_use"
+    assert cut_call.stop_reason == "stop_sequence" and cut_call.content[0].name == "get_weather"
     with c.messages.stream(model=tool_server.model, max_tokens=32, messages=ASK, stop_sequences=["Paris"]) as stream:
         text = "".join(stream.text_stream)
         cut = stream.get_final_message()

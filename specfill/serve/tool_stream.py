@@ -1,0 +1,288 @@
+"""A tool call's arguments streamed as the model writes them (issue 37): the pieces a streamed call
+becomes, the call's header read from the first characters of its body, and a JSON-prefix check.
+
+A Hermes / Qwen call body starts `{"name": "NAME", "arguments": {` (or "parameters"). Once that
+header is complete and NAME is one of the request's tools, the call is announced (CallStart) and
+the arguments object is handed out in pieces (CallArgs) for as long as the text is the start of a
+JSON object, checked character by character (JsonPrefix): every piece a client has seen joins to a
+valid JSON prefix, which Anthropic's client parses after each delta. Anything else (another key
+order, a list of calls, arguments as a string, Qwen3-Coder's <function=...> body, an unknown
+name) is read whole once the call closes, as before. The rules for a call that breaks after it was
+announced are ReplySplitter's (tool_parsers.py) and docs/serve.md's.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+from .tool_parsers import HERMES, ReplySplitter, Text, ToolCall, ToolFormat
+
+
+@dataclass(frozen=True)
+class CallStart:
+    """A streamed call begins: its name is known, its arguments follow."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class CallArgs:
+    """The next piece of the streamed call's arguments (JSON text)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class CallEnd:
+    """The streamed call is over: the call (None: its arguments did not complete)."""
+
+    call: ToolCall | None
+
+
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.:-")
+_HEADER_STEPS = (("{",), ('"name"',), (":",), ('"',), None, (",",), ('"arguments"', '"parameters"'), (":",), ("{",))
+
+
+def call_header(body: str, names: frozenset[str] | None = None) -> tuple[str, int] | bool | None:
+    """(name, where the arguments' '{' is) when `body` starts with a call's header; None while it
+    still may; False when it cannot (or names the call something not in `names`)."""
+    pos, name = 0, ""
+    for step in _HEADER_STEPS:
+        if step is None:  # the name, up to its closing quote (no white space skipped inside the string)
+            end = pos
+            while end < len(body) and body[end] in _NAME_CHARS:
+                end += 1
+            if end == len(body):
+                return None
+            if body[end] != '"' or not 0 < end - pos <= 64:
+                return False
+            name, pos = body[pos:end], end + 1
+            continue
+        while pos < len(body) and body[pos].isspace():
+            pos += 1
+        rest = body[pos:]
+        if not rest:
+            return None
+        matched = next((o for o in step if rest.startswith(o)), None)
+        if matched is None:
+            return None if any(o.startswith(rest) for o in step) else False
+        pos += len(matched)
+    if names is not None and name not in names:
+        return False
+    return name, pos - 1
+
+
+_NUMBER_START = re.compile(r"-?(0|[1-9]\d*)?(\.\d*)?([eE][+-]?\d*)?")
+_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
+_LITERALS = ("true", "false", "null")
+
+
+class JsonPrefix:
+    """Whether the characters fed so far are the start of one JSON value; `done` once it is whole.
+
+    feed(ch) is False for the first character that no JSON text could continue with (that
+    character is not taken). A number is checked in full when the character after it comes."""
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []  # open containers, "{" or "["
+        self.state = "value"
+        self.word = ""  # the number or literal being read
+        self.key = False  # the string being read is an object key
+        self.hex = 0  # \\u digits still to come
+        self.done = False
+
+    def _complete(self) -> None:
+        self.state = "after"
+        self.done = not self.stack
+
+    def feed(self, ch: str) -> bool:
+        if self.done:
+            return False
+        state = self.state
+        if state == "string":
+            if ch == '"':
+                if self.key:
+                    self.state = "colon"
+                else:
+                    self._complete()
+            elif ch == "\\":
+                self.state = "escape"
+            elif ord(ch) < 0x20:
+                return False
+            return True
+        if state == "escape":
+            if ch == "u":
+                self.state, self.hex = "hex", 4
+            elif ch in '"\\/bfnrt':
+                self.state = "string"
+            else:
+                return False
+            return True
+        if state == "hex":
+            if ch not in string.hexdigits:
+                return False
+            self.hex -= 1
+            self.state = "string" if self.hex == 0 else "hex"
+            return True
+        if state == "number":
+            if ch in "0123456789+-.eE" and _NUMBER_START.fullmatch(self.word + ch):
+                self.word += ch
+                return True
+            if not _NUMBER.fullmatch(self.word):
+                return False
+            self._complete()
+            return self.feed(ch)
+        if state == "literal":
+            word = self.word + ch
+            if not any(w.startswith(word) for w in _LITERALS):
+                return False
+            self.word = word
+            if word in _LITERALS:
+                self._complete()
+            return True
+        if ch.isspace():
+            return True
+        if state == "colon":
+            self.state = "value"
+            return ch == ":"
+        if state in ("first_key", "key"):
+            if ch == "}" and state == "first_key":
+                self.stack.pop()
+                self._complete()
+                return True
+            if ch != '"':
+                return False
+            self.state, self.key = "string", True
+            return True
+        if state == "after":
+            top = self.stack[-1] if self.stack else None
+            if ch == "," and top is not None:
+                self.state = "key" if top == "{" else "value"
+                return True
+            if (ch, top) in (("}", "{"), ("]", "[")):
+                self.stack.pop()
+                self._complete()
+                return True
+            return False
+        if state == "first_value" and ch == "]":  # state: a value may start here
+            self.stack.pop()
+            self._complete()
+            return True
+        if ch in "{[":
+            self.stack.append(ch)
+            self.state = "first_key" if ch == "{" else "first_value"
+        elif ch == '"':
+            self.state, self.key = "string", False
+        elif ch == "-" or ch.isdigit():
+            self.state, self.word = "number", ch
+        elif ch in "tfn":
+            self.state, self.word = "literal", ch
+        else:
+            return False
+        return True
+
+
+@dataclass
+class _Live:
+    """The call being streamed: its name, where its arguments start, how far they are checked."""
+
+    name: str
+    start: int
+    pos: int
+    json: JsonPrefix = field(default_factory=JsonPrefix)
+
+
+def _held(text: str, marker: str) -> int:
+    """How many of text's last characters may be the start of `marker`."""
+    return max((k for k in range(1, len(marker)) if text.endswith(marker[:k])), default=0)
+
+
+def _closes_call(tail: str) -> bool:
+    """Whether the text after a call's arguments is the rest of its object (the '}', other keys)."""
+    try:
+        json.loads('{"arguments": 0' + tail)
+    except ValueError:
+        return False
+    return True
+
+
+class StreamingSplitter(ReplySplitter):
+    """ReplySplitter for a streamed reply: a Hermes call with a header (call_header) is handed out
+    as CallStart, CallArgs pieces and CallEnd; every other call is read whole, as ReplySplitter does.
+
+    A streamed call whose arguments stop being JSON ends there (CallEnd(None)) and the text from
+    that character on is content; one cut short (a stop string, max_tokens, the end of the reply, a
+    closing tag inside the object) ends with the arguments it streamed (CallEnd(None)). Text after
+    the arguments other than the closing '}' comes back as content."""
+
+    def __init__(self, fmt: ToolFormat | None, max_calls: int | None = None, names: frozenset[str] | None = None):
+        super().__init__(fmt, max_calls)
+        self.names = names
+        self.live: _Live | None = None
+        self.undecided = False  # inside a call whose header is still being read
+
+    def _step(self, out: list[Any]) -> bool:
+        if self.live is not None:
+            return self._stream(out, final=False)
+        if self.body is not None and self.undecided:
+            assert self.fmt is not None and self.fmt.end is not None
+            text, self.pending = self.body + self.pending, ""
+            self.body = text
+            cut = text.find(self.fmt.end)
+            head = call_header(text if cut < 0 else text[:cut], self.names)
+            if head is None and cut < 0:
+                return False
+            self.undecided = False
+            if head and (self.max_calls is None or self.calls < self.max_calls):
+                name, at = head
+                self.live = _Live(name, at, at)
+                self.calls += 1
+                out.append(CallStart(name))
+            return True
+        opened = self.body is None
+        more = super()._step(out)
+        if opened and self.body is not None:
+            self.undecided = self.fmt is HERMES
+        return more
+
+    def finish(self) -> list[Any]:
+        out: list[Any] = []
+        if self.live is not None:
+            self._stream(out, final=True)
+        return out + super().finish()
+
+    def _stream(self, out: list[Any], final: bool) -> bool:
+        live, end = self.live, self.fmt.end if self.fmt is not None else None
+        assert live is not None and end is not None and self.body is not None
+        body, self.pending = self.body + self.pending, ""
+        self.body = body
+        cut = body.find(end)
+        limit = cut if cut >= 0 else len(body) if final else len(body) - _held(body, end)
+        begin = live.pos
+        while live.pos < limit and not live.json.done and live.json.feed(body[live.pos]):
+            live.pos += 1
+        if live.pos > begin:
+            out.append(CallArgs(body[begin : live.pos]))
+        if not live.json.done and live.pos < limit:  # not JSON from here: the call ends, the rest is content
+            out.append(CallEnd(None))
+            self.pending, self.body, self.live = body[live.pos :], None, None
+            return True
+        if cut < 0 and not final:
+            return False
+        call = None
+        if live.json.done:
+            try:
+                call = ToolCall(live.name, json.loads(body[live.start : live.pos]))
+            except ValueError:
+                call = None
+        out.append(CallEnd(call))
+        extra = body[live.pos : cut if cut >= 0 else len(body)].strip()
+        if extra and not _closes_call(extra):
+            out.append(Text(extra))
+        self.pending = body[cut + len(end) :] if cut >= 0 else ""
+        self.body, self.live = None, None
+        return True
