@@ -67,8 +67,8 @@ def few_queries_cpu(
         query = torch.arange(steps, device=q.device).repeat(group)[:, None]
         scores.masked_fill_(torch.arange(slots, device=q.device)[None] > start + query, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # every row keeps its own slot: never fully masked
-    out = torch.matmul(weights, values[0].float())  # [Hkv, group * T, D]
-    return out.reshape(1, n_heads, steps, dim).to(q.dtype)
+    out = torch.matmul(weights, values[0].float())  # [Hkv, group * T, Dv]
+    return out.reshape(1, n_heads, steps, values.shape[-1]).to(q.dtype)
 
 
 def windowed_attention(
@@ -163,7 +163,8 @@ def terms_attention(
     sinks = (
         None if terms.sinks is None else terms.sinks.to(device=q.device, dtype=torch.float32).reshape(n_kv, group, 1)
     )
-    out = torch.empty((n_kv, group, steps, dim), dtype=torch.float32, device=q.device)
+    value_dim = values.shape[-1]  # latent attention's values are narrower than its keys
+    out = torch.empty((n_kv, group, steps, value_dim), dtype=torch.float32, device=q.device)
     for lo in range(0, steps, TERMS_QUERY_BLOCK):
         hi = min(lo + TERMS_QUERY_BLOCK, steps)
         rows = q[0, :, lo:hi].float().reshape(n_kv, group * (hi - lo), dim)
@@ -178,5 +179,5 @@ def terms_attention(
             weights = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
         else:
             weights = torch.softmax(logits, dim=-1)  # every row keeps its own slot: never fully masked
-        out[:, :, lo:hi] = torch.matmul(weights, vals).view(n_kv, group, hi - lo, dim)
-    return out.reshape(1, n_heads, steps, dim).to(q.dtype)
+        out[:, :, lo:hi] = torch.matmul(weights, vals).view(n_kv, group, hi - lo, value_dim)
+    return out.reshape(1, n_heads, steps, value_dim).to(q.dtype)
