@@ -162,9 +162,9 @@ class TrimSparesTheFirstLayers(ReferenceAdapter):
             grown.trim(1)
             return grown
 
-    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity):
-        good = super().new_cache(n_layers, n_kv_heads, head_dim, capacity)
-        return CacheAdapter(self.Cache(n_layers, n_kv_heads, head_dim, capacity, self.dtype), good.cv)
+    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity, value_dim=None):
+        good = super().new_cache(n_layers, n_kv_heads, head_dim, capacity, value_dim)
+        return CacheAdapter(self.Cache(n_layers, n_kv_heads, head_dim, capacity, self.dtype, value_dim), good.cv)
 
 
 @pytest.mark.parametrize(
