@@ -22,6 +22,10 @@ def causal_attention(
 ) -> torch.Tensor:
     """q [1, Hq, T, D] of a step against every cached slot keys/values [1, Hkv, S, D] (the
     step's own in the last T): query t sees slots 0..S - T + t. Returns [1, Hq, T, D]."""
+    if values.shape[-1] < keys.shape[-1]:  # latent attention: torch's fused flash kernels take one head size;
+        # zero columns change no weight and give zero outputs, cut off (the torch adapter pads its cache once)
+        padded = F.pad(values, (0, keys.shape[-1] - values.shape[-1]))
+        return causal_attention(q, keys, padded, scale)[..., : values.shape[-1]]
     steps, end = q.shape[2], keys.shape[2]
     start = end - steps
     gqa = q.shape[1] != keys.shape[1]

@@ -102,6 +102,9 @@ def test_the_step_attentions_take_narrower_values():
     prefill = causal_attention(t(q[None]), keys, values, SCALE)  # a whole prompt: SDPA in float64
     assert prefill.shape == (1, 6, 12, VALUE_DIM)
     np.testing.assert_allclose(prefill[0, :, 8:].numpy(), softmax_out(seen), atol=1e-10)
+    chunk = causal_attention(t(q[None, :, 2:]), keys, values, SCALE)  # 10 queries after 2 slots: CPU flash
+    # its two flash calls merge in float32 (the log-sum-exp weights): float32 rounding
+    np.testing.assert_allclose(chunk[0, :, 6:].numpy(), softmax_out(seen), atol=1e-6)
     got = terms_attention(queries, keys, values, SCALE, AttentionTerms(t(sinks), 2.0), positions, slots)
     np.testing.assert_allclose(got[0].numpy(), softmax_out(seen, 2.0, sinks), atol=1e-6)  # float32 logits
 
