@@ -109,8 +109,26 @@ HONOURED: dict[str, dict[str, Any]] = {
     # the LM head's own final soft-capping, the family's code)
     "gpt_oss": dict(_MOE, experts_per_token=2, sliding_window=8),  # slides: mlx-lm's masks
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0),
+    # multi-head latent attention: keys of qk_nope + qk_rope = 24 dims, values of v_head_dim = 16
+    "deepseek_v3": dict(
+        _MOE,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        routed_scaling_factor=1.0,
+        topk_method="noaux_tc",
+        n_group=1,
+        topk_group=1,
+    ),
 }
 MOE = (
+    "deepseek_v3",
     "qwen3_moe",
     "mixtral",
     "granitemoe",
@@ -124,28 +142,10 @@ MOE = (
     "minimax",
 )
 TERMS = ("gpt_oss", "gemma2")  # honoured architectures whose layers add terms to their softmax
+LATENT = ("deepseek_v3",)  # honoured ones with multi-head latent attention (values narrower than keys)
 
 # architecture -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "deepseek_v3": (
-        dict(
-            _MOE,
-            kv_lora_rank=16,
-            q_lora_rank=None,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            v_head_dim=16,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            moe_layer_freq=1,
-            routed_scaling_factor=1.0,
-            topk_method="noaux_tc",
-            n_group=1,
-            topk_group=1,
-        ),
-        "multi-head latent attention",
-    ),
     "hunyuan_v1_dense": ({}, "attention of an unknown layout"),  # q/k norms after RoPE, other names
     "stablelm": (
         dict(partial_rotary_factor=0.25, use_qkv_bias=False, layer_norm_eps=1e-5),

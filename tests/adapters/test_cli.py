@@ -52,13 +52,14 @@ def test_generate_runs_a_family_without_a_model_file(backend, moe_directory, cap
 
 
 def test_a_method_the_family_cannot_honour_is_one_error_line(backend, tmp_path, capsys):
-    directory = backend.save_directory("deepseek_v3", tmp_path / "deepseek_v3", backend.REFUSED["deepseek_v3"][0])
+    arch, config, refusal = backend.CLI_REFUSAL
+    directory = backend.save_directory(arch, tmp_path / arch, config)
     code, out, err = generate(
         capsys, backend, directory, "--method", "h2o", "--chunk-size", "8", "--h2o-local", "2", "--h2o-heavy", "2"
     )
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert any(backend.LATENT_REFUSAL in line for line in lines), err
+    assert any(refusal in line for line in lines), err
 
 
 @pytest.mark.archs("terms")

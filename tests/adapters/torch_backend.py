@@ -19,11 +19,12 @@ from specfill.backends.torch_cuda.model import Transformer as OwnModel
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
 from tests.adapters import torch_table as table
-from tests.adapters.torch_archs import HONOURED, MOE, REFUSED, TERMS, build, save_directory
+from tests.adapters.torch_archs import HONOURED, LATENT, MOE, REFUSED, TERMS, build, save_directory
 
 __all__ = [
     "AdaptedModel",
     "HONOURED",
+    "LATENT",
     "MOE",
     "OwnModel",
     "REFUSED",
@@ -38,8 +39,12 @@ NAME, CLI_BACKEND = "torch", "cuda"
 # the refusal test's cases: H2O and the SpecPrefill speculator (the main pass runs refused layers:
 # test_transformers_only.py)
 REFUSAL_NAMES = ("H2O", "speculator")
-LATENT_REFUSAL = (
-    "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention"  # what a refused method says (deepseek_v3)
+# the CLI's refusal case: (architecture, its config, what the refused method says): a dynamic RoPE,
+# whose frequencies depend on each step's longest position (the one refusal transformers' types leave)
+CLI_REFUSAL = (
+    "qwen3_moe",
+    dict(HONOURED["qwen3_moe"], rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0)),
+    "H2O cannot run on qwen3_moe: layer 0 (dynamic RoPE",
 )
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},
