@@ -129,6 +129,7 @@ HONOURED: dict[str, dict[str, Any]] = {
 }
 MOE = (
     "deepseek_v3",
+    "kimi_k25",
     "qwen3_moe",
     "mixtral",
     "granitemoe",
@@ -142,7 +143,10 @@ MOE = (
     "minimax",
 )
 TERMS = ("gpt_oss", "gemma2")  # honoured architectures whose layers add terms to their softmax
-LATENT = ("deepseek_v3",)  # honoured ones with multi-head latent attention (values narrower than keys)
+# Kimi K2.5 (mlx-lm's kimi_k25): deepseek_v3's language model inside a vision-language wrapper, its
+# config a text_config of its own (the vision tower is dropped at load)
+HONOURED["kimi_k25"] = dict(text_config={**BASE, "model_type": "deepseek_v3", **HONOURED["deepseek_v3"]})
+LATENT = ("deepseek_v3", "kimi_k25")  # honoured ones with multi-head latent attention (values narrower than keys)
 
 # architecture -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
