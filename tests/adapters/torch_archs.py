@@ -107,7 +107,10 @@ MOE = (
 )
 
 # model type -> (config, the layer kind its refusal names)
-REFUSED: dict[str, tuple[dict[str, Any], str]] = {}
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    # a dynamic RoPE: its frequencies follow each step's longest position (OLMo 1's plain attention)
+    "olmo": (dict(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0)), "dynamic RoPE"),
+}
 
 # model type -> (config, the layer kind the load error names)
 AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {

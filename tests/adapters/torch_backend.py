@@ -39,13 +39,8 @@ NAME, CLI_BACKEND = "torch", "cuda"
 # the refusal test's cases: H2O and the SpecPrefill speculator (the main pass runs refused layers:
 # test_transformers_only.py)
 REFUSAL_NAMES = ("H2O", "speculator")
-# the CLI's refusal case: (architecture, its config, what the refused method says): a dynamic RoPE,
-# whose frequencies depend on each step's longest position (the one refusal transformers' types leave)
-CLI_REFUSAL = (
-    "qwen3_moe",
-    dict(HONOURED["qwen3_moe"], rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0)),
-    "H2O cannot run on qwen3_moe: layer 0 (dynamic RoPE",
-)
+# the CLI's refusal case: (architecture, its config, what the refused method says)
+CLI_REFUSAL = ("olmo", REFUSED["olmo"][0], "H2O cannot run on olmo: layer 0 (dynamic RoPE (OlmoAttention))")
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},
     "mistral": dict(sliding_window=8),
