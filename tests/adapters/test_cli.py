@@ -62,11 +62,12 @@ def test_a_method_the_family_cannot_honour_is_one_error_line(backend, tmp_path, 
     assert any(refusal in line for line in lines), err
 
 
-@pytest.mark.archs("terms")
+@pytest.mark.archs("terms", "latent")
 @pytest.mark.parametrize("method", [["h2o"], ["specprefill", "--speculator", "self:1"]])
 def test_families_with_attention_terms_run_the_sparse_methods(backend, arch, tmp_path, capsys, method):
-    """gpt_oss (sinks) and gemma2 (logit soft-capping), saved and loaded from a directory: the terms
-    come from the loaded weights, and H2O gives what the same model's H2O gives in memory."""
+    """gpt_oss (sinks), gemma2 (logit soft-capping) and the latent-attention families, saved and
+    loaded from a directory: the terms and latent projections come from the loaded weights, and H2O
+    gives what the same model's H2O gives in memory."""
     from specfill.core.config import H2OConfig
     from specfill.core.runtime import GenerationInfo, PrefillMethod
     from tests.adapters.support import assert_close, prompt
