@@ -144,8 +144,26 @@ MOE = (
 )
 TERMS = ("gpt_oss", "gemma2")  # honoured architectures whose layers add terms to their softmax
 # Kimi K2.5 (mlx-lm's kimi_k25): deepseek_v3's language model inside a vision-language wrapper, its
-# config a text_config of its own (the vision tower is dropped at load)
-HONOURED["kimi_k25"] = dict(text_config={**BASE, "model_type": "deepseek_v3", **HONOURED["deepseek_v3"]})
+# config a text_config of its own (the vision tower is dropped at load); as Kimi's, a LoRA on the
+# queries (q_a_proj, q_a_layernorm, q_b_proj) and YaRN RoPE (its mscale in the softmax scale)
+_YARN = dict(
+    type="yarn",
+    factor=4.0,
+    original_max_position_embeddings=128,
+    beta_fast=32,
+    beta_slow=1,
+    mscale=1.0,
+    mscale_all_dim=1.0,
+)
+HONOURED["kimi_k25"] = dict(
+    text_config={
+        **BASE,
+        "model_type": "deepseek_v3",
+        **HONOURED["deepseek_v3"],
+        "q_lora_rank": 32,
+        "rope_scaling": _YARN,
+    }
+)
 LATENT = ("deepseek_v3", "kimi_k25")  # honoured ones with multi-head latent attention (values narrower than keys)
 
 # architecture -> (config, the layer kind its refusal names)
