@@ -31,7 +31,9 @@ class ConformanceAdapter(H2OStages, SpecPrefillStages, Protocol):
     name: str
     dtype: str
 
-    def new_cache(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int) -> CacheAdapter: ...
+    def new_cache(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, value_dim: int | None = None
+    ) -> CacheAdapter: ...
 
 
 class ReferenceAdapter(ReferenceStages):
@@ -84,10 +86,10 @@ class ReferenceAdapter(ReferenceStages):
     def select_tokens(self, importance, config):
         return super().select_tokens(*self._cast(importance), config)
 
-    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity) -> CacheAdapter:
+    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity, value_dim=None) -> CacheAdapter:
         cast = lambda x: np.asarray(x, dtype=self.dtype)  # noqa: E731
         return CacheAdapter(
-            ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype),
+            ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype, value_dim),
             Convert(native=cast, stats=cast, index=lambda x: np.asarray(x, np.int64), numpy=np.asarray),
         )
 

@@ -30,6 +30,7 @@ class H2OCase:
     memory_share: float | None = None  # L + H as a share of the prompt (resolved per prompt)
     sink_scale: float | None = None  # a layer with attention sinks: sinks [Hq] ~ N(0, sink_scale^2)
     softcap: float | None = None  # a layer with a logit soft-cap
+    value_dim: int | None = None  # latent attention: values of their own (narrower) head dim
 
     @property
     def terms(self) -> AttentionTerms | None:
@@ -55,11 +56,11 @@ class H2OCase:
             )
 
     def tensors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q [Hq, N, D], k/v [Hkv, N, D] in float64."""
+        """q [Hq, N, D], k [Hkv, N, D], v [Hkv, N, Dv] in float64 (Dv = D but for latent attention)."""
         rng = np.random.default_rng(self.seed)
         q = rng.normal(size=(self.n_heads, self.n_tokens, HEAD_DIM))
         k = rng.normal(size=(self.n_kv_heads, self.n_tokens, HEAD_DIM))
-        v = rng.normal(size=(self.n_kv_heads, self.n_tokens, HEAD_DIM))
+        v = rng.normal(size=(self.n_kv_heads, self.n_tokens, self.value_dim or HEAD_DIM))
         if self.logit_max is not None:
             group = self.n_heads // self.n_kv_heads
             logits = np.einsum("hnd,hmd->hnm", q, np.repeat(k, group, axis=0)) * SCALE
@@ -141,6 +142,25 @@ H2O_CASES: list[H2OCase] = [
     ),
     H2OCase("sinks,window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, sink_scale=2.0, seed=43),
     H2OCase("sinks+softcap,N<S", CHUNK - 2, 2, 3, 4, 2, sink_scale=2.0, softcap=2.0, seed=44),
+    # latent attention (deepseek_v3, kimi_k25): values narrower than keys, alone, with GQA, logical
+    # batches of S, a window and a dense tail, and with attention terms
+    H2OCase("latent,Dv=D/2", 3 * CHUNK + 5, 2, 3, 4, 2, value_dim=HEAD_DIM // 2, seed=45),
+    H2OCase(
+        "latent,Dv=D/2,gqa-group=3,window=S+2,tail=S+6,batch=S",
+        4 * CHUNK + 3,
+        2,
+        3,
+        6,
+        2,
+        batch_size=CHUNK,
+        dense_tail=CHUNK + 6,
+        window=CHUNK + 2,
+        value_dim=HEAD_DIM // 2,
+        seed=46,
+    ),
+    H2OCase(
+        "latent,Dv=D/2,sinks+softcap", 3 * CHUNK + 5, 2, 3, 4, 2, sink_scale=2.0, softcap=3.0, value_dim=4, seed=47
+    ),
 ]
 
 

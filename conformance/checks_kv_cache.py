@@ -23,19 +23,28 @@ LAYERS, KV_HEADS, CAPACITY = 3, 2, 12
 
 
 def check_kv_cache(ad: ConformanceAdapter, ck: Checker) -> None:
+    """The script on a cache of one head dim, then on one whose values are narrower (latent attention)."""
+    _script(ad, ck, None, "")
+    _script(ad, ck, HEAD_DIM // 2, "latent,Dv=D/2: ")
+
+
+def _script(ad: ConformanceAdapter, ck: Checker, value_dim: int | None, prefix: str) -> None:
     rng = np.random.default_rng(11)
-    got = ad.new_cache(LAYERS, KV_HEADS, HEAD_DIM, CAPACITY)
-    want = ReferenceKVCache(LAYERS, KV_HEADS, HEAD_DIM, CAPACITY)
+    got = ad.new_cache(LAYERS, KV_HEADS, HEAD_DIM, CAPACITY, value_dim)
+    want = ReferenceKVCache(LAYERS, KV_HEADS, HEAD_DIM, CAPACITY, value_dim=value_dim)
 
     def write(layers: range, n: int, case: str) -> None:
+        case = prefix + case
         for layer in layers:
-            keys, values = (round_to(rng.normal(size=(1, KV_HEADS, n, HEAD_DIM)), ck.dtype) for _ in range(2))
+            keys = round_to(rng.normal(size=(1, KV_HEADS, n, HEAD_DIM)), ck.dtype)
+            values = round_to(rng.normal(size=(1, KV_HEADS, n, value_dim or HEAD_DIM)), ck.dtype)
             got_k, got_v = got.write(layer, keys, values)
             want_k, want_v = want.layers[layer].update_and_fetch(keys, values)
             ck.close("kv_cache.update_and_fetch.keys", f"{case},layer={layer}", got_k, want_k)
             ck.close("kv_cache.update_and_fetch.values", f"{case},layer={layer}", got_v, want_v)
 
     def books(case: str) -> None:
+        case = prefix + case
         offsets = [layer.offset for layer in want.layers]
         ck.exact("kv_cache.offsets", case, got.offsets() == offsets, f"{got.offsets()} vs {offsets}")
         ck.exact("kv_cache.filled", case, got.filled == want.filled, f"{got.filled} vs {want.filled}")
@@ -51,9 +60,9 @@ def check_kv_cache(ad: ConformanceAdapter, ck: Checker) -> None:
     write(range(1), 2, "a step stopped after layer 0")
     got.truncate(3), want.truncate(3)
     books("truncate to 3 (a cancelled step cut back)")
-    ck.exact("kv_cache.capacity", "new", got.capacity >= CAPACITY, f"{got.capacity} < {CAPACITY}")
+    ck.exact("kv_cache.capacity", prefix + "new", got.capacity >= CAPACITY, f"{got.capacity} < {CAPACITY}")
     got, want = got.grown(2 * CAPACITY), want.grown(2 * CAPACITY)
-    ck.exact("kv_cache.capacity", "grown", got.capacity >= 2 * CAPACITY, f"{got.capacity} < {2 * CAPACITY}")
+    ck.exact("kv_cache.capacity", prefix + "grown", got.capacity >= 2 * CAPACITY, f"{got.capacity} < {2 * CAPACITY}")
     books("grown to twice the capacity")
     write(range(LAYERS), CAPACITY, "past the first capacity")
     books("filled past the first capacity")
@@ -62,7 +71,7 @@ def check_kv_cache(ad: ConformanceAdapter, ck: Checker) -> None:
     books("a copy of the first 4 slots")
     ck.exact(
         "kv_cache.nbytes",
-        "a copy of 4 slots",
+        prefix + "a copy of 4 slots",
         0 < got.nbytes < source.nbytes,
         f"{got.nbytes} bytes, its source's {source.nbytes}",
     )

@@ -97,8 +97,10 @@ class OpsAdapter:
     def __init__(self, name: str, dtype: str, ops: ModelOps, convert: Convert, cache: CacheFactory) -> None:
         self.name, self.dtype, self.ops, self.cv, self._cache = name, dtype, ops, convert, cache
 
-    def new_cache(self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int) -> CacheAdapter:
-        return CacheAdapter(self._cache(n_layers, n_kv_heads, head_dim, capacity), self.cv)
+    def new_cache(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, value_dim: int | None = None
+    ) -> CacheAdapter:
+        return CacheAdapter(self._cache(n_layers, n_kv_heads, head_dim, capacity, value_dim), self.cv)
 
     def _state(self, s: AttentionState) -> AttentionState:
         return AttentionState(self.cv.numpy(s.m), self.cv.numpy(s.l), self.cv.numpy(s.o))

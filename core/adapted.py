@@ -56,6 +56,9 @@ class AttentionLayout:
     terms: what the layer adds to its softmax (core/stages.AttentionTerms: gpt_oss's per-head
     sinks, the library's own parameter array; gemma2's logit soft-cap), None: nothing; every
     method honours them (not compared: an array).
+    value_dim: multi-head latent attention's value head dim (deepseek_v3, kimi_k25: keys and
+    queries of qk_nope + qk_rope dims, values of v_head_dim, both decompressed from a latent); the
+    methods take such values as they come (core/stages.py), None: values of head_dim.
     refusal: why the sparse methods cannot run this layer (None: they can); full prefill and
     decode then go through the library's own attention module.
     """
@@ -71,6 +74,7 @@ class AttentionLayout:
     window: int | None = None
     refusal: str | None = None
     norm_eps: float = 1e-6  # the epsilon of a "weightless" q/k norm (a norm module keeps its own)
+    value_dim: int | None = None  # latent attention: the values' own head dim (None: head_dim)
     terms: AttentionTerms[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -152,7 +156,8 @@ class AdaptedArgs:
                 return f"layer {index} ({layer.kind}): {layer.refusal}"
         first = self.layers[0]
         for index, layer in enumerate(self.layers):
-            if (layer.n_heads, layer.n_kv_heads, layer.head_dim) != (first.n_heads, first.n_kv_heads, first.head_dim):
+            shape = (layer.n_heads, layer.n_kv_heads, layer.head_dim, layer.value_dim)
+            if shape != (first.n_heads, first.n_kv_heads, first.head_dim, first.value_dim):
                 return f"layer {index} ({layer.kind}): its head counts differ from layer 0's"
             if abs(layer.scale - first.scale) > 1e-12 * abs(first.scale):
                 return f"layer {index} ({layer.kind}): its softmax scale differs from layer 0's"

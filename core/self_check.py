@@ -161,6 +161,7 @@ KERNEL_SELF_CHECK = KernelSelfCheck()
 
 _TERM_FALLBACKS: set[tuple[str, str]] = set()
 _TERM_FALLBACKS_LOCK = threading.Lock()
+_VALUE_DIM_FALLBACKS: set[tuple[str, str, str]] = set()  # the latent-attention fallbacks said so far
 
 
 def note_term_fallback(backend: str, kernel: str, twin: str) -> None:
@@ -173,6 +174,21 @@ def note_term_fallback(backend: str, kernel: str, twin: str) -> None:
     warnings.warn(
         f"{backend} kernel '{kernel}' takes no attention sinks or logit soft-cap; layers with them "
         f"run {twin} (exact, slower)",
+        SpecfillWarning,
+        stacklevel=3,
+    )
+
+
+def note_value_dim_fallback(backend: str, kernel: str, twin: str) -> None:
+    """Say once per process and (backend, kernel) that a layer whose values have another head dim
+    than its keys (latent attention) runs `twin` instead of the kernel, which takes one head dim."""
+    with _TERM_FALLBACKS_LOCK:
+        if (backend, kernel, "value_dim") in _VALUE_DIM_FALLBACKS:
+            return
+        _VALUE_DIM_FALLBACKS.add((backend, kernel, "value_dim"))
+    warnings.warn(
+        f"{backend} kernel '{kernel}' takes keys and values of one head dim; layers whose values are "
+        f"narrower (latent attention) run {twin} (exact, slower)",
         SpecfillWarning,
         stacklevel=3,
     )

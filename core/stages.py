@@ -4,6 +4,8 @@ Generic over a backend's array type A (np.ndarray for the NumPy reference, torch
 mx.array); the ops protocol the methods are written against is in core/ops.py. Shapes use:
   Hq query heads, Hkv KV heads (Hq = G * Hkv, query head h reads KV head h // G),
   T query tokens, N prompt tokens, D head dim, M memory size (L + H),
+  (latent attention's values have their own head dim Dv < D: every `o` and output below is [.., Dv];
+  queries and keys share D; nothing else depends on Dv),
   n_q scoring queries (last prompt token + look-ahead), n_l scoring layers, P prompt length.
 Softmax statistics are float32 at least (float64 when the inputs are float64).
 The conformance suite talks to a backend through the same stage names with NumPy in and out

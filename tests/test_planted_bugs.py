@@ -162,15 +162,34 @@ class TrimSparesTheFirstLayers(ReferenceAdapter):
             grown.trim(1)
             return grown
 
-    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity):
-        good = super().new_cache(n_layers, n_kv_heads, head_dim, capacity)
-        return CacheAdapter(self.Cache(n_layers, n_kv_heads, head_dim, capacity, self.dtype), good.cv)
+    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity, value_dim=None):
+        good = super().new_cache(n_layers, n_kv_heads, head_dim, capacity, value_dim)
+        return CacheAdapter(self.Cache(n_layers, n_kv_heads, head_dim, capacity, self.dtype, value_dim), good.cv)
+
+
+class ValuesPaddedToTheKeysWidth(ReferenceAdapter):
+    """A cache that ignores latent attention's value width: values zero-padded to the keys' and
+    handed back so (what an attention over them computes is right, the cache's contract is not)."""
+
+    class Cache(ReferenceKVCache):
+        def __init__(self, n_layers, n_kv_heads, head_dim, capacity, dtype=np.float64, value_dim=None):
+            super().__init__(n_layers, n_kv_heads, head_dim, capacity, dtype)
+            for layer in self.layers:
+                store = layer.update_and_fetch
+                layer.update_and_fetch = lambda k, v, store=store: store(
+                    k, np.pad(v, ((0, 0), (0, 0), (0, 0), (0, k.shape[-1] - v.shape[-1])))
+                )
+
+    def new_cache(self, n_layers, n_kv_heads, head_dim, capacity, value_dim=None):
+        good = super().new_cache(n_layers, n_kv_heads, head_dim, capacity, value_dim)
+        return CacheAdapter(self.Cache(n_layers, n_kv_heads, head_dim, capacity, self.dtype, value_dim), good.cv)
 
 
 @pytest.mark.parametrize(
     "adapter,must_fail",
     [
         (TrimSparesTheFirstLayers, {"kv_cache.offsets", "kv_cache.filled", "kv_cache.keys"}),
+        (ValuesPaddedToTheKeysWidth, {"kv_cache.update_and_fetch.values"}),
         (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
         (
             SlidingWindowOffByOne,

@@ -47,8 +47,18 @@ def _activation_dtype(lm: nn.Module) -> mx.Dtype:
     return counts.most_common(1)[0][0] if counts else mx.float32
 
 
-def _args(lm: nn.Module, layouts: tuple) -> AdaptedArgs:
+def _config(lm: nn.Module) -> dict[str, Any]:
+    """The model's args as a dict; a model whose language model has a text_config of its own (mlx-lm's
+    kimi_k25: deepseek_v3 inside a vision-language wrapper) gives that text config, under its own type."""
     config = dict(vars(lm.args))
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        return {**vars(text), "model_type": config.get("model_type")}
+    return config
+
+
+def _args(lm: nn.Module, layouts: tuple) -> AdaptedArgs:
+    config = _config(lm)
     eos = config.get("eos_token_id")
     return AdaptedArgs(
         architecture=str(config.get("model_type", type(lm).__module__.rsplit(".", 1)[-1])),
@@ -183,7 +193,7 @@ def adapt(lm: nn.Module) -> AdaptedModel:
     original modules stay inside the adapted ones; a refused layer runs its own module on specfill's
     cache, whose `make_mask` gives it mlx-lm's masks). A layer without softmax attention (linear
     attention, state-space) or with a cache other than keys and values: ModelLoadError, `lm` as it was."""
-    config = dict(vars(lm.args))
+    config = _config(lm)
     backbone_types = getattr(getattr(lm, "model", None), "layer_types", None)
     if not config.get("layer_types") and isinstance(backbone_types, (list, tuple)):
         config["layer_types"] = list(backbone_types)  # a default the backbone fills in (gpt_oss's alternation)

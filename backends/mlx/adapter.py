@@ -13,8 +13,13 @@ Attention sinks (gpt_oss's `sinks` array, one per query head) and logit soft-cap
 attn_logit_softcapping) become the layer's AttentionTerms (core/stages.py), which every method
 honours (`terms_attention` for a plain step, the methods' stages otherwise); the sinks are the
 module's array at adapt time (adapt after the weights are loaded: loader.py does).
+Multi-head latent attention (deepseek_v3, kimi_k25's text model) is run decompressed: mlx-lm's
+module caches the latent and absorbs the up-projections; the adapter instead forms each head's
+keys [q_nope dims: embed_q of the latent; q_rope dims: the shared RoPE key] and values (unembed_out
+of the latent, v_head_dim wide) and caches those, so that every method sees plain q, k, v with
+values narrower than keys (the same logits: scale * (q_nope . k_nope + q_pe . k_pe)).
 What the adapter does not model is refused, never approximated: a part or setting it does not
-know (latent attention, ...) makes the layer's `refusal`; such a layer runs through its original
+know makes the layer's `refusal`; such a layer runs through its original
 module for full prefill and decode (positions = slots).
 """
 
@@ -38,6 +43,14 @@ KNOWN_PARTS = frozenset(
 )  # sinks: the layer's AttentionTerms
 SOFTCAP_SETTING = "attn_logit_softcapping"  # the layer's AttentionTerms
 # part or setting -> (layer kind, why the methods' stages cannot run it)
+# multi-head latent attention as mlx-lm's deepseek_v3 writes it (a q LoRA or not), and its settings
+LATENT_PARTS = frozenset(
+    {"q_proj", "q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm", "embed_q"}
+    | {"unembed_out", "o_proj", "rope"}
+)
+LATENT_SETTINGS = frozenset(
+    {"q_lora_rank", "qk_rope_head_dim", "kv_lora_rank", "v_head_dim", "qk_nope_head_dim", "q_head_dim"}
+)
 REFUSED_PARTS = {
     "kv_a_proj_with_mqa": (
         "multi-head latent attention",
@@ -171,6 +184,8 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     parts = set(attn.children()) | {name for name, value in attn.items() if isinstance(value, mx.array)}
     own = settings(attn)
     rope = attn.children().get("rope")
+    if {"kv_a_proj_with_mqa", "embed_q", "unembed_out"} <= parts:
+        return _describe_latent(config, index, layer, attn, parts, own)
     refusal = _refusal(parts, own, rope if isinstance(rope, nn.Module) else None)
     n_heads = int(
         own.get("n_heads") or own.get("num_heads") or own.get("num_attention_heads") or config["num_attention_heads"]
@@ -215,6 +230,31 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
         return AttentionLayout("attention of an unknown layout", **layout, refusal=odd_terms)
     kind = terms_kind(terms, "attention" if uses_rope else "attention (NoPE)")
     return AttentionLayout(kind, **layout, qk_norm=qk_norm, terms=terms)
+
+
+def _describe_latent(
+    config: dict[str, Any], index: int, layer: nn.Module, attn: nn.Module, parts: set[str], own: dict[str, Any]
+) -> AttentionLayout:
+    """A multi-head latent attention module (mlx-lm's deepseek_v3 layout) as its decompressed
+    AttentionLayout: one KV head per query head, keys of qk_nope + qk_rope dims, values of v_head_dim."""
+    n_heads = int(own.get("num_heads") or config["num_attention_heads"])
+    nope, rope_dim, value_dim = (
+        int(own.get(name) or 0) for name in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    )
+    window = _window(config, own, settings(layer), index)
+    layout = dict(window=window, value_dim=value_dim, norm_eps=float(config.get("rms_norm_eps") or 1e-6))
+    kind, scale = "multi-head latent attention", float(own.get("scale") or 1.0)
+    unknown = sorted(parts - LATENT_PARTS) + sorted(
+        set(own) - KNOWN_SETTINGS - LATENT_SETTINGS
+    )  # e.g. deepseek_v32's indexer
+    rope = attn.children().get("rope")
+    if unknown or not (nope and rope_dim and value_dim) or "scale" not in own:
+        reason = f"parts or settings the adapter does not model: {', '.join(unknown) or 'head dims, scale'}"
+        return AttentionLayout(kind, n_heads, n_heads, 2, scale, refusal=reason, **layout)
+    if rope is not None and "Dynamic" in type(rope).__name__:
+        reason = "dynamic RoPE: its frequencies depend on the sequence length, not on each position"
+        return AttentionLayout(kind, n_heads, n_heads, 2, scale, refusal=reason, **layout)
+    return AttentionLayout(kind, n_heads, n_heads, nope + rope_dim, scale, **layout)
 
 
 def _is_nope(rope: Any) -> bool:
@@ -286,8 +326,26 @@ class AdaptedAttention(nn.Module):
         rotated = rope(x.reshape(steps, heads, 1, dim), offset=mx.array(positions.astype(np.int32)))
         return rotated.reshape(1, steps, heads, dim).swapaxes(1, 2)
 
+    def project_latent(self, x: mx.array, positions: int | np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
+        """Latent attention decompressed: x [1, T, hidden] -> q and k [1, H, T, nope + rope] (their
+        RoPE parts rotated; the RoPE key shared by every head), v [1, H, T, v_head_dim]."""
+        inner, steps, heads = self.inner, x.shape[1], self.layout.n_heads
+        nope = int(inner.qk_nope_head_dim)
+        q = inner["q_proj"](x) if "q_proj" in inner else inner["q_b_proj"](inner["q_a_layernorm"](inner["q_a_proj"](x)))
+        q = q.reshape(1, steps, heads, self.layout.head_dim)
+        compressed, k_pe = mx.split(inner["kv_a_proj_with_mqa"](x), [int(inner.kv_lora_rank)], axis=-1)
+        latent = inner["kv_a_layernorm"](compressed)[:, None]  # [1, 1, T, kv_lora_rank]
+        q_pe = self._rope(q[..., nope:], positions)  # [1, H, T, rope]
+        k_pe = self._rope(k_pe.reshape(1, steps, 1, -1), positions)  # [1, 1, T, rope]
+        k_nope = inner["embed_q"](latent, transpose=False)  # [1, H, T, nope]
+        q = mx.concatenate([q[..., :nope].swapaxes(1, 2), q_pe], axis=-1)
+        k = mx.concatenate([k_nope, mx.broadcast_to(k_pe, (*k_nope.shape[:3], k_pe.shape[-1]))], axis=-1)
+        return q, k, inner["unembed_out"](latent)
+
     def project(self, x: mx.array, positions: int | np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
         """x [1, T, hidden] -> q [1, Hq, T, D], k and v [1, Hkv, T, D] (q, k normalised and rotated)."""
+        if self.layout.value_dim is not None:
+            return self.project_latent(x, positions)
         layout, inner, steps = self.layout, self.inner, x.shape[1]
         q_width, kv_width = layout.n_heads * layout.head_dim, layout.n_kv_heads * layout.head_dim
         if layout.fused_qkv:

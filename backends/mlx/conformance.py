@@ -37,7 +37,8 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None) -> Ops
         dtype,
         ops,
         convert,
-        lambda n_layers, n_kv_heads, head_dim, capacity: ModelKVCache(
+        # the layers size their buffers from the first write: keys and values of any widths
+        lambda n_layers, n_kv_heads, head_dim, capacity, value_dim: ModelKVCache(
             [LayerKVCache(capacity) for _ in range(n_layers)]
         ),
     )

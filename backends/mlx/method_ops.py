@@ -58,7 +58,7 @@ def build_memory_set(
 
 
 def gather_memory(k: mx.array, v: mx.array, memory: MemorySet) -> tuple[mx.array, mx.array]:
-    """Per-KV-head gather of the memory rows: k/v [Hkv, n, D] -> [Hkv, M, D]."""
+    """Per-KV-head gather of the memory rows: k/v [Hkv, n, D or Dv] -> [Hkv, M, D or Dv]."""
     idx = memory.indices[:, :, None]
     return mx.take_along_axis(k, idx, axis=1), mx.take_along_axis(v, idx, axis=1)
 

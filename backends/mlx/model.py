@@ -113,7 +113,7 @@ def terms_attention(
         weights = mx.softmax(logits, axis=-1) if sinks is None else sink_weights(logits, logits.max(axis=-1), sinks)
         blocks.append(weights @ vals)
     out = blocks[0] if len(blocks) == 1 else mx.concatenate(blocks, axis=2)
-    return out.reshape(1, n_heads, steps, dim).astype(queries.dtype)
+    return out.reshape(1, n_heads, steps, values.shape[-1]).astype(queries.dtype)  # Dv: latent attention's
 
 
 class Attention(nn.Module):

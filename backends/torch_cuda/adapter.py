@@ -14,7 +14,12 @@ norms, LM head, logit scaling) is transformers' own code.
 called the interface from which decoder layer, with which shapes and arguments. Attention sinks
 (gpt_oss's `s_aux`, the module's own parameter) and logit soft-capping (gemma2's `softcap`) become
 the layer's AttentionTerms, which every method honours (`terms_attention` for a plain step, the
-methods' stages otherwise). Arguments the adapter does not model make the layer's `refusal`; such a
+methods' stages otherwise). Multi-head latent attention (deepseek_v3; kimi_k25's text model is
+one) reaches the interface decompressed by transformers (keys of qk_nope + qk_rope dims, values of
+v_head_dim): its values are zero-padded to the keys' width in specfill's cache (torch's fused
+flash kernels and the Triton kernels take one head size; zero columns change no softmax weight,
+memory set or score) and every output is cut back to v_head_dim.
+Arguments the adapter does not model make the layer's `refusal`; such a
 layer still runs full prefill and decoding through its family's own eager attention function on
 specfill's cache, with a mask from the cached positions.
 """
@@ -101,7 +106,7 @@ def specfill_attention(
     layout, positions = step.layouts[index], step.positions
     layer_cache = step.cache.layers[index]
     value_dim = value.shape[-1]
-    if value_dim < key.shape[-1]:  # latent attention (a refused layer): values zero-padded to the keys' head dim
+    if value_dim < key.shape[-1]:  # latent attention: values zero-padded to the keys' head dim (module doc)
         value = F.pad(value, (0, key.shape[-1] - value_dim))
     keys, values = layer_cache.update_and_fetch(key, value)
     keys_at = layer_cache.slot_positions(positions)  # every layer records them: windows and refused layers read them
@@ -116,7 +121,9 @@ def specfill_attention(
         out = windowed_attention(query, keys, values, layout.scale, layout.window, positions, keys_at)
     else:
         out = causal_attention(query, keys, values, layout.scale)
-    return out.transpose(1, 2).contiguous(), None  # contiguous as transformers own functions return it (views follow)
+    return out[..., :value_dim].transpose(
+        1, 2
+    ).contiguous(), None  # contiguous as transformers own functions return it (views follow)
 
 
 def _own_attention(
@@ -152,14 +159,8 @@ def register() -> None:
     AttentionInterface.register(NAME, specfill_attention)
 
 
-def _refusal(kwargs: dict[str, Any], key: tuple, value: tuple) -> tuple[str, str] | None:
+def _refusal(kwargs: dict[str, Any]) -> tuple[str, str] | None:
     """(layer kind, reason) for interface arguments or shapes the adapter does not model."""
-    if value[3] != key[3]:
-        return (
-            "multi-head latent attention",
-            "keys and values are decompressed from a shared latent (values of "
-            "another head dim than keys), with a RoPE part apart",
-        )
     for name, refused in REFUSED_ARGUMENTS.items():
         if kwargs.get(name) is not None:
             return refused
@@ -205,11 +206,12 @@ def layout_of(
     scale = float(head_dim**-0.5 if scale is None else scale)
     window = kwargs.get("sliding_window")
     window = int(window) if isinstance(window, int) and not isinstance(window, bool) else None
-    refusal = config_refusal or _refusal(kwargs, k, v)
+    refusal = config_refusal or _refusal(kwargs)
     terms, odd_terms = terms_of(kwargs, n_heads)
     if refusal is None and odd_terms is not None:
         refusal = "attention of an unknown layout", odd_terms
-    kind = f"{terms_kind(terms)} ({type(module).__name__})"
+    latent = v[3] < k[3]  # multi-head latent attention: values narrower than keys
+    kind = f"{'multi-head latent attention' if latent else terms_kind(terms)} ({type(module).__name__})"
     if refusal is not None:
         kind, terms = f"{refusal[0]} ({type(module).__name__})", None
     return AttentionLayout(
@@ -221,6 +223,7 @@ def layout_of(
         window=window,
         refusal=None if refusal is None else refusal[1],
         norm_eps=eps,
+        value_dim=v[3] if latent else None,
         terms=terms,
     )
 

@@ -22,6 +22,10 @@ def causal_attention(
 ) -> torch.Tensor:
     """q [1, Hq, T, D] of a step against every cached slot keys/values [1, Hkv, S, D] (the
     step's own in the last T): query t sees slots 0..S - T + t. Returns [1, Hq, T, D]."""
+    if values.shape[-1] < keys.shape[-1]:  # latent attention: torch's fused flash kernels take one head size;
+        # zero columns change no weight and give zero outputs, cut off (the torch adapter pads its cache once)
+        padded = F.pad(values, (0, keys.shape[-1] - values.shape[-1]))
+        return causal_attention(q, keys, padded, scale)[..., : values.shape[-1]]
     steps, end = q.shape[2], keys.shape[2]
     start = end - steps
     gqa = q.shape[1] != keys.shape[1]
@@ -67,8 +71,8 @@ def few_queries_cpu(
         query = torch.arange(steps, device=q.device).repeat(group)[:, None]
         scores.masked_fill_(torch.arange(slots, device=q.device)[None] > start + query, float("-inf"))
     weights = torch.softmax(scores, dim=-1)  # every row keeps its own slot: never fully masked
-    out = torch.matmul(weights, values[0].float())  # [Hkv, group * T, D]
-    return out.reshape(1, n_heads, steps, dim).to(q.dtype)
+    out = torch.matmul(weights, values[0].float())  # [Hkv, group * T, Dv]
+    return out.reshape(1, n_heads, steps, values.shape[-1]).to(q.dtype)
 
 
 def windowed_attention(
@@ -163,7 +167,8 @@ def terms_attention(
     sinks = (
         None if terms.sinks is None else terms.sinks.to(device=q.device, dtype=torch.float32).reshape(n_kv, group, 1)
     )
-    out = torch.empty((n_kv, group, steps, dim), dtype=torch.float32, device=q.device)
+    value_dim = values.shape[-1]  # latent attention's values are narrower than its keys
+    out = torch.empty((n_kv, group, steps, value_dim), dtype=torch.float32, device=q.device)
     for lo in range(0, steps, TERMS_QUERY_BLOCK):
         hi = min(lo + TERMS_QUERY_BLOCK, steps)
         rows = q[0, :, lo:hi].float().reshape(n_kv, group * (hi - lo), dim)
@@ -178,5 +183,5 @@ def terms_attention(
             weights = torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
         else:
             weights = torch.softmax(logits, dim=-1)  # every row keeps its own slot: never fully masked
-        out[:, :, lo:hi] = torch.matmul(weights, vals).view(n_kv, group, hi - lo, dim)
-    return out.reshape(1, n_heads, steps, dim).to(q.dtype)
+        out[:, :, lo:hi] = torch.matmul(weights, vals).view(n_kv, group, hi - lo, value_dim)
+    return out.reshape(1, n_heads, steps, value_dim).to(q.dtype)

@@ -57,6 +57,8 @@ class ModelKVCache:
 
     Every layer's keys (and values) are views into one [n_layers, 1, Hkv, capacity, D] tensor,
     so all layers' keys of a slot range are one strided view (speculator scoring reads them so).
+    Values may have their own head dim Dv (latent attention; the conformance suite checks it):
+    grown, copied and loaded caches keep it.
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor):
@@ -83,8 +85,9 @@ class ModelKVCache:
     def grown(self, capacity: int) -> ModelKVCache:
         """A new cache of `capacity` slots (same layers, heads, dtype, device) holding this one's
         filled slots: keys, values and positions."""
-        shape = self.k.shape[:3] + (capacity,) + self.k.shape[4:]
-        grown = ModelKVCache(self.k.new_empty(shape), self.v.new_empty(shape))
+        grown = ModelKVCache(
+            self.k.new_empty(self._shape(self.k, capacity)), self.v.new_empty(self._shape(self.v, capacity))
+        )
         end = self.filled
         grown.k[:, :, :, :end] = self.k[:, :, :, :end]
         grown.v[:, :, :, :end] = self.v[:, :, :, :end]
@@ -92,6 +95,11 @@ class ModelKVCache:
         for layer in grown.layers:
             layer.offset = end
         return grown
+
+    @staticmethod
+    def _shape(buffer: torch.Tensor, capacity: int) -> tuple[int, ...]:
+        """A buffer's shape with `capacity` slots (keys' or values' own head dim)."""
+        return tuple(buffer.shape[:3]) + (capacity,) + tuple(buffer.shape[4:])
 
     def trim(self, n: int, n_layers: int | None = None) -> None:
         for layer in self.layers[:n_layers]:
@@ -115,8 +123,8 @@ class ModelKVCache:
         for `capacity` (at least `slots`); it shares no memory with this one."""
         if not 0 <= slots <= min(layer.offset for layer in self.layers):
             raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
-        shape = self.k.shape[:3] + (max(slots, capacity or slots),) + self.k.shape[4:]
-        copied = ModelKVCache(self.k.new_empty(shape), self.v.new_empty(shape))
+        room = max(slots, capacity or slots)
+        copied = ModelKVCache(self.k.new_empty(self._shape(self.k, room)), self.v.new_empty(self._shape(self.v, room)))
         copied.k[:, :, :, :slots] = self.k[:, :, :, :slots]
         copied.v[:, :, :, :slots] = self.v[:, :, :, :slots]
         copied.positions[:slots] = self.positions[:slots]
@@ -150,7 +158,7 @@ class ModelKVCache:
         expected = (self.k.shape[0], self.k.shape[2], slots, self.k.shape[4])
         if (
             tuple(keys.shape) != expected
-            or tuple(values.shape) != expected
+            or tuple(values.shape) != expected[:3] + (self.v.shape[4],)
             or keys.dtype != self.k.dtype
             or values.dtype != self.v.dtype
             or tuple(positions.shape) != (slots,)

@@ -44,11 +44,12 @@ def make_adapter(
     def tensor(x: np.ndarray, to: torch.dtype) -> torch.Tensor:
         return torch.as_tensor(np.asarray(x), device=resolved).to(to)
 
-    def cache(n_layers: int, n_kv_heads: int, head_dim: int, capacity: int) -> ModelKVCache:
+    def cache(n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, value_dim: int | None) -> ModelKVCache:
         shape = (n_layers, 1, n_kv_heads, capacity, head_dim)
+        value_shape = shape[:4] + (head_dim if value_dim is None else value_dim,)  # latent attention's narrower
         return ModelKVCache(
             torch.empty(shape, dtype=DTYPES[dtype], device=resolved),
-            torch.empty(shape, dtype=DTYPES[dtype], device=resolved),
+            torch.empty(value_shape, dtype=DTYPES[dtype], device=resolved),
         )
 
     ops = TorchOps(resolved, DTYPES[dtype], use_kernels)

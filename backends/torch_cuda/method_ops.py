@@ -57,9 +57,10 @@ def build_memory_set(
 
 
 def gather_memory(k: torch.Tensor, v: torch.Tensor, memory: MemorySet) -> tuple[torch.Tensor, torch.Tensor]:
-    """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D]: row g gathers positions memory[g]."""
-    index = memory.indices.unsqueeze(-1).expand(-1, -1, k.shape[-1])
-    return k.gather(1, index), v.gather(1, index)
+    """k [Hkv, n, D] / v [Hkv, n, Dv] -> k_mem [Hkv, M, D] / v_mem [Hkv, M, Dv]: row g gathers
+    positions memory[g]."""
+    index = memory.indices.unsqueeze(-1)
+    return k.gather(1, index.expand(-1, -1, k.shape[-1])), v.gather(1, index.expand(-1, -1, v.shape[-1]))
 
 
 def causal_attention(

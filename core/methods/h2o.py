@@ -214,15 +214,17 @@ def h2o_attention_layer(
     window: int | None = None,
     terms: AttentionTerms[A] | None = None,
 ) -> H2OLayerResult[A]:
-    """Whole-prompt H2O attention of one layer: q [Hq, N, D], k/v [Hkv, N, D] after RoPE.
+    """Whole-prompt H2O attention of one layer: q [Hq, N, D], k [Hkv, N, D], v [Hkv, N, Dv] after RoPE
+    (Dv = D but for latent attention); the output is [Hq, N, Dv].
 
     Logical batch by logical batch (config.batch_size), carrying scores and memory sets. With H2O
     disabled (L + H = 0) it is plain causal attention with zero scores, as in the llama.cpp plan
     (inside the layer's sliding window, when it has one; with the layer's terms, when it has any).
     """
-    if len(q.shape) != 3 or len(k.shape) != 3 or tuple(k.shape) != tuple(v.shape) or q.shape[1] != k.shape[1]:
+    ranks = (len(q.shape), len(k.shape), len(v.shape))
+    if ranks != (3, 3, 3) or tuple(k.shape[:2]) != tuple(v.shape[:2]) or q.shape[1] != k.shape[1]:
         raise ValueError(
-            f"h2o attention takes q [Hq, N, D] and k/v [Hkv, N, D]; got {tuple(q.shape)}, "
+            f"h2o attention takes q [Hq, N, D], k [Hkv, N, D] and v [Hkv, N, Dv]; got {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}"
         )
     n_tokens, n_kv, terms = q.shape[1], k.shape[0], active_terms(terms)

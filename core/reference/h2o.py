@@ -43,15 +43,15 @@ def intra_attention(
     """Block-diagonal causal attention of all chunks at once (chunks start at token 0); window w:
     query i sees keys j > i - w only. terms: the soft-cap caps the logits; a sink joins the
     column sums' softmax denominators, not the state (core/reference/attention.py)."""
-    n_heads, n_tokens, head_dim = q.shape
+    n_heads, n_tokens = q.shape[:2]
     dtype = accumulation_dtype(q, k, v)
     n_chunks = math.ceil(n_tokens / chunk_size)
     padded = n_chunks * chunk_size
 
-    def blocks(x: np.ndarray) -> np.ndarray:
+    def blocks(x: np.ndarray) -> np.ndarray:  # keys' and values' own head dims (latent attention's differ)
         x = expand_kv_heads(x, n_heads).astype(dtype, copy=False)
         x = np.pad(x, ((0, 0), (0, padded - n_tokens), (0, 0)))
-        return x.reshape(n_heads, n_chunks, chunk_size, head_dim)
+        return x.reshape(n_heads, n_chunks, chunk_size, x.shape[-1])
 
     qb, kb, vb = blocks(q), blocks(k), blocks(v)
     logits = soft_cap(np.einsum("hcid,hcjd->hcij", qb, kb) * dtype(scale), softcap_of(terms))
@@ -102,10 +102,10 @@ def inter_attention(
 ) -> InterResult:
     """Attention of a chunk's queries to its gathered memory keys: no mask but the window's;
     terms as in intra_attention."""
-    n_heads, n_tokens, head_dim = q.shape
+    n_heads, n_tokens = q.shape[:2]
     dtype = accumulation_dtype(q, k_mem, v_mem)
-    if k_mem.shape[1] == 0:
-        return InterResult(empty_state(n_heads, n_tokens, head_dim, dtype), np.zeros((n_heads, 0), dtype))
+    if k_mem.shape[1] == 0:  # the empty state's output has the values' head dim
+        return InterResult(empty_state(n_heads, n_tokens, v_mem.shape[-1], dtype), np.zeros((n_heads, 0), dtype))
     kr = expand_kv_heads(k_mem, n_heads).astype(dtype, copy=False)
     vr = expand_kv_heads(v_mem, n_heads).astype(dtype, copy=False)
     logits = soft_cap(np.einsum("htd,hmd->htm", q.astype(dtype, copy=False), kr) * dtype(scale), softcap_of(terms))

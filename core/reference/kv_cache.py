@@ -14,13 +14,13 @@ from ..errors import PromptTooLongError
 
 
 class ReferenceLayerCache:
-    """One layer: keys and values [1, Hkv, capacity, D]; `offset` slots are filled."""
+    """One layer: keys [1, Hkv, capacity, D] and values [1, Hkv, capacity, Dv]; `offset` slots are filled."""
 
     def __init__(self, keys: np.ndarray, values: np.ndarray, offset: int = 0) -> None:
         self.k, self.v, self.offset = keys, values, offset
 
     def update_and_fetch(self, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Store keys/values [1, Hkv, T, D] in the next T slots; return every filled slot's."""
+        """Store keys [1, Hkv, T, D] / values [1, Hkv, T, Dv] in the next T slots; return every filled slot's."""
         end = self.offset + keys.shape[2]
         if end > self.k.shape[2]:
             raise PromptTooLongError(f"KV cache holds {self.k.shape[2]} tokens, writing slots {self.offset}..{end - 1}")
@@ -36,13 +36,29 @@ class ReferenceLayerCache:
 
 
 class ReferenceKVCache:
-    """Every layer's cache, `capacity` slots each."""
+    """Every layer's cache, `capacity` slots each. value_dim: the values' head dim where it is not
+    the keys' (latent attention: keys of qk_nope + qk_rope dims, values of v_head_dim); None: head_dim."""
 
     def __init__(
-        self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, dtype: np.dtype | str = np.float64
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: np.dtype | str = np.float64,
+        value_dim: int | None = None,
     ) -> None:
         shape = (1, n_kv_heads, capacity, head_dim)
-        self.layers = [ReferenceLayerCache(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(n_layers)]
+        value_shape = (1, n_kv_heads, capacity, head_dim if value_dim is None else value_dim)
+        self.layers = [
+            ReferenceLayerCache(np.zeros(shape, dtype), np.zeros(value_shape, dtype)) for _ in range(n_layers)
+        ]
+
+    def _empty(self, capacity: int) -> ReferenceKVCache:
+        """A cache of this one's layers, shapes and dtype with `capacity` slots."""
+        _, heads, _, head_dim = self.layers[0].k.shape
+        value_dim = self.layers[0].v.shape[3]
+        return ReferenceKVCache(len(self.layers), heads, head_dim, capacity, self.layers[0].k.dtype, value_dim)
 
     @property
     def filled(self) -> int:
@@ -54,8 +70,7 @@ class ReferenceKVCache:
 
     def grown(self, capacity: int) -> ReferenceKVCache:
         """A cache of `capacity` slots holding these filled slots (each layer's own)."""
-        _, heads, _, head_dim = self.layers[0].k.shape
-        grown = ReferenceKVCache(len(self.layers), heads, head_dim, capacity, self.layers[0].k.dtype)
+        grown = self._empty(capacity)
         for old, new in zip(self.layers, grown.layers):
             new.k[:, :, : old.offset], new.v[:, :, : old.offset] = old.k[:, :, : old.offset], old.v[:, :, : old.offset]
             new.offset = old.offset
@@ -85,18 +100,15 @@ class ReferenceKVCache:
         shares no memory with this one."""
         if not 0 <= slots <= min(layer.offset for layer in self.layers):
             raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
-        _, heads, _, head_dim = self.layers[0].k.shape
-        copied = ReferenceKVCache(
-            len(self.layers), heads, head_dim, max(slots, capacity or slots), self.layers[0].k.dtype
-        )
+        copied = self._empty(max(slots, capacity or slots))
         for old, new in zip(self.layers, copied.layers):
             new.k[:, :, :slots], new.v[:, :, :slots] = old.k[:, :, :slots], old.v[:, :, :slots]
             new.offset = slots
         return copied
 
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
-        """Write the first `slots` slots to a safetensors file: keys and values [n_layers, Hkv,
-        slots, D] and `metadata` in its header (no positions: slot i is position i here)."""
+        """Write the first `slots` slots to a safetensors file: keys [n_layers, Hkv, slots, D], values
+        [.., Dv] and `metadata` in its header (no positions: slot i is position i here)."""
         from safetensors.numpy import save_file
 
         save_file(
@@ -116,7 +128,7 @@ class ReferenceKVCache:
         slots = keys.shape[2]
         if (
             keys.shape != (len(self.layers), heads, slots, head_dim)
-            or values.shape != keys.shape
+            or values.shape != (len(self.layers), heads, slots, self.layers[0].v.shape[3])
             or keys.dtype != self.layers[0].k.dtype
             or slots > capacity
         ):

@@ -50,7 +50,7 @@ def oracle_h2o_layer(
     sinks: np.ndarray | None = None,
     softcap: float | None = None,
 ) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
-    """Returns (output [Hq, N, D], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N]).
+    """Returns (output [Hq, N, Dv], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N]).
     A sliding window w keeps, of every key set, the keys j > i - w only; the scores count only
     what each query attended. sinks [Hq] / softcap: the layer's terms (see the module doc)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
@@ -71,7 +71,7 @@ def oracle_h2o_layer(
             keys = seen(i, range(chunk_of(i) * chunk_size, i + 1))
             scores[g, keys] += _softmax(logit(g, keys, h, i), sink(h))
 
-    out = np.zeros_like(q)
+    out = np.zeros((n_heads, n_tokens, v.shape[-1]))  # values may be narrower than keys (latent attention)
     memory: list[list[int]] | None = None
     memory_sets: list[list[list[int]]] = []
     for c in range(n_chunks):
@@ -159,7 +159,7 @@ def replay_h2o_layer(
     sinks: np.ndarray | None = None,
     softcap: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(output [Hq, N, D], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
+    """(output [Hq, N, Dv], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
     a dense tail of `dense_tail` rows, which changes the output only; a sliding window w, which
     hides keys j <= i - w from query i everywhere; the layer's terms, sinks [Hq] and softcap, in
     every softmax as the module doc says).

@@ -109,8 +109,27 @@ HONOURED: dict[str, dict[str, Any]] = {
     # the LM head's own final soft-capping, the family's code)
     "gpt_oss": dict(_MOE, experts_per_token=2, sliding_window=8),  # slides: mlx-lm's masks
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0),
+    # multi-head latent attention: keys of qk_nope + qk_rope = 24 dims, values of v_head_dim = 16
+    "deepseek_v3": dict(
+        _MOE,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        moe_layer_freq=1,
+        routed_scaling_factor=1.0,
+        topk_method="noaux_tc",
+        n_group=1,
+        topk_group=1,
+    ),
 }
 MOE = (
+    "deepseek_v3",
+    "kimi_k25",
     "qwen3_moe",
     "mixtral",
     "granitemoe",
@@ -124,28 +143,31 @@ MOE = (
     "minimax",
 )
 TERMS = ("gpt_oss", "gemma2")  # honoured architectures whose layers add terms to their softmax
+# Kimi K2.5 (mlx-lm's kimi_k25): deepseek_v3's language model inside a vision-language wrapper, its
+# config a text_config of its own (the vision tower is dropped at load); as Kimi's, a LoRA on the
+# queries (q_a_proj, q_a_layernorm, q_b_proj) and YaRN RoPE (its mscale in the softmax scale)
+_YARN = dict(
+    type="yarn",
+    factor=4.0,
+    original_max_position_embeddings=128,
+    beta_fast=32,
+    beta_slow=1,
+    mscale=1.0,
+    mscale_all_dim=1.0,
+)
+HONOURED["kimi_k25"] = dict(
+    text_config={
+        **BASE,
+        "model_type": "deepseek_v3",
+        **HONOURED["deepseek_v3"],
+        "q_lora_rank": 32,
+        "rope_scaling": _YARN,
+    }
+)
+LATENT = ("deepseek_v3", "kimi_k25")  # honoured ones with multi-head latent attention (values narrower than keys)
 
 # architecture -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "deepseek_v3": (
-        dict(
-            _MOE,
-            kv_lora_rank=16,
-            q_lora_rank=None,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            v_head_dim=16,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            moe_layer_freq=1,
-            routed_scaling_factor=1.0,
-            topk_method="noaux_tc",
-            n_group=1,
-            topk_group=1,
-        ),
-        "multi-head latent attention",
-    ),
     "hunyuan_v1_dense": ({}, "attention of an unknown layout"),  # q/k norms after RoPE, other names
     "stablelm": (
         dict(partial_rotary_factor=0.25, use_qkv_bias=False, layer_norm_eps=1e-5),

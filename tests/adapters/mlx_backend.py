@@ -18,11 +18,12 @@ from specfill.backends.mlx.adapted import AdaptedModel, AdaptedOps, adapt
 from specfill.backends.mlx.model import Model as OwnModel
 from specfill.core.driver import CausalLM
 from tests.adapters import mlx_table as table
-from tests.adapters.mlx_archs import HONOURED, MOE, REFUSED, TERMS, build, save_directory
+from tests.adapters.mlx_archs import HONOURED, LATENT, MOE, REFUSED, TERMS, build, save_directory
 
 __all__ = [
     "AdaptedModel",
     "HONOURED",
+    "LATENT",
     "MOE",
     "OwnModel",
     "REFUSED",
@@ -37,8 +38,11 @@ NAME, CLI_BACKEND = "mlx", "mlx"
 # the refusal test's cases: H2O, the SpecPrefill speculator, and the main model under SpecPrefill
 # with an honoured speculator (on the torch backend the main pass runs refused layers instead)
 REFUSAL_NAMES = ("H2O", "speculator", "SpecPrefill")
-LATENT_REFUSAL = (
-    "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention)"  # what a refused method says (deepseek_v3)
+# the CLI's refusal case: (architecture, its config, what the refused method says)
+CLI_REFUSAL = (
+    "stablelm",
+    REFUSED["stablelm"][0],
+    "H2O cannot run on stablelm: layer 0 (attention of an unknown layout)",
 )
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},

@@ -52,20 +52,22 @@ def test_generate_runs_a_family_without_a_model_file(backend, moe_directory, cap
 
 
 def test_a_method_the_family_cannot_honour_is_one_error_line(backend, tmp_path, capsys):
-    directory = backend.save_directory("deepseek_v3", tmp_path / "deepseek_v3", backend.REFUSED["deepseek_v3"][0])
+    arch, config, refusal = backend.CLI_REFUSAL
+    directory = backend.save_directory(arch, tmp_path / arch, config)
     code, out, err = generate(
         capsys, backend, directory, "--method", "h2o", "--chunk-size", "8", "--h2o-local", "2", "--h2o-heavy", "2"
     )
     assert code == 2 and "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert any(backend.LATENT_REFUSAL in line for line in lines), err
+    assert any(refusal in line for line in lines), err
 
 
-@pytest.mark.archs("terms")
+@pytest.mark.archs("terms", "latent")
 @pytest.mark.parametrize("method", [["h2o"], ["specprefill", "--speculator", "self:1"]])
 def test_families_with_attention_terms_run_the_sparse_methods(backend, arch, tmp_path, capsys, method):
-    """gpt_oss (sinks) and gemma2 (logit soft-capping), saved and loaded from a directory: the terms
-    come from the loaded weights, and H2O gives what the same model's H2O gives in memory."""
+    """gpt_oss (sinks), gemma2 (logit soft-capping) and the latent-attention families, saved and
+    loaded from a directory: the terms and latent projections come from the loaded weights, and H2O
+    gives what the same model's H2O gives in memory."""
     from specfill.core.config import H2OConfig
     from specfill.core.runtime import GenerationInfo, PrefillMethod
     from tests.adapters.support import assert_close, prompt

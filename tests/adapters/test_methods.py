@@ -141,6 +141,28 @@ def test_attention_terms_are_honoured_and_matter(backend, arch, monkeypatch):
     assert np.abs(out - plain).max() > 1e-3 * np.abs(plain).max(), f"{arch}: the terms changed nothing"
 
 
+@pytest.mark.archs("latent")
+def test_latent_attention_reaches_the_methods_with_values_narrower_than_keys(backend, arch, monkeypatch):
+    """deepseek_v3's multi-head latent attention runs decompressed: every layer honoured, keys of
+    qk_nope + qk_rope = 24 dims, values of v_head_dim = 16 (MLX caches them so; torch zero-pads
+    them to 24 in its cache, and those columns stay zero through H2O), and H2O's outputs over the
+    16 value dims equal the oracle's over the narrow values."""
+    model = backend.adapted(backend.build(arch))
+    assert model.args.refusal() is None
+    assert {layer.kind.split(" (")[0] for layer in model.args.layers} == {"multi-head latent attention"}
+    assert {(layer.head_dim, layer.value_dim) for layer in model.args.layers} == {(24, 16)}
+    calls = record(monkeypatch, H2OPrefillAttention, backend.to_numpy)
+    model.prompt_logits(prompt(36, seed=7), method=H2O, info=GenerationInfo())
+    config = H2O.h2o
+    for layer, q, k, v, out in calls:
+        assert q.shape[-1] == k.shape[-1] == 24 and v.shape[-1] in (16, 24)
+        assert not v[..., 16:].any() and not out[..., 16:].any(), "padded value columns stay zero"
+        want, _, _ = oracle_h2o_layer(
+            q, k, v[..., :16], config.chunk_size, config.local, config.heavy, model.args.attention_scale
+        )
+        assert_close(out[..., :16], want.astype(np.float32), f"{arch} layer {layer} H2O output over Dv")
+
+
 @pytest.mark.archs("honoured", "refused")
 def test_drafting_with_the_first_layer_gives_the_greedy_tokens(backend, arch):
     """Speculative decoding drafts with the model's first layer ("self:1", sharing its cache) and

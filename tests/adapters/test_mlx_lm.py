@@ -48,11 +48,15 @@ def test_the_adapted_model_still_runs_as_mlx_lm_outside_specfill():
     assert type(lm.layers[0].self_attn.inner).__name__ == "Attention"
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "phi3"])
-def test_a_4bit_mlx_lm_directory_loads_quantized_and_equals_mlx_lm(arch, tmp_path):
+# latent attention's per-head projections quantize along qk_nope and kv_lora_rank: 32 wide, one group
+LATENT_4BIT = dict(HONOURED["deepseek_v3"], kv_lora_rank=32, qk_nope_head_dim=32)
+
+
+@pytest.mark.parametrize("arch,config", [("qwen3_moe", None), ("phi3", None), ("deepseek_v3", LATENT_4BIT)])
+def test_a_4bit_mlx_lm_directory_loads_quantized_and_equals_mlx_lm(arch, config, tmp_path):
     """mlx-community models are mostly 4-bit: the directory loads through mlx-lm's own reader, its
     layers stay quantized, and the adapter computes what mlx-lm computes on them."""
-    directory = save_directory(arch, tmp_path / arch, bits=4)
+    directory = save_directory(arch, tmp_path / arch, config, bits=4)
     model, tokenizer = load(directory, device="cpu")
     lm, _ = mlx_lm.load(str(directory))
     ids = prompt(30, seed=6)

@@ -72,9 +72,27 @@ HONOURED: dict[str, dict[str, Any]] = {
     # the LM head's own final soft-capping, the family's code)
     "gpt_oss": dict(_MOE, **_SLIDING),
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0, **_SLIDING),
+    # multi-head latent attention: keys of qk_nope + qk_rope = 24 dims, values of v_head_dim = 16
+    "deepseek_v3": dict(
+        _MOE,
+        num_key_value_heads=4,
+        kv_lora_rank=16,
+        q_lora_rank=None,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        head_dim=8,
+        v_head_dim=16,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        n_group=1,
+        topk_group=1,
+    ),
 }
 TERMS = ("gpt_oss", "gemma2")  # honoured model types whose layers add terms to their softmax
+LATENT = ("deepseek_v3",)  # honoured ones with multi-head latent attention (values narrower than keys)
 MOE = (
+    "deepseek_v3",
     "qwen3_moe",
     "mixtral",
     "granitemoe",
@@ -90,24 +108,8 @@ MOE = (
 
 # model type -> (config, the layer kind its refusal names)
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
-    "deepseek_v3": (
-        dict(
-            _MOE,
-            num_key_value_heads=4,
-            kv_lora_rank=16,
-            q_lora_rank=None,
-            qk_rope_head_dim=8,
-            qk_nope_head_dim=16,
-            head_dim=8,
-            v_head_dim=16,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
-        ),
-        "multi-head latent attention",
-    ),
+    # a dynamic RoPE: its frequencies follow each step's longest position (OLMo 1's plain attention)
+    "olmo": (dict(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=10000.0)), "dynamic RoPE"),
 }
 
 # model type -> (config, the layer kind the load error names)

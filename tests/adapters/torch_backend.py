@@ -19,11 +19,12 @@ from specfill.backends.torch_cuda.model import Transformer as OwnModel
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
 from tests.adapters import torch_table as table
-from tests.adapters.torch_archs import HONOURED, MOE, REFUSED, TERMS, build, save_directory
+from tests.adapters.torch_archs import HONOURED, LATENT, MOE, REFUSED, TERMS, build, save_directory
 
 __all__ = [
     "AdaptedModel",
     "HONOURED",
+    "LATENT",
     "MOE",
     "OwnModel",
     "REFUSED",
@@ -38,9 +39,8 @@ NAME, CLI_BACKEND = "torch", "cuda"
 # the refusal test's cases: H2O and the SpecPrefill speculator (the main pass runs refused layers:
 # test_transformers_only.py)
 REFUSAL_NAMES = ("H2O", "speculator")
-LATENT_REFUSAL = (
-    "H2O cannot run on deepseek_v3: layer 0 (multi-head latent attention"  # what a refused method says (deepseek_v3)
-)
+# the CLI's refusal case: (architecture, its config, what the refused method says)
+CLI_REFUSAL = ("olmo", REFUSED["olmo"][0], "H2O cannot run on olmo: layer 0 (dynamic RoPE (OlmoAttention))")
 FAMILIES = {  # the families the project has model files for, as the own-family tests write them
     "llama": {},
     "mistral": dict(sliding_window=8),

@@ -7,7 +7,7 @@ from functools import cache
 
 import mlx.core as mx
 
-from specfill.core.self_check import note_term_fallback
+from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
@@ -122,9 +122,10 @@ def _make_inter_kernel() -> tuple[object, object]:
 
 
 def _check(q: mx.array, k_mem: mx.array, v_mem: mx.array) -> None:
-    if q.ndim != 3 or k_mem.ndim != 3 or k_mem.shape != v_mem.shape:
+    if q.ndim != 3 or k_mem.ndim != 3 or v_mem.ndim != 3 or k_mem.shape[:2] != v_mem.shape[:2]:
         raise ValueError(
-            f"inter attention takes q [Hq, T, D], k_mem/v_mem [Hkv, M, D]; got {q.shape}, {k_mem.shape}, {v_mem.shape}"
+            f"inter attention takes q [Hq, T, D], k_mem [Hkv, M, D], v_mem [Hkv, M, Dv]; "
+            f"got {q.shape}, {k_mem.shape}, {v_mem.shape}"
         )
     if q.shape[2] != k_mem.shape[2] or q.shape[0] % k_mem.shape[0] != 0:
         raise ValueError(f"q {q.shape} does not match k_mem {k_mem.shape} (same D, Hq a multiple of Hkv)")
@@ -197,7 +198,7 @@ def inter_attention_twin(
     state = AttentionState(
         m.reshape(n_heads, n_tokens),
         l.reshape(n_heads, n_tokens),
-        o.reshape(n_heads, n_tokens, head_dim).astype(q.dtype),
+        o.reshape(n_heads, n_tokens, v_mem.shape[2]).astype(q.dtype),
     )
     return InterResult(state, weights.sum(axis=-2).reshape(n_heads, n_slots))
 
@@ -211,8 +212,8 @@ def inter_attention(
     window: KeyWindow | None = None,
     terms: AttentionTerms | None = None,
 ) -> InterResult:
-    """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> InterResult. M = 0 gives the empty state
-    (m = -inf, l = 0, o = 0) and no column sums, without NaN. window: a sliding layer's
+    """q [Hq, T, D] against k_mem [Hkv, M, D] / v_mem [Hkv, M, Dv] -> InterResult (o [Hq, T, Dv]).
+    M = 0 gives the empty state (m = -inf, l = 0, o = 0) and no column sums, without NaN. window: a sliding layer's
     KeyWindow; the Metal kernel takes no window yet, so a window always runs the twin; nor
     attention terms (soft-cap, sinks): they run the twin too, said once."""
     _check(q, k_mem, v_mem)
@@ -222,11 +223,15 @@ def inter_attention(
     n_heads, n_tokens, head_dim = q.shape
     if k_mem.shape[1] == 0 or n_tokens == 0:
         return InterResult(
-            empty_state(n_heads, n_tokens, head_dim, q.dtype), mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32)
+            empty_state(n_heads, n_tokens, v_mem.shape[2], q.dtype),
+            mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32),
         )
     terms = active_terms(terms)
     if use and terms is not None:
         note_term_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
+    if use and v_mem.shape[2] != k_mem.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
+        note_value_dim_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
+        use = False
     if use and window is None and terms is None:
         return inter_attention_kernel(q, k_mem, v_mem, scale)
     if terms is None:

@@ -13,7 +13,7 @@ from functools import cache
 import mlx.core as mx
 
 from specfill.core.errors import ConfigError
-from specfill.core.self_check import note_term_fallback
+from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
@@ -131,8 +131,10 @@ def _make_intra_kernel() -> tuple[object, object]:
 
 
 def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
-    if q.ndim != 3 or k.ndim != 3 or k.shape != v.shape:
-        raise ValueError(f"intra attention takes q [Hq, T, D], k/v [Hkv, T, D]; got {q.shape}, {k.shape}, {v.shape}")
+    if q.ndim != 3 or k.ndim != 3 or v.ndim != 3 or k.shape[:2] != v.shape[:2]:
+        raise ValueError(
+            f"intra attention takes q [Hq, T, D], k [Hkv, T, D], v [Hkv, T, Dv]; got {q.shape}, {k.shape}, {v.shape}"
+        )
     if q.shape[1:] != k.shape[1:] or q.shape[0] % k.shape[0] != 0:
         raise ValueError(f"q {q.shape} does not match k/v {k.shape} (same T and D, Hq a multiple of Hkv)")
     common_dtype(q, k, v)
@@ -186,9 +188,9 @@ def intra_attention_twin(
     n_chunks = math.ceil(n_tokens / chunk_size)
     padded = n_chunks * chunk_size
 
-    def blocks(x: mx.array) -> mx.array:  # [H, T, D] -> [H, C, S, D] float32, zero padded
+    def blocks(x: mx.array) -> mx.array:  # [H, T, D or Dv] -> [H, C, S, D or Dv] float32, zero padded
         x = mx.pad(x.astype(mx.float32), [(0, 0), (0, padded - n_tokens), (0, 0)])
-        return x.reshape(x.shape[0], n_chunks, chunk_size, head_dim)
+        return x.reshape(x.shape[0], n_chunks, chunk_size, x.shape[-1])
 
     qb = blocks(q).reshape(n_kv, group, n_chunks, chunk_size, head_dim)
     kb, vb = blocks(k)[:, None], blocks(v)[:, None]  # [Hkv, 1, C, S, D]: GQA by broadcasting
@@ -226,7 +228,7 @@ def intra_attention(
     window: int | None = None,
     terms: AttentionTerms | None = None,
 ) -> IntraResult:
-    """q [Hq, T, D], k/v [Hkv, T, D] -> IntraResult; the Metal kernel where Metal exists
+    """q [Hq, T, D], k [Hkv, T, D], v [Hkv, T, Dv] -> IntraResult (o [Hq, T, Dv]); the Metal kernel where Metal exists
     (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False).
     window: a sliding layer's w; the Metal kernel takes no window yet, so a window always runs
     the twin (kernels forced included); nor attention terms (soft-cap, sinks): they run the twin
@@ -237,10 +239,13 @@ def intra_attention(
     )
     if q.shape[1] == 0:
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
-        return IntraResult(AttentionState(zeros, zeros, mx.zeros(q.shape, dtype=q.dtype)), zeros)
+        return IntraResult(AttentionState(zeros, zeros, mx.zeros((q.shape[0], 0, v.shape[2]), dtype=q.dtype)), zeros)
     terms = active_terms(terms)
     if use and terms is not None:
         note_term_fallback("mlx", "phase-1 intra attention", "the MLX-ops twin")
+    if use and v.shape[2] != k.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
+        note_value_dim_fallback("mlx", "phase-1 intra attention", "the MLX-ops twin")
+        use = False
     if use and window is None and terms is None:
         return intra_attention_kernel(q, k, v, chunk_size, scale)
     if terms is None:

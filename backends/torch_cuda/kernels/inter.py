@@ -12,7 +12,7 @@ import math
 import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
-from specfill.core.self_check import note_term_fallback
+from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
@@ -51,12 +51,12 @@ def inter_attention_twin(
     still spread over the threads. A sliding window masks the slots outside each row's window.
     terms: the soft-cap caps the logits before the mask; sinks join the column sums' denominators."""
     n_heads, n_tokens, head_dim = q.shape
-    n_kv, n_mem = k_mem.shape[0], k_mem.shape[1]
+    n_kv, n_mem, value_dim = k_mem.shape[0], k_mem.shape[1], v_mem.shape[2]
     group = n_heads // n_kv
     stats = stats_dtype(q, k_mem, v_mem)
     rows = (q.to(stats) * (scale * LOG2E)).reshape(n_kv, group, n_tokens, head_dim)
     keys_t, values = k_mem.to(stats).transpose(1, 2), v_mem.to(stats)
-    o = torch.empty((n_kv, group, n_tokens, head_dim), dtype=stats, device=q.device)
+    o = torch.empty((n_kv, group, n_tokens, value_dim), dtype=stats, device=q.device)
     m = torch.empty((n_kv, group, n_tokens), dtype=stats, device=q.device)
     l = torch.empty_like(m)
     n_blocks = -(-n_tokens // _TWIN_QUERY_BLOCK)
@@ -77,14 +77,14 @@ def inter_attention_twin(
         state, weights = softmax_state_(logits, values[head], sinks2)
         m[head, :, lo:hi] = state.m.view(group, hi - lo)
         l[head, :, lo:hi] = state.l.view(group, hi - lo)
-        o[head, :, lo:hi] = state.o.view(group, hi - lo, head_dim)
+        o[head, :, lo:hi] = state.o.view(group, hi - lo, value_dim)
         if partial is not None:
             torch.sum(weights.view(group, hi - lo, n_mem), dim=1, out=partial[block, head])
 
     run_units(one_unit, n_blocks * n_kv, q.device)
     colsum = None if partial is None else partial.sum(dim=0)
     state = AttentionState(
-        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, head_dim).to(q.dtype)
+        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, value_dim).to(q.dtype)
     )
     return InterResult(state, None if colsum is None else colsum.view(n_heads, n_mem))
 
@@ -99,7 +99,8 @@ def inter_attention(
     window: KeyWindow | None = None,
     terms: AttentionTerms | None = None,
 ) -> InterResult:
-    """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D] -> m, l [Hq, T], o [Hq, T, D], colsum [Hq, M].
+    """q [Hq, T, D] against k_mem [Hkv, M, D] / v_mem [Hkv, M, Dv] -> m, l [Hq, T], o [Hq, T, Dv],
+    colsum [Hq, M] (Dv = D but for latent attention, whose narrower values run the twin, said once).
 
     An empty memory (M = 0) gives the empty state (m = -inf, l = 0, o = 0) and no column sums.
     use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
@@ -110,12 +111,15 @@ def inter_attention(
     kernel = choose_kernel(use_kernel, q, k_mem, v_mem, self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
     if k_mem.shape[1] == 0:
         stats = stats_dtype(q, k_mem, v_mem)
-        state = empty_state(q.shape[0], q.shape[1], q.shape[2], q.dtype, q.device, stats)
+        state = empty_state(q.shape[0], q.shape[1], v_mem.shape[2], q.dtype, q.device, stats)
         colsum = torch.zeros((q.shape[0], 0), dtype=stats, device=q.device) if with_colsum else None
         return InterResult(state, colsum)
     terms = active_terms(terms)
     if kernel and terms is not None:
         note_term_fallback("cuda", "phase-2 inter attention", "the torch twin")
+    if kernel and v_mem.shape[2] != k_mem.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
+        note_value_dim_fallback("cuda", "phase-2 inter attention", "the torch twin")
+        kernel = False
     if kernel and window is None and terms is None:
         result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
         return InterResult(result.state, result.colsum)

@@ -13,7 +13,7 @@ import math
 import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
-from specfill.core.self_check import note_term_fallback
+from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
@@ -28,13 +28,14 @@ _TWIN_QUERY_BLOCK = 64
 
 
 def check_attention_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """q [Hq, T, D], k/v [Hkv, K, D] with Hq a multiple of Hkv."""
+    """q [Hq, T, D], k [Hkv, K, D], v [Hkv, K, Dv] with Hq a multiple of Hkv (Dv: the values' own
+    head dim, latent attention's narrower than D)."""
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(
             f"attention takes q [Hq, T, D] and k/v [Hkv, K, D], got {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if k.shape != v.shape or q.shape[2] != k.shape[2]:
+    if k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
         raise ValueError(f"k/v shapes {tuple(k.shape)}, {tuple(v.shape)} do not match q {tuple(q.shape)}")
     if k.shape[0] == 0 or q.shape[0] % k.shape[0] != 0:
         raise ValueError(f"{q.shape[0]} query heads are not a multiple of {k.shape[0]} KV heads")
@@ -79,13 +80,13 @@ def intra_attention_twin(
     soft-cap caps the logits before the masks; sinks join the column sums' denominators only.
     """
     n_heads, n_tokens, head_dim = q.shape
-    n_kv = k.shape[0]
+    n_kv, value_dim = k.shape[0], v.shape[2]
     group = n_heads // n_kv
     stats = stats_dtype(q, k, v)
     # [Hkv, G, T, D]: query heads kv*G .. kv*G + G - 1 share KV head kv (q pre-scaled, base 2)
     rows = (q.to(stats) * (scale * LOG2E)).reshape(n_kv, group, n_tokens, head_dim)
     k, v = k.to(stats), v.to(stats)
-    o = torch.empty((n_kv, group, n_tokens, head_dim), dtype=stats, device=q.device)
+    o = torch.empty((n_kv, group, n_tokens, value_dim), dtype=stats, device=q.device)
     m = torch.empty((n_kv, group, n_tokens), dtype=stats, device=q.device)
     l = torch.empty_like(m)
     colsum = torch.zeros_like(m) if with_colsum else None
@@ -113,13 +114,13 @@ def intra_attention_twin(
             state, weights = softmax_state_(logits, v[:, first:hi], sinks2)
             m[:, :, lo:hi] = state.m.view(n_kv, group, n_rows)
             l[:, :, lo:hi] = state.l.view(n_kv, group, n_rows)
-            o[:, :, lo:hi] = state.o.view(n_kv, group, n_rows, head_dim)
+            o[:, :, lo:hi] = state.o.view(n_kv, group, n_rows, value_dim)
             if colsum is not None:
                 colsum[:, :, first:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
 
     run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
     state = AttentionState(
-        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, head_dim).to(q.dtype)
+        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, value_dim).to(q.dtype)
     )
     return IntraResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
 
@@ -151,11 +152,14 @@ def intra_attention(
     kernel = choose_kernel(use_kernel, q, k, v, self_check=lambda: _self_check(q, q.shape[0] // k.shape[0]))
     if q.shape[1] == 0:
         stats = stats_dtype(q, k, v)
-        state = empty_state(q.shape[0], 0, q.shape[2], q.dtype, q.device, stats)
+        state = empty_state(q.shape[0], 0, v.shape[2], q.dtype, q.device, stats)
         return IntraResult(state, state.l.clone() if with_colsum else None)
     terms = active_terms(terms)
     if kernel and terms is not None:
         note_term_fallback("cuda", "phase-1 intra attention", "the torch twin")
+    if kernel and v.shape[2] != k.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
+        note_value_dim_fallback("cuda", "phase-1 intra attention", "the torch twin")
+        kernel = False
     if kernel and window is None and terms is None:
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
     if terms is None:
