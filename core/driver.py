@@ -178,7 +178,7 @@ class CausalLM(LoadedModel[A]):
         they combine); the prompt's ids, the speculator and the draft model are checked here."""
         ids = self._ids(prompt_ids, max_tokens)
         method = self.resolve_method(method, len(ids))
-        info.start(len(ids), method.name)
+        info.start(len(ids), method.label)
         if reuse is not None:
             check_reuse(reuse, len(ids), method, drafting)
         speculator = None
