@@ -12,6 +12,8 @@ recomputed from scratch for every look-ahead step). Slow and small-model only: f
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..config import H2OConfig
@@ -20,6 +22,9 @@ from ..rope import rope_inv_freq
 from ..stages import KeyWindow, MemorySet
 from . import h2o
 from .attention import expand_kv_heads, masked_state, merge_states
+
+# one layer's H2O output [Hq, P, D] from q [Hq, P, D], k / v [Hkv, P, D], config, scale, window
+H2OLayer = Callable[[np.ndarray, np.ndarray, np.ndarray, H2OConfig, float, "int | None"], np.ndarray]
 
 
 class ReferenceModel:
@@ -104,13 +109,17 @@ class ReferenceModel:
         stop_ids: frozenset[int] = frozenset(),
         window: int = 1,
         h2o_config: H2OConfig | None = None,
+        h2o_layer: H2OLayer | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """The first `n_layers` layers as SpecPrefill's speculator: (queries [n_l, W + N', Hq, D] of
         the prompt's last `window` tokens and the fed look-ahead tokens, prompt keys [n_l, Hkv, P, D],
-        fed tokens). With `h2o_config` the prompt's rows of every layer it names are the reference H2O
-        layer's output over the prompt alone (the composition); the look-ahead rows attend to every key."""
+        fed tokens). With `h2o_config` the prompt's rows of every layer it names are H2O's output over
+        the prompt alone (the composition): `h2o_layer(q, k, v, config, scale, window)` -> [Hq, P, D],
+        by default the reference walk's (the oracle's: oracle.oracle_h2o_output; a backend's stages:
+        the conformance check); the look-ahead rows attend to every key."""
         from . import REFERENCE  # the package's stages (it never imports this module back)
 
+        layer_h2o = h2o_layer or (lambda q, k, v, c, scale, w: REFERENCE.attention_layer(q, k, v, c, scale, w).output)
         n_prompt, fed = len(ids), []
         sparse = () if h2o_config is None else h2o_config.layer_indices(n_layers)
         while True:
@@ -121,8 +130,10 @@ class ReferenceModel:
                 q, k, v = self.qkv(layer, hidden, positions)
                 out = self.attend(layer, q, k, v, positions)
                 if layer in sparse:
-                    p, win = slice(0, n_prompt), self.args.layer_window(layer)
-                    out[:, p] = REFERENCE.attention_layer(q[:, p], k[:, p], v[:, p], h2o_config, self.scale, win).output
+                    p = slice(0, n_prompt)
+                    out[:, p] = layer_h2o(
+                        q[:, p], k[:, p], v[:, p], h2o_config, self.scale, self.args.layer_window(layer)
+                    )
                 qs.append(q)
                 ks.append(k)
                 hidden = self.finish_layer(layer, hidden, out)

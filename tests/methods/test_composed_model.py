@@ -64,6 +64,18 @@ def test_composed_selection_equals_the_reference_and_is_named(tiny, arch):
     assert info.method == COMPOSED == method.label and 8 < info.kept_tokens < 90
 
 
+def test_composed_speculator_matches_the_oracles_key_sets(tiny):
+    """The same pass with the oracle's naive H2O (explicit key sets, core/reference/oracle.py) in
+    place of the reference walk: what the backend captures does not hang on code it shares."""
+    t = tiny("qwen3")
+    ids = prompt(40, t.args.vocab_size, seed=34)
+    got = speculate(t, ids, SPECULATOR_H2O)
+    queries, keys, fed = reference_speculator(t.ref, ids, 2, 3, window=3, h2o_config=SPECULATOR_H2O, use_oracle=True)
+    assert got.lookahead == fed
+    assert_logits_close(t, got.queries, queries, "captured queries (oracle)")
+    assert_logits_close(t, got.keys, keys, "prompt keys (oracle)")
+
+
 def test_a_prompt_of_one_chunk_composes_to_plain_specprefill(tiny):
     """N <= S: H2O is causal attention, so the composition keeps what plain SpecPrefill keeps."""
     t = tiny("llama")
