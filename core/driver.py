@@ -62,17 +62,17 @@ class CausalLM(LoadedModel[A]):
         return logits[None]
 
     def resolve_method(self, method: PrefillMethod, n_tokens: int) -> PrefillMethod:
-        """ "auto" -> method.sparse from the crossover length calibrated on this machine (core/probe.py;
-        or method.auto_threshold), full prefill below it; other methods as they are."""
+        """ "auto" -> the sparse method this machine's calibrations find fastest for n_tokens, full
+        prefill below every crossover (core/probe.auto_choice); with method.auto_threshold,
+        method.sparse from it on; other methods as they are."""
         if method.name != "auto":
             return method
         threshold = method.auto_threshold
-        if threshold is None:
-            from .probe import auto_crossover
+        if threshold is None:  # this machine's calibrations choose among the sparse methods (core/probe.py)
+            from .probe import auto_choice
 
-            threshold, _ = auto_crossover(self, method, prompt_tokens=n_tokens)
-        chosen = method.sparse if threshold is not None and n_tokens >= threshold else "full"
-        return replace(method, name=chosen, auto_threshold=None)
+            return auto_choice(self, method, n_tokens)[0]
+        return replace(method, name=method.sparse if n_tokens >= threshold else "full", auto_threshold=None)
 
     def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: GenerationInfo) -> np.ndarray:
         """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full", "h2o"
