@@ -388,6 +388,11 @@ class SpecPrefillConfig:
         bounds = {} if mass is not None else {"mass_floor": None, "mass_ceiling": None}
         return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass, **bounds)
 
+    def composed(self) -> "SpecPrefillConfig":
+        """This config with its speculator prefilling with H2O: its own speculator_prefill, else
+        speculator_h2o() (what "specprefill+h2o" runs in auto, bench and eval)."""
+        return dataclasses.replace(self, speculator_prefill=self.speculator_prefill or speculator_h2o())
+
     def layer_indices(self, n_layers: int) -> list[int]:
         """Speculator layers used for scoring (layer_subset)."""
         return layer_subset(self.layers, n_layers)

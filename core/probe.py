@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .config import H2OConfig, SpecPrefillConfig, speculator_h2o
+from .config import H2OConfig, SpecPrefillConfig
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
@@ -85,10 +85,9 @@ def auto_options(method: PrefillMethod) -> list[PrefillMethod]:
     if method.speculator is None:
         return [method]
     spec = method.specprefill or SpecPrefillConfig()
-    composed = dataclasses.replace(spec, speculator_prefill=spec.speculator_prefill or speculator_h2o())
     return [
         dataclasses.replace(method, specprefill=dataclasses.replace(spec, speculator_prefill=None)),
-        dataclasses.replace(method, specprefill=composed),
+        dataclasses.replace(method, specprefill=spec.composed()),
         dataclasses.replace(method, speculator=None),
     ]
 
