@@ -100,9 +100,3 @@ def resolve_candidates(specs: list[str]) -> dict[str, Setting]:
             name, setting = parse_candidate(spec)
             out[name] = setting
     return out
-
-
-def nested_config(setting: Setting) -> dict:
-    """A composed candidate's speculator H2O config as a dict (JSON)."""
-    h2o = getattr(setting, "speculator_prefill", None)
-    return {} if h2o is None else {"speculator_prefill": vars(h2o)}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -41,7 +41,6 @@ from .ruler_candidates import (  # noqa: F401 (parse_candidate, default_candidat
     candidate_grid,
     default_candidates,
     method_name,
-    nested_config,
     on_saved_pass,
     parse_candidate,
     resolve_candidates,
@@ -303,7 +302,7 @@ def _run_candidate(
         model, speculator, tokenizer = models.pair()
         method = PrefillMethod("specprefill", specprefill=setting, speculator=speculator)
         text, value, ttft, row, kept = run_api(model, tokenizer, sample, method, budget)
-        extra = {"config": {**vars(setting), "speculator_prefill": vars(setting.speculator_prefill)}}
+        extra = {"config": asdict(setting)}
         return record(
             sample,
             length,
@@ -380,8 +379,7 @@ def plan_summary(plan: ProtocolPlan) -> dict:
         "chat_template": plan.chat_template,
         "answer_tokens": plan.answer_tokens,
         "candidates": {
-            n: None if s is None else {**vars(s), **nested_config(s), "method": method_name(s)}
-            for n, s in plan.candidates.items()
+            n: None if s is None else {**asdict(s), "method": method_name(s)} for n, s in plan.candidates.items()
         },
     }
 
