@@ -49,6 +49,8 @@ def test_generate_runs_specprefill_over_an_h2o_speculator(tiny_checkpoint, capsy
     assert "Method: specprefill+h2o\n" in out
     code, out, err = run_cli(capsys, *args, *spec, "--speculator-prefill", "dense")
     assert code == 0 and "Method: specprefill\n" in out, err
+    code, out, err = run_cli(capsys, *args, "--method", "auto", "--auto-threshold", "1", "--speculator", "self:1")
+    assert code == 0 and "Method: auto -> specprefill\n" in out, err
 
 
 @pytest.mark.parametrize(
