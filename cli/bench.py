@@ -6,7 +6,7 @@ import argparse
 
 from specfill.api import DEFAULT_BACKEND_RULE, default_backend
 from specfill.core import ConfigError
-from specfill.evaluation.bench import BenchPlan, run_bench, write_bench
+from specfill.evaluation.bench import BENCH_METHODS, BenchPlan, run_bench, write_bench
 from specfill.evaluation.drafting import DraftingPlan, run_drafting_bench, write_drafting
 from specfill.evaluation.drafting_ratios import DEFAULT_PROMPTS, RatioPlan, run_drafting_ratios, write_drafting_ratios
 
@@ -18,7 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--backends", type=str_list, default=None, help=f"comma list: mlx,cuda (default: one, {DEFAULT_BACKEND_RULE})"
     )
-    p.add_argument("--methods", type=str_list, default=["full", "h2o", "specprefill"])
+    p.add_argument(
+        "--methods",
+        type=str_list,
+        default=["full", "h2o", "specprefill"],
+        help=f"comma list of {', '.join(BENCH_METHODS)} (the last: SpecPrefill over an H2O speculator) "
+        "(default: %(default)s)",
+    )
     p.add_argument("--lengths", type=int_list, default=[2000, 4000, 8000], help="comma list of prompt lengths")
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--speculator", default="self:8", help="speculator path or self:K (default: %(default)s)")
@@ -77,8 +83,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     for name in args.methods:
-        if name not in ("full", "h2o", "specprefill"):
-            raise ConfigError(f"unknown method {name!r} (full, h2o, specprefill)")
+        if name not in BENCH_METHODS:
+            raise ConfigError(f"unknown method {name!r} ({', '.join(BENCH_METHODS)})")
     if args.decode_tokens < 1 or args.repeats < 1 or any(n < 1 for n in args.lengths):
         raise ConfigError("--decode-tokens, --repeats and --lengths must be positive")
     backends = tuple(args.backends or [default_backend()])

@@ -172,7 +172,5 @@ def run(args: argparse.Namespace) -> int:
         say(last.text, end="", flush=True)
     say()
     if last is not None:
-        say(format_stats(last))
-    if args.method == "auto":
-        say(f"Method: auto -> {info.method}")
+        say(format_stats(last, args.method))
     return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from specfill.core import SpecPrefillConfig
+from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.io.random_model import load_random_model, random_prompt_ids
 from specfill.core.reference import REFERENCE, specprefill
+from specfill.core.reference.model import ReferenceModel
 from specfill.core.tolerances import round_to
 
 from .adapter import ConformanceAdapter
@@ -155,10 +157,59 @@ def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
         )
 
 
+# SpecPrefill over an H2O speculator on a tiny random model: chunks of 16 with a memory of 8 over
+# 96 tokens, so every later chunk attends to a sparse key set; q / k projections scaled by 25 so
+# the random model's attention is peaked (N(0, 0.02) weights give near-uniform rows, whose selection
+# is decided by rounding noise)
+COMPOSED = SpecPrefillConfig(
+    keep_ratio=0.25,
+    lookahead=2,
+    select_chunk=4,
+    pool_kernel=3,
+    query_window=2,
+    speculator_prefill=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=8, layers="all"),
+)
+
+
+def _composed_model() -> tuple[ReferenceModel, list[int]]:
+    args, weights = load_random_model("random:tiny-llama", seed=3)
+    for name in weights:
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            weights[name] = weights[name] * 25.0
+    return ReferenceModel(args, weights), random_prompt_ids(args.vocab_size, 96, seed=4)
+
+
+def check_composed_selection(ad: ConformanceAdapter, ck: Checker) -> None:
+    """SpecPrefill whose speculator prefills with H2O: the speculator's H2O layers through the
+    backend's attention_layer (inputs rounded to its dtype; the rest of the model in NumPy), then
+    its scoring and selection; kept positions against the reference's run of the same model. In
+    float64 / float32 they must be equal, in 16-bit dtypes agree as memory sets must."""
+    ref, ids = _composed_model()
+    h2o = COMPOSED.speculator_prefill
+
+    def layer(q, k, v, config, scale, window):
+        rounded = (round_to(x, ck.dtype) for x in (q, k, v))
+        return np.asarray(ad.attention_layer(*rounded, config, scale, window).output, dtype=np.float64)
+
+    got_q, got_k, _ = ref.speculator_pass(ids, 2, COMPOSED.lookahead, window=2, h2o_config=h2o, h2o_layer=layer)
+    want_q, want_k, _ = ref.speculator_pass(ids, 2, COMPOSED.lookahead, window=2, h2o_config=h2o)
+    got_q, got_k = round_to(got_q, ck.dtype), round_to(got_k, ck.dtype)
+    _, got = specprefill.speculative_selection(got_q, got_k, COMPOSED, ref.scale, ad, n_window=2)
+    _, want = specprefill.speculative_selection(want_q, want_k, COMPOSED, ref.scale, REFERENCE, n_window=2)
+    kept, wanted = np.asarray(got.kept).tolist(), want.kept.tolist()
+    name = "tiny-llama,S=16,M=8,N=96"
+    if ck.dtype in ("float64", "float32"):
+        ck.exact("specprefill.composed.kept", name, kept == wanted, f"differing: {sorted(set(kept) ^ set(wanted))}")
+        return
+    jaccard = len(set(kept) & set(wanted)) / max(1, len(set(kept) | set(wanted)))
+    ck.at_least("specprefill.composed.agreement", name, jaccard, ck.tol.memory_jaccard, f"got {kept[:16]}")
+
+
 SPECPREFILL_CHECKS = {
     "specprefill.attention_scores": check_attention_scores,
     "specprefill.smooth_scores": check_smooth_scores,
     "specprefill.reduce_scores": check_reduce_scores,
     "specprefill.select_tokens": check_select_tokens,
     "specprefill.selection": check_selection_end_to_end,
+    "specprefill.composed": check_composed_selection,
 }

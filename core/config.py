@@ -31,6 +31,7 @@ DEFAULT_H2O_LAYERS = "first-0.33"
 
 MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
 KEEP_RULES = ("keep_ratio", "keep_tokens", "keep_mass")  # SpecPrefill's keep rule: at most one is set
+SPECULATOR_PREFILLS = ("h2o", "dense")  # SpecPrefillConfig.speculator_prefill's public values
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -198,6 +199,29 @@ class H2OConfig:
         return layer_subset(self.layers, n_layers)
 
 
+def speculator_h2o(**fields: Any) -> H2OConfig:
+    """The H2O a speculator's prompt pass runs with "h2o": H2O's sizes (`fields` on top) in every
+    layer. The main model's default runs H2O in its first third only, because later layers' drifted
+    keys and values cost answers (research/h2o_fidelity); a speculator's cache is never answered
+    from, only scored (its keys ranked by its queries), and first-0.33 would give up two thirds of
+    the saving on the pass that dominates SpecPrefill at long prompts (docs/methods.md)."""
+    return H2OConfig(**{"layers": "all", **fields})
+
+
+def _speculator_prefill(config: "SpecPrefillConfig") -> H2OConfig | None:
+    """config.speculator_prefill as the pass runs it: None ("dense") or an H2OConfig ("h2o": speculator_h2o())."""
+    value = config.speculator_prefill
+    if value is None or isinstance(value, H2OConfig):
+        return value
+    if isinstance(value, str) and value.strip().lower() in SPECULATOR_PREFILLS:
+        return speculator_h2o() if value.strip().lower() == "h2o" else None
+    raise _error(
+        config,
+        f"speculator_prefill must be h2o, dense or an H2OConfig, got {value!r}",
+        "speculator_prefill",
+    )
+
+
 @dataclass(frozen=True)
 class SpecPrefillConfig:
     """Speculative prefill (paper section 'Speculative Prefill', seed 002).
@@ -235,6 +259,10 @@ class SpecPrefillConfig:
     the keys at or before its own position (an observation window, as SnapKV's); 1 is the paper's
     (the last prompt token only). The look-ahead queries follow them; lookahead_reduction runs
     over all W + N of them. W is clamped to the prompt's length.
+    speculator_prefill: None (or "dense"): the speculator's prompt pass attends to every key, as
+    the paper's; an H2OConfig (or "h2o": speculator_h2o(), H2O in every layer) runs that pass as
+    H2O prefill, the look-ahead steps and the scoring still reading every prompt key (docs/methods.md,
+    SpecPrefill over an H2O speculator).
     """
 
     keep_ratio: float | None = setting(
@@ -283,8 +311,15 @@ class SpecPrefillConfig:
         "SpecPrefill: the prompt's last W tokens' queries score the prompt too, each "
         "over the keys before it (1: the last token only, the paper's)",
     )
+    speculator_prefill: H2OConfig | None = setting(
+        None,
+        "SpecPrefill: the speculator's prompt pass, dense (every key) or h2o (H2O's default sizes in "
+        "every layer; the look-ahead still scores every prompt key; API: an H2OConfig)",
+        SPECULATOR_PREFILLS,
+    )
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "speculator_prefill", _speculator_prefill(self))
         given = [name for name in KEEP_RULES if getattr(self, name) is not None]
         if len(given) > 1:
             raise _error(
@@ -352,6 +387,11 @@ class SpecPrefillConfig:
             return self
         bounds = {} if mass is not None else {"mass_floor": None, "mass_ceiling": None}
         return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass, **bounds)
+
+    def composed(self) -> "SpecPrefillConfig":
+        """This config with its speculator prefilling with H2O: its own speculator_prefill, else
+        speculator_h2o() (what "specprefill+h2o" runs in auto, bench and eval)."""
+        return dataclasses.replace(self, speculator_prefill=self.speculator_prefill or speculator_h2o())
 
     def layer_indices(self, n_layers: int) -> list[int]:
         """Speculator layers used for scoring (layer_subset)."""

@@ -15,7 +15,10 @@ The crossover is the shortest measured length L at which the sparse method was f
 prefill (by more than the probe's noise: FASTER_BELOW) at L and at every longer measured length
 (None: it never was, and auto stays on full prefill). Prompts shorter than the shortest candidate
 length run full prefill unmeasured; longer than the longest measured length, the verdict at the
-longest holds.
+longest holds. With several sparse methods calibrated (a speculator given: H2O, SpecPrefill and
+SpecPrefill over an H2O speculator, each its own calibration) `fastest` picks among those whose
+crossover the prompt reaches: the least sparse / full time at the longest length each measured
+within the prompt's.
 """
 
 from __future__ import annotations
@@ -115,6 +118,25 @@ def crossover_from_points(points: dict[int, tuple[float, float]]) -> int | None:
     return crossover
 
 
+def fastest(calibrations: dict[str, dict[str, Any]], n_tokens: int) -> str | None:
+    """The name of the calibration {name: calibration data} to run an n_tokens prompt with, or
+    None (full prefill): among those whose crossover is at most n_tokens, the least sparse / full
+    ratio at the longest length it measured up to n_tokens (a ratio: the full times of a length are
+    the same prefill, and a calibration cut by its budget may lack a length another measured);
+    ties go to the earlier name."""
+    best, best_ratio = None, float("inf")
+    for name, data in calibrations.items():
+        crossover = data.get("crossover_tokens")
+        if crossover is None or crossover > n_tokens:
+            continue
+        points = {int(n): p for n, p in data["points"].items() if int(n) <= n_tokens}
+        point = points[max(points)]
+        ratio = point["sparse_s"] / max(point["full_s"], 1e-12)
+        if ratio < best_ratio:
+            best, best_ratio = name, ratio
+    return best
+
+
 def read_calibration(key: dict[str, Any]) -> dict[str, Any] | None:
     """The cached calibration for `key`, or None when there is none, it is unreadable, or it was
     measured for another machine description (a file copied from elsewhere is never used)."""
@@ -178,8 +200,16 @@ def calibrated_crossover(
 ) -> tuple[int | None, str]:
     """(crossover tokens or None, where it came from) for `key` on this machine: the cached
     calibration when its machine description matches, else (or with refresh) measured now."""
+    crossover, where, _ = calibrated(key, measure, lengths, refresh=refresh)
+    return crossover, where
+
+
+def calibrated(
+    key: dict[str, Any], measure: Measure, lengths: Sequence[int], *, refresh: bool = False
+) -> tuple[int | None, str, dict[str, Any]]:
+    """calibrated_crossover's (crossover, where it came from) and the calibration data itself."""
     data = None if refresh else read_calibration(key)
     if data is None:
         data = save_calibration(key, calibrate(measure, lengths), "probe (core/probe.py)")
-        return data["crossover_tokens"], f"calibrated now ({calibration_path(key)})"
-    return data["crossover_tokens"], f"calibrated {data['measured_at']} ({calibration_path(key)})"
+        return data["crossover_tokens"], f"calibrated now ({calibration_path(key)})", data
+    return data["crossover_tokens"], f"calibrated {data['measured_at']} ({calibration_path(key)})", data

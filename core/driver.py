@@ -62,17 +62,17 @@ class CausalLM(LoadedModel[A]):
         return logits[None]
 
     def resolve_method(self, method: PrefillMethod, n_tokens: int) -> PrefillMethod:
-        """ "auto" -> method.sparse from the crossover length calibrated on this machine (core/probe.py;
-        or method.auto_threshold), full prefill below it; other methods as they are."""
+        """ "auto" -> the sparse method this machine's calibrations find fastest for n_tokens, full
+        prefill below every crossover (core/probe.auto_choice); with method.auto_threshold,
+        method.sparse from it on; other methods as they are."""
         if method.name != "auto":
             return method
         threshold = method.auto_threshold
-        if threshold is None:
-            from .probe import auto_crossover
+        if threshold is None:  # this machine's calibrations choose among the sparse methods (core/probe.py)
+            from .probe import auto_choice
 
-            threshold, _ = auto_crossover(self, method, prompt_tokens=n_tokens)
-        chosen = method.sparse if threshold is not None and n_tokens >= threshold else "full"
-        return replace(method, name=chosen, auto_threshold=None)
+            return auto_choice(self, method, n_tokens)[0]
+        return replace(method, name=method.sparse if n_tokens >= threshold else "full", auto_threshold=None)
 
     def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: GenerationInfo) -> np.ndarray:
         """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full", "h2o"
@@ -178,7 +178,7 @@ class CausalLM(LoadedModel[A]):
         they combine); the prompt's ids, the speculator and the draft model are checked here."""
         ids = self._ids(prompt_ids, max_tokens)
         method = self.resolve_method(method, len(ids))
-        info.start(len(ids), method.name)
+        info.start(len(ids), method.label)
         if reuse is not None:
             check_reuse(reuse, len(ids), method, drafting)
         speculator = None

@@ -9,6 +9,10 @@ The probe runs the real prefill code paths on random prompts, on the model's FIR
                (the speculator's pass and the scoring grow with its layers; scaling the LM head of
                the look-ahead steps and the scoring by N_spec overstates the sparse side: a
                conservative estimate, which errs toward full prefill)
+  specprefill+h2o: the same, the speculator's layer running H2O (t_speculator_1 mixed with the
+               dense one by the share of the speculator's layers its H2O config names)
+`auto_choice` calibrates every sparse method auto may pick (auto_options) and lets
+core/crossover.fastest choose.
 Each time is the faster of two interleaved runs, after one warm-up run at the shortest length
 (first calls compile kernels, run self-checks and size caches). The clock is the backend's own
 (`ops.wall_time`, which waits for its device), so core imports no backend.
@@ -24,14 +28,14 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
-from .crossover import CANDIDATE_LENGTHS, calibrated_crossover, calibration_key
+from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
-from .runtime import PrefillMethod, self_speculator_layers
+from .runtime import COMPOSED, PrefillMethod, self_speculator_layers
 from .stages import layer_terms
 
 REPEATS = 2
@@ -65,6 +69,27 @@ def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, ModelArgs,
     else:
         n_layers = spec_model.args.num_hidden_layers
     return lm.ops.first_layers(spec_model, 1), spec_model.args, n_layers, step
+
+
+def sparse_name(method: PrefillMethod) -> str:
+    """The sparse method of an "auto" method by the name statistics give it: h2o, specprefill or
+    specprefill+h2o (its speculator prefilling with H2O)."""
+    spec = method.specprefill
+    return COMPOSED if method.sparse == "specprefill" and spec and spec.speculator_prefill else method.sparse
+
+
+def auto_options(method: PrefillMethod) -> list[PrefillMethod]:
+    """The "auto" methods, one sparse method each, that auto chooses among: without a speculator
+    H2O alone (method itself); with one SpecPrefill with a dense speculator, SpecPrefill over an H2O
+    speculator (the config's speculator_prefill, else speculator_h2o()) and H2O, in that order."""
+    if method.speculator is None:
+        return [method]
+    spec = method.specprefill or SpecPrefillConfig()
+    return [
+        dataclasses.replace(method, specprefill=dataclasses.replace(spec, speculator_prefill=None)),
+        dataclasses.replace(method, specprefill=spec.composed()),
+        dataclasses.replace(method, speculator=None),
+    ]
 
 
 def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
@@ -121,21 +146,31 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
     config = dataclasses.replace(
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
+    h2o, share = config.speculator_prefill, 1.0
+    if h2o is not None:  # the timed layer runs H2O; the speculator's others cost what a dense pass's do
+        share = len(h2o.layer_indices(n_spec)) / n_spec
+        config = dataclasses.replace(config, speculator_prefill=dataclasses.replace(h2o, layers="all"))
 
-    def sparse_run() -> float:
-        result = speculative_prefill(
+    def parts(run_config: SpecPrefillConfig) -> dict[str, float]:
+        return speculative_prefill(
             ops,
             layer,
             ids,
             spec_layer,
-            config,
+            run_config,
             stop_ids=frozenset(),
             extra_slots=1,
             step_size=lm.prefill_step_size,
             speculator_step_size=spec_step,
-        )
-        parts = result.seconds
-        return n_spec * (parts["speculator"] + parts["selection"]) + n_main * parts["main_prefill"]
+        ).seconds
+
+    def sparse_run() -> float:
+        timed = parts(config)
+        speculator = timed["speculator"]
+        if share < 1.0:
+            dense = parts(dataclasses.replace(config, speculator_prefill=None))["speculator"]
+            speculator = share * speculator + (1.0 - share) * dense
+        return n_spec * (speculator + timed["selection"]) + n_main * timed["main_prefill"]
 
     return _best_of(layer_run, sparse_run)
 
@@ -148,7 +183,7 @@ def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
         dtype=str(lm.dtype).rsplit(".", 1)[-1],
         threads=lm.ops.compute_threads,
         model_shape=asdict(lm.args),
-        method=method.sparse,
+        method=sparse_name(method),
         method_config=method_config(lm, method),
     )
     return json.loads(json.dumps(key))  # as it reads back from the file (tuples become lists)
@@ -156,7 +191,9 @@ def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
 
 def probe_lengths(lm: ProbedModel, method: PrefillMethod) -> list[int]:
     """CANDIDATE_LENGTHS within the model's context (H2O: above one chunk, where it is not full)."""
-    floor = (method.h2o or H2OConfig()).chunk_size if method.sparse == "h2o" else 0
+    spec = method.specprefill or SpecPrefillConfig()
+    sparse_h2o = (method.h2o or H2OConfig()) if method.sparse == "h2o" else spec.speculator_prefill
+    floor = 0 if sparse_h2o is None else sparse_h2o.chunk_size
     return [n for n in CANDIDATE_LENGTHS if floor < n <= lm.args.max_position_embeddings]
 
 
@@ -172,11 +209,36 @@ def auto_crossover(
     the figure came from): cached for this machine, model shape, dtype and method, else probed.
     A prompt of `prompt_tokens` shorter than every calibration length gets None unmeasured: no
     crossover lies below the shortest measured length."""
+    crossover, where, _ = _calibration(lm, method, prompt_tokens, refresh, lengths)
+    return crossover, where
+
+
+def auto_choice(lm: ProbedModel, method: PrefillMethod, prompt_tokens: int) -> tuple[PrefillMethod, str]:
+    """The method an "auto" `method` runs an n-token prompt with on this machine, and why: each of
+    auto_options calibrated (cached, else probed), the fastest whose crossover the prompt reaches
+    (core/crossover.fastest), else full prefill."""
+    options, calibrations, why = auto_options(method), {}, []
+    for index, option in enumerate(options):
+        crossover, where, data = _calibration(lm, option, prompt_tokens, False, None)
+        why.append(f"{sparse_name(option)} from {crossover}: {where}")
+        if data is not None:
+            calibrations[str(index)] = data
+    chosen = fastest(calibrations, prompt_tokens)
+    if chosen is None:
+        return dataclasses.replace(method, name="full", auto_threshold=None), "; ".join(why)
+    option = options[int(chosen)]
+    return dataclasses.replace(option, name=option.sparse, auto_threshold=None), "; ".join(why)
+
+
+def _calibration(
+    lm: ProbedModel, method: PrefillMethod, prompt_tokens: int | None, refresh: bool, lengths: list[int] | None
+) -> tuple[int | None, str, dict[str, Any] | None]:
+    """(crossover, where it came from, the calibration data or None where none was measured)."""
     lengths = sorted(probe_lengths(lm, method) if lengths is None else lengths)
     if not lengths:
-        return None, "no calibration length fits the model's context: full prefill"
+        return None, "no calibration length fits the model's context: full prefill", None
     if prompt_tokens is not None and prompt_tokens < lengths[0]:
-        return None, f"prompt shorter than the shortest calibration length ({lengths[0]}): full prefill"
+        return None, f"prompt shorter than the shortest calibration length ({lengths[0]}): full prefill", None
     key = key_for(lm, method)
     warm: list[int] = []
 
@@ -187,4 +249,4 @@ def auto_crossover(
                 _measure(lm, method, length)
             return _measure(lm, method, length)
 
-    return calibrated_crossover(key, measure, lengths, refresh=refresh)
+    return calibrated(key, measure, lengths, refresh=refresh)

@@ -118,6 +118,8 @@ def _table() -> tuple[Setting, ...]:
     for config in CONFIGS:
         for f in dataclasses.fields(config):
             kind, optional = _kind(f.type)
+            if kind is object and f.metadata.get("choices"):
+                kind = str  # a config chosen by name (SpecPrefillConfig.speculator_prefill: h2o | dense)
             cli, server = _public(config.__name__, f.name)
             rows.append(
                 Setting(

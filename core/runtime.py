@@ -20,6 +20,7 @@ from .models import ModelArgs
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
 MAX_SEED = 2**63 - 1  # torch and MLX take unsigned 64-bit seeds; 2**63 - 1 keeps them portable
 METHODS = ("full", "h2o", "specprefill", "auto")
+COMPOSED = "specprefill+h2o"  # the name of SpecPrefill whose speculator prefills with H2O (PrefillMethod.label)
 
 
 def _finite(name: str, value: Any, kind: type | tuple[type, ...]) -> Any:
@@ -129,6 +130,14 @@ class PrefillMethod:
                 "auto_threshold",
                 config="PrefillMethod",
             )
+
+    @property
+    def label(self) -> str:
+        """The method as the statistics, GenerationResponse.method and the server's prefill_method
+        name it: its name, or COMPOSED ("specprefill+h2o") when SpecPrefill's speculator prefills with H2O."""
+        spec = self.specprefill
+        composed = self.name == "specprefill" and spec is not None and spec.speculator_prefill is not None
+        return COMPOSED if composed else self.name
 
     @property
     def sparse(self) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -13,10 +13,25 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.crossover import crossover_from_points, save_calibration
 from specfill.core.io.random_model import is_random_model, random_prompt_ids
 from specfill.core.probe import auto_crossover, key_for
+from specfill.core.runtime import COMPOSED
 
 from .machine import describe_machine, machine_line
 from .plots import plot_ttft
 from .texts import tokens_of_length
+
+BENCH_METHODS = ("full", "h2o", "specprefill", COMPOSED)  # COMPOSED: SpecPrefill over an H2O speculator
+
+
+def bench_method(name: str, plan: "BenchPlan", speculator, auto: bool = False):
+    """The PrefillMethod a bench row runs (auto: the "auto" method whose calibration it refreshes):
+    "specprefill" with the plan's config as given, "specprefill+h2o" with it composed
+    (SpecPrefillConfig.composed: the config's speculator_prefill, else H2O in every layer)."""
+    spec = plan.specprefill.composed() if name == COMPOSED else plan.specprefill
+    base = "specprefill" if name == COMPOSED else name
+    with_speculator = speculator if base == "specprefill" else None
+    if auto:
+        return prefill_method("auto", h2o=plan.h2o, specprefill=spec, speculator=with_speculator)
+    return prefill_method(base, h2o=plan.h2o, specprefill=spec, speculator=with_speculator)
 
 
 @dataclass(frozen=True)
@@ -82,13 +97,10 @@ def run_bench(
         model, tokenizer = load(plan.model, backend=backend, dtype=plan.dtype, device=plan.device)
         speculator = (
             load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
-            if "specprefill" in plan.methods
+            if {"specprefill", COMPOSED} & set(plan.methods)
             else None
         )
-        methods = {
-            name: prefill_method(name, h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
-            for name in plan.methods
-        }
+        methods = {name: bench_method(name, plan, speculator) for name in plan.methods}
         warm = prompt_ids(plan, tokenizer, min(plan.lengths))
         for name, method in methods.items():  # first calls allocate, compile and fill caches
             _one_run(model, tokenizer, warm, method, 2)
@@ -124,9 +136,7 @@ def _calibrate(plan: BenchPlan, model, speculator, rows: list[dict], log: Callab
     full = {r["prompt_tokens"]: r["ttft_s"] for r in rows if r["method"] == "full"}
     entries = []
     for name in [m for m in plan.methods if m != "full"]:
-        auto = prefill_method(
-            "auto", h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator if name == "specprefill" else None
-        )
+        auto = bench_method(name, plan, speculator, auto=True)
         points = {
             r["prompt_tokens"]: (full[r["prompt_tokens"]], r["ttft_s"])
             for r in rows
@@ -166,7 +176,7 @@ def _plan_dict(plan: BenchPlan) -> dict:
         "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)",
         "speculator": plan.speculator,
         "h2o": vars(plan.h2o),
-        "specprefill": vars(plan.specprefill),
+        "specprefill": asdict(plan.specprefill),
         "decode_tokens": plan.decode_tokens,
         "repeats": plan.repeats,
         "dtype": plan.dtype,

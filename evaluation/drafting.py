@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -95,7 +95,7 @@ def run_drafting_bench(plan: DraftingPlan, log: Callable[[str], None] = print) -
             **vars(plan),
             "methods": list(plan.methods),
             "draft_tokens": list(plan.draft_tokens),
-            "specprefill": vars(plan.specprefill),
+            "specprefill": asdict(plan.specprefill),
             "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)",
         },
         "machine": describe_machine(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -99,7 +99,7 @@ def run_parity(plan: ParityPlan) -> dict:
         "plan": {
             **{k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(plan).items()},
             "h2o": vars(plan.h2o),
-            "specprefill": vars(plan.specprefill),
+            "specprefill": asdict(plan.specprefill),
             "model": plan.model or "demo (SmolLM2-135M-Instruct Q4_1)",
         },
         "machine": describe_machine(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -249,7 +249,7 @@ def is_default(method: PrefillMethod) -> bool:
 
 def _plan_dict(plan: EvalPlan, methods: dict[str, PrefillMethod]) -> dict:
     out = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(plan).items()}
-    out["h2o"], out["specprefill"] = vars(plan.h2o), vars(plan.specprefill)
+    out["h2o"], out["specprefill"] = asdict(plan.h2o), asdict(plan.specprefill)
     out["model"] = plan.model or "demo (SmolLM2-135M-Instruct Q4_1)"
     out["defaults"] = [label for label, method in methods.items() if is_default(method)]
     return out

@@ -25,94 +25,30 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core import H2OConfig
 from specfill.core.io.demo_model import cache_dir as specfill_cache
-from specfill.core.runtime import GenerationInfo, PrefillMethod
+from specfill.core.runtime import COMPOSED, GenerationInfo, PrefillMethod
 
 from .positions import position_map
+from .ruler_candidates import (  # noqa: F401 (parse_candidate, default_candidates, candidate_grid, resolve_candidates: re-exported)
+    Setting,
+    candidate_grid,
+    default_candidates,
+    method_name,
+    on_saved_pass,
+    parse_candidate,
+    resolve_candidates,
+)
 from .ruler_passes import PassScores, SavedPass, decode_from_pass, speculate
 from .ruler_report import DROPPED_BELOW
 from .ruler_run import span_shares
 from .ruler_tasks import RulerSample, build_sample
-
-Setting = SpecPrefillConfig | H2OConfig | None  # None: full prefill
-
-
-def parse_candidate(text: str) -> tuple[str, Setting]:
-    """ "NAME:key=value,..." -> (NAME, setting): NAME "full" is full prefill, a NAME starting with
-    "h2o" an H2OConfig, any other a SpecPrefillConfig; values are ints, floats or words ("mean");
-    "NAME:" (or "NAME") is that method's default. A bad key or value is one ConfigError."""
-    name, _, body = text.partition(":")
-    name = name.strip()
-    if not name:
-        raise ConfigError(f"candidate {text!r}: give a name before ':'")
-    fields: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in body.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"candidate {name!r}: {item!r} is not key=value")
-        for cast in (int, float, str):
-            try:
-                fields[key.strip()] = cast(value.strip())
-                break
-            except ValueError:
-                continue
-    if name == "full":
-        if fields:
-            raise ConfigError("candidate 'full' takes no settings")
-        return name, None
-    kind = H2OConfig if name.startswith("h2o") else SpecPrefillConfig
-    try:
-        return name, kind(**fields)
-    except TypeError as err:
-        raise ConfigError(f"candidate {name!r}: {err}") from None
-
-
-def default_candidates() -> dict[str, Setting]:
-    """Full prefill and each sparse method at its current default."""
-    return {"full": None, "h2o": H2OConfig(), "specprefill": SpecPrefillConfig()}
-
-
-def candidate_grid() -> dict[str, Setting]:
-    """The selection candidates (issue 34): the paper's scoring (max over layers) and layer-mean
-    scoring at several budgets, a token floor, always-kept boundary spans, neighbours, skipping
-    the speculator's first layers, and the adaptive (importance-mass) budget."""
-    paper = {f"max {r}": SpecPrefillConfig(keep_ratio=r, layer_reduction="max") for r in (0.1, 0.2, 0.3)}
-    mean = {f"mean {r}": SpecPrefillConfig(keep_ratio=r, layer_reduction="mean") for r in (0.1, 0.15, 0.2, 0.25, 0.3)}
-    base = SpecPrefillConfig(keep_ratio=0.15, layer_reduction="mean")
-    grid: dict[str, Setting] = {**paper, **mean}
-    grid["mean 0.15 floor1024"] = replace(base, token_floor=1024)
-    grid["mean 0.15 edges64"] = replace(base, keep_first=64, keep_last=64)
-    grid["mean 0.15 last256"] = replace(base, keep_last=256)
-    grid["mean 0.1 nb1"] = SpecPrefillConfig(keep_ratio=0.1, layer_reduction="mean", neighbours=1)
-    grid["mean 0.15 skip-first-third"] = replace(base, layers="last-16")
-    grid["mean 0.2 head-mean"] = SpecPrefillConfig(keep_ratio=0.2, layer_reduction="mean", head_reduction="mean")
-    grid["mean 0.2 la-max"] = SpecPrefillConfig(keep_ratio=0.2, layer_reduction="mean", lookahead_reduction="max")
-    for p in (0.5, 0.7):
-        grid[f"mean mass {p} [0.1,0.3]"] = SpecPrefillConfig(
-            keep_mass=p, mass_floor=0.1, mass_ceiling=0.3, layer_reduction="mean"
-        )
-    return grid
-
-
-def resolve_candidates(specs: list[str]) -> dict[str, Setting]:
-    """`--candidates` words: "defaults" (default_candidates), "grid" (candidate_grid), or specs."""
-    out: dict[str, Setting] = {}
-    for spec in specs:
-        if spec == "defaults":
-            out.update(default_candidates())
-        elif spec == "grid":
-            out.update(candidate_grid())
-        else:
-            name, setting = parse_candidate(spec)
-            out[name] = setting
-    return out
 
 
 @dataclass(frozen=True)
@@ -278,7 +214,7 @@ def run_protocol(
         )
 
     # the most observation-window queries a candidate scores with: a saved pass holding fewer is rerun
-    window = max((s.query_window for s in plan.candidates.values() if isinstance(s, SpecPrefillConfig)), default=1)
+    window = max((s.query_window for s in plan.candidates.values() if on_saved_pass(s)), default=1)
     for length in plan.lengths:
         for task in plan.tasks:
             for index in range(plan.first, plan.first + plan.trials):
@@ -286,7 +222,7 @@ def run_protocol(
                     n
                     for n in plan.candidates
                     if (task, length, index, n) not in done
-                    and not (plan.selection_only and not isinstance(plan.candidates[n], SpecPrefillConfig))
+                    and not (plan.selection_only and not on_saved_pass(plan.candidates[n]))
                 ]
                 if not todo:
                     continue
@@ -294,7 +230,7 @@ def run_protocol(
                 budget = answer_budget(sample, plan.answer_tokens)
                 name = sample_key(sample, length, plan.seed, plan.chat_template)
                 scores = None
-                if any(isinstance(plan.candidates[n], SpecPrefillConfig) for n in todo):
+                if any(on_saved_pass(plan.candidates[n]) for n in todo):
                     scores = PassScores(_saved_pass(models, passes / f"{name}.npz", sample, log, window))
                 for setting in todo:
                     keep(
@@ -362,6 +298,24 @@ def _run_candidate(
         model, _, tokenizer = models.pair()
         text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("h2o", h2o=setting), budget)
         return record(sample, length, name, "h2o", text=text, value=value, ttft=ttft, row=row, kept=kept)
+    if not on_saved_pass(setting):  # its own speculator pass: end to end, like any user
+        model, speculator, tokenizer = models.pair()
+        method = PrefillMethod("specprefill", specprefill=setting, speculator=speculator)
+        text, value, ttft, row, kept = run_api(model, tokenizer, sample, method, budget)
+        extra = {"config": asdict(setting)}
+        return record(
+            sample,
+            length,
+            name,
+            COMPOSED,
+            text=text,
+            value=value,
+            ttft=ttft,
+            row=row,
+            kept=kept,
+            end_to_end=True,
+            **extra,
+        )
     started = time.perf_counter()
     selection = scores.select(setting)
     row = np.zeros(len(scores.saved.ids))
@@ -425,8 +379,7 @@ def plan_summary(plan: ProtocolPlan) -> dict:
         "chat_template": plan.chat_template,
         "answer_tokens": plan.answer_tokens,
         "candidates": {
-            n: None if s is None else {"method": "h2o" if isinstance(s, H2OConfig) else "specprefill", **vars(s)}
-            for n, s in plan.candidates.items()
+            n: None if s is None else {**asdict(s), "method": method_name(s)} for n, s in plan.candidates.items()
         },
     }
 

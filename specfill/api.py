@@ -43,6 +43,7 @@ class GenerationResponse:
     draft_skipped: str = ""  # why a draft model did not draft at all (its costs measured here say it cannot pay)
     distributed: str = ""  # "2 ranks, tensor" where the model is sharded over a group of processes
     compute: str = ""  # where and in what it ran: "cpu, bfloat16" (the default dtype follows the hardware)
+    method: str = ""  # the prefill that ran: full, h2o, specprefill or specprefill+h2o ("auto" resolved)
 
 
 def mlx_metal_available() -> bool:
@@ -354,6 +355,7 @@ def _stream_request(
             peak_memory=model.peak_memory_gb(),
             finish_reason=finish,
             compute=compute,
+            method=info.method,
             from_draft=bool(decode.from_draft and decode.from_draft[-1]),
             drafted_tokens=decode.drafted_tokens,
             accepted_tokens=decode.accepted_tokens,
@@ -386,13 +388,17 @@ def generate(
     return "".join(text)
 
 
-def format_stats(last: GenerationResponse) -> str:
-    """The closing lines, as mlx-lm prints them, plus TTFT and kept tokens."""
+def format_stats(last: GenerationResponse, requested: str = "") -> str:
+    """The closing lines, as mlx-lm prints them, plus TTFT, the method and kept tokens (`requested`:
+    the method asked for: "auto" is shown as "auto -> h2o")."""
     lines = [
         "=" * 10,
         f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec",
         f"TTFT: {last.ttft:.3f} s",
     ]
+    if last.method:
+        asked = "auto -> " if requested == "auto" else ""
+        lines.append(f"Method: {asked}{last.method}")
     if last.kept_tokens != last.prompt_tokens:
         lines.append(
             f"Kept: {last.kept_tokens}/{last.prompt_tokens} prompt tokens "

@@ -168,3 +168,53 @@ def test_bench_saves_its_crossover_for_auto_only_when_asked(tiny_checkpoint, tmp
     saved = json.loads(crossover.calibration_path(key).read_text())
     assert saved["how"].startswith("specfill bench") and set(saved["points"]) == {"1100", "2048"}
     assert result["calibration"][0]["auto_crossover"] == saved["crossover_tokens"]
+
+
+def test_fastest_picks_the_least_ratio_among_the_crossovers_reached():
+    def data(crossover, points):
+        return {"crossover_tokens": crossover, "points": {str(n): {"full_s": f, "sparse_s": s} for n, (f, s) in points}}
+
+    calibrations = {
+        "a": data(2048, [(2048, (1.0, 0.8)), (4096, (2.0, 1.2))]),
+        "b": data(4096, [(2048, (1.0, 1.1)), (4096, (2.0, 0.8))]),
+        "c": data(None, [(2048, (1.0, 1.5))]),
+    }
+    assert crossover.fastest(calibrations, 1000) is None  # below every crossover: full
+    assert crossover.fastest(calibrations, 3000) == "a"  # b's crossover not reached yet
+    assert crossover.fastest(calibrations, 9000) == "b"  # at 4096 b's 0.4 beats a's 0.6
+    assert crossover.fastest({"x": calibrations["a"], "y": calibrations["a"]}, 5000) == "x"  # ties: the first
+
+
+@pytest.mark.parametrize("winner", ["specprefill", "specprefill+h2o", "h2o", "full"])
+def test_auto_with_a_speculator_picks_among_h2o_specprefill_and_the_composition(tiny, monkeypatch, winner):
+    """Each sparse method has its own calibration (the method config, speculator_prefill included,
+    is in the key); auto runs the fastest whose crossover the prompt reaches."""
+    model, tok = tiny
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))  # above the composition's chunk of 1024
+    fast, slow = {1040: (1.0, 0.5), 1080: (2.0, 1.0)}, {1040: (1.0, 0.8), 1080: (2.0, 1.6)}
+    measured: list[str] = []
+
+    def measure(lm, method, length):
+        measured.append(probe.sparse_name(method))
+        if winner == "full":
+            return (1.0, 2.0)
+        return (fast if probe.sparse_name(method) == winner else slow)[length]
+
+    monkeypatch.setattr(probe, "_measure", measure)
+    assert run_auto(model, tok, 1100, speculator="self:1") == winner
+    assert set(measured) == {"specprefill", "specprefill+h2o", "h2o"}
+
+
+def test_the_composition_and_plain_specprefill_have_their_own_calibration_keys(tiny):
+    model, _ = tiny
+    dense, composed, h2o = probe.auto_options(PrefillMethod("auto", h2o=H2O, speculator="self:1"))
+    keys = [probe.key_for(model, m) for m in (dense, composed, h2o)]
+    assert [k["method"] for k in keys] == ["specprefill", "specprefill+h2o", "h2o"]
+    assert keys[0]["method_config"]["speculator_prefill"] is None
+    assert keys[1]["method_config"]["speculator_prefill"]["layers"] == "all"
+    assert len({crossover.calibration_path(k) for k in keys}) == 3
+    older = {
+        **keys[0],
+        "method_config": {k: v for k, v in keys[0]["method_config"].items() if k != "speculator_prefill"},
+    }
+    assert crossover.calibration_path(older) != crossover.calibration_path(keys[0])  # a calibration before the field

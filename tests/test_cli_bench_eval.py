@@ -546,3 +546,22 @@ def test_bench_draft_ratios_writes_the_table_as_it_goes(tiny_checkpoint, tmp_pat
     assert not list(tmp_path.glob("*.partial"))
     assert main(args[:-1] + ["code=/nonexistent/prompt.txt"]) == 2
     assert "cannot read --ratio-prompts file" in capsys.readouterr().err
+
+
+def test_bench_runs_the_composition_by_name(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    """--methods specprefill+h2o: SpecPrefill over an H2O speculator, its rows named so, and auto's
+    calibration of it refreshed under its own name (the probe's timing replaced: no timing here)."""
+    from specfill.core import probe
+
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    monkeypatch.setattr(probe, "_measure", lambda lm, method, length: (1.0, 0.5))
+    model = str(tiny_checkpoint("llama", "gguf"))
+    args = ["bench", "--backends", "cuda", "--device", "cpu", "--model", model, "--lengths", "24", "--decode-tokens"]
+    args += ["2", "--speculator", "self:1", "--keep", "0.25", "--select-chunk", "4", "--out", str(tmp_path)]
+    assert main([*args, "--methods", "full,specprefill+h2o"]) == 0, capsys.readouterr().err
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert [r["method"] for r in data["rows"]] == ["full", "specprefill+h2o"]
+    assert [c["method"] for c in data["calibration"]] == ["specprefill+h2o"]
+    assert list((tmp_path / "calibration").glob("cuda-specprefill+h2o-*.json"))
+    assert main([*args, "--methods", "full,specprefill+dense"]) == 2
+    assert "unknown method 'specprefill+dense'" in capsys.readouterr().err

@@ -39,6 +39,20 @@ def test_generate_streams_text_and_prints_statistics(tiny_checkpoint, capsys):
     assert "tokens-per-sec" in out
 
 
+def test_generate_runs_specprefill_over_an_h2o_speculator(tiny_checkpoint, capsys):
+    """--speculator-prefill h2o: the statistics name the composition (auto would say auto -> it)."""
+    model = str(tiny_checkpoint("llama", "gguf"))
+    args = ["--model", model, "--prompt", "one two three four five six", "--max-tokens", "3"]
+    spec = ["--method", "specprefill", "--speculator", "self:1"]
+    code, out, err = run_cli(capsys, *args, *spec, "--speculator-prefill", "h2o")
+    assert code == 0, err
+    assert "Method: specprefill+h2o\n" in out
+    code, out, err = run_cli(capsys, *args, *spec, "--speculator-prefill", "dense")
+    assert code == 0 and "Method: specprefill\n" in out, err
+    code, out, err = run_cli(capsys, *args, "--method", "auto", "--auto-threshold", "1", "--speculator", "self:1")
+    assert code == 0 and "Method: auto -> specprefill\n" in out, err
+
+
 @pytest.mark.parametrize(
     "args,message",
     [
@@ -51,6 +65,7 @@ def test_generate_streams_text_and_prints_statistics(tiny_checkpoint, capsys):
         (["--top-p", "0"], "top_p"),
         (["--max-tokens", "1000000"], "exceeds the model's context"),
         (["--method", "specprefill"], "needs --speculator"),
+        (["--method", "specprefill", "--speculator", "self:1", "--speculator-prefill", "x"], "speculator_prefill"),
         (["--prompt-file", "/nonexistent/prompt.txt"], "cannot read --prompt-file"),
     ],
 )

@@ -149,6 +149,15 @@ class QueryWindowSeesTheFuture(ReferenceAdapter):
         return super().attention_scores(queries, keys, scale, window, terms)
 
 
+class LayerAttendsToEveryKey(ReferenceAdapter):
+    """attention_layer ignores its memory sets (causal attention over every key): a speculator
+    whose "H2O" pass is dense, so the composition's kept positions are plain SpecPrefill's."""
+
+    def attention_layer(self, q, k, v, config, scale, window=None, terms=None):
+        dense = dataclasses.replace(config, chunk_size=q.shape[1], batch_size=q.shape[1], local=0, heavy=0)
+        return super().attention_layer(q, k, v, dense, scale, window, terms)
+
+
 class TrimSparesTheFirstLayers(ReferenceAdapter):
     """A cache whose trim(n, n_layers) ignores n_layers (a "self:K" draft's trim cuts every layer)
     and whose growth keeps one slot too few."""
@@ -191,6 +200,7 @@ class ValuesPaddedToTheKeysWidth(ReferenceAdapter):
         (TrimSparesTheFirstLayers, {"kv_cache.offsets", "kv_cache.filled", "kv_cache.keys"}),
         (ValuesPaddedToTheKeysWidth, {"kv_cache.update_and_fetch.values"}),
         (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
+        (LayerAttendsToEveryKey, {"h2o.layer.output_vs_key_sets", "specprefill.composed.kept"}),
         (
             SlidingWindowOffByOne,
             {

@@ -199,10 +199,13 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
     stamps = [p.stat().st_mtime_ns for p in passes]
 
     h2o = "h2o:chunk_size=128,batch_size=128,local=16,heavy=16"
+    composed = "specprefill+h2o:keep_ratio=0.3,select_chunk=8"  # its own (H2O) pass, through the API
+    spec = [*spec, composed]
     assert main([*common, "--name", "dec", "--candidates", "full", h2o, *spec]) == 0, capsys.readouterr().err
     assert [p.stat().st_mtime_ns for p in passes] == stamps  # the saved passes were reused
     dec = json.loads((tmp_path / "dec.json").read_text())
-    assert len(dec["records"]) == 8 and all(r["score"] is not None for r in dec["records"])
+    assert len(dec["records"]) == 10 and all(r["score"] is not None for r in dec["records"])
+    assert {r["kind"] for r in dec["records"] if r["setting"] == "specprefill+h2o"} == {"specprefill+h2o"}
     assert not any(r.get("cached") for r in dec["records"])
     assert len(list((tmp_path / "cache" / "answers").rglob("*.json"))) == 2
 
@@ -219,6 +222,18 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
     assert "## Frontier" in text and "| 600 | a |" in text
     for png in ("dec_frontier.png", "dec_tradeoff_600.png", "sel_frontier.png"):
         assert (tmp_path / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_composition_is_a_candidate_that_runs_its_own_pass():
+    from specfill.core.runtime import COMPOSED
+    from specfill.evaluation.ruler_protocol import method_name, on_saved_pass
+
+    name, setting = parse_candidate("specprefill+h2o:keep_ratio=0.2")
+    assert setting.keep_ratio == 0.2 and setting.speculator_prefill.layers == "all"
+    assert method_name(setting) == COMPOSED and not on_saved_pass(setting)
+    _, dense = parse_candidate("specprefill+h2o:speculator_prefill=dense")
+    assert dense.speculator_prefill is None and on_saved_pass(dense)
+    assert method_name(parse_candidate("h2o")[1]) == "h2o" and method_name(None) == "full"
 
 
 def test_eval_candidates_errors_are_one_line(capsys):

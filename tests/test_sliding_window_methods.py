@@ -95,3 +95,26 @@ def test_speculator_scores_inside_its_windows_and_the_main_prefill_windows_origi
     kept = result.selection.kept.tolist()
     expected = ref.forward([ids[i] for i in kept], kept)[-1]
     assert np.abs(model.ops.to_numpy(result.logits) - expected).max() <= tolerance(expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", ["mistral", "gemma3"])
+def test_an_h2o_speculator_walks_inside_its_windows_as_the_reference(backend, arch):
+    """SpecPrefill over an H2O speculator on sliding layers: the speculator's H2O pass masks by its
+    windows (chunks of 4 spanned by the window of 8), its look-ahead attends inside them, as the
+    reference speculator whose prompt rows run the reference H2O layer."""
+    tiny = make_tiny(arch, seed=9)
+    ref = ReferenceModel(tiny.args, tiny.weights)
+    model = backend_model(tiny, backend, step=8)
+    ids = prompt(40, tiny.args.vocab_size, seed=4)
+    config = H2OConfig(chunk_size=4, batch_size=8, local=1, heavy=2, dense_tail=3, layers="all")
+    speculator, step = model.speculator_model("self:2")
+    run = run_speculator(
+        model.ops, speculator, np.array(ids), lookahead=3, stop_ids=frozenset(), step_size=step, h2o=config
+    )
+    queries, keys, fed = reference_speculator(ref, ids, 2, 3, h2o_config=config)
+    assert run.lookahead == fed
+    for got, want in ((run.queries, queries), (run.keys, keys)):
+        assert np.abs(model.ops.to_numpy(got) - want).max() <= tolerance(want)
+    dense_keys = reference_speculator(ref, ids, 2, 3)[1]
+    assert np.abs(dense_keys[1] - keys[1]).max() > 100 * tolerance(keys)  # the H2O pass matters here

@@ -156,6 +156,8 @@ class AdaptedOps(MLXOps):
             model.args.check_method("h2o")
         elif isinstance(attend, QueryCapture):
             model.args.check_method("speculator")
+            if attend.prompt_attend is not None:  # SpecPrefill over an H2O speculator: its prompt pass runs H2O
+                model.args.check_method("h2o")
         elif not isinstance(positions, (int, np.integer)):
             model.args.check_method("specprefill")
         elif attend is not None:

@@ -74,6 +74,8 @@ class AdaptedModel:
             self.args.check_method("h2o")
         elif isinstance(attend, QueryCapture):
             self.args.check_method("speculator")
+            if attend.prompt_attend is not None:  # SpecPrefill over an H2O speculator: its prompt pass runs H2O
+                self.args.check_method("h2o")
         elif attend is not None:
             raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
 

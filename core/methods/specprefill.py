@@ -11,6 +11,10 @@
 3. Whole selection chunks are kept (NumPy, float64 chunk means: core/reference/specprefill.py),
    and the main model prefills only the kept tokens, into cache slots 0..K-1 at their ORIGINAL
    position ids; decoding continues at position P (the prompt length), slot K.
+With config.speculator_prefill (an H2OConfig) the speculator's prompt pass of step 1 runs H2O
+(core/methods/h2o.py) instead of full attention; the queries are captured as before and the
+look-ahead steps attend to the speculator's whole cache, so step 2 still scores every prompt key
+(docs/methods.md: what is exact, what is approximated).
 Sliding layers: the speculator attends and scores inside its own windows; the main model's
 sliding layers apply theirs over ORIGINAL positions, not over kept-token counts (its cache
 records each slot's position). A layer's attention terms (soft-cap, sinks: core/stages.AttentionTerms)
@@ -24,9 +28,10 @@ from typing import Any, Generic, Sequence
 
 import numpy as np
 
-from ..config import SpecPrefillConfig
-from ..ops import ModelOps, ScoringOps
+from ..config import H2OConfig, SpecPrefillConfig
+from ..ops import ModelOps, PrefillAttention, ScoringOps
 from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, query_start, window_binds
+from .h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
 from .prefill import StageProgress, prefill
 
 
@@ -69,7 +74,9 @@ class QueryCapture(Generic[A]):
     """`PrefillAttention` for the speculator: causal attention (inside each layer's sliding window,
     `windows`, with each layer's attention `terms`) that also keeps, per layer, the post-RoPE
     queries of the prompt's last `n_window` tokens (the prompt ends at slot `first_slot`) and the
-    query of every later step (each fed look-ahead token)."""
+    query of every later step (each fed look-ahead token). prompt_attend: the attention of the
+    prompt's steps when it is not full (an H2O pass: H2OPrefillAttention); later steps attend to
+    every cached key whatever it is."""
 
     def __init__(
         self,
@@ -80,8 +87,10 @@ class QueryCapture(Generic[A]):
         windows: Sequence[int | None] = (),
         terms: Sequence[AttentionTerms[A] | None] = (),
         n_window: int = 1,
+        prompt_attend: PrefillAttention[A] | None = None,
     ):
         self.ops = ops
+        self.prompt_attend = prompt_attend
         self.windows = list(windows) or [None] * n_layers
         self.terms = [active_terms(t) for t in terms] or [None] * n_layers
         self.first_slot = first_slot
@@ -94,10 +103,13 @@ class QueryCapture(Generic[A]):
         if end > self.window_start:  # a step ending inside the window, or a look-ahead step
             n = end - max(self.window_start, end - q.shape[2]) if end <= self.first_slot else 1
             self.queries[layer].append(self.ops.last_queries(q, n))
+        if self.prompt_attend is not None and end <= self.first_slot:
+            return self.prompt_attend(layer, q, k, v)
         return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], self.terms[layer])
 
     def arrays(self) -> list[A]:
-        return [q for per_layer in self.queries for q in per_layer]
+        captured = [q for per_layer in self.queries for q in per_layer]
+        return captured + ([] if self.prompt_attend is None else self.prompt_attend.arrays())
 
     def stacked(self) -> A:
         """[n_layers, n_queries, Hq, D]."""
@@ -130,8 +142,10 @@ def run_speculator(
     report: StageProgress | None = None,
     extra_slots: int = 0,
     query_window: int = 1,
+    h2o: H2OConfig | None = None,
 ) -> SpeculatorPass[A]:
-    """Full prefill of ids [P] on the speculator, then greedy look-ahead (see the module doc).
+    """Full prefill of ids [P] on the speculator (H2O prefill with `h2o`), then greedy look-ahead
+    (see the module doc).
 
     The look-ahead stops early at a stop id (which is not fed); `lookahead` fits the speculator's
     context (core/request.fit_lookahead: a run's config comes clamped by fit_to_prompt).
@@ -142,8 +156,21 @@ def run_speculator(
     n_prompt, args = len(ids), speculator.args
     n_window = max(1, min(query_window, n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
+    sparse = None
+    if h2o is not None and not uses_full_attention(h2o, n_prompt):
+        sparse = H2OPrefillAttention(
+            ops, h2o, args.num_hidden_layers, args.attention_scale, n_prompt, args.layer_windows, layer_terms(args)
+        )
+        step_size = h2o_step_size(h2o, step_size)  # H2O steps by whole chunks
     capture = QueryCapture(
-        ops, args.num_hidden_layers, n_prompt, args.attention_scale, args.layer_windows, layer_terms(args), n_window
+        ops,
+        args.num_hidden_layers,
+        n_prompt,
+        args.attention_scale,
+        args.layer_windows,
+        layer_terms(args),
+        n_window,
+        sparse,
     )
     logits = prefill(
         ops,
@@ -155,6 +182,7 @@ def run_speculator(
         attend=capture,
         progress=None if report is None else report.of("speculator"),
     )[-1]
+    capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
     fed: list[int] = []
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
@@ -242,6 +270,7 @@ def speculative_prefill(
         report=report,
         extra_slots=speculator_extra_slots,
         query_window=config.query_window,
+        h2o=config.speculator_prefill,
     )
     speculated = ops.wall_time()
     importance = token_importance(

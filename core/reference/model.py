@@ -5,10 +5,14 @@ model-level oracle.
 (a dense mask over positions: query p sees keys q with p - w < q <= p); `forward_h2o_chunk_major` walks the
 prompt chunk by chunk through every layer (seed 001, Appendix A's order) using the core's H2O
 stages, so a backend's layer-major H2O prefill can be checked against a schedule it does not
-share. Slow and small-model only: for tests.
+share. `speculator_pass` is SpecPrefill's speculator (the model's first layers), its prompt rows
+dense or, composed, H2O (core/methods/specprefill.py's run_speculator, written independently:
+recomputed from scratch for every look-ahead step). Slow and small-model only: for tests.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -18,6 +22,9 @@ from ..rope import rope_inv_freq
 from ..stages import KeyWindow, MemorySet
 from . import h2o
 from .attention import expand_kv_heads, masked_state, merge_states
+
+# one layer's H2O output [Hq, P, D] from q [Hq, P, D], k / v [Hkv, P, D], config, scale, window
+H2OLayer = Callable[[np.ndarray, np.ndarray, np.ndarray, H2OConfig, float, "int | None"], np.ndarray]
 
 
 class ReferenceModel:
@@ -93,6 +100,49 @@ class ReferenceModel:
         valid = (distance >= 0) & (distance < (window if window is not None else np.inf))
         logits = np.einsum("htd,hsd->hts", q, expand_kv_heads(k, q.shape[0])) * self.scale
         return masked_state(logits, valid[None], expand_kv_heads(v, q.shape[0]))[0].o
+
+    def speculator_pass(
+        self,
+        ids: list[int],
+        n_layers: int,
+        lookahead: int,
+        stop_ids: frozenset[int] = frozenset(),
+        window: int = 1,
+        h2o_config: H2OConfig | None = None,
+        h2o_layer: H2OLayer | None = None,
+    ) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """The first `n_layers` layers as SpecPrefill's speculator: (queries [n_l, W + N', Hq, D] of
+        the prompt's last `window` tokens and the fed look-ahead tokens, prompt keys [n_l, Hkv, P, D],
+        fed tokens). With `h2o_config` the prompt's rows of every layer it names are H2O's output over
+        the prompt alone (the composition): `h2o_layer(q, k, v, config, scale, window)` -> [Hq, P, D],
+        by default the reference walk's (the oracle's: oracle.oracle_h2o_output; a backend's stages:
+        the conformance check); the look-ahead rows attend to every key."""
+        from . import REFERENCE  # the package's stages (it never imports this module back)
+
+        layer_h2o = h2o_layer or (lambda q, k, v, c, scale, w: REFERENCE.attention_layer(q, k, v, c, scale, w).output)
+        n_prompt, fed = len(ids), []
+        sparse = () if h2o_config is None else h2o_config.layer_indices(n_layers)
+        while True:
+            seq = ids + fed
+            hidden, qs, ks = self.embed(seq), [], []
+            for layer in range(n_layers):
+                positions = np.arange(len(seq))
+                q, k, v = self.qkv(layer, hidden, positions)
+                out = self.attend(layer, q, k, v, positions)
+                if layer in sparse:
+                    p = slice(0, n_prompt)
+                    out[:, p] = layer_h2o(
+                        q[:, p], k[:, p], v[:, p], h2o_config, self.scale, self.args.layer_window(layer)
+                    )
+                qs.append(q)
+                ks.append(k)
+                hidden = self.finish_layer(layer, hidden, out)
+            token = int(self.logits(hidden[-1:])[-1].argmax())
+            if len(fed) == lookahead or token in stop_ids:
+                break
+            fed.append(token)
+        queries = np.stack([q[:, n_prompt - window :].transpose(1, 0, 2) for q in qs])
+        return queries, np.stack([k[:, :n_prompt] for k in ks]), fed
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])

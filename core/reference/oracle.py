@@ -103,6 +103,17 @@ def oracle_h2o_layer(
     return out, memory_sets, scores
 
 
+def oracle_h2o_output(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, config, scale: float, window: int | None = None
+) -> np.ndarray:
+    """The oracle's output [Hq, N, D] of one layer under an H2OConfig (its memory_share resolved for
+    the N-token prompt): the H2O layer of ReferenceModel.speculator_pass's oracle-built speculator."""
+    c = config.for_prompt(q.shape[1])
+    if not c.enabled:  # no memory: plain causal attention, as the walk
+        return oracle_h2o_layer(q, k, v, q.shape[1], 0, 0, scale, 0, window)[0]
+    return oracle_h2o_layer(q, k, v, c.chunk_size, c.local, c.heavy, scale, c.dense_tail, window)[0]
+
+
 def key_set_mask(
     n_tokens: int,
     chunk_size: int,

@@ -62,6 +62,23 @@ def test_h2o_memory_share_field(tiny_server, tiny_local):
     assert shared == local
 
 
+def test_speculator_prefill_field_runs_and_names_the_composition(tiny_server, tiny_local):
+    """speculator_prefill: "h2o" runs SpecPrefill over an H2O speculator, named specprefill+h2o in
+    the reply's statistics, with the library's text and kept tokens for the same config (the
+    prompt is one H2O chunk here: tests/methods/test_composed_model.py holds the sparse pass)."""
+    reply = complete(tiny_server, method="specprefill", speculator_prefill="h2o")
+    stats = reply.model_extra["specfill"]
+    info = GenerationInfo()
+    config = SpecPrefillConfig(speculator_prefill="h2o")
+    local = generate(
+        *tiny_local, PROMPT, 6, method="specprefill", speculator="self:1", prefill_info=info, specprefill=config
+    )
+    assert stats["prefill_method"] == info.method == "specprefill+h2o"
+    assert reply.choices[0].text == local and stats["kept_tokens"] == info.kept_tokens
+    dense = complete(tiny_server, method="specprefill", speculator_prefill="dense").model_extra["specfill"]
+    assert dense["prefill_method"] == "specprefill"
+
+
 @pytest.mark.parametrize(
     "fields, param",
     [
@@ -78,6 +95,8 @@ def test_h2o_memory_share_field(tiny_server, tiny_local):
         ({"h2o_memory_share": 1.0, "method": "h2o"}, "h2o_memory_share"),
         ({"keep_mass": "x"}, "keep_mass"),
         ({"neighbours": 1.5}, "neighbours"),
+        ({"speculator_prefill": "sparse"}, "speculator_prefill"),
+        ({"speculator_prefill": 1}, "speculator_prefill"),
     ],
 )
 def test_bad_values_name_the_field(tiny_server, fields, param):
