@@ -9,7 +9,8 @@ import warnings
 from typing import Sequence
 
 from specfill.api import DEFAULT_BACKEND_RULE
-from specfill.core import ConfigError, SpecfillError, SpecfillWarning
+from specfill.core import SpecfillError, SpecfillWarning
+from specfill.core.cpu import request_threads
 from specfill.core.errors import one_line
 
 # name -> one-line help. A subcommand's module (cli/<name>.py: add_arguments, run) is imported only
@@ -30,8 +31,7 @@ SUBCOMMANDS = {
 }
 
 
-MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this
-THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: torch's own choice)"
+THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: this machine's physical cores)"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -70,9 +70,9 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def set_cpu_threads(threads: int) -> None:
-    """torch's intra-op thread count; MLX's CPU backend and BLAS choose their own."""
-    if not 1 <= threads <= MAX_THREADS:
-        raise ConfigError(f"--threads must be >= 1 and <= {MAX_THREADS}, got {threads}")
+    """torch's intra-op thread count, the override of core/cpu.compute_threads (which the torch
+    backend applies when it loads on the CPU); MLX's CPU backend and BLAS choose their own."""
+    request_threads(threads)
     try:
         import torch
     except ImportError:

@@ -1,12 +1,20 @@
 """What this machine's CPU is and what it computes fast: the model name and the matmul-relevant ISA
 flags /proc/cpuinfo lists. torch's bf16 matmuls run 3-4x its fp32 on a CPU with AVX-512 BF16 or AMX,
 ~50x slower without (measured: docs/backends.md), so the torch backend's default dtype on a CPU
-follows `has_fast_bf16` (backends/torch_cuda/loader.resolve_dtype)."""
+follows `has_fast_bf16` (backends/torch_cuda/loader.resolve_dtype).
+
+CPU threads are decided here too (`compute_threads`): the user's request (`--threads`:
+`request_threads`), else this process's physical cores (the CPUs it may run on, one per core:
+a second hyper-thread on a core shares its matmul units and mostly adds contention).
+The torch backend applies it when it loads a model on the CPU."""
 
 from __future__ import annotations
 
+import os
 import platform
 from functools import lru_cache
+
+from .errors import ConfigError
 
 FEATURES = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16", "neon", "asimd")
 FAST_BF16 = ("avx512_bf16", "amx_bf16")
@@ -37,3 +45,39 @@ def cpu_features() -> str:
 def has_fast_bf16() -> bool:
     """AVX-512 BF16 or AMX on this CPU."""
     return any(f in cpu_features().split() for f in FAST_BF16)
+
+
+MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this
+_requested_threads: int | None = None
+
+
+def request_threads(threads: int | None) -> None:
+    """The user's thread count (None: follow the machine); ConfigError outside 1..MAX_THREADS."""
+    global _requested_threads
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise ConfigError(f"--threads must be >= 1 and <= {MAX_THREADS}, got {threads}")
+    _requested_threads = threads
+
+
+@lru_cache(maxsize=1)
+def physical_cores() -> int:
+    """Distinct physical cores among the CPUs this process may run on (sched_getaffinity, which a
+    container's cpuset narrows); the CPU count where /proc/cpuinfo does not say which core is which."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    cores: set[tuple[str, str]] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            blocks = f.read().split("\n\n")
+    except OSError:
+        return max(1, len(allowed))
+    for block in blocks:
+        fields = dict(line.split(":", 1) for line in block.splitlines() if ":" in line)
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        if "processor" in fields and "core id" in fields and int(fields["processor"]) in allowed:
+            cores.add((fields.get("physical id", "0"), fields["core id"]))
+    return max(1, len(cores) or len(allowed))
+
+
+def compute_threads() -> int:
+    """CPU threads to compute on: the user's request, else this process's physical cores."""
+    return _requested_threads if _requested_threads is not None else physical_cores()
