@@ -3,16 +3,19 @@ flags /proc/cpuinfo lists. torch's bf16 matmuls run 3-4x its fp32 on a CPU with 
 ~50x slower without (measured: docs/backends.md), so the torch backend's default dtype on a CPU
 follows `has_fast_bf16` (backends/torch_cuda/loader.resolve_dtype).
 
-CPU threads are decided here too (`compute_threads`): the user's request (`--threads`:
-`request_threads`), else this process's physical cores (the CPUs it may run on, one per core:
-a second hyper-thread on a core shares its matmul units and mostly adds contention).
-The torch backend applies it when it loads a model on the CPU."""
+A command's CPU threads are decided here too (`command_threads`, which cli/main.py enters for every
+command): --threads, else this process's physical cores (the CPUs it may run on, one per core: a
+core's second hyper-thread shares its matmul units and mostly adds contention). The torch backend
+applies it when it loads a model on the CPU; outside a command (the library) torch's own setting,
+whoever set it, stands."""
 
 from __future__ import annotations
 
 import os
 import platform
+from contextlib import contextmanager
 from functools import lru_cache
+from typing import Iterator
 
 from .errors import ConfigError
 
@@ -48,15 +51,21 @@ def has_fast_bf16() -> bool:
 
 
 MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this
-_requested_threads: int | None = None
+_threads_rule: int | None = None  # the running command's thread count; None: no command chose one
 
 
-def request_threads(threads: int | None) -> None:
-    """The user's thread count (None: follow the machine); ConfigError outside 1..MAX_THREADS."""
-    global _requested_threads
+@contextmanager
+def command_threads(threads: int | None) -> Iterator[int]:
+    """For one CLI command: compute on `threads` (--threads; ConfigError outside 1..MAX_THREADS),
+    else on this process's physical cores; the rule before it is back afterwards. Yields the count."""
+    global _threads_rule
     if threads is not None and not 1 <= threads <= MAX_THREADS:
         raise ConfigError(f"--threads must be >= 1 and <= {MAX_THREADS}, got {threads}")
-    _requested_threads = threads
+    before, _threads_rule = _threads_rule, threads if threads is not None else physical_cores()
+    try:
+        yield _threads_rule
+    finally:
+        _threads_rule = before
 
 
 @lru_cache(maxsize=1)
@@ -78,6 +87,7 @@ def physical_cores() -> int:
     return max(1, len(cores) or len(allowed))
 
 
-def compute_threads() -> int:
-    """CPU threads to compute on: the user's request, else this process's physical cores."""
-    return _requested_threads if _requested_threads is not None else physical_cores()
+def compute_threads() -> int | None:
+    """CPU threads the torch backend sets when it loads a model on the CPU: the running command's
+    (command_threads); None outside a command (a library user's torch setting stands)."""
+    return _threads_rule

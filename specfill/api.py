@@ -334,7 +334,8 @@ def _stream_request(
     n_prompt = info.prompt_tokens
     compute = f"{model.device_name}, {str(model.dtype).rsplit('.', 1)[-1]}"
     if model.device_name == "cpu":
-        compute += f", {model.ops.compute_threads} threads"
+        threads = model.ops.compute_threads
+        compute += f", {threads} thread{'s' if threads != 1 else ''}"
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         first_at = now if first_at is None else first_at

@@ -141,8 +141,9 @@ def load(
     shared NumPy loader."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
-    if not placement.on_cuda(resolved_device):
-        torch.set_num_threads(compute_threads())  # --threads, else this machine's physical cores
+    threads = compute_threads()  # a CLI command's: --threads, else this machine's physical cores
+    if threads is not None and not placement.on_cuda(resolved_device):
+        torch.set_num_threads(threads)
     if isinstance(path, tuple):
         from .adapted_loader import load_pair  # another library's model: its loader is imported only then
 

@@ -27,7 +27,7 @@ import numpy as np
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
 from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, query_start, window_binds
-from .prefill import StageProgress, prefill
+from .prefill import StageProgress, prefill, stage_work
 
 
 def token_importance(
@@ -214,6 +214,24 @@ def prefill_kept(
     return logits, cache
 
 
+def expected_work(model_args: Any, speculator_args: Any, n_prompt: int, config: SpecPrefillConfig) -> dict[str, float]:
+    """Each stage's expected work (StageProgress.plan): the speculator's pass over the prompt, its
+    look-ahead tokens, then the scoring (every scoring query against every prompt key, per scoring
+    layer and head) with the main model's prefill of the kept tokens (what the keep setting keeps,
+    at most, before neighbours), the scoring reported with its first step. The last stage takes
+    whatever share is left (StageProgress), so only the earlier stages' estimates move the bar."""
+    n_chunks = -(-n_prompt // config.select_chunk)
+    kept = min(n_prompt, config.n_kept_chunks(n_chunks) * config.select_chunk)
+    n_queries = config.query_window + config.lookahead
+    heads = speculator_args.num_attention_heads * speculator_args.head_dim
+    scoring = 2.0 * len(config.layer_indices(speculator_args.num_hidden_layers)) * n_queries * heads * n_prompt
+    return {
+        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2),
+        "lookahead": stage_work(speculator_args, config.lookahead, n_prompt),
+        "main_prefill": scoring + stage_work(model_args, kept, kept / 2),
+    }
+
+
 def speculative_prefill(
     ops: ModelOps[A],
     model: Any,
@@ -232,6 +250,8 @@ def speculative_prefill(
     cache with room for `extra_slots` decoded tokens after them. `report` is told after every
     step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
     started = ops.wall_time()
+    if report is not None:
+        report.plan(expected_work(model.args, speculator.args, len(ids), config))
     spec = run_speculator(
         ops,
         speculator,
