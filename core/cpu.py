@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from contextlib import contextmanager
 from functools import lru_cache
 from typing import Iterator
@@ -91,3 +92,26 @@ def compute_threads() -> int | None:
     """CPU threads the torch backend sets when it loads a model on the CPU: the running command's
     (command_threads); None outside a command (a library user's torch setting stands)."""
     return _threads_rule
+
+
+def process_peak_memory_gb() -> float:
+    """This process's peak resident set, every allocator's (the CPU backends' peak memory): VmHWM of
+    /proc/self/status on Linux (reset_process_peak_memory restarts it), else ru_maxrss."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1]) * 1024 / 1e9 for line in f if line.startswith("VmHWM:"))  # kB
+    except (OSError, ValueError, StopIteration):
+        import resource  # POSIX only: imported where it is used, so core imports everywhere
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB
+
+
+def reset_process_peak_memory() -> bool:
+    """VmHWM back to the current resident set ("5" to /proc/self/clear_refs); False where impossible."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
