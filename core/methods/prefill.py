@@ -74,7 +74,8 @@ def stage_work(args: Any, tokens: int, keys: float) -> float:
     progress weight, not a timing: a decode step costs more per token than this says (it reads the
     weights for one token), which a bar shows as a slower stretch, never as a jump back."""
     q, kv = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
-    linear = args.hidden_size * (2 * q + 2 * kv) + 3 * args.hidden_size * args.intermediate_size
+    mlp = getattr(args, "intermediate_size", None) or 4 * args.hidden_size  # another library's model: 4x, common
+    linear = args.hidden_size * (2 * q + 2 * kv) + 3 * args.hidden_size * mlp
     return float(tokens) * args.num_hidden_layers * (linear + 2.0 * q * keys)
 
 
