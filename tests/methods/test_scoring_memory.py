@@ -133,3 +133,33 @@ def test_only_the_scoring_layers_queries_are_kept(tiny):
     by_rows = token_importance(lm.ops, scored.queries, scored.layer_keys, config, args.attention_scale, layers=[4, 5])
     by_config = token_importance(lm.ops, every.queries, every.keys, config, args.attention_scale)
     np.testing.assert_array_equal(lm.ops.to_numpy(by_rows), lm.ops.to_numpy(by_config))
+
+
+def test_scoring_on_cuda_allocates_one_layers_worth():
+    """The GPU cell (skipped without one): torch.cuda.max_memory_allocated while scoring a 4K prompt
+    with a random bf16 speculator (the Triton kernel) grows by less than half a layer's
+    probabilities from 3 layers to 12 (stacking each layer's scores would add 9 layers' worth
+    twice) and stays under 8 layers' worth above what the pass holds."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU visible to torch")
+    from specfill.backends.torch_cuda import from_weights
+    from specfill.core.io.random_model import random_model_args
+
+    n_prompt, used = 4096, {}
+    for n_layers in (3, 12):
+        args = replace(random_model_args("random:tiny-llama"), num_hidden_layers=n_layers)
+        lm = from_weights(args, random_weights(args, seed=n_layers), dtype=torch.bfloat16, device="cuda")
+        ids = np.array(prompt(n_prompt, args.vocab_size, seed=1))
+        spec = run_speculator(lm.ops, lm.model, ids, lookahead=LOOKAHEAD, stop_ids=frozenset(), step_size=1024)
+        torch.cuda.synchronize()
+        lm.ops.reset_peak_memory()
+        held = torch.cuda.memory_allocated()
+        importance = token_importance(
+            lm.ops, spec.queries, spec.layer_keys, SpecPrefillConfig(lookahead=LOOKAHEAD), args.attention_scale
+        )
+        torch.cuda.synchronize()
+        used[n_layers] = torch.cuda.max_memory_allocated() - held
+        del importance, spec, lm
+    one_layer = (LOOKAHEAD + 1) * random_model_args("random:tiny-llama").num_attention_heads * n_prompt * 4
+    assert used[12] - used[3] < one_layer / 2 and max(used.values()) < 8 * one_layer, (used, one_layer)
