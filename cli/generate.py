@@ -161,8 +161,8 @@ def run(args: argparse.Namespace) -> int:
     quiet = group is not None and group.rank() != 0  # every rank generates alike; rank 0 prints
     request = load_request_models(request, model, tokenizer, dtype=args.dtype, device=args.device)
     prompt = build_prompt(tokenizer, prompt_text, args)
-    bar = PrefillProgressBar()
     last, info = None, GenerationInfo()
+    bar = PrefillProgressBar(info=info)  # the whole time to first token, every prefill stage weighted
     say = (lambda *_, **__: None) if quiet else print
     say("=" * 10)
     for last in stream_request(

@@ -6,10 +6,12 @@ import argparse
 import importlib
 import sys
 import warnings
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 from specfill.api import DEFAULT_BACKEND_RULE
-from specfill.core import ConfigError, SpecfillError, SpecfillWarning
+from specfill.core import SpecfillError, SpecfillWarning
+from specfill.core.cpu import command_threads
 from specfill.core.errors import one_line
 
 # name -> one-line help. A subcommand's module (cli/<name>.py: add_arguments, run) is imported only
@@ -30,8 +32,7 @@ SUBCOMMANDS = {
 }
 
 
-MAX_THREADS = 4096  # torch overflows past 2**31; no machine has more cores than this
-THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: torch's own choice)"
+THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: this machine's physical cores)"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -70,14 +71,30 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def set_cpu_threads(threads: int) -> None:
-    """torch's intra-op thread count; MLX's CPU backend and BLAS choose their own."""
-    if not 1 <= threads <= MAX_THREADS:
-        raise ConfigError(f"--threads must be >= 1 and <= {MAX_THREADS}, got {threads}")
+    """torch's intra-op thread count now (a command that loads no model computes on it too); MLX's
+    CPU backend and BLAS choose their own."""
     try:
         import torch
     except ImportError:
         return  # an MLX-only install: nothing to set
     torch.set_num_threads(threads)
+
+
+@contextmanager
+def threads_for(threads: int | None) -> Iterator[None]:
+    """The command's CPU threads (core/cpu.command_threads: --threads, else the physical cores, which
+    the torch backend applies when it loads on the CPU); torch's count before the command is back
+    after it (a process that runs several commands, such as the tests, keeps its own setting)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    try:
+        with command_threads(threads):
+            if threads is not None:
+                set_cpu_threads(threads)
+            yield
+    finally:
+        if before is not None:
+            torch.set_num_threads(before)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -87,9 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         warnings.showwarning = _one_line_warning
         warnings.simplefilter("default", SpecfillWarning)
     try:
-        if args.threads is not None:
-            set_cpu_threads(args.threads)
-        return int(args.run(args))
+        with threads_for(args.threads):
+            return int(args.run(args))
     except SpecfillError as err:
         if args.verbose:
             raise

@@ -4,17 +4,29 @@ units of work of bench / eval runs."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from specfill.core.runtime import GenerationInfo
 
 MIN_TOKENS_FOR_BAR = 1024
 
 
 class PrefillProgressBar:
-    """Pass `update` as prompt_progress_callback; `close` after the first token."""
+    """Pass `update` as prompt_progress_callback (and the GenerationInfo given as prefill_info as
+    `info`); `close` after the first token, before printing it: the bar's line is cleared, so the
+    answer starts on a line of its own.
 
-    def __init__(self, desc: str = "prefill") -> None:
+    With `info` the bar covers the whole time to first token: it shows info.prefill_done (every
+    prefill stage weighted by its expected work: SpecPrefill's speculator pass, look-ahead, scoring
+    and main prefill, core/methods/prefill.py StageProgress) on the prompt's scale, the running stage
+    as its label; without, the prompt tokens read."""
+
+    def __init__(self, desc: str = "prefill", info: GenerationInfo | None = None) -> None:
         self.desc = desc
+        self.info = info
         self.bar: tqdm | None = None
 
     def update(self, processed: int, total: int) -> None:
@@ -22,7 +34,11 @@ class PrefillProgressBar:
             if total < MIN_TOKENS_FOR_BAR:
                 return
             self.bar = tqdm(total=total, desc=self.desc, unit="tok", file=sys.stderr, leave=False)
-        self.bar.update(processed - self.bar.n)
+        if self.info is not None and self.info.step is not None:
+            processed = round(total * self.info.prefill_done)
+            stage = self.info.step.stage
+            self.bar.set_description_str(self.desc if stage == "prefill" else f"{self.desc}: {stage}", refresh=False)
+        self.bar.update(max(0, processed - self.bar.n))
 
     def close(self) -> None:
         if self.bar is not None:

@@ -49,6 +49,9 @@ def _script(ad: ConformanceAdapter, ck: Checker, value_dim: int | None, prefix: 
         ck.exact("kv_cache.offsets", case, got.offsets() == offsets, f"{got.offsets()} vs {offsets}")
         ck.exact("kv_cache.filled", case, got.filled == want.filled, f"{got.filled} vs {want.filled}")
         ck.close("kv_cache.keys", case, got.keys(want.filled), want.keys(want.filled))
+        for layer in range(LAYERS):
+            want_k = want.layer_keys(layer, want.filled)
+            ck.close("kv_cache.layer_keys", f"{case},layer={layer}", got.layer_keys(layer, want.filled), want_k)
 
     write(range(LAYERS), 5, "prefill 5")
     books("prefill 5")

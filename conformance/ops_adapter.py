@@ -86,6 +86,9 @@ class CacheAdapter:
     def keys(self, end: int) -> np.ndarray:
         return self.cv.numpy(self.cache.keys(end))
 
+    def layer_keys(self, layer: int, end: int) -> np.ndarray:
+        return self.cv.numpy(self.cache.layer_keys(layer, end))
+
 
 # (n_layers, n_kv_heads, head_dim, capacity) -> a backend's empty KV cache in the dtype under test
 CacheFactory = Callable[[int, int, int, int], Any]

@@ -383,5 +383,10 @@ class CausalLM(LoadedModel[A]):
                 raise
 
     def peak_memory_gb(self) -> float:
-        """Peak device memory (or the process's peak resident set on CPU) so far, in GB."""
+        """Peak device memory (or the process's peak resident set on CPU) so far, in GB (since the
+        last reset_peak_memory where it could reset)."""
         return self.ops.peak_memory_gb()
+
+    def reset_peak_memory(self) -> bool:
+        """Count the peak again from now (ModelOps.reset_peak_memory); False where it cannot."""
+        return self.ops.reset_peak_memory()

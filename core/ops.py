@@ -20,7 +20,6 @@ every layer (`KVCache.truncate`) before it is extended again.
 
 from __future__ import annotations
 
-import sys
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
@@ -286,6 +285,9 @@ class KVCache(Protocol[A]):
     def keys(self, end: int) -> A:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
 
+    def layer_keys(self, layer: int, end: int) -> A:
+        """One layer's keys of slots [0, end): [1, Hkv, end, D], no copy (SpecPrefill's scoring)."""
+
     @property
     def nbytes(self) -> int:
         """Bytes its buffers occupy now: every reserved slot, filled or not (the prompt cache of
@@ -390,7 +392,10 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
         """Host copy (floating types as float32 or float64)."""
 
     def peak_memory_gb(self) -> float:
-        """Peak device memory (or process memory on CPU) so far, in GB."""
+        """Peak device memory (or process memory on CPU) since reset_peak_memory (or ever), in GB."""
+
+    def reset_peak_memory(self) -> bool:
+        """Count peak_memory_gb again from what is held now; False where it cannot be reset."""
 
 
 class Cancelled(Exception):
@@ -422,11 +427,3 @@ def checkpoint() -> None:
     check = _CANCEL_CHECK.get()
     if check is not None and check():
         raise Cancelled
-
-
-def process_peak_memory_gb() -> float:
-    """This process's peak resident set (the CPU backends' peak memory)."""
-    import resource  # POSIX only: imported where it is used, so core imports everywhere
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1e9 if sys.platform == "darwin" else peak * 1024 / 1e9  # bytes vs KiB

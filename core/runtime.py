@@ -274,6 +274,8 @@ class GenerationInfo:
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded
     (pass it as `reuse` to a later generate_step whose prompt extends this conversation).
     step: the last finished prefill step (methods/prefill.py; None before the first), kept current.
+    prefill_done: the share (0..1) of the time to first token's expected work done, every stage
+    weighted by its expected work (methods/prefill.py StageProgress): what a progress bar shows.
     distributed: the ranks and kind of a model sharded over a group (api.stream_request), else "".
     """
 
@@ -287,6 +289,7 @@ class GenerationInfo:
     decode: DecodeRecord = field(default_factory=DecodeRecord)
     kv: KVState | None = None
     step: PrefillStep | None = None
+    prefill_done: float = 0.0
     distributed: str = ""  # "2 ranks, tensor": the model is sharded over a group of processes
 
     def start(self, prompt_tokens: int, method: str = "") -> None:
@@ -299,6 +302,7 @@ class GenerationInfo:
         self.decode = DecodeRecord()
         self.kv = None
         self.step = None
+        self.prefill_done = 0.0
 
 
 def check_generation_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:

@@ -51,7 +51,10 @@ class BenchPlan:
 
 
 def _one_run(model, tokenizer, ids, method, decode_tokens) -> dict:
-    last = None
+    """One generation; its peak memory is the run's own where the backend can reset the count
+    (CUDA: max_memory_allocated; MLX: get_peak_memory; CPU on Linux: the resident set's high-water
+    mark, VmHWM: core/ops.process_peak_memory_gb), held weights and caches included."""
+    last, scope = None, "run" if model.reset_peak_memory() else "process"
     for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method):
         pass
     return {
@@ -60,6 +63,7 @@ def _one_run(model, tokenizer, ids, method, decode_tokens) -> dict:
         "kept_tokens": last.kept_tokens,
         "generated": last.generation_tokens,
         "peak_memory_gb": last.peak_memory,
+        "peak_memory_scope": scope,  # "process": since the process started (no reset on this system)
     }
 
 
@@ -118,7 +122,8 @@ def run_bench(
                 )
                 log(
                     f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "
-                    f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}"
+                    f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}, "
+                    f"peak memory {best['peak_memory_gb']:.3f} GB"
                 )
                 if row_done is not None:
                     _add_ratios(rows)
@@ -168,6 +173,12 @@ def _add_ratios(rows: list[dict]) -> None:
         r["decode_vs_full"] = r["decode_tps"] / base["decode_tps"] if base and base["decode_tps"] else None
 
 
+def _peak(row: dict) -> str:
+    if "peak_memory_gb" not in row:  # a result written before peaks were per run
+        return "-"
+    return f"{row['peak_memory_gb']:.3f}" + ("*" if row.get("peak_memory_scope") == "process" else "")
+
+
 def _plan_dict(plan: BenchPlan) -> dict:
     return {
         "backends": list(plan.backends),
@@ -211,15 +222,22 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
         f"SpecPrefill {result['plan']['speculator']} layers {result['plan']['specprefill'].get('layers', 'all')} keep "
         f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}.",
         "",
-        "| backend | method | prompt tokens | TTFT (s) | speed-up vs full | kept | decode tok/s | decode vs full |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | method | prompt tokens | TTFT (s) | speed-up vs full | kept | decode tok/s | decode vs full "
+        "| peak memory (GB) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         ratio = f"{r['ttft_speedup_vs_full']:.2f}x" if r["ttft_speedup_vs_full"] else "-"
         decode = f"{r['decode_vs_full']:.2f}x" if r["decode_vs_full"] else "-"
         lines.append(
             f"| {r['backend']} | {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
-            f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} |"
+            f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} | {_peak(r)} |"
+        )
+    if any("peak_memory_gb" in r for r in result["rows"]):
+        lines.append(
+            "\nPeak memory: each run's own (CUDA: torch.cuda.max_memory_allocated; MLX: mx.get_peak_memory; "
+            "CPU: the process's resident-set high-water mark, VmHWM, reset before each run), weights included; "
+            "* marks a peak since the process started (no reset here)."
         )
     for c in result.get("calibration", []):
         lines.append(

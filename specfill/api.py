@@ -42,7 +42,7 @@ class GenerationResponse:
     verify_seconds: float = 0.0  # time the main model spent verifying drafts so far
     draft_skipped: str = ""  # why a draft model did not draft at all (its costs measured here say it cannot pay)
     distributed: str = ""  # "2 ranks, tensor" where the model is sharded over a group of processes
-    compute: str = ""  # where and in what it ran: "cpu, bfloat16" (the default dtype follows the hardware)
+    compute: str = ""  # where, in what and on how many CPU threads it ran: "cpu, bfloat16, 2 threads"
     method: str = ""  # the prefill that ran: full, h2o, specprefill or specprefill+h2o ("auto" resolved)
 
 
@@ -334,6 +334,9 @@ def _stream_request(
     )
     n_prompt = info.prompt_tokens
     compute = f"{model.device_name}, {str(model.dtype).rsplit('.', 1)[-1]}"
+    if model.device_name == "cpu":
+        threads = model.ops.compute_threads
+        compute += f", {threads} thread{'s' if threads != 1 else ''}"
     for n, token in enumerate(steps, start=1):
         now = time.perf_counter()
         first_at = now if first_at is None else first_at

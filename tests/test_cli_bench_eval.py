@@ -1,6 +1,7 @@
 """`specfill bench` and `specfill eval` on a tiny model: the files they write hold real rows."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,10 @@ def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
     assert rows[("specprefill", 48)]["kept_tokens"] == 12 + 1  # 3 of 12 chunks of 4, plus the last token
     assert data["machine"]["cores"] >= 1 and data["machine"]["versions"]["torch"]
     assert "| cuda | full | 48 |" in (tmp_path / "bench.md").read_text()
+    # each run's own peak (the CPU's resident-set high-water mark, reset before it on Linux)
+    scope = "run" if Path("/proc/self/clear_refs").exists() else "process"
+    assert all(r["peak_memory_gb"] > 0 and r["peak_memory_scope"] == scope for r in rows.values())
+    assert "peak memory (GB)" in (tmp_path / "bench.md").read_text()
     assert (tmp_path / "bench_ttft.png").read_bytes()[:4] == b"\x89PNG"
 
 

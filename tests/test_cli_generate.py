@@ -158,12 +158,50 @@ def test_threads_sets_torchs_cpu_threads(tiny_checkpoint, capsys):
                 "hi",
                 "--max-tokens",
                 "2",
+                "--dtype",
+                "float32",
             ]
         )
-        assert code == 0 and torch.get_num_threads() == 1
+        assert code == 0 and "Compute: cpu, float32, 1 thread\n" in capsys.readouterr().out
+        assert torch.get_num_threads() == before  # the command's threads end with it
         torch.set_num_threads(2)
         assert main(["generate", "-t", "0", "--prompt", "hi"]) == 2
         assert "--threads must be >= 1" in capsys.readouterr().err
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_progress_bar_covers_the_whole_time_to_first_token(tmp_path, monkeypatch):
+    """SpecPrefill's bar runs through the speculator's pass, the look-ahead and the main prefill
+    (each stage its share of the expected work, never 100% before the main prefill) and clears its
+    line before the answer: stdout and stderr into one buffer, as a terminal shows them."""
+    import functools
+    import io
+    import re
+
+    from specfill.cli import progress
+
+    monkeypatch.setattr(
+        progress, "tqdm", functools.partial(progress.tqdm, mininterval=0, miniters=1)
+    )  # every update drawn
+    screen = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", screen)
+    monkeypatch.setattr(sys, "stderr", screen)
+    (tmp_path / "prompt.txt").write_text("word " * 1500)
+    args = ["--model", "random:tiny-llama", "--prompt-file", str(tmp_path / "prompt.txt"), "--dtype", "float32"]
+    method = ["--method", "specprefill", "--speculator", "self:1", "--max-tokens", "2"]
+    assert main(["generate", "--backend", "cuda", "--device", "cpu", *args, *method]) == 0
+    text = screen.getvalue()
+    frames = [f for f in text.split("\r") if "prefill" in f and "%|" in f]
+    shown = [
+        (m.group(1) or "prefill", int(m.group(2)))
+        for m in (re.match(r"prefill(?:: (\w+))?:\s+(\d+)%", f) for f in frames)
+    ]
+    stages = [stage for stage, _ in shown]
+    assert {"speculator", "lookahead", "main_prefill"} <= set(stages), stages
+    percents = [p for _, p in shown]
+    assert percents == sorted(percents) and percents[-1] == 100
+    assert max(p for stage, p in shown if stage != "main_prefill") < 100
+    cleared, answer = text.rsplit("\r", 2)[1:]
+    assert cleared.strip() == "" and "Prompt: 1500 tokens" in answer  # the bar's line is cleared first

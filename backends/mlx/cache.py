@@ -144,7 +144,10 @@ class ModelKVCache:
             layer.trim(layer.offset - slots)
 
     def keys(self, end: int) -> mx.array:
-        return mx.stack([layer.keys[0, :, :end] for layer in self.layers])
+        return mx.stack([layer.keys[0, :, :end] for layer in self.layers])  # a copy once evaluated
+
+    def layer_keys(self, layer: int, end: int) -> mx.array:
+        return self.layers[layer].keys[:, :, :end]  # a slice of the layer's buffer, not a stack of every layer
 
     @property
     def state(self) -> list[mx.array]:

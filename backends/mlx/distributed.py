@@ -208,6 +208,9 @@ class PipelineKVCache(ModelKVCache):
     def keys(self, end: int) -> mx.array:
         raise ConfigError("a pipeline rank holds the keys of its own layers only")
 
+    def layer_keys(self, layer: int, end: int) -> mx.array:
+        return self.keys(end)  # the same error
+
 
 class PipelinedAdaptedModel(AdaptedModel):
     """An mlx-lm model after `Model.model.pipeline(group)`: `lm.layers` are this rank's layers

@@ -17,7 +17,8 @@ import mlx.core as mx
 import numpy as np
 
 import specfill.backends.mlx.method_ops as method_ops
-from specfill.core.ops import KernelStages, process_peak_memory_gb
+from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
+from specfill.core.ops import KernelStages
 from specfill.core.runtime import SamplingConfig
 
 from .cache import LayerKVCache, ModelKVCache, make_cache
@@ -138,6 +139,12 @@ class MLXOps(KernelStages):
         if self.device.type == mx.DeviceType.gpu:
             return mx.get_peak_memory() / 1e9
         return process_peak_memory_gb()
+
+    def reset_peak_memory(self) -> bool:
+        if self.device.type == mx.DeviceType.gpu:
+            mx.reset_peak_memory()
+            return True
+        return reset_process_peak_memory()
 
 
 def _flatten(items: list[Any]) -> list[Any]:

@@ -113,6 +113,9 @@ class ModelKVCache:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D], a view."""
         return self.k[:, 0, :, :end]
 
+    def layer_keys(self, layer: int, end: int) -> torch.Tensor:
+        return self.k[layer, :, :, :end]  # [1, Hkv, end, D], a view
+
     @property
     def nbytes(self) -> int:
         """Bytes its buffers occupy (every reserved slot, filled or not, and the positions)."""

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
-from specfill.core.cpu import has_fast_bf16
+from specfill.core.cpu import compute_threads, has_fast_bf16
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.io.gguf_file import read_gguf
@@ -141,6 +141,9 @@ def load(
     shared NumPy loader."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
+    threads = compute_threads()  # a CLI command's: --threads, else this machine's physical cores
+    if threads is not None and not placement.on_cuda(resolved_device):
+        torch.set_num_threads(threads)
     if isinstance(path, tuple):
         from .adapted_loader import load_pair  # another library's model: its loader is imported only then
 

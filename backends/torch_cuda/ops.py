@@ -16,7 +16,8 @@ import torch
 
 import specfill.backends.torch_cuda.method_ops as method_ops
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
-from specfill.core.ops import KernelStages, process_peak_memory_gb
+from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
+from specfill.core.ops import KernelStages
 from specfill.core.runtime import SamplingConfig
 
 from .attention import causal_attention as causal_step_attention
@@ -158,3 +159,9 @@ class TorchOps(KernelStages):
         if placement.on_cuda(self.device):
             return placement.RUNTIME.peak_memory_bytes(self.device) / 1e9
         return process_peak_memory_gb()
+
+    def reset_peak_memory(self) -> bool:
+        if placement.on_cuda(self.device):
+            placement.RUNTIME.reset_peak_memory(self.device)
+            return True
+        return reset_process_peak_memory()

@@ -46,6 +46,9 @@ class CudaRuntime:
     def peak_memory_bytes(self, device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device)
 
+    def reset_peak_memory(self, device: torch.device) -> None:
+        torch.cuda.reset_peak_memory_stats(device)
+
 
 RUNTIME: CudaRuntime = CudaRuntime()
 _SIMULATED = False

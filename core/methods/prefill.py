@@ -24,24 +24,59 @@ class StageProgress:
     scale, monotone with a fixed total: a stage that walks the prompt reports its own count;
     SpecPrefill's later stages report the whole prompt read. A callback that raises stops the
     prefill there (the server cancels a request this way), so every step is a cancellation point.
+
+    info.prefill_done is the share (0..1) of the whole time to first token's expected work done,
+    what a progress bar shows: a method of several stages states their expected work (`plan`, in
+    order), and each stage, when it starts, takes its work's share of what is left (so a stage that
+    ends early, or a plan revised before a stage starts, never moves the share back); without a
+    plan it is the prompt stage's done / total.
     """
 
     def __init__(self, progress: ProgressCallback | None, info: GenerationInfo | None):
         self.progress = progress
         self.info = info
         self.prompt = (0, 0)  # the last (processed, total) of a stage that reads the prompt
+        self.work: dict[str, float] = {}
+        self.stage, self.base, self.share, self.done = "", 0.0, 0.0, 0.0
+
+    def plan(self, work: dict[str, float]) -> None:
+        """The expected work of each stage, in the order they run (any one unit: stage_work's
+        multiply-adds)."""
+        self.work = dict(work)
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if self.info is not None:
             self.info.step = PrefillStep(stage, done, total)
         if stage in READS_PROMPT:
             self.prompt = (done, total)
+        if stage in self.work:
+            if stage != self.stage:  # a new stage: its share of the work left
+                names = list(self.work)
+                left = sum(self.work[name] for name in names[names.index(stage) :])
+                self.stage, self.base = stage, self.done
+                self.share = (1.0 - self.base) * (self.work[stage] / left if left > 0 else 1.0)
+            self.done = min(1.0, self.base + self.share * done / max(total, 1))
+        else:
+            self.done = done / max(total, 1)
+        if self.info is not None:
+            self.info.prefill_done = self.done
         if self.progress is not None:
             self.progress(*self.prompt)
 
     def of(self, stage: str) -> ProgressCallback:
         """The (done, total) callback of one stage's step loop (what `prefill` calls)."""
         return lambda done, total: self(stage, done, total)
+
+
+def stage_work(args: Any, tokens: int, keys: float) -> float:
+    """Expected multiply-adds of `tokens` tokens through a model of shape `args` (ModelArgs), each
+    query attending `keys` keys on average: the layers' projections and MLP, plus attention. A
+    progress weight, not a timing: a decode step costs more per token than this says (it reads the
+    weights for one token), which a bar shows as a slower stretch, never as a jump back."""
+    q, kv = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
+    mlp = getattr(args, "intermediate_size", None) or 4 * args.hidden_size  # another library's model: 4x, common
+    linear = args.hidden_size * (2 * q + 2 * kv) + 3 * args.hidden_size * mlp
+    return float(tokens) * args.num_hidden_layers * (linear + 2.0 * q * keys)
 
 
 def step_positions(positions: int | np.ndarray, lo: int, hi: int) -> int | np.ndarray:

@@ -24,49 +24,70 @@ enter the speculator's attention and the scoring softmaxes alike (layer_terms, l
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Generic, Sequence
+from typing import Any, Callable, Generic, Sequence
 
 import numpy as np
 
 from ..config import H2OConfig, SpecPrefillConfig
-from ..ops import ModelOps, PrefillAttention, ScoringOps
+from ..ops import ModelOps, PrefillAttention
 from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, query_start, window_binds
 from .h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
-from .prefill import StageProgress, prefill
+from .prefill import StageProgress, prefill, stage_work
 
 
 def token_importance(
-    ops: ScoringOps[A],
+    ops: ModelOps[A],
     queries: A,
-    keys: A,
+    keys: A | Callable[[int], A],
     config: SpecPrefillConfig,
     scale: float,
     windows: Sequence[int | None] = (),
     terms: Sequence[AttentionTerms[A] | None] = (),
     n_window: int = 1,
+    layers: Sequence[int] | None = None,
 ) -> A:
     """importance [P] from queries [n_l, n_q, Hq, D] (the first n_window the prompt's last tokens',
-    then the look-ahead's) and keys [n_l, Hkv, P, D], layer by layer (windows: each speculator
-    layer's sliding window, empty: all global; a sliding layer scores only the keys its queries
-    attended; terms: each layer's attention terms, empty: none): pooling and the head reduction
-    act within one layer, so only one layer's probabilities [n_q, Hq, P] exist at a time (then
-    [n_q, n_l, P] for the layer and query reductions). The same composition at the NumPy
-    boundary is core/reference/specprefill.py's score_tokens."""
-    per_layer = []
-    start = query_start(keys.shape[2], n_window)
-    farthest = keys.shape[2] + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
-    for layer in config.layer_indices(queries.shape[0]):
+    then the look-ahead's) and keys [n_l, Hkv, P, D] or, without a stack of every layer's, a
+    function of a layer giving its keys [1, Hkv, P, D] (KVCache.layer_keys); layers: the speculator
+    layers the rows of `queries` hold, all scored (run_speculator's capture of config's layers);
+    None: row i is layer i, scored where config.layer_indices says. windows: each speculator
+    layer's sliding window, empty: all global (a sliding layer scores only the keys its queries
+    attended); terms: each layer's attention terms, empty: none.
+
+    Layer by layer: pooling and the head reduction act within one layer and the layer reduction
+    runs as a running max or sum, so one layer's probabilities [n_q, Hq, P] and the running scores
+    [n_q, 1, P] are all that exist at a time (memory O(n_q Hq P), whatever the layer count; a lazy
+    backend evaluates each layer before building the next). The
+    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
+    key_of = keys if callable(keys) else (lambda layer: keys[layer : layer + 1])
+    scored = list(layers) if layers is not None else config.layer_indices(queries.shape[0])
+    rows = range(len(scored)) if layers is not None else scored
+    n_keys = key_of(scored[0]).shape[2]
+    start = query_start(n_keys, n_window)
+    farthest = n_keys + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
+    combined = None
+    for layer, row in zip(scored, rows):
         window = windows[layer] if windows else None
         probs = ops.attention_scores(
-            queries[layer : layer + 1],
-            keys[layer : layer + 1],
+            queries[row : row + 1],
+            key_of(layer),
             scale,
             window if window_binds(window, farthest) else None,
             active_terms(terms[layer]) if terms else None,
             query_start=start,
         )
-        per_layer.append(ops.reduce_axis(ops.smooth_scores(probs, config.pool_kernel), config.head_reduction, axis=2))
-    combined = ops.reduce_axis(ops.concat(per_layer, axis=1), config.layer_reduction, axis=1)
+        pooled = ops.smooth_scores(probs, config.pool_kernel)
+        del probs  # freed before the next layer's are made
+        scores = ops.reduce_axis(pooled, config.head_reduction, axis=2)
+        del pooled
+        if combined is None:
+            combined = scores
+        elif config.layer_reduction == "max":
+            combined = ops.reduce_axis(ops.concat([combined, scores], axis=1), "max", axis=1)[:, None]
+        else:
+            combined = combined + scores  # the mean's sum, divided once at the end
+        ops.settle([combined])  # MLX: this layer evaluated (its scores freed) before the next is built
+    combined = combined[:, 0] if config.layer_reduction == "max" else combined[:, 0] / len(scored)
     return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
 
 
@@ -74,9 +95,10 @@ class QueryCapture(Generic[A]):
     """`PrefillAttention` for the speculator: causal attention (inside each layer's sliding window,
     `windows`, with each layer's attention `terms`) that also keeps, per layer, the post-RoPE
     queries of the prompt's last `n_window` tokens (the prompt ends at slot `first_slot`) and the
-    query of every later step (each fed look-ahead token). prompt_attend: the attention of the
-    prompt's steps when it is not full (an H2O pass: H2OPrefillAttention); later steps attend to
-    every cached key whatever it is."""
+    query of every later step (each fed look-ahead token), of the layers `layers` scores (None:
+    every layer; no other layer's queries are kept). prompt_attend: the attention of the prompt's
+    steps when it is not full (an H2O pass: H2OPrefillAttention); later steps attend to every
+    cached key whatever it is."""
 
     def __init__(
         self,
@@ -88,9 +110,12 @@ class QueryCapture(Generic[A]):
         terms: Sequence[AttentionTerms[A] | None] = (),
         n_window: int = 1,
         prompt_attend: PrefillAttention[A] | None = None,
+        layers: Sequence[int] | None = None,
     ):
         self.ops = ops
         self.prompt_attend = prompt_attend
+        self.layers = list(range(n_layers)) if layers is None else list(layers)
+        self.captured = set(self.layers)
         self.windows = list(windows) or [None] * n_layers
         self.terms = [active_terms(t) for t in terms] or [None] * n_layers
         self.first_slot = first_slot
@@ -100,7 +125,7 @@ class QueryCapture(Generic[A]):
 
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
         end = k.shape[2]  # k holds every slot up to this step's end
-        if end > self.window_start:  # a step ending inside the window, or a look-ahead step
+        if end > self.window_start and layer in self.captured:  # a step ending in the window, or a look-ahead
             n = end - max(self.window_start, end - q.shape[2]) if end <= self.first_slot else 1
             self.queries[layer].append(self.ops.last_queries(q, n))
         if self.prompt_attend is not None and end <= self.first_slot:
@@ -112,23 +137,34 @@ class QueryCapture(Generic[A]):
         return captured + ([] if self.prompt_attend is None else self.prompt_attend.arrays())
 
     def stacked(self) -> A:
-        """[n_layers, n_queries, Hq, D]."""
-        return self.ops.stack([self.ops.concat(per_layer, axis=0) for per_layer in self.queries])
+        """[len(layers), n_queries, Hq, D]: the captured layers' queries, in `layers` order."""
+        return self.ops.stack([self.ops.concat(self.queries[layer], axis=0) for layer in self.layers])
 
 
 @dataclass
 class SpeculatorPass(Generic[A]):
-    """queries [n_l, W + N', Hq, D] (the prompt's last W tokens, then the fed look-ahead tokens);
-    keys [n_l, Hkv, P, D] of every prompt position; lookahead the fed tokens; cache the
-    speculator's KV cache (prompt, then look-ahead slots), kept for a later use as a draft model;
-    n_window: W (the query window, clamped to the prompt)."""
+    """queries [n_l, W + N', Hq, D] (the prompt's last W tokens, then the fed look-ahead tokens) of
+    the speculator layers `layers` (None: every layer, row i layer i); lookahead the fed tokens;
+    cache the speculator's KV cache (prompt, then look-ahead slots), kept for a later use as a draft
+    model; n_window: W (the query window, clamped to the prompt); n_prompt: P."""
 
     queries: A
-    keys: A
     lookahead: list[int]
     cache: Any
     model: Any
     n_window: int = 1
+    n_prompt: int = 0
+    layers: list[int] | None = None
+
+    @property
+    def keys(self) -> A:
+        """[n_l, Hkv, P, D]: every layer's prompt keys (on MLX and NumPy a stacked copy of them;
+        speculative_prefill's scoring reads layer_keys, one layer at a time, instead)."""
+        return self.cache.keys(self.n_prompt)
+
+    def layer_keys(self, layer: int) -> A:
+        """[1, Hkv, P, D]: one layer's prompt keys, no copy."""
+        return self.cache.layer_keys(layer, self.n_prompt)
 
 
 def run_speculator(
@@ -143,6 +179,7 @@ def run_speculator(
     extra_slots: int = 0,
     query_window: int = 1,
     h2o: H2OConfig | None = None,
+    layers: Sequence[int] | None = None,
 ) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator (H2O prefill with `h2o`), then greedy look-ahead
     (see the module doc).
@@ -152,6 +189,7 @@ def run_speculator(
     extra_slots: cache room after the prompt beyond the look-ahead (the speculator drafting later).
     report: told after each step of the pass ("speculator") and each fed token ("lookahead").
     query_window: the prompt's last tokens whose queries are kept (at most the prompt).
+    layers: the speculator layers whose queries are kept (None: every layer's).
     """
     n_prompt, args = len(ids), speculator.args
     n_window = max(1, min(query_window, n_prompt))
@@ -171,6 +209,7 @@ def run_speculator(
         layer_terms(args),
         n_window,
         sparse,
+        layers,
     )
     logits = prefill(
         ops,
@@ -197,9 +236,9 @@ def run_speculator(
         ops.settle([logits, capture.arrays(), cache])
         if report is not None:
             report("lookahead", step + 1, lookahead)
-    queries, keys = capture.stacked(), cache.keys(n_prompt)
-    ops.settle([queries, keys])
-    return SpeculatorPass(queries, keys, fed, cache, speculator, n_window)
+    queries = capture.stacked()
+    ops.settle([queries])
+    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, None if layers is None else list(layers))
 
 
 @dataclass
@@ -242,6 +281,24 @@ def prefill_kept(
     return logits, cache
 
 
+def expected_work(model_args: Any, speculator_args: Any, n_prompt: int, config: SpecPrefillConfig) -> dict[str, float]:
+    """Each stage's expected work (StageProgress.plan): the speculator's pass over the prompt, its
+    look-ahead tokens, then the scoring (every scoring query against every prompt key, per scoring
+    layer and head) with the main model's prefill of the kept tokens (what the keep setting keeps,
+    at most, before neighbours), the scoring reported with its first step. The last stage takes
+    whatever share is left (StageProgress), so only the earlier stages' estimates move the bar."""
+    n_chunks = -(-n_prompt // config.select_chunk)
+    kept = min(n_prompt, config.n_kept_chunks(n_chunks) * config.select_chunk)
+    n_queries = config.query_window + config.lookahead
+    heads = speculator_args.num_attention_heads * speculator_args.head_dim
+    scoring = 2.0 * len(config.layer_indices(speculator_args.num_hidden_layers)) * n_queries * heads * n_prompt
+    return {
+        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2),
+        "lookahead": stage_work(speculator_args, config.lookahead, n_prompt),
+        "main_prefill": scoring + stage_work(model_args, kept, kept / 2),
+    }
+
+
 def speculative_prefill(
     ops: ModelOps[A],
     model: Any,
@@ -260,6 +317,8 @@ def speculative_prefill(
     cache with room for `extra_slots` decoded tokens after them. `report` is told after every
     step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
     started = ops.wall_time()
+    if report is not None:
+        report.plan(expected_work(model.args, speculator.args, len(ids), config))
     spec = run_speculator(
         ops,
         speculator,
@@ -271,17 +330,19 @@ def speculative_prefill(
         extra_slots=speculator_extra_slots,
         query_window=config.query_window,
         h2o=config.speculator_prefill,
+        layers=config.layer_indices(speculator.args.num_hidden_layers),
     )
     speculated = ops.wall_time()
     importance = token_importance(
         ops,
         spec.queries,
-        spec.keys,
+        spec.layer_keys,
         config,
         speculator.args.attention_scale,
         speculator.args.layer_windows,
         layer_terms(speculator.args),
         spec.n_window,
+        spec.layers,
     )
     from ..reference.specprefill import (
         select_tokens,

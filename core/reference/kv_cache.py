@@ -90,6 +90,10 @@ class ReferenceKVCache:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""
         return np.stack([layer.k[0, :, :end] for layer in self.layers])
 
+    def layer_keys(self, layer: int, end: int) -> np.ndarray:
+        """One layer's keys of slots [0, end): [1, Hkv, end, D], a view."""
+        return self.layers[layer].k[:, :, :end]
+
     @property
     def nbytes(self) -> int:
         """Bytes its buffers occupy (every reserved slot, filled or not)."""

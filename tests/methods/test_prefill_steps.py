@@ -5,6 +5,8 @@ The server's disconnect and shutdown handling rest on this (specfill/serve/engin
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -83,6 +85,33 @@ def test_specprefill_reports_the_speculator_lookahead_and_main_prefill_steps(tin
         PrefillStep("speculator", N, N),
     ] + [PrefillStep("lookahead", i, 4) for i in (1, 2, 3, 4)] + [PrefillStep("main_prefill", kept, kept)]
     assert calls == [(32, N), (64, N)] + [(N, N)] * 6  # monotone, on the prompt's scale
+
+
+def test_prefill_done_covers_every_stage_weighted_by_expected_work(tiny):
+    """info.prefill_done (what the CLI's bar shows) rises with every step of every stage and
+    reaches 1 only at the main prefill's last step: the speculator's pass, the look-ahead and the
+    main prefill each take their expected work's share (expected_work), not the whole bar."""
+    from specfill.core.methods.specprefill import expected_work
+
+    t = tiny("qwen3")
+    info, seen = GenerationInfo(), []
+    greedy(
+        variant(t, prefill_step_size=32),
+        prompt(N, t.args.vocab_size, seed=3),
+        2,
+        SPEC,
+        info=info,
+        progress=lambda done, total: seen.append((info.step.stage, info.prefill_done)),
+    )
+    shares = [done for _, done in seen]
+    assert shares == sorted(shares) and len(set(shares)) == len(shares) and shares[-1] == pytest.approx(1.0)
+    work = expected_work(t.args, replace(t.args, num_hidden_layers=1), N, SPEC.specprefill)
+    speculator_end = max(done for stage, done in seen if stage == "speculator")
+    assert speculator_end == pytest.approx(work["speculator"] / sum(work.values()))
+    assert 0 < speculator_end < max(done for stage, done in seen if stage == "lookahead") < 1
+    full = GenerationInfo()
+    greedy(variant(t, prefill_step_size=32), prompt(N, t.args.vocab_size, seed=3), 2, PrefillMethod(), info=full)
+    assert full.prefill_done == 1.0  # one stage: the prompt read
 
 
 @pytest.mark.parametrize("method", [PrefillMethod(), H2O, SPEC], ids=["full", "h2o", "specprefill"])

@@ -41,6 +41,9 @@ class FakeRuntime(CudaRuntime):
     def peak_memory_bytes(self, device: torch.device) -> int:
         return 3 * 10**9
 
+    def reset_peak_memory(self, device: torch.device) -> None:
+        pass
+
 
 class FakeLaunch:
     """Stands in for `kernel[grid](*args, **kwargs)`; `fill(args, kwargs)` writes the outputs."""

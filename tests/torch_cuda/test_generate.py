@@ -150,6 +150,43 @@ def test_device_and_dtype_resolution(monkeypatch):
         assert resolve_device(None).type == "cuda" and resolve_dtype(None, resolve_device(None)) == torch.bfloat16
 
 
+def test_a_commands_threads_follow_the_machine_and_threads_overrides(monkeypatch):
+    """Inside a command with no --threads a CPU load computes on this process's physical cores
+    (core/cpu.py, the one place that decides); --threads overrides it; the statistics' Compute line
+    says how many ran; outside a command (the library) torch's own setting stands."""
+    from specfill import api
+    from specfill.core import cpu
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cpu, "physical_cores", lambda: 3)
+    try:
+        torch.set_num_threads(1)
+        with cpu.command_threads(None) as threads:
+            model, tokenizer = api.load("random:tiny-llama", backend="cuda", device="cpu", dtype="float32")
+            assert threads == 3 and torch.get_num_threads() == 3
+            last = list(api.stream_generate(model, tokenizer, [1, 2, 3], max_tokens=1))[-1]
+            assert "Compute: cpu, float32, 3 threads" in api.format_stats(last)
+        with cpu.command_threads(2):
+            api.load("random:tiny-llama", backend="cuda", device="cpu", dtype="float32")
+            assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        api.load("random:tiny-llama", backend="cuda", device="cpu", dtype="float32")
+        assert cpu.compute_threads() is None and torch.get_num_threads() == 1
+        with pytest.raises(ConfigError, match="--threads must be >= 1"):
+            with cpu.command_threads(0):
+                pass
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_physical_cores_counts_cores_not_hyperthreads():
+    import os
+
+    from specfill.core.cpu import physical_cores
+
+    assert 1 <= physical_cores() <= len(os.sched_getaffinity(0))
+
+
 def test_progress_is_reported_after_each_prefill_step():
     model = make_tiny("qwen2", seed=12).ours(step=8)
     seen = []
