@@ -25,6 +25,7 @@ from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .cache import LayerKVCache, ModelKVCache
+from .hybrid_cache import HybridKVCache
 from .ops import MLXOps
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -47,8 +48,18 @@ def _activation_dtype(lm: nn.Module) -> mx.Dtype:
     return counts.most_common(1)[0][0] if counts else mx.float32
 
 
-def _args(lm: nn.Module, layouts: tuple) -> AdaptedArgs:
+def _config(lm: nn.Module) -> dict[str, Any]:
+    """The mlx-lm model's args as a dict; a model wrapping a text model (Qwen3.5's `text_config`)
+    gives its text model's, under the outer model type."""
     config = dict(vars(lm.args))
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        config = {**text, "model_type": config.get("model_type", text.get("model_type"))}
+    return config
+
+
+def _args(lm: nn.Module, layouts: tuple) -> AdaptedArgs:
+    config = _config(lm)
     eos = config.get("eos_token_id")
     return AdaptedArgs(
         architecture=str(config.get("model_type", type(lm).__module__.rsplit(".", 1)[-1])),
@@ -110,6 +121,9 @@ class AdaptedModel:
             rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
             return self.step(ids[logits_from:], rest, cache, None, 0)
         layers = self.lm.layers
+        if isinstance(cache, HybridKVCache):  # its recurrent state before this step, to go back to
+            cache.begin_step(self, ids, positions)
+            cache.replay = _replay
         caches = list(cache) if cache is not None else [None] * len(layers)
         if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
             self._backbone["layers"] = layers[: self.n_layers]
@@ -121,6 +135,12 @@ class AdaptedModel:
             self.state.positions = self.state.attend = None
             self._backbone["layers"] = layers
         return None if logits_from is None else logits[0, logits_from:].astype(mx.float32)
+
+
+def _replay(model: AdaptedModel, ids: mx.array, positions: int | np.ndarray, cache: HybridKVCache) -> None:
+    """A hybrid cache's replay: the tokens again through `model` (no logits), evaluated."""
+    model.step(ids, positions, cache, None, None)
+    mx.eval(cache.state)
 
 
 class AdaptedOps(MLXOps):
@@ -155,35 +175,56 @@ class AdaptedOps(MLXOps):
     def first_layers(self, model: AdaptedModel, n_layers: int) -> AdaptedModel:
         return model.first_layers(n_layers)
 
+    def new_cache(self, model: AdaptedModel | Any, capacity: int) -> ModelKVCache | HybridKVCache:
+        """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep mlx-lm's own)."""
+        if not isinstance(model, AdaptedModel) or not model.args.recurrent_layers:
+            return super().new_cache(model, capacity)
+        lm, library = model.lm, _library_caches(model.lm)
+        per_layer = [
+            library[i] if layout.recurrent else LayerKVCache(capacity) for i, layout in enumerate(model.args.layers)
+        ]
+        return HybridKVCache(per_layer, lambda index: _library_caches(lm)[index])
 
-def _check_plain_caches(lm: nn.Module, architecture: str) -> None:
-    """specfill gives every layer one KV cache of its own; a model whose mlx-lm caches are anything
-    else (recurrent state, cache lists of latent attention's indexer, layers sharing a cache) is
-    refused here, with the first such layer named."""
+
+def _library_caches(lm: nn.Module) -> list[Any]:
+    """mlx-lm's own caches for the model, one per layer (none filled)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(lm)
+
+
+def _check_caches(lm: nn.Module, architecture: str, layouts: tuple) -> None:
+    """specfill gives every attention layer one KV cache of its own and keeps a recurrent layer's
+    mlx-lm ArraysCache (a hybrid's); a model whose mlx-lm caches are anything else (cache lists of
+    latent attention's indexer, layers sharing a cache, a recurrent layer with keys) is refused
+    here, with the first such layer named."""
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
     from mlx_lm.models.cache import KVCache as LibraryKVCache
-    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-    caches = make_prompt_cache(lm)
+    caches = _library_caches(lm)
     if len(caches) != len(lm.layers):
         raise ModelLoadError(
             f"{architecture} has {len(caches)} mlx-lm caches for {len(lm.layers)} layers "
-            f"(layers share a cache): specfill's KV cache needs one per layer"
+            f"(layers share a cache, or some keep none): specfill's KV cache needs one per layer"
         )
-    for index, cache in enumerate(caches):
-        if type(cache) not in (LibraryKVCache, RotatingKVCache):
+    for index, (cache, layout) in enumerate(zip(caches, layouts)):
+        fits = isinstance(cache, ArraysCache) if layout.recurrent else type(cache) in (LibraryKVCache, RotatingKVCache)
+        if not fits:
             raise ModelLoadError(
-                f"{architecture} layer {index} keeps mlx-lm's {type(cache).__name__}, not keys "
-                f"and values: specfill's KV cache cannot hold it (every method is refused, "
-                f"use mlx-lm itself)"
+                f"{architecture} layer {index} is {layout.kind} and keeps mlx-lm's {type(cache).__name__}: "
+                f"specfill's cache cannot hold it (every method is refused, use mlx-lm itself)"
             )
+    if all(layout.recurrent for layout in layouts):
+        raise ModelLoadError(f"{architecture} has no attention layer: nothing for specfill to run, use mlx-lm itself")
 
 
 def adapt(lm: nn.Module) -> AdaptedModel:
     """Take over the attention of every decoder layer of the mlx-lm model `lm` (in place; the
     original modules stay inside the adapted ones; a refused layer runs its own module on specfill's
-    cache, whose `make_mask` gives it mlx-lm's masks). A layer without softmax attention (linear
-    attention, state-space) or with a cache other than keys and values: ModelLoadError, `lm` as it was."""
-    config = dict(vars(lm.args))
+    cache, whose `make_mask` gives it mlx-lm's masks). A hybrid's recurrent layers (no softmax
+    attention, an mlx-lm ArraysCache) stay as they are; a layer whose cache specfill cannot hold:
+    ModelLoadError, `lm` as it was."""
+    config = _config(lm)
     backbone_types = getattr(getattr(lm, "model", None), "layer_types", None)
     if not config.get("layer_types") and isinstance(backbone_types, (list, tuple)):
         config["layer_types"] = list(backbone_types)  # a default the backbone fills in (gpt_oss's alternation)
@@ -193,16 +234,10 @@ def adapt(lm: nn.Module) -> AdaptedModel:
         if found is not None and isinstance(found[1], AdaptedAttention):
             layer[found[0]] = found[1].inner
     layouts = tuple(describe_layer(config, index, layer) for index, layer in enumerate(lm.layers))
-    for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
-        if attention_of(layer) is None:
-            raise ModelLoadError(
-                f"{architecture} layer {index} is {layout.kind}: specfill's KV cache holds "
-                f"softmax-attention layers only ({layout.refusal}); every method is refused, "
-                f"use mlx-lm itself"
-            )
-    _check_plain_caches(lm, architecture)
+    _check_caches(lm, architecture, layouts)
     state = StepState()
     for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
-        name, module = attention_of(layer)
-        layer[name] = AdaptedAttention(module, layout, index, state)
+        if not layout.recurrent:  # a recurrent layer runs as mlx-lm's, on its own cache
+            name, module = attention_of(layer)
+            layer[name] = AdaptedAttention(module, layout, index, state)
     return AdaptedModel(lm, _args(lm, layouts), state)

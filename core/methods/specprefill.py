@@ -26,7 +26,16 @@ import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps, ScoringOps
-from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, query_start, window_binds
+from ..stages import (
+    A,
+    AttentionTerms,
+    Selection,
+    active_terms,
+    attention_layers,
+    layer_terms,
+    query_start,
+    window_binds,
+)
 from .prefill import StageProgress, prefill
 
 
@@ -99,9 +108,10 @@ class QueryCapture(Generic[A]):
     def arrays(self) -> list[A]:
         return [q for per_layer in self.queries for q in per_layer]
 
-    def stacked(self) -> A:
-        """[n_layers, n_queries, Hq, D]."""
-        return self.ops.stack([self.ops.concat(per_layer, axis=0) for per_layer in self.queries])
+    def stacked(self, layers: Sequence[int] | None = None) -> A:
+        """[n_layers, n_queries, Hq, D] of `layers` (None: every layer)."""
+        chosen = range(len(self.queries)) if layers is None else layers
+        return self.ops.stack([self.ops.concat(self.queries[i], axis=0) for i in chosen])
 
 
 @dataclass
@@ -169,7 +179,7 @@ def run_speculator(
         ops.settle([logits, capture.arrays(), cache])
         if report is not None:
             report("lookahead", step + 1, lookahead)
-    queries, keys = capture.stacked(), cache.keys(n_prompt)
+    queries, keys = capture.stacked(attention_layers(args)), cache.keys(n_prompt)  # a hybrid: its attention layers
     ops.settle([queries, keys])
     return SpeculatorPass(queries, keys, fed, cache, speculator, n_window)
 
@@ -244,14 +254,16 @@ def speculative_prefill(
         query_window=config.query_window,
     )
     speculated = ops.wall_time()
+    scored = attention_layers(speculator.args)  # the layers the queries and keys are of
+    windows, terms = speculator.args.layer_windows, layer_terms(speculator.args)
     importance = token_importance(
         ops,
         spec.queries,
         spec.keys,
         config,
         speculator.args.attention_scale,
-        speculator.args.layer_windows,
-        layer_terms(speculator.args),
+        [windows[i] for i in scored],
+        [terms[i] for i in scored] if terms else (),
         spec.n_window,
     )
     from ..reference.specprefill import (

@@ -4,7 +4,8 @@
 HONOURED: the adapter runs every method on them (the project's own five families are not here:
 they have model files of their own; test_own_families.py compares the two). MOE marks mixtures of
 experts. REFUSED: architectures whose layers a sparse method cannot run, with the layer kind
-named in the refusal (full prefill and decoding still work on them).
+named in the refusal (full prefill and decoding still work on them). HYBRID: recurrent layers beside
+attention layers (test_mlx_hybrids.py builds them with four layers).
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     ),
 }
 
-# hybrids: some layers keep a recurrent state instead of keys (refused at load, every method)
+# hybrids: some layers keep a recurrent state instead of keys (mlx-lm's own cache for those layers;
+# every method runs on the attention layers: test_mlx_hybrids.py)
 HYBRID: dict[str, dict[str, Any]] = {
     "qwen3_next": dict(
         _MOE,

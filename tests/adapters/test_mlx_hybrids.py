@@ -1,0 +1,150 @@
+"""Hybrid mlx-lm models (recurrent layers beside attention layers) through the adapter: the cache
+holds specfill's KV for the attention layers and mlx-lm's own recurrent state for the others
+(backends/mlx/hybrid_cache.py); docs/methods.md, Hybrid models.
+
+Forward and decoding equal mlx-lm's own model (fp32: bitwise on MLX's CPU, as the other
+architectures); drafting rolls the recurrent state back (snapshot + replay) and gives the plain
+greedy tokens; H2O's memory sets and outputs and SpecPrefill's kept positions equal the NumPy
+oracle / reference on the attention layers (the four-layer configs below: two of each kind)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from specfill.core.adapted import MethodRefusedError
+from specfill.core.methods.h2o import H2OPrefillAttention
+from specfill.core.methods.specprefill import QueryCapture
+from specfill.core.reference import REFERENCE
+from specfill.core.reference.oracle import oracle_h2o_layer
+from specfill.core.reference.specprefill import speculative_selection
+from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
+from tests.adapters.mlx_archs import HYBRID, build
+from tests.adapters.mlx_backend import adapted, own_greedy, own_logits
+from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
+
+FIRST = ("qwen3_5", "qwen3_next", "lfm2")  # the method tests' architectures (qwen3_5_moe: qwen3_5's layers)
+
+
+def four_layers(arch: str, seed: int = 0):
+    """The hybrid with four layers: recurrent, attention, recurrent, attention."""
+    extra = dict(HYBRID[arch], num_hidden_layers=4)
+    if arch == "lfm2":
+        extra["full_attn_idxs"] = [1, 3]
+    return build(arch, extra, seed=seed)
+
+
+@pytest.mark.parametrize("arch", sorted(HYBRID))
+def test_full_prefill_and_decoding_equal_mlx_lm(arch):
+    """Every position's logits over two prefill steps (the second reads both kinds of state), then
+    greedy decoding: equal to mlx-lm's forward and its own prompt cache."""
+    lm = four_layers(arch)
+    ids = prompt(40, seed=1)
+    want, want_tokens = own_logits(lm, ids), own_greedy(lm, ids[:20], 6)
+    model = adapted(lm, prefill_step_size=24)
+    assert model.args.recurrent_layers == (0, 2) and model.args.attention_layers == (1, 3)
+    assert model.args.refusal() is None
+    assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()), want, f"{arch} prefill")
+    assert greedy(model, ids[:20], 6) == want_tokens
+
+
+@pytest.mark.parametrize("arch", sorted(HYBRID))
+def test_drafting_rolls_the_recurrent_state_back_and_gives_the_greedy_tokens(arch):
+    """A draft model of other weights (most drafts rejected: the main model's verification step is
+    undone and its accepted tokens replayed; the draft's own steps undone), the model itself (every
+    draft accepted) and "self:1" (a draft of one recurrent layer, its writes undone each round)."""
+    model = adapted(four_layers(arch))
+    ids = prompt(20, seed=12)
+    plain = greedy(model, ids, 12)
+    other = adapted(four_layers(arch, seed=3))
+    for draft in (other, model, "self:1", "self:2"):
+        info = GenerationInfo()
+        assert greedy(model, ids, 12, info=info, drafting=Drafting(draft, 3)) == plain, f"{arch} {draft}"
+        if draft is other:
+            assert info.decode.accepted_tokens < info.decode.drafted_tokens  # rollbacks happened
+
+
+@pytest.mark.parametrize("arch", FIRST)
+def test_h2o_runs_on_the_attention_layers_and_equals_the_oracle(arch, monkeypatch):
+    model = adapted(four_layers(arch))
+    ids = prompt(36, seed=7)
+    calls = record(monkeypatch, H2OPrefillAttention, np.array)
+    info = GenerationInfo(record_memory=True)
+    model.prompt_logits(ids, method=H2O, info=info)
+    assert sorted({call[0] for call in calls}) == [1, 3]  # the recurrent layers run as mlx-lm's
+    config = H2O.h2o
+    for layer, q, k, v, out in calls:
+        want_out, want_sets, _ = oracle_h2o_layer(
+            q, k, v, config.chunk_size, config.local, config.heavy, model.args.attention_scale
+        )
+        assert_close(out, want_out.astype(np.float32), f"{arch} layer {layer} H2O output")
+        for chunk, (got, want) in enumerate(zip(info.memory_sets[layer], want_sets)):
+            np.testing.assert_array_equal(got, np.array(want), err_msg=f"{arch} layer {layer} M_{chunk}")
+    assert [len(sets) for sets in info.memory_sets] == [0, 36 // 8, 0, 36 // 8]
+    first = PrefillMethod("h2o", h2o=replace(config, layers="first-1"))  # counted over attention layers
+    model.prompt_logits(ids, method=first, info=info)
+    assert [len(sets) for sets in info.memory_sets] == [0, 36 // 8, 0, 0]
+
+
+@pytest.mark.parametrize("arch", FIRST)
+def test_specprefill_scores_the_attention_layers_and_equals_the_reference(arch, monkeypatch):
+    """The speculator (the model's first three layers: recurrent, attention, recurrent) scores from
+    its attention layer only; the main model prefills the kept tokens through every layer."""
+    model = adapted(four_layers(arch))
+    ids = prompt(48, seed=8)
+    calls = record(monkeypatch, QueryCapture, np.array)
+    info = GenerationInfo()
+    method = replace(spec(0.3), speculator="self:3")
+    tokens = greedy(model, ids, 3, method, info)
+    n = len(ids)
+    assert {call[0] for call in calls} == {1}
+    queries = np.stack([[q[:, -1] for _, q, k, _, _ in calls if k.shape[1] >= n]])
+    keys = np.stack([calls[0][2][:, :n]])
+    _, selection = speculative_selection(
+        queries.astype(np.float64),
+        keys.astype(np.float64),
+        method.specprefill,
+        model.args.attention_scale,
+        REFERENCE,
+        (None,),
+        (None,),
+    )
+    assert info.kept_positions == selection.kept.tolist() and 8 <= info.kept_tokens < n
+    assert len(tokens) == 3 and greedy(model, ids, 4, replace(method, specprefill=spec(1.0).specprefill)) == greedy(
+        model, ids, 4
+    )
+
+
+def test_a_speculator_without_attention_layers_is_refused_by_name():
+    model = adapted(four_layers("qwen3_5"))
+    with pytest.raises(MethodRefusedError, match="speculator cannot run on qwen3_5: its layers are all recurrent"):
+        greedy(model, prompt(24), 2, spec(0.3))  # self:1: the first layer only, a recurrent one
+
+
+def test_the_cache_goes_back_only_to_the_points_it_kept():
+    """truncate restores a snapshot (and replays the tokens after it); a slot count with no snapshot
+    at or below it is refused; exact_prefix and copy name and take only those points."""
+    model = adapted(four_layers("qwen3_5"))
+    ops, ids = model.ops, prompt(30, seed=4)
+    cache = ops.new_cache(model.model, 64)
+    ops.forward(model.model, mx.array(ids[:20]), 0, cache, None, None)
+    cache.mark()
+    ops.forward(model.model, mx.array(ids[20:28]), 20, cache, None, None)
+    assert cache.exact_prefix(27) == 20 and cache.exact_prefix(28) == 28 and cache.exact_prefix(19) == 0
+    with pytest.raises(ValueError, match="keeps no recurrent state at slot 24"):
+        cache.copy(24)
+    copied = cache.copy(20)
+    cache.truncate(24)  # from the step snapshot at 20, then 4 tokens replayed
+    want = model.prompt_logits(ids[:25], method=PrefillMethod(), info=GenerationInfo())[-1]
+    got = ops.forward(model.model, mx.array(ids[24:25]), 24, cache, None, 0)[-1]
+    assert_close(np.array(got), want, "after the replay")
+    got = ops.forward(model.model, mx.array(ids[20:25]), 20, copied, None, 0)[-1]
+    assert_close(np.array(got), want, "from the copy at the mark")
+    fresh = ops.new_cache(model.model, 64)
+    ops.forward(model.model, mx.array(ids[:20]), 0, fresh, None, None)
+    fresh.history.clear()
+    with pytest.raises(ValueError, match="cannot go back to 10"):
+        fresh.truncate(10)
