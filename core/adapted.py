@@ -63,6 +63,7 @@ class AttentionLayout:
     Qwen3.5).
     recurrent: a linear-attention / state-space layer (no keys: its state is the library's own,
     read token by token in order); the methods skip it (docs/methods.md, Hybrid models).
+    stateless: a layer that keeps nothing between steps (Nemotron-H's MLP / MoE blocks); skipped too.
     """
 
     kind: str
@@ -78,6 +79,7 @@ class AttentionLayout:
     norm_eps: float = 1e-6  # the epsilon of a "weightless" q/k norm (a norm module keeps its own)
     output_gate: bool = False
     recurrent: bool = False
+    stateless: bool = False
     terms: AttentionTerms[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,8 +110,8 @@ class AdaptedArgs:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        """The layers with keys (every layer but a hybrid's recurrent ones): what the methods run."""
-        return tuple(i for i, layer in enumerate(self.layers) if not layer.recurrent)
+        """The layers with keys (every layer but a hybrid's recurrent and stateless ones): what the methods run."""
+        return tuple(i for i, layer in enumerate(self.layers) if not (layer.recurrent or layer.stateless))
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
@@ -171,7 +173,7 @@ class AdaptedArgs:
         attention layers: one scale, one head count and head dim (their per-layer stages share
         them). Recurrent layers are no refusal: the methods run them unchanged."""
         for index, layer in enumerate(self.layers):
-            if layer.refusal is not None and not layer.recurrent:
+            if layer.refusal is not None and index in self.attention_layers:
                 return f"layer {index} ({layer.kind}): {layer.refusal}"
         if not self.attention_layers:
             return "its layers are all recurrent: no keys to run a method over"

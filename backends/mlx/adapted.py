@@ -80,19 +80,28 @@ class AdaptedModel:
     lm: the mlx-lm `Model`; args: its AdaptedArgs; n_layers: run only the first n layers (then
     mlx-lm's final norm and head), the "self:K" speculator view; None: every layer."""
 
-    def __init__(self, lm: nn.Module, args: AdaptedArgs, state: StepState, n_layers: int | None = None):
+    def __init__(
+        self,
+        lm: nn.Module,
+        args: AdaptedArgs,
+        state: StepState,
+        n_layers: int | None = None,
+        layouts: tuple | None = None,
+    ):
         self.lm = lm
         self.args = args
         self.state = state
         self.n_layers = n_layers
         self.dtype = _activation_dtype(lm)
         self._backbone = _backbone(lm)
+        self.lm_layouts = layouts if layouts is not None else args.layers  # every layer's, for a view too
+        self.stateful = stateful_layers(self.lm_layouts)
 
     def first_layers(self, n_layers: int) -> AdaptedModel:
         total = len(self.lm.layers)
         if not 1 <= n_layers <= total:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
-        return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers)
+        return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers, self.lm_layouts)
 
     def step(
         self,
@@ -128,6 +137,8 @@ class AdaptedModel:
         if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
             self._backbone["layers"] = layers[: self.n_layers]
             caches += [None] * (len(layers) - self.n_layers)
+        if len(self.stateful) < len(layers):  # mlx-lm's list holds the stateful layers' caches only
+            caches = [caches[i] for i in self.stateful]
         self.state.positions, self.state.attend = positions, attend
         try:
             logits = self.lm(ids[None], cache=caches)
@@ -177,13 +188,21 @@ class AdaptedOps(MLXOps):
 
     def new_cache(self, model: AdaptedModel | Any, capacity: int) -> ModelKVCache | HybridKVCache:
         """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep mlx-lm's own)."""
-        if not isinstance(model, AdaptedModel) or not model.args.recurrent_layers:
+        if not isinstance(model, AdaptedModel) or len(model.args.attention_layers) == len(model.args.layers):
             return super().new_cache(model, capacity)
-        lm, library = model.lm, _library_caches(model.lm)
+        lm, layouts = model.lm, model.lm_layouts  # every layer's (a first-layers view's args hold fewer)
+        entry = {layer: k for k, layer in enumerate(stateful_layers(layouts))}  # layer -> mlx-lm's cache list
+        library = _library_caches(lm)
         per_layer = [
-            library[i] if layout.recurrent else LayerKVCache(capacity) for i, layout in enumerate(model.args.layers)
+            library[entry[i]] if layout.recurrent else None if layout.stateless else LayerKVCache(capacity)
+            for i, layout in enumerate(model.args.layers)
         ]
-        return HybridKVCache(per_layer, lambda index: _library_caches(lm)[index])
+        return HybridKVCache(per_layer, lambda index: _library_caches(lm)[entry[index]])
+
+
+def stateful_layers(layouts: Sequence[Any]) -> list[int]:
+    """The layers that hold an entry of mlx-lm's cache list (all but Nemotron-H's MLP / MoE blocks)."""
+    return [i for i, layout in enumerate(layouts) if not layout.stateless]
 
 
 def _library_caches(lm: nn.Module) -> list[Any]:
@@ -201,13 +220,13 @@ def _check_caches(lm: nn.Module, architecture: str, layouts: tuple) -> None:
     from mlx_lm.models.cache import ArraysCache, RotatingKVCache
     from mlx_lm.models.cache import KVCache as LibraryKVCache
 
-    caches = _library_caches(lm)
-    if len(caches) != len(lm.layers):
+    caches, stateful = _library_caches(lm), stateful_layers(layouts)
+    if len(caches) != len(stateful):
         raise ModelLoadError(
-            f"{architecture} has {len(caches)} mlx-lm caches for {len(lm.layers)} layers "
-            f"(layers share a cache, or some keep none): specfill's KV cache needs one per layer"
+            f"{architecture} has {len(caches)} mlx-lm caches for {len(stateful)} layers with attention or "
+            f"a recurrent state (layers share a cache): specfill's KV cache needs one per layer"
         )
-    for index, (cache, layout) in enumerate(zip(caches, layouts)):
+    for index, cache, layout in ((i, c, layouts[i]) for i, c in zip(stateful, caches)):
         fits = isinstance(cache, ArraysCache) if layout.recurrent else type(cache) in (LibraryKVCache, RotatingKVCache)
         if not fits:
             raise ModelLoadError(
@@ -237,7 +256,7 @@ def adapt(lm: nn.Module) -> AdaptedModel:
     _check_caches(lm, architecture, layouts)
     state = StepState()
     for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
-        if not layout.recurrent:  # a recurrent layer runs as mlx-lm's, on its own cache
+        if not (layout.recurrent or layout.stateless):  # the others run as mlx-lm's (a recurrent one on its cache)
             name, module = attention_of(layer)
             layer[name] = AdaptedAttention(module, layout, index, state)
     return AdaptedModel(lm, _args(lm, layouts), state)

@@ -109,7 +109,16 @@ def attention_of(layer: nn.Module) -> tuple[str, nn.Module] | None:
     for name in ATTENTION_NAMES:
         if name in children and isinstance(children[name], nn.Module):
             return name, children[name]
+    mixer = children.get("mixer")  # Nemotron-H: one `mixer` child per block, attention or not
+    if isinstance(mixer, nn.Module) and {"q_proj", "qkv_proj"} & set(mixer.children()):
+        return "mixer", mixer
     return None
+
+
+def _convolves(layer: nn.Module) -> bool:
+    """Whether a layer holds a 1-D convolution: every recurrent mixer mlx-lm has (Mamba, gated
+    delta-net, LFM2's short convolution) does; an MLP / MoE block does not."""
+    return any(isinstance(module, nn.Conv1d) for _, module in layer.named_modules())
 
 
 def part(attn: nn.Module, name: str) -> Any:
@@ -169,7 +178,10 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     found = attention_of(layer)
     if found is None:
         mixers = [name for name in sorted(layer.children()) if "norm" not in name and name not in NOT_MIXERS]
-        return AttentionLayout(f"recurrent ({', '.join(mixers) or 'no mixer'})", 1, 1, 2, 1.0, recurrent=True)
+        named = ", ".join(type(layer[m]).__name__ if m == "mixer" else m for m in mixers) or "no mixer"
+        if not _convolves(layer):
+            return AttentionLayout(f"stateless ({named})", 1, 1, 2, 1.0, stateless=True)
+        return AttentionLayout(f"recurrent ({named})", 1, 1, 2, 1.0, recurrent=True)
     _, attn = found
     parts = {ALIASES.get(name, name) for name in attn.children()}
     parts |= {name for name, value in attn.items() if isinstance(value, mx.array)}

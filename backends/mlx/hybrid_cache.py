@@ -38,14 +38,15 @@ class Snapshot:
 
 
 class HybridKVCache:
-    """Every layer's cache (see the module doc): `per_layer[i]` is a LayerKVCache or the library's
-    recurrent cache; `layers` the attention layers' LayerKVCaches (what the methods read);
+    """Every layer's cache (see the module doc): `per_layer[i]` is a LayerKVCache, the library's
+    recurrent cache, or None (a layer that keeps nothing: Nemotron-H's MLP blocks); `layers` the
+    attention layers' LayerKVCaches (what the methods read);
     replay(model, ids, positions, cache): runs a step on the cache (adapted.py's, set by each step)."""
 
     def __init__(self, per_layer: list[Any], make_recurrent: Callable[[int], Any]):
         self.per_layer = per_layer
         self.attention = [i for i, c in enumerate(per_layer) if isinstance(c, LayerKVCache)]
-        self.recurrent = [i for i, c in enumerate(per_layer) if not isinstance(c, LayerKVCache)]
+        self.recurrent = [i for i, c in enumerate(per_layer) if c is not None and not isinstance(c, LayerKVCache)]
         self.make_recurrent = make_recurrent
         self.kv = ModelKVCache([per_layer[i] for i in self.attention])
         self.history: list[Snapshot] = []

@@ -214,6 +214,31 @@ HYBRID: dict[str, dict[str, Any]] = {
     ),
 }
 
+HYBRID["nemotron_h"] = dict(  # Mamba-2, attention (NoPE), MLP and MoE blocks, one mixer each
+    hybrid_override_pattern=["M", "*", "-", "E"],
+    num_hidden_layers=4,
+    attention_bias=False,
+    mamba_num_heads=4,
+    mamba_head_dim=16,
+    mamba_proj_bias=False,
+    ssm_state_size=16,
+    conv_kernel=4,
+    n_groups=2,
+    mlp_bias=False,
+    layer_norm_epsilon=1e-5,
+    use_bias=False,
+    use_conv_bias=True,
+    moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=32,
+    n_group=1,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    topk_group=1,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+)
+
 REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file
 
 

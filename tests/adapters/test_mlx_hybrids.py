@@ -26,14 +26,18 @@ from tests.adapters.mlx_archs import HYBRID, build
 from tests.adapters.mlx_backend import adapted, own_greedy, own_logits
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
-FIRST = ("qwen3_5", "qwen3_next", "lfm2")  # the method tests' architectures (qwen3_5_moe: qwen3_5's layers)
+FIRST = ("qwen3_5", "qwen3_next", "lfm2", "nemotron_h")  # the method tests' (qwen3_5_moe: qwen3_5's layers)
+RECURRENT, ATTENTION = {"nemotron_h": (0, 3)}, {"nemotron_h": (1, 4)}  # else (0, 2) and (1, 3)
 
 
 def four_layers(arch: str, seed: int = 0):
-    """The hybrid with four layers: recurrent, attention, recurrent, attention."""
+    """The hybrid with two attention layers: recurrent, attention, recurrent, attention (Nemotron-H:
+    Mamba, attention, MLP, Mamba, attention, MoE)."""
     extra = dict(HYBRID[arch], num_hidden_layers=4)
     if arch == "lfm2":
         extra["full_attn_idxs"] = [1, 3]
+    if arch == "nemotron_h":
+        extra.update(num_hidden_layers=6, hybrid_override_pattern=["M", "*", "-", "M", "*", "E"])
     return build(arch, extra, seed=seed)
 
 
@@ -45,7 +49,8 @@ def test_full_prefill_and_decoding_equal_mlx_lm(arch):
     ids = prompt(40, seed=1)
     want, want_tokens = own_logits(lm, ids), own_greedy(lm, ids[:20], 6)
     model = adapted(lm, prefill_step_size=24)
-    assert model.args.recurrent_layers == (0, 2) and model.args.attention_layers == (1, 3)
+    assert model.args.recurrent_layers == RECURRENT.get(arch, (0, 2))
+    assert model.args.attention_layers == ATTENTION.get(arch, (1, 3))
     assert model.args.refusal() is None
     assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()), want, f"{arch} prefill")
     assert greedy(model, ids[:20], 6) == want_tokens
@@ -74,7 +79,8 @@ def test_h2o_runs_on_the_attention_layers_and_equals_the_oracle(arch, monkeypatc
     calls = record(monkeypatch, H2OPrefillAttention, np.array)
     info = GenerationInfo(record_memory=True)
     model.prompt_logits(ids, method=H2O, info=info)
-    assert sorted({call[0] for call in calls}) == [1, 3]  # the recurrent layers run as mlx-lm's
+    attention = ATTENTION.get(arch, (1, 3))
+    assert tuple(sorted({call[0] for call in calls})) == attention  # the others run as mlx-lm's
     config = H2O.h2o
     for layer, q, k, v, out in calls:
         want_out, want_sets, _ = oracle_h2o_layer(
@@ -83,16 +89,18 @@ def test_h2o_runs_on_the_attention_layers_and_equals_the_oracle(arch, monkeypatc
         assert_close(out, want_out.astype(np.float32), f"{arch} layer {layer} H2O output")
         for chunk, (got, want) in enumerate(zip(info.memory_sets[layer], want_sets)):
             np.testing.assert_array_equal(got, np.array(want), err_msg=f"{arch} layer {layer} M_{chunk}")
-    assert [len(sets) for sets in info.memory_sets] == [0, 36 // 8, 0, 36 // 8]
+    counts = [len(sets) for sets in info.memory_sets]
+    assert counts == [36 // 8 if i in attention else 0 for i in range(len(counts))]
     first = PrefillMethod("h2o", h2o=replace(config, layers="first-1"))  # counted over attention layers
     model.prompt_logits(ids, method=first, info=info)
-    assert [len(sets) for sets in info.memory_sets] == [0, 36 // 8, 0, 0]
+    counts = [len(sets) for sets in info.memory_sets]
+    assert counts == [36 // 8 if i == attention[0] else 0 for i in range(len(counts))]
 
 
 @pytest.mark.parametrize("arch", FIRST)
 def test_specprefill_scores_the_attention_layers_and_equals_the_reference(arch, monkeypatch):
-    """The speculator (the model's first three layers: recurrent, attention, recurrent) scores from
-    its attention layer only; the main model prefills the kept tokens through every layer."""
+    """The speculator (the model's first three layers: recurrent, attention, recurrent or MLP) scores
+    from its attention layer only; the main model prefills the kept tokens through every layer."""
     model = adapted(four_layers(arch))
     ids = prompt(48, seed=8)
     calls = record(monkeypatch, QueryCapture, np.array)
@@ -100,7 +108,7 @@ def test_specprefill_scores_the_attention_layers_and_equals_the_reference(arch, 
     method = replace(spec(0.3), speculator="self:3")
     tokens = greedy(model, ids, 3, method, info)
     n = len(ids)
-    assert {call[0] for call in calls} == {1}
+    assert {call[0] for call in calls} == {1}  # the speculator's one attention layer
     queries = np.stack([[q[:, -1] for _, q, k, _, _ in calls if k.shape[1] >= n]])
     keys = np.stack([calls[0][2][:, :n]])
     _, selection = speculative_selection(
