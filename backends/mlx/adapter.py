@@ -49,7 +49,9 @@ REFUSED_PARTS = {
     ),
 }
 REFUSED_SETTINGS: dict[str, tuple[str, str]] = {}
-NOT_MIXERS = frozenset({"mlp", "feed_forward", "block_sparse_moe", "moe"})  # a layer's parts besides its mixer
+NOT_MIXERS = frozenset(
+    {"mlp", "feed_forward", "block_sparse_moe", "moe", "shared_mlp", "feed_forward_moe"}
+)  # a layer's parts besides its mixer
 ALIASES = {"q_layernorm": "q_norm", "k_layernorm": "k_norm", "out_proj": "o_proj"}  # LFM2's names
 # Switches of parts the adapter does not model that change nothing while False
 OFF_SWITCHES = frozenset({"qk_layernorm"})

@@ -239,6 +239,32 @@ HYBRID["nemotron_h"] = dict(  # Mamba-2, attention (NoPE), MLP and MoE blocks, o
     routed_scaling_factor=1.0,
 )
 
+HYBRID["granitemoehybrid"] = dict(  # Mamba-2 and attention layers, Granite's multipliers, MoE
+    _GRANITE,
+    layer_types=["mamba", "attention"],
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    shared_intermediate_size=32,
+    mamba_n_heads=4,
+    mamba_d_head=32,
+    mamba_proj_bias=False,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_n_groups=1,
+    mamba_conv_bias=True,
+)
+HYBRID["jamba"] = dict(  # Mamba and attention (NoPE) layers, MoE on every other layer
+    attn_layer_offset=1,
+    attn_layer_period=2,
+    expert_layer_offset=1,
+    expert_layer_period=2,
+    mamba_d_conv=4,
+    mamba_d_state=16,
+    mamba_expand=2,
+    num_experts=4,
+    num_experts_per_tok=2,
+)
+
 REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file
 
 

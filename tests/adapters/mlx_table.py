@@ -24,7 +24,14 @@ BEGIN, END = (
     "<!-- adapter-table:begin (generated: python -m tests.adapters.mlx_table --write) -->",
     "<!-- adapter-table:end -->",
 )
-MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "qwen3_5_moe")  # mixtures of experts among the refused and hybrids
+MOE_ELSEWHERE = (
+    "deepseek_v3",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "nemotron_h",
+    "granitemoehybrid",
+    "jamba",
+)  # mixtures of experts among the refused and hybrids
 OWN = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 

@@ -26,7 +26,14 @@ from tests.adapters.mlx_archs import HYBRID, build
 from tests.adapters.mlx_backend import adapted, own_greedy, own_logits
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
-FIRST = ("qwen3_5", "qwen3_next", "lfm2", "nemotron_h")  # the method tests' (qwen3_5_moe: qwen3_5's layers)
+FIRST = (
+    "qwen3_5",
+    "qwen3_next",
+    "lfm2",
+    "nemotron_h",
+    "granitemoehybrid",
+    "jamba",
+)  # the method tests' (qwen3_5_moe: qwen3_5's layers)
 RECURRENT, ATTENTION = {"nemotron_h": (0, 3)}, {"nemotron_h": (1, 4)}  # else (0, 2) and (1, 3)
 
 
@@ -36,6 +43,8 @@ def four_layers(arch: str, seed: int = 0):
     extra = dict(HYBRID[arch], num_hidden_layers=4)
     if arch == "lfm2":
         extra["full_attn_idxs"] = [1, 3]
+    if arch == "granitemoehybrid":
+        extra["layer_types"] = ["mamba", "attention"] * 2
     if arch == "nemotron_h":
         extra.update(num_hidden_layers=6, hybrid_override_pattern=["M", "*", "-", "M", "*", "E"])
     return build(arch, extra, seed=seed)
