@@ -142,6 +142,8 @@ class AdaptedModel:
         self.state.positions, self.state.attend = positions, attend
         try:
             logits = self.lm(ids[None], cache=caches)
+            if isinstance(cache, HybridKVCache):
+                cache.end_step()
         finally:
             self.state.positions = self.state.attend = None
             self._backbone["layers"] = layers

@@ -52,6 +52,7 @@ class HybridKVCache:
         self.history: list[Snapshot] = []
         self.marks: list[Snapshot] = []
         self.replay: Callable[[Any, Any, Any, HybridKVCache], Any] | None = None
+        self.open = False  # a step has begun and not ended
 
     # the model's view: one cache object per layer
     def __len__(self) -> int:
@@ -94,8 +95,23 @@ class HybridKVCache:
 
     def begin_step(self, model: Any, ids: mx.array, positions: int | np.ndarray) -> None:
         """Before a forward step of `model` (the whole model or a first-layers view): its snapshot."""
+        self._interrupted()  # a step that never finished: back to before it first
         self.history.append(Snapshot(self.filled, self._states(), ids, positions, model))
         del self.history[:-HISTORY]
+        self.open = True
+
+    def end_step(self) -> None:
+        """The step begun last ran through every layer."""
+        self.open = False
+
+    def _interrupted(self) -> None:
+        """After a step stopped between layers (a cancelled request: some layers read its tokens,
+        others not), restore the snapshot before it on every layer."""
+        if self.open:
+            self.open = False
+            base = self.history.pop()
+            self._restore(base)
+            self.kv.truncate(base.slots)
 
     def mark(self) -> None:
         """Keep the recurrent state at the current slot count (the end of a prompt)."""
@@ -113,6 +129,7 @@ class HybridKVCache:
 
     def truncate(self, slots: int) -> None:
         """Back to the first `slots` slots (see the module doc); ValueError when no snapshot reaches them."""
+        self._interrupted()
         if slots >= self.filled:
             return
         mark = next((m for m in reversed(self.marks) if m.slots == slots), None)
@@ -146,6 +163,7 @@ class HybridKVCache:
         """Drop the last n slots; with n_layers, a first-layers view's last n tokens (a "self:K"
         draft's writes, its last steps): the snapshot before them comes back (the later layers'
         recurrent state in it is theirs now: the view did not run them)."""
+        self._interrupted()
         if n <= 0:
             return
         if n_layers is None:

@@ -165,3 +165,27 @@ def test_the_cache_goes_back_only_to_the_points_it_kept():
     fresh.history.clear()
     with pytest.raises(ValueError, match="cannot go back to 10"):
         fresh.truncate(10)
+
+
+def test_a_step_stopped_between_layers_is_undone_on_every_layer(monkeypatch):
+    """A cancelled request stops a step between layers (some recurrent layers have read its tokens,
+    the attention layers not): the next truncate, or the next step, restores the state before it."""
+    from specfill.backends.mlx.adapter import AdaptedAttention
+
+    model = adapted(four_layers("qwen3_5"))
+    ops, ids = model.ops, prompt(24, seed=5)
+    cache = ops.new_cache(model.model, 64)
+    ops.forward(model.model, mx.array(ids[:16]), 0, cache, None, None)
+    original = AdaptedAttention.__call__
+
+    def stop(self, *args, **kwargs):
+        raise KeyboardInterrupt("cancelled")
+
+    monkeypatch.setattr(AdaptedAttention, "__call__", stop)
+    with pytest.raises(KeyboardInterrupt):  # layer 0 (recurrent) has read ids[16:20], layer 1 stops
+        ops.forward(model.model, mx.array(ids[16:20]), 16, cache, None, None)
+    monkeypatch.setattr(AdaptedAttention, "__call__", original)
+    cache.truncate(16)
+    got = ops.forward(model.model, mx.array(ids[16:24]), 16, cache, None, 0)[-1]
+    want = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())[-1]
+    assert_close(np.array(got), want, "after the stopped step")
