@@ -64,6 +64,8 @@ class AttentionLayout:
     recurrent: a linear-attention / state-space layer (no keys: its state is the library's own,
     read token by token in order); the methods skip it (docs/methods.md, Hybrid models).
     stateless: a layer that keeps nothing between steps (Nemotron-H's MLP / MoE blocks); skipped too.
+    parallel: an attention layer with a recurrent mixer beside it on the same input (Falcon-H1):
+    the methods run its attention, the mixer runs unchanged and keeps its own state.
     """
 
     kind: str
@@ -80,6 +82,7 @@ class AttentionLayout:
     output_gate: bool = False
     recurrent: bool = False
     stateless: bool = False
+    parallel: bool = False
     terms: AttentionTerms[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,7 +118,13 @@ class AdaptedArgs:
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, layer in enumerate(self.layers) if layer.recurrent)
+        """The layers that keep a recurrent state (beside attention too: `parallel`)."""
+        return tuple(i for i, layer in enumerate(self.layers) if layer.recurrent or layer.parallel)
+
+    @property
+    def hybrid(self) -> bool:
+        """Some layer keeps a recurrent state or nothing: the model needs a hybrid cache."""
+        return any(layer.recurrent or layer.parallel or layer.stateless for layer in self.layers)
 
     @property
     def _first(self) -> AttentionLayout:

@@ -190,16 +190,28 @@ class AdaptedOps(MLXOps):
 
     def new_cache(self, model: AdaptedModel | Any, capacity: int) -> ModelKVCache | HybridKVCache:
         """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep mlx-lm's own)."""
-        if not isinstance(model, AdaptedModel) or len(model.args.attention_layers) == len(model.args.layers):
+        if not isinstance(model, AdaptedModel) or not model.args.hybrid:
             return super().new_cache(model, capacity)
         lm, layouts = model.lm, model.lm_layouts  # every layer's (a first-layers view's args hold fewer)
         entry = {layer: k for k, layer in enumerate(stateful_layers(layouts))}  # layer -> mlx-lm's cache list
         library = _library_caches(lm)
         per_layer = [
-            library[entry[i]] if layout.recurrent else None if layout.stateless else LayerKVCache(capacity)
+            _layer_cache(layout, library[entry[i]] if i in entry else None, capacity)
             for i, layout in enumerate(model.args.layers)
         ]
         return HybridKVCache(per_layer, lambda index: _library_caches(lm)[entry[index]])
+
+
+def _layer_cache(layout: Any, library: Any, capacity: int) -> Any:
+    """One layer's entry of a HybridKVCache: specfill's LayerKVCache where the layer attends, mlx-lm's
+    own cache where it keeps a recurrent state (both in mlx-lm's CacheList for a parallel layer)."""
+    if layout.stateless:
+        return None
+    if layout.recurrent:
+        return library
+    if layout.parallel:
+        return type(library)(*(c if type(c).__name__ != "KVCache" else LayerKVCache(capacity) for c in library.caches))
+    return LayerKVCache(capacity)
 
 
 def stateful_layers(layouts: Sequence[Any]) -> list[int]:
@@ -229,7 +241,13 @@ def _check_caches(lm: nn.Module, architecture: str, layouts: tuple) -> None:
             f"a recurrent state (layers share a cache): specfill's KV cache needs one per layer"
         )
     for index, cache, layout in ((i, c, layouts[i]) for i, c in zip(stateful, caches)):
-        fits = isinstance(cache, ArraysCache) if layout.recurrent else type(cache) in (LibraryKVCache, RotatingKVCache)
+        if layout.parallel:  # mlx-lm's CacheList: the mixer's ArraysCache and the attention's KVCache
+            kinds = sorted(type(c).__name__ for c in getattr(cache, "caches", ()))
+            fits = len(kinds) == 2 and any(isinstance(c, ArraysCache) for c in cache.caches) and "KVCache" in kinds
+        elif layout.recurrent:
+            fits = isinstance(cache, ArraysCache)
+        else:
+            fits = type(cache) in (LibraryKVCache, RotatingKVCache)
         if not fits:
             raise ModelLoadError(
                 f"{architecture} layer {index} is {layout.kind} and keeps mlx-lm's {type(cache).__name__}: "

@@ -178,6 +178,8 @@ def _terms(attn: nn.Module, own: dict[str, Any], n_heads: int) -> tuple[Attentio
 def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> AttentionLayout:
     """Layer `index`'s attention as an AttentionLayout (config: the mlx-lm model's args as a dict)."""
     found = attention_of(layer)
+    if found is not None and _convolves(found[1]):  # linear attention under an attention name
+        found = None
     if found is None:
         mixers = [name for name in sorted(layer.children()) if "norm" not in name and name not in NOT_MIXERS]
         named = ", ".join(type(layer[m]).__name__ if m == "mixer" else m for m in mixers) or "no mixer"
@@ -236,7 +238,10 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     if odd_terms is not None:
         return AttentionLayout("attention of an unknown layout", **layout, refusal=odd_terms)
     kind = terms_kind(terms, "attention" if uses_rope else "attention (NoPE)")
-    return AttentionLayout(kind, **layout, qk_norm=qk_norm, terms=terms)
+    parallel = _convolves(layer)  # a recurrent mixer beside the attention (Falcon-H1)
+    if parallel:
+        kind += " beside a recurrent mixer"
+    return AttentionLayout(kind, **layout, qk_norm=qk_norm, terms=terms, parallel=parallel)
 
 
 def _is_nope(rope: Any) -> bool:

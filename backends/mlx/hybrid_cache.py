@@ -39,16 +39,17 @@ class Snapshot:
 
 class HybridKVCache:
     """Every layer's cache (see the module doc): `per_layer[i]` is a LayerKVCache, the library's
-    recurrent cache, or None (a layer that keeps nothing: Nemotron-H's MLP blocks); `layers` the
+    recurrent cache, both in mlx-lm's CacheList (Falcon-H1's parallel layers) or None (a layer that
+    keeps nothing: Nemotron-H's MLP blocks); make_recurrent(i): mlx-lm's fresh cache of layer i; `layers` the
     attention layers' LayerKVCaches (what the methods read);
     replay(model, ids, positions, cache): runs a step on the cache (adapted.py's, set by each step)."""
 
     def __init__(self, per_layer: list[Any], make_recurrent: Callable[[int], Any]):
         self.per_layer = per_layer
-        self.attention = [i for i, c in enumerate(per_layer) if isinstance(c, LayerKVCache)]
-        self.recurrent = [i for i, c in enumerate(per_layer) if c is not None and not isinstance(c, LayerKVCache)]
+        self.attention = [i for i, c in enumerate(per_layer) if _kv_of(c) is not None]
+        self.recurrent = [i for i, c in enumerate(per_layer) if _state_of(c) is not None]
         self.make_recurrent = make_recurrent
-        self.kv = ModelKVCache([per_layer[i] for i in self.attention])
+        self.kv = ModelKVCache([_kv_of(per_layer[i]) for i in self.attention])
         self.history: list[Snapshot] = []
         self.marks: list[Snapshot] = []
         self.replay: Callable[[Any, Any, Any, HybridKVCache], Any] | None = None
@@ -85,13 +86,12 @@ class HybridKVCache:
         return self.kv.keys(end)
 
     def _states(self) -> list[list[Any]]:
-        return [list(self.per_layer[i].cache) for i in self.recurrent]
+        return [list(_state_of(self.per_layer[i]).cache) for i in self.recurrent]
 
     def _restore(self, snapshot: Snapshot) -> None:
+        """The snapshot's recurrent arrays back in the layers' own cache objects."""
         for i, state in zip(self.recurrent, snapshot.states):
-            fresh = self.make_recurrent(i)
-            fresh.cache = list(state)
-            self.per_layer[i] = fresh
+            _state_of(self.per_layer[i]).cache = list(state)
 
     def begin_step(self, model: Any, ids: mx.array, positions: int | np.ndarray) -> None:
         """Before a forward step of `model` (the whole model or a first-layers view): its snapshot."""
@@ -183,7 +183,7 @@ class HybridKVCache:
 
     @property
     def state(self) -> list[mx.array]:
-        arrays = [a for i in self.recurrent for a in self.per_layer[i].cache if a is not None]
+        arrays = [a for i in self.recurrent for a in _state_of(self.per_layer[i]).cache if a is not None]
         return self.kv.state + arrays
 
     @property
@@ -203,9 +203,11 @@ class HybridKVCache:
         if slots != self.filled and source is None:
             raise ValueError(f"a hybrid cache filled to {self.filled} keeps no recurrent state at slot {slots}")
         kv = self.kv.copy(slots, capacity)
-        per_layer = list(self.per_layer)
-        for i, layer in zip(self.attention, kv.layers):
-            per_layer[i] = layer
+        copied_kv = dict(zip(self.attention, kv.layers))
+        per_layer = [
+            _rebuilt(entry, copied_kv.get(i), self.make_recurrent(i) if i in self.recurrent else None)
+            for i, entry in enumerate(self.per_layer)
+        ]
         copied = HybridKVCache(per_layer, self.make_recurrent)
         copied._restore(source or Snapshot(slots, self._states()))
         copied.marks = [Snapshot(slots, copied._states())]
@@ -219,6 +221,31 @@ class HybridKVCache:
 
     def load(self, path: str) -> int:
         raise ValueError("a hybrid model's cache is not read from disk (its recurrent state is not in the file format)")
+
+
+def _members(entry: Any) -> tuple[Any, ...]:
+    """A layer's cache objects: mlx-lm's CacheList holds several (Falcon-H1: Mamba's and the attention's)."""
+    return () if entry is None else tuple(entry.caches) if hasattr(entry, "caches") else (entry,)
+
+
+def _kv_of(entry: Any) -> LayerKVCache | None:
+    return next((c for c in _members(entry) if isinstance(c, LayerKVCache)), None)
+
+
+def _state_of(entry: Any) -> Any:
+    """The layer's recurrent cache (mlx-lm's ArraysCache), None for an attention-only layer."""
+    return next((c for c in _members(entry) if not isinstance(c, LayerKVCache)), None)
+
+
+def _rebuilt(entry: Any, kv: LayerKVCache | None, library: Any) -> Any:
+    """A layer's entry for a copy: `kv` for its LayerKVCache, the recurrent member of `library`
+    (mlx-lm's fresh cache for the layer) for its recurrent cache, in the entry's own form."""
+    if entry is None or isinstance(entry, LayerKVCache):
+        return None if entry is None else kv
+    fresh = _state_of(library)
+    if not hasattr(entry, "caches"):
+        return fresh
+    return type(entry)(*(kv if isinstance(c, LayerKVCache) else fresh for c in entry.caches))
 
 
 def _positions(step: Snapshot) -> np.ndarray:

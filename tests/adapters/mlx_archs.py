@@ -265,6 +265,15 @@ HYBRID["jamba"] = dict(  # Mamba and attention (NoPE) layers, MoE on every other
     num_experts_per_tok=2,
 )
 
+HYBRID["falcon_h1"] = dict(  # every layer: attention and a Mamba-2 mixer side by side (parallel)
+    mamba_d_ssm=128,
+    mamba_d_head=32,
+    mamba_n_heads=4,
+    mamba_d_state=16,
+    mamba_chunk_size=8,
+    mlp_expansion_factor=2,
+)
+
 REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file
 
 

@@ -26,20 +26,15 @@ from tests.adapters.mlx_archs import HYBRID, build
 from tests.adapters.mlx_backend import adapted, own_greedy, own_logits
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
-FIRST = (
-    "qwen3_5",
-    "qwen3_next",
-    "lfm2",
-    "nemotron_h",
-    "granitemoehybrid",
-    "jamba",
-)  # the method tests' (qwen3_5_moe: qwen3_5's layers)
-RECURRENT, ATTENTION = {"nemotron_h": (0, 3)}, {"nemotron_h": (1, 4)}  # else (0, 2) and (1, 3)
+# the method tests' architectures (not qwen3_5_moe: qwen3_5's layers)
+FIRST = ("qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "granitemoehybrid", "jamba", "falcon_h1")
+RECURRENT = {"nemotron_h": (0, 3), "falcon_h1": (0, 1, 2, 3)}  # else (0, 2)
+ATTENTION = {"nemotron_h": (1, 4), "falcon_h1": (0, 1, 2, 3)}  # else (1, 3)
 
 
 def four_layers(arch: str, seed: int = 0):
     """The hybrid with two attention layers: recurrent, attention, recurrent, attention (Nemotron-H:
-    Mamba, attention, MLP, Mamba, attention, MoE)."""
+    Mamba, attention, MLP, Mamba, attention, MoE; Falcon-H1: four parallel layers)."""
     extra = dict(HYBRID[arch], num_hidden_layers=4)
     if arch == "lfm2":
         extra["full_attn_idxs"] = [1, 3]
@@ -108,8 +103,9 @@ def test_h2o_runs_on_the_attention_layers_and_equals_the_oracle(arch, monkeypatc
 
 @pytest.mark.parametrize("arch", FIRST)
 def test_specprefill_scores_the_attention_layers_and_equals_the_reference(arch, monkeypatch):
-    """The speculator (the model's first three layers: recurrent, attention, recurrent or MLP) scores
-    from its attention layer only; the main model prefills the kept tokens through every layer."""
+    """The speculator (the model's first three layers: recurrent, attention, recurrent or MLP;
+    Falcon-H1: three parallel layers) scores from its attention layers only; the main model
+    prefills the kept tokens through every layer."""
     model = adapted(four_layers(arch))
     ids = prompt(48, seed=8)
     calls = record(monkeypatch, QueryCapture, np.array)
@@ -117,17 +113,18 @@ def test_specprefill_scores_the_attention_layers_and_equals_the_reference(arch, 
     method = replace(spec(0.3), speculator="self:3")
     tokens = greedy(model, ids, 3, method, info)
     n = len(ids)
-    assert {call[0] for call in calls} == {1}  # the speculator's one attention layer
-    queries = np.stack([[q[:, -1] for _, q, k, _, _ in calls if k.shape[1] >= n]])
-    keys = np.stack([calls[0][2][:, :n]])
+    scored = [i for i in ATTENTION.get(arch, (1, 3)) if i < 3]  # the speculator's attention layers
+    assert sorted({call[0] for call in calls}) == scored
+    queries = np.stack([[q[:, -1] for i, q, k, _, _ in calls if i == layer and k.shape[1] >= n] for layer in scored])
+    keys = np.stack([next(k for i, _, k, _, _ in calls if i == layer)[:, :n] for layer in scored])
     _, selection = speculative_selection(
         queries.astype(np.float64),
         keys.astype(np.float64),
         method.specprefill,
         model.args.attention_scale,
         REFERENCE,
-        (None,),
-        (None,),
+        (None,) * len(scored),
+        (None,) * len(scored),
     )
     assert info.kept_positions == selection.kept.tolist() and 8 <= info.kept_tokens < n
     assert len(tokens) == 3 and greedy(model, ids, 4, replace(method, specprefill=spec(1.0).specprefill)) == greedy(
