@@ -182,7 +182,7 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
         found = None
     if found is None:
         mixers = [name for name in sorted(layer.children()) if "norm" not in name and name not in NOT_MIXERS]
-        named = ", ".join(type(layer[m]).__name__ if m == "mixer" else m for m in mixers) or "no mixer"
+        named = ", ".join(type(layer[m]).__name__ for m in mixers) or "no mixer"
         if not _convolves(layer):
             return AttentionLayout(f"stateless ({named})", 1, 1, 2, 1.0, stateless=True)
         return AttentionLayout(f"recurrent ({named})", 1, 1, 2, 1.0, recurrent=True)

@@ -274,6 +274,19 @@ HYBRID["falcon_h1"] = dict(  # every layer: attention and a Mamba-2 mixer side b
     mlp_expansion_factor=2,
 )
 
+HYBRID["kimi_linear"] = dict(  # Kimi delta attention (linear) on layer 0, latent attention on layer 1
+    _MOE,
+    linear_attn_config=dict(kda_layers=[1], num_heads=4, head_dim=16, short_conv_kernel_size=4),
+    model_max_length=512,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    num_experts_per_token=2,
+    num_shared_experts=1,
+    first_k_dense_replace=1,
+)
+
 REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file
 
 

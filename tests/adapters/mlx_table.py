@@ -31,6 +31,7 @@ MOE_ELSEWHERE = (
     "nemotron_h",
     "granitemoehybrid",
     "jamba",
+    "kimi_linear",
 )  # mixtures of experts among the refused and hybrids
 OWN = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 

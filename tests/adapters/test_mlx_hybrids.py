@@ -38,6 +38,8 @@ def four_layers(arch: str, seed: int = 0):
     extra = dict(HYBRID[arch], num_hidden_layers=4)
     if arch == "lfm2":
         extra["full_attn_idxs"] = [1, 3]
+    if arch == "kimi_linear":
+        extra["linear_attn_config"] = dict(extra["linear_attn_config"], kda_layers=[1, 3])
     if arch == "granitemoehybrid":
         extra["layer_types"] = ["mamba", "attention"] * 2
     if arch == "nemotron_h":
@@ -55,7 +57,7 @@ def test_full_prefill_and_decoding_equal_mlx_lm(arch):
     model = adapted(lm, prefill_step_size=24)
     assert model.args.recurrent_layers == RECURRENT.get(arch, (0, 2))
     assert model.args.attention_layers == ATTENTION.get(arch, (1, 3))
-    assert model.args.refusal() is None
+    assert (model.args.refusal() is None) == (arch != "kimi_linear")  # its attention is latent attention
     assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()), want, f"{arch} prefill")
     assert greedy(model, ids[:20], 6) == want_tokens
 
@@ -130,6 +132,15 @@ def test_specprefill_scores_the_attention_layers_and_equals_the_reference(arch, 
     assert len(tokens) == 3 and greedy(model, ids, 4, replace(method, specprefill=spec(1.0).specprefill)) == greedy(
         model, ids, 4
     )
+
+
+def test_kimi_linear_s_latent_attention_refuses_the_sparse_methods_by_name():
+    """Its recurrent layers are no refusal; its latent-attention layers are (models.md)."""
+    model = adapted(four_layers("kimi_linear"))
+    ids = prompt(24, seed=9)
+    for method in (H2O, replace(spec(0.3), speculator="self:2")):
+        with pytest.raises(MethodRefusedError, match=r"kimi_linear: layer 1 \(multi-head latent attention\)"):
+            greedy(model, ids, 2, method)
 
 
 def test_a_speculator_without_attention_layers_is_refused_by_name():
