@@ -175,6 +175,26 @@ def test_the_cache_goes_back_only_to_the_points_it_kept():
         fresh.truncate(10)
 
 
+def test_a_reuse_where_the_cache_kept_no_recurrent_state_is_one_config_error():
+    from specfill.core.errors import ConfigError
+    from specfill.core.runtime import KVState, SamplingConfig
+
+    model = adapted(four_layers("qwen3_5"))
+    ids = prompt(30, seed=2)
+    info = GenerationInfo()
+    first = greedy(model, ids[:20], 4, info=info)  # marks slot 20; steps at 20..22 in its history
+    extended = ids[:20] + first + ids[24:]
+
+    def run(slots: int) -> list[int]:
+        reuse = KVState(info.kv.cache, slots)
+        options = dict(sampling=SamplingConfig(), stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo())
+        return list(model.generate_step(extended, max_tokens=3, reuse=reuse, **options))
+
+    with pytest.raises(ConfigError, match="cannot be cut to 12 slots: its recurrent state is kept at 0"):
+        run(12)
+    assert run(21) == greedy(model, extended, 3)  # a step snapshot: exact
+
+
 def test_a_step_stopped_between_layers_is_undone_on_every_layer(monkeypatch):
     """A cancelled request stops a step between layers (some recurrent layers have read its tokens,
     the attention layers not): the next truncate, or the next step, restores the state before it."""
