@@ -15,6 +15,8 @@ recurrent state cannot do is forget its last tokens, so the cache keeps what it 
 s, then the tokens between that snapshot and s are run again (the replay: a rejected draft rolls
 the recurrent state back by recomputing the accepted tokens). A slot count that no snapshot
 reaches is refused (ValueError); `exact_prefix` tells the prompt cache which prefixes it can give.
+A step stopped between layers (a cancelled request) is undone on every layer before the cache is
+used again (`open` until the step ends).
 """
 
 from __future__ import annotations

@@ -143,6 +143,16 @@ def test_kimi_linear_s_latent_attention_refuses_the_sparse_methods_by_name():
             greedy(model, ids, 2, method)
 
 
+def test_more_drafts_than_the_cache_can_roll_back_is_one_config_error():
+    from specfill.backends.mlx.hybrid_cache import HISTORY
+    from specfill.core.errors import ConfigError
+
+    model = adapted(four_layers("qwen3_5"))
+    with pytest.raises(ConfigError, match=f"num_draft_tokens {HISTORY - 1} exceeds {HISTORY - 2}"):
+        greedy(model, prompt(20), 4, drafting=Drafting("self:2", HISTORY - 1))
+    assert greedy(model, prompt(20), 4, drafting=Drafting("self:2", HISTORY - 2)) == greedy(model, prompt(20), 4)
+
+
 def test_a_speculator_without_attention_layers_is_refused_by_name():
     model = adapted(four_layers("qwen3_5"))
     with pytest.raises(MethodRefusedError, match="speculator cannot run on qwen3_5: its layers are all recurrent"):
