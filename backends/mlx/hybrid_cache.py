@@ -122,7 +122,9 @@ class HybridKVCache:
 
     def exact_prefix(self, slots: int) -> int:
         """The longest prefix of at most `slots` slots this cache can stand at exactly: `filled`,
-        a mark, or a step snapshot (recurrent state cannot be cut between them)."""
+        a mark, or a step snapshot (recurrent state cannot be cut between them). A step stopped
+        between layers is undone first."""
+        self._interrupted()
         points = [self.filled] + [s.slots for s in self.marks + self.history]
         return max((p for p in points if p <= slots), default=0)
 

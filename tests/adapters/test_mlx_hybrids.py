@@ -229,12 +229,15 @@ def test_a_step_stopped_between_layers_is_undone_on_every_layer(monkeypatch):
     original = AdaptedAttention.__call__
 
     def stop(self, *args, **kwargs):
-        raise KeyboardInterrupt("cancelled")
+        if self.index == 3:
+            raise KeyboardInterrupt("cancelled")
+        return original(self, *args, **kwargs)
 
     monkeypatch.setattr(AdaptedAttention, "__call__", stop)
-    with pytest.raises(KeyboardInterrupt):  # layer 0 (recurrent) has read ids[16:20], layer 1 stops
+    with pytest.raises(KeyboardInterrupt):  # layers 0-2 have read ids[16:20], layer 3 stops
         ops.forward(model.model, mx.array(ids[16:20]), 16, cache, None, None)
     monkeypatch.setattr(AdaptedAttention, "__call__", original)
+    assert cache.exact_prefix(20) == 16  # the stopped step's tokens are not a prefix it holds
     cache.truncate(16)
     got = ops.forward(model.model, mx.array(ids[16:24]), 16, cache, None, 0)[-1]
     want = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())[-1]
