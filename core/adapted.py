@@ -61,6 +61,14 @@ class AttentionLayout:
     methods take such values as they come (core/stages.py), None: values of head_dim.
     refusal: why the sparse methods cannot run this layer (None: they can); full prefill and
     decode then go through the library's own attention module.
+    output_gate: the query projection yields, per head, D query features then D gate features, and
+    the attention output is multiplied by sigmoid(gate) before the output projection (Qwen3-Next,
+    Qwen3.5).
+    recurrent: a linear-attention / state-space layer (no keys: its state is the library's own,
+    read token by token in order); the methods skip it (docs/methods.md, Hybrid models).
+    stateless: a layer that keeps nothing between steps (Nemotron-H's MLP / MoE blocks); skipped too.
+    parallel: an attention layer with a recurrent mixer beside it on the same input (Falcon-H1):
+    the methods run its attention, the mixer runs unchanged and keeps its own state.
     """
 
     kind: str
@@ -75,6 +83,10 @@ class AttentionLayout:
     refusal: str | None = None
     norm_eps: float = 1e-6  # the epsilon of a "weightless" q/k norm (a norm module keeps its own)
     value_dim: int | None = None  # latent attention: the values' own head dim (None: head_dim)
+    output_gate: bool = False
+    recurrent: bool = False
+    stateless: bool = False
+    parallel: bool = False
     terms: AttentionTerms[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -104,21 +116,42 @@ class AdaptedArgs:
         return len(self.layers)
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with keys (every layer but a hybrid's recurrent and stateless ones): what the methods run."""
+        return tuple(i for i, layer in enumerate(self.layers) if not (layer.recurrent or layer.stateless))
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        """The layers that keep a recurrent state (beside attention too: `parallel`)."""
+        return tuple(i for i, layer in enumerate(self.layers) if layer.recurrent or layer.parallel)
+
+    @property
+    def hybrid(self) -> bool:
+        """Some layer keeps a recurrent state or nothing: the model needs a hybrid cache."""
+        return any(layer.recurrent or layer.parallel or layer.stateless for layer in self.layers)
+
+    @property
+    def _first(self) -> AttentionLayout:
+        """The first attention layer (a hybrid's layer 0 may be recurrent)."""
+        attention = self.attention_layers
+        return self.layers[attention[0] if attention else 0]
+
+    @property
     def num_attention_heads(self) -> int:
-        return self.layers[0].n_heads
+        return self._first.n_heads
 
     @property
     def num_key_value_heads(self) -> int:
-        return self.layers[0].n_kv_heads
+        return self._first.n_kv_heads
 
     @property
     def head_dim(self) -> int:
-        return self.layers[0].head_dim
+        return self._first.head_dim
 
     @property
     def attention_scale(self) -> float:
-        """The one softmax scale the methods use for every layer (`uniform` refuses otherwise)."""
-        return self.layers[0].scale
+        """The one softmax scale the methods use for every attention layer (`refusal` otherwise)."""
+        return self._first.scale
 
     def layer_window(self, layer: int) -> int | None:
         return self.layers[layer].window
@@ -149,13 +182,16 @@ class AdaptedArgs:
     def refusal(self) -> str | None:
         """Why the sparse methods cannot run this model (the first refusing layer), or None.
 
-        Besides a layer's own refusal, the methods need one shape of attention across layers:
-        one scale, one head count and head dim (their per-layer stages share them)."""
+        Besides a layer's own refusal, the methods need one shape of attention across its
+        attention layers: one scale, one head count and head dim (their per-layer stages share
+        them). Recurrent layers are no refusal: the methods run them unchanged."""
         for index, layer in enumerate(self.layers):
-            if layer.refusal is not None:
+            if layer.refusal is not None and index in self.attention_layers:
                 return f"layer {index} ({layer.kind}): {layer.refusal}"
-        first = self.layers[0]
-        for index, layer in enumerate(self.layers):
+        if not self.attention_layers:
+            return "its layers are all recurrent: no keys to run a method over"
+        first = self._first
+        for index, layer in ((i, self.layers[i]) for i in self.attention_layers):
             shape = (layer.n_heads, layer.n_kv_heads, layer.head_dim, layer.value_dim)
             if shape != (first.n_heads, first.n_kv_heads, first.head_dim, first.value_dim):
                 return f"layer {index} ({layer.kind}): its head counts differ from layer 0's"

@@ -103,7 +103,7 @@ class CausalLM(LoadedModel[A]):
         attend, step = None, self.prefill_step_size
         if method.name == "h2o":
             from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
-            from .stages import layer_terms
+            from .stages import attention_layers, layer_terms
 
             if not uses_full_attention(config, len(ids)):
                 attend = H2OPrefillAttention(
@@ -114,6 +114,7 @@ class CausalLM(LoadedModel[A]):
                     len(ids),
                     self.args.layer_windows,
                     layer_terms(self.args),
+                    attention_layers(self.args),
                 )
                 step = h2o_step_size(config, self.prefill_step_size)
         logits = prefill(
@@ -266,6 +267,8 @@ class CausalLM(LoadedModel[A]):
                 info.kept_positions, info.kept_tokens = sparse.selection.kept.tolist(), len(sparse.selection.kept)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
+            if hasattr(cache, "mark"):  # a hybrid's cache keeps its recurrent state at the prompt's end
+                cache.mark()
             last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
             check_logits_finite(
                 bool(np.isfinite(last).all()),

@@ -259,7 +259,13 @@ class LayerCache(Protocol[A]):
 class KVCache(Protocol[A]):
     """A model's KV cache, every layer's: one LayerCache per layer (`layers`) in the backend's own
     container, made by ModelOps.new_cache and filled by ModelOps.forward; the rest of its books are
-    its own. Every layer fills the same slots, except a prefill stopped between layers (see above)."""
+    its own. Every layer fills the same slots, except a prefill stopped between layers (see above).
+
+    A hybrid model's cache (recurrent layers beside attention: backends/mlx/hybrid_cache.py) is
+    one too: its `layers` and `keys` are its attention layers'; `trim` / `truncate` restore a kept
+    recurrent state (ValueError where it kept none), and two optional methods say so:
+    `mark()` keeps the state at the current slot count (the driver calls it after each prefill)
+    and `exact_prefix(slots)` names the longest prefix it can stand at (the prompt cache reads it)."""
 
     layers: Sequence[LayerCache[A]]
 

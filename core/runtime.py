@@ -222,7 +222,7 @@ def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling:
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, drafting: "Drafting | None") -> None:
     """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill,
-    without speculative decoding (yet)."""
+    without speculative decoding (yet); a hybrid's, at a point where it kept its recurrent state."""
     if drafting is not None:
         raise ConfigError(
             "speculative decoding with a reused KV cache is not supported yet", "num_tokens", config="Drafting"
@@ -233,6 +233,12 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, draft
         raise ConfigError(
             f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
             f"the {prompt_tokens} prompt tokens"
+        )
+    exact = getattr(reuse.cache, "exact_prefix", None)  # a hybrid's cache: only where it kept the recurrent state
+    if exact is not None and exact(reuse.slots) != reuse.slots:
+        raise ConfigError(
+            f"a hybrid model's reused KV cache cannot be cut to {reuse.slots} slots: its recurrent state is "
+            f"kept at {exact(reuse.slots)} at most below that (reuse that many tokens)"
         )
 
 

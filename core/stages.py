@@ -94,6 +94,13 @@ def layer_terms(args: object) -> tuple[AttentionTerms | None, ...]:
     return tuple(getattr(args, "layer_terms", ()))
 
 
+def attention_layers(args: object) -> tuple[int, ...]:
+    """The layers with keys, which the methods run (a hybrid's args name them: `attention_layers`;
+    every layer otherwise)."""
+    found = getattr(args, "attention_layers", None)
+    return tuple(found) if found is not None else tuple(range(args.num_hidden_layers))
+
+
 def sinks_of(terms: AttentionTerms[A] | None) -> A | None:
     return None if terms is None else terms.sinks
 

@@ -25,6 +25,7 @@ from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .cache import LayerKVCache, ModelKVCache
+from .hybrid_cache import HISTORY, HybridKVCache
 from .ops import MLXOps
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -48,11 +49,14 @@ def _activation_dtype(lm: nn.Module) -> mx.Dtype:
 
 
 def _config(lm: nn.Module) -> dict[str, Any]:
-    """The model's args as a dict; a model whose language model has a text_config of its own (mlx-lm's
-    kimi_k25: deepseek_v3 inside a vision-language wrapper) gives that text config, under its own type."""
+    """The mlx-lm model's args as a dict; a model wrapping a text model gives its text model's,
+    under the outer model type: Qwen3.5's `text_config` (a dict), mlx-lm's kimi_k25 (deepseek_v3
+    inside a vision-language wrapper: an args object)."""
     config = dict(vars(lm.args))
     text = config.get("text_config")
-    if text is not None and not isinstance(text, dict):
+    if isinstance(text, dict):
+        config = {**text, "model_type": config.get("model_type", text.get("model_type"))}
+    elif text is not None:
         return {**vars(text), "model_type": config.get("model_type")}
     return config
 
@@ -79,19 +83,34 @@ class AdaptedModel:
     lm: the mlx-lm `Model`; args: its AdaptedArgs; n_layers: run only the first n layers (then
     mlx-lm's final norm and head), the "self:K" speculator view; None: every layer."""
 
-    def __init__(self, lm: nn.Module, args: AdaptedArgs, state: StepState, n_layers: int | None = None):
+    def __init__(
+        self,
+        lm: nn.Module,
+        args: AdaptedArgs,
+        state: StepState,
+        n_layers: int | None = None,
+        layouts: tuple | None = None,
+    ):
         self.lm = lm
         self.args = args
         self.state = state
         self.n_layers = n_layers
         self.dtype = _activation_dtype(lm)
         self._backbone = _backbone(lm)
+        self.lm_layouts = layouts if layouts is not None else args.layers  # every layer's, for a view too
+        self.stateful = stateful_layers(self.lm_layouts)
+
+    @property
+    def max_rollback(self) -> int | None:
+        """Drafts per round its cache can undo (a hybrid's keeps HISTORY step snapshots: a round's
+        drafts, the step feeding the pending token and the verification), None: any."""
+        return HISTORY - 2 if self.args.hybrid else None
 
     def first_layers(self, n_layers: int) -> AdaptedModel:
         total = len(self.lm.layers)
         if not 1 <= n_layers <= total:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
-        return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers)
+        return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers, self.lm_layouts)
 
     def step(
         self,
@@ -120,17 +139,30 @@ class AdaptedModel:
             rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
             return self.step(ids[logits_from:], rest, cache, None, 0)
         layers = self.lm.layers
+        if isinstance(cache, HybridKVCache):  # its recurrent state before this step, to go back to
+            cache.begin_step(self, ids, positions)
+            cache.replay = _replay
         caches = list(cache) if cache is not None else [None] * len(layers)
         if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
             self._backbone["layers"] = layers[: self.n_layers]
             caches += [None] * (len(layers) - self.n_layers)
+        if len(self.stateful) < len(layers):  # mlx-lm's list holds the stateful layers' caches only
+            caches = [caches[i] for i in self.stateful]
         self.state.positions, self.state.attend = positions, attend
         try:
             logits = self.lm(ids[None], cache=caches)
+            if isinstance(cache, HybridKVCache):
+                cache.end_step()
         finally:
             self.state.positions = self.state.attend = None
             self._backbone["layers"] = layers
         return None if logits_from is None else logits[0, logits_from:].astype(mx.float32)
+
+
+def _replay(model: AdaptedModel, ids: mx.array, positions: int | np.ndarray, cache: HybridKVCache) -> None:
+    """A hybrid cache's replay: the tokens again through `model` (no logits), evaluated."""
+    model.step(ids, positions, cache, None, None)
+    mx.eval(cache.state)
 
 
 class AdaptedOps(MLXOps):
@@ -167,34 +199,81 @@ class AdaptedOps(MLXOps):
     def first_layers(self, model: AdaptedModel, n_layers: int) -> AdaptedModel:
         return model.first_layers(n_layers)
 
+    def new_cache(self, model: AdaptedModel | Any, capacity: int) -> ModelKVCache | HybridKVCache:
+        """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep mlx-lm's own)."""
+        if not isinstance(model, AdaptedModel) or not model.args.hybrid:
+            return super().new_cache(model, capacity)
+        lm, layouts = model.lm, model.lm_layouts  # every layer's (a first-layers view's args hold fewer)
+        entry = {layer: k for k, layer in enumerate(stateful_layers(layouts))}  # layer -> mlx-lm's cache list
+        library = _library_caches(lm)
+        per_layer = [
+            _layer_cache(layout, library[entry[i]] if i in entry else None, capacity)
+            for i, layout in enumerate(model.args.layers)
+        ]
+        return HybridKVCache(per_layer, lambda index: _library_caches(lm)[entry[index]])
 
-def _check_plain_caches(lm: nn.Module, architecture: str) -> None:
-    """specfill gives every layer one KV cache of its own; a model whose mlx-lm caches are anything
-    else (recurrent state, cache lists of latent attention's indexer, layers sharing a cache) is
-    refused here, with the first such layer named."""
+
+def _layer_cache(layout: Any, library: Any, capacity: int) -> Any:
+    """One layer's entry of a HybridKVCache: specfill's LayerKVCache where the layer attends, mlx-lm's
+    own cache where it keeps a recurrent state (both in mlx-lm's CacheList for a parallel layer)."""
+    if layout.stateless:
+        return None
+    if layout.recurrent:
+        return library
+    if layout.parallel:
+        return type(library)(*(c if type(c).__name__ != "KVCache" else LayerKVCache(capacity) for c in library.caches))
+    return LayerKVCache(capacity)
+
+
+def stateful_layers(layouts: Sequence[Any]) -> list[int]:
+    """The layers that hold an entry of mlx-lm's cache list (all but Nemotron-H's MLP / MoE blocks)."""
+    return [i for i, layout in enumerate(layouts) if not layout.stateless]
+
+
+def _library_caches(lm: nn.Module) -> list[Any]:
+    """mlx-lm's own caches for the model, one per layer (none filled)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return make_prompt_cache(lm)
+
+
+def _check_caches(lm: nn.Module, architecture: str, layouts: tuple) -> None:
+    """specfill gives every attention layer one KV cache of its own and keeps a recurrent layer's
+    mlx-lm ArraysCache (a hybrid's); a model whose mlx-lm caches are anything else (cache lists of
+    latent attention's indexer, layers sharing a cache, a recurrent layer with keys) is refused
+    here, with the first such layer named."""
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
     from mlx_lm.models.cache import KVCache as LibraryKVCache
-    from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-    caches = make_prompt_cache(lm)
-    if len(caches) != len(lm.layers):
+    caches, stateful = _library_caches(lm), stateful_layers(layouts)
+    if len(caches) != len(stateful):
         raise ModelLoadError(
-            f"{architecture} has {len(caches)} mlx-lm caches for {len(lm.layers)} layers "
-            f"(layers share a cache): specfill's KV cache needs one per layer"
+            f"{architecture} has {len(caches)} mlx-lm caches for {len(stateful)} layers with attention or "
+            f"a recurrent state (layers share a cache): specfill's KV cache needs one per layer"
         )
-    for index, cache in enumerate(caches):
-        if type(cache) not in (LibraryKVCache, RotatingKVCache):
+    for index, cache, layout in ((i, c, layouts[i]) for i, c in zip(stateful, caches)):
+        if layout.parallel:  # mlx-lm's CacheList: the mixer's ArraysCache and the attention's KVCache
+            kinds = sorted(type(c).__name__ for c in getattr(cache, "caches", ()))
+            fits = len(kinds) == 2 and any(isinstance(c, ArraysCache) for c in cache.caches) and "KVCache" in kinds
+        elif layout.recurrent:
+            fits = isinstance(cache, ArraysCache)
+        else:
+            fits = type(cache) in (LibraryKVCache, RotatingKVCache)
+        if not fits:
             raise ModelLoadError(
-                f"{architecture} layer {index} keeps mlx-lm's {type(cache).__name__}, not keys "
-                f"and values: specfill's KV cache cannot hold it (every method is refused, "
-                f"use mlx-lm itself)"
+                f"{architecture} layer {index} is {layout.kind} and keeps mlx-lm's {type(cache).__name__}: "
+                f"specfill's cache cannot hold it (every method is refused, use mlx-lm itself)"
             )
+    if all(layout.recurrent for layout in layouts):
+        raise ModelLoadError(f"{architecture} has no attention layer: nothing for specfill to run, use mlx-lm itself")
 
 
 def adapt(lm: nn.Module) -> AdaptedModel:
     """Take over the attention of every decoder layer of the mlx-lm model `lm` (in place; the
     original modules stay inside the adapted ones; a refused layer runs its own module on specfill's
-    cache, whose `make_mask` gives it mlx-lm's masks). A layer without softmax attention (linear
-    attention, state-space) or with a cache other than keys and values: ModelLoadError, `lm` as it was."""
+    cache, whose `make_mask` gives it mlx-lm's masks). A hybrid's recurrent layers (no softmax
+    attention, an mlx-lm ArraysCache) stay as they are; a layer whose cache specfill cannot hold:
+    ModelLoadError, `lm` as it was."""
     config = _config(lm)
     backbone_types = getattr(getattr(lm, "model", None), "layer_types", None)
     if not config.get("layer_types") and isinstance(backbone_types, (list, tuple)):
@@ -205,16 +284,10 @@ def adapt(lm: nn.Module) -> AdaptedModel:
         if found is not None and isinstance(found[1], AdaptedAttention):
             layer[found[0]] = found[1].inner
     layouts = tuple(describe_layer(config, index, layer) for index, layer in enumerate(lm.layers))
-    for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
-        if attention_of(layer) is None:
-            raise ModelLoadError(
-                f"{architecture} layer {index} is {layout.kind}: specfill's KV cache holds "
-                f"softmax-attention layers only ({layout.refusal}); every method is refused, "
-                f"use mlx-lm itself"
-            )
-    _check_plain_caches(lm, architecture)
+    _check_caches(lm, architecture, layouts)
     state = StepState()
     for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):
-        name, module = attention_of(layer)
-        layer[name] = AdaptedAttention(module, layout, index, state)
+        if not (layout.recurrent or layout.stateless):  # the others run as mlx-lm's (a recurrent one on its cache)
+            name, module = attention_of(layer)
+            layer[name] = AdaptedAttention(module, layout, index, state)
     return AdaptedModel(lm, _args(lm, layouts), state)

@@ -62,6 +62,10 @@ REFUSED_PARTS = {
     ),
 }
 REFUSED_SETTINGS: dict[str, tuple[str, str]] = {}
+NOT_MIXERS = frozenset(
+    {"mlp", "feed_forward", "block_sparse_moe", "moe", "shared_mlp", "feed_forward_moe"}
+)  # a layer's parts besides its mixer
+ALIASES = {"q_layernorm": "q_norm", "k_layernorm": "k_norm", "out_proj": "o_proj"}  # LFM2's names
 # Switches of parts the adapter does not model that change nothing while False
 OFF_SWITCHES = frozenset({"qk_layernorm"})
 # Plain settings of mlx-lm attention modules that change nothing the adapter does not read itself.
@@ -120,6 +124,23 @@ def attention_of(layer: nn.Module) -> tuple[str, nn.Module] | None:
     for name in ATTENTION_NAMES:
         if name in children and isinstance(children[name], nn.Module):
             return name, children[name]
+    mixer = children.get("mixer")  # Nemotron-H: one `mixer` child per block, attention or not
+    if isinstance(mixer, nn.Module) and {"q_proj", "qkv_proj"} & set(mixer.children()):
+        return "mixer", mixer
+    return None
+
+
+def _convolves(layer: nn.Module) -> bool:
+    """Whether a layer holds a 1-D convolution: every recurrent mixer mlx-lm has (Mamba, gated
+    delta-net, LFM2's short convolution) does; an MLP / MoE block does not."""
+    return any(isinstance(module, nn.Conv1d) for _, module in layer.named_modules())
+
+
+def part(attn: nn.Module, name: str) -> Any:
+    """The attention module's child `name`, under its own name or an alias's (ALIASES); None: none."""
+    for held in [name] + [alias for alias, canonical in ALIASES.items() if canonical == name]:
+        if held in attn:
+            return attn[held]
     return None
 
 
@@ -170,18 +191,17 @@ def _terms(attn: nn.Module, own: dict[str, Any], n_heads: int) -> tuple[Attentio
 def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> AttentionLayout:
     """Layer `index`'s attention as an AttentionLayout (config: the mlx-lm model's args as a dict)."""
     found = attention_of(layer)
+    if found is not None and _convolves(found[1]):  # linear attention under an attention name
+        found = None
     if found is None:
-        kind = ", ".join(sorted(layer.children())) or "no children"
-        return AttentionLayout(
-            f"a linear-attention / state-space layer (parts: {kind})",
-            1,
-            1,
-            2,
-            1.0,
-            refusal="the layer keeps a recurrent state, no keys to select",
-        )
+        mixers = [name for name in sorted(layer.children()) if "norm" not in name and name not in NOT_MIXERS]
+        named = ", ".join(type(layer[m]).__name__ for m in mixers) or "no mixer"
+        if not _convolves(layer):
+            return AttentionLayout(f"stateless ({named})", 1, 1, 2, 1.0, stateless=True)
+        return AttentionLayout(f"recurrent ({named})", 1, 1, 2, 1.0, recurrent=True)
     _, attn = found
-    parts = set(attn.children()) | {name for name, value in attn.items() if isinstance(value, mx.array)}
+    parts = {ALIASES.get(name, name) for name in attn.children()}
+    parts |= {name for name, value in attn.items() if isinstance(value, mx.array)}
     own = settings(attn)
     rope = attn.children().get("rope")
     if {"kv_a_proj_with_mqa", "embed_q", "unembed_out"} <= parts:
@@ -207,6 +227,9 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     width = _out_features(attn["qkv_proj"] if fused else attn["q_proj"])
     head_dim = width // (n_heads + 2 * n_kv) if fused else width // n_heads
     kv_width = None if fused else _out_features(attn["k_proj"])
+    gated = kv_width is not None and own.get("head_dim") == kv_width // n_kv and width == 2 * n_heads * own["head_dim"]
+    if gated:  # q_proj yields each head's queries, then its output gate (Qwen3-Next, Qwen3.5)
+        head_dim = width // (2 * n_heads)
     qk_norm = _qk_norm(attn, own, n_heads, head_dim)
     uses_rope = "rope" in parts and not _is_nope(rope)
     layout = dict(
@@ -218,6 +241,7 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
         rope=uses_rope,
         window=window,
         norm_eps=float(own.get("rms_norm_eps") or config.get("rms_norm_eps") or 1e-6),
+        output_gate=gated,
     )
     if qk_norm == "?" or (kv_width is not None and kv_width != n_kv * head_dim) or head_dim % 2:
         return AttentionLayout(
@@ -229,7 +253,10 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     if odd_terms is not None:
         return AttentionLayout("attention of an unknown layout", **layout, refusal=odd_terms)
     kind = terms_kind(terms, "attention" if uses_rope else "attention (NoPE)")
-    return AttentionLayout(kind, **layout, qk_norm=qk_norm, terms=terms)
+    parallel = _convolves(layer)  # a recurrent mixer beside the attention (Falcon-H1)
+    if parallel:
+        kind += " beside a recurrent mixer"
+    return AttentionLayout(kind, **layout, qk_norm=qk_norm, terms=terms, parallel=parallel)
 
 
 def _describe_latent(
@@ -268,9 +295,9 @@ def _qk_norm(attn: nn.Module, own: dict[str, Any], n_heads: int, head_dim: int) 
     """How the module normalises q and k before RoPE: "head" (a q_norm whose weight is [D] or
     [Hq, D], applied to [1, T, H, D]), "full" (weight [Hq * D], before the split into heads),
     "weightless" (use_qk_norm without a norm module: RMS per head), "none", or "?" (unknown)."""
-    if "q_norm" not in attn:
+    if part(attn, "q_norm") is None:
         return "weightless" if own.get("use_qk_norm") else "none"
-    weight = attn["q_norm"].get("weight")
+    weight = part(attn, "q_norm").get("weight")
     shape = None if weight is None else tuple(weight.shape)
     if shape in ((head_dim,), (n_heads, head_dim)):
         return "head"
@@ -344,32 +371,40 @@ class AdaptedAttention(nn.Module):
 
     def project(self, x: mx.array, positions: int | np.ndarray) -> tuple[mx.array, mx.array, mx.array]:
         """x [1, T, hidden] -> q [1, Hq, T, D], k and v [1, Hkv, T, D] (q, k normalised and rotated)."""
+        return self._project(x, positions)[:3]
+
+    def _project(self, x: mx.array, positions: int | np.ndarray) -> tuple[mx.array, mx.array, mx.array, Any]:
+        """project's q, k, v and the output gate [1, T, Hq * D] (None: the layer has none)."""
         if self.layout.value_dim is not None:
-            return self.project_latent(x, positions)
+            return (*self.project_latent(x, positions), None)
         layout, inner, steps = self.layout, self.inner, x.shape[1]
         q_width, kv_width = layout.n_heads * layout.head_dim, layout.n_kv_heads * layout.head_dim
+        gate = None
         if layout.fused_qkv:
             qkv = inner["qkv_proj"](x)
             q, k, v = qkv[..., :q_width], qkv[..., q_width : q_width + kv_width], qkv[..., q_width + kv_width :]
         else:
             q, k, v = inner["q_proj"](x), inner["k_proj"](x), inner["v_proj"](x)
+        if layout.output_gate:
+            q, gate = mx.split(q.reshape(1, steps, layout.n_heads, 2 * layout.head_dim), 2, axis=-1)
+            gate = gate.reshape(1, steps, q_width)
         if layout.qk_norm == "full":
-            q, k = inner["q_norm"](q), inner["k_norm"](k)
+            q, k = part(inner, "q_norm")(q), part(inner, "k_norm")(k)
         q = q.reshape(1, steps, layout.n_heads, layout.head_dim)
         k = k.reshape(1, steps, layout.n_kv_heads, layout.head_dim)
         if layout.qk_norm == "head":
-            q, k = inner["q_norm"](q), inner["k_norm"](k)
+            q, k = part(inner, "q_norm")(q), part(inner, "k_norm")(k)
         elif layout.qk_norm == "weightless":
             q, k = mx.fast.rms_norm(q, None, layout.norm_eps), mx.fast.rms_norm(k, None, layout.norm_eps)
         v = v.reshape(1, steps, layout.n_kv_heads, layout.head_dim).swapaxes(1, 2)
-        return self._rope(q, positions), self._rope(k, positions), v
+        return self._rope(q, positions), self._rope(k, positions), v, gate
 
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None, **extra: Any) -> mx.array:
         layer_boundary(x)  # a cancelled request stops here, before this layer's attention
         positions = self.step_state.positions
         if positions is None or self.layout.refusal is not None or extra:
             return self.inner(x, mask=mask, cache=cache, **extra)
-        q, k, v = self.project(x, positions)
+        q, k, v, gate = self._project(x, positions)
         window, terms, steps = self.layout.window, self.layout.terms, x.shape[1]
         step = keys_at = None
         if window is not None or terms is not None:  # every step records its positions, whoever attends
@@ -390,4 +425,5 @@ class AdaptedAttention(nn.Module):
             attended = windowed_attention(q, k, v, self.layout.scale, window, step, keys_at)
         else:
             attended = causal_attention(q, k, v, self.layout.scale)
-        return self.inner["o_proj"](attended.swapaxes(1, 2).reshape(1, steps, -1))
+        attended = attended.swapaxes(1, 2).reshape(1, steps, -1)
+        return part(self.inner, "o_proj")(attended if gate is None else attended * mx.sigmoid(gate))

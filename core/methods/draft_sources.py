@@ -218,6 +218,15 @@ def draft_source(main: LoadedModel, drafting: Drafting, needed: int, sampling: S
     against main's vocabulary and `needed` = prompt + max_tokens), or None: the speculator (after
     speculative prefill: core/runtime.check_drafting, where the request is made). A draft model
     gets its cost book when the run may follow measured times (not seeded sampling)."""
+    for model in (main.model, getattr(drafting.model, "model", None)):
+        limit = getattr(model, "max_rollback", None)  # a hybrid's cache undoes that many steps at most
+        if limit is not None and drafting.num_tokens > limit:
+            raise ConfigError(
+                f"num_draft_tokens {drafting.num_tokens} exceeds {limit}, the drafts a hybrid model's cache "
+                f"can roll back per round",
+                "num_tokens",
+                config="Drafting",
+            )
     if drafting.model is None:
         return SpeculatorDraft()
     if isinstance(drafting.model, str):

@@ -264,7 +264,8 @@ class H2OPrefillAttention(Generic[A]):
     advanced by each logical batch (one prefill step per batch); layers outside config.layers
     attend causally to every key instead (no carry, no memory sets). windows: each
     layer's sliding window (ModelArgs.layer_window; empty: every layer global); terms: each layer's
-    attention terms (layer_terms; empty: none)."""
+    attention terms (layer_terms; empty: none); attention: the layers with keys (a hybrid's; empty:
+    all), over which config.layers counts (its recurrent layers never call this)."""
 
     def __init__(
         self,
@@ -275,12 +276,14 @@ class H2OPrefillAttention(Generic[A]):
         n_tokens: int,
         windows: Sequence[int | None] = (),
         terms: Sequence[AttentionTerms[A] | None] = (),
+        attention: Sequence[int] = (),
     ):
         self.ops = ops
         self.windows = list(windows) or [None] * n_layers
         self.terms = [active_terms(t) for t in terms] or [None] * n_layers
         self.config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
-        self.sparse = frozenset(config.layer_indices(n_layers))
+        attention = list(attention) or list(range(n_layers))  # a hybrid's: config.layers counts these
+        self.sparse = frozenset(attention[i] for i in config.layer_indices(len(attention)))
         self.scale = scale
         self.n_tokens = n_tokens
         self.carries: list[H2OCarry[A] | None] = [None] * n_layers

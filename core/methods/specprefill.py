@@ -30,7 +30,16 @@ import numpy as np
 
 from ..config import H2OConfig, SpecPrefillConfig
 from ..ops import ModelOps, PrefillAttention
-from ..stages import A, AttentionTerms, Selection, active_terms, layer_terms, query_start, window_binds
+from ..stages import (
+    A,
+    AttentionTerms,
+    Selection,
+    active_terms,
+    attention_layers,
+    layer_terms,
+    query_start,
+    window_binds,
+)
 from .h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
 from .prefill import StageProgress, prefill, stage_work
 
@@ -167,6 +176,13 @@ class SpeculatorPass(Generic[A]):
         return self.cache.layer_keys(layer, self.n_prompt)
 
 
+def scoring_layers(config: SpecPrefillConfig, args: Any) -> list[int]:
+    """The speculator layers SpecPrefill scores from: config.layers picks among the layers with
+    keys (a hybrid's attention layers; every layer otherwise), given as model layer indices."""
+    attention = attention_layers(args)
+    return [attention[i] for i in config.layer_indices(len(attention))]
+
+
 def run_speculator(
     ops: ModelOps[A],
     speculator: Any,
@@ -192,12 +208,20 @@ def run_speculator(
     layers: the speculator layers whose queries are kept (None: every layer's).
     """
     n_prompt, args = len(ids), speculator.args
+    captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
     n_window = max(1, min(query_window, n_prompt))
     cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
     sparse = None
     if h2o is not None and not uses_full_attention(h2o, n_prompt):
         sparse = H2OPrefillAttention(
-            ops, h2o, args.num_hidden_layers, args.attention_scale, n_prompt, args.layer_windows, layer_terms(args)
+            ops,
+            h2o,
+            args.num_hidden_layers,
+            args.attention_scale,
+            n_prompt,
+            args.layer_windows,
+            layer_terms(args),
+            attention_layers(args),
         )
         step_size = h2o_step_size(h2o, step_size)  # H2O steps by whole chunks
     capture = QueryCapture(
@@ -209,7 +233,7 @@ def run_speculator(
         layer_terms(args),
         n_window,
         sparse,
-        layers,
+        captured,
     )
     logits = prefill(
         ops,
@@ -330,7 +354,7 @@ def speculative_prefill(
         extra_slots=speculator_extra_slots,
         query_window=config.query_window,
         h2o=config.speculator_prefill,
-        layers=config.layer_indices(speculator.args.num_hidden_layers),
+        layers=scoring_layers(config, speculator.args),
     )
     speculated = ops.wall_time()
     importance = token_importance(

@@ -18,6 +18,10 @@ full prefill). Policies:
     rebuilt.
   off: no lookup, nothing stored.
 
+Hybrid models (recurrent layers beside attention): their recurrent state cannot be cut back to
+any prefix, only to the points the cache kept a snapshot of (the end of each prompt, its last
+steps: exact_prefix); the longest usable prefix is the longest such point, and no other.
+
 Taking or copying (the rule that keeps a conversation safe): a request whose prompt shares all of
 a conversation but at most its last max(CUT_SLACK, 1/8) tokens (its own next turn: the reply's last
 tokens often re-tokenize differently) takes that entry out, extends its cache in place and puts the
@@ -111,6 +115,18 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def exact_prefix(entry: Entry, tokens: int) -> int:
+    """The longest prefix of at most `tokens` the entry's KV can be cut to exactly: any, except for
+    a hybrid model's cache, whose recurrent state exists only at the points it kept (KVCache
+    `exact_prefix`: the end of each prompt, the last steps); a cache that cannot stand there is not
+    reused there."""
+    cache = None if entry.kv is None else entry.kv.cache
+    if cache is None or not hasattr(cache, "exact_prefix"):
+        return tokens
+    offset = entry.kv.position_offset
+    return cache.exact_prefix(tokens - offset) + offset if tokens > offset else tokens
+
+
 def cuttable(entry: Entry, match: int) -> bool:
     """Whether a prompt sharing `match` tokens with the entry is its own next turn (see the module doc)."""
     return len(entry.tokens) - match <= max(CUT_SLACK, len(entry.tokens) // 8)
@@ -143,7 +159,7 @@ class PromptCache:
             if match < 1:
                 continue
             usable = (entry.exact or policy == "approximate") and match >= entry.fixed
-            cached = min(match, entry.covered) if usable else 0
+            cached = exact_prefix(entry, min(match, entry.covered)) if usable else 0
             key = (cached, cuttable(entry, match), entry.used)  # ties: its own turn (no copy), then the newest
             if cached > 0 and key > best_key:
                 best, best_cached, best_match, best_key = entry, cached, match, key

@@ -4,7 +4,8 @@
 HONOURED: the adapter runs every method on them (the project's own five families are not here:
 they have model files of their own; test_own_families.py compares the two). MOE marks mixtures of
 experts. REFUSED: architectures whose layers a sparse method cannot run, with the layer kind
-named in the refusal (full prefill and decoding still work on them).
+named in the refusal (full prefill and decoding still work on them). HYBRID: recurrent layers beside
+attention layers (test_mlx_hybrids.py builds them with four layers).
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     ),
 }
 
-# hybrids: some layers keep a recurrent state instead of keys (refused at load, every method)
+# hybrids: some layers keep a recurrent state instead of keys (mlx-lm's own cache for those layers;
+# every method runs on the attention layers: test_mlx_hybrids.py)
 HYBRID: dict[str, dict[str, Any]] = {
     "qwen3_next": dict(
         _MOE,
@@ -233,6 +235,79 @@ HYBRID: dict[str, dict[str, Any]] = {
         shared_expert_intermediate_size=32,
     ),
 }
+
+HYBRID["nemotron_h"] = dict(  # Mamba-2, attention (NoPE), MLP and MoE blocks, one mixer each
+    hybrid_override_pattern=["M", "*", "-", "E"],
+    num_hidden_layers=4,
+    attention_bias=False,
+    mamba_num_heads=4,
+    mamba_head_dim=16,
+    mamba_proj_bias=False,
+    ssm_state_size=16,
+    conv_kernel=4,
+    n_groups=2,
+    mlp_bias=False,
+    layer_norm_epsilon=1e-5,
+    use_bias=False,
+    use_conv_bias=True,
+    moe_intermediate_size=32,
+    moe_shared_expert_intermediate_size=32,
+    n_group=1,
+    n_routed_experts=4,
+    n_shared_experts=1,
+    topk_group=1,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    routed_scaling_factor=1.0,
+)
+
+HYBRID["granitemoehybrid"] = dict(  # Mamba-2 and attention layers, Granite's multipliers, MoE
+    _GRANITE,
+    layer_types=["mamba", "attention"],
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    shared_intermediate_size=32,
+    mamba_n_heads=4,
+    mamba_d_head=32,
+    mamba_proj_bias=False,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_n_groups=1,
+    mamba_conv_bias=True,
+)
+HYBRID["jamba"] = dict(  # Mamba and attention (NoPE) layers, MoE on every other layer
+    attn_layer_offset=1,
+    attn_layer_period=2,
+    expert_layer_offset=1,
+    expert_layer_period=2,
+    mamba_d_conv=4,
+    mamba_d_state=16,
+    mamba_expand=2,
+    num_experts=4,
+    num_experts_per_tok=2,
+)
+
+HYBRID["falcon_h1"] = dict(  # every layer: attention and a Mamba-2 mixer side by side (parallel)
+    mamba_d_ssm=128,
+    mamba_d_head=32,
+    mamba_n_heads=4,
+    mamba_d_state=16,
+    mamba_chunk_size=8,
+    mlp_expansion_factor=2,
+)
+
+HYBRID["kimi_linear"] = dict(  # Kimi delta attention (linear) on layer 0, latent attention on layer 1
+    _MOE,
+    linear_attn_config=dict(kda_layers=[1], num_heads=4, head_dim=16, short_conv_kernel_size=4),
+    model_max_length=512,
+    kv_lora_rank=16,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    num_experts_per_token=2,
+    num_shared_experts=1,
+    first_k_dense_replace=1,
+)
 
 REMAPPED = {"mistral": "llama"}  # model types mlx-lm runs with another type's model file
 

@@ -3,7 +3,9 @@
 Each row is an architecture the adapter tests build and run on MLX: which layer kinds the adapter
 found, and per method either "tested" (the test that checks it: forward = equal to mlx-lm's own
 forward and decoding; oracle = H2O memory sets / SpecPrefill kept positions equal to the NumPy
-oracle's; greedy = drafting gives the greedy tokens) or the refusal the tests expect.
+oracle's; greedy = drafting gives the greedy tokens) or the refusal the tests expect. Hybrids
+(recurrent layers beside attention) are checked by test_mlx_hybrids.py: the methods on their
+attention layers, drafting with the recurrent state rolled back.
 
     .venv/bin/python -m tests.adapters.mlx_table --write    # rewrite the table in docs/models.md
 """
@@ -22,7 +24,15 @@ BEGIN, END = (
     "<!-- adapter-table:begin (generated: python -m tests.adapters.mlx_table --write) -->",
     "<!-- adapter-table:end -->",
 )
-MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "qwen3_5_moe")  # mixtures of experts among the refused ones
+MOE_ELSEWHERE = (
+    "deepseek_v3",
+    "qwen3_next",
+    "qwen3_5_moe",
+    "nemotron_h",
+    "granitemoehybrid",
+    "jamba",
+    "kimi_linear",
+)  # mixtures of experts among the refused and hybrids
 OWN = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
 
 

@@ -1,5 +1,5 @@
 """What only the mlx-lm adapter has: positions rotated inside mlx-lm's own attention, mlx-lm's
-4-bit directories, hybrids refused at load, the model left usable as mlx-lm's, and the one-way
+4-bit directories, the model left usable as mlx-lm's, and the one-way
 rule between specfill's MLX model and the adapted one (a speculator or draft model runs through
 the main model's ops)."""
 
@@ -15,7 +15,7 @@ import pytest
 from specfill.backends.mlx import load
 from specfill.core.errors import ModelLoadError
 from specfill.core.runtime import GenerationInfo, PrefillMethod
-from tests.adapters.mlx_archs import HONOURED, HYBRID, build, save_directory
+from tests.adapters.mlx_archs import HONOURED, build, save_directory
 from tests.adapters.mlx_backend import FAMILIES, adapted
 from tests.adapters.support import assert_close, greedy, prompt, spec
 
@@ -69,12 +69,6 @@ def test_a_pair_that_is_not_mlx_lm_s_is_one_load_error():
     lm = build("qwen3_moe")
     with pytest.raises(ModelLoadError, match="cannot find the directory the tokenizer"):
         load((lm, object()), device="cpu")
-
-
-@pytest.mark.parametrize("arch", sorted(HYBRID))
-def test_hybrids_with_recurrent_layers_are_refused_at_load_by_name(arch):
-    with pytest.raises(ModelLoadError, match=rf"^{arch} layer 0 is a linear-attention / state-space layer"):
-        adapted(build(arch))
 
 
 def test_an_own_model_speculates_for_the_adapted_model_as_for_the_own_model(tmp_path):
