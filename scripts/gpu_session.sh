@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #40's GPU session in one command, for a bare CUDA machine that already has torch, triton,
-# numpy, transformers, tokenizers, safetensors, jinja2 and matplotlib (nothing is fetched; gguf,
-# which the test fixtures need, travels as a wheel in the gitignored .whl/). Steps, each timed and
+# numpy, transformers, tokenizers, safetensors, jinja2 and matplotlib (nothing is fetched; gguf and
+# pytest travel as pure-Python wheels in the gitignored .whl/, see below). Steps, each timed and
 # each running even if an earlier one failed, every result in $OUT (7 files):
 #   1. machine: nvidia-smi, torch / CUDA / Triton versions, GPU name and capability -> machine.txt
 #   2. conformance on the cuda backend, Triton kernels on, on the GPU  -> conformance-cuda.{json,md}
@@ -21,11 +21,12 @@
 # and the bench also budgets itself run by run (roofline x 4), writing its rows as it goes.
 # The exit code says whether every step passed.
 #
-# The device-tool call (the `run` tool) the lead uses, after fetching the wheel here once with
-#   pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+# The device-tool call (the `run` tool) the lead uses, after fetching the wheels here once with
+#   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0 pytest==9.2.0 pluggy==1.7.0 \
+#       iniconfig==2.3.1 pygments==2.21.0
 #   command:   OUT=$OUT/gpu bash scripts/gpu_session.sh
 #   carry:     [".whl"]
-#   timeout_s: 600   (540 s of budget + installing specfill and gguf; BUDGET_S=480 leaves more room)
+#   timeout_s: 570   (the script stops itself at BUDGET_S = 540 s, setup included; 30 s for kill margins)
 # The files come back under files_at/gpu: commit them under results/gpu/h100/ (or h200/).
 #
 # Smoke mode (CPU, tiny random models, seconds; tests/test_random_model.py runs it):
@@ -55,36 +56,36 @@ ROOFLINE=${ROOFLINE:-auto}
 CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-float32,float16,bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
-read -r -a SHARES <<< "${SHARES:-10 120 120 290}"  # machine, conformance, kernels, bench
+read -r -a SHARES <<< "${SHARES:-20 120 110 290}"  # machine, conformance, kernels, bench
 mkdir -p "$OUT"
 START=$SECONDS
 LOG="$OUT/session.log"
 : > "$LOG"
 
-SITE=/tmp/specfill-site
+# specfill as links to this checkout's source folders (pyproject's package-dir), first on the path:
+# no pip, no setuptools, and no other installed specfill can shadow it
+SITE=$(mktemp -d /tmp/specfill-site.XXXXXX)
+trap 'rm -rf "$SITE"' EXIT
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-if ! "$PY" -c "import specfill.core" 2>/dev/null; then
-    # specfill alone into a scratch folder; its dependencies are the machine's own
-    if ! "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" . >> "$LOG" 2>&1; then
-        # no setuptools to build with: the package as links to the source folders (pyproject's package-dir)
-        echo "gpu_session: pip could not install specfill: linking the source folders instead" | tee -a "$LOG"
-        rm -rf "$SITE/specfill" && mkdir -p "$SITE/specfill"
-        for entry in specfill/* core backends conformance cli evaluation; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
-    fi
-    "$PY" -c "import specfill.core" >> "$LOG" 2>&1 || { echo "gpu_session: cannot import specfill" | tee -a "$LOG" >&2; exit 2; }
-fi
-if ! "$PY" -c "import gguf" 2>/dev/null; then
-    # the test fixtures write tiny GGUF files: carry the pure-Python wheel in .whl/ (gitignored)
-    wheel=$(ls .whl/gguf-*.whl 2>/dev/null | head -1)
+mkdir -p "$SITE/specfill"
+for entry in specfill/* core backends conformance cli evaluation; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
+# what the bare image lacks travels as pure-Python wheels in .whl/ (gitignored): gguf (the test
+# fixtures write tiny GGUF files; its yaml / tqdm / requests come with transformers) and pytest with
+# its pluggy, iniconfig and pygments; each is unpacked (a pure-Python wheel is a zip of its modules)
+# only where the machine has no such module
+for module in gguf pytest pluggy iniconfig pygments; do
+    "$PY" -c "import $module" 2>/dev/null && continue
+    wheel=$(ls .whl/"$module"-*.whl 2>/dev/null | head -1)
     if [[ -n "$wheel" ]]; then
-        "$PY" -m pip install -q --no-deps --no-index --target "$SITE" "$wheel" >> "$LOG" 2>&1 \
+        "$PY" -m zipfile -e "$wheel" "$SITE" >> "$LOG" 2>&1 \
             || echo "gpu_session: cannot install $wheel" | tee -a "$LOG" >&2
     else
-        echo "gpu_session: no gguf package and no .whl/gguf-*.whl: the kernel tests' fixtures will fail" | tee -a "$LOG"
+        echo "gpu_session: no $module module and no .whl/$module-*.whl: the steps needing it will fail" | tee -a "$LOG"
     fi
-fi
-echo "setup: $((SECONDS - START)) s; budget ${BUDGET_S} s from here, shares ${SHARES[*]}" | tee -a "$LOG"
-BUDGET_END=$((SECONDS + BUDGET_S))
+done
+"$PY" -c "import specfill.core" >> "$LOG" 2>&1 || { echo "gpu_session: cannot import specfill" | tee -a "$LOG" >&2; exit 2; }
+echo "setup: $((SECONDS - START)) s; budget ${BUDGET_S} s from the start, shares ${SHARES[*]}" | tee -a "$LOG"
+BUDGET_END=$((START + BUDGET_S))
 failed=()
 COMPOSE=""
 if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator-prefill; then
