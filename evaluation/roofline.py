@@ -165,6 +165,19 @@ class Method:
     kept_tokens: int | None = None
 
 
+def h2o_pairs(config: H2OConfig, n_tokens: int, n_layers: int) -> float:
+    """Query-key pairs per head per layer of an H2O prefill, averaged over the layers: the layers
+    config.layers names walk H2O (with the memory set the prompt's length gives, for_prompt), the
+    others attend to every key (the default runs H2O in the first third only)."""
+    config = config.for_prompt(n_tokens)
+    full = full_dot_products(n_tokens)
+    if n_tokens <= config.chunk_size:
+        return full
+    sparse = h2o_dot_products(n_tokens, config.chunk_size, config.local + config.heavy, config.dense_tail)
+    walked = len(config.layer_indices(n_layers))
+    return (walked * sparse + (n_layers - walked) * full) / n_layers
+
+
 def predict(
     shape: Shape, rates: Rates, n_tokens: int, method: Method, width: int = 2, step: int = 2048
 ) -> dict[str, float]:
@@ -172,13 +185,7 @@ def predict(
     if method.name == "full":
         parts = prefill_seconds(shape, rates, n_tokens, full_dot_products(n_tokens), width, step)
     elif method.name == "h2o":
-        config = method.h2o
-        pairs = (
-            full_dot_products(n_tokens)
-            if n_tokens <= config.chunk_size
-            else h2o_dot_products(n_tokens, config.chunk_size, config.local + config.heavy, config.dense_tail)
-        )
-        parts = prefill_seconds(shape, rates, n_tokens, pairs, width, step)
+        parts = prefill_seconds(shape, rates, n_tokens, h2o_pairs(method.h2o, n_tokens, shape.layers), width, step)
     elif method.name == "specprefill":
         spec = method.speculator or shape
         drafted = prefill_seconds(spec, rates, n_tokens, full_dot_products(n_tokens), width, step)

@@ -23,6 +23,7 @@ import signal
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -125,6 +126,7 @@ def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> di
         "kept_tokens": last.kept_tokens,
         "drafted": last.drafted_tokens,
         "accepted": last.accepted_tokens,
+        "ran": getattr(last, "method", None),  # the method the statistics name (specprefill+h2o where it ran)
     }
 
 
@@ -138,8 +140,10 @@ def predicted_ttft(shapes, rates, name, args_ns, n_tokens, kept) -> float | None
     parts = predict(
         main, rates, n_tokens, Method("specprefill", speculator=spec, lookahead=sp.lookahead, kept_tokens=kept)
     )
-    if name == "specprefill+h2o":  # the speculator's own prefill runs H2O
-        parts["speculator"] = predict(spec, rates, n_tokens, Method("h2o", h2o=h2o))["ttft"]
+    if name == "specprefill+h2o":  # the speculator's own prefill runs H2O, in the layers its config names
+        spec_h2o = getattr(sp, "speculator_prefill", None)
+        spec_h2o = spec_h2o if isinstance(spec_h2o, type(h2o)) else replace(h2o, layers="all")  # "h2o": every layer
+        parts["speculator"] = predict(spec, rates, n_tokens, Method("h2o", h2o=spec_h2o))["ttft"]
     return sum(v for k, v in parts.items() if k != "ttft")
 
 
@@ -224,13 +228,12 @@ def measure(bench: Bench) -> None:
 
 def build_method(kind: str, ns: argparse.Namespace, speculator):
     """Each method with only its own settings (the others would warn that they do nothing); the
-    composition gets the H2O settings too, for its speculator's prefill."""
+    composition's H2O lives in its SpecPrefillConfig (speculator_prefill)."""
     if kind == "full":
         return prefill_method("full")
     if kind == "h2o":
         return prefill_method("h2o", h2o=h2o_config(ns))
-    h2o = h2o_config(ns) if getattr(ns, "speculator_prefill", None) else None
-    return prefill_method("specprefill", h2o=h2o, specprefill=specprefill_config(ns), speculator=speculator)
+    return prefill_method("specprefill", specprefill=specprefill_config(ns), speculator=speculator)
 
 
 def finish_row(row: dict, shapes, rates, ns) -> None:
