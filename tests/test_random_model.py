@@ -118,6 +118,20 @@ def test_bench_on_a_random_model_uses_random_ids(tmp_path, capsys):
     assert rows[1]["kept_tokens"] in (12, 13) and rows[0]["kept_tokens"] == 40
 
 
+def test_a_random_model_speculates_for_another_of_its_vocabulary(tmp_path, capsys):
+    """`--speculator random:SHAPE` is a separate model (as the GPU run's 1B for its 8B), checked
+    against the main model's tokenizer like any speculator path."""
+    pytest.importorskip("torch")
+    common = ["bench", "--backends", "cuda", "--device", "cpu", "--dtype", "float32", "--lengths", "40"]
+    common += ["--methods", "specprefill", "--select-chunk", "4", "--decode-tokens", "2", "--out", str(tmp_path)]
+    assert main([*common, "--model", "random:tiny-llama", "--speculator", "random:tiny-llama-32k"]) == 0
+    row = json.loads((tmp_path / "bench.json").read_text())["rows"][0]
+    assert row["method"] == "specprefill" and row["kept_tokens"] in (12, 13)
+    capsys.readouterr()
+    assert main([*common, "--model", "random:tiny-llama", "--speculator", "random:smollm2-135m"]) == 2
+    assert "the speculator's tokenizer differs" in capsys.readouterr().err
+
+
 def test_llama_8b_shape_is_llama_3_1_8b_with_llama_1b_as_its_speculator():
     big, small = random_model_args("random:llama-8b"), random_model_args("random:llama-1b")
     assert (
