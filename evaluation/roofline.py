@@ -90,6 +90,14 @@ DEVICES: dict[str, Rates] = {
         3.35e12,
         "NVIDIA H100 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense), HBM3 3.35 TB/s",
     ),
+    "h200": Rates(
+        "H200 SXM",
+        989.4e12,
+        989.4e12,
+        4.8e12,
+        "NVIDIA H200 Tensor Core GPU datasheet: BF16 1,979 TFLOPS with sparsity (989.4 dense, the H100's "
+        "tensor cores), HBM3e 4.8 TB/s",
+    ),
     "rtx4090": Rates(
         "RTX 4090",
         165.2e12,

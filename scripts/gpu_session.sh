@@ -1,80 +1,168 @@
 #!/usr/bin/env bash
-# The GPU checks of issue #4 in one command, for a CUDA machine that already has torch, triton,
-# numpy, tokenizers, safetensors, jinja2 and matplotlib (nothing is fetched):
-#   1. the machine and versions            -> $OUT/machine.txt
-#   2. conformance with the Triton kernels  -> $OUT/conformance-cuda.{json,md}
-#   3. the CUDA-only tests (kernels vs twins compiled for the GPU, bf16, device paths) -> $OUT/tests.log
-#   4. TTFT of full (torch SDPA) / H2O / SpecPrefill on random Llama-3.2-1B-shape weights,
-#      bf16, 8K/16K/32K                     -> $OUT/bench_llama1b_bf16.{json,md,_ttft.png}
-# Every step runs even if an earlier one fails; the exit code says whether all passed.
-# STEPS=conformance,tests (or bench) runs a subset, to fit a device call's 10-minute limit.
+# Issue #40's GPU session in one command, for a bare CUDA machine that already has torch, triton,
+# numpy, transformers, tokenizers, safetensors, jinja2 and matplotlib (nothing is fetched; gguf and
+# pytest travel as pure-Python wheels in the gitignored .whl/, see below). Steps, each timed and
+# each running even if an earlier one failed, every result in $OUT (7 files):
+#   1. machine: nvidia-smi, torch / CUDA / Triton versions, GPU name and capability -> machine.txt
+#   2. conformance on the cuda backend, Triton kernels on, on the GPU  -> conformance-cuda.{json,md}
+#   3. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
+#      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
+#      step 2's run; tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
+#                                                                      -> kernel_tests.log
+#   4. TTFT of full (torch SDPA) / H2O / SpecPrefill (+ SpecPrefill with --speculator-prefill h2o
+#      when `specfill bench --help` lists it) on random Llama-3.1-8B-shape weights with a random
+#      Llama-3.2-1B-shape speculator, bf16, 8K / 32K / 128K, medians of 3, peak memory, beside the
+#      roofline's prediction; decode tok/s plain and with the 1B drafting (scripts/gpu_bench.py)
+#                                                                      -> ttft.{json,md}
+#   every step's start, end, seconds and exit code                     -> session.log
+# Time: BUDGET_S (default 540) for the whole script. A step's limit is what is left of the budget
+# minus the shares of the steps after it (SHARES, seconds: machine, conformance, kernels, bench),
+# so time a step leaves unused goes to the later ones; each step runs under `timeout` with its limit
+# and the bench also budgets itself run by run (roofline x 4), writing its rows as it goes.
+# The exit code says whether every step passed.
 #
-#   OUT=results/gpu bash scripts/gpu_session.sh
-# With the device tool: carry [".whl"] holding gguf's wheel (the GPU image lacks it), fetched here with
-#   pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
-# and OUT=$OUT (8 files come back: machine.txt, tests.log, conformance-cuda.*, the bench's 3 files).
-#   MODEL=random:tiny-llama LENGTHS=64,128 DEVICE=cpu DTYPE=float32 SPECULATOR=self:1 KERNELS=off \
-#     TESTS=tests/torch_cuda/test_attention.py NAME=smoke OUT=/tmp/gpu-smoke bash scripts/gpu_session.sh  # smoke run
+# The device-tool call (the `run` tool) the lead uses, after fetching the wheels here once with
+#   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0 pytest==9.2.0 pluggy==1.7.0 \
+#       iniconfig==2.3.1 pygments==2.21.0
+#   command:   OUT=$OUT/gpu bash scripts/gpu_session.sh
+#   carry:     [".whl"]
+#   timeout_s: 570   (the script stops itself at BUDGET_S = 540 s, setup included; 30 s for kill margins)
+# The files come back under files_at/gpu: commit them under results/gpu/h100/ (or h200/).
+#
+# Smoke mode (CPU, tiny random models, seconds; tests/test_random_model.py runs it):
+#   SMOKE=1 OUT=/tmp/gpu-smoke bash scripts/gpu_session.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 OUT=${OUT:-results/gpu}
 PY=${PYTHON:-python3}
-MODEL=${MODEL:-random:llama-1b}
-LENGTHS=${LENGTHS:-8192,16384,32768}
+BUDGET_S=${BUDGET_S:-540}
+if [[ "${SMOKE:-0}" == 1 ]]; then
+    MODEL=${MODEL:-random:tiny-llama} SPECULATOR=${SPECULATOR:-random:tiny-llama-32k} LENGTHS=${LENGTHS:-48,96}
+    DEVICE=${DEVICE:-cpu} DTYPE=${DTYPE:-float32} KERNELS=${KERNELS:-off} REPEATS=${REPEATS:-2} DECODE=${DECODE:-8}
+    ROOFLINE=${ROOFLINE:-h100}  # H100 figures on a CPU: only to exercise the code
+    TESTS=${TESTS:-tests/torch_cuda/test_attention.py}
+    CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-float32}
+fi
+MODEL=${MODEL:-random:llama-8b}
+SPECULATOR=${SPECULATOR:-random:llama-1b}
+LENGTHS=${LENGTHS:-8192,32768,131072}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
-SPECULATOR=${SPECULATOR:-self:4}  # 4 of the 16 layers, about SmolLM2's self:8 of 30
 KERNELS=${KERNELS:-on}
-NAME=${NAME:-bench_llama1b_bf16}
-TESTS=${TESTS:-tests/torch_cuda_kernels tests/torch_cuda tests/torch_cuda_methods}
-STEPS=${STEPS:-conformance,tests,bench}  # a subset splits the work over several device calls
+REPEATS=${REPEATS:-3}
+DECODE=${DECODE:-32}
+ROOFLINE=${ROOFLINE:-auto}
+CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-float32,float16,bfloat16}
+TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
+tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
+read -r -a SHARES <<< "${SHARES:-20 120 110 290}"  # machine, conformance, kernels, bench
 mkdir -p "$OUT"
+START=$SECONDS
+LOG="$OUT/session.log"
+: > "$LOG"
 
-SITE=/tmp/specfill-site
+# specfill as links to this checkout's source folders (pyproject's package-dir), first on the path:
+# no pip, no setuptools, and no other installed specfill can shadow it
+SITE=$(mktemp -d /tmp/specfill-site.XXXXXX)
+trap 'rm -rf "$SITE"' EXIT
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
-if ! "$PY" -c "import specfill.core" 2>/dev/null; then
-    # specfill alone into a scratch folder; its dependencies are the machine's own
-    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index --target "$SITE" . \
-        || { echo "gpu_session: cannot install specfill" >&2; exit 2; }
-fi
-if ! "$PY" -c "import gguf" 2>/dev/null; then
-    # the test fixtures write tiny GGUF files: carry the pure-Python wheel in .whl/ (gitignored)
-    wheel=$(ls .whl/gguf-*.whl 2>/dev/null | head -1)
+mkdir -p "$SITE/specfill"
+for entry in specfill/* core backends conformance cli evaluation; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
+# what the bare image lacks travels as pure-Python wheels in .whl/ (gitignored): gguf (the test
+# fixtures write tiny GGUF files; its yaml / tqdm / requests come with transformers) and pytest with
+# its pluggy, iniconfig and pygments; each is unpacked (a pure-Python wheel is a zip of its modules)
+# only where the machine has no such module
+for module in gguf pytest pluggy iniconfig pygments; do
+    "$PY" -c "import $module" 2>/dev/null && continue
+    wheel=$(ls .whl/"$module"-*.whl 2>/dev/null | head -1)
     if [[ -n "$wheel" ]]; then
-        "$PY" -m pip install -q --no-deps --no-index --target "$SITE" "$wheel" \
-            || echo "gpu_session: cannot install $wheel" >&2
+        "$PY" -m zipfile -e "$wheel" "$SITE" >> "$LOG" 2>&1 \
+            || echo "gpu_session: cannot install $wheel" | tee -a "$LOG" >&2
     else
-        echo "gpu_session: no gguf package and no .whl/gguf-*.whl: the tests will fail to import" >&2
+        echo "gpu_session: no $module module and no .whl/$module-*.whl: the steps needing it will fail" | tee -a "$LOG"
     fi
-fi
-SPECFILL=("$PY" -m specfill.cli.main)
+done
+"$PY" -c "import specfill.core" >> "$LOG" 2>&1 || { echo "gpu_session: cannot import specfill" | tee -a "$LOG" >&2; exit 2; }
+echo "setup: $((SECONDS - START)) s; budget ${BUDGET_S} s from the start, shares ${SHARES[*]}" | tee -a "$LOG"
+BUDGET_END=$((START + BUDGET_S))
 failed=()
-
-{ date -u; nvidia-smi 2>&1 | head -15
-  "$PY" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__);
-print('gpu', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"; } > "$OUT/machine.txt" 2>&1
-
-wants() { [[ ",$STEPS," == *",$1,"* ]]; }
-
-if wants conformance; then
-    "${SPECFILL[@]}" conformance --backend cuda --kernels "$KERNELS" --out "$OUT" || failed+=(conformance)
+COMPOSE=""
+if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator-prefill; then
+    COMPOSE=--compose
 fi
+export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
 
-if wants tests; then
+# step INDEX FUNCTION: the function under `timeout` (its output in session.log), its limit (LIMIT)
+# the budget left minus the shares of the steps after it
+step() {
+    local index=$1 name=$2 later=0 i
+    for ((i = index + 1; i < ${#SHARES[@]}; i++)); do later=$((later + SHARES[i])); done
+    local limit=$((BUDGET_END - SECONDS - later))
+    ((limit < 5)) && limit=5
+    local t0=$SECONDS rc note=""
+    echo "$name: start at $((SECONDS - START)) s, limit $limit s" | tee -a "$LOG"
+    LIMIT=$limit timeout -k 15 "$limit" bash -c "$name" >> "$LOG" 2>&1
+    rc=$?
+    ((rc == 124 || rc == 137)) && note=" (out of its time: what it wrote so far is kept)"
+    echo "$name: $((SECONDS - t0)) s, exit $rc$note" | tee -a "$LOG"
+    ((rc == 0)) || failed+=("$name")
+}
+
+machine() {
+    {
+        date -u
+        nvidia-smi 2>&1 || echo "nvidia-smi: not available"
+        "$PY" -c '
+import platform, torch
+try:
+    import triton
+    triton_version = triton.__version__
+except ImportError:
+    triton_version = None
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton_version)
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print("gpu", p.name, "capability %d.%d" % (p.major, p.minor), "memory %.1f GiB" % (p.total_memory / 2**30))
+else:
+    print("gpu None: torch sees no CUDA device")
+'
+    } > "$OUT/machine.txt" 2>&1
+    cat "$OUT/machine.txt"
+    "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() or '$DEVICE' == 'cpu' else 1)"
+}
+
+conformance() {
+    "$PY" -m specfill.cli.main conformance --backend cuda --kernels "$KERNELS" --dtype "$CONFORMANCE_DTYPES" --out "$OUT"
+}
+
+kernels() {
     # shellcheck disable=SC2086  # TESTS is a list of paths
-    PYTHONUNBUFFERED=1 "$PY" -m pytest -q -p no:cacheprovider $TESTS > "$OUT/tests.log" 2>&1 || failed+=(tests)
-    tail -3 "$OUT/tests.log"
-fi
+    # the conformance groups with kernels forced are step 2's run already (the same checks, CLI-driven)
+    PYTHONUNBUFFERED=1 "$PY" -m pytest -v -p no:cacheprovider -k "not conformance_with_kernels_forced" $TESTS \
+        > "$OUT/kernel_tests.log" 2>&1
+    local rc=$?
+    tail -3 "$OUT/kernel_tests.log"
+    return $rc
+}
 
-if wants bench; then
-    "${SPECFILL[@]}" bench --backends cuda --device "$DEVICE" --dtype "$DTYPE" --model "$MODEL" \
-        --lengths "$LENGTHS" --speculator "$SPECULATOR" --decode-tokens 32 --repeats 3 \
-        --out "$OUT" --name "$NAME" || failed+=(bench)
-fi
+bench() {
+    [[ -n "$COMPOSE" ]] || echo "bench: no --speculator-prefill flag in this checkout: the composition is skipped"
+    # shellcheck disable=SC2086  # COMPOSE is empty or one flag
+    "$PY" scripts/gpu_bench.py --model "$MODEL" --speculator "$SPECULATOR" --lengths "$LENGTHS" \
+        --repeats "$REPEATS" --decode-tokens "$DECODE" --dtype "$DTYPE" --device "$DEVICE" --roofline "$ROOFLINE" \
+        --budget-s "$((LIMIT > 30 ? LIMIT - 15 : LIMIT))" --out "$OUT" --name ttft $COMPOSE
+}
+export -f machine conformance kernels bench
 
+step 0 machine
+step 1 conformance
+step 2 kernels
+step 3 bench
+
+echo "total: $((SECONDS - START)) s" | tee -a "$LOG"
 if ((${#failed[@]})); then
-    echo "gpu_session: failed: ${failed[*]}" >&2
+    echo "gpu_session: failed: ${failed[*]}" | tee -a "$LOG" >&2
     exit 1
 fi
-echo "gpu_session: all passed; results in $OUT"
+echo "gpu_session: all passed; results in $OUT" | tee -a "$LOG"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -116,25 +118,75 @@ def test_bench_on_a_random_model_uses_random_ids(tmp_path, capsys):
     assert rows[1]["kept_tokens"] in (12, 13) and rows[0]["kept_tokens"] == 40
 
 
-def test_gpu_session_script_smoke_run(tmp_path):
-    """The script a GPU session runs, end to end on the CPU with a tiny random model."""
+def test_a_random_model_speculates_for_another_of_its_vocabulary(tmp_path, capsys):
+    """`--speculator random:SHAPE` is a separate model (as the GPU run's 1B for its 8B), checked
+    against the main model's tokenizer like any speculator path."""
     pytest.importorskip("torch")
-    env = {
-        **os.environ,
-        "MODEL": "random:tiny-llama",
-        "LENGTHS": "48",
-        "DEVICE": "cpu",
-        "DTYPE": "float32",
-        "SPECULATOR": "self:1",
-        "KERNELS": "off",
-        "TESTS": "tests/torch_cuda/test_attention.py",
-        "NAME": "smoke",
-        "OUT": str(tmp_path),
-        "PYTHON": sys.executable,
-    }
+    common = ["bench", "--backends", "cuda", "--device", "cpu", "--dtype", "float32", "--lengths", "40"]
+    common += ["--methods", "specprefill", "--select-chunk", "4", "--decode-tokens", "2", "--out", str(tmp_path)]
+    assert main([*common, "--model", "random:tiny-llama", "--speculator", "random:tiny-llama-32k"]) == 0
+    row = json.loads((tmp_path / "bench.json").read_text())["rows"][0]
+    assert row["method"] == "specprefill" and row["kept_tokens"] in (12, 13)
+    capsys.readouterr()
+    assert main([*common, "--model", "random:tiny-llama", "--speculator", "random:smollm2-135m"]) == 2
+    assert "the speculator's tokenizer differs" in capsys.readouterr().err
+
+
+def test_llama_8b_shape_is_llama_3_1_8b_with_llama_1b_as_its_speculator():
+    big, small = random_model_args("random:llama-8b"), random_model_args("random:llama-1b")
+    assert (
+        big.num_hidden_layers,
+        big.hidden_size,
+        big.intermediate_size,
+        big.num_attention_heads,
+        big.num_key_value_heads,
+        big.head_dim,
+    ) == (32, 4096, 14336, 32, 8, 128)
+    assert not big.tie_word_embeddings and big.rope_scaling["factor"] == 8.0
+    params = sum(int(np.prod(shape)) for shape in expected_tensor_shapes(big).values())
+    assert 8.0e9 < params < 8.1e9  # Llama-3.1-8B's 8.03B
+    assert big.vocab_size == small.vocab_size and big.max_position_embeddings == small.max_position_embeddings
+
+
+def test_random_weights_are_drawn_on_the_torch_device():
+    """random:SHAPE on a GPU is drawn there (no 32 GB of host float32 for an 8B shape): the same
+    distribution as the NumPy draw, seeded, and a model that runs; the loader takes this path on
+    a CUDA device (here the simulated one: CPU tensors on the CUDA branches)."""
+    torch = pytest.importorskip("torch")
+    from specfill.api import load, prefill_method
+    from specfill.backends.torch_cuda.weights import random_transformer
+    from specfill.core.runtime import GenerationInfo
+
+    from .torch_cuda.simulated_gpu import simulated
+
+    args = random_model_args("random:tiny-llama")
+    model = random_transformer(args, torch.float32, "cpu")
+    again, other = random_transformer(args, torch.float32, "cpu"), random_transformer(args, torch.float32, "cpu", 1)
+    state, same, differs = model.state_dict(), again.state_dict(), other.state_dict()
+    assert all(torch.equal(state[k], same[k]) for k in state)
+    up = "layers.0.mlp.up_proj.weight"
+    assert not torch.equal(state[up], differs[up]) and 0.015 < float(state[up].std()) < 0.025
+    assert torch.all(state["norm.weight"] == 1.0)
+    assert state["layers.0.self_attn.qkv_proj.weight"].shape == (4 * 16 + 2 * 2 * 16, 64)
+
+    with pytest.MonkeyPatch.context() as monkeypatch, simulated(monkeypatch):
+        loaded, _ = load("random:tiny-llama", backend="cuda", dtype="float32", device="cpu")
+        logits = loaded.prompt_logits([5, 17, 300, 2], method=prefill_method("full"), info=GenerationInfo())
+    assert torch.equal(loaded.model.layers[0].mlp.up_proj.weight, state[up])
+    assert np.isfinite(np.asarray(logits)).all() and np.asarray(logits).shape == (4, 512)
+
+
+def _smoke_env(tmp_path, **extra) -> dict:
+    return {**os.environ, "SMOKE": "1", "OUT": str(tmp_path), "PYTHON": sys.executable, **extra}
+
+
+def test_gpu_session_script_smoke_run(tmp_path):
+    """The script a GPU session runs, end to end on the CPU with tiny random models (a separate
+    speculator model, as the GPU run's 8B / 1B pair): every step, its timing, at most 8 files."""
+    pytest.importorskip("torch")
     proc = subprocess.run(
         ["bash", str(ROOT / "scripts" / "gpu_session.sh")],
-        env=env,
+        env=_smoke_env(tmp_path),
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -142,10 +194,50 @@ def test_gpu_session_script_smoke_run(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "all passed" in proc.stdout
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [
+        "conformance-cuda.json",
+        "conformance-cuda.md",
+        "kernel_tests.log",
+        "machine.txt",
+        "session.log",
+        "ttft.json",
+        "ttft.md",
+    ]
+    log = (tmp_path / "session.log").read_text()
+    for step in ("machine", "conformance", "kernels", "bench"):
+        assert f"{step}: start at" in log and re.search(rf"^{step}: \d+ s, exit 0$", log, re.M), log
+    assert "torch" in (tmp_path / "machine.txt").read_text()
     assert json.loads((tmp_path / "conformance-cuda.json").read_text())["passed"] is True
-    assert {r["method"] for r in json.loads((tmp_path / "smoke.json").read_text())["rows"]} == {
-        "full",
-        "h2o",
-        "specprefill",
-    }
-    assert "passed" in (tmp_path / "tests.log").read_text()
+    assert " passed" in (tmp_path / "kernel_tests.log").read_text()
+    result = json.loads((tmp_path / "ttft.json").read_text())
+    rows = result["rows"]
+    assert result["complete"] and result["roofline"]["name"] == "H100 SXM5"
+    assert [(r["method"], r["prompt_tokens"]) for r in rows] == [
+        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill")
+    ]
+    for r in rows:
+        assert len(r["runs"]) == 2 and r["ttft_s"] == statistics.median(x["ttft_s"] for x in r["runs"])
+        assert r["peak_gb"] > 0 and r["measured_over_predicted"] == pytest.approx(r["ttft_s"] / r["predicted_s"])
+        assert r["error"] is None
+    assert [d["draft_tokens"] for d in result["decode"]] == [0, 4] and result["decode"][1]["drafted"] > 0
+    assert "| specprefill | 96 | 2 |" in (tmp_path / "ttft.md").read_text()
+
+
+def test_gpu_bench_out_of_time_keeps_a_row_saying_so(tmp_path):
+    """A budget the roofline says no run fits: every row says so, and the step still ends cleanly."""
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--model", "random:tiny-llama"]
+        + ["--speculator", "self:1", "--lengths", "32", "--dtype", "float32", "--device", "cpu"]
+        + ["--roofline", "h100", "--budget-s", "0", "--out", str(tmp_path), "--compose"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((tmp_path / "ttft.json").read_text())
+    assert result["rows"] and all(not r["runs"] and r["error"].startswith("out of time") for r in result["rows"])
+    assert all(d["error"].startswith("out of time") for d in result["decode"])
+    assert "out of time" in (tmp_path / "ttft.md").read_text()

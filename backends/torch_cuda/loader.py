@@ -19,6 +19,7 @@ from specfill.core.cpu import compute_threads, has_fast_bf16
 from specfill.core.driver import DEFAULT_PREFILL_STEP_SIZE, CausalLM
 from specfill.core.errors import BackendUnavailableError, ConfigError, ModelLoadError
 from specfill.core.io.gguf_file import read_gguf
+from specfill.core.io.random_model import is_random_model, random_model_args
 from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 from specfill.core.io.weights import load_weights
 from specfill.core.model_config import foreign_gguf_architecture, foreign_model_type
@@ -26,7 +27,7 @@ from specfill.core.models import ModelArgs
 
 from .lean_load import is_gguf_file, load_gguf_state
 from .ops import TorchOps
-from .weights import build_transformer, transformer_from_state
+from .weights import build_transformer, random_transformer, transformer_from_state
 
 _DTYPES = {
     "float32": torch.float32,
@@ -138,7 +139,7 @@ def load(
 
     A GGUF file is read tensor by tensor straight into `dtype` on `device` (lean_load.py: host
     memory peaks near the loaded weights' size); directories and random:SHAPE go through the
-    shared NumPy loader."""
+    shared NumPy loader, except random:SHAPE on a GPU, drawn there (weights.random_transformer)."""
     resolved_device = resolve_device(device)
     resolved_dtype = resolve_dtype(dtype, resolved_device)
     threads = compute_threads()  # a CLI command's: --threads, else this machine's physical cores
@@ -160,6 +161,9 @@ def load(
         args, state = load_gguf_state(path, resolved_dtype, resolved_device)
         model = _causal_lm(transformer_from_state(args, state, resolved_device), resolved_dtype, prefill_step_size)
         del state
+    elif is_random_model(path) and placement.on_cuda(resolved_device):  # drawn on the GPU, no host copy
+        args = random_model_args(str(path))
+        model = _causal_lm(random_transformer(args, resolved_dtype, resolved_device), resolved_dtype, prefill_step_size)
     else:
         args, weights = load_weights(path)
         model = from_weights(

@@ -9,13 +9,13 @@ the target dtype and device), which ends in the same `transformer_from_state`.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 
 from specfill.core.io.weights import check_tensors
-from specfill.core.models import ModelArgs
+from specfill.core.models import ModelArgs, expected_tensor_shapes
 
 from .model import Transformer
 from .rope import RotaryEmbedding
@@ -29,11 +29,17 @@ def _state_dict(
         array = array if array.flags.writeable else array.copy()
         return torch.from_numpy(np.ascontiguousarray(array)).to(device=device, dtype=dtype)
 
+    return _fused_state(args, list(weights), get)
+
+
+def _fused_state(args: ModelArgs, names: list[str], get: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The Transformer's state from HF names, each tensor made by get(name); q/k/v fused."""
+
     def qkv(prefix: str, kind: str) -> torch.Tensor:
         return torch.cat([get(prefix + f"{w}_proj.{kind}") for w in "qkv"])
 
     state: dict[str, torch.Tensor] = {}
-    for name in weights:
+    for name in names:
         ours = module_name(name)
         if ours is not None:
             state[ours] = get(name)
@@ -41,9 +47,29 @@ def _state_dict(
         state["lm_head.weight"] = state["embed_tokens.weight"]
     for i in range(args.num_hidden_layers):
         for kind in ("weight", "bias"):
-            if f"model.layers.{i}.self_attn.q_proj.{kind}" in weights:
+            if f"model.layers.{i}.self_attn.q_proj.{kind}" in names:
                 state[f"layers.{i}.self_attn.qkv_proj.{kind}"] = qkv(f"model.layers.{i}.self_attn.", kind)
     return state
+
+
+def random_transformer(args: ModelArgs, dtype: torch.dtype, device: torch.device | str, seed: int = 0) -> Transformer:
+    """random:SHAPE drawn on `device` itself (torch's generator there: N(0, 0.02) matrices, norm
+    weights 1, biases 0, as core.io.random_model draws them in NumPy but not the same numbers).
+    An 8B shape is drawn in about a second on a GPU, where the NumPy route would first fill 32 GB
+    of float32 host memory; only the largest tensor exists twice, briefly (q/k/v before fusing)."""
+    device = torch.device(device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    shapes = expected_tensor_shapes(args)
+
+    def get(name: str) -> torch.Tensor:
+        shape = shapes[name]
+        if name.endswith("norm.weight"):
+            return torch.ones(shape, dtype=dtype, device=device)
+        if name.endswith(".bias"):
+            return torch.zeros(shape, dtype=dtype, device=device)
+        return torch.randn(shape, generator=generator, dtype=dtype, device=device).mul_(0.02)
+
+    return transformer_from_state(args, _fused_state(args, list(shapes), get), device)
 
 
 def module_name(hf_name: str) -> str | None:

@@ -79,6 +79,29 @@ RANDOM_SHAPES: dict[str, dict[str, Any]] = {
             "original_max_position_embeddings": 8192,
         },
     ),
+    # Llama-3.1-8B (GPU benchmarks, with llama-1b as its speculator: the same vocabulary and id
+    # tokenizer); on a GPU the torch backend draws these weights there (16 GB in bfloat16)
+    "llama-8b": dict(
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
     "qwen2-0.5b": dict(
         model_type="qwen2",
         vocab_size=151936,

@@ -40,6 +40,23 @@ def test_sparse_methods_beat_full_at_long_prompts_and_grow_with_length():
     assert speedups[1] > speedups[0]
 
 
+def test_h2o_is_priced_in_the_layers_it_runs_in():
+    """The default walks H2O in the first third of the layers (core/config.py): the others cost full
+    attention; the linear layers cost the same either way."""
+    from specfill.core.config import H2OConfig
+
+    tokens = 32768
+    full, every, default = (
+        predict(LLAMA_8B, DEVICES["h100"], tokens, method)
+        for method in (Method("full"), Method("h2o", h2o=H2OConfig(layers="all")), Method("h2o"))
+    )
+    walked = len(H2OConfig().layer_indices(32))
+    assert 0 < walked < 32 and every["linear"] == default["linear"] == full["linear"]
+    assert default["attention"] == pytest.approx(
+        (walked * every["attention"] + (32 - walked) * full["attention"]) / 32, rel=1e-9
+    )
+
+
 def test_an_unknown_method_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown method 'sparse'"):
         predict(TINY, DEVICES["h100"], 16, Method("sparse"))

@@ -23,7 +23,9 @@ from .torch_stages_support import assert_close, h2o_layer, importance, randn
 
 torch.set_num_threads(1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = [torch.float32, torch.float16]
+# bfloat16 on a GPU only: the interpreter runs tiles in NumPy, which has no bfloat16
+GPU_DTYPES = ["bfloat16"] if DEVICE == "cuda" else []
+DTYPES = [torch.float32, torch.float16, *(getattr(torch, d) for d in GPU_DTYPES)]
 
 
 def test_kernels_are_runnable_here():
@@ -175,7 +177,7 @@ def test_speculative_importance_with_kernels_matches_twins():
 CONFORMANCE = [
     (group, dtype)
     for group in CHECK_GROUPS
-    for dtype in ("float32", "float16")
+    for dtype in ("float32", "float16", *GPU_DTYPES)
     if not (group == "h2o.layer" and dtype == "float16" and DEVICE == "cpu")
 ]
 

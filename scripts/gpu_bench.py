@@ -1,0 +1,341 @@
+"""The TTFT / decode step of scripts/gpu_session.sh: random weights of a main and a speculator
+shape, every method at every length, medians of repeats, peak memory per method, each beside the
+roofline's prediction (evaluation/roofline.py) for this GPU, inside a time budget.
+
+    python scripts/gpu_bench.py --model random:llama-8b --speculator random:llama-1b \
+        --lengths 8192,32768,131072 --budget-s 300 --out results/gpu --name ttft
+
+Budget: before each measurement the roofline's prediction times SLACK (the formula is a lower
+bound: norms, RoPE, launch gaps and the Python between layers are not priced) says whether one
+more run fits the time left; runs that do not fit are skipped and the row says so, longer lengths
+of that method too. Results (<name>.json, <name>.md) are rewritten after every row, and once more
+on SIGTERM (the `timeout` the session script wraps each step in), so a step out of time keeps what
+it measured. A method that fails (an out-of-memory error at 128K, say) is a row with its error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.cli import bench as bench_cli
+from specfill.cli.options import h2o_config, specprefill_config
+from specfill.core.io.random_model import random_model_args, random_prompt_ids
+from specfill.evaluation.roofline import DEVICES, Method, Shape, decode_seconds, predict
+
+# measured / predicted was 1.1-3x on this CPU with its own measured rates (research/roofline/results/
+# roofline.md); on vendor peaks a GPU prefill reaching 30-70% of them would be 1.5-3x: 4x is an assumption
+# with room, for the GPU run to correct (its rows record the ratio)
+SLACK = 4.0
+# the warm-up prompt (or the shortest length, if shorter): compiles the Triton kernels and fills
+# torch's caches; past H2O's logical batch (4096 at the defaults) so its phase-2 walk runs too
+WARM_TOKENS = 5120
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="random:llama-8b")
+    p.add_argument("--speculator", default="random:llama-1b", help="random:SHAPE (a separate model) or self:K")
+    p.add_argument("--lengths", default="8192,32768,131072")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--draft-tokens", type=int, default=4, help="k of the drafting decode row (the speculator drafts)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--compose", action="store_true", help="add SpecPrefill with --speculator-prefill h2o")
+    p.add_argument("--roofline", default="auto", help="DEVICES key (h100, h200) or auto: from the GPU's name")
+    p.add_argument("--budget-s", type=float, default=300.0)
+    p.add_argument("--out", default="results/gpu")
+    p.add_argument("--name", default="ttft")
+    return p.parse_args(argv)
+
+
+def roofline_key(choice: str, device: str) -> str | None:
+    if choice != "auto":
+        return choice
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name().lower()
+    return next((key for key in ("h200", "h100") if key in name), None)
+
+
+def method_configs(compose: bool) -> dict[str, tuple[str, argparse.Namespace]]:
+    """name -> (method, the bench CLI's parsed defaults): the composition parses the flag another
+    change adds, through the CLI's own parser, so its config is the one `specfill bench` would use."""
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    plain = parser.parse_args([])
+    methods = {"full": ("full", plain), "h2o": ("h2o", plain), "specprefill": ("specprefill", plain)}
+    if compose and "--speculator-prefill" not in parser._option_string_actions:
+        print("--compose: this checkout's bench has no --speculator-prefill flag: the composition is skipped")
+    elif compose:
+        methods["specprefill+h2o"] = ("specprefill", parser.parse_args(["--speculator-prefill", "h2o"]))
+    return methods
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.deadline = time.monotonic() + args.budget_s
+        self.result: dict = {"plan": vars(args), "complete": False, "notes": [], "rows": [], "decode": []}
+        self.cuda = args.device.startswith("cuda")
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def note(self, line: str) -> None:
+        print(line, flush=True)
+        self.result["notes"].append(line)
+
+    def peak_reset(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+
+    def peak_gb(self, model) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return torch.cuda.max_memory_allocated() / 1e9
+        return model.peak_memory_gb()
+
+    def write(self) -> None:
+        out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for path, text in (
+            (out / f"{self.args.name}.json", json.dumps(self.result, indent=1)),
+            (out / f"{self.args.name}.md", report(self.result)),
+        ):
+            partial = path.with_name(path.name + ".partial")
+            partial.write_text(text + "\n")
+            os.replace(partial, path)
+
+
+def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> dict:
+    last = None
+    for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method, **drafting):
+        pass
+    return {
+        "ttft_s": last.ttft,
+        "decode_tps": last.generation_tps,
+        "kept_tokens": last.kept_tokens,
+        "drafted": last.drafted_tokens,
+        "accepted": last.accepted_tokens,
+        "ran": getattr(last, "method", None),  # the method the statistics name (specprefill+h2o where it ran)
+    }
+
+
+def predicted_ttft(shapes, rates, name, args_ns, n_tokens, kept) -> float | None:
+    if rates is None:
+        return None
+    main, spec = shapes
+    h2o, sp = h2o_config(args_ns), specprefill_config(args_ns)
+    if name in ("full", "h2o"):
+        return predict(main, rates, n_tokens, Method(name, h2o=h2o))["ttft"]
+    parts = predict(
+        main, rates, n_tokens, Method("specprefill", speculator=spec, lookahead=sp.lookahead, kept_tokens=kept)
+    )
+    if name == "specprefill+h2o":  # the speculator's own prefill runs H2O, in the layers its config names
+        spec_h2o = getattr(sp, "speculator_prefill", None)
+        spec_h2o = spec_h2o if isinstance(spec_h2o, type(h2o)) else replace(h2o, layers="all")  # "h2o": every layer
+        parts["speculator"] = predict(spec, rates, n_tokens, Method("h2o", h2o=spec_h2o))["ttft"]
+    return sum(v for k, v in parts.items() if k != "ttft")
+
+
+def _stop(signum, frame) -> None:
+    raise SystemExit(124)
+
+
+def run(args: argparse.Namespace) -> int:
+    bench = Bench(args)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        measure(bench)
+        bench.result["complete"] = True
+    except SystemExit:
+        bench.note("stopped from outside (the step's timeout): the rows so far are kept")
+        raise
+    finally:
+        bench.write()
+    return 0
+
+
+def measure(bench: Bench) -> None:
+    args = bench.args
+    start = time.monotonic()
+    key = roofline_key(args.roofline, args.device)
+    rates = DEVICES.get(key) if key else None
+    bench.result["roofline"] = vars(rates) if rates else None
+    model, tokenizer = load(args.model, dtype=args.dtype, device=args.device, backend="cuda")
+    speculator = load_speculator(args.speculator, model, tokenizer, args.dtype, args.device)
+    main_args = random_model_args(args.model)
+    spec_shape = (
+        Shape.from_args(args.speculator, random_model_args(args.speculator))
+        if args.speculator.startswith("random:")
+        else Shape.from_args(args.model, main_args).first_layers(int(args.speculator[5:]))
+    )
+    shapes = (Shape.from_args(args.model, main_args), spec_shape)
+    bench.note(f"loaded {args.model} + {args.speculator} in {time.monotonic() - start:.1f} s; roofline {key}")
+    bench.result["weights_gb"] = bench.peak_gb(model)
+    methods = {
+        name: (build_method(kind, ns, speculator), ns) for name, (kind, ns) in method_configs(args.compose).items()
+    }
+    room = main_args.max_position_embeddings - args.decode_tokens  # prompt + new tokens fit the context
+    lengths = [min(int(n), room) for n in args.lengths.split(",")]
+    if lengths != [int(n) for n in args.lengths.split(",")]:
+        bench.note(f"lengths {lengths}: a prompt and its {args.decode_tokens} new tokens fit the model's context")
+    warm = random_prompt_ids(tokenizer.vocab_size, min(WARM_TOKENS, *lengths), seed=1)
+    for name, (method, _) in methods.items():
+        try:
+            one_run(model, tokenizer, warm, method, 2)
+        except Exception as e:  # the rows below say it again, per length
+            bench.note(f"warm-up {name} failed: {type(e).__name__}: {e}")
+    bench.note(f"warm-ups done at {time.monotonic() - start:.1f} s")
+    # decode first: cheap (one short prompt), and a long prefill that overruns the step cannot take it
+    decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates)
+    out_of_time: set[str] = set()
+    for n in lengths:
+        ids = random_prompt_ids(tokenizer.vocab_size, n, seed=n)
+        for name, (method, ns) in methods.items():
+            row = {"method": name, "prompt_tokens": n, "runs": [], "peak_gb": None, "error": None}
+            guess = predicted_ttft(shapes, rates, name, ns, n, None)
+            decode_guess = args.decode_tokens * decode_seconds(shapes[0], rates, n, 2) if rates else 0.0
+            cost = SLACK * (guess + decode_guess) if guess is not None else 0.0
+            for _ in range(args.repeats):
+                if name in out_of_time or bench.left() < cost:
+                    row["error"] = row["error"] or f"out of time ({bench.left():.0f} s left, a run costs ~{cost:.0f} s)"
+                    out_of_time.add(name)
+                    break
+                try:
+                    bench.peak_reset()
+                    row["runs"].append(one_run(model, tokenizer, ids, method, args.decode_tokens))
+                    row["peak_gb"] = max(row["peak_gb"] or 0.0, bench.peak_gb(model))
+                except Exception as e:  # torch.OutOfMemoryError included: the next method still runs
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    if bench.cuda:
+                        torch.cuda.empty_cache()
+                    break
+            finish_row(row, shapes, rates, ns)
+            bench.result["rows"].append(row)
+            add_speedups(bench.result["rows"])
+            bench.note(row_line(row))
+            bench.write()
+
+
+def build_method(kind: str, ns: argparse.Namespace, speculator):
+    """Each method with only its own settings (the others would warn that they do nothing); the
+    composition's H2O lives in its SpecPrefillConfig (speculator_prefill)."""
+    if kind == "full":
+        return prefill_method("full")
+    if kind == "h2o":
+        return prefill_method("h2o", h2o=h2o_config(ns))
+    return prefill_method("specprefill", specprefill=specprefill_config(ns), speculator=speculator)
+
+
+def finish_row(row: dict, shapes, rates, ns) -> None:
+    runs = row["runs"]
+    if runs:
+        row["ttft_s"] = statistics.median(r["ttft_s"] for r in runs)
+        row["decode_tps"] = statistics.median(r["decode_tps"] for r in runs)
+        row["kept_tokens"] = runs[0]["kept_tokens"]
+        row["predicted_s"] = predicted_ttft(shapes, rates, row["method"], ns, row["prompt_tokens"], row["kept_tokens"])
+        row["measured_over_predicted"] = row["ttft_s"] / row["predicted_s"] if row["predicted_s"] else None
+
+
+def add_speedups(rows: list[dict]) -> None:
+    full = {r["prompt_tokens"]: r.get("ttft_s") for r in rows if r["method"] == "full"}
+    for r in rows:
+        base = full.get(r["prompt_tokens"])
+        r["speedup_vs_full"] = base / r["ttft_s"] if base and r.get("ttft_s") else None
+
+
+def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int, shapes, rates) -> None:
+    """Decode tokens/s after a full prefill of n_tokens: plain, then with the speculator drafting."""
+    args = bench.args
+    ids = random_prompt_ids(tokenizer.vocab_size, n_tokens, seed=n_tokens)
+    predicted = 1.0 / decode_seconds(shapes[0], rates, n_tokens, 2) if rates else None
+    for k in (0, args.draft_tokens):
+        row = {"draft_tokens": k, "prompt_tokens": n_tokens, "predicted_plain_tps": predicted, "error": None}
+        guess = predict(shapes[0], rates, n_tokens, Method("full"))["ttft"] if rates else 0.0
+        if bench.left() < SLACK * (guess + args.decode_tokens / (predicted or math.inf)):
+            row["error"] = f"out of time ({bench.left():.0f} s left)"
+        else:
+            try:
+                drafting = {"draft_model": speculator, "num_draft_tokens": k} if k else {}
+                row.update(one_run(model, tokenizer, ids, full, args.decode_tokens, **drafting))
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        bench.result["decode"].append(row)
+        bench.note(f"decode k={k}: {row.get('decode_tps', 0.0):.1f} tok/s {row['error'] or ''}")
+        bench.write()
+
+
+def row_line(r: dict) -> str:
+    if not r["runs"]:
+        return f"{r['method']:<16} {r['prompt_tokens']:>7}: {r['error']}"
+    ratio = f"{r['measured_over_predicted']:.2f}x roofline" if r.get("measured_over_predicted") else "no roofline"
+    return (
+        f"{r['method']:<16} {r['prompt_tokens']:>7}: TTFT {r['ttft_s']:.3f} s (median of {len(r['runs'])}), "
+        f"{ratio}, peak {r['peak_gb']:.1f} GB, kept {r['kept_tokens']}" + (f"; {r['error']}" if r["error"] else "")
+    )
+
+
+def fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def report(result: dict) -> str:
+    plan = result["plan"]
+    rates = result.get("roofline")
+    lines = [
+        "# GPU session: TTFT and decode on random weights",
+        "",
+        *(
+            ["Partial: the step stopped before the end; these are the rows it completed.", ""]
+            if not result["complete"]
+            else []
+        ),
+        f"Model {plan['model']}, speculator {plan['speculator']}, {plan['dtype']} on {plan['device']}; "
+        f"medians of up to {plan['repeats']} runs, {plan['decode_tokens']} decoded tokens each. Roofline: "
+        + (f"{rates['name']} (evaluation/roofline.py DEVICES)." if rates else "none for this device.")
+        + f" Peak GB: the most allocated during a run (torch.cuda.max_memory_allocated on a GPU, the process's"
+        f" peak RSS on a CPU), both models' weights included ({fmt(result.get('weights_gb'), '.1f')} GB loaded).",
+        "",
+        "| method | prompt tokens | runs | TTFT median (s) | speed-up vs full | kept | peak GB | roofline (s) "
+        "| measured / roofline | note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['method']} | {r['prompt_tokens']} | {len(r['runs'])} | {fmt(r.get('ttft_s'), '.3f')} "
+            f"| {fmt(r.get('speedup_vs_full'), '.2f')} | {fmt(r.get('kept_tokens'), 'd')} | {fmt(r['peak_gb'], '.1f')} "
+            f"| {fmt(r.get('predicted_s'), '.3g')} | {fmt(r.get('measured_over_predicted'), '.2f')} "
+            f"| {r['error'] or ''} |"
+        )
+    lines += [
+        "",
+        "| decode after full prefill | prompt tokens | tok/s | roofline tok/s (plain) | accepted / drafted | note |",
+    ]
+    lines += ["|---|---|---|---|---|---|"]
+    for d in result["decode"]:
+        accepted = f"{d['accepted']} / {d['drafted']}" if d.get("drafted") is not None else "-"
+        label = f"drafting k={d['draft_tokens']} ({plan['speculator']})" if d["draft_tokens"] else "plain"
+        lines.append(
+            f"| {label} | {d['prompt_tokens']} | {fmt(d.get('decode_tps'), '.1f')} "
+            f"| {fmt(d['predicted_plain_tps'], '.1f')} | {accepted} | {d['error'] or ''} |"
+        )
+    return "\n".join(lines + ["", *(f"- {n}" for n in result["notes"])])
+
+
+if __name__ == "__main__":
+    sys.exit(run(parse_args()))
