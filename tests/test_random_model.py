@@ -214,8 +214,8 @@ def test_gpu_session_script_smoke_run(tmp_path):
     rows = result["rows"]
     assert result["complete"] and result["roofline"]["name"] == "H100 SXM5"
     assert [(r["method"], r["prompt_tokens"]) for r in rows] == [
-        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill")
-    ]
+        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill", "specprefill+h2o")
+    ]  # the composition runs: `specfill bench --help` lists --speculator-prefill
     for r in rows:
         assert len(r["runs"]) == 2 and r["ttft_s"] == statistics.median(x["ttft_s"] for x in r["runs"])
         assert r["peak_gb"] > 0 and r["measured_over_predicted"] == pytest.approx(r["ttft_s"] / r["predicted_s"])
