@@ -275,6 +275,7 @@ def _describe_latent(
         set(own) - KNOWN_SETTINGS - LATENT_SETTINGS
     )  # e.g. deepseek_v32's indexer
     rope = attn.children().get("rope")
+    layout["rope"] = rope is not None  # kimi_linear's latent layers: no RoPE, the "rope" part unrotated
     if unknown or not (nope and rope_dim and value_dim) or "scale" not in own:
         reason = f"parts or settings the adapter does not model: {', '.join(unknown) or 'head dims, scale'}"
         return AttentionLayout(kind, n_heads, n_heads, 2, scale, refusal=reason, **layout)

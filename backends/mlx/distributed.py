@@ -47,7 +47,7 @@ from specfill.core.errors import ConfigError, ModelLoadError, SpecfillError, quo
 from specfill.core.io.tokenizer import load_tokenizer
 from specfill.core.methods.specprefill import QueryCapture
 
-from .adapted import AdaptedModel, AdaptedOps, _activation_dtype, _args, _check_plain_caches, adapt
+from .adapted import AdaptedModel, AdaptedOps, _activation_dtype, _args, _check_caches, adapt
 from .adapted_loader import _tokenizer_source
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .cache import LayerKVCache, ModelKVCache
@@ -333,10 +333,10 @@ def _adapt_pipelined(lm: nn.Module, layouts: tuple, architecture: str) -> Pipeli
         if attention_of(layer) is None:
             layout = layouts[start + offset]
             raise ModelLoadError(
-                f"{architecture} layer {start + offset} is {layout.kind}: specfill's KV cache "
-                f"holds softmax-attention layers only ({layout.refusal})"
+                f"{architecture} layer {start + offset} is {layout.kind}: specfill's pipeline-parallel "
+                f"model runs softmax-attention layers only (hybrids run unsharded or tensor-parallel)"
             )
-    _check_plain_caches(lm, architecture)
+    _check_caches(lm, architecture, layouts[start:end])
     state = StepState()
     for offset, layer in enumerate(local):
         name, module = attention_of(layer)

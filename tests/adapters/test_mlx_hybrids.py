@@ -27,7 +27,7 @@ from tests.adapters.mlx_backend import adapted, own_greedy, own_logits
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
 # the method tests' architectures (not qwen3_5_moe: qwen3_5's layers)
-FIRST = ("qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "granitemoehybrid", "jamba", "falcon_h1")
+FIRST = ("qwen3_5", "qwen3_next", "lfm2", "nemotron_h", "granitemoehybrid", "jamba", "falcon_h1", "kimi_linear")
 RECURRENT = {"nemotron_h": (0, 3), "falcon_h1": (0, 1, 2, 3)}  # else (0, 2)
 ATTENTION = {"nemotron_h": (1, 4), "falcon_h1": (0, 1, 2, 3)}  # else (1, 3)
 
@@ -57,7 +57,7 @@ def test_full_prefill_and_decoding_equal_mlx_lm(arch):
     model = adapted(lm, prefill_step_size=24)
     assert model.args.recurrent_layers == RECURRENT.get(arch, (0, 2))
     assert model.args.attention_layers == ATTENTION.get(arch, (1, 3))
-    assert (model.args.refusal() is None) == (arch != "kimi_linear")  # its attention is latent attention
+    assert model.args.refusal() is None  # kimi_linear: its attention layers are latent attention, honoured
     assert_close(model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo()), want, f"{arch} prefill")
     assert greedy(model, ids[:20], 6) == want_tokens
 
@@ -144,15 +144,6 @@ def test_specprefill_scores_the_attention_layers_and_equals_the_reference(arch, 
     assert len(tokens) == 3 and greedy(model, ids, 4, replace(method, specprefill=spec(1.0).specprefill)) == greedy(
         model, ids, 4
     )
-
-
-def test_kimi_linear_s_latent_attention_refuses_the_sparse_methods_by_name():
-    """Its recurrent layers are no refusal; its latent-attention layers are (models.md)."""
-    model = adapted(four_layers("kimi_linear"))
-    ids = prompt(24, seed=9)
-    for method in (H2O, replace(spec(0.3), speculator="self:2")):
-        with pytest.raises(MethodRefusedError, match=r"kimi_linear: layer 1 \(multi-head latent attention\)"):
-            greedy(model, ids, 2, method)
 
 
 def test_more_drafts_than_the_cache_can_roll_back_is_one_config_error():
