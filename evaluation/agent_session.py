@@ -2,7 +2,7 @@
 prompt cache, without it, and after a server restart that reads the cache back from disk.
 
     python -m specfill.evaluation.agent_session --model PATH_OR_SPEC [--dtype float32] [--threads 2]
-        [--turns 10] [--tool-tokens 1000-4000] [--max-tokens 16] [--out results/agent_session]
+        [--turns 10] [--tool-tokens 1000-4000] [--system-tokens 0] [--max-tokens 16] [--out results/agent_session]
 
 The session, played with the official openai client: a coding agent's system prompt and tools
 (read_file, list_files, search_code, edit_file, run_tests), a user task, then per turn one scripted
@@ -108,10 +108,28 @@ def cut_to_tokens(server: ServerProcess, text: str, tokens: int) -> tuple[str, i
     return _post(server, "/detokenize", {"tokens": ids})["content"], len(ids)
 
 
-def session_messages(server: ServerProcess, turns: int, sizes: list[int]) -> tuple[list[list[dict]], list[dict]]:
-    """Each turn's messages (the whole conversation up to its tool result) and what each tool read."""
+def project_guide() -> str:
+    """What an agent puts in its system prompt besides its rules: the project's own guide (this
+    repository's docs/*.md, as Claude Code reads CLAUDE.md), or its sources where no docs ship."""
+    import specfill
+
+    docs = sorted(Path(specfill.__file__).resolve().parents[1].glob("docs/*.md"))
+    texts = [p.read_text(encoding="utf-8") for p in docs] or [text for _, text in source_files(1)]
+    return "\n\n".join(texts)
+
+
+def session_messages(
+    server: ServerProcess, turns: int, sizes: list[int], system_tokens: int = 0
+) -> tuple[list[list[dict]], list[dict]]:
+    """Each turn's messages (the whole conversation up to its tool result) and what each tool read;
+    system_tokens > 0: the system prompt carries that many tokens of the project's guide too (coding
+    agents send 10-30K tokens of rules, tool schemas and project notes before the first turn)."""
     files = source_files(4 * max(sizes))
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+    system = SYSTEM
+    if system_tokens > 0:
+        guide, _ = cut_to_tokens(server, project_guide(), system_tokens)
+        system = f"{SYSTEM}\n\n# Project guide\n\n{guide}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": TASK}]
     prompts, reads = [], []
     for turn in range(turns):
         path, text = files[turn % len(files)]
@@ -198,7 +216,8 @@ def run_session(args: argparse.Namespace, log: Callable[[str], None] = print) ->
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     json_path, cache_dir = out / f"{args.name}.json", out / f"{args.name}_cache"
-    settings = {k: getattr(args, k) for k in ("model", "dtype", "threads", "turns", "tool_tokens", "max_tokens")}
+    keys = ("model", "dtype", "threads", "turns", "tool_tokens", "system_tokens", "max_tokens")
+    settings = {k: getattr(args, k) for k in keys}
     result: dict[str, Any] = {"settings": settings, "turns": [], "restart": []}
     if json_path.exists():
         old = json.loads(json_path.read_text())
@@ -225,7 +244,7 @@ def run_session(args: argparse.Namespace, log: Callable[[str], None] = print) ->
         result["server"] = {k: health.get(k) for k in ("model", "backend", "device")}
         result["machine"] = describe_machine({"threads": args.threads})
         sizes = tool_sizes(args.tool_tokens, args.turns)
-        prompts, reads = session_messages(server, args.turns, sizes)
+        prompts, reads = session_messages(server, args.turns, sizes, args.system_tokens)
         for turn in range(len(result["turns"]), args.turns):
             cached = ask(c, server, prompts[turn], args.max_tokens, cache=True)
             cold = ask(c, server, prompts[turn], args.max_tokens, cache=False)
@@ -308,6 +327,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="the server's --threads (default: %(default)s)")
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--tool-tokens", default="1000-4000", help="each tool result's tokens: N or LO-HI (%(default)s)")
+    p.add_argument(
+        "--system-tokens",
+        type=int,
+        default=0,
+        help="tokens of the project's guide added to the system prompt, as agents send (default: %(default)s)",
+    )
     p.add_argument("--max-tokens", type=int, default=16, help="the model's reply per turn (default: %(default)s)")
     p.add_argument("--out", default="results/agent_session", help="folder for the results (default: %(default)s)")
     p.add_argument("--name", default="agent_session", help="file name stem (default: %(default)s)")
@@ -317,8 +342,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.turns < 1 or args.threads < 1 or args.max_tokens < 1:
-        parser().error("--turns, --threads and --max-tokens must be positive")
+    if args.turns < 1 or args.threads < 1 or args.max_tokens < 1 or args.system_tokens < 0:
+        parser().error("--turns, --threads and --max-tokens must be positive, --system-tokens at least 0")
     try:
         tool_sizes(args.tool_tokens, args.turns)
     except ValueError as err:

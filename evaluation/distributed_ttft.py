@@ -365,9 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         "setups": setups,
         "rows": summarize(setups),
     }
-    write_atomic(args.out.with_suffix(".json"), json.dumps(result, indent=1) + "\n")
-    write_atomic(args.out.with_suffix(".md"), markdown(result))
-    print(args.out.with_suffix(".md").read_text())
+    stem = args.out.parent / args.out.name  # "qwen0.5b_1k": a dot in the stem is no suffix
+    json_path, md_path = stem.with_name(stem.name + ".json"), stem.with_name(stem.name + ".md")
+    write_atomic(json_path, json.dumps(result, indent=1) + "\n")
+    write_atomic(md_path, markdown(result))
+    print(md_path.read_text())
     return 0
 
 

@@ -22,17 +22,26 @@ import pytest
 pytest.importorskip("mlx.core")
 pytest.importorskip("mlx_lm")
 
-from tests.adapters.mlx_archs import HONOURED, save_directory
+from tests.adapters.mlx_archs import HONOURED, HYBRID, save_directory
 from tests.mlx_distributed.launch import HERE, LAUNCH_LIMIT_S, RANKS, launch, unavailable
 
 pytestmark = pytest.mark.slow
 
-ARCHS = {"llama": {}, "qwen3_moe": dict(HONOURED["qwen3_moe"], num_hidden_layers=4)}
+ARCHS = {
+    "llama": {},
+    "qwen3_moe": dict(HONOURED["qwen3_moe"], num_hidden_layers=4),
+    "qwen3_5": dict(HYBRID["qwen3_5"], num_hidden_layers=4),  # a hybrid: delta-net, attention, delta-net, attention
+}
 BITS = {"llama": 8}  # quantized as mlx-lm's convert does: mlx-lm's shard splits the quantized layers
 PAIR = {"llama"}  # handed over as mlx_lm.load's unsharded (model, tokenizer) pair, the others as directories
 # what is refused under each kind, and the words of its refusal
 REFUSED = {
     "tensor": {"spec_self": "refused under tensor parallelism", "auto": "needs auto_threshold"},
+    "hybrid-tensor": {
+        "spec_self": "refused under tensor parallelism",
+        "draft_self": "no attention layer",  # self:1 is the hybrid's first layer, a recurrent one
+        "auto": "needs auto_threshold",
+    },
     "pipeline": {
         "spec_self": "refused under pipeline parallelism",
         "draft_self": "refused under pipeline parallelism",
@@ -88,7 +97,9 @@ def gathered_memory_sets(ranks: list[dict[str, Any]], kind: str) -> list[list[np
     return merged
 
 
-@pytest.mark.parametrize("arch, kind", [("llama", "tensor"), ("qwen3_moe", "tensor"), ("qwen3_moe", "pipeline")])
+@pytest.mark.parametrize(
+    "arch, kind", [("llama", "tensor"), ("qwen3_moe", "tensor"), ("qwen3_moe", "pipeline"), ("qwen3_5", "tensor")]
+)
 def test_sharded_run_equals_one_process(
     ring: None, models: dict[str, Path], tmp_path: Path, arch: str, kind: str
 ) -> None:
@@ -106,8 +117,9 @@ def test_sharded_run_equals_one_process(
     ranks = [json.loads(f.read_text()) for f in files]
     want = reference(arch, models)
     assert [r["size"] for r in ranks] == [RANKS] * RANKS
+    refusals = REFUSED[f"hybrid-{kind}" if arch in HYBRID else kind]
     for name in COMPARED:
-        refused = REFUSED[kind].get(name)
+        refused = refusals.get(name)
         for r in ranks:
             got = r[name]
             if refused is not None:
@@ -127,7 +139,8 @@ def test_sharded_run_equals_one_process(
     got_sets = gathered_memory_sets(ranks, kind)
     want_sets = [[np.asarray(m) for m in layer] for layer in want["h2o"]["memory_sets"]]
     assert [len(layer) for layer in got_sets] == [len(layer) for layer in want_sets]
-    assert all(len(layer) > 0 for layer in want_sets)
+    attention = [0, 1, 0, 1] if arch in HYBRID else [1] * len(want_sets)  # a hybrid's recurrent layers: none
+    assert [int(len(layer) > 0) for layer in want_sets] == attention
     for index, (got_layer, want_layer) in enumerate(zip(got_sets, want_sets)):
         for chunk, (got, wanted) in enumerate(zip(got_layer, want_layer)):
             np.testing.assert_array_equal(got, wanted, err_msg=f"layer {index}, memory set {chunk}")
@@ -385,7 +398,7 @@ def test_refused_by_name_before_sharding(models: dict[str, Path]) -> None:
     import mlx.core as mx
 
     from specfill.backends.mlx.distributed import load_distributed
-    from specfill.core.errors import ConfigError
+    from specfill.core.errors import ConfigError, ModelLoadError
 
     class TwoRanks:  # the group's size is all the checks read before sharding
         def size(self) -> int:
@@ -404,6 +417,8 @@ def test_refused_by_name_before_sharding(models: dict[str, Path]) -> None:
 
     with pytest.raises(ConfigError, match="4 query and 2 KV heads do not split over 3 ranks"):
         load_distributed(models["llama"], None, cpu, 2048, group=ThreeRanks())
+    with pytest.raises(ModelLoadError, match=r"qwen3_5 layer 0 is recurrent .*pipeline-parallel model runs softmax"):
+        load_distributed(models["qwen3_5"], None, cpu, 2048, group=TwoRanks(), pipeline=True)
 
 
 def test_group_of_one_loads_as_one_process(models: dict[str, Path]) -> None:
