@@ -81,13 +81,16 @@ def sparse_name(method: PrefillMethod) -> str:
 def auto_options(method: PrefillMethod) -> list[PrefillMethod]:
     """The "auto" methods, one sparse method each, that auto chooses among: without a speculator
     H2O alone (method itself); with one SpecPrefill with a dense speculator, SpecPrefill over an H2O
-    speculator (the config's speculator_prefill, else speculator_h2o()) and H2O, in that order."""
+    speculator when the config asks for one (speculator_prefill set: auto never picks the
+    composition on its own, its fidelity at 16K is not established: docs/methods.md) and H2O, in
+    that order."""
     if method.speculator is None:
         return [method]
     spec = method.specprefill or SpecPrefillConfig()
+    composed = [dataclasses.replace(method, specprefill=spec)] if spec.speculator_prefill is not None else []
     return [
         dataclasses.replace(method, specprefill=dataclasses.replace(spec, speculator_prefill=None)),
-        dataclasses.replace(method, specprefill=spec.composed()),
+        *composed,
         dataclasses.replace(method, speculator=None),
     ]
 

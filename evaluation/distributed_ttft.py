@@ -215,7 +215,8 @@ def rank_run(kind: str, model_dir: str, speculator_dir: str, tokens: int, out_di
     return 0
 
 
-def _free_port_pair() -> int:
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 (the ring listens on one port per rank)."""
     for _ in range(50):
         port = random.randint(20000, 60000)
         try:
@@ -242,7 +243,7 @@ def _command(kind: str, args: list[str]) -> list[str]:
         "--hosts",
         "127.0.0.1",
         "--starting-port",
-        str(_free_port_pair()),
+        str(free_port_pair()),
         "--python",
         sys.executable,
         "--",

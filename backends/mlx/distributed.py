@@ -47,7 +47,7 @@ from specfill.core.errors import ConfigError, ModelLoadError, SpecfillError, quo
 from specfill.core.io.tokenizer import load_tokenizer
 from specfill.core.methods.specprefill import QueryCapture
 
-from .adapted import AdaptedModel, AdaptedOps, _activation_dtype, _args, _check_caches, adapt
+from .adapted import AdaptedModel, AdaptedOps, _activation_dtype, _args, _check_caches, _config, adapt
 from .adapted_loader import _tokenizer_source
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .cache import LayerKVCache, ModelKVCache
@@ -297,7 +297,7 @@ def _check_can_shard(lm: nn.Module, architecture: str, kind: str, size: int) -> 
             f"{architecture}: mlx-lm has no pipeline-parallel code for it (no Model.model.pipeline){other}"
         )
     if kind == "tensor":
-        config = dict(vars(lm.args))
+        config = _config(lm)  # a wrapped text model's (Qwen3.5's text_config)
         heads, kv = (
             config.get("num_attention_heads"),
             config.get("num_key_value_heads") or config.get("num_attention_heads"),
@@ -315,7 +315,8 @@ def _check_local_heads(model: AdaptedModel, config: dict[str, Any], size: int, a
     """After shard(): the adapter read every layer's LOCAL head counts (global / size)."""
     heads = int(config["num_attention_heads"])
     kv = int(config.get("num_key_value_heads") or heads)
-    for index, layout in enumerate(model.args.layers):
+    for index in model.args.attention_layers:  # a hybrid's recurrent layers: the library's, unchecked here
+        layout = model.args.layers[index]
         if layout.refusal is None and (layout.n_heads * size != heads or layout.n_kv_heads * size != kv):
             raise ModelLoadError(
                 f"{architecture} layer {index}: the adapter read {layout.n_heads} query / "
@@ -374,8 +375,8 @@ def load_distributed(
             ) from None
     if not isinstance(lm, nn.Module):
         raise ModelLoadError(f"expected an mlx-lm model (mlx.nn.Module), got {type(lm).__name__}")
-    config = dict(vars(lm.args))
-    architecture = str(config.get("model_type", type(lm).__module__.rsplit(".", 1)[-1]))
+    config = _config(lm)  # a wrapped text model's (Qwen3.5's text_config), under the outer model type
+    architecture = str(config.get("model_type") or type(lm).__module__.rsplit(".", 1)[-1])
     distributed = Distributed(group, kind)
     _check_can_shard(lm, architecture, kind, distributed.size)
     stop_on_terminate(distributed.rank, distributed.size)
@@ -383,6 +384,12 @@ def load_distributed(
     with mx.stream(device):
         if pipeline:
             layouts = tuple(describe_layer(config, index, layer) for index, layer in enumerate(lm.layers))
+            recurrent = next((i for i, layout in enumerate(layouts) if layout.recurrent or layout.parallel), None)
+            if recurrent is not None:  # refused before any rank is waited for
+                raise ModelLoadError(
+                    f"{architecture} layer {recurrent} is {layouts[recurrent].kind}: specfill's pipeline-parallel "
+                    f"model runs softmax-attention layers only (hybrids run unsharded or tensor-parallel)"
+                )
             lm.model.pipeline(group)
         else:
             lm.shard(group)

@@ -5,7 +5,6 @@ mlx.launch or the ring back-end is unavailable here."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -13,6 +12,8 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from specfill.evaluation.distributed_ttft import free_port_pair
 
 HERE = Path(__file__).resolve().parent
 LAUNCH_LIMIT_S = 60  # each launch: two processes importing mlx-lm, loading a tiny model, generating
@@ -37,20 +38,6 @@ def launcher() -> Path | None:
     return Path(found) if found else None
 
 
-def _free_port_pair() -> int:
-    """A port p with p and p + 1 free on 127.0.0.1 (the ring listens on one port per rank)."""
-    for _ in range(50):
-        port = random.randint(20000, 60000)
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", port))
-                b.bind(("127.0.0.1", port + 1))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port pair on 127.0.0.1")
-
-
 def start(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`script args` on RANKS ring ranks on 127.0.0.1 (niced: this machine is shared), in a process
     group of its own (killed whole at a limit), output piped."""
@@ -66,7 +53,7 @@ def start(script: Path, *args: str, env: dict[str, str] | None = None) -> subpro
         "--hosts",
         "127.0.0.1",
         "--starting-port",
-        str(_free_port_pair()),
+        str(free_port_pair()),
         "--python",
         sys.executable,
     ]

@@ -37,11 +37,7 @@ PAIR = {"llama"}  # handed over as mlx_lm.load's unsharded (model, tokenizer) pa
 # what is refused under each kind, and the words of its refusal
 REFUSED = {
     "tensor": {"spec_self": "refused under tensor parallelism", "auto": "needs auto_threshold"},
-    "hybrid-tensor": {
-        "spec_self": "refused under tensor parallelism",
-        "draft_self": "no attention layer",  # self:1 is the hybrid's first layer, a recurrent one
-        "auto": "needs auto_threshold",
-    },
+    "hybrid-tensor": {"spec_self": "refused under tensor parallelism", "auto": "needs auto_threshold"},
     "pipeline": {
         "spec_self": "refused under pipeline parallelism",
         "draft_self": "refused under pipeline parallelism",
