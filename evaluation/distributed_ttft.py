@@ -229,26 +229,21 @@ def free_port_pair() -> int:
     raise RuntimeError("no free port pair on 127.0.0.1")
 
 
+def ring_command(launcher: Path, script: list[str], ranks: int = 2, env: dict[str, str] | None = None) -> list[str]:
+    """mlx.launch's command line running `script` (a Python file and its arguments) on `ranks` ring
+    ranks on 127.0.0.1 with this interpreter ("--": the script's options are not the launcher's)."""
+    command = [str(launcher), "--backend", "ring", "-n", str(ranks), "--hosts", "127.0.0.1"]
+    command += ["--starting-port", str(free_port_pair()), "--python", sys.executable]
+    for key, value in (env or {}).items():
+        command += ["--env", f"{key}={value}"]
+    return [*command, "--", *script]
+
+
 def _command(kind: str, args: list[str]) -> list[str]:
     script = [str(Path(__file__).resolve()), "--rank-run", kind, *args]
     if kind == "one":
         return [sys.executable, *script]
-    launcher = Path(sys.executable).parent / "mlx.launch"
-    return [
-        str(launcher),
-        "--backend",
-        "ring",
-        "-n",
-        "2",
-        "--hosts",
-        "127.0.0.1",
-        "--starting-port",
-        str(free_port_pair()),
-        "--python",
-        sys.executable,
-        "--",
-        *script,
-    ]
+    return ring_command(Path(sys.executable).parent / "mlx.launch", script)
 
 
 def run_setups(

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specfill.evaluation.distributed_ttft import free_port_pair
+from specfill.evaluation.distributed_ttft import ring_command
 
 HERE = Path(__file__).resolve().parent
 LAUNCH_LIMIT_S = 60  # each launch: two processes importing mlx-lm, loading a tiny model, generating
@@ -41,25 +41,7 @@ def launcher() -> Path | None:
 def start(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """`script args` on RANKS ring ranks on 127.0.0.1 (niced: this machine is shared), in a process
     group of its own (killed whole at a limit), output piped."""
-    command = [
-        "nice",
-        "-n",
-        "19",
-        str(launcher()),
-        "--backend",
-        "ring",
-        "-n",
-        str(RANKS),
-        "--hosts",
-        "127.0.0.1",
-        "--starting-port",
-        str(free_port_pair()),
-        "--python",
-        sys.executable,
-    ]
-    for key, value in (env or {}).items():
-        command += ["--env", f"{key}={value}"]
-    command += ["--", str(script), *args]  # "--": the script's own options are not the launcher's
+    command = ["nice", "-n", "19", *ring_command(launcher(), [str(script), *args], RANKS, env)]
     return subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
