@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import signal
 import statistics
 import sys
@@ -54,10 +55,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
     p.add_argument("--compose", action="store_true", help="add SpecPrefill with --speculator-prefill h2o")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=METHOD[:FLAGS]",
+        help="one more row per length: METHOD (full, h2o, specprefill) with `specfill bench` FLAGS, "
+        "e.g. 'h2o-all=h2o:--h2o-layers all' or 'keep-0.1=specprefill:--keep 0.1' (repeatable)",
+    )
+    p.add_argument("--methods", default=None, help="the rows to run, by name (comma-separated; default: all)")
     p.add_argument("--roofline", default="auto", help="DEVICES key (h100, h200) or auto: from the GPU's name")
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--out", default="results/gpu")
     p.add_argument("--name", default="ttft")
+    p.add_argument(
+        "--replot",
+        metavar="JSON",
+        help="no run: draw JSON's TTFT plot (<stem>_ttft.png beside it), for results whose run had no plot",
+    )
+    p.add_argument("--device-name", help="with --replot: the device for the title where the JSON has none")
     return p.parse_args(argv)
 
 
@@ -70,9 +86,12 @@ def roofline_key(choice: str, device: str) -> str | None:
     return next((key for key in ("h200", "h100") if key in name), None)
 
 
-def method_configs(compose: bool) -> dict[str, tuple[str, argparse.Namespace]]:
-    """name -> (method, the bench CLI's parsed defaults): the composition parses the flag another
-    change adds, through the CLI's own parser, so its config is the one `specfill bench` would use."""
+def method_configs(
+    compose: bool, variants: list[str] = (), only: str | None = None
+) -> dict[str, tuple[str, argparse.Namespace]]:
+    """name -> (method, the bench CLI's parsed flags): the defaults, the composition and each
+    variant parse their flags through the CLI's own parser, so a row's config is the one
+    `specfill bench` would use with those flags. `only` (comma-separated names) keeps those rows."""
     parser = argparse.ArgumentParser()
     bench_cli.add_arguments(parser)
     plain = parser.parse_args([])
@@ -81,6 +100,18 @@ def method_configs(compose: bool) -> dict[str, tuple[str, argparse.Namespace]]:
         print("--compose: this checkout's bench has no --speculator-prefill flag: the composition is skipped")
     elif compose:
         methods["specprefill+h2o"] = ("specprefill", parser.parse_args(["--speculator-prefill", "h2o"]))
+    for spec in variants:
+        name, _, rest = spec.partition("=")
+        kind, _, flags = rest.partition(":")
+        if not name or kind not in ("full", "h2o", "specprefill"):
+            raise SystemExit(f"--variant {spec!r}: expected NAME=METHOD[:FLAGS] with METHOD full, h2o or specprefill")
+        methods[name] = (kind, parser.parse_args(shlex.split(flags)))
+    if only is not None:
+        wanted = only.split(",")
+        unknown = [n for n in wanted if n not in methods]
+        if unknown:
+            raise SystemExit(f"--methods: no row named {', '.join(unknown)} (rows: {', '.join(methods)})")
+        methods = {n: methods[n] for n in wanted}
     return methods
 
 
@@ -135,18 +166,19 @@ def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> di
     }
 
 
-def predicted_ttft(shapes, rates, name, args_ns, n_tokens, kept) -> float | None:
+def predicted_ttft(shapes, rates, kind, args_ns, n_tokens, kept) -> float | None:
+    """The roofline's TTFT of method `kind` (full, h2o, specprefill) with the parsed flags args_ns."""
     if rates is None:
         return None
     main, spec = shapes
     h2o, sp = h2o_config(args_ns), specprefill_config(args_ns)
-    if name in ("full", "h2o"):
-        return predict(main, rates, n_tokens, Method(name, h2o=h2o))["ttft"]
+    if kind in ("full", "h2o"):
+        return predict(main, rates, n_tokens, Method(kind, h2o=h2o))["ttft"]
     parts = predict(
         main, rates, n_tokens, Method("specprefill", speculator=spec, lookahead=sp.lookahead, kept_tokens=kept)
     )
-    if name == "specprefill+h2o":  # the speculator's own prefill runs H2O, in the layers its config names
-        spec_h2o = getattr(sp, "speculator_prefill", None)
+    spec_h2o = getattr(sp, "speculator_prefill", None)
+    if spec_h2o is not None and spec_h2o != "dense":  # the composition: the speculator's prefill runs H2O
         spec_h2o = spec_h2o if isinstance(spec_h2o, type(h2o)) else replace(h2o, layers="all")  # "h2o": every layer
         parts["speculator"] = predict(spec, rates, n_tokens, Method("h2o", h2o=spec_h2o))["ttft"]
     return sum(v for k, v in parts.items() if k != "ttft")
@@ -156,7 +188,28 @@ def _stop(signum, frame) -> None:
     raise SystemExit(124)
 
 
+def plot(result: dict, path: Path, device_name: str | None = None) -> Path:
+    """TTFT vs prompt length, one line per row name; the title names the models, dtype and device."""
+    from specfill.evaluation.plots import plot_ttft
+
+    plan = result["plan"]
+    device = device_name or result.get("device_name") or plan["device"]
+    rows = [
+        {"backend": plan["device"], "method": r["method"], "prompt_tokens": r["prompt_tokens"], "ttft_s": r["ttft_s"]}
+        for r in result["rows"]
+        if r.get("ttft_s") is not None
+    ]
+    title = f"{plan['model']} (speculator {plan['speculator']}), {plan['dtype']}, {device}, 1 GPU stream"
+    return plot_ttft(rows, path, title)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.replot:
+        source = Path(args.replot)
+        if not source.is_file():
+            raise SystemExit(f"--replot: no such file {source}")
+        print(plot(json.loads(source.read_text()), source.with_name(source.stem + "_ttft.png"), args.device_name))
+        return 0
     bench = Bench(args)
     signal.signal(signal.SIGTERM, _stop)
     try:
@@ -167,6 +220,10 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         bench.write()
+    try:  # a picture of the rows; matplotlib is on the GPU image, and a failed plot loses no result
+        plot(bench.result, Path(args.out) / f"{args.name}_ttft.png")
+    except Exception as e:
+        print(f"no plot: {type(e).__name__}: {e}")
     return 0
 
 
@@ -176,6 +233,7 @@ def measure(bench: Bench) -> None:
     key = roofline_key(args.roofline, args.device)
     rates = DEVICES.get(key) if key else None
     bench.result["roofline"] = vars(rates) if rates else None
+    bench.result["device_name"] = torch.cuda.get_device_name() if bench.cuda else "CPU"
     model, tokenizer = load(args.model, dtype=args.dtype, device=args.device, backend="cuda")
     speculator = load_speculator(args.speculator, model, tokenizer, args.dtype, args.device)
     main_args = random_model_args(args.model)
@@ -187,9 +245,9 @@ def measure(bench: Bench) -> None:
     shapes = (Shape.from_args(args.model, main_args), spec_shape)
     bench.note(f"loaded {args.model} + {args.speculator} in {time.monotonic() - start:.1f} s; roofline {key}")
     bench.result["weights_gb"] = bench.peak_gb(model)
-    methods = {
-        name: (build_method(kind, ns, speculator), ns) for name, (kind, ns) in method_configs(args.compose).items()
-    }
+    configs = method_configs(args.compose, args.variant, args.methods)
+    kinds = {name: kind for name, (kind, _) in configs.items()}
+    methods = {name: (build_method(kind, ns, speculator), ns) for name, (kind, ns) in configs.items()}
     room = main_args.max_position_embeddings - args.decode_tokens  # prompt + new tokens fit the context
     lengths = [min(int(n), room) for n in args.lengths.split(",")]
     if lengths != [int(n) for n in args.lengths.split(",")]:
@@ -202,13 +260,14 @@ def measure(bench: Bench) -> None:
             bench.note(f"warm-up {name} failed: {type(e).__name__}: {e}")
     bench.note(f"warm-ups done at {time.monotonic() - start:.1f} s")
     # decode first: cheap (one short prompt), and a long prefill that overruns the step cannot take it
-    decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates)
+    if "full" in methods:
+        decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates)
     out_of_time: set[str] = set()
     for n in lengths:
         ids = random_prompt_ids(tokenizer.vocab_size, n, seed=n)
         for name, (method, ns) in methods.items():
-            row = {"method": name, "prompt_tokens": n, "runs": [], "peak_gb": None, "error": None}
-            guess = predicted_ttft(shapes, rates, name, ns, n, None)
+            row = {"method": name, "kind": kinds[name], "prompt_tokens": n, "runs": [], "peak_gb": None, "error": None}
+            guess = predicted_ttft(shapes, rates, kinds[name], ns, n, None)
             decode_guess = args.decode_tokens * decode_seconds(shapes[0], rates, n, 2) if rates else 0.0
             cost = SLACK * (guess + decode_guess) if guess is not None else 0.0
             for _ in range(args.repeats):
@@ -248,7 +307,7 @@ def finish_row(row: dict, shapes, rates, ns) -> None:
         row["ttft_s"] = statistics.median(r["ttft_s"] for r in runs)
         row["decode_tps"] = statistics.median(r["decode_tps"] for r in runs)
         row["kept_tokens"] = runs[0]["kept_tokens"]
-        row["predicted_s"] = predicted_ttft(shapes, rates, row["method"], ns, row["prompt_tokens"], row["kept_tokens"])
+        row["predicted_s"] = predicted_ttft(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"])
         row["measured_over_predicted"] = row["ttft_s"] / row["predicted_s"] if row["predicted_s"] else None
 
 

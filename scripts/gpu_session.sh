@@ -2,7 +2,7 @@
 # Issue #40's GPU session in one command, for a bare CUDA machine that already has torch, triton,
 # numpy, transformers, tokenizers, safetensors, jinja2 and matplotlib (nothing is fetched; gguf and
 # pytest travel as pure-Python wheels in the gitignored .whl/, see below). Steps, each timed and
-# each running even if an earlier one failed, every result in $OUT (7 files):
+# each running even if an earlier one failed, every result in $OUT (8 files):
 #   1. machine: nvidia-smi, torch / CUDA / Triton versions, GPU name and capability -> machine.txt
 #   2. conformance on the cuda backend, Triton kernels on, on the GPU  -> conformance-cuda.{json,md}
 #   3. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
@@ -13,7 +13,7 @@
 #      when `specfill bench --help` lists it) on random Llama-3.1-8B-shape weights with a random
 #      Llama-3.2-1B-shape speculator, bf16, 8K / 32K / 128K, medians of 3, peak memory, beside the
 #      roofline's prediction; decode tok/s plain and with the 1B drafting (scripts/gpu_bench.py)
-#                                                                      -> ttft.{json,md}
+#                                                                      -> ttft.{json,md}, ttft_ttft.png
 #   every step's start, end, seconds and exit code                     -> session.log
 # Time: BUDGET_S (default 540) for the whole script. A step's limit is what is left of the budget
 # minus the shares of the steps after it (SHARES, seconds: machine, conformance, kernels, bench),
@@ -69,6 +69,20 @@ trap 'rm -rf "$SITE"' EXIT
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$SITE/specfill"
 for entry in specfill/* core backends conformance cli evaluation; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
+# Python puts the working directory (this checkout, whose specfill/ lacks core/ and the rest) before
+# PYTHONPATH, and pytest puts the rootdir there too: a finder first on sys.meta_path, installed by a
+# sitecustomize in $SITE (imported at start-up, before either), resolves the top-level `specfill`
+# to $SITE/specfill, whose submodules then follow its __path__
+cat > "$SITE/sitecustomize.py" <<PYEOF
+import importlib.machinery, sys
+class _SpecfillFromSite:
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name == "specfill":
+            return importlib.machinery.PathFinder.find_spec(name, ["$SITE"])
+        return None
+sys.meta_path.insert(0, _SpecfillFromSite)
+PYEOF
 # what the bare image lacks travels as pure-Python wheels in .whl/ (gitignored): gguf (the test
 # fixtures write tiny GGUF files; its yaml / tqdm / requests come with transformers) and pytest with
 # its pluggy, iniconfig and pygments; each is unpacked (a pure-Python wheel is a zip of its modules)
@@ -83,7 +97,8 @@ for module in gguf pytest pluggy iniconfig pygments; do
         echo "gpu_session: no $module module and no .whl/$module-*.whl: the steps needing it will fail" | tee -a "$LOG"
     fi
 done
-"$PY" -c "import specfill.core" >> "$LOG" 2>&1 || { echo "gpu_session: cannot import specfill" | tee -a "$LOG" >&2; exit 2; }
+"$PY" -c "import specfill.core, specfill; print('specfill from', specfill.__file__)" >> "$LOG" 2>&1 \
+    || { echo "gpu_session: cannot import specfill" | tee -a "$LOG" >&2; exit 2; }
 echo "setup: $((SECONDS - START)) s; budget ${BUDGET_S} s from the start, shares ${SHARES[*]}" | tee -a "$LOG"
 BUDGET_END=$((START + BUDGET_S))
 failed=()

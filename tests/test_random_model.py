@@ -203,8 +203,13 @@ def test_gpu_session_script_smoke_run(tmp_path):
         "session.log",
         "ttft.json",
         "ttft.md",
+        "ttft_ttft.png",
     ]
     log = (tmp_path / "session.log").read_text()
+    # this checkout's own specfill/ (no core/) sits first on sys.path when Python runs from the
+    # checkout; the first GPU run failed on it ("No module named 'specfill.core'"): the script's
+    # linked package must win even so
+    assert re.search(r"^specfill from /tmp/specfill-site\.\w+/specfill/__init__\.py$", log, re.M), log
     for step in ("machine", "conformance", "kernels", "bench"):
         assert f"{step}: start at" in log and re.search(rf"^{step}: \d+ s, exit 0$", log, re.M), log
     assert "torch" in (tmp_path / "machine.txt").read_text()
@@ -241,3 +246,67 @@ def test_gpu_bench_out_of_time_keeps_a_row_saying_so(tmp_path):
     assert result["rows"] and all(not r["runs"] and r["error"].startswith("out of time") for r in result["rows"])
     assert all(d["error"].startswith("out of time") for d in result["decode"])
     assert "out of time" in (tmp_path / "ttft.md").read_text()
+
+
+def test_gpu_bench_variants_run_their_own_flags(tmp_path):
+    """--variant rows parse `specfill bench` flags (their config reaches the run: keep 0.1 keeps fewer
+    tokens than keep 0.5) and --methods keeps the named rows only, full among them for the speed-ups."""
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--model", "random:tiny-llama"]
+        + ["--speculator", "random:tiny-llama-32k", "--lengths", "96", "--repeats", "1", "--decode-tokens", "2"]
+        + ["--dtype", "float32", "--device", "cpu", "--roofline", "h100", "--budget-s", "120", "--out", str(tmp_path)]
+        + ["--variant", "keep-0.1=specprefill:--keep 0.1", "--variant", "keep-0.5=specprefill:--keep 0.5"]
+        + ["--variant", "h2o-all=h2o:--h2o-layers all", "--methods", "full,keep-0.1,keep-0.5,h2o-all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {r["method"]: r for r in json.loads((tmp_path / "ttft.json").read_text())["rows"]}
+    assert list(rows) == ["full", "keep-0.1", "keep-0.5", "h2o-all"]
+    assert rows["keep-0.1"]["kept_tokens"] < rows["keep-0.5"]["kept_tokens"] < 96
+    assert rows["h2o-all"]["kind"] == "h2o" and rows["h2o-all"]["speedup_vs_full"] > 0
+    assert all(r["predicted_s"] and r["error"] is None for r in rows.values())
+
+
+def test_gpu_bench_refuses_an_unknown_variant_or_row(tmp_path):
+    pytest.importorskip("torch")
+    for extra, message in (
+        (["--variant", "x=sparse:--keep 0.1"], "expected NAME=METHOD[:FLAGS]"),
+        (["--methods", "full,nope"], "--methods: no row named nope"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--model", "random:tiny-llama"]
+            + ["--speculator", "self:1", "--lengths", "32", "--device", "cpu", "--out", str(tmp_path)]
+            + extra,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode != 0 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_gpu_profile_writes_its_tables(tmp_path):
+    """scripts/gpu_profile.py (where a GPU run's time goes) on the CPU with tiny models: one
+    section per method and the decode, each with both tables."""
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_profile.py"), "--model", "random:tiny-llama"]
+        + ["--speculator", "random:tiny-llama-32k", "--tokens", "64", "--decode-prompt", "32", "--decode-tokens", "2"]
+        + ["--methods", "full,specprefill", "--dtype", "float32", "--device", "cpu", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = (tmp_path / "profile.md").read_text()
+    assert [line for line in text.splitlines() if line.startswith("## ")] == [
+        "## full, 64 tokens, 1 new",
+        "## specprefill, 64 tokens, 1 new",
+        "## decode (full prefill + plain decode), 32 tokens, 2 new",
+    ]
+    assert text.count("### by operator\n") == 3 and text.count("Python stack") == 3 and "aten::mm" in text
