@@ -31,7 +31,14 @@ def bench_method(name: str, plan: "BenchPlan", speculator, auto: bool = False):
     with_speculator = speculator if base == "specprefill" else None
     if auto:
         return prefill_method("auto", h2o=plan.h2o, specprefill=spec, speculator=with_speculator)
-    return prefill_method(base, h2o=plan.h2o, specprefill=spec, speculator=with_speculator)
+    # each row gets its own method's settings only: the plan's others belong to its other rows (a
+    # row handed them would warn, once per row, that they do nothing with its method)
+    return prefill_method(
+        base,
+        h2o=plan.h2o if base == "h2o" else None,
+        specprefill=spec if base == "specprefill" else None,
+        speculator=with_speculator,
+    )
 
 
 @dataclass(frozen=True)
