@@ -8,7 +8,8 @@ Per sample:
 - every SpecPrefill candidate is scored on that pass with the NumPy reference's scoring and
   selection (`PassScores`: attention, pooling and the head reduction once per sample, the rest per
   candidate) without the main model: what it keeps of each answer span (chain hop, answer
-  sentence, queried needle) is the selection proxy (`--selection-only` stops there);
+  sentence, queried needle) is the selection proxy (`--selection-only` stops there); SpecPrefill
+  over an H2O speculator runs its own pass and selection instead (evaluation/ruler_composed.py);
 - the main model decodes only the candidates asked for: SpecPrefill from the saved pass (TTFT =
   the pass's measured time + selection, the kept tokens' prefill and the first token) or, with
   end_to_end, through the API like any user (TTFT measured in one call); H2O and full through
