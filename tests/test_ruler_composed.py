@@ -55,6 +55,8 @@ def test_selection_only_runs_the_composed_selection_like_the_api(tiny_checkpoint
         assert r["speculator_s"] > 0 and r["map"]["n"] == r["prompt_tokens"]
     assert records["a+h2o"]["config"] != records["b+h2o"]["config"]
     assert records["a+h2o"]["map"] != records["b+h2o"]["map"]  # the speculator's H2O reached its pass
+    assert "| 600 | a+h2o |" in (tmp_path / "sel.md").read_text()  # in the frontier, recall against kept share
+    assert (tmp_path / "sel_frontier.png").read_bytes()[:4] == b"\x89PNG"
     assert not (tmp_path / "cache" / "passes").exists() and not (tmp_path / "cache" / "answers").exists()
 
     main_model, tokenizer = load(model, backend="cuda", dtype="float32", device="cpu")
