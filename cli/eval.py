@@ -85,13 +85,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME[:key=value,...]",
         help="RULER selection protocol: compare these settings on saved speculator passes instead of the "
         "method sweep. Each is 'full', 'h2o...:' + H2OConfig fields, any other name + SpecPrefillConfig "
-        "fields (e.g. 'mean 0.2:keep_ratio=0.2,layer_reduction=mean'), 'defaults' (full and each "
+        "fields (e.g. 'mean 0.2:keep_ratio=0.2,layer_reduction=mean'; a name with '+h2o' or keys "
+        "'h2o_FIELD=...' (the speculator's H2OConfig): SpecPrefill over an H2O speculator), 'defaults' (full and each "
         "method's default) or 'grid' (the built-in SpecPrefill candidates); docs/eval.md",
     )
     p.add_argument(
         "--selection-only",
         action="store_true",
-        help="with --candidates: what each SpecPrefill candidate keeps of the answer spans, no main-model decoding",
+        help="with --candidates: what each SpecPrefill candidate (+h2o ones included) keeps of the answer spans, "
+        "no main-model prefill or decoding",
     )
     p.add_argument(
         "--end-to-end",

@@ -7,17 +7,21 @@ from dataclasses import replace
 from typing import Any
 
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core.config import speculator_h2o
 from specfill.core.runtime import COMPOSED
 
 Setting = SpecPrefillConfig | H2OConfig | None  # None: full prefill
+H2O_PREFIX = "h2o_"  # a SpecPrefill candidate's key setting its speculator's H2OConfig field
 
 
 def parse_candidate(text: str) -> tuple[str, Setting]:
     """ "NAME:key=value,..." -> (NAME, setting): NAME "full" is full prefill, a NAME starting with
     "h2o" an H2OConfig, any other a SpecPrefillConfig; values are ints, floats or words ("mean");
     "NAME:" (or "NAME") is that method's default; a NAME containing "+h2o" (specprefill+h2o) is
-    SpecPrefill over an H2O speculator (speculator_prefill=h2o unless given). A bad key or value is
-    one ConfigError."""
+    SpecPrefill over an H2O speculator (speculator_prefill=h2o unless given). In a SpecPrefill
+    candidate, keys "h2o_FIELD" set the speculator's H2OConfig FIELD (speculator_h2o(FIELD=...):
+    "c+h2o:h2o_layers=last-0.67,h2o_memory_share=0.1") and make it a composition. A bad key or value
+    is one ConfigError."""
     name, _, body = text.partition(":")
     name = name.strip()
     if not name:
@@ -38,9 +42,16 @@ def parse_candidate(text: str) -> tuple[str, Setting]:
             raise ConfigError("candidate 'full' takes no settings")
         return name, None
     kind = H2OConfig if name.startswith("h2o") else SpecPrefillConfig
-    if "+h2o" in name:
+    speculator = {k.removeprefix(H2O_PREFIX): fields.pop(k) for k in list(fields) if k.startswith(H2O_PREFIX)}
+    if speculator and kind is H2OConfig:
+        raise ConfigError(f"candidate {name!r}: {H2O_PREFIX}* keys set a SpecPrefill speculator's H2O, not H2O's")
+    if speculator and fields.get("speculator_prefill", "h2o") != "h2o":
+        raise ConfigError(f"candidate {name!r}: {H2O_PREFIX}* keys need speculator_prefill=h2o")
+    if "+h2o" in name or speculator:
         fields.setdefault("speculator_prefill", "h2o")
     try:
+        if speculator:
+            fields["speculator_prefill"] = speculator_h2o(**speculator)
         return name, kind(**fields)
     except TypeError as err:
         raise ConfigError(f"candidate {name!r}: {err}") from None
@@ -50,6 +61,13 @@ def on_saved_pass(setting: Setting) -> bool:
     """A SpecPrefill candidate scored on the sample's saved (dense) speculator pass; SpecPrefill
     over an H2O speculator runs its own pass, through the API (end to end), as H2O and full do."""
     return isinstance(setting, SpecPrefillConfig) and setting.speculator_prefill is None
+
+
+def selected_alone(setting: Setting) -> bool:
+    """A candidate whose kept set a selection-only run measures without the main model: every
+    SpecPrefill candidate (on the saved pass, or SpecPrefill over an H2O speculator on its own pass:
+    evaluation/ruler_composed.py); full and H2O decode or nothing."""
+    return isinstance(setting, SpecPrefillConfig)
 
 
 def method_name(setting: Setting) -> str:

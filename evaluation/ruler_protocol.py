@@ -8,7 +8,8 @@ Per sample:
 - every SpecPrefill candidate is scored on that pass with the NumPy reference's scoring and
   selection (`PassScores`: attention, pooling and the head reduction once per sample, the rest per
   candidate) without the main model: what it keeps of each answer span (chain hop, answer
-  sentence, queried needle) is the selection proxy (`--selection-only` stops there);
+  sentence, queried needle) is the selection proxy (`--selection-only` stops there); SpecPrefill
+  over an H2O speculator runs its own pass and selection instead (evaluation/ruler_composed.py);
 - the main model decodes only the candidates asked for: SpecPrefill from the saved pass (TTFT =
   the pass's measured time + selection, the kept tokens' prefill and the first token) or, with
   end_to_end, through the API like any user (TTFT measured in one call); H2O and full through
@@ -44,7 +45,9 @@ from .ruler_candidates import (  # noqa: F401 (parse_candidate, default_candidat
     on_saved_pass,
     parse_candidate,
     resolve_candidates,
+    selected_alone,
 )
+from .ruler_composed import composed_selection
 from .ruler_passes import PassScores, SavedPass, decode_from_pass, speculate
 from .ruler_report import DROPPED_BELOW
 from .ruler_run import span_shares
@@ -222,7 +225,7 @@ def run_protocol(
                     n
                     for n in plan.candidates
                     if (task, length, index, n) not in done
-                    and not (plan.selection_only and not on_saved_pass(plan.candidates[n]))
+                    and not (plan.selection_only and not selected_alone(plan.candidates[n]))
                 ]
                 if not todo:
                     continue
@@ -298,6 +301,16 @@ def _run_candidate(
         model, _, tokenizer = models.pair()
         text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("h2o", h2o=setting), budget)
         return record(sample, length, name, "h2o", text=text, value=value, ttft=ttft, row=row, kept=kept)
+    if not on_saved_pass(setting) and plan.selection_only:  # its own pass, scored and selected: no main model
+        model, speculator, tokenizer = models.pair()
+        chosen = composed_selection(model, speculator, tokenizer, sample, setting)
+        row = np.zeros(chosen["n_prompt"])
+        row[chosen["kept"]] = 1.0
+        timing = {k: chosen[k] for k in ("speculator_s", "selection_s")}
+        return record(
+            sample, length, name, COMPOSED, text=None, value=None, ttft=None, row=row, kept=len(chosen["kept"]),
+            config=asdict(setting), **timing,
+        )  # fmt: skip
     if not on_saved_pass(setting):  # its own speculator pass: end to end, like any user
         model, speculator, tokenizer = models.pair()
         method = PrefillMethod("specprefill", specprefill=setting, speculator=speculator)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from specfill.core.runtime import COMPOSED
+
 from .plots import _pyplot, _save, plot_position_map
 from .ruler_protocol import classify, expand_map, write_atomic
 from .ruler_report import DROPPED_BELOW
@@ -252,7 +254,7 @@ def plot_frontier(front: list[dict], path: Path, title: str) -> Path:
                 x, y = r["kept_share"], r["span_recall"]
             if x is None or y is None:
                 continue
-            color = "tab:blue" if r["kind"] == "specprefill" else "tab:orange"
+            color = {"specprefill": "tab:blue", COMPOSED: "tab:green"}.get(r["kind"], "tab:orange")
             ax.scatter(x, y, color=color, s=40, edgecolors="black", linewidths=0.5)
             ax.annotate(r["setting"], (x, y), fontsize=7, xytext=(4, 4), textcoords="offset points")
         ax.set(

@@ -323,26 +323,23 @@ def expected_work(model_args: Any, speculator_args: Any, n_prompt: int, config: 
     }
 
 
-def speculative_prefill(
+def speculate_and_select(
     ops: ModelOps[A],
-    model: Any,
-    ids: np.ndarray,
     speculator: Any,
+    ids: np.ndarray,
     config: SpecPrefillConfig,
     *,
     stop_ids: frozenset[int],
-    extra_slots: int,
-    step_size: int,
     speculator_step_size: int,
     report: StageProgress | None = None,
     speculator_extra_slots: int = 0,
-) -> SparsePrefill[A]:
-    """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
-    cache with room for `extra_slots` decoded tokens after them. `report` is told after every
-    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
+) -> tuple[SpeculatorPass[A], Selection, dict[str, float]]:
+    """What decides SpecPrefill's kept set, no main model: the speculator's pass over ids [P]
+    (H2O with config.speculator_prefill) and look-ahead, the scoring and the selection: (the
+    pass, the selection, each part's wall time). speculative_prefill runs it, then the main
+    model's prefill of the kept tokens; the selection protocol (evaluation/ruler_composed.py) runs
+    it alone."""
     started = ops.wall_time()
-    if report is not None:
-        report.plan(expected_work(model.args, speculator.args, len(ids), config))
     spec = run_speculator(
         ops,
         speculator,
@@ -368,19 +365,46 @@ def speculative_prefill(
         spec.n_window,
         spec.layers,
     )
-    from ..reference.specprefill import (
-        select_tokens,
-    )  # here: the reference package loads only when a prompt is selected
+    from ..reference.specprefill import select_tokens  # here: the reference loads only when a prompt is selected
 
     selection = select_tokens(ops.to_numpy(importance), config)
+    seconds = {"speculator": speculated - started, "selection": ops.wall_time() - speculated}
+    return spec, selection, seconds
+
+
+def speculative_prefill(
+    ops: ModelOps[A],
+    model: Any,
+    ids: np.ndarray,
+    speculator: Any,
+    config: SpecPrefillConfig,
+    *,
+    stop_ids: frozenset[int],
+    extra_slots: int,
+    step_size: int,
+    speculator_step_size: int,
+    report: StageProgress | None = None,
+    speculator_extra_slots: int = 0,
+) -> SparsePrefill[A]:
+    """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
+    cache with room for `extra_slots` decoded tokens after them. `report` is told after every
+    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
+    if report is not None:
+        report.plan(expected_work(model.args, speculator.args, len(ids), config))
+    spec, selection, seconds = speculate_and_select(
+        ops,
+        speculator,
+        ids,
+        config,
+        stop_ids=stop_ids,
+        speculator_step_size=speculator_step_size,
+        report=report,
+        speculator_extra_slots=speculator_extra_slots,
+    )
     selected = ops.wall_time()
     logits, cache = prefill_kept(
         ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size, report=report
     )
     finished = ops.wall_time()
-    seconds = {
-        "speculator": speculated - started,
-        "selection": selected - speculated,
-        "main_prefill": finished - selected,
-    }
+    seconds["main_prefill"] = finished - selected
     return SparsePrefill(logits, cache, selection.decode_start, selection, spec, seconds)
