@@ -140,3 +140,17 @@ def test_a_foreign_file_is_skipped_and_a_file_cut_after_listing_is_a_miss(model,
         reuse = cache.take(first + out + [9], "exact")
     assert not reuse.hit and cache.entries == [] and not (tmp_path / name).exists()
     assert sum(name in r.getMessage() for r in caplog.records) == 1
+
+
+def test_an_entry_evicted_to_disk_is_read_back_in_the_same_process(model, tmp_path):
+    cache = store_for(model, tmp_path)
+    first = prompt(30, seed=7)
+    out, _ = turn(model, cache, first)
+    cache.idle_step(model)
+    cache.max_bytes = 1  # nothing fits in memory: the conversation lives on disk only
+    cache._evict()
+    assert [(e.kv, e.stored, e.whole) for e in cache.entries] == [(None, len(first), True)]
+    cache.max_bytes = 10**9
+    second = first + out + [11, 12]
+    got, reuse = turn(model, cache, second)
+    assert reuse.cached == len(first) and got == greedy(model, second)[0]
