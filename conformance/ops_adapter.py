@@ -97,8 +97,21 @@ CacheFactory = Callable[[int, int, int, int], Any]
 class OpsAdapter:
     """Every stage of both methods of one backend at one compute dtype, and its KV cache."""
 
-    def __init__(self, name: str, dtype: str, ops: ModelOps, convert: Convert, cache: CacheFactory) -> None:
+    def __init__(
+        self,
+        name: str,
+        dtype: str,
+        ops: ModelOps,
+        convert: Convert,
+        cache: CacheFactory,
+        hybrid: Callable[[], Any] | None = None,
+    ) -> None:
         self.name, self.dtype, self.ops, self.cv, self._cache = name, dtype, ops, convert, cache
+        self._hybrid = hybrid  # () -> checks_hybrid_cache.HybridModel: the backend's tiny random hybrid
+
+    def hybrid_model(self) -> Any:
+        """The backend's tiny random hybrid in this dtype (conformance/checks_hybrid_cache.py), None: none."""
+        return None if self._hybrid is None else self._hybrid()
 
     def new_cache(
         self, n_layers: int, n_kv_heads: int, head_dim: int, capacity: int, value_dim: int | None = None

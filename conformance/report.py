@@ -52,9 +52,8 @@ def render_markdown(report: Report) -> str:
     for (check, dtype), rows in groups.items():
         errors = [r.max_error for r in rows if r.max_error is not None]
         worst = f"{max(errors):.2e}" if errors else "-"
-        lines.append(
-            f"| {check} | {dtype} | {len(rows)} | {sum(not r.passed for r in rows)} | {worst} | {rows[0].tolerance} |"
-        )
+        tolerance = rows[0].tolerance + (f": {rows[0].detail}" if rows[0].tolerance == "skipped" else "")
+        lines.append(f"| {check} | {dtype} | {len(rows)} | {sum(not r.passed for r in rows)} | {worst} | {tolerance} |")
     if report.failures:
         lines += ["", "## Failures", ""]
         lines += [

@@ -63,6 +63,10 @@ class Checker:
         )
         return ok
 
+    def skipped(self, check: str, case: str, reason: str) -> None:
+        """A group that cannot run on this backend (no model of its kind): recorded, not failed."""
+        self.results.append(CheckResult(check, case, self.dtype, True, None, "skipped", reason))
+
     def crashed(self, check: str, case: str, err: BaseException) -> None:
         self.results.append(
             CheckResult(check, case, self.dtype, False, None, "-", f"raised {type(err).__name__}: {err}")

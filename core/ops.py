@@ -265,7 +265,9 @@ class KVCache(Protocol[A]):
     one too: its `layers` and `keys` are its attention layers'; `trim` / `truncate` restore a kept
     recurrent state (ValueError where it kept none), and two optional methods say so:
     `mark()` keeps the state at the current slot count (the driver calls it after each prefill)
-    and `exact_prefix(slots)` names the longest prefix it can stand at (the prompt cache reads it)."""
+    and `exact_prefix(slots)` names the longest prefix it can stand at (the prompt cache reads it);
+    a third, `save_point(slots)`, names the prefix its `save` writes (its latest prompt-end mark:
+    serve/prompt_store.py, core/io/hybrid_state.py)."""
 
     layers: Sequence[LayerCache[A]]
 

@@ -179,23 +179,29 @@ class ModelKVCache:
         return result
 
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
-        """Write the first `slots` slots to a safetensors file (`path` ends in .safetensors): keys and
-        values [n_layers, Hkv, slots, D], positions [slots] (int64: the sliding-window layers' record,
-        every layer's alike; slot numbers when no layer has one), and `metadata` in its header."""
+        """Write the first `slots` slots to a safetensors file (`path` ends in .safetensors): `arrays`
+        and `metadata` in its header."""
+        mx.save_safetensors(path, self.arrays(slots), metadata=metadata)
+
+    def arrays(self, slots: int) -> dict[str, mx.array]:
+        """What `save` writes: keys and values [n_layers, Hkv, slots, D], positions [slots] (int64: the
+        sliding-window layers' record, every layer's alike; slot numbers when no layer has one)."""
         recorded = [layer.positions for layer in self.layers if len(layer.positions) >= slots]
         positions = recorded[0][:slots] if recorded else np.arange(slots)  # unread: no sliding-window layer
-        arrays = {
+        return {
             "keys": mx.stack([layer.keys[0, :, :slots] for layer in self.layers]),
             "values": mx.stack([layer.values[0, :, :slots] for layer in self.layers]),
             "positions": mx.array(positions.astype(np.int64)),
         }
-        mx.save_safetensors(path, arrays, metadata=metadata)
 
     def load(self, path: str) -> int:
         """Fill this empty cache from a file `save` wrote; returns its slots. ValueError when the
         file's layers or positions do not fit this cache or it needs more room (its heads, head size
         and dtype are the file's: the caller checks them against the model)."""
-        arrays = mx.load(path)
+        return self.fill(mx.load(path))
+
+    def fill(self, arrays: dict[str, mx.array]) -> int:
+        """`load` from a file's arrays (the names `arrays` gives); returns the slots read."""
         keys, values, positions = arrays["keys"], arrays["values"], np.asarray(arrays["positions"])
         slots = keys.shape[2]
         if (

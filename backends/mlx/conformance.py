@@ -1,7 +1,8 @@
 """The MLX backend's conformance adapter: its ops behind NumPy in, NumPy out (conformance/ops_adapter.py).
 
 Inputs become MLX arrays of the dtype under test; statistics, scores and probabilities stay
-float32, as in the stages.
+float32, as in the stages. The hybrid cache's group runs on a tiny random Qwen3.5 (mlx-lm's
+qwen3_5: gated delta-net layers 0 and 2, gated attention layers 1 and 3) in that dtype.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from specfill.conformance.checks_hybrid_cache import HybridModel
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
@@ -41,4 +43,48 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None) -> Ops
         lambda n_layers, n_kv_heads, head_dim, capacity, value_dim: ModelKVCache(
             [LayerKVCache(capacity) for _ in range(n_layers)]
         ),
+        lambda: tiny_hybrid(dtype, use_kernels),
     )
+
+
+# mlx-lm's qwen3_5 at the smallest sizes it takes: 4 layers, every other one full attention
+TINY_QWEN3_5 = dict(
+    model_type="qwen3_5",
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    vocab_size=128,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=2,
+)
+
+
+def tiny_hybrid(dtype: str, use_kernels: bool | None) -> HybridModel:
+    """The tiny random Qwen3.5 through the adapter, its weights in `dtype` (seeded)."""
+    from mlx_lm.models import qwen3_5
+
+    from .adapted import AdaptedOps, adapt
+    from .hybrid_cache import HybridKVCache, _state_of
+
+    mx.random.seed(0)
+    lm = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(TINY_QWEN3_5))
+    lm.set_dtype(DTYPES[dtype])
+    model = adapt(lm)
+
+    def recurrent(cache: HybridKVCache) -> list[np.ndarray]:
+        arrays = [a for i in cache.recurrent for a in _state_of(cache.per_layer[i]).cache if a is not None]
+        return [np.array(a.astype(mx.float32)) for a in arrays]
+
+    ops = AdaptedOps(mx.default_device(), use_kernels)
+    return HybridModel(ops, model, lambda ids: mx.array(ids), recurrent, TINY_QWEN3_5["vocab_size"])

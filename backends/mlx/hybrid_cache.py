@@ -26,6 +26,8 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
+from specfill.core.io import hybrid_state
+
 from .cache import LayerKVCache, ModelKVCache
 
 HISTORY = 32  # step snapshots kept: a drafting round's draft steps and its verification fit
@@ -222,13 +224,40 @@ class HybridKVCache:
         copied.replay = self.replay
         return copied
 
+    def save_point(self, slots: int) -> int:
+        """The slots `save` writes for a conversation of `slots`: its latest prompt-end mark at or
+        below them (core/io/hybrid_state.py); ValueError when it has none."""
+        self._interrupted()
+        marks = [m.slots for m in self.marks if m.slots <= min(slots, self.filled)]
+        if not marks:
+            raise ValueError(f"a hybrid cache keeps no prompt-end mark at or below slot {slots} to write")
+        return max(marks)
+
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
-        raise ValueError(
-            "a hybrid model's cache is not written to disk (its recurrent state is not in the file format)"
-        )
+        """The attention layers' first `slots` slots and the recurrent state of the mark at `slots`
+        (save_point) to a safetensors file, with its layout in the metadata (core/io/hybrid_state.py)."""
+        mark = next((m for m in reversed(self.marks) if m.slots == slots), None)
+        if mark is None or slots > self.filled:
+            raise ValueError(f"a hybrid cache keeps no prompt-end mark at slot {slots} to write")
+        tensors, layout = hybrid_state.pack(slots, self.attention, self.recurrent, mark.states, _dtype_name)
+        mx.save_safetensors(path, {**self.kv.arrays(slots), **tensors}, metadata={**metadata, hybrid_state.KEY: layout})
 
     def load(self, path: str) -> int:
-        raise ValueError("a hybrid model's cache is not read from disk (its recurrent state is not in the file format)")
+        """Fill this empty cache from a file `save` wrote, standing at its mark; returns its slots.
+        ValueError when its recurrent part is missing or does not fit this model's layers."""
+        arrays, metadata = mx.load(path, return_metadata=True)
+        members = [len(_state_of(self.per_layer[i]).cache) for i in self.recurrent]
+        slots = arrays["keys"].shape[2] if "keys" in arrays else -1
+        states = hybrid_state.unpack(metadata, arrays, slots, self.attention, self.recurrent, members, _dtype_name)
+        slots = self.kv.fill({k: v for k, v in arrays.items() if not k.startswith(hybrid_state.PREFIX)})
+        self._restore(Snapshot(slots, states))
+        self.history, self.marks = [], [Snapshot(slots, self._states())]
+        mx.eval(self.state)
+        return slots
+
+
+def _dtype_name(array: mx.array) -> str:
+    return str(array.dtype).rsplit(".", 1)[-1]
 
 
 def _members(entry: Any) -> tuple[Any, ...]:

@@ -20,7 +20,9 @@ full prefill). Policies:
 
 Hybrid models (recurrent layers beside attention): their recurrent state cannot be cut back to
 any prefix, only to the points the cache kept a snapshot of (the end of each prompt, its last
-steps: exact_prefix); the longest usable prefix is the longest such point, and no other.
+steps: exact_prefix); the longest usable prefix is the longest such point, and no other. Their
+file in the disk store holds one point, the conversation's last prompt end (prompt_store.py): a
+disk-only hybrid entry is reusable for exactly that many tokens (Entry.whole).
 
 Taking or copying (the rule that keeps a conversation safe): a request whose prompt shares all of
 a conversation but at most its last max(CUT_SLACK, 1/8) tokens (its own next turn: the reply's last
@@ -65,6 +67,8 @@ class Entry:
     sparse KV is kept under the approximate policy: its first slots hold only the kept tokens).
     path: its file in the disk store (None: not written); with kv None it lives on disk only and
     `stored` is the number of tokens its file's KV stands for. unsaved: its write failed (not retried).
+    whole: its file is reusable at its `stored` tokens only, not at a shorter prefix (a hybrid
+    model's: the recurrent state it holds is at that point).
     """
 
     tokens: list[int]
@@ -76,6 +80,7 @@ class Entry:
     path: str | None = None
     stored: int = 0
     unsaved: bool = False
+    whole: bool = False
 
     @property
     def covered(self) -> int:
@@ -121,6 +126,8 @@ def exact_prefix(entry: Entry, tokens: int) -> int:
     `exact_prefix`: the end of each prompt, the last steps); a cache that cannot stand there is not
     reused there."""
     cache = None if entry.kv is None else entry.kv.cache
+    if cache is None and entry.whole:  # a hybrid's file: its one point
+        return tokens if tokens >= entry.stored else 0
     if cache is None or not hasattr(cache, "exact_prefix"):
         return tokens
     offset = entry.kv.position_offset
@@ -163,12 +170,18 @@ class PromptCache:
             key = (cached, cuttable(entry, match), entry.used)  # ties: its own turn (no copy), then the newest
             if cached > 0 and key > best_key:
                 best, best_cached, best_match, best_key = entry, cached, match, key
+            elif cached == 0 and usable and entry.covered > 0 and not entry.rebuilding:
+                continue  # a hybrid's, with no recurrent state kept within the match: kept, not reused
             elif cached == 0 and cuttable(entry, match) and (policy == "exact" or match >= entry.fixed):
                 stale.append(entry)  # its earlier turn, unusable (sparse) or still being rebuilt
         if sparse and 2 * best_cached < len(ids):
             return Reuse()  # the method over the whole prompt; nothing here changes
-        if best is not None and best.kv is None and not self._load(best):
-            return self.take(ids, policy, sparse)  # its file is gone or broken: dropped, look again
+        if best is not None and best.kv is None:
+            if not self._load(best):
+                return self.take(ids, policy, sparse)  # its file is gone or broken: dropped, look again
+            best_cached = exact_prefix(best, best_cached)  # what the cache read back can stand at
+            if best_cached < 1 or (sparse and 2 * best_cached < len(ids)):
+                return Reuse()
         for entry in stale:
             self._drop(entry)
         if best is None:
@@ -292,7 +305,8 @@ class PromptCache:
     def save(self, entry: Entry) -> None:
         """Write one entry to the disk store (a failure is logged once and not retried)."""
         try:
-            entry.path, dropped = self.store.save(entry)
+            entry.path, entry.stored, dropped = self.store.save(entry)
+            entry.whole = hasattr(entry.kv.cache, "save_point")
         except Exception as err:  # noqa: BLE001 - a full disk must not stop the server
             entry.unsaved = True
             log.warning(

@@ -10,10 +10,14 @@ slot's RoPE position), written by the backend's KVCache.save; its header's metad
   slots, position_offset  the KV's slots and RoPE offset past them (core/runtime.KVState)
   exact     "1": a dense KV (reused under either policy); "0": from sparse prefill, approximate only
   fixed     the shortest prefix the KV may be cut to (prompt_cache.Entry.fixed)
+  hybrid    a hybrid model's file only (core/io/hybrid_state.py): its recurrent layers' state at a
+            prompt-end mark, tensors "recurrent.<layer>.<member>"; the file's KV stops at that mark
+            (KVCache.save_point), the one point it can be reused at (prompt_cache.Entry.whole)
 A file is written to a hidden temporary name in DIR and moved into place with os.replace (atomic:
 a reader sees the whole file or none; a failed write leaves nothing). At startup only the headers
 are read (a corrupt, foreign or unreadable file is skipped with one log line); an entry's KV is read
-when a prompt reuses it. The files' bytes are bounded by `max_bytes`: the oldest go first.
+when a prompt reuses it (a file whose KV or recurrent part does not fit the model is then a miss,
+with one log line). The files' bytes are bounded by `max_bytes`: the oldest go first.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ def identity(model: Any, name: str | None) -> dict[str, Any]:
         "head_dim": args.head_dim,
         "vocab": args.vocab_size,
         "context": args.max_position_embeddings,
-    }
+    } | ({"recurrent": list(args.recurrent_layers)} if getattr(args, "hybrid", False) else {})
 
 
 def read_header(path: Path) -> dict[str, str]:
@@ -113,6 +117,8 @@ class PromptStore:
                 slots, offset = int(meta["slots"]), int(meta["position_offset"])
                 if not 0 < slots + offset <= len(tokens):
                     raise ValueError(f"{slots} + {offset} slots for {len(tokens)} tokens")
+                if ("recurrent" in self.identity) != ("hybrid" in meta):
+                    raise ValueError("a hybrid model's file without its recurrent state (or the reverse)")
                 # oldest first, and older than any entry made from now on (time.monotonic() > 0)
                 entries.append(
                     Entry(
@@ -123,6 +129,7 @@ class PromptStore:
                         used=-1e9 + len(entries),
                         path=str(path),
                         stored=slots + offset,
+                        whole="hybrid" in meta,
                     )
                 )
             except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
@@ -142,27 +149,30 @@ class PromptStore:
         digest = hashlib.sha256(json.dumps([self.identity, tokens]).encode()).hexdigest()[:32]
         return self.directory / f"{digest}{SUFFIX}"
 
-    def save(self, entry: Entry) -> tuple[str, list[str]]:
-        """Write an entry atomically; (its path, the paths the bound then evicted)."""
+    def save(self, entry: Entry) -> tuple[str, int, list[str]]:
+        """Write an entry atomically; (its path, the tokens its file's KV stands for, the paths the
+        bound then evicted). A hybrid's cache writes its KV up to its latest prompt-end mark only."""
         kv = entry.kv
+        point = getattr(kv.cache, "save_point", None)  # a hybrid's cache: where it kept the recurrent state
+        slots = kv.slots if point is None else point(kv.slots)
         path = self.path_for(entry.tokens)
         meta = {
             "format": FORMAT,
             "identity": json.dumps(self.identity, sort_keys=True),
             "tokens": json.dumps(entry.tokens),
-            "slots": str(kv.slots),
+            "slots": str(slots),
             "position_offset": str(kv.position_offset),
             "exact": "1" if entry.exact else "0",
             "fixed": str(entry.fixed),
         }
         temp = self.directory / f".{path.stem}.{os.getpid()}.tmp{SUFFIX}"
         try:
-            kv.cache.save(str(temp), kv.slots, meta)
+            kv.cache.save(str(temp), slots, meta)
             os.replace(temp, path)
         finally:
             if temp.exists():
                 temp.unlink()
-        return str(path), self._evict(keep=path)
+        return str(path), slots + kv.position_offset, self._evict(keep=path)
 
     def _evict(self, keep: Path) -> list[str]:
         """Delete the oldest files (`keep`, the one just written, last) until the directory's bytes
