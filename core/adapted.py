@@ -69,6 +69,12 @@ class AttentionLayout:
     stateless: a layer that keeps nothing between steps (Nemotron-H's MLP / MoE blocks); skipped too.
     parallel: an attention layer with a recurrent mixer beside it on the same input (Falcon-H1):
     the methods run its attention, the mixer runs unchanged and keeps its own state.
+    v_norm: an RMS norm without weight over each value head, applied before the values are cached
+    (Gemma 4): the methods see the cached values, so it is part of the projection.
+    k_eq_v: the values are the key projection's output (before the key norm and RoPE; Gemma 4's
+    full-attention layers with attention_k_eq_v).
+    kv_source: a KV-shared layer (Gemma 4's has_kv False): it keeps no cache and attends with its own
+    queries over layer kv_source's cached keys and values (the same arrays); None: its own.
     """
 
     kind: str
@@ -87,11 +93,16 @@ class AttentionLayout:
     recurrent: bool = False
     stateless: bool = False
     parallel: bool = False
+    v_norm: bool = False
+    k_eq_v: bool = False
+    kv_source: int | None = None
     terms: AttentionTerms[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.qk_norm not in QK_NORMS:
             raise ConfigError(f"qk_norm must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        if self.kv_source is not None and self.kv_source < 0:
+            raise ConfigError(f"kv_source must be a layer index, got {self.kv_source}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"{self.n_heads} query heads are not a multiple of {self.n_kv_heads} KV heads")
 

@@ -103,11 +103,42 @@ class LayerKVCache:
         return self.positions.nbytes + (0 if self.keys is None else self.keys.nbytes + self.values.nbytes)
 
 
+class SharedLayerKVCache:
+    """A KV-shared layer's entry (Gemma 4's has_kv False): the source layer's LayerKVCache read
+    through, never written or trimmed on its own (the source's trim is this layer's); it holds no
+    buffers of its own, so it adds no bytes and no arrays to evaluate."""
+
+    def __init__(self, source: LayerKVCache, index: int):
+        self.source, self.index = source, index
+
+    keys = property(lambda self: self.source.keys)
+    values = property(lambda self: self.source.values)
+    positions = property(lambda self: self.source.positions)
+    offset = property(lambda self: self.source.offset)
+    state: list[mx.array] = []
+    nbytes = 0
+
+    @property
+    def max_size(self) -> int | None:
+        return self.source.max_size
+
+    @max_size.setter
+    def max_size(self, capacity: int | None) -> None:
+        """The source's bound is set through its own entry."""
+
+    def trim(self, n: int) -> int:
+        """Nothing of its own to forget: the source layer's trim covers these slots."""
+        return min(max(n, 0), self.offset)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        raise ValueError(f"a KV-shared layer does not write: it reads layer {self.index}'s cache")
+
+
 class ModelKVCache:
     """Every layer's LayerKVCache (core/ops.py's KVCache): a sequence of them, one per layer, which
     is what the model's layers (and an adapted mlx-lm model's) take."""
 
-    def __init__(self, layers: list[LayerKVCache]):
+    def __init__(self, layers: list[LayerKVCache | SharedLayerKVCache]):
         self.layers = layers
 
     def __len__(self) -> int:
@@ -165,8 +196,11 @@ class ModelKVCache:
         shares no memory with this one (evaluated here)."""
         if not 0 <= slots <= min(layer.offset for layer in self.layers):
             raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
-        layers = []
+        layers: list = []
         for layer in self.layers:
+            if isinstance(layer, SharedLayerKVCache):  # shared again, with the copy of its source
+                layers.append(SharedLayerKVCache(layers[layer.index], layer.index))
+                continue
             bound = layer.max_size if capacity is None else max(slots, capacity)
             copied = LayerKVCache(bound)
             if slots and layer.keys is not None:
@@ -210,6 +244,8 @@ class ModelKVCache:
                 f"of {self.capacity} slots"
             )
         for i, layer in enumerate(self.layers):
+            if isinstance(layer, SharedLayerKVCache):  # its source's entry fills it
+                continue
             layer.update_and_fetch(keys[i][None], values[i][None])
             layer.positions = positions.astype(np.int64)
         mx.eval(self.state)
