@@ -87,9 +87,9 @@ def test_h2o_on_a_shared_layer_runs_its_own_queries_over_the_source_keys(monkeyp
         for chunk, (got, want) in enumerate(zip(info.memory_sets[layer], want_sets)):
             np.testing.assert_array_equal(got, np.array(want), err_msg=f"gemma4_text layer {layer} M_{chunk}")
     # its own scores: a shared layer's memory sets are not simply its source's
-    assert any(
-        not np.array_equal(a, b) for a, b in zip(info.memory_sets[2], info.memory_sets[0])
-    ) or any(not np.array_equal(a, b) for a, b in zip(info.memory_sets[3], info.memory_sets[1]))
+    assert any(not np.array_equal(a, b) for a, b in zip(info.memory_sets[2], info.memory_sets[0])) or any(
+        not np.array_equal(a, b) for a, b in zip(info.memory_sets[3], info.memory_sets[1])
+    )
 
 
 def test_specprefill_scores_every_layer_and_equals_the_reference(monkeypatch):
