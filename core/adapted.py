@@ -190,12 +190,16 @@ class AdaptedArgs:
             self.eos_token_ids,
         )
 
-    def refusal(self) -> str | None:
-        """Why the sparse methods cannot run this model (the first refusing layer), or None.
+    def refusal(self, method: str | None = None) -> str | None:
+        """Why `method` ("h2o", "specprefill": the main model, "speculator") cannot run this model
+        (the first refusing layer), or None; method None: why some of them cannot (the strictest).
 
-        Besides a layer's own refusal, the methods need one shape of attention across its
-        attention layers: one scale, one head count and head dim (their per-layer stages share
-        them). Recurrent layers are no refusal: the methods run them unchanged."""
+        Besides a layer's own refusal, the methods need one softmax scale across the attention
+        layers (H2O's stages and SpecPrefill's scoring take one). H2O and SpecPrefill's main pass
+        run each layer on its own q/k/v, so layers may differ in head counts and head dims
+        (Gemma 4's wider full-attention heads); the speculator's scoring stacks every scored
+        layer's queries, so it needs one head count and head dim. Recurrent layers are no refusal:
+        the methods run them unchanged."""
         for index, layer in enumerate(self.layers):
             if layer.refusal is not None and index in self.attention_layers:
                 return f"layer {index} ({layer.kind}): {layer.refusal}"
@@ -204,15 +208,19 @@ class AdaptedArgs:
         first = self._first
         for index, layer in ((i, self.layers[i]) for i in self.attention_layers):
             shape = (layer.n_heads, layer.n_kv_heads, layer.head_dim, layer.value_dim)
-            if shape != (first.n_heads, first.n_kv_heads, first.head_dim, first.value_dim):
-                return f"layer {index} ({layer.kind}): its head counts differ from layer 0's"
             if abs(layer.scale - first.scale) > 1e-12 * abs(first.scale):
                 return f"layer {index} ({layer.kind}): its softmax scale differs from layer 0's"
+            stacked = method in (None, "speculator")  # the scoring's stack of every layer's queries
+            if stacked and shape != (first.n_heads, first.n_kv_heads, first.head_dim, first.value_dim):
+                return (
+                    f"layer {index} ({layer.kind}): its head counts or head dim differ from layer 0's "
+                    f"(the speculator's scoring stacks every scored layer's queries)"
+                )
         return None
 
     def check_method(self, method: str) -> None:
         """Raise MethodRefusedError when `method` ("h2o", "specprefill", "speculator") cannot run."""
-        reason = self.refusal()
+        reason = self.refusal(method)
         if reason is not None:
             raise MethodRefusedError(
                 f"{METHOD_NAMES.get(method, method)} cannot run on {self.architecture}: "

@@ -111,13 +111,13 @@ HONOURED: dict[str, dict[str, Any]] = {
     "gpt_oss": dict(_MOE, experts_per_token=2, sliding_window=8),  # slides: mlx-lm's masks
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0),
     # Gemma 4: an RMS norm on v before the cache, values from the key projection on the full layer
-    # (attention_k_eq_v), a sliding and a full layer, per-layer inputs; heads of one width
-    # (global_head_dim = head_dim: wider full-attention heads are refused, test_mlx_gemma4.py, which
-    # also builds the KV-shared layers)
+    # (attention_k_eq_v), a sliding and a full layer whose heads are twice as wide (global_head_dim,
+    # its proportional RoPE on a quarter of them), per-layer inputs (test_mlx_gemma4.py also builds
+    # the KV-shared layers)
     "gemma4_text": dict(
         sliding_window=8,
         layer_types=["sliding_attention", "full_attention"],
-        global_head_dim=16,
+        global_head_dim=32,
         attention_k_eq_v=True,
         num_kv_shared_layers=0,
         hidden_size_per_layer_input=16,

@@ -32,6 +32,7 @@ SHARED = dict(
     layer_types=["sliding_attention", "full_attention"] * 2,
     num_kv_shared_layers=2,
 )
+EVEN = dict(SHARED, global_head_dim=16)  # every head 16 wide: a speculator can score every layer
 SOURCES = {2: 0, 3: 1}  # a shared layer -> the layer whose cache it reads (the same layer type)
 
 
@@ -93,7 +94,7 @@ def test_h2o_on_a_shared_layer_runs_its_own_queries_over_the_source_keys(monkeyp
 
 
 def test_specprefill_scores_every_layer_and_equals_the_reference(monkeypatch):
-    model = shared_model()
+    model = adapted(build("gemma4_text", EVEN))
     ids = prompt(48, seed=8)
     calls = record(monkeypatch, QueryCapture, np.array)
     info = GenerationInfo()
@@ -129,11 +130,19 @@ def test_prompt_cache_copies_keep_the_shared_layers_reading_their_source():
     assert [layer.offset for layer in copied.layers] == [8, 8, 8, 8]
 
 
-def test_wider_full_attention_heads_are_refused_by_name():
-    """Gemma 4's full-attention layers have heads global_head_dim wide (512 beside 256): the
-    methods' per-layer stages share one head dim, so H2O and SpecPrefill refuse, naming the layer."""
-    model = adapted(build("gemma4_text", dict(HONOURED["gemma4_text"], global_head_dim=32)))
-    ids = prompt(20, seed=2)
-    with pytest.raises(MethodRefusedError, match=r"gemma4_text: layer 1 \(attention\): its head counts differ"):
-        greedy(model, ids, 2, H2O)
-    assert len(greedy(model, ids, 2)) == 2
+def test_wider_full_attention_heads_run_h2o_and_specprefill_and_refuse_only_the_speculator():
+    """Gemma 4's full-attention layers have heads global_head_dim wide (512 beside 256; here 32
+    beside 16): H2O (above) and SpecPrefill's main pass run each layer on its own q/k/v; the
+    speculator's scoring stacks every scored layer's queries, so a speculator with wider layers
+    among its scored ones is refused, naming the layer."""
+    model = shared_model()
+    assert [layer.head_dim for layer in model.args.layers] == [16, 32, 16, 32]
+    ids = prompt(40, seed=2)
+    plain = greedy(model, ids, 4)
+    keep_all = replace(spec(1.0), speculator="self:1")  # the main pass over wide and shared layers
+    assert greedy(model, ids, 4, keep_all) == plain
+    info = GenerationInfo()
+    assert len(greedy(model, ids, 2, spec(0.3), info)) == 2 and info.kept_tokens < len(ids)
+    message = r"speculator cannot run on gemma4_text: layer 1 \(attention\): its head counts or head dim differ"
+    with pytest.raises(MethodRefusedError, match=message):
+        greedy(model, ids, 2, replace(spec(0.3), speculator="self:4"))
