@@ -22,7 +22,7 @@ from specfill.core.reference import REFERENCE
 from specfill.core.reference.oracle import oracle_h2o_layer
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod
-from tests.adapters.mlx_archs import HONOURED, build
+from tests.adapters.mlx_archs import BASE, HONOURED, build
 from tests.adapters.mlx_backend import adapted, own_greedy, own_logits
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec
 
@@ -146,3 +146,18 @@ def test_wider_full_attention_heads_run_h2o_and_specprefill_and_refuse_only_the_
     message = r"speculator cannot run on gemma4_text: layer 1 \(attention\): its head counts or head dim differ"
     with pytest.raises(MethodRefusedError, match=message):
         greedy(model, ids, 2, replace(spec(0.3), speculator="self:4"))
+
+
+def test_the_multimodal_wrapper_runs_its_text_model_the_same_way():
+    """Gemma 4 checkpoints are mlx-lm's `gemma4` (the text model inside a vision / audio wrapper
+    whose towers mlx-lm drops): the adapter reads its text_config and the backbone's sources."""
+    lm = build("gemma4", dict(text_config={**BASE, "model_type": "gemma4_text", **SHARED}))
+    ids = prompt(30, seed=3)
+    want, want_tokens = own_logits(lm, ids), own_greedy(lm, ids, 6)
+    model = adapted(lm)
+    assert [layer.kv_source for layer in model.args.layers] == [None, None, 0, 1]
+    got = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
+    assert_close(got, want, "gemma4 (wrapper) with KV-shared layers")
+    assert greedy(model, ids, 6) == want_tokens
+    assert greedy(model, ids, 6, replace(spec(1.0), speculator="self:1")) == want_tokens
+    assert len(greedy(model, ids, 3, H2O)) == 3
