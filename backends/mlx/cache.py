@@ -215,14 +215,20 @@ class ModelKVCache:
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
         """Write the first `slots` slots to a safetensors file (`path` ends in .safetensors): keys and
         values [n_layers, Hkv, slots, D], positions [slots] (int64: the sliding-window layers' record,
-        every layer's alike; slot numbers when no layer has one), and `metadata` in its header."""
+        every layer's alike; slot numbers when no layer has one), and `metadata` in its header. Layers
+        whose keys or values differ in shape (Gemma 4's wider full-attention heads) are written one
+        per layer instead: "keys.i" and "values.i" [Hkv_i, slots, D_i]."""
         recorded = [layer.positions for layer in self.layers if len(layer.positions) >= slots]
         positions = recorded[0][:slots] if recorded else np.arange(slots)  # unread: no sliding-window layer
-        arrays = {
-            "keys": mx.stack([layer.keys[0, :, :slots] for layer in self.layers]),
-            "values": mx.stack([layer.values[0, :, :slots] for layer in self.layers]),
-            "positions": mx.array(positions.astype(np.int64)),
-        }
+        keys = [layer.keys[0, :, :slots] for layer in self.layers]
+        values = [layer.values[0, :, :slots] for layer in self.layers]
+        arrays = {"positions": mx.array(positions.astype(np.int64))}
+        if len({(k.shape, v.shape) for k, v in zip(keys, values)}) == 1:
+            arrays.update(keys=mx.stack(keys), values=mx.stack(values))
+        else:
+            arrays.update(
+                {f"{name}.{i}": a for name, per in (("keys", keys), ("values", values)) for i, a in enumerate(per)}
+            )
         mx.save_safetensors(path, arrays, metadata=metadata)
 
     def load(self, path: str) -> int:
@@ -230,17 +236,27 @@ class ModelKVCache:
         file's layers or positions do not fit this cache or it needs more room (its heads, head size
         and dtype are the file's: the caller checks them against the model)."""
         arrays = mx.load(path)
-        keys, values, positions = arrays["keys"], arrays["values"], np.asarray(arrays["positions"])
-        slots = keys.shape[2]
+        positions = np.asarray(arrays["positions"])
+        if "keys" in arrays:
+            keys, values = arrays["keys"], arrays["values"]
+            if keys.ndim != 4 or values.ndim != 4:
+                raise ValueError(f"the file holds keys {tuple(keys.shape)}, not [layers, heads, slots, dim]")
+        else:  # one array per layer (layers of different shapes)
+            per_layer = [(arrays.get(f"keys.{i}"), arrays.get(f"values.{i}")) for i in range(len(self.layers))]
+            if any(k is None or v is None or k.ndim != 3 for k, v in per_layer):
+                raise ValueError(
+                    f"the file holds no keys and values for each of this cache's {len(self.layers)} layers"
+                )
+            keys, values = [k for k, _ in per_layer], [v for _, v in per_layer]
+        slots = keys[0].shape[1]
         if (
-            keys.ndim != 4
-            or keys.shape[0] != len(self.layers)
-            or values.shape[:3] != keys.shape[:3]
+            len(keys) != len(self.layers)
+            or any(k.ndim != 3 or k.shape[1] != slots or v.shape[:2] != k.shape[:2] for k, v in zip(keys, values))
             or positions.shape != (slots,)
             or slots > self.capacity
         ):
             raise ValueError(
-                f"the file holds keys {tuple(keys.shape)}, this cache {len(self.layers)} layers "
+                f"the file holds keys {[tuple(k.shape) for k in keys]}, this cache {len(self.layers)} layers "
                 f"of {self.capacity} slots"
             )
         for i, layer in enumerate(self.layers):

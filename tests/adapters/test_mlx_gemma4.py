@@ -130,6 +130,24 @@ def test_prompt_cache_copies_keep_the_shared_layers_reading_their_source():
     assert [layer.offset for layer in copied.layers] == [8, 8, 8, 8]
 
 
+def test_a_saved_cache_with_wider_layers_loads_back(tmp_path):
+    """The prompt store's file: layers of different shapes are written one array per layer; the
+    loaded cache holds the same keys, its shared layers reading their sources again."""
+    model = shared_model()
+    cache = model.ops.new_cache(model.model, 64)
+    model.ops.forward(model.model, model.ops.tokens(prompt(12, seed=1)), 0, cache, None, None)
+    path = str(tmp_path / "kv.safetensors")
+    cache.save(path, 10, {"slots": "10"})
+    loaded = model.ops.new_cache(model.model, 64)
+    assert loaded.load(path) == 10 and loaded.layers[3].source is loaded.layers[1]
+    for layer in range(4):
+        np.testing.assert_array_equal(np.array(loaded.layer_keys(layer, 10)), np.array(cache.layer_keys(layer, 10)))
+        np.testing.assert_array_equal(
+            np.array(loaded[layer].values[..., :10, :]), np.array(cache[layer].values[..., :10, :])
+        )
+    assert loaded[1].keys.shape[-1] == 32 and loaded[0].keys.shape[-1] == 16
+
+
 def test_wider_full_attention_heads_run_h2o_and_specprefill_and_refuse_only_the_speculator():
     """Gemma 4's full-attention layers have heads global_head_dim wide (512 beside 256; here 32
     beside 16): H2O (above) and SpecPrefill's main pass run each layer on its own q/k/v; the
