@@ -69,6 +69,12 @@ class AttentionLayout:
     stateless: a layer that keeps nothing between steps (Nemotron-H's MLP / MoE blocks); skipped too.
     parallel: an attention layer with a recurrent mixer beside it on the same input (Falcon-H1):
     the methods run its attention, the mixer runs unchanged and keeps its own state.
+    v_norm: an RMS norm without weight over each value head, applied before the values are cached
+    (Gemma 4): the methods see the cached values, so it is part of the projection.
+    k_eq_v: the values are the key projection's output (before the key norm and RoPE; Gemma 4's
+    full-attention layers with attention_k_eq_v).
+    kv_source: a KV-shared layer (Gemma 4's has_kv False): it keeps no cache and attends with its own
+    queries over layer kv_source's cached keys and values (the same arrays); None: its own.
     """
 
     kind: str
@@ -87,11 +93,16 @@ class AttentionLayout:
     recurrent: bool = False
     stateless: bool = False
     parallel: bool = False
+    v_norm: bool = False
+    k_eq_v: bool = False
+    kv_source: int | None = None
     terms: AttentionTerms[Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.qk_norm not in QK_NORMS:
             raise ConfigError(f"qk_norm must be one of {QK_NORMS}, got {self.qk_norm!r}")
+        if self.kv_source is not None and self.kv_source < 0:
+            raise ConfigError(f"kv_source must be a layer index, got {self.kv_source}")
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(f"{self.n_heads} query heads are not a multiple of {self.n_kv_heads} KV heads")
 
@@ -179,12 +190,16 @@ class AdaptedArgs:
             self.eos_token_ids,
         )
 
-    def refusal(self) -> str | None:
-        """Why the sparse methods cannot run this model (the first refusing layer), or None.
+    def refusal(self, method: str | None = None) -> str | None:
+        """Why `method` ("h2o", "specprefill": the main model, "speculator") cannot run this model
+        (the first refusing layer), or None; method None: why some of them cannot (the strictest).
 
-        Besides a layer's own refusal, the methods need one shape of attention across its
-        attention layers: one scale, one head count and head dim (their per-layer stages share
-        them). Recurrent layers are no refusal: the methods run them unchanged."""
+        Besides a layer's own refusal, the methods need one softmax scale across the attention
+        layers (H2O's stages and SpecPrefill's scoring take one). H2O and SpecPrefill's main pass
+        run each layer on its own q/k/v, so layers may differ in head counts and head dims
+        (Gemma 4's wider full-attention heads); the speculator's scoring stacks every scored
+        layer's queries, so it needs one head count and head dim. Recurrent layers are no refusal:
+        the methods run them unchanged."""
         for index, layer in enumerate(self.layers):
             if layer.refusal is not None and index in self.attention_layers:
                 return f"layer {index} ({layer.kind}): {layer.refusal}"
@@ -193,15 +208,19 @@ class AdaptedArgs:
         first = self._first
         for index, layer in ((i, self.layers[i]) for i in self.attention_layers):
             shape = (layer.n_heads, layer.n_kv_heads, layer.head_dim, layer.value_dim)
-            if shape != (first.n_heads, first.n_kv_heads, first.head_dim, first.value_dim):
-                return f"layer {index} ({layer.kind}): its head counts differ from layer 0's"
             if abs(layer.scale - first.scale) > 1e-12 * abs(first.scale):
                 return f"layer {index} ({layer.kind}): its softmax scale differs from layer 0's"
+            stacked = method in (None, "speculator")  # the scoring's stack of every layer's queries
+            if stacked and shape != (first.n_heads, first.n_kv_heads, first.head_dim, first.value_dim):
+                return (
+                    f"layer {index} ({layer.kind}): its head counts or head dim differ from layer 0's "
+                    f"(the speculator's scoring stacks every scored layer's queries)"
+                )
         return None
 
     def check_method(self, method: str) -> None:
         """Raise MethodRefusedError when `method` ("h2o", "specprefill", "speculator") cannot run."""
-        reason = self.refusal()
+        reason = self.refusal(method)
         if reason is not None:
             raise MethodRefusedError(
                 f"{METHOD_NAMES.get(method, method)} cannot run on {self.architecture}: "

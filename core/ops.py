@@ -309,7 +309,8 @@ class KVCache(Protocol[A]):
 
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
         """Write the first `slots` slots to a safetensors file at `path` (ending in .safetensors):
-        tensors "keys" and "values" [n_layers, Hkv, slots, D] (a backend's also "positions" [slots]
+        tensors "keys" and "values" [n_layers, Hkv, slots, D] (MLX: "keys.i" / "values.i" per layer
+        where layers differ in shape, Gemma 4's) (a backend's also "positions" [slots]
         int64, its slots' RoPE positions) and the str -> str `metadata` in its header."""
 
     def load(self, path: str) -> int:

@@ -11,6 +11,7 @@ inside the adapted ones: outside a specfill step the model still runs as mlx-lm'
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any, Sequence
 
 import mlx.core as mx
@@ -24,7 +25,7 @@ from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
-from .cache import LayerKVCache, ModelKVCache
+from .cache import LayerKVCache, ModelKVCache, SharedLayerKVCache
 from .hybrid_cache import HISTORY, HybridKVCache
 from .ops import MLXOps
 
@@ -148,7 +149,7 @@ class AdaptedModel:
             caches += [None] * (len(layers) - self.n_layers)
         if len(self.stateful) < len(layers):  # mlx-lm's list holds the stateful layers' caches only
             caches = [caches[i] for i in self.stateful]
-        self.state.positions, self.state.attend = positions, attend
+        self.state.positions, self.state.attend, self.state.keys_at = positions, attend, {}
         try:
             logits = self.lm(ids[None], cache=caches)
             if isinstance(cache, HybridKVCache):
@@ -202,7 +203,7 @@ class AdaptedOps(MLXOps):
     def new_cache(self, model: AdaptedModel | Any, capacity: int) -> ModelKVCache | HybridKVCache:
         """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep mlx-lm's own)."""
         if not isinstance(model, AdaptedModel) or not model.args.hybrid:
-            return super().new_cache(model, capacity)
+            return share_layers(super().new_cache(model, capacity), model)
         lm, layouts = model.lm, model.lm_layouts  # every layer's (a first-layers view's args hold fewer)
         entry = {layer: k for k, layer in enumerate(stateful_layers(layouts))}  # layer -> mlx-lm's cache list
         library = _library_caches(lm)
@@ -225,9 +226,21 @@ def _layer_cache(layout: Any, library: Any, capacity: int) -> Any:
     return LayerKVCache(capacity)
 
 
+def share_layers(cache: ModelKVCache, model: Any) -> ModelKVCache:
+    """`cache` with each KV-shared layer's entry (Gemma 4's has_kv False) made a SharedLayerKVCache
+    of its source layer's: the methods read that layer's keys (SpecPrefill's scoring) from the very
+    arrays the source layer caches."""
+    layouts = getattr(getattr(model, "args", None), "layers", ())
+    for index, layout in enumerate(layouts):
+        if getattr(layout, "kv_source", None) is not None:
+            cache.layers[index] = SharedLayerKVCache(cache.layers[layout.kv_source], layout.kv_source)
+    return cache
+
+
 def stateful_layers(layouts: Sequence[Any]) -> list[int]:
-    """The layers that hold an entry of mlx-lm's cache list (all but Nemotron-H's MLP / MoE blocks)."""
-    return [i for i, layout in enumerate(layouts) if not layout.stateless]
+    """The layers that hold an entry of mlx-lm's cache list (all but Nemotron-H's MLP / MoE blocks
+    and Gemma 4's KV-shared layers, which read an earlier layer's)."""
+    return [i for i, layout in enumerate(layouts) if not layout.stateless and layout.kv_source is None]
 
 
 def _library_caches(lm: nn.Module) -> list[Any]:
@@ -235,6 +248,21 @@ def _library_caches(lm: nn.Module) -> list[Any]:
     from mlx_lm.models.cache import make_prompt_cache
 
     return make_prompt_cache(lm)
+
+
+def _check_source(layouts: tuple, layout: Any) -> Any:
+    """A KV-shared layer as described, or refused where its source layer's keys are not of its shape
+    (or are not the source's own) or its query norm is one the shared path does not apply."""
+    if layout.kv_source is None or layout.refusal is not None:
+        return layout
+    source = layouts[layout.kv_source]
+    if source.kv_source is not None or (source.n_kv_heads, source.head_dim) != (layout.n_kv_heads, layout.head_dim):
+        reason = f"its source layer {layout.kv_source} caches keys of another shape (or none of its own)"
+    elif layout.qk_norm not in ("none", "head") or layout.output_gate or layout.fused_qkv:
+        reason = "a KV-shared layer with a query norm or gate the adapter does not apply to it"
+    else:
+        return layout
+    return replace(layout, kind="attention of an unknown layout", refusal=reason)
 
 
 def _check_caches(lm: nn.Module, architecture: str, layouts: tuple) -> None:
@@ -279,11 +307,15 @@ def adapt(lm: nn.Module) -> AdaptedModel:
     if not config.get("layer_types") and isinstance(backbone_types, (list, tuple)):
         config["layer_types"] = list(backbone_types)  # a default the backbone fills in (gpt_oss's alternation)
     architecture = str(config.get("model_type"))
+    sources = getattr(_backbone(lm), "previous_kvs", None)  # Gemma 4: the layer whose keys each layer reads
+    if isinstance(sources, list):
+        config["previous_kvs"] = [int(source) for source in sources]
     for layer in lm.layers:  # adapted before: put the original modules back first
         found = attention_of(layer)
         if found is not None and isinstance(found[1], AdaptedAttention):
             layer[found[0]] = found[1].inner
     layouts = tuple(describe_layer(config, index, layer) for index, layer in enumerate(lm.layers))
+    layouts = tuple(_check_source(layouts, layout) for layout in layouts)
     _check_caches(lm, architecture, layouts)
     state = StepState()
     for index, (layer, layout) in enumerate(zip(lm.layers, layouts)):

@@ -18,6 +18,10 @@ module caches the latent and absorbs the up-projections; the adapter instead for
 keys [q_nope dims: embed_q of the latent; q_rope dims: the shared RoPE key] and values (unembed_out
 of the latent, v_head_dim wide) and caches those, so that every method sees plain q, k, v with
 values narrower than keys (the same logits: scale * (q_nope . k_nope + q_pe . k_pe)).
+Gemma 4: the value norm and k = v are part of the projection (the methods see the cached values);
+a KV-shared layer (has_kv False) caches nothing and attends with its own queries over its source
+layer's cached keys and values, which the layers hand along (mlx-lm's shared_kv); its key positions
+come from the step state (docs/models.md, Gemma 4).
 What the adapter does not model is refused, never approximated: a part or setting it does not
 know makes the layer's `refusal`; such a layer runs through its original
 module for full prefill and decode (positions = slots).
@@ -39,8 +43,8 @@ from .model import causal_attention, layer_boundary, terms_attention, windowed_a
 
 ATTENTION_NAMES = ("self_attn", "attention", "attn")  # the attention child of a decoder layer
 KNOWN_PARTS = frozenset(
-    {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "rope", "sinks"}
-)  # sinks: the layer's AttentionTerms
+    {"q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj", "q_norm", "k_norm", "v_norm", "rope", "sinks"}
+)  # sinks: the layer's AttentionTerms; v_norm: Gemma 4's norm of the values before they are cached
 SOFTCAP_SETTING = "attn_logit_softcapping"  # the layer's AttentionTerms
 # part or setting -> (layer kind, why the methods' stages cannot run it)
 # multi-head latent attention as mlx-lm's deepseek_v3 writes it (a q LoRA or not), and its settings
@@ -69,37 +73,16 @@ ALIASES = {"q_layernorm": "q_norm", "k_layernorm": "k_norm", "out_proj": "o_proj
 # Switches of parts the adapter does not model that change nothing while False
 OFF_SWITCHES = frozenset({"qk_layernorm"})
 # Plain settings of mlx-lm attention modules that change nothing the adapter does not read itself.
+# Gemma 4's: layer_type ("sliding_attention" / "full_attention": is_sliding says the same), has_kv
+# (False: a KV-shared layer, the layout's kv_source), use_k_eq_v (the layout's k_eq_v).
 KNOWN_SETTINGS = frozenset(
-    {
-        "n_heads",
-        "n_kv_heads",
-        "num_heads",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "num_kv_heads",
-        "n_kv_groups",
-        "use_qk_norm",
-        "partial_rotary_factor",
-        "num_key_value_groups",
-        "head_dim",
-        "scale",
-        "sm_scale",
-        "repeats",
-        "layer_idx",
-        "args",
-        "config",
-        "hidden_size",
-        "hidden_dim",
-        "rope_theta",
-        "num_hidden_layers",
-        "is_sliding",
-        "is_local",
-        "use_rope",
-        "use_sliding",
-        "max_position_embeddings",
-        "rms_norm_eps",
-        SOFTCAP_SETTING,
-    }
+    (
+        "n_heads n_kv_heads num_heads num_attention_heads num_key_value_heads num_kv_heads n_kv_groups use_qk_norm "
+        "partial_rotary_factor num_key_value_groups head_dim scale sm_scale repeats layer_idx args config "
+        "hidden_size hidden_dim rope_theta num_hidden_layers is_sliding is_local use_rope use_sliding "
+        "max_position_embeddings rms_norm_eps layer_type has_kv use_k_eq_v"
+    ).split()
+    + [SOFTCAP_SETTING]
 )
 
 
@@ -111,6 +94,7 @@ class StepState:
     def __init__(self) -> None:
         self.positions: int | np.ndarray | None = None
         self.attend: Any = None
+        self.keys_at: dict[int, np.ndarray | None] = {}  # this step's key positions per layer (KV sharing)
 
 
 def settings(module: nn.Module) -> dict[str, Any]:
@@ -165,7 +149,10 @@ def _refusal(parts: set[str], found: dict[str, Any], rope: nn.Module | None) -> 
     )
     if unknown:
         return "attention of an unknown layout", f"parts or settings the adapter does not model: {', '.join(unknown)}"
-    if "qkv_proj" not in parts and not {"q_proj", "k_proj", "v_proj", "o_proj"} <= parts:
+    has_kv = found.get("has_kv") is not False  # a KV-shared layer projects queries only
+    needed = {"q_proj", "o_proj"} | ({"k_proj"} if has_kv else set())
+    needed |= {"v_proj"} if has_kv and not found.get("use_k_eq_v") else set()
+    if "qkv_proj" not in parts and not needed <= parts:
         return "attention of an unknown layout", "no q/k/v/o projections the adapter recognises"
     if rope is not None and "Dynamic" in type(rope).__name__:
         return "dynamic RoPE", "its frequencies depend on the sequence length, not on each position"
@@ -226,7 +213,7 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
     fused = "qkv_proj" in parts
     width = _out_features(attn["qkv_proj"] if fused else attn["q_proj"])
     head_dim = width // (n_heads + 2 * n_kv) if fused else width // n_heads
-    kv_width = None if fused else _out_features(attn["k_proj"])
+    kv_width = None if fused or "k_proj" not in parts else _out_features(attn["k_proj"])
     gated = kv_width is not None and own.get("head_dim") == kv_width // n_kv and width == 2 * n_heads * own["head_dim"]
     if gated:  # q_proj yields each head's queries, then its output gate (Qwen3-Next, Qwen3.5)
         head_dim = width // (2 * n_heads)
@@ -242,7 +229,19 @@ def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> Atte
         window=window,
         norm_eps=float(own.get("rms_norm_eps") or config.get("rms_norm_eps") or 1e-6),
         output_gate=gated,
+        v_norm="v_norm" in parts,
+        k_eq_v=bool(own.get("use_k_eq_v")),
     )
+    if own.get("has_kv") is False:  # Gemma 4's KV-shared layer: the backbone names the layer it reads
+        sources = config.get("previous_kvs") or ()
+        source = sources[index] if index < len(sources) else None
+        if not isinstance(source, int) or not 0 <= source < index:
+            return AttentionLayout(
+                "attention of an unknown layout",
+                **layout,
+                refusal="a KV-shared layer whose source layer the model does not name",
+            )
+        layout["kv_source"] = source
     if qk_norm == "?" or (kv_width is not None and kv_width != n_kv * head_dim) or head_dim % 2:
         return AttentionLayout(
             "attention of an unknown layout",
@@ -384,8 +383,13 @@ class AdaptedAttention(nn.Module):
         if layout.fused_qkv:
             qkv = inner["qkv_proj"](x)
             q, k, v = qkv[..., :q_width], qkv[..., q_width : q_width + kv_width], qkv[..., q_width + kv_width :]
+        elif layout.kv_source is not None:  # a KV-shared layer: its queries only (the keys are the source's)
+            q = inner["q_proj"](x).reshape(1, steps, layout.n_heads, layout.head_dim)
+            q = part(inner, "q_norm")(q) if layout.qk_norm == "head" else q
+            return self._rope(q, positions), None, None, None
         else:
-            q, k, v = inner["q_proj"](x), inner["k_proj"](x), inner["v_proj"](x)
+            q, k = inner["q_proj"](x), inner["k_proj"](x)
+            v = k if layout.k_eq_v else inner["v_proj"](x)  # k = v: the key projection before its norm
         if layout.output_gate:
             q, gate = mx.split(q.reshape(1, steps, layout.n_heads, 2 * layout.head_dim), 2, axis=-1)
             gate = gate.reshape(1, steps, q_width)
@@ -397,13 +401,17 @@ class AdaptedAttention(nn.Module):
             q, k = part(inner, "q_norm")(q), part(inner, "k_norm")(k)
         elif layout.qk_norm == "weightless":
             q, k = mx.fast.rms_norm(q, None, layout.norm_eps), mx.fast.rms_norm(k, None, layout.norm_eps)
-        v = v.reshape(1, steps, layout.n_kv_heads, layout.head_dim).swapaxes(1, 2)
+        v = v.reshape(1, steps, layout.n_kv_heads, layout.head_dim)
+        v = (part(inner, "v_norm")(v) if layout.v_norm else v).swapaxes(1, 2)  # before the cache: methods see it
         return self._rope(q, positions), self._rope(k, positions), v, gate
 
-    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None, **extra: Any) -> mx.array:
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None, **extra: Any) -> Any:
+        """The attended output [1, T, hidden]; under Gemma 4's call (shared_kv and offset passed
+        along the layers) the tuple (output, (keys, values), offset) its decoder layer expects."""
         layer_boundary(x)  # a cancelled request stops here, before this layer's attention
         positions = self.step_state.positions
-        if positions is None or self.layout.refusal is not None or extra:
+        sharing = set(extra) == {"shared_kv", "offset"}  # Gemma 4's layers pass a source's keys along
+        if positions is None or self.layout.refusal is not None or (extra and not sharing):
             return self.inner(x, mask=mask, cache=cache, **extra)
         q, k, v, gate = self._project(x, positions)
         window, terms, steps = self.layout.window, self.layout.terms, x.shape[1]
@@ -415,9 +423,15 @@ class AdaptedAttention(nn.Module):
                 else np.asarray(positions)
             )
             keys_at = step
-        if isinstance(cache, LayerKVCache):
+        if self.layout.kv_source is not None:  # the source layer's cached keys, values and their positions
+            if extra.get("shared_kv") is None:
+                raise ValueError(f"layer {self.index} shares layer {self.layout.kv_source}'s keys but got none")
+            k, v = extra["shared_kv"]
+            keys_at = self.step_state.keys_at.get(self.layout.kv_source) if step is not None else None
+        elif isinstance(cache, LayerKVCache):
             k, v = cache.update_and_fetch(k, v)
             keys_at = cache.slot_positions(step) if step is not None else None
+        self.step_state.keys_at[self.index] = keys_at
         if self.step_state.attend is not None:
             attended = self.step_state.attend(self.index, q, k, v)
         elif terms is not None:
@@ -427,4 +441,7 @@ class AdaptedAttention(nn.Module):
         else:
             attended = causal_attention(q, k, v, self.layout.scale)
         attended = attended.swapaxes(1, 2).reshape(1, steps, -1)
-        return part(self.inner, "o_proj")(attended if gate is None else attended * mx.sigmoid(gate))
+        out = part(self.inner, "o_proj")(attended if gate is None else attended * mx.sigmoid(gate))
+        if not sharing:
+            return out
+        return out, (k, v), positions if isinstance(positions, (int, np.integer)) else None

@@ -103,11 +103,42 @@ class LayerKVCache:
         return self.positions.nbytes + (0 if self.keys is None else self.keys.nbytes + self.values.nbytes)
 
 
+class SharedLayerKVCache:
+    """A KV-shared layer's entry (Gemma 4's has_kv False): the source layer's LayerKVCache read
+    through, never written or trimmed on its own (the source's trim is this layer's); it holds no
+    buffers of its own, so it adds no bytes and no arrays to evaluate."""
+
+    def __init__(self, source: LayerKVCache, index: int):
+        self.source, self.index = source, index
+
+    keys = property(lambda self: self.source.keys)
+    values = property(lambda self: self.source.values)
+    positions = property(lambda self: self.source.positions)
+    offset = property(lambda self: self.source.offset)
+    state: list[mx.array] = []
+    nbytes = 0
+
+    @property
+    def max_size(self) -> int | None:
+        return self.source.max_size
+
+    @max_size.setter
+    def max_size(self, capacity: int | None) -> None:
+        """The source's bound is set through its own entry."""
+
+    def trim(self, n: int) -> int:
+        """Nothing of its own to forget: the source layer's trim covers these slots."""
+        return min(max(n, 0), self.offset)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        raise ValueError(f"a KV-shared layer does not write: it reads layer {self.index}'s cache")
+
+
 class ModelKVCache:
     """Every layer's LayerKVCache (core/ops.py's KVCache): a sequence of them, one per layer, which
     is what the model's layers (and an adapted mlx-lm model's) take."""
 
-    def __init__(self, layers: list[LayerKVCache]):
+    def __init__(self, layers: list[LayerKVCache | SharedLayerKVCache]):
         self.layers = layers
 
     def __len__(self) -> int:
@@ -165,8 +196,11 @@ class ModelKVCache:
         shares no memory with this one (evaluated here)."""
         if not 0 <= slots <= min(layer.offset for layer in self.layers):
             raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
-        layers = []
+        layers: list = []
         for layer in self.layers:
+            if isinstance(layer, SharedLayerKVCache):  # shared again, with the copy of its source
+                layers.append(SharedLayerKVCache(layers[layer.index], layer.index))
+                continue
             bound = layer.max_size if capacity is None else max(slots, capacity)
             copied = LayerKVCache(bound)
             if slots and layer.keys is not None:
@@ -185,14 +219,21 @@ class ModelKVCache:
 
     def arrays(self, slots: int) -> dict[str, mx.array]:
         """What `save` writes: keys and values [n_layers, Hkv, slots, D], positions [slots] (int64: the
-        sliding-window layers' record, every layer's alike; slot numbers when no layer has one)."""
+        sliding-window layers' record, every layer's alike; slot numbers when no layer has one). Layers
+        whose keys or values differ in shape (Gemma 4's wider full-attention heads) are written one per
+        layer instead: "keys.i" and "values.i" [Hkv_i, slots, D_i]."""
         recorded = [layer.positions for layer in self.layers if len(layer.positions) >= slots]
         positions = recorded[0][:slots] if recorded else np.arange(slots)  # unread: no sliding-window layer
-        return {
-            "keys": mx.stack([layer.keys[0, :, :slots] for layer in self.layers]),
-            "values": mx.stack([layer.values[0, :, :slots] for layer in self.layers]),
-            "positions": mx.array(positions.astype(np.int64)),
-        }
+        keys = [layer.keys[0, :, :slots] for layer in self.layers]
+        values = [layer.values[0, :, :slots] for layer in self.layers]
+        arrays = {"positions": mx.array(positions.astype(np.int64))}
+        if len({(k.shape, v.shape) for k, v in zip(keys, values)}) == 1:
+            arrays.update(keys=mx.stack(keys), values=mx.stack(values))
+        else:
+            arrays.update(
+                {f"{name}.{i}": a for name, per in (("keys", keys), ("values", values)) for i, a in enumerate(per)}
+            )
+        return arrays
 
     def load(self, path: str) -> int:
         """Fill this empty cache from a file `save` wrote; returns its slots. ValueError when the
@@ -202,20 +243,32 @@ class ModelKVCache:
 
     def fill(self, arrays: dict[str, mx.array]) -> int:
         """`load` from a file's arrays (the names `arrays` gives); returns the slots read."""
-        keys, values, positions = arrays["keys"], arrays["values"], np.asarray(arrays["positions"])
-        slots = keys.shape[2]
+        positions = np.asarray(arrays["positions"])
+        if "keys" in arrays:
+            keys, values = arrays["keys"], arrays["values"]
+            if keys.ndim != 4 or values.ndim != 4:
+                raise ValueError(f"the file holds keys {tuple(keys.shape)}, not [layers, heads, slots, dim]")
+        else:  # one array per layer (layers of different shapes)
+            per_layer = [(arrays.get(f"keys.{i}"), arrays.get(f"values.{i}")) for i in range(len(self.layers))]
+            if any(k is None or v is None or k.ndim != 3 for k, v in per_layer):
+                raise ValueError(
+                    f"the file holds no keys and values for each of this cache's {len(self.layers)} layers"
+                )
+            keys, values = [k for k, _ in per_layer], [v for _, v in per_layer]
+        slots = keys[0].shape[1]
         if (
-            keys.ndim != 4
-            or keys.shape[0] != len(self.layers)
-            or values.shape[:3] != keys.shape[:3]
+            len(keys) != len(self.layers)
+            or any(k.ndim != 3 or k.shape[1] != slots or v.shape[:2] != k.shape[:2] for k, v in zip(keys, values))
             or positions.shape != (slots,)
             or slots > self.capacity
         ):
             raise ValueError(
-                f"the file holds keys {tuple(keys.shape)}, this cache {len(self.layers)} layers "
+                f"the file holds keys {[tuple(k.shape) for k in keys]}, this cache {len(self.layers)} layers "
                 f"of {self.capacity} slots"
             )
         for i, layer in enumerate(self.layers):
+            if isinstance(layer, SharedLayerKVCache):  # its source's entry fills it
+                continue
             layer.update_and_fetch(keys[i][None], values[i][None])
             layer.positions = positions.astype(np.int64)
         mx.eval(self.state)

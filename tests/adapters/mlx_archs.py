@@ -110,6 +110,19 @@ HONOURED: dict[str, dict[str, Any]] = {
     # the LM head's own final soft-capping, the family's code)
     "gpt_oss": dict(_MOE, experts_per_token=2, sliding_window=8),  # slides: mlx-lm's masks
     "gemma2": dict(query_pre_attn_scalar=16, attn_logit_softcapping=2.0, final_logit_softcapping=30.0),
+    # Gemma 4: an RMS norm on v before the cache, values from the key projection on the full layer
+    # (attention_k_eq_v), a sliding and a full layer whose heads are twice as wide (global_head_dim,
+    # its proportional RoPE on a quarter of them), per-layer inputs (test_mlx_gemma4.py also builds
+    # the KV-shared layers)
+    "gemma4_text": dict(
+        sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"],
+        global_head_dim=32,
+        attention_k_eq_v=True,
+        num_kv_shared_layers=0,
+        hidden_size_per_layer_input=16,
+        vocab_size_per_layer_input=320,
+    ),
     # multi-head latent attention: keys of qk_nope + qk_rope = 24 dims, values of v_head_dim = 16
     "deepseek_v3": dict(
         _MOE,
@@ -174,20 +187,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         dict(partial_rotary_factor=0.25, use_qkv_bias=False, layer_norm_eps=1e-5),
         "attention of an unknown layout",
     ),  # no softmax scale the adapter can read
-    # an RMS norm on v, KV-shared layers, k = v layers, and a call that passes and returns (k, v) and
-    # the offset: parts and settings the adapter does not model yet; full-attention layers with heads
-    # twice as wide (global_head_dim), partial proportional RoPE, per-layer inputs, as Gemma 4's
-    "gemma4_text": (
-        dict(
-            sliding_window=8,
-            layer_types=["sliding_attention", "full_attention"],
-            global_head_dim=32,
-            num_kv_shared_layers=0,
-            hidden_size_per_layer_input=16,
-            vocab_size_per_layer_input=320,
-        ),
-        "attention of an unknown layout",
-    ),
 }
 
 # hybrids: some layers keep a recurrent state instead of keys (mlx-lm's own cache for those layers;

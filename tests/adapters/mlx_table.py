@@ -45,9 +45,10 @@ def _row(arch: str) -> str:
         reason = str(err)[len(arch) + 1 :]
         return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {reason} |"
     kinds = ", ".join(sorted({layer.kind for layer in args.layers}))
-    refusal = args.refusal()
-    sparse = "oracle" if refusal is None else "refused"
-    return f"| {arch} | {moe} | {kinds} | forward | greedy | {sparse} | {sparse} | {refusal or ''} |"
+    h2o, main, speculator = (args.refusal(method) for method in ("h2o", "specprefill", "speculator"))
+    columns = " | ".join("oracle" if refusal is None else "refused" for refusal in (h2o, main))
+    reason = h2o or main or (f"as SpecPrefill's speculator: {speculator}" if speculator else "")
+    return f"| {arch} | {moe} | {kinds} | forward | greedy | {columns} | {reason} |"
 
 
 def table() -> str:
