@@ -242,7 +242,7 @@ def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
             first = next(i for i, kind in enumerate(kinds[0]) if kind != "attention")
             raise ModelLoadError(
                 f"{architecture} layer {first} is a linear-attention / state-space layer whose forward "
-                f"does not run on transformers' Cache ({type(err).__name__}: {str(err).splitlines()[0][:100]}): "
+                f"does not run on transformers' Cache ({type(err).__name__}: {str(err).splitlines()[0][:120]}): "
                 f"specfill's hybrid cache holds transformers' own cache layers; {USE_TRANSFORMERS}"
             ) from None
     elif check:
