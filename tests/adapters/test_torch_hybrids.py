@@ -94,6 +94,18 @@ def test_drafting_rolls_the_recurrent_state_back_and_gives_the_greedy_tokens(arc
             assert info.decode.accepted_tokens < info.decode.drafted_tokens  # rollbacks happened
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "nemotron_h", "falcon_h1"])
+def test_the_speculator_drafts_after_specprefill_with_its_state_rolled_back(arch):
+    """The SpecPrefill speculator (a view of the model's first layers, or a hybrid of other weights)
+    continues from its prompt cache as the draft, every round (a fixed length): plain tokens."""
+    model, ids = adapted(four_layers(arch)), prompt(40, seed=3)
+    for speculator in ("self:3", adapted(four_layers(arch, seed=7))):
+        method = replace(spec(0.5), speculator=speculator)
+        info = GenerationInfo()
+        got = greedy(model, ids, 10, method, info, drafting=Drafting(None, 3, adaptive=False))
+        assert got == greedy(model, ids, 10, method) and info.decode.accepted_tokens < info.decode.drafted_tokens
+
+
 @pytest.mark.parametrize("arch", FIRST)
 def test_h2o_runs_on_the_attention_layers_and_equals_the_oracle(arch, monkeypatch):
     model = adapted(four_layers(arch))
