@@ -261,7 +261,7 @@ class KVCache(Protocol[A]):
     container, made by ModelOps.new_cache and filled by ModelOps.forward; the rest of its books are
     its own. Every layer fills the same slots, except a prefill stopped between layers (see above).
 
-    A hybrid model's cache (recurrent layers beside attention: backends/mlx/hybrid_cache.py) is
+    A hybrid model's cache (recurrent layers beside attention: core/hybrid.py's books, a backend's hybrid_cache.py) is
     one too: its `layers` and `keys` are its attention layers'; `trim` / `truncate` restore a kept
     recurrent state (ValueError where it kept none), and two optional methods say so:
     `mark()` keeps the state at the current slot count (the driver calls it after each prefill)

@@ -1,22 +1,9 @@
 """The KV cache of a hybrid model: specfill's keys and values for the attention layers, the
 library's own recurrent state (mlx-lm's ArraysCache: conv + SSM / delta-rule state) for the others.
 
-One object with its own books (core/ops.py's KVCache): `filled` counts the slots every layer has
-read (an attention layer's offset; a recurrent layer has read the same tokens, in order). What a
-recurrent state cannot do is forget its last tokens, so the cache keeps what it needs to go back:
-
-- a step snapshot before every forward step (the recurrent arrays as they were: MLX arrays are
-  never written in place, so a snapshot is a list of references), with that step's tokens and
-  positions and the model (view) that ran it, the last HISTORY steps;
-- marks: the recurrent state at the end of a prompt (`mark`, called by the driver after each
-  prefill), the last MARKS of them, for the prompt cache's reuse of an earlier turn.
-
-`trim` / `truncate` to slot s: from a mark at s, or else from the latest step snapshot at or below
-s, then the tokens between that snapshot and s are run again (the replay: a rejected draft rolls
-the recurrent state back by recomputing the accepted tokens). A slot count that no snapshot
-reaches is refused (ValueError); `exact_prefix` tells the prompt cache which prefixes it can give.
-A step stopped between layers (a cancelled request) is undone on every layer before the cache is
-used again (`open` until the step ends).
+The books (step snapshots, prompt-end marks, truncate by snapshot + replay, exact_prefix) are
+core/hybrid.py's, shared with the torch backend; here is the tensor work. MLX arrays are never
+written in place, so a snapshot is a list of references (no copy).
 """
 
 from __future__ import annotations
@@ -26,22 +13,15 @@ from typing import Any, Callable, Iterator
 import mlx.core as mx
 import numpy as np
 
+from specfill.core.hybrid import HISTORY, MARKS, HybridBooks, Snapshot, step_positions
 from specfill.core.io import hybrid_state
 
 from .cache import LayerKVCache, ModelKVCache
 
-HISTORY = 32  # step snapshots kept: a drafting round's draft steps and its verification fit
-MARKS = 2  # prompt-end snapshots kept: the last turn's (reused) and the one before
+__all__ = ["HISTORY", "MARKS", "HybridKVCache", "Snapshot"]
 
 
-class Snapshot:
-    """The recurrent layers' arrays at `slots` filled slots (and the step that followed, if any)."""
-
-    def __init__(self, slots: int, states: list[list[Any]], ids: Any = None, positions: Any = None, model: Any = None):
-        self.slots, self.states, self.ids, self.positions, self.model = slots, states, ids, positions, model
-
-
-class HybridKVCache:
+class HybridKVCache(HybridBooks):
     """Every layer's cache (see the module doc): `per_layer[i]` is a LayerKVCache, the library's
     recurrent cache, both in mlx-lm's CacheList (Falcon-H1's parallel layers) or None (a layer that
     keeps nothing: Nemotron-H's MLP blocks); make_recurrent(i): mlx-lm's fresh cache of layer i; `layers` the
@@ -54,10 +34,7 @@ class HybridKVCache:
         self.recurrent = [i for i, c in enumerate(per_layer) if _state_of(c) is not None]
         self.make_recurrent = make_recurrent
         self.kv = ModelKVCache([_kv_of(per_layer[i]) for i in self.attention])
-        self.history: list[Snapshot] = []
-        self.marks: list[Snapshot] = []
-        self.replay: Callable[[Any, Any, Any, HybridKVCache], Any] | None = None
-        self.open = False  # a step has begun and not ended
+        self._init_books()
 
     # the model's view: one cache object per layer
     def __len__(self) -> int:
@@ -72,10 +49,6 @@ class HybridKVCache:
     @property
     def layers(self) -> list[LayerKVCache]:
         return self.kv.layers
-
-    @property
-    def filled(self) -> int:
-        return self.kv.filled
 
     @property
     def capacity(self) -> int:
@@ -101,95 +74,11 @@ class HybridKVCache:
         for i, state in zip(self.recurrent, snapshot.states):
             _state_of(self.per_layer[i]).cache = list(state)
 
-    def begin_step(self, model: Any, ids: mx.array, positions: int | np.ndarray) -> None:
-        """Before a forward step of `model` (the whole model or a first-layers view): its snapshot."""
-        self._interrupted()  # a step that never finished: back to before it first
-        self.history.append(Snapshot(self.filled, self._states(), ids, positions, model))
-        del self.history[:-HISTORY]
-        self.open = True
+    def _tokens(self, pieces: list[mx.array]) -> mx.array:
+        return mx.concatenate(pieces)
 
-    def end_step(self) -> None:
-        """The step begun last ran through every layer."""
-        self.open = False
-
-    def _interrupted(self) -> None:
-        """After a step stopped between layers (a cancelled request: some layers read its tokens,
-        others not), restore the snapshot before it on every layer."""
-        if self.open:
-            self.open = False
-            base = self.history.pop()
-            self._restore(base)
-            self.kv.truncate(base.slots)
-
-    def mark(self) -> None:
-        """Keep the recurrent state at the current slot count (the end of a prompt)."""
-        self.marks = [m for m in self.marks if m.slots != self.filled][-(MARKS - 1) :]
-        self.marks.append(Snapshot(self.filled, self._states()))
-
-    def exact_prefix(self, slots: int) -> int:
-        """The longest prefix of at most `slots` slots this cache can stand at exactly: `filled`,
-        a mark, or a step snapshot (recurrent state cannot be cut between them). A step stopped
-        between layers is undone first."""
-        self._interrupted()
-        points = [self.filled] + [s.slots for s in self.marks + self.history]
-        return max((p for p in points if p <= slots), default=0)
-
-    def _snapshot_at(self, slots: int) -> Snapshot | None:
-        return next((s for s in reversed(self.marks + self.history) if s.slots == slots), None)
-
-    def truncate(self, slots: int) -> None:
-        """Back to the first `slots` slots (see the module doc); ValueError when no snapshot reaches them."""
-        self._interrupted()
-        if slots >= self.filled:
-            return
-        mark = next((m for m in reversed(self.marks) if m.slots == slots), None)
-        if mark is not None:  # (a step snapshot at `slots` is the base below: nothing to replay)
-            self._restore(mark)
-            self.kv.truncate(slots)
-            self.history = [s for s in self.history if s.slots <= slots]
-            return
-        base = next((s for s in reversed(self.history) if s.slots <= slots), None)
-        if base is None or (slots > base.slots and self.replay is None):
-            raise ValueError(
-                f"a hybrid cache filled to {self.filled} slots cannot go back to {slots}: "
-                f"its recurrent layers keep no state there"
-            )
-        later = [s for s in self.history if s.slots >= base.slots]
-        self._restore(base)
-        self.kv.truncate(base.slots)
-        self.history = [s for s in self.history if s.slots < base.slots]
-        self.marks = [m for m in self.marks if m.slots <= slots]
-        if slots > base.slots:  # run the kept tokens again, as the steps that wrote them did
-            ends = [s.slots for s in later[1:]] + [None]
-            ids = mx.concatenate([s.ids[: None if e is None else e - s.slots] for s, e in zip(later, ends)])
-            positions = np.concatenate(
-                [_positions(s)[: None if e is None else e - s.slots] for s, e in zip(later, ends)]
-            )[: slots - base.slots]
-            start = int(positions[0])
-            consecutive = np.array_equal(positions, np.arange(start, start + len(positions)))
-            self.replay(base.model, ids[: slots - base.slots], start if consecutive else positions, self)
-
-    def trim(self, n: int, n_layers: int | None = None) -> None:
-        """Drop the last n slots; with n_layers, a first-layers view's last n tokens (a "self:K"
-        draft's writes, its last steps): the snapshot before them comes back (the later layers'
-        recurrent state in it is theirs now: the view did not run them)."""
-        self._interrupted()
-        if n <= 0:
-            return
-        if n_layers is None:
-            self.truncate(self.filled - n)
-            return
-        steps, count = 0, 0
-        while count < n and steps < len(self.history):
-            steps += 1
-            count += self.history[-steps].ids.shape[0]
-        if count != n:
-            raise ValueError(f"a hybrid cache's last steps do not hold the view's {n} tokens exactly")
-        self._restore(self.history[-steps])
-        del self.history[-steps:]
-        for index, layer in zip(self.attention, self.kv.layers):
-            if index < n_layers:
-                layer.trim(n)
+    def _positions(self, step: Snapshot) -> np.ndarray:
+        return step_positions(step.positions, self._count(step.ids))
 
     @property
     def state(self) -> list[mx.array]:
@@ -209,9 +98,7 @@ class HybridKVCache:
 
     def copy(self, slots: int, capacity: int | None = None) -> HybridKVCache:
         """A new cache at the first `slots` slots, which must be `filled` or a snapshot's (exact_prefix)."""
-        source = None if slots == self.filled else self._snapshot_at(slots)
-        if slots != self.filled and source is None:
-            raise ValueError(f"a hybrid cache filled to {self.filled} keeps no recurrent state at slot {slots}")
+        source = self.source_at(slots)
         kv = self.kv.copy(slots, capacity)
         copied_kv = dict(zip(self.attention, kv.layers))
         per_layer = [
@@ -219,7 +106,7 @@ class HybridKVCache:
             for i, entry in enumerate(self.per_layer)
         ]
         copied = HybridKVCache(per_layer, self.make_recurrent)
-        copied._restore(source or Snapshot(slots, self._states()))
+        copied._restore(source)
         copied.marks = [Snapshot(slots, copied._states())]
         copied.replay = self.replay
         return copied
@@ -283,10 +170,3 @@ def _rebuilt(entry: Any, kv: LayerKVCache | None, library: Any) -> Any:
     if not hasattr(entry, "caches"):
         return fresh
     return type(entry)(*(kv if isinstance(c, LayerKVCache) else fresh for c in entry.caches))
-
-
-def _positions(step: Snapshot) -> np.ndarray:
-    """The positions of a step's tokens, one per token (an int start becomes a run)."""
-    if isinstance(step.positions, (int, np.integer)):
-        return np.arange(step.positions, step.positions + step.ids.shape[0], dtype=np.int64)
-    return np.asarray(step.positions, dtype=np.int64)

@@ -12,13 +12,15 @@ specfill step the model still runs as transformers' own.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
-from specfill.core.adapted import AdaptedArgs, MethodRefusedError
+from specfill.core.adapted import AdaptedArgs, AttentionLayout, MethodRefusedError
 from specfill.core.errors import ModelLoadError
+from specfill.core.hybrid import HISTORY
 from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
@@ -34,6 +36,7 @@ from .adapted_probe import (
 )
 from .adapter import ACTIVE, NAME, StepState, check_cacheable, layout_of, register
 from .cache import ModelKVCache
+from .hybrid_cache import HybridKVCache
 
 
 class AdaptedModel:
@@ -50,8 +53,10 @@ class AdaptedModel:
         index: dict[int, int],
         layer_list: tuple[nn.Module, str],
         n_layers: int | None = None,
+        kinds: tuple[list[str], list[int]] | None = None,
     ):
         self.lm = lm
+        self.kinds = kinds  # a hybrid's (check_layer_kinds): every layer's kind and linear-attention states
         self.args = args
         self.index = index
         self.layer_list = layer_list
@@ -63,7 +68,20 @@ class AdaptedModel:
         total = self.args.num_hidden_layers if self.n_layers is None else self.n_layers
         if not 1 <= n_layers <= total:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
-        return AdaptedModel(self.lm, self.args.first(n_layers), self.index, self.layer_list, n_layers)
+        return AdaptedModel(self.lm, self.args.first(n_layers), self.index, self.layer_list, n_layers, self.kinds)
+
+    @property
+    def max_rollback(self) -> int | None:
+        """Drafts per round its cache can undo (a hybrid's keeps HISTORY step snapshots: a round's
+        drafts, the step feeding the pending token and the verification), None: any."""
+        return HISTORY - 2 if self.args.hybrid else None
+
+    def new_cache(self, capacity: int) -> ModelKVCache | HybridKVCache:
+        """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep transformers' own state)."""
+        dtype, device = self.embed_tokens.weight.dtype, self.embed_tokens.weight.device
+        if self.kinds is None:
+            return ModelKVCache.allocate(self.args, capacity, dtype, device)
+        return HybridKVCache.allocate(*self.kinds, self.args, capacity, dtype, device)
 
     def _check(self, attend: Any) -> None:
         """Refuse by name a method the model's layers cannot honour, before anything runs: H2O or
@@ -98,19 +116,78 @@ class AdaptedModel:
         layers = getattr(parent, name)
         if self.n_layers is not None:
             setattr(parent, name, nn.ModuleList(list(layers)[: self.n_layers]))
+        hybrid = isinstance(cache, HybridKVCache)
+        if hybrid:  # its recurrent state before this step, to go back to
+            cache.begin_step(self, ids[0], positions)
+            cache.replay = _replay
         token = ACTIVE.set(StepState(self.index, self.args.layers, positions, cache, attend))
         try:
             with implementation(self.configs, NAME):
                 out = self.lm(
                     input_ids=ids,
                     position_ids=positions[None],
-                    use_cache=False,
+                    use_cache=hybrid,
                     logits_to_keep=keep if keep < steps else 0,
+                    **({"cache": cache.library} if hybrid else {}),
                 )
+            if hybrid:
+                cache.end_step()
         finally:
             ACTIVE.reset(token)
             setattr(parent, name, layers)
         return None if logits_from is None else out.logits.float()
+
+
+def _replay(model: AdaptedModel, ids: torch.Tensor, positions: int | Any, cache: HybridKVCache) -> None:
+    """A hybrid cache's replay: the tokens [T] again through `model` at `positions` (no logits)."""
+    device = ids.device
+    if isinstance(positions, int):
+        positions = torch.arange(positions, positions + ids.shape[0], device=device)
+    else:
+        positions = torch.as_tensor(positions, dtype=torch.int64, device=device)
+    model(ids[None], positions, cache, None)
+
+
+def _layouts(
+    calls: list, index: dict[int, int], kinds: list[str], refusal: Any, eps: float, layer_list: tuple[nn.Module, str]
+) -> tuple:
+    """One AttentionLayout per decoder layer: a call's for an attention layer (`parallel` beside a
+    mixer), a recurrent or stateless one (the shapes of the first attention layer) for the others."""
+    by_layer = {index[id(call[0])]: layout_of(call, refusal, eps) for call in calls}
+    first = by_layer[min(by_layer)]
+    layers = list(getattr(*layer_list))
+    out = []
+    for i, kind in enumerate(kinds):
+        if kind == "attention":
+            out.append(by_layer[i])
+        elif kind == "parallel":
+            out.append(replace(by_layer[i], parallel=True))
+        else:
+            names = ", ".join(sorted(_mixers(layers[i])))
+            what = "a linear-attention / state-space layer" if kind == "recurrent" else "a block without attention"
+            out.append(
+                AttentionLayout(
+                    f"{what} ({names})",
+                    first.n_heads,
+                    first.n_kv_heads,
+                    first.head_dim,
+                    first.scale,
+                    recurrent=kind == "recurrent",
+                    stateless=kind == "stateless",
+                )
+            )
+    return tuple(out)
+
+
+_NOT_MIXERS = ("Norm", "MLP", "MoE", "Moe", "MoeBlock", "Experts", "Dropout", "Identity", "ModuleList")
+
+
+def _mixers(layer: nn.Module) -> set[str]:
+    """The class names of a decoder layer's token mixers (its children but norms, MLPs, experts);
+    a block without a mixer: its children but norms."""
+    names = {type(c).__name__ for c in layer.children()}
+    mixers = {n for n in names if not n.endswith(_NOT_MIXERS)}
+    return mixers or {n for n in names if not n.endswith("Norm")} or names
 
 
 def _args(text: Any, layouts: tuple) -> AdaptedArgs:
@@ -132,17 +209,19 @@ def _args(text: Any, layouts: tuple) -> AdaptedArgs:
 
 def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
     """Describe every decoder layer of the transformers CausalLM `lm` (adapted_probe.py) and return
-    it as an AdaptedModel (`lm` itself is not modified). A model whose attention does not go
-    through transformers' AttentionInterface, a layer without softmax attention (linear attention,
-    state-space, hybrids), keys and values the KV cache cannot hold, or (check) a model the
-    6-token self-check finds computing otherwise than transformers: ModelLoadError naming it."""
+    it as an AdaptedModel (`lm` itself is not modified; a hybrid's recurrent layers run as
+    transformers' own, on its linear-attention cache inside hybrid_cache.HybridKVCache). A model
+    whose attention does not go through transformers' AttentionInterface, a layer kind specfill's
+    cache cannot hold (check_layer_kinds), keys and values the KV cache cannot hold, or (check) a
+    model the 6-token self-check finds computing otherwise than transformers: ModelLoadError naming it."""
     register()
     text = lm.config.get_text_config()
     architecture = str(text.model_type)
-    check_layer_kinds(text, architecture)
+    kinds = check_layer_kinds(text, architecture)
+    hybrid = kinds is not None and any(kind != "attention" for kind in kinds[0])
     lm.eval()
     calls = probe(lm, architecture)
-    index, layer_list = layer_index(lm, calls, architecture)
+    index, layer_list = layer_index(lm, calls, architecture, kinds[0] if hybrid else None)
     if any(call[4].get("is_causal") is False for call in calls):
         raise ModelLoadError(
             f"{architecture} has bidirectional attention layers (is_causal=False): specfill's "
@@ -151,13 +230,21 @@ def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
     check_cacheable(architecture, calls)
     refusal = config_refusal(text)
     eps = float(getattr(text, "rms_norm_eps", None) or 1e-6)
-    layouts = tuple(layout_of(call, refusal, eps) for call in sorted(calls, key=lambda c: index[id(c[0])]))
-    model = AdaptedModel(lm, _args(text, layouts), index, layer_list)
-    if check:
-        self_check(
-            model,
-            lambda capacity: ModelKVCache.allocate(
-                model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
-            ),
-        )
+    if hybrid:
+        layouts = _layouts(calls, index, kinds[0], refusal, eps, layer_list)
+    else:
+        layouts = tuple(layout_of(call, refusal, eps) for call in sorted(calls, key=lambda c: index[id(c[0])]))
+    model = AdaptedModel(lm, _args(text, layouts), index, layer_list, kinds=kinds if hybrid else None)
+    if check and hybrid:
+        try:
+            self_check(model, model.new_cache)
+        except (ValueError, TypeError, RuntimeError, AttributeError) as err:  # not transformers' Cache API
+            first = next(i for i, kind in enumerate(kinds[0]) if kind != "attention")
+            raise ModelLoadError(
+                f"{architecture} layer {first} is a linear-attention / state-space layer whose forward "
+                f"does not run on transformers' Cache ({type(err).__name__}: {str(err).splitlines()[0][:120]}): "
+                f"specfill's hybrid cache holds transformers' own cache layers; {USE_TRANSFORMERS}"
+            ) from None
+    elif check:
+        self_check(model, model.new_cache)
     return model

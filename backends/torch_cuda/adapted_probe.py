@@ -1,9 +1,9 @@
 """What the transformers adapter learns and checks when it takes a model over (adapted.adapt).
 
 - `check_layer_kinds`: transformers' own per-layer cache kinds (`get_layer_types_and_kwargs`, the
-  list its DynamicCache is built from) must all be softmax attention, global or sliding: recurrent
-  layers (linear attention, state-space, convolution), hybrids running a recurrent mixer beside
-  attention, chunked attention and layers without a cache of their own are refused by name.
+  list its DynamicCache is built from): softmax attention (global or sliding), and a hybrid's
+  linear-attention / state-space layers, mixers beside attention and MLP blocks (hybrid_cache.py
+  holds their state); chunked attention and layers sharing another's keys are refused by name.
 - `probe`: one forward of 2 tokens with a recording attention: which module calls transformers'
   AttentionInterface, from which decoder layer, with which shapes and arguments.
 - `self_check`: 6 tokens through the adapter in two steps against transformers' own forward:
@@ -25,20 +25,31 @@ from .adapter import ACTIVE, NAME, Probe
 
 # transformers' cache kinds -> (the layer kind a refusal names, why); softmax-attention kinds pass
 ATTENTION_KINDS = ("full_attention", "sliding_attention")
-_RECURRENT = "it keeps a recurrent state, which specfill's KV cache does not hold"
+# a hybrid's other kinds -> how specfill's hybrid cache holds the layer (hybrid_cache.py): transformers'
+# own linear-attention state ("recurrent"), beside specfill's keys ("parallel"), nothing ("stateless")
+HYBRID_KINDS = {
+    "conv": "recurrent",
+    "linear_attention": "recurrent",
+    "hybrid": "parallel",
+    "hybrid_sliding": "parallel",
+}
+# hybrids whose recurrent layers transformers cannot continue over a multi-token step -> (kind, why)
+NO_CONTINUATION = {
+    "jamba": (
+        "a Mamba mixer",
+        "transformers' Jamba mixer runs a step of several tokens from no initial state (its "
+        "mamba_selective_scan takes none): a prefill in steps, a drafting verification or a cached "
+        "prompt's continuation would restart its SSM state from zero",
+    ),
+}
 REFUSED_KINDS = {
-    "conv": ("a linear-attention / state-space layer", _RECURRENT),
-    "linear_attention": ("a linear-attention / state-space layer", _RECURRENT),
-    "hybrid": ("attention beside a recurrent mixer (hybrid)", _RECURRENT),
-    "hybrid_sliding": ("attention beside a recurrent mixer (hybrid)", _RECURRENT),
     "chunked_attention": (
         "chunked attention",
         "each query sees only its own chunk's keys, a mask specfill does not build",
     ),
     "dummy": (
         "a layer without a KV cache of its own",
-        "it shares another layer's keys and values or "
-        "has no attention; specfill's KV cache holds one attention per layer",
+        "it shares another layer's keys and values; specfill's KV cache holds one attention per layer",
     ),
     "indexed_attention": ("indexed sparse attention", "an indexer picks the keys each query sees"),
 }
@@ -70,9 +81,11 @@ def implementation(configs: list[Any], name: str) -> Iterator[None]:
             config._attn_implementation_internal = value
 
 
-def check_layer_kinds(text: Any, architecture: str) -> None:
-    """ModelLoadError naming the first layer whose transformers cache kind is not softmax attention
-    or whose config makes its mask one specfill does not build."""
+def check_layer_kinds(text: Any, architecture: str) -> tuple[list[str], list[int]]:
+    """Every layer's kind for specfill ("attention", "recurrent", "parallel" or "stateless": a
+    hybrid's MLP / MoE block, transformers' "dummy" without KV sharing) and its number of
+    linear-attention states; ModelLoadError naming the first layer whose transformers cache kind
+    specfill cannot hold or whose config makes its mask one specfill does not build."""
     for setting, kind in MASK_SETTINGS.items():
         if getattr(text, setting, None):
             raise ModelLoadError(
@@ -81,18 +94,34 @@ def check_layer_kinds(text: Any, architecture: str) -> None:
     from transformers.cache_utils import get_layer_types_and_kwargs
 
     try:
-        kinds, _ = get_layer_types_and_kwargs(text)
+        kinds, kwargs = get_layer_types_and_kwargs(text)
     except (ValueError, TypeError, AttributeError) as err:  # configs transformers' own cache cannot describe
         raise ModelLoadError(
             f"{architecture}: transformers cannot list its layers' cache kinds "
             f"({str(err).splitlines()[0][:120]}); {USE_TRANSFORMERS}"
         ) from None
+    hybrid = any(kind in HYBRID_KINDS for kind in kinds)
+    if hybrid and architecture in NO_CONTINUATION:
+        name, why = NO_CONTINUATION[architecture]
+        first = next(i for i, kind in enumerate(kinds) if kind in HYBRID_KINDS)
+        raise ModelLoadError(f"{architecture} layer {first} is {name}: {why}; {USE_TRANSFORMERS}")
+    sharing = getattr(text, "kv_sharing_modes", None) is not None
+    ours = []
     for index, kind in enumerate(kinds):
-        if kind not in ATTENTION_KINDS:
+        if kind in ATTENTION_KINDS:
+            ours.append("attention")
+        elif kind in HYBRID_KINDS:
+            ours.append(HYBRID_KINDS[kind])
+        elif kind == "dummy" and hybrid and not sharing:
+            ours.append("stateless")
+        else:
             name, why = REFUSED_KINDS.get(kind, (f"a {kind} layer", "specfill runs softmax-attention layers only"))
             raise ModelLoadError(
                 f"{architecture} layer {index} is {name} (transformers' cache kind {kind!r}): {why}; {USE_TRANSFORMERS}"
             )
+    if hybrid and not any(kind in ("attention", "parallel") for kind in ours):
+        raise ModelLoadError(f"{architecture} has no attention layer: nothing for specfill to run; {USE_TRANSFORMERS}")
+    return ours, [int(k.get("number_of_states", 1)) for k in kwargs]
 
 
 def probe(lm: nn.Module, architecture: str) -> list[tuple[nn.Module, tuple, tuple, tuple, dict[str, Any]]]:
@@ -129,9 +158,12 @@ def _contains(layer: nn.Module, module: nn.Module) -> bool:
     return any(m is module for m in layer.modules())
 
 
-def layer_index(lm: nn.Module, calls: list, architecture: str) -> tuple[dict[int, int], tuple[nn.Module, str]]:
+def layer_index(
+    lm: nn.Module, calls: list, architecture: str, kinds: list[str] | None = None
+) -> tuple[dict[int, int], tuple[nn.Module, str]]:
     """(id(attention module) -> decoder layer, (parent, attribute) of the decoder-layer ModuleList).
-    Every decoder layer must call the interface exactly once, from its own attention module."""
+    Every attention layer (`kinds`, check_layer_kinds'; None: every layer) must call the interface
+    exactly once, from its own attention module; a hybrid's other layers call it never."""
     first = calls[0][0]
     found = next(
         (
@@ -155,11 +187,11 @@ def layer_index(lm: nn.Module, calls: list, architecture: str) -> tuple[dict[int
             )
         index[id(module)] = owner
     for i, layer in enumerate(layers):
-        if i not in index.values():
-            kinds = ", ".join(sorted({type(c).__name__ for c in layer.children()}))
+        if i not in index.values() and (kinds is None or kinds[i] in ("attention", "parallel")):
+            names = ", ".join(sorted({type(c).__name__ for c in layer.children()}))
             raise ModelLoadError(
-                f"{architecture} layer {i} is a linear-attention / state-space layer ({kinds}): "
-                f"specfill's KV cache holds softmax-attention layers only; {USE_TRANSFORMERS}"
+                f"{architecture} layer {i} ({names}) does not call transformers' AttentionInterface "
+                f"though its cache kind is attention: specfill cannot take it over; {USE_TRANSFORMERS}"
             )
     return index, found
 

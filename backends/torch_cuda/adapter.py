@@ -104,7 +104,7 @@ def specfill_attention(
     checkpoint()  # a cancelled request (core/ops.py) stops at the next layer's attention
     index = step.index[id(module)]
     layout, positions = step.layouts[index], step.positions
-    layer_cache = step.cache.layers[index]
+    layer_cache = step.cache.layer_cache(index) if hasattr(step.cache, "layer_cache") else step.cache.layers[index]
     value_dim = value.shape[-1]
     if value_dim < key.shape[-1]:  # latent attention: values zero-padded to the keys' head dim (module doc)
         value = F.pad(value, (0, key.shape[-1] - value_dim))

@@ -123,6 +123,8 @@ class TorchOps(KernelStages):
         return time.perf_counter()
 
     def new_cache(self, model: Transformer, capacity: int) -> ModelKVCache:
+        if hasattr(model, "new_cache"):  # an adapted model (adapted.py): a hybrid's cache holds recurrent state too
+            return model.new_cache(capacity)
         return ModelKVCache.allocate(
             model.args, capacity, model.embed_tokens.weight.dtype, model.embed_tokens.weight.device
         )

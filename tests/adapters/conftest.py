@@ -17,7 +17,7 @@ import pytest
 from tests.adapters.support import BACKENDS, installed
 
 collect_ignore_glob = ([] if installed("mlx") else ["test_mlx_*.py"]) + (
-    [] if installed("torch") else ["test_transformers_*.py"]
+    [] if installed("torch") else ["test_transformers_*.py", "test_torch_*.py"]
 )
 
 

@@ -6,7 +6,8 @@ HONOURED: the adapter runs every method on them (the project's own five families
 they have model files of their own); TERMS: those of them whose layers add attention sinks or a
 logit soft-cap to their softmax. MOE marks mixtures of experts. REFUSED: model types whose
 layers a sparse method cannot run, with the layer kind the refusal names (full prefill and
-decoding still work on them). AT_LOAD: model types refused at load, with the kind named.
+decoding still work on them). AT_LOAD: model types refused at load, with the kind named. HYBRID:
+recurrent layers beside attention layers (test_torch_hybrids.py builds them with four layers).
 """
 
 from __future__ import annotations
@@ -114,48 +115,8 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
 
 # model type -> (config, the layer kind the load error names)
 AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
-    "qwen3_next": (
-        dict(
-            _MOE,
-            linear_num_value_heads=4,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_conv_kernel_dim=4,
-            full_attention_interval=2,
-            shared_expert_intermediate_size=32,
-        ),
-        "linear-attention / state-space layer",
-    ),
-    "falcon_h1": ({}, "attention beside a recurrent mixer (hybrid)"),  # a Mamba mixer in every layer
     "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
     "bloom": ({}, "does not run its attention through transformers' AttentionInterface"),  # ALiBi, own attention
-    # gated delta-net (linear attention) on layer 0, gated softmax attention on layer 1 (the causal LM
-    # of transformers' qwen3_5 / qwen3_5_moe checkpoints is the _text model type)
-    "qwen3_5_text": (
-        dict(
-            linear_num_value_heads=4,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_conv_kernel_dim=4,
-            full_attention_interval=2,
-        ),
-        "linear-attention / state-space layer",
-    ),
-    "qwen3_5_moe_text": (
-        dict(
-            _MOE,
-            linear_num_value_heads=4,
-            linear_num_key_heads=2,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_conv_kernel_dim=4,
-            full_attention_interval=2,
-            shared_expert_intermediate_size=32,
-        ),
-        "linear-attention / state-space layer",
-    ),
     # MiniMax-Text-01 (transformers' minimax): lightning (linear) attention on layer 0, softmax on layer 1
     "minimax": (
         dict(_MOE, layer_types=["linear_attention", "full_attention"], block_size=8),
@@ -176,10 +137,85 @@ AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
 }
 
 
+_DELTA = dict(
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=2,
+)
+# model type -> config of a hybrid (recurrent layers beside attention: hybrid_cache.py holds both);
+# test_torch_hybrids.py builds them with four layers. The causal LM of transformers' qwen3_5 /
+# qwen3_5_moe checkpoints is the _text model type.
+HYBRID: dict[str, dict[str, Any]] = {
+    "qwen3_next": dict(_MOE, **_DELTA, shared_expert_intermediate_size=32),
+    "qwen3_5_text": dict(_DELTA),  # gated delta-net on layer 0, gated softmax attention on layer 1
+    "qwen3_5_moe_text": dict(_MOE, **_DELTA, shared_expert_intermediate_size=32),
+    "lfm2": dict(
+        conv_L_cache=3, block_multiple_of=16, block_auto_adjust_ff_dim=False, full_attn_idxs=[1], norm_eps=1e-5
+    ),
+    "nemotron_h": dict(  # Mamba-2, attention, MLP and MoE blocks, one mixer each
+        layers_block_type=["mamba", "attention", "mlp", "moe"],
+        num_hidden_layers=4,
+        mamba_num_heads=4,
+        mamba_head_dim=16,
+        ssm_state_size=16,
+        conv_kernel=4,
+        n_groups=2,
+        chunk_size=8,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+    ),
+    "granitemoehybrid": dict(  # Mamba-2 and attention layers, Granite's multipliers, MoE
+        layer_types=["mamba", "attention"],
+        embedding_multiplier=2.0,
+        attention_multiplier=0.2,
+        logits_scaling=4.0,
+        residual_multiplier=0.5,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        shared_intermediate_size=32,
+        mamba_n_heads=4,
+        mamba_d_head=32,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_n_groups=1,
+        mamba_chunk_size=8,
+    ),
+    "falcon_h1": dict(  # every layer: attention and a Mamba-2 mixer side by side
+        mamba_d_ssm=128, mamba_d_head=32, mamba_n_heads=4, mamba_d_state=16, mamba_chunk_size=8
+    ),
+    "kimi_linear": dict(  # Kimi delta attention (linear) on layer 0, latent attention on layer 1
+        _MOE,
+        layer_types=["linear_attention", "full_attention"],
+        linear_num_heads=4,
+        linear_head_dim=16,
+        kv_lora_rank=16,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        n_shared_experts=1,
+        num_key_value_heads=4,  # latent attention: one key / value head per query head
+    ),
+}
+
+
+# transformers' Jamba mixer cannot continue its SSM state over a multi-token step: refused at load
+AT_LOAD["jamba"] = (
+    dict(  # Mamba and attention layers, MoE on every other layer
+        attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2, num_experts=4
+    ),
+    "a Mamba mixer",
+)
+
+
 def config_of(arch: str, extra: dict[str, Any] | None = None) -> Any:
     from transformers import AutoConfig
 
-    known = {**HONOURED, **{name: c for name, (c, _) in {**REFUSED, **AT_LOAD}.items()}}
+    known = {**HONOURED, **HYBRID, **{name: c for name, (c, _) in {**REFUSED, **AT_LOAD}.items()}}
     return AutoConfig.for_model(arch, **{**BASE, **(known[arch] if extra is None else extra)})
 
 

@@ -5,7 +5,8 @@ Each row is a transformers model type the adapter tests build and run on torch: 
 modules the adapter found, and per method either "tested" (the test that checks it: forward =
 equal to transformers' own forward and decoding; oracle = H2O memory sets / SpecPrefill kept
 positions equal to the NumPy oracle's; greedy = drafting gives the greedy tokens) or the refusal
-the tests expect.
+the tests expect. A hybrid's rows (HYBRID: test_torch_hybrids.py) check the methods on its attention
+layers; its recurrent layers run as transformers' own.
 
     .venv/bin/python -m tests.adapters.torch_table --write    # rewrite the table in docs/models.md
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from specfill.backends.torch_cuda.adapted import adapt
 from specfill.core.errors import ModelLoadError
-from tests.adapters.torch_archs import AT_LOAD, HONOURED, MOE, REFUSED, build
+from tests.adapters.torch_archs import AT_LOAD, HONOURED, HYBRID, MOE, REFUSED, build
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
 BEGIN, END = (
@@ -25,7 +26,17 @@ BEGIN, END = (
     "<!-- torch-adapter-table:end -->",
 )
 # mixtures of experts among the refused ones
-MOE_ELSEWHERE = ("deepseek_v3", "qwen3_next", "llama4_text", "qwen3_5_moe_text", "minimax")
+MOE_ELSEWHERE = (
+    "deepseek_v3",
+    "qwen3_next",
+    "llama4_text",
+    "qwen3_5_moe_text",
+    "minimax",
+    "nemotron_h",
+    "granitemoehybrid",
+    "kimi_linear",
+    "jamba",
+)
 
 
 def _row(arch: str) -> str:
@@ -36,7 +47,9 @@ def _row(arch: str) -> str:
         kind = AT_LOAD[arch][1]
         why = str(err)[len(arch) + 1 :]
         return f"| {arch} | {moe} | {kind} | refused | refused | refused | refused | at load: {why} |"
-    kinds = ", ".join(sorted({layer.kind for layer in args.layers}))
+    kinds = ", ".join(
+        sorted({layer.kind + (" beside a recurrent mixer" if layer.parallel else "") for layer in args.layers})
+    )
     refusal = args.refusal()
     h2o, spec = ("oracle", "oracle") if refusal is None else ("refused", "main pass: oracle; as speculator: refused")
     return f"| {arch} | {moe} | {kinds} | forward | greedy | {h2o} | {spec} | {refusal or ''} |"
@@ -44,7 +57,7 @@ def _row(arch: str) -> str:
 
 def table() -> str:
     """The markdown table (with its markers) for the model types the adapter tests run."""
-    rows = [_row(arch) for arch in sorted(HONOURED) + sorted(REFUSED) + sorted(AT_LOAD)]
+    rows = [_row(arch) for arch in sorted(HONOURED) + sorted(REFUSED) + sorted(HYBRID) + sorted(AT_LOAD)]
     return "\n".join(
         [
             BEGIN,

@@ -1,0 +1,169 @@
+"""The KV cache of a transformers hybrid: specfill's keys and values (cache.ModelKVCache) for the
+attention layers, transformers' own per-layer linear-attention cache (`LinearAttentionLayer`: its
+conv and recurrent / SSM states, updated through `Cache.update_conv_state` /
+`update_recurrent_state`) for the others, in one transformers `Cache` the model's forward reads.
+
+The books (snapshots, marks, truncate by replay, exact_prefix) are core/hybrid.py's. transformers
+writes its states in place (`copy_`, the decode kernels' conv update), so a snapshot clones them
+and a restore clones them back (a mark is restored more than once). The attention layers' entries
+in transformers' Cache pass the step's keys and values through (`PassLayer`): specfill's attention
+(adapter.py) stores them in its own cache; a layer with a mixer beside its attention (Falcon-H1's
+"hybrid" kind) holds both (`PassLinearLayer`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionLayer
+
+from specfill.core.hybrid import HybridBooks, Snapshot, step_positions
+
+from .cache import LayerKVCache, ModelKVCache
+
+
+class PassLayer(DynamicLayer):
+    """transformers' cache entry of an attention layer run by specfill: keeps nothing, returns the
+    step's keys and values (specfill's attention stores them). `books` gives the filled slot count."""
+
+    def __init__(self, books: Any = None, **kwargs: Any):
+        super().__init__()
+        self.books = books
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return 0 if self.books is None else self.books.filled
+
+
+class PassLinearLayer(LinearAttentionLayer):
+    """A layer with a recurrent mixer beside its attention: transformers' states, keys passed through."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple:
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_mask_sizes(self, query_length: int, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        return query_length, 0
+
+
+_STATE_FIELDS = ("conv_states", "recurrent_states")
+_FLAG_FIELDS = ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state")
+
+
+def _clone(states: dict[int, torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
+    return {i: None if t is None else t.clone() for i, t in states.items()}
+
+
+class HybridKVCache(HybridBooks):
+    """Every layer's cache: `library` transformers' Cache (PassLayer, LinearAttentionLayer,
+    PassLinearLayer or DummyLayer per layer); `kv` specfill's ModelKVCache of the attention layers
+    `attention` (model layer indices, in order); `recurrent` the layers with a linear-attention state."""
+
+    def __init__(self, kinds: list[str], kv: ModelKVCache, number_of_states: list[int]):
+        self.kinds = kinds
+        self.kv = kv
+        self.attention = [i for i, kind in enumerate(kinds) if kind in ("attention", "parallel")]
+        self.recurrent = [i for i, kind in enumerate(kinds) if kind in ("recurrent", "parallel")]
+        self.number_of_states = number_of_states
+        layers: list[Any] = []
+        for kind, states in zip(kinds, number_of_states):
+            if kind == "attention":
+                layers.append(PassLayer(self))
+            elif kind == "recurrent":
+                layers.append(LinearAttentionLayer(number_of_states=states))
+            elif kind == "parallel":
+                layers.append(PassLinearLayer(number_of_states=states))
+            else:
+                layers.append(DummyLayer())
+        self.library = Cache(layers=layers)
+        self._slot = {layer: k for k, layer in enumerate(self.attention)}
+        self._init_books()
+
+    @classmethod
+    def allocate(cls, kinds: list[str], states: list[int], args: Any, capacity: int, dtype: Any, device: Any):
+        n_attention = sum(kind in ("attention", "parallel") for kind in kinds)
+        shape = (n_attention, 1, args.num_key_value_heads, capacity, args.head_dim)
+        kv = ModelKVCache(
+            torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device)
+        )
+        return cls(kinds, kv, states)
+
+    def layer_cache(self, layer: int) -> LayerKVCache:
+        """Model layer `layer`'s LayerKVCache (an attention layer)."""
+        return self.kv.layers[self._slot[layer]]
+
+    @property
+    def layers(self) -> list[LayerKVCache]:
+        return self.kv.layers
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
+    def grown(self, capacity: int) -> HybridKVCache:
+        self.kv = self.kv.grown(capacity)
+        return self
+
+    def keys(self, end: int) -> torch.Tensor:
+        """The attention layers' keys [n_attention, Hkv, end, D] (the speculator scores from them)."""
+        return self.kv.keys(end)
+
+    def layer_keys(self, layer: int, end: int) -> torch.Tensor:
+        """Model layer `layer`'s keys [1, Hkv, end, D] (an attention layer), no copy."""
+        return self.kv.layer_keys(self._slot[layer], end)
+
+    # the books' tensor work (core/hybrid.py)
+    def _states(self) -> list[tuple]:
+        out = []
+        for i in self.recurrent:
+            layer = self.library.layers[i]
+            tensors = tuple(_clone(getattr(layer, name)) for name in _STATE_FIELDS)
+            flags = tuple(dict(getattr(layer, name)) for name in _FLAG_FIELDS)
+            out.append((tensors, flags, dict(layer.conv_kernel_size), layer.dtype, layer.device))
+        return out
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        for i, (tensors, flags, kernel, dtype, device) in zip(self.recurrent, snapshot.states):
+            layer = self.library.layers[i]
+            for name, states in zip(_STATE_FIELDS, tensors):
+                setattr(layer, name, _clone(states))
+            for name, values in zip(_FLAG_FIELDS, flags):
+                setattr(layer, name, dict(values))
+            layer.conv_kernel_size, layer.dtype, layer.device = dict(kernel), dtype, device
+
+    def _tokens(self, pieces: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(pieces)
+
+    def _positions(self, step: Snapshot) -> np.ndarray:
+        positions = step.positions
+        if isinstance(positions, torch.Tensor):
+            positions = positions.detach().cpu().numpy()
+        return step_positions(positions, self._count(step.ids))
+
+    @property
+    def state(self) -> list[torch.Tensor]:
+        return [self.kv.k, self.kv.v]
+
+    @property
+    def nbytes(self) -> int:
+        """The attention layers' buffers, the recurrent state and the snapshots' tensors."""
+        total = self.kv.nbytes
+        for states in [self._states()] + [s.states for s in self.marks + self.history]:
+            for tensors, *_ in states:
+                total += sum(t.nbytes for group in tensors for t in group.values() if t is not None)
+        return total
+
+    def copy(self, slots: int, capacity: int | None = None) -> HybridKVCache:
+        """A new cache at the first `slots` slots, which must be `filled` or a snapshot's (exact_prefix)."""
+        source = self.source_at(slots)
+        copied = HybridKVCache(self.kinds, self.kv.copy(slots, capacity), self.number_of_states)
+        copied._restore(source)
+        copied.marks = [Snapshot(slots, copied._states())]
+        copied.replay = self.replay
+        return copied
