@@ -21,7 +21,8 @@ used again (`open` until the step ends).
 A backend's cache (backends/mlx/hybrid_cache.py, backends/torch_cuda/hybrid_cache.py) subclasses
 HybridBooks with the tensor work: `kv` (its attention layers' cache), `_states` / `_restore`
 (the recurrent state out and back), `_tokens` (a step's token ids joined), `_positions` (a
-step's positions as NumPy) and `replay` (set by each step of its adapted model).
+step's positions as NumPy) and `replay` (set by each step of its adapted model), and `save` /
+`load` for the prompt store's files (core/io/hybrid_state.py) at `save_point`, a prompt-end mark.
 """
 
 from __future__ import annotations
@@ -175,13 +176,20 @@ class HybridBooks:
             raise ValueError(f"a hybrid cache filled to {self.filled} keeps no recurrent state at slot {slots}")
         return found
 
+    def save_point(self, slots: int) -> int:
+        """The slots `save` writes for a conversation of `slots`: its latest prompt-end mark at or
+        below them (core/io/hybrid_state.py); ValueError when it has none."""
+        self._interrupted()
+        marks = [m.slots for m in self.marks if m.slots <= min(slots, self.filled)]
+        if not marks:
+            raise ValueError(f"a hybrid cache keeps no prompt-end mark at or below slot {slots} to write")
+        return max(marks)
+
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
-        raise ValueError(
-            "a hybrid model's cache is not written to disk (its recurrent state is not in the file format)"
-        )
+        raise ValueError("this backend's hybrid cache is not written to disk (it does not write its recurrent state)")
 
     def load(self, path: str) -> int:
-        raise ValueError("a hybrid model's cache is not read from disk (its recurrent state is not in the file format)")
+        raise ValueError("this backend's hybrid cache is not read from disk (it does not read its recurrent state)")
 
 
 def step_positions(positions: Any, count: int) -> np.ndarray:

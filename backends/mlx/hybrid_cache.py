@@ -111,15 +111,6 @@ class HybridKVCache(HybridBooks):
         copied.replay = self.replay
         return copied
 
-    def save_point(self, slots: int) -> int:
-        """The slots `save` writes for a conversation of `slots`: its latest prompt-end mark at or
-        below them (core/io/hybrid_state.py); ValueError when it has none."""
-        self._interrupted()
-        marks = [m.slots for m in self.marks if m.slots <= min(slots, self.filled)]
-        if not marks:
-            raise ValueError(f"a hybrid cache keeps no prompt-end mark at or below slot {slots} to write")
-        return max(marks)
-
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
         """The attention layers' first `slots` slots and the recurrent state of the mark at `slots`
         (save_point) to a safetensors file, with its layout in the metadata (core/io/hybrid_state.py)."""

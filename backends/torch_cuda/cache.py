@@ -155,7 +155,11 @@ class ModelKVCache:
         file's layers, heads, head size or dtype are not this cache's, or it needs more room."""
         from safetensors.torch import load_file
 
-        tensors = load_file(path, device=str(self.k.device))
+        return self.fill(load_file(path, device=str(self.k.device)))
+
+    def fill(self, tensors: dict[str, torch.Tensor]) -> int:
+        """Fill this empty cache from a file's tensors "keys", "values", "positions" (others are
+        not read); returns its slots. ValueError as `load`."""
         keys, values, positions = tensors["keys"], tensors["values"], tensors["positions"]
         slots = keys.shape[2]
         expected = (self.k.shape[0], self.k.shape[2], slots, self.k.shape[4])

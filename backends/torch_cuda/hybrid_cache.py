@@ -20,6 +20,7 @@ import torch
 from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionLayer
 
 from specfill.core.hybrid import HybridBooks, Snapshot, step_positions
+from specfill.core.io import hybrid_state
 
 from .cache import LayerKVCache, ModelKVCache
 
@@ -167,3 +168,67 @@ class HybridKVCache(HybridBooks):
         copied.marks = [Snapshot(slots, copied._states())]
         copied.replay = self.replay
         return copied
+
+    def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
+        """The attention layers' first `slots` slots and the recurrent state of the mark at `slots`
+        (save_point) to a safetensors file, its layout in the metadata (core/io/hybrid_state.py)."""
+        from safetensors.torch import save_file
+
+        mark = next((m for m in reversed(self.marks) if m.slots == slots), None)
+        if mark is None or slots > self.filled:
+            raise ValueError(f"a hybrid cache keeps no prompt-end mark at slot {slots} to write")
+        members = [_members(state) for state in mark.states]
+        tensors, layout = hybrid_state.pack(slots, self.attention, self.recurrent, members, _dtype_name)
+        kv = {
+            "keys": self.kv.k[:, 0, :, :slots].contiguous(),
+            "values": self.kv.v[:, 0, :, :slots].contiguous(),
+            "positions": self.kv.positions[:slots].contiguous(),
+        }
+        tensors = {name: t.contiguous() for name, t in tensors.items()}
+        save_file({**kv, **tensors}, path, metadata={**metadata, hybrid_state.KEY: layout})
+
+    def load(self, path: str) -> int:
+        """Fill this empty cache from a file `save` wrote, standing at its mark; returns its slots.
+        ValueError when its recurrent part is missing or does not fit this model's layers."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        with safe_open(path, framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(path, device=str(self.kv.k.device))
+        slots = tensors["keys"].shape[2] if "keys" in tensors else -1
+        counts = [2 * self.number_of_states[i] for i in self.recurrent]
+        states = hybrid_state.unpack(metadata, tensors, slots, self.attention, self.recurrent, counts, _dtype_name)
+        slots = self.kv.fill({k: v for k, v in tensors.items() if not k.startswith(hybrid_state.PREFIX)})
+        self._restore(Snapshot(slots, [_state(members) for members in states]))
+        self.history, self.marks = [], [Snapshot(slots, self._states())]
+        return slots
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).rsplit(".", 1)[-1]
+
+
+def _members(state: tuple) -> list[torch.Tensor | None]:
+    """A snapshot's layer state as the file's members (the module doc); ValueError where its flags
+    do not follow from its tensors (then the file could not restore them)."""
+    (conv, recurrent), (conv_set, recurrent_set, previous), kernel, *_ = state
+    for i in conv:
+        made = conv[i] is not None
+        if (conv_set[i], previous[i], recurrent_set[i]) != (made, made, recurrent[i] is not None) or (
+            made and kernel[i] != conv[i].shape[-1]
+        ):
+            raise ValueError(f"a recurrent layer's state {i} has flags its tensors do not give")
+    return [conv[i] for i in sorted(conv)] + [recurrent[i] for i in sorted(recurrent)]
+
+
+def _state(members: list[torch.Tensor | None]) -> tuple:
+    """The file's members back as a snapshot's layer state (`_states`' form)."""
+    n = len(members) // 2
+    conv = {i: members[i] for i in range(n)}
+    recurrent = {i: members[n + i] for i in range(n)}
+    made = {i: conv[i] is not None for i in range(n)}
+    flags = (made, {i: recurrent[i] is not None for i in range(n)}, dict(made))
+    kernel = {i: None if conv[i] is None else int(conv[i].shape[-1]) for i in range(n)}
+    first = next((t for t in conv.values() if t is not None), None)
+    return (conv, recurrent), flags, kernel, getattr(first, "dtype", None), getattr(first, "device", None)

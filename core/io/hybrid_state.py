@@ -1,10 +1,11 @@
 """A hybrid model's recurrent state in a prompt-cache file (serve/prompt_store.py), backend-neutral.
 
-A hybrid cache (recurrent layers beside attention: backends/mlx/hybrid_cache.py) is written at one
-point only, a prompt-end mark: the attention layers' keys and values of its first `slots` slots
-(the file's "keys" / "values" / "positions", as any cache's) and the recurrent layers' arrays as
-they were at that mark, tensors "recurrent.<layer>.<member>" (a layer's cache holds a list of
-arrays: conv state, SSM / delta-rule state; a member still None is not written). The header's
+A hybrid cache (recurrent layers beside attention: backends/mlx/hybrid_cache.py and
+backends/torch_cuda/hybrid_cache.py) is written at one point only, a prompt-end mark: the
+attention layers' keys and values of its first `slots` slots (the file's "keys" / "values" /
+"positions", as any cache's) and the recurrent layers' arrays as they were at that mark, tensors
+"recurrent.<layer>.<member>" (a layer's cache holds a list of arrays: conv state, SSM /
+delta-rule state, in its backend's order; a member still None is not written). The header's
 metadata "hybrid" (JSON) proves they belong together:
   slots      the mark's slot count (equal to the keys' slots; the store checks its header's "slots")
   attention  the model layers holding keys, in the order of the keys' first axis

@@ -1,8 +1,9 @@
 """A hybrid model's conversation in the prompt cache's disk store (tiny random Qwen3.5 layout,
-float32, MLX's CPU): the file holds the attention layers' KV up to the last prompt end and the
-recurrent state there; a restarted cache reuses exactly that prefix and answers as a cold run; a
-file whose recurrent part is missing, inconsistent or another layout's is a miss with one log
-line, never a crash or a partial reuse."""
+float32, on both backends: mlx-lm's on MLX's CPU, transformers' qwen3_5_text on the torch backend's
+CPU): the file holds the attention layers' KV up to the last prompt end and the recurrent state
+there; a restarted cache reuses exactly that prefix and answers as a cold run; a file whose
+recurrent part is missing, inconsistent or another layout's is a miss with one log line, never a
+crash or a partial reuse."""
 
 from __future__ import annotations
 
@@ -13,21 +14,28 @@ import struct
 
 import pytest
 
-pytest.importorskip("mlx_lm")
-
-from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig  # noqa: E402
-from specfill.serve.prompt_cache import PromptCache  # noqa: E402
-from specfill.serve.prompt_store import PromptStore  # noqa: E402
-from tests.adapters.mlx_archs import HYBRID, build  # noqa: E402
-from tests.adapters.mlx_backend import adapted  # noqa: E402
-from tests.adapters.support import prompt  # noqa: E402
+from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
+from specfill.serve.prompt_cache import PromptCache
+from specfill.serve.prompt_store import PromptStore
+from tests.adapters.support import prompt
 
 NAME = "tiny-qwen3_5"
 
 
-@pytest.fixture(scope="module")
-def model():
-    return adapted(build("qwen3_5", dict(HYBRID["qwen3_5"], num_hidden_layers=4)))
+@pytest.fixture(scope="module", params=["mlx", "torch"])
+def model(request):
+    """The four-layer tiny hybrid (recurrent, attention, recurrent, attention) of each backend."""
+    if request.param == "mlx":
+        pytest.importorskip("mlx_lm")
+        from tests.adapters.mlx_archs import HYBRID, build
+        from tests.adapters.mlx_backend import adapted
+
+        return adapted(build("qwen3_5", dict(HYBRID["qwen3_5"], num_hidden_layers=4)))
+    pytest.importorskip("transformers")
+    from tests.adapters.torch_archs import HYBRID, build
+    from tests.adapters.torch_backend import adapted
+
+    return adapted(build("qwen3_5_text", dict(HYBRID["qwen3_5_text"], num_hidden_layers=4)))
 
 
 def greedy(model, ids, n=6, reuse=None):
