@@ -1,6 +1,7 @@
-"""The conformance group for hybrid caches (conformance/checks_hybrid_cache.py): it passes on MLX's
-tiny random Qwen3.5, catches a cache that does not restore its recurrent state or leaves a stopped
-step in place, and is one skipped result, with its reason, where a backend has no hybrids."""
+"""The conformance group for hybrid caches (conformance/checks_hybrid_cache.py): it passes on each
+backend's tiny random Qwen3.5 (mlx-lm's on MLX, transformers' qwen3_5_text on the torch backend's
+CPU), catches a cache that does not restore its recurrent state or leaves a stopped step in place,
+and is one skipped result, with its reason, where a backend has no hybrids."""
 
 from __future__ import annotations
 
@@ -23,14 +24,22 @@ def test_the_reference_records_one_skip_with_its_reason():
     )
 
 
-@pytest.fixture(scope="module")
-def mlx_adapter():
-    pytest.importorskip("mlx_lm")
-    return adapter_factory("mlx")(dtype="float32", use_kernels=None)
+@pytest.fixture(scope="module", params=["mlx", "cuda"])
+def hybrid_adapter(request):
+    """(the backend's conformance adapter in float32, its HybridKVCache class)."""
+    if request.param == "mlx":
+        pytest.importorskip("mlx_lm")
+        from specfill.backends.mlx.hybrid_cache import HybridKVCache
+
+        return adapter_factory("mlx")(dtype="float32", use_kernels=None), HybridKVCache
+    pytest.importorskip("transformers")
+    from specfill.backends.torch_cuda.hybrid_cache import HybridKVCache
+
+    return adapter_factory("cuda")(dtype="float32", device="cpu"), HybridKVCache
 
 
-def test_mlx_hybrid_cache_conforms(mlx_adapter):
-    results = run_group(mlx_adapter, "float32", "hybrid_cache")
+def test_the_hybrid_cache_conforms(hybrid_adapter):
+    results = run_group(hybrid_adapter[0], "float32", "hybrid_cache")
     assert len(results) > 40 and not failed(results)
     assert {r.check for r in results} >= {
         "hybrid_cache.logits",
@@ -41,12 +50,11 @@ def test_mlx_hybrid_cache_conforms(mlx_adapter):
     }
 
 
-def test_planted_bugs_in_the_hybrid_cache_fail(mlx_adapter, monkeypatch):
-    from specfill.backends.mlx.hybrid_cache import HybridKVCache
-
+def test_planted_bugs_in_the_hybrid_cache_fail(hybrid_adapter, monkeypatch):
+    adapter, cache_class = hybrid_adapter
     with monkeypatch.context() as m:
-        m.setattr(HybridKVCache, "_restore", lambda self, snapshot: None)  # the recurrent state never goes back
-        assert any("hybrid_cache.recurrent" in f for f in failed(run_group(mlx_adapter, "float32", "hybrid_cache")))
+        m.setattr(cache_class, "_restore", lambda self, snapshot: None)  # the recurrent state never goes back
+        assert any("hybrid_cache.recurrent" in f for f in failed(run_group(adapter, "float32", "hybrid_cache")))
     with monkeypatch.context() as m:
-        m.setattr(HybridKVCache, "_interrupted", lambda self: None)  # a stopped step left in place
-        assert any("hybrid_cache.cancelled" in f for f in failed(run_group(mlx_adapter, "float32", "hybrid_cache")))
+        m.setattr(cache_class, "_interrupted", lambda self: None)  # a stopped step left in place
+        assert any("hybrid_cache.cancelled" in f for f in failed(run_group(adapter, "float32", "hybrid_cache")))

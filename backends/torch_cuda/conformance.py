@@ -1,7 +1,9 @@
 """The torch backend's conformance adapter: its ops behind NumPy in, NumPy out (conformance/ops_adapter.py).
 
 Inputs become torch tensors of the dtype under test on the adapter's device; softmax statistics
-and scores stay float32 (float64 at float64).
+and scores stay float32 (float64 at float64). The hybrid cache's group runs on a tiny random
+Qwen3.5 (transformers' qwen3_5_text: gated delta-net layers 0 and 2, gated attention layers 1 and
+3) in that dtype on that device, through the adapter (adapted.py, hybrid_cache.py).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import numpy as np
 import torch
 
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
+from specfill.conformance.checks_hybrid_cache import HybridModel
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
@@ -59,4 +62,55 @@ def make_adapter(
         index=lambda x: tensor(x, torch.int64),
         numpy=ops.to_numpy,
     )
-    return OpsAdapter("cuda", dtype, ops, convert, cache)
+    return OpsAdapter("cuda", dtype, ops, convert, cache, lambda: tiny_hybrid(dtype, use_kernels, resolved))
+
+
+# transformers' qwen3_5_text at small sizes: 4 layers, every other one full attention (the MLX
+# backend's TINY_QWEN3_5, in transformers' names)
+TINY_QWEN3_5 = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    vocab_size=128,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=2,
+)
+
+
+def tiny_hybrid(dtype: str, use_kernels: bool | None, device: torch.device) -> HybridModel | None:
+    """The tiny random Qwen3.5 through the adapter, its weights in `dtype` on `device` (seeded);
+    None where this transformers has no qwen3_5_text (the group then records a skip)."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.models.qwen3_5 import Qwen3_5TextConfig  # noqa: F401 - present or the skip
+    except ImportError:
+        return None
+    from .adapted import adapt
+    from .hybrid_cache import HybridKVCache
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("qwen3_5_text", **TINY_QWEN3_5)
+    lm = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype]).to(device).eval().requires_grad_(False)
+    model = adapt(lm)
+
+    def recurrent(cache: HybridKVCache) -> list[np.ndarray]:
+        tensors = []
+        for i in cache.recurrent:
+            layer = cache.library.layers[i]
+            for states in (layer.conv_states, layer.recurrent_states):
+                tensors += [t for _, t in sorted(states.items()) if t is not None]
+        return [t.detach().float().cpu().numpy() for t in tensors]
+
+    ops = TorchOps(device, DTYPES[dtype], use_kernels)
+    ids = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.int64, device=device)  # noqa: E731
+    return HybridModel(ops, model, ids, recurrent, TINY_QWEN3_5["vocab_size"])
