@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
 from specfill.core import H2OConfig, SpecPrefillConfig
@@ -86,10 +86,15 @@ def run_bench(
     log: Callable[[str], None] = print,
     step: Callable[[int, str], None] | None = None,
     row_done: Callable[[dict], None] | None = None,
+    prompts: Callable[[Any, int], list[int]] | None = None,
+    calibrate: bool = True,
 ) -> dict:
     """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs.
     step(total, label) after each generation (warm-ups included), for a progress bar;
-    row_done(result so far, "complete" False) after each row, to save partial results."""
+    row_done(result so far, "complete" False) after each row, to save partial results;
+    prompts(tokenizer, length): the prompt ids (default prompt_ids: the evaluation text);
+    calibrate False: no crossover or `auto` calibration after the rows (_calibrate)."""
+    ids_of = prompts or (lambda tokenizer, length: prompt_ids(plan, tokenizer, length))
     rows: list[dict] = []
     result = {
         "plan": _plan_dict(plan),
@@ -112,12 +117,12 @@ def run_bench(
             else None
         )
         methods = {name: bench_method(name, plan, speculator) for name in plan.methods}
-        warm = prompt_ids(plan, tokenizer, min(plan.lengths))
+        warm = ids_of(tokenizer, min(plan.lengths))
         for name, method in methods.items():  # first calls allocate, compile and fill caches
             _one_run(model, tokenizer, warm, method, 2)
             done(f"{backend} warm-up {name}")
         for length in plan.lengths:
-            ids = prompt_ids(plan, tokenizer, length)
+            ids = ids_of(tokenizer, length)
             for name, method in methods.items():
                 runs = []
                 for _ in range(plan.repeats):
@@ -135,7 +140,10 @@ def run_bench(
                 if row_done is not None:
                     _add_ratios(rows)
                     row_done(result)
-        result["calibration"] += _calibrate(plan, model, speculator, [r for r in rows if r["backend"] == backend], log)
+        if calibrate:
+            result["calibration"] += _calibrate(
+                plan, model, speculator, [r for r in rows if r["backend"] == backend], log
+            )
     _add_ratios(rows)
     result["complete"] = True
     return result
