@@ -33,15 +33,10 @@ HYBRID_KINDS = {
     "hybrid": "parallel",
     "hybrid_sliding": "parallel",
 }
-# hybrids whose recurrent layers transformers cannot continue over a multi-token step -> (kind, why)
-NO_CONTINUATION = {
-    "jamba": (
-        "a Mamba mixer",
-        "transformers' Jamba mixer runs a step of several tokens from no initial state (its "
-        "mamba_selective_scan takes none): a prefill in steps, a drafting verification or a cached "
-        "prompt's continuation would restart its SSM state from zero",
-    ),
-}
+# hybrids whose mixer (class name) starts every step of several tokens from a zero SSM state (transformers'
+# Jamba: its mamba_selective_scan takes no initial state; its conv and single-token paths read the cache):
+# a step of several tokens after the first runs that mixer token by token (adapted.stepwise_mixers)
+STEPWISE_MIXERS = {"jamba": ("JambaMambaMixer",)}
 REFUSED_KINDS = {
     "chunked_attention": (
         "chunked attention",
@@ -101,10 +96,6 @@ def check_layer_kinds(text: Any, architecture: str) -> tuple[list[str], list[int
             f"({str(err).splitlines()[0][:120]}); {USE_TRANSFORMERS}"
         ) from None
     hybrid = any(kind in HYBRID_KINDS for kind in kinds)
-    if hybrid and architecture in NO_CONTINUATION:
-        name, why = NO_CONTINUATION[architecture]
-        first = next(i for i, kind in enumerate(kinds) if kind in HYBRID_KINDS)
-        raise ModelLoadError(f"{architecture} layer {first} is {name}: {why}; {USE_TRANSFORMERS}")
     sharing = getattr(text, "kv_sharing_modes", None) is not None
     ours = []
     for index, kind in enumerate(kinds):

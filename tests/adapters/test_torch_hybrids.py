@@ -23,7 +23,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from specfill.core.adapted import MethodRefusedError  # noqa: E402
-from specfill.core.errors import ConfigError, ModelLoadError  # noqa: E402
+from specfill.core.errors import ConfigError  # noqa: E402
 from specfill.core.hybrid import HISTORY  # noqa: E402
 from specfill.core.methods.h2o import H2OPrefillAttention  # noqa: E402
 from specfill.core.methods.specprefill import QueryCapture  # noqa: E402
@@ -32,7 +32,7 @@ from specfill.core.reference.oracle import oracle_h2o_layer  # noqa: E402
 from specfill.core.reference.specprefill import speculative_selection  # noqa: E402
 from specfill.core.runtime import Drafting, GenerationInfo, KVState, PrefillMethod, SamplingConfig  # noqa: E402
 from tests.adapters.support import H2O, assert_close, greedy, prompt, record, spec  # noqa: E402
-from tests.adapters.torch_archs import AT_LOAD, HYBRID, build  # noqa: E402
+from tests.adapters.torch_archs import HYBRID, build  # noqa: E402
 from tests.adapters.torch_backend import adapted, own_greedy, own_logits, to_numpy  # noqa: E402
 
 FIRST = tuple(sorted(HYBRID))  # the method tests' architectures: every honoured hybrid
@@ -73,9 +73,27 @@ def test_full_prefill_and_decoding_equal_transformers(arch):
     assert greedy(model, ids[:20], 6) == want_tokens
 
 
-def test_jamba_is_refused_at_load_with_its_reason():
-    with pytest.raises(ModelLoadError, match="jamba layer 0 is a Mamba mixer.*no initial state"):
-        adapted(build("jamba", dict(AT_LOAD["jamba"][0], num_hidden_layers=4)))
+def test_jamba_continues_its_ssm_state_token_by_token_and_not_otherwise():
+    """transformers' Jamba mixer starts a step of several tokens from a zero SSM state: specfill runs
+    such a step token by token once the state is non-empty (adapted.stepwise_mixers). Without it the
+    stepped logits leave the tolerance (the check can fail); with it a prompt-cache continuation (a
+    step of 8 tokens after a cached 20) equals a cold run."""
+    lm = four_layers("jamba")
+    ids = prompt(40, seed=1)
+    want = own_logits(lm, ids)
+    bound = STEPPED_TOLERANCE * max(1.0, float(np.abs(want).max()))
+    model = adapted(lm, prefill_step_size=24)
+    assert len(model.model.stepwise) == 2  # the Mamba mixers of layers 0 and 2
+    saved, model.model.stepwise = model.model.stepwise, ()
+    wrong = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())
+    assert float(np.abs(wrong[24:] - want[24:]).max()) > 100 * bound
+    model.model.stepwise = saved
+    info = GenerationInfo()
+    first = greedy(model, ids[:20], 4, info=info)
+    extended = ids[:20] + first + ids[24:32]
+    reuse = KVState(info.kv.cache, 21)
+    options = dict(sampling=SamplingConfig(), stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo())
+    assert list(model.generate_step(extended, max_tokens=4, reuse=reuse, **options)) == greedy(model, extended, 4)
 
 
 @pytest.mark.parametrize("arch", sorted(HYBRID))

@@ -203,12 +203,10 @@ HYBRID: dict[str, dict[str, Any]] = {
 }
 
 
-# transformers' Jamba mixer cannot continue its SSM state over a multi-token step: refused at load
-AT_LOAD["jamba"] = (
-    dict(  # Mamba and attention layers, MoE on every other layer
-        attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2, num_experts=4
-    ),
-    "a Mamba mixer",
+# Jamba: Mamba and attention (NoPE) layers, MoE on every other layer; its mixer starts a step of several
+# tokens from a zero SSM state, so specfill runs a continued step's Mamba layers token by token
+HYBRID["jamba"] = dict(
+    attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2, num_experts=4
 )
 
 
