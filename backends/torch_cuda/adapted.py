@@ -204,7 +204,8 @@ def _layouts(
             out.append(replace(by_layer[i], parallel=True))
         else:
             names = ", ".join(sorted(_mixers(layers[i])))
-            what = "a linear-attention / state-space layer" if kind == "recurrent" else "a block without attention"
+            recurrent = kind in ("recurrent", "lightning")
+            what = "a linear-attention / state-space layer" if recurrent else "a block without attention"
             out.append(
                 AttentionLayout(
                     f"{what} ({names})",
@@ -212,7 +213,7 @@ def _layouts(
                     first.n_kv_heads,
                     first.head_dim,
                     first.scale,
-                    recurrent=kind == "recurrent",
+                    recurrent=recurrent,
                     stateless=kind == "stateless",
                 )
             )
