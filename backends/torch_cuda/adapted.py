@@ -12,8 +12,9 @@ specfill step the model still runs as transformers' own.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -25,6 +26,7 @@ from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
 from .adapted_probe import (
+    STEPWISE_MIXERS,
     USE_TRANSFORMERS,
     check_layer_kinds,
     config_refusal,
@@ -54,8 +56,10 @@ class AdaptedModel:
         layer_list: tuple[nn.Module, str],
         n_layers: int | None = None,
         kinds: tuple[list[str], list[int]] | None = None,
+        stepwise: tuple[nn.Module, ...] = (),
     ):
         self.lm = lm
+        self.stepwise = stepwise  # mixers run token by token over a continued multi-token step (stepwise_mixers)
         self.kinds = kinds  # a hybrid's (check_layer_kinds): every layer's kind and linear-attention states
         self.args = args
         self.index = index
@@ -68,7 +72,9 @@ class AdaptedModel:
         total = self.args.num_hidden_layers if self.n_layers is None else self.n_layers
         if not 1 <= n_layers <= total:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
-        return AdaptedModel(self.lm, self.args.first(n_layers), self.index, self.layer_list, n_layers, self.kinds)
+        return AdaptedModel(
+            self.lm, self.args.first(n_layers), self.index, self.layer_list, n_layers, self.kinds, self.stepwise
+        )
 
     @property
     def max_rollback(self) -> int | None:
@@ -122,7 +128,7 @@ class AdaptedModel:
             cache.replay = _replay
         token = ACTIVE.set(StepState(self.index, self.args.layers, positions, cache, attend))
         try:
-            with implementation(self.configs, NAME):
+            with implementation(self.configs, NAME), stepwise_mixers(self.stepwise if hybrid else ()):
                 out = self.lm(
                     input_ids=ids,
                     position_ids=positions[None],
@@ -136,6 +142,40 @@ class AdaptedModel:
             ACTIVE.reset(token)
             setattr(parent, name, layers)
         return None if logits_from is None else out.logits.float()
+
+
+@contextmanager
+def stepwise_mixers(mixers: tuple[nn.Module, ...]) -> Iterator[None]:
+    """While inside, each mixer in `mixers` (adapted_probe.STEPWISE_MIXERS: one that starts any step of
+    several tokens from a zero SSM state) runs such a step token by token when its cache already holds
+    a state: its single-token path reads and updates the state, so the step continues it exactly. A
+    step from an empty state (a prompt's first) keeps the mixer's whole-sequence path."""
+    for mixer in mixers:
+        mixer.forward = _stepwise(mixer, mixer.forward)
+    try:
+        yield
+    finally:
+        for mixer in mixers:
+            del mixer.forward  # the class's own forward again
+
+
+def _stepwise(mixer: nn.Module, forward: Any) -> Any:
+    def run(hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any) -> Any:
+        steps = hidden_states.shape[1]
+        if cache is None or steps == 1 or cache.get_recurrent_state(mixer.layer_idx) is None:
+            return forward(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
+        outs = [
+            forward(
+                hidden_states[:, t : t + 1],
+                cache=cache,
+                attention_mask=None if attention_mask is None else attention_mask[:, t : t + 1],
+                **kwargs,
+            )
+            for t in range(steps)
+        ]
+        return torch.cat(outs, dim=1)
+
+    return run
 
 
 def _replay(model: AdaptedModel, ids: torch.Tensor, positions: int | Any, cache: HybridKVCache) -> None:
@@ -164,7 +204,8 @@ def _layouts(
             out.append(replace(by_layer[i], parallel=True))
         else:
             names = ", ".join(sorted(_mixers(layers[i])))
-            what = "a linear-attention / state-space layer" if kind == "recurrent" else "a block without attention"
+            recurrent = kind in ("recurrent", "lightning")
+            what = "a linear-attention / state-space layer" if recurrent else "a block without attention"
             out.append(
                 AttentionLayout(
                     f"{what} ({names})",
@@ -172,7 +213,7 @@ def _layouts(
                     first.n_kv_heads,
                     first.head_dim,
                     first.scale,
-                    recurrent=kind == "recurrent",
+                    recurrent=recurrent,
                     stateless=kind == "stateless",
                 )
             )
@@ -234,7 +275,11 @@ def adapt(lm: nn.Module, check: bool = True) -> AdaptedModel:
         layouts = _layouts(calls, index, kinds[0], refusal, eps, layer_list)
     else:
         layouts = tuple(layout_of(call, refusal, eps) for call in sorted(calls, key=lambda c: index[id(c[0])]))
-    model = AdaptedModel(lm, _args(text, layouts), index, layer_list, kinds=kinds if hybrid else None)
+    names = STEPWISE_MIXERS.get(architecture, ())
+    stepwise = tuple(m for m in lm.modules() if type(m).__name__ in names) if hybrid else ()
+    model = AdaptedModel(
+        lm, _args(text, layouts), index, layer_list, kinds=kinds if hybrid else None, stepwise=stepwise
+    )
     if check and hybrid:
         try:
             self_check(model, model.new_cache)

@@ -33,15 +33,14 @@ HYBRID_KINDS = {
     "hybrid": "parallel",
     "hybrid_sliding": "parallel",
 }
-# hybrids whose recurrent layers transformers cannot continue over a multi-token step -> (kind, why)
-NO_CONTINUATION = {
-    "jamba": (
-        "a Mamba mixer",
-        "transformers' Jamba mixer runs a step of several tokens from no initial state (its "
-        "mamba_selective_scan takes none): a prefill in steps, a drafting verification or a cached "
-        "prompt's continuation would restart its SSM state from zero",
-    ),
-}
+# hybrids whose mixer (class name) starts every step of several tokens from a zero SSM state (transformers'
+# Jamba: its mamba_selective_scan takes no initial state; its conv and single-token paths read the cache):
+# a step of several tokens after the first runs that mixer token by token (adapted.stepwise_mixers)
+STEPWISE_MIXERS = {"jamba": ("JambaMambaMixer",)}
+# hybrids whose linear-attention layers keep their state in the model's own cache class, not in
+# transformers' LinearAttentionLayer -> specfill's kind for them (hybrid_cache.HybridKVCache holds it):
+# MiniMax-Text-01's lightning attention, its K^T V state in MiniMaxCache.linear_cache
+OWN_STATE_KINDS = {"minimax": "lightning"}
 REFUSED_KINDS = {
     "chunked_attention": (
         "chunked attention",
@@ -82,7 +81,8 @@ def implementation(configs: list[Any], name: str) -> Iterator[None]:
 
 
 def check_layer_kinds(text: Any, architecture: str) -> tuple[list[str], list[int]]:
-    """Every layer's kind for specfill ("attention", "recurrent", "parallel" or "stateless": a
+    """Every layer's kind for specfill ("attention", "recurrent", "lightning" (OWN_STATE_KINDS),
+    "parallel" or "stateless": a
     hybrid's MLP / MoE block, transformers' "dummy" without KV sharing) and its number of
     linear-attention states; ModelLoadError naming the first layer whose transformers cache kind
     specfill cannot hold or whose config makes its mask one specfill does not build."""
@@ -101,15 +101,13 @@ def check_layer_kinds(text: Any, architecture: str) -> tuple[list[str], list[int
             f"({str(err).splitlines()[0][:120]}); {USE_TRANSFORMERS}"
         ) from None
     hybrid = any(kind in HYBRID_KINDS for kind in kinds)
-    if hybrid and architecture in NO_CONTINUATION:
-        name, why = NO_CONTINUATION[architecture]
-        first = next(i for i, kind in enumerate(kinds) if kind in HYBRID_KINDS)
-        raise ModelLoadError(f"{architecture} layer {first} is {name}: {why}; {USE_TRANSFORMERS}")
     sharing = getattr(text, "kv_sharing_modes", None) is not None
     ours = []
     for index, kind in enumerate(kinds):
         if kind in ATTENTION_KINDS:
             ours.append("attention")
+        elif kind == "linear_attention" and architecture in OWN_STATE_KINDS:
+            ours.append(OWN_STATE_KINDS[architecture])
         elif kind in HYBRID_KINDS:
             ours.append(HYBRID_KINDS[kind])
         elif kind == "dummy" and hybrid and not sharing:

@@ -9,6 +9,12 @@ and a restore clones them back (a mark is restored more than once). The attentio
 in transformers' Cache pass the step's keys and values through (`PassLayer`): specfill's attention
 (adapter.py) stores them in its own cache; a layer with a mixer beside its attention (Falcon-H1's
 "hybrid" kind) holds both (`PassLinearLayer`).
+
+MiniMax-Text-01 (kind "lightning"): its lightning-attention layers keep their state (one K^T V
+tensor per layer) in the model's own `MiniMaxCache.linear_cache`, which the model requires as its
+cache class; `library` is then a MiniMaxCache holding the same per-layer entries (a lightning
+layer's is a DummyLayer), its `linear_cache` the lightning layers' states (None: empty). The model
+replaces that tensor at each step (no in-place write); a snapshot still clones it.
 """
 
 from __future__ import annotations
@@ -57,6 +63,16 @@ _STATE_FIELDS = ("conv_states", "recurrent_states")
 _FLAG_FIELDS = ("is_conv_states_initialized", "is_recurrent_states_initialized", "has_previous_state")
 
 
+def _lightning_cache(layers: list[Any]) -> Cache:
+    """MiniMax's own cache class (its model refuses any other) over specfill's per-layer entries."""
+    from transformers.models.minimax.modeling_minimax import MiniMaxCache
+
+    cache = MiniMaxCache()
+    cache.layers = layers
+    cache.linear_cache = [None] * len(layers)
+    return cache
+
+
 def _clone(states: dict[int, torch.Tensor | None]) -> dict[int, torch.Tensor | None]:
     return {i: None if t is None else t.clone() for i, t in states.items()}
 
@@ -70,7 +86,7 @@ class HybridKVCache(HybridBooks):
         self.kinds = kinds
         self.kv = kv
         self.attention = [i for i, kind in enumerate(kinds) if kind in ("attention", "parallel")]
-        self.recurrent = [i for i, kind in enumerate(kinds) if kind in ("recurrent", "parallel")]
+        self.recurrent = [i for i, kind in enumerate(kinds) if kind in ("recurrent", "parallel", "lightning")]
         self.number_of_states = number_of_states
         layers: list[Any] = []
         for kind, states in zip(kinds, number_of_states):
@@ -82,7 +98,7 @@ class HybridKVCache(HybridBooks):
                 layers.append(PassLinearLayer(number_of_states=states))
             else:
                 layers.append(DummyLayer())
-        self.library = Cache(layers=layers)
+        self.library = _lightning_cache(layers) if "lightning" in kinds else Cache(layers=layers)
         self._slot = {layer: k for k, layer in enumerate(self.attention)}
         self._init_books()
 
@@ -121,8 +137,12 @@ class HybridKVCache(HybridBooks):
 
     # the books' tensor work (core/hybrid.py)
     def _states(self) -> list[tuple]:
-        out = []
+        out: list[tuple] = []
         for i in self.recurrent:
+            if self.kinds[i] == "lightning":
+                state = self.library.linear_cache[i]
+                out.append(((_clone({0: state}),), "lightning"))
+                continue
             layer = self.library.layers[i]
             tensors = tuple(_clone(getattr(layer, name)) for name in _STATE_FIELDS)
             flags = tuple(dict(getattr(layer, name)) for name in _FLAG_FIELDS)
@@ -130,7 +150,11 @@ class HybridKVCache(HybridBooks):
         return out
 
     def _restore(self, snapshot: Snapshot) -> None:
-        for i, (tensors, flags, kernel, dtype, device) in zip(self.recurrent, snapshot.states):
+        for i, (tensors, *rest) in zip(self.recurrent, snapshot.states):
+            if self.kinds[i] == "lightning":
+                self.library.linear_cache[i] = _clone(tensors[0])[0]
+                continue
+            flags, kernel, dtype, device = rest
             layer = self.library.layers[i]
             for name, states in zip(_STATE_FIELDS, tensors):
                 setattr(layer, name, _clone(states))

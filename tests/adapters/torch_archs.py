@@ -117,11 +117,6 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
 AT_LOAD: dict[str, tuple[dict[str, Any], str]] = {
     "llama4_text": (dict(_MOE, attention_chunk_size=8, intermediate_size_mlp=128), "chunked attention"),
     "bloom": ({}, "does not run its attention through transformers' AttentionInterface"),  # ALiBi, own attention
-    # MiniMax-Text-01 (transformers' minimax): lightning (linear) attention on layer 0, softmax on layer 1
-    "minimax": (
-        dict(_MOE, layer_types=["linear_attention", "full_attention"], block_size=8),
-        "linear-attention / state-space layer",
-    ),
     # Gemma 4: full-attention layers' heads twice as wide as the sliding layers' (global_head_dim),
     # as in every Gemma 4 checkpoint; v RMS-normed, partial proportional RoPE, per-layer inputs
     "gemma4_text": (
@@ -203,12 +198,13 @@ HYBRID: dict[str, dict[str, Any]] = {
 }
 
 
-# transformers' Jamba mixer cannot continue its SSM state over a multi-token step: refused at load
-AT_LOAD["jamba"] = (
-    dict(  # Mamba and attention layers, MoE on every other layer
-        attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2, num_experts=4
-    ),
-    "a Mamba mixer",
+# MiniMax-Text-01 (transformers' minimax): lightning (linear) attention on layer 0, softmax on layer 1;
+# its state lives in MiniMaxCache.linear_cache (hybrid_cache.py's "lightning" kind)
+HYBRID["minimax"] = dict(_MOE, layer_types=["linear_attention", "full_attention"], block_size=8)
+# Jamba: Mamba and attention (NoPE) layers, MoE on every other layer; its mixer starts a step of several
+# tokens from a zero SSM state, so specfill runs a continued step's Mamba layers token by token
+HYBRID["jamba"] = dict(
+    attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2, num_experts=4
 )
 
 

@@ -66,14 +66,17 @@ def own_logits(lm: torch.nn.Module, ids: list[int], positions: list[int] | None 
         return lm(torch.tensor([ids]), **extra).logits[0].float().numpy()
 
 
-def own_greedy(lm: torch.nn.Module, ids: list[int], max_tokens: int) -> list[int]:
-    """Greedy tokens from transformers' own model and its own cache."""
+def own_greedy(lm: torch.nn.Module, ids: list[int], max_tokens: int, positions: bool = False) -> list[int]:
+    """Greedy tokens from transformers' own model and its own cache; `positions`: each decode step
+    at explicit position_ids (transformers 5.24's MiniMaxCache counts its first layer's keys, none on
+    a lightning-attention layer 0, so without them its decode steps run at position 0)."""
     with torch.no_grad():
         out = lm(torch.tensor([ids]), use_cache=True)
         tokens = []
-        for _ in range(max_tokens):
+        for i in range(max_tokens):
             tokens.append(int(out.logits[0, -1].argmax()))
-            out = lm(torch.tensor([[tokens[-1]]]), cache=out.past_key_values, use_cache=True)
+            at = {"position_ids": torch.tensor([[len(ids) + i]])} if positions else {}
+            out = lm(torch.tensor([[tokens[-1]]]), cache=out.past_key_values, use_cache=True, **at)
     return tokens
 
 

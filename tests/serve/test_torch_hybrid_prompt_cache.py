@@ -1,9 +1,11 @@
-"""A torch hybrid (Qwen3.5's layout: gated delta-net layers beside gated attention, tiny random
-weights, a transformers directory) served by `specfill serve --backend cuda --device cpu`: the
-second turn of a chat reads the first turn from the prompt cache, at a point where the cache kept
-the recurrent state (the end of the first prompt or a later step), and answers with the tokens of
-a cold run (greedy, float32); a restarted server reads the first turn from its --prompt-cache-dir
-file (backends/torch_cuda/hybrid_cache.py save / load) and answers the same."""
+"""Torch hybrids (Qwen3.5's layout: gated delta-net layers beside gated attention; Jamba's: Mamba
+layers run token by token over a continued step; MiniMax-Text-01's: lightning attention, its state
+in MiniMaxCache; tiny random weights, a transformers directory) served by `specfill serve
+--backend cuda --device cpu`: the second turn of a chat reads the first turn from the prompt
+cache, at a point where the cache kept the recurrent state (the end of the first prompt or a
+later step), and answers with the tokens of a cold run (greedy, float32); a restarted server
+reads the first turn from its --prompt-cache-dir file (backends/torch_cuda/hybrid_cache.py save /
+load) and answers the same."""
 
 from __future__ import annotations
 
@@ -16,13 +18,16 @@ pytest.importorskip("transformers")
 from specfill.evaluation.serve_process import ServerProcess, client  # noqa: E402
 from tests.adapters.torch_archs import HYBRID, save_directory  # noqa: E402
 
+LAYOUTS = {"minimax": dict(layer_types=["linear_attention", "full_attention"] * 2)}
 
-@pytest.fixture(scope="module")
-def hybrid_server(tmp_path_factory: pytest.TempPathFactory):
+
+@pytest.fixture(scope="module", params=["qwen3_5_text", "jamba", "minimax"])
+def hybrid_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    arch = request.param
     directory = save_directory(
-        "qwen3_5_text",
-        tmp_path_factory.mktemp("qwen3_5_text") / "model",
-        dict(HYBRID["qwen3_5_text"], num_hidden_layers=4),
+        arch,
+        tmp_path_factory.mktemp(arch) / "model",
+        dict(HYBRID[arch], num_hidden_layers=4, **LAYOUTS.get(arch, {})),
     )
     server = ServerProcess(
         "--backend",
