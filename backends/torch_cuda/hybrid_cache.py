@@ -198,6 +198,10 @@ class HybridKVCache(HybridBooks):
         (save_point) to a safetensors file, its layout in the metadata (core/io/hybrid_state.py)."""
         from safetensors.torch import save_file
 
+        if "lightning" in self.kinds:  # its state is MiniMaxCache's own, not transformers' per-layer conv / SSM
+            raise ValueError(
+                "MiniMax's lightning-attention state is not written to disk: the conversation stays in memory"
+            )
         mark = next((m for m in reversed(self.marks) if m.slots == slots), None)
         if mark is None or slots > self.filled:
             raise ValueError(f"a hybrid cache keeps no prompt-end mark at slot {slots} to write")
