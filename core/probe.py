@@ -36,7 +36,7 @@ from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
 from .runtime import COMPOSED, PrefillMethod, self_speculator_layers
-from .stages import layer_terms
+from .stages import attention_layers, layer_terms
 
 REPEATS = 2
 
@@ -68,7 +68,16 @@ def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, ModelArgs,
         spec_model, n_layers = lm.model, self_speculator_layers(method.speculator, lm.args.num_hidden_layers)
     else:
         n_layers = spec_model.args.num_hidden_layers
-    return lm.ops.first_layers(spec_model, 1), spec_model.args, n_layers, step
+    return lm.ops.first_layers(spec_model, timed_layers(spec_model.args)), spec_model.args, n_layers, step
+
+
+def timed_layers(args: Any) -> int:
+    """How many first layers a calibration times (then scaled to the whole model): one, or on a
+    hybrid whose first layers are recurrent, up to and including its first attention layer (the
+    methods act on attention layers only; a hybrid's layer pattern repeats, so the view's mix of
+    recurrent and attention layers stands for the model's)."""
+    attention = attention_layers(args)
+    return attention[0] + 1 if attention else 1
 
 
 def sparse_name(method: PrefillMethod) -> str:
@@ -120,9 +129,10 @@ def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> 
 def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float, float]:
     """(full seconds, sparse seconds) estimated for the whole model at a `length`-token prompt."""
     ops, args = lm.ops, lm.args
-    layer = ops.first_layers(lm.model, 1)
+    k = timed_layers(args)
+    layer = ops.first_layers(lm.model, k)
     ids = np.random.default_rng(length).integers(0, args.vocab_size, size=length, dtype=np.int64)
-    n_main = args.num_hidden_layers
+    n_main = args.num_hidden_layers / k  # the timed view's seconds, scaled to the whole model
 
     def layer_run(step: int = lm.prefill_step_size, attend: Any = None) -> float:
         started = ops.wall_time()
@@ -138,11 +148,19 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
             lambda: layer_run(
                 step=step,
                 attend=H2OPrefillAttention(
-                    ops, sparse_layer, 1, args.attention_scale, length, args.layer_windows[:1], layer_terms(args)[:1]
+                    ops,
+                    sparse_layer,
+                    k,
+                    args.attention_scale,
+                    length,
+                    args.layer_windows[:k],
+                    layer_terms(args)[:k],
+                    [i for i in attention_layers(args) if i < k],
                 ),
             ),
         )
-        sparse = len(config.layer_indices(n_main)) / n_main  # the other layers cost what full's do
+        n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
+        sparse = len(config.layer_indices(n_attention)) / n_attention
         return full, (1.0 - sparse) * full + sparse * h2o
     spec_layer, spec_args, n_spec, spec_step = _speculator(lm, method)
     config = method.specprefill or SpecPrefillConfig()
@@ -173,7 +191,7 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         if share < 1.0:
             dense = parts(dataclasses.replace(config, speculator_prefill=None))["speculator"]
             speculator = share * speculator + (1.0 - share) * dense
-        return n_spec * (speculator + timed["selection"]) + n_main * timed["main_prefill"]
+        return n_spec / timed_layers(spec_args) * (speculator + timed["selection"]) + n_main * timed["main_prefill"]
 
     return _best_of(layer_run, sparse_run)
 

@@ -13,6 +13,7 @@ attention layers (the four-layer configs below: two of each kind)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -22,6 +23,7 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
+from specfill.core import H2OConfig  # noqa: E402
 from specfill.core.adapted import MethodRefusedError  # noqa: E402
 from specfill.core.errors import ConfigError  # noqa: E402
 from specfill.core.hybrid import HISTORY  # noqa: E402
@@ -272,3 +274,19 @@ def test_a_step_stopped_between_layers_is_undone_on_every_layer(monkeypatch):
     got = ops.forward(model.model, ops.tokens(ids[16:24]), 16, cache, None, 0)[-1]
     want = model.prompt_logits(ids, method=PrefillMethod(), info=GenerationInfo())[-1]
     assert_close(to_numpy(got), want, "after the stopped step")
+
+
+def test_auto_calibrates_a_hybrid_whose_first_layer_is_recurrent(tmp_path, monkeypatch):
+    """auto's probe times the first layers up to the first attention layer (core/probe.timed_layers):
+    a one-layer view of qwen3_5_text (layer 0 a delta-net) has no keys for H2O or the scoring."""
+    from specfill.core import crossover, probe
+
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path))
+    model = adapted(four_layers("qwen3_5_text"))
+    assert probe.timed_layers(model.args) == 2
+    small = H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2)
+    for method in (PrefillMethod("auto", h2o=small), PrefillMethod("auto", speculator="self:2")):
+        value, source = probe.auto_crossover(model, method, lengths=[32, 64])
+        assert source.startswith("calibrated now"), source
+        data = json.loads(crossover.calibration_path(probe.key_for(model, method)).read_text())
+        assert all(p["full_s"] > 0 and p["sparse_s"] > 0 for p in data["points"].values())
