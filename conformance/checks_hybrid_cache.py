@@ -40,6 +40,28 @@ CAPACITY = 64
 NEXT = 4  # tokens run after each cut, compared
 
 
+# the tiny Qwen3.5 both backends run this group on (mlx-lm's qwen3_5, transformers' qwen3_5_text,
+# which share these names): 4 layers, every other one full attention
+TINY_QWEN3_5 = dict(
+    hidden_size=64,
+    num_hidden_layers=4,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    vocab_size=128,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    linear_num_value_heads=4,
+    linear_num_key_heads=2,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=2,
+)
+
+
 @dataclass
 class HybridModel:
     """A backend's tiny random hybrid behind NumPy: its ops and model (ops.new_cache / forward),

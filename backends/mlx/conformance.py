@@ -10,6 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from specfill.conformance.checks_hybrid_cache import TINY_QWEN3_5 as TINY_SIZES
 from specfill.conformance.checks_hybrid_cache import HybridModel
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
@@ -47,27 +48,8 @@ def make_adapter(dtype: str = "float32", use_kernels: bool | None = None) -> Ops
     )
 
 
-# mlx-lm's qwen3_5 at the smallest sizes it takes: 4 layers, every other one full attention
-TINY_QWEN3_5 = dict(
-    model_type="qwen3_5",
-    hidden_size=64,
-    num_hidden_layers=4,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    vocab_size=128,
-    max_position_embeddings=256,
-    rope_theta=10000.0,
-    tie_word_embeddings=False,
-    linear_num_value_heads=4,
-    linear_num_key_heads=2,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    full_attention_interval=2,
-)
+# mlx-lm's qwen3_5 at the group's sizes (its model type and RoPE base are mlx-lm's to be told)
+TINY_QWEN3_5 = dict(TINY_SIZES, model_type="qwen3_5", rope_theta=10000.0)
 
 
 def tiny_hybrid(dtype: str, use_kernels: bool | None) -> HybridModel:

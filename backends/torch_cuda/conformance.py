@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
-from specfill.conformance.checks_hybrid_cache import HybridModel
+from specfill.conformance.checks_hybrid_cache import TINY_QWEN3_5, HybridModel
 from specfill.conformance.ops_adapter import Convert, OpsAdapter
 from specfill.core.errors import BackendUnavailableError
 
@@ -63,28 +63,6 @@ def make_adapter(
         numpy=ops.to_numpy,
     )
     return OpsAdapter("cuda", dtype, ops, convert, cache, lambda: tiny_hybrid(dtype, use_kernels, resolved))
-
-
-# transformers' qwen3_5_text at small sizes: 4 layers, every other one full attention (the MLX
-# backend's TINY_QWEN3_5, in transformers' names)
-TINY_QWEN3_5 = dict(
-    hidden_size=64,
-    num_hidden_layers=4,
-    intermediate_size=128,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    vocab_size=128,
-    max_position_embeddings=256,
-    tie_word_embeddings=False,
-    linear_num_value_heads=4,
-    linear_num_key_heads=2,
-    linear_key_head_dim=16,
-    linear_value_head_dim=16,
-    linear_conv_kernel_dim=4,
-    full_attention_interval=2,
-)
 
 
 def tiny_hybrid(dtype: str, use_kernels: bool | None, device: torch.device) -> HybridModel | None:
