@@ -6,14 +6,13 @@ restarted server reads the first turn from its --prompt-cache-dir file and answe
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 pytest.importorskip("mlx_lm")
 
-from specfill.evaluation.serve_process import ServerProcess, client  # noqa: E402
+from specfill.evaluation.serve_process import ServerProcess  # noqa: E402
 from tests.adapters.mlx_archs import HYBRID, save_directory  # noqa: E402
+from tests.serve.hybrid_chat import restart_reads_first_turn, second_turn_equals_cold  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -36,20 +35,8 @@ def hybrid_server(tmp_path_factory: pytest.TempPathFactory):
     server.stop()
 
 
-def chat(c, model: str, messages: list[dict], **fields):
-    r = c.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0, extra_body=fields)
-    return r.choices[0].message.content, r.model_extra["specfill"]
-
-
 def test_a_second_turn_from_the_prompt_cache_equals_a_cold_run(hybrid_server):
-    c = client(hybrid_server, timeout=120)
-    turn1 = {"role": "user", "content": "alpha beta gamma delta " * 6}
-    reply1, stats1 = chat(c, hybrid_server.model, [turn1])
-    two_turns = [turn1, {"role": "assistant", "content": reply1}, {"role": "user", "content": "and epsilon?"}]
-    reply2, stats2 = chat(c, hybrid_server.model, two_turns)
-    assert stats2["cached_tokens"] >= stats1["prompt_tokens"] and stats2["prefill_method"] == "full"
-    cold, stats_cold = chat(c, hybrid_server.model, two_turns, prompt_cache="off")
-    assert stats_cold["cached_tokens"] == 0 and reply2 == cold
+    second_turn_equals_cold(hybrid_server)
 
 
 def test_a_restarted_server_reads_the_first_turn_from_disk(tmp_path):
@@ -58,26 +45,4 @@ def test_a_restarted_server_reads_the_first_turn_from_disk(tmp_path):
     directory = save_directory("qwen3_5", tmp_path / "model", dict(HYBRID["qwen3_5"], num_hidden_layers=4))
     args = ("--backend", "mlx", "--model", str(directory), "--chat-template", "chatml", "--max-tokens", "12")
     args += ("--prompt-cache-dir", str(tmp_path / "store"))
-    turn1 = {"role": "user", "content": "alpha beta gamma delta " * 6}
-    server = ServerProcess(*args, log=tmp_path / "one.log")
-    try:
-        c = client(server, timeout=120)
-        reply1, stats1 = chat(c, server.model, [turn1])
-        deadline = time.monotonic() + 60
-        while server.health()["prompt_cache"]["disk_entries"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        server.stop()
-    (tmp_path / "store" / "junk.safetensors").write_bytes(b"not a safetensors file")
-    server = ServerProcess(*args, log=tmp_path / "two.log")
-    try:
-        assert server.health()["prompt_cache"]["disk_entries"] == 1
-        c = client(server, timeout=120)
-        two_turns = [turn1, {"role": "assistant", "content": reply1}, {"role": "user", "content": "and epsilon?"}]
-        reply2, stats2 = chat(c, server.model, two_turns)
-        assert stats2["cached_tokens"] == stats1["prompt_tokens"] and stats2["prefill_method"] == "full"
-        cold, stats_cold = chat(c, server.model, two_turns, prompt_cache="off")
-        assert stats_cold["cached_tokens"] == 0 and reply2 == cold and server.alive()
-    finally:
-        server.stop()
-    assert sum("junk.safetensors" in line for line in (tmp_path / "two.log").read_text().splitlines()) == 1
+    restart_reads_first_turn(args, tmp_path)
