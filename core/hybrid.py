@@ -76,6 +76,15 @@ class HybridBooks:
     def filled(self) -> int:
         return self.kv.filled
 
+    @property
+    def layers(self) -> list[Any]:
+        """The attention layers' LayerKVCaches (what the methods read)."""
+        return self.kv.layers
+
+    @property
+    def capacity(self) -> int:
+        return self.kv.capacity
+
     def begin_step(self, model: Any, ids: Any, positions: Any) -> None:
         """Before a forward step of `model` (the whole model or a first-layers view): its snapshot."""
         self._interrupted()  # a step that never finished: back to before it first

@@ -46,14 +46,6 @@ class HybridKVCache(HybridBooks):
     def __iter__(self) -> Iterator[Any]:
         return iter(self.per_layer)
 
-    @property
-    def layers(self) -> list[LayerKVCache]:
-        return self.kv.layers
-
-    @property
-    def capacity(self) -> int:
-        return self.kv.capacity
-
     def grown(self, capacity: int) -> HybridKVCache:
         self.kv.grown(capacity)
         return self

@@ -115,14 +115,6 @@ class HybridKVCache(HybridBooks):
         """Model layer `layer`'s LayerKVCache (an attention layer)."""
         return self.kv.layers[self._slot[layer]]
 
-    @property
-    def layers(self) -> list[LayerKVCache]:
-        return self.kv.layers
-
-    @property
-    def capacity(self) -> int:
-        return self.kv.capacity
-
     def grown(self, capacity: int) -> HybridKVCache:
         self.kv = self.kv.grown(capacity)
         return self
