@@ -62,10 +62,23 @@ def decode_tokens(
         token = following
 
 
-def track_kv(tokens: Iterator[int], cache: KVCache, next_position: int, info: GenerationInfo) -> Iterator[int]:
+def track_kv(
+    tokens: Iterator[int],
+    cache: KVCache,
+    next_position: int,
+    info: GenerationInfo,
+    setup_seconds: Callable[[], float] | None = None,
+) -> Iterator[int]:
     """Yield `tokens`, keeping info.kv on the cache's filled slots. position_offset = RoPE position
-    minus slot: 0 after full or H2O prefill, prompt tokens - kept tokens after SpecPrefill."""
+    minus slot: 0 after full or H2O prefill, prompt tokens - kept tokens after SpecPrefill.
+    setup_seconds: the backend's clock of decode-step preparation (ModelOps.decode_setup_seconds);
+    what it adds during this decode is kept in info.decode.seconds["setup"], apart from decode speed."""
     info.kv = KVState(cache, cache.filled, next_position - cache.filled)
+    base = setup_seconds() if setup_seconds is not None else 0.0
     for token in tokens:
         info.kv.slots = cache.filled
+        if setup_seconds is not None:
+            spent = setup_seconds() - base
+            if spent:
+                info.decode.seconds["setup"] = spent
         yield token

@@ -301,7 +301,7 @@ class CausalLM(LoadedModel[A]):
                     stop_ids=stop_ids,
                     info=info,
                 )
-            yield from track_kv(tokens, cache, len(ids), info)
+            yield from track_kv(tokens, cache, len(ids), info, self.ops.decode_setup_seconds)
 
     def _reused_cache(self, reuse: KVState, room: int) -> Any:
         """The reused cache cut to reuse.slots on every layer (ops.Cancelled), room for `room` more (1.5x)."""

@@ -372,6 +372,10 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def wall_time(self) -> float:
         """perf_counter once the device's queued work has finished."""
 
+    def decode_setup_seconds(self) -> float:
+        """Seconds spent so far, over the process, preparing decode steps (compiling them,
+        capturing graphs): reported apart from decode speed, never counted in it; 0 where none."""
+
     def new_cache(self, model: Any, capacity: int) -> KVCache[A]:
         """A KV cache for every layer of `model`, room for `capacity` slots."""
 

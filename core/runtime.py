@@ -246,7 +246,8 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, draft
 class DecodeRecord:
     """What speculative decoding did, apart from the prefill: proposals made and accepted over the
     decode, per generated token whether it was an accepted draft, k of every round, and wall time
-    {"draft_prefill" (a draft model reading the prompt), "draft", "verify"} summed over the decode."""
+    {"draft_prefill" (a draft model reading the prompt), "draft", "verify"} summed over the decode,
+    and "setup": preparing decode steps (capturing CUDA graphs), which decode speed leaves out."""
 
     drafted_tokens: int = 0
     accepted_tokens: int = 0

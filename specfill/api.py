@@ -44,6 +44,7 @@ class GenerationResponse:
     distributed: str = ""  # "2 ranks, tensor" where the model is sharded over a group of processes
     compute: str = ""  # where, in what and on how many CPU threads it ran: "cpu, bfloat16, 2 threads"
     method: str = ""  # the prefill that ran: full, h2o, specprefill or specprefill+h2o ("auto" resolved)
+    setup_seconds: float = 0.0  # one-time decode-step preparation (CUDA graph capture), not in generation_tps
 
 
 def mlx_metal_available() -> bool:
@@ -346,6 +347,7 @@ def _stream_request(
         if finish:
             text += detokenizer.finish()
         ttft, decode = first_at - start, info.decode
+        setup = decode.seconds.get("setup", 0.0)  # graph capture: reported apart, never as decode speed
         yield GenerationResponse(
             text=text,
             token=token,
@@ -354,7 +356,7 @@ def _stream_request(
             ttft=ttft,
             kept_tokens=info.kept_tokens,
             generation_tokens=n,
-            generation_tps=(n - 1) / (now - first_at) if n > 1 else 0.0,
+            generation_tps=(n - 1) / max(now - first_at - setup, 1e-9) if n > 1 else 0.0,
             peak_memory=model.peak_memory_gb(),
             finish_reason=finish,
             compute=compute,
@@ -365,6 +367,7 @@ def _stream_request(
             draft_seconds=decode.seconds.get("draft", 0.0),
             verify_seconds=decode.seconds.get("verify", 0.0),
             draft_skipped=decode.skipped,
+            setup_seconds=setup,
         )
         if finish:
             return

@@ -106,6 +106,9 @@ class MLXOps(KernelStages):
     def wall_time(self) -> float:
         return time.perf_counter()
 
+    def decode_setup_seconds(self) -> float:
+        return 0.0  # MLX compiles nothing per decode step here
+
     def new_cache(self, model: Model | LayerView, capacity: int) -> ModelKVCache:
         return make_cache(model.args, capacity)
 

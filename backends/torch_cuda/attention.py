@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .attention_choice import kernel_for
 from .placement import on_cuda
 
 
@@ -29,6 +30,8 @@ def causal_attention(
     steps, end = q.shape[2], keys.shape[2]
     start = end - steps
     gqa = q.shape[1] != keys.shape[1]
+    if start == 0 and steps > 1 and q.device.type == "cuda":  # the fastest fused kernel here (probed once)
+        return kernel_for("causal", q, keys)(q, keys, values, 0, scale)
     if start == 0:  # the step's own keys are the whole context: plain causal
         return F.scaled_dot_product_attention(q, keys, values, is_causal=steps > 1, enable_gqa=gqa, scale=scale)
     if not on_cuda(q) and steps <= CPU_FEW_QUERIES:  # decode, speculative verify
@@ -103,9 +106,12 @@ def windowed_attention(
 def lower_right_causal(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
-    """Causal attention of the last T of S slots (query t sees slots 0..S - T + t). On CUDA the
-    lower-right causal bias runs the flash / memory-efficient kernels without a materialised
-    mask; those raw kernels take equal head counts, so KV heads are expanded first."""
+    """Causal attention of the last T of S slots (query t sees slots 0..S - T + t). On a CUDA
+    device the kernel probed fastest there (attention_choice.py: lower-right bias with grouped
+    heads, or two fused calls merged by log-sum-exp); elsewhere (the simulated-CUDA tests) the
+    lower-right causal bias with KV heads expanded."""
+    if q.device.type == "cuda":
+        return kernel_for("prefix", q, keys)(q, keys, values, keys.shape[2] - q.shape[2], scale)
     # imported here: torch.nn.attention.bias imports Triton, which CPU-only runs never need
     from torch.nn.attention.bias import causal_lower_right
 

@@ -8,6 +8,8 @@ tokens in slots 0..K-1 with their original positions and decodes from slot K.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from specfill.core.errors import PromptTooLongError
@@ -66,6 +68,8 @@ class ModelKVCache:
         self.v = values
         self.positions = torch.zeros(keys.shape[3], dtype=torch.int64, device=keys.device)
         self.layers = [LayerKVCache(k, v, self.positions) for k, v in zip(keys, values)]
+        # decode steps captured over this cache's buffers (decode_graph.py): they live and die with it
+        self.graphs: dict[tuple[int, int, int], Any] = {}
 
     @property
     def filled(self) -> int:

@@ -23,6 +23,7 @@ from specfill.core.runtime import SamplingConfig
 from .attention import causal_attention as causal_step_attention
 from .attention import terms_attention, windowed_attention
 from .cache import ModelKVCache
+from .decode_graph import MAX_GRAPH_TOKENS, CudaGraphCapture, DecodeGraphs
 from .method_ops import stage_kernels
 from .model import Transformer, few_row_products
 from .sampling import make_generator, sample
@@ -35,10 +36,22 @@ class TorchOps(KernelStages):
     name = "cuda"
     lazy = False  # eager: a decode step after the token it follows has been handed out
 
-    def __init__(self, device: torch.device, dtype: torch.dtype, use_kernels: bool | None = None):
+    def __init__(
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        use_kernels: bool | None = None,
+        decode_graphs: bool | None = None,
+    ):
         self.device = torch.device(device)
         self.dtype = dtype
         self.use_kernels = use_kernels
+        # decode steps (and drafting's verify steps) as replayed CUDA graphs (decode_graph.py):
+        # None = on a CUDA device; False runs the same static steps eagerly (same tokens)
+        on_gpu = self.device.type == "cuda"
+        graphs = on_gpu if decode_graphs is None else decode_graphs
+        self.decode_graphs = DecodeGraphs(CudaGraphCapture() if graphs else None)
+        self.static_decode = on_gpu  # CPU keeps its own few-query attention (attention.few_queries_cpu)
 
     # H2O stages (intra_attention, inter_attention, reduce_colsum_to_kv_heads, merge_states: KernelStages)
     stage_kernels = staticmethod(stage_kernels)
@@ -108,8 +121,27 @@ class TorchOps(KernelStages):
             pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
         else:
             pos = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
+        if self.static_decode and self._static_step(model, ids, cache, attend, logits_from):
+            logits = self.decode_graphs.run(model, ids, pos, cache)
+            return logits if logits_from == 0 else logits[logits_from:]
         logits = model(ids[None], pos, cache, logits_from, attend)
         return None if logits is None else logits[0]
+
+    @staticmethod
+    def _static_step(model: Any, ids: torch.Tensor, cache: Any, attend: Any, logits_from: int | None) -> bool:
+        """A decode or verify step of a plain decoder (decode_graph.py); prompts, H2O, the
+        speculator's capture and adapted models (their own caches) take the eager path."""
+        return (
+            attend is None
+            and logits_from is not None
+            and 1 <= ids.shape[0] <= MAX_GRAPH_TOKENS
+            and isinstance(model, Transformer)
+            and isinstance(cache, ModelKVCache)
+        )
+
+    def decode_setup_seconds(self) -> float:
+        """Seconds spent so far preparing decode steps (first runs and graph captures)."""
+        return self.decode_graphs.setup_seconds
 
     def schedule(self, arrays: list[Any]) -> None:
         """CUDA queues work by itself; nothing to do."""

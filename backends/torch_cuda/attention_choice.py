@@ -1,0 +1,212 @@
+"""The fused attention a CUDA device runs for prefill, chosen once per device and shape.
+
+torch offers several fused kernels (FlashAttention-2, cuDNN's, memory-efficient) behind
+scaled_dot_product_attention, and which one is fastest, and which takes grouped KV heads without
+expanded copies, depends on the GPU and the torch build. A prefill step needs two kinds of call:
+
+- "causal": a step over an empty cache (its own keys are all keys; square causal);
+- "prefix": a step after `start` cached slots, query t seeing slots 0..start + t (lower-right
+  causal), which torch's dispatcher sends to the flash kernel only, and only with KV heads
+  expanded unless `enable_gqa` is passed (the expansion cost ~10% of a 32K prefill on an H200).
+
+For each kind a few candidates are tried once on a representative shape (the model's heads and
+head size, the call's dtype): a candidate that raises or whose output differs from a float32
+reference by more than the dtype's tolerance is dropped; the fastest of the rest is kept for the
+process (`chosen()` reports them; bench and the GPU session record it). Off CUDA nothing is
+probed: CPU calls keep attention.py's paths.
+
+Tolerance: bf16 / fp16 outputs of fused kernels differ from a float32 reference by their
+rounding of softmax weights and outputs (~4e-3 relative measured on bf16 rows of unit-scale
+data); 3e-2 absolute on unit-scale values (bf16) and 5e-3 (fp16) catch a wrong mask or a wrong
+head grouping, whose errors are O(0.1-1). float32: 1e-4 (TF32 is off for these calls by default).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "float | None"], torch.Tensor]
+
+PROBE_QUERIES = 2048  # a prefill step's queries (the default step size)
+PROBE_PREFIX = 6144  # cached slots before the step in the "prefix" probe
+PROBE_REPEATS = 3
+TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-4}
+
+
+def _expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    group = q.shape[1] // k.shape[1]
+    return (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) if group > 1 else (k, v)
+
+
+def _sdpa_causal(backend: Any) -> Kernel:
+    """Square causal through torch's dispatcher, grouped heads passed through; `backend` forces one."""
+
+    def run(q, k, v, start, scale):
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel([backend]) if backend is not None else nullcontext():
+            return F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=q.shape[1] != k.shape[1]
+            )
+
+    return run
+
+
+def _lower_right(gqa: bool) -> Kernel:
+    """torch's lower-right causal bias (flash or memory-efficient); KV heads expanded unless gqa."""
+
+    def run(q, k, v, start, scale):
+        from torch.nn.attention.bias import causal_lower_right
+
+        if not gqa:
+            k, v = _expand(q, k, v)
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
+            scale=scale,
+            enable_gqa=gqa and q.shape[1] != k.shape[1],
+        )
+
+    return run
+
+
+def _flash_raw(q, k, v, causal, scale):
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
+    return out, lse
+
+
+def _cudnn_raw(q, k, v, causal, scale):
+    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)[
+        :2
+    ]
+    return out, lse
+
+
+def _split(raw: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Kernel:
+    """Two fused calls merged by their log-sum-exp: unmasked over the prefix, causal over the step's
+    own keys (square, so top-left and lower-right agree): no mask, no expanded heads."""
+
+    def run(q, k, v, start, scale):
+        out_p, lse_p = raw(q, k[:, :, :start], v[:, :, :start], False, scale)
+        out_c, lse_c = raw(q, k[:, :, start:], v[:, :, start:], True, scale)
+        lse_p, lse_c = lse_p.reshape(out_p.shape[:3]).float(), lse_c.reshape(out_c.shape[:3]).float()
+        lse = torch.logaddexp(lse_p, lse_c)  # float32 softmax statistics [1, Hq, T]
+        merged = out_p.float() * torch.exp(lse_p - lse)[..., None] + out_c.float() * torch.exp(lse_c - lse)[..., None]
+        return merged.to(q.dtype)
+
+    return run
+
+
+def candidates(kind: str) -> dict[str, Kernel]:
+    from torch.nn.attention import SDPBackend
+
+    if kind == "causal":
+        return {
+            "sdpa": _sdpa_causal(None),
+            "flash": _sdpa_causal(SDPBackend.FLASH_ATTENTION),
+            "cudnn": _sdpa_causal(SDPBackend.CUDNN_ATTENTION),
+        }
+    return {
+        "lower-right-expanded": _lower_right(gqa=False),
+        "lower-right-gqa": _lower_right(gqa=True),
+        "split-flash": _split(_flash_raw),
+        "split-cudnn": _split(_cudnn_raw),
+    }
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float | None) -> torch.Tensor:
+    """float32 attention with an explicit lower-right causal mask and expanded heads."""
+    k, v = _expand(q, k, v)
+    steps, slots = q.shape[2], k.shape[2]
+    mask = torch.arange(slots, device=q.device)[None, :] <= start + torch.arange(steps, device=q.device)[:, None]
+    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale)
+
+
+def _timed(run: Callable[[], torch.Tensor], device: torch.device) -> float:
+    run()
+    best = float("inf")
+    for _ in range(PROBE_REPEATS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+_CHOSEN: dict[tuple, tuple[str, Kernel]] = {}
+_REPORTS: dict[tuple, dict[str, str]] = {}
+
+
+def probe(
+    kind: str,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    kernels: dict[str, Kernel] | None = None,
+    queries: int = PROBE_QUERIES,
+    prefix: int = PROBE_PREFIX,
+) -> tuple[str, Kernel, dict[str, str]]:
+    """Try every candidate of `kind` on random unit-scale data of this shape: (name, kernel) of
+    the fastest correct one and a report {name: "1.23 ms" | "wrong: ..." | "failed: ..."}."""
+    kernels = candidates(kind) if kernels is None else kernels
+    gen = torch.Generator(device=device).manual_seed(0)
+    start = 0 if kind == "causal" else prefix
+    shape_q, shape_kv = (1, heads, queries, head_dim), (1, kv_heads, start + queries, head_dim)
+    q, k, v = (
+        torch.randn(s, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        for s in (shape_q, shape_kv, shape_kv)
+    )
+    expected = reference(q, k, v, start, None)
+    tolerance = TOLERANCE.get(dtype, 3e-2)
+    report: dict[str, str] = {}
+    best: tuple[float, str, Kernel] | None = None
+    for name, kernel in kernels.items():
+        try:
+            error = float((kernel(q, k, v, start, None).float() - expected).abs().max())
+            if not error <= tolerance:
+                report[name] = f"wrong: max error {error:.3g} > {tolerance:g}"
+                continue
+            seconds = _timed(lambda: kernel(q, k, v, start, None), device)
+        except Exception as e:  # not built for this GPU / dtype / head size: the next candidate
+            report[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            continue
+        report[name] = f"{seconds * 1e3:.3f} ms"
+        if best is None or seconds < best[0]:
+            best = (seconds, name, kernel)
+    if best is None:
+        raise RuntimeError(f"no {kind} attention kernel works here: {report}")
+    return best[1], best[2], report
+
+
+def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor) -> Kernel:
+    """The chosen kernel of `kind` for q [1, Hq, T, D] / k [1, Hkv, S, D]'s heads, head size,
+    dtype and device; probed at the first call with that key."""
+    key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
+    if key not in _CHOSEN:
+        name, kernel, report = probe(kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
+        _CHOSEN[key], _REPORTS[key] = (name, kernel), report
+    return _CHOSEN[key][1]
+
+
+def chosen() -> dict[str, Any]:
+    """What each probe chose and measured: {"prefix 32/8x128 bfloat16 cuda:0": {"chosen": name,
+    "candidates": {name: "1.2 ms" | "wrong: ..." | "failed: ..."}}}."""
+    return {
+        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}": {
+            "chosen": _CHOSEN[(kind, hq, hkv, d, dtype, device)][0],
+            "candidates": _REPORTS[(kind, hq, hkv, d, dtype, device)],
+        }
+        for (kind, hq, hkv, d, dtype, device) in _CHOSEN
+    }

@@ -1,0 +1,210 @@
+"""Decode steps with static shapes, replayed as CUDA graphs (gpt-fast's pattern, by hand).
+
+A decode step of an 8B model is ~600 small kernels; launched one by one from Python the GPU waits
+on the host (~60 ms per token measured on an H200, results/gpu/h200/analysis.md, where the weights'
+read alone takes ~3.4 ms). A CUDA graph launches them all at once, but replays fixed addresses and
+shapes, so the step is written with static shapes:
+
+- the T tokens' ids, RoPE positions and cache slots live in static input buffers;
+- keys and values are written at the slots with `index_copy_` (no Python offset baked in);
+- attention reads a fixed BUCKET of slots (the filled ones rounded up to a multiple of
+  `SLOT_BUCKET`, at most the capacity) with a mask: query t sees slot s iff s <= slot_t (and,
+  on a sliding layer, its window by position). One graph per (T, bucket): a decode of 32 tokens
+  at 8K context captures one or two;
+- grouped heads are folded into query rows ([1, Hq, T, D] -> [1, Hkv, G*T, D]), so no KV head
+  is ever copied.
+
+`static_step` is that computation, eager; `DecodeGraphs` runs it eagerly the first time a
+(T, bucket) is seen (that call's result is the real one), captures it, and replays the capture
+from then on. The graphs are stored on the cache they write (ModelKVCache.graphs): a graph
+records the cache's addresses, so it lives and dies with that cache. The eager path
+(TorchOps.decode_graphs False) runs the same `static_step` without capture, so graphs on and off
+give bitwise the same tokens (the same kernels, replayed).
+
+Capture time (the eager first run and the capture itself) is counted in `setup_seconds`, which the
+statistics report apart and never as decode speed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from specfill.core.errors import PromptTooLongError
+
+from .cache import ModelKVCache
+
+SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
+MAX_GRAPH_TOKENS = 16  # a step of more tokens (a prompt) runs eagerly
+
+
+class _StaticLayer:
+    """A layer cache view for the static step: writes at the slots tensor, returns the bucket."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, step: "_StepInputs"):
+        self.k, self.v, self.positions, self.step = keys, values, positions, step
+
+    def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.k.index_copy_(2, self.step.slots, k)
+        self.v.index_copy_(2, self.step.slots, v)
+        bucket = self.step.bucket
+        return self.k[:, :, :bucket], self.v[:, :, :bucket]
+
+    def slot_positions(self, step_positions: torch.Tensor) -> torch.Tensor:
+        return self.positions[: self.step.bucket]
+
+
+class _StaticCache:
+    def __init__(self, cache: ModelKVCache, step: "_StepInputs"):
+        self.layers = [_StaticLayer(k, v, cache.positions, step) for k, v in zip(cache.k, cache.v)]
+
+
+class _StepInputs:
+    """The static inputs of one (T, bucket) step: ids, positions and slots [T] on the device."""
+
+    def __init__(self, tokens: int, bucket: int, device: torch.device):
+        self.ids = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.slots = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.bucket = bucket
+
+
+class _MaskedAttention:
+    """The step's attention (a PrefillAttention for Transformer.forward): q [1, Hq, T, D] over the
+    bucket's keys/values [1, Hkv, bucket, D]; query t sees slot s iff s <= slots[t], and on a
+    sliding layer also positions[t] - key_position[s] < window."""
+
+    def __init__(self, model: Any, cache: ModelKVCache, step: _StepInputs):
+        self.windows = [layer.self_attn.window for layer in model.layers]
+        self.scale = model.args.attention_scale
+        self.cache, self.step = cache, step
+        self._visible: torch.Tensor | None = None
+        self._windowed: dict[int, torch.Tensor] = {}
+
+    def visible(self, window: int | None) -> torch.Tensor:
+        """[T, bucket] bool, computed once per step (the first layer asks) and per window."""
+        step = self.step
+        if self._visible is None:
+            slots = torch.arange(step.bucket, device=step.slots.device)
+            self._visible = slots[None, :] <= step.slots[:, None]
+        if window is None:
+            return self._visible
+        if window not in self._windowed:
+            distance = step.positions[:, None] - self.cache.positions[None, : step.bucket]
+            self._windowed[window] = self._visible & (distance < window)
+        return self._windowed[window]
+
+    def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        _, n_heads, steps, dim = q.shape
+        n_kv = keys.shape[1]
+        group = n_heads // n_kv
+        mask = self.visible(self.windows[layer])
+        folded = q.reshape(1, n_kv, group * steps, dim)  # row g * T + t: head (kv, g), query t
+        rows = mask.repeat(group, 1) if group > 1 else mask
+        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=rows[None, None], scale=self.scale)
+        return out.reshape(1, n_heads, steps, values.shape[-1])
+
+    def arrays(self) -> list[Any]:
+        return []
+
+
+def static_step(model: Any, cache: ModelKVCache, step: _StepInputs) -> torch.Tensor:
+    """The step on the static inputs: writes the T tokens' keys/values at step.slots and their
+    positions, returns float32 logits [T, vocab]. No host synchronisation, no data-dependent shape."""
+    cache.positions.index_copy_(0, step.slots, step.positions)
+    attend = _MaskedAttention(model, cache, step)
+    logits = model(step.ids[None], step.positions, _StaticCache(cache, step), 0, attend)
+    return logits[0]
+
+
+class Capture(Protocol):
+    """How a step becomes replayable: CUDA graphs on a GPU; tests pass a recorder."""
+
+    def capture(self, run: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+        """Record `run` (already run once eagerly); return a replay that reruns it and returns its
+        output tensor (the same static tensor every time)."""
+        ...
+
+
+class CudaGraphCapture:
+    """torch.cuda.CUDAGraph over one memory pool shared by every graph of the process."""
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+
+    def capture(self, run: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            # capture on a side stream (torch's requirement); the eager run before warmed every kernel
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                output = run()
+        torch.cuda.current_stream(device).wait_stream(stream)
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return output
+
+        return replay
+
+
+class DecodeGraphs:
+    """Runs decode steps (T <= MAX_GRAPH_TOKENS tokens at the cache's next slots) through static
+    steps, captured once per (model, T, bucket) on the cache and replayed after. `capture` None:
+    eager static steps (the same kernels, no graph)."""
+
+    def __init__(self, capture: Capture | None):
+        self.capture = capture
+        self.setup_seconds = 0.0  # eager first runs and captures, summed over the process
+
+    def bucket(self, cache: ModelKVCache, tokens: int) -> int:
+        end = cache.filled + tokens
+        return min(cache.capacity, -(-end // SLOT_BUCKET) * SLOT_BUCKET)
+
+    def run(self, model: Any, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache) -> torch.Tensor:
+        """ids [T] at RoPE positions [T] into the cache's next T slots; float32 logits [T, vocab]."""
+        tokens, start = ids.shape[0], cache.filled
+        if start + tokens > cache.capacity:
+            raise PromptTooLongError(
+                f"KV cache holds {cache.capacity} tokens, writing slots {start}..{start + tokens - 1}"
+            )
+        key = (id(model), tokens, self.bucket(cache, tokens))
+        entry = cache.graphs.get(key)
+        if entry is None:
+            began = time.perf_counter()
+            step = _StepInputs(tokens, key[2], ids.device)
+            # the bucket's unfilled slots are read (masked): a masked weight is 0, but 0 * NaN is
+            # NaN, so uninitialised memory there must become finite once
+            cache.k[:, :, :, start + tokens : key[2]].zero_()
+            cache.v[:, :, :, start + tokens : key[2]].zero_()
+            self._fill(step, ids, positions, start)
+            logits = static_step(model, cache, step)
+            replay = None
+            if self.capture is not None:
+                replay = self.capture.capture(lambda: static_step(model, cache, step), ids.device)
+            cache.graphs[key] = (step, replay)
+            self._advance(cache, tokens)
+            self.setup_seconds += time.perf_counter() - began
+            return logits
+        step, replay = entry
+        self._fill(step, ids, positions, start)
+        logits = static_step(model, cache, step) if replay is None else replay()
+        self._advance(cache, tokens)
+        return logits.clone()  # the replay's output tensor is rewritten by the next replay
+
+    @staticmethod
+    def _fill(step: _StepInputs, ids: torch.Tensor, positions: torch.Tensor, start: int) -> None:
+        step.ids.copy_(ids)
+        step.positions.copy_(positions)
+        torch.arange(start, start + ids.shape[0], out=step.slots)
+
+    @staticmethod
+    def _advance(cache: ModelKVCache, tokens: int) -> None:
+        for layer in cache.layers:
+            layer.offset += tokens

@@ -1,0 +1,73 @@
+"""backends/torch_cuda/attention_choice.py: the probe that picks a device's prefill attention.
+
+On the CPU the probe runs on small shapes: candidates that raise (CUDA-only raw kernels) or give
+a wrong answer are dropped and reported, a correct one is chosen; scripts/gpu_session.sh records
+what a GPU chooses. Tolerances are the module's (TOLERANCE: a wrong mask or head grouping errs by
+O(0.1-1) on unit-scale data, far above them).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specfill.backends.torch_cuda import attention_choice as choice
+
+CPU = torch.device("cpu")
+
+
+def unmasked(q, k, v, start, scale):  # wrong: sees the future
+    k, v = choice._expand(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def broken(q, k, v, start, scale):
+    raise RuntimeError("no kernel image for this device")
+
+
+@pytest.mark.parametrize("kind", ["causal", "prefix"])
+def test_probe_drops_failing_and_wrong_kernels(kind):
+    kernels = {"unmasked": unmasked, "broken": broken, **choice.candidates(kind)}
+    name, kernel, report = choice.probe(kind, 4, 2, 16, torch.float32, CPU, kernels, queries=8, prefix=24)
+    assert report["unmasked"].startswith("wrong") and report["broken"].startswith("failed: RuntimeError")
+    assert name in choice.candidates(kind) and report[name].endswith(" ms")
+    q, k, v = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8 + (24 if kind == "prefix" else 0), 16), None
+    v = torch.randn_like(k)
+    start = k.shape[2] - 8
+    torch.testing.assert_close(kernel(q, k, v, start, None), choice.reference(q, k, v, start, None), atol=1e-5, rtol=0)
+
+
+def test_every_prefix_candidate_that_runs_here_is_exact():
+    q, k = torch.randn(1, 6, 5, 8), torch.randn(1, 2, 17, 8)
+    v = torch.randn_like(k)
+    ran = 0
+    for name, kernel in choice.candidates("prefix").items():
+        try:
+            out = kernel(q, k, v, 12, 0.3)
+        except RuntimeError:  # the raw flash / cuDNN ops have no CPU kernel
+            continue
+        torch.testing.assert_close(out, choice.reference(q, k, v, 12, 0.3), atol=1e-5, rtol=0, msg=name)
+        ran += 1
+    assert ran >= 2  # both lower-right variants run on the CPU
+
+
+def test_split_merge_is_exact():
+    """The log-sum-exp merge of the prefix and causal halves (a CPU stand-in for the raw op)."""
+
+    def raw(q, k, v, causal, scale):
+        k2, v2 = choice._expand(q, k, v)
+        logits = (q @ k2.transpose(-1, -2)) * (scale or q.shape[-1] ** -0.5)
+        if causal:
+            logits = logits.masked_fill(torch.ones_like(logits, dtype=torch.bool).triu(1), float("-inf"))
+        return torch.softmax(logits, -1) @ v2, torch.logsumexp(logits, -1)
+
+    q, k = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 20, 8)
+    v = torch.randn_like(k)
+    out = choice._split(raw)(q, k, v, 14, None)
+    torch.testing.assert_close(out, choice.reference(q, k, v, 14, None), atol=1e-5, rtol=0)
+
+
+def test_no_kernel_is_an_error():
+    with pytest.raises(RuntimeError, match="no prefix attention kernel works here"):
+        choice.probe("prefix", 4, 2, 16, torch.float32, CPU, {"broken": broken}, queries=4, prefix=4)

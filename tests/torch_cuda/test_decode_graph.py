@@ -1,0 +1,123 @@
+"""backends/torch_cuda/decode_graph.py: static decode steps (the CUDA-graph path) on the CPU.
+
+CUDA graphs need a GPU; here the capture is a recorder that replays by calling the captured
+function on the same static buffers, which checks everything but the graph itself: the static
+inputs are refilled per step, keys land in the right slots, the bucket and its mask hide unfilled
+slots, offsets advance, new buckets and step widths capture anew, and setup time is kept apart.
+scripts/gpu_session.sh compares real graphs with the eager path on the GPU.
+
+Tolerance: the static step attends through one masked SDPA over the bucket where the eager CPU
+path uses its own float32 few-query matmuls (attention.few_queries_cpu): same products summed in
+another order, float32 rounding only (1e-4 on logits of magnitude ~10), tokens equal.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfill.backends.torch_cuda import decode_graph
+from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
+from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+
+class Recorder:
+    """A Capture that 'replays' by rerunning the captured function (CPU stand-in for a graph)."""
+
+    def __init__(self) -> None:
+        self.captured = 0
+        self.replayed = 0
+
+    def capture(self, run, device):
+        self.captured += 1
+
+        def replay():
+            self.replayed += 1
+            return run()
+
+        return replay
+
+
+def static(model, capture) -> None:
+    model.ops.static_decode = True
+    model.ops.decode_graphs = decode_graph.DecodeGraphs(capture)
+
+
+def greedy(model, ids, n, drafting=None, draft_model=None, info=None):
+    kwargs = {} if drafting is None else {"drafting": drafting}
+    return list(
+        model.generate_step(
+            ids,
+            max_tokens=n,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=PrefillMethod(),
+            info=info or GenerationInfo(),
+            **kwargs,
+        )
+    )
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma3"])
+def test_static_steps_give_the_eager_tokens(arch, monkeypatch):
+    monkeypatch.setattr(decode_graph, "SLOT_BUCKET", 16)  # a 40-token decode crosses buckets
+    tiny = make_tiny(arch)
+    ids = prompt_ids(20)
+    expected = greedy(tiny.ours(), ids, 40)
+    model, recorder = tiny.ours(), Recorder()
+    static(model, recorder)
+    info = GenerationInfo()
+    assert greedy(model, ids, 40, info=info) == expected
+    # buckets of 16 slots: 32, 48, 64 (prompt 20 + 39 decode steps end at slot 59)
+    assert recorder.captured == 3 and recorder.replayed == 39 - 3
+    assert info.decode.seconds["setup"] > 0  # the first run and capture of each bucket, kept apart
+
+
+def test_static_logits_match_eager_logits():
+    tiny = make_tiny("qwen3")
+    ids = torch.tensor(prompt_ids(12))
+    eager, graphed = tiny.ours(), tiny.ours()
+    static(graphed, Recorder())
+    caches = [m.ops.new_cache(m.model, 32) for m in (eager, graphed)]
+    for m, cache in zip((eager, graphed), caches):
+        m.ops.forward(m.model, ids, 0, cache, None, None)
+    for step, token in enumerate([5, 9, 77, 3]):
+        one = torch.tensor([token])
+        a = eager.ops.forward(eager.model, one, 12 + step, caches[0], None, 0)
+        b = graphed.ops.forward(graphed.model, one, 12 + step, caches[1], None, 0)
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-4)
+    assert caches[1].filled == 16 and caches[1].graphs
+    torch.testing.assert_close(caches[1].k[:, :, :, :16], caches[0].k[:, :, :, :16], rtol=0, atol=1e-5)
+
+
+def test_drafting_verify_steps_take_the_static_path():
+    tiny = make_tiny("llama")
+    ids = prompt_ids(16)
+    draft = make_tiny("llama", seed=1).ours()
+    plain = greedy(tiny.ours(), ids, 24)
+    model, recorder = tiny.ours(), Recorder()
+    static(model, recorder)
+    drafting = Drafting(model=draft, num_tokens=3, adaptive=False)
+    assert greedy(model, ids, 24, drafting=drafting) == plain  # greedy drafting: the plain tokens
+    assert recorder.captured >= 2  # a verify width (k + 1 rows) beside the one-token step
+
+
+def test_prompts_and_full_caches_take_the_eager_path():
+    tiny = make_tiny("llama")
+    model = tiny.ours()
+    static(model, Recorder())
+    cache = model.ops.new_cache(model.model, 20)
+    model.ops.forward(model.model, torch.tensor(prompt_ids(19)), 0, cache, None, -1)
+    assert not cache.graphs  # a 19-token prompt step is no decode step
+    model.ops.forward(model.model, torch.tensor([1]), 19, cache, None, 0)
+    assert cache.graphs and cache.filled == 20
+    from specfill.core.errors import PromptTooLongError
+
+    with pytest.raises(PromptTooLongError, match="holds 20 tokens"):
+        model.ops.forward(model.model, torch.tensor([1]), 20, cache, None, 0)
+
+
+def test_cpu_default_is_the_eager_path():
+    model = make_tiny("llama").ours()
+    assert model.ops.static_decode is False and model.ops.decode_graphs.capture is None
+    assert model.ops.decode_setup_seconds() == 0.0
