@@ -64,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "e.g. 'h2o-all=h2o:--h2o-layers all' or 'keep-0.1=specprefill:--keep 0.1' (repeatable)",
     )
     p.add_argument("--methods", default=None, help="the rows to run, by name (comma-separated; default: all)")
+    p.add_argument(
+        "--decode-modes",
+        default="graphs,eager-static,eager",
+        help="decode rows (comma-separated): graphs (CUDA graphs, the default on a GPU), eager-static (the "
+        "same static steps without capture), eager (the layer-by-layer path); tokens compared across them",
+    )
     p.add_argument("--roofline", default="auto", help="DEVICES key (h100, h200) or auto: from the GPU's name")
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--out", default="results/gpu")
@@ -95,17 +101,25 @@ def method_configs(
     parser = argparse.ArgumentParser()
     bench_cli.add_arguments(parser)
     plain = parser.parse_args([])
+    plain.row_step = None
     methods = {"full": ("full", plain), "h2o": ("h2o", plain), "specprefill": ("specprefill", plain)}
     if compose and "--speculator-prefill" not in parser._option_string_actions:
         print("--compose: this checkout's bench has no --speculator-prefill flag: the composition is skipped")
     elif compose:
         methods["specprefill+h2o"] = ("specprefill", parser.parse_args(["--speculator-prefill", "h2o"]))
+        methods["specprefill+h2o"][1].row_step = None
     for spec in variants:
         name, _, rest = spec.partition("=")
         kind, _, flags = rest.partition(":")
         if not name or kind not in ("full", "h2o", "specprefill"):
             raise SystemExit(f"--variant {spec!r}: expected NAME=METHOD[:FLAGS] with METHOD full, h2o or specprefill")
-        methods[name] = (kind, parser.parse_args(shlex.split(flags)))
+        words, step = shlex.split(flags), None
+        if "--step" in words:  # the main model's prefill step size for this row (a load setting, not bench's)
+            at = words.index("--step")
+            step = int(words[at + 1])
+            del words[at : at + 2]
+        methods[name] = (kind, parser.parse_args(words))
+        methods[name][1].row_step = step
     if only is not None:
         wanted = only.split(",")
         unknown = [n for n in wanted if n not in methods]
@@ -143,20 +157,30 @@ class Bench:
     def write(self) -> None:
         out = Path(self.args.out)
         out.mkdir(parents=True, exist_ok=True)
-        for path, text in (
+        files = [
             (out / f"{self.args.name}.json", json.dumps(self.result, indent=1)),
             (out / f"{self.args.name}.md", report(self.result)),
-        ):
+        ]
+        if self.result.get("e2e"):
+            files.append(
+                (
+                    out / "e2e.json",
+                    json.dumps({**self.result["e2e"], "device": self.result.get("device_name")}, indent=1),
+                )
+            )
+        for path, text in files:
             partial = path.with_name(path.name + ".partial")
             partial.write_text(text + "\n")
             os.replace(partial, path)
 
 
 def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> dict:
-    last = None
+    last, tokens = None, []
     for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method, **drafting):
-        pass
+        tokens.append(last.token)
     return {
+        "tokens": tokens,
+        "setup_s": last.setup_seconds,
         "ttft_s": last.ttft,
         "decode_tps": last.generation_tps,
         "kept_tokens": last.kept_tokens,
@@ -253,9 +277,11 @@ def measure(bench: Bench) -> None:
     if lengths != [int(n) for n in args.lengths.split(",")]:
         bench.note(f"lengths {lengths}: a prompt and its {args.decode_tokens} new tokens fit the model's context")
     warm = random_prompt_ids(tokenizer.vocab_size, min(WARM_TOKENS, *lengths), seed=1)
-    for name, (method, _) in methods.items():
+    for name, (method, ns) in methods.items():
         try:
+            default_step, model.prefill_step_size = model.prefill_step_size, ns.row_step or model.prefill_step_size
             one_run(model, tokenizer, warm, method, 2)
+            model.prefill_step_size = default_step
         except Exception as e:  # the rows below say it again, per length
             bench.note(f"warm-up {name} failed: {type(e).__name__}: {e}")
     bench.note(f"warm-ups done at {time.monotonic() - start:.1f} s")
@@ -270,6 +296,9 @@ def measure(bench: Bench) -> None:
             guess = predicted_ttft(shapes, rates, kinds[name], ns, n, None)
             decode_guess = args.decode_tokens * decode_seconds(shapes[0], rates, n, 2) if rates else 0.0
             cost = SLACK * (guess + decode_guess) if guess is not None else 0.0
+            step = getattr(ns, "row_step", None)
+            row["step"] = step or model.prefill_step_size
+            default_step, model.prefill_step_size = model.prefill_step_size, step or model.prefill_step_size
             for _ in range(args.repeats):
                 if name in out_of_time or bench.left() < cost:
                     row["error"] = row["error"] or f"out of time ({bench.left():.0f} s left, a run costs ~{cost:.0f} s)"
@@ -284,10 +313,12 @@ def measure(bench: Bench) -> None:
                     if bench.cuda:
                         torch.cuda.empty_cache()
                     break
+            model.prefill_step_size = default_step
             finish_row(row, shapes, rates, ns)
             bench.result["rows"].append(row)
             add_speedups(bench.result["rows"])
             bench.note(row_line(row))
+            bench.result["e2e"] = e2e(bench.result, shapes[0])
             bench.write()
 
 
@@ -318,25 +349,105 @@ def add_speedups(rows: list[dict]) -> None:
         r["speedup_vs_full"] = base / r["ttft_s"] if base and r.get("ttft_s") else None
 
 
+def decode_mode(model, mode: str) -> None:
+    """graphs: static steps captured as CUDA graphs; eager-static: the same steps uncaptured;
+    eager: the layer-by-layer path (backends/torch_cuda/decode_graph.py)."""
+    from specfill.backends.torch_cuda.decode_graph import CudaGraphCapture, DecodeGraphs
+
+    ops = model.ops
+    ops.static_decode = mode != "eager"
+    ops.decode_graphs = DecodeGraphs(CudaGraphCapture() if mode == "graphs" and bench_on_cuda(ops) else None)
+
+
+def bench_on_cuda(ops) -> bool:
+    return ops.device.type == "cuda"
+
+
 def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int, shapes, rates) -> None:
-    """Decode tokens/s after a full prefill of n_tokens: plain, then with the speculator drafting."""
+    """Decode tokens/s after a full prefill of n_tokens, per decode mode (warm: one run first, then
+    medians of the repeats; graph capture reported apart as setup_s), greedy tokens compared with
+    the eager path's; then with the speculator drafting (graphs)."""
     args = bench.args
     ids = random_prompt_ids(tokenizer.vocab_size, n_tokens, seed=n_tokens)
     predicted = 1.0 / decode_seconds(shapes[0], rates, n_tokens, 2) if rates else None
-    for k in (0, args.draft_tokens):
-        row = {"draft_tokens": k, "prompt_tokens": n_tokens, "predicted_plain_tps": predicted, "error": None}
-        guess = predict(shapes[0], rates, n_tokens, Method("full"))["ttft"] if rates else 0.0
-        if bench.left() < SLACK * (guess + args.decode_tokens / (predicted or math.inf)):
+    guess = predict(shapes[0], rates, n_tokens, Method("full"))["ttft"] if rates else 0.0
+    modes = [m for m in args.decode_modes.split(",") if m]
+    drafted = [("graphs", args.draft_tokens)] if args.draft_tokens else []
+    reference_tokens = None
+    for mode, k in [(m, 0) for m in modes] + drafted:
+        row = {"mode": mode, "draft_tokens": k, "prompt_tokens": n_tokens, "predicted_plain_tps": predicted}
+        row["error"] = None
+        if bench.left() < SLACK * (guess + args.decode_tokens / (predicted or math.inf)) * (args.repeats + 1):
             row["error"] = f"out of time ({bench.left():.0f} s left)"
         else:
             try:
+                decode_mode(model, mode)
                 drafting = {"draft_model": speculator, "num_draft_tokens": k} if k else {}
-                row.update(one_run(model, tokenizer, ids, full, args.decode_tokens, **drafting))
+                first = one_run(model, tokenizer, ids, full, args.decode_tokens, **drafting)  # warm: captures
+                runs = [
+                    one_run(model, tokenizer, ids, full, args.decode_tokens, **drafting) for _ in range(args.repeats)
+                ]
+                row.update({key: value for key, value in runs[-1].items() if key != "decode_tps"})
+                row["decode_tps"] = statistics.median(r["decode_tps"] for r in runs)
+                row["runs_tps"] = [r["decode_tps"] for r in runs]
+                row["first_run_tps"], row["first_run_setup_s"] = first["decode_tps"], first["setup_s"]
+                if mode == "eager" and not k:
+                    reference_tokens = row["tokens"]
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            finally:
+                decode_mode(model, "graphs")
         bench.result["decode"].append(row)
-        bench.note(f"decode k={k}: {row.get('decode_tps', 0.0):.1f} tok/s {row['error'] or ''}")
-        bench.write()
+    for row in bench.result["decode"]:
+        if reference_tokens is not None and row.get("tokens") is not None:
+            same = sum(a == b for a, b in zip(row["tokens"], reference_tokens))
+            row["tokens_equal_eager"] = f"{same}/{len(reference_tokens)}"
+        bench.note(
+            f"decode {row['mode']} k={row['draft_tokens']}: {row.get('decode_tps') or 0.0:.1f} tok/s, "
+            f"setup {row.get('setup_s') or 0.0:.3f} s, tokens equal to eager {row.get('tokens_equal_eager', '-')} "
+            f"{row['error'] or ''}"
+        )
+    bench.result["e2e"] = e2e(bench.result, shapes[0])
+    bench.write()
+
+
+def prefill_flops(shape: Shape, n_tokens: int) -> float:
+    """FLOPs of a full prefill: the projections and MLP of every token, causal attention's
+    q.k and p.v products, the last token's logits (evaluation/roofline.py counts the same)."""
+    pairs = n_tokens * (n_tokens + 1) / 2
+    return (
+        2 * n_tokens * shape.layer_params() * shape.layers
+        + 4 * shape.head_dim * shape.heads * pairs * shape.layers
+        + 2 * shape.hidden * shape.vocab
+    )
+
+
+def e2e(result: dict, shape: Shape) -> dict:
+    """The figures the issue asks for: warm decode tokens/s (graphs, plain), and per prompt length
+    full prefill's roofline fraction (predicted / measured) and TFLOP/s; the attention kernels chosen."""
+    from specfill.backends.torch_cuda.attention_choice import chosen
+
+    decode = {d["mode"]: d for d in result["decode"] if not d["draft_tokens"] and d.get("decode_tps")}
+    out: dict = {
+        "decode_tokens_per_s": decode["graphs"]["decode_tps"] if "graphs" in decode else None,
+        "decode_tokens_per_s_by_mode": {m: d["decode_tps"] for m, d in decode.items()},
+        "decode_tokens_equal_eager": {m: d.get("tokens_equal_eager") for m, d in decode.items()},
+        "decode_setup_s": {m: d.get("first_run_setup_s") for m, d in decode.items()},
+        "prefill_roofline_fraction": {},
+        "prefill_tflops": {},
+        "ttft_s": {},
+        "attention_kernels": chosen(),
+    }
+    for r in result["rows"]:
+        if r.get("ttft_s") is None:
+            continue
+        out["ttft_s"].setdefault(r["method"], {})[str(r["prompt_tokens"])] = r["ttft_s"]
+        if r["kind"] == "full":
+            key = str(r["prompt_tokens"]) if r["method"] == "full" else f"{r['prompt_tokens']} ({r['method']})"
+            if r.get("predicted_s"):
+                out["prefill_roofline_fraction"][key] = r["predicted_s"] / r["ttft_s"]
+            out["prefill_tflops"][key] = prefill_flops(shape, r["prompt_tokens"]) / r["ttft_s"] / 1e12
+    return out
 
 
 def row_line(r: dict) -> str:
@@ -383,16 +494,23 @@ def report(result: dict) -> str:
         )
     lines += [
         "",
-        "| decode after full prefill | prompt tokens | tok/s | roofline tok/s (plain) | accepted / drafted | note |",
+        "| decode after full prefill | mode | prompt tokens | tok/s (warm median) | first run tok/s | setup s "
+        "| roofline tok/s (plain) | tokens = eager | accepted / drafted | note |",
     ]
-    lines += ["|---|---|---|---|---|---|"]
+    lines += ["|---|---|---|---|---|---|---|---|---|---|"]
     for d in result["decode"]:
         accepted = f"{d['accepted']} / {d['drafted']}" if d.get("drafted") is not None else "-"
         label = f"drafting k={d['draft_tokens']} ({plan['speculator']})" if d["draft_tokens"] else "plain"
         lines.append(
-            f"| {label} | {d['prompt_tokens']} | {fmt(d.get('decode_tps'), '.1f')} "
-            f"| {fmt(d['predicted_plain_tps'], '.1f')} | {accepted} | {d['error'] or ''} |"
+            f"| {label} | {d.get('mode', '-')} | {d['prompt_tokens']} | {fmt(d.get('decode_tps'), '.1f')} "
+            f"| {fmt(d.get('first_run_tps'), '.1f')} | {fmt(d.get('first_run_setup_s'), '.3f')} "
+            f"| {fmt(d['predicted_plain_tps'], '.1f')} | {d.get('tokens_equal_eager', '-')} | {accepted} "
+            f"| {d['error'] or ''} |"
         )
+    if result.get("e2e"):
+        lines += ["", "e2e: `" + json.dumps({k: v for k, v in result["e2e"].items() if k != "attention_kernels"}) + "`"]
+        for key, value in result["e2e"]["attention_kernels"].items():
+            lines.append(f"- attention {key}: chose {value['chosen']}; {value['candidates']}")
     return "\n".join(lines + ["", *(f"- {n}" for n in result["notes"])])
 
 

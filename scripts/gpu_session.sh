@@ -43,6 +43,8 @@ if [[ "${SMOKE:-0}" == 1 ]]; then
     ROOFLINE=${ROOFLINE:-h100}  # H100 figures on a CPU: only to exercise the code
     TESTS=${TESTS:-tests/torch_cuda/test_attention.py}
     CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-float32}
+    HYBRID_SHAPE=${HYBRID_SHAPE:-tiny} HYBRID_LENGTHS=${HYBRID_LENGTHS:-64} HYBRID_PARITY=${HYBRID_PARITY:-32}
+    VARIANTS=${VARIANTS-"full-s32=full:--step 32"}
 fi
 MODEL=${MODEL:-random:llama-8b}
 SPECULATOR=${SPECULATOR:-random:llama-1b}
@@ -53,10 +55,15 @@ KERNELS=${KERNELS:-on}
 REPEATS=${REPEATS:-3}
 DECODE=${DECODE:-32}
 ROOFLINE=${ROOFLINE:-auto}
-CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-float32,float16,bfloat16}
+CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
-read -r -a SHARES <<< "${SHARES:-20 120 110 290}"  # machine, conformance, kernels, bench
+read -r -a SHARES <<< "${SHARES:-15 330 75 55 50}"  # machine, bench, hybrid, kernels, conformance
+VARIANTS=${VARIANTS-"full-s16k=full:--step 16384;specprefill-s16k=specprefill:--step 16384"}
+DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager}
+HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}
+HYBRID_PARITY=${HYBRID_PARITY:-2048}
+HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}
 mkdir -p "$OUT"
 START=$SECONDS
 LOG="$OUT/session.log"
@@ -107,6 +114,7 @@ if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator
     COMPOSE=--compose
 fi
 export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
+export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE
 
 # step INDEX FUNCTION: the function under `timeout` (its output in session.log), its limit (LIMIT)
 # the budget left minus the shares of the steps after it
@@ -163,19 +171,39 @@ kernels() {
 
 bench() {
     [[ -n "$COMPOSE" ]] || echo "bench: no --speculator-prefill flag in this checkout: the composition is skipped"
+    local variants=() v
+    IFS=';' read -r -a specs <<< "$VARIANTS"
+    for v in "${specs[@]}"; do [[ -n "$v" ]] && variants+=(--variant "$v"); done
     # shellcheck disable=SC2086  # COMPOSE is empty or one flag
-    "$PY" scripts/gpu_bench.py --model "$MODEL" --speculator "$SPECULATOR" --lengths "$LENGTHS" \
+    PYTHONUNBUFFERED=1 "$PY" scripts/gpu_bench.py --model "$MODEL" --speculator "$SPECULATOR" --lengths "$LENGTHS" \
         --repeats "$REPEATS" --decode-tokens "$DECODE" --dtype "$DTYPE" --device "$DEVICE" --roofline "$ROOFLINE" \
-        --budget-s "$((LIMIT > 30 ? LIMIT - 15 : LIMIT))" --out "$OUT" --name ttft $COMPOSE
+        --decode-modes "$DECODE_MODES" --budget-s "$((LIMIT > 30 ? LIMIT - 15 : LIMIT))" --out "$OUT" --name ttft \
+        $COMPOSE "${variants[@]}"
 }
-export -f machine conformance kernels bench
+
+hybrid() {
+    # a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device: transformers' forward
+    # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found
+    "$PY" -c 'import importlib.util as u; print("hybrid kernels:", {m: bool(u.find_spec(m)) for m in ("fla", "causal_conv1d", "mamba_ssm")})'
+    # shellcheck disable=SC2086  # HYBRID_LENGTHS is a list
+    PYTHONUNBUFFERED=1 "$PY" -m specfill.evaluation.hybrid_speed --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
+        --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS
+}
+export -f machine conformance kernels bench hybrid
 
 step 0 machine
-step 1 conformance
-step 2 kernels
-step 3 bench
+step 1 bench
+step 2 hybrid
+step 3 kernels
+step 4 conformance
 
 echo "total: $((SECONDS - START)) s" | tee -a "$LOG"
+if [[ "${PACK:-0}" == 1 ]]; then
+    # the device tool brings back at most 8 files: the ones read first stay apart, the rest go in one archive
+    tar -czf "$OUT/all.tar.gz" -C "$OUT" --exclude all.tar.gz . && echo "packed: $(ls "$OUT" | wc -l) files before" >> "$LOG"
+    find "$OUT" -maxdepth 1 -type f ! -name all.tar.gz ! -name e2e.json ! -name ttft.md ! -name session.log \
+        ! -name hybrid.md ! -name machine.txt ! -name ttft_ttft.png -delete
+fi
 if ((${#failed[@]})); then
     echo "gpu_session: failed: ${failed[*]}" | tee -a "$LOG" >&2
     exit 1

@@ -198,6 +198,10 @@ def test_gpu_session_script_smoke_run(tmp_path):
     assert files == [
         "conformance-cuda.json",
         "conformance-cuda.md",
+        "e2e.json",
+        "hybrid.json",
+        "hybrid.md",
+        "hybrid.png",
         "kernel_tests.log",
         "machine.txt",
         "session.log",
@@ -210,7 +214,7 @@ def test_gpu_session_script_smoke_run(tmp_path):
     # checkout; the first GPU run failed on it ("No module named 'specfill.core'"): the script's
     # linked package must win even so
     assert re.search(r"^specfill from /tmp/specfill-site\.\w+/specfill/__init__\.py$", log, re.M), log
-    for step in ("machine", "conformance", "kernels", "bench"):
+    for step in ("machine", "bench", "hybrid", "kernels", "conformance"):
         assert f"{step}: start at" in log and re.search(rf"^{step}: \d+ s, exit 0$", log, re.M), log
     assert "torch" in (tmp_path / "machine.txt").read_text()
     assert json.loads((tmp_path / "conformance-cuda.json").read_text())["passed"] is True
@@ -219,13 +223,24 @@ def test_gpu_session_script_smoke_run(tmp_path):
     rows = result["rows"]
     assert result["complete"] and result["roofline"]["name"] == "H100 SXM5"
     assert [(r["method"], r["prompt_tokens"]) for r in rows] == [
-        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill", "specprefill+h2o")
+        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill", "specprefill+h2o", "full-s32")
     ]  # the composition runs: `specfill bench --help` lists --speculator-prefill
     for r in rows:
         assert len(r["runs"]) == 2 and r["ttft_s"] == statistics.median(x["ttft_s"] for x in r["runs"])
         assert r["peak_gb"] > 0 and r["measured_over_predicted"] == pytest.approx(r["ttft_s"] / r["predicted_s"])
         assert r["error"] is None
-    assert [d["draft_tokens"] for d in result["decode"]] == [0, 4] and result["decode"][1]["drafted"] > 0
+    assert [(d["mode"], d["draft_tokens"]) for d in result["decode"]] == [
+        ("graphs", 0),
+        ("eager-static", 0),
+        ("eager", 0),
+        ("graphs", 4),
+    ]
+    assert result["decode"][3]["drafted"] > 0
+    assert all(d["tokens_equal_eager"] == "8/8" for d in result["decode"][:3])  # greedy: the eager tokens
+    e2e = json.loads((tmp_path / "e2e.json").read_text())
+    assert e2e["decode_tokens_per_s"] > 0 and set(e2e["prefill_roofline_fraction"]) >= {"48", "96"}
+    assert [r["step"] for r in rows if r["method"] == "full-s32"] == [32, 32]
+    assert json.loads((tmp_path / "hybrid.json").read_text())["shape_name"] == "tiny"
     assert "| specprefill | 96 | 2 |" in (tmp_path / "ttft.md").read_text()
 
 
