@@ -286,8 +286,11 @@ def measure(bench: Bench) -> None:
             bench.note(f"warm-up {name} failed: {type(e).__name__}: {e}")
     bench.note(f"warm-ups done at {time.monotonic() - start:.1f} s")
     # decode first: cheap (one short prompt), and a long prefill that overruns the step cannot take it
+    modes = [m for m in args.decode_modes.split(",") if m]
+    early = [m for m in modes if m != "compiled"]
     if "full" in methods:
-        decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates)
+        drafted = [("graphs", args.draft_tokens)] if args.draft_tokens else []
+        decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, early, drafted)
     out_of_time: set[str] = set()
     for n in lengths:
         ids = random_prompt_ids(tokenizer.vocab_size, n, seed=n)
@@ -320,6 +323,13 @@ def measure(bench: Bench) -> None:
             bench.note(row_line(row))
             bench.result["e2e"] = e2e(bench.result, shapes[0])
             bench.write()
+    if "compiled" in modes and "full" in methods:  # last: its compilation cannot take a TTFT row's time
+        if bench.left() < COMPILE_ALLOWANCE_S:
+            bench.note(f"decode compiled: skipped, {bench.left():.0f} s left < {COMPILE_ALLOWANCE_S} s")
+        else:
+            decode_rows(
+                bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, ["compiled"], []
+            )
 
 
 def build_method(kind: str, ns: argparse.Namespace, speculator):
@@ -356,14 +366,18 @@ def decode_mode(model, mode: str) -> None:
 
     ops = model.ops
     ops.static_decode = mode != "eager"
-    ops.decode_graphs = DecodeGraphs(CudaGraphCapture() if mode == "graphs" and bench_on_cuda(ops) else None)
+    captured = mode in ("graphs", "compiled") and bench_on_cuda(ops)
+    ops.decode_graphs = DecodeGraphs(CudaGraphCapture() if captured else None, compiled=mode == "compiled")
 
 
 def bench_on_cuda(ops) -> bool:
     return ops.device.type == "cuda"
 
 
-def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int, shapes, rates) -> None:
+COMPILE_ALLOWANCE_S = 150  # the compiled decode row runs last, only with this much left (inductor: ~1 min for an 8B)
+
+
+def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int, shapes, rates, modes, drafted) -> None:
     """Decode tokens/s after a full prefill of n_tokens, per decode mode (warm: one run first, then
     medians of the repeats; graph capture reported apart as setup_s), greedy tokens compared with
     the eager path's; then with the speculator drafting (graphs)."""
@@ -371,9 +385,6 @@ def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int,
     ids = random_prompt_ids(tokenizer.vocab_size, n_tokens, seed=n_tokens)
     predicted = 1.0 / decode_seconds(shapes[0], rates, n_tokens, 2) if rates else None
     guess = predict(shapes[0], rates, n_tokens, Method("full"))["ttft"] if rates else 0.0
-    modes = [m for m in args.decode_modes.split(",") if m]
-    drafted = [("graphs", args.draft_tokens)] if args.draft_tokens else []
-    reference_tokens = None
     for mode, k in [(m, 0) for m in modes] + drafted:
         row = {"mode": mode, "draft_tokens": k, "prompt_tokens": n_tokens, "predicted_plain_tps": predicted}
         row["error"] = None
@@ -391,14 +402,17 @@ def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int,
                 row["decode_tps"] = statistics.median(r["decode_tps"] for r in runs)
                 row["runs_tps"] = [r["decode_tps"] for r in runs]
                 row["first_run_tps"], row["first_run_setup_s"] = first["decode_tps"], first["setup_s"]
+                # drafting's costs, measured in the first run, may turn it off for the next (draft_costs.py)
+                row["first_run_drafted"], row["first_run_accepted"] = first["drafted"], first["accepted"]
                 if mode == "eager" and not k:
-                    reference_tokens = row["tokens"]
+                    bench.eager_tokens = row["tokens"]
             except Exception as e:
                 row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             finally:
                 decode_mode(model, "graphs")
         bench.result["decode"].append(row)
-    for row in bench.result["decode"]:
+    reference_tokens = getattr(bench, "eager_tokens", None)
+    for row in bench.result["decode"][-len(modes) - len(drafted) :]:
         if reference_tokens is not None and row.get("tokens") is not None:
             same = sum(a == b for a, b in zip(row["tokens"], reference_tokens))
             row["tokens_equal_eager"] = f"{same}/{len(reference_tokens)}"

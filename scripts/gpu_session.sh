@@ -1,32 +1,42 @@
 #!/usr/bin/env bash
-# Issue #40's GPU session in one command, for a bare CUDA machine that already has torch, triton,
-# numpy, transformers, tokenizers, safetensors, jinja2 and matplotlib (nothing is fetched; gguf and
-# pytest travel as pure-Python wheels in the gitignored .whl/, see below). Steps, each timed and
-# each running even if an earlier one failed, every result in $OUT (8 files):
+# The GPU session in one command (issues #40, #50), for a bare CUDA machine that already has torch,
+# triton, numpy, transformers, tokenizers, safetensors, jinja2 and matplotlib (nothing is fetched;
+# gguf, and pytest where missing, travel as pure-Python wheels in the gitignored .whl/, see below).
+# Steps, in order of what matters most, each timed and each running even if an earlier one failed,
+# every result in $OUT:
 #   1. machine: nvidia-smi, torch / CUDA / Triton versions, GPU name and capability -> machine.txt
-#   2. conformance on the cuda backend, Triton kernels on, on the GPU  -> conformance-cuda.{json,md}
-#   3. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
+#   2. bench (scripts/gpu_bench.py) on random Llama-3.1-8B-shape weights with a random
+#      Llama-3.2-1B-shape speculator, bf16: decode tok/s after an 8K prefill per decode mode
+#      (CUDA graphs, the same static steps eager, the layer-by-layer path; greedy tokens compared;
+#      the compiled step last), drafting with the 1B; TTFT of full / H2O / SpecPrefill /
+#      SpecPrefill over an H2O speculator (+ VARIANTS, e.g. a larger prefill step) at 8K / 32K /
+#      128K, warm medians of 3, peak memory, beside the roofline; the attention kernels the device
+#      chose; e2e.json with decode_tokens_per_s and prefill_roofline_fraction
+#                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json
+#   3. hybrid: a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device
+#      (evaluation/hybrid_speed.py; which fast kernels transformers could use is logged)
+#                                                   -> hybrid.{json,md,png}
+#   4. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
-#      step 2's run; tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
-#                                                                      -> kernel_tests.log
-#   4. TTFT of full (torch SDPA) / H2O / SpecPrefill (+ SpecPrefill with --speculator-prefill h2o
-#      when `specfill bench --help` lists it) on random Llama-3.1-8B-shape weights with a random
-#      Llama-3.2-1B-shape speculator, bf16, 8K / 32K / 128K, medians of 3, peak memory, beside the
-#      roofline's prediction; decode tok/s plain and with the 1B drafting (scripts/gpu_bench.py)
-#                                                                      -> ttft.{json,md}, ttft_ttft.png
-#   every step's start, end, seconds and exit code                     -> session.log
-# Time: BUDGET_S (default 540) for the whole script. A step's limit is what is left of the budget
-# minus the shares of the steps after it (SHARES, seconds: machine, conformance, kernels, bench),
-# so time a step leaves unused goes to the later ones; each step runs under `timeout` with its limit
-# and the bench also budgets itself run by run (roofline x 4), writing its rows as it goes.
-# The exit code says whether every step passed.
+#      step 5's run; tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
+#                                                   -> kernel_tests.log
+#   5. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
+#                                                   -> conformance-cuda.{json,md}
+#   every step's start, end, seconds and exit code  -> session.log
+# With PACK=1 (the device tool brings back at most 8 files) everything also goes into all.tar.gz
+# and only e2e.json, ttft.md, ttft_ttft.png, hybrid.md, machine.txt and session.log stay beside it.
+# Time: BUDGET_S (default 560) for the whole script. A step's limit is what is left of the budget
+# minus the shares of the steps after it (SHARES, seconds: machine, bench, hybrid, kernels,
+# conformance), so time a step leaves unused goes to the later ones; each step runs under `timeout`
+# with its limit and the bench also budgets itself run by run (roofline x 4), writing its rows as
+# it goes. The exit code says whether every step passed.
 #
-# The device-tool call (the `run` tool) the lead uses, after fetching the wheels here once with
-#   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0 pytest==9.2.0 pluggy==1.7.0 \
-#       iniconfig==2.3.1 pygments==2.21.0
-#   command:   OUT=$OUT/gpu bash scripts/gpu_session.sh
+# The device-tool call (the `run` tool) the lead uses, after fetching the wheel(s) here once with
+#   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
+#   (add pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 for an image without pytest)
+#   command:   PACK=1 OUT=$OUT/gpu bash scripts/gpu_session.sh
 #   carry:     [".whl"]
-#   timeout_s: 570   (the script stops itself at BUDGET_S = 540 s, setup included; 30 s for kill margins)
+#   timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
 # The files come back under files_at/gpu: commit them under results/gpu/h100/ (or h200/).
 #
 # Smoke mode (CPU, tiny random models, seconds; tests/test_random_model.py runs it):
@@ -36,7 +46,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${OUT:-results/gpu}
 PY=${PYTHON:-python3}
-BUDGET_S=${BUDGET_S:-540}
+BUDGET_S=${BUDGET_S:-560}
 if [[ "${SMOKE:-0}" == 1 ]]; then
     MODEL=${MODEL:-random:tiny-llama} SPECULATOR=${SPECULATOR:-random:tiny-llama-32k} LENGTHS=${LENGTHS:-48,96}
     DEVICE=${DEVICE:-cpu} DTYPE=${DTYPE:-float32} KERNELS=${KERNELS:-off} REPEATS=${REPEATS:-2} DECODE=${DECODE:-8}
@@ -44,7 +54,7 @@ if [[ "${SMOKE:-0}" == 1 ]]; then
     TESTS=${TESTS:-tests/torch_cuda/test_attention.py}
     CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-float32}
     HYBRID_SHAPE=${HYBRID_SHAPE:-tiny} HYBRID_LENGTHS=${HYBRID_LENGTHS:-64} HYBRID_PARITY=${HYBRID_PARITY:-32}
-    VARIANTS=${VARIANTS-"full-s32=full:--step 32"}
+    VARIANTS=${VARIANTS-"full-s32=full:--step 32"} DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager}
 fi
 MODEL=${MODEL:-random:llama-8b}
 SPECULATOR=${SPECULATOR:-random:llama-1b}
@@ -53,14 +63,14 @@ DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
 KERNELS=${KERNELS:-on}
 REPEATS=${REPEATS:-3}
-DECODE=${DECODE:-32}
+DECODE=${DECODE:-64}
 ROOFLINE=${ROOFLINE:-auto}
 CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
-read -r -a SHARES <<< "${SHARES:-15 330 75 55 50}"  # machine, bench, hybrid, kernels, conformance
+read -r -a SHARES <<< "${SHARES:-15 360 75 60 50}"  # machine, bench, hybrid, kernels, conformance
 VARIANTS=${VARIANTS-"full-s16k=full:--step 16384;specprefill-s16k=specprefill:--step 16384"}
-DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager}
+DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager,compiled}
 HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}
 HYBRID_PARITY=${HYBRID_PARITY:-2048}
 HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}

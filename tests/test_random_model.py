@@ -235,7 +235,7 @@ def test_gpu_session_script_smoke_run(tmp_path):
         ("eager", 0),
         ("graphs", 4),
     ]
-    assert result["decode"][3]["drafted"] > 0
+    assert result["decode"][3]["first_run_drafted"] > 0
     assert all(d["tokens_equal_eager"] == "8/8" for d in result["decode"][:3])  # greedy: the eager tokens
     e2e = json.loads((tmp_path / "e2e.json").read_text())
     assert e2e["decode_tokens_per_s"] > 0 and set(e2e["prefill_roofline_fraction"]) >= {"48", "96"}

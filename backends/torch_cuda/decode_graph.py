@@ -16,7 +16,11 @@ shapes, so the step is written with static shapes:
 
 `static_step` is that computation, eager; `DecodeGraphs` runs it eagerly the first time a
 (T, bucket) is seen (that call's result is the real one), captures it, and replays the capture
-from then on. The graphs are stored on the cache they write (ModelKVCache.graphs): a graph
+from then on. `compiled=True` first compiles the step with torch.compile (inductor; one graph, no
+breaks: the model skips its per-layer cancellation check and the CPU-only product order while
+compiling), which fuses the element-wise kernels; its roundings then differ from the eager step's
+(fused float32 intermediates), so it is opt-in and its tokens are compared, not assumed.
+The graphs are stored on the cache they write (ModelKVCache.graphs): a graph
 records the cache's addresses, so it lives and dies with that cache. The eager path
 (TorchOps.decode_graphs False) runs the same `static_step` without capture, so graphs on and off
 give bitwise the same tokens (the same kernels, replayed).
@@ -143,7 +147,7 @@ class CudaGraphCapture:
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             # capture on a side stream (torch's requirement); the eager run before warmed every kernel
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+            with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
                 output = run()
         torch.cuda.current_stream(device).wait_stream(stream)
 
@@ -159,9 +163,17 @@ class DecodeGraphs:
     steps, captured once per (model, T, bucket) on the cache and replayed after. `capture` None:
     eager static steps (the same kernels, no graph)."""
 
-    def __init__(self, capture: Capture | None):
+    def __init__(self, capture: Capture | None, compiled: bool = False):
         self.capture = capture
-        self.setup_seconds = 0.0  # eager first runs and captures, summed over the process
+        self.setup_seconds = 0.0  # eager first runs, compilations and captures, summed over the process
+        self.step = static_step
+        if compiled:  # inductor fuses the element-wise work (norms, RoPE, masks): fewer, larger kernels
+            import torch._dynamo
+
+            for limit in ("recompile_limit", "cache_size_limit"):  # one compilation per (T, bucket)
+                if hasattr(torch._dynamo.config, limit):
+                    setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
+            self.step = torch.compile(static_step, dynamic=False, fullgraph=True)
 
     def bucket(self, cache: ModelKVCache, tokens: int) -> int:
         end = cache.filled + tokens
@@ -184,17 +196,17 @@ class DecodeGraphs:
             cache.k[:, :, :, start + tokens : key[2]].zero_()
             cache.v[:, :, :, start + tokens : key[2]].zero_()
             self._fill(step, ids, positions, start)
-            logits = static_step(model, cache, step)
+            logits = self.step(model, cache, step)
             replay = None
             if self.capture is not None:
-                replay = self.capture.capture(lambda: static_step(model, cache, step), ids.device)
+                replay = self.capture.capture(lambda: self.step(model, cache, step), ids.device)
             cache.graphs[key] = (step, replay)
             self._advance(cache, tokens)
             self.setup_seconds += time.perf_counter() - began
             return logits
         step, replay = entry
         self._fill(step, ids, positions, start)
-        logits = static_step(model, cache, step) if replay is None else replay()
+        logits = self.step(model, cache, step) if replay is None else replay()
         self._advance(cache, tokens)
         return logits.clone()  # the replay's output tensor is rewritten by the next replay
 

@@ -64,7 +64,10 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if not _FEW_ROWS.get() or x.device.type != "cpu" or not 2 <= rows <= WEIGHT_LEFT_MAX_ROWS:
+        # a compiled step (decode_graph.py) is a GPU's: no CPU order, and no ContextVar read to trace
+        if torch.compiler.is_compiling() or not _FEW_ROWS.get() or x.device.type != "cpu":
+            return super().forward(x)
+        if not 2 <= rows <= WEIGHT_LEFT_MAX_ROWS:
             return super().forward(x)
         out = (self.weight @ x.reshape(rows, -1).T).T.contiguous()
         if self.bias is not None:
@@ -239,7 +242,8 @@ class Transformer(nn.Module):
         ropes = {False: self.rope(positions, x.dtype)}
         ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
         for block, layer_cache in zip(self.layers, cache.layers):
-            checkpoint()  # a cancelled request (core/ops.py) stops before the next layer: eager, exact
+            if not torch.compiler.is_compiling():  # a compiled decode step is one graph: checked per step
+                checkpoint()  # a cancelled request (core/ops.py) stops before the next layer: eager, exact
             x = block(x, ropes, positions, layer_cache, attend)
         if logits_from is None:
             return None

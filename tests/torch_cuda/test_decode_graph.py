@@ -121,3 +121,35 @@ def test_cpu_default_is_the_eager_path():
     model = make_tiny("llama").ours()
     assert model.ops.static_decode is False and model.ops.decode_graphs.capture is None
     assert model.ops.decode_setup_seconds() == 0.0
+
+
+def test_the_static_step_traces_as_one_graph():
+    """torch.compile needs the whole step in one graph (no per-layer ContextVar reads or host syncs)."""
+    import torch._dynamo
+
+    tiny = make_tiny("gemma3")  # windows, sandwich norms, query-key norms
+    model = tiny.ours()
+    cache = model.ops.new_cache(model.model, 64)
+    model.ops.forward(model.model, torch.tensor(prompt_ids(12)), 0, cache, None, None)
+    step = decode_graph._StepInputs(2, 64, torch.device("cpu"))
+    step.ids.copy_(torch.tensor([5, 6]))
+    step.positions.copy_(torch.tensor([12, 13]))
+    step.slots.copy_(torch.tensor([12, 13]))
+    cache.k[:, :, :, 12:].zero_()
+    cache.v[:, :, :, 12:].zero_()
+    explained = torch._dynamo.explain(decode_graph.static_step)(model.model, cache, step)
+    assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+
+
+def test_compiled_steps_through_the_eager_backend_give_the_eager_tokens(monkeypatch):
+    """The compiled path's plumbing (inductor itself runs on the GPU session: minutes on this CPU)."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend="eager", **kw))
+    tiny = make_tiny("llama")
+    ids = prompt_ids(20)
+    expected = greedy(tiny.ours(), ids, 12)
+    model = tiny.ours()
+    model.ops.static_decode = True
+    model.ops.decode_graphs = decode_graph.DecodeGraphs(Recorder(), compiled=True)
+    assert model.ops.decode_graphs.step is not decode_graph.static_step
+    assert greedy(model, ids, 12) == expected
