@@ -15,6 +15,21 @@ message_start, per block content_block_start / content_block_delta / content_blo
 message_delta (stop_reason, usage), message_stop. thinking / redacted_thinking blocks of earlier
 turns are dropped (the model's own reasoning, not context it needs); images and documents are a 400.
 An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
+
+What Claude Code sends (issue 46): its requests go to /v1/messages?beta=true (the query is ignored);
+`thinking` and `context_management` are accepted and ignored (no thinking blocks come back; the
+conversation is not edited server-side, so the prompt cache keeps it whole), `metadata.user_id` and
+`output_config.effort` likewise. Its first system block, the per-version attribution line
+(`x-anthropic-billing-header: ...`), is dropped (chat.without_billing_header: it would end the
+prompt cache's shared prefix at its first tokens). A `system`-role message inside `messages`: those
+before the first user or assistant message join the system prompt; a later one stays where it is, as
+a system turn, when the request has a system prompt and the model's chat template renders a system
+turn there (inline_system_in_place probes the template once), else its text joins the neighbouring
+user turn (the end of the user or tool message before it; after an assistant turn, the start of the
+next user message, or a user message of its own). Either way a system message Claude Code appends at
+the end of a turn changes only the end of the prompt: moving it up into the system prompt would
+change the prompt's head every turn and the prompt cache could reuse nothing (vLLM's
+inline_system.py decides the same way).
 """
 
 from __future__ import annotations
@@ -25,7 +40,15 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .chat import ChatSetup, chat_prompt_ids, chat_setup, check_schema, check_tool_name, unknown_field
+from .chat import (
+    ChatSetup,
+    chat_prompt_ids,
+    chat_setup,
+    check_schema,
+    check_tool_name,
+    unknown_field,
+    without_billing_header,
+)
 from .engine import Delta, Failed, Finished, Started
 from .errors import anthropic_error_body, bad_request
 from .info import check_model
@@ -75,8 +98,10 @@ class MessagesRequest(BaseModel):
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None  # user_id is ignored; specfill's own fields are read from it
     output_config: dict[str, Any] | None = None  # its format (a JSON schema) is response_format; effort is ignored
+    thinking: dict[str, Any] | None = None  # extended thinking: ignored (the reply is the model's text)
+    context_management: dict[str, Any] | None = None  # server-side context editing: ignored (nothing is cleared)
 
 
 def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
@@ -109,6 +134,81 @@ def _text_of(blocks: Any, where: str) -> str:
             raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported here (text only)", where)
         texts.append(block["text"])
     return "\n\n".join(texts)
+
+
+def _system_text(blocks: Any, where: str) -> str:
+    """A system prompt's text (_text_of) without Claude Code's attribution line; a block that held
+    only that line is left out, separator and all."""
+    if isinstance(blocks, list):
+        _text_of(blocks, where)  # the same 400 for a block that is not text
+        kept = [b for b in blocks if without_billing_header(b["text"])]
+        return "\n\n".join(without_billing_header(b["text"]) for b in kept)
+    return without_billing_header(_text_of(blocks, where))
+
+
+def _join(*texts: str) -> str:
+    return "\n\n".join(t for t in texts if t)
+
+
+def _place_inline_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat messages with each system message's text folded into a neighbouring user turn, for
+    a template that renders no system turn past the first: at the end of the user (or tool) message
+    before it; after an assistant turn, at the start of the next user message (or at the end of the
+    tool results that answer the assistant's calls), else a user message of its own. Only the
+    conversation's end changes as it grows, so a conversation's next request extends its last prompt."""
+    out: list[dict[str, Any]] = []
+    pending: list[str] = []  # system text after an assistant turn, not placed yet
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if role == "system":
+            if not message["content"]:
+                continue
+            if out and out[-1]["role"] in ("user", "tool") and not pending:
+                out[-1] = {**out[-1], "content": _join(out[-1]["content"], message["content"])}
+            else:
+                pending.append(message["content"])
+            continue
+        if pending and role == "user":
+            message = {**message, "content": _join(*pending, message["content"])}
+            pending = []
+        elif pending and role == "assistant":
+            out.append({"role": "user", "content": _join(*pending)})
+            pending = []
+        elif pending and role == "tool" and (i + 1 == len(messages) or messages[i + 1]["role"] != "tool"):
+            message = {**message, "content": _join(message["content"], *pending)}  # the last result of the run
+            pending = []
+        out.append(message)
+    if pending:
+        out.append({"role": "user", "content": _join(*pending)})
+    return out
+
+
+_PROBE = "Zulu inline system note"
+_IN_PLACE: dict[str, bool] = {}  # chat template -> whether it renders a later system message in place
+
+
+def inline_system_in_place(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a system message after the first user turn
+    where it stands: rendering it neither fails nor drops it, and leaves what comes before it as it
+    was, both between two turns and at the end. Probed once per template."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return False
+    if template not in _IN_PLACE:
+        first = [{"role": "system", "content": "Alpha rules"}, {"role": "user", "content": "Bravo question"}]
+        note = {"role": "system", "content": _PROBE}
+        later = [{"role": "assistant", "content": "Charlie answer"}, {"role": "user", "content": "Delta question"}]
+        try:
+            head = tokenizer.apply_chat_template(first, add_generation_prompt=False)
+            cases = [
+                tokenizer.apply_chat_template([*first, note, *later], add_generation_prompt=True),
+                tokenizer.apply_chat_template([*first, note], add_generation_prompt=True),
+            ]
+        except Exception:  # noqa: BLE001 - a template that refuses it (raise_exception) or fails on it
+            _IN_PLACE[template] = False
+        else:
+            _IN_PLACE[template] = all(c.startswith(head) and _PROBE in c[len(head) :] for c in cases)
+    return _IN_PLACE[template]
 
 
 def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
@@ -172,17 +272,28 @@ def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str
     return out
 
 
-def _messages(request: MessagesRequest) -> list[dict[str, Any]]:
-    """The conversation as OpenAI chat messages (system first)."""
+def _messages(request: MessagesRequest, inline_system: bool = True) -> list[dict[str, Any]]:
+    """The conversation as OpenAI chat messages (system first). System messages inside `messages`:
+    leading ones join the system prompt; later ones stay system messages where they are
+    (inline_system, with a system prompt) or are folded into a neighbouring user turn
+    (_place_inline_system)."""
+    system = [_system_text(request.system, "system")] if request.system else []
     out: list[dict[str, Any]] = []
-    if request.system:
-        out.append({"role": "system", "content": _text_of(request.system, "system")})
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool messages that answer it
     for i, message in enumerate(request.messages):
         where = f"messages[{i}]"
         role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
-            raise bad_request(f'\'{where}.role\' must be "user" or "assistant", got {role!r}', f"{where}.role")
+        if role not in ("user", "assistant", "system"):
+            raise bad_request(
+                f'\'{where}.role\' must be "user", "assistant" or "system", got {role!r}', f"{where}.role"
+            )
+        if role == "system":
+            text = _system_text(content, f"{where}.content")
+            if out and text:
+                out.append({"role": "system", "content": text})
+            elif text:
+                system.append(text)
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -194,7 +305,10 @@ def _messages(request: MessagesRequest) -> list[dict[str, Any]]:
             out.append(turn)
         else:
             out.extend(_user(content, f"{where}.content", names))
-    return out
+    head = _join(*system)
+    if not (inline_system and head):  # no system prompt: some templates put the first system turn's text first
+        out = _place_inline_system(out)
+    return ([{"role": "system", "content": head}] if head else []) + out
 
 
 def _tools(tools: list[Any]) -> list[dict[str, Any]]:
@@ -234,10 +348,10 @@ def _tool_choice(choice: dict[str, Any]) -> tuple[Any, bool]:
     raise bad_request(f"'tool_choice.type' must be auto, any, tool or none, got {kind!r}", "tool_choice.type")
 
 
-def chat_body(request: MessagesRequest) -> dict[str, Any]:
+def chat_body(request: MessagesRequest, inline_system: bool = True) -> dict[str, Any]:
     """The OpenAI chat body a Messages request stands for (specfill's fields from metadata, then
-    the top level)."""
-    body: dict[str, Any] = {"messages": _messages(request), "stream": request.stream}
+    the top level); inline_system: whether system messages past the first turn stay in place."""
+    body: dict[str, Any] = {"messages": _messages(request, inline_system), "stream": request.stream}
     for name in ("model", "max_tokens", "temperature", "top_p", "top_k"):
         if getattr(request, name) is not None:
             body[name] = getattr(request, name)
@@ -270,7 +384,7 @@ def prepare(
     (RequestError) names the field. counting: /count_tokens (max_tokens may be left out)."""
     request = _validated(read_json(raw), counting)
     check_model(request.model, defaults)
-    chat = parse_data(chat_body(request), ChatRequest)
+    chat = parse_data(chat_body(request, inline_system_in_place(tokenizer)), ChatRequest)
     setup = chat_setup(chat, tokenizer.chat_template)
     return chat, setup, chat_prompt_ids(tokenizer, chat, setup)
 
