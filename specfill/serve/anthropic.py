@@ -16,20 +16,9 @@ message_delta (stop_reason, usage), message_stop. thinking / redacted_thinking b
 turns are dropped (the model's own reasoning, not context it needs); images and documents are a 400.
 An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
 
-What Claude Code sends (issue 46): its requests go to /v1/messages?beta=true (the query is ignored);
-`thinking` and `context_management` are accepted and ignored (no thinking blocks come back; the
-conversation is not edited server-side, so the prompt cache keeps it whole), `metadata.user_id` and
-`output_config.effort` likewise. Its first system block, the per-version attribution line
-(`x-anthropic-billing-header: ...`), is dropped (chat.without_billing_header: it would end the
-prompt cache's shared prefix at its first tokens). A `system`-role message inside `messages`: those
-before the first user or assistant message join the system prompt; a later one stays where it is, as
-a system turn, when the request has a system prompt and the model's chat template renders a system
-turn there (inline_system_in_place probes the template once), else its text joins the neighbouring
-user turn (the end of the user or tool message before it; after an assistant turn, the start of the
-next user message, or a user message of its own). Either way a system message Claude Code appends at
-the end of a turn changes only the end of the prompt: moving it up into the system prompt would
-change the prompt's head every turn and the prompt cache could reuse nothing (vLLM's
-inline_system.py decides the same way).
+What Claude Code sends (issue 46) is accepted: the beta query (ignored), `thinking` and
+`context_management` (ignored), system-role messages inside `messages` and its attribution line
+(system_turns.py says where they go and why).
 """
 
 from __future__ import annotations
@@ -40,21 +29,14 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .chat import (
-    ChatSetup,
-    chat_prompt_ids,
-    chat_setup,
-    check_schema,
-    check_tool_name,
-    unknown_field,
-    without_billing_header,
-)
+from .chat import ChatSetup, chat_prompt_ids, chat_setup, check_schema, check_tool_name, unknown_field
 from .engine import Delta, Failed, Finished, Started
 from .errors import anthropic_error_body, bad_request
 from .info import check_model
 from .plan import Plan, ServerDefaults
 from .protocol import ChatRequest, SpecfillFields, parse_data, read_json
 from .responses import Reply, sse
+from .system_turns import inline_system_in_place, join, place_inline_system, system_text, text_of
 from .tool_parsers import Text, ToolCall
 from .tool_stream import CallArgs, CallEnd, CallStart
 
@@ -121,96 +103,6 @@ def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
     return request
 
 
-def _text_of(blocks: Any, where: str) -> str:
-    """A string, or text blocks joined (other block types are a 400)."""
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise bad_request(f"'{where}' must be a string or a list of content blocks", where)
-    texts = []
-    for j, block in enumerate(blocks):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported here (text only)", where)
-        texts.append(block["text"])
-    return "\n\n".join(texts)
-
-
-def _system_text(blocks: Any, where: str) -> str:
-    """A system prompt's text (_text_of) without Claude Code's attribution line; a block that held
-    only that line is left out, separator and all."""
-    if isinstance(blocks, list):
-        _text_of(blocks, where)  # the same 400 for a block that is not text
-        kept = [b for b in blocks if without_billing_header(b["text"])]
-        return "\n\n".join(without_billing_header(b["text"]) for b in kept)
-    return without_billing_header(_text_of(blocks, where))
-
-
-def _join(*texts: str) -> str:
-    return "\n\n".join(t for t in texts if t)
-
-
-def _place_inline_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chat messages with each system message's text folded into a neighbouring user turn, for
-    a template that renders no system turn past the first: at the end of the user (or tool) message
-    before it; after an assistant turn, at the start of the next user message (or at the end of the
-    tool results that answer the assistant's calls), else a user message of its own. Only the
-    conversation's end changes as it grows, so a conversation's next request extends its last prompt."""
-    out: list[dict[str, Any]] = []
-    pending: list[str] = []  # system text after an assistant turn, not placed yet
-    for i, message in enumerate(messages):
-        role = message["role"]
-        if role == "system":
-            if not message["content"]:
-                continue
-            if out and out[-1]["role"] in ("user", "tool") and not pending:
-                out[-1] = {**out[-1], "content": _join(out[-1]["content"], message["content"])}
-            else:
-                pending.append(message["content"])
-            continue
-        if pending and role == "user":
-            message = {**message, "content": _join(*pending, message["content"])}
-            pending = []
-        elif pending and role == "assistant":
-            out.append({"role": "user", "content": _join(*pending)})
-            pending = []
-        elif pending and role == "tool" and (i + 1 == len(messages) or messages[i + 1]["role"] != "tool"):
-            message = {**message, "content": _join(message["content"], *pending)}  # the last result of the run
-            pending = []
-        out.append(message)
-    if pending:
-        out.append({"role": "user", "content": _join(*pending)})
-    return out
-
-
-_PROBE = "Zulu inline system note"
-_IN_PLACE: dict[str, bool] = {}  # chat template -> whether it renders a later system message in place
-
-
-def inline_system_in_place(tokenizer: Any) -> bool:
-    """Whether the tokenizer's chat template renders a system message after the first user turn
-    where it stands: rendering it neither fails nor drops it, and leaves what comes before it as it
-    was, both between two turns and at the end. Probed once per template."""
-    template = getattr(tokenizer, "chat_template", None)
-    if not template:
-        return False
-    if template not in _IN_PLACE:
-        first = [{"role": "system", "content": "Alpha rules"}, {"role": "user", "content": "Bravo question"}]
-        note = {"role": "system", "content": _PROBE}
-        later = [{"role": "assistant", "content": "Charlie answer"}, {"role": "user", "content": "Delta question"}]
-        try:
-            head = tokenizer.apply_chat_template(first, add_generation_prompt=False)
-            cases = [
-                tokenizer.apply_chat_template([*first, note, *later], add_generation_prompt=True),
-                tokenizer.apply_chat_template([*first, note], add_generation_prompt=True),
-            ]
-        except Exception:  # noqa: BLE001 - a template that refuses it (raise_exception) or fails on it
-            _IN_PLACE[template] = False
-        else:
-            _IN_PLACE[template] = all(c.startswith(head) and _PROBE in c[len(head) :] for c in cases)
-    return _IN_PLACE[template]
-
-
 def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
     """An assistant turn: its text and its tool_use blocks as tool_calls."""
     texts, calls = [], []
@@ -259,7 +151,7 @@ def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str
             call = block.get("tool_use_id")
             if not isinstance(call, str):
                 raise bad_request(f"'{where}[{j}].tool_use_id' must be the id of a tool_use block", where)
-            content = _text_of(block.get("content", ""), f"{where}[{j}].content")
+            content = text_of(block.get("content", ""), f"{where}[{j}].content")
             message = {"role": "tool", "content": content, "tool_call_id": call}
             if call in names:
                 message["name"] = names[call]
@@ -276,8 +168,8 @@ def _messages(request: MessagesRequest, inline_system: bool = True) -> list[dict
     """The conversation as OpenAI chat messages (system first). System messages inside `messages`:
     leading ones join the system prompt; later ones stay system messages where they are
     (inline_system, with a system prompt) or are folded into a neighbouring user turn
-    (_place_inline_system)."""
-    system = [_system_text(request.system, "system")] if request.system else []
+    (system_turns.place_inline_system)."""
+    system = [system_text(request.system, "system")] if request.system else []
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool messages that answer it
     for i, message in enumerate(request.messages):
@@ -288,7 +180,7 @@ def _messages(request: MessagesRequest, inline_system: bool = True) -> list[dict
                 f'\'{where}.role\' must be "user", "assistant" or "system", got {role!r}', f"{where}.role"
             )
         if role == "system":
-            text = _system_text(content, f"{where}.content")
+            text = system_text(content, f"{where}.content")
             if out and text:
                 out.append({"role": "system", "content": text})
             elif text:
@@ -305,9 +197,9 @@ def _messages(request: MessagesRequest, inline_system: bool = True) -> list[dict
             out.append(turn)
         else:
             out.extend(_user(content, f"{where}.content", names))
-    head = _join(*system)
+    head = join(*system)
     if not (inline_system and head):  # no system prompt: some templates put the first system turn's text first
-        out = _place_inline_system(out)
+        out = place_inline_system(out)
     return ([{"role": "system", "content": head}] if head else []) + out
 
 
