@@ -232,3 +232,17 @@ def test_billing_line_removed():
     assert _messages(conversation({"role": "user", "content": "Q"}, system=BILLING), True) == [
         {"role": "user", "content": "Q"}
     ]
+
+
+def test_billing_line_on_the_chat_route(claude_server):
+    """A router (LiteLLM, claude-code-router) hands Claude Code's system prompt on to chat completions."""
+    import openai
+
+    oc = openai.OpenAI(base_url=claude_server.url + "/v1", api_key=KEY, max_retries=0)
+
+    def prompt_tokens(system: str) -> int:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": "Hi"}]
+        return oc.chat.completions.create(model="tools", messages=messages, max_tokens=1).usage.prompt_tokens
+
+    assert prompt_tokens(f"{BILLING}\n{SYSTEM_TEXT}") == prompt_tokens(f"{OTHER_BILLING}\n\n{SYSTEM_TEXT}")
+    assert prompt_tokens(f"{BILLING}\n{SYSTEM_TEXT}") == prompt_tokens(SYSTEM_TEXT)
