@@ -39,6 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default: the repo id, or the file name without its extension)",
     )
     p.add_argument(
+        "--served-model-pattern",
+        dest="served_model_pattern",
+        nargs="+",
+        default=[],
+        metavar="PATTERN",
+        help="further model names requests may use, as shell-style patterns (e.g. 'claude-*': the names "
+        "a coding agent asks for on its own, such as Claude Code's small model); not listed by /v1/models, "
+        "answered as the first served name (default: none)",
+    )
+    p.add_argument(
         "--method",
         choices=("full", "h2o", "specprefill"),
         default="full",
@@ -271,6 +281,7 @@ def _serve(
     defaults = serve.ServerDefaults(
         model_id=names[0],
         model_names=names,
+        model_patterns=tuple(args.served_model_pattern),
         method=args.method,
         h2o=h2o,
         specprefill=spec,

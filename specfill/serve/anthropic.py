@@ -15,6 +15,10 @@ message_start, per block content_block_start / content_block_delta / content_blo
 message_delta (stop_reason, usage), message_stop. thinking / redacted_thinking blocks of earlier
 turns are dropped (the model's own reasoning, not context it needs); images and documents are a 400.
 An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
+
+What Claude Code sends (issue 46) is accepted: the beta query (ignored), `thinking` and
+`context_management` (ignored), system-role messages inside `messages` and its attribution line
+(system_turns.py says where they go and why).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .info import check_model
 from .plan import Plan, ServerDefaults
 from .protocol import ChatRequest, SpecfillFields, parse_data, read_json
 from .responses import Reply, sse
+from .system_turns import inline_system_in_place, join, place_inline_system, system_text, text_of
 from .tool_parsers import Text, ToolCall
 from .tool_stream import CallArgs, CallEnd, CallStart
 
@@ -75,8 +80,10 @@ class MessagesRequest(BaseModel):
     stream: bool = False
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None  # user_id is ignored; specfill's own fields are read from it
     output_config: dict[str, Any] | None = None  # its format (a JSON schema) is response_format; effort is ignored
+    thinking: dict[str, Any] | None = None  # extended thinking: ignored (the reply is the model's text)
+    context_management: dict[str, Any] | None = None  # server-side context editing: ignored (nothing is cleared)
 
 
 def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
@@ -94,21 +101,6 @@ def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
     if request.max_tokens is None and not counting:
         raise bad_request("missing field 'max_tokens': Messages requests must set it", "max_tokens")
     return request
-
-
-def _text_of(blocks: Any, where: str) -> str:
-    """A string, or text blocks joined (other block types are a 400)."""
-    if isinstance(blocks, str):
-        return blocks
-    if not isinstance(blocks, list):
-        raise bad_request(f"'{where}' must be a string or a list of content blocks", where)
-    texts = []
-    for j, block in enumerate(blocks):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported here (text only)", where)
-        texts.append(block["text"])
-    return "\n\n".join(texts)
 
 
 def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
@@ -159,7 +151,7 @@ def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str
             call = block.get("tool_use_id")
             if not isinstance(call, str):
                 raise bad_request(f"'{where}[{j}].tool_use_id' must be the id of a tool_use block", where)
-            content = _text_of(block.get("content", ""), f"{where}[{j}].content")
+            content = text_of(block.get("content", ""), f"{where}[{j}].content")
             message = {"role": "tool", "content": content, "tool_call_id": call}
             if call in names:
                 message["name"] = names[call]
@@ -172,17 +164,28 @@ def _user(blocks: list[Any], where: str, names: dict[str, str]) -> list[dict[str
     return out
 
 
-def _messages(request: MessagesRequest) -> list[dict[str, Any]]:
-    """The conversation as OpenAI chat messages (system first)."""
+def _messages(request: MessagesRequest, inline_system: bool = True) -> list[dict[str, Any]]:
+    """The conversation as OpenAI chat messages (system first). System messages inside `messages`:
+    leading ones join the system prompt; later ones stay system messages where they are
+    (inline_system, with a system prompt) or are folded into a neighbouring user turn
+    (system_turns.place_inline_system)."""
+    system = [system_text(request.system, "system")] if request.system else []
     out: list[dict[str, Any]] = []
-    if request.system:
-        out.append({"role": "system", "content": _text_of(request.system, "system")})
     names: dict[str, str] = {}  # tool_use id -> tool name, for the tool messages that answer it
     for i, message in enumerate(request.messages):
         where = f"messages[{i}]"
         role, content = message.get("role"), message.get("content")
-        if role not in ("user", "assistant"):
-            raise bad_request(f'\'{where}.role\' must be "user" or "assistant", got {role!r}', f"{where}.role")
+        if role not in ("user", "assistant", "system"):
+            raise bad_request(
+                f'\'{where}.role\' must be "user", "assistant" or "system", got {role!r}', f"{where}.role"
+            )
+        if role == "system":
+            text = system_text(content, f"{where}.content")
+            if out and text:
+                out.append({"role": "system", "content": text})
+            elif text:
+                system.append(text)
+            continue
         if isinstance(content, str):
             out.append({"role": role, "content": content})
             continue
@@ -194,7 +197,10 @@ def _messages(request: MessagesRequest) -> list[dict[str, Any]]:
             out.append(turn)
         else:
             out.extend(_user(content, f"{where}.content", names))
-    return out
+    head = join(*system)
+    if not (inline_system and head):  # no system prompt: some templates put the first system turn's text first
+        out = place_inline_system(out)
+    return ([{"role": "system", "content": head}] if head else []) + out
 
 
 def _tools(tools: list[Any]) -> list[dict[str, Any]]:
@@ -234,10 +240,10 @@ def _tool_choice(choice: dict[str, Any]) -> tuple[Any, bool]:
     raise bad_request(f"'tool_choice.type' must be auto, any, tool or none, got {kind!r}", "tool_choice.type")
 
 
-def chat_body(request: MessagesRequest) -> dict[str, Any]:
+def chat_body(request: MessagesRequest, inline_system: bool = True) -> dict[str, Any]:
     """The OpenAI chat body a Messages request stands for (specfill's fields from metadata, then
-    the top level)."""
-    body: dict[str, Any] = {"messages": _messages(request), "stream": request.stream}
+    the top level); inline_system: whether system messages past the first turn stay in place."""
+    body: dict[str, Any] = {"messages": _messages(request, inline_system), "stream": request.stream}
     for name in ("model", "max_tokens", "temperature", "top_p", "top_k"):
         if getattr(request, name) is not None:
             body[name] = getattr(request, name)
@@ -270,7 +276,7 @@ def prepare(
     (RequestError) names the field. counting: /count_tokens (max_tokens may be left out)."""
     request = _validated(read_json(raw), counting)
     check_model(request.model, defaults)
-    chat = parse_data(chat_body(request), ChatRequest)
+    chat = parse_data(chat_body(request, inline_system_in_place(tokenizer)), ChatRequest)
     setup = chat_setup(chat, tokenizer.chat_template)
     return chat, setup, chat_prompt_ids(tokenizer, chat, setup)
 

@@ -8,6 +8,12 @@ continues a call rather than being constrained to one (tool_parsers.ToolFormat.f
 response_format is validated, not constrained: an object reply is started with "{", a schema is
 shown to the model in the system message, and the text is checked once it is complete
 (OutputCheck; the verdict travels in the response's `specfill.response_format`).
+Claude Code's attribution line (`x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;
+cch=...;`, the first system block of its requests) is removed from system and developer messages
+(without_billing_header): it changes with the client's version, entry point and, from 2.1.x, every
+request, so kept it would end the prompt cache's shared prefix a few tokens into the system prompt;
+it is metadata for Anthropic's billing, not instructions for the model. A router that translates
+Claude Code's requests into chat completions (LiteLLM, claude-code-router) hands it on here too.
 Everything a request can get wrong here is a 400 naming the field, before the request queues.
 """
 
@@ -30,6 +36,8 @@ TOOL_FIELDS = frozenset({"type", "function"})
 FUNCTION_FIELDS = frozenset({"name", "description", "parameters", "strict"})
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 SCHEMA_NOTE = "Reply with one JSON value that matches this JSON schema, and nothing else:\n"
+BILLING_HEADER = "x-anthropic-billing-header:"
+BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*\n*", re.MULTILINE)  # the line and blank lines after
 
 
 def unknown_field(value: dict[str, Any], allowed: frozenset[str], where: str) -> None:
@@ -230,6 +238,13 @@ def _template_call(call: Any, where: str) -> dict[str, Any]:
     return {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def without_billing_header(text: str) -> str:
+    """`text` without Claude Code's attribution lines (a line starting `x-anthropic-billing-header:`,
+    with the blank lines after it); other text as it was. vLLM, SGLang and vllm-mlx drop the line
+    too; llama.cpp blanks its `cch=` hash; Ollama's launcher has the client leave it out."""
+    return BILLING_LINE.sub("", text) if BILLING_HEADER in text else text
+
+
 def template_messages(messages: list[Message], system_note: str | None = None) -> list[dict[str, Any]]:
     """Messages as a chat template reads them (transformers' shapes): content as text, an
     assistant's tool_calls, a tool result's tool_call_id and name; system_note joins the system
@@ -237,6 +252,8 @@ def template_messages(messages: list[Message], system_note: str | None = None) -
     out: list[dict[str, Any]] = []
     for i, m in enumerate(messages):
         item: dict[str, Any] = {"role": m.role, "content": m.text(i)}
+        if m.role in ("system", "developer"):
+            item["content"] = without_billing_header(item["content"])
         if m.tool_calls:
             if m.role != "assistant":
                 raise bad_request(f"'messages[{i}].tool_calls': only assistant messages carry tool calls", "messages")

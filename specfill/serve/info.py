@@ -28,8 +28,8 @@ def model_not_found(name: str) -> RequestError:
 
 
 def check_model(name: str | None, defaults: ServerDefaults) -> None:
-    """An omitted model is the served one; another name is a 404."""
-    if name is not None and name not in defaults.names():
+    """An omitted model is the served one; a name not served (ServerDefaults.serves) is a 404."""
+    if name is not None and not defaults.serves(name):
         raise model_not_found(name)
 
 

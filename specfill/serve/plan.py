@@ -7,6 +7,7 @@ queues: a 400 comes back at once and the worker only ever sees runnable jobs.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import threading
 import time
 import warnings
@@ -30,6 +31,7 @@ class ServerDefaults:
 
     model_id: str  # the name responses carry
     model_names: tuple[str, ...] = ()  # every name requests may use (--served-model-name); model_id always
+    model_patterns: tuple[str, ...] = ()  # further names, shell-style ("claude-*": --served-model-pattern)
     method: str = "full"
     h2o: H2OConfig = field(default_factory=H2OConfig)
     specprefill: SpecPrefillConfig = field(default_factory=SpecPrefillConfig)
@@ -42,6 +44,11 @@ class ServerDefaults:
     def names(self) -> tuple[str, ...]:
         """The served names, model_id first."""
         return (self.model_id, *(n for n in self.model_names if n != self.model_id))
+
+    def serves(self, name: str) -> bool:
+        """Whether requests may name `name`: one of names(), or a name model_patterns match
+        (fnmatch, case-sensitive: an agent's own model names, e.g. Claude Code's small model)."""
+        return name in self.names() or any(fnmatch.fnmatchcase(name, p) for p in self.model_patterns)
 
 
 @dataclass
