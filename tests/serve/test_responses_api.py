@@ -7,6 +7,8 @@ shape (developer messages, reasoning items, tools of other types), and 400s nami
 from __future__ import annotations
 
 import json
+import urllib.error
+import urllib.request
 
 import openai
 import pytest
@@ -139,6 +141,53 @@ def test_stream_events(c, tool_server):
         assert stream.get_final_response().output_text == CALL_TEXT
     cut = list(c.responses.create(model=tool_server.model, input=ASK, max_output_tokens=1, stream=True))
     assert cut[-1].type == "response.incomplete" and cut[-1].response.incomplete_details.reason == "max_output_tokens"
+    # a call cut short after it was announced keeps the arguments it streamed, as on the other routes
+    cut_call = list(
+        c.responses.create(model=tool_server.model, input=ASK, tools=TOOLS, max_output_tokens=3, stream=True)
+    )
+    (item,) = cut_call[-1].response.output
+    assert item.type == "function_call" and item.status == "incomplete" and item.arguments == '{"city": '
+    assert cut_call[-1].type == "response.incomplete"
+    whole = c.responses.create(model=tool_server.model, input=ASK, tools=TOOLS, max_output_tokens=3)
+    assert whole.output[0].type == "message" and whole.output_text == CALL_TEXT[: CALL_TEXT.index('"Paris"')]
+
+
+def test_error_after_the_stream_began_is_response_failed():
+    """A failure after the first events is a response.failed event (the item open is closed
+    incomplete), every event one the openai client parses."""
+    from types import SimpleNamespace
+
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from specfill.serve.chat import ChatSetup
+    from specfill.serve.engine import Delta, Failed
+    from specfill.serve.openai_responses import ResponsesShape
+
+    plan = SimpleNamespace(stream=True, created=1.0)
+    shape = ResponsesShape(plan, "m", ChatSetup(), ResponsesRequest.model_validate({"input": "Hi"}), [])
+    chunks = shape.opening() + shape.event(Delta("Hello ")) + shape.event(Delta("world"))
+    chunks += shape.event(Failed(500, "internal error: boom"))
+    assert shape.ending() == []
+    parse = TypeAdapter(ResponseStreamEvent).validate_python
+    events = [parse(json.loads(chunk.split("data: ", 1)[1])) for chunk in chunks]
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.failed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(10)) and events[6].text == "Hello world"
+    assert events[8].item.status == "incomplete" and events[8].item.content[0].text == "Hello world"
+    failed = events[-1].response
+    assert failed.status == "failed" and failed.error.code == "server_error" and failed.error.message.endswith("boom")
+    assert failed.output[0].content[0].text == "Hello world"
 
 
 def test_tool_choice_and_text_format(c, tool_server):
@@ -179,48 +228,62 @@ def test_specfill_fields(c, tool_server):
         c.responses.create(model=tool_server.model, input="Hi", extra_body={"method": "magic"})
 
 
-def test_codex_shaped_request(c, tool_server):
-    """What Codex CLI sends: instructions, a developer message, user messages, reasoning items,
-    function and other tools, store false, include, prompt_cache_key; streamed."""
-    events = list(
+NAMESPACE = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [TIME]}
+
+
+def codex_turn(c, tool_server, items: list) -> list:
+    """One request shaped as Codex CLI 0.171 sends it (captured from `codex exec`): no instructions,
+    its rules as developer messages first, items with ids, function tools beside a namespace and
+    web_search, reasoning and include, store false, client_metadata; streamed. Its events."""
+    return list(
         c.responses.create(
             model=tool_server.model,
-            instructions="You are a coding agent.",
             input=[
                 {
                     "type": "message",
+                    "id": "msg_1",
                     "role": "developer",
-                    "content": [{"type": "input_text", "text": "Sandbox: read-only."}],
+                    "content": [{"type": "input_text", "text": "You are a coding agent."}],
                 },
                 {
                     "type": "message",
+                    "id": "msg_2",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": "<skills_instructions/>"}],
+                },
+                {
+                    "type": "message",
+                    "id": "msg_3",
                     "role": "user",
                     "content": [{"type": "input_text", "text": "<environment_context/>"}],
                 },
                 *ASK,
-                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None},
+                *items,
             ],
-            tools=[
-                *TOOLS,
-                {"type": "web_search", "external_web_access": False},
-                {
-                    "type": "custom",
-                    "name": "apply_patch",
-                    "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"},
-                },
-            ],
+            tools=[*TOOLS, NAMESPACE, {"type": "web_search", "external_web_access": False}],
             tool_choice="auto",
-            parallel_tool_calls=False,
-            reasoning={"effort": "medium", "summary": "auto"},
+            parallel_tool_calls=True,
+            reasoning={"summary": "auto"},
             store=False,
             stream=True,
             include=["reasoning.encrypted_content"],
             prompt_cache_key="session-1",
+            extra_body={"client_metadata": {"session_id": "session-1", "turn_id": "t1"}},
         )
     )
-    final = events[-1].response
-    assert final.status == "completed" and final.output[0].name == "get_weather"
-    assert final.model_extra["specfill"]["ignored_tools"] == ["tools[2] (web_search)", "tools[3] (custom)"]
+
+
+def test_codex_shaped_round_trip(c, tool_server):
+    first = codex_turn(c, tool_server, [])[-1].response
+    assert first.status == "completed" and first.output[0].name == "get_weather"
+    assert first.model_extra["specfill"]["ignored_tools"] == ["tools[2] (namespace)", "tools[3] (web_search)"]
+    call = first.output[0]
+    answer = {"type": "function_call_output", "id": "fco_1", "call_id": call.call_id, "output": "unsupported call"}
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": None}
+    events = codex_turn(c, tool_server, [reasoning, call.model_dump(exclude_none=True), answer])
+    second = events[-1].response
+    assert second.status == "completed" and second.output[0].type == "function_call"
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens  # the whole turn 1 reused
 
 
 def test_chat_body_translation():
@@ -285,3 +348,10 @@ def test_bad_input_is_one_400_naming_the_field(c, tool_server):
         assert f"'{param}" in refused.value.message, refused.value.message
     with pytest.raises(openai.NotFoundError):
         c.responses.create(model="not-served-here", input="Hi")
+    for raw, param in ((b"{", None), (b"null", None), (b"{}", "input"), (b'{"input": []}', "input")):
+        request = urllib.request.Request(
+            tool_server.url + "/v1/responses", data=raw, headers={"Authorization": f"Bearer {TOOL_KEY}"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 400 and json.loads(refused.value.read())["error"]["param"] == param, raw
