@@ -34,8 +34,8 @@ from .engine import Delta, Engine, Failed, Finished
 from .errors import RequestError, anthropic_error_body, error_body, is_anthropic_path
 from .info import add_info_routes, check_model
 from .metrics import Metrics, Outcome
-from .openai_responses import ResponsesShape
 from .openai_responses import prepare as prepare_responses
+from .openai_responses_shape import ResponsesShape
 from .plan import Plan, ServerDefaults, build_plan, completion_prompt_ids
 from .protocol import ChatRequest, CompletionRequest, parse_body
 from .responses import ResponseShape

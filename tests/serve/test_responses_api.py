@@ -162,7 +162,7 @@ def test_error_after_the_stream_began_is_response_failed():
 
     from specfill.serve.chat import ChatSetup
     from specfill.serve.engine import Delta, Failed
-    from specfill.serve.openai_responses import ResponsesShape
+    from specfill.serve.openai_responses_shape import ResponsesShape
 
     plan = SimpleNamespace(stream=True, created=1.0)
     shape = ResponsesShape(plan, "m", ChatSetup(), ResponsesRequest.model_validate({"input": "Hi"}), [])
