@@ -1,6 +1,7 @@
 """The FastAPI application: routes, streaming, error bodies, disconnect handling.
 
-Routes: /v1/chat/completions and /v1/completions (OpenAI), /v1/messages and its count_tokens
+Routes: /v1/chat/completions and /v1/completions (OpenAI), /v1/responses (OpenAI's Responses API,
+translated into the chat Plan by openai_responses.py), /v1/messages and its count_tokens
 (Anthropic, translated into the same chat Plan by anthropic.py); each is a Route: its parse, its
 response shape, its error bodies.
 
@@ -33,6 +34,8 @@ from .engine import Delta, Engine, Failed, Finished
 from .errors import RequestError, anthropic_error_body, error_body, is_anthropic_path
 from .info import add_info_routes, check_model
 from .metrics import Metrics, Outcome
+from .openai_responses import prepare as prepare_responses
+from .openai_responses_shape import ResponsesShape
 from .plan import Plan, ServerDefaults, build_plan, completion_prompt_ids
 from .protocol import ChatRequest, CompletionRequest, parse_body
 from .responses import ResponseShape
@@ -83,6 +86,10 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
     async def completions(request: Request) -> Any:
         return await _answer(COMPLETION, request, context)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        return await _answer(RESPONSES, request, context)
+
     @app.post("/v1/messages")
     async def messages(request: Request) -> Any:
         return await _answer(MESSAGES, request, context)
@@ -111,7 +118,7 @@ class Route:
     """One generation route: its name in the log, how a body becomes a Plan and the shape of its
     response (RequestError for a bad one), and its error bodies (OpenAI's or Anthropic's)."""
 
-    kind: str  # "chat", "completion", "messages"
+    kind: str  # "chat", "completion", "responses", "messages"
     prepare: Callable[[bytes, _Context], tuple[Plan, Any]]
     error: Callable[..., dict[str, Any]]  # (status, message, param, code) -> body
 
@@ -139,8 +146,15 @@ def _prepare_messages(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
     return plan, MessageShape(plan, ctx.defaults.model_id, setup)
 
 
+def _prepare_responses(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
+    request, body, setup, ids, ignored = prepare_responses(raw, ctx.engine.tokenizer, ctx.defaults)
+    plan = build_plan("chat", body, ids, ctx.defaults, ctx.engine.context)
+    return plan, ResponsesShape(plan, ctx.defaults.model_id, setup, request, ignored)
+
+
 CHAT = Route("chat", _prepare_chat, ResponseShape.error)
 COMPLETION = Route("completion", _prepare_completion, ResponseShape.error)
+RESPONSES = Route("responses", _prepare_responses, ResponsesShape.error)
 MESSAGES = Route("messages", _prepare_messages, anthropic_error_body)
 
 
