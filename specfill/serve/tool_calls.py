@@ -1,7 +1,8 @@
 """What a reply's tool calls are made of, shared by the format readers (tool_parsers.py,
 tool_mlx.py, tool_harmony.py) and the streamed reading (tool_stream.py): a call (ToolCall), the
-reply's other text (Text), a call object read from JSON (as_call, json_calls), and a check that
-text is the start of one JSON value (JsonPrefix).
+reply's other text (Text), a call object read from JSON (as_call, json_calls), a check that
+text is the start of one JSON value (JsonPrefix), and one that a reply is nothing but a JSON call
+(JsonOnly).
 """
 
 from __future__ import annotations
@@ -161,3 +162,67 @@ class JsonPrefix:
         else:
             return False
         return True
+
+
+_FENCE_LINE = re.compile(r"`{1,3}|```[\w-]*[ \t]*\n?")
+
+
+class JsonOnly:
+    """Whether a reply is nothing but a JSON call: one object or a list of them, bare or inside one
+    ``` fence (```json ... ```, the closing fence may be missing), white space around it. feed() is
+    False from the first character that no such reply could go on with; calls() reads it whole."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.stage = "lead"  # lead, fence (its first line), inner (after it), json, tail (after the value)
+        self.fence = 0  # where the fence starts (-1: none)
+        self.start = 0  # where the JSON value starts
+        self.end = 0  # where it ends
+        self.json = JsonPrefix()
+
+    def feed(self, text: str) -> bool:
+        begin, self.text = len(self.text), self.text + text
+        return all(self._char(pos) for pos in range(begin, len(self.text)))
+
+    def _char(self, pos: int) -> bool:
+        ch, stage = self.text[pos], self.stage
+        if stage in ("lead", "inner"):
+            if ch.isspace():
+                return True
+            if ch == "`" and stage == "lead":
+                self.stage, self.fence = "fence", pos
+                return True
+            if ch not in "{[":
+                return False
+            self.stage, self.start = "json", pos
+            return self.json.feed(ch)
+        if stage == "fence":
+            line = self.text[self.fence : pos + 1]
+            if not _FENCE_LINE.fullmatch(line):
+                return False
+            if ch == "\n":
+                self.stage = "inner"
+            return True
+        if stage == "json":
+            if not self.json.feed(ch):
+                return False
+            if self.json.done:
+                self.stage, self.end = "tail", pos + 1
+            return True
+        # the tail: white space, and the closing fence when there was an opening one
+        tail = self.text[self.end : pos + 1].strip()
+        return not tail or (self.fence_open and tail in ("`", "``", "```"))
+
+    @property
+    def fence_open(self) -> bool:
+        return self.text[: self.start].lstrip().startswith("`")
+
+    def calls(self, names: frozenset[str]) -> list[ToolCall]:
+        """The calls the whole reply is, each to one of `names` (ValueError: it is not that)."""
+        if self.stage != "tail":
+            raise ValueError("not one whole JSON value")
+        value = json.loads(self.text[self.start : self.end])
+        calls = [as_call(v) for v in (value if isinstance(value, list) else [value])]
+        if not calls or any(c.name not in names for c in calls):
+            raise ValueError("not a call to one of the request's tools")
+        return calls
