@@ -44,7 +44,8 @@ def as_call(value: Any) -> ToolCall:
 def json_calls(text: str) -> list[ToolCall]:
     """Calls from JSON values in a row (objects, or lists of them), separated by white space, ';'
     or ','; ValueError if anything else is there."""
-    decoder, calls, pos = json.JSONDecoder(), [], 0
+    decoder, pos = json.JSONDecoder(), 0
+    calls: list[ToolCall] = []
     while True:
         while pos < len(text) and (text[pos].isspace() or text[pos] in ";,"):
             pos += 1

@@ -127,7 +127,7 @@ class StreamingSplitter(ReplySplitter):
             if head is None and cut < 0:
                 return False
             self.undecided = False
-            if head and (self.max_calls is None or self.calls < self.max_calls):
+            if isinstance(head, tuple) and (self.max_calls is None or self.calls < self.max_calls):
                 name, at = head
                 self.live = _Live(name, at, at)
                 self.calls += 1

@@ -323,3 +323,24 @@ def test_json_only_gives_up_early():
     splitter = ReplySplitter(bound)
     assert splitter.feed("{") == [] and splitter.feed('"a": 1}') == [] and splitter.feed(" and") != []
     assert json.loads(JSON_CALL)["name"] in bound.names
+
+
+def test_server_says_at_start_when_mlx_lm_is_missing(monkeypatch, caplog):
+    """A served model whose format only mlx-lm reads, without mlx-lm: one warning line at start."""
+    from specfill.serve import ServerDefaults
+    from specfill.serve.app import create_app
+
+    engine = types.SimpleNamespace(tokenizer=types.SimpleNamespace(chat_template="{{ tools }}" + TEMPLATES["gemma4"]))
+    tool_mlx.mlx_parser.cache_clear()
+    monkeypatch.setattr(tool_mlx, "_package", lambda: None)
+    try:
+        with caplog.at_level("WARNING", logger="specfill.serve"):
+            try:
+                create_app(engine, ServerDefaults("m"))
+            except AttributeError:
+                pass  # the stand-in engine has no model: the routes need one, the warning came first
+    finally:
+        tool_mlx.mlx_parser.cache_clear()
+    assert [r.getMessage() for r in caplog.records] == [
+        "tool calls: the model writes the gemma4 format, read with mlx-lm: mlx-lm is not installed (pip install mlx-lm)"
+    ]
