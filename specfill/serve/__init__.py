@@ -6,7 +6,9 @@
 Modules: protocol (request bodies), chat (a chat request's template rendering with tools, and its
 reply rules: tool_choice, response_format), plan (request -> runnable Plan, all 400s), engine (one
 generation on the worker thread), scheduler (the worker thread and its bounded queue), tool_parsers
-(tool calls read back from a reply), responses (OpenAI-shaped bodies and chunks), anthropic (the
+(tool calls read back from a reply: the formats, their detection, the reply's splitting; tool_calls
+its pieces, tool_mlx mlx-lm's parsers, tool_harmony gpt-oss's channels, tool_stream a call's
+arguments as they stream), responses (OpenAI-shaped bodies and chunks), anthropic (the
 Messages API: its body -> the chat request, its bodies and events), app (generation routes,
 streaming, disconnects), info (health, models, tokenize, metrics routes), metrics (log line,
 Prometheus), access (API key, CORS), runner (bind before load, signals), prompt_cache (conversations'

@@ -40,6 +40,7 @@ from .plan import Plan, ServerDefaults, build_plan, completion_prompt_ids
 from .protocol import ChatRequest, CompletionRequest, parse_body
 from .responses import ResponseShape
 from .scheduler import END, Job, Scheduler
+from .tool_parsers import detect_format
 
 log = logging.getLogger("specfill.serve")
 POLL_SECONDS = 0.2  # how often a waiting handler checks that its client is still there
@@ -53,6 +54,9 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
     """The ASGI app serving `engine` (start it with uvicorn; the worker thread lives with the app)."""
     scheduler = Scheduler(engine, max_queue)
     metrics = Metrics()
+    tool_format = detect_format(engine.tokenizer.chat_template)
+    if tool_format is not None and (why := tool_format.missing()) is not None:
+        log.warning("tool calls: the model writes the %s format, read with mlx-lm: %s", tool_format.name, why)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

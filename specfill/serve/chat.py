@@ -29,7 +29,7 @@ from specfill.core import SpecfillError
 
 from .errors import bad_request
 from .protocol import ChatRequest, Message
-from .tool_parsers import ToolFormat, detect_format
+from .tool_parsers import FORMATS, ToolFormat, detect_format
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI's rule (a-z, A-Z, 0-9, _ and -, at most 64), plus . and :
 TOOL_FIELDS = frozenset({"type", "function"})
@@ -208,12 +208,17 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
     if fmt is None:
         raise bad_request(
             "'tools': the model's chat template writes tool calls in a format specfill does not "
-            "read (it reads Qwen/Hermes <tool_call>, Llama 3 JSON and Mistral [TOOL_CALLS])",
+            f"read (it reads {', '.join(sorted(FORMATS))}: docs/serve.md)",
             "tools",
+        )
+    missing = fmt.missing()
+    if missing is not None:
+        raise bad_request(
+            f"'tools': the model writes tool calls in the {fmt.name} format, read with mlx-lm: {missing}", "tools"
         )
     return ChatSetup(
         tools=tools,
-        format=fmt,
+        format=fmt.bind(tools),
         prefix=fmt.forced(name) if choice == "required" else "",
         max_calls=1 if request.parallel_tool_calls is False else None,
         output=output,

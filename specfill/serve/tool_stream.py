@@ -4,7 +4,7 @@ becomes, the call's header read from the first characters of its body, and a JSO
 A Hermes / Qwen call body starts `{"name": "NAME", "arguments": {` (or "parameters"). Once that
 header is complete and NAME is one of the request's tools, the call is announced (CallStart) and
 the arguments object is handed out in pieces (CallArgs) for as long as the text is the start of a
-JSON object, checked character by character (JsonPrefix): every piece a client has seen joins to a
+JSON object, checked character by character (tool_calls.JsonPrefix): every piece a client has seen joins to a
 valid JSON prefix, which Anthropic's client parses after each delta. Anything else (another key
 order, a list of calls, arguments as a string, Qwen3-Coder's <function=...> body, an unknown
 name) is read whole once the call closes, as before. The rules for a call that breaks after it was
@@ -14,12 +14,12 @@ announced are ReplySplitter's (tool_parsers.py) and docs/serve.md's.
 from __future__ import annotations
 
 import json
-import re
 import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tool_parsers import HERMES, ReplySplitter, Text, ToolCall, ToolFormat
+from .tool_calls import JsonPrefix, Text, ToolCall
+from .tool_parsers import ReplySplitter, ToolFormat
 
 
 @dataclass(frozen=True)
@@ -76,116 +76,6 @@ def call_header(body: str, names: frozenset[str] | None = None) -> tuple[str, in
     return name, pos - 1
 
 
-_NUMBER_START = re.compile(r"-?(0|[1-9]\d*)?(\.\d*)?([eE][+-]?\d*)?")
-_NUMBER = re.compile(r"-?(0|[1-9]\d*)(\.\d+)?([eE][+-]?\d+)?")
-_LITERALS = ("true", "false", "null")
-
-
-class JsonPrefix:
-    """Whether the characters fed so far are the start of one JSON value; `done` once it is whole.
-
-    feed(ch) is False for the first character that no JSON text could continue with (that
-    character is not taken). A number is checked in full when the character after it comes."""
-
-    def __init__(self) -> None:
-        self.stack: list[str] = []  # open containers, "{" or "["
-        self.state = "value"
-        self.word = ""  # the number or literal being read
-        self.key = False  # the string being read is an object key
-        self.hex = 0  # \\u digits still to come
-        self.done = False
-
-    def _complete(self) -> None:
-        self.state = "after"
-        self.done = not self.stack
-
-    def feed(self, ch: str) -> bool:
-        if self.done:
-            return False
-        state = self.state
-        if state == "string":
-            if ch == '"':
-                if self.key:
-                    self.state = "colon"
-                else:
-                    self._complete()
-            elif ch == "\\":
-                self.state = "escape"
-            elif ord(ch) < 0x20:
-                return False
-            return True
-        if state == "escape":
-            if ch == "u":
-                self.state, self.hex = "hex", 4
-            elif ch in '"\\/bfnrt':
-                self.state = "string"
-            else:
-                return False
-            return True
-        if state == "hex":
-            if ch not in string.hexdigits:
-                return False
-            self.hex -= 1
-            self.state = "string" if self.hex == 0 else "hex"
-            return True
-        if state == "number":
-            if ch in "0123456789+-.eE" and _NUMBER_START.fullmatch(self.word + ch):
-                self.word += ch
-                return True
-            if not _NUMBER.fullmatch(self.word):
-                return False
-            self._complete()
-            return self.feed(ch)
-        if state == "literal":
-            word = self.word + ch
-            if not any(w.startswith(word) for w in _LITERALS):
-                return False
-            self.word = word
-            if word in _LITERALS:
-                self._complete()
-            return True
-        if ch.isspace():
-            return True
-        if state == "colon":
-            self.state = "value"
-            return ch == ":"
-        if state in ("first_key", "key"):
-            if ch == "}" and state == "first_key":
-                self.stack.pop()
-                self._complete()
-                return True
-            if ch != '"':
-                return False
-            self.state, self.key = "string", True
-            return True
-        if state == "after":
-            top = self.stack[-1] if self.stack else None
-            if ch == "," and top is not None:
-                self.state = "key" if top == "{" else "value"
-                return True
-            if (ch, top) in (("}", "{"), ("]", "[")):
-                self.stack.pop()
-                self._complete()
-                return True
-            return False
-        if state == "first_value" and ch == "]":  # state: a value may start here
-            self.stack.pop()
-            self._complete()
-            return True
-        if ch in "{[":
-            self.stack.append(ch)
-            self.state = "first_key" if ch == "{" else "first_value"
-        elif ch == '"':
-            self.state, self.key = "string", False
-        elif ch == "-" or ch.isdigit():
-            self.state, self.word = "number", ch
-        elif ch in "tfn":
-            self.state, self.word = "literal", ch
-        else:
-            return False
-        return True
-
-
 @dataclass
 class _Live:
     """The call being streamed: its name, where its arguments start, how far they are checked."""
@@ -237,7 +127,7 @@ class StreamingSplitter(ReplySplitter):
             if head is None and cut < 0:
                 return False
             self.undecided = False
-            if head and (self.max_calls is None or self.calls < self.max_calls):
+            if isinstance(head, tuple) and (self.max_calls is None or self.calls < self.max_calls):
                 name, at = head
                 self.live = _Live(name, at, at)
                 self.calls += 1
@@ -246,14 +136,14 @@ class StreamingSplitter(ReplySplitter):
         opened = self.body is None
         more = super()._step(out)
         if opened and self.body is not None:
-            self.undecided = self.fmt is HERMES
+            self.undecided = self.fmt is not None and self.fmt.streamed
         return more
 
-    def finish(self) -> list[Any]:
+    def _end(self) -> list[Any]:
         out: list[Any] = []
         if self.live is not None:
             self._stream(out, final=True)
-        return out + super().finish()
+        return out + super()._end()
 
     def _stream(self, out: list[Any], final: bool) -> bool:
         live, end = self.live, self.fmt.end if self.fmt is not None else None
