@@ -313,13 +313,15 @@ class PromptCache:
             entry.whole = hasattr(entry.kv.cache, "save_point")
         except Exception as err:  # noqa: BLE001 - a full disk must not stop the server
             entry.unsaved = True
-            kind = err.errno if isinstance(err, OSError) and err.errno else f"{type(err).__name__}: {err}"
+            # the kind: an OSError's errno; else the type (a backend writer's message may vary per file)
+            kind = err.errno if isinstance(err, OSError) and err.errno else type(err).__name__
             if kind != self.failing:
                 log.warning(
-                    "prompt cache: cannot write an entry of %d tokens to %s: %s (it stays in memory; the same "
-                    "failure again is not logged until a write succeeds)",
+                    "prompt cache: cannot write an entry of %d tokens to %s, %s: %s (it stays in memory; "
+                    "a failure of this kind is not logged again until a write succeeds)",
                     len(entry.tokens),
                     self.store.directory,
+                    self.store.free_space(),
                     err,
                 )
             self.failing = kind

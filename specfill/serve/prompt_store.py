@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,14 @@ class PromptStore:
                 log.warning("prompt cache: cannot delete the temporary file %s: %s", path, err)
         if gone:
             log.info("prompt cache: deleted %d temporary file(s) of an interrupted write in %s", gone, self.directory)
+
+    def free_space(self) -> str:
+        """The space left on the directory's device, in words (for a failed write's log line)."""
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            return "its free space unknown"
+        return f"{free / 2**20:.1f} MiB free there" if free >= 2**20 else f"{free // 1024} KiB free there"
 
     @property
     def nbytes(self) -> int:
