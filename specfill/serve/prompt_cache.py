@@ -152,6 +152,7 @@ class PromptCache:
         self.copies = 0  # hits served by a copy of a shared prefix
         self.completed_tokens = 0  # tokens densely rebuilt in idle time so far
         self.saved = 0  # entries written to disk
+        self.failing: Any = None  # the kind of the last write failure, until a write succeeds
 
     def take(self, ids: list[int], policy: str, sparse: bool = False) -> Reuse:
         """The reuse for a prompt (the longest usable cached prefix; its entry leaves the cache or
@@ -284,8 +285,9 @@ class PromptCache:
         return max(waiting, key=lambda e: e.used) if waiting else None
 
     def unsaved(self) -> Entry | None:
-        """The most recently used conversation to write to the disk store (None: none, or no store)."""
-        if self.store is None:
+        """The most recently used conversation to write to the disk store (None: none, or no store,
+        or a read-only one)."""
+        if self.store is None or not self.store.writable:
             return None
         waiting = [
             e for e in self.entries if e.kv is not None and e.path is None and not e.rebuilding and not e.unsaved
@@ -303,19 +305,30 @@ class PromptCache:
             self.save(entry)
 
     def save(self, entry: Entry) -> None:
-        """Write one entry to the disk store (a failure is logged once and not retried)."""
+        """Write one entry to the disk store. A failure is not retried for this entry and is logged
+        once per kind (a full disk: one line, however many entries fail; the next write that
+        succeeds says so)."""
         try:
             entry.path, entry.stored, dropped = self.store.save(entry)
             entry.whole = hasattr(entry.kv.cache, "save_point")
         except Exception as err:  # noqa: BLE001 - a full disk must not stop the server
             entry.unsaved = True
-            log.warning(
-                "prompt cache: cannot write an entry of %d tokens to %s: %s",
-                len(entry.tokens),
-                self.store.directory,
-                err,
-            )
+            # the kind: an OSError's errno; else the type (a backend writer's message may vary per file)
+            kind = err.errno if isinstance(err, OSError) and err.errno else type(err).__name__
+            if kind != self.failing:
+                log.warning(
+                    "prompt cache: cannot write an entry of %d tokens to %s, %s: %s (it stays in memory; "
+                    "a failure of this kind is not logged again until a write succeeds)",
+                    len(entry.tokens),
+                    self.store.directory,
+                    self.store.free_space(),
+                    err,
+                )
+            self.failing = kind
             return
+        if self.failing is not None:
+            log.info("prompt cache: writing to %s again", self.store.directory)
+            self.failing = None
         self.saved += 1
         for gone in dropped:  # the store's bound evicted these files (oldest first)
             for other in [e for e in self.entries if e.path == gone]:

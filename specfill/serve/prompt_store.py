@@ -3,7 +3,10 @@
 One safetensors file per conversation, `<hash of its tokens>.safetensors`: tensors "keys" and
 "values" [n_layers, Hkv, slots, D] in the model's dtype and "positions" [slots] (int64, each
 slot's RoPE position), written by the backend's KVCache.save; its header's metadata (str -> str):
-  format    "specfill-prompt-cache/1"
+  format    "specfill-prompt-cache/2" (a file of another specfill version's format is skipped)
+  content   "sha256:<hex>": the hash of the whole file as written with this value "sha256:" + 64
+            zeros (header and tensors; the value has one length, so the hash is filled in place after
+            the backend wrote the file); checked when the entry's KV is read, a mismatch is a miss
   identity  JSON: the model (its --model spec or path), backend, dtype, layers, KV heads, head size,
             vocabulary and context length; a file of another identity is skipped
   tokens    JSON list of the conversation's token ids
@@ -13,11 +16,16 @@ slot's RoPE position), written by the backend's KVCache.save; its header's metad
   hybrid    a hybrid model's file only (core/io/hybrid_state.py): its recurrent layers' state at a
             prompt-end mark, tensors "recurrent.<layer>.<member>"; the file's KV stops at that mark
             (KVCache.save_point), the one point it can be reused at (prompt_cache.Entry.whole)
-A file is written to a hidden temporary name in DIR and moved into place with os.replace (atomic:
-a reader sees the whole file or none; a failed write leaves nothing). At startup only the headers
-are read (a corrupt, foreign or unreadable file is skipped with one log line); an entry's KV is read
-when a prompt reuses it (a file whose KV or recurrent part does not fit the model is then a miss,
-with one log line). The files' bytes are bounded by `max_bytes`: the oldest go first.
+A file is written to a hidden temporary name in DIR, `.<name>.<pid>.tmp.safetensors`, its content
+hash filled in, flushed to the device (fsync) and moved into place with os.replace, then the
+directory is flushed too (atomic: a reader, or a server restarted after a crash or a power cut,
+sees the whole file or none; a failed write leaves nothing). A temporary file whose writer is gone
+(killed mid-write) is deleted when a store is next opened on DIR. At startup only the headers are
+read (a corrupt or unreadable file is skipped with one log line naming it; files of another model or
+another version with one line for all of each); an entry's KV is read when a prompt reuses it (a
+file whose content hash, KV or recurrent part does not fit is then a miss, with one log line). A
+directory this process cannot write to is read only (one log line): its entries are reused, nothing
+is written or deleted there. The files' bytes are bounded by `max_bytes`: the oldest go first.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import struct
 from pathlib import Path
 from typing import Any
@@ -34,8 +43,13 @@ from specfill.core.runtime import KVState
 
 from .prompt_cache import Entry
 
-FORMAT = "specfill-prompt-cache/1"
+FORMAT = "specfill-prompt-cache/2"
+FAMILY = "specfill-prompt-cache/"  # any version's format starts so
 SUFFIX = ".safetensors"
+TEMP = ".tmp" + SUFFIX  # a file being written: .<name>.<pid>.tmp.safetensors
+CONTENT = "content"  # the header's metadata key of the content hash
+UNSEALED = "sha256:" + "0" * 64  # its value while the hash is computed (the module doc)
+CHUNK = 1 << 22
 log = logging.getLogger("specfill.serve")
 
 
@@ -55,7 +69,8 @@ def identity(model: Any, name: str | None) -> dict[str, Any]:
 
 
 def read_header(path: Path) -> dict[str, str]:
-    """A safetensors file's metadata, checked against the file's size (ValueError: not a whole file)."""
+    """A safetensors file's metadata, checked against the file's size (ValueError: not a whole file).
+    The format is not checked (scan and load tell another version's file from a foreign one)."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         raw = f.read(8)
@@ -65,13 +80,76 @@ def read_header(path: Path) -> dict[str, str]:
         if length > min(size - 8, 1 << 28):
             raise ValueError(f"header of {length} bytes in a file of {size}")
         header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("not a safetensors header")
     end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
     if 8 + length + end != size:
         raise ValueError(f"{size} bytes, the header describes {8 + length + end} (truncated?)")
     meta = header.get("__metadata__")
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if not isinstance(meta, dict) or not str(meta.get("format", "")).startswith(FAMILY):
         raise ValueError(f"not a {FORMAT} file")
     return meta
+
+
+def content_hash(path: Path, value: str) -> str:
+    """The file's content hash (the module doc) where its header holds `value` as the hash
+    (ValueError when the header holds it not exactly once)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        (length,) = struct.unpack("<Q", raw)
+        header = f.read(length)
+        if header.count(value.encode()) != 1:
+            raise ValueError("no content hash in its header")
+        digest = hashlib.sha256(raw + header.replace(value.encode(), UNSEALED.encode()))
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
+
+
+def seal(path: Path) -> None:
+    """Fill in the content hash of a file written with metadata content = UNSEALED (in place: the
+    same length) and flush it to the device."""
+    value = content_hash(path, UNSEALED)
+    with open(path, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        f.seek(8 + f.read(length).index(UNSEALED.encode()))
+        f.write(value.encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def check_content(path: Path, meta: dict[str, str]) -> None:
+    """ValueError unless the file's bytes are those its writer hashed."""
+    value = meta.get(CONTENT, "")
+    if len(value) != len(UNSEALED) or not value.startswith("sha256:") or value == UNSEALED:
+        raise ValueError("no content hash in its header")
+    if content_hash(path, value) != value:
+        raise ValueError("its content differs from what was written (content hash mismatch)")
+
+
+def sync_directory(directory: Path) -> None:
+    """Flush a directory's entries (a rename) to the device; best effort (not every system can)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def running(pid: int) -> bool:
+    """Whether a process of this id exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def mtime(path: Path) -> float:
@@ -90,9 +168,45 @@ class PromptStore:
         self.model = model
         self.identity = identity(model, name)
         self.max_bytes = max_bytes
+        self.writable = os.access(self.directory, os.W_OK | os.X_OK)
+        if not self.writable:
+            log.warning(
+                "prompt cache: %s is read only for this process: its conversations are reused, none is written there",
+                self.directory,
+            )
+        else:
+            self.sweep()
 
     def files(self) -> list[Path]:
         return [p for p in self.directory.glob(f"*{SUFFIX}") if not p.name.startswith(".")]
+
+    def temporary(self, path: Path) -> Path:
+        return self.directory / f".{path.stem}.{os.getpid()}{TEMP}"
+
+    def sweep(self) -> None:
+        """Delete the temporary files of writers no longer running (killed mid-write)."""
+        gone = 0
+        for path in self.directory.glob(f".*{TEMP}"):
+            pid = path.name[: -len(TEMP)].rsplit(".", 1)[-1]
+            if pid.isdigit() and int(pid) != os.getpid() and running(int(pid)):
+                continue  # another live process's write in progress
+            try:
+                path.unlink()
+                gone += 1
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                log.warning("prompt cache: cannot delete the temporary file %s: %s", path, err)
+        if gone:
+            log.info("prompt cache: deleted %d temporary file(s) of an interrupted write in %s", gone, self.directory)
+
+    def free_space(self) -> str:
+        """The space left on the directory's device, in words (for a failed write's log line)."""
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            return "its free space unknown"
+        return f"{free / 2**20:.1f} MiB free there" if free >= 2**20 else f"{free // 1024} KiB free there"
 
     @property
     def nbytes(self) -> int:
@@ -106,10 +220,13 @@ class PromptStore:
 
     def scan(self) -> list[Entry]:
         """The directory's entries for this model, disk-only (their KV unread), oldest first."""
-        entries, foreign = [], 0
+        entries, foreign, versions = [], 0, set()
         for path in sorted(self.files(), key=mtime):
             try:
                 meta = read_header(path)
+                if meta["format"] != FORMAT:
+                    versions.add(meta["format"])
+                    continue
                 if json.loads(meta["identity"]) != self.identity:
                     foreign += 1
                     continue
@@ -134,6 +251,13 @@ class PromptStore:
                 )
             except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
                 log.warning("prompt cache: skipping %s: %s", path, err)
+        if versions:
+            log.warning(
+                "prompt cache: skipping the file(s) in %s of another specfill version (format %s, this one reads %s)",
+                self.directory,
+                ", ".join(sorted(versions)),
+                FORMAT,
+            )
         if foreign:
             log.warning(
                 "prompt cache: skipping %d file(s) in %s of another model, dtype or backend (not %s)",
@@ -150,8 +274,11 @@ class PromptStore:
         return self.directory / f"{digest}{SUFFIX}"
 
     def save(self, entry: Entry) -> tuple[str, int, list[str]]:
-        """Write an entry atomically; (its path, the tokens its file's KV stands for, the paths the
-        bound then evicted). A hybrid's cache writes its KV up to its latest prompt-end mark only."""
+        """Write an entry atomically (the module doc); (its path, the tokens its file's KV stands
+        for, the paths the bound then evicted). A hybrid's cache writes its KV up to its latest
+        prompt-end mark only."""
+        if not self.writable:
+            raise PermissionError(f"{self.directory} is read only for this process")
         kv = entry.kv
         point = getattr(kv.cache, "save_point", None)  # a hybrid's cache: where it kept the recurrent state
         slots = kv.slots if point is None else point(kv.slots)
@@ -164,14 +291,19 @@ class PromptStore:
             "position_offset": str(kv.position_offset),
             "exact": "1" if entry.exact else "0",
             "fixed": str(entry.fixed),
+            CONTENT: UNSEALED,
         }
-        temp = self.directory / f".{path.stem}.{os.getpid()}.tmp{SUFFIX}"
+        temp = self.temporary(path)
         try:
             kv.cache.save(str(temp), slots, meta)
+            seal(temp)
             os.replace(temp, path)
         finally:
-            if temp.exists():
-                temp.unlink()
+            try:
+                temp.unlink(missing_ok=True)  # a failed write's (moved into place: gone already)
+            except OSError:
+                pass  # the next store opened on the directory deletes it
+        sync_directory(self.directory)
         return str(path), slots + kv.position_offset, self._evict(keep=path)
 
     def _evict(self, keep: Path) -> list[str]:
@@ -179,31 +311,48 @@ class PromptStore:
         are within the bound; the paths deleted."""
         if self.max_bytes is None:
             return []
-        files = sorted(self.files(), key=lambda p: (p == keep, mtime(p)))  # the one just written last
-        sizes = {p: p.stat().st_size for p in files}
+        sizes = {}
+        for path in sorted(self.files(), key=lambda p: (p == keep, mtime(p))):  # the one just written last
+            try:
+                sizes[path] = path.stat().st_size
+            except OSError:  # gone since it was listed
+                pass
         total, gone = sum(sizes.values()), []
-        for path in files:
+        for path, size in sizes.items():
             if total <= self.max_bytes:
                 break
-            total -= sizes[path]
+            total -= size
             self.delete(str(path))
             gone.append(str(path))
         return gone
 
     def delete(self, path: str) -> None:
+        """Delete a file (nothing in a read-only directory; a failure is logged)."""
+        if not self.writable:
+            return
         try:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        except OSError as err:
+            log.warning("prompt cache: cannot delete %s: %s", path, err)
 
     def load(self, entry: Entry) -> KVState:
         """The entry's KV read back into a new cache of the model (ValueError / OSError: unusable)."""
-        meta = read_header(Path(entry.path))
+        path = Path(entry.path)
+        meta = read_header(path)
+        if meta["format"] != FORMAT:
+            raise ValueError(f"written by another specfill version (format {meta['format']})")
         slots, offset = int(meta["slots"]), int(meta["position_offset"])
         if json.loads(meta["identity"]) != self.identity or json.loads(meta["tokens"]) != entry.tokens:
             raise ValueError("the file changed since it was listed")
+        check_content(path, meta)
         cache = self.model.ops.new_cache(self.model.model, slots)
         if cache.load(entry.path) != slots:
             raise ValueError(f"the file holds another number of slots than its header's {slots}")
-        os.utime(entry.path)  # recently used: the last to go when the directory is full
+        if self.writable:
+            try:
+                os.utime(entry.path)  # recently used: the last to go when the directory is full
+            except OSError:
+                pass  # its place in the eviction order only
         return KVState(cache, slots, offset)
