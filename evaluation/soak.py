@@ -18,7 +18,8 @@ gets a 4xx here is left out of the load and listed (a template without tools, no
 Then the load: each client, until the time is up, picks one action at a time (ACTIONS, seeded per
 client): a valid greedy request read whole or streamed, or read by a slow reader, or sampled; a new
 conversation (the prompt cache fills and evicts); a hang-up early (queued or in prefill), at the
-first prefill progress event of a long prompt, or in the middle of a stream; a hostile body
+first prefill progress event of a long prompt, in the middle of a stream, or while the request waits
+behind a long stream of the same client; a hostile body
 (soak_cases.hostile_cases). Every request has a deadline. Then the server is let settle and asked one
 valid request more.
 
@@ -75,6 +76,7 @@ ACTIONS = {
     "hang-up-early": 8,  # hung up 0-0.5 s after sending: while queued or in prefill
     "hang-up-mid-prefill": 8,  # a long prompt hung up on at its first prefill progress event
     "hang-up-mid-stream": 8,  # a stream hung up on after two deltas
+    "hang-up-queued": 4,  # a request hung up on while it waits behind a long stream of the same client
     "hostile": 25,
 }
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -284,15 +286,34 @@ class Soak:
                     case = case.with_fields("cache-off", prompt_cache="off")
                 row = self.record(index, action, case, self.send(case, hang_up="mid-prefill"), compare=False)
             elif action == "hang-up-mid-stream":
-                case = rng.choice(streams)
-                longer = "max_output_tokens" if case.route == RESPONSES else "max_tokens"
-                case = case.with_fields("longer", **{longer: 4 * self.args.max_tokens})
+                case = longer(rng.choice(streams), 4 * self.args.max_tokens)
                 row = self.record(index, action, case, self.send(case, hang_up="mid-stream"), compare=False)
+            elif action == "hang-up-queued":
+                row = self.hang_up_queued(index, rng, streams, served)
             else:
                 case = rng.choice(self.hostile)
                 row = self.record(index, action, case, self.send(case), compare=False)
             if row["outcome"] == "503":
                 time.sleep(min(REFUSED_PAUSE_S, float(row.get("retry_after") or 1)) * rng.random())
+
+    def hang_up_queued(self, index: int, rng: random.Random, streams: list[Case], served: list[Case]) -> dict:
+        """A long stream (it holds the device), then a request sent behind it and hung up on after
+        0.6 s (the server has seen the hang-up while the request waited), then the stream hung up on."""
+        held = longer(rng.choice(streams), max(256, 8 * self.args.max_tokens))
+        release, got = threading.Event(), {}
+
+        def hold() -> None:
+            got["held"] = self.send(held, hang_up="mid-stream", deltas=2**31, release=release)
+
+        holder = threading.Thread(target=hold, name=f"soak-client-{index}-held", daemon=True)
+        holder.start()
+        time.sleep(0.2)
+        queued = rng.choice(served)
+        row = self.record(index, "hang-up-queued", queued, self.send(queued, hang_up="early", after_s=0.6), False)
+        release.set()
+        holder.join(self.args.deadline + 5)
+        self.record(index, "hang-up-queued", held, got.get("held") or Outcome(timed_out=True), compare=False)
+        return row
 
     def run_load(self) -> None:
         self.mark("load")
@@ -413,6 +434,12 @@ class Soak:
         if self.server is not None:  # the log is complete once the server stopped
             self.write(final=True)
         return self.result
+
+
+def longer(case: Case, tokens: int) -> Case:
+    """The same request with room for `tokens` tokens."""
+    field = "max_output_tokens" if case.route == RESPONSES else "max_tokens"
+    return case.with_fields("longer", **{field: tokens})
 
 
 def judge(case: Case, got: Outcome, quiet: str | None, deadline: float) -> tuple[str, str | None]:

@@ -18,6 +18,7 @@ COMPLETIONS = "/v1/completions"
 MESSAGES = "/v1/messages"
 RESPONSES = "/v1/responses"
 ROUTES = (CHAT, COMPLETIONS, MESSAGES, RESPONSES)
+ROUTE_NAMES = {CHAT: "chat", COMPLETIONS: "completions", MESSAGES: "messages", RESPONSES: "responses"}
 
 # A Qwen2.5-style ChatML template that renders tools (Hermes <tool_call> format): the demo model
 # (SmolLM2, which speaks ChatML) is served with it so that its tool requests run (its own template
@@ -241,7 +242,7 @@ def long_stream(long: str, max_tokens: int, tag: str, route: str = CHAT) -> Case
         body["messages"] = _chat(("user", f"{tag}\n{long}\n\nSummarise the text above."))
     else:
         body["prompt"] = f"{tag}\n{long}\n\nIn short,"
-    return Case(f"{route.rsplit('/', 1)[-1]}/long-progress", route, body, long=True)
+    return Case(f"{ROUTE_NAMES[route]}/long-progress", route, body, long=True)
 
 
 def new_conversation(medium: str, max_tokens: int, tag: str, turns: int) -> Case:
@@ -255,9 +256,10 @@ def new_conversation(medium: str, max_tokens: int, tag: str, turns: int) -> Case
 
 
 def _hostile(name: str, route: str, body: dict[str, Any] | bytes, expect: str = "4xx", **extra: Any) -> Case:
+    name = f"hostile/{ROUTE_NAMES[route]}/{name}"
     if isinstance(body, bytes):
-        return Case(f"hostile/{name}", route, raw=body, expect=expect, **extra)
-    return Case(f"hostile/{name}", route, body, expect=expect, **extra)
+        return Case(name, route, raw=body, expect=expect, **extra)
+    return Case(name, route, body, expect=expect, **extra)
 
 
 def hostile_cases(responses: bool) -> list[Case]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -183,12 +184,14 @@ def exchange(
     after_s: float = 0.0,
     deltas: int = 2,
     slow_s: float = 0.0,
+    release: threading.Event | None = None,
     headers: dict[str, str] | None = None,
 ) -> Outcome:
     """Send `case` and read its answer within deadline_s. hang_up: "early" (close after_s seconds after
     sending, reading nothing), "mid-prefill" (at the first prefill progress event of a stream),
-    "mid-stream" (after `deltas` streamed deltas); a case with a Content-Length lie is hung up on in the
-    middle of its body. slow_s: sleep that long between the lines read (a small receive buffer too)."""
+    "mid-stream" (after `deltas` streamed deltas, or once `release` is set); a case with a
+    Content-Length lie is hung up on in the middle of its body. slow_s: sleep that long between the
+    lines read (a small receive buffer too)."""
     out = Outcome()
     started = time.monotonic()
     limit = started + deadline_s
@@ -217,7 +220,7 @@ def exchange(
         out.status = response.status
         out.retry_after = response.getheader("Retry-After")
         if response.status == 200 and "text/event-stream" in (response.getheader("Content-Type") or ""):
-            _read_stream(response, sock, case.route, out, limit, started, hang_up, deltas, slow_s)
+            _read_stream(response, sock, case.route, out, limit, started, hang_up, deltas, slow_s, release)
         else:
             _read_whole(response, sock, case.route, out, limit, slow_s)
     except (socket.timeout, TimeoutError):
@@ -278,6 +281,7 @@ def _read_stream(
     hang_up: str | None,
     deltas: int,
     slow_s: float,
+    release: threading.Event | None,
 ) -> None:
     reader = StreamReader(route)
     while not reader.done:
@@ -292,7 +296,7 @@ def _read_stream(
         if hang_up == "mid-prefill" and reader.progressed:
             out.hung_up = hang_up
             return
-        if hang_up == "mid-stream" and reader.deltas >= deltas:
+        if hang_up == "mid-stream" and (reader.deltas >= deltas or (release is not None and release.is_set())):
             out.hung_up = hang_up
             return
         if slow_s:
