@@ -43,18 +43,13 @@ import os
 import random
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 from .machine import describe_machine
-from .serve_process import ServerProcess
 from .soak_cases import (
     CHAT,
-    CHATML_TOOLS,
     COMPLETIONS,
     RESPONSES,
     Case,
@@ -63,9 +58,10 @@ from .soak_cases import (
     new_conversation,
     valid_cases,
 )
+from .soak_checks import checks, judge, memory_summary
 from .soak_client import Outcome, exchange
 from .soak_report import summarize, write_report
-from .texts import eval_text
+from .soak_server import SoakServer
 
 # what a client does next, and how often (weights)
 ACTIONS = {
@@ -83,7 +79,6 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 SLOW_READ_S = 0.05
 REFUSED_PAUSE_S = 2.0  # a client refused with 503 waits at most this long (Retry-After, capped)
 WARMUP_S = 60.0
-MEMORY_SLACK = 0.10
 
 
 class Soak:
@@ -94,7 +89,7 @@ class Soak:
         self.out = Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
         self.stem = self.out / args.name
-        self.server: ServerProcess | None = None
+        self.server: SoakServer | None = None
         self.lock = threading.Lock()
         self.records: list[dict[str, Any]] = []
         self.quiet: dict[str, str] = {}
@@ -104,87 +99,17 @@ class Soak:
         self.t0 = time.monotonic()
         self.marks: dict[str, float] = {}
         self.done = threading.Event()
-        self.pid: int | None = None
         self.result: dict[str, Any] = {}
         self._jsonl = None
         self._last_png = 0.0
         self.alive_at_end: bool | None = None
         self.differ: list[str] = []  # streamed quiet answers unlike the same request's whole one
 
-    # the server
-    def start(self) -> None:
-        args = self.args
-        if args.url:
-            parts = urllib.parse.urlsplit(args.url)
-            self.host, self.port, self.url = parts.hostname, parts.port or 80, args.url.rstrip("/")
-            self.log_path = Path(args.log) if args.log else None
-            self.pid = listening_pid(self.port)
-        else:
-            serve = ["--dtype", args.dtype, "--max-tokens", str(args.max_tokens), "--max-queue", str(args.max_queue)]
-            serve += ["--cache-memory", str(args.cache_memory), "--speculator", args.speculator]
-            if args.model:
-                serve += ["--model", args.model]
-            if args.chat_template == "tools":
-                template = self.stem.with_name(f"{args.name}_tools.jinja")
-                template.write_text(CHATML_TOOLS, encoding="utf-8")
-                serve += ["--chat-template", str(template)]
-            elif args.chat_template != "own":
-                serve += ["--chat-template", args.chat_template]
-            serve += args.serve_args
-            self.log_path = self.stem.with_name(f"{args.name}_server.log")
-            self.server = ServerProcess(*serve, log=self.log_path, threads=args.threads, log_level="info")
-            self.host, self.port, self.url, self.pid = (
-                "127.0.0.1",
-                self.server.port,
-                self.server.url,
-                self.server.proc.pid,
-            )
-        self.headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-        health = self.get("/health")
-        self.model = health["model"]
-        self.server_info = {
-            "url": self.url,
-            "model": health["model"],
-            "backend": health.get("backend"),
-            "device": health.get("device"),
-            "pid": self.pid,
-            "log": None if self.log_path is None else str(self.log_path),
-        }
-        self.context = self.get("/v1/models")["data"][0].get("max_model_len") or 2048
-        self.responses = self.has_route(RESPONSES)
-
-    def get(self, path: str) -> dict[str, Any]:
-        request = urllib.request.Request(self.url + path, headers=self.headers)
-        with urllib.request.urlopen(request, timeout=30) as reply:
-            return json.loads(reply.read())
-
-    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        request = urllib.request.Request(
-            self.url + path,
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json", **self.headers},
-        )
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            return json.loads(reply.read())
-
-    def has_route(self, path: str) -> bool:
-        """Whether the server has `path` (an empty body gets a 4xx, not 404 / 405)."""
-        try:
-            self.post(path, {})
-        except urllib.error.HTTPError as err:
-            return err.code not in (404, 405)
-        return True
-
-    def text_of(self, tokens: int) -> str:
-        """The evaluation text cut to `tokens` tokens of the served tokenizer."""
-        ids = self.post("/tokenize", {"content": eval_text(), "add_special": False})["tokens"][:tokens]
-        return self.post("/detokenize", {"tokens": ids})["content"]
-
     # memory
     def sample_memory(self) -> None:
         import psutil
 
-        process = psutil.Process(self.pid)
+        process = psutil.Process(self.server.pid)
         while not self.done.is_set():
             try:
                 rss = process.memory_info().rss / 2**20
@@ -201,7 +126,8 @@ class Soak:
 
     # requests
     def send(self, case: Case, **how: Any) -> Outcome:
-        return exchange(self.host, self.port, case, self.args.deadline, headers=self.headers, **how)
+        server = self.server
+        return exchange(server.host, server.port, case, self.args.deadline, headers=server.headers, **how)
 
     def record(self, client: int, action: str, case: Case, got: Outcome, compare: bool) -> dict[str, Any]:
         outcome, failure = judge(case, got, self.quiet.get(case.name) if compare else None, self.args.deadline)
@@ -340,7 +266,7 @@ class Soak:
         deadline = time.monotonic() + self.args.deadline
         while time.monotonic() < deadline:
             try:
-                health = self.get("/health")
+                health = self.server.get("/health")
                 if not health["busy"] and not health["waiting"]:
                     break
             except OSError:
@@ -353,44 +279,24 @@ class Soak:
             row = self.record(-1, "after", first, self.send(first), compare=True)
             self.result["after"] = row
 
-    def scan_log(self) -> dict[str, Any] | None:
-        """Tracebacks in the server's log: how many, and the exception line of each (10 at most)."""
-        if self.log_path is None or not self.log_path.exists():
-            return None
-        lines = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
-        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-        errors = []
-        for i in starts:
-            tail = next((line for line in lines[i + 1 :] if line and not line.startswith((" ", "\t"))), "")
-            errors.append(tail[:300])
-        return {"count": len(starts), "errors": sorted(Counter(errors).items(), key=lambda kv: -kv[1])[:10]}
-
-    def alive(self) -> bool | None:
-        if self.server is not None:
-            return self.server.alive()
-        try:
-            return self.get("/health")["status"] == "ok"
-        except OSError:
-            return False
-
     def write(self, final: bool) -> None:
         with self.lock:
             records, memory = list(self.records), list(self.memory)
         self.result.update(
-            title=title(self.args, self.server_info),
+            title=title(self.args, self.server.info),
             settings=settings_of(self.args),
-            server=self.server_info,
+            server=self.server.info,
             machine=self.machine,
             marks=dict(self.marks),
             quiet={"answers": len(self.quiet), "not_served": dict(self.skipped), "stream_differs": self.differ},
-            responses_route=self.responses,
-            tracebacks=self.scan_log(),
+            responses_route=self.server.responses,
+            tracebacks=self.server.scan_log(),
             summary=summarize(records),
             final=final,
         )
         self.result["memory"] = memory_summary(memory, self.marks, self.args.cache_memory)
         if final and self.alive_at_end is None:  # asked once, before a server the soak started stops
-            self.alive_at_end = self.alive()
+            self.alive_at_end = self.server.alive()
         alive = self.alive_at_end if final else None
         self.result["checks"] = checks(self.result, records, alive)
         self.result["passed"] = all(c["ok"] is not False for c in self.result["checks"].values())
@@ -402,19 +308,19 @@ class Soak:
 
     def run(self) -> dict[str, Any]:
         self.machine = describe_machine({"threads": self.args.threads})
-        self.start()
+        self.server = SoakServer(self.args, self.stem)
         try:
             self._jsonl = open(self.stem.with_name(f"{self.args.name}_requests.jsonl"), "w")
             sampler = None
-            if self.pid is not None:
+            if self.server.pid is not None:
                 sampler = threading.Thread(target=self.sample_memory, name="soak-memory", daemon=True)
                 sampler.start()
             self.medium, self.long = (
-                self.text_of(min(250, self.context // 8)),
-                self.text_of(min(1100, self.context // 3)),
+                self.server.text_of(min(250, self.server.context // 8)),
+                self.server.text_of(min(1100, self.server.context // 3)),
             )
-            self.valid = valid_cases(self.args.max_tokens, self.medium, self.long, self.responses)
-            self.hostile = hostile_cases(self.responses)
+            self.valid = valid_cases(self.args.max_tokens, self.medium, self.long, self.server.responses)
+            self.hostile = hostile_cases(self.server.responses)
             self.run_quiet()
             self.write(final=False)
             if self.quiet:
@@ -429,9 +335,8 @@ class Soak:
             self.done.set()
             if self._jsonl is not None:
                 self._jsonl.close()
-            if self.server is not None:
-                self.server.stop()
-        if self.server is not None:  # the log is complete once the server stopped
+            self.server.stop()
+        if self.server.process is not None:  # the log is complete once the server stopped
             self.write(final=True)
         return self.result
 
@@ -442,130 +347,11 @@ def longer(case: Case, tokens: int) -> Case:
     return case.with_fields("longer", **{field: tokens})
 
 
-def judge(case: Case, got: Outcome, quiet: str | None, deadline: float) -> tuple[str, str | None]:
-    """(outcome, failure or None) of one request: its status (or hang / dropped / hung up / mismatch)."""
-    if got.hung_up:
-        return f"hung up {got.hung_up}", None
-    if got.timed_out:
-        return "hang", f"no complete answer within the {deadline:g} s deadline"
-    if got.status is None:
-        return "dropped", f"the connection failed: {got.error}"
-    status = got.error_status or got.status  # an error inside a 200 stream stands for its status
-    if status >= 500:
-        if status == 503 and (got.retry_after or "").isdigit() and int(got.retry_after) > 0:
-            return "503", None
-        return str(status), f"{status} ({'no Retry-After: ' if status == 503 else ''}{got.error})"
-    if case.expect == "4xx":
-        return str(status), None if 400 <= status < 500 else f"a hostile request was answered {status}"
-    if case.expect == "any":
-        return str(status), None
-    if status != 200:
-        return str(status), f"a valid request was refused: {got.error}"
-    if not got.complete:
-        return "truncated", f"the {'stream' if case.stream else 'body'} ended early ({got.error})"
-    if quiet is not None and got.answer != quiet:
-        return "mismatch", f"answer {_clip(got.answer)} differs from the quiet run's {_clip(quiet)}"
-    return "200", None
-
-
-def checks(result: dict[str, Any], records: list[dict[str, Any]], alive: bool | None) -> dict[str, dict[str, Any]]:
-    """Each check: ok (True, False, or None: not run or not yet) and a line saying what it found."""
-
-    def first(rows: list[dict[str, Any]]) -> str:
-        return f"; first: {rows[0]['case']} ({rows[0]['action']}): {rows[0]['failure']}" if rows else ""
-
-    failed = [r for r in records if "failure" in r]
-    server = [r for r in failed if r["outcome"][:1] == "5"]
-    hangs = [r for r in failed if r["outcome"] == "hang"]
-    dropped = [r for r in failed if r["outcome"] == "dropped"]
-    statuses = [r for r in failed if r["outcome"] == "truncated" or r["outcome"][:1] in "1234"]
-    mismatches = [r for r in failed if r["outcome"] == "mismatch"]
-    compared = sum(r["compared"] for r in records)
-    quiet, stuck = result["quiet"], result.get("stuck_clients", [])
-    quiet_failed = [r for r in failed if r["phase"] == "quiet"]
-    out = {
-        "quiet run": (
-            bool(quiet["answers"]) and not quiet_failed,
-            f"{quiet['answers']} answers, {len(quiet['not_served'])} valid requests refused (4xx)"
-            + first(quiet_failed),
-        ),
-        "no 5xx but 503 with Retry-After": (not server, f"{len(server)} responses{first(server)}"),
-        "no hang": (
-            not hangs and not stuck,
-            f"{len(hangs)} requests past the deadline" + (f", clients stuck: {stuck}" if stuck else "") + first(hangs),
-        ),
-        "no dropped connection": (not dropped, f"{len(dropped)} requests{first(dropped)}"),
-        "statuses as expected": (not statuses, f"{len(statuses)} requests{first(statuses)}"),
-        "greedy answers equal the quiet run's": (
-            compared > 0 and not mismatches,
-            f"{compared} compared, {len(mismatches)} differ{first(mismatches)}",
-        ),
-        "streamed answers equal whole ones": (not quiet["stream_differs"], f"differ: {quiet['stream_differs']}"),
-    }
-    tracebacks = result["tracebacks"]
-    out["no traceback in the server log"] = (
-        (None, "no server log to read (--log)")
-        if tracebacks is None
-        else (not tracebacks["count"], f"{tracebacks['count']} tracebacks: {tracebacks['errors']}")
-    )
-    after = result.get("after")
-    out["serves after the load"] = (
-        (None, "not yet")
-        if alive is None
-        else (
-            alive and after is not None and after["outcome"] == "200",
-            f"server alive: {alive}, one more request: {None if after is None else after['outcome']}",
-        )
-    )
-    memory = result["memory"]
-    if memory.get("final_mb") is None or alive is None:
-        out["resident memory held"] = (None, memory.get("note", "not yet"))
-    else:
-        out["resident memory held"] = (
-            memory["final_mb"] <= memory["allowed_mb"],
-            f"{memory['final_mb']} MB after the load, {memory['warm_mb']} MB after warm-up, "
-            f"allowed {memory['allowed_mb']} MB (+{MEMORY_SLACK:.0%} of warm-up + --cache-memory)",
-        )
-    return {name: {"ok": None if ok is None else bool(ok), "detail": detail} for name, (ok, detail) in out.items()}
-
-
-def memory_summary(memory: list[tuple[float, float, str]], marks: dict[str, float], cache_gb: float) -> dict[str, Any]:
-    """Resident MB at the start, after warm-up, after the load (at rest, before the last request), at most."""
-    if not memory:
-        return {"note": "no memory samples (the server's process was not found)"}
-    rss = [m[1] for m in memory]
-    warm = next((m[1] for m in memory if "warm" in marks and m[0] >= marks["warm"]), None)
-    rest = [m[1] for m in memory if m[2] == "settle"]
-    summary = {"samples": len(memory), "start_mb": rss[0], "max_mb": max(rss), "warm_mb": warm}
-    summary["final_mb"] = rest[-1] if rest and warm is not None else None
-    if warm is not None:
-        summary["allowed_mb"] = round((1 + MEMORY_SLACK) * (warm + cache_gb * 1024), 1)
-    return summary
-
-
 def title(args: argparse.Namespace, server: dict[str, Any]) -> str:
     return (
         f"Soak: {args.clients} clients, {args.minutes:g} min on {server['model']} "
         f"({args.dtype}, {server.get('backend')} {server.get('device')}, {args.threads} threads)"
     )
-
-
-def _clip(text: str | None, size: int = 80) -> str:
-    text = text or ""
-    return repr(text if len(text) <= size else text[:size] + "...")
-
-
-def listening_pid(port: int) -> int | None:
-    """The process listening on `port` (None when the system does not say)."""
-    import psutil
-
-    try:
-        for conn in psutil.net_connections("tcp"):
-            if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
-                return conn.pid
-    except psutil.Error:
-        pass
-    return None
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
