@@ -198,3 +198,27 @@ def plot_agent_session(turns: Sequence[dict], restart: Sequence[dict], path: str
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     return _save(fig, path)
+
+
+def plot_soak_memory(
+    samples: Sequence[tuple[float, float, str]], marks: dict, memory: dict, path: str | os.PathLike, title: str
+) -> Path:
+    """The server's resident memory (MB) over a soak (evaluation/soak.py): samples (seconds, MB, phase),
+    the phases' starts as vertical lines, and the memory check's allowance as a dashed line."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot([s[0] for s in samples], [s[1] for s in samples], color="tab:blue", label="resident memory")
+    for name, at in marks.items():
+        ax.axvline(at, color="grey", linestyle=":", linewidth=1)
+        ax.annotate(name, (at, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", fontsize=7)
+    allowed = memory.get("allowed_mb")
+    if allowed is not None and allowed <= 1.5 * max(s[1] for s in samples):
+        ax.axhline(allowed, color="tab:red", linestyle="--", label="allowed after the load")
+    elif allowed is not None:  # far above: drawn, it would flatten the curve
+        ax.plot([], [], " ", label=f"allowed after the load: {allowed:.0f} MB")
+    ax.set_xlabel("seconds since the start")
+    ax.set_ylabel("resident memory (MB)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    return _save(fig, path)

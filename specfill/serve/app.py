@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .access import Access, protect
 from .anthropic import MessageShape
@@ -169,7 +170,11 @@ def _error_for(path: str) -> Callable[..., dict[str, Any]]:
 
 async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
     try:
-        plan, shape = route.prepare(await request.body(), ctx)
+        raw = await request.body()
+    except ClientDisconnect:  # gone before its body arrived: no one to answer, nothing to log
+        return Response(status_code=499)
+    try:
+        plan, shape = route.prepare(raw, ctx)
         job = Job(plan, asyncio.get_running_loop())
         ctx.scheduler.submit(job)
     except RequestError as err:
@@ -194,7 +199,9 @@ async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
         )
     try:
         return await _whole(job, shape, request, outcome)
-    except (ClientGone, asyncio.CancelledError):
+    except ClientGone:  # nobody to answer: not an error to log
+        return Response(status_code=499)
+    except asyncio.CancelledError:
         job.cancel()
         raise
     finally:

@@ -238,7 +238,7 @@ def _template_call(call: Any, where: str) -> dict[str, Any]:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             pass  # the text as it was: the template writes what the model wrote
     return {"id": call.get("id"), "type": "function", "function": {"name": name, "arguments": arguments}}
 

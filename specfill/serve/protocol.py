@@ -165,15 +165,43 @@ UNSUPPORTED = (
 CHAT_FEATURES = frozenset({"tools", "response_format"})  # the chat route reads these (chat.py)
 
 
+MAX_DEPTH = 64  # arrays and objects inside each other (JSON schemas and tool arguments are checked recursively)
+TOO_DEEP = f"the request body nests arrays and objects more than {MAX_DEPTH} deep"
+
+
 def read_json(raw: bytes) -> dict[str, Any]:
-    """A JSON object body, or a RequestError(400)."""
+    """A JSON object body nested at most MAX_DEPTH deep, its strings valid Unicode, or a RequestError(400)."""
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise bad_request(f"malformed JSON body: {err}") from None
+    except RecursionError:
+        raise bad_request(TOO_DEEP) from None
+    _check_values(data)
     if not isinstance(data, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def _check_values(value: Any) -> None:
+    """Arrays and objects nested at most MAX_DEPTH deep, and no string with a lone UTF-16 surrogate
+    (a \\ud800 escape: the tokenizer cannot read it), walked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise bad_request(f"the request body has a string with a lone surrogate: {item[:40]!r}") from None
+            continue
+        children = [*item, *item.values()] if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > MAX_DEPTH:
+            raise bad_request(TOO_DEEP)
+        stack.extend((child, depth + 1) for child in children)
 
 
 def parse_body(raw: bytes, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
