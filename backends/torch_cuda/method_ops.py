@@ -43,9 +43,9 @@ def build_memory_set(
     ascending position and a stable descending sort keeps that order among equal scores.
     """
     n_kv, device = scores.shape[0], scores.device
-    local_start = max(chunk_start, chunk_end - local)
-    local_idx = torch.arange(local_start, chunk_end, dtype=torch.int64, device=device).expand(n_kv, -1)
-    rest = torch.arange(chunk_start, local_start, dtype=torch.int64, device=device).expand(n_kv, -1)
+    split = max(0, chunk_end - chunk_start - local)  # Local_c starts at chunk_start + split
+    chunk = torch.arange(chunk_start, chunk_end, dtype=torch.int64, device=device).expand(n_kv, -1)
+    local_idx, rest = chunk[:, split:], chunk[:, :split]  # views: one arange launch, not two
     # M_{c-1} lies before C_c, so [previous, rest] is ascending in every row
     candidates = rest if previous is None else torch.cat([previous.indices.to(torch.int64), rest], dim=1)
     n_heavy = min(heavy, candidates.shape[1])

@@ -56,15 +56,17 @@ def merge_states(a: AttentionState, b: AttentionState) -> AttentionState:
     """Exact merge of two states over disjoint key sets (FlashAttention's rescaling).
 
     Computed in the statistics dtype; o comes back in a.o's dtype. Rows empty in both stay empty.
+    Elementwise: merging many chunks' rows at once gives each row what merging it alone would.
     """
     stats = torch.promote_types(stats_dtype(a.o, b.o), torch.promote_types(a.m.dtype, b.m.dtype))
     m_a, m_b = a.m.to(stats), b.m.to(stats)
     m = torch.maximum(m_a, m_b)
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    # non-finite maxima (rows empty in both) shift by 0; one op, where isfinite + where took six
+    m_safe = torch.nan_to_num(m, nan=0.0, posinf=0.0, neginf=0.0)
     weight_a = a.l.to(stats) * torch.exp(m_a - m_safe)
     weight_b = b.l.to(stats) * torch.exp(m_b - m_safe)
     l = weight_a + weight_b
-    inv = torch.where(l > 0, 1.0 / l, torch.zeros_like(l)).unsqueeze(-1)
+    inv = torch.where(l > 0, l.reciprocal(), 0.0).unsqueeze(-1)  # 1.0 / l is reciprocal() * 1.0: the same bits
     o = (weight_a.unsqueeze(-1) * inv) * a.o.to(stats) + (weight_b.unsqueeze(-1) * inv) * b.o.to(stats)
     return AttentionState(m, l, o.to(a.o.dtype))
 
