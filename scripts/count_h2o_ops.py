@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specfill.backends.torch_cuda import placement
+from specfill.backends.torch_cuda import method_ops, placement
 from specfill.backends.torch_cuda.kernels import flash_triton
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.config import H2OConfig
@@ -36,8 +36,9 @@ LOG2E = 1.4426950408889634
 # operators that wait for the device (their result is read on the host)
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "nonzero_static", "masked_select", "is_nonzero", "equal"}
 SYNC_OPS |= {"unique", "_unique", "_unique2", "unique_consecutive", "unique_dim", "bincount", "repeat_interleave"}
-# operators that allocate without launching a kernel
-ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+# operators that allocate without launching a kernel, and a Python number wrapped as a 0-dim host
+# tensor (torch.where(c, x, 0.0)): the kernel takes it as an argument
+ALLOC_OPS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "scalar_tensor"}
 
 # the stages the walk calls through its ops (H2OOps)
 STAGES = (
@@ -214,6 +215,7 @@ def count_walk(
         ops = _CountingOps(counter, torch.device("cpu"), dtype)
         ops.intra_attention(q[:, :64], k[:, :64], v[:, :64], 64, head_dim**-0.5)  # the first-use self-checks
         ops.inter_attention(q[:, :64], k[:, :64], v[:, :64], head_dim**-0.5)
+        method_ops.positions(0, n_tokens, q.device)  # steady state: a layer before this one grew the cache
         counter.launches.clear(), counter.syncs.clear(), counter.ops.clear(), ops.calls.clear()
         synced = runtime.synchronized
         with counter:
@@ -241,10 +243,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--dtype", default="bfloat16", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--heads", type=int, default=32, help="query heads (Llama-3.1-8B's 32)")
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--chunk-size", type=int, default=H2OConfig.chunk_size)
+    parser.add_argument("--batch-size", type=int, default=H2OConfig.batch_size)
+    parser.add_argument("--local", type=int, default=H2OConfig.local)
+    parser.add_argument("--heavy", type=int, default=H2OConfig.heavy)
     parser.add_argument("--json", action="store_true", help="print the whole count as JSON")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    result = count_walk(args.tokens, dtype=getattr(torch, args.dtype))
+    config = H2OConfig(
+        chunk_size=args.chunk_size, batch_size=args.batch_size, local=args.local, heavy=args.heavy, dense_tail=0
+    )
+    result = count_walk(args.tokens, args.heads, args.kv_heads, args.head_dim, getattr(torch, args.dtype), config)
     if args.json:
         print(json.dumps(result, indent=2))
         return
