@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterator
@@ -194,6 +195,24 @@ def _simulated_gpu(counter: _Counter) -> Iterator[_Runtime]:
         KERNEL_SELF_CHECK.reset()
 
 
+def _python_calls(counter: _Counter, run) -> int:
+    """Python function calls (frames entered; builtins too) while `run` runs, outside the stand-ins
+    and this script: a second run, without the dispatch mode, whose own Python would count."""
+    calls = 0
+
+    def hook(frame, event, arg) -> None:
+        nonlocal calls
+        if event in ("call", "c_call") and not counter.paused and frame.f_code.co_filename != __file__:
+            calls += 1
+
+    sys.setprofile(hook)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
 def count_walk(
     n_tokens: int = 8192,
     n_heads: int = 32,
@@ -216,6 +235,7 @@ def count_walk(
         ops.intra_attention(q[:, :64], k[:, :64], v[:, :64], 64, head_dim**-0.5)  # the first-use self-checks
         ops.inter_attention(q[:, :64], k[:, :64], v[:, :64], head_dim**-0.5)
         method_ops.positions(0, n_tokens, q.device)  # steady state: a layer before this one grew the cache
+        python_calls = _python_calls(counter, lambda: h2o_attention_layer(ops, q, k, v, config, head_dim**-0.5))
         counter.launches.clear(), counter.syncs.clear(), counter.ops.clear(), ops.calls.clear()
         synced = runtime.synchronized
         with counter:
@@ -234,6 +254,8 @@ def count_walk(
         "launches_per_step_by_stage": walk,
         "syncs_per_step": sum(counter.syncs.values()) / steps + synced / steps,
         "stage_calls_per_step": sum(n for s, n in ops.calls.items() if s != "intra_attention") / steps,
+        # the whole layer's Python function calls (phase 1 included; stand-in launches excluded)
+        "python_calls_per_step": python_calls / steps,
         "phase1_launches_per_batch": phase1 / batches,
         "ops": dict(sorted(counter.ops.items())),
     }
@@ -263,6 +285,7 @@ def main() -> None:
     print(f"{result['tokens']} tokens, {result['dtype']}, {result['chunk_steps']} phase-2 chunk steps")
     print(f"launches per chunk step: {result['launches_per_step']:.2f}  syncs: {result['syncs_per_step']:.2f}")
     print(f"stage calls per chunk step: {result['stage_calls_per_step']:.2f}")
+    print(f"Python calls per chunk step (the layer's): {result['python_calls_per_step']:.0f}")
     for stage, n in result["launches_per_step_by_stage"].items():
         print(f"  {stage:28s} {n:6.2f}")
     print(f"phase 1 launches per logical batch: {result['phase1_launches_per_batch']:.1f}")
