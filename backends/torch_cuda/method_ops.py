@@ -23,6 +23,20 @@ def stage_kernels() -> Any:
     return kernels
 
 
+# one int64 arange per device, grown by doubling: the memory-set choice slices each chunk's positions
+# out of it (a view, no launch per chunk); at most 2 x the longest prompt's positions (1 MiB at 64K)
+_POSITIONS: dict[torch.device, torch.Tensor] = {}
+
+
+def positions(start: int, end: int, device: torch.device) -> torch.Tensor:
+    """torch.arange(start, end) in int64 on `device`, as a view of the device's cached arange."""
+    cached = _POSITIONS.get(device)
+    if cached is None or cached.shape[0] < end:
+        cached = torch.arange(max(1024, 1 << max(0, end - 1).bit_length()), dtype=torch.int64, device=device)
+        _POSITIONS[device] = cached
+    return cached[start:end]
+
+
 def accumulate_scores(scores: torch.Tensor, memory: MemorySet, kv_colsum: torch.Tensor) -> torch.Tensor:
     """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s], as a new tensor."""
     return scores.scatter_add(1, memory.indices, kv_colsum.to(scores.dtype))
@@ -43,9 +57,9 @@ def build_memory_set(
     ascending position and a stable descending sort keeps that order among equal scores.
     """
     n_kv, device = scores.shape[0], scores.device
-    local_start = max(chunk_start, chunk_end - local)
-    local_idx = torch.arange(local_start, chunk_end, dtype=torch.int64, device=device).expand(n_kv, -1)
-    rest = torch.arange(chunk_start, local_start, dtype=torch.int64, device=device).expand(n_kv, -1)
+    split = max(0, chunk_end - chunk_start - local)  # Local_c starts at chunk_start + split
+    chunk = positions(chunk_start, chunk_end, device).expand(n_kv, -1)
+    local_idx, rest = chunk[:, split:], chunk[:, :split]  # views: no launch
     # M_{c-1} lies before C_c, so [previous, rest] is ascending in every row
     candidates = rest if previous is None else torch.cat([previous.indices.to(torch.int64), rest], dim=1)
     n_heavy = min(heavy, candidates.shape[1])

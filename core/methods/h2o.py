@@ -3,8 +3,10 @@
 For query i in chunk C_c the keys are K(i) = {j in C_c : j <= i} U M_{c-1}. Per layer and logical
 batch: phase 1 computes the intra part of every chunk at once (state and column sums); phase 2
 walks the chunks in order: attend to the previous memory set, add its column sums to the scores,
-merge the two softmaxes exactly, build the next memory set. `H2OPrefillAttention` plugs the walk
-into a model's prefill (one carry per layer); `h2o_attention_layer` does one layer's whole prompt.
+build the next memory set; the two softmaxes of all the batch's chunks are then merged exactly at
+once (rowwise: one merge per batch, not one per chunk; scripts/count_h2o_ops.py counts the ops).
+`H2OPrefillAttention` plugs the walk into a model's prefill (one carry per layer);
+`h2o_attention_layer` does one layer's whole prompt.
 With a dense tail (H2OConfig.dense_tail = W > 0) the last W prompt queries are then recomputed as
 causal attention over every key (`dense_tail_attention`), after the walk, which is left unchanged:
 their sparse attention still votes in the scores, so scores and memory sets do not depend on W.
@@ -74,6 +76,17 @@ def finish(ops: H2OOps[A], state: AttentionState[A], terms: AttentionTerms[A] | 
     """A query's state over its whole key set, its sink (if any) folded in once (the module doc)."""
     sinks = sinks_of(terms)
     return state if sinks is None else ops.add_sinks(state, sinks)
+
+
+def concat_states(ops: H2OOps[A], states: Sequence[AttentionState[A]]) -> AttentionState[A]:
+    """The states of consecutive query rows as one state (three concats; one state is itself)."""
+    if len(states) == 1:
+        return states[0]
+    return AttentionState(
+        ops.concat([s.m for s in states], axis=1),
+        ops.concat([s.l for s in states], axis=1),
+        ops.concat([s.o for s in states], axis=1),
+    )
 
 
 def dense_tail_attention(
@@ -165,12 +178,15 @@ def h2o_attention_batch(
         # every chunk's scores start from its own phase-1 column sums; phase 2 adds to them
         scores = ops.concat([carry.scores, ops.reduce_colsum_to_kv_heads(intra.colsum, n_kv)], axis=1)
         memory, memory_sets = carry.memory, list(carry.memory_sets)
-        outputs = []
+        # phase 2's states, from the batch's first chunk with a memory set (every chunk but the
+        # prompt's first) to its end; merged with phase 1's once the walk is done (the merge is
+        # rowwise and no later chunk reads it: one merge per batch, not one per chunk)
+        inter_states: list[AttentionState[A]] = []
+        inter_start = n_tokens
         for local_start in range(0, n_tokens, size):
             checkpoint()  # a cancelled request (core/ops.py) stops before the next chunk
             local_end = min(local_start + size, n_tokens)
             chunk_start, chunk_end = start + local_start, start + local_end
-            state = intra.state.rows(local_start, local_end)
             if memory is not None:
                 k_mem, v_mem = ops.gather_memory(k, v, memory)
                 key_window = (
@@ -178,8 +194,8 @@ def h2o_attention_batch(
                 )  # memory positions are >= 0
                 inter = ops.inter_attention(q[:, local_start:local_end], k_mem, v_mem, scale, key_window, *_with(terms))
                 scores = ops.accumulate_scores(scores, memory, ops.reduce_colsum_to_kv_heads(inter.colsum, n_kv))
-                state = ops.merge_states(inter.state, state)
-            outputs.append(finish(ops, state, terms).o)
+                inter_start = min(inter_start, local_start)
+                inter_states.append(inter.state)
             if is_last and local_end == n_tokens:
                 break  # no memory set after the final chunk: nothing would read it
             if local_end - local_start != size:
@@ -188,6 +204,10 @@ def h2o_attention_batch(
                 scores, memory, chunk_start // size, chunk_start, chunk_end, config.local, config.heavy
             )
             memory_sets.append(memory)
+        outputs = [] if inter_start == 0 else [finish(ops, intra.state.rows(0, inter_start), terms).o]
+        if inter_states:
+            merged = ops.merge_states(concat_states(ops, inter_states), intra.state.rows(inter_start, n_tokens))
+            outputs.append(finish(ops, merged, terms).o)
         tail = (
             None
             if tail_start is None
