@@ -69,7 +69,7 @@ CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
 read -r -a SHARES <<< "${SHARES:-15 360 75 60 50}"  # machine, bench, hybrid, kernels, conformance
-VARIANTS=${VARIANTS-"full-s16k=full:--step 16384;specprefill-s16k=specprefill:--step 16384"}
+VARIANTS=${VARIANTS-"full-s16k=full:--step 16384;specprefill-s16k=specprefill:--step 16384;h2o-s4096=h2o:--step 4096"}
 DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager,compiled}
 HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}
 HYBRID_PARITY=${HYBRID_PARITY:-2048}

@@ -94,8 +94,11 @@ def test_sigkill_while_writing_leaves_only_whole_files_and_no_temporaries(tmp_pa
     context.set_forkserver_preload(["tests.serve.store_writer"])
     pick = random.Random(48)
     model, max_bytes = store_writer.ReferenceModel(), 8 << 20
-    caught, files, checked = 0, set(), 0
-    for trial in range(TRIALS):
+    caught, files, checked, trial = 0, set(), 0, -1
+    # TRIALS kills at least; more (up to 3x) until a quarter of TRIALS landed mid-write, which a
+    # loaded machine (its writers slowed) may need
+    while trial + 1 < TRIALS or (caught < TRIALS // 4 and trial + 1 < 3 * TRIALS):
+        trial += 1
         ready = context.Event()
         writer = context.Process(target=store_writer.write_forever, args=(str(tmp_path), trial, max_bytes, ready))
         writer.start()
@@ -119,7 +122,7 @@ def test_sigkill_while_writing_leaves_only_whole_files_and_no_temporaries(tmp_pa
             np.testing.assert_array_equal(np.stack([layer.v[0] for layer in kv.cache.layers]), values)
             checked += 1
         files.update(e.path for e in entries)
-    assert caught >= TRIALS // 4, f"only {caught} of {TRIALS} kills landed in a write"
+    assert caught >= TRIALS // 4, f"only {caught} of {trial + 1} kills landed in a write"
     assert len(files) > TRIALS and checked > 2 * TRIALS
 
 
