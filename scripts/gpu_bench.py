@@ -27,6 +27,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
@@ -370,11 +371,45 @@ def decode_mode(model, mode: str) -> None:
     ops.decode_graphs = DecodeGraphs(CudaGraphCapture() if captured else None, compiled=mode == "compiled")
 
 
+def logits_check(model, ids: list[int]) -> dict:
+    """One prefill of ids, then the same two decode steps on three copies of its cache: eager (the
+    layer-by-layer path), eager-static (decode_graph.static_step) and graphs (the second step a
+    replay). Max |difference| of the logits beside their spread and the eager top-2 gap: a
+    difference far below the gap is rounding (fused kernels differ), one near the spread a bug."""
+    from specfill.core.methods.prefill import prefill
+
+    ops, out = model.ops, {}
+    with ops.device_scope():
+        cache = ops.new_cache(model.model, len(ids) + 8)
+        prefill(ops, model.model, ops.tokens(np.array(ids)), 0, cache, step_size=model.prefill_step_size)
+        logits = {}
+        for mode in ("eager", "eager-static", "graphs"):
+            decode_mode(model, mode)
+            copy = cache.copy(cache.filled, cache.capacity)
+            steps = [
+                ops.forward(model.model, ops.tokens(np.array([t])), len(ids) + i, copy, None, 0)[-1]
+                for i, t in enumerate((5, 7))
+            ]
+            logits[mode] = [x.float() for x in steps]
+        decode_mode(model, "graphs")
+        eager = logits["eager"]
+        top2 = torch.topk(eager[0], 2).values
+        out["eager_logit_std"] = float(eager[0].std())
+        out["eager_top2_gap"] = float(top2[0] - top2[1])
+        for mode in ("eager-static", "graphs"):
+            out[f"{mode}_vs_eager_max_abs"] = [float((a - b).abs().max()) for a, b in zip(logits[mode], eager)]
+            out[f"{mode}_argmax_equal"] = [bool(a.argmax() == b.argmax()) for a, b in zip(logits[mode], eager)]
+        out["graphs_vs_eager_static_bitwise"] = [
+            bool(torch.equal(a, b)) for a, b in zip(logits["graphs"], logits["eager-static"])
+        ]
+    return out
+
+
 def bench_on_cuda(ops) -> bool:
     return ops.device.type == "cuda"
 
 
-COMPILE_ALLOWANCE_S = 150  # the compiled decode row runs last, only with this much left (inductor: ~1 min for an 8B)
+COMPILE_ALLOWANCE_S = 100  # the compiled decode row runs last, only with this much left (inductor: ~1 min for an 8B)
 
 
 def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int, shapes, rates, modes, drafted) -> None:
@@ -385,6 +420,12 @@ def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int,
     ids = random_prompt_ids(tokenizer.vocab_size, n_tokens, seed=n_tokens)
     predicted = 1.0 / decode_seconds(shapes[0], rates, n_tokens, 2) if rates else None
     guess = predict(shapes[0], rates, n_tokens, Method("full"))["ttft"] if rates else 0.0
+    if "eager" in modes and "eager-static" in modes:
+        try:
+            bench.result["logits_check"] = logits_check(model, ids[:2048])
+        except Exception as e:
+            bench.result["logits_check"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        bench.note(f"logits check: {bench.result['logits_check']}")
     for mode, k in [(m, 0) for m in modes] + drafted:
         row = {"mode": mode, "draft_tokens": k, "prompt_tokens": n_tokens, "predicted_plain_tps": predicted}
         row["error"] = None

@@ -201,11 +201,12 @@ hybrid() {
 }
 export -f machine conformance kernels bench hybrid
 
-step 0 machine
-step 1 bench
-step 2 hybrid
-step 3 kernels
-step 4 conformance
+# STEPS: the steps to run (a rerun after a partial session names only what it still needs); a step
+# left out has no share and no files
+STEPS=${STEPS:-machine bench hybrid kernels conformance}
+NAMES=(machine bench hybrid kernels conformance)
+for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] || SHARES[index]=0; done
+for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] && step "$index" "${NAMES[index]}"; done
 
 echo "total: $((SECONDS - START)) s" | tee -a "$LOG"
 if [[ "${PACK:-0}" == 1 ]]; then

@@ -70,6 +70,7 @@ class ModelKVCache:
         self.layers = [LayerKVCache(k, v, self.positions) for k, v in zip(keys, values)]
         # decode steps captured over this cache's buffers (decode_graph.py): they live and die with it
         self.graphs: dict[tuple[int, int, int], Any] = {}
+        self.graph_pool: Any = None  # their memory pool, this cache's own (decode_graph.CudaGraphCapture)
 
     @property
     def filled(self) -> int:

@@ -31,6 +31,7 @@ statistics report apart and never as decode speed.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Callable, Protocol
 
@@ -43,6 +44,7 @@ from .cache import ModelKVCache
 
 SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
 MAX_GRAPH_TOKENS = 16  # a step of more tokens (a prompt) runs eagerly
+log = logging.getLogger("specfill.backends.torch_cuda")
 
 
 class _StaticLayer:
@@ -127,27 +129,32 @@ def static_step(model: Any, cache: ModelKVCache, step: _StepInputs) -> torch.Ten
 class Capture(Protocol):
     """How a step becomes replayable: CUDA graphs on a GPU; tests pass a recorder."""
 
-    def capture(self, run: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
-        """Record `run` (already run once eagerly); return a replay that reruns it and returns its
-        output tensor (the same static tensor every time)."""
+    def capture(
+        self, run: Callable[[], torch.Tensor], device: torch.device, cache: ModelKVCache
+    ) -> Callable[[], torch.Tensor]:
+        """Record `run` (already run once eagerly) over `cache`'s buffers; return a replay that
+        reruns it and returns its output tensor (the same static tensor every time)."""
         ...
 
 
 class CudaGraphCapture:
-    """torch.cuda.CUDAGraph over one memory pool shared by every graph of the process."""
+    """torch.cuda.CUDAGraph, every graph of one cache in one memory pool of that cache's own.
 
-    def __init__(self) -> None:
-        self.pool: Any = None
+    A pool is never shared across caches: once every graph of a pool is freed the allocator
+    releases it, and capturing into that pool id again trips its internal assert (seen on the
+    H200 with torch 2.11: every later allocation failed; vLLM #53682 is the same failure)."""
 
-    def capture(self, run: Callable[[], torch.Tensor], device: torch.device) -> Callable[[], torch.Tensor]:
-        if self.pool is None:
-            self.pool = torch.cuda.graph_pool_handle()
+    def capture(
+        self, run: Callable[[], torch.Tensor], device: torch.device, cache: ModelKVCache
+    ) -> Callable[[], torch.Tensor]:
+        if cache.graph_pool is None:
+            cache.graph_pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
             # capture on a side stream (torch's requirement); the eager run before warmed every kernel
-            with torch.cuda.graph(graph, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=cache.graph_pool, stream=stream, capture_error_mode="thread_local"):
                 output = run()
         torch.cuda.current_stream(device).wait_stream(stream)
 
@@ -166,6 +173,7 @@ class DecodeGraphs:
     def __init__(self, capture: Capture | None, compiled: bool = False):
         self.capture = capture
         self.setup_seconds = 0.0  # eager first runs, compilations and captures, summed over the process
+        self.failed = False  # a capture failed (logged once); those steps run eagerly
         self.step = static_step
         if compiled:  # inductor fuses the element-wise work (norms, RoPE, masks): fewer, larger kernels
             import torch._dynamo
@@ -199,7 +207,14 @@ class DecodeGraphs:
             logits = self.step(model, cache, step)
             replay = None
             if self.capture is not None:
-                replay = self.capture.capture(lambda: self.step(model, cache, step), ids.device)
+                try:
+                    replay = self.capture.capture(lambda: self.step(model, cache, step), ids.device, cache)
+                except Exception as e:  # this step stays eager (the same kernels): slower, never wrong
+                    if not self.failed:
+                        log.warning(
+                            "decode steps run without CUDA graphs: capture failed (%s: %s)", type(e).__name__, e
+                        )
+                    self.failed = True
             cache.graphs[key] = (step, replay)
             self._advance(cache, tokens)
             self.setup_seconds += time.perf_counter() - began

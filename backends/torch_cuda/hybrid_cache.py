@@ -23,7 +23,40 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache, DummyLayer, DynamicLayer, LinearAttentionLayer
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
+
+try:
+    from transformers.cache_utils import DummyLayer
+except ImportError:  # transformers before ~5.20 (5.17 on the GPU image) has none: the same no-op layer
+
+    class DummyLayer:  # type: ignore[no-redef]
+        """A layer slot holding no cache (transformers' DummyLayer, for versions without it)."""
+
+        is_compileable = True
+        is_croppable = True
+        supports_early_init = False
+
+        def __init__(self, **kwargs: Any) -> None:
+            self.is_initialized = True
+            self.keys = None
+            self.values = None
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> Any:
+            if key_states is None and value_states is None:
+                return None, None
+            raise NotImplementedError("a layer without a cache cannot be updated")
+
+        def offload(self) -> None: ...
+        def prefetch(self) -> None: ...
+        def reset(self) -> None: ...
+        def crop(self, tokens_to_remove: int) -> None: ...
+        def reorder_cache(self, beam_idx: Any) -> None: ...
+        def batch_repeat_interleave(self, repeats: int) -> None: ...
+        def batch_select_indices(self, indices: Any) -> None: ...
+
+        def get_max_length(self) -> int:
+            return -1
+
 
 from specfill.core.hybrid import HybridBooks, Snapshot, step_positions
 from specfill.core.io import hybrid_state

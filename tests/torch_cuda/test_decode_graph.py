@@ -28,8 +28,9 @@ class Recorder:
         self.captured = 0
         self.replayed = 0
 
-    def capture(self, run, device):
+    def capture(self, run, device, cache):
         self.captured += 1
+        assert cache.graphs is not None  # graphs and their pool belong to the cache they write
 
         def replay():
             self.replayed += 1
@@ -153,3 +154,19 @@ def test_compiled_steps_through_the_eager_backend_give_the_eager_tokens(monkeypa
     model.ops.decode_graphs = decode_graph.DecodeGraphs(Recorder(), compiled=True)
     assert model.ops.decode_graphs.step is not decode_graph.static_step
     assert greedy(model, ids, 12) == expected
+
+
+def test_a_failed_capture_leaves_the_step_eager(caplog):
+    class Failing(Recorder):
+        def capture(self, run, device, cache):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    tiny = make_tiny("llama")
+    ids = prompt_ids(20)
+    expected = greedy(tiny.ours(), ids, 6)
+    model = tiny.ours()
+    static(model, Failing())
+    with caplog.at_level("WARNING", logger="specfill.backends.torch_cuda"):
+        assert greedy(model, ids, 6) == expected
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "capture failed (RuntimeError" in lines[0]
