@@ -119,6 +119,8 @@ def check_layer_kinds(text: Any, architecture: str) -> tuple[list[str], list[int
             )
     if hybrid and not any(kind in ("attention", "parallel") for kind in ours):
         raise ModelLoadError(f"{architecture} has no attention layer: nothing for specfill to run; {USE_TRANSFORMERS}")
+    if isinstance(kwargs, dict):  # transformers before ~5.20 (5.17 on the GPU image): one dict for every layer
+        kwargs = [kwargs] * len(kinds)
     return ours, [int(k.get("number_of_states", 1)) for k in kwargs]
 
 

@@ -203,3 +203,21 @@ def test_an_own_model_and_an_adapted_one_serve_as_each_others_speculator_and_dra
             other, ids, 4, method.__class__("specprefill", speculator=main_model, specprefill=method.specprefill)
         )
         assert greedy(main_model, ids, 8, drafting=Drafting(other, 3)) == greedy(main_model, ids, 8)
+
+
+def test_layer_kinds_from_an_older_transformers(monkeypatch):
+    """transformers before ~5.20 (the GPU image's 5.17) returns one kwargs dict for every layer and
+    the config's layer types; the probe reads both (the first GPU hybrid run stopped on it)."""
+    import transformers.cache_utils as cache_utils
+
+    from specfill.backends.torch_cuda.adapted_probe import check_layer_kinds
+
+    class Text:
+        layer_types = ["linear_attention", "linear_attention", "full_attention"]
+        num_hidden_layers = 3
+
+    def old_style(config):
+        return list(config.layer_types), {"number_of_states": 2}
+
+    monkeypatch.setattr(cache_utils, "get_layer_types_and_kwargs", old_style)
+    assert check_layer_kinds(Text(), "qwen3_5_text") == (["recurrent", "recurrent", "attention"], [2, 2, 2])
