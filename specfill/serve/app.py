@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from .access import Access, protect
 from .anthropic import MessageShape
@@ -65,6 +66,12 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
     async def http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         body = _error_for(request.url.path)(err.status_code, str(err.detail))
         return JSONResponse(body, status_code=err.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, err: ClientDisconnect) -> Response:
+        """The client hung up before its body arrived (or a shutdown hung up on it): nothing to
+        answer, nothing to log (nginx's 499 for the record)."""
+        return Response(status_code=499)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> JSONResponse:
@@ -151,7 +158,7 @@ def _error_for(path: str) -> Callable[..., dict[str, Any]]:
 
 async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
     try:
-        plan, shape = route.prepare(await request.body(), ctx)
+        plan, shape = route.prepare(await _body(request, ctx.scheduler), ctx)
         job = Job(plan, asyncio.get_running_loop())
         ctx.scheduler.submit(job)
     except RequestError as err:
@@ -181,6 +188,17 @@ async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
         raise
     finally:
         ctx.metrics.record(outcome)
+
+
+async def _body(request: Request, scheduler: Scheduler) -> bytes:
+    """The request's body; a 503 once the server is stopping while it is still arriving (a client
+    stalled mid-body must not hold the shutdown: uvicorn would wait for it, then cancel it)."""
+    reading = asyncio.ensure_future(request.body())
+    while not (await asyncio.wait({reading}, timeout=POLL_SECONDS))[0]:
+        if scheduler.closed:
+            reading.cancel()
+            raise RequestError(503, "the server is shutting down", code="shutting_down")
+    return reading.result()
 
 
 def _settle(outcome: Outcome, event: Any) -> None:
