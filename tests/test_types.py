@@ -49,15 +49,16 @@ def test_mypy_passes_over_the_product():
 
 def test_mypy_reports_a_call_to_a_missing_method():
     """The configuration catches what the queued-then-cancelled bug was (serve/scheduler.py called
-    a method that no longer existed), in an annotated function and in one without annotations."""
+    a method that no longer existed: `_end`, which it has again), in an annotated function and in one
+    without annotations."""
     program = (
         "from specfill.serve.scheduler import Scheduler\n"
         "def annotated(s: Scheduler) -> None:\n"
-        "    s._end(None)\n"
+        "    s._finish(None)\n"
         "def plain(s):\n"
         "    Scheduler.submit(s, None, 1)\n"
     )
     done = mypy("-c", program)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert '"Scheduler" has no attribute "_end"  [attr-defined]' in done.stdout, done.stdout
+    assert '"Scheduler" has no attribute "_finish"  [attr-defined]' in done.stdout, done.stdout
     assert 'Too many arguments for "submit" of "Scheduler"  [call-arg]' in done.stdout, done.stdout

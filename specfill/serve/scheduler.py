@@ -198,8 +198,8 @@ class Scheduler:
             job = self._next_job()
             if job is None or self._stopping.is_set():
                 return
-            if job.plan.cancelled.is_set():  # its client left while it waited: nothing to run
-                job.emit(END)
+            if job.plan.cancelled.is_set():  # its client left (or a shutdown came) while it waited
+                self._end(job)
                 continue
             self.running = job
             started = time.perf_counter()
@@ -208,7 +208,14 @@ class Scheduler:
             self.running = None
             self.service_seconds = 0.8 * self.service_seconds + 0.2 * (time.perf_counter() - started)
             self.served += 1
-            job.emit(END)
+            self._end(job)
+
+    def _end(self, job: Job) -> None:
+        """END after a job's last event; one that a shutdown cancelled first gets a 503 saying so
+        (its client, if still there, is told why no answer came)."""
+        if not job.ended and self.closed:
+            job.emit(Failed(503, "the server is shutting down: the generation was cancelled"))
+        job.emit(END)
 
     def _guarded(self, work: Any, *args: Any, job: Job | None = None) -> None:
         """Run work(*args); a SpecfillError becomes a 400 event, anything else a 500 (logged)."""

@@ -49,7 +49,8 @@ class StandIn:
         self.ran.append(plan)
         self.entered.set()
         self.release.wait(WAIT_S)
-        emit(Finished("length", 1, 1, 0, {}))
+        if not plan.cancelled.is_set():  # cancelled: the engine returns with no event
+            emit(Finished("length", 1, 1, 0, {}))
 
 
 def plan() -> Any:
@@ -90,6 +91,33 @@ def test_job_cancelled_while_queued_is_skipped_and_the_worker_serves_on():
             assert [type(e) for e in await events(later)] == [Finished]
             assert engine.ran == [running.plan, later.plan]
             assert scheduler.failure is None and scheduler.restarts == 0 and scheduler.served == 2
+        finally:
+            engine.release.set()
+            scheduler.stop()
+
+    asyncio.run(scenario())
+
+
+def test_shutdown_answers_the_running_and_waiting_jobs_with_503():
+    """close() (the first signal) cancels the running and the waiting job: each gets a 503 saying
+    the server is shutting down, not an answerless end (a handler turned that into a 500)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        engine = StandIn()
+        scheduler = Scheduler(engine, max_queue=3)  # type: ignore[arg-type]
+        scheduler.start()
+        try:
+            running, waiting = Job(plan(), loop), Job(plan(), loop)
+            scheduler.submit(running)
+            await until(engine.entered)
+            scheduler.submit(waiting)
+            scheduler.close()
+            engine.release.set()
+            for job in (running, waiting):
+                (failed,) = await events(job)
+                assert isinstance(failed, Failed) and failed.status == 503 and "shutting down" in failed.message
+            assert engine.ran == [running.plan]
         finally:
             engine.release.set()
             scheduler.stop()
