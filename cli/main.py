@@ -7,7 +7,7 @@ import importlib
 import sys
 import warnings
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from typing import Iterator, NoReturn, Sequence
 
 from specfill.api import DEFAULT_BACKEND_RULE
 from specfill.core import SpecfillError, SpecfillWarning
@@ -38,7 +38,7 @@ THREADS_HELP = "CPU threads for torch (the cuda backend on CPU; default: this ma
 class OneLineParser(argparse.ArgumentParser):
     """Usage mistakes are one line on stderr and exit code 2, like every other bad input."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"specfill: error: {one_line(message)} (see {self.prog} --help)\n")
 
 

@@ -48,22 +48,26 @@ class ReferenceAdapter(ReferenceStages):
         self.dtype = dtype
 
     def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
-        return super().intra_attention(*self._cast(q, k, v), chunk_size, scale, window, self._terms(terms))
+        q, k, v = self._cast(q, k, v)
+        return super().intra_attention(q, k, v, chunk_size, scale, window, self._terms(terms))
 
     def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
-        return super().inter_attention(*self._cast(q, k_mem, v_mem), scale, window, self._terms(terms))
+        q, k_mem, v_mem = self._cast(q, k_mem, v_mem)
+        return super().inter_attention(q, k_mem, v_mem, scale, window, self._terms(terms))
 
     def add_sinks(self, state, sinks):
         return super().add_sinks(AttentionState(*self._cast(state.m, state.l, state.o)), *self._cast(sinks))
 
     def attention_layer(self, q, k, v, config, scale, window=None, terms=None):
-        return super().attention_layer(*self._cast(q, k, v), config, scale, window, self._terms(terms))
+        q, k, v = self._cast(q, k, v)
+        return super().attention_layer(q, k, v, config, scale, window, self._terms(terms))
 
     def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
-        return super().attention_scores(*self._cast(queries, keys), scale, window, self._terms(terms), query_start)
+        queries, keys = self._cast(queries, keys)
+        return super().attention_scores(queries, keys, scale, window, self._terms(terms), query_start)
 
     def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
-        return super().reduce_colsum_to_kv_heads(*self._cast(colsum), n_kv_heads)
+        return super().reduce_colsum_to_kv_heads(self._cast(colsum)[0], n_kv_heads)
 
     def accumulate_scores(self, scores, memory, kv_colsum):
         return super().accumulate_scores(self._cast(scores)[0], memory, self._cast(kv_colsum)[0])
@@ -78,13 +82,13 @@ class ReferenceAdapter(ReferenceStages):
         return super().merge_states(cast(a), cast(b))
 
     def smooth_scores(self, probs, kernel):
-        return super().smooth_scores(*self._cast(probs), kernel)
+        return super().smooth_scores(self._cast(probs)[0], kernel)
 
     def reduce_scores(self, probs, head_reduction, layer_reduction, lookahead_reduction="mean"):
-        return super().reduce_scores(*self._cast(probs), head_reduction, layer_reduction, lookahead_reduction)
+        return super().reduce_scores(self._cast(probs)[0], head_reduction, layer_reduction, lookahead_reduction)
 
     def select_tokens(self, importance, config):
-        return super().select_tokens(*self._cast(importance), config)
+        return super().select_tokens(self._cast(importance)[0], config)
 
     def new_cache(self, n_layers, n_kv_heads, head_dim, capacity, value_dim=None) -> CacheAdapter:
         cast = lambda x: np.asarray(x, dtype=self.dtype)  # noqa: E731
@@ -96,7 +100,7 @@ class ReferenceAdapter(ReferenceStages):
     def _terms(self, terms):
         if terms is None or terms.sinks is None:
             return terms
-        return AttentionTerms(*self._cast(np.asarray(terms.sinks)), terms.softcap)
+        return AttentionTerms(self._cast(np.asarray(terms.sinks))[0], terms.softcap)
 
     def _cast(self, *arrays):
         return tuple(a.astype(self.dtype, copy=False) for a in arrays)

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from specfill.core.hybrid import HybridBooks
 from specfill.core.ops import Cancelled, ModelOps, cancellation
 
 from .adapter import ConformanceAdapter
@@ -81,6 +82,7 @@ class HybridModel:
     def fed(self, tokens: np.ndarray, upto: int, mark: bool = True) -> Any:
         """A cache fed tokens[:upto] in the script's steps (cut at upto), the prompt's end marked."""
         cache, start = self.ops.new_cache(self.model, CAPACITY), 0
+        assert isinstance(cache, HybridBooks), f"a hybrid's cache is a HybridBooks, got {type(cache).__name__}"
         for size in STEPS:
             end = min(start + size, upto)
             if end > start:
@@ -134,8 +136,13 @@ def check_hybrid_cache(ad: ConformanceAdapter, ck: Checker) -> None:
     except ValueError:
         ck.exact("hybrid_cache.refusal", "truncate below every kept point", True)
     cancelled, calls = hybrid.fed(tokens, 12), []
+
+    def second_check() -> bool:  # stops the step at its second check
+        calls.append(1)
+        return len(calls) >= 2
+
     try:
-        with cancellation(lambda: calls.append(1) or len(calls) >= 2):  # stops at the second check
+        with cancellation(second_check):
             hybrid.step(cancelled, tokens[12:16], 12)
         ck.exact("hybrid_cache.cancelled", "a step stopped between layers", False, "the step was not stopped")
     except Cancelled:

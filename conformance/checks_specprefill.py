@@ -188,8 +188,8 @@ def check_composed_selection(ad: ConformanceAdapter, ck: Checker) -> None:
     h2o = COMPOSED.speculator_prefill
 
     def layer(q, k, v, config, scale, window):
-        rounded = (round_to(x, ck.dtype) for x in (q, k, v))
-        return np.asarray(ad.attention_layer(*rounded, config, scale, window).output, dtype=np.float64)
+        q, k, v = (round_to(x, ck.dtype) for x in (q, k, v))
+        return np.asarray(ad.attention_layer(q, k, v, config, scale, window).output, dtype=np.float64)
 
     got_q, got_k, _ = ref.speculator_pass(ids, 2, COMPOSED.lookahead, window=2, h2o_config=h2o, h2o_layer=layer)
     want_q, want_k, _ = ref.speculator_pass(ids, 2, COMPOSED.lookahead, window=2, h2o_config=h2o)

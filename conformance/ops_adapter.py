@@ -90,8 +90,9 @@ class CacheAdapter:
         return self.cv.numpy(self.cache.layer_keys(layer, end))
 
 
-# (n_layers, n_kv_heads, head_dim, capacity) -> a backend's empty KV cache in the dtype under test
-CacheFactory = Callable[[int, int, int, int], Any]
+# (n_layers, n_kv_heads, head_dim, capacity, value_dim: None = head_dim) -> a backend's empty KV cache
+# in the dtype under test
+CacheFactory = Callable[[int, int, int, int, "int | None"], Any]
 
 
 class OpsAdapter:

@@ -92,7 +92,7 @@ def _require_int(config: object, name: str, minimum: int, label: str | None = No
     return value
 
 
-def _check_layers(config: object) -> None:
+def _check_layers(config: Any) -> None:
     """config.layers is a layer spec (layer_subset's grammar)."""
     try:
         layer_subset(config.layers, 1)

@@ -116,6 +116,10 @@ class KernelStages(Generic[A]):
     `slot_positions`."""
 
     method_ops: Any  # the backend's method_ops module: its plain-library memory-set and scoring ops
+    plain_step: Callable[..., A]  # (q, k, v, scale)
+    windowed_step: Callable[..., A]  # (q, k, v, scale, window, query_slots, key_slots)
+    terms_step: Callable[..., A]  # (q, k, v, scale, terms, query_slots, key_slots, window)
+    slot_positions: Callable[[A], Any]  # the cache slot of every key of k (a prompt's prefill: positions)
 
     def accumulate_scores(self, *args: Any, **kwargs: Any) -> Any:
         return self.method_ops.accumulate_scores(*args, **kwargs)

@@ -140,9 +140,9 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         return n_main * (ops.wall_time() - started)
 
     if method.sparse == "h2o":
-        config = method.h2o or H2OConfig()
-        sparse_layer = dataclasses.replace(config, layers="all")  # the timed layer runs H2O
-        step = h2o_step_size(config, lm.prefill_step_size)  # a fresh attention (its carries) per run
+        h2o_config = method.h2o or H2OConfig()
+        sparse_layer = dataclasses.replace(h2o_config, layers="all")  # the timed layer runs H2O
+        step = h2o_step_size(h2o_config, lm.prefill_step_size)  # a fresh attention (its carries) per run
         full, h2o = _best_of(
             layer_run,
             lambda: layer_run(
@@ -160,17 +160,17 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
             ),
         )
         n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
-        sparse = len(config.layer_indices(n_attention)) / n_attention
+        sparse = len(h2o_config.layer_indices(n_attention)) / n_attention
         return full, (1.0 - sparse) * full + sparse * h2o
     spec_layer, spec_args, n_spec, spec_step = _speculator(lm, method)
     config = method.specprefill or SpecPrefillConfig()
     config = dataclasses.replace(
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
-    h2o, share = config.speculator_prefill, 1.0
-    if h2o is not None:  # the timed layer runs H2O; the speculator's others cost what a dense pass's do
-        share = len(h2o.layer_indices(n_spec)) / n_spec
-        config = dataclasses.replace(config, speculator_prefill=dataclasses.replace(h2o, layers="all"))
+    speculator_h2o, share = config.speculator_prefill, 1.0
+    if speculator_h2o is not None:  # the timed layer runs H2O; the speculator's others cost what a dense pass's do
+        share = len(speculator_h2o.layer_indices(n_spec)) / n_spec
+        config = dataclasses.replace(config, speculator_prefill=dataclasses.replace(speculator_h2o, layers="all"))
 
     def parts(run_config: SpecPrefillConfig) -> dict[str, float]:
         return speculative_prefill(

@@ -9,7 +9,7 @@ PENALTY_WINDOW tokens of the prompt plus the tokens generated so far (llama.cpp'
   else l * r (r > 1 makes repeats less likely; 1 is off).
 - presence_penalty p: a seen token's logit minus p (OpenAI's and llama.cpp's; 0 is off).
 - frequency_penalty f: a token's logit minus f times its count in the window (0 is off).
-- top_k k: only the k largest logits stay (0 is off).
+- top_k k: only the k largest logits stay, ties at the k-th broken toward the lower id (0 is off).
 - min_p m: only tokens whose probability is at least m times the most likely one's stay, measured
   before temperature as llama.cpp and mlx-lm do (0 is off).
 - then temperature (0: the argmax of the penalised, filtered logits) and top_p on the scaled
@@ -47,11 +47,15 @@ def penalize(logits: np.ndarray, window: Iterable[int], sampling: SamplingConfig
 
 
 def filtered(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
-    """logits [vocab] (float64) with the tokens top_k and min_p remove set to -inf."""
+    """logits [vocab] (float64) with the tokens top_k and min_p remove set to -inf. top_k keeps
+    exactly k tokens: among logits tied at the k-th value the lowest ids stay, as argmax picks the
+    lowest id of tied maxima (16-bit logits tie often, and top_k=1 is greedy at any temperature)."""
     out = logits.astype(np.float64, copy=True)
     if 0 < sampling.top_k < out.size:
         kth = np.partition(out, out.size - sampling.top_k)[out.size - sampling.top_k]
-        out[out < kth] = -np.inf
+        keep = out > kth
+        keep[np.flatnonzero(out == kth)[: sampling.top_k - int(keep.sum())]] = True
+        out[~keep] = -np.inf
     if sampling.min_p > 0.0:
         # p_i >= min_p * p_max  <=>  l_i >= l_max + log(min_p): no softmax needed
         out[out < out.max() + np.log(sampling.min_p)] = -np.inf

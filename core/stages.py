@@ -15,13 +15,21 @@ The conformance suite talks to a backend through the same stage names with NumPy
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from .config import H2OConfig, SpecPrefillConfig
 
-A = TypeVar("A")  # a backend's array type
+
+class Array(Protocol):
+    """What the walk reads of a backend's array itself (the rest goes through the ops)."""
+
+    @property
+    def shape(self) -> Any: ...
+
+
+A = TypeVar("A", bound=Array)  # a backend's array type
 
 
 @dataclass(frozen=True)
@@ -94,7 +102,7 @@ def layer_terms(args: object) -> tuple[AttentionTerms | None, ...]:
     return tuple(getattr(args, "layer_terms", ()))
 
 
-def attention_layers(args: object) -> tuple[int, ...]:
+def attention_layers(args: Any) -> tuple[int, ...]:
     """The layers with keys, which the methods run (a hybrid's args name them: `attention_layers`;
     every layer otherwise)."""
     found = getattr(args, "attention_layers", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Sequence
 
 import numpy as np
 
@@ -226,7 +226,7 @@ def stream_generate(
     draft_model: Any = None,
     num_draft_tokens: int | None = None,
     reuse: KVState | None = None,
-) -> Iterator[GenerationResponse]:
+) -> Generator[GenerationResponse, None, None]:
     """Yield a GenerationResponse per generated token (the prompt is used as given: apply the
     chat template first if you want one, as with mlx-lm). top_k, min_p, *_penalty: core/sampling.py.
 
@@ -285,7 +285,7 @@ def stream_request(
     prompt_progress_callback: ProgressCallback | None = None,
     prefill_info: GenerationInfo | None = None,
     reuse: KVState | None = None,
-) -> Iterator[GenerationResponse]:
+) -> Generator[GenerationResponse, None, None]:
     """stream_generate for a built request (core/request.py) whose models are loaded
     (load_request_models): the one generation path of the API, the CLI and the server."""
     shared = getattr(model, "distributed", None)
@@ -314,7 +314,7 @@ def _stream_request(
     prompt_progress_callback: ProgressCallback | None,
     prefill_info: GenerationInfo | None,
     reuse: KVState | None,
-) -> Iterator[GenerationResponse]:
+) -> Generator[GenerationResponse, None, None]:
     ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt
     info = prefill_info if prefill_info is not None else GenerationInfo()
     detokenizer = tokenizer.streaming_detokenizer()

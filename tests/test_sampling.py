@@ -30,6 +30,43 @@ def test_top_k_and_min_p_by_definition():
     assert np.isfinite(filtered(logits, SamplingConfig())).all()
 
 
+def test_top_k_keeps_exactly_k_with_ties_to_the_lower_id():
+    """Tied logits (16-bit logits tie often): top_k keeps k of them, the lowest ids, so top_k=1 is
+    argmax's token at any temperature and seed (it used to keep every tied maximum and draw one)."""
+    logits = np.array([1.0, 3.0, 2.0, 3.0, 3.0], dtype=np.float32)
+    kept = {k: np.isfinite(filtered(logits, SamplingConfig(top_k=k))).tolist() for k in (1, 2, 4)}
+    assert kept[1] == [False, True, False, False, False]
+    assert kept[2] == [False, True, False, True, False]
+    assert kept[4] == [False, True, True, True, True]
+    for temperature in (0.5, 1.5, 3.0):
+        draws = {
+            HostSampler(SamplingConfig(temperature=temperature, top_k=1, seed=s)).choose(logits) for s in range(20)
+        }
+        assert draws == {int(np.argmax(logits))} == {1}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend, dtype", [("cuda", "bfloat16"), ("cuda", "float32"), ("mlx", "bfloat16")])
+def test_top_k_1_is_greedy_on_the_demo_model(backend, dtype):
+    """The demo model in bf16 (torch) ties its two best logits at this poem's first token: top_k=1
+    at temperature 1.5 answers greedy's text, in either dtype, on either backend."""
+    import specfill
+    from specfill.core import ModelLoadError
+    from specfill.core.io.demo_model import require_demo_model
+
+    try:
+        require_demo_model()
+    except ModelLoadError as why:
+        pytest.skip(str(why))
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    model, tokenizer = specfill.load(backend=backend, dtype=dtype, **({"device": "cpu"} if backend == "cuda" else {}))
+    poem = [{"role": "user", "content": "Write a short poem about the sea."}]
+    text = tokenizer.apply_chat_template(poem, add_generation_prompt=True, tokenize=False)
+    greedy = specfill.generate(model, tokenizer, text, max_tokens=6)
+    assert specfill.generate(model, tokenizer, text, max_tokens=6, temperature=1.5, top_k=1, seed=1) == greedy
+
+
 def test_host_sampler_window_and_seed():
     sampler = HostSampler(SamplingConfig(repetition_penalty=1e9), history=range(PENALTY_WINDOW + 5))
     assert list(sampler.window)[0] == 5 and len(sampler.window) == PENALTY_WINDOW  # the last 64 only

@@ -96,8 +96,8 @@ def _our_rows(out: GGUFArrays, name: str, rows: list[int]) -> np.ndarray:
     module = name[: -len(".weight")]
     index = mx.array(rows)
     if module in out.quantized_bits:
-        parts = [np.array(out.weights[f"{module}.{p}"][index]) for p in ("weight", "scales", "biases")]
-        return dequantize_triple(*parts, out.quantized_bits[module])
+        packed, scales, biases = (np.array(out.weights[f"{module}.{p}"][index]) for p in ("weight", "scales", "biases"))
+        return dequantize_triple(packed, scales, biases, out.quantized_bits[module])
     return np.array(out.weights[name].reshape(-1, out.weights[name].shape[-1])[index].astype(mx.float32))
 
 

@@ -10,6 +10,8 @@ Q/K use Hugging Face's rotate-half layout (llama.cpp's row permutation is undone
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -19,7 +21,7 @@ from specfill.core.rope import rope_inv_freq
 
 # A step's positions: an int is the first of consecutive positions, an array [T] gives each
 # token's own position.
-Positions = int | mx.array
+Positions: TypeAlias = "int | mx.array"
 
 
 class RoPE(nn.Module):

@@ -107,7 +107,7 @@ class AdaptedModel:
         self,
         ids: torch.Tensor,
         positions: torch.Tensor,
-        cache: ModelKVCache,
+        cache: ModelKVCache | HybridKVCache,
         logits_from: int | None = 0,
         attend: Any = None,
     ) -> torch.Tensor | None:
@@ -122,22 +122,22 @@ class AdaptedModel:
         layers = getattr(parent, name)
         if self.n_layers is not None:
             setattr(parent, name, nn.ModuleList(list(layers)[: self.n_layers]))
-        hybrid = isinstance(cache, HybridKVCache)
-        if hybrid:  # its recurrent state before this step, to go back to
-            cache.begin_step(self, ids[0], positions)
-            cache.replay = _replay
+        hybrid = cache if isinstance(cache, HybridKVCache) else None
+        if hybrid is not None:  # its recurrent state before this step, to go back to
+            hybrid.begin_step(self, ids[0], positions)
+            hybrid.replay = _replay
         token = ACTIVE.set(StepState(self.index, self.args.layers, positions, cache, attend))
         try:
-            with implementation(self.configs, NAME), stepwise_mixers(self.stepwise if hybrid else ()):
+            with implementation(self.configs, NAME), stepwise_mixers(self.stepwise if hybrid is not None else ()):
                 out = self.lm(
                     input_ids=ids,
                     position_ids=positions[None],
-                    use_cache=hybrid,
+                    use_cache=hybrid is not None,
                     logits_to_keep=keep if keep < steps else 0,
-                    **({"cache": cache.library} if hybrid else {}),
+                    **({"cache": hybrid.library} if hybrid is not None else {}),
                 )
-            if hybrid:
-                cache.end_step()
+            if hybrid is not None:
+                hybrid.end_step()
         finally:
             ACTIVE.reset(token)
             setattr(parent, name, layers)

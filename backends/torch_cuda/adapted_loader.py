@@ -14,8 +14,11 @@ GGUF reader.
 
 from __future__ import annotations
 
+import io
+import warnings
+from contextlib import contextmanager, redirect_stderr
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -26,23 +29,45 @@ from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 from .ops import TorchOps
 
 
-def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder),
-    without transformers' progress bars (specfill's CLI prints its own progress)."""
-    from transformers import AutoModelForCausalLM
+@contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' log records below errors, its progress bars, and what it writes to stderr
+    itself (the GGUF conversion's tqdm bar) are dropped: specfill says what went wrong in one line
+    (a load report listing missing weights, a config dump or a warning came before it)."""
     from transformers.utils import logging
 
-    shown = logging.is_progress_bar_enabled()
+    shown, level = logging.is_progress_bar_enabled(), logging.get_verbosity()
     logging.disable_progress_bar()
+    logging.set_verbosity_error()
     try:
-        if path.is_file():
-            return AutoModelForCausalLM.from_pretrained(
-                path.parent, gguf_file=path.name, dtype=dtype, local_files_only=True
-            )
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        with redirect_stderr(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     finally:
+        logging.set_verbosity(level)
         if shown:
             logging.enable_progress_bar()
+
+
+def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' model of a directory, or of a GGUF file (`gguf_file=` beside its folder),
+    without transformers' output (specfill's CLI prints its own progress). A checkpoint without
+    some of the model's weights is refused (transformers would initialise them at random)."""
+    from transformers import AutoModelForCausalLM
+
+    with _quiet_transformers():
+        if path.is_file():
+            lm, info = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=dtype, local_files_only=True, output_loading_info=True
+            )
+        else:
+            lm, info = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, local_files_only=True, output_loading_info=True
+            )
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:
+        raise ValueError(f"{len(missing)} weights are missing from the checkpoint ({', '.join(missing[:3])}, ...)")
+    return lm
 
 
 def _tokenizer_source(tokenizer: Any) -> Path:

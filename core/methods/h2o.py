@@ -33,7 +33,7 @@ from typing import Any, Generic, Sequence
 import numpy as np
 
 from ..config import H2OConfig
-from ..ops import H2OOps, checkpoint
+from ..ops import H2OOps, ModelOps, checkpoint
 from ..stages import (
     A,
     AttentionState,
@@ -289,7 +289,7 @@ class H2OPrefillAttention(Generic[A]):
 
     def __init__(
         self,
-        ops: H2OOps[A],
+        ops: ModelOps[A],
         config: H2OConfig,
         n_layers: int,
         scale: float,

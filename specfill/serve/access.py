@@ -50,12 +50,11 @@ class RequireKey:
             return
         why = "no API key given" if not (given or header_key) else "invalid API key"
         message = f"{why}: send 'Authorization: Bearer KEY' or 'x-api-key: KEY' with the server's --api-key"
-        body = (
+        body = json.dumps(
             anthropic_error_body(401, message)
             if is_anthropic_path(scope["path"])
             else error_body(401, message, code="invalid_api_key")
-        )
-        body = json.dumps(body).encode()
+        ).encode()
         await send(
             {
                 "type": "http.response.start",

@@ -74,6 +74,12 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
         body = _error_for(request.url.path)(err.status_code, str(err.detail))
         return JSONResponse(body, status_code=err.status_code)
 
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, err: ClientDisconnect) -> Response:
+        """The client hung up before its body arrived (or a shutdown hung up on it): nothing to
+        answer, nothing to log (nginx's 499 for the record)."""
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, err: Exception) -> JSONResponse:
         log.exception("unhandled error")
@@ -170,10 +176,10 @@ def _error_for(path: str) -> Callable[..., dict[str, Any]]:
 
 async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
     try:
-        raw = await request.body()
-    except ClientDisconnect:  # gone before its body arrived: no one to answer, nothing to log
-        return Response(status_code=499)
-    try:
+        try:
+            raw = await _body(request, ctx.scheduler)
+        except ClientDisconnect:  # gone before its body arrived: no one to answer, nothing to log
+            return Response(status_code=499)
         plan, shape = route.prepare(raw, ctx)
         job = Job(plan, asyncio.get_running_loop())
         ctx.scheduler.submit(job)
@@ -206,6 +212,17 @@ async def _answer(route: Route, request: Request, ctx: _Context) -> Any:
         raise
     finally:
         ctx.metrics.record(outcome)
+
+
+async def _body(request: Request, scheduler: Scheduler) -> bytes:
+    """The request's body; a 503 once the server is stopping while it is still arriving (a client
+    stalled mid-body must not hold the shutdown: uvicorn would wait for it, then cancel it)."""
+    reading = asyncio.ensure_future(request.body())
+    while not (await asyncio.wait({reading}, timeout=POLL_SECONDS))[0]:
+        if scheduler.closed:
+            reading.cancel()
+            raise RequestError(503, "the server is shutting down", code="shutting_down")
+    return reading.result()
 
 
 def _settle(outcome: Outcome, event: Any) -> None:

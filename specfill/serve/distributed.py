@@ -22,7 +22,7 @@ import pickle
 import sys
 import threading
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, overload
 
 from specfill.core import SpecfillError
 
@@ -172,6 +172,28 @@ def follow(engine: Engine, channel: Channel) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+
+
+@overload
+def engine_for(
+    model: Any,
+    tokenizer: Any,
+    prompt_cache: str,
+    cache_tokens: int | None,
+    channel: Channel,
+    cache_memory: float | None = None,
+) -> LeaderEngine: ...
+
+
+@overload
+def engine_for(
+    model: Any,
+    tokenizer: Any,
+    prompt_cache: str,
+    cache_tokens: int | None,
+    channel: None,
+    cache_memory: float | None = None,
+) -> Engine: ...
 
 
 def engine_for(

@@ -47,15 +47,22 @@ def add_info_routes(
     }
 
     @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {
-            "status": "ok",
+    async def health() -> Any:
+        """200 with "status": "ok" while the worker serves; 503 with "status": "failed" and the
+        reason once it has given up (a load balancer or supervisor then restarts the process)."""
+        failure = scheduler.failure
+        state = {
+            "status": "ok" if failure is None else "failed",
             "model": defaults.model_id,
             "busy": scheduler.running is not None,
             "waiting": scheduler.waiting(),
             "served": scheduler.served,
+            "worker_restarts": scheduler.restarts,
             **engine.health(),
         }
+        if failure is not None:
+            return JSONResponse({**state, "reason": failure}, status_code=503)
+        return state
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -49,7 +49,7 @@ class Histogram:
 
     def __init__(self) -> None:
         self.counts: dict[str, list[int]] = defaultdict(lambda: [0] * (len(BUCKETS) + 1))
-        self.sums: Counter[str] = Counter()
+        self.sums: defaultdict[str, float] = defaultdict(float)
 
     def observe(self, label: str, value: float) -> None:
         slot = next((i for i, edge in enumerate(BUCKETS) if value <= edge), len(BUCKETS))

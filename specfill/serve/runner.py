@@ -3,9 +3,13 @@
 bind() runs first (a port in use is one error line in a second, not after a minute of loading);
 run() serves the app on that socket with uvicorn. Signals (SIGINT / SIGTERM): the first stops
 taking requests and cancels the running generation at its next step (the worker checks between
-prefill steps and between tokens); a second cancels everything at once. Either way the worker
-thread is joined before the process exits, so no native thread dies mid-kernel, and the exit
-status is 0 with no traceback.
+prefill steps and between tokens) and the server waits for the requests in flight to end; a second
+stops waiting. Either way the worker thread is joined before the process exits, so no native
+thread dies mid-kernel, and the exit status is 0 with no traceback. Requests still open
+SHUTDOWN_GRACE_S after the shutdown began (a client stalled mid-body or not reading) are hung up on,
+and their handlers end quietly at their next poll: uvicorn would wait 30 s for them after one
+signal, and after two leave them to the event loop's teardown, which cancels them (uvicorn logs each
+with a CancelledError traceback); after two the app's lifespan then ends as after one.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from .scheduler import Scheduler
 
 log = logging.getLogger("specfill.serve")
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SHUTDOWN_GRACE_S = 3.0  # how long requests in flight get to end at a shutdown before they are hung up on
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -81,6 +86,26 @@ def _server_class() -> type:
                     flush=True,
                 )
             self.scheduler.close()
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            hang_up = asyncio.get_running_loop().call_later(SHUTDOWN_GRACE_S, self._hang_up)
+            try:
+                await super().shutdown(sockets)  # one signal: waits for the connections, hung up at the latest
+            finally:
+                hang_up.cancel()
+            if self.force_exit:  # uvicorn skipped waiting for the requests and the lifespan's end
+                tasks = set(self.server_state.tasks)
+                if tasks and (await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S))[1]:
+                    self._hang_up()
+                    await asyncio.wait(tasks, timeout=SHUTDOWN_GRACE_S)
+                await self.lifespan.shutdown()
+
+        def _hang_up(self) -> None:
+            """Close every open connection at once (a handler sees the hang-up at its next poll)."""
+            for connection in list(self.server_state.connections):
+                transport = getattr(connection, "transport", None)
+                if transport is not None:
+                    transport.abort()
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:

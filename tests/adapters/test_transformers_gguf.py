@@ -41,3 +41,25 @@ def test_a_q8_0_gguf_comes_back_within_its_rounding(tmp_path, want):
     got = model.prompt_logits(prompt(30, seed=13), method=PrefillMethod(), info=GenerationInfo())
     err = np.abs(got - want).max()
     assert 0 < err < 0.05 * np.abs(want).max(), err  # Q8_0 rounds each weight by <= 1/254 of its block's max
+
+
+def test_a_gguf_transformers_cannot_load_is_one_specfill_line(tmp_path, capfd):
+    """A falcon GGUF without its weights, routed to transformers: `specfill generate` says so in one
+    line of its own; transformers' warnings, its load report (a table of the missing weights) and its
+    GGUF conversion bar used to come first, and the model ran with the missing weights at random."""
+    import gguf
+
+    from specfill.cli.main import main
+
+    path = tmp_path / "falcon.gguf"
+    writer = gguf.GGUFWriter(str(path), "falcon")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert main(["generate", "--backend", "cuda", "--model", str(path), "--prompt", "hi", "--max-tokens", "2"]) == 2
+    out, err = capfd.readouterr()  # the file descriptors: transformers logs to the stderr it saw first
+    lines = [line for line in err.splitlines() if "no CUDA GPU found" not in line]
+    assert out == "" and len(lines) == 1, err
+    assert lines[0].startswith("specfill: error: ") and "weights are missing from the checkpoint" in lines[0], err

@@ -152,6 +152,9 @@ def test_full_queue_is_503(demo_server):
     assert results == [2, 2, 2]
 
 
+JSON = {"Content-Type": "application/json"}
+
+
 def open_stream(server, body: dict) -> http.client.HTTPConnection:
     """A streamed completion whose first events have arrived (the generation is running)."""
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
@@ -188,6 +191,27 @@ def test_disconnect_cancels_generation(demo_server, stream):
     assert not state["busy"] and state["served"] == served + 1
     assert time.monotonic() - gone < 3.0
     assert client(demo_server).completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).choices[0].text
+
+
+def test_client_gone_while_queued_then_server_serves_on(demo_server):
+    """A client hangs up while its request waits behind a running one: the worker skips it once the
+    device is free and answers the next request (the worker thread used to die there, and every
+    later request waited forever)."""
+    served = wait_idle(demo_server, 60)["served"]
+    running = open_stream(demo_server, {"prompt": "Tell a long story.", "max_tokens": 2000, "stream": True})
+    queued = http.client.HTTPConnection("127.0.0.1", demo_server.port, timeout=60)
+    queued.request("POST", COMPLETE, body=json.dumps({"prompt": "Hi", "max_tokens": 2}), headers=JSON)
+    deadline = time.monotonic() + 30
+    while demo_server.health()["waiting"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    queued.close()
+    time.sleep(1.0)  # the handler notices the hang-up within POLL_SECONDS (0.2 s) and flags the job
+    running.close()
+    after = client(demo_server, timeout=30)
+    assert after.completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
+    state = demo_server.health()
+    assert state["status"] == "ok" and state["worker_restarts"] == 0
+    assert state["served"] == served + 2  # the story (cancelled) and the last one; the queued one never ran
 
 
 def test_sequential_requests_keep_rss_flat(tiny_server):

@@ -9,6 +9,7 @@ import json
 import re
 import signal
 import socket
+import time
 import urllib.request
 
 import openai
@@ -219,7 +220,11 @@ def test_progress_event_per_prefill_step(keyed_server):
 
 @pytest.mark.parametrize("signals", [1, 2])
 def test_signals_stop_cleanly(tmp_path, signals):
-    """Ctrl+C mid-stream (once: drain; twice: at once): the stream ends, exit status 0, no traceback."""
+    """Ctrl+C mid-stream (once: drain; twice: at once): the stream ends, exit status 0, no traceback.
+    A client stalled in the middle of its request body gets a 503 at the first signal instead of
+    holding the shutdown (uvicorn waited 30 s for it, then cancelled it with a traceback; after a
+    second signal the event loop's teardown cancelled it, and uvicorn logged a CancelledError); one
+    stalled on a route without that check is hung up on after a second signal, also quietly."""
     server = ServerProcess(
         "--model", "random:tiny-llama", "--max-tokens", "3000", log=tmp_path / "sig.log", log_level="info"
     )
@@ -228,11 +233,24 @@ def test_signals_stop_cleanly(tmp_path, signals):
         connection.request("POST", "/v1/completions", body=json.dumps({"prompt": "1 2", "stream": True}))
         response = connection.getresponse()
         assert response.status == 200 and response.readline()
-        for _ in range(signals):
+        stalled = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+        stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        tokenize = socket.create_connection(("127.0.0.1", server.port), timeout=60)  # no shutdown check there
+        tokenize.sendall(b"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.5)  # their handlers wait for the rest of the body
+        server.proc.send_signal(signal.SIGINT)
+        if signals == 2:  # a second signal once the first is handled (two pending SIGINTs are one)
+            deadline = time.monotonic() + 10
+            while "specfill: stopping:" not in server.log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.01)
             server.proc.send_signal(signal.SIGINT)
         tail = response.read().decode()  # the stream ends instead of running 3,000 tokens
         assert tail.rstrip().endswith("data: [DONE]")
         assert server.proc.wait(timeout=30) == 0
+        refused = stalled.makefile("rb").read().decode()
+        assert refused.startswith("HTTP/1.1 503") and "shutting down" in refused, refused
+        if signals == 2:
+            assert "specfill: stopping now" in server.log.read_text()
         log = server.log.read_text()
         assert "Traceback" not in log and "terminate called" not in log, log
         with pytest.raises(OSError):
