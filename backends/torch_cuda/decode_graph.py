@@ -88,29 +88,38 @@ class _MaskedAttention:
         self.scale = model.args.attention_scale
         self.cache, self.step = cache, step
         self._visible: torch.Tensor | None = None
-        self._windowed: dict[int, torch.Tensor] = {}
+        self._biases: dict[tuple[int | None, int, torch.dtype], torch.Tensor] = {}
 
     def visible(self, window: int | None) -> torch.Tensor:
-        """[T, bucket] bool, computed once per step (the first layer asks) and per window."""
+        """[T, bucket] bool: which slots each query sees."""
         step = self.step
         if self._visible is None:
             slots = torch.arange(step.bucket, device=step.slots.device)
             self._visible = slots[None, :] <= step.slots[:, None]
         if window is None:
             return self._visible
-        if window not in self._windowed:
-            distance = step.positions[:, None] - self.cache.positions[None, : step.bucket]
-            self._windowed[window] = self._visible & (distance < window)
-        return self._windowed[window]
+        distance = step.positions[:, None] - self.cache.positions[None, : step.bucket]
+        return self._visible & (distance < window)
+
+    def bias(self, window: int | None, group: int, dtype: torch.dtype) -> torch.Tensor:
+        """The additive mask [1, 1, G*T, bucket] (0 where seen, -inf elsewhere; row g * T + t takes
+        query t's row), built once per step and window: SDPA would turn a boolean mask into this
+        again in every layer. The same values SDPA builds, so the same results."""
+        key = (window, group, dtype)
+        if key not in self._biases:
+            rows = self.visible(window)
+            rows = rows.repeat(group, 1) if group > 1 else rows
+            hidden = torch.zeros(rows.shape, dtype=dtype, device=rows.device).masked_fill_(~rows, float("-inf"))
+            self._biases[key] = hidden[None, None]
+        return self._biases[key]
 
     def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         _, n_heads, steps, dim = q.shape
         n_kv = keys.shape[1]
         group = n_heads // n_kv
-        mask = self.visible(self.windows[layer])
         folded = q.reshape(1, n_kv, group * steps, dim)  # row g * T + t: head (kv, g), query t
-        rows = mask.repeat(group, 1) if group > 1 else mask
-        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=rows[None, None], scale=self.scale)
+        bias = self.bias(self.windows[layer], group, q.dtype)
+        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=bias, scale=self.scale)
         return out.reshape(1, n_heads, steps, values.shape[-1])
 
     def arrays(self) -> list[Any]:
