@@ -324,7 +324,8 @@ def hostile_cases(responses: bool) -> list[Case]:
         _hostile("hangup-mid-body", CHAT, json.dumps(ok).encode(), "any", content_length=100_000),
         # unknown roles and content parts, file: URLs
         _hostile("unknown-role", CHAT, {"messages": _chat(("wizard", "x"))}),
-        _hostile("unknown-role", MESSAGES, {"messages": _chat(("system", "x")), "max_tokens": 4}),
+        # a system-role message inside messages is Claude Code's and accepted (docs/serve.md): a made-up role is not
+        _hostile("unknown-role", MESSAGES, {"messages": _chat(("wizard", "x")), "max_tokens": 4}),
         _hostile("no-role", CHAT, {"messages": [{"content": "x"}]}),
         _hostile(
             "unknown-part",

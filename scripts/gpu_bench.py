@@ -27,7 +27,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
@@ -35,6 +34,9 @@ from specfill.cli import bench as bench_cli
 from specfill.cli.options import h2o_config, specprefill_config
 from specfill.core.io.random_model import random_model_args, random_prompt_ids
 from specfill.evaluation.roofline import DEVICES, Method, Shape, decode_seconds, predict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_bench_report.py
+from gpu_bench_report import decode_mode, e2e, logits_check, plot, report, row_line  # noqa: E402
 
 # measured / predicted was 1.1-3x on this CPU with its own measured rates (research/roofline/results/
 # roofline.md); on vendor peaks a GPU prefill reaching 30-70% of them would be 1.5-3x: 4x is an assumption
@@ -213,21 +215,6 @@ def _stop(signum, frame) -> None:
     raise SystemExit(124)
 
 
-def plot(result: dict, path: Path, device_name: str | None = None) -> Path:
-    """TTFT vs prompt length, one line per row name; the title names the models, dtype and device."""
-    from specfill.evaluation.plots import plot_ttft
-
-    plan = result["plan"]
-    device = device_name or result.get("device_name") or plan["device"]
-    rows = [
-        {"backend": plan["device"], "method": r["method"], "prompt_tokens": r["prompt_tokens"], "ttft_s": r["ttft_s"]}
-        for r in result["rows"]
-        if r.get("ttft_s") is not None
-    ]
-    title = f"{plan['model']} (speculator {plan['speculator']}), {plan['dtype']}, {device}, 1 GPU stream"
-    return plot_ttft(rows, path, title)
-
-
 def run(args: argparse.Namespace) -> int:
     if args.replot:
         source = Path(args.replot)
@@ -360,55 +347,6 @@ def add_speedups(rows: list[dict]) -> None:
         r["speedup_vs_full"] = base / r["ttft_s"] if base and r.get("ttft_s") else None
 
 
-def decode_mode(model, mode: str) -> None:
-    """graphs: static steps captured as CUDA graphs; eager-static: the same steps uncaptured;
-    eager: the layer-by-layer path (backends/torch_cuda/decode_graph.py)."""
-    from specfill.backends.torch_cuda.decode_graph import CudaGraphCapture, DecodeGraphs
-
-    ops = model.ops
-    ops.static_decode = mode != "eager"
-    captured = mode in ("graphs", "compiled") and bench_on_cuda(ops)
-    ops.decode_graphs = DecodeGraphs(CudaGraphCapture() if captured else None, compiled=mode == "compiled")
-
-
-def logits_check(model, ids: list[int]) -> dict:
-    """One prefill of ids, then the same two decode steps on three copies of its cache: eager (the
-    layer-by-layer path), eager-static (decode_graph.static_step) and graphs (the second step a
-    replay). Max |difference| of the logits beside their spread and the eager top-2 gap: a
-    difference far below the gap is rounding (fused kernels differ), one near the spread a bug."""
-    from specfill.core.methods.prefill import prefill
-
-    ops, out = model.ops, {}
-    with ops.device_scope():
-        cache = ops.new_cache(model.model, len(ids) + 8)
-        prefill(ops, model.model, ops.tokens(np.array(ids)), 0, cache, step_size=model.prefill_step_size)
-        logits = {}
-        for mode in ("eager", "eager-static", "graphs"):
-            decode_mode(model, mode)
-            copy = cache.copy(cache.filled, cache.capacity)
-            steps = [
-                ops.forward(model.model, ops.tokens(np.array([t])), len(ids) + i, copy, None, 0)[-1]
-                for i, t in enumerate((5, 7))
-            ]
-            logits[mode] = [x.float() for x in steps]
-        decode_mode(model, "graphs")
-        eager = logits["eager"]
-        top2 = torch.topk(eager[0], 2).values
-        out["eager_logit_std"] = float(eager[0].std())
-        out["eager_top2_gap"] = float(top2[0] - top2[1])
-        for mode in ("eager-static", "graphs"):
-            out[f"{mode}_vs_eager_max_abs"] = [float((a - b).abs().max()) for a, b in zip(logits[mode], eager)]
-            out[f"{mode}_argmax_equal"] = [bool(a.argmax() == b.argmax()) for a, b in zip(logits[mode], eager)]
-        out["graphs_vs_eager_static_bitwise"] = [
-            bool(torch.equal(a, b)) for a, b in zip(logits["graphs"], logits["eager-static"])
-        ]
-    return out
-
-
-def bench_on_cuda(ops) -> bool:
-    return ops.device.type == "cuda"
-
-
 COMPILE_ALLOWANCE_S = 100  # the compiled decode row runs last, only with this much left (inductor: ~1 min for an 8B)
 
 
@@ -464,109 +402,6 @@ def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int,
         )
     bench.result["e2e"] = e2e(bench.result, shapes[0])
     bench.write()
-
-
-def prefill_flops(shape: Shape, n_tokens: int) -> float:
-    """FLOPs of a full prefill: the projections and MLP of every token, causal attention's
-    q.k and p.v products, the last token's logits (evaluation/roofline.py counts the same)."""
-    pairs = n_tokens * (n_tokens + 1) / 2
-    return (
-        2 * n_tokens * shape.layer_params() * shape.layers
-        + 4 * shape.head_dim * shape.heads * pairs * shape.layers
-        + 2 * shape.hidden * shape.vocab
-    )
-
-
-def e2e(result: dict, shape: Shape) -> dict:
-    """The figures the issue asks for: warm decode tokens/s (graphs, plain), and per prompt length
-    full prefill's roofline fraction (predicted / measured) and TFLOP/s; the attention kernels chosen."""
-    from specfill.backends.torch_cuda.attention_choice import chosen
-
-    decode = {d["mode"]: d for d in result["decode"] if not d["draft_tokens"] and d.get("decode_tps")}
-    out: dict = {
-        "decode_tokens_per_s": decode["graphs"]["decode_tps"] if "graphs" in decode else None,
-        "decode_tokens_per_s_by_mode": {m: d["decode_tps"] for m, d in decode.items()},
-        "decode_tokens_equal_eager": {m: d.get("tokens_equal_eager") for m, d in decode.items()},
-        "decode_setup_s": {m: d.get("first_run_setup_s") for m, d in decode.items()},
-        "prefill_roofline_fraction": {},
-        "prefill_tflops": {},
-        "ttft_s": {},
-        "attention_kernels": chosen(),
-    }
-    for r in result["rows"]:
-        if r.get("ttft_s") is None:
-            continue
-        out["ttft_s"].setdefault(r["method"], {})[str(r["prompt_tokens"])] = r["ttft_s"]
-        if r["kind"] == "full":
-            key = str(r["prompt_tokens"]) if r["method"] == "full" else f"{r['prompt_tokens']} ({r['method']})"
-            if r.get("predicted_s"):
-                out["prefill_roofline_fraction"][key] = r["predicted_s"] / r["ttft_s"]
-            out["prefill_tflops"][key] = prefill_flops(shape, r["prompt_tokens"]) / r["ttft_s"] / 1e12
-    return out
-
-
-def row_line(r: dict) -> str:
-    if not r["runs"]:
-        return f"{r['method']:<16} {r['prompt_tokens']:>7}: {r['error']}"
-    ratio = f"{r['measured_over_predicted']:.2f}x roofline" if r.get("measured_over_predicted") else "no roofline"
-    return (
-        f"{r['method']:<16} {r['prompt_tokens']:>7}: TTFT {r['ttft_s']:.3f} s (median of {len(r['runs'])}), "
-        f"{ratio}, peak {r['peak_gb']:.1f} GB, kept {r['kept_tokens']}" + (f"; {r['error']}" if r["error"] else "")
-    )
-
-
-def fmt(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def report(result: dict) -> str:
-    plan = result["plan"]
-    rates = result.get("roofline")
-    lines = [
-        "# GPU session: TTFT and decode on random weights",
-        "",
-        *(
-            ["Partial: the step stopped before the end; these are the rows it completed.", ""]
-            if not result["complete"]
-            else []
-        ),
-        f"Model {plan['model']}, speculator {plan['speculator']}, {plan['dtype']} on {plan['device']}; "
-        f"medians of up to {plan['repeats']} runs, {plan['decode_tokens']} decoded tokens each. Roofline: "
-        + (f"{rates['name']} (evaluation/roofline.py DEVICES)." if rates else "none for this device.")
-        + f" Peak GB: the most allocated during a run (torch.cuda.max_memory_allocated on a GPU, the process's"
-        f" peak RSS on a CPU), both models' weights included ({fmt(result.get('weights_gb'), '.1f')} GB loaded).",
-        "",
-        "| method | prompt tokens | runs | TTFT median (s) | speed-up vs full | kept | peak GB | roofline (s) "
-        "| measured / roofline | note |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['method']} | {r['prompt_tokens']} | {len(r['runs'])} | {fmt(r.get('ttft_s'), '.3f')} "
-            f"| {fmt(r.get('speedup_vs_full'), '.2f')} | {fmt(r.get('kept_tokens'), 'd')} | {fmt(r['peak_gb'], '.1f')} "
-            f"| {fmt(r.get('predicted_s'), '.3g')} | {fmt(r.get('measured_over_predicted'), '.2f')} "
-            f"| {r['error'] or ''} |"
-        )
-    lines += [
-        "",
-        "| decode after full prefill | mode | prompt tokens | tok/s (warm median) | first run tok/s | setup s "
-        "| roofline tok/s (plain) | tokens = eager | accepted / drafted | note |",
-    ]
-    lines += ["|---|---|---|---|---|---|---|---|---|---|"]
-    for d in result["decode"]:
-        accepted = f"{d['accepted']} / {d['drafted']}" if d.get("drafted") is not None else "-"
-        label = f"drafting k={d['draft_tokens']} ({plan['speculator']})" if d["draft_tokens"] else "plain"
-        lines.append(
-            f"| {label} | {d.get('mode', '-')} | {d['prompt_tokens']} | {fmt(d.get('decode_tps'), '.1f')} "
-            f"| {fmt(d.get('first_run_tps'), '.1f')} | {fmt(d.get('first_run_setup_s'), '.3f')} "
-            f"| {fmt(d['predicted_plain_tps'], '.1f')} | {d.get('tokens_equal_eager', '-')} | {accepted} "
-            f"| {d['error'] or ''} |"
-        )
-    if result.get("e2e"):
-        lines += ["", "e2e: `" + json.dumps({k: v for k, v in result["e2e"].items() if k != "attention_kernels"}) + "`"]
-        for key, value in result["e2e"]["attention_kernels"].items():
-            lines.append(f"- attention {key}: chose {value['chosen']}; {value['candidates']}")
-    return "\n".join(lines + ["", *(f"- {n}" for n in result["notes"])])
 
 
 if __name__ == "__main__":

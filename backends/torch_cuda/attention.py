@@ -14,7 +14,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .attention_choice import kernel_for
 from .placement import on_cuda
 
 
@@ -31,6 +30,8 @@ def causal_attention(
     start = end - steps
     gqa = q.shape[1] != keys.shape[1]
     if start == 0 and steps > 1 and q.device.type == "cuda":  # the fastest fused kernel here (probed once)
+        from .attention_choice import kernel_for
+
         return kernel_for("causal", q, keys)(q, keys, values, 0, scale)
     if start == 0:  # the step's own keys are the whole context: plain causal
         return F.scaled_dot_product_attention(q, keys, values, is_causal=steps > 1, enable_gqa=gqa, scale=scale)
@@ -111,6 +112,8 @@ def lower_right_causal(
     heads, or two fused calls merged by log-sum-exp); elsewhere (the simulated-CUDA tests) the
     lower-right causal bias with KV heads expanded."""
     if q.device.type == "cuda":
+        from .attention_choice import kernel_for
+
         return kernel_for("prefix", q, keys)(q, keys, values, keys.shape[2] - q.shape[2], scale)
     # imported here: torch.nn.attention.bias imports Triton, which CPU-only runs never need
     from torch.nn.attention.bias import causal_lower_right

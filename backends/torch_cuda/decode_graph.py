@@ -43,7 +43,6 @@ from specfill.core.errors import PromptTooLongError
 from .cache import ModelKVCache
 
 SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
-MAX_GRAPH_TOKENS = 16  # a step of more tokens (a prompt) runs eagerly
 log = logging.getLogger("specfill.backends.torch_cuda")
 
 
@@ -175,7 +174,7 @@ class CudaGraphCapture:
 
 
 class DecodeGraphs:
-    """Runs decode steps (T <= MAX_GRAPH_TOKENS tokens at the cache's next slots) through static
+    """Runs decode steps (T <= ops.MAX_GRAPH_TOKENS tokens at the cache's next slots) through static
     steps, captured once per (model, T, bucket) on the cache and replayed after. `capture` None:
     eager static steps (the same kernels, no graph)."""
 

@@ -23,10 +23,11 @@ from specfill.core.runtime import SamplingConfig
 from .attention import causal_attention as causal_step_attention
 from .attention import terms_attention, windowed_attention
 from .cache import ModelKVCache
-from .decode_graph import MAX_GRAPH_TOKENS, CudaGraphCapture, DecodeGraphs
 from .method_ops import stage_kernels
 from .model import Transformer, few_row_products
 from .sampling import make_generator, sample
+
+MAX_GRAPH_TOKENS = 16  # decode and verify steps up to this many tokens take the static path (decode_graph.py)
 
 
 class TorchOps(KernelStages):
@@ -50,8 +51,12 @@ class TorchOps(KernelStages):
         # None = on a CUDA device; False runs the same static steps eagerly (same tokens)
         on_gpu = self.device.type == "cuda"
         graphs = on_gpu if decode_graphs is None else decode_graphs
-        self.decode_graphs = DecodeGraphs(CudaGraphCapture() if graphs else None)
         self.static_decode = on_gpu  # CPU keeps its own few-query attention (attention.few_queries_cpu)
+        self.decode_graphs: Any = None  # decode_graph.DecodeGraphs where static steps run (imported there only)
+        if on_gpu or graphs:
+            from .decode_graph import CudaGraphCapture, DecodeGraphs
+
+            self.decode_graphs = DecodeGraphs(CudaGraphCapture() if graphs else None)
 
     # H2O stages (intra_attention, inter_attention, reduce_colsum_to_kv_heads, merge_states: KernelStages)
     stage_kernels = staticmethod(stage_kernels)
@@ -121,7 +126,11 @@ class TorchOps(KernelStages):
             pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
         else:
             pos = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
-        if self.static_decode and self._static_step(model, ids, cache, attend, logits_from):
+        if (
+            self.static_decode
+            and self.decode_graphs is not None
+            and self._static_step(model, ids, cache, attend, logits_from)
+        ):
             logits = self.decode_graphs.run(model, ids, pos, cache)
             return logits if logits_from == 0 else logits[logits_from:]
         logits = model(ids[None], pos, cache, logits_from, attend)
@@ -141,7 +150,7 @@ class TorchOps(KernelStages):
 
     def decode_setup_seconds(self) -> float:
         """Seconds spent so far preparing decode steps (first runs and graph captures)."""
-        return self.decode_graphs.setup_seconds
+        return 0.0 if self.decode_graphs is None else self.decode_graphs.setup_seconds
 
     def schedule(self, arrays: list[Any]) -> None:
         """CUDA queues work by itself; nothing to do."""

@@ -25,7 +25,7 @@ class StandIn:
     """An engine whose run() holds the device until `release` is set (so jobs queue behind it)."""
 
     context = 4096
-    tokenizer = None
+    tokenizer = SimpleNamespace(chat_template=None)  # no tool format: the app's start-up reads it
 
     def __init__(self, idle_failures: int = 0) -> None:
         self.entered = threading.Event()
