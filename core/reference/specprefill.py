@@ -10,7 +10,8 @@ prompt positions only (softmax over the prompt keys), as the reference implement
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import replace
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -164,6 +165,29 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
     return restore_positions(kept_positions, n_tokens, scores)
 
 
+def select_new_tokens(
+    importance: np.ndarray,
+    reused: int,
+    config: SpecPrefillConfig,
+    select: Callable[[np.ndarray, SpecPrefillConfig], Selection] | None = None,
+) -> Selection:
+    """SpecPrefill from a reused prefix of `reused` tokens (docs/methods.md): importance [P] of
+    every prompt token, selected over the new part [reused, P) only, as a prompt of P - reused
+    tokens (its chunk grid starts at `reused`; keep_first still counts from the prompt's start);
+    kept positions are original ones (all >= reused) and decoding resumes at P. reused 0 is
+    select_tokens. select: the selection stage (a backend's at the conformance boundary; default
+    this module's)."""
+    select = select or select_tokens
+    n_tokens = int(importance.shape[0])
+    if not 0 <= reused < n_tokens:
+        raise ConfigError(f"a reused prefix of {reused} tokens must leave new tokens of the {n_tokens}-token prompt")
+    if reused == 0:
+        return select(importance, config)
+    new = select(importance[reused:], replace(config, keep_first=max(0, config.keep_first - reused)))
+    kept = np.asarray(new.kept, dtype=np.int64) + reused
+    return Selection(kept=kept, position_ids=kept.copy(), decode_start=n_tokens, chunk_scores=new.chunk_scores)
+
+
 def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarray) -> Selection:
     """Kept tokens use their original position ids; the first decoded token sits at P."""
     return Selection(kept=kept, position_ids=kept.copy(), decode_start=int(prompt_len), chunk_scores=chunk_scores)
@@ -231,6 +255,23 @@ def speculative_selection(
     """Scores then selection: what the main model will prefill."""
     scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
     return scores, stages.select_tokens(scores.importance, config)
+
+
+def reused_selection(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    config: SpecPrefillConfig,
+    scale: float,
+    stages: SpecPrefillStages,
+    reused: int,
+    windows: Sequence[int | None] = (),
+    terms: Sequence[AttentionTerms | None] = (),
+    n_window: int = 1,
+) -> tuple[TokenScores, Selection]:
+    """SpecPrefill from a reused prefix: scores over every prompt key as speculative_selection's,
+    then the selection over the new part [reused, P) (select_new_tokens)."""
+    scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
+    return scores, select_new_tokens(scores.importance, reused, config, stages.select_tokens)
 
 
 def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
