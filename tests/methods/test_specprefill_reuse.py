@@ -130,3 +130,43 @@ def test_what_a_reused_prefix_does_not_support_is_refused(tiny):
     two_layers = KVState(dense.kv.cache, 30, speculator=KVState(dense.kv.cache, 30))
     with pytest.raises(ConfigError, match="speculator KV has 2 layers"):
         run(t.model, ids, METHOD, GenerationInfo(), reuse=two_layers)
+
+
+@pytest.mark.parametrize("bug", ["prefix-selected", "lookahead-kv-kept"])
+def test_a_planted_reuse_bug_fails_the_reference_check(tiny, monkeypatch, bug):
+    """The checks above are not vacuous: a selection over the whole prompt (the prefix too), or a
+    speculator cache not cut back to the conversation (turn 1's look-ahead KV left before turn 2's
+    new tokens), gives another kept set or other tokens than the reference's."""
+    from specfill.core.methods import specprefill as method_module
+    from specfill.core.reference import specprefill as reference_module
+
+    t = tiny("llama")
+    ids1 = prompt(70, t.args.vocab_size, seed=11)
+    turn1 = GenerationInfo()
+    reply = run(t.model, ids1, METHOD, turn1, max_tokens=5)
+    conversation = ids1 + reply
+    rebuilt = GenerationInfo()
+    run(t.model, conversation + [1], PrefillMethod(), rebuilt, max_tokens=1)
+    dense = KVState(rebuilt.kv.cache, len(conversation), speculator=turn1.kv.speculator)
+    ids2 = conversation + prompt(60, t.args.vocab_size, seed=12)
+    if bug == "prefix-selected":
+        whole = reference_module.select_tokens
+        monkeypatch.setattr(
+            reference_module, "select_new_tokens", lambda imp, reused, config, select=None: whole(imp, config)
+        )
+    else:
+        original = method_module.run_speculator
+
+        def stale(*args, cache=None, cached=0, **kwargs):
+            if cache is not None:
+                cached = cache.filled  # the look-ahead's slots stay
+                kwargs["query_window"] = 1
+            return original(*args, cache=cache, cached=cached, **kwargs)
+
+        monkeypatch.setattr(method_module, "run_speculator", stale)
+    turn2 = GenerationInfo()
+    tokens = run(t.model, ids2, METHOD, turn2, reuse=dense)
+    kept = turn2.kept_positions
+    assert kept != expected_kept(t, ids2, len(conversation)) or tokens != oracle_greedy(
+        t, ids2, len(conversation), kept, len(tokens)
+    )
