@@ -269,7 +269,9 @@ class CausalLM(LoadedModel[A]):
                     main_cache=None if reuse is None else (lambda room: self._reused_cache(reuse, room)),
                     speculator_cache=None if reuse is None else self._speculator_cache(reuse, speculator[0]),
                 )
-                info.kept_positions, info.kept_tokens = sparse.selection.kept.tolist(), len(sparse.selection.kept)
+                reused = [] if reuse is None else list(range(reuse.tokens))  # the dense prefix: every token
+                info.kept_positions = reused + sparse.selection.kept.tolist()
+                info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
             if hasattr(cache, "mark"):  # a hybrid's cache keeps its recurrent state at the prompt's end

@@ -305,7 +305,8 @@ class GenerationInfo:
     """What one generation did (its prefill, its speculative decoding, its KV cache): filled in by
     the driver, read by the API, the server, bench, eval and parity.
 
-    kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O.
+    kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O; from a
+    reused prefix, the prefix's positions (all in the KV) then the kept new ones (kept_tokens counts both).
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
     seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}.

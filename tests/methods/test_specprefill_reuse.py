@@ -58,7 +58,8 @@ def test_the_new_part_is_selected_and_prefilled_over_the_dense_prefix(tiny, arch
     prefix_keys = np.array(t.model.ops.to_numpy(first.kv.cache.keys(reused)))
     info = GenerationInfo()
     tokens = run(t.model, ids, METHOD, info, reuse=first.kv)
-    kept = info.kept_positions
+    assert info.kept_positions[:reused] == list(range(reused)) and info.kept_tokens == len(info.kept_positions)
+    kept = info.kept_positions[reused:]  # the new part's
     assert kept == expected_kept(t, ids, reused) and kept[0] >= reused and kept[-1] == len(ids) - 1
     assert reused + 8 < reused + len(kept) < len(ids)
     assert tokens == oracle_greedy(t, ids, reused, kept, len(tokens))
@@ -105,7 +106,7 @@ def test_a_second_turn_reuses_the_first_and_its_speculator_kv(tiny, arch):
         )
     )
     assert [r for r in read if r[0] == "speculator"][-1][1:] == (len(ids2) - len(ids1),) * 2
-    kept = turn2.kept_positions
+    kept = turn2.kept_positions[len(conversation) :]
     assert kept == expected_kept(t, ids2, len(conversation)) and kept[0] >= len(conversation)
     assert tokens == oracle_greedy(t, ids2, len(conversation), kept, len(tokens))
     assert turn2.kv.speculator.slots == len(ids2)  # (a grown copy of turn 1's: its room was the look-ahead's)
@@ -166,7 +167,7 @@ def test_a_planted_reuse_bug_fails_the_reference_check(tiny, monkeypatch, bug):
         monkeypatch.setattr(method_module, "run_speculator", stale)
     turn2 = GenerationInfo()
     tokens = run(t.model, ids2, METHOD, turn2, reuse=dense)
-    kept = turn2.kept_positions
+    kept = turn2.kept_positions[len(conversation) :]
     assert kept != expected_kept(t, ids2, len(conversation)) or tokens != oracle_greedy(
         t, ids2, len(conversation), kept, len(tokens)
     )
