@@ -5,6 +5,8 @@ reference speculator's whole-prompt pass and the oracle's dense forward over pre
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -171,3 +173,18 @@ def test_a_planted_reuse_bug_fails_the_reference_check(tiny, monkeypatch, bug):
     assert kept != expected_kept(t, ids2, len(conversation)) or tokens != oracle_greedy(
         t, ids2, len(conversation), kept, len(tokens)
     )
+
+
+def test_protected_spans_are_kept_from_a_reused_prefix_as_the_reference_keeps_them(tiny):
+    t = tiny("qwen2")
+    ids, reused = prompt(100, t.args.vocab_size, seed=6), 30
+    first = GenerationInfo()
+    run(t.model, ids[:reused], PrefillMethod(), first, max_tokens=1)
+    config = replace(CONFIG, protected=((0, 10), (50, 58)))  # the first in the dense prefix
+    info = GenerationInfo()
+    tokens = run(t.model, ids, replace(METHOD, specprefill=config), info, reuse=first.kv)
+    kept = info.kept_positions[reused:]
+    queries, keys, _ = reference_speculator(t.ref, ids, 1, CONFIG.lookahead, window=4)
+    want = reused_selection(queries, keys, config, t.ref.scale, REFERENCE, reused, n_window=4)[1].kept.tolist()
+    assert kept == want and set(range(50, 58)) <= set(kept)
+    assert tokens == oracle_greedy(t, ids, reused, kept, len(tokens))
