@@ -311,6 +311,7 @@ def _serve(
         cache_dir=args.prompt_cache_dir,
         cache_disk=args.cache_disk,
         model_name=args.model or names[0],
+        speculator_name=args.speculator,
     )
     where = "" if group is None else f", {model.distributed.describe()}"
     print(

@@ -157,6 +157,38 @@ def check_selection_end_to_end(ad: ConformanceAdapter, ck: Checker) -> None:
         )
 
 
+def check_reused_selection(ad: ConformanceAdapter, ck: Checker) -> None:
+    """SpecPrefill from a reused prefix of R tokens (docs/methods.md): the backend's scores over every
+    prompt key, selected over the new part [R, P) only: kept positions >= R, original, the last token
+    kept, decoding at P, and (the same selection code on both sides) equal to the reference's in
+    float64 / float32, agreeing as memory sets must in 16-bit dtypes."""
+    for case in SPEC_CASES:
+        queries, keys = (round_to(x, ck.dtype) for x in case.tensors())
+        n = case.prompt_len
+        for reused in sorted({n // 2, n - 1} - {0}):
+            name = f"{case.name},reused={reused}"
+            _, got = specprefill.reused_selection(
+                queries, keys, case.config, SCALE, ad, reused, case.windows, case.terms, case.n_window
+            )
+            _, want = specprefill.reused_selection(
+                queries, keys, case.config, SCALE, REFERENCE, reused, case.windows, case.terms, case.n_window
+            )
+            kept, wanted = np.asarray(got.kept).tolist(), want.kept.tolist()
+            problems = []
+            if not kept or kept[0] < reused or kept != sorted(set(kept)) or kept[-1] != n - 1:
+                problems.append(f"kept {kept[:8]}..: not sorted new positions ending at the last token")
+            if np.asarray(got.position_ids).tolist() != kept or got.decode_start != n:
+                problems.append("positions not the kept tokens' original ones, or decoding not at P")
+            ck.exact("specprefill.reuse.invariants", name, not problems, "; ".join(problems))
+            if ck.dtype in ("float64", "float32"):
+                ck.exact(
+                    "specprefill.reuse.kept", name, kept == wanted, f"differing: {sorted(set(kept) ^ set(wanted))}"
+                )
+            else:
+                jaccard = len(set(kept) & set(wanted)) / max(1, len(set(kept) | set(wanted)))
+                ck.at_least("specprefill.reuse.agreement", name, jaccard, ck.tol.memory_jaccard, f"got {kept[:16]}")
+
+
 # SpecPrefill over an H2O speculator on a tiny random model: chunks of 16 with a memory of 8 over
 # 96 tokens, so every later chunk attends to a sparse key set; q / k projections scaled by 25 so
 # the random model's attention is peaked (N(0, 0.02) weights give near-uniform rows, whose selection
@@ -212,4 +244,5 @@ SPECPREFILL_CHECKS = {
     "specprefill.select_tokens": check_select_tokens,
     "specprefill.selection": check_selection_end_to_end,
     "specprefill.composed": check_composed_selection,
+    "specprefill.reuse": check_reused_selection,
 }

@@ -82,6 +82,19 @@ def _require_share(config: object, name: str, value: object = None, label: str |
     return float(value)
 
 
+def _check_spans(config: Any) -> None:
+    """SpecPrefillConfig.protected as a tuple of (start, end) integer pairs, 0 <= start <= end <= MAX_SETTING."""
+    spans = []
+    for span in config.protected if isinstance(config.protected, (tuple, list)) else [config.protected]:
+        pair = tuple(span) if isinstance(span, (tuple, list)) else ()
+        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair):
+            raise _error(config, f"protected spans must be (start, end) integer pairs, got {span!r}", "protected")
+        if not 0 <= pair[0] <= pair[1] <= MAX_SETTING:
+            raise _error(config, f"a protected span needs 0 <= start <= end <= {MAX_SETTING}, got {pair}", "protected")
+        spans.append(pair)
+    object.__setattr__(config, "protected", tuple(spans))
+
+
 def _require_int(config: object, name: str, minimum: int, label: str | None = None) -> int:
     """config's field `name` as an integer in [minimum, MAX_SETTING]; `label` names it in the message."""
     value, label = getattr(config, name), label or name
@@ -306,6 +319,11 @@ class SpecPrefillConfig:
     token_floor: int = setting(0, "SpecPrefill: keep at least this many tokens whatever the keep rule says")
     keep_first: int = setting(0, "SpecPrefill: always keep the prompt's first N tokens (on top of the budget)")
     keep_last: int = setting(0, "SpecPrefill: always keep the prompt's last N tokens (on top of the budget)")
+    protected: tuple[tuple[int, int], ...] = setting(
+        (),
+        "SpecPrefill: prompt token spans [start, end) always kept, on top of the budget (a server "
+        "request's protect field fills them from its chat template's segments)",
+    )
     query_window: int = setting(
         1,
         "SpecPrefill: the prompt's last W tokens' queries score the prompt too, each "
@@ -365,6 +383,7 @@ class SpecPrefillConfig:
         _require_int(self, "select_chunk", 1)
         for name in ("neighbours", "token_floor", "keep_first", "keep_last"):
             _require_int(self, name, 0)
+        _check_spans(self)
         _require_int(self, "query_window", 1)
         for name in ("head_reduction", "layer_reduction", "lookahead_reduction"):
             if getattr(self, name) not in REDUCTIONS:

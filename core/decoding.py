@@ -68,12 +68,15 @@ def track_kv(
     next_position: int,
     info: GenerationInfo,
     setup_seconds: Callable[[], float] | None = None,
+    prefix: int = 0,
+    speculator: KVState | None = None,
 ) -> Iterator[int]:
     """Yield `tokens`, keeping info.kv on the cache's filled slots. position_offset = RoPE position
     minus slot: 0 after full or H2O prefill, prompt tokens - kept tokens after SpecPrefill.
+    prefix, speculator: KVState's (SpecPrefill from a reused prefix's dense prefix; the speculator's KV).
     setup_seconds: the backend's clock of decode-step preparation (ModelOps.decode_setup_seconds);
     what it adds during this decode is kept in info.decode.seconds["setup"], apart from decode speed."""
-    info.kv = KVState(cache, cache.filled, next_position - cache.filled)
+    info.kv = KVState(cache, cache.filled, next_position - cache.filled, prefix, speculator)
     base = setup_seconds() if setup_seconds is not None else 0.0
     for token in tokens:
         info.kv.slots = cache.filled

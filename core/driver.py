@@ -173,7 +173,9 @@ class CausalLM(LoadedModel[A]):
         With `drafting`, decode speculatively (core/methods/drafting.py): same tokens as greedy,
         the main model's distribution when sampling; info.decode.from_draft marks accepted drafts.
         reuse: a KVState (info.kv of an earlier generation) standing for a prefix of prompt_ids:
-        only the rest is prefilled, with full attention, into that cache (grown if needed).
+        only the rest is prefilled, with full attention, into that cache (grown if needed); with
+        method specprefill, sparsely from the dense prefix (docs/methods.md), the speculator on its
+        own KV of the conversation (reuse.speculator) where it has one.
         info.kv reports the generation's cache (pass it as `reuse` to extend the conversation).
         sampling, method and drafting are a built request's parts (core/request.build_request checks how
         they combine); the prompt's ids, the speculator and the draft model are checked here."""
@@ -232,7 +234,7 @@ class CausalLM(LoadedModel[A]):
         extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
         report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
         with self.ops.device_scope():
-            if reuse is not None:
+            if reuse is not None and speculator is None:
                 cache = self._reused_cache(reuse, len(ids) - reuse.tokens + extra)
                 started = self.ops.wall_time()
                 logits = prefill(
@@ -263,8 +265,13 @@ class CausalLM(LoadedModel[A]):
                     speculator_step_size=speculator[1],
                     report=report,
                     speculator_extra_slots=0 if draft is None else draft.speculator_room(extra),
+                    reused=0 if reuse is None else reuse.tokens,
+                    main_cache=None if reuse is None else (lambda room: self._reused_cache(reuse, room)),
+                    speculator_cache=None if reuse is None else self._speculator_cache(reuse, speculator[0]),
                 )
-                info.kept_positions, info.kept_tokens = sparse.selection.kept.tolist(), len(sparse.selection.kept)
+                reused = [] if reuse is None else list(range(reuse.tokens))  # the dense prefix: every token
+                info.kept_positions = reused + sparse.selection.kept.tolist()
+                info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
             if hasattr(cache, "mark"):  # a hybrid's cache keeps its recurrent state at the prompt's end
@@ -301,7 +308,11 @@ class CausalLM(LoadedModel[A]):
                     stop_ids=stop_ids,
                     info=info,
                 )
-            yield from track_kv(tokens, cache, len(ids), info, self.ops.decode_setup_seconds)
+            kept_kv = reuse.speculator if reuse is not None else None  # a full prefill carries it on
+            if sparse is not None:
+                kept_kv = self._speculator_kv(sparse, method)
+            prefix = 0 if sparse is None or reuse is None else reuse.tokens
+            yield from track_kv(tokens, cache, len(ids), info, self.ops.decode_setup_seconds, prefix, kept_kv)
 
     def _reused_cache(self, reuse: KVState, room: int) -> Any:
         """The reused cache cut to reuse.slots on every layer (ops.Cancelled), room for `room` more (1.5x)."""
@@ -311,6 +322,31 @@ class CausalLM(LoadedModel[A]):
         if cache.capacity < needed:  # grow by half at least: conversations append often
             cache = cache.grown(max(needed, min(cache.capacity * 3 // 2, self.args.max_position_embeddings)))
         return cache
+
+    def _speculator_cache(self, reuse: KVState, speculator: Any) -> tuple[Any, int] | None:
+        """(the speculator's cache, its tokens to reuse) from reuse.speculator, cut to the main
+        model's reused prefix (the tokens the prompt matched); None: the speculator reads the prompt
+        from its start. A cache of another speculator's shape is refused."""
+        kept = reuse.speculator
+        if kept is None or min(kept.slots, reuse.tokens) < 1:
+            return None
+        if len(kept.cache.layers) != speculator.args.num_hidden_layers:
+            raise ConfigError(
+                f"the reused speculator KV has {len(kept.cache.layers)} layers, not the speculator's: "
+                "pass the KV the same speculator built"
+            )
+        return kept.cache, min(kept.slots, reuse.tokens)
+
+    @staticmethod
+    def _speculator_kv(sparse: SparsePrefill, method: PrefillMethod) -> KVState | None:
+        """The speculator's dense KV of the prompt, kept for the conversation's next SpecPrefill
+        turn: none after an H2O speculator pass (approximate KV) or from a hybrid speculator (its
+        recurrent state is not kept at the prompt's end)."""
+        cache = sparse.speculator.cache
+        spec = method.specprefill
+        if (spec is not None and spec.speculator_prefill is not None) or hasattr(cache, "mark"):
+            return None
+        return KVState(cache, sparse.speculator.n_prompt)
 
     def _drafted(
         self,

@@ -66,6 +66,8 @@ PRIVATE: dict[tuple[str, str, str], str] = {
     ("SpecPrefillConfig", "pool_kernel", SERVER): _SERVER_WIDE,
     ("SpecPrefillConfig", "select_chunk", SERVER): _SERVER_WIDE,
     ("SpecPrefillConfig", "layers", SERVER): _SERVER_WIDE,
+    ("SpecPrefillConfig", "protected", CLI): "one prompt's token positions: the server's protect field names segments",
+    ("SpecPrefillConfig", "protected", SERVER): "token positions: a request names segments instead (its protect field)",
     ("SpecPrefillConfig", "force_keep_last", CLI): "library only: off drops the token decoding continues from",
     ("SpecPrefillConfig", "force_keep_last", SERVER): "library only: off drops the token decoding continues from",
     ("Drafting", "model", SERVER): "a request cannot load a model: the server's --speculator drafts",

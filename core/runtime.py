@@ -187,16 +187,38 @@ class KVState:
     holds token i + position_offset.
     position_offset: RoPE position minus slot past the kept tokens (0 after full or H2O prefill;
     prompt tokens - kept tokens after SpecPrefill).
+    prefix: after SpecPrefill from a reused prefix (docs/methods.md), the leading slots that hold
+    conversation tokens 0..prefix-1 densely; the kept tokens follow them (slots prefix..prefix+K-1),
+    then slot i holds token i + position_offset. 0 otherwise (plain SpecPrefill keeps no dense
+    prefix; with position_offset 0 every slot is slot i = token i anyway).
+    speculator: the SpecPrefill speculator's own dense KV of a prefix of the same conversation
+    (slot i = token i), kept so a later SpecPrefill turn prefills only its new tokens on it; None
+    when there is none.
     """
 
     cache: Any
     slots: int
     position_offset: int = 0
+    prefix: int = 0
+    speculator: KVState | None = None
 
     @property
     def tokens(self) -> int:
         """Conversation tokens the cache stands for (the next token's RoPE position)."""
         return self.slots + self.position_offset
+
+    def positions(self, kept: Sequence[int] = ()) -> np.ndarray:
+        """Every filled slot's RoPE position [slots] (int64): the dense prefix's, then `kept` (the
+        kept tokens' original positions, GenerationInfo.kept_positions; needed when
+        position_offset is not 0), then the later slots' (slot + position_offset)."""
+        if self.position_offset == 0:
+            return np.arange(self.slots, dtype=np.int64)
+        kept = np.asarray(kept, dtype=np.int64)
+        end = self.prefix + len(kept)
+        if end > self.slots or (len(kept) and kept[0] < self.prefix):
+            raise ValueError(f"{len(kept)} kept positions do not fit {self.slots} slots after prefix {self.prefix}")
+        later = np.arange(end, self.slots, dtype=np.int64) + self.position_offset
+        return np.concatenate([np.arange(self.prefix, dtype=np.int64), kept, later])
 
 
 def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling: SamplingConfig) -> None:
@@ -221,13 +243,24 @@ def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling:
 
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, drafting: "Drafting | None") -> None:
-    """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill,
-    without speculative decoding (yet); a hybrid's, at a point where it kept its recurrent state."""
+    """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill, or
+    by SpecPrefill when it is dense (not over an H2O speculator), without speculative decoding (yet);
+    a hybrid's, at a point where it kept its recurrent state."""
     if drafting is not None:
         raise ConfigError(
             "speculative decoding with a reused KV cache is not supported yet", "num_tokens", config="Drafting"
         )
-    if method.name != "full":
+    if method.name == "specprefill":  # SpecPrefill from a reused prefix: docs/methods.md
+        spec = method.specprefill
+        if spec is not None and spec.speculator_prefill is not None:
+            raise ConfigError(
+                "SpecPrefill over an H2O speculator (speculator_prefill) from a reused KV cache is not supported yet"
+            )
+        if reuse.position_offset != 0:
+            raise ConfigError(
+                "a reused KV cache from SpecPrefill (its slots hold kept tokens) is extended by full prefill only"
+            )
+    elif method.name != "full":
         raise ConfigError(f"a reused KV cache is extended by full prefill only, got method {method.name!r}")
     if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:
         raise ConfigError(
@@ -272,7 +305,8 @@ class GenerationInfo:
     """What one generation did (its prefill, its speculative decoding, its KV cache): filled in by
     the driver, read by the API, the server, bench, eval and parity.
 
-    kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O.
+    kept_positions: SpecPrefill's kept prompt positions (ascending), None for full and H2O; from a
+    reused prefix, the prefix's positions (all in the KV) then the kept new ones (kept_tokens counts both).
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
     seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}.

@@ -66,6 +66,17 @@ class PositionsNotRestored(ReferenceAdapter):
         return specprefill.Selection(good.kept, np.arange(n), n, good.chunk_scores)
 
 
+class ChunkGridFromTheEnd(ReferenceAdapter):
+    """Selection chunks laid from the prompt's end instead of its start (the grid a selection over a
+    new part must not shift): the chunk means differ wherever the length is not a multiple."""
+
+    def select_tokens(self, importance, config):
+        pad = -len(importance) % config.select_chunk
+        good = super().select_tokens(np.r_[np.zeros(pad), importance], config)
+        kept = good.kept[good.kept >= pad] - pad
+        return specprefill.Selection(kept, kept.copy(), len(importance), good.chunk_scores)
+
+
 class DenseTailOffByOne(ReferenceAdapter):
     """The dense tail starts one query late: row N - W keeps its sparse key set."""
 
@@ -221,6 +232,7 @@ class ValuesPaddedToTheKeysWidth(ReferenceAdapter):
         ),
         (SoftcapAfterTheMask, {"specprefill.attention_scores"}),
         (QueryWindowSeesTheFuture, {"specprefill.attention_scores"}),
+        (ChunkGridFromTheEnd, {"specprefill.select_tokens.kept", "specprefill.reuse.kept"}),
         (
             PositionsNotRestored,
             {

@@ -29,6 +29,7 @@ from typing import Any, Callable, Generic, Sequence
 import numpy as np
 
 from ..config import H2OConfig, SpecPrefillConfig
+from ..errors import ConfigError
 from ..ops import ModelOps, PrefillAttention
 from ..stages import (
     A,
@@ -196,6 +197,8 @@ def run_speculator(
     query_window: int = 1,
     h2o: H2OConfig | None = None,
     layers: Sequence[int] | None = None,
+    cache: Any = None,
+    cached: int = 0,
 ) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator (H2O prefill with `h2o`), then greedy look-ahead
     (see the module doc).
@@ -206,11 +209,21 @@ def run_speculator(
     report: told after each step of the pass ("speculator") and each fed token ("lookahead").
     query_window: the prompt's last tokens whose queries are kept (at most the prompt).
     layers: the speculator layers whose queries are kept (None: every layer's).
+    cache, cached: the speculator's own dense KV of the prompt's first `cached` tokens (SpecPrefill
+    from a reused prefix, docs/methods.md): cut to them, grown as needed, and only ids[cached:] are
+    prefilled (dense, not with `h2o`); the window stays inside them. None: a new cache.
     """
     n_prompt, args = len(ids), speculator.args
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
-    n_window = max(1, min(query_window, n_prompt))
-    cache = ops.new_cache(speculator, n_prompt + max(lookahead, extra_slots))
+    n_window = max(1, min(query_window, n_prompt - cached))
+    needed = n_prompt + max(lookahead, extra_slots)
+    if cache is None:
+        cache = ops.new_cache(speculator, needed)
+    else:
+        if h2o is not None or not 0 <= cached < n_prompt:
+            raise ConfigError(f"a speculator cache of {cached} tokens (dense) cannot start a {n_prompt}-token pass")
+        cache.truncate(cached)
+        cache = cache if cache.capacity >= needed else cache.grown(needed)
     sparse = None
     if h2o is not None and not uses_full_attention(h2o, n_prompt):
         sparse = H2OPrefillAttention(
@@ -238,8 +251,8 @@ def run_speculator(
     logits = prefill(
         ops,
         speculator,
-        ops.tokens(ids),
-        0,
+        ops.tokens(ids[cached:]),
+        cached,
         cache,
         step_size=step_size,
         attend=capture,
@@ -288,11 +301,14 @@ def prefill_kept(
     extra_slots: int,
     step_size: int,
     report: StageProgress | None = None,
+    cache: Any = None,
 ) -> tuple[A, list[Any]]:
     """The main model's sparse prefill: the kept tokens of ids [P] into cache slots 0..K-1 at
     their original positions, room for extra_slots more: (the last kept token's logits [vocab],
-    the cache). `report` is told after each prefill step (stage "main_prefill")."""
-    cache = ops.new_cache(model, len(selection.kept) + extra_slots)
+    the cache). `report` is told after each prefill step (stage "main_prefill"). cache: a reused
+    dense prefix's (room made by the caller): the kept tokens go after its filled slots."""
+    if cache is None:
+        cache = ops.new_cache(model, len(selection.kept) + extra_slots)
     logits = prefill(
         ops,
         model,
@@ -333,13 +349,18 @@ def speculate_and_select(
     speculator_step_size: int,
     report: StageProgress | None = None,
     speculator_extra_slots: int = 0,
+    reused: int = 0,
+    speculator_cache: tuple[Any, int] | None = None,
 ) -> tuple[SpeculatorPass[A], Selection, dict[str, float]]:
     """What decides SpecPrefill's kept set, no main model: the speculator's pass over ids [P]
     (H2O with config.speculator_prefill) and look-ahead, the scoring and the selection: (the
     pass, the selection, each part's wall time). speculative_prefill runs it, then the main
     model's prefill of the kept tokens; the selection protocol (evaluation/ruler_composed.py) runs
-    it alone."""
+    it alone. reused: the prompt's first tokens the main model has cached densely (SpecPrefill from a
+    reused prefix, docs/methods.md): only the later ones are selected from, and the window stays
+    inside them; speculator_cache: (the speculator's own cache, the tokens of it to reuse)."""
     started = ops.wall_time()
+    prior, cached = speculator_cache if speculator_cache is not None else (None, 0)
     spec = run_speculator(
         ops,
         speculator,
@@ -349,9 +370,11 @@ def speculate_and_select(
         step_size=speculator_step_size,
         report=report,
         extra_slots=speculator_extra_slots,
-        query_window=config.query_window,
+        query_window=config.query_window if reused == 0 else min(config.query_window, len(ids) - reused),
         h2o=config.speculator_prefill,
         layers=scoring_layers(config, speculator.args),
+        cache=prior,
+        cached=min(cached, reused),
     )
     speculated = ops.wall_time()
     importance = token_importance(
@@ -365,9 +388,9 @@ def speculate_and_select(
         spec.n_window,
         spec.layers,
     )
-    from ..reference.specprefill import select_tokens  # here: the reference loads only when a prompt is selected
+    from ..reference.specprefill import select_new_tokens  # here: the reference loads only when a prompt is selected
 
-    selection = select_tokens(ops.to_numpy(importance), config)
+    selection = select_new_tokens(ops.to_numpy(importance), reused, config)
     seconds = {"speculator": speculated - started, "selection": ops.wall_time() - speculated}
     return spec, selection, seconds
 
@@ -385,10 +408,16 @@ def speculative_prefill(
     speculator_step_size: int,
     report: StageProgress | None = None,
     speculator_extra_slots: int = 0,
+    reused: int = 0,
+    main_cache: Callable[[int], Any] | None = None,
+    speculator_cache: tuple[Any, int] | None = None,
 ) -> SparsePrefill[A]:
     """Speculate, select, then prefill the kept tokens of ids [P] (int64 NumPy) on `model`, in a
     cache with room for `extra_slots` decoded tokens after them. `report` is told after every
-    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill."""
+    step: the speculator's pass, each look-ahead token, each step of the kept tokens' prefill.
+    From a reused prefix (docs/methods.md): `reused` tokens cached densely by the main model in
+    `main_cache(room)` (the reused cache with room for `room` more slots), selected from the new
+    part only; speculator_cache as speculate_and_select's."""
     if report is not None:
         report.plan(expected_work(model.args, speculator.args, len(ids), config))
     spec, selection, seconds = speculate_and_select(
@@ -400,10 +429,13 @@ def speculative_prefill(
         speculator_step_size=speculator_step_size,
         report=report,
         speculator_extra_slots=speculator_extra_slots,
+        reused=reused,
+        speculator_cache=speculator_cache,
     )
     selected = ops.wall_time()
+    prefix = None if main_cache is None else main_cache(len(selection.kept) + extra_slots)
     logits, cache = prefill_kept(
-        ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size, report=report
+        ops, model, ids, selection, extra_slots=extra_slots, step_size=step_size, report=report, cache=prefix
     )
     finished = ops.wall_time()
     seconds["main_prefill"] = finished - selected

@@ -10,7 +10,8 @@ prompt positions only (softmax over the prompt keys), as the reference implement
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from dataclasses import replace
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -141,8 +142,8 @@ def with_neighbours(chosen: np.ndarray, n_chunks: int, neighbours: int) -> np.nd
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
     """Top chunks by mean score (ties to the earlier chunk): ceil(n_chunks * keep) of them, or as
     many as the mass rule asks (at least config.token_floor tokens' worth); then their neighbours
-    (config.neighbours each side), the first keep_first and last keep_last tokens and the last
-    token; kept tokens keep their original positions and decoding resumes at P."""
+    (config.neighbours each side), the first keep_first and last keep_last tokens, the protected
+    spans and the last token; kept tokens keep their original positions and decoding resumes at P."""
     n_tokens = int(importance.shape[0])
     if n_tokens < 1:
         raise ConfigError("speculative prefill needs a prompt of at least one token")
@@ -158,10 +159,36 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
     kept = [np.arange(c * chunk, min((c + 1) * chunk, n_tokens)) for c in order]
     kept.append(np.arange(min(config.keep_first, n_tokens)))
     kept.append(np.arange(max(0, n_tokens - config.keep_last), n_tokens))
+    kept.extend(np.arange(min(start, n_tokens), min(end, n_tokens)) for start, end in config.protected)
     if config.force_keep_last:
         kept.append(np.array([n_tokens - 1]))
     kept_positions = np.unique(np.concatenate(kept)).astype(np.int64)
     return restore_positions(kept_positions, n_tokens, scores)
+
+
+def select_new_tokens(
+    importance: np.ndarray,
+    reused: int,
+    config: SpecPrefillConfig,
+    select: Callable[[np.ndarray, SpecPrefillConfig], Selection] | None = None,
+) -> Selection:
+    """SpecPrefill from a reused prefix of `reused` tokens (docs/methods.md): importance [P] of
+    every prompt token, selected over the new part [reused, P) only, as a prompt of P - reused
+    tokens (its chunk grid starts at `reused`; keep_first and the protected spans still count from
+    the prompt's start);
+    kept positions are original ones (all >= reused) and decoding resumes at P. reused 0 is
+    select_tokens. select: the selection stage (a backend's at the conformance boundary; default
+    this module's)."""
+    select = select or select_tokens
+    n_tokens = int(importance.shape[0])
+    if not 0 <= reused < n_tokens:
+        raise ConfigError(f"a reused prefix of {reused} tokens must leave new tokens of the {n_tokens}-token prompt")
+    if reused == 0:
+        return select(importance, config)
+    spans = tuple((max(0, a - reused), max(0, b - reused)) for a, b in config.protected if b > reused)
+    new = select(importance[reused:], replace(config, keep_first=max(0, config.keep_first - reused), protected=spans))
+    kept = np.asarray(new.kept, dtype=np.int64) + reused
+    return Selection(kept=kept, position_ids=kept.copy(), decode_start=n_tokens, chunk_scores=new.chunk_scores)
 
 
 def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarray) -> Selection:
@@ -233,9 +260,27 @@ def speculative_selection(
     return scores, stages.select_tokens(scores.importance, config)
 
 
+def reused_selection(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    config: SpecPrefillConfig,
+    scale: float,
+    stages: SpecPrefillStages,
+    reused: int,
+    windows: Sequence[int | None] = (),
+    terms: Sequence[AttentionTerms | None] = (),
+    n_window: int = 1,
+) -> tuple[TokenScores, Selection]:
+    """SpecPrefill from a reused prefix: scores over every prompt key as speculative_selection's,
+    then the selection over the new part [reused, P) (select_new_tokens)."""
+    scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
+    return scores, select_new_tokens(scores.importance, reused, config, stages.select_tokens)
+
+
 def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
     """Most tokens a selection can keep: its chunks (each with its neighbours) plus the boundary
     spans and the forced last token."""
     n_chunks = math.ceil(prompt_len / config.select_chunk)
     chunks = min(n_chunks, config.n_kept_chunks(n_chunks) * (2 * config.neighbours + 1))
-    return min(prompt_len, chunks * config.select_chunk + config.keep_first + config.keep_last + 1)
+    spans = sum(max(0, min(b, prompt_len) - a) for a, b in config.protected)
+    return min(prompt_len, chunks * config.select_chunk + config.keep_first + config.keep_last + spans + 1)

@@ -57,6 +57,7 @@ def build_app(
     cache_dir: str | None = None,
     cache_disk: float | None = None,
     model_name: str | None = None,
+    speculator_name: str | None = None,
 ) -> Any:
     """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
 
@@ -64,7 +65,9 @@ def build_app(
     cache_memory: the prompt cache's bound, GB of KV (None: none); cache_tokens: a bound on its
     conversation tokens too (None: none); cache_dir: its disk store (None: none), bounded by
     cache_disk GB (None: cache_memory's); model_name: the model's identity in the store's files
-    (default: defaults.model_id). With defaults.prompt_cache "off" the server has no prompt cache.
+    (default: defaults.model_id); speculator_name: the --speculator spec, its speculator KV files'
+    identity (the store keeps the SpecPrefill speculator's KV of each conversation too). With
+    defaults.prompt_cache "off" the server has no prompt cache.
     engine: a ready Engine (serve/distributed.py's LeaderEngine, rank 0 under mlx.launch) with its own
     prompt cache (memory-bounded, no disk store); None: one made here.
     """
@@ -97,7 +100,12 @@ def build_app(
             disk = cache_disk if cache_disk is not None else cache_memory
             try:
                 store = PromptStore(
-                    cache_dir, model, model_name or defaults.model_id, None if disk is None else int(disk * 1e9)
+                    cache_dir,
+                    model,
+                    model_name or defaults.model_id,
+                    None if disk is None else int(disk * 1e9),
+                    defaults.speculator,
+                    speculator_name,
                 )
             except OSError as err:
                 raise ConfigError(f"cannot use --prompt-cache-dir {cache_dir}: {err.strerror or err}") from None

@@ -41,6 +41,7 @@ from .plan import Plan, ServerDefaults, build_plan, completion_prompt_ids
 from .protocol import ChatRequest, CompletionRequest, parse_body
 from .responses import ResponseShape
 from .scheduler import END, Job, Scheduler
+from .segments import protected_spans
 from .tool_parsers import detect_format
 
 log = logging.getLogger("specfill.serve")
@@ -139,8 +140,15 @@ def _prepare_chat(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
     check_model(body.model, ctx.defaults)
     setup = chat_setup(body, ctx.engine.tokenizer.chat_template)
     ids = chat_prompt_ids(ctx.engine.tokenizer, body, setup)
-    plan = build_plan("chat", body, ids, ctx.defaults, ctx.engine.context)
+    plan = _chat_plan(body, setup, ids, ctx)
     return plan, ResponseShape(plan, ctx.defaults.model_id, setup)
+
+
+def _chat_plan(body: Any, setup: Any, ids: list[int], ctx: _Context) -> Plan:
+    """build_plan for a chat request, with the spans its `protect` segments cover (serve/segments.py)."""
+    notes: list[str] = []
+    spans = protected_spans(ctx.engine.tokenizer, body, setup, ids, notes)
+    return build_plan("chat", body, ids, ctx.defaults, ctx.engine.context, spans, notes)
 
 
 def _prepare_completion(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
@@ -153,13 +161,13 @@ def _prepare_completion(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
 
 def _prepare_messages(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
     body, setup, ids = prepare_messages(raw, ctx.engine.tokenizer, ctx.defaults)
-    plan = build_plan("chat", body, ids, ctx.defaults, ctx.engine.context)
+    plan = _chat_plan(body, setup, ids, ctx)
     return plan, MessageShape(plan, ctx.defaults.model_id, setup)
 
 
 def _prepare_responses(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
     request, body, setup, ids, ignored = prepare_responses(raw, ctx.engine.tokenizer, ctx.defaults)
-    plan = build_plan("chat", body, ids, ctx.defaults, ctx.engine.context)
+    plan = _chat_plan(body, setup, ids, ctx)
     return plan, ResponsesShape(plan, ctx.defaults.model_id, setup, request, ignored)
 
 

@@ -125,10 +125,18 @@ class Engine:
         process group, whose ranks agree on cancellation only between steps: serve/distributed.py)."""
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
-        sparse = plan.request.method.name != FULL.name  # h2o, specprefill, auto
-        reuse = self.cache.take(plan.ids, policy, sparse) if self.cache is not None else Reuse()
-        # a conversation's new tokens: full attention, and no drafting over a reused cache yet
-        request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
+        asked = plan.request.method
+        sparse = asked.name != FULL.name  # h2o, specprefill, auto
+        # SpecPrefill runs from a dense reused prefix (docs/methods.md), not over an H2O speculator
+        from_prefix = asked.name == "specprefill" and (
+            asked.specprefill is None or asked.specprefill.speculator_prefill is None
+        )
+        reuse = self.cache.take(plan.ids, policy, sparse, from_prefix) if self.cache is not None else Reuse()
+        # a conversation's new tokens: full attention (SpecPrefill from a dense prefix); no drafting over a reused cache
+        sparse_rest = from_prefix and reuse.state is not None and reuse.state.position_offset == 0
+        request = plan.request
+        if reuse.hit:
+            request = replace(plan.request, method=asked if sparse_rest else FULL, drafting=None)
         emit(Started(reuse.cached))
         method, info = request.method, GenerationInfo()
 

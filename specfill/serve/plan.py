@@ -87,10 +87,17 @@ def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size
 
 
 def build_plan(
-    kind: str, request: ChatRequest | CompletionRequest, ids: list[int], defaults: ServerDefaults, context: int
+    kind: str,
+    request: ChatRequest | CompletionRequest,
+    ids: list[int],
+    defaults: ServerDefaults,
+    context: int,
+    protected: tuple[tuple[int, int], ...] = (),
+    notes: list[str] | None = None,
 ) -> Plan:
     """The Plan for a parsed request: the HTTP fields, the server's defaults filling the rest,
-    translated into one core/request.build_request call; a 400 names the field at fault."""
+    translated into one core/request.build_request call; a 400 names the field at fault.
+    protected: SpecPrefill's protected spans of ids (serve/segments.py); notes: said so far."""
     where = "messages" if kind == "chat" else "prompt"
     if not ids:
         raise bad_request("the prompt is empty", where)
@@ -106,8 +113,11 @@ def build_plan(
             check_speculator_context(len(ids), defaults.speculator_context)
         except PromptTooLongError as err:  # a separate speculator reads the whole prompt too: about the method
             raise bad_request(str(err), "method") from None
-    notes: list[str] = []
+    notes = list(notes or [])
     built = _build(request, defaults, name, max_tokens, notes)
+    if protected and built.method.specprefill is not None and name == "specprefill":
+        spec = dataclasses.replace(built.method.specprefill, protected=protected)
+        built = dataclasses.replace(built, method=dataclasses.replace(built.method, specprefill=spec))
     return Plan(
         kind=kind,
         ids=ids,

@@ -2,11 +2,13 @@
 
 A request whose tokens start with tokens of a cached conversation (its own earlier turn; another
 agent's conversation sharing the system prompt and tool definitions) reuses that KV for the
-longest such prefix over every kept conversation and prefills only the rest, with full attention
-(the sparse methods cannot start from a reused prefix: docs/serve.md, Prompt cache). A request
-asking for a sparse method reuses a prefix only when it is at least half of its prompt; else its
-method runs over the whole prompt (a shared system prompt must not turn a long new prompt into a
-full prefill). Policies:
+longest such prefix over every kept conversation and prefills only the rest, with full attention,
+or, for a SpecPrefill request over a dense prefix, with SpecPrefill from the reused prefix
+(docs/methods.md: the speculator on its own KV of the conversation, kept in the entry's KVState
+beside the main model's, the kept new tokens over the dense prefix). A request asking for another
+sparse method (or SpecPrefill where the prefix is not dense) reuses a prefix only when it is at
+least half of its prompt; else its method runs over the whole prompt (a shared system prompt must
+not turn a long new prompt into a full prefill). Policies:
   exact (default): only a dense KV (a full prefill's) is ever reused. A conversation whose KV came
     from sparse prefill (H2O or SpecPrefill) is not reusable as such: its sparse KV is dropped and a
     dense one is rebuilt from its tokens in idle time (COMPLETION_STEP tokens at a time between
@@ -81,6 +83,12 @@ class Entry:
     stored: int = 0
     unsaved: bool = False
     whole: bool = False
+    kept_speculator: KVState | None = None  # a rebuilding entry's speculator KV while kv has none
+
+    @property
+    def speculator(self) -> KVState | None:
+        """The SpecPrefill speculator's dense KV of this conversation (KVState.speculator), if kept."""
+        return self.kv.speculator if self.kv is not None and self.kv.speculator is not None else self.kept_speculator
 
     @property
     def covered(self) -> int:
@@ -94,7 +102,8 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.kv is None else int(self.kv.cache.nbytes)
+        main = 0 if self.kv is None else int(self.kv.cache.nbytes)
+        return main + (0 if self.speculator is None else int(self.speculator.cache.nbytes))
 
 
 @dataclass(frozen=True)
@@ -154,11 +163,12 @@ class PromptCache:
         self.saved = 0  # entries written to disk
         self.failing: Any = None  # the kind of the last write failure, until a write succeeds
 
-    def take(self, ids: list[int], policy: str, sparse: bool = False) -> Reuse:
+    def take(self, ids: list[int], policy: str, sparse: bool = False, from_prefix: bool = False) -> Reuse:
         """The reuse for a prompt (the longest usable cached prefix; its entry leaves the cache or
         lends a copy) or a miss. sparse: the request asks for a sparse method (or auto), which runs
         over the whole prompt instead when the prefix would be the smaller part of it (a reused
-        prefix means full prefill of the rest: the module doc)."""
+        prefix means full prefill of the rest: the module doc). from_prefix: its method runs from a
+        dense reused prefix (SpecPrefill), so a dense prefix of any length is reused."""
         if policy == "off":
             return Reuse()
         best, best_cached, best_match, best_key, stale = None, 0, 0, (), []
@@ -175,13 +185,18 @@ class PromptCache:
                 continue  # a hybrid's, with no recurrent state kept within the match: kept, not reused
             elif cached == 0 and cuttable(entry, match) and (policy == "exact" or match >= entry.fixed):
                 stale.append(entry)  # its earlier turn, unusable (sparse) or still being rebuilt
-        if sparse and 2 * best_cached < len(ids):
-            return Reuse()  # the method over the whole prompt; nothing here changes
+
+        def whole_prompt(entry: Entry | None, cached: int) -> bool:  # the method over the whole prompt instead
+            dense = entry is not None and (entry.kv is None or entry.kv.position_offset == 0)
+            return sparse and 2 * cached < len(ids) and not (from_prefix and dense)
+
+        if whole_prompt(best, best_cached):
+            return Reuse()  # nothing here changes
         if best is not None and best.kv is None:
             if not self._load(best):
-                return self.take(ids, policy, sparse)  # its file is gone or broken: dropped, look again
+                return self.take(ids, policy, sparse, from_prefix)  # its file is gone or broken: dropped, look again
             best_cached = exact_prefix(best, best_cached)  # what the cache read back can stand at
-            if best_cached < 1 or (sparse and 2 * best_cached < len(ids)):
+            if best_cached < 1 or whole_prompt(best, best_cached):
                 return Reuse()
         for entry in stale:
             self._drop(entry)
@@ -192,13 +207,17 @@ class PromptCache:
             return Reuse()
         self.hits += 1
         offset = best.kv.position_offset
+        spec = best.speculator if offset == 0 else None  # the speculator's KV of the prompt's first tokens
         if cuttable(best, best_match):
             self._drop(best)  # extended in place; put back (and written again) when the turn finishes
-            state = KVState(best.kv.cache, best_cached - offset, offset)
+            state = KVState(best.kv.cache, best_cached - offset, offset, speculator=spec)
             return Reuse(state, best_cached, True, best.exact, best.fixed)
         best.used = time.monotonic()
         self.copies += 1
-        state = KVState(best.kv.cache.copy(best_cached - offset), best_cached - offset, offset)
+        if spec is not None:  # its own copy too: the request extends it
+            n = min(spec.slots, best_cached)
+            spec = KVState(spec.cache.copy(n), n)
+        state = KVState(best.kv.cache.copy(best_cached - offset), best_cached - offset, offset, speculator=spec)
         return Reuse(state, best_cached, True, best.exact, best.fixed, copied=True)
 
     def put(
@@ -211,9 +230,12 @@ class PromptCache:
         dense = method == "full" and reuse.exact
         if dense or policy == "approximate":
             fixed = reuse.fixed if reuse.hit else (prompt_tokens if kv.position_offset else 0)
+            if method == "specprefill" and kv.position_offset:  # its kept tokens sit after the reused prefix
+                fixed = prompt_tokens
             entry = Entry(list(tokens), kv, exact=dense, fixed=fixed)
-        else:
-            entry = Entry(list(tokens), None, exact=True, rebuilding=True)
+        else:  # rebuilt densely from its dense prefix (SpecPrefill from a reused one), the speculator's KV kept
+            start = KVState(kv.cache, kv.prefix, speculator=kv.speculator) if kv.prefix > 0 and reuse.exact else None
+            entry = Entry(list(tokens), start, exact=True, rebuilding=True, kept_speculator=kv.speculator)
         if self.max_bytes is not None and entry.nbytes > self.max_bytes:
             return
         for old in sorted(
@@ -359,6 +381,8 @@ class PromptCache:
         for _ in steps:  # one token, sampled from the last position's logits and dropped
             pass
         self.completed_tokens += end - entry.covered
+        if info.kv.speculator is None:  # a rebuild from the start: the speculator's KV goes on beside it
+            info.kv.speculator = entry.speculator
         entry.kv = info.kv
         entry.rebuilding = entry.covered < self._target(entry)
         self._evict(keep=entry)

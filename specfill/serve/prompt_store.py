@@ -16,6 +16,13 @@ slot's RoPE position), written by the backend's KVCache.save; its header's metad
   hybrid    a hybrid model's file only (core/io/hybrid_state.py): its recurrent layers' state at a
             prompt-end mark, tensors "recurrent.<layer>.<member>"; the file's KV stops at that mark
             (KVCache.save_point), the one point it can be reused at (prompt_cache.Entry.whole)
+The SpecPrefill speculator's dense KV of a conversation (KVState.speculator: SpecPrefill from a
+reused prefix, docs/methods.md) is written beside it, `<hash>.speculator.safetensors` (its
+`slots`, and `speculator`: JSON, the speculator's identity, "self:K" or a loaded one's as above),
+with the same rules, after the conversation's file (a failure of its own is logged and leaves the
+conversation without it); it is read with the conversation's file when its identities match (else
+the conversation comes back without it: the next SpecPrefill turn's speculator reads the whole
+prompt), and deleted with it.
 A file is written to a hidden temporary name in DIR, `.<name>.<pid>.tmp.safetensors`, its content
 hash filled in, flushed to the device (fsync) and moved into place with os.replace, then the
 directory is flushed too (atomic: a reader, or a server restarted after a crash or a power cut,
@@ -46,6 +53,7 @@ from .prompt_cache import Entry
 FORMAT = "specfill-prompt-cache/2"
 FAMILY = "specfill-prompt-cache/"  # any version's format starts so
 SUFFIX = ".safetensors"
+SPECULATOR = ".speculator" + SUFFIX  # a conversation's speculator KV, beside its file
 TEMP = ".tmp" + SUFFIX  # a file being written: .<name>.<pid>.tmp.safetensors
 CONTENT = "content"  # the header's metadata key of the content hash
 UNSEALED = "sha256:" + "0" * 64  # its value while the hash is computed (the module doc)
@@ -162,8 +170,24 @@ def mtime(path: Path) -> float:
 class PromptStore:
     """The files of one directory for one model (see the module doc)."""
 
-    def __init__(self, directory: str | os.PathLike, model: Any, name: str | None, max_bytes: int | None):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        model: Any,
+        name: str | None,
+        max_bytes: int | None,
+        speculator: Any = None,
+        speculator_name: str | None = None,
+    ):
+        """speculator: the server's SpecPrefill speculator ("self:K" or a loaded model; None: no
+        speculator KV is written or read), speculator_name its --speculator spec (its identity)."""
         self.directory = Path(directory)
+        self.speculator = speculator
+        self.speculator_identity: Any = None
+        if isinstance(speculator, str):
+            self.speculator_identity = speculator
+        elif speculator is not None:
+            self.speculator_identity = identity(speculator, speculator_name)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.model = model
         self.identity = identity(model, name)
@@ -222,6 +246,8 @@ class PromptStore:
         """The directory's entries for this model, disk-only (their KV unread), oldest first."""
         entries, foreign, versions = [], 0, set()
         for path in sorted(self.files(), key=mtime):
+            if path.name.endswith(SPECULATOR):
+                continue  # a conversation's speculator KV, read with it
             try:
                 meta = read_header(path)
                 if meta["format"] != FORMAT:
@@ -304,7 +330,62 @@ class PromptStore:
             except OSError:
                 pass  # the next store opened on the directory deletes it
         sync_directory(self.directory)
+        self._save_speculator(path, entry, slots + kv.position_offset)
         return str(path), slots + kv.position_offset, self._evict(keep=path)
+
+    def _companion(self, path: Path) -> Path:
+        return path.with_name(path.name[: -len(SUFFIX)] + SPECULATOR)
+
+    def _save_speculator(self, path: Path, entry: Entry, tokens: int) -> None:
+        """Write the entry's speculator KV beside its file (the module doc); a failure is logged."""
+        spec = entry.speculator
+        if spec is None or self.speculator_identity is None or min(spec.slots, tokens) < 1:
+            return
+        slots, target = min(spec.slots, tokens), self._companion(path)
+        meta = {
+            "format": FORMAT,
+            "identity": json.dumps(self.identity, sort_keys=True),
+            "speculator": json.dumps(self.speculator_identity, sort_keys=True),
+            "slots": str(slots),
+            CONTENT: UNSEALED,
+        }
+        temp = self.temporary(target)
+        try:
+            spec.cache.save(str(temp), slots, meta)
+            seal(temp)
+            os.replace(temp, target)
+            sync_directory(self.directory)
+        except Exception as err:  # noqa: BLE001 - the conversation's file stands without it
+            log.warning("prompt cache: cannot write the speculator KV %s: %s", target, err)
+        finally:
+            try:
+                temp.unlink(missing_ok=True)
+            except OSError:
+                pass
+
+    def _load_speculator(self, path: Path, tokens: int) -> KVState | None:
+        """The speculator KV beside `path`, read back (None: none, another speculator's, or unusable)."""
+        target = self._companion(path)
+        if self.speculator_identity is None or not target.exists():
+            return None
+        try:
+            meta = read_header(target)
+            if meta["format"] != FORMAT or json.loads(meta["identity"]) != self.identity:
+                return None
+            if json.loads(meta["speculator"]) != json.loads(json.dumps(self.speculator_identity, sort_keys=True)):
+                return None
+            slots = int(meta["slots"])
+            if not 0 < slots <= tokens:
+                raise ValueError(f"{slots} slots for {tokens} tokens")
+            check_content(target, meta)
+            model = self.model.speculator_model(self.speculator)[0]
+            cache = self.model.ops.new_cache(model, slots)
+            if cache.load(str(target)) != slots:
+                raise ValueError(f"the file holds another number of slots than its header's {slots}")
+        except Exception as err:  # noqa: BLE001 - the conversation comes back without it
+            log.warning("prompt cache: skipping the speculator KV %s: %s", target, err)
+            return None
+        return KVState(cache, slots)
 
     def _evict(self, keep: Path) -> list[str]:
         """Delete the oldest files (`keep`, the one just written, last) until the directory's bytes
@@ -330,12 +411,13 @@ class PromptStore:
         """Delete a file (nothing in a read-only directory; a failure is logged)."""
         if not self.writable:
             return
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            log.warning("prompt cache: cannot delete %s: %s", path, err)
+        for each in (path, str(self._companion(Path(path)))) if not path.endswith(SPECULATOR) else (path,):
+            try:
+                os.unlink(each)
+            except FileNotFoundError:
+                pass
+            except OSError as err:
+                log.warning("prompt cache: cannot delete %s: %s", each, err)
 
     def load(self, entry: Entry) -> KVState:
         """The entry's KV read back into a new cache of the model (ValueError / OSError: unusable)."""
@@ -355,4 +437,5 @@ class PromptStore:
                 os.utime(entry.path)  # recently used: the last to go when the directory is full
             except OSError:
                 pass  # its place in the eviction order only
-        return KVState(cache, slots, offset)
+        speculator = self._load_speculator(path, slots + offset) if offset == 0 else None
+        return KVState(cache, slots, offset, speculator=speculator)

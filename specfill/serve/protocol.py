@@ -90,6 +90,8 @@ class SpecfillFields(MethodFields):
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
     num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft
+    # SpecPrefill: the chat template's segments never dropped (serve/segments.py); None: none
+    protect: list[Literal["system", "tools", "last_user"]] | None = None
 
 
 class SamplingFields(SamplingSettings):

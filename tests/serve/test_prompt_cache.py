@@ -42,7 +42,8 @@ def test_turn_two_after_specprefill_equals_dense_run(demo_server):
     assert state["prompt_cache"]["pending_tokens"] == 0 and state["prompt_cache"]["completed_tokens"] > 0
     two_turns = [TURN1, {"role": "assistant", "content": reply1}, TURN2]
     reply2, stats2, usage2 = chat(c, two_turns, method="specprefill", keep_ratio=0.1)
-    assert stats2["prefill_method"] == "full"  # a conversation's new tokens: full attention
+    # SpecPrefill from the reused prefix (docs/methods.md): the new part is one selection chunk, all kept
+    assert stats2["prefill_method"] == "specprefill" and stats2["kept_tokens"] == stats2["prompt_tokens"]
     assert (
         stats2["cached_tokens"] >= stats1["prompt_tokens"]
         and usage2.prompt_tokens_details.cached_tokens == stats2["cached_tokens"]
@@ -50,6 +51,18 @@ def test_turn_two_after_specprefill_equals_dense_run(demo_server):
     dense, stats_dense, _ = chat(c, two_turns, method="full", prompt_cache="off")
     assert stats_dense["cached_tokens"] == 0 and stats_dense["kept_tokens"] == stats_dense["prompt_tokens"]
     assert reply2 == dense
+    # a long new part: only its kept tokens are prefilled, over the whole cached conversation
+    reply2_turn = {"role": "assistant", "content": reply2}
+    turn3 = {"role": "user", "content": f"Another text.\n\n{TEXT}\n\nQuote its line 7 verbatim."}
+    three = [*two_turns, reply2_turn, turn3]
+    _, stats3, _ = chat(c, three, method="specprefill", keep_ratio=0.1)
+    assert stats3["prefill_method"] == "specprefill" and stats3["cached_tokens"] >= stats2["prompt_tokens"]
+    new = stats3["prompt_tokens"] - stats3["cached_tokens"]
+    assert stats3["cached_tokens"] < stats3["kept_tokens"] < stats3["cached_tokens"] + new / 3
+    assert "speculator" in stats3["prefill_seconds"]
+    # the exact policy rebuilds it densely from its dense prefix, not from the conversation's start
+    assert demo_server.health()["prompt_cache"]["pending_tokens"] <= new + 24
+    demo_server.wait_rebuilt(60)
 
 
 def test_approximate_reuses_sparse_cache_and_exact_refuses_it(demo_server):
