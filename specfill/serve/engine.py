@@ -125,10 +125,14 @@ class Engine:
         process group, whose ranks agree on cancellation only between steps: serve/distributed.py)."""
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
-        sparse = plan.request.method.name != FULL.name  # h2o, specprefill, auto
+        # specprefill, auto: a prefix at least half of the prompt (h2o walks from any: docs/methods.md)
+        sparse = plan.request.method.name not in (FULL.name, "h2o")
         reuse = self.cache.take(plan.ids, policy, sparse) if self.cache is not None else Reuse()
-        # a conversation's new tokens: full attention, and no drafting over a reused cache yet
-        request = replace(plan.request, method=FULL, drafting=None) if reuse.hit else plan.request
+        # a conversation's new tokens: full attention, or H2O from a dense prefix (slot i = token i);
+        # no drafting over a reused cache yet
+        h2o = plan.request.method.name == "h2o" and reuse.state is not None and not reuse.state.position_offset
+        kept = plan.request.method if h2o else FULL
+        request = replace(plan.request, method=kept, drafting=None) if reuse.hit else plan.request
         emit(Started(reuse.cached))
         method, info = request.method, GenerationInfo()
 

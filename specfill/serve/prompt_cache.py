@@ -2,11 +2,12 @@
 
 A request whose tokens start with tokens of a cached conversation (its own earlier turn; another
 agent's conversation sharing the system prompt and tool definitions) reuses that KV for the
-longest such prefix over every kept conversation and prefills only the rest, with full attention
-(the sparse methods cannot start from a reused prefix: docs/serve.md, Prompt cache). A request
-asking for a sparse method reuses a prefix only when it is at least half of its prompt; else its
-method runs over the whole prompt (a shared system prompt must not turn a long new prompt into a
-full prefill). Policies:
+longest such prefix over every kept conversation and prefills only the rest, with full attention,
+or for an H2O request with H2O walked from the prefix (docs/methods.md, H2O from a reused prefix;
+SpecPrefill cannot start from a reused prefix yet: docs/serve.md, Prompt cache). A request
+asking for SpecPrefill or auto reuses a prefix only when it is at least half of its prompt; else
+its method runs over the whole prompt (a shared system prompt must not turn a long new prompt into a
+full prefill); an H2O request reuses any. Policies:
   exact (default): only a dense KV (a full prefill's) is ever reused. A conversation whose KV came
     from sparse prefill (H2O or SpecPrefill) is not reusable as such: its sparse KV is dropped and a
     dense one is rebuilt from its tokens in idle time (COMPLETION_STEP tokens at a time between
@@ -156,9 +157,9 @@ class PromptCache:
 
     def take(self, ids: list[int], policy: str, sparse: bool = False) -> Reuse:
         """The reuse for a prompt (the longest usable cached prefix; its entry leaves the cache or
-        lends a copy) or a miss. sparse: the request asks for a sparse method (or auto), which runs
+        lends a copy) or a miss. sparse: the request asks for SpecPrefill (or auto), which runs
         over the whole prompt instead when the prefix would be the smaller part of it (a reused
-        prefix means full prefill of the rest: the module doc)."""
+        prefix means full prefill of the rest for it: the module doc; H2O walks from any prefix)."""
         if policy == "off":
             return Reuse()
         best, best_cached, best_match, best_key, stale = None, 0, 0, (), []
@@ -214,6 +215,10 @@ class PromptCache:
             entry = Entry(list(tokens), kv, exact=dense, fixed=fixed)
         else:
             entry = Entry(list(tokens), None, exact=True, rebuilding=True)
+            if method == "h2o" and reuse.state is not None and reuse.exact and not kv.position_offset:
+                cut = getattr(kv.cache, "exact_prefix", None)  # a hybrid's: only where it kept its state
+                if cut is None or cut(reuse.cached) == reuse.cached:
+                    entry.kv = KVState(kv.cache, reuse.cached)  # H2O from a dense prefix: rebuilt from there
         if self.max_bytes is not None and entry.nbytes > self.max_bytes:
             return
         for old in sorted(
