@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from specfill.core.driver import CausalLM
 from specfill.core.errors import ConfigError
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 from tests.fixtures.reference_runs import reference_h2o_from_prefix, reference_h2o_from_prefix_greedy
@@ -26,8 +27,9 @@ CASES = [
 
 def new_part_logits(t, ids: list[int], prefix: int, method: PrefillMethod, info: GenerationInfo) -> np.ndarray:
     """The new tokens' logits [N - P, vocab]: the prefix prefilled densely into a cache, then the
-    rest by `method` from it (CausalLM.prefill_prompt with start=P, what generate_step(reuse=...) runs)."""
-    model, ids = t.model, np.asarray(ids)
+    rest by `method` from it (CausalLM.prefill_prompt with start=P, what generate_step(reuse=...) runs).
+    t: a Tiny, or a CausalLM."""
+    model, ids = (t if isinstance(t, CausalLM) else t.model), np.asarray(ids)
     with model.ops.device_scope():
         cache = model.ops.new_cache(model.model, len(ids))
         model.prefill_prompt(ids[:prefix], cache, PrefillMethod(), GenerationInfo())
@@ -140,3 +142,24 @@ def test_h2o_over_specprefill_kept_tokens_is_refused(tiny):
     _, info = run(t.model, prompt(20, t.args.vocab_size), 1, PrefillMethod())
     with pytest.raises(ConfigError, match="needs a dense prefix"):
         run(t.model, prompt(40, t.args.vocab_size), 1, h2o_method(8, 16, 2, 3), reuse=KVState(info.kv.cache, 12, 4))
+
+
+@pytest.mark.parametrize("arch", ("mistral", "gemma3"))
+def test_sliding_layers_window_the_prefix_too(backend, arch):
+    """Tiny random Mistral and Gemma 3 (window 8, spanning chunks of 4): every key set, the
+    prefix's included, is intersected with the layer's window."""
+    pytest.importorskip("transformers")
+    from specfill.core.config import H2OConfig
+    from specfill.core.reference.model import ReferenceModel
+    from tests.test_sliding_window_methods import backend_model
+    from tests.torch_cuda.tiny_torch_models import make_tiny
+
+    tiny = make_tiny(arch, seed=7)
+    ref = ReferenceModel(tiny.args, tiny.weights)
+    ids, p = prompt(45, tiny.args.vocab_size, seed=3), 14
+    config = H2OConfig(chunk_size=4, batch_size=8, local=1, heavy=2, dense_tail=3, layers="all")
+    ours = new_part_logits(backend_model(tiny, backend), ids, p, PrefillMethod("h2o", h2o=config), GenerationInfo())
+    want = reference_h2o_from_prefix(ref, ids, p, config)[0]
+    assert np.abs(ours - want).max() <= tolerance(want)
+    assert np.abs(ours - reference_h2o_from_prefix(ref, ids, p, config, use_oracle=True)[0]).max() <= tolerance(want)
+    assert np.abs(ref.forward(ids)[p:] - want).max() > 100 * tolerance(want)
