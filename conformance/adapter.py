@@ -62,6 +62,10 @@ class ReferenceAdapter(ReferenceStages):
         q, k, v = self._cast(q, k, v)
         return super().attention_layer(q, k, v, config, scale, window, self._terms(terms))
 
+    def attention_layer_from_prefix(self, q, k, v, prefix, config, scale, window=None, terms=None):
+        q, k, v = self._cast(q, k, v)
+        return super().attention_layer_from_prefix(q, k, v, prefix, config, scale, window, self._terms(terms))
+
     def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
         queries, keys = self._cast(queries, keys)
         return super().attention_scores(queries, keys, scale, window, self._terms(terms), query_start)

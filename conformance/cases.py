@@ -31,6 +31,7 @@ class H2OCase:
     sink_scale: float | None = None  # a layer with attention sinks: sinks [Hq] ~ N(0, sink_scale^2)
     softcap: float | None = None  # a layer with a logit soft-cap
     value_dim: int | None = None  # latent attention: values of their own (narrower) head dim
+    prefix: int = 0  # P: the first P keys are a reused prefix; the walk runs over the new part only
 
     @property
     def terms(self) -> AttentionTerms | None:
@@ -161,6 +162,46 @@ H2O_CASES: list[H2OCase] = [
     H2OCase(
         "latent,Dv=D/2,sinks+softcap", 3 * CHUNK + 5, 2, 3, 4, 2, sink_scale=2.0, softcap=3.0, value_dim=4, seed=47
     ),
+]
+
+# H2O from a reused prefix (docs/methods.md): n_tokens counts the prefix; the new part is walked on
+# its own grid from P, its first chunk reading the whole prefix. P off and on the S grid, a new
+# part of one chunk (full attention), several logical batches, dense tails reaching into the first
+# new chunk, windows shorter and longer than S (hiding part of the prefix), terms, latent values,
+# a memory share, L or H zero, large logits
+H2O_PREFIX_CASES: list[H2OCase] = [
+    H2OCase("prefix=11,new=3S+5", 11 + 3 * CHUNK + 5, 2, 3, 4, 2, seed=60, prefix=11),
+    H2OCase("prefix=S,new=2S", 3 * CHUNK, 2, 3, 4, 2, seed=61, prefix=CHUNK),
+    H2OCase("prefix=1,new=2S+1", 2 * CHUNK + 2, 2, 3, 4, 2, seed=62, prefix=1),
+    H2OCase("prefix=3S+1,new=2S+3", 5 * CHUNK + 4, 2, 3, 4, 2, seed=63, prefix=3 * CHUNK + 1),
+    H2OCase("prefix=9,new=S-2 (full)", 9 + CHUNK - 2, 2, 3, 4, 2, seed=64, prefix=9),
+    H2OCase("prefix=9,new=S (full)", 9 + CHUNK, 2, 3, 4, 2, seed=65, prefix=9),
+    H2OCase("prefix=13,gqa-group=3,batch=S", 13 + 4 * CHUNK + 3, 2, 3, 6, 2, batch_size=CHUNK, seed=66, prefix=13),
+    H2OCase("prefix=13,batch=2S", 13 + 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=2 * CHUNK, seed=66, prefix=13),
+    H2OCase("prefix=10,tail=3", 10 + 3 * CHUNK + 5, 2, 3, 4, 2, dense_tail=3, seed=67, prefix=10),
+    H2OCase(
+        "prefix=10,tail=2S+1,batch=S",
+        10 + 3 * CHUNK + 3,
+        2,
+        3,
+        4,
+        2,
+        batch_size=CHUNK,
+        dense_tail=2 * CHUNK + 1,
+        seed=68,
+        prefix=10,
+    ),
+    H2OCase("prefix=10,tail>=new", 10 + 2 * CHUNK + 3, 2, 3, 4, 2, dense_tail=10 * CHUNK, seed=69, prefix=10),
+    H2OCase("prefix=12,window=5", 12 + 3 * CHUNK + 5, 2, 3, 4, 2, window=5, seed=70, prefix=12),
+    H2OCase("prefix=20,window=S+5", 20 + 3 * CHUNK + 3, 2, 4, 4, 2, window=CHUNK + 5, seed=71, prefix=20),
+    H2OCase("prefix=7,L=0", 7 + 3 * CHUNK + 3, 0, 4, 4, 2, seed=72, prefix=7),
+    H2OCase("prefix=7,H=0", 7 + 3 * CHUNK + 3, 4, 0, 4, 2, seed=73, prefix=7),
+    H2OCase("prefix=7,L+H=0 (full)", 7 + 3 * CHUNK + 3, 0, 0, 4, 2, seed=74, prefix=7),
+    H2OCase("prefix=9,memory-share=0.1", 9 + 4 * CHUNK + 1, 2, 3, 4, 2, memory_share=0.1, seed=75, prefix=9),
+    H2OCase("prefix=9,logits=+-100", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, logit_max=100.0, seed=76, prefix=9),
+    H2OCase("prefix=9,sinks", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, sink_scale=2.0, seed=77, prefix=9),
+    H2OCase("prefix=9,softcap=1.5,window=6", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, softcap=1.5, window=6, seed=78, prefix=9),
+    H2OCase("prefix=9,latent,Dv=D/2", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, value_dim=HEAD_DIM // 2, seed=79, prefix=9),
 ]
 
 

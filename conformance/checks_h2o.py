@@ -332,18 +332,21 @@ def check_attention_layer(ad: ConformanceAdapter, ck: Checker) -> None:
     _check_batch_independence(ad, ck)
 
 
-def _check_memory_structure(ck: Checker, case: H2OCase, sets: list[np.ndarray]) -> None:
+def _check_memory_structure(ck: Checker, case: H2OCase, sets: list[np.ndarray], check: str = "h2o.layer") -> None:
+    """Count, size, order, local window and provenance (M_(c-1) U C_c) of a layer's memory sets; from
+    a reused prefix (case.prefix P) the chunks start at P and M_(-1) is the whole prefix."""
     config = case.config.for_prompt(case.n_tokens)  # memory_share: the L and H this prompt runs with
-    n_chunks = math.ceil(case.n_tokens / CHUNK)
+    p = case.prefix
+    n_chunks = math.ceil((case.n_tokens - p) / CHUNK)
     ck.exact(
-        "h2o.layer.memory_count",
+        f"{check}.memory_count",
         case.name,
         len(sets) == max(0, n_chunks - 1),
         f"{len(sets)} memory sets for {n_chunks} chunks (none after the final chunk)",
     )
-    previous = None
+    previous = [np.arange(p)] * case.n_kv_heads if p else None
     for c, rows in enumerate(sets):
-        start, end = c * CHUNK, (c + 1) * CHUNK
+        start, end = p + c * CHUNK, p + (c + 1) * CHUNK
         local = set(local_window(start, end, config.local).tolist())
         problems = []
         for g, row in enumerate(rows):
@@ -357,7 +360,7 @@ def _check_memory_structure(ck: Checker, case: H2OCase, sets: list[np.ndarray]) 
             allowed = set(range(start, end)) | (set(previous[g].tolist()) if previous is not None else set())
             if not set(row_list) <= allowed:
                 problems.append(f"head {g}: {sorted(set(row_list) - allowed)} outside M_(c-1) U C_c")
-        ck.exact("h2o.layer.memory_structure", f"{case.name},chunk={c}", not problems, "; ".join(problems[:4]))
+        ck.exact(f"{check}.memory_structure", f"{case.name},chunk={c}", not problems, "; ".join(problems[:4]))
         previous = rows
 
 

@@ -180,6 +180,12 @@ class OpsAdapter:
         return self._state(self.ops.add_sinks(self._state_in(state), self.cv.stats(np.asarray(sinks))))
 
     def attention_layer(self, q, k, v, config: H2OConfig, scale, window=None, terms=None) -> H2OLayerResult:
+        return self.attention_layer_from_prefix(q, k, v, 0, config, scale, window, terms)
+
+    def attention_layer_from_prefix(
+        self, q, k, v, prefix: int, config: H2OConfig, scale, window=None, terms=None
+    ) -> H2OLayerResult:
+        terms = self._terms(terms)
         got = h2o_attention_layer(
             self.ops,
             self.cv.native(q),
@@ -188,7 +194,8 @@ class OpsAdapter:
             config,
             scale,
             window,
-            *self._terms(terms),
+            terms[0] if terms else None,
+            prefix,
         )
         return H2OLayerResult(
             self.cv.numpy(got.output), self.cv.numpy(got.scores), [self._memory_out(m) for m in got.memory_sets]

@@ -11,13 +11,20 @@ from specfill.core.tolerances import TOLERANCES
 
 from .adapter import DEFAULT_DTYPES, ConformanceAdapter, adapter_factory
 from .checks_h2o import H2O_CHECKS
+from .checks_h2o_prefix import H2O_PREFIX_CHECKS
 from .checks_hybrid_cache import HYBRID_CACHE_CHECKS
 from .checks_kv_cache import KV_CACHE_CHECKS
 from .checks_specprefill import SPECPREFILL_CHECKS
 from .results import Checker, CheckResult
 
 CheckGroup = Callable[[ConformanceAdapter, Checker], None]
-CHECK_GROUPS: dict[str, CheckGroup] = {**H2O_CHECKS, **SPECPREFILL_CHECKS, **KV_CACHE_CHECKS, **HYBRID_CACHE_CHECKS}
+CHECK_GROUPS: dict[str, CheckGroup] = {
+    **H2O_CHECKS,
+    **H2O_PREFIX_CHECKS,
+    **SPECPREFILL_CHECKS,
+    **KV_CACHE_CHECKS,
+    **HYBRID_CACHE_CHECKS,
+}
 
 
 @dataclass

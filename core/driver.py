@@ -95,17 +95,22 @@ class CausalLM(LoadedModel[A]):
         *,
         logits_from: int = -1,
         progress: ProgressCallback | None = None,
+        start: int = 0,
     ) -> A:
         """Full or H2O prefill of every prompt token (slots and positions 0..N-1); float32 logits
         from index `logits_from` on. Fills info.seconds["prefill"] (and the memory sets). H2O steps by
-        whole chunks (h2o_step_size), else the full prefill; `progress(done, total)` after each step."""
+        whole chunks (h2o_step_size), else the full prefill; `progress(done, total)` after each step.
+        start: the first `start` tokens are in `cache` already (a reused prefix, slot i = token i):
+        only ids[start:] are prefilled, at positions start.., and H2O walks them from the prefix
+        (docs/methods.md, H2O from a reused prefix); logits are the new tokens'."""
         started, config = self.ops.wall_time(), method.h2o or H2OConfig()
         attend, step = None, self.prefill_step_size
         if method.name == "h2o":
             from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
             from .stages import attention_layers, layer_terms
 
-            if not uses_full_attention(config, len(ids)):
+            # a new part of one chunk or less reads every key either way (the prefix is its M_-1)
+            if not uses_full_attention(config.for_prompt(len(ids)), len(ids) - start):
                 attend = H2OPrefillAttention(
                     self.ops,
                     config,
@@ -115,13 +120,14 @@ class CausalLM(LoadedModel[A]):
                     self.args.layer_windows,
                     layer_terms(self.args),
                     attention_layers(self.args),
+                    origin=start,
                 )
                 step = h2o_step_size(config, self.prefill_step_size)
         logits = prefill(
             self.ops,
             self.model,
-            self.ops.tokens(ids),
-            0,
+            self.ops.tokens(ids[start:]),
+            start,
             cache,
             step_size=step,
             logits_from=logits_from,
@@ -173,9 +179,10 @@ class CausalLM(LoadedModel[A]):
         With `drafting`, decode speculatively (core/methods/drafting.py): same tokens as greedy,
         the main model's distribution when sampling; info.decode.from_draft marks accepted drafts.
         reuse: a KVState (info.kv of an earlier generation) standing for a prefix of prompt_ids:
-        only the rest is prefilled, with full attention, into that cache (grown if needed); with
-        method specprefill, sparsely from the dense prefix (docs/methods.md), the speculator on its
-        own KV of the conversation (reuse.speculator) where it has one.
+        only the rest is prefilled into that cache (grown if needed): with full attention, with method
+        h2o by H2O walked from the prefix, with method specprefill sparsely from the dense prefix
+        (docs/methods.md), the speculator on its own KV of the conversation (reuse.speculator) where it
+        has one.
         info.kv reports the generation's cache (pass it as `reuse` to extend the conversation).
         sampling, method and drafting are a built request's parts (core/request.build_request checks how
         they combine); the prompt's ids, the speculator and the draft model are checked here."""
@@ -236,17 +243,9 @@ class CausalLM(LoadedModel[A]):
         with self.ops.device_scope():
             if reuse is not None and speculator is None:
                 cache = self._reused_cache(reuse, len(ids) - reuse.tokens + extra)
-                started = self.ops.wall_time()
-                logits = prefill(
-                    self.ops,
-                    self.model,
-                    self.ops.tokens(ids[reuse.tokens :]),
-                    reuse.tokens,
-                    cache,
-                    step_size=self.prefill_step_size,
-                    progress=report.of("prefill"),
+                logits = self.prefill_prompt(
+                    ids, cache, method, info, progress=report.of("prefill"), start=reuse.tokens
                 )[-1]
-                info.seconds["prefill"] = self.ops.wall_time() - started
             elif speculator is None:
                 cache = self.ops.new_cache(self.model, len(ids) + extra)
                 logits = self.prefill_prompt(ids, cache, method, info, progress=report.of("prefill"))[-1]

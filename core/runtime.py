@@ -244,8 +244,9 @@ def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling:
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, drafting: "Drafting | None") -> None:
     """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill, or
-    by SpecPrefill when it is dense (not over an H2O speculator), without speculative decoding (yet);
-    a hybrid's, at a point where it kept its recurrent state."""
+    from a dense prefix (slot i = token i) by H2O or by SpecPrefill (not over an H2O speculator):
+    docs/methods.md; without speculative decoding (yet); a hybrid's, at a point where it kept its
+    recurrent state."""
     if drafting is not None:
         raise ConfigError(
             "speculative decoding with a reused KV cache is not supported yet", "num_tokens", config="Drafting"
@@ -260,8 +261,15 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, draft
             raise ConfigError(
                 "a reused KV cache from SpecPrefill (its slots hold kept tokens) is extended by full prefill only"
             )
-    elif method.name != "full":
-        raise ConfigError(f"a reused KV cache is extended by full prefill only, got method {method.name!r}")
+    elif method.name == "h2o" and reuse.position_offset:
+        raise ConfigError(
+            f"H2O from a reused KV cache needs a dense prefix (slot i = token i); this one holds SpecPrefill's "
+            f"kept tokens (position offset {reuse.position_offset}): reuse it with full prefill"
+        )
+    elif method.name not in ("full", "h2o"):
+        raise ConfigError(
+            f"a reused KV cache is extended by full, H2O or SpecPrefill prefill only, got method {method.name!r}"
+        )
     if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:
         raise ConfigError(
             f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "

@@ -303,6 +303,20 @@ class H2OStages(Protocol):
         set intersected with it; the layer's terms in every softmax): the core walk over this
         backend's ops."""
 
+    def attention_layer_from_prefix(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        prefix: int,
+        config: H2OConfig,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms | None = None,
+    ) -> H2OLayerResult:
+        """The walk over a new part after a reused prefix of `prefix` keys (docs/methods.md, H2O from
+        a reused prefix): q [Hq, N - P, D] the new part's queries, k/v [Hkv, N, D] every key."""
+
 
 @runtime_checkable
 class SpecPrefillStages(Protocol):

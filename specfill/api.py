@@ -242,7 +242,8 @@ def stream_generate(
     num_draft_tokens (default 3) per round; with method "specprefill", num_draft_tokens alone
     makes the speculator the draft, continuing from the prompt KV it already built.
     reuse: a KVState from an earlier generation's info.kv standing for a prefix of this prompt:
-    only the rest is prefilled, with full attention (see CausalLM.generate_step).
+    only the rest is prefilled, with full attention, or with method "h2o" by H2O walked from the
+    prefix (docs/methods.md, H2O from a reused prefix; see CausalLM.generate_step).
     Every setting is checked once, by core/request.build_request (the CLI and the server build
     the same request from their flags and fields).
     """

@@ -85,6 +85,46 @@ class DenseTailOffByOne(ReferenceAdapter):
         return super().attention_layer(q, k, v, short, scale, window, terms)
 
 
+class PrefixCutToItsSecondHalf(ReferenceAdapter):
+    """From a reused prefix, the first memory set holds the prefix's second half only (the first
+    new chunk misses keys the spec gives it: the whole prefix)."""
+
+    def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy):
+        if chunk_index == -1:  # the walk's M_(-1): the prefix [0, chunk_end)
+            local = max(1, chunk_end // 2)
+        return super().build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy)
+
+
+class PrefixNeverHeavy(ReferenceAdapter):
+    """Prefix tokens are never heavy hitters: M_0 is chosen from the first new chunk alone."""
+
+    def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy):
+        if previous is not None and previous.chunk_index == -1:
+            previous = None
+        return super().build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy)
+
+
+class PrefixVotesDropped(ReferenceAdapter):
+    """The first new chunk's votes for the prefix are not added to the scores."""
+
+    def accumulate_scores(self, scores, memory, kv_colsum):
+        return scores if memory.chunk_index == -1 else super().accumulate_scores(scores, memory, kv_colsum)
+
+
+class PrefixGridFromZero(ReferenceAdapter):
+    """The new part's chunks on the whole prompt's grid (multiples of S) instead of from P: the
+    walk is handed a prompt whose first new chunk is a sliver (emulated: the prefix rounded down
+    to the grid, the rest walked as new)."""
+
+    def attention_layer_from_prefix(self, q, k, v, prefix, config, scale, window=None, terms=None):
+        aligned = prefix // config.chunk_size * config.chunk_size
+        if aligned == prefix:
+            return super().attention_layer_from_prefix(q, k, v, prefix, config, scale, window, terms)
+        q_all = np.concatenate([np.zeros((q.shape[0], prefix - aligned, q.shape[2])), q], axis=1)
+        got = super().attention_layer_from_prefix(q_all, k, v, aligned, config, scale, window, terms)
+        return dataclasses.replace(got, output=got.output[:, prefix - aligned :])
+
+
 class SlidingWindowOffByOne(ReferenceAdapter):
     """A sliding layer's window one key too wide (j >= i - w instead of j > i - w), in every
     stage that takes one."""
@@ -211,6 +251,10 @@ class ValuesPaddedToTheKeysWidth(ReferenceAdapter):
         (TrimSparesTheFirstLayers, {"kv_cache.offsets", "kv_cache.filled", "kv_cache.keys"}),
         (ValuesPaddedToTheKeysWidth, {"kv_cache.update_and_fetch.values"}),
         (DenseTailOffByOne, {"h2o.layer.output_vs_key_sets"}),
+        (PrefixCutToItsSecondHalf, {"h2o.prefix_layer.output_vs_key_sets", "h2o.prefix_layer.one_chunk_is_full"}),
+        (PrefixNeverHeavy, {"h2o.prefix_layer.memory_vs_oracle"}),
+        (PrefixVotesDropped, {"h2o.prefix_layer.scores_vs_key_sets", "h2o.prefix_layer.memory_vs_oracle"}),
+        (PrefixGridFromZero, {"h2o.prefix_layer.memory_structure", "h2o.prefix_layer.output_vs_key_sets"}),
         (LayerAttendsToEveryKey, {"h2o.layer.output_vs_key_sets", "specprefill.composed.kept"}),
         (
             SlidingWindowOffByOne,

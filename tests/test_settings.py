@@ -138,13 +138,15 @@ def test_prompt_ids_are_integers_inside_the_vocabulary():
 
 def test_reuse_checks_where_it_meets_the_request():
     """The driver's one check of a reused cache (core/runtime.check_reuse): a proper prefix, full
-    prefill, no speculative decoding yet; each error names the setting at fault."""
+    or H2O prefill (H2O from a dense prefix only), no speculative decoding yet; each error names
+    the setting at fault."""
     reuse = KVState(cache=None, slots=3)
     check_reuse(reuse, 5, PrefillMethod(), None)
     with pytest.raises(ConfigError, match="speculative decoding with a reused KV cache") as err:
         check_reuse(reuse, 5, PrefillMethod(), Drafting("self:1", 2))
     assert (err.value.config, err.value.field) == ("Drafting", "num_tokens")
-    with pytest.raises(ConfigError, match="full prefill only"):
-        check_reuse(reuse, 5, PrefillMethod("h2o"), None)
+    check_reuse(reuse, 5, PrefillMethod("h2o"), None)
+    with pytest.raises(ConfigError, match="H2O from a reused KV cache needs a dense prefix"):
+        check_reuse(KVState(cache=None, slots=3, position_offset=2), 7, PrefillMethod("h2o"), None)
     with pytest.raises(ConfigError, match="must cover"):
         check_reuse(reuse, 3, PrefillMethod(), None)

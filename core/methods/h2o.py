@@ -28,6 +28,7 @@ the explicit key sets, so it is checked against something it does not share.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Generic, Sequence
 
 import numpy as np
@@ -100,14 +101,16 @@ def dense_tail_attention(
     scale: float,
     window: int | None = None,
     terms: AttentionTerms[A] | None = None,
+    origin: int = 0,
 ) -> A | None:
     """Causal attention over EVERY earlier key for the rows of q at positions >= tail_start.
 
     q [Hq, T, D] holds positions [start, start + T); k/v [Hkv, >= start + T, D] every key so far.
-    Rows go in blocks on the grid of `block` (S; the first from `tail_start` to the next multiple
-    of S): a block [a, b) is its own causal part (the intra stage with one chunk) merged exactly
-    with all keys [0, a) (the inter stage with the prefix as its "memory"), so the stages the walk
-    uses (and their kernels) do the work and the biggest score tile is S x N. Steps start on
+    Rows go in blocks on the grid of `block` (S) from `origin` (0; a reused prefix's length P: the
+    new part's grid), the first from `tail_start` to the next grid line: a block [a, b) is its own
+    causal part (the intra stage with one chunk) merged exactly with all keys [0, a) (the inter
+    stage with the prefix as its "memory"), so the stages the walk uses (and their kernels) do the
+    work and the biggest score tile is S x N. Steps start on
     chunk boundaries, so the blocks, and the rounding, do not depend on how the prompt is stepped. With a
     window w only the prefix keys [a - w + 1, a) can be seen, and each
     row masks its own. Returns o [Hq, rows, D] (statistics' dtype) or None when no row is in the tail.
@@ -118,8 +121,9 @@ def dense_tail_attention(
     if first >= end:
         return None
     outputs = []
-    for a in [first] + list(range((first // block + 1) * block, end, block)):
-        b = min((a // block + 1) * block, end)
+    line = lambda x: origin + ((x - origin) // block + 1) * block  # noqa: E731 - the grid line after x
+    for a in [first] + list(range(line(first), end, block)):
+        b = min(line(a), end)
         rows = q[:, a - start : b - start]
         state = ops.intra_attention(
             rows, k[:, a:b], v[:, a:b], b - a, scale, window if window_binds(window, b - a - 1) else None, *_with(terms)
@@ -146,6 +150,7 @@ def h2o_attention_batch(
     tail_start: int | None = None,
     window: int | None = None,
     terms: AttentionTerms[A] | None = None,
+    origin: int = 0,
 ) -> tuple[A, H2OCarry[A]]:
     """One logical batch of one layer: phase 1 for all its chunks, then the phase-2 walk.
 
@@ -155,14 +160,16 @@ def h2o_attention_batch(
     tail_start: the dense tail's first position (dense_tail_start); None or >= the batch's end:
     no row of this batch is in it. window: the layer's sliding window (None: global); it is passed
     to a stage only where it can hide a key (so the kernels keep running elsewhere). terms: the
-    layer's attention terms (None: none; the sink is folded in once per query, see the module doc). Returns the
+    layer's attention terms (None: none; the sink is folded in once per query, see the module doc).
+    origin: where the chunk grid starts (0; from a reused prefix of P tokens, P: the carry then
+    starts with scores [Hkv, P] and the prefix as its memory set, `prefix_carry`). Returns the
     batch's output [Hq, T, D] (q's dtype) and the carry for the next batch.
     """
     size, terms = config.chunk_size, active_terms(terms)
     start, n_tokens = carry.n_done, q.shape[1]
     n_kv = k.shape[0]
-    if start % size != 0:
-        raise ValueError(f"a logical batch must start on a chunk boundary, got position {start}")
+    if (start - origin) % size != 0 or start < origin:
+        raise ValueError(f"a logical batch must start on a chunk boundary, got position {start} (grid from {origin})")
     if k.shape[1] < start + n_tokens or tuple(v.shape[:2]) != tuple(k.shape[:2]):
         raise ValueError(f"k/v {tuple(k.shape)} must hold the {start + n_tokens} keys up to this batch's end")
     with ops.stage_scope(q):
@@ -201,7 +208,7 @@ def h2o_attention_batch(
             if local_end - local_start != size:
                 raise ValueError("only the final chunk of a prompt may be partial")
             memory = ops.build_memory_set(
-                scores, memory, chunk_start // size, chunk_start, chunk_end, config.local, config.heavy
+                scores, memory, (chunk_start - origin) // size, chunk_start, chunk_end, config.local, config.heavy
             )
             memory_sets.append(memory)
         outputs = [] if inter_start == 0 else [finish(ops, intra.state.rows(0, inter_start), terms).o]
@@ -211,7 +218,7 @@ def h2o_attention_batch(
         tail = (
             None
             if tail_start is None
-            else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale, window, terms)
+            else dense_tail_attention(ops, q, k, v, start, tail_start, size, scale, window, terms, origin)
         )
         if tail is not None:  # the walk's rows of the tail are replaced (one concat), its scores kept
             keep, pieces = tail_start - start, []
@@ -224,6 +231,17 @@ def h2o_attention_batch(
     return ops.cast_like(out, q), H2OCarry(scores=scores, memory=memory, memory_sets=memory_sets)
 
 
+def prefix_carry(ops: H2OOps[A], n_kv: int, prefix: int, like: A) -> H2OCarry[A]:
+    """The carry a walk from a reused prefix of `prefix` tokens starts with (docs/methods.md, H2O
+    from a reused prefix): zero scores [Hkv, P] (the prefix is not recomputed: no phase-1 sums)
+    and the whole prefix as the first memory set M_{-1} (every KV head; not listed in memory_sets)."""
+    scores = ops.zero_scores(n_kv, prefix, like)
+    if prefix == 0:
+        return H2OCarry(scores=scores)
+    # the memory-set op with the prefix as one chunk whose "local window" is all of it: [0, P) per head
+    return H2OCarry(scores=scores, memory=ops.build_memory_set(scores, None, -1, 0, prefix, prefix, 0))
+
+
 def h2o_attention_layer(
     ops: H2OOps[A],
     q: A,
@@ -233,6 +251,7 @@ def h2o_attention_layer(
     scale: float,
     window: int | None = None,
     terms: AttentionTerms[A] | None = None,
+    prefix: int = 0,
 ) -> H2OLayerResult[A]:
     """Whole-prompt H2O attention of one layer: q [Hq, N, D], k [Hkv, N, D], v [Hkv, N, Dv] after RoPE
     (Dv = D but for latent attention); the output is [Hq, N, Dv].
@@ -240,30 +259,41 @@ def h2o_attention_layer(
     Logical batch by logical batch (config.batch_size), carrying scores and memory sets. With H2O
     disabled (L + H = 0) it is plain causal attention with zero scores, as in the llama.cpp plan
     (inside the layer's sliding window, when it has one; with the layer's terms, when it has any).
+    prefix: P > 0 walks a new part after a reused prefix (docs/methods.md, H2O from a reused
+    prefix): q [Hq, N - P, D] holds the new part's queries (positions P..N-1), k/v every key; the
+    output is the new part's [Hq, N - P, Dv], the scores [Hkv, N] and the memory sets the new chunks'.
     """
     ranks = (len(q.shape), len(k.shape), len(v.shape))
-    if ranks != (3, 3, 3) or tuple(k.shape[:2]) != tuple(v.shape[:2]) or q.shape[1] != k.shape[1]:
+    if ranks != (3, 3, 3) or tuple(k.shape[:2]) != tuple(v.shape[:2]) or q.shape[1] + prefix != k.shape[1]:
         raise ValueError(
-            f"h2o attention takes q [Hq, N, D], k [Hkv, N, D] and v [Hkv, N, Dv]; got {tuple(q.shape)}, "
-            f"{tuple(k.shape)}, {tuple(v.shape)}"
+            f"h2o attention takes q [Hq, N - P, D], k [Hkv, N, D] and v [Hkv, N, Dv] (P = {prefix}); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
         )
-    n_tokens, n_kv, terms = q.shape[1], k.shape[0], active_terms(terms)
+    n_tokens, n_kv, terms = k.shape[1], k.shape[0], active_terms(terms)
+    n_new = n_tokens - prefix
     config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
-    if n_tokens == 0 or not config.enabled:
-        if n_tokens and (window_binds(window, n_tokens - 1) or terms is not None):
+    if n_new == 0:
+        return H2OLayerResult(q, ops.zero_scores(n_kv, n_tokens, q), [])
+    if prefix > 0 and not config.enabled:  # plain causal attention over every key: one chunk
+        one = replace(config, chunk_size=n_new, batch_size=n_new, local=0, heavy=0, dense_tail=0)
+        carry = prefix_carry(ops, n_kv, prefix, q)
+        output, _ = h2o_attention_batch(ops, q, k, v, carry, one, scale, True, None, window, terms, prefix)
+        return H2OLayerResult(output, ops.zero_scores(n_kv, n_tokens, q), [])
+    if not config.enabled:
+        if window_binds(window, n_tokens - 1) or terms is not None:
             binding = window if window_binds(window, n_tokens - 1) else None
             state = ops.intra_attention(q, k, v, n_tokens, scale, binding, *_with(terms)).state
             output = ops.cast_like(finish(ops, state, terms).o, q)
         else:
-            output = ops.causal_attention(q, k, v, scale) if n_tokens else q
+            output = ops.causal_attention(q, k, v, scale)
         return H2OLayerResult(output, ops.zero_scores(n_kv, n_tokens, q), [])
-    carry = H2OCarry(scores=ops.zero_scores(n_kv, 0, q))
+    carry = prefix_carry(ops, n_kv, prefix, q)
     outputs = []
-    for batch_start in range(0, n_tokens, config.batch_size):
+    for batch_start in range(prefix, n_tokens, config.batch_size):
         batch_end = min(batch_start + config.batch_size, n_tokens)
         out, carry = h2o_attention_batch(
             ops,
-            q[:, batch_start:batch_end],
+            q[:, batch_start - prefix : batch_end - prefix],
             k,
             v,
             carry,
@@ -273,6 +303,7 @@ def h2o_attention_layer(
             tail_start=dense_tail_start(config, n_tokens),
             window=window,
             terms=terms,
+            origin=prefix,
         )
         outputs.append(out)
     output = outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
@@ -285,7 +316,9 @@ class H2OPrefillAttention(Generic[A]):
     attend causally to every key instead (no carry, no memory sets). windows: each
     layer's sliding window (ModelArgs.layer_window; empty: every layer global); terms: each layer's
     attention terms (layer_terms; empty: none); attention: the layers with keys (a hybrid's; empty:
-    all), over which config.layers counts (its recurrent layers never call this)."""
+    all), over which config.layers counts (its recurrent layers never call this). origin: the reused
+    prefix's length P (0: none): its P slots are in the cache already and the walk runs over slots
+    P..n_tokens-1 from the prefix as its first memory set (prefix_carry; docs/methods.md)."""
 
     def __init__(
         self,
@@ -297,8 +330,10 @@ class H2OPrefillAttention(Generic[A]):
         windows: Sequence[int | None] = (),
         terms: Sequence[AttentionTerms[A] | None] = (),
         attention: Sequence[int] = (),
+        origin: int = 0,
     ):
         self.ops = ops
+        self.origin = origin  # a reused prefix's length: the walk starts there (prefix_carry)
         self.windows = list(windows) or [None] * n_layers
         self.terms = [active_terms(t) for t in terms] or [None] * n_layers
         self.config = config.for_prompt(n_tokens)  # a memory_share becomes L and H for this prompt
@@ -313,7 +348,7 @@ class H2OPrefillAttention(Generic[A]):
             return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], *_with(self.terms[layer]))
         end = k.shape[2]
         start = end - q.shape[2]
-        carry = self.carries[layer] or H2OCarry(scores=self.ops.zero_scores(k.shape[1], 0, q))
+        carry = self.carries[layer] or prefix_carry(self.ops, k.shape[1], self.origin, q)
         if carry.n_done != start:
             raise ValueError(f"layer {layer}: H2O batch starts at slot {start}, the carry is at {carry.n_done}")
         # memory sets point back into earlier batches: the walk gets every key stored so far
@@ -329,6 +364,7 @@ class H2OPrefillAttention(Generic[A]):
             tail_start=dense_tail_start(self.config, self.n_tokens),
             window=self.windows[layer],
             terms=self.terms[layer],
+            origin=self.origin,
         )
         return out[None]
 

@@ -92,6 +92,19 @@ class ReferenceStages:
     ) -> H2OLayerResult:
         return h2o_attention_layer(self, q, k, v, config, scale, window, terms)
 
+    def attention_layer_from_prefix(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        prefix: int,
+        config: H2OConfig,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms | None = None,
+    ) -> H2OLayerResult:
+        return h2o_attention_layer(self, q, k, v, config, scale, window, terms, prefix)
+
     def causal_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
         return h2o.causal_attention(q, k, v, scale).o
 

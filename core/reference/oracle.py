@@ -4,6 +4,10 @@
     K(i) = {j : j <= i}                        for query i >= N - W (the dense tail, W >= 0)
     K(i) intersected with {j : j > i - w}      on a sliding layer of window w (every query)
 
+From a reused prefix of P tokens (docs/methods.md, H2O from a reused prefix; `prefix=P`): the
+queries are the new part's, i in [P, N); chunks C_c = [P + cS, ...) and M_{-1} = [0, P), the whole
+prefix, with zero scores (no phase-1 sums for the prefix: it is not recomputed).
+
 A layer's terms enter every softmax here as the model itself writes them (transformers'
 eager_attention_forward): the soft-cap as cap * tanh(scale * q.k / cap) before the mask, a sink
 as one more column of logits that is softmaxed with the keys and then dropped (gpt_oss). Both the
@@ -49,33 +53,37 @@ def oracle_h2o_layer(
     window: int | None = None,
     sinks: np.ndarray | None = None,
     softcap: float | None = None,
+    prefix: int = 0,
 ) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
     """Returns (output [Hq, N, Dv], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N]).
     A sliding window w keeps, of every key set, the keys j > i - w only; the scores count only
-    what each query attended. sinks [Hq] / softcap: the layer's terms (see the module doc)."""
+    what each query attended. sinks [Hq] / softcap: the layer's terms (see the module doc).
+    prefix P: q [Hq, N - P, D] holds the queries of positions P..N-1 only, k / v all N keys; the
+    output is theirs [Hq, N - P, Dv] (scores stay [Hkv, N])."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    q = np.concatenate([np.zeros((q.shape[0], prefix, q.shape[2])), q], axis=1)  # row i is position i
     sink = (lambda h: None) if sinks is None else (lambda h: float(sinks[h]))  # noqa: E731
     logit = lambda g, keys, h, i: _capped(k[g, keys] @ q[h, i] * scale, softcap)  # noqa: E731
     n_heads, n_tokens, _ = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
-    n_chunks = math.ceil(n_tokens / chunk_size)
-    chunk_of = lambda i: i // chunk_size  # noqa: E731
+    n_chunks = math.ceil((n_tokens - prefix) / chunk_size)
+    chunk_start = lambda i: prefix + (i - prefix) // chunk_size * chunk_size  # noqa: E731
     seen = lambda i, keys: [j for j in keys if window is None or j > i - window]  # noqa: E731
     scores = np.zeros((n_kv, n_tokens))
 
     # initial scores: column sums of each chunk's own causal softmax
     for h in range(n_heads):
         g = h // group
-        for i in range(n_tokens):
-            keys = seen(i, range(chunk_of(i) * chunk_size, i + 1))
+        for i in range(prefix, n_tokens):
+            keys = seen(i, range(chunk_start(i), i + 1))
             scores[g, keys] += _softmax(logit(g, keys, h, i), sink(h))
 
     out = np.zeros((n_heads, n_tokens, v.shape[-1]))  # values may be narrower than keys (latent attention)
-    memory: list[list[int]] | None = None
+    memory: list[list[int]] | None = [list(range(prefix))] * n_kv if prefix else None
     memory_sets: list[list[list[int]]] = []
     for c in range(n_chunks):
-        start, end = c * chunk_size, min((c + 1) * chunk_size, n_tokens)
+        start, end = prefix + c * chunk_size, min(prefix + (c + 1) * chunk_size, n_tokens)
         for h in range(n_heads):
             g = h // group
             for i in range(start, end):
@@ -100,7 +108,7 @@ def oracle_h2o_layer(
             new_memory.append(sorted(local_set | set(ranked[:heavy])))
         memory = new_memory
         memory_sets.append(memory)
-    return out, memory_sets, scores
+    return out[:, prefix:], memory_sets, scores
 
 
 def oracle_h2o_output(
@@ -121,18 +129,22 @@ def key_set_mask(
     n_kv_heads: int,
     dense_tail: int = 0,
     window: int | None = None,
+    prefix: int = 0,
 ) -> np.ndarray:
     """[Hkv, N, N] boolean: mask[g, i, j] = j in K(i) for KV head g.
 
     memory_indices[c] is M_c as [Hkv, M]; the chunk after c reads it. Rows i >= N - dense_tail
-    are causal over every key. A sliding window w keeps j > i - w only.
+    are causal over every key. A sliding window w keeps j > i - w only. prefix P: chunks start at
+    P, the first reads M_{-1} = [0, P) (rows i < P, the prefix's own, are causal: not H2O's).
     """
     pos = np.arange(n_tokens)
-    chunk = pos // chunk_size
+    chunk = np.where(pos < prefix, -1, (pos - prefix) // chunk_size)
     intra = (chunk[:, None] == chunk[None, :]) & (pos[None, :] <= pos[:, None])
+    intra[pos < prefix] = pos[None, :] <= pos[pos < prefix][:, None]
+    intra[np.ix_(chunk == 0, pos < prefix)] = True  # M_{-1}: the whole prefix
     mask = np.repeat(intra[None], n_kv_heads, axis=0)
     for c, mem in enumerate(memory_indices):
-        rows = pos[chunk == c + 1]
+        rows = pos[(chunk == c + 1) & (pos >= prefix)]
         for g in range(n_kv_heads):
             mask[g][np.ix_(rows, mem[g])] = True
     tail = pos >= n_tokens - dense_tail
@@ -169,28 +181,38 @@ def replay_h2o_layer(
     window: int | None = None,
     sinks: np.ndarray | None = None,
     softcap: float | None = None,
+    prefix: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(output [Hq, N, Dv], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
     a dense tail of `dense_tail` rows, which changes the output only; a sliding window w, which
     hides keys j <= i - w from query i everywhere; the layer's terms, sinks [Hq] and softcap, in
-    every softmax as the module doc says).
+    every softmax as the module doc says). prefix P: q [Hq, N - P, D] holds the new part's
+    queries, the output is theirs [Hq, N - P, Dv]; chunks start at P and the first reads
+    M_{-1} = [0, P) (the prefix gets no phase-1 sums).
 
     Lets a backend be checked exactly even where float ties legitimately change its memory
     sets: whatever sets it chose, its output must be attention over the K(i) they define.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    q = np.concatenate([np.zeros((q.shape[0], prefix, q.shape[2])), q], axis=1)  # row i is position i
     n_heads, n_tokens, _ = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
     kr, vr = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
     logits = _capped(np.einsum("hid,hjd->hij", q, kr) * scale, softcap)
     row_sinks = None if sinks is None else np.asarray(sinks, dtype=np.float64)[:, None]  # [Hq, 1] per row
-    mask = np.repeat(key_set_mask(n_tokens, chunk_size, memory_indices, n_kv, dense_tail, window), group, axis=0)
-    output = _masked_softmax(logits, mask, row_sinks) @ vr
-    intra_mask = np.repeat(key_set_mask(n_tokens, chunk_size, [], n_kv, window=window), group, axis=0)
-    scores = _masked_softmax(logits, intra_mask, row_sinks).sum(axis=1).reshape(n_kv, group, n_tokens).sum(axis=1)
-    for c, mem in enumerate(memory_indices):
-        rows = np.arange((c + 1) * chunk_size, min((c + 2) * chunk_size, n_tokens))
+    mask = key_set_mask(n_tokens, chunk_size, memory_indices, n_kv, dense_tail, window, prefix)
+    output = _masked_softmax(logits, np.repeat(mask, group, axis=0), row_sinks) @ vr
+    pos = np.arange(n_tokens)
+    new_chunk = np.where(pos < prefix, -1, (pos - prefix) // chunk_size)
+    intra = (new_chunk[:, None] == new_chunk[None, :]) & (pos[None, :] <= pos[:, None]) & (pos >= prefix)[:, None]
+    if window is not None:
+        intra &= pos[:, None] - pos[None, :] < window
+    scores = _masked_softmax(logits, intra, row_sinks).sum(axis=1).reshape(n_kv, group, n_tokens).sum(axis=1)
+    first = [np.tile(np.arange(prefix), (n_kv, 1))] if prefix else []  # M_{-1}, read by the first new chunk
+    for c, mem in enumerate(first + list(memory_indices)):
+        lo = prefix + (c if prefix else c + 1) * chunk_size
+        rows = np.arange(lo, min(lo + chunk_size, n_tokens))
         for h in range(n_heads):
             g = h // group
             visible = np.bool_(True) if window is None else rows[:, None] - mem[g][None, :] < window
@@ -198,4 +220,4 @@ def replay_h2o_layer(
                 logits[h][np.ix_(rows, mem[g])], visible, None if sinks is None else float(sinks[h])
             )
             scores[g, mem[g]] += weights.sum(axis=0)
-    return output, scores
+    return output[:, prefix:], scores

@@ -127,12 +127,14 @@ class Engine:
         policy = plan.prompt_cache if self.cache is not None else "off"
         asked = plan.request.method
         sparse = asked.name != FULL.name  # h2o, specprefill, auto
-        # SpecPrefill runs from a dense reused prefix (docs/methods.md), not over an H2O speculator
-        from_prefix = asked.name == "specprefill" and (
-            asked.specprefill is None or asked.specprefill.speculator_prefill is None
+        # H2O and SpecPrefill (not over an H2O speculator) run from a dense reused prefix of any length
+        # (docs/methods.md); auto and the composition keep the half-prompt rule
+        from_prefix = asked.name == "h2o" or (
+            asked.name == "specprefill" and (asked.specprefill is None or asked.specprefill.speculator_prefill is None)
         )
         reuse = self.cache.take(plan.ids, policy, sparse, from_prefix) if self.cache is not None else Reuse()
-        # a conversation's new tokens: full attention (SpecPrefill from a dense prefix); no drafting over a reused cache
+        # a conversation's new tokens: the asked method from a dense prefix, else full attention; no drafting
+        # over a reused cache yet
         sparse_rest = from_prefix and reuse.state is not None and reuse.state.position_offset == 0
         request = plan.request
         if reuse.hit:

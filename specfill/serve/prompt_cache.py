@@ -3,12 +3,12 @@
 A request whose tokens start with tokens of a cached conversation (its own earlier turn; another
 agent's conversation sharing the system prompt and tool definitions) reuses that KV for the
 longest such prefix over every kept conversation and prefills only the rest, with full attention,
-or, for a SpecPrefill request over a dense prefix, with SpecPrefill from the reused prefix
-(docs/methods.md: the speculator on its own KV of the conversation, kept in the entry's KVState
-beside the main model's, the kept new tokens over the dense prefix). A request asking for another
-sparse method (or SpecPrefill where the prefix is not dense) reuses a prefix only when it is at
-least half of its prompt; else its method runs over the whole prompt (a shared system prompt must
-not turn a long new prompt into a full prefill). Policies:
+or, for an H2O or SpecPrefill request over a dense prefix, with that method from the reused prefix
+(docs/methods.md: H2O walked from the prefix; SpecPrefill with the speculator on its own KV of the
+conversation, kept in the entry's KVState beside the main model's, the kept new tokens over the
+dense prefix). A request asking for auto or the composition (or a sparse method where the prefix is
+not dense) reuses a prefix only when it is at least half of its prompt; else its method runs over
+the whole prompt (a shared system prompt must not turn a long new prompt into a full prefill). Policies:
   exact (default): only a dense KV (a full prefill's) is ever reused. A conversation whose KV came
     from sparse prefill (H2O or SpecPrefill) is not reusable as such: its sparse KV is dropped and a
     dense one is rebuilt from its tokens in idle time (COMPLETION_STEP tokens at a time between
@@ -165,10 +165,10 @@ class PromptCache:
 
     def take(self, ids: list[int], policy: str, sparse: bool = False, from_prefix: bool = False) -> Reuse:
         """The reuse for a prompt (the longest usable cached prefix; its entry leaves the cache or
-        lends a copy) or a miss. sparse: the request asks for a sparse method (or auto), which runs
+        lends a copy) or a miss. sparse: the request asks for SpecPrefill (or auto), which runs
         over the whole prompt instead when the prefix would be the smaller part of it (a reused
         prefix means full prefill of the rest: the module doc). from_prefix: its method runs from a
-        dense reused prefix (SpecPrefill), so a dense prefix of any length is reused."""
+        dense reused prefix (H2O, SpecPrefill), so a dense prefix of any length is reused."""
         if policy == "off":
             return Reuse()
         best, best_cached, best_match, best_key, stale = None, 0, 0, (), []
@@ -233,8 +233,12 @@ class PromptCache:
             if method == "specprefill" and kv.position_offset:  # its kept tokens sit after the reused prefix
                 fixed = prompt_tokens
             entry = Entry(list(tokens), kv, exact=dense, fixed=fixed)
-        else:  # rebuilt densely from its dense prefix (SpecPrefill from a reused one), the speculator's KV kept
+        else:  # rebuilt densely in idle time, from the dense prefix a sparse method ran from, speculator's KV kept
             start = KVState(kv.cache, kv.prefix, speculator=kv.speculator) if kv.prefix > 0 and reuse.exact else None
+            if start is None and method == "h2o" and reuse.state is not None and reuse.exact and not kv.position_offset:
+                cut = getattr(kv.cache, "exact_prefix", None)  # a hybrid's: only where it kept its state
+                if cut is None or cut(reuse.cached) == reuse.cached:
+                    start = KVState(kv.cache, reuse.cached)  # H2O from a dense prefix: rebuilt from there
             entry = Entry(list(tokens), start, exact=True, rebuilding=True, kept_speculator=kv.speculator)
         if self.max_bytes is not None and entry.nbytes > self.max_bytes:
             return

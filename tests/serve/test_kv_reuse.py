@@ -87,7 +87,7 @@ def test_specprefill_cache_reports_its_offset(tiny):
 def test_reuse_is_checked(tiny):
     model, _ = tiny
     _, info = run(model, list(range(20)), 1)
-    with pytest.raises(ConfigError, match="full prefill only"):
-        run(model, list(range(30)), 1, method=PrefillMethod("h2o"), reuse=info.kv)
+    with pytest.raises(ConfigError, match="needs a dense prefix"):  # H2O over SpecPrefill's kept tokens
+        run(model, list(range(30)), 1, method=PrefillMethod("h2o"), reuse=KVState(info.kv.cache, 10, 5))
     with pytest.raises(ConfigError, match="must cover"):
         run(model, list(range(20)), 1, reuse=KVState(info.kv.cache, 20))

@@ -266,8 +266,9 @@ def engine_turn(engine, ids: list[int], method: str = "full", policy: str = "exa
 
 def test_the_engine_reuses_a_shared_prefix_and_keeps_sparse_requests_sparse(model):
     """Through the server's Engine: a second conversation reuses the first's system prompt (a copy,
-    the same reply as without the cache); a sparse request whose shared prefix is the smaller part
-    of its prompt runs its method over the whole prompt."""
+    the same reply as without the cache); an H2O request reuses it too and walks the rest by H2O
+    (docs/methods.md, H2O from a reused prefix); an auto request whose shared prefix is the smaller
+    part of its prompt runs over the whole prompt."""
     from specfill import load as load_pair
     from specfill.serve.engine import Engine
 
@@ -284,4 +285,51 @@ def test_the_engine_reuses_a_shared_prefix_and_keeps_sparse_requests_sparse(mode
     assert reply == engine_turn(engine, system + tokens(model, 82, 90), policy="off")[2]
     assert engine.cache.copies == 1 and engine.health()["prompt_cache"]["entries"] == 2
     _, sparse, _ = engine_turn(engine, system + tokens(model, 83, 200), method="h2o")
-    assert sparse.cached_tokens == 0 and sparse.stats["prefill_method"] == "h2o"
+    assert sparse.cached_tokens == 64 and sparse.stats["prefill_method"] == "h2o"
+    _, auto, _ = engine_turn(engine, system + tokens(model, 84, 200), method="auto")  # full below the crossover
+    assert auto.cached_tokens == 0
+
+
+def test_an_h2o_turn_over_a_cached_conversation(model):
+    """Turn 2 of a conversation asks for H2O: it reuses turn 1's whole dense conversation and walks
+    only its new part by H2O (the reply is generate_step(reuse=..., method=h2o)'s); under the exact
+    policy the new part is rebuilt densely in idle time from the reused prefix on (kept), and turn 3
+    reuses the whole conversation."""
+    from specfill import load as load_pair
+    from specfill.core.config import H2OConfig
+    from specfill.serve.engine import Engine
+
+    _, tokenizer = load_pair(
+        NAME,
+        backend=model.backend,
+        **({"device": "cpu", "dtype": "float32"} if model.backend == "cuda" else {"dtype": "float32"}),
+    )
+    engine = Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, 10**9))
+    first = tokens(model, 90, 70)
+    engine_turn(engine, first)
+    (entry,) = engine.cache.entries
+    conversation = entry.tokens + tokens(model, 91, 60)
+    prefix_kv = KVState(entry.kv.cache.copy(entry.kv.slots), entry.kv.slots)  # what turn 2 will reuse
+    started, done, _ = engine_turn(engine, conversation, method="h2o")
+    assert started.cached == done.cached_tokens == prefix_kv.tokens and done.stats["prefill_method"] == "h2o"
+    h2o = PrefillMethod("h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=0))
+    info = GenerationInfo()
+    want = list(
+        model.generate_step(
+            conversation,
+            max_tokens=6,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=h2o,
+            info=info,
+            reuse=prefix_kv,
+        )
+    )
+    (entry,) = engine.cache.entries
+    assert entry.tokens == conversation + want
+    assert entry.rebuilding and entry.covered == prefix_kv.tokens  # the dense prefix is kept
+    while engine.has_idle_work():
+        engine.idle_step()
+    assert not entry.rebuilding and entry.exact
+    started, done, _ = engine_turn(engine, entry.tokens + tokens(model, 92, 5))
+    assert started.cached == len(conversation) + len(want)
