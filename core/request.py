@@ -35,7 +35,8 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .config import MAX_SETTING, H2OConfig, SpecPrefillConfig
+from .config import H2OConfig, SpecPrefillConfig
+from .config_checks import MAX_SETTING
 from .errors import ConfigError, SpecfillWarning
 from .runtime import Drafting, PrefillMethod, SamplingConfig, check_drafting
 

@@ -22,7 +22,7 @@ ROUTE_NAMES = {CHAT: "chat", COMPLETIONS: "completions", MESSAGES: "messages", R
 
 # A Qwen2.5-style ChatML template that renders tools (Hermes <tool_call> format): the demo model
 # (SmolLM2, which speaks ChatML) is served with it so that its tool requests run (its own template
-# renders no tools); the serve tests' rote tool model uses it too.
+# renders no tools); the serve tests' rote tool model uses it too (tests/fixtures/tool_model.py).
 CHATML_TOOLS = (
     "{%- if tools %}{{- '<|im_start|>system\\n' }}"
     "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"

@@ -1,0 +1,83 @@
+"""The settings' checks (core/config.py's configs call them where each value is made): layer specs,
+shares, integers, protected spans; each failure one ConfigError naming the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .errors import ConfigError
+
+MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
+
+
+def layer_subset(spec: str, n_layers: int) -> list[int]:
+    """Layers named by a spec: "all"; "first-K" / "last-K" (K >= 1 layers, at most all); or
+    "first-F" / "last-F" with F in (0, 1) (round(F * n_layers), at least one)."""
+    text = str(spec).strip().lower()
+    if text == "all":
+        return list(range(n_layers))
+    side, _, count = text.partition("-")
+    k = 0
+    if side in ("first", "last"):
+        try:
+            if count.isdigit():
+                k = int(count)
+            elif 0.0 < float(count) < 1.0:
+                k = max(1, round(float(count) * n_layers))
+        except ValueError:
+            pass
+    if k < 1:
+        raise ConfigError(
+            f"layers must be 'all', 'first-K' / 'last-K' with K >= 1 or 'first-F' / 'last-F' with F in "
+            f"(0, 1), got {spec!r}",
+            "layers",
+        )
+    k = min(k, n_layers)
+    return list(range(k)) if side == "first" else list(range(n_layers - k, n_layers))
+
+
+def _error(config: object, message: str, *fields: str) -> ConfigError:
+    """The ConfigError of `config`'s `fields` (the one at fault first)."""
+    return ConfigError(message, *fields, config=type(config).__name__)
+
+
+def _require_share(config: object, name: str, value: object = None, label: str | None = None) -> float:
+    """config's field `name` (or `value` for it) as a fraction in (0, 1]: a real number, not a bool, not NaN."""
+    value, label = getattr(config, name) if value is None else value, label or name
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(float(value)):
+        raise _error(config, f"{label} must be a number in (0, 1], got {value!r}", name)
+    if not 0.0 < float(value) <= 1.0:
+        raise _error(config, f"{label} must be in (0, 1], got {value}", name)
+    return float(value)
+
+
+def _check_spans(config: Any) -> None:
+    """SpecPrefillConfig.protected as a tuple of (start, end) integer pairs, 0 <= start <= end <= MAX_SETTING."""
+    spans = []
+    for span in config.protected if isinstance(config.protected, (tuple, list)) else [config.protected]:
+        pair = tuple(span) if isinstance(span, (tuple, list)) else ()
+        if len(pair) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in pair):
+            raise _error(config, f"protected spans must be (start, end) integer pairs, got {span!r}", "protected")
+        if not 0 <= pair[0] <= pair[1] <= MAX_SETTING:
+            raise _error(config, f"a protected span needs 0 <= start <= end <= {MAX_SETTING}, got {pair}", "protected")
+        spans.append(pair)
+    object.__setattr__(config, "protected", tuple(spans))
+
+
+def _require_int(config: object, name: str, minimum: int, label: str | None = None) -> int:
+    """config's field `name` as an integer in [minimum, MAX_SETTING]; `label` names it in the message."""
+    value, label = getattr(config, name), label or name
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _error(config, f"{label} must be an integer, got {value!r}", name)
+    if not minimum <= value <= MAX_SETTING:
+        raise _error(config, f"{label} must be in [{minimum}, {MAX_SETTING}], got {value}", name)
+    return value
+
+
+def _check_layers(config: Any) -> None:
+    """config.layers is a layer spec (layer_subset's grammar)."""
+    try:
+        layer_subset(config.layers, 1)
+    except ConfigError as err:
+        raise _error(config, err.args[0], "layers") from None
