@@ -3,7 +3,7 @@ path, without a GPU and without timing anything (results/gpu/h2o_walk_ops.md).
 
 CPU tensors take the CUDA branches (placement.simulated_cuda); the two Triton launches of the
 phase-2 kernel are replaced by stand-ins that count one launch each and fill the outputs with the
-torch twin's result, uncounted (as tests/torch_cuda/simulated_gpu.py does). Every other aten
+torch twin's result, uncounted (tests/torch_cuda/simulated_gpu.py's fills). Every other aten
 operator is counted as torch dispatches it: a "launch" is an operator that is neither a view nor
 an allocation (empty*): on a GPU each is at least one kernel launch (a sort is several). A "sync"
 is an operator that makes the host wait for the device (.item(), nonzero, boolean-mask indexing,
@@ -20,6 +20,7 @@ import json
 import sys
 from collections import Counter
 from contextlib import ExitStack, contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -32,7 +33,8 @@ from specfill.core.config import H2OConfig
 from specfill.core.methods.h2o import h2o_attention_layer
 from specfill.core.self_check import KERNEL_SELF_CHECK
 
-LOG2E = 1.4426950408889634
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: the tests' simulated GPU
+from tests.torch_cuda.simulated_gpu import FakeRuntime, _colsum_fill, _forward_fill  # noqa: E402
 
 # operators that wait for the device (their result is read on the host)
 SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "nonzero_static", "masked_select", "is_nonzero", "equal"}
@@ -104,58 +106,6 @@ class _FakeLaunch:
         return launch
 
 
-def _forward(args, kwargs) -> None:
-    from specfill.backends.torch_cuda.kernels.inter import inter_attention_twin
-    from specfill.backends.torch_cuda.kernels.intra import intra_attention_twin
-
-    q, k, v, o, m, l = args[:6]
-    scale = kwargs["qk_scale"] / LOG2E
-    if kwargs["BLOCK_DIAGONAL"]:
-        state = intra_attention_twin(q, k, v, kwargs["chunk_size"], scale, False).state
-    else:
-        state = inter_attention_twin(q, k, v, scale, False).state
-    o.copy_(state.o)
-    m.copy_(state.m * LOG2E)
-    l.copy_(state.l)
-
-
-def _colsum(args, kwargs) -> None:
-    from specfill.backends.torch_cuda.kernels.inter import inter_attention_twin
-    from specfill.backends.torch_cuda.kernels.intra import intra_attention_twin
-
-    q, k, _, _, colsum = args[:5]
-    scale = kwargs["qk_scale"] / LOG2E
-    if kwargs["BLOCK_DIAGONAL"]:
-        colsum.copy_(intra_attention_twin(q, k, k, kwargs["chunk_size"], scale, True).colsum)
-    else:
-        colsum.copy_(inter_attention_twin(q, k, k, scale, True).colsum)
-
-
-class _Runtime(placement.CudaRuntime):
-    """A GPU that is not there (sm_90, as the H200): counts synchronisations."""
-
-    def __init__(self) -> None:
-        self.synchronized = 0
-
-    def available(self) -> bool:
-        return True
-
-    def properties(self, device: torch.device) -> placement.GpuProperties:
-        return placement.GpuProperties("Simulated GPU", 141 * 10**9, (9, 0))
-
-    def capability(self, device: torch.device) -> tuple[int, int]:
-        return (9, 0)
-
-    def synchronize(self, device: torch.device) -> None:
-        self.synchronized += 1
-
-    def peak_memory_bytes(self, device: torch.device) -> int:
-        return 0
-
-    def reset_peak_memory(self, device: torch.device) -> None:
-        pass
-
-
 class _CountingOps(TorchOps):
     """TorchOps whose stage calls set the counter's stage and are counted."""
 
@@ -182,13 +132,13 @@ class _CountingOps(TorchOps):
 
 
 @contextmanager
-def _simulated_gpu(counter: _Counter) -> Iterator[_Runtime]:
+def _simulated_gpu(counter: _Counter) -> Iterator[FakeRuntime]:
     saved = flash_triton._forward_kernel, flash_triton._colsum_kernel
-    flash_triton._forward_kernel = _FakeLaunch(counter, _forward)
-    flash_triton._colsum_kernel = _FakeLaunch(counter, _colsum)
+    flash_triton._forward_kernel = _FakeLaunch(counter, _forward_fill)
+    flash_triton._colsum_kernel = _FakeLaunch(counter, _colsum_fill)
     KERNEL_SELF_CHECK.reset()
     try:
-        with placement.simulated_cuda(_Runtime()) as runtime:
+        with placement.simulated_cuda(FakeRuntime((9, 0))) as runtime:  # sm_90, as the H200
             yield runtime
     finally:
         flash_triton._forward_kernel, flash_triton._colsum_kernel = saved
