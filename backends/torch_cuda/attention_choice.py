@@ -143,8 +143,7 @@ def _timed(run: Callable[[], torch.Tensor], device: torch.device) -> float:
     return best
 
 
-_CHOSEN: dict[tuple, tuple[str, Kernel]] = {}
-_REPORTS: dict[tuple, dict[str, str]] = {}
+_CHOSEN: dict[tuple, tuple[str, Kernel, dict[str, str]]] = {}  # key -> (name, kernel, the probe's report)
 
 
 def probe(
@@ -195,8 +194,7 @@ def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor) -> Kernel:
     dtype and device; probed at the first call with that key."""
     key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
     if key not in _CHOSEN:
-        name, kernel, report = probe(kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
-        _CHOSEN[key], _REPORTS[key] = (name, kernel), report
+        _CHOSEN[key] = probe(kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
     return _CHOSEN[key][1]
 
 
@@ -204,9 +202,6 @@ def chosen() -> dict[str, Any]:
     """What each probe chose and measured: {"prefix 32/8x128 bfloat16 cuda:0": {"chosen": name,
     "candidates": {name: "1.2 ms" | "wrong: ..." | "failed: ..."}}}."""
     return {
-        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}": {
-            "chosen": _CHOSEN[(kind, hq, hkv, d, dtype, device)][0],
-            "candidates": _REPORTS[(kind, hq, hkv, d, dtype, device)],
-        }
-        for (kind, hq, hkv, d, dtype, device) in _CHOSEN
+        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}": {"chosen": name, "candidates": report}
+        for (kind, hq, hkv, d, dtype, device), (name, _, report) in _CHOSEN.items()
     }
