@@ -59,8 +59,10 @@ class H2OConfig:
     layers: the layers that run H2O; the others attend causally to every key (full attention), so
     their keys and values are computed from whole-prompt context: "all" (seed 001's method in every
     layer), "first-K" / "last-K" (K layers) or "first-F" / "last-F" (a share F in (0, 1) of them,
-    at least one), the grammar of SpecPrefillConfig.layers. Default "first-0.33" (DEFAULT_H2O_LAYERS:
-    measured, issue 34): H2O's attention saving shrinks to a third, its answers hold.
+    at least one), the grammar of SpecPrefillConfig.layers. None (not given): the role's default,
+    "first-0.33" in the main model (DEFAULT_H2O_LAYERS: measured, issue 34: H2O's attention saving
+    shrinks to a third, its answers hold) and "all" in a speculator's prompt pass (speculator_h2o:
+    `speculator_prefill=H2OConfig()` and `"h2o"` are one setting, issue 47).
     memory_share: None (L and H as given) or a share of the prompt in (0, 1): a prompt of N tokens
     then gets L + H = round(share * N) (at least 1, below S), split in the given L:H proportion
     (half and half when both are 0): a memory growing with the prompt rather than fixed
@@ -78,10 +80,11 @@ class H2OConfig:
     memory_share: float | None = setting(
         None, "H2O memory L+H as this share of the prompt (split L:H as given, below S); none: fixed L, H"
     )
-    layers: str = setting(
-        DEFAULT_H2O_LAYERS,
+    layers: str | None = setting(
+        None,
         "H2O: the layers that run it (all, first-K, last-K, first-F, last-F "
-        "with F a share); the others attend to every key",
+        f"with F a share); the others attend to every key (none given: {DEFAULT_H2O_LAYERS} in the "
+        "main model, all in a speculator's prompt pass)",
     )
 
     def __post_init__(self) -> None:
@@ -137,7 +140,7 @@ class H2OConfig:
 
     def layer_indices(self, n_layers: int) -> list[int]:
         """The layers that run H2O (layer_subset); the others attend to every key."""
-        return layer_subset(self.layers, n_layers)
+        return layer_subset(self.layers or DEFAULT_H2O_LAYERS, n_layers)
 
 
 def speculator_h2o(**fields: Any) -> H2OConfig:
@@ -152,7 +155,9 @@ def speculator_h2o(**fields: Any) -> H2OConfig:
 def _speculator_prefill(config: "SpecPrefillConfig") -> H2OConfig | None:
     """config.speculator_prefill as the pass runs it: None ("dense") or an H2OConfig ("h2o": speculator_h2o())."""
     value = config.speculator_prefill
-    if value is None or isinstance(value, H2OConfig):
+    if isinstance(value, H2OConfig):  # layers not given: every layer, however the setting was spelled
+        return value if value.layers is not None else dataclasses.replace(value, layers="all")
+    if value is None:
         return value
     if isinstance(value, str) and value.strip().lower() in SPECULATOR_PREFILLS:
         return speculator_h2o() if value.strip().lower() == "h2o" else None

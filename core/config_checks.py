@@ -77,6 +77,8 @@ def _require_int(config: object, name: str, minimum: int, label: str | None = No
 
 def _check_layers(config: Any) -> None:
     """config.layers is a layer spec (layer_subset's grammar)."""
+    if config.layers is None:  # H2OConfig: the role's default (core/config.py DEFAULT_H2O_LAYERS)
+        return
     try:
         layer_subset(config.layers, 1)
     except ConfigError as err:

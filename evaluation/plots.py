@@ -200,6 +200,30 @@ def plot_agent_session(turns: Sequence[dict], restart: Sequence[dict], path: str
     return _save(fig, path)
 
 
+def plot_agent_turns(runs: dict, path: str | os.PathLike, title: str) -> Path:
+    """TTFT (s) per turn and method over a cached conversation (evaluation/agent_turns.py): one bar per
+    method and turn, labelled with the turn's new tokens; a hatched bar: the turn's fact was missed."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.8 / max(1, len(runs))
+    for i, (method, run) in enumerate(runs.items()):
+        rows = [r for r in run["turns"] if r["ttft_s"] is not None]
+        xs = [r["turn"] + (i - (len(runs) - 1) / 2) * width for r in rows]
+        bars = ax.bar(xs, [r["ttft_s"] for r in rows], width, label=method)
+        for bar, r in zip(bars, rows):
+            if not r["answered"]:
+                bar.set_hatch("//")
+    turns = sorted({r["turn"] for run in runs.values() for r in run["turns"]})
+    first = next(iter(runs.values()))["turns"]
+    new = {r["turn"]: r["new_tokens"] for r in first}
+    ax.set_xticks(turns, [f"turn {t}\n{new.get(t)} new" for t in turns])
+    ax.set_ylabel("time to first token over the cached conversation (s)")
+    ax.set_title(title + "\n(hatched: the turn's fact missed)", fontsize=9)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend()
+    return _save(fig, path)
+
+
 def plot_soak_memory(
     samples: Sequence[tuple[float, float, str]], marks: dict, memory: dict, path: str | os.PathLike, title: str
 ) -> Path:

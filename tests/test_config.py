@@ -95,3 +95,18 @@ def test_dense_tail_is_a_non_negative_integer_and_scoring_layers_are_checked():
     assert SpecPrefillConfig(layers="last-3").layer_indices(8) == [5, 6, 7]
     with pytest.raises(ConfigError, match="layers"):
         SpecPrefillConfig(layers="middle")
+
+
+def test_speculator_h2o_means_one_thing_however_spelled():
+    """Issue 47: H2OConfig() handed to speculator_prefill runs H2O in every layer, as "h2o" does
+    (it gave first-0.33, H2OConfig's main-model default, and 1.76x where "h2o" gave 2.60x); given
+    layers are kept; the main model's H2OConfig() still runs its first third only."""
+    from specfill.core.config import speculator_h2o
+
+    assert SpecPrefillConfig(speculator_prefill=H2OConfig()) == SpecPrefillConfig(speculator_prefill="h2o")
+    assert SpecPrefillConfig(speculator_prefill=H2OConfig()).speculator_prefill == speculator_h2o()
+    assert SpecPrefillConfig(speculator_prefill=H2OConfig()).speculator_prefill.layer_indices(6) == list(range(6))
+    given = SpecPrefillConfig(speculator_prefill=H2OConfig(layers="first-2")).speculator_prefill
+    assert given.layer_indices(6) == [0, 1]
+    assert H2OConfig().layer_indices(30) == H2OConfig(layers="first-0.33").layer_indices(30) == list(range(10))
+    assert H2OConfig(memory_share=0.1).for_prompt(1000).layer_indices(30) == list(range(10))
