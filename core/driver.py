@@ -182,12 +182,12 @@ class CausalLM(LoadedModel[A]):
         only the rest is prefilled into that cache (grown if needed): with full attention, with method
         h2o by H2O walked from the prefix, with method specprefill sparsely from the dense prefix
         (docs/methods.md), the speculator on its own KV of the conversation (reuse.speculator) where it
-        has one.
+        has one (over an H2O speculator: H2O walked from that KV); "auto" decides on the new part's length.
         info.kv reports the generation's cache (pass it as `reuse` to extend the conversation).
         sampling, method and drafting are a built request's parts (core/request.build_request checks how
         they combine); the prompt's ids, the speculator and the draft model are checked here."""
         ids = self._ids(prompt_ids, max_tokens)
-        method = self.resolve_method(method, len(ids))
+        method = self.resolve_method(method, len(ids) - (0 if reuse is None else reuse.tokens))  # auto: the new part
         info.start(len(ids), method.label)
         if reuse is not None:
             check_reuse(reuse, len(ids), method, drafting)
@@ -309,7 +309,7 @@ class CausalLM(LoadedModel[A]):
                 )
             kept_kv = reuse.speculator if reuse is not None else None  # a full prefill carries it on
             if sparse is not None:
-                kept_kv = self._speculator_kv(sparse, method)
+                kept_kv = self._speculator_kv(sparse, method, reuse)
             prefix = 0 if sparse is None or reuse is None else reuse.tokens
             yield from track_kv(tokens, cache, len(ids), info, self.ops.decode_setup_seconds, prefix, kept_kv)
 
@@ -337,14 +337,19 @@ class CausalLM(LoadedModel[A]):
         return kept.cache, min(kept.slots, reuse.tokens)
 
     @staticmethod
-    def _speculator_kv(sparse: SparsePrefill, method: PrefillMethod) -> KVState | None:
+    def _speculator_kv(sparse: SparsePrefill, method: PrefillMethod, reuse: KVState | None) -> KVState | None:
         """The speculator's dense KV of the prompt, kept for the conversation's next SpecPrefill
-        turn: none after an H2O speculator pass (approximate KV) or from a hybrid speculator (its
-        recurrent state is not kept at the prompt's end)."""
+        turn: after an H2O speculator pass only the dense KV it started from (its slots past that are
+        H2O's, approximate); none from a hybrid speculator (its recurrent state is not kept at the
+        prompt's end)."""
         cache = sparse.speculator.cache
         spec = method.specprefill
-        if (spec is not None and spec.speculator_prefill is not None) or hasattr(cache, "mark"):
+        if hasattr(cache, "mark"):
             return None
+        if spec is not None and spec.speculator_prefill is not None:
+            kept = None if reuse is None else reuse.speculator
+            dense = 0 if kept is None else min(kept.slots, reuse.tokens)  # the speculator's cache it started from
+            return KVState(cache, dense) if dense > 0 else None
         return KVState(cache, sparse.speculator.n_prompt)
 
     def _drafted(

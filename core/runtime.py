@@ -244,7 +244,7 @@ def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling:
 
 def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, drafting: "Drafting | None") -> None:
     """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill, or
-    from a dense prefix (slot i = token i) by H2O or by SpecPrefill (not over an H2O speculator):
+    from a dense prefix (slot i = token i) by H2O or by SpecPrefill (over an H2O speculator too):
     docs/methods.md; without speculative decoding (yet); a hybrid's, at a point where it kept its
     recurrent state."""
     if drafting is not None:
@@ -252,11 +252,6 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, draft
             "speculative decoding with a reused KV cache is not supported yet", "num_tokens", config="Drafting"
         )
     if method.name == "specprefill":  # SpecPrefill from a reused prefix: docs/methods.md
-        spec = method.specprefill
-        if spec is not None and spec.speculator_prefill is not None:
-            raise ConfigError(
-                "SpecPrefill over an H2O speculator (speculator_prefill) from a reused KV cache is not supported yet"
-            )
         if reuse.position_offset != 0:
             raise ConfigError(
                 "a reused KV cache from SpecPrefill (its slots hold kept tokens) is extended by full prefill only"

@@ -211,7 +211,8 @@ def run_speculator(
     layers: the speculator layers whose queries are kept (None: every layer's).
     cache, cached: the speculator's own dense KV of the prompt's first `cached` tokens (SpecPrefill
     from a reused prefix, docs/methods.md): cut to them, grown as needed, and only ids[cached:] are
-    prefilled (dense, not with `h2o`); the window stays inside them. None: a new cache.
+    prefilled (with `h2o`: H2O walked from that prefix, as the main model's H2O from a reused
+    prefix); the window stays inside them. None: a new cache.
     """
     n_prompt, args = len(ids), speculator.args
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
@@ -220,12 +221,13 @@ def run_speculator(
     if cache is None:
         cache = ops.new_cache(speculator, needed)
     else:
-        if h2o is not None or not 0 <= cached < n_prompt:
+        if not 0 <= cached < n_prompt:
             raise ConfigError(f"a speculator cache of {cached} tokens (dense) cannot start a {n_prompt}-token pass")
         cache.truncate(cached)
         cache = cache if cache.capacity >= needed else cache.grown(needed)
     sparse = None
-    if h2o is not None and not uses_full_attention(h2o, n_prompt):
+    # a new part of one chunk or less reads every key either way (the cached prefix is its first memory set)
+    if h2o is not None and not uses_full_attention(h2o.for_prompt(n_prompt), n_prompt - cached):
         sparse = H2OPrefillAttention(
             ops,
             h2o,
@@ -235,6 +237,7 @@ def run_speculator(
             args.layer_windows,
             layer_terms(args),
             attention_layers(args),
+            origin=cached,
         )
         step_size = h2o_step_size(h2o, step_size)  # H2O steps by whole chunks
     capture = QueryCapture(

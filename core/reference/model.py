@@ -110,15 +110,21 @@ class ReferenceModel:
         window: int = 1,
         h2o_config: H2OConfig | None = None,
         h2o_layer: H2OLayer | None = None,
+        prefix: int = 0,
     ) -> tuple[np.ndarray, np.ndarray, list[int]]:
         """The first `n_layers` layers as SpecPrefill's speculator: (queries [n_l, W + N', Hq, D] of
         the prompt's last `window` tokens and the fed look-ahead tokens, prompt keys [n_l, Hkv, P, D],
         fed tokens). With `h2o_config` the prompt's rows of every layer it names are H2O's output over
         the prompt alone (the composition): `h2o_layer(q, k, v, config, scale, window)` -> [Hq, P, D],
         by default the reference walk's (the oracle's: oracle.oracle_h2o_output; a backend's stages:
-        the conformance check); the look-ahead rows attend to every key."""
+        the conformance check); the look-ahead rows attend to every key. prefix: the composition from
+        the speculator's cached dense KV of the first `prefix` tokens (docs/methods.md, SpecPrefill from
+        a reused prefix): those rows stay dense and the rest of the prompt's are H2O walked from them
+        (the reference walk from a prefix, `attention_layer_from_prefix`; not with `h2o_layer`)."""
         from . import REFERENCE  # the package's stages (it never imports this module back)
 
+        if prefix and h2o_layer is not None:
+            raise ValueError("speculator_pass from a prefix walks the reference H2O layer only (no h2o_layer)")
         layer_h2o = h2o_layer or (lambda q, k, v, c, scale, w: REFERENCE.attention_layer(q, k, v, c, scale, w).output)
         n_prompt, fed = len(ids), []
         sparse = () if h2o_config is None else h2o_config.layer_indices(n_layers)
@@ -129,7 +135,13 @@ class ReferenceModel:
                 positions = np.arange(len(seq))
                 q, k, v = self.qkv(layer, hidden, positions)
                 out = self.attend(layer, q, k, v, positions)
-                if layer in sparse:
+                if layer in sparse and prefix > 0:
+                    p, sliding = slice(0, n_prompt), self.args.layer_window(layer)
+                    walk = REFERENCE.attention_layer_from_prefix(
+                        q[:, prefix:n_prompt], k[:, p], v[:, p], prefix, h2o_config, self.scale, sliding
+                    )
+                    out[:, prefix:n_prompt] = walk.output
+                elif layer in sparse:
                     p = slice(0, n_prompt)
                     out[:, p] = layer_h2o(
                         q[:, p], k[:, p], v[:, p], h2o_config, self.scale, self.args.layer_window(layer)

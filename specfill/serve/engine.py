@@ -126,19 +126,16 @@ class Engine:
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
         asked = plan.request.method
-        sparse = asked.name != FULL.name  # h2o, specprefill, auto
-        # H2O and SpecPrefill (not over an H2O speculator) run from a dense reused prefix of any length
-        # (docs/methods.md); auto and the composition keep the half-prompt rule
-        from_prefix = asked.name == "h2o" or (
-            asked.name == "specprefill" and (asked.specprefill is None or asked.specprefill.speculator_prefill is None)
-        )
-        reuse = self.cache.take(plan.ids, policy, sparse, from_prefix) if self.cache is not None else Reuse()
-        # a conversation's new tokens: the asked method from a dense prefix, else full attention; no drafting
+        if self.cache is not None and policy != "off" and asked.name != FULL.name:
+            self.cache.finish(plan.ids, self.model)  # the earlier turn's dense rebuild, before a sparse method
+        reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
+        # a conversation's new tokens: the asked method (auto deciding on their length) from a prefix whose
+        # slot i is token i (docs/methods.md), full attention after SpecPrefill's kept slots; no drafting
         # over a reused cache yet
-        sparse_rest = from_prefix and reuse.state is not None and reuse.state.position_offset == 0
+        from_prefix = reuse.state is not None and reuse.state.position_offset == 0
         request = plan.request
         if reuse.hit:
-            request = replace(plan.request, method=asked if sparse_rest else FULL, drafting=None)
+            request = replace(plan.request, method=asked if from_prefix else FULL, drafting=None)
         emit(Started(reuse.cached))
         method, info = request.method, GenerationInfo()
 
@@ -182,7 +179,9 @@ class Engine:
                     plan.ids + outcome[0],
                     info.kv,
                     prompt_tokens=len(plan.ids),
-                    method=method.name,
+                    method=(info.method or method.name).split("+")[
+                        0
+                    ],  # what ran: auto resolved, the composition's base
                     reuse=reuse,
                     policy=policy,
                 )

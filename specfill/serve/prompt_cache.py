@@ -2,22 +2,24 @@
 
 A request whose tokens start with tokens of a cached conversation (its own earlier turn; another
 agent's conversation sharing the system prompt and tool definitions) reuses that KV for the
-longest such prefix over every kept conversation and prefills only the rest, with full attention,
-or, for an H2O or SpecPrefill request over a dense prefix, with that method from the reused prefix
-(docs/methods.md: H2O walked from the prefix; SpecPrefill with the speculator on its own KV of the
-conversation, kept in the entry's KVState beside the main model's, the kept new tokens over the
-dense prefix). A request asking for auto or the composition (or a sparse method where the prefix is
-not dense) reuses a prefix only when it is at least half of its prompt; else its method runs over
-the whole prompt (a shared system prompt must not turn a long new prompt into a full prefill). Policies:
+longest such prefix (however short) over every kept conversation and prefills only the rest with
+the request's method from the reused prefix (docs/methods.md): full attention; H2O walked from the
+prefix; SpecPrefill with the speculator on its own KV of the conversation (kept in the entry's
+KVState beside the main model's; over an H2O speculator, H2O walked from that KV), the kept new
+tokens over the prefix; auto deciding among them on the new part's length. A prefix whose slot i
+holds token i (a dense one; under the approximate policy an H2O run's too) serves every method; the
+rest after a SpecPrefill KV (the approximate policy's: its slots hold kept tokens) is prefilled with
+full attention. Policies:
   exact (default): only a dense KV (a full prefill's) is ever reused. A conversation whose KV came
-    from sparse prefill (H2O or SpecPrefill) is not reusable as such: its sparse KV is dropped and a
-    dense one is rebuilt from its tokens in idle time (COMPLETION_STEP tokens at a time between
-    requests); a request arriving before that finished prefills the rest densely itself. Either
-    way the next turn attends to every earlier token exactly as a dense run of the whole
-    conversation would.
+    from sparse prefill (H2O, SpecPrefill, either from a reused prefix) is not reusable as such: its
+    sparse part is dropped and rebuilt densely from its tokens in idle time (COMPLETION_STEP tokens
+    at a time between requests, from the dense prefix the method ran from; the speculator's KV is
+    kept); a request arriving before that finished prefills the rest densely itself (a sparse
+    method's request completes the rebuild first: finish). Either way the next turn attends to
+    every earlier token exactly as a dense run of the whole conversation would.
   approximate: the KV is reused as it is (a SpecPrefill cache keeps only its kept prompt tokens, so
-    it is never cut into them; an H2O cache holds KV computed under sparse attention); nothing is
-    rebuilt.
+    it is never cut into them; an H2O cache holds KV computed under sparse attention, and a method
+    runs from it as from a dense one: approximate, as the policy is); nothing is rebuilt.
   off: no lookup, nothing stored.
 
 Hybrid models (recurrent layers beside attention): their recurrent state cannot be cut back to
@@ -109,9 +111,9 @@ class Entry:
 @dataclass(frozen=True)
 class Reuse:
     """What a request takes from the cache: the state to pass as `reuse` (None: prefill all), the
-    tokens it covers, whether the request hit a conversation (then it prefills with full
-    attention), whether the result stays exact, and whether the state is a copy (the conversation
-    it came from stays in the cache)."""
+    tokens it covers, whether the request hit a conversation (then it prefills without drafting, by
+    full attention without a state), whether the result stays exact, and whether the state is a copy
+    (the conversation it came from stays in the cache)."""
 
     state: KVState | None = None
     cached: int = 0
@@ -163,12 +165,9 @@ class PromptCache:
         self.saved = 0  # entries written to disk
         self.failing: Any = None  # the kind of the last write failure, until a write succeeds
 
-    def take(self, ids: list[int], policy: str, sparse: bool = False, from_prefix: bool = False) -> Reuse:
-        """The reuse for a prompt (the longest usable cached prefix; its entry leaves the cache or
-        lends a copy) or a miss. sparse: the request asks for SpecPrefill (or auto), which runs
-        over the whole prompt instead when the prefix would be the smaller part of it (a reused
-        prefix means full prefill of the rest: the module doc). from_prefix: its method runs from a
-        dense reused prefix (H2O, SpecPrefill), so a dense prefix of any length is reused."""
+    def take(self, ids: list[int], policy: str) -> Reuse:
+        """The reuse for a prompt (the longest usable cached prefix, however short; its entry leaves
+        the cache or lends a copy) or a miss."""
         if policy == "off":
             return Reuse()
         best, best_cached, best_match, best_key, stale = None, 0, 0, (), []
@@ -185,18 +184,11 @@ class PromptCache:
                 continue  # a hybrid's, with no recurrent state kept within the match: kept, not reused
             elif cached == 0 and cuttable(entry, match) and (policy == "exact" or match >= entry.fixed):
                 stale.append(entry)  # its earlier turn, unusable (sparse) or still being rebuilt
-
-        def whole_prompt(entry: Entry | None, cached: int) -> bool:  # the method over the whole prompt instead
-            dense = entry is not None and (entry.kv is None or entry.kv.position_offset == 0)
-            return sparse and 2 * cached < len(ids) and not (from_prefix and dense)
-
-        if whole_prompt(best, best_cached):
-            return Reuse()  # nothing here changes
         if best is not None and best.kv is None:
             if not self._load(best):
-                return self.take(ids, policy, sparse, from_prefix)  # its file is gone or broken: dropped, look again
+                return self.take(ids, policy)  # its file is gone or broken: dropped, look again
             best_cached = exact_prefix(best, best_cached)  # what the cache read back can stand at
-            if best_cached < 1 or whole_prompt(best, best_cached):
+            if best_cached < 1:
                 return Reuse()
         for entry in stale:
             self._drop(entry)
@@ -366,12 +358,21 @@ class PromptCache:
     def _target(self, entry: Entry) -> int:
         return min(len(entry.tokens), self.context - 1)  # the step below needs a slot for one token
 
-    def complete_step(self, model: Any) -> None:
-        """Densely prefill the next COMPLETION_STEP tokens of the pending conversation."""
-        entry = self.pending()
+    def finish(self, ids: list[int], model: Any) -> None:
+        """Complete the dense rebuild of every conversation a prompt continues, up to what they share
+        (a sparse method then runs from the whole dense prefix: the module doc)."""
+        for entry in [e for e in self.entries if e.rebuilding]:
+            end = min(common_prefix(entry.tokens, ids), len(ids) - 1, self._target(entry))
+            while entry.rebuilding and entry.covered < end:
+                self.complete_step(model, entry, end)
+
+    def complete_step(self, model: Any, entry: Entry | None = None, stop: int | None = None) -> None:
+        """Densely prefill the next COMPLETION_STEP tokens of `entry` (the pending conversation), to
+        `stop` at most."""
+        entry = entry or self.pending()
         if entry is None:
             return
-        end = min(entry.covered + COMPLETION_STEP, self._target(entry))
+        end = min(entry.covered + COMPLETION_STEP, self._target(entry), stop or self._target(entry))
         info = GenerationInfo()
         steps = model.generate_step(
             entry.tokens[:end],

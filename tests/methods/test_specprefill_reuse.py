@@ -15,8 +15,10 @@ from specfill.core.errors import ConfigError
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import reused_selection
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
-from tests.methods.support import prompt, reference_speculator
+from tests.methods.support import assert_logits_close, prompt, reference_speculator, tolerance
 
+# chunks of 8 with a memory of 4: the speculator's H2O walk over a 60-token new part differs from a dense pass
+SPECULATOR_H2O = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=2, dense_tail=4, layers="all")
 CONFIG = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kernel=3, query_window=4)
 METHOD = PrefillMethod("specprefill", specprefill=CONFIG, speculator="self:1")
 
@@ -123,16 +125,83 @@ def test_what_a_reused_prefix_does_not_support_is_refused(tiny):
         run(t.model, ids, METHOD, GenerationInfo(), reuse=sparse.kv)
     dense = GenerationInfo()
     run(t.model, ids[:30], PrefillMethod(), dense, max_tokens=1)
-    composed = PrefillMethod(
-        "specprefill",
-        specprefill=SpecPrefillConfig(speculator_prefill=H2OConfig(chunk_size=8, batch_size=8, local=2, heavy=2)),
-        speculator="self:1",
-    )
-    with pytest.raises(ConfigError, match="H2O speculator"):
-        run(t.model, ids, composed, GenerationInfo(), reuse=dense.kv)
     two_layers = KVState(dense.kv.cache, 30, speculator=KVState(dense.kv.cache, 30))
     with pytest.raises(ConfigError, match="speculator KV has 2 layers"):
         run(t.model, ids, METHOD, GenerationInfo(), reuse=two_layers)
+
+
+def dense_turn1(t, ids1, method=METHOD):
+    """Turn 1 by SpecPrefill (its speculator KV kept), its conversation rebuilt densely: (the reply, the
+    KVState a second turn reuses: the dense conversation with turn 1's speculator KV)."""
+    turn1 = GenerationInfo()
+    reply = run(t.model, ids1, method, turn1, max_tokens=5)
+    rebuilt = GenerationInfo()
+    run(t.model, ids1 + reply + [1], PrefillMethod(), rebuilt, max_tokens=1)
+    return reply, KVState(rebuilt.kv.cache, len(ids1) + len(reply), speculator=turn1.kv.speculator)
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen3"))
+def test_the_composition_walks_its_speculator_by_h2o_from_its_cached_kv(tiny, arch):
+    """The composition from a reused prefix: the speculator prefills only its new tokens, by H2O walked
+    from its own dense KV of the conversation (the reference speculator's rows past that KV: the
+    reference H2O walk from a prefix), the selection over the main model's new part; the main model
+    decodes as the oracle's dense forward over prefix + kept tokens. Only the speculator KV's dense
+    part is kept (its H2O slots are approximate)."""
+    t = tiny(arch)
+    spec = replace(METHOD, speculator="self:2")
+    composed = replace(spec, specprefill=replace(CONFIG, speculator_prefill=SPECULATOR_H2O))
+    ids1 = prompt(70, t.args.vocab_size, seed=11)
+    reply, dense = dense_turn1(t, ids1, spec)
+    ids2, held, cached = ids1 + reply + prompt(60, t.args.vocab_size, seed=12), len(ids1) + len(reply), len(ids1)
+    read: list[tuple[str, int]] = []
+    info = GenerationInfo()
+    tokens = list(
+        t.model.generate_step(
+            ids2,
+            max_tokens=4,
+            sampling=SamplingConfig(),
+            stop_ids=frozenset(),
+            method=composed,
+            info=info,
+            reuse=dense,
+            progress=lambda done, total: read.append((info.step.stage, total)),
+        )
+    )
+    assert [r for r in read if r[0] == "speculator"][-1][1] == len(ids2) - cached  # only its new tokens
+    window = min(CONFIG.query_window, len(ids2) - held)
+    queries, keys, _ = t.ref.speculator_pass(ids2, 2, 3, window=window, h2o_config=SPECULATOR_H2O, prefix=cached)
+    _, selection = reused_selection(queries, keys, composed.specprefill, t.ref.scale, REFERENCE, held, n_window=window)
+    kept = info.kept_positions[held:]
+    assert kept == selection.kept.tolist() and info.method == composed.label
+    assert tokens == oracle_greedy(t, ids2, held, kept, len(tokens))
+    assert info.kv.prefix == held and info.kv.speculator.slots == cached  # the speculator's dense part only
+    _, dense_keys, _ = t.ref.speculator_pass(ids2, 2, 3, window=window)
+    assert np.abs(dense_keys[1, :, cached:] - keys[1, :, cached:]).max() > 1e-3 * np.abs(keys).max()  # H2O ran
+
+
+def test_the_composed_speculator_from_its_cache_equals_the_reference_walk(tiny):
+    """run_speculator over an H2O speculator from its cached dense KV: its captured queries and prompt
+    keys equal the reference's (H2O from the prefix), not the dense pass's nor the whole-prompt walk's."""
+    from specfill.core.methods.specprefill import run_speculator
+
+    t = tiny("qwen2")
+    ids = prompt(80, t.args.vocab_size, seed=21)
+    model, step = t.model.speculator_model("self:2")
+    ops, np_ids = t.model.ops, np.array(ids)
+    first = run_speculator(ops, model, np_ids[:30], lookahead=0, stop_ids=frozenset(), step_size=step)
+    got = run_speculator(
+        ops, model, np_ids, lookahead=3, stop_ids=frozenset(), step_size=step, query_window=3, h2o=SPECULATOR_H2O,
+        cache=first.cache, cached=30,
+    )  # fmt: skip
+    queries, keys, fed = t.ref.speculator_pass(ids, 2, 3, window=3, h2o_config=SPECULATOR_H2O, prefix=30)
+    assert got.lookahead == fed
+    assert_logits_close(t, got.queries, queries, "captured queries")
+    assert_logits_close(t, got.keys, keys, "prompt keys")
+    for other in (
+        t.ref.speculator_pass(ids, 2, 3, window=3)[1],
+        t.ref.speculator_pass(ids, 2, 3, window=3, h2o_config=SPECULATOR_H2O)[1],
+    ):
+        assert np.abs(other[1] - keys[1]).max() > 100 * tolerance(keys)
 
 
 @pytest.mark.parametrize("bug", ["prefix-selected", "lookahead-kv-kept"])

@@ -62,14 +62,14 @@ def test_a_shared_system_prompt_is_copied_and_keeps_the_conversation():
     assert not cache.take(list(range(100)), "off").hit
 
 
-def test_a_sparse_request_reuses_only_a_majority_prefix():
-    """A request asking for a sparse method runs it over the whole prompt unless the reused prefix
-    is at least half of it; nothing in the cache changes then."""
+def test_a_prefix_of_any_length_is_reused():
+    """However short the shared prefix (a system prompt before a long new part), it is reused: every
+    method runs from a reused prefix (no whole-prompt run instead)."""
     cache = PromptCache(None, 4096)
     keep(cache, list(range(200)))
-    assert not cache.take(list(range(30)) + [999] * 500, "exact", sparse=True).hit
-    assert len(cache.entries) == 1 and cache.hits == 0
-    got = cache.take(list(range(200)) + [999] * 150, "exact", sparse=True)  # its next turn, a long new part
+    got = cache.take(list(range(30)) + [999] * 500, "exact")
+    assert got.hit and got.cached == 30 and got.copied and len(cache.entries) == 1
+    got = cache.take(list(range(200)) + [999] * 150, "exact")  # its next turn, a long new part
     assert got.cached == 200 and not got.copied and cache.entries == []
 
 

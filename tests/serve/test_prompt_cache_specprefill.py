@@ -66,7 +66,7 @@ def test_a_turn_reuses_the_conversation_and_its_speculator_kv_from_memory_and_di
     store = PromptStore(tmp_path / "a", model, "tiny", None, "self:1", "self:1")
     cache = PromptCache(None, model.args.max_position_embeddings, None, store)
     ids1 = tokens(model, 1, 90)
-    miss = cache.take(ids1, "exact", True, True)
+    miss = cache.take(ids1, "exact")
     assert miss.state is None and not miss.hit
     reply, turn1 = run(model, ids1)
     cache.put(ids1 + reply, turn1.kv, prompt_tokens=len(ids1), method="specprefill", reuse=miss, policy="exact")
@@ -80,7 +80,7 @@ def test_a_turn_reuses_the_conversation_and_its_speculator_kv_from_memory_and_di
     ids2 = conversation + tokens(model, 2, 70)
 
     def turn2(cache: PromptCache) -> tuple[list[int], GenerationInfo, list]:
-        taken = cache.take(ids2, "exact", True, True)
+        taken = cache.take(ids2, "exact")
         assert taken.hit and taken.cached == len(conversation) and taken.state.speculator.slots == len(ids1)
         read: list = []
         out, info = run(model, ids2, taken.state, read)
@@ -112,20 +112,20 @@ def test_a_turn_reuses_the_conversation_and_its_speculator_kv_from_memory_and_di
         None,
         PromptStore(tmp_path / "c", model, "tiny", None, "self:2", "self:2"),
     )
-    taken = other.take(ids2, "exact", True, True)
+    taken = other.take(ids2, "exact")
     assert taken.cached == len(conversation) and taken.state.speculator is None  # another speculator's KV: not read
 
 
 def test_a_shared_prefix_lends_a_copy_of_the_speculator_kv(model):
     cache = PromptCache(None, model.args.max_position_embeddings)
     ids1 = tokens(model, 3, 160)
-    miss = cache.take(ids1, "exact", True, True)
+    miss = cache.take(ids1, "exact")
     reply, turn1 = run(model, ids1)
     cache.put(ids1 + reply, turn1.kv, prompt_tokens=len(ids1), method="specprefill", reuse=miss, policy="exact")
     settle(cache, model)
     (entry,) = cache.entries
     ids2 = ids1[:40] + tokens(model, 4, 50)  # another conversation sharing 40 tokens: a copy
-    taken = cache.take(ids2, "exact", True, True)
+    taken = cache.take(ids2, "exact")
     assert taken.copied and taken.cached == 40 and taken.state.speculator.slots == 40
     assert taken.state.speculator.cache is not entry.speculator.cache
     run(model, ids2, taken.state)
