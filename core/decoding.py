@@ -12,14 +12,32 @@ from .runtime import GenerationInfo, KVState, SamplingConfig
 from .sampling import HostSampler
 from .stages import A
 
+LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]  # (ids so far, logits [vocab]) -> logits
 
-def token_chooser(ops: ModelOps[A], sampling: SamplingConfig, history: Sequence[int]) -> Callable[[A], A]:
+
+def token_chooser(
+    ops: ModelOps[A], sampling: SamplingConfig, history: Sequence[int], processors: Sequence[LogitsProcessor] = ()
+) -> Callable[[A], A]:
     """float32 logits [vocab] -> the chosen token as a backend int array [1]: the backend's own
-    sampler, or core/sampling.py's on a host copy when a penalty, top_k or min_p is on."""
-    if not sampling.host_side:
+    sampler, or core/sampling.py's on a host copy when a penalty, top_k or min_p is on, or when
+    logits processors are given (mlx-lm's `logits_processors`, on the host: each gets the prompt's
+    ids and those chosen so far, and the float32 logits [vocab], and returns logits; the server's
+    constrained decoding, specfill/serve/token_mask.py, is one)."""
+    if not sampling.host_side and not processors:
         return ops.sampler(sampling)
     host = HostSampler(sampling, history)
-    return lambda logits: ops.tokens(np.array([host.choose(ops.to_numpy(logits))], dtype=np.int64))
+    ids = list(history) if processors else []
+
+    def choose(logits: A) -> A:
+        scores = ops.to_numpy(logits)
+        for processor in processors:
+            scores = processor(ids, scores)
+        token = host.choose(scores)
+        if processors:
+            ids.append(token)
+        return ops.tokens(np.array([token], dtype=np.int64))
+
+    return choose
 
 
 def decode_tokens(
@@ -33,14 +51,15 @@ def decode_tokens(
     stop_ids: frozenset[int],
     cache: KVCache[A],
     history: Sequence[int] = (),
+    processors: Sequence[LogitsProcessor] = (),
 ) -> Iterator[int]:
     """Sample from the prefill's last logits [vocab], then decode one token at a time at RoPE
     positions next_position, next_position + 1, ... into the cache's next free slots; yields each
     token as soon as it is chosen and stops after a stop id or `max_tokens` tokens. A lazy
     backend queues step n+1 before handing out token n (mlx-lm's overlap); an eager one computes
     it after, so the first token's time is the prefill's alone. history: the prompt's ids (the
-    penalties' window, core/sampling.py)."""
-    choose = token_chooser(ops, sampling, history)
+    penalties' window, core/sampling.py); processors: logits processors (token_chooser)."""
+    choose = token_chooser(ops, sampling, history, processors)
 
     def step(token: A, position: int) -> A:
         return choose(ops.forward(model, token, position, cache, None, 0)[-1])

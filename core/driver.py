@@ -15,7 +15,7 @@ import numpy as np
 from .backend import DEFAULT_PREFILL_STEP_SIZE, LoadedModel  # noqa: F401 (DEFAULT_PREFILL_STEP_SIZE: re-exported)
 from .checks import check_logits_finite
 from .config import H2OConfig, SpecPrefillConfig
-from .decoding import decode_tokens, track_kv
+from .decoding import LogitsProcessor, decode_tokens, track_kv
 from .errors import ConfigError
 from .methods.prefill import StageProgress, prefill
 from .request import fit_to_prompt
@@ -173,6 +173,7 @@ class CausalLM(LoadedModel[A]):
         progress: ProgressCallback | None = None,
         drafting: Drafting | None = None,
         reuse: KVState | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
     ) -> Iterator[int]:
         """Prefill `prompt_ids` with `method`, then yield generated token ids one at a time (the
         first yield marks the time to first token), stopping after a stop id or max_tokens.
@@ -183,10 +184,16 @@ class CausalLM(LoadedModel[A]):
         h2o by H2O walked from the prefix, with method specprefill sparsely from the dense prefix
         (docs/methods.md), the speculator on its own KV of the conversation (reuse.speculator) where it
         has one (over an H2O speculator: H2O walked from that KV); "auto" decides on the new part's length.
+        logits_processors: host-side callables (ids so far, float32 logits [vocab]) -> logits, run
+        before each token is chosen (core/decoding.token_chooser); not with `drafting`.
         info.kv reports the generation's cache (pass it as `reuse` to extend the conversation).
         sampling, method and drafting are a built request's parts (core/request.build_request checks how
         they combine); the prompt's ids, the speculator and the draft model are checked here."""
         ids = self._ids(prompt_ids, max_tokens)
+        if logits_processors and drafting is not None:
+            raise ConfigError(
+                "num_draft_tokens (speculative decoding) with logits processors is not supported", config="Drafting"
+            )
         method = self.resolve_method(method, len(ids) - (0 if reuse is None else reuse.tokens))  # auto: the new part
         info.start(len(ids), method.label)
         if reuse is not None:
@@ -220,6 +227,7 @@ class CausalLM(LoadedModel[A]):
             info=info,
             progress=progress,
             drafting=drafting,
+            processors=tuple(logits_processors),
         )
         return tokens if book is None else book.noting_reply(tokens, max_tokens, stop_ids)
 
@@ -237,6 +245,7 @@ class CausalLM(LoadedModel[A]):
         info: GenerationInfo,
         progress: ProgressCallback | None,
         drafting: Drafting | None,
+        processors: tuple[LogitsProcessor, ...] = (),
     ) -> Iterator[int]:
         extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
         report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
@@ -293,6 +302,7 @@ class CausalLM(LoadedModel[A]):
                     stop_ids=stop_ids,
                     cache=cache,
                     history=ids,
+                    processors=processors,
                 )
             else:
                 tokens = self._drafted(

@@ -9,7 +9,7 @@ turn's tool result, answered by each.
 
 The session (evaluation/agent_session.py's agent: its system prompt, tools and task, with
 --system-tokens of the project's guide in the system prompt): per turn a scripted read_file call, its
-result (one of this package's source files cut to the turn's size, with one planted line
+result (this package's source files, one after the other, cut to the turn's size, with one planted line
 `<NAME> = <5-digit number>` at a depth that moves from turn to turn), then a user question "what is
 <NAME> set to in the file you just read?"; the model's reply (greedy, --max-tokens) is the answer,
 correct when it holds the number. The next turn carries a scripted assistant answer (the number), so
@@ -63,19 +63,30 @@ def plant(text: str, turn: int) -> str:
 
 def question(turn: int) -> str:
     name, _ = fact(turn)
-    return f"In the file you just read, what is {name} set to? Reply with the number only."
+    return f"In the files you just read, what is {name} set to? Reply with the number only."
+
+
+def read_files(server: ServerProcess, files: list[tuple[str, str]], turn: int, size: int) -> tuple[str, str]:
+    """Turn's tool result: source files from the turn's place on, each under a `==> path <==` line (as
+    `head` prints several), cut to `size` tokens; the path read_file was called with (a folder)."""
+    texts, chars, i = [], 0, (7 * turn) % len(files)
+    while chars < 6 * size:  # a token is 3-4 characters of code: enough to cut from
+        path, text = files[i % len(files)]
+        texts.append(f"==> {path} <==\n{text}")
+        chars, i = chars + len(text), i + 1
+    content, _ = cut_to_tokens(server, "\n".join(texts), size)
+    return str(Path(files[(7 * turn) % len(files)][0]).parent), content
 
 
 def build_turns(server: ServerProcess, sizes: list[int], system_tokens: int) -> tuple[list[dict], list[list[dict]]]:
     """The seed messages' prompt (system + task) and each turn's whole conversation up to its question."""
-    files = source_files(4 * max(sizes))
+    files = source_files(1)
     guide, _ = cut_to_tokens(server, project_guide(), system_tokens)
     system = f"{SYSTEM}\n\n# Project guide\n\n{guide}" if system_tokens > 0 else SYSTEM
     messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": TASK}]
     seed, turns = list(messages), []
     for turn, size in enumerate(sizes):
-        path, text = files[turn % len(files)]
-        content, _ = cut_to_tokens(server, text, size)
+        path, content = read_files(server, files, turn, size)
         call = {"id": f"call_{turn + 1}", "type": "function"}
         call["function"] = {"name": "read_file", "arguments": json.dumps({"path": path})}
         messages = messages + [

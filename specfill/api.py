@@ -11,6 +11,7 @@ import numpy as np
 
 from specfill.core import H2OConfig, SpecPrefillConfig, TokenizerMismatchError
 from specfill.core.checks import check_logits_finite
+from specfill.core.decoding import LogitsProcessor
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, ProgressCallback
 
@@ -286,17 +287,23 @@ def stream_request(
     prompt_progress_callback: ProgressCallback | None = None,
     prefill_info: GenerationInfo | None = None,
     reuse: KVState | None = None,
+    logits_processors: Sequence[LogitsProcessor] = (),
 ) -> Generator[GenerationResponse, None, None]:
     """stream_generate for a built request (core/request.py) whose models are loaded
-    (load_request_models): the one generation path of the API, the CLI and the server."""
+    (load_request_models): the one generation path of the API, the CLI and the server.
+    logits_processors: host-side (ids so far, float32 logits [vocab]) -> logits, before each
+    token is chosen (core/decoding.token_chooser; the server's constrained decoding)."""
     shared = getattr(model, "distributed", None)
+    processors = tuple(logits_processors)
     if shared is None:
-        yield from _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, prefill_info, reuse)
+        yield from _stream_request(
+            model, tokenizer, prompt, request, prompt_progress_callback, prefill_info, reuse, processors
+        )
         return
     request = shared.collect(lambda: shared.check_request(request))
     info = prefill_info if prefill_info is not None else GenerationInfo()
     info.distributed = shared.describe()
-    steps = _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, info, reuse)
+    steps = _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, info, reuse, processors)
     try:
         while True:  # a rank that is gone ends this one with one line (DistributedError), not a traceback
             response = shared.collect(lambda: next(steps, None))
@@ -315,6 +322,7 @@ def _stream_request(
     prompt_progress_callback: ProgressCallback | None,
     prefill_info: GenerationInfo | None,
     reuse: KVState | None,
+    processors: tuple[LogitsProcessor, ...] = (),
 ) -> Generator[GenerationResponse, None, None]:
     ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt
     info = prefill_info if prefill_info is not None else GenerationInfo()
@@ -333,6 +341,7 @@ def _stream_request(
         progress=prompt_progress_callback,
         drafting=request.drafting,
         reuse=reuse,
+        logits_processors=processors,
     )
     n_prompt = info.prompt_tokens
     compute = f"{model.device_name}, {str(model.dtype).rsplit('.', 1)[-1]}"

@@ -148,7 +148,7 @@ def _chat_plan(body: Any, setup: Any, ids: list[int], ctx: _Context) -> Plan:
     """build_plan for a chat request, with the spans its `protect` segments cover (serve/segments.py)."""
     notes: list[str] = []
     spans = protected_spans(ctx.engine.tokenizer, body, setup, ids, notes)
-    return build_plan("chat", body, ids, ctx.defaults, ctx.engine.context, spans, notes)
+    return build_plan("chat", body, ids, ctx.defaults, ctx.engine.context, spans, notes, setup.grammar)
 
 
 def _prepare_completion(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:

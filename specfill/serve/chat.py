@@ -2,12 +2,21 @@
 and tool results included), tools, tool_choice, parallel_tool_calls and response_format, rendered
 through the model's own chat template as transformers renders them.
 
-tool_choice "none" leaves the tools out of the template and the reply unparsed; "required" and a
-named function start the reply with the format's opening (and the name) in the prompt, so the model
-continues a call rather than being constrained to one (tool_parsers.ToolFormat.forced). A JSON
-response_format is validated, not constrained: an object reply is started with "{", a schema is
-shown to the model in the system message, and the text is checked once it is complete
-(OutputCheck; the verdict travels in the response's `specfill.response_format`).
+tool_choice "none" leaves the tools out of the template and the reply unparsed; "auto" lets the
+model write text, calls or both, unconstrained. "required" and a named function start the reply
+with the format's opening (and the name) in the prompt (tool_parsers.ToolFormat.forced), and
+where the format's arguments are JSON (hermes, llama3, harmony, kimi_k2: ToolFormat.call) the
+rest of the reply is constrained (reply_grammar; json_grammar.py, token_mask.py): for "required"
+the name is one of the tools', then that tool's arguments as JSON of its parameters schema, then
+the format's closing (`}\n</tool_call>` for hermes, `}` for llama3, `<|tool_call_end|>
+<|tool_calls_section_end|>` for kimi_k2; harmony's JSON is followed by its stop token), then EOS:
+one call per reply. The other formats (qwen3_coder's XML parameters, mistral, glm47, the mlx-lm
+ones) are continued, not constrained. A JSON response_format is constrained the same way when no
+tools are in play (json_object: any JSON object; json_schema: that schema), still started with
+"{" for an object, the schema still shown to the model in the system message, and the text still
+checked once it is complete (OutputCheck; the verdict travels in the response's
+`specfill.response_format`): the constraint follows the schema's structure (json_grammar.py says
+which keywords), the check all of it.
 Claude Code's attribution line (`x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;
 cch=...;`, the first system block of its requests) is removed from system and developer messages
 (without_billing_header): it changes with the client's version, entry point and, from 2.1.x, every
@@ -28,6 +37,7 @@ from specfill.api import encode_prompt
 from specfill.core import SpecfillError
 
 from .errors import bad_request
+from .json_grammar import ReplyGrammar
 from .protocol import ChatRequest, Message
 from .tool_parsers import FORMATS, ToolFormat, detect_format
 
@@ -188,6 +198,32 @@ class ChatSetup:
     prefix: str = ""
     max_calls: int | None = None
     output: OutputCheck | None = None
+    grammar: ReplyGrammar | None = None  # what the reply is constrained to (None: unconstrained)
+
+
+def reply_grammar(fmt: ToolFormat, name: str | None) -> ReplyGrammar | None:
+    """tool_choice "required" (name None: a call to any of the tools) or a named function: the
+    one call the reply is constrained to, after its forced start; None where the format's
+    arguments are not JSON (ToolFormat.call)."""
+    if fmt.call is None:
+        return None
+    head, close = fmt.call
+    branches = []
+    for tool in fmt.tools:
+        function = tool["function"]
+        if name is None or function["name"] == name:
+            opening = fmt.required + head.format(name=json.dumps(function["name"]), bare=function["name"])
+            branches.append((opening, json.dumps(function["parameters"]), close))
+    return ReplyGrammar(tuple(branches), start=fmt.forced(name))
+
+
+def output_grammar(output: OutputCheck | None, prefix: str) -> ReplyGrammar | None:
+    """response_format json_object (any JSON object) or json_schema: the JSON value the reply is
+    constrained to, after its forced start ("{" for an object)."""
+    if output is None:
+        return None
+    schema = output.schema if output.schema is not None else {"type": "object"}
+    return ReplyGrammar((("", json.dumps(schema), ""),), start=prefix)
 
 
 def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
@@ -197,8 +233,8 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
     choice, name = tool_choice(request.tool_choice, [t["function"]["name"] for t in tools])
     output = output_check(request.response_format)
     if not tools or choice == "none":
-        wants_object = output is not None and output.wants_object
-        return ChatSetup(prefix="{" if wants_object else "", output=output)
+        prefix = "{" if output is not None and output.wants_object else ""
+        return ChatSetup(prefix=prefix, output=output, grammar=output_grammar(output, prefix))
     if not template or "tools" not in template:
         raise bad_request(
             "'tools': the model's chat template does not render tools (give a template that does with --chat-template)",
@@ -216,12 +252,14 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
         raise bad_request(
             f"'tools': the model writes tool calls in the {fmt.name} format, read with mlx-lm: {missing}", "tools"
         )
+    bound = fmt.bind(tools)
     return ChatSetup(
         tools=tools,
-        format=fmt.bind(tools),
+        format=bound,
         prefix=fmt.forced(name) if choice == "required" else "",
         max_calls=1 if request.parallel_tool_calls is False else None,
         output=output,
+        grammar=reply_grammar(bound, name) if choice == "required" else None,
     )
 
 

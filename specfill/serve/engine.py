@@ -20,6 +20,7 @@ from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
+from .token_mask import ConstrainedReply, Constraints
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,7 @@ class Engine:
         self.model = model
         self.tokenizer = tokenizer
         self.cache = cache  # None: the server runs without a prompt cache
+        self.constraints = Constraints(tokenizer)  # constrained decoding's masks (token_mask.py)
 
     @property
     def context(self) -> int:
@@ -136,6 +138,10 @@ class Engine:
         request = plan.request
         if reuse.hit:
             request = replace(plan.request, method=asked if from_prefix else FULL, drafting=None)
+        processors: tuple[ConstrainedReply, ...] = ()
+        if plan.grammar is not None:  # a constrained reply: chosen on the host, no speculative decoding
+            processors = (self.constraints.processor(plan.grammar),)
+            request = replace(request, drafting=None)
         emit(Started(reuse.cached))
         method, info = request.method, GenerationInfo()
 
@@ -163,6 +169,7 @@ class Engine:
             prompt_progress_callback=progress,
             prefill_info=info,
             reuse=reuse.state,
+            logits_processors=processors,
         )
         outcome = None
         try:

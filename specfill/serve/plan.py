@@ -22,6 +22,7 @@ from specfill.core.runtime import check_generation_fits, check_speculator_contex
 from specfill.core.sampling import HOST_FIELDS
 
 from .errors import bad_request
+from .json_grammar import ReplyGrammar
 from .protocol import ChatRequest, CompletionRequest
 
 
@@ -68,6 +69,7 @@ class Plan:
     created: float = field(default_factory=time.time)
     queue_seconds: float = 0.0  # time spent waiting for the device (set by the scheduler)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    grammar: ReplyGrammar | None = None  # the reply's constraint (chat.py; Engine.run decodes by it)
 
 
 def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size: int) -> list[int]:
@@ -94,10 +96,12 @@ def build_plan(
     context: int,
     protected: tuple[tuple[int, int], ...] = (),
     notes: list[str] | None = None,
+    grammar: ReplyGrammar | None = None,
 ) -> Plan:
     """The Plan for a parsed request: the HTTP fields, the server's defaults filling the rest,
     translated into one core/request.build_request call; a 400 names the field at fault.
-    protected: SpecPrefill's protected spans of ids (serve/segments.py); notes: said so far."""
+    protected: SpecPrefill's protected spans of ids (serve/segments.py); notes: said so far;
+    grammar: what the reply is constrained to (chat.ChatSetup.grammar)."""
     where = "messages" if kind == "chat" else "prompt"
     if not ids:
         raise bad_request("the prompt is empty", where)
@@ -129,6 +133,7 @@ def build_plan(
         return_progress=request.return_progress,
         prompt_cache=request.prompt_cache or defaults.prompt_cache,
         notes=notes,
+        grammar=grammar,
     )
 
 

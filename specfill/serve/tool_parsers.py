@@ -138,7 +138,9 @@ class ToolFormat:
     make the whole reply a call when it starts with them (Llama's bare JSON); reader: who reads the
     calls ("specfill", or "mlx-lm": needs mlx-lm installed); streamed: a call whose body begins with
     a JSON header streams its arguments (tool_stream.py); messages: the reply is harmony messages
-    (tool_harmony.py), not text with calls between markers; tools: the request's tools (bind)."""
+    (tool_harmony.py), not text with calls between markers; tools: the request's tools (bind); call:
+    (what follows `required` before a named call's JSON arguments, what follows them) where the
+    arguments are JSON and a constrained reply can be written (chat.reply_grammar)."""
 
     name: str
     start: str
@@ -151,6 +153,7 @@ class ToolFormat:
     streamed: bool = False
     messages: bool = False
     tools: tuple[dict[str, Any], ...] = ()
+    call: tuple[str, str] | None = None
 
     def forced(self, name: str | None) -> str:
         """The text a reply is started with so that it is a call (to `name`, when given)."""
@@ -188,6 +191,7 @@ HERMES = ToolFormat(
     required="<tool_call>",
     named='<tool_call>\n{{"name": {name}, "arguments": ',
     streamed=True,
+    call=('\n{{"name": {name}, "arguments": ', "}\n</tool_call>"),
 )
 LLAMA3 = ToolFormat(
     "llama3",
@@ -197,6 +201,7 @@ LLAMA3 = ToolFormat(
     required='{"name": "',
     named='{{"name": {name}, "parameters": ',
     leading=("{",),
+    call=('{bare}", "parameters": ', "}"),
 )
 MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, mistral_calls, required="[TOOL_CALLS]", named="[TOOL_CALLS]")
 QWEN3_CODER = ToolFormat(
@@ -215,6 +220,7 @@ HARMONY = ToolFormat(
     required="<|channel|>commentary to=functions.",
     named="<|channel|>commentary to=functions.{bare} <|constrain|>json<|message|>",
     messages=True,
+    call=("{bare} <|constrain|>json<|message|>", ""),
 )
 
 
@@ -223,11 +229,10 @@ def _mlx_format(name: str, start: str, end: str | None, named: str = "") -> Tool
 
 
 GLM47 = _mlx_format("glm47", "<tool_call>", "</tool_call>", "{bare}")
-KIMI_K2 = _mlx_format(
-    "kimi_k2",
-    "<|tool_calls_section_begin|>",
-    "<|tool_calls_section_end|>",
-    "<|tool_call_begin|>functions.{bare}:0<|tool_call_argument_begin|>",
+_KIMI_CALL = "<|tool_call_begin|>functions.{bare}:0<|tool_call_argument_begin|>"
+KIMI_K2 = dataclasses.replace(
+    _mlx_format("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", _KIMI_CALL),
+    call=(_KIMI_CALL, "<|tool_call_end|><|tool_calls_section_end|>"),
 )
 MINIMAX_M2 = _mlx_format("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", '\n<invoke name="{bare}">\n')
 GEMMA4 = _mlx_format("gemma4", "<|tool_call>", "<tool_call|>", "call:{bare}")

@@ -202,7 +202,12 @@ def test_tool_choice_and_text_format(c, tool_server):
     assert named.parallel_tool_calls is False
     none = c.responses.create(model=tool_server.model, input=ASK, tools=TOOLS, tool_choice="none")
     assert none.output_text == CALL_TEXT
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    # constrained to the declared properties (docs/serve.md): the rote model's "unit" is one
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+        "required": ["city"],
+    }
     shaped = c.responses.create(
         model=tool_server.model,
         input="Weather in Paris, as JSON?",

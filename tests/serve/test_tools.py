@@ -161,21 +161,24 @@ class Weather(pydantic.BaseModel):
 
 
 def test_response_format(c, tool_server):
-    """Validated, not constrained: the reply starts with "{", the verdict is in specfill.response_format."""
+    """Constrained to the schema's structure (tests/serve/test_constrained.py) and validated against all
+    of it: the reply starts with "{", the verdict is in specfill.response_format (a pattern is not
+    constrained, so the rote model's answer fits the structure and fails the pattern)."""
     plain = [{"role": "user", "content": "Weather in Paris, as JSON?"}]
     done = c.chat.completions.create(model=tool_server.model, messages=plain, response_format={"type": "json_object"})
     assert json.loads(done.choices[0].message.content) == {"city": "Paris", "unit": "celsius"}
     assert done.model_extra["specfill"]["response_format"] == {"type": "json_object", "valid": True, "error": None}
     parsed = c.chat.completions.parse(model=tool_server.model, messages=plain, response_format=Weather)
     assert parsed.choices[0].message.parsed == Weather(city="Paris", unit="celsius")  # the client's own check
-    schema = {"type": "object", "properties": {"temperature": {"type": "number"}}, "required": ["temperature"]}
+    digits = {"type": "string", "pattern": "^[0-9]+$"}
+    schema = {"type": "object", "properties": {"city": digits, "unit": {"type": "string"}}, "required": ["city"]}
     wrong = c.chat.completions.create(
         model=tool_server.model,
         messages=plain,
         response_format={"type": "json_schema", "json_schema": {"name": "t", "schema": schema}},
     )
     verdict = wrong.model_extra["specfill"]["response_format"]
-    assert verdict["valid"] is False and "'temperature' is a required property" in verdict["error"]
+    assert verdict["valid"] is False and "'Paris' does not match '^[0-9]+$'" in verdict["error"], verdict
     chunks = list(
         c.chat.completions.create(
             model=tool_server.model, messages=plain, stream=True, response_format={"type": "json_object"}
