@@ -10,6 +10,13 @@ array library and model code come with the loader module, imported by the first 
 it. So naming a backend costs nothing, and a missing library is one line (`available()`, or
 BackendUnavailableError from the calls), never a traceback. A loaded model carries its ops
 (core/ops.py's ModelOps, `model.ops`) and makes its KV caches through them (core/ops.py's KVCache).
+
+What core and the server may ask of a backend's objects beyond core/ops.py's protocols is declared
+here and in core/runtime.py, so that they ask by type, never by probing attributes (hasattr /
+getattr: tests/test_layout.py refuses those outside backends/):
+  RecurrentCache (core/runtime.py, beside KVState): a hybrid model's KV cache.
+  ProcessGroup: a model sharded over a group of processes (LoadedModel.distributed; the mlx backend's
+    backends/mlx/distributed.py `Distributed`): what the API and the server need of it.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Generic
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+import numpy as np
 
 from .errors import BackendUnavailableError, ConfigError
 from .models import ModelArgs
@@ -26,6 +35,32 @@ from .ops import ModelOps
 from .stages import A
 
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
+T = TypeVar("T")
+
+
+class ProcessGroup(Protocol):
+    """A model sharded over a group of processes, as seen from one of them (module doc)."""
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 .. size - 1."""
+
+    @property
+    def size(self) -> int:
+        """The number of processes (> 1)."""
+
+    def describe(self) -> str:
+        """For the statistics: "2 ranks, tensor"."""
+
+    def check_request(self, request: Any) -> Any:
+        """The request (core/request.py's GenerationRequest) as every rank must run it, or ConfigError."""
+
+    def collect(self, run: Callable[[], T]) -> T:
+        """run() with a rank that is gone raised as one line (the backend's DistributedError)."""
+
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        """`values` summed over the group, elementwise (every rank passes the same shape and dtype);
+        a rank that is gone raises as in `collect`."""
 
 
 class LoadedModel(Generic[A]):
@@ -43,9 +78,8 @@ class LoadedModel(Generic[A]):
         self.ops = ops
         self.args: ModelArgs = model.args
         self.prefill_step_size = prefill_step_size
-        # sharded over a group of processes (backends/mlx/distributed.py's Distributed: rank, size,
-        # kind, describe(), check_request(), lost_peer()); None: one process
-        self.distributed: Any = None
+        # sharded over a group of processes (ProcessGroup; the mlx backend's Distributed); None: one process
+        self.distributed: ProcessGroup | None = None
 
     @property
     def backend(self) -> str:

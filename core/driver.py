@@ -25,6 +25,7 @@ from .runtime import (
     KVState,
     PrefillMethod,
     ProgressCallback,
+    RecurrentCache,
     SamplingConfig,
     check_companion,
     check_generation_fits,
@@ -273,7 +274,7 @@ class CausalLM(LoadedModel[A]):
                 info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
-            if hasattr(cache, "mark"):  # a hybrid's cache keeps its recurrent state at the prompt's end
+            if isinstance(cache, RecurrentCache):  # a hybrid's cache keeps its recurrent state at the prompt's end
                 cache.mark()
             last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
             check_logits_finite(
@@ -343,7 +344,7 @@ class CausalLM(LoadedModel[A]):
         recurrent state is not kept at the prompt's end)."""
         cache = sparse.speculator.cache
         spec = method.specprefill
-        if (spec is not None and spec.speculator_prefill is not None) or hasattr(cache, "mark"):
+        if (spec is not None and spec.speculator_prefill is not None) or isinstance(cache, RecurrentCache):
             return None
         return KVState(cache, sparse.speculator.n_prompt)
 
