@@ -1,15 +1,25 @@
 """The backend contract: what the API, the CLI and the server ask of a backend, and what its load returns.
 
-A backend is a package under backends/ whose loader module implements five functions:
+A backend is a package under backends/ whose loader module implements these functions:
   load(path, dtype=None, device=None, prefill_step_size=...) -> (LoadedModel, Tokenizer)
   resolve_device(device) -> its device object     resolve_dtype(dtype, device=None) -> its dtype
   cpu_fallback(device) -> the notice that `device` runs on the CPU for want of its GPU, or None
+  facts() -> its platform as `specfill doctor` reports it    synchronize(device): wait for the device
+  kernel_matrix() -> its kernels checked on the real device (MLX: the Metal matrix), or None
+  launched_group() -> the process group a launcher started this process in (a `distributed` backend's)
 and whose package __init__ holds its `Backend` object (found by name through the registry in
 backends/__init__.py: "mlx", "cuda", or "torch" for "cuda"). The object imports nothing heavy: its
 array library and model code come with the loader module, imported by the first call that needs
 it. So naming a backend costs nothing, and a missing library is one line (`available()`, or
 BackendUnavailableError from the calls), never a traceback. A loaded model carries its ops
 (core/ops.py's ModelOps, `model.ops`) and makes its KV caches through them (core/ops.py's KVCache).
+
+What core and the server may ask of a backend's objects beyond core/ops.py's protocols is declared
+here and in core/runtime.py, so that they ask by type, never by probing attributes (hasattr /
+getattr: tests/test_layout.py refuses those outside backends/):
+  RecurrentCache (core/runtime.py, beside KVState): a hybrid model's KV cache.
+  ProcessGroup: a model sharded over a group of processes (LoadedModel.distributed; the mlx backend's
+    backends/mlx/distributed.py `Distributed`): what the API and the server need of it.
 """
 
 from __future__ import annotations
@@ -18,7 +28,9 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Generic
+from typing import Any, Callable, Generic, Protocol, TypeVar
+
+import numpy as np
 
 from .errors import BackendUnavailableError, ConfigError
 from .models import ModelArgs
@@ -26,6 +38,32 @@ from .ops import ModelOps
 from .stages import A
 
 DEFAULT_PREFILL_STEP_SIZE = 2048  # tokens per prefill step (mlx-lm's default too)
+T = TypeVar("T")
+
+
+class ProcessGroup(Protocol):
+    """A model sharded over a group of processes, as seen from one of them (module doc)."""
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, 0 .. size - 1."""
+
+    @property
+    def size(self) -> int:
+        """The number of processes (> 1)."""
+
+    def describe(self) -> str:
+        """For the statistics: "2 ranks, tensor"."""
+
+    def check_request(self, request: Any) -> Any:
+        """The request (core/request.py's GenerationRequest) as every rank must run it, or ConfigError."""
+
+    def collect(self, run: Callable[[], T]) -> T:
+        """run() with a rank that is gone raised as one line (the backend's DistributedError)."""
+
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        """`values` summed over the group, elementwise (every rank passes the same shape and dtype);
+        a rank that is gone raises as in `collect`."""
 
 
 class LoadedModel(Generic[A]):
@@ -43,9 +81,8 @@ class LoadedModel(Generic[A]):
         self.ops = ops
         self.args: ModelArgs = model.args
         self.prefill_step_size = prefill_step_size
-        # sharded over a group of processes (backends/mlx/distributed.py's Distributed: rank, size,
-        # kind, describe(), check_request(), lost_peer()); None: one process
-        self.distributed: Any = None
+        # sharded over a group of processes (ProcessGroup; the mlx backend's Distributed); None: one process
+        self.distributed: ProcessGroup | None = None
 
     @property
     def backend(self) -> str:
@@ -68,7 +105,8 @@ class Backend:
 
     name: str  # the name it is reported by ("mlx", "cuda")
     extra: str  # the pip extra that installs its libraries: pip install 'specfill[extra]'
-    loader_module: str  # the module implementing the five functions above, imported on first use
+    loader_module: str  # the module implementing the functions above, imported on first use
+    distributed: bool = False  # it shards a model over a group of processes (load's group=, launched_group)
 
     def available(self) -> str | None:
         """None where this backend can load models (its libraries import), else why not, in one line."""
@@ -105,7 +143,7 @@ class Backend:
         heads); see backends/mlx/distributed.py."""
         options: dict[str, Any] = {} if prefill_step_size is None else {"prefill_step_size": prefill_step_size}
         if group is not None:
-            if self.name != "mlx":
+            if not self.distributed:
                 raise ConfigError(f"a distributed group (group=) is supported on the mlx backend only, not {self.name}")
             options.update(group=group, pipeline=pipeline)
         return self.loader().load(path, dtype=dtype, device=device, **options)
@@ -124,3 +162,27 @@ class Backend:
         """The notice that loading on `device` (None: the default) runs on the CPU because the GPU
         this backend is for is missing, or None when it does not fall back."""
         return self.loader().cpu_fallback(device)
+
+    def launched_group(self) -> Any:
+        """The process group this process was started in by the backend's launcher (mlx.launch, mpirun)
+        when it has more than one rank, for load's `group`; None where there is none, the backend does
+        not shard models (not `distributed`) or its libraries are missing."""
+        if not self.distributed or self.available() is not None:
+            return None
+        return self.loader().launched_group()
+
+    def facts(self) -> dict[str, Any]:
+        """Its platform as `specfill doctor` reports it (GPU, BLAS, threads, whether its kernels can run
+        here); {"installed": False} where its libraries are missing."""
+        if self.available() is not None:
+            return {"installed": False}
+        return self.loader().facts()
+
+    def synchronize(self, device: Any) -> None:
+        """Wait until the work queued on `device` (a name or its device object) is done: a timing's end."""
+        self.loader().synchronize(device)
+
+    def kernel_matrix(self) -> dict[str, Any] | None:
+        """Every kernel of the backend against its twin on the real device ({"cells", "failures",
+        "device"}: MLX's Metal matrix, backends/mlx/kernels/matrix.py), or None where it has none."""
+        return self.loader().kernel_matrix()

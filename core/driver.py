@@ -25,6 +25,7 @@ from .runtime import (
     KVState,
     PrefillMethod,
     ProgressCallback,
+    RecurrentCache,
     SamplingConfig,
     check_companion,
     check_generation_fits,
@@ -282,7 +283,7 @@ class CausalLM(LoadedModel[A]):
                 info.kept_tokens = len(info.kept_positions)
                 info.seconds.update(sparse.seconds)
                 logits, cache = sparse.logits, sparse.cache
-            if hasattr(cache, "mark"):  # a hybrid's cache keeps its recurrent state at the prompt's end
+            if isinstance(cache, RecurrentCache):  # a hybrid's cache keeps its recurrent state at the prompt's end
                 cache.mark()
             last = self.ops.to_numpy(logits)  # [vocab] on the host: the NaN guard, and drafting's first token
             check_logits_finite(
@@ -354,7 +355,7 @@ class CausalLM(LoadedModel[A]):
         prompt's end)."""
         cache = sparse.speculator.cache
         spec = method.specprefill
-        if hasattr(cache, "mark"):
+        if isinstance(cache, RecurrentCache):
             return None
         if spec is not None and spec.speculator_prefill is not None:
             kept = None if reuse is None else reuse.speculator

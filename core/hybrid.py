@@ -31,6 +31,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .adapted import AdaptedArgs
+from .runtime import RecurrentCache
+
 HISTORY = 32  # step snapshots kept: a drafting round's draft steps and its verification fit
 MARKS = 2  # prompt-end snapshots kept: the last turn's (reused) and the one before
 
@@ -43,8 +46,9 @@ class Snapshot:
         self.slots, self.states, self.ids, self.positions, self.model = slots, states, ids, positions, model
 
 
-class HybridBooks:
-    """Snapshot, mark, truncate-with-replay and exact_prefix over a backend's hybrid cache (module doc)."""
+class HybridBooks(RecurrentCache):
+    """Snapshot, mark, truncate-with-replay and exact_prefix over a backend's hybrid cache (module doc):
+    core/runtime.py's RecurrentCache, which is how core and the server know it."""
 
     kv: Any  # the attention layers' cache: filled, truncate(slots), trim(n) per layer via `layers`
     attention: list[int]  # the model layers with keys, in order (kv.layers[k] is layer attention[k]'s)
@@ -199,6 +203,13 @@ class HybridBooks:
 
     def load(self, path: str) -> int:
         raise ValueError("this backend's hybrid cache is not read from disk (it does not read its recurrent state)")
+
+
+def max_rollback(args: Any) -> int | None:
+    """Drafts per round a model's cache can undo: a hybrid's (AdaptedArgs.hybrid) keeps HISTORY step
+    snapshots, which hold a round's drafts, the step feeding the pending token and the verification;
+    None: any (a KV cache trims any number of slots)."""
+    return HISTORY - 2 if isinstance(args, AdaptedArgs) and args.hybrid else None
 
 
 def step_positions(positions: Any, count: int) -> np.ndarray:

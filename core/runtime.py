@@ -8,6 +8,7 @@ Timing, detokenisation and response objects live in the API layer, once for both
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -177,6 +178,39 @@ def check_companion(role: str, other: ModelArgs, main: ModelArgs, other_ops: Any
         )
 
 
+class RecurrentCache(ABC):
+    """A KV cache with recurrent layers beside its attention layers (a hybrid model's: core/hybrid.py's
+    HybridBooks, which each backend's hybrid_cache.py subclasses). A recurrent state cannot be cut
+    back to any prefix, only to the slot counts the cache kept it at, so the cache says which. A
+    nominal type: a cache is recurrent because it says so (the driver, the reuse checks and the
+    server's prompt cache ask by isinstance), never because it has a method of some name."""
+
+    @abstractmethod
+    def mark(self) -> None:
+        """Keep the recurrent state at the current slot count (the driver calls it after each prefill)."""
+
+    @abstractmethod
+    def exact_prefix(self, slots: int) -> int:
+        """The longest prefix of at most `slots` slots the cache can be cut back to exactly."""
+
+    @abstractmethod
+    def save_point(self, slots: int) -> int:
+        """The slots its `save` writes for a conversation of `slots` (its latest prompt-end mark at or
+        below them); ValueError when it has none."""
+
+
+def exact_prefix(cache: Any, slots: int) -> int:
+    """The longest prefix of at most `slots` slots `cache` can be cut back to: `slots` for a plain KV
+    cache (any prefix), a RecurrentCache's own answer otherwise."""
+    return cache.exact_prefix(slots) if isinstance(cache, RecurrentCache) else slots
+
+
+def save_point(cache: Any, slots: int) -> int:
+    """The slots `cache.save` writes for a conversation of `slots`: all of them for a plain KV cache,
+    a RecurrentCache's latest prompt-end mark at or below them otherwise."""
+    return cache.save_point(slots) if isinstance(cache, RecurrentCache) else slots
+
+
 @dataclass
 class KVState:
     """A generation's KV cache, kept for the next turn (the prompt cache of `specfill serve`).
@@ -270,11 +304,11 @@ def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, draft
             f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
             f"the {prompt_tokens} prompt tokens"
         )
-    exact = getattr(reuse.cache, "exact_prefix", None)  # a hybrid's cache: only where it kept the recurrent state
-    if exact is not None and exact(reuse.slots) != reuse.slots:
+    exact = exact_prefix(reuse.cache, reuse.slots)  # a hybrid's cache: only where it kept the recurrent state
+    if exact != reuse.slots:
         raise ConfigError(
             f"a hybrid model's reused KV cache cannot be cut to {reuse.slots} slots: its recurrent state is "
-            f"kept at {exact(reuse.slots)} at most below that (reuse that many tokens)"
+            f"kept at {exact} at most below that (reuse that many tokens)"
         )
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from specfill.backends import get_backend
 from specfill.core import H2OConfig, SpecPrefillConfig
 
 from .machine import describe_machine
@@ -65,56 +65,12 @@ def _version(package: str) -> str | None:
 
 def torch_facts() -> dict[str, Any]:
     """CUDA, Triton and BLAS as torch sees them (nothing when torch is not installed)."""
-    if not _installed("torch"):
-        return {"installed": False}
-    import torch
-
-    from specfill.backends.torch_cuda import placement
-    from specfill.backends.torch_cuda.kernels.dispatch import interpreting, kernel_unavailable_reason
-
-    cuda = placement.RUNTIME.available()
-    device = torch.device("cuda" if cuda else "cpu")
-    facts: dict[str, Any] = {
-        "installed": True,
-        "cuda_available": cuda,
-        "cuda_version": torch.version.cuda,
-        "threads": torch.get_num_threads(),
-        "triton_interpreter": interpreting(),
-    }
-    blas = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
-    facts["blas"] = blas.group(1) if blas else "unknown"
-    if cuda:
-        props = placement.RUNTIME.properties(device)
-        facts.update(
-            gpu=props.name,
-            gpu_memory_gb=round(props.total_memory / 1e9, 1),
-            compute_capability="{}.{}".format(*props.capability),
-        )
-    facts["triton_kernels_unavailable"] = kernel_unavailable_reason(device, torch.float16)
-    return facts
+    return get_backend("cuda").facts() if _installed("torch") else {"installed": False}
 
 
 def mlx_facts() -> dict[str, Any]:
     """Metal, the device and the BLAS MLX's CPU backend uses (nothing when MLX is not installed)."""
-    if not _installed("mlx"):
-        return {"installed": False}
-    import mlx.core as mx
-
-    metal = bool(mx.metal.is_available())
-    facts: dict[str, Any] = {
-        "installed": True,
-        "metal_available": metal,
-        "device_info": {k: str(v) for k, v in mx.device_info().items()},
-    }
-    preload = os.environ.get("LD_PRELOAD", "")
-    facts["cpu_blas"] = (
-        "Accelerate"
-        if metal
-        else "OpenBLAS (LD_PRELOAD)"
-        if "openblas" in preload.lower()
-        else "MLX's bundled reference BLAS (slow; see docs/results.md, OpenBLAS)"
-    )
-    return facts
+    return get_backend("mlx").facts() if _installed("mlx") else {"installed": False}
 
 
 def environment() -> dict[str, Any]:
@@ -209,12 +165,10 @@ def roofline_prediction(plan: DoctorPlan, bench: dict[str, Any]) -> dict[str, An
         from .rates import mlx_rates
 
         rates, width = mlx_rates(shape, "float32", context=context), 4
-    else:  # the torch backend's default: bfloat16 on CUDA, float32 on CPU
-        from specfill.backends.torch_cuda import placement
-
+    else:  # the torch backend's default: bfloat16 on CUDA, float32 on CPU (where it falls back to the CPU)
         from .rates import torch_rates
 
-        cuda = placement.RUNTIME.available()
+        cuda = get_backend("cuda").cpu_fallback(None) is None
         rates = torch_rates(shape, "cuda" if cuda else "cpu", "bfloat16" if cuda else "float32", context=context)
         width = 2 if cuda else 4
     rows = predict_bench_rows(
@@ -232,9 +186,9 @@ def metal_matrix(backend: str, env: dict[str, Any]) -> dict[str, Any]:
     reason = kernel_skip_reason(backend, env)
     if reason is not None:
         return {"skipped": f"{reason}; scripts/metal_matrix.py runs it through the C++ emulation"}
-    from specfill.backends.mlx.kernels.matrix import run_metal_matrix
-
-    result = run_metal_matrix()
+    result = get_backend("mlx").kernel_matrix()
+    if result is None:  # (the mlx backend always has its matrix)
+        return {"skipped": "the mlx backend has no Metal matrix"}
     return {
         "cells": len(result["cells"]),
         "failures": result["failures"],

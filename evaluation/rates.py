@@ -40,13 +40,13 @@ def torch_rates(
     import torch
     import torch.nn.functional as F
 
-    from specfill.backends.torch_cuda import placement
+    from specfill.backends import get_backend
 
     dev, kind = torch.device(device), getattr(torch, dtype)
+    backend = get_backend("cuda")
 
     def sync() -> None:
-        if placement.on_cuda(dev):
-            placement.RUNTIME.synchronize(dev)
+        backend.synchronize(dev)
 
     gen = torch.Generator().manual_seed(0)
     x, w = (torch.randn(s, generator=gen).to(dev, kind) for s in ((step, shape.hidden), (shape.hidden, shape.ffn)))

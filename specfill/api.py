@@ -127,7 +127,7 @@ def load(
         model, tokenizer = chosen.load(resolved, dtype=dtype, device=device)
     else:
         model, tokenizer = chosen.load(resolved, dtype=dtype, device=device, group=group, pipeline=pipeline)
-    if getattr(model, "distributed", None) is not None:
+    if model.distributed is not None:
         model.distributed.collect(lambda: check_computes_finite(model, dtype))
     else:
         check_computes_finite(model, dtype)
@@ -135,16 +135,10 @@ def load(
 
 
 def launched_group(backend: str | None) -> Any:
-    """The mx.distributed group this process was started in by mlx.launch (or mpirun) when it has
-    more than one rank and `backend` is mlx, else None (the CLI's generate passes it to load)."""
-    if resolve_backend(backend) != "mlx" or get_backend("mlx").available() is not None:
-        return None
-    import mlx.core as mx  # the mlx backend is installed: its array library is
-
-    if not mx.distributed.is_available():
-        return None
-    group = mx.distributed.init()  # a group of one where no launcher started this process
-    return group if group.size() > 1 else None
+    """The process group this process was started in by its backend's launcher (mlx.launch, mpirun)
+    when it has more than one rank, else None (the CLI's generate and serve pass it to load): the
+    Backend object's launched_group (core/backend.py)."""
+    return get_backend(backend).launched_group()
 
 
 def check_computes_finite(model: CausalLM, dtype: str | None) -> None:
@@ -293,7 +287,7 @@ def stream_request(
     (load_request_models): the one generation path of the API, the CLI and the server.
     logits_processors: host-side (ids so far, float32 logits [vocab]) -> logits, before each
     token is chosen (core/decoding.token_chooser; the server's constrained decoding)."""
-    shared = getattr(model, "distributed", None)
+    shared = model.distributed
     processors = tuple(logits_processors)
     if shared is None:
         yield from _stream_request(

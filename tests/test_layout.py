@@ -201,3 +201,56 @@ def test_production_files_stay_under_450_lines():
         if (n := len(path.read_text().splitlines())) > 450
     ]
     assert not long, long
+
+
+# Where a backend's objects reach the core, the API, the server and the evaluation tools: they ask
+# them by type (core/runtime.py's RecurrentCache, core/backend.py's ProcessGroup and Backend), never
+# by probing an attribute. A probe is any hasattr(...) and any getattr(x, "name", ...) naming its
+# attribute by a literal (getattr(self, name) over a list of field names is reflection, not a probe).
+PROBE_FREE = ("core", "specfill/serve", "specfill/api.py", "evaluation")
+# (file, object, attribute) -> why it is no backend object: each probe that stays, with its reason.
+PROBES_ALLOWED = {
+    ("core/cpu.py", "os", "sched_getaffinity"): "a module: the platform has it or not (Linux only)",
+    ("core/stages.py", "args", "layer_terms"): "a model's config, or a test's stand-in that has none",
+    ("core/stages.py", "args", "attention_layers"): "a model's config: only a hybrid's names them",
+    ("core/methods/prefill.py", "args", "intermediate_size"): "a model's config: another library's may lack it",
+    ("specfill/serve/plan.py", "request", "max_completion_tokens"): "an HTTP request model: chat's has it",
+    ("specfill/serve/segments.py", "request", "protect"): "an HTTP request model: not every endpoint's has it",
+    ("specfill/serve/system_turns.py", "tokenizer", "chat_template"): "a tokenizer: a base model's has none",
+    ("specfill/serve/runner.py", "connection", "transport"): "uvicorn's connection: not every protocol's has one",
+    ("specfill/serve/tool_mlx.py", "module", "parse_tool_call"): "a module: mlx-lm's tool parser, if it has one",
+    ("evaluation/distributed_ttft.py", "mx.distributed", "*"): "a module: the collectives this MLX has",
+}
+
+
+def attribute_probes(source: str) -> list[tuple[str, str, int]]:
+    """(object, attribute or "*" when computed, line) of every hasattr / literal-named getattr call."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and len(node.args) >= 2):
+            continue
+        name = node.args[1].value if isinstance(node.args[1], ast.Constant) else "*"
+        if node.func.id == "hasattr" or (node.func.id == "getattr" and name != "*"):
+            found.append((ast.unparse(node.args[0]), str(name), node.lineno))
+    return found
+
+
+def test_no_attribute_probes_outside_backends():
+    """The core, the API, the server and the evaluation tools probe no object's attributes (a
+    hybrid's cache was found by hasattr(cache, "mark"), a sharded model by getattr(model,
+    "distributed", None)) but the allowed few above, each a module, a config or a request model."""
+    root = Path(__file__).resolve().parents[1]
+    offenders, seen = [], set()
+    for entry in PROBE_FREE:
+        for path in sorted((root / entry).rglob("*.py")) if (root / entry).is_dir() else [root / entry]:
+            rel = path.relative_to(root).as_posix()
+            for obj, name, line in attribute_probes(path.read_text(encoding="utf-8")):
+                key = (rel, obj, name)
+                if key in PROBES_ALLOWED:
+                    seen.add(key)
+                else:
+                    offenders.append(f"{rel}:{line}: {obj}.{name}")
+    assert not offenders, "ask a backend's object by type (core/runtime.py, core/backend.py), not by probe: " + str(
+        offenders
+    )
+    assert seen == set(PROBES_ALLOWED), f"allowed probes no longer there: {set(PROBES_ALLOWED) - seen}"

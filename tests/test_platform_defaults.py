@@ -30,10 +30,13 @@ def test_linux_mlx_has_no_metal():
 def test_load_uses_the_default_and_backend_overrides(monkeypatch):
     seen = []
 
+    class FakeModel(str):  # the path it was loaded from, on one process (LoadedModel.distributed)
+        distributed = None
+
     class FakeBackend:
         @staticmethod
         def load(path, dtype=None, device=None):
-            return path, dtype
+            return FakeModel(path), dtype
 
     def fake_backend(backend):
         seen.append(api.resolve_backend(backend))

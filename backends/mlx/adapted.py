@@ -26,7 +26,7 @@ from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .cache import LayerKVCache, ModelKVCache, SharedLayerKVCache
-from .hybrid_cache import HISTORY, HybridKVCache
+from .hybrid_cache import HybridKVCache
 from .ops import MLXOps
 
 FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -100,12 +100,6 @@ class AdaptedModel:
         self._backbone = _backbone(lm)
         self.lm_layouts = layouts if layouts is not None else args.layers  # every layer's, for a view too
         self.stateful = stateful_layers(self.lm_layouts)
-
-    @property
-    def max_rollback(self) -> int | None:
-        """Drafts per round its cache can undo (a hybrid's keeps HISTORY step snapshots: a round's
-        drafts, the step feeding the pending token and the verification), None: any."""
-        return HISTORY - 2 if self.args.hybrid else None
 
     def first_layers(self, n_layers: int) -> AdaptedModel:
         total = len(self.lm.layers)

@@ -116,7 +116,8 @@ def stop_on_terminate(rank: int, size: int) -> bool:
 
 @dataclass(frozen=True)
 class Distributed:
-    """How a loaded model is shared: its group, this rank, the kind ("tensor" or "pipeline")."""
+    """How a loaded model is shared: its group, this rank, the kind ("tensor" or "pipeline");
+    core/backend.py's ProcessGroup (LoadedModel.distributed)."""
 
     group: Any
     kind: str
@@ -133,14 +134,21 @@ class Distributed:
         """For the statistics: "2 ranks, tensor"."""
         return f"{self.size} ranks, {self.kind}"
 
+    def all_sum(self, values: np.ndarray) -> np.ndarray:
+        """`values` summed over the group on every rank (core/backend.py's ProcessGroup), on the CPU
+        stream, evaluated; a lost peer raises DistributedError."""
+
+        def summed() -> np.ndarray:
+            total = mx.distributed.all_sum(mx.array(values), group=self.group, stream=mx.cpu)
+            mx.eval(total)
+            return np.asarray(total)
+
+        return self.collect(summed)
+
     def agree_seed(self) -> int:
         """A seed every rank gets the same of: rank 0's fresh random one (the others add 0)."""
         own = int(np.random.default_rng().integers(0, 2**31 - 1)) if self.rank == 0 else 0
-        return int(
-            self.collect(
-                lambda: mx.distributed.all_sum(mx.array(own, dtype=mx.int32), group=self.group, stream=mx.cpu).item()
-            )
-        )
+        return int(self.all_sum(np.array(own, dtype=np.int32)))
 
     def check_request(self, request: Any) -> Any:
         """The request as every rank must run it (core/request.py's GenerationRequest): one seed for a

@@ -8,6 +8,7 @@ computes in float32 on CPU, in the checkpoint's float type on the GPU; a dtype (
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,43 @@ def _stored_float_dtype(checkpoint: Checkpoint) -> mx.Dtype:
 def cpu_fallback(device: str | None) -> str | None:
     """None: MLX runs on its own default device (the GPU where Metal is, else the CPU) without a notice."""
     return None
+
+
+def facts() -> dict[str, Any]:
+    """Metal, the device and the BLAS MLX's CPU backend uses (core/backend.py's Backend.facts)."""
+    metal = bool(mx.metal.is_available())
+    preload = os.environ.get("LD_PRELOAD", "")
+    return {
+        "installed": True,
+        "metal_available": metal,
+        "device_info": {k: str(v) for k, v in mx.device_info().items()},
+        "cpu_blas": "Accelerate"
+        if metal
+        else "OpenBLAS (LD_PRELOAD)"
+        if "openblas" in preload.lower()
+        else "MLX's bundled reference BLAS (slow; see docs/results.md, OpenBLAS)",
+    }
+
+
+def synchronize(device: str | mx.Device | None = None) -> None:
+    """Wait for the work queued on MLX's streams (one queue: `device` changes nothing)."""
+    mx.synchronize()
+
+
+def kernel_matrix() -> dict[str, Any]:
+    """Every Metal kernel cell against its MLX-ops twin on this Mac's GPU (kernels/matrix.py)."""
+    from .kernels.matrix import run_metal_matrix  # the kernels: imported on first use
+
+    return run_metal_matrix()
+
+
+def launched_group() -> Any:
+    """The mx.distributed group mlx.launch (or mpirun) started this process in when it has more than one
+    rank, else None (core/backend.py's Backend.launched_group: the CLI's generate and serve pass it to load)."""
+    if not mx.distributed.is_available():
+        return None
+    group = mx.distributed.init()  # a group of one where no launcher started this process
+    return group if group.size() > 1 else None
 
 
 def resolve_dtype(dtype: str | mx.Dtype | None, device: mx.Device | None = None) -> mx.Dtype | None:

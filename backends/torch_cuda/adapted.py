@@ -21,7 +21,6 @@ from torch import nn
 
 from specfill.core.adapted import AdaptedArgs, AttentionLayout, MethodRefusedError
 from specfill.core.errors import ModelLoadError
-from specfill.core.hybrid import HISTORY
 from specfill.core.methods.h2o import H2OPrefillAttention
 from specfill.core.methods.specprefill import QueryCapture
 
@@ -75,12 +74,6 @@ class AdaptedModel:
         return AdaptedModel(
             self.lm, self.args.first(n_layers), self.index, self.layer_list, n_layers, self.kinds, self.stepwise
         )
-
-    @property
-    def max_rollback(self) -> int | None:
-        """Drafts per round its cache can undo (a hybrid's keeps HISTORY step snapshots: a round's
-        drafts, the step feeding the pending token and the verification), None: any."""
-        return HISTORY - 2 if self.args.hybrid else None
 
     def new_cache(self, capacity: int) -> ModelKVCache | HybridKVCache:
         """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep transformers' own state)."""

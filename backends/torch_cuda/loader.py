@@ -8,6 +8,7 @@ installed transformers knows, and a (transformers model, tokenizer) pair, throug
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -67,6 +68,43 @@ def cpu_fallback(device: str | None) -> str | None:
     if device not in (None, "cuda") or placement.RUNTIME.available():
         return None
     return "no CUDA GPU found: the cuda backend runs on the CPU"
+
+
+def facts() -> dict[str, Any]:
+    """CUDA, Triton and BLAS as torch sees them (core/backend.py's Backend.facts: `specfill doctor`)."""
+    from .kernels.dispatch import interpreting, kernel_unavailable_reason  # the kernels: imported on first use
+
+    cuda = placement.RUNTIME.available()
+    device = torch.device("cuda" if cuda else "cpu")
+    found: dict[str, Any] = {
+        "installed": True,
+        "cuda_available": cuda,
+        "cuda_version": torch.version.cuda,
+        "threads": torch.get_num_threads(),
+        "triton_interpreter": interpreting(),
+    }
+    blas = re.search(r"BLAS_INFO=([^,\s]+)", torch.__config__.show())
+    found["blas"] = blas.group(1) if blas else "unknown"
+    if cuda:
+        props = placement.RUNTIME.properties(device)
+        found.update(
+            gpu=props.name,
+            gpu_memory_gb=round(props.total_memory / 1e9, 1),
+            compute_capability="{}.{}".format(*props.capability),
+        )
+    found["triton_kernels_unavailable"] = kernel_unavailable_reason(device, torch.float16)
+    return found
+
+
+def synchronize(device: str | torch.device) -> None:
+    """Wait for the work queued on a CUDA device (nothing to wait for on the CPU)."""
+    if placement.on_cuda(torch.device(device)):
+        placement.RUNTIME.synchronize(torch.device(device))
+
+
+def kernel_matrix() -> None:
+    """None: the Triton kernels have no device matrix of their own (the conformance suite checks them)."""
+    return None
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -20,6 +20,7 @@ import numpy as np
 from ..backend import LoadedModel
 from ..config import Drafting
 from ..errors import ConfigError, PromptTooLongError
+from ..hybrid import max_rollback
 from ..ops import ModelOps
 from ..runtime import SamplingConfig, check_companion, self_speculator_layers
 from ..sampling import probabilities
@@ -218,8 +219,8 @@ def draft_source(main: LoadedModel, drafting: Drafting, needed: int, sampling: S
     against main's vocabulary and `needed` = prompt + max_tokens), or None: the speculator (after
     speculative prefill: core/runtime.check_drafting, where the request is made). A draft model
     gets its cost book when the run may follow measured times (not seeded sampling)."""
-    for model in (main.model, getattr(drafting.model, "model", None)):
-        limit = getattr(model, "max_rollback", None)  # a hybrid's cache undoes that many steps at most
+    for model in (main, drafting.model):
+        limit = max_rollback(model.args) if isinstance(model, LoadedModel) else None  # a hybrid's undoes so many
         if limit is not None and drafting.num_tokens > limit:
             raise ConfigError(
                 f"num_draft_tokens {drafting.num_tokens} exceeds {limit}, the drafts a hybrid model's cache "

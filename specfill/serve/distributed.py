@@ -24,7 +24,10 @@ import threading
 from dataclasses import replace
 from typing import Any, Callable, overload
 
+import numpy as np
+
 from specfill.core import SpecfillError
+from specfill.core.backend import ProcessGroup
 
 from .engine import Engine
 from .plan import Plan
@@ -61,47 +64,30 @@ class _Unpickler(pickle.Unpickler):
 
 
 class Channel:
-    """Rank 0 -> every rank: one message at a time, summed over the group (mx.distributed.all_sum).
+    """Rank 0 -> every rank: one message at a time, summed over the group (ProcessGroup.all_sum).
     models: the loaded objects a message may refer to, the same list in the same order on every rank."""
 
     def __init__(self, model: Any, models: list[Any]):
-        self.shared = model.distributed
+        if model.distributed is None:
+            raise ValueError("a Channel needs a model sharded over a group of processes")
+        self.shared: ProcessGroup = model.distributed
         self.models = models
 
-    def _sum(self, value: Any) -> Any:
-        """value summed over the group, evaluated (a lost peer: DistributedError)."""
-        import mlx.core as mx
-
-        def summed() -> Any:
-            total = mx.distributed.all_sum(value, group=self.shared.group, stream=mx.cpu)
-            mx.eval(total)
-            return total
-
-        return self.shared.collect(summed)
-
     def send(self, message: Any) -> None:
-        import mlx.core as mx
-        import numpy as np
-
         buffer = io.BytesIO()
         _Pickler(buffer, self.models).dump(message)
         data = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
-        self._sum(mx.array(data.size, dtype=mx.int32))
-        self._sum(mx.array(data))
+        self.shared.all_sum(np.array(data.size, dtype=np.int32))
+        self.shared.all_sum(data)
 
     def receive(self) -> Any:
-        import mlx.core as mx
-        import numpy as np
-
-        size = int(self._sum(mx.array(0, dtype=mx.int32)).item())
-        data = self._sum(mx.zeros(size, dtype=mx.uint8))
-        return _Unpickler(io.BytesIO(np.asarray(data).tobytes()), self.models).load()
+        size = int(self.shared.all_sum(np.array(0, dtype=np.int32)))
+        data = self.shared.all_sum(np.zeros(size, dtype=np.uint8))
+        return _Unpickler(io.BytesIO(data.tobytes()), self.models).load()
 
     def agree(self, flag: bool) -> bool:
         """Whether rank 0's flag is set (the others pass False)."""
-        import mlx.core as mx
-
-        return bool(self._sum(mx.array(int(flag), dtype=mx.int32)).item())
+        return bool(self.shared.all_sum(np.array(int(flag), dtype=np.int32)))
 
 
 class AgreedCancel:

@@ -52,7 +52,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, RecurrentCache, SamplingConfig
 
 COMPLETION_STEP = 256  # tokens densely prefilled per idle step (a request arriving waits at most one step)
 CUT_SLACK = 64  # a conversation's tokens past the shared prefix that a request may cut off (or 1/8 of them)
@@ -139,7 +139,7 @@ def exact_prefix(entry: Entry, tokens: int) -> int:
     cache = None if entry.kv is None else entry.kv.cache
     if cache is None and entry.whole:  # a hybrid's file: its one point
         return tokens if tokens >= entry.stored else 0
-    if cache is None or not hasattr(cache, "exact_prefix"):
+    if not isinstance(cache, RecurrentCache):
         return tokens
     offset = entry.kv.position_offset
     return cache.exact_prefix(tokens - offset) + offset if tokens > offset else tokens
@@ -228,8 +228,8 @@ class PromptCache:
         else:  # rebuilt densely in idle time, from the dense prefix a sparse method ran from, speculator's KV kept
             start = KVState(kv.cache, kv.prefix, speculator=kv.speculator) if kv.prefix > 0 and reuse.exact else None
             if start is None and method == "h2o" and reuse.state is not None and reuse.exact and not kv.position_offset:
-                cut = getattr(kv.cache, "exact_prefix", None)  # a hybrid's: only where it kept its state
-                if cut is None or cut(reuse.cached) == reuse.cached:
+                hybrid = isinstance(kv.cache, RecurrentCache)  # a hybrid's: only where it kept its state
+                if not hybrid or kv.cache.exact_prefix(reuse.cached) == reuse.cached:
                     start = KVState(kv.cache, reuse.cached)  # H2O from a dense prefix: rebuilt from there
             entry = Entry(list(tokens), start, exact=True, rebuilding=True, kept_speculator=kv.speculator)
         if self.max_bytes is not None and entry.nbytes > self.max_bytes:
@@ -328,7 +328,7 @@ class PromptCache:
         succeeds says so)."""
         try:
             entry.path, entry.stored, dropped = self.store.save(entry)
-            entry.whole = hasattr(entry.kv.cache, "save_point")
+            entry.whole = isinstance(entry.kv.cache, RecurrentCache)
         except Exception as err:  # noqa: BLE001 - a full disk must not stop the server
             entry.unsaved = True
             # the kind: an OSError's errno; else the type (a backend writer's message may vary per file)

@@ -46,7 +46,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from specfill.core.runtime import KVState
+from specfill.core.adapted import AdaptedArgs
+from specfill.core.runtime import KVState, save_point
 
 from .prompt_cache import Entry
 
@@ -73,7 +74,7 @@ def identity(model: Any, name: str | None) -> dict[str, Any]:
         "head_dim": args.head_dim,
         "vocab": args.vocab_size,
         "context": args.max_position_embeddings,
-    } | ({"recurrent": list(args.recurrent_layers)} if getattr(args, "hybrid", False) else {})
+    } | ({"recurrent": list(args.recurrent_layers)} if isinstance(args, AdaptedArgs) and args.hybrid else {})
 
 
 def read_header(path: Path) -> dict[str, str]:
@@ -306,8 +307,7 @@ class PromptStore:
         if not self.writable:
             raise PermissionError(f"{self.directory} is read only for this process")
         kv = entry.kv
-        point = getattr(kv.cache, "save_point", None)  # a hybrid's cache: where it kept the recurrent state
-        slots = kv.slots if point is None else point(kv.slots)
+        slots = save_point(kv.cache, kv.slots)  # a hybrid's cache: where it kept the recurrent state
         path = self.path_for(entry.tokens)
         meta = {
             "format": FORMAT,
