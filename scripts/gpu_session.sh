@@ -14,7 +14,7 @@
 #      chose; e2e.json with decode_tokens_per_s and prefill_roofline_fraction
 #                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json
 #   3. hybrid: a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device
-#      (evaluation/hybrid_speed.py; which fast kernels transformers could use is logged)
+#      (scripts/hybrid_speed.py; which fast kernels transformers could use is logged)
 #                                                   -> hybrid.{json,md,png}
 #   4. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
@@ -196,7 +196,7 @@ hybrid() {
     # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found
     "$PY" -c 'import importlib.util as u; print("hybrid kernels:", {m: bool(u.find_spec(m)) for m in ("fla", "causal_conv1d", "mamba_ssm")})'
     # shellcheck disable=SC2086  # HYBRID_LENGTHS is a list
-    PYTHONUNBUFFERED=1 "$PY" -m specfill.evaluation.hybrid_speed --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
+    PYTHONUNBUFFERED=1 "$PY" scripts/hybrid_speed.py --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
         --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS
 }
 export -f machine conformance kernels bench hybrid
