@@ -85,7 +85,11 @@ SITE=$(mktemp -d /tmp/specfill-site.XXXXXX)
 trap 'rm -rf "$SITE"' EXIT
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$SITE/specfill"
-for entry in specfill/* core backends conformance cli evaluation; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
+# the root folders package-dir maps into specfill (core, backends, ...), read off its one line
+FOLDERS=$(sed -n 's/^package-dir = {\(.*\)}$/\1/p' pyproject.toml | grep -o '= "[^"]*"' | tr -d '= "' | grep -vx specfill)
+[[ -n "$FOLDERS" ]] || { echo "gpu_session: no package-dir line in pyproject.toml" | tee -a "$LOG" >&2; exit 1; }
+# shellcheck disable=SC2086  # FOLDERS is a list
+for entry in specfill/* $FOLDERS; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
 # Python puts the working directory (this checkout, whose specfill/ lacks core/ and the rest) before
 # PYTHONPATH, and pytest puts the rootdir there too: a finder first on sys.meta_path, installed by a
 # sitecustomize in $SITE (imported at start-up, before either), resolves the top-level `specfill`
