@@ -1,4 +1,7 @@
-"""A real `specfill serve` in a subprocess on 127.0.0.1 and a free port (serve tests and benchmark)."""
+"""A real `specfill serve` in a subprocess on 127.0.0.1 and a free port, and the `openai` client on it:
+what the soak (soak_server.py) and the agent session (agent_session.py) start and talk to. The serve
+tests and research/serve use it as any user would; their own helpers (the prompt cache's rebuild
+wait, the server's resident memory) are theirs (tests/serve/harness.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`specfill --threads T serve ARGS --port P`; `url` is http://127.0.0.1:P, `rss_kb()` its resident set."""
+    """`specfill --threads T serve ARGS --port P`; `url` is http://127.0.0.1:P, `proc` the process."""
 
     def __init__(
         self,
@@ -80,21 +83,8 @@ class ServerProcess:
         with urllib.request.urlopen(self.url + "/health", timeout=10) as r:
             return json.loads(r.read())
 
-    def wait_rebuilt(self, seconds: float = 600) -> dict:
-        """Poll /health until the prompt cache has no dense rebuild pending (or `seconds` pass)."""
-        deadline = time.monotonic() + seconds
-        while (state := self.health())["prompt_cache"]["pending_tokens"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return state
-
     def alive(self) -> bool:
         return self.proc.poll() is None
-
-    def rss_kb(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        raise RuntimeError("no VmRSS line")
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -14,7 +14,7 @@
 #      chose; e2e.json with decode_tokens_per_s and prefill_roofline_fraction
 #                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json
 #   3. hybrid: a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device
-#      (evaluation/hybrid_speed.py; which fast kernels transformers could use is logged)
+#      (scripts/hybrid_speed.py; which fast kernels transformers could use is logged)
 #                                                   -> hybrid.{json,md,png}
 #   4. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
@@ -85,7 +85,11 @@ SITE=$(mktemp -d /tmp/specfill-site.XXXXXX)
 trap 'rm -rf "$SITE"' EXIT
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 mkdir -p "$SITE/specfill"
-for entry in specfill/* core backends conformance cli evaluation; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
+# the root folders package-dir maps into specfill (core, backends, ...), read off its one line
+FOLDERS=$(sed -n 's/^package-dir = {\(.*\)}$/\1/p' pyproject.toml | grep -o '= "[^"]*"' | tr -d '= "' | grep -vx specfill)
+[[ -n "$FOLDERS" ]] || { echo "gpu_session: no package-dir line in pyproject.toml" | tee -a "$LOG" >&2; exit 1; }
+# shellcheck disable=SC2086  # FOLDERS is a list
+for entry in specfill/* $FOLDERS; do ln -s "$PWD/$entry" "$SITE/specfill/"; done
 # Python puts the working directory (this checkout, whose specfill/ lacks core/ and the rest) before
 # PYTHONPATH, and pytest puts the rootdir there too: a finder first on sys.meta_path, installed by a
 # sitecustomize in $SITE (imported at start-up, before either), resolves the top-level `specfill`
@@ -196,7 +200,7 @@ hybrid() {
     # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found
     "$PY" -c 'import importlib.util as u; print("hybrid kernels:", {m: bool(u.find_spec(m)) for m in ("fla", "causal_conv1d", "mamba_ssm")})'
     # shellcheck disable=SC2086  # HYBRID_LENGTHS is a list
-    PYTHONUNBUFFERED=1 "$PY" -m specfill.evaluation.hybrid_speed --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
+    PYTHONUNBUFFERED=1 "$PY" scripts/hybrid_speed.py --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
         --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS
 }
 export -f machine conformance kernels bench hybrid

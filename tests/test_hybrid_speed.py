@@ -1,16 +1,22 @@
-"""evaluation/hybrid_speed.py (issue 36 item 5) smoke-run on its tiny shape: the checkpoint is
-built, both parity timings and every method's rows are written, with the JSON, Markdown and PNG
-in place and the shape and speculator stated. Timings themselves are the lead's to measure."""
+"""scripts/hybrid_speed.py (issue 36 item 5; gpu_session.sh's hybrid step) smoke-run on its tiny
+shape: the checkpoint is built, both parity timings and every method's rows are written (through
+evaluation/bench.py's run_bench with its own prompts and no calibration), with the JSON, Markdown
+and PNG in place and the shape and speculator stated. Timings themselves are the lead's to measure."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("transformers")
 
-from specfill.evaluation import hybrid_speed  # noqa: E402
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "hybrid_speed.py"
+_spec = importlib.util.spec_from_file_location("hybrid_speed", SCRIPT)
+hybrid_speed = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hybrid_speed)
 
 
 def test_the_speculator_reaches_an_attention_layer():

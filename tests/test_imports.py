@@ -1,8 +1,8 @@
 """No import circles among the product modules (issue 35): read with `ast`, every import counts,
 at module level, inside a function (a lazy import) or under TYPE_CHECKING.
 
-The modules are named as installed (pyproject's package-dir mapping: core/ is specfill.core, and
-so on). An edge A -> B is one import statement of A naming B:
+The modules are named as installed (pyproject's package-dir mapping, read by tests/package_layout.py:
+core/ is specfill.core, and so on). An edge A -> B is one import statement of A naming B:
   import B / import B as x            -> B
   from B import name                  -> B (its namespace is read), and B.name when that is a module
   from . import name (in package P)   -> P and P.name: a module importing its own package's
@@ -17,16 +17,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-# Folders at the repository root -> the package each one is installed as (pyproject.toml).
-PACKAGE_DIRS = {
-    "specfill": "specfill",
-    "core": "specfill.core",
-    "backends": "specfill.backends",
-    "conformance": "specfill.conformance",
-    "cli": "specfill.cli",
-    "evaluation": "specfill.evaluation",
-}
+from tests.package_layout import PACKAGE_DIRS, ROOT
+
 # Cycles allowed, each with its reason: none.
 EXEMPT: dict[tuple[str, ...], str] = {}
 

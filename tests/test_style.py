@@ -1,13 +1,14 @@
 """ruff keeps the product, its tools and its tests in one style: `ruff check` (pycodestyle errors and
 warnings, pyflakes, import order; line length 120) and `ruff format --check` over the folders
-below, configured in pyproject.toml ([tool.ruff]). research/ keeps its studies as they were written."""
+below (the product's, from pyproject.toml's package-dir, its tools and its tests), configured in
+pyproject.toml ([tool.ruff]). research/ keeps its studies as they were written."""
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ["core", "backends", "cli", "conformance", "evaluation", "specfill", "scripts", "tests"]
+from tests.package_layout import PRODUCT_FOLDERS, ROOT
+
+FOLDERS = [*PRODUCT_FOLDERS, "scripts", "tests"]
 
 
 def ruff(*args: str) -> subprocess.CompletedProcess:

@@ -10,8 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SUBPACKAGES = ["core", "backends", "conformance", "cli", "evaluation"]
+from tests.package_layout import PACKAGE_DIRS, ROOT
+
+# specfill's sub-packages in folders of their own at the root (pyproject's package-dir): name -> folder
+SUBPACKAGES = {
+    package.removeprefix("specfill."): ROOT / folder
+    for folder, package in PACKAGE_DIRS.items()
+    if package != "specfill"
+}
 CACHE = ROOT / ".mypy_cache"
 
 
@@ -21,7 +27,7 @@ def package_tree() -> Path:
     package = tree / "specfill"
     package.mkdir(parents=True, exist_ok=True)
     wanted = {e.name: e for e in (ROOT / "specfill").iterdir() if e.name != "__pycache__"}
-    wanted.update({name: ROOT / name for name in SUBPACKAGES})
+    wanted.update(SUBPACKAGES)
     for link in package.iterdir():
         if link.name not in wanted or not link.is_symlink() or link.resolve() != wanted[link.name].resolve():
             link.unlink()

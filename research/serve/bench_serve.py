@@ -25,6 +25,8 @@ from specfill.evaluation.machine import describe_machine, machine_line
 from specfill.evaluation.serve_process import ServerProcess, client
 from specfill.evaluation.texts import eval_text
 
+import server_state  # research/serve/server_state.py (this folder is sys.path[0])
+
 
 def numbered_text(tokenizer: Any, n_tokens: int, title: str) -> tuple[str, dict[int, str]]:
     """Lines of the evaluation text as "Line N: ...", about n_tokens tokens in all."""
@@ -54,7 +56,7 @@ def turn(c: Any, messages: list[dict], **fields: Any) -> dict[str, Any]:
 
 def wait_rebuilt(server: ServerProcess) -> float:
     started = time.perf_counter()
-    server.wait_rebuilt(3600)
+    server_state.wait_rebuilt(server, 3600)
     return round(time.perf_counter() - started, 3)
 
 
@@ -121,7 +123,7 @@ def rss_run(server: ServerProcess, requests: int) -> dict[str, Any]:
         messages = [{"role": "user", "content": f"Request {i}: name a colour and a number."}]
         c.chat.completions.create(model=server.model, messages=messages, max_tokens=16,  # a leak check: no cache growth
                                   extra_body={"method": ("full", "h2o", "specprefill")[i % 3], "prompt_cache": "off"})
-        sizes.append(server.rss_kb())
+        sizes.append(server_state.rss_kb(server))
     return {"requests": requests, "rss_mb": [round(s / 1024, 1) for s in sizes],
             "growth_after_10_mb": round((sizes[-1] - sizes[min(9, requests - 1)]) / 1024, 1)}
 

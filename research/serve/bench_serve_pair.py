@@ -19,6 +19,8 @@ from specfill.evaluation.machine import describe_machine, machine_line
 from specfill.evaluation.serve_process import ServerProcess, client
 from specfill.evaluation.texts import eval_text
 
+from server_state import rss_kb, wait_rebuilt  # research/serve/server_state.py (this folder is sys.path[0])
+
 MODELS = Path.home() / ".cache" / "specfill" / "models"
 MAIN, SPEC = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 METHODS = {"full": {}, "h2o": {"h2o_chunk_size": 512, "h2o_batch_size": 1024}, "specprefill": {"keep_ratio": 0.1}}
@@ -108,7 +110,7 @@ def turn2_ttft(server: ServerProcess, history: str) -> dict[str, Any]:
     c = client(server, timeout=900)
     first = [{"role": "user", "content": history + "\n\nSummarise this text in one sentence."}]
     one = c.chat.completions.create(model=server.model, messages=first, max_tokens=16)
-    server.wait_rebuilt(600)
+    wait_rebuilt(server, 600)
     second = first + [{"role": "assistant", "content": one.choices[0].message.content},
                       {"role": "user", "content": "Which license is it?"}]
     cached = c.chat.completions.create(model=server.model, messages=second, max_tokens=8).model_extra["specfill"]
@@ -125,7 +127,7 @@ def rss(server: ServerProcess, requests: int) -> dict[str, Any]:
     for i in range(requests):
         c.completions.create(model=server.model, prompt=f"def f{i}(x):", max_tokens=4,
                              extra_body={"method": ("full", "h2o", "specprefill")[i % 3], "prompt_cache": "off"})
-        sizes.append(round(server.rss_kb() / 1024, 1))
+        sizes.append(round(rss_kb(server) / 1024, 1))
     return {"requests": requests, "rss_mb_first": sizes[0], "rss_mb_10": sizes[min(9, requests - 1)],
             "rss_mb_last": sizes[-1], "growth_after_10_mb": round(sizes[-1] - sizes[min(9, requests - 1)], 1)}
 

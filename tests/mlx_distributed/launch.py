@@ -5,6 +5,7 @@ mlx.launch or the ring back-end is unavailable here."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,8 +13,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-from specfill.evaluation.distributed_ttft import ring_command
 
 HERE = Path(__file__).resolve().parent
 LAUNCH_LIMIT_S = 60  # each launch: two processes importing mlx-lm, loading a tiny model, generating
@@ -36,6 +35,30 @@ def launcher() -> Path | None:
 
     found = which("mlx.launch")
     return Path(found) if found else None
+
+
+def free_port_pair() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 (the ring listens on one port per rank)."""
+    for _ in range(50):
+        port = random.randint(20000, 60000)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port pair on 127.0.0.1")
+
+
+def ring_command(launcher: Path, script: list[str], ranks: int = RANKS, env: dict[str, str] | None = None) -> list[str]:
+    """mlx.launch's command line running `script` (a Python file and its arguments) on `ranks` ring
+    ranks on 127.0.0.1 with this interpreter ("--": the script's options are not the launcher's)."""
+    command = [str(launcher), "--backend", "ring", "-n", str(ranks), "--hosts", "127.0.0.1"]
+    command += ["--starting-port", str(free_port_pair()), "--python", sys.executable]
+    for key, value in (env or {}).items():
+        command += ["--env", f"{key}={value}"]
+    return [*command, "--", *script]
 
 
 def start(script: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -6,6 +6,7 @@ import pytest
 
 from specfill.cli.main import main
 from specfill.evaluation.serve_process import ServerProcess, client
+from tests.serve.harness import wait_rebuilt
 
 
 @pytest.mark.parametrize(
@@ -54,7 +55,7 @@ def test_mlx_backend_serves_and_caches(tmp_path):
             {"role": "assistant", "content": one.choices[0].message.content},
             {"role": "user", "content": "5 6 7"},
         ]
-        assert server.wait_rebuilt(60)["prompt_cache"]["pending_tokens"] == 0
+        assert wait_rebuilt(server, 60)["prompt_cache"]["pending_tokens"] == 0
         cached = c.chat.completions.create(model=server.model, messages=two_turns, max_tokens=6)
         dense = c.chat.completions.create(
             model=server.model, messages=two_turns, max_tokens=6, extra_body={"prompt_cache": "off"}

@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from specfill.evaluation.serve_process import client
+from tests.serve.harness import rss_kb
 
 CHAT = "/v1/chat/completions"
 COMPLETE = "/v1/completions"
@@ -229,5 +230,5 @@ def test_sequential_requests_keep_rss_flat(tiny_server):
         )  # a leak check: no cached conversations
         if stream:
             list(r)
-        sizes.append(tiny_server.rss_kb())
+        sizes.append(rss_kb(tiny_server))
     assert sizes[-1] - sizes[9] < 20_000, sizes

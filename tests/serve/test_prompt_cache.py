@@ -7,6 +7,7 @@ import http.client
 import json
 
 from specfill.evaluation.serve_process import client
+from tests.serve.harness import wait_rebuilt
 
 SENTENCES = [
     "The harbour master counted eleven blue boats at dawn.",
@@ -38,7 +39,7 @@ def test_turn_two_after_specprefill_equals_dense_run(demo_server):
     c = client(demo_server, timeout=300)
     reply1, stats1, _ = chat(c, [TURN1], method="specprefill", keep_ratio=0.1)
     assert stats1["prefill_method"] == "specprefill" and stats1["kept_tokens"] < stats1["prompt_tokens"] / 4
-    state = demo_server.wait_rebuilt(60)
+    state = wait_rebuilt(demo_server, 60)
     assert state["prompt_cache"]["pending_tokens"] == 0 and state["prompt_cache"]["completed_tokens"] > 0
     two_turns = [TURN1, {"role": "assistant", "content": reply1}, TURN2]
     reply2, stats2, usage2 = chat(c, two_turns, method="specprefill", keep_ratio=0.1)
@@ -62,7 +63,7 @@ def test_turn_two_after_specprefill_equals_dense_run(demo_server):
     assert "speculator" in stats3["prefill_seconds"]
     # the exact policy rebuilds it densely from its dense prefix, not from the conversation's start
     assert demo_server.health()["prompt_cache"]["pending_tokens"] <= new + 24
-    demo_server.wait_rebuilt(60)
+    wait_rebuilt(demo_server, 60)
 
 
 def test_approximate_reuses_sparse_cache_and_exact_refuses_it(demo_server):
@@ -88,7 +89,7 @@ def test_progress_counts_cached_tokens(demo_server):
     c = client(demo_server, timeout=300)
     first = [{"role": "user", "content": "Name three colours of the rainbow." + " Please." * 40}]
     reply = c.chat.completions.create(model=demo_server.model, messages=first, max_tokens=8).choices[0].message.content
-    demo_server.wait_rebuilt(60)
+    wait_rebuilt(demo_server, 60)
     chunks = list(
         c.chat.completions.create(
             model=demo_server.model,

@@ -1,8 +1,8 @@
 """Speed of a hybrid through the torch adapter (issue 36 item 5): specfill's full prefill against
 transformers' own forward, and H2O / SpecPrefill against full prefill, on random weights of a
-realistic shape.
+realistic shape. scripts/gpu_session.sh's hybrid step on a GPU; by hand on any machine:
 
-    nice -n 19 .venv/bin/python -m specfill.evaluation.hybrid_speed --out results/hybrid/NAME \\
+    nice -n 19 .venv/bin/python scripts/hybrid_speed.py --out results/hybrid/NAME \\
         --backend cuda --device cpu --dtype bfloat16 --threads 8 --parity-length 2048 --lengths 4096 8192
 
 writes NAME.json, NAME.md and NAME.png (each atomically, rewritten after every row). Steps:
@@ -165,7 +165,7 @@ def markdown(result: dict) -> str:
     lines = [
         f"# Hybrid speed: {title(result)}",
         "",
-        state + f"Machine: {result['machine_line']}. Script: evaluation/hybrid_speed.py (its docstring: the steps). "
+        state + f"Machine: {result['machine_line']}. Script: scripts/hybrid_speed.py (its docstring: the steps). "
         f"Shape: transformers' qwen3_5_text with {shape}. Speculator: {result['speculator']}. "
         f"Linear-attention kernels: {result['linear_kernels']}.",
         "",

@@ -1,8 +1,8 @@
 """TTFT of one model sharded over two ranks of this machine vs one process, per method, and the share
 of it spent in communication (issue 39 item 4).
 
-    nice -n 19 .venv/bin/python -m specfill.evaluation.distributed_ttft --out results/distributed/NAME \\
-        [--shape qwen2.5-0.5b] [--tokens 1024] [--model DIR --speculator DIR]
+    nice -n 19 .venv/bin/python research/distributed_ttft/distributed_ttft.py \\
+        --out research/distributed_ttft/results/NAME [--shape qwen2.5-0.5b] [--tokens 1024] [--model DIR --speculator DIR]
 
 writes NAME.json and NAME.md (atomically). The same prompt (seeded random ids) runs with full prefill,
 H2O and SpecPrefill in three set-ups: one process (no group), two ranks under `mlx.launch --backend
@@ -296,7 +296,7 @@ def markdown(result: dict) -> str:
         "",
         f"Machine: {result['machine']}. Launch: `mlx.launch --backend ring -n 2 --hosts 127.0.0.1` (both ranks on "
         "this machine's cores: sharding's cost, not its gain). Speculator: "
-        f"{result['speculator']} (replicated). Method: evaluation/distributed_ttft.py (its docstring says how "
+        f"{result['speculator']} (replicated). Method: research/distributed_ttft/distributed_ttft.py (its docstring says how "
         "communication is timed: every mx.distributed collective, inputs evaluated before the clock starts).",
         "",
         "| set-up | method | TTFT rank 0 (s) | slowest rank (s) | vs 1 process | instrumented TTFT (s) | "
