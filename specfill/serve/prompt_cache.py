@@ -393,6 +393,8 @@ class PromptCache:
     def speculator_step(self, model: Any, entry: Entry, stop: int | None = None) -> None:
         """The next COMPLETION_STEP tokens of the entry's speculator KV, to `stop` at most."""
         if self.spec_rebuild.step(model, entry, COMPLETION_STEP, stop):
+            if entry.kv is not None and self.max_bytes is not None and entry.nbytes > self.max_bytes:
+                entry.kv.speculator, entry.specprefilled = None, False  # too large with it: kept without
             if entry.path is not None and self.store is not None and not self.spec_rebuild.short(entry):
                 self.store.save_speculator(entry)  # its file was written before: the longer KV beside it
             self._evict(keep=entry)
@@ -419,7 +421,7 @@ class PromptCache:
         self.completed_tokens += end - entry.covered
         if info.kv.speculator is None:  # a rebuild from the start: the speculator's KV goes on beside it
             info.kv.speculator = entry.speculator
-        entry.kv = info.kv
+        entry.kv, entry.kept_speculator = info.kv, None  # kv holds it now (an evicted kv frees it too)
         entry.rebuilding = entry.covered < self._target(entry)
         self._evict(keep=entry)
 

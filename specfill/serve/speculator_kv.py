@@ -12,15 +12,14 @@ conversation so far and prefills only the new tokens.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from specfill.core.methods.prefill import prefill
 from specfill.core.runtime import KVState
 
-if TYPE_CHECKING:
-    from .prompt_cache import Entry
+Entry = Any  # a prompt_cache.Entry (not imported: prompt_cache imports this module)
 
 
 def speculator_context(model: Any, speculator: Any) -> int | None:
