@@ -115,6 +115,7 @@ def build_app(
             None if cache_memory is None else int(cache_memory * 1e9),
             store,
         )
+        cache.use_speculator(model, defaults.speculator)  # its KV of each SpecPrefill conversation, built up
     return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue, access=access)
 
 

@@ -129,7 +129,8 @@ class Engine:
         policy = plan.prompt_cache if self.cache is not None else "off"
         asked = plan.request.method
         if self.cache is not None and policy != "off" and asked.name != FULL.name:
-            self.cache.finish(plan.ids, self.model)  # the earlier turn's dense rebuild, before a sparse method
+            # the earlier turn's dense rebuild (and its speculator KV's, for SpecPrefill), before a sparse method
+            self.cache.finish(plan.ids, self.model, speculate=asked.speculator is not None)
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
         # a conversation's new tokens: the asked method (auto deciding on their length) from a prefix whose
         # slot i is token i (docs/methods.md), full attention after SpecPrefill's kept slots; no drafting

@@ -13,10 +13,13 @@ full attention. Policies:
   exact (default): only a dense KV (a full prefill's) is ever reused. A conversation whose KV came
     from sparse prefill (H2O, SpecPrefill, either from a reused prefix) is not reusable as such: its
     sparse part is dropped and rebuilt densely from its tokens in idle time (COMPLETION_STEP tokens
-    at a time between requests, from the dense prefix the method ran from; the speculator's KV is
-    kept); a request arriving before that finished prefills the rest densely itself (a sparse
-    method's request completes the rebuild first: finish). Either way the next turn attends to
-    every earlier token exactly as a dense run of the whole conversation would.
+    at a time between requests, from the dense prefix the method ran from); a request arriving before
+    that finished prefills the rest densely itself (a sparse method's request completes the rebuild
+    first: finish). Either way the next turn attends to every earlier token exactly as a dense run of
+    the whole conversation would. With the server's speculator (use_speculator), a conversation that
+    ran SpecPrefill (the composition, auto's too) or keeps a speculator KV then has that KV built up
+    densely in the same way, to what the main KV covers (prompt and reply: speculator_kv.py), before
+    it is written to disk; a SpecPrefill request arriving first has it done (finish).
   approximate: the KV is reused as it is (a SpecPrefill cache keeps only its kept prompt tokens, so
     it is never cut into them; an H2O cache holds KV computed under sparse attention, and a method
     runs from it as from a dense one: approximate, as the policy is); nothing is rebuilt.
@@ -54,6 +57,8 @@ from typing import Any
 
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, RecurrentCache, SamplingConfig
 
+from .speculator_kv import SpeculatorRebuild
+
 COMPLETION_STEP = 256  # tokens densely prefilled per idle step (a request arriving waits at most one step)
 CUT_SLACK = 64  # a conversation's tokens past the shared prefix that a request may cut off (or 1/8 of them)
 FULL = PrefillMethod("full")
@@ -86,6 +91,7 @@ class Entry:
     unsaved: bool = False
     whole: bool = False
     kept_speculator: KVState | None = None  # a rebuilding entry's speculator KV while kv has none
+    specprefilled: bool = False  # a turn of it ran SpecPrefill: its speculator KV is built up (speculator_kv.py)
 
     @property
     def speculator(self) -> KVState | None:
@@ -154,6 +160,7 @@ class PromptCache:
     """LRU set of conversations, bounded by their KV bytes and tokens (see the module doc)."""
 
     def __init__(self, max_tokens: int | None, context: int, max_bytes: int | None = None, store: Any = None):
+        self.spec_rebuild = SpeculatorRebuild()  # none until use_speculator
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
         self.context = context
@@ -201,6 +208,8 @@ class PromptCache:
         offset = best.kv.position_offset
         spec = best.speculator if offset == 0 else None  # the speculator's KV of the prompt's first tokens
         if cuttable(best, best_match):
+            if spec is not None:  # its slots past the match hold the conversation's cut-off tokens
+                spec = KVState(spec.cache, min(spec.slots, best_cached))
             self._drop(best)  # extended in place; put back (and written again) when the turn finishes
             state = KVState(best.kv.cache, best_cached - offset, offset, speculator=spec)
             return Reuse(state, best_cached, True, best.exact, best.fixed)
@@ -224,7 +233,7 @@ class PromptCache:
             fixed = reuse.fixed if reuse.hit else (prompt_tokens if kv.position_offset else 0)
             if method == "specprefill" and kv.position_offset:  # its kept tokens sit after the reused prefix
                 fixed = prompt_tokens
-            entry = Entry(list(tokens), kv, exact=dense, fixed=fixed)
+            entry = Entry(list(tokens), kv, exact=dense, fixed=fixed, specprefilled=method == "specprefill")
         else:  # rebuilt densely in idle time, from the dense prefix a sparse method ran from, speculator's KV kept
             start = KVState(kv.cache, kv.prefix, speculator=kv.speculator) if kv.prefix > 0 and reuse.exact else None
             if start is None and method == "h2o" and reuse.state is not None and reuse.exact and not kv.position_offset:
@@ -232,6 +241,7 @@ class PromptCache:
                 if not hybrid or kv.cache.exact_prefix(reuse.cached) == reuse.cached:
                     start = KVState(kv.cache, reuse.cached)  # H2O from a dense prefix: rebuilt from there
             entry = Entry(list(tokens), start, exact=True, rebuilding=True, kept_speculator=kv.speculator)
+            entry.specprefilled = method == "specprefill"
         if self.max_bytes is not None and entry.nbytes > self.max_bytes:
             return
         for old in sorted(
@@ -307,18 +317,22 @@ class PromptCache:
         or a read-only one)."""
         if self.store is None or not self.store.writable:
             return None
-        waiting = [
-            e for e in self.entries if e.kv is not None and e.path is None and not e.rebuilding and not e.unsaved
-        ]
+        ready = [e for e in self.entries if not e.rebuilding and not self.spec_rebuild.short(e)]  # built up first
+        waiting = [e for e in ready if e.kv is not None and e.path is None and not e.unsaved]
         return max(waiting, key=lambda e: e.used) if waiting else None
 
     def has_idle_work(self) -> bool:
-        return self.pending() is not None or self.unsaved() is not None
+        return any(
+            work is not None for work in (self.pending(), self.spec_rebuild.lagging(self.entries), self.unsaved())
+        )
 
     def idle_step(self, model: Any) -> None:
-        """One step of idle work: rebuilding a dense KV first, then writing an entry to disk."""
+        """One step of idle work: rebuilding a dense KV first, then the speculator's, then writing an
+        entry to disk."""
         if self.pending() is not None:
             self.complete_step(model)
+        elif (entry := self.spec_rebuild.lagging(self.entries)) is not None:
+            self.speculator_step(model, entry)
         elif (entry := self.unsaved()) is not None:
             self.save(entry)
 
@@ -358,13 +372,32 @@ class PromptCache:
     def _target(self, entry: Entry) -> int:
         return min(len(entry.tokens), self.context - 1)  # the step below needs a slot for one token
 
-    def finish(self, ids: list[int], model: Any) -> None:
+    def finish(self, ids: list[int], model: Any, speculate: bool = False) -> None:
         """Complete the dense rebuild of every conversation a prompt continues, up to what they share
-        (a sparse method then runs from the whole dense prefix: the module doc)."""
+        (a sparse method then runs from the whole dense prefix: the module doc); speculate (a request
+        that may run SpecPrefill): the speculator's KV of the one it reuses too (speculator_kv.py)."""
         for entry in [e for e in self.entries if e.rebuilding]:
             end = min(common_prefix(entry.tokens, ids), len(ids) - 1, self._target(entry))
             while entry.rebuilding and entry.covered < end:
                 self.complete_step(model, entry, end)
+        if speculate and self.entries:  # the longest dense match, as take picks (ties: the newest)
+            best = max(self.entries, key=lambda e: (min(common_prefix(e.tokens, ids), e.covered), e.used))
+            end = min(common_prefix(best.tokens, ids), len(ids) - 1, self.spec_rebuild.end(best))
+            while self.spec_rebuild.covered(best) < end:
+                self.speculator_step(model, best, end)
+
+    def use_speculator(self, model: Any, speculator: Any) -> None:
+        """Build every SpecPrefill conversation's speculator KV densely up to its end (speculator_kv.py)."""
+        self.spec_rebuild = SpeculatorRebuild(model, speculator)
+
+    def speculator_step(self, model: Any, entry: Entry, stop: int | None = None) -> None:
+        """The next COMPLETION_STEP tokens of the entry's speculator KV, to `stop` at most."""
+        if self.spec_rebuild.step(model, entry, COMPLETION_STEP, stop):
+            if entry.kv is not None and self.max_bytes is not None and entry.nbytes > self.max_bytes:
+                entry.kv.speculator, entry.specprefilled = None, False  # too large with it: kept without
+            if entry.path is not None and self.store is not None and not self.spec_rebuild.short(entry):
+                self.store.save_speculator(entry)  # its file was written before: the longer KV beside it
+            self._evict(keep=entry)
 
     def complete_step(self, model: Any, entry: Entry | None = None, stop: int | None = None) -> None:
         """Densely prefill the next COMPLETION_STEP tokens of `entry` (the pending conversation), to
@@ -388,7 +421,7 @@ class PromptCache:
         self.completed_tokens += end - entry.covered
         if info.kv.speculator is None:  # a rebuild from the start: the speculator's KV goes on beside it
             info.kv.speculator = entry.speculator
-        entry.kv = info.kv
+        entry.kv, entry.kept_speculator = info.kv, None  # kv holds it now (an evicted kv frees it too)
         entry.rebuilding = entry.covered < self._target(entry)
         self._evict(keep=entry)
 
@@ -405,6 +438,7 @@ class PromptCache:
             "hits": self.hits,
             "copies": self.copies,
             "completed_tokens": self.completed_tokens,
+            "speculator_tokens": self.spec_rebuild.tokens,
             "disk_entries": len(disk),
             "disk_bytes": None if self.store is None else self.store.nbytes,
             "max_disk_bytes": None if self.store is None else self.store.max_bytes,

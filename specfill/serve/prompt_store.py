@@ -333,6 +333,11 @@ class PromptStore:
         self._save_speculator(path, entry, slots + kv.position_offset)
         return str(path), slots + kv.position_offset, self._evict(keep=path)
 
+    def save_speculator(self, entry: Entry) -> None:
+        """Write the speculator KV of an entry written before again (grown since: speculator_kv.py)."""
+        if self.writable and entry.path is not None:
+            self._save_speculator(Path(entry.path), entry, entry.stored)
+
     def _companion(self, path: Path) -> Path:
         return path.with_name(path.name[: -len(SUFFIX)] + SPECULATOR)
 
