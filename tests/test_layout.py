@@ -234,7 +234,6 @@ PROBES_ALLOWED = {
     ("specfill/serve/system_turns.py", "tokenizer", "chat_template"): "a tokenizer: a base model's has none",
     ("specfill/serve/runner.py", "connection", "transport"): "uvicorn's connection: not every protocol's has one",
     ("specfill/serve/tool_mlx.py", "module", "parse_tool_call"): "a module: mlx-lm's tool parser, if it has one",
-    ("evaluation/distributed_ttft.py", "mx.distributed", "*"): "a module: the collectives this MLX has",
 }
 
 
