@@ -51,7 +51,8 @@ if [[ "${SMOKE:-0}" == 1 ]]; then
     MODEL=${MODEL:-random:tiny-llama} SPECULATOR=${SPECULATOR:-random:tiny-llama-32k} LENGTHS=${LENGTHS:-48,96}
     DEVICE=${DEVICE:-cpu} DTYPE=${DTYPE:-float32} KERNELS=${KERNELS:-off} REPEATS=${REPEATS:-2} DECODE=${DECODE:-8}
     ROOFLINE=${ROOFLINE:-h100}  # H100 figures on a CPU: only to exercise the code
-    TESTS=${TESTS:-tests/torch_cuda/test_attention.py}
+    # a quick file: the smoke run checks the step, the suite runs the tests
+    TESTS=${TESTS:-tests/torch_cuda_kernels/test_cpu_units.py}
     CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-float32}
     HYBRID_SHAPE=${HYBRID_SHAPE:-tiny} HYBRID_LENGTHS=${HYBRID_LENGTHS:-64} HYBRID_PARITY=${HYBRID_PARITY:-32}
     VARIANTS=${VARIANTS-"full-s32=full:--step 32"} DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager}

@@ -1,7 +1,7 @@
 """Triton kernels against their torch twins, and the conformance suite with kernels forced.
 
 Not collected by the main run (the name does not start with test_): test_torch_stages_kernels.py
-runs this file in a subprocess, under TRITON_INTERPRET=1 with CPU tensors when there is no GPU
+runs this file in two subprocesses (halves), under TRITON_INTERPRET=1 with CPU tensors when there is no GPU
 (Triton decides at decoration time whether it interprets), on CUDA otherwise. Shapes stay tiny:
 the interpreter runs every tile in NumPy.
 """
@@ -173,9 +173,12 @@ def test_speculative_importance_with_kernels_matches_twins():
     assert_close(got, want, torch.float32, "importance")
 
 
-# the whole-layer groups are the slow ones in the interpreter: fp16 layers are covered above (and
-# on a GPU, where every group runs in every dtype)
-SLOW_IN_INTERPRETER = ("h2o.layer", "h2o.prefix_layer")
+# the slow groups in the interpreter run float32 only there (on a GPU every group runs in every dtype):
+# the whole H2O layers (h2o.layer, h2o.prefix_layer, and the composed speculator's layers), whose
+# fp16 kernels test_h2o_layer_with_kernels_matches_twins covers; and specprefill.reuse, whose fp16
+# kernel (scoring) specprefill.attention_scores and specprefill.selection run here in fp16, its
+# reuse-specific selection running in float32 here and in fp16 on the twins (tests/test_conformance.py)
+SLOW_IN_INTERPRETER = ("h2o.layer", "h2o.prefix_layer", "specprefill.composed", "specprefill.reuse")
 CONFORMANCE = [
     (group, dtype)
     for group in CHECK_GROUPS
