@@ -4,7 +4,7 @@ Each backend package holds one Backend object (core/backend.py), `BACKEND` in it
 dtype=None, device=None) -> (model, tokenizer), available(), resolve_device / resolve_dtype and its CPU
 fallback, all implemented by its loader.py. Both packages have the same module names for the same
 parts: loader.py (load(): device and dtype resolution, checkpoint -> model), weights.py, model.py, rope.py, cache.py
-(the KV cache, core/ops.py's KVCache), ops.py (core/ops.py's ModelOps), method_ops.py, sampling.py,
+(the KV cache, core/ops.py's KVCache), ops.py (core/ops.py's ModelOps), method_ops.py,
 kernels/ (the hot stages), adapter.py / adapted.py / adapted_loader.py (another library's model with
 the attention adapted), conformance.py (the conformance suite's adapter). Importing a backend package
 (and so its Backend object) imports neither torch nor mlx: loader.py does, on the first load.

@@ -9,7 +9,7 @@ import numpy as np
 
 from .ops import KVCache, ModelOps
 from .runtime import GenerationInfo, KVState, SamplingConfig
-from .sampling import HostSampler
+from .sampling import greedy, make_sampler
 from .stages import A
 
 LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]  # (ids so far, logits [vocab]) -> logits
@@ -18,24 +18,23 @@ LogitsProcessor = Callable[[Sequence[int], np.ndarray], np.ndarray]  # (ids so f
 def token_chooser(
     ops: ModelOps[A], sampling: SamplingConfig, history: Sequence[int], processors: Sequence[LogitsProcessor] = ()
 ) -> Callable[[A], A]:
-    """float32 logits [vocab] -> the chosen token as a backend int array [1]: the backend's own
-    sampler, or core/sampling.py's on a host copy when a penalty, top_k or min_p is on, or when
-    logits processors are given (mlx-lm's `logits_processors`, on the host: each gets the prompt's
-    ids and those chosen so far, and the float32 logits [vocab], and returns logits; the server's
-    constrained decoding, specfill/serve/token_mask.py, is one)."""
-    if not sampling.host_side and not processors:
-        return ops.sampler(sampling)
-    host = HostSampler(sampling, history)
-    ids = list(history) if processors else []
+    """float32 logits [vocab] -> the chosen token as a backend int array [1]: core/sampling.py's
+    sampler on a host copy, after the logits processors (mlx-lm's `logits_processors`, on the host:
+    each gets the prompt's ids and those chosen so far, and the float32 logits [vocab], and returns
+    logits; the server's constrained decoding, specfill/serve/token_mask.py, is one). Plain greedy
+    decoding without processors takes the device's argmax, the same token without a host copy (a
+    lazy backend then queues step n + 1 on the token still being computed)."""
+    if greedy(sampling) and not processors:
+        return ops.argmax
+    sampler = make_sampler(sampling, history)
+    ids = list(history)
 
     def choose(logits: A) -> A:
         scores = ops.to_numpy(logits)
         for processor in processors:
             scores = processor(ids, scores)
-        token = host.choose(scores)
-        if processors:
-            ids.append(token)
-        return ops.tokens(np.array([token], dtype=np.int64))
+        ids.append(sampler(scores))
+        return ops.tokens(np.array(ids[-1:], dtype=np.int64))
 
     return choose
 

@@ -306,7 +306,11 @@ class CausalLM(LoadedModel[A]):
                     processors=processors,
                 )
             else:
-                tokens = self._drafted(
+                from .methods.drafting import drafted_decode
+
+                tokens = drafted_decode(
+                    self.ops,
+                    self.model,
                     ids,
                     last,
                     cache,
@@ -362,79 +366,6 @@ class CausalLM(LoadedModel[A]):
             dense = 0 if kept is None else min(kept.slots, reuse.tokens)  # the speculator's cache it started from
             return KVState(cache, dense) if dense > 0 else None
         return KVState(cache, sparse.speculator.n_prompt)
-
-    def _drafted(
-        self,
-        ids: np.ndarray,
-        last: np.ndarray,
-        cache: Any,
-        draft: DraftSource,
-        sparse: SparsePrefill | None,
-        drafting: Drafting,
-        *,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        stop_ids: frozenset[int],
-        info: GenerationInfo,
-    ) -> Iterator[int]:
-        """The first token from the prefill's last logits [vocab] (host), then speculative decoding
-        with `draft` prepared to read it (a draft model prefills the prompt here). The draft length
-        adapts unless drafting.adaptive is off; a seeded sampling run ignores the clock (repeatable)."""
-        from .methods.draft_length import DraftLength
-        from .methods.drafting import probabilities, speculative_decode
-
-        rng = np.random.default_rng(sampling.seed)
-        first = (
-            int(np.argmax(last))
-            if sampling.temperature == 0.0
-            else int(rng.choice(last.size, p=probabilities(last, sampling)))
-        )
-        info.decode.from_draft.append(False)
-        yield first
-        if first in stop_ids or max_tokens == 1:
-            return
-        started = self.ops.wall_time()
-        state = draft.prepare(self.ops, self.model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
-        info.decode.seconds["draft_prefill"] = self.ops.wall_time() - started
-        length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive, timed=sampling.clock_free)
-        book = draft.costs_book()
-        if book is not None:
-            book.seed(length)  # costs kept from earlier runs: no single slow first measurement decides
-        info.decode.draft_lengths = length.trajectory
-
-        def keep_costs(stopped: bool) -> None:
-            if book is not None:
-                seconds, reply = info.decode.seconds["draft_prefill"], (produced, stopped)
-                book.remember(length, seconds, len(ids), state.drafted, state.accepted, reply)
-
-        produced = 1
-        steps = speculative_decode(
-            self.ops,
-            self.model,
-            cache,
-            first,
-            next_position=len(ids),
-            draft=state,
-            length=length,
-            max_tokens=max_tokens,
-            sampling=sampling,
-            stop_ids=stop_ids,
-            rng=rng,
-        )
-        for token, from_draft in steps:
-            info.decode.drafted_tokens, info.decode.accepted_tokens = state.drafted, state.accepted
-            info.decode.seconds.update(state.seconds)
-            info.decode.from_draft.append(from_draft)
-            produced += 1
-            if token in stop_ids or produced == max_tokens:
-                keep_costs(token in stop_ids)  # before the last token: a reader stops there, never resuming us
-                yield token
-                return
-            try:
-                yield token
-            except GeneratorExit:  # closed early (a stop string, a cancel): what was measured still counts
-                keep_costs(True)
-                raise
 
     def peak_memory_gb(self) -> float:
         """Peak device memory (or the process's peak resident set on CPU) so far, in GB (since the

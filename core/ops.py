@@ -26,7 +26,6 @@ from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from .runtime import SamplingConfig
 from .stages import A, AttentionState, AttentionTerms, InterResult, IntraResult, KeyWindow, MemorySet
 
 
@@ -399,8 +398,9 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def stack(self, arrays: Sequence[A]) -> A:
         """Stack along a new leading axis."""
 
-    def sampler(self, sampling: SamplingConfig) -> Any:
-        """A callable: float32 logits [vocab] -> the chosen token as an int array [1]."""
+    def argmax(self, logits: A) -> A:
+        """The most likely token of float32 logits [vocab] as an int array [1], the lowest id among
+        tied maxima (plain greedy decoding; every other choice is core/sampling.py's)."""
 
     def item(self, x: A) -> int:
         """A one-element array's value on the host."""

@@ -41,7 +41,7 @@ def _sampling_error(message: str, name: str) -> ConfigError:
 class SamplingConfig:
     """temperature 0 is greedy; top_p 1.0 is off; seed makes sampling repeatable. top_k (0: off),
     min_p (0: off) and the penalties (repetition 1.0, presence 0, frequency 0: off) are defined in
-    core/sampling.py, which samples whenever one of them is on (`host_side`)."""
+    core/sampling.py, the one sampler of every setting."""
 
     temperature: float = setting(0.0, "sampling temperature (0: greedy)")
     top_p: float = setting(1.0, "sample from the most likely tokens holding this probability (1: off)")
@@ -79,17 +79,6 @@ class SamplingConfig:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise _sampling_error(f"{name} must be in [-2, 2] (0: off), got {getattr(self, name)}", name)
-
-    @property
-    def host_side(self) -> bool:
-        """Whether core/sampling.py must choose the tokens (a setting the backends' samplers lack)."""
-        return (
-            self.top_k > 0
-            or self.min_p > 0.0
-            or self.repetition_penalty != 1.0
-            or self.presence_penalty != 0.0
-            or self.frequency_penalty != 0.0
-        )
 
     @property
     def clock_free(self) -> bool:
@@ -257,11 +246,11 @@ class KVState:
 
 def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling: SamplingConfig) -> None:
     """Speculative decoding's limits, checked once where a request is made (core/request.build_request;
-    the driver runs a request's parts as they are): no host-side sampling settings yet, and no draft
+    the driver runs a request's parts as they are): temperature, top_p and seed only yet, and no draft
     model only after speculative prefill (the speculator drafts from the prompt KV it built)."""
     if drafting is None:
         return
-    if sampling.host_side:
+    if sampling != SamplingConfig(sampling.temperature, sampling.top_p, sampling.seed):
         raise ConfigError(
             "num_draft_tokens (speculative decoding) with top_k, min_p or a penalty is not supported yet",
             "num_tokens",

@@ -1,9 +1,14 @@
-"""The backend-neutral sampler: penalties, top-k, min-p, top-p and temperature on host logits.
+"""The sampler: one for both backends and every setting, on host logits (NumPy).
 
-Both backends sample through it whenever a setting beyond temperature / top-p is on
-(SamplingConfig.host_side); plain greedy and temperature / top-p keep the backends' own samplers
-(no host copy per token). The definitions are llama.cpp's and mlx-lm's, over the last
-PENALTY_WINDOW tokens of the prompt plus the tokens generated so far (llama.cpp's penalty_last_n):
+`make_sampler(sampling, history)` builds it once per decode, as mlx-lm's make_sampler does: a
+callable from float logits [vocab] to the chosen token id. The decode loop (core/decoding.py) hands
+it a host copy of each step's logits, after the logits processors if there are any; speculative
+decoding draws its drafts and its tokens with `draw` and the same `probabilities`. Plain greedy
+decoding (`greedy`: temperature 0 and no penalty) takes the argmax on the device instead
+(ModelOps.argmax): the same token, the lowest id of tied maxima, without a host copy per token.
+
+The definitions are llama.cpp's and mlx-lm's, over the last PENALTY_WINDOW tokens of the prompt
+plus the tokens generated so far (llama.cpp's penalty_last_n):
 
 - repetition_penalty r (llama.cpp / mlx-lm / CTRL): a seen token's logit l becomes l / r if l > 0,
   else l * r (r > 1 makes repeats less likely; 1 is off).
@@ -13,7 +18,7 @@ PENALTY_WINDOW tokens of the prompt plus the tokens generated so far (llama.cpp'
 - min_p m: only tokens whose probability is at least m times the most likely one's stay, measured
   before temperature as llama.cpp and mlx-lm do (0 is off).
 - then temperature (0: the argmax of the penalised, filtered logits) and top_p on the scaled
-  probabilities (the backends' rule; speculative decoding's acceptance reads the same one).
+  probabilities (speculative decoding's acceptance reads the same rule).
 
 All arithmetic is float64 on the host: the logits arrive as float32 [vocab] NumPy arrays.
 """
@@ -21,14 +26,29 @@ All arithmetic is float64 on the host: the logits arrive as float32 [vocab] NumP
 from __future__ import annotations
 
 from collections import Counter, deque
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from .runtime import SamplingConfig
 
 PENALTY_WINDOW = 64  # tokens the penalties look back over (llama.cpp's default penalty_last_n)
-HOST_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")  # their names
+# the settings beyond temperature, top_p and seed (the CLI's and the server's further sampling options)
+HOST_FIELDS = ("top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
+NUCLEUS_CANDIDATES = 256  # the most likely tokens top_p sorts first (eight times more while the cut is past them)
+
+Sampler = Callable[[np.ndarray], int]  # float logits [vocab] -> the chosen token id
+
+
+def greedy(sampling: SamplingConfig) -> bool:
+    """Whether every token is the argmax of the model's own logits: temperature 0 and no penalty
+    (top_k and min_p keep the argmax, ties to the lower id as argmax breaks them)."""
+    return (
+        sampling.temperature == 0.0
+        and sampling.repetition_penalty == 1.0
+        and sampling.presence_penalty == 0.0
+        and sampling.frequency_penalty == 0.0
+    )
 
 
 def penalize(logits: np.ndarray, window: Iterable[int], sampling: SamplingConfig) -> np.ndarray:
@@ -62,19 +82,45 @@ def filtered(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
     return out
 
 
+def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
+    """probs [vocab] cut to the smallest set of most likely tokens (ties: the lower id first) whose
+    mass reaches top_p, renormalised. Only the NUCLEUS_CANDIDATES most likely tokens are sorted
+    while the cut falls among them: each token left out is less likely than every candidate, so
+    the candidates' order is the vocabulary's, and so are their masses before them."""
+    size = NUCLEUS_CANDIDATES
+    while True:
+        if size < probs.size:
+            floor = np.partition(probs, probs.size - size)[probs.size - size]
+            candidates = np.flatnonzero(probs >= floor)
+        else:
+            candidates = np.arange(probs.size)
+        order = candidates[np.argsort(-probs[candidates], kind="stable")]
+        before = np.cumsum(probs[order]) - probs[order]  # mass of strictly more likely tokens
+        if candidates.size == probs.size or before[-1] >= top_p:
+            break
+        size *= 8
+    kept = order[before < top_p]
+    cut = np.zeros_like(probs)
+    cut[kept] = probs[kept]
+    return cut / cut.sum()
+
+
 def probabilities(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
     """The distribution [vocab] (float64) of float logits [vocab] (filtered or not): temperature,
     then the smallest set of tokens whose probability reaches top_p, renormalised."""
     scaled = logits.astype(np.float64) / sampling.temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
-    if sampling.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]  # mass of strictly more likely tokens
-        cut = np.zeros_like(probs)
-        cut[order] = np.where(before < sampling.top_p, probs[order], 0.0)
-        probs = cut / cut.sum()
-    return probs
+    return nucleus(probs, sampling.top_p) if sampling.top_p < 1.0 else probs
+
+
+def draw(scores: np.ndarray, sampling: SamplingConfig, rng: np.random.Generator) -> tuple[int, np.ndarray | None]:
+    """A token from float logits [vocab] and the distribution it was drawn from: the argmax and
+    None at temperature 0, else a draw from `probabilities`."""
+    if sampling.temperature == 0.0:
+        return int(np.argmax(scores)), None
+    probs = probabilities(scores, sampling)
+    return int(rng.choice(probs.size, p=probs)), probs
 
 
 class HostSampler:
@@ -92,10 +138,12 @@ class HostSampler:
     def choose(self, logits: np.ndarray) -> int:
         """The next token id from float logits [vocab]; it joins the penalty window."""
         scores = filtered(penalize(np.asarray(logits).reshape(-1), self.window, self.sampling), self.sampling)
-        if self.sampling.temperature == 0.0:
-            token = int(np.argmax(scores))
-        else:
-            probs = probabilities(scores, self.sampling)
-            token = int(self.rng.choice(probs.size, p=probs))
+        token, _ = draw(scores, self.sampling, self.rng)
         self.window.append(token)
         return token
+
+
+def make_sampler(sampling: SamplingConfig, history: Iterable[int] = ()) -> Sampler:
+    """The sampler of one decode: float logits [vocab] -> token id, by every setting of `sampling`
+    (its seed fixes the draws), with `history` (the prompt's ids) as the penalties' first window."""
+    return HostSampler(sampling, history).choose

@@ -1,14 +1,17 @@
-"""core/sampling.py: the penalties, top_k and min_p by their llama.cpp / mlx-lm definitions, and the
-driver decoding through it on both backends exactly as a host loop over full forwards does."""
+"""core/sampling.py: the penalties, top_k and min_p by their llama.cpp / mlx-lm definitions, top_p's
+nucleus, and the driver decoding through it on both backends exactly as a host loop over full
+forwards does (every setting, temperature and top_p alone included: one sampler)."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from specfill.core.errors import ConfigError
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
-from specfill.core.sampling import PENALTY_WINDOW, HostSampler, filtered, penalize
+from specfill.core.sampling import PENALTY_WINDOW, HostSampler, filtered, make_sampler, nucleus, penalize
 from tests.fixtures.reference_runs import prompt
 from tests.test_drafting import BACKENDS, load
 
@@ -43,6 +46,51 @@ def test_top_k_keeps_exactly_k_with_ties_to_the_lower_id():
             HostSampler(SamplingConfig(temperature=temperature, top_k=1, seed=s)).choose(logits) for s in range(20)
         }
         assert draws == {int(np.argmax(logits))} == {1}
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = np.log(np.array([0.05, 0.5, 0.3, 0.15]))
+    sampler = make_sampler(SamplingConfig(temperature=1.0, top_p=0.7, seed=0))
+    draws = Counter(sampler(logits) for _ in range(400))
+    assert set(draws) == {1, 2}  # 0.5 + 0.3 reaches 0.7; tokens 3 and 0 are cut
+    assert 0.5 < draws[1] / 400 < 0.75  # renormalised 0.625
+    plain = make_sampler(SamplingConfig(temperature=1.0, seed=0))
+    assert set(Counter(plain(logits) for _ in range(400))) == {0, 1, 2, 3}
+
+
+def test_low_temperature_sampling_is_greedy():
+    sampler = make_sampler(SamplingConfig(temperature=1e-3, seed=0))
+    assert {sampler(np.array([0.0, 1.0, 0.5], dtype=np.float32)) for _ in range(50)} == {1}
+
+
+def whole_vocabulary_nucleus(probs, top_p):
+    """top_p's definition over the whole sorted vocabulary (ties: the lower id first)."""
+    order = np.argsort(-probs, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]
+    cut = np.zeros_like(probs)
+    cut[order] = np.where(before < top_p, probs[order], 0.0)
+    return cut / cut.sum()
+
+
+@pytest.mark.parametrize("spread", [0.5, 3.0, 12.0])
+def test_nucleus_sorting_candidates_only_is_the_whole_vocabulary_nucleus(spread):
+    """Only the most likely tokens are sorted (more while the cut is past them): the same set as
+    sorting the whole vocabulary, from a nucleus of one token to thousands, with tied probabilities
+    at the candidates' edge."""
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        logits = np.round(rng.standard_normal(5000) * spread, 1)  # rounded: many ties
+        probs = np.exp(logits - logits.max())
+        probs /= probs.sum()
+        for top_p in (0.05, 0.5, 0.9, 0.999):
+            np.testing.assert_array_equal(nucleus(probs, top_p), whole_vocabulary_nucleus(probs, top_p))
+
+
+def test_seeded_sampler_repeats():
+    logits = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    config = SamplingConfig(temperature=1.0, top_p=0.9, seed=4)
+    first, again = make_sampler(config), make_sampler(config)
+    assert [first(logits) for _ in range(20)] == [again(logits) for _ in range(20)]
 
 
 @pytest.mark.slow

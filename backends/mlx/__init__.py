@@ -9,7 +9,6 @@ The model runtime:
                   package's BACKEND (core/backend.py) calls it
   weights.py      GGUF (quantized layers kept), safetensors and mlx-lm directories -> arrays
   model.py        the Llama/Mistral/Qwen2/Qwen3/Gemma 3 modules; rope.py (explicit positions); cache.py
-  sampling.py     greedy / temperature / top-p on the device
   ops.py          the ops protocol of core/ops.py on mx.arrays (the methods and the generation
                   driver are written once, in core/methods/ and core/driver.py)
 

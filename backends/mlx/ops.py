@@ -1,7 +1,7 @@
 """The ops protocol (core/ops.py) on mx.arrays: what the one walk of each method calls.
 
 The hot stages go through the kernels/ dispatchers (Metal where it exists, MLX-ops twins
-elsewhere, or forced by `use_kernels`); the rest is in method_ops.py, the sampler in sampling.py.
+elsewhere, or forced by `use_kernels`); the rest is in method_ops.py.
 MLX is lazy: `settle` evaluates a prefill step's cache and method state (bounding the graph),
 `schedule` starts the next decode step while the current token is handed out (mlx-lm's overlap).
 """
@@ -19,13 +19,11 @@ import numpy as np
 import specfill.backends.mlx.method_ops as method_ops
 from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
 from specfill.core.ops import KernelStages
-from specfill.core.runtime import SamplingConfig
 
 from .cache import LayerKVCache, ModelKVCache, make_cache
 from .method_ops import stage_kernels
 from .model import LayerView, Model, causal_attention, terms_attention, windowed_attention
 from .model import causal_attention as causal_step_attention
-from .sampling import Sampler, make_sampler
 
 
 class MLXOps(KernelStages):
@@ -128,8 +126,8 @@ class MLXOps(KernelStages):
     def stack(self, arrays: Sequence[mx.array]) -> mx.array:
         return mx.stack(list(arrays))
 
-    def sampler(self, sampling: SamplingConfig) -> Sampler:
-        return make_sampler(sampling)
+    def argmax(self, logits: mx.array) -> mx.array:
+        return mx.argmax(logits[None], axis=-1)
 
     def item(self, x: mx.array) -> int:
         return int(x.reshape(-1)[0].item())

@@ -8,7 +8,6 @@ The model runtime:
                   the package's BACKEND (core/backend.py) calls it
   weights.py      Hugging Face-named weights -> the model; lean_load.py: a GGUF file tensor by tensor
   model.py        the Llama/Mistral/Qwen2/Qwen3/Gemma 3 modules; rope.py; attention.py; cache.py (KV cache)
-  sampling.py     greedy / temperature / top-p on the device
   ops.py          the ops protocol of core/ops.py on torch tensors; placement.py: the CUDA runtime seam
   adapter.py, adapted.py, adapted_probe.py, adapted_loader.py: transformers' models with the attention adapted
   kernels/, method_ops.py, conformance.py: the sparse prefill stages (Triton kernels and torch twins)

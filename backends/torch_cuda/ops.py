@@ -1,7 +1,7 @@
 """The ops protocol (core/ops.py) on torch tensors: what the one walk of each method calls.
 
 The hot stages go through the kernels/ dispatchers (Triton on CUDA, torch twins elsewhere, or
-forced by `use_kernels`); the rest is in method_ops.py, the sampler in sampling.py. Softmax
+forced by `use_kernels`); the rest is in method_ops.py. Softmax
 statistics and scores are float32 (float64 for float64 inputs).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -18,14 +18,12 @@ import specfill.backends.torch_cuda.method_ops as method_ops
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
 from specfill.core.ops import KernelStages
-from specfill.core.runtime import SamplingConfig
 
 from .attention import causal_attention as causal_step_attention
 from .attention import terms_attention, windowed_attention
 from .cache import ModelKVCache
 from .method_ops import stage_kernels
 from .model import Transformer, few_row_products
-from .sampling import make_generator, sample
 
 MAX_GRAPH_TOKENS = 16  # decode and verify steps up to this many tokens take the static path (decode_graph.py)
 
@@ -186,9 +184,8 @@ class TorchOps(KernelStages):
     def stack(self, arrays: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack(list(arrays))
 
-    def sampler(self, sampling: SamplingConfig) -> Callable[[torch.Tensor], torch.Tensor]:
-        generator = make_generator(sampling, self.device)
-        return lambda logits: sample(logits, sampling, generator)
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1, keepdim=True)
 
     def item(self, x: torch.Tensor) -> int:
         return int(x.reshape(-1)[0])

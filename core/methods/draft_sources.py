@@ -23,7 +23,7 @@ from ..errors import ConfigError, PromptTooLongError
 from ..hybrid import max_rollback
 from ..ops import ModelOps
 from ..runtime import SamplingConfig, check_companion, self_speculator_layers
-from ..sampling import probabilities
+from ..sampling import draw
 from ..stages import A
 from .prefill import prefill
 
@@ -58,9 +58,7 @@ class DraftState(ABC):
         for _ in range(n):
             out = ops.forward(self.model, ops.tokens(np.array(feed)), position, self.cache, None, len(feed) - 1)
             position, self.written = position + len(feed), self.written + len(feed)
-            logits = ops.to_numpy(out[-1])
-            q = probabilities(logits, sampling) if sampling.temperature > 0 else None
-            token = int(rng.choice(q.size, p=q)) if q is not None else int(np.argmax(logits))
+            token, q = draw(ops.to_numpy(out[-1]), sampling, rng)
             tokens.append(token)
             probs.append(q)
             feed = [token]
@@ -76,14 +74,13 @@ class OwnCacheDraft(DraftState):
     """A draft model with a cache of its own (a separate draft model, or the speculator)."""
 
     def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
-        """Keep the cache entries of tokens the main model accepted; what the draft has not read
-        (the rejected tail excluded) becomes pending."""
-        kept = len(self.pending) + min(accepted, max(n_drafts - 1, 0)) if n_drafts else 0
+        """The draft read its pending tokens and every draft but the last (`written` slots): it keeps
+        the slots of those the main model accepted, and what follows them in the stream is pending."""
+        unread = self.pending + stream[1:]  # the stream from the draft's position on
+        kept = len(self.pending) + min(accepted, n_drafts - 1) if n_drafts else 0
         self.cache.trim(self.written - kept)
         self.position += kept
-        self.pending = (
-            self.pending[kept:] + stream[1:] if kept < len(self.pending) else stream[1 + kept - len(self.pending) :]
-        )
+        self.pending = unread[kept:]
 
 
 @dataclass

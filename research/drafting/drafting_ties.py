@@ -23,25 +23,21 @@ from specfill.evaluation.machine import describe_machine, machine_line
 
 
 def plain_with_margins(model, tokenizer, ids, method, max_tokens: int) -> tuple[list[int], list[float]]:
-    """Plain greedy decode, recording each step's top-1 minus top-2 logit (the sampler sees every
-    step's logits)."""
+    """Plain greedy decode, recording each step's top-1 minus top-2 logit (greedy's argmax,
+    ModelOps.argmax, sees every step's logits)."""
     margins: list[float] = []
-    ops, sampler = model.ops, model.ops.sampler
+    ops, argmax = model.ops, model.ops.argmax
 
-    def recording(config):
-        choose = sampler(config)
+    def recording(logits):
+        top = np.sort(ops.to_numpy(logits).astype(np.float64).ravel())[-2:]
+        margins.append(float(top[1] - top[0]))
+        return argmax(logits)
 
-        def wrapped(logits):
-            top = np.sort(ops.to_numpy(logits).astype(np.float64).ravel())[-2:]
-            margins.append(float(top[1] - top[0]))
-            return choose(logits)
-        return wrapped
-
-    ops.sampler = recording  # an instance attribute over the method, removed below
+    ops.argmax = recording  # an instance attribute over the method (greedy's argmax), removed below
     try:
         tokens = [r.token for r in stream_generate(model, tokenizer, ids, max_tokens, method=method)]
     finally:
-        del ops.sampler
+        del ops.argmax
     return tokens, margins
 
 
