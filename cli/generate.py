@@ -7,16 +7,9 @@ import sys
 import warnings
 from typing import Any, Callable
 
-from specfill.api import (
-    choose_device,
-    format_stats,
-    launched_group,
-    load,
-    load_request_models,
-    resolve_backend,
-    stream_request,
-)
-from specfill.core import ConfigError, SpecfillWarning
+from specfill.api import format_stats
+from specfill.api import open as open_session
+from specfill.core import SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
 
@@ -135,39 +128,25 @@ def cli_request(args: argparse.Namespace) -> GenerationRequest:
 
 
 def run(args: argparse.Namespace) -> int:
-    request = cli_request(args)
-    args.backend = resolve_backend(args.backend)
+    request = cli_request(args)  # every flag checked before any model loads
     prompt_text = read_prompt(args)
-    args.device, notice = choose_device(args.backend, args.device)  # unknown or not installed: one clear error
-    if notice is not None:
-        print(f"specfill: {notice}", file=sys.stderr)
-    if args.model is None and args.model_file is not None:
-        raise ConfigError("--model-file needs --model owner/repo")
-    group = launched_group(args.backend)  # under mlx.launch: the model is sharded over the ranks
-    if args.pipeline and group is None:
-        raise ConfigError(
-            "--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch with more than one rank"
-        )
-    model, tokenizer = load(
+    session = open_session(  # the backend and device rules, mlx.launch's ranks, the model and its speculators
         args.model,
         backend=args.backend,
-        dtype=args.dtype,
         device=args.device,
+        dtype=args.dtype,
         model_file=args.model_file,
         download=args.download,
-        group=group,
         pipeline=args.pipeline,
+        notify=lambda notice: print(f"specfill: {notice}", file=sys.stderr),
     )
-    quiet = group is not None and group.rank() != 0  # every rank generates alike; rank 0 prints
-    request = load_request_models(request, model, tokenizer, dtype=args.dtype, device=args.device)
-    prompt = build_prompt(tokenizer, prompt_text, args)
+    prompt = build_prompt(session.tokenizer, prompt_text, args)
     last, info = None, GenerationInfo()
     bar = PrefillProgressBar(info=info)  # the whole time to first token, every prefill stage weighted
-    say = (lambda *_, **__: None) if quiet else print
+    say = print if session.leads else (lambda *_, **__: None)  # every rank generates alike; rank 0 prints
     say("=" * 10)
-    for last in stream_request(
-        model, tokenizer, prompt, request, prompt_progress_callback=None if quiet else bar.update, prefill_info=info
-    ):
+    progress = bar.update if session.leads else None
+    for last in session.stream(prompt, request, prompt_progress_callback=progress, prefill_info=info):
         bar.close()
         say(last.text, end="", flush=True)
     say()

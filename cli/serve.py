@@ -11,22 +11,30 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specfill.api import choose_device, launched_group, load, load_speculator, resolve_backend
+from specfill.api import Session, launched_group
+from specfill.api import open as open_session
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
-from specfill.core.request import build_request
+from specfill.core.request import build_request, find
 
 from .options import (
+    BACKEND_HELP,
     MODEL_HELP,
     add_method_options,
     add_sampling_options,
+    add_setting_option,
     h2o_config,
     sampling_options,
     specprefill_config,
 )
 
+# On purpose smaller than the core's DEFAULT_PREFILL_STEP_SIZE (2048, mlx-lm's, which `generate` and the
+# API use): the server sends a progress event and notices a client gone or a shutdown after each step,
+# so its step is that granularity too (llama.cpp's server default, -ub 512)
+SERVER_PREFILL_STEP_SIZE = 512
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="cuda", help="mlx or cuda (default: %(default)s)")
+    p.add_argument("--backend", default=None, help=BACKEND_HELP)  # the platform rule, as every command
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument(
         "--served-model-name",
@@ -48,12 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "a coding agent asks for on its own, such as Claude Code's small model); not listed by /v1/models, "
         "answered as the first served name (default: none)",
     )
-    p.add_argument(
-        "--method",
-        choices=("full", "h2o", "specprefill"),
-        default="full",
-        help="prefill method when a request names none (default: %(default)s)",
-    )
+    method = find("PrefillMethod", "name")  # the settings table's choices and default, auto included
+    add_setting_option(p, method, choices=method.choices, help=f"{method.help}; for requests that name none")
     p.add_argument(
         "--speculator", default=None, help="speculator model path, or self:K; needed for specprefill requests"
     )
@@ -62,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-step-size",
         type=int,
-        default=512,
+        default=SERVER_PREFILL_STEP_SIZE,
         help="tokens per full-prefill step, and per step of the speculator's pass (SpecPrefill): the "
         "server sends a progress event and notices a client gone or a shutdown after each step "
         "(H2O steps by its logical batch -b); default %(default)s, as llama.cpp's -ub",
@@ -204,13 +208,9 @@ def run(args: argparse.Namespace) -> int:
             specprefill=spec,
             speculator=args.speculator,
         )  # the default request's checks, before loading
-    group = launched_group(args.backend)  # under mlx.launch: rank 0 serves, the others follow it
-    if args.pipeline and group is None:
-        raise ConfigError(
-            "--pipeline shards the model over the ranks mlx.launch starts: run under mlx.launch with more than one rank"
-        )
+    group = launched_group(args.backend)  # under mlx.launch: rank 0 serves, the others follow it (open: --pipeline)
     if group is not None and group.rank() != 0:
-        return _follow(args, group)
+        return _follow(args)
     serve.configure_logging(args.log_level)
     sock = serve.runner.bind(args.host, args.port)  # before the model loads: a port in use fails at once
     if not serve.runner.is_loopback(args.host) and not args.api_key:
@@ -226,23 +226,23 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
 
 
-def _load(args: argparse.Namespace, group: Any) -> tuple[Any, Any, Any, int | None]:
-    """(model, tokenizer, speculator, the speculator's context): the same on every rank."""
-    args.device, notice = choose_device(args.backend, args.device)  # unknown or not installed: one clear error
-    args.backend = resolve_backend(args.backend)
-    if notice is not None:
-        print(f"specfill: {notice}", file=sys.stderr)
-    model, tokenizer = load(
-        args.model, backend=args.backend, dtype=args.dtype, device=args.device, group=group, pipeline=args.pipeline
+def _load(args: argparse.Namespace) -> tuple[Session, int | None]:
+    """(the session: model, tokenizer and speculator, the speculator's context): the same on every rank."""
+    session = open_session(  # the backend and device rules, mlx.launch's ranks (--pipeline), the speculator once
+        args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        speculator=args.speculator,
+        pipeline=args.pipeline,
+        prefill_step_size=args.prefill_step_size,  # progress and cancellation granularity
+        notify=lambda notice: print(f"specfill: {notice}", file=sys.stderr),
     )
-    model.prefill_step_size = args.prefill_step_size  # progress and cancellation granularity
-    speculator, spec_context = None, None
-    if args.speculator is not None:
-        speculator = load_speculator(args.speculator, model, tokenizer, dtype=args.dtype, device=args.device)
-        if not isinstance(speculator, str):
-            spec_context = speculator.args.max_position_embeddings
-            speculator.prefill_step_size = args.prefill_step_size
-    return model, tokenizer, speculator, spec_context
+    speculator = session.speculator
+    spec_context = (
+        None if speculator is None or isinstance(speculator, str) else speculator.args.max_position_embeddings
+    )
+    return session, spec_context
 
 
 def _channel(model: Any, speculator: Any) -> Any:
@@ -252,16 +252,16 @@ def _channel(model: Any, speculator: Any) -> Any:
     return Channel(model, [] if speculator is None or isinstance(speculator, str) else [speculator])
 
 
-def _follow(args: argparse.Namespace, group: Any) -> int:
+def _follow(args: argparse.Namespace) -> int:
     """Every rank but 0 under mlx.launch: load alike, then do what rank 0 does (serve/distributed.py)."""
     from specfill.serve.distributed import engine_for, follow
 
-    model, tokenizer, speculator, _ = _load(args, group)
+    session, _ = _load(args)
     if args.chat_template is not None:
-        tokenizer.chat_template = _server_modules().read_chat_template(args.chat_template)
+        session.tokenizer.chat_template = _server_modules().read_chat_template(args.chat_template)
     return follow(
-        engine_for(model, tokenizer, args.prompt_cache, args.cache_tokens, None, args.cache_memory),
-        _channel(model, speculator),
+        engine_for(session.model, session.tokenizer, args.prompt_cache, args.cache_tokens, None, args.cache_memory),
+        _channel(session.model, session.speculator),
     )
 
 
@@ -274,7 +274,8 @@ def _serve(
     group: Any = None,
 ) -> int:
     """Load, build the app, serve on the bound socket until a signal."""
-    model, tokenizer, speculator, spec_context = _load(args, group)
+    session, spec_context = _load(args)
+    model, tokenizer, speculator = session.model, session.tokenizer, session.speculator
     if args.chat_template is not None:
         tokenizer.chat_template = serve.read_chat_template(args.chat_template)
     names = tuple(args.served_model_name or (served_name(args.model),))
@@ -315,7 +316,7 @@ def _serve(
     )
     where = "" if group is None else f", {model.distributed.describe()}"
     print(
-        f"specfill: serving {names[0]} ({args.backend}, {model.device_name}{where}) on http://{args.host}:{args.port}",
+        f"specfill: serving {names[0]} ({model.backend}, {model.device_name}{where}) on http://{args.host}:{args.port}",
         file=sys.stderr,
         flush=True,
     )

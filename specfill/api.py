@@ -1,51 +1,32 @@
-"""The mlx-lm-style public API: load, generate, stream_generate — once for both backends."""
+"""The public API, once for both backends: `open` -> Session (one loaded model and its generations:
+the request path of the API, `specfill generate` and the server's loading), and mlx-lm's functions
+load, generate and stream_generate, which go through a Session too."""
 
 from __future__ import annotations
 
 import sys
-import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 import numpy as np
 
-from specfill.core import H2OConfig, SpecPrefillConfig, TokenizerMismatchError
+from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig, TokenizerMismatchError
 from specfill.core.checks import check_logits_finite
 from specfill.core.decoding import LogitsProcessor
 from specfill.core.request import GenerationRequest, build_request, prefill_method  # noqa: F401 (re-exported)
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, ProgressCallback
+from specfill.generation import (  # noqa: F401 (re-exported: the generation path's names as the API has them)
+    GenerationResponse,
+    encode_prompt,
+    format_stats,
+    stream_request,
+)
 
 if TYPE_CHECKING:
     from specfill.core.backend import Backend
     from specfill.core.driver import CausalLM
 
 DEFAULT_BACKEND_RULE = "mlx where MLX with Metal is importable (Apple silicon), else cuda (the torch backend)"
-
-
-@dataclass(frozen=True)
-class GenerationResponse:
-    """One streamed step, as mlx-lm's: `text` is the new text since the previous response."""
-
-    text: str
-    token: int
-    prompt_tokens: int
-    prompt_tps: float
-    ttft: float  # seconds from the call to the first generated token
-    kept_tokens: int  # prompt tokens the main model prefilled (all of them for full and H2O)
-    generation_tokens: int
-    generation_tps: float
-    peak_memory: float  # GB
-    finish_reason: str | None  # "stop", "length", or None while streaming
-    from_draft: bool = False  # an accepted draft token (speculative decoding)
-    drafted_tokens: int = 0  # draft proposals so far
-    accepted_tokens: int = 0  # accepted proposals so far
-    draft_seconds: float = 0.0  # time spent drafting so far
-    verify_seconds: float = 0.0  # time the main model spent verifying drafts so far
-    draft_skipped: str = ""  # why a draft model did not draft at all (its costs measured here say it cannot pay)
-    distributed: str = ""  # "2 ranks, tensor" where the model is sharded over a group of processes
-    compute: str = ""  # where, in what and on how many CPU threads it ran: "cpu, bfloat16, 2 threads"
-    method: str = ""  # the prefill that ran: full, h2o, specprefill or specprefill+h2o ("auto" resolved)
-    setup_seconds: float = 0.0  # one-time decode-step preparation (CUDA graph capture), not in generation_tps
 
 
 def mlx_metal_available() -> bool:
@@ -156,14 +137,18 @@ def load_speculator(
     dtype: str | None = None,
     device: str | None = None,
     role: str = "speculator",
+    loaded: dict[str, Any] | None = None,
 ) -> Any:
     """What a backend takes as speculator (or draft model: `role`): "self:K" as is, a loaded
     model as is, a (model, tokenizer) pair or a path after checking that its tokenizer equals the
-    main one."""
+    main one. loaded: path -> (model, tokenizer) loaded before (a Session's), a path loaded once."""
     if isinstance(speculator, str) and speculator.startswith("self:"):
         return speculator
     if isinstance(speculator, str):
-        speculator = load(speculator, backend=model.backend, dtype=dtype, device=device)
+        loaded = {} if loaded is None else loaded
+        if speculator not in loaded:
+            loaded[speculator] = load(speculator, backend=model.backend, dtype=dtype, device=device)
+        speculator = loaded[speculator]
     if isinstance(speculator, tuple):
         spec_model, spec_tokenizer = speculator
         if spec_tokenizer.vocab_fingerprint() != tokenizer.vocab_fingerprint():
@@ -174,27 +159,159 @@ def load_speculator(
     return speculator
 
 
-def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
-    """Prompt text -> ids as mlx-lm encodes it: the tokenizer's special tokens (BOS) are added
-    unless the text already starts with the BOS token (a chat template writing {{ bos_token }}),
-    so a templated prompt never gets [bos, bos, ...]."""
-    bos = None if tokenizer.bos_token_id is None else tokenizer.token_text(tokenizer.bos_token_id)
-    return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
-
-
 def load_request_models(
-    request: GenerationRequest, model: CausalLM, tokenizer: Any, dtype: str | None = None, device: str | None = None
+    request: GenerationRequest,
+    model: CausalLM,
+    tokenizer: Any,
+    dtype: str | None = None,
+    device: str | None = None,
+    loaded: dict[str, Any] | None = None,
 ) -> GenerationRequest:
     """The request with its speculator and draft model loaded (load_speculator): paths become
     models on the main model's backend, checked against its tokenizer; "self:K" stays as is."""
     method, drafting = request.method, request.drafting
     if method.speculator is not None:
-        method = replace(method, speculator=load_speculator(method.speculator, model, tokenizer, dtype, device))
-    if drafting is not None and drafting.model is not None:
-        drafting = replace(
-            drafting, model=load_speculator(drafting.model, model, tokenizer, dtype, device, role="draft model")
+        method = replace(
+            method, speculator=load_speculator(method.speculator, model, tokenizer, dtype, device, loaded=loaded)
         )
+    if drafting is not None and drafting.model is not None:
+        draft = load_speculator(drafting.model, model, tokenizer, dtype, device, "draft model", loaded)
+        drafting = replace(drafting, model=draft)
     return replace(request, method=method, drafting=drafting)
+
+
+@dataclass
+class Session:
+    """One loaded model and what its generations share: the dtype and device it was loaded with, a
+    speculator and a draft model loaded once, and the one generation path (generation.stream_request).
+    Made by `open`; Session(model, tokenizer) wraps a model loaded otherwise (stream_generate does).
+
+    stream(prompt, **settings) takes stream_generate's keywords (max_tokens, method, h2o, ...), or a
+    request built already (core/request.build_request, as the CLI builds it from its flags)."""
+
+    model: CausalLM
+    tokenizer: Any
+    dtype: str | None = None
+    device: str | None = None
+    speculator: Any = None  # for methods specprefill and auto when the settings name none
+    draft_model: Any = None  # drafts (speculative decoding) when the settings name no draft model
+    notice: str | None = None  # why it runs on the CPU (choose_device), None where it does not fall back
+    loaded: dict[str, Any] = field(default_factory=dict, repr=False)  # path -> (model, tokenizer), loaded once
+
+    @property
+    def leads(self) -> bool:
+        """Whether this process reports: the only one, or rank 0 of those a model is sharded over."""
+        shared = self.model.distributed
+        return shared is None or shared.rank == 0
+
+    def request(self, **settings: Any) -> GenerationRequest:
+        """build_request(**settings) with this session's speculator and draft model where the settings
+        name none, its models loaded (prepare)."""
+        named = settings.get("method") in ("specprefill", "auto")  # the methods a speculator serves
+        if self.speculator is not None and named and settings.get("speculator") is None:
+            settings["speculator"] = self.speculator
+        if self.draft_model is not None and settings.get("draft_model") is None:
+            settings["draft_model"] = self.draft_model
+        return self.prepare(build_request(**settings))
+
+    def prepare(self, request: GenerationRequest) -> GenerationRequest:
+        """The request with its speculator and draft model loaded (load_request_models) in this
+        session's dtype and on its device, a path once per session."""
+        return load_request_models(request, self.model, self.tokenizer, self.dtype, self.device, self.loaded)
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        request: GenerationRequest | None = None,
+        *,
+        prompt_progress_callback: ProgressCallback | None = None,
+        prefill_info: GenerationInfo | None = None,
+        reuse: KVState | None = None,
+        logits_processors: Sequence[LogitsProcessor] = (),
+        **settings: Any,
+    ) -> Generator[GenerationResponse, None, None]:
+        """A GenerationResponse per generated token (stream_generate's, which see for the keywords);
+        `prompt` as given (text gets the BOS rule of encode_prompt, no chat template)."""
+        if request is not None and settings:
+            raise ConfigError(f"give a built request or settings, not both (settings given: {', '.join(settings)})")
+        request = self.request(**settings) if request is None else self.prepare(request)
+        yield from stream_request(
+            self.model,
+            self.tokenizer,
+            prompt,
+            request,
+            prompt_progress_callback=prompt_progress_callback,
+            prefill_info=prefill_info,
+            reuse=reuse,
+            logits_processors=logits_processors,
+        )
+
+    def generate(
+        self, prompt: str | Sequence[int], request: GenerationRequest | None = None, *, verbose: bool = False, **kw: Any
+    ) -> str:
+        """The whole generated text; verbose streams it to stdout with mlx-lm-style statistics."""
+        text, last = [], None
+        for last in self.stream(prompt, request, **kw):
+            text.append(last.text)
+            if verbose:
+                print(last.text, end="", flush=True)
+        if verbose and last is not None:
+            print()
+            print(format_stats(last), file=sys.stdout)
+        return "".join(text)
+
+
+def open(
+    path: str | tuple[Any, Any] | None = None,
+    *,
+    backend: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    speculator: Any = None,
+    draft_model: Any = None,
+    model_file: str | None = None,
+    download: bool = False,
+    pipeline: bool = False,
+    prefill_step_size: int | None = None,
+    notify: Callable[[str], None] | None = None,
+) -> Session:
+    """A Session of the model at `path` (load's paths; None: the demo model) on `backend` (None: the
+    platform rule, DEFAULT_BACKEND_RULE), on `device` (choose_device: the CPU, with a notice, where the
+    backend's GPU is missing; `notify` gets the notice before the model loads, session.notice keeps it),
+    sharded over the ranks its launcher started (launched_group: mlx.launch; pipeline: by layers, else by
+    heads), with `speculator` and `draft_model` ("self:K", a path or a loaded model) loaded once beside it.
+    prefill_step_size: tokens per full-prefill step of the model and a loaded speculator (None: the
+    backend's, core/backend.DEFAULT_PREFILL_STEP_SIZE)."""
+    name = resolve_backend(backend)
+    device, notice = choose_device(name, device)  # unknown or not installed: one clear error
+    if notice is not None and notify is not None:
+        notify(notice)
+    if path is None and model_file is not None:
+        raise ConfigError("--model-file (API: model_file=) needs --model owner/repo (API: a repo id path)")
+    if prefill_step_size is not None and (not isinstance(prefill_step_size, int) or prefill_step_size < 1):
+        raise ConfigError(f"prefill_step_size must be an integer >= 1, got {prefill_step_size!r}")
+    group = launched_group(name)  # under mlx.launch: the model is sharded over the ranks
+    if pipeline and group is None:
+        raise ConfigError(
+            "--pipeline (API: pipeline=True) shards the model over the ranks mlx.launch starts: "
+            "run under mlx.launch with more than one rank"
+        )
+    model, tokenizer = load(
+        path, name, dtype, device, model_file=model_file, download=download, group=group, pipeline=pipeline
+    )
+    session = Session(model, tokenizer, dtype, device, notice=notice)
+    if speculator is not None:
+        session.speculator = load_speculator(speculator, model, tokenizer, dtype, device, loaded=session.loaded)
+    if draft_model is not None:
+        session.draft_model = load_speculator(
+            draft_model, model, tokenizer, dtype, device, "draft model", session.loaded
+        )
+    if prefill_step_size is not None:  # progress and cancellation granularity too (the server's)
+        each: Any
+        for each in (model, session.speculator, session.draft_model):
+            if each is not None and not isinstance(each, str):  # "self:K" steps as the model does
+                each.prefill_step_size = prefill_step_size
+    return session
 
 
 def stream_generate(
@@ -227,8 +344,8 @@ def stream_generate(
 
     method: "full", "h2o" (settings in `h2o`) or "specprefill" (settings in `specprefill`,
     speculator "self:K", a path, a (model, tokenizer) pair or a loaded model; a path is loaded on
-    every call with the backend's default dtype and device, so pass a loaded one (see
-    load_speculator) when generating repeatedly or to choose its dtype), or "auto" (full below
+    every call with the backend's default dtype and device, so open a Session (`open`: loaded once)
+    or pass a loaded one (see load_speculator) when generating repeatedly), or "auto" (full below
     the crossover length measured for this backend and device, or `auto_threshold` tokens).
     prefill_info: pass a GenerationInfo to receive what the prefill did (kept positions; H2O memory
     sets when its record_memory is set; timings; info.kv, the KV cache left behind).
@@ -260,121 +377,10 @@ def stream_generate(
         draft_model=draft_model,
         num_draft_tokens=num_draft_tokens,
     )
-    request = load_request_models(request, model, tokenizer)
-    yield from stream_request(
-        model,
-        tokenizer,
-        prompt,
-        request,
-        prompt_progress_callback=prompt_progress_callback,
-        prefill_info=prefill_info,
-        reuse=reuse,
+    session = Session(model, tokenizer)  # a path speculator or draft model is loaded by this call
+    yield from session.stream(
+        prompt, request, prompt_progress_callback=prompt_progress_callback, prefill_info=prefill_info, reuse=reuse
     )
-
-
-def stream_request(
-    model: CausalLM,
-    tokenizer: Any,
-    prompt: str | Sequence[int],
-    request: GenerationRequest,
-    *,
-    prompt_progress_callback: ProgressCallback | None = None,
-    prefill_info: GenerationInfo | None = None,
-    reuse: KVState | None = None,
-    logits_processors: Sequence[LogitsProcessor] = (),
-) -> Generator[GenerationResponse, None, None]:
-    """stream_generate for a built request (core/request.py) whose models are loaded
-    (load_request_models): the one generation path of the API, the CLI and the server.
-    logits_processors: host-side (ids so far, float32 logits [vocab]) -> logits, before each
-    token is chosen (core/decoding.token_chooser; the server's constrained decoding)."""
-    shared = model.distributed
-    processors = tuple(logits_processors)
-    if shared is None:
-        yield from _stream_request(
-            model, tokenizer, prompt, request, prompt_progress_callback, prefill_info, reuse, processors
-        )
-        return
-    request = shared.collect(lambda: shared.check_request(request))
-    info = prefill_info if prefill_info is not None else GenerationInfo()
-    info.distributed = shared.describe()
-    steps = _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, info, reuse, processors)
-    try:
-        while True:  # a rank that is gone ends this one with one line (DistributedError), not a traceback
-            response = shared.collect(lambda: next(steps, None))
-            if response is None:
-                return
-            yield replace(response, distributed=info.distributed)
-    finally:
-        steps.close()  # closed early (a stop string, a cancel): the driver's generator closes now too
-
-
-def _stream_request(
-    model: CausalLM,
-    tokenizer: Any,
-    prompt: str | Sequence[int],
-    request: GenerationRequest,
-    prompt_progress_callback: ProgressCallback | None,
-    prefill_info: GenerationInfo | None,
-    reuse: KVState | None,
-    processors: tuple[LogitsProcessor, ...] = (),
-) -> Generator[GenerationResponse, None, None]:
-    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt
-    info = prefill_info if prefill_info is not None else GenerationInfo()
-    detokenizer = tokenizer.streaming_detokenizer()
-    start = time.perf_counter()
-    first_at = None
-    max_tokens = request.max_tokens
-    # the driver checks the ids (core/runtime.check_token_ids) before it returns the steps
-    steps = model.generate_step(
-        ids,
-        max_tokens=max_tokens,
-        sampling=request.sampling,
-        stop_ids=frozenset(tokenizer.eos_token_ids),
-        method=request.method,
-        info=info,
-        progress=prompt_progress_callback,
-        drafting=request.drafting,
-        reuse=reuse,
-        logits_processors=processors,
-    )
-    n_prompt = info.prompt_tokens
-    compute = f"{model.device_name}, {str(model.dtype).rsplit('.', 1)[-1]}"
-    if model.device_name == "cpu":
-        threads = model.ops.compute_threads
-        compute += f", {threads} thread{'s' if threads != 1 else ''}"
-    for n, token in enumerate(steps, start=1):
-        now = time.perf_counter()
-        first_at = now if first_at is None else first_at
-        stop = token in tokenizer.eos_token_ids
-        finish = "stop" if stop else "length" if n == max_tokens else None
-        text = "" if stop else detokenizer.add_token(token)
-        if finish:
-            text += detokenizer.finish()
-        ttft, decode = first_at - start, info.decode
-        setup = decode.seconds.get("setup", 0.0)  # graph capture: reported apart, never as decode speed
-        yield GenerationResponse(
-            text=text,
-            token=token,
-            prompt_tokens=n_prompt,
-            prompt_tps=n_prompt / max(ttft, 1e-9),
-            ttft=ttft,
-            kept_tokens=info.kept_tokens,
-            generation_tokens=n,
-            generation_tps=(n - 1) / max(now - first_at - setup, 1e-9) if n > 1 else 0.0,
-            peak_memory=model.peak_memory_gb(),
-            finish_reason=finish,
-            compute=compute,
-            method=info.method,
-            from_draft=bool(decode.from_draft and decode.from_draft[-1]),
-            drafted_tokens=decode.drafted_tokens,
-            accepted_tokens=decode.accepted_tokens,
-            draft_seconds=decode.seconds.get("draft", 0.0),
-            verify_seconds=decode.seconds.get("verify", 0.0),
-            draft_skipped=decode.skipped,
-            setup_seconds=setup,
-        )
-        if finish:
-            return
 
 
 def generate(
@@ -386,46 +392,5 @@ def generate(
     verbose: bool = False,
     **kwargs: Any,
 ) -> str:
-    """The whole generated text; verbose streams it to stdout with mlx-lm-style statistics."""
-    text, last = [], None
-    for last in stream_generate(model, tokenizer, prompt, max_tokens, **kwargs):
-        text.append(last.text)
-        if verbose:
-            print(last.text, end="", flush=True)
-    if verbose and last is not None:
-        print()
-        print(format_stats(last), file=sys.stdout)
-    return "".join(text)
-
-
-def format_stats(last: GenerationResponse, requested: str = "") -> str:
-    """The closing lines, as mlx-lm prints them, plus TTFT, the method and kept tokens (`requested`:
-    the method asked for: "auto" is shown as "auto -> h2o")."""
-    lines = [
-        "=" * 10,
-        f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec",
-        f"TTFT: {last.ttft:.3f} s",
-    ]
-    if last.method:
-        asked = "auto -> " if requested == "auto" else ""
-        lines.append(f"Method: {asked}{last.method}")
-    if last.kept_tokens != last.prompt_tokens:
-        lines.append(
-            f"Kept: {last.kept_tokens}/{last.prompt_tokens} prompt tokens "
-            f"({100.0 * last.kept_tokens / last.prompt_tokens:.1f}%)"
-        )
-    lines.append(f"Generation: {last.generation_tokens} tokens, {last.generation_tps:.3f} tokens-per-sec")
-    if last.drafted_tokens:
-        lines.append(
-            f"Draft: {last.accepted_tokens}/{last.drafted_tokens} proposals accepted "
-            f"({100.0 * last.accepted_tokens / last.drafted_tokens:.1f}%); drafting {last.draft_seconds:.3f} s, "
-            f"verifying {last.verify_seconds:.3f} s"
-        )
-    elif last.draft_skipped:
-        lines.append(f"Draft: {last.draft_skipped}")
-    lines.append(f"Peak memory: {last.peak_memory:.3f} GB")
-    if last.compute:
-        lines.append(f"Compute: {last.compute}")
-    if last.distributed:
-        lines.append(f"Distributed: {last.distributed}")
-    return "\n".join(lines)
+    """The whole generated text; verbose streams it to stdout with mlx-lm-style statistics (Session.generate)."""
+    return Session(model, tokenizer).generate(prompt, max_tokens=max_tokens, verbose=verbose, **kwargs)

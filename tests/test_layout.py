@@ -169,8 +169,9 @@ def test_generate_loads_only_what_it_uses():
     self-check (96 specfill modules at 8afab58, 65 before the kernels were imported on first use,
     44 after; 46 now that the backend contract has its module, core/backend.py, and the torch
     backend's load code left its package __init__ for loader.py; 47 with core/cpu.py, which the
-    default dtype reads; 48 with core/config_checks.py, the settings' checks config.py calls:
-    docs/development.md)."""
+    default dtype reads; 48 with core/config_checks.py, the settings' checks config.py calls; 49 with
+    specfill/generation.py, the generation path the API's Session builds on, out of api.py (api.py
+    with the Session outgrew one module's 450 lines): docs/development.md)."""
     code = (
         "import sys; from specfill.cli.main import main; "
         "rc = main(['generate', '--backend', 'cuda', '--model', 'random:tiny-llama', '--prompt', 'hi', "
@@ -202,7 +203,7 @@ def test_generate_loads_only_what_it_uses():
         )
     ]
     assert not lazy, lazy
-    assert len(loaded) <= 48, len(loaded)
+    assert len(loaded) <= 49, len(loaded)
 
 
 def test_production_files_stay_under_450_lines():

@@ -53,11 +53,24 @@ def test_load_uses_the_default_and_backend_overrides(monkeypatch):
 
 
 def test_help_states_the_rule(capsys):
-    for command in ("generate", "eval", "bench"):
+    for command in ("generate", "eval", "bench", "serve"):
         with pytest.raises(SystemExit):
             build_parser([command, "--help"]).parse_args([command, "--help"])
         text = " ".join(capsys.readouterr().out.split())
         assert "mlx where MLX with Metal is importable" in text and "else cuda" in text, command
+
+
+def test_serve_takes_the_commands_defaults():
+    """`specfill serve`: the platform rule for --backend (no default of its own) and --method from the
+    settings table (auto included); its prefill step differs on purpose (cli/serve.py says why)."""
+    from specfill.cli.serve import SERVER_PREFILL_STEP_SIZE
+    from specfill.core.request import find
+
+    serve = build_parser(["serve"])
+    args = serve.parse_args(["serve", "--method", "auto"])
+    assert args.backend is None and args.method == "auto"
+    assert serve.parse_args(["serve"]).method == find("PrefillMethod", "name").default
+    assert args.prefill_step_size == SERVER_PREFILL_STEP_SIZE
 
 
 def test_cli_generate_takes_the_default(monkeypatch, capsys):

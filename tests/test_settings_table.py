@@ -63,9 +63,14 @@ def test_cli_flags_are_the_tables():
 
 def test_server_fields_are_the_tables():
     pytest.importorskip("pydantic")
-    from specfill.serve.protocol import ChatRequest, CompletionRequest, MethodFields, SamplingSettings
+    from specfill.serve.protocol import ChatRequest, CompletionRequest, MethodFields, PrefillFields, SamplingSettings
 
-    for model, configs in ((MethodFields, ("H2OConfig", "SpecPrefillConfig")), (SamplingSettings, ("SamplingConfig",))):
+    method_configs = ("H2OConfig", "SpecPrefillConfig")
+    for model, configs in (
+        (MethodFields, method_configs),
+        (PrefillFields, (*method_configs, "PrefillMethod", "Drafting")),  # method, auto_threshold, num_draft_tokens
+        (SamplingSettings, ("SamplingConfig",)),
+    ):
         assert set(model.model_fields) == {s.server for config in configs for s in settings_of(config) if s.server}
     for s in SETTINGS:
         if s.server:

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.request import settings_of
-from specfill.core.runtime import SamplingConfig
+from specfill.core.runtime import Drafting, PrefillMethod, SamplingConfig
 
 from .errors import bad_request
 
@@ -61,16 +61,20 @@ class Message(_Strict):
 
 METHOD_CONFIGS = (H2OConfig, SpecPrefillConfig)  # every field with a request field is one (core/request.py SETTINGS)
 _FIELD_TYPES = {int: int, float: NUMBER, str: str, bool: bool}  # a float setting takes a JSON integer too
+# The server's own bounds, beyond the configs' checks: a request bounds the work it asks of a shared server
+# (the library's num_draft_tokens has no cap: a caller's draft length is its own)
+MAX_DRAFT_TOKENS = 32
+LIMITS: dict[str, dict[str, Any]] = {"num_draft_tokens": {"le": MAX_DRAFT_TOKENS}}
 
 
-def _settings_model(name: str, *configs: type) -> type[_Strict]:
+def _settings_model(name: str, *configs: type, base: type[_Strict] = _Strict) -> type[_Strict]:
     """One request field per setting of `configs` that requests may set, named by the settings table
-    (None: the server's default); the types are strict, the ranges the configs' own checks."""
+    (None: the server's default); the types are strict, the ranges the configs' own checks (and LIMITS)."""
     return create_model(
         name,
-        __base__=_Strict,
+        __base__=base,
         **{
-            s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help))
+            s.server: (_FIELD_TYPES[s.kind] | None, Field(default=None, description=s.help, **LIMITS.get(s.server, {})))
             for config in configs
             for s in settings_of(config)
             if s.server
@@ -80,16 +84,15 @@ def _settings_model(name: str, *configs: type) -> type[_Strict]:
 
 MethodFields = _settings_model("MethodFields", *METHOD_CONFIGS)
 SamplingSettings = _settings_model("SamplingSettings", SamplingConfig)  # temperature, top_p, seed, top_k, ...
+# method (full | h2o | specprefill | auto), auto_threshold, num_draft_tokens: the table's too
+PrefillFields = _settings_model("PrefillFields", PrefillMethod, Drafting, base=MethodFields)
 
 
-class SpecfillFields(MethodFields):
+class SpecfillFields(PrefillFields):
     """Per-request prefill control (None: the server's default from its command line)."""
 
-    method: str | None = None  # full | h2o | specprefill | auto
-    auto_threshold: int | None = None  # auto: the prompt length from which the sparse method runs
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
-    num_draft_tokens: int | None = Field(default=None, ge=1, le=32)  # speculative decoding: tokens per draft
     # SpecPrefill: the chat template's segments never dropped (serve/segments.py); None: none
     protect: list[Literal["system", "tools", "last_user"]] | None = None
 
