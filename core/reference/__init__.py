@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from ..config import H2OConfig, SpecPrefillConfig
-from ..methods.h2o import h2o_attention_layer
+from ..h2o_walk import h2o_attention_layer
 from ..stages import (
     AttentionState,
     AttentionTerms,
@@ -26,7 +26,7 @@ class ReferenceStages:
     """Both methods' stages, implemented by the NumPy reference functions: the `H2OOps` and
     `ScoringOps` protocols (core/ops.py) on NumPy arrays, plus the conformance boundary.
 
-    `attention_layer` runs the one walk of core/methods/h2o.py over `self`, so a subclass that
+    `attention_layer` runs the one walk of core/h2o_walk.py over `self`, so a subclass that
     changes one stage (a planted bug) changes the whole layer.
     """
 
