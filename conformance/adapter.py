@@ -38,7 +38,7 @@ class ConformanceAdapter(H2OStages, SpecPrefillStages, Protocol):
 
 def _reference_stage(adapter: ReferenceStages, name: str) -> Callable[..., Any]:
     """The reference's own stage `name` on `adapter` (a subclass's planted bug calls it by super())."""
-    return getattr(ReferenceStages, name).__get__(adapter)
+    return getattr(super(ReferenceAdapter, adapter), name)
 
 
 @forward_stages(_reference_stage, H2OStages, SpecPrefillStages)

@@ -242,7 +242,7 @@ def stage_names(*protocols: type) -> tuple[str, ...]:
     names: dict[str, None] = {}
     for protocol in protocols:
         for klass in reversed(protocol.__mro__):
-            if getattr(klass, "_is_protocol", False) and klass is not Protocol and klass is not Generic:
+            if vars(klass).get("_is_protocol") and klass is not Protocol and klass is not Generic:
                 names.update((n, None) for n, v in vars(klass).items() if callable(v) and not n.startswith("_"))
     return tuple(names)
 
