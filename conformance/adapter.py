@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import numpy as np
 
-from specfill.core import AttentionState, BackendUnavailableError, H2OStages, SpecPrefillStages
+from specfill.core import BackendUnavailableError, H2OStages, SpecPrefillStages
 from specfill.core.reference import ReferenceStages
 from specfill.core.reference.kv_cache import ReferenceKVCache
-from specfill.core.stages import AttentionTerms
 
-from .ops_adapter import CacheAdapter, Convert
+from .forwarding import Convert, StageBoundary, forward_stages
+from .ops_adapter import CacheAdapter
 
 
 @runtime_checkable
@@ -36,8 +36,16 @@ class ConformanceAdapter(H2OStages, SpecPrefillStages, Protocol):
     ) -> CacheAdapter: ...
 
 
-class ReferenceAdapter(ReferenceStages):
-    """The NumPy reference itself, at float64 (exact) or float32."""
+def _reference_stage(adapter: ReferenceStages, name: str) -> Callable[..., Any]:
+    """The reference's own stage `name` on `adapter` (a subclass's planted bug calls it by super())."""
+    return getattr(super(ReferenceAdapter, adapter), name)
+
+
+@forward_stages(_reference_stage, H2OStages, SpecPrefillStages)
+class ReferenceAdapter(StageBoundary, ReferenceStages):
+    """The NumPy reference itself, at float64 (exact) or float32: every stage forwarded to the
+    reference's with its arrays cast to the dtype (forward_stages); its layer walks over the
+    adapter itself, so a subclass that changes one stage (a planted bug) changes the whole layer."""
 
     name = "reference"
     dtypes = ("float64", "float32")
@@ -46,68 +54,11 @@ class ReferenceAdapter(ReferenceStages):
         if dtype not in self.dtypes:
             raise BackendUnavailableError(f"the reference runs in {' or '.join(self.dtypes)}, not {dtype}")
         self.dtype = dtype
-
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
-        q, k, v = self._cast(q, k, v)
-        return super().intra_attention(q, k, v, chunk_size, scale, window, self._terms(terms))
-
-    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
-        q, k_mem, v_mem = self._cast(q, k_mem, v_mem)
-        return super().inter_attention(q, k_mem, v_mem, scale, window, self._terms(terms))
-
-    def add_sinks(self, state, sinks):
-        return super().add_sinks(AttentionState(*self._cast(state.m, state.l, state.o)), *self._cast(sinks))
-
-    def attention_layer(self, q, k, v, config, scale, window=None, terms=None):
-        q, k, v = self._cast(q, k, v)
-        return super().attention_layer(q, k, v, config, scale, window, self._terms(terms))
-
-    def attention_layer_from_prefix(self, q, k, v, prefix, config, scale, window=None, terms=None):
-        q, k, v = self._cast(q, k, v)
-        return super().attention_layer_from_prefix(q, k, v, prefix, config, scale, window, self._terms(terms))
-
-    def attention_scores(self, queries, keys, scale, window=None, terms=None, query_start=None):
-        queries, keys = self._cast(queries, keys)
-        return super().attention_scores(queries, keys, scale, window, self._terms(terms), query_start)
-
-    def reduce_colsum_to_kv_heads(self, colsum, n_kv_heads):
-        return super().reduce_colsum_to_kv_heads(self._cast(colsum)[0], n_kv_heads)
-
-    def accumulate_scores(self, scores, memory, kv_colsum):
-        return super().accumulate_scores(self._cast(scores)[0], memory, self._cast(kv_colsum)[0])
-
-    def build_memory_set(self, scores, previous, chunk_index, chunk_start, chunk_end, local, heavy):
-        return super().build_memory_set(
-            self._cast(scores)[0], previous, chunk_index, chunk_start, chunk_end, local, heavy
-        )
-
-    def merge_states(self, a, b):
-        cast = lambda s: AttentionState(*self._cast(s.m, s.l, s.o))  # noqa: E731
-        return super().merge_states(cast(a), cast(b))
-
-    def smooth_scores(self, probs, kernel):
-        return super().smooth_scores(self._cast(probs)[0], kernel)
-
-    def reduce_scores(self, probs, head_reduction, layer_reduction, lookahead_reduction="mean"):
-        return super().reduce_scores(self._cast(probs)[0], head_reduction, layer_reduction, lookahead_reduction)
-
-    def select_tokens(self, importance, config):
-        return super().select_tokens(self._cast(importance)[0], config)
+        cast = lambda x: np.asarray(x).astype(dtype, copy=False)  # noqa: E731
+        self.cv = Convert(native=cast, stats=cast, index=lambda x: np.asarray(x, np.int64), numpy=np.asarray)
 
     def new_cache(self, n_layers, n_kv_heads, head_dim, capacity, value_dim=None) -> CacheAdapter:
-        cast = lambda x: np.asarray(x, dtype=self.dtype)  # noqa: E731
-        return CacheAdapter(
-            ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype, value_dim),
-            Convert(native=cast, stats=cast, index=lambda x: np.asarray(x, np.int64), numpy=np.asarray),
-        )
-
-    def _terms(self, terms):
-        if terms is None or terms.sinks is None:
-            return terms
-        return AttentionTerms(self._cast(np.asarray(terms.sinks))[0], terms.softcap)
-
-    def _cast(self, *arrays):
-        return tuple(a.astype(self.dtype, copy=False) for a in arrays)
+        return CacheAdapter(ReferenceKVCache(n_layers, n_kv_heads, head_dim, capacity, self.dtype, value_dim), self.cv)
 
 
 # name -> "module:factory" (imported on first use) or the factory itself;

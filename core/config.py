@@ -349,6 +349,13 @@ class SpecPrefillConfig:
         """Speculator layers used for scoring (layer_subset)."""
         return layer_subset(self.layers, n_layers)
 
+    def for_new_part(self, reused: int) -> "SpecPrefillConfig":
+        """This config for a selection over a prompt's new part after a reused prefix of `reused`
+        tokens, as a prompt of its own: keep_first and the protected spans, which count from the
+        whole prompt's start, moved to the new part's (docs/methods.md, SpecPrefill from a reused prefix)."""
+        spans = tuple((max(0, a - reused), max(0, b - reused)) for a, b in self.protected if b > reused)
+        return dataclasses.replace(self, keep_first=max(0, self.keep_first - reused), protected=spans)
+
     def n_kept_chunks(self, n_chunks: int) -> int:
         """How many selection chunks survive, for a prompt cut into n_chunks (the mass rule:
         at most; the scores decide within [chunk_range]), before neighbours are added."""

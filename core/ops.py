@@ -26,69 +26,24 @@ from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from .stages import A, AttentionState, AttentionTerms, InterResult, IntraResult, KeyWindow, MemorySet
+from .stages import (
+    A,
+    AttentionState,
+    AttentionTerms,
+    H2OStageOps,
+    InterResult,
+    IntraResult,
+    KeyWindow,
+    ScoringStageOps,
+)
 
 
-class H2OOps(Protocol[A]):
-    """The H2O stages over a backend's arrays (the Triton / Metal kernels or their twins).
+class H2OOps(H2OStageOps[A], Protocol[A]):
+    """The H2O stages over a backend's arrays (the Triton / Metal kernels or their twins:
+    core/stages.H2OStageOps) and what else the walk needs of them.
 
-    The walk in core/methods/h2o.py calls only these, so one backend is one implementation.
+    The walk in core/h2o_walk.py calls only these, so one backend is one implementation.
     """
-
-    def intra_attention(
-        self,
-        q: A,
-        k: A,
-        v: A,
-        chunk_size: int,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms[A] | None = None,
-    ) -> IntraResult[A]:
-        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query
-        i sees only keys j > i - w of its chunk (a sliding layer). terms: the layer's soft-cap
-        caps the logits, its sinks join the column sums' denominators; the state stays sink-free
-        (the walk folds the sink in once: `add_sinks`)."""
-
-    def inter_attention(
-        self,
-        q: A,
-        k_mem: A,
-        v_mem: A,
-        scale: float,
-        window: KeyWindow[A] | None = None,
-        terms: AttentionTerms[A] | None = None,
-    ) -> InterResult[A]:
-        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as in
-        intra_attention."""
-
-    def add_sinks(self, state: AttentionState[A], sinks: A) -> AttentionState[A]:
-        """The state over a query's whole key set with each head's sink logit (sinks [Hq]) in its
-        denominator (exp(sink - m) joins l, no value joins o); rows over no key stay finite."""
-
-    def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
-        """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
-
-    def accumulate_scores(self, scores: A, memory: MemorySet[A], kv_colsum: A) -> A:
-        """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s]; returns a new array."""
-
-    def build_memory_set(
-        self,
-        scores: A,
-        previous: MemorySet[A] | None,
-        chunk_index: int,
-        chunk_start: int,
-        chunk_end: int,
-        local: int,
-        heavy: int,
-    ) -> MemorySet[A]:
-        """M_c from scores [Hkv, >= chunk_end] and M_{c-1} (None for chunk 0)."""
-
-    def gather_memory(self, k: A, v: A, memory: MemorySet[A]) -> tuple[A, A]:
-        """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
-
-    def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
-        """Exact online-softmax merge of two states over disjoint key sets."""
 
     def causal_attention(self, q: A, k: A, v: A, scale: float) -> A:
         """Plain causal attention [Hq, N, D] of q [Hq, N, D] over k/v [Hkv, N, D]."""
@@ -206,25 +161,9 @@ class KernelStages(Generic[A]):
         )
 
 
-class ScoringOps(Protocol[A]):
-    """The speculative-prefill scoring stages over a backend's arrays."""
-
-    def attention_scores(
-        self,
-        queries: A,
-        keys: A,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms[A] | None = None,
-        query_start: int | None = None,
-    ) -> A:
-        """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
-        [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
-        a window w, j > its position - w (core/reference/specprefill.scoring_mask); terms: the
-        layers' soft-cap caps the logits, their sinks [Hq] join each softmax's denominator."""
-
-    def smooth_scores(self, probs: A, kernel: int) -> A:
-        """Average pooling along the last axis, zero padding kernel // 2 each side."""
+class ScoringOps(ScoringStageOps[A], Protocol[A]):
+    """The speculative-prefill scoring stages over a backend's arrays (core/stages.ScoringStageOps)
+    and the reductions the methods compose them with."""
 
     def reduce_axis(self, x: A, how: str, axis: int) -> A:
         """ "max" or "mean" over `axis` (probabilities stay float32 or wider)."""

@@ -8,8 +8,10 @@ mx.array); the ops protocol the methods are written against is in core/ops.py. S
   queries and keys share D; nothing else depends on Dv),
   n_q scoring queries (last prompt token + look-ahead), n_l scoring layers, P prompt length.
 Softmax statistics are float32 at least (float64 when the inputs are float64).
-The conformance suite talks to a backend through the same stage names with NumPy in and out
-(`H2OStages` / `SpecPrefillStages`, implemented by each backend's conformance adapter).
+The stages themselves are declared once, below (`H2OStageOps`, `ScoringStageOps`); core/ops.py
+builds the ops protocol on them, and the conformance suite talks to a backend through the same
+stages with NumPy in and out (`H2OStages` / `SpecPrefillStages`, which the conformance adapters
+forward to the stages: conformance/forwarding.py).
 """
 
 from __future__ import annotations
@@ -234,60 +236,106 @@ class Selection:
     chunk_scores: np.ndarray
 
 
-@runtime_checkable
-class H2OStages(Protocol):
-    """The H2O stages at the conformance boundary (NumPy in, NumPy out)."""
+def stage_names(*protocols: type) -> tuple[str, ...]:
+    """The stages `protocols` declare, their bases' included, in declaration order: what an
+    implementation gives and what the conformance adapters forward (conformance/forwarding.py)."""
+    names: dict[str, None] = {}
+    for protocol in protocols:
+        for klass in reversed(protocol.__mro__):
+            if vars(klass).get("_is_protocol") and klass is not Protocol and klass is not Generic:
+                names.update((n, None) for n, v in vars(klass).items() if callable(v) and not n.startswith("_"))
+    return tuple(names)
+
+
+class H2OStageOps(Protocol[A]):
+    """The H2O stages, each checked on its own by the conformance suite: declared here once for the
+    NumPy reference (core/reference), each backend's kernels or their twins (core/ops.KernelStages)
+    and the conformance boundary (`H2OStages`: A = np.ndarray). The walk (core/h2o_walk.py) needs
+    a few more ops besides (core/ops.H2OOps)."""
 
     def intra_attention(
         self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
+        q: A,
+        k: A,
+        v: A,
         chunk_size: int,
         scale: float,
         window: int | None = None,
-        terms: AttentionTerms | None = None,
-    ) -> IntraResult:
-        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query i
-        sees only keys j > i - w of its chunk; terms (sinks as NumPy [Hq]) as core/ops.H2OOps says."""
+        terms: AttentionTerms[A] | None = None,
+    ) -> IntraResult[A]:
+        """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query
+        i sees only keys j > i - w of its chunk (a sliding layer). terms: the layer's soft-cap
+        caps the logits, its sinks join the column sums' denominators; the state stays sink-free
+        (the walk folds the sink in once: `add_sinks`)."""
 
-    def reduce_colsum_to_kv_heads(self, colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:
+    def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
         """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
 
-    def accumulate_scores(self, scores: np.ndarray, memory: MemorySet, kv_colsum: np.ndarray) -> np.ndarray:
-        """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s]; returns new array."""
+    def accumulate_scores(self, scores: A, memory: MemorySet[A], kv_colsum: A) -> A:
+        """scores [Hkv, n] with scores[g, memory[g, s]] += kv_colsum[g, s]; returns a new array."""
 
     def build_memory_set(
         self,
-        scores: np.ndarray,
-        previous: MemorySet | None,
+        scores: A,
+        previous: MemorySet[A] | None,
         chunk_index: int,
         chunk_start: int,
         chunk_end: int,
         local: int,
         heavy: int,
-    ) -> MemorySet:
+    ) -> MemorySet[A]:
         """M_c from scores [Hkv, >= chunk_end] and M_{c-1} (None for chunk 0)."""
 
-    def gather_memory(self, k: np.ndarray, v: np.ndarray, memory: MemorySet) -> tuple[np.ndarray, np.ndarray]:
+    def gather_memory(self, k: A, v: A, memory: MemorySet[A]) -> tuple[A, A]:
         """k/v [Hkv, n, D] -> k_mem/v_mem [Hkv, M, D] (row g gathers memory[g])."""
 
     def inter_attention(
         self,
-        q: np.ndarray,
-        k_mem: np.ndarray,
-        v_mem: np.ndarray,
+        q: A,
+        k_mem: A,
+        v_mem: A,
         scale: float,
-        window: KeyWindow | None = None,
-        terms: AttentionTerms | None = None,
-    ) -> InterResult:
-        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as above."""
+        window: KeyWindow[A] | None = None,
+        terms: AttentionTerms[A] | None = None,
+    ) -> InterResult[A]:
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as in
+        intra_attention."""
 
-    def merge_states(self, a: AttentionState, b: AttentionState) -> AttentionState:
+    def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
         """Exact online-softmax merge of two states over disjoint key sets."""
 
-    def add_sinks(self, state: AttentionState, sinks: np.ndarray) -> AttentionState:
-        """A query's final state with each head's sink (sinks [Hq]) in its denominator."""
+    def add_sinks(self, state: AttentionState[A], sinks: A) -> AttentionState[A]:
+        """The state over a query's whole key set with each head's sink logit (sinks [Hq]) in its
+        denominator (exp(sink - m) joins l, no value joins o); rows over no key stay finite."""
+
+
+class ScoringStageOps(Protocol[A]):
+    """The speculative-prefill scoring stages, each checked on its own, declared once as
+    `H2OStageOps` is (the methods' reductions besides: core/ops.ScoringOps)."""
+
+    def attention_scores(
+        self,
+        queries: A,
+        keys: A,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms[A] | None = None,
+        query_start: int | None = None,
+    ) -> A:
+        """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
+        [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
+        a window w, j > its position - w (core/reference/specprefill.scoring_mask; a row that sees
+        none is all zeros); terms: the layers' soft-cap caps the logits, their sinks [Hq] join each
+        softmax's denominator."""
+
+    def smooth_scores(self, probs: A, kernel: int) -> A:
+        """Average pooling along the last axis, zero padding kernel // 2 each side."""
+
+
+@runtime_checkable
+class H2OStages(H2OStageOps[np.ndarray], Protocol):
+    """The H2O stages at the conformance boundary (NumPy in, NumPy out; terms' sinks as NumPy [Hq]),
+    and the whole layer the walk makes of them."""
 
     def attention_layer(
         self,
@@ -319,25 +367,9 @@ class H2OStages(Protocol):
 
 
 @runtime_checkable
-class SpecPrefillStages(Protocol):
-    """The speculative-prefill stages at the conformance boundary (NumPy in, NumPy out)."""
-
-    def attention_scores(
-        self,
-        queries: np.ndarray,
-        keys: np.ndarray,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms | None = None,
-        query_start: int | None = None,
-    ) -> np.ndarray:
-        """queries [n_l, n_q, Hq, D] (query n at position query_start + n; None: P - 1 + n), keys
-        [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P]; query n sees keys j <= its position and, with
-        a window w, j > its position - w (a row that sees none is all zeros); terms: soft-capped
-        logits, sinks [Hq] in each denominator."""
-
-    def smooth_scores(self, probs: np.ndarray, kernel: int) -> np.ndarray:
-        """Average pooling along the last axis, zero padding kernel // 2 each side."""
+class SpecPrefillStages(ScoringStageOps[np.ndarray], Protocol):
+    """The speculative-prefill stages at the conformance boundary (NumPy in, NumPy out), with the
+    reductions and the selection on the host."""
 
     def reduce_scores(
         self, probs: np.ndarray, head_reduction: str, layer_reduction: str, lookahead_reduction: str = "mean"

@@ -30,7 +30,7 @@ from specfill.backends.torch_cuda import method_ops, placement
 from specfill.backends.torch_cuda.kernels import flash_triton
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.config import H2OConfig
-from specfill.core.methods.h2o import h2o_attention_layer
+from specfill.core.h2o_walk import h2o_attention_layer
 from specfill.core.self_check import KERNEL_SELF_CHECK
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout: the tests' simulated GPU

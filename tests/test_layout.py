@@ -269,3 +269,34 @@ def test_no_attribute_probes_outside_backends():
         offenders
     )
     assert seen == set(PROBES_ALLOWED), f"allowed probes no longer there: {set(PROBES_ALLOWED) - seen}"
+
+
+def _specfill_imports(path: Path, package: str) -> list[str]:
+    """The specfill modules a file of `package` imports (relative imports resolved), lazy ones included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found += [module] + [f"{module}.{a.name}" for a in node.names]
+    return found
+
+
+@pytest.mark.parametrize(
+    "folder,forbidden",
+    [("core/reference", "specfill.core.methods"), ("core/methods", "specfill.core.reference")],
+)
+def test_the_spec_and_the_methods_import_each_other_nowhere(folder, forbidden):
+    """The reference (the spec) imports no method and the methods never call the reference: what both
+    need lives in core/ proper (the H2O walk: core/h2o_walk.py); production selection is
+    core/methods/selection.py, the spec's own core/reference/specprefill.py (issue 49)."""
+    package = "specfill." + folder.replace("/", ".")
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted((ROOT / folder).glob("*.py"))
+        for name in _specfill_imports(path, package)
+        if name == forbidden or name.startswith(forbidden + ".")
+    ]
+    assert not offenders, offenders

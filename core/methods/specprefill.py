@@ -8,7 +8,7 @@
    (an observation window's query over the keys at or before its own position),
    average pooling along positions, a head reduction and a layer reduction, then the queries'
    reduction (config.lookahead_reduction: mean, or max).
-3. Whole selection chunks are kept (NumPy, float64 chunk means: core/reference/specprefill.py),
+3. Whole selection chunks are kept (NumPy, float64 chunk means: core/methods/selection.py),
    and the main model prefills only the kept tokens, into cache slots 0..K-1 at their ORIGINAL
    position ids; decoding continues at position P (the prompt length), slot K.
 With config.speculator_prefill (an H2OConfig) the speculator's prompt pass of step 1 runs H2O
@@ -43,6 +43,7 @@ from ..stages import (
 )
 from .h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
 from .prefill import StageProgress, prefill, stage_work
+from .selection import select_new_tokens
 
 
 def token_importance(
@@ -391,8 +392,6 @@ def speculate_and_select(
         spec.n_window,
         spec.layers,
     )
-    from ..reference.specprefill import select_new_tokens  # here: the reference loads only when a prompt is selected
-
     selection = select_new_tokens(ops.to_numpy(importance), reused, config)
     seconds = {"speculator": speculated - started, "selection": ops.wall_time() - speculated}
     return spec, selection, seconds

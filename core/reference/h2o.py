@@ -3,7 +3,7 @@
 For query i in chunk C_c the keys are K(i) = {j in C_c : j <= i} U M_{c-1}.
 These are the stages (phase 1 of every chunk at once, phase 2's attention to a memory set, score
 accumulation, memory-set choice); the chunk walk that strings them together is written once for
-every backend in core/methods/h2o.py.
+every backend in core/h2o_walk.py.
 """
 
 from __future__ import annotations

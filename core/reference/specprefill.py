@@ -10,7 +10,6 @@ prompt positions only (softmax over the prompt keys), as the reference implement
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -106,64 +105,57 @@ def reduce_scores(
 
 
 def chunk_means(importance: np.ndarray, chunk: int) -> np.ndarray:
-    """Mean importance of each contiguous selection chunk (the last may be shorter), in float64:
-    the ranking of near-equal chunks must not depend on the backend's compute dtype."""
-    n = importance.shape[0]
-    n_chunks = -(-n // chunk)
-    padded = np.zeros(n_chunks * chunk, np.float64)
-    padded[:n] = importance
-    counts = np.full(n_chunks, float(chunk))
-    counts[-1] = n - (n_chunks - 1) * chunk
-    return padded.reshape(n_chunks, chunk).sum(axis=1) / counts
+    """[n_chunks] float64: each contiguous selection chunk's mean importance (the last chunk may be
+    shorter; it is summed zero-padded to a whole chunk and divided by its real length)."""
+    n = len(importance)
+    padded = np.pad(np.asarray(importance, np.float64), (0, -n % chunk)).reshape(-1, chunk)
+    return padded.sum(axis=1) / np.array([min(chunk, n - start) for start in range(0, n, chunk)], np.float64)
 
 
-def mass_chunk_count(scores: np.ndarray, counts: np.ndarray, order: np.ndarray, config: SpecPrefillConfig) -> int:
-    """The importance-mass rule: the fewest chunks, taken in `order` (best first), whose summed
-    importance (chunk mean x chunk length, float64) reaches keep_mass of the whole prompt's,
-    clamped to the config's (floor, ceiling) chunk range. A prompt with no importance at all
-    (every score 0) keeps the floor."""
-    low, high = config.chunk_range(len(scores))
-    mass = (scores * counts)[order]
-    total = float(mass.sum())
+def chunks_reaching_mass(means: np.ndarray, ranked: list[int], chunk: int, n: int, config: SpecPrefillConfig) -> int:
+    """The mass rule, one chunk at a time: walk the chunks best first, adding each one's mass (mean
+    x length), until the running mass reaches keep_mass of the total (a relative 1e-12 short counts
+    as reached); the count, clamped to the config's (floor, ceiling). No mass at all: the floor."""
+    low, high = config.chunk_range(len(means))
+    masses = [float(means[c]) * min(chunk, n - c * chunk) for c in ranked]
+    total = float(np.sum(masses))
     if total <= 0.0:
         return low
-    reached = int(np.searchsorted(np.cumsum(mass), config.keep_mass * total * (1.0 - 1e-12))) + 1
-    return max(low, min(high, reached))
-
-
-def with_neighbours(chosen: np.ndarray, n_chunks: int, neighbours: int) -> np.ndarray:
-    """Chunk indices `chosen` plus the `neighbours` chunks on each side of each, inside the prompt."""
-    if neighbours == 0:
-        return chosen
-    spread = (chosen[:, None] + np.arange(-neighbours, neighbours + 1)[None, :]).ravel()
-    return np.unique(spread[(spread >= 0) & (spread < n_chunks)])
+    running, count = 0.0, len(masses) + 1
+    for i, mass in enumerate(masses):
+        running += mass
+        if running >= config.keep_mass * total * (1.0 - 1e-12):
+            count = i + 1
+            break
+    return max(low, min(high, count))
 
 
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
-    """Top chunks by mean score (ties to the earlier chunk): ceil(n_chunks * keep) of them, or as
-    many as the mass rule asks (at least config.token_floor tokens' worth); then their neighbours
-    (config.neighbours each side), the first keep_first and last keep_last tokens, the protected
-    spans and the last token; kept tokens keep their original positions and decoding resumes at P."""
-    n_tokens = int(importance.shape[0])
-    if n_tokens < 1:
+    """The spec of the selection (production's is core/methods/selection.py, held to this one by
+    the conformance suite): rank the selection chunks by mean importance (higher first, ties to the
+    earlier chunk); keep the top ceil(n_chunks * keep) of them, or as many as the mass rule asks (at
+    least config.token_floor tokens' worth), each with config.neighbours chunks either side; add the
+    first keep_first and last keep_last tokens, the protected spans and the last token; kept tokens
+    keep their original positions and decoding resumes at P."""
+    n = int(importance.shape[0])
+    if n < 1:
         raise ConfigError("speculative prefill needs a prompt of at least one token")
-    chunk = config.select_chunk
-    scores = chunk_means(importance, chunk)
-    ranked = np.lexsort((np.arange(len(scores)), -scores))
+    size = config.select_chunk
+    means = chunk_means(importance, size)
+    ranked = sorted(range(len(means)), key=lambda c: (-means[c], c))
     if config.keep_mass is None:
-        n_keep = config.n_kept_chunks(len(scores))
+        n_keep = config.n_kept_chunks(len(means))
     else:
-        counts = np.minimum(chunk, n_tokens - np.arange(len(scores)) * chunk).astype(np.float64)
-        n_keep = mass_chunk_count(scores, counts, ranked, config)
-    order = with_neighbours(ranked[:n_keep], len(scores), config.neighbours)
-    kept = [np.arange(c * chunk, min((c + 1) * chunk, n_tokens)) for c in order]
-    kept.append(np.arange(min(config.keep_first, n_tokens)))
-    kept.append(np.arange(max(0, n_tokens - config.keep_last), n_tokens))
-    kept.extend(np.arange(min(start, n_tokens), min(end, n_tokens)) for start, end in config.protected)
+        n_keep = chunks_reaching_mass(means, ranked, size, n, config)
+    reach = range(-config.neighbours, config.neighbours + 1)
+    chunks = {c + d for c in ranked[:n_keep] for d in reach if 0 <= c + d < len(means)}
+    kept = {t for c in chunks for t in range(c * size, min(n, (c + 1) * size))}
+    kept.update(range(min(config.keep_first, n)), range(max(0, n - config.keep_last), n))
+    for start, end in config.protected:
+        kept.update(range(min(start, n), min(end, n)))
     if config.force_keep_last:
-        kept.append(np.array([n_tokens - 1]))
-    kept_positions = np.unique(np.concatenate(kept)).astype(np.int64)
-    return restore_positions(kept_positions, n_tokens, scores)
+        kept.add(n - 1)
+    return restore_positions(np.array(sorted(kept), dtype=np.int64), n, means)
 
 
 def select_new_tokens(
@@ -172,23 +164,19 @@ def select_new_tokens(
     config: SpecPrefillConfig,
     select: Callable[[np.ndarray, SpecPrefillConfig], Selection] | None = None,
 ) -> Selection:
-    """SpecPrefill from a reused prefix of `reused` tokens (docs/methods.md): importance [P] of
-    every prompt token, selected over the new part [reused, P) only, as a prompt of P - reused
-    tokens (its chunk grid starts at `reused`; keep_first and the protected spans still count from
-    the prompt's start);
-    kept positions are original ones (all >= reused) and decoding resumes at P. reused 0 is
-    select_tokens. select: the selection stage (a backend's at the conformance boundary; default
-    this module's)."""
+    """SpecPrefill from a reused prefix of `reused` tokens (docs/methods.md): the selection of the
+    new part [reused, P) as a prompt of its own (config.for_new_part: its chunk grid starts at
+    `reused`, keep_first and the protected spans still count from the prompt's start), moved back
+    to original positions; decoding resumes at P. reused 0 is the whole prompt's selection.
+    select: the selection stage (a backend's at the conformance boundary; default the spec's)."""
     select = select or select_tokens
-    n_tokens = int(importance.shape[0])
-    if not 0 <= reused < n_tokens:
-        raise ConfigError(f"a reused prefix of {reused} tokens must leave new tokens of the {n_tokens}-token prompt")
+    n = int(importance.shape[0])
+    if not 0 <= reused < n:
+        raise ConfigError(f"a reused prefix of {reused} tokens must leave new tokens of the {n}-token prompt")
     if reused == 0:
         return select(importance, config)
-    spans = tuple((max(0, a - reused), max(0, b - reused)) for a, b in config.protected if b > reused)
-    new = select(importance[reused:], replace(config, keep_first=max(0, config.keep_first - reused), protected=spans))
-    kept = np.asarray(new.kept, dtype=np.int64) + reused
-    return Selection(kept=kept, position_ids=kept.copy(), decode_start=n_tokens, chunk_scores=new.chunk_scores)
+    new = select(importance[reused:], config.for_new_part(reused))
+    return restore_positions(np.asarray(new.kept, dtype=np.int64) + reused, n, new.chunk_scores)
 
 
 def restore_positions(kept: np.ndarray, prompt_len: int, chunk_scores: np.ndarray) -> Selection:

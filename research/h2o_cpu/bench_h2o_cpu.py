@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from specfill.backends.torch_cuda.ops import TorchOps
-from specfill.core.methods.h2o import h2o_attention_layer
+from specfill.core.h2o_walk import h2o_attention_layer
 from specfill.core import H2OConfig
 
 CONFIG = H2OConfig(1024, 4096, 256, 256, dense_tail=0)  # (S, B, L, H) of issue #4, no dense tail

@@ -29,6 +29,7 @@ from specfill.backends.torch_cuda.kernels.inter import inter_attention_twin
 from specfill.backends.torch_cuda.kernels.intra import intra_attention_twin
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core import H2OConfig
+from specfill.core import h2o_walk
 from specfill.core.methods import h2o
 from specfill.evaluation.machine import describe_machine, machine_line
 
@@ -72,7 +73,7 @@ def profile(shape: tuple[int, int, int], n: int, dtype: torch.dtype, config: H2O
     k, v = (torch.randn(kv_heads, n, dim, generator=gen).to(dtype) for _ in range(2))
     scale = dim ** -0.5
     ops = TimedOps(dtype)
-    tail = h2o.dense_tail_attention
+    tail = h2o_walk.dense_tail_attention
 
     def tail_timed(*args, **kwargs):
         ops.prefix = "tail:"
@@ -80,7 +81,7 @@ def profile(shape: tuple[int, int, int], n: int, dtype: torch.dtype, config: H2O
             return tail(*args, **kwargs)
         finally:
             ops.prefix = ""
-    h2o.dense_tail_attention = tail_timed
+    h2o_walk.dense_tail_attention = tail_timed
     best_full, best_h2o, best_stages = float("inf"), float("inf"), {}
     try:
         for attempt in range(repeats + 1):  # the first is a warm-up
@@ -89,14 +90,14 @@ def profile(shape: tuple[int, int, int], n: int, dtype: torch.dtype, config: H2O
             full = time.perf_counter() - started
             ops.seconds.clear()
             started = time.perf_counter()
-            h2o.h2o_attention_layer(ops, q, k, v, config, scale)
+            h2o_walk.h2o_attention_layer(ops, q, k, v, config, scale)
             total = time.perf_counter() - started
             if attempt:
                 best_full = min(best_full, full)
                 if total < best_h2o:
                     best_h2o, best_stages = total, dict(ops.seconds)
     finally:
-        h2o.dense_tail_attention = tail
+        h2o_walk.dense_tail_attention = tail
     best_stages["walk (rest)"] = best_h2o - sum(best_stages.values())
     work_full = h2o.full_dot_products(n)
     work_h2o = h2o.h2o_dot_products(n, config.chunk_size, config.local + config.heavy, config.dense_tail)
@@ -151,7 +152,7 @@ def alternatives(shape: tuple[int, int, int], dtype: torch.dtype, repeats: int) 
         "phase1_flash_plus_colsum_s": _best(lambda: flash_then_colsum(q, k, v, scale, True), repeats),
         "phase2_twin_s": _best(lambda: inter_attention_twin(q, k_mem, v_mem, scale), repeats),
         "phase2_flash_plus_colsum_s": _best(lambda: flash_then_colsum(q, k_mem, v_mem, scale, False), repeats),
-        "tail_walk_s": _best(lambda: h2o.dense_tail_attention(ops, q[:, -64:], keys, keys, 8192 - 64, 8192 - 64,
+        "tail_walk_s": _best(lambda: h2o_walk.dense_tail_attention(ops, q[:, -64:], keys, keys, 8192 - 64, 8192 - 64,
                                                               1024, scale), repeats),
         "tail_sdpa_s": _best(lambda: causal_step(q[None, :, -64:], keys[None], keys[None], scale), repeats)}
 

@@ -35,6 +35,7 @@ import torch
 
 from specfill.backends.torch_cuda import model as torch_model
 from specfill.backends.torch_cuda import cache as kv_cache
+from specfill.core import h2o_walk
 from specfill.core.methods import h2o
 from specfill.evaluation.machine import describe_machine, machine_line
 
@@ -61,7 +62,7 @@ def instrument(lm) -> None:
     torch_model.causal_attention = timed("attention", torch_model.causal_attention)
     torch_model.apply_rope = timed("rope", torch_model.apply_rope)
     h2o.H2OPrefillAttention.__call__ = timed("attention", h2o.H2OPrefillAttention.__call__)
-    tail = h2o.dense_tail_attention
+    tail = h2o_walk.dense_tail_attention
 
     def tail_timed(*args, **kwargs):
         PREFIX[0] = "tail:"
@@ -69,7 +70,7 @@ def instrument(lm) -> None:
             return timed("dense_tail", tail)(*args, **kwargs)
         finally:
             PREFIX[0] = ""
-    h2o.dense_tail_attention = tail_timed
+    h2o_walk.dense_tail_attention = tail_timed
     kv_cache.LayerKVCache.update_and_fetch = timed("kv_cache_write", kv_cache.LayerKVCache.update_and_fetch)
     for stage in STAGES:
         setattr(lm.ops, stage, timed("h2o:" + stage, getattr(lm.ops, stage)))

@@ -12,7 +12,7 @@ import pytest
 from specfill.backends.mlx.method_ops import accumulate_scores, build_memory_set
 from specfill.backends.mlx.ops import MLXOps
 from specfill.core import H2OCarry, H2OConfig, MemorySet
-from specfill.core.methods import h2o
+from specfill.core import h2o_walk as h2o
 from specfill.core.reference import REFERENCE, oracle
 from specfill.core.reference.h2o import causal_attention
 

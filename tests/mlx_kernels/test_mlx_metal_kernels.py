@@ -24,7 +24,7 @@ from specfill.backends.mlx.kernels import (
 from specfill.backends.mlx.ops import MLXOps
 from specfill.conformance import run_conformance
 from specfill.core import BackendUnavailableError, H2OConfig, SpecPrefillConfig
-from specfill.core.methods import h2o
+from specfill.core import h2o_walk as h2o
 from specfill.core.methods.specprefill import token_importance
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import select_tokens

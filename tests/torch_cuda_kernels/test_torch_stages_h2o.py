@@ -11,7 +11,7 @@ from specfill.backends.torch_cuda import method_ops
 from specfill.backends.torch_cuda.kernels import inter, intra, intra_attention, merge_states
 from specfill.backends.torch_cuda.kernels.state import AttentionState
 from specfill.core import H2OCarry, H2OConfig, MemorySet, SpecfillWarning
-from specfill.core.methods import h2o
+from specfill.core import h2o_walk as h2o
 from specfill.core.reference import REFERENCE, oracle
 from specfill.core.reference import h2o as reference_h2o
 

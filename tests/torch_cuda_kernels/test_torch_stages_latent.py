@@ -16,7 +16,7 @@ from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core import self_check
 from specfill.core.config import H2OConfig
 from specfill.core.errors import SpecfillWarning
-from specfill.core.methods.h2o import h2o_attention_layer
+from specfill.core.h2o_walk import h2o_attention_layer
 from specfill.core.reference import REFERENCE, oracle
 from specfill.core.stages import AttentionTerms, KeyWindow
 

@@ -6,7 +6,7 @@ import torch
 
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core import H2OConfig, H2OLayerResult, SpecPrefillConfig
-from specfill.core.methods.h2o import h2o_attention_layer
+from specfill.core.h2o_walk import h2o_attention_layer
 from specfill.core.methods.specprefill import token_importance
 
 # elementwise |got - want| <= atol + rtol * |want|, per dtype of the stored result; the 16-bit

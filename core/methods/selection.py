@@ -1,0 +1,91 @@
+"""SpecPrefill's token selection in production: which prompt tokens the main model prefills, from
+the importance [P] the scoring left (core/methods/specprefill.py), on the host in float64.
+
+Whole selection chunks are kept: the top ones by mean importance (ties to the earlier chunk),
+ceil(n_chunks * keep) of them or as many as the mass rule asks, then their neighbours, the first
+keep_first and last keep_last tokens, the protected spans and the last token; kept tokens keep
+their original positions and decoding resumes at P. The NumPy reference states the same rule
+independently (core/reference/specprefill.select_tokens) and the conformance suite holds this
+one to it (every backend's adapter selects with this module).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..config import SpecPrefillConfig
+from ..errors import ConfigError
+from ..stages import Selection
+
+
+def chunk_means(importance: np.ndarray, chunk: int) -> np.ndarray:
+    """Mean importance of each contiguous selection chunk (the last may be shorter), in float64:
+    the ranking of near-equal chunks must not depend on the backend's compute dtype."""
+    n = importance.shape[0]
+    n_chunks = -(-n // chunk)
+    padded = np.zeros(n_chunks * chunk, np.float64)
+    padded[:n] = importance
+    counts = np.full(n_chunks, float(chunk))
+    counts[-1] = n - (n_chunks - 1) * chunk
+    return padded.reshape(n_chunks, chunk).sum(axis=1) / counts
+
+
+def mass_chunk_count(scores: np.ndarray, counts: np.ndarray, order: np.ndarray, config: SpecPrefillConfig) -> int:
+    """The importance-mass rule: the fewest chunks, taken in `order` (best first), whose summed
+    importance (chunk mean x chunk length, float64) reaches keep_mass of the whole prompt's,
+    clamped to the config's (floor, ceiling) chunk range. A prompt with no importance at all
+    (every score 0) keeps the floor."""
+    low, high = config.chunk_range(len(scores))
+    mass = (scores * counts)[order]
+    total = float(mass.sum())
+    if total <= 0.0:
+        return low
+    reached = int(np.searchsorted(np.cumsum(mass), config.keep_mass * total * (1.0 - 1e-12))) + 1
+    return max(low, min(high, reached))
+
+
+def with_neighbours(chosen: np.ndarray, n_chunks: int, neighbours: int) -> np.ndarray:
+    """Chunk indices `chosen` plus the `neighbours` chunks on each side of each, inside the prompt."""
+    if neighbours == 0:
+        return chosen
+    spread = (chosen[:, None] + np.arange(-neighbours, neighbours + 1)[None, :]).ravel()
+    return np.unique(spread[(spread >= 0) & (spread < n_chunks)])
+
+
+def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
+    """The kept tokens of a prompt of P = len(importance) tokens (the module doc's rule)."""
+    n_tokens = int(importance.shape[0])
+    if n_tokens < 1:
+        raise ConfigError("speculative prefill needs a prompt of at least one token")
+    chunk = config.select_chunk
+    scores = chunk_means(importance, chunk)
+    ranked = np.lexsort((np.arange(len(scores)), -scores))
+    if config.keep_mass is None:
+        n_keep = config.n_kept_chunks(len(scores))
+    else:
+        counts = np.minimum(chunk, n_tokens - np.arange(len(scores)) * chunk).astype(np.float64)
+        n_keep = mass_chunk_count(scores, counts, ranked, config)
+    order = with_neighbours(ranked[:n_keep], len(scores), config.neighbours)
+    kept = [np.arange(c * chunk, min((c + 1) * chunk, n_tokens)) for c in order]
+    kept.append(np.arange(min(config.keep_first, n_tokens)))
+    kept.append(np.arange(max(0, n_tokens - config.keep_last), n_tokens))
+    kept.extend(np.arange(min(start, n_tokens), min(end, n_tokens)) for start, end in config.protected)
+    if config.force_keep_last:
+        kept.append(np.array([n_tokens - 1]))
+    positions = np.unique(np.concatenate(kept)).astype(np.int64)
+    return Selection(kept=positions, position_ids=positions.copy(), decode_start=n_tokens, chunk_scores=scores)
+
+
+def select_new_tokens(importance: np.ndarray, reused: int, config: SpecPrefillConfig) -> Selection:
+    """SpecPrefill from a reused prefix of `reused` tokens (docs/methods.md): importance [P] of every
+    prompt token, selected over the new part [reused, P) only, as a prompt of its own (its chunk grid
+    starts at `reused`: config.for_new_part); kept positions are original ones and decoding resumes
+    at P. reused 0 is select_tokens."""
+    n_tokens = int(importance.shape[0])
+    if not 0 <= reused < n_tokens:
+        raise ConfigError(f"a reused prefix of {reused} tokens must leave new tokens of the {n_tokens}-token prompt")
+    if reused == 0:
+        return select_tokens(importance, config)
+    new = select_tokens(importance[reused:], config.for_new_part(reused))
+    kept = np.asarray(new.kept, dtype=np.int64) + reused
+    return Selection(kept=kept, position_ids=kept.copy(), decode_start=n_tokens, chunk_scores=new.chunk_scores)
