@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specfill import load
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.request import build_request
 from specfill.core.runtime import COMPOSED, GenerationInfo, KVState, PrefillMethod, SamplingConfig
 from specfill.serve.engine import Delta, Engine, Finished
 from specfill.serve.plan import Plan
 from specfill.serve.prompt_cache import PromptCache
+from tests.fixtures.tiny_models import load_tiny
 
 NAME = "random:tiny-llama"
 H2O = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=0)
@@ -24,13 +24,7 @@ SPEC = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kerne
 
 @pytest.fixture(scope="module", params=["cuda", "mlx"])
 def engine_parts(request):
-    pytest.importorskip("torch" if request.param == "cuda" else "mlx.core")
-    if request.param == "cuda":
-        import torch
-
-        torch.set_num_threads(1)
-        return load(NAME, backend="cuda", device="cpu", dtype="float32")
-    return load(NAME, backend="mlx", dtype="float32")
+    return load_tiny(request.param, NAME)
 
 
 @pytest.fixture

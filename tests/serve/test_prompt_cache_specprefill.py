@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 
-from specfill import load
 from specfill.core.config import SpecPrefillConfig
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 from specfill.serve.prompt_cache import PromptCache
 from specfill.serve.prompt_store import SPECULATOR, PromptStore
+from tests.fixtures.tiny_models import load_tiny, random_tokens
 
 METHOD = PrefillMethod(
     "specprefill",
@@ -26,17 +25,10 @@ METHOD = PrefillMethod(
 
 @pytest.fixture(scope="module", params=["cuda", "mlx"])
 def model(request):
-    pytest.importorskip("torch" if request.param == "cuda" else "mlx.core")
-    if request.param == "cuda":
-        import torch
-
-        torch.set_num_threads(1)
-        return load("random:tiny-llama", backend="cuda", device="cpu", dtype="float32")[0]
-    return load("random:tiny-llama", backend="mlx", dtype="float32")[0]
+    return load_tiny(request.param)[0]
 
 
-def tokens(model, seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(4, model.args.vocab_size, n).tolist()
+tokens = random_tokens
 
 
 def run(model, ids, reuse=None, read=None):

@@ -18,6 +18,7 @@ from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, Sampli
 from specfill.serve.engine import Engine, Finished
 from specfill.serve.plan import Plan
 from specfill.serve.prompt_cache import PromptCache
+from tests.fixtures.tiny_models import load_tiny, random_tokens
 
 H2O = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=0)
 PLAIN = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kernel=3)
@@ -26,17 +27,10 @@ COMPOSED = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=8, pool_k
 
 @pytest.fixture(scope="module", params=["cuda", "mlx"])
 def model(request):
-    pytest.importorskip("torch" if request.param == "cuda" else "mlx.core")
-    if request.param == "cuda":
-        import torch
-
-        torch.set_num_threads(1)
-        return load("random:tiny-llama", backend="cuda", device="cpu", dtype="float32")[0]
-    return load("random:tiny-llama", backend="mlx", dtype="float32")[0]
+    return load_tiny(request.param)[0]
 
 
-def tokens(model, seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(4, model.args.vocab_size, n).tolist()
+tokens = random_tokens
 
 
 def run(model, ids, method: PrefillMethod, reuse=None):
