@@ -11,10 +11,10 @@ import shutil
 import pytest
 
 from specfill.core.config import SpecPrefillConfig
-from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
+from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod
 from specfill.serve.prompt_cache import PromptCache
 from specfill.serve.prompt_store import SPECULATOR, PromptStore
-from tests.fixtures.tiny_models import load_tiny, random_tokens
+from tests.fixtures.tiny_models import greedy_run, load_tiny, random_tokens
 
 METHOD = PrefillMethod(
     "specprefill",
@@ -32,21 +32,7 @@ tokens = random_tokens
 
 
 def run(model, ids, reuse=None, read=None):
-    info = GenerationInfo()
-    progress = None if read is None else (lambda done, total: read.append((info.step.stage, total)))
-    out = list(
-        model.generate_step(
-            ids,
-            max_tokens=4,
-            sampling=SamplingConfig(),
-            stop_ids=frozenset(),
-            method=METHOD,
-            info=info,
-            reuse=reuse,
-            progress=progress,
-        )
-    )
-    return out, info
+    return greedy_run(model, ids, METHOD, reuse, read=read)
 
 
 def settle(cache: PromptCache, model) -> None:

@@ -14,11 +14,11 @@ from specfill import load
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.specprefill import run_speculator
 from specfill.core.request import build_request
-from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
+from specfill.core.runtime import KVState, PrefillMethod
 from specfill.serve.engine import Engine, Finished
 from specfill.serve.plan import Plan
 from specfill.serve.prompt_cache import PromptCache
-from tests.fixtures.tiny_models import load_tiny, random_tokens
+from tests.fixtures.tiny_models import greedy_run, load_tiny, random_tokens
 
 H2O = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=0)
 PLAIN = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kernel=3)
@@ -35,19 +35,8 @@ tokens = random_tokens
 
 def run(model, ids, method: PrefillMethod, reuse=None):
     """(the reply, the info, the speculator's prefilled tokens: its progress stage's total)."""
-    info, read = GenerationInfo(), []
-    out = list(
-        model.generate_step(
-            ids,
-            max_tokens=4,
-            sampling=SamplingConfig(),
-            stop_ids=frozenset(),
-            method=method,
-            info=info,
-            reuse=reuse,
-            progress=lambda done, total: read.append((info.step.stage, info.step.total)),
-        )
-    )
+    read: list = []
+    out, info = greedy_run(model, ids, method, reuse, read=read)
     return out, info, max((total for stage, total in read if stage == "speculator"), default=0)
 
 
