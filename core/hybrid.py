@@ -205,11 +205,16 @@ class HybridBooks(RecurrentCache):
         raise ValueError("this backend's hybrid cache is not read from disk (it does not read its recurrent state)")
 
 
+def is_hybrid(args: Any) -> bool:
+    """Whether a model (by its args) has recurrent layers: its cache is a RecurrentCache."""
+    return isinstance(args, AdaptedArgs) and bool(args.hybrid)
+
+
 def max_rollback(args: Any) -> int | None:
     """Drafts per round a model's cache can undo: a hybrid's (AdaptedArgs.hybrid) keeps HISTORY step
     snapshots, which hold a round's drafts, the step feeding the pending token and the verification;
     None: any (a KV cache trims any number of slots)."""
-    return HISTORY - 2 if isinstance(args, AdaptedArgs) and args.hybrid else None
+    return HISTORY - 2 if is_hybrid(args) else None
 
 
 def step_positions(positions: Any, count: int) -> np.ndarray:

@@ -16,8 +16,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from specfill.core.hybrid import is_hybrid
 from specfill.core.methods.prefill import prefill
-from specfill.core.runtime import KVState, RecurrentCache
+from specfill.core.runtime import KVState
 
 Entry = Any  # a prompt_cache.Entry (not imported: prompt_cache imports this module)
 
@@ -30,7 +31,7 @@ def speculator_context(model: Any, speculator: Any) -> int | None:
     if speculator is None:
         return None
     spec = model.speculator_model(speculator)[0]
-    if isinstance(model.ops.new_cache(spec, 1), RecurrentCache):  # a hybrid's cache (core/driver._speculator_kv)
+    if is_hybrid(spec.args):  # a hybrid's cache (core/driver._speculator_kv)
         return None
     return int(spec.args.max_position_embeddings)
 
