@@ -122,15 +122,12 @@ def ask(c: Any, server: ServerProcess, messages: list[dict], fields: dict, max_t
 
 
 def settle(server: ServerProcess, seconds: float = 7200) -> dict[str, Any]:
-    """Wait for the prompt cache's idle work (dense rebuild, disk writes) to finish."""
+    """Wait for the prompt cache's idle work (dense rebuild, speculator build-up, disk writes) to finish."""
     deadline, state = time.monotonic() + seconds, {}
     while time.monotonic() < deadline:
         state = server.health()["prompt_cache"]
-        if not state["pending_tokens"]:
-            time.sleep(3.0)
-            again = server.health()["prompt_cache"]
-            if again == state:
-                return state
+        if not state["idle_work"]:
+            return state
         time.sleep(0.5)
     raise RuntimeError(f"the prompt cache's idle work did not finish in {seconds} s: {state}")
 

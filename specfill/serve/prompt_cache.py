@@ -439,6 +439,7 @@ class PromptCache:
             "copies": self.copies,
             "completed_tokens": self.completed_tokens,
             "speculator_tokens": self.spec_rebuild.tokens,
+            "idle_work": self.has_idle_work(),  # a rebuild, a speculator build-up or a disk write to come
             "disk_entries": len(disk),
             "disk_bytes": None if self.store is None else self.store.nbytes,
             "max_disk_bytes": None if self.store is None else self.store.max_bytes,
