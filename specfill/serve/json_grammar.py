@@ -8,7 +8,8 @@ The schema keywords it follows (llama.cpp's json-schema-to-grammar is the model,
   whatever the schema says); a property's value by its own schema. An object without properties
   is any JSON object ("{}" only with additionalProperties false).
 - string (escapes included; minLength / maxLength, counted in characters, an escape as one),
-  number and integer (at most 15 digits before the point, 15 after it and 3 in the exponent),
+  number and integer (at most 15 digits before the point, 15 after it and 2 in the exponent:
+  every number it allows is a finite double, which a JSON response can carry; 1e999 is not),
   boolean, null; a list of types; enum and const (each value as json.dumps writes it).
 - array of `items` (a schema, or any JSON value; minItems / maxItems); anyOf / oneOf (one of them; oneOf's "exactly
   one" is not checked); `$ref` to "#/..." of the same schema (recursion included).
@@ -36,7 +37,7 @@ WHITE = frozenset(" \n")
 DIGITS = frozenset("0123456789")
 HEX = frozenset("0123456789abcdefABCDEF")
 ESCAPES = frozenset('"\\/bfnrtu')
-MAX_DIGITS = (15, 15, 3)  # before the point, after it, in the exponent
+MAX_DIGITS = (15, 15, 2)  # before the point, after it, in the exponent (< 1e115: finite)
 MAX_UNROLLED = 256  # minItems / maxItems enforced up to this count (one node per count); past it, not
 
 

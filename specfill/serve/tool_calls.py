@@ -8,6 +8,7 @@ text is the start of one JSON value (JsonPrefix), and one that a reply is nothin
 from __future__ import annotations
 
 import json
+import math
 import re
 import string
 from dataclasses import dataclass
@@ -28,6 +29,37 @@ class Text:
 Piece = Union[Text, ToolCall]
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of a double's range: not a JSON number a client can read")
+    return value
+
+
+def _no_constant(text: str) -> Any:
+    raise ValueError(f"{text} is not JSON")
+
+
+MODEL_JSON = json.JSONDecoder(parse_float=_finite_float, parse_constant=_no_constant)
+"""The decoder for JSON a model wrote: json's, except that NaN, Infinity and a number past a double's
+range (1e999) are ValueErrors, not floats no JSON response could carry (json.dumps refuses them)."""
+
+
+def loads(text: str) -> Any:
+    """JSON a model wrote, by MODEL_JSON (json.loads's white space rules)."""
+    return MODEL_JSON.decode(text)
+
+
+def check_finite(value: Any) -> Any:
+    """`value` (a parsed JSON value from elsewhere: mlx-lm's parsers) if every number in it is
+    finite; ValueError otherwise."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a JSON number")
+    for item in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+        check_finite(item)
+    return value
+
+
 def as_call(value: Any) -> ToolCall:
     """One {"name", "arguments" | "parameters"} object as a call; ValueError for anything else
     (arguments may come as a JSON string of an object, as some templates render them)."""
@@ -35,16 +67,16 @@ def as_call(value: Any) -> ToolCall:
         raise ValueError("not a tool call object")
     arguments = value.get("arguments", value.get("parameters", {}))
     if isinstance(arguments, str):
-        arguments = json.loads(arguments or "{}")
+        arguments = loads(arguments or "{}")
     if not isinstance(arguments, dict):
         raise ValueError("tool call arguments are not an object")
-    return ToolCall(value["name"], arguments)
+    return ToolCall(value["name"], check_finite(arguments))
 
 
 def json_calls(text: str) -> list[ToolCall]:
     """Calls from JSON values in a row (objects, or lists of them), separated by white space, ';'
     or ','; ValueError if anything else is there."""
-    decoder, pos = json.JSONDecoder(), 0
+    decoder, pos = MODEL_JSON, 0
     calls: list[ToolCall] = []
     while True:
         while pos < len(text) and (text[pos].isspace() or text[pos] in ";,"):
@@ -222,7 +254,7 @@ class JsonOnly:
         """The calls the whole reply is, each to one of `names` (ValueError: it is not that)."""
         if self.stage != "tail":
             raise ValueError("not one whole JSON value")
-        value = json.loads(self.text[self.start : self.end])
+        value = loads(self.text[self.start : self.end])
         calls = [as_call(v) for v in (value if isinstance(value, list) else [value])]
         if not calls or any(c.name not in names for c in calls):
             raise ValueError("not a call to one of the request's tools")

@@ -23,10 +23,9 @@ A reply that does not start with a header (the model ignored the format) is cont
 
 from __future__ import annotations
 
-import json
 import re
 
-from .tool_calls import Piece, Text, ToolCall
+from .tool_calls import MODEL_JSON, Piece, Text, ToolCall
 
 MESSAGE = "<|message|>"
 START = "<|start|>"
@@ -127,7 +126,7 @@ class HarmonyReader:
             out.append(Text(body))
         elif self.kind == "call":
             try:
-                arguments, end = json.JSONDecoder().raw_decode(body.strip() or "{}")
+                arguments, end = MODEL_JSON.raw_decode(body.strip() or "{}")
                 if not isinstance(arguments, dict) or body.strip()[end:].strip():
                     raise ValueError("not one JSON object")
                 out.append(ToolCall(self.name, arguments))

@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .tool_calls import JsonOnly, Piece, Text, ToolCall, as_call, json_calls
+from .tool_calls import MODEL_JSON, JsonOnly, Piece, Text, ToolCall, as_call, json_calls, loads
 from .tool_harmony import HarmonyReader
 from .tool_mlx import MissingParser, mlx_available, mlx_parser, mlx_read
 
@@ -56,8 +56,8 @@ def _xml_value(raw: str) -> Any:
     """A Qwen3-Coder parameter value: JSON when it parses (numbers, objects), else the text."""
     text = raw.removeprefix("\n").removesuffix("\n")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
+        return loads(text)
+    except ValueError:  # json.JSONDecodeError included
         return text
 
 
@@ -94,7 +94,7 @@ def mistral_calls(body: str, tools: Tools = ()) -> list[ToolCall]:
     """What follows [TOOL_CALLS]: a JSON list of calls (v3 tokenizers), or NAME[ARGS]{...} calls,
     each after its own [TOOL_CALLS] (v11+)."""
     calls: list[ToolCall] = []
-    decoder = json.JSONDecoder()
+    decoder = MODEL_JSON
     for part in body.split("[TOOL_CALLS]"):
         if not part.strip():
             continue

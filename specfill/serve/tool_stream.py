@@ -18,7 +18,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tool_calls import JsonPrefix, Text, ToolCall
+from .tool_calls import JsonPrefix, Text, ToolCall, loads
 from .tool_parsers import ReplySplitter, ToolFormat
 
 
@@ -166,7 +166,7 @@ class StreamingSplitter(ReplySplitter):
         call = None
         if live.json.done:
             try:
-                call = ToolCall(live.name, json.loads(body[live.start : live.pos]))
+                call = ToolCall(live.name, loads(body[live.start : live.pos]))
             except ValueError:
                 call = None
         out.append(CallEnd(call))

@@ -41,6 +41,7 @@ def reads(schema, text: str, start: str = "") -> bool:
         '{"city":"P\\u00e9\\n","unit":"fahrenheit","days":-12}',
         '{\n"city": "x",\n"unit": "celsius", "where": {"lat": 1.5e-3}, "tags": [true, false]}',
         '{"city": "", "unit": "celsius", "tags": []}',
+        '{"city": "", "unit": "celsius", "where": {"lat": -999999999999999.5E+99}}',  # the largest it allows
     ],
 )
 def test_accepts_the_schemas_json(text):
@@ -65,6 +66,7 @@ def test_accepts_the_schemas_json(text):
         '{"city": "x", "unit": "celsius", "where": {}}',  # a nested required property missing
         '{"city": "x", "unit": "celsius", "tags": [1]}',  # an array item of the wrong type
         '{"city": "x", "unit": "celsius"',  # unfinished
+        '{"city": "x", "unit": "celsius", "where": {"lat": 1e999}}',  # past a double's range: inf
     ],
 )
 def test_rejects_what_the_schema_does_not_allow(text):

@@ -9,6 +9,7 @@ from specfill.serve.anthropic import MessagesRequest, chat_body
 from specfill.serve.chat import chat_setup, output_check, template_messages
 from specfill.serve.errors import RequestError
 from specfill.serve.protocol import ChatRequest
+from specfill.serve.tool_calls import as_call
 from specfill.serve.tool_parsers import HERMES, LLAMA3, MISTRAL, ReplySplitter, Text, ToolCall, detect_format
 
 WEATHER = ToolCall("get_weather", {"city": "Paris"})
@@ -74,13 +75,29 @@ CASES = [  # (format, model output, pieces)
     ),
     (MISTRAL, '[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris"}', [WEATHER]),
     (MISTRAL, '[TOOL_CALLS]get_weather{"city"', [Text('[TOOL_CALLS]get_weather{"city"')]),
+    # numbers no JSON response can carry (json.dumps refuses inf and NaN): not a call, the text as written
+    (HERMES, '<tool_call>\n{"name": "f", "arguments": {"x": 1e999}}\n</tool_call>', None),
+    (LLAMA3, '{"name": "f", "parameters": {"x": NaN}}', None),
+    (
+        HERMES,
+        "<tool_call>\n<function=f>\n<parameter=x>\n-1e999\n</parameter>\n</function>\n</tool_call>",
+        [ToolCall("f", {"x": "-1e999"})],
+    ),  # Qwen3-Coder: a parameter that is not a finite JSON value is its text
 ]
 
 
 @pytest.mark.parametrize("fmt, output, pieces", CASES)
 def test_formats_whole_and_streamed(fmt, output, pieces):
+    pieces = [Text(output)] if pieces is None else pieces
     for size in (1, 2, 5, len(output)):  # every split of the markers must give the same pieces
         assert split(fmt, output, size) == pieces, size
+
+
+def test_a_parsed_call_with_a_non_finite_number_is_no_call():
+    """mlx-lm's parsers return objects parsed by json.loads, which reads 1e999 as inf."""
+    with pytest.raises(ValueError, match="not a JSON number"):
+        as_call({"name": "f", "arguments": {"x": [1.0, float("inf")]}})
+    assert as_call({"name": "f", "arguments": '{"x": 1e99}'}) == ToolCall("f", {"x": 1e99})
 
 
 def test_plain_text_passes_through_and_calls_can_be_capped():
