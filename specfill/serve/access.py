@@ -1,7 +1,7 @@
 """Who may call the server: an API key (Bearer) and the browser origins allowed by CORS.
 
 Access(api_key=None, allowed_origins=()) is the default: no key, no cross-origin browser calls.
-With a key every route but /health (and CORS preflights, which browsers send without
+With a key every route but / and /health (and CORS preflights, which browsers send without
 credentials) needs `Authorization: Bearer KEY` or `x-api-key: KEY` (the anthropic client's
 header; Claude Code sends either); the comparison is constant-time (hmac) so the answer time says
 nothing about how much of a guess was right. A refusal is a 401 with an OpenAI error body (an
@@ -17,7 +17,8 @@ from typing import Any, Awaitable, Callable
 
 from .errors import anthropic_error_body, error_body, is_anthropic_path
 
-OPEN_PATHS = frozenset({"/health"})  # load balancers probe it without a key (as vLLM and llama.cpp do)
+OPEN_PATHS = frozenset({"/", "/health"})  # probed without a key: by load balancers (as vLLM and llama.cpp
+# allow), by Claude Code (HEAD / before its first request); neither says more than that the server runs
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The routes around generation: health, models, tokenize / detokenize, metrics, OPTIONS.
+"""The routes around generation: the root, health, models, tokenize / detokenize, metrics, OPTIONS.
 
 /tokenize and /detokenize take both llama.cpp's and vLLM's bodies: {"content"} or {"prompt"} or
 {"messages"} (with "tools", as a chat request renders them) in, {"tokens", "count", "max_model_len"}
@@ -45,6 +45,12 @@ def add_info_routes(
         "owned_by": "specfill",
         "max_model_len": engine.context,
     }
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> PlainTextResponse:
+        """A liveness answer at the bare address, without a key (as Ollama's "Ollama is running"):
+        Claude Code sends `HEAD /` to its base URL before its first request."""
+        return PlainTextResponse("specfill is running\n")
 
     @app.get("/health")
     async def health() -> Any:

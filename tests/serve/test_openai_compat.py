@@ -11,6 +11,7 @@ import signal
 import socket
 import time
 import urllib.request
+from unittest import mock
 
 import openai
 import pytest
@@ -98,6 +99,8 @@ def test_api_key(keyed_server):
     assert [m.id for m in c.models.list().data] == ["tiny", "tiny-alias"]
     assert c.completions.create(model="tiny-alias", prompt="1 2 3", max_tokens=3).usage.completion_tokens == 3
     assert request(keyed_server, "GET", "/health")[0] == 200  # probes need no key
+    assert request(keyed_server, "HEAD", "/")[0] == 200  # Claude Code's, before its first request
+    assert request(keyed_server, "GET", "/") == (200, mock.ANY, "specfill is running\n")
     assert request(keyed_server, "GET", "/metrics")[0] == 401
 
 
