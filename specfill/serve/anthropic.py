@@ -364,6 +364,12 @@ class MessageShape:
         return []
 
     @staticmethod
+    def keepalive() -> list[str]:
+        """What a silent stream sends: Anthropic's ping event (its SDKs skip it; the bytes keep the
+        connection alive)."""
+        return [sse({"type": "ping"}, "ping")]
+
+    @staticmethod
     def ending() -> list[str]:
         return []
 

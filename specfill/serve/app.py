@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from contextlib import asynccontextmanager
@@ -46,6 +47,10 @@ from .tool_parsers import detect_format
 
 log = logging.getLogger("specfill.serve")
 POLL_SECONDS = 0.2  # how often a waiting handler checks that its client is still there
+KEEPALIVE_SECONDS = 15.0  # a stream silent this long sends its shape's keep-alive: clients drop a silent
+# stream (Node's fetch, so Claude Code, after 300 s without a byte; Codex after 300 s without an event)
+# and a long prefill, or a wait in the queue, says nothing for minutes
+QUIET = object()  # _next_event's answer when its deadline passes first
 
 
 class ClientGone(Exception):
@@ -241,15 +246,18 @@ def _settle(outcome: Outcome, event: Any) -> None:
         outcome.outcome, outcome.reason = str(event.status), event.message
 
 
-async def _next_event(job: Job, request: Request) -> Any:
-    """The job's next event; checks the connection every POLL_SECONDS (while waiting, and between
-    events: a busy stream never times out) and cancels the job once the client is gone."""
+async def _next_event(job: Job, request: Request, deadline: float = math.inf) -> Any:
+    """The job's next event, or QUIET once time.monotonic() passes `deadline` without one; checks the
+    connection every POLL_SECONDS (while waiting, and between events: a busy stream never times out)
+    and cancels the job once the client is gone."""
     while True:
         if time.monotonic() - job.checked >= POLL_SECONDS:
             job.checked = time.monotonic()
             if await request.is_disconnected():
                 job.cancel()
                 raise ClientGone
+        if time.monotonic() >= deadline:
+            return QUIET
         try:
             return await asyncio.wait_for(job.events.get(), timeout=POLL_SECONDS)
         except asyncio.TimeoutError:
@@ -271,14 +279,21 @@ async def _whole(job: Job, shape: Any, request: Request, outcome: Outcome) -> JS
 async def _stream(job: Job, shape: Any, request: Request, outcome: Outcome, metrics: Metrics) -> AsyncIterator[str]:
     """Server-sent events in the shape's dialect (OpenAI: role chunk, progress / text / tool-call
     chunks, final chunk(s), [DONE]; Anthropic: its message and content-block events). Errors after
-    the stream began arrive as an error event (both clients raise them)."""
+    the stream began arrive as an error event (both clients raise them); a stream silent for
+    KEEPALIVE_SECONDS sends the shape's keep-alive."""
     try:
         for chunk in shape.opening():
             yield chunk
-        while (event := await _next_event(job, request)) is not END:
-            _settle(outcome, event)
-            for chunk in shape.event(event):
+        sent = time.monotonic()
+        while (event := await _next_event(job, request, sent + KEEPALIVE_SECONDS)) is not END:
+            if event is QUIET:
+                chunks = shape.keepalive()
+            else:
+                _settle(outcome, event)
+                chunks = shape.event(event)
+            for chunk in chunks:
                 yield chunk
+            sent = time.monotonic() if chunks else sent
         for chunk in shape.ending():
             yield chunk
     except ClientGone:

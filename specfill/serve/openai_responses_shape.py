@@ -142,6 +142,11 @@ class ResponsesShape:
             self._event("response.in_progress", response=response),
         ]
 
+    def keepalive(self) -> list[str]:
+        """What a silent stream sends: response.in_progress again, the response as it stands (an event,
+        not an SSE comment: Codex's idle timeout counts events)."""
+        return [self._event("response.in_progress", response=self._response("in_progress"))]
+
     @staticmethod
     def ending() -> list[str]:
         return []

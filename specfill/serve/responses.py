@@ -185,6 +185,11 @@ class ResponseShape:
         return []
 
     @staticmethod
+    def keepalive() -> list[str]:
+        """What a silent stream sends: an SSE comment, which clients skip (as OpenRouter sends)."""
+        return [": keep-alive\n\n"]
+
+    @staticmethod
     def ending() -> list[str]:
         return [sse("[DONE]")]
 
