@@ -111,6 +111,35 @@ def check_gather_memory(ad: ConformanceAdapter, ck: Checker) -> None:
     )
 
 
+def _inter_inputs(
+    rng: np.random.Generator, group: int, size: int, logit_max: float | None, dtype: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Phase 2's q [2 * group, S, D] and k_mem / v_mem [2, size, D] in `dtype`, q scaled so the
+    largest logit is +-logit_max where one is given (and there is a slot)."""
+    q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
+    k_mem, v_mem = rng.normal(size=(2, 2, size, HEAD_DIM))
+    if logit_max and size:
+        logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
+        q *= logit_max / np.abs(logits).max()
+    q, k_mem, v_mem = (round_to(x, dtype) for x in (q, k_mem, v_mem))
+    return q, k_mem, v_mem
+
+
+def _compare_inter(ad: ConformanceAdapter, ck: Checker, case: str, q, k_mem, v_mem, window=None, terms=None) -> None:
+    """The adapter's phase 2 against the reference's: the state, the column sums, and all of them
+    finite (the column sums' finiteness checked with terms, whose sinks join their denominators)."""
+    got = ad.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
+    want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
+    _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
+    ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
+    finite = np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()
+    if terms is None:
+        ck.exact("h2o.inter_attention.finite", case, bool(finite), "NaN/Inf in o or l")
+    else:
+        finite = finite and np.isfinite(got.colsum).all()
+        ck.exact("h2o.inter_attention.finite", case, bool(finite), "NaN/Inf in o, l or the column sums")
+
+
 def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
     rng = np.random.default_rng(5)
     for group, memory_size, logit_max in (
@@ -122,23 +151,9 @@ def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
         (2, 5, 100.0),
         (2, 0, None),
     ):
-        q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
-        k_mem, v_mem = rng.normal(size=(2, 2, memory_size, HEAD_DIM))
-        if logit_max and memory_size:
-            logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
-            q *= logit_max / np.abs(logits).max()
-        q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
+        q, k_mem, v_mem = _inter_inputs(rng, group, memory_size, logit_max, ck.dtype)
         case = f"gqa-group={group},M={memory_size}" + (",logits=+-100" if logit_max else "")
-        got = ad.inter_attention(q, k_mem, v_mem, SCALE)
-        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE)
-        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
-        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact(
-            "h2o.inter_attention.finite",
-            case,
-            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
-            "NaN/Inf in o or l",
-        )
+        _compare_inter(ad, ck, case, q, k_mem, v_mem)
     _check_windowed_inter_attention(ad, ck, rng)
     _check_inter_attention_terms(ad, ck, rng)
 
@@ -156,12 +171,7 @@ def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.ra
         (2, 6, None, 2.0, 3.0, 6),
         (1, 1, None, 2.0, None, None),
     ):
-        q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
-        k_mem, v_mem = rng.normal(size=(2, 2, size, HEAD_DIM))
-        if logit_max:
-            logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
-            q *= logit_max / np.abs(logits).max()
-        q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
+        q, k_mem, v_mem = _inter_inputs(rng, group, size, logit_max, ck.dtype)
         terms = case_terms(2 * group, sink_scale, softcap, group * 7 + size)
         window = (
             None
@@ -175,16 +185,7 @@ def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.ra
             + (f",softcap={softcap:g}" if softcap else "")
             + (f",window={window_size}" if window_size else "")
         )
-        got = ad.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
-        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
-        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
-        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact(
-            "h2o.inter_attention.finite",
-            case,
-            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all() and np.isfinite(got.colsum).all()),
-            "NaN/Inf in o, l or the column sums",
-        )
+        _compare_inter(ad, ck, case, q, k_mem, v_mem, window, terms)
 
 
 def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np.random.Generator) -> None:
@@ -200,16 +201,7 @@ def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np
             window, n_slots = KeyWindow(size, start, None, start - 9), 9
         k_mem, v_mem = (round_to(x, ck.dtype) for x in rng.normal(size=(2, 2, n_slots, HEAD_DIM)))
         case = f"gqa-group={group},window={size}," + ("memory" if positions else "prefix")
-        got = ad.inter_attention(q, k_mem, v_mem, SCALE, window)
-        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window)
-        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
-        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact(
-            "h2o.inter_attention.finite",
-            case,
-            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
-            "NaN/Inf in o or l",
-        )
+        _compare_inter(ad, ck, case, q, k_mem, v_mem, window)
 
 
 def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
