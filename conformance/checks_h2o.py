@@ -33,6 +33,13 @@ def _state_close(ck: Checker, check: str, case: str, got: AttentionState, want: 
     ck.close(f"{check}.lse", case, _lse(got), _lse(want))
 
 
+def _finite(ck: Checker, check: str, case: str, outputs: dict[str, np.ndarray]) -> None:
+    """The check `check`.finite: no NaN or Inf in any of the adapter's `outputs` (two or more: name -> array)."""
+    names = list(outputs)
+    where = ", ".join(names[:-1]) + " or " + names[-1]
+    ck.exact(f"{check}.finite", case, all(bool(np.isfinite(x).all()) for x in outputs.values()), f"NaN/Inf in {where}")
+
+
 def check_intra_attention(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in H2O_CASES:
         q, k, v = _inputs(case, ck.dtype)
@@ -132,12 +139,8 @@ def _compare_inter(ad: ConformanceAdapter, ck: Checker, case: str, q, k_mem, v_m
     want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
     _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
     ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-    finite = np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()
-    if terms is None:
-        ck.exact("h2o.inter_attention.finite", case, bool(finite), "NaN/Inf in o or l")
-    else:
-        finite = finite and np.isfinite(got.colsum).all()
-        ck.exact("h2o.inter_attention.finite", case, bool(finite), "NaN/Inf in o, l or the column sums")
+    outputs = {"o": got.state.o, "l": got.state.l}
+    _finite(ck, "h2o.inter_attention", case, outputs if terms is None else {**outputs, "the column sums": got.colsum})
 
 
 def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -225,12 +228,7 @@ def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
         got = ad.merge_states(a, b)
         want = REFERENCE.merge_states(a, b)
         _state_close(ck, "h2o.merge_states", name, got, want)
-        ck.exact(
-            "h2o.merge_states.finite",
-            name,
-            bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()),
-            "NaN/Inf in o or l",
-        )
+        _finite(ck, "h2o.merge_states", name, {"o": got.o, "l": got.l})
 
 
 def check_add_sinks(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -258,12 +256,7 @@ def check_add_sinks(ad: ConformanceAdapter, ck: Checker) -> None:
         got = ad.add_sinks(base, sinks)
         want = REFERENCE.add_sinks(base, sinks)
         _state_close(ck, "h2o.add_sinks", name, got, want)
-        ck.exact(
-            "h2o.add_sinks.finite",
-            name,
-            bool(np.isfinite(got.o).all() and np.isfinite(got.l).all() and np.isfinite(got.m).all()),
-            "NaN/Inf in m, o or l",
-        )
+        _finite(ck, "h2o.add_sinks", name, {"m": got.m, "o": got.o, "l": got.l})
 
 
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:
