@@ -33,6 +33,13 @@ def _state_close(ck: Checker, check: str, case: str, got: AttentionState, want: 
     ck.close(f"{check}.lse", case, _lse(got), _lse(want))
 
 
+def _finite(ck: Checker, check: str, case: str, outputs: dict[str, np.ndarray]) -> None:
+    """The check `check`.finite: no NaN or Inf in any of the adapter's `outputs` (two or more: name -> array)."""
+    names = list(outputs)
+    where = ", ".join(names[:-1]) + " or " + names[-1]
+    ck.exact(f"{check}.finite", case, all(bool(np.isfinite(x).all()) for x in outputs.values()), f"NaN/Inf in {where}")
+
+
 def check_intra_attention(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in H2O_CASES:
         q, k, v = _inputs(case, ck.dtype)
@@ -111,6 +118,31 @@ def check_gather_memory(ad: ConformanceAdapter, ck: Checker) -> None:
     )
 
 
+def _inter_inputs(
+    rng: np.random.Generator, group: int, size: int, logit_max: float | None, dtype: str
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Phase 2's q [2 * group, S, D] and k_mem / v_mem [2, size, D] in `dtype`, q scaled so the
+    largest logit is +-logit_max where one is given (and there is a slot)."""
+    q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
+    k_mem, v_mem = rng.normal(size=(2, 2, size, HEAD_DIM))
+    if logit_max and size:
+        logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
+        q *= logit_max / np.abs(logits).max()
+    q, k_mem, v_mem = (round_to(x, dtype) for x in (q, k_mem, v_mem))
+    return q, k_mem, v_mem
+
+
+def _compare_inter(ad: ConformanceAdapter, ck: Checker, case: str, q, k_mem, v_mem, window=None, terms=None) -> None:
+    """The adapter's phase 2 against the reference's: the state, the column sums, and all of them
+    finite (the column sums' finiteness checked with terms, whose sinks join their denominators)."""
+    got = ad.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
+    want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
+    _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
+    ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
+    outputs = {"o": got.state.o, "l": got.state.l}
+    _finite(ck, "h2o.inter_attention", case, outputs if terms is None else {**outputs, "the column sums": got.colsum})
+
+
 def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
     rng = np.random.default_rng(5)
     for group, memory_size, logit_max in (
@@ -122,23 +154,9 @@ def check_inter_attention(ad: ConformanceAdapter, ck: Checker) -> None:
         (2, 5, 100.0),
         (2, 0, None),
     ):
-        q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
-        k_mem, v_mem = rng.normal(size=(2, 2, memory_size, HEAD_DIM))
-        if logit_max and memory_size:
-            logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
-            q *= logit_max / np.abs(logits).max()
-        q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
+        q, k_mem, v_mem = _inter_inputs(rng, group, memory_size, logit_max, ck.dtype)
         case = f"gqa-group={group},M={memory_size}" + (",logits=+-100" if logit_max else "")
-        got = ad.inter_attention(q, k_mem, v_mem, SCALE)
-        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE)
-        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
-        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact(
-            "h2o.inter_attention.finite",
-            case,
-            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
-            "NaN/Inf in o or l",
-        )
+        _compare_inter(ad, ck, case, q, k_mem, v_mem)
     _check_windowed_inter_attention(ad, ck, rng)
     _check_inter_attention_terms(ad, ck, rng)
 
@@ -156,12 +174,7 @@ def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.ra
         (2, 6, None, 2.0, 3.0, 6),
         (1, 1, None, 2.0, None, None),
     ):
-        q = rng.normal(size=(2 * group, CHUNK, HEAD_DIM))
-        k_mem, v_mem = rng.normal(size=(2, 2, size, HEAD_DIM))
-        if logit_max:
-            logits = np.einsum("htd,hmd->htm", q, np.repeat(k_mem, group, axis=0)) * SCALE
-            q *= logit_max / np.abs(logits).max()
-        q, k_mem, v_mem = (round_to(x, ck.dtype) for x in (q, k_mem, v_mem))
+        q, k_mem, v_mem = _inter_inputs(rng, group, size, logit_max, ck.dtype)
         terms = case_terms(2 * group, sink_scale, softcap, group * 7 + size)
         window = (
             None
@@ -175,16 +188,7 @@ def _check_inter_attention_terms(ad: ConformanceAdapter, ck: Checker, rng: np.ra
             + (f",softcap={softcap:g}" if softcap else "")
             + (f",window={window_size}" if window_size else "")
         )
-        got = ad.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
-        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window, terms)
-        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
-        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact(
-            "h2o.inter_attention.finite",
-            case,
-            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all() and np.isfinite(got.colsum).all()),
-            "NaN/Inf in o, l or the column sums",
-        )
+        _compare_inter(ad, ck, case, q, k_mem, v_mem, window, terms)
 
 
 def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np.random.Generator) -> None:
@@ -200,16 +204,7 @@ def _check_windowed_inter_attention(ad: ConformanceAdapter, ck: Checker, rng: np
             window, n_slots = KeyWindow(size, start, None, start - 9), 9
         k_mem, v_mem = (round_to(x, ck.dtype) for x in rng.normal(size=(2, 2, n_slots, HEAD_DIM)))
         case = f"gqa-group={group},window={size}," + ("memory" if positions else "prefix")
-        got = ad.inter_attention(q, k_mem, v_mem, SCALE, window)
-        want = REFERENCE.inter_attention(q, k_mem, v_mem, SCALE, window)
-        _state_close(ck, "h2o.inter_attention", case, got.state, want.state)
-        ck.close("h2o.inter_attention.colsum", case, got.colsum, want.colsum)
-        ck.exact(
-            "h2o.inter_attention.finite",
-            case,
-            bool(np.isfinite(got.state.o).all() and np.isfinite(got.state.l).all()),
-            "NaN/Inf in o or l",
-        )
+        _compare_inter(ad, ck, case, q, k_mem, v_mem, window)
 
 
 def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -233,12 +228,7 @@ def check_merge_states(ad: ConformanceAdapter, ck: Checker) -> None:
         got = ad.merge_states(a, b)
         want = REFERENCE.merge_states(a, b)
         _state_close(ck, "h2o.merge_states", name, got, want)
-        ck.exact(
-            "h2o.merge_states.finite",
-            name,
-            bool(np.isfinite(got.o).all() and np.isfinite(got.l).all()),
-            "NaN/Inf in o or l",
-        )
+        _finite(ck, "h2o.merge_states", name, {"o": got.o, "l": got.l})
 
 
 def check_add_sinks(ad: ConformanceAdapter, ck: Checker) -> None:
@@ -266,12 +256,7 @@ def check_add_sinks(ad: ConformanceAdapter, ck: Checker) -> None:
         got = ad.add_sinks(base, sinks)
         want = REFERENCE.add_sinks(base, sinks)
         _state_close(ck, "h2o.add_sinks", name, got, want)
-        ck.exact(
-            "h2o.add_sinks.finite",
-            name,
-            bool(np.isfinite(got.o).all() and np.isfinite(got.l).all() and np.isfinite(got.m).all()),
-            "NaN/Inf in m, o or l",
-        )
+        _finite(ck, "h2o.add_sinks", name, {"m": got.m, "o": got.o, "l": got.l})
 
 
 def _jaccard(a: np.ndarray, b: np.ndarray) -> float:

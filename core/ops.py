@@ -20,6 +20,7 @@ every layer (`KVCache.truncate`) before it is extended again.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
@@ -28,12 +29,8 @@ import numpy as np
 
 from .stages import (
     A,
-    AttentionState,
     AttentionTerms,
     H2OStageOps,
-    InterResult,
-    IntraResult,
-    KeyWindow,
     ScoringStageOps,
 )
 
@@ -62,33 +59,65 @@ class H2OOps(H2OStageOps[A], Protocol[A]):
         """Entered around one logical batch's stages (the torch CPU work units; else a no-op)."""
 
 
+def _method_ops_stage(name: str) -> Callable[..., Any]:
+    """KernelStages' stage `name`: the backend's method_ops function of that name (plain-library code)."""
+
+    def stage(self: KernelStages[Any], *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.method_ops, name)(*args, **kwargs)
+
+    stage.__name__ = stage.__qualname__ = name
+    return stage
+
+
+def _kernel_stage(name: str, chosen: bool = False) -> Callable[..., Any]:
+    """KernelStages' stage `name`: the function of that name in the backend's kernels/ package. chosen:
+    it runs the kernel or its twin as `use_kernels` says; such a function takes use_kernel among the
+    stage's arguments, so these go in by the names core/stages.py declares for them."""
+    declared = getattr(H2OStageOps, name, None) or getattr(ScoringStageOps, name)
+    names = tuple(inspect.signature(declared).parameters)[1:]  # after self
+
+    def stage(self: KernelStages[Any], *args: Any, **kwargs: Any) -> Any:
+        run = getattr(self.stage_kernels(), name)
+        if not chosen:
+            return run(*args, **kwargs)
+        return run(**dict(zip(names, args)), **kwargs, use_kernel=self.use_kernels)
+
+    stage.__name__ = stage.__qualname__ = name
+    stage.__doc__ = declared.__doc__
+    return stage
+
+
 class KernelStages(Generic[A]):
     """The stages a backend's kernels/ package dispatches, written once for every backend's ops:
-    each runs the kernel or its twin as `use_kernels` says (None: the kernel where the device has
-    one; True / False force one). A backend's ops class sets `use_kernels`, `stage_kernels`, its
-    `method_ops` module, its three step attentions (plain_step, windowed_step, terms_step) and
-    `slot_positions`."""
+    each stage (declared in core/stages.py) is the same-named function of the kernels/ package,
+    run as the kernel or its twin as `use_kernels` says (None: the kernel where the device has one;
+    True / False force one), or of the backend's `method_ops` module. A backend's ops class sets
+    `use_kernels`, `stage_kernels`, its `method_ops` module, its three step attentions (plain_step,
+    windowed_step, terms_step) and `slot_positions`."""
 
     method_ops: Any  # the backend's method_ops module: its plain-library memory-set and scoring ops
     plain_step: Callable[..., A]  # (q, k, v, scale)
     windowed_step: Callable[..., A]  # (q, k, v, scale, window, query_slots, key_slots)
     terms_step: Callable[..., A]  # (q, k, v, scale, terms, query_slots, key_slots, window)
     slot_positions: Callable[[A], Any]  # the cache slot of every key of k (a prompt's prefill: positions)
+    use_kernels: bool | None
 
-    def accumulate_scores(self, *args: Any, **kwargs: Any) -> Any:
-        return self.method_ops.accumulate_scores(*args, **kwargs)
+    intra_attention = _kernel_stage("intra_attention", chosen=True)
+    inter_attention = _kernel_stage("inter_attention", chosen=True)
+    attention_scores = _kernel_stage("attention_scores", chosen=True)
+    add_sinks = _kernel_stage("add_sinks")
+    reduce_colsum_to_kv_heads = _kernel_stage("reduce_colsum_to_kv_heads")
+    merge_states = _kernel_stage("merge_states")
+    accumulate_scores = _method_ops_stage("accumulate_scores")
+    build_memory_set = _method_ops_stage("build_memory_set")
+    gather_memory = _method_ops_stage("gather_memory")
+    smooth_scores = _method_ops_stage("smooth_scores")
+    reduce_axis = _method_ops_stage("reduce_axis")
 
-    def build_memory_set(self, *args: Any, **kwargs: Any) -> Any:
-        return self.method_ops.build_memory_set(*args, **kwargs)
-
-    def gather_memory(self, *args: Any, **kwargs: Any) -> Any:
-        return self.method_ops.gather_memory(*args, **kwargs)
-
-    def smooth_scores(self, *args: Any, **kwargs: Any) -> Any:
-        return self.method_ops.smooth_scores(*args, **kwargs)
-
-    def reduce_axis(self, *args: Any, **kwargs: Any) -> Any:
-        return self.method_ops.reduce_axis(*args, **kwargs)
+    @staticmethod
+    def stage_kernels() -> Any:
+        """The backend's kernels/ package (imported by the first stage that runs)."""
+        raise NotImplementedError
 
     # a prompt step's causal attention (ModelOps.causal_step), dispatched once for every backend:
     # the backend gives the three step attentions (plain_step, windowed_step, terms_step) and
@@ -103,62 +132,6 @@ class KernelStages(Generic[A]):
             return self.plain_step(q, k, v, scale)
         slots = self.slot_positions(k)
         return self.windowed_step(q, k, v, scale, window, slots[k.shape[2] - q.shape[2] :], slots)
-
-    use_kernels: bool | None
-
-    @staticmethod
-    def stage_kernels() -> Any:
-        """The backend's kernels/ package (imported by the first stage that runs)."""
-        raise NotImplementedError
-
-    def intra_attention(
-        self,
-        q: A,
-        k: A,
-        v: A,
-        chunk_size: int,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms[A] | None = None,
-    ) -> IntraResult[A]:
-        return self.stage_kernels().intra_attention(
-            q, k, v, chunk_size, scale, use_kernel=self.use_kernels, window=window, terms=terms
-        )
-
-    def inter_attention(
-        self,
-        q: A,
-        k_mem: A,
-        v_mem: A,
-        scale: float,
-        window: KeyWindow[A] | None = None,
-        terms: AttentionTerms[A] | None = None,
-    ) -> InterResult[A]:
-        return self.stage_kernels().inter_attention(
-            q, k_mem, v_mem, scale, use_kernel=self.use_kernels, window=window, terms=terms
-        )
-
-    def add_sinks(self, state: AttentionState[A], sinks: A) -> AttentionState[A]:
-        return self.stage_kernels().add_sinks(state, sinks)
-
-    def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
-        return self.stage_kernels().reduce_colsum_to_kv_heads(colsum, n_kv_heads)
-
-    def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
-        return self.stage_kernels().merge_states(a, b)
-
-    def attention_scores(
-        self,
-        queries: A,
-        keys: A,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms[A] | None = None,
-        query_start: int | None = None,
-    ) -> A:
-        return self.stage_kernels().attention_scores(
-            queries, keys, scale, use_kernel=self.use_kernels, window=window, query_start=query_start, terms=terms
-        )
 
 
 class ScoringOps(ScoringStageOps[A], Protocol[A]):

@@ -60,25 +60,31 @@ ALIASES: dict[tuple[str, str], dict[str, Any]] = {
     ("PrefillMethod", "name"): {CLI: ("--method",), SERVER: "method"},
 }
 
-_SERVER_WIDE = "server-wide: the server's command-line flag sets it for every request"
+
+def _both(config: str, name: str, why: str) -> dict[tuple[str, str, str], str]:
+    """PRIVATE's entries of a field that neither front end names, for the same reason."""
+    return {(config, name, CLI): why, (config, name, SERVER): why}
+
+
 # (config, field, front end) -> why that front end has no name for the field
 PRIVATE: dict[tuple[str, str, str], str] = {
-    ("H2OConfig", "dense_tail", SERVER): _SERVER_WIDE,
-    ("SpecPrefillConfig", "pool_kernel", SERVER): _SERVER_WIDE,
-    ("SpecPrefillConfig", "select_chunk", SERVER): _SERVER_WIDE,
-    ("SpecPrefillConfig", "layers", SERVER): _SERVER_WIDE,
+    **dict.fromkeys(
+        [
+            ("H2OConfig", "dense_tail", SERVER),
+            ("SpecPrefillConfig", "pool_kernel", SERVER),
+            ("SpecPrefillConfig", "select_chunk", SERVER),
+            ("SpecPrefillConfig", "layers", SERVER),
+        ],
+        "server-wide: the server's command-line flag sets it for every request",
+    ),
     ("SpecPrefillConfig", "protected", CLI): "one prompt's token positions: the server's protect field names segments",
     ("SpecPrefillConfig", "protected", SERVER): "token positions: a request names segments instead (its protect field)",
-    ("SpecPrefillConfig", "force_keep_last", CLI): "library only: off drops the token decoding continues from",
-    ("SpecPrefillConfig", "force_keep_last", SERVER): "library only: off drops the token decoding continues from",
+    **_both("SpecPrefillConfig", "force_keep_last", "library only: off drops the token decoding continues from"),
     ("Drafting", "model", SERVER): "a request cannot load a model: the server's --speculator drafts",
-    ("Drafting", "adaptive", CLI): "library only: the fixed draft length of earlier versions, for comparisons",
-    ("Drafting", "adaptive", SERVER): "library only: the fixed draft length of earlier versions, for comparisons",
+    **_both("Drafting", "adaptive", "library only: the fixed draft length of earlier versions, for comparisons"),
     ("PrefillMethod", "speculator", SERVER): "a request cannot load a model: the server's --speculator is loaded once",
-    ("PrefillMethod", "h2o", CLI): "a config, not a setting: its fields are (H2OConfig)",
-    ("PrefillMethod", "h2o", SERVER): "a config, not a setting: its fields are (H2OConfig)",
-    ("PrefillMethod", "specprefill", CLI): "a config, not a setting: its fields are (SpecPrefillConfig)",
-    ("PrefillMethod", "specprefill", SERVER): "a config, not a setting: its fields are (SpecPrefillConfig)",
+    **_both("PrefillMethod", "h2o", "a config, not a setting: its fields are (H2OConfig)"),
+    **_both("PrefillMethod", "specprefill", "a config, not a setting: its fields are (SpecPrefillConfig)"),
 }
 
 

@@ -13,8 +13,13 @@ from specfill.core.config import SpecPrefillConfig
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ConfigError, PromptTooLongError, TokenizerMismatchError
 from specfill.core.methods.draft_length import DraftLength
-from specfill.core.methods.draft_sources import DraftState
-from specfill.core.methods.drafting import accept, acceptance_probability, residual_distribution, speculative_decode
+from specfill.core.methods.drafting import (
+    DraftState,
+    accept,
+    acceptance_probability,
+    residual_distribution,
+    speculative_decode,
+)
 from specfill.core.methods.prefill import prefill
 from specfill.core.request import build_request
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig

@@ -9,6 +9,7 @@ both import it.
 
 from __future__ import annotations
 
+from collections import namedtuple
 from typing import Any
 
 import numpy as np
@@ -18,115 +19,37 @@ from ..models import ModelArgs, expected_tensor_shapes
 
 PREFIX = "random:"
 
-# config.json values of public checkpoints (no download needed)
+# config.json values of public checkpoints (no download needed): a Shape each, and the keys a
+# Shape leaves out (head_dim None: hidden_size / num_attention_heads, as config.json without one)
+Shape = namedtuple(
+    "Shape",
+    "model_type vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads"
+    " num_key_value_heads head_dim rope_theta max_position_embeddings tie_word_embeddings",
+)
+
+
+def _config(shape: Shape, **more: Any) -> dict[str, Any]:
+    """The config.json dictionary of `shape` (its None values left out), with `more` keys."""
+    return {key: value for key, value in shape._asdict().items() if value is not None} | more
+
+
+def _llama3(factor: float) -> dict[str, Any]:
+    """Llama 3.1's config.json keys beyond its Shape: its norm epsilon and RoPE scaling by `factor`."""
+    scaling = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    return {"rms_norm_eps": 1e-5, "rope_scaling": {"rope_type": "llama3", "factor": factor, **scaling}}
+
+
 RANDOM_SHAPES: dict[str, dict[str, Any]] = {
-    "tiny-llama": dict(
-        model_type="llama",
-        vocab_size=512,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rope_theta=10000.0,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-    ),
+    "tiny-llama": _config(Shape("llama", 512, 64, 128, 2, 4, 2, None, 10000.0, 4096, True)),
     # long context on a small budget: `specfill doctor`'s micro-bench (4K and 16K tokens in seconds)
-    "tiny-llama-32k": dict(
-        model_type="llama",
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        rope_theta=1000000.0,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-    ),
-    "smollm2-135m": dict(
-        model_type="llama",
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        rope_theta=100000.0,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-    ),
-    "llama-1b": dict(
-        model_type="llama",
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ),
+    "tiny-llama-32k": _config(Shape("llama", 512, 128, 256, 2, 2, 1, 64, 1000000.0, 32768, True)),
+    "smollm2-135m": _config(Shape("llama", 49152, 576, 1536, 30, 9, 3, None, 100000.0, 8192, True)),
+    "llama-1b": _config(Shape("llama", 128256, 2048, 8192, 16, 32, 8, 64, 500000.0, 131072, True), **_llama3(32.0)),
     # Llama-3.1-8B (GPU benchmarks, with llama-1b as its speculator: the same vocabulary and id
     # tokenizer); on a GPU the torch backend draws these weights there (16 GB in bfloat16)
-    "llama-8b": dict(
-        model_type="llama",
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ),
-    "qwen2-0.5b": dict(
-        model_type="qwen2",
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        rope_theta=1000000.0,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-0.6b": dict(
-        model_type="qwen3",
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        rope_theta=1000000.0,
-        max_position_embeddings=40960,
-        tie_word_embeddings=True,
-    ),
+    "llama-8b": _config(Shape("llama", 128256, 4096, 14336, 32, 32, 8, 128, 500000.0, 131072, False), **_llama3(8.0)),
+    "qwen2-0.5b": _config(Shape("qwen2", 151936, 896, 4864, 24, 14, 2, None, 1000000.0, 32768, True)),
+    "qwen3-0.6b": _config(Shape("qwen3", 151936, 1024, 3072, 28, 16, 8, 128, 1000000.0, 40960, True)),
 }
 
 

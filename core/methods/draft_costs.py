@@ -1,6 +1,6 @@
 """Drafting with a separate draft model, decided before its prompt prefill from costs measured here.
 
-A draft model must read the whole prompt before it drafts a token (`ModelDraft.prepare`); the
+A draft model must read the whole prompt before it drafts a token (`drafting.prepare_draft`); the
 adaptive draft length (draft_length.py) stops drafting once the measured step costs say it cannot
 pay, but by then that prefill is spent: on a CPU where a 0.5B draft step costs half a 1.5B step
 (fp32, AVX2), a 64-token reply ran at 0.82x of plain decoding although only 13% of its rounds drafted.

@@ -1,127 +1,32 @@
 """Where speculative decoding's drafts come from: one small type per source, one interface.
 
 A source (`SelfDraft`, `ModelDraft`, `SpeculatorDraft`) says how much room the SpecPrefill
-speculator's cache needs and prepares a `DraftState` once the first token is known. The state
-proposes up to n tokens per round and, after the main model's verdict, keeps what was accepted:
-a draft with its own cache (`OwnCacheDraft`: a separate draft model, or the speculator continuing
-from its prompt KV) trims that cache; a "self:K" draft (`SharedCacheDraft`) writes into the main
-cache's first K layers, and the verify pass rewrites those slots with exactly the same KV, so it
-only drops its writes before the verify pass.
+speculator's cache needs and where its step costs are kept; core/methods/drafting.prepare_draft
+makes the `DraftState` that drafts from it once the first token is known: a draft with its own
+cache (a separate draft model, or the speculator continuing from its prompt KV), or a "self:K"
+draft writing into the main cache's first K layers.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
 
 from ..backend import LoadedModel
 from ..config import Drafting
 from ..errors import ConfigError, PromptTooLongError
 from ..hybrid import max_rollback
-from ..ops import ModelOps
 from ..runtime import SamplingConfig, check_companion, self_speculator_layers
-from ..sampling import draw
-from ..stages import A
-from .prefill import prefill
 
 if TYPE_CHECKING:
     from .draft_costs import CostBook
-from .specprefill import SparsePrefill
-
-
-@dataclass
-class DraftState(ABC):
-    """A draft while decoding: `pending` tokens of the stream it has not read yet, fed at RoPE
-    positions from `position` into `cache`. drafted / accepted count proposals over the decode;
-    seconds holds the wall time of drafting and of the main model's verify passes."""
-
-    model: Any
-    cache: Any
-    position: int
-    pending: list[int]
-    drafted: int = 0
-    accepted: int = 0
-    seconds: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "verify": 0.0})
-    written: int = 0  # slots this round's proposal wrote to `cache`
-
-    def propose(
-        self, ops: ModelOps[A], n: int, sampling: SamplingConfig, rng: np.random.Generator
-    ) -> tuple[list[int], list[np.ndarray | None]]:
-        """Up to n draft tokens and their draft distributions [vocab] (None when greedy). The
-        draft reads its pending tokens, then every draft but the last (`written` slots)."""
-        tokens: list[int] = []
-        probs: list[np.ndarray | None] = []
-        feed, position, self.written = list(self.pending), self.position, 0
-        for _ in range(n):
-            out = ops.forward(self.model, ops.tokens(np.array(feed)), position, self.cache, None, len(feed) - 1)
-            position, self.written = position + len(feed), self.written + len(feed)
-            token, q = draw(ops.to_numpy(out[-1]), sampling, rng)
-            tokens.append(token)
-            probs.append(q)
-            feed = [token]
-        return tokens, probs
-
-    @abstractmethod
-    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
-        """Roll the draft back to the accepted tokens. stream: the tokens since the round began
-        (the pending one, the accepted drafts, the main model's next)."""
-
-
-class OwnCacheDraft(DraftState):
-    """A draft model with a cache of its own (a separate draft model, or the speculator)."""
-
-    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
-        """The draft read its pending tokens and every draft but the last (`written` slots): it keeps
-        the slots of those the main model accepted, and what follows them in the stream is pending."""
-        unread = self.pending + stream[1:]  # the stream from the draft's position on
-        kept = len(self.pending) + min(accepted, n_drafts - 1) if n_drafts else 0
-        self.cache.trim(self.written - kept)
-        self.position += kept
-        self.pending = unread[kept:]
-
-
-@dataclass
-class SharedCacheDraft(DraftState):
-    """A "self:K" draft: the main model's first `layers` layers over the main cache."""
-
-    layers: int = 0
-
-    def propose(
-        self, ops: ModelOps[A], n: int, sampling: SamplingConfig, rng: np.random.Generator
-    ) -> tuple[list[int], list[np.ndarray | None]]:
-        """DraftState.propose, then drop the draft's writes: the verify pass rewrites those slots."""
-        tokens, probs = super().propose(ops, n, sampling, rng)
-        if self.written:
-            self.cache.trim(self.written, self.layers)
-        return tokens, probs
-
-    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
-        """The main cache's layers now hold exactly the kept tokens; the main model's next is pending."""
-        self.position += len(stream) - 1
-        self.pending = stream[-1:]
 
 
 class DraftSource(Protocol):
-    """A kind of draft, before decoding starts."""
+    """A kind of draft, before decoding starts (made ready by core/methods/drafting.prepare_draft)."""
 
     def speculator_room(self, extra: int) -> int:
         """Slots the SpecPrefill speculator's cache keeps beyond the prompt (`extra` if it drafts)."""
-
-    def prepare(
-        self,
-        ops: ModelOps[A],
-        main: Any,
-        cache: Any,
-        ids: np.ndarray,
-        first: int,
-        sparse: SparsePrefill | None,
-        room: int,
-    ) -> DraftState:
-        """The draft ready to read `first` at position len(ids): main / cache are the main model and
-        its cache, sparse SpecPrefill's result (None after full prefill), room the decode's slots."""
 
     def costs_book(self) -> CostBook | None:
         """Where this draft's step costs measured on this machine are kept (methods/draft_costs.py),
@@ -136,18 +41,6 @@ class SelfDraft:
 
     def speculator_room(self, extra: int) -> int:
         return 0
-
-    def prepare(
-        self,
-        ops: ModelOps[A],
-        main: Any,
-        cache: Any,
-        ids: np.ndarray,
-        first: int,
-        sparse: SparsePrefill | None,
-        room: int,
-    ) -> DraftState:
-        return SharedCacheDraft(ops.first_layers(main, self.layers), cache, len(ids), [first], layers=self.layers)
 
     def costs_book(self) -> CostBook | None:
         return None  # no prefill of its own: the adaptive length alone decides, round by round
@@ -166,20 +59,6 @@ class ModelDraft:
     def speculator_room(self, extra: int) -> int:
         return 0
 
-    def prepare(
-        self,
-        ops: ModelOps[A],
-        main: Any,
-        cache: Any,
-        ids: np.ndarray,
-        first: int,
-        sparse: SparsePrefill | None,
-        room: int,
-    ) -> DraftState:
-        draft_cache = ops.new_cache(self.model, len(ids) + room)
-        prefill(ops, self.model, ops.tokens(ids), 0, draft_cache, step_size=self.step_size)
-        return OwnCacheDraft(self.model, draft_cache, len(ids), [first])
-
     def costs_book(self) -> CostBook | None:
         return self.book
 
@@ -190,22 +69,6 @@ class SpeculatorDraft:
 
     def speculator_room(self, extra: int) -> int:
         return extra
-
-    def prepare(
-        self,
-        ops: ModelOps[A],
-        main: Any,
-        cache: Any,
-        ids: np.ndarray,
-        first: int,
-        sparse: SparsePrefill | None,
-        room: int,
-    ) -> DraftState:
-        if sparse is None:
-            raise ConfigError("the SpecPrefill speculator drafts only after speculative prefill")
-        spec = sparse.speculator
-        spec.cache.trim(len(spec.lookahead))
-        return OwnCacheDraft(spec.model, spec.cache, len(ids), [first])
 
     def costs_book(self) -> CostBook | None:
         return None  # its prompt KV is SpecPrefill's own: drafting costs no prefill

@@ -14,30 +14,143 @@ model's sampling. Decisions run on the host (NumPy, float64 probabilities: core/
 rows of logits per round, small beside a forward pass.
 
 Where drafts come from (a "self:K" draft sharing the main cache, a separate draft model, the
-SpecPrefill speculator) and how each keeps its cache in step: core/methods/draft_sources.py.
-`drafted_decode` is the decode the driver runs: the first token, the draft's preparation, the rounds,
-and the step costs kept for the next decode (core/methods/draft_costs.py).
+SpecPrefill speculator): core/methods/draft_sources.py. `prepare_draft` makes a source's
+`DraftState`, which proposes and, after the main model's verdict, keeps what was accepted: a draft
+with its own cache (`OwnCacheDraft`) trims that cache; a "self:K" draft (`SharedCacheDraft`) writes
+into the main cache's first K layers, and the verify pass rewrites those slots with exactly the same
+KV, so it only drops its writes before the verify pass. `drafted_decode` is the decode the driver
+runs: the first token, the draft's preparation, the rounds, and the step costs kept for the next
+decode (core/methods/draft_costs.py). The file reads in that order from the bottom up: the draft
+states, the acceptance rule, a round, the rounds, the decode.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
 from ..config import Drafting
+from ..errors import ConfigError
 from ..ops import ModelOps
 from ..runtime import GenerationInfo, SamplingConfig
 from ..sampling import HostSampler, draw, probabilities
 from ..stages import A
 from .draft_length import DraftLength
-from .draft_sources import DraftSource, DraftState
+from .draft_sources import DraftSource, ModelDraft, SelfDraft
+from .prefill import prefill
 
 if TYPE_CHECKING:
     from .specprefill import SparsePrefill
 
-__all__ = ["accept", "acceptance_probability", "residual_distribution", "speculative_decode"]
+__all__ = [
+    "DraftState",
+    "accept",
+    "acceptance_probability",
+    "prepare_draft",
+    "residual_distribution",
+    "speculative_decode",
+]
+
+
+@dataclass
+class DraftState(ABC):
+    """A draft while decoding: `pending` tokens of the stream it has not read yet, fed at RoPE
+    positions from `position` into `cache`. drafted / accepted count proposals over the decode;
+    seconds holds the wall time of drafting and of the main model's verify passes."""
+
+    model: Any
+    cache: Any
+    position: int
+    pending: list[int]
+    drafted: int = 0
+    accepted: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {"draft": 0.0, "verify": 0.0})
+    written: int = 0  # slots this round's proposal wrote to `cache`
+
+    def propose(
+        self, ops: ModelOps[A], n: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> tuple[list[int], list[np.ndarray | None]]:
+        """Up to n draft tokens and their draft distributions [vocab] (None when greedy). The
+        draft reads its pending tokens, then every draft but the last (`written` slots)."""
+        tokens: list[int] = []
+        probs: list[np.ndarray | None] = []
+        feed, position, self.written = list(self.pending), self.position, 0
+        for _ in range(n):
+            out = ops.forward(self.model, ops.tokens(np.array(feed)), position, self.cache, None, len(feed) - 1)
+            position, self.written = position + len(feed), self.written + len(feed)
+            token, q = draw(ops.to_numpy(out[-1]), sampling, rng)
+            tokens.append(token)
+            probs.append(q)
+            feed = [token]
+        return tokens, probs
+
+    @abstractmethod
+    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
+        """Roll the draft back to the accepted tokens. stream: the tokens since the round began
+        (the pending one, the accepted drafts, the main model's next)."""
+
+
+class OwnCacheDraft(DraftState):
+    """A draft model with a cache of its own (a separate draft model, or the speculator)."""
+
+    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
+        """The draft read its pending tokens and every draft but the last (`written` slots): it keeps
+        the slots of those the main model accepted, and what follows them in the stream is pending."""
+        unread = self.pending + stream[1:]  # the stream from the draft's position on
+        kept = len(self.pending) + min(accepted, n_drafts - 1) if n_drafts else 0
+        self.cache.trim(self.written - kept)
+        self.position += kept
+        self.pending = unread[kept:]
+
+
+@dataclass
+class SharedCacheDraft(DraftState):
+    """A "self:K" draft: the main model's first `layers` layers over the main cache."""
+
+    layers: int = 0
+
+    def propose(
+        self, ops: ModelOps[A], n: int, sampling: SamplingConfig, rng: np.random.Generator
+    ) -> tuple[list[int], list[np.ndarray | None]]:
+        """DraftState.propose, then drop the draft's writes: the verify pass rewrites those slots."""
+        tokens, probs = super().propose(ops, n, sampling, rng)
+        if self.written:
+            self.cache.trim(self.written, self.layers)
+        return tokens, probs
+
+    def keep(self, ops: ModelOps[A], stream: list[int], n_drafts: int, accepted: int) -> None:
+        """The main cache's layers now hold exactly the kept tokens; the main model's next is pending."""
+        self.position += len(stream) - 1
+        self.pending = stream[-1:]
+
+
+def prepare_draft(
+    source: DraftSource,
+    ops: ModelOps[A],
+    main: Any,
+    cache: Any,
+    ids: np.ndarray,
+    first: int,
+    sparse: SparsePrefill | None,
+    room: int,
+) -> DraftState:
+    """The draft of `source` ready to read `first` at position len(ids): main / cache are the main
+    model and its cache, sparse SpecPrefill's result (None after full prefill), room the decode's
+    slots. A draft model prefills the whole prompt here; the speculator drops its look-ahead slots."""
+    if isinstance(source, SelfDraft):
+        return SharedCacheDraft(ops.first_layers(main, source.layers), cache, len(ids), [first], layers=source.layers)
+    if isinstance(source, ModelDraft):
+        draft_cache = ops.new_cache(source.model, len(ids) + room)
+        prefill(ops, source.model, ops.tokens(ids), 0, draft_cache, step_size=source.step_size)
+        return OwnCacheDraft(source.model, draft_cache, len(ids), [first])
+    if sparse is None:
+        raise ConfigError("the SpecPrefill speculator drafts only after speculative prefill")
+    spec = sparse.speculator
+    spec.cache.trim(len(spec.lookahead))
+    return OwnCacheDraft(spec.model, spec.cache, len(ids), [first])
 
 
 def acceptance_probability(p: np.ndarray, q: np.ndarray, token: int) -> float:
@@ -194,7 +307,7 @@ def drafted_decode(
     if first in stop_ids or max_tokens == 1:
         return
     started = ops.wall_time()
-    draft = source.prepare(ops, model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
+    draft = prepare_draft(source, ops, model, cache, ids, first, sparse, max_tokens + drafting.num_tokens + 2)
     info.decode.seconds["draft_prefill"] = ops.wall_time() - started
     length = DraftLength(drafting.num_tokens, adaptive=drafting.adaptive, timed=sampling.clock_free)
     book = source.costs_book()

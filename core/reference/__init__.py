@@ -36,17 +36,7 @@ class ReferenceStages:
     reduce_scores = staticmethod(specprefill.reduce_scores)
     select_tokens = staticmethod(specprefill.select_tokens)
 
-    def attention_layer(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        config: H2OConfig,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms | None = None,
-    ) -> H2OLayerResult:
-        return h2o_attention_layer(self, q, k, v, config, scale, window, terms)
+    attention_layer = h2o_attention_layer  # the walk with `self` as its ops
 
     def attention_layer_from_prefix(
         self,

@@ -201,7 +201,7 @@ def score_tokens(
     the look-ahead)."""
     layers = config.layer_indices(queries.shape[0])
     start = query_start(keys.shape[2], n_window)
-    if any(active_terms(t) is not None for t in terms):
+    if windows or any(active_terms(t) is not None for t in terms):  # each layer with its own window and terms
         probs = np.concatenate(
             [
                 stages.attention_scores(
@@ -209,17 +209,9 @@ def score_tokens(
                     keys[i : i + 1],
                     scale,
                     windows[i] if windows else None,
-                    active_terms(terms[i]),
+                    active_terms(terms[i]) if terms else None,
                     query_start=start,
                 )
-                for i in layers
-            ],
-            axis=1,
-        )
-    elif windows:
-        probs = np.concatenate(
-            [
-                stages.attention_scores(queries[i : i + 1], keys[i : i + 1], scale, windows[i], query_start=start)
                 for i in layers
             ],
             axis=1,
