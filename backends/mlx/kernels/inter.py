@@ -7,11 +7,10 @@ from functools import cache
 
 import mlx.core as mx
 
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
 from .online_softmax import ATTENTION_SOURCE, COLSUM_SOURCE, phase_specs, run_kernels
 from .state import AttentionState, InterResult, KeyWindow, empty_state, sink_weights, soft_cap
 
@@ -127,12 +126,7 @@ def inter_attention(
             mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32),
         )
     terms = active_terms(terms)
-    if use and terms is not None:
-        note_term_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
-    if use and v_mem.shape[2] != k_mem.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
-        use = False
-    if use and window is None and terms is None:
+    if kernel_runs("phase-2 inter attention", use, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
         return inter_attention_kernel(q, k_mem, v_mem, scale)
     if terms is None:
         return inter_attention_twin(q, k_mem, v_mem, scale, window)

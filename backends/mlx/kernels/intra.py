@@ -13,11 +13,10 @@ from functools import cache
 import mlx.core as mx
 
 from specfill.core.errors import ConfigError
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
 from .online_softmax import ATTENTION_SOURCE, COLSUM_SOURCE, phase_specs, run_kernels
 from .state import AttentionState, IntraResult, sink_weights, soft_cap
 
@@ -137,12 +136,7 @@ def intra_attention(
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
         return IntraResult(AttentionState(zeros, zeros, mx.zeros((q.shape[0], 0, v.shape[2]), dtype=q.dtype)), zeros)
     terms = active_terms(terms)
-    if use and terms is not None:
-        note_term_fallback("mlx", "phase-1 intra attention", "the MLX-ops twin")
-    if use and v.shape[2] != k.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("mlx", "phase-1 intra attention", "the MLX-ops twin")
-        use = False
-    if use and window is None and terms is None:
+    if kernel_runs("phase-1 intra attention", use, terms, window is not None, v.shape[2] != k.shape[2]):
         return intra_attention_kernel(q, k, v, chunk_size, scale)
     if terms is None:
         return intra_attention_twin(q, k, v, chunk_size, scale, window)

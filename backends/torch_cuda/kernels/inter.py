@@ -12,12 +12,11 @@ import math
 import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 from .cpu_units import run_units
-from .dispatch import SELF_CHECK, choose_kernel
+from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .intra import check_attention_shapes, row_sinks2
 from .state import LOG2E, AttentionState, InterResult, KeyWindow, empty_state, soft_cap2_, softmax_state_, stats_dtype
 
@@ -115,12 +114,7 @@ def inter_attention(
         colsum = torch.zeros((q.shape[0], 0), dtype=stats, device=q.device) if with_colsum else None
         return InterResult(state, colsum)
     terms = active_terms(terms)
-    if kernel and terms is not None:
-        note_term_fallback("cuda", "phase-2 inter attention", "the torch twin")
-    if kernel and v_mem.shape[2] != k_mem.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("cuda", "phase-2 inter attention", "the torch twin")
-        kernel = False
-    if kernel and window is None and terms is None:
+    if kernel_runs("phase-2 inter attention", kernel, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
         result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
         return InterResult(result.state, result.colsum)
     if terms is None:

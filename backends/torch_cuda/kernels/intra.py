@@ -13,12 +13,11 @@ import math
 import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 from .cpu_units import run_units
-from .dispatch import SELF_CHECK, choose_kernel
+from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .state import LOG2E, AttentionState, IntraResult, empty_state, soft_cap2_, softmax_state_, stats_dtype
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
@@ -155,12 +154,7 @@ def intra_attention(
         state = empty_state(q.shape[0], 0, v.shape[2], q.dtype, q.device, stats)
         return IntraResult(state, state.l.clone() if with_colsum else None)
     terms = active_terms(terms)
-    if kernel and terms is not None:
-        note_term_fallback("cuda", "phase-1 intra attention", "the torch twin")
-    if kernel and v.shape[2] != k.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("cuda", "phase-1 intra attention", "the torch twin")
-        kernel = False
-    if kernel and window is None and terms is None:
+    if kernel_runs("phase-1 intra attention", kernel, terms, window is not None, v.shape[2] != k.shape[2]):
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
     if terms is None:
         return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window)
