@@ -18,7 +18,16 @@ from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap
 
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
-from .state import LOG2E, AttentionState, IntraResult, empty_state, soft_cap2_, softmax_state_, stats_dtype
+from .state import (
+    LOG2E,
+    IntraResult,
+    empty_state,
+    soft_cap2_,
+    softmax_state_,
+    stacked_buffers,
+    stats_dtype,
+    unstacked_state,
+)
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
 # S keys) stay near cache size and the diagonal blocks waste little; 64 measured fastest on an
@@ -85,9 +94,7 @@ def intra_attention_twin(
     # [Hkv, G, T, D]: query heads kv*G .. kv*G + G - 1 share KV head kv (q pre-scaled, base 2)
     rows = (q.to(stats) * (scale * LOG2E)).reshape(n_kv, group, n_tokens, head_dim)
     k, v = k.to(stats), v.to(stats)
-    o = torch.empty((n_kv, group, n_tokens, value_dim), dtype=stats, device=q.device)
-    m = torch.empty((n_kv, group, n_tokens), dtype=stats, device=q.device)
-    l = torch.empty_like(m)
+    m, l, o = stacked_buffers(q, n_kv, value_dim, stats)
     colsum = torch.zeros_like(m) if with_colsum else None
     block = _TWIN_QUERY_BLOCK
     sinks, softcap = sinks_of(terms), softcap_of(terms)
@@ -118,10 +125,7 @@ def intra_attention_twin(
                 colsum[:, :, first:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
 
     run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
-    state = AttentionState(
-        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, value_dim).to(q.dtype)
-    )
-    return IntraResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
+    return IntraResult(unstacked_state(m, l, o, q.dtype), None if colsum is None else colsum.view(n_heads, n_tokens))
 
 
 def intra_attention(
