@@ -6,7 +6,8 @@ fallback, all implemented by its loader.py. Both packages have the same module n
 parts: loader.py (load(): device and dtype resolution, checkpoint -> model), weights.py, model.py, rope.py, cache.py
 (the KV cache, core/ops.py's KVCache), ops.py (core/ops.py's ModelOps), method_ops.py,
 kernels/ (the hot stages), adapter.py / adapted.py / adapted_loader.py (another library's model with
-the attention adapted), conformance.py (the conformance suite's adapter). Importing a backend package
+the attention adapted), conformance.py (the conformance suite's adapter); both kernels/ packages ask
+kernel_fallback.py here when a kernel gives way to its twin. Importing a backend package
 (and so its Backend object) imports neither torch nor mlx: loader.py does, on the first load.
 """
 

@@ -133,6 +133,17 @@ class AdaptedModel:
             )
             rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
             return self.step(ids[logits_from:], rest, cache, None, 0)
+        return self._forward(ids, positions, cache, attend, logits_from)
+
+    def _forward(
+        self,
+        ids: mx.array,
+        positions: int | np.ndarray,
+        cache: Sequence[LayerKVCache] | None,
+        attend: Any,
+        logits_from: int | None,
+    ) -> mx.array | None:
+        """One call of mlx-lm's forward: `step` without the split (logits_from counted from the start)."""
         layers = self.lm.layers
         if isinstance(cache, HybridKVCache):  # its recurrent state before this step, to go back to
             cache.begin_step(self, ids, positions)

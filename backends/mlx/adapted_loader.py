@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from specfill.backends.tokenizer_source import tokenizer_directory
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import load_tokenizer
@@ -27,16 +28,9 @@ def _tokenizer_source(tokenizer: Any) -> Path:
     """The directory an mlx-lm TokenizerWrapper (or the Hugging Face tokenizer inside it) was read
     from: specfill reads its own tokenizer from there."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
-    from transformers import PreTrainedTokenizerBase
 
     inner = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
-    source = Path(inner.name_or_path) if isinstance(inner, PreTrainedTokenizerBase) else None
-    if source is None or not source.is_dir():
-        raise ModelLoadError(
-            f"cannot find the directory the tokenizer ({type(inner).__name__}) was read from: "
-            f"pass mlx_lm.load's pair or load the model from its directory"
-        )
-    return source
+    return tokenizer_directory(inner, "pass mlx_lm.load's pair or load the model from its directory")
 
 
 def load_adapted(

@@ -234,7 +234,7 @@ class PipelinedAdaptedModel(AdaptedModel):
     def first_layers(self, n_layers: int) -> AdaptedModel:
         raise refuse_self_layers("pipeline")
 
-    def step(
+    def _forward(
         self,
         ids: mx.array,
         positions: int | np.ndarray,
@@ -242,19 +242,7 @@ class PipelinedAdaptedModel(AdaptedModel):
         attend: Any,
         logits_from: int | None,
     ) -> mx.array | None:
-        """AdaptedModel.step on this rank's layers (the same split of a last step in two calls)."""
-        if logits_from is not None and logits_from < 0:
-            logits_from = max(0, ids.shape[0] + logits_from)
-        if attend is None and logits_from is not None and 0 < logits_from < ids.shape[0]:
-            self.step(
-                ids[:logits_from],
-                positions if isinstance(positions, (int, np.integer)) else positions[:logits_from],
-                cache,
-                None,
-                None,
-            )
-            rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
-            return self.step(ids[logits_from:], rest, cache, None, 0)
+        """AdaptedModel's one forward call on this rank's layers (`step`, inherited, splits a last step in two)."""
         own = [None] * (self.end - self.start) if cache is None else [cache[i] for i in range(self.start, self.end)]
         self.state.positions, self.state.attend = positions, attend
         try:

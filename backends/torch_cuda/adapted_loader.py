@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import torch
 
+from specfill.backends.tokenizer_source import tokenizer_directory
 from specfill.core.driver import CausalLM
 from specfill.core.errors import ModelLoadError, quote
 from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
@@ -72,15 +73,9 @@ def _from_pretrained(path: Path, dtype: torch.dtype) -> torch.nn.Module:
 
 def _tokenizer_source(tokenizer: Any) -> Path:
     """The directory a transformers tokenizer was read from: specfill reads its own tokenizer there."""
-    from transformers import PreTrainedTokenizerBase
-
-    source = Path(tokenizer.name_or_path) if isinstance(tokenizer, PreTrainedTokenizerBase) else None
-    if source is None or not source.is_dir():
-        raise ModelLoadError(
-            f"cannot find the directory the tokenizer ({type(tokenizer).__name__}) was read from: "
-            f"pass transformers' (model, AutoTokenizer.from_pretrained(dir)) or load the directory"
-        )
-    return source
+    return tokenizer_directory(
+        tokenizer, "pass transformers' (model, AutoTokenizer.from_pretrained(dir)) or load the directory"
+    )
 
 
 def load_pair(

@@ -90,16 +90,20 @@ class ModelKVCache:
     def grown(self, capacity: int) -> ModelKVCache:
         """A new cache of `capacity` slots (same layers, heads, dtype, device) holding this one's
         filled slots: keys, values and positions."""
-        grown = ModelKVCache(
+        return self._holding(self.filled, capacity)
+
+    def _holding(self, slots: int, capacity: int) -> ModelKVCache:
+        """A new cache of `capacity` slots holding this one's first `slots` slots (keys, values,
+        positions); it shares no memory with this one."""
+        held = ModelKVCache(
             self.k.new_empty(self._shape(self.k, capacity)), self.v.new_empty(self._shape(self.v, capacity))
         )
-        end = self.filled
-        grown.k[:, :, :, :end] = self.k[:, :, :, :end]
-        grown.v[:, :, :, :end] = self.v[:, :, :, :end]
-        grown.positions[:end] = self.positions[:end]
-        for layer in grown.layers:
-            layer.offset = end
-        return grown
+        held.k[:, :, :, :slots] = self.k[:, :, :, :slots]
+        held.v[:, :, :, :slots] = self.v[:, :, :, :slots]
+        held.positions[:slots] = self.positions[:slots]
+        for layer in held.layers:
+            layer.offset = slots
+        return held
 
     @staticmethod
     def _shape(buffer: torch.Tensor, capacity: int) -> tuple[int, ...]:
@@ -131,14 +135,7 @@ class ModelKVCache:
         for `capacity` (at least `slots`); it shares no memory with this one."""
         if not 0 <= slots <= min(layer.offset for layer in self.layers):
             raise ValueError(f"cannot copy {slots} slots of a cache filled to {self.filled}")
-        room = max(slots, capacity or slots)
-        copied = ModelKVCache(self.k.new_empty(self._shape(self.k, room)), self.v.new_empty(self._shape(self.v, room)))
-        copied.k[:, :, :, :slots] = self.k[:, :, :, :slots]
-        copied.v[:, :, :, :slots] = self.v[:, :, :, :slots]
-        copied.positions[:slots] = self.positions[:slots]
-        for layer in copied.layers:
-            layer.offset = slots
-        return copied
+        return self._holding(slots, max(slots, capacity or slots))
 
     def save(self, path: str, slots: int, metadata: dict[str, str]) -> None:
         """Write the first `slots` slots to a safetensors file: keys and values [n_layers, Hkv,

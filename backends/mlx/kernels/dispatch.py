@@ -7,11 +7,13 @@ its first-use self-check (core/self_check.py) for its dtype and shape class.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import mlx.core as mx
 import numpy as np
 
+from specfill.backends import kernel_fallback
 from specfill.core.errors import BackendUnavailableError
 from specfill.core.self_check import kernels_setting
 from specfill.core.self_check_cases import CheckCases
@@ -35,6 +37,10 @@ def choose_kernel(use_kernels: bool | None, stage: str, self_check: Callable[[],
             "this MLX has none (use the MLX-ops twins: kernels off/auto)"
         )
     return bool(use_kernels)
+
+
+# kernel_runs(stage, kernel, terms, masked, value_dim_differs=False): kernel_fallback.kernel_runs on MLX
+kernel_runs = partial(kernel_fallback.kernel_runs, "mlx", "the MLX-ops twin")
 
 
 def common_dtype(*arrays: mx.array) -> mx.Dtype:

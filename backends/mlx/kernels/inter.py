@@ -7,111 +7,31 @@ from functools import cache
 
 import mlx.core as mx
 
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
+from .online_softmax import ATTENTION_SOURCE, COLSUM_SOURCE, phase_specs, run_kernels
 from .state import AttentionState, InterResult, KeyWindow, empty_state, sink_weights, soft_cap
 
-THREADS_PER_GROUP = 64
-
-# One thread per (query i, query head h): online softmax over the M memory slots (M >= 1).
-INTER_ATTENTION_SOURCE = """
-    const int i = int(thread_position_in_grid.x);
-    const int h = int(thread_position_in_grid.y);
-    if (i >= n_tokens) {
-        return;
-    }
-    const int g = h / G;
-    auto q_row = q + (size_t(h) * n_tokens + i) * D;
+# Query i sees every memory slot [0, M) (M >= 1: the dispatcher answers M = 0 itself).
+INTER_ATTENTION_SOURCE = ATTENTION_SOURCE.substitute(
+    keys="""    const int start = 0;
     auto k_head = k_mem + size_t(g) * n_slots * D;
-    auto v_head = v_mem + size_t(g) * n_slots * D;
-
-    float q_reg[D];
-    for (int d = 0; d < D; ++d) {
-        q_reg[d] = static_cast<float>(q_row[d]);
-    }
-    float dot = 0.0f;
-    for (int d = 0; d < D; ++d) {
-        dot += q_reg[d] * static_cast<float>(k_head[d]);
-    }
-    float m_run = dot * scale;
-    float l_run = 1.0f;
-    float acc[D];
-    for (int d = 0; d < D; ++d) {
-        acc[d] = static_cast<float>(v_head[d]);
-    }
-    for (int slot = 1; slot < n_slots; ++slot) {
-        auto k_row = k_head + size_t(slot) * D;
-        auto v_row = v_head + size_t(slot) * D;
-        float s = 0.0f;
-        for (int d = 0; d < D; ++d) {
-            s += q_reg[d] * static_cast<float>(k_row[d]);
-        }
-        s *= scale;
-        if (s > m_run) {
-            const float correction = metal::exp(m_run - s);
-            l_run = l_run * correction + 1.0f;
-            for (int d = 0; d < D; ++d) {
-                acc[d] = acc[d] * correction + static_cast<float>(v_row[d]);
-            }
-            m_run = s;
-        } else {
-            const float p = metal::exp(s - m_run);
-            l_run += p;
-            for (int d = 0; d < D; ++d) {
-                acc[d] += p * static_cast<float>(v_row[d]);
-            }
-        }
-    }
-    const size_t row = size_t(h) * n_tokens + i;
-    m_out[row] = m_run;
-    l_out[row] = l_run;
-    for (int d = 0; d < D; ++d) {
-        o_out[row * D + d] = static_cast<InT>(acc[d] / l_run);
-    }
-"""
-
-# One thread per (memory slot, query head h): sum over the chunk's queries of
-# softmax_inter(i, slot) = exp(s_i,slot - m_i) / l_i.
-INTER_COLSUM_SOURCE = """
-    const int slot = int(thread_position_in_grid.x);
-    const int h = int(thread_position_in_grid.y);
-    if (slot >= n_slots) {
-        return;
-    }
-    const int g = h / G;
-    auto k_row = k_mem + (size_t(g) * n_slots + slot) * D;
-    float k_reg[D];
-    for (int d = 0; d < D; ++d) {
-        k_reg[d] = static_cast<float>(k_row[d]);
-    }
-    float total = 0.0f;
-    for (int i = 0; i < n_tokens; ++i) {
-        const size_t row = size_t(h) * n_tokens + i;
-        auto q_row = q + row * D;
-        float s = 0.0f;
-        for (int d = 0; d < D; ++d) {
-            s += static_cast<float>(q_row[d]) * k_reg[d];
-        }
-        s *= scale;
-        total += metal::exp(s - m_in[row]) / l_in[row];
-    }
-    colsum[size_t(h) * n_slots + slot] = total;
-"""
-
-INTER_ATTENTION_SPEC = dict(
-    name="specfill_inter_attention",
-    input_names=["q", "k_mem", "v_mem", "n_tokens", "n_slots", "scale"],
-    output_names=["m_out", "l_out", "o_out"],
-    source=INTER_ATTENTION_SOURCE,
+    auto v_head = v_mem + size_t(g) * n_slots * D;""",
+    last="n_slots - 1",
 )
-INTER_COLSUM_SPEC = dict(
-    name="specfill_inter_colsum",
-    input_names=["q", "k_mem", "m_in", "l_in", "n_tokens", "n_slots", "scale"],
-    output_names=["colsum"],
-    source=INTER_COLSUM_SOURCE,
+
+# Slot j is seen by every query of the chunk.
+INTER_COLSUM_SOURCE = COLSUM_SOURCE.substitute(
+    n_keys="n_slots",
+    queries="""    const int first = 0;
+    const int stop = n_tokens;
+    auto k_row = k_mem + (size_t(g) * n_slots + j) * D;""",
+)
+
+INTER_ATTENTION_SPEC, INTER_COLSUM_SPEC = phase_specs(
+    "inter", "k_mem", "v_mem", "n_slots", INTER_ATTENTION_SOURCE, INTER_COLSUM_SOURCE
 )
 
 
@@ -134,28 +54,7 @@ def _check(q: mx.array, k_mem: mx.array, v_mem: mx.array) -> None:
 
 def inter_attention_kernel(q: mx.array, k_mem: mx.array, v_mem: mx.array, scale: float) -> InterResult:
     """The Metal path (needs Metal and M >= 1)."""
-    dtype = q.dtype
-    n_heads, n_tokens, head_dim = q.shape
-    n_slots = k_mem.shape[1]
-    attention, colsum_kernel = _make_inter_kernel()
-    template = [("InT", dtype), ("D", head_dim), ("G", n_heads // k_mem.shape[0])]
-    m, l, o = attention(
-        inputs=[q, k_mem, v_mem, n_tokens, n_slots, float(scale)],
-        template=template,
-        grid=(n_tokens, n_heads, 1),
-        threadgroup=(min(THREADS_PER_GROUP, n_tokens), 1, 1),
-        output_shapes=[(n_heads, n_tokens), (n_heads, n_tokens), q.shape],
-        output_dtypes=[mx.float32, mx.float32, dtype],
-    )
-    (colsum,) = colsum_kernel(
-        inputs=[q, k_mem, m, l, n_tokens, n_slots, float(scale)],
-        template=template,
-        grid=(n_slots, n_heads, 1),
-        threadgroup=(min(THREADS_PER_GROUP, n_slots), 1, 1),
-        output_shapes=[(n_heads, n_slots)],
-        output_dtypes=[mx.float32],
-    )
-    return InterResult(AttentionState(m, l, o), colsum)
+    return InterResult(*run_kernels(_make_inter_kernel(), q, k_mem, v_mem, k_mem.shape[1], scale))
 
 
 def key_window_visible(window: KeyWindow, n_tokens: int, n_slots: int) -> mx.array:
@@ -227,12 +126,7 @@ def inter_attention(
             mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32),
         )
     terms = active_terms(terms)
-    if use and terms is not None:
-        note_term_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
-    if use and v_mem.shape[2] != k_mem.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("mlx", "phase-2 inter attention", "the MLX-ops twin")
-        use = False
-    if use and window is None and terms is None:
+    if kernel_runs("phase-2 inter attention", use, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
         return inter_attention_kernel(q, k_mem, v_mem, scale)
     if terms is None:
         return inter_attention_twin(q, k_mem, v_mem, scale, window)

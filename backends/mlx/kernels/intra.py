@@ -13,114 +13,31 @@ from functools import cache
 import mlx.core as mx
 
 from specfill.core.errors import ConfigError
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
+from .online_softmax import ATTENTION_SOURCE, COLSUM_SOURCE, phase_specs, run_kernels
 from .state import AttentionState, IntraResult, sink_weights, soft_cap
 
-THREADS_PER_GROUP = 64  # small on purpose: well under any pipeline limit, even with D=256
-
-# One thread per (query i, query head h): online softmax over keys [chunk_start(i), i].
-# Every query sees itself, so the running state starts from a real key and never holds -inf.
-INTRA_ATTENTION_SOURCE = """
-    const int i = int(thread_position_in_grid.x);
-    const int h = int(thread_position_in_grid.y);
-    if (i >= n_tokens) {
-        return;
-    }
-    const int g = h / G;
-    const int start = (i / chunk_size) * chunk_size;
-    auto q_row = q + (size_t(h) * n_tokens + i) * D;
+# Query i sees keys [chunk_start(i), i]: itself included, so at least one key.
+INTRA_ATTENTION_SOURCE = ATTENTION_SOURCE.substitute(
+    keys="""    const int start = (i / chunk_size) * chunk_size;
     auto k_head = k + size_t(g) * n_tokens * D;
-    auto v_head = v + size_t(g) * n_tokens * D;
-
-    float q_reg[D];
-    for (int d = 0; d < D; ++d) {
-        q_reg[d] = static_cast<float>(q_row[d]);
-    }
-    float dot = 0.0f;
-    for (int d = 0; d < D; ++d) {
-        dot += q_reg[d] * static_cast<float>(k_head[size_t(start) * D + d]);
-    }
-    float m_run = dot * scale;
-    float l_run = 1.0f;
-    float acc[D];
-    for (int d = 0; d < D; ++d) {
-        acc[d] = static_cast<float>(v_head[size_t(start) * D + d]);
-    }
-    for (int j = start + 1; j <= i; ++j) {
-        auto k_row = k_head + size_t(j) * D;
-        auto v_row = v_head + size_t(j) * D;
-        float s = 0.0f;
-        for (int d = 0; d < D; ++d) {
-            s += q_reg[d] * static_cast<float>(k_row[d]);
-        }
-        s *= scale;
-        if (s > m_run) {
-            const float correction = metal::exp(m_run - s);
-            l_run = l_run * correction + 1.0f;
-            for (int d = 0; d < D; ++d) {
-                acc[d] = acc[d] * correction + static_cast<float>(v_row[d]);
-            }
-            m_run = s;
-        } else {
-            const float p = metal::exp(s - m_run);
-            l_run += p;
-            for (int d = 0; d < D; ++d) {
-                acc[d] += p * static_cast<float>(v_row[d]);
-            }
-        }
-    }
-    const size_t row = size_t(h) * n_tokens + i;
-    m_out[row] = m_run;
-    l_out[row] = l_run;
-    for (int d = 0; d < D; ++d) {
-        o_out[row * D + d] = static_cast<InT>(acc[d] / l_run);
-    }
-"""
-
-# One thread per (key j, query head h): sum over the queries i in [j, chunk_end(j)) of
-# softmax_intra(i, j) = exp(s_ij - m_i) / l_i, with the logits computed as in the kernel above.
-INTRA_COLSUM_SOURCE = """
-    const int j = int(thread_position_in_grid.x);
-    const int h = int(thread_position_in_grid.y);
-    if (j >= n_tokens) {
-        return;
-    }
-    const int g = h / G;
-    const int stop = metal::min((j / chunk_size + 1) * chunk_size, int(n_tokens));
-    auto k_row = k + (size_t(g) * n_tokens + j) * D;
-    float k_reg[D];
-    for (int d = 0; d < D; ++d) {
-        k_reg[d] = static_cast<float>(k_row[d]);
-    }
-    float total = 0.0f;
-    for (int i = j; i < stop; ++i) {
-        const size_t row = size_t(h) * n_tokens + i;
-        auto q_row = q + row * D;
-        float s = 0.0f;
-        for (int d = 0; d < D; ++d) {
-            s += static_cast<float>(q_row[d]) * k_reg[d];
-        }
-        s *= scale;
-        total += metal::exp(s - m_in[row]) / l_in[row];
-    }
-    colsum[size_t(h) * n_tokens + j] = total;
-"""
-
-INTRA_ATTENTION_SPEC = dict(
-    name="specfill_intra_attention",
-    input_names=["q", "k", "v", "n_tokens", "chunk_size", "scale"],
-    output_names=["m_out", "l_out", "o_out"],
-    source=INTRA_ATTENTION_SOURCE,
+    auto v_head = v + size_t(g) * n_tokens * D;""",
+    last="i",
 )
-INTRA_COLSUM_SPEC = dict(
-    name="specfill_intra_colsum",
-    input_names=["q", "k", "m_in", "l_in", "n_tokens", "chunk_size", "scale"],
-    output_names=["colsum"],
-    source=INTRA_COLSUM_SOURCE,
+
+# Key j is seen by the queries [j, chunk_end(j)) of its chunk.
+INTRA_COLSUM_SOURCE = COLSUM_SOURCE.substitute(
+    n_keys="n_tokens",
+    queries="""    const int first = j;
+    const int stop = metal::min((j / chunk_size + 1) * chunk_size, int(n_tokens));
+    auto k_row = k + (size_t(g) * n_tokens + j) * D;""",
+)
+
+INTRA_ATTENTION_SPEC, INTRA_COLSUM_SPEC = phase_specs(
+    "intra", "k", "v", "chunk_size", INTRA_ATTENTION_SOURCE, INTRA_COLSUM_SOURCE
 )
 
 
@@ -144,29 +61,7 @@ def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
 
 def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: int, scale: float) -> IntraResult:
     """The Metal path (needs Metal)."""
-    dtype = q.dtype
-    n_heads, n_tokens, head_dim = q.shape
-    attention, colsum_kernel = _make_intra_kernel()
-    template = [("InT", dtype), ("D", head_dim), ("G", n_heads // k.shape[0])]
-    grid = (n_tokens, n_heads, 1)
-    threadgroup = (min(THREADS_PER_GROUP, n_tokens), 1, 1)
-    m, l, o = attention(
-        inputs=[q, k, v, n_tokens, chunk_size, float(scale)],
-        template=template,
-        grid=grid,
-        threadgroup=threadgroup,
-        output_shapes=[(n_heads, n_tokens), (n_heads, n_tokens), q.shape],
-        output_dtypes=[mx.float32, mx.float32, dtype],
-    )
-    (colsum,) = colsum_kernel(
-        inputs=[q, k, m, l, n_tokens, chunk_size, float(scale)],
-        template=template,
-        grid=grid,
-        threadgroup=threadgroup,
-        output_shapes=[(n_heads, n_tokens)],
-        output_dtypes=[mx.float32],
-    )
-    return IntraResult(AttentionState(m, l, o), colsum)
+    return IntraResult(*run_kernels(_make_intra_kernel(), q, k, v, chunk_size, scale))
 
 
 def intra_attention_twin(
@@ -241,12 +136,7 @@ def intra_attention(
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
         return IntraResult(AttentionState(zeros, zeros, mx.zeros((q.shape[0], 0, v.shape[2]), dtype=q.dtype)), zeros)
     terms = active_terms(terms)
-    if use and terms is not None:
-        note_term_fallback("mlx", "phase-1 intra attention", "the MLX-ops twin")
-    if use and v.shape[2] != k.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("mlx", "phase-1 intra attention", "the MLX-ops twin")
-        use = False
-    if use and window is None and terms is None:
+    if kernel_runs("phase-1 intra attention", use, terms, window is not None, v.shape[2] != k.shape[2]):
         return intra_attention_kernel(q, k, v, chunk_size, scale)
     if terms is None:
         return intra_attention_twin(q, k, v, chunk_size, scale, window)

@@ -10,10 +10,9 @@ from functools import cache
 
 import mlx.core as mx
 
-from specfill.core.self_check import note_term_fallback
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
 from .state import sink_weights, soft_cap
 
 THREADS_PER_GROUP = 64
@@ -197,9 +196,7 @@ def attention_scores(
     if keys.shape[2] == 0 or n_queries == 0 or n_layers == 0:
         return mx.zeros((n_queries, n_layers, n_heads, keys.shape[2]), dtype=mx.float32)
     terms = active_terms(terms)
-    if use and terms is not None:
-        note_term_fallback("mlx", "speculative-prefill scoring", "the MLX-ops twin")
-    if use and window is None and query_start is None and terms is None:
+    if kernel_runs("speculative-prefill scoring", use, terms, window is not None or query_start is not None):
         return attention_scores_kernel(queries, keys, scale)
     return attention_scores_twin(queries, keys, scale, window, terms, query_start)
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+from functools import partial
 from typing import Callable
 
 import torch
 
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
+from specfill.backends import kernel_fallback
 from specfill.core.errors import BackendUnavailableError
 from specfill.core.self_check import kernels_setting
 from specfill.core.self_check_cases import CheckCases
@@ -29,6 +31,9 @@ from .tiles import architecture
 TRITON_KERNELS = {"flash_attention": "flash_triton", "scoring_softmax": "scoring_triton"}
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# kernel_runs(stage, kernel, terms, masked, value_dim_differs=False): kernel_fallback.kernel_runs on torch
+kernel_runs = partial(kernel_fallback.kernel_runs, "cuda", "the torch twin")
 
 
 def triton_installed() -> bool:

@@ -12,14 +12,23 @@ import math
 import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 from .cpu_units import run_units
-from .dispatch import SELF_CHECK, choose_kernel
+from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .intra import check_attention_shapes, row_sinks2
-from .state import LOG2E, AttentionState, InterResult, KeyWindow, empty_state, soft_cap2_, softmax_state_, stats_dtype
+from .state import (
+    LOG2E,
+    InterResult,
+    KeyWindow,
+    empty_state,
+    soft_cap2_,
+    softmax_state_,
+    stacked_buffers,
+    stats_dtype,
+    unstacked_state,
+)
 
 # query rows per block of the twin (times G stacked heads) against all M memory slots:
 # 64 to 256 measured within ~10% at S = 1024, M = 512 on CPU, whole chunks at once ~50% slower
@@ -56,9 +65,7 @@ def inter_attention_twin(
     stats = stats_dtype(q, k_mem, v_mem)
     rows = (q.to(stats) * (scale * LOG2E)).reshape(n_kv, group, n_tokens, head_dim)
     keys_t, values = k_mem.to(stats).transpose(1, 2), v_mem.to(stats)
-    o = torch.empty((n_kv, group, n_tokens, value_dim), dtype=stats, device=q.device)
-    m = torch.empty((n_kv, group, n_tokens), dtype=stats, device=q.device)
-    l = torch.empty_like(m)
+    m, l, o = stacked_buffers(q, n_kv, value_dim, stats)
     n_blocks = -(-n_tokens // _TWIN_QUERY_BLOCK)
     # one partial column sum per block, added up in block order once all have run
     partial = torch.empty((n_blocks, n_kv, group, n_mem), dtype=stats, device=q.device) if with_colsum else None
@@ -83,10 +90,7 @@ def inter_attention_twin(
 
     run_units(one_unit, n_blocks * n_kv, q.device)
     colsum = None if partial is None else partial.sum(dim=0)
-    state = AttentionState(
-        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, value_dim).to(q.dtype)
-    )
-    return InterResult(state, None if colsum is None else colsum.view(n_heads, n_mem))
+    return InterResult(unstacked_state(m, l, o, q.dtype), None if colsum is None else colsum.view(n_heads, n_mem))
 
 
 def inter_attention(
@@ -115,12 +119,7 @@ def inter_attention(
         colsum = torch.zeros((q.shape[0], 0), dtype=stats, device=q.device) if with_colsum else None
         return InterResult(state, colsum)
     terms = active_terms(terms)
-    if kernel and terms is not None:
-        note_term_fallback("cuda", "phase-2 inter attention", "the torch twin")
-    if kernel and v_mem.shape[2] != k_mem.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("cuda", "phase-2 inter attention", "the torch twin")
-        kernel = False
-    if kernel and window is None and terms is None:
+    if kernel_runs("phase-2 inter attention", kernel, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
         result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
         return InterResult(result.state, result.colsum)
     if terms is None:

@@ -13,13 +13,21 @@ import math
 import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
-from specfill.core.self_check import note_term_fallback, note_value_dim_fallback
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 from .cpu_units import run_units
-from .dispatch import SELF_CHECK, choose_kernel
-from .state import LOG2E, AttentionState, IntraResult, empty_state, soft_cap2_, softmax_state_, stats_dtype
+from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
+from .state import (
+    LOG2E,
+    IntraResult,
+    empty_state,
+    soft_cap2_,
+    softmax_state_,
+    stacked_buffers,
+    stats_dtype,
+    unstacked_state,
+)
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
 # S keys) stay near cache size and the diagonal blocks waste little; 64 measured fastest on an
@@ -86,9 +94,7 @@ def intra_attention_twin(
     # [Hkv, G, T, D]: query heads kv*G .. kv*G + G - 1 share KV head kv (q pre-scaled, base 2)
     rows = (q.to(stats) * (scale * LOG2E)).reshape(n_kv, group, n_tokens, head_dim)
     k, v = k.to(stats), v.to(stats)
-    o = torch.empty((n_kv, group, n_tokens, value_dim), dtype=stats, device=q.device)
-    m = torch.empty((n_kv, group, n_tokens), dtype=stats, device=q.device)
-    l = torch.empty_like(m)
+    m, l, o = stacked_buffers(q, n_kv, value_dim, stats)
     colsum = torch.zeros_like(m) if with_colsum else None
     block = _TWIN_QUERY_BLOCK
     sinks, softcap = sinks_of(terms), softcap_of(terms)
@@ -119,10 +125,7 @@ def intra_attention_twin(
                 colsum[:, :, first:hi] += weights.view(n_kv, group, n_rows, n_keys).sum(dim=2)
 
     run_units(one_chunk, math.ceil(n_tokens / chunk_size), q.device)
-    state = AttentionState(
-        m.view(n_heads, n_tokens), l.view(n_heads, n_tokens), o.view(n_heads, n_tokens, value_dim).to(q.dtype)
-    )
-    return IntraResult(state, None if colsum is None else colsum.view(n_heads, n_tokens))
+    return IntraResult(unstacked_state(m, l, o, q.dtype), None if colsum is None else colsum.view(n_heads, n_tokens))
 
 
 def intra_attention(
@@ -155,12 +158,7 @@ def intra_attention(
         state = empty_state(q.shape[0], 0, v.shape[2], q.dtype, q.device, stats)
         return IntraResult(state, state.l.clone() if with_colsum else None)
     terms = active_terms(terms)
-    if kernel and terms is not None:
-        note_term_fallback("cuda", "phase-1 intra attention", "the torch twin")
-    if kernel and v.shape[2] != k.shape[2]:  # the kernel takes one head dim: latent attention runs the twin
-        note_value_dim_fallback("cuda", "phase-1 intra attention", "the torch twin")
-        kernel = False
-    if kernel and window is None and terms is None:
+    if kernel_runs("phase-1 intra attention", kernel, terms, window is not None, v.shape[2] != k.shape[2]):
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
     if terms is None:
         return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window)

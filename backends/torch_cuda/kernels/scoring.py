@@ -12,10 +12,9 @@ import math
 import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
-from specfill.core.self_check import note_term_fallback
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel
+from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .state import stats_dtype
 
 
@@ -114,9 +113,7 @@ def attention_scores(
             (n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys), device=queries.device
         )
     terms = active_terms(terms)
-    if kernel and terms is not None:
-        note_term_fallback("cuda", "speculative-prefill scoring", "the torch twin")
-    if kernel and window is None and query_start is None and terms is None:
+    if kernel_runs("speculative-prefill scoring", kernel, terms, window is not None or query_start is not None):
         return dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
     return attention_scores_twin(queries, keys, scale, window, terms, query_start)
 

@@ -24,7 +24,9 @@ __all__ = [
     "merge_states",
     "soft_cap2_",
     "softmax_state_",
+    "stacked_buffers",
     "stats_dtype",
+    "unstacked_state",
 ]
 
 LOG2E = math.log2(math.e)
@@ -49,6 +51,27 @@ def empty_state(
         m=torch.full((n_heads, n_tokens), -math.inf, dtype=stats, device=device),
         l=torch.zeros((n_heads, n_tokens), dtype=stats, device=device),
         o=torch.zeros((n_heads, n_tokens, head_dim), dtype=dtype, device=device),
+    )
+
+
+def stacked_buffers(
+    q: torch.Tensor, n_kv: int, value_dim: int, stats: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A twin's uninitialised state buffers with the G query heads of a KV head stacked (q [Hq, T, D]):
+    m, l [Hkv, G, T] and o [Hkv, G, T, Dv], in the statistics dtype on q's device."""
+    n_heads, n_tokens = q.shape[:2]
+    o = torch.empty((n_kv, n_heads // n_kv, n_tokens, value_dim), dtype=stats, device=q.device)
+    m = torch.empty((n_kv, n_heads // n_kv, n_tokens), dtype=stats, device=q.device)
+    return m, torch.empty_like(m), o
+
+
+def unstacked_state(m: torch.Tensor, l: torch.Tensor, o: torch.Tensor, dtype: torch.dtype) -> AttentionState:
+    """stacked_buffers' m, l, o once filled, as the stage's state: m, l [Hq, T], o [Hq, T, Dv] in `dtype`."""
+    n_kv, group, n_tokens = m.shape
+    return AttentionState(
+        m.view(n_kv * group, n_tokens),
+        l.view(n_kv * group, n_tokens),
+        o.view(n_kv * group, n_tokens, o.shape[-1]).to(dtype),
     )
 
 
