@@ -16,7 +16,7 @@ from specfill.core.io.random_model import is_random_model, random_prompt_ids
 from specfill.core.probe import auto_crossover, key_for
 from specfill.core.runtime import COMPOSED
 
-from .machine import describe_machine, machine_line
+from .machine import describe_machine, report_head
 from .plots import plot_ttft
 from .texts import tokens_of_length
 
@@ -225,16 +225,8 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     partial = json_path.with_suffix(".json.partial")
     partial.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(partial, json_path)
-    status_note = (
-        []
-        if result.get("complete", True)
-        else ["Partial: the run has not finished (or was stopped); these are the rows it completed.", ""]
-    )
     lines = [
-        "# TTFT benchmark",
-        "",
-        *status_note,
-        f"Machine: {machine_line(result['machine'])}.",
+        *report_head("TTFT benchmark", result, "rows"),
         f"Model: {result['plan']['model']}; device {result['plan']['device'] or 'backend default'}; "
         f"dtype {result['plan']['dtype'] or 'backend default'}; "
         f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "

@@ -96,16 +96,9 @@ class Engine:
 
     def __init__(self, session: Session, cache: PromptCache | None = None):
         self.session = session
+        self.model, self.tokenizer = session.model, session.tokenizer  # the session's, for the routes
         self.cache = cache  # None: the server runs without a prompt cache
         self.constraints = Constraints(session.tokenizer)  # constrained decoding's masks (token_mask.py)
-
-    @property
-    def model(self) -> Any:
-        return self.session.model
-
-    @property
-    def tokenizer(self) -> Any:
-        return self.session.tokenizer
 
     @property
     def context(self) -> int:
