@@ -17,9 +17,8 @@ from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, Specf
 from specfill.core.request import build_request, find
 
 from .options import (
-    BACKEND_HELP,
-    MODEL_HELP,
     add_method_options,
+    add_model_options,
     add_sampling_options,
     add_setting_option,
     h2o_config,
@@ -34,8 +33,7 @@ SERVER_PREFILL_STEP_SIZE = 512
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default=None, help=BACKEND_HELP)  # the platform rule, as every command
-    p.add_argument("--model", default=None, help=MODEL_HELP)
+    add_model_options(p)
     p.add_argument(
         "--served-model-name",
         "--model-id",

@@ -145,6 +145,9 @@ def record(
     }
 
 
+NO_ANSWER: dict = {"text": None, "value": None, "ttft": None}  # record's answer where nothing is decoded
+
+
 def run_api(session: Session, sample: RulerSample, method: PrefillMethod, budget: int) -> dict:
     """Through the public API like any user: record's keywords (the answer text, its score, TTFT,
     the position map and the kept tokens)."""
@@ -306,10 +309,10 @@ def _run_candidate(
         row = np.zeros(chosen["n_prompt"])
         row[chosen["kept"]] = 1.0
         timing = {k: chosen[k] for k in ("speculator_s", "selection_s")}
+        config = asdict(setting)
         return record(
-            sample, length, name, COMPOSED, text=None, value=None, ttft=None, row=row, kept=len(chosen["kept"]),
-            config=asdict(setting), **timing,
-        )  # fmt: skip
+            sample, length, name, COMPOSED, **NO_ANSWER, row=row, kept=len(chosen["kept"]), config=config, **timing
+        )
     if not on_saved_pass(setting) or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
         return _end_to_end(models.session(), sample, length, name, setting, scores, budget)
     started = time.perf_counter()
@@ -317,35 +320,14 @@ def _run_candidate(
     row = np.zeros(len(scores.saved.ids))
     row[selection.kept] = 1.0
     extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}
-    if plan.selection_only:
-        return record(
-            sample,
-            length,
-            name,
-            "specprefill",
-            text=None,
-            value=None,
-            ttft=None,
-            row=row,
-            kept=len(selection.kept),
-            **extra,
+    answer = NO_ANSWER
+    if not plan.selection_only:  # decoded from the saved pass: TTFT = the pass's time + selection + the rest
+        session = models.session()
+        text, value, ttft = decode_from_pass(
+            session.model, session.tokenizer, sample, scores.saved, selection, budget, started
         )
-    session = models.session()
-    text, value, ttft = decode_from_pass(
-        session.model, session.tokenizer, sample, scores.saved, selection, budget, started
-    )
-    return record(
-        sample,
-        length,
-        name,
-        "specprefill",
-        text=text,
-        value=value,
-        ttft=ttft,
-        row=row,
-        kept=len(selection.kept),
-        **extra,
-    )
+        answer = {"text": text, "value": value, "ttft": ttft}
+    return record(sample, length, name, "specprefill", **answer, row=row, kept=len(selection.kept), **extra)
 
 
 def _end_to_end(session: Session, sample: RulerSample, length: int, name: str, setting, scores, budget: int) -> dict:
