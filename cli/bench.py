@@ -10,8 +10,8 @@ from specfill.evaluation.bench import BENCH_METHODS, BenchPlan, run_bench, write
 from specfill.evaluation.drafting import DraftingPlan, run_drafting_bench, write_drafting
 from specfill.evaluation.drafting_ratios import DEFAULT_PROMPTS, RatioPlan, run_drafting_ratios, write_drafting_ratios
 
-from .options import MODEL_HELP, add_method_options, h2o_config, int_list, specprefill_config, str_list
-from .progress import WorkProgressBar
+from .options import MODEL_HELP, add_method_options, int_list, plan_settings, specprefill_config, str_list
+from .progress import run_written
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,18 +87,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"unknown method {name!r} ({', '.join(BENCH_METHODS)})")
     if args.decode_tokens < 1 or args.repeats < 1 or any(n < 1 for n in args.lengths):
         raise ConfigError("--decode-tokens, --repeats and --lengths must be positive")
-    backends = tuple(args.backends or [default_backend()])
     plan = BenchPlan(
-        backends=backends,
+        backends=_backends(args),
         methods=tuple(args.methods),
         lengths=tuple(args.lengths),
-        model=args.model,
-        speculator=args.speculator,
-        h2o=h2o_config(args),
-        specprefill=specprefill_config(args),
+        **plan_settings(args),
         decode_tokens=args.decode_tokens,
         repeats=args.repeats,
-        dtype=args.dtype,
         device=args.device,
         save_crossover=args.save_crossover,
     )
@@ -106,13 +101,28 @@ def run(args: argparse.Namespace) -> int:
         return run_drafting(args)
     if args.draft_ratios:
         return run_ratios(args)
-    with WorkProgressBar("bench") as bar:
-        result = run_bench(
-            plan, log=bar.log, step=bar.step, row_done=lambda partial: write_bench(partial, args.out, args.name)
-        )
-    for path in write_bench(result, args.out, args.name):
-        print(path)
-    return 0
+    return run_written(
+        "bench",
+        lambda bar, save: run_bench(plan, log=bar.log, step=bar.step, row_done=save),
+        lambda result: write_bench(result, args.out, args.name),
+    )
+
+
+def _backends(args: argparse.Namespace) -> tuple[str, ...]:
+    """--backends, else the platform's default backend."""
+    return tuple(args.backends or [default_backend()])
+
+
+def _drafted(args: argparse.Namespace) -> dict:
+    """What both drafting runs take from the flags alike: the first backend, the model, its draft
+    model, the prompt's length and the device."""
+    return {
+        "backend": _backends(args)[0],
+        "model": args.model,
+        "draft": args.draft_model,
+        "prompt_tokens": args.lengths[0],
+        "device": args.device,
+    }
 
 
 def run_drafting(args: argparse.Namespace) -> int:
@@ -120,17 +130,13 @@ def run_drafting(args: argparse.Namespace) -> int:
     if any(k < 1 for k in args.draft_tokens):
         raise ConfigError("--draft-tokens must be positive")
     plan = DraftingPlan(
-        backend=(args.backends or [default_backend()])[0],
-        model=args.model,
-        draft=args.draft_model,
+        **_drafted(args),
         speculator=args.speculator,
         methods=tuple(m for m in args.methods if m in ("full", "specprefill")),
         draft_tokens=tuple(args.draft_tokens),
-        prompt_tokens=args.lengths[0],
         decode_tokens=args.decode_tokens,
         specprefill=specprefill_config(args),
         dtype=args.dtype,
-        device=args.device,
         prompt_file=args.prompt_file,
     )
     for path in write_drafting(run_drafting_bench(plan), args.out, args.name):
@@ -146,15 +152,11 @@ def run_ratios(args: argparse.Namespace) -> int:
     if any(n < 2 for n in args.reply_tokens):
         raise ConfigError("--reply-tokens must be at least 2 (a reply of one token drafts nothing)")
     plan = RatioPlan(
-        backend=(args.backends or [default_backend()])[0],
-        model=args.model,
-        draft=args.draft_model,
+        **_drafted(args),
         prompts=prompts,
-        prompt_tokens=args.lengths[0],
         reply_tokens=tuple(args.reply_tokens),
         dtypes=(args.dtype,) if args.dtype else ("float32", "bfloat16"),
         runs=max(args.repeats, 2),
-        device=args.device,
     )
     name = args.name if args.name != "bench" else "drafting_ratios"
     write = lambda partial: write_drafting_ratios(partial, args.out, name)  # noqa: E731

@@ -12,21 +12,19 @@ from specfill.evaluation.ruler_data import RulerDataMissing, ruler_available
 from specfill.evaluation.ruler_tasks import DEFAULT_RULER_TASKS, RULER_TASKS, expand_tasks
 
 from .options import (
-    BACKEND_HELP,
-    MODEL_HELP,
     add_method_options,
+    add_model_options,
     float_list,
     h2o_config,
     int_list,
     specprefill_config,
     str_list,
 )
-from .progress import WorkProgressBar
+from .progress import WorkProgressBar, run_written
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default=None, help=BACKEND_HELP)
-    p.add_argument("--model", default=None, help=MODEL_HELP)
+    add_model_options(p)
     p.add_argument(
         "--tasks",
         type=str_list,
@@ -163,13 +161,11 @@ def run(args: argparse.Namespace) -> int:
         chat_template=not args.ignore_chat_template,
         answer_tokens=args.answer_tokens,
     )
-    with WorkProgressBar("eval") as bar:
-        result = run_eval(
-            plan, log=bar.log, step=bar.step, cell_done=lambda partial: write_eval(partial, args.out, args.name)
-        )
-    for path in write_eval(result, args.out, args.name):
-        print(path)
-    return 0
+    return run_written(
+        "eval",
+        lambda bar, save: run_eval(plan, log=bar.log, step=bar.step, cell_done=save),
+        lambda result: write_eval(result, args.out, args.name),
+    )
 
 
 def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:

@@ -14,9 +14,8 @@ from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
 
 from .options import (
-    BACKEND_HELP,
-    MODEL_HELP,
     add_method_options,
+    add_model_options,
     add_sampling_options,
     add_setting_option,
     h2o_config,
@@ -30,8 +29,7 @@ DEFAULT_PROMPT = "What is the capital of France?"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default=None, help=BACKEND_HELP)
-    p.add_argument("--model", default=None, help=MODEL_HELP)
+    add_model_options(p)
     p.add_argument(
         "--model-file",
         default=None,

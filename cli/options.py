@@ -123,6 +123,24 @@ def _config_values(args: argparse.Namespace, config: type) -> dict[str, Any]:
     return values
 
 
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """--backend and --model, as every command that loads one model takes them."""
+    p.add_argument("--backend", default=None, help=BACKEND_HELP)  # the platform rule, as every command
+    p.add_argument("--model", default=None, help=MODEL_HELP)
+
+
+def plan_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The plan fields the bench-like commands read alike from their flags: the model, its speculator,
+    the methods' settings and the dtype."""
+    return {
+        "model": args.model,
+        "speculator": args.speculator,
+        "h2o": h2o_config(args),
+        "specprefill": specprefill_config(args),
+        "dtype": args.dtype,
+    }
+
+
 def h2o_config(args: argparse.Namespace, **overrides) -> H2OConfig:
     return H2OConfig(**{**_config_values(args, H2OConfig), **overrides})
 

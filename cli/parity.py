@@ -7,7 +7,7 @@ import argparse
 from specfill.core import ConfigError
 from specfill.evaluation.parity import ParityPlan, run_parity, write_parity
 
-from .options import MODEL_HELP, add_method_options, h2o_config, specprefill_config, str_list
+from .options import MODEL_HELP, add_method_options, plan_settings, str_list
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,13 +30,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--prompt-tokens must be >= 2 and --generate-tokens >= 1")
     plan = ParityPlan(
         backends=tuple(args.backends),
-        model=args.model,
         prompt_tokens=args.prompt_tokens,
-        h2o=h2o_config(args),
-        specprefill=specprefill_config(args),
-        speculator=args.speculator,
         generate_tokens=args.generate_tokens,
-        dtype=args.dtype,
+        **plan_settings(args),
     )
     for path in write_parity(run_parity(plan), args.out, args.name):
         print(path)

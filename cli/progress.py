@@ -4,7 +4,7 @@ units of work of bench / eval runs."""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 from tqdm import tqdm
 
@@ -72,3 +72,15 @@ class WorkProgressBar:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def run_written(
+    desc: str, run: Callable[[WorkProgressBar, Callable[[dict], Any]], dict], write: Callable[[dict], list]
+) -> int:
+    """A long run under a WorkProgressBar (run(bar, save): `save` writes a partial result, marked so,
+    after each finished unit), then its final result written by `write` and the files printed."""
+    with WorkProgressBar(desc) as bar:
+        result = run(bar, write)
+    for path in write(result):
+        print(path)
+    return 0

@@ -17,9 +17,8 @@ from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, Specf
 from specfill.core.request import build_request, find
 
 from .options import (
-    BACKEND_HELP,
-    MODEL_HELP,
     add_method_options,
+    add_model_options,
     add_sampling_options,
     add_setting_option,
     h2o_config,
@@ -34,8 +33,7 @@ SERVER_PREFILL_STEP_SIZE = 512
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default=None, help=BACKEND_HELP)  # the platform rule, as every command
-    p.add_argument("--model", default=None, help=MODEL_HELP)
+    add_model_options(p)
     p.add_argument(
         "--served-model-name",
         "--model-id",
@@ -259,10 +257,8 @@ def _follow(args: argparse.Namespace) -> int:
     session, _ = _load(args)
     if args.chat_template is not None:
         session.tokenizer.chat_template = _server_modules().read_chat_template(args.chat_template)
-    return follow(
-        engine_for(session.model, session.tokenizer, args.prompt_cache, args.cache_tokens, None, args.cache_memory),
-        _channel(session.model, session.speculator),
-    )
+    engine = engine_for(session, args.prompt_cache, args.cache_tokens, None, args.cache_memory)
+    return follow(engine, _channel(session.model, session.speculator))
 
 
 def _serve(
@@ -297,9 +293,8 @@ def _serve(
     if group is not None:  # rank 0 of several: its engine tells the others what to do
         from specfill.serve.distributed import engine_for
 
-        leader = engine_for(
-            model, tokenizer, args.prompt_cache, args.cache_tokens, _channel(model, speculator), args.cache_memory
-        )
+        channel = _channel(model, speculator)
+        leader = engine_for(session, args.prompt_cache, args.cache_tokens, channel, args.cache_memory)
     app = serve.build_app(
         model,
         tokenizer,
@@ -313,6 +308,7 @@ def _serve(
         cache_disk=args.cache_disk,
         model_name=args.model or names[0],
         speculator_name=args.speculator,
+        session=session,
     )
     where = "" if group is None else f", {model.distributed.describe()}"
     print(

@@ -8,14 +8,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.api import Session, prefill_method
+from specfill.api import open as open_session
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.crossover import crossover_from_points, save_calibration
 from specfill.core.io.random_model import is_random_model, random_prompt_ids
 from specfill.core.probe import auto_crossover, key_for
 from specfill.core.runtime import COMPOSED
 
-from .machine import describe_machine, machine_line
+from .machine import describe_machine, report_head
 from .plots import plot_ttft
 from .texts import tokens_of_length
 
@@ -57,12 +58,12 @@ class BenchPlan:
     save_crossover: bool = False  # the bench's own crossovers become what `auto` reads on this machine
 
 
-def _one_run(model, tokenizer, ids, method, decode_tokens) -> dict:
+def _one_run(session: Session, ids, method, decode_tokens) -> dict:
     """One generation; its peak memory is the run's own where the backend can reset the count
     (CUDA: max_memory_allocated; MLX: get_peak_memory; CPU on Linux: the resident set's high-water
     mark, VmHWM: core/ops.process_peak_memory_gb), held weights and caches included."""
-    last, scope = None, "run" if model.reset_peak_memory() else "process"
-    for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method):
+    last, scope = None, "run" if session.model.reset_peak_memory() else "process"
+    for last in session.stream(ids, max_tokens=decode_tokens, method=method):
         pass
     return {
         "ttft_s": last.ttft,
@@ -110,23 +111,27 @@ def run_bench(
             step(total, label)
 
     for backend in plan.backends:
-        model, tokenizer = load(plan.model, backend=backend, dtype=plan.dtype, device=plan.device)
-        speculator = (
-            load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
-            if {"specprefill", COMPOSED} & set(plan.methods)
-            else None
+        speculates = bool({"specprefill", COMPOSED} & set(plan.methods))
+        session = open_session(
+            plan.model,
+            backend=backend,
+            dtype=plan.dtype,
+            device=plan.device,
+            speculator=plan.speculator if speculates else None,
+            notify=log,
         )
+        model, tokenizer, speculator = session.model, session.tokenizer, session.speculator
         methods = {name: bench_method(name, plan, speculator) for name in plan.methods}
         warm = ids_of(tokenizer, min(plan.lengths))
         for name, method in methods.items():  # first calls allocate, compile and fill caches
-            _one_run(model, tokenizer, warm, method, 2)
+            _one_run(session, warm, method, 2)
             done(f"{backend} warm-up {name}")
         for length in plan.lengths:
             ids = ids_of(tokenizer, length)
             for name, method in methods.items():
                 runs = []
                 for _ in range(plan.repeats):
-                    runs.append(_one_run(model, tokenizer, ids, method, plan.decode_tokens))
+                    runs.append(_one_run(session, ids, method, plan.decode_tokens))
                     done(f"{backend} {name} {length}")
                 best = min(runs, key=lambda r: r["ttft_s"])
                 rows.append(
@@ -220,16 +225,8 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     partial = json_path.with_suffix(".json.partial")
     partial.write_text(json.dumps(result, indent=1) + "\n")
     os.replace(partial, json_path)
-    status_note = (
-        []
-        if result.get("complete", True)
-        else ["Partial: the run has not finished (or was stopped); these are the rows it completed.", ""]
-    )
     lines = [
-        "# TTFT benchmark",
-        "",
-        *status_note,
-        f"Machine: {machine_line(result['machine'])}.",
+        *report_head("TTFT benchmark", result, "rows"),
         f"Model: {result['plan']['model']}; device {result['plan']['device'] or 'backend default'}; "
         f"dtype {result['plan']['dtype'] or 'backend default'}; "
         f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "

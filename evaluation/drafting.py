@@ -14,7 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.api import Session, prefill_method
+from specfill.api import open as open_session
 from specfill.core import SpecPrefillConfig
 from specfill.prompts import read_prompt_file
 
@@ -39,9 +40,9 @@ class DraftingPlan:
     prompt_file: str | None = None  # the prompt's text (its first prompt_tokens tokens); None: the eval text
 
 
-def _one(model, tokenizer, ids, method, plan: DraftingPlan, draft, k: int) -> dict:
+def _one(session: Session, ids, method, plan: DraftingPlan, draft, k: int) -> dict:
     kwargs = {} if k == 0 else {"num_draft_tokens": k, "draft_model": draft}
-    steps = list(stream_generate(model, tokenizer, ids, plan.decode_tokens, method=method, **kwargs))
+    steps = list(session.stream(ids, max_tokens=plan.decode_tokens, method=method, **kwargs))
     last = steps[-1]
     decode_s = (last.generation_tokens - 1) / last.generation_tps if last.generation_tps else 0.0
     return {
@@ -59,9 +60,11 @@ def _one(model, tokenizer, ids, method, plan: DraftingPlan, draft, k: int) -> di
 
 
 def run_drafting_bench(plan: DraftingPlan, log: Callable[[str], None] = print) -> dict:
-    model, tokenizer = load(plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device)
-    draft = load_speculator(plan.draft, model, tokenizer, plan.dtype, plan.device, role="draft model")
-    speculator = load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
+    session = open_session(
+        plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device, speculator=plan.speculator, notify=log
+    )
+    model, tokenizer, speculator = session.model, session.tokenizer, session.speculator
+    draft = session.load_speculator(plan.draft, "draft model")  # not the session's: k = 0 runs undrafted
     if plan.prompt_file is None:
         ids = tokens_of_length(tokenizer, plan.prompt_tokens)
     else:
@@ -69,11 +72,8 @@ def run_drafting_bench(plan: DraftingPlan, log: Callable[[str], None] = print) -
     rows = []
     for name in plan.methods:
         method = prefill_method(name, specprefill=plan.specprefill, speculator=speculator)
-        _one(model, tokenizer, ids[:64], method, DraftingPlan(decode_tokens=4), draft if name == "full" else None, 2)
-        runs = [
-            _one(model, tokenizer, ids, method, plan, draft if name == "full" else None, k)
-            for k in (0, *plan.draft_tokens)
-        ]
+        _one(session, ids[:64], method, DraftingPlan(decode_tokens=4), draft if name == "full" else None, 2)
+        runs = [_one(session, ids, method, plan, draft if name == "full" else None, k) for k in (0, *plan.draft_tokens)]
         base = runs[0]
         for row in runs:
             row.update(

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from specfill.api import load, load_speculator, stream_generate
+from specfill.api import Session
+from specfill.api import open as open_session
 from specfill.prompts import read_prompt_file
 
 from .machine import describe_machine, machine_line
@@ -45,9 +46,9 @@ class RatioPlan:
     device: str | None = None
 
 
-def _timed(model, tokenizer, ids: list[int], max_tokens: int, **drafting) -> dict:
+def _timed(session: Session, ids: list[int], max_tokens: int, **drafting) -> dict:
     started = time.perf_counter()
-    steps = list(stream_generate(model, tokenizer, ids, max_tokens, **drafting))
+    steps = list(session.stream(ids, max_tokens=max_tokens, **drafting))
     seconds = time.perf_counter() - started
     last = steps[-1]
     return {
@@ -75,16 +76,16 @@ def run_drafting_ratios(
     result["plan"]["model"] = plan.model or "demo (SmolLM2-135M-Instruct Q4_1)"
     texts = {kind: read_prompt_file(path, "--ratio-prompts file") for kind, path in plan.prompts}  # before any load
     for dtype in plan.dtypes:
-        model, tokenizer = load(plan.model, backend=plan.backend, dtype=dtype, device=plan.device)
-        draft = load_speculator(plan.draft, model, tokenizer, dtype, plan.device, role="draft model")
-        result["device"] = model.device_name
+        session = open_session(plan.model, backend=plan.backend, dtype=dtype, device=plan.device, notify=log)
+        draft = session.load_speculator(plan.draft, "draft model")  # not the session's: the plain runs draft none
+        result["device"] = session.model.device_name
         for kind, text in texts.items():
-            ids = tokenizer.encode(text)[: plan.prompt_tokens]
-            list(stream_generate(model, tokenizer, ids[:64], 4))  # warm-up of the main model's kernels
+            ids = session.tokenizer.encode(text)[: plan.prompt_tokens]
+            list(session.stream(ids[:64], max_tokens=4))  # warm-up of the main model's kernels
             for reply in plan.reply_tokens:
                 for run in range(1, plan.runs + 1):
-                    plain = _timed(model, tokenizer, ids, reply)
-                    drafted = _timed(model, tokenizer, ids, reply, draft_model=draft)
+                    plain = _timed(session, ids, reply)
+                    drafted = _timed(session, ids, reply, draft_model=draft)
                     row = {
                         "dtype": dtype,
                         "prompt": kind,

@@ -7,11 +7,9 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
-
-from .machine import machine_line
-from .plots import plot_position_map, plot_tradeoff
-from .ruler_report import loss_causes, ruler_markdown, write_ruler_plots
+from .machine import report_head
+from .plots import plot_saved_maps, plot_tradeoff
+from .ruler_report import loss_causes, or_dash, ruler_markdown, write_ruler_plots
 
 RETRIEVAL_HEADINGS = {
     "passkey": "Passkey retrieval",
@@ -31,22 +29,10 @@ def plot_title(result: dict) -> str:
     )
 
 
-def _fmt(value: float | None, pattern: str) -> str:
-    return "-" if value is None else pattern.format(value)
-
-
 def eval_markdown(result: dict) -> list[str]:
     plan = result["plan"]
-    status_note = (
-        []
-        if result.get("complete", True)
-        else ["Partial: the run has not finished (or was stopped); these are the cells it completed.", ""]
-    )
     lines = [
-        "# Quality evaluation",
-        "",
-        *status_note,
-        f"Machine: {machine_line(result['machine'])}.",
+        *report_head("Quality evaluation", result, "cells"),
         f"Model: {plan['model']}, backend {plan['backend']}, {result['machine'].get('model_dtype', '')}; "
         f"H2O S={plan['h2o']['chunk_size']} L={plan['h2o']['local']} H={plan['h2o']['heavy']} "
         f"W={plan['h2o'].get('dense_tail', 0)}; SpecPrefill speculator {plan['speculator']}, layers "
@@ -63,8 +49,8 @@ def eval_markdown(result: dict) -> list[str]:
             "|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {star(r['method'])} | {r['tokens']} | {r['perplexity']:.4f} | {_fmt(r['vs_full_pct'], '{:+.2f}%')} "
-            f"| {_fmt(r.get('prefill_s'), '{:.2f}')} | {_fmt(r.get('speedup_vs_full'), '{:.2f}x')} |"
+            f"| {star(r['method'])} | {r['tokens']} | {r['perplexity']:.4f} | {or_dash(r['vs_full_pct'], '{:+.2f}%')} "
+            f"| {or_dash(r.get('prefill_s'), '{:.2f}')} | {or_dash(r.get('speedup_vs_full'), '{:.2f}x')} |"
             for r in result["perplexity"]
         ]
     for task, heading in RETRIEVAL_HEADINGS.items():
@@ -79,8 +65,8 @@ def eval_markdown(result: dict) -> list[str]:
         ]
         lines += [
             f"| {star(r['method'])} | {r['tokens']} | {r['trials']} | {100 * r['accuracy']:.0f}% ({r['hits']}) "
-            f"| {_fmt(r['vs_full_points'], '{:+.0f}')} | {_fmt(r.get('median_ttft_s'), '{:.2f}')} "
-            f"| {_fmt(r.get('speedup_vs_full'), '{:.2f}x')} |"
+            f"| {or_dash(r['vs_full_points'], '{:+.0f}')} | {or_dash(r.get('median_ttft_s'), '{:.2f}')} "
+            f"| {or_dash(r.get('speedup_vs_full'), '{:.2f}x')} |"
             for r in result[task]
         ]
     return lines + ruler_markdown(result)
@@ -117,13 +103,10 @@ def write_eval(result: dict, out_dir, name: str = "eval") -> list[Path]:
                 f"Speed-up vs quality: {title}",
             )
         )
-    if result["maps"]:
-        paths.append(
-            plot_position_map(
-                {k: np.asarray(v) for k, v in result["maps"].items()},
-                result.get("map_marks", {}),
-                out / f"{name}_positions.png",
-                f"kept (SpecPrefill) / in the last memory set (H2O), mid-depth needle: {title}",
-            )
-        )
+    paths += plot_saved_maps(
+        result["maps"],
+        result.get("map_marks", {}),
+        out / f"{name}_positions.png",
+        f"kept (SpecPrefill) / in the last memory set (H2O), mid-depth needle: {title}",
+    )
     return paths + write_ruler_plots(result, out, name, title)

@@ -84,3 +84,14 @@ def machine_line(info: dict) -> str:
         + (f"; torch {info['torch_threads']} thread(s)" if info.get("torch_threads") else "")
         + (f"; load average {info['load_average_1min']}" if "load_average_1min" in info else "")
     )
+
+
+def report_head(title: str, result: dict, done: str) -> list[str]:
+    """A Markdown report's first lines: the title, a note that the run is partial (its finished `done`:
+    rows, cells) while result["complete"] is False, and the machine line."""
+    partial = (
+        []
+        if result.get("complete", True)
+        else [f"Partial: the run has not finished (or was stopped); these are the {done} it completed.", ""]
+    )
+    return [f"# {title}", "", *partial, f"Machine: {machine_line(result['machine'])}."]

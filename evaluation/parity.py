@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.api import open as open_session
+from specfill.api import prefill_method
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import GenerationInfo
 
@@ -65,25 +66,23 @@ def compare_memory_sets(a: list[list[np.ndarray]], b: list[list[np.ndarray]]) ->
 def run_parity(plan: ParityPlan) -> dict:
     runs = {}
     for backend in plan.backends:
-        model, tokenizer = load(plan.model, backend=backend, dtype=plan.dtype)
-        ids = tokens_of_length(tokenizer, plan.prompt_tokens)
+        session = open_session(plan.model, backend=backend, dtype=plan.dtype, speculator=plan.speculator)
+        model = session.model
+        ids = tokens_of_length(session.tokenizer, plan.prompt_tokens)
         full, h2o = prefill_method("full"), prefill_method("h2o", h2o=plan.h2o)
-        speculator = load_speculator(plan.speculator, model, tokenizer, plan.dtype)
-        spec = prefill_method("specprefill", specprefill=plan.specprefill, speculator=speculator)
+        spec = prefill_method("specprefill", specprefill=plan.specprefill, speculator=session.speculator)
         h2o_info, spec_info = GenerationInfo(record_memory=True), GenerationInfo()
         runs[backend] = {
             "device": model.device_name,
             "full_logits": np.asarray(model.prompt_logits(ids, method=full, info=GenerationInfo())),
             "h2o_logits": np.asarray(model.prompt_logits(ids, method=h2o, info=h2o_info)),
             "memory_sets": h2o_info.memory_sets or [],
-            "text": "".join(r.text for r in stream_generate(model, tokenizer, ids, plan.generate_tokens)),
+            "text": "".join(r.text for r in session.stream(ids, max_tokens=plan.generate_tokens)),
         }
         drafted = list(
-            stream_generate(
-                model,
-                tokenizer,
+            session.stream(
                 ids,
-                plan.generate_tokens,
+                max_tokens=plan.generate_tokens,
                 method=spec,
                 prefill_info=spec_info,
                 num_draft_tokens=plan.num_draft_tokens,
@@ -92,7 +91,7 @@ def run_parity(plan: ParityPlan) -> dict:
         runs[backend]["drafted_text"] = "".join(r.text for r in drafted)
         runs[backend]["accepted"] = [drafted[-1].accepted_tokens, drafted[-1].drafted_tokens]
         runs[backend]["kept"] = list(spec_info.kept_positions or [])
-        del model
+        del model, session
     a, b = (runs[name] for name in plan.backends)
     kept_a, kept_b = set(a["kept"]), set(b["kept"])
     return {

@@ -45,6 +45,13 @@ def plot_ttft(rows: Sequence[dict], path: str | os.PathLike, title: str) -> Path
     return _save(fig, path)
 
 
+def plot_saved_maps(maps: dict | None, marks: dict, path: str | os.PathLike, title: str) -> list[Path]:
+    """[plot_position_map of a result's saved maps (lists, as the JSON holds them)], or [] when it has none."""
+    if not maps:
+        return []
+    return [plot_position_map({k: np.asarray(v) for k, v in maps.items()}, marks, path, title)]
+
+
 def plot_position_map(
     maps: dict[str, np.ndarray], marks: dict[str, dict[str, list[int]]], path: str | os.PathLike, title: str
 ) -> Path:

@@ -8,7 +8,8 @@ from typing import Callable
 
 import numpy as np
 
-from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.api import Session, prefill_method
+from specfill.api import open as open_session
 from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
@@ -94,10 +95,10 @@ def retrieval_prompts(tokenizer, task: str, n_tokens: int, n_trials: int) -> lis
 
 
 def retrieval_trial(
-    model, tokenizer, prompt: str | list[int], answer: str, method: PrefillMethod, info: GenerationInfo
+    session: Session, prompt: str | list[int], answer: str, method: PrefillMethod, info: GenerationInfo
 ) -> tuple[bool, float]:
     """(the greedy answer, 12 tokens at most, holds `answer` once spaces are dropped, TTFT in s)."""
-    responses = list(stream_generate(model, tokenizer, prompt, 12, method=method, prefill_info=info))
+    responses = list(session.stream(prompt, max_tokens=12, method=method, prefill_info=info))
     text = "".join(r.text for r in responses)
     return answer in text.replace(" ", ""), responses[0].ttft
 
@@ -120,13 +121,16 @@ def run_eval(
 ) -> dict:
     """step(total, label) after each unit of work (see eval_steps), for a progress bar;
     cell_done(result so far, "complete" False) after each finished cell, to save partial results."""
-    model, tokenizer = load(plan.model, backend=plan.backend, dtype=plan.dtype, device=plan.device)
-    speculator = (
-        load_speculator(plan.speculator, model, tokenizer, plan.dtype, plan.device)
-        if "specprefill" in plan.methods
-        else None
+    session = open_session(
+        plan.model,
+        backend=plan.backend,
+        dtype=plan.dtype,
+        device=plan.device,
+        speculator=plan.speculator if "specprefill" in plan.methods else None,
+        notify=log,
     )
-    methods = method_variants(plan, speculator)
+    model, tokenizer = session.model, session.tokenizer
+    methods = method_variants(plan, session.speculator)
     total = eval_steps(plan, methods)
 
     def done(label: str) -> None:
@@ -169,12 +173,10 @@ def run_eval(
         for length in plan.passkey_lengths:
             prompts = retrieval_prompts(tokenizer, task, length, plan.trials)
             for label, method in methods.items():
-                result[task].append(
-                    _retrieval_cell(model, tokenizer, task, prompts, label, method, length, result, done)
-                )
+                result[task].append(_retrieval_cell(session, task, prompts, label, method, length, result, done))
                 log(f"{task} {label:<22} {length:>6} tokens: {result[task][-1]['hits']}/{plan.trials}")
                 finished_cell()
-    run_ruler(plan, model, tokenizer, methods, result, done, log, finished_cell)
+    run_ruler(plan, session, methods, result, done, log, finished_cell)
     add_deltas(result)
     result["machine"]["load_average_1min_at_end"] = describe_machine().get("load_average_1min")
     result["complete"] = True
@@ -182,8 +184,7 @@ def run_eval(
 
 
 def _retrieval_cell(
-    model,
-    tokenizer,
+    session: Session,
     task: str,
     prompts: list,
     label: str,
@@ -199,7 +200,7 @@ def _retrieval_cell(
     mid_depth = min(range(len(prompts)), key=lambda i: abs(prompts[i][3] - 0.5))  # the mapped trial
     for index, (prompt, spans, answer, _) in enumerate(prompts):
         info = GenerationInfo(record_memory=method.name == "h2o")
-        ok, ttft = retrieval_trial(model, tokenizer, prompt, answer, method, info)
+        ok, ttft = retrieval_trial(session, prompt, answer, method, info)
         hits += ok
         ttfts.append(ttft)
         done(f"{task} {label} {length}")

@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from specfill.api import Session
 from specfill.core import H2OConfig
 from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import COMPOSED, GenerationInfo, PrefillMethod
@@ -144,35 +145,46 @@ def record(
     }
 
 
-def run_api(model, tokenizer, sample: RulerSample, method: PrefillMethod, budget: int):
-    """Through the public API like any user: (answer, score, TTFT, the position map)."""
+NO_ANSWER: dict = {"text": None, "value": None, "ttft": None}  # record's answer where nothing is decoded
+
+
+def run_api(session: Session, sample: RulerSample, method: PrefillMethod, budget: int) -> dict:
+    """Through the public API like any user: record's keywords (the answer text, its score, TTFT,
+    the position map and the kept tokens)."""
     from .ruler_run import run_sample
 
     info = GenerationInfo(record_memory=method.name == "h2o")
-    text, value, ttft = run_sample(model, tokenizer, sample, method, budget, info)
-    return text, value, ttft, position_map(info, info.prompt_tokens), info.kept_tokens
+    text, value, ttft = run_sample(session, sample, method, budget, info)
+    return {
+        "text": text,
+        "value": value,
+        "ttft": ttft,
+        "row": position_map(info, info.prompt_tokens),
+        "kept": info.kept_tokens,
+    }
 
 
 class Models:
-    """The tokenizer at once; the main model and speculator loaded on first use."""
+    """The tokenizer at once; the main model's Session (its speculator loaded beside it) on first use."""
 
     def __init__(self, plan: ProtocolPlan, log: Callable[[str], None]):
         from specfill.core.io.tokenizer import load_tokenizer
 
         self.plan, self.log = plan, log
-        self._pair = None
-        self.tokenizer = load_tokenizer(plan.model) if str(plan.model).endswith(".gguf") else self.pair()[2]
+        self._session: Session | None = None
+        gguf = str(plan.model).endswith(".gguf")
+        self.tokenizer = load_tokenizer(plan.model) if gguf else self.session().tokenizer
 
-    def pair(self):
-        if self._pair is None:
-            from specfill.api import load, load_speculator
+    def session(self) -> Session:
+        if self._session is None:
+            from specfill.api import open as open_session
 
             p = self.plan
             self.log(f"loading {p.model} and {p.speculator} ({p.backend}, {p.dtype})")
-            model, tokenizer = load(p.model, backend=p.backend, dtype=p.dtype, device=p.device)
-            speculator = load_speculator(p.speculator, model, tokenizer, dtype=p.dtype, device=p.device)
-            self._pair = (model, speculator, tokenizer)
-        return self._pair
+            self._session = open_session(
+                p.model, backend=p.backend, dtype=p.dtype, device=p.device, speculator=p.speculator, notify=self.log
+            )
+        return self._session
 
 
 def _key(r: dict) -> tuple:
@@ -258,8 +270,8 @@ def _saved_pass(
         saved = SavedPass.load(path)
         if saved.n_window >= min(window, len(saved.ids)):
             return saved
-    model, speculator, tokenizer = models.pair()
-    saved = speculate(model, speculator, tokenizer, sample)
+    session = models.session()
+    saved = speculate(session.model, session.speculator, session.tokenizer, sample)
     saved.save(path)
     log(f"{sample.task} #{sample.index}: speculator pass {saved.seconds:.1f} s (saved)")
     return saved
@@ -280,103 +292,53 @@ def _run_candidate(
         if full_cache.exists():
             cached = json.loads(full_cache.read_text())
             return {**cached, "setting": name, "tokens": length, "cached": True}
-        model, _, tokenizer = models.pair()
-        text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("full"), budget)
+        answer = run_api(models.session(), sample, PrefillMethod("full"), budget)
+        measured = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         rec = record(
-            sample,
-            length,
-            name,
-            "full",
-            text=text,
-            value=value,
-            ttft=ttft,
-            row=row,
-            kept=kept,
-            machine_load=round(os.getloadavg()[0], 2),
-            measured=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            sample, length, name, "full", **answer, machine_load=round(os.getloadavg()[0], 2), measured=measured
         )
         write_atomic(full_cache, json.dumps(rec) + "\n")
         return rec
     if isinstance(setting, H2OConfig):
-        model, _, tokenizer = models.pair()
-        text, value, ttft, row, kept = run_api(model, tokenizer, sample, PrefillMethod("h2o", h2o=setting), budget)
-        return record(sample, length, name, "h2o", text=text, value=value, ttft=ttft, row=row, kept=kept)
+        return record(
+            sample, length, name, "h2o", **run_api(models.session(), sample, PrefillMethod("h2o", h2o=setting), budget)
+        )
     if not on_saved_pass(setting) and plan.selection_only:  # its own pass, scored and selected: no main model
-        model, speculator, tokenizer = models.pair()
-        chosen = composed_selection(model, speculator, tokenizer, sample, setting)
+        session = models.session()
+        chosen = composed_selection(session.model, session.speculator, session.tokenizer, sample, setting)
         row = np.zeros(chosen["n_prompt"])
         row[chosen["kept"]] = 1.0
         timing = {k: chosen[k] for k in ("speculator_s", "selection_s")}
+        config = asdict(setting)
         return record(
-            sample, length, name, COMPOSED, text=None, value=None, ttft=None, row=row, kept=len(chosen["kept"]),
-            config=asdict(setting), **timing,
-        )  # fmt: skip
-    if not on_saved_pass(setting):  # its own speculator pass: end to end, like any user
-        model, speculator, tokenizer = models.pair()
-        method = PrefillMethod("specprefill", specprefill=setting, speculator=speculator)
-        text, value, ttft, row, kept = run_api(model, tokenizer, sample, method, budget)
-        extra = {"config": asdict(setting)}
-        return record(
-            sample,
-            length,
-            name,
-            COMPOSED,
-            text=text,
-            value=value,
-            ttft=ttft,
-            row=row,
-            kept=kept,
-            end_to_end=True,
-            **extra,
+            sample, length, name, COMPOSED, **NO_ANSWER, row=row, kept=len(chosen["kept"]), config=config, **timing
         )
+    if not on_saved_pass(setting) or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
+        return _end_to_end(models.session(), sample, length, name, setting, scores, budget)
     started = time.perf_counter()
     selection = scores.select(setting)
     row = np.zeros(len(scores.saved.ids))
     row[selection.kept] = 1.0
     extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}
-    if plan.selection_only:
-        return record(
-            sample,
-            length,
-            name,
-            "specprefill",
-            text=None,
-            value=None,
-            ttft=None,
-            row=row,
-            kept=len(selection.kept),
-            **extra,
+    answer = NO_ANSWER
+    if not plan.selection_only:  # decoded from the saved pass: TTFT = the pass's time + selection + the rest
+        session = models.session()
+        text, value, ttft = decode_from_pass(
+            session.model, session.tokenizer, sample, scores.saved, selection, budget, started
         )
-    model, speculator, tokenizer = models.pair()
-    if plan.end_to_end:
-        method = PrefillMethod("specprefill", specprefill=setting, speculator=speculator)
-        text, value, ttft, api_row, kept = run_api(model, tokenizer, sample, method, budget)
-        return record(
-            sample,
-            length,
-            name,
-            "specprefill",
-            text=text,
-            value=value,
-            ttft=ttft,
-            row=api_row,
-            kept=kept,
-            end_to_end=True,
-            **extra,
-        )
-    text, value, ttft = decode_from_pass(model, tokenizer, sample, scores.saved, selection, budget, started)
-    return record(
-        sample,
-        length,
-        name,
-        "specprefill",
-        text=text,
-        value=value,
-        ttft=ttft,
-        row=row,
-        kept=len(selection.kept),
-        **extra,
-    )
+        answer = {"text": text, "value": value, "ttft": ttft}
+    return record(sample, length, name, "specprefill", **answer, row=row, kept=len(selection.kept), **extra)
+
+
+def _end_to_end(session: Session, sample: RulerSample, length: int, name: str, setting, scores, budget: int) -> dict:
+    """A SpecPrefill candidate through the API like any user, its speculator pass included (TTFT
+    measured in one call): one on a saved pass (--end-to-end) or over an H2O speculator (its own pass)."""
+    method = PrefillMethod("specprefill", specprefill=setting, speculator=session.speculator)
+    answer = run_api(session, sample, method, budget)
+    if not on_saved_pass(setting):
+        return record(sample, length, name, COMPOSED, **answer, end_to_end=True, config=asdict(setting))
+    extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}
+    return record(sample, length, name, "specprefill", **answer, end_to_end=True, **extra)
 
 
 def plan_summary(plan: ProtocolPlan) -> dict:

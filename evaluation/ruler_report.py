@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .plots import _pyplot, _save, plot_position_map
+from .plots import _pyplot, _save, plot_saved_maps
 
 DROPPED_BELOW = 0.5  # an answer span with less than this share of its tokens kept counts as dropped
 
@@ -44,7 +44,8 @@ def loss_causes(result: dict) -> list[dict]:
     return out
 
 
-def _fmt(value, pattern: str) -> str:
+def or_dash(value: float | None, pattern: str) -> str:
+    """value in `pattern`, or "-" for None (a table cell)."""
     return "-" if value is None else pattern.format(value)
 
 
@@ -68,8 +69,8 @@ def ruler_markdown(result: dict) -> list[str]:
     ]
     lines += [
         f"| {r['task']} | {r['tokens']} | {r['method']} | {r['samples']} | {r['score']:.0f} "
-        f"| {_fmt(r.get('vs_full_points'), '{:+.0f}')} | {r['median_ttft_s']:.2f} "
-        f"| {_fmt(r.get('speedup_vs_full'), '{:.2f}x')} |"
+        f"| {or_dash(r.get('vs_full_points'), '{:+.0f}')} | {r['median_ttft_s']:.2f} "
+        f"| {or_dash(r.get('speedup_vs_full'), '{:.2f}x')} |"
         for r in rows
     ]
     lines += [
@@ -84,8 +85,8 @@ def ruler_markdown(result: dict) -> list[str]:
         deltas = [r["vs_full_points"] for r in cell if r.get("vs_full_points") is not None]
         lines.append(
             f"| {method} | {tokens} | {np.mean([r['score'] for r in cell]):.1f} "
-            f"| {_fmt(np.mean(deltas) if deltas else None, '{:+.1f}')} "
-            f"| {_fmt(min(deltas) if deltas else None, '{:+.0f}')} |"
+            f"| {or_dash(np.mean(deltas) if deltas else None, '{:+.1f}')} "
+            f"| {or_dash(min(deltas) if deltas else None, '{:+.0f}')} |"
         )
     return lines + _causes_markdown(loss_causes(result))
 
@@ -176,13 +177,9 @@ def write_ruler_plots(result: dict, out: Path, name: str, title: str) -> list[Pa
                 f"RULER score vs speed-up: {title}",
             )
         )
-    if result.get("ruler_maps"):
-        paths.append(
-            plot_position_map(
-                {k: np.asarray(v) for k, v in result["ruler_maps"].items()},
-                result.get("ruler_marks", {}),
-                out / f"{name}_ruler_positions.png",
-                f"kept (SpecPrefill) / in the last memory set (H2O), first lost sample (#index) else #0: {title}",
-            )
-        )
-    return paths
+    return paths + plot_saved_maps(
+        result.get("ruler_maps"),
+        result.get("ruler_marks", {}),
+        out / f"{name}_ruler_positions.png",
+        f"kept (SpecPrefill) / in the last memory set (H2O), first lost sample (#index) else #0: {title}",
+    )

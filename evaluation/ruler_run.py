@@ -11,7 +11,7 @@ from typing import Callable
 
 import numpy as np
 
-from specfill.api import stream_generate
+from specfill.api import Session
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .positions import position_map
@@ -24,12 +24,12 @@ def answer_budget(sample: RulerSample, answer_tokens: int | None) -> int:
 
 
 def run_sample(
-    model, tokenizer, sample: RulerSample, method: PrefillMethod, answer_tokens: int | None, info: GenerationInfo
+    session: Session, sample: RulerSample, method: PrefillMethod, answer_tokens: int | None, info: GenerationInfo
 ) -> tuple[str, float, float]:
     """(the greedy answer after RULER's answer prefix, its score in [0, 1], TTFT in s)."""
     budget = answer_budget(sample, answer_tokens)
     text, ttft = "", 0.0
-    for response in stream_generate(model, tokenizer, sample.prompt, budget, method=method, prefill_info=info):
+    for response in session.stream(sample.prompt, max_tokens=budget, method=method, prefill_info=info):
         text += response.text
         ttft = ttft or response.ttft
         if score(text, sample.outputs, sample.metric) == 1.0:
@@ -47,8 +47,7 @@ def span_shares(row: list[float] | None, spans: list[list[int]]) -> list[float] 
 
 
 def ruler_cell(
-    model,
-    tokenizer,
+    session: Session,
     samples: list[RulerSample],
     label: str,
     method: PrefillMethod,
@@ -60,7 +59,7 @@ def ruler_cell(
     records, maps = [], []
     for sample in samples:
         info = GenerationInfo(record_memory=method.name == "h2o")
-        text, value, ttft = run_sample(model, tokenizer, sample, method, answer_tokens, info)
+        text, value, ttft = run_sample(session, sample, method, answer_tokens, info)
         row = position_map(info, info.prompt_tokens)
         maps.append(row)
         records.append(
@@ -96,8 +95,7 @@ def summary_row(records: list[dict]) -> dict:
 
 def run_ruler(
     plan,
-    model,
-    tokenizer,
+    session: Session,
     methods: dict[str, PrefillMethod],
     result: dict,
     done: Callable[[str], None],
@@ -114,12 +112,12 @@ def run_ruler(
     for task in (t for t in plan.tasks if t in RULER_TASKS):
         for length in plan.ruler_lengths:
             samples = [
-                build_sample(tokenizer, task, length, i, plan.ruler_seed, plan.chat_template)
+                build_sample(session.tokenizer, task, length, i, plan.ruler_seed, plan.chat_template)
                 for i in range(plan.ruler_first, plan.ruler_first + plan.trials)
             ]
             full_scores: list[float] | None = None
             for label, method in methods.items():
-                row, records, maps = ruler_cell(model, tokenizer, samples, label, method, plan.answer_tokens, done)
+                row, records, maps = ruler_cell(session, samples, label, method, plan.answer_tokens, done)
                 row["tokens"] = length
                 result["ruler"].append(row)
                 for record in records:

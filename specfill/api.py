@@ -159,27 +159,6 @@ def load_speculator(
     return speculator
 
 
-def load_request_models(
-    request: GenerationRequest,
-    model: CausalLM,
-    tokenizer: Any,
-    dtype: str | None = None,
-    device: str | None = None,
-    loaded: dict[str, Any] | None = None,
-) -> GenerationRequest:
-    """The request with its speculator and draft model loaded (load_speculator): paths become
-    models on the main model's backend, checked against its tokenizer; "self:K" stays as is."""
-    method, drafting = request.method, request.drafting
-    if method.speculator is not None:
-        method = replace(
-            method, speculator=load_speculator(method.speculator, model, tokenizer, dtype, device, loaded=loaded)
-        )
-    if drafting is not None and drafting.model is not None:
-        draft = load_speculator(drafting.model, model, tokenizer, dtype, device, "draft model", loaded)
-        drafting = replace(drafting, model=draft)
-    return replace(request, method=method, drafting=drafting)
-
-
 @dataclass
 class Session:
     """One loaded model and what its generations share: the dtype and device it was loaded with, a
@@ -214,10 +193,20 @@ class Session:
             settings["draft_model"] = self.draft_model
         return self.prepare(build_request(**settings))
 
+    def load_speculator(self, speculator: Any, role: str = "speculator") -> Any:
+        """A speculator or draft model (`role`) for this session's model: load_speculator in its dtype
+        and on its device, a path loaded once per session."""
+        return load_speculator(speculator, self.model, self.tokenizer, self.dtype, self.device, role, self.loaded)
+
     def prepare(self, request: GenerationRequest) -> GenerationRequest:
-        """The request with its speculator and draft model loaded (load_request_models) in this
-        session's dtype and on its device, a path once per session."""
-        return load_request_models(request, self.model, self.tokenizer, self.dtype, self.device, self.loaded)
+        """The request with its speculator and draft model loaded (self.load_speculator: paths become
+        models on the main model's backend, checked against its tokenizer; "self:K" stays as is)."""
+        method, drafting = request.method, request.drafting
+        if method.speculator is not None:
+            method = replace(method, speculator=self.load_speculator(method.speculator))
+        if drafting is not None and drafting.model is not None:
+            drafting = replace(drafting, model=self.load_speculator(drafting.model, "draft model"))
+        return replace(request, method=method, drafting=drafting)
 
     def stream(
         self,
@@ -301,11 +290,9 @@ def open(
     )
     session = Session(model, tokenizer, dtype, device, notice=notice)
     if speculator is not None:
-        session.speculator = load_speculator(speculator, model, tokenizer, dtype, device, loaded=session.loaded)
+        session.speculator = session.load_speculator(speculator)
     if draft_model is not None:
-        session.draft_model = load_speculator(
-            draft_model, model, tokenizer, dtype, device, "draft model", session.loaded
-        )
+        session.draft_model = session.load_speculator(draft_model, "draft model")
     if prefill_step_size is not None:  # progress and cancellation granularity too (the server's)
         each: Any
         for each in (model, session.speculator, session.draft_model):

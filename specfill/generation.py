@@ -62,8 +62,8 @@ def stream_request(
     reuse: KVState | None = None,
     logits_processors: Sequence[LogitsProcessor] = (),
 ) -> Generator[GenerationResponse, None, None]:
-    """stream_generate for a built request (core/request.py) whose models are loaded (Session.prepare,
-    api.load_request_models): the one generation path of the API's Session, the CLI and the server.
+    """stream_generate for a built request (core/request.py) whose models are loaded (Session.prepare):
+    the one generation path of the API's Session, the CLI and the server.
     logits_processors: host-side (ids so far, float32 logits [vocab]) -> logits, before each
     token is chosen (core/decoding.token_chooser; the server's constrained decoding)."""
     shared = model.distributed

@@ -87,7 +87,7 @@ def test_too_short_a_length_is_a_clear_error(tokenizer):
 
 
 @needs_data
-def test_generation_stops_once_the_score_is_final(tokenizer, monkeypatch):
+def test_generation_stops_once_the_score_is_final(tokenizer):
     """run_sample stops at the token that completes the answer (the score the whole budget would
     give), and --answer-tokens caps RULER's budget."""
     from types import SimpleNamespace
@@ -99,16 +99,16 @@ def test_generation_stops_once_the_score_is_final(tokenizer, monkeypatch):
     pieces = [" one", f" {sample.outputs[0]}", " and", *[f" {v}" for v in sample.outputs[1:]], " extra", " more"]
     pulled, budgets = [], []
 
-    def fake_stream(model, tok, prompt, max_tokens, **kwargs):
+    def fake_stream(prompt, max_tokens, **kwargs):
         assert prompt == sample.prompt
         budgets.append(max_tokens)
         for text in pieces[:max_tokens]:
             pulled.append(text)
             yield SimpleNamespace(text=text, ttft=0.25)
 
-    monkeypatch.setattr(ruler_run, "stream_generate", fake_stream)
-    text, value, ttft = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), 5, GenerationInfo())
+    session = SimpleNamespace(stream=fake_stream)  # a Session's stream, as run_sample calls it
+    text, value, ttft = ruler_run.run_sample(session, sample, PrefillMethod(), 5, GenerationInfo())
     assert (value, ttft, len(pulled), budgets) == (0.75, 0.25, 5, [5])  # the 4th value lies past the cap
     pulled.clear()
-    text, value, _ = ruler_run.run_sample(None, tokenizer, sample, PrefillMethod(), None, GenerationInfo())
+    text, value, _ = ruler_run.run_sample(session, sample, PrefillMethod(), None, GenerationInfo())
     assert value == 1.0 and budgets[-1] == 128 and len(pulled) == 6 and text.endswith(sample.outputs[-1])

@@ -1,5 +1,5 @@
 """specfill.open -> Session: the one request path (backend and device rules, loading, the speculator
-loaded once, generation) gives the tokens the assembled path (load, build_request, load_request_models,
+loaded once, generation) gives the tokens the assembled path (load, build_request, Session.prepare,
 stream_request) gives, on a tiny random model."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ PROMPT = "one two three four five six seven eight nine ten"
 def assembled(path, prompt, **settings):
     """The path `specfill generate` assembled before the Session: load, build, load its models, stream."""
     model, tokenizer = api.load(path, backend="cuda", device="cpu")
-    request = api.load_request_models(build_request(**settings), model, tokenizer, device="cpu")
+    request = api.Session(model, tokenizer, device="cpu").prepare(build_request(**settings))
     return [(r.token, r.method, r.kept_tokens) for r in api.stream_request(model, tokenizer, prompt, request)]
 
 

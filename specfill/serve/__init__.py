@@ -58,6 +58,7 @@ def build_app(
     cache_disk: float | None = None,
     model_name: str | None = None,
     speculator_name: str | None = None,
+    session: Any = None,
 ) -> Any:
     """The FastAPI app for a loaded (model, tokenizer) pair (imports FastAPI only when called).
 
@@ -69,8 +70,11 @@ def build_app(
     identity (the store keeps the SpecPrefill speculator's KV of each conversation too). With
     defaults.prompt_cache "off" the server has no prompt cache.
     engine: a ready Engine (serve/distributed.py's LeaderEngine, rank 0 under mlx.launch) with its own
-    prompt cache (memory-bounded, no disk store); None: one made here.
+    prompt cache (memory-bounded, no disk store); None: one made here, generating through `session`:
+    the specfill.open Session that loaded model and tokenizer (the CLI's), None: Session(model, tokenizer).
     """
+    from specfill.api import Session
+
     from .app import create_app
     from .engine import Engine
     from .prompt_cache import PromptCache
@@ -116,7 +120,8 @@ def build_app(
             store,
         )
         cache.use_speculator(model, defaults.speculator)  # its KV of each SpecPrefill conversation, built up
-    return create_app(Engine(model, tokenizer, cache), defaults, max_queue=max_queue, access=access)
+    session = Session(model, tokenizer) if session is None else session
+    return create_app(Engine(session, cache), defaults, max_queue=max_queue, access=access)
 
 
 __all__ = ["CHATML", "Access", "ServerDefaults", "build_app", "configure_logging", "read_chat_template"]

@@ -21,7 +21,7 @@ import time
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -95,21 +95,8 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
     add_info_routes(app, engine, defaults, scheduler, metrics)
     context = _Context(engine, defaults, scheduler, metrics)
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Any:
-        return await _answer(CHAT, request, context)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Any:
-        return await _answer(COMPLETION, request, context)
-
-    @app.post("/v1/responses")
-    async def responses(request: Request) -> Any:
-        return await _answer(RESPONSES, request, context)
-
-    @app.post("/v1/messages")
-    async def messages(request: Request) -> Any:
-        return await _answer(MESSAGES, request, context)
+    for path, route in GENERATION_ROUTES.items():
+        app.add_api_route(path, _endpoint(route, context), methods=["POST"], name=route.kind)
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Any:
@@ -180,6 +167,21 @@ CHAT = Route("chat", _prepare_chat, ResponseShape.error)
 COMPLETION = Route("completion", _prepare_completion, ResponseShape.error)
 RESPONSES = Route("responses", _prepare_responses, ResponsesShape.error)
 MESSAGES = Route("messages", _prepare_messages, anthropic_error_body)
+GENERATION_ROUTES = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETION,
+    "/v1/responses": RESPONSES,
+    "/v1/messages": MESSAGES,
+}
+
+
+def _endpoint(route: Route, ctx: _Context) -> Callable[[Request], Awaitable[Any]]:
+    """The POST handler of a generation route."""
+
+    async def answer(request: Request) -> Any:
+        return await _answer(route, request, ctx)
+
+    return answer
 
 
 def _error_for(path: str) -> Callable[..., dict[str, Any]]:

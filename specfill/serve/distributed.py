@@ -22,7 +22,7 @@ import pickle
 import sys
 import threading
 from dataclasses import replace
-from typing import Any, Callable, overload
+from typing import TYPE_CHECKING, Any, Callable, overload
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from specfill.core.backend import ProcessGroup
 from .engine import Engine
 from .plan import Plan
 from .prompt_cache import PromptCache
+
+if TYPE_CHECKING:
+    from specfill.api import Session
 
 RUN, IDLE, STOP = "run", "idle", "stop"
 
@@ -119,8 +122,8 @@ def run_agreed(engine: Engine, plan: Plan, emit: Callable[[Any], None], cancelle
 class LeaderEngine(Engine):
     """Rank 0's engine: says what it does before doing it (Channel), then does it like every rank."""
 
-    def __init__(self, model: Any, tokenizer: Any, cache: PromptCache | None, channel: Channel):
-        super().__init__(model, tokenizer, cache)
+    def __init__(self, session: Session, cache: PromptCache | None, channel: Channel):
+        super().__init__(session, cache)
         self.channel = channel
 
     def health(self) -> dict[str, Any]:
@@ -162,40 +165,25 @@ def follow(engine: Engine, channel: Channel) -> int:
 
 @overload
 def engine_for(
-    model: Any,
-    tokenizer: Any,
-    prompt_cache: str,
-    cache_tokens: int | None,
-    channel: Channel,
-    cache_memory: float | None = None,
+    session: Session, prompt_cache: str, cache_tokens: int | None, channel: Channel, cache_memory: float | None = None
 ) -> LeaderEngine: ...
 
 
 @overload
 def engine_for(
-    model: Any,
-    tokenizer: Any,
-    prompt_cache: str,
-    cache_tokens: int | None,
-    channel: None,
-    cache_memory: float | None = None,
+    session: Session, prompt_cache: str, cache_tokens: int | None, channel: None, cache_memory: float | None = None
 ) -> Engine: ...
 
 
 def engine_for(
-    model: Any,
-    tokenizer: Any,
+    session: Session,
     prompt_cache: str,
     cache_tokens: int | None,
     channel: Channel | None,
     cache_memory: float | None = None,
 ) -> Engine:
     """A LeaderEngine (channel given, rank 0) or a follower's Engine, with the prompt cache build_app makes."""
-    cache = (
-        None
-        if prompt_cache == "off"
-        else PromptCache(
-            cache_tokens, model.args.max_position_embeddings, None if cache_memory is None else int(cache_memory * 1e9)
-        )
-    )
-    return Engine(model, tokenizer, cache) if channel is None else LeaderEngine(model, tokenizer, cache, channel)
+    memory = None if cache_memory is None else int(cache_memory * 1e9)
+    context = session.model.args.max_position_embeddings
+    cache = None if prompt_cache == "off" else PromptCache(cache_tokens, context, memory)
+    return Engine(session, cache) if channel is None else LeaderEngine(session, cache, channel)

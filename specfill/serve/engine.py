@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterator
 
-from specfill.api import stream_request
+from specfill.api import Session
 from specfill.core.ops import Cancelled, cancellation
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
@@ -91,13 +91,14 @@ class StopMatcher:
 
 
 class Engine:
-    """The loaded model and tokenizer, the prompt cache, and how one Plan is generated."""
+    """The session (the loaded model and tokenizer: specfill.open), the prompt cache, and how one Plan
+    is generated (session.stream)."""
 
-    def __init__(self, model: Any, tokenizer: Any, cache: PromptCache | None = None):
-        self.model = model
-        self.tokenizer = tokenizer
+    def __init__(self, session: Session, cache: PromptCache | None = None):
+        self.session = session
+        self.model, self.tokenizer = session.model, session.tokenizer  # the session's, for the routes
         self.cache = cache  # None: the server runs without a prompt cache
-        self.constraints = Constraints(tokenizer)  # constrained decoding's masks (token_mask.py)
+        self.constraints = Constraints(session.tokenizer)  # constrained decoding's masks (token_mask.py)
 
     @property
     def context(self) -> int:
@@ -162,9 +163,7 @@ class Engine:
                     )
                 )
 
-        steps = stream_request(
-            self.model,
-            self.tokenizer,
+        steps = self.session.stream(
             plan.ids,
             request,
             prompt_progress_callback=progress,

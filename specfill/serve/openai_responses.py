@@ -35,6 +35,7 @@ from .errors import bad_request
 from .info import check_model
 from .plan import ServerDefaults
 from .protocol import ChatRequest, SamplingSettings, SpecfillFields, _is_type_tag, parse_data, read_json
+from .system_turns import text_of
 
 NUMBER = Union[int, float]
 # a function tool's documented fields; allowed_callers, defer_loading and output_schema are accepted and
@@ -43,7 +44,7 @@ FUNCTION_FIELDS = frozenset(
     {"type", "name", "description", "parameters", "strict", "allowed_callers", "defer_loading", "output_schema"}
 )
 ROLES = ("user", "assistant", "system", "developer")
-TEXT_PARTS = frozenset({"input_text", "output_text"})
+RESPONSES_TEXT = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # a part type -> its text
 DROPPED_ITEMS = frozenset({"reasoning"})
 # top-level fields that pass through to the chat request as they are (its parsing checks them);
 # top_logprobs is there so that the chat route refuses it by name
@@ -98,24 +99,6 @@ def _validated(data: dict[str, Any]) -> ResponsesRequest:
     return request
 
 
-def _text_of(content: Any, where: str) -> str:
-    """A string, or text parts (input_text, output_text, refusal) joined; other parts are a 400."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"'{where}' must be a string or a list of content parts", where)
-    texts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        key = "refusal" if kind == "refusal" else "text"
-        if not isinstance(part, dict) or (kind not in TEXT_PARTS and kind != "refusal"):
-            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported (text only)", f"{where}[{j}]")
-        if not isinstance(part.get(key), str):
-            raise bad_request(f"'{where}[{j}].{key}' must be a string", f"{where}[{j}].{key}")
-        texts.append(part[key])
-    return "\n\n".join(texts)
-
-
 def _call(item: dict[str, Any], where: str) -> dict[str, Any]:
     """A function_call item as an assistant's tool call (its arguments string as it is)."""
     for key in ("call_id", "arguments"):
@@ -141,7 +124,7 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
             role = item.get("role")
             if role not in ROLES:
                 raise bad_request(f"'{where}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
-            text = _text_of(item.get("content"), f"{where}.content")
+            text = text_of(item.get("content"), f"{where}.content", RESPONSES_TEXT, "parts")
             if role in ("system", "developer"):
                 if not out:
                     system.append(text)
@@ -162,7 +145,7 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
                 raise bad_request(f"'{where}.call_id' must be the call_id of a function_call", f"{where}.call_id")
             message = {
                 "role": "tool",
-                "content": _text_of(item.get("output"), f"{where}.output"),
+                "content": text_of(item.get("output"), f"{where}.output", RESPONSES_TEXT, "parts"),
                 "tool_call_id": call_id,
             }
             if call_id in names:

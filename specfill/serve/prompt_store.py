@@ -319,17 +319,7 @@ class PromptStore:
             "fixed": str(entry.fixed),
             CONTENT: UNSEALED,
         }
-        temp = self.temporary(path)
-        try:
-            kv.cache.save(str(temp), slots, meta)
-            seal(temp)
-            os.replace(temp, path)
-        finally:
-            try:
-                temp.unlink(missing_ok=True)  # a failed write's (moved into place: gone already)
-            except OSError:
-                pass  # the next store opened on the directory deletes it
-        sync_directory(self.directory)
+        self._write_sealed(kv.cache, slots, meta, path)
         self._save_speculator(path, entry, slots + kv.position_offset)
         return str(path), slots + kv.position_offset, self._evict(keep=path)
 
@@ -354,19 +344,25 @@ class PromptStore:
             "slots": str(slots),
             CONTENT: UNSEALED,
         }
-        temp = self.temporary(target)
         try:
-            spec.cache.save(str(temp), slots, meta)
-            seal(temp)
-            os.replace(temp, target)
-            sync_directory(self.directory)
+            self._write_sealed(spec.cache, slots, meta, target)
         except Exception as err:  # noqa: BLE001 - the conversation's file stands without it
             log.warning("prompt cache: cannot write the speculator KV %s: %s", target, err)
+
+    def _write_sealed(self, cache: Any, slots: int, meta: dict[str, str], target: Path) -> None:
+        """cache's first `slots` slots written to `target` whole or not at all (the module doc): a
+        temporary file, sealed, renamed into place, the directory synced."""
+        temp = self.temporary(target)
+        try:
+            cache.save(str(temp), slots, meta)
+            seal(temp)
+            os.replace(temp, target)
         finally:
             try:
-                temp.unlink(missing_ok=True)
+                temp.unlink(missing_ok=True)  # a failed write's (moved into place: gone already)
             except OSError:
-                pass
+                pass  # the next store opened on the directory deletes it
+        sync_directory(self.directory)
 
     def _load_speculator(self, path: Path, tokens: int) -> KVState | None:
         """The speculator KV beside `path`, read back (None: none, another speculator's, or unusable)."""

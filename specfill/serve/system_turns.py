@@ -21,24 +21,31 @@ same way, and folds too when the request has no system prompt).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from .chat import without_billing_header
 from .errors import bad_request
 
+MESSAGES_TEXT = {"text": "text"}  # an Anthropic content block type -> the key of its text
 
-def text_of(blocks: Any, where: str) -> str:
-    """A string, or text blocks joined (other block types are a 400)."""
+
+def text_of(blocks: Any, where: str, fields: Mapping[str, str] = MESSAGES_TEXT, noun: str = "blocks") -> str:
+    """A string, or text blocks joined (other block types are a 400 naming the block). fields: each
+    block type taken, and the key that holds its text (Anthropic's text blocks; the Responses API's
+    parts: openai_responses.RESPONSES_TEXT); noun: what the API calls them."""
     if isinstance(blocks, str):
         return blocks
     if not isinstance(blocks, list):
-        raise bad_request(f"'{where}' must be a string or a list of content blocks", where)
+        raise bad_request(f"'{where}' must be a string or a list of content {noun}", where)
     texts = []
     for j, block in enumerate(blocks):
-        if not isinstance(block, dict) or block.get("type") != "text" or not isinstance(block.get("text"), str):
-            kind = block.get("type") if isinstance(block, dict) else type(block).__name__
-            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported here (text only)", where)
-        texts.append(block["text"])
+        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+        if not isinstance(block, dict) or not isinstance(kind, str) or kind not in fields:
+            raise bad_request(f"'{where}[{j}]': content of type {kind!r} is not supported (text only)", f"{where}[{j}]")
+        key = fields[kind]
+        if not isinstance(block.get(key), str):
+            raise bad_request(f"'{where}[{j}].{key}' must be a string", f"{where}[{j}].{key}")
+        texts.append(block[key])
     return "\n\n".join(texts)
 
 

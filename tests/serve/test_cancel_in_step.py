@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specfill.api import load
+from specfill.api import Session, load
 from specfill.core.config import H2OConfig
 from specfill.core.request import build_request
 from specfill.serve.engine import Engine, Finished, Progress, Started
@@ -58,7 +58,7 @@ def conversation(engine: Engine) -> list[int]:
 
 def test_a_disconnect_mid_step_stops_before_the_next_layer(tiny):
     model, tokenizer = tiny
-    engine = Engine(model, tokenizer, PromptCache(4096, model.args.max_position_embeddings))
+    engine = Engine(Session(model, tokenizer), PromptCache(4096, model.args.max_position_embeddings))
     turn2 = conversation(engine)
     cached = len(engine.cache.entries[0].tokens)
     job, blocks, after = plan(turn2), model.model.layers, []
@@ -81,7 +81,7 @@ def test_a_disconnect_mid_step_stops_before_the_next_layer(tiny):
     entry = engine.cache.entries[0]  # the conversation is back, for the client's retry
     assert entry.tokens == turn2[: entry.covered] and entry.covered >= cached - 1
     retried = run(engine, plan(turn2))
-    fresh_engine = Engine(model, tokenizer, PromptCache(4096, model.args.max_position_embeddings))
+    fresh_engine = Engine(Session(model, tokenizer), PromptCache(4096, model.args.max_position_embeddings))
     fresh = run(fresh_engine, plan(conversation(fresh_engine)))
     assert text(retried) == text(fresh) and retried[-1].completion_tokens == fresh[-1].completion_tokens == 4
     assert retried[-1].cached_tokens == fresh[-1].cached_tokens > 0
@@ -93,7 +93,7 @@ def test_every_method_stops_mid_step(tiny, method):
     main model's): the client leaves during layer 1 of step 1; layer 2 never runs, nothing is
     reported after the start, no Finished, and the engine serves the same prompt afterwards."""
     model, tokenizer = tiny
-    engine = Engine(model, tokenizer, None)
+    engine = Engine(Session(model, tokenizer), None)
     ids = list(range(3, 120))
     settings = (
         {"h2o": H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3)}

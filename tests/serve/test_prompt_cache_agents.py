@@ -269,6 +269,7 @@ def test_the_engine_reuses_a_shared_prefix_and_keeps_sparse_requests_sparse(mode
     the same reply as without the cache); an H2O request reuses it too and walks the rest by H2O
     (docs/methods.md, H2O from a reused prefix); so does an auto request, however short the prefix."""
     from specfill import load as load_pair
+    from specfill.api import Session
     from specfill.serve.engine import Engine
 
     _, tokenizer = load_pair(
@@ -276,7 +277,7 @@ def test_the_engine_reuses_a_shared_prefix_and_keeps_sparse_requests_sparse(mode
         backend=model.backend,
         **({"device": "cpu", "dtype": "float32"} if model.backend == "cuda" else {"dtype": "float32"}),
     )
-    engine = Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, 10**9))
+    engine = Engine(Session(model, tokenizer), PromptCache(None, model.args.max_position_embeddings, 10**9))
     system = tokens(model, 80, 64)
     engine_turn(engine, system + tokens(model, 81, 100))
     started, finished, reply = engine_turn(engine, system + tokens(model, 82, 90))
@@ -295,6 +296,7 @@ def test_an_h2o_turn_over_a_cached_conversation(model):
     policy the new part is rebuilt densely in idle time from the reused prefix on (kept), and turn 3
     reuses the whole conversation."""
     from specfill import load as load_pair
+    from specfill.api import Session
     from specfill.core.config import H2OConfig
     from specfill.serve.engine import Engine
 
@@ -303,7 +305,7 @@ def test_an_h2o_turn_over_a_cached_conversation(model):
         backend=model.backend,
         **({"device": "cpu", "dtype": "float32"} if model.backend == "cuda" else {"dtype": "float32"}),
     )
-    engine = Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, 10**9))
+    engine = Engine(Session(model, tokenizer), PromptCache(None, model.args.max_position_embeddings, 10**9))
     first = tokens(model, 90, 70)
     engine_turn(engine, first)
     (entry,) = engine.cache.entries

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from specfill.api import Session
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.request import build_request
 from specfill.core.runtime import COMPOSED, GenerationInfo, KVState, PrefillMethod, SamplingConfig
@@ -30,7 +31,7 @@ def engine_parts(request):
 @pytest.fixture
 def engine(engine_parts):
     model, tokenizer = engine_parts
-    return Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, 10**9))
+    return Engine(Session(model, tokenizer), PromptCache(None, model.args.max_position_embeddings, 10**9))
 
 
 def tokens(model, seed: int, n: int) -> list[int]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from specfill import load
+from specfill.api import Session
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.specprefill import run_speculator
 from specfill.core.request import build_request
@@ -111,7 +112,7 @@ def test_a_specprefill_turn_before_the_idle_work_builds_the_speculator_kv_first(
     tokenizer = load("random:tiny-llama", backend=model.backend, device="cpu", dtype="float32")[1]
     cache = PromptCache(None, model.args.max_position_embeddings, 10**9)
     cache.use_speculator(model, "self:1")
-    engine = Engine(model, tokenizer, cache)
+    engine = Engine(Session(model, tokenizer), cache)
 
     def ask(ids: list[int]) -> Finished:
         built = build_request(max_tokens=4, method="specprefill", specprefill=COMPOSED, speculator="self:1")

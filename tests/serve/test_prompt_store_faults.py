@@ -329,15 +329,16 @@ def test_the_memory_bound_holds_over_a_hundred_and_twenty_conversations(pair, tm
     memory bound (--cache-memory) room for about six and a disk store: after every request the kept
     KV's bytes are within the bound, and no KV cache the prompt cache let go is still alive (nothing
     else holds one)."""
+    from specfill.api import Session
     from specfill.serve.engine import Engine
     from tests.serve.test_prompt_cache_agents import engine_turn
 
     model, tokenizer = pair
-    probe = Engine(model, tokenizer, PromptCache(None, model.args.max_position_embeddings, None))
+    probe = Engine(Session(model, tokenizer), PromptCache(None, model.args.max_position_embeddings, None))
     engine_turn(probe, tokens(model, 99, 70))
     bound = 6 * probe.cache.entries[0].nbytes  # what the backend reserves for one conversation, six times
     cache = PromptCache(None, model.args.max_position_embeddings, bound, PromptStore(tmp_path, model, NAME, 10**9))
-    engine = Engine(model, tokenizer, cache)
+    engine = Engine(Session(model, tokenizer), cache)
     made: list[weakref.ref] = []
     prompts: dict[int, list[int]] = {}
     seconds = 0
