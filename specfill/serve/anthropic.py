@@ -365,8 +365,7 @@ class MessageShape:
 
     @staticmethod
     def keepalive() -> list[str]:
-        """What a silent stream sends: Anthropic's ping event (its SDKs skip it; the bytes keep the
-        connection alive)."""
+        """What a silent stream sends: Anthropic's ping event (its SDKs skip it; the bytes count)."""
         return [sse({"type": "ping"}, "ping")]
 
     @staticmethod
