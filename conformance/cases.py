@@ -18,10 +18,10 @@ HEAD_DIM = 16
 class H2OCase:
     name: str
     n_tokens: int
-    local: int
-    heavy: int
-    n_heads: int
-    n_kv_heads: int
+    local: int = 2  # L, H and the heads: a case names only those it changes
+    heavy: int = 3
+    n_heads: int = 4
+    n_kv_heads: int = 2
     batch_size: int = 4 * CHUNK
     logit_max: float | None = None  # rescale q so that max |logit| equals this
     seed: int = 0
@@ -81,87 +81,72 @@ def case_terms(n_heads: int, sink_scale: float | None, softcap: float | None, se
 
 
 H2O_CASES: list[H2OCase] = [
-    *[
-        H2OCase(f"N={n}", n, 2, 3, 4, 2, seed=n)
-        for n in (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 3 * CHUNK + 17)
-    ],
-    *[H2OCase(f"gqa-group={g}", 3 * CHUNK + 5, 2, 3, 2 * g, 2, seed=10 + g) for g in (1, 2, 3, 4, 8)],
-    H2OCase("L=0", 3 * CHUNK + 3, 0, 4, 4, 2, seed=21),
-    H2OCase("H=0", 3 * CHUNK + 3, 4, 0, 4, 2, seed=22),
-    H2OCase("L+H>=S-clamped", 3 * CHUNK + 3, 6, 6, 4, 2, seed=23),
-    H2OCase("logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, seed=24),
-    H2OCase("batch=S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=CHUNK, seed=25),
-    H2OCase("batch=2S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=2 * CHUNK, seed=25),
+    *[H2OCase(f"N={n}", n, seed=n) for n in (1, CHUNK - 1, CHUNK, CHUNK + 1, 2 * CHUNK - 1, 3 * CHUNK + 17)],
+    *[H2OCase(f"gqa-group={g}", 3 * CHUNK + 5, n_heads=2 * g, seed=10 + g) for g in (1, 2, 3, 4, 8)],
+    H2OCase("L=0", 3 * CHUNK + 3, local=0, heavy=4, seed=21),
+    H2OCase("H=0", 3 * CHUNK + 3, local=4, heavy=0, seed=22),
+    H2OCase("L+H>=S-clamped", 3 * CHUNK + 3, local=6, heavy=6, seed=23),
+    H2OCase("logits=+-100", 3 * CHUNK + 17, logit_max=100.0, seed=24),
+    H2OCase("batch=S", 4 * CHUNK + 3, batch_size=CHUNK, seed=25),
+    H2OCase("batch=2S", 4 * CHUNK + 3, batch_size=2 * CHUNK, seed=25),
     # the dense tail: W = 0 is every case above; inside the last chunk, spanning chunks (and, with
     # B = S, logical batches), the whole prompt (W >= N), and a prompt of one chunk
-    H2OCase("tail=3 (in last chunk)", 3 * CHUNK + 5, 2, 3, 4, 2, dense_tail=3, seed=26),
-    H2OCase("tail=S+6 (spans chunks)", 3 * CHUNK + 3, 2, 3, 4, 2, dense_tail=CHUNK + 6, seed=27),
-    H2OCase("tail=2S+1,batch=S", 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=CHUNK, dense_tail=2 * CHUNK + 1, seed=28),
-    H2OCase("tail>=N", 2 * CHUNK + 3, 2, 3, 6, 2, dense_tail=10 * CHUNK, seed=29),
-    H2OCase("tail=2,N<S", CHUNK - 3, 2, 3, 4, 2, dense_tail=2, seed=30),
+    H2OCase("tail=3 (in last chunk)", 3 * CHUNK + 5, dense_tail=3, seed=26),
+    H2OCase("tail=S+6 (spans chunks)", 3 * CHUNK + 3, dense_tail=CHUNK + 6, seed=27),
+    H2OCase("tail=2S+1,batch=S", 4 * CHUNK + 3, batch_size=CHUNK, dense_tail=2 * CHUNK + 1, seed=28),
+    H2OCase("tail>=N", 2 * CHUNK + 3, n_heads=6, dense_tail=10 * CHUNK, seed=29),
+    H2OCase("tail=2,N<S", CHUNK - 3, dense_tail=2, seed=30),
     # a sliding layer: a window inside a chunk (w < S), one spanning chunks (so memory slots fall
     # in and out of it), one with a dense tail over logical batches of S, one of a single key (w = 1)
-    H2OCase("window=5 (<S)", 3 * CHUNK + 5, 2, 3, 4, 2, window=5, seed=31),
-    H2OCase("window=S+5 (spans chunks)", 4 * CHUNK + 3, 2, 4, 4, 2, window=CHUNK + 5, seed=32),
+    H2OCase("window=5 (<S)", 3 * CHUNK + 5, window=5, seed=31),
+    H2OCase("window=S+5 (spans chunks)", 4 * CHUNK + 3, heavy=4, window=CHUNK + 5, seed=32),
     H2OCase(
         "window=S+2,tail=S+6,batch=S",
         4 * CHUNK + 3,
-        2,
-        3,
-        6,
-        2,
+        n_heads=6,
         batch_size=CHUNK,
         dense_tail=CHUNK + 6,
         window=CHUNK + 2,
         seed=33,
     ),
-    H2OCase("window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, seed=34),
+    H2OCase("window=1", 2 * CHUNK + 3, window=1, seed=34),
     # memory as a share of the prompt: 0.1 of 41 tokens -> L + H = 4 in the 2:3 proportion (2, 2);
     # 0.5 of 35 -> clamped to S - 1 = 7
-    H2OCase("memory-share=0.1", 5 * CHUNK + 1, 2, 3, 4, 2, memory_share=0.1, seed=35),
-    H2OCase("memory-share=0.5 (clamped)", 4 * CHUNK + 3, 2, 3, 4, 2, memory_share=0.5, dense_tail=3, seed=36),
+    H2OCase("memory-share=0.1", 5 * CHUNK + 1, memory_share=0.1, seed=35),
+    H2OCase("memory-share=0.5 (clamped)", 4 * CHUNK + 3, memory_share=0.5, dense_tail=3, seed=36),
     # attention terms (gpt_oss's sinks, gemma2's logit soft-cap): sinks of either sign and one
     # close to the logits (so the sink holds a real share), sinks and logits at +-100 (no NaN/Inf),
     # a soft-cap that binds (logits +-100 capped to +-5), both with a window and a dense tail
-    H2OCase("sinks", 3 * CHUNK + 5, 2, 3, 4, 2, sink_scale=2.0, seed=37),
-    H2OCase("sinks,gqa-group=3,batch=S", 4 * CHUNK + 3, 2, 3, 6, 2, batch_size=CHUNK, sink_scale=1.0, seed=38),
-    H2OCase("sinks=+-100,logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, sink_scale=60.0, seed=39),
-    H2OCase("softcap=5,logits=+-100", 3 * CHUNK + 17, 2, 3, 4, 2, logit_max=100.0, softcap=5.0, seed=40),
-    H2OCase("softcap=1.5", 3 * CHUNK + 5, 2, 3, 4, 2, softcap=1.5, seed=41),
+    H2OCase("sinks", 3 * CHUNK + 5, sink_scale=2.0, seed=37),
+    H2OCase("sinks,gqa-group=3,batch=S", 4 * CHUNK + 3, n_heads=6, batch_size=CHUNK, sink_scale=1.0, seed=38),
+    H2OCase("sinks=+-100,logits=+-100", 3 * CHUNK + 17, logit_max=100.0, sink_scale=60.0, seed=39),
+    H2OCase("softcap=5,logits=+-100", 3 * CHUNK + 17, logit_max=100.0, softcap=5.0, seed=40),
+    H2OCase("softcap=1.5", 3 * CHUNK + 5, softcap=1.5, seed=41),
     H2OCase(
         "sinks+softcap,window=S+2,tail=S+6",
         4 * CHUNK + 3,
-        2,
-        3,
-        4,
-        2,
         dense_tail=CHUNK + 6,
         window=CHUNK + 2,
         sink_scale=2.0,
         softcap=3.0,
         seed=42,
     ),
-    H2OCase("sinks,window=1", 2 * CHUNK + 3, 2, 3, 4, 2, window=1, sink_scale=2.0, seed=43),
-    H2OCase("sinks+softcap,N<S", CHUNK - 2, 2, 3, 4, 2, sink_scale=2.0, softcap=2.0, seed=44),
+    H2OCase("sinks,window=1", 2 * CHUNK + 3, window=1, sink_scale=2.0, seed=43),
+    H2OCase("sinks+softcap,N<S", CHUNK - 2, sink_scale=2.0, softcap=2.0, seed=44),
     # latent attention (deepseek_v3, kimi_k25): values narrower than keys, alone, with GQA, logical
     # batches of S, a window and a dense tail, and with attention terms
-    H2OCase("latent,Dv=D/2", 3 * CHUNK + 5, 2, 3, 4, 2, value_dim=HEAD_DIM // 2, seed=45),
+    H2OCase("latent,Dv=D/2", 3 * CHUNK + 5, value_dim=HEAD_DIM // 2, seed=45),
     H2OCase(
         "latent,Dv=D/2,gqa-group=3,window=S+2,tail=S+6,batch=S",
         4 * CHUNK + 3,
-        2,
-        3,
-        6,
-        2,
+        n_heads=6,
         batch_size=CHUNK,
         dense_tail=CHUNK + 6,
         window=CHUNK + 2,
         value_dim=HEAD_DIM // 2,
         seed=46,
     ),
-    H2OCase(
-        "latent,Dv=D/2,sinks+softcap", 3 * CHUNK + 5, 2, 3, 4, 2, sink_scale=2.0, softcap=3.0, value_dim=4, seed=47
-    ),
+    H2OCase("latent,Dv=D/2,sinks+softcap", 3 * CHUNK + 5, sink_scale=2.0, softcap=3.0, value_dim=4, seed=47),
 ]
 
 # H2O from a reused prefix (docs/methods.md): n_tokens counts the prefix; the new part is walked on
@@ -170,38 +155,34 @@ H2O_CASES: list[H2OCase] = [
 # new chunk, windows shorter and longer than S (hiding part of the prefix), terms, latent values,
 # a memory share, L or H zero, large logits
 H2O_PREFIX_CASES: list[H2OCase] = [
-    H2OCase("prefix=11,new=3S+5", 11 + 3 * CHUNK + 5, 2, 3, 4, 2, seed=60, prefix=11),
-    H2OCase("prefix=S,new=2S", 3 * CHUNK, 2, 3, 4, 2, seed=61, prefix=CHUNK),
-    H2OCase("prefix=1,new=2S+1", 2 * CHUNK + 2, 2, 3, 4, 2, seed=62, prefix=1),
-    H2OCase("prefix=3S+1,new=2S+3", 5 * CHUNK + 4, 2, 3, 4, 2, seed=63, prefix=3 * CHUNK + 1),
-    H2OCase("prefix=9,new=S-2 (full)", 9 + CHUNK - 2, 2, 3, 4, 2, seed=64, prefix=9),
-    H2OCase("prefix=9,new=S (full)", 9 + CHUNK, 2, 3, 4, 2, seed=65, prefix=9),
-    H2OCase("prefix=13,gqa-group=3,batch=S", 13 + 4 * CHUNK + 3, 2, 3, 6, 2, batch_size=CHUNK, seed=66, prefix=13),
-    H2OCase("prefix=13,batch=2S", 13 + 4 * CHUNK + 3, 2, 3, 4, 2, batch_size=2 * CHUNK, seed=66, prefix=13),
-    H2OCase("prefix=10,tail=3", 10 + 3 * CHUNK + 5, 2, 3, 4, 2, dense_tail=3, seed=67, prefix=10),
+    H2OCase("prefix=11,new=3S+5", 11 + 3 * CHUNK + 5, seed=60, prefix=11),
+    H2OCase("prefix=S,new=2S", 3 * CHUNK, seed=61, prefix=CHUNK),
+    H2OCase("prefix=1,new=2S+1", 2 * CHUNK + 2, seed=62, prefix=1),
+    H2OCase("prefix=3S+1,new=2S+3", 5 * CHUNK + 4, seed=63, prefix=3 * CHUNK + 1),
+    H2OCase("prefix=9,new=S-2 (full)", 9 + CHUNK - 2, seed=64, prefix=9),
+    H2OCase("prefix=9,new=S (full)", 9 + CHUNK, seed=65, prefix=9),
+    H2OCase("prefix=13,gqa-group=3,batch=S", 13 + 4 * CHUNK + 3, n_heads=6, batch_size=CHUNK, seed=66, prefix=13),
+    H2OCase("prefix=13,batch=2S", 13 + 4 * CHUNK + 3, batch_size=2 * CHUNK, seed=66, prefix=13),
+    H2OCase("prefix=10,tail=3", 10 + 3 * CHUNK + 5, dense_tail=3, seed=67, prefix=10),
     H2OCase(
         "prefix=10,tail=2S+1,batch=S",
         10 + 3 * CHUNK + 3,
-        2,
-        3,
-        4,
-        2,
         batch_size=CHUNK,
         dense_tail=2 * CHUNK + 1,
         seed=68,
         prefix=10,
     ),
-    H2OCase("prefix=10,tail>=new", 10 + 2 * CHUNK + 3, 2, 3, 4, 2, dense_tail=10 * CHUNK, seed=69, prefix=10),
-    H2OCase("prefix=12,window=5", 12 + 3 * CHUNK + 5, 2, 3, 4, 2, window=5, seed=70, prefix=12),
-    H2OCase("prefix=20,window=S+5", 20 + 3 * CHUNK + 3, 2, 4, 4, 2, window=CHUNK + 5, seed=71, prefix=20),
-    H2OCase("prefix=7,L=0", 7 + 3 * CHUNK + 3, 0, 4, 4, 2, seed=72, prefix=7),
-    H2OCase("prefix=7,H=0", 7 + 3 * CHUNK + 3, 4, 0, 4, 2, seed=73, prefix=7),
-    H2OCase("prefix=7,L+H=0 (full)", 7 + 3 * CHUNK + 3, 0, 0, 4, 2, seed=74, prefix=7),
-    H2OCase("prefix=9,memory-share=0.1", 9 + 4 * CHUNK + 1, 2, 3, 4, 2, memory_share=0.1, seed=75, prefix=9),
-    H2OCase("prefix=9,logits=+-100", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, logit_max=100.0, seed=76, prefix=9),
-    H2OCase("prefix=9,sinks", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, sink_scale=2.0, seed=77, prefix=9),
-    H2OCase("prefix=9,softcap=1.5,window=6", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, softcap=1.5, window=6, seed=78, prefix=9),
-    H2OCase("prefix=9,latent,Dv=D/2", 9 + 3 * CHUNK + 5, 2, 3, 4, 2, value_dim=HEAD_DIM // 2, seed=79, prefix=9),
+    H2OCase("prefix=10,tail>=new", 10 + 2 * CHUNK + 3, dense_tail=10 * CHUNK, seed=69, prefix=10),
+    H2OCase("prefix=12,window=5", 12 + 3 * CHUNK + 5, window=5, seed=70, prefix=12),
+    H2OCase("prefix=20,window=S+5", 20 + 3 * CHUNK + 3, heavy=4, window=CHUNK + 5, seed=71, prefix=20),
+    H2OCase("prefix=7,L=0", 7 + 3 * CHUNK + 3, local=0, heavy=4, seed=72, prefix=7),
+    H2OCase("prefix=7,H=0", 7 + 3 * CHUNK + 3, local=4, heavy=0, seed=73, prefix=7),
+    H2OCase("prefix=7,L+H=0 (full)", 7 + 3 * CHUNK + 3, local=0, heavy=0, seed=74, prefix=7),
+    H2OCase("prefix=9,memory-share=0.1", 9 + 4 * CHUNK + 1, memory_share=0.1, seed=75, prefix=9),
+    H2OCase("prefix=9,logits=+-100", 9 + 3 * CHUNK + 5, logit_max=100.0, seed=76, prefix=9),
+    H2OCase("prefix=9,sinks", 9 + 3 * CHUNK + 5, sink_scale=2.0, seed=77, prefix=9),
+    H2OCase("prefix=9,softcap=1.5,window=6", 9 + 3 * CHUNK + 5, softcap=1.5, window=6, seed=78, prefix=9),
+    H2OCase("prefix=9,latent,Dv=D/2", 9 + 3 * CHUNK + 5, value_dim=HEAD_DIM // 2, seed=79, prefix=9),
 ]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -354,18 +355,8 @@ def _check_batch_independence(ad: ConformanceAdapter, ck: Checker) -> None:
     for case in (c for c in H2O_CASES if c.batch_size < 4 * CHUNK):
         q, k, v = _inputs(case, ck.dtype)
         small = ad.attention_layer(q, k, v, case.config, SCALE, case.window, *case.term_args)
-        whole = H2OCase(
-            case.name,
-            case.n_tokens,
-            case.local,
-            case.heavy,
-            case.n_heads,
-            case.n_kv_heads,
-            batch_size=8 * CHUNK,
-            seed=case.seed,
-            dense_tail=case.dense_tail,
-        )
-        big = ad.attention_layer(q, k, v, whole.config, SCALE, case.window, *case.term_args)
+        whole = replace(case.config, batch_size=8 * CHUNK)
+        big = ad.attention_layer(q, k, v, whole, SCALE, case.window, *case.term_args)
         same_sets = len(small.memory_sets) == len(big.memory_sets) and all(
             np.array_equal(a.indices, b.indices) for a, b in zip(small.memory_sets, big.memory_sets)
         )

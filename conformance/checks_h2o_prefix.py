@@ -25,8 +25,8 @@ def check_prefix_layer(ad: ConformanceAdapter, ck: Checker) -> None:
         q, k, v = _inputs(case, ck.dtype)
         p, config, terms = case.prefix, case.config, case.terms
         sinks, softcap = (None, None) if terms is None else (terms.sinks, terms.softcap)
-        got = ad.attention_layer_from_prefix(q[:, p:], k, v, p, config, SCALE, case.window, *case.term_args)
-        want = REFERENCE.attention_layer_from_prefix(q[:, p:], k, v, p, config, SCALE, case.window, *case.term_args)
+        got = ad.attention_layer(q[:, p:], k, v, config, SCALE, case.window, *case.term_args, prefix=p)
+        want = REFERENCE.attention_layer(q[:, p:], k, v, config, SCALE, case.window, *case.term_args, prefix=p)
         got_sets = [np.asarray(m.indices) for m in got.memory_sets]
         ck.exact("h2o.prefix_layer.finite", case.name, bool(np.isfinite(got.output).all()), "NaN/Inf in output")
         ck.exact(
@@ -72,7 +72,7 @@ def check_prefix_layer(ad: ConformanceAdapter, ck: Checker) -> None:
             ck.close("h2o.prefix_layer.output", case.name, got.output, want.output)
         if case.batch_size < 4 * CHUNK:  # logical batches only schedule work
             whole = replace(config, batch_size=8 * CHUNK)
-            big = ad.attention_layer_from_prefix(q[:, p:], k, v, p, whole, SCALE, case.window, *case.term_args)
+            big = ad.attention_layer(q[:, p:], k, v, whole, SCALE, case.window, *case.term_args, prefix=p)
             ck.close("h2o.prefix_layer.batch_independent_output", case.name, got.output, big.output)
 
 

@@ -167,11 +167,11 @@ def check_reused_selection(ad: ConformanceAdapter, ck: Checker) -> None:
         n = case.prompt_len
         for reused in sorted({n // 2, n - 1} - {0}):
             name = f"{case.name},reused={reused}"
-            _, got = specprefill.reused_selection(
-                queries, keys, case.config, SCALE, ad, reused, case.windows, case.terms, case.n_window
+            _, got = specprefill.speculative_selection(
+                queries, keys, case.config, SCALE, ad, case.windows, case.terms, case.n_window, reused
             )
-            _, want = specprefill.reused_selection(
-                queries, keys, case.config, SCALE, REFERENCE, reused, case.windows, case.terms, case.n_window
+            _, want = specprefill.speculative_selection(
+                queries, keys, case.config, SCALE, REFERENCE, case.windows, case.terms, case.n_window, reused
             )
             kept, wanted = np.asarray(got.kept).tolist(), want.kept.tolist()
             problems = []

@@ -102,12 +102,7 @@ class OpsAdapter(StageBoundary):
     ) -> CacheAdapter:
         return CacheAdapter(self._cache(n_layers, n_kv_heads, head_dim, capacity, value_dim), self.cv)
 
-    def attention_layer(self, q, k, v, config: H2OConfig, scale, window=None, terms=None) -> H2OLayerResult:
-        return self.attention_layer_from_prefix(q, k, v, 0, config, scale, window, terms)
-
-    def attention_layer_from_prefix(
-        self, q, k, v, prefix: int, config: H2OConfig, scale, window=None, terms=None
-    ) -> H2OLayerResult:
+    def attention_layer(self, q, k, v, config: H2OConfig, scale, window=None, terms=None, prefix=0) -> H2OLayerResult:
         q, k, v = (self.stage_in("q", x) for x in (q, k, v))
         got = h2o_attention_layer(self.ops, q, k, v, config, scale, window, self.stage_in("terms", terms), prefix)
         return self.stage_out(got)

@@ -346,24 +346,13 @@ class H2OStages(H2OStageOps[np.ndarray], Protocol):
         scale: float,
         window: int | None = None,
         terms: AttentionTerms | None = None,
+        prefix: int = 0,
     ) -> H2OLayerResult:
         """Whole-prompt two-phase attention for one layer (a sliding layer of window w: each key
         set intersected with it; the layer's terms in every softmax): the core walk over this
-        backend's ops."""
-
-    def attention_layer_from_prefix(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        prefix: int,
-        config: H2OConfig,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms | None = None,
-    ) -> H2OLayerResult:
-        """The walk over a new part after a reused prefix of `prefix` keys (docs/methods.md, H2O from
-        a reused prefix): q [Hq, N - P, D] the new part's queries, k/v [Hkv, N, D] every key."""
+        backend's ops. prefix P > 0: the walk over a new part after a reused prefix of P keys
+        (docs/methods.md, H2O from a reused prefix): q [Hq, N - P, D] the new part's queries, k/v
+        [Hkv, N, D] every key."""
 
 
 @runtime_checkable

@@ -80,9 +80,9 @@ class ChunkGridFromTheEnd(ReferenceAdapter):
 class DenseTailOffByOne(ReferenceAdapter):
     """The dense tail starts one query late: row N - W keeps its sparse key set."""
 
-    def attention_layer(self, q, k, v, config, scale, window=None, terms=None):
+    def attention_layer(self, q, k, v, config, scale, window=None, terms=None, prefix=0):
         short = dataclasses.replace(config, dense_tail=max(0, config.dense_tail - 1))
-        return super().attention_layer(q, k, v, short, scale, window, terms)
+        return super().attention_layer(q, k, v, short, scale, window, terms, prefix)
 
 
 class PrefixCutToItsSecondHalf(ReferenceAdapter):
@@ -116,12 +116,12 @@ class PrefixGridFromZero(ReferenceAdapter):
     walk is handed a prompt whose first new chunk is a sliver (emulated: the prefix rounded down
     to the grid, the rest walked as new)."""
 
-    def attention_layer_from_prefix(self, q, k, v, prefix, config, scale, window=None, terms=None):
+    def attention_layer(self, q, k, v, config, scale, window=None, terms=None, prefix=0):
         aligned = prefix // config.chunk_size * config.chunk_size
         if aligned == prefix:
-            return super().attention_layer_from_prefix(q, k, v, prefix, config, scale, window, terms)
+            return super().attention_layer(q, k, v, config, scale, window, terms, prefix)
         q_all = np.concatenate([np.zeros((q.shape[0], prefix - aligned, q.shape[2])), q], axis=1)
-        got = super().attention_layer_from_prefix(q_all, k, v, aligned, config, scale, window, terms)
+        got = super().attention_layer(q_all, k, v, config, scale, window, terms, aligned)
         return dataclasses.replace(got, output=got.output[:, prefix - aligned :])
 
 
@@ -204,9 +204,9 @@ class LayerAttendsToEveryKey(ReferenceAdapter):
     """attention_layer ignores its memory sets (causal attention over every key): a speculator
     whose "H2O" pass is dense, so the composition's kept positions are plain SpecPrefill's."""
 
-    def attention_layer(self, q, k, v, config, scale, window=None, terms=None):
+    def attention_layer(self, q, k, v, config, scale, window=None, terms=None, prefix=0):
         dense = dataclasses.replace(config, chunk_size=q.shape[1], batch_size=q.shape[1], local=0, heavy=0)
-        return super().attention_layer(q, k, v, dense, scale, window, terms)
+        return super().attention_layer(q, k, v, dense, scale, window, terms, prefix)
 
 
 class TrimSparesTheFirstLayers(ReferenceAdapter):

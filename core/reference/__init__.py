@@ -7,9 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config import H2OConfig
 from ..h2o_walk import h2o_attention_layer
-from ..stages import AttentionTerms, H2OLayerResult
 from . import attention, h2o, oracle, specprefill
 
 
@@ -37,19 +35,6 @@ class ReferenceStages:
     select_tokens = staticmethod(specprefill.select_tokens)
 
     attention_layer = h2o_attention_layer  # the walk with `self` as its ops
-
-    def attention_layer_from_prefix(
-        self,
-        q: np.ndarray,
-        k: np.ndarray,
-        v: np.ndarray,
-        prefix: int,
-        config: H2OConfig,
-        scale: float,
-        window: int | None = None,
-        terms: AttentionTerms | None = None,
-    ) -> H2OLayerResult:
-        return h2o_attention_layer(self, q, k, v, config, scale, window, terms, prefix)
 
     def causal_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
         return h2o.causal_attention(q, k, v, scale).o

@@ -120,7 +120,7 @@ class ReferenceModel:
         the conformance check); the look-ahead rows attend to every key. prefix: the composition from
         the speculator's cached dense KV of the first `prefix` tokens (docs/methods.md, SpecPrefill from
         a reused prefix): those rows stay dense and the rest of the prompt's are H2O walked from them
-        (the reference walk from a prefix, `attention_layer_from_prefix`; not with `h2o_layer`)."""
+        (the reference walk from a prefix, `attention_layer(..., prefix=P)`; not with `h2o_layer`)."""
         from . import REFERENCE  # the package's stages (it never imports this module back)
 
         if prefix and h2o_layer is not None:
@@ -137,8 +137,8 @@ class ReferenceModel:
                 out = self.attend(layer, q, k, v, positions)
                 if layer in sparse and prefix > 0:
                     p, sliding = slice(0, n_prompt), self.args.layer_window(layer)
-                    walk = REFERENCE.attention_layer_from_prefix(
-                        q[:, prefix:n_prompt], k[:, p], v[:, p], prefix, h2o_config, self.scale, sliding
+                    walk = REFERENCE.attention_layer(
+                        q[:, prefix:n_prompt], k[:, p], v[:, p], h2o_config, self.scale, sliding, prefix=prefix
                     )
                     out[:, prefix:n_prompt] = walk.output
                 elif layer in sparse:

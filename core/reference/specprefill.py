@@ -234,25 +234,11 @@ def speculative_selection(
     windows: Sequence[int | None] = (),
     terms: Sequence[AttentionTerms | None] = (),
     n_window: int = 1,
+    reused: int = 0,
 ) -> tuple[TokenScores, Selection]:
-    """Scores then selection: what the main model will prefill."""
-    scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
-    return scores, stages.select_tokens(scores.importance, config)
-
-
-def reused_selection(
-    queries: np.ndarray,
-    keys: np.ndarray,
-    config: SpecPrefillConfig,
-    scale: float,
-    stages: SpecPrefillStages,
-    reused: int,
-    windows: Sequence[int | None] = (),
-    terms: Sequence[AttentionTerms | None] = (),
-    n_window: int = 1,
-) -> tuple[TokenScores, Selection]:
-    """SpecPrefill from a reused prefix: scores over every prompt key as speculative_selection's,
-    then the selection over the new part [reused, P) (select_new_tokens)."""
+    """Scores then selection: what the main model will prefill. reused R > 0: SpecPrefill from a
+    reused prefix, the scores over every prompt key, the selection over the new part [R, P) only
+    (select_new_tokens)."""
     scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
     return scores, select_new_tokens(scores.importance, reused, config, stages.select_tokens)
 

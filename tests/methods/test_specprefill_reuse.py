@@ -13,7 +13,7 @@ import pytest
 from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.errors import ConfigError
 from specfill.core.reference import REFERENCE
-from specfill.core.reference.specprefill import reused_selection
+from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
 from tests.methods.support import assert_logits_close, prompt, reference_speculator, tolerance
 
@@ -49,7 +49,9 @@ def oracle_greedy(t, ids, reused, kept, n):
 def expected_kept(t, ids, reused):
     queries, keys, _ = reference_speculator(t.ref, ids, 1, CONFIG.lookahead, window=min(4, len(ids) - reused))
     n_window = min(4, len(ids) - reused)
-    return reused_selection(queries, keys, CONFIG, t.ref.scale, REFERENCE, reused, n_window=n_window)[1].kept.tolist()
+    return speculative_selection(queries, keys, CONFIG, t.ref.scale, REFERENCE, n_window=n_window, reused=reused)[
+        1
+    ].kept.tolist()
 
 
 @pytest.mark.parametrize("arch", ("llama", "qwen2"))
@@ -170,7 +172,9 @@ def test_the_composition_walks_its_speculator_by_h2o_from_its_cached_kv(tiny, ar
     assert [r for r in read if r[0] == "speculator"][-1][1] == len(ids2) - cached  # only its new tokens
     window = min(CONFIG.query_window, len(ids2) - held)
     queries, keys, _ = t.ref.speculator_pass(ids2, 2, 3, window=window, h2o_config=SPECULATOR_H2O, prefix=cached)
-    _, selection = reused_selection(queries, keys, composed.specprefill, t.ref.scale, REFERENCE, held, n_window=window)
+    _, selection = speculative_selection(
+        queries, keys, composed.specprefill, t.ref.scale, REFERENCE, n_window=window, reused=held
+    )
     kept = info.kept_positions[held:]
     assert kept == selection.kept.tolist() and info.method == composed.label
     assert tokens == oracle_greedy(t, ids2, held, kept, len(tokens))
@@ -254,6 +258,8 @@ def test_protected_spans_are_kept_from_a_reused_prefix_as_the_reference_keeps_th
     tokens = run(t.model, ids, replace(METHOD, specprefill=config), info, reuse=first.kv)
     kept = info.kept_positions[reused:]
     queries, keys, _ = reference_speculator(t.ref, ids, 1, CONFIG.lookahead, window=4)
-    want = reused_selection(queries, keys, config, t.ref.scale, REFERENCE, reused, n_window=4)[1].kept.tolist()
+    want = speculative_selection(queries, keys, config, t.ref.scale, REFERENCE, n_window=4, reused=reused)[
+        1
+    ].kept.tolist()
     assert kept == want and set(range(50, 58)) <= set(kept)
     assert tokens == oracle_greedy(t, ids, reused, kept, len(tokens))
