@@ -64,6 +64,9 @@ def make_app(upstream: str, log: Path) -> Starlette:
                 async for chunk in answer.aiter_raw():
                     chunks.append(chunk)
                     yield chunk
+                    if await request.is_disconnected():  # the agent hung up: so does the server's stream
+                        record["disconnected"] = True
+                        break
             finally:
                 await answer.aclose()
                 record["seconds"] = round(time.time() - start, 3)
