@@ -3,14 +3,21 @@ and tool results included), tools, tool_choice, parallel_tool_calls and response
 through the model's own chat template as transformers renders them.
 
 tool_choice "none" leaves the tools out of the template and the reply unparsed; "auto" lets the
-model write text, calls or both, unconstrained. "required" and a named function start the reply
-with the format's opening (and the name) in the prompt (tool_parsers.ToolFormat.forced), and
-where the format's arguments are JSON (hermes, llama3, harmony, kimi_k2: ToolFormat.call) the
-rest of the reply is constrained (reply_grammar; json_grammar.py, token_mask.py): for "required"
-the name is one of the tools', then that tool's arguments as JSON of its parameters schema, then
-the format's closing (`}\n</tool_call>` for hermes, `}` for llama3, `<|tool_call_end|>
-<|tool_calls_section_end|>` for kimi_k2; harmony's JSON is followed by its stop token), then EOS:
-one call per reply. The other formats (qwen3_coder's XML parameters, mistral, glm47, the mlx-lm
+model write text, calls or both, each call constrained from its opening on (below). "required"
+and a named function start the reply with the format's opening (and the name) in the prompt
+(tool_parsers.ToolFormat.forced), and where the format's arguments are JSON (hermes, llama3,
+harmony, kimi_k2: ToolFormat.call) the rest of the reply is constrained (reply_grammar;
+json_grammar.py, token_mask.py): for "required" the name is one of the tools', then that tool's
+arguments as JSON of its parameters schema, then the format's closing (`}\n</tool_call>` for
+hermes, `}` for llama3, `<|tool_call_end|><|tool_calls_section_end|>` for kimi_k2; harmony's JSON
+is followed by its stop token), then EOS: one call per reply. Under "auto" the same grammar is
+lazy (llama.cpp's lazy grammars): the reply is free until it writes the format's call opening
+(`<tool_call>`, harmony's `<|channel|>commentary to=functions.`, kimi_k2's
+`<|tool_calls_section_begin|>`), then constrained to the rest of one call, then free again (text,
+EOS or another call; parallel_tool_calls false still keeps the first call only, when the reply is
+read); not for llama3, whose opening is plain JSON (UNTRIGGERED); off with the request's
+`lazy_grammar: false` or the server's ServerDefaults.lazy_grammar (plan.build_plan). The other
+formats (qwen3_coder's XML parameters, mistral, glm47, the mlx-lm
 ones) are continued, not constrained. A JSON response_format is constrained the same way when no
 tools are in play (json_object: any JSON object; json_schema: that schema), still started with
 "{" for an object, the schema still shown to the model in the system message, and the text still
@@ -46,6 +53,9 @@ TOOL_FIELDS = frozenset({"type", "function"})
 FUNCTION_FIELDS = frozenset({"name", "description", "parameters", "strict"})
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}
 SCHEMA_NOTE = "Reply with one JSON value that matches this JSON schema, and nothing else:\n"
+# formats whose call opening (ToolFormat.required) is ordinary text, not a marker: no lazy grammar
+# under tool_choice auto (llama3's '{"name": "' starts any JSON with a "name" key, anywhere in a reply)
+UNTRIGGERED = frozenset({"llama3"})
 BILLING_HEADER = "x-anthropic-billing-header:"
 BILLING_LINE = re.compile(r"^x-anthropic-billing-header:[^\n]*\n*", re.MULTILINE)  # the line and blank lines after
 
@@ -201,11 +211,13 @@ class ChatSetup:
     grammar: ReplyGrammar | None = None  # what the reply is constrained to (None: unconstrained)
 
 
-def reply_grammar(fmt: ToolFormat, name: str | None) -> ReplyGrammar | None:
+def reply_grammar(fmt: ToolFormat, name: str | None, lazy: bool = False) -> ReplyGrammar | None:
     """tool_choice "required" (name None: a call to any of the tools) or a named function: the
     one call the reply is constrained to, after its forced start; None where the format's
-    arguments are not JSON (ToolFormat.call)."""
-    if fmt.call is None:
+    arguments are not JSON (ToolFormat.call). lazy (tool_choice "auto"): each call the reply
+    opens with the forced start for any tool is constrained so; None where that opening is
+    ordinary text (UNTRIGGERED)."""
+    if fmt.call is None or (lazy and fmt.name in UNTRIGGERED):
         return None
     head, close = fmt.call
     branches = []
@@ -214,7 +226,7 @@ def reply_grammar(fmt: ToolFormat, name: str | None) -> ReplyGrammar | None:
         if name is None or function["name"] == name:
             opening = fmt.required + head.format(name=json.dumps(function["name"]), bare=function["name"])
             branches.append((opening, json.dumps(function["parameters"]), close))
-    return ReplyGrammar(tuple(branches), start=fmt.forced(name))
+    return ReplyGrammar(tuple(branches), start=fmt.forced(name), lazy=lazy)
 
 
 def output_grammar(output: OutputCheck | None, prefix: str) -> ReplyGrammar | None:
@@ -259,7 +271,7 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
         prefix=fmt.forced(name) if choice == "required" else "",
         max_calls=1 if request.parallel_tool_calls is False else None,
         output=output,
-        grammar=reply_grammar(bound, name) if choice == "required" else None,
+        grammar=reply_grammar(bound, name, lazy=choice == "auto"),
     )
 
 

@@ -20,7 +20,7 @@ from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
-from .token_mask import ConstrainedReply, Constraints
+from .token_mask import ConstrainedReply, Constraints, LazyReply
 
 
 @dataclass(frozen=True)
@@ -140,8 +140,8 @@ class Engine:
         request = plan.request
         if reuse.hit:
             request = replace(plan.request, method=asked if from_prefix else FULL, drafting=None)
-        processors: tuple[ConstrainedReply, ...] = ()
-        if plan.grammar is not None:  # a constrained reply: chosen on the host, no speculative decoding
+        processors: tuple[ConstrainedReply | LazyReply, ...] = ()
+        if plan.grammar is not None:  # a constrained reply (or lazy: its calls): chosen on the host, no drafting
             processors = (self.constraints.processor(plan.grammar),)
             request = replace(request, drafting=None)
         emit(Started(reuse.cached))

@@ -365,10 +365,13 @@ def _value(schema: Any) -> Any:
 class ReplyGrammar:
     """What a constrained reply is: one of `branches`, each literal text, a JSON value of a schema
     (its JSON text; "" for none) and literal text, of which `start` (the reply's start, already
-    in the prompt) has been written. Hashable and small: a Plan carries it to every rank."""
+    in the prompt) has been written. lazy: the reply is free until `start` appears in it (a call's
+    opening, tool_choice auto), constrained from there, free again after each complete branch
+    (token_mask.LazyReply). Hashable and small: a Plan carries it to every rank."""
 
     branches: tuple[tuple[str, str, str], ...]
     start: str = ""
+    lazy: bool = False
 
 
 class Automaton:

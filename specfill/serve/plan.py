@@ -41,6 +41,7 @@ class ServerDefaults:
     max_tokens: int = 512  # when a request gives none (clipped to the room left in the context)
     prompt_cache: str = "exact"
     sampling: dict[str, Any] = field(default_factory=dict)  # --top-k etc. (core/sampling.py HOST_FIELDS)
+    lazy_grammar: bool = True  # tool_choice auto: each call constrained from its opening on (chat.py)
 
     def names(self) -> tuple[str, ...]:
         """The served names, model_id first."""
@@ -101,7 +102,8 @@ def build_plan(
     """The Plan for a parsed request: the HTTP fields, the server's defaults filling the rest,
     translated into one core/request.build_request call; a 400 names the field at fault.
     protected: SpecPrefill's protected spans of ids (serve/segments.py); notes: said so far;
-    grammar: what the reply is constrained to (chat.ChatSetup.grammar)."""
+    grammar: what the reply is constrained to (chat.ChatSetup.grammar; a lazy one only where the
+    request's lazy_grammar, else the server's, is on)."""
     where = "messages" if kind == "chat" else "prompt"
     if not ids:
         raise bad_request("the prompt is empty", where)
@@ -118,6 +120,9 @@ def build_plan(
         except PromptTooLongError as err:  # a separate speculator reads the whole prompt too: about the method
             raise bad_request(str(err), "method") from None
     notes = list(notes or [])
+    lazy = defaults.lazy_grammar if request.lazy_grammar is None else request.lazy_grammar
+    if grammar is not None and grammar.lazy and not lazy:
+        grammar = None  # tool_choice auto unconstrained: no host-side processor, drafting kept
     built = _build(request, defaults, name, max_tokens, notes)
     if protected and built.method.specprefill is not None and name == "specprefill":
         spec = dataclasses.replace(built.method.specprefill, protected=protected)

@@ -95,6 +95,8 @@ class SpecfillFields(PrefillFields):
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
     # SpecPrefill: the chat template's segments never dropped (serve/segments.py); None: none
     protect: list[Literal["system", "tools", "last_user"]] | None = None
+    # tool_choice auto: constrain each call from its opening on (chat.py); None: the server's default
+    lazy_grammar: bool | None = None
 
 
 class SamplingFields(SamplingSettings):

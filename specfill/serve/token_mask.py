@@ -1,5 +1,6 @@
 """Constrained decoding: a ReplyGrammar's automaton (json_grammar.py) as a mask over the
-tokenizer's vocabulary, and the logits processor that applies it during decoding.
+tokenizer's vocabulary, and the logits processors that apply it during decoding (ConstrainedReply:
+the whole reply; LazyReply: each call from its opening on, the text around the calls free).
 
 Each token's text is decoded once per tokenizer (Vocabulary). A mask is the tokens whose whole
 text the automaton can read from the current state: the tokens sorted by text form an implicit
@@ -23,6 +24,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -196,6 +198,50 @@ class ConstrainedReply:
         return logits if mask is None else np.where(mask, logits, -np.inf)
 
 
+class LazyReply:
+    """ConstrainedReply's lazy form (ReplyGrammar.lazy; llama.cpp's lazy grammars): the logits pass
+    unchanged while the reply is free. Once the reply's text has `trigger` (the grammar's start: the
+    format's call opening, maybe split over tokens or inside one with more text after it), the text
+    after it is read by the automaton and each later token is masked as ConstrainedReply masks it,
+    until the call is complete: then the reply is free again (text, EOS, or another call). When the
+    text after the trigger in its own token already leaves the grammar, that call stays free."""
+
+    def __init__(self, constraint: TokenConstraint, trigger: str):
+        self.constraint = constraint
+        self.trigger = trigger
+        self.state: State | None = None  # None: free
+        self.tail = ""  # the free text's last len(trigger) - 1 characters (a trigger split over tokens)
+        self.seen: int | None = None
+
+    def __call__(self, tokens: Sequence[int], logits: np.ndarray) -> np.ndarray:
+        if self.seen is None:
+            self.seen = len(tokens)
+        for token in tokens[self.seen :]:
+            self._read(int(token))
+        self.seen = len(tokens)
+        mask = None if self.state is None else self.constraint.mask(self.state)
+        return logits if mask is None else np.where(mask, logits, -np.inf)
+
+    def _read(self, token: int) -> None:
+        constraint = self.constraint
+        if self.state is not None:  # in a call
+            self.state = self._open(constraint.advance(self.state, token))
+            return
+        vocab = constraint.vocab
+        text = self.tail + (vocab.texts[token] if 0 <= token < vocab.size else "")
+        at = text.find(self.trigger)
+        if at < 0:
+            self.tail = text[max(0, len(text) - len(self.trigger) + 1) :]
+            return
+        after = text[at + len(self.trigger) :]
+        self.state = self._open(constraint.machine.feed(constraint.machine.initial, after))
+        self.tail = after[max(0, len(after) - len(self.trigger) + 1) :] if self.state is None else ""
+
+    def _open(self, state: State) -> State | None:
+        """`state` while the call goes on; None once it is complete or left the grammar."""
+        return state if state and not self.constraint.machine.complete(state) else None
+
+
 class Constraints:
     """The constraints of one tokenizer: its vocabulary (built on first use) and the last grammars'
     masks, so that requests with the same tools share them."""
@@ -206,13 +252,17 @@ class Constraints:
         self.vocab: Vocabulary | None = None
         self.built: OrderedDict[ReplyGrammar, TokenConstraint] = OrderedDict()
 
-    def processor(self, grammar: ReplyGrammar) -> ConstrainedReply:
+    def processor(self, grammar: ReplyGrammar) -> ConstrainedReply | LazyReply:
+        """The grammar's logits processor (LazyReply for a lazy one; a lazy grammar shares its masks
+        with the same grammar's eager form: tool_choice auto and "required" over the same tools)."""
         if self.vocab is None:
             texts, special = token_texts(self.tokenizer)
             self.vocab = Vocabulary(texts, special, sorted(self.tokenizer.eos_token_ids))
-        if grammar not in self.built:
-            self.built[grammar] = TokenConstraint(automaton(grammar), self.vocab)
+        eager = replace(grammar, lazy=False)
+        if eager not in self.built:
+            self.built[eager] = TokenConstraint(automaton(eager), self.vocab)
             if len(self.built) > self.kept:
                 self.built.popitem(last=False)
-        self.built.move_to_end(grammar)
-        return ConstrainedReply(self.built[grammar])
+        self.built.move_to_end(eager)
+        constraint = self.built[eager]
+        return LazyReply(constraint, grammar.start) if grammar.lazy else ConstrainedReply(constraint)

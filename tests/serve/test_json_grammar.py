@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import jsonschema
 import numpy as np
 import pytest
 
-from specfill.serve.chat import output_check, output_grammar, reply_grammar
+from specfill.serve.chat import chat_setup, output_check, output_grammar, reply_grammar
 from specfill.serve.json_grammar import ReplyGrammar, automaton
-from specfill.serve.token_mask import ConstrainedReply, TokenConstraint, Vocabulary
+from specfill.serve.protocol import ChatRequest
+from specfill.serve.token_mask import ConstrainedReply, LazyReply, TokenConstraint, Vocabulary
 from specfill.serve.tool_parsers import FORMATS
 
 WEATHER = {
@@ -177,3 +179,86 @@ def test_array_item_counts():
     assert reads({"type": "array", "maxItems": 0}, "[]") and not reads({"type": "array", "maxItems": 0}, "[1]")
     at_least_two = {"type": "array", "items": {"type": "boolean"}, "minItems": 2}
     assert not reads(at_least_two, "[true]") and reads(at_least_two, "[true, false, true, true, false]")
+
+
+# the lazy grammar's vocabulary: small_vocab's words, the trigger split over two tokens, inside a
+# token with the call's start after it, inside one that leaves the grammar; the markers special
+LAZY_EXTRA = ("<tool", "_call>", 'ok <tool_call>\n{"na', "<tool_call>oops")
+LAZY_MARKERS = ("<tool_call>", "</tool_call>", "<|im_end|>")
+
+
+def lazy_setup() -> tuple[list[str], TokenConstraint, dict[str, int]]:
+    words, _ = small_vocab(2)
+    texts = [*words, *LAZY_EXTRA, *LAZY_MARKERS]
+    n = len(texts)
+    vocab = Vocabulary(texts, [n - 3, n - 2, n - 1], [n - 1])
+    fmt = FORMATS["hermes"].bind([{"type": "function", "function": {"name": "w", "parameters": WEATHER}}])
+    grammar = reply_grammar(fmt, None, lazy=True)
+    assert grammar is not None and grammar.lazy and grammar.start == "<tool_call>"
+    return texts, TokenConstraint(automaton(grammar), vocab), {t: texts.index(t) for t in (*LAZY_EXTRA, *LAZY_MARKERS)}
+
+
+def test_lazy_reply_is_free_until_the_trigger_and_after_each_call():
+    """Free text passes unchanged; from `<tool_call>` (a special token) the call is masked as
+    "required" masks it, to a valid call; after `</tool_call>` the reply is free again, and the
+    next `<tool_call>` constrains the next call."""
+    texts, constraint, ids = lazy_setup()
+    rng = np.random.default_rng(0)
+    processor, tokens = LazyReply(constraint, "<tool_call>"), [0, 1]
+    for word in range(5, 25):  # free text: the logits unchanged
+        logits = rng.standard_normal(len(texts)).astype(np.float32)
+        assert processor(tokens, logits) is logits and processor.state is None
+        tokens.append(word)
+    for call in range(2):
+        tokens.append(ids["<tool_call>"])
+        reply = ""
+        for _ in range(400):
+            logits = processor(tokens, 3 * rng.standard_normal(len(texts)).astype(np.float32))
+            if processor.state is None:
+                break
+            assert np.array_equal(np.isfinite(logits), whole(constraint, texts, processor.state)), reply
+            tokens.append(int(np.argmax(logits)))
+            reply += texts[tokens[-1]]
+        assert processor.state is None and reply.endswith("}\n</tool_call>"), reply
+        jsonschema.validate(json.loads(reply.removesuffix("</tool_call>"))["arguments"], WEATHER)
+        free = rng.standard_normal(len(texts)).astype(np.float32)
+        assert processor(tokens, free) is free  # free again: EOS, text or another call
+        tokens.append(7)
+
+
+def test_lazy_reply_trigger_split_inside_or_leaving():
+    texts, constraint, ids = lazy_setup()
+    machine, logits = constraint.machine, np.zeros(len(texts), dtype=np.float32)
+
+    def after(*pieces: str) -> LazyReply:
+        processor = LazyReply(constraint, "<tool_call>")
+        processor([0], logits)
+        for i, piece in enumerate(pieces):
+            processor([0, *(ids[p] for p in pieces[: i + 1])], logits)
+        return processor
+
+    split = after("<tool", "_call>")  # over two tokens
+    assert split.state == machine.initial and not np.isfinite(split([0], logits)[ids["<|im_end|>"]])
+    inside = after('ok <tool_call>\n{"na')  # with the call's start after it in the same token
+    assert inside.state == machine.feed(machine.initial, '\n{"na') and inside.state
+    mask = np.isfinite(inside([0], logits))
+    assert np.array_equal(mask, whole(constraint, texts, inside.state))
+    left = after("<tool_call>oops")  # the token already left the grammar: that call stays free
+    assert left.state is None and left([0], logits) is logits
+    assert after("<tool_call>oops", "<tool_call>").state == machine.initial  # the next call is constrained
+    assert after("<tool", "<|im_end|>", "_call>").state is None  # not a trigger: "<tool<|im_end|>_call>"
+
+
+def test_lazy_grammar_under_tool_choice_auto():
+    """auto gives the lazy grammar of "required" (hermes, harmony, kimi_k2), none for llama3 (its
+    opening is plain JSON) or a format without JSON arguments; required stays eager."""
+    tools = [{"type": "function", "function": {"name": "w", "parameters": WEATHER}}]
+    for name, lazy in (("hermes", True), ("harmony", True), ("kimi_k2", True), ("llama3", False), ("mistral", False)):
+        grammar = reply_grammar(FORMATS[name].bind(tools), None, lazy=True)
+        assert (grammar is not None) == lazy, name
+        assert grammar is None or grammar == replace(reply_grammar(FORMATS[name].bind(tools), None), lazy=True)
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": tools}
+    auto = chat_setup(ChatRequest.model_validate(body), "{{ tools }} <tool_call>")
+    assert auto.grammar is not None and auto.grammar.lazy and auto.prefix == ""
+    required = chat_setup(ChatRequest.model_validate({**body, "tool_choice": "required"}), "{{ tools }} <tool_call>")
+    assert required.grammar is not None and not required.grammar.lazy
