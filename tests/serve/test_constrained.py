@@ -2,7 +2,9 @@
 are noise, answers tool_choice required / a named function (OpenAI chat) and tool_choice any / tool
 (Anthropic Messages) with one call whose arguments match the tool's schema, and a json_schema
 response_format with JSON of that schema, at a high temperature on several seeds. Unconstrained
-(tool_choice auto) the same model writes no call."""
+(tool_choice auto, lazy_grammar false) the same model writes no call. Under tool_choice auto a noise model that opens
+a call by itself (`<tool_call>` after the prompt's last new line) writes valid calls only with the
+lazy grammar (each call constrained from its opening on)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 
 import anthropic
 import jsonschema
+import numpy as np
 import openai
 import pytest
 
@@ -56,6 +59,40 @@ def c(noise_server):
     return openai.OpenAI(base_url=noise_server.url + "/v1", api_key=KEY, max_retries=0)
 
 
+def write_trigger_checkpoint(directory):
+    """The rote tool model's vocabulary and template, its layers still adding nothing (so the next
+    token depends on the current one alone), its LM head random (noise at a high temperature)
+    except that a new line is followed by `<tool_call>`: the model opens a call by itself (right
+    after the generation prompt's new line), and what follows is noise."""
+    from safetensors.numpy import load_file, save_file
+    from tokenizers import Tokenizer
+
+    from tests.fixtures.tool_model import write_tool_checkpoint
+
+    write_tool_checkpoint(directory)
+    tok = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    newline, call = tok.token_to_id("Ċ"), tok.token_to_id("<tool_call>")
+    weights = load_file(str(directory / "model.safetensors"))
+    embed, head = weights["model.embed_tokens.weight"], weights["lm_head.weight"]
+    slot = int(np.argmax(embed[newline]))  # the new line's embedding is one unit vector (its slot)
+    embed[np.arange(len(embed)) != newline, slot] = 0.0  # only the new line reaches that slot
+    head[:] = 0.3 * np.random.default_rng(0).standard_normal(head.shape).astype(np.float32)
+    head[call] = 0.0
+    head[call, slot] = 10.0
+    save_file(weights, str(directory / "model.safetensors"))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def trigger_server(tmp_path_factory: pytest.TempPathFactory):
+    checkpoint = write_trigger_checkpoint(tmp_path_factory.mktemp("trigger") / "trigger-tools")
+    server = ServerProcess(
+        "--model", str(checkpoint), "--api-key", KEY, log=tmp_path_factory.mktemp("serve") / "trigger.log"
+    )
+    yield server
+    server.stop()
+
+
 def one_call(reply) -> tuple[str, dict]:
     (call,) = reply.choices[0].message.tool_calls
     return call.function.name, json.loads(call.function.arguments)
@@ -82,8 +119,12 @@ def test_named_and_required_calls_match_the_schema(c, noise_server, seed):
 
 
 def test_unconstrained_the_model_writes_noise(c, noise_server):
+    """tool_choice auto without the lazy grammar (with it, a `<tool_call>` the noise happens to
+    write becomes a valid call: seed 0 does)."""
     for seed in SEEDS:
-        reply = c.chat.completions.create(model=noise_server.model, messages=ASK, tools=TOOLS, seed=seed, **NOISE)
+        reply = c.chat.completions.create(
+            model=noise_server.model, messages=ASK, tools=TOOLS, seed=seed, extra_body={"lazy_grammar": False}, **NOISE
+        )
         assert not reply.choices[0].message.tool_calls
 
 
@@ -116,3 +157,19 @@ def test_anthropic_tool_and_any(noise_server, run):
         (block,) = [b for b in message.content if b.type == "tool_use"]
         assert choice["type"] == "any" or block.name == "get_weather"
         jsonschema.validate(block.input, SCHEMAS[block.name])
+
+
+def test_auto_calls_are_constrained_from_their_opening(trigger_server):
+    """tool_choice auto: the model opens a call itself and writes noise after it; with the lazy
+    grammar every call it opens is one of the tools with arguments of its schema; without it
+    (lazy_grammar false) the same replies hold no call."""
+    c = openai.OpenAI(base_url=trigger_server.url + "/v1", api_key=KEY, max_retries=0)
+    for seed in SEEDS:
+        asked = {"model": trigger_server.model, "messages": ASK, "tools": TOOLS, "seed": seed, **NOISE}
+        reply = c.chat.completions.create(**asked)
+        calls = reply.choices[0].message.tool_calls
+        assert calls, reply.choices[0].message.content
+        for call in calls:
+            jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        free = c.chat.completions.create(**asked, extra_body={"lazy_grammar": False}).choices[0].message
+        assert not free.tool_calls and free.content.startswith("<tool_call>"), free
