@@ -136,6 +136,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma list of browser origins allowed by CORS, or '*' (default: none)",
     )
     p.add_argument(
+        "--no-lazy-grammar",
+        action="store_true",
+        help="tool_choice auto: leave calls unconstrained (decoded on the device, drafting kept) unless a "
+        "request asks lazy_grammar: true; by default each call is constrained from its opening on",
+    )
+    p.add_argument(
         "--pipeline",
         action="store_true",
         help="under mlx.launch (more than one rank): split the model's layers over the ranks "
@@ -287,6 +293,7 @@ def _serve(
         max_tokens=args.max_tokens,
         prompt_cache=args.prompt_cache,
         sampling=sampling_options(args),
+        lazy_grammar=not args.no_lazy_grammar,
     )
     access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))
     leader = None

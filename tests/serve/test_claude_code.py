@@ -94,6 +94,7 @@ def claude_server(tmp_path_factory: pytest.TempPathFactory):
         "32",
         "--api-key",
         KEY,
+        "--no-lazy-grammar",  # the rote call's get_weather is none of Claude Code's tools: left as it is written
         log=tmp_path_factory.mktemp("serve") / "claude.log",
     )
     yield server
