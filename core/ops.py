@@ -233,6 +233,25 @@ class KVCache(Protocol[A]):
         slots read; ValueError when the file does not fit this cache."""
 
 
+class LayerBooks:
+    """A KVCache's `filled`, `trim` and `truncate` read off its layers' own offsets: the books every
+    backend's cache and the reference's keep the same way (a subclass sets `layers`)."""
+
+    layers: Sequence[LayerCache[Any]]
+
+    @property
+    def filled(self) -> int:
+        return self.layers[0].offset
+
+    def trim(self, n: int, n_layers: int | None = None) -> None:
+        for layer in self.layers[:n_layers]:
+            layer.trim(n)
+
+    def truncate(self, slots: int) -> None:
+        for layer in self.layers:
+            layer.trim(layer.offset - slots)
+
+
 class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     """Everything the methods and the generation driver need from a backend, on its arrays.
 
