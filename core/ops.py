@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
+from typing import Any, Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -233,11 +233,14 @@ class KVCache(Protocol[A]):
         slots read; ValueError when the file does not fit this cache."""
 
 
-class LayerBooks:
-    """A KVCache's `filled`, `trim` and `truncate` read off its layers' own offsets: the books every
-    backend's cache and the reference's keep the same way (a subclass sets `layers`)."""
+LayerT = TypeVar("LayerT", bound=LayerCache[Any])
 
-    layers: Sequence[LayerCache[Any]]
+
+class LayerBooks(Generic[LayerT]):
+    """A KVCache's `filled`, `trim` and `truncate` read off its layers' own offsets: the books every
+    backend's cache and the reference's keep the same way (a subclass sets `layers`, its layers' type LayerT)."""
+
+    layers: list[LayerT]
 
     @property
     def filled(self) -> int:

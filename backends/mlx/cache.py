@@ -135,7 +135,7 @@ class SharedLayerKVCache:
         raise ValueError(f"a KV-shared layer does not write: it reads layer {self.index}'s cache")
 
 
-class ModelKVCache(LayerBooks):
+class ModelKVCache(LayerBooks[LayerKVCache | SharedLayerKVCache]):
     """Every layer's LayerKVCache (core/ops.py's KVCache): a sequence of them, one per layer, which
     is what the model's layers (and an adapted mlx-lm model's) take."""
 

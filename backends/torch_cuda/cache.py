@@ -55,7 +55,7 @@ class LayerKVCache:
         return dropped
 
 
-class ModelKVCache(LayerBooks):
+class ModelKVCache(LayerBooks[LayerKVCache]):
     """All layers' caches plus the number of slots filled so far (core/ops.py's KVCache).
 
     Every layer's keys (and values) are views into one [n_layers, 1, Hkv, capacity, D] tensor,

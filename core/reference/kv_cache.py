@@ -36,7 +36,7 @@ class ReferenceLayerCache:
         return dropped
 
 
-class ReferenceKVCache(LayerBooks):
+class ReferenceKVCache(LayerBooks[ReferenceLayerCache]):
     """Every layer's cache, `capacity` slots each. value_dim: the values' head dim where it is not
     the keys' (latent attention: keys of qk_nope + qk_rope dims, values of v_head_dim); None: head_dim."""
 
