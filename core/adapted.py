@@ -218,6 +218,25 @@ class AdaptedArgs:
                 )
         return None
 
+    def check_attend(self, attend: Any, specprefill_step: bool = False) -> None:
+        """Refuse by name (MethodRefusedError), before anything runs, a step's method the model's layers
+        cannot honour: H2O's prefill attention, the speculator's query capture (and H2O where its prompt
+        pass runs H2O), SpecPrefill's main pass where `specprefill_step` (kept tokens at their original
+        positions, for a backend whose refused layers cannot run it), any other `attend` but None."""
+        from .methods.h2o import H2OPrefillAttention  # lazy: the methods load with a method's first step
+        from .methods.specprefill import QueryCapture
+
+        if isinstance(attend, H2OPrefillAttention):
+            self.check_method("h2o")
+        elif isinstance(attend, QueryCapture):
+            self.check_method("speculator")
+            if attend.prompt_attend is not None:  # SpecPrefill over an H2O speculator: its prompt pass runs H2O
+                self.check_method("h2o")
+        elif specprefill_step:
+            self.check_method("specprefill")
+        elif attend is not None:
+            raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
+
     def check_method(self, method: str) -> None:
         """Raise MethodRefusedError when `method` ("h2o", "specprefill", "speculator") cannot run."""
         reason = self.refusal(method)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
-from typing import Any, Callable, Generic, Iterator, Protocol, Sequence
+from typing import Any, Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -231,6 +231,28 @@ class KVCache(Protocol[A]):
     def load(self, path: str) -> int:
         """Fill this empty cache (room for the file's slots) from a file `save` wrote; returns the
         slots read; ValueError when the file does not fit this cache."""
+
+
+LayerT = TypeVar("LayerT", bound=LayerCache[Any])
+
+
+class LayerBooks(Generic[LayerT]):
+    """A KVCache's `filled`, `trim` and `truncate` read off its layers' own offsets: the books every
+    backend's cache and the reference's keep the same way (a subclass sets `layers`, its layers' type LayerT)."""
+
+    layers: list[LayerT]
+
+    @property
+    def filled(self) -> int:
+        return self.layers[0].offset
+
+    def trim(self, n: int, n_layers: int | None = None) -> None:
+        for layer in self.layers[:n_layers]:
+            layer.trim(n)
+
+    def truncate(self, slots: int) -> None:
+        for layer in self.layers:
+            layer.trim(layer.offset - slots)
 
 
 class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):

@@ -19,10 +19,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from specfill.core.adapted import AdaptedArgs, MethodRefusedError
+from specfill.core.adapted import AdaptedArgs
 from specfill.core.errors import ModelLoadError
-from specfill.core.methods.h2o import H2OPrefillAttention
-from specfill.core.methods.specprefill import QueryCapture
 
 from .adapter import AdaptedAttention, StepState, attention_of, describe_layer
 from .cache import LayerKVCache, ModelKVCache, SharedLayerKVCache
@@ -190,16 +188,7 @@ class AdaptedOps(MLXOps):
     ) -> mx.array | None:
         if not isinstance(model, AdaptedModel):
             return super().forward(model, ids, positions, cache, attend, logits_from)
-        if isinstance(attend, H2OPrefillAttention):
-            model.args.check_method("h2o")
-        elif isinstance(attend, QueryCapture):
-            model.args.check_method("speculator")
-            if attend.prompt_attend is not None:  # SpecPrefill over an H2O speculator: its prompt pass runs H2O
-                model.args.check_method("h2o")
-        elif not isinstance(positions, (int, np.integer)):
-            model.args.check_method("specprefill")
-        elif attend is not None:
-            raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
+        model.args.check_attend(attend, specprefill_step=not isinstance(positions, (int, np.integer)))
         return model.step(ids, positions, cache, attend, logits_from)
 
     def first_layers(self, model: AdaptedModel, n_layers: int) -> AdaptedModel:

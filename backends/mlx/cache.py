@@ -15,6 +15,7 @@ import numpy as np
 
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
+from specfill.core.ops import LayerBooks
 
 
 class LayerKVCache:
@@ -134,7 +135,7 @@ class SharedLayerKVCache:
         raise ValueError(f"a KV-shared layer does not write: it reads layer {self.index}'s cache")
 
 
-class ModelKVCache:
+class ModelKVCache(LayerBooks[LayerKVCache | SharedLayerKVCache]):
     """Every layer's LayerKVCache (core/ops.py's KVCache): a sequence of them, one per layer, which
     is what the model's layers (and an adapted mlx-lm model's) take."""
 
@@ -151,10 +152,6 @@ class ModelKVCache:
         return iter(self.layers)
 
     @property
-    def filled(self) -> int:
-        return self.layers[0].offset
-
-    @property
     def capacity(self) -> int:
         """The reserved size; unbounded (2**62) for a cache made without one."""
         size = self.layers[0].max_size
@@ -165,14 +162,6 @@ class ModelKVCache:
         for layer in self.layers:
             layer.max_size = capacity
         return self
-
-    def trim(self, n: int, n_layers: int | None = None) -> None:
-        for layer in self.layers[:n_layers]:
-            layer.trim(n)
-
-    def truncate(self, slots: int) -> None:
-        for layer in self.layers:
-            layer.trim(layer.offset - slots)
 
     def keys(self, end: int) -> mx.array:
         return mx.stack([layer.keys[0, :, :end] for layer in self.layers])  # a copy once evaluated

@@ -19,10 +19,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from specfill.core.adapted import AdaptedArgs, AttentionLayout, MethodRefusedError
+from specfill.core.adapted import AdaptedArgs, AttentionLayout
 from specfill.core.errors import ModelLoadError
-from specfill.core.methods.h2o import H2OPrefillAttention
-from specfill.core.methods.specprefill import QueryCapture
 
 from .adapted_probe import (
     STEPWISE_MIXERS,
@@ -82,20 +80,6 @@ class AdaptedModel:
             return ModelKVCache.allocate(self.args, capacity, dtype, device)
         return HybridKVCache.allocate(*self.kinds, self.args, capacity, dtype, device)
 
-    def _check(self, attend: Any) -> None:
-        """Refuse by name a method the model's layers cannot honour, before anything runs: H2O or
-        the speculator's query capture. SpecPrefill's main pass (kept tokens at their original
-        positions) runs on every layer: a refused layer attends by its family's own eager function
-        with a mask from the cached positions (adapter._own_attention)."""
-        if isinstance(attend, H2OPrefillAttention):
-            self.args.check_method("h2o")
-        elif isinstance(attend, QueryCapture):
-            self.args.check_method("speculator")
-            if attend.prompt_attend is not None:  # SpecPrefill over an H2O speculator: its prompt pass runs H2O
-                self.args.check_method("h2o")
-        elif attend is not None:
-            raise MethodRefusedError(f"{type(attend).__name__} is not a method the adapter knows")
-
     def __call__(
         self,
         ids: torch.Tensor,
@@ -108,7 +92,10 @@ class AdaptedModel:
         `positions` [T] appended to `cache`; `attend` replaces causal attention. Returns float32
         logits [1, T - logits_from, vocab], or None for logits_from None (transformers' head then
         runs on one token only)."""
-        self._check(attend)
+        # SpecPrefill's main pass (kept tokens at their original positions) runs on every layer: a refused
+        # layer attends by its family's own eager function with a mask from the cached positions
+        # (adapter._own_attention); what else the layers cannot honour is refused before anything runs
+        self.args.check_attend(attend)
         steps = ids.shape[1]
         keep = 1 if logits_from is None else steps - (logits_from % steps if logits_from < 0 else logits_from)
         parent, name = self.layer_list

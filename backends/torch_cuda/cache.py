@@ -14,6 +14,7 @@ import torch
 
 from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
+from specfill.core.ops import LayerBooks
 
 
 class LayerKVCache:
@@ -54,7 +55,7 @@ class LayerKVCache:
         return dropped
 
 
-class ModelKVCache:
+class ModelKVCache(LayerBooks[LayerKVCache]):
     """All layers' caches plus the number of slots filled so far (core/ops.py's KVCache).
 
     Every layer's keys (and values) are views into one [n_layers, 1, Hkv, capacity, D] tensor,
@@ -71,11 +72,6 @@ class ModelKVCache:
         # decode steps captured over this cache's buffers (decode_graph.py): they live and die with it
         self.graphs: dict[tuple[int, int, int], Any] = {}
         self.graph_pool: Any = None  # their memory pool, this cache's own (decode_graph.CudaGraphCapture)
-
-    @property
-    def filled(self) -> int:
-        """Slots filled so far (every layer fills the same ones)."""
-        return self.layers[0].offset
 
     @classmethod
     def allocate(cls, args: ModelArgs, capacity: int, dtype: torch.dtype, device: torch.device | str) -> "ModelKVCache":
@@ -109,14 +105,6 @@ class ModelKVCache:
     def _shape(buffer: torch.Tensor, capacity: int) -> tuple[int, ...]:
         """A buffer's shape with `capacity` slots (keys' or values' own head dim)."""
         return tuple(buffer.shape[:3]) + (capacity,) + tuple(buffer.shape[4:])
-
-    def trim(self, n: int, n_layers: int | None = None) -> None:
-        for layer in self.layers[:n_layers]:
-            layer.trim(n)
-
-    def truncate(self, slots: int) -> None:
-        for layer in self.layers:
-            layer.trim(layer.offset - slots)
 
     def keys(self, end: int) -> torch.Tensor:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D], a view."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import PromptTooLongError
+from ..ops import LayerBooks
 
 
 class ReferenceLayerCache:
@@ -35,7 +36,7 @@ class ReferenceLayerCache:
         return dropped
 
 
-class ReferenceKVCache:
+class ReferenceKVCache(LayerBooks[ReferenceLayerCache]):
     """Every layer's cache, `capacity` slots each. value_dim: the values' head dim where it is not
     the keys' (latent attention: keys of qk_nope + qk_rope dims, values of v_head_dim); None: head_dim."""
 
@@ -61,10 +62,6 @@ class ReferenceKVCache:
         return ReferenceKVCache(len(self.layers), heads, head_dim, capacity, self.layers[0].k.dtype, value_dim)
 
     @property
-    def filled(self) -> int:
-        return self.layers[0].offset
-
-    @property
     def capacity(self) -> int:
         return self.layers[0].k.shape[2]
 
@@ -75,16 +72,6 @@ class ReferenceKVCache:
             new.k[:, :, : old.offset], new.v[:, :, : old.offset] = old.k[:, :, : old.offset], old.v[:, :, : old.offset]
             new.offset = old.offset
         return grown
-
-    def trim(self, n: int, n_layers: int | None = None) -> None:
-        """Drop the last n filled slots of every layer (of the first n_layers only)."""
-        for layer in self.layers[:n_layers]:
-            layer.trim(n)
-
-    def truncate(self, slots: int) -> None:
-        """Cut every layer back to its first `slots` filled slots."""
-        for layer in self.layers:
-            layer.trim(layer.offset - slots)
 
     def keys(self, end: int) -> np.ndarray:
         """Every layer's keys of slots [0, end): [n_layers, Hkv, end, D]."""

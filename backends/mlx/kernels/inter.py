@@ -128,8 +128,6 @@ def inter_attention(
     terms = active_terms(terms)
     if kernel_runs("phase-2 inter attention", use, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
         return inter_attention_kernel(q, k_mem, v_mem, scale)
-    if terms is None:
-        return inter_attention_twin(q, k_mem, v_mem, scale, window)
     return inter_attention_twin(q, k_mem, v_mem, scale, window, terms)
 
 

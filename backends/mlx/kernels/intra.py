@@ -138,8 +138,6 @@ def intra_attention(
     terms = active_terms(terms)
     if kernel_runs("phase-1 intra attention", use, terms, window is not None, v.shape[2] != k.shape[2]):
         return intra_attention_kernel(q, k, v, chunk_size, scale)
-    if terms is None:
-        return intra_attention_twin(q, k, v, chunk_size, scale, window)
     return intra_attention_twin(q, k, v, chunk_size, scale, window, terms)
 
 

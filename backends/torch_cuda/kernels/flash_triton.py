@@ -25,6 +25,12 @@ from .tiles import flash_tiles
 
 
 @triton.jit
+def _block_diagonal(offs_m, offs_n, chunk_size):
+    """The phase-1 mask [BLOCK_M, BLOCK_N]: key j visible to query i iff same chunk and j <= i."""
+    return (offs_n[None, :] <= offs_m[:, None]) & ((offs_n[None, :] // chunk_size) == (offs_m[:, None] // chunk_size))
+
+
+@triton.jit
 def _forward_kernel(
     Q,
     K,
@@ -88,11 +94,7 @@ def _forward_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = key_ok[None, :]
         if BLOCK_DIAGONAL:
-            visible = (
-                visible
-                & (offs_n[None, :] <= offs_m[:, None])
-                & ((offs_n[None, :] // chunk_size) == (offs_m[:, None] // chunk_size))
-            )
+            visible = visible & _block_diagonal(offs_m, offs_n, chunk_size)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -171,11 +173,7 @@ def _colsum_kernel(
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = row_ok[:, None] & key_ok[None, :]
         if BLOCK_DIAGONAL:
-            visible = (
-                visible
-                & (offs_n[None, :] <= offs_m[:, None])
-                & ((offs_n[None, :] // chunk_size) == (offs_m[:, None] // chunk_size))
-            )
+            visible = visible & _block_diagonal(offs_m, offs_n, chunk_size)
         l_safe = tl.where(l > 0, l, 1.0)
         p = tl.exp2(tl.where(visible, s - m[:, None], float("-inf"))) / l_safe[:, None]
         colsum += tl.sum(p, 0)

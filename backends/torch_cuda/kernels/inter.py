@@ -122,8 +122,6 @@ def inter_attention(
     if kernel_runs("phase-2 inter attention", kernel, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
         result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
         return InterResult(result.state, result.colsum)
-    if terms is None:
-        return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window)
     return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window, terms)
 
 

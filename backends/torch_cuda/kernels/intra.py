@@ -160,8 +160,6 @@ def intra_attention(
     terms = active_terms(terms)
     if kernel_runs("phase-1 intra attention", kernel, terms, window is not None, v.shape[2] != k.shape[2]):
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
-    if terms is None:
-        return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window)
     return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window, terms)
 
 
