@@ -7,7 +7,9 @@ runs were logged with.
 
     python scripts/agent_log_proxy.py --upstream http://127.0.0.1:8080 --port 8081 --log agent.jsonl
 
-then point the agent at port 8081.
+then point the agent at port 8081. `--summary LOG` prints the log as a Markdown table: each
+generation's route, status, seconds, prompt and cached tokens, TTFT, and what came back (text, tool
+calls with their arguments), read from the streamed events of the Messages and Responses APIs.
 """
 
 from __future__ import annotations
@@ -84,12 +86,75 @@ def make_app(upstream: str, log: Path) -> Starlette:
     return Starlette(routes=[Route("/{path:path}", forward, methods=methods)])
 
 
+def _events(answer: str) -> list[dict]:
+    """The JSON data of a server-sent event stream ([DONE] and comments left out)."""
+    found = []
+    for line in answer.splitlines():
+        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+            try:
+                found.append(json.loads(line[6:]))
+            except ValueError:
+                continue
+    return found
+
+
+def _reply(events: list[dict]) -> tuple[dict, str]:
+    """(usage and specfill stats, what the reply said: text and calls) of a Messages or Responses stream."""
+    usage: dict = {}
+    said: list[str] = []
+    calls: dict[int, list[str]] = {}
+    for e in events:
+        kind = e.get("type", "")
+        if kind == "message_start":
+            usage.update(e["message"].get("usage", {}))
+        elif kind == "message_delta":
+            usage.update(e.get("usage", {}), specfill=e.get("specfill", {}))
+        elif kind == "content_block_start" and e["content_block"]["type"] == "tool_use":
+            calls[e["index"]] = [e["content_block"]["name"], ""]
+        elif kind == "content_block_delta" and e["delta"]["type"] == "input_json_delta":
+            calls[e["index"]][1] += e["delta"]["partial_json"]
+        elif kind == "content_block_delta" and e["delta"]["type"] == "text_delta":
+            said.append(e["delta"]["text"])
+        elif kind == "response.output_item.done" and e["item"]["type"] == "function_call":
+            calls[len(calls)] = [e["item"]["name"], e["item"]["arguments"]]
+        elif kind == "response.output_text.delta":
+            said.append(e["delta"])
+        elif kind in ("response.completed", "response.incomplete"):
+            usage.update(e["response"].get("usage") or {}, specfill=e["response"].get("specfill", {}))
+    text = "".join(said).strip()
+    parts = ([repr(text[:200])] if text else []) + [f"call {name}({arguments})" for name, arguments in calls.values()]
+    return usage, "; ".join(parts) or "(nothing)"
+
+
+def summary(log: Path) -> str:
+    """The log as a Markdown table, one row per POST."""
+    rows = [
+        "| time (UTC) | route | status | s | prompt | cached | TTFT (s) | reply |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for line in log.read_text().splitlines():
+        record = json.loads(line)
+        if record["method"] != "POST":
+            continue
+        usage, said = _reply(_events(record.get("answer", "")))
+        prompt = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
+        cached = usage.get("cache_read_input_tokens", (usage.get("input_tokens_details") or {}).get("cached_tokens"))
+        ttft = (usage.get("specfill") or {}).get("ttft_s")
+        cells = [record["time"][11:], record["path"], record["status"], record.get("seconds"), prompt, cached, ttft]
+        rows.append("| " + " | ".join(str(c) for c in cells) + f" | {said.replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", default="http://127.0.0.1:8080", help="the specfill server")
     parser.add_argument("--port", type=int, default=8081, help="where the agent connects")
     parser.add_argument("--log", type=Path, required=True, help="JSON lines, appended")
+    parser.add_argument("--summary", action="store_true", help="print the log as a Markdown table and stop")
     args = parser.parse_args()
+    if args.summary:
+        print(summary(args.log), end="")
+        return 0
     uvicorn.run(make_app(args.upstream, args.log), host="127.0.0.1", port=args.port, log_level="warning")
     return 0
 

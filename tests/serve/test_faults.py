@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -194,11 +195,19 @@ def test_disconnect_cancels_generation(demo_server, stream):
     assert client(demo_server).completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).choices[0].text
 
 
+def cancelled(server) -> int:
+    """The server's count of requests whose client went away (its /metrics)."""
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as answer:
+        found = re.search(r'^specfill_requests_total\{outcome="cancelled"\} (\d+)$', answer.read().decode(), re.M)
+    return int(found.group(1)) if found else 0
+
+
 def test_client_gone_while_queued_then_server_serves_on(demo_server):
     """A client hangs up while its request waits behind a running one: the worker skips it once the
     device is free and answers the next request (the worker thread used to die there, and every
     later request waited forever)."""
     served = wait_idle(demo_server, 60)["served"]
+    gone = cancelled(demo_server)
     running = open_stream(demo_server, {"prompt": "Tell a long story.", "max_tokens": 2000, "stream": True})
     queued = http.client.HTTPConnection("127.0.0.1", demo_server.port, timeout=60)
     queued.request("POST", COMPLETE, body=json.dumps({"prompt": "Hi", "max_tokens": 2}), headers=JSON)
@@ -206,7 +215,9 @@ def test_client_gone_while_queued_then_server_serves_on(demo_server):
     while demo_server.health()["waiting"] < 1 and time.monotonic() < deadline:
         time.sleep(0.05)
     queued.close()
-    time.sleep(1.0)  # the handler notices the hang-up within POLL_SECONDS (0.2 s) and flags the job
+    deadline = time.monotonic() + 30  # the handler notices the hang-up within POLL_SECONDS (0.2 s) and
+    while cancelled(demo_server) == gone and time.monotonic() < deadline:  # flags the job: on a loaded
+        time.sleep(0.05)  # machine a fixed wait could close the story first, and the queued job ran
     running.close()
     after = client(demo_server, timeout=30)
     assert after.completions.create(model=demo_server.model, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
