@@ -117,6 +117,10 @@ class Engine:
         (run between requests, after the responses)."""
         return self.cache is not None and self.cache.has_idle_work()
 
+    def idle_delay(self) -> float | None:
+        """Seconds before idle_step should run (0: now; None: no idle work; prompt_cache.WRITE_AFTER_S)."""
+        return None if self.cache is None else self.cache.idle_delay()
+
     def idle_step(self) -> None:
         """One step of rebuilding (a few hundred tokens of full prefill), or one entry written."""
         if self.cache is not None:

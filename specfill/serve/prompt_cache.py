@@ -25,11 +25,10 @@ full attention. Policies:
     runs from it as from a dense one: approximate, as the policy is); nothing is rebuilt.
   off: no lookup, nothing stored.
 
-Hybrid models (recurrent layers beside attention): their recurrent state cannot be cut back to
-any prefix, only to the points the cache kept a snapshot of (the end of each prompt, its last
-steps: exact_prefix); the longest usable prefix is the longest such point, and no other. Their
-file in the disk store holds one point, the conversation's last prompt end (prompt_store.py): a
-disk-only hybrid entry is reusable for exactly that many tokens (Entry.whole).
+Hybrid models (recurrent layers beside attention): their recurrent state cannot be cut back to any
+prefix, only to the points the cache kept a snapshot of (each prompt's end, its last steps:
+exact_prefix), the longest such point being the longest usable prefix. Their disk file holds one, the
+last prompt end (prompt_store.py): a disk-only hybrid entry serves exactly that many tokens (Entry.whole).
 
 Taking or copying (the rule that keeps a conversation safe): a request whose prompt shares all of
 a conversation but at most its last max(CUT_SLACK, 1/8) tokens (its own next turn: the reply's last
@@ -37,15 +36,13 @@ tokens often re-tokenize differently) takes that entry out, extends its cache in
 longer conversation back when it finishes. A shorter shared prefix (a second conversation sharing a
 system prompt; an edited history) gets a copy of those slots (KVCache.copy: one copy of the prefix's
 keys and values, far cheaper than prefilling it) and the conversation stays as it was. A request
-whose earlier turn is kept only sparsely (exact policy) takes that entry out too: its own full
-prefill replaces it.
+whose earlier turn is kept only sparsely (exact policy) takes it out too (its full prefill replaces it).
 
-Bounds: the entries' KV bytes (KVCache.nbytes: what their buffers occupy) at most `max_bytes`, and
-their tokens at most `max_tokens` (either may be None: unbounded); the least recently used go
-first, and one larger than a bound is not kept. With a disk store (prompt_store.py) an entry's KV is
-also written to disk in idle time, after its response; an entry evicted from memory then stays as a
-disk-only entry, loaded again when a prompt reuses it, and a restarted server finds the entries of
-the same model in the directory. All methods run on the worker thread.
+Bounds: KV bytes (KVCache.nbytes) at most `max_bytes`, tokens at most `max_tokens` (None: unbounded);
+the least recently used go first; one larger than a bound is not kept. With a disk store
+(prompt_store.py) an entry is written to disk in idle time, WRITE_AFTER_S into a quiet spell; one
+evicted from memory then stays on disk, loaded again when a prompt reuses it, and a restarted server
+finds the same model's entries there. All methods run on the worker thread.
 """
 
 from __future__ import annotations
@@ -60,6 +57,7 @@ from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, Recurr
 from .speculator_kv import SpeculatorRebuild
 
 COMPLETION_STEP = 256  # tokens densely prefilled per idle step (a request arriving waits at most one step)
+WRITE_AFTER_S = 2.0  # quiet after a put before a disk write, which an agent's next turn would wait for (serve.md)
 CUT_SLACK = 64  # a conversation's tokens past the shared prefix that a request may cut off (or 1/8 of them)
 FULL = PrefillMethod("full")
 log = logging.getLogger("specfill.serve")
@@ -170,6 +168,7 @@ class PromptCache:
         self.copies = 0  # hits served by a copy of a shared prefix
         self.completed_tokens = 0  # tokens densely rebuilt in idle time so far
         self.saved = 0  # entries written to disk
+        self.kept_at = float("-inf")  # when put last ran (a request's end): disk writes wait for quiet after it
         self.failing: Any = None  # the kind of the last write failure, until a write succeeds
 
     def take(self, ids: list[int], policy: str) -> Reuse:
@@ -226,6 +225,7 @@ class PromptCache:
     ) -> None:
         """Keep a finished conversation (prompt + generated tokens): its KV as is when exact (or
         under the approximate policy), else its tokens only, for a dense rebuild in idle time."""
+        self.kept_at = time.monotonic()
         if policy == "off" or kv is None or (self.max_tokens is not None and len(tokens) > self.max_tokens):
             return
         dense = method == "full" and reuse.exact
@@ -322,13 +322,16 @@ class PromptCache:
         return max(waiting, key=lambda e: e.used) if waiting else None
 
     def has_idle_work(self) -> bool:
-        return any(
-            work is not None for work in (self.pending(), self.spec_rebuild.lagging(self.entries), self.unsaved())
-        )
+        return self.idle_delay() is not None
+
+    def idle_delay(self) -> float | None:
+        """Seconds before idle_step may run (0: now; None: no work): rebuilds now, writes WRITE_AFTER_S after a put."""
+        if self.pending() is not None or self.spec_rebuild.lagging(self.entries) is not None:
+            return 0.0
+        return None if self.unsaved() is None else max(0.0, self.kept_at + WRITE_AFTER_S - time.monotonic())
 
     def idle_step(self, model: Any) -> None:
-        """One step of idle work: rebuilding a dense KV first, then the speculator's, then writing an
-        entry to disk."""
+        """One step of idle work: rebuilding a dense KV first, then the speculator's, then a disk write."""
         if self.pending() is not None:
             self.complete_step(model)
         elif (entry := self.spec_rebuild.lagging(self.entries)) is not None:

@@ -137,15 +137,17 @@ class Scheduler:
             ) from None
 
     def _next_job(self) -> Job | None:
-        """The next job; while none waits, the engine's idle work runs in small steps."""
+        """The next job; while none waits, the engine's idle work runs in small steps (once its delay
+        has passed: a job arriving first is served first)."""
         while not self._stopping.is_set():
-            if self.engine.has_idle_work():
-                try:
-                    return self._waiting.get_nowait()
-                except queue.Empty:
+            delay = self.engine.idle_delay()
+            if delay is None:
+                return self._waiting.get()
+            try:
+                return self._waiting.get(timeout=delay) if delay > 0 else self._waiting.get_nowait()
+            except queue.Empty:
+                if delay == 0:
                     self._guarded(self.engine.idle_step)
-                    continue
-            return self._waiting.get()
         return None
 
     def _run(self) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from specfill import load
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
-from specfill.serve.prompt_cache import PromptCache, Reuse
+from specfill.serve.prompt_cache import WRITE_AFTER_S, PromptCache, Reuse
 from specfill.serve.prompt_store import PromptStore
 
 FULL = PrefillMethod("full")
@@ -120,7 +120,8 @@ def test_a_restarted_cache_reuses_the_saved_entry(model, tmp_path):
     cache = store_for(model, tmp_path)
     prompt = tokens(model, 20, 70)
     out, _ = turn(model, cache, prompt)
-    assert cache.has_idle_work()  # written after the response, in idle time
+    assert cache.has_idle_work()  # written after the response, in idle time: once the server was quiet
+    assert WRITE_AFTER_S / 2 < cache.idle_delay() <= WRITE_AFTER_S  # for WRITE_AFTER_S (the next turn first)
     cache.idle_step(model)
     assert not cache.has_idle_work() and len(os.listdir(tmp_path)) == 1
     restarted = store_for(model, tmp_path)

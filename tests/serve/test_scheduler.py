@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,14 +31,14 @@ class StandIn:
     def __init__(self, idle_failures: int = 0) -> None:
         self.entered = threading.Event()
         self.release = threading.Event()
-        self.idle_failures = idle_failures  # has_idle_work raises this many times (a bug outside a request)
+        self.idle_failures = idle_failures  # idle_delay raises this many times (a bug outside a request)
         self.ran: list[Any] = []
 
-    def has_idle_work(self) -> bool:
+    def idle_delay(self) -> float | None:
         if self.idle_failures:
             self.idle_failures -= 1
             raise RuntimeError("a bug in the idle work")
-        return False
+        return None
 
     def idle_step(self) -> None:
         pass
@@ -186,3 +187,42 @@ def test_worker_that_keeps_failing_turns_health_red_and_refuses_with_the_reason(
     with caplog.at_level(logging.ERROR, logger="specfill.serve"):
         asyncio.run(scenario())
     assert any("cannot generate any more" in r.getMessage() for r in caplog.records)
+
+
+class Writer(StandIn):
+    """An engine with one disk write to do, which may start `quiet` s after its first ask (as
+    PromptCache.idle_delay says after a put); idle_step records when it ran."""
+
+    def __init__(self, quiet: float) -> None:
+        super().__init__()
+        self.release.set()  # jobs run at once
+        self.due = time.monotonic() + quiet
+        self.written: list[float] = []
+
+    def idle_delay(self) -> float | None:
+        return None if self.written else max(0.0, self.due - time.monotonic())
+
+    def idle_step(self) -> None:
+        self.written.append(time.monotonic())
+
+
+def test_a_job_arriving_in_the_quiet_spell_runs_before_the_disk_write():
+    """The write waits for its delay; a job submitted meanwhile is served first (an agent's next turn
+    used to wait for the previous turn's whole file), and the write still happens after it."""
+
+    async def scenario() -> None:
+        engine = Writer(quiet=0.5)
+        scheduler = Scheduler(engine, max_queue=3)  # type: ignore[arg-type]
+        scheduler.start()
+        try:
+            await asyncio.sleep(0.1)
+            job = Job(plan(), asyncio.get_running_loop())
+            scheduler.submit(job)
+            assert [type(e) for e in await events(job)] == [Finished]
+            assert engine.written == []  # served inside the quiet spell, nothing written before it
+            await asyncio.sleep(0.8)
+            assert len(engine.written) == 1 and engine.written[0] >= engine.due
+        finally:
+            scheduler.stop()
+
+    asyncio.run(scenario())
