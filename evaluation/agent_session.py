@@ -198,15 +198,13 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(partial, path)
 
 
-def wait_saved(server: ServerProcess, seconds: float = 600, quiet: float = 2.0) -> dict[str, Any]:
-    """Poll /health until the prompt cache has something on disk and has written nothing for `quiet` s."""
-    deadline, last, since = time.monotonic() + seconds, None, time.monotonic()
+def wait_saved(server: ServerProcess, seconds: float = 600) -> dict[str, Any]:
+    """Poll /health until the prompt cache has something on disk and no idle work left (a rebuild, or
+    a write that waits for its quiet spell)."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         state = server.health()["prompt_cache"]
-        key = (state["saved"], state["disk_entries"], state["pending_tokens"])
-        if key != last:
-            last, since = key, time.monotonic()
-        elif state["disk_entries"] and not state["pending_tokens"] and time.monotonic() - since >= quiet:
+        if state["disk_entries"] and not state["idle_work"]:
             return state
         time.sleep(0.2)
     return state

@@ -151,7 +151,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             threads=args.threads, start_timeout=1800,
         )  # fmt: skip
 
-    if "seed" not in result:
+    if "seed" not in result or not seed_dir.exists():  # a resumed run whose seed cache is gone: seeded again
         shutil.rmtree(seed_dir, ignore_errors=True)
         server = start("seed", seed_dir)
         try:
@@ -159,7 +159,10 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
             warm_up(c, server)
             result["server"] = {k: server.health().get(k) for k in ("model", "backend", "device")}
             result["machine"] = describe_machine({"threads": args.threads})
-            seed, turns = build_turns(server, sizes, args.system_tokens)
+            if "prompts" in result:  # the same conversation as the methods already run (docs may have changed)
+                seed, turns = result["prompts"]["seed"], result["prompts"]["turns"]
+            else:
+                seed, turns = build_turns(server, sizes, args.system_tokens)
             result["seed"] = ask(c, server, seed, METHODS["specprefill"], 1)
             result["seed"]["settled"] = settle(server)
             result["prompts"] = {"seed": seed, "turns": turns}

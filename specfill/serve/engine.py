@@ -121,6 +121,15 @@ class Engine:
         """Seconds before idle_step should run (0: now; None: no idle work; prompt_cache.WRITE_AFTER_S)."""
         return None if self.cache is None else self.cache.idle_delay()
 
+    def flush(self) -> None:
+        """Write the conversations that wait for disk (a shutdown inside their quiet spell: the server's
+        stop); a dense rebuild not yet done stays undone (minutes of prefill: not at a shutdown)."""
+        cache = self.cache
+        while cache is not None and cache.pending() is None and cache.spec_rebuild.lagging(cache.entries) is None:
+            if cache.unsaved() is None:
+                return
+            self.idle_step()  # one write (LeaderEngine's: on every rank)
+
     def idle_step(self) -> None:
         """One step of rebuilding (a few hundred tokens of full prefill), or one entry written."""
         if self.cache is not None:

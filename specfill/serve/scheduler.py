@@ -199,6 +199,7 @@ class Scheduler:
         while True:
             job = self._next_job()
             if job is None or self._stopping.is_set():
+                self._guarded(self.engine.flush)  # what waited for a quiet spell goes to disk now
                 return
             if job.plan.cancelled.is_set():  # its client left (or a shutdown came) while it waited
                 self._end(job)

@@ -65,6 +65,17 @@ def test_a_restarted_server_reuses_its_saved_conversation(backend, tmp_path):
         assert "specfill_prompt_cache_disk_entries" in metrics and "specfill_prompt_cache_bytes" in metrics
         assert server.alive()
     finally:
-        server.stop()
+        server.stop()  # inside the quiet spell a disk write waits for (WRITE_AFTER_S): written at the stop
     log = (tmp_path / "two.log").read_text()
     assert sum("junk.safetensors" in line for line in log.splitlines()) == 1
+    server = ServerProcess(*args, log=tmp_path / "three.log")
+    try:
+        c = client(server, timeout=120)
+        three_turns = two_turns + [
+            {"role": "assistant", "content": cached.choices[0].message.content},
+            {"role": "user", "content": "8 9"},
+        ]
+        third = c.chat.completions.create(model=server.model, messages=three_turns, max_tokens=2, temperature=0)
+        assert third.usage.prompt_tokens_details.cached_tokens >= cached.usage.prompt_tokens  # turn 2 kept
+    finally:
+        server.stop()
