@@ -43,6 +43,22 @@ def terms_kind(terms: AttentionTerms[Any] | None, base: str = "attention") -> st
     return f"{base} with " + " and ".join(named) if named else base
 
 
+def checked_terms(
+    sinks: Any, softcap: Any, n_heads: int, array_type: type
+) -> tuple[AttentionTerms[Any] | None, str | None]:
+    """(a layer's AttentionTerms or None, a refusal reason or None) from what its library holds: sinks,
+    one per query head (an `array_type`: the library's own array, not a copy), and a positive soft-cap."""
+    if sinks is None and softcap is None:
+        return None, None
+    if sinks is not None and (not isinstance(sinks, array_type) or tuple(sinks.shape) != (n_heads,)):
+        return None, f"attention sinks of shape {tuple(getattr(sinks, 'shape', ()))}, not one per query head"
+    if softcap is not None and not (
+        isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap > 0
+    ):
+        return None, f"a logit soft-cap of {softcap!r}, not a positive number"
+    return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
+
+
 @dataclass(frozen=True)
 class AttentionLayout:
     """One decoder layer's attention, as the adapter runs it.
