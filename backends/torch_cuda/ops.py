@@ -97,15 +97,7 @@ class TorchOps(KernelStages):
     def tokens(self, ids: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
 
-    def forward(
-        self,
-        model: Transformer,
-        ids: torch.Tensor,
-        positions: int | np.ndarray,
-        cache: ModelKVCache,
-        attend: Any,
-        logits_from: int | None,
-    ) -> torch.Tensor | None:
+    def forward(self, model: Transformer, ids, positions, cache, attend, logits_from) -> torch.Tensor | None:
         if isinstance(positions, int):
             pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
         else:
