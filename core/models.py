@@ -144,6 +144,11 @@ class ModelArgs:
         return tuple(self.layer_window(i) for i in range(self.num_hidden_layers))
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with keys, which the methods run: every layer (the own families have no recurrent ones)."""
+        return tuple(range(self.num_hidden_layers))
+
+    @property
     def layer_terms(self) -> tuple[None, ...]:
         """Each layer's attention terms (core/stages.AttentionTerms): none in the own families'
         model files (core/model_config.py refuses a GGUF whose attention soft-caps its logits)."""
