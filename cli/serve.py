@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from specfill.api import Session, launched_group
-from specfill.api import open as open_session
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.request import build_request, find
 
@@ -224,16 +223,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> tuple[Session, int | None]:
     """(the session: model, tokenizer and speculator, the speculator's context): the same on every rank."""
-    session = open_session(  # the backend and device rules, mlx.launch's ranks (--pipeline), the speculator once
-        args.model,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        speculator=args.speculator,
-        pipeline=args.pipeline,
-        prefill_step_size=args.prefill_step_size,  # progress and cancellation granularity
-        notify=lambda notice: print(f"specfill: {notice}", file=sys.stderr),
-    )
+    # the backend and device rules, mlx.launch's ranks (--pipeline), the speculator once; prefill_step_size:
+    # progress and cancellation granularity
+    session = options.open_model(args, speculator=args.speculator, prefill_step_size=args.prefill_step_size)
     speculator = session.speculator
     spec_context = (
         None if speculator is None or isinstance(speculator, str) else speculator.args.max_position_embeddings
