@@ -17,7 +17,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from .config_checks import _check_layers, _check_spans, _error, _require_int, _require_share, layer_subset
+from .config_checks import _check_layers, _check_spans, _check_units, _error, _require_int, _require_share, layer_subset
 from .errors import SpecfillWarning
 
 REDUCTIONS = ("max", "mean")
@@ -32,6 +32,8 @@ DEFAULT_H2O_LAYERS = "first-0.33"
 
 KEEP_RULES = ("keep_ratio", "keep_tokens", "keep_mass")  # SpecPrefill's keep rule: at most one is set
 SPECULATOR_PREFILLS = ("h2o", "dense")  # SpecPrefillConfig.speculator_prefill's public values
+SELECT_UNITS = ("chunks", "text")  # SpecPrefillConfig.select_units' values
+UNIT_CHUNKS = 8  # a text unit holds at most this many selection chunks' worth of tokens (core/text_units.py)
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -205,6 +207,15 @@ class SpecPrefillConfig:
     the keys at or before its own position (an observation window, as SnapKV's); 1 is the paper's
     (the last prompt token only). The look-ahead queries follow them; lookahead_reduction runs
     over all W + N of them. W is clamped to the prompt's length.
+    select_units: what is kept or dropped whole: "chunks" (select_chunk tokens each, the
+    paper's) or "text" (the prompt's own paragraphs and lines, at most UNIT_CHUNKS chunks' worth
+    each: core/text_units.py; docs/methods.md, Selection units). Text units are ranked by mean
+    importance as chunks are and kept best first until they hold the keep rule's share of the
+    prompt's tokens (keep_ratio x P, or keep_tokens; at least token_floor); neighbours are units;
+    the mass rule takes chunks only (a ConfigError with "text").
+    unit_starts: the token positions where the prompt's text units start (position 0 always
+    starts one): one prompt's data, filled from its tokens by the front end when select_units is
+    "text" (generation.stream_request, the RULER protocol), as `protected` is; empty with "chunks".
     speculator_prefill: None (or "dense"): the speculator's prompt pass attends to every key, as
     the paper's; an H2OConfig (or "h2o": speculator_h2o(), H2O in every layer) runs that pass as
     H2O prefill, the look-ahead steps and the scoring still reading every prompt key (docs/methods.md,
@@ -256,6 +267,17 @@ class SpecPrefillConfig:
         (),
         "SpecPrefill: prompt token spans [start, end) always kept, on top of the budget (a server "
         "request's protect field fills them from its chat template's segments)",
+    )
+    select_units: str = setting(
+        "chunks",
+        "SpecPrefill: the units kept or dropped whole: chunks (select_chunk tokens each) or text "
+        "(the prompt's own paragraphs and lines, at most 8 chunks' worth each)",
+        SELECT_UNITS,
+    )
+    unit_starts: tuple[int, ...] = setting(
+        (),
+        "SpecPrefill: token positions where the prompt's text units start (select_units text: "
+        "filled from the prompt's tokens)",
     )
     query_window: int = setting(
         1,
@@ -317,6 +339,7 @@ class SpecPrefillConfig:
         for name in ("neighbours", "token_floor", "keep_first", "keep_last"):
             _require_int(self, name, 0)
         _check_spans(self)
+        _check_units(self)
         _require_int(self, "query_window", 1)
         for name in ("head_reduction", "layer_reduction", "lookahead_reduction"):
             if getattr(self, name) not in REDUCTIONS:
@@ -351,15 +374,28 @@ class SpecPrefillConfig:
 
     def for_new_part(self, reused: int) -> "SpecPrefillConfig":
         """This config for a selection over a prompt's new part after a reused prefix of `reused`
-        tokens, as a prompt of its own: keep_first and the protected spans, which count from the
-        whole prompt's start, moved to the new part's (docs/methods.md, SpecPrefill from a reused prefix)."""
+        tokens, as a prompt of its own: keep_first, the protected spans and the text units' starts,
+        which count from the whole prompt's start, moved to the new part's (docs/methods.md,
+        SpecPrefill from a reused prefix)."""
         spans = tuple((max(0, a - reused), max(0, b - reused)) for a, b in self.protected if b > reused)
-        return dataclasses.replace(self, keep_first=max(0, self.keep_first - reused), protected=spans)
+        starts = (0, *(s - reused for s in self.unit_starts if s > reused)) if self.unit_starts else ()
+        return dataclasses.replace(
+            self, keep_first=max(0, self.keep_first - reused), protected=spans, unit_starts=starts
+        )
 
     def n_kept_chunks(self, n_chunks: int) -> int:
         """How many selection chunks survive, for a prompt cut into n_chunks (the mass rule:
         at most; the scores decide within [chunk_range]), before neighbours are added."""
         return self.chunk_range(n_chunks)[1]
+
+    def token_budget(self, n_tokens: int) -> int:
+        """Text units (select_units "text"): how many of an n_tokens prompt's tokens the best units
+        must hold (keep_ratio x P rounded up, or keep_tokens; at least token_floor; at most P)."""
+        if self.keep_tokens is not None:
+            wanted = self.keep_tokens
+        else:  # the guard keeps float noise from adding a token, as _fixed_chunks'
+            wanted = math.ceil(n_tokens * self.keep_ratio - 1e-9)
+        return max(0, min(n_tokens, max(1, wanted, self.token_floor)))
 
     def chunk_range(self, n_chunks: int) -> tuple[int, int]:
         """(fewest, most) selected chunks: equal unless the mass rule is on (its floor, ceiling)."""

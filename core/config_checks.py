@@ -65,6 +65,26 @@ def _check_spans(config: Any) -> None:
     object.__setattr__(config, "protected", tuple(spans))
 
 
+def _check_units(config: Any) -> None:
+    """SpecPrefillConfig.select_units in SELECT_UNITS and unit_starts as ascending unique positions in
+    [0, MAX_SETTING] (0 added: it always starts a unit), given only with "text"; "text" takes no mass rule."""
+    if config.select_units not in ("chunks", "text"):
+        raise _error(config, f"select_units must be chunks or text, got {config.select_units!r}", "select_units")
+    given = config.unit_starts if isinstance(config.unit_starts, (tuple, list)) else [config.unit_starts]
+    if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SETTING for v in given):
+        raise _error(config, f"unit_starts must be token positions in [0, {MAX_SETTING}], got {given!r}", "unit_starts")
+    if given and config.select_units != "text":
+        raise _error(config, "unit_starts are text units' starts: give them with select_units text", "unit_starts")
+    if config.select_units == "text" and config.keep_mass is not None:
+        raise _error(
+            config,
+            "the mass rule (keep_mass) selects chunks: use keep_ratio or keep_tokens with text units",
+            "keep_mass",
+            "select_units",
+        )
+    object.__setattr__(config, "unit_starts", tuple(sorted({0, *given})) if given else ())
+
+
 def _require_int(config: object, name: str, minimum: int, label: str | None = None) -> int:
     """config's field `name` as an integer in [minimum, MAX_SETTING]; `label` names it in the message."""
     value, label = getattr(config, name), label or name

@@ -80,6 +80,9 @@ PRIVATE: dict[tuple[str, str, str], str] = {
     ),
     ("SpecPrefillConfig", "protected", CLI): "one prompt's token positions: the server's protect field names segments",
     ("SpecPrefillConfig", "protected", SERVER): "token positions: a request names segments instead (its protect field)",
+    **_both(
+        "SpecPrefillConfig", "unit_starts", "one prompt's token positions: select_units text fills them from its tokens"
+    ),
     **_both("SpecPrefillConfig", "force_keep_last", "library only: off drops the token decoding continues from"),
     ("Drafting", "model", SERVER): "a request cannot load a model: the server's --speculator drafts",
     **_both("Drafting", "adaptive", "library only: the fixed draft length of earlier versions, for comparisons"),

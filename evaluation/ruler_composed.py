@@ -24,11 +24,12 @@ def composed_selection(model, speculator, tokenizer, sample: RulerSample, config
     from specfill.core.methods.specprefill import speculate_and_select
     from specfill.core.request import fit_to_prompt
     from specfill.core.runtime import PrefillMethod, check_token_ids
+    from specfill.core.text_units import with_text_units
 
     ops = model.ops
     ids = np.asarray(check_token_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
     spec_model, spec_step = model.speculator_model(speculator)
-    method = PrefillMethod("specprefill", specprefill=config, speculator=speculator)
+    method = with_text_units(PrefillMethod("specprefill", specprefill=config, speculator=speculator), tokenizer, ids)
     config = fit_to_prompt(method, len(ids), spec_model.args.max_position_embeddings).specprefill
     with ops.device_scope():
         started = time.perf_counter()

@@ -36,6 +36,7 @@ from specfill.api import Session
 from specfill.core import H2OConfig
 from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import COMPOSED, GenerationInfo, PrefillMethod
+from specfill.core.text_units import with_text_units_config
 
 from .positions import position_map
 from .ruler_candidates import (  # noqa: F401 (parse_candidate, default_candidates, candidate_grid, resolve_candidates: re-exported)
@@ -316,7 +317,7 @@ def _run_candidate(
     if not on_saved_pass(setting) or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
         return _end_to_end(models.session(), sample, length, name, setting, scores, budget)
     started = time.perf_counter()
-    selection = scores.select(setting)
+    selection = scores.select(with_text_units_config(setting, models.tokenizer, scores.saved.ids))
     row = np.zeros(len(scores.saved.ids))
     row[selection.kept] = 1.0
     extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}

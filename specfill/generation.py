@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Generator, Sequence
 from specfill.core.decoding import LogitsProcessor
 from specfill.core.request import GenerationRequest
 from specfill.core.runtime import GenerationInfo, KVState, ProgressCallback
+from specfill.core.text_units import with_text_units
 
 if TYPE_CHECKING:
     from specfill.core.driver import CausalLM
@@ -103,13 +104,14 @@ def _stream_request(
     start = time.perf_counter()
     first_at = None
     max_tokens = request.max_tokens
+    method = with_text_units(request.method, tokenizer, ids)  # select_units text: the prompt's units, timed
     # the driver checks the ids (core/runtime.check_token_ids) before it returns the steps
     steps = model.generate_step(
         ids,
         max_tokens=max_tokens,
         sampling=request.sampling,
         stop_ids=frozenset(tokenizer.eos_token_ids),
-        method=request.method,
+        method=method,
         info=info,
         progress=prompt_progress_callback,
         drafting=request.drafting,

@@ -2,7 +2,9 @@
 the importance [P] the scoring left (core/methods/specprefill.py), on the host in float64.
 
 Whole selection chunks are kept: the top ones by mean importance (ties to the earlier chunk),
-ceil(n_chunks * keep) of them or as many as the mass rule asks, then their neighbours, the first
+ceil(n_chunks * keep) of them or as many as the mass rule asks (text units, select_units "text":
+the best units until they hold config.token_budget tokens, the one that reaches it included),
+then their neighbours, the first
 keep_first and last keep_last tokens, the protected spans and the last token; kept tokens keep
 their original positions and decoding resumes at P. The NumPy reference states the same rule
 independently (core/reference/specprefill.select_tokens) and the conformance suite holds this
@@ -57,16 +59,21 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
     n_tokens = int(importance.shape[0])
     if n_tokens < 1:
         raise ConfigError("speculative prefill needs a prompt of at least one token")
-    chunk = config.select_chunk
-    scores = chunk_means(importance, chunk)
+    bounds = unit_bounds(n_tokens, config)
+    if config.select_units == "chunks":
+        scores = chunk_means(importance, config.select_chunk)
+    else:
+        scores = unit_means(np.asarray(importance, np.float64), bounds)
     ranked = np.lexsort((np.arange(len(scores)), -scores))
-    if config.keep_mass is None:
+    if config.select_units == "text":  # best units until they hold the token budget
+        held = np.cumsum(np.diff(bounds)[ranked])
+        n_keep = int(np.searchsorted(held, config.token_budget(n_tokens))) + 1
+    elif config.keep_mass is None:
         n_keep = config.n_kept_chunks(len(scores))
     else:
-        counts = np.minimum(chunk, n_tokens - np.arange(len(scores)) * chunk).astype(np.float64)
-        n_keep = mass_chunk_count(scores, counts, ranked, config)
+        n_keep = mass_chunk_count(scores, np.diff(bounds).astype(np.float64), ranked, config)
     order = with_neighbours(ranked[:n_keep], len(scores), config.neighbours)
-    kept = [np.arange(c * chunk, min((c + 1) * chunk, n_tokens)) for c in order]
+    kept = [np.arange(bounds[u], bounds[u + 1]) for u in order]
     kept.append(np.arange(min(config.keep_first, n_tokens)))
     kept.append(np.arange(max(0, n_tokens - config.keep_last), n_tokens))
     kept.extend(np.arange(min(start, n_tokens), min(end, n_tokens)) for start, end in config.protected)
@@ -74,6 +81,28 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
         kept.append(np.array([n_tokens - 1]))
     positions = np.unique(np.concatenate(kept)).astype(np.int64)
     return Selection(kept=positions, position_ids=positions.copy(), decode_start=n_tokens, chunk_scores=scores)
+
+
+def unit_means(importance: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Each text unit's mean importance, float64: its sum (NumPy's pairwise sum, as chunk_means's
+    rows and the spec's) over its length, so equal units tie exactly on every path."""
+    sums = np.array([importance[a:b].sum() for a, b in zip(bounds[:-1], bounds[1:])], np.float64)
+    return sums / np.diff(bounds)
+
+
+def unit_bounds(n_tokens: int, config: SpecPrefillConfig) -> np.ndarray:
+    """[n_units + 1] int64, ascending: where each selection unit of an n_tokens prompt starts, then
+    n_tokens: every select_chunk tokens, or the text units' starts (select_units "text")."""
+    if config.select_units == "chunks":
+        return np.append(np.arange(0, n_tokens, config.select_chunk), n_tokens).astype(np.int64)
+    if not config.unit_starts:
+        raise ConfigError(
+            "select_units text needs the prompt's unit_starts (the front end fills them from the prompt's "
+            "tokens: core/text_units.py)",
+            "unit_starts",
+        )
+    starts = np.asarray(config.unit_starts, np.int64)
+    return np.append(starts[starts < n_tokens], n_tokens).astype(np.int64)
 
 
 def select_new_tokens(importance: np.ndarray, reused: int, config: SpecPrefillConfig) -> Selection:

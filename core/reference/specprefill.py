@@ -122,26 +122,47 @@ def chunks_reaching_mass(means: np.ndarray, ranked: list[int], chunk: int, n: in
     return max(low, min(high, count))
 
 
+def text_units(n: int, config: SpecPrefillConfig) -> list[tuple[int, int]]:
+    """The [start, end) of each text unit of an n-token prompt (select_units "text"): from each of
+    config.unit_starts below n to the next start, the last to n."""
+    if not config.unit_starts:
+        raise ConfigError("select_units text needs the prompt's unit_starts", "unit_starts")
+    starts = [s for s in config.unit_starts if s < n]
+    return list(zip(starts, starts[1:] + [n]))
+
+
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
     """The spec of the selection (production's is core/methods/selection.py, held to this one by
     the conformance suite): rank the selection chunks by mean importance (higher first, ties to the
     earlier chunk); keep the top ceil(n_chunks * keep) of them, or as many as the mass rule asks (at
-    least config.token_floor tokens' worth), each with config.neighbours chunks either side; add the
+    least config.token_floor tokens' worth), each with config.neighbours chunks either side; text
+    units (select_units "text") instead of chunks: the best units until they hold
+    config.token_budget(P) tokens, the unit that reaches it included, with their neighbour units; add the
     first keep_first and last keep_last tokens, the protected spans and the last token; kept tokens
     keep their original positions and decoding resumes at P."""
     n = int(importance.shape[0])
     if n < 1:
         raise ConfigError("speculative prefill needs a prompt of at least one token")
     size = config.select_chunk
-    means = chunk_means(importance, size)
+    if config.select_units == "text":
+        units = text_units(n, config)
+        means = np.array([np.asarray(importance[a:b], np.float64).sum() / (b - a) for a, b in units])
+    else:
+        units = [(start, min(n, start + size)) for start in range(0, n, size)]
+        means = chunk_means(importance, size)
     ranked = sorted(range(len(means)), key=lambda c: (-means[c], c))
-    if config.keep_mass is None:
+    if config.select_units == "text":  # the best units until they hold the token budget
+        n_keep, held = 0, 0
+        while held < config.token_budget(n):
+            held += units[ranked[n_keep]][1] - units[ranked[n_keep]][0]
+            n_keep += 1
+    elif config.keep_mass is None:
         n_keep = config.n_kept_chunks(len(means))
     else:
         n_keep = chunks_reaching_mass(means, ranked, size, n, config)
     reach = range(-config.neighbours, config.neighbours + 1)
-    chunks = {c + d for c in ranked[:n_keep] for d in reach if 0 <= c + d < len(means)}
-    kept = {t for c in chunks for t in range(c * size, min(n, (c + 1) * size))}
+    chosen = {c + d for c in ranked[:n_keep] for d in reach if 0 <= c + d < len(means)}
+    kept = {t for c in chosen for t in range(*units[c])}
     kept.update(range(min(config.keep_first, n)), range(max(0, n - config.keep_last), n))
     for start, end in config.protected:
         kept.update(range(min(start, n), min(end, n)))
@@ -228,9 +249,16 @@ def speculative_selection(
 
 
 def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
-    """Most tokens a selection can keep: its chunks (each with its neighbours) plus the boundary
-    spans and the forced last token."""
+    """Most tokens a selection can keep: its chunks (each with its neighbours; text units: the
+    budget, the unit reaching it and each chosen unit's neighbours) plus the boundary spans and the
+    forced last token."""
     n_chunks = math.ceil(prompt_len / config.select_chunk)
-    chunks = min(n_chunks, config.n_kept_chunks(n_chunks) * (2 * config.neighbours + 1))
     spans = sum(max(0, min(b, prompt_len) - a) for a, b in config.protected)
+    if config.select_units == "text":  # the budget, the unit that reaches it, their neighbour units
+        units = text_units(prompt_len, config)
+        longest = max(b - a for a, b in units)
+        chosen = config.token_budget(prompt_len) + longest - 1
+        held = chosen + min(len(units), chosen) * 2 * config.neighbours * longest
+        return min(prompt_len, held + config.keep_first + config.keep_last + spans + 1)
+    chunks = min(n_chunks, config.n_kept_chunks(n_chunks) * (2 * config.neighbours + 1))
     return min(prompt_len, chunks * config.select_chunk + config.keep_first + config.keep_last + spans + 1)
