@@ -8,7 +8,6 @@ import warnings
 from typing import Any, Callable
 
 from specfill.api import format_stats
-from specfill.api import open as open_session
 from specfill.core import SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
@@ -19,6 +18,7 @@ from .options import (
     add_sampling_options,
     add_setting_option,
     h2o_config,
+    open_model,
     sampling_options,
     specprefill_config,
     warn_unused_options,
@@ -128,16 +128,8 @@ def cli_request(args: argparse.Namespace) -> GenerationRequest:
 def run(args: argparse.Namespace) -> int:
     request = cli_request(args)  # every flag checked before any model loads
     prompt_text = read_prompt(args)
-    session = open_session(  # the backend and device rules, mlx.launch's ranks, the model and its speculators
-        args.model,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        model_file=args.model_file,
-        download=args.download,
-        pipeline=args.pipeline,
-        notify=lambda notice: print(f"specfill: {notice}", file=sys.stderr),
-    )
+    # the backend and device rules, mlx.launch's ranks, the model
+    session = open_model(args, model_file=args.model_file, download=args.download)
     prompt = build_prompt(session.tokenizer, prompt_text, args)
     last, info = None, GenerationInfo()
     bar = PrefillProgressBar(info=info)  # the whole time to first token, every prefill stage weighted

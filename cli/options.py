@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import warnings
 from typing import Any
 
-from specfill.api import DEFAULT_BACKEND_RULE
+from specfill.api import DEFAULT_BACKEND_RULE, Session
+from specfill.api import open as open_session
 from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.config import DEFAULT_KEEP_RATIO, KEEP_RULES
 from specfill.core.io.random_model import RANDOM_SHAPES
@@ -127,6 +129,21 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     """--backend and --model, as every command that loads one model takes them."""
     p.add_argument("--backend", default=None, help=BACKEND_HELP)  # the platform rule, as every command
     p.add_argument("--model", default=None, help=MODEL_HELP)
+
+
+def open_model(args: argparse.Namespace, **more: Any) -> Session:
+    """The session of the model flags (--model, --backend, --device, --dtype, --pipeline): the backend
+    and device rules, mlx.launch's ranks, the model; a device notice goes to standard error. `more`:
+    specfill.api.open's other keywords, from a command's own flags."""
+    return open_session(
+        args.model,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        pipeline=args.pipeline,
+        notify=lambda notice: print(f"specfill: {notice}", file=sys.stderr),
+        **more,
+    )
 
 
 def plan_settings(args: argparse.Namespace) -> dict[str, Any]:

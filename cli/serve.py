@@ -12,19 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from specfill.api import Session, launched_group
-from specfill.api import open as open_session
 from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
 from specfill.core.request import build_request, find
 
-from .options import (
-    add_method_options,
-    add_model_options,
-    add_sampling_options,
-    add_setting_option,
-    h2o_config,
-    sampling_options,
-    specprefill_config,
-)
+from . import options
 
 # On purpose smaller than the core's DEFAULT_PREFILL_STEP_SIZE (2048, mlx-lm's, which `generate` and the
 # API use): the server sends a progress event and notices a client gone or a shutdown after each step,
@@ -33,7 +24,7 @@ SERVER_PREFILL_STEP_SIZE = 512
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_options(p)
+    options.add_model_options(p)
     p.add_argument(
         "--served-model-name",
         "--model-id",
@@ -55,12 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "answered as the first served name (default: none)",
     )
     method = find("PrefillMethod", "name")  # the settings table's choices and default, auto included
-    add_setting_option(p, method, choices=method.choices, help=f"{method.help}; for requests that name none")
+    options.add_setting_option(p, method, choices=method.choices, help=f"{method.help}; for requests that name none")
     p.add_argument(
         "--speculator", default=None, help="speculator model path, or self:K; needed for specprefill requests"
     )
-    add_method_options(p)
-    add_sampling_options(p)  # the defaults of requests that set none of these fields
+    options.add_method_options(p)
+    options.add_sampling_options(p)  # the defaults of requests that set none of these fields
     p.add_argument(
         "--prefill-step-size",
         type=int,
@@ -201,12 +192,12 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill_step_size < 1:
         raise ConfigError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
     check_cache_bounds(args)
-    h2o, spec = h2o_config(args), specprefill_config(args)
+    h2o, spec = options.h2o_config(args), options.specprefill_config(args)
     with warnings.catch_warnings():  # requests may pick any method: the defaults of each are the server's
         warnings.simplefilter("ignore", SpecfillWarning)
         build_request(
             max_tokens=args.max_tokens,
-            **sampling_options(args),
+            **options.sampling_options(args),
             method=args.method,
             h2o=h2o,
             specprefill=spec,
@@ -232,16 +223,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace) -> tuple[Session, int | None]:
     """(the session: model, tokenizer and speculator, the speculator's context): the same on every rank."""
-    session = open_session(  # the backend and device rules, mlx.launch's ranks (--pipeline), the speculator once
-        args.model,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        speculator=args.speculator,
-        pipeline=args.pipeline,
-        prefill_step_size=args.prefill_step_size,  # progress and cancellation granularity
-        notify=lambda notice: print(f"specfill: {notice}", file=sys.stderr),
-    )
+    # the backend and device rules, mlx.launch's ranks (--pipeline), the speculator once; prefill_step_size:
+    # progress and cancellation granularity
+    session = options.open_model(args, speculator=args.speculator, prefill_step_size=args.prefill_step_size)
     speculator = session.speculator
     spec_context = (
         None if speculator is None or isinstance(speculator, str) else speculator.args.max_position_embeddings
@@ -292,7 +276,7 @@ def _serve(
         speculator_context=spec_context,
         max_tokens=args.max_tokens,
         prompt_cache=args.prompt_cache,
-        sampling=sampling_options(args),
+        sampling=options.sampling_options(args),
         lazy_grammar=not args.no_lazy_grammar,
     )
     access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))

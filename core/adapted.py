@@ -17,7 +17,7 @@ with one error naming the architecture, the layer, its kind and the method.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import ConfigError
@@ -41,6 +41,24 @@ def terms_kind(terms: AttentionTerms[Any] | None, base: str = "attention") -> st
         if present
     ]
     return f"{base} with " + " and ".join(named) if named else base
+
+
+def checked_terms(
+    sinks: Any, softcap: Any, n_heads: int, array_type: type[Any]
+) -> tuple[AttentionTerms[Any] | None, str | None]:
+    """(a layer's AttentionTerms or None, a refusal reason or None) from what its library holds: sinks,
+    one per query head (an `array_type`: the library's own array, not a copy), and a positive soft-cap."""
+    if sinks is None and softcap is None:
+        return None, None
+    if sinks is not None and not isinstance(sinks, array_type):
+        return None, f"attention sinks held as {type(sinks).__name__}, not an array of the library's"
+    if sinks is not None and tuple(sinks.shape) != (n_heads,):
+        return None, f"attention sinks of shape {tuple(sinks.shape)}, not one per query head"
+    if softcap is not None and not (
+        isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap > 0
+    ):
+        return None, f"a logit soft-cap of {softcap!r}, not a positive number"
+    return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
 
 
 @dataclass(frozen=True)
@@ -178,17 +196,7 @@ class AdaptedArgs:
 
     def first(self, n_layers: int) -> AdaptedArgs:
         """The args of the model's first n_layers layers (the "self:K" speculator)."""
-        return AdaptedArgs(
-            self.architecture,
-            self.vocab_size,
-            self.hidden_size,
-            self.layers[:n_layers],
-            self.max_position_embeddings,
-            self.rms_norm_eps,
-            self.rope_theta,
-            self.bos_token_id,
-            self.eos_token_ids,
-        )
+        return replace(self, layers=self.layers[:n_layers])
 
     def refusal(self, method: str | None = None) -> str | None:
         """Why `method` ("h2o", "specprefill": the main model, "speculator") cannot run this model

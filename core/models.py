@@ -9,11 +9,38 @@ is in core/model_config.py.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from . import checks
 from .errors import ModelLoadError
 from .model_config import SUPPORTED_ARCHITECTURES, gguf_family_fields, hf_architecture, hf_family_fields, hf_rope
+
+# ModelArgs' sizes and where each format keeps them: (field, config.json key, GGUF key after "ARCH.")
+SIZE_KEYS = (
+    ("vocab_size", "vocab_size", "vocab_size"),
+    ("hidden_size", "hidden_size", "embedding_length"),
+    ("intermediate_size", "intermediate_size", "feed_forward_length"),
+    ("num_hidden_layers", "num_hidden_layers", "block_count"),
+    ("num_attention_heads", "num_attention_heads", "attention.head_count"),
+    ("num_key_value_heads", "num_key_value_heads", "attention.head_count_kv"),
+    ("head_dim", "head_dim", "attention.key_length"),
+    ("max_position_embeddings", "max_position_embeddings", "context_length"),
+)
+
+
+def read_sizes(size: Callable[[str, int | None], int], gguf: bool, vocab: int | None = None) -> dict[str, int]:
+    """ModelArgs' sizes, each read by `size` (a format's checked reader: key, default or None when
+    required) under its config.json key, or its GGUF key with `gguf`. Defaults: `vocab` for the
+    vocabulary, the query heads for the key-value heads, hidden / heads for head_dim, 4096 positions."""
+    keys = {name: gguf_key if gguf else hf_key for name, hf_key, gguf_key in SIZE_KEYS}
+    heads, hidden = size(keys["num_attention_heads"], None), size(keys["hidden_size"], None)
+    defaults = {
+        "vocab_size": vocab,
+        "num_key_value_heads": heads,
+        "head_dim": max(1, hidden // heads),
+        "max_position_embeddings": 4096,
+    }
+    return {name: size(key, defaults.get(name)) for name, key in keys.items()}
 
 
 @dataclass(frozen=True)
@@ -117,6 +144,11 @@ class ModelArgs:
         return tuple(self.layer_window(i) for i in range(self.num_hidden_layers))
 
     @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """The layers with keys, which the methods run: every layer (the own families have no recurrent ones)."""
+        return tuple(range(self.num_hidden_layers))
+
+    @property
     def layer_terms(self) -> tuple[None, ...]:
         """Each layer's attention terms (core/stages.AttentionTerms): none in the own families'
         model files (core/model_config.py refuses a GGUF whose attention soft-caps its logits)."""
@@ -165,22 +197,14 @@ class ModelArgs:
             return checks.flag(config.get(key, default), f"config.json {key}")
 
         theta, scaling = hf_rope(config)
-        heads, hidden = size("num_attention_heads"), size("hidden_size")
         eos = config.get("eos_token_id")
         eos_ids = eos if isinstance(eos, list) else ([] if eos is None else [eos])
         return cls(
             architecture=arch,
-            vocab_size=size("vocab_size"),
-            hidden_size=hidden,
-            intermediate_size=size("intermediate_size"),
-            num_hidden_layers=size("num_hidden_layers"),
-            num_attention_heads=heads,
-            num_key_value_heads=size("num_key_value_heads", heads),
-            head_dim=size("head_dim", max(1, hidden // heads)),
+            **read_sizes(size, gguf=False),
             rms_norm_eps=checks.positive_float(config.get("rms_norm_eps", 1e-6), "config.json rms_norm_eps"),
             rope_theta=theta,
             rope_scaling=scaling,
-            max_position_embeddings=size("max_position_embeddings", 4096),
             tie_word_embeddings=boolean("tie_word_embeddings", arch == "gemma3"),
             attention_bias=boolean("attention_bias", arch == "qwen2"),
             qk_norm=arch in ("qwen3", "gemma3"),
@@ -209,8 +233,8 @@ class ModelArgs:
         def number(key: str, default: float) -> float:
             return checks.positive_float(meta.get(f"{arch}.{key}", default), f"GGUF {arch}.{key}")
 
-        heads, hidden = size("attention.head_count"), size("embedding_length")
         tokens = meta.get("tokenizer.ggml.tokens")
+        sizes = read_sizes(size, gguf=True, vocab=len(tokens) if isinstance(tokens, list) else None)
         scaling = None
         kind = meta.get(f"{arch}.rope.scaling.type")
         if kind not in (None, "none"):
@@ -222,23 +246,16 @@ class ModelArgs:
         bos, eos = meta.get("tokenizer.ggml.bos_token_id"), meta.get("tokenizer.ggml.eos_token_id")
         return cls(
             architecture=arch,
-            vocab_size=size("vocab_size", len(tokens) if isinstance(tokens, list) else None),
-            hidden_size=hidden,
-            intermediate_size=size("feed_forward_length"),
-            num_hidden_layers=size("block_count"),
-            num_attention_heads=heads,
-            num_key_value_heads=size("attention.head_count_kv", heads),
-            head_dim=size("attention.key_length", max(1, hidden // heads)),
+            **sizes,
             rms_norm_eps=number("attention.layer_norm_rms_epsilon", 1e-5),
             rope_theta=number("rope.freq_base", 10000.0),
             rope_scaling=scaling,
-            max_position_embeddings=size("context_length", 4096),
             tie_word_embeddings=not has_output_weight,
             attention_bias=arch == "qwen2",
             qk_norm=arch in ("qwen3", "gemma3"),
             bos_token_id=None if bos is None else checks.integer(bos, "GGUF tokenizer.ggml.bos_token_id"),
             eos_token_ids=() if eos is None else (checks.integer(eos, "GGUF tokenizer.ggml.eos_token_id"),),
-            **gguf_family_fields(meta, arch, size("attention.key_length", max(1, hidden // heads))),
+            **gguf_family_fields(meta, arch, sizes["head_dim"]),
         )
 
 

@@ -31,6 +31,7 @@ Clamps (to the prompt, once its length is known):
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -205,44 +206,26 @@ class GenerationRequest:
 def build_request(
     *,
     max_tokens: Any = 256,
-    temperature: Any = 0.0,
-    top_p: Any = 1.0,
-    seed: Any = None,
-    top_k: Any = 0,
-    min_p: Any = 0.0,
-    repetition_penalty: Any = 1.0,
-    presence_penalty: Any = 0.0,
-    frequency_penalty: Any = 0.0,
     method: str | PrefillMethod = "full",
-    h2o: H2OConfig | None = None,
-    specprefill: SpecPrefillConfig | None = None,
-    speculator: Any = None,
-    auto_threshold: Any = None,
     draft_model: Any = None,
     num_draft_tokens: Any = None,
+    **settings: Any,
 ) -> GenerationRequest:
-    """The request for these settings (the keywords of specfill.generate), or one ConfigError
-    naming the setting at fault; a SpecfillWarning for settings that do nothing."""
+    """The request for these settings (the keywords of specfill.stream_generate), or one ConfigError
+    naming the setting at fault; a SpecfillWarning for settings that do nothing. `settings`: the
+    sampler's (SamplingConfig's fields: temperature, top_p, seed, top_k, ...) and the method's
+    (prefill_method's keywords: h2o, specprefill, speculator, auto_threshold), each list declared there."""
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_SETTING:
         raise ConfigError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
-    sampling = SamplingConfig(
-        temperature,
-        top_p,
-        seed,
-        top_k=top_k,
-        min_p=min_p,
-        presence_penalty=presence_penalty,
-        repetition_penalty=repetition_penalty,
-        frequency_penalty=frequency_penalty,
-    )
+    if unknown := sorted(settings.keys() - SAMPLING_FIELDS - PLAN_KEYWORDS):
+        raise TypeError(f"build_request() got unexpected keyword arguments: {', '.join(unknown)}")
+    sampling = SamplingConfig(**{k: v for k, v in settings.items() if k in SAMPLING_FIELDS})
     if sampling.temperature == 0 and (sampling.top_p != 1.0 or sampling.seed is not None):
         warnings.warn("top_p and seed do nothing with temperature 0 (greedy decoding)", SpecfillWarning, stacklevel=3)
     plan = (
         method
         if isinstance(method, PrefillMethod)
-        else prefill_method(
-            method, h2o=h2o, specprefill=specprefill, speculator=speculator, auto_threshold=auto_threshold
-        )
+        else prefill_method(method, **{k: v for k, v in settings.items() if k in PLAN_KEYWORDS})
     )
     drafting = None
     if draft_model is not None or num_draft_tokens is not None:
@@ -303,6 +286,10 @@ def _warn_unused(method: str, *, h2o: Any, specprefill: Any, speculator: Any) ->
     )
     if unused:
         warnings.warn(f"{' and '.join(unused)} do nothing with method {method!r}", SpecfillWarning, stacklevel=4)
+
+
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingConfig))
+PLAN_KEYWORDS = frozenset(inspect.signature(prefill_method).parameters) - {"method"}  # h2o, specprefill, ...
 
 
 def fit_lookahead(lookahead: int, n_prompt: int, speculator_context: int) -> int:

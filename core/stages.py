@@ -98,17 +98,25 @@ def active_terms(terms: AttentionTerms[A] | None) -> AttentionTerms[A] | None:
     return terms if terms is not None and (terms.sinks is not None or terms.softcap is not None) else None
 
 
-def layer_terms(args: object) -> tuple[AttentionTerms | None, ...]:
-    """A model's per-layer attention terms (its args' `layer_terms`, like `layer_windows`; () for
-    args that have none, e.g. a test's stand-in)."""
-    return tuple(getattr(args, "layer_terms", ()))
+class LayerArgs(Protocol):
+    """What the methods read of a model's layers: core/models.ModelArgs and core/adapted.AdaptedArgs
+    declare both (the own families: every layer has keys and no terms)."""
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]: ...
+
+    @property
+    def layer_terms(self) -> tuple[AttentionTerms[Any] | None, ...]: ...
 
 
-def attention_layers(args: Any) -> tuple[int, ...]:
-    """The layers with keys, which the methods run (a hybrid's args name them: `attention_layers`;
-    every layer otherwise)."""
-    found = getattr(args, "attention_layers", None)
-    return tuple(found) if found is not None else tuple(range(args.num_hidden_layers))
+def layer_terms(args: LayerArgs) -> tuple[AttentionTerms | None, ...]:
+    """A model's per-layer attention terms (like its `layer_windows`)."""
+    return tuple(args.layer_terms)
+
+
+def attention_layers(args: LayerArgs) -> tuple[int, ...]:
+    """The layers with keys, which the methods run (every layer but a hybrid's recurrent ones)."""
+    return tuple(args.attention_layers)
 
 
 def sinks_of(terms: AttentionTerms[A] | None) -> A | None:

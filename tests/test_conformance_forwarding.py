@@ -1,7 +1,9 @@
 """The stage protocol is declared once (core/stages.py) and every implementation and conformance
 adapter covers it: a stage added to the protocol without an implementation fails here."""
 
+import importlib
 import inspect
+import sys
 from typing import Protocol
 
 import numpy as np
@@ -69,3 +71,37 @@ def test_a_stage_added_to_the_protocol_is_forwarded():
     got = grown.scale_scores(np.ones(3), factor=2.0)
     assert got.dtype == np.float32 and got.tolist() == [2.0, 2.0, 2.0]
     assert list(inspect.signature(Adapter.scale_scores).parameters) == ["self", "scores", "factor"]
+
+
+def _implementations(backend: str) -> dict[str, list]:
+    """Each declared stage's implementations in `backend`: the reference function, or a backend's
+    dispatcher (kernels/) or method_ops function, with its twin where it has one."""
+    if backend == "reference":
+        return {n: [getattr(ReferenceStages, n)] for n in stage_names(H2OStageOps, ScoringStageOps)}
+    package = pytest.importorskip(f"specfill.backends.{backend}.kernels")
+    method_ops = importlib.import_module(f"specfill.backends.{backend}.method_ops")
+    found = {}
+    for name in stage_names(H2OStageOps, ScoringStageOps):
+        stage = getattr(package, name, None) or getattr(method_ops, name)
+        twin = getattr(sys.modules[stage.__module__], f"{name}_twin", None)
+        found[name] = [stage] + ([twin] if twin is not None else [])
+    return found
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch_cuda", "mlx"])
+def test_every_implementation_takes_the_declared_parameters(backend):
+    """A stage's signature is declared once (core/stages.py); KernelStages passes its arguments by
+    those names (core/ops._kernel_stage) and callers pass them by position: every implementation
+    takes the declared parameters in the declared order, its own extras (use_kernel, with_colsum)
+    only with defaults."""
+    wrong = []
+    for name, functions in _implementations(backend).items():
+        declared = list(
+            inspect.signature(getattr(H2OStageOps, name, None) or getattr(ScoringStageOps, name)).parameters
+        )
+        for function in functions:
+            parameters = inspect.signature(function).parameters
+            extras = [p for p in parameters.values() if p.name not in declared]
+            if [p for p in parameters if p in declared] != declared[1:] or any(p.default is p.empty for p in extras):
+                wrong.append(f"{function.__module__}.{function.__qualname__}{inspect.signature(function)}")
+    assert not wrong, wrong

@@ -61,7 +61,7 @@ def torch_kernels(monkeypatch):
 
 def _twin_kernel(name, wrong=False):
     from specfill.backends.torch_cuda.kernels import attention_scores_twin, inter_attention_twin, intra_attention_twin
-    from specfill.backends.torch_cuda.kernels.state import AttentionState, IntraResult
+    from specfill.core.stages import AttentionState, IntraResult
 
     def flash(q, k, v, scale, chunk, with_colsum):
         r = (
@@ -230,7 +230,7 @@ def test_mlx_metal_compile_error_falls_back_with_one_warning(mlx_kernels):
 def test_mlx_wrong_kernel_falls_back(mlx_kernels, monkeypatch):
     mx = mlx_kernels
     from specfill.backends.mlx.kernels import inter, inter_attention, scoring
-    from specfill.backends.mlx.kernels.state import AttentionState, InterResult
+    from specfill.core.stages import AttentionState, InterResult
 
     def wrong_inter(q, k_mem, v_mem, scale):
         r = inter.inter_attention_twin(q, k_mem, v_mem, scale)

@@ -227,9 +227,6 @@ PROBE_FREE = ("core", "specfill/serve", "specfill/api.py", "evaluation")
 # (file, object, attribute) -> why it is no backend object: each probe that stays, with its reason.
 PROBES_ALLOWED = {
     ("core/cpu.py", "os", "sched_getaffinity"): "a module: the platform has it or not (Linux only)",
-    ("core/stages.py", "args", "layer_terms"): "a model's config, or a test's stand-in that has none",
-    ("core/stages.py", "args", "attention_layers"): "a model's config: only a hybrid's names them",
-    ("core/methods/prefill.py", "args", "intermediate_size"): "a model's config: another library's may lack it",
     ("specfill/serve/plan.py", "request", "max_completion_tokens"): "an HTTP request model: chat's has it",
     ("specfill/serve/segments.py", "request", "protect"): "an HTTP request model: not every endpoint's has it",
     ("specfill/serve/system_turns.py", "tokenizer", "chat_template"): "a tokenizer: a base model's has none",

@@ -65,6 +65,18 @@ def test_a_request_holds_checked_parts():
     assert (auto.sparse, auto.auto_threshold, auto.speculator) == ("specprefill", 100, "self:1")
 
 
+def test_an_unknown_setting_is_named_not_dropped():
+    """build_request takes the sampler's and the method's settings as one mapping (their lists are
+    SamplingConfig's fields and prefill_method's keywords): a misspelled one is a TypeError naming
+    it, even beside a PrefillMethod built already (which reads none of the method's keywords)."""
+    with pytest.raises(TypeError, match="temprature"):
+        build_request(method=PrefillMethod("full"), temprature=0.5)
+    with pytest.raises(TypeError, match="speculater"):
+        build_request(speculater="self:1")
+    plan = PrefillMethod("full")
+    assert build_request(method=plan, temperature=0.5, seed=3).sampling == SamplingConfig(0.5, 1.0, 3)
+
+
 def test_keep_ratio_and_keep_tokens_are_exclusive():
     """Neither: ratio 0.3; both: an error, never a silent winner; with_keep switches cleanly."""
     assert (SpecPrefillConfig().keep_ratio, SpecPrefillConfig().keep_tokens) == (0.3, None)

@@ -105,14 +105,7 @@ class AdaptedModel:
             raise ValueError(f"first_layers takes 1..{total} layers, got {n_layers}")
         return AdaptedModel(self.lm, self.args.first(n_layers), self.state, n_layers, self.lm_layouts)
 
-    def step(
-        self,
-        ids: mx.array,
-        positions: int | np.ndarray,
-        cache: Sequence[LayerKVCache] | None,
-        attend: Any,
-        logits_from: int | None,
-    ) -> mx.array | None:
+    def step(self, ids: mx.array, positions, cache, attend, logits_from: int | None) -> mx.array | None:
         """ids [T] at `positions` appended to `cache` -> float32 logits [T - logits_from, vocab]
         (None: the caller wants none; mlx-lm's head is then never evaluated).
 
@@ -122,45 +115,45 @@ class AdaptedModel:
         if logits_from is not None and logits_from < 0:  # counted from the end, as a slice start
             logits_from = max(0, ids.shape[0] + logits_from)
         if attend is None and logits_from is not None and 0 < logits_from < ids.shape[0]:
-            self.step(
-                ids[:logits_from],
-                positions if isinstance(positions, (int, np.integer)) else positions[:logits_from],
-                cache,
-                None,
-                None,
-            )
-            rest = positions + logits_from if isinstance(positions, (int, np.integer)) else positions[logits_from:]
+            head, rest = _split(positions, logits_from)
+            self.step(ids[:logits_from], head, cache, None, None)
             return self.step(ids[logits_from:], rest, cache, None, 0)
         return self._forward(ids, positions, cache, attend, logits_from)
 
-    def _forward(
-        self,
-        ids: mx.array,
-        positions: int | np.ndarray,
-        cache: Sequence[LayerKVCache] | None,
-        attend: Any,
-        logits_from: int | None,
-    ) -> mx.array | None:
+    def _forward(self, ids: mx.array, positions, cache, attend, logits_from: int | None) -> mx.array | None:
         """One call of mlx-lm's forward: `step` without the split (logits_from counted from the start)."""
-        layers = self.lm.layers
-        if isinstance(cache, HybridKVCache):  # its recurrent state before this step, to go back to
+        layers, hybrid = self.lm.layers, isinstance(cache, HybridKVCache)
+        if hybrid:  # its recurrent state before this step, to go back to
             cache.begin_step(self, ids, positions)
             cache.replay = _replay
-        caches = list(cache) if cache is not None else [None] * len(layers)
-        if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
-            self._backbone["layers"] = layers[: self.n_layers]
-            caches += [None] * (len(layers) - self.n_layers)
-        if len(self.stateful) < len(layers):  # mlx-lm's list holds the stateful layers' caches only
-            caches = [caches[i] for i in self.stateful]
+        caches = self._cache_list(cache)
         self.state.positions, self.state.attend, self.state.keys_at = positions, attend, {}
         try:
+            if self.n_layers is not None:  # run the first n layers: a shorter list, other caches unused
+                self._backbone["layers"] = layers[: self.n_layers]
             logits = self.lm(ids[None], cache=caches)
-            if isinstance(cache, HybridKVCache):
+            if hybrid:
                 cache.end_step()
         finally:
             self.state.positions = self.state.attend = None
-            self._backbone["layers"] = layers
+            if self.n_layers is not None:
+                self._backbone["layers"] = layers
         return None if logits_from is None else logits[0, logits_from:].astype(mx.float32)
+
+    def _cache_list(self, cache: Sequence[Any] | None) -> list[Any]:
+        """`cache` (one entry per layer of this model) as mlx-lm's cache list: the stateful layers' entries
+        (a first-layers view's: None past its layers)."""
+        total = len(self.lm_layouts)
+        caches = list(cache) if cache is not None else [None] * total
+        caches += [None] * (total - len(caches))
+        return caches if len(self.stateful) == total else [caches[i] for i in self.stateful]
+
+
+def _split(positions: int | np.ndarray, at: int) -> tuple[int | np.ndarray, int | np.ndarray]:
+    """A step's positions (the first of consecutive ones, or one per token) split before token `at`."""
+    if isinstance(positions, (int, np.integer)):
+        return positions, positions + at
+    return positions[:at], positions[at:]
 
 
 def _replay(model: AdaptedModel, ids: mx.array, positions: int | np.ndarray, cache: HybridKVCache) -> None:
@@ -177,22 +170,11 @@ class AdaptedOps(MLXOps):
     def activation_dtype(self, model: AdaptedModel | Any) -> mx.Dtype:
         return model.dtype if isinstance(model, AdaptedModel) else super().activation_dtype(model)
 
-    def forward(
-        self,
-        model: AdaptedModel | Any,
-        ids: mx.array,
-        positions: int | np.ndarray,
-        cache: ModelKVCache,
-        attend: Any,
-        logits_from: int | None,
-    ) -> mx.array | None:
+    def forward(self, model: AdaptedModel | Any, ids, positions, cache, attend, logits_from) -> mx.array | None:
         if not isinstance(model, AdaptedModel):
             return super().forward(model, ids, positions, cache, attend, logits_from)
         model.args.check_attend(attend, specprefill_step=not isinstance(positions, (int, np.integer)))
         return model.step(ids, positions, cache, attend, logits_from)
-
-    def first_layers(self, model: AdaptedModel, n_layers: int) -> AdaptedModel:
-        return model.first_layers(n_layers)
 
     def new_cache(self, model: AdaptedModel | Any, capacity: int) -> ModelKVCache | HybridKVCache:
         """specfill's KV cache; for a hybrid, a HybridKVCache (the recurrent layers keep mlx-lm's own)."""

@@ -35,7 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from specfill.core.adapted import AttentionLayout, terms_kind
+from specfill.core.adapted import AttentionLayout, checked_terms, terms_kind
 from specfill.core.stages import AttentionTerms
 
 from .cache import LayerKVCache
@@ -162,17 +162,7 @@ def _refusal(parts: set[str], found: dict[str, Any], rope: nn.Module | None) -> 
 def _terms(attn: nn.Module, own: dict[str, Any], n_heads: int) -> tuple[AttentionTerms | None, str | None]:
     """(the layer's AttentionTerms or None, a refusal reason or None): the module's sinks array
     (one per query head) and its positive logit soft-cap."""
-    sinks = attn.get("sinks") if "sinks" in attn else None
-    softcap = own.get(SOFTCAP_SETTING)
-    if sinks is None and softcap is None:
-        return None, None
-    if sinks is not None and (not isinstance(sinks, mx.array) or tuple(sinks.shape) != (n_heads,)):
-        return None, f"attention sinks of shape {tuple(getattr(sinks, 'shape', ()))}, not one per query head"
-    if softcap is not None and not (
-        isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap > 0
-    ):
-        return None, f"a logit soft-cap of {softcap!r}, not a positive number"
-    return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
+    return checked_terms(attn.get("sinks") if "sinks" in attn else None, own.get(SOFTCAP_SETTING), n_heads, mx.array)
 
 
 def describe_layer(config: dict[str, Any], index: int, layer: nn.Module) -> AttentionLayout:

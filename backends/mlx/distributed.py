@@ -234,22 +234,9 @@ class PipelinedAdaptedModel(AdaptedModel):
     def first_layers(self, n_layers: int) -> AdaptedModel:
         raise refuse_self_layers("pipeline")
 
-    def _forward(
-        self,
-        ids: mx.array,
-        positions: int | np.ndarray,
-        cache: Sequence[LayerKVCache] | None,
-        attend: Any,
-        logits_from: int | None,
-    ) -> mx.array | None:
-        """AdaptedModel's one forward call on this rank's layers (`step`, inherited, splits a last step in two)."""
-        own = [None] * (self.end - self.start) if cache is None else [cache[i] for i in range(self.start, self.end)]
-        self.state.positions, self.state.attend = positions, attend
-        try:
-            logits = self.lm(ids[None], cache=own)
-        finally:
-            self.state.positions = self.state.attend = None
-        return None if logits_from is None else logits[0, logits_from:].astype(mx.float32)
+    def _cache_list(self, cache: Sequence[Any] | None) -> list[Any]:
+        """This rank's layers' entries [start, end) of `cache` (every layer's)."""
+        return [None] * (self.end - self.start) if cache is None else [cache[i] for i in range(self.start, self.end)]
 
 
 class DistributedOps(AdaptedOps):
@@ -261,15 +248,7 @@ class DistributedOps(AdaptedOps):
         self.distributed = distributed
         self.sharded_lm = lm
 
-    def forward(
-        self,
-        model: Any,
-        ids: mx.array,
-        positions: int | np.ndarray,
-        cache: ModelKVCache,
-        attend: Any,
-        logits_from: int | None,
-    ) -> mx.array | None:
+    def forward(self, model: Any, ids, positions, cache, attend, logits_from) -> mx.array | None:
         if isinstance(attend, QueryCapture) and isinstance(model, AdaptedModel) and model.lm is self.sharded_lm:
             raise refuse_self_layers(self.distributed.kind, "SpecPrefill's speculator 'self:K'")
         return super().forward(model, ids, positions, cache, attend, logits_from)

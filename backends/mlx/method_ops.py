@@ -27,16 +27,8 @@ def accumulate_scores(scores: mx.array, memory: MemorySet, kv_colsum: mx.array) 
     return scores.at[rows, memory.indices].add(kv_colsum.astype(scores.dtype))
 
 
-def build_memory_set(
-    scores: mx.array,
-    previous: MemorySet | None,
-    chunk_index: int,
-    chunk_start: int,
-    chunk_end: int,
-    local: int,
-    heavy: int,
-) -> MemorySet:
-    """M_c = tail-L of C_c U top-H((M_{c-1} U C_c) minus the tail), per KV head, sorted (int32).
+def build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy) -> MemorySet:
+    """The stage H2OStageOps.build_memory_set on MLX arrays, its indices int32.
 
     Candidates are laid out in ascending position (M_{c-1} lies before C_c), so ranking by score
     with ties to the lower index gives ties to the lower position, as the spec requires.

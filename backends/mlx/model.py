@@ -313,13 +313,8 @@ class LayerView:
     n_layers: int
     args: ModelArgs
 
-    def hidden(
-        self,
-        ids: mx.array,
-        positions: Positions = 0,
-        cache: Sequence[LayerKVCache] | None = None,
-        attend: PrefillAttention | None = None,
-    ) -> mx.array:
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache=None, attend=None) -> mx.array:
+        """Model.hidden through the first n_layers blocks."""
         return self.model.hidden(ids, positions, cache, attend, self.n_layers)
 
     def logits(self, hidden: mx.array) -> mx.array:

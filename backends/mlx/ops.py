@@ -82,15 +82,7 @@ class MLXOps(KernelStages):
     def tokens(self, ids: np.ndarray) -> mx.array:
         return mx.array(np.asarray(ids, dtype=np.int32))
 
-    def forward(
-        self,
-        model: Model | LayerView,
-        ids: mx.array,
-        positions: int | np.ndarray,
-        cache: ModelKVCache,
-        attend: Any,
-        logits_from: int | None,
-    ) -> mx.array | None:
+    def forward(self, model: Model | LayerView, ids, positions, cache, attend, logits_from) -> mx.array | None:
         pos = positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
         hidden = model.hidden(ids[None], pos, cache, attend)
         return None if logits_from is None else model.logits(hidden[:, logits_from:]).astype(mx.float32)[0]

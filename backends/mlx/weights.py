@@ -21,13 +21,14 @@ import mlx.core as mx
 import numpy as np
 
 from specfill.core.errors import ModelLoadError, quote
-from specfill.core.io.gguf_file import existing_path, read_gguf
+from specfill.core.io.gguf_file import read_gguf
 from specfill.core.io.random_model import is_random_model
 from specfill.core.io.weights import (
     check_tensors,
-    is_gguf_file,
+    checkpoint_path,
     load_weights,
     norms_as_multipliers,
+    quant_method,
     read_json_object,
     safetensors_files,
     unpermute_qk,
@@ -65,12 +66,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     """A GGUF file, or a Hugging Face / mlx-lm safetensors directory, or "random:NAME"."""
     if is_random_model(path):
         return _float_from_core_loader(path)
-    path = existing_path(path)
-    if path.is_dir():
-        return _load_directory(path)
-    if not is_gguf_file(path):
-        raise ModelLoadError(f"{quote(path)} is not a GGUF file (bad magic) nor a model directory")
-    return _load_gguf(path)
+    path = checkpoint_path(path)
+    return _load_directory(path) if path.is_dir() else _load_gguf(path)
 
 
 def _mx_load(path: Path) -> dict[str, mx.array]:
@@ -163,13 +160,8 @@ def _read_config(directory: Path) -> dict[str, Any]:
 def _mlx_lm_quantization(config: dict[str, Any], weights: dict[str, mx.array], directory: Path) -> dict[str, QuantSpec]:
     """mlx-lm's `quantization` entry: defaults plus per-layer overrides keyed by module path."""
     if "quantization_config" in config and "quantization" not in config:
-        method = (
-            config["quantization_config"].get("quant_method", "?")
-            if isinstance(config["quantization_config"], dict)
-            else "?"
-        )
         raise ModelLoadError(
-            f"{quote(directory)} is quantized with {method!r:.40}, which the MLX backend "
+            f"{quote(directory)} is quantized with {quant_method(config)!r:.40}, which the MLX backend "
             f"does not read (convert it with mlx_lm.convert)"
         )
     entry = config.get("quantization")

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specfill.core.adapted import AttentionLayout, terms_kind
+from specfill.core.adapted import AttentionLayout, checked_terms, terms_kind
 from specfill.core.errors import ModelLoadError
 from specfill.core.ops import PrefillAttention, checkpoint
 from specfill.core.stages import AttentionTerms
@@ -183,17 +183,8 @@ def terms_of(kwargs: dict[str, Any], n_heads: int) -> tuple[AttentionTerms | Non
     sinks, the library's own [Hq] parameter (read at each step: weights loaded later count), and a
     positive soft-cap."""
     sinks = next((kwargs[name] for name in SINK_ARGUMENTS if kwargs.get(name) is not None), None)
-    softcap = kwargs.get(SOFTCAP_ARGUMENT)
-    if sinks is None and softcap is None:
-        return None, None
-    if sinks is not None and (not isinstance(sinks, torch.Tensor) or tuple(sinks.shape) != (n_heads,)):
-        return None, f"attention sinks of shape {tuple(getattr(sinks, 'shape', ()))}, not one per query head"
-    if softcap is not None and not (
-        isinstance(softcap, (int, float)) and not isinstance(softcap, bool) and softcap > 0
-    ):
-        return None, f"a logit soft-cap of {softcap!r}, not a positive number"
     # the parameter itself, not a copy: a later load or move of the weights is what the steps read
-    return AttentionTerms(sinks, None if softcap is None else float(softcap)), None
+    return checked_terms(sinks, kwargs.get(SOFTCAP_ARGUMENT), n_heads, torch.Tensor)
 
 
 def layout_of(

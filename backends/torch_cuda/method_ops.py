@@ -42,16 +42,8 @@ def accumulate_scores(scores: torch.Tensor, memory: MemorySet, kv_colsum: torch.
     return scores.scatter_add(1, memory.indices, kv_colsum.to(scores.dtype))
 
 
-def build_memory_set(
-    scores: torch.Tensor,
-    previous: MemorySet | None,
-    chunk_index: int,
-    chunk_start: int,
-    chunk_end: int,
-    local: int,
-    heavy: int,
-) -> MemorySet:
-    """M_c = Local_c U top-H((M_{c-1} U C_c) minus Local_c) per KV head: [Hkv, L + H] ascending.
+def build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy) -> MemorySet:
+    """The stage H2OStageOps.build_memory_set on torch tensors, its indices int64, every KV head at once.
 
     Heavy hitters rank by score, ties to the lower position: the candidates are laid out in
     ascending position and a stable descending sort keeps that order among equal scores.

@@ -56,7 +56,7 @@ class TorchOps(KernelStages):
 
             self.decode_graphs = DecodeGraphs(CudaGraphCapture() if graphs else None)
 
-    # H2O stages (intra_attention, inter_attention, reduce_colsum_to_kv_heads, merge_states: KernelStages)
+    # the stages (intra_attention, inter_attention, attention_scores, ...: KernelStages; the dispatchers check shapes)
     stage_kernels = staticmethod(stage_kernels)
     method_ops = method_ops
 
@@ -74,20 +74,6 @@ class TorchOps(KernelStages):
 
     def stage_scope(self, like: torch.Tensor) -> AbstractContextManager[Any]:
         return stage_kernels().units_scope(like.device)  # many small ops on CPU: one thread team per stage
-
-    # SpecPrefill scoring
-    def attention_scores(
-        self,
-        queries: torch.Tensor,
-        keys: torch.Tensor,
-        scale: float,
-        window: int | None = None,
-        terms: Any = None,
-        query_start: int | None = None,
-    ) -> torch.Tensor:
-        """KernelStages' after the shapes are checked."""
-        stage_kernels().check_scoring_shapes(queries, keys)
-        return super().attention_scores(queries, keys, scale, window, terms, query_start)
 
     # model runtime
     @property
@@ -111,15 +97,7 @@ class TorchOps(KernelStages):
     def tokens(self, ids: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
 
-    def forward(
-        self,
-        model: Transformer,
-        ids: torch.Tensor,
-        positions: int | np.ndarray,
-        cache: ModelKVCache,
-        attend: Any,
-        logits_from: int | None,
-    ) -> torch.Tensor | None:
+    def forward(self, model: Transformer, ids, positions, cache, attend, logits_from) -> torch.Tensor | None:
         if isinstance(positions, int):
             pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
         else:

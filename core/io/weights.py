@@ -126,15 +126,21 @@ def load_weights(path: str | os.PathLike[str]) -> tuple[ModelArgs, dict[str, np.
     "random:NAME" (random weights of a known shape, see core.io.random_model)."""
     if is_random_model(path):
         return load_random_model(path)
-    path = existing_path(path)
+    path = checkpoint_path(path)
     if path.is_dir():
         return _load_hf_directory(path)
-    if not is_gguf_file(path):
-        raise ModelLoadError(f"{quote(path)} is not a GGUF file (bad magic) nor a model directory")
     with read_gguf(path) as gguf_file:
         args, weights = _load_gguf(gguf_file)
     _check_finite(weights, path)
     return args, weights
+
+
+def checkpoint_path(path: str | os.PathLike[str]) -> Path:
+    """The path of a model directory or GGUF file; ModelLoadError for any other (or a missing) path."""
+    path = existing_path(path)
+    if not path.is_dir() and not is_gguf_file(path):
+        raise ModelLoadError(f"{quote(path)} is not a GGUF file (bad magic) nor a model directory")
+    return path
 
 
 def is_gguf_file(path: Path) -> bool:
@@ -224,17 +230,18 @@ def safetensors_files(directory: Path) -> list[Path]:
     raise ModelLoadError(f"{quote(directory)} has no model.safetensors or model.safetensors.index.json")
 
 
+def quant_method(config: Mapping[str, Any]) -> Any:
+    """The method a config's `quantization_config` (GPTQ, AWQ, bitsandbytes...) names, or "unknown"."""
+    entry = config.get("quantization_config")
+    return entry.get("quant_method", "unknown") if isinstance(entry, Mapping) else "unknown"
+
+
 def _refuse_quantized(config: Mapping[str, Any], directory: Path) -> None:
     """GPTQ / AWQ / bitsandbytes (`quantization_config`) and mlx-lm (`quantization`) directories
     store packed integer weights that this loader would misread as plain matrices."""
     if "quantization_config" in config:
-        method = (
-            config["quantization_config"].get("quant_method", "unknown")
-            if isinstance(config["quantization_config"], Mapping)
-            else "unknown"
-        )
         raise ModelLoadError(
-            f"{quote(directory)} is quantized with {method!r}, which is not supported here "
+            f"{quote(directory)} is quantized with {quant_method(config)!r}, which is not supported here "
             "(use a GGUF file or an unquantized safetensors checkpoint)"
         )
     if config.get("quantization") not in (None, {}):  # null or {} quantizes nothing (as on the MLX backend)

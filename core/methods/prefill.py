@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..models import ModelArgs
 from ..ops import ModelOps, PrefillAttention
 from ..runtime import GenerationInfo, PrefillStep, ProgressCallback  # PrefillStep: re-exported
 from ..stages import A
@@ -74,7 +75,7 @@ def stage_work(args: Any, tokens: int, keys: float) -> float:
     progress weight, not a timing: a decode step costs more per token than this says (it reads the
     weights for one token), which a bar shows as a slower stretch, never as a jump back."""
     q, kv = args.num_attention_heads * args.head_dim, args.num_key_value_heads * args.head_dim
-    mlp = getattr(args, "intermediate_size", None) or 4 * args.hidden_size  # another library's model: 4x, common
+    mlp = args.intermediate_size if isinstance(args, ModelArgs) else 4 * args.hidden_size  # AdaptedArgs: 4x, common
     linear = args.hidden_size * (2 * q + 2 * kv) + 3 * args.hidden_size * mlp
     return float(tokens) * args.num_hidden_layers * (linear + 2.0 * q * keys)
 

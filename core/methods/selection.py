@@ -113,8 +113,6 @@ def select_new_tokens(importance: np.ndarray, reused: int, config: SpecPrefillCo
     n_tokens = int(importance.shape[0])
     if not 0 <= reused < n_tokens:
         raise ConfigError(f"a reused prefix of {reused} tokens must leave new tokens of the {n_tokens}-token prompt")
-    if reused == 0:
-        return select_tokens(importance, config)
-    new = select_tokens(importance[reused:], config.for_new_part(reused))
+    new = select_tokens(importance[reused:], config.for_new_part(reused) if reused else config)
     kept = np.asarray(new.kept, dtype=np.int64) + reused
     return Selection(kept=kept, position_ids=kept.copy(), decode_start=n_tokens, chunk_scores=new.chunk_scores)

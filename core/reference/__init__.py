@@ -20,6 +20,7 @@ class ReferenceStages:
     subclass that changes one stage (a planted bug) changes the whole layer.
     """
 
+    # the H2O stages (core/stages.H2OStageOps), in the protocol's order
     intra_attention = staticmethod(h2o.intra_attention)
     reduce_colsum_to_kv_heads = staticmethod(h2o.reduce_colsum_to_kv_heads)
     accumulate_scores = staticmethod(h2o.accumulate_scores)
@@ -28,14 +29,8 @@ class ReferenceStages:
     inter_attention = staticmethod(h2o.inter_attention)
     merge_states = staticmethod(attention.merge_states)
     add_sinks = staticmethod(attention.add_sinks)
-    attention_scores = staticmethod(specprefill.attention_scores)
-    smooth_scores = staticmethod(specprefill.smooth_scores)
-    reduce_axis = staticmethod(specprefill.reduce_axis)
-    reduce_scores = staticmethod(specprefill.reduce_scores)
-    select_tokens = staticmethod(specprefill.select_tokens)
 
-    attention_layer = h2o_attention_layer  # the walk with `self` as its ops
-
+    # the walk over them (core/ops.H2OOps' other ops, then the whole layer)
     def causal_attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
         return h2o.causal_attention(q, k, v, scale).o
 
@@ -50,6 +45,15 @@ class ReferenceStages:
 
     def stage_scope(self, like: np.ndarray) -> nullcontext:
         return nullcontext()
+
+    attention_layer = h2o_attention_layer  # the walk with `self` as its ops
+
+    # SpecPrefill's stages (core/stages.ScoringStageOps, SpecPrefillStages) and reduction
+    attention_scores = staticmethod(specprefill.attention_scores)
+    smooth_scores = staticmethod(specprefill.smooth_scores)
+    reduce_axis = staticmethod(specprefill.reduce_axis)
+    reduce_scores = staticmethod(specprefill.reduce_scores)
+    select_tokens = staticmethod(specprefill.select_tokens)
 
 
 REFERENCE = ReferenceStages()

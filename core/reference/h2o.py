@@ -31,18 +31,10 @@ def _head_sinks(terms: AttentionTerms | None, dtype: type, extra_axes: int) -> n
     return None if sinks is None else np.asarray(sinks, dtype=dtype).reshape(-1, *([1] * extra_axes))
 
 
-def intra_attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    chunk_size: int,
-    scale: float,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-) -> IntraResult:
-    """Block-diagonal causal attention of all chunks at once (chunks start at token 0); window w:
-    query i sees keys j > i - w only. terms: the soft-cap caps the logits; a sink joins the
-    column sums' softmax denominators, not the state (core/reference/attention.py)."""
+def intra_attention(q, k, v, chunk_size, scale, window=None, terms=None) -> IntraResult:
+    """The stage H2OStageOps.intra_attention (core/stages.py) on NumPy arrays: every chunk at once,
+    padded to S and attended as one [S, S] block, in the accumulation dtype; the state stays
+    sink-free, the sinks join the column sums' softmax denominators (core/reference/attention.py)."""
     n_heads, n_tokens = q.shape[:2]
     dtype = accumulation_dtype(q, k, v)
     n_chunks = math.ceil(n_tokens / chunk_size)
@@ -67,16 +59,10 @@ def intra_attention(
     return IntraResult(AttentionState(flat(state.m), flat(state.l), flat(state.o)), flat(colsum))
 
 
-def causal_attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    scale: float,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-) -> AttentionState:
-    """Plain causal attention: the intra stage with one chunk spanning the whole prompt (its
-    state over every key of each query, so a sink is folded in here)."""
+def causal_attention(q, k, v, scale, window=None, terms=None) -> AttentionState:
+    """Plain causal attention (intra_attention's arguments but chunk_size): the intra stage with one
+    chunk spanning the whole prompt (its state over every key of each query, so a sink is folded
+    in here)."""
     state = intra_attention(q, k, v, max(1, q.shape[1]), scale, window, terms).state
     return state if sinks_of(terms) is None else add_sinks(state, sinks_of(terms))
 
@@ -92,16 +78,9 @@ def key_window_mask(window: KeyWindow, n_queries: int, n_kv: int, n_keys: int) -
     return np.broadcast_to((distance >= 0) & (distance < window.size), (n_kv, n_queries, n_keys))
 
 
-def inter_attention(
-    q: np.ndarray,
-    k_mem: np.ndarray,
-    v_mem: np.ndarray,
-    scale: float,
-    window: KeyWindow | None = None,
-    terms: AttentionTerms | None = None,
-) -> InterResult:
-    """Attention of a chunk's queries to its gathered memory keys: no mask but the window's;
-    terms as in intra_attention."""
+def inter_attention(q, k_mem, v_mem, scale, window=None, terms=None) -> InterResult:
+    """The stage H2OStageOps.inter_attention (core/stages.py) on NumPy arrays, in the accumulation
+    dtype; an empty memory (M = 0) gives the empty state and no column sums."""
     n_heads, n_tokens = q.shape[:2]
     dtype = accumulation_dtype(q, k_mem, v_mem)
     if k_mem.shape[1] == 0:  # the empty state's output has the values' head dim
@@ -137,16 +116,9 @@ def local_window(chunk_start: int, chunk_end: int, local: int) -> np.ndarray:
     return np.arange(max(chunk_start, chunk_end - local), chunk_end, dtype=np.int64)
 
 
-def build_memory_set(
-    scores: np.ndarray,
-    previous: MemorySet | None,
-    chunk_index: int,
-    chunk_start: int,
-    chunk_end: int,
-    local: int,
-    heavy: int,
-) -> MemorySet:
-    """M_c = Local_c U top-H((M_{c-1} U C_c) minus Local_c), per KV head, sorted."""
+def build_memory_set(scores, previous, chunk_index, chunk_start, chunk_end, local, heavy) -> MemorySet:
+    """The stage H2OStageOps.build_memory_set: M_c = Local_c U top-H((M_{c-1} U C_c) minus Local_c),
+    per KV head, sorted; one row at a time, ranked by (-score, position)."""
     local_idx = local_window(chunk_start, chunk_end, local)
     chunk_rest = np.arange(chunk_start, local_idx[0] if local_idx.size else chunk_end, dtype=np.int64)
     rows = []

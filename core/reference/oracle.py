@@ -42,22 +42,13 @@ def _capped(logits: np.ndarray, softcap: float | None) -> np.ndarray:
 
 
 def oracle_h2o_layer(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    chunk_size: int,
-    local: int,
-    heavy: int,
-    scale: float,
-    dense_tail: int = 0,
-    window: int | None = None,
-    sinks: np.ndarray | None = None,
-    softcap: float | None = None,
-    prefix: int = 0,
+    q, k, v, chunk_size, local, heavy, scale, dense_tail=0, window=None, sinks=None, softcap=None, prefix=0
 ) -> tuple[np.ndarray, list[list[list[int]]], np.ndarray]:
-    """Returns (output [Hq, N, Dv], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N]).
-    A sliding window w keeps, of every key set, the keys j > i - w only; the scores count only
-    what each query attended. sinks [Hq] / softcap: the layer's terms (see the module doc).
+    """Returns (output [Hq, N, Dv], memory sets [chunk][kv head] -> sorted positions, scores [Hkv, N])
+    of q [Hq, N, D], k [Hkv, N, D], v [Hkv, N, Dv] (read in float64) under H2O's chunk_size, local
+    and heavy (H2OConfig's) and a dense tail of `dense_tail` rows. A sliding window w keeps, of
+    every key set, the keys j > i - w only; the scores count only what each query attended.
+    sinks [Hq] / softcap: the layer's terms (see the module doc).
     prefix P: q [Hq, N - P, D] holds the queries of positions P..N-1 only, k / v all N keys; the
     output is theirs [Hq, N - P, Dv] (scores stay [Hkv, N])."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
@@ -171,19 +162,10 @@ def _masked_softmax(logits: np.ndarray, mask: np.ndarray, sinks: np.ndarray | No
 
 
 def replay_h2o_layer(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    chunk_size: int,
-    memory_indices: list[np.ndarray],
-    scale: float,
-    dense_tail: int = 0,
-    window: int | None = None,
-    sinks: np.ndarray | None = None,
-    softcap: float | None = None,
-    prefix: int = 0,
+    q, k, v, chunk_size, memory_indices, scale, dense_tail=0, window=None, sinks=None, softcap=None, prefix=0
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(output [Hq, N, Dv], scores [Hkv, N]) that H2O must produce GIVEN these memory sets (and
+    """(output [Hq, N, Dv], scores [Hkv, N]) that H2O must produce GIVEN these memory sets
+    (memory_indices: M_0, M_1, .. as [Hkv, M] positions; the other arguments as oracle_h2o_layer's) (and
     a dense tail of `dense_tail` rows, which changes the output only; a sliding window w, which
     hides keys j <= i - w from query i everywhere; the layer's terms, sinks [Hq] and softcap, in
     every softmax as the module doc says). prefix P: q [Hq, N - P, D] holds the new part's

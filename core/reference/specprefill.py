@@ -40,19 +40,11 @@ def scoring_mask(n_queries: int, n_keys: int, window: int | None = None, query_s
     return visible if window is None else visible & (distance < window)
 
 
-def attention_scores(
-    queries: np.ndarray,
-    keys: np.ndarray,
-    scale: float,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-    query_start: int | None = None,
-) -> np.ndarray:
-    """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P];
-    with a window (a sliding layer) or an observation window's queries (query_start < P - 1) over
-    the keys each query sees (scoring_mask; rows seeing none: zeros). terms (every given layer's):
-    the soft-cap caps the scaled logits, a sink [Hq] joins each softmax's denominator (the scores
-    then sum to less than 1: the sink's share)."""
+def attention_scores(queries, keys, scale, window=None, terms=None, query_start=None) -> np.ndarray:
+    """The stage ScoringStageOps.attention_scores (core/stages.py) on NumPy arrays, in the
+    accumulation dtype: a masked softmax (scoring_mask) only with a window or an observation
+    window's queries (query_start < P - 1); with sinks the scores sum to less than 1 (the sink's
+    share)."""
     dtype = accumulation_dtype(queries, keys)
     keys = expand_kv_heads(keys, queries.shape[2], axis=1).astype(dtype, copy=False)
     logits = soft_cap(
@@ -247,19 +239,11 @@ def score_tokens(
 
 
 def speculative_selection(
-    queries: np.ndarray,
-    keys: np.ndarray,
-    config: SpecPrefillConfig,
-    scale: float,
-    stages: SpecPrefillStages,
-    windows: Sequence[int | None] = (),
-    terms: Sequence[AttentionTerms | None] = (),
-    n_window: int = 1,
-    reused: int = 0,
+    queries, keys, config, scale, stages, windows=(), terms=(), n_window=1, reused: int = 0
 ) -> tuple[TokenScores, Selection]:
-    """Scores then selection: what the main model will prefill. reused R > 0: SpecPrefill from a
-    reused prefix, the scores over every prompt key, the selection over the new part [R, P) only
-    (select_new_tokens)."""
+    """Scores then selection: what the main model will prefill (score_tokens' arguments). reused
+    R > 0: SpecPrefill from a reused prefix, the scores over every prompt key, the selection over
+    the new part [R, P) only (select_new_tokens)."""
     scores = score_tokens(queries, keys, config, scale, stages, windows, terms, n_window)
     return scores, select_new_tokens(scores.importance, reused, config, stages.select_tokens)
 

@@ -3,9 +3,10 @@ mlx-lm's on MLX, transformers' on torch."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from specfill.core.adapted import AdaptedArgs
+from specfill.core.adapted import AdaptedArgs, checked_terms
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 from tests.adapters.support import assert_close, greedy, prompt
 
@@ -34,3 +35,14 @@ def test_greedy_decoding_equals_the_library_with_its_own_cache(backend, arch):
     ids = prompt(20, seed=2)
     want = backend.own_greedy(lm, ids, 6)
     assert greedy(backend.adapted(lm), ids, 6) == want
+
+
+def test_checked_terms_refuses_sinks_not_one_per_head_of_the_libraries_array_and_a_bad_softcap():
+    sinks = np.zeros(4, dtype=np.float32)
+    terms, refusal = checked_terms(sinks, 30, 4, np.ndarray)
+    assert refusal is None and terms is not None and terms.sinks is sinks and terms.softcap == 30.0
+    assert checked_terms(None, None, 4, np.ndarray) == (None, None)
+    assert "of shape (3,)" in checked_terms(np.zeros(3), None, 4, np.ndarray)[1]
+    assert "held as list" in checked_terms([0.0] * 4, None, 4, np.ndarray)[1]
+    for softcap in (0, -1.0, True, "30"):
+        assert "soft-cap" in checked_terms(None, softcap, 4, np.ndarray)[1]

@@ -5,20 +5,17 @@ from .dispatch import choose_kernel, metal_available
 from .inter import inter_attention
 from .intra import intra_attention, reduce_colsum_to_kv_heads
 from .scoring import attention_scores
-from .state import AttentionState, InterResult, IntraResult, add_sinks, empty_state, merge_states, slice_state
+from .state import add_sinks, empty_state, merge_states, slice_state
 
 __all__ = [
-    "AttentionState",
-    "InterResult",
-    "IntraResult",
     "add_sinks",
     "attention_scores",
+    "choose_kernel",
     "empty_state",
     "inter_attention",
     "intra_attention",
     "merge_states",
     "metal_available",
     "reduce_colsum_to_kv_heads",
-    "choose_kernel",
     "slice_state",
 ]

@@ -7,7 +7,7 @@ its first-use self-check (core/self_check.py) for its dtype and shape class.
 
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 from typing import Callable
 
 import mlx.core as mx
@@ -53,6 +53,12 @@ def common_dtype(*arrays: mx.array) -> mx.Dtype:
     if dtype not in (mx.float32, mx.float16, mx.bfloat16):
         raise ValueError(f"attention inputs must be float32, float16 or bfloat16, got {dtype}")
     return dtype
+
+
+def metal_kernels(*specs: dict) -> Callable[[], tuple[object, ...]]:
+    """A stage's kernel builder: builds the Metal kernels of `specs` (mx.fast.metal_kernel's arguments)
+    on its first call and hands the same ones out after (MLX compiles them per template)."""
+    return cache(lambda: tuple(mx.fast.metal_kernel(**spec) for spec in specs))
 
 
 def _case_random(shape: tuple[int, ...], like: mx.array, seed: int) -> mx.array:

@@ -3,16 +3,14 @@ into k_mem/v_mem [Hkv, M, D], with no mask. Returns the state and per-slot colum
 
 from __future__ import annotations
 
-from functools import cache
-
 import mlx.core as mx
 
 from specfill.core.self_check_cases import CASE_SLOTS
-from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
+from specfill.core.stages import AttentionState, InterResult, KeyWindow, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs, metal_kernels
 from .online_softmax import ATTENTION_SOURCE, COLSUM_SOURCE, phase_specs, run_kernels
-from .state import AttentionState, InterResult, KeyWindow, empty_state, sink_weights, soft_cap
+from .state import empty_state, sink_weights, soft_cap
 
 # Query i sees every memory slot [0, M) (M >= 1: the dispatcher answers M = 0 itself).
 INTER_ATTENTION_SOURCE = ATTENTION_SOURCE.substitute(
@@ -35,10 +33,7 @@ INTER_ATTENTION_SPEC, INTER_COLSUM_SPEC = phase_specs(
 )
 
 
-@cache
-def _make_inter_kernel() -> tuple[object, object]:
-    """The (attention, column-sum) Metal kernels, built once."""
-    return mx.fast.metal_kernel(**INTER_ATTENTION_SPEC), mx.fast.metal_kernel(**INTER_COLSUM_SPEC)
+_make_inter_kernel = metal_kernels(INTER_ATTENTION_SPEC, INTER_COLSUM_SPEC)  # (attention, column sums)
 
 
 def _check(q: mx.array, k_mem: mx.array, v_mem: mx.array) -> None:
@@ -68,17 +63,9 @@ def key_window_visible(window: KeyWindow, n_tokens: int, n_slots: int) -> mx.arr
     return (distance >= 0) & (distance < window.size)
 
 
-def inter_attention_twin(
-    q: mx.array,
-    k_mem: mx.array,
-    v_mem: mx.array,
-    scale: float,
-    window: KeyWindow | None = None,
-    terms: AttentionTerms | None = None,
-) -> InterResult:
-    """The MLX-ops twin, float32, GQA by broadcasting (no repeated K/V); a sliding window hides
-    the slots outside each row's window (a row seeing none gets the empty state). terms: the
-    soft-cap caps the logits before the mask; sinks join the column sums' denominators only."""
+def inter_attention_twin(q, k_mem, v_mem, scale, window=None, terms=None) -> InterResult:
+    """The MLX-ops twin (the stage's arguments, M >= 1), float32, GQA by broadcasting (no repeated
+    K/V); the soft-cap before the window's mask, the sinks in the column sums only."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_slots = k_mem.shape[:2]
     qg = q.astype(mx.float32).reshape(n_kv, n_heads // n_kv, n_tokens, head_dim)
@@ -102,19 +89,10 @@ def inter_attention_twin(
     return InterResult(state, weights.sum(axis=-2).reshape(n_heads, n_slots))
 
 
-def inter_attention(
-    q: mx.array,
-    k_mem: mx.array,
-    v_mem: mx.array,
-    scale: float,
-    use_kernel: bool | None = None,
-    window: KeyWindow | None = None,
-    terms: AttentionTerms | None = None,
-) -> InterResult:
-    """q [Hq, T, D] against k_mem [Hkv, M, D] / v_mem [Hkv, M, Dv] -> InterResult (o [Hq, T, Dv]).
-    M = 0 gives the empty state (m = -inf, l = 0, o = 0) and no column sums, without NaN. window: a sliding layer's
-    KeyWindow; the Metal kernel takes no window yet, so a window always runs the twin; nor
-    attention terms (soft-cap, sinks): they run the twin too, said once."""
+def inter_attention(q, k_mem, v_mem, scale, use_kernel: bool | None = None, window=None, terms=None) -> InterResult:
+    """The stage H2OStageOps.inter_attention (core/stages.py) on MLX arrays: m, l float32, o in q's
+    dtype; M = 0 gives the empty state and no column sums, without NaN. use_kernel as
+    intra_attention's; a window, attention terms and narrower values run the twin."""
     _check(q, k_mem, v_mem)
     use = choose_kernel(
         use_kernel, "phase-2 inter attention", self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0])

@@ -8,17 +8,16 @@ input dtype) and, per key, the column sum of the intra-only softmax over its chu
 from __future__ import annotations
 
 import math
-from functools import cache
 
 import mlx.core as mx
 
 from specfill.core.errors import ConfigError
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
-from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
+from specfill.core.stages import AttentionState, IntraResult, active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs, metal_kernels
 from .online_softmax import ATTENTION_SOURCE, COLSUM_SOURCE, phase_specs, run_kernels
-from .state import AttentionState, IntraResult, sink_weights, soft_cap
+from .state import sink_weights, soft_cap
 
 # Query i sees keys [chunk_start(i), i]: itself included, so at least one key.
 INTRA_ATTENTION_SOURCE = ATTENTION_SOURCE.substitute(
@@ -41,10 +40,7 @@ INTRA_ATTENTION_SPEC, INTRA_COLSUM_SPEC = phase_specs(
 )
 
 
-@cache
-def _make_intra_kernel() -> tuple[object, object]:
-    """The (attention, column-sum) Metal kernels, built once (MLX compiles them per template)."""
-    return mx.fast.metal_kernel(**INTRA_ATTENTION_SPEC), mx.fast.metal_kernel(**INTRA_COLSUM_SPEC)
+_make_intra_kernel = metal_kernels(INTRA_ATTENTION_SPEC, INTRA_COLSUM_SPEC)  # (attention, column sums)
 
 
 def _check(q: mx.array, k: mx.array, v: mx.array, chunk_size: int) -> None:
@@ -64,18 +60,9 @@ def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: in
     return IntraResult(*run_kernels(_make_intra_kernel(), q, k, v, chunk_size, scale))
 
 
-def intra_attention_twin(
-    q: mx.array,
-    k: mx.array,
-    v: mx.array,
-    chunk_size: int,
-    scale: float,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-) -> IntraResult:
-    """The MLX-ops twin: every chunk padded to S and attended as one [S, S] block, float32; a
-    sliding window w also hides keys j <= i - w from query i. terms: the soft-cap caps the
-    logits before the mask; sinks join the column sums' denominators, not the state."""
+def intra_attention_twin(q, k, v, chunk_size, scale, window=None, terms=None) -> IntraResult:
+    """The MLX-ops twin (the stage's arguments): every chunk padded to S and attended as one [S, S]
+    block, float32, GQA by broadcasting; the soft-cap before the mask, the sinks in the column sums only."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
@@ -113,21 +100,12 @@ def intra_attention_twin(
     return IntraResult(state, flat(colsum))
 
 
-def intra_attention(
-    q: mx.array,
-    k: mx.array,
-    v: mx.array,
-    chunk_size: int,
-    scale: float,
-    use_kernel: bool | None = None,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-) -> IntraResult:
-    """q [Hq, T, D], k [Hkv, T, D], v [Hkv, T, Dv] -> IntraResult (o [Hq, T, Dv]); the Metal kernel where Metal exists
-    (use_kernel None), forced (True: BackendUnavailableError without Metal) or the twin (False).
-    window: a sliding layer's w; the Metal kernel takes no window yet, so a window always runs
-    the twin (kernels forced included); nor attention terms (soft-cap, sinks): they run the twin
-    too, said once (note_term_fallback)."""
+def intra_attention(q, k, v, chunk_size, scale, use_kernel: bool | None = None, window=None, terms=None) -> IntraResult:
+    """The stage H2OStageOps.intra_attention (core/stages.py) on MLX arrays: m, l float32, o in q's
+    dtype. use_kernel: the Metal kernel where Metal exists (None), forced (True:
+    BackendUnavailableError without Metal) or the twin (False). The Metal kernel takes no window, no
+    attention terms (said once: note_term_fallback) and no narrower values: those run the twin,
+    kernels forced included."""
     _check(q, k, v, chunk_size)
     use = choose_kernel(
         use_kernel, "phase-1 intra attention", self_check=lambda: _self_check(q, q.shape[0] // k.shape[0])

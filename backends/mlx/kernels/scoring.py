@@ -6,13 +6,11 @@ queries [n_l, n_q, Hq, D] (last prompt token + look-ahead tokens), keys [n_l, Hk
 
 from __future__ import annotations
 
-from functools import cache
-
 import mlx.core as mx
 
-from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
+from specfill.core.stages import active_terms, sinks_of, softcap_of
 
-from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs
+from .dispatch import SELF_CHECK, choose_kernel, common_dtype, kernel_runs, metal_kernels
 from .state import sink_weights, soft_cap
 
 THREADS_PER_GROUP = 64
@@ -93,10 +91,7 @@ SCORING_PROBS_SPEC = dict(
 )
 
 
-@cache
-def _make_scoring_kernel() -> tuple[object, object]:
-    """The (row statistics, probabilities) Metal kernels, built once."""
-    return mx.fast.metal_kernel(**SCORING_STATS_SPEC), mx.fast.metal_kernel(**SCORING_PROBS_SPEC)
+_make_scoring_kernel = metal_kernels(SCORING_STATS_SPEC, SCORING_PROBS_SPEC)  # (row statistics, probabilities)
 
 
 def _check(queries: mx.array, keys: mx.array) -> None:
@@ -137,18 +132,9 @@ def attention_scores_kernel(queries: mx.array, keys: mx.array, scale: float) -> 
     return probs
 
 
-def attention_scores_twin(
-    queries: mx.array,
-    keys: mx.array,
-    scale: float,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-    query_start: int | None = None,
-) -> mx.array:
-    """The MLX-ops twin, float32, GQA by broadcasting. Query n sits at position s + n (s =
-    query_start, None: P - 1) and sees key j iff j <= s + n and, with a sliding window w,
-    s + n - j < w; a query that sees no key scores zeros. terms: a soft-cap on the logits (before
-    the mask), sinks [Hq] in the denominators."""
+def attention_scores_twin(queries, keys, scale, window=None, terms=None, query_start=None) -> mx.array:
+    """The MLX-ops twin (the stage's arguments, P >= 1), float32, GQA by broadcasting; the mask
+    only with a window or an observation window's queries, the soft-cap before it."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv = keys.shape[1]
     # [n_l, n_q, Hq, D] -> [n_l, Hkv, G, n_q, D]
@@ -174,18 +160,11 @@ def attention_scores_twin(
 
 
 def attention_scores(
-    queries: mx.array,
-    keys: mx.array,
-    scale: float,
-    use_kernel: bool | None = None,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-    query_start: int | None = None,
+    queries, keys, scale, use_kernel: bool | None = None, window=None, terms=None, query_start=None
 ) -> mx.array:
-    """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P, D] -> softmax over P, [n_q, n_l, Hq, P] float32.
-    window: a sliding layer's w; query_start: the first query's position when an observation
-    window's queries come first (None: P - 1). The Metal kernel masks neither yet: the twin runs;
-    nor attention terms (soft-cap, sinks): they run the twin too, said once."""
+    """The stage ScoringStageOps.attention_scores (core/stages.py) on MLX arrays, float32. use_kernel
+    as intra_attention's; the Metal kernel masks nothing (a window, query_start) and takes no
+    attention terms (said once): those run the twin."""
     _check(queries, keys)
     use = choose_kernel(
         use_kernel,

@@ -9,20 +9,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
-
-__all__ = [
-    "AttentionState",
-    "InterResult",
-    "IntraResult",
-    "KeyWindow",
-    "add_sinks",
-    "empty_state",
-    "merge_states",
-    "sink_weights",
-    "slice_state",
-    "soft_cap",
-]
+from specfill.core.stages import AttentionState
 
 
 def empty_state(n_heads: int, n_tokens: int, head_dim: int, dtype: mx.Dtype) -> AttentionState:

@@ -9,12 +9,9 @@ from .dispatch import choose_kernel, kernel_unavailable_reason
 from .inter import inter_attention, inter_attention_twin
 from .intra import check_attention_shapes, intra_attention, intra_attention_twin, reduce_colsum_to_kv_heads
 from .scoring import attention_scores, attention_scores_twin, check_scoring_shapes
-from .state import AttentionState, InterResult, IntraResult, add_sinks, empty_state, merge_states, stats_dtype
+from .state import add_sinks, empty_state, merge_states, stats_dtype
 
 __all__ = [
-    "AttentionState",
-    "InterResult",
-    "IntraResult",
     "add_sinks",
     "attention_scores",
     "attention_scores_twin",

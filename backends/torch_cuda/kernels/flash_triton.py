@@ -19,8 +19,10 @@ import torch
 import triton
 import triton.language as tl
 
+from specfill.core.stages import AttentionState, IntraResult
+
 from .dispatch import device_arch, dot_tile, interpreting, next_power_of_2
-from .state import LN2, LOG2E, AttentionState, IntraResult
+from .state import LN2, LOG2E
 from .tiles import flash_tiles
 
 
@@ -31,49 +33,35 @@ def _block_diagonal(offs_m, offs_n, chunk_size):
 
 
 @triton.jit
-def _forward_kernel(
-    Q,
-    K,
-    V,
-    O,
-    M,
-    L,
-    stride_qh,
-    stride_qt,
-    stride_qd,
-    stride_kh,
-    stride_kt,
-    stride_kd,
-    stride_vh,
-    stride_vt,
-    stride_vd,
-    stride_oh,
-    stride_ot,
-    stride_od,
-    n_queries,
-    n_keys,
-    head_dim,
-    chunk_size,
-    group,
-    qk_scale,
-    BLOCK_DIAGONAL: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    block = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // group
-    offs_m = block * BLOCK_M + tl.arange(0, BLOCK_M)
+def _program(head_dim, BLOCK_D: tl.constexpr):
+    """Both kernels' prologue: the program's (block, query head) and the head dim's offsets and mask."""
     offs_d = tl.arange(0, BLOCK_D)
-    row_ok = offs_m < n_queries
-    d_ok = offs_d < head_dim
-    q = tl.load(
-        Q + head * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )
+    return tl.program_id(0), tl.program_id(1), offs_d, offs_d < head_dim
+
+
+@triton.jit
+def _rows(base, stride_t, first, n_rows, d_ok, BLOCK: tl.constexpr):
+    """Rows [first, first + BLOCK) of one head's [n_rows, D] tensor, `base` its pointer with the d
+    offsets added; zero past n_rows and where d_ok is False: (row offsets, row mask, tile)."""
+    offs = first + tl.arange(0, BLOCK)
+    ok = offs < n_rows
+    return offs, ok, tl.load(base + offs[:, None] * stride_t, mask=ok[:, None] & d_ok[None, :], other=0.0)
+
+
+# The two kernels' arguments (their order is the launch's; aot.py reads their names), grouped: the
+# tensors, their (head, row, dim) strides, what is computed (sizes, scale, mask), how (precision, tiles).
+@triton.jit
+def _forward_kernel(
+    Q, K, V, O, M, L,
+    stride_qh, stride_qt, stride_qd, stride_kh, stride_kt, stride_kd,
+    stride_vh, stride_vt, stride_vd, stride_oh, stride_ot, stride_od,
+    n_queries, n_keys, head_dim, chunk_size, group, qk_scale, BLOCK_DIAGONAL: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    block, head, offs_d, d_ok = _program(head_dim, BLOCK_D)
+    q_base = Q + head * stride_qh + offs_d[None, :] * stride_qd
+    offs_m, row_ok, q = _rows(q_base, stride_qt, block * BLOCK_M, n_queries, d_ok, BLOCK_M)
+    kv_head = head // group
     k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + kv_head * stride_vh + offs_d[None, :] * stride_vd
 
@@ -88,9 +76,7 @@ def _forward_kernel(
         lo = 0
         hi = n_keys
     for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        key_ok = offs_n < n_keys
-        k = tl.load(k_base + offs_n[:, None] * stride_kt, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        offs_n, key_ok, k = _rows(k_base, stride_kt, start_n, n_keys, d_ok, BLOCK_N)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         visible = key_ok[None, :]
         if BLOCK_DIAGONAL:
@@ -118,41 +104,14 @@ def _forward_kernel(
 
 @triton.jit
 def _colsum_kernel(
-    Q,
-    K,
-    M,
-    L,
-    CS,
-    stride_qh,
-    stride_qt,
-    stride_qd,
-    stride_kh,
-    stride_kt,
-    stride_kd,
-    n_queries,
-    n_keys,
-    head_dim,
-    chunk_size,
-    group,
-    qk_scale,
-    BLOCK_DIAGONAL: tl.constexpr,
-    PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    block = tl.program_id(0)
-    head = tl.program_id(1)
-    kv_head = head // group
-    offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    key_ok = offs_n < n_keys
-    d_ok = offs_d < head_dim
-    k = tl.load(
-        K + kv_head * stride_kh + offs_n[:, None] * stride_kt + offs_d[None, :] * stride_kd,
-        mask=key_ok[:, None] & d_ok[None, :],
-        other=0.0,
-    )
+    Q, K, M, L, CS,
+    stride_qh, stride_qt, stride_qd, stride_kh, stride_kt, stride_kd,
+    n_queries, n_keys, head_dim, chunk_size, group, qk_scale, BLOCK_DIAGONAL: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    block, head, offs_d, d_ok = _program(head_dim, BLOCK_D)
+    k_base = K + (head // group) * stride_kh + offs_d[None, :] * stride_kd
+    offs_n, key_ok, k = _rows(k_base, stride_kt, block * BLOCK_N, n_keys, d_ok, BLOCK_N)
     q_base = Q + head * stride_qh + offs_d[None, :] * stride_qd
 
     colsum = tl.zeros([BLOCK_N], tl.float32)
@@ -165,9 +124,7 @@ def _colsum_kernel(
         lo = 0
         hi = n_queries
     for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < n_queries
-        q = tl.load(q_base + offs_m[:, None] * stride_qt, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        offs_m, row_ok, q = _rows(q_base, stride_qt, start_m, n_queries, d_ok, BLOCK_M)
         m = tl.load(M + head * n_queries + offs_m, mask=row_ok, other=0.0)
         l = tl.load(L + head * n_queries + offs_m, mask=row_ok, other=1.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale

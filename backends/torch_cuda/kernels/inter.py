@@ -13,22 +13,12 @@ import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from specfill.core.self_check_cases import CASE_SLOTS
-from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
+from specfill.core.stages import InterResult, KeyWindow, active_terms, sinks_of, softcap_of
 
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .intra import check_attention_shapes, row_sinks2
-from .state import (
-    LOG2E,
-    InterResult,
-    KeyWindow,
-    empty_state,
-    soft_cap2_,
-    softmax_state_,
-    stacked_buffers,
-    stats_dtype,
-    unstacked_state,
-)
+from .state import LOG2E, empty_state, soft_cap2_, softmax_state_, stacked_buffers, stats_dtype, unstacked_state
 
 # query rows per block of the twin (times G stacked heads) against all M memory slots:
 # 64 to 256 measured within ~10% at S = 1024, M = 512 on CPU, whole chunks at once ~50% slower
@@ -45,20 +35,12 @@ def key_window_distance(window: KeyWindow, lo: int, hi: int, n_slots: int, devic
     return (window.query_start + torch.arange(lo, hi, device=device))[None, :, None] - keys[:, None, :]
 
 
-def inter_attention_twin(
-    q: torch.Tensor,
-    k_mem: torch.Tensor,
-    v_mem: torch.Tensor,
-    scale: float,
-    with_colsum: bool = True,
-    window: KeyWindow | None = None,
-    terms: AttentionTerms | None = None,
-) -> InterResult:
-    """Torch-ops twin: the G query heads of a KV head are the rows of one matmul, in blocks of
-    query rows so that a block's logits stay near cache size; each (block, KV head) is an
-    independent work unit (cpu_units.run_units), so that the dense tail's few rows (one block)
-    still spread over the threads. A sliding window masks the slots outside each row's window.
-    terms: the soft-cap caps the logits before the mask; sinks join the column sums' denominators."""
+def inter_attention_twin(q, k_mem, v_mem, scale, with_colsum=True, window=None, terms=None) -> InterResult:
+    """Torch-ops twin (the dispatcher's arguments but use_kernel; M >= 1): the G query heads of a KV
+    head are the rows of one matmul, in blocks of query rows so that a block's logits stay near
+    cache size; each (block, KV head) is an independent work unit (cpu_units.run_units), so that the
+    dense tail's few rows (one block) still spread over the threads. The soft-cap caps the logits
+    before the window's mask; sinks join the column sums' denominators only."""
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_mem, value_dim = k_mem.shape[0], k_mem.shape[1], v_mem.shape[2]
     group = n_heads // n_kv
@@ -94,22 +76,12 @@ def inter_attention_twin(
 
 
 def inter_attention(
-    q: torch.Tensor,
-    k_mem: torch.Tensor,
-    v_mem: torch.Tensor,
-    scale: float,
-    use_kernel: bool | None = None,
-    with_colsum: bool = True,
-    window: KeyWindow | None = None,
-    terms: AttentionTerms | None = None,
+    q, k_mem, v_mem, scale, use_kernel: bool | None = None, with_colsum: bool = True, window=None, terms=None
 ) -> InterResult:
-    """q [Hq, T, D] against k_mem [Hkv, M, D] / v_mem [Hkv, M, Dv] -> m, l [Hq, T], o [Hq, T, Dv],
-    colsum [Hq, M] (Dv = D but for latent attention, whose narrower values run the twin, said once).
-
-    An empty memory (M = 0) gives the empty state (m = -inf, l = 0, o = 0) and no column sums.
-    use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
-    layer's KeyWindow; the Triton kernel takes no window yet, so a window always runs the twin;
-    nor attention terms (soft-cap, sinks): they run the twin too, said once.
+    """The stage H2OStageOps.inter_attention (core/stages.py) on torch tensors, dtypes and
+    use_kernel / with_colsum as intra_attention's; an empty memory (M = 0) gives the empty state
+    (m = -inf, l = 0, o = 0) and no column sums. A window, attention terms and narrower values
+    (latent attention's, said once) run the twin.
     """
     check_attention_shapes(q, k_mem, v_mem)
     kernel = choose_kernel(use_kernel, q, k_mem, v_mem, self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))

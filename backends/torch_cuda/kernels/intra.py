@@ -14,20 +14,11 @@ import torch
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
-from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
+from specfill.core.stages import AttentionTerms, IntraResult, active_terms, sinks_of, softcap_of
 
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
-from .state import (
-    LOG2E,
-    IntraResult,
-    empty_state,
-    soft_cap2_,
-    softmax_state_,
-    stacked_buffers,
-    stats_dtype,
-    unstacked_state,
-)
+from .state import LOG2E, empty_state, soft_cap2_, softmax_state_, stacked_buffers, stats_dtype, unstacked_state
 
 # query rows per block of the twin: with G heads stacked, a block's logits (G * 64 rows by at most
 # S keys) stay near cache size and the diagonal blocks waste little; 64 measured fastest on an
@@ -69,17 +60,9 @@ def row_sinks2(
     return sinks2.expand(n_kv, group, n_rows).reshape(n_kv, group * n_rows, 1)
 
 
-def intra_attention_twin(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    chunk_size: int,
-    scale: float,
-    with_colsum: bool = True,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-) -> IntraResult:
-    """Torch-ops twin of the phase-1 kernel: explicit logits per block of query rows, fp32 statistics.
+def intra_attention_twin(q, k, v, chunk_size, scale, with_colsum=True, window=None, terms=None) -> IntraResult:
+    """Torch-ops twin of the phase-1 kernel (the dispatcher's arguments but use_kernel): explicit
+    logits per block of query rows, fp32 statistics.
 
     A query block [lo, hi) of a chunk only meets the chunk's keys before hi, so nothing above the
     diagonal is computed; with a sliding window w (query i sees keys j > i - w) nothing before
@@ -129,23 +112,13 @@ def intra_attention_twin(
 
 
 def intra_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    chunk_size: int,
-    scale: float,
-    use_kernel: bool | None = None,
-    with_colsum: bool = True,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
+    q, k, v, chunk_size, scale, use_kernel: bool | None = None, with_colsum: bool = True, window=None, terms=None
 ) -> IntraResult:
-    """Phase-1 attention: q [Hq, T, D], k/v [Hkv, T, D]; chunks of chunk_size start at token 0.
-
-    Returns m, l [Hq, T] (fp32; fp64 for fp64 inputs), o [Hq, T, D] in q's dtype and column sums
-    [Hq, T] (None when with_colsum is False). use_kernel: None = Triton on CUDA, else the twin;
-    True / False force one. window: a sliding layer's w (query i sees keys j > i - w); the Triton
-    kernel takes no window yet, so a window always runs the twin (kernels forced included); nor
-    attention terms (soft-cap, sinks): they run the twin too, said once (note_term_fallback).
+    """The stage H2OStageOps.intra_attention (core/stages.py) on torch tensors: m, l fp32 (fp64 for
+    fp64 inputs), o in q's dtype; with_colsum False: no column sums (None). use_kernel: None =
+    Triton on CUDA, else the twin; True / False force one. The Triton kernel takes no window, no
+    attention terms (said once: note_term_fallback) and no narrower values: those run the twin,
+    kernels forced included.
     """
     check_attention_shapes(q, k, v)
     if k.shape[1] != q.shape[1]:

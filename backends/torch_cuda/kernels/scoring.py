@@ -50,18 +50,9 @@ def _terms_probs(
     return torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
 
 
-def attention_scores_twin(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    scale: float,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-    query_start: int | None = None,
-) -> torch.Tensor:
-    """Torch-ops twin: the G query heads of a KV head share one matmul against its keys. Query n
-    sits at position s + n (s = query_start, None: P - 1) and sees key j iff j <= s + n and, with
-    a sliding window w, s + n - j < w; a query that sees no key scores zeros. terms: a soft-cap on
-    the logits, sinks [Hq] in the denominators."""
+def attention_scores_twin(queries, keys, scale, window=None, terms=None, query_start=None) -> torch.Tensor:
+    """Torch-ops twin (the stage's arguments, P >= 1): the G query heads of a KV head share one
+    matmul against its keys; the mask only with a window or an observation window's queries."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
@@ -88,20 +79,12 @@ def attention_scores_twin(
 
 
 def attention_scores(
-    queries: torch.Tensor,
-    keys: torch.Tensor,
-    scale: float,
-    use_kernel: bool | None = None,
-    window: int | None = None,
-    terms: AttentionTerms | None = None,
-    query_start: int | None = None,
+    queries, keys, scale, use_kernel: bool | None = None, window=None, terms=None, query_start=None
 ) -> torch.Tensor:
-    """probs [n_q, n_l, Hq, P]: softmax over the P prompt keys of each scoring query.
-
-    use_kernel: None = Triton on CUDA, else the twin; True / False force one. window: a sliding
-    layer's w; query_start: the first query's position when an observation window's queries come
-    first (None: P - 1). The Triton kernel masks neither yet, so either runs the twin; nor does it
-    take attention terms (soft-cap, sinks): they run the twin too, said once.
+    """The stage ScoringStageOps.attention_scores (core/stages.py) on torch tensors: probs fp32
+    (fp64 for fp64 inputs), the shapes checked first (check_scoring_shapes: ValueError). use_kernel:
+    None = Triton on CUDA, else the twin; True / False force one. The Triton kernel masks nothing
+    (a window, query_start) and takes no attention terms (said once): those run the twin.
     """
     check_scoring_shapes(queries, keys)
     kernel = choose_kernel(

@@ -10,24 +10,7 @@ import math
 
 import torch
 
-from specfill.core.stages import AttentionState, InterResult, IntraResult, KeyWindow
-
-__all__ = [
-    "LN2",
-    "LOG2E",
-    "AttentionState",
-    "InterResult",
-    "IntraResult",
-    "KeyWindow",
-    "add_sinks",
-    "empty_state",
-    "merge_states",
-    "soft_cap2_",
-    "softmax_state_",
-    "stacked_buffers",
-    "stats_dtype",
-    "unstacked_state",
-]
+from specfill.core.stages import AttentionState
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
