@@ -33,7 +33,6 @@ DEFAULT_H2O_LAYERS = "first-0.33"
 KEEP_RULES = ("keep_ratio", "keep_tokens", "keep_mass")  # SpecPrefill's keep rule: at most one is set
 SPECULATOR_PREFILLS = ("h2o", "dense")  # SpecPrefillConfig.speculator_prefill's public values
 SELECT_UNITS = ("chunks", "text")  # SpecPrefillConfig.select_units' values
-UNIT_CHUNKS = 8  # a text unit holds at most this many selection chunks' worth of tokens (core/text_units.py)
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -207,10 +206,10 @@ class SpecPrefillConfig:
     the keys at or before its own position (an observation window, as SnapKV's); 1 is the paper's
     (the last prompt token only). The look-ahead queries follow them; lookahead_reduction runs
     over all W + N of them. W is clamped to the prompt's length.
-    select_units: what is kept or dropped whole: "chunks" (select_chunk tokens each, the
-    paper's) or "text" (the prompt's own paragraphs and lines, at most UNIT_CHUNKS chunks' worth
-    each: core/text_units.py; docs/methods.md, Selection units). Text units are ranked by mean
-    importance as chunks are and kept best first until they hold the keep rule's share of the
+    select_units: what is kept or dropped whole: "chunks" (select_chunk tokens each, the paper's)
+    or "text" (units of at most select_chunk tokens whose boundaries follow the prompt's own lines
+    and paragraphs: core/text_units.py; docs/methods.md, Selection units). Text units are ranked by
+    mean importance as chunks are and kept best first until they hold the keep rule's share of the
     prompt's tokens (keep_ratio x P, or keep_tokens; at least token_floor); neighbours are units;
     the mass rule takes chunks only (a ConfigError with "text").
     unit_starts: the token positions where the prompt's text units start (position 0 always
@@ -271,7 +270,7 @@ class SpecPrefillConfig:
     select_units: str = setting(
         "chunks",
         "SpecPrefill: the units kept or dropped whole: chunks (select_chunk tokens each) or text "
-        "(the prompt's own paragraphs and lines, at most 8 chunks' worth each)",
+        "(at most select_chunk tokens each, cut where the prompt's lines and paragraphs end)",
         SELECT_UNITS,
     )
     unit_starts: tuple[int, ...] = setting(

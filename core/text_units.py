@@ -1,7 +1,7 @@
 """SpecPrefill's text units (SpecPrefillConfig.select_units "text"): where a prompt's own segments
-start, from its tokens' text, so the selection keeps or drops paragraphs and lines whole rather
-than fixed chunks that cut across documents, sentences and code lines (issue 47: the 1.5B misread
-HotpotQA contexts cut into 32-token pieces).
+start, from its tokens' text, so the selection keeps or drops pieces whose boundaries follow the
+prompt's lines and paragraphs rather than fixed chunks that cut across them (issue 47: the 1.5B
+misread HotpotQA contexts cut into 32-token pieces across documents).
 
 The rule (pure, on the tokens' texts):
 - a line ends after a token whose text holds a line break;
@@ -10,8 +10,10 @@ The rule (pure, on the tokens' texts):
 - a unit is a paragraph, when it holds at most `max_tokens` tokens; a longer paragraph is cut
   between lines, whole lines packed into units of at most max_tokens; a line longer than that
   alone is cut every max_tokens tokens.
-So a RULER document, a code block between blank lines, a chat message's paragraph is one unit
-where it fits, and no unit is longer than max_tokens (config.UNIT_CHUNKS selection chunks).
+SpecPrefill's text units hold at most select_chunk tokens (max_tokens): chunks whose boundaries
+follow the text, so a unit never runs across a paragraph's end or a line that does not fit it
+(larger units, whole paragraphs up to 8 chunks, lost variable-tracking chains on the selection
+proxy: research/selection_units).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from .config import UNIT_CHUNKS, SpecPrefillConfig
+from .config import SpecPrefillConfig
 from .runtime import PrefillMethod
 
 
@@ -86,5 +88,5 @@ def with_text_units_config(config: SpecPrefillConfig, tokenizer: Any, ids: Seque
     (with_text_units' step on a config; the same config otherwise)."""
     if config.select_units != "text" or config.unit_starts:
         return config
-    starts = text_unit_starts(token_pieces(tokenizer, ids), UNIT_CHUNKS * config.select_chunk)
+    starts = text_unit_starts(token_pieces(tokenizer, ids), config.select_chunk)
     return replace(config, unit_starts=starts or (0,))

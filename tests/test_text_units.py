@@ -49,7 +49,7 @@ def test_pieces_decode_each_id_once_and_fill_the_config():
     assert token_pieces(tok, ids) == ["a", " b", ".\n\n", "a", " b", " b", ".\n\n", "a"]
     assert tok.calls == 3
     config = with_text_units_config(SpecPrefillConfig(select_units="text", select_chunk=2), tok, ids)
-    assert config.unit_starts == (0, 3, 7)
+    assert config.unit_starts == (0, 2, 3, 5, 7)  # units of at most select_chunk = 2 tokens, cut at paragraphs
     chunks = SpecPrefillConfig()
     assert with_text_units_config(chunks, tok, ids) is chunks  # chunks: nothing to fill
 

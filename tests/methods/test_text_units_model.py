@@ -39,7 +39,7 @@ def test_a_session_selects_whole_text_units(tiny, arch):
     ids = [int(i) for i in prompt(120, t.args.vocab_size, seed=5)]
     ids[20] = ids[41] = ids[77] = 13  # paragraph ends
     ids[30] = ids[60] = ids[95] = 7  # line ends
-    config = SpecPrefillConfig(select_units="text", keep_ratio=0.3, lookahead=3, select_chunk=4, pool_kernel=3)
+    config = SpecPrefillConfig(select_units="text", keep_ratio=0.3, lookahead=3, select_chunk=8, pool_kernel=3)
     info = GenerationInfo()
     session = Session(t.model, tokenizer)
     list(
@@ -48,8 +48,9 @@ def test_a_session_selects_whole_text_units(tiny, arch):
         )
     )
     filled = with_text_units_config(config, tokenizer, ids)
-    # paragraphs [0, 21) and [21, 42) (two lines: 21 tokens fit 8 chunks = 32); [42, 78) does not: cut at its line 61
-    assert filled.unit_starts[:4] == (0, 21, 42, 61)
+    # units of at most 8 tokens: the 21-token paragraph [0, 21) cut every 8; the next paragraph's two
+    # lines [21, 31) and [31, 42) each start a unit (neither fits the other's), each cut at 8
+    assert filled.unit_starts[:8] == (0, 8, 16, 21, 29, 31, 39, 42)
     queries, keys, _ = reference_speculator(t.ref, ids, 1, 3)
     _, selection = speculative_selection(queries, keys, filled, t.ref.scale, REFERENCE)
     assert info.kept_positions == selection.kept.tolist()
