@@ -4,6 +4,10 @@ then each variant's kept set, and the share of each answer span it keeps (as the
 answer_kept). A study, not product: the winner goes into core/methods/selection.py.
 
     python research/selection_units/variants.py PASS_DIR MODEL.gguf [--out FILE.json]
+
+PASS_DIR: the saved passes of `specfill eval --candidates` (~/.cache/specfill/eval/passes/<speculator>-...);
+results/variants_4k.{json,txt}: the pair, fp32, the frontier set at 4K (6 samples x 5 tasks), keep 0.3.
+results/8chunk_units_*: the protocol run of the first rule (text units up to 8 chunks), before this study.
 """
 
 from __future__ import annotations
