@@ -17,7 +17,16 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from .config_checks import _check_layers, _check_spans, _check_units, _error, _require_int, _require_share, layer_subset
+from .config_checks import (
+    SELECT_UNITS,
+    _check_layers,
+    _check_spans,
+    _check_units,
+    _error,
+    _require_int,
+    _require_share,
+    layer_subset,
+)
 from .errors import SpecfillWarning
 
 REDUCTIONS = ("max", "mean")
@@ -32,7 +41,6 @@ DEFAULT_H2O_LAYERS = "first-0.33"
 
 KEEP_RULES = ("keep_ratio", "keep_tokens", "keep_mass")  # SpecPrefill's keep rule: at most one is set
 SPECULATOR_PREFILLS = ("h2o", "dense")  # SpecPrefillConfig.speculator_prefill's public values
-SELECT_UNITS = ("chunks", "text")  # SpecPrefillConfig.select_units' values
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:
@@ -394,7 +402,7 @@ class SpecPrefillConfig:
             wanted = self.keep_tokens
         else:  # the guard keeps float noise from adding a token, as _fixed_chunks'
             wanted = math.ceil(n_tokens * self.keep_ratio - 1e-9)
-        return max(0, min(n_tokens, max(1, wanted, self.token_floor)))
+        return min(n_tokens, max(1, wanted, self.token_floor))
 
     def chunk_range(self, n_chunks: int) -> tuple[int, int]:
         """(fewest, most) selected chunks: equal unless the mass rule is on (its floor, ceiling)."""

@@ -9,6 +9,7 @@ from typing import Any
 from .errors import ConfigError
 
 MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
+SELECT_UNITS = ("chunks", "text")  # SpecPrefillConfig.select_units' values
 
 
 def layer_subset(spec: str, n_layers: int) -> list[int]:
@@ -68,8 +69,8 @@ def _check_spans(config: Any) -> None:
 def _check_units(config: Any) -> None:
     """SpecPrefillConfig.select_units in SELECT_UNITS and unit_starts as ascending unique positions in
     [0, MAX_SETTING] (0 added: it always starts a unit), given only with "text"; "text" takes no mass rule."""
-    if config.select_units not in ("chunks", "text"):
-        raise _error(config, f"select_units must be chunks or text, got {config.select_units!r}", "select_units")
+    if config.select_units not in SELECT_UNITS:
+        raise _error(config, f"select_units must be one of {SELECT_UNITS}, got {config.select_units!r}", "select_units")
     given = config.unit_starts if isinstance(config.unit_starts, (tuple, list)) else [config.unit_starts]
     if any(isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_SETTING for v in given):
         raise _error(config, f"unit_starts must be token positions in [0, {MAX_SETTING}], got {given!r}", "unit_starts")

@@ -252,7 +252,6 @@ def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
     """Most tokens a selection can keep: its chunks (each with its neighbours; text units: the
     budget, the unit reaching it and each chosen unit's neighbours) plus the boundary spans and the
     forced last token."""
-    n_chunks = math.ceil(prompt_len / config.select_chunk)
     spans = sum(max(0, min(b, prompt_len) - a) for a, b in config.protected)
     if config.select_units == "text":  # the budget, the unit that reaches it, their neighbour units
         units = text_units(prompt_len, config)
@@ -260,5 +259,6 @@ def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
         chosen = config.token_budget(prompt_len) + longest - 1
         held = chosen + min(len(units), chosen) * 2 * config.neighbours * longest
         return min(prompt_len, held + config.keep_first + config.keep_last + spans + 1)
+    n_chunks = math.ceil(prompt_len / config.select_chunk)
     chunks = min(n_chunks, config.n_kept_chunks(n_chunks) * (2 * config.neighbours + 1))
     return min(prompt_len, chunks * config.select_chunk + config.keep_first + config.keep_last + spans + 1)
