@@ -5,25 +5,26 @@ through the model's own chat template as transformers renders them.
 tool_choice "none" leaves the tools out of the template and the reply unparsed; "auto" lets the
 model write text, calls or both, each call constrained from its opening on (below). "required"
 and a named function start the reply with the format's opening (and the name) in the prompt
-(tool_parsers.ToolFormat.forced), and where the format's arguments are JSON (hermes, llama3,
-harmony, kimi_k2: ToolFormat.call) the rest of the reply is constrained (reply_grammar;
-json_grammar.py, token_mask.py): for "required" the name is one of the tools', then that tool's
-arguments as JSON of its parameters schema, then the format's closing (`}\n</tool_call>` for
-hermes, `}` for llama3, `<|tool_call_end|><|tool_calls_section_end|>` for kimi_k2; harmony's JSON
-is followed by its stop token), then EOS: one call per reply. Under "auto" the same grammar is
+(tool_parsers.ToolFormat.forced), and where the format has a call grammar (hermes, llama3,
+harmony, kimi_k2 with JSON arguments, qwen3_coder with its XML parameters: ToolFormat.call) the
+rest of the reply is constrained (reply_grammar; reply_grammar.py, json_grammar.py,
+token_mask.py): for "required" the name is one of the tools', then that tool's arguments by its
+parameters schema (JSON of it, or qwen3_coder's `<parameter=P>` blocks typed by it), then the
+format's closing (`}\n</tool_call>` for hermes, `}` for llama3, `</function>\n</tool_call>` for
+qwen3_coder, `<|tool_call_end|><|tool_calls_section_end|>` for kimi_k2; harmony's JSON is
+followed by its stop token), then EOS: one call per reply. Under "auto" the same grammar is
 lazy (llama.cpp's lazy grammars): the reply is free until it writes the format's call opening
-(`<tool_call>`, harmony's `<|channel|>commentary to=functions.`, kimi_k2's
-`<|tool_calls_section_begin|>`), then constrained to the rest of one call, then free again (text,
-EOS or another call; parallel_tool_calls false still keeps the first call only, when the reply is
-read); not for llama3, whose opening is plain JSON (UNTRIGGERED); off with the request's
-`lazy_grammar: false` or the server's ServerDefaults.lazy_grammar (plan.build_plan). The other
-formats (qwen3_coder's XML parameters, mistral, glm47, the mlx-lm
-ones) are continued, not constrained. A JSON response_format is constrained the same way when no
-tools are in play (json_object: any JSON object; json_schema: that schema), still started with
-"{" for an object, the schema still shown to the model in the system message, and the text still
-checked once it is complete (OutputCheck; the verdict travels in the response's
-`specfill.response_format`): the constraint follows the schema's structure (json_grammar.py says
-which keywords), the check all of it.
+(`<tool_call>`, qwen3_coder's `<tool_call>\n<function=`, harmony's `<|channel|>commentary
+to=functions.`, kimi_k2's `<|tool_calls_section_begin|>`), then constrained to the rest of one
+call, then free again (text, EOS or another call; parallel_tool_calls false still keeps the first
+call only, when the reply is read); not for llama3, whose opening is plain JSON (UNTRIGGERED); off
+with the request's `lazy_grammar: false` or the server's ServerDefaults.lazy_grammar
+(plan.build_plan). The other formats (mistral, glm47, the other mlx-lm ones) are continued, not
+constrained. A JSON response_format is constrained the same way when no tools are in play
+(json_object: any JSON object; json_schema: that schema), still started with "{" for an object,
+the schema still shown to the model in the system message, and the text still checked once it is
+complete (OutputCheck; the verdict travels in the response's `specfill.response_format`): the
+constraint follows the schema's structure (json_grammar.py says which keywords), the check all of it.
 Claude Code's attribution line (`x-anthropic-billing-header: cc_version=...; cc_entrypoint=...;
 cch=...;`, the first system block of its requests) is removed from system and developer messages
 (without_billing_header): it changes with the client's version, entry point and, from 2.1.x, every
@@ -44,8 +45,8 @@ from specfill.api import encode_prompt
 from specfill.core import SpecfillError
 
 from .errors import bad_request
-from .json_grammar import ReplyGrammar
 from .protocol import ChatRequest, Message
+from .reply_grammar import ReplyGrammar
 from .tool_parsers import FORMATS, ToolFormat, detect_format
 
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")  # OpenAI's rule (a-z, A-Z, 0-9, _ and -, at most 64), plus . and :
@@ -213,8 +214,8 @@ class ChatSetup:
 
 def reply_grammar(fmt: ToolFormat, name: str | None, lazy: bool = False) -> ReplyGrammar | None:
     """tool_choice "required" (name None: a call to any of the tools) or a named function: the
-    one call the reply is constrained to, after its forced start; None where the format's
-    arguments are not JSON (ToolFormat.call). lazy (tool_choice "auto"): each call the reply
+    one call the reply is constrained to, after its forced start; None where the format has no
+    call grammar (ToolFormat.call). lazy (tool_choice "auto"): each call the reply
     opens with the forced start for any tool is constrained so; None where that opening is
     ordinary text (UNTRIGGERED)."""
     if fmt.call is None or (lazy and fmt.name in UNTRIGGERED):
@@ -226,7 +227,7 @@ def reply_grammar(fmt: ToolFormat, name: str | None, lazy: bool = False) -> Repl
         if name is None or function["name"] == name:
             opening = fmt.required + head.format(name=json.dumps(function["name"]), bare=function["name"])
             branches.append((opening, json.dumps(function["parameters"]), close))
-    return ReplyGrammar(tuple(branches), start=fmt.forced(name), lazy=lazy)
+    return ReplyGrammar(tuple(branches), start=fmt.forced(name), lazy=lazy, arguments=fmt.arguments)
 
 
 def output_grammar(output: OutputCheck | None, prefix: str) -> ReplyGrammar | None:

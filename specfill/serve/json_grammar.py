@@ -1,5 +1,6 @@
-"""A character-level automaton of JSON text that matches a JSON schema: what constrained decoding
-(token_mask.py) walks the vocabulary with. Pure Python, no tokenizer.
+"""A character-level automaton of JSON text that matches a JSON schema: the nodes a constrained
+reply's grammar (reply_grammar.py) is built of, and what token_mask.py walks the vocabulary with.
+Pure Python, no tokenizer.
 
 The schema keywords it follows (llama.cpp's json-schema-to-grammar is the model, cut down):
 
@@ -27,8 +28,6 @@ whole text done. States are hashable, so token_mask.py caches a mask per state.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Iterator
 
 Config = tuple[tuple[Any, Any], ...]
@@ -350,7 +349,7 @@ class Compiler:
         return Seq(Lit("{"), Space(), rest(0, False))
 
 
-def _value(schema: Any) -> Any:
+def json_value(schema: Any) -> Any:
     """The nodes of a JSON value of `schema`; any JSON value where the schema refers to itself
     before any character is read (a $ref cycle: the automaton would never settle)."""
     node = Compiler(schema).node(schema)
@@ -359,81 +358,3 @@ def _value(schema: Any) -> Any:
     except RecursionError:
         return _any_value()
     return node
-
-
-@dataclass(frozen=True)
-class ReplyGrammar:
-    """What a constrained reply is: one of `branches`, each literal text, a JSON value of a schema
-    (its JSON text; "" for none) and literal text, of which `start` (the reply's start, already
-    in the prompt) has been written. lazy: the reply is free until `start` appears in it (a call's
-    opening, tool_choice auto), constrained from there, free again after each complete branch
-    (token_mask.LazyReply). Hashable and small: a Plan carries it to every rank."""
-
-    branches: tuple[tuple[str, str, str], ...]
-    start: str = ""
-    lazy: bool = False
-
-
-class Automaton:
-    """A ReplyGrammar's states: initial (after `start`; empty when `start` does not fit), step."""
-
-    def __init__(self, grammar: ReplyGrammar):
-        options = []
-        for before, schema, after in grammar.branches:
-            value = _value(json.loads(schema)) if schema else Lit("")
-            options.append(Seq(Lit(before), value, Lit(after)))
-        self.initial = self.feed(frozenset(Alt(*options).enter(())), grammar.start)
-
-    @staticmethod
-    def step(state: State, ch: str) -> State:
-        out: set[Config] = set()
-        for config in state:
-            if config:
-                node, local = config[-1]
-                following = node.feed(local, ch)
-                if following is not None:
-                    out.update(node.settle(config[:-1], following))
-        return frozenset(out)
-
-    def feed(self, state: State, text: str) -> State:
-        for ch in text:
-            if not state:
-                break
-            state = self.step(state, ch)
-        return state
-
-    @staticmethod
-    def complete(state: State) -> bool:
-        return () in state
-
-    @staticmethod
-    def chars(state: State) -> frozenset[str] | None:
-        """The characters some configuration can take next (None: too many to list)."""
-        out: set[str] = set()
-        for config in state:
-            if config:
-                node, local = config[-1]
-                more = node.chars(local)
-                if more is None:
-                    return None
-                out |= more
-        return frozenset(out)
-
-    @staticmethod
-    def in_text(state: State) -> tuple[bool, int | None]:
-        """(whether the state is one string's text alone, how many more characters it may take)."""
-        if len(state) != 1:
-            return False, None
-        (config,) = state
-        if not config:
-            return False, None
-        node, local = config[-1]
-        if not isinstance(node, Str) or local[0] != 1:
-            return False, None
-        return True, node.remaining(local)
-
-
-@lru_cache(maxsize=64)
-def automaton(grammar: ReplyGrammar) -> Automaton:
-    """The compiled automaton of a grammar (the same grammar, the same object: its masks are cached)."""
-    return Automaton(grammar)

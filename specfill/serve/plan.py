@@ -22,8 +22,8 @@ from specfill.core.runtime import check_generation_fits, check_speculator_contex
 from specfill.core.sampling import HOST_FIELDS
 
 from .errors import bad_request
-from .json_grammar import ReplyGrammar
 from .protocol import ChatRequest, CompletionRequest
+from .reply_grammar import ReplyGrammar
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ trie, walked from the state with the automaton's steps (memoised by (state, char
 prefix range at a time (bisect), so a state that takes a few characters (a key, a ':', a digit)
 looks at a few ranges only. In a string's text every token without a quote, backslash or control
 character fits (a precomputed boolean array, cut by length where maxLength counts); only the
+others are walked; in a Qwen3-Coder parameter's text every token without a new line fits, the
 others are walked. Masks are cached per automaton state (states are hashable), so a state seen
 before costs a dictionary lookup. Special tokens (the tokenizer's added special tokens) fit only
 where the grammar has their text literally (a call's markers: `</tool_call>`, harmony's
@@ -29,7 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .json_grammar import Automaton, Lit, ReplyGrammar, State, automaton
+from .json_grammar import Lit, State
+from .reply_grammar import Automaton, ReplyGrammar, automaton
 
 QUOTED = re.compile(r'["\\\x00-\x1f]')  # what ends or escapes a JSON string's text, or may not be in it
 MASKS_KEPT = 256  # masks cached per constraint (a 150K vocabulary: 150 KB each)
@@ -58,6 +60,12 @@ class Vocabulary:
             self.lengths[i] = len(t)
         self.plain[self.ids] = True
         self.plain[self.quoted_ids] = False
+        lines = [(t, i) for t, i in normal if "\n" in t]  # what may end a Qwen3-Coder parameter's text
+        self.line_strings = [t for t, _ in lines]
+        self.line_ids = [i for _, i in lines]
+        self.unbroken = np.zeros(self.size, dtype=bool)
+        self.unbroken[self.ids] = True
+        self.unbroken[self.line_ids] = False
         self.special = [(texts[i], i) for i in sorted(specials) if i < self.size and texts[i]]
         self.eos = sorted(int(i) for i in eos if 0 <= int(i) < self.size)
 
@@ -132,10 +140,13 @@ class TokenConstraint:
         vocab = self.vocab
         allowed = np.zeros(vocab.size, dtype=bool)
         found: list[int] = []
-        in_text, room = self.machine.in_text(state)
-        if in_text:
+        text, room = self.machine.in_text(state)
+        if text == "json":
             allowed |= vocab.plain if room is None else vocab.plain & (vocab.lengths <= room)
             self._walk(vocab.quoted_strings, vocab.quoted_ids, state, found)
+        elif text == "xml":
+            allowed |= vocab.unbroken if room is None else vocab.unbroken & (vocab.lengths <= room)
+            self._walk(vocab.line_strings, vocab.line_ids, state, found)
         else:
             self._walk(vocab.strings, vocab.ids, state, found)
         found += [i for text, i in vocab.special if self.literal(state, text)]

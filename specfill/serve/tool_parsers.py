@@ -139,8 +139,9 @@ class ToolFormat:
     calls ("specfill", or "mlx-lm": needs mlx-lm installed); streamed: a call whose body begins with
     a JSON header streams its arguments (tool_stream.py); messages: the reply is harmony messages
     (tool_harmony.py), not text with calls between markers; tools: the request's tools (bind); call:
-    (what follows `required` before a named call's JSON arguments, what follows them) where the
-    arguments are JSON and a constrained reply can be written (chat.reply_grammar)."""
+    (what follows `required` before a named call's arguments, what follows them) where a
+    constrained reply can be written (chat.reply_grammar); arguments: how the call writes them,
+    "json" or "xml" (Qwen3-Coder's <parameter=...> blocks: reply_grammar.py)."""
 
     name: str
     start: str
@@ -154,6 +155,7 @@ class ToolFormat:
     messages: bool = False
     tools: tuple[dict[str, Any], ...] = ()
     call: tuple[str, str] | None = None
+    arguments: str = "json"
 
     def forced(self, name: str | None) -> str:
         """The text a reply is started with so that it is a call (to `name`, when given)."""
@@ -211,6 +213,8 @@ QWEN3_CODER = ToolFormat(
     qwen3_coder_calls,
     required="<tool_call>\n<function=",
     named="<tool_call>\n<function={bare}>\n",
+    call=("{bare}>\n", "</function>\n</tool_call>"),
+    arguments="xml",
 )
 HARMONY = ToolFormat(
     "harmony",

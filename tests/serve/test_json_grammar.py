@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from specfill.serve.chat import chat_setup, output_check, output_grammar, reply_grammar
-from specfill.serve.json_grammar import ReplyGrammar, automaton
 from specfill.serve.protocol import ChatRequest
+from specfill.serve.reply_grammar import ReplyGrammar, automaton
 from specfill.serve.token_mask import ConstrainedReply, LazyReply, TokenConstraint, Vocabulary
 from specfill.serve.tool_parsers import FORMATS
 
@@ -162,8 +162,8 @@ def test_call_grammars_continue_the_forced_starts(name):
     assert [b[0] for b in grammar.branches] == [fmt.forced("a_b"), fmt.forced("c.d")]
 
 
-def test_formats_without_json_arguments_are_not_constrained():
-    assert reply_grammar(FORMATS["qwen3_coder"], None) is None and reply_grammar(FORMATS["mistral"], "x") is None
+def test_formats_without_a_call_grammar_are_not_constrained():
+    assert reply_grammar(FORMATS["mistral"], None) is None and reply_grammar(FORMATS["glm47"], "x") is None
     grammar = output_grammar(output_check({"type": "json_object"}), "{")
     assert grammar is not None and automaton(grammar).initial
     assert output_grammar(None, "") is None
