@@ -9,8 +9,12 @@ setup:
 demo: setup
 	$(PY) -m specfill.cli.main generate --prompt "What is the capital of France?" --max-tokens 32
 
+# one pytest worker per core (at most 4), each test file whole in one worker (its module fixtures
+# and servers stay together); TEST_WORKERS=0 runs the suite in this process, as `pytest -q` does
+TEST_WORKERS ?= auto
+
 test: setup
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 4 --dist loadfile
 
 conformance: setup
 	$(PY) -m specfill.cli.main conformance --backend reference

@@ -10,6 +10,14 @@ import pytest
 
 from tests.fixtures import write_tiny_checkpoint
 
+# Under pytest-xdist (`make test`: one worker per core) the workers share the cores: each computes
+# on its share (OMP_NUM_THREADS, which torch reads when it starts and the subprocesses a test starts
+# inherit; a test or command that asks for a thread count still gets it).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
+
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
