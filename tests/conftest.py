@@ -8,6 +8,7 @@ from typing import Callable
 
 import pytest
 
+from specfill.core.cpu import physical_cores
 from tests.fixtures import write_tiny_checkpoint
 
 # Under pytest-xdist (`make test`: one worker per core) the workers share the cores: each computes
@@ -15,8 +16,7 @@ from tests.fixtures import write_tiny_checkpoint
 # inherit; a test or command that asks for a thread count still gets it).
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
 if _WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
-    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    os.environ["OMP_NUM_THREADS"] = str(max(1, _cores // _WORKERS))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, physical_cores() // _WORKERS))
 
 
 @pytest.fixture(scope="session")

@@ -62,8 +62,7 @@ class RawText(Terminal):
 def _xml_value(compiler: Compiler, schema: Any) -> Any:
     """One parameter's value and its closing tag, by its schema (the module's list)."""
     closing = Lit(XML_END + "\n")
-    if not isinstance(schema, dict):
-        return Seq(RawText(XML_END), Lit("\n"))
+    schema = schema if isinstance(schema, dict) else {}  # no schema: text
     options = next((schema[k] for k in ("anyOf", "oneOf") if isinstance(schema.get(k), list) and schema[k]), None)
     if options is not None:
         return Alt(*(_xml_value(compiler, option) for option in options))

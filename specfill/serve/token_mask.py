@@ -26,7 +26,7 @@ import re
 from bisect import bisect_left
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -51,23 +51,27 @@ class Vocabulary:
         normal = sorted((t, i) for i, t in enumerate(texts) if t and i not in specials)
         self.strings = [t for t, _ in normal]
         self.ids = [i for _, i in normal]
-        quoted = [(t, i) for t, i in normal if QUOTED.search(t)]
-        self.quoted_strings = [t for t, _ in quoted]
-        self.quoted_ids = [i for _, i in quoted]
-        self.plain = np.zeros(self.size, dtype=bool)
         self.lengths = np.zeros(self.size, dtype=np.int64)
         for t, i in normal:
             self.lengths[i] = len(t)
-        self.plain[self.ids] = True
-        self.plain[self.quoted_ids] = False
-        lines = [(t, i) for t, i in normal if "\n" in t]  # what may end a Qwen3-Coder parameter's text
-        self.line_strings = [t for t, _ in lines]
-        self.line_ids = [i for _, i in lines]
-        self.unbroken = np.zeros(self.size, dtype=bool)
-        self.unbroken[self.ids] = True
-        self.unbroken[self.line_ids] = False
+        # free text (reply_grammar's Automaton.in_text): (the tokens that fit whole, the others,
+        # sorted for the walk) in a JSON string, and in a Qwen3-Coder parameter's text
+        self.free_text = {
+            "json": self._split(normal, lambda t: QUOTED.search(t) is not None),
+            "xml": self._split(normal, lambda t: "\n" in t),
+        }
         self.special = [(texts[i], i) for i in sorted(specials) if i < self.size and texts[i]]
         self.eos = sorted(int(i) for i in eos if 0 <= int(i) < self.size)
+
+    def _split(
+        self, normal: list[tuple[str, int]], walked: Callable[[str], bool]
+    ) -> tuple[np.ndarray, list[str], list[int]]:
+        """(a mask of the tokens `walked` leaves out, the strings and ids of those it takes)."""
+        taken = [(t, i) for t, i in normal if walked(t)]
+        fits = np.zeros(self.size, dtype=bool)
+        fits[self.ids] = True
+        fits[[i for _, i in taken]] = False
+        return fits, [t for t, _ in taken], [i for _, i in taken]
 
 
 def token_texts(tokenizer: Any) -> tuple[list[str], list[int]]:
@@ -141,12 +145,10 @@ class TokenConstraint:
         allowed = np.zeros(vocab.size, dtype=bool)
         found: list[int] = []
         text, room = self.machine.in_text(state)
-        if text == "json":
-            allowed |= vocab.plain if room is None else vocab.plain & (vocab.lengths <= room)
-            self._walk(vocab.quoted_strings, vocab.quoted_ids, state, found)
-        elif text == "xml":
-            allowed |= vocab.unbroken if room is None else vocab.unbroken & (vocab.lengths <= room)
-            self._walk(vocab.line_strings, vocab.line_ids, state, found)
+        if text is not None:
+            fits, strings, ids = vocab.free_text[text]
+            allowed |= fits if room is None else fits & (vocab.lengths <= room)
+            self._walk(strings, ids, state, found)
         else:
             self._walk(vocab.strings, vocab.ids, state, found)
         found += [i for text, i in vocab.special if self.literal(state, text)]
