@@ -28,7 +28,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -166,13 +166,16 @@ def run_api(session: Session, sample: RulerSample, method: PrefillMethod, budget
 
 
 class Models:
-    """The tokenizer at once; the main model's Session (its speculator loaded beside it) on first use."""
+    """The tokenizer at once; the main model's Session (its speculator loaded beside it) on first use.
+    A selection-only run never decodes: its speculator passes load the speculator alone (`scorer`),
+    not the main model beside it (the 1.5B in float32 took 1.3 min and ~6 GB per sitting for nothing)."""
 
     def __init__(self, plan: ProtocolPlan, log: Callable[[str], None]):
         from specfill.core.io.tokenizer import load_tokenizer
 
         self.plan, self.log = plan, log
         self._session: Session | None = None
+        self._speculator: Session | None = None
         gguf = str(plan.model).endswith(".gguf")
         self.tokenizer = load_tokenizer(plan.model) if gguf else self.session().tokenizer
 
@@ -186,6 +189,24 @@ class Models:
                 p.model, backend=p.backend, dtype=p.dtype, device=p.device, speculator=p.speculator, notify=self.log
             )
         return self._session
+
+    def scorer(self) -> tuple[Any, Any]:
+        """(model, speculator) for a speculator pass: the main Session's pair, or in a selection-only
+        run the speculator as both (the pass reads the main model's ops, vocabulary size and companion
+        check only: the speculator is on the same backend, dtype and device, and loaded alone)."""
+        alone = self.plan.selection_only and not str(self.plan.speculator).startswith("self:")
+        if not alone or self._session is not None:  # "self:K" is the main model's first K layers
+            session = self.session()
+            return session.model, session.speculator
+        if self._speculator is None:
+            from specfill.api import open as open_session
+
+            p = self.plan
+            self.log(f"loading {p.speculator} alone ({p.backend}, {p.dtype}): selection only, no main model")
+            self._speculator = open_session(
+                p.speculator, backend=p.backend, dtype=p.dtype, device=p.device, notify=self.log
+            )
+        return self._speculator.model, self._speculator.model
 
 
 def _key(r: dict) -> tuple:
@@ -271,8 +292,7 @@ def _saved_pass(
         saved = SavedPass.load(path)
         if saved.n_window >= min(window, len(saved.ids)):
             return saved
-    session = models.session()
-    saved = speculate(session.model, session.speculator, session.tokenizer, sample)
+    saved = speculate(*models.scorer(), models.tokenizer, sample)
     saved.save(path)
     log(f"{sample.task} #{sample.index}: speculator pass {saved.seconds:.1f} s (saved)")
     return saved
@@ -305,8 +325,7 @@ def _run_candidate(
             sample, length, name, "h2o", **run_api(models.session(), sample, PrefillMethod("h2o", h2o=setting), budget)
         )
     if not on_saved_pass(setting) and plan.selection_only:  # its own pass, scored and selected: no main model
-        session = models.session()
-        chosen = composed_selection(session.model, session.speculator, session.tokenizer, sample, setting)
+        chosen = composed_selection(*models.scorer(), models.tokenizer, sample, setting)
         row = np.zeros(chosen["n_prompt"])
         row[chosen["kept"]] = 1.0
         timing = {k: chosen[k] for k in ("speculator_s", "selection_s")}

@@ -244,3 +244,39 @@ def test_eval_candidates_errors_are_one_line(capsys):
     assert main(["eval", "--tasks", "perplexity", "--model", "x.gguf", "--candidates", "full"]) == 2
     err = capsys.readouterr().err
     assert "keep ratio" in err and "--candidates" in err and "Traceback" not in err
+
+
+def test_a_selection_only_run_loads_the_speculator_alone(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """`--selection-only` with a speculator file opens that file alone (no main model: it only
+    scores), and its saved pass is the one a run with the main model beside it saves."""
+    import specfill.api
+    from specfill.cli.main import main
+    from specfill.evaluation.ruler_data import ruler_available
+    from specfill.evaluation.ruler_passes import SavedPass
+
+    if ruler_available() is not None:
+        pytest.skip(ruler_available())
+    model, speculator = (str(tiny_checkpoint("llama", "gguf", seed=s)) for s in (0, 1))
+    opened, real_open = [], specfill.api.open
+
+    def counted_open(path, **kw):
+        opened.append((str(path), kw.get("speculator")))
+        return real_open(path, **kw)
+
+    monkeypatch.setattr(specfill.api, "open", counted_open)
+    common = ["eval", "--backend", "cuda", "--device", "cpu", "--dtype", "float32", "--model", model]
+    common += ["--speculator", speculator, "--tasks", "niah_multivalue", "--ruler-lengths", "600", "--trials", "1"]
+    common += ["--out", str(tmp_path), "--candidates", "a:keep_ratio=0.2,select_chunk=8"]
+    cache = ["--cache-dir", str(tmp_path / "alone")]
+    assert main([*common, *cache, "--name", "sel", "--selection-only"]) == 0, capsys.readouterr().err
+    assert opened == [(speculator, None)]
+    cache = ["--cache-dir", str(tmp_path / "beside")]
+    assert main([*common, *cache, "--name", "dec", "--answer-tokens", "2"]) == 0, capsys.readouterr().err
+    assert opened[1:] == [(model, speculator)]
+    alone, beside = (next((tmp_path / c / "passes").rglob("*.npz")) for c in ("alone", "beside"))
+    a, b = SavedPass.load(alone), SavedPass.load(beside)
+    assert np.array_equal(a.ids, b.ids)
+    for name in vars(a):
+        x, y = getattr(a, name), getattr(b, name)
+        if isinstance(x, np.ndarray):
+            assert np.array_equal(x, y), name
