@@ -19,15 +19,13 @@ from typing import Any
 
 from .config_checks import (
     SELECT_UNITS,
-    _check_layers,
     _check_spans,
     _check_units,
     _error,
     _require_int,
     _require_share,
-    layer_subset,
 )
-from .errors import SpecfillWarning
+from .errors import ConfigError, SpecfillWarning
 
 REDUCTIONS = ("max", "mean")
 DEFAULT_KEEP_RATIO = 0.3  # measured (issue 34): the paper's 0.1 loses multi-hop answers
@@ -41,6 +39,42 @@ DEFAULT_H2O_LAYERS = "first-0.33"
 
 KEEP_RULES = ("keep_ratio", "keep_tokens", "keep_mass")  # SpecPrefill's keep rule: at most one is set
 SPECULATOR_PREFILLS = ("h2o", "dense")  # SpecPrefillConfig.speculator_prefill's public values
+
+
+def layer_subset(spec: str, n_layers: int) -> list[int]:
+    """Layers named by a spec: "all"; "first-K" / "last-K" (K >= 1 layers, at most all); or
+    "first-F" / "last-F" with F in (0, 1) (round(F * n_layers), at least one)."""
+    text = str(spec).strip().lower()
+    if text == "all":
+        return list(range(n_layers))
+    side, _, count = text.partition("-")
+    k = 0
+    if side in ("first", "last"):
+        try:
+            if count.isdigit():
+                k = int(count)
+            elif 0.0 < float(count) < 1.0:
+                k = max(1, round(float(count) * n_layers))
+        except ValueError:
+            pass
+    if k < 1:
+        raise ConfigError(
+            f"layers must be 'all', 'first-K' / 'last-K' with K >= 1 or 'first-F' / 'last-F' with F in "
+            f"(0, 1), got {spec!r}",
+            "layers",
+        )
+    k = min(k, n_layers)
+    return list(range(k)) if side == "first" else list(range(n_layers - k, n_layers))
+
+
+def _check_layers(config: Any) -> None:
+    """config.layers is a layer spec (layer_subset's grammar)."""
+    if config.layers is None:  # H2OConfig: the role's default (core/config.py DEFAULT_H2O_LAYERS)
+        return
+    try:
+        layer_subset(config.layers, 1)
+    except ConfigError as err:
+        raise _error(config, err.args[0], "layers") from None
 
 
 def setting(default: Any, help: str, choices: tuple[str, ...] = ()) -> Any:

@@ -1,5 +1,5 @@
-"""The settings' checks (core/config.py's configs call them where each value is made): layer specs,
-shares, integers, protected spans; each failure one ConfigError naming the field."""
+"""The settings' checks (core/config.py's configs call them where each value is made): shares,
+integers, protected spans, text units; each failure one ConfigError naming the field."""
 
 from __future__ import annotations
 
@@ -10,32 +10,6 @@ from .errors import ConfigError
 
 MAX_SETTING = 2**31 - 1  # no token count or size reaches it; larger values are typos or attacks
 SELECT_UNITS = ("chunks", "text")  # SpecPrefillConfig.select_units' values
-
-
-def layer_subset(spec: str, n_layers: int) -> list[int]:
-    """Layers named by a spec: "all"; "first-K" / "last-K" (K >= 1 layers, at most all); or
-    "first-F" / "last-F" with F in (0, 1) (round(F * n_layers), at least one)."""
-    text = str(spec).strip().lower()
-    if text == "all":
-        return list(range(n_layers))
-    side, _, count = text.partition("-")
-    k = 0
-    if side in ("first", "last"):
-        try:
-            if count.isdigit():
-                k = int(count)
-            elif 0.0 < float(count) < 1.0:
-                k = max(1, round(float(count) * n_layers))
-        except ValueError:
-            pass
-    if k < 1:
-        raise ConfigError(
-            f"layers must be 'all', 'first-K' / 'last-K' with K >= 1 or 'first-F' / 'last-F' with F in "
-            f"(0, 1), got {spec!r}",
-            "layers",
-        )
-    k = min(k, n_layers)
-    return list(range(k)) if side == "first" else list(range(n_layers - k, n_layers))
 
 
 def _error(config: object, message: str, *fields: str) -> ConfigError:
@@ -94,13 +68,3 @@ def _require_int(config: object, name: str, minimum: int, label: str | None = No
     if not minimum <= value <= MAX_SETTING:
         raise _error(config, f"{label} must be in [{minimum}, {MAX_SETTING}], got {value}", name)
     return value
-
-
-def _check_layers(config: Any) -> None:
-    """config.layers is a layer spec (layer_subset's grammar)."""
-    if config.layers is None:  # H2OConfig: the role's default (core/config.py DEFAULT_H2O_LAYERS)
-        return
-    try:
-        layer_subset(config.layers, 1)
-    except ConfigError as err:
-        raise _error(config, err.args[0], "layers") from None

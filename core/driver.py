@@ -1,4 +1,5 @@
-"""The generation driver, written once: prefill by method, decode loop, stop handling, statistics.
+"""The generation driver, written once: it runs a generation's plan (core/plan.py, every choice made
+and checked before any model runs): prefill by method, decode loop, stop handling, statistics.
 
 `CausalLM` is what `specfill.load` returns on every backend: a backend model plus that backend's
 `ModelOps` (core/ops.py). The methods it dispatches to live in core/methods/; h2o, specprefill,
@@ -7,7 +8,6 @@ drafting and the auto probe are imported where they run (start-up: docs/developm
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
@@ -18,7 +18,7 @@ from .config import H2OConfig, SpecPrefillConfig
 from .decoding import LogitsProcessor, decode_tokens, track_kv
 from .errors import ConfigError
 from .methods.prefill import StageProgress, prefill
-from .request import fit_to_prompt
+from .plan import GenerationPlan, checked_ids, plan_generation, resolve_method, speculator_of
 from .runtime import (
     Drafting,
     GenerationInfo,
@@ -27,17 +27,10 @@ from .runtime import (
     ProgressCallback,
     RecurrentCache,
     SamplingConfig,
-    check_companion,
-    check_generation_fits,
-    check_reuse,
-    check_speculator_context,
-    check_token_ids,
-    self_speculator_layers,
 )
 from .stages import A
 
 if TYPE_CHECKING:
-    from .methods.draft_sources import DraftSource
     from .methods.specprefill import SparsePrefill
 
 
@@ -47,14 +40,9 @@ class CausalLM(LoadedModel[A]):
     prefill_step_size: tokens per full-attention prefill step (bounds activation memory).
     """
 
-    def _ids(self, ids: Any, max_tokens: int) -> np.ndarray:
-        checked = check_token_ids(ids, self.args.vocab_size)
-        check_generation_fits(len(checked), max_tokens, self.args.max_position_embeddings)
-        return checked
-
     def __call__(self, ids: Any) -> A:
         """Logits [1, T, vocab] (float32) for every position of `ids` (ints, NumPy or the backend's array)."""
-        ids = self._ids(ids if isinstance(ids, (list, tuple, np.ndarray)) else self.ops.to_numpy(ids), 0)
+        ids = checked_ids(ids if isinstance(ids, (list, tuple, np.ndarray)) else self.ops.to_numpy(ids), 0, self.args)
         with self.ops.device_scope():
             cache = self.ops.new_cache(self.model, len(ids))
             logits = prefill(
@@ -62,24 +50,11 @@ class CausalLM(LoadedModel[A]):
             )
         return logits[None]
 
-    def resolve_method(self, method: PrefillMethod, n_tokens: int) -> PrefillMethod:
-        """ "auto" -> the sparse method this machine's calibrations find fastest for n_tokens, full
-        prefill below every crossover (core/probe.auto_choice); with method.auto_threshold,
-        method.sparse from it on; other methods as they are."""
-        if method.name != "auto":
-            return method
-        threshold = method.auto_threshold
-        if threshold is None:  # this machine's calibrations choose among the sparse methods (core/probe.py)
-            from .probe import auto_choice
-
-            return auto_choice(self, method, n_tokens)[0]
-        return replace(method, name=method.sparse if n_tokens >= threshold else "full", auto_threshold=None)
-
     def prompt_logits(self, prompt_ids: Sequence[int], *, method: PrefillMethod, info: GenerationInfo) -> np.ndarray:
         """Logits [T, vocab] float32 NumPy for every prompt position under `method` ("full", "h2o"
         or "auto" resolving to one; SpecPrefill drops tokens, so it has none). For perplexity, parity."""
-        ids = self._ids(prompt_ids, 0)
-        method = self.resolve_method(method, len(ids))
+        ids = checked_ids(prompt_ids, 0, self.args)
+        method = resolve_method(self, method, len(ids))
         if method.name == "specprefill":
             raise ConfigError("speculative prefill drops prompt tokens: it has no per-position logits")
         info.start(len(ids), method.name)
@@ -104,26 +79,11 @@ class CausalLM(LoadedModel[A]):
         start: the first `start` tokens are in `cache` already (a reused prefix, slot i = token i):
         only ids[start:] are prefilled, at positions start.., and H2O walks them from the prefix
         (docs/methods.md, H2O from a reused prefix); logits are the new tokens'."""
-        started, config = self.ops.wall_time(), method.h2o or H2OConfig()
-        attend, step = None, self.prefill_step_size
+        started, attend, step = self.ops.wall_time(), None, self.prefill_step_size
         if method.name == "h2o":
-            from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
-            from .stages import attention_layers, layer_terms
+            from .methods.h2o import h2o_prefill
 
-            # a new part of one chunk or less reads every key either way (the prefix is its M_-1)
-            if not uses_full_attention(config.for_prompt(len(ids)), len(ids) - start):
-                attend = H2OPrefillAttention(
-                    self.ops,
-                    config,
-                    self.args.num_hidden_layers,
-                    self.args.attention_scale,
-                    len(ids),
-                    self.args.layer_windows,
-                    layer_terms(self.args),
-                    attention_layers(self.args),
-                    origin=start,
-                )
-                step = h2o_step_size(config, self.prefill_step_size)
+            attend, step = h2o_prefill(self.ops, method.h2o or H2OConfig(), self.args, len(ids), step, origin=start)
         logits = prefill(
             self.ops,
             self.model,
@@ -147,20 +107,7 @@ class CausalLM(LoadedModel[A]):
     def speculator_model(self, speculator: Any) -> tuple[Any, int]:
         """(speculator model, its prefill step size) for PrefillMethod.speculator: a CausalLM on this
         backend with this model's vocabulary, or "self:K" (this model's first K layers, shared)."""
-        if isinstance(speculator, str):
-            layers = self_speculator_layers(speculator, self.args.num_hidden_layers)
-            return self.ops.first_layers(self.model, layers), self.prefill_step_size
-        if not isinstance(speculator, CausalLM) or speculator.backend != self.backend:
-            what = (
-                f"a model on the {speculator.backend} backend"
-                if isinstance(speculator, CausalLM)
-                else type(speculator).__name__
-            )
-            raise ConfigError(
-                f"the speculator must be a model loaded on the {self.backend} backend or 'self:K', got {what}"
-            )
-        check_companion("speculator", speculator.args, self.args, speculator.ops, self.ops)
-        return speculator.model, speculator.prefill_step_size
+        return speculator_of(self, speculator)
 
     def generate_step(
         self,
@@ -189,66 +136,30 @@ class CausalLM(LoadedModel[A]):
         before each token is chosen (core/decoding.token_chooser); not with `drafting`.
         info.kv reports the generation's cache (pass it as `reuse` to extend the conversation).
         sampling, method and drafting are a built request's parts (core/request.build_request checks how
-        they combine); the prompt's ids, the speculator and the draft model are checked here."""
-        ids = self._ids(prompt_ids, max_tokens)
-        if logits_processors and drafting is not None:
-            raise ConfigError(
-                "num_draft_tokens (speculative decoding) with logits processors is not supported", config="Drafting"
-            )
-        method = self.resolve_method(method, len(ids) - (0 if reuse is None else reuse.tokens))  # auto: the new part
-        info.start(len(ids), method.label)
-        if reuse is not None:
-            check_reuse(reuse, len(ids), method, drafting)
-        speculator = None
-        if method.name == "specprefill":  # a bad speculator fails here, not at the first token
-            speculator = self.speculator_model(method.speculator)
-            check_speculator_context(len(ids), speculator[0].args.max_position_embeddings)
-            method = fit_to_prompt(method, len(ids), speculator[0].args.max_position_embeddings)
-        source = None
-        if drafting is not None:
-            from .methods.draft_sources import draft_source  # drafting loads only when asked
-
-            source = draft_source(self, drafting, len(ids) + max_tokens, sampling)
-        book = None if source is None or not drafting.adaptive else source.costs_book()
-        if book is not None and (why := book.skip_reason(len(ids), max_tokens)):
-            info.decode.skipped, source, drafting = why, None, None  # plain decoding, no draft prefill
-        else:
-            book = None
-        if max_tokens == 0:
-            return iter(())
-        tokens = self._generate(
-            ids,
-            method,
-            speculator,
-            source,
-            reuse,
+        they combine); what needs this model and the prompt is checked and decided once, before any
+        model runs, in the generation's plan (core/plan.py), which the rest only runs."""
+        plan = plan_generation(
+            self,
+            prompt_ids,
             max_tokens=max_tokens,
             sampling=sampling,
             stop_ids=stop_ids,
+            method=method,
             info=info,
-            progress=progress,
             drafting=drafting,
-            processors=tuple(logits_processors),
+            reuse=reuse,
+            processors=logits_processors,
         )
-        return tokens if book is None else book.noting_reply(tokens, max_tokens, stop_ids)
+        if max_tokens == 0:
+            return iter(())
+        tokens = self._generate(plan, info, progress)
+        return tokens if plan.book is None else plan.book.noting_reply(tokens, max_tokens, stop_ids)
 
-    def _generate(
-        self,
-        ids: np.ndarray,
-        method: PrefillMethod,
-        speculator: tuple[Any, int] | None,
-        draft: DraftSource | None,
-        reuse: KVState | None,
-        *,
-        max_tokens: int,
-        sampling: SamplingConfig,
-        stop_ids: frozenset[int],
-        info: GenerationInfo,
-        progress: ProgressCallback | None,
-        drafting: Drafting | None,
-        processors: tuple[LogitsProcessor, ...] = (),
-    ) -> Iterator[int]:
-        extra = max_tokens + (0 if drafting is None else drafting.num_tokens + 1)
+    def _generate(self, plan: GenerationPlan, info: GenerationInfo, progress: ProgressCallback | None) -> Iterator[int]:
+        """Run a plan (core/plan.py): the prefill by its method, then plain or drafted decoding."""
+        ids, method, reuse, speculator, draft, extra = (
+            plan.ids, plan.method, plan.reuse, plan.speculator, plan.draft, plan.extra_slots
+        )  # fmt: skip
         report, sparse = StageProgress(progress, info), None  # report: after every step of every stage
         with self.ops.device_scope():
             if reuse is not None and speculator is None:
@@ -268,7 +179,7 @@ class CausalLM(LoadedModel[A]):
                     ids,
                     speculator[0],
                     method.specprefill or SpecPrefillConfig(),
-                    stop_ids=stop_ids,
+                    stop_ids=plan.stop_ids,
                     extra_slots=extra,
                     step_size=self.prefill_step_size,
                     speculator_step_size=speculator[1],
@@ -276,7 +187,7 @@ class CausalLM(LoadedModel[A]):
                     speculator_extra_slots=0 if draft is None else draft.speculator_room(extra),
                     reused=0 if reuse is None else reuse.tokens,
                     main_cache=None if reuse is None else (lambda room: self._reused_cache(reuse, room)),
-                    speculator_cache=None if reuse is None else self._speculator_cache(reuse, speculator[0]),
+                    speculator_cache=plan.speculator_cache,
                 )
                 reused = [] if reuse is None else list(range(reuse.tokens))  # the dense prefix: every token
                 info.kept_positions = reused + sparse.selection.kept.tolist()
@@ -292,18 +203,18 @@ class CausalLM(LoadedModel[A]):
                 where="the first prefill",
                 dtype=str(self.dtype).rsplit(".", 1)[-1],
             )
-            if draft is None or drafting is None:
+            if draft is None or plan.drafting is None:
                 tokens = decode_tokens(
                     self.ops,
                     self.model,
                     logits,
                     next_position=len(ids),
-                    max_tokens=max_tokens,
-                    sampling=sampling,
-                    stop_ids=stop_ids,
+                    max_tokens=plan.max_tokens,
+                    sampling=plan.sampling,
+                    stop_ids=plan.stop_ids,
                     cache=cache,
                     history=ids,
-                    processors=processors,
+                    processors=plan.processors,
                 )
             else:
                 from .methods.drafting import drafted_decode
@@ -316,10 +227,10 @@ class CausalLM(LoadedModel[A]):
                     cache,
                     draft,
                     sparse,
-                    drafting,
-                    max_tokens=max_tokens,
-                    sampling=sampling,
-                    stop_ids=stop_ids,
+                    plan.drafting,
+                    max_tokens=plan.max_tokens,
+                    sampling=plan.sampling,
+                    stop_ids=plan.stop_ids,
                     info=info,
                 )
             kept_kv = reuse.speculator if reuse is not None else None  # a full prefill carries it on
@@ -336,20 +247,6 @@ class CausalLM(LoadedModel[A]):
         if cache.capacity < needed:  # grow by half at least: conversations append often
             cache = cache.grown(max(needed, min(cache.capacity * 3 // 2, self.args.max_position_embeddings)))
         return cache
-
-    def _speculator_cache(self, reuse: KVState, speculator: Any) -> tuple[Any, int] | None:
-        """(the speculator's cache, its tokens to reuse) from reuse.speculator, cut to the main
-        model's reused prefix (the tokens the prompt matched); None: the speculator reads the prompt
-        from its start. A cache of another speculator's shape is refused."""
-        kept = reuse.speculator
-        if kept is None or min(kept.slots, reuse.tokens) < 1:
-            return None
-        if len(kept.cache.layers) != speculator.args.num_hidden_layers:
-            raise ConfigError(
-                f"the reused speculator KV has {len(kept.cache.layers)} layers, not the speculator's: "
-                "pass the KV the same speculator built"
-            )
-        return kept.cache, min(kept.slots, reuse.tokens)
 
     @staticmethod
     def _speculator_kv(sparse: SparsePrefill, method: PrefillMethod, reuse: KVState | None) -> KVState | None:

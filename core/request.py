@@ -18,7 +18,8 @@ flags from the table, specfill/serve/protocol.py its request fields, docs/usage.
 
 What needs the model or the prompt (token ids inside the vocabulary, the context, the
 speculator's backend, vocabulary and context, the clamps of SpecPrefill settings to the prompt)
-is checked by the driver, once, when it runs the request; `fit_to_prompt` below is that clamp.
+is checked once, when the request runs, in its plan (core/plan.py); `fit_to_prompt` below is the
+clamp of the SpecPrefill settings to the prompt it applies.
 
 Clamps (to the prompt, once its length is known):
 - look-ahead N: to what the speculator's context holds after the prompt, with a notice (the

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .config import Drafting, H2OConfig, SpecPrefillConfig, setting  # noqa: F401  (Drafting: re-exported)
-from .errors import ConfigError, PromptTooLongError, TokenizerMismatchError
+from .errors import ConfigError, TokenizerMismatchError
 from .models import ModelArgs
 
 ProgressCallback = Callable[[int, int], None]  # (prompt tokens processed, prompt tokens total)
@@ -265,42 +265,6 @@ def check_drafting(drafting: "Drafting | None", method: PrefillMethod, sampling:
         )
 
 
-def check_reuse(reuse: KVState, prompt_tokens: int, method: PrefillMethod, drafting: "Drafting | None") -> None:
-    """A reused cache must stand for a proper prefix of the prompt and is extended by full prefill, or
-    from a dense prefix (slot i = token i) by H2O or by SpecPrefill (over an H2O speculator too):
-    docs/methods.md; without speculative decoding (yet); a hybrid's, at a point where it kept its
-    recurrent state."""
-    if drafting is not None:
-        raise ConfigError(
-            "speculative decoding with a reused KV cache is not supported yet", "num_tokens", config="Drafting"
-        )
-    if method.name == "specprefill":  # SpecPrefill from a reused prefix: docs/methods.md
-        if reuse.position_offset != 0:
-            raise ConfigError(
-                "a reused KV cache from SpecPrefill (its slots hold kept tokens) is extended by full prefill only"
-            )
-    elif method.name == "h2o" and reuse.position_offset:
-        raise ConfigError(
-            f"H2O from a reused KV cache needs a dense prefix (slot i = token i); this one holds SpecPrefill's "
-            f"kept tokens (position offset {reuse.position_offset}): reuse it with full prefill"
-        )
-    elif method.name not in ("full", "h2o"):
-        raise ConfigError(
-            f"a reused KV cache is extended by full, H2O or SpecPrefill prefill only, got method {method.name!r}"
-        )
-    if not 0 < reuse.tokens < prompt_tokens or reuse.slots < 1:
-        raise ConfigError(
-            f"a reused KV cache of {reuse.tokens} tokens must cover 1 .. {prompt_tokens - 1} of "
-            f"the {prompt_tokens} prompt tokens"
-        )
-    exact = exact_prefix(reuse.cache, reuse.slots)  # a hybrid's cache: only where it kept the recurrent state
-    if exact != reuse.slots:
-        raise ConfigError(
-            f"a hybrid model's reused KV cache cannot be cut to {reuse.slots} slots: its recurrent state is "
-            f"kept at {exact} at most below that (reuse that many tokens)"
-        )
-
-
 @dataclass
 class DecodeRecord:
     """What speculative decoding did, apart from the prefill: proposals made and accepted over the
@@ -370,38 +334,3 @@ class GenerationInfo:
         self.kv = None
         self.step = None
         self.prefill_done = 0.0
-
-
-def check_generation_fits(prompt_tokens: int, max_tokens: int, context: int) -> None:
-    """max_tokens is >= 0 and the prompt plus max_tokens fit the model's context."""
-    if max_tokens < 0:
-        raise ConfigError(f"max_tokens must be >= 0, got {max_tokens}")
-    if prompt_tokens + max_tokens > context:
-        raise PromptTooLongError(
-            f"prompt of {prompt_tokens} tokens plus max_tokens "
-            f"{max_tokens} exceeds the model's context of {context} tokens"
-        )
-
-
-def check_token_ids(ids: Any, vocab_size: int) -> np.ndarray:
-    """Token ids (a sequence of ints or an integer array [T] or [1, T]) as int64 NumPy [T],
-    checked: batch 1, not empty, integers inside the vocabulary."""
-    ids = np.asarray(ids if isinstance(ids, np.ndarray) else list(ids))
-    if ids.ndim == 2 and ids.shape[0] == 1:
-        ids = ids[0]
-    if ids.ndim != 1 or ids.size == 0:
-        raise ConfigError(f"token ids must be a non-empty sequence (batch 1), got shape {tuple(ids.shape)}")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise ConfigError(f"token ids must be integers, got {ids.dtype}")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        raise ConfigError(f"token id {low if low < 0 else high} is outside the vocabulary (size {vocab_size})")
-    return ids.astype(np.int64)
-
-
-def check_speculator_context(prompt_tokens: int, context: int) -> None:
-    """The speculator reads the whole prompt, so it must fit the speculator's context too."""
-    if prompt_tokens > context:
-        raise PromptTooLongError(
-            f"prompt of {prompt_tokens} tokens exceeds the speculator's context of {context} tokens"
-        )

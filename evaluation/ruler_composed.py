@@ -22,8 +22,9 @@ def composed_selection(model, speculator, tokenizer, sample: RulerSample, config
     {"kept": positions [K] int64, "n_prompt": P, "speculator_s", "selection_s", "seconds"}."""
     from specfill.api import encode_prompt
     from specfill.core.methods.specprefill import speculate_and_select
+    from specfill.core.plan import check_token_ids
     from specfill.core.request import fit_to_prompt
-    from specfill.core.runtime import PrefillMethod, check_token_ids
+    from specfill.core.runtime import PrefillMethod
     from specfill.core.text_units import with_text_units
 
     ops = model.ops

@@ -70,8 +70,8 @@ def speculate(
     """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator), timed."""
     from specfill.api import encode_prompt
     from specfill.core.methods.specprefill import run_speculator
+    from specfill.core.plan import check_token_ids
     from specfill.core.request import fit_lookahead
-    from specfill.core.runtime import check_token_ids
 
     ops = model.ops
     ids = np.asarray(check_token_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)

@@ -105,7 +105,7 @@ def _stream_request(
     first_at = None
     max_tokens = request.max_tokens
     method = with_text_units(request.method, tokenizer, ids)  # select_units text: the prompt's units, timed
-    # the driver checks the ids (core/runtime.check_token_ids) before it returns the steps
+    # the driver checks the ids (core/plan.check_token_ids) before it returns the steps
     steps = model.generate_step(
         ids,
         max_tokens=max_tokens,

@@ -225,7 +225,7 @@ def test_kept_costs_that_say_drafting_cannot_pay_stop_it_from_the_first_round(tm
 
 def test_a_skipped_decode_notes_its_reply_and_the_speculator_has_no_book(tiny_checkpoint):
     from specfill.backends.torch_cuda import load
-    from specfill.core.methods.draft_sources import draft_source
+    from specfill.core.methods.drafting import draft_source
 
     main = load(tiny_checkpoint("llama", "gguf"), dtype="float32", device="cpu")[0]
     draft = load(tiny_checkpoint("qwen3", "safetensors"), dtype="float32", device="cpu")[0]

@@ -171,7 +171,8 @@ def test_generate_loads_only_what_it_uses():
     backend's load code left its package __init__ for loader.py; 47 with core/cpu.py, which the
     default dtype reads; 48 with core/config_checks.py, the settings' checks config.py calls; 49 with
     specfill/generation.py, the generation path the API's Session builds on, out of api.py (api.py
-    with the Session outgrew one module's 450 lines): docs/development.md)."""
+    with the Session outgrew one module's 450 lines); 50 with core/plan.py, a generation's plan out of
+    the driver: docs/development.md)."""
     code = (
         "import sys; from specfill.cli.main import main; "
         "rc = main(['generate', '--backend', 'cuda', '--model', 'random:tiny-llama', '--prompt', 'hi', "
@@ -203,18 +204,20 @@ def test_generate_loads_only_what_it_uses():
         )
     ]
     assert not lazy, lazy
-    assert len(loaded) <= 49, len(loaded)
+    assert len(loaded) <= 50, len(loaded)
 
 
-def test_production_files_stay_under_450_lines():
+def test_production_files_stay_under_500_lines():
     """Files go by responsibility, not by a line cap (the 260-line cap split concepts across files,
-    issue 35): up to ~400 lines where one concept needs it (ruff-formatted, line length 120); 450
-    flags a module that has grown to hold more than one (tests may run longer)."""
+    issue 35; the 450 one split the configs from their layer grammar and drafting's sources from
+    their rounds, and a request's walk went back and forth between them, issue 49): up to ~450
+    lines where one concept needs it (ruff-formatted, line length 120); 500 flags a module that
+    has grown to hold more than one (tests may run longer)."""
     long = [
         f"{path.relative_to(ROOT)}: {n}"
         for folder in (*PRODUCT_FOLDERS, "scripts")
         for path in sorted((ROOT / folder).rglob("*.py"))
-        if (n := len(path.read_text().splitlines())) > 450
+        if (n := len(path.read_text().splitlines())) > 500
     ]
     assert not long, long
 

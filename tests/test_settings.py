@@ -12,8 +12,9 @@ import pytest
 
 from specfill.core import ConfigError, ModelLoadError, NonFiniteLogitsError, SpecfillWarning, SpecPrefillConfig
 from specfill.core.checks import check_logits_finite
+from specfill.core.plan import check_reuse, check_token_ids
 from specfill.core.request import build_request, fit_to_prompt
-from specfill.core.runtime import Drafting, KVState, PrefillMethod, SamplingConfig, check_reuse, check_token_ids
+from specfill.core.runtime import Drafting, KVState, PrefillMethod, SamplingConfig
 from tests.fixtures import tiny_model_args, tiny_weights
 
 
@@ -137,7 +138,7 @@ def test_prompt_ids_are_integers_inside_the_vocabulary():
 
 
 def test_reuse_checks_where_it_meets_the_request():
-    """The driver's one check of a reused cache (core/runtime.check_reuse): a proper prefix, full
+    """The driver's one check of a reused cache (core/plan.check_reuse): a proper prefix, full
     or H2O prefill (H2O from a dense prefix only), no speculative decoding yet; each error names
     the setting at fault."""
     reuse = KVState(cache=None, slots=3)

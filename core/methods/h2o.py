@@ -15,7 +15,7 @@ import numpy as np
 from ..config import H2OConfig
 from ..h2o_walk import dense_tail_start, h2o_attention_batch, prefix_carry, terms_arg
 from ..ops import ModelOps
-from ..stages import A, AttentionTerms, H2OCarry, active_terms
+from ..stages import A, AttentionTerms, H2OCarry, active_terms, attention_layers, layer_terms
 
 
 def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
@@ -31,6 +31,29 @@ def h2o_step_size(config: H2OConfig, step_size: int) -> int:
     progress is reported and a cancelled request stops."""
     size = config.chunk_size
     return min(config.batch_size, max(size, step_size // size * size))
+
+
+def h2o_prefill(
+    ops: ModelOps[A], config: H2OConfig, args: Any, n_tokens: int, step_size: int, origin: int = 0
+) -> tuple[H2OPrefillAttention[A] | None, int]:
+    """(the attention, the step size) of an H2O prefill of an n_tokens prompt through a model of shape
+    `args` (ModelArgs) whose first `origin` tokens are cached (a reused prefix): (None, step_size)
+    where the new part reads every key either way (one chunk or less: the prefix is its M_-1; or no
+    memory), else H2OPrefillAttention stepping by whole chunks (h2o_step_size)."""
+    if uses_full_attention(config.for_prompt(n_tokens), n_tokens - origin):
+        return None, step_size
+    attend = H2OPrefillAttention(
+        ops,
+        config,
+        args.num_hidden_layers,
+        args.attention_scale,
+        n_tokens,
+        args.layer_windows,
+        layer_terms(args),
+        attention_layers(args),
+        origin=origin,
+    )
+    return attend, h2o_step_size(config, step_size)
 
 
 class H2OPrefillAttention(Generic[A]):

@@ -41,7 +41,7 @@ from ..stages import (
     query_start,
     window_binds,
 )
-from .h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
+from .h2o import h2o_prefill
 from .prefill import StageProgress, prefill, stage_work
 from .selection import select_new_tokens
 
@@ -227,20 +227,8 @@ def run_speculator(
         cache.truncate(cached)
         cache = cache if cache.capacity >= needed else cache.grown(needed)
     sparse = None
-    # a new part of one chunk or less reads every key either way (the cached prefix is its first memory set)
-    if h2o is not None and not uses_full_attention(h2o.for_prompt(n_prompt), n_prompt - cached):
-        sparse = H2OPrefillAttention(
-            ops,
-            h2o,
-            args.num_hidden_layers,
-            args.attention_scale,
-            n_prompt,
-            args.layer_windows,
-            layer_terms(args),
-            attention_layers(args),
-            origin=cached,
-        )
-        step_size = h2o_step_size(h2o, step_size)  # H2O steps by whole chunks
+    if h2o is not None:  # H2O steps by whole chunks
+        sparse, step_size = h2o_prefill(ops, h2o, args, n_prompt, step_size, origin=cached)
     capture = QueryCapture(
         ops,
         args.num_hidden_layers,

@@ -28,7 +28,7 @@ from specfill.backends.torch_cuda import from_weights, resolve_device, resolve_d
 from specfill.core.driver import CausalLM
 from specfill.core.io.demo_model import require_demo_model
 from specfill.core.methods.prefill import prefill
-from specfill.core.runtime import check_token_ids
+from specfill.core.plan import check_token_ids
 from specfill.core.models import ModelArgs
 from specfill.core.io.random_model import RANDOM_SHAPES
 from specfill.core.io.weights import load_weights

@@ -17,8 +17,8 @@ from typing import Any
 from specfill.api import encode_prompt
 from specfill.core import ConfigError, H2OConfig, PromptTooLongError, SpecPrefillConfig
 from specfill.core.config import KEEP_RULES
+from specfill.core.plan import check_generation_fits, check_speculator_context
 from specfill.core.request import GenerationRequest, build_request, server_field, settings_of
-from specfill.core.runtime import check_generation_fits, check_speculator_context
 from specfill.core.sampling import HOST_FIELDS
 
 from .errors import bad_request
