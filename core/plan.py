@@ -42,9 +42,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class GenerationPlan:
     """What one generation runs, every choice made: the checked prompt ids [P] (int64 NumPy), the
-    method ("auto" resolved, SpecPrefill's settings fitted to the prompt), the speculator (model,
-    its prefill step) and its reused KV (cache, tokens), the draft source (None: plain decoding),
-    the cost book that noted a skipped draft (its reply is noted after the decode), the reuse."""
+    method ("auto" resolved, SpecPrefill's settings fitted to the prompt), the reused cache (None: a
+    new one), the speculator (model, its prefill step) and its reused KV (cache, tokens), the draft
+    source (None: plain decoding) and the cost book that skipped a draft (the reply is noted in it)."""
 
     ids: np.ndarray
     method: PrefillMethod
