@@ -183,6 +183,7 @@ def _smoke_env(tmp_path, **extra) -> dict:
     return {**os.environ, **env, **extra}
 
 
+@pytest.mark.slow
 def test_gpu_session_script_smoke_run(tmp_path):
     """The script a GPU session runs, end to end on the CPU with tiny random models (a separate
     speculator model, as the GPU run's 8B / 1B pair): every step, its timing, at most 8 files."""

@@ -9,6 +9,8 @@ import pytest
 
 from specfill.evaluation.agent_session import main, parser, source_files, tool_sizes
 
+pytestmark = pytest.mark.slow
+
 
 def test_tool_sizes_and_sources():
     assert tool_sizes("1000-4000", 6) == [1000, 2000, 3000, 4000, 1000, 2000]

@@ -14,6 +14,8 @@ from specfill.evaluation.serve_process import ServerProcess  # noqa: E402
 from tests.adapters.mlx_archs import HYBRID, save_directory  # noqa: E402
 from tests.serve.hybrid_chat import restart_reads_first_turn, second_turn_equals_cold  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def hybrid_server(tmp_path_factory: pytest.TempPathFactory):

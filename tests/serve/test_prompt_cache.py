@@ -6,8 +6,12 @@ from __future__ import annotations
 import http.client
 import json
 
+import pytest
+
 from specfill.evaluation.serve_process import client
 from tests.serve.harness import wait_rebuilt
+
+pytestmark = pytest.mark.slow
 
 SENTENCES = [
     "The harbour master counted eleven blue boats at dawn.",

@@ -11,6 +11,8 @@ import pytest
 
 from specfill.evaluation.serve_process import ServerProcess, client
 
+pytestmark = pytest.mark.slow
+
 
 def wait_saved(server: ServerProcess, seconds: float = 60) -> dict:
     deadline = time.monotonic() + seconds

@@ -17,6 +17,8 @@ from specfill.evaluation.serve_process import ServerProcess  # noqa: E402
 from tests.adapters.torch_archs import HYBRID, save_directory  # noqa: E402
 from tests.serve.hybrid_chat import restart_reads_first_turn, second_turn_equals_cold  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 LAYOUTS = {"minimax": dict(layer_types=["linear_attention", "full_attention"] * 2)}
 
 

@@ -11,6 +11,8 @@ from specfill.core.errors import ModelLoadError, SpecfillError
 from specfill.core.io.demo_model import require_demo_model
 from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 
+pytestmark = pytest.mark.slow
+
 PROMPT = (
     "The history of the lighthouse is a story about people, weather and the slow progress of "
     "engineering. The earliest known lighthouse, the Pharos of Alexandria, was built in the third "

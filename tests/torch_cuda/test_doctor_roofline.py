@@ -3,10 +3,13 @@ TTFT it measured (evaluation/doctor.py roofline_prediction)."""
 
 from __future__ import annotations
 
+import pytest
+
 from specfill.evaluation.doctor import DoctorPlan, roofline_prediction, run_doctor
 from specfill.evaluation.doctor_report import render_markdown
 
 
+@pytest.mark.slow
 def test_doctor_report_has_a_prediction_beside_each_measured_ttft():
     plan = DoctorPlan(backend="cuda", lengths=(64,), run_kernel_conformance=False)
     report = run_doctor(plan, log=lambda line: None)

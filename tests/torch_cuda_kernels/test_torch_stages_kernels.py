@@ -23,6 +23,7 @@ HALVES = [FIRST_HALF, f"not ({FIRST_HALF})"]
 
 
 @pytest.mark.skipif(not triton_installed(), reason="Triton is not installed (Linux only)")
+@pytest.mark.slow
 def test_triton_kernels_match_twins_and_conform():
     env = dict(os.environ)
     if not torch.cuda.is_available():
