@@ -19,6 +19,7 @@ from typing import Any
 
 from .config_checks import (
     SELECT_UNITS,
+    _check_keep_rule,
     _check_spans,
     _check_units,
     _error,
@@ -31,6 +32,7 @@ REDUCTIONS = ("max", "mean")
 DEFAULT_KEEP_RATIO = 0.3  # measured (issue 34): the paper's 0.1 loses multi-hop answers
 PAPER_KEEP_RATIO = 0.1  # the reference implementation's keep share
 MASS_FLOOR, MASS_CEILING = 0.05, 0.5  # the mass rule's chunk-share bounds when none are given
+GROWTH_FROM = 4096  # keep_growth: the prompt length (tokens) up to which the keep ratio holds as given
 # H2O runs in the first third of the layers and the rest attend to every key: with H2O in every
 # layer (seed 001, layers="all") the answer tokens' keys and values in the later layers drift and
 # multi-value needles lose a value (issue 34: research/h2o_fidelity)
@@ -235,6 +237,9 @@ class SpecPrefillConfig:
     fewest top chunks whose importance sums to this share of the prompt's, but at least
     mass_floor and at most mass_ceiling of the chunks (ratios; None: 0.05, 0.5; without keep_mass:
     a ConfigError): a peaked score (one needle) keeps few chunks, a spread one (a chain) more.
+    keep_growth (g in (0, 1]; None: 1): with the ratio rule, the tokens kept grow as the prompt's
+    length ** g past GROWTH_FROM tokens: the share kept is keep_ratio x min(1, (P / 4096) ** (g - 1)),
+    so a 32K prompt at keep 0.3, g 0.7 keeps 0.16 of it (issue 47: research/keep_length).
     neighbours: also keep this many chunks on each side of every selected chunk (context around
     what was found: the rest of a statement or sentence a chunk boundary cut); the kept count
     grows up to (2 * neighbours + 1) times.
@@ -270,6 +275,11 @@ class SpecPrefillConfig:
         f"answers: docs/eval.md)",
     )
     keep_tokens: int | None = setting(None, "SpecPrefill: a token budget instead of a ratio")
+    keep_growth: float | None = setting(
+        None,
+        f"SpecPrefill: with a keep ratio, the tokens kept grow as the prompt's length ** g past {GROWTH_FROM} "
+        f"tokens, g in (0, 1] (none: 1, a fixed share)",
+    )
     lookahead: int = setting(
         8,
         "SpecPrefill look-ahead N: greedy speculator steps whose queries also score the "
@@ -334,44 +344,7 @@ class SpecPrefillConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculator_prefill", _speculator_prefill(self))
-        given = [name for name in KEEP_RULES if getattr(self, name) is not None]
-        if len(given) > 1:
-            raise _error(
-                self,
-                f"give one of keep_ratio, keep_tokens, keep_mass, not both {' and '.join(given)} "
-                f"(got {' and '.join(repr(getattr(self, name)) for name in given)})",
-                *given,
-            )
-        bounds = [name for name in ("mass_floor", "mass_ceiling") if getattr(self, name) is not None]
-        if bounds and self.keep_mass is None:
-            raise _error(
-                self,
-                f"{' and '.join(bounds)} {'bound' if len(bounds) > 1 else 'bounds'} the keep_mass "
-                f"rule's chunk count: give keep_mass too, or leave {'them' if len(bounds) > 1 else 'it'} "
-                f"out",
-                *bounds,
-            )
-        if self.keep_mass is not None:
-            object.__setattr__(self, "keep_mass", _require_share(self, "keep_mass"))
-            floor = _require_share(self, "mass_floor", MASS_FLOOR if self.mass_floor is None else self.mass_floor)
-            ceiling = _require_share(
-                self, "mass_ceiling", MASS_CEILING if self.mass_ceiling is None else self.mass_ceiling
-            )
-            if ceiling < floor:
-                raise _error(
-                    self, f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})", "mass_ceiling", "mass_floor"
-                )
-            object.__setattr__(self, "mass_floor", floor)
-            object.__setattr__(self, "mass_ceiling", ceiling)
-        elif self.keep_tokens is not None:
-            _require_int(self, "keep_tokens", 1)
-        else:
-            ratio = DEFAULT_KEEP_RATIO if self.keep_ratio is None else self.keep_ratio
-            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-                raise _error(self, f"keep ratio must be a number in (0, 1], got {ratio!r}", "keep_ratio")
-            if not (0.0 < float(ratio) <= 1.0) or math.isnan(float(ratio)):
-                raise _error(self, f"keep ratio must be in (0, 1], got {ratio}", "keep_ratio")
-            object.__setattr__(self, "keep_ratio", float(ratio))
+        _check_keep_rule(self, KEEP_RULES, DEFAULT_KEEP_RATIO, (MASS_FLOOR, MASS_CEILING))
         _require_int(self, "lookahead", 0)
         _require_int(self, "pool_kernel", 1)
         if self.pool_kernel % 2 == 0:
@@ -402,6 +375,8 @@ class SpecPrefillConfig:
         if ratio is None and tokens is None and mass is None:
             return self
         bounds = {} if mass is not None else {"mass_floor": None, "mass_ceiling": None}
+        if ratio is None:  # the growth scales a ratio: a budget or a mass rule drops it
+            bounds["keep_growth"] = None
         return dataclasses.replace(self, keep_ratio=ratio, keep_tokens=tokens, keep_mass=mass, **bounds)
 
     def composed(self) -> "SpecPrefillConfig":
@@ -429,13 +404,20 @@ class SpecPrefillConfig:
         at most; the scores decide within [chunk_range]), before neighbours are added."""
         return self.chunk_range(n_chunks)[1]
 
+    def share(self, n_tokens: int) -> float:
+        """The share of an n_tokens prompt the ratio rule keeps: keep_ratio, falling past GROWTH_FROM
+        tokens as (n_tokens / GROWTH_FROM) ** (keep_growth - 1) when keep_growth is set."""
+        if self.keep_growth is None or n_tokens <= GROWTH_FROM:
+            return self.keep_ratio
+        return self.keep_ratio * (n_tokens / GROWTH_FROM) ** (self.keep_growth - 1.0)
+
     def token_budget(self, n_tokens: int) -> int:
         """Text units (select_units "text"): how many of an n_tokens prompt's tokens the best units
         must hold (keep_ratio x P rounded up, or keep_tokens; at least token_floor; at most P)."""
         if self.keep_tokens is not None:
             wanted = self.keep_tokens
         else:  # the guard keeps float noise from adding a token, as _fixed_chunks'
-            wanted = math.ceil(n_tokens * self.keep_ratio - 1e-9)
+            wanted = math.ceil(n_tokens * self.share(n_tokens) - 1e-9)
         return min(n_tokens, max(1, wanted, self.token_floor))
 
     def chunk_range(self, n_chunks: int) -> tuple[int, int]:
@@ -457,7 +439,7 @@ class SpecPrefillConfig:
             k = math.ceil(self.keep_tokens / self.select_chunk)
         else:
             # the guard keeps float noise (10 * 0.3 = 3.0000000000000004) from adding a chunk
-            k = math.ceil(n_chunks * self.keep_ratio - 1e-9)
+            k = math.ceil(n_chunks * self.share(n_chunks * self.select_chunk) - 1e-9)
         return max(1, min(n_chunks, k))
 
 

@@ -68,3 +68,50 @@ def _require_int(config: object, name: str, minimum: int, label: str | None = No
     if not minimum <= value <= MAX_SETTING:
         raise _error(config, f"{label} must be in [{minimum}, {MAX_SETTING}], got {value}", name)
     return value
+
+
+def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: tuple[float, float]) -> None:
+    """SpecPrefillConfig's keep rule: at most one of `rules` (keep_ratio, keep_tokens, keep_mass);
+    the mass rule's bounds only with it (defaults `bounds`), ceiling >= floor; a token budget an
+    integer >= 1; else the ratio (default `ratio`) in (0, 1], keep_growth in (0, 1] with it only."""
+    given = [name for name in rules if getattr(config, name) is not None]
+    if len(given) > 1:
+        raise _error(
+            config,
+            f"give one of {', '.join(rules)}, not both {' and '.join(given)} "
+            f"(got {' and '.join(repr(getattr(config, name)) for name in given)})",
+            *given,
+        )
+    limits = [name for name in ("mass_floor", "mass_ceiling") if getattr(config, name) is not None]
+    if limits and config.keep_mass is None:
+        raise _error(
+            config,
+            f"{' and '.join(limits)} {'bound' if len(limits) > 1 else 'bounds'} the keep_mass "
+            f"rule's chunk count: give keep_mass too, or leave {'them' if len(limits) > 1 else 'it'} out",
+            *limits,
+        )
+    if config.keep_growth is not None and given and given[0] != "keep_ratio":
+        raise _error(
+            config, f"keep_growth scales the keep ratio: give it without {given[0]} (a ratio or none)", "keep_growth"
+        )
+    if config.keep_mass is not None:
+        object.__setattr__(config, "keep_mass", _require_share(config, "keep_mass"))
+        floor = _require_share(config, "mass_floor", bounds[0] if config.mass_floor is None else config.mass_floor)
+        ceiling = _require_share(
+            config, "mass_ceiling", bounds[1] if config.mass_ceiling is None else config.mass_ceiling
+        )
+        if ceiling < floor:
+            raise _error(config, f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})", "mass_ceiling", "mass_floor")
+        object.__setattr__(config, "mass_floor", floor)
+        object.__setattr__(config, "mass_ceiling", ceiling)
+    elif config.keep_tokens is not None:
+        _require_int(config, "keep_tokens", 1)
+    else:
+        value = ratio if config.keep_ratio is None else config.keep_ratio
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _error(config, f"keep ratio must be a number in (0, 1], got {value!r}", "keep_ratio")
+        if not (0.0 < float(value) <= 1.0) or math.isnan(float(value)):
+            raise _error(config, f"keep ratio must be in (0, 1], got {value}", "keep_ratio")
+        object.__setattr__(config, "keep_ratio", float(value))
+        if config.keep_growth is not None:
+            object.__setattr__(config, "keep_growth", _require_share(config, "keep_growth"))

@@ -10,6 +10,7 @@ import pytest
 
 from specfill.cli.options import add_method_options, specprefill_config
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core.methods import selection
 from specfill.core.reference import specprefill
 
 MASS = SpecPrefillConfig(keep_mass=0.5, mass_floor=0.05, mass_ceiling=0.5, select_chunk=4, force_keep_last=False)
@@ -182,3 +183,44 @@ def test_scoring_layers_as_a_share_of_the_speculator():
 def test_bad_floor_or_edges_are_one_config_error(fields):
     with pytest.raises(ConfigError):
         SpecPrefillConfig(**fields)
+
+
+def test_keep_growth_shrinks_the_share_past_4k_tokens_as_the_length_grows():
+    """Issue 47 item 2: tokens kept ~ length ** g past GROWTH_FROM (4096) tokens, the ratio as given
+    up to there; g 1 or none is today's fixed share."""
+    grow = SpecPrefillConfig(keep_ratio=0.3, keep_growth=0.7)
+    assert grow.share(2000) == grow.share(4096) == 0.3 == SpecPrefillConfig().share(32768)
+    assert grow.share(32768) == pytest.approx(0.3 * 8**-0.3)  # 0.161
+    assert SpecPrefillConfig(keep_growth=1.0).share(65536) == 0.3
+    # kept tokens grow as the length ** 0.7: twice the prompt, 2 ** 0.7 the tokens
+    assert grow.share(65536) * 65536 / (grow.share(32768) * 32768) == pytest.approx(2**0.7)
+    assert grow.n_kept_chunks(1024) == math.ceil(1024 * 0.3 * 8**-0.3)  # 165 of a 32K prompt's chunks, not 308
+    assert grow.n_kept_chunks(100) == 30  # under 4K: the ratio
+    assert dataclasses.replace(grow, select_units="text").token_budget(32768) == math.ceil(32768 * 0.3 * 8**-0.3)
+    # the reference and production keep what the config counts, the same tokens
+    importance, config = np.random.default_rng(0).random(32768), dataclasses.replace(grow, force_keep_last=False)
+    want = specprefill.select_tokens(importance, config).kept
+    assert len(want) == 165 * 32
+    np.testing.assert_array_equal(selection.select_tokens(importance, config).kept, want)
+
+
+@pytest.mark.parametrize("fields", [dict(keep_growth=0.0), dict(keep_growth=1.5), dict(keep_growth="x")])
+def test_bad_keep_growth_is_one_config_error(fields):
+    with pytest.raises(ConfigError, match="keep_growth"):
+        SpecPrefillConfig(**fields)
+
+
+def test_keep_growth_scales_a_ratio_only_and_with_keep_drops_it_with_a_budget():
+    for other in ({"keep_tokens": 1600}, {"keep_mass": 0.5}):
+        with pytest.raises(ConfigError, match="keep_growth scales the keep ratio"):
+            SpecPrefillConfig(keep_growth=0.7, **other)
+    grow = SpecPrefillConfig(keep_growth=0.7)
+    assert grow.with_keep(ratio=0.2).keep_growth == 0.7
+    assert grow.with_keep(tokens=1600).keep_growth is None and grow.with_keep(mass=0.5).keep_growth is None
+    parser = argparse.ArgumentParser()
+    add_method_options(parser)
+    assert specprefill_config(parser.parse_args(["--keep", "0.2", "--keep-growth", "0.7"])).share(32768) == (
+        pytest.approx(0.2 * 8**-0.3)
+    )
+    with pytest.raises(ConfigError, match="keep_growth"):
+        specprefill_config(parser.parse_args(["--keep", "1600", "--keep-growth", "0.7"]))
