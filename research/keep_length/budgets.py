@@ -2,7 +2,11 @@
 protocol's records (`specfill eval --candidates ... --selection-only`, one file per length), per
 length and keep setting, the samples that keep every answer span (each at least 50% kept, the
 protocol's rule), the mean span recall and the tokens kept; the smallest keep ratio that keeps as
-many samples as keep 0.3 (the default) less at most one; a plot of both against the tokens kept.
+many samples as keep 0.3 (the default) less at most one; budget rules (tokens kept growing as a
+power of the length, keep 0.3 at 4K) checked at every length; the same counts per task; a plot of
+both against the tokens kept. Records of a scoring variant named in VARIANTS (the prompt's last
+queries, `query_window`) are read beside the default's, as their own rows and curves; the rules and
+the smallest ratio are the default scoring's.
 A study: it reads records, runs no model.
 
     python research/keep_length/budgets.py RECORDS.json [RECORDS.json ...] --out research/keep_length/results/budgets
@@ -22,26 +26,35 @@ import numpy as np
 
 DEFAULT = 0.3  # SpecPrefillConfig's keep ratio (core/config.DEFAULT_KEEP_RATIO)
 HELD = 0.5  # a span is kept when at least this share of it is (the protocol's rule)
+# read beside the default: the scoring variants, and the growth rules' own runs (keep_growth=g)
+VARIANTS = ("query_window=32", "query_window=64", "neighbours=1", "neighbours=1,query_window=32") + tuple(
+    f"keep_growth={g}" for g in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
+)
 
 
-def plain(config: dict) -> bool:
-    """The default SpecPrefillConfig but for its keep ratio or token budget (a record written
-    before a field existed has that field's default)."""
+FIELDS = ("keep_mass", "keep_growth", "lookahead", "pool_kernel", "select_chunk", "layers", "head_reduction") + (
+    "layer_reduction", "lookahead_reduction", "neighbours", "token_floor", "keep_first", "keep_last"
+) + ("select_units", "query_window", "speculator_prefill", "force_keep_last")
+
+
+def variant(config: dict) -> str:
+    """The fields (but the keep rule) where a record's SpecPrefillConfig differs from the default,
+    "field=value,..." ("default" where none does; a record written before a field existed has that
+    field's default)."""
     from specfill.core import SpecPrefillConfig
 
     default = SpecPrefillConfig()
-    return all(
-        json.loads(json.dumps(config.get(name, getattr(default, name))))
-        == json.loads(json.dumps(getattr(default, name)))
-        for name in ("keep_mass", "lookahead", "pool_kernel", "select_chunk", "layers", "head_reduction")
-        + ("layer_reduction", "lookahead_reduction", "neighbours", "token_floor", "keep_first", "keep_last")
-        + ("select_units", "query_window", "speculator_prefill", "force_keep_last")
-    )
+    differs = []
+    for name in FIELDS:
+        value = json.loads(json.dumps(config.get(name, getattr(default, name))))
+        if value != json.loads(json.dumps(getattr(default, name))):
+            differs.append(f"{name}={value}")
+    return ",".join(differs) or "default"
 
 
 def load(paths: list[Path]) -> tuple[list[dict], list[str]]:
-    """The SpecPrefill records of the files with the default config but for the keep rule (one per
-    (length, task, sample, setting): the last wins) and a line per file naming its run."""
+    """The SpecPrefill records of the files (one per (length, task, sample, setting): the last wins),
+    each with its "variant", and a line per file naming its run."""
     records: dict[tuple, dict] = {}
     runs = []
     for path in paths:
@@ -53,21 +66,24 @@ def load(paths: list[Path]) -> tuple[list[dict], list[str]]:
             f"{machine.get('torch_threads', '?')} thread(s)"
         )
         for r in data["records"]:
-            if r.get("kind") == "specprefill" and r.get("answer_kept") and plain(r["config"]):
-                records[(r["tokens"], r["task"], r["index"], r["setting"])] = r
+            if r.get("kind") == "specprefill" and r.get("answer_kept"):
+                r = {**r, "variant": variant(r["config"])}
+                if r["variant"] == "default" or r["variant"] in VARIANTS:
+                    records[(r["tokens"], r["task"], r["index"], r["setting"])] = r
     return list(records.values()), runs
 
 
 def table(records: list[dict]) -> list[dict]:
-    """One row per (length, setting): samples, every-span-kept count, mean recall, median kept share."""
-    groups: dict[tuple[int, str], list[dict]] = defaultdict(list)
+    """One row per (length, variant, setting): samples, every-span-kept count, mean recall, median kept share."""
+    groups: dict[tuple[int, str, str], list[dict]] = defaultdict(list)
     for r in records:
-        groups[r["tokens"], r["setting"]].append(r)
+        groups[r["tokens"], r["variant"], r["setting"]].append(r)
     rows = []
-    for (length, setting), mine in sorted(groups.items()):
+    for (length, kind, setting), mine in sorted(groups.items()):
         rows.append(
             {
                 "length": length,
+                "variant": kind,
                 "setting": setting,
                 "ratio": mine[0]["config"].get("keep_ratio"),
                 "budget": mine[0]["config"].get("keep_tokens"),
@@ -84,7 +100,8 @@ def table(records: list[dict]) -> list[dict]:
 
 def smallest_ratio(rows: list[dict]) -> dict[int, dict | None]:
     """Per length: the smallest keep ratio whose every-span-kept count is at least the default's
-    less one (over the same samples), or None where the default was not run."""
+    less one (over the same samples), or None where the default was not run (the default scoring)."""
+    rows = [r for r in rows if r["variant"] == "default"]
     out: dict[int, dict | None] = {}
     for length in sorted({r["length"] for r in rows}):
         ratios = sorted((r for r in rows if r["length"] == length and r["ratio"] is not None), key=lambda r: r["ratio"])
@@ -97,7 +114,58 @@ def smallest_ratio(rows: list[dict]) -> dict[int, dict | None]:
     return out
 
 
-def write(rows: list[dict], runs: list[str], out: Path) -> list[Path]:
+GROWTHS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)  # the budget rules tried (keep_growth): tokens ~ length ** growth
+def rule_ratio(growth: float, length: int) -> float:
+    """The keep ratio of SpecPrefillConfig(keep_ratio=0.3, keep_growth=growth) at `length` tokens
+    (SpecPrefillConfig.share: the default ratio up to 4096 tokens, then tokens kept ~ length ** growth)."""
+    from specfill.core import SpecPrefillConfig
+
+    return SpecPrefillConfig(keep_ratio=DEFAULT, keep_growth=growth).share(length)
+
+
+def rules(rows: list[dict]) -> list[dict]:
+    """Each growth rule against the records: at each length the rule's own records where they were
+    run (a `keep_growth=g` candidate, keep 0.3; "measured_ratio" None), else the smallest measured
+    ratio at least the rule's (the rule rounded up to what was measured); its every-span-kept count
+    and the default's; the rule holds at a length when it keeps as many samples as the default less
+    at most one (the default scoring, the same samples)."""
+    grown = {(r["length"], r["variant"]): r for r in rows if r["variant"].startswith("keep_growth=")}
+    rows = [r for r in rows if r["variant"] == "default"]
+    out = []
+    for growth in GROWTHS:
+        for length in sorted({r["length"] for r in rows}):
+            ratios = sorted((r for r in rows if r["length"] == length and r["ratio"] is not None), key=lambda r: r["ratio"])
+            default = next((r for r in ratios if abs(r["ratio"] - DEFAULT) < 1e-9), None)
+            want = rule_ratio(growth, length)
+            own = grown.get((length, f"keep_growth={growth}"))
+            if own is not None and own["ratio"] == DEFAULT:
+                got, measured = own, None
+            else:
+                got = next((r for r in ratios if r["ratio"] >= want - 1e-9 and default and r["samples"] == default["samples"]), None)
+                measured = None if got is None else got["ratio"]
+            if default is None or got is None or got["samples"] != default["samples"]:
+                continue
+            out.append({"growth": growth, "length": length, "rule_ratio": want, "measured_ratio": measured,
+                        "kept_all": got["kept_all"], "default_kept_all": default["kept_all"], "samples": got["samples"],
+                        "holds": got["kept_all"] >= default["kept_all"] - 1})
+    return out
+
+
+def per_task(records: list[dict]) -> dict[tuple[int, str], dict[str, str]]:
+    """(length, setting) -> task -> "kept/samples" (every answer span at least HELD kept)."""
+    cells: dict[tuple[int, str], dict[str, list[bool]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        cells[r["tokens"], r["setting"]][r["task"]].append(min(r["answer_kept"]) >= HELD)
+    return {key: {task: f"{sum(v)}/{len(v)}" for task, v in sorted(tasks.items())} for key, tasks in sorted(cells.items())}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    part.replace(path)
+
+
+def write(rows: list[dict], runs: list[str], out: Path, tasks: dict | None = None) -> list[Path]:
     out.parent.mkdir(parents=True, exist_ok=True)
     best = smallest_ratio(rows)
     lines = [
@@ -112,7 +180,9 @@ def write(rows: list[dict], runs: list[str], out: Path) -> list[Path]:
         "|---|---|---|---|",
     ]
     for length, row in best.items():
-        default = next((r for r in rows if r["length"] == length and r["ratio"] == DEFAULT), None)
+        default = next(
+            (r for r in rows if r["length"] == length and r["ratio"] == DEFAULT and r["variant"] == "default"), None
+        )
         if row is None or default is None:
             lines.append(f"| {length} | - | - | - |")
         else:
@@ -120,19 +190,48 @@ def write(rows: list[dict], runs: list[str], out: Path) -> list[Path]:
                 f"| {length} | {row['ratio']} | {row['kept_tokens']:.0f} | "
                 f"{row['kept_all']}/{row['samples']} / {default['kept_all']}/{default['samples']} |"
             )
+    tried = rules(rows)
     lines += [
         "",
-        "| length | setting | samples | every span kept | span recall | kept tokens (median) | kept share | tasks |",
-        "|---|---|---|---|---|---|---|---|",
+        f"Budget rules (`keep_growth=g`): tokens kept growing as length ** g past 4096 tokens, keep {DEFAULT} up to "
+        f"there (keep ratio {DEFAULT} x min(1, (length / 4096) ** (g - 1))): the rule's own run where there is one "
+        "(\"run\" and its ratio), else rounded up to a measured ratio; a rule holds at a length "
+        "when it keeps as many samples as the default less at most one. The ratio at 131072 tokens is the "
+        "rule's own (what the roofline at 128K takes).",
+        "",
+        "| g | " + " | ".join(f"{length}: ratio, kept / default" for length in sorted({r["length"] for r in tried}))
+        + " | holds everywhere | ratio at 131072 |",
+        "|---|" + "---|" * (len({r["length"] for r in tried}) + 2),
+    ]
+    for growth in GROWTHS:
+        mine = [r for r in tried if r["growth"] == growth]
+        cells = [
+            f"{'run ' + format(r['rule_ratio'], '.3f') if r['measured_ratio'] is None else format(r['measured_ratio'], 'g')}, "
+            f"{r['kept_all']}/{r['default_kept_all']} of {r['samples']}"
+            for r in mine
+        ]
+        lines.append(f"| {growth:g} | " + " | ".join(cells) + f" | {all(r['holds'] for r in mine)} | "
+                     f"{rule_ratio(growth, 131072):.3f} |")
+    if tasks:
+        names = sorted({task for cell in tasks.values() for task in cell})
+        lines += ["", "Samples with every answer span kept, per task:", "",
+                  "| length | setting | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+        for (length, setting), cell in tasks.items():
+            lines.append(f"| {length} | {setting} | " + " | ".join(cell.get(n, "-") for n in names) + " |")
+    lines += [
+        "",
+        "| length | scoring | setting | samples | every span kept | span recall | kept tokens (median) | kept share "
+        "| tasks |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['length']} | {r['setting']} | {r['samples']} | {r['kept_all']}/{r['samples']} | "
+            f"| {r['length']} | {r['variant']} | {r['setting']} | {r['samples']} | {r['kept_all']}/{r['samples']} | "
             f"{r['recall']:.3f} | {r['kept_tokens']:.0f} | {r['kept_share']:.3f} | {', '.join(r['tasks'])} |"
         )
     md, data = out.with_suffix(".md"), out.with_suffix(".json")
-    md.write_text("\n".join(lines) + "\n")
-    data.write_text(json.dumps({"runs": runs, "rows": rows, "smallest_ratio": best}, indent=1))
+    _atomic_write(md, "\n".join(lines) + "\n")
+    _atomic_write(data, json.dumps({"runs": runs, "rows": rows, "smallest_ratio": best, "rules": tried}, indent=1))
     written = [md, data]
     try:
         import matplotlib
@@ -143,10 +242,15 @@ def write(rows: list[dict], runs: list[str], out: Path) -> list[Path]:
         return written
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for length in sorted({r["length"] for r in rows}):
-        mine = sorted((r for r in rows if r["length"] == length and r["ratio"] is not None), key=lambda r: r["ratio"])
-        x = [r["kept_tokens"] for r in mine]
-        axes[0].plot(x, [r["kept_all"] / r["samples"] for r in mine], "o-", label=f"~{length // 1000}K")
-        axes[1].plot(x, [r["recall"] for r in mine], "o-", label=f"~{length // 1000}K")
+        kinds = {r["variant"] for r in rows if r["length"] == length and not r["variant"].startswith("keep_growth=")}
+        for kind in sorted(kinds, key=lambda v: v != "default"):
+            mine = [r for r in rows if r["length"] == length and r["ratio"] is not None and r["variant"] == kind]
+            mine.sort(key=lambda r: r["ratio"])
+            x = [r["kept_tokens"] for r in mine]
+            style, label = ("o-", f"~{length // 1000}K") if kind == "default" else ("s--", f"~{length // 1000}K {kind}")
+            axes[0].plot(x, [r["kept_all"] / r["samples"] for r in mine], style, label=label)
+            axes[1].plot(x, [r["recall"] for r in mine], style, label=label)
+        mine = [r for r in rows if r["length"] == length and r["ratio"] is not None and r["variant"] == "default"]
         for r in mine:
             axes[0].annotate(f"{r['ratio']:g}", (r["kept_tokens"], r["kept_all"] / r["samples"]), fontsize=7)
     axes[0].set_ylabel("samples with every answer span kept")
@@ -155,11 +259,13 @@ def write(rows: list[dict], runs: list[str], out: Path) -> list[Path]:
         ax.set_xscale("log")
         ax.set_xlabel("tokens kept (median; points: keep ratio)")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.suptitle("SpecPrefill keep budget vs prompt length (RULER selection proxy)\n" + "\n".join(runs), fontsize=7)
     fig.tight_layout()
     png = out.with_suffix(".png")
-    fig.savefig(png, dpi=120)
+    part = png.with_name(png.name + ".part")
+    fig.savefig(part, dpi=120, format="png")
+    part.replace(png)
     return [*written, png]
 
 
@@ -169,7 +275,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="path without suffix (.md, .json, .png written)")
     args = parser.parse_args()
     records, runs = load(args.records)
-    for path in write(table(records), runs, args.out):
+    for path in write(table(records), runs, args.out, per_task(records)):
         print(path)
 
 

@@ -54,7 +54,7 @@ def methods(shape: Shape) -> dict[str, Method]:
     return out
 
 
-def composition_table() -> list[dict]:
+def composition_table(keeps: tuple[float, ...] = KEEPS) -> list[dict]:
     """Issue 38 item 4: full, H2O, SpecPrefill and the composition per main + speculator pair, at
     keep 0.1 and 0.3, on H100, RTX 4090 and Orin, 8K-128K; speed-ups vs full."""
     rows = []
@@ -63,7 +63,7 @@ def composition_table() -> list[dict]:
             for tokens in LENGTHS:
                 full = predict(main, DEVICES[key], tokens, Method("full"))["ttft"]
                 named = {"full": Method("full"), "h2o all layers": Method("h2o", h2o=H2O_ALL)}
-                for keep in KEEPS:
+                for keep in keeps:
                     named[f"specprefill keep {keep}"] = Method("specprefill", speculator=spec, keep=keep)
                     named[f"composition keep {keep}"] = Method("specprefill", speculator=spec, keep=keep,
                                                                speculator_h2o=SPEC_H2O)
@@ -75,11 +75,11 @@ def composition_table() -> list[dict]:
     return rows
 
 
-def acceptance() -> list[dict]:
+def acceptance(keeps: tuple[float, ...] = KEEPS) -> list[dict]:
     """Issue 38's line: does the roofline predict >= 6x for the composition at 128K on H100?"""
     out = []
     for main, spec in PAIRS:
-        for keep in KEEPS:
+        for keep in keeps:
             full = predict(main, DEVICES["h100"], 131072, Method("full"))["ttft"]
             ttft = predict(main, DEVICES["h100"], 131072,
                            Method("specprefill", speculator=spec, keep=keep, speculator_h2o=SPEC_H2O))["ttft"]
@@ -181,10 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--validate", action="store_true", help="also check the model on this CPU (runs the demo model)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    parser.add_argument("--keeps", default=",".join(map(str, KEEPS)),
+                        help="SpecPrefill keep ratios of the composition table and the 128K line, comma-separated "
+                             "(e.g. a length rule's ratio at 128K)")
     args = parser.parse_args(argv)
+    keeps = tuple(float(k) for k in args.keeps.split(","))
     from roofline_report import write_macs_report, write_report  # research/roofline/roofline_report.py
     result = {"devices": {k: vars(v) for k, v in DEVICES.items()}, "table": gpu_table(), "anchors": anchors(),
-              "composition": composition_table(), "acceptance": acceptance()}
+              "composition": composition_table(keeps), "acceptance": acceptance(keeps)}
     previous = args.out / "roofline.json"
     if args.validate:
         result["validation"] = validate()

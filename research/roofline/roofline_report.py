@@ -100,7 +100,8 @@ def _composition_lines(result: dict) -> list[str]:
     if "composition" not in result:
         return []
     lines = ["", "## The composition: SpecPrefill whose speculator prefills with H2O (issue 38)", "",
-             "Per main + speculator pair, keep 0.1 (the paper's) and 0.3 (this project's default); the "
+             f"Per main + speculator pair, keep {' and '.join(sorted({str(a['keep']) for a in result['acceptance']}))} "
+             "(0.1: the paper's; 0.3: this project's default); the "
              "speculator's pass priced with h2o_dot_products (H2O defaults in every layer), look-ahead and "
              "scoring over every prompt key, the main model's kept tokens dense. PFlash's published figure "
              "(10.4x at 128K, RTX 3090) is in the anchors above."]
