@@ -101,7 +101,9 @@ def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: 
             config, "mass_ceiling", bounds[1] if config.mass_ceiling is None else config.mass_ceiling
         )
         if ceiling < floor:
-            raise _error(config, f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})", "mass_ceiling", "mass_floor")
+            raise _error(
+                config, f"mass_ceiling ({ceiling}) must be >= mass_floor ({floor})", "mass_ceiling", "mass_floor"
+            )
         object.__setattr__(config, "mass_floor", floor)
         object.__setattr__(config, "mass_ceiling", ceiling)
     elif config.keep_tokens is not None:
