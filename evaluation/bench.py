@@ -216,6 +216,12 @@ def _plan_dict(plan: BenchPlan) -> dict:
     }
 
 
+def _growth(specprefill: dict) -> str:
+    """The report's words for keep_growth (absent from plans written before it existed)."""
+    g = specprefill.get("keep_growth")
+    return "" if g is None else f", tokens kept growing as P^{g} past 4096"
+
+
 def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -> list[Path]:
     """<name>.json, <name>.md and <name>_ttft.png in out_dir (the crossovers in the JSON's
     "calibration"; `auto` reads only its own per-machine cache, core/crossover.py)."""
@@ -232,7 +238,8 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
         f"H2O S={result['plan']['h2o']['chunk_size']} L={result['plan']['h2o']['local']} "
         f"H={result['plan']['h2o']['heavy']} W={result['plan']['h2o'].get('dense_tail', 0)}; "
         f"SpecPrefill {result['plan']['speculator']} layers {result['plan']['specprefill'].get('layers', 'all')} keep "
-        f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}.",
+        f"{result['plan']['specprefill']['keep_ratio'] or result['plan']['specprefill']['keep_tokens']}"
+        f"{_growth(result['plan']['specprefill'])}.",
         "",
         "| backend | method | prompt tokens | TTFT (s) | speed-up vs full | kept | decode tok/s | decode vs full "
         "| peak memory (GB) |",

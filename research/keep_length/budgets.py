@@ -26,9 +26,10 @@ import numpy as np
 
 DEFAULT = 0.3  # SpecPrefillConfig's keep ratio (core/config.DEFAULT_KEEP_RATIO)
 HELD = 0.5  # a span is kept when at least this share of it is (the protocol's rule)
+GROWTHS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)  # the budget rules tried (keep_growth): tokens ~ length ** growth
 # read beside the default: the scoring variants, and the growth rules' own runs (keep_growth=g)
 VARIANTS = ("query_window=32", "query_window=64", "neighbours=1", "neighbours=1,query_window=32") + tuple(
-    f"keep_growth={g}" for g in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
+    f"keep_growth={g}" for g in GROWTHS if g != 1.0
 )
 
 
@@ -114,7 +115,6 @@ def smallest_ratio(rows: list[dict]) -> dict[int, dict | None]:
     return out
 
 
-GROWTHS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)  # the budget rules tried (keep_growth): tokens ~ length ** growth
 def rule_ratio(growth: float, length: int) -> float:
     """The keep ratio of SpecPrefillConfig(keep_ratio=0.3, keep_growth=growth) at `length` tokens
     (SpecPrefillConfig.share: the default ratio up to 4096 tokens, then tokens kept ~ length ** growth)."""
