@@ -57,16 +57,17 @@ def parse_candidate(text: str) -> tuple[str, Setting]:
         raise ConfigError(f"candidate {name!r}: {err}") from None
 
 
-def on_saved_pass(setting: Setting) -> bool:
-    """A SpecPrefill candidate scored on the sample's saved (dense) speculator pass; SpecPrefill
-    over an H2O speculator runs its own pass, through the API (end to end), as H2O and full do."""
-    return isinstance(setting, SpecPrefillConfig) and setting.speculator_prefill is None
+def on_saved_pass(setting: Setting, selection_only: bool = False) -> bool:
+    """A SpecPrefill candidate scored on the sample's saved speculator pass (ruler_passes.pass_path:
+    one per speculator prefill). SpecPrefill over an H2O speculator is scored on its saved H2O pass
+    in a selection-only run, and decoded end to end through the API (its speculator pass timed in
+    the call), as H2O and full are."""
+    return isinstance(setting, SpecPrefillConfig) and (setting.speculator_prefill is None or selection_only)
 
 
 def selected_alone(setting: Setting) -> bool:
     """A candidate whose kept set a selection-only run measures without the main model: every
-    SpecPrefill candidate (on the saved pass, or SpecPrefill over an H2O speculator on its own pass:
-    evaluation/ruler_composed.py); full and H2O decode or nothing."""
+    SpecPrefill candidate (on its saved pass, dense or H2O); full and H2O decode or nothing."""
     return isinstance(setting, SpecPrefillConfig)
 
 

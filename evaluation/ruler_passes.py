@@ -1,23 +1,41 @@
 """The speculator's saved passes of the selection protocol (evaluation/ruler_protocol.py): one
-pass per sample (queries of the prompt's last tokens and of the look-ahead, the prompt keys),
-every SpecPrefill candidate's selection scored on it as the NumPy reference scores, and the main
+pass per sample and speculator prefill (dense, or an H2O prompt pass for SpecPrefill over an H2O
+speculator; queries of the prompt's last tokens and of the look-ahead, the prompt keys), every
+SpecPrefill candidate's selection scored on it as the NumPy reference scores, and the main
 model's sparse prefill and decoding from it."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from specfill.core import ConfigError, SpecPrefillConfig
+from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 
 from .ruler_tasks import RulerSample, score
 
 PASS_LOOKAHEAD = SpecPrefillConfig.lookahead  # the look-ahead a saved pass holds (candidates may use fewer)
 PASS_QUERY_WINDOW = 64  # the prompt's last tokens whose queries a saved pass holds (candidates may use fewer)
+DENSE = "dense"  # a dense pass's prefill, as SavedPass.prefill names it
+
+
+def prefill_name(h2o: H2OConfig | None) -> str:
+    """The speculator prefill a pass ran, as one word: "dense", or "h2o-" and a digest of the H2OConfig."""
+    if h2o is None:
+        return DENSE
+    return "h2o-" + hashlib.sha256(json.dumps(asdict(h2o), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def pass_path(passes: Path, name: str, setting: SpecPrefillConfig) -> Path:
+    """Where the sample `name`'s pass for this candidate's speculator prefill is saved (a dense
+    pass keeps the name passes had before H2O passes existed)."""
+    prefill = prefill_name(setting.speculator_prefill)
+    return passes / (f"{name}.npz" if prefill == DENSE else f"{name}_{prefill}.npz")
 
 
 @dataclass
@@ -25,7 +43,8 @@ class SavedPass:
     """A speculator pass over one prompt, on the host: queries [n_l, W + N', Hq, D] (the prompt's
     last W = n_window tokens', then the look-ahead's) and prompt keys [n_l, Hkv, P, D] (float32),
     the prompt ids [P], its wall time, the attention scale and the speculator's sliding windows
-    (None: global). A pass saved before query windows existed holds W = 1."""
+    (None: global), and the prompt pass's prefill (prefill_name). A pass saved before query windows
+    existed holds W = 1; one saved before H2O passes existed is dense."""
 
     queries: np.ndarray
     keys: np.ndarray
@@ -34,6 +53,7 @@ class SavedPass:
     scale: float
     windows: tuple
     n_window: int = 1
+    prefill: str = DENSE
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,6 +68,7 @@ class SavedPass:
             scale=self.scale,
             windows=windows,
             n_window=self.n_window,
+            prefill=self.prefill,
         )
         os.replace(tmp, path)
 
@@ -56,7 +77,10 @@ class SavedPass:
         with np.load(path) as f:
             windows = tuple(None if w < 0 else int(w) for w in f["windows"])
             n_window = int(f["n_window"]) if "n_window" in f.files else 1
-            return cls(f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows, n_window)
+            prefill = str(f["prefill"]) if "prefill" in f.files else DENSE
+            return cls(
+                f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows, n_window, prefill
+            )
 
 
 def speculate(
@@ -66,8 +90,10 @@ def speculate(
     sample: RulerSample,
     lookahead: int = PASS_LOOKAHEAD,
     query_window: int = PASS_QUERY_WINDOW,
+    h2o: H2OConfig | None = None,
 ) -> SavedPass:
-    """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator), timed."""
+    """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator; an
+    H2O prompt pass with `h2o`, as SpecPrefill over an H2O speculator runs it), timed."""
     from specfill.api import encode_prompt
     from specfill.core.methods.specprefill import run_speculator
     from specfill.core.plan import check_token_ids
@@ -87,6 +113,7 @@ def speculate(
             stop_ids=frozenset(tokenizer.eos_token_ids),
             step_size=spec_step,
             query_window=query_window,
+            h2o=h2o,
         )
         queries, keys = ops.to_numpy(spec.queries), ops.to_numpy(spec.keys)
         seconds = time.perf_counter() - started
@@ -98,6 +125,7 @@ def speculate(
         spec_model.args.attention_scale,
         tuple(spec_model.args.layer_windows),
         spec.n_window,
+        prefill_name(h2o),
     )
 
 

@@ -9,12 +9,13 @@ Per sample:
   selection (`PassScores`: attention, pooling and the head reduction once per sample, the rest per
   candidate) without the main model: what it keeps of each answer span (chain hop, answer
   sentence, queried needle) is the selection proxy (`--selection-only` stops there); SpecPrefill
-  over an H2O speculator runs its own pass and selection instead (evaluation/ruler_composed.py);
+  over an H2O speculator is scored on the sample's H2O pass, saved per speculator H2O setting
+  (ruler_passes.pass_path), so its candidates share one pass as the dense ones do;
 - the main model decodes only the candidates asked for: SpecPrefill from the saved pass (TTFT =
   the pass's measured time + selection, the kept tokens' prefill and the first token) or, with
-  end_to_end, through the API like any user (TTFT measured in one call); H2O and full through
-  the API. Full prefill's answer is cached per (model, backend, dtype, device, sample, answer
-  budget): no run computes it twice.
+  end_to_end, through the API like any user (TTFT measured in one call); SpecPrefill over an H2O
+  speculator, H2O and full through the API. Full prefill's answer is cached per (model, backend,
+  dtype, device, sample, answer budget): no run computes it twice.
 Records are written one by one (atomically) and a run resumes past every (task, length, sample,
 candidate) already recorded. A loss against full prefill gets a cause: "selection" (an answer
 span kept below DROPPED_BELOW: SpecPrefill dropped it; H2O: too few last memory sets hold it) or
@@ -49,8 +50,7 @@ from .ruler_candidates import (  # noqa: F401 (parse_candidate, default_candidat
     resolve_candidates,
     selected_alone,
 )
-from .ruler_composed import composed_selection
-from .ruler_passes import PassScores, SavedPass, decode_from_pass, speculate
+from .ruler_passes import PassScores, SavedPass, decode_from_pass, pass_path, prefill_name, speculate
 from .ruler_report import DROPPED_BELOW
 from .ruler_run import span_shares
 from .ruler_tasks import RulerSample, build_sample
@@ -251,7 +251,8 @@ def run_protocol(
         )
 
     # the most observation-window queries a candidate scores with: a saved pass holding fewer is rerun
-    window = max((s.query_window for s in plan.candidates.values() if on_saved_pass(s)), default=1)
+    on_pass = {n: s for n, s in plan.candidates.items() if on_saved_pass(s, plan.selection_only)}
+    window = max((s.query_window for s in on_pass.values()), default=1)
     for length in plan.lengths:
         for task in plan.tasks:
             for index in range(plan.first, plan.first + plan.trials):
@@ -266,13 +267,18 @@ def run_protocol(
                 sample = build_sample(models.tokenizer, task, length, index, plan.seed, plan.chat_template)
                 budget = answer_budget(sample, plan.answer_tokens)
                 name = sample_key(sample, length, plan.seed, plan.chat_template)
-                scores = None
-                if any(on_saved_pass(plan.candidates[n]) for n in todo):
-                    scores = PassScores(_saved_pass(models, passes / f"{name}.npz", sample, log, window))
-                for setting in todo:
+                scores: dict[Path, PassScores] = {}  # the sample's passes, one per speculator prefill
+                for candidate in todo:
+                    on = None
+                    if candidate in on_pass:
+                        path = pass_path(passes, name, on_pass[candidate])
+                        if path not in scores:
+                            h2o = on_pass[candidate].speculator_prefill
+                            scores[path] = PassScores(_saved_pass(models, path, sample, log, window, h2o))
+                        on = scores[path]
                     keep(
                         _run_candidate(
-                            plan, models, sample, length, setting, scores, budget, answers / f"{name}_{budget}.json"
+                            plan, models, sample, length, candidate, on, budget, answers / f"{name}_{budget}.json"
                         )
                     )
     if not written:  # nothing ran: no run to record
@@ -284,17 +290,23 @@ def run_protocol(
 
 
 def _saved_pass(
-    models: Models, path: Path, sample: RulerSample, log: Callable[[str], None], window: int = 1
+    models: Models,
+    path: Path,
+    sample: RulerSample,
+    log: Callable[[str], None],
+    window: int = 1,
+    h2o: H2OConfig | None = None,
 ) -> SavedPass:
-    """The sample's saved pass, run (and saved) when there is none or it holds fewer than `window`
-    of the prompt's last queries (a pass saved before query windows holds one)."""
+    """The sample's saved pass (dense, or an H2O prompt pass with `h2o`), run (and saved) when there
+    is none, it holds fewer than `window` of the prompt's last queries (a pass saved before query
+    windows holds one) or it ran another prefill."""
     if path.exists():
         saved = SavedPass.load(path)
-        if saved.n_window >= min(window, len(saved.ids)):
+        if saved.n_window >= min(window, len(saved.ids)) and saved.prefill == prefill_name(h2o):
             return saved
-    saved = speculate(*models.scorer(), models.tokenizer, sample)
+    saved = speculate(*models.scorer(), models.tokenizer, sample, h2o=h2o)
     saved.save(path)
-    log(f"{sample.task} #{sample.index}: speculator pass {saved.seconds:.1f} s (saved)")
+    log(f"{sample.task} #{sample.index}: speculator pass ({saved.prefill}) {saved.seconds:.1f} s (saved)")
     return saved
 
 
@@ -324,22 +336,15 @@ def _run_candidate(
         return record(
             sample, length, name, "h2o", **run_api(models.session(), sample, PrefillMethod("h2o", h2o=setting), budget)
         )
-    if not on_saved_pass(setting) and plan.selection_only:  # its own pass, scored and selected: no main model
-        chosen = composed_selection(*models.scorer(), models.tokenizer, sample, setting)
-        row = np.zeros(chosen["n_prompt"])
-        row[chosen["kept"]] = 1.0
-        timing = {k: chosen[k] for k in ("speculator_s", "selection_s")}
-        config = asdict(setting)
-        return record(
-            sample, length, name, COMPOSED, **NO_ANSWER, row=row, kept=len(chosen["kept"]), config=config, **timing
-        )
-    if not on_saved_pass(setting) or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
+    if scores is None or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
         return _end_to_end(models.session(), sample, length, name, setting, scores, budget)
     started = time.perf_counter()
     selection = scores.select(with_text_units_config(setting, models.tokenizer, scores.saved.ids))
     row = np.zeros(len(scores.saved.ids))
     row[selection.kept] = 1.0
-    extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}
+    extra = {"speculator_s": scores.saved.seconds, "config": asdict(setting)}
+    if setting.speculator_prefill is not None:  # scored on its H2O pass: no main model (selection only)
+        return record(sample, length, name, COMPOSED, **NO_ANSWER, row=row, kept=len(selection.kept), **extra)
     answer = NO_ANSWER
     if not plan.selection_only:  # decoded from the saved pass: TTFT = the pass's time + selection + the rest
         session = models.session()
@@ -357,7 +362,7 @@ def _end_to_end(session: Session, sample: RulerSample, length: int, name: str, s
     answer = run_api(session, sample, method, budget)
     if not on_saved_pass(setting):
         return record(sample, length, name, COMPOSED, **answer, end_to_end=True, config=asdict(setting))
-    extra = {"speculator_s": scores.saved.seconds, "config": dict(vars(setting))}
+    extra = {"speculator_s": scores.saved.seconds, "config": asdict(setting)}
     return record(sample, length, name, "specprefill", **answer, end_to_end=True, **extra)
 
 

@@ -4,6 +4,7 @@ rows, and `specfill eval --candidates` end to end (saved passes, the full-answer
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -226,13 +227,21 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
 
 def test_the_composition_is_a_candidate_that_runs_its_own_pass():
     from specfill.core.runtime import COMPOSED
+    from specfill.evaluation.ruler_passes import pass_path
     from specfill.evaluation.ruler_protocol import method_name, on_saved_pass
 
     name, setting = parse_candidate("specprefill+h2o:keep_ratio=0.2")
     assert setting.keep_ratio == 0.2 and setting.speculator_prefill.layers == "all"
-    assert method_name(setting) == COMPOSED and not on_saved_pass(setting)
+    assert method_name(setting) == COMPOSED and not on_saved_pass(setting)  # decoded: through the API
+    assert on_saved_pass(setting, selection_only=True)  # selection only: on its saved H2O pass
     _, dense = parse_candidate("specprefill+h2o:speculator_prefill=dense")
     assert dense.speculator_prefill is None and on_saved_pass(dense)
+    # one pass per speculator prefill: the dense pass keeps its old name, H2O passes one per H2OConfig
+    _, other = parse_candidate("c+h2o:keep_ratio=0.1,query_window=32,h2o_layers=last-0.67")
+    _, same = parse_candidate("d+h2o:keep_ratio=0.3,neighbours=1")
+    paths = {s: pass_path(Path("p"), "x", c) for s, c in [("d", dense), ("h", setting), ("o", other), ("s", same)]}
+    assert paths["d"] == Path("p/x.npz") and paths["h"] == paths["s"] != paths["o"]
+    assert paths["h"].name.startswith("x_h2o-")
     assert method_name(parse_candidate("h2o")[1]) == "h2o" and method_name(None) == "full"
 
 
