@@ -117,6 +117,7 @@ def ask(c: Any, server: ServerProcess, messages: list[dict], fields: dict, max_t
         "new_tokens": (usage.prompt_tokens - cached) if usage else None,
         "kept_tokens": stats.get("kept_tokens"),
         "prefill_method": stats.get("prefill_method"),
+        "prefill_seconds": stats.get("prefill_seconds") or {},
         "reply": reply.choices[0].message.content or "",
     }
 
@@ -217,6 +218,12 @@ def title(result: dict[str, Any]) -> str:
     )
 
 
+def parts(seconds: dict[str, float]) -> str:
+    """A turn's prefill parts, the largest first ("speculator 12.3, main_prefill 40.1"); "" when
+    the run recorded none (runs before the field)."""
+    return ", ".join(f"{k} {v:.1f}" for k, v in sorted(seconds.items(), key=lambda kv: -kv[1]))
+
+
 def write_report(result: dict[str, Any], out: Path, name: str) -> list[Path]:
     """<name>.md and <name>_ttft.png beside <name>.json."""
     from .plots import plot_agent_turns
@@ -230,9 +237,11 @@ def write_report(result: dict[str, Any], out: Path, name: str) -> list[Path]:
         f"Seed (system prompt + task, {result['seed']['prompt_tokens']} tokens) prefilled once and cached "
         "for every method. TTFT: the server's, over the cached conversation; new = prompt - cached tokens;",
         "x full: full's TTFT on the same turn / this one's. answered: the reply holds the planted number.",
+        "parts: the prefill's parts in seconds, as the server reports them (`prefill_seconds`).",
         "",
-        "| method | turn | prompt | cached | new | kept | TTFT (s) | x full | answered | reply | idle work (s) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| method | turn | prompt | cached | new | kept | TTFT (s) | x full | answered | reply | idle work (s) "
+        "| parts |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, run in runs.items():
         for r in run["turns"]:
@@ -241,7 +250,7 @@ def write_report(result: dict[str, Any], out: Path, name: str) -> list[Path]:
             lines.append(
                 f"| {method} | {r['turn']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['new_tokens']} | "
                 f"{r['kept_tokens']} | {r['ttft_s']:.2f} | {ratio} | {r['answered']} | `{r['reply'][:40]!r}` | "
-                f"{r['idle_work_s']} |"
+                f"{r['idle_work_s']} | {parts(r.get('prefill_seconds') or {})} |"
             )
     lines += ["", "Follow-up (full prefill of a few tokens over each server's whole conversation):", ""]
     reference = runs.get("full", {}).get("follow_up", {}).get("reply")

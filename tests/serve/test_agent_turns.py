@@ -56,9 +56,12 @@ def test_report_from_a_run(tmp_path):
             "specprefill": {"turns": [row(1, 5.0, True), row(2, 8.0, False)], "follow_up": follow},
         },
     }
+    result["runs"]["specprefill"]["turns"][1]["prefill_seconds"] = {"speculator": 3.04, "main_prefill": 4.5}
     (tmp_path / "r.json").write_text(json.dumps(result))
     paths = agent_turns.write_report(result, tmp_path, "r")
     table = (tmp_path / "r.md").read_text()
     assert "| specprefill | 2 | 250 | 200 | 50 | 120 | 8.00 | 2.50 | False |" in table
+    assert "| 1.0 | main_prefill 4.5, speculator 3.0 |" in table  # the parts, largest first
+    assert "| 1.0 |  |" in table  # a row without parts (a run before the field)
     assert "specprefill: cached 300 of 320, reply 'read_file', equal to full: True" in table
     assert paths[-1].exists() and paths[-1].stat().st_size > 1000
