@@ -30,7 +30,7 @@ GROWTHS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4)  # the budget rules tried (keep_gr
 # read beside the default: the scoring variants, and the growth rules' own runs (keep_growth=g)
 VARIANTS = ("query_window=32", "query_window=64", "neighbours=1", "neighbours=1,query_window=32") + tuple(
     f"keep_growth={g}" for g in GROWTHS if g != 1.0
-)
+) + ("keep_growth=0.7,query_window=32", "keep_growth=0.5,query_window=32")  # growth rules with the window
 
 
 FIELDS = ("keep_mass", "keep_growth", "lookahead", "pool_kernel", "select_chunk", "layers", "head_reduction") + (
@@ -240,16 +240,19 @@ def write(rows: list[dict], runs: list[str], out: Path, tasks: dict | None = Non
         import matplotlib.pyplot as plt
     except ImportError:
         return written
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for length in sorted({r["length"] for r in rows}):
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    kinds_all = sorted({r["variant"] for r in rows if not r["variant"].startswith("keep_growth=")}, key=lambda v: v != "default")
+    styles = dict(zip(kinds_all, ["o-", "s--", "^:", "D-.", "v--", "P:", "X-."]))  # a line style per scoring, a colour per length
+    for colour, length in enumerate(sorted({r["length"] for r in rows})):
         kinds = {r["variant"] for r in rows if r["length"] == length and not r["variant"].startswith("keep_growth=")}
         for kind in sorted(kinds, key=lambda v: v != "default"):
             mine = [r for r in rows if r["length"] == length and r["ratio"] is not None and r["variant"] == kind]
             mine.sort(key=lambda r: r["ratio"])
             x = [r["kept_tokens"] for r in mine]
-            style, label = ("o-", f"~{length // 1000}K") if kind == "default" else ("s--", f"~{length // 1000}K {kind}")
-            axes[0].plot(x, [r["kept_all"] / r["samples"] for r in mine], style, label=label)
-            axes[1].plot(x, [r["recall"] for r in mine], style, label=label)
+            label = f"~{length // 1000}K" + ("" if kind == "default" else f" {kind}")
+            style = dict(color=f"C{colour}", alpha=1.0 if kind == "default" else 0.7)
+            axes[0].plot(x, [r["kept_all"] / r["samples"] for r in mine], styles[kind], label=label, **style)
+            axes[1].plot(x, [r["recall"] for r in mine], styles[kind], **style)
         mine = [r for r in rows if r["length"] == length and r["ratio"] is not None and r["variant"] == "default"]
         for r in mine:
             axes[0].annotate(f"{r['ratio']:g}", (r["kept_tokens"], r["kept_all"] / r["samples"]), fontsize=7)
@@ -259,9 +262,10 @@ def write(rows: list[dict], runs: list[str], out: Path, tasks: dict | None = Non
         ax.set_xscale("log")
         ax.set_xlabel("tokens kept (median; points: keep ratio)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+    fig.legend(loc="center right", fontsize=7)
+    fig.subplots_adjust(right=0.78)
     fig.suptitle("SpecPrefill keep budget vs prompt length (RULER selection proxy)\n" + "\n".join(runs), fontsize=7)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.78, 1))
     png = out.with_suffix(".png")
     part = png.with_name(png.name + ".part")
     fig.savefig(part, dpi=120, format="png")
