@@ -347,9 +347,10 @@ def speculate_and_select(
     """What decides SpecPrefill's kept set, no main model: the speculator's pass over ids [P]
     (H2O with config.speculator_prefill) and look-ahead, the scoring and the selection: (the
     pass, the selection, each part's wall time). speculative_prefill runs it, then the main
-    model's prefill of the kept tokens. reused: the prompt's first tokens the main model has cached densely (SpecPrefill from a
-    reused prefix, docs/methods.md): only the later ones are selected from, and the window stays
-    inside them; speculator_cache: (the speculator's own cache, the tokens of it to reuse)."""
+    model's prefill of the kept tokens. reused: the prompt's first tokens the main model has
+    cached densely (SpecPrefill from a reused prefix, docs/methods.md): only the later ones are
+    selected from, and the window stays inside them; speculator_cache: (the speculator's own cache,
+    the tokens of it to reuse)."""
     started = ops.wall_time()
     prior, cached = speculator_cache if speculator_cache is not None else (None, 0)
     spec = run_speculator(
