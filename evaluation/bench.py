@@ -11,6 +11,7 @@ from typing import Any, Callable
 from specfill.api import Session, prefill_method
 from specfill.api import open as open_session
 from specfill.core import H2OConfig, SpecPrefillConfig
+from specfill.core.config import GROWTH_FROM
 from specfill.core.crossover import crossover_from_points, save_calibration
 from specfill.core.io.random_model import is_random_model, random_prompt_ids
 from specfill.core.probe import auto_crossover, key_for
@@ -219,7 +220,7 @@ def _plan_dict(plan: BenchPlan) -> dict:
 def _growth(specprefill: dict) -> str:
     """The report's words for keep_growth (absent from plans written before it existed)."""
     g = specprefill.get("keep_growth")
-    return "" if g is None else f", tokens kept growing as P^{g} past 4096"
+    return "" if g is None else f", tokens kept growing as P^{g} past {GROWTH_FROM}"
 
 
 def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -> list[Path]:
