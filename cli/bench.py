@@ -22,8 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--methods",
         type=str_list,
         default=["full", "h2o", "specprefill"],
-        help=f"comma list of {', '.join(BENCH_METHODS)} (the last: SpecPrefill over an H2O speculator) "
-        "(default: %(default)s)",
+        help=f"comma list of {', '.join(BENCH_METHODS)} (specprefill+h2o: SpecPrefill over an H2O speculator; "
+        "auto: what method auto runs on this machine, calibrated before the clock) (default: %(default)s)",
     )
     p.add_argument("--lengths", type=int_list, default=[2000, 4000, 8000], help="comma list of prompt lengths")
     p.add_argument("--model", default=None, help=MODEL_HELP)

@@ -443,6 +443,18 @@ class SpecPrefillConfig:
         return max(1, min(n_chunks, k))
 
 
+# `auto` with a speculator and SpecPrefill's default settings also weighs SpecPrefill over an H2O
+# speculator (the composition) on prompts (their new part) of AUTO_COMPOSITION_FROM tokens or more,
+# run with AUTO_COMPOSITION, and picks it where this machine's calibration finds it fastest (issue 47
+# item 4). The length and settings are those of its accuracy evidence (docs/eval.md, "The composition
+# on the proxy at 16K"): on RULER's five tasks at 16K (prompts of 15,713 tokens and more) it kept every
+# answer span of 18 of 20 samples (the dense default, keep 0.3: 16 of 20; the composition at keep 0.3:
+# 14) keeping 26% of the prompt; a 32-query window brings back the multi-key needle the composition's
+# keep 0.3 lost (decoded, 16K), and one neighbour chunk on each side the context around what it found
+AUTO_COMPOSITION_FROM = 15_700
+AUTO_COMPOSITION = SpecPrefillConfig(keep_ratio=0.15, query_window=32, neighbours=1, speculator_prefill="h2o")
+
+
 @dataclass(frozen=True)
 class Drafting:
     """Speculative decoding: `model` drafts up to `num_tokens` (k >= 1) tokens per round. model: a

@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .config import H2OConfig, SpecPrefillConfig
+from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, H2OConfig, SpecPrefillConfig
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
@@ -87,16 +87,21 @@ def sparse_name(method: PrefillMethod) -> str:
     return COMPOSED if method.sparse == "specprefill" and spec and spec.speculator_prefill else method.sparse
 
 
-def auto_options(method: PrefillMethod) -> list[PrefillMethod]:
-    """The "auto" methods, one sparse method each, that auto chooses among: without a speculator
-    H2O alone (method itself); with one SpecPrefill with a dense speculator, SpecPrefill over an H2O
-    speculator when the config asks for one (speculator_prefill set: auto never picks the
-    composition on its own, its fidelity at 16K is not established: docs/methods.md) and H2O, in
-    that order."""
+def auto_options(method: PrefillMethod, prompt_tokens: int) -> list[PrefillMethod]:
+    """The "auto" methods, one sparse method each, that auto chooses among for a `prompt_tokens`
+    prompt: without a speculator H2O alone (method itself); with one SpecPrefill with a
+    dense speculator, SpecPrefill over an H2O speculator (the composition) and H2O, in that order.
+    The composition runs as the config asks when it sets speculator_prefill; with SpecPrefill's
+    default settings, as AUTO_COMPOSITION from AUTO_COMPOSITION_FROM tokens on (where its accuracy
+    evidence holds: core/config.py), and not on shorter prompts; with other settings, not at all."""
     if method.speculator is None:
         return [method]
     spec = method.specprefill or SpecPrefillConfig()
-    composed = [dataclasses.replace(method, specprefill=spec)] if spec.speculator_prefill is not None else []
+    composed = []
+    if spec.speculator_prefill is not None:
+        composed = [dataclasses.replace(method, specprefill=spec)]
+    elif spec == SpecPrefillConfig() and prompt_tokens >= AUTO_COMPOSITION_FROM:
+        composed = [dataclasses.replace(method, specprefill=AUTO_COMPOSITION)]
     return [
         dataclasses.replace(method, specprefill=dataclasses.replace(spec, speculator_prefill=None)),
         *composed,
@@ -238,7 +243,7 @@ def auto_choice(lm: ProbedModel, method: PrefillMethod, prompt_tokens: int) -> t
     """The method an "auto" `method` runs an n-token prompt with on this machine, and why: each of
     auto_options calibrated (cached, else probed), the fastest whose crossover the prompt reaches
     (core/crossover.fastest), else full prefill."""
-    options, calibrations, why = auto_options(method), {}, []
+    options, calibrations, why = auto_options(method, prompt_tokens), {}, []
     for index, option in enumerate(options):
         crossover, where, data = _calibration(lm, option, prompt_tokens, False, None)
         why.append(f"{sparse_name(option)} from {crossover}: {where}")

@@ -96,8 +96,9 @@ class PrefillMethod:
 
     name: str = setting(
         "full",
-        "the prefill method (auto: full below the crossover length calibrated on this "
-        "machine, above it specprefill with a speculator, else h2o)",
+        "the prefill method (auto: full below the crossover lengths calibrated on this "
+        "machine, above them the fastest there of h2o and, with a speculator, specprefill and "
+        "specprefill+h2o)",
         METHODS,
     )
     h2o: H2OConfig | None = None

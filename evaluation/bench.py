@@ -14,20 +14,24 @@ from specfill.core import H2OConfig, SpecPrefillConfig
 from specfill.core.config import GROWTH_FROM
 from specfill.core.crossover import crossover_from_points, save_calibration
 from specfill.core.io.random_model import is_random_model, random_prompt_ids
-from specfill.core.probe import auto_crossover, key_for
+from specfill.core.probe import auto_choice, auto_crossover, key_for
 from specfill.core.runtime import COMPOSED
 
 from .machine import describe_machine, report_head
 from .plots import plot_ttft
 from .texts import tokens_of_length
 
-BENCH_METHODS = ("full", "h2o", "specprefill", COMPOSED)  # COMPOSED: SpecPrefill over an H2O speculator
+BENCH_METHODS = ("full", "h2o", "specprefill", COMPOSED, "auto")  # COMPOSED: SpecPrefill over an H2O speculator
+SPECULATING = frozenset({"specprefill", COMPOSED, "auto"})  # the rows a speculator serves (auto: weighs SpecPrefill)
 
 
 def bench_method(name: str, plan: "BenchPlan", speculator, auto: bool = False):
     """The PrefillMethod a bench row runs (auto: the "auto" method whose calibration it refreshes):
     "specprefill" with the plan's config as given, "specprefill+h2o" with it composed
-    (SpecPrefillConfig.composed: the config's speculator_prefill, else H2O in every layer)."""
+    (SpecPrefillConfig.composed: the config's speculator_prefill, else H2O in every layer), "auto"
+    with the plan's H2O and SpecPrefill settings (what a user's auto request runs: core/probe.py)."""
+    if name == "auto":
+        return prefill_method("auto", h2o=plan.h2o, specprefill=plan.specprefill, speculator=speculator)
     spec = plan.specprefill.composed() if name == COMPOSED else plan.specprefill
     base = "specprefill" if name == COMPOSED else name
     with_speculator = speculator if base == "specprefill" else None
@@ -73,6 +77,7 @@ def _one_run(session: Session, ids, method, decode_tokens) -> dict:
         "generated": last.generation_tokens,
         "peak_memory_gb": last.peak_memory,
         "peak_memory_scope": scope,  # "process": since the process started (no reset on this system)
+        "ran": last.method,  # auto: the method it resolved to
     }
 
 
@@ -112,7 +117,7 @@ def run_bench(
             step(total, label)
 
     for backend in plan.backends:
-        speculates = bool({"specprefill", COMPOSED} & set(plan.methods))
+        speculates = bool(SPECULATING & set(plan.methods))
         session = open_session(
             plan.model,
             backend=backend,
@@ -130,6 +135,8 @@ def run_bench(
         for length in plan.lengths:
             ids = ids_of(tokenizer, length)
             for name, method in methods.items():
+                if name == "auto":  # its calibrations for this length made before the clock runs
+                    auto_choice(model, method, len(ids))
                 runs = []
                 for _ in range(plan.repeats):
                     runs.append(_one_run(session, ids, method, plan.decode_tokens))
@@ -161,7 +168,7 @@ def _calibrate(plan: BenchPlan, model, speculator, rows: list[dict], log: Callab
     the bench's own measurement (core/crossover.py)."""
     full = {r["prompt_tokens"]: r["ttft_s"] for r in rows if r["method"] == "full"}
     entries = []
-    for name in [m for m in plan.methods if m != "full"]:
+    for name in [m for m in plan.methods if m not in ("full", "auto")]:
         auto = bench_method(name, plan, speculator, auto=True)
         points = {
             r["prompt_tokens"]: (full[r["prompt_tokens"]], r["ttft_s"])
@@ -249,8 +256,9 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
     for r in result["rows"]:
         ratio = f"{r['ttft_speedup_vs_full']:.2f}x" if r["ttft_speedup_vs_full"] else "-"
         decode = f"{r['decode_vs_full']:.2f}x" if r["decode_vs_full"] else "-"
+        method = f"auto ({r['ran']})" if r["method"] == "auto" and r.get("ran") else r["method"]
         lines.append(
-            f"| {r['backend']} | {r['method']} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
+            f"| {r['backend']} | {method} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
             f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} | {_peak(r)} |"
         )
     if any("peak_memory_gb" in r for r in result["rows"]):

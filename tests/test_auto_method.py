@@ -206,17 +206,57 @@ def test_auto_with_a_speculator_picks_among_h2o_specprefill_and_the_composition(
     assert set(measured) == {"specprefill", "specprefill+h2o", "h2o"}
 
 
-def test_auto_leaves_the_composition_out_unless_asked(tiny):
-    """Its fidelity at long prompts is not established (docs/methods.md): auto with a speculator
-    chooses among plain SpecPrefill and H2O unless the config sets speculator_prefill."""
-    options = probe.auto_options(PrefillMethod("auto", h2o=H2O, speculator="self:1"))
-    assert [probe.sparse_name(m) for m in options] == ["specprefill", "h2o"]
+def test_auto_weighs_the_composition_only_where_its_evidence_holds(tiny):
+    """With SpecPrefill's defaults auto adds the composition, run as AUTO_COMPOSITION (the settings
+    of its accuracy evidence), from AUTO_COMPOSITION_FROM prompt tokens on; shorter prompts and
+    other settings of the caller's keep to plain SpecPrefill and H2O."""
+    method = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig())
+    names = [probe.sparse_name(m) for m in probe.auto_options(method, probe.AUTO_COMPOSITION_FROM - 1)]
+    assert names == ["specprefill", "h2o"]
+    options = probe.auto_options(method, probe.AUTO_COMPOSITION_FROM)
+    assert [probe.sparse_name(m) for m in options] == ["specprefill", "specprefill+h2o", "h2o"]
+    assert options[0].specprefill == SpecPrefillConfig() and options[1].specprefill == probe.AUTO_COMPOSITION
+    assert options[1].specprefill.speculator_prefill.layers == "all"
+    chosen = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig(keep_ratio=0.2))
+    assert [probe.sparse_name(m) for m in probe.auto_options(chosen, 10**6)] == ["specprefill", "h2o"]
+    asked = SpecPrefillConfig(keep_ratio=0.2, speculator_prefill="h2o")  # asked for: run as asked, at any length
+    options = probe.auto_options(PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=asked), 100)
+    assert options[1].specprefill == asked
+
+
+def test_auto_runs_the_recorded_composition_where_it_is_fastest(tiny, monkeypatch):
+    """Past AUTO_COMPOSITION_FROM (lowered here to fit the tiny model) a default auto request runs
+    SpecPrefill over an H2O speculator with AUTO_COMPOSITION's keep rule when its calibration wins."""
+    model, tok = tiny
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))  # above the composition's chunk of 1024
+    monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 1050)
+    measured: list[str] = []
+
+    def measure(lm, method, length):
+        measured.append(probe.sparse_name(method))
+        return (1.0, 0.3 if probe.sparse_name(method) == "specprefill+h2o" else 0.6)
+
+    monkeypatch.setattr(probe, "_measure", measure)
+    info = GenerationInfo()
+    prompt = [5 + i % 300 for i in range(1100)]
+    list(stream_generate(model, tok, prompt, 1, method=prefill_method("auto", speculator="self:1"), prefill_info=info))
+    assert info.method == "specprefill+h2o" and set(measured) == {"specprefill", "specprefill+h2o", "h2o"}
+    direct = GenerationInfo()  # the composition asked for by name, with AUTO_COMPOSITION's settings
+    method = prefill_method("specprefill", specprefill=probe.AUTO_COMPOSITION, speculator="self:1")
+    list(stream_generate(model, tok, prompt, 1, method=method, prefill_info=direct))
+    assert list(info.kept_positions) == list(direct.kept_positions)
+    assert len(direct.kept_positions) < len(prompt)
+    measured.clear()
+    assert run_auto(model, tok, 1040, speculator="self:1") == "specprefill"  # below it: no composition weighed
+    assert "specprefill+h2o" not in measured
 
 
 def test_the_composition_and_plain_specprefill_have_their_own_calibration_keys(tiny):
     model, _ = tiny
     asked = SpecPrefillConfig(speculator_prefill="h2o")
-    dense, composed, h2o = probe.auto_options(PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=asked))
+    dense, composed, h2o = probe.auto_options(
+        PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=asked), 2048
+    )
     keys = [probe.key_for(model, m) for m in (dense, composed, h2o)]
     assert [k["method"] for k in keys] == ["specprefill", "specprefill+h2o", "h2o"]
     assert keys[0]["method_config"]["speculator_prefill"] is None
