@@ -244,15 +244,25 @@ def prefill_seconds(
     return parts
 
 
-def h2o_pairs(n_tokens: int, config: H2OConfig, n_layers: int) -> float:
-    """Query-key pairs per head, averaged over the n_layers layers, of an H2O prefill: the layers
-    config.layers names visit h2o_dot_products' pairs (memory_share resolved for the prompt), the
-    others every causal pair; a prompt within one chunk, or a memory of 0, is full."""
-    config = config.for_prompt(n_tokens)
-    full = full_dot_products(n_tokens)
+def dense_pairs(n_tokens: int, prefix: int = 0) -> int:
+    """Query-key pairs per head of prefilling n_tokens causally after `prefix` cached tokens
+    (a reused prefix: every new query also reads every prefix key)."""
+    return n_tokens * prefix + full_dot_products(n_tokens)
+
+
+def h2o_pairs(n_tokens: int, config: H2OConfig, n_layers: int, prefix: int = 0) -> float:
+    """Query-key pairs per head, averaged over the n_layers layers, of an H2O prefill of n_tokens
+    (after `prefix` reused tokens: H2O from a reused prefix, docs/methods.md): the layers
+    config.layers names visit h2o_dot_products' pairs (memory_share resolved for the whole prompt)
+    plus, after a prefix, the first chunk's and the dense tail's reads of every prefix key (the
+    first memory set is the whole prefix); the others every causal pair; a new part within one
+    chunk, or a memory of 0, is full."""
+    config = config.for_prompt(prefix + n_tokens)
+    full = dense_pairs(n_tokens, prefix)
     if n_tokens <= config.chunk_size or config.memory_size == 0:
         return float(full)
     sparse = h2o_dot_products(n_tokens, config.chunk_size, config.memory_size, config.dense_tail)
+    sparse += (config.chunk_size + min(config.dense_tail, n_tokens)) * prefix
     chosen = len(config.layer_indices(n_layers))
     return (chosen * sparse + (n_layers - chosen) * full) / n_layers
 
@@ -292,22 +302,26 @@ def predict(
     width: int = 2,
     step: int = 2048,
     parallel: Parallel | None = None,
+    prefix: int = 0,
 ) -> dict[str, float]:
     """Seconds per part and "ttft" (their sum) of one method on one prompt length; with `parallel`,
-    the main model sharded (the speculator replicated on every rank, run whole)."""
+    the main model sharded (the speculator replicated on every rank, run whole). prefix: a reused
+    prefix's tokens (an agent's next turn, docs/methods.md): n_tokens is the new part, every model
+    (the speculator too, from its own cached KV) prefills only it over the prefix, SpecPrefill keeps
+    a share of the new part, its scoring and look-ahead read the whole prompt."""
     if method.name == "full":
-        parts = prefill_seconds(shape, rates, n_tokens, full_dot_products(n_tokens), width, step, parallel=parallel)
+        parts = prefill_seconds(shape, rates, n_tokens, dense_pairs(n_tokens, prefix), width, step, parallel=parallel)
     elif method.name == "h2o":
-        pairs = h2o_pairs(n_tokens, method.h2o, shape.layers)
+        pairs = h2o_pairs(n_tokens, method.h2o, shape.layers, prefix)
         parts = prefill_seconds(shape, rates, n_tokens, pairs, width, step, parallel=parallel)
     elif method.name == "specprefill":
         spec = method.speculator or shape
         if method.speculator is None and parallel is not None and parallel.ranks > 1:
             raise ValueError("a sharded main model needs a separate speculator (self:K is refused there)")
         spec_pairs = (
-            full_dot_products(n_tokens)
+            dense_pairs(n_tokens, prefix)
             if method.speculator_h2o is None
-            else h2o_pairs(n_tokens, method.speculator_h2o, spec.layers)
+            else h2o_pairs(n_tokens, method.speculator_h2o, spec.layers, prefix)
         )
         drafted = prefill_seconds(spec, rates, n_tokens, spec_pairs, width, step)
         kept = (
@@ -315,17 +329,17 @@ def predict(
             if method.kept_tokens is not None
             else min(n_tokens, math.ceil(method.keep * n_tokens) + 1)
         )  # + the forced last token
-        main = prefill_seconds(shape, rates, kept, full_dot_products(kept), width, step, parallel=parallel)
-        queries = method.lookahead + 1
+        main = prefill_seconds(shape, rates, kept, dense_pairs(kept, prefix), width, step, parallel=parallel)
+        queries, keys = method.lookahead + 1, prefix + n_tokens
         scoring = _part(
-            4 * spec.head_dim * spec.heads * queries * n_tokens * spec.layers,
-            spec.kv_heads * spec.head_dim * n_tokens * width * spec.layers,
+            4 * spec.head_dim * spec.heads * queries * keys * spec.layers,
+            spec.kv_heads * spec.head_dim * keys * width * spec.layers,
             rates.attention,
             rates,
         )
         parts = {
             "speculator": drafted["linear"] + drafted["attention"],
-            "lookahead": method.lookahead * decode_seconds(spec, rates, n_tokens, width),
+            "lookahead": method.lookahead * decode_seconds(spec, rates, keys, width),
             "scoring": scoring,
             "main_linear": main["linear"],
             "main_attention": main["attention"],

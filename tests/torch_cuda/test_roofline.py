@@ -57,6 +57,33 @@ def test_h2o_is_priced_in_the_layers_it_runs_in():
     )
 
 
+def test_a_reused_prefix_is_read_by_every_new_query():
+    """An agent's next turn (prefix): full prefill of the new part reads every prefix key; H2O from
+    the prefix reads it in its first chunk and its dense tail only; SpecPrefill's speculator reads it
+    as full does, the composition's as H2O does; prefix 0 is the plain prompt."""
+    from specfill.core.config import H2OConfig, speculator_h2o
+    from specfill.core.methods.h2o import h2o_dot_products
+    from specfill.evaluation.roofline import dense_pairs, h2o_pairs
+
+    assert dense_pairs(4, 10) == 4 * 10 + 10 and dense_pairs(4) == 10
+    config = H2OConfig(layers="all")
+    new, prefix = 4096, 8192
+    sparse = h2o_dot_products(new, 1024, 512, 64) + (1024 + 64) * prefix
+    assert h2o_pairs(new, config, 32, prefix) == sparse
+    assert h2o_pairs(512, config, 32, prefix) == dense_pairs(512, prefix)  # one chunk: full attention
+    spec = Method("specprefill", speculator=LLAMA_8B.first_layers(8), keep=0.3)
+    composed = Method("specprefill", speculator=LLAMA_8B.first_layers(8), keep=0.3, speculator_h2o=speculator_h2o())
+    for method in (Method("full"), Method("h2o"), spec, composed):
+        assert predict(LLAMA_8B, DEVICES["h100"], new, method, prefix=0) == predict(
+            LLAMA_8B, DEVICES["h100"], new, method
+        )
+    full = predict(LLAMA_8B, DEVICES["h100"], new, Method("full"), prefix=prefix)
+    assert full["attention"] == pytest.approx(4 * 128 * 32 * dense_pairs(new, prefix) * 32 / 989.4e12, rel=1e-6)
+    plain, walked = (predict(LLAMA_8B, DEVICES["h100"], new, m, prefix=prefix) for m in (spec, composed))
+    assert walked["speculator"] < plain["speculator"] < full["ttft"]
+    assert walked["main_attention"] == plain["main_attention"] > 0  # the kept tokens read the whole prefix
+
+
 def test_an_unknown_method_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown method 'sparse'"):
         predict(TINY, DEVICES["h100"], 16, Method("sparse"))
