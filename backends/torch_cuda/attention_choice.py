@@ -9,6 +9,11 @@ expanded copies, depends on the GPU and the torch build. A prefill step needs tw
   causal), which torch's dispatcher sends to the flash kernel only, and only with KV heads
   expanded unless `enable_gqa` is passed (the expansion cost ~10% of a 32K prefill on an H200).
 
+- "decode": a decode step's few query rows per KV head (grouped heads folded into rows) over the
+  cache's slot bucket with the step's additive mask (decode_graph.py), where SDPA launches one
+  program per KV head; the Triton split-key kernel (kernels/decode_triton.py) spreads the cache
+  over KV heads x splits programs and merges them by their float32 maxima.
+
 For each kind a few candidates are tried once on a representative shape (the model's heads and
 head size, the call's dtype): a candidate that raises or whose output differs from a float32
 reference by more than the dtype's tolerance is dropped; the fastest of the rest is kept for the
@@ -129,6 +134,68 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, sca
     return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale)
 
 
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+PROBE_SLOTS = 8192  # the decode probe's bucket: an 8K context
+PROBE_HIDDEN = 100  # its last slots masked, as a bucket's unfilled slots are
+
+
+def sdpa_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [Hkv, R, D] (folded rows), k [Hkv, N, D], v [Hkv, N, Dv], additive bias [R, N] -> [Hkv, R, Dv]:
+    one masked SDPA call (a program per KV head on CUDA)."""
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=bias[None, None], scale=scale)[0]
+
+
+def split_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """The Triton split-key kernel (kernels/decode_triton.py), the same arguments as sdpa_decode."""
+    from .kernels.dispatch import triton_kernel
+
+    return triton_kernel("decode_attention")(q, k, v, bias, scale)
+
+
+DECODE_KERNELS: dict[str, DecodeKernel] = {"sdpa": sdpa_decode, "split-triton": split_decode}
+
+
+def probe_decode(
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    kernels: dict[str, DecodeKernel] | None = None,
+    slots: int = PROBE_SLOTS,
+) -> tuple[str, DecodeKernel, dict[str, str]]:
+    """probe's decode kind: one token's G = heads / kv_heads rows per KV head over `slots` keys,
+    the last PROBE_HIDDEN masked; the fastest correct candidate against float32 SDPA."""
+    kernels = DECODE_KERNELS if kernels is None else kernels
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows = heads // kv_heads
+    q, k, v = (
+        torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+        for shape in ((kv_heads, rows, head_dim), (kv_heads, slots, head_dim), (kv_heads, slots, head_dim))
+    )
+    seen = torch.arange(slots, device=device) < slots - min(PROBE_HIDDEN, slots - 1)
+    bias = torch.zeros((rows, slots), dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
+    scale = head_dim**-0.5
+    expected = sdpa_decode(q.float(), k.float(), v.float(), bias.float(), scale)
+    return _fastest(kernels, lambda kernel: kernel(q, k, v, bias, scale), expected, dtype, device, "decode")
+
+
+def decode_kernel(name: str, q: torch.Tensor, k: torch.Tensor) -> DecodeKernel:
+    """The decode attention `name` asks for ("sdpa", "split-triton"), or with "auto" the one
+    probed fastest for q [Hkv, R, D] / k [Hkv, N, D]'s rows (Hkv x R: the query heads times the
+    step's tokens, as chosen() names them), head size, dtype and CUDA device (probed at the first
+    call with that key, which must not be inside a CUDA graph capture or a
+    compiled function: decode_graph.py runs every step eagerly once first); off CUDA, sdpa."""
+    if name != "auto":
+        return DECODE_KERNELS[name]
+    if q.device.type != "cuda":
+        return sdpa_decode
+    key = ("decode", q.shape[0] * q.shape[1], k.shape[0], q.shape[2], q.dtype, q.device)
+    if key not in _CHOSEN:
+        _CHOSEN[key] = probe_decode(q.shape[0] * q.shape[1], k.shape[0], q.shape[2], q.dtype, q.device)
+    return _CHOSEN[key][1]
+
+
 def _timed(run: Callable[[], torch.Tensor], device: torch.device) -> float:
     run()
     best = float("inf")
@@ -168,16 +235,24 @@ def probe(
         for s in (shape_q, shape_kv, shape_kv)
     )
     expected = reference(q, k, v, start, None)
+    return _fastest(kernels, lambda kernel: kernel(q, k, v, start, None), expected, dtype, device, kind)
+
+
+def _fastest(
+    kernels: dict[str, Any], call: Callable[[Any], torch.Tensor], expected: torch.Tensor, dtype, device, kind: str
+) -> tuple[str, Any, dict[str, str]]:
+    """(name, kernel) of the fastest candidate whose call(kernel) is within the dtype's tolerance
+    of `expected`, and the report {name: "1.23 ms" | "wrong: ..." | "failed: ..."}."""
     tolerance = TOLERANCE.get(dtype, 3e-2)
     report: dict[str, str] = {}
-    best: tuple[float, str, Kernel] | None = None
+    best: tuple[float, str, Any] | None = None
     for name, kernel in kernels.items():
         try:
-            error = float((kernel(q, k, v, start, None).float() - expected).abs().max())
+            error = float((call(kernel).float() - expected).abs().max())
             if not error <= tolerance:
                 report[name] = f"wrong: max error {error:.3g} > {tolerance:g}"
                 continue
-            seconds = _timed(lambda: kernel(q, k, v, start, None), device)
+            seconds = _timed(lambda: call(kernel), device)
         except Exception as e:  # not built for this GPU / dtype / head size: the next candidate
             report[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
             continue

@@ -12,7 +12,10 @@ shapes, so the step is written with static shapes:
   on a sliding layer, its window by position). One graph per (T, bucket): a decode of 32 tokens
   at 8K context captures one or two;
 - grouped heads are folded into query rows ([1, Hq, T, D] -> [1, Hkv, G*T, D]), so no KV head
-  is ever copied.
+  is ever copied;
+- the attention call is chosen once per device and shape (attention_choice.decode_kernel: on
+  CUDA the faster of one masked SDPA call and the Triton split-key kernel, probed at the first
+  eager step; elsewhere, and in a compiled step, SDPA).
 
 `static_step` is that computation, eager; `DecodeGraphs` runs it eagerly the first time a
 (T, bucket) is seen (that call's result is the real one), captures it, and replays the capture
@@ -36,10 +39,10 @@ import time
 from typing import Any, Callable, Protocol
 
 import torch
-import torch.nn.functional as F
 
 from specfill.core.errors import PromptTooLongError
 
+from .attention_choice import decode_kernel
 from .cache import ModelKVCache
 
 SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
@@ -68,13 +71,15 @@ class _StaticCache:
 
 
 class _StepInputs:
-    """The static inputs of one (T, bucket) step: ids, positions and slots [T] on the device."""
+    """The static inputs of one (T, bucket) step: ids, positions and slots [T] on the device, and
+    the attention call (attention_choice.decode_kernel's name: auto, sdpa or split-triton)."""
 
-    def __init__(self, tokens: int, bucket: int, device: torch.device):
+    def __init__(self, tokens: int, bucket: int, device: torch.device, attention: str = "auto"):
         self.ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.slots = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.bucket = bucket
+        self.attention = attention
 
 
 class _MaskedAttention:
@@ -116,9 +121,10 @@ class _MaskedAttention:
         _, n_heads, steps, dim = q.shape
         n_kv = keys.shape[1]
         group = n_heads // n_kv
-        folded = q.reshape(1, n_kv, group * steps, dim)  # row g * T + t: head (kv, g), query t
+        folded = q.reshape(n_kv, group * steps, dim)  # row g * T + t: head (kv, g), query t
         bias = self.bias(self.windows[layer], group, q.dtype)
-        out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=bias, scale=self.scale)
+        kernel = decode_kernel(self.step.attention, folded, keys[0])
+        out = kernel(folded, keys[0], values[0], bias[0, 0], self.scale)
         return out.reshape(1, n_heads, steps, values.shape[-1])
 
     def arrays(self) -> list[Any]:
@@ -178,8 +184,10 @@ class DecodeGraphs:
     steps, captured once per (model, T, bucket) on the cache and replayed after. `capture` None:
     eager static steps (the same kernels, no graph)."""
 
-    def __init__(self, capture: Capture | None, compiled: bool = False):
+    def __init__(self, capture: Capture | None, compiled: bool = False, attention: str = "auto"):
         self.capture = capture
+        # a compiled step traces no probe: SDPA there (inductor fuses around it)
+        self.attention = "sdpa" if compiled and attention == "auto" else attention
         self.setup_seconds = 0.0  # eager first runs, compilations and captures, summed over the process
         self.failed = False  # a capture failed (logged once); those steps run eagerly
         self.step = static_step
@@ -206,7 +214,7 @@ class DecodeGraphs:
         entry = cache.graphs.get(key)
         if entry is None:
             began = time.perf_counter()
-            step = _StepInputs(tokens, key[2], ids.device)
+            step = _StepInputs(tokens, key[2], ids.device, self.attention)
             # the bucket's unfilled slots are read (masked): a masked weight is 0, but 0 * NaN is
             # NaN, so uninitialised memory there must become finite once
             cache.k[:, :, :, start + tokens : key[2]].zero_()

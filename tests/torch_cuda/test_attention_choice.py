@@ -71,3 +71,30 @@ def test_split_merge_is_exact():
 def test_no_kernel_is_an_error():
     with pytest.raises(RuntimeError, match="no prefix attention kernel works here"):
         choice.probe("prefix", 4, 2, 16, torch.float32, CPU, {"broken": broken}, queries=4, prefix=4)
+
+
+def test_decode_probe_drops_failing_and_wrong_kernels():
+    """The decode kind: one token's grouped rows over a bucket whose last slots are masked."""
+
+    def unmasked_decode(q, k, v, bias, scale):  # wrong: reads the bucket's unfilled slots
+        return choice.sdpa_decode(q, k, v, torch.zeros_like(bias), scale)
+
+    def broken_decode(q, k, v, bias, scale):
+        raise RuntimeError("no kernel image for this device")
+
+    kernels = {"unmasked": unmasked_decode, "broken": broken_decode, "sdpa": choice.sdpa_decode}
+    name, kernel, report = choice.probe_decode(8, 2, 16, torch.float32, CPU, kernels, slots=160)
+    assert name == "sdpa" and kernel is choice.sdpa_decode and report["sdpa"].endswith(" ms")
+    assert report["unmasked"].startswith("wrong") and report["broken"].startswith("failed: RuntimeError")
+
+
+def test_decode_kernel_is_sdpa_off_cuda_and_in_compiled_steps():
+    """ "auto" probes on CUDA only; a named kernel is that one; a compiled static step traces no
+    probe (DecodeGraphs asks for SDPA there)."""
+    from specfill.backends.torch_cuda.decode_graph import DecodeGraphs
+
+    q, k = torch.randn(2, 4, 16), torch.randn(2, 32, 16)
+    assert choice.decode_kernel("auto", q, k) is choice.sdpa_decode
+    assert choice.decode_kernel("split-triton", q, k) is choice.split_decode
+    assert DecodeGraphs(None).attention == "auto" and DecodeGraphs(None, compiled=True).attention == "sdpa"
+    assert DecodeGraphs(None, compiled=True, attention="split-triton").attention == "split-triton"

@@ -63,6 +63,30 @@ def test_kernels_compile_for_sm89_without_spills():
         assert row["resident_blocks"] >= 1, row
 
 
+DECODE_SUBSET = """
+import json, torch
+from specfill.backends.torch_cuda.kernels.aot import compile_decode
+cells = [(torch.bfloat16, 128, 4, 90), (torch.float16, 256, 36, 89), (torch.float32, 128, 36, 80)]
+print(json.dumps([row for cell in cells for row in compile_decode(*cell)]))
+"""
+
+
+@pytest.mark.gpu_aot
+@pytest.mark.skipif(_cuda_compiler_missing() is not None, reason=str(_cuda_compiler_missing()))
+def test_decode_kernels_compile_without_spills():
+    """The split-key decode kernels (kernels/decode_triton.py) with their GPU tiles: a plain decode
+    step's rows on sm_90, two blocks of a long verify step's rows on sm_89 and sm_80 (256-wide heads,
+    float32), the merge beside each."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    run = subprocess.run([sys.executable, "-c", DECODE_SUBSET], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(rows) == 6 and {row["kernel"] for row in rows} == {"decode-split", "decode-merge"}
+    for row in rows:
+        assert row["failures"] == [] and 0 < row["registers"] <= 255 and row["resident_blocks"] >= 1, row
+
+
 def test_committed_matrix_covers_todays_tiles_without_failures():
     """A change to tiles.py must come with a re-run of scripts/aot_matrix.py."""
     from specfill.backends.torch_cuda.kernels.aot import all_cells

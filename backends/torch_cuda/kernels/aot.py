@@ -177,3 +177,74 @@ def compile_cell(cell: Cell) -> dict:
         failures.append(f"no block fits on an SM (bound by {binding})")
     row["failures"] = failures
     return row
+
+
+# the decode kernels' (kernels/decode_triton.py) pointers and the strides a static decode step
+# passes as 1 (the cache's, the bias's and the partials' last dimension)
+DECODE_INPUT_POINTERS = {"Q", "K", "V", "Bias", "Out"}
+DECODE_FP32_POINTERS = {"O", "M", "L"}  # the splits' partial outputs, maxima and sums
+DECODE_UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_bn", "stride_od", "stride_xd"}
+
+
+def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> list[dict]:
+    """Compile the split and merge decode kernels as a GPU launch of `rows` folded query rows per KV
+    head would (decode_triton's GPU tiles, MAX_SPLITS splits); a dict per kernel as compile_cell's."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from .decode_triton import MAX_SPLITS, MERGE_SPLITS_PER_STEP, _merge_kernel, _split_kernel, gpu_tiles, row_block
+
+    block_d = max(16, next_power_of_2(head_dim))
+    block_n, warps, stages = gpu_tiles(dtype)
+    shared = {"BLOCK_DV": block_d}
+    kernels = {
+        "decode-split": (
+            _split_kernel,
+            {
+                "PRECISION": "ieee" if dtype == torch.float32 else "tf32",
+                "BLOCK_R": row_block(rows),
+                "BLOCK_N": block_n,
+                "BLOCK_D": block_d,
+                **shared,
+            },
+            {"num_warps": warps, "num_stages": stages},
+        ),
+        "decode-merge": (
+            _merge_kernel,
+            {"BLOCK_S": MAX_SPLITS, "SPLITS_PER_STEP": MERGE_SPLITS_PER_STEP, **shared},
+            {"num_warps": 4, "num_stages": 1},
+        ),
+    }
+    out = []
+    for name, (fn, constants, options) in kernels.items():
+        constants = dict(constants)
+        signature, attrs = {}, {}
+        for index, arg in enumerate(fn.arg_names):
+            if arg in constants:
+                signature[arg] = "constexpr"
+            elif arg in DECODE_UNIT_STRIDES:
+                signature[arg], constants[arg] = "constexpr", 1
+            elif arg in DECODE_INPUT_POINTERS or arg in DECODE_FP32_POINTERS:
+                signature[arg] = "*" + ("fp32" if arg in DECODE_FP32_POINTERS else TRITON_TYPES[dtype])
+                attrs[(index,)] = [["tt.divisibility", 16]]
+            else:
+                signature[arg] = "fp32" if arg == "qk_scale" else "i32"
+        row = {"cell": f"{name} {TRITON_TYPES[dtype]} d{head_dim} rows{rows} sm_{arch}", "kernel": name, "arch": arch}
+        try:
+            source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
+        except Exception as error:  # the compiler's own error is the finding; keep its first line
+            row["failures"] = [f"compile: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"]
+            out.append(row)
+            continue
+        usage = _resource_usage(compiled.asm["cubin"])
+        shared_bytes = int(compiled.metadata.shared) + usage.get("SHARED", 0)
+        blocks, binding = resident_blocks(ARCH_LIMITS[arch], usage["REG"], shared_bytes, options["num_warps"])
+        row.update(registers=usage["REG"], shared_bytes=shared_bytes, resident_blocks=blocks, bound_by=binding)
+        spill = usage.get("LOCAL", 0) + usage.get("STACK", 0)
+        row["failures"] = [f"register spill: {spill} B per thread"] if spill else []
+        if shared_bytes > ARCH_LIMITS[arch].smem_per_block or blocks < 1:
+            row["failures"].append(f"{shared_bytes} B shared, {blocks} resident blocks ({binding})")
+        out.append(row)
+    return out

@@ -28,7 +28,11 @@ from specfill.core.self_check_cases import CheckCases
 from .tiles import architecture
 
 # the Triton kernel behind each name, in the module that builds it (imported on first use)
-TRITON_KERNELS = {"flash_attention": "flash_triton", "scoring_softmax": "scoring_triton"}
+TRITON_KERNELS = {
+    "flash_attention": "flash_triton",
+    "scoring_softmax": "scoring_triton",
+    "decode_attention": "decode_triton",
+}
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -57,7 +61,8 @@ def kernel_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
 
 
 def triton_kernel(name: str) -> Callable:
-    """The Triton kernel `name` (flash_attention, scoring_softmax), importing Triton on first use.
+    """The Triton kernel `name` (flash_attention, scoring_softmax, decode_attention), importing Triton
+    on first use.
 
     The one place a kernel is fetched, so that a test can inject a failing or wrong one."""
     module = importlib.import_module(f"{__package__}.{TRITON_KERNELS[name]}")
