@@ -14,7 +14,7 @@ import re
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -230,7 +230,11 @@ def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> l
                 attrs[(index,)] = [["tt.divisibility", 16]]
             else:
                 signature[arg] = "fp32" if arg == "qk_scale" else "i32"
-        row = {"cell": f"{name} {TRITON_TYPES[dtype]} d{head_dim} rows{rows} sm_{arch}", "kernel": name, "arch": arch}
+        row: dict[str, Any] = {
+            "cell": f"{name} {TRITON_TYPES[dtype]} d{head_dim} rows{rows} sm_{arch}",
+            "kernel": name,
+            "arch": arch,
+        }
         try:
             source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
@@ -243,8 +247,9 @@ def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> l
         blocks, binding = resident_blocks(ARCH_LIMITS[arch], usage["REG"], shared_bytes, options["num_warps"])
         row.update(registers=usage["REG"], shared_bytes=shared_bytes, resident_blocks=blocks, bound_by=binding)
         spill = usage.get("LOCAL", 0) + usage.get("STACK", 0)
-        row["failures"] = [f"register spill: {spill} B per thread"] if spill else []
+        failures = [f"register spill: {spill} B per thread"] if spill else []
         if shared_bytes > ARCH_LIMITS[arch].smem_per_block or blocks < 1:
-            row["failures"].append(f"{shared_bytes} B shared, {blocks} resident blocks ({binding})")
+            failures.append(f"{shared_bytes} B shared, {blocks} resident blocks ({binding})")
+        row["failures"] = failures
         out.append(row)
     return out
