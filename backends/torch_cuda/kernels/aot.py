@@ -92,8 +92,6 @@ def _kernel_fn(kernel: str):
 
 def _source(cell: Cell, tiles: Tiles):
     """The ASTSource a launch of this cell would build: signature, constants and alignment hints."""
-    from triton.compiler import ASTSource
-
     fn = _kernel_fn(cell.kernel)
     block_d = max(16, next_power_of_2(cell.head_dim))
     precision = "ieee" if cell.dtype == torch.float32 else "tf32"
@@ -102,18 +100,28 @@ def _source(cell: Cell, tiles: Tiles):
         constants["BLOCK_R"] = tiles.block_m
     else:
         constants.update(BLOCK_M=tiles.block_m, BLOCK_DIAGONAL=bool(cell.variant))
+    return _ast_source(fn, cell.dtype, constants, UNIT_STRIDES, INPUT_POINTERS, FP32_POINTERS, ALIGNED_INTS)
+
+
+def _ast_source(fn, dtype, constants, unit_strides, input_pointers, fp32_pointers, aligned=frozenset()):
+    """The ASTSource a launch of `fn` builds: `constants` and the unit strides as constexprs,
+    pointers typed (input dtype or fp32) and 16-byte aligned, the `aligned` integers marked
+    divisible by 16, qk_scale fp32, other scalars i32."""
+    from triton.compiler import ASTSource
+
+    constants = dict(constants)
     signature, attrs = {}, {}
     for index, name in enumerate(fn.arg_names):
         if name in constants:
             signature[name] = "constexpr"
-        elif name in UNIT_STRIDES:
+        elif name in unit_strides:
             signature[name], constants[name] = "constexpr", 1
-        elif name in INPUT_POINTERS or name in FP32_POINTERS:
-            signature[name] = "*" + (TRITON_TYPES[cell.dtype] if name in INPUT_POINTERS else "fp32")
+        elif name in input_pointers or name in fp32_pointers:
+            signature[name] = "*" + ("fp32" if name in fp32_pointers else TRITON_TYPES[dtype])
             attrs[(index,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name == "qk_scale" else "i32"
-            if name in ALIGNED_INTS:
+            if name in aligned:
                 attrs[(index,)] = [["tt.divisibility", 16]]
     return ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
 
@@ -191,7 +199,6 @@ def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> l
     head would (decode_triton's GPU tiles, MAX_SPLITS splits); a dict per kernel as compile_cell's."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from .decode_triton import MAX_SPLITS, MERGE_SPLITS_PER_STEP, _merge_kernel, _split_kernel, gpu_tiles, row_block
 
@@ -218,25 +225,13 @@ def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> l
     }
     out = []
     for name, (fn, constants, options) in kernels.items():
-        constants = dict(constants)
-        signature, attrs = {}, {}
-        for index, arg in enumerate(fn.arg_names):
-            if arg in constants:
-                signature[arg] = "constexpr"
-            elif arg in DECODE_UNIT_STRIDES:
-                signature[arg], constants[arg] = "constexpr", 1
-            elif arg in DECODE_INPUT_POINTERS or arg in DECODE_FP32_POINTERS:
-                signature[arg] = "*" + ("fp32" if arg in DECODE_FP32_POINTERS else TRITON_TYPES[dtype])
-                attrs[(index,)] = [["tt.divisibility", 16]]
-            else:
-                signature[arg] = "fp32" if arg == "qk_scale" else "i32"
         row: dict[str, Any] = {
             "cell": f"{name} {TRITON_TYPES[dtype]} d{head_dim} rows{rows} sm_{arch}",
             "kernel": name,
             "arch": arch,
         }
         try:
-            source = ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+            source = _ast_source(fn, dtype, constants, DECODE_UNIT_STRIDES, DECODE_INPUT_POINTERS, DECODE_FP32_POINTERS)
             compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
         except Exception as error:  # the compiler's own error is the finding; keep its first line
             row["failures"] = [f"compile: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"]
