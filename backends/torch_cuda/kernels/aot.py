@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -142,11 +143,7 @@ def _resource_usage(cubin: bytes) -> dict[str, int]:
 
 def compile_cell(cell: Cell) -> dict:
     """Compile one cell; a dict of its tiles, resources, residency and failures (empty = valid)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     tiles = cell.tiles()
-    limits = ARCH_LIMITS[cell.arch]
     row = {
         "cell": cell.label(),
         "kernel": cell.kernel,
@@ -156,16 +153,25 @@ def compile_cell(cell: Cell) -> dict:
         "arch": cell.arch,
         **tiles._asdict(),
     }
-    target = GPUTarget("cuda", cell.arch, 32)
     options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+    return _compiled_row(row, lambda: _source(cell, tiles), cell.arch, options)
+
+
+def _compiled_row(row: dict[str, Any], source, arch: int, options: dict[str, int]) -> dict[str, Any]:
+    """`row` with the compile of source() for sm_`arch` judged against that target's limits: its
+    registers, spills, shared memory, resident blocks and failures (empty = valid)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    limits = ARCH_LIMITS[arch]
     try:
-        compiled = triton.compile(_source(cell, tiles), target=target, options=options)
+        compiled = triton.compile(source(), target=GPUTarget("cuda", arch, 32), options=options)
     except Exception as error:  # the compiler's own error is the finding; keep its first line
         row.update(failures=[f"compile: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"])
         return row
     usage = _resource_usage(compiled.asm["cubin"])
     shared = int(compiled.metadata.shared) + usage.get("SHARED", 0)
-    blocks, binding = resident_blocks(limits, usage["REG"], shared, tiles.num_warps)
+    blocks, binding = resident_blocks(limits, usage["REG"], shared, options["num_warps"])
     row.update(
         registers=usage["REG"],
         spill_bytes=usage.get("LOCAL", 0),
@@ -197,9 +203,6 @@ DECODE_UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_bn", "stri
 def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> list[dict]:
     """Compile the split and merge decode kernels as a GPU launch of `rows` folded query rows per KV
     head would (decode_triton's GPU tiles, MAX_SPLITS splits); a dict per kernel as compile_cell's."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
     from .decode_triton import MAX_SPLITS, MERGE_SPLITS_PER_STEP, _merge_kernel, _split_kernel, gpu_tiles, row_block
 
     block_d = max(16, next_power_of_2(head_dim))
@@ -230,21 +233,8 @@ def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> l
             "kernel": name,
             "arch": arch,
         }
-        try:
-            source = _ast_source(fn, dtype, constants, DECODE_UNIT_STRIDES, DECODE_INPUT_POINTERS, DECODE_FP32_POINTERS)
-            compiled = triton.compile(source, target=GPUTarget("cuda", arch, 32), options=options)
-        except Exception as error:  # the compiler's own error is the finding; keep its first line
-            row["failures"] = [f"compile: {type(error).__name__}: {str(error).strip().splitlines()[0][:200]}"]
-            out.append(row)
-            continue
-        usage = _resource_usage(compiled.asm["cubin"])
-        shared_bytes = int(compiled.metadata.shared) + usage.get("SHARED", 0)
-        blocks, binding = resident_blocks(ARCH_LIMITS[arch], usage["REG"], shared_bytes, options["num_warps"])
-        row.update(registers=usage["REG"], shared_bytes=shared_bytes, resident_blocks=blocks, bound_by=binding)
-        spill = usage.get("LOCAL", 0) + usage.get("STACK", 0)
-        failures = [f"register spill: {spill} B per thread"] if spill else []
-        if shared_bytes > ARCH_LIMITS[arch].smem_per_block or blocks < 1:
-            failures.append(f"{shared_bytes} B shared, {blocks} resident blocks ({binding})")
-        row["failures"] = failures
-        out.append(row)
+        source = partial(
+            _ast_source, fn, dtype, constants, DECODE_UNIT_STRIDES, DECODE_INPUT_POINTERS, DECODE_FP32_POINTERS
+        )
+        out.append(_compiled_row(row, source, arch, options))
     return out
