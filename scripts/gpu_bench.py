@@ -73,6 +73,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="decode rows (comma-separated): graphs (CUDA graphs, the default on a GPU), eager-static (the "
         "same static steps without capture), eager (the layer-by-layer path); tokens compared across them",
     )
+    p.add_argument(
+        "--compile-allowance-s",
+        type=float,
+        default=100.0,
+        help="the compiled decode row (last) runs only with this much of the budget left (inductor: ~1 min for an 8B)",
+    )
     p.add_argument("--roofline", default="auto", help="DEVICES key (h100, h200) or auto: from the GPU's name")
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--out", default="results/gpu")
@@ -312,8 +318,8 @@ def measure(bench: Bench) -> None:
             bench.result["e2e"] = e2e(bench.result, shapes[0])
             bench.write()
     if "compiled" in modes and "full" in methods:  # last: its compilation cannot take a TTFT row's time
-        if bench.left() < COMPILE_ALLOWANCE_S:
-            bench.note(f"decode compiled: skipped, {bench.left():.0f} s left < {COMPILE_ALLOWANCE_S} s")
+        if bench.left() < args.compile_allowance_s:
+            bench.note(f"decode compiled: skipped, {bench.left():.0f} s left < {args.compile_allowance_s:.0f} s")
         else:
             decode_rows(
                 bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, ["compiled"], []
@@ -345,9 +351,6 @@ def add_speedups(rows: list[dict]) -> None:
     for r in rows:
         base = full.get(r["prompt_tokens"])
         r["speedup_vs_full"] = base / r["ttft_s"] if base and r.get("ttft_s") else None
-
-
-COMPILE_ALLOWANCE_S = 100  # the compiled decode row runs last, only with this much left (inductor: ~1 min for an 8B)
 
 
 def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int, shapes, rates, modes, drafted) -> None:
@@ -383,6 +386,9 @@ def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int,
                 row["first_run_tps"], row["first_run_setup_s"] = first["decode_tps"], first["setup_s"]
                 # drafting's costs, measured in the first run, may turn it off for the next (draft_costs.py)
                 row["first_run_drafted"], row["first_run_accepted"] = first["drafted"], first["accepted"]
+                # whether every step ran as a replayed graph (a failed capture leaves steps eager, logged once)
+                graphs = model.ops.decode_graphs
+                row["capture_failed"] = bool(graphs.failed) if graphs is not None and graphs.capture else None
                 if mode == "eager" and not k:
                     bench.eager_tokens = row["tokens"]
             except Exception as e:

@@ -75,6 +75,7 @@ DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager,compiled}
 HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}
 HYBRID_PARITY=${HYBRID_PARITY:-2048}
 HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}
+BENCH_FLAGS=${BENCH_FLAGS:-}  # more scripts/gpu_bench.py flags, e.g. "--methods full --draft-tokens 0"
 mkdir -p "$OUT"
 START=$SECONDS
 LOG="$OUT/session.log"
@@ -129,7 +130,7 @@ if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator
     COMPOSE=--compose
 fi
 export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
-export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE
+export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS
 
 # step INDEX FUNCTION: the function under `timeout` (its output in session.log), its limit (LIMIT)
 # the budget left minus the shares of the steps after it
@@ -189,11 +190,11 @@ bench() {
     local variants=() v
     IFS=';' read -r -a specs <<< "$VARIANTS"
     for v in "${specs[@]}"; do [[ -n "$v" ]] && variants+=(--variant "$v"); done
-    # shellcheck disable=SC2086  # COMPOSE is empty or one flag
+    # shellcheck disable=SC2086  # COMPOSE is empty or one flag, BENCH_FLAGS a list
     PYTHONUNBUFFERED=1 "$PY" scripts/gpu_bench.py --model "$MODEL" --speculator "$SPECULATOR" --lengths "$LENGTHS" \
         --repeats "$REPEATS" --decode-tokens "$DECODE" --dtype "$DTYPE" --device "$DEVICE" --roofline "$ROOFLINE" \
         --decode-modes "$DECODE_MODES" --budget-s "$((LIMIT > 30 ? LIMIT - 15 : LIMIT))" --out "$OUT" --name ttft \
-        $COMPOSE "${variants[@]}"
+        $COMPOSE "${variants[@]}" $BENCH_FLAGS
 }
 
 hybrid() {

@@ -12,6 +12,7 @@ specfill step the model still runs as transformers' own.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Iterator
@@ -63,6 +64,7 @@ class AdaptedModel:
         self.layer_list = layer_list
         self.n_layers = n_layers
         self.configs = model_configs(lm)  # switched to specfill's attention during each step
+        self.cache_keyword = cache_keyword(lm)
         self.embed_tokens = lm.get_input_embeddings()  # TorchOps reads the activation dtype and device from it
 
     def first_layers(self, n_layers: int) -> AdaptedModel:
@@ -114,7 +116,7 @@ class AdaptedModel:
                     position_ids=positions[None],
                     use_cache=hybrid is not None,
                     logits_to_keep=keep if keep < steps else 0,
-                    **({"cache": hybrid.library} if hybrid is not None else {}),
+                    **({self.cache_keyword: hybrid.library} if hybrid is not None else {}),
                 )
             if hybrid is not None:
                 hybrid.end_step()
@@ -139,20 +141,39 @@ def stepwise_mixers(mixers: tuple[nn.Module, ...]) -> Iterator[None]:
             del mixer.forward  # the class's own forward again
 
 
+def cache_keyword(lm: nn.Module) -> str:
+    """The keyword `lm`'s forward takes its Cache by: `cache` in transformers >= 5.20 (where
+    `past_key_values` is deprecated), `past_key_values` before (5.17 on the GPU image, whose forward
+    would take `cache` into **kwargs and run without any: a hybrid's second step from a zero state)."""
+    return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
+
+
+def _has_state(cache: Any, layer: int) -> bool:
+    """Whether `cache` (transformers' Cache) holds a recurrent state for `layer`, in either API:
+    `get_recurrent_state` (transformers >= 5.20) or `has_previous_state` (before)."""
+    if hasattr(cache, "get_recurrent_state"):
+        return cache.get_recurrent_state(layer) is not None
+    return bool(cache.has_previous_state(layer))
+
+
 def _stepwise(mixer: nn.Module, forward: Any) -> Any:
-    def run(hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any) -> Any:
+    signature = inspect.signature(forward)
+    # the cache's parameter: `cache` (transformers >= 5.20) or `cache_params` (before)
+    cache_name = "cache" if "cache" in signature.parameters else "cache_params"
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        call = signature.bind(*args, **kwargs)
+        hidden_states = call.arguments["hidden_states"]
+        cache, mask = call.arguments.get(cache_name), call.arguments.get("attention_mask")
         steps = hidden_states.shape[1]
-        if cache is None or steps == 1 or cache.get_recurrent_state(mixer.layer_idx) is None:
-            return forward(hidden_states, cache=cache, attention_mask=attention_mask, **kwargs)
-        outs = [
-            forward(
-                hidden_states[:, t : t + 1],
-                cache=cache,
-                attention_mask=None if attention_mask is None else attention_mask[:, t : t + 1],
-                **kwargs,
-            )
-            for t in range(steps)
-        ]
+        if cache is None or steps == 1 or not _has_state(cache, mixer.layer_idx):
+            return forward(*args, **kwargs)
+        outs = []
+        for t in range(steps):
+            call.arguments["hidden_states"] = hidden_states[:, t : t + 1]
+            if mask is not None:
+                call.arguments["attention_mask"] = mask[:, t : t + 1]
+            outs.append(forward(*call.args, **call.kwargs))
         return torch.cat(outs, dim=1)
 
     return run

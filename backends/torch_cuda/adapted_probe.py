@@ -80,6 +80,11 @@ def implementation(configs: list[Any], name: str) -> Iterator[None]:
             config._attn_implementation_internal = value
 
 
+# a hybrid's blocks without attention or state: transformers' "dummy" (5.20 on); before (5.17 on the GPU
+# image) it lists a hybrid's MLP and MoE blocks by their own names
+STATELESS_KINDS = ("dummy", "mlp", "moe")
+
+
 def check_layer_kinds(text: Any, architecture: str) -> tuple[list[str], list[int]]:
     """Every layer's kind for specfill ("attention", "recurrent", "lightning" (OWN_STATE_KINDS),
     "parallel" or "stateless": a
@@ -110,7 +115,7 @@ def check_layer_kinds(text: Any, architecture: str) -> tuple[list[str], list[int
             ours.append(OWN_STATE_KINDS[architecture])
         elif kind in HYBRID_KINDS:
             ours.append(HYBRID_KINDS[kind])
-        elif kind == "dummy" and hybrid and not sharing:
+        elif kind in STATELESS_KINDS and hybrid and not sharing:
             ours.append("stateless")
         else:
             name, why = REFUSED_KINDS.get(kind, (f"a {kind} layer", "specfill runs softmax-attention layers only"))

@@ -82,10 +82,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Statistics in float32, scale in the activation dtype (as the reference does).
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+        # x * rsqrt(mean(x^2) + eps) with float32 statistics, rounded to the activation dtype, then
+        # the scale in that dtype (as the reference does). F.rms_norm computes half / bfloat16 input
+        # in float32 and rounds once: bitwise x.float() * torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+        # rounded on the CPU (tests/torch_cuda/test_decode_launches.py), one fused kernel on CUDA where
+        # those six ops were six launches: a decode step is launch-bound (results/gpu/h200/2026-11-29)
+        return self.weight * F.rms_norm(x, self.weight.shape, eps=self.eps)
 
 
 class Attention(nn.Module):
@@ -119,15 +121,21 @@ class Attention(nn.Module):
         """x [1, T, hidden] at positions [T] -> [1, T, hidden]; `attend` (H2O, the speculator's
         capture) replaces causal attention and applies the layer's window itself."""
         _, steps, _ = x.shape
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(1, steps, self.n_heads, self.head_dim)
-        k = k.view(1, steps, self.n_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split(self.split_sizes, dim=-1)
         v = v.view(1, steps, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q = apply_rope(q.transpose(1, 2), cos, sin)
-        k = apply_rope(k.transpose(1, 2), cos, sin)
+        if self.q_norm is None:
+            # q's and k's heads are adjacent columns of the fused product: one rotation of both (the
+            # same element-wise ops, half the launches of a decode step, which is launch-bound)
+            qk = qkv[..., : self.split_sizes[0] + self.split_sizes[1]]
+            qk = apply_rope(qk.view(1, steps, self.n_heads + self.n_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+        else:  # each normalised by its own weight first
+            q = self.q_norm(q.view(1, steps, self.n_heads, self.head_dim))
+            k = self.k_norm(k.view(1, steps, self.n_kv_heads, self.head_dim))
+            q = apply_rope(q.transpose(1, 2), cos, sin)
+            k = apply_rope(k.transpose(1, 2), cos, sin)
         keys, values = cache.update_and_fetch(k, v)
         # a windowed layer records every step's positions, whoever attends (decode reads them)
         keys_at = cache.slot_positions(positions) if self.window is not None else None

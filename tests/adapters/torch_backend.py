@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from specfill.backends.torch_cuda import load
-from specfill.backends.torch_cuda.adapted import AdaptedModel, adapt
+from specfill.backends.torch_cuda.adapted import AdaptedModel, adapt, cache_keyword
 from specfill.backends.torch_cuda.model import Transformer as OwnModel
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.driver import CausalLM
@@ -76,7 +76,8 @@ def own_greedy(lm: torch.nn.Module, ids: list[int], max_tokens: int, positions: 
         for i in range(max_tokens):
             tokens.append(int(out.logits[0, -1].argmax()))
             at = {"position_ids": torch.tensor([[len(ids) + i]])} if positions else {}
-            out = lm(torch.tensor([[tokens[-1]]]), cache=out.past_key_values, use_cache=True, **at)
+            at[cache_keyword(lm)] = out.past_key_values  # `cache` or, before transformers 5.20, `past_key_values`
+            out = lm(torch.tensor([[tokens[-1]]]), use_cache=True, **at)
     return tokens
 
 

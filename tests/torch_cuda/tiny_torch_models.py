@@ -59,8 +59,9 @@ class TinyModel:
     args: ModelArgs
     weights: dict[str, np.ndarray]
 
-    def ours(self, dtype: Any = None, step: int = 2048) -> CausalLM:
-        return from_weights(self.args, self.weights, dtype=dtype or torch.float32, device="cpu", prefill_step_size=step)
+    def ours(self, dtype: Any = None, step: int = 2048, device: str = "cpu") -> CausalLM:
+        dtype = dtype or torch.float32
+        return from_weights(self.args, self.weights, dtype=dtype, device=device, prefill_step_size=step)
 
     def hf_logits(self, ids: list[int], positions: list[int] | None = None) -> Any:
         kwargs = {} if positions is None else {"position_ids": torch.tensor([positions])}

@@ -224,8 +224,8 @@ def test_static_decode_steps_through_the_split_kernel_give_the_eager_tokens(monk
         )  # fmt: skip
         return list(steps)
 
-    expected = greedy(tiny.ours())
-    model = tiny.ours()
+    expected = greedy(tiny.ours(device=DEVICE))  # the kernel's device (a GPU's Triton takes no CPU tensor)
+    model = tiny.ours(device=DEVICE)
     model.ops.static_decode = True
     model.ops.decode_graphs = decode_graph.DecodeGraphs(None, attention="split-triton")
     assert greedy(model) == expected
