@@ -6,7 +6,8 @@ read alone takes ~3.4 ms). A CUDA graph launches them all at once, but replays f
 shapes, so the step is written with static shapes:
 
 - the T tokens' ids, RoPE positions and cache slots live in static input buffers;
-- keys and values are written at the slots with `index_copy_` (no Python offset baked in);
+- keys and values are written at the slots with `index_copy_` (no Python offset baked in), through
+  one op of its own (`write_slots`) that a compiled step keeps in place;
 - attention reads a fixed BUCKET of slots (the filled ones rounded up to a multiple of
   `SLOT_BUCKET`, at most the capacity) with a mask: query t sees slot s iff s <= slot_t (and,
   on a sliding layer, its window by position). One graph per (T, bucket): a decode of 32 tokens
@@ -49,6 +50,21 @@ SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read
 log = logging.getLogger("specfill.backends.torch_cuda")
 
 
+def write_slots(cache: torch.Tensor, dim: int, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """cache's entries at `slots` [T] along `dim` <- values, in place (index_copy_).
+
+    An op of its own so that a compiled step (torch.compile) writes the cache in place: traced, an
+    `index_copy_` or `index_put_` into a layer of the stacked cache is functionalised into a new
+    buffer of the whole cache, written back after the step (inductor's code for a tiny Llama on the
+    CPU: two cache-sized buffers per layer and a copy of the whole cache, every step); a custom op
+    that declares its mutation is kept as one in-place call."""
+    cache.index_copy_(dim, slots, values)
+
+
+if hasattr(torch.library, "custom_op"):  # torch >= 2.4; before, a plain function (compiled steps copy)
+    write_slots = torch.library.custom_op("specfill::write_slots", mutates_args=("cache",))(write_slots)
+
+
 class _StaticLayer:
     """A layer cache view for the static step: writes at the slots tensor, returns the bucket."""
 
@@ -56,8 +72,8 @@ class _StaticLayer:
         self.k, self.v, self.positions, self.step = keys, values, positions, step
 
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        self.k.index_copy_(2, self.step.slots, k)
-        self.v.index_copy_(2, self.step.slots, v)
+        write_slots(self.k, 2, self.step.slots, k)
+        write_slots(self.v, 2, self.step.slots, v)
         bucket = self.step.bucket
         return self.k[:, :, :bucket], self.v[:, :, :bucket]
 
@@ -134,7 +150,7 @@ class _MaskedAttention:
 def static_step(model: Any, cache: ModelKVCache, step: _StepInputs) -> torch.Tensor:
     """The step on the static inputs: writes the T tokens' keys/values at step.slots and their
     positions, returns float32 logits [T, vocab]. No host synchronisation, no data-dependent shape."""
-    cache.positions.index_copy_(0, step.slots, step.positions)
+    write_slots(cache.positions, 0, step.slots, step.positions)
     attend = _MaskedAttention(model, cache, step)
     logits = model(step.ids[None], step.positions, _StaticCache(cache, step), 0, attend)
     return logits[0]

@@ -140,6 +140,14 @@ def test_the_static_step_traces_as_one_graph():
     cache.v[:, :, :, 12:].zero_()
     explained = torch._dynamo.explain(decode_graph.static_step)(model.model, cache, step)
     assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+    # the cache is written only through write_slots (kept in place when compiled: an index_copy_ or
+    # index_put_ there became a copy of the whole cache, and a copy back, in every step)
+    targets = [
+        str(node.target) for node in explained.graphs[0].graph.nodes if node.op in ("call_function", "call_method")
+    ]
+    layers = len(model.model.layers)
+    assert sum("write_slots" in t for t in targets) == 2 * layers + 1, targets  # keys, values; positions
+    assert not any("index_copy" in t or "index_put" in t or "setitem" in t for t in targets), targets
 
 
 def test_compiled_steps_through_the_eager_backend_give_the_eager_tokens(monkeypatch):
