@@ -74,6 +74,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "same static steps without capture), eager (the layer-by-layer path); tokens compared across them",
     )
     p.add_argument(
+        "--compiled-early",
+        action="store_true",
+        help="the compiled decode row with the other decode rows, before the TTFT rows (its compilation "
+        "then takes their time); default: last, and only with --compile-allowance-s left",
+    )
+    p.add_argument(
         "--compile-allowance-s",
         type=float,
         default=100.0,
@@ -82,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--roofline", default="auto", help="DEVICES key (h100, h200) or auto: from the GPU's name")
     p.add_argument("--budget-s", type=float, default=300.0)
     p.add_argument("--out", default="results/gpu")
-    p.add_argument("--name", default="ttft")
+    p.add_argument("--name", default="ttft", help="NAME.json / NAME.md; e2e.json for ttft, else NAME_e2e.json")
     p.add_argument(
         "--replot",
         metavar="JSON",
@@ -173,7 +179,7 @@ class Bench:
         if self.result.get("e2e"):
             files.append(
                 (
-                    out / "e2e.json",
+                    out / ("e2e.json" if self.args.name == "ttft" else f"{self.args.name}_e2e.json"),
                     json.dumps({**self.result["e2e"], "device": self.result.get("device_name")}, indent=1),
                 )
             )
@@ -281,7 +287,7 @@ def measure(bench: Bench) -> None:
     bench.note(f"warm-ups done at {time.monotonic() - start:.1f} s")
     # decode first: cheap (one short prompt), and a long prefill that overruns the step cannot take it
     modes = [m for m in args.decode_modes.split(",") if m]
-    early = [m for m in modes if m != "compiled"]
+    early = [m for m in modes if m != "compiled" or args.compiled_early]
     if "full" in methods:
         drafted = [("graphs", args.draft_tokens)] if args.draft_tokens else []
         decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, early, drafted)
@@ -317,7 +323,9 @@ def measure(bench: Bench) -> None:
             bench.note(row_line(row))
             bench.result["e2e"] = e2e(bench.result, shapes[0])
             bench.write()
-    if "compiled" in modes and "full" in methods:  # last: its compilation cannot take a TTFT row's time
+    if (
+        "compiled" in modes and "full" in methods and not args.compiled_early
+    ):  # last: its compilation cannot take a TTFT row's time
         if bench.left() < args.compile_allowance_s:
             bench.note(f"decode compiled: skipped, {bench.left():.0f} s left < {args.compile_allowance_s:.0f} s")
         else:

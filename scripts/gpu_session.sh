@@ -7,26 +7,31 @@
 #   1. machine: nvidia-smi, torch / CUDA / Triton versions, GPU name and capability -> machine.txt
 #   2. bench (scripts/gpu_bench.py) on random Llama-3.1-8B-shape weights with a random
 #      Llama-3.2-1B-shape speculator, bf16: decode tok/s after an 8K prefill per decode mode
-#      (CUDA graphs, the same static steps eager, the layer-by-layer path; greedy tokens compared;
-#      the compiled step last), drafting with the 1B; TTFT of full / H2O / SpecPrefill /
+#      (CUDA graphs, the same static steps eager, the layer-by-layer path, the compiled step;
+#      greedy tokens compared), drafting with the 1B; TTFT of full / H2O / SpecPrefill /
 #      SpecPrefill over an H2O speculator (+ VARIANTS, e.g. a larger prefill step) at 8K / 32K /
 #      128K, warm medians of 3, peak memory, beside the roofline; the attention kernels the device
 #      chose; e2e.json with decode_tokens_per_s and prefill_roofline_fraction
 #                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json
-#   3. hybrid: a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device
+#   3. exact: the same model in float32 (EXACT_MODEL), decode as graphs and eagerly after an 8K
+#      prefill: greedy tokens equal to the eager path's where no bf16 rounding parts them
+#      (random weights' logits are nearly flat: in bf16 any two kernels part after a few tokens)
+#                                                   -> exact.{json,md}
+#   4. hybrid: a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device
 #      (scripts/hybrid_speed.py; which fast kernels transformers could use is logged)
 #                                                   -> hybrid.{json,md,png}
-#   4. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
+#   5. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
 #      step 5's run; tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
 #                                                   -> kernel_tests.log
-#   5. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
+#   6. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
 #                                                   -> conformance-cuda.{json,md}
 #   every step's start, end, seconds and exit code  -> session.log
 # With PACK=1 (the device tool brings back at most 8 files) everything also goes into all.tar.gz
-# and only e2e.json, ttft.md, ttft_ttft.png, hybrid.md, machine.txt and session.log stay beside it.
+# and only e2e.json, ttft.md, ttft_ttft.png, exact.md, hybrid.md, machine.txt and session.log stay
+# beside it.
 # Time: BUDGET_S (default 560) for the whole script. A step's limit is what is left of the budget
-# minus the shares of the steps after it (SHARES, seconds: machine, bench, hybrid, kernels,
+# minus the shares of the steps after it (SHARES, seconds: machine, bench, exact, hybrid, kernels,
 # conformance), so time a step leaves unused goes to the later ones; each step runs under `timeout`
 # with its limit and the bench also budgets itself run by run (roofline x 4), writing its rows as
 # it goes. The exit code says whether every step passed.
@@ -69,13 +74,19 @@ ROOFLINE=${ROOFLINE:-auto}
 CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
-read -r -a SHARES <<< "${SHARES:-15 360 75 60 50}"  # machine, bench, hybrid, kernels, conformance
-VARIANTS=${VARIANTS-"full-s16k=full:--step 16384;specprefill-s16k=specprefill:--step 16384;h2o-s4096=h2o:--step 4096"}
+read -r -a SHARES <<< "${SHARES:-15 320 45 70 60 50}"  # machine, bench, exact, hybrid, kernels, conformance
+# more rows per length, NAME=METHOD:FLAGS;... (2026-11-28 and -29 measured larger steps: 1-10%, none
+# by default now: the compiled decode row's compilation comes out of the TTFT rows' time)
+VARIANTS=${VARIANTS-}
 DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager,compiled}
 HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}
 HYBRID_PARITY=${HYBRID_PARITY:-2048}
 HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}
-BENCH_FLAGS=${BENCH_FLAGS:-}  # more scripts/gpu_bench.py flags, e.g. "--methods full --draft-tokens 0"
+EXACT_MODEL=${EXACT_MODEL:-$MODEL}
+# more scripts/gpu_bench.py flags, e.g. "--methods full --draft-tokens 0"; by default the compiled decode
+# row runs with the other decode rows (2026-11-29 left it the question: 42.9 tok/s, then its cache copies
+# removed), before the TTFT rows three sessions have measured alike
+BENCH_FLAGS=${BENCH_FLAGS---compiled-early}
 mkdir -p "$OUT"
 START=$SECONDS
 LOG="$OUT/session.log"
@@ -130,7 +141,7 @@ if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator
     COMPOSE=--compose
 fi
 export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
-export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS
+export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS EXACT_MODEL
 
 # step INDEX FUNCTION: the function under `timeout` (its output in session.log), its limit (LIMIT)
 # the budget left minus the shares of the steps after it
@@ -197,6 +208,14 @@ bench() {
         $COMPOSE "${variants[@]}" $BENCH_FLAGS
 }
 
+exact() {
+    # float32: the replayed static steps against the layer-by-layer path, token by token
+    PYTHONUNBUFFERED=1 "$PY" scripts/gpu_bench.py --model "$EXACT_MODEL" --speculator self:1 \
+        --lengths "${LENGTHS%%,*}" --methods full --draft-tokens 0 --repeats 1 --decode-tokens "$DECODE" \
+        --dtype float32 --device "$DEVICE" --roofline "$ROOFLINE" --decode-modes graphs,eager \
+        --budget-s "$((LIMIT > 10 ? LIMIT - 5 : LIMIT))" --out "$OUT" --name exact
+}
+
 hybrid() {
     # a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device: transformers' forward
     # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found
@@ -205,12 +224,12 @@ hybrid() {
     PYTHONUNBUFFERED=1 "$PY" scripts/hybrid_speed.py --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
         --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS
 }
-export -f machine conformance kernels bench hybrid
+export -f machine conformance kernels bench exact hybrid
 
 # STEPS: the steps to run (a rerun after a partial session names only what it still needs); a step
 # left out has no share and no files
-STEPS=${STEPS:-machine bench hybrid kernels conformance}
-NAMES=(machine bench hybrid kernels conformance)
+STEPS=${STEPS:-machine bench exact hybrid kernels conformance}
+NAMES=(machine bench exact hybrid kernels conformance)
 for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] || SHARES[index]=0; done
 for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] && step "$index" "${NAMES[index]}"; done
 
@@ -219,7 +238,7 @@ if [[ "${PACK:-0}" == 1 ]]; then
     # the device tool brings back at most 8 files: the ones read first stay apart, the rest go in one archive
     tar -czf "$OUT/all.tar.gz" -C "$OUT" --exclude all.tar.gz . && echo "packed: $(ls "$OUT" | wc -l) files before" >> "$LOG"
     find "$OUT" -maxdepth 1 -type f ! -name all.tar.gz ! -name e2e.json ! -name ttft.md ! -name session.log \
-        ! -name hybrid.md ! -name machine.txt ! -name ttft_ttft.png -delete
+        ! -name hybrid.md ! -name machine.txt ! -name ttft_ttft.png ! -name exact.md -delete
 fi
 if ((${#failed[@]})); then
     echo "gpu_session: failed: ${failed[*]}" | tee -a "$LOG" >&2

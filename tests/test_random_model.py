@@ -203,6 +203,10 @@ def test_gpu_session_script_smoke_run(tmp_path):
         "conformance-cuda.json",
         "conformance-cuda.md",
         "e2e.json",
+        "exact.json",
+        "exact.md",
+        "exact_e2e.json",
+        "exact_ttft.png",
         "hybrid.json",
         "hybrid.md",
         "hybrid.png",
@@ -218,10 +222,13 @@ def test_gpu_session_script_smoke_run(tmp_path):
     # checkout; the first GPU run failed on it ("No module named 'specfill.core'"): the script's
     # linked package must win even so
     assert re.search(r"^specfill from /tmp/specfill-site\.\w+/specfill/__init__\.py$", log, re.M), log
-    for step in ("machine", "bench", "hybrid", "kernels", "conformance"):
+    for step in ("machine", "bench", "exact", "hybrid", "kernels", "conformance"):
         assert f"{step}: start at" in log and re.search(rf"^{step}: \d+ s, exit 0$", log, re.M), log
     assert "torch" in (tmp_path / "machine.txt").read_text()
     assert json.loads((tmp_path / "conformance-cuda.json").read_text())["passed"] is True
+    exact = json.loads((tmp_path / "exact.json").read_text())
+    assert exact["plan"]["dtype"] == "float32"
+    assert [(r["mode"], r["tokens_equal_eager"]) for r in exact["decode"]] == [("graphs", "8/8"), ("eager", "8/8")]
     assert " passed" in (tmp_path / "kernel_tests.log").read_text()
     result = json.loads((tmp_path / "ttft.json").read_text())
     rows = result["rows"]
