@@ -149,7 +149,8 @@ step() {
     local index=$1 name=$2 later=0 i
     for ((i = index + 1; i < ${#SHARES[@]}; i++)); do later=$((later + SHARES[i])); done
     local limit=$((BUDGET_END - SECONDS - later))
-    ((limit < 5)) && limit=5
+    # at least 15 s: nvidia-smi on a cold GPU took >5 s (2026-11-29, BUDGET_S 540 under shares of 560)
+    ((limit < 15)) && limit=15
     local t0=$SECONDS rc note=""
     echo "$name: start at $((SECONDS - START)) s, limit $limit s" | tee -a "$LOG"
     LIMIT=$limit timeout -k 15 "$limit" bash -c "$name" >> "$LOG" 2>&1
