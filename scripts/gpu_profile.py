@@ -1,5 +1,7 @@
 """Where a GPU prefill's time goes: torch.profiler over one run of each method at one length and over
-a short plain decode, after a warm-up, written as key_averages tables (by operator, and by operator
+a short plain decode per decode mode (--decode-modes: graphs, eager-static, eager, compiled as in
+gpu_bench.py; eager-static shows the static step's kernels one by one, a replayed graph as one launch),
+after a warm-up, written as key_averages tables (by operator, and by operator
 and the Python stack that launched it) to $OUT/profile.md. Companion of scripts/gpu_bench.py, for the
 "why does X fall short of its roofline" question of a GPU session.
 
@@ -18,6 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench import build_method, method_configs, one_run  # noqa: E402
+from gpu_bench_report import decode_mode  # noqa: E402
 
 from specfill.api import load, load_speculator  # noqa: E402
 from specfill.core.io.random_model import random_prompt_ids  # noqa: E402
@@ -30,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--decode-tokens", type=int, default=16)
     p.add_argument("--decode-prompt", type=int, default=8192)
+    p.add_argument("--decode-modes", default="graphs", help="one decode section per mode (comma-separated)")
     p.add_argument("--methods", default="full,h2o,specprefill")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
@@ -55,11 +59,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.methods.split(","):
         one_run(model, tokenizer, warm, methods[name], 2)
     ids = random_prompt_ids(tokenizer.vocab_size, args.tokens, seed=args.tokens)
-    scenarios = [(name, ids, methods[name], 1) for name in args.methods.split(",")]
+    scenarios = [(name, ids, methods[name], 1, None) for name in args.methods.split(",")]
     decode_ids = random_prompt_ids(tokenizer.vocab_size, min(args.decode_prompt, args.tokens), seed=7)
-    scenarios.append(("decode (full prefill + plain decode)", decode_ids, methods["full"], args.decode_tokens))
-    for name, prompt, method, new in scenarios:
-        one_run(model, tokenizer, prompt, method, new)  # unprofiled: its caches and kernels warm at this length
+    for mode in args.decode_modes.split(","):
+        name = f"decode {mode} (full prefill + plain decode)"
+        scenarios.append((name, decode_ids, methods["full"], args.decode_tokens, mode))
+    for name, prompt, method, new, mode in scenarios:
+        if mode is not None:
+            decode_mode(model, mode)
+        one_run(model, tokenizer, prompt, method, new)  # unprofiled: its caches, kernels and compilation warm
         t0 = time.perf_counter()
         with profile(activities=activities, with_stack=True, record_shapes=False) as prof:
             stats = one_run(model, tokenizer, prompt, method, new)

@@ -26,6 +26,9 @@
 #                                                   -> kernel_tests.log
 #   6. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
 #                                                   -> conformance-cuda.{json,md}
+#   7. profile (only when STEPS names it): scripts/gpu_profile.py, full prefill at the first length
+#      and one decode per PROFILE_DECODE_MODES (eager-static shows the static step kernel by kernel)
+#                                                   -> profile/profile.md
 #   every step's start, end, seconds and exit code  -> session.log
 # With PACK=1 (the device tool brings back at most 8 files) everything also goes into all.tar.gz
 # and only e2e.json, ttft.md, ttft_ttft.png, exact.md, hybrid.md, machine.txt and session.log stay
@@ -74,7 +77,7 @@ ROOFLINE=${ROOFLINE:-auto}
 CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
-read -r -a SHARES <<< "${SHARES:-15 320 45 70 60 50}"  # machine, bench, exact, hybrid, kernels, conformance
+read -r -a SHARES <<< "${SHARES:-15 320 45 70 60 50 0}"  # machine, bench, exact, hybrid, kernels, conformance, profile
 # more rows per length, NAME=METHOD:FLAGS;... (2026-11-28 and -29 measured larger steps: 1-10%, none
 # by default now: the compiled decode row's compilation comes out of the TTFT rows' time)
 VARIANTS=${VARIANTS-}
@@ -83,6 +86,7 @@ HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}
 HYBRID_PARITY=${HYBRID_PARITY:-2048}
 HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}
 EXACT_MODEL=${EXACT_MODEL:-$MODEL}
+PROFILE_DECODE_MODES=${PROFILE_DECODE_MODES:-eager-static,graphs,compiled}
 # more scripts/gpu_bench.py flags, e.g. "--methods full --draft-tokens 0"; by default the compiled decode
 # row runs with the other decode rows (2026-11-29 left it the question: 42.9 tok/s, then its cache copies
 # removed), before the TTFT rows three sessions have measured alike
@@ -141,7 +145,7 @@ if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator
     COMPOSE=--compose
 fi
 export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
-export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS EXACT_MODEL
+export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS EXACT_MODEL PROFILE_DECODE_MODES
 
 # step INDEX FUNCTION: the function under `timeout` (its output in session.log), its limit (LIMIT)
 # the budget left minus the shares of the steps after it
@@ -217,6 +221,12 @@ exact() {
         --budget-s "$((LIMIT > 10 ? LIMIT - 5 : LIMIT))" --out "$OUT" --name exact
 }
 
+profile() {
+    PYTHONUNBUFFERED=1 "$PY" scripts/gpu_profile.py --model "$MODEL" --speculator "$SPECULATOR" \
+        --tokens "${LENGTHS%%,*}" --methods full --decode-prompt "${LENGTHS%%,*}" --decode-tokens 16 \
+        --decode-modes "$PROFILE_DECODE_MODES" --dtype "$DTYPE" --device "$DEVICE" --out "$OUT/profile"
+}
+
 hybrid() {
     # a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device: transformers' forward
     # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found
@@ -225,12 +235,12 @@ hybrid() {
     PYTHONUNBUFFERED=1 "$PY" scripts/hybrid_speed.py --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
         --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS
 }
-export -f machine conformance kernels bench exact hybrid
+export -f machine conformance kernels bench exact hybrid profile
 
 # STEPS: the steps to run (a rerun after a partial session names only what it still needs); a step
 # left out has no share and no files
 STEPS=${STEPS:-machine bench exact hybrid kernels conformance}
-NAMES=(machine bench exact hybrid kernels conformance)
+NAMES=(machine bench exact hybrid kernels conformance profile)
 for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] || SHARES[index]=0; done
 for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] && step "$index" "${NAMES[index]}"; done
 

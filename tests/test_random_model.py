@@ -320,7 +320,8 @@ def test_gpu_profile_writes_its_tables(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_profile.py"), "--model", "random:tiny-llama"]
         + ["--speculator", "random:tiny-llama-32k", "--tokens", "64", "--decode-prompt", "32", "--decode-tokens", "2"]
-        + ["--methods", "full,specprefill", "--dtype", "float32", "--device", "cpu", "--out", str(tmp_path)],
+        + ["--methods", "full,specprefill", "--dtype", "float32", "--device", "cpu", "--out", str(tmp_path)]
+        + ["--decode-modes", "graphs,eager"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -331,6 +332,7 @@ def test_gpu_profile_writes_its_tables(tmp_path):
     assert [line for line in text.splitlines() if line.startswith("## ")] == [
         "## full, 64 tokens, 1 new",
         "## specprefill, 64 tokens, 1 new",
-        "## decode (full prefill + plain decode), 32 tokens, 2 new",
+        "## decode graphs (full prefill + plain decode), 32 tokens, 2 new",
+        "## decode eager (full prefill + plain decode), 32 tokens, 2 new",
     ]
-    assert text.count("### by operator\n") == 3 and text.count("Python stack") == 3 and "aten::mm" in text
+    assert text.count("### by operator\n") == 4 and text.count("Python stack") == 4 and "aten::mm" in text
