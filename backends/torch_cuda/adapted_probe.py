@@ -213,13 +213,16 @@ def config_refusal(text: Any) -> tuple[str, str] | None:
 
 def self_check(model: Any, new_cache: Any) -> None:
     """6 tokens (ids 3..8 within the vocabulary) through the adapted `model` in two steps of 3 into
-    `new_cache(6)` against transformers' own forward in one call: ModelLoadError when they differ
-    by more than SELF_CHECK_TOLERANCE of max(1, max|logit|) (something the adapter does not model:
-    a state kept outside the KV cache, another mask, attention after the interface call)."""
+    `new_cache(6)` against transformers' own forward in one call, with its eager attention (the
+    reference: transformers 5.17's default SDPA path for Gemma 2 drops the logit soft-cap, which
+    5.24 fixed by refusing SDPA there): ModelLoadError when they differ by more than
+    SELF_CHECK_TOLERANCE of max(1, max|logit|) (something the adapter does not model: a state kept
+    outside the KV cache, another mask, attention after the interface call)."""
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     ids = torch.arange(3, 9, device=device)[None] % model.args.vocab_size
     with torch.inference_mode():
-        want = model.lm(input_ids=ids, use_cache=False).logits[0].float()
+        with implementation(model.configs, "eager"):
+            want = model.lm(input_ids=ids, use_cache=False).logits[0].float()
         cache = new_cache(6)
         model(ids[:, :3], torch.arange(3, device=device), cache, None)
         got = model(ids[:, 3:], torch.arange(3, 6, device=device), cache, 0)[0]

@@ -95,3 +95,31 @@ def test_a_hybrids_mlp_and_moe_blocks_are_stateless_as_5_17_names_them(monkeypat
     monkeypatch.setattr(transformers.cache_utils, "get_layer_types_and_kwargs", lambda text: (kinds, {}))
     ours, states = check_layer_kinds(SimpleNamespace(num_hidden_layers=4), "nemotron_h")
     assert ours == ["attention", "recurrent", "stateless", "stateless"] and states == [1, 1, 1, 1]
+
+
+def test_the_load_self_check_compares_with_transformers_eager_attention():
+    """transformers 5.17 ran Gemma 2 through SDPA by default, which dropped its logit soft-cap: the
+    self-check compared specfill's (capped) attention with that and refused the model (0.74 off).
+    Here a model default that drops the cap as 5.17's did stands in (5.24's SDPA refuses a
+    soft-cap): the check's reference is the eager forward, so the model still loads."""
+    from transformers import AttentionInterface
+    from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward
+
+    from specfill.backends.torch_cuda.adapted import adapt
+    from specfill.backends.torch_cuda.adapted_probe import implementation, model_configs
+    from tests.adapters.torch_archs import build
+
+    def capless(module, query, key, value, attention_mask, softcap=None, **kwargs):
+        return eager_attention_forward(module, query, key, value, attention_mask, softcap=None, **kwargs)
+
+    AttentionInterface.register("specfill_test_capless", capless)
+    lm = build("gemma2")
+    ids = torch.arange(3, 9)[None]
+    with torch.no_grad(), implementation(model_configs(lm), "specfill_test_capless"):
+        dropped = lm(input_ids=ids, use_cache=False).logits
+    with torch.no_grad():
+        eager = lm(input_ids=ids, use_cache=False).logits
+    assert float((dropped - eager).abs().max()) > 0.1  # the cap matters on this model
+    for config in model_configs(lm):  # the model's own default drops the cap, as 5.17's SDPA did
+        config._attn_implementation_internal = "specfill_test_capless"
+    adapt(lm)  # no ModelLoadError
