@@ -287,7 +287,9 @@ def measure(bench: Bench) -> None:
     bench.note(f"warm-ups done at {time.monotonic() - start:.1f} s")
     # decode first: cheap (one short prompt), and a long prefill that overruns the step cannot take it
     modes = [m for m in args.decode_modes.split(",") if m]
-    early = [m for m in modes if m != "compiled" or args.compiled_early]
+    # the compiled row last unless asked early: its compilation cannot take a TTFT row's time
+    late = ["compiled"] if "compiled" in modes and not args.compiled_early else []
+    early = [m for m in modes if m not in late]
     if "full" in methods:
         drafted = [("graphs", args.draft_tokens)] if args.draft_tokens else []
         decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, early, drafted)
@@ -323,15 +325,11 @@ def measure(bench: Bench) -> None:
             bench.note(row_line(row))
             bench.result["e2e"] = e2e(bench.result, shapes[0])
             bench.write()
-    if (
-        "compiled" in modes and "full" in methods and not args.compiled_early
-    ):  # last: its compilation cannot take a TTFT row's time
+    if late and "full" in methods:
         if bench.left() < args.compile_allowance_s:
             bench.note(f"decode compiled: skipped, {bench.left():.0f} s left < {args.compile_allowance_s:.0f} s")
         else:
-            decode_rows(
-                bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, ["compiled"], []
-            )
+            decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, late, [])
 
 
 def build_method(kind: str, ns: argparse.Namespace, speculator):

@@ -22,7 +22,7 @@
 #                                                   -> hybrid.{json,md,png}
 #   5. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
-#      step 5's run; tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
+#      step 6's run; tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
 #                                                   -> kernel_tests.log
 #   6. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
 #                                                   -> conformance-cuda.{json,md}
@@ -35,7 +35,7 @@
 # beside it.
 # Time: BUDGET_S (default 560) for the whole script. A step's limit is what is left of the budget
 # minus the shares of the steps after it (SHARES, seconds: machine, bench, exact, hybrid, kernels,
-# conformance), so time a step leaves unused goes to the later ones; each step runs under `timeout`
+# conformance, profile), so time a step leaves unused goes to the later ones; each step runs under `timeout`
 # with its limit and the bench also budgets itself run by run (roofline x 4), writing its rows as
 # it goes. The exit code says whether every step passed.
 #
@@ -193,7 +193,7 @@ conformance() {
 
 kernels() {
     # shellcheck disable=SC2086  # TESTS is a list of paths
-    # the conformance groups with kernels forced are step 2's run already (the same checks, CLI-driven)
+    # the conformance groups with kernels forced are the conformance step's run (the same checks, CLI-driven)
     PYTHONUNBUFFERED=1 "$PY" -m pytest -v -p no:cacheprovider -k "not conformance_with_kernels_forced" $TESTS \
         > "$OUT/kernel_tests.log" 2>&1
     local rc=$?
