@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
+from specfill.core.runtime import GenerationInfo
 from specfill.cli import bench as bench_cli
 from specfill.cli.options import h2o_config, specprefill_config
 from specfill.core.io.random_model import random_model_args, random_prompt_ids
@@ -45,6 +46,13 @@ SLACK = 4.0
 # the warm-up prompt (or the shortest length, if shorter): compiles the Triton kernels and fills
 # torch's caches; past H2O's logical batch (4096 at the defaults) so its phase-2 walk runs too
 WARM_TOKENS = 5120
+# a run's prefill parts (GenerationInfo.seconds) a row keeps, and the roofline parts each one prices
+PARTS = {
+    "prefill": ("linear", "attention"),
+    "speculator": ("speculator", "lookahead"),
+    "selection": ("scoring",),
+    "main_prefill": ("main_linear", "main_attention"),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -190,8 +198,8 @@ class Bench:
 
 
 def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> dict:
-    last, tokens = None, []
-    for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method, **drafting):
+    last, tokens, info = None, [], GenerationInfo()
+    for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method, prefill_info=info, **drafting):
         tokens.append(last.token)
     return {
         "tokens": tokens,
@@ -202,17 +210,27 @@ def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> di
         "drafted": last.drafted_tokens,
         "accepted": last.accepted_tokens,
         "ran": getattr(last, "method", None),  # the method the statistics name (specprefill+h2o where it ran)
+        # the prefill's parts as the run timed them (the backend's clock waits for the device):
+        # prefill; or speculator (its pass and look-ahead), selection (scoring), main_prefill
+        "parts_s": {k: round(v, 6) for k, v in info.seconds.items() if k in PARTS},
     }
 
 
 def predicted_ttft(shapes, rates, kind, args_ns, n_tokens, kept) -> float | None:
     """The roofline's TTFT of method `kind` (full, h2o, specprefill) with the parsed flags args_ns."""
+    parts = predicted_parts(shapes, rates, kind, args_ns, n_tokens, kept)
+    return None if parts is None else sum(v for k, v in parts.items() if k != "ttft")
+
+
+def predicted_parts(shapes, rates, kind, args_ns, n_tokens, kept) -> dict[str, float] | None:
+    """The roofline's seconds per part (evaluation/roofline.predict's keys, "ttft" their sum) of
+    method `kind` with the parsed flags args_ns; None without rates."""
     if rates is None:
         return None
     main, spec = shapes
     h2o, sp = h2o_config(args_ns), specprefill_config(args_ns)
     if kind in ("full", "h2o"):
-        return predict(main, rates, n_tokens, Method(kind, h2o=h2o))["ttft"]
+        return predict(main, rates, n_tokens, Method(kind, h2o=h2o))
     parts = predict(
         main, rates, n_tokens, Method("specprefill", speculator=spec, lookahead=sp.lookahead, kept_tokens=kept)
     )
@@ -220,7 +238,8 @@ def predicted_ttft(shapes, rates, kind, args_ns, n_tokens, kept) -> float | None
     if spec_h2o is not None and spec_h2o != "dense":  # the composition: the speculator's prefill runs H2O
         spec_h2o = spec_h2o if isinstance(spec_h2o, type(h2o)) else replace(h2o, layers="all")  # "h2o": every layer
         parts["speculator"] = predict(spec, rates, n_tokens, Method("h2o", h2o=spec_h2o))["ttft"]
-    return sum(v for k, v in parts.items() if k != "ttft")
+    parts["ttft"] = sum(v for k, v in parts.items() if k != "ttft")
+    return parts
 
 
 def _stop(signum, frame) -> None:
@@ -350,6 +369,20 @@ def finish_row(row: dict, shapes, rates, ns) -> None:
         row["kept_tokens"] = runs[0]["kept_tokens"]
         row["predicted_s"] = predicted_ttft(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"])
         row["measured_over_predicted"] = row["ttft_s"] / row["predicted_s"] if row["predicted_s"] else None
+        row["parts"] = row_parts(runs, predicted_parts(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"]))
+
+
+def row_parts(runs: list[dict], predicted: dict[str, float] | None) -> dict[str, dict[str, float | None]]:
+    """{part: {"measured_s": median over the runs, "predicted_s": the roofline's parts it covers}}
+    for every part the runs timed (PARTS): where a method's time goes, against where it should."""
+    parts: dict[str, dict[str, float | None]] = {}
+    for name, priced in PARTS.items():
+        times = [r["parts_s"][name] for r in runs if name in r.get("parts_s", {})]
+        if not times:
+            continue
+        guess = sum(predicted.get(k, 0.0) for k in priced) if predicted else None
+        parts[name] = {"measured_s": statistics.median(times), "predicted_s": guess}
+    return parts
 
 
 def add_speedups(rows: list[dict]) -> None:

@@ -129,6 +129,31 @@ def fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def parts_table(rows: list[dict]) -> list[str]:
+    """Where each row's time went: its prefill's parts (medians of its runs, the backend's clock)
+    beside the roofline's price of the same work; none when no row timed its parts."""
+    timed = [r for r in rows if r.get("parts")]
+    if not timed:
+        return []
+    lines = [
+        "",
+        "Parts of each prefill (medians; speculator = its pass and look-ahead, selection = the scoring, "
+        "main_prefill = the main model over the kept tokens; the rest of a TTFT is the first token and the host):",
+        "",
+        "| method | prompt tokens | part | measured (s) | roofline (s) | measured / roofline |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in timed:
+        for name, part in r["parts"].items():
+            measured, guess = part["measured_s"], part.get("predicted_s")
+            ratio = measured / guess if guess else None
+            lines.append(
+                f"| {r['method']} | {r['prompt_tokens']} | {name} | {measured:.4g} | {fmt(guess, '.4g')} "
+                f"| {fmt(ratio, '.2f')} |"
+            )
+    return lines
+
+
 def report(result: dict) -> str:
     plan = result["plan"]
     rates = result.get("roofline")
@@ -157,6 +182,7 @@ def report(result: dict) -> str:
             f"| {fmt(r.get('predicted_s'), '.3g')} | {fmt(r.get('measured_over_predicted'), '.2f')} "
             f"| {r['error'] or ''} |"
         )
+    lines += parts_table(result["rows"])
     lines += [
         "",
         "| decode after full prefill | mode | prompt tokens | tok/s (warm median) | first run tok/s | setup s "

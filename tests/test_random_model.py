@@ -300,6 +300,13 @@ def test_gpu_bench_variants_run_their_own_flags(tmp_path, gpu_bench):
     assert rows["keep-0.1"]["kept_tokens"] < rows["keep-0.5"]["kept_tokens"] < 96
     assert rows["h2o-all"]["kind"] == "h2o" and rows["h2o-all"]["speedup_vs_full"] > 0
     assert all(r["predicted_s"] and r["error"] is None for r in rows.values())
+    # each row's prefill parts, timed by the run, beside the roofline's price of the same work
+    assert set(rows["full"]["parts"]) == set(rows["h2o-all"]["parts"]) == {"prefill"}
+    assert set(rows["keep-0.1"]["parts"]) == {"speculator", "selection", "main_prefill"}
+    for r in rows.values():
+        assert sum(p["measured_s"] for p in r["parts"].values()) <= r["ttft_s"]
+        assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in r["parts"].values())
+    assert "| keep-0.1 | 96 | main_prefill |" in (tmp_path / "ttft.md").read_text()
 
 
 def test_gpu_bench_refuses_an_unknown_variant_or_row(tmp_path, gpu_bench):
