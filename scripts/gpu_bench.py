@@ -30,10 +30,10 @@ from pathlib import Path
 import torch
 
 from specfill.api import load, load_speculator, prefill_method, stream_generate
-from specfill.core.runtime import GenerationInfo
 from specfill.cli import bench as bench_cli
 from specfill.cli.options import h2o_config, specprefill_config
 from specfill.core.io.random_model import random_model_args, random_prompt_ids
+from specfill.core.runtime import GenerationInfo
 from specfill.evaluation.roofline import DEVICES, Method, Shape, decode_seconds, predict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_bench_report.py
@@ -369,7 +369,9 @@ def finish_row(row: dict, shapes, rates, ns) -> None:
         row["kept_tokens"] = runs[0]["kept_tokens"]
         row["predicted_s"] = predicted_ttft(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"])
         row["measured_over_predicted"] = row["ttft_s"] / row["predicted_s"] if row["predicted_s"] else None
-        row["parts"] = row_parts(runs, predicted_parts(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"]))
+        row["parts"] = row_parts(
+            runs, predicted_parts(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"])
+        )
 
 
 def row_parts(runs: list[dict], predicted: dict[str, float] | None) -> dict[str, dict[str, float | None]]:

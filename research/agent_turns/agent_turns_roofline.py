@@ -38,7 +38,7 @@ PAIRS = ((QWEN_CODER_15B, QWEN_CODER_05B), (LLAMA_8B, LLAMA_1B))
 PREFIXES = (8192, 18432, 32768)  # a system prompt with tool schemas (Claude Code's ~18K) and a longer conversation
 NEW = (2048, 4096, 8192, 16384)  # a tool result
 KEEP = 0.3  # SpecPrefill's default share
-AUTO_SHARE = 0.26  # what AUTO_COMPOSITION (keep 0.15, one neighbour chunk) kept of the 16K proxy's prompts
+AUTO_SHARE = 0.17  # what AUTO_COMPOSITION (keep 0.1, one neighbour chunk) kept of the 16K proxy's prompts
 
 
 def methods(speculator: Shape) -> dict[str, Method]:
