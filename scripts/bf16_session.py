@@ -19,6 +19,9 @@ exit code in OUT/session.log):
                                                                             -> ruler_16k.{json,md,png}
   bench    issue 47 item 5: the table's other rows: every method at 8K, H2O, SpecPrefill and the
            composition at 16K and 32K (full and auto there are `long`'s)   -> bench_8k.*, bench_rest.*
+  fixes    issue 47 item 1: the composition's default and its two H2O-side fixes (H2O in the
+           speculator's last two thirds; a memory of 10% with S 2048) decoded on the same RULER
+           samples, their TTFTs timed end to end                          -> ruler_16k.* (same records)
   summary  every acceptance line of issues 46 and 47 from those files, the roofline's 128K table
            (research/roofline/results/roofline.json) and the decoded 4K frontier
            (results/eval/ruler/frontier/decoded_4k.json)                    -> acceptance.{md,json}
@@ -50,9 +53,11 @@ from pathlib import Path
 from bf16_acceptance import AUTO_NAME, SPEED_METHODS, summary, write  # its sibling: the acceptance lines
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("machine", "turns", "long", "ruler", "bench", "summary")
+STEPS = ("machine", "turns", "long", "ruler", "bench", "fixes", "summary")
 # seconds kept for each step while an earlier one runs (the ruler and bench steps take what is left)
-SHARES = {"machine": 5, "turns": 2400, "long": 1500, "ruler": 0, "bench": 0, "summary": 60}
+SHARES = {"machine": 5, "turns": 2400, "long": 1500, "ruler": 0, "bench": 0, "fixes": 0, "summary": 60}
+# issue 47 item 1's candidates: the composition's default (keep 0.3) and its two H2O-side fixes
+FIXES = ("c+h2o 0.3:", "last 0.3:h2o_layers=last-0.67", "mem 0.3:h2o_memory_share=0.1,h2o_chunk_size=2048")
 MIN_STEP_S = 30  # a step with less than this left is skipped, not started
 MODELS = Path(os.environ.get("SPECFILL_CACHE", Path.home() / ".cache" / "specfill")) / "models"
 MAIN = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -143,10 +148,13 @@ def commands(args: argparse.Namespace) -> dict[str, list[tuple[str, list[str]]]]
     """(name, argv) of each step's runs; a bench named here is skipped once its JSON is complete."""
     py = sys.executable
     lengths = args.long_lengths.split(",")
-    ruler = [py, "-m", "specfill.cli.main", "eval", "--backend", "cuda", "--device", "cpu"] + common(args) + [
-        "--tasks", args.ruler_tasks, "--ruler-lengths", str(args.ruler_length), "--trials", str(args.trials),
-        "--candidates", "full", auto_candidate(), "--out", str(args.out), "--name", "ruler_16k",
-    ] + (["--cache-dir", args.cache_dir] if args.cache_dir else [])  # fmt: skip
+
+    def ruler(*candidates: str) -> list[str]:  # one record file: a later run adds to it, full's answers reused
+        return [py, "-m", "specfill.cli.main", "eval", "--backend", "cuda", "--device", "cpu"] + common(args) + [
+            "--tasks", args.ruler_tasks, "--ruler-lengths", str(args.ruler_length), "--trials", str(args.trials),
+            "--candidates", "full", *candidates, "--out", str(args.out), "--name", "ruler_16k",
+        ] + (["--cache-dir", args.cache_dir] if args.cache_dir else [])  # fmt: skip
+
     return {
         "turns": [
             (
@@ -166,11 +174,12 @@ def commands(args: argparse.Namespace) -> dict[str, list[tuple[str, list[str]]]]
             )
         ],
         "long": [("bench_long", bench_argv(args, "bench_long", "full,auto", ",".join(lengths)))],
-        "ruler": [("ruler_16k", ruler)],
+        "ruler": [("ruler_16k", ruler(auto_candidate()))],
         "bench": [
             ("bench_8k", bench_argv(args, "bench_8k", ",".join(SPEED_METHODS), args.bench_length)),
             ("bench_rest", bench_argv(args, "bench_rest", "h2o,specprefill,specprefill+h2o", ",".join(lengths))),
         ],
+        "fixes": [("ruler_16k", ruler(*FIXES))],
     }
 
 

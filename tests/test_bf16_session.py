@@ -37,6 +37,7 @@ def acceptance(scripts):
     return scripts[1]
 
 
+@pytest.mark.slow  # ~60 s: four servers (agent_turns), two benches and three RULER runs
 def test_every_step_runs_and_the_summary_says_what_does_not_count(tmp_path):
     """The whole session, small: each step exits 0, each file is written; float32 figures are
     reported but hold nothing (only bf16 on a CPU with bf16 units counts), the lines from committed
@@ -53,7 +54,7 @@ def test_every_step_runs_and_the_summary_says_what_does_not_count(tmp_path):
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     log = (out / "session.log").read_text()
-    for step in ("machine", "turns", "long", "ruler", "bench", "summary"):
+    for step in ("machine", "turns", "long", "ruler", "bench", "fixes", "summary"):
         assert re.search(rf"^{step}: \d+ s, exit 0$", log, re.M), log
     for name in ("agent_turns", "bench_long", "ruler_16k", "bench_8k", "bench_rest", "acceptance"):
         assert (out / f"{name}.md").is_file(), name
@@ -61,7 +62,8 @@ def test_every_step_runs_and_the_summary_says_what_does_not_count(tmp_path):
     turns = json.loads((out / "agent_turns.json").read_text())
     assert set(turns["runs"]) == {"full", "specprefill", "composition"}
     ruler = json.loads((out / "ruler_16k.json").read_text())
-    assert {r["setting"] for r in ruler["records"]} == {"full", "auto c+h2o"}
+    assert {r["setting"] for r in ruler["records"]} == {"full", "auto c+h2o", "c+h2o 0.3", "last 0.3", "mem 0.3"}
+    assert sum(r["setting"] == "full" for r in ruler["records"]) == 2  # one per sample: the fixes reuse it
     lines = json.loads((out / "acceptance.json").read_text())["lines"]
     assert [x["issue"] for x in lines] == [46, 46, 47, 47, 47, 47]
     for x in lines:
