@@ -32,9 +32,9 @@ def line(issue: int, text: str, measured: str, holds: bool | None, session: bool
     return {"issue": issue, "line": text, "measured": measured, "holds": holds, "session": session}
 
 
-def size(tokens: int, unit: int = 1024) -> str:
-    """16384 -> "16K" (unit 1000: 16000 -> "16K"); below one unit the count itself."""
-    return f"{tokens // unit}K" if tokens >= unit else str(tokens)
+def size(tokens: int) -> str:
+    """16384 and 16000 -> "16K", 32000 -> "32K"; below 1000 the count itself."""
+    return f"{round(tokens / 1000)}K" if tokens >= 1000 else str(tokens)
 
 
 def turns_lines(data: dict | None, threshold: int) -> list[dict]:
@@ -93,7 +93,7 @@ def long_lines(bench: dict | None, ruler: dict | None, args: argparse.Namespace)
     short, longest = (int(n) for n in args.long_lengths.split(",")[:2])
     tasks = args.ruler_tasks.split(",")
     text1 = (
-        f"auto at {size(short)}: >= 3x full TTFT, and on the {size(args.ruler_length, 1000)} RULER set (>= "
+        f"auto at {size(short)}: >= 3x full TTFT, and on the {size(args.ruler_length)} RULER set (>= "
         f"{args.trials} samples per task) within one sample of full on each of {', '.join(tasks)}"
     )
     auto = bench_row(bench, "auto", short)
@@ -200,7 +200,7 @@ def speed_lines(rows: list[dict], ruler: dict | None, args: argparse.Namespace) 
         "",
         "## Speed (one timed run each) and answers",
         "",
-        f"RULER: mean score over {', '.join(args.ruler_tasks.split(','))} at {size(args.ruler_length, 1000)} "
+        f"RULER: mean score over {', '.join(args.ruler_tasks.split(','))} at {size(args.ruler_length)} "
         "(ruler_16k.md), beside the rows it decodes.",
         "",
         "| method | prompt tokens | TTFT (s) | speed-up vs full | kept | peak GB | RULER |",

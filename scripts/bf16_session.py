@@ -92,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # sizes: the issues' by default; smaller ones only to exercise the steps (tests/test_bf16_session.py)
     p.add_argument("--system-tokens", type=int, default=8000)
     p.add_argument("--tool-tokens", default="2048,4096,8192")
-    p.add_argument("--long-lengths", default="16384,32768")
+    # 32000, not 32768: the pair's context is 32,768 tokens, the prompt and its decoded tokens fit in it
+    p.add_argument("--long-lengths", default="16384,32000")
     p.add_argument("--bench-length", default="8192")
     p.add_argument("--ruler-length", type=int, default=16000)
     p.add_argument("--ruler-tasks", default=",".join(RULER_TASKS))
