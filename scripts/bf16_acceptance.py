@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from specfill.evaluation.ruler_protocol import write_atomic as write
 
 ROOT = Path(__file__).resolve().parents[1]
 ROOFLINE = ROOT / "research" / "roofline" / "results" / "roofline.json"
@@ -257,9 +258,3 @@ def summary(args: argparse.Namespace) -> int:
     write(args.out / "acceptance.md", "\n".join(md) + "\n")
     write(args.out / "acceptance.json", json.dumps({"machine": info, "lines": lines}, indent=1) + "\n")
     return 0
-
-
-def write(path: Path, text: str) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)

@@ -219,7 +219,7 @@ def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> di
 def predicted_ttft(shapes, rates, kind, args_ns, n_tokens, kept) -> float | None:
     """The roofline's TTFT of method `kind` (full, h2o, specprefill) with the parsed flags args_ns."""
     parts = predicted_parts(shapes, rates, kind, args_ns, n_tokens, kept)
-    return None if parts is None else sum(v for k, v in parts.items() if k != "ttft")
+    return None if parts is None else parts["ttft"]
 
 
 def predicted_parts(shapes, rates, kind, args_ns, n_tokens, kept) -> dict[str, float] | None:
@@ -367,11 +367,10 @@ def finish_row(row: dict, shapes, rates, ns) -> None:
         row["ttft_s"] = statistics.median(r["ttft_s"] for r in runs)
         row["decode_tps"] = statistics.median(r["decode_tps"] for r in runs)
         row["kept_tokens"] = runs[0]["kept_tokens"]
-        row["predicted_s"] = predicted_ttft(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"])
+        predicted = predicted_parts(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"])
+        row["predicted_s"] = None if predicted is None else predicted["ttft"]
         row["measured_over_predicted"] = row["ttft_s"] / row["predicted_s"] if row["predicted_s"] else None
-        row["parts"] = row_parts(
-            runs, predicted_parts(shapes, rates, row["kind"], ns, row["prompt_tokens"], row["kept_tokens"])
-        )
+        row["parts"] = row_parts(runs, predicted)
 
 
 def row_parts(runs: list[dict], predicted: dict[str, float] | None) -> dict[str, dict[str, float | None]]:
