@@ -107,6 +107,10 @@ class Backend:
     extra: str  # the pip extra that installs its libraries: pip install 'specfill[extra]'
     loader_module: str  # the module implementing the functions above, imported on first use
     distributed: bool = False  # it shards a model over a group of processes (load's group=, launched_group)
+    # a copy of its KV cache (KVCache.copy) may be written to disk from a thread other than the one that
+    # made it (the server's background prompt-cache writes); MLX: no (its lazy arrays are evaluated on
+    # their own thread's stream, and its safetensors writer evaluates: ml-explore/mlx#3529)
+    threaded_writes: bool = True
 
     def available(self) -> str | None:
         """None where this backend can load models (its libraries import), else why not, in one line."""

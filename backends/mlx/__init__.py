@@ -33,5 +33,7 @@ from specfill.core.backend import Backend
 __all__ = ["load"]
 
 # What the API, the CLI and the server ask of this backend (core/backend.py); loader.py implements it.
-BACKEND = Backend(name="mlx", extra="mlx", loader_module="specfill.backends.mlx.loader", distributed=True)
+BACKEND = Backend(
+    name="mlx", extra="mlx", loader_module="specfill.backends.mlx.loader", distributed=True, threaded_writes=False
+)
 load = BACKEND.load

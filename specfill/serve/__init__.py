@@ -74,6 +74,7 @@ def build_app(
     the specfill.open Session that loaded model and tokenizer (the CLI's), None: Session(model, tokenizer).
     """
     from specfill.api import Session
+    from specfill.backends import get_backend
 
     from .app import create_app
     from .engine import Engine
@@ -118,6 +119,7 @@ def build_app(
             model.args.max_position_embeddings,
             None if cache_memory is None else int(cache_memory * 1e9),
             store,
+            background=get_backend(model.backend).threaded_writes,
         )
         cache.use_speculator(model, defaults.speculator)  # its KV of each SpecPrefill conversation, built up
     session = Session(model, tokenizer) if session is None else session

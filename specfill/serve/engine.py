@@ -125,10 +125,14 @@ class Engine:
         """Write the conversations that wait for disk (a shutdown inside their quiet spell: the server's
         stop); a dense rebuild not yet done stays undone (minutes of prefill: not at a shutdown)."""
         cache = self.cache
-        while cache is not None and cache.pending() is None and cache.spec_rebuild.lagging(cache.entries) is None:
+        if cache is None:
+            return
+        cache.settle()  # a background write in flight: waited for
+        while cache.pending() is None and cache.spec_rebuild.lagging(cache.entries) is None:
             if cache.unsaved() is None:
                 return
             self.idle_step()  # one write (LeaderEngine's: on every rank)
+            cache.settle()
 
     def idle_step(self) -> None:
         """One step of rebuilding (a few hundred tokens of full prefill), or one entry written."""

@@ -43,6 +43,9 @@ the least recently used go first; one larger than a bound is not kept. With a di
 (prompt_store.py) an entry is written to disk in idle time, WRITE_AFTER_S into a quiet spell; one
 evicted from memory then stays on disk, loaded again when a prompt reuses it, and a restarted server
 finds the same model's entries there. All methods run on the worker thread.
+
+The writes themselves (on the worker, or a copy of the KV on a writer thread: `background`) are
+cache_writes.py's.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from typing import Any
 
 from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, RecurrentCache, SamplingConfig
 
+from .cache_writes import DiskWrites
 from .speculator_kv import SpeculatorRebuild
 
 COMPLETION_STEP = 256  # tokens densely prefilled per idle step (a request arriving waits at most one step)
@@ -157,7 +161,15 @@ def cuttable(entry: Entry, match: int) -> bool:
 class PromptCache:
     """LRU set of conversations, bounded by their KV bytes and tokens (see the module doc)."""
 
-    def __init__(self, max_tokens: int | None, context: int, max_bytes: int | None = None, store: Any = None):
+    def __init__(
+        self,
+        max_tokens: int | None,
+        context: int,
+        max_bytes: int | None = None,
+        store: Any = None,
+        background: bool = False,
+    ):
+        """background: write to the disk store from a thread of its own (cache_writes.py)."""
         self.spec_rebuild = SpeculatorRebuild()  # none until use_speculator
         self.max_tokens = max_tokens
         self.max_bytes = max_bytes
@@ -167,15 +179,15 @@ class PromptCache:
         self.hits = 0
         self.copies = 0  # hits served by a copy of a shared prefix
         self.completed_tokens = 0  # tokens densely rebuilt in idle time so far
-        self.saved = 0  # entries written to disk
         self.kept_at = float("-inf")  # when put last ran (a request's end): disk writes wait for quiet after it
-        self.failing: Any = None  # the kind of the last write failure, until a write succeeds
+        self.writes = DiskWrites(store, background)
 
     def take(self, ids: list[int], policy: str) -> Reuse:
         """The reuse for a prompt (the longest usable cached prefix, however short; its entry leaves
         the cache or lends a copy) or a miss."""
         if policy == "off":
             return Reuse()
+        self.writes.settle(self.entries, wait=False)
         best, best_cached, best_match, best_key, stale = None, 0, 0, (), []
         for entry in self.entries:
             match = min(common_prefix(entry.tokens, ids), len(ids) - 1)
@@ -270,7 +282,8 @@ class PromptCache:
             self._evict()
 
     def _drop(self, entry: Entry) -> None:
-        """Remove an entry, its file too."""
+        """Remove an entry, its file too (one being written: when its write ends, DiskWrites.settle)."""
+        self.writes.dropped(entry)
         self.entries.remove(entry)
         if entry.path is not None and self.store is not None:
             self.store.delete(entry.path)
@@ -318,7 +331,8 @@ class PromptCache:
         if self.store is None or not self.store.writable:
             return None
         ready = [e for e in self.entries if not e.rebuilding and not self.spec_rebuild.short(e)]  # built up first
-        waiting = [e for e in ready if e.kv is not None and e.path is None and not e.unsaved]
+        writing = self.writes.entry
+        waiting = [e for e in ready if e.kv is not None and e.path is None and not e.unsaved and e is not writing]
         return max(waiting, key=lambda e: e.used) if waiting else None
 
     def has_idle_work(self) -> bool:
@@ -328,49 +342,28 @@ class PromptCache:
         """Seconds before idle_step may run (0: now; None: no work): rebuilds now, writes WRITE_AFTER_S after a put."""
         if self.pending() is not None or self.spec_rebuild.lagging(self.entries) is not None:
             return 0.0
+        if (delay := self.writes.delay()) is not None:  # one write at a time: the next waits for this one's end
+            return delay
         return None if self.unsaved() is None else max(0.0, self.kept_at + WRITE_AFTER_S - time.monotonic())
 
     def idle_step(self, model: Any) -> None:
-        """One step of idle work: rebuilding a dense KV first, then the speculator's, then a disk write."""
+        """One step of idle work: rebuilding a dense KV first, then the speculator's, then a disk write
+        (a background write's end applied first)."""
+        self.writes.settle(self.entries, wait=False)
         if self.pending() is not None:
             self.complete_step(model)
         elif (entry := self.spec_rebuild.lagging(self.entries)) is not None:
             self.speculator_step(model, entry)
-        elif (entry := self.unsaved()) is not None:
-            self.save(entry)
+        elif self.writes.entry is None and (entry := self.unsaved()) is not None:
+            self.writes.start(entry, self.entries)
 
-    def save(self, entry: Entry) -> None:
-        """Write one entry to the disk store. A failure is not retried for this entry and is logged
-        once per kind (a full disk: one line, however many entries fail; the next write that
-        succeeds says so)."""
-        try:
-            entry.path, entry.stored, dropped = self.store.save(entry)
-            entry.whole = isinstance(entry.kv.cache, RecurrentCache)
-        except Exception as err:  # noqa: BLE001 - a full disk must not stop the server
-            entry.unsaved = True
-            # the kind: an OSError's errno; else the type (a backend writer's message may vary per file)
-            kind = err.errno if isinstance(err, OSError) and err.errno else type(err).__name__
-            if kind != self.failing:
-                log.warning(
-                    "prompt cache: cannot write an entry of %d tokens to %s, %s: %s (it stays in memory; "
-                    "a failure of this kind is not logged again until a write succeeds)",
-                    len(entry.tokens),
-                    self.store.directory,
-                    self.store.free_space(),
-                    err,
-                )
-            self.failing = kind
-            return
-        if self.failing is not None:
-            log.info("prompt cache: writing to %s again", self.store.directory)
-            self.failing = None
-        self.saved += 1
-        for gone in dropped:  # the store's bound evicted these files (oldest first)
-            for other in [e for e in self.entries if e.path == gone]:
-                other.path = None
-                if other.kv is None:
-                    self.entries.remove(other)
-        entry.unsaved = entry.path is None  # larger than the store's bound by itself: not tried again
+    @property
+    def saved(self) -> int:
+        return self.writes.saved
+
+    def settle(self) -> None:
+        """Wait for the background write in flight, if any, and apply its end (a server's stop)."""
+        self.writes.settle(self.entries, wait=True)
 
     def _target(self, entry: Entry) -> int:
         return min(len(entry.tokens), self.context - 1)  # the step below needs a slot for one token

@@ -302,8 +302,16 @@ class PromptStore:
 
     def save(self, entry: Entry) -> tuple[str, int, list[str]]:
         """Write an entry atomically (the module doc); (its path, the tokens its file's KV stands
-        for, the paths the bound then evicted). A hybrid's cache writes its KV up to its latest
-        prompt-end mark only."""
+        for, the paths the bound then evicted): `write`, then `evict`."""
+        path, stored = self.write(entry)
+        return path, stored, self.evict(keep=path)
+
+    def write(self, entry: Entry) -> tuple[str, int]:
+        """Write an entry's file and its speculator KV's atomically (the module doc): (its path, the
+        tokens its file's KV stands for). A hybrid's cache writes its KV up to its latest prompt-end
+        mark only. It reads the entry and writes only the entry's own files, so it may run on a
+        thread of its own over a private copy of the entry (PromptCache's background write); the
+        directory's bound is `evict`'s, on the worker thread."""
         if not self.writable:
             raise PermissionError(f"{self.directory} is read only for this process")
         kv = entry.kv
@@ -321,7 +329,7 @@ class PromptStore:
         }
         self._write_sealed(kv.cache, slots, meta, path)
         self._save_speculator(path, entry, slots + kv.position_offset)
-        return str(path), slots + kv.position_offset, self._evict(keep=path)
+        return str(path), slots + kv.position_offset
 
     def save_speculator(self, entry: Entry) -> None:
         """Write the speculator KV of an entry written before again (grown since: speculator_kv.py)."""
@@ -388,13 +396,13 @@ class PromptStore:
             return None
         return KVState(cache, slots)
 
-    def _evict(self, keep: Path) -> list[str]:
+    def evict(self, keep: str) -> list[str]:
         """Delete the oldest files (`keep`, the one just written, last) until the directory's bytes
         are within the bound; the paths deleted."""
         if self.max_bytes is None:
             return []
         sizes = {}
-        for path in sorted(self.files(), key=lambda p: (p == keep, mtime(p))):  # the one just written last
+        for path in sorted(self.files(), key=lambda p: (str(p) == keep, mtime(p))):  # the one just written last
             try:
                 sizes[path] = path.stat().st_size
             except OSError:  # gone since it was listed

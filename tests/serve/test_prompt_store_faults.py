@@ -323,21 +323,25 @@ def test_files_of_another_specfill_version_are_skipped_with_one_line(model, tmp_
     assert "another specfill version (format specfill-prompt-cache/1" in line
 
 
-def test_the_memory_bound_holds_over_a_hundred_and_twenty_conversations(pair, tmp_path):
+@pytest.mark.parametrize("background", [False, True], ids=["worker-writes", "background-writes"])
+def test_the_memory_bound_holds_over_a_hundred_and_twenty_conversations(pair, tmp_path, background):
     """120 requests through the server's Engine (84 conversations; every third request is a second
     turn of one begun 4 or 11 requests before, the latter often gone from memory to disk), with the
     memory bound (--cache-memory) room for about six and a disk store: after every request the kept
     KV's bytes are within the bound, and no KV cache the prompt cache let go is still alive (nothing
-    else holds one)."""
+    else holds one). With background writes (the torch backend's) as with the worker's own."""
     from specfill.api import Session
     from specfill.serve.engine import Engine
     from tests.serve.test_prompt_cache_agents import engine_turn
 
     model, tokenizer = pair
+    if background and model.backend == "mlx":
+        pytest.skip("the MLX backend writes on the worker (Backend.threaded_writes)")
     probe = Engine(Session(model, tokenizer), PromptCache(None, model.args.max_position_embeddings, None))
     engine_turn(probe, tokens(model, 99, 70))
     bound = 6 * probe.cache.entries[0].nbytes  # what the backend reserves for one conversation, six times
-    cache = PromptCache(None, model.args.max_position_embeddings, bound, PromptStore(tmp_path, model, NAME, 10**9))
+    store = PromptStore(tmp_path, model, NAME, 10**9)
+    cache = PromptCache(None, model.args.max_position_embeddings, bound, store, background=background)
     engine = Engine(Session(model, tokenizer), cache)
     made: list[weakref.ref] = []
     prompts: dict[int, list[int]] = {}
