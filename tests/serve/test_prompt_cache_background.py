@@ -17,13 +17,12 @@ import pytest
 
 from specfill import load
 from specfill.backends import get_backend
-from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.serve.cache_writes import snapshot
 from specfill.serve.prompt_cache import PromptCache
 from specfill.serve.prompt_store import PromptStore
+from tests.serve.test_prompt_store_faults import greedy, tokens  # the same tiny model's helpers
 
 NAME = "random:tiny-llama"
-FULL = PrefillMethod("full")
 
 
 @pytest.fixture(scope="module")
@@ -36,16 +35,6 @@ def pair():
 @pytest.fixture(scope="module")
 def model(pair):
     return pair[0]
-
-
-def tokens(model, seed: int, n: int) -> list[int]:
-    return np.random.default_rng(seed).integers(4, model.args.vocab_size, n).tolist()
-
-
-def greedy(model, ids: list[int], reuse=None) -> tuple[list[int], GenerationInfo]:
-    info = GenerationInfo()
-    options = dict(sampling=SamplingConfig(), stop_ids=frozenset(), method=FULL, info=info)
-    return list(model.generate_step(ids, max_tokens=4, reuse=reuse, **options)), info
 
 
 def request(model, cache: PromptCache, ids: list[int]):
