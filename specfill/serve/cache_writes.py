@@ -20,12 +20,11 @@ from __future__ import annotations
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specfill.core.runtime import KVState, RecurrentCache, save_point
 
-if TYPE_CHECKING:
-    from .prompt_cache import Entry
+Entry = Any  # prompt_cache.Entry (not imported: prompt_cache imports this module)
 
 POLL_S = 0.05  # while a background write runs: how often the idle loop looks whether it ended
 log = logging.getLogger("specfill.serve")
