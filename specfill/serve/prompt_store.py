@@ -300,12 +300,6 @@ class PromptStore:
         digest = hashlib.sha256(json.dumps([self.identity, tokens]).encode()).hexdigest()[:32]
         return self.directory / f"{digest}{SUFFIX}"
 
-    def save(self, entry: Entry) -> tuple[str, int, list[str]]:
-        """Write an entry atomically (the module doc); (its path, the tokens its file's KV stands
-        for, the paths the bound then evicted): `write`, then `evict`."""
-        path, stored = self.write(entry)
-        return path, stored, self.evict(keep=path)
-
     def write(self, entry: Entry) -> tuple[str, int]:
         """Write an entry's file and its speculator KV's atomically (the module doc): (its path, the
         tokens its file's KV stands for). A hybrid's cache writes its KV up to its latest prompt-end

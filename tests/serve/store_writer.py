@@ -71,4 +71,5 @@ def write_forever(directory: str, seed: int, max_bytes: int, ready: Any) -> None
     rng = np.random.default_rng(seed)
     ready.set()
     while True:
-        store.save(entry(conversation(rng)))
+        path, _ = store.write(entry(conversation(rng)))
+        store.evict(keep=path)  # as the prompt cache does after each write
