@@ -65,7 +65,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draft-tokens", type=int, default=4, help="k of the drafting decode row (the speculator drafts)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--compose", action="store_true", help="add SpecPrefill with --speculator-prefill h2o")
+    p.add_argument(
+        "--compose",
+        action="store_true",
+        help="add the composition as `auto` runs it from 15,700 tokens (core/config.AUTO_COMPOSITION: SpecPrefill "
+        "over an H2O speculator, keep 0.1, window 32, one neighbour); its keep-0.3 form as a --variant",
+    )
     p.add_argument(
         "--variant",
         action="append",
@@ -115,6 +120,26 @@ def roofline_key(choice: str, device: str) -> str | None:
     return next((key for key in ("h200", "h100") if key in name), None)
 
 
+def composition_flags() -> list[str]:
+    """`specfill bench` flags of core/config.AUTO_COMPOSITION: the composition `auto` runs on long
+    prompts (issue 47), its fields apart from SpecPrefill's defaults. The GPU session's rows before
+    2026-11-30 timed `--speculator-prefill h2o` alone (keep 0.3); issue 50's composition line is the
+    composition's default, this one."""
+    from specfill.core.config import AUTO_COMPOSITION, SpecPrefillConfig
+    from specfill.core.request import settings_of
+
+    base, flags = SpecPrefillConfig(), []
+    spelled = {SpecPrefillConfig(speculator_prefill="h2o").speculator_prefill: "h2o"}  # the flag's word for it
+    for setting in settings_of(SpecPrefillConfig):
+        value = getattr(AUTO_COMPOSITION, setting.field)
+        if value == getattr(base, setting.field):
+            continue
+        if not setting.cli or (setting.field == "speculator_prefill" and value not in spelled):
+            raise SystemExit(f"AUTO_COMPOSITION's {setting.field}={value!r} has no `specfill bench` flag")
+        flags += [setting.cli[0], spelled.get(value, str(value)) if setting.field == "speculator_prefill" else str(value)]
+    return flags
+
+
 def method_configs(
     compose: bool, variants: list[str] = (), only: str | None = None
 ) -> dict[str, tuple[str, argparse.Namespace]]:
@@ -129,7 +154,7 @@ def method_configs(
     if compose and "--speculator-prefill" not in parser._option_string_actions:
         print("--compose: this checkout's bench has no --speculator-prefill flag: the composition is skipped")
     elif compose:
-        methods["specprefill+h2o"] = ("specprefill", parser.parse_args(["--speculator-prefill", "h2o"]))
+        methods["specprefill+h2o"] = ("specprefill", parser.parse_args(composition_flags()))
         methods["specprefill+h2o"][1].row_step = None
     for spec in variants:
         name, _, rest = spec.partition("=")

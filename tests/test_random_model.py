@@ -284,6 +284,18 @@ def test_gpu_bench_out_of_time_keeps_a_row_saying_so(tmp_path, gpu_bench):
     assert "out of time" in (tmp_path / "ttft.md").read_text()
 
 
+def test_gpu_bench_composition_row_is_the_one_auto_runs(gpu_bench):
+    """--compose's row is core/config.AUTO_COMPOSITION (keep 0.1, window 32, one neighbour, H2O in
+    every speculator layer), issue 50's composition, not `--speculator-prefill h2o` at keep 0.3."""
+    import gpu_bench as module
+
+    from specfill.cli.options import specprefill_config
+    from specfill.core.config import AUTO_COMPOSITION
+
+    method, flags = module.method_configs(compose=True)["specprefill+h2o"]
+    assert method == "specprefill" and specprefill_config(flags) == AUTO_COMPOSITION
+
+
 def test_gpu_bench_variants_run_their_own_flags(tmp_path, gpu_bench):
     """--variant rows parse `specfill bench` flags (their config reaches the run: keep 0.1 keeps fewer
     tokens than keep 0.5) and --methods keeps the named rows only, full among them for the speed-ups."""
