@@ -136,7 +136,8 @@ def composition_flags() -> list[str]:
             continue
         if not setting.cli or (setting.field == "speculator_prefill" and value not in spelled):
             raise SystemExit(f"AUTO_COMPOSITION's {setting.field}={value!r} has no `specfill bench` flag")
-        flags += [setting.cli[0], spelled.get(value, str(value)) if setting.field == "speculator_prefill" else str(value)]
+        word = spelled[value] if setting.field == "speculator_prefill" else str(value)
+        flags += [setting.cli[0], word]
     return flags
 
 
