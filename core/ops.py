@@ -157,6 +157,24 @@ class PrefillAttention(Protocol[A]):
     def arrays(self) -> list[A]:
         """State carried between steps (a lazy backend evaluates it with the cache)."""
 
+    def queries_from(self, layer: int, steps: int, end: int) -> int:
+        """The first of a step's `steps` queries (the step ends at cache slot `end`) this attention
+        must see in `layer` whatever the model reads of that layer's output (`last_rows`): 0 all of
+        them (an H2O layer: every query adds to the heavy-hitter scores), `steps` none."""
+
+
+def last_rows(steps: int, logits_from: int | None, attend: PrefillAttention[Any] | None, layer: int, end: int) -> int:
+    """The first of a step's `steps` rows the model's last layer (`layer`, the step ending at cache
+    slot `end`) computes past its keys and values: the rows whose logits are asked for (logits_from;
+    None: none) and those `attend` must see. Nothing else reads the last layer's output, so its
+    queries, attention, output projection and MLP run for those rows only (llama.cpp's output rows):
+    the same values for them, 1 / n_layers of a prefill step saved. Every row's keys and values are
+    still cached."""
+    rows = steps if logits_from is None else logits_from
+    if rows and attend is not None:
+        rows = min(rows, attend.queries_from(layer, steps, end))
+    return max(0, min(rows, steps))
+
 
 class LayerCache(Protocol[A]):
     """One layer's KV cache (mlx-lm's interface): slots fill in order from `offset`."""

@@ -26,7 +26,7 @@ import mlx.nn as nn
 import numpy as np
 
 from specfill.core.models import ModelArgs
-from specfill.core.ops import PrefillAttention, checkpoint, installed
+from specfill.core.ops import PrefillAttention, checkpoint, installed, last_rows
 
 from .cache import LayerKVCache
 from .rope import Positions, RoPE
@@ -155,9 +155,12 @@ class Attention(nn.Module):
         positions: Positions,
         cache: LayerKVCache | None,
         attend: LayerAttention | None = None,
+        rows_from: int = 0,
     ) -> mx.array:
-        """`attend` (H2O, the speculator's capture) replaces causal attention and applies the
-        layer's window itself; without a cache the step's tokens are the whole sequence."""
+        """x [1, T, hidden] -> [1, T - rows_from, hidden]: every row's keys and values cached, the
+        queries from row `rows_from` on attended (core/ops.last_rows); `attend` (H2O, the
+        speculator's capture) replaces causal attention and applies the layer's window itself;
+        without a cache the step's tokens are the whole sequence."""
         q, k, v = self.project(x, rope, positions)
         keys_at = step = None
         if self.window is not None:  # every step records its positions, whoever attends
@@ -170,6 +173,11 @@ class Attention(nn.Module):
         if cache is not None:
             k, v = cache.update_and_fetch(k, v)
             keys_at = cache.slot_positions(step) if step is not None else None
+        if rows_from:
+            if rows_from == x.shape[1]:  # only the keys and values were wanted
+                return mx.zeros((1, 0, x.shape[2]), dtype=x.dtype)
+            q = q[:, :, rows_from:]
+            step = None if step is None else step[rows_from:]
         if attend is not None:
             attended = attend(q, k, v)
         elif self.window is not None:
@@ -216,9 +224,12 @@ class TransformerBlock(nn.Module):
         positions: Positions,
         cache: LayerKVCache | None,
         attend: LayerAttention | None = None,
+        rows_from: int = 0,
     ) -> mx.array:
-        """ropes: the RoPE by `local_rope` (False: global, True: the sliding layers' base)."""
-        out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend)
+        """ropes: the RoPE by `local_rope` (False: global, True: the sliding layers' base);
+        rows_from: the output's first row (Attention.__call__), [1, T, hidden] -> [1, T - rows_from, hidden]."""
+        out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend, rows_from)
+        x = x[:, rows_from:]
         if not self.sandwich:
             h = x + out
             return h + self.mlp(self.post_attention_layernorm(h))
@@ -245,17 +256,23 @@ class Transformer(nn.Module):
         cache: Sequence[LayerKVCache] | None,
         attend: PrefillAttention | None = None,
         n_layers: int | None = None,
+        rows_from: int = 0,
     ) -> mx.array:
-        """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator."""
+        """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator.
+        rows_from: the rows read afterwards (Model.hidden)."""
         layers = self.layers if n_layers is None else self.layers[:n_layers]
         h = self.embed_tokens(ids)
         if self.embedding_scale is not None:  # rounded to the activation dtype, as HF does
             h = h * mx.array(self.embedding_scale, dtype=h.dtype)
         caches = cache if cache is not None else [None] * len(layers)
         ropes = {False: self.rope, True: self.rope_local}
+        steps, rows = ids.shape[1], 0
         for index, (layer, layer_cache) in enumerate(zip(layers, caches)):
             layer_boundary(h)
-            h = layer(h, ropes, positions, layer_cache, None if attend is None else partial(attend, index))
+            if index == len(layers) - 1 and rows_from:  # its rows nothing reads are not computed
+                end = steps + (0 if layer_cache is None else layer_cache.offset)
+                rows = last_rows(steps, rows_from, attend, index, end)
+            h = layer(h, ropes, positions, layer_cache, None if attend is None else partial(attend, index), rows)
         return self.norm(h)
 
 
@@ -280,11 +297,14 @@ class Model(nn.Module):
         cache: Sequence[LayerKVCache] | None = None,
         attend: PrefillAttention | None = None,
         n_layers: int | None = None,
+        rows_from: int = 0,
     ) -> mx.array:
         """ids [1, T] at RoPE `positions` (first of consecutive ones, or [T]) appended to
-        `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T, hidden].
-        `attend` replaces causal attention; `n_layers` runs only the first blocks."""
-        return self.model(ids, positions, cache, attend, n_layers)
+        `cache` (None: no cache, the ids are the whole sequence) -> hidden [1, T - r, hidden] of
+        rows r.. (r = 0 unless rows_from > 0: the rows from rows_from on are read, T none; the last
+        block then computes rows from r = core/ops.last_rows, at most rows_from, past every row's
+        keys and values). `attend` replaces causal attention; `n_layers` runs only the first blocks."""
+        return self.model(ids, positions, cache, attend, n_layers, rows_from)
 
     def logits(self, hidden: mx.array) -> mx.array:
         if self.args.tie_word_embeddings:
@@ -313,9 +333,9 @@ class LayerView:
     n_layers: int
     args: ModelArgs
 
-    def hidden(self, ids: mx.array, positions: Positions = 0, cache=None, attend=None) -> mx.array:
+    def hidden(self, ids: mx.array, positions: Positions = 0, cache=None, attend=None, rows_from: int = 0) -> mx.array:
         """Model.hidden through the first n_layers blocks."""
-        return self.model.hidden(ids, positions, cache, attend, self.n_layers)
+        return self.model.hidden(ids, positions, cache, attend, self.n_layers, rows_from)
 
     def logits(self, hidden: mx.array) -> mx.array:
         return self.model.logits(hidden)

@@ -84,8 +84,13 @@ class MLXOps(KernelStages):
 
     def forward(self, model: Model | LayerView, ids, positions, cache, attend, logits_from) -> mx.array | None:
         pos = positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
-        hidden = model.hidden(ids[None], pos, cache, attend)
-        return None if logits_from is None else model.logits(hidden[:, logits_from:]).astype(mx.float32)[0]
+        steps = ids.shape[0]
+        if logits_from is not None and logits_from < 0:
+            logits_from += steps
+        hidden = model.hidden(ids[None], pos, cache, attend, rows_from=steps if logits_from is None else logits_from)
+        if logits_from is None:
+            return None
+        return model.logits(hidden[:, logits_from - (steps - hidden.shape[1]) :]).astype(mx.float32)[0]
 
     def schedule(self, arrays: list[Any]) -> None:
         mx.async_eval(arrays)

@@ -146,6 +146,9 @@ class _MaskedAttention:
     def arrays(self) -> list[Any]:
         return []
 
+    def queries_from(self, layer: int, steps: int, end: int) -> int:
+        return 0  # a decode or verify step reads every row's logits
+
 
 def static_step(model: Any, cache: ModelKVCache, step: _StepInputs) -> torch.Tensor:
     """The step on the static inputs: writes the T tokens' keys/values at step.slots and their

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specfill.core.models import ModelArgs
-from specfill.core.ops import PrefillAttention, checkpoint
+from specfill.core.ops import PrefillAttention, checkpoint, last_rows
 
 from .attention import causal_attention, windowed_attention
 from .cache import LayerKVCache, ModelKVCache
@@ -117,9 +117,11 @@ class Attention(nn.Module):
         positions: torch.Tensor,
         cache: LayerKVCache,
         attend: PrefillAttention | None,
+        rows_from: int = 0,
     ) -> torch.Tensor:
-        """x [1, T, hidden] at positions [T] -> [1, T, hidden]; `attend` (H2O, the speculator's
-        capture) replaces causal attention and applies the layer's window itself."""
+        """x [1, T, hidden] at positions [T] -> [1, T - rows_from, hidden]: every row's keys and
+        values cached, the queries from row `rows_from` on attended (core/ops.last_rows); `attend`
+        (H2O, the speculator's capture) replaces causal attention and applies the layer's window itself."""
         _, steps, _ = x.shape
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split(self.split_sizes, dim=-1)
@@ -139,6 +141,10 @@ class Attention(nn.Module):
         keys, values = cache.update_and_fetch(k, v)
         # a windowed layer records every step's positions, whoever attends (decode reads them)
         keys_at = cache.slot_positions(positions) if self.window is not None else None
+        if rows_from:
+            if rows_from == steps:  # only the keys and values were wanted
+                return x.new_empty((1, 0, x.shape[2]))
+            q, positions, steps = q[:, :, rows_from:], positions[rows_from:], steps - rows_from
         if attend is not None:
             out = attend(self.layer, q, keys, values)
         elif self.window is not None:
@@ -190,9 +196,12 @@ class TransformerBlock(nn.Module):
         positions: torch.Tensor,
         cache: LayerKVCache,
         attend: PrefillAttention | None,
+        rows_from: int = 0,
     ) -> torch.Tensor:
-        """ropes: the (cos, sin) tables by `local_rope` (False: global, True: sliding layers' base)."""
-        out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend)
+        """ropes: the (cos, sin) tables by `local_rope` (False: global, True: sliding layers' base);
+        rows_from: the output's first row (Attention.forward), x [1, T, hidden] -> [1, T - rows_from, hidden]."""
+        out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend, rows_from)
+        x = x[:, rows_from:]
         if not self.sandwich:
             h = out.add_(x)
             return self.mlp(self.post_attention_layernorm(h)).add_(h)
@@ -249,10 +258,16 @@ class Transformer(nn.Module):
             x = x * torch.tensor(self.args.embedding_scale, dtype=x.dtype)
         ropes = {False: self.rope(positions, x.dtype)}
         ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
-        for block, layer_cache in zip(self.layers, cache.layers):
+        steps, last = ids.shape[1], len(self.layers) - 1
+        if logits_from is not None and logits_from < 0:
+            logits_from += steps
+        rows_from = 0
+        for index, (block, layer_cache) in enumerate(zip(self.layers, cache.layers)):
             if not torch.compiler.is_compiling():  # a compiled decode step is one graph: checked per step
                 checkpoint()  # a cancelled request (core/ops.py) stops before the next layer: eager, exact
-            x = block(x, ropes, positions, layer_cache, attend)
+            if index == last and logits_from != 0:  # its rows nothing reads are not computed
+                rows_from = last_rows(steps, logits_from, attend, block.self_attn.layer, layer_cache.offset + steps)
+            x = block(x, ropes, positions, layer_cache, attend, rows_from)
         if logits_from is None:
             return None
-        return self.lm_head(self.norm(x[:, logits_from:])).float()
+        return self.lm_head(self.norm(x[:, logits_from - rows_from :])).float()

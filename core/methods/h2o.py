@@ -114,6 +114,11 @@ class H2OPrefillAttention(Generic[A]):
         )
         return out[None]
 
+    def queries_from(self, layer: int, steps: int, end: int) -> int:
+        """Every query of an H2O layer (each adds to the scores that pick later memory sets); none
+        of a causal one."""
+        return 0 if layer in self.sparse else steps
+
     def arrays(self) -> list[Any]:
         """The carries' scores and memory sets (evaluating an evaluated array costs nothing)."""
         carries = [c for c in self.carries if c is not None]

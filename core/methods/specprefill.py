@@ -143,6 +143,19 @@ class QueryCapture(Generic[A]):
             return self.prompt_attend(layer, q, k, v)
         return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], self.terms[layer])
 
+    def queries_from(self, layer: int, steps: int, end: int) -> int:
+        """The queries it keeps (the window's rows of a prompt step; a look-ahead step's one),
+        and those its prompt attention must see."""
+        if layer not in self.captured:
+            needed = steps
+        elif end > self.first_slot:  # a look-ahead step
+            needed = 0
+        else:
+            needed = min(steps, max(0, self.window_start - (end - steps)))
+        if self.prompt_attend is not None and end <= self.first_slot:
+            needed = min(needed, self.prompt_attend.queries_from(layer, steps, end))
+        return needed
+
     def arrays(self) -> list[A]:
         captured = [q for per_layer in self.queries for q in per_layer]
         return captured + ([] if self.prompt_attend is None else self.prompt_attend.arrays())
