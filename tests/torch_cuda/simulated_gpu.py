@@ -92,8 +92,8 @@ def _scoring_fill(args, kwargs) -> None:
     from specfill.backends.torch_cuda.kernels.scoring import attention_scores_twin
 
     queries, keys, probs = args[:3]
-    scale = args[-1] / LOG2E
-    probs.copy_(attention_scores_twin(queries, keys, scale))
+    query_start, scale = args[-2], args[-1] / LOG2E  # the launch's last two runtime arguments
+    probs.copy_(attention_scores_twin(queries, keys, scale, query_start=query_start))
 
 
 @contextmanager

@@ -128,6 +128,22 @@ def test_scoring_kernel_matches_twin(n_l, n_q, hq, hkv, p, dtype):
     assert_close(got, attention_scores(queries, keys, 0.25, use_kernel=False), torch.float32, "scoring")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("query_start", [0, 17, 44])
+def test_scoring_kernel_masks_an_observation_window(query_start, dtype):
+    """An observation window's queries (query q at position query_start + q sees the keys up to it)
+    across key tiles: the twin's causal mask, zeros where unseen; query_start P - 1 masks nothing."""
+    queries = randn(2, 6, 4, 16, dtype=dtype, device=DEVICE, seed=14)
+    keys = randn(2, 2, 45, 16, dtype=dtype, device=DEVICE, seed=15)
+    got = scoring_softmax(queries, keys, 0.25, block_keys=16, query_start=query_start)
+    want = attention_scores(queries, keys, 0.25, use_kernel=False, query_start=query_start)
+    assert_close(got, want, torch.float32, "scoring, observation window")
+    seen = torch.arange(45, device=got.device)[None, :] <= query_start + torch.arange(6, device=got.device)[:, None]
+    assert not bool(got.masked_select(~seen[:, None, None, :].expand_as(got)).any())
+    assert_close(attention_scores(queries, keys, 0.25, use_kernel=True, query_start=query_start), want,
+                 torch.float32, "the stage takes the kernel")  # fmt: skip
+
+
 def test_scoring_kernel_reads_a_cache_slice_across_key_tiles():
     """Keys as a view of a larger cache ([n_l, Hkv, capacity, D] sliced to P), several rows blocks."""
     cache = randn(2, 2, 64, 24, dtype=torch.float32, device=DEVICE, seed=12)

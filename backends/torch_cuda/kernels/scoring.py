@@ -83,8 +83,9 @@ def attention_scores(
 ) -> torch.Tensor:
     """The stage ScoringStageOps.attention_scores (core/stages.py) on torch tensors: probs fp32
     (fp64 for fp64 inputs), the shapes checked first (check_scoring_shapes: ValueError). use_kernel:
-    None = Triton on CUDA, else the twin; True / False force one. The Triton kernel masks nothing
-    (a window, query_start) and takes no attention terms (said once): those run the twin.
+    None = Triton on CUDA, else the twin; True / False force one. The Triton kernel takes the
+    observation window's causal mask (query_start) but no sliding window and no attention terms
+    (said once): those run the twin.
     """
     check_scoring_shapes(queries, keys)
     kernel = choose_kernel(
@@ -96,8 +97,8 @@ def attention_scores(
             (n_queries, n_layers, n_heads, keys.shape[2]), dtype=stats_dtype(queries, keys), device=queries.device
         )
     terms = active_terms(terms)
-    if kernel_runs("speculative-prefill scoring", kernel, terms, window is not None or query_start is not None):
-        return dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
+    if kernel_runs("speculative-prefill scoring", kernel, terms, window is not None):
+        return dispatch.triton_kernel("scoring_softmax")(queries, keys, scale, query_start=query_start)
     return attention_scores_twin(queries, keys, scale, window, terms, query_start)
 
 

@@ -4,7 +4,9 @@ One program per (scoring layer, KV head, block of rows): its rows are the n_q sc
 of each of the G query heads that read this KV head (at most 64 per program), so a key block is
 loaded once for all of them. Two
 passes over the prompt keys: the first finds each row's max and sum (online softmax), the
-second recomputes the logits and writes exp2(s - m) / l.
+second recomputes the logits and writes exp2(s - m) / l. Query q sits at position
+query_start + q and sees the keys at or before it (an observation window's causal mask; with
+query_start = P - 1, the last prompt token and the look-ahead, every key); key 0 is always seen.
 
 Imported lazily by the dispatcher: Triton decides at decoration time whether it interprets.
 """
@@ -41,6 +43,7 @@ def _scoring_kernel(
     n_keys,
     head_dim,
     group,
+    query_start,
     qk_scale,
     PRECISION: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -67,8 +70,9 @@ def _scoring_kernel(
     for start_n in range(0, n_keys, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_keys
+        seen = key_ok[None, :] & (offs_n[None, :] <= query_start + query[:, None])
         k = tl.load(k_base + offs_n[:, None] * stride_kp, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.where(key_ok[None, :], tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale, float("-inf"))
+        s = tl.where(seen, tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: the first block holds key 0
         l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), 1)
         m_i = m_new
@@ -79,16 +83,22 @@ def _scoring_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_keys
         k = tl.load(k_base + offs_n[:, None] * stride_kp, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        p = tl.exp2(s - m_i[:, None]) * inv_l[:, None]
+        seen = offs_n[None, :] <= query_start + query[:, None]
+        s = tl.where(seen, tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale, float("-inf"))
+        p = tl.exp2(s - m_i[:, None]) * inv_l[:, None]  # 0 where unseen
         tl.store(p_base + offs_n[None, :] * stride_pp, p, mask=row_ok[:, None] & key_ok[None, :])
 
 
 def scoring_softmax(
-    queries: torch.Tensor, keys: torch.Tensor, scale: float, block_keys: int | None = None
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scale: float,
+    block_keys: int | None = None,
+    query_start: int | None = None,
 ) -> torch.Tensor:
     """queries [n_l, n_q, Hq, D], keys [n_l, Hkv, P >= 1, D] (any strides) -> fp32 probs
-    [n_q, n_l, Hq, P]. block_keys overrides BLOCK_N (keys per tile) for tests."""
+    [n_q, n_l, Hq, P]; query q sees the keys up to query_start + q (None: P - 1, every key for
+    every query; >= 0). block_keys overrides BLOCK_N (keys per tile) for tests."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
@@ -110,6 +120,7 @@ def scoring_softmax(
         n_keys,
         head_dim,
         group,
+        n_keys - 1 if query_start is None else query_start,
         float(scale) * LOG2E,
         PRECISION="ieee" if queries.dtype == torch.float32 else "tf32",
         BLOCK_R=block_r,
