@@ -73,8 +73,8 @@ def _twin_kernel(name, wrong=False):
             r = IntraResult(AttentionState(r.state.m, r.state.l, r.state.o + 0.1), r.colsum)
         return r
 
-    def scoring(queries, keys, scale):
-        probs = attention_scores_twin(queries, keys, scale)
+    def scoring(queries, keys, scale, query_start=None):
+        probs = attention_scores_twin(queries, keys, scale, query_start=query_start)
         return probs.flip(-1) if wrong else probs
 
     return flash if name == "flash_attention" else scoring

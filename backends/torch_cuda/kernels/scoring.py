@@ -107,8 +107,14 @@ def _self_check(like: torch.Tensor, group: int) -> bool:
 
     def run():
         queries, keys = SELF_CHECK.scoring_case(like, group)
-        scale = queries.shape[-1] ** -0.5
-        got = dispatch.triton_kernel("scoring_softmax")(queries, keys, scale)
-        return SELF_CHECK.tensor_comparisons("probs", got, attention_scores_twin(queries, keys, scale))
+        scale, kernel = queries.shape[-1] ** -0.5, dispatch.triton_kernel("scoring_softmax")
+        start = keys.shape[2] // 2  # an observation window's queries: the causal mask too
+        return SELF_CHECK.tensor_comparisons(
+            "probs", kernel(queries, keys, scale), attention_scores_twin(queries, keys, scale)
+        ) + SELF_CHECK.tensor_comparisons(
+            "probs, observation window",
+            kernel(queries, keys, scale, query_start=start),
+            attention_scores_twin(queries, keys, scale, query_start=start),
+        )
 
     return SELF_CHECK.kernel_passes("speculative-prefill scoring", like, group, run)
