@@ -155,8 +155,10 @@ def method_configs(
     if compose and "--speculator-prefill" not in parser._option_string_actions:
         print("--compose: this checkout's bench has no --speculator-prefill flag: the composition is skipped")
     elif compose:
-        methods["specprefill+h2o"] = ("specprefill", parser.parse_args(composition_flags()))
-        methods["specprefill+h2o"][1].row_step = None
+        # "composition", not the method's name: `specfill bench --methods specprefill+h2o` runs it at
+        # the SpecPrefill settings given (keep 0.3 by default), this row at auto's
+        methods["composition"] = ("specprefill", parser.parse_args(composition_flags()))
+        methods["composition"][1].row_step = None
     for spec in variants:
         name, _, rest = spec.partition("=")
         kind, _, flags = rest.partition(":")

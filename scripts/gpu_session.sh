@@ -9,8 +9,8 @@
 #      Llama-3.2-1B-shape speculator, bf16: decode tok/s after an 8K prefill per decode mode
 #      (CUDA graphs, the same static steps eager, the layer-by-layer path, the compiled step;
 #      greedy tokens compared), drafting with the 1B; TTFT of full / H2O / SpecPrefill /
-#      the composition as auto runs it (core/config.AUTO_COMPOSITION: an H2O speculator, keep 0.1,
-#      window 32, one neighbour; until 2026-11-29 keep 0.3) (+ VARIANTS, e.g. a larger prefill step) at 8K / 32K /
+#      the composition as auto runs it (row composition: core/config.AUTO_COMPOSITION, an H2O speculator,
+#      keep 0.1, window 32, one neighbour; until 2026-11-29 row specprefill+h2o at keep 0.3) (+ VARIANTS, e.g. a larger prefill step) at 8K / 32K /
 #      128K, warm medians of 3, peak memory, beside the roofline; the attention kernels the device
 #      chose; e2e.json with decode_tokens_per_s and prefill_roofline_fraction
 #                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json

@@ -234,7 +234,7 @@ def test_gpu_session_script_smoke_run(tmp_path):
     rows = result["rows"]
     assert result["complete"] and result["roofline"]["name"] == "H100 SXM5"
     assert [(r["method"], r["prompt_tokens"]) for r in rows] == [
-        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill", "specprefill+h2o", "full-s32")
+        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill", "composition", "full-s32")
     ]  # the composition runs: `specfill bench --help` lists --speculator-prefill
     for r in rows:
         assert len(r["runs"]) == 2 and r["ttft_s"] == statistics.median(x["ttft_s"] for x in r["runs"])
@@ -292,7 +292,7 @@ def test_gpu_bench_composition_row_is_the_one_auto_runs(gpu_bench):
     from specfill.cli.options import specprefill_config
     from specfill.core.config import AUTO_COMPOSITION
 
-    method, flags = module.method_configs(compose=True)["specprefill+h2o"]
+    method, flags = module.method_configs(compose=True)["composition"]
     assert method == "specprefill" and specprefill_config(flags) == AUTO_COMPOSITION
 
 
