@@ -109,7 +109,11 @@ class QueryCapture(Generic[A]):
     query of every later step (each fed look-ahead token), of the layers `layers` scores (None:
     every layer; no other layer's queries are kept). prompt_attend: the attention of the prompt's
     steps when it is not full (an H2O pass: H2OPrefillAttention); later steps attend to every
-    cached key whatever it is."""
+    cached key whatever it is. final: the speculator's last layer where prompt_attend's last prompt
+    row attends to every key there (H2O's dense tail): nothing reads that layer's other rows' outputs,
+    so a model that asks `queries_from` (it then computes only the rows named: core/ops.last_rows)
+    gets those rows attended to every key, the same outputs for what is read, and that layer's H2O
+    walk is skipped; a model that never asks (the adapters compute every row) walks it as before."""
 
     def __init__(
         self,
@@ -122,9 +126,12 @@ class QueryCapture(Generic[A]):
         n_window: int = 1,
         prompt_attend: PrefillAttention[A] | None = None,
         layers: Sequence[int] | None = None,
+        final: int | None = None,
     ):
         self.ops = ops
         self.prompt_attend = prompt_attend
+        self.final = final
+        self.final_rows_asked = False  # the model computes only the rows queries_from names
         self.layers = list(range(n_layers)) if layers is None else list(layers)
         self.captured = set(self.layers)
         self.windows = list(windows) or [None] * n_layers
@@ -139,9 +146,12 @@ class QueryCapture(Generic[A]):
         if end > self.window_start and layer in self.captured:  # a step ending in the window, or a look-ahead
             n = end - max(self.window_start, end - q.shape[2]) if end <= self.first_slot else 1
             self.queries[layer].append(self.ops.last_queries(q, n))
-        if self.prompt_attend is not None and end <= self.first_slot:
+        if self.prompt_attend is not None and end <= self.first_slot and not self._final_dense(layer):
             return self.prompt_attend(layer, q, k, v)
         return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], self.terms[layer])
+
+    def _final_dense(self, layer: int) -> bool:
+        return layer == self.final and self.final_rows_asked
 
     def queries_from(self, layer: int, steps: int, end: int) -> int:
         """The queries it keeps (the window's rows of a prompt step; a look-ahead step's one),
@@ -152,7 +162,9 @@ class QueryCapture(Generic[A]):
             needed = 0
         else:
             needed = min(steps, max(0, self.window_start - (end - steps)))
-        if self.prompt_attend is not None and end <= self.first_slot:
+        if layer == self.final:
+            self.final_rows_asked = True  # its prompt rows from here on attend to every key (see the class)
+        elif self.prompt_attend is not None and end <= self.first_slot:
             needed = min(needed, self.prompt_attend.queries_from(layer, steps, end))
         return needed
 
@@ -242,6 +254,7 @@ def run_speculator(
     sparse = None
     if h2o is not None:  # H2O steps by whole chunks
         sparse, step_size = h2o_prefill(ops, h2o, args, n_prompt, step_size, origin=cached)
+    final = args.num_hidden_layers - 1
     capture = QueryCapture(
         ops,
         args.num_hidden_layers,
@@ -252,6 +265,7 @@ def run_speculator(
         n_window,
         sparse,
         captured,
+        final if sparse is not None and sparse.last_row_dense(final) else None,
     )
     logits = prefill(
         ops,

@@ -84,27 +84,33 @@ def test_logits_from_a_middle_row(tiny, mlp_rows):
     assert np.abs(numpy(t.model, tail) - numpy(t.model, every)[7:]).max() < TOL
 
 
-@pytest.mark.parametrize("h2o_layers", [None, "all"])
-def test_the_speculator_computes_its_window_and_lookahead_rows(tiny, mlp_rows, monkeypatch, h2o_layers):
-    """The speculator's last layer computes the window's rows (here spanning two prefill steps),
-    or every row where it runs H2O there; its queries, look-ahead and logits equal the all-rows run."""
+@pytest.mark.parametrize("dense_tail", [None, 4, 0], ids=["dense", "h2o-tail4", "h2o-tail0"])
+def test_the_speculator_computes_its_window_and_lookahead_rows(tiny, mlp_rows, monkeypatch, dense_tail):
+    """The speculator's last layer computes the window's rows (here spanning two prefill steps) and
+    the look-ahead's; with H2O in every layer too, since H2O's dense tail (W >= 1) gives its last
+    prompt row the dense output the walk would: the layer's walk is skipped. Without a tail (W = 0)
+    that layer walks every row. Queries, look-ahead and keys equal the all-rows run's (the walk)."""
     t = tiny("qwen3")
     model, ops, n_layers = t.model.model, t.model.ops, t.args.num_hidden_layers
-    mlp_rows.clear()  # the load's self-check
     ids = np.array(prompt(N, t.args.vocab_size, seed=7))
-    h2o = None if h2o_layers is None else H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, layers="all")
+    h2o = None
+    if dense_tail is not None:
+        h2o = H2OConfig(chunk_size=16, batch_size=32, local=3, heavy=3, dense_tail=dense_tail, layers="all")
 
     def run():
         mlp_rows.clear()
         done = run_speculator(ops, model, ids, lookahead=3, stop_ids=frozenset(), step_size=32, query_window=4, h2o=h2o)
         return done, list(mlp_rows)
 
+    mlp_rows.clear()  # the load's self-check
     fast, rows = run()
-    if h2o is None:  # steps 32, 32, 2: the window's 4 rows are the last 2 of the second step and the third's 2
-        assert rows[n_layers - 1 :: n_layers] == [0, 2, 2, 1, 1, 1]
-    else:  # H2O steps by chunks (h2o_prefill's step), every query of its last layer seen
-        _, step = h2o_prefill(ops, h2o, t.args, N, 32)
-        assert rows[n_layers - 1 :: n_layers][:3] == [min(step, N - lo) for lo in range(0, N, step)][:3]
+    step = 32 if h2o is None else h2o_prefill(ops, h2o, t.args, N, 32)[1]
+    bounds = [(lo, min(lo + step, N)) for lo in range(0, N, step)]
+    if dense_tail == 0:  # every row of the walk's steps
+        want = [hi - lo for lo, hi in bounds]
+    else:  # the window's 4 rows (the last 4 prompt tokens), wherever the steps cut them
+        want = [max(0, hi - max(lo, N - 4)) for lo, hi in bounds]
+    assert rows[n_layers - 1 :: n_layers] == want + [1, 1, 1]  # then each look-ahead token's row
     all_rows(monkeypatch)
     slow, _ = run()
     assert fast.lookahead == slow.lookahead
