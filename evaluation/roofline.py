@@ -10,7 +10,10 @@ H2OConfig.layers names; the others full), SpecPrefill (the speculator's full pre
 decode + scoring, then the main model's prefill of the kept tokens) and the composition
 (Method.speculator_h2o: the speculator's prompt pass priced as H2O, the rest as SpecPrefill).
 Norms, RoPE, softmax element-wise work and kernel launch gaps are not priced, so on vendor peaks
-the figures are lower bounds; the speed-ups vs full are ratios of such bounds.
+the figures are lower bounds; the speed-ups vs full are ratios of such bounds. Every pass prices
+its last layer over every row, where the backends' own models compute only the rows read
+(core/ops.last_rows, since 2026-11-30): about 1 / n_layers of a pass (3% for an 8B) that the
+measured side no longer does, in every method alike.
 
 Peaks are vendor datasheet figures (DEVICES, sources in each entry); `Rates` measured on the
 machine itself (evaluation/rates.py) make the same formula a prediction to check against bench.
