@@ -22,6 +22,7 @@ from specfill import api
 from specfill.core.config import AUTO_COMPOSITION
 from specfill.core.methods import h2o as h2o_module
 from specfill.core.methods.specprefill import run_speculator
+from specfill.evaluation.ruler_protocol import write_atomic
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = Path.home() / ".cache" / "specfill" / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -71,10 +72,7 @@ def main() -> None:
         queries_max_abs_diff=float(np.abs(q["walked"] - q["skipped"]).max()),
     )
     print(json.dumps({k: v for k, v in result.items() if k != "runs"}, indent=1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_suffix(".partial")
-    partial.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(partial, args.out)
+    write_atomic(args.out, json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from specfill import api
 from specfill.backends.torch_cuda import model as torch_model
 from specfill.core.methods.prefill import prefill
 from specfill.core.methods.specprefill import run_speculator
+from specfill.evaluation.ruler_protocol import write_atomic
 
 MODELS = Path.home() / ".cache" / "specfill" / "models"
 MAIN = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
@@ -66,10 +67,7 @@ def main() -> None:
                for m in ("all", "rows")}  # fmt: skip
         result[name] = {**med, "saved": 1 - med["rows"] / med["all"]}
         print(f"{name}: all rows {med['all']:.2f} s, rows read {med['rows']:.2f} s, saved {result[name]['saved']:.1%}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = args.out.with_suffix(".partial")
-    partial.write_text(json.dumps(result, indent=1) + "\n")
-    os.replace(partial, args.out)
+    write_atomic(args.out, json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
