@@ -27,8 +27,9 @@
 #                                                   -> kernel_tests.log
 #   6. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
 #                                                   -> conformance-cuda.{json,md}
-#   7. profile (only when STEPS names it): scripts/gpu_profile.py, full prefill at the first length
-#      and one decode per PROFILE_DECODE_MODES (eager-static shows the static step kernel by kernel)
+#   7. profile (only when STEPS names it): scripts/gpu_profile.py, the PROFILE_METHODS rows (full by
+#      default) at PROFILE_TOKENS (the first length) and one decode per PROFILE_DECODE_MODES
+#      (eager-static shows the static step kernel by kernel)
 #                                                   -> profile/profile.md
 #   every step's start, end, seconds and exit code  -> session.log
 # With PACK=1 (the device tool brings back at most 8 files) everything also goes into all.tar.gz
@@ -88,6 +89,11 @@ HYBRID_PARITY=${HYBRID_PARITY:-2048}
 HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}
 EXACT_MODEL=${EXACT_MODEL:-$MODEL}
 PROFILE_DECODE_MODES=${PROFILE_DECODE_MODES:-eager-static,graphs,compiled}
+# the prefill rows the profile step profiles (gpu_bench.py's row names: full, h2o, specprefill, composition)
+# and their prompt length; e.g. PROFILE_METHODS=full,composition PROFILE_TOKENS=32768 for where the
+# composition's time goes (issue 50: its speculator's H2O pass measured ~7x its roofline, by subtraction)
+PROFILE_METHODS=${PROFILE_METHODS:-full}
+PROFILE_TOKENS=${PROFILE_TOKENS:-${LENGTHS%%,*}}
 # more scripts/gpu_bench.py flags, e.g. "--methods full --draft-tokens 0"; by default the compiled decode
 # row runs with the other decode rows (2026-11-29 left it the question: 42.9 tok/s, then its cache copies
 # removed), before the TTFT rows three sessions have measured alike
@@ -147,6 +153,7 @@ if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator
 fi
 export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
 export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS EXACT_MODEL PROFILE_DECODE_MODES
+export PROFILE_METHODS PROFILE_TOKENS
 
 # step INDEX FUNCTION: the function under `timeout` (its output in session.log), its limit (LIMIT)
 # the budget left minus the shares of the steps after it
@@ -224,7 +231,7 @@ exact() {
 
 profile() {
     PYTHONUNBUFFERED=1 "$PY" scripts/gpu_profile.py --model "$MODEL" --speculator "$SPECULATOR" \
-        --tokens "${LENGTHS%%,*}" --methods full --decode-prompt "${LENGTHS%%,*}" --decode-tokens 16 \
+        --tokens "$PROFILE_TOKENS" --methods "$PROFILE_METHODS" --decode-prompt "${LENGTHS%%,*}" --decode-tokens 16 \
         --decode-modes "$PROFILE_DECODE_MODES" --dtype "$DTYPE" --device "$DEVICE" --out "$OUT/profile"
 }
 
