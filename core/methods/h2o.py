@@ -117,7 +117,7 @@ class H2OPrefillAttention(Generic[A]):
     def last_row_dense(self, layer: int) -> bool:
         """Whether `layer` is one of its H2O layers whose last prompt row attends to every key (the
         dense tail, W >= 1): there a causal step over that row gives the walk's output."""
-        return layer in self.sparse and dense_tail_start(self.config, self.n_tokens) < self.n_tokens
+        return layer in self.sparse and self.config.dense_tail > 0
 
     def queries_from(self, layer: int, steps: int, end: int) -> int:
         """Every query of an H2O layer (each adds to the scores that pick later memory sets); none
