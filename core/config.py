@@ -228,7 +228,9 @@ class SpecPrefillConfig:
     select_chunk: tokens per selection chunk (1 = token-level selection).
     layers: speculator layers used for scoring: "all" (the paper's max over every layer; the
     default: no window rule beat it across self:8 and self:12, see docs/results.md, Fidelity), "last-K" (a
-    window of K layers ending at the speculator's last) or "last-1" (the last layer only).
+    window of K layers ending at the speculator's last), "last-1" (the last layer only) or "first-K" /
+    "first-F" (its first layers: with no look-ahead the speculator's pass then stops after them, as
+    nothing reads deeper: methods/specprefill.pass_depth).
     head_reduction / layer_reduction: "max" (paper) or "mean".
     lookahead_reduction: over the scoring queries (the last prompt token, then each look-ahead
     token): "mean" (paper) or "max" (a token one answer step reads strongly counts fully, not
@@ -290,7 +292,8 @@ class SpecPrefillConfig:
     layers: str = setting(
         "all",
         "SpecPrefill scoring layers of the speculator: all (the paper's max over every "
-        "layer), last-K (a window of K layers ending at its last) or last-1 (the last only)",
+        "layer), last-K (a window of K layers ending at its last), last-1 (the last only) or first-K / "
+        "first-F (its first layers; with look-ahead 0 its pass runs only those)",
     )
     head_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's attention heads", REDUCTIONS)
     layer_reduction: str = setting("max", "SpecPrefill: mean or max over the speculator's scoring layers", REDUCTIONS)

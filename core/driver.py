@@ -253,12 +253,13 @@ class CausalLM(LoadedModel[A]):
         """The speculator's dense KV of the prompt, kept for the conversation's next SpecPrefill
         turn: after an H2O speculator pass only the dense KV it started from (its slots past that are
         H2O's, approximate); none from a hybrid speculator (its recurrent state is not kept at the
-        prompt's end)."""
+        prompt's end); after a pass that stopped short of its last layer (methods/specprefill.pass_depth)
+        only the KV it started from, as after an H2O pass (the deeper layers hold none of the new part)."""
         cache = sparse.speculator.cache
         spec = method.specprefill
         if isinstance(cache, RecurrentCache):
             return None
-        if spec is not None and spec.speculator_prefill is not None:
+        if (spec is not None and spec.speculator_prefill is not None) or not sparse.speculator.whole:
             kept = None if reuse is None else reuse.speculator
             dense = 0 if kept is None else min(kept.slots, reuse.tokens)  # the speculator's cache it started from
             return KVState(cache, dense) if dense > 0 else None

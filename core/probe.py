@@ -31,7 +31,7 @@ from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, H2OConfig, SpecPref
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
-from .methods.specprefill import speculative_prefill
+from .methods.specprefill import pass_depth, scoring_layers, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
@@ -172,9 +172,12 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
     config = dataclasses.replace(
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
+    run_args = lm.speculator_model(method.speculator)[0].args  # a "self:K" speculator's K layers
+    scored = scoring_layers(config, run_args)
+    depth = pass_depth(n_spec, scored, config.lookahead, 0)  # the layers its pass runs (no drafting here)
     speculator_h2o, share = config.speculator_prefill, 1.0
     if speculator_h2o is not None:  # the timed layer runs H2O; the speculator's others cost what a dense pass's do
-        share = len(speculator_h2o.layer_indices(n_spec)) / n_spec
+        share = len([i for i in speculator_h2o.layer_indices(n_spec) if i < depth]) / depth
         config = dataclasses.replace(config, speculator_prefill=dataclasses.replace(speculator_h2o, layers="all"))
 
     def parts(run_config: SpecPrefillConfig) -> dict[str, float]:
@@ -196,7 +199,8 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         if share < 1.0:
             dense = parts(dataclasses.replace(config, speculator_prefill=None))["speculator"]
             speculator = share * speculator + (1.0 - share) * dense
-        return n_spec / timed_layers(spec_args) * (speculator + timed["selection"]) + n_main * timed["main_prefill"]
+        per_layer = 1.0 / timed_layers(spec_args)  # the timed view's pass and scoring, per layer
+        return per_layer * (depth * speculator + len(scored) * timed["selection"]) + n_main * timed["main_prefill"]
 
     return _best_of(layer_run, sparse_run)
 

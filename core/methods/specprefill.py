@@ -3,7 +3,9 @@
 1. The speculator runs the whole prompt (full attention) and keeps, per layer, the post-RoPE
    queries of the last W prompt tokens (config.query_window; 1, the paper's: the last token
    only); it then decodes up to `lookahead` greedy tokens, feeding each one that is not a stop id
-   and keeping its query too. Its KV cache holds the prompt keys.
+   and keeping its query too. Its KV cache holds the prompt keys. With no look-ahead (and no
+   drafting from its cache later) nothing reads the layers past the deepest scored one, and the
+   pass stops there (`pass_depth`: config.layers "first-K" makes the speculator K layers deep).
 2. The W + N' queries score the prompt positions: softmax over the prompt keys per scoring query
    (an observation window's query over the keys at or before its own position),
    average pooling along positions, a head reduction and a layer reduction, then the queries'
@@ -182,7 +184,8 @@ class SpeculatorPass(Generic[A]):
     """queries [n_l, W + N', Hq, D] (the prompt's last W tokens, then the fed look-ahead tokens) of
     the speculator layers `layers` (None: every layer, row i layer i); lookahead the fed tokens;
     cache the speculator's KV cache (prompt, then look-ahead slots), kept for a later use as a draft
-    model; n_window: W (the query window, clamped to the prompt); n_prompt: P."""
+    model; n_window: W (the query window, clamped to the prompt); n_prompt: P; depth: the first
+    layers its prompt pass ran (pass_depth: the deeper layers' slots of this prompt are not filled)."""
 
     queries: A
     lookahead: list[int]
@@ -191,6 +194,12 @@ class SpeculatorPass(Generic[A]):
     n_window: int = 1
     n_prompt: int = 0
     layers: list[int] | None = None
+    depth: int | None = None  # the first layers the prompt pass ran (pass_depth); None: every layer
+
+    @property
+    def whole(self) -> bool:
+        """Whether the pass ran every layer (its cache then holds the whole speculator's KV of the prompt)."""
+        return self.depth is None or self.depth == self.model.args.num_hidden_layers
 
     @property
     def keys(self) -> A:
@@ -242,6 +251,7 @@ def run_speculator(
     """
     n_prompt, args = len(ids), speculator.args
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
+    depth = pass_depth(args.num_hidden_layers, captured, lookahead, extra_slots)
     n_window = max(1, min(query_window, n_prompt - cached))
     needed = n_prompt + max(lookahead, extra_slots)
     if cache is None:
@@ -254,7 +264,7 @@ def run_speculator(
     sparse = None
     if h2o is not None:  # H2O steps by whole chunks
         sparse, step_size = h2o_prefill(ops, h2o, args, n_prompt, step_size, origin=cached)
-    final = args.num_hidden_layers - 1
+    final = depth - 1
     capture = QueryCapture(
         ops,
         args.num_hidden_layers,
@@ -269,7 +279,7 @@ def run_speculator(
     )
     logits = prefill(
         ops,
-        speculator,
+        speculator if depth == args.num_hidden_layers else ops.first_layers(speculator, depth),
         ops.tokens(ids[cached:]),
         cached,
         cache,
@@ -294,7 +304,19 @@ def run_speculator(
             report("lookahead", step + 1, lookahead)
     queries = capture.stacked()
     ops.settle([queries])
-    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, None if layers is None else list(layers))
+    layers = None if layers is None else list(layers)
+    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, layers, depth)
+
+
+def pass_depth(n_layers: int, scored: Sequence[int], lookahead: int, extra_slots: int) -> int:
+    """How many of the speculator's first layers its prompt pass runs: every one where anything
+    reads past the deepest scored layer (look-ahead tokens are chosen by its logits; a speculator
+    that drafts later, extra_slots > 0, decodes from its whole cache), else up to that layer:
+    nothing reads the deeper layers' keys, values or outputs, so the queries, keys and selection
+    are those of the whole pass (layer i depends on layers <= i only, H2O's walk too)."""
+    if lookahead > 0 or extra_slots > 0 or not scored:
+        return n_layers
+    return max(scored) + 1
 
 
 @dataclass
@@ -350,9 +372,11 @@ def expected_work(model_args: Any, speculator_args: Any, n_prompt: int, config: 
     kept = min(n_prompt, config.n_kept_chunks(n_chunks) * config.select_chunk)
     n_queries = config.query_window + config.lookahead
     heads = speculator_args.num_attention_heads * speculator_args.head_dim
-    scoring = 2.0 * len(config.layer_indices(speculator_args.num_hidden_layers)) * n_queries * heads * n_prompt
+    scored = scoring_layers(config, speculator_args)
+    scoring = 2.0 * len(scored) * n_queries * heads * n_prompt
+    depth = pass_depth(speculator_args.num_hidden_layers, scored, config.lookahead, 0)
     return {
-        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2),
+        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2) * depth / speculator_args.num_hidden_layers,
         "lookahead": stage_work(speculator_args, config.lookahead, n_prompt),
         "main_prefill": scoring + stage_work(model_args, kept, kept / 2),
     }

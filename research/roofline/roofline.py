@@ -79,15 +79,30 @@ def composition_table(keeps: tuple[float, ...] = KEEPS) -> list[dict]:
     return rows
 
 
+def auto_composition(spec: Shape) -> Method:
+    """`auto`'s composition (core/config.AUTO_COMPOSITION) with this speculator, keeping AUTO_SHARE:
+    its speculator as deep as its pass runs (core/methods/specprefill.pass_depth: its scoring layers,
+    no look-ahead), H2O in each of those layers."""
+    from specfill.core.config import AUTO_COMPOSITION, layer_subset
+    from specfill.core.methods.specprefill import pass_depth
+
+    config = AUTO_COMPOSITION
+    depth = pass_depth(spec.layers, layer_subset(config.layers, spec.layers), config.lookahead, 0)
+    return Method("specprefill", speculator=spec.first_layers(depth) if depth < spec.layers else spec,
+                  keep=AUTO_SHARE, lookahead=config.lookahead, speculator_h2o=SPEC_H2O)
+
+
 def acceptance(keeps: tuple[float, ...] = KEEPS) -> list[dict]:
     """Issues 38 and 47's line: does the roofline predict >= 6x for the composition at 128K on H100,
     at each keep ratio and at the share `auto`'s composition keeps (AUTO_SHARE)?"""
     out = []
     for main, spec in PAIRS:
         full = predict(main, DEVICES["h100"], 131072, Method("full"))["ttft"]
-        for keep, setting in [(k, f"keep {k}") for k in keeps] + [(AUTO_SHARE, "auto's composition")]:
-            ttft = predict(main, DEVICES["h100"], 131072,
-                           Method("specprefill", speculator=spec, keep=keep, speculator_h2o=SPEC_H2O))["ttft"]
+        named = {f"keep {k}": Method("specprefill", speculator=spec, keep=k, speculator_h2o=SPEC_H2O) for k in keeps}
+        named["auto's composition"] = auto_composition(spec)
+        for setting, method in named.items():
+            keep = method.keep
+            ttft = predict(main, DEVICES["h100"], 131072, method)["ttft"]
             out.append({"pair": f"{main.name} + {spec.name}", "keep": keep, "setting": setting,
                         "speedup": full / ttft, "meets_6x": full / ttft >= 6})
     return out
