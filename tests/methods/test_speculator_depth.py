@@ -21,7 +21,8 @@ from specfill.core.config import H2OConfig, SpecPrefillConfig
 from specfill.core.methods.specprefill import pass_depth, run_speculator, speculate_and_select
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
-from specfill.core.runtime import GenerationInfo, KVState, PrefillMethod, SamplingConfig
+from specfill.core.runtime import KVState, PrefillMethod
+from tests.fixtures.tiny_models import greedy_run
 from tests.methods.support import prompt, reference_speculator
 
 TOL = 1e-5
@@ -86,20 +87,6 @@ def test_the_selection_is_the_whole_pass_and_the_references(tiny, arch):
     assert selected[0] == expected.kept.tolist()
 
 
-def run(model, ids, method, info, reuse=None, max_tokens=3):
-    return list(
-        model.generate_step(
-            ids,
-            max_tokens=max_tokens,
-            sampling=SamplingConfig(),
-            stop_ids=frozenset(),
-            method=method,
-            info=info,
-            reuse=reuse,
-        )
-    )
-
-
 def test_the_kept_speculator_kv_is_what_the_pass_started_from(tiny):
     """A stopped-short pass keeps no speculator KV of its own prompt (its deeper layers hold none of
     it); a whole one keeps all of it; over a reused conversation the short pass keeps the dense
@@ -108,16 +95,14 @@ def test_the_kept_speculator_kv_is_what_the_pass_started_from(tiny):
     ids1 = prompt(60, t.args.vocab_size, seed=23)
     short = PrefillMethod("specprefill", specprefill=CONFIG, speculator=t.model)
     whole = PrefillMethod("specprefill", specprefill=replace(CONFIG, lookahead=2), speculator=t.model)
-    first = GenerationInfo()
-    run(t.model, ids1, short, first)
+    _, first = greedy_run(t.model, ids1, short, max_tokens=3)
     assert first.kv.speculator is None
-    turn1 = GenerationInfo()
-    reply = run(t.model, ids1, whole, turn1)
+    reply, turn1 = greedy_run(t.model, ids1, whole, max_tokens=3)
     assert turn1.kv.speculator.slots == len(ids1)
     conversation = ids1 + reply
-    rebuilt = GenerationInfo()
-    run(t.model, conversation + [1], PrefillMethod(), rebuilt, max_tokens=1)
+    _, rebuilt = greedy_run(t.model, conversation + [1], PrefillMethod(), max_tokens=1)
     dense = KVState(rebuilt.kv.cache, len(conversation), speculator=turn1.kv.speculator)
-    turn2 = GenerationInfo()
-    run(t.model, conversation + prompt(40, t.args.vocab_size, seed=24), short, turn2, reuse=dense)
+    _, turn2 = greedy_run(
+        t.model, conversation + prompt(40, t.args.vocab_size, seed=24), short, reuse=dense, max_tokens=3
+    )
     assert turn2.kv.speculator is not None and turn2.kv.speculator.slots == len(ids1)
