@@ -29,7 +29,7 @@ HELD = 0.5  # a span is kept when at least this share of it is (the protocol's r
 
 
 def main(argv=None) -> int:
-    from specfill.core.config import AUTO_COMPOSITION
+    from specfill.core.config import AUTO_COMPOSITION, SpecPrefillConfig
     from specfill.evaluation.ruler_passes import PassScores, SavedPass, prefill_name
     from specfill.evaluation.ruler_protocol import expand_map
 
@@ -38,22 +38,37 @@ def main(argv=None) -> int:
     parser.add_argument("passes", type=Path)
     parser.add_argument("--depths", default="24,20,16,14,12,10,8,6,4")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--base",
+        choices=("auto", "default"),
+        default="auto",
+        help="auto: AUTO_COMPOSITION on H2O passes; default: SpecPrefill's default (and window 32), dense passes",
+    )
     args = parser.parse_args(argv)
 
     data = json.loads(args.records.read_text())
     samples = {}
     for r in data["records"]:
         samples.setdefault((r["task"], r["tokens"], r["index"]), r["spans"])
-    base = AUTO_COMPOSITION
-    recorded = {
-        (r["task"], r["tokens"], r["index"]): r["map"] for r in data["records"] if r["setting"] == "c+h2o 0.1 w32 nb1"
-    }
-    settings = {"composition (auto)": base, "composition, no look-ahead": dataclasses.replace(base, lookahead=0)}
+    base = AUTO_COMPOSITION if args.base == "auto" else SpecPrefillConfig()
+    reference = "c+h2o 0.1 w32 nb1" if args.base == "auto" else "dense 0.3"  # the protocol's record of `base`
+    recorded = {(r["task"], r["tokens"], r["index"]): r["map"] for r in data["records"] if r["setting"] == reference}
+    if args.base == "auto":
+        settings = {"composition (auto)": base, "composition, no look-ahead": dataclasses.replace(base, lookahead=0)}
+    else:
+        window = dataclasses.replace(base, query_window=32)
+        settings = {
+            "default": base,
+            "default, no look-ahead": dataclasses.replace(base, lookahead=0),
+            "window 32": window,
+            "window 32, no look-ahead": dataclasses.replace(window, lookahead=0),
+        }
     depths = [int(d) for d in args.depths.split(",")]
     rows = []
-    suffix = prefill_name(base.speculator_prefill)
+    prefill = prefill_name(base.speculator_prefill)
+    suffix = "" if base.speculator_prefill is None else f"_{prefill}"
     for (task, tokens, index), spans in sorted(samples.items()):
-        path = args.passes / f"{task}_{tokens}_0_{index}_chat_{suffix}.npz"
+        path = args.passes / f"{task}_{tokens}_0_{index}_chat{suffix}.npz"
         if not path.exists():
             print(f"no pass: {path.name}", file=sys.stderr)
             continue
