@@ -35,7 +35,7 @@ from .methods.specprefill import pass_depth, scoring_layers, speculative_prefill
 from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
-from .runtime import COMPOSED, PrefillMethod, self_speculator_layers
+from .runtime import COMPOSED, PrefillMethod
 from .stages import attention_layers, layer_terms
 
 REPEATS = 2
@@ -61,14 +61,12 @@ class ProbedModel(Protocol):
     def speculator_model(self, speculator: Any) -> tuple[Any, int]: ...
 
 
-def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, ModelArgs, int, int]:
-    """(the speculator's first layer, its args, its layer count N_spec, its step size)."""
-    spec_model, step = lm.speculator_model(method.speculator)
-    if isinstance(method.speculator, str):  # self:K: K layers shaped as the main model's
-        spec_model, n_layers = lm.model, self_speculator_layers(method.speculator, lm.args.num_hidden_layers)
-    else:
-        n_layers = spec_model.args.num_hidden_layers
-    return lm.ops.first_layers(spec_model, timed_layers(spec_model.args)), spec_model.args, n_layers, step
+def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, ModelArgs, ModelArgs, int]:
+    """(the speculator's first layer, its model's args, the args of the speculator as it runs (a
+    "self:K" speculator's: K layers shaped as the main model's), its step size)."""
+    run, step = lm.speculator_model(method.speculator)
+    whole = lm.model if isinstance(method.speculator, str) else run
+    return lm.ops.first_layers(whole, timed_layers(whole.args)), whole.args, run.args, step
 
 
 def timed_layers(args: Any) -> int:
@@ -113,11 +111,11 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     """The sparse method's settings (and the speculator's shape): part of the calibration key."""
     if method.sparse == "h2o":
         return asdict(method.h2o or H2OConfig())
-    _, spec_args, n_layers, step = _speculator(lm, method)
+    _, spec_args, run_args, step = _speculator(lm, method)
     return {
         **asdict(method.specprefill or SpecPrefillConfig()),
         "speculator": asdict(spec_args),
-        "speculator_layers": n_layers,
+        "speculator_layers": run_args.num_hidden_layers,
         "speculator_step": step,
     }
 
@@ -167,12 +165,12 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
         sparse = len(h2o_config.layer_indices(n_attention)) / n_attention
         return full, (1.0 - sparse) * full + sparse * h2o
-    spec_layer, spec_args, n_spec, spec_step = _speculator(lm, method)
+    spec_layer, spec_args, run_args, spec_step = _speculator(lm, method)
+    n_spec = run_args.num_hidden_layers
     config = method.specprefill or SpecPrefillConfig()
     config = dataclasses.replace(
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
-    run_args = lm.speculator_model(method.speculator)[0].args  # a "self:K" speculator's K layers
     scored = scoring_layers(config, run_args)
     depth = pass_depth(n_spec, scored, config.lookahead, 0)  # the layers its pass runs (no drafting here)
     speculator_h2o, share = config.speculator_prefill, 1.0
