@@ -19,6 +19,7 @@ from typing import Any
 
 from .config_checks import (
     SELECT_UNITS,
+    _check_deep_keep,
     _check_keep_rule,
     _check_spans,
     _check_units,
@@ -32,6 +33,9 @@ REDUCTIONS = ("max", "mean")
 DEFAULT_KEEP_RATIO = 0.3  # measured (issue 34): the paper's 0.1 loses multi-hop answers
 PAPER_KEEP_RATIO = 0.1  # the reference implementation's keep share
 MASS_FLOOR, MASS_CEILING = 0.05, 0.5  # the mass rule's chunk-share bounds when none are given
+# deep_keep: the prompt's last tokens whose queries in the speculator's first K layers rank what
+# its deeper layers read (research/speculator_depth/nested.py)
+DEEP_WINDOW = 64
 GROWTH_FROM = 4096  # keep_growth: the prompt length (tokens) up to which the keep ratio holds as given
 # H2O runs in the first third of the layers and the rest attend to every key: with H2O in every
 # layer (seed 001, layers="all") the answer tokens' keys and values in the later layers drift and
@@ -230,7 +234,7 @@ class SpecPrefillConfig:
     default: no window rule beat it across self:8 and self:12, see docs/results.md, Fidelity), "last-K" (a
     window of K layers ending at the speculator's last), "last-1" (the last layer only) or "first-K" /
     "first-F" (its first layers: with no look-ahead the speculator's pass then stops after them, as
-    nothing reads deeper: methods/specprefill.pass_depth).
+    nothing reads deeper: methods/speculator_depth.pass_depth).
     head_reduction / layer_reduction: "max" (paper) or "mean".
     lookahead_reduction: over the scoring queries (the last prompt token, then each look-ahead
     token): "mean" (paper) or "max" (a token one answer step reads strongly counts fully, not
@@ -344,6 +348,12 @@ class SpecPrefillConfig:
         "every layer; the look-ahead still scores every prompt key; API: an H2OConfig)",
         SPECULATOR_PREFILLS,
     )
+    deep_keep: float | None = setting(
+        None,
+        "SpecPrefill with layers first-K and a look-ahead: the share of the prompt the speculator's "
+        "deeper layers read (they only make the look-ahead tokens), ranked by its first K layers' "
+        f"last {DEEP_WINDOW} prompt queries (none: every token)",
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "speculator_prefill", _speculator_prefill(self))
@@ -362,6 +372,7 @@ class SpecPrefillConfig:
             if getattr(self, name) not in REDUCTIONS:
                 raise _error(self, f"{name} must be one of {REDUCTIONS}, got {getattr(self, name)!r}", name)
         _check_layers(self)
+        _check_deep_keep(self)
 
     @classmethod
     def paper(cls, **fields: Any) -> "SpecPrefillConfig":

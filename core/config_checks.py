@@ -117,3 +117,18 @@ def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: 
         object.__setattr__(config, "keep_ratio", float(value))
         if config.keep_growth is not None:
             object.__setattr__(config, "keep_growth", _require_share(config, "keep_growth"))
+
+
+def _check_deep_keep(config: Any) -> None:
+    """SpecPrefillConfig.deep_keep: a share, and deeper layers to read it (layers first-K / first-F:
+    with every layer scored, every layer reads every token)."""
+    if config.deep_keep is None:
+        return
+    _require_share(config, "deep_keep")
+    if not str(config.layers).strip().lower().startswith("first-"):
+        raise _error(
+            config,
+            f"deep_keep needs layers first-K or first-F (the layers past them read the share), got {config.layers!r}",
+            "deep_keep",
+            "layers",
+        )

@@ -253,7 +253,7 @@ class CausalLM(LoadedModel[A]):
         """The speculator's dense KV of the prompt, kept for the conversation's next SpecPrefill
         turn: after an H2O speculator pass only the dense KV it started from (its slots past that are
         H2O's, approximate); none from a hybrid speculator (its recurrent state is not kept at the
-        prompt's end); after a pass that stopped short of its last layer (methods/specprefill.pass_depth)
+        prompt's end); after a pass that stopped short of its last layer (methods/speculator_depth.pass_depth)
         only the KV it started from, as after an H2O pass (the deeper layers hold none of the new part)."""
         cache = sparse.speculator.cache
         spec = method.specprefill

@@ -27,6 +27,7 @@ from typing import Any, Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 
 import numpy as np
 
+from .errors import ConfigError
 from .stages import (
     A,
     AttentionTerms,
@@ -310,6 +311,26 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
         """One step: ids [T] appended to `cache` at RoPE `positions`; float32 logits
         [T - logits_from, vocab] for the step's tokens from `logits_from` on (None: no LM head)."""
 
+    def layer_states(
+        self, model: Any, ids: A, positions: int | np.ndarray, cache: KVCache[A], attend: PrefillAttention[A] | None
+    ) -> A:
+        """forward's step through `model`'s blocks only (a first_layers view: its first K): their
+        output [T, hidden] for every row, before the final norm. ConfigError for a model that
+        cannot be split (a nested speculator, SpecPrefillConfig.deep_keep)."""
+
+    def forward_from(
+        self,
+        model: Any,
+        first_layer: int,
+        states: A,
+        positions: int | np.ndarray,
+        cache: KVCache[A],
+        attend: PrefillAttention[A] | None,
+        logits_from: int | None,
+    ) -> A | None:
+        """forward from block `first_layer` on: states [T, hidden] is that block's input
+        (layer_states of the first first_layer blocks), stored in those blocks' cache slots."""
+
     @property
     def device_name(self) -> str:
         """Where it runs, for reports: "cuda:0 (NVIDIA H100 ...)", "cpu", "gpu (Metal)"."""
@@ -389,6 +410,17 @@ def cancellation(is_cancelled: Callable[[], bool] | None) -> Iterator[None]:
 def installed() -> bool:
     """Whether a cancellation check is installed (MLX then evaluates a prefill step per layer)."""
     return _CANCEL_CHECK.get() is not None
+
+
+def cannot_split() -> ConfigError:
+    """What a backend raises when a nested speculator (SpecPrefillConfig.deep_keep) would run a
+    model its layer_states / forward_from cannot split in two (transformers' or mlx-lm's adapted
+    families, whose forward is theirs)."""
+    return ConfigError(
+        "deep_keep: a nested speculator needs one of specfill's own model families, not an adapted one",
+        "deep_keep",
+        config="SpecPrefillConfig",
+    )
 
 
 def checkpoint() -> None:

@@ -31,7 +31,8 @@ from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, H2OConfig, SpecPref
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
-from .methods.specprefill import pass_depth, scoring_layers, speculative_prefill
+from .methods.specprefill import scoring_layers, speculative_prefill
+from .methods.speculator_depth import nested_split, pass_depth
 from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
@@ -172,7 +173,9 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
     scored = scoring_layers(config, run_args)
-    depth = pass_depth(n_spec, scored, config.lookahead, 0)  # the layers its pass runs (no drafting here)
+    split = nested_split(n_spec, scored, config.lookahead, 0, config)  # a nested pass: deeper layers on a share
+    depth = pass_depth(n_spec, scored, config.lookahead, 0) if split is None else split  # the layers over every token
+    deep = 0.0 if split is None else (n_spec - split) * config.deep_keep  # dense layers' worth over the subset
     speculator_h2o, share = config.speculator_prefill, 1.0
     if speculator_h2o is not None:  # the timed layer runs H2O; the speculator's others cost what a dense pass's do
         share = len([i for i in speculator_h2o.layer_indices(n_spec) if i < depth]) / depth
@@ -193,12 +196,13 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
 
     def sparse_run() -> float:
         timed = parts(config)
-        speculator = timed["speculator"]
-        if share < 1.0:
+        speculator = dense = timed["speculator"]
+        if speculator_h2o is not None and (share < 1.0 or deep):
             dense = parts(dataclasses.replace(config, speculator_prefill=None))["speculator"]
             speculator = share * speculator + (1.0 - share) * dense
         per_layer = 1.0 / timed_layers(spec_args)  # the timed view's pass and scoring, per layer
-        return per_layer * (depth * speculator + len(scored) * timed["selection"]) + n_main * timed["main_prefill"]
+        work = depth * speculator + deep * dense + len(scored) * timed["selection"]
+        return per_layer * work + n_main * timed["main_prefill"]
 
     return _best_of(layer_run, sparse_run)
 

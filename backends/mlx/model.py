@@ -260,20 +260,39 @@ class Transformer(nn.Module):
     ) -> mx.array:
         """n_layers: run only the first n blocks (then the final norm): the "self:K" speculator.
         rows_from: the rows read afterwards (Model.hidden)."""
-        layers = self.layers if n_layers is None else self.layers[:n_layers]
+        return self.norm(self.blocks(self.embed(ids), positions, cache, attend, 0, n_layers, rows_from))
+
+    def embed(self, ids: mx.array) -> mx.array:
+        """ids [1, T] -> the first block's input [1, T, hidden]."""
         h = self.embed_tokens(ids)
         if self.embedding_scale is not None:  # rounded to the activation dtype, as HF does
             h = h * mx.array(self.embedding_scale, dtype=h.dtype)
-        caches = cache if cache is not None else [None] * len(layers)
+        return h
+
+    def blocks(
+        self,
+        h: mx.array,
+        positions: Positions,
+        cache: Sequence[LayerKVCache] | None,
+        attend: PrefillAttention | None,
+        first: int = 0,
+        n_layers: int | None = None,
+        rows_from: int = 0,
+    ) -> mx.array:
+        """Blocks first..n_layers - 1 (None: every block) over h, their input; the last computes
+        only the rows read from rows_from on (0: every row): its output, before the final norm."""
+        end = len(self.layers) if n_layers is None else n_layers
+        caches = cache if cache is not None else [None] * len(self.layers)
         ropes = {False: self.rope, True: self.rope_local}
-        steps, rows = ids.shape[1], 0
-        for index, (layer, layer_cache) in enumerate(zip(layers, caches)):
+        steps, rows = h.shape[1], 0
+        for index in range(first, end):
+            layer, layer_cache = self.layers[index], caches[index]
             layer_boundary(h)
-            if index == len(layers) - 1 and rows_from:  # its rows nothing reads are not computed
-                end = steps + (0 if layer_cache is None else layer_cache.offset)
-                rows = last_rows(steps, rows_from, attend, index, end)
+            if index == end - 1 and rows_from:  # its rows nothing reads are not computed
+                filled = steps + (0 if layer_cache is None else layer_cache.offset)
+                rows = last_rows(steps, rows_from, attend, index, filled)
             h = layer(h, ropes, positions, layer_cache, None if attend is None else partial(attend, index), rows)
-        return self.norm(h)
+        return h
 
 
 class Model(nn.Module):
@@ -306,6 +325,20 @@ class Model(nn.Module):
         keys and values). `attend` replaces causal attention; `n_layers` runs only the first blocks."""
         return self.model(ids, positions, cache, attend, n_layers, rows_from)
 
+    def states(
+        self, ids: mx.array, positions: Positions, cache: Sequence[LayerKVCache], attend=None, n_layers=None
+    ) -> mx.array:
+        """ids [1, T] through the first n_layers blocks (None: every one), every row: the last
+        one's output [1, T, hidden] before the final norm (a nested speculator's deeper layers read
+        it: core/methods/speculator_depth.py)."""
+        return self.model.blocks(self.model.embed(ids), positions, cache, attend, 0, n_layers)
+
+    def from_layer(
+        self, first: int, h: mx.array, positions: Positions, cache: Sequence[LayerKVCache], attend=None, rows_from=0
+    ) -> mx.array:
+        """hidden as from block `first` on: h [1, T, hidden] is its input."""
+        return self.model.norm(self.model.blocks(h, positions, cache, attend, first, None, rows_from))
+
     def logits(self, hidden: mx.array) -> mx.array:
         if self.args.tie_word_embeddings:
             return self.model.embed_tokens.as_linear(hidden)
@@ -336,6 +369,10 @@ class LayerView:
     def hidden(self, ids: mx.array, positions: Positions = 0, cache=None, attend=None, rows_from: int = 0) -> mx.array:
         """Model.hidden through the first n_layers blocks."""
         return self.model.hidden(ids, positions, cache, attend, self.n_layers, rows_from)
+
+    def states(self, ids: mx.array, positions: Positions, cache, attend=None) -> mx.array:
+        """Model.states through the first n_layers blocks."""
+        return self.model.states(ids, positions, cache, attend, self.n_layers)
 
     def logits(self, hidden: mx.array) -> mx.array:
         return self.model.logits(hidden)

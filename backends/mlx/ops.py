@@ -18,7 +18,7 @@ import numpy as np
 
 import specfill.backends.mlx.method_ops as method_ops
 from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
-from specfill.core.ops import KernelStages
+from specfill.core.ops import KernelStages, cannot_split
 
 from .cache import LayerKVCache, ModelKVCache, make_cache
 from .method_ops import stage_kernels
@@ -83,11 +83,34 @@ class MLXOps(KernelStages):
         return mx.array(np.asarray(ids, dtype=np.int32))
 
     def forward(self, model: Model | LayerView, ids, positions, cache, attend, logits_from) -> mx.array | None:
-        pos = positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
+        pos = _positions(positions)
         steps = ids.shape[0]
         if logits_from is not None and logits_from < 0:
             logits_from += steps
         hidden = model.hidden(ids[None], pos, cache, attend, rows_from=steps if logits_from is None else logits_from)
+        if logits_from is None:
+            return None
+        return model.logits(hidden[:, logits_from - (steps - hidden.shape[1]) :]).astype(mx.float32)[0]
+
+    def layer_states(self, model: Model | LayerView, ids, positions, cache, attend) -> mx.array:
+        if not isinstance(model, (Model, LayerView)):  # an adapted family (adapted.py): mlx-lm's forward
+            raise cannot_split()
+        return model.states(ids[None], _positions(positions), cache, attend)[0]
+
+    def forward_from(self, model: Model, first_layer: int, states, positions, cache, attend, logits_from):
+        if not isinstance(model, Model):
+            raise cannot_split()
+        steps = states.shape[0]
+        if logits_from is not None and logits_from < 0:
+            logits_from += steps
+        hidden = model.from_layer(
+            first_layer,
+            states[None],
+            _positions(positions),
+            cache,
+            attend,
+            steps if logits_from is None else logits_from,
+        )
         if logits_from is None:
             return None
         return model.logits(hidden[:, logits_from - (steps - hidden.shape[1]) :]).astype(mx.float32)[0]
@@ -154,3 +177,8 @@ def _flatten(items: list[Any]) -> list[Any]:
         else:
             flat.extend(item.state if isinstance(item, (ModelKVCache, LayerKVCache)) else [item])
     return flat
+
+
+def _positions(positions):
+    """RoPE positions as the model takes them: an int (the first of consecutive ones) or int32 [T]."""
+    return positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))

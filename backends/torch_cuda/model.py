@@ -253,21 +253,62 @@ class Transformer(nn.Module):
         Returns logits [1, T - logits_from, vocab] float32 for the step's tokens from index
         `logits_from` on (the LM head runs only there), or None when logits_from is None.
         """
+        return self.from_layer(0, self.embed(ids), positions, cache, logits_from, attend)
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [1, T] -> the first block's input [1, T, hidden]."""
         x = self.embed_tokens(ids)
         if self.args.embedding_scale is not None:  # rounded to the activation dtype, as HF does
             x = x * torch.tensor(self.args.embedding_scale, dtype=x.dtype)
-        ropes = {False: self.rope(positions, x.dtype)}
-        ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
-        steps, last = ids.shape[1], len(self.layers) - 1
+        return x
+
+    def states(
+        self, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache, attend: PrefillAttention | None
+    ) -> torch.Tensor:
+        """ids [1, T] through every block (stored in the cache as forward stores them): the last
+        block's output [1, T, hidden], every row, before the final norm (a nested speculator's
+        deeper layers read it: core/methods/speculator_depth.py)."""
+        return self._blocks(0, self.embed(ids), positions, cache, 0, attend)[0]
+
+    def from_layer(
+        self,
+        first: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: ModelKVCache,
+        logits_from: int | None = 0,
+        attend: PrefillAttention | None = None,
+    ) -> torch.Tensor | None:
+        """forward from block `first` on: x [1, T, hidden] is its input (0: the embedding; a
+        nested speculator's deeper layers: the states of its first `first` blocks)."""
+        steps = x.shape[1]
         if logits_from is not None and logits_from < 0:
             logits_from += steps
+        x, rows_from = self._blocks(first, x, positions, cache, logits_from, attend)
+        if logits_from is None:
+            return None
+        return self.lm_head(self.norm(x[:, logits_from - rows_from :])).float()
+
+    def _blocks(
+        self,
+        first: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        cache: ModelKVCache,
+        logits_from: int | None,
+        attend: PrefillAttention | None,
+    ) -> tuple[torch.Tensor, int]:
+        """Blocks first.. over x; the last computes only the rows read (core/ops.last_rows):
+        (the output, its first row)."""
+        ropes = {False: self.rope(positions, x.dtype)}
+        ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
+        steps, last = x.shape[1], len(self.layers) - 1
         rows_from = 0
-        for index, (block, layer_cache) in enumerate(zip(self.layers, cache.layers)):
+        for index in range(first, len(self.layers)):
+            block, layer_cache = self.layers[index], cache.layers[index]
             if not torch.compiler.is_compiling():  # a compiled decode step is one graph: checked per step
                 checkpoint()  # a cancelled request (core/ops.py) stops before the next layer: eager, exact
             if index == last and logits_from != 0:  # its rows nothing reads are not computed
                 rows_from = last_rows(steps, logits_from, attend, block.self_attn.layer, layer_cache.offset + steps)
             x = block(x, ropes, positions, layer_cache, attend, rows_from)
-        if logits_from is None:
-            return None
-        return self.lm_head(self.norm(x[:, logits_from - rows_from :])).float()
+        return x, rows_from

@@ -17,7 +17,7 @@ import torch
 import specfill.backends.torch_cuda.method_ops as method_ops
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
 from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
-from specfill.core.ops import KernelStages
+from specfill.core.ops import KernelStages, cannot_split
 
 from .attention import causal_attention as causal_step_attention
 from .attention import terms_attention, windowed_attention
@@ -26,6 +26,13 @@ from .method_ops import stage_kernels
 from .model import Transformer, few_row_products
 
 MAX_GRAPH_TOKENS = 16  # decode and verify steps up to this many tokens take the static path (decode_graph.py)
+
+
+def own_family(model: Any) -> None:
+    """A nested speculator (SpecPrefillConfig.deep_keep) runs its blocks in two parts: specfill's
+    own model families (model.py) only."""
+    if not isinstance(model, Transformer):
+        raise cannot_split()
 
 
 class TorchOps(KernelStages):
@@ -97,11 +104,13 @@ class TorchOps(KernelStages):
     def tokens(self, ids: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=self.device)
 
-    def forward(self, model: Transformer, ids, positions, cache, attend, logits_from) -> torch.Tensor | None:
+    def _positions(self, positions, steps: int) -> torch.Tensor:
         if isinstance(positions, int):
-            pos = torch.arange(positions, positions + ids.shape[0], device=self.device)
-        else:
-            pos = torch.as_tensor(positions, dtype=torch.int64, device=self.device)
+            return torch.arange(positions, positions + steps, device=self.device)
+        return torch.as_tensor(positions, dtype=torch.int64, device=self.device)
+
+    def forward(self, model: Transformer, ids, positions, cache, attend, logits_from) -> torch.Tensor | None:
+        pos = self._positions(positions, ids.shape[0])
         if (
             self.static_decode
             and self.decode_graphs is not None
@@ -110,6 +119,18 @@ class TorchOps(KernelStages):
             logits = self.decode_graphs.run(model, ids, pos, cache)
             return logits if logits_from == 0 else logits[logits_from:]
         logits = model(ids[None], pos, cache, logits_from, attend)
+        return None if logits is None else logits[0]
+
+    def layer_states(self, model: Transformer, ids, positions, cache, attend) -> torch.Tensor:
+        own_family(model)
+        return model.states(ids[None], self._positions(positions, ids.shape[0]), cache, attend)[0]
+
+    def forward_from(
+        self, model: Transformer, first_layer: int, states, positions, cache, attend, logits_from
+    ) -> torch.Tensor | None:
+        own_family(model)
+        pos = self._positions(positions, states.shape[0])
+        logits = model.from_layer(first_layer, states[None], pos, cache, logits_from, attend)
         return None if logits is None else logits[0]
 
     @staticmethod

@@ -40,68 +40,12 @@ from ..stages import (
     active_terms,
     attention_layers,
     layer_terms,
-    query_start,
-    window_binds,
 )
 from .h2o import h2o_prefill
 from .prefill import StageProgress, prefill, stage_work
+from .scoring import token_importance  # re-exported: the scoring is part of this method
 from .selection import select_new_tokens
-
-
-def token_importance(
-    ops: ModelOps[A],
-    queries: A,
-    keys: A | Callable[[int], A],
-    config: SpecPrefillConfig,
-    scale: float,
-    windows: Sequence[int | None] = (),
-    terms: Sequence[AttentionTerms[A] | None] = (),
-    n_window: int = 1,
-    layers: Sequence[int] | None = None,
-) -> A:
-    """importance [P] from queries [n_l, n_q, Hq, D] (the first n_window the prompt's last tokens',
-    then the look-ahead's) and keys [n_l, Hkv, P, D] or, without a stack of every layer's, a
-    function of a layer giving its keys [1, Hkv, P, D] (KVCache.layer_keys); layers: the speculator
-    layers the rows of `queries` hold, all scored (run_speculator's capture of config's layers);
-    None: row i is layer i, scored where config.layer_indices says. windows: each speculator
-    layer's sliding window, empty: all global (a sliding layer scores only the keys its queries
-    attended); terms: each layer's attention terms, empty: none.
-
-    Layer by layer: pooling and the head reduction act within one layer and the layer reduction
-    runs as a running max or sum, so one layer's probabilities [n_q, Hq, P] and the running scores
-    [n_q, 1, P] are all that exist at a time (memory O(n_q Hq P), whatever the layer count; a lazy
-    backend evaluates each layer before building the next). The
-    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
-    key_of = keys if callable(keys) else (lambda layer: keys[layer : layer + 1])
-    scored = list(layers) if layers is not None else config.layer_indices(queries.shape[0])
-    rows = range(len(scored)) if layers is not None else scored
-    n_keys = key_of(scored[0]).shape[2]
-    start = query_start(n_keys, n_window)
-    farthest = n_keys + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
-    combined = None
-    for layer, row in zip(scored, rows):
-        window = windows[layer] if windows else None
-        probs = ops.attention_scores(
-            queries[row : row + 1],
-            key_of(layer),
-            scale,
-            window if window_binds(window, farthest) else None,
-            active_terms(terms[layer]) if terms else None,
-            query_start=start,
-        )
-        pooled = ops.smooth_scores(probs, config.pool_kernel)
-        del probs  # freed before the next layer's are made
-        scores = ops.reduce_axis(pooled, config.head_reduction, axis=2)
-        del pooled
-        if combined is None:
-            combined = scores
-        elif config.layer_reduction == "max":
-            combined = ops.reduce_axis(ops.concat([combined, scores], axis=1), "max", axis=1)[:, None]
-        else:
-            combined = combined + scores  # the mean's sum, divided once at the end
-        ops.settle([combined])  # MLX: this layer evaluated (its scores freed) before the next is built
-    combined = combined[:, 0] if config.layer_reduction == "max" else combined[:, 0] / len(scored)
-    return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)
+from .speculator_depth import DeepSubset, capture_window, nested_split, pass_depth
 
 
 class QueryCapture(Generic[A]):
@@ -234,6 +178,7 @@ def run_speculator(
     layers: Sequence[int] | None = None,
     cache: Any = None,
     cached: int = 0,
+    nest: SpecPrefillConfig | None = None,
 ) -> SpeculatorPass[A]:
     """Full prefill of ids [P] on the speculator (H2O prefill with `h2o`), then greedy look-ahead
     (see the module doc).
@@ -248,11 +193,15 @@ def run_speculator(
     from a reused prefix, docs/methods.md): cut to them, grown as needed, and only ids[cached:] are
     prefilled (with `h2o`: H2O walked from that prefix, as the main model's H2O from a reused
     prefix); the window stays inside them. None: a new cache.
+    nest: a config with deep_keep makes the pass nested where nested_split says (its deeper layers
+    read a subset ranked with nest's reductions: core/methods/speculator_depth.py).
     """
     n_prompt, args = len(ids), speculator.args
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
     depth = pass_depth(args.num_hidden_layers, captured, lookahead, extra_slots)
+    split = nested_split(args.num_hidden_layers, captured, lookahead, extra_slots, nest)
     n_window = max(1, min(query_window, n_prompt - cached))
+    window = n_window if split is None else capture_window(n_window, n_prompt, cached)
     needed = n_prompt + max(lookahead, extra_slots)
     if cache is None:
         cache = ops.new_cache(speculator, needed)
@@ -272,21 +221,26 @@ def run_speculator(
         args.attention_scale,
         args.layer_windows,
         layer_terms(args),
-        n_window,
+        window,
         sparse,
         captured,
-        final if sparse is not None and sparse.last_row_dense(final) else None,
+        final if split is None and sparse is not None and sparse.last_row_dense(final) else None,
     )
-    logits = prefill(
-        ops,
-        speculator if depth == args.num_hidden_layers else ops.first_layers(speculator, depth),
-        ops.tokens(ids[cached:]),
-        cached,
-        cache,
-        step_size=step_size,
-        attend=capture,
-        progress=None if report is None else report.of("speculator"),
-    )[-1]
+    progress = None if report is None else report.of("speculator")
+    if split is None:
+        logits = prefill(
+            ops,
+            speculator if depth == args.num_hidden_layers else ops.first_layers(speculator, depth),
+            ops.tokens(ids[cached:]),
+            cached,
+            cache,
+            step_size=step_size,
+            attend=capture,
+            progress=progress,
+        )[-1]
+    else:
+        nested = DeepSubset(ops, speculator, split, cache, nest, n_window, captured)
+        logits = nested.prefill(ids, cached, step_size, capture, window, progress)
     capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
     fed: list[int] = []
     for step in range(lookahead):
@@ -295,28 +249,24 @@ def run_speculator(
             break
         fed.append(token)
         wants_logits = step + 1 < lookahead  # the last fed token only contributes its query
-        out = ops.forward(
-            speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture, 0 if wants_logits else None
-        )
+        if split is None:
+            out = ops.forward(
+                speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture, 0 if wants_logits else None
+            )
+        else:
+            out = nested.step(token, step, capture, wants_logits)
         logits = out[-1] if out is not None else logits
         ops.settle([logits, capture.arrays(), cache])
         if report is not None:
             report("lookahead", step + 1, lookahead)
     queries = capture.stacked()
+    if window > n_window:  # the subset's ranking window: only the scoring window's queries are returned
+        queries = queries[:, window - n_window :]
     ops.settle([queries])
     layers = None if layers is None else list(layers)
-    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, layers, depth)
-
-
-def pass_depth(n_layers: int, scored: Sequence[int], lookahead: int, extra_slots: int) -> int:
-    """How many of the speculator's first layers its prompt pass runs: every one where anything
-    reads past the deepest scored layer (look-ahead tokens are chosen by its logits; a speculator
-    that drafts later, extra_slots > 0, decodes from its whole cache), else up to that layer:
-    nothing reads the deeper layers' keys, values or outputs, so the queries, keys and selection
-    are those of the whole pass (layer i depends on layers <= i only, H2O's walk too)."""
-    if lookahead > 0 or extra_slots > 0 or not scored:
-        return n_layers
-    return max(scored) + 1
+    return SpeculatorPass(
+        queries, fed, cache, speculator, n_window, n_prompt, layers, depth if split is None else split
+    )
 
 
 @dataclass
@@ -374,9 +324,12 @@ def expected_work(model_args: Any, speculator_args: Any, n_prompt: int, config: 
     heads = speculator_args.num_attention_heads * speculator_args.head_dim
     scored = scoring_layers(config, speculator_args)
     scoring = 2.0 * len(scored) * n_queries * heads * n_prompt
-    depth = pass_depth(speculator_args.num_hidden_layers, scored, config.lookahead, 0)
+    n_layers = speculator_args.num_hidden_layers
+    split = nested_split(n_layers, scored, config.lookahead, 0, config)  # a nested pass: its deeper layers on a share
+    depth = pass_depth(n_layers, scored, config.lookahead, 0) if split is None else split
+    read = depth + (0.0 if split is None else (n_layers - split) * config.deep_keep)
     return {
-        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2) * depth / speculator_args.num_hidden_layers,
+        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2) * read / n_layers,
         "lookahead": stage_work(speculator_args, config.lookahead, n_prompt),
         "main_prefill": scoring + stage_work(model_args, kept, kept / 2),
     }
@@ -418,6 +371,7 @@ def speculate_and_select(
         layers=scoring_layers(config, speculator.args),
         cache=prior,
         cached=min(cached, reused),
+        nest=config,
     )
     speculated = ops.wall_time()
     importance = token_importance(

@@ -156,6 +156,46 @@ class ReferenceModel:
         queries = np.stack([q[:, n_prompt - window :].transpose(1, 0, 2) for q in qs])
         return queries, np.stack([k[:, :n_prompt] for k in ks]), fed
 
+    def nested_speculator_pass(
+        self,
+        ids: list[int],
+        split: int,
+        lookahead: int,
+        subset_of: Callable[[np.ndarray, np.ndarray], np.ndarray],
+        stop_ids: frozenset[int] = frozenset(),
+        window: int = 1,
+        rank_window: int = 1,
+    ) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
+        """The nested speculator (core/methods/speculator_depth.py), dense, naively: every step
+        recomputes the sequence; layers < `split` over the prompt and the fed tokens, layers from
+        `split` on over the subset's rows and the fed tokens (their original positions), where
+        subset = subset_of(queries [split, rank_window, Hq, D] of the prompt's last rank_window
+        tokens, prompt keys [split, Hkv, P, D]), chosen once from the prompt. Returns speculator_pass's
+        (queries of the first `split` layers, their keys, fed tokens) and the subset."""
+        n_prompt, fed, subset = len(ids), [], None
+        while True:
+            seq = ids + fed
+            hidden, qs, ks, positions = self.embed(seq), [], [], np.arange(len(seq))
+            for layer in range(split):
+                q, k, v = self.qkv(layer, hidden, positions)
+                qs.append(q)
+                ks.append(k)
+                hidden = self.finish_layer(layer, hidden, self.attend(layer, q, k, v, positions))
+            if subset is None:
+                ranking = np.stack([q[:, n_prompt - rank_window : n_prompt].transpose(1, 0, 2) for q in qs])
+                subset = np.asarray(subset_of(ranking, np.stack([k[:, :n_prompt] for k in ks])), np.int64)
+            rows = np.concatenate([subset, np.arange(n_prompt, len(seq))])
+            deep = hidden[rows]
+            for layer in range(split, self.args.num_hidden_layers):
+                q, k, v = self.qkv(layer, deep, rows)
+                deep = self.finish_layer(layer, deep, self.attend(layer, q, k, v, rows))
+            token = int(self.logits(deep[-1:])[-1].argmax())
+            if len(fed) == lookahead or token in stop_ids:
+                break
+            fed.append(token)
+        queries = np.stack([q[:, n_prompt - window :].transpose(1, 0, 2) for q in qs])
+        return queries, np.stack([k[:, :n_prompt] for k in ks]), fed, subset
+
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])
         return self._norm(hidden, "model.norm.weight") @ head.T

@@ -81,10 +81,10 @@ def composition_table(keeps: tuple[float, ...] = KEEPS) -> list[dict]:
 
 def auto_composition(spec: Shape) -> Method:
     """`auto`'s composition (core/config.AUTO_COMPOSITION) with this speculator, keeping AUTO_SHARE:
-    its speculator as deep as its pass runs (core/methods/specprefill.pass_depth: its scoring layers,
+    its speculator as deep as its pass runs (core/methods/speculator_depth.pass_depth: its scoring layers,
     no look-ahead), H2O in each of those layers."""
     from specfill.core.config import AUTO_COMPOSITION, layer_subset
-    from specfill.core.methods.specprefill import pass_depth
+    from specfill.core.methods.speculator_depth import pass_depth
 
     config = AUTO_COMPOSITION
     depth = pass_depth(spec.layers, layer_subset(config.layers, spec.layers), config.lookahead, 0)

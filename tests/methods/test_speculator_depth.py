@@ -1,4 +1,4 @@
-"""SpecPrefill's speculator runs only the layers something reads (core/methods/specprefill.pass_depth):
+"""SpecPrefill's speculator runs only the layers something reads (core/methods/speculator_depth.pass_depth):
 with no look-ahead and no drafting from its cache, its prompt pass stops after the deepest scored
 layer (`layers="first-K"` makes it K layers deep). Checked on every installed backend: the deeper
 layers hold none of the prompt; the queries, keys and selection equal the whole pass's and the NumPy
@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from specfill.core.config import H2OConfig, SpecPrefillConfig
-from specfill.core.methods.specprefill import pass_depth, run_speculator, speculate_and_select
+from specfill.core.methods.specprefill import run_speculator, speculate_and_select
+from specfill.core.methods.speculator_depth import pass_depth
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
 from specfill.core.runtime import KVState, PrefillMethod

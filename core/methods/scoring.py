@@ -1,0 +1,67 @@
+"""SpecPrefill's scoring (seed 002, step 2), written once over `ModelOps`: the speculator's queries
+score every prompt key, layer by layer (core/methods/specprefill.py runs it on a speculator's pass;
+core/methods/speculator_depth.py on a nested pass's first layers, to rank what its deeper layers read)."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..config import SpecPrefillConfig
+from ..ops import ModelOps
+from ..stages import A, AttentionTerms, active_terms, query_start, window_binds
+
+
+def token_importance(
+    ops: ModelOps[A],
+    queries: A,
+    keys: A | Callable[[int], A],
+    config: SpecPrefillConfig,
+    scale: float,
+    windows: Sequence[int | None] = (),
+    terms: Sequence[AttentionTerms[A] | None] = (),
+    n_window: int = 1,
+    layers: Sequence[int] | None = None,
+) -> A:
+    """importance [P] from queries [n_l, n_q, Hq, D] (the first n_window the prompt's last tokens',
+    then the look-ahead's) and keys [n_l, Hkv, P, D] or, without a stack of every layer's, a
+    function of a layer giving its keys [1, Hkv, P, D] (KVCache.layer_keys); layers: the speculator
+    layers the rows of `queries` hold, all scored (run_speculator's capture of config's layers);
+    None: row i is layer i, scored where config.layer_indices says. windows: each speculator
+    layer's sliding window, empty: all global (a sliding layer scores only the keys its queries
+    attended); terms: each layer's attention terms, empty: none.
+
+    Layer by layer: pooling and the head reduction act within one layer and the layer reduction
+    runs as a running max or sum, so one layer's probabilities [n_q, Hq, P] and the running scores
+    [n_q, 1, P] are all that exist at a time (memory O(n_q Hq P), whatever the layer count; a lazy
+    backend evaluates each layer before building the next). The
+    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
+    key_of = keys if callable(keys) else (lambda layer: keys[layer : layer + 1])
+    scored = list(layers) if layers is not None else config.layer_indices(queries.shape[0])
+    rows = range(len(scored)) if layers is not None else scored
+    n_keys = key_of(scored[0]).shape[2]
+    start = query_start(n_keys, n_window)
+    farthest = n_keys + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
+    combined = None
+    for layer, row in zip(scored, rows):
+        window = windows[layer] if windows else None
+        probs = ops.attention_scores(
+            queries[row : row + 1],
+            key_of(layer),
+            scale,
+            window if window_binds(window, farthest) else None,
+            active_terms(terms[layer]) if terms else None,
+            query_start=start,
+        )
+        pooled = ops.smooth_scores(probs, config.pool_kernel)
+        del probs  # freed before the next layer's are made
+        scores = ops.reduce_axis(pooled, config.head_reduction, axis=2)
+        del pooled
+        if combined is None:
+            combined = scores
+        elif config.layer_reduction == "max":
+            combined = ops.reduce_axis(ops.concat([combined, scores], axis=1), "max", axis=1)[:, None]
+        else:
+            combined = combined + scores  # the mean's sum, divided once at the end
+        ops.settle([combined])  # MLX: this layer evaluated (its scores freed) before the next is built
+    combined = combined[:, 0] if config.layer_reduction == "max" else combined[:, 0] / len(scored)
+    return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)

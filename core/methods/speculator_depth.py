@@ -1,0 +1,162 @@
+"""How much of the speculator SpecPrefill's pass runs. Layer i reads only the layers before it, so
+with no look-ahead (and no drafting from its cache) the pass stops at the deepest scored layer
+(`pass_depth`). With a look-ahead and SpecPrefillConfig.deep_keep the pass is nested
+(`nested_split`, `DeepSubset`): its first K layers (the scored ones, layers "first-K") read every
+prompt token; its deeper layers, which only make the look-ahead tokens, read the share of the
+prompt its first K layers rank first.
+
+1. The first K layers run over the prompt (dense or H2O, capturing the scored queries as the whole
+   pass does), keeping their output, the deeper layers' input, for every token.
+2. The first K layers' last DEEP_WINDOW prompt queries score the prompt (token_importance, the
+   config's reductions); the chunks ranked first, deep_keep of them (select_tokens), plus the
+   query window's tokens, are the subset.
+3. The deeper layers prefill the subset's states at their ORIGINAL positions, into the next slots
+   of their own caches (after a reused prefix: after its slots), attending to every slot there.
+4. Each look-ahead token goes through the first K layers over every prompt slot (its scored
+   queries captured) and through the deeper layers over the subset's; the last fed one only
+   through the first K (nothing reads its deeper output).
+The scores are the first K layers' (window and look-ahead queries over every prompt key), as in
+the whole pass; only the look-ahead tokens can differ from the whole speculator's. Cost: about
+K / n + (1 - K / n) x deep_keep of the whole pass (research/speculator_depth: at 16K, the 0.5B's
+first 12 of 24 layers and deep_keep 0.3 kept what the whole pass keeps, its pass ~0.6 of it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..config import DEEP_WINDOW, SpecPrefillConfig
+from ..errors import ConfigError
+from ..ops import ModelOps, PrefillAttention
+from ..runtime import ProgressCallback
+from ..stages import A, layer_terms
+from .scoring import token_importance
+from .selection import select_tokens
+
+
+def pass_depth(n_layers: int, scored: Sequence[int], lookahead: int, extra_slots: int) -> int:
+    """How many of the speculator's first layers its prompt pass runs: every one where anything
+    reads past the deepest scored layer (look-ahead tokens are chosen by its logits; a speculator
+    that drafts later, extra_slots > 0, decodes from its whole cache), else up to that layer:
+    nothing reads the deeper layers' keys, values or outputs, so the queries, keys and selection
+    are those of the whole pass (layer i depends on layers <= i only, H2O's walk too)."""
+    if lookahead > 0 or extra_slots > 0 or not scored:
+        return n_layers
+    return max(scored) + 1
+
+
+def nested_split(
+    n_layers: int, scored: Sequence[int], lookahead: int, extra_slots: int, config: SpecPrefillConfig | None
+) -> int | None:
+    """The speculator's first layers that read every token when its deeper ones read a subset
+    (the deepest scored layer + 1), or None for a whole pass: no config.deep_keep, no look-ahead (the
+    pass then stops at the scored layers: pass_depth), a cache kept for drafting
+    (extra_slots: every layer's KV wanted), or no layer past the scored ones."""
+    if config is None or config.deep_keep is None or lookahead == 0 or extra_slots > 0:
+        return None
+    split = max(scored) + 1
+    return split if split < n_layers else None
+
+
+def capture_window(n_window: int, n_prompt: int, cached: int) -> int:
+    """The prompt queries the first K layers keep: the scoring window's, and DEEP_WINDOW for the
+    subset's ranking (at most the new part)."""
+    return max(n_window, min(DEEP_WINDOW, n_prompt - cached))
+
+
+class DeepSubset:
+    """The nested pass's two parts over one cache (the module doc). prefill: steps 1-3, the
+    prompt's last logits; step: one look-ahead token (4)."""
+
+    def __init__(
+        self,
+        ops: ModelOps[A],
+        speculator: Any,
+        split: int,
+        cache: Any,
+        config: SpecPrefillConfig,
+        n_window: int,
+        scored: Sequence[int],
+    ):
+        args = speculator.args
+        if any(window is not None for window in args.layer_windows):
+            raise ConfigError(
+                "deep_keep: a nested speculator needs one without sliding-window layers",
+                "deep_keep",
+                config="SpecPrefillConfig",
+            )
+        self.ops, self.speculator, self.split, self.cache = ops, speculator, split, cache
+        self.outer = ops.first_layers(speculator, split)
+        self.config, self.n_window, self.scored = config, n_window, list(scored)
+        self.subset: np.ndarray | None = None  # prompt positions the deeper layers read
+        self.n_prompt = 0
+
+    def prefill(
+        self,
+        ids: np.ndarray,
+        cached: int,
+        step_size: int,
+        capture: PrefillAttention[A],
+        window: int,
+        progress: ProgressCallback | None,
+    ) -> A:
+        """ids [P] (the first `cached` in the cache already, in every layer), capture keeping
+        `window` prompt queries (capture_window): the deeper layers' last prompt logits [vocab]."""
+        ops, n_prompt = self.ops, len(ids)
+        self.n_prompt = n_prompt
+        states = []
+        total = n_prompt - cached
+        for lo in range(0, total, step_size):
+            hi = min(lo + step_size, total)
+            h = ops.layer_states(
+                self.outer, ops.tokens(ids[cached + lo : cached + hi]), cached + lo, self.cache, capture
+            )
+            states.append(h)
+            ops.settle([self.cache, h] + capture.arrays())
+            if progress is not None:
+                progress(hi, total)
+        self.subset = self._subset(capture.stacked(), window, cached)
+        every = ops.concat(states, axis=0) if len(states) > 1 else states[0]
+        chosen = every[ops.tokens(self.subset - cached)]  # integer-array indexing: torch and MLX alike
+        del every, states
+        logits = None
+        for lo in range(0, len(self.subset), step_size):
+            hi = min(lo + step_size, len(self.subset))
+            last = hi == len(self.subset)
+            logits = ops.forward_from(
+                self.speculator, self.split, chosen[lo:hi], self.subset[lo:hi], self.cache, None, -1 if last else None
+            )
+            ops.settle([self.cache] + ([] if logits is None else [logits]))
+        return logits[-1]
+
+    def _subset(self, queries: A, window: int, cached: int) -> np.ndarray:
+        """The prompt positions the deeper layers read: the new part's chunks the first K layers'
+        last `window` queries rank first (deep_keep of them) and the scoring window's tokens."""
+        args = self.speculator.args
+        importance = token_importance(
+            self.ops,
+            queries,
+            lambda layer: self.cache.layer_keys(layer, self.n_prompt),
+            self.config,
+            args.attention_scale,
+            args.layer_windows,
+            layer_terms(args),
+            window,
+            self.scored,
+        )
+        new = self.ops.to_numpy(importance)[cached:]
+        inner = SpecPrefillConfig(keep_ratio=self.config.deep_keep, lookahead=0)
+        chosen = select_tokens(np.asarray(new, np.float64), inner).kept + cached
+        tail = np.arange(max(cached, self.n_prompt - self.n_window), self.n_prompt)
+        return np.union1d(chosen, tail).astype(np.int64)
+
+    def step(self, token: int, step: int, capture: PrefillAttention[A], wants_logits: bool) -> A | None:
+        """Look-ahead token `step` (position P + step): the first K layers (its queries captured),
+        then, when its logits are wanted, the deeper layers over the subset."""
+        ops, position = self.ops, self.n_prompt + step
+        h = ops.layer_states(self.outer, ops.tokens(np.array([token])), position, self.cache, capture)
+        if not wants_logits:
+            return None
+        return ops.forward_from(self.speculator, self.split, h, position, self.cache, None, 0)

@@ -1,0 +1,99 @@
+"""The product's nested speculator (SpecPrefillConfig.deep_keep, core/methods/speculator_depth.py)
+on the selection protocol's samples: `auto`'s composition scored by the 0.5B's first K layers with
+`deep_keep`, run through speculate_and_select (the speculator alone, torch float32, ids from the
+saved passes), each sample's answer spans kept (the protocol's rule) and its pass time. Writes
+results as it goes.
+
+    .venv/bin/python research/speculator_depth/nested_selection.py RECORDS PASSES --depth 12 --deep-keep 0.3 --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TASK_ORDER = ("vt", "niah_multikey_2", "qa_1", "qa_2", "niah_multivalue")
+MODELS = Path.home() / ".cache" / "specfill" / "models"
+
+
+def main(argv=None) -> int:
+    from specfill import api
+    from specfill.core.config import AUTO_COMPOSITION
+    from specfill.core.methods.specprefill import speculate_and_select
+    from specfill.evaluation.machine import describe_machine
+    from specfill.evaluation.ruler_passes import SavedPass, prefill_name
+    from specfill.evaluation.ruler_protocol import write_atomic
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from probe import HELD
+
+    p = argparse.ArgumentParser()
+    p.add_argument("records", type=Path)
+    p.add_argument("passes", type=Path)
+    p.add_argument("--depth", type=int, default=12)
+    p.add_argument("--deep-keep", type=float, default=0.3)
+    p.add_argument("--tasks", default=",".join(TASK_ORDER))
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    spec, tokenizer = api.load(str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype="float32")
+    config = dataclasses.replace(AUTO_COMPOSITION, layers=f"first-{args.depth}", deep_keep=args.deep_keep)
+    suffix = f"_{prefill_name(config.speculator_prefill)}"
+    data = json.loads(args.records.read_text())
+    samples = {}
+    for r in data["records"]:
+        samples.setdefault((r["task"], r["tokens"], r["index"]), r["spans"])
+    tasks = args.tasks.split(",")
+    order = sorted((k for k in samples if k[0] in tasks), key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
+    result = {"machine": describe_machine(), "config": repr(config), "rows": []}
+    for task, tokens, index in order:
+        path = args.passes / f"{task}_{tokens}_0_{index}_chat{suffix}.npz"
+        if not path.exists():
+            print(f"no pass: {path.name}", file=sys.stderr)
+            continue
+        saved = SavedPass.load(path)
+        began = time.perf_counter()
+        with spec.ops.device_scope():
+            run, selection, seconds = speculate_and_select(
+                spec.ops,
+                spec.model,
+                saved.ids,
+                config,
+                stop_ids=frozenset(tokenizer.eos_token_ids),
+                speculator_step_size=spec.prefill_step_size,
+            )
+        row = np.zeros(len(saved.ids))
+        row[selection.kept] = 1.0
+        shares = [float(row[a:b].mean()) if b > a else 0.0 for a, b in samples[task, tokens, index].get("needle", [])]
+        result["rows"].append(
+            {
+                "task": task,
+                "tokens": tokens,
+                "index": index,
+                "seconds": time.perf_counter() - began,
+                "parts_s": seconds,
+                "saved_pass_s": saved.seconds,
+                "lookahead": run.lookahead,
+                "kept_share": len(selection.kept) / len(saved.ids),
+                "answer_kept": shares,
+                "all_kept": all(s >= HELD for s in shares),
+            }
+        )
+        print(
+            f"{task} {index}: pass {seconds['speculator']:.0f} s (whole {saved.seconds:.0f} s), "
+            f"spans {[round(s, 2) for s in shares]}",
+            flush=True,
+        )
+        write_atomic(args.out, json.dumps(result, indent=1) + "\n")
+    rows = result["rows"]
+    print(f"first {args.depth}, deep_keep {args.deep_keep}: {sum(r['all_kept'] for r in rows)}/{len(rows)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
