@@ -239,7 +239,7 @@ def run_speculator(
             progress=progress,
         )[-1]
     else:
-        nested = DeepSubset(ops, speculator, split, cache, nest, n_window, captured)
+        nested = DeepSubset(ops, speculator, split, cache, nest, n_window, captured, h2o)
         logits = nested.prefill(ids, cached, step_size, capture, window, progress)
     capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
     fed: list[int] = []

@@ -11,7 +11,8 @@ prompt its first K layers rank first.
    config's reductions); the chunks ranked first, deep_keep of them (select_tokens), plus the
    query window's tokens, are the subset.
 3. The deeper layers prefill the subset's states at their ORIGINAL positions, into the next slots
-   of their own caches (after a reused prefix: after its slots), attending to every slot there.
+   of their own caches (after a reused prefix: after its slots), attending to every slot there,
+   or, with an H2O speculator pass, H2O-walked over those slots as a prompt of their own.
 4. Each look-ahead token goes through the first K layers over every prompt slot (its scored
    queries captured) and through the deeper layers over the subset's; the last fed one only
    through the first K (nothing reads its deeper output).
@@ -27,11 +28,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..config import DEEP_WINDOW, SpecPrefillConfig
+from ..config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig
 from ..errors import ConfigError
 from ..ops import ModelOps, PrefillAttention
 from ..runtime import ProgressCallback
 from ..stages import A, layer_terms
+from .h2o import h2o_prefill
 from .scoring import token_importance
 from .selection import select_tokens
 
@@ -79,6 +81,7 @@ class DeepSubset:
         config: SpecPrefillConfig,
         n_window: int,
         scored: Sequence[int],
+        h2o: H2OConfig | None = None,
     ):
         args = speculator.args
         if any(window is not None for window in args.layer_windows):
@@ -89,7 +92,7 @@ class DeepSubset:
             )
         self.ops, self.speculator, self.split, self.cache = ops, speculator, split, cache
         self.outer = ops.first_layers(speculator, split)
-        self.config, self.n_window, self.scored = config, n_window, list(scored)
+        self.config, self.n_window, self.scored, self.h2o = config, n_window, list(scored), h2o
         self.subset: np.ndarray | None = None  # prompt positions the deeper layers read
         self.n_prompt = 0
 
@@ -121,14 +124,22 @@ class DeepSubset:
         every = ops.concat(states, axis=0) if len(states) > 1 else states[0]
         chosen = every[ops.tokens(self.subset - cached)]  # integer-array indexing: torch and MLX alike
         del every, states
-        logits = None
-        for lo in range(0, len(self.subset), step_size):
-            hi = min(lo + step_size, len(self.subset))
-            last = hi == len(self.subset)
+        n_subset, attend, logits = len(self.subset), None, None
+        if self.h2o is not None:  # the subset's slots walked as a prompt of their own (after a reused prefix)
+            attend, step_size = h2o_prefill(ops, self.h2o, self.speculator.args, cached + n_subset, step_size, cached)
+        for lo in range(0, n_subset, step_size):
+            hi = min(lo + step_size, n_subset)
             logits = ops.forward_from(
-                self.speculator, self.split, chosen[lo:hi], self.subset[lo:hi], self.cache, None, -1 if last else None
+                self.speculator,
+                self.split,
+                chosen[lo:hi],
+                self.subset[lo:hi],
+                self.cache,
+                attend,
+                -1 if hi == n_subset else None,
             )
-            ops.settle([self.cache] + ([] if logits is None else [logits]))
+            carries = [] if attend is None else attend.arrays()
+            ops.settle([self.cache] + carries + ([] if logits is None else [logits]))
         return logits[-1]
 
     def _subset(self, queries: A, window: int, cached: int) -> np.ndarray:

@@ -165,13 +165,28 @@ class ReferenceModel:
         stop_ids: frozenset[int] = frozenset(),
         window: int = 1,
         rank_window: int = 1,
+        h2o_config: H2OConfig | None = None,
     ) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
-        """The nested speculator (core/methods/speculator_depth.py), dense, naively: every step
+        """The nested speculator (core/methods/speculator_depth.py), naively: every step
         recomputes the sequence; layers < `split` over the prompt and the fed tokens, layers from
         `split` on over the subset's rows and the fed tokens (their original positions), where
         subset = subset_of(queries [split, rank_window, Hq, D] of the prompt's last rank_window
-        tokens, prompt keys [split, Hkv, P, D]), chosen once from the prompt. Returns speculator_pass's
-        (queries of the first `split` layers, their keys, fed tokens) and the subset."""
+        tokens, prompt keys [split, Hkv, P, D]), chosen once from the prompt. With `h2o_config` the
+        prompt's rows (layers < split) and the subset's rows (the deeper layers) of every layer it
+        names are the reference walk's H2O output over those rows alone, as in speculator_pass.
+        Returns speculator_pass's (queries of the first `split` layers, their keys, fed tokens) and
+        the subset."""
+        from . import REFERENCE  # the package's stages (it never imports this module back)
+
+        sparse = () if h2o_config is None else h2o_config.layer_indices(self.args.num_hidden_layers)
+
+        def attend(layer: int, q, k, v, positions: np.ndarray, rows: int) -> np.ndarray:
+            out = self.attend(layer, q, k, v, positions)
+            if layer in sparse:  # the first `rows` rows walked by H2O over themselves
+                p, sliding = slice(0, rows), self.args.layer_window(layer)
+                out[:, p] = REFERENCE.attention_layer(q[:, p], k[:, p], v[:, p], h2o_config, self.scale, sliding).output
+            return out
+
         n_prompt, fed, subset = len(ids), [], None
         while True:
             seq = ids + fed
@@ -180,7 +195,7 @@ class ReferenceModel:
                 q, k, v = self.qkv(layer, hidden, positions)
                 qs.append(q)
                 ks.append(k)
-                hidden = self.finish_layer(layer, hidden, self.attend(layer, q, k, v, positions))
+                hidden = self.finish_layer(layer, hidden, attend(layer, q, k, v, positions, n_prompt))
             if subset is None:
                 ranking = np.stack([q[:, n_prompt - rank_window : n_prompt].transpose(1, 0, 2) for q in qs])
                 subset = np.asarray(subset_of(ranking, np.stack([k[:, :n_prompt] for k in ks])), np.int64)
@@ -188,7 +203,7 @@ class ReferenceModel:
             deep = hidden[rows]
             for layer in range(split, self.args.num_hidden_layers):
                 q, k, v = self.qkv(layer, deep, rows)
-                deep = self.finish_layer(layer, deep, self.attend(layer, q, k, v, rows))
+                deep = self.finish_layer(layer, deep, attend(layer, q, k, v, rows, len(subset)))
             token = int(self.logits(deep[-1:])[-1].argmax())
             if len(fed) == lookahead or token in stop_ids:
                 break

@@ -1,12 +1,13 @@
-"""The composition end to end with a nested speculator (nested.py: its first K layers read every
-prompt token, H2O as `auto`'s composition; its deeper layers only the subset those K layers'
-window scores keep) against `auto`'s composition (AUTO_COMPOSITION, the product) and full
-prefill, on the 1.5B + 0.5B pair, torch float32, random ids, one process: TTFT of each (to the
-first greedy token), the parts, the kept tokens. The nested arm scores from its first K layers
-(window + look-ahead queries) with AUTO_COMPOSITION's selection, then the product's prefill of
-the kept tokens (core/methods/specprefill.prefill_kept). A warm-up of each arm at 1K first.
+"""The composition end to end with a nested speculator (its first K layers read every prompt
+token, H2O as `auto`'s composition; its deeper layers only the share those K layers' window
+scores rank first) against `auto`'s composition (AUTO_COMPOSITION) and full prefill, on the
+1.5B + 0.5B pair, torch float32, random ids, one process: TTFT of each (to the first greedy
+token), the parts, the kept tokens. Arms: "nested" is the product's
+(SpecPrefillConfig.deep_keep); "prototype" nested.py's pass, the first K layers' scores,
+AUTO_COMPOSITION's selection and the product's prefill of the kept tokens. A warm-up of each arm
+at 1K first.
 
-    .venv/bin/python research/speculator_depth/nested_ab.py [--tokens 16384] [--depth 12] [--inner-keep 0.3]
+    .venv/bin/python research/speculator_depth/nested_ab.py [--tokens N] [--depth K] [--deep-keep P] [--arms A,B]
 """
 
 from __future__ import annotations
@@ -36,21 +37,28 @@ from nested import every_row, nested_pass  # noqa: E402
 MODELS = Path.home() / ".cache" / "specfill" / "models"
 
 
-def product(lm, spec, ids, name: str) -> dict:
+def arm(lm, spec, ids, name: str, depth: int, deep_keep: float) -> dict:
+    """TTFT to the first greedy token, the kept tokens and the parts of one arm: "full", "auto"
+    (AUTO_COMPOSITION), "nested" (the product's: AUTO_COMPOSITION scored by the first `depth`
+    layers, deep_keep) or "prototype" (nested.py's pass, the same scoring and selection)."""
+    if name == "prototype":
+        return prototype(lm, spec, ids, depth, deep_keep)
+    config = {
+        "auto": AUTO_COMPOSITION,
+        "nested": dataclasses.replace(AUTO_COMPOSITION, layers=f"first-{depth}", deep_keep=deep_keep),
+    }
     method = (
         PrefillMethod("full")
         if name == "full"
-        else PrefillMethod("specprefill", speculator=spec, specprefill=AUTO_COMPOSITION)
+        else PrefillMethod("specprefill", speculator=spec, specprefill=config[name])
     )
     info, began = GenerationInfo(), time.perf_counter()
-    steps = lm.generate_step(
-        ids, max_tokens=1, sampling=SamplingConfig(), stop_ids=frozenset(), method=method, info=info
-    )
-    next(steps)
+    sampling = SamplingConfig()
+    next(lm.generate_step(ids, max_tokens=1, sampling=sampling, stop_ids=frozenset(), method=method, info=info))
     return {"ttft_s": time.perf_counter() - began, "kept": info.kept_tokens, "parts_s": dict(info.seconds)}
 
 
-def nested(lm, spec, ids, depth: int, inner_keep: float) -> dict:
+def prototype(lm, spec, ids, depth: int, inner_keep: float) -> dict:
     ops, config = lm.ops, AUTO_COMPOSITION
     inner = dataclasses.replace(SpecPrefillConfig(), keep_ratio=inner_keep, lookahead=0)
     began = time.perf_counter()
@@ -89,8 +97,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=16384)
     p.add_argument("--depth", type=int, default=12)
-    p.add_argument("--inner-keep", type=float, default=0.3)
-    p.add_argument("--arms", default="nested,auto,full")
+    p.add_argument("--deep-keep", type=float, default=0.3)
+    p.add_argument("--arms", default="nested,auto,full", help="of full, auto, nested, prototype")
     p.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "nested_ab.json")
     args = p.parse_args()
     lm, spec = (
@@ -103,30 +111,26 @@ def main() -> None:
         "load_before": os.getloadavg(),
         "tokens": args.tokens,
         "depth": args.depth,
-        "inner_keep": args.inner_keep,
+        "deep_keep": args.deep_keep,
         "composition": repr(AUTO_COMPOSITION),
         "runs": [],
     }
 
-    def arm(name: str, ids: list[int]) -> dict:
-        if name == "nested":
-            return nested(lm, spec, ids, args.depth, args.inner_keep)
-        return product(lm, spec, ids, name)
-
     warm = np.random.default_rng(1).integers(100, 20000, size=1024).tolist()
     for name in arms:
-        arm(name, warm)
+        arm(lm, spec, warm, name, args.depth, args.deep_keep)
     ids = np.random.default_rng(0).integers(100, 20000, size=args.tokens).tolist()
     for name in arms:
-        run = {"arm": name, "load": os.getloadavg(), **arm(name, ids)}
+        run = {"arm": name, "load": os.getloadavg(), **arm(lm, spec, ids, name, args.depth, args.deep_keep)}
         print(f"{name}: TTFT {run['ttft_s']:.1f} s, kept {run['kept']}, parts {run['parts_s']}", flush=True)
         result["runs"].append(run)
         write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     ttft = {r["arm"]: r["ttft_s"] for r in result["runs"]}
     if "full" in ttft:
         result["speedup_vs_full"] = {k: ttft["full"] / v for k, v in ttft.items()}
-    if {"auto", "nested"} <= ttft.keys():
-        result["nested_vs_auto"] = ttft["auto"] / ttft["nested"]
+    for name in ("nested", "prototype"):
+        if {"auto", name} <= ttft.keys():
+            result[f"{name}_vs_auto"] = ttft["auto"] / ttft[name]
     print(json.dumps({k: v for k, v in result.items() if k not in ("runs", "machine")}, indent=1))
     write_atomic(args.out, json.dumps(result, indent=1) + "\n")
 

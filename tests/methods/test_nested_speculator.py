@@ -89,15 +89,24 @@ def _subset_rule(t, config, n_prompt, cached=0):
     return subset_of, window
 
 
-@pytest.mark.parametrize("arch", ("llama", "qwen2", "qwen3"))
-def test_the_nested_pass_is_the_references(tiny, arch):
+@pytest.mark.parametrize(
+    "arch, h2o",
+    [("llama", None), ("qwen2", None), ("qwen3", None), ("qwen2", H2O)],
+    ids=["llama", "qwen2", "qwen3", "h2o"],
+)
+def test_the_nested_pass_is_the_references(tiny, arch, h2o):
+    """With an H2O speculator pass the deeper layers walk the subset's slots by H2O (the
+    reference: its walk over the subset's rows alone)."""
     t = tiny(arch)
     ids = prompt(N, t.args.vocab_size, seed=31)
+    config = replace(CONFIG, speculator_prefill=h2o)
     spec, selection, _ = speculate_and_select(
-        t.model.ops, t.model.model, np.array(ids), CONFIG, stop_ids=frozenset(), speculator_step_size=32
+        t.model.ops, t.model.model, np.array(ids), config, stop_ids=frozenset(), speculator_step_size=32
     )
     subset_of, window = _subset_rule(t, CONFIG, N)
-    queries, keys, fed, subset = t.ref.nested_speculator_pass(ids, 1, 3, subset_of, window=4, rank_window=window)
+    queries, keys, fed, subset = t.ref.nested_speculator_pass(
+        ids, 1, 3, subset_of, window=4, rank_window=window, h2o_config=h2o
+    )
     assert 0 < len(subset) < N
     assert spec.lookahead == fed and (spec.depth, spec.whole) == (1, False)
     # the deeper layer holds the subset and every fed token but the last (nothing reads its output)
