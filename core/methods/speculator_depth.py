@@ -12,7 +12,8 @@ prompt its first K layers rank first.
    query window's tokens, are the subset.
 3. The deeper layers prefill the subset's states at their ORIGINAL positions, into the next slots
    of their own caches (after a reused prefix: after its slots), attending to every slot there,
-   or, with an H2O speculator pass, H2O-walked over those slots as a prompt of their own.
+   or, with an H2O speculator pass and a subset of DEEP_H2O_FROM tokens or more, H2O-walked over
+   those slots as a prompt of their own.
 4. Each look-ahead token goes through the first K layers over every prompt slot (its scored
    queries captured) and through the deeper layers over the subset's; the last fed one only
    through the first K (nothing reads its deeper output).
@@ -47,6 +48,13 @@ def pass_depth(n_layers: int, scored: Sequence[int], lookahead: int, extra_slots
     if lookahead > 0 or extra_slots > 0 or not scored:
         return n_layers
     return max(scored) + 1
+
+
+# With an H2O speculator pass, the deeper layers walk a subset of at least this many tokens by H2O
+# and attend densely over a shorter one: on the pair (float32, 2 threads) the 0.5B's 12 deeper
+# layers over a 4.9K subset took ~14 s more by H2O than dense at 16K, and over a 9.6K one ~25 s
+# less at 32K (research/speculator_depth/README.md).
+DEEP_H2O_FROM = 8192
 
 
 def nested_split(
@@ -125,7 +133,7 @@ class DeepSubset:
         chosen = every[ops.tokens(self.subset - cached)]  # integer-array indexing: torch and MLX alike
         del every, states
         n_subset, attend, logits = len(self.subset), None, None
-        if self.h2o is not None:  # the subset's slots walked as a prompt of their own (after a reused prefix)
+        if self.h2o is not None and n_subset >= DEEP_H2O_FROM:  # walked as a prompt of their own
             attend, step_size = h2o_prefill(ops, self.h2o, self.speculator.args, cached + n_subset, step_size, cached)
         for lo in range(0, n_subset, step_size):
             hi = min(lo + step_size, n_subset)

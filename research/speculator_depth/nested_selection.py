@@ -39,6 +39,7 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--deep-keep", type=float, default=0.3)
     p.add_argument("--tasks", default=",".join(TASK_ORDER))
+    p.add_argument("--indices", default=None, help="only these sample indices (e.g. 1,3)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     spec, tokenizer = api.load(str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype="float32")
@@ -49,7 +50,9 @@ def main(argv=None) -> int:
     for r in data["records"]:
         samples.setdefault((r["task"], r["tokens"], r["index"]), r["spans"])
     tasks = args.tasks.split(",")
-    order = sorted((k for k in samples if k[0] in tasks), key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
+    indices = None if args.indices is None else {int(i) for i in args.indices.split(",")}
+    wanted = [k for k in samples if k[0] in tasks and (indices is None or k[2] in indices)]
+    order = sorted(wanted, key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
     result = {"machine": describe_machine(), "config": repr(config), "rows": []}
     for task, tokens, index in order:
         path = args.passes / f"{task}_{tokens}_0_{index}_chat{suffix}.npz"

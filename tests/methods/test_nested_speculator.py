@@ -20,6 +20,7 @@ import pytest
 
 from specfill.core.config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig
 from specfill.core.errors import ConfigError
+from specfill.core.methods import speculator_depth
 from specfill.core.methods.prefill import prefill
 from specfill.core.methods.specprefill import expected_work, run_speculator, speculate_and_select
 from specfill.core.methods.speculator_depth import nested_split
@@ -94,9 +95,10 @@ def _subset_rule(t, config, n_prompt, cached=0):
     [("llama", None), ("qwen2", None), ("qwen3", None), ("qwen2", H2O)],
     ids=["llama", "qwen2", "qwen3", "h2o"],
 )
-def test_the_nested_pass_is_the_references(tiny, arch, h2o):
+def test_the_nested_pass_is_the_references(tiny, arch, h2o, monkeypatch):
     """With an H2O speculator pass the deeper layers walk the subset's slots by H2O (the
-    reference: its walk over the subset's rows alone)."""
+    reference: its walk over the subset's rows alone), from DEEP_H2O_FROM tokens (here: any)."""
+    monkeypatch.setattr(speculator_depth, "DEEP_H2O_FROM", 1)
     t = tiny(arch)
     ids = prompt(N, t.args.vocab_size, seed=31)
     config = replace(CONFIG, speculator_prefill=h2o)
@@ -117,7 +119,8 @@ def test_the_nested_pass_is_the_references(tiny, arch, h2o):
 
 
 @pytest.mark.parametrize("h2o", [None, H2O], ids=["dense", "h2o"])
-def test_with_every_token_it_is_the_whole_pass(tiny, h2o):
+def test_with_every_token_it_is_the_whole_pass(tiny, h2o, monkeypatch):
+    monkeypatch.setattr(speculator_depth, "DEEP_H2O_FROM", 1)  # an H2O pass's deeper layers walk by H2O too
     t = tiny("qwen2")
     ids = np.array(prompt(N, t.args.vocab_size, seed=32))
 
