@@ -25,7 +25,7 @@ first 12 of 24 layers and deep_keep 0.3 kept what the whole pass keeps, its pass
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
@@ -48,6 +48,13 @@ def pass_depth(n_layers: int, scored: Sequence[int], lookahead: int, extra_slots
     if lookahead > 0 or extra_slots > 0 or not scored:
         return n_layers
     return max(scored) + 1
+
+
+class QueryWindow(PrefillAttention[A], Protocol[A]):
+    """The speculator's query capture (specprefill.QueryCapture) as the nested pass reads it."""
+
+    def stacked(self) -> A:
+        """[n_scored, n_queries, Hq, D]: the scored layers' captured queries."""
 
 
 # With an H2O speculator pass, the deeper layers walk a subset of at least this many tokens by H2O
@@ -109,7 +116,7 @@ class DeepSubset:
         ids: np.ndarray,
         cached: int,
         step_size: int,
-        capture: PrefillAttention[A],
+        capture: QueryWindow[A],
         window: int,
         progress: ProgressCallback | None,
     ) -> A:
