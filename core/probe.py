@@ -32,7 +32,7 @@ from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
-from .methods.speculator_depth import nested_split, pass_depth
+from .methods.speculator_depth import pass_layers
 from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
@@ -173,9 +173,9 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
     scored = scoring_layers(config, run_args)
-    split = nested_split(n_spec, scored, config.lookahead, 0, config)  # a nested pass: deeper layers on a share
-    depth = pass_depth(n_spec, scored, config.lookahead, 0) if split is None else split  # the layers over every token
-    deep = 0.0 if split is None else (n_spec - split) * config.deep_keep  # dense layers' worth over the subset
+    # the layers over every token; a nested pass's deeper layers' worth over its subset, timed as dense ones
+    # (pessimistic from DEEP_H2O_FROM subset tokens, where they walk by H2O)
+    depth, deep = pass_layers(n_spec, scored, config.lookahead, 0, config)
     speculator_h2o, share = config.speculator_prefill, 1.0
     if speculator_h2o is not None:  # the timed layer runs H2O; the speculator's others cost what a dense pass's do
         share = len([i for i in speculator_h2o.layer_indices(n_spec) if i < depth]) / depth

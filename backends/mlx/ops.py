@@ -84,13 +84,9 @@ class MLXOps(KernelStages):
 
     def forward(self, model: Model | LayerView, ids, positions, cache, attend, logits_from) -> mx.array | None:
         pos = _positions(positions)
-        steps = ids.shape[0]
-        if logits_from is not None and logits_from < 0:
-            logits_from += steps
-        hidden = model.hidden(ids[None], pos, cache, attend, rows_from=steps if logits_from is None else logits_from)
-        if logits_from is None:
-            return None
-        return model.logits(hidden[:, logits_from - (steps - hidden.shape[1]) :]).astype(mx.float32)[0]
+        return _logits(
+            model, ids.shape[0], logits_from, lambda rows: model.hidden(ids[None], pos, cache, attend, rows_from=rows)
+        )
 
     def layer_states(self, model: Model | LayerView, ids, positions, cache, attend) -> mx.array:
         if not isinstance(model, (Model, LayerView)):  # an adapted family (adapted.py): mlx-lm's forward
@@ -100,20 +96,9 @@ class MLXOps(KernelStages):
     def forward_from(self, model: Model, first_layer: int, states, positions, cache, attend, logits_from):
         if not isinstance(model, Model):
             raise cannot_split()
-        steps = states.shape[0]
-        if logits_from is not None and logits_from < 0:
-            logits_from += steps
-        hidden = model.from_layer(
-            first_layer,
-            states[None],
-            _positions(positions),
-            cache,
-            attend,
-            steps if logits_from is None else logits_from,
-        )
-        if logits_from is None:
-            return None
-        return model.logits(hidden[:, logits_from - (steps - hidden.shape[1]) :]).astype(mx.float32)[0]
+        pos, h = _positions(positions), states[None]
+        run = lambda rows: model.from_layer(first_layer, h, pos, cache, attend, rows)  # noqa: E731
+        return _logits(model, states.shape[0], logits_from, run)
 
     def schedule(self, arrays: list[Any]) -> None:
         mx.async_eval(arrays)
@@ -182,3 +167,14 @@ def _flatten(items: list[Any]) -> list[Any]:
 def _positions(positions):
     """RoPE positions as the model takes them: an int (the first of consecutive ones) or int32 [T]."""
     return positions if isinstance(positions, int) else mx.array(np.asarray(positions, dtype=np.int32))
+
+
+def _logits(model: Model | LayerView, steps: int, logits_from: int | None, hidden_of) -> mx.array | None:
+    """A step's float32 logits [steps - logits_from, vocab] (None: none asked): hidden_of(rows_from)
+    runs the blocks, whose last computes the rows from rows_from on (the keys and values of all)."""
+    if logits_from is not None and logits_from < 0:
+        logits_from += steps
+    hidden = hidden_of(steps if logits_from is None else logits_from)
+    if logits_from is None:
+        return None
+    return model.logits(hidden[:, logits_from - (steps - hidden.shape[1]) :]).astype(mx.float32)[0]

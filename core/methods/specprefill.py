@@ -45,7 +45,7 @@ from .h2o import h2o_prefill
 from .prefill import StageProgress, prefill, stage_work
 from .scoring import token_importance  # re-exported: the scoring is part of this method
 from .selection import select_new_tokens
-from .speculator_depth import DeepSubset, capture_window, nested_split, pass_depth
+from .speculator_depth import DeepSubset, capture_window, pass_layers
 
 
 class QueryCapture(Generic[A]):
@@ -198,8 +198,8 @@ def run_speculator(
     """
     n_prompt, args = len(ids), speculator.args
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
-    depth = pass_depth(args.num_hidden_layers, captured, lookahead, extra_slots)
-    split = nested_split(args.num_hidden_layers, captured, lookahead, extra_slots, nest)
+    depth, deep = pass_layers(args.num_hidden_layers, captured, lookahead, extra_slots, nest)
+    split = depth if deep else None  # nested: the first `depth` layers read every token, the deeper ones a subset
     n_window = max(1, min(query_window, n_prompt - cached))
     window = n_window if split is None else capture_window(n_window, n_prompt, cached)
     needed = n_prompt + max(lookahead, extra_slots)
@@ -264,9 +264,7 @@ def run_speculator(
         queries = queries[:, window - n_window :]
     ops.settle([queries])
     layers = None if layers is None else list(layers)
-    return SpeculatorPass(
-        queries, fed, cache, speculator, n_window, n_prompt, layers, depth if split is None else split
-    )
+    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, layers, depth)
 
 
 @dataclass
@@ -325,11 +323,9 @@ def expected_work(model_args: Any, speculator_args: Any, n_prompt: int, config: 
     scored = scoring_layers(config, speculator_args)
     scoring = 2.0 * len(scored) * n_queries * heads * n_prompt
     n_layers = speculator_args.num_hidden_layers
-    split = nested_split(n_layers, scored, config.lookahead, 0, config)  # a nested pass: its deeper layers on a share
-    depth = pass_depth(n_layers, scored, config.lookahead, 0) if split is None else split
-    read = depth + (0.0 if split is None else (n_layers - split) * config.deep_keep)
+    depth, deep = pass_layers(n_layers, scored, config.lookahead, 0, config)
     return {
-        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2) * read / n_layers,
+        "speculator": stage_work(speculator_args, n_prompt, n_prompt / 2) * (depth + deep) / n_layers,
         "lookahead": stage_work(speculator_args, config.lookahead, n_prompt),
         "main_prefill": scoring + stage_work(model_args, kept, kept / 2),
     }

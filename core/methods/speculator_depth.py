@@ -77,6 +77,17 @@ def nested_split(
     return split if split < n_layers else None
 
 
+def pass_layers(
+    n_layers: int, scored: Sequence[int], lookahead: int, extra_slots: int, config: SpecPrefillConfig | None
+) -> tuple[int, float]:
+    """What a pass reads, for cost estimates: (the first layers that run over every prompt token,
+    the deeper layers' worth over a nested pass's subset: their count x deep_keep, else 0)."""
+    split = nested_split(n_layers, scored, lookahead, extra_slots, config)
+    if split is None:
+        return pass_depth(n_layers, scored, lookahead, extra_slots), 0.0
+    return split, (n_layers - split) * config.deep_keep
+
+
 def capture_window(n_window: int, n_prompt: int, cached: int) -> int:
     """The prompt queries the first K layers keep: the scoring window's, and DEEP_WINDOW for the
     subset's ranking (at most the new part)."""
