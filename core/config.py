@@ -73,6 +73,11 @@ def layer_subset(spec: str, n_layers: int) -> list[int]:
     return list(range(k)) if side == "first" else list(range(n_layers - k, n_layers))
 
 
+def deep_split(deep_from: float, n_layers: int) -> int:
+    """The first layer SpecPrefillConfig.deep_from names: K itself, or round(F * n_layers) (at least 1)."""
+    return int(deep_from) if deep_from >= 1 else max(1, round(deep_from * n_layers))
+
+
 def _check_layers(config: Any) -> None:
     """config.layers is a layer spec (layer_subset's grammar)."""
     if config.layers is None:  # H2OConfig: the role's default (core/config.py DEFAULT_H2O_LAYERS)
@@ -353,6 +358,12 @@ class SpecPrefillConfig:
         "SpecPrefill with layers first-K and a look-ahead: the share of the prompt the speculator's "
         "deeper layers read (they only make the look-ahead tokens), ranked by its first K layers' "
         f"last {DEEP_WINDOW} prompt queries (none: every token)",
+    )
+    deep_from: float | None = setting(
+        None,
+        "SpecPrefill with deep_keep: the first speculator layer that reads only that share, an index "
+        "K >= 1 or a share F in (0, 1) of the layers (none: the one after layers first-K); scored "
+        "layers from it on score over the share's keys",
     )
 
     def __post_init__(self) -> None:

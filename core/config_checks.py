@@ -120,15 +120,28 @@ def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: 
 
 
 def _check_deep_keep(config: Any) -> None:
-    """SpecPrefillConfig.deep_keep: a share, and deeper layers to read it (layers first-K / first-F:
-    with every layer scored, every layer reads every token)."""
+    """SpecPrefillConfig.deep_keep and deep_from: a share, and deeper layers to read it (deep_from,
+    or layers first-K / first-F: the layers past the scored ones)."""
+    if config.deep_from is not None:
+        if config.deep_keep is None:
+            raise _error(config, "deep_from needs deep_keep (the share its layers read)", "deep_from", "deep_keep")
+        value = config.deep_from
+        number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+        if not number or value <= 0 or (value >= 1 and value != int(value)):
+            raise _error(
+                config,
+                f"deep_from must be a layer index K >= 1 or a share of the layers in (0, 1), got {value!r}",
+                "deep_from",
+            )
+        object.__setattr__(config, "deep_from", int(value) if value >= 1 else float(value))
     if config.deep_keep is None:
         return
     _require_share(config, "deep_keep")
-    if not str(config.layers).strip().lower().startswith("first-"):
+    if config.deep_from is None and not str(config.layers).strip().lower().startswith("first-"):
         raise _error(
             config,
-            f"deep_keep needs layers first-K or first-F (the layers past them read the share), got {config.layers!r}",
+            "deep_keep needs deep_from or layers first-K / first-F (the layers past them read the share), "
+            f"got layers {config.layers!r}",
             "deep_keep",
             "layers",
         )

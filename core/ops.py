@@ -114,6 +114,7 @@ class KernelStages(Generic[A]):
     gather_memory = _method_ops_stage("gather_memory")
     smooth_scores = _method_ops_stage("smooth_scores")
     reduce_axis = _method_ops_stage("reduce_axis")
+    spread = _method_ops_stage("spread")
 
     @staticmethod
     def stage_kernels() -> Any:
@@ -144,6 +145,9 @@ class ScoringOps(ScoringStageOps[A], Protocol[A]):
 
     def concat(self, arrays: Sequence[A], axis: int) -> A:
         """Concatenate along `axis`."""
+
+    def spread(self, x: A, columns: np.ndarray, width: int) -> A:
+        """x [..., S] placed at `columns` (S distinct indices, NumPy) of zeros [..., width]."""
 
 
 class PrefillAttention(Protocol[A]):

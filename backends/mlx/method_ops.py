@@ -78,3 +78,10 @@ def reduce_axis(x: mx.array, how: str, axis: int) -> mx.array:
         raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
     x = x.astype(mx.float32)
     return x.max(axis=axis) if how == "max" else x.mean(axis=axis)
+
+
+def spread(x: mx.array, columns: Any, width: int) -> mx.array:
+    """x [..., S] placed at `columns` (S distinct indices) of zeros [..., width]."""
+    out = mx.zeros(x.shape[:-1] + (width,), dtype=x.dtype)
+    out[..., mx.array(columns, dtype=mx.int32)] = x
+    return out

@@ -105,3 +105,10 @@ def reduce_axis(x: torch.Tensor, how: str, axis: int) -> torch.Tensor:
         raise ConfigError(f"reduction must be one of {REDUCTIONS}, got {how!r}")
     x = _float(x)
     return x.amax(dim=axis) if how == "max" else x.mean(dim=axis)
+
+
+def spread(x: torch.Tensor, columns: Any, width: int) -> torch.Tensor:
+    """x [..., S] placed at `columns` (S distinct indices) of zeros [..., width]."""
+    out = x.new_zeros(x.shape[:-1] + (width,))
+    out[..., torch.as_tensor(columns, dtype=torch.long, device=x.device)] = x
+    return out

@@ -4,11 +4,28 @@ core/methods/speculator_depth.py on a nested pass's first layers, to rank what i
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Generic, Sequence
+
+import numpy as np
 
 from ..config import SpecPrefillConfig
 from ..ops import ModelOps
 from ..stages import A, AttentionTerms, active_terms, query_start, window_binds
+
+
+@dataclass
+class DeepScores(Generic[A]):
+    """What the deeper layers' scored queries read (SpecPrefillConfig.deep_from): queries
+    [n_d, W + N', Hq, D] of the scored layers `layers` (the prompt's last W tokens, then the fed
+    look-ahead tokens), each layer's keys over its `slots` prompt slots (`keys(layer)`, [1, Hkv,
+    slots, D]: a reused prefix, then the subset) and the prompt position each slot holds
+    (`positions`, [slots], increasing)."""
+
+    queries: A
+    layers: list[int]
+    keys: Callable[[int], A]
+    positions: np.ndarray
 
 
 def token_importance(
@@ -21,6 +38,7 @@ def token_importance(
     terms: Sequence[AttentionTerms[A] | None] = (),
     n_window: int = 1,
     layers: Sequence[int] | None = None,
+    deep: DeepScores[A] | None = None,
 ) -> A:
     """importance [P] from queries [n_l, n_q, Hq, D] (the first n_window the prompt's last tokens',
     then the look-ahead's) and keys [n_l, Hkv, P, D] or, without a stack of every layer's, a
@@ -34,28 +52,42 @@ def token_importance(
     runs as a running max or sum, so one layer's probabilities [n_q, Hq, P] and the running scores
     [n_q, 1, P] are all that exist at a time (memory O(n_q Hq P), whatever the layer count; a lazy
     backend evaluates each layer before building the next). The
-    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens."""
+    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens.
+
+    deep: a nested pass's deeper scored layers (SpecPrefillConfig.deep_from), each over the slots
+    it read: their scores, pooled and head-reduced over those slots, join the layer reduction at
+    the slots' prompt positions and are 0 at every other position (the reference:
+    core/reference/specprefill.nested_scores)."""
     key_of = keys if callable(keys) else (lambda layer: keys[layer : layer + 1])
     scored = list(layers) if layers is not None else config.layer_indices(queries.shape[0])
     rows = range(len(scored)) if layers is not None else scored
     n_keys = key_of(scored[0]).shape[2]
     start = query_start(n_keys, n_window)
     farthest = n_keys + queries.shape[1] - 1 - n_window  # the last look-ahead query to the first key
+    # (layer, its queries, its keys, the first query's position, its slots' positions: None, every key)
+    passes = [(layer, queries[row : row + 1], key_of, start, None) for layer, row in zip(scored, rows)]
+    if deep is not None:  # each over its own slots, placed at their positions
+        first = query_start(len(deep.positions), n_window)
+        passes += [
+            (layer, deep.queries[r : r + 1], deep.keys, first, deep.positions) for r, layer in enumerate(deep.layers)
+        ]
     combined = None
-    for layer, row in zip(scored, rows):
+    for layer, layer_queries, keys_of, first, positions in passes:
         window = windows[layer] if windows else None
         probs = ops.attention_scores(
-            queries[row : row + 1],
-            key_of(layer),
+            layer_queries,
+            keys_of(layer),
             scale,
             window if window_binds(window, farthest) else None,
             active_terms(terms[layer]) if terms else None,
-            query_start=start,
+            query_start=first,
         )
         pooled = ops.smooth_scores(probs, config.pool_kernel)
         del probs  # freed before the next layer's are made
         scores = ops.reduce_axis(pooled, config.head_reduction, axis=2)
         del pooled
+        if positions is not None:
+            scores = ops.spread(scores, positions, n_keys)
         if combined is None:
             combined = scores
         elif config.layer_reduction == "max":
@@ -63,5 +95,5 @@ def token_importance(
         else:
             combined = combined + scores  # the mean's sum, divided once at the end
         ops.settle([combined])  # MLX: this layer evaluated (its scores freed) before the next is built
-    combined = combined[:, 0] if config.layer_reduction == "max" else combined[:, 0] / len(scored)
+    combined = combined[:, 0] if config.layer_reduction == "max" else combined[:, 0] / len(passes)
     return ops.reduce_axis(combined, config.lookahead_reduction, axis=0)

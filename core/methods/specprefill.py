@@ -32,95 +32,19 @@ import numpy as np
 
 from ..config import H2OConfig, SpecPrefillConfig
 from ..errors import ConfigError
-from ..ops import ModelOps, PrefillAttention
+from ..ops import ModelOps
 from ..stages import (
     A,
-    AttentionTerms,
     Selection,
-    active_terms,
     attention_layers,
     layer_terms,
 )
+from .capture import QueryCapture  # re-exported: the speculator's capture is part of this method
 from .h2o import h2o_prefill
 from .prefill import StageProgress, prefill, stage_work
 from .scoring import token_importance  # re-exported: the scoring is part of this method
 from .selection import select_new_tokens
-from .speculator_depth import DeepSubset, capture_window, pass_layers
-
-
-class QueryCapture(Generic[A]):
-    """`PrefillAttention` for the speculator: causal attention (inside each layer's sliding window,
-    `windows`, with each layer's attention `terms`) that also keeps, per layer, the post-RoPE
-    queries of the prompt's last `n_window` tokens (the prompt ends at slot `first_slot`) and the
-    query of every later step (each fed look-ahead token), of the layers `layers` scores (None:
-    every layer; no other layer's queries are kept). prompt_attend: the attention of the prompt's
-    steps when it is not full (an H2O pass: H2OPrefillAttention); later steps attend to every
-    cached key whatever it is. final: the speculator's last layer where prompt_attend's last prompt
-    row attends to every key there (H2O's dense tail): nothing reads that layer's other rows' outputs,
-    so a model that asks `queries_from` (it then computes only the rows named: core/ops.last_rows)
-    gets those rows attended to every key, the same outputs for what is read, and that layer's H2O
-    walk is skipped; a model that never asks (the adapters compute every row) walks it as before."""
-
-    def __init__(
-        self,
-        ops: ModelOps[A],
-        n_layers: int,
-        first_slot: int,
-        scale: float,
-        windows: Sequence[int | None] = (),
-        terms: Sequence[AttentionTerms[A] | None] = (),
-        n_window: int = 1,
-        prompt_attend: PrefillAttention[A] | None = None,
-        layers: Sequence[int] | None = None,
-        final: int | None = None,
-    ):
-        self.ops = ops
-        self.prompt_attend = prompt_attend
-        self.final = final
-        self.final_rows_asked = False  # the model computes only the rows queries_from names
-        self.layers = list(range(n_layers)) if layers is None else list(layers)
-        self.captured = set(self.layers)
-        self.windows = list(windows) or [None] * n_layers
-        self.terms = [active_terms(t) for t in terms] or [None] * n_layers
-        self.first_slot = first_slot
-        self.window_start = first_slot - n_window
-        self.scale = scale
-        self.queries: list[list[A]] = [[] for _ in range(n_layers)]
-
-    def __call__(self, layer: int, q: A, k: A, v: A) -> A:
-        end = k.shape[2]  # k holds every slot up to this step's end
-        if end > self.window_start and layer in self.captured:  # a step ending in the window, or a look-ahead
-            n = end - max(self.window_start, end - q.shape[2]) if end <= self.first_slot else 1
-            self.queries[layer].append(self.ops.last_queries(q, n))
-        if self.prompt_attend is not None and end <= self.first_slot and not self._final_dense(layer):
-            return self.prompt_attend(layer, q, k, v)
-        return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], self.terms[layer])
-
-    def _final_dense(self, layer: int) -> bool:
-        return layer == self.final and self.final_rows_asked
-
-    def queries_from(self, layer: int, steps: int, end: int) -> int:
-        """The queries it keeps (the window's rows of a prompt step; a look-ahead step's one),
-        and those its prompt attention must see."""
-        if layer not in self.captured:
-            needed = steps
-        elif end > self.first_slot:  # a look-ahead step
-            needed = 0
-        else:
-            needed = min(steps, max(0, self.window_start - (end - steps)))
-        if layer == self.final:
-            self.final_rows_asked = True  # its prompt rows from here on attend to every key (see the class)
-        elif self.prompt_attend is not None and end <= self.first_slot:
-            needed = min(needed, self.prompt_attend.queries_from(layer, steps, end))
-        return needed
-
-    def arrays(self) -> list[A]:
-        captured = [q for per_layer in self.queries for q in per_layer]
-        return captured + ([] if self.prompt_attend is None else self.prompt_attend.arrays())
-
-    def stacked(self) -> A:
-        """[len(layers), n_queries, Hq, D]: the captured layers' queries, in `layers` order."""
-        return self.ops.stack([self.ops.concat(self.queries[layer], axis=0) for layer in self.layers])
+from .speculator_depth import DeepScores, DeepSubset, capture_window, pass_layers
 
 
 @dataclass
@@ -139,6 +63,7 @@ class SpeculatorPass(Generic[A]):
     n_prompt: int = 0
     layers: list[int] | None = None
     depth: int | None = None  # the first layers the prompt pass ran (pass_depth); None: every layer
+    deep: DeepScores[A] | None = None  # a nested pass's deeper scored layers (over its subset)
 
     @property
     def whole(self) -> bool:
@@ -200,6 +125,7 @@ def run_speculator(
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
     depth, deep = pass_layers(args.num_hidden_layers, captured, lookahead, extra_slots, nest)
     split = depth if deep else None  # nested: the first `depth` layers read every token, the deeper ones a subset
+    outer = captured if split is None else [layer for layer in captured if layer < split]
     n_window = max(1, min(query_window, n_prompt - cached))
     window = n_window if split is None else capture_window(n_window, n_prompt, cached)
     needed = n_prompt + max(lookahead, extra_slots)
@@ -223,7 +149,7 @@ def run_speculator(
         layer_terms(args),
         window,
         sparse,
-        captured,
+        outer,
         final if split is None and sparse is not None and sparse.last_row_dense(final) else None,
     )
     progress = None if report is None else report.of("speculator")
@@ -256,15 +182,17 @@ def run_speculator(
         else:
             out = nested.step(token, step, capture, wants_logits)
         logits = out[-1] if out is not None else logits
-        ops.settle([logits, capture.arrays(), cache])
+        ops.settle([logits, capture.arrays(), cache] + ([] if split is None else nested.arrays()))
         if report is not None:
             report("lookahead", step + 1, lookahead)
     queries = capture.stacked()
     if window > n_window:  # the subset's ranking window: only the scoring window's queries are returned
         queries = queries[:, window - n_window :]
     ops.settle([queries])
-    layers = None if layers is None else list(layers)
-    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, layers, depth)
+    if split is None:
+        layers = None if layers is None else list(layers)
+        return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, layers, depth)
+    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, outer, depth, nested.scores())
 
 
 @dataclass
@@ -380,6 +308,7 @@ def speculate_and_select(
         layer_terms(speculator.args),
         spec.n_window,
         spec.layers,
+        spec.deep,
     )
     selection = select_new_tokens(ops.to_numpy(importance), reused, config)
     seconds = {"speculator": speculated - started, "selection": ops.wall_time() - speculated}

@@ -16,11 +16,16 @@ prompt its first K layers rank first.
    those slots as a prompt of their own.
 4. Each look-ahead token goes through the first K layers over every prompt slot (its scored
    queries captured) and through the deeper layers over the subset's; the last fed one only
-   through the first K (nothing reads its deeper output).
-The scores are the first K layers' (window and look-ahead queries over every prompt key), as in
-the whole pass; only the look-ahead tokens can differ from the whole speculator's. Cost: about
-K / n + (1 - K / n) x deep_keep of the whole pass (research/speculator_depth: at 16K, the 0.5B's
-first 12 of 24 layers and deep_keep 0.3 kept what the whole pass keeps, its pass ~0.6 of it).
+   through the first K (nothing reads its deeper output), unless step 5 reads it.
+5. With config.deep_from (K given apart from `layers`, so that layers past K can be scored), the
+   scored layers past K keep their window and look-ahead queries too, and score over the slots
+   they read (scoring.DeepScores): 0 at every prompt position outside the subset.
+Without deep_from the scores are the first K layers' (window and look-ahead queries over every
+prompt key), as in the whole pass; only the look-ahead tokens can differ from the whole
+speculator's. Cost: about K / n + (1 - K / n) x deep_keep of the whole pass
+(research/speculator_depth: at 16K, the 0.5B's first 12 of 24 layers and deep_keep 0.3 kept what
+the whole pass keeps, its pass ~0.6 of it; at 32K its look-ahead lost a variable-tracking hop that
+the deeper layers' own scores keep, deep_from).
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig
+from ..config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig, deep_split
 from ..errors import ConfigError
 from ..ops import ModelOps, PrefillAttention
 from ..runtime import ProgressCallback
 from ..stages import A, layer_terms
+from .capture import QueryCapture
 from .h2o import h2o_prefill
-from .scoring import token_importance
+from .scoring import DeepScores, token_importance
 from .selection import select_tokens
 
 
@@ -68,13 +74,23 @@ def nested_split(
     n_layers: int, scored: Sequence[int], lookahead: int, extra_slots: int, config: SpecPrefillConfig | None
 ) -> int | None:
     """The speculator's first layers that read every token when its deeper ones read a subset
-    (the deepest scored layer + 1), or None for a whole pass: no config.deep_keep, no look-ahead (the
-    pass then stops at the scored layers: pass_depth), a cache kept for drafting
-    (extra_slots: every layer's KV wanted), or no layer past the scored ones."""
-    if config is None or config.deep_keep is None or lookahead == 0 or extra_slots > 0:
+    (config.deep_from, else the deepest scored layer + 1), or None for a whole pass: no
+    config.deep_keep, a cache kept for drafting (extra_slots: every layer's KV wanted), no layer
+    past the split, or nothing past it read (no look-ahead, no scored layer there: the pass then
+    stops at the scored layers, pass_depth)."""
+    if config is None or config.deep_keep is None or extra_slots > 0:
         return None
-    split = max(scored) + 1
-    return split if split < n_layers else None
+    split = max(scored) + 1 if config.deep_from is None else deep_split(config.deep_from, n_layers)
+    if split >= n_layers or (lookahead == 0 and max(scored) < split):
+        return None
+    if not any(layer < split for layer in scored):
+        raise ConfigError(
+            f"deep_from {split}: no scored layer below it to rank the share its layers read",
+            "deep_from",
+            "layers",
+            config="SpecPrefillConfig",
+        )
+    return split
 
 
 def pass_layers(
@@ -96,7 +112,8 @@ def capture_window(n_window: int, n_prompt: int, cached: int) -> int:
 
 class DeepSubset:
     """The nested pass's two parts over one cache (the module doc). prefill: steps 1-3, the
-    prompt's last logits; step: one look-ahead token (4)."""
+    prompt's last logits; step: one look-ahead token (4); scores: the deeper scored layers'
+    queries (with deep_from: step 5)."""
 
     def __init__(
         self,
@@ -118,9 +135,12 @@ class DeepSubset:
             )
         self.ops, self.speculator, self.split, self.cache = ops, speculator, split, cache
         self.outer = ops.first_layers(speculator, split)
-        self.config, self.n_window, self.scored, self.h2o = config, n_window, list(scored), h2o
+        self.config, self.n_window, self.h2o = config, n_window, h2o
+        self.scored = [layer for layer in scored if layer < split]  # they rank the subset
+        self.deep_scored = [layer for layer in scored if layer >= split]  # they score over it
         self.subset: np.ndarray | None = None  # prompt positions the deeper layers read
-        self.n_prompt = 0
+        self.deep_capture: QueryCapture[A] | None = None
+        self.n_prompt = self.cached = 0
 
     def prefill(
         self,
@@ -134,7 +154,7 @@ class DeepSubset:
         """ids [P] (the first `cached` in the cache already, in every layer), capture keeping
         `window` prompt queries (capture_window): the deeper layers' last prompt logits [vocab]."""
         ops, n_prompt = self.ops, len(ids)
-        self.n_prompt = n_prompt
+        self.n_prompt, self.cached = n_prompt, cached
         states = []
         total = n_prompt - cached
         for lo in range(0, total, step_size):
@@ -153,6 +173,21 @@ class DeepSubset:
         n_subset, attend, logits = len(self.subset), None, None
         if self.h2o is not None and n_subset >= DEEP_H2O_FROM:  # walked as a prompt of their own
             attend, step_size = h2o_prefill(ops, self.h2o, self.speculator.args, cached + n_subset, step_size, cached)
+        if self.deep_scored:  # their window's queries kept, as the first K layers' are
+            args, last = self.speculator.args, self.speculator.args.num_hidden_layers - 1
+            self.deep_capture = QueryCapture(
+                ops,
+                args.num_hidden_layers,
+                cached + n_subset,
+                args.attention_scale,
+                (),
+                layer_terms(args),
+                self.n_window,
+                attend,
+                self.deep_scored,
+                last if attend is not None and attend.last_row_dense(last) else None,
+            )
+            attend = self.deep_capture
         for lo in range(0, n_subset, step_size):
             hi = min(lo + step_size, n_subset)
             logits = ops.forward_from(
@@ -166,6 +201,8 @@ class DeepSubset:
             )
             carries = [] if attend is None else attend.arrays()
             ops.settle([self.cache] + carries + ([] if logits is None else [logits]))
+        if self.deep_capture is not None:
+            self.deep_capture.prompt_attend = None  # look-ahead steps attend to every slot
         return logits[-1]
 
     def _subset(self, queries: A, window: int, cached: int) -> np.ndarray:
@@ -191,9 +228,26 @@ class DeepSubset:
 
     def step(self, token: int, step: int, capture: PrefillAttention[A], wants_logits: bool) -> A | None:
         """Look-ahead token `step` (position P + step): the first K layers (its queries captured),
-        then, when its logits are wanted, the deeper layers over the subset."""
+        then, when its logits or its deeper scored queries are wanted, the deeper layers over the
+        subset."""
         ops, position = self.ops, self.n_prompt + step
         h = ops.layer_states(self.outer, ops.tokens(np.array([token])), position, self.cache, capture)
-        if not wants_logits:
+        if not wants_logits and self.deep_capture is None:
             return None
-        return ops.forward_from(self.speculator, self.split, h, position, self.cache, None, 0)
+        return ops.forward_from(
+            self.speculator, self.split, h, position, self.cache, self.deep_capture, 0 if wants_logits else None
+        )
+
+    def arrays(self) -> list[A]:
+        """The deeper scored layers' captured queries (a lazy backend evaluates them with each step)."""
+        return [] if self.deep_capture is None else self.deep_capture.arrays()
+
+    def scores(self) -> DeepScores[A] | None:
+        """The deeper scored layers' queries and keys (None: no scored layer past the split)."""
+        if self.deep_capture is None or self.subset is None:
+            return None
+        slots, cache = self.cached + len(self.subset), self.cache
+        positions = np.concatenate([np.arange(self.cached), self.subset]).astype(np.int64)
+        return DeepScores(
+            self.deep_capture.stacked(), self.deep_scored, lambda layer: cache.layer_keys(layer, slots), positions
+        )

@@ -12,7 +12,7 @@ recomputed from scratch for every look-ahead step). Slow and small-model only: f
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -25,6 +25,17 @@ from .attention import expand_kv_heads, masked_state, merge_states
 
 # one layer's H2O output [Hq, P, D] from q [Hq, P, D], k / v [Hkv, P, D], config, scale, window
 H2OLayer = Callable[[np.ndarray, np.ndarray, np.ndarray, H2OConfig, float, "int | None"], np.ndarray]
+
+
+class NestedPass(NamedTuple):
+    """ReferenceModel.nested_speculator_pass's result."""
+
+    queries: np.ndarray  # [split, W + N', Hq, D]: the first layers' window and look-ahead queries
+    keys: np.ndarray  # [split, Hkv, P, D]
+    fed: list[int]
+    subset: np.ndarray  # [S]: the prompt positions the deeper layers read
+    deep_queries: np.ndarray  # [n - split, W + N', Hq, D]
+    deep_keys: np.ndarray  # [n - split, Hkv, S, D]
 
 
 class ReferenceModel:
@@ -166,7 +177,7 @@ class ReferenceModel:
         window: int = 1,
         rank_window: int = 1,
         h2o_config: H2OConfig | None = None,
-    ) -> tuple[np.ndarray, np.ndarray, list[int], np.ndarray]:
+    ) -> NestedPass:
         """The nested speculator (core/methods/speculator_depth.py), naively: every step
         recomputes the sequence; layers < `split` over the prompt and the fed tokens, layers from
         `split` on over the subset's rows and the fed tokens (their original positions), where
@@ -174,8 +185,9 @@ class ReferenceModel:
         tokens, prompt keys [split, Hkv, P, D]), chosen once from the prompt. With `h2o_config` the
         prompt's rows (layers < split) and the subset's rows (the deeper layers) of every layer it
         names are the reference walk's H2O output over those rows alone, as in speculator_pass.
-        Returns speculator_pass's (queries of the first `split` layers, their keys, fed tokens) and
-        the subset."""
+        Returns speculator_pass's (queries of the first `split` layers, their keys, fed tokens), the
+        subset, and the deeper layers' queries [n - split, window + N', Hq, D] (the subset's last
+        `window` rows, then the fed tokens') and keys over the subset [n - split, Hkv, S, D]."""
         from . import REFERENCE  # the package's stages (it never imports this module back)
 
         sparse = () if h2o_config is None else h2o_config.layer_indices(self.args.num_hidden_layers)
@@ -200,16 +212,26 @@ class ReferenceModel:
                 ranking = np.stack([q[:, n_prompt - rank_window : n_prompt].transpose(1, 0, 2) for q in qs])
                 subset = np.asarray(subset_of(ranking, np.stack([k[:, :n_prompt] for k in ks])), np.int64)
             rows = np.concatenate([subset, np.arange(n_prompt, len(seq))])
-            deep = hidden[rows]
+            deep, deep_qs, deep_ks = hidden[rows], [], []
             for layer in range(split, self.args.num_hidden_layers):
                 q, k, v = self.qkv(layer, deep, rows)
+                deep_qs.append(q)
+                deep_ks.append(k)
                 deep = self.finish_layer(layer, deep, attend(layer, q, k, v, rows, len(subset)))
             token = int(self.logits(deep[-1:])[-1].argmax())
             if len(fed) == lookahead or token in stop_ids:
                 break
             fed.append(token)
         queries = np.stack([q[:, n_prompt - window :].transpose(1, 0, 2) for q in qs])
-        return queries, np.stack([k[:, :n_prompt] for k in ks]), fed, subset
+        n_sub = len(subset)
+        return NestedPass(
+            queries,
+            np.stack([k[:, :n_prompt] for k in ks]),
+            fed,
+            subset,
+            np.stack([q[:, n_sub - window :].transpose(1, 0, 2) for q in deep_qs]),
+            np.stack([k[:, :n_sub] for k in deep_ks]),
+        )
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         head = self.w.get("lm_head.weight", self.w["model.embed_tokens.weight"])

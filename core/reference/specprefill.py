@@ -248,6 +248,41 @@ def speculative_selection(
     return scores, select_new_tokens(scores.importance, reused, config, stages.select_tokens)
 
 
+def nested_scores(
+    queries: np.ndarray,
+    keys: np.ndarray,
+    deep_queries: np.ndarray,
+    deep_keys: np.ndarray,
+    slots: np.ndarray,
+    config: SpecPrefillConfig,
+    scale: float,
+    stages: SpecPrefillStages,
+    n_window: int = 1,
+) -> np.ndarray:
+    """A nested pass's importance [P] (SpecPrefillConfig.deep_from): the scored layers among the
+    first `split` (queries [split, n_q, Hq, D] over every prompt key, keys [split, Hkv, P, D]) and
+    among the deeper ones (deep_queries [n - split, n_q, Hq, D] over the keys of the slots they read,
+    deep_keys [n - split, Hkv, S, D], slot s holding prompt position slots[s]); each deeper layer's
+    pooled scores sit at its slots' positions, 0 elsewhere; then score_tokens' reductions."""
+    split, n_prompt = queries.shape[0], keys.shape[2]
+    scored = config.layer_indices(split + deep_queries.shape[0])
+    outer = [layer for layer in scored if layer < split]
+    inner = [layer - split for layer in scored if layer >= split]
+    near = stages.attention_scores(queries[outer], keys[outer], scale, query_start=query_start(n_prompt, n_window))
+    parts = [stages.smooth_scores(near, config.pool_kernel)]
+    if inner:
+        start = query_start(deep_keys.shape[2], n_window)
+        far = stages.smooth_scores(
+            stages.attention_scores(deep_queries[inner], deep_keys[inner], scale, query_start=start), config.pool_kernel
+        )
+        placed = np.zeros(far.shape[:-1] + (n_prompt,), far.dtype)
+        placed[..., slots] = far
+        parts.append(placed)
+    return stages.reduce_scores(
+        np.concatenate(parts, axis=1), config.head_reduction, config.layer_reduction, config.lookahead_reduction
+    )
+
+
 def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
     """Most tokens a selection can keep: its chunks (each with its neighbours; text units: the
     budget, the unit reaching it and each chosen unit's neighbours) plus the boundary spans and the

@@ -212,6 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--inner-keep", type=float, default=0.3)
     p.add_argument("--base", choices=("auto", "default"), default="auto")
     p.add_argument("--tasks", default=",".join(TASK_ORDER))
+    p.add_argument("--indices", default=None, help="only these sample indices (e.g. 1,3)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     spec, tokenizer = api.load(str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype="float32")
@@ -225,7 +226,9 @@ def main(argv=None) -> int:
     for r in data["records"]:
         samples.setdefault((r["task"], r["tokens"], r["index"]), r["spans"])
     tasks = args.tasks.split(",")
-    order = sorted((k for k in samples if k[0] in tasks), key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
+    indices = None if args.indices is None else {int(i) for i in args.indices.split(",")}
+    wanted = [k for k in samples if k[0] in tasks and (indices is None or k[2] in indices)]
+    order = sorted(wanted, key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
     result = {
         "machine": describe_machine(),
         "depth": args.depth,
@@ -274,7 +277,24 @@ def main(argv=None) -> int:
                 n_prompt,
                 window,
             )
-        kept = {name: select_tokens(ops.to_numpy(v), base).kept for name, v in (("first", first), ("every", every))}
+            # the same without the look-ahead's queries: the window's alone
+            first_window = token_importance(
+                ops, shallow[:, :window], run.layer_keys, base, scale, n_window=window, layers=list(range(args.depth))
+            )
+            every_window = combined_importance(
+                ops,
+                base,
+                scale,
+                shallow[:, :window],
+                lambda r: run.layer_keys(r),
+                deep[:, :window],
+                lambda r: head.deep.layer_keys(args.depth + r, len(head.subset)),
+                head.subset,
+                n_prompt,
+                window,
+            )
+        scorings = (("first", first), ("every", every), ("first_window", first_window), ("every_window", every_window))
+        kept = {name: select_tokens(ops.to_numpy(v), base).kept for name, v in scorings}
         # the look-ahead tokens against the whole speculator's: layer 0's query depends on the token alone
         ours = ops.to_numpy(run.queries[0, run.n_window :]).astype(np.float32)
         theirs = saved.queries[0, saved.n_window :]
@@ -311,12 +331,13 @@ def main(argv=None) -> int:
             f"{task} {index}: pass {seconds:.0f} s (whole {saved.seconds:.0f} s), look-ahead same "
             f"{sum(same)}/{len(theirs)}, inner {[round(x, 2) for x in record['inner_spans']]}, "
             f"first {[round(x, 2) for x in record['first']['answer_kept']]}, "
-            f"every {[round(x, 2) for x in record['every']['answer_kept']]}",
+            f"every {[round(x, 2) for x in record['every']['answer_kept']]}, "
+            f"every_window {[round(x, 2) for x in record['every_window']['answer_kept']]}",
             flush=True,
         )
         write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     rows = result["rows"]
-    for name in ("first", "every"):
+    for name in ("first", "every", "first_window", "every_window"):
         held = sum(r[name]["all_kept"] for r in rows)
         print(f"nested depth {args.depth}, inner keep {args.inner_keep}, {name}: {held}/{len(rows)}")
     return 0

@@ -22,10 +22,16 @@ from specfill.core.config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig
 from specfill.core.errors import ConfigError
 from specfill.core.methods import speculator_depth
 from specfill.core.methods.prefill import prefill
-from specfill.core.methods.specprefill import expected_work, run_speculator, speculate_and_select
+from specfill.core.methods.specprefill import expected_work, run_speculator, speculate_and_select, token_importance
 from specfill.core.methods.speculator_depth import nested_split
 from specfill.core.reference import REFERENCE
-from specfill.core.reference.specprefill import score_tokens, select_tokens, speculative_selection
+from specfill.core.reference.specprefill import (
+    nested_scores,
+    score_tokens,
+    select_new_tokens,
+    select_tokens,
+    speculative_selection,
+)
 from specfill.core.runtime import PrefillMethod
 from tests.fixtures.tiny_models import greedy_run
 from tests.methods.support import prompt
@@ -50,6 +56,17 @@ def test_when_the_pass_is_nested():
     assert nested_split(24, range(12), 8, 16, nested) is None  # it drafts later from every layer's KV
     assert nested_split(12, range(12), 8, 0, nested) is None  # no deeper layer
     assert nested_split(24, range(12), 8, 0, None) is None
+    every = replace(CONFIG, layers="all", deep_from=12)
+    assert nested_split(24, range(24), 8, 0, every) == 12
+    assert nested_split(24, range(24), 0, 0, every) == 12  # no look-ahead: the deeper layers still score
+    assert nested_split(24, range(12), 0, 0, every) is None  # nothing reads past layer 12
+    assert nested_split(24, range(24), 8, 0, replace(every, deep_from=24)) is None  # no deeper layer
+    half = replace(every, deep_from=0.5)
+    assert half.deep_from == 0.5 and nested_split(24, range(24), 8, 0, half) == 12
+    assert replace(every, deep_from=12.0).deep_from == 12  # an index, given as a float (the CLI's)
+    with pytest.raises(ConfigError, match="deep_from") as err:  # nothing below the split ranks the share
+        nested_split(24, range(12, 24), 8, 0, every)
+    assert err.value.fields == ("deep_from", "layers")
 
 
 def test_progress_counts_the_deeper_layers_on_their_share(tiny):
@@ -68,12 +85,17 @@ def test_progress_counts_the_deeper_layers_on_their_share(tiny):
         ({"deep_keep": 0.0, "layers": "first-2"}, ("deep_keep",)),
         ({"deep_keep": 1.5, "layers": "first-2"}, ("deep_keep",)),
         ({"deep_keep": True, "layers": "first-2"}, ("deep_keep",)),
+        ({"deep_from": 12}, ("deep_from", "deep_keep")),  # no share for its layers to read
+        ({"deep_from": 0, "deep_keep": 0.3}, ("deep_from",)),
+        ({"deep_from": True, "deep_keep": 0.3}, ("deep_from",)),
+        ({"deep_from": 12.5, "deep_keep": 0.3}, ("deep_from",)),  # neither an index nor a share
+        ({"deep_from": float("nan"), "deep_keep": 0.3}, ("deep_from",)),
     ],
 )
 def test_bad_settings_name_the_field(fields, named):
     with pytest.raises(ConfigError) as err:
         SpecPrefillConfig(**fields)
-    assert err.value.fields == named and "deep_keep" in str(err.value)
+    assert err.value.fields == named and named[0] in str(err.value)
 
 
 def _subset_rule(t, config, n_prompt, cached=0):
@@ -106,7 +128,7 @@ def test_the_nested_pass_is_the_references(tiny, arch, h2o, monkeypatch):
         t.model.ops, t.model.model, np.array(ids), config, stop_ids=frozenset(), speculator_step_size=32
     )
     subset_of, window = _subset_rule(t, CONFIG, N)
-    queries, keys, fed, subset = t.ref.nested_speculator_pass(
+    queries, keys, fed, subset, _, _ = t.ref.nested_speculator_pass(
         ids, 1, 3, subset_of, window=4, rank_window=window, h2o_config=h2o
     )
     assert 0 < len(subset) < N
@@ -116,6 +138,88 @@ def test_the_nested_pass_is_the_references(tiny, arch, h2o, monkeypatch):
     assert np.abs(numpy(t, spec.queries) - queries).max() < TOL
     expected = speculative_selection(queries, keys, CONFIG, t.ref.scale, REFERENCE, n_window=4)[1]
     assert selection.kept.tolist() == expected.kept.tolist()
+
+
+DEEP = replace(CONFIG, layers="all", deep_from=1)  # layer 0 reads every token, layer 1 the share; both score
+
+
+@pytest.mark.parametrize(
+    "arch, h2o, reused, lookahead",
+    [
+        ("llama", None, 0, 3),
+        ("qwen2", None, 0, 3),
+        ("qwen3", None, 0, 3),
+        ("qwen2", H2O, 0, 3),
+        ("llama", None, 30, 3),
+        ("qwen2", None, 0, 0),
+    ],
+    ids=["llama", "qwen2", "qwen3", "h2o", "reused", "no-lookahead"],
+)
+def test_deeper_scored_layers_are_the_references(tiny, arch, h2o, reused, lookahead, monkeypatch):
+    """deep_from: the scored layers past the split score over the subset's keys (0 at every other
+    position), held to the reference's nested pass and nested_scores; from a reused prefix the
+    deeper layers read all of it and the new part's subset."""
+    monkeypatch.setattr(speculator_depth, "DEEP_H2O_FROM", 1)
+    t = tiny(arch)
+    ops, model = t.model.ops, t.model.model
+    ids = prompt(N, t.args.vocab_size, seed=36)
+    config = replace(DEEP, speculator_prefill=h2o, lookahead=lookahead)
+    cache = None
+    if reused:
+        cache = ops.new_cache(model, N + 3)
+        prefill(ops, model, ops.tokens(np.array(ids[:reused])), 0, cache, step_size=32)
+    spec, selection, _ = speculate_and_select(
+        ops,
+        model,
+        np.array(ids),
+        config,
+        stop_ids=frozenset(),
+        speculator_step_size=32,
+        reused=reused,
+        speculator_cache=None if cache is None else (cache, reused),
+    )
+    subset_of, window = _subset_rule(t, DEEP, N, cached=reused)
+    ref = t.ref.nested_speculator_pass(ids, 1, lookahead, subset_of, window=4, rank_window=window, h2o_config=h2o)
+    assert spec.lookahead == ref.fed and spec.layers == [0] and spec.deep.layers == [1]
+    assert spec.deep.positions.tolist() == ref.subset.tolist()
+    # every fed token, the last too, went through the deeper layer (its query scores)
+    assert spec.cache.layers[1].offset == len(ref.subset) + len(ref.fed)
+    assert np.abs(numpy(t, spec.queries) - ref.queries).max() < TOL
+    assert np.abs(numpy(t, spec.deep.queries) - ref.deep_queries).max() < TOL
+    importance = nested_scores(
+        ref.queries, ref.keys, ref.deep_queries, ref.deep_keys, ref.subset, DEEP, t.ref.scale, REFERENCE, n_window=4
+    )
+    expected = select_new_tokens(importance, reused, DEEP)
+    assert selection.kept.tolist() == expected.kept.tolist()
+
+
+def test_deeper_scores_over_every_token_are_the_whole_pass(tiny):
+    """deep_keep 1 with deep_from: every layer reads every token, so the importance is the whole
+    pass's, every layer scored."""
+    t = tiny("qwen2")
+    ids = np.array(prompt(N, t.args.vocab_size, seed=37))
+
+    def importance(config):
+        spec, selection, _ = speculate_and_select(
+            t.model.ops, t.model.model, ids, config, stop_ids=frozenset(), speculator_step_size=32
+        )
+        scores = token_importance(
+            t.model.ops,
+            spec.queries,
+            spec.layer_keys,
+            config,
+            t.ref.scale,
+            n_window=spec.n_window,
+            layers=spec.layers,
+            deep=spec.deep,
+        )
+        return spec, numpy(t, scores), selection.kept.tolist()
+
+    nested, nested_scores_, nested_kept = importance(replace(DEEP, deep_keep=1.0))
+    whole, whole_scores, whole_kept = importance(replace(DEEP, deep_keep=None, deep_from=None))
+    assert nested.deep is not None and whole.deep is None and nested.lookahead == whole.lookahead
+    assert np.abs(nested_scores_ - whole_scores).max() < SAME
+    assert nested_kept == whole_kept
 
 
 @pytest.mark.parametrize("h2o", [None, H2O], ids=["dense", "h2o"])
@@ -177,7 +281,7 @@ def test_from_a_reused_prefix_the_deeper_layers_read_it_whole(tiny):
         speculator_cache=(cache, reused),
     )
     subset_of, window = _subset_rule(t, CONFIG, N, cached=reused)
-    queries, keys, fed, subset = t.ref.nested_speculator_pass(ids, 1, 3, subset_of, window=4, rank_window=window)
+    queries, keys, fed, subset, _, _ = t.ref.nested_speculator_pass(ids, 1, 3, subset_of, window=4, rank_window=window)
     assert spec.lookahead == fed
     assert spec.cache.layers[1].offset == len(subset) + len(fed) - 1
     assert np.abs(numpy(t, spec.queries) - queries).max() < TOL
