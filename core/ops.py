@@ -362,6 +362,10 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
     def first_layers(self, model: Any, n_layers: int) -> Any:
         """A view of `model`'s first n blocks with its embedding, final norm and LM head."""
 
+    def splits(self, model: Any) -> bool:
+        """Whether layer_states / forward_from run `model` in two parts (specfill's own families;
+        elsewhere they raise cannot_split)."""
+
     def causal_step(
         self, q: A, k: A, v: A, scale: float, window: int | None = None, terms: AttentionTerms[A] | None = None
     ) -> A:

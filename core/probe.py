@@ -32,7 +32,7 @@ from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
-from .methods.speculator_depth import pass_layers
+from .methods.speculator_depth import nestable, pass_layers
 from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
@@ -86,13 +86,15 @@ def sparse_name(method: PrefillMethod) -> str:
     return COMPOSED if method.sparse == "specprefill" and spec and spec.speculator_prefill else method.sparse
 
 
-def auto_options(method: PrefillMethod, prompt_tokens: int) -> list[PrefillMethod]:
+def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True) -> list[PrefillMethod]:
     """The "auto" methods, one sparse method each, that auto chooses among for a `prompt_tokens`
     prompt: without a speculator H2O alone (method itself); with one SpecPrefill with a
     dense speculator, SpecPrefill over an H2O speculator (the composition) and H2O, in that order.
     The composition runs as the config asks when it sets speculator_prefill; with SpecPrefill's
     default settings, as AUTO_COMPOSITION from AUTO_COMPOSITION_FROM tokens on (where its accuracy
-    evidence holds: core/config.py), and not on shorter prompts; with other settings, not at all."""
+    evidence holds: core/config.py), and not on shorter prompts; with other settings, not at all.
+    nests: whether the speculator runs a nested pass (speculator_depth.nestable); where it cannot,
+    AUTO_COMPOSITION's speculator reads every token with every layer."""
     if method.speculator is None:
         return [method]
     spec = method.specprefill or SpecPrefillConfig()
@@ -100,7 +102,8 @@ def auto_options(method: PrefillMethod, prompt_tokens: int) -> list[PrefillMetho
     if spec.speculator_prefill is not None:
         composed = [dataclasses.replace(method, specprefill=spec)]
     elif spec == SpecPrefillConfig() and prompt_tokens >= AUTO_COMPOSITION_FROM:
-        composed = [dataclasses.replace(method, specprefill=AUTO_COMPOSITION)]
+        auto = AUTO_COMPOSITION if nests else dataclasses.replace(AUTO_COMPOSITION, deep_keep=None, deep_from=None)
+        composed = [dataclasses.replace(method, specprefill=auto)]
     return [
         dataclasses.replace(method, specprefill=dataclasses.replace(spec, speculator_prefill=None)),
         *composed,
@@ -249,7 +252,8 @@ def auto_choice(lm: ProbedModel, method: PrefillMethod, prompt_tokens: int) -> t
     """The method an "auto" `method` runs an n-token prompt with on this machine, and why: each of
     auto_options calibrated (cached, else probed), the fastest whose crossover the prompt reaches
     (core/crossover.fastest), else full prefill."""
-    options, calibrations, why = auto_options(method, prompt_tokens), {}, []
+    nests = method.speculator is not None and nestable(lm.ops, lm.speculator_model(method.speculator)[0])
+    options, calibrations, why = auto_options(method, prompt_tokens, nests), {}, []
     for index, option in enumerate(options):
         crossover, where, data = _calibration(lm, option, prompt_tokens, False, None)
         why.append(f"{sparse_name(option)} from {crossover}: {where}")

@@ -1,5 +1,6 @@
 """method="auto": full prefill below the crossover calibrated on THIS machine, the sparse method above."""
 
+import dataclasses
 import json
 
 import pytest
@@ -217,6 +218,9 @@ def test_auto_weighs_the_composition_only_where_its_evidence_holds(tiny):
     assert [probe.sparse_name(m) for m in options] == ["specprefill", "specprefill+h2o", "h2o"]
     assert options[0].specprefill == SpecPrefillConfig() and options[1].specprefill == probe.AUTO_COMPOSITION
     assert options[1].specprefill.speculator_prefill.layers == "all"
+    # a speculator that cannot run a nested pass (core/methods/speculator_depth.nestable) reads every token
+    whole = probe.auto_options(method, probe.AUTO_COMPOSITION_FROM, nests=False)[1].specprefill
+    assert whole == dataclasses.replace(probe.AUTO_COMPOSITION, deep_keep=None, deep_from=None)
     chosen = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig(keep_ratio=0.2))
     assert [probe.sparse_name(m) for m in probe.auto_options(chosen, 10**6)] == ["specprefill", "h2o"]
     asked = SpecPrefillConfig(keep_ratio=0.2, speculator_prefill="h2o")  # asked for: run as asked, at any length

@@ -118,6 +118,9 @@ class MLXOps(KernelStages):
     def first_layers(self, model: Model, n_layers: int) -> LayerView:
         return model.first_layers(n_layers)
 
+    def splits(self, model: Any) -> bool:
+        return isinstance(model, Model)  # a LayerView ("self:K") has no deeper blocks of its own to run
+
     plain_step = staticmethod(causal_step_attention)
     terms_step = staticmethod(terms_attention)
     windowed_step = staticmethod(windowed_attention)

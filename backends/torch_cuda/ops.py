@@ -170,6 +170,9 @@ class TorchOps(KernelStages):
     def first_layers(self, model: Transformer, n_layers: int) -> Transformer:
         return model.first_layers(n_layers)
 
+    def splits(self, model: Any) -> bool:
+        return isinstance(model, Transformer)
+
     plain_step = staticmethod(causal_step_attention)
     terms_step = staticmethod(terms_attention)
     windowed_step = staticmethod(windowed_attention)

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig, deep_split
 from ..errors import ConfigError
-from ..ops import ModelOps, PrefillAttention
+from ..ops import ModelOps, PrefillAttention, cannot_split
 from ..runtime import ProgressCallback
 from ..stages import A, layer_terms
 from .capture import QueryCapture
@@ -110,6 +110,12 @@ def capture_window(n_window: int, n_prompt: int, cached: int) -> int:
     return max(n_window, min(DEEP_WINDOW, n_prompt - cached))
 
 
+def nestable(ops: ModelOps[Any], speculator: Any) -> bool:
+    """Whether a nested pass can run `speculator`: a model the ops split in two (specfill's own
+    families), with no sliding-window layer (their windows would cut across the subset's slots)."""
+    return ops.splits(speculator) and all(window is None for window in speculator.args.layer_windows)
+
+
 class DeepSubset:
     """The nested pass's two parts over one cache (the module doc). prefill: steps 1-3, the
     prompt's last logits; step: one look-ahead token (4); scores: the deeper scored layers'
@@ -126,8 +132,9 @@ class DeepSubset:
         scored: Sequence[int],
         h2o: H2OConfig | None = None,
     ):
-        args = speculator.args
-        if any(window is not None for window in args.layer_windows):
+        if not ops.splits(speculator):
+            raise cannot_split()
+        if not nestable(ops, speculator):
             raise ConfigError(
                 "deep_keep: a nested speculator needs one without sliding-window layers",
                 "deep_keep",

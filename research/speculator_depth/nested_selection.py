@@ -5,6 +5,7 @@ saved passes), each sample's answer spans kept (the protocol's rule) and its pas
 results as it goes.
 
     .venv/bin/python research/speculator_depth/nested_selection.py RECORDS PASSES --depth 12 --deep-keep 0.3 --out FILE
+    ... --deep-from 12 --deep-keep 0.3   # every layer scores, those from 12 on over the subset
 """
 
 from __future__ import annotations
@@ -38,12 +39,18 @@ def main(argv=None) -> int:
     p.add_argument("passes", type=Path)
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--deep-keep", type=float, default=0.3)
+    p.add_argument(
+        "--deep-from", type=float, default=None, help="score with every layer, the deeper ones over the subset"
+    )
     p.add_argument("--tasks", default=",".join(TASK_ORDER))
     p.add_argument("--indices", default=None, help="only these sample indices (e.g. 1,3)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     spec, tokenizer = api.load(str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype="float32")
-    config = dataclasses.replace(AUTO_COMPOSITION, layers=f"first-{args.depth}", deep_keep=args.deep_keep)
+    if args.deep_from is None:  # the first `depth` layers read every token and score
+        config = dataclasses.replace(AUTO_COMPOSITION, layers=f"first-{args.depth}", deep_keep=args.deep_keep)
+    else:  # every layer scores; those from deep_from on read the subset
+        config = dataclasses.replace(AUTO_COMPOSITION, layers="all", deep_keep=args.deep_keep, deep_from=args.deep_from)
     suffix = f"_{prefill_name(config.speculator_prefill)}"
     data = json.loads(args.records.read_text())
     samples = {}
@@ -94,7 +101,8 @@ def main(argv=None) -> int:
         )
         write_atomic(args.out, json.dumps(result, indent=1) + "\n")
     rows = result["rows"]
-    print(f"first {args.depth}, deep_keep {args.deep_keep}: {sum(r['all_kept'] for r in rows)}/{len(rows)}")
+    held = sum(r["all_kept"] for r in rows)
+    print(f"{config.layers}, deep_keep {args.deep_keep}, deep_from {args.deep_from}: {held}/{len(rows)}")
     return 0
 
 

@@ -23,7 +23,7 @@ from specfill.core.errors import ConfigError
 from specfill.core.methods import speculator_depth
 from specfill.core.methods.prefill import prefill
 from specfill.core.methods.specprefill import expected_work, run_speculator, speculate_and_select, token_importance
-from specfill.core.methods.speculator_depth import nested_split
+from specfill.core.methods.speculator_depth import nestable, nested_split
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import (
     nested_scores,
@@ -313,6 +313,16 @@ def test_a_speculator_with_sliding_windows_is_refused(tiny_windowed):
             nest=CONFIG,
         )
     assert err.value.fields == ("deep_keep",)
+
+
+def test_which_speculators_nest(tiny, tiny_windowed):
+    """auto's composition nests where the speculator can (core/probe.auto_options): specfill's own
+    families; on MLX not a "self:K" view (no deeper blocks of its own); never sliding windows."""
+    t = tiny("llama")
+    ops, model = t.model.ops, t.model.model
+    assert nestable(ops, model)
+    assert nestable(ops, ops.first_layers(model, 1)) == (ops.name == "cuda")
+    assert not nestable(tiny_windowed.ops, tiny_windowed.model)
 
 
 @pytest.fixture
