@@ -61,14 +61,18 @@ def on_saved_pass(setting: Setting, selection_only: bool = False) -> bool:
     """A SpecPrefill candidate scored on the sample's saved speculator pass (ruler_passes.pass_path:
     one per speculator prefill). SpecPrefill over an H2O speculator is scored on its saved H2O pass
     in a selection-only run, and decoded end to end through the API (its speculator pass timed in
-    the call), as H2O and full are."""
-    return isinstance(setting, SpecPrefillConfig) and (setting.speculator_prefill is None or selection_only)
+    the call), as H2O and full are. A nested speculator (deep_keep) never is: a saved pass is the
+    whole speculator's, and its selection needs its own pass (decoded end to end)."""
+    if not isinstance(setting, SpecPrefillConfig) or setting.deep_keep is not None:
+        return False
+    return setting.speculator_prefill is None or selection_only
 
 
 def selected_alone(setting: Setting) -> bool:
     """A candidate whose kept set a selection-only run measures without the main model: every
-    SpecPrefill candidate (on its saved pass, dense or H2O); full and H2O decode or nothing."""
-    return isinstance(setting, SpecPrefillConfig)
+    SpecPrefill candidate on a saved pass (dense or H2O); full, H2O and a nested speculator decode
+    or nothing."""
+    return on_saved_pass(setting, selection_only=True)
 
 
 def method_name(setting: Setting) -> str:

@@ -361,7 +361,7 @@ def _end_to_end(session: Session, sample: RulerSample, length: int, name: str, s
     method = PrefillMethod("specprefill", specprefill=setting, speculator=session.speculator)
     answer = run_api(session, sample, method, budget)
     if not on_saved_pass(setting):
-        return record(sample, length, name, COMPOSED, **answer, end_to_end=True, config=asdict(setting))
+        return record(sample, length, name, method_name(setting), **answer, end_to_end=True, config=asdict(setting))
     extra = {"speculator_s": scores.saved.seconds, "config": asdict(setting)}
     return record(sample, length, name, "specprefill", **answer, end_to_end=True, **extra)
 

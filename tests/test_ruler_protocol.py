@@ -228,7 +228,7 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
 def test_the_composition_is_a_candidate_that_runs_its_own_pass():
     from specfill.core.runtime import COMPOSED
     from specfill.evaluation.ruler_passes import pass_path
-    from specfill.evaluation.ruler_protocol import method_name, on_saved_pass
+    from specfill.evaluation.ruler_protocol import method_name, on_saved_pass, selected_alone
 
     name, setting = parse_candidate("specprefill+h2o:keep_ratio=0.2")
     assert setting.keep_ratio == 0.2 and setting.speculator_prefill.layers == "all"
@@ -236,6 +236,10 @@ def test_the_composition_is_a_candidate_that_runs_its_own_pass():
     assert on_saved_pass(setting, selection_only=True)  # selection only: on its saved H2O pass
     _, dense = parse_candidate("specprefill+h2o:speculator_prefill=dense")
     assert dense.speculator_prefill is None and on_saved_pass(dense)
+    # a nested speculator's selection is its own pass's, never a saved (whole) pass's
+    nested = SpecPrefillConfig(layers="first-1", deep_keep=0.3)
+    assert not on_saved_pass(nested) and not on_saved_pass(nested, selection_only=True)
+    assert not selected_alone(nested) and selected_alone(dense) and method_name(nested) == "specprefill"
     # one pass per speculator prefill: the dense pass keeps its old name, H2O passes one per H2OConfig
     _, other = parse_candidate("c+h2o:keep_ratio=0.1,query_window=32,h2o_layers=last-0.67")
     _, same = parse_candidate("d+h2o:keep_ratio=0.3,neighbours=1")
