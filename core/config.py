@@ -481,7 +481,14 @@ class SpecPrefillConfig:
 # (one more HotpotQA sample) but its roofline at 128K (H100, composition) is 5.9x full for Llama-3.1-8B +
 # 1B against 8.7x at 17% (research/roofline/results/roofline.md): the 17% it is
 AUTO_COMPOSITION_FROM = 15_700
-AUTO_COMPOSITION = SpecPrefillConfig(keep_ratio=0.1, query_window=32, neighbours=1, speculator_prefill="h2o")
+# Its speculator is nested (deep_keep 0.3, deep_from 0.5: research/speculator_depth): the second half of
+# its layers reads the 30% of the prompt the first half ranks first, and scores over it; on the proxy
+# (pair, float32) it keeps what the whole speculator keeps at 32K (13 of 16, the same samples) and one
+# HotpotQA sample more at 16K (18 of 20), its pass ~0.65 of the whole one's. A speculator that cannot nest
+# (an adapted family, sliding windows, an MLX "self:K" view) reads every token (core/probe.auto_options).
+AUTO_COMPOSITION = SpecPrefillConfig(
+    keep_ratio=0.1, query_window=32, neighbours=1, speculator_prefill="h2o", deep_keep=0.3, deep_from=0.5
+)
 
 
 @dataclass(frozen=True)
