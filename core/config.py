@@ -33,9 +33,7 @@ REDUCTIONS = ("max", "mean")
 DEFAULT_KEEP_RATIO = 0.3  # measured (issue 34): the paper's 0.1 loses multi-hop answers
 PAPER_KEEP_RATIO = 0.1  # the reference implementation's keep share
 MASS_FLOOR, MASS_CEILING = 0.05, 0.5  # the mass rule's chunk-share bounds when none are given
-# deep_keep: the prompt's last tokens whose queries in the speculator's first K layers rank what
-# its deeper layers read (research/speculator_depth/nested.py)
-DEEP_WINDOW = 64
+DEEP_WINDOW = 64  # deep_keep: the prompt's last queries of the layers before the deeper ones, ranking the share
 GROWTH_FROM = 4096  # keep_growth: the prompt length (tokens) up to which the keep ratio holds as given
 # H2O runs in the first third of the layers and the rest attend to every key: with H2O in every
 # layer (seed 001, layers="all") the answer tokens' keys and values in the later layers drift and
@@ -71,11 +69,6 @@ def layer_subset(spec: str, n_layers: int) -> list[int]:
         )
     k = min(k, n_layers)
     return list(range(k)) if side == "first" else list(range(n_layers - k, n_layers))
-
-
-def deep_split(deep_from: float, n_layers: int) -> int:
-    """The first layer SpecPrefillConfig.deep_from names: K itself, or round(F * n_layers) (at least 1)."""
-    return int(deep_from) if deep_from >= 1 else max(1, round(deep_from * n_layers))
 
 
 def _check_layers(config: Any) -> None:
@@ -355,15 +348,13 @@ class SpecPrefillConfig:
     )
     deep_keep: float | None = setting(
         None,
-        "SpecPrefill with layers first-K and a look-ahead: the share of the prompt the speculator's "
-        "deeper layers read (they only make the look-ahead tokens), ranked by its first K layers' "
-        f"last {DEEP_WINDOW} prompt queries (none: every token)",
+        "SpecPrefill: the share of the prompt a nested speculator's deeper layers (past layers first-K, or from "
+        f"deep_from) read, ranked by the last {DEEP_WINDOW} prompt queries of the layers before (none: every token)",
     )
     deep_from: float | None = setting(
         None,
-        "SpecPrefill with deep_keep: the first speculator layer that reads only that share, an index "
-        "K >= 1 or a share F in (0, 1) of the layers (none: the one after layers first-K); scored "
-        "layers from it on score over the share's keys",
+        "SpecPrefill with deep_keep: the first speculator layer that reads only that share, K >= 1 or a share F in "
+        "(0, 1) of the layers (none: the one after layers first-K); scored layers from it on score over its keys",
     )
 
     def __post_init__(self) -> None:
@@ -479,13 +470,9 @@ class SpecPrefillConfig:
 # 32-query window brings back the multi-key needle the composition's keep 0.3 lost (decoded, 16K), and
 # one neighbour chunk on each side the context around what it found. Keep 0.15 (26% kept) kept 18 of 20
 # (one more HotpotQA sample) but its roofline at 128K (H100, composition) is 5.9x full for Llama-3.1-8B +
-# 1B against 8.7x at 17% (research/roofline/results/roofline.md): the 17% it is
+# 1B against 8.7x at 17% (research/roofline/results/roofline.md): the 17% it is. Its speculator nested
+# (deep_keep, deep_from: research/speculator_depth) keeps the same samples at 32K and one more at 16K.
 AUTO_COMPOSITION_FROM = 15_700
-# Its speculator is nested (deep_keep 0.3, deep_from 0.5: research/speculator_depth): the second half of
-# its layers reads the 30% of the prompt the first half ranks first, and scores over it; on the proxy
-# (pair, float32) it keeps what the whole speculator keeps at 32K (13 of 16, the same samples) and one
-# HotpotQA sample more at 16K (18 of 20), its pass ~0.65 of the whole one's. A speculator that cannot nest
-# (an adapted family, sliding windows, an MLX "self:K" view) reads every token (core/probe.auto_options).
 AUTO_COMPOSITION = SpecPrefillConfig(
     keep_ratio=0.1, query_window=32, neighbours=1, speculator_prefill="h2o", deep_keep=0.3, deep_from=0.5
 )

@@ -34,7 +34,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from ..config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig, deep_split
+from ..config import DEEP_WINDOW, H2OConfig, SpecPrefillConfig
 from ..errors import ConfigError
 from ..ops import ModelOps, PrefillAttention, cannot_split
 from ..runtime import ProgressCallback
@@ -68,6 +68,11 @@ class QueryWindow(PrefillAttention[A], Protocol[A]):
 # layers over a 4.9K subset took ~14 s more by H2O than dense at 16K, and over a 9.6K one ~25 s
 # less at 32K (research/speculator_depth/README.md).
 DEEP_H2O_FROM = 8192
+
+
+def deep_split(deep_from: float, n_layers: int) -> int:
+    """The first layer SpecPrefillConfig.deep_from names: K itself, or round(F * n_layers) (at least 1)."""
+    return int(deep_from) if deep_from >= 1 else max(1, round(deep_from * n_layers))
 
 
 def nested_split(

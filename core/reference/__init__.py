@@ -52,6 +52,7 @@ class ReferenceStages:
     attention_scores = staticmethod(specprefill.attention_scores)
     smooth_scores = staticmethod(specprefill.smooth_scores)
     reduce_axis = staticmethod(specprefill.reduce_axis)
+    spread = staticmethod(specprefill.spread)
     reduce_scores = staticmethod(specprefill.reduce_scores)
     select_tokens = staticmethod(specprefill.select_tokens)
 

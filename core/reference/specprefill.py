@@ -248,6 +248,13 @@ def speculative_selection(
     return scores, select_new_tokens(scores.importance, reused, config, stages.select_tokens)
 
 
+def spread(x: np.ndarray, columns: np.ndarray, width: int) -> np.ndarray:
+    """x [..., S] placed at `columns` (S distinct indices) of zeros [..., width]."""
+    out = np.zeros(x.shape[:-1] + (width,), x.dtype)
+    out[..., columns] = x
+    return out
+
+
 def nested_scores(
     queries: np.ndarray,
     keys: np.ndarray,
@@ -275,9 +282,7 @@ def nested_scores(
         far = stages.smooth_scores(
             stages.attention_scores(deep_queries[inner], deep_keys[inner], scale, query_start=start), config.pool_kernel
         )
-        placed = np.zeros(far.shape[:-1] + (n_prompt,), far.dtype)
-        placed[..., slots] = far
-        parts.append(placed)
+        parts.append(spread(far, slots, n_prompt))
     return stages.reduce_scores(
         np.concatenate(parts, axis=1), config.head_reduction, config.layer_reduction, config.lookahead_reduction
     )
