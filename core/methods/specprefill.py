@@ -42,9 +42,9 @@ from ..stages import (
 from .capture import QueryCapture  # re-exported: the speculator's capture is part of this method
 from .h2o import h2o_prefill
 from .prefill import StageProgress, prefill, stage_work
-from .scoring import token_importance  # re-exported: the scoring is part of this method
+from .scoring import DeepScores, token_importance  # token_importance re-exported: the scoring is part of this method
 from .selection import select_new_tokens
-from .speculator_depth import DeepScores, DeepSubset, capture_window, pass_layers
+from .speculator_depth import DeepSubset, capture_window, pass_layers
 
 
 @dataclass
@@ -123,8 +123,8 @@ def run_speculator(
     """
     n_prompt, args = len(ids), speculator.args
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
-    depth, deep = pass_layers(args.num_hidden_layers, captured, lookahead, extra_slots, nest)
-    split = depth if deep else None  # nested: the first `depth` layers read every token, the deeper ones a subset
+    depth, deeper = pass_layers(args.num_hidden_layers, captured, lookahead, extra_slots, nest)
+    split = depth if deeper else None  # nested: the first `depth` layers read every token, the deeper ones a subset
     outer = captured if split is None else [layer for layer in captured if layer < split]
     n_window = max(1, min(query_window, n_prompt - cached))
     window = n_window if split is None else capture_window(n_window, n_prompt, cached)
@@ -189,10 +189,9 @@ def run_speculator(
     if window > n_window:  # the subset's ranking window: only the scoring window's queries are returned
         queries = queries[:, window - n_window :]
     ops.settle([queries])
-    if split is None:
-        layers = None if layers is None else list(layers)
-        return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, layers, depth)
-    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, outer, depth, nested.scores())
+    rows = None if split is None and layers is None else list(outer)  # the layers of `queries` (None: every one)
+    deep = None if split is None else nested.scores()
+    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, rows, depth, deep)
 
 
 @dataclass

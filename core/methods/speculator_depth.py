@@ -139,7 +139,7 @@ class DeepSubset:
     ):
         if not ops.splits(speculator):
             raise cannot_split()
-        if not nestable(ops, speculator):
+        if any(window is not None for window in speculator.args.layer_windows):  # the rest of nestable
             raise ConfigError(
                 "deep_keep: a nested speculator needs one without sliding-window layers",
                 "deep_keep",

@@ -98,6 +98,27 @@ def test_bad_settings_name_the_field(fields, named):
     assert err.value.fields == named and named[0] in str(err.value)
 
 
+def _speculate(t, ids, config, reused=0):
+    """speculate_and_select on the tiny model as its own speculator: (the pass, the selection);
+    reused > 0: over the speculator's dense KV of the first `reused` tokens (a cached conversation)."""
+    ops, model = t.model.ops, t.model.model
+    cache = None
+    if reused:
+        cache = ops.new_cache(model, len(ids) + 3)
+        prefill(ops, model, ops.tokens(np.array(ids[:reused])), 0, cache, step_size=32)
+    spec, selection, _ = speculate_and_select(
+        ops,
+        model,
+        np.array(ids),
+        config,
+        stop_ids=frozenset(),
+        speculator_step_size=32,
+        reused=reused,
+        speculator_cache=None if cache is None else (cache, reused),
+    )
+    return spec, selection
+
+
 def _subset_rule(t, config, n_prompt, cached=0):
     """The reference's ranking of what the deeper layers read (the module doc's step 2)."""
     inner = SpecPrefillConfig(keep_ratio=config.deep_keep, lookahead=0)
@@ -161,23 +182,8 @@ def test_deeper_scored_layers_are_the_references(tiny, arch, h2o, reused, lookah
     deeper layers read all of it and the new part's subset."""
     monkeypatch.setattr(speculator_depth, "DEEP_H2O_FROM", 1)
     t = tiny(arch)
-    ops, model = t.model.ops, t.model.model
     ids = prompt(N, t.args.vocab_size, seed=36)
-    config = replace(DEEP, speculator_prefill=h2o, lookahead=lookahead)
-    cache = None
-    if reused:
-        cache = ops.new_cache(model, N + 3)
-        prefill(ops, model, ops.tokens(np.array(ids[:reused])), 0, cache, step_size=32)
-    spec, selection, _ = speculate_and_select(
-        ops,
-        model,
-        np.array(ids),
-        config,
-        stop_ids=frozenset(),
-        speculator_step_size=32,
-        reused=reused,
-        speculator_cache=None if cache is None else (cache, reused),
-    )
+    spec, selection = _speculate(t, ids, replace(DEEP, speculator_prefill=h2o, lookahead=lookahead), reused)
     subset_of, window = _subset_rule(t, DEEP, N, cached=reused)
     ref = t.ref.nested_speculator_pass(ids, 1, lookahead, subset_of, window=4, rank_window=window, h2o_config=h2o)
     assert spec.lookahead == ref.fed and spec.layers == [0] and spec.deep.layers == [1]
@@ -266,20 +272,8 @@ def test_from_a_reused_prefix_the_deeper_layers_read_it_whole(tiny):
     """SpecPrefill over a cached conversation: the speculator's dense KV of the first R tokens is
     reused in every layer; the deeper layers read all of it and the new part's subset."""
     t = tiny("llama")
-    ops, model = t.model.ops, t.model.model
     ids, reused = prompt(N, t.args.vocab_size, seed=34), 30
-    cache = ops.new_cache(model, N + 3)
-    prefill(ops, model, ops.tokens(np.array(ids[:reused])), 0, cache, step_size=32)
-    spec, selection, _ = speculate_and_select(
-        ops,
-        model,
-        np.array(ids),
-        CONFIG,
-        stop_ids=frozenset(),
-        speculator_step_size=32,
-        reused=reused,
-        speculator_cache=(cache, reused),
-    )
+    spec, selection = _speculate(t, ids, CONFIG, reused)
     subset_of, window = _subset_rule(t, CONFIG, N, cached=reused)
     queries, keys, fed, subset, _, _ = t.ref.nested_speculator_pass(ids, 1, 3, subset_of, window=4, rank_window=window)
     assert spec.lookahead == fed
