@@ -43,6 +43,8 @@ METHODS = {  # request fields per method (the server's defaults otherwise)
     "full": {"method": "full"},
     "specprefill": {"method": "specprefill"},
     "composition": {"method": "specprefill", "speculator_prefill": "h2o"},
+    # SpecPrefill with a nested speculator: its second half reads the 30% the first half ranks first
+    "nested": {"method": "specprefill", "deep_keep": 0.3, "deep_from": 0.5},
 }
 NAMES = ("RETRY_WINDOW_MS", "SHARD_LIMIT", "BACKOFF_CEILING", "PAGE_BUDGET", "LEASE_TIMEOUT_S", "QUEUE_HIGH_WATER")
 DEPTHS = (0.35, 0.6, 0.8, 0.5, 0.25, 0.7)  # where in its tool result each turn's fact sits

@@ -6,6 +6,7 @@ results as it goes.
 
     .venv/bin/python research/speculator_depth/nested_selection.py RECORDS PASSES --depth 12 --deep-keep 0.3 --out FILE
     ... --deep-from 12 --deep-keep 0.3   # every layer scores, those from 12 on over the subset
+    ... --base default                   # SpecPrefill's defaults (dense passes) instead of auto's composition
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ MODELS = Path.home() / ".cache" / "specfill" / "models"
 
 def main(argv=None) -> int:
     from specfill import api
-    from specfill.core.config import AUTO_COMPOSITION
+    from specfill.core.config import AUTO_COMPOSITION, SpecPrefillConfig
     from specfill.core.methods.specprefill import speculate_and_select
     from specfill.evaluation.machine import describe_machine
-    from specfill.evaluation.ruler_passes import SavedPass, prefill_name
+    from specfill.evaluation.ruler_passes import SavedPass, pass_path
     from specfill.evaluation.ruler_protocol import write_atomic
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -42,16 +43,19 @@ def main(argv=None) -> int:
     p.add_argument(
         "--deep-from", type=float, default=None, help="score with every layer, the deeper ones over the subset"
     )
+    p.add_argument(
+        "--base", choices=("auto", "default"), default="auto", help="auto's composition or SpecPrefill's defaults"
+    )
     p.add_argument("--tasks", default=",".join(TASK_ORDER))
     p.add_argument("--indices", default=None, help="only these sample indices (e.g. 1,3)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     spec, tokenizer = api.load(str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype="float32")
+    base = AUTO_COMPOSITION if args.base == "auto" else SpecPrefillConfig()
     if args.deep_from is None:  # the first `depth` layers read every token and score
-        config = dataclasses.replace(AUTO_COMPOSITION, layers=f"first-{args.depth}", deep_keep=args.deep_keep)
+        config = dataclasses.replace(base, layers=f"first-{args.depth}", deep_keep=args.deep_keep)
     else:  # every layer scores; those from deep_from on read the subset
-        config = dataclasses.replace(AUTO_COMPOSITION, layers="all", deep_keep=args.deep_keep, deep_from=args.deep_from)
-    suffix = f"_{prefill_name(config.speculator_prefill)}"
+        config = dataclasses.replace(base, layers="all", deep_keep=args.deep_keep, deep_from=args.deep_from)
     data = json.loads(args.records.read_text())
     samples = {}
     for r in data["records"]:
@@ -62,7 +66,7 @@ def main(argv=None) -> int:
     order = sorted(wanted, key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
     result = {"machine": describe_machine(), "config": repr(config), "rows": []}
     for task, tokens, index in order:
-        path = args.passes / f"{task}_{tokens}_0_{index}_chat{suffix}.npz"
+        path = pass_path(args.passes, f"{task}_{tokens}_0_{index}_chat", config)
         if not path.exists():
             print(f"no pass: {path.name}", file=sys.stderr)
             continue

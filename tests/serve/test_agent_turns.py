@@ -65,3 +65,12 @@ def test_report_from_a_run(tmp_path):
     assert "| 1.0 |  |" in table  # a row without parts (a run before the field)
     assert "specprefill: cached 300 of 320, reply 'read_file', equal to full: True" in table
     assert paths[-1].exists() and paths[-1].stat().st_size > 1000
+
+
+def test_every_method_sends_request_fields_the_server_takes():
+    from specfill.core.request import SETTINGS
+
+    fields = {s.server for s in SETTINGS if s.server} | {"method"}
+    for name, body in agent_turns.METHODS.items():
+        assert set(body) <= fields, (name, set(body) - fields)
+    assert agent_turns.METHODS["nested"] == {"method": "specprefill", "deep_keep": 0.3, "deep_from": 0.5}
