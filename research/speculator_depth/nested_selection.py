@@ -66,11 +66,15 @@ def main(argv=None) -> int:
     order = sorted(wanted, key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
     result = {"machine": describe_machine(), "config": repr(config), "rows": []}
     for task, tokens, index in order:
-        path = pass_path(args.passes, f"{task}_{tokens}_0_{index}_chat", config)
+        name = f"{task}_{tokens}_0_{index}_chat"
+        path = pass_path(args.passes, name, config)
+        if not path.exists():  # the same prompt's ids from a pass of another speculator prefill
+            path = next(iter(sorted(args.passes.glob(f"{name}*.npz"))), path)
         if not path.exists():
             print(f"no pass: {path.name}", file=sys.stderr)
             continue
         saved = SavedPass.load(path)
+        whole = pass_path(args.passes, name, config) == path  # saved_pass_s: this prefill's whole pass
         began = time.perf_counter()
         with spec.ops.device_scope():
             run, selection, seconds = speculate_and_select(
@@ -91,7 +95,8 @@ def main(argv=None) -> int:
                 "index": index,
                 "seconds": time.perf_counter() - began,
                 "parts_s": seconds,
-                "saved_pass_s": saved.seconds,
+                "saved_pass_s": saved.seconds if whole else None,
+                "ids_from": path.name,
                 "lookahead": run.lookahead,
                 "kept_share": len(selection.kept) / len(saved.ids),
                 "answer_kept": shares,
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
             }
         )
         print(
-            f"{task} {index}: pass {seconds['speculator']:.0f} s (whole {saved.seconds:.0f} s), "
+            f"{task} {index}: pass {seconds['speculator']:.0f} s ({path.name}: {saved.seconds:.0f} s), "
             f"spans {[round(s, 2) for s in shares]}",
             flush=True,
         )
