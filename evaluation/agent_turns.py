@@ -1,7 +1,7 @@
 """Agent turns accelerated (issue 46 item 7): per turn of a coding agent's session over a cached
 conversation, the TTFT of the new part under full prefill, SpecPrefill and the composition (SpecPrefill
-over an H2O speculator), each with the prompt cache, and a question per turn about a fact inside that
-turn's tool result, answered by each.
+over an H2O speculator; on request also `nested`, SpecPrefill with a nested speculator), each with
+the prompt cache, and a question per turn about a fact inside that turn's tool result, answered by each.
 
     python -m specfill.evaluation.agent_turns --model MAIN --speculator SMALL [--dtype float32]
         [--system-tokens 8000] [--tool-tokens 2000,4000,8000] [--methods full,specprefill,composition]
