@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from specfill.core.config import AUTO_COMPOSITION
+
 from .agent_session import SYSTEM, TASK, TOOLS, cut_to_tokens, project_guide, source_files, warm_up, write_json
 from .machine import describe_machine, machine_line
 from .serve_process import ServerProcess, client
@@ -43,8 +45,12 @@ METHODS = {  # request fields per method (the server's defaults otherwise)
     "full": {"method": "full"},
     "specprefill": {"method": "specprefill"},
     "composition": {"method": "specprefill", "speculator_prefill": "h2o"},
-    # SpecPrefill with a nested speculator: its second half reads the 30% the first half ranks first
-    "nested": {"method": "specprefill", "deep_keep": 0.3, "deep_from": 0.5},
+    # SpecPrefill with auto's nested speculator: its second half reads the 30% the first half ranks first
+    "nested": {
+        "method": "specprefill",
+        "deep_keep": AUTO_COMPOSITION.deep_keep,
+        "deep_from": AUTO_COMPOSITION.deep_from,
+    },
 }
 NAMES = ("RETRY_WINDOW_MS", "SHARD_LIMIT", "BACKOFF_CEILING", "PAGE_BUDGET", "LEASE_TIMEOUT_S", "QUEUE_HIGH_WATER")
 DEPTHS = (0.35, 0.6, 0.8, 0.5, 0.25, 0.7)  # where in its tool result each turn's fact sits

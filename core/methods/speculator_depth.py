@@ -115,10 +115,15 @@ def capture_window(n_window: int, n_prompt: int, cached: int) -> int:
     return max(n_window, min(DEEP_WINDOW, n_prompt - cached))
 
 
+def _slides(speculator: Any) -> bool:
+    """Whether any of the speculator's layers has a sliding window (it would cut across a subset's slots)."""
+    return any(window is not None for window in speculator.args.layer_windows)
+
+
 def nestable(ops: ModelOps[Any], speculator: Any) -> bool:
     """Whether a nested pass can run `speculator`: a model the ops split in two (specfill's own
-    families), with no sliding-window layer (their windows would cut across the subset's slots)."""
-    return ops.splits(speculator) and all(window is None for window in speculator.args.layer_windows)
+    families), with no sliding-window layer."""
+    return ops.splits(speculator) and not _slides(speculator)
 
 
 class DeepSubset:
@@ -139,7 +144,7 @@ class DeepSubset:
     ):
         if not ops.splits(speculator):
             raise cannot_split()
-        if any(window is not None for window in speculator.args.layer_windows):  # the rest of nestable
+        if _slides(speculator):
             raise ConfigError(
                 "deep_keep: a nested speculator needs one without sliding-window layers",
                 "deep_keep",

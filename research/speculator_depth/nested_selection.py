@@ -67,14 +67,14 @@ def main(argv=None) -> int:
     result = {"machine": describe_machine(), "config": repr(config), "rows": []}
     for task, tokens, index in order:
         name = f"{task}_{tokens}_0_{index}_chat"
-        path = pass_path(args.passes, name, config)
-        if not path.exists():  # the same prompt's ids from a pass of another speculator prefill
-            path = next(iter(sorted(args.passes.glob(f"{name}*.npz"))), path)
+        own = pass_path(args.passes, name, config)
+        # without this prefill's pass, the same prompt's ids from a pass of another speculator prefill
+        path = own if own.exists() else next(iter(sorted(args.passes.glob(f"{name}*.npz"))), own)
         if not path.exists():
             print(f"no pass: {path.name}", file=sys.stderr)
             continue
         saved = SavedPass.load(path)
-        whole = pass_path(args.passes, name, config) == path  # saved_pass_s: this prefill's whole pass
+        whole = path == own  # saved_pass_s: this prefill's whole pass
         began = time.perf_counter()
         with spec.ops.device_scope():
             run, selection, seconds = speculate_and_select(
