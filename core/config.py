@@ -462,20 +462,21 @@ class SpecPrefillConfig:
 # `auto` with a speculator and SpecPrefill's default settings also weighs SpecPrefill over an H2O
 # speculator (the composition) on prompts (their new part) of AUTO_COMPOSITION_FROM tokens or more,
 # run with AUTO_COMPOSITION, and picks it where this machine's calibration finds it fastest (issue 47
-# item 4). The length and settings are those of its accuracy evidence (docs/eval.md, "The composition
-# on the proxy at 16K"): on RULER's five tasks at 16K (prompts of 15,713 tokens and more) it kept every
-# answer span of 17 of 20 samples (the dense default, keep 0.3: 16 of 20; the composition at keep 0.3:
-# 14), every sample of the four tasks issue 47 decodes (multi-key and multi-value needles, variable
-# tracking, SQuAD) and HotpotQA's as often as the dense default (1 of 4), keeping 17% of the prompt; a
-# 32-query window brings back the multi-key needle the composition's keep 0.3 lost (decoded, 16K), and
-# one neighbour chunk on each side the context around what it found. Keep 0.15 (26% kept) kept 18 of 20
-# (one more HotpotQA sample) but its roofline at 128K (H100, composition) is 5.9x full for Llama-3.1-8B +
-# 1B against 8.7x at 17% (research/roofline/results/roofline.md): the 17% it is. Its speculator nested
-# (deep_keep, deep_from: research/speculator_depth) keeps the same samples at 32K and one more at 16K.
+# item 4). Length and settings are those of its accuracy evidence (docs/eval.md, "The composition on
+# the proxy at 16K"): on RULER's five tasks at 16K (prompts of 15,713 tokens and more) it kept every
+# answer span of 17 of 20 samples (the dense default, keep 0.3: 16; the composition at keep 0.3: 14),
+# keeping 17% of the prompt; the 32-query window brings back the multi-key needle the composition's
+# keep 0.3 lost (decoded, 16K), one neighbour chunk on each side the context around what it found.
+# Keep 0.15 (26% kept) kept one HotpotQA sample more, but prices at 5.9x full at 128K (H100, Llama-3.1-8B
+# + 1B) against 8.7x at 17% (research/roofline). Its speculator nested (deep_keep, deep_from:
+# research/speculator_depth) keeps the same samples at 32K and one more at 16K.
 AUTO_COMPOSITION_FROM = 15_700
 AUTO_COMPOSITION = SpecPrefillConfig(
     keep_ratio=0.1, query_window=32, neighbours=1, speculator_prefill="h2o", deep_keep=0.3, deep_from=0.5
 )
+# On a shorter turn's new part auto weighs the composition at SpecPrefill's keep rule: its H2O speculator
+# spares a dense read of the conversation per new token (docs/methods.md "auto", research/agent_turns).
+AUTO_TURN_COMPOSITION = SpecPrefillConfig(speculator_prefill="h2o", query_window=32)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,8 @@ def plan_generation(
         raise ConfigError(
             "num_draft_tokens (speculative decoding) with logits processors is not supported", config="Drafting"
         )
-    method = resolve_method(model, method, len(ids) - (0 if reuse is None else reuse.tokens))  # auto: the new part
+    cached = 0 if reuse is None else reuse.tokens
+    method = resolve_method(model, method, len(ids) - cached, cached)  # auto: the new part over the cached
     info.start(len(ids), method.label)
     if reuse is not None:
         check_reuse(reuse, len(ids), method, drafting)
@@ -120,17 +121,18 @@ def checked_ids(ids: Any, max_tokens: int, args: Any) -> np.ndarray:
     return checked
 
 
-def resolve_method(model: Any, method: PrefillMethod, n_tokens: int) -> PrefillMethod:
-    """ "auto" -> the sparse method this machine's calibrations find fastest for n_tokens, full
-    prefill below every crossover (core/probe.auto_choice); with method.auto_threshold,
-    method.sparse from it on; other methods as they are."""
+def resolve_method(model: Any, method: PrefillMethod, n_tokens: int, cached: int = 0) -> PrefillMethod:
+    """ "auto" -> the sparse method this machine's calibrations find fastest for n_tokens (new
+    tokens over `cached` reused ones), full prefill below every crossover (core/probe.auto_choice);
+    with method.auto_threshold, method.sparse from it on (the new part's length against it);
+    other methods as they are."""
     if method.name != "auto":
         return method
     threshold = method.auto_threshold
     if threshold is None:  # this machine's calibrations choose among the sparse methods (core/probe.py)
         from .probe import auto_choice
 
-        return auto_choice(model, method, n_tokens)[0]
+        return auto_choice(model, method, n_tokens, cached)[0]
     return replace(method, name=method.sparse if n_tokens >= threshold else "full", auto_threshold=None)
 
 

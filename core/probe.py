@@ -27,7 +27,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, H2OConfig, SpecPrefillConfig
+from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_step_size
 from .methods.prefill import prefill
@@ -62,12 +62,14 @@ class ProbedModel(Protocol):
     def speculator_model(self, speculator: Any) -> tuple[Any, int]: ...
 
 
-def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, ModelArgs, ModelArgs, int]:
-    """(the speculator's first layer, its model's args, the args of the speculator as it runs (a
-    "self:K" speculator's: K layers shaped as the main model's), its step size)."""
+def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, float, ModelArgs, ModelArgs, int]:
+    """(the speculator's timed view, the per-layer factor of its seconds (timed_view), its model's
+    args, the args of the speculator as it runs (a "self:K" speculator's: K layers shaped as the
+    main model's), its step size)."""
     run, step = lm.speculator_model(method.speculator)
     whole = lm.model if isinstance(method.speculator, str) else run
-    return lm.ops.first_layers(whole, timed_layers(whole.args)), whole.args, run.args, step
+    view, k = timed_view(lm.ops, whole, whole.args)
+    return view, 1.0 / k, whole.args, run.args, step
 
 
 def timed_layers(args: Any) -> int:
@@ -79,6 +81,20 @@ def timed_layers(args: Any) -> int:
     return attention[0] + 1 if attention else 1
 
 
+def timed_view(ops: ModelOps[Any], model: Any, args: Any) -> tuple[Any, int]:
+    """(the view of `model` a calibration runs, k: the layers its seconds stand for): the first
+    timed_layers layers and one more where the model has it. A model's last layer computes only
+    the rows something reads (core/ops.last_rows: the logits row, the speculator's query window),
+    so a view ending at the timed layer times a layer that skips most of its work: on the 1.5B the
+    probe priced full prefill ~8x under the real model's, and auto stopped choosing SpecPrefill.
+    The extra layer is cheap as the whole model's last one is (its keys and values, the rows
+    read); counted in the k layers' seconds, it over-prices both sides by one such layer's share
+    (~3% on the 1.5B), not their ratio. The view's seconds x (n - 1) / k price the n-layer model:
+    n - 1 layers computing every row, the last one's cost within the view's."""
+    k, n = timed_layers(args), args.num_hidden_layers
+    return (ops.first_layers(model, k + 1), k) if k < n else (ops.first_layers(model, n), n)
+
+
 def sparse_name(method: PrefillMethod) -> str:
     """The sparse method of an "auto" method by the name statistics give it: h2o, specprefill or
     specprefill+h2o (its speculator prefilling with H2O)."""
@@ -86,15 +102,17 @@ def sparse_name(method: PrefillMethod) -> str:
     return COMPOSED if method.sparse == "specprefill" and spec and spec.speculator_prefill else method.sparse
 
 
-def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True) -> list[PrefillMethod]:
+def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, cached: int = 0) -> list[PrefillMethod]:
     """The "auto" methods, one sparse method each, that auto chooses among for a `prompt_tokens`
-    prompt: without a speculator H2O alone (method itself); with one SpecPrefill with a
-    dense speculator, SpecPrefill over an H2O speculator (the composition) and H2O, in that order.
-    The composition runs as the config asks when it sets speculator_prefill; with SpecPrefill's
-    default settings, as AUTO_COMPOSITION from AUTO_COMPOSITION_FROM tokens on (where its accuracy
-    evidence holds: core/config.py), and not on shorter prompts; with other settings, not at all.
-    nests: whether the speculator runs a nested pass (speculator_depth.nestable); where it cannot,
-    AUTO_COMPOSITION's speculator reads every token with every layer."""
+    prompt (a turn's new part over `cached` reused tokens): without a speculator H2O alone (method
+    itself); with one SpecPrefill with a dense speculator, SpecPrefill over an H2O speculator (the
+    composition) and H2O, in that order. The composition runs as the config asks when it sets
+    speculator_prefill; with SpecPrefill's default settings, as AUTO_COMPOSITION from
+    AUTO_COMPOSITION_FROM new tokens on (where its accuracy evidence holds: core/config.py), as
+    AUTO_TURN_COMPOSITION on a shorter turn's new part (cached > 0), and not on shorter fresh
+    prompts; with other settings, not at all. nests: whether the speculator runs a nested pass
+    (speculator_depth.nestable); where it cannot, AUTO_COMPOSITION's speculator reads every token
+    with every layer."""
     if method.speculator is None:
         return [method]
     spec = method.specprefill or SpecPrefillConfig()
@@ -104,6 +122,8 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True) 
     elif spec == SpecPrefillConfig() and prompt_tokens >= AUTO_COMPOSITION_FROM:
         auto = AUTO_COMPOSITION if nests else dataclasses.replace(AUTO_COMPOSITION, deep_keep=None, deep_from=None)
         composed = [dataclasses.replace(method, specprefill=auto)]
+    elif spec == SpecPrefillConfig() and cached > 0:
+        composed = [dataclasses.replace(method, specprefill=AUTO_TURN_COMPOSITION)]
     return [
         dataclasses.replace(method, specprefill=dataclasses.replace(spec, speculator_prefill=None)),
         *composed,
@@ -111,11 +131,23 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True) 
     ]
 
 
+def turn_length(new_tokens: int, cached: int) -> int:
+    """The fresh prompt whose tokens read as many keys, on average, as a turn's `new_tokens` read
+    over `cached` reused ones (cached + (new + 1) / 2 = (length + 1) / 2): the length auto reads its
+    calibrations (measured on fresh prompts) at for a turn. What the sparse methods save is
+    attention, whose share of a step grows with the keys it reads: SpecPrefill's speculator reads
+    the whole cached conversation densely for every new token, the composition's H2O walk a memory
+    set after its first chunk, so a 4K tool result over a 15K conversation prices as a 34K prompt,
+    not a 4K one (on the pair's 8K turn over 14.7K tokens SpecPrefill measured 1.40x full, the
+    composition 2.21x: results/agent_session/agent_turns_pair.md)."""
+    return new_tokens + 2 * cached
+
+
 def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     """The sparse method's settings (and the speculator's shape): part of the calibration key."""
     if method.sparse == "h2o":
         return asdict(method.h2o or H2OConfig())
-    _, spec_args, run_args, step = _speculator(lm, method)
+    _, _, spec_args, run_args, step = _speculator(lm, method)
     return {
         **asdict(method.specprefill or SpecPrefillConfig()),
         "speculator": asdict(spec_args),
@@ -136,10 +168,10 @@ def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> 
 def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float, float]:
     """(full seconds, sparse seconds) estimated for the whole model at a `length`-token prompt."""
     ops, args = lm.ops, lm.args
-    k = timed_layers(args)
-    layer = ops.first_layers(lm.model, k)
+    layer, k = timed_view(ops, lm.model, args)
+    m = layer.args.num_hidden_layers  # the view's layers: k, and the cheap last one
     ids = np.random.default_rng(length).integers(0, args.vocab_size, size=length, dtype=np.int64)
-    n_main = args.num_hidden_layers / k  # the timed view's seconds, scaled to the whole model
+    n_main = max(1, args.num_hidden_layers - 1) / k if m > k else 1.0  # the view's seconds, scaled to the model
 
     def layer_run(step: int = lm.prefill_step_size, attend: Any = None) -> float:
         started = ops.wall_time()
@@ -148,7 +180,7 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
 
     if method.sparse == "h2o":
         h2o_config = method.h2o or H2OConfig()
-        sparse_layer = dataclasses.replace(h2o_config, layers="all")  # the timed layer runs H2O
+        sparse_layer = dataclasses.replace(h2o_config, layers="all")  # the timed layers run H2O
         step = h2o_step_size(h2o_config, lm.prefill_step_size)  # a fresh attention (its carries) per run
         full, h2o = _best_of(
             layer_run,
@@ -157,30 +189,31 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
                 attend=H2OPrefillAttention(
                     ops,
                     sparse_layer,
-                    k,
+                    m,
                     args.attention_scale,
                     length,
-                    args.layer_windows[:k],
-                    layer_terms(args)[:k],
-                    [i for i in attention_layers(args) if i < k],
+                    args.layer_windows[:m],
+                    layer_terms(args)[:m],
+                    [i for i in attention_layers(args) if i < m],
                 ),
             ),
         )
         n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
         sparse = len(h2o_config.layer_indices(n_attention)) / n_attention
         return full, (1.0 - sparse) * full + sparse * h2o
-    spec_layer, spec_args, run_args, spec_step = _speculator(lm, method)
+    spec_layer, per_layer, spec_args, run_args, spec_step = _speculator(lm, method)
     n_spec = run_args.num_hidden_layers
     config = method.specprefill or SpecPrefillConfig()
     config = dataclasses.replace(
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
     scored = scoring_layers(config, run_args)
+    view_scored = max(1, len(scoring_layers(config, spec_layer.args)))  # the layers the timed selection scores
     # the layers over every token; a nested pass's deeper layers' worth over its subset, timed as dense ones
     # (pessimistic from DEEP_H2O_FROM subset tokens, where they walk by H2O)
     depth, deep = pass_layers(n_spec, scored, config.lookahead, 0, config)
     speculator_h2o, share = config.speculator_prefill, 1.0
-    if speculator_h2o is not None:  # the timed layer runs H2O; the speculator's others cost what a dense pass's do
+    if speculator_h2o is not None:  # the timed layers run H2O; the speculator's others cost what a dense pass's do
         share = len([i for i in speculator_h2o.layer_indices(n_spec) if i < depth]) / depth
         config = dataclasses.replace(config, speculator_prefill=dataclasses.replace(speculator_h2o, layers="all"))
 
@@ -203,9 +236,8 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         if speculator_h2o is not None and (share < 1.0 or deep):
             dense = parts(dataclasses.replace(config, speculator_prefill=None))["speculator"]
             speculator = share * speculator + (1.0 - share) * dense
-        per_layer = 1.0 / timed_layers(spec_args)  # the timed view's pass and scoring, per layer
-        work = depth * speculator + deep * dense + len(scored) * timed["selection"]
-        return per_layer * work + n_main * timed["main_prefill"]
+        work = per_layer * (depth * speculator + deep * dense) + len(scored) * timed["selection"] / view_scored
+        return work + n_main * timed["main_prefill"]
 
     return _best_of(layer_run, sparse_run)
 
@@ -248,18 +280,25 @@ def auto_crossover(
     return crossover, where
 
 
-def auto_choice(lm: ProbedModel, method: PrefillMethod, prompt_tokens: int) -> tuple[PrefillMethod, str]:
-    """The method an "auto" `method` runs an n-token prompt with on this machine, and why: each of
-    auto_options calibrated (cached, else probed), the fastest whose crossover the prompt reaches
-    (core/crossover.fastest), else full prefill."""
+def auto_choice(
+    lm: ProbedModel, method: PrefillMethod, prompt_tokens: int, cached: int = 0
+) -> tuple[PrefillMethod, str]:
+    """The method an "auto" `method` runs an n-token prompt (a turn's new part over `cached` reused
+    tokens) with on this machine, and why: each of auto_options calibrated (cached, else probed),
+    the fastest whose crossover the prompt reaches (core/crossover.fastest; a turn read at its
+    turn_length), else full prefill. A new part shorter than the shortest calibration length runs
+    full prefill, however long the conversation it follows."""
     nests = method.speculator is not None and nestable(lm.ops, lm.speculator_model(method.speculator)[0])
-    options, calibrations, why = auto_options(method, prompt_tokens, nests), {}, []
+    options, calibrations, why = auto_options(method, prompt_tokens, nests, cached), {}, []
+    length = turn_length(prompt_tokens, cached)
+    if cached:
+        why.append(f"{prompt_tokens} new tokens over {cached} cached priced as a {length}-token prompt")
     for index, option in enumerate(options):
         crossover, where, data = _calibration(lm, option, prompt_tokens, False, None)
         why.append(f"{sparse_name(option)} from {crossover}: {where}")
         if data is not None:
             calibrations[str(index)] = data
-    chosen = fastest(calibrations, prompt_tokens)
+    chosen = fastest(calibrations, length)
     if chosen is None:
         return dataclasses.replace(method, name="full", auto_threshold=None), "; ".join(why)
     option = options[int(chosen)]

@@ -1,6 +1,6 @@
 """Agent turns accelerated (issue 46 item 7): per turn of a coding agent's session over a cached
 conversation, the TTFT of the new part under full prefill, SpecPrefill and the composition (SpecPrefill
-over an H2O speculator; on request also `nested`, SpecPrefill with a nested speculator), each with
+over an H2O speculator; on request also `nested`, SpecPrefill with a nested speculator, and `auto`), each with
 the prompt cache, and a question per turn about a fact inside that turn's tool result, answered by each.
 
     python -m specfill.evaluation.agent_turns --model MAIN --speculator SMALL [--dtype float32]
@@ -45,6 +45,7 @@ METHODS = {  # request fields per method (the server's defaults otherwise)
     "full": {"method": "full"},
     "specprefill": {"method": "specprefill"},
     "composition": {"method": "specprefill", "speculator_prefill": "h2o"},
+    "auto": {"method": "auto"},  # this machine's calibrations, a turn priced at its turn length (core/probe.py)
     # SpecPrefill with auto's nested speculator: its second half reads the 30% the first half ranks first
     "nested": {
         "method": "specprefill",
@@ -244,19 +245,21 @@ def write_report(result: dict[str, Any], out: Path, name: str) -> list[Path]:
         f"Machine: {machine_line(result['machine'])}. Settings: `{json.dumps(result['settings'])}`.",
         f"Seed (system prompt + task, {result['seed']['prompt_tokens']} tokens) prefilled once and cached "
         "for every method. TTFT: the server's, over the cached conversation; new = prompt - cached tokens;",
-        "x full: full's TTFT on the same turn / this one's. answered: the reply holds the planted number.",
+        "x full: full's TTFT on the same turn / this one's. answered: the reply holds the planted number. ran: the "
+        "prefill method the server ran (what `auto` chose).",
         "parts: the prefill's parts in seconds, as the server reports them (`prefill_seconds`).",
         "",
-        "| method | turn | prompt | cached | new | kept | TTFT (s) | x full | answered | reply | idle work (s) "
+        "| method | ran | turn | prompt | cached | new | kept | TTFT (s) | x full | answered | reply | idle work (s) "
         "| parts |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for method, run in runs.items():
         for r in run["turns"]:
             base = full.get(r["turn"], {}).get("ttft_s")
             ratio = f"{base / r['ttft_s']:.2f}" if base and r["ttft_s"] else ""
             lines.append(
-                f"| {method} | {r['turn']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['new_tokens']} | "
+                f"| {method} | {r.get('prefill_method') or ''} | {r['turn']} | {r['prompt_tokens']} | "
+                f"{r['cached_tokens']} | {r['new_tokens']} | "
                 f"{r['kept_tokens']} | {r['ttft_s']:.2f} | {ratio} | {r['answered']} | `{r['reply'][:40]!r}` | "
                 f"{r['idle_work_s']} | {parts(r.get('prefill_seconds') or {})} |"
             )

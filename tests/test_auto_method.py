@@ -271,3 +271,84 @@ def test_the_composition_and_plain_specprefill_have_their_own_calibration_keys(t
         "method_config": {k: v for k, v in keys[0]["method_config"].items() if k != "speculator_prefill"},
     }
     assert crossover.calibration_path(older) != crossover.calibration_path(keys[0])  # a calibration before the field
+
+
+def test_a_turn_is_priced_as_the_fresh_prompt_reading_as_many_keys():
+    """turn_length: cached + (new + 1) / 2 keys read per new token on average, as a fresh prompt of
+    new + 2 * cached tokens reads; a fresh prompt is its own length."""
+    assert probe.turn_length(4000, 15000) == 34000
+    assert probe.turn_length(3000, 0) == 3000
+
+
+def test_auto_weighs_the_turn_composition_on_a_turns_new_part():
+    """Over a reused prefix auto also weighs SpecPrefill over an H2O speculator, as
+    AUTO_TURN_COMPOSITION (SpecPrefill's keep rule), below AUTO_COMPOSITION_FROM new tokens; from it
+    on, AUTO_COMPOSITION as for a fresh prompt; a caller's own settings keep to what they ask."""
+    method = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig())
+    options = probe.auto_options(method, 4000, cached=10_000)
+    assert [probe.sparse_name(m) for m in options] == ["specprefill", "specprefill+h2o", "h2o"]
+    assert options[1].specprefill == probe.AUTO_TURN_COMPOSITION
+    assert options[1].specprefill.speculator_prefill.layers == "all"
+    assert probe.auto_options(method, probe.AUTO_COMPOSITION_FROM, cached=10)[1].specprefill == probe.AUTO_COMPOSITION
+    assert len(probe.auto_options(method, 4000)) == 2  # a fresh prompt below AUTO_COMPOSITION_FROM
+    chosen = dataclasses.replace(method, specprefill=SpecPrefillConfig(keep_ratio=0.2))
+    assert [probe.sparse_name(m) for m in probe.auto_options(chosen, 4000, cached=10_000)] == ["specprefill", "h2o"]
+
+
+def _turn(model, prefix: int, new: int, method: PrefillMethod) -> GenerationInfo:
+    """auto over a reused dense prefix of `prefix` tokens, `new` tokens after it: the info of the turn."""
+    from specfill.core.runtime import SamplingConfig
+
+    ids = [5 + i % 300 for i in range(prefix + new)]
+    run = {"max_tokens": 1, "sampling": SamplingConfig(), "stop_ids": frozenset()}
+    first = GenerationInfo()
+    list(model.generate_step(ids[:prefix], method=PrefillMethod(), info=first, **run))
+    info = GenerationInfo()
+    list(model.generate_step(ids, method=method, info=info, reuse=first.kv, **run))
+    return info
+
+
+def test_auto_reads_a_turns_calibration_at_its_turn_length(tiny, monkeypatch):
+    """A crossover past the new part's length but within the turn's: the turn runs sparse where a
+    fresh prompt of the same new part runs full; the composition it picks is AUTO_TURN_COMPOSITION;
+    a new part shorter than every calibration length runs full over any conversation."""
+    model, tok = tiny
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 2080))
+    table = {"specprefill": (1.5, 0.8), "specprefill+h2o": (1.5, 0.5), "h2o": (1.5, 0.9)}  # ratios at 1040, 2080
+    measured: list[tuple[str, SpecPrefillConfig | None]] = []
+
+    def measure(lm, method, length):
+        measured.append((probe.sparse_name(method), method.specprefill))
+        return (1.0, table[probe.sparse_name(method)][length == 2080])
+
+    monkeypatch.setattr(probe, "_measure", measure)
+    method = prefill_method("auto", h2o=H2O, speculator="self:1")
+    assert run_auto(model, tok, 1050, speculator="self:1") == "full"  # every crossover at 2080
+    turn = _turn(model, 600, 1050, method)  # priced as 2250 tokens
+    assert turn.method == "specprefill+h2o"
+    assert any(config == probe.AUTO_TURN_COMPOSITION for _, config in measured)
+    assert _turn(model, 2000, 500, method).method == "full"  # 500 new tokens: under 1040
+
+
+def test_the_probe_times_layers_that_compute_every_row(tiny, monkeypatch):
+    """A model's last layer computes only the rows something reads (core/ops.last_rows): the probe's
+    view ends one layer past its timed ones (probe.timed_view), so no timed layer is cut to its read
+    rows (a view ending at the timed layer priced the 1.5B's full prefill ~8x under the real one)."""
+    from specfill.backends.torch_cuda import model as torch_model
+
+    model, _ = tiny
+    real, cut = torch_model.last_rows, []
+
+    def spy(steps, logits_from, attend, layer, end):
+        rows = real(steps, logits_from, attend, layer, end)
+        cut.append(layer)
+        return rows
+
+    monkeypatch.setattr(torch_model, "last_rows", spy)
+    k = probe.timed_layers(model.args)
+    view, timed = probe.timed_view(model.ops, model.model, model.args)
+    assert (view.args.num_hidden_layers, timed) == (k + 1, k) and model.args.num_hidden_layers > k
+    for method in (PrefillMethod("auto", h2o=SMALL_H2O), PrefillMethod("auto", speculator="self:1")):
+        cut.clear()
+        probe._measure(model, method, 64)
+        assert cut and set(cut) == {k}  # only the view's extra last layer computes fewer rows

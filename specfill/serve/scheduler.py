@@ -208,9 +208,9 @@ class Scheduler:
             started = time.perf_counter()
             job.plan.queue_seconds = started - job.submitted
             self._guarded(self.engine.run, job.plan, job.emit, job=job)
-            self.running = None
             self.service_seconds = 0.8 * self.service_seconds + 0.2 * (time.perf_counter() - started)
-            self.served += 1
+            self.served += 1  # before `running` clears: a client that sees the server idle sees it counted
+            self.running = None
             self._end(job)
 
     def _end(self, job: Job) -> None:

@@ -57,10 +57,12 @@ def test_report_from_a_run(tmp_path):
         },
     }
     result["runs"]["specprefill"]["turns"][1]["prefill_seconds"] = {"speculator": 3.04, "main_prefill": 4.5}
+    result["runs"]["specprefill"]["turns"][1]["prefill_method"] = "specprefill"  # what the server ran
     (tmp_path / "r.json").write_text(json.dumps(result))
     paths = agent_turns.write_report(result, tmp_path, "r")
     table = (tmp_path / "r.md").read_text()
-    assert "| specprefill | 2 | 250 | 200 | 50 | 120 | 8.00 | 2.50 | False |" in table
+    assert "| specprefill | specprefill | 2 | 250 | 200 | 50 | 120 | 8.00 | 2.50 | False |" in table
+    assert "| full |  | 1 |" in table  # a row without the field (a run before it)
     assert "| 1.0 | main_prefill 4.5, speculator 3.0 |" in table  # the parts, largest first
     assert "| 1.0 |  |" in table  # a row without parts (a run before the field)
     assert "specprefill: cached 300 of 320, reply 'read_file', equal to full: True" in table
