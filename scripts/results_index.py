@@ -11,6 +11,7 @@ it was made from and the PNG plots drawn from it; they share a stem, so one row 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -39,12 +40,27 @@ def _title(files: list[Path]) -> str:
     return ""
 
 
+def _results_files() -> list[Path]:
+    """Every file under results/ that a clone holds: git-ignored ones (a run's local prompt caches) are left
+    out, so the index reads the same in this checkout and in a clean clone; without git, every file."""
+    try:
+        done = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "results"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return sorted(f for f in (ROOT / "results").rglob("*") if f.is_file())
+    names = [n for n in done.stdout.decode().split("\0") if n]
+    return sorted(ROOT / n for n in names if (ROOT / n).is_file())
+
+
 def render() -> str:
     """The index text: one table per directory, one row per stem."""
     groups: dict[Path, dict[str, list[Path]]] = defaultdict(lambda: defaultdict(list))
-    for f in sorted((ROOT / "results").rglob("*")):
-        if f.is_file():
-            groups[f.parent.relative_to(ROOT)][_stem(f)].append(f)
+    for f in _results_files():
+        groups[f.parent.relative_to(ROOT)][_stem(f)].append(f)
     lines = [
         "# Every results file",
         "",

@@ -86,6 +86,25 @@ def test_results_index_lists_every_results_file():
     assert done.returncode == 0, done.stderr
 
 
+def test_results_index_leaves_out_what_git_ignores(tmp_path, monkeypatch):
+    """A run's local prompt cache under results/ (git-ignored) is not indexed: the index a clean clone
+    checks must read as this checkout's (CI once failed on a cache folder only the run's machine held)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("results_index", ROOT / "scripts" / "results_index.py")
+    index = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(index)
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("results/*_cache/\n")
+    (tmp_path / "results" / "run_cache").mkdir(parents=True)
+    (tmp_path / "results" / "run_cache" / "k.safetensors").write_bytes(b"x")
+    (tmp_path / "results" / "run.md").write_text("# A run\n")
+    monkeypatch.setattr(index, "ROOT", tmp_path)
+    text = index.render()
+    assert "run.md" in text and "A run" in text
+    assert "run_cache" not in text and "k.safetensors" not in text
+
+
 PRODUCT = (*PRODUCT_FOLDERS, "scripts", "tests")  # the package's folders, its tools and its tests
 
 
