@@ -7,12 +7,20 @@ import math
 import os
 import socket
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 from specfill.api import Session, launched_group
-from specfill.core import BackendUnavailableError, ConfigError, H2OConfig, SpecfillWarning, SpecPrefillConfig
+from specfill.core import (
+    BackendUnavailableError,
+    ConfigError,
+    H2OConfig,
+    SpecfillError,
+    SpecfillWarning,
+    SpecPrefillConfig,
+)
 from specfill.core.request import build_request, find
 
 from . import options
@@ -233,6 +241,33 @@ def _load(args: argparse.Namespace) -> tuple[Session, int | None]:
     return session, spec_context
 
 
+def _calibrate_auto(session: Session, h2o: H2OConfig, spec: SpecPrefillConfig) -> None:
+    """--method auto: auto's calibrations on this machine for the server's settings, measured before
+    the server listens (or read from their cache) rather than inside the first long request
+    (core/probe.calibrate_auto); one line of what auto runs where. A failure leaves it to the requests."""
+    from specfill.core.crossover import calibration_dir
+    from specfill.core.probe import calibrate_auto
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SpecfillWarning)
+        method = build_request(
+            max_tokens=1, method="auto", h2o=h2o, specprefill=spec, speculator=session.speculator
+        ).method  # what a request that names no method runs (serve/plan.py)
+    print(
+        f"specfill: auto: calibrating on this machine, or reading what {calibration_dir()} holds",
+        file=sys.stderr,
+        flush=True,
+    )
+    started = time.perf_counter()
+    try:
+        lines = calibrate_auto(session.model, method)
+    except SpecfillError as err:
+        print(f"specfill: auto's calibration failed ({err}); requests calibrate it", file=sys.stderr, flush=True)
+        return
+    took = time.perf_counter() - started
+    print(f"specfill: auto on this machine: {'; '.join(lines)} ({took:.1f} s)", file=sys.stderr, flush=True)
+
+
 def _channel(model: Any, speculator: Any) -> Any:
     """Rank 0's messages to the others; the loaded speculator travels as a reference to each rank's own."""
     from specfill.serve.distributed import Channel
@@ -262,6 +297,8 @@ def _serve(
     """Load, build the app, serve on the bound socket until a signal."""
     session, spec_context = _load(args)
     model, tokenizer, speculator = session.model, session.tokenizer, session.speculator
+    if args.method == "auto" and group is None:  # under mlx.launch a request calibrates on every rank alike
+        _calibrate_auto(session, h2o, spec)
     if args.chat_template is not None:
         tokenizer.chat_template = serve.read_chat_template(args.chat_template)
     names = tuple(args.served_model_name or (served_name(args.model),))

@@ -305,6 +305,28 @@ def auto_choice(
     return dataclasses.replace(option, name=option.sparse, auto_threshold=None), "; ".join(why)
 
 
+def auto_shapes(lm: ProbedModel) -> list[tuple[int, int]]:
+    """The prompts calibrate_auto prepares `auto` for, as (new tokens, cached tokens): a long fresh
+    prompt (AUTO_COMPOSITION_FROM tokens, where the composition is weighed; the model's context where
+    that is shorter) and an agent turn (the shortest calibration length of new tokens over as many
+    cached, where the turn composition is weighed)."""
+    shortest = CANDIDATE_LENGTHS[0]
+    return [(min(AUTO_COMPOSITION_FROM, lm.args.max_position_embeddings), 0), (shortest, shortest)]
+
+
+def calibrate_auto(lm: ProbedModel, method: PrefillMethod) -> list[str]:
+    """Calibrate (or read the cached calibrations of) every option an "auto" `method` weighs on a
+    long fresh prompt and on an agent turn (auto_shapes): what `specfill serve --method auto` does
+    before it listens, so that no request waits for the measurement (~30 s once per machine, model
+    and settings on a 2-core CPU). One line per shape: what auto runs there on this machine."""
+    lines = []
+    for tokens, cached in auto_shapes(lm):
+        chosen, _ = auto_choice(lm, method, tokens, cached)
+        shape = f"{tokens} new tokens over {cached} cached" if cached else f"a prompt of {tokens} tokens"
+        lines.append(f"{shape}: {'full' if chosen.name == 'full' else sparse_name(chosen)}")
+    return lines
+
+
 def _calibration(
     lm: ProbedModel, method: PrefillMethod, prompt_tokens: int | None, refresh: bool, lengths: list[int] | None
 ) -> tuple[int | None, str, dict[str, Any] | None]:

@@ -352,3 +352,42 @@ def test_the_probe_times_layers_that_compute_every_row(tiny, monkeypatch):
         cut.clear()
         probe._measure(model, method, 64)
         assert cut and set(cut) == {k}  # only the view's extra last layer computes fewer rows
+
+
+def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, monkeypatch, capsys):
+    """What `specfill serve --method auto` does before it listens: every option auto weighs on a long
+    fresh prompt (AUTO_COMPOSITION among them) and on an agent turn (AUTO_TURN_COMPOSITION) is
+    calibrated, each once; one line per shape says what auto runs there; a second start measures
+    nothing (the calibrations are read back)."""
+    from types import SimpleNamespace
+
+    from specfill.cli.serve import _calibrate_auto
+
+    model, _ = tiny
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 2080))
+    monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 3000)  # within the tiny model's 4096-token context
+    measured: list[tuple[str, SpecPrefillConfig | None]] = []  # (the sparse method, its SpecPrefill settings)
+
+    def measure(lm, method, length):
+        measured.append((probe.sparse_name(method), method.specprefill))
+        return (1.0, {"specprefill": 0.8, "specprefill+h2o": 0.5, "h2o": 0.9}[measured[-1][0]])
+
+    monkeypatch.setattr(probe, "_measure", measure)
+    session = SimpleNamespace(model=model, speculator="self:1")
+    _calibrate_auto(session, H2O, SpecPrefillConfig())
+    err = capsys.readouterr().err
+    assert (
+        "auto on this machine: a prompt of 3000 tokens: specprefill+h2o; "
+        "1040 new tokens over 1040 cached: specprefill+h2o" in err
+    ), err
+    composed = {(c.keep_ratio, c.query_window) for name, c in measured if name == "specprefill+h2o"}
+    auto, turn = probe.AUTO_COMPOSITION, probe.AUTO_TURN_COMPOSITION
+    assert composed == {(auto.keep_ratio, auto.query_window), (turn.keep_ratio, turn.query_window)}
+    assert {name for name, _ in measured} == {"specprefill", "specprefill+h2o", "h2o"}
+    assert ("specprefill", SpecPrefillConfig()) in measured
+    again = len(measured)
+    assert probe.calibrate_auto(model, prefill_method("auto", h2o=H2O, speculator="self:1")) == [
+        "a prompt of 3000 tokens: specprefill+h2o",
+        "1040 new tokens over 1040 cached: specprefill+h2o",
+    ]
+    assert len(measured) == again
