@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 
 from .io.demo_model import cache_dir
 
-CALIBRATION_VERSION = 2  # 2: the probe times layers that compute every row (core/probe.timed_view)
+CALIBRATION_VERSION = 3  # 3: the probe prices a model from two views (core/probe.TimedViews)
 # prompt lengths the calibration may measure, shortest first (cut at the model's context)
 CANDIDATE_LENGTHS = (2048, 4096, 8192, 16384)
 # wall seconds after which no longer length is started (the first length always runs)

@@ -1,16 +1,18 @@
 """The timing run behind `auto`'s calibration (core/crossover.py), over any backend's `ModelOps`.
 
-The probe runs the real prefill code paths on random prompts, on the model's FIRST LAYER only
-(`ops.first_layers`), so that a calibration takes seconds, and scales by layer count:
-  full:        N_main * t_full_1(P)
-  h2o:         N_main * t_h2o_1(P)      (every layer has the same shape: the per-layer ratio is
-                                         the model's, up to the embedding and LM head both share)
-  specprefill: N_spec * t_speculator_1(P) + N_spec * t_selection_1(P) + N_main * t_main_1(kept)
-               (the speculator's pass and the scoring grow with its layers; scaling the LM head of
-               the look-ahead steps and the scoring by N_spec overstates the sparse side: a
-               conservative estimate, which errs toward full prefill)
-  specprefill+h2o: the same, the speculator's layer running H2O (t_speculator_1 mixed with the
-               dense one by the share of the speculator's layers its H2O config names)
+The probe runs the real prefill code paths on random prompts, on views of the model's first layers
+(`ops.first_layers`), so that a calibration takes seconds, and prices the whole model from two
+views (TimedViews): the first k layers (k = 1, or on a hybrid up to its first attention layer: what
+does not grow with depth, the embedding, the LM head of the logits row and of every look-ahead
+token, the last layer that computes only the rows read) and the first 2k (k more layers computing
+every row). An n-layer pass costs
+  t(n) = t_short + (n - k) * (t_long - t_short) / k
+per part: full prefill, H2O's, and SpecPrefill's speculator pass (its layers over every token;
+a nested pass's deeper ones over their subset), its main-model prefill of the kept tokens and its
+scoring (per scored layer). The composition times the speculator's layers running H2O, mixed with
+a dense run by the share of the speculator's layers its H2O config names. Scaling the one-layer
+view's whole time by the layer count instead priced the 0.5B speculator's pass 1.5x over the real
+one on a 2-core CPU (its 8 look-ahead LM heads counted 24 times) and kept `auto` from SpecPrefill.
 `auto_choice` calibrates every sparse method auto may pick (auto_options) and lets
 core/crossover.fastest choose.
 Each time is the faster of two interleaved runs, after one warm-up run at the shortest length
@@ -62,14 +64,12 @@ class ProbedModel(Protocol):
     def speculator_model(self, speculator: Any) -> tuple[Any, int]: ...
 
 
-def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, float, ModelArgs, ModelArgs, int]:
-    """(the speculator's timed view, the per-layer factor of its seconds (timed_view), its model's
-    args, the args of the speculator as it runs (a "self:K" speculator's: K layers shaped as the
-    main model's), its step size)."""
+def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[TimedViews, ModelArgs, ModelArgs, int]:
+    """(the speculator's timed views, its model's args, the args of the speculator as it runs (a
+    "self:K" speculator's: K layers shaped as the main model's), its step size)."""
     run, step = lm.speculator_model(method.speculator)
     whole = lm.model if isinstance(method.speculator, str) else run
-    view, k = timed_view(lm.ops, whole, whole.args)
-    return view, 1.0 / k, whole.args, run.args, step
+    return timed_views(lm.ops, whole, whole.args), whole.args, run.args, step
 
 
 def timed_layers(args: Any) -> int:
@@ -81,18 +81,41 @@ def timed_layers(args: Any) -> int:
     return attention[0] + 1 if attention else 1
 
 
-def timed_view(ops: ModelOps[Any], model: Any, args: Any) -> tuple[Any, int]:
-    """(the view of `model` a calibration runs, k: the layers its seconds stand for): the first
-    timed_layers layers and one more where the model has it. A model's last layer computes only
-    the rows something reads (core/ops.last_rows: the logits row, the speculator's query window),
-    so a view ending at the timed layer times a layer that skips most of its work: on the 1.5B the
-    probe priced full prefill ~8x under the real model's, and auto stopped choosing SpecPrefill.
-    The extra layer is cheap as the whole model's last one is (its keys and values, the rows
-    read); counted in the k layers' seconds, it over-prices both sides by one such layer's share
-    (~3% on the 1.5B), not their ratio. The view's seconds x (n - 1) / k price the n-layer model:
-    n - 1 layers computing every row, the last one's cost within the view's."""
+@dataclasses.dataclass(frozen=True)
+class TimedViews:
+    """The two views of a model a calibration times, and the whole model's seconds from theirs.
+
+    short: the first k (timed_layers) layers; long: the first 2k; short None where the model has
+    fewer than 2k layers (long is then the whole model). A model's last layer computes only the rows
+    something reads (core/ops.last_rows: the logits row, the speculator's query window), so each
+    view's last layer is cheap as the whole model's is: long - short is k layers computing every
+    row, and short holds what a deeper model does not repeat (the embedding, the LM heads, the
+    cheap last layer; on a hybrid, the recurrent layers before its first attention layer with it)."""
+
+    long: Any
+    short: Any | None
+    k: int
+
+    def price(self, long_s: float, short_s: float, layers: float) -> float:
+        """Seconds of `layers` of the model's layers from the views' seconds: short + (layers - k)
+        x the per-layer (long - short) / k; without a short view, layers x long / k."""
+        if self.short is None:
+            return layers * long_s / self.k
+        return max(0.0, short_s + (layers - self.k) * self.per_layer(long_s, short_s))
+
+    def per_layer(self, long_s: float, short_s: float) -> float:
+        """One layer's seconds, computing every row (on a hybrid: the average over its pattern)."""
+        return (long_s - (0.0 if self.short is None else short_s)) / self.k
+
+
+def timed_views(ops: ModelOps[Any], model: Any, args: Any) -> TimedViews:
+    """The views of `model` a calibration times (TimedViews): its first timed_layers layers and twice
+    as many, or the whole model where it has fewer (a view ending at a timed layer would time that
+    layer cut to its read rows: on the 1.5B the probe priced full prefill ~8x low)."""
     k, n = timed_layers(args), args.num_hidden_layers
-    return (ops.first_layers(model, k + 1), k) if k < n else (ops.first_layers(model, n), n)
+    if 2 * k > n:
+        return TimedViews(ops.first_layers(model, n), None, n)
+    return TimedViews(ops.first_layers(model, 2 * k), ops.first_layers(model, k), k)
 
 
 def sparse_name(method: PrefillMethod) -> str:
@@ -147,7 +170,7 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     """The sparse method's settings (and the speculator's shape): part of the calibration key."""
     if method.sparse == "h2o":
         return asdict(method.h2o or H2OConfig())
-    _, _, spec_args, run_args, step = _speculator(lm, method)
+    _, spec_args, run_args, step = _speculator(lm, method)
     return {
         **asdict(method.specprefill or SpecPrefillConfig()),
         "speculator": asdict(spec_args),
@@ -168,47 +191,50 @@ def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> 
 def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float, float]:
     """(full seconds, sparse seconds) estimated for the whole model at a `length`-token prompt."""
     ops, args = lm.ops, lm.args
-    layer, k = timed_view(ops, lm.model, args)
-    m = layer.args.num_hidden_layers  # the view's layers: k, and the cheap last one
+    main = timed_views(ops, lm.model, args)
+    n_main = args.num_hidden_layers
     ids = np.random.default_rng(length).integers(0, args.vocab_size, size=length, dtype=np.int64)
-    n_main = (args.num_hidden_layers - 1) / k if m > k else 1.0  # the view's seconds, scaled (timed_view)
 
-    def layer_run(step: int = lm.prefill_step_size, attend: Any = None) -> float:
+    def prefill_s(view: Any, step: int, attend: Callable[[Any], Any]) -> float:
         started = ops.wall_time()
-        prefill(ops, layer, ops.tokens(ids), 0, ops.new_cache(layer, length), step_size=step, attend=attend)
-        return n_main * (ops.wall_time() - started)
+        prefill(ops, view, ops.tokens(ids), 0, ops.new_cache(view, length), step_size=step, attend=attend(view))
+        return ops.wall_time() - started
+
+    def priced(step: int = lm.prefill_step_size, attend: Callable[[Any], Any] = lambda view: None) -> float:
+        long_s = prefill_s(main.long, step, attend)
+        short_s = 0.0 if main.short is None else prefill_s(main.short, step, attend)
+        return main.price(long_s, short_s, n_main)
 
     if method.sparse == "h2o":
         h2o_config = method.h2o or H2OConfig()
         sparse_layer = dataclasses.replace(h2o_config, layers="all")  # the timed layers run H2O
         step = h2o_step_size(h2o_config, lm.prefill_step_size)  # a fresh attention (its carries) per run
-        full, h2o = _best_of(
-            layer_run,
-            lambda: layer_run(
-                step=step,
-                attend=H2OPrefillAttention(
-                    ops,
-                    sparse_layer,
-                    m,
-                    args.attention_scale,
-                    length,
-                    args.layer_windows[:m],
-                    layer_terms(args)[:m],
-                    [i for i in attention_layers(args) if i < m],
-                ),
-            ),
-        )
+
+        def walk(view: Any) -> H2OPrefillAttention:
+            m = view.args.num_hidden_layers
+            return H2OPrefillAttention(
+                ops,
+                sparse_layer,
+                m,
+                args.attention_scale,
+                length,
+                args.layer_windows[:m],
+                layer_terms(args)[:m],
+                [i for i in attention_layers(args) if i < m],
+            )
+
+        full, h2o = _best_of(priced, lambda: priced(step=step, attend=walk))
         n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
         sparse = len(h2o_config.layer_indices(n_attention)) / n_attention
         return full, (1.0 - sparse) * full + sparse * h2o
-    spec_layer, per_layer, spec_args, run_args, spec_step = _speculator(lm, method)
+    spec, spec_args, run_args, spec_step = _speculator(lm, method)
     n_spec = run_args.num_hidden_layers
     config = method.specprefill or SpecPrefillConfig()
     config = dataclasses.replace(
         config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
     )
     scored = scoring_layers(config, run_args)
-    view_scored = max(1, len(scoring_layers(config, spec_layer.args)))  # the layers the timed selection scores
+    view_scored = max(1, len(scoring_layers(config, spec.long.args)))  # the layers the timed selection scores
     # the layers over every token; a nested pass's deeper layers' worth over its subset, timed as dense ones
     # (pessimistic from DEEP_H2O_FROM subset tokens, where they walk by H2O)
     depth, deep = pass_layers(n_spec, scored, config.lookahead, 0, config)
@@ -217,12 +243,15 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         share = len([i for i in speculator_h2o.layer_indices(n_spec) if i < depth]) / depth
         config = dataclasses.replace(config, speculator_prefill=dataclasses.replace(speculator_h2o, layers="all"))
 
-    def parts(run_config: SpecPrefillConfig) -> dict[str, float]:
+    def parts(run_config: SpecPrefillConfig, short: bool) -> dict[str, float]:
+        """The parts' seconds with both models' long views, or both short ones (a model without
+        one: its long view, whose seconds the pricing then leaves out)."""
+        view_of = (lambda v: v.short if v.short is not None else v.long) if short else (lambda v: v.long)
         return speculative_prefill(
             ops,
-            layer,
+            view_of(main),
             ids,
-            spec_layer,
+            view_of(spec),
             run_config,
             stop_ids=frozenset(),
             extra_slots=1,
@@ -230,16 +259,25 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
             speculator_step_size=spec_step,
         ).seconds
 
-    def sparse_run() -> float:
-        timed = parts(config)
-        speculator = dense = timed["speculator"]
-        if speculator_h2o is not None and (share < 1.0 or deep):
-            dense = parts(dataclasses.replace(config, speculator_prefill=None))["speculator"]
-            speculator = share * speculator + (1.0 - share) * dense
-        work = per_layer * (depth * speculator + deep * dense) + len(scored) * timed["selection"] / view_scored
-        return work + n_main * timed["main_prefill"]
+    shorts = main.short is not None or spec.short is not None  # else the long views are the whole models
 
-    return _best_of(layer_run, sparse_run)
+    def both(run_config: SpecPrefillConfig) -> tuple[dict[str, float], dict[str, float]]:
+        long_s = parts(run_config, False)
+        return long_s, parts(run_config, True) if shorts else long_s
+
+    def sparse_run() -> float:
+        long_s, short_s = both(config)
+        speculator = (long_s["speculator"], short_s["speculator"])
+        dense = speculator
+        if speculator_h2o is not None and (share < 1.0 or deep):
+            dense_long, dense_short = both(dataclasses.replace(config, speculator_prefill=None))
+            dense = (dense_long["speculator"], dense_short["speculator"])
+            speculator = tuple(share * h + (1.0 - share) * d for h, d in zip(speculator, dense))
+        pass_s = spec.price(*speculator, depth) + deep * spec.per_layer(*dense)
+        selection_s = len(scored) * long_s["selection"] / view_scored
+        return pass_s + selection_s + main.price(long_s["main_prefill"], short_s["main_prefill"], n_main)
+
+    return _best_of(priced, sparse_run)
 
 
 def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:

@@ -332,8 +332,9 @@ def test_auto_reads_a_turns_calibration_at_its_turn_length(tiny, monkeypatch):
 
 def test_the_probe_times_layers_that_compute_every_row(tiny, monkeypatch):
     """A model's last layer computes only the rows something reads (core/ops.last_rows): the probe's
-    view ends one layer past its timed ones (probe.timed_view), so no timed layer is cut to its read
-    rows (a view ending at the timed layer priced the 1.5B's full prefill ~8x under the real one)."""
+    views (probe.timed_views: the first k layers and the first 2k) differ by k layers none of which is
+    cut to its read rows (a view ending at the timed layer priced the 1.5B's full prefill ~8x under
+    the real one); each view's last layer is cut, as the whole model's is."""
     from specfill.backends.torch_cuda import model as torch_model
 
     model, _ = tiny
@@ -346,12 +347,27 @@ def test_the_probe_times_layers_that_compute_every_row(tiny, monkeypatch):
 
     monkeypatch.setattr(torch_model, "last_rows", spy)
     k = probe.timed_layers(model.args)
-    view, timed = probe.timed_view(model.ops, model.model, model.args)
-    assert (view.args.num_hidden_layers, timed) == (k + 1, k) and model.args.num_hidden_layers > k
+    views = probe.timed_views(model.ops, model.model, model.args)
+    assert (views.long.args.num_hidden_layers, views.short.args.num_hidden_layers, views.k) == (2 * k, k, k)
+    assert model.args.num_hidden_layers >= 2 * k
     for method in (PrefillMethod("auto", h2o=SMALL_H2O), PrefillMethod("auto", speculator="self:1")):
         cut.clear()
         probe._measure(model, method, 64)
-        assert cut and set(cut) == {k}  # only the view's extra last layer computes fewer rows
+        assert cut and set(cut) == {k - 1, 2 * k - 1}  # only each view's last layer computes fewer rows
+
+
+def test_a_models_seconds_are_its_first_layers_plus_the_per_layer_seconds_of_the_rest():
+    """TimedViews.price: what the short view takes (embedding, LM heads: the speculator's 8 look-ahead
+    ones, the cheap last layer) counts once, the layers' own seconds (long - short) / k per further
+    layer; scaling a view's whole time by the layer count priced the 0.5B speculator's pass 1.5x over
+    the real one (core/probe.py). Without a short view (the long one is the whole model): its share
+    per layer."""
+    views = probe.TimedViews(long="2k layers", short="k layers", k=2)
+    assert views.price(5.0, 1.0, 24) == pytest.approx(1.0 + 22 * 2.0)
+    assert views.per_layer(5.0, 1.0) == 2.0
+    assert views.price(5.0, 1.0, 4) == 5.0 and views.price(5.0, 1.0, 2) == 1.0  # the views' own seconds
+    whole = probe.TimedViews(long="the model", short=None, k=4)
+    assert whole.price(8.0, 123.0, 4) == 8.0 and whole.price(8.0, 123.0, 2) == 4.0
 
 
 def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, monkeypatch, capsys):
