@@ -146,9 +146,11 @@ class Engine:
         started = time.perf_counter()
         policy = plan.prompt_cache if self.cache is not None else "off"
         asked = plan.request.method
+        rebuild_s = 0.0  # what this request waited for the earlier turn's rebuild: part of its TTFT
         if self.cache is not None and policy != "off" and asked.name != FULL.name:
             # the earlier turn's dense rebuild (and its speculator KV's, for SpecPrefill), before a sparse method
             self.cache.finish(plan.ids, self.model, speculate=asked.speculator is not None)
+            rebuild_s = time.perf_counter() - started
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
         # a conversation's new tokens: the asked method (auto deciding on their length) from a prefix whose
         # slot i is token i (docs/methods.md), full attention after SpecPrefill's kept slots; no drafting
@@ -192,7 +194,7 @@ class Engine:
         try:
             with cancellation(plan.cancelled.is_set if layer_checks else None):  # between layers, chunks, steps
                 outcome = self._stream(
-                    plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info)
+                    plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info, rebuild_s)
                 )
         except Cancelled:
             pass
@@ -245,10 +247,20 @@ class Engine:
 
     @staticmethod
     def stats(
-        plan: Plan, policy: str, method: PrefillMethod, reuse: Reuse, last: Any, info: GenerationInfo
+        plan: Plan,
+        policy: str,
+        method: PrefillMethod,
+        reuse: Reuse,
+        last: Any,
+        info: GenerationInfo,
+        rebuild_s: float = 0.0,
     ) -> dict[str, Any]:
         """What the final chunk reports beside usage: method, TTFT, kept and cached tokens, speeds.
-        prefill_method names the method that ran ("auto" resolved, as GenerationInfo.method has it)."""
+        prefill_method names the method that ran ("auto" resolved, as GenerationInfo.method has it).
+        rebuild_s: the earlier turn's dense rebuild this request finished before its prefill (the
+        exact policy, when the client came back before idle time finished it): counted in ttft_s,
+        as the client waited for it, and named apart in prefill_seconds ("rebuild")."""
+        parts = {**info.seconds, **info.decode.seconds, **({"rebuild": rebuild_s} if rebuild_s > 0.0005 else {})}
         return {
             "method": plan.method_name,
             "prefill_method": info.method or method.name,
@@ -256,7 +268,7 @@ class Engine:
             "prompt_tokens": last.prompt_tokens,
             "cached_tokens": reuse.cached,
             "kept_tokens": last.kept_tokens,
-            "ttft_s": round(last.ttft, 6),
+            "ttft_s": round(rebuild_s + last.ttft, 6),
             "prompt_tps": round(last.prompt_tps, 3),
             "generation_tokens": last.generation_tokens,
             "generation_tps": round(last.generation_tps, 3),
@@ -266,6 +278,6 @@ class Engine:
             "accepted_tokens": last.accepted_tokens,
             "draft_skipped": last.draft_skipped,
             # the field has always carried drafting's draft_prefill / draft / verify seconds too
-            "prefill_seconds": {k: round(v, 6) for k, v in {**info.seconds, **info.decode.seconds}.items()},
+            "prefill_seconds": {k: round(v, 6) for k, v in parts.items()},
             "notes": plan.notes,
         }
