@@ -64,12 +64,12 @@ class ProbedModel(Protocol):
     def speculator_model(self, speculator: Any) -> tuple[Any, int]: ...
 
 
-def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[TimedViews, ModelArgs, ModelArgs, int]:
-    """(the speculator's timed views, its model's args, the args of the speculator as it runs (a
-    "self:K" speculator's: K layers shaped as the main model's), its step size)."""
+def _speculator(lm: ProbedModel, method: PrefillMethod) -> tuple[Any, ModelArgs, int]:
+    """(the model whose first layers the speculator's timed views are: the speculator, or the main
+    model for "self:K"; the args of the speculator as it runs (a "self:K" speculator's: K layers
+    shaped as the main model's), its step size)."""
     run, step = lm.speculator_model(method.speculator)
-    whole = lm.model if isinstance(method.speculator, str) else run
-    return timed_views(lm.ops, whole, whole.args), whole.args, run.args, step
+    return (lm.model if isinstance(method.speculator, str) else run), run.args, step
 
 
 def timed_layers(args: Any) -> int:
@@ -170,10 +170,10 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     """The sparse method's settings (and the speculator's shape): part of the calibration key."""
     if method.sparse == "h2o":
         return asdict(method.h2o or H2OConfig())
-    _, spec_args, run_args, step = _speculator(lm, method)
+    whole, run_args, step = _speculator(lm, method)
     return {
         **asdict(method.specprefill or SpecPrefillConfig()),
-        "speculator": asdict(spec_args),
+        "speculator": asdict(whole.args),
         "speculator_layers": run_args.num_hidden_layers,
         "speculator_step": step,
     }
@@ -227,7 +227,8 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
         sparse = len(h2o_config.layer_indices(n_attention)) / n_attention
         return full, (1.0 - sparse) * full + sparse * h2o
-    spec, spec_args, run_args, spec_step = _speculator(lm, method)
+    whole, run_args, spec_step = _speculator(lm, method)
+    spec, spec_args = timed_views(ops, whole, whole.args), whole.args
     n_spec = run_args.num_hidden_layers
     config = method.specprefill or SpecPrefillConfig()
     config = dataclasses.replace(

@@ -149,8 +149,8 @@ class Engine:
         rebuild_s = 0.0  # what this request waited for the earlier turn's rebuild: part of its TTFT
         if self.cache is not None and policy != "off" and asked.name != FULL.name:
             # the earlier turn's dense rebuild (and its speculator KV's, for SpecPrefill), before a sparse method
-            self.cache.finish(plan.ids, self.model, speculate=asked.speculator is not None)
-            rebuild_s = time.perf_counter() - started
+            if self.cache.finish(plan.ids, self.model, speculate=asked.speculator is not None):
+                rebuild_s = time.perf_counter() - started
         reuse = self.cache.take(plan.ids, policy) if self.cache is not None else Reuse()
         # a conversation's new tokens: the asked method (auto deciding on their length) from a prefix whose
         # slot i is token i (docs/methods.md), full attention after SpecPrefill's kept slots; no drafting
@@ -260,7 +260,7 @@ class Engine:
         rebuild_s: the earlier turn's dense rebuild this request finished before its prefill (the
         exact policy, when the client came back before idle time finished it): counted in ttft_s,
         as the client waited for it, and named apart in prefill_seconds ("rebuild")."""
-        parts = {**info.seconds, **info.decode.seconds, **({"rebuild": rebuild_s} if rebuild_s > 0.0005 else {})}
+        parts = {**info.seconds, **info.decode.seconds, **({"rebuild": rebuild_s} if rebuild_s else {})}
         return {
             "method": plan.method_name,
             "prefill_method": info.method or method.name,

@@ -368,19 +368,24 @@ class PromptCache:
     def _target(self, entry: Entry) -> int:
         return min(len(entry.tokens), self.context - 1)  # the step below needs a slot for one token
 
-    def finish(self, ids: list[int], model: Any, speculate: bool = False) -> None:
+    def finish(self, ids: list[int], model: Any, speculate: bool = False) -> bool:
         """Complete the dense rebuild of every conversation a prompt continues, up to what they share
         (a sparse method then runs from the whole dense prefix: the module doc); speculate (a request
-        that may run SpecPrefill): the speculator's KV of the one it reuses too (speculator_kv.py)."""
+        that may run SpecPrefill): the speculator's KV of the one it reuses too (speculator_kv.py).
+        Whether there was any of it to do (the request then waited for it)."""
+        worked = False
         for entry in [e for e in self.entries if e.rebuilding]:
             end = min(common_prefix(entry.tokens, ids), len(ids) - 1, self._target(entry))
             while entry.rebuilding and entry.covered < end:
                 self.complete_step(model, entry, end)
+                worked = True
         if speculate and self.entries:  # the longest dense match, as take picks (ties: the newest)
             best = max(self.entries, key=lambda e: (min(common_prefix(e.tokens, ids), e.covered), e.used))
             end = min(common_prefix(best.tokens, ids), len(ids) - 1, self.spec_rebuild.end(best))
             while self.spec_rebuild.covered(best) < end:
                 self.speculator_step(model, best, end)
+                worked = True
+        return worked
 
     def use_speculator(self, model: Any, speculator: Any) -> None:
         """Build every SpecPrefill conversation's speculator KV densely up to its end (speculator_kv.py)."""
