@@ -326,7 +326,17 @@ def auto_choice(
     tokens) with on this machine, and why: each of auto_options calibrated (cached, else probed),
     the fastest whose crossover the prompt reaches (core/crossover.fastest; a turn read at its
     turn_length), else full prefill. A new part shorter than the shortest calibration length runs
-    full prefill, however long the conversation it follows."""
+    full prefill, however long the conversation it follows. The SpecPrefill config's protected spans
+    (one prompt's data) are set aside while the options are weighed and go to the one chosen; where
+    they cover at least half of the new part (an agent's first request: system prompt, tool schemas,
+    question) auto runs full prefill."""
+    spans = method.specprefill.protected if method.specprefill is not None else ()
+    covered = sum(max(0, min(b, cached + prompt_tokens) - max(a, cached)) for a, b in spans)
+    if 2 * covered >= prompt_tokens > 0:  # SpecPrefill would pay its speculator to drop little
+        why = f"protected spans cover {covered} of {prompt_tokens} new tokens (at least half): full prefill"
+        return dataclasses.replace(method, name="full", auto_threshold=None), why
+    if spans:  # one prompt's data, not a setting: the options and their calibrations are the settings' alone
+        method = dataclasses.replace(method, specprefill=dataclasses.replace(method.specprefill, protected=()))
     nests = method.speculator is not None and nestable(lm.ops, lm.speculator_model(method.speculator)[0])
     options, calibrations, why = auto_options(method, prompt_tokens, nests, cached), {}, []
     length = turn_length(prompt_tokens, cached)
@@ -341,6 +351,8 @@ def auto_choice(
     if chosen is None:
         return dataclasses.replace(method, name="full", auto_threshold=None), "; ".join(why)
     option = options[int(chosen)]
+    if spans and option.specprefill is not None:  # whichever SpecPrefill runs keeps the prompt's protected spans
+        option = dataclasses.replace(option, specprefill=dataclasses.replace(option.specprefill, protected=spans))
     return dataclasses.replace(option, name=option.sparse, auto_threshold=None), "; ".join(why)
 
 

@@ -255,6 +255,41 @@ def test_auto_runs_the_recorded_composition_where_it_is_fastest(tiny, monkeypatc
     assert "specprefill+h2o" not in measured
 
 
+def test_auto_weighs_settings_alone_and_hands_the_protected_spans_to_its_choice(tiny, monkeypatch):
+    """Protected spans are one prompt's data: with them auto weighs the same options (the composition
+    included) under the same calibration keys as without, and the SpecPrefill it picks keeps them."""
+    model, _ = tiny
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))
+    monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 1050)
+    keys: list[str] = []
+
+    def measure(lm, method, length):
+        keys.append(json.dumps(probe.key_for(lm, method), sort_keys=True))
+        return (1.0, 0.3 if probe.sparse_name(method) == "specprefill+h2o" else 0.6)
+
+    monkeypatch.setattr(probe, "_measure", measure)
+    spans = ((0, 40), (1000, 1100))
+    bare = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig())
+    protected = dataclasses.replace(bare, specprefill=SpecPrefillConfig(protected=spans))
+    chosen, _ = probe.auto_choice(model, protected, 1100)
+    assert probe.sparse_name(chosen) == "specprefill+h2o" and chosen.specprefill.protected == spans
+    measured = set(keys)
+    plain, _ = probe.auto_choice(model, bare, 1100)  # read back: nothing measured again
+    assert set(keys) == measured and plain.specprefill.protected == ()
+    assert dataclasses.replace(chosen.specprefill, protected=()) == plain.specprefill
+
+    # spans over at least half of the new part (an agent's first request): full prefill, nothing weighed
+    def with_spans(*spans):
+        return dataclasses.replace(bare, specprefill=SpecPrefillConfig(protected=spans))
+
+    keys.clear()
+    chosen, why = probe.auto_choice(model, with_spans((0, 300), (800, 1050)), 1100)
+    assert chosen.name == "full" and "550 of 1100" in why and keys == []
+    assert probe.auto_choice(model, with_spans((0, 300), (800, 1049)), 1100)[0].name == "specprefill"
+    # a turn counts only the spans' new part: 1100 new tokens over 2000 cached, the first 2000 protected
+    assert probe.auto_choice(model, with_spans((0, 2000)), 1100, cached=2000)[0].name == "specprefill"
+
+
 def test_the_composition_and_plain_specprefill_have_their_own_calibration_keys(tiny):
     model, _ = tiny
     asked = SpecPrefillConfig(speculator_prefill="h2o")

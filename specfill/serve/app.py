@@ -137,9 +137,11 @@ def _prepare_chat(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
 
 
 def _chat_plan(body: Any, setup: Any, ids: list[int], ctx: _Context) -> Plan:
-    """build_plan for a chat request, with the spans its `protect` segments cover (serve/segments.py)."""
+    """build_plan for a chat request, with the spans its `protect` segments cover (serve/segments.py)
+    where it may run SpecPrefill (the spans render the chat template again: no other method pays that)."""
     notes: list[str] = []
-    spans = protected_spans(ctx.engine.tokenizer, body, setup, ids, notes)
+    sparse = (body.method or ctx.defaults.method) in ("specprefill", "auto")
+    spans = protected_spans(ctx.engine.tokenizer, body, setup, ids, notes) if sparse else ()
     return build_plan("chat", body, ids, ctx.defaults, ctx.engine.context, spans, notes, setup.grammar)
 
 

@@ -124,7 +124,7 @@ def build_plan(
     if grammar is not None and grammar.lazy and not lazy:
         grammar = None  # tool_choice auto unconstrained: no host-side processor, drafting kept
     built = _build(request, defaults, name, max_tokens, notes)
-    if protected and built.method.specprefill is not None and name == "specprefill":
+    if protected and built.method.specprefill is not None and name in ("specprefill", "auto"):
         spec = dataclasses.replace(built.method.specprefill, protected=protected)
         built = dataclasses.replace(built, method=dataclasses.replace(built.method, specprefill=spec))
     return Plan(

@@ -93,7 +93,8 @@ class SpecfillFields(PrefillFields):
 
     return_progress: bool = False  # stream prefill progress events (llama.cpp's field)
     prompt_cache: Literal["exact", "approximate", "off"] | None = None  # reuse policy for this request
-    # SpecPrefill: the chat template's segments never dropped (serve/segments.py); None: none
+    # SpecPrefill: the chat template's segments never dropped (serve/segments.py); None: all three where
+    # the request declares tools, else none
     protect: list[Literal["system", "tools", "last_user"]] | None = None
     # tool_choice auto: constrain each call from its opening on (chat.py); None: the server's default
     lazy_grammar: bool | None = None

@@ -8,6 +8,12 @@ a request's `protect` field, as prompt token spans (SpecPrefillConfig.protected)
              and common suffix)
   last_user  the latest user message's turn
 
+A request that declares tools and no `protect` protects all three (an agent's request: its system
+prompt, tool schemas and question are what it acts on; Claude Code's first turn with its tool schemas
+cut to 15% called a tool that did not fit: results/agent_session/real_agents/real_agents.md, run 3);
+one without tools protects none (a long document usually sits in the latest user message); `protect:
+[]` protects none either way.
+
 Boundaries come from the template itself: the prompt rendered over messages[:i] (no generation
 prompt) and tokenized as the prompt is shares its first b(i) tokens with the prompt; message i spans
 [b(i), b(i + 1)). A boundary inside a token that re-tokenizes across the join moves to the start of
@@ -34,8 +40,10 @@ def _shared(a: list[int], b: list[int]) -> int:
 def protected_spans(
     tokenizer: Any, request: Any, setup: ChatSetup, ids: list[int], notes: list[str] | None = None
 ) -> tuple[tuple[int, int], ...]:
-    """The spans of `ids` (the request's prompt) its `protect` segments cover, in order (none asked: ())."""
-    asked = list(getattr(request, "protect", None) or ())
+    """The spans of `ids` (the request's prompt) its `protect` segments cover, in order (none asked: ();
+    not given: every segment where the request declares tools, else none)."""
+    given = getattr(request, "protect", None)
+    asked = list(given if given is not None else (SEGMENTS if setup.tools else ()))
     if not asked:
         return ()
     messages = template_messages(request.messages)

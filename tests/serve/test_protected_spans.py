@@ -65,8 +65,20 @@ def test_each_segment_is_the_span_the_template_renders_it_in(tokenizer):
     assert b < len(ids)  # the generation prompt after it is not the user's
     request, setup, ids = prompt(tokenizer, protect=["system", "last_user"])
     assert len(protected_spans(tokenizer, request, setup, ids)) == 2
-    request, setup, ids = prompt(tokenizer)
+    request, setup, ids = prompt(tokenizer, protect=[])
     assert protected_spans(tokenizer, request, setup, ids) == ()
+
+
+def test_a_request_with_tools_protects_every_segment_unless_told_otherwise(tokenizer):
+    """No `protect` field: an agent's request (tools declared) protects system, tools and last_user;
+    a request without tools protects none (its document is usually the latest user message)."""
+    request, setup, ids = prompt(tokenizer)
+    every = protected_spans(tokenizer, request, setup, ids)
+    request, setup, ids = prompt(tokenizer, protect=["system", "tools", "last_user"])
+    assert every == protected_spans(tokenizer, request, setup, ids) and len(every) == 3
+    bare = ChatRequest(messages=MESSAGES)
+    setup = chat_setup(bare, tokenizer.chat_template)
+    assert protected_spans(tokenizer, bare, setup, chat_prompt_ids(tokenizer, bare, setup)) == ()
 
 
 def test_the_plan_gives_specprefill_its_spans_and_no_other_method(tokenizer):
@@ -77,6 +89,8 @@ def test_the_plan_gives_specprefill_its_spans_and_no_other_method(tokenizer):
     assert plan.request.method.specprefill.protected == spans
     request, setup, ids = prompt(tokenizer, protect=["last_user"], method="full")
     assert build_plan("chat", request, ids, defaults, 4096, spans).request.method.specprefill is None
+    request, setup, ids = prompt(tokenizer, protect=["last_user"], method="auto")  # auto hands them on
+    assert build_plan("chat", request, ids, defaults, 4096, spans).request.method.specprefill.protected == spans
 
 
 def test_a_protected_latest_user_message_is_kept_whole_by_the_server(demo_server):
