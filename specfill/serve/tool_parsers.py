@@ -48,7 +48,9 @@ from .tool_mlx import MissingParser, mlx_available, mlx_parser, mlx_read
 
 Tools = Sequence[dict[str, Any]]  # OpenAI function tools: {"type": "function", "function": {...}}
 
-_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)</function>", re.S)
+# a <function=...> block ends at the first </function> outside its parameters' values: a string value
+# is any text up to its </parameter> (reply_grammar.py's RawText), so it may hold "</function>" itself
+_FUNCTION = re.compile(r"<function=([^>\s]+)>((?:<parameter=[^>\s]+>.*?</parameter>|.)*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
 
 

@@ -10,7 +10,16 @@ from specfill.serve.chat import chat_setup, output_check, template_messages
 from specfill.serve.errors import RequestError
 from specfill.serve.protocol import ChatRequest
 from specfill.serve.tool_calls import as_call
-from specfill.serve.tool_parsers import HERMES, LLAMA3, MISTRAL, ReplySplitter, Text, ToolCall, detect_format
+from specfill.serve.tool_parsers import (
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    QWEN3_CODER,
+    ReplySplitter,
+    Text,
+    ToolCall,
+    detect_format,
+)
 
 WEATHER = ToolCall("get_weather", {"city": "Paris"})
 TIME = ToolCall("get_time", {"tz": "UTC", "n": 2})
@@ -91,6 +100,19 @@ def test_formats_whole_and_streamed(fmt, output, pieces):
     pieces = [Text(output)] if pieces is None else pieces
     for size in (1, 2, 5, len(output)):  # every split of the markers must give the same pieces
         assert split(fmt, output, size) == pieces, size
+
+
+def test_a_qwen3_coder_value_may_hold_a_closing_function_tag():
+    """A string value is any text up to its </parameter> (what the constrained grammar allows): a value
+    "</function>" (a noise model's, under tool_choice required) does not end the call."""
+    output = (
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\n</function>\n\n</parameter>\n"
+        "<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>"
+    )
+    for size in (1, 3, len(output)):
+        (call,) = split(QWEN3_CODER, output, size)
+        assert call.name == "get_weather" and call.arguments["unit"] == "celsius"
+        assert call.arguments["city"].strip() == "</function>"
 
 
 def test_a_parsed_call_with_a_non_finite_number_is_no_call():
