@@ -330,13 +330,14 @@ def auto_choice(
     (one prompt's data) are set aside while the options are weighed and go to the one chosen; where
     they cover at least half of the new part (an agent's first request: system prompt, tool schemas,
     question) auto runs full prefill."""
-    spans = method.specprefill.protected if method.specprefill is not None else ()
+    asked = method.specprefill
+    spans = asked.protected if asked is not None else ()
     covered = sum(max(0, min(b, cached + prompt_tokens) - max(a, cached)) for a, b in spans)
     if 2 * covered >= prompt_tokens > 0:  # SpecPrefill would pay its speculator to drop little
-        why = f"protected spans cover {covered} of {prompt_tokens} new tokens (at least half): full prefill"
-        return dataclasses.replace(method, name="full", auto_threshold=None), why
-    if spans:  # one prompt's data, not a setting: the options and their calibrations are the settings' alone
-        method = dataclasses.replace(method, specprefill=dataclasses.replace(method.specprefill, protected=()))
+        said = f"protected spans cover {covered} of {prompt_tokens} new tokens (at least half): full prefill"
+        return dataclasses.replace(method, name="full", auto_threshold=None), said
+    if asked is not None and spans:  # one prompt's data, not a setting: the options and calibrations are the settings'
+        method = dataclasses.replace(method, specprefill=dataclasses.replace(asked, protected=()))
     nests = method.speculator is not None and nestable(lm.ops, lm.speculator_model(method.speculator)[0])
     options, calibrations, why = auto_options(method, prompt_tokens, nests, cached), {}, []
     length = turn_length(prompt_tokens, cached)
