@@ -50,6 +50,7 @@ Tools = Sequence[dict[str, Any]]  # OpenAI function tools: {"type": "function", 
 
 # a <function=...> block ends at the first </function> outside its parameters' values: a string value
 # is any text up to its </parameter> (reply_grammar.py's RawText), so it may hold "</function>" itself
+XML_VALUE = ("<parameter=", "</parameter>")  # what opens and closes a parameter of an XML call
 _FUNCTION = re.compile(r"<function=([^>\s]+)>((?:<parameter=[^>\s]+>.*?</parameter>|.)*?)</function>", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
 
@@ -171,6 +172,22 @@ class ToolFormat:
     @property
     def names(self) -> frozenset[str]:
         return frozenset(t["function"]["name"] for t in self.tools)
+
+    def end_at(self, body: str) -> int:
+        """Where `end` closes a call whose body (so far) is `body`; -1: not yet. Its first occurrence,
+        but outside the parameters' values of a call that writes XML arguments: a string value is any
+        text up to its </parameter> (reply_grammar.py), so it may hold the closing marker itself."""
+        assert self.end is not None
+        at = 0
+        while True:
+            cut = body.find(self.end, at)
+            value = body.find(XML_VALUE[0], at) if self.arguments == "xml" else -1
+            if cut < 0 or value < 0 or cut < value:
+                return cut
+            closed = body.find(XML_VALUE[1], value)
+            if closed < 0:  # inside a value: the call goes on
+                return -1
+            at = closed + len(XML_VALUE[1])
 
     def calls(self, body: str) -> list[ToolCall]:
         """The calls in the text between a call's markers (ValueError: none)."""
@@ -384,7 +401,7 @@ class ReplySplitter:
         assert fmt is not None
         if self.body is not None:  # inside a call
             self.body, self.pending = self.body + self.pending, ""
-            if fmt.end is None or (cut := self.body.find(fmt.end)) < 0:
+            if fmt.end is None or (cut := fmt.end_at(self.body)) < 0:
                 return False
             body, self.pending = self.body[:cut], self.body[cut + len(fmt.end) :]
             out.extend(self._close(body, self.opening + body + fmt.end))

@@ -122,7 +122,7 @@ class StreamingSplitter(ReplySplitter):
             assert self.fmt is not None and self.fmt.end is not None
             text, self.pending = self.body + self.pending, ""
             self.body = text
-            cut = text.find(self.fmt.end)
+            cut = self.fmt.end_at(text)
             head = call_header(text if cut < 0 else text[:cut], self.names)
             if head is None and cut < 0:
                 return False
@@ -146,11 +146,12 @@ class StreamingSplitter(ReplySplitter):
         return out + super()._end()
 
     def _stream(self, out: list[Any], final: bool) -> bool:
-        live, end = self.live, self.fmt.end if self.fmt is not None else None
-        assert live is not None and end is not None and self.body is not None
+        live, fmt = self.live, self.fmt
+        end = fmt.end if fmt is not None else None
+        assert live is not None and fmt is not None and end is not None and self.body is not None
         body, self.pending = self.body + self.pending, ""
         self.body = body
-        cut = body.find(end)
+        cut = fmt.end_at(body)
         limit = cut if cut >= 0 else len(body) if final else len(body) - _held(body, end)
         begin = live.pos
         while live.pos < limit and not live.json.done and live.json.feed(body[live.pos]):

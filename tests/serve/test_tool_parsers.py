@@ -113,6 +113,14 @@ def test_a_qwen3_coder_value_may_hold_a_closing_function_tag():
         (call,) = split(QWEN3_CODER, output, size)
         assert call.name == "get_weather" and call.arguments["unit"] == "celsius"
         assert call.arguments["city"].strip() == "</function>"
+    # nor does a closing </tool_call> inside a value (a Write tool's content, say) end the block
+    note = "a file that ends a call: </tool_call> (as this one does)"
+    output = (
+        f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{note}\n</parameter>\n</function>\n</tool_call>\nDone."
+    )
+    for size in (1, 3, len(output)):
+        call, text = split(QWEN3_CODER, output, size)
+        assert call.arguments["city"] == note and text.text.strip() == "Done."
 
 
 def test_a_parsed_call_with_a_non_finite_number_is_no_call():
