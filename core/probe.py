@@ -332,7 +332,8 @@ def auto_choice(
     question) auto runs full prefill."""
     asked = method.specprefill
     spans = asked.protected if asked is not None else ()
-    covered = sum(max(0, min(b, cached + prompt_tokens) - max(a, cached)) for a, b in spans)
+    new_spans = asked.for_new_part(cached).protected if asked is not None and spans else ()
+    covered = sum(max(0, min(b, prompt_tokens) - a) for a, b in new_spans)
     if 2 * covered >= prompt_tokens > 0:  # SpecPrefill would pay its speculator to drop little
         said = f"protected spans cover {covered} of {prompt_tokens} new tokens (at least half): full prefill"
         return dataclasses.replace(method, name="full", auto_threshold=None), said

@@ -38,7 +38,7 @@ from .info import add_info_routes, check_model
 from .metrics import Metrics, Outcome
 from .openai_responses import prepare as prepare_responses
 from .openai_responses_shape import ResponsesShape
-from .plan import Plan, ServerDefaults, build_plan, completion_prompt_ids
+from .plan import SPECPREFILL_METHODS, Plan, ServerDefaults, build_plan, completion_prompt_ids, method_name
 from .protocol import ChatRequest, CompletionRequest, parse_body
 from .responses import ResponseShape
 from .scheduler import END, Job, Scheduler
@@ -140,7 +140,7 @@ def _chat_plan(body: Any, setup: Any, ids: list[int], ctx: _Context) -> Plan:
     """build_plan for a chat request, with the spans its `protect` segments cover (serve/segments.py)
     where it may run SpecPrefill (the spans render the chat template again: no other method pays that)."""
     notes: list[str] = []
-    sparse = (body.method or ctx.defaults.method) in ("specprefill", "auto")
+    sparse = method_name(body, ctx.defaults) in SPECPREFILL_METHODS
     spans = protected_spans(ctx.engine.tokenizer, body, setup, ids, notes) if sparse else ()
     return build_plan("chat", body, ids, ctx.defaults, ctx.engine.context, spans, notes, setup.grammar)
 

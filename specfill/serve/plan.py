@@ -89,6 +89,14 @@ def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size
     return list(prompt)
 
 
+SPECPREFILL_METHODS = ("specprefill", "auto")  # the methods that may run SpecPrefill (the server's speculator)
+
+
+def method_name(request: ChatRequest | CompletionRequest, defaults: ServerDefaults) -> str:
+    """The method a request runs: its own, else the server's default."""
+    return request.method or defaults.method
+
+
 def build_plan(
     kind: str,
     request: ChatRequest | CompletionRequest,
@@ -109,7 +117,7 @@ def build_plan(
         raise bad_request("the prompt is empty", where)
     asked = getattr(request, "max_completion_tokens", None) or request.max_tokens
     max_tokens = asked if asked is not None else max(1, min(defaults.max_tokens, context - len(ids)))
-    name = request.method or defaults.method
+    name = method_name(request, defaults)
     try:
         check_generation_fits(len(ids), max_tokens, context)
     except PromptTooLongError as err:
@@ -124,7 +132,7 @@ def build_plan(
     if grammar is not None and grammar.lazy and not lazy:
         grammar = None  # tool_choice auto unconstrained: no host-side processor, drafting kept
     built = _build(request, defaults, name, max_tokens, notes)
-    if protected and built.method.specprefill is not None and name in ("specprefill", "auto"):
+    if protected and built.method.specprefill is not None:  # specprefill and auto: _build's
         spec = dataclasses.replace(built.method.specprefill, protected=protected)
         built = dataclasses.replace(built, method=dataclasses.replace(built.method, specprefill=spec))
     return Plan(
@@ -150,7 +158,7 @@ def _build(
     spec_given = _given(request, SpecPrefillConfig)
     keep = {rule: spec_given.pop(rule, None) for rule in KEEP_RULES}  # the keep rule goes through with_keep
     sampling = {**defaults.sampling, **{f: getattr(request, f) for f in HOST_FIELDS if getattr(request, f) is not None}}
-    speculator = defaults.speculator if name in ("specprefill", "auto") else None
+    speculator = defaults.speculator if name in SPECPREFILL_METHODS else None
     drafts = request.num_draft_tokens is not None
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -166,7 +174,7 @@ def _build(
                 **sampling,
                 method=name,
                 h2o=h2o if name in ("h2o", "auto") else None,
-                specprefill=spec if name in ("specprefill", "auto") else None,
+                specprefill=spec if name in SPECPREFILL_METHODS else None,
                 speculator=speculator,
                 draft_model=defaults.speculator if drafts and name != "specprefill" else None,
                 num_draft_tokens=request.num_draft_tokens,
