@@ -74,6 +74,22 @@ def units_scope(device: torch.device) -> Iterator[None]:
         _caller.threads = None
 
 
+@contextmanager
+def full_width(device: torch.device) -> Iterator[None]:
+    """Inside a units_scope, torch ops issued here take the caller's whole thread count again: for
+    one large fused op (the CPU flash kernel, kernels/cpu_flash.py) that splits its own work, where
+    a thread team's fork and join is small beside the op. Elsewhere a no-op."""
+    threads = getattr(_caller, "threads", None)
+    if placement.on_cuda(device) or threads is None or threads == torch.get_num_threads():
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(1)
+
+
 def run_units(unit: Callable[[int], None], n_units: int, device: torch.device) -> None:
     """unit(0) .. unit(n_units - 1); units must write disjoint outputs.
 

@@ -15,6 +15,7 @@ import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module ref
 from specfill.core.self_check_cases import CASE_SLOTS
 from specfill.core.stages import InterResult, KeyWindow, active_terms, sinks_of, softcap_of
 
+from .cpu_flash import cpu_flash_runs, inter_attention_flash
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .intra import check_attention_shapes, row_sinks2
@@ -81,7 +82,8 @@ def inter_attention(
     """The stage H2OStageOps.inter_attention (core/stages.py) on torch tensors, dtypes and
     use_kernel / with_colsum as intra_attention's; an empty memory (M = 0) gives the empty state
     (m = -inf, l = 0, o = 0) and no column sums. A window, attention terms and narrower values
-    (latent attention's, said once) run the twin.
+    (latent attention's, said once) run the twin; CPU tensors the CPU flash path where it applies
+    (kernels/cpu_flash.py).
     """
     check_attention_shapes(q, k_mem, v_mem)
     kernel = choose_kernel(use_kernel, q, k_mem, v_mem, self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0]))
@@ -94,6 +96,8 @@ def inter_attention(
     if kernel_runs("phase-2 inter attention", kernel, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
         result = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, with_colsum)
         return InterResult(result.state, result.colsum)
+    if cpu_flash_runs(use_kernel, q, k_mem, v_mem, terms, window):
+        return inter_attention_flash(q, k_mem, v_mem, scale, with_colsum, terms)
     return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window, terms)
 
 

@@ -16,6 +16,7 @@ import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module ref
 from specfill.core.self_check_cases import CASE_CHUNK, CASE_TOKENS
 from specfill.core.stages import AttentionTerms, IntraResult, active_terms, sinks_of, softcap_of
 
+from .cpu_flash import cpu_flash_runs, intra_attention_flash
 from .cpu_units import run_units
 from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .state import LOG2E, empty_state, soft_cap2_, softmax_state_, stacked_buffers, stats_dtype, unstacked_state
@@ -116,8 +117,9 @@ def intra_attention(
 ) -> IntraResult:
     """The stage H2OStageOps.intra_attention (core/stages.py) on torch tensors: m, l fp32 (fp64 for
     fp64 inputs), o in q's dtype; with_colsum False: no column sums (None). use_kernel: None =
-    Triton on CUDA, else the twin; True / False force one. The Triton kernel takes no window, no
-    attention terms (said once: note_term_fallback) and no narrower values: those run the twin,
+    Triton on CUDA, else the CPU flash path where it applies (kernels/cpu_flash.py: bf16 / fp16 CPU
+    tensors), else the twin; True / False force Triton / the twin. The Triton kernel takes no window,
+    no attention terms (said once: note_term_fallback) and no narrower values: those run the twin,
     kernels forced included.
     """
     check_attention_shapes(q, k, v)
@@ -133,6 +135,8 @@ def intra_attention(
     terms = active_terms(terms)
     if kernel_runs("phase-1 intra attention", kernel, terms, window is not None, v.shape[2] != k.shape[2]):
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
+    if cpu_flash_runs(use_kernel, q, k, v, terms, window):
+        return intra_attention_flash(q, k, v, chunk_size, scale, with_colsum, terms)
     return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window, terms)
 
 

@@ -1,0 +1,151 @@
+"""H2O's two attention stages on CPU through torch's fused flash kernel, column sums included.
+
+On a CPU the Triton kernels do not run, and the torch twins (intra.py, inter.py) materialise every
+block's logits in float32 to get the column sums H2O ranks keys by: bound by writing the logits,
+where the fused flash kernel full prefill uses multiplies bfloat16 on AMX at 420-660 GFLOP/s
+(research/bf16_cpu/results/bf16_turns_analysis.md). This path runs both stages on that kernel,
+`aten::_scaled_dot_product_flash_attention_for_cpu`, which also returns each row's log-sum-exp:
+
+- the state: o = softmax(s) @ v and m = lse, l = 1 (the twins give the max and the sum: only
+  m + log l enters a merge);
+- the column sums sum_i exp(s_ij - lse_i), by a second flash pass with the roles swapped (keys as
+  queries, queries as keys) whose own log-sum-exp per key IS the column sum's log, once each query
+  carries its -lse_i as a logit bias: two more coordinates, q'_i = [q_i, hi_i, lo_i] with
+  hi_i + lo_i = -lse_i / scale split in two of the input dtype (a bias in one would round by ~0.4%
+  of lse_i), k'_j = [k_j, 1, 1]. Phase 1's causal mask (i >= j within a chunk) becomes the
+  kernel's own causal mask on both axes reversed. The values of that pass are never read.
+
+Where it runs (`cpu_flash_runs`): CPU tensors in bfloat16 or float16 (what the Triton kernels would
+take on a GPU) when those do not run, no sliding window, no soft-cap, values of the keys' head
+size; sinks join the column sums' denominators (the twins' rule: lse_i there is the row's
+log-sum-exp with its head's sink, the state stays sink-free); the kernel setting off
+(SPECFILL_KERNELS=off, use_kernel False) keeps the twins.
+
+Tolerances (tests/backends/test_cpu_flash.py): the output as full prefill's own flash kernel gives
+it (float32 accumulation, one rounding to the input dtype); the column sums to ~1e-3 relative (the
+bias split and the kernel's float32 exp), so ranks differ from the twins' only between keys whose
+scores are that close.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specfill.core.self_check import kernels_setting
+from specfill.core.stages import AttentionState, AttentionTerms, InterResult, IntraResult, sinks_of, softcap_of
+
+from .cpu_units import full_width
+from .state import stats_dtype
+
+FLASH_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def _flash_op():
+    return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def cpu_flash_runs(
+    use_kernel: bool | None,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    terms: AttentionTerms | None,
+    window: object | None,
+) -> bool:
+    """Whether a stage the Triton kernels do not run goes through torch's CPU flash kernel (above)."""
+    return (
+        kernels_setting(use_kernel) is not False
+        and q.device.type == "cpu"
+        and q.dtype in FLASH_DTYPES
+        and k.dtype == q.dtype
+        and v.dtype == q.dtype
+        and softcap_of(terms) is None
+        and window is None
+        and v.shape[-1] == k.shape[-1]
+        and _flash_op() is not None
+    )
+
+
+def _flash(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, H, L, D] x [B, H, S, D] -> output [B, H, L, D] (q's dtype), lse [B, H, L] float32."""
+    return _flash_op()(q, k, v, 0.0, causal, scale=scale)
+
+
+def _column_sums(q, k, lse, causal: bool, scale: float) -> torch.Tensor:
+    """sum_i exp(scale * q_i . k_j - lse_i) per key j, [B, H, S] float32 (the module doc's swapped
+    pass); q [B, H, L, D], k [B, H, S, D], lse [B, H, L]. causal: L == S and query i sees keys j <= i."""
+    bias = -lse / scale
+    high = bias.to(q.dtype)
+    low = (bias - high.float()).to(q.dtype)
+    queries = torch.cat([q, high[..., None], low[..., None]], dim=-1)
+    keys = torch.cat([k, k.new_ones(1, 1, 1, 1).expand(*k.shape[:-1], 2)], dim=-1)
+    if causal:  # key j meets queries i >= j: on both axes reversed, the kernel's own mask
+        queries, keys = queries.flip(-2), keys.flip(-2)
+    _, lse_swapped = _flash(keys, queries, queries.new_zeros(1, 1, 1, 1).expand_as(queries), causal, scale)
+    sums = torch.exp(lse_swapped)
+    return sums.flip(-1) if causal else sums
+
+
+def _with_sinks(lse: torch.Tensor, terms: AttentionTerms | None, heads_axis: tuple[int, ...]) -> torch.Tensor:
+    """lse with each query head's sink logit in its sum (sinks [Hq] reshaped to `heads_axis`, which
+    broadcasts against lse); lse itself without sinks."""
+    sinks = sinks_of(terms)
+    if sinks is None:
+        return lse
+    return torch.logaddexp(lse, sinks.to(device=lse.device, dtype=lse.dtype).reshape(heads_axis))
+
+
+def _state(out: torch.Tensor, lse: torch.Tensor, stats: torch.dtype) -> AttentionState:
+    """A flash call's output and log-sum-exp as the stages' online-softmax state (m = lse, l = 1)."""
+    m = lse.to(stats)
+    return AttentionState(m=m, l=torch.ones_like(m), o=out)
+
+
+def intra_attention_flash(q, k, v, chunk_size: int, scale: float, with_colsum: bool = True, terms=None) -> IntraResult:
+    """Phase 1 (intra.py's stage, no window, no soft-cap) on the CPU flash kernel: the full chunks as
+    the batch of one causal call, a partial last chunk as another."""
+    n_heads, n_tokens, _ = q.shape
+    group = n_heads // k.shape[0]
+    stats = stats_dtype(q, k, v)
+    m = torch.empty((n_heads, n_tokens), dtype=stats)
+    o = torch.empty((n_heads, n_tokens, v.shape[-1]), dtype=q.dtype)
+    colsum = torch.empty((n_heads, n_tokens), dtype=stats) if with_colsum else None
+    n_full = n_tokens // chunk_size
+    pieces = [(0, n_full, chunk_size), (n_full * chunk_size, 1, n_tokens - n_full * chunk_size)]
+    with full_width(q.device):
+        for start, n_chunks, size in pieces:
+            if n_chunks == 0 or size == 0:
+                continue
+            end = start + n_chunks * size
+
+            def chunked(x: torch.Tensor, repeat: int) -> torch.Tensor:  # [H, n*S, D] -> [n, H * repeat, S, D]
+                x = x[:, start:end].unflatten(1, (n_chunks, size)).transpose(0, 1)
+                return x.contiguous() if repeat == 1 else x.repeat_interleave(repeat, dim=1)
+
+            qc, kc, vc = chunked(q, 1), chunked(k, group), chunked(v, group)
+            out, lse = _flash(qc, kc, vc, True, scale)
+            m[:, start:end] = lse.transpose(0, 1).flatten(1, 2)
+            o[:, start:end] = out.transpose(0, 1).flatten(1, 2)
+            if colsum is not None:
+                lse_sinks = _with_sinks(lse, terms, (1, n_heads, 1))
+                colsum[:, start:end] = _column_sums(qc, kc, lse_sinks, True, scale).transpose(0, 1).flatten(1, 2)
+    return IntraResult(_state(o, m, stats), colsum)
+
+
+def inter_attention_flash(q, k_mem, v_mem, scale: float, with_colsum: bool = True, terms=None) -> InterResult:
+    """Phase 2 (inter.py's stage, no window, no soft-cap; M >= 1) on the CPU flash kernel: the G query
+    heads of a KV head folded into the rows of one unmasked call."""
+    n_heads, n_tokens, head_dim = q.shape
+    n_kv, n_mem = k_mem.shape[:2]
+    group = n_heads // n_kv
+    stats = stats_dtype(q, k_mem, v_mem)
+    with full_width(q.device):
+        out, lse = _flash(q.reshape(1, n_kv, group * n_tokens, head_dim), k_mem[None], v_mem[None], False, scale)
+        colsum = None
+        if with_colsum:
+            keys = k_mem[:, None].expand(n_kv, group, n_mem, head_dim)
+            rows = q.reshape(n_kv, group, n_tokens, head_dim)
+            lse_sinks = _with_sinks(lse.reshape(n_kv, group, n_tokens), terms, (n_kv, group, 1))
+            colsum = _column_sums(rows, keys, lse_sinks, False, scale).reshape(n_heads, n_mem)
+    state = _state(out.reshape(n_heads, n_tokens, v_mem.shape[-1]), lse.reshape(n_heads, n_tokens), stats)
+    return InterResult(state, colsum)
