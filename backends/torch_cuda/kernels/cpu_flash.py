@@ -21,7 +21,7 @@ size; sinks join the column sums' denominators (the twins' rule: lse_i there is 
 log-sum-exp with its head's sink, the state stays sink-free); the kernel setting off
 (SPECFILL_KERNELS=off, use_kernel False) keeps the twins.
 
-Tolerances (tests/backends/test_cpu_flash.py): the output as full prefill's own flash kernel gives
+Tolerances (tests/torch_cuda_kernels/test_cpu_flash.py): the output as full prefill's own flash kernel gives
 it (float32 accumulation, one rounding to the input dtype); the column sums to ~1e-3 relative (the
 bias split and the kernel's float32 exp), so ranks differ from the twins' only between keys whose
 scores are that close.
