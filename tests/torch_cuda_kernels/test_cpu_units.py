@@ -57,6 +57,20 @@ def test_scope_nests_and_keeps_the_outer_thread_budget(two_threads):
     assert torch.get_num_threads() == 2
 
 
+def test_full_width_gives_one_fused_op_the_callers_threads(two_threads):
+    with cpu_units.full_width(CPU):  # outside any scope: nothing to change
+        assert torch.get_num_threads() == 2
+    with cpu_units.units_scope(CPU):
+        with cpu_units.full_width(CPU):
+            assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == 1
+        with pytest.raises(RuntimeError, match="inside"):
+            with cpu_units.full_width(CPU):
+                raise RuntimeError("inside")
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
+
 @pytest.mark.parametrize("block", [8, 64])
 def test_twins_give_the_same_bits_with_one_or_two_threads(monkeypatch, block):
     monkeypatch.setattr(intra, "_TWIN_QUERY_BLOCK", block)
