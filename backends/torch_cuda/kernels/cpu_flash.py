@@ -35,7 +35,6 @@ from specfill.core.self_check import kernels_setting
 from specfill.core.stages import AttentionState, AttentionTerms, InterResult, IntraResult, sinks_of, softcap_of
 
 from .cpu_units import full_width
-from .state import stats_dtype
 
 FLASH_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -95,10 +94,10 @@ def _with_sinks(lse: torch.Tensor, terms: AttentionTerms | None, heads_axis: tup
     return torch.logaddexp(lse, sinks.to(device=lse.device, dtype=lse.dtype).reshape(heads_axis))
 
 
-def _state(out: torch.Tensor, lse: torch.Tensor, stats: torch.dtype) -> AttentionState:
-    """A flash call's output and log-sum-exp as the stages' online-softmax state (m = lse, l = 1)."""
-    m = lse.to(stats)
-    return AttentionState(m=m, l=torch.ones_like(m), o=out)
+def _state(out: torch.Tensor, lse: torch.Tensor) -> AttentionState:
+    """A flash call's output and log-sum-exp (float32: the stages' statistics dtype for 16-bit inputs)
+    as the stages' online-softmax state (m = lse, l = 1)."""
+    return AttentionState(m=lse, l=torch.ones_like(lse), o=out)
 
 
 def intra_attention_flash(q, k, v, chunk_size: int, scale: float, with_colsum: bool = True, terms=None) -> IntraResult:
@@ -106,10 +105,9 @@ def intra_attention_flash(q, k, v, chunk_size: int, scale: float, with_colsum: b
     the batch of one causal call, a partial last chunk as another."""
     n_heads, n_tokens, _ = q.shape
     group = n_heads // k.shape[0]
-    stats = stats_dtype(q, k, v)
-    m = torch.empty((n_heads, n_tokens), dtype=stats)
-    o = torch.empty((n_heads, n_tokens, v.shape[-1]), dtype=q.dtype)
-    colsum = torch.empty((n_heads, n_tokens), dtype=stats) if with_colsum else None
+    m = torch.empty((n_heads, n_tokens), dtype=torch.float32)
+    o = torch.empty_like(q)
+    colsum = torch.empty_like(m) if with_colsum else None
     n_full = n_tokens // chunk_size
     pieces = [(0, n_full, chunk_size), (n_full * chunk_size, 1, n_tokens - n_full * chunk_size)]
     with full_width(q.device):
@@ -129,7 +127,7 @@ def intra_attention_flash(q, k, v, chunk_size: int, scale: float, with_colsum: b
             if colsum is not None:
                 lse_sinks = _with_sinks(lse, terms, (1, n_heads, 1))
                 colsum[:, start:end] = _column_sums(qc, kc, lse_sinks, True, scale).transpose(0, 1).flatten(1, 2)
-    return IntraResult(_state(o, m, stats), colsum)
+    return IntraResult(_state(o, m), colsum)
 
 
 def inter_attention_flash(q, k_mem, v_mem, scale: float, with_colsum: bool = True, terms=None) -> InterResult:
@@ -138,7 +136,6 @@ def inter_attention_flash(q, k_mem, v_mem, scale: float, with_colsum: bool = Tru
     n_heads, n_tokens, head_dim = q.shape
     n_kv, n_mem = k_mem.shape[:2]
     group = n_heads // n_kv
-    stats = stats_dtype(q, k_mem, v_mem)
     with full_width(q.device):
         out, lse = _flash(q.reshape(1, n_kv, group * n_tokens, head_dim), k_mem[None], v_mem[None], False, scale)
         colsum = None
@@ -147,5 +144,5 @@ def inter_attention_flash(q, k_mem, v_mem, scale: float, with_colsum: bool = Tru
             rows = q.reshape(n_kv, group, n_tokens, head_dim)
             lse_sinks = _with_sinks(lse.reshape(n_kv, group, n_tokens), terms, (n_kv, group, 1))
             colsum = _column_sums(rows, keys, lse_sinks, False, scale).reshape(n_heads, n_mem)
-    state = _state(out.reshape(n_heads, n_tokens, v_mem.shape[-1]), lse.reshape(n_heads, n_tokens), stats)
+    state = _state(out.reshape(n_heads, n_tokens, head_dim), lse.reshape(n_heads, n_tokens))
     return InterResult(state, colsum)
