@@ -6,6 +6,7 @@ written as it goes.
 
     .venv/bin/python research/agent_turns/turn_selection.py RECORDS PASSES --out FILE
         [--prefix-tokens 8000] [--configs default,composition,composition_w32n1] [--tasks ...] [--indices 0,1]
+    .venv/bin/python research/agent_turns/turn_selection.py --build 4000 --dtype bfloat16 --out FILE ...
     .venv/bin/python research/agent_turns/turn_selection.py --report FILE   # FILE.md from a finished FILE
 
 The prefix: evaluation/agent_session's agent (its system prompt with --prefix-tokens of the project's
@@ -14,7 +15,9 @@ prefilled densely once (the speculator's own KV of a cached conversation, as the
 it). Each turn: a sample's chat prompt from its user message on (the ids of its saved pass, the
 template's default system turn cut off), so the sample's context and question are the new part;
 its answer spans moved with it. Each config runs speculate_and_select from the reused prefix, as a
-server turn does (core/methods/specprefill.py, `reused` and `speculator_cache`).
+server turn does (core/methods/specprefill.py, `reused` and `speculator_cache`). With --build N
+(no RECORDS / PASSES) the samples are made here (evaluation/ruler_tasks.build_sample: seed 0, chat
+prompts of at most N tokens, indices 0-3 or --indices), their answer spans the generator's.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ CONFIGS = {  # SpecPrefillConfig fields per arm
     "default_w32n1": {"query_window": 32, "neighbours": 1},
     "composition_w32": {"speculator_prefill": "h2o", "query_window": 32},
     "composition_w32n1_k02": {"speculator_prefill": "h2o", "query_window": 32, "neighbours": 1, "keep_ratio": 0.2},
+    # nested speculators (core/methods/speculator_depth.py): the deeper half reads the 30% the first half ranks first
+    "nested": {"deep_keep": 0.3, "deep_from": 0.5},
+    "composition_w32_nested": {"speculator_prefill": "h2o", "query_window": 32, "deep_keep": 0.3, "deep_from": 0.5},
 }
 
 
@@ -69,7 +75,7 @@ def report(result: dict) -> str:
     rows, configs = result["rows"], list(result["configs"])
     tasks = [t for t in TASK_ORDER if any(r["task"] == t for r in rows)]
     lines = [
-        f"# Agent turns: which speculator? ({result['machine'].get('cpu', '')}, torch float32)",
+        f"# Agent turns: which speculator? ({result['machine'].get('cpu', '')}, torch {result.get('dtype', 'float32')})",
         "",
         f"Written by research/agent_turns/turn_selection.py. The 0.5B speculator's pass over each RULER 4K sample "
         f"placed as a turn after the agent's cached {result['prefix_tokens']}-token conversation (its own dense KV "
@@ -107,26 +113,44 @@ def main(argv=None) -> int:
     from probe import HELD
 
     p = argparse.ArgumentParser()
-    p.add_argument("records", type=Path)
-    p.add_argument("passes", type=Path)
+    p.add_argument("records", type=Path, nargs="?")
+    p.add_argument("passes", type=Path, nargs="?")
+    p.add_argument("--build", type=int, default=None, help="make the samples here, at most N tokens each")
+    p.add_argument("--dtype", default="float32")
     p.add_argument("--prefix-tokens", type=int, default=8000)
     p.add_argument("--configs", default="default,composition,composition_w32n1")
     p.add_argument("--tasks", default=",".join(TASK_ORDER))
     p.add_argument("--indices", default=None, help="only these sample indices (e.g. 1,3)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-    spec, tokenizer = api.load(str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype="float32")
+    if (args.build is None) == (args.records is None or args.passes is None):
+        p.error("give RECORDS and PASSES, or --build N")
+    spec, tokenizer = api.load(
+        str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype=args.dtype
+    )
     ops, model, step = spec.ops, spec.model, spec.prefill_step_size
     stop_ids = frozenset(tokenizer.eos_token_ids)
     im_start, im_end = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("<|im_start|>", "<|im_end|>"))
     configs = {name: SpecPrefillConfig(**CONFIGS[name]) for name in args.configs.split(",")}
 
-    data = json.loads(args.records.read_text())
-    samples = {}
-    for r in data["records"]:
-        samples.setdefault((r["task"], r["tokens"], r["index"]), r["spans"])
     tasks = args.tasks.split(",")
     indices = None if args.indices is None else {int(i) for i in args.indices.split(",")}
+    if args.build is not None:
+        from specfill.api import encode_prompt
+        from specfill.evaluation.ruler_tasks import build_sample
+
+        built = {}
+        for task in tasks:
+            for index in sorted(indices) if indices is not None else range(4):
+                sample = build_sample(tokenizer, task, args.build, index)
+                ids = np.asarray(encode_prompt(tokenizer, sample.prompt), np.int64)
+                built[task, args.build, index] = (ids, list(sample.spans.get("needle", [])))
+        samples = {k: {"needle": v[1]} for k, v in built.items()}
+    else:
+        data = json.loads(args.records.read_text())
+        samples = {}
+        for r in data["records"]:
+            samples.setdefault((r["task"], r["tokens"], r["index"]), r["spans"])
     wanted = [k for k in samples if k[0] in tasks and (indices is None or k[2] in indices)]
     order = sorted(wanted, key=lambda k: (TASK_ORDER.index(k[0]), k[2]))
 
@@ -142,15 +166,19 @@ def main(argv=None) -> int:
         "machine": describe_machine(),
         "prefix_tokens": len(prefix),
         "prefix_s": prefix_s,
+        "dtype": args.dtype,
         "configs": {name: repr(c) for name, c in configs.items()},
         "rows": [],
     }
     for task, tokens, index in order:
-        path = next(iter(sorted(args.passes.glob(f"{task}_{tokens}_0_{index}_chat*.npz"))), None)
-        if path is None:
-            print(f"no pass for {task} {index}", file=sys.stderr)
-            continue
-        ids = SavedPass.load(path).ids
+        if args.build is not None:
+            ids = built[task, tokens, index][0]
+        else:
+            path = next(iter(sorted(args.passes.glob(f"{task}_{tokens}_0_{index}_chat*.npz"))), None)
+            if path is None:
+                print(f"no pass for {task} {index}", file=sys.stderr)
+                continue
+            ids = SavedPass.load(path).ids
         start = user_turn_start(ids, im_start, im_end)
         turn = np.concatenate([prefix, ids[start:]])
         shift = len(prefix) - start

@@ -2,7 +2,8 @@
 
 queries [n_l, n_q, Hq, D] (last prompt token + look-ahead, per scoring layer) against keys
 [n_l, Hkv, P, D] -> probs [n_q, n_l, Hq, P] in fp32 (fp64 for fp64 inputs).
-Triton kernel (kernels/scoring_triton.py) and torch twin, chosen by `attention_scores`.
+Triton kernel (kernels/scoring_triton.py) and torch twin, chosen by `attention_scores`; on a CPU the
+twin and the pooling (`pool_rows`, method_ops.smooth_scores) run tile by tile, each tile in cache.
 """
 
 from __future__ import annotations
@@ -10,12 +11,34 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 import specfill.backends.torch_cuda.kernels.dispatch as dispatch  # a module reference: tests patch its triton_kernel
 from specfill.core.stages import AttentionTerms, active_terms, sinks_of, softcap_of
 
 from .dispatch import SELF_CHECK, choose_kernel, kernel_runs
 from .state import stats_dtype
+
+# a CPU tile's elements (float32: 1 MiB), so that a tile's passes run from cache, not memory
+TILE_ELEMENTS = 1 << 18
+
+
+def pool_rows(flat: torch.Tensor, kernel: int) -> torch.Tensor:
+    """method_ops.smooth_scores of rows [n, P] on a CPU: per tile of whole rows, the kernel's shifted
+    slices of the zero-padded tile summed left to right, then divided by kernel (avg_pool1d's numbers
+    up to its summation order: a window's sum of <= kernel float32 terms)."""
+    n, width = flat.shape
+    half = kernel // 2
+    out = torch.empty_like(flat)
+    rows = max(1, TILE_ELEMENTS // (width + 2 * half))
+    for start in range(0, n, rows):
+        padded = F.pad(flat[start : start + rows], (half, half))
+        acc = out[start : start + rows]
+        torch.add(padded[:, :width], padded[:, 1 : width + 1], out=acc)
+        for shift in range(2, kernel):
+            acc.add_(padded[:, shift : shift + width])
+        acc.div_(kernel)
+    return out
 
 
 def check_scoring_shapes(queries: torch.Tensor, keys: torch.Tensor) -> None:
@@ -52,14 +75,12 @@ def _terms_probs(
 
 def attention_scores_twin(queries, keys, scale, window=None, terms=None, query_start=None) -> torch.Tensor:
     """Torch-ops twin (the stage's arguments, P >= 1): the G query heads of a KV head share one
-    matmul against its keys; the mask only with a window or an observation window's queries."""
+    matmul against its keys; the mask only with a window or an observation window's queries. On a
+    CPU without attention terms, tile by tile (`_scores_by_tiles`): the same ops on few rows at a time."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
     stats = stats_dtype(queries, keys)
-    # [n_l, Hkv, G*n_q, D]: row g*n_q + q of KV head kv is query q of head kv*G + g
-    rows = queries.to(stats).permute(0, 2, 1, 3).reshape(n_layers, n_kv, group * n_queries, head_dim)
-    logits = (rows @ keys.to(stats).transpose(-1, -2)) * scale
     hidden = None  # [n_q, P]: the keys a query does not see (its future, or past its window)
     if window is not None or (query_start is not None and query_start < n_keys - 1):
         start = n_keys - 1 if query_start is None else query_start
@@ -67,6 +88,11 @@ def attention_scores_twin(queries, keys, scale, window=None, terms=None, query_s
             start + torch.arange(n_queries, device=keys.device)[:, None] - torch.arange(n_keys, device=keys.device)
         )
         hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
+    if queries.device.type == "cpu" and active_terms(terms) is None:
+        return _scores_by_tiles(queries.to(stats), keys.to(stats), scale, hidden)
+    # [n_l, Hkv, G*n_q, D]: row g*n_q + q of KV head kv is query q of head kv*G + g
+    rows = queries.to(stats).permute(0, 2, 1, 3).reshape(n_layers, n_kv, group * n_queries, head_dim)
+    logits = (rows @ keys.to(stats).transpose(-1, -2)) * scale
     if active_terms(terms) is not None:
         probs = _terms_probs(logits, hidden, terms, n_kv, group, n_queries)
         return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
@@ -76,6 +102,41 @@ def attention_scores_twin(queries, keys, scale, window=None, terms=None, query_s
         return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
     probs = torch.softmax(logits, dim=-1)
     return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
+
+
+def _scores_by_tiles(
+    queries: torch.Tensor, keys: torch.Tensor, scale: float, hidden: torch.Tensor | None
+) -> torch.Tensor:
+    """The twin's probabilities [n_q, n_l, Hq, P] on a CPU, a few queries of one head at a time, each
+    tile's logits, mask and softmax made in cache and written once into place: over the whole
+    [n_l, Hkv, G * n_q, P] at once the same ops were bound by memory (13M float32 logits a layer at 23K
+    keys and 40 queries, written and read back six times). The same numbers as the whole-tensor ops:
+    each row's logits come from the same products, and the softmax is per row."""
+    n_layers, n_queries, n_heads, _ = queries.shape
+    n_kv, n_keys = keys.shape[1], keys.shape[2]
+    group = n_heads // n_kv
+    out = torch.empty((n_queries, n_layers, n_heads, n_keys), dtype=queries.dtype)
+    blind, columns = None, slice(0, 0)
+    if hidden is not None:  # the mask where it hides something (an observation window: its last columns)
+        blind = hidden.all(dim=-1, keepdim=True)  # rows that see no key score zeros
+        blind = blind if bool(blind.any()) else None
+        seen = hidden.any(dim=0).nonzero()
+        columns = slice(int(seen[0]), int(seen[-1]) + 1) if seen.numel() else columns
+        hidden = hidden[:, columns]
+    rows = max(1, min(n_queries, TILE_ELEMENTS // n_keys))
+    for layer in range(n_layers):
+        for head in range(n_heads):
+            keys_t = keys[layer, head // group].transpose(0, 1)
+            for first in range(0, n_queries, rows):
+                last = min(n_queries, first + rows)
+                logits = torch.mm(queries[layer, first:last, head], keys_t).mul_(scale)
+                if hidden is not None:
+                    logits[:, columns].masked_fill_(hidden[first:last], -math.inf)
+                probs = torch.softmax(logits, dim=-1)
+                if blind is not None:
+                    probs.masked_fill_(blind[first:last], 0.0)
+                out[first:last, layer, head].copy_(probs)
+    return out
 
 
 def attention_scores(
