@@ -6,28 +6,16 @@ commit 1249ae3) against the CPU tiles (kernels/scoring._scores_by_tiles, pool_ro
 The 0.5B speculator's shape (24 layers, 14 query heads, 2 KV heads, head dim 64), random queries and keys:
 auto's scoring (32-query window and 8 look-ahead queries over every layer) and a nested pass's ranking (64
 window queries over its first 12 layers); best of two each, and the largest difference of the importances."""
-import math, sys, time, torch, torch.nn.functional as F
+import sys, time, torch, torch.nn.functional as F
 torch.set_num_threads(2)
+from specfill.backends.torch_cuda.kernels.scoring import attention_scores_twin
 from specfill.backends.torch_cuda.ops import TorchOps
 from specfill.core.methods.scoring import token_importance
 from specfill.core.config import SpecPrefillConfig
 
-def old_scores(queries, keys, scale, window=None, terms=None, query_start=None):
-    n_layers, n_queries, n_heads, head_dim = queries.shape
-    n_kv, n_keys = keys.shape[1], keys.shape[2]; group = n_heads // n_kv
-    rows = queries.float().permute(0, 2, 1, 3).reshape(n_layers, n_kv, group * n_queries, head_dim)
-    logits = (rows @ keys.float().transpose(-1, -2)) * scale
-    hidden = None
-    if window is not None or (query_start is not None and query_start < n_keys - 1):
-        start = n_keys - 1 if query_start is None else query_start
-        distance = start + torch.arange(n_queries)[:, None] - torch.arange(n_keys)
-        hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
-    if hidden is not None:
-        logits = logits.view(n_layers, n_kv, group, n_queries, n_keys).masked_fill(hidden, -math.inf)
-        probs = torch.softmax(logits, dim=-1).masked_fill(hidden.all(dim=-1)[:, None], 0.0)
-        return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
-    probs = torch.softmax(logits, dim=-1)
-    return probs.reshape(n_layers, n_heads, n_queries, n_keys).permute(2, 0, 1, 3).contiguous()
+def old_scores(*args, **kwargs):
+    return attention_scores_twin(*args, **kwargs, tiles=False)  # the whole tensor at once, as before
+
 
 def old_smooth(probs, kernel):
     flat = probs.float().reshape(-1, 1, probs.shape[-1])

@@ -105,3 +105,14 @@ def test_cpu_tiles_score_blind_rows_zero(monkeypatch):
     want = reference.attention_scores(queries.numpy(), keys.numpy(), 0.25, window=2)
     assert not want[2:].any() and want[:2].any()  # queries at 21.. see nothing within 2 of them
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-12, atol=1e-15)
+
+
+def test_cpu_tiles_equal_the_whole_tensor_ops_exactly():
+    """On a CPU the tiles and the whole-tensor ops (the GPU twin's path) give the same probabilities."""
+    from specfill.backends.torch_cuda.kernels.scoring import attention_scores_twin
+
+    queries, keys = _capture(n_queries=9, prompt=150, dtype=torch.float32, seed=5)
+    for window, start in ((None, None), (None, 120), (7, 120)):
+        tiled = attention_scores_twin(queries, keys, 0.25, window, query_start=start, tiles=True)
+        whole = attention_scores_twin(queries, keys, 0.25, window, query_start=start, tiles=False)
+        torch.testing.assert_close(tiled, whole, rtol=1e-6, atol=1e-9)

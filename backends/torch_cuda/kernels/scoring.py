@@ -73,10 +73,13 @@ def _terms_probs(
     return torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
 
 
-def attention_scores_twin(queries, keys, scale, window=None, terms=None, query_start=None) -> torch.Tensor:
+def attention_scores_twin(
+    queries, keys, scale, window=None, terms=None, query_start=None, tiles: bool | None = None
+) -> torch.Tensor:
     """Torch-ops twin (the stage's arguments, P >= 1): the G query heads of a KV head share one
-    matmul against its keys; the mask only with a window or an observation window's queries. On a
-    CPU without attention terms, tile by tile (`_scores_by_tiles`): the same ops on few rows at a time."""
+    matmul against its keys; the mask only with a window or an observation window's queries. tiles:
+    tile by tile (`_scores_by_tiles`: the same ops on few rows at a time), else over the whole tensor
+    at once; None: tiles on a CPU. Attention terms always run over the whole tensor."""
     n_layers, n_queries, n_heads, head_dim = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
@@ -88,7 +91,7 @@ def attention_scores_twin(queries, keys, scale, window=None, terms=None, query_s
             start + torch.arange(n_queries, device=keys.device)[:, None] - torch.arange(n_keys, device=keys.device)
         )
         hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
-    if queries.device.type == "cpu" and active_terms(terms) is None:
+    if (queries.device.type == "cpu" if tiles is None else tiles) and active_terms(terms) is None:
         return _scores_by_tiles(queries.to(stats), keys.to(stats), scale, hidden)
     # [n_l, Hkv, G*n_q, D]: row g*n_q + q of KV head kv is query q of head kv*G + g
     rows = queries.to(stats).permute(0, 2, 1, 3).reshape(n_layers, n_kv, group * n_queries, head_dim)
