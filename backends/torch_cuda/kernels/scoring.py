@@ -118,7 +118,7 @@ def _scores_by_tiles(
     n_layers, n_queries, n_heads, _ = queries.shape
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
-    out = torch.empty((n_queries, n_layers, n_heads, n_keys), dtype=queries.dtype)
+    out = torch.empty((n_queries, n_layers, n_heads, n_keys), dtype=queries.dtype, device=queries.device)
     blind, columns = None, slice(0, 0)
     if hidden is not None:  # the mask where it hides something (an observation window: its last columns)
         blind = hidden.all(dim=-1, keepdim=True)  # rows that see no key score zeros
