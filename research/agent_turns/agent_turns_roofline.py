@@ -88,9 +88,9 @@ def measured() -> list[dict]:
             base = full.get(turn["turn"])
             if base is None:
                 continue
-            predicted = speedups(QWEN_CODER_15B, QWEN_CODER_05B, FLOP_BOUND, turn["cached_tokens"], turn["new_tokens"])[
-                name
-            ]
+            predicted = speedups(
+                QWEN_CODER_15B, QWEN_CODER_05B, FLOP_BOUND, turn["cached_tokens"], turn["new_tokens"]
+            )[name]
             rows.append(
                 {"method": run, "turn": turn["turn"], "prefix": turn["cached_tokens"], "new": turn["new_tokens"],
                  "measured": base["ttft_s"] / turn["ttft_s"], "predicted": predicted["speedup"],

@@ -139,13 +139,12 @@ def main(argv=None) -> int:
         from specfill.api import encode_prompt
         from specfill.evaluation.ruler_tasks import build_sample
 
-        built = {}
+        samples, built = {}, {}  # (task, tokens, index) -> the sample's spans, its prompt's ids
         for task in tasks:
             for index in sorted(indices) if indices is not None else range(4):
                 sample = build_sample(tokenizer, task, args.build, index)
-                ids = np.asarray(encode_prompt(tokenizer, sample.prompt), np.int64)
-                built[task, args.build, index] = (ids, list(sample.spans.get("needle", [])))
-        samples = {k: {"needle": v[1]} for k, v in built.items()}
+                samples[task, args.build, index] = sample.spans
+                built[task, args.build, index] = np.asarray(encode_prompt(tokenizer, sample.prompt), np.int64)
     else:
         data = json.loads(args.records.read_text())
         samples = {}
@@ -172,7 +171,7 @@ def main(argv=None) -> int:
     }
     for task, tokens, index in order:
         if args.build is not None:
-            ids = built[task, tokens, index][0]
+            ids = built[task, tokens, index]
         else:
             path = next(iter(sorted(args.passes.glob(f"{task}_{tokens}_0_{index}_chat*.npz"))), None)
             if path is None:
