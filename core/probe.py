@@ -134,7 +134,7 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     AUTO_COMPOSITION_FROM new tokens on (where its accuracy evidence holds: core/config.py), as
     AUTO_TURN_COMPOSITION on a shorter turn's new part (cached > 0), and not on shorter fresh
     prompts; with other settings, not at all. nests: whether the speculator runs a nested pass
-    (speculator_depth.nestable); where it cannot, AUTO_COMPOSITION's speculator reads every token
+    (speculator_depth.nestable); where it cannot, either composition's speculator reads every token
     with every layer."""
     if method.speculator is None:
         return [method]
@@ -142,11 +142,10 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     composed = []
     if spec.speculator_prefill is not None:
         composed = [dataclasses.replace(method, specprefill=spec)]
-    elif spec == SpecPrefillConfig() and prompt_tokens >= AUTO_COMPOSITION_FROM:
-        auto = AUTO_COMPOSITION if nests else dataclasses.replace(AUTO_COMPOSITION, deep_keep=None, deep_from=None)
+    elif spec == SpecPrefillConfig() and (prompt_tokens >= AUTO_COMPOSITION_FROM or cached > 0):
+        auto = AUTO_COMPOSITION if prompt_tokens >= AUTO_COMPOSITION_FROM else AUTO_TURN_COMPOSITION
+        auto = auto if nests else dataclasses.replace(auto, deep_keep=None, deep_from=None)
         composed = [dataclasses.replace(method, specprefill=auto)]
-    elif spec == SpecPrefillConfig() and cached > 0:
-        composed = [dataclasses.replace(method, specprefill=AUTO_TURN_COMPOSITION)]
     return [
         dataclasses.replace(method, specprefill=dataclasses.replace(spec, speculator_prefill=None)),
         *composed,

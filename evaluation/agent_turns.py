@@ -19,7 +19,8 @@ Run: one seed server prefills the system prompt and task (`method` specprefill, 
 keeps its own KV of it; the exact policy then rebuilds the main model's KV densely in idle time) and
 saves it to its `--prompt-cache-dir`; then, per method, a server on a copy of that directory plays the
 turns in order, waiting after each for the idle work (the dense rebuild of a sparse turn and the disk
-write) to finish, as an agent's tool call would leave it time; at the end the same short follow-up
+write) to finish, as an agent's tool call would leave it time (`auto`'s server runs `--method auto`, so it
+calibrates before it listens, as `specfill serve` does for a user); at the end the same short follow-up
 (full prefill, a few new tokens over the whole conversation) goes to every method's server: its reply
 must equal full's, i.e. the rebuilt conversation is the dense one. TTFT is the server's
 (`specfill.ttft_s`, prefill and first token, no HTTP); `new` is prompt minus cached tokens. The JSON is
@@ -53,6 +54,15 @@ METHODS = {  # request fields per method (the server's defaults otherwise)
         "deep_from": AUTO_COMPOSITION.deep_from,
     },
 }
+
+
+def server_flags(tag: str) -> tuple[str, ...]:
+    """The flags of the server that runs `tag` (a method of METHODS, or "seed") besides the model's: `auto`'s
+    is served as a user serves it, `--method auto`, calibrated before it listens (core/probe.calibrate_auto),
+    so that no turn's TTFT holds the probe; the others take each request's method."""
+    return ("--method", "auto") if tag == "auto" else ()
+
+
 NAMES = ("RETRY_WINDOW_MS", "SHARD_LIMIT", "BACKOFF_CEILING", "PAGE_BUDGET", "LEASE_TIMEOUT_S", "QUEUE_HIGH_WATER")
 DEPTHS = (0.35, 0.6, 0.8, 0.5, 0.25, 0.7)  # where in its tool result each turn's fact sits
 
@@ -157,7 +167,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = print) -> dict[st
 
     def start(tag: str, cache: Path) -> ServerProcess:
         return ServerProcess(
-            *serve_args, "--prompt-cache-dir", str(cache), log=out / f"{args.name}_{tag}.log",
+            *serve_args, *server_flags(tag), "--prompt-cache-dir", str(cache), log=out / f"{args.name}_{tag}.log",
             threads=args.threads, start_timeout=1800,
         )  # fmt: skip
 

@@ -36,6 +36,14 @@ def test_bad_arguments_are_one_line_each(argv, message, capsys):
     assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_auto_is_served_calibrated_before_it_listens():
+    """`auto`'s server runs `--method auto` (calibrated at start, as a user's), so its first turn's TTFT
+    holds no probe (one did: 11.6 of 28.2 s, results/cpu_bf16_turns/notes.md); the others name their method
+    per request."""
+    assert agent_turns.server_flags("auto") == ("--method", "auto")
+    assert all(agent_turns.server_flags(tag) == () for tag in ("seed", "full", "specprefill", "nested"))
+
+
 def test_report_from_a_run(tmp_path):
     pytest.importorskip("matplotlib")
 
