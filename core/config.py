@@ -474,13 +474,8 @@ AUTO_COMPOSITION_FROM = 15_700
 AUTO_COMPOSITION = SpecPrefillConfig(
     keep_ratio=0.1, query_window=32, neighbours=1, speculator_prefill="h2o", deep_keep=0.3, deep_from=0.5
 )
-# On a shorter turn's new part auto weighs the composition at SpecPrefill's keep rule: its H2O speculator
-# spares a dense read of the conversation per new token, its nested deeper half (deep_keep, deep_from)
-# reads 30% of the new part (docs/methods.md "auto"). Evidence (research/agent_turns, the pair, bf16):
-# RULER's 20 4K samples as turns over the agent's 8.6K conversation keep 18/20, as SpecPrefill's default
-# does (turn_selection_4k_bf16_nested.md); paired in one process its turn is 1.25-1.72x full on 4K new
-# tokens over 10.7K and 1.55-1.61x on 8K over 14.9K, SpecPrefill's default 1.15-1.21x and 1.21-1.39x
-# (turn_parts_*.log).
+# On a shorter turn's new part auto weighs the composition at SpecPrefill's keep rule, its speculator nested: 18/20
+# turn samples as the default, 1.36-1.44x / 1.57-1.67x full on 4K / 8K turns (docs/methods.md "auto").
 AUTO_TURN_COMPOSITION = SpecPrefillConfig(speculator_prefill="h2o", query_window=32, deep_keep=0.3, deep_from=0.5)
 
 

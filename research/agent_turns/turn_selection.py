@@ -42,6 +42,13 @@ CONFIGS = {  # SpecPrefillConfig fields per arm
     # nested speculators (core/methods/speculator_depth.py): the deeper half reads the 30% the first half ranks first
     "nested": {"deep_keep": 0.3, "deep_from": 0.5},
     "composition_w32_nested": {"speculator_prefill": "h2o", "query_window": 32, "deep_keep": 0.3, "deep_from": 0.5},
+    "composition_w32_nested_k02": {
+        "speculator_prefill": "h2o",
+        "query_window": 32,
+        "deep_keep": 0.3,
+        "deep_from": 0.5,
+        "keep_ratio": 0.2,
+    },
 }
 
 
