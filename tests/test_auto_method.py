@@ -218,9 +218,6 @@ def test_auto_weighs_the_composition_only_where_its_evidence_holds(tiny):
     assert [probe.sparse_name(m) for m in options] == ["specprefill", "specprefill+h2o", "h2o"]
     assert options[0].specprefill == SpecPrefillConfig() and options[1].specprefill == probe.AUTO_COMPOSITION
     assert options[1].specprefill.speculator_prefill.layers == "all"
-    assert (options[1].specprefill.deep_keep, options[1].specprefill.deep_from) == (0.3, 0.5)  # nested
-    flat = probe.auto_options(method, 4000, nests=False, cached=10_000)[1].specprefill  # a speculator that cannot nest
-    assert flat == dataclasses.replace(probe.AUTO_TURN_COMPOSITION, deep_keep=None, deep_from=None)
     # a speculator that cannot run a nested pass (core/methods/speculator_depth.nestable) reads every token
     whole = probe.auto_options(method, probe.AUTO_COMPOSITION_FROM, nests=False)[1].specprefill
     assert whole == dataclasses.replace(probe.AUTO_COMPOSITION, deep_keep=None, deep_from=None)
@@ -327,6 +324,9 @@ def test_auto_weighs_the_turn_composition_on_a_turns_new_part():
     assert [probe.sparse_name(m) for m in options] == ["specprefill", "specprefill+h2o", "h2o"]
     assert options[1].specprefill == probe.AUTO_TURN_COMPOSITION
     assert options[1].specprefill.speculator_prefill.layers == "all"
+    assert (options[1].specprefill.deep_keep, options[1].specprefill.deep_from) == (0.3, 0.5)  # nested
+    flat = probe.auto_options(method, 4000, nests=False, cached=10_000)[1].specprefill  # a speculator that cannot nest
+    assert flat == dataclasses.replace(probe.AUTO_TURN_COMPOSITION, deep_keep=None, deep_from=None)
     assert probe.auto_options(method, probe.AUTO_COMPOSITION_FROM, cached=10)[1].specprefill == probe.AUTO_COMPOSITION
     assert len(probe.auto_options(method, 4000)) == 2  # a fresh prompt below AUTO_COMPOSITION_FROM
     chosen = dataclasses.replace(method, specprefill=SpecPrefillConfig(keep_ratio=0.2))
