@@ -43,8 +43,11 @@ def test_bench_draft_tokens_writes_the_drafting_rows(tiny_checkpoint, tmp_path, 
     rows = json.loads((tmp_path / "drafting.json").read_text())["rows"]
     assert [(r["method"], r["k"]) for r in rows] == [("full", 0), ("full", 2), ("specprefill", 0), ("specprefill", 2)]
     assert all(r["identical"] for r in rows) and rows[1]["accepted"] == rows[1]["drafted"]  # itself drafts
-    # the warm-up wrote the pair's cost book: a draft as costly as the main model may be skipped, and says so
-    assert bool(rows[1]["skipped"]) == (rows[1]["drafted"] == 0) and rows[3]["drafted"] > 0  # the speculator: never
+    # the warm-up wrote the pair's cost book: a draft as costly as the main model may be skipped, and says so;
+    # a decode that did not skip may still draft nothing (the seeded adaptive length can price k=0 from the
+    # first round on a loaded machine), so only "skipped => nothing drafted" is the invariant
+    assert not rows[1]["skipped"] or rows[1]["drafted"] == 0
+    assert rows[3]["drafted"] > 0  # the speculator: never skipped
     assert (tmp_path / "drafting_decode.png").stat().st_size > 0
 
 
