@@ -1,0 +1,26 @@
+#!/bin/bash
+# Claude Code against specfill serve (defaults: method full), the 1.5B in bf16, logged by the proxy; the task names the file's absolute path.
+cd /work/main
+M=~/.cache/specfill/models
+A=/tmp/agentrun
+rm -rf $A/cache7
+(uptime; date) > $A/agents7.log
+.venv/bin/specfill --threads 2 serve --backend cuda --dtype bfloat16 --model $M/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \
+  --served-model-name qwen-coder --served-model-pattern 'claude-*' --api-key sk-local --max-tokens 4096 \
+  --prompt-cache-dir $A/cache7 --port 8471 > $A/serve7.log 2>&1 &
+SERVER=$!
+.venv/bin/python scripts/agent_log_proxy.py --upstream http://127.0.0.1:8471 --port 8472 --log $A/run7.jsonl > $A/proxy7.log 2>&1 &
+PROXY=$!
+for i in $(seq 120); do curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8471/health -H 'Authorization: Bearer sk-local' | grep -q 200 && break; sleep 2; done
+echo "server up $(date)" >> $A/agents7.log
+cd $A/scratch
+for run in a b; do
+HOME=$A/home7 ANTHROPIC_BASE_URL=http://127.0.0.1:8472 ANTHROPIC_AUTH_TOKEN=sk-local ANTHROPIC_MODEL=qwen-coder \
+  CLAUDE_CODE_MAX_OUTPUT_TOKENS=4096 API_TIMEOUT_MS=1800000 CLAUDE_STREAM_IDLE_TIMEOUT_MS=1800000 \
+  CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_TELEMETRY=1 \
+  timeout 900 $A/node_modules/.bin/claude -p "Which port does the server in /tmp/agentrun/scratch/service.toml listen on? Read /tmp/agentrun/scratch/service.toml with the Read tool, then answer with the port number." \
+  --model qwen-coder --allowedTools Read --output-format json > $A/claude7${run}_result.json 2> $A/claude7${run}_err.txt
+echo "claude $run rc $? $(date)" >> $A/agents7.log
+done
+kill $PROXY $SERVER; wait
+echo "done $(date)" >> $A/agents7.log
