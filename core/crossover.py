@@ -185,13 +185,15 @@ def calibrate(
     lengths: Sequence[int],
     budget_s: float = CALIBRATION_BUDGET_S,
     clock: Callable[[], float] = time.perf_counter,
+    min_points: int = 1,
 ) -> dict[int, tuple[float, float]]:
-    """Measure ascending `lengths` until `budget_s` wall seconds are spent (the first always runs)."""
+    """Measure ascending `lengths` until `budget_s` wall seconds are spent (the first `min_points`
+    always run)."""
     if not lengths:
         raise ValueError("a calibration needs at least one prompt length")
     started, points = clock(), {}
     for length in sorted(lengths):
-        if points and clock() - started > budget_s:
+        if len(points) >= max(1, min_points) and clock() - started > budget_s:
             break
         points[length] = measure(length)
     return points
@@ -207,11 +209,12 @@ def calibrated_crossover(
 
 
 def calibrated(
-    key: dict[str, Any], measure: Measure, lengths: Sequence[int], *, refresh: bool = False
+    key: dict[str, Any], measure: Measure, lengths: Sequence[int], *, refresh: bool = False, min_points: int = 1
 ) -> tuple[int | None, str, dict[str, Any]]:
-    """calibrated_crossover's (crossover, where it came from) and the calibration data itself."""
+    """calibrated_crossover's (crossover, where it came from) and the calibration data itself
+    (measured: calibrate's first `min_points` lengths whatever the budget)."""
     data = None if refresh else read_calibration(key)
     if data is None:
-        data = save_calibration(key, calibrate(measure, lengths), "probe (core/probe.py)")
+        data = save_calibration(key, calibrate(measure, lengths, min_points=min_points), "probe (core/probe.py)")
         return data["crossover_tokens"], f"calibrated now ({calibration_path(key)})", data
     return data["crossover_tokens"], f"calibrated {data['measured_at']} ({calibration_path(key)})", data

@@ -14,7 +14,9 @@ a dense run by the share of the speculator's layers its H2O config names. Scalin
 view's whole time by the layer count instead priced the 0.5B speculator's pass 1.5x over the real
 one on a 2-core CPU (its 8 look-ahead LM heads counted 24 times) and kept `auto` from SpecPrefill.
 `auto_choice` calibrates every sparse method auto may pick (auto_options) and lets
-core/crossover.fastest choose.
+core/crossover.fastest choose. A turn (a new part over a reused prefix) is weighed on calibrations of
+turns: each run prefills the new part over a copy of the views' dense caches of a random prefix
+TURN_CACHED_PER_NEW times as long (full, H2O from that origin, SpecPrefill with both models' prefix).
 Each time is the faster of two interleaved runs, after one warm-up run at the shortest length
 (first calls compile kernels, run self-checks and size caches). The clock is the backend's own
 (`ops.wall_time`, which waits for its device), so core imports no backend.
@@ -31,7 +33,7 @@ import numpy as np
 
 from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
-from .methods.h2o import H2OPrefillAttention, h2o_step_size
+from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
 from .methods.speculator_depth import nestable, pass_layers
@@ -42,6 +44,12 @@ from .runtime import COMPOSED, PrefillMethod
 from .stages import attention_layers, layer_terms
 
 REPEATS = 2
+# a turn is calibrated with its new part over this many times as many cached tokens (the agent turns
+# measured: 1.8-4x, results/cpu_bf16_turns/), at the first TURN_POINTS candidate lengths whatever the
+# budget (one point would carry a short turn's verdict to every longer one: on an AMX CPU in bfloat16
+# a 2K turn is break-even where a 4K one gains 1.4x)
+TURN_CACHED_PER_NEW = 2
+TURN_POINTS = 2
 
 
 class ProbedModel(Protocol):
@@ -153,18 +161,6 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     ]
 
 
-def turn_length(new_tokens: int, cached: int) -> int:
-    """The fresh prompt whose tokens read as many keys, on average, as a turn's `new_tokens` read
-    over `cached` reused ones (cached + (new + 1) / 2 = (length + 1) / 2): the length auto reads its
-    calibrations (measured on fresh prompts) at for a turn. What the sparse methods save is
-    attention, whose share of a step grows with the keys it reads: SpecPrefill's speculator reads
-    the whole cached conversation densely for every new token, the composition's H2O walk a memory
-    set after its first chunk, so a 4K tool result over a 15K conversation prices as a 34K prompt,
-    not a 4K one (on the pair's 8K turn over 14.7K tokens SpecPrefill measured 1.40x full, the
-    composition 2.21x: results/agent_session/agent_turns_pair.md)."""
-    return new_tokens + 2 * cached
-
-
 def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     """The sparse method's settings (and the speculator's shape): part of the calibration key."""
     if method.sparse == "h2o":
@@ -187,16 +183,30 @@ def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> 
     return full, sparse
 
 
-def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float, float]:
-    """(full seconds, sparse seconds) estimated for the whole model at a `length`-token prompt."""
+def _measure(lm: ProbedModel, method: PrefillMethod, length: int, cached: int = 0) -> tuple[float, float]:
+    """(full seconds, sparse seconds) estimated for the whole model at a `length`-token prompt, or
+    with `cached` > 0 at a turn: `length` new tokens over `cached` tokens both models hold densely
+    (the server's prompt cache), each run from a copy of the views' seeded caches as a turn is."""
     ops, args = lm.ops, lm.args
     main = timed_views(ops, lm.model, args)
-    n_main = args.num_hidden_layers
-    ids = np.random.default_rng(length).integers(0, args.vocab_size, size=length, dtype=np.int64)
+    n_main, total = args.num_hidden_layers, cached + length
+    ids = np.random.default_rng(total).integers(0, args.vocab_size, size=total, dtype=np.int64)
+    room = length + 64  # the turn's tokens and decode slots (a speculator's look-ahead: its cache grows)
+
+    def seeded(view: Any) -> Callable[[int], Any]:
+        """A copy of `view`'s dense cache of the first `cached` tokens with room for n more, per call."""
+        if not cached:
+            return lambda n: ops.new_cache(view, n)
+        cache = ops.new_cache(view, cached + room)
+        prefill(ops, view, ops.tokens(ids[:cached]), 0, cache, step_size=lm.prefill_step_size)
+        return lambda n: cache.copy(cached, cached + n)
+
+    caches = {id(view): seeded(view) for view in (main.long, main.short) if view is not None}
 
     def prefill_s(view: Any, step: int, attend: Callable[[Any], Any]) -> float:
+        cache = caches[id(view)](room)
         started = ops.wall_time()
-        prefill(ops, view, ops.tokens(ids), 0, ops.new_cache(view, length), step_size=step, attend=attend(view))
+        prefill(ops, view, ops.tokens(ids[cached:]), cached, cache, step_size=step, attend=attend(view))
         return ops.wall_time() - started
 
     def priced(step: int = lm.prefill_step_size, attend: Callable[[Any], Any] = lambda view: None) -> float:
@@ -209,17 +219,20 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         sparse_layer = dataclasses.replace(h2o_config, layers="all")  # the timed layers run H2O
         step = h2o_step_size(h2o_config, lm.prefill_step_size)  # a fresh attention (its carries) per run
 
-        def walk(view: Any) -> H2OPrefillAttention:
+        def walk(view: Any) -> H2OPrefillAttention | None:
             m = view.args.num_hidden_layers
+            if uses_full_attention(sparse_layer.for_prompt(total), length):
+                return None  # the new part reads every key either way (h2o_prefill)
             return H2OPrefillAttention(
                 ops,
                 sparse_layer,
                 m,
                 args.attention_scale,
-                length,
+                total,
                 args.layer_windows[:m],
                 layer_terms(args)[:m],
                 [i for i in attention_layers(args) if i < m],
+                origin=cached,
             )
 
         full, h2o = _best_of(priced, lambda: priced(step=step, attend=walk))
@@ -228,10 +241,11 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         return full, (1.0 - sparse) * full + sparse * h2o
     whole, run_args, spec_step = _speculator(lm, method)
     spec, spec_args = timed_views(ops, whole, whole.args), whole.args
+    caches.update({id(view): seeded(view) for view in (spec.long, spec.short) if view is not None})
     n_spec = run_args.num_hidden_layers
     config = method.specprefill or SpecPrefillConfig()
     config = dataclasses.replace(
-        config, lookahead=fit_lookahead(config.lookahead, length, spec_args.max_position_embeddings)
+        config, lookahead=fit_lookahead(config.lookahead, total, spec_args.max_position_embeddings)
     )
     scored = scoring_layers(config, run_args)
     view_scored = max(1, len(scoring_layers(config, spec.long.args)))  # the layers the timed selection scores
@@ -247,16 +261,20 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
         """The parts' seconds with both models' long views, or both short ones (a model without
         one: its long view, whose seconds the pricing then leaves out)."""
         view_of = (lambda v: v.short if v.short is not None else v.long) if short else (lambda v: v.long)
+        main_view, spec_view = view_of(main), view_of(spec)
         return speculative_prefill(
             ops,
-            view_of(main),
+            main_view,
             ids,
-            view_of(spec),
+            spec_view,
             run_config,
             stop_ids=frozenset(),
             extra_slots=1,
             step_size=lm.prefill_step_size,
             speculator_step_size=spec_step,
+            reused=cached,
+            main_cache=caches[id(main_view)] if cached else None,
+            speculator_cache=(caches[id(spec_view)](room), cached) if cached else None,
         ).seconds
 
     shorts = main.short is not None or spec.short is not None  # else the long views are the whole models
@@ -280,8 +298,10 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int) -> tuple[float
     return _best_of(priced, sparse_run)
 
 
-def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
-    """The calibration key of `method.sparse` on `lm` here (core/crossover.py calibration_key)."""
+def key_for(lm: ProbedModel, method: PrefillMethod, turn: bool = False) -> dict[str, Any]:
+    """The calibration key of `method.sparse` on `lm` here (core/crossover.py calibration_key); a
+    turn's (timed over TURN_CACHED_PER_NEW x the new tokens cached) names that ratio in the config."""
+    config = method_config(lm, method)
     key = calibration_key(
         backend=lm.backend,
         device=lm.device_name,
@@ -289,17 +309,19 @@ def key_for(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
         threads=lm.ops.compute_threads,
         model_shape=asdict(lm.args),
         method=sparse_name(method),
-        method_config=method_config(lm, method),
+        method_config={**config, "turn_cached_per_new": TURN_CACHED_PER_NEW} if turn else config,
     )
     return json.loads(json.dumps(key))  # as it reads back from the file (tuples become lists)
 
 
-def probe_lengths(lm: ProbedModel, method: PrefillMethod) -> list[int]:
-    """CANDIDATE_LENGTHS within the model's context (H2O: above one chunk, where it is not full)."""
+def probe_lengths(lm: ProbedModel, method: PrefillMethod, turn: bool = False) -> list[int]:
+    """CANDIDATE_LENGTHS within the model's context (H2O: above one chunk, where it is not full); a
+    turn's new parts, whose cached conversation must fit beside them."""
     spec = method.specprefill or SpecPrefillConfig()
     sparse_h2o = (method.h2o or H2OConfig()) if method.sparse == "h2o" else spec.speculator_prefill
     floor = 0 if sparse_h2o is None else sparse_h2o.chunk_size
-    return [n for n in CANDIDATE_LENGTHS if floor < n <= lm.args.max_position_embeddings]
+    scale = 1 + TURN_CACHED_PER_NEW if turn else 1
+    return [n for n in CANDIDATE_LENGTHS if floor < n and scale * n <= lm.args.max_position_embeddings]
 
 
 def auto_crossover(
@@ -323,12 +345,12 @@ def auto_choice(
 ) -> tuple[PrefillMethod, str]:
     """The method an "auto" `method` runs an n-token prompt (a turn's new part over `cached` reused
     tokens) with on this machine, and why: each of auto_options calibrated (cached, else probed),
-    the fastest whose crossover the prompt reaches (core/crossover.fastest; a turn read at its
-    turn_length), else full prefill. A new part shorter than the shortest calibration length runs
-    full prefill, however long the conversation it follows. The SpecPrefill config's protected spans
-    (one prompt's data) are set aside while the options are weighed and go to the one chosen; where
-    they cover at least half of the new part (an agent's first request: system prompt, tool schemas,
-    question) auto runs full prefill."""
+    the fastest whose crossover the prompt reaches (core/crossover.fastest; a turn's new part read
+    on calibrations of turns, timed over a cached prefix), else full prefill. A new part shorter
+    than the shortest calibration length runs full prefill, however long the conversation it follows.
+    The SpecPrefill config's protected spans (one prompt's data) are set aside while the options are
+    weighed and go to the one chosen; where they cover at least half of the new part (an agent's
+    first request: system prompt, tool schemas, question) auto runs full prefill."""
     asked = method.specprefill
     spans = asked.protected if asked is not None else ()
     new_spans = asked.for_new_part(cached).protected if asked is not None and spans else ()
@@ -340,15 +362,15 @@ def auto_choice(
         method = dataclasses.replace(method, specprefill=dataclasses.replace(asked, protected=()))
     nests = method.speculator is not None and nestable(lm.ops, lm.speculator_model(method.speculator)[0])
     options, calibrations, why = auto_options(method, prompt_tokens, nests, cached), {}, []
-    length = turn_length(prompt_tokens, cached)
-    if cached:
-        why.append(f"{prompt_tokens} new tokens over {cached} cached priced as a {length}-token prompt")
+    turn = cached > 0
+    if turn:
+        why.append(f"{prompt_tokens} new tokens over {cached} cached: the turn calibrations")
     for index, option in enumerate(options):
-        crossover, where, data = _calibration(lm, option, prompt_tokens, False, None)
+        crossover, where, data = _calibration(lm, option, prompt_tokens, False, None, turn)
         why.append(f"{sparse_name(option)} from {crossover}: {where}")
         if data is not None:
             calibrations[str(index)] = data
-    chosen = fastest(calibrations, length)
+    chosen = fastest(calibrations, prompt_tokens)
     if chosen is None:
         return dataclasses.replace(method, name="full", auto_threshold=None), "; ".join(why)
     option = options[int(chosen)]
@@ -370,7 +392,8 @@ def calibrate_auto(lm: ProbedModel, method: PrefillMethod) -> list[str]:
     """Calibrate (or read the cached calibrations of) every option an "auto" `method` weighs on a
     long fresh prompt and on an agent turn (auto_shapes): what `specfill serve --method auto` does
     before it listens, so that no request waits for the measurement (once per machine, model and
-    settings: the Qwen2.5-Coder pair 87 s on a 2-core CPU). One line per shape: what auto runs there."""
+    settings: the Qwen2.5-Coder pair 87 s on a 2-core CPU, its turns 72 s more in bf16). One line per
+    shape: what auto runs there."""
     lines = []
     for tokens, cached in auto_shapes(lm):
         chosen, _ = auto_choice(lm, method, tokens, cached)
@@ -380,22 +403,30 @@ def calibrate_auto(lm: ProbedModel, method: PrefillMethod) -> list[str]:
 
 
 def _calibration(
-    lm: ProbedModel, method: PrefillMethod, prompt_tokens: int | None, refresh: bool, lengths: list[int] | None
+    lm: ProbedModel,
+    method: PrefillMethod,
+    prompt_tokens: int | None,
+    refresh: bool,
+    lengths: list[int] | None,
+    turn: bool = False,
 ) -> tuple[int | None, str, dict[str, Any] | None]:
-    """(crossover, where it came from, the calibration data or None where none was measured)."""
-    lengths = sorted(probe_lengths(lm, method) if lengths is None else lengths)
+    """(crossover, where it came from, the calibration data or None where none was measured); a
+    turn's: lengths of new tokens, each timed over TURN_CACHED_PER_NEW times as many cached, the
+    first TURN_POINTS of them whatever the budget."""
+    lengths = sorted(probe_lengths(lm, method, turn) if lengths is None else lengths)
     if not lengths:
         return None, "no calibration length fits the model's context: full prefill", None
     if prompt_tokens is not None and prompt_tokens < lengths[0]:
         return None, f"prompt shorter than the shortest calibration length ({lengths[0]}): full prefill", None
-    key = key_for(lm, method)
+    key = key_for(lm, method, turn)
     warm: list[int] = []
 
     def measure(length: int) -> tuple[float, float]:
+        cached = TURN_CACHED_PER_NEW * length if turn else 0
         with lm.ops.device_scope():
             if not warm:  # first calls compile kernels, run self-checks and size caches
                 warm.append(length)
-                _measure(lm, method, length)
-            return _measure(lm, method, length)
+                _measure(lm, method, length, cached)
+            return _measure(lm, method, length, cached)
 
-    return calibrated(key, measure, lengths, refresh=refresh)
+    return calibrated(key, measure, lengths, refresh=refresh, min_points=TURN_POINTS if turn else 1)

@@ -25,7 +25,7 @@ def fake_measure(monkeypatch, table: dict[int, tuple[float, float]]) -> list[int
     """probe._measure replaced by `table` {length: (full s, sparse s)}; returns the lengths measured."""
     calls: list[int] = []
 
-    def measure(lm, method, length):
+    def measure(lm, method, length, cached=0):
         calls.append(length)
         return table[length]
 
@@ -126,6 +126,11 @@ def test_calibration_stops_at_its_budget():
         lambda n: (float(n), 1.0), [4096, 2048, 8192], budget_s=0.5, clock=lambda: float(next(ticks))
     )
     assert list(measured) == [2048]  # the first length always runs, then the budget is spent
+    ticks = iter(range(100))
+    measured = crossover.calibrate(
+        lambda n: (float(n), 1.0), [4096, 2048, 8192], budget_s=0.5, clock=lambda: float(next(ticks)), min_points=2
+    )
+    assert list(measured) == [2048, 4096]  # a turn's calibration: its first two whatever the budget
     with pytest.raises(ValueError):
         crossover.calibrate(lambda n: (1.0, 1.0), [])
 
@@ -195,7 +200,7 @@ def test_auto_with_a_speculator_picks_among_h2o_specprefill_and_the_composition(
     fast, slow = {1040: (1.0, 0.5), 1080: (2.0, 1.0)}, {1040: (1.0, 0.8), 1080: (2.0, 1.6)}
     measured: list[str] = []
 
-    def measure(lm, method, length):
+    def measure(lm, method, length, cached=0):
         measured.append(probe.sparse_name(method))
         if winner == "full":
             return (1.0, 2.0)
@@ -236,7 +241,7 @@ def test_auto_runs_the_recorded_composition_where_it_is_fastest(tiny, monkeypatc
     monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 1050)
     measured: list[str] = []
 
-    def measure(lm, method, length):
+    def measure(lm, method, length, cached=0):
         measured.append(probe.sparse_name(method))
         return (1.0, 0.3 if probe.sparse_name(method) == "specprefill+h2o" else 0.6)
 
@@ -263,7 +268,7 @@ def test_auto_weighs_settings_alone_and_hands_the_protected_spans_to_its_choice(
     monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 1050)
     keys: list[str] = []
 
-    def measure(lm, method, length):
+    def measure(lm, method, length, cached=0):
         keys.append(json.dumps(probe.key_for(lm, method), sort_keys=True))
         return (1.0, 0.3 if probe.sparse_name(method) == "specprefill+h2o" else 0.6)
 
@@ -308,13 +313,6 @@ def test_the_composition_and_plain_specprefill_have_their_own_calibration_keys(t
     assert crossover.calibration_path(older) != crossover.calibration_path(keys[0])  # a calibration before the field
 
 
-def test_a_turn_is_priced_as_the_fresh_prompt_reading_as_many_keys():
-    """turn_length: cached + (new + 1) / 2 keys read per new token on average, as a fresh prompt of
-    new + 2 * cached tokens reads; a fresh prompt is its own length."""
-    assert probe.turn_length(4000, 15000) == 34000
-    assert probe.turn_length(3000, 0) == 3000
-
-
 def test_auto_weighs_the_turn_composition_on_a_turns_new_part():
     """Over a reused prefix auto also weighs SpecPrefill over an H2O speculator, as
     AUTO_TURN_COMPOSITION (SpecPrefill's keep rule), below AUTO_COMPOSITION_FROM new tokens; from it
@@ -346,26 +344,69 @@ def _turn(model, prefix: int, new: int, method: PrefillMethod) -> GenerationInfo
     return info
 
 
-def test_auto_reads_a_turns_calibration_at_its_turn_length(tiny, monkeypatch):
-    """A crossover past the new part's length but within the turn's: the turn runs sparse where a
-    fresh prompt of the same new part runs full; the composition it picks is AUTO_TURN_COMPOSITION;
-    a new part shorter than every calibration length runs full over any conversation."""
+def test_auto_reads_a_turn_on_calibrations_of_turns(tiny, monkeypatch):
+    """A turn's new part is weighed on calibrations timed over a cached prefix (TURN_CACHED_PER_NEW x
+    the new tokens; keys of their own), not on the fresh prompts': where the sparse methods win fresh
+    prompts but lose short turns, a short turn runs full and a longer one the option that wins it,
+    AUTO_TURN_COMPOSITION here; a new part shorter than every calibration length runs full."""
     model, tok = tiny
-    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 2080))
-    table = {"specprefill": (1.5, 0.8), "specprefill+h2o": (1.5, 0.5), "h2o": (1.5, 0.9)}  # ratios at 1040, 2080
-    measured: list[SpecPrefillConfig | None] = []  # the configs calibrated
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1300))  # 1300 new over 2600 fits the 4096 context
+    turn_ratios = {"specprefill": (1.1, 1.05), "specprefill+h2o": (1.2, 0.5), "h2o": (1.3, 1.1)}  # at 1040, 1300
+    measured: list[tuple[str, int, int, SpecPrefillConfig | None]] = []
+    keys = set()
 
-    def measure(lm, method, length):
-        measured.append(method.specprefill)
-        return (1.0, table[probe.sparse_name(method)][length == 2080])
+    def measure(lm, method, length, cached=0):
+        name = probe.sparse_name(method)
+        measured.append((name, length, cached, method.specprefill))
+        keys.add(json.dumps(probe.key_for(lm, method, cached > 0), sort_keys=True))
+        return (1.0, turn_ratios[name][length == 1300] if cached else 0.5)
 
     monkeypatch.setattr(probe, "_measure", measure)
     method = prefill_method("auto", h2o=H2O, speculator="self:1")
-    assert run_auto(model, tok, 1050, speculator="self:1") == "full"  # every crossover at 2080
-    turn = _turn(model, 600, 1050, method)  # priced as 2250 tokens
-    assert turn.method == "specprefill+h2o"
-    assert probe.AUTO_TURN_COMPOSITION in measured
-    assert _turn(model, 2000, 500, method).method == "full"  # 500 new tokens: under 1040
+    assert run_auto(model, tok, 1100, speculator="self:1") != "full"  # fresh prompts: every option wins
+    assert {cached for _, _, cached, _ in measured} == {0}
+    measured.clear()
+    assert _turn(model, 600, 1100, method).method == "full"  # the turn calibrations: only from 1300 new tokens
+    assert {(length, cached) for _, length, cached, _ in measured} == {(1040, 2080), (1300, 2600)}
+    assert _turn(model, 600, 1350, method).method == "specprefill+h2o"
+    assert ("specprefill+h2o", 1300, 2600, probe.AUTO_TURN_COMPOSITION) in measured
+    assert _turn(model, 2000, 1000, method).method == "full"  # 1000 new tokens: under 1040
+    fresh = [k for k in keys if "turn_cached_per_new" not in json.loads(k)["method_config"]]
+    assert (len(fresh), len(keys)) == (2, 5)  # fresh: specprefill, h2o (below AUTO_COMPOSITION_FROM); turns: three
+
+
+@pytest.mark.parametrize("backend", ["cuda", "mlx"])
+def test_the_probe_times_a_turn_over_its_cached_prefix(tiny_checkpoint, monkeypatch, backend):
+    """probe._measure with cached > 0, on either backend: each view's dense cache of the prefix is
+    prefilled once (from position 0), then every timed run (full, H2O's walk, SpecPrefill's speculator
+    and kept tokens) prefills only the new part, from position `cached`, on a copy of it."""
+    if backend == "mlx":
+        pytest.importorskip("mlx.core")
+    device = {"device": "cpu"} if backend == "cuda" else {}
+    model, _ = load(str(tiny_checkpoint("llama", "safetensors")), backend=backend, dtype="float32", **device)
+    real_prefill, real_spec = probe.prefill, probe.speculative_prefill
+    starts: list[tuple[int, int]] = []  # (first position, tokens) of every prefill the probe runs itself
+    reuses: list[tuple[int, int, int]] = []  # SpecPrefill's (reused, speculator cache tokens, its filled slots)
+
+    def spy_prefill(ops, view, ids, positions, cache, **kw):
+        starts.append((positions, ids.shape[0]))
+        return real_prefill(ops, view, ids, positions, cache, **kw)
+
+    def spy_spec(*args, reused=0, main_cache=None, speculator_cache=None, **kw):
+        reuses.append((reused, speculator_cache[1], speculator_cache[0].filled))
+        return real_spec(*args, reused=reused, main_cache=main_cache, speculator_cache=speculator_cache, **kw)
+
+    monkeypatch.setattr(probe, "prefill", spy_prefill)
+    monkeypatch.setattr(probe, "speculative_prefill", spy_spec)
+    # the views seeded: the main model's two (H2O); with the self speculator's two (of the main model's layers), four
+    for method, views in ((PrefillMethod("auto", h2o=SMALL_H2O), 2), (PrefillMethod("auto", speculator="self:1"), 4)):
+        starts.clear()
+        full, sparse = probe._measure(model, method, 64, cached=128)
+        assert 0 < full < float("inf") and 0 < sparse < float("inf")
+        assert [s for s in starts if s[0] == 0] == [(0, 128)] * views  # each view's cache of the prefix, once
+        assert all(s == (128, 64) for s in starts if s[0] != 0)  # every timed run: the new part only
+        assert len(starts) > views
+    assert reuses and all(r == (128, 128, 128) for r in reuses)
 
 
 def test_the_probe_times_layers_that_compute_every_row(tiny, monkeypatch):
@@ -422,7 +463,7 @@ def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, m
     monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 3000)  # within the tiny model's 4096-token context
     measured: list[tuple[str, SpecPrefillConfig | None]] = []  # (the sparse method, its SpecPrefill settings)
 
-    def measure(lm, method, length):
+    def measure(lm, method, length, cached=0):
         measured.append((probe.sparse_name(method), method.specprefill))
         return (1.0, {"specprefill": 0.8, "specprefill+h2o": 0.5, "h2o": 0.9}[measured[-1][0]])
 

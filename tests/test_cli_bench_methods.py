@@ -16,7 +16,7 @@ def test_bench_runs_the_composition_by_name(tiny_checkpoint, tmp_path, capsys, m
     from specfill.core import probe
 
     monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "calibration"))
-    monkeypatch.setattr(probe, "_measure", lambda lm, method, length: (1.0, 0.5))
+    monkeypatch.setattr(probe, "_measure", lambda lm, method, length, cached=0: (1.0, 0.5))
     model = str(tiny_checkpoint("llama", "gguf"))
     args = ["bench", "--backends", "cuda", "--device", "cpu", "--model", model, "--lengths", "24", "--decode-tokens"]
     args += ["2", "--speculator", "self:1", "--keep", "0.25", "--select-chunk", "4", "--out", str(tmp_path)]
@@ -38,7 +38,7 @@ def test_bench_times_auto_after_its_calibration(tiny_checkpoint, tmp_path, capsy
     monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (24, 40))
     monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 10**6)  # plain SpecPrefill and H2O weighed
     timed, probed = [], []
-    monkeypatch.setattr(probe, "_measure", lambda lm, method, length: probed.append(length) or (1.0, 0.5))
+    monkeypatch.setattr(probe, "_measure", lambda lm, method, length, cached=0: probed.append(length) or (1.0, 0.5))
     from specfill.evaluation import bench
 
     one_run = bench._one_run
