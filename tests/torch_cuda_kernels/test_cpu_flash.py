@@ -120,3 +120,22 @@ def test_dispatch(monkeypatch):
     intra.intra_attention(q16, k16, v16, 4, 0.3, terms=AttentionTerms(softcap=20.0))
     inter.inter_attention(q16, k16, v16[..., :16].contiguous(), 0.3)
     assert calls == ["intra", "inter"]
+
+
+def test_the_swapped_pass_hands_the_kernel_values_with_row_strides(monkeypatch):
+    """The swapped pass's values are never read, but torch's CPU kernel ran 40-100x slower on values
+    with zero-stride rows whenever its key count (the real queries: a partial chunk, a dense-tail
+    block) was not a multiple of 64 (kernels/cpu_flash._column_sums): zeros broadcast over batch and
+    heads only, in both stages (a partial chunk of 29 queries here)."""
+    strides = []
+    real = cpu_flash._flash
+
+    def spy(q, k, v, causal, scale):
+        strides.append(v.stride(-2))
+        return real(q, k, v, causal, scale)
+
+    monkeypatch.setattr(cpu_flash, "_flash", spy)
+    q, k, v = _qkv(4, 2, 29, 300, torch.bfloat16)
+    cpu_flash.inter_attention_flash(q, k, v, 0.2)
+    cpu_flash.intra_attention_flash(q, k[:, :29], v[:, :29], 16, 0.2)
+    assert len(strides) == 6 and all(s != 0 for s in strides)  # inter: a call and its swapped pass; intra: 16 + 13
