@@ -124,8 +124,8 @@ def test_dispatch(monkeypatch):
 
 def test_the_swapped_pass_hands_the_kernel_values_with_row_strides(monkeypatch):
     """The swapped pass's values are never read, but torch's CPU kernel ran 40-100x slower on values
-    with zero-stride rows whenever its key count (the real queries: a partial chunk, a dense-tail
-    block) was not a multiple of 64 (kernels/cpu_flash._column_sums): zeros broadcast over batch and
+    with zero-stride rows whenever its key count (the real queries: a short last chunk, a dense-tail
+    block) was under 64 (kernels/cpu_flash._column_sums): zeros broadcast over batch and
     heads only, in both stages (a partial chunk of 29 queries here)."""
     strides = []
     real = cpu_flash._flash

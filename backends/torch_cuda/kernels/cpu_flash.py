@@ -81,8 +81,9 @@ def _column_sums(q, k, lse, causal: bool, scale: float) -> torch.Tensor:
     if causal:  # key j meets queries i >= j: on both axes reversed, the kernel's own mask
         queries, keys = queries.flip(-2), keys.flip(-2)
     # the values are never read; zeros broadcast over batch and heads only: zero-stride rows made torch's
-    # CPU kernel 40-100x slower when the swapped call's key count (L) is not a multiple of 64 (a partial
-    # chunk, a dense-tail block: 29 keys against 10,607 rows 1.27 s instead of 28 ms, bf16, 2 threads)
+    # CPU kernel 30-100x slower when the swapped call's key count (L) is under 64 (a short last chunk, a
+    # dense-tail block split by a chunk line: 29 keys against 10,607 rows 1.27 s instead of 28 ms, bf16,
+    # 2 threads) and up to 1.3x at other counts that are not multiples of 64
     values = queries.new_zeros(1, 1, *queries.shape[-2:]).expand_as(queries)
     _, lse_swapped = _flash(keys, queries, values, causal, scale)
     sums = torch.exp(lse_swapped)
