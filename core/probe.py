@@ -33,7 +33,7 @@ import numpy as np
 
 from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
-from .methods.h2o import H2OPrefillAttention, h2o_step_size, uses_full_attention
+from .methods.h2o import H2OPrefillAttention, h2o_prefill, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
 from .methods.speculator_depth import nestable, pass_layers
@@ -41,7 +41,7 @@ from .models import ModelArgs
 from .ops import ModelOps
 from .request import fit_lookahead
 from .runtime import COMPOSED, PrefillMethod
-from .stages import attention_layers, layer_terms
+from .stages import attention_layers
 
 REPEATS = 2
 # a turn is calibrated with its new part over this many times as many cached tokens (the agent turns
@@ -220,20 +220,8 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int, cached: int = 
         step = h2o_step_size(h2o_config, lm.prefill_step_size)  # a fresh attention (its carries) per run
 
         def walk(view: Any) -> H2OPrefillAttention | None:
-            m = view.args.num_hidden_layers
-            if uses_full_attention(sparse_layer.for_prompt(total), length):
-                return None  # the new part reads every key either way (h2o_prefill)
-            return H2OPrefillAttention(
-                ops,
-                sparse_layer,
-                m,
-                args.attention_scale,
-                total,
-                args.layer_windows[:m],
-                layer_terms(args)[:m],
-                [i for i in attention_layers(args) if i < m],
-                origin=cached,
-            )
+            """The view's H2O attention as a prefill makes it (None where the new part reads every key)."""
+            return h2o_prefill(ops, sparse_layer, view.args, total, lm.prefill_step_size, origin=cached)[0]
 
         full, h2o = _best_of(priced, lambda: priced(step=step, attend=walk))
         n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
