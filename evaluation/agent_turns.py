@@ -46,7 +46,7 @@ METHODS = {  # request fields per method (the server's defaults otherwise)
     "full": {"method": "full"},
     "specprefill": {"method": "specprefill"},
     "composition": {"method": "specprefill", "speculator_prefill": "h2o"},
-    "auto": {"method": "auto"},  # this machine's calibrations, a turn priced at its turn length (core/probe.py)
+    "auto": {"method": "auto"},  # this machine's calibrations, a turn weighed on turn calibrations (core/probe.py)
     # SpecPrefill with auto's nested speculator: its second half reads the 30% the first half ranks first
     "nested": {
         "method": "specprefill",
