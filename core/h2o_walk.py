@@ -118,12 +118,16 @@ def dense_tail_attention(
             scale,
             window if window_binds(window, b - a - 1) else None,
             *terms_arg(terms),
+            with_colsum=False,
         ).state
         lo = 0 if window is None else max(0, a - window + 1)
         if a > lo:
             key_window = KeyWindow(window, a, None, lo) if window_binds(window, b - 1 - lo) else None
             state = ops.merge_states(
-                ops.inter_attention(rows, k[:, lo:a], v[:, lo:a], scale, key_window, *terms_arg(terms)).state, state
+                ops.inter_attention(
+                    rows, k[:, lo:a], v[:, lo:a], scale, key_window, *terms_arg(terms), with_colsum=False
+                ).state,
+                state,
             )
         outputs.append(finish(ops, state, terms).o)
     return outputs[0] if len(outputs) == 1 else ops.concat(outputs, axis=1)
@@ -275,7 +279,7 @@ def h2o_attention_layer(
     if not config.enabled:
         if window_binds(window, n_tokens - 1) or terms is not None:
             binding = window if window_binds(window, n_tokens - 1) else None
-            state = ops.intra_attention(q, k, v, n_tokens, scale, binding, *terms_arg(terms)).state
+            state = ops.intra_attention(q, k, v, n_tokens, scale, binding, *terms_arg(terms), with_colsum=False).state
             output = ops.cast_like(finish(ops, state, terms).o, q)
         else:
             output = ops.causal_attention(q, k, v, scale)

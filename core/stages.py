@@ -146,11 +146,12 @@ class IntraResult(Generic[A]):
 
     state: AttentionState over keys [chunk_start(i), i] for each query i.
     colsum: [Hq, T] per key j, sum over the queries of j's chunk of softmax_intra(i, j)
-    (intra-only normalisation: phase 1 runs before the memory sets exist).
+    (intra-only normalisation: phase 1 runs before the memory sets exist); None when not asked for
+    (the stage's with_colsum).
     """
 
     state: AttentionState[A]
-    colsum: A
+    colsum: A | None
 
 
 @dataclass(frozen=True)
@@ -158,11 +159,12 @@ class InterResult(Generic[A]):
     """Phase 2: attention of one chunk's queries to the previous memory set (no mask).
 
     state: AttentionState over the M gathered keys.
-    colsum: [Hq, M] per memory slot, sum over the chunk's queries of softmax_inter(i, slot).
+    colsum: [Hq, M] per memory slot, sum over the chunk's queries of softmax_inter(i, slot); None
+    when not asked for (the stage's with_colsum).
     """
 
     state: AttentionState[A]
-    colsum: A
+    colsum: A | None
 
 
 @dataclass(frozen=True)
@@ -270,11 +272,13 @@ class H2OStageOps(Protocol[A]):
         scale: float,
         window: int | None = None,
         terms: AttentionTerms[A] | None = None,
+        with_colsum: bool = True,
     ) -> IntraResult[A]:
         """q [Hq, T, D], k/v [Hkv, T, D]; chunks start at token 0 of the block; window w: query
         i sees only keys j > i - w of its chunk (a sliding layer). terms: the layer's soft-cap
         caps the logits, its sinks join the column sums' denominators; the state stays sink-free
-        (the walk folds the sink in once: `add_sinks`)."""
+        (the walk folds the sink in once: `add_sinks`). with_colsum False: no column sums are made
+        (colsum None), for a caller that reads the state only (the dense tail)."""
 
     def reduce_colsum_to_kv_heads(self, colsum: A, n_kv_heads: int) -> A:
         """[Hq, X] -> [Hkv, X]: sum of the query heads sharing each KV head."""
@@ -305,9 +309,10 @@ class H2OStageOps(Protocol[A]):
         scale: float,
         window: KeyWindow[A] | None = None,
         terms: AttentionTerms[A] | None = None,
+        with_colsum: bool = True,
     ) -> InterResult[A]:
-        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms as in
-        intra_attention."""
+        """q [Hq, T, D] against k_mem/v_mem [Hkv, M, D], no mask but the window's; terms and
+        with_colsum as in intra_attention."""
 
     def merge_states(self, a: AttentionState[A], b: AttentionState[A]) -> AttentionState[A]:
         """Exact online-softmax merge of two states over disjoint key sets."""

@@ -31,11 +31,11 @@ class WrongGqaMapping(ReferenceAdapter):
     def _tile(x, n_heads, axis=0):
         return np.concatenate([x] * (n_heads // x.shape[axis]), axis=axis)
 
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True):
         n = q.shape[0]
         return super().intra_attention(q, self._tile(k, n), self._tile(v, n), chunk_size, scale, window, terms)
 
-    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None, with_colsum=True):
         n = q.shape[0]
         if window is not None and window.key_positions is not None:
             window = dataclasses.replace(window, key_positions=self._tile(window.key_positions, n))
@@ -129,10 +129,10 @@ class SlidingWindowOffByOne(ReferenceAdapter):
     """A sliding layer's window one key too wide (j >= i - w instead of j > i - w), in every
     stage that takes one."""
 
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True):
         return super().intra_attention(q, k, v, chunk_size, scale, None if window is None else window + 1, terms)
 
-    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None, with_colsum=True):
         wider = None if window is None else dataclasses.replace(window, size=window.size + 1)
         return super().inter_attention(q, k_mem, v_mem, scale, wider, terms)
 
@@ -146,13 +146,13 @@ class SinkInEveryState(ReferenceAdapter):
     """The sink folded into phase 1's and phase 2's states before they merge (counted twice for
     a query that has both), instead of once into the merged state."""
 
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True):
         got = super().intra_attention(q, k, v, chunk_size, scale, window, terms)
         if terms is None or terms.sinks is None:
             return got
         return h2o.IntraResult(attention.add_sinks(got.state, terms.sinks), got.colsum)
 
-    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None):
+    def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None, with_colsum=True):
         got = super().inter_attention(q, k_mem, v_mem, scale, window, terms)
         if terms is None or terms.sinks is None or k_mem.shape[1] == 0:
             return got
@@ -169,7 +169,7 @@ class SinkLeftOutOfScores(ReferenceAdapter):
     def _no_sinks(terms):
         return None if terms is None or terms.softcap is None else AttentionTerms(None, terms.softcap)
 
-    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None):
+    def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True):
         got = super().intra_attention(q, k, v, chunk_size, scale, window, terms)
         return h2o.IntraResult(
             got.state, super().intra_attention(q, k, v, chunk_size, scale, window, self._no_sinks(terms)).colsum

@@ -73,3 +73,34 @@ def test_sliding_window_two_phase_equals_oracle_float64(n, s, local, heavy, hq, 
     np.testing.assert_allclose(replay_scores, scores, atol=1e-10)
     unwindowed = REFERENCE.attention_layer(q, k, v, config, scale=0.4)
     assert (np.abs(unwindowed.output - out).max() > 1e-3) == (window < n)
+
+
+def test_dense_tail_asks_for_no_column_sums():
+    """The dense tail reads its blocks' states only (its rows' scores are the walk's): its stage calls
+    ask for no column sums, the walk's own calls do, and the layer still equals the oracle."""
+    from specfill.core.reference import ReferenceStages
+
+    asked = []
+
+    class Recording(ReferenceStages):
+        def intra_attention(self, q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True):
+            asked.append(("intra", with_colsum))
+            got = super().intra_attention(q, k, v, chunk_size, scale, window, terms, with_colsum)
+            assert (got.colsum is None) == (not with_colsum)
+            return got
+
+        def inter_attention(self, q, k_mem, v_mem, scale, window=None, terms=None, with_colsum=True):
+            asked.append(("inter", with_colsum))
+            got = super().inter_attention(q, k_mem, v_mem, scale, window, terms, with_colsum)
+            assert (got.colsum is None) == (not with_colsum)
+            return got
+
+    rng = np.random.default_rng(3)
+    n, s, tail = 50, 8, 13  # the tail spans two chunk lines: three blocks, each intra + inter
+    q, k, v = rng.normal(size=(4, n, 8)), rng.normal(size=(2, n, 8)), rng.normal(size=(2, n, 8))
+    result = Recording().attention_layer(q, k, v, H2OConfig(s, 24, 3, 3, dense_tail=tail), scale=0.4)
+    out, _, scores = oracle.oracle_h2o_layer(q, k, v, s, 3, 3, 0.4, tail)
+    np.testing.assert_allclose(result.output, out, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(result.scores, scores, rtol=1e-10, atol=1e-10)
+    assert asked.count(("intra", False)) == 3 and asked.count(("inter", False)) == 3
+    assert ("intra", True) in asked and ("inter", True) in asked

@@ -31,7 +31,7 @@ def _head_sinks(terms: AttentionTerms | None, dtype: type, extra_axes: int) -> n
     return None if sinks is None else np.asarray(sinks, dtype=dtype).reshape(-1, *([1] * extra_axes))
 
 
-def intra_attention(q, k, v, chunk_size, scale, window=None, terms=None) -> IntraResult:
+def intra_attention(q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True) -> IntraResult:
     """The stage H2OStageOps.intra_attention (core/stages.py) on NumPy arrays: every chunk at once,
     padded to S and attended as one [S, S] block, in the accumulation dtype; the state stays
     sink-free, the sinks join the column sums' softmax denominators (core/reference/attention.py)."""
@@ -53,10 +53,12 @@ def intra_attention(q, k, v, chunk_size, scale, window=None, terms=None) -> Intr
     causal = (distance >= 0) & (distance < (np.inf if window is None else window))
     valid = causal[None, :, :] & real[:, None, :]
     state, weights = masked_state(logits, valid[None], vb, _head_sinks(terms, dtype, 2))
-    # column sums count real queries only (padded query rows would see real keys)
-    colsum = (weights * real[None, :, :, None]).sum(axis=2)
     flat = lambda x: x.reshape(n_heads, padded, *x.shape[3:])[:, :n_tokens]  # noqa: E731
-    return IntraResult(AttentionState(flat(state.m), flat(state.l), flat(state.o)), flat(colsum))
+    state = AttentionState(flat(state.m), flat(state.l), flat(state.o))
+    if not with_colsum:
+        return IntraResult(state, None)
+    # column sums count real queries only (padded query rows would see real keys)
+    return IntraResult(state, flat((weights * real[None, :, :, None]).sum(axis=2)))
 
 
 def causal_attention(q, k, v, scale, window=None, terms=None) -> AttentionState:
@@ -78,13 +80,14 @@ def key_window_mask(window: KeyWindow, n_queries: int, n_kv: int, n_keys: int) -
     return np.broadcast_to((distance >= 0) & (distance < window.size), (n_kv, n_queries, n_keys))
 
 
-def inter_attention(q, k_mem, v_mem, scale, window=None, terms=None) -> InterResult:
+def inter_attention(q, k_mem, v_mem, scale, window=None, terms=None, with_colsum=True) -> InterResult:
     """The stage H2OStageOps.inter_attention (core/stages.py) on NumPy arrays, in the accumulation
     dtype; an empty memory (M = 0) gives the empty state and no column sums."""
     n_heads, n_tokens = q.shape[:2]
     dtype = accumulation_dtype(q, k_mem, v_mem)
     if k_mem.shape[1] == 0:  # the empty state's output has the values' head dim
-        return InterResult(empty_state(n_heads, n_tokens, v_mem.shape[-1], dtype), np.zeros((n_heads, 0), dtype))
+        colsum = np.zeros((n_heads, 0), dtype) if with_colsum else None
+        return InterResult(empty_state(n_heads, n_tokens, v_mem.shape[-1], dtype), colsum)
     kr = expand_kv_heads(k_mem, n_heads).astype(dtype, copy=False)
     vr = expand_kv_heads(v_mem, n_heads).astype(dtype, copy=False)
     logits = soft_cap(np.einsum("htd,hmd->htm", q.astype(dtype, copy=False), kr) * dtype(scale), softcap_of(terms))
@@ -94,7 +97,7 @@ def inter_attention(q, k_mem, v_mem, scale, window=None, terms=None) -> InterRes
         else expand_kv_heads(key_window_mask(window, n_tokens, k_mem.shape[0], k_mem.shape[1]), n_heads)
     )
     state, weights = masked_state(logits, valid, vr, _head_sinks(terms, dtype, 1))
-    return InterResult(state, weights.sum(axis=1))
+    return InterResult(state, weights.sum(axis=1) if with_colsum else None)
 
 
 def reduce_colsum_to_kv_heads(colsum: np.ndarray, n_kv_heads: int) -> np.ndarray:

@@ -63,7 +63,7 @@ def key_window_visible(window: KeyWindow, n_tokens: int, n_slots: int) -> mx.arr
     return (distance >= 0) & (distance < window.size)
 
 
-def inter_attention_twin(q, k_mem, v_mem, scale, window=None, terms=None) -> InterResult:
+def inter_attention_twin(q, k_mem, v_mem, scale, window=None, terms=None, with_colsum=True) -> InterResult:
     """The MLX-ops twin (the stage's arguments, M >= 1), float32, GQA by broadcasting (no repeated
     K/V); the soft-cap before the window's mask, the sinks in the column sums only."""
     n_heads, n_tokens, head_dim = q.shape
@@ -79,20 +79,24 @@ def inter_attention_twin(q, k_mem, v_mem, scale, window=None, terms=None) -> Int
     l = p.sum(axis=-1)
     weights = p / mx.where(l > 0, l, 1.0)[..., None]
     o = weights @ v_mem.astype(mx.float32)[:, None]
-    if sinks_of(terms) is not None:  # the column sums' softmax takes the sink (o above does not)
-        weights = sink_weights(logits, m, sinks_of(terms).reshape(n_kv, n_heads // n_kv, 1))
     state = AttentionState(
         m.reshape(n_heads, n_tokens),
         l.reshape(n_heads, n_tokens),
         o.reshape(n_heads, n_tokens, v_mem.shape[2]).astype(q.dtype),
     )
+    if not with_colsum:
+        return InterResult(state, None)
+    if sinks_of(terms) is not None:  # the column sums' softmax takes the sink (o above does not)
+        weights = sink_weights(logits, m, sinks_of(terms).reshape(n_kv, n_heads // n_kv, 1))
     return InterResult(state, weights.sum(axis=-2).reshape(n_heads, n_slots))
 
 
-def inter_attention(q, k_mem, v_mem, scale, use_kernel: bool | None = None, window=None, terms=None) -> InterResult:
+def inter_attention(
+    q, k_mem, v_mem, scale, use_kernel: bool | None = None, window=None, terms=None, with_colsum=True
+) -> InterResult:
     """The stage H2OStageOps.inter_attention (core/stages.py) on MLX arrays: m, l float32, o in q's
-    dtype; M = 0 gives the empty state and no column sums, without NaN. use_kernel as
-    intra_attention's; a window, attention terms and narrower values run the twin."""
+    dtype; M = 0 gives the empty state and no column sums, without NaN. use_kernel and with_colsum
+    as intra_attention's; a window, attention terms and narrower values run the twin."""
     _check(q, k_mem, v_mem)
     use = choose_kernel(
         use_kernel, "phase-2 inter attention", self_check=lambda: _self_check(q, q.shape[0] // k_mem.shape[0])
@@ -101,12 +105,13 @@ def inter_attention(q, k_mem, v_mem, scale, use_kernel: bool | None = None, wind
     if k_mem.shape[1] == 0 or n_tokens == 0:
         return InterResult(
             empty_state(n_heads, n_tokens, v_mem.shape[2], q.dtype),
-            mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32),
+            mx.zeros((n_heads, k_mem.shape[1]), dtype=mx.float32) if with_colsum else None,
         )
     terms = active_terms(terms)
     if kernel_runs("phase-2 inter attention", use, terms, window is not None, v_mem.shape[2] != k_mem.shape[2]):
-        return inter_attention_kernel(q, k_mem, v_mem, scale)
-    return inter_attention_twin(q, k_mem, v_mem, scale, window, terms)
+        result = inter_attention_kernel(q, k_mem, v_mem, scale)
+        return result if with_colsum else InterResult(result.state, None)
+    return inter_attention_twin(q, k_mem, v_mem, scale, window, terms, with_colsum)
 
 
 def _self_check(like: mx.array, group: int) -> bool:

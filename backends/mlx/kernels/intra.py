@@ -60,7 +60,7 @@ def intra_attention_kernel(q: mx.array, k: mx.array, v: mx.array, chunk_size: in
     return IntraResult(*run_kernels(_make_intra_kernel(), q, k, v, chunk_size, scale))
 
 
-def intra_attention_twin(q, k, v, chunk_size, scale, window=None, terms=None) -> IntraResult:
+def intra_attention_twin(q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True) -> IntraResult:
     """The MLX-ops twin (the stage's arguments): every chunk padded to S and attended as one [S, S]
     block, float32, GQA by broadcasting; the soft-cap before the mask, the sinks in the column sums only."""
     n_heads, n_tokens, head_dim = q.shape
@@ -88,35 +88,40 @@ def intra_attention_twin(q, k, v, chunk_size, scale, window=None, terms=None) ->
     l = p.sum(axis=-1)
     weights = p / mx.where(l > 0, l, 1.0)[..., None]
     o = weights @ vb
-    if sinks_of(terms) is not None:  # the column sums' softmax takes the sink (o above does not)
-        weights = sink_weights(logits, m, sinks_of(terms).reshape(n_kv, group, 1, 1))
-    # column sums count real queries only (padded query rows see real keys)
-    colsum = (weights * real[:, :, None]).sum(axis=-2)
 
     def flat(x: mx.array) -> mx.array:  # [Hkv, G, C, S, ...] -> [Hq, T, ...]
         return x.reshape(n_heads, padded, *x.shape[4:])[:, :n_tokens]
 
     state = AttentionState(flat(m), flat(l), flat(o).astype(q.dtype))
-    return IntraResult(state, flat(colsum))
+    if not with_colsum:
+        return IntraResult(state, None)
+    if sinks_of(terms) is not None:  # the column sums' softmax takes the sink (o above does not)
+        weights = sink_weights(logits, m, sinks_of(terms).reshape(n_kv, group, 1, 1))
+    # column sums count real queries only (padded query rows see real keys)
+    return IntraResult(state, flat((weights * real[:, :, None]).sum(axis=-2)))
 
 
-def intra_attention(q, k, v, chunk_size, scale, use_kernel: bool | None = None, window=None, terms=None) -> IntraResult:
+def intra_attention(
+    q, k, v, chunk_size, scale, use_kernel: bool | None = None, window=None, terms=None, with_colsum=True
+) -> IntraResult:
     """The stage H2OStageOps.intra_attention (core/stages.py) on MLX arrays: m, l float32, o in q's
     dtype. use_kernel: the Metal kernel where Metal exists (None), forced (True:
     BackendUnavailableError without Metal) or the twin (False). The Metal kernel takes no window, no
     attention terms (said once: note_term_fallback) and no narrower values: those run the twin,
-    kernels forced included."""
+    kernels forced included. with_colsum False: colsum None (the Metal kernel makes them, dropped)."""
     _check(q, k, v, chunk_size)
     use = choose_kernel(
         use_kernel, "phase-1 intra attention", self_check=lambda: _self_check(q, q.shape[0] // k.shape[0])
     )
     if q.shape[1] == 0:
         zeros = mx.zeros((q.shape[0], 0), dtype=mx.float32)
-        return IntraResult(AttentionState(zeros, zeros, mx.zeros((q.shape[0], 0, v.shape[2]), dtype=q.dtype)), zeros)
+        state = AttentionState(zeros, zeros, mx.zeros((q.shape[0], 0, v.shape[2]), dtype=q.dtype))
+        return IntraResult(state, zeros if with_colsum else None)
     terms = active_terms(terms)
     if kernel_runs("phase-1 intra attention", use, terms, window is not None, v.shape[2] != k.shape[2]):
-        return intra_attention_kernel(q, k, v, chunk_size, scale)
-    return intra_attention_twin(q, k, v, chunk_size, scale, window, terms)
+        result = intra_attention_kernel(q, k, v, chunk_size, scale)
+        return result if with_colsum else IntraResult(result.state, None)
+    return intra_attention_twin(q, k, v, chunk_size, scale, window, terms, with_colsum)
 
 
 def _self_check(like: mx.array, group: int) -> bool:
