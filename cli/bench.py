@@ -29,7 +29,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--speculator", default="self:8", help="speculator path or self:K (default: %(default)s)")
     p.add_argument("--decode-tokens", type=int, default=16)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per row, the methods of a length in turn round after round (the best reported, each run listed)",
+    )
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="results/bench", help="folder for bench.json/.md/_ttft.png")

@@ -96,7 +96,8 @@ def run_bench(
     prompts: Callable[[Any, int], list[int]] | None = None,
     calibrate: bool = True,
 ) -> dict:
-    """Every (backend, length, method) once after a warm-up; best TTFT of `repeats` runs.
+    """Every (backend, length, method) after a warm-up; best TTFT of `repeats` runs, the methods of a
+    length run in turn, round after round (each row's `ttft_runs_s`: its runs in order).
     step(total, label) after each generation (warm-ups included), for a progress bar;
     row_done(result so far, "complete" False) after each row, to save partial results;
     prompts(tokenizer, length): the prompt ids (default prompt_ids: the evaluation text);
@@ -134,25 +135,20 @@ def run_bench(
             done(f"{backend} warm-up {name}")
         for length in plan.lengths:
             ids = ids_of(tokenizer, length)
-            for name, method in methods.items():
-                if name == "auto":  # its calibrations for this length made before the clock runs
-                    auto_choice(model, method, len(ids))
-                runs = []
-                for _ in range(plan.repeats):
-                    runs.append(_one_run(session, ids, method, plan.decode_tokens))
+            if "auto" in methods:  # its calibrations for this length made before the clock runs
+                auto_choice(model, methods["auto"], len(ids))
+            # the methods in turn, `repeats` rounds: a machine whose speed drifts over minutes slows
+            # every method's runs alike, rather than all of one method's
+            runs: dict[str, list[dict]] = {name: [] for name in methods}
+            for round_ in range(plan.repeats):
+                for name, method in methods.items():
+                    runs[name].append(_one_run(session, ids, method, plan.decode_tokens))
                     done(f"{backend} {name} {length}")
-                best = min(runs, key=lambda r: r["ttft_s"])
-                rows.append(
-                    {"backend": backend, "device": model.device_name, "method": name, "prompt_tokens": length, **best}
-                )
-                log(
-                    f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s, "
-                    f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}, "
-                    f"peak memory {best['peak_memory_gb']:.3f} GB"
-                )
-                if row_done is not None:
-                    _add_ratios(rows)
-                    row_done(result)
+                    if round_ == plan.repeats - 1:  # the row is complete: kept at once (a stop loses no other)
+                        _finish_row(rows, runs[name], backend, model.device_name, name, length, log)
+                        if row_done is not None:
+                            _add_ratios(rows)
+                            row_done(result)
         if calibrate:
             result["calibration"] += _calibrate(
                 plan, model, speculator, [r for r in rows if r["backend"] == backend], log
@@ -160,6 +156,20 @@ def run_bench(
     _add_ratios(rows)
     result["complete"] = True
     return result
+
+
+def _finish_row(rows: list[dict], runs: list[dict], backend: str, device: str, name: str, length: int, log) -> None:
+    """The row of one (backend, method, length): its best run, every run's TTFT in order; logged."""
+    best = min(runs, key=lambda r: r["ttft_s"])
+    row = {"backend": backend, "device": device, "method": name, "prompt_tokens": length}
+    rows.append({**row, **best, "ttft_runs_s": [r["ttft_s"] for r in runs]})
+    times = rows[-1]["ttft_runs_s"]
+    each = "" if len(times) == 1 else f" (runs {', '.join(f'{t:.1f}' for t in times)})"
+    log(
+        f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s{each}, "
+        f"decode {best['decode_tps']:.1f} tok/s, kept {best['kept_tokens']}, "
+        f"peak memory {best['peak_memory_gb']:.3f} GB"
+    )
 
 
 def _calibrate(plan: BenchPlan, model, speculator, rows: list[dict], log: Callable[[str], None]) -> list[dict]:
@@ -257,9 +267,16 @@ def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -
         ratio = f"{r['ttft_speedup_vs_full']:.2f}x" if r["ttft_speedup_vs_full"] else "-"
         decode = f"{r['decode_vs_full']:.2f}x" if r["decode_vs_full"] else "-"
         method = f"auto ({r['ran']})" if r["method"] == "auto" and r.get("ran") else r["method"]
+        runs = r.get("ttft_runs_s", [])
+        each = f" ({' / '.join(f'{t:.1f}' for t in runs)})" if len(runs) > 1 else ""
         lines.append(
-            f"| {r['backend']} | {method} | {r['prompt_tokens']} | {r['ttft_s']:.3f} | {ratio} "
+            f"| {r['backend']} | {method} | {r['prompt_tokens']} | {r['ttft_s']:.3f}{each} | {ratio} "
             f"| {r['kept_tokens']} | {r['decode_tps']:.1f} | {decode} | {_peak(r)} |"
+        )
+    if result["plan"].get("repeats", 1) > 1:
+        lines.append(
+            f"\nTTFT: the best of {result['plan']['repeats']} runs (each run in brackets, in order); a length's "
+            "methods ran in turn, round after round, so the machine's drift fell on every method alike."
         )
     if any("peak_memory_gb" in r for r in result["rows"]):
         lines.append(

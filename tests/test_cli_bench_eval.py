@@ -71,7 +71,7 @@ def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
     model = str(tiny_checkpoint("llama", "gguf"))
     h2o, spec = H2OConfig(8, 16, 2, 2, dense_tail=0), SpecPrefillConfig(keep_ratio=0.5, select_chunk=4)
     steps: list[tuple[int, str]] = []
-    run_bench(
+    result = run_bench(
         BenchPlan(
             methods=("full", "h2o"), lengths=(24, 40), model=model, h2o=h2o, decode_tokens=2, repeats=2, device="cpu"
         ),
@@ -80,6 +80,10 @@ def test_bench_and_eval_report_every_unit_of_work(tiny_checkpoint):
     )
     assert len(steps) == 2 * (1 + 2 * 2) and {total for total, _ in steps} == {10}
     assert steps[0][1] == "cuda warm-up full" and steps[-1][1] == "cuda h2o 40"
+    # repeats run the methods in turn, round after round (the machine's drift falls on both alike)
+    assert [label for _, label in steps[2:6]] == ["cuda full 24", "cuda h2o 24"] * 2
+    for row in result["rows"]:
+        assert len(row["ttft_runs_s"]) == 2 and row["ttft_s"] == min(row["ttft_runs_s"])
     steps.clear()
     run_eval(
         EvalPlan(
