@@ -45,6 +45,7 @@ def test_every_stage_argument_is_known_to_the_boundary():
     """An array argument the forwarding does not know would reach a backend as NumPy: every stage's
     parameters are in ARGUMENTS or plain values (sizes, scales, configs)."""
     plain = {"chunk_size", "scale", "n_kv_heads", "chunk_index", "chunk_start", "chunk_end", "local", "heavy"}
+    plain |= {"with_colsum"}
     plain |= {"query_start", "kernel", "config", "prefix", "head_reduction", "layer_reduction", "lookahead_reduction"}
     protocols = (H2OStages, SpecPrefillStages)
     names = {p for n in BOUNDARY for p in inspect.signature(getattr(protocols[n not in dir(H2OStages)], n)).parameters}

@@ -65,9 +65,9 @@ def _twin_kernel(name, wrong=False):
 
     def flash(q, k, v, scale, chunk, with_colsum):
         r = (
-            intra_attention_twin(q, k, v, chunk, scale, with_colsum)
+            intra_attention_twin(q, k, v, chunk, scale, with_colsum=with_colsum)
             if chunk is not None
-            else inter_attention_twin(q, k, v, scale, with_colsum)
+            else inter_attention_twin(q, k, v, scale, with_colsum=with_colsum)
         )
         if wrong:
             r = IntraResult(AttentionState(r.state.m, r.state.l, r.state.o + 0.1), r.colsum)

@@ -67,9 +67,9 @@ def _forward_fill(args, kwargs) -> None:
     q, k, v, o, m, l = args[:6]
     scale = kwargs["qk_scale"] / LOG2E
     if kwargs["BLOCK_DIAGONAL"]:
-        state = intra_attention_twin(q, k, v, kwargs["chunk_size"], scale, False).state
+        state = intra_attention_twin(q, k, v, kwargs["chunk_size"], scale, with_colsum=False).state
     else:
-        state = inter_attention_twin(q, k, v, scale, False).state
+        state = inter_attention_twin(q, k, v, scale, with_colsum=False).state
     o.copy_(state.o)
     m.copy_(state.m * LOG2E)  # the kernel's m is in log2 units; flash_attention converts
     l.copy_(state.l)
@@ -82,9 +82,9 @@ def _colsum_fill(args, kwargs) -> None:
     q, k, _, _, colsum = args[:5]
     scale = kwargs["qk_scale"] / LOG2E
     if kwargs["BLOCK_DIAGONAL"]:
-        result = intra_attention_twin(q, k, k, kwargs["chunk_size"], scale, True)
+        result = intra_attention_twin(q, k, k, kwargs["chunk_size"], scale)
     else:
-        result = inter_attention_twin(q, k, k, scale, True)
+        result = inter_attention_twin(q, k, k, scale)
     colsum.copy_(result.colsum)
 
 

@@ -56,7 +56,7 @@ def test_attention_launches_take_the_gpus_tiles(monkeypatch, capability, dtype):
 
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(shape, generator=gen).to(dtype) for shape in ((4, 40, 80), (2, 40, 80), (2, 40, 80)))
-    want = intra_attention_twin(q, k, v, 16, 0.1, True)
+    want = intra_attention_twin(q, k, v, 16, 0.1, with_colsum=True)
     with simulated(monkeypatch, capability) as gpu:
         got = intra_attention(q, k, v, 16, 0.1)
         inter_attention(q, k[:, :24], v[:, :24], 0.1)

@@ -36,7 +36,7 @@ def key_window_distance(window: KeyWindow, lo: int, hi: int, n_slots: int, devic
     return (window.query_start + torch.arange(lo, hi, device=device))[None, :, None] - keys[:, None, :]
 
 
-def inter_attention_twin(q, k_mem, v_mem, scale, with_colsum=True, window=None, terms=None) -> InterResult:
+def inter_attention_twin(q, k_mem, v_mem, scale, window=None, terms=None, with_colsum=True) -> InterResult:
     """Torch-ops twin (the dispatcher's arguments but use_kernel; M >= 1): the G query heads of a KV
     head are the rows of one matmul, in blocks of query rows so that a block's logits stay near
     cache size; each (block, KV head) is an independent work unit (cpu_units.run_units), so that the
@@ -77,7 +77,7 @@ def inter_attention_twin(q, k_mem, v_mem, scale, with_colsum=True, window=None, 
 
 
 def inter_attention(
-    q, k_mem, v_mem, scale, use_kernel: bool | None = None, with_colsum: bool = True, window=None, terms=None
+    q, k_mem, v_mem, scale, use_kernel: bool | None = None, window=None, terms=None, with_colsum: bool = True
 ) -> InterResult:
     """The stage H2OStageOps.inter_attention (core/stages.py) on torch tensors, dtypes and
     use_kernel / with_colsum as intra_attention's; an empty memory (M = 0) gives the empty state
@@ -98,7 +98,7 @@ def inter_attention(
         return InterResult(result.state, result.colsum)
     if cpu_flash_runs(use_kernel, q, k_mem, v_mem, terms, window):
         return inter_attention_flash(q, k_mem, v_mem, scale, with_colsum, terms)
-    return inter_attention_twin(q, k_mem, v_mem, scale, with_colsum, window, terms)
+    return inter_attention_twin(q, k_mem, v_mem, scale, window, terms, with_colsum)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
@@ -108,6 +108,6 @@ def _self_check(like: torch.Tensor, group: int) -> bool:
         q, k_mem, v_mem = SELF_CHECK.attention_case(like, group, CASE_SLOTS)
         scale = q.shape[-1] ** -0.5
         got = dispatch.triton_kernel("flash_attention")(q, k_mem, v_mem, scale, None, True)
-        return SELF_CHECK.result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale, True))
+        return SELF_CHECK.result_comparisons(got, inter_attention_twin(q, k_mem, v_mem, scale))
 
     return SELF_CHECK.kernel_passes("phase-2 inter attention", like, group, run)

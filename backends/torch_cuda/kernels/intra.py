@@ -61,7 +61,7 @@ def row_sinks2(
     return sinks2.expand(n_kv, group, n_rows).reshape(n_kv, group * n_rows, 1)
 
 
-def intra_attention_twin(q, k, v, chunk_size, scale, with_colsum=True, window=None, terms=None) -> IntraResult:
+def intra_attention_twin(q, k, v, chunk_size, scale, window=None, terms=None, with_colsum=True) -> IntraResult:
     """Torch-ops twin of the phase-1 kernel (the dispatcher's arguments but use_kernel): explicit
     logits per block of query rows, fp32 statistics.
 
@@ -113,7 +113,7 @@ def intra_attention_twin(q, k, v, chunk_size, scale, with_colsum=True, window=No
 
 
 def intra_attention(
-    q, k, v, chunk_size, scale, use_kernel: bool | None = None, with_colsum: bool = True, window=None, terms=None
+    q, k, v, chunk_size, scale, use_kernel: bool | None = None, window=None, terms=None, with_colsum: bool = True
 ) -> IntraResult:
     """The stage H2OStageOps.intra_attention (core/stages.py) on torch tensors: m, l fp32 (fp64 for
     fp64 inputs), o in q's dtype; with_colsum False: no column sums (None). use_kernel: None =
@@ -137,7 +137,7 @@ def intra_attention(
         return dispatch.triton_kernel("flash_attention")(q, k, v, scale, chunk_size, with_colsum)
     if cpu_flash_runs(use_kernel, q, k, v, terms, window):
         return intra_attention_flash(q, k, v, chunk_size, scale, with_colsum, terms)
-    return intra_attention_twin(q, k, v, chunk_size, scale, with_colsum, window, terms)
+    return intra_attention_twin(q, k, v, chunk_size, scale, window, terms, with_colsum)
 
 
 def _self_check(like: torch.Tensor, group: int) -> bool:
@@ -147,6 +147,6 @@ def _self_check(like: torch.Tensor, group: int) -> bool:
         q, k, v = SELF_CHECK.attention_case(like, group, CASE_TOKENS)
         scale = q.shape[-1] ** -0.5
         got = dispatch.triton_kernel("flash_attention")(q, k, v, scale, CASE_CHUNK, True)
-        return SELF_CHECK.result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale, True))
+        return SELF_CHECK.result_comparisons(got, intra_attention_twin(q, k, v, CASE_CHUNK, scale))
 
     return SELF_CHECK.kernel_passes("phase-1 intra attention", like, group, run)
