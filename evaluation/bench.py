@@ -160,10 +160,9 @@ def run_bench(
 
 def _finish_row(rows: list[dict], runs: list[dict], backend: str, device: str, name: str, length: int, log) -> None:
     """The row of one (backend, method, length): its best run, every run's TTFT in order; logged."""
-    best = min(runs, key=lambda r: r["ttft_s"])
+    best, times = min(runs, key=lambda r: r["ttft_s"]), [r["ttft_s"] for r in runs]
     row = {"backend": backend, "device": device, "method": name, "prompt_tokens": length}
-    rows.append({**row, **best, "ttft_runs_s": [r["ttft_s"] for r in runs]})
-    times = rows[-1]["ttft_runs_s"]
+    rows.append({**row, **best, "ttft_runs_s": times})
     each = "" if len(times) == 1 else f" (runs {', '.join(f'{t:.1f}' for t in times)})"
     log(
         f"{backend} {name:<11} {length:>6} tokens: TTFT {best['ttft_s']:.3f} s{each}, "
