@@ -88,6 +88,25 @@ def _kernel_stage(name: str, chosen: bool = False) -> Callable[..., Any]:
     return stage
 
 
+def staged_layer_scores(
+    ops: Any,
+    queries: A,
+    keys: A,
+    scale: float,
+    window: int | None = None,
+    terms: AttentionTerms[A] | None = None,
+    query_start: int | None = None,
+    kernel: int = 1,
+    how: str = "max",
+) -> A:
+    """ScoringOps.layer_scores as its three stages, one after the other: `ops`' attention_scores,
+    smooth_scores, then reduce_axis over the heads (KernelStages' and the NumPy reference's)."""
+    probs = ops.attention_scores(queries, keys, scale, window, terms, query_start)
+    pooled = ops.smooth_scores(probs, kernel)
+    del probs  # freed before the reduction's output is made
+    return ops.reduce_axis(pooled, how, axis=2)
+
+
 class KernelStages(Generic[A]):
     """The stages a backend's kernels/ package dispatches, written once for every backend's ops:
     each stage (declared in core/stages.py) is the same-named function of the kernels/ package,
@@ -121,6 +140,8 @@ class KernelStages(Generic[A]):
         """The backend's kernels/ package (imported by the first stage that runs)."""
         raise NotImplementedError
 
+    layer_scores = staged_layer_scores  # a backend that fuses the three stages overrides it
+
     # a prompt step's causal attention (ModelOps.causal_step), dispatched once for every backend:
     # the backend gives the three step attentions (plain_step, windowed_step, terms_step) and
     # the slot positions of its cache
@@ -142,6 +163,21 @@ class ScoringOps(ScoringStageOps[A], Protocol[A]):
 
     def reduce_axis(self, x: A, how: str, axis: int) -> A:
         """ "max" or "mean" over `axis` (probabilities stay float32 or wider)."""
+
+    def layer_scores(
+        self,
+        queries: A,
+        keys: A,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms[A] | None = None,
+        query_start: int | None = None,
+        kernel: int = 1,
+        how: str = "max",
+    ) -> A:
+        """attention_scores (its arguments), smooth_scores(kernel), then reduce_axis(how) over the
+        heads: [n_q, n_l, P]. The numbers of those three stages; a backend may run them fused (the
+        torch CPU ops: tile by tile, no [n_q, n_l, Hq, P] probabilities made)."""
 
     def concat(self, arrays: Sequence[A], axis: int) -> A:
         """Concatenate along `axis`."""

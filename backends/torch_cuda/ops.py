@@ -16,8 +16,10 @@ import torch
 
 import specfill.backends.torch_cuda.method_ops as method_ops
 import specfill.backends.torch_cuda.placement as placement  # a module reference: simulated_cuda swaps RUNTIME
+from specfill.core.config import REDUCTIONS
 from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
 from specfill.core.ops import KernelStages, cannot_split
+from specfill.core.stages import AttentionTerms, active_terms
 
 from .attention import causal_attention as causal_step_attention
 from .attention import terms_attention, windowed_attention
@@ -72,6 +74,25 @@ class TorchOps(KernelStages):
 
     def concat(self, arrays: Sequence[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.cat(list(arrays), dim=axis)
+
+    def layer_scores(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        scale: float,
+        window: int | None = None,
+        terms: AttentionTerms[torch.Tensor] | None = None,
+        query_start: int | None = None,
+        kernel: int = 1,
+        how: str = "max",
+    ) -> torch.Tensor:
+        """On a CPU, without attention terms and without the Triton kernel forced, the three stages
+        fused (kernels/scoring.pooled_head_scores); else KernelStages' composition, which also says
+        what is wrong with a kernel or a reduction."""
+        fused = queries.device.type == "cpu" and self.use_kernels is not True and active_terms(terms) is None
+        if fused and kernel >= 1 and kernel % 2 == 1 and how in REDUCTIONS:
+            return stage_kernels().pooled_head_scores(queries, keys, scale, window, query_start, kernel, how)
+        return super().layer_scores(queries, keys, scale, window, terms, query_start, kernel, how)
 
     def zero_scores(self, n_kv_heads: int, n_tokens: int, like: torch.Tensor) -> torch.Tensor:
         return torch.zeros((n_kv_heads, n_tokens), dtype=stage_kernels().stats_dtype(like), device=like.device)

@@ -48,11 +48,11 @@ def token_importance(
     layer's sliding window, empty: all global (a sliding layer scores only the keys its queries
     attended); terms: each layer's attention terms, empty: none.
 
-    Layer by layer: pooling and the head reduction act within one layer and the layer reduction
-    runs as a running max or sum, so one layer's probabilities [n_q, Hq, P] and the running scores
-    [n_q, 1, P] are all that exist at a time (memory O(n_q Hq P), whatever the layer count; a lazy
-    backend evaluates each layer before building the next). The
-    same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens.
+    Layer by layer (ops.layer_scores: one layer's scores, pooling and head reduction) and the
+    layer reduction as a running max or sum, so one layer's probabilities [n_q, Hq, P] (none where
+    the ops fuse them) and the running scores [n_q, 1, P] are all that exist at a time (memory
+    O(n_q Hq P), whatever the layer count; a lazy backend evaluates each layer before building the
+    next). The same composition at the NumPy boundary is core/reference/specprefill.py's score_tokens.
 
     deep: a nested pass's deeper scored layers (SpecPrefillConfig.deep_from), each over the slots
     it read: their scores, pooled and head-reduced over those slots, join the layer reduction at
@@ -74,18 +74,16 @@ def token_importance(
     combined = None
     for layer, layer_queries, keys_of, first, positions in passes:
         window = windows[layer] if windows else None
-        probs = ops.attention_scores(
+        scores = ops.layer_scores(
             layer_queries,
             keys_of(layer),
             scale,
             window if window_binds(window, farthest) else None,
             active_terms(terms[layer]) if terms else None,
             query_start=first,
+            kernel=config.pool_kernel,
+            how=config.head_reduction,
         )
-        pooled = ops.smooth_scores(probs, config.pool_kernel)
-        del probs  # freed before the next layer's are made
-        scores = ops.reduce_axis(pooled, config.head_reduction, axis=2)
-        del pooled
         if positions is not None:
             scores = ops.spread(scores, positions, n_keys)
         if combined is None:

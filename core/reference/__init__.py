@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from ..h2o_walk import h2o_attention_layer
+from ..ops import staged_layer_scores
 from . import attention, h2o, oracle, specprefill
 
 
@@ -52,6 +53,7 @@ class ReferenceStages:
     attention_scores = staticmethod(specprefill.attention_scores)
     smooth_scores = staticmethod(specprefill.smooth_scores)
     reduce_axis = staticmethod(specprefill.reduce_axis)
+    layer_scores = staged_layer_scores  # the three stages above, one after the other
     spread = staticmethod(specprefill.spread)
     reduce_scores = staticmethod(specprefill.reduce_scores)
     select_tokens = staticmethod(specprefill.select_tokens)

@@ -116,3 +116,51 @@ def test_cpu_tiles_equal_the_whole_tensor_ops_exactly():
         tiled = attention_scores_twin(queries, keys, 0.25, window, query_start=start, tiles=True)
         whole = attention_scores_twin(queries, keys, 0.25, window, query_start=start, tiles=False)
         torch.testing.assert_close(tiled, whole, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("tile", [1, 37, 1 << 18], ids=["row", "few-rows", "default"])
+@pytest.mark.parametrize("window,query_start", [(None, None), (None, 120), (7, 120), (2, None)], ids=str)
+@pytest.mark.parametrize("how", ["max", "mean"])
+def test_fused_layer_scores_equal_the_three_stages_exactly(monkeypatch, tile, window, query_start, how):
+    """On a CPU the ops' layer_scores (kernels/scoring.pooled_head_scores: probabilities, pooling and
+    the head reduction tile by tile) gives what attention_scores, smooth_scores and reduce_axis give
+    one after the other (bit for bit with the max over heads; the mean's sum order may differ), for
+    every tile size, mask (blind rows with window 2), pooling width and input dtype."""
+    from specfill.backends.torch_cuda.kernels import scoring
+    from specfill.core.ops import staged_layer_scores
+
+    monkeypatch.setattr(scoring, "TILE_ELEMENTS", tile)
+    ops = torch_ops()
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        queries, keys = _capture(n_layers=2, n_queries=9, prompt=150, dtype=dtype, seed=7)
+        for kernel in (1, 5, 13):
+            args = (queries, keys, 0.25, window, None, query_start, kernel, how)
+            fused = ops.layer_scores(*args)
+            composed = staged_layer_scores(ops, *args)
+            assert fused.shape == composed.shape == (9, 2, 150) and fused.dtype == composed.dtype
+            if how == "max":
+                assert torch.equal(fused, composed), (dtype, kernel)
+            else:  # the heads summed in order, Tensor.mean in its own: a few ulps of the stats dtype
+                tol = 1e-13 if dtype == torch.float64 else 1e-6
+                torch.testing.assert_close(fused, composed, rtol=tol, atol=tol * 1e-3)
+
+
+def test_layer_scores_keeps_the_stage_path_for_terms_and_bad_settings():
+    """Attention terms (soft-cap) go through the three stages; a bad pooling width or reduction
+    gets the stages' one-line errors."""
+    from specfill.core.ops import staged_layer_scores
+    from specfill.core.stages import AttentionTerms
+
+    ops = torch_ops()
+    queries, keys = _capture(n_queries=3, prompt=40)
+    terms = AttentionTerms(None, 5.0)
+    torch.testing.assert_close(
+        ops.layer_scores(queries, keys, 0.25, terms=terms, kernel=5),
+        staged_layer_scores(ops, queries, keys, 0.25, terms=terms, kernel=5),
+        rtol=0,
+        atol=0,
+    )
+    with pytest.raises(ConfigError, match="pool kernel"):
+        ops.layer_scores(queries, keys, 0.25, kernel=4)
+    with pytest.raises(ConfigError, match="reduction"):
+        ops.layer_scores(queries, keys, 0.25, how="median")

@@ -73,6 +73,17 @@ def _terms_probs(
     return torch.softmax(torch.cat([logits, column], dim=-1), dim=-1)[..., :-1]
 
 
+def _hidden(
+    n_queries: int, n_keys: int, window: int | None, query_start: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """[n_q, P]: the keys a query does not see (its future, or past its window); None: it sees every key."""
+    if window is None and (query_start is None or query_start >= n_keys - 1):
+        return None
+    start = n_keys - 1 if query_start is None else query_start
+    distance = start + torch.arange(n_queries, device=device)[:, None] - torch.arange(n_keys, device=device)
+    return distance < 0 if window is None else (distance < 0) | (distance >= window)
+
+
 def attention_scores_twin(
     queries, keys, scale, window=None, terms=None, query_start=None, tiles: bool | None = None
 ) -> torch.Tensor:
@@ -84,13 +95,7 @@ def attention_scores_twin(
     n_kv, n_keys = keys.shape[1], keys.shape[2]
     group = n_heads // n_kv
     stats = stats_dtype(queries, keys)
-    hidden = None  # [n_q, P]: the keys a query does not see (its future, or past its window)
-    if window is not None or (query_start is not None and query_start < n_keys - 1):
-        start = n_keys - 1 if query_start is None else query_start
-        distance = (
-            start + torch.arange(n_queries, device=keys.device)[:, None] - torch.arange(n_keys, device=keys.device)
-        )
-        hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
+    hidden = _hidden(n_queries, n_keys, window, query_start, keys.device)
     if (queries.device.type == "cpu" if tiles is None else tiles) and active_terms(terms) is None:
         return _scores_by_tiles(queries.to(stats), keys.to(stats), scale, hidden)
     # [n_l, Hkv, G*n_q, D]: row g*n_q + q of KV head kv is query q of head kv*G + g
@@ -116,29 +121,93 @@ def _scores_by_tiles(
     keys and 40 queries, written and read back six times). The same numbers as the whole-tensor ops:
     each row's logits come from the same products, and the softmax is per row."""
     n_layers, n_queries, n_heads, _ = queries.shape
-    n_kv, n_keys = keys.shape[1], keys.shape[2]
-    group = n_heads // n_kv
-    out = torch.empty((n_queries, n_layers, n_heads, n_keys), dtype=queries.dtype, device=queries.device)
-    blind, columns = None, slice(0, 0)
-    if hidden is not None:  # the mask where it hides something (an observation window: its last columns)
-        blind = hidden.all(dim=-1, keepdim=True)  # rows that see no key score zeros
-        blind = blind if bool(blind.any()) else None
-        seen = hidden.any(dim=0).nonzero()
-        columns = slice(int(seen[0]), int(seen[-1]) + 1) if seen.numel() else columns
-        hidden = hidden[:, columns]
-    rows = max(1, min(n_queries, TILE_ELEMENTS // n_keys))
+    out = torch.empty((n_queries, n_layers, n_heads, keys.shape[2]), dtype=queries.dtype, device=queries.device)
+    tile = _TileProbs(queries, keys, scale, hidden)
+    rows = max(1, min(n_queries, TILE_ELEMENTS // keys.shape[2]))
     for layer in range(n_layers):
         for head in range(n_heads):
-            keys_t = keys[layer, head // group].transpose(0, 1)
             for first in range(0, n_queries, rows):
                 last = min(n_queries, first + rows)
-                logits = torch.mm(queries[layer, first:last, head], keys_t).mul_(scale)
-                if hidden is not None:
-                    logits[:, columns].masked_fill_(hidden[first:last], -math.inf)
-                probs = torch.softmax(logits, dim=-1)
-                if blind is not None:
-                    probs.masked_fill_(blind[first:last], 0.0)
-                out[first:last, layer, head].copy_(probs)
+                out[first:last, layer, head].copy_(tile(layer, head, first, last))
+    return out
+
+
+class _TileProbs:
+    """The probabilities of a few queries of one head (a tile), made in cache: their logits, the
+    mask where it hides something (an observation window: its last columns), the softmax, and zeros
+    for rows that see no key. Rows do not depend on the tile they are made in (each is its own
+    products and softmax)."""
+
+    def __init__(self, queries: torch.Tensor, keys: torch.Tensor, scale: float, hidden: torch.Tensor | None):
+        self.queries, self.keys, self.scale = queries, keys, scale
+        self.group = queries.shape[2] // keys.shape[1]
+        self.blind, self.columns, self.hidden = None, slice(0, 0), None
+        if hidden is not None:
+            blind = hidden.all(dim=-1, keepdim=True)  # rows that see no key score zeros
+            self.blind = blind if bool(blind.any()) else None
+            seen = hidden.any(dim=0).nonzero()
+            self.columns = slice(int(seen[0]), int(seen[-1]) + 1) if seen.numel() else self.columns
+            self.hidden = hidden[:, self.columns]
+
+    def __call__(self, layer: int, head: int, first: int, last: int) -> torch.Tensor:
+        keys_t = self.keys[layer, head // self.group].transpose(0, 1)
+        logits = torch.mm(self.queries[layer, first:last, head], keys_t).mul_(self.scale)
+        if self.hidden is not None:
+            logits[:, self.columns].masked_fill_(self.hidden[first:last], -math.inf)
+        probs = torch.softmax(logits, dim=-1)
+        if self.blind is not None:
+            probs.masked_fill_(self.blind[first:last], 0.0)
+        return probs
+
+
+def pooled_head_scores(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    scale: float,
+    window: int | None,
+    query_start: int | None,
+    kernel: int,
+    how: str,
+) -> torch.Tensor:
+    """ScoringOps.layer_scores on a CPU without attention terms, fused: queries [n_l, n_q, Hq, D],
+    keys [n_l, Hkv, P, D] -> [n_q, n_l, P] float32 (float64 for float64 inputs). A few queries at a
+    time, head after head, each tile's probabilities, pooling (`pool_rows`' shifted adds, in its
+    order) and head reduction made in cache: the three stages one after the other wrote and read
+    back [n_q, n_l, Hq, P] twice (66 MB a layer at 16K keys and 72 queries, ~1.7x the time). The
+    same numbers as those stages for "max"; for "mean" the heads are summed in order, then divided
+    (Tensor.mean's order may differ: float32 rounding, tests/torch_cuda_kernels)."""
+    check_scoring_shapes(queries, keys)
+    n_layers, n_queries, n_heads, _ = queries.shape
+    n_keys, stats = keys.shape[2], stats_dtype(queries, keys)
+    out = torch.zeros((n_queries, n_layers, n_keys), dtype=stats, device=queries.device)
+    if n_keys == 0 or n_queries == 0 or n_layers == 0:
+        return out
+    hidden = _hidden(n_queries, n_keys, window, query_start, keys.device)
+    tile = _TileProbs(queries.to(stats), keys.to(stats), scale, hidden)
+    half = kernel // 2
+    rows = max(1, min(n_queries, TILE_ELEMENTS // (n_keys + 2 * half)))
+    padded = torch.zeros((rows, n_keys + 2 * half), dtype=stats, device=queries.device)  # edges stay 0
+    pooled = torch.empty((rows, n_keys), dtype=stats, device=queries.device)
+    for layer in range(n_layers):
+        for first in range(0, n_queries, rows):
+            last = min(n_queries, first + rows)
+            acc, inner, sums = out[first:last, layer], padded[: last - first], pooled[: last - first]
+            for head in range(n_heads):
+                probs = tile(layer, head, first, last)
+                if kernel > 1:
+                    inner[:, half : half + n_keys].copy_(probs)
+                    torch.add(inner[:, :n_keys], inner[:, 1 : n_keys + 1], out=sums)
+                    for shift in range(2, kernel):
+                        sums.add_(inner[:, shift : shift + n_keys])
+                    probs = sums.div_(kernel)
+                if head == 0:
+                    acc.copy_(probs)
+                elif how == "max":
+                    torch.maximum(acc, probs, out=acc)
+                else:
+                    acc.add_(probs)
+            if how != "max":
+                acc.div_(n_heads)
     return out
 
 
