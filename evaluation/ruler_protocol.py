@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from specfill.api import Session
+from specfill.api import Session, choose_device
 from specfill.core import H2OConfig
 from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import COMPOSED, GenerationInfo, PrefillMethod
@@ -231,7 +231,10 @@ def run_protocol(
     result["runs"].append(run)
     done = {_key(r) for r in result["records"] if r["score"] is not None or plan.selection_only}
     models = Models(plan, log)
-    device = f"{plan.backend}-{plan.dtype}-{plan.device or 'default'}"
+    # the device the models run on (a CUDA backend without a GPU: cpu, as --device cpu says), so that
+    # the two spellings share their saved passes and answers
+    on, _ = choose_device(plan.backend, plan.device)
+    device = f"{plan.backend}-{plan.dtype}-{on or 'default'}"
     passes = plan.cache_dir / "passes" / f"{_stem(plan.speculator).replace(':', '-')}-{device}"
     answers = plan.cache_dir / "answers" / f"{_stem(plan.model)}-{device}"
 

@@ -214,6 +214,12 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
     again = json.loads((tmp_path / "dec2.json").read_text())["records"]
     full = {r["index"]: r for r in dec["records"] if r["setting"] == "full"}
     assert all(r["cached"] and r["prediction"] == full[r["index"]]["prediction"] for r in again)
+    import torch
+
+    if not torch.cuda.is_available():  # no --device: the CUDA backend's CPU fallback, the same cache as --device cpu
+        default = [a for a in common if a not in ("--device", "cpu")]
+        assert main([*default, "--name", "dec3", "--candidates", "full"]) == 0
+        assert all(r["cached"] for r in json.loads((tmp_path / "dec3.json").read_text())["records"])
 
     before = (tmp_path / "dec.json").read_text()
     assert main([*common, "--name", "dec", "--candidates", "full", h2o, *spec]) == 0
