@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import sys
 
+from specfill.core.cpu import compute_threads, has_fast_bf16
 from specfill.core.cpu import cpu_features as _cpu_features
 from specfill.core.cpu import cpu_model as _cpu_model
-from specfill.core.cpu import has_fast_bf16
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -67,9 +68,15 @@ def describe_machine(extra: dict | None = None) -> dict:
         info["load_average_1min"] = round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
         pass
-    torch = sys.modules.get("torch")  # only when a torch backend is in use: never import it here
-    if torch is not None:
-        info["torch_threads"] = torch.get_num_threads()
+    # torch's CPU threads: a CLI command's (core/cpu.compute_threads: what the torch backend sets when it
+    # loads on the CPU, so a run described before its model loads says it too), else torch's own where
+    # torch is in use; torch is never imported here
+    torch = sys.modules.get("torch")
+    threads = compute_threads() if importlib.util.find_spec("torch") is not None else None
+    if threads is None and torch is not None:
+        threads = torch.get_num_threads()
+    if threads is not None:
+        info["torch_threads"] = threads
     info.update(extra or {})
     return info
 

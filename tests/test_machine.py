@@ -25,3 +25,13 @@ def test_description_names_the_matmul_isa_flags_from_cpuinfo():
     assert all(f in info["cpu_features"].split() for f in expected)
     assert ("amx_bf16" in info["cpu_features"]) == ("amx_bf16" in flags)
     assert f"[{info['cpu_features']}]" in machine_line(info)
+
+
+def test_a_command_described_before_its_model_loads_names_its_threads():
+    """A CLI command's threads (--threads, else the physical cores) are what the torch backend sets when
+    it loads on the CPU: the machine line says them even when the run describes the machine first."""
+    pytest.importorskip("torch")
+    from specfill.core.cpu import command_threads
+
+    with command_threads(1):
+        assert describe_machine()["torch_threads"] == 1
