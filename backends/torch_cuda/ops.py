@@ -19,6 +19,7 @@ import specfill.backends.torch_cuda.placement as placement  # a module reference
 from specfill.core.config import REDUCTIONS
 from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
 from specfill.core.ops import KernelStages, cannot_split
+from specfill.core.self_check import kernels_setting
 from specfill.core.stages import AttentionTerms, active_terms
 
 from .attention import causal_attention as causal_step_attention
@@ -86,10 +87,14 @@ class TorchOps(KernelStages):
         kernel: int = 1,
         how: str = "max",
     ) -> torch.Tensor:
-        """On a CPU, without attention terms and without the Triton kernel forced, the three stages
-        fused (kernels/scoring.pooled_head_scores); else KernelStages' composition, which also says
-        what is wrong with a kernel or a reduction."""
-        fused = queries.device.type == "cpu" and self.use_kernels is not True and active_terms(terms) is None
+        """On a CPU (not a simulated GPU's), without attention terms and without the Triton kernel
+        forced (use_kernels, SPECFILL_KERNELS=on), the three stages fused (kernels/scoring.pooled_head_scores);
+        else KernelStages' composition, which also says what is wrong with a kernel or a reduction."""
+        from .kernels import dispatch  # a module reference: where auto picks the kernel (tests patch it)
+
+        kernel_auto = dispatch.kernel_device_auto(queries.device)
+        cpu = not placement.on_cuda(queries) and not kernel_auto and kernels_setting(self.use_kernels) is not True
+        fused = cpu and active_terms(terms) is None
         if fused and kernel >= 1 and kernel % 2 == 1 and how in REDUCTIONS:
             return stage_kernels().pooled_head_scores(queries, keys, scale, window, query_start, kernel, how)
         return super().layer_scores(queries, keys, scale, window, terms, query_start, kernel, how)
