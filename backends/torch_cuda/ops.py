@@ -19,7 +19,6 @@ import specfill.backends.torch_cuda.placement as placement  # a module reference
 from specfill.core.config import REDUCTIONS
 from specfill.core.cpu import process_peak_memory_gb, reset_process_peak_memory
 from specfill.core.ops import KernelStages, cannot_split
-from specfill.core.self_check import kernels_setting
 from specfill.core.stages import AttentionTerms, active_terms
 
 from .attention import causal_attention as causal_step_attention
@@ -90,6 +89,8 @@ class TorchOps(KernelStages):
         """On a CPU (not a simulated GPU's), without attention terms and without the Triton kernel
         forced (use_kernels, SPECFILL_KERNELS=on), the three stages fused (kernels/scoring.pooled_head_scores);
         else KernelStages' composition, which also says what is wrong with a kernel or a reduction."""
+        from specfill.core.self_check import kernels_setting  # imported by a scoring's first layer only
+
         from .kernels import dispatch  # a module reference: where auto picks the kernel (tests patch it)
 
         kernel_auto = dispatch.kernel_device_auto(queries.device)
