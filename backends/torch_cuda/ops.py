@@ -86,17 +86,16 @@ class TorchOps(KernelStages):
         kernel: int = 1,
         how: str = "max",
     ) -> torch.Tensor:
-        """On a CPU (not a simulated GPU's), without attention terms and without the Triton kernel
-        forced (use_kernels, SPECFILL_KERNELS=on), the three stages fused (kernels/scoring.pooled_head_scores);
-        else KernelStages' composition, which also says what is wrong with a kernel or a reduction."""
+        """Where the scoring stage runs its CPU twin (auto picks no kernel on this device: not a GPU's,
+        nor a simulated one's; the kernel not forced by use_kernels or SPECFILL_KERNELS=on) and there
+        are no attention terms, the three stages fused (kernels/scoring.pooled_head_scores); else
+        KernelStages' composition, which also says what is wrong with a kernel or a reduction."""
         from specfill.core.self_check import kernels_setting  # imported by a scoring's first layer only
 
         from .kernels import dispatch  # a module reference: where auto picks the kernel (tests patch it)
 
-        kernel_auto = dispatch.kernel_device_auto(queries.device)
-        cpu = not placement.on_cuda(queries) and not kernel_auto and kernels_setting(self.use_kernels) is not True
-        fused = cpu and active_terms(terms) is None
-        if fused and kernel >= 1 and kernel % 2 == 1 and how in REDUCTIONS:
+        twin = not dispatch.kernel_device_auto(queries.device) and kernels_setting(self.use_kernels) is not True
+        if twin and active_terms(terms) is None and kernel >= 1 and kernel % 2 == 1 and how in REDUCTIONS:
             return stage_kernels().pooled_head_scores(queries, keys, scale, window, query_start, kernel, how)
         return super().layer_scores(queries, keys, scale, window, terms, query_start, kernel, how)
 

@@ -179,8 +179,8 @@ def pooled_head_scores(
     check_scoring_shapes(queries, keys)
     n_layers, n_queries, n_heads, _ = queries.shape
     n_keys, stats = keys.shape[2], stats_dtype(queries, keys)
-    out = torch.zeros((n_queries, n_layers, n_keys), dtype=stats, device=queries.device)
-    if n_keys == 0 or n_queries == 0 or n_layers == 0:
+    out = torch.empty((n_queries, n_layers, n_keys), dtype=stats, device=queries.device)  # every row set below
+    if out.numel() == 0:
         return out
     hidden = _hidden(n_queries, n_keys, window, query_start, keys.device)
     tile = _TileProbs(queries.to(stats), keys.to(stats), scale, hidden)
