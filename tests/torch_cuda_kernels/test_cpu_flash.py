@@ -55,6 +55,22 @@ def test_intra_matches_the_twin(dtype, n_heads, n_kv, n_tokens, chunk):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_intra_with_the_kernels_gqa_gives_the_repeated_heads_numbers(monkeypatch, dtype):
+    """Phase 1 hands the kernel the unrepeated key and value heads where it maps query heads onto
+    them itself (_native_gqa); with them repeated per head (a torch without it) every output, log-sum-exp
+    and column sum has the same bits (full chunks and a partial last one)."""
+    q, k, v = _qkv(6, 2, 37, 37, dtype, seed=11)
+    cpu_flash._native_gqa.cache_clear()
+    assert cpu_flash._native_gqa()  # the installed torch (2.13) has it: the fast path is the one tested
+    native = cpu_flash.intra_attention_flash(q, k, v, 16, 0.3)
+    monkeypatch.setattr(cpu_flash, "_native_gqa", lambda: False)
+    repeated = cpu_flash.intra_attention_flash(q, k, v, 16, 0.3)
+    for name in ("o", "m"):
+        assert torch.equal(getattr(native.state, name), getattr(repeated.state, name)), name
+    assert torch.equal(native.colsum, repeated.colsum)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n_heads,n_kv,n_tokens,n_mem", [(4, 2, 16, 24), (3, 3, 9, 40), (6, 1, 1, 7)])
 def test_inter_matches_the_twin(dtype, n_heads, n_kv, n_tokens, n_mem):
     q, _, _ = _qkv(n_heads, n_kv, n_tokens, n_tokens, dtype, seed=5)
