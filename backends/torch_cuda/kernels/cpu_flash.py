@@ -29,8 +29,6 @@ scores are that close.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from specfill.core.self_check import kernels_setting
@@ -69,22 +67,9 @@ def cpu_flash_runs(
 
 def _flash(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, H, L, D] x [B, H / G, S, D] -> output [B, H, L, D] (q's dtype), lse [B, H, L] float32;
-    query head h reads key and value head h // G (G > 1 only where `_native_gqa()`)."""
+    query head h reads key and value head h // G (the kernel's own GQA, as attention.py's prefill
+    calls it: the numbers of the keys and values repeated per head)."""
     return _flash_op()(q, k, v, 0.0, causal, scale=scale)
-
-
-@functools.cache
-def _native_gqa() -> bool:
-    """Whether this torch's CPU flash kernel takes fewer key / value heads than query heads (torch
-    2.13 does, with the numbers of the keys and values repeated per head); else they are repeated."""
-    q = torch.linspace(-1, 1, 64, dtype=torch.bfloat16).reshape(1, 2, 4, 8)
-    k = q[:, :1].flip(-1).contiguous()
-    try:
-        got = _flash(q, k, k, True, 0.5)
-    except RuntimeError:
-        return False
-    want = _flash(q, k.expand(1, 2, 4, 8).contiguous(), k.expand(1, 2, 4, 8).contiguous(), True, 0.5)
-    return all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def _column_sums(q, k, lse, causal: bool, scale: float) -> torch.Tensor:
@@ -147,10 +132,8 @@ def intra_attention_flash(q, k, v, chunk_size: int, scale: float, with_colsum: b
             # the keys and values repeated per head, ~20% faster and without the copies (the 0.5B at
             # 32K, [32, 14, 1024, 64], bf16, 2 threads: 251 ms against 311); the swapped pass
             # repeats its (augmented) keys itself
-            qc, kc, vc = chunked(q), chunked(k), chunked(v)
-            if kc.shape[1] != n_heads and not _native_gqa():
-                kc, vc = (x.repeat_interleave(n_heads // x.shape[1], dim=1) for x in (kc, vc))
-            out, lse = _flash(qc, kc, vc, True, scale)
+            qc, kc = chunked(q), chunked(k)
+            out, lse = _flash(qc, kc, chunked(v), True, scale)
             m[:, start:end] = lse.transpose(0, 1).flatten(1, 2)
             o[:, start:end] = out.transpose(0, 1).flatten(1, 2)
             if colsum is not None:
