@@ -34,7 +34,7 @@ DEFAULT_KEEP_RATIO = 0.3  # measured (issue 34): the paper's 0.1 loses multi-hop
 PAPER_KEEP_RATIO = 0.1  # the reference implementation's keep share
 MASS_FLOOR, MASS_CEILING = 0.05, 0.5  # the mass rule's chunk-share bounds when none are given
 DEEP_WINDOW = 64  # deep_keep: the prompt's last queries of the layers before the deeper ones, ranking the share
-GROWTH_FROM = 4096  # keep_growth: the prompt length (tokens) up to which the keep ratio holds as given
+GROWTH_FROM = 4096  # keep_growth's default growth_from: the prompt length (tokens) up to which the keep ratio holds
 # H2O runs in the first third of the layers and the rest attend to every key: with H2O in every
 # layer (seed 001, layers="all") the answer tokens' keys and values in the later layers drift and
 # multi-value needles lose a value (issue 34: research/h2o_fidelity)
@@ -242,8 +242,10 @@ class SpecPrefillConfig:
     mass_floor and at most mass_ceiling of the chunks (ratios; None: 0.05, 0.5; without keep_mass:
     a ConfigError): a peaked score (one needle) keeps few chunks, a spread one (a chain) more.
     keep_growth (g in (0, 1]; None: 1): with the ratio rule, the tokens kept grow as the prompt's
-    length ** g past GROWTH_FROM tokens: the share kept is keep_ratio x min(1, (P / 4096) ** (g - 1)),
-    so a 32K prompt at keep 0.3, g 0.7 keeps 0.16 of it (issue 47: research/keep_length).
+    length ** g past growth_from tokens (default GROWTH_FROM, 4096): the share kept is keep_ratio x
+    min(1, (P / growth_from) ** (g - 1)), so a 32K prompt at keep 0.3, g 0.7 keeps 0.16 of it (issue
+    47: research/keep_length). growth_from: that length (an integer >= 1; without keep_growth it
+    changes nothing).
     neighbours: also keep this many chunks on each side of every selected chunk (context around
     what was found: the rest of a statement or sentence a chunk boundary cut); the kept count
     grows up to (2 * neighbours + 1) times.
@@ -283,6 +285,9 @@ class SpecPrefillConfig:
         None,
         f"SpecPrefill: with a keep ratio, the tokens kept grow as the prompt's length ** g past {GROWTH_FROM} "
         f"tokens, g in (0, 1] (none: 1, a fixed share)",
+    )
+    growth_from: int = setting(
+        GROWTH_FROM, "SpecPrefill: with keep_growth, the prompt length (tokens) up to which the keep ratio holds"
     )
     lookahead: int = setting(
         8,
@@ -421,11 +426,11 @@ class SpecPrefillConfig:
         return self.chunk_range(n_chunks)[1]
 
     def share(self, n_tokens: int) -> float:
-        """The share of an n_tokens prompt the ratio rule keeps: keep_ratio, falling past GROWTH_FROM
-        tokens as (n_tokens / GROWTH_FROM) ** (keep_growth - 1) when keep_growth is set."""
-        if self.keep_growth is None or n_tokens <= GROWTH_FROM:
+        """The share of an n_tokens prompt the ratio rule keeps: keep_ratio, falling past growth_from
+        tokens as (n_tokens / growth_from) ** (keep_growth - 1) when keep_growth is set."""
+        if self.keep_growth is None or n_tokens <= self.growth_from:
             return self.keep_ratio
-        return self.keep_ratio * (n_tokens / GROWTH_FROM) ** (self.keep_growth - 1.0)
+        return self.keep_ratio * (n_tokens / self.growth_from) ** (self.keep_growth - 1.0)
 
     def token_budget(self, n_tokens: int) -> int:
         """Text units (select_units "text"): how many of an n_tokens prompt's tokens the best units
@@ -469,10 +474,22 @@ class SpecPrefillConfig:
 # keep 0.3 lost (decoded, 16K), one neighbour chunk on each side the context around what it found.
 # Keep 0.15 (26% kept) kept one HotpotQA sample more, but prices at 5.9x full at 128K (H100, Llama-3.1-8B
 # + 1B) against 8.7x at 17% (research/roofline). Its speculator nested (deep_keep, deep_from:
-# research/speculator_depth) keeps the same samples at 32K and one more at 16K.
+# research/speculator_depth) keeps the same samples at 32K and one more at 16K. Past 16,384 tokens
+# its keep follows the length (issue 47 item 2): tokens kept grow as P ** 0.5, keep 0.072 at 32K,
+# 0.035 at 128K. On the proxy at 32K (research/keep_length/results/composition_keeps_32k.json, 20
+# samples, one pass each, bf16) keep 0.05-0.08 kept every sample keep 0.1 keeps on the four tasks
+# issue 47 decodes and lost one HotpotQA sample (17/20 against 18/20; 0.09: 18/20; 0.04 lost a
+# multi-key needle too); past 32K the rule is unmeasured (docs/eval.md).
 AUTO_COMPOSITION_FROM = 15_700
 AUTO_COMPOSITION = SpecPrefillConfig(
-    keep_ratio=0.1, query_window=32, neighbours=1, speculator_prefill="h2o", deep_keep=0.3, deep_from=0.5
+    keep_ratio=0.1,
+    keep_growth=0.5,
+    growth_from=16_384,
+    query_window=32,
+    neighbours=1,
+    speculator_prefill="h2o",
+    deep_keep=0.3,
+    deep_from=0.5,
 )
 # On a shorter turn's new part auto weighs the composition at SpecPrefill's keep rule, its speculator nested: 18/20
 # turn samples as the default, 1.36-1.44x / 1.57-1.67x full on 4K / 8K turns (docs/methods.md "auto").

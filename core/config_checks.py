@@ -73,7 +73,8 @@ def _require_int(config: object, name: str, minimum: int, label: str | None = No
 def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: tuple[float, float]) -> None:
     """SpecPrefillConfig's keep rule: at most one of `rules` (keep_ratio, keep_tokens, keep_mass);
     the mass rule's bounds only with it (defaults `bounds`), ceiling >= floor; a token budget an
-    integer >= 1; else the ratio (default `ratio`) in (0, 1], keep_growth in (0, 1] with it only."""
+    integer >= 1; else the ratio (default `ratio`) in (0, 1], keep_growth in (0, 1] with it only;
+    growth_from an integer >= 1."""
     given = [name for name in rules if getattr(config, name) is not None]
     if len(given) > 1:
         raise _error(
@@ -117,6 +118,7 @@ def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: 
         object.__setattr__(config, "keep_ratio", float(value))
         if config.keep_growth is not None:
             object.__setattr__(config, "keep_growth", _require_share(config, "keep_growth"))
+    _require_int(config, "growth_from", 1)
 
 
 def _check_deep_keep(config: Any) -> None:

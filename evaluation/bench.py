@@ -236,7 +236,7 @@ def _plan_dict(plan: BenchPlan) -> dict:
 def _growth(specprefill: dict) -> str:
     """The report's words for keep_growth (absent from plans written before it existed)."""
     g = specprefill.get("keep_growth")
-    return "" if g is None else f", tokens kept growing as P^{g} past {GROWTH_FROM}"
+    return "" if g is None else f", tokens kept growing as P^{g} past {specprefill.get('growth_from', GROWTH_FROM)}"
 
 
 def write_bench(result: dict, out_dir: str | os.PathLike, name: str = "bench") -> list[Path]:

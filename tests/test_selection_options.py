@@ -10,6 +10,7 @@ import pytest
 
 from specfill.cli.options import add_method_options, specprefill_config
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
+from specfill.core.config import GROWTH_FROM
 from specfill.core.methods import selection
 from specfill.core.reference import specprefill
 
@@ -202,6 +203,27 @@ def test_keep_growth_shrinks_the_share_past_4k_tokens_as_the_length_grows():
     want = specprefill.select_tokens(importance, config).kept
     assert len(want) == 165 * 32
     np.testing.assert_array_equal(selection.select_tokens(importance, config).kept, want)
+
+
+def test_growth_from_moves_where_the_share_starts_to_fall():
+    """growth_from: the ratio holds up to it, then falls as (P / growth_from) ** (g - 1); without
+    keep_growth it changes nothing."""
+    late = SpecPrefillConfig(keep_ratio=0.1, keep_growth=0.5, growth_from=16384)
+    assert late.share(4096) == late.share(16000) == late.share(16384) == 0.1
+    assert late.share(32768) == pytest.approx(0.1 * 2**-0.5)
+    assert late.n_kept_chunks(500) == 50 and late.n_kept_chunks(1024) == math.ceil(1024 * 0.1 * 2**-0.5)
+    assert SpecPrefillConfig(keep_ratio=0.1, growth_from=16384).share(65536) == 0.1
+    assert SpecPrefillConfig(keep_growth=0.5).growth_from == GROWTH_FROM == 4096
+    parser = argparse.ArgumentParser()
+    add_method_options(parser)
+    given = specprefill_config(parser.parse_args(["--keep", "0.1", "--keep-growth", "0.5", "--growth-from", "16384"]))
+    assert given == late
+
+
+@pytest.mark.parametrize("value", [0, -5, 2.5, True, "16K"])
+def test_bad_growth_from_is_one_config_error(value):
+    with pytest.raises(ConfigError, match="growth_from"):
+        SpecPrefillConfig(keep_growth=0.5, growth_from=value)
 
 
 @pytest.mark.parametrize("fields", [dict(keep_growth=0.0), dict(keep_growth=1.5), dict(keep_growth="x")])
