@@ -18,7 +18,10 @@ length run full prefill unmeasured; longer than the longest measured length, the
 longest holds. With several sparse methods calibrated (a speculator given: H2O, SpecPrefill and
 SpecPrefill over an H2O speculator, each its own calibration) `fastest` picks among those whose
 crossover the prompt reaches: the least sparse / full time at the longest length each measured
-within the prompt's.
+within the prompt's. Each such option is first measured on to `common_length`, the longest any of
+them reached (`extended`): a slower probe stops sooner on its budget, and a ratio at 2K set against
+another's at 8K chose plain SpecPrefill (0.57 at 8K) over the composition (0.81 at 2K) for 32K
+prompts, where the composition is 3x faster (2026-12-02, results/cpu_bf16_long/notes.md).
 """
 
 from __future__ import annotations
@@ -137,6 +140,25 @@ def fastest(calibrations: dict[str, dict[str, Any]], n_tokens: int) -> str | Non
         if ratio < best_ratio:
             best, best_ratio = name, ratio
     return best
+
+
+def common_length(calibrations: Sequence[dict[str, Any]], n_tokens: int) -> int | None:
+    """The longest length any of `calibrations` measured up to n_tokens (None: none did): where
+    options weighed against each other are compared, as every method's ratio to full prefill
+    falls with the length and a budget cuts a slower probe shorter."""
+    lengths = [int(n) for data in calibrations for n in data["points"] if int(n) <= n_tokens]
+    return max(lengths, default=None)
+
+
+def extended(key: dict[str, Any], data: dict[str, Any], measure: Measure, lengths: Sequence[int]) -> dict[str, Any]:
+    """The calibration `data` of `key` with each of `lengths` it lacks measured (whatever the
+    budget), its crossover recomputed, saved; `data` itself when it lacks none."""
+    missing = sorted(n for n in lengths if str(n) not in data["points"])
+    if not missing:
+        return data
+    points = {int(n): (p["full_s"], p["sparse_s"]) for n, p in data["points"].items()}
+    points |= {n: measure(n) for n in missing}
+    return save_calibration(key, points, data.get("how", "probe (core/probe.py)"))
 
 
 def read_calibration(key: dict[str, Any]) -> dict[str, Any] | None:

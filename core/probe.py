@@ -32,7 +32,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
-from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, fastest
+from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, common_length, extended, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_prefill, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
@@ -332,8 +332,9 @@ def auto_choice(
     lm: ProbedModel, method: PrefillMethod, prompt_tokens: int, cached: int = 0
 ) -> tuple[PrefillMethod, str]:
     """The method an "auto" `method` runs an n-token prompt (a turn's new part over `cached` reused
-    tokens) with on this machine, and why: each of auto_options calibrated (cached, else probed),
-    the fastest whose crossover the prompt reaches (core/crossover.fastest; a turn's new part read
+    tokens) with on this machine, and why: each of auto_options calibrated (cached, else probed)
+    and measured on to the longest length any of them reached (crossover.common_length), the
+    fastest whose crossover the prompt reaches (core/crossover.fastest; a turn's new part read
     on calibrations of turns, timed over a cached prefix), else full prefill. A new part shorter
     than the shortest calibration length runs full prefill, however long the conversation it follows.
     The SpecPrefill config's protected spans (one prompt's data) are set aside while the options are
@@ -353,11 +354,21 @@ def auto_choice(
     turn = cached > 0
     if turn:
         why.append(f"{prompt_tokens} new tokens over {cached} cached: the turn calibrations")
+    wheres = {}
     for index, option in enumerate(options):
-        crossover, where, data = _calibration(lm, option, prompt_tokens, False, None, turn)
-        why.append(f"{sparse_name(option)} from {crossover}: {where}")
+        crossover, wheres[index], data = _calibration(lm, option, prompt_tokens, False, None, turn)
         if data is not None:
             calibrations[str(index)] = data
+    # the options compared at one length: each measured on to the longest any of them reached
+    common = common_length(list(calibrations.values()), prompt_tokens)
+    for name, data in calibrations.items():
+        option = options[int(name)]
+        lengths = [n for n in probe_lengths(lm, option, turn) if n <= (common or 0)]
+        calibrations[name] = extended(key_for(lm, option, turn), data, _measurer(lm, option, turn), lengths)
+    for index, option in enumerate(options):
+        data = calibrations.get(str(index))
+        crossover = None if data is None else data["crossover_tokens"]
+        why.append(f"{sparse_name(option)} from {crossover}: {wheres[index]}")
     chosen = fastest(calibrations, prompt_tokens)
     if chosen is None:
         return dataclasses.replace(method, name="full", auto_threshold=None), "; ".join(why)
@@ -407,14 +418,20 @@ def _calibration(
     if prompt_tokens is not None and prompt_tokens < lengths[0]:
         return None, f"prompt shorter than the shortest calibration length ({lengths[0]}): full prefill", None
     key = key_for(lm, method, turn)
+    return calibrated(key, _measurer(lm, method, turn), lengths, refresh=refresh, min_points=TURN_POINTS if turn else 1)
+
+
+def _measurer(lm: ProbedModel, method: PrefillMethod, turn: bool) -> Callable[[int], tuple[float, float]]:
+    """length -> (full s, sparse s) of `method` (a turn's: over TURN_CACHED_PER_NEW x length cached),
+    its first call preceded by an untimed one (it compiles kernels, runs self-checks, sizes caches)."""
     warm: list[int] = []
 
     def measure(length: int) -> tuple[float, float]:
         cached = TURN_CACHED_PER_NEW * length if turn else 0
         with lm.ops.device_scope():
-            if not warm:  # first calls compile kernels, run self-checks and size caches
+            if not warm:
                 warm.append(length)
                 _measure(lm, method, length, cached)
             return _measure(lm, method, length, cached)
 
-    return calibrated(key, measure, lengths, refresh=refresh, min_points=TURN_POINTS if turn else 1)
+    return measure

@@ -260,6 +260,44 @@ def test_auto_runs_the_recorded_composition_where_it_is_fastest(tiny, monkeypatc
     assert "specprefill+h2o" not in measured
 
 
+def test_common_length_and_extended_calibrations(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path))
+
+    def data(points):
+        return {"crossover_tokens": None, "points": {str(n): {"full_s": f, "sparse_s": s} for n, (f, s) in points}}
+
+    short, long = data([(2048, (1.0, 0.8))]), data([(2048, (1.0, 0.9)), (4096, (2.0, 1.2)), (8192, (4.0, 2.0))])
+    assert crossover.common_length([short, long], 32000) == 8192
+    assert crossover.common_length([short, long], 5000) == 4096 and crossover.common_length([short], 1000) is None
+    key = {"backend": "test", "method": "composition", "n": 1}
+    seen: list[int] = []
+    grown = crossover.extended(key, short, lambda n: seen.append(n) or (n / 2048, n / 8192), [2048, 4096, 8192])
+    assert seen == [4096, 8192] and grown["crossover_tokens"] == 2048
+    assert set(grown["points"]) == {"2048", "4096", "8192"}
+    assert crossover.read_calibration(key) == grown  # saved
+    assert crossover.extended(key, grown, lambda n: pytest.fail("measured again"), [2048, 8192]) is grown
+
+
+def test_auto_compares_its_options_at_one_length(tiny, monkeypatch):
+    """A probe cut short by its budget (here: the composition's, measured at the shortest length only,
+    where it loses) is measured on to the longest length another option reached before auto compares
+    them: there the composition wins (issue 47: a fresh machine's auto chose plain SpecPrefill at 32K)."""
+    model, tok = tiny
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))
+    monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 1050)
+    method = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig())
+    plain, composed, h2o = probe.auto_options(method, 1100)
+    for option, points in ((plain, {1040: (1.0, 0.7), 1080: (2.0, 1.2)}), (composed, {1040: (1.0, 0.8)})):
+        crossover.save_calibration(probe.key_for(model, option), points, "probe (core/probe.py)")
+    crossover.save_calibration(probe.key_for(model, h2o), {1040: (1.0, 2.0), 1080: (2.0, 4.0)}, "probe")
+    calls = fake_measure(monkeypatch, {1080: (2.0, 0.6)})  # the composition at 1080 (with its warm-up call)
+    chosen, why = probe.auto_choice(model, method, 1100)
+    assert probe.sparse_name(chosen) == "specprefill+h2o" and calls == [1080, 1080], why
+    assert set(crossover.read_calibration(probe.key_for(model, composed))["points"]) == {"1040", "1080"}
+    calls.clear()
+    assert probe.sparse_name(probe.auto_choice(model, method, 1100)[0]) == "specprefill+h2o" and calls == []
+
+
 def test_auto_weighs_settings_alone_and_hands_the_protected_spans_to_its_choice(tiny, monkeypatch):
     """Protected spans are one prompt's data: with them auto weighs the same options (the composition
     included) under the same calibration keys as without, and the SpecPrefill it picks keeps them."""

@@ -35,10 +35,22 @@ H2O_ALL = H2OConfig(layers="all")
 # main model + speculator pairs of the composition table (issue 38 item 4)
 PAIRS = ((LLAMA_8B, LLAMA_1B), (QWEN_CODER_15B, QWEN_CODER_05B), (QWEN3_32B, QWEN3_06B))
 KEEPS = (0.1, 0.3)  # the paper's keep ratio and this project's default (DEFAULT_KEEP_RATIO)
-# the share of the prompt `auto`'s composition (core/config.AUTO_COMPOSITION: keep 0.1, a 32-query
-# window, one neighbour chunk each side) kept on the 16K selection proxy (0.169, 20 samples; plain
-# SpecPrefill with the same selection 0.17 at 16K and 32K): what its main model prefills (issue 47)
-AUTO_SHARE = 0.17
+# what `auto`'s composition (core/config.AUTO_COMPOSITION: keep 0.1 up to 16,384 tokens, then tokens
+# kept ~ P ** 0.5; a 32-query window, one neighbour chunk each side) prefills with its main model: its
+# keep share times NEIGHBOUR_GROWTH, the kept share over the keep ratio measured on the proxy at 32K
+# (1.76 at keep 0.1 to 1.88 at 0.04, research/keep_length/results/composition_keeps_32k.json; 0.169
+# at keep 0.1 on the 16K proxy); the largest measured, as the smaller keeps have (issue 47)
+NEIGHBOUR_GROWTH = 1.88
+
+
+def auto_share(tokens: int) -> float:
+    """The share of a `tokens`-long prompt `auto`'s composition keeps (its rule, neighbours included)."""
+    from specfill.core.config import AUTO_COMPOSITION
+
+    return min(1.0, AUTO_COMPOSITION.share(tokens) * NEIGHBOUR_GROWTH)
+
+
+
 MAC_LENGTH, MAC_RANKS = 32768, (1, 2, 4)
 
 
@@ -79,8 +91,8 @@ def composition_table(keeps: tuple[float, ...] = KEEPS) -> list[dict]:
     return rows
 
 
-def auto_composition(spec: Shape) -> Method:
-    """`auto`'s composition (core/config.AUTO_COMPOSITION) with this speculator, keeping AUTO_SHARE:
+def auto_composition(spec: Shape, tokens: int = 131072) -> Method:
+    """`auto`'s composition (core/config.AUTO_COMPOSITION) with this speculator, keeping auto_share(tokens):
     its speculator as deep as its pass runs (core/methods/speculator_depth.pass_depth: its scoring layers,
     no look-ahead), H2O in each of those layers."""
     from specfill.core.config import AUTO_COMPOSITION, layer_subset
@@ -89,12 +101,12 @@ def auto_composition(spec: Shape) -> Method:
     config = AUTO_COMPOSITION
     depth = pass_depth(spec.layers, layer_subset(config.layers, spec.layers), config.lookahead, 0)
     return Method("specprefill", speculator=spec.first_layers(depth) if depth < spec.layers else spec,
-                  keep=AUTO_SHARE, lookahead=config.lookahead, speculator_h2o=SPEC_H2O)
+                  keep=auto_share(tokens), lookahead=config.lookahead, speculator_h2o=SPEC_H2O)
 
 
 def acceptance(keeps: tuple[float, ...] = KEEPS) -> list[dict]:
     """Issues 38 and 47's line: does the roofline predict >= 6x for the composition at 128K on H100,
-    at each keep ratio and at the share `auto`'s composition keeps (AUTO_SHARE)?"""
+    at each keep ratio and at the share `auto`'s composition keeps there (auto_share)?"""
     out = []
     for main, spec in PAIRS:
         full = predict(main, DEVICES["h100"], 131072, Method("full"))["ttft"]
