@@ -96,9 +96,7 @@ def main(argv=None) -> int:
                 | {"keeps": per_keep}
             )
             write_atomic(args.out, json.dumps(result, indent=1) + "\n")
-            summary = " ".join(
-                f"{k}:{'Y' if v['all_kept'] else 'n'}/{v['kept_tokens']}" for k, v in per_keep.items()
-            )
+            summary = " ".join(f"{k}:{'Y' if v['all_kept'] else 'n'}/{v['kept_tokens']}" for k, v in per_keep.items())
             print(f"{task} #{index} ({len(ids)} tokens, pass {pass_s:.0f} s): {summary}", flush=True)
     rows = result["rows"]
     for keep in keeps:

@@ -100,7 +100,7 @@ def _composition_lines(result: dict) -> list[str]:
     if "composition" not in result:
         return []
     lines = ["", "## The composition: SpecPrefill whose speculator prefills with H2O (issue 38)", "",
-             f"Per main + speculator pair, keep {' and '.join(sorted({str(a['keep']) for a in result['acceptance']}))} "
+             f"Per main + speculator pair, keep {' and '.join(sorted({str(a['keep']) for a in result['acceptance'] if a['setting'].startswith('keep')}))} "
              "(0.1: the paper's; 0.3: this project's default); the "
              "speculator's pass priced with h2o_dot_products (H2O defaults in every layer), look-ahead and "
              "scoring over every prompt key, the main model's kept tokens dense. PFlash's published figure "
