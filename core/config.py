@@ -464,36 +464,19 @@ class SpecPrefillConfig:
         return max(1, min(n_chunks, k))
 
 
-# `auto` with a speculator and SpecPrefill's default settings also weighs SpecPrefill over an H2O
-# speculator (the composition) on prompts (their new part) of AUTO_COMPOSITION_FROM tokens or more,
-# run with AUTO_COMPOSITION, and picks it where this machine's calibration finds it fastest (issue 47
-# item 4). Length and settings are those of its accuracy evidence (docs/eval.md, "The composition on
-# the proxy at 16K"): on RULER's five tasks at 16K (prompts of 15,713 tokens and more) it kept every
-# answer span of 17 of 20 samples (the dense default, keep 0.3: 16; the composition at keep 0.3: 14),
-# keeping 17% of the prompt; the 32-query window brings back the multi-key needle the composition's
-# keep 0.3 lost (decoded, 16K), one neighbour chunk on each side the context around what it found.
-# Keep 0.15 (26% kept) kept one HotpotQA sample more, but prices at 5.9x full at 128K (H100, Llama-3.1-8B
-# + 1B) against 8.7x at 17% (research/roofline). Its speculator nested (deep_keep, deep_from:
-# research/speculator_depth) keeps the same samples at 32K and one more at 16K. Past 16,384 tokens
-# its keep follows the length (issue 47 item 2): tokens kept grow as P ** 0.5, keep 0.072 at 32K,
-# 0.035 at 128K. On the proxy at 32K (research/keep_length/results/composition_keeps_32k.json, 20
-# samples, one pass each, bf16) keep 0.05-0.08 kept every sample keep 0.1 keeps on the four tasks
-# issue 47 decodes and lost one HotpotQA sample (17/20 against 18/20; 0.09: 18/20; 0.04 lost a
-# multi-key needle too); past 32K the rule is unmeasured (docs/eval.md).
-AUTO_COMPOSITION_FROM = 15_700
-AUTO_COMPOSITION = SpecPrefillConfig(
-    keep_ratio=0.1,
-    keep_growth=0.5,
-    growth_from=16_384,
-    query_window=32,
-    neighbours=1,
-    speculator_prefill="h2o",
-    deep_keep=0.3,
-    deep_from=0.5,
-)
 # On a shorter turn's new part auto weighs the composition at SpecPrefill's keep rule, its speculator nested: 18/20
 # turn samples as the default, 1.36-1.44x / 1.57-1.67x full on 4K / 8K turns (docs/methods.md "auto").
 AUTO_TURN_COMPOSITION = SpecPrefillConfig(speculator_prefill="h2o", query_window=32, deep_keep=0.3, deep_from=0.5)
+# `auto` with a speculator and SpecPrefill's defaults also weighs the composition, as AUTO_COMPOSITION, on
+# prompts (new parts) of AUTO_COMPOSITION_FROM tokens or more, where its evidence holds (issue 47 item 4;
+# docs/eval.md): at 16K 17 of 20 RULER samples' answer spans kept (the dense default: 16) at 17% of the
+# prompt, the window bringing back a multi-key needle. Past 16,384 tokens its tokens kept grow as P ** 0.5
+# (0.072 at 32K): on the 32K proxy one HotpotQA sample of 20 less than keep 0.1, the four tasks issue 47
+# decodes the same (research/keep_length/results/composition_keeps_32k.json); past 32K unmeasured.
+AUTO_COMPOSITION_FROM = 15_700
+AUTO_COMPOSITION = dataclasses.replace(
+    AUTO_TURN_COMPOSITION, keep_ratio=0.1, keep_growth=0.5, growth_from=16_384, neighbours=1
+)
 
 
 @dataclass(frozen=True)
