@@ -356,15 +356,17 @@ def auto_choice(
         why.append(f"{prompt_tokens} new tokens over {cached} cached: the turn calibrations")
     wheres = {}
     for index, option in enumerate(options):
-        crossover, wheres[index], data = _calibration(lm, option, prompt_tokens, False, None, turn)
+        _, wheres[index], data = _calibration(lm, option, prompt_tokens, False, None, turn)
         if data is not None:
             calibrations[str(index)] = data
-    # the options compared at one length: each measured on to the longest any of them reached
-    common = common_length(list(calibrations.values()), prompt_tokens)
+    # the options compared at one length: each measured on to the longest any of them reached (a
+    # request's usual case, every calibration already there, measures and reads nothing more)
+    common = common_length(list(calibrations.values()), prompt_tokens) or 0
     for name, data in calibrations.items():
         option = options[int(name)]
-        lengths = [n for n in probe_lengths(lm, option, turn) if n <= (common or 0)]
-        calibrations[name] = extended(key_for(lm, option, turn), data, _measurer(lm, option, turn), lengths)
+        lengths = [n for n in probe_lengths(lm, option, turn) if n <= common and str(n) not in data["points"]]
+        if lengths:
+            calibrations[name] = extended(key_for(lm, option, turn), data, _measurer(lm, option, turn), lengths)
     for index, option in enumerate(options):
         data = calibrations.get(str(index))
         crossover = None if data is None else data["crossover_tokens"]

@@ -1,10 +1,10 @@
-"""`auto`'s composition (core/config.AUTO_COMPOSITION) at several keep ratios from ONE speculator pass
-per sample: the nested H2O pass, its look-ahead and the scoring do not depend on the keep ratio, so
-the pass runs once (speculate_and_select, its importance captured) and each ratio's selection is
-made from the same importance (select_new_tokens, as the product does). A sample keeps its answer
-when every answer span is at least half kept (the protocol's rule). RULER samples as
-`specfill eval` builds them (seed 0, chat template); the 0.5B speculator alone, bf16 on the CPU,
-2 threads. Writes results as it goes.
+"""`auto`'s composition (core/config.AUTO_COMPOSITION) at several flat keep ratios (its length rule off:
+keep_growth None) from ONE speculator pass per sample: the nested H2O pass, its look-ahead and the
+scoring do not depend on the keep ratio, so the pass runs once (speculate_and_select, its importance
+captured) and each ratio's selection is made from the same importance (select_new_tokens, as the product
+does). A sample keeps its answer when every answer span is at least half kept (the protocol's rule).
+RULER samples as `specfill eval` builds them (seed 0, chat template); the 0.5B speculator alone, bf16 on
+the CPU, 2 threads. Writes results as it goes.
 
     .venv/bin/python research/keep_length/composition_keeps.py --length 32000 --trials 4 \
         --keeps 0.1,0.09,0.08,0.07,0.06,0.05 --out research/keep_length/results/composition_keeps_32k.json
@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     spec, tokenizer = api.load(
         str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype=args.dtype, device="cpu"
     )[:2]
+    base = dataclasses.replace(AUTO_COMPOSITION, keep_growth=None)  # each ratio as given, at every length
     captured: dict[str, np.ndarray] = {}
     select = sp.select_new_tokens
 
@@ -56,7 +57,7 @@ def main(argv=None) -> int:
 
     sp.select_new_tokens = capture
     result = json.loads(args.out.read_text()) if args.out.exists() else {"rows": []}
-    result.update(machine=describe_machine(), config=repr(AUTO_COMPOSITION), keeps=keeps, dtype=args.dtype)
+    result.update(machine=describe_machine(), config=repr(base), keeps=keeps, dtype=args.dtype)
     done = {(r["task"], r["index"]) for r in result["rows"]}
     for task in args.tasks.split(","):
         for index in range(args.trials):
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
                     spec.ops,
                     spec.model,
                     ids,
-                    AUTO_COMPOSITION,
+                    base,
                     stop_ids=frozenset(tokenizer.eos_token_ids),
                     speculator_step_size=spec.prefill_step_size,
                 )
@@ -78,9 +79,8 @@ def main(argv=None) -> int:
             spans = sample.spans.get("needle", [])
             per_keep = {}
             for keep in keeps:
-                config = dataclasses.replace(AUTO_COMPOSITION, keep_ratio=keep)
-                kept = sp.select_new_tokens(captured["importance"], 0, config).kept
-                if keep == AUTO_COMPOSITION.keep_ratio:  # the product's own selection, reproduced
+                kept = sp.select_new_tokens(captured["importance"], 0, dataclasses.replace(base, keep_ratio=keep)).kept
+                if keep == base.keep_ratio:  # the product's own selection, reproduced
                     assert np.array_equal(np.sort(kept), np.sort(selection.kept)), "selection not reproduced"
                 row = np.zeros(len(ids))
                 row[kept] = 1.0
