@@ -8,6 +8,7 @@ the CPU, 2 threads. Writes results as it goes.
 
     .venv/bin/python research/keep_length/composition_keeps.py --length 32000 --trials 4 \
         --keeps 0.1,0.09,0.08,0.07,0.06,0.05 --out research/keep_length/results/composition_keeps_32k.json
+    ... --deep-from 0.33   # the nested pass split at a third of the speculator's layers instead
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default=",".join(TASKS))
     p.add_argument("--keeps", default="0.1,0.09,0.08,0.07,0.06,0.05")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--deep-from", type=float, default=None, help="the nested pass's split (default: the product's)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(2)
@@ -48,6 +50,8 @@ def main(argv=None) -> int:
         str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype=args.dtype, device="cpu"
     )[:2]
     base = dataclasses.replace(AUTO_COMPOSITION, keep_growth=None)  # each ratio as given, at every length
+    if args.deep_from is not None:
+        base = dataclasses.replace(base, deep_from=args.deep_from)
     captured: dict[str, np.ndarray] = {}
     select = sp.select_new_tokens
 

@@ -6,7 +6,8 @@ TTFT, its parts (speculator, selection, main prefill) and the kept tokens, in th
     .venv/bin/python research/speculator_h2o/ab.py 32000 base,both,both,base   # run alone
 
 Arms: base (AUTO_COMPOSITION), s512 (speculator chunks of 512), m128 (speculator L = H = 128),
-both (chunks of 512 and L = H = 128)."""
+both (chunks of 512 and L = H = 128); df33 (the speculator's deeper layers
+from a third of its depth), dk02 (they read 0.2 of the prompt), k08 (keep 0.08)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ ARMS = {
     "both": dataclasses.replace(
         AUTO_COMPOSITION, speculator_prefill=speculator_h2o(chunk_size=512, local=128, heavy=128)
     ),
+    "df33": dataclasses.replace(AUTO_COMPOSITION, deep_from=0.33),
+    "dk02": dataclasses.replace(AUTO_COMPOSITION, deep_keep=0.2),
+    "k08": dataclasses.replace(AUTO_COMPOSITION, keep_ratio=0.08),
 }
 
 
