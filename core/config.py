@@ -283,8 +283,8 @@ class SpecPrefillConfig:
     keep_tokens: int | None = setting(None, "SpecPrefill: a token budget instead of a ratio")
     keep_growth: float | None = setting(
         None,
-        f"SpecPrefill: with a keep ratio, the tokens kept grow as the prompt's length ** g past {GROWTH_FROM} "
-        f"tokens, g in (0, 1] (none: 1, a fixed share)",
+        "SpecPrefill: with a keep ratio, the tokens kept grow as the prompt's length ** g past growth_from "
+        "tokens, g in (0, 1] (none: 1, a fixed share)",
     )
     growth_from: int = setting(
         GROWTH_FROM, "SpecPrefill: with keep_growth, the prompt length (tokens) up to which the keep ratio holds"

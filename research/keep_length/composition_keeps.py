@@ -24,7 +24,6 @@ import torch
 
 TASKS = ("vt", "niah_multikey_2", "qa_1", "qa_2", "niah_multivalue")
 MODELS = Path.home() / ".cache" / "specfill" / "models"
-HELD = 0.5  # a span is kept when at least this share of it is (the protocol's rule)
 
 
 def main(argv=None) -> int:
@@ -33,6 +32,8 @@ def main(argv=None) -> int:
     from specfill.core.config import AUTO_COMPOSITION
     from specfill.evaluation.machine import describe_machine
     from specfill.evaluation.ruler_protocol import write_atomic
+    from specfill.evaluation.ruler_report import DROPPED_BELOW
+    from specfill.evaluation.ruler_run import span_shares
     from specfill.evaluation.ruler_tasks import build_sample
 
     p = argparse.ArgumentParser()
@@ -88,12 +89,12 @@ def main(argv=None) -> int:
                     assert np.array_equal(np.sort(kept), np.sort(selection.kept)), "selection not reproduced"
                 row = np.zeros(len(ids))
                 row[kept] = 1.0
-                shares = [round(float(row[a:b].mean()), 3) if b > a else 0.0 for a, b in spans]
+                shares = span_shares(row, spans)
                 per_keep[str(keep)] = {
                     "kept_tokens": int(len(kept)),
                     "kept_share": round(len(kept) / len(ids), 4),
                     "answer_kept": shares,
-                    "all_kept": all(s >= HELD for s in shares),
+                    "all_kept": all(s >= DROPPED_BELOW for s in shares),
                 }
             result["rows"].append(
                 {"task": task, "index": index, "tokens": len(ids), "pass_s": round(pass_s, 1), "parts_s": seconds}

@@ -50,7 +50,6 @@ def auto_share(tokens: int) -> float:
     return min(1.0, AUTO_COMPOSITION.share(tokens) * NEIGHBOUR_GROWTH)
 
 
-
 MAC_LENGTH, MAC_RANKS = 32768, (1, 2, 4)
 
 
