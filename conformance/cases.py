@@ -276,6 +276,7 @@ SPEC_CASES: list[SpecCase] = [
         "mass=0.5", 200, SpecPrefillConfig(keep_mass=0.5, mass_floor=0.1, mass_ceiling=0.6, select_chunk=8), seed=15
     ),
     SpecCase("neighbours=1", 200, SpecPrefillConfig(keep_ratio=0.1, neighbours=1, select_chunk=8), seed=16),
+    SpecCase("neighbours=0.5", 200, SpecPrefillConfig(keep_ratio=0.1, neighbours=0.5, select_chunk=8), seed=16),
     SpecCase(
         "mass=0.3,max,neighbours=2",
         257,

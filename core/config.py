@@ -246,9 +246,9 @@ class SpecPrefillConfig:
     min(1, (P / growth_from) ** (g - 1)), so a 32K prompt at keep 0.3, g 0.7 keeps 0.16 of it (issue
     47: research/keep_length). growth_from: that length (an integer >= 1; without keep_growth it
     changes nothing).
-    neighbours: also keep this many chunks on each side of every selected chunk (context around
-    what was found: the rest of a statement or sentence a chunk boundary cut); the kept count
-    grows up to (2 * neighbours + 1) times.
+    neighbours: also keep this many chunks (a fraction: the nearest ceil(neighbours x select_chunk)
+    tokens) on each side of every selected chunk: context around what was found, the rest of a
+    statement a chunk boundary cut; the kept count grows up to (2 * neighbours + 1) times.
     force_keep_last: always keep the last prompt token so decoding has its context.
     token_floor: keep at least this many tokens (in whole chunks) whatever the keep rule says:
     a short prompt's 10% is too few to hold a question and its answer (0: no floor).
@@ -320,7 +320,7 @@ class SpecPrefillConfig:
     mass_ceiling: float | None = setting(
         None, f"with keep_mass: keep at most this share of the chunks (none given: {MASS_CEILING})"
     )
-    neighbours: int = setting(0, "SpecPrefill: also keep this many chunks each side of every selected chunk")
+    neighbours: float = setting(0, "SpecPrefill: keep this many chunks (or a share of one) around each kept chunk")
     token_floor: int = setting(0, "SpecPrefill: keep at least this many tokens whatever the keep rule says")
     keep_first: int = setting(0, "SpecPrefill: always keep the prompt's first N tokens (on top of the budget)")
     keep_last: int = setting(0, "SpecPrefill: always keep the prompt's last N tokens (on top of the budget)")
@@ -370,7 +370,7 @@ class SpecPrefillConfig:
         if self.pool_kernel % 2 == 0:
             raise _error(self, f"pool_kernel must be odd (centred pooling), got {self.pool_kernel}", "pool_kernel")
         _require_int(self, "select_chunk", 1)
-        for name in ("neighbours", "token_floor", "keep_first", "keep_last"):
+        for name in ("token_floor", "keep_first", "keep_last"):
             _require_int(self, name, 0)
         _check_spans(self)
         _check_units(self)

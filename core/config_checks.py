@@ -42,7 +42,8 @@ def _check_spans(config: Any) -> None:
 
 def _check_units(config: Any) -> None:
     """SpecPrefillConfig.select_units in SELECT_UNITS and unit_starts as ascending unique positions in
-    [0, MAX_SETTING] (0 added: it always starts a unit), given only with "text"; "text" takes no mass rule."""
+    [0, MAX_SETTING] (0 added: it always starts a unit), given only with "text"; "text" takes no mass
+    rule; the neighbours around each kept unit (_check_neighbours)."""
     if config.select_units not in SELECT_UNITS:
         raise _error(config, f"select_units must be one of {SELECT_UNITS}, got {config.select_units!r}", "select_units")
     given = config.unit_starts if isinstance(config.unit_starts, (tuple, list)) else [config.unit_starts]
@@ -58,6 +59,22 @@ def _check_units(config: Any) -> None:
             "select_units",
         )
     object.__setattr__(config, "unit_starts", tuple(sorted({0, *given})) if given else ())
+    _check_neighbours(config)
+
+
+def _check_neighbours(config: Any) -> None:
+    """SpecPrefillConfig.neighbours: a number of chunks in [0, MAX_SETTING], whole with text units
+    (units differ in length: no share of one is defined); a whole float is stored as an int."""
+    value = config.neighbours
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not number or not 0 <= value <= MAX_SETTING:
+        raise _error(
+            config, f"neighbours must be a number of chunks in [0, {MAX_SETTING}], got {value!r}", "neighbours"
+        )
+    if value == int(value):
+        object.__setattr__(config, "neighbours", int(value))
+    elif config.select_units == "text":
+        raise _error(config, f"neighbours with text units must be whole units, got {value!r}", "neighbours")
 
 
 def _require_int(config: object, name: str, minimum: int, label: str | None = None) -> int:

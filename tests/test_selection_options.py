@@ -73,6 +73,20 @@ def test_neighbours_keep_the_chunks_around_each_selected_one_inside_the_prompt()
     assert set(specprefill.select_tokens(importance, plain).kept.tolist()) < set(kept)
 
 
+def test_a_fraction_of_a_neighbour_keeps_the_nearest_tokens_each_side():
+    """neighbours 0.5 with chunks of 4: the 2 tokens either side of each kept chunk, inside the
+    prompt; a whole float is the int (one setting, one value)."""
+    importance = np.zeros(40)
+    importance[0] = 1.0  # chunk 0: nothing on its left
+    importance[21] = 2.0  # chunk 5: tokens 18..25 with its neighbours' halves
+    config = SpecPrefillConfig(keep_tokens=8, select_chunk=4, neighbours=0.5, force_keep_last=False)
+    kept = specprefill.select_tokens(importance, config).kept.tolist()
+    assert kept == list(range(0, 6)) + list(range(18, 26))
+    assert len(kept) <= specprefill.keep_count_upper_bound(40, config) == 2 * (4 + 2 * 2) + 1
+    whole = SpecPrefillConfig(neighbours=1.0)
+    assert whole.neighbours == 1 and isinstance(whole.neighbours, int) and whole == SpecPrefillConfig(neighbours=1)
+
+
 def test_upper_bound_covers_the_mass_ceiling_and_neighbours():
     config = SpecPrefillConfig(keep_mass=0.99, mass_floor=0.1, mass_ceiling=0.3, select_chunk=4, neighbours=2)
     rng = np.random.default_rng(0)
@@ -94,7 +108,9 @@ def test_upper_bound_covers_the_mass_ceiling_and_neighbours():
         {"keep_mass": 0.5, "mass_floor": 0.0},
         {"keep_mass": 0.5, "mass_ceiling": 1.2},
         {"neighbours": -1},
-        {"neighbours": 1.5},
+        {"neighbours": 0.5, "select_units": "text"},
+        {"neighbours": float("inf")},
+        {"neighbours": True},
         {"lookahead_reduction": "sum"},
     ],
 )

@@ -4,14 +4,16 @@ the importance [P] the scoring left (core/methods/specprefill.py), on the host i
 Whole selection chunks are kept: the top ones by mean importance (ties to the earlier chunk),
 ceil(n_chunks * keep) of them or as many as the mass rule asks (text units, select_units "text":
 the best units until they hold config.token_budget tokens, the one that reaches it included),
-then their neighbours, the first
-keep_first and last keep_last tokens, the protected spans and the last token; kept tokens keep
-their original positions and decoding resumes at P. The NumPy reference states the same rule
+then their neighbours (whole chunks or units, or a fraction of a chunk's nearest tokens), the
+first keep_first and last keep_last tokens, the protected spans and the last token; kept tokens
+keep their original positions and decoding resumes at P. The NumPy reference states the same rule
 independently (core/reference/specprefill.select_tokens) and the conformance suite holds this
 one to it (every backend's adapter selects with this module).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -54,6 +56,15 @@ def with_neighbours(chosen: np.ndarray, n_chunks: int, neighbours: int) -> np.nd
     return np.unique(spread[(spread >= 0) & (spread < n_chunks)])
 
 
+def around_chunks(chosen: np.ndarray, n_tokens: int, config: SpecPrefillConfig) -> list[np.ndarray]:
+    """The tokens of chunks `chosen` with the nearest ceil(neighbours x select_chunk) tokens on each
+    side of each, inside the prompt: a fraction of a neighbour chunk (a whole number of chunks is
+    with_neighbours, the same tokens)."""
+    size = config.select_chunk
+    reach = math.ceil(config.neighbours * size - 1e-9)  # the guard: float noise must not add a token
+    return [np.arange(max(0, c * size - reach), min(n_tokens, (c + 1) * size + reach)) for c in chosen]
+
+
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
     """The kept tokens of a prompt of P = len(importance) tokens (the module doc's rule)."""
     n_tokens = int(importance.shape[0])
@@ -72,8 +83,13 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
         n_keep = config.n_kept_chunks(len(scores))
     else:
         n_keep = mass_chunk_count(scores, np.diff(bounds).astype(np.float64), ranked, config)
-    order = with_neighbours(ranked[:n_keep], len(scores), config.neighbours)
-    kept = [np.arange(bounds[u], bounds[u + 1]) for u in order]
+    if config.select_units == "chunks" and config.neighbours != int(config.neighbours):
+        kept = around_chunks(ranked[:n_keep], n_tokens, config)
+    else:
+        kept = [
+            np.arange(bounds[u], bounds[u + 1])
+            for u in with_neighbours(ranked[:n_keep], len(scores), config.neighbours)
+        ]
     kept.append(np.arange(min(config.keep_first, n_tokens)))
     kept.append(np.arange(max(0, n_tokens - config.keep_last), n_tokens))
     kept.extend(np.arange(min(start, n_tokens), min(end, n_tokens)) for start, end in config.protected)

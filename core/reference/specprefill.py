@@ -135,7 +135,8 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
     """The spec of the selection (production's is core/methods/selection.py, held to this one by
     the conformance suite): rank the selection chunks by mean importance (higher first, ties to the
     earlier chunk); keep the top ceil(n_chunks * keep) of them, or as many as the mass rule asks (at
-    least config.token_floor tokens' worth), each with config.neighbours chunks either side; text
+    least config.token_floor tokens' worth), each with the tokens within config.neighbours chunks'
+    length (rounded up to whole tokens) either side; text
     units (select_units "text") instead of chunks: the best units until they hold
     config.token_budget(P) tokens, the unit that reaches it included, with their neighbour units; add the
     first keep_first and last keep_last tokens, the protected spans and the last token; kept tokens
@@ -160,9 +161,13 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
         n_keep = config.n_kept_chunks(len(means))
     else:
         n_keep = chunks_reaching_mass(means, ranked, size, n, config)
-    reach = range(-config.neighbours, config.neighbours + 1)
-    chosen = {c + d for c in ranked[:n_keep] for d in reach if 0 <= c + d < len(means)}
-    kept = {t for c in chosen for t in range(*units[c])}
+    if config.select_units == "text":  # whole neighbour units
+        reach = range(-config.neighbours, config.neighbours + 1)
+        chosen = {c + d for c in ranked[:n_keep] for d in reach if 0 <= c + d < len(means)}
+        kept = {t for c in chosen for t in range(*units[c])}
+    else:  # the tokens within neighbours x size of a kept chunk (a fraction rounds up to whole tokens)
+        near = math.ceil(config.neighbours * size - 1e-9)
+        kept = {t for c in ranked[:n_keep] for t in range(max(0, c * size - near), min(n, (c + 1) * size + near))}
     kept.update(range(min(config.keep_first, n)), range(max(0, n - config.keep_last), n))
     for start, end in config.protected:
         kept.update(range(min(start, n), min(end, n)))
@@ -300,5 +305,6 @@ def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
         held = chosen + min(len(units), chosen) * 2 * config.neighbours * longest
         return min(prompt_len, held + config.keep_first + config.keep_last + spans + 1)
     n_chunks = math.ceil(prompt_len / config.select_chunk)
-    chunks = min(n_chunks, config.n_kept_chunks(n_chunks) * (2 * config.neighbours + 1))
-    return min(prompt_len, chunks * config.select_chunk + config.keep_first + config.keep_last + spans + 1)
+    near = math.ceil(config.neighbours * config.select_chunk - 1e-9)
+    chunks = config.n_kept_chunks(n_chunks) * (config.select_chunk + 2 * near)
+    return min(prompt_len, chunks + config.keep_first + config.keep_last + spans + 1)

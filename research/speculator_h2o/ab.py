@@ -7,7 +7,8 @@ TTFT, its parts (speculator, selection, main prefill) and the kept tokens, in th
 
 Arms: base (AUTO_COMPOSITION), s512 (speculator chunks of 512), m128 (speculator L = H = 128),
 both (chunks of 512 and L = H = 128); df33 (the speculator's deeper layers
-from a third of its depth), dk02 (they read 0.2 of the prompt), k08 (keep 0.08)."""
+from a third of its depth), dk02 (they read 0.2 of the prompt), k08 (keep 0.08); dense (the speculator's
+first layers attend densely, no H2O); nb05 (half a neighbour chunk each side)."""
 
 from __future__ import annotations
 
@@ -25,16 +26,18 @@ from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
 from specfill.evaluation.texts import tokens_of_length
 
 MODELS = Path.home() / ".cache" / "specfill" / "models"
-ARMS = {
-    "base": AUTO_COMPOSITION,
-    "s512": dataclasses.replace(AUTO_COMPOSITION, speculator_prefill=speculator_h2o(chunk_size=512)),
-    "m128": dataclasses.replace(AUTO_COMPOSITION, speculator_prefill=speculator_h2o(local=128, heavy=128)),
-    "both": dataclasses.replace(
+ARMS = {  # built when named: s512's L + H is clamped to its chunk, with a warning
+    "base": lambda: AUTO_COMPOSITION,
+    "s512": lambda: dataclasses.replace(AUTO_COMPOSITION, speculator_prefill=speculator_h2o(chunk_size=512)),
+    "m128": lambda: dataclasses.replace(AUTO_COMPOSITION, speculator_prefill=speculator_h2o(local=128, heavy=128)),
+    "both": lambda: dataclasses.replace(
         AUTO_COMPOSITION, speculator_prefill=speculator_h2o(chunk_size=512, local=128, heavy=128)
     ),
-    "df33": dataclasses.replace(AUTO_COMPOSITION, deep_from=0.33),
-    "dk02": dataclasses.replace(AUTO_COMPOSITION, deep_keep=0.2),
-    "k08": dataclasses.replace(AUTO_COMPOSITION, keep_ratio=0.08),
+    "df33": lambda: dataclasses.replace(AUTO_COMPOSITION, deep_from=0.33),
+    "dk02": lambda: dataclasses.replace(AUTO_COMPOSITION, deep_keep=0.2),
+    "k08": lambda: dataclasses.replace(AUTO_COMPOSITION, keep_ratio=0.08),
+    "dense": lambda: dataclasses.replace(AUTO_COMPOSITION, speculator_prefill="dense"),
+    "nb05": lambda: dataclasses.replace(AUTO_COMPOSITION, neighbours=0.5),
 }
 
 
@@ -46,7 +49,7 @@ def main() -> None:
     spec = api.load(str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), **load)[0]
     ids = tokens_of_length(tok, n)
     for arm in ["warm", *arms]:
-        config, prompt = (ARMS["base"], ids[:1024]) if arm == "warm" else (ARMS[arm], ids)
+        config, prompt = (AUTO_COMPOSITION, ids[:1024]) if arm == "warm" else (ARMS[arm](), ids)
         method = PrefillMethod("specprefill", speculator=spec, specprefill=config)
         info, began = GenerationInfo(), time.perf_counter()
         next(

@@ -1,6 +1,8 @@
 """Production selection (core/methods/selection.py) against the reference's independent spec of it
 (core/reference/specprefill.py): the same kept tokens, positions and chunk scores over many configs."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,8 @@ CONFIGS = [
     SpecPrefillConfig(select_chunk=4, keep_mass=0.5, mass_floor=0.05, mass_ceiling=0.6),
     SpecPrefillConfig(select_chunk=5, keep_tokens=12, keep_first=3, keep_last=2, protected=((7, 11), (40, 44))),
     SpecPrefillConfig(select_chunk=4, keep_mass=0.9, neighbours=2, keep_first=6),
+    SpecPrefillConfig(select_chunk=8, keep_ratio=0.2, neighbours=0.5, force_keep_last=False),  # a fraction
+    SpecPrefillConfig(select_chunk=5, keep_tokens=10, neighbours=1.3),  # ceil(6.5): 7 tokens each side
 ]
 
 
@@ -42,3 +46,13 @@ def test_a_planted_bug_in_production_selection_is_caught(monkeypatch):
     """Neighbour chunks dropped in production: the comparison above fails."""
     monkeypatch.setattr(selection, "with_neighbours", lambda chosen, n_chunks, neighbours: chosen)
     assert disagreements(CONFIGS[1])
+
+
+def test_a_planted_bug_in_fractional_neighbours_is_caught(monkeypatch):
+    """A fraction's reach rounded down in production (ceil(0.5 x 5) = 3, not 2): caught."""
+    config = SpecPrefillConfig(select_chunk=5, keep_tokens=10, neighbours=0.5)
+    assert not disagreements(config)
+    around = selection.around_chunks
+    floored = lambda chosen, n, c: around(chosen, n, dataclasses.replace(c, neighbours=0.4))  # noqa: E731
+    monkeypatch.setattr(selection, "around_chunks", floored)
+    assert disagreements(config)

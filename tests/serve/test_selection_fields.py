@@ -94,7 +94,7 @@ def test_speculator_prefill_field_runs_and_names_the_composition(tiny_server, ti
         ({"lookahead_reduction": "max", "lookahead": 2}, None),
         ({"h2o_memory_share": 1.0, "method": "h2o"}, "h2o_memory_share"),
         ({"keep_mass": "x"}, "keep_mass"),
-        ({"neighbours": 1.5}, "neighbours"),
+        ({"neighbours": "one"}, "neighbours"),
         ({"speculator_prefill": "sparse"}, "speculator_prefill"),
         ({"speculator_prefill": 1}, "speculator_prefill"),
     ],
