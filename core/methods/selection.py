@@ -48,18 +48,17 @@ def mass_chunk_count(scores: np.ndarray, counts: np.ndarray, order: np.ndarray, 
     return max(low, min(high, reached))
 
 
-def with_neighbours(chosen: np.ndarray, n_chunks: int, neighbours: int) -> np.ndarray:
-    """Chunk indices `chosen` plus the `neighbours` chunks on each side of each, inside the prompt."""
+def with_neighbours(chosen: np.ndarray, n_units: int, neighbours: int) -> np.ndarray:
+    """Unit indices `chosen` plus the `neighbours` units on each side of each, inside the prompt."""
     if neighbours == 0:
         return chosen
     spread = (chosen[:, None] + np.arange(-neighbours, neighbours + 1)[None, :]).ravel()
-    return np.unique(spread[(spread >= 0) & (spread < n_chunks)])
+    return np.unique(spread[(spread >= 0) & (spread < n_units)])
 
 
 def around_chunks(chosen: np.ndarray, n_tokens: int, config: SpecPrefillConfig) -> list[np.ndarray]:
-    """The tokens of chunks `chosen` with the nearest ceil(neighbours x select_chunk) tokens on each
-    side of each, inside the prompt: a fraction of a neighbour chunk (a whole number of chunks is
-    with_neighbours, the same tokens)."""
+    """The tokens of chunks `chosen`, each with the nearest ceil(neighbours x select_chunk) tokens on
+    each side, inside the prompt: whole neighbour chunks for a whole number, part of one for a fraction."""
     size = config.select_chunk
     reach = math.ceil(config.neighbours * size - 1e-9)  # the guard: float noise must not add a token
     return [np.arange(max(0, c * size - reach), min(n_tokens, (c + 1) * size + reach)) for c in chosen]
@@ -83,9 +82,9 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
         n_keep = config.n_kept_chunks(len(scores))
     else:
         n_keep = mass_chunk_count(scores, np.diff(bounds).astype(np.float64), ranked, config)
-    if config.select_units == "chunks" and config.neighbours != int(config.neighbours):
+    if config.select_units == "chunks":
         kept = around_chunks(ranked[:n_keep], n_tokens, config)
-    else:
+    else:  # whole neighbour units (config_checks: text units take no fraction)
         kept = [
             np.arange(bounds[u], bounds[u + 1])
             for u in with_neighbours(ranked[:n_keep], len(scores), config.neighbours)

@@ -9,7 +9,6 @@ the CPU, 2 threads. Writes results as it goes.
     .venv/bin/python research/keep_length/composition_keeps.py --length 32000 --trials 4 \
         --keeps 0.1,0.09,0.08,0.07,0.06,0.05 --out research/keep_length/results/composition_keeps_32k.json
     ... --deep-from 0.33   # the nested pass split at a third of the speculator's layers instead
-    ... --neighbours 0.5   # each keep also with half a neighbour chunk each side (rows "KEEP nb0.5")
 """
 
 from __future__ import annotations
@@ -44,17 +43,10 @@ def main(argv=None) -> int:
     p.add_argument("--keeps", default="0.1,0.09,0.08,0.07,0.06,0.05")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--deep-from", type=float, default=None, help="the nested pass's split (default: the product's)")
-    p.add_argument("--neighbours", default="", help="neighbours also tried at each keep (comma-separated)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(2)
     keeps = [float(k) for k in args.keeps.split(",")]
-    variants = [(str(k), {"keep_ratio": k}) for k in keeps] + [
-        (f"{k} nb{nb}", {"keep_ratio": k, "neighbours": float(nb)})
-        for nb in args.neighbours.split(",")
-        if nb
-        for k in keeps
-    ]
     spec, tokenizer = api.load(
         str(MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"), backend="cuda", dtype=args.dtype, device="cpu"
     )[:2]
@@ -70,7 +62,7 @@ def main(argv=None) -> int:
 
     sp.select_new_tokens = capture
     result = json.loads(args.out.read_text()) if args.out.exists() else {"rows": []}
-    result.update(machine=describe_machine(), config=repr(base), keeps=[name for name, _ in variants], dtype=args.dtype)
+    result.update(machine=describe_machine(), config=repr(base), keeps=keeps, dtype=args.dtype)
     done = {(r["task"], r["index"]) for r in result["rows"]}
     for task in args.tasks.split(","):
         for index in range(args.trials):
@@ -91,14 +83,14 @@ def main(argv=None) -> int:
             pass_s = time.perf_counter() - began
             spans = sample.spans.get("needle", [])
             per_keep = {}
-            for name, fields in variants:
-                kept = sp.select_new_tokens(captured["importance"], 0, dataclasses.replace(base, **fields)).kept
-                if dataclasses.replace(base, **fields) == base:  # the product's own selection, reproduced
+            for keep in keeps:
+                kept = sp.select_new_tokens(captured["importance"], 0, dataclasses.replace(base, keep_ratio=keep)).kept
+                if keep == base.keep_ratio:  # the product's own selection, reproduced
                     assert np.array_equal(np.sort(kept), np.sort(selection.kept)), "selection not reproduced"
                 row = np.zeros(len(ids))
                 row[kept] = 1.0
                 shares = span_shares(row, spans)
-                per_keep[name] = {
+                per_keep[str(keep)] = {
                     "kept_tokens": int(len(kept)),
                     "kept_share": round(len(kept) / len(ids), 4),
                     "answer_kept": shares,
@@ -112,10 +104,10 @@ def main(argv=None) -> int:
             summary = " ".join(f"{k}:{'Y' if v['all_kept'] else 'n'}/{v['kept_tokens']}" for k, v in per_keep.items())
             print(f"{task} #{index} ({len(ids)} tokens, pass {pass_s:.0f} s): {summary}", flush=True)
     rows = result["rows"]
-    for name, _ in variants:
-        held = sum(r["keeps"][name]["all_kept"] for r in rows)
-        share = np.mean([r["keeps"][name]["kept_share"] for r in rows])
-        print(f"keep {name}: {held}/{len(rows)} samples with every span kept, kept share {share:.3f}")
+    for keep in keeps:
+        held = sum(r["keeps"][str(keep)]["all_kept"] for r in rows)
+        share = np.mean([r["keeps"][str(keep)]["kept_share"] for r in rows])
+        print(f"keep {keep}: {held}/{len(rows)} samples with every span kept, kept share {share:.3f}")
     return 0
 
 

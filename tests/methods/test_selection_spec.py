@@ -44,7 +44,9 @@ def test_production_selection_is_the_spec(config):
 
 def test_a_planted_bug_in_production_selection_is_caught(monkeypatch):
     """Neighbour chunks dropped in production: the comparison above fails."""
-    monkeypatch.setattr(selection, "with_neighbours", lambda chosen, n_chunks, neighbours: chosen)
+    around = selection.around_chunks
+    dropped = lambda chosen, n, c: around(chosen, n, dataclasses.replace(c, neighbours=0))  # noqa: E731
+    monkeypatch.setattr(selection, "around_chunks", dropped)
     assert disagreements(CONFIGS[1])
 
 
