@@ -31,7 +31,14 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
+from .config import (
+    AUTO_COMPOSITION,
+    AUTO_COMPOSITION_FROM,
+    AUTO_COMPOSITION_TURN_FROM,
+    AUTO_TURN_COMPOSITION,
+    H2OConfig,
+    SpecPrefillConfig,
+)
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, common_length, extended, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_prefill, h2o_step_size
 from .methods.prefill import prefill
@@ -139,11 +146,11 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     itself); with one SpecPrefill with a dense speculator, SpecPrefill over an H2O speculator (the
     composition) and H2O, in that order. The composition runs as the config asks when it sets
     speculator_prefill; with SpecPrefill's default settings, as AUTO_COMPOSITION from
-    AUTO_COMPOSITION_FROM new tokens on (where its accuracy evidence holds: core/config.py), as
-    AUTO_TURN_COMPOSITION on a shorter turn's new part (cached > 0), and not on shorter fresh
-    prompts; with other settings, not at all. nests: whether the speculator runs a nested pass
-    (speculator_depth.nestable); where it cannot, either composition's speculator reads every token
-    with every layer."""
+    AUTO_COMPOSITION_FROM tokens of a fresh prompt on and AUTO_COMPOSITION_TURN_FROM of a turn's new
+    part (cached > 0; where its accuracy evidence holds: core/config.py), as AUTO_TURN_COMPOSITION on
+    a shorter turn's new part, and not on shorter fresh prompts; with other settings, not at all.
+    nests: whether the speculator runs a nested pass (speculator_depth.nestable); where it cannot,
+    either composition's speculator reads every token with every layer."""
     if method.speculator is None:
         return [method]
     spec = method.specprefill or SpecPrefillConfig()
@@ -151,7 +158,8 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     if spec.speculator_prefill is not None:
         composed = [dataclasses.replace(method, specprefill=spec)]
     elif spec == SpecPrefillConfig() and (prompt_tokens >= AUTO_COMPOSITION_FROM or cached > 0):
-        auto = AUTO_COMPOSITION if prompt_tokens >= AUTO_COMPOSITION_FROM else AUTO_TURN_COMPOSITION
+        long_from = AUTO_COMPOSITION_TURN_FROM if cached > 0 else AUTO_COMPOSITION_FROM
+        auto = AUTO_COMPOSITION if prompt_tokens >= long_from else AUTO_TURN_COMPOSITION
         auto = auto if nests else dataclasses.replace(auto, deep_keep=None, deep_from=None)
         composed = [dataclasses.replace(method, specprefill=auto)]
     return [

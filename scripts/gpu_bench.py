@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compose",
         action="store_true",
-        help="add the composition as `auto` runs it from 15,700 tokens (core/config.AUTO_COMPOSITION: SpecPrefill "
+        help="add the composition as `auto` runs it from 7,800 tokens (core/config.AUTO_COMPOSITION: SpecPrefill "
         "over an H2O speculator, keep 0.1, window 32, one neighbour); its keep-0.3 form as a --variant",
     )
     p.add_argument(

@@ -353,8 +353,9 @@ def test_the_composition_and_plain_specprefill_have_their_own_calibration_keys(t
 
 def test_auto_weighs_the_turn_composition_on_a_turns_new_part():
     """Over a reused prefix auto also weighs SpecPrefill over an H2O speculator, as
-    AUTO_TURN_COMPOSITION (SpecPrefill's keep rule), below AUTO_COMPOSITION_FROM new tokens; from it
-    on, AUTO_COMPOSITION as for a fresh prompt; a caller's own settings keep to what they ask."""
+    AUTO_TURN_COMPOSITION (SpecPrefill's keep rule), below AUTO_COMPOSITION_TURN_FROM new tokens; from
+    it on, AUTO_COMPOSITION as for a fresh prompt (which gets it from AUTO_COMPOSITION_FROM, fewer
+    tokens: its evidence is on fresh prompts); a caller's own settings keep to what they ask."""
     method = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig())
     options = probe.auto_options(method, 4000, cached=10_000)
     assert [probe.sparse_name(m) for m in options] == ["specprefill", "specprefill+h2o", "h2o"]
@@ -363,7 +364,11 @@ def test_auto_weighs_the_turn_composition_on_a_turns_new_part():
     assert (options[1].specprefill.deep_keep, options[1].specprefill.deep_from) == (0.3, 0.5)  # nested
     flat = probe.auto_options(method, 4000, nests=False, cached=10_000)[1].specprefill  # a speculator that cannot nest
     assert flat == dataclasses.replace(probe.AUTO_TURN_COMPOSITION, deep_keep=None, deep_from=None)
-    assert probe.auto_options(method, probe.AUTO_COMPOSITION_FROM, cached=10)[1].specprefill == probe.AUTO_COMPOSITION
+    turn_from = probe.AUTO_COMPOSITION_TURN_FROM
+    assert probe.auto_options(method, turn_from, cached=10)[1].specprefill == probe.AUTO_COMPOSITION
+    assert probe.auto_options(method, turn_from - 1, cached=10)[1].specprefill == probe.AUTO_TURN_COMPOSITION
+    assert probe.AUTO_COMPOSITION_FROM < turn_from  # a fresh prompt of as many tokens runs the long-prompt one
+    assert probe.auto_options(method, probe.AUTO_COMPOSITION_FROM)[1].specprefill == probe.AUTO_COMPOSITION
     assert len(probe.auto_options(method, 4000)) == 2  # a fresh prompt below AUTO_COMPOSITION_FROM
     chosen = dataclasses.replace(method, specprefill=SpecPrefillConfig(keep_ratio=0.2))
     assert [probe.sparse_name(m) for m in probe.auto_options(chosen, 4000, cached=10_000)] == ["specprefill", "h2o"]
