@@ -174,7 +174,7 @@ def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:
 
     from specfill.core.io.demo_model import cache_dir
     from specfill.evaluation.machine import default_eval_dtype, describe_machine
-    from specfill.evaluation.ruler_protocol import ProtocolPlan, resolve_candidates, run_protocol
+    from specfill.evaluation.ruler_protocol import ProtocolPlan, resolve_candidates, run_protocol, selected_alone
     from specfill.evaluation.ruler_protocol_report import write_protocol_report
 
     if args.candidates is None:
@@ -184,6 +184,12 @@ def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:
     if args.model is None:
         raise ConfigError("--candidates needs --model (the main model the speculator's choices are for)")
     candidates = resolve_candidates(args.candidates)
+    nested = [n for n, c in candidates.items() if isinstance(c, SpecPrefillConfig) and not selected_alone(c)]
+    if args.selection_only and nested:  # a nested speculator selects on its own pass, never on a saved one
+        raise ConfigError(
+            f"--selection-only cannot score {', '.join(map(repr, nested))}: a nested speculator (deep_keep) selects "
+            "on its own pass; decode it (no --selection-only) or use research/keep_length/composition_keeps.py"
+        )
     backend = resolve_backend(args.backend)
     cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "eval"
     plan = ProtocolPlan(
@@ -205,7 +211,7 @@ def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:
         cache_dir=cache,
     )
     out = Path(args.out)
-    per_sample = sum(1 for c in candidates.values() if not args.selection_only or isinstance(c, SpecPrefillConfig))
+    per_sample = sum(1 for c in candidates.values() if not args.selection_only or selected_alone(c))
     total = len(plan.lengths) * len(plan.tasks) * plan.trials * per_sample
 
     def step(label: str) -> None:

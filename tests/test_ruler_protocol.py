@@ -263,6 +263,20 @@ def test_eval_candidates_errors_are_one_line(capsys):
     assert main(["eval", "--tasks", "perplexity", "--model", "x.gguf", "--candidates", "full"]) == 2
     err = capsys.readouterr().err
     assert "keep ratio" in err and "--candidates" in err and "Traceback" not in err
+    # a nested speculator's candidate has no saved pass to be scored on: refused, not skipped in silence
+    nested = [
+        "eval",
+        "--tasks",
+        "vt",
+        "--model",
+        "x.gguf",
+        "--selection-only",
+        "--candidates",
+        "n+h2o:deep_keep=0.3,deep_from=0.5",
+    ]
+    assert main(nested) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'n+h2o'" in err and "deep_keep" in err and "Traceback" not in err
 
 
 def test_a_selection_only_run_loads_the_speculator_alone(tiny_checkpoint, tmp_path, monkeypatch, capsys):
