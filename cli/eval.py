@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specfill.api import resolve_backend
-from specfill.core import ConfigError, SpecPrefillConfig
+from specfill.core import ConfigError
 from specfill.evaluation.eval_report import write_eval
 from specfill.evaluation.quality import RETRIEVAL_TASKS, EvalPlan, run_eval
 from specfill.evaluation.ruler_data import RulerDataMissing, ruler_available
@@ -184,12 +184,6 @@ def _run_protocol(args: argparse.Namespace, tasks: list[str]) -> int:
     if args.model is None:
         raise ConfigError("--candidates needs --model (the main model the speculator's choices are for)")
     candidates = resolve_candidates(args.candidates)
-    nested = [n for n, c in candidates.items() if isinstance(c, SpecPrefillConfig) and not selected_alone(c)]
-    if args.selection_only and nested:  # a nested speculator selects on its own pass, never on a saved one
-        raise ConfigError(
-            f"--selection-only cannot score {', '.join(map(repr, nested))}: a nested speculator (deep_keep) selects "
-            "on its own pass; decode it (no --selection-only) or use research/keep_length/composition_keeps.py"
-        )
     backend = resolve_backend(args.backend)
     cache = Path(args.cache_dir) if args.cache_dir else cache_dir() / "eval"
     plan = ProtocolPlan(

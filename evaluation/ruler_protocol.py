@@ -34,7 +34,7 @@ from typing import Any, Callable
 import numpy as np
 
 from specfill.api import Session, choose_device
-from specfill.core import H2OConfig
+from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import COMPOSED, GenerationInfo, PrefillMethod
 from specfill.core.text_units import with_text_units_config
@@ -74,6 +74,16 @@ class ProtocolPlan:
     selection_only: bool = False
     end_to_end: bool = False  # SpecPrefill candidates decoded through the API (one speculator pass each)
     cache_dir: Path = field(default_factory=lambda: specfill_cache() / "eval")
+
+    def __post_init__(self) -> None:
+        # a nested speculator (deep_keep) selects on its own pass, never on a saved one: refused, not skipped
+        nested = [n for n, c in self.candidates.items() if isinstance(c, SpecPrefillConfig) and not selected_alone(c)]
+        if self.selection_only and nested:
+            raise ConfigError(
+                f"--selection-only cannot score {', '.join(map(repr, nested))}: a nested speculator (deep_keep) "
+                "selects on its own pass; decode it (no --selection-only) or use "
+                "research/keep_length/composition_keeps.py"
+            )
 
 
 def _stem(path: str) -> str:

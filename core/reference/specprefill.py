@@ -131,6 +131,12 @@ def text_units(n: int, config: SpecPrefillConfig) -> list[tuple[int, int]]:
     return list(zip(starts, starts[1:] + [n]))
 
 
+def _neighbour_reach(config: SpecPrefillConfig) -> int:
+    """Tokens kept on each side of a kept chunk: neighbours chunks' length, rounded up to whole tokens
+    (the guard: float noise, 0.1 x 30 = 3.0000000000000004, must not add one)."""
+    return math.ceil(config.neighbours * config.select_chunk - 1e-9)
+
+
 def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selection:
     """The spec of the selection (production's is core/methods/selection.py, held to this one by
     the conformance suite): rank the selection chunks by mean importance (higher first, ties to the
@@ -166,7 +172,7 @@ def select_tokens(importance: np.ndarray, config: SpecPrefillConfig) -> Selectio
         chosen = {c + d for c in ranked[:n_keep] for d in reach if 0 <= c + d < len(means)}
         kept = {t for c in chosen for t in range(*units[c])}
     else:  # the tokens within neighbours x size of a kept chunk (a fraction rounds up to whole tokens)
-        near = math.ceil(config.neighbours * size - 1e-9)
+        near = _neighbour_reach(config)
         kept = {t for c in ranked[:n_keep] for t in range(max(0, c * size - near), min(n, (c + 1) * size + near))}
     kept.update(range(min(config.keep_first, n)), range(max(0, n - config.keep_last), n))
     for start, end in config.protected:
@@ -305,6 +311,5 @@ def keep_count_upper_bound(prompt_len: int, config: SpecPrefillConfig) -> int:
         held = chosen + min(len(units), chosen) * 2 * config.neighbours * longest
         return min(prompt_len, held + config.keep_first + config.keep_last + spans + 1)
     n_chunks = math.ceil(prompt_len / config.select_chunk)
-    near = math.ceil(config.neighbours * config.select_chunk - 1e-9)
-    chunks = config.n_kept_chunks(n_chunks) * (config.select_chunk + 2 * near)
+    chunks = config.n_kept_chunks(n_chunks) * (config.select_chunk + 2 * _neighbour_reach(config))
     return min(prompt_len, chunks + config.keep_first + config.keep_last + spans + 1)
