@@ -464,15 +464,15 @@ class SpecPrefillConfig:
         return max(1, min(n_chunks, k))
 
 
-# On a shorter turn's new part auto weighs the composition at SpecPrefill's keep rule, its speculator nested: 18/20
-# turn samples as the default, 1.36-1.44x / 1.57-1.67x full on 4K / 8K turns (docs/methods.md "auto").
+# On a turn's new part below AUTO_COMPOSITION_FROM auto weighs the composition at SpecPrefill's keep rule, its
+# speculator nested: 18/20 4K turn samples as the default, 1.36-1.44x full on 4K turns (docs/methods.md "auto").
 AUTO_TURN_COMPOSITION = SpecPrefillConfig(speculator_prefill="h2o", query_window=32, deep_keep=0.3, deep_from=0.5)
-# `auto` with a speculator and SpecPrefill's defaults also weighs the composition, as AUTO_COMPOSITION, on fresh
-# prompts of AUTO_COMPOSITION_FROM tokens or more and a turn's new part of AUTO_COMPOSITION_TURN_FROM, where its
-# evidence holds (issue 47 items 1, 4; docs/eval.md): decoded within one sample of full on each of four RULER tasks
-# at 8K and 16K, at 16-18% of the prompt. Past 16,384 tokens its tokens kept grow as P ** 0.5 (0.072 at 32K):
-# on the 32K proxy one HotpotQA sample of 20 less than keep 0.1 (composition_keeps_32k.json); past 32K unmeasured.
-AUTO_COMPOSITION_FROM, AUTO_COMPOSITION_TURN_FROM = 7_800, 15_700
+# `auto` with a speculator and SpecPrefill's defaults also weighs it as AUTO_COMPOSITION on a fresh prompt or a
+# turn's new part of AUTO_COMPOSITION_FROM tokens on, where its evidence holds (issue 47; docs/eval.md): decoded
+# within one sample of full on each of four RULER tasks at 8K and 16K (16-18% kept); on 8K turns the samples
+# AUTO_TURN_COMPOSITION keeps at 18% kept, not 30%. Past 16,384 tokens its tokens kept grow as P ** 0.5 (0.072 at
+# 32K: on the 32K proxy one HotpotQA sample of 20 less than keep 0.1, composition_keeps_32k.json); past 32K unmeasured.
+AUTO_COMPOSITION_FROM = 7_800
 AUTO_COMPOSITION = dataclasses.replace(
     AUTO_TURN_COMPOSITION, keep_ratio=0.1, keep_growth=0.5, growth_from=16_384, neighbours=1
 )

@@ -34,7 +34,6 @@ import numpy as np
 from .config import (
     AUTO_COMPOSITION,
     AUTO_COMPOSITION_FROM,
-    AUTO_COMPOSITION_TURN_FROM,
     AUTO_TURN_COMPOSITION,
     H2OConfig,
     SpecPrefillConfig,
@@ -146,9 +145,9 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     itself); with one SpecPrefill with a dense speculator, SpecPrefill over an H2O speculator (the
     composition) and H2O, in that order. The composition runs as the config asks when it sets
     speculator_prefill; with SpecPrefill's default settings, as AUTO_COMPOSITION from
-    AUTO_COMPOSITION_FROM tokens of a fresh prompt on and AUTO_COMPOSITION_TURN_FROM of a turn's new
-    part (cached > 0; where its accuracy evidence holds: core/config.py), as AUTO_TURN_COMPOSITION on
-    a shorter turn's new part, and not on shorter fresh prompts; with other settings, not at all.
+    AUTO_COMPOSITION_FROM tokens of a fresh prompt or a turn's new part on (where its accuracy evidence
+    holds: core/config.py), as AUTO_TURN_COMPOSITION on a shorter turn's new part (cached > 0), and not
+    on shorter fresh prompts; with other settings, not at all.
     nests: whether the speculator runs a nested pass (speculator_depth.nestable); where it cannot,
     either composition's speculator reads every token with every layer."""
     if method.speculator is None:
@@ -158,8 +157,7 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     if spec.speculator_prefill is not None:
         composed = [dataclasses.replace(method, specprefill=spec)]
     elif spec == SpecPrefillConfig() and (prompt_tokens >= AUTO_COMPOSITION_FROM or cached > 0):
-        long_from = AUTO_COMPOSITION_TURN_FROM if cached > 0 else AUTO_COMPOSITION_FROM
-        auto = AUTO_COMPOSITION if prompt_tokens >= long_from else AUTO_TURN_COMPOSITION
+        auto = AUTO_COMPOSITION if prompt_tokens >= AUTO_COMPOSITION_FROM else AUTO_TURN_COMPOSITION
         auto = auto if nests else dataclasses.replace(auto, deep_keep=None, deep_from=None)
         composed = [dataclasses.replace(method, specprefill=auto)]
     return [
@@ -391,15 +389,16 @@ def auto_choice(
 def auto_shapes(lm: ProbedModel) -> list[tuple[int, int]]:
     """The prompts calibrate_auto prepares `auto` for, as (new tokens, cached tokens): a long fresh
     prompt (AUTO_COMPOSITION_FROM tokens, where the composition is weighed; the model's context where
-    that is shorter) and an agent turn (the shortest calibration length of new tokens over as many
-    cached, where the turn composition is weighed)."""
-    shortest = CANDIDATE_LENGTHS[0]
-    return [(min(AUTO_COMPOSITION_FROM, lm.args.max_position_embeddings), 0), (shortest, shortest)]
+    that is shorter), an agent turn (the shortest calibration length of new tokens over as many
+    cached, where the turn composition is weighed) and a long one (AUTO_COMPOSITION_FROM new tokens,
+    where a turn's new part gets AUTO_COMPOSITION), each once."""
+    shortest, long = CANDIDATE_LENGTHS[0], min(AUTO_COMPOSITION_FROM, lm.args.max_position_embeddings)
+    return list(dict.fromkeys([(long, 0), (shortest, shortest), (long, shortest)]))
 
 
 def calibrate_auto(lm: ProbedModel, method: PrefillMethod) -> list[str]:
     """Calibrate (or read the cached calibrations of) every option an "auto" `method` weighs on a
-    long fresh prompt and on an agent turn (auto_shapes): what `specfill serve --method auto` does
+    long fresh prompt and on agent turns (auto_shapes): what `specfill serve --method auto` does
     before it listens, so that no request waits for the measurement (once per machine, model and
     settings: the Qwen2.5-Coder pair 87 s on a 2-core CPU, its turns 72 s more in bf16). One line per
     shape: what auto runs there."""

@@ -353,9 +353,9 @@ def test_the_composition_and_plain_specprefill_have_their_own_calibration_keys(t
 
 def test_auto_weighs_the_turn_composition_on_a_turns_new_part():
     """Over a reused prefix auto also weighs SpecPrefill over an H2O speculator, as
-    AUTO_TURN_COMPOSITION (SpecPrefill's keep rule), below AUTO_COMPOSITION_TURN_FROM new tokens; from
-    it on, AUTO_COMPOSITION as for a fresh prompt (which gets it from AUTO_COMPOSITION_FROM, fewer
-    tokens: its evidence is on fresh prompts); a caller's own settings keep to what they ask."""
+    AUTO_TURN_COMPOSITION (SpecPrefill's keep rule), below AUTO_COMPOSITION_FROM new tokens; from it
+    on, AUTO_COMPOSITION as for a fresh prompt of as many tokens (a shorter fresh prompt weighs no
+    composition); a caller's own settings keep to what they ask."""
     method = PrefillMethod("auto", h2o=H2O, speculator="self:1", specprefill=SpecPrefillConfig())
     options = probe.auto_options(method, 4000, cached=10_000)
     assert [probe.sparse_name(m) for m in options] == ["specprefill", "specprefill+h2o", "h2o"]
@@ -364,11 +364,11 @@ def test_auto_weighs_the_turn_composition_on_a_turns_new_part():
     assert (options[1].specprefill.deep_keep, options[1].specprefill.deep_from) == (0.3, 0.5)  # nested
     flat = probe.auto_options(method, 4000, nests=False, cached=10_000)[1].specprefill  # a speculator that cannot nest
     assert flat == dataclasses.replace(probe.AUTO_TURN_COMPOSITION, deep_keep=None, deep_from=None)
-    turn_from = probe.AUTO_COMPOSITION_TURN_FROM
-    assert probe.auto_options(method, turn_from, cached=10)[1].specprefill == probe.AUTO_COMPOSITION
-    assert probe.auto_options(method, turn_from - 1, cached=10)[1].specprefill == probe.AUTO_TURN_COMPOSITION
-    assert probe.AUTO_COMPOSITION_FROM < turn_from  # a fresh prompt of as many tokens runs the long-prompt one
-    assert probe.auto_options(method, probe.AUTO_COMPOSITION_FROM)[1].specprefill == probe.AUTO_COMPOSITION
+    long_from = probe.AUTO_COMPOSITION_FROM
+    assert probe.auto_options(method, long_from, cached=10)[1].specprefill == probe.AUTO_COMPOSITION
+    assert probe.auto_options(method, long_from - 1, cached=10)[1].specprefill == probe.AUTO_TURN_COMPOSITION
+    assert probe.auto_options(method, long_from)[1].specprefill == probe.AUTO_COMPOSITION
+    assert len(probe.auto_options(method, long_from - 1)) == 2  # a fresh prompt: no composition below it
     assert len(probe.auto_options(method, 4000)) == 2  # a fresh prompt below AUTO_COMPOSITION_FROM
     chosen = dataclasses.replace(method, specprefill=SpecPrefillConfig(keep_ratio=0.2))
     assert [probe.sparse_name(m) for m in probe.auto_options(chosen, 4000, cached=10_000)] == ["specprefill", "h2o"]
@@ -420,9 +420,9 @@ def test_auto_reads_a_turn_on_calibrations_of_turns(tiny, monkeypatch):
 
 def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, monkeypatch, capsys):
     """What `specfill serve --method auto` does before it listens: every option auto weighs on a long
-    fresh prompt (AUTO_COMPOSITION among them) and on an agent turn (AUTO_TURN_COMPOSITION) is
-    calibrated, each once; one line per shape says what auto runs there; a second start measures
-    nothing (the calibrations are read back)."""
+    fresh prompt (AUTO_COMPOSITION among them), on an agent turn (AUTO_TURN_COMPOSITION) and on a long
+    turn (AUTO_COMPOSITION, timed over a cached prefix) is calibrated, each once; one line per shape
+    says what auto runs there; a second start measures nothing (the calibrations are read back)."""
     from types import SimpleNamespace
 
     from specfill.cli.serve import _calibrate_auto
@@ -431,9 +431,12 @@ def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, m
     monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 2080))
     monkeypatch.setattr(probe, "AUTO_COMPOSITION_FROM", 3000)  # within the tiny model's 4096-token context
     measured: list[tuple[str, SpecPrefillConfig | None]] = []  # (the sparse method, its SpecPrefill settings)
+    turns: list[tuple[str, SpecPrefillConfig | None]] = []  # the same, timed over a cached prefix
 
     def measure(lm, method, length, cached=0):
         measured.append((probe.sparse_name(method), method.specprefill))
+        if cached:
+            turns.append(measured[-1])
         return (1.0, {"specprefill": 0.8, "specprefill+h2o": 0.5, "h2o": 0.9}[measured[-1][0]])
 
     monkeypatch.setattr(probe, "_measure", measure)
@@ -442,16 +445,18 @@ def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, m
     err = capsys.readouterr().err
     assert (
         "auto on this machine: a prompt of 3000 tokens: specprefill+h2o; "
-        "1040 new tokens over 1040 cached: specprefill+h2o" in err
+        "1040 new tokens over 1040 cached: specprefill+h2o; 3000 new tokens over 1040 cached: specprefill+h2o" in err
     ), err
     composed = {(c.keep_ratio, c.query_window) for name, c in measured if name == "specprefill+h2o"}
     auto, turn = probe.AUTO_COMPOSITION, probe.AUTO_TURN_COMPOSITION
     assert composed == {(auto.keep_ratio, auto.query_window), (turn.keep_ratio, turn.query_window)}
     assert {name for name, _ in measured} == {"specprefill", "specprefill+h2o", "h2o"}
     assert ("specprefill", SpecPrefillConfig()) in measured
+    assert {c for name, c in turns if name == "specprefill+h2o"} == {auto, turn}  # no request waits for either
     again = len(measured)
     assert probe.calibrate_auto(model, prefill_method("auto", h2o=H2O, speculator="self:1")) == [
         "a prompt of 3000 tokens: specprefill+h2o",
         "1040 new tokens over 1040 cached: specprefill+h2o",
+        "3000 new tokens over 1040 cached: specprefill+h2o",
     ]
     assert len(measured) == again

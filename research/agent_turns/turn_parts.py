@@ -7,8 +7,8 @@ prefill's parts as the driver reports them (study agent_turns, issue 46 line 1).
 The pair (Qwen2.5-Coder 1.5B + 0.5B, Q4_K_M), bfloat16, 2 threads. Token ids are random (timings do not
 depend on the text; keep counts follow the keep rule). The arms run in turn, ROUNDS times (default 2),
 so that a drift of the machine hits every arm alike; each line prints as it ends. ARMS: comma list of
-full, specprefill, nested, turncomp, turncomp_nested (default all). STEP: tokens per prefill step of both
-models (default the API's 2048; `specfill serve` steps by 512)."""
+full, specprefill, nested, turncomp, turncomp_nested, autocomp (core/config.AUTO_COMPOSITION; default all).
+STEP: tokens per prefill step of both models (default the API's 2048; `specfill serve` steps by 512)."""
 
 import os
 import platform
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from specfill.api import load, load_speculator, stream_generate
-from specfill.core.config import SpecPrefillConfig
+from specfill.core.config import AUTO_COMPOSITION, SpecPrefillConfig
 from specfill.core.runtime import GenerationInfo, KVState
 from specfill.serve.speculator_kv import extend_speculator_kv
 
@@ -34,6 +34,7 @@ ARMS = {
     "nested": SpecPrefillConfig(deep_keep=0.3, deep_from=0.5),
     "turncomp": SpecPrefillConfig(speculator_prefill="h2o", query_window=32),
     "turncomp_nested": SpecPrefillConfig(speculator_prefill="h2o", query_window=32, deep_keep=0.3, deep_from=0.5),
+    "autocomp": AUTO_COMPOSITION,
 }
 if len(sys.argv) > 4:
     ARMS = {name: ARMS[name] for name in sys.argv[4].split(",")}

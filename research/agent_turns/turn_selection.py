@@ -49,6 +49,17 @@ CONFIGS = {  # SpecPrefillConfig fields per arm
         "deep_from": 0.5,
         "keep_ratio": 0.2,
     },
+    # core/config.AUTO_COMPOSITION: what auto runs on a fresh prompt from AUTO_COMPOSITION_FROM tokens on
+    "auto_composition": {
+        "speculator_prefill": "h2o",
+        "query_window": 32,
+        "deep_keep": 0.3,
+        "deep_from": 0.5,
+        "keep_ratio": 0.1,
+        "keep_growth": 0.5,
+        "growth_from": 16_384,
+        "neighbours": 1,
+    },
 }
 
 
@@ -84,7 +95,8 @@ def report(result: dict) -> str:
     lines = [
         f"# Agent turns: which speculator? ({result['machine'].get('cpu', '')}, torch {result.get('dtype', 'float32')})",
         "",
-        f"Written by research/agent_turns/turn_selection.py. The 0.5B speculator's pass over each RULER 4K sample "
+        f"Written by research/agent_turns/turn_selection.py. The 0.5B speculator's pass over each RULER "
+        f"{'/'.join(sorted({str(r['tokens']) for r in rows}))}-token sample "
         f"placed as a turn after the agent's cached {result['prefix_tokens']}-token conversation (its own dense KV "
         f"of it, {result['prefix_s']:.0f} s once); spans kept: the sample's answer spans each at least half kept.",
         "",
@@ -110,7 +122,7 @@ def main(argv=None) -> int:
         path.with_suffix(".md").write_text(report(json.loads(path.read_text())))
         return 0
     from specfill import api
-    from specfill.core.config import SpecPrefillConfig
+    from specfill.core.config import AUTO_COMPOSITION, SpecPrefillConfig
     from specfill.core.methods.specprefill import run_speculator, speculate_and_select
     from specfill.evaluation.machine import describe_machine
     from specfill.evaluation.ruler_passes import SavedPass
@@ -129,6 +141,9 @@ def main(argv=None) -> int:
     p.add_argument("--tasks", default=",".join(TASK_ORDER))
     p.add_argument("--indices", default=None, help="only these sample indices (e.g. 1,3)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--room", type=int, default=8192, help="cache slots after the prefix (the longest turn + look-ahead)"
+    )
     args = p.parse_args(argv)
     if (args.build is None) == (args.records is None or args.passes is None):
         p.error("give RECORDS and PASSES, or --build N")
@@ -139,6 +154,8 @@ def main(argv=None) -> int:
     stop_ids = frozenset(tokenizer.eos_token_ids)
     im_start, im_end = (tokenizer.encode(t, add_special_tokens=False)[0] for t in ("<|im_start|>", "<|im_end|>"))
     configs = {name: SpecPrefillConfig(**CONFIGS[name]) for name in args.configs.split(",")}
+    if "auto_composition" in configs and configs["auto_composition"] != AUTO_COMPOSITION:
+        raise SystemExit("auto_composition no longer spells core/config.AUTO_COMPOSITION: update CONFIGS")
 
     tasks = args.tasks.split(",")
     indices = None if args.indices is None else {int(i) for i in args.indices.split(",")}
@@ -164,7 +181,7 @@ def main(argv=None) -> int:
     began = time.perf_counter()
     with ops.device_scope():
         cache = run_speculator(
-            ops, model, prefix, lookahead=0, stop_ids=stop_ids, step_size=step, extra_slots=8192
+            ops, model, prefix, lookahead=0, stop_ids=stop_ids, step_size=step, extra_slots=args.room
         ).cache  # room for every turn: no regrowth
     prefix_s = time.perf_counter() - began
     print(f"prefix {len(prefix)} tokens: {prefix_s:.0f} s", flush=True)
