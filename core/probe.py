@@ -17,9 +17,10 @@ one on a 2-core CPU (its 8 look-ahead LM heads counted 24 times) and kept `auto`
 core/crossover.fastest choose. A turn (a new part over a reused prefix) is weighed on calibrations of
 turns: each run prefills the new part over a copy of the views' dense caches of a random prefix
 TURN_CACHED_PER_NEW times as long (full, H2O from that origin, SpecPrefill with both models' prefix).
-Each time is the faster of two interleaved runs, after one warm-up run at the shortest length
-(first calls compile kernels, run self-checks and size caches). The clock is the backend's own
-(`ops.wall_time`, which waits for its device), so core imports no backend.
+Each length is timed in three pairs of runs (full, then sparse), its ratio the pairs' median, after
+one warm-up run at the shortest length (first calls compile kernels, run self-checks and size
+caches). The clock is the backend's own (`ops.wall_time`, which waits for its device), so core
+imports no backend.
 """
 
 from __future__ import annotations
@@ -49,13 +50,15 @@ from .request import fit_lookahead
 from .runtime import COMPOSED, PrefillMethod
 from .stages import attention_layers
 
-REPEATS = 2
+REPEATS = 3
 # a turn is calibrated with its new part over this many times as many cached tokens (the agent turns
-# measured: 1.8-4x, results/cpu_bf16_turns/), at the first TURN_POINTS candidate lengths whatever the
-# budget (one point would carry a short turn's verdict to every longer one: on an AMX CPU in bfloat16
-# a 2K turn is break-even where a 4K one gains 1.4x)
+# measured: 1.8-4x, results/cpu_bf16_turns/)
 TURN_CACHED_PER_NEW = 2
-TURN_POINTS = 2
+# every calibration measures its first MIN_POINTS candidate lengths whatever the budget: one point would
+# carry a short prompt's verdict to every longer one (on an AMX CPU in bfloat16 a 2K turn is break-even
+# where a 4K one gains 1.4x; plain SpecPrefill and the composition are nearest, and most often misranked,
+# at 2K: results/cpu_bf16_long/notes.md)
+MIN_POINTS = 2
 
 
 class ProbedModel(Protocol):
@@ -181,12 +184,15 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
 
 
 def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> tuple[float, float]:
-    """The faster of REPEATS runs of each, interleaved (full, sparse, full, ...) so that load
-    drifting on a shared machine hits both."""
-    full = sparse = float("inf")
-    for _ in range(REPEATS):
-        full, sparse = min(full, full_run()), min(sparse, sparse_run())
-    return full, sparse
+    """(full seconds, sparse seconds) from REPEATS pairs of runs, each a full run then a sparse one:
+    full prefill's median and the sparse method's at the median of the pairs' sparse / full ratios.
+    A pair shares its moment of a shared machine, so its ratio (what auto compares) is steadier
+    than either time: the faster of two runs of each, which took full's from one moment and the
+    sparse method's from another, set plain SpecPrefill before the composition at 4K in 1 of 5
+    calibrations on a 2-core VM where the pairs' ratios never crossed (results/cpu_bf16_long/notes.md)."""
+    pairs = [(full_run(), sparse_run()) for _ in range(REPEATS)]  # in order: full, sparse, full, ...
+    full = float(np.median([f for f, _ in pairs]))
+    return full, full * float(np.median([sp / max(f, 1e-12) for f, sp in pairs]))
 
 
 def _measure(lm: ProbedModel, method: PrefillMethod, length: int, cached: int = 0) -> tuple[float, float]:
@@ -400,7 +406,7 @@ def calibrate_auto(lm: ProbedModel, method: PrefillMethod) -> list[str]:
     """Calibrate (or read the cached calibrations of) every option an "auto" `method` weighs on a
     long fresh prompt and on agent turns (auto_shapes): what `specfill serve --method auto` does
     before it listens, so that no request waits for the measurement (once per machine, model and
-    settings: the Qwen2.5-Coder pair 87 s on a 2-core CPU, its turns 72 s more in bf16). One line per
+    settings: the Qwen2.5-Coder pair 188 s in bf16 on a 2-core AMX CPU, its three shapes). One line per
     shape: what auto runs there."""
     lines = []
     for tokens, cached in auto_shapes(lm):
@@ -418,16 +424,16 @@ def _calibration(
     lengths: list[int] | None,
     turn: bool = False,
 ) -> tuple[int | None, str, dict[str, Any] | None]:
-    """(crossover, where it came from, the calibration data or None where none was measured); a
-    turn's: lengths of new tokens, each timed over TURN_CACHED_PER_NEW times as many cached, the
-    first TURN_POINTS of them whatever the budget."""
+    """(crossover, where it came from, the calibration data or None where none was measured), the
+    first MIN_POINTS lengths measured whatever the budget; a turn's: lengths of new tokens, each timed
+    over TURN_CACHED_PER_NEW times as many cached."""
     lengths = sorted(probe_lengths(lm, method, turn) if lengths is None else lengths)
     if not lengths:
         return None, "no calibration length fits the model's context: full prefill", None
     if prompt_tokens is not None and prompt_tokens < lengths[0]:
         return None, f"prompt shorter than the shortest calibration length ({lengths[0]}): full prefill", None
     key = key_for(lm, method, turn)
-    return calibrated(key, _measurer(lm, method, turn), lengths, refresh=refresh, min_points=TURN_POINTS if turn else 1)
+    return calibrated(key, _measurer(lm, method, turn), lengths, refresh=refresh, min_points=MIN_POINTS)
 
 
 def _measurer(lm: ProbedModel, method: PrefillMethod, turn: bool) -> Callable[[int], tuple[float, float]]:

@@ -89,3 +89,26 @@ def test_a_models_seconds_are_its_first_layers_plus_the_per_layer_seconds_of_the
     assert views.price(5.0, 1.0, 4) == 5.0 and views.price(5.0, 1.0, 2) == 1.0  # the views' own seconds
     whole = probe.TimedViews(long="the model", short=None, k=4)
     assert whole.price(8.0, 123.0, 4) == 8.0 and whole.price(8.0, 123.0, 2) == 4.0
+
+
+def test_a_lengths_ratio_is_the_median_of_paired_runs(monkeypatch):
+    """probe._best_of runs full then sparse REPEATS times and keeps each pair together: full's median
+    seconds and the sparse method's at the pairs' median ratio. The fastest of each run on its own
+    sets a full run from one moment against a sparse run from another (here 1.5 / 4 = 0.375, where
+    two pairs of three read 0.75): how a 2-core VM's calibration once ranked plain SpecPrefill
+    before the composition."""
+    monkeypatch.setattr(probe, "REPEATS", 3)
+    order: list[str] = []
+    fulls, sparses = iter([8.0, 4.0, 10.0]), iter([6.0, 3.0, 1.5])  # pairs read 0.75, 0.75, 0.15
+
+    def full_run() -> float:
+        order.append("full")
+        return next(fulls)
+
+    def sparse_run() -> float:
+        order.append("sparse")
+        return next(sparses)
+
+    full, sparse = probe._best_of(full_run, sparse_run)
+    assert order == ["full", "sparse"] * 3  # interleaved: each pair run back to back
+    assert full == 8.0 and sparse == pytest.approx(6.0)  # 8 x the median ratio 0.75
