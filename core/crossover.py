@@ -38,7 +38,7 @@ from .io.demo_model import cache_dir
 
 # 3: the probe prices a model from two views (core/probe.TimedViews); 4: H2O's stages on torch's CPU flash
 # kernel in bf16 / fp16 (backends/torch_cuda/kernels/cpu_flash.py): older prices are the twins'; 5: a length's
-# ratio is the median of three paired runs' (core/probe._best_of), no longer the faster of two runs of each
+# ratio is the median of three paired runs' (core/probe._paired_times), no longer the faster of two runs of each
 CALIBRATION_VERSION = 5
 # prompt lengths the calibration may measure, shortest first (cut at the model's context)
 CANDIDATE_LENGTHS = (2048, 4096, 8192, 16384)

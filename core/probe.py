@@ -32,13 +32,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from .config import (
-    AUTO_COMPOSITION,
-    AUTO_COMPOSITION_FROM,
-    AUTO_TURN_COMPOSITION,
-    H2OConfig,
-    SpecPrefillConfig,
-)
+from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
 from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, common_length, extended, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_prefill, h2o_step_size
 from .methods.prefill import prefill
@@ -183,7 +177,7 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     }
 
 
-def _best_of(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> tuple[float, float]:
+def _paired_times(full_run: Callable[[], float], sparse_run: Callable[[], float]) -> tuple[float, float]:
     """(full seconds, sparse seconds) from REPEATS pairs of runs, each a full run then a sparse one:
     full prefill's median and the sparse method's at the median of the pairs' sparse / full ratios.
     A pair shares its moment of a shared machine, so its ratio (what auto compares) is steadier
@@ -235,7 +229,7 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int, cached: int = 
             """The view's H2O attention as a prefill makes it (None where the new part reads every key)."""
             return h2o_prefill(ops, sparse_layer, view.args, total, lm.prefill_step_size, origin=cached)[0]
 
-        full, h2o = _best_of(priced, lambda: priced(step=step, attend=walk))
+        full, h2o = _paired_times(priced, lambda: priced(step=step, attend=walk))
         n_attention = len(attention_layers(args))  # H2O's layers count attention layers; the others cost what full's do
         sparse = len(h2o_config.layer_indices(n_attention)) / n_attention
         return full, (1.0 - sparse) * full + sparse * h2o
@@ -295,7 +289,7 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int, cached: int = 
         selection_s = len(scored) * long_s["selection"] / view_scored
         return pass_s + selection_s + main.price(long_s["main_prefill"], short_s["main_prefill"], n_main)
 
-    return _best_of(priced, sparse_run)
+    return _paired_times(priced, sparse_run)
 
 
 def key_for(lm: ProbedModel, method: PrefillMethod, turn: bool = False) -> dict[str, Any]:

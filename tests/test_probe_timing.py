@@ -92,7 +92,7 @@ def test_a_models_seconds_are_its_first_layers_plus_the_per_layer_seconds_of_the
 
 
 def test_a_lengths_ratio_is_the_median_of_paired_runs(monkeypatch):
-    """probe._best_of runs full then sparse REPEATS times and keeps each pair together: full's median
+    """probe._paired_times runs full then sparse REPEATS times and keeps each pair together: full's median
     seconds and the sparse method's at the pairs' median ratio. The fastest of each run on its own
     sets a full run from one moment against a sparse run from another (here 1.5 / 4 = 0.375, where
     two pairs of three read 0.75): how a 2-core VM's calibration once ranked plain SpecPrefill
@@ -109,6 +109,6 @@ def test_a_lengths_ratio_is_the_median_of_paired_runs(monkeypatch):
         order.append("sparse")
         return next(sparses)
 
-    full, sparse = probe._best_of(full_run, sparse_run)
+    full, sparse = probe._paired_times(full_run, sparse_run)
     assert order == ["full", "sparse"] * 3  # interleaved: each pair run back to back
     assert full == 8.0 and sparse == pytest.approx(6.0)  # 8 x the median ratio 0.75
