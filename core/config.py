@@ -241,11 +241,11 @@ class SpecPrefillConfig:
     fewest top chunks whose importance sums to this share of the prompt's, but at least
     mass_floor and at most mass_ceiling of the chunks (ratios; None: 0.05, 0.5; without keep_mass:
     a ConfigError): a peaked score (one needle) keeps few chunks, a spread one (a chain) more.
-    keep_growth (g in (0, 1]; None: 1): with the ratio rule, the tokens kept grow as the prompt's
+    keep_growth (g in [0, 1]; None: 1): with the ratio rule, the tokens kept grow as the prompt's
     length ** g past growth_from tokens (default GROWTH_FROM, 4096): the share kept is keep_ratio x
-    min(1, (P / growth_from) ** (g - 1)), so a 32K prompt at keep 0.3, g 0.7 keeps 0.16 of it (issue
-    47: research/keep_length). growth_from: that length (an integer >= 1; without keep_growth it
-    changes nothing).
+    min(1, (P / growth_from) ** (g - 1)), so a 32K prompt at keep 0.3, g 0.7 keeps 0.16 of it; g 0
+    holds keep_ratio x growth_from tokens (issue 47: research/keep_length). growth_from: that length
+    (an integer >= 1; without keep_growth it changes nothing).
     neighbours: also keep this many chunks (a fraction: the nearest ceil(neighbours x select_chunk)
     tokens) on each side of every selected chunk: context around what was found, the rest of a
     statement a chunk boundary cut; the kept count grows up to (2 * neighbours + 1) times.
@@ -284,7 +284,7 @@ class SpecPrefillConfig:
     keep_growth: float | None = setting(
         None,
         "SpecPrefill: with a keep ratio, the tokens kept grow as the prompt's length ** g past growth_from "
-        "tokens, g in (0, 1] (none: 1, a fixed share)",
+        "tokens, g in [0, 1] (none: 1, a fixed share; 0: a fixed budget)",
     )
     growth_from: int = setting(
         GROWTH_FROM, "SpecPrefill: with keep_growth, the prompt length (tokens) up to which the keep ratio holds"
@@ -470,11 +470,12 @@ AUTO_TURN_COMPOSITION = SpecPrefillConfig(speculator_prefill="h2o", query_window
 # `auto` with a speculator and SpecPrefill's defaults also weighs it as AUTO_COMPOSITION on a fresh prompt or a
 # turn's new part of AUTO_COMPOSITION_FROM tokens on, where its evidence holds (issue 47; docs/eval.md): decoded
 # within one sample of full on each of four RULER tasks at 8K and 16K (16-18% kept); on 8K turns the samples
-# AUTO_TURN_COMPOSITION keeps at 18% kept, not 30%. Past 16,384 tokens its tokens kept grow as P ** 0.5 (0.072 at
-# 32K: on the 32K proxy one HotpotQA sample of 20 less than keep 0.1, composition_keeps_32k.json); past 32K unmeasured.
+# AUTO_TURN_COMPOSITION keeps at 18% kept, not 30%. Past 16,384 tokens its budget holds at 1,639 chunk tokens
+# (keep_growth 0: 0.05 at 32K; on the 32K proxy keep 0.05-0.08's samples, one HotpotQA sample of 20 less than keep
+# 0.1, composition_keeps_32k.json; decoded: ruler_32k_budget.md, docs/eval.md); past 32K unmeasured.
 AUTO_COMPOSITION_FROM = 7_800
 AUTO_COMPOSITION = dataclasses.replace(
-    AUTO_TURN_COMPOSITION, keep_ratio=0.1, keep_growth=0.5, growth_from=16_384, neighbours=1
+    AUTO_TURN_COMPOSITION, keep_ratio=0.1, keep_growth=0, growth_from=16_384, neighbours=1
 )
 
 

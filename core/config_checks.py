@@ -90,7 +90,7 @@ def _require_int(config: object, name: str, minimum: int, label: str | None = No
 def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: tuple[float, float]) -> None:
     """SpecPrefillConfig's keep rule: at most one of `rules` (keep_ratio, keep_tokens, keep_mass);
     the mass rule's bounds only with it (defaults `bounds`), ceiling >= floor; a token budget an
-    integer >= 1; else the ratio (default `ratio`) in (0, 1], keep_growth in (0, 1] with it only;
+    integer >= 1; else the ratio (default `ratio`) in (0, 1], keep_growth in [0, 1] with it only;
     growth_from an integer >= 1."""
     given = [name for name in rules if getattr(config, name) is not None]
     if len(given) > 1:
@@ -133,8 +133,11 @@ def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: 
         if not (0.0 < float(value) <= 1.0) or math.isnan(float(value)):
             raise _error(config, f"keep ratio must be in (0, 1], got {value}", "keep_ratio")
         object.__setattr__(config, "keep_ratio", float(value))
-        if config.keep_growth is not None:
-            object.__setattr__(config, "keep_growth", _require_share(config, "keep_growth"))
+        if config.keep_growth is not None:  # 0: a fixed budget past growth_from
+            growth = config.keep_growth
+            if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 0.0 <= float(growth) <= 1.0:
+                raise _error(config, f"keep_growth must be a number in [0, 1], got {growth!r}", "keep_growth")
+            object.__setattr__(config, "keep_growth", float(growth))
     _require_int(config, "growth_from", 1)
 
 

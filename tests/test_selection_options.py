@@ -242,7 +242,17 @@ def test_bad_growth_from_is_one_config_error(value):
         SpecPrefillConfig(keep_growth=0.5, growth_from=value)
 
 
-@pytest.mark.parametrize("fields", [dict(keep_growth=0.0), dict(keep_growth=1.5), dict(keep_growth="x")])
+def test_keep_growth_zero_holds_the_budget_past_growth_from():
+    """g 0: the ratio up to growth_from, then a fixed budget of keep_ratio x growth_from tokens."""
+    fixed = SpecPrefillConfig(keep_ratio=0.1, keep_growth=0, growth_from=16384)
+    assert fixed.keep_growth == 0.0 and fixed.share(16000) == 0.1
+    assert fixed.share(32768) == pytest.approx(0.05) and fixed.share(131072) == pytest.approx(0.0125)
+    assert fixed.n_kept_chunks(1024) == fixed.n_kept_chunks(4096) == math.ceil(16384 * 0.1 / 32)
+
+
+@pytest.mark.parametrize(
+    "fields", [dict(keep_growth=-0.1), dict(keep_growth=1.5), dict(keep_growth="x"), dict(keep_growth=float("nan"))]
+)
 def test_bad_keep_growth_is_one_config_error(fields):
     with pytest.raises(ConfigError, match="keep_growth"):
         SpecPrefillConfig(**fields)

@@ -35,12 +35,13 @@ H2O_ALL = H2OConfig(layers="all")
 # main model + speculator pairs of the composition table (issue 38 item 4)
 PAIRS = ((LLAMA_8B, LLAMA_1B), (QWEN_CODER_15B, QWEN_CODER_05B), (QWEN3_32B, QWEN3_06B))
 KEEPS = (0.1, 0.3)  # the paper's keep ratio and this project's default (DEFAULT_KEEP_RATIO)
-# what `auto`'s composition (core/config.AUTO_COMPOSITION: keep 0.1 up to 16,384 tokens, then tokens
-# kept ~ P ** 0.5; a 32-query window, one neighbour chunk each side) prefills with its main model: its
-# keep share times NEIGHBOUR_GROWTH, the kept share over the keep ratio measured on the proxy at 32K
-# (1.76 at keep 0.1 to 1.88 at 0.04, research/keep_length/results/composition_keeps_32k.json; 0.169
-# at keep 0.1 on the 16K proxy); the largest measured, as the smaller keeps have (issue 47)
-NEIGHBOUR_GROWTH = 1.88
+# what `auto`'s composition (core/config.AUTO_COMPOSITION: keep 0.1 up to 16,384 tokens, then a fixed budget
+# of 1,639 chunk tokens; a 32-query window, one neighbour chunk each side) prefills with its main model: its
+# keep share times NEIGHBOUR_GROWTH, the most one neighbour chunk each side can add (3: every kept chunk
+# isolated). Measured on the proxy at 32K: 1.76 at keep 0.1 to 1.88 at 0.04
+# (research/keep_length/results/composition_keeps_32k.json); at 128K the rule keeps 0.0125, below any
+# measured ratio, so the bound (issue 47)
+NEIGHBOUR_GROWTH = 3
 
 
 def auto_share(tokens: int) -> float:

@@ -108,9 +108,10 @@ def _composition_lines(result: dict) -> list[str]:
     lines += _table_lines(result["composition"], bold="composition")
     lines += ["", "**Acceptance line of issues 38 and 47: composition >= 6x full at 128K on H100 (roofline)**", "",
               "Keep: the share of the prompt the main model prefills; auto's composition (core/config.py "
-              "AUTO_COMPOSITION: keep 0.1 up to 16,384 tokens, then tokens kept ~ P ** 0.5, a 32-query window, "
-              "one neighbour chunk each side) at its rule's share at 128K times the neighbours' growth measured "
-              "on the 32K proxy (roofline.py auto_share; past 32K the rule is unmeasured).", "",
+              "AUTO_COMPOSITION: keep 0.1 up to 16,384 tokens, then a fixed budget of 1,639 chunk tokens, a "
+              "32-query window, one neighbour chunk each side) at its rule's share at 128K times the most its "
+              "neighbours can add, 3 (roofline.py auto_share; 1.76-1.88 measured on the 32K proxy; past 32K the "
+              "rule is unmeasured).", "",
               "| pair | setting | kept share | predicted speed-up | >= 6x |", "|---|---|---|---|---|"]
     for a in result["acceptance"]:
         lines.append(f"| {a['pair']} | {a.get('setting', 'keep')} | {a['keep']:.3g} | {a['speedup']:.1f}x "
