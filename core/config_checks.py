@@ -17,13 +17,17 @@ def _error(config: object, message: str, *fields: str) -> ConfigError:
     return ConfigError(message, *fields, config=type(config).__name__)
 
 
-def _require_share(config: object, name: str, value: object = None, label: str | None = None) -> float:
-    """config's field `name` (or `value` for it) as a fraction in (0, 1]: a real number, not a bool, not NaN."""
+def _require_share(
+    config: object, name: str, value: object = None, label: str | None = None, zero: bool = False
+) -> float:
+    """config's field `name` (or `value` for it) as a fraction in (0, 1] ([0, 1] with `zero`): a real
+    number, not a bool, not NaN."""
     value, label = getattr(config, name) if value is None else value, label or name
+    interval = "[0, 1]" if zero else "(0, 1]"
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(float(value)):
-        raise _error(config, f"{label} must be a number in (0, 1], got {value!r}", name)
-    if not 0.0 < float(value) <= 1.0:
-        raise _error(config, f"{label} must be in (0, 1], got {value}", name)
+        raise _error(config, f"{label} must be a number in {interval}, got {value!r}", name)
+    if not (0.0 <= float(value) <= 1.0 if zero else 0.0 < float(value) <= 1.0):
+        raise _error(config, f"{label} must be in {interval}, got {value}", name)
     return float(value)
 
 
@@ -134,10 +138,7 @@ def _check_keep_rule(config: Any, rules: tuple[str, ...], ratio: float, bounds: 
             raise _error(config, f"keep ratio must be in (0, 1], got {value}", "keep_ratio")
         object.__setattr__(config, "keep_ratio", float(value))
         if config.keep_growth is not None:  # 0: a fixed budget past growth_from
-            growth = config.keep_growth
-            if isinstance(growth, bool) or not isinstance(growth, (int, float)) or not 0.0 <= float(growth) <= 1.0:
-                raise _error(config, f"keep_growth must be a number in [0, 1], got {growth!r}", "keep_growth")
-            object.__setattr__(config, "keep_growth", float(growth))
+            object.__setattr__(config, "keep_growth", _require_share(config, "keep_growth", zero=True))
     _require_int(config, "growth_from", 1)
 
 
