@@ -2,7 +2,9 @@
 
 torch offers several fused kernels (FlashAttention-2, cuDNN's, memory-efficient) behind
 scaled_dot_product_attention, and which one is fastest, and which takes grouped KV heads without
-expanded copies, depends on the GPU and the torch build. A prefill step needs two kinds of call:
+expanded copies, depends on the GPU and the torch build; our Triton kernel (kernels/prefill_triton.py:
+one call for either kind, grouped heads read in place) is a candidate of both kinds wherever Triton is
+installed and the kernels are not turned off. A prefill step needs two kinds of call:
 
 - "causal": a step over an empty cache (its own keys are all keys; square causal);
 - "prefix": a step after `start` cached slots, query t seeing slots 0..start + t (lower-right
@@ -34,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+
+from specfill.core.self_check import kernels_setting
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "float | None"], torch.Tensor]
 
@@ -109,20 +113,40 @@ def _split(raw: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Kernel:
     return run
 
 
+def _triton_prefill(q, k, v, start, scale):
+    """kernels/prefill_triton.py: one call, lower-right causal, grouped heads by pointer arithmetic."""
+    from .kernels.dispatch import triton_kernel
+
+    if start != k.shape[2] - q.shape[2]:
+        raise ValueError(f"the Triton prefill kernel takes the step's queries last (start {start})")
+    return triton_kernel("prefill_attention")(q, k, v, scale)
+
+
+def _triton_wanted() -> bool:
+    """Whether the Triton prefill kernel is a candidate: Triton installed and kernels not turned
+    off (SPECFILL_KERNELS=off / --kernels off keeps every call on torch's own kernels)."""
+    from .kernels.dispatch import triton_installed
+
+    return triton_installed() and kernels_setting(None) is not False
+
+
 def candidates(kind: str) -> dict[str, Kernel]:
     from torch.nn.attention import SDPBackend
 
+    triton = {"triton": _triton_prefill} if _triton_wanted() else {}
     if kind == "causal":
         return {
             "sdpa": _sdpa_causal(None),
             "flash": _sdpa_causal(SDPBackend.FLASH_ATTENTION),
             "cudnn": _sdpa_causal(SDPBackend.CUDNN_ATTENTION),
+            **triton,
         }
     return {
         "lower-right-expanded": _lower_right(gqa=False),
         "lower-right-gqa": _lower_right(gqa=True),
         "split-flash": _split(_flash_raw),
         "split-cudnn": _split(_cudnn_raw),
+        **triton,
     }
 
 

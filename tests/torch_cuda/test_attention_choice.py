@@ -8,6 +8,9 @@ O(0.1-1) on unit-scale data, far above them).
 
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -98,3 +101,16 @@ def test_decode_kernel_is_sdpa_off_cuda_and_in_compiled_steps():
     assert choice.decode_kernel("split-triton", q, k) is choice.split_decode
     assert DecodeGraphs(None).attention == "auto" and DecodeGraphs(None, compiled=True).attention == "sdpa"
     assert DecodeGraphs(None, compiled=True, attention="split-triton").attention == "split-triton"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed (Linux only)")
+def test_the_triton_candidate_follows_the_kernels_setting(monkeypatch):
+    """Our Triton prefill kernel competes in both kinds unless the kernels are turned off; on CPU
+    tensors (no interpreter in this process) it fails at the call and the probe reports it."""
+    monkeypatch.setenv("SPECFILL_KERNELS", "off")
+    assert "triton" not in choice.candidates("causal") and "triton" not in choice.candidates("prefix")
+    monkeypatch.setenv("SPECFILL_KERNELS", "auto")
+    assert "triton" in choice.candidates("causal") and "triton" in choice.candidates("prefix")
+    if not os.environ.get("TRITON_INTERPRET"):
+        _, _, report = choice.probe("prefix", 4, 2, 16, torch.float32, CPU, queries=8, prefix=24)
+        assert report["triton"].startswith("failed: RuntimeError: the Triton prefill kernel needs CUDA"), report

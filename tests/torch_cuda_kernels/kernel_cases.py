@@ -189,6 +189,47 @@ def test_speculative_importance_with_kernels_matches_twins():
     assert_close(got, want, torch.float32, "importance")
 
 
+# (Hq, Hkv, T, S, D, tiles): a prompt's first step (S = T, causal) and later steps (S > T), GQA 1/2/3/4,
+# T and S not tile multiples, an odd head size (masked D), one query, and forced tiles whose unmasked
+# walk covers several key tiles before the band (BLOCK_N < start)
+PREFILL = [
+    (4, 2, 37, 37, 16, None),
+    (6, 2, 45, 100, 24, None),
+    (3, 1, 33, 33, 64, (32, 16)),
+    (2, 2, 5, 90, 32, (16, 32)),
+    (4, 1, 1, 50, 16, None),
+    (8, 2, 40, 71, 16, (16, 16)),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("hq,hkv,t,s,d,tiles", PREFILL)
+def test_prefill_kernel_matches_float32_attention(hq, hkv, t, s, d, tiles, dtype):
+    """The Triton prefill kernel (the attention probe's "triton" candidate) against float32 attention
+    with an explicit lower-right causal mask and expanded heads, on q / k / v as a layer hands them
+    over ([1, H, T, D] views of [1, T, H, D] projections)."""
+    from specfill.backends.torch_cuda.attention_choice import reference
+    from specfill.backends.torch_cuda.kernels.prefill_triton import prefill_attention
+
+    q = randn(1, t, hq, d, dtype=dtype, device=DEVICE, seed=40).transpose(1, 2)
+    k, v = (randn(1, s, hkv, d, dtype=dtype, device=DEVICE, seed=seed).transpose(1, 2) for seed in (41, 42))
+    got = prefill_attention(q, k, v, 0.3, tiles=tiles)
+    assert got.dtype == dtype and got.shape == (1, hq, t, d)
+    assert_close(got, reference(q, k, v, s - t, 0.3).to(dtype), dtype, "prefill")
+
+
+@pytest.mark.parametrize("kind", ["causal", "prefix"])
+def test_the_attention_probe_runs_the_triton_candidate(kind):
+    """The probe's "triton" candidate (attention_choice._triton_prefill) through the probe itself: checked
+    against its float32 reference and timed, on the device this file runs on."""
+    from specfill.backends.torch_cuda import attention_choice as choice
+
+    kernels = {"triton": choice.candidates(kind)["triton"]}
+    dtype = torch.float16 if DEVICE == "cuda" else torch.float32
+    name, _, report = choice.probe(kind, 4, 2, 16, dtype, torch.device(DEVICE), kernels, queries=24, prefix=40)
+    assert name == "triton" and report["triton"].endswith(" ms"), report
+
+
 # (Hkv, R, N, D, keys per split): several splits with a partial last one; a verify step's GQA rows; one split
 DECODE = [
     (2, 4, 100, 16, 32),

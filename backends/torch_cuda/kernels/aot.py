@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .dispatch import next_power_of_2
-from .tiles import ARCH_LIMITS, Tiles, flash_tiles, resident_blocks, scoring_tiles
+from .tiles import ARCH_LIMITS, Tiles, flash_tiles, prefill_tiles, resident_blocks, scoring_tiles
 
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 HEAD_DIMS = (64, 80, 96, 128, 256)
@@ -56,28 +56,33 @@ class Cell(NamedTuple):
     kernel: str
     dtype: torch.dtype
     head_dim: int
-    variant: int  # flash: 1 block-diagonal / 0 full; scoring: rows (G x n_q) class
+    variant: int  # flash: 1 block-diagonal / 0 full; scoring: rows (G x n_q) class; prefill: 0
     arch: int
 
     def tiles(self) -> Tiles:
         block_d = max(16, next_power_of_2(self.head_dim))
         if self.kernel == "scoring":
             return scoring_tiles(self.variant, block_d, self.dtype, self.arch)
+        if self.kernel == "prefill":
+            return prefill_tiles(block_d, self.dtype, self.arch)
         return flash_tiles(block_d, self.dtype, self.arch)
 
     def label(self) -> str:
+        if self.kernel == "prefill":
+            return f"prefill {TRITON_TYPES[self.dtype]} d{self.head_dim} lower-right sm_{self.arch}"
         kind = f"rows{self.variant}" if self.kernel == "scoring" else ("blockdiag" if self.variant else "full")
         return f"{self.kernel} {TRITON_TYPES[self.dtype]} d{self.head_dim} {kind} sm_{self.arch}"
 
 
 def all_cells(archs=tuple(ARCH_LIMITS)) -> list[Cell]:
-    """Every configuration the dispatchers can choose, on every target (525 for the 5 targets)."""
+    """Every configuration the dispatchers can choose, on every target (600 for the 5 targets)."""
     cells = []
     for arch in archs:
         for dtype in TRITON_TYPES:
             for head_dim in HEAD_DIMS:
                 cells += [Cell(k, dtype, head_dim, mask, arch) for k in ("forward", "colsum") for mask in (0, 1)]
                 cells += [Cell("scoring", dtype, head_dim, rows, arch) for rows in SCORING_ROWS]
+                cells.append(Cell("prefill", dtype, head_dim, 0, arch))
     return cells
 
 
@@ -86,6 +91,10 @@ def _kernel_fn(kernel: str):
         from .scoring_triton import _scoring_kernel
 
         return _scoring_kernel
+    if kernel == "prefill":
+        from .prefill_triton import _prefill_kernel
+
+        return _prefill_kernel
     from .flash_triton import _colsum_kernel, _forward_kernel
 
     return _forward_kernel if kernel == "forward" else _colsum_kernel
@@ -99,6 +108,8 @@ def _source(cell: Cell, tiles: Tiles):
     constants = {"PRECISION": precision, "BLOCK_N": tiles.block_n, "BLOCK_D": block_d}
     if cell.kernel == "scoring":
         constants["BLOCK_R"] = tiles.block_m
+    elif cell.kernel == "prefill":
+        constants.update(BLOCK_M=tiles.block_m, HEAD_DIM=cell.head_dim)
     else:
         constants.update(BLOCK_M=tiles.block_m, BLOCK_DIAGONAL=bool(cell.variant))
     return _ast_source(fn, cell.dtype, constants, UNIT_STRIDES, INPUT_POINTERS, FP32_POINTERS, ALIGNED_INTS)

@@ -33,6 +33,7 @@ TRITON_KERNELS = {
     "flash_attention": "flash_triton",
     "scoring_softmax": "scoring_triton",
     "decode_attention": "decode_triton",
+    "prefill_attention": "prefill_triton",
 }
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,8 +66,8 @@ def kernel_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
 
 
 def triton_kernel(name: str) -> Callable:
-    """The Triton kernel `name` (flash_attention, scoring_softmax, decode_attention), importing Triton
-    on first use.
+    """The Triton kernel `name` (flash_attention, scoring_softmax, decode_attention,
+    prefill_attention), importing Triton on first use.
 
     The one place a kernel is fetched, so that a test can inject a failing or wrong one."""
     module = importlib.import_module(f"{__package__}.{TRITON_KERNELS[name]}")

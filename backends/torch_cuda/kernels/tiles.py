@@ -94,6 +94,26 @@ def flash_tiles(block_d: int, dtype: torch.dtype, arch: int) -> Tiles:
     return Tiles(64, 32, 8, 2)
 
 
+def prefill_tiles(block_d: int, dtype: torch.dtype, arch: int) -> Tiles:
+    """The prefill kernel's tiles (kernels/prefill_triton.py) for head dim padded to block_d.
+
+    float32 (FMA dots, see flash_tiles) takes flash_tiles' tiles, with 8 warps for heads of 65-128
+    (4 spilled there). 16-bit inputs take the fused-attention tutorial's shape where it fits: 128
+    query rows and 8 warps (two warpgroups' MMAs on sm_90) against 64-key tiles, 3 pipeline stages
+    where a block may hold 163 KB or more of shared memory; the 99 KB targets (sm_86, sm_89) pipeline
+    2 stages and take 64 x 32 tiles with 4 warps for heads of 65-128 (64 x 64 spilled), and 256-wide
+    heads take 64 x 32 everywhere. Each choice compiles without a spill and within shared memory on
+    every target (scripts/aot_matrix.py); 4 warps for 128 rows spilled on sm_80."""
+    if dtype == torch.float32:
+        return Tiles(16, 16, 8, 1) if 64 < block_d <= 128 else flash_tiles(block_d, dtype, arch)
+    small = _small_smem(arch)
+    if block_d > 128:
+        return Tiles(64, 32, 8, 2 if small else 3)
+    if small and block_d > 64:
+        return Tiles(64, 32, 4, 2)
+    return Tiles(128, 64, 8, 2 if small else 3)
+
+
 def scoring_tiles(rows: int, block_d: int, dtype: torch.dtype, arch: int) -> Tiles:
     """The scoring kernel's tiles: BLOCK_M is its rows per program (G query heads x n_q scoring
     queries, covered up to a cap), BLOCK_N its keys per tile. The query rows stay in registers

@@ -1,0 +1,139 @@
+"""Triton attention for a prefill step: the step's queries against every cached key, lower-right causal.
+
+A prefill step of T queries after `start` cached slots (start = S - T; 0 for a prompt's first step)
+lets query t see slots 0..start + t. One program per (block of BLOCK_M queries, query head), as in
+Triton's fused-attention tutorial and FlashAttention-2:
+  - the keys every row of the block sees (0..start + the block's first row) are walked in whole
+    BLOCK_N tiles with no mask at all: the prefix of a long prompt is almost all of the work;
+  - the band after them (the causal diagonal, and the ragged end of the keys) is walked with the
+    lower-right mask;
+  - the online softmax keeps its row maxima and sums in float32 (exp2, the scale folded into
+    log2 units), and the output is normalised once at the end.
+Query head h reads KV head h // group through pointer arithmetic: grouped KV heads are never
+expanded in memory. Blocks are launched heaviest first (the last queries see the most keys), so
+a causal step's long blocks do not start last. No row is ever empty (every query sees slot 0), so
+no row statistic is -inf after the first tile and no output is NaN.
+
+A candidate of backends/torch_cuda/attention_choice.py's probe, beside torch's fused kernels: it
+runs where the probe times it fastest and correct on the device. Imported lazily: Triton decides
+at decoration time whether it interprets.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .dispatch import device_arch, dot_tile, interpreting, next_power_of_2
+from .state import LOG2E
+from .tiles import prefill_tiles
+
+
+@triton.jit
+def _prefill_kernel(
+    Q, K, V, O,
+    stride_qh, stride_qt, stride_qd, stride_kh, stride_kt, stride_kd,
+    stride_vh, stride_vt, stride_vd, stride_oh, stride_ot, stride_od,
+    n_queries, n_keys, group, qk_scale,
+    HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    block = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest first
+    head = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < HEAD_DIM  # all true (folded away) when the head size is a power of 2
+    first_row = block * BLOCK_M
+    offs_m = first_row + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < n_queries
+    q = tl.load(
+        Q + head * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+        mask=row_ok[:, None] & d_ok[None, :],
+        other=0.0,
+    )
+    kv_head = head // group
+    k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
+    v_base = V + kv_head * stride_vh + offs_d[None, :] * stride_vd
+    start = n_keys - n_queries
+    open_end = ((start + first_row + 1) // BLOCK_N) * BLOCK_N  # whole tiles every row of the block sees
+    band_end = tl.minimum(start + first_row + BLOCK_M, n_keys)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, open_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = tl.load(k_base + offs_n[:, None] * stride_kt, mask=d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * stride_vt, mask=d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    for start_n in range(open_end, band_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        key_ok = offs_n < n_keys
+        k = tl.load(k_base + offs_n[:, None] * stride_kt, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+        visible = key_ok[None, :] & (offs_n[None, :] <= start + offs_m[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: slot 0 is in the first tile walked
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + offs_n[:, None] * stride_vt, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    out = acc / l_i[:, None]
+    tl.store(
+        O + head * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
+        out.to(O.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+def launch_config(
+    n_queries: int, n_keys: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[int, int, int, dict[str, int]]:
+    """(BLOCK_M, BLOCK_N, BLOCK_D, launch options): on a GPU the device architecture's tiles
+    (tiles.prefill_tiles, compiled ahead of time by scripts/aot_matrix.py); in the interpreter,
+    which runs one tile at a time in NumPy, small tiles (every dot dimension >= 16)."""
+    block_d = max(16, next_power_of_2(head_dim))
+    if interpreting():
+        return dot_tile(n_queries, 32), dot_tile(n_keys, 32), block_d, {}
+    tiles = prefill_tiles(block_d, dtype, device_arch(device))
+    return tiles.block_m, tiles.block_n, block_d, {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scale: float | None = None,
+    tiles: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """q [1, Hq, T, D], k / v [1, Hkv, S, D] (S >= T, any strides; Hkv divides Hq) -> [1, Hq, T, D]
+    in q's dtype (a transposed view of a contiguous [1, T, Hq, D]): query t sees slots
+    0..S - T + t. scale None: D ** -0.5. tiles overrides (BLOCK_M, BLOCK_N) for tests."""
+    _, n_heads, n_queries, head_dim = q.shape
+    n_kv, n_keys = k.shape[1], k.shape[2]
+    if n_keys < n_queries or n_heads % n_kv or v.shape[-1] != head_dim or n_queries < 1:
+        raise ValueError(f"prefill_attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if q.device.type != "cuda" and not interpreting():
+        raise RuntimeError(f"the Triton prefill kernel needs CUDA tensors (got {q.device.type})")
+    block_m, block_n, block_d, options = launch_config(n_queries, n_keys, head_dim, q.dtype, q.device)
+    if tiles is not None:
+        block_m, block_n = tiles
+    q3, k3, v3 = q[0], k[0], v[0]
+    # written as [T, Hq, D]: the layer's o_proj reads rows of Hq x D, which a [Hq, T, D] output would copy
+    o = torch.empty((n_queries, n_heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
+    _prefill_kernel[(triton.cdiv(n_queries, block_m), n_heads)](
+        q3, k3, v3, o, *q3.stride(), *k3.stride(), *v3.stride(), *o.stride(),
+        n_queries, n_keys, n_heads // n_kv, float(head_dim**-0.5 if scale is None else scale) * LOG2E,
+        HEAD_DIM=head_dim, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **options,
+    )  # fmt: skip
+    return o[None]
