@@ -80,8 +80,9 @@ CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
 read -r -a SHARES <<< "${SHARES:-15 320 45 70 60 50 0}"  # machine, bench, exact, hybrid, kernels, conformance, profile
-# more rows per length, NAME=METHOD:FLAGS;... (2026-11-28 and -29 measured larger steps: 1-10%, none
-# by default now: the compiled decode row's compilation comes out of the TTFT rows' time)
+# more rows per length, NAME=METHOD:FLAGS;... (2026-11-28 and -29 measured larger steps: 1-10%; since
+# 2026-12-02 the loader's own step on a GPU with room is 16K, so e.g. "full-s2k=full:--step 2048" is the
+# old default; none by default: the compiled decode row's compilation comes out of the TTFT rows' time)
 VARIANTS=${VARIANTS-}
 DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager,compiled}
 HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}

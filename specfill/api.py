@@ -270,7 +270,8 @@ def open(
     sharded over the ranks its launcher started (launched_group: mlx.launch; pipeline: by layers, else by
     heads), with `speculator` and `draft_model` ("self:K", a path or a loaded model) loaded once beside it.
     prefill_step_size: tokens per full-prefill step of the model and a loaded speculator (None: the
-    backend's, core/backend.DEFAULT_PREFILL_STEP_SIZE)."""
+    backend's, core/backend.DEFAULT_PREFILL_STEP_SIZE, longer on a CUDA GPU with room for it:
+    backends/torch_cuda/loader.device_prefill_step)."""
     name = resolve_backend(backend)
     device, notice = choose_device(name, device)  # unknown or not installed: one clear error
     if notice is not None and notify is not None:

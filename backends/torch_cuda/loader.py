@@ -164,11 +164,59 @@ def _causal_lm(model, dtype: torch.dtype, prefill_step_size: int, use_kernels: b
     )
 
 
+# Longer prefill steps on a GPU with room for them: on the H200 (8B bf16, random weights), 16,384-token
+# steps gave full prefill 1.10x / 1.05x / 1.02x the TTFT of 2,048-token ones at 8K / 32K / 128K and
+# SpecPrefill 1.25x / 1.05x / 1.02x, at 0.7-1.6 GB more peak memory (results/gpu/h200/2026-11-29/
+# run1/ttft.md, rows *-s16k). A step's activations are held under 1/20 of the memory the weights leave,
+# so a long prompt's KV cache keeps nearly all the room it had with the library's 2,048.
+GPU_PREFILL_STEPS = (16384, 8192, 4096)
+STEP_MEMORY_SHARE = 1 / 20
+
+
+def step_activation_bytes(args: ModelArgs, element_size: int) -> int:
+    """Bytes one token of a prefill step holds at the layer's peak (a bound, not a measurement): the
+    MLP's gate and up products, the fused q/k/v, and four hidden-sized rows (input, norm, attention
+    output, residual)."""
+    qkv = (args.num_attention_heads + 2 * args.num_key_value_heads) * args.head_dim
+    return (2 * args.intermediate_size + 4 * args.hidden_size + qkv) * element_size
+
+
+def device_prefill_step(model: CausalLM, device: torch.device) -> int:
+    """The prefill step a model on `device` takes when none is asked: the longest of GPU_PREFILL_STEPS
+    whose activations (step_activation_bytes) fit STEP_MEMORY_SHARE of the GPU's memory less the
+    weights; DEFAULT_PREFILL_STEP_SIZE off CUDA, or where none fits."""
+    parameters = getattr(model.model, "parameters", None)
+    if not placement.on_cuda(device) or parameters is None:
+        return DEFAULT_PREFILL_STEP_SIZE
+    tensors = list(parameters())
+    weights = sum(t.numel() * t.element_size() for t in tensors)
+    room = placement.RUNTIME.properties(device).total_memory - weights
+    per_token = step_activation_bytes(model.args, tensors[0].element_size() if tensors else 2)
+    fitting = [step for step in GPU_PREFILL_STEPS if step * per_token <= room * STEP_MEMORY_SHARE]
+    return max(fitting, default=DEFAULT_PREFILL_STEP_SIZE)
+
+
 def load(
     path: str | Path | tuple[Any, Any],
     dtype: str | torch.dtype | None = None,
     device: str | torch.device | None = None,
-    prefill_step_size: int = DEFAULT_PREFILL_STEP_SIZE,
+    prefill_step_size: int | None = None,
+) -> tuple[CausalLM, Tokenizer]:
+    """(model, tokenizer), its prefill step `prefill_step_size` or, with None, the device's
+    (device_prefill_step: longer on a GPU with room for it, the library's 2,048 elsewhere)."""
+    model, tokenizer = _load(
+        path, dtype, device, DEFAULT_PREFILL_STEP_SIZE if prefill_step_size is None else prefill_step_size
+    )
+    if prefill_step_size is None:
+        model.prefill_step_size = device_prefill_step(model, resolve_device(device))
+    return model, tokenizer
+
+
+def _load(
+    path: str | Path | tuple[Any, Any],
+    dtype: str | torch.dtype | None,
+    device: str | torch.device | None,
+    prefill_step_size: int,
 ) -> tuple[CausalLM, Tokenizer]:
     """(model, tokenizer) from a GGUF file or a Hugging Face directory (config.json +
     safetensors). Missing, corrupt or unsupported checkpoints raise ModelLoadError. A directory
