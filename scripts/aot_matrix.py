@@ -54,7 +54,8 @@ def _markdown(rows: list[dict], meta: dict) -> str:
         "",
         f"**{len(rows)} cells, {len(failed)} failures, {meta['spills']} with register spills.** "
         "A cell is one kernel x dtype x head dim x mask (flash kernels: block-diagonal or full) "
-        "or rows class (scoring: G x n_q up to 16/32/64) or lower-right causal (prefill) x target, "
+        "or rows class (scoring: G x n_q up to 16/32/64) or lower-right causal (prefill; prefill-tma: "
+        "its tensor-descriptor twin, sm_90 only) x target, "
         "compiled with the tiles the "
         "dispatcher picks there (backends/torch_cuda/kernels/tiles.py). Resident blocks per SM "
         "follow the per-arch limits of the CUDA C++ Programming Guide (cited in tiles.py).",

@@ -122,6 +122,15 @@ def _triton_prefill(q, k, v, start, scale):
     return triton_kernel("prefill_attention")(q, k, v, scale)
 
 
+def _triton_prefill_tma(q, k, v, start, scale):
+    """The same kernel reading q, k and v through tensor descriptors (TMA, sm_90 and later)."""
+    from .kernels.dispatch import triton_kernel
+
+    if start != k.shape[2] - q.shape[2]:
+        raise ValueError(f"the Triton prefill kernel takes the step's queries last (start {start})")
+    return triton_kernel("prefill_attention")(q, k, v, scale, tma=True)
+
+
 def _triton_wanted() -> bool:
     """Whether the Triton prefill kernel is a candidate: Triton installed and kernels not turned
     off (SPECFILL_KERNELS=off / --kernels off keeps every call on torch's own kernels)."""
@@ -130,10 +139,22 @@ def _triton_wanted() -> bool:
     return triton_installed() and kernels_setting(None) is not False
 
 
+def _tma_capable() -> bool:
+    """Whether the GPU reads tensor descriptors with its copy engine (sm_90 and later): only there is
+    the TMA variant worth its compile in the probe."""
+    from . import placement
+
+    if not placement.RUNTIME.available():
+        return False
+    return placement.RUNTIME.capability(torch.device("cuda"))[0] >= 9
+
+
 def candidates(kind: str) -> dict[str, Kernel]:
     from torch.nn.attention import SDPBackend
 
     triton = {"triton": _triton_prefill} if _triton_wanted() else {}
+    if triton and _tma_capable():
+        triton["triton-tma"] = _triton_prefill_tma
     if kind == "causal":
         return {
             "sdpa": _sdpa_causal(None),

@@ -114,3 +114,15 @@ def test_the_triton_candidate_follows_the_kernels_setting(monkeypatch):
     if not os.environ.get("TRITON_INTERPRET"):
         _, _, report = choice.probe("prefix", 4, 2, 16, torch.float32, CPU, queries=8, prefix=24)
         assert report["triton"].startswith("failed: RuntimeError: the Triton prefill kernel needs CUDA"), report
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed (Linux only)")
+@pytest.mark.parametrize("capability,tma", [((9, 0), True), ((8, 9), False)])
+def test_the_tma_candidate_only_where_the_gpu_has_tma(monkeypatch, capability, tma):
+    from specfill.backends.torch_cuda.placement import simulated_cuda
+    from tests.torch_cuda.simulated_gpu import FakeRuntime
+
+    monkeypatch.setenv("SPECFILL_KERNELS", "auto")
+    assert "triton-tma" not in choice.candidates("prefix")  # no GPU here
+    with simulated_cuda(FakeRuntime(capability)):
+        assert ("triton-tma" in choice.candidates("prefix")) is tma and "triton" in choice.candidates("causal")

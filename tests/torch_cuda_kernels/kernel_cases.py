@@ -202,18 +202,26 @@ PREFILL = [
 ]
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("hq,hkv,t,s,d,tiles", PREFILL)
-def test_prefill_kernel_matches_float32_attention(hq, hkv, t, s, d, tiles, dtype):
-    """The Triton prefill kernel (the attention probe's "triton" candidate) against float32 attention
-    with an explicit lower-right causal mask and expanded heads, on q / k / v as a layer hands them
-    over ([1, H, T, D] views of [1, T, H, D] projections)."""
+def test_prefill_kernel_matches_float32_attention(hq, hkv, t, s, d, tiles, dtype, tma):
+    """The Triton prefill kernels (the attention probe's "triton" and "triton-tma" candidates) against
+    float32 attention with an explicit lower-right causal mask and expanded heads, on q / k / v as a
+    layer hands them over ([1, H, T, D] views of [1, T, H, D] projections). The TMA kernel takes
+    power-of-2 heads only (a clear error otherwise) and, on a GPU, sm_90 or later."""
     from specfill.backends.torch_cuda.attention_choice import reference
     from specfill.backends.torch_cuda.kernels.prefill_triton import prefill_attention
 
+    if tma and DEVICE == "cuda" and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need sm_90 or later")
     q = randn(1, t, hq, d, dtype=dtype, device=DEVICE, seed=40).transpose(1, 2)
     k, v = (randn(1, s, hkv, d, dtype=dtype, device=DEVICE, seed=seed).transpose(1, 2) for seed in (41, 42))
-    got = prefill_attention(q, k, v, 0.3, tiles=tiles)
+    if tma and d & (d - 1):
+        with pytest.raises(ValueError, match="power-of-2 heads"):
+            prefill_attention(q, k, v, 0.3, tiles=tiles, tma=True)
+        return
+    got = prefill_attention(q, k, v, 0.3, tiles=tiles, tma=tma)
     assert got.dtype == dtype and got.shape == (1, hq, t, d)
     assert_close(got, reference(q, k, v, s - t, 0.3).to(dtype), dtype, "prefill")
 
@@ -225,9 +233,11 @@ def test_the_attention_probe_runs_the_triton_candidate(kind):
     from specfill.backends.torch_cuda import attention_choice as choice
 
     kernels = {"triton": choice.candidates(kind)["triton"]}
+    if DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9:
+        kernels["triton-tma"] = choice._triton_prefill_tma
     dtype = torch.float16 if DEVICE == "cuda" else torch.float32
     name, _, report = choice.probe(kind, 4, 2, 16, dtype, torch.device(DEVICE), kernels, queries=24, prefix=40)
-    assert name == "triton" and report["triton"].endswith(" ms"), report
+    assert name in kernels and all(report[each].endswith(" ms") for each in kernels), report
 
 
 # (Hkv, R, N, D, keys per split): several splits with a partial last one; a verify step's GQA rows; one split

@@ -63,19 +63,20 @@ class Cell(NamedTuple):
         block_d = max(16, next_power_of_2(self.head_dim))
         if self.kernel == "scoring":
             return scoring_tiles(self.variant, block_d, self.dtype, self.arch)
-        if self.kernel == "prefill":
+        if self.kernel in ("prefill", "prefill-tma"):
             return prefill_tiles(block_d, self.dtype, self.arch)
         return flash_tiles(block_d, self.dtype, self.arch)
 
     def label(self) -> str:
-        if self.kernel == "prefill":
-            return f"prefill {TRITON_TYPES[self.dtype]} d{self.head_dim} lower-right sm_{self.arch}"
+        if self.kernel in ("prefill", "prefill-tma"):
+            return f"{self.kernel} {TRITON_TYPES[self.dtype]} d{self.head_dim} lower-right sm_{self.arch}"
         kind = f"rows{self.variant}" if self.kernel == "scoring" else ("blockdiag" if self.variant else "full")
         return f"{self.kernel} {TRITON_TYPES[self.dtype]} d{self.head_dim} {kind} sm_{self.arch}"
 
 
 def all_cells(archs=tuple(ARCH_LIMITS)) -> list[Cell]:
-    """Every configuration the dispatchers can choose, on every target (600 for the 5 targets)."""
+    """Every configuration the dispatchers can choose, on every target (606 for the 5 targets: the
+    TMA prefill kernel on sm_90 only, 16-bit, power-of-2 heads)."""
     cells = []
     for arch in archs:
         for dtype in TRITON_TYPES:
@@ -83,6 +84,8 @@ def all_cells(archs=tuple(ARCH_LIMITS)) -> list[Cell]:
                 cells += [Cell(k, dtype, head_dim, mask, arch) for k in ("forward", "colsum") for mask in (0, 1)]
                 cells += [Cell("scoring", dtype, head_dim, rows, arch) for rows in SCORING_ROWS]
                 cells.append(Cell("prefill", dtype, head_dim, 0, arch))
+                if arch >= 90 and dtype != torch.float32 and head_dim & (head_dim - 1) == 0:
+                    cells.append(Cell("prefill-tma", dtype, head_dim, 0, arch))
     return cells
 
 
@@ -95,6 +98,10 @@ def _kernel_fn(kernel: str):
         from .prefill_triton import _prefill_kernel
 
         return _prefill_kernel
+    if kernel == "prefill-tma":
+        from .prefill_triton import _prefill_tma_kernel
+
+        return _prefill_tma_kernel
     from .flash_triton import _colsum_kernel, _forward_kernel
 
     return _forward_kernel if kernel == "forward" else _colsum_kernel
@@ -110,15 +117,28 @@ def _source(cell: Cell, tiles: Tiles):
         constants["BLOCK_R"] = tiles.block_m
     elif cell.kernel == "prefill":
         constants.update(BLOCK_M=tiles.block_m, HEAD_DIM=cell.head_dim)
+    elif cell.kernel == "prefill-tma":
+        constants["BLOCK_M"] = tiles.block_m
+        kind = TRITON_TYPES[cell.dtype]
+        descriptors = {
+            name: f"tensordesc<{kind}[1, {rows}, {block_d}]>"
+            for name, rows in (("desc_q", tiles.block_m), ("desc_k", tiles.block_n), ("desc_v", tiles.block_n))
+        }
+        return _ast_source(
+            fn, cell.dtype, constants, UNIT_STRIDES, INPUT_POINTERS, FP32_POINTERS, ALIGNED_INTS, descriptors
+        )
     else:
         constants.update(BLOCK_M=tiles.block_m, BLOCK_DIAGONAL=bool(cell.variant))
     return _ast_source(fn, cell.dtype, constants, UNIT_STRIDES, INPUT_POINTERS, FP32_POINTERS, ALIGNED_INTS)
 
 
-def _ast_source(fn, dtype, constants, unit_strides, input_pointers, fp32_pointers, aligned=frozenset()):
+def _ast_source(
+    fn, dtype, constants, unit_strides, input_pointers, fp32_pointers, aligned=frozenset(), descriptors=None
+):
     """The ASTSource a launch of `fn` builds: `constants` and the unit strides as constexprs,
     pointers typed (input dtype or fp32) and 16-byte aligned, the `aligned` integers marked
-    divisible by 16, qk_scale fp32, other scalars i32."""
+    divisible by 16, `descriptors` {name: "tensordesc<bf16[1, 128, 128]>"} as given, qk_scale
+    fp32, other scalars i32."""
     from triton.compiler import ASTSource
 
     constants = dict(constants)
@@ -126,6 +146,8 @@ def _ast_source(fn, dtype, constants, unit_strides, input_pointers, fp32_pointer
     for index, name in enumerate(fn.arg_names):
         if name in constants:
             signature[name] = "constexpr"
+        elif descriptors and name in descriptors:
+            signature[name] = descriptors[name]
         elif name in unit_strides:
             signature[name], constants[name] = "constexpr", 1
         elif name in input_pointers or name in fp32_pointers:

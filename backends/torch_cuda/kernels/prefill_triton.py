@@ -31,6 +31,43 @@ from .tiles import prefill_tiles
 
 
 @triton.jit
+def _tile(q, k, v, m_i, l_i, acc, visible, qk_scale, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """One key tile of the online softmax: (m, l, acc) after keys k / values v [BLOCK_N, D]; with
+    MASKED, scores where `visible` is False are -inf (the band; every row keeps slot 0, so m stays
+    finite once the first tile is in)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _bounds(n_queries, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The program's block (heaviest first), query head, first row, the start of its step, the end of
+    the whole key tiles every row of the block sees, and the end of its band."""
+    block = tl.num_programs(0) - 1 - tl.program_id(0)
+    first_row = block * BLOCK_M
+    start = n_keys - n_queries
+    open_end = ((start + first_row + 1) // BLOCK_N) * BLOCK_N
+    band_end = tl.minimum(start + first_row + BLOCK_M, n_keys)
+    return tl.program_id(1), first_row, start, open_end, band_end
+
+
+@triton.jit
+def _store(O, out, head, offs_m, offs_d, row_ok, d_ok, stride_oh, stride_ot, stride_od):
+    tl.store(
+        O + head * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
+        out.to(O.dtype.element_ty),
+        mask=row_ok[:, None] & d_ok[None, :],
+    )
+
+
+@triton.jit
 def _prefill_kernel(
     Q, K, V, O,
     stride_qh, stride_qt, stride_qd, stride_kh, stride_kt, stride_kd,
@@ -39,11 +76,9 @@ def _prefill_kernel(
     HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):  # fmt: skip
-    block = tl.num_programs(0) - 1 - tl.program_id(0)  # heaviest first
-    head = tl.program_id(1)
+    head, first_row, start, open_end, band_end = _bounds(n_queries, n_keys, BLOCK_M, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM  # all true (folded away) when the head size is a power of 2
-    first_row = block * BLOCK_M
     offs_m = first_row + tl.arange(0, BLOCK_M)
     row_ok = offs_m < n_queries
     q = tl.load(
@@ -54,9 +89,6 @@ def _prefill_kernel(
     kv_head = head // group
     k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
     v_base = V + kv_head * stride_vh + offs_d[None, :] * stride_vd
-    start = n_keys - n_queries
-    open_end = ((start + first_row + 1) // BLOCK_N) * BLOCK_N  # whole tiles every row of the block sees
-    band_end = tl.minimum(start + first_row + BLOCK_M, n_keys)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -64,35 +96,48 @@ def _prefill_kernel(
     for start_n in range(0, open_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         k = tl.load(k_base + offs_n[:, None] * stride_kt, mask=d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * stride_vt, mask=d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _tile(q, k, v, m_i, l_i, acc, 0, qk_scale, False, PRECISION)
     for start_n in range(open_end, band_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < n_keys
         k = tl.load(k_base + offs_n[:, None] * stride_kt, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
-        visible = key_ok[None, :] & (offs_n[None, :] <= start + offs_m[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: slot 0 is in the first tile walked
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + offs_n[:, None] * stride_vt, mask=key_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+        visible = key_ok[None, :] & (offs_n[None, :] <= start + offs_m[:, None])
+        m_i, l_i, acc = _tile(q, k, v, m_i, l_i, acc, visible, qk_scale, True, PRECISION)
+    _store(O, acc / l_i[:, None], head, offs_m, offs_d, row_ok, d_ok, stride_oh, stride_ot, stride_od)
 
-    out = acc / l_i[:, None]
-    tl.store(
-        O + head * stride_oh + offs_m[:, None] * stride_ot + offs_d[None, :] * stride_od,
-        out.to(O.dtype.element_ty),
-        mask=row_ok[:, None] & d_ok[None, :],
-    )
+
+@triton.jit
+def _prefill_tma_kernel(
+    desc_q, desc_k, desc_v, O,
+    stride_oh, stride_ot, stride_od,
+    n_queries, n_keys, group, qk_scale,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """_prefill_kernel with q, k and v read through tensor descriptors (TMA on sm_90 and later: the
+    copy engine fetches each tile, rows past the end come back zero), head size a power of 2."""
+    head, first_row, start, open_end, band_end = _bounds(n_queries, n_keys, BLOCK_M, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = first_row + tl.arange(0, BLOCK_M)
+    q = desc_q.load([head, first_row, 0]).reshape(BLOCK_M, BLOCK_D)
+    kv_head = head // group
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(0, open_end, BLOCK_N):
+        k = desc_k.load([kv_head, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = desc_v.load([kv_head, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        m_i, l_i, acc = _tile(q, k, v, m_i, l_i, acc, 0, qk_scale, False, PRECISION)
+    for start_n in range(open_end, band_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = desc_k.load([kv_head, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        v = desc_v.load([kv_head, start_n, 0]).reshape(BLOCK_N, BLOCK_D)
+        visible = (offs_n < n_keys)[None, :] & (offs_n[None, :] <= start + offs_m[:, None])
+        m_i, l_i, acc = _tile(q, k, v, m_i, l_i, acc, visible, qk_scale, True, PRECISION)
+    row_ok = offs_m < n_queries
+    _store(O, acc / l_i[:, None], head, offs_m, offs_d, row_ok, offs_d < BLOCK_D, stride_oh, stride_ot, stride_od)
 
 
 def launch_config(
@@ -114,10 +159,13 @@ def prefill_attention(
     v: torch.Tensor,
     scale: float | None = None,
     tiles: tuple[int, int] | None = None,
+    tma: bool = False,
 ) -> torch.Tensor:
     """q [1, Hq, T, D], k / v [1, Hkv, S, D] (S >= T, any strides; Hkv divides Hq) -> [1, Hq, T, D]
     in q's dtype (a transposed view of a contiguous [1, T, Hq, D]): query t sees slots
-    0..S - T + t. scale None: D ** -0.5. tiles overrides (BLOCK_M, BLOCK_N) for tests."""
+    0..S - T + t. scale None: D ** -0.5. tiles overrides (BLOCK_M, BLOCK_N) for tests. tma: read
+    q, k and v through tensor descriptors (_prefill_tma_kernel; a power-of-2 head size, 16-byte
+    aligned rows and heads, a contiguous last dimension; sm_90 and later on a GPU)."""
     _, n_heads, n_queries, head_dim = q.shape
     n_kv, n_keys = k.shape[1], k.shape[2]
     if n_keys < n_queries or n_heads % n_kv or v.shape[-1] != head_dim or n_queries < 1:
@@ -130,10 +178,24 @@ def prefill_attention(
     q3, k3, v3 = q[0], k[0], v[0]
     # written as [T, Hq, D]: the layer's o_proj reads rows of Hq x D, which a [Hq, T, D] output would copy
     o = torch.empty((n_queries, n_heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
-    _prefill_kernel[(triton.cdiv(n_queries, block_m), n_heads)](
-        q3, k3, v3, o, *q3.stride(), *k3.stride(), *v3.stride(), *o.stride(),
-        n_queries, n_keys, n_heads // n_kv, float(head_dim**-0.5 if scale is None else scale) * LOG2E,
-        HEAD_DIM=head_dim, PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **options,
-    )  # fmt: skip
+    sizes = (n_queries, n_keys, n_heads // n_kv, float(head_dim**-0.5 if scale is None else scale) * LOG2E)
+    constants = dict(
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d
+    )
+    grid = (triton.cdiv(n_queries, block_m), n_heads)
+    if not tma:
+        _prefill_kernel[grid](
+            q3, k3, v3, o, *q3.stride(), *k3.stride(), *v3.stride(), *o.stride(), *sizes,
+            HEAD_DIM=head_dim, **constants, **options,
+        )  # fmt: skip
+        return o[None]
+    if block_d != head_dim or any(x.stride(-1) != 1 for x in (q3, k3, v3)):
+        raise ValueError(f"the TMA prefill kernel takes power-of-2 heads with a contiguous last dim, not {head_dim}")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    q_desc, k_desc, v_desc = (
+        TensorDescriptor(x, list(x.shape), list(x.stride()), [1, rows, block_d])
+        for x, rows in ((q3, block_m), (k3, block_n), (v3, block_n))
+    )
+    _prefill_tma_kernel[grid](q_desc, k_desc, v_desc, o, *o.stride(), *sizes, **constants, **options)
     return o[None]
