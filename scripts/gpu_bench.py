@@ -50,6 +50,7 @@ WARM_TOKENS = 5120
 PARTS = {
     "prefill": ("linear", "attention"),
     "speculator": ("speculator", "lookahead"),
+    "speculator_pass": ("speculator",),  # the prompt pass alone (the look-ahead: speculator less this)
     "selection": ("scoring",),
     "main_prefill": ("main_linear", "main_attention"),
 }

@@ -64,6 +64,7 @@ class SpeculatorPass(Generic[A]):
     layers: list[int] | None = None
     depth: int | None = None  # the first layers the prompt pass ran (pass_depth); None: every layer
     deep: DeepScores[A] | None = None  # a nested pass's deeper scored layers (over its subset)
+    pass_seconds: float = 0.0  # the prompt pass's wall time, the look-ahead after it apart
 
     @property
     def whole(self) -> bool:
@@ -121,7 +122,7 @@ def run_speculator(
     nest: a config with deep_keep makes the pass nested where nested_split says (its deeper layers
     read a subset ranked with nest's reductions: core/methods/speculator_depth.py).
     """
-    n_prompt, args = len(ids), speculator.args
+    began, n_prompt, args = ops.wall_time(), len(ids), speculator.args
     captured = attention_layers(args) if layers is None else layers  # a hybrid's recurrent layers have no queries
     depth, deeper = pass_layers(args.num_hidden_layers, captured, lookahead, extra_slots, nest)
     split = depth if deeper else None  # nested: the first `depth` layers read every token, the deeper ones a subset
@@ -168,6 +169,7 @@ def run_speculator(
         nested = DeepSubset(ops, speculator, split, cache, nest, n_window, captured, h2o)
         logits = nested.prefill(ids, cached, step_size, capture, window, progress)
     capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
+    pass_seconds = ops.wall_time() - began  # the backend's clock waits for the device
     fed: list[int] = []
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
@@ -191,7 +193,7 @@ def run_speculator(
     ops.settle([queries])
     rows = None if split is None and layers is None else list(outer)  # the layers of `queries` (None: every one)
     deep = None if split is None else nested.scores()
-    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, rows, depth, deep)
+    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, rows, depth, deep, pass_seconds)
 
 
 @dataclass
@@ -310,7 +312,11 @@ def speculate_and_select(
         spec.deep,
     )
     selection = select_new_tokens(ops.to_numpy(importance), reused, config)
-    seconds = {"speculator": speculated - started, "selection": ops.wall_time() - speculated}
+    seconds = {
+        "speculator": speculated - started,  # the prompt pass and the look-ahead
+        "speculator_pass": spec.pass_seconds,
+        "selection": ops.wall_time() - speculated,
+    }
     return spec, selection, seconds
 
 
