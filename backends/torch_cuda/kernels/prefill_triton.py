@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from .dispatch import device_arch, dot_tile, interpreting, next_power_of_2
+from .flash_triton import _rows
 from .state import LOG2E
 from .tiles import prefill_tiles
 
@@ -79,12 +80,8 @@ def _prefill_kernel(
     head, first_row, start, open_end, band_end = _bounds(n_queries, n_keys, BLOCK_M, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < HEAD_DIM  # all true (folded away) when the head size is a power of 2
-    offs_m = first_row + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < n_queries
-    q = tl.load(
-        Q + head * stride_qh + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
-        mask=row_ok[:, None] & d_ok[None, :],
-        other=0.0,
+    offs_m, row_ok, q = _rows(
+        Q + head * stride_qh + offs_d[None, :] * stride_qd, stride_qt, first_row, n_queries, d_ok, BLOCK_M
     )
     kv_head = head // group
     k_base = K + kv_head * stride_kh + offs_d[None, :] * stride_kd
