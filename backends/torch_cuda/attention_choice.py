@@ -41,8 +41,9 @@ from specfill.core.self_check import kernels_setting
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "float | None"], torch.Tensor]
 
-PROBE_QUERIES = 2048  # a prefill step's queries (the default step size)
-PROBE_PREFIX = 6144  # cached slots before the step in the "prefix" probe
+PROBE_QUERIES = 2048  # a prefill step's queries (the library's step size), the fewest the probe takes
+PROBE_MAX_QUERIES = 8192  # the most: a GPU's 16K steps are probed at 8K (the float32 reference's memory)
+PROBE_PREFIX = 6144  # cached slots before the step in the "prefix" probe (3 steps' worth)
 PROBE_REPEATS = 3
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
@@ -270,7 +271,8 @@ def probe(
     prefix: int = PROBE_PREFIX,
 ) -> tuple[str, Kernel, dict[str, str]]:
     """Try every candidate of `kind` on random unit-scale data of this shape: (name, kernel) of
-    the fastest correct one and a report {name: "1.23 ms" | "wrong: ..." | "failed: ..."}."""
+    the fastest correct one and a report {name: "1.23 ms" | "wrong: ..." | "failed: ...",
+    "probed on": "2048 queries after 6144 slots"}."""
     kernels = candidates(kind) if kernels is None else kernels
     gen = torch.Generator(device=device).manual_seed(0)
     start = 0 if kind == "causal" else prefix
@@ -280,7 +282,9 @@ def probe(
         for s in (shape_q, shape_kv, shape_kv)
     )
     expected = reference(q, k, v, start, None)
-    return _fastest(kernels, lambda kernel: kernel(q, k, v, start, None), expected, dtype, device, kind)
+    name, kernel, report = _fastest(kernels, lambda kernel: kernel(q, k, v, start, None), expected, dtype, device, kind)
+    report["probed on"] = f"{queries} queries after {start} slots"
+    return name, kernel, report
 
 
 def _fastest(
@@ -311,10 +315,13 @@ def _fastest(
 
 def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor) -> Kernel:
     """The chosen kernel of `kind` for q [1, Hq, T, D] / k [1, Hkv, S, D]'s heads, head size,
-    dtype and device; probed at the first call with that key."""
+    dtype and device; probed at the first call with that key, on steps of that call's T queries
+    held between PROBE_QUERIES and PROBE_MAX_QUERIES (a prompt's first step is the model's step
+    size unless the prompt is shorter), after three steps' worth of cached slots for "prefix"."""
     key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
     if key not in _CHOSEN:
-        _CHOSEN[key] = probe(kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
+        queries = min(max(q.shape[2], PROBE_QUERIES), PROBE_MAX_QUERIES)
+        _CHOSEN[key] = probe(kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device, None, queries, 3 * queries)
     return _CHOSEN[key][1]
 
 

@@ -126,3 +126,26 @@ def test_the_tma_candidate_only_where_the_gpu_has_tma(monkeypatch, capability, t
     assert "triton-tma" not in choice.candidates("prefix")  # no GPU here
     with simulated_cuda(FakeRuntime(capability)):
         assert ("triton-tma" in choice.candidates("prefix")) is tma and "triton" in choice.candidates("causal")
+
+
+@pytest.mark.parametrize("steps,probed", [(50, 2048), (4096, 4096), (16384, 8192)])
+def test_the_probe_takes_the_first_calls_step_within_bounds(monkeypatch, steps, probed):
+    """A GPU's 16K steps are probed at 8K queries, a short first prompt at the library's 2,048; "prefix"
+    after three steps' worth of slots; the report says what was probed."""
+    asked = []
+
+    def probe(kind, heads, kv_heads, head_dim, dtype, device, kernels, queries, prefix):
+        asked.append((queries, prefix))
+        return "sdpa", None, {}
+
+    monkeypatch.setattr(choice, "probe", probe)
+    monkeypatch.setattr(choice, "_CHOSEN", {})
+    choice.kernel_for(
+        "prefix", torch.empty(1, 4, steps, 16, device="meta"), torch.empty(1, 2, steps, 16, device="meta")
+    )
+    assert asked == [(probed, 3 * probed)]
+
+
+def test_the_probe_report_names_its_shape():
+    _, _, report = choice.probe("prefix", 4, 2, 16, torch.float32, CPU, {"expanded": choice._lower_right(False)}, 8, 24)
+    assert report["probed on"] == "8 queries after 24 slots" and report["expanded"].endswith(" ms")
