@@ -38,7 +38,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         help="target compute capability x10 (repeatable; default: all)",
     )
     parser.add_argument(
-        "--kernel", action="append", choices=("forward", "colsum", "scoring"), help="kernel (repeatable; default: all)"
+        "--kernel",
+        action="append",
+        choices=("forward", "colsum", "scoring", "prefill", "prefill-tma"),
+        help="kernel (repeatable; default: all)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu" / "aot")
     return parser.parse_args(argv)
