@@ -319,3 +319,80 @@ def test_conformance_with_kernels_forced(group, dtype):
     results = run_group(make_adapter(dtype=dtype, use_kernels=True, device=DEVICE), dtype, group)
     failures = [r for r in results if not r.passed]
     assert results and not failures, "\n".join(f"{r.check} [{r.case}]: {r.detail}" for r in failures[:10])
+
+
+# (heads, tokens, head dim, fused-projection columns or None): a decode token's q and k heads together
+# (8B-like 32 + 8 in miniature: 5 + 1 heads), a prefill step, a head dim whose half is no power of 2,
+# more heads than one program takes
+ROTARY = [(6, 1, 16, 8), (6, 37, 16, 8), (3, 9, 80, None), (20, 4, 16, 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads,tokens,d,extra", ROTARY)
+def test_rotary_kernel_is_the_formula_bitwise(heads, tokens, d, extra, dtype):
+    """The rotary kernel (kernels/rope_triton.py) gives rope.apply_rope's formula bit for bit, on heads
+    as the attention layer hands them over: a [1, H, T, D] view of a fused projection's columns
+    (`extra` more heads' columns per token, the values'), or of a plain [1, T, H, D] tensor."""
+    from specfill.backends.torch_cuda.kernels.rope_triton import rotary
+    from specfill.backends.torch_cuda.rope import rotate_half
+
+    columns = heads + (extra or 0)
+    fused = randn(1, tokens, columns * d, dtype=dtype, device=DEVICE, seed=50, scale=3.0)
+    x = fused[..., : heads * d].view(1, tokens, heads, d).transpose(1, 2)
+    cos, sin = (randn(tokens, d, dtype=dtype, device=DEVICE, seed=seed) for seed in (51, 52))
+    got = rotary(x, cos, sin)
+    want = x * cos + rotate_half(x) * sin
+    assert got.shape == want.shape and got.dtype == dtype
+    assert [st for st, n in zip(got.stride(), got.shape) if n > 1] == [
+        st for st, n in zip(want.stride(), got.shape) if n > 1
+    ]
+    assert torch.equal(got, want)
+
+
+def test_the_model_rotates_through_the_kernel_when_kernels_are_forced(monkeypatch):
+    """With kernels forced, every attention layer's RoPE is one rotary launch and the logits equal the
+    formula path's bitwise (fused q and k of a Llama, q and k apart after Qwen3's per-head norms)."""
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.self_check import kernels_env
+    from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+    fetch, launches = dispatch.triton_kernel, []
+
+    def counting(name):
+        kernel = fetch(name)
+        if name != "rotary":
+            return kernel
+        return lambda *args: launches.append(name) or kernel(*args)
+
+    ids = torch.tensor(prompt_ids(11), device=DEVICE)
+    for arch, per_layer in (("llama", 1), ("qwen3", 2)):
+        model = make_tiny(arch).ours(device=DEVICE)
+        with kernels_env("off"):
+            want = model(ids)
+        monkeypatch.setattr(dispatch, "triton_kernel", counting)
+        launches.clear()
+        with kernels_env("on"):
+            got = model(ids)
+        monkeypatch.setattr(dispatch, "triton_kernel", fetch)
+        assert len(launches) == per_layer * model.args.num_hidden_layers, (arch, launches)
+        assert torch.equal(got, want), arch
+
+
+def test_the_rotary_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
+    """rope._self_check (what auto mode asks on a GPU before the first rotation of a dtype and head dim)
+    passes the real kernel and refuses, with one warning, a kernel that rotates the wrong way."""
+    from specfill.backends.torch_cuda import rope
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    like = torch.zeros(1, 2, 3, 16, device=DEVICE)
+    KERNEL_SELF_CHECK.reset()
+    try:
+        assert rope._self_check(like)
+        KERNEL_SELF_CHECK.reset()
+        fetch = dispatch.triton_kernel
+        monkeypatch.setattr(dispatch, "triton_kernel", lambda name: lambda x, c, s: fetch(name)(x, c, -s))
+        with pytest.warns(SpecfillWarning, match="rotary embedding"):
+            assert not rope._self_check(like)
+    finally:
+        KERNEL_SELF_CHECK.reset()

@@ -91,6 +91,28 @@ def test_decode_kernels_compile_without_spills():
         assert row["failures"] == [] and 0 < row["registers"] <= 255 and row["resident_blocks"] >= 1, row
 
 
+ROTARY_SUBSET = """
+import json, torch
+from specfill.backends.torch_cuda.kernels.aot import compile_rotary
+cells = [(torch.bfloat16, 128, 40, 90), (torch.float16, 80, 6, 89), (torch.float32, 256, 20, 80)]
+print(json.dumps([compile_rotary(*cell) for cell in cells]))
+"""
+
+
+@pytest.mark.gpu_aot
+@pytest.mark.skipif(_cuda_compiler_missing() is not None, reason=str(_cuda_compiler_missing()))
+def test_rotary_kernel_compiles_without_spills():
+    """The rotary kernel (kernels/rope_triton.py) as it launches: an 8B's 40 rotated q + k heads on
+    sm_90, a head dim whose half is no power of 2 on sm_89, 256-wide float32 heads on sm_80."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", ROTARY_SUBSET], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(rows) == 3 and {row["kernel"] for row in rows} == {"rotary"}
+    for row in rows:
+        assert row["failures"] == [] and 0 < row["registers"] <= 255 and row["resident_blocks"] >= 1, row
+
+
 def test_committed_matrix_covers_todays_tiles_without_failures():
     """A change to tiles.py must come with a re-run of scripts/aot_matrix.py."""
     from specfill.backends.torch_cuda.kernels.aot import all_cells

@@ -271,3 +271,24 @@ def compile_decode(dtype: torch.dtype, head_dim: int, rows: int, arch: int) -> l
         )
         out.append(_compiled_row(row, source, arch, options))
     return out
+
+
+def compile_rotary(dtype: torch.dtype, head_dim: int, n_heads: int, arch: int) -> dict:
+    """Compile the rotary kernel (kernels/rope_triton.py) as rope_triton.rotary launches it for
+    `n_heads` heads of `head_dim` (its block of heads, 4 warps, FMA contraction off); a dict as
+    compile_cell's."""
+    from .rope_triton import HEADS_PER_PROGRAM, _rotary_kernel
+
+    half = head_dim // 2
+    constants = {
+        "HALF": half,
+        "BLOCK_H": min(HEADS_PER_PROGRAM, next_power_of_2(n_heads)),
+        "BLOCK_D": next_power_of_2(half),
+    }
+    row: dict[str, Any] = {
+        "cell": f"rotary {TRITON_TYPES[dtype]} d{head_dim} heads{n_heads} sm_{arch}",
+        "kernel": "rotary",
+        "arch": arch,
+    }
+    source = partial(_ast_source, _rotary_kernel, dtype, constants, set(), {"X", "COS", "SIN", "O"}, set())
+    return _compiled_row(row, source, arch, {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False})
