@@ -39,6 +39,9 @@ def test_bench_writes_json_markdown_and_plot(tiny_checkpoint, tmp_path, capsys):
             "0.25",
             "--select-chunk",
             "4",
+            # auto's calibration from these rows: the re-probe (14 of this test's 20 s) is
+            # test_auto_method's to test
+            "--save-crossover",
             "--out",
             str(tmp_path),
         ]
