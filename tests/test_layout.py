@@ -191,7 +191,9 @@ def test_generate_loads_only_what_it_uses():
     default dtype reads; 48 with core/config_checks.py, the settings' checks config.py calls; 49 with
     specfill/generation.py, the generation path the API's Session builds on, out of api.py (api.py
     with the Session outgrew one module's 450 lines); 50 with core/plan.py, a generation's plan out of
-    the driver: docs/development.md)."""
+    the driver: docs/development.md; 51 with backends/torch_cuda/fused.py, when the decoder's fused
+    RoPE and RMSNorm kernels run: a small module of gates, the kernels themselves still loaded on a GPU's
+    first use only)."""
     code = (
         "import sys; from specfill.cli.main import main; "
         "rc = main(['generate', '--backend', 'cuda', '--model', 'random:tiny-llama', '--prompt', 'hi', "
@@ -223,7 +225,7 @@ def test_generate_loads_only_what_it_uses():
         )
     ]
     assert not lazy, lazy
-    assert len(loaded) <= 50, len(loaded)
+    assert len(loaded) <= 51, len(loaded)
 
 
 def test_production_files_stay_under_500_lines():

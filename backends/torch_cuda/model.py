@@ -25,6 +25,7 @@ from torch import nn
 from specfill.core.models import ModelArgs
 from specfill.core.ops import PrefillAttention, checkpoint, last_rows
 
+from . import fused
 from .attention import causal_attention, windowed_attention
 from .cache import LayerKVCache, ModelKVCache
 from .rope import RotaryEmbedding, apply_rope
@@ -86,8 +87,28 @@ class RMSNorm(nn.Module):
         # the scale in that dtype (as the reference does). F.rms_norm computes half / bfloat16 input
         # in float32 and rounds once: bitwise x.float() * torch.rsqrt(x.float().pow(2).mean(-1) + eps)
         # rounded on the CPU (tests/torch_cuda/test_decode_launches.py), one fused kernel on CUDA where
-        # those six ops were six launches: a decode step is launch-bound (results/gpu/h200/2026-11-29)
+        # those six ops were six launches: a decode step is launch-bound (results/gpu/h200/2026-11-29).
+        # On a GPU the weight's product joins it: one Triton launch (kernels/norm_triton.py, fused.py)
+        if self._kernel_runs(x):
+            from .kernels import dispatch
+
+            return dispatch.triton_kernel("rms_norm")(x, self.weight, self.eps)[1]
         return self.weight * F.rms_norm(x, self.weight.shape, eps=self.eps)
+
+    def add_forward(self, out: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, this norm of h) for h = out + x, written into out (the block's `out.add_(x)`): the sum
+        and the norm one launch on a GPU, two (three) kernels otherwise."""
+        if self._kernel_runs(out) and fused.norm_launchable(x, self.weight) and x.shape == out.shape:
+            from .kernels import dispatch
+
+            return dispatch.triton_kernel("rms_norm")(out, self.weight, self.eps, x)
+        h = out.add_(x)
+        return h, self(h)
+
+    def _kernel_runs(self, x: torch.Tensor) -> bool:
+        return fused.kernel_runs(
+            x, lambda: fused.norm_launchable(x, self.weight), lambda: fused.norm_self_check(x, self.eps)
+        )
 
 
 class Attention(nn.Module):
@@ -203,8 +224,8 @@ class TransformerBlock(nn.Module):
         out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend, rows_from)
         x = x[:, rows_from:]
         if not self.sandwich:
-            h = out.add_(x)
-            return self.mlp(self.post_attention_layernorm(h)).add_(h)
+            h, normed = self.post_attention_layernorm.add_forward(out, x)
+            return self.mlp(normed).add_(h)
         h = self.post_attention_layernorm(out).add_(x)
         return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))).add_(h)
 

@@ -349,9 +349,12 @@ def test_rotary_kernel_is_the_formula_bitwise(heads, tokens, d, extra, dtype):
     assert torch.equal(got, want)
 
 
-def test_the_model_rotates_through_the_kernel_when_kernels_are_forced(monkeypatch):
-    """With kernels forced, every attention layer's RoPE is one rotary launch and the logits equal the
-    formula path's bitwise (fused q and k of a Llama, q and k apart after Qwen3's per-head norms)."""
+def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
+    """With kernels forced, every attention layer's RoPE is one rotary launch and every RMSNorm of the
+    residual stream one rms_norm launch (the post-attention one with the residual add): the logits equal
+    the formula path's bitwise with the rotary kernel alone (fused q and k of a Llama, q and k apart
+    after Qwen3's per-head norms, which stay the formula), within float32's tolerance with both."""
+    from specfill.backends.torch_cuda import fused
     from specfill.backends.torch_cuda.kernels import dispatch
     from specfill.core.self_check import kernels_env
     from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
@@ -360,39 +363,149 @@ def test_the_model_rotates_through_the_kernel_when_kernels_are_forced(monkeypatc
 
     def counting(name):
         kernel = fetch(name)
-        if name != "rotary":
-            return kernel
         return lambda *args: launches.append(name) or kernel(*args)
 
     ids = torch.tensor(prompt_ids(11), device=DEVICE)
-    for arch, per_layer in (("llama", 1), ("qwen3", 2)):
+    for arch, rotations in (("llama", 1), ("qwen3", 2)):
         model = make_tiny(arch).ours(device=DEVICE)
+        layers = model.args.num_hidden_layers
         with kernels_env("off"):
             want = model(ids)
         monkeypatch.setattr(dispatch, "triton_kernel", counting)
-        launches.clear()
-        with kernels_env("on"):
-            got = model(ids)
+        for norms in (False, True):
+            launches.clear()
+            with monkeypatch.context() as patch, kernels_env("on"):
+                if not norms:
+                    patch.setattr(fused, "norm_launchable", lambda x, weight: False)
+                got = model(ids)
+            assert launches.count("rotary") == rotations * layers, (arch, launches)
+            assert launches.count("rms_norm") == (2 * layers + 1 if norms else 0), (arch, launches)
+            if norms:
+                assert_close(got, want, torch.float32, f"{arch} logits")
+            else:
+                assert torch.equal(got, want), arch
         monkeypatch.setattr(dispatch, "triton_kernel", fetch)
-        assert len(launches) == per_layer * model.args.num_hidden_layers, (arch, launches)
-        assert torch.equal(got, want), arch
 
 
 def test_the_rotary_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
-    """rope._self_check (what auto mode asks on a GPU before the first rotation of a dtype and head dim)
+    """fused.rotary_self_check (what auto mode asks on a GPU before the first rotation of a dtype and head dim)
     passes the real kernel and refuses, with one warning, a kernel that rotates the wrong way."""
-    from specfill.backends.torch_cuda import rope
+    from specfill.backends.torch_cuda import fused
     from specfill.backends.torch_cuda.kernels import dispatch
     from specfill.core.self_check import KERNEL_SELF_CHECK
 
     like = torch.zeros(1, 2, 3, 16, device=DEVICE)
     KERNEL_SELF_CHECK.reset()
     try:
-        assert rope._self_check(like)
+        assert fused.rotary_self_check(like)
         KERNEL_SELF_CHECK.reset()
         fetch = dispatch.triton_kernel
         monkeypatch.setattr(dispatch, "triton_kernel", lambda name: lambda x, c, s: fetch(name)(x, c, -s))
         with pytest.warns(SpecfillWarning, match="rotary embedding"):
-            assert not rope._self_check(like)
+            assert not fused.rotary_self_check(like)
     finally:
         KERNEL_SELF_CHECK.reset()
+
+
+# (rows, width, residual): a decode token, a prefill step's rows, a width that is no power of 2
+NORMS = [(1, 64, True), (9, 48, True), (5, 80, False)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,width,residual", NORMS)
+def test_rms_norm_kernel_matches_the_formula(rows, width, residual, dtype):
+    """The RMSNorm kernel (kernels/norm_triton.py): the residual sum bitwise `out + x`, written into out;
+    the normalised rows within the dtype's tolerance of `weight * F.rms_norm(h)` (its mean of squares is
+    summed in another order), on rows as the block hands them over (a slice of a longer step's rows)."""
+    import torch.nn.functional as F
+
+    from specfill.backends.torch_cuda.kernels.norm_triton import rms_norm
+
+    x = randn(1, rows + 2, width, dtype=dtype, device=DEVICE, seed=60, scale=2.0)[:, 2:]
+    out = randn(1, rows, width, dtype=dtype, device=DEVICE, seed=61)
+    weight = randn(width, dtype=dtype, device=DEVICE, seed=62)
+    want_h = out + x if residual else out.clone()
+    want = weight * F.rms_norm(want_h, (width,), eps=1e-6)
+    h, got = rms_norm(out, weight, 1e-6, x if residual else None)
+    assert h.data_ptr() == out.data_ptr() and torch.equal(h, want_h)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert_close(got, want, dtype, "rms_norm")
+
+
+def test_the_norm_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
+    """fused.norm_self_check passes the real kernel and refuses, with one warning, one whose weight is off."""
+    from specfill.backends.torch_cuda import fused
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    like = torch.zeros(1, 2, 32, device=DEVICE)
+    KERNEL_SELF_CHECK.reset()
+    try:
+        assert fused.norm_self_check(like, 1e-6)
+        KERNEL_SELF_CHECK.reset()
+        fetch = dispatch.triton_kernel
+        monkeypatch.setattr(dispatch, "triton_kernel", lambda name: lambda x, w, e, r: fetch(name)(x, w * 1.1, e, r))
+        with pytest.warns(SpecfillWarning, match="rms norm"):
+            assert not fused.norm_self_check(like, 1e-6)
+    finally:
+        KERNEL_SELF_CHECK.reset()
+
+
+def test_a_static_decode_step_launches_fourteen_kernels_a_layer_with_the_fused_kernels(monkeypatch):
+    """What a GPU's decode step launches per layer once RoPE and the norms are fused: the aten ops
+    test_decode_launches.py counts on the CPU path (21), less RoPE's five and the norms' sums and
+    products (an add and two weight products; the norms themselves were one op each), plus one rotary
+    and two rms_norm launches: 14. Counted here with kernels forced, each Triton launch as one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specfill.backends.torch_cuda import decode_graph
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
+    from specfill.core.self_check import kernels_env
+    from tests.torch_cuda.test_decode_launches import VIEWS
+    from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.launches, self.paused = 0, False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if not self.paused and not func.is_view and name not in VIEWS and not name.startswith("empty"):
+                self.launches += 1
+            return func(*args, **(kwargs or {}))
+
+    fetch, counter = dispatch.triton_kernel, Count()
+
+    def counted(name):
+        kernel = fetch(name)
+
+        def launch(*args):
+            counter.launches += 1
+            counter.paused = True  # the interpreter's own tensor traffic is not the kernel's launches
+            try:
+                return kernel(*args)
+            finally:
+                counter.paused = False
+
+        return launch
+
+    def third_step(layers):
+        model = make_tiny("llama", num_hidden_layers=layers).ours(device=DEVICE)
+        model.ops.static_decode = True
+        model.ops.decode_graphs = decode_graph.DecodeGraphs(None, attention="sdpa")
+        steps = model.generate_step(
+            prompt_ids(12), max_tokens=3, sampling=SamplingConfig(), stop_ids=frozenset(), method=PrefillMethod(),
+            info=GenerationInfo(),
+        )  # fmt: skip
+        next(steps), next(steps)
+        counter.launches = 0
+        with counter:
+            next(steps)
+        return counter.launches
+
+    monkeypatch.setattr(dispatch, "triton_kernel", counted)
+    with kernels_env("on"):
+        two, four = third_step(2), third_step(4)
+    assert (four - two) / 2 == 14

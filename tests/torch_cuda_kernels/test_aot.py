@@ -93,22 +93,25 @@ def test_decode_kernels_compile_without_spills():
 
 ROTARY_SUBSET = """
 import json, torch
-from specfill.backends.torch_cuda.kernels.aot import compile_rotary
+from specfill.backends.torch_cuda.kernels.aot import compile_norm, compile_rotary
 cells = [(torch.bfloat16, 128, 40, 90), (torch.float16, 80, 6, 89), (torch.float32, 256, 20, 80)]
-print(json.dumps([compile_rotary(*cell) for cell in cells]))
+norms = [(torch.bfloat16, 4096, True, 90), (torch.float16, 1536, False, 89), (torch.float32, 8192, True, 80)]
+print(json.dumps([compile_rotary(*cell) for cell in cells] + [compile_norm(*cell) for cell in norms]))
 """
 
 
 @pytest.mark.gpu_aot
 @pytest.mark.skipif(_cuda_compiler_missing() is not None, reason=str(_cuda_compiler_missing()))
-def test_rotary_kernel_compiles_without_spills():
+def test_fused_element_wise_kernels_compile_without_spills():
     """The rotary kernel (kernels/rope_triton.py) as it launches: an 8B's 40 rotated q + k heads on
-    sm_90, a head dim whose half is no power of 2 on sm_89, 256-wide float32 heads on sm_80."""
+    sm_90, a head dim whose half is no power of 2 on sm_89, 256-wide float32 heads on sm_80; the
+    RMSNorm kernel (kernels/norm_triton.py): an 8B's rows with the residual add on sm_90, a 1.5B's
+    without on sm_89, a 70B's 8,192-wide float32 rows on sm_80."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", ROTARY_SUBSET], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(rows) == 3 and {row["kernel"] for row in rows} == {"rotary"}
+    assert [row["kernel"] for row in rows] == ["rotary"] * 3 + ["rms_norm"] * 3
     for row in rows:
         assert row["failures"] == [] and 0 < row["registers"] <= 255 and row["resident_blocks"] >= 1, row
 

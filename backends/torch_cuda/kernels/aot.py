@@ -292,3 +292,19 @@ def compile_rotary(dtype: torch.dtype, head_dim: int, n_heads: int, arch: int) -
     }
     source = partial(_ast_source, _rotary_kernel, dtype, constants, set(), {"X", "COS", "SIN", "O"}, set())
     return _compiled_row(row, source, arch, {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False})
+
+
+def compile_norm(dtype: torch.dtype, width: int, residual: bool, arch: int) -> dict:
+    """Compile the RMSNorm kernel (kernels/norm_triton.py) as norm_triton.rms_norm launches it for rows of
+    `width` (with the residual add or without); a dict as compile_cell's."""
+    from .norm_triton import _rms_norm_kernel, norm_warps
+
+    block = next_power_of_2(width)
+    row: dict[str, Any] = {
+        "cell": f"rms_norm {TRITON_TYPES[dtype]} n{width}{' +residual' if residual else ''} sm_{arch}",
+        "kernel": "rms_norm",
+        "arch": arch,
+    }
+    constants = {"HAS_RESIDUAL": residual, "BLOCK": block}
+    source = partial(_ast_source, _rms_norm_kernel, dtype, constants, set(), {"X", "R", "W", "H", "O"}, set())
+    return _compiled_row(row, source, arch, {"num_warps": norm_warps(block), "num_stages": 1})

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..rope import rotary_launchable
+from ..fused import rotary_launchable
 from .dispatch import next_power_of_2
 
 HEADS_PER_PROGRAM = 16  # an 8B's 32 + 8 rotated heads of a decode token: three programs

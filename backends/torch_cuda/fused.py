@@ -1,0 +1,96 @@
+"""When the decoder's fused element-wise kernels run: RoPE (kernels/rope_triton.py) and RMSNorm with
+its residual add (kernels/norm_triton.py), each one Triton launch where torch launches several.
+
+A decode step is launch-bound on a GPU (results/gpu/h200/2026-11-29), so these run on CUDA tensors
+when the kernel setting allows (in auto: after the kernel's first-use self-check passed for the
+dtype and width), or forced under TRITON_INTERPRET=1 (the tests); never inside torch.compile
+(inductor fuses the formulas itself; the gate is the first thing a traced step reads) and never on
+CPU tensors, whose path is the formula and imports no kernel module.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import torch
+
+
+def kernel_runs(x: torch.Tensor, launchable: Callable[[], bool], self_check: Callable[[], bool]) -> bool:
+    """Whether the fused kernel takes x: see the module doc. launchable(): the kernel takes the operands."""
+    if torch.compiler.is_compiling() or (not x.is_cuda and "TRITON_INTERPRET" not in os.environ):
+        return False
+    from .kernels import dispatch
+
+    if not (x.is_cuda or dispatch.interpreting()) or not launchable():
+        return False
+    return dispatch.choose_kernel(None, x, self_check=self_check)
+
+
+def kernel_dtype(x: torch.Tensor) -> bool:
+    from .kernels.dispatch import KERNEL_DTYPES
+
+    return x.dtype in KERNEL_DTYPES
+
+
+def rotary_launchable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """The rotary kernel takes x [1, H, T, D] in a kernel dtype (any head / token strides, a unit last
+    stride, D even) and cos / sin [T, D] of x's dtype with unit last strides."""
+    if x.dim() != 4 or x.shape[0] != 1 or x.shape[-1] % 2 or x.stride(-1) != 1 or not kernel_dtype(x):
+        return False
+    table = (x.shape[2], x.shape[3])
+    return all(t.dtype == x.dtype and tuple(t.shape) == table and t.stride(-1) == 1 for t in (cos, sin))
+
+
+def norm_launchable(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The RMSNorm kernel takes x [1, T, n] in a kernel dtype with a unit last stride, weight [n] of x's
+    dtype, contiguous."""
+    if x.dim() != 3 or x.shape[0] != 1 or x.stride(-1) != 1 or not kernel_dtype(x):
+        return False
+    return weight.dtype == x.dtype and tuple(weight.shape) == (x.shape[-1],) and weight.is_contiguous()
+
+
+def _passes(kernel: str, like: torch.Tensor, width: int, run: Callable[[], list]) -> bool:
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    from .kernels.dispatch import SELF_CHECK
+
+    dtype = SELF_CHECK.dtype_name(like.dtype)
+    return KERNEL_SELF_CHECK.passes("cuda", kernel, dtype, f"D={width}", SELF_CHECK.twin, run)
+
+
+def rotary_self_check(like: torch.Tensor) -> bool:
+    """The rotary kernel against the formula on a seeded [1, 3, 5, D] case of like's dtype and head dim."""
+    from .kernels import dispatch
+    from .rope import rotate_half
+
+    head_dim = like.shape[-1]
+
+    def run() -> list:
+        x = dispatch.SELF_CHECK.random((1, 5, 3, head_dim), like, 6).transpose(1, 2)
+        cos, sin = (dispatch.SELF_CHECK.random((5, head_dim), like, seed) for seed in (7, 8))
+        got = dispatch.triton_kernel("rotary")(x, cos, sin)
+        return dispatch.SELF_CHECK.tensor_comparisons("rotated", got, x * cos + rotate_half(x) * sin)
+
+    return _passes("rotary embedding", like, head_dim, run)
+
+
+def norm_self_check(like: torch.Tensor, eps: float) -> bool:
+    """The RMSNorm kernel (residual add fused) against the formula on a seeded [1, 5, n] case."""
+    import torch.nn.functional as F
+
+    from .kernels import dispatch
+
+    width = like.shape[-1]
+
+    def run() -> list:
+        x, residual = (dispatch.SELF_CHECK.random((1, 5, width), like, seed) for seed in (9, 10))
+        weight = dispatch.SELF_CHECK.random((width,), like, 11)
+        want_h = x + residual
+        want = weight * F.rms_norm(want_h, (width,), eps=eps)
+        h, got = dispatch.triton_kernel("rms_norm")(x.clone(), weight, eps, residual)
+        return dispatch.SELF_CHECK.tensor_comparisons("sum", h, want_h) + dispatch.SELF_CHECK.tensor_comparisons(
+            "normalised", got, want
+        )
+
+    return _passes("rms norm", like, width, run)
