@@ -59,10 +59,10 @@ def _passes(kernel: str, like: torch.Tensor, width: int, run: Callable[[], list]
     return KERNEL_SELF_CHECK.passes("cuda", kernel, dtype, f"D={width}", SELF_CHECK.twin, run)
 
 
-def rotary_self_check(like: torch.Tensor) -> bool:
-    """The rotary kernel against the formula on a seeded [1, 3, 5, D] case of like's dtype and head dim."""
+def rotary_self_check(like: torch.Tensor, formula: Callable[..., torch.Tensor]) -> bool:
+    """The rotary kernel against `formula` (rope.rope_formula) on a seeded [1, 3, 5, D] case of like's
+    dtype and head dim."""
     from .kernels import dispatch
-    from .rope import rotate_half
 
     head_dim = like.shape[-1]
 
@@ -70,7 +70,7 @@ def rotary_self_check(like: torch.Tensor) -> bool:
         x = dispatch.SELF_CHECK.random((1, 5, 3, head_dim), like, 6).transpose(1, 2)
         cos, sin = (dispatch.SELF_CHECK.random((5, head_dim), like, seed) for seed in (7, 8))
         got = dispatch.triton_kernel("rotary")(x, cos, sin)
-        return dispatch.SELF_CHECK.tensor_comparisons("rotated", got, x * cos + rotate_half(x) * sin)
+        return dispatch.SELF_CHECK.tensor_comparisons("rotated", got, formula(x, cos, sin))
 
     return _passes("rotary embedding", like, head_dim, run)
 

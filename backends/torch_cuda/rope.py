@@ -42,8 +42,15 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, H, T, D] rotated by the tables [T, D] of its tokens' positions: x * cos +
     rotate_half(x) * sin, one Triton launch on a GPU (fused.py says when; bitwise this formula)."""
-    if fused.kernel_runs(x, lambda: fused.rotary_launchable(x, cos, sin), lambda: fused.rotary_self_check(x)):
+    if fused.kernel_runs(
+        x, lambda: fused.rotary_launchable(x, cos, sin), lambda: fused.rotary_self_check(x, rope_formula)
+    ):
         from .kernels import dispatch
 
         return dispatch.triton_kernel("rotary")(x, cos, sin)
+    return rope_formula(x, cos, sin)
+
+
+def rope_formula(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's rotate-half RoPE in torch's element-wise ops (the CPU path; the kernel's twin)."""
     return x * cos + rotate_half(x) * sin

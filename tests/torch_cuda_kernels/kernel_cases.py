@@ -392,17 +392,18 @@ def test_the_rotary_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeyp
     passes the real kernel and refuses, with one warning, a kernel that rotates the wrong way."""
     from specfill.backends.torch_cuda import fused
     from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.backends.torch_cuda.rope import rope_formula
     from specfill.core.self_check import KERNEL_SELF_CHECK
 
     like = torch.zeros(1, 2, 3, 16, device=DEVICE)
     KERNEL_SELF_CHECK.reset()
     try:
-        assert fused.rotary_self_check(like)
+        assert fused.rotary_self_check(like, rope_formula)
         KERNEL_SELF_CHECK.reset()
         fetch = dispatch.triton_kernel
         monkeypatch.setattr(dispatch, "triton_kernel", lambda name: lambda x, c, s: fetch(name)(x, c, -s))
         with pytest.warns(SpecfillWarning, match="rotary embedding"):
-            assert not fused.rotary_self_check(like)
+            assert not fused.rotary_self_check(like, rope_formula)
     finally:
         KERNEL_SELF_CHECK.reset()
 
