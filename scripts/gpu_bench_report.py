@@ -89,8 +89,10 @@ def prefill_flops(shape: Shape, n_tokens: int) -> float:
 
 def e2e(result: dict, shape: Shape) -> dict:
     """The figures the issue asks for: warm decode tokens/s (graphs, plain), and per prompt length
-    full prefill's roofline fraction (predicted / measured) and TFLOP/s; the attention kernels chosen."""
+    full prefill's roofline fraction (predicted / measured) and TFLOP/s; the attention kernels chosen;
+    every first-use kernel self-check of the run (a kernel that failed one ran as its torch twin)."""
     from specfill.backends.torch_cuda.attention_choice import chosen
+    from specfill.core.self_check import KERNEL_SELF_CHECK
 
     decode = {d["mode"]: d for d in result["decode"] if not d["draft_tokens"] and d.get("decode_tps")}
     out: dict = {
@@ -102,6 +104,10 @@ def e2e(result: dict, shape: Shape) -> dict:
         "prefill_tflops": {},
         "ttft_s": {},
         "attention_kernels": chosen(),
+        "kernel_self_checks": [
+            {"kernel": v.kernel, "dtype": v.dtype, "shape": v.shape_class, "passed": v.passed, "reason": v.reason}
+            for v in KERNEL_SELF_CHECK.verdicts()
+        ],
     }
     for r in result["rows"]:
         if r.get("ttft_s") is None:
@@ -199,7 +205,11 @@ def report(result: dict) -> str:
             f"| {d['error'] or ''} |"
         )
     if result.get("e2e"):
-        lines += ["", "e2e: `" + json.dumps({k: v for k, v in result["e2e"].items() if k != "attention_kernels"}) + "`"]
+        listed = ("attention_kernels", "kernel_self_checks")
+        lines += ["", "e2e: `" + json.dumps({k: v for k, v in result["e2e"].items() if k not in listed}) + "`"]
         for key, value in result["e2e"]["attention_kernels"].items():
             lines.append(f"- attention {key}: chose {value['chosen']}; {value['candidates']}")
+        for check in result["e2e"].get("kernel_self_checks", []):
+            verdict = "passed" if check["passed"] else f"FAILED ({check['reason']}): its torch twin ran"
+            lines.append(f"- self-check {check['kernel']} {check['dtype']} {check['shape']}: {verdict}")
     return "\n".join(lines + ["", *(f"- {n}" for n in result["notes"])])

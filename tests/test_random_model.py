@@ -284,6 +284,42 @@ def test_gpu_bench_out_of_time_keeps_a_row_saying_so(tmp_path, gpu_bench):
     assert "out of time" in (tmp_path / "ttft.md").read_text()
 
 
+@pytest.mark.filterwarnings("ignore:No artists with labels:UserWarning")  # a plot of no runs
+def test_gpu_bench_reports_the_kernel_self_checks(tmp_path, gpu_bench):
+    """e2e.json lists every first-use kernel self-check of the run and ttft.md says which failed (its
+    torch twin ran): a fused kernel refused on the GPU must not pass for a measured one."""
+    from specfill.core import SpecfillWarning
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    def broken():
+        raise RuntimeError("no such GPU")
+
+    KERNEL_SELF_CHECK.reset()
+    try:
+        with pytest.warns(SpecfillWarning, match="rms norm"):
+            KERNEL_SELF_CHECK.passes("cuda", "rms norm", "bfloat16", "D=4096", "the torch twin", broken)
+        code = gpu_bench(
+            ["--model", "random:tiny-llama", "--speculator", "self:1", "--lengths", "32", "--dtype", "float32"]
+            + ["--device", "cpu", "--roofline", "h100", "--budget-s", "0", "--out", str(tmp_path)]
+        )
+    finally:
+        KERNEL_SELF_CHECK.reset()
+    assert code == 0
+    checks = json.loads((tmp_path / "e2e.json").read_text())["kernel_self_checks"]
+    assert checks == [
+        {
+            "kernel": "rms norm",
+            "dtype": "bfloat16",
+            "shape": "D=4096",
+            "passed": False,
+            "reason": "compile or launch error: RuntimeError: no such GPU",
+        }
+    ]
+    assert (
+        "- self-check rms norm bfloat16 D=4096: FAILED (compile or launch error" in (tmp_path / "ttft.md").read_text()
+    )
+
+
 def test_gpu_bench_composition_row_is_the_one_auto_runs(gpu_bench):
     """--compose's row is core/config.AUTO_COMPOSITION (keep 0.1, window 32, one neighbour, H2O in
     every speculator layer), issue 50's composition, not `--speculator-prefill h2o` at keep 0.3."""
