@@ -3,10 +3,11 @@ its residual add (kernels/norm_triton.py), each one Triton launch where torch la
 
 A decode step is launch-bound on a GPU (results/gpu/h200/2026-11-29), so these run on CUDA tensors
 when the kernel setting allows (SPECFILL_KERNELS / `--kernels`, which the attention probe's Triton
-candidates read too; a loader's `use_kernels` picks the H2O / SpecPrefill stage kernels only; in auto:
-after the kernel's first-use self-check passed for the dtype and width), or forced under TRITON_INTERPRET=1 (the tests); never inside torch.compile
-(inductor fuses the formulas itself; the gate is the first thing a traced step reads) and never on
-CPU tensors, whose path is the formula and imports no kernel module.
+candidates read too; a loader's `use_kernels` picks the H2O / SpecPrefill stage kernels only; in
+auto: after the kernel's first-use self-check passed for the dtype and width), or forced under
+TRITON_INTERPRET=1 (the tests); never inside torch.compile (inductor fuses the formulas itself; the
+gate is the first thing a traced step reads) and never on CPU tensors, whose path is the formula and
+imports no kernel module.
 """
 
 from __future__ import annotations
