@@ -45,9 +45,9 @@ def rotary_launchable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
 
 
 def norm_launchable(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """The RMSNorm kernel takes x [1, T, n] in a kernel dtype with a unit last stride, weight [n] of x's
-    dtype, contiguous."""
-    if x.dim() != 3 or x.shape[0] != 1 or x.stride(-1) != 1 or not kernel_dtype(x):
+    """The RMSNorm kernel takes x [1, T, n] or [1, T, H, n] (per-head norms) in a kernel dtype with a
+    unit last stride, weight [n] of x's dtype, contiguous."""
+    if x.dim() not in (3, 4) or x.shape[0] != 1 or x.stride(-1) != 1 or not kernel_dtype(x):
         return False
     return weight.dtype == x.dtype and tuple(weight.shape) == (x.shape[-1],) and weight.is_contiguous()
 

@@ -350,10 +350,11 @@ def test_rotary_kernel_is_the_formula_bitwise(heads, tokens, d, extra, dtype):
 
 
 def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
-    """With kernels forced, every attention layer's RoPE is one rotary launch and every RMSNorm of the
-    residual stream one rms_norm launch (the post-attention one with the residual add): the logits equal
-    the formula path's bitwise with the rotary kernel alone (fused q and k of a Llama, q and k apart
-    after Qwen3's per-head norms, which stay the formula), within float32's tolerance with both."""
+    """With kernels forced, every attention layer's RoPE is one rotary launch and every RMSNorm one
+    rms_norm launch (the post-attention one with the residual add; Qwen3's q and k norms over the heads
+    of the fused projection): the logits equal the formula path's bitwise with the rotary kernel alone
+    (fused q and k of a Llama, q and k apart after Qwen3's per-head norms), within float32's tolerance
+    with both."""
     from specfill.backends.torch_cuda import fused
     from specfill.backends.torch_cuda.kernels import dispatch
     from specfill.core.self_check import kernels_env
@@ -379,7 +380,8 @@ def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
                     patch.setattr(fused, "norm_launchable", lambda x, weight: False)
                 got = model(ids)
             assert launches.count("rotary") == rotations * layers, (arch, launches)
-            assert launches.count("rms_norm") == (2 * layers + 1 if norms else 0), (arch, launches)
+            per_head = 2 * layers if arch == "qwen3" else 0  # its q and k norms, on the heads in place
+            assert launches.count("rms_norm") == (2 * layers + 1 + per_head if norms else 0), (arch, launches)
             if norms:
                 assert_close(got, want, torch.float32, f"{arch} logits")
             else:
@@ -410,6 +412,21 @@ def test_the_rotary_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeyp
 
 # (rows, width, residual): a decode token, a prefill step's rows, a width that is no power of 2
 NORMS = [(1, 64, True), (9, 48, True), (5, 80, False)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_kernel_normalises_heads_in_place(dtype):
+    """Per-head norms (Qwen3's q / k): [1, T, H, n] heads of a fused projection's columns, each head a row."""
+    import torch.nn.functional as F
+
+    from specfill.backends.torch_cuda.kernels.norm_triton import rms_norm
+
+    fused = randn(1, 7, 5 * 24, dtype=dtype, device=DEVICE, seed=63, scale=2.0)
+    heads = fused[..., : 3 * 24].view(1, 7, 3, 24)
+    weight = randn(24, dtype=dtype, device=DEVICE, seed=64)
+    h, got = rms_norm(heads, weight, 1e-6)
+    assert h is heads and got.shape == (1, 7, 3, 24) and got.is_contiguous()
+    assert_close(got, weight * F.rms_norm(heads, (24,), eps=1e-6), dtype, "per-head rms_norm")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -306,5 +306,5 @@ def compile_norm(dtype: torch.dtype, width: int, residual: bool, arch: int) -> d
         "arch": arch,
     }
     constants = {"HAS_RESIDUAL": residual, "BLOCK": block}
-    source = partial(_ast_source, _rms_norm_kernel, dtype, constants, set(), {"X", "R", "W", "H", "O"}, set())
+    source = partial(_ast_source, _rms_norm_kernel, dtype, constants, set(), {"X", "R", "W", "O"}, set())
     return _compiled_row(row, source, arch, {"num_warps": norm_warps(block), "num_stages": 1})

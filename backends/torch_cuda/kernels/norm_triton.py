@@ -36,55 +36,63 @@ def _rms_norm_kernel(
     X,
     R,
     W,
-    H,
     O,
-    stride_x,
-    stride_r,
-    stride_h,
-    stride_o,
+    stride_xt,
+    stride_xh,
+    stride_rt,
+    stride_rh,
+    stride_ot,
+    stride_oh,
     n_cols,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    t, head = tl.program_id(0), tl.program_id(1)  # a row: token t's head (one row a token for [1, T, n])
     cols = tl.arange(0, BLOCK)
     inside = cols < n_cols
-    x = tl.load(X + row * stride_x + cols, mask=inside, other=0.0)
+    x_row = X + t * stride_xt + head * stride_xh + cols
+    x = tl.load(x_row, mask=inside, other=0.0)
     kind = x.dtype
-    if HAS_RESIDUAL:  # h = out + x, rounded to the activation dtype as torch's add_
-        r = tl.load(R + row * stride_r + cols, mask=inside, other=0.0)
+    if HAS_RESIDUAL:  # h = out + x, rounded to the activation dtype as torch's add_, written over out
+        r = tl.load(R + t * stride_rt + head * stride_rh + cols, mask=inside, other=0.0)
         x = (x.to(tl.float32) + r.to(tl.float32)).to(kind)
-        tl.store(H + row * stride_h + cols, x, mask=inside)
+        tl.store(x_row, x, mask=inside)
     xf = x.to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps)
     normed = (xf * rstd).to(kind).to(tl.float32)
     w = tl.load(W + cols, mask=inside, other=0.0).to(tl.float32)
-    tl.store(O + row * stride_o + cols, (w * normed).to(kind), mask=inside)
+    tl.store(O + t * stride_ot + head * stride_oh + cols, (w * normed).to(kind), mask=inside)
 
 
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, weight * rms_norm(h)) for x [1, T, n] (rows with a unit last stride), weight [n] of x's
-    dtype: h is x, or with `residual` (x's shape) x + residual written into x in place, as the
-    block's `out.add_(x)`. The normalised rows are a new contiguous [1, T, n]."""
+    """(h, weight * rms_norm(h)) for x [1, T, n] or per head [1, T, H, n] (rows with a unit last stride;
+    Qwen3's q / k norms take the heads of the fused projection in place), weight [n] of x's dtype: h is
+    x, or with `residual` (x's shape, [1, T, n] only) x + residual written into x in place, as the
+    block's `out.add_(x)`. The normalised rows are a new contiguous tensor of x's shape."""
     if not norm_launchable(x, weight) or (residual is not None and not norm_launchable(residual, weight)):
         raise ValueError(
-            f"rms_norm kernel: x [1, T, n] with a unit last stride and weight [n] of its dtype; got {tuple(x.shape)} "
-            f"{x.dtype} (strides {x.stride()}), weight {tuple(weight.shape)} {weight.dtype}"
+            f"rms_norm kernel: x [1, T, n] or [1, T, H, n] with a unit last stride and weight [n] of its dtype; "
+            f"got {tuple(x.shape)} {x.dtype} (strides {x.stride()}), weight {tuple(weight.shape)} {weight.dtype}"
             + ("" if residual is None else f", residual {tuple(residual.shape)} (strides {residual.stride()})")
         )
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"rms_norm kernel: residual {tuple(residual.shape)} is not x's {tuple(x.shape)}")
-    n_rows, n_cols = x.shape[1], x.shape[2]
-    out = torch.empty((1, n_rows, n_cols), dtype=x.dtype, device=x.device)
-    if n_rows == 0:
+    if residual is not None and (residual.shape != x.shape or x.dim() != 3):
+        raise ValueError(f"rms_norm kernel: residual {tuple(residual.shape)} must be x's [1, T, n], {tuple(x.shape)}")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
         return x, out
+    n_tokens, n_cols = x.shape[1], x.shape[-1]
+    heads = 1 if x.dim() == 3 else x.shape[2]
+
+    def strides(t: torch.Tensor) -> tuple[int, int]:
+        return t.stride(1), (0 if t.dim() == 3 else t.stride(2))
+
     block = next_power_of_2(n_cols)
     r = x if residual is None else residual
-    _rms_norm_kernel[(n_rows,)](
-        x, r, weight, x, out, x.stride(1), r.stride(1), x.stride(1), out.stride(1), n_cols, float(eps),
+    _rms_norm_kernel[(n_tokens, heads)](
+        x, r, weight, out, *strides(x), *strides(r), *strides(out), n_cols, float(eps),
         HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=norm_warps(block),
     )  # fmt: skip
     return x, out
