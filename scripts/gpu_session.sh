@@ -23,7 +23,8 @@
 #                                                   -> hybrid.{json,md,png}
 #   5. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
-#      step 6's run; tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
+#      step 6's run; fused_cases.py beside it, the decoder's fused RoPE / RMSNorm;
+#      tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
 #                                                   -> kernel_tests.log
 #   6. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
 #                                                   -> conformance-cuda.{json,md}
@@ -77,7 +78,8 @@ REPEATS=${REPEATS:-3}
 DECODE=${DECODE:-64}
 ROOFLINE=${ROOFLINE:-auto}
 CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
-TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_methods/kernel_model_cases.py
+TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_kernels/fused_cases.py
+tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
 read -r -a SHARES <<< "${SHARES:-15 320 45 70 60 50 0}"  # machine, bench, exact, hybrid, kernels, conformance, profile
 # more rows per length, NAME=METHOD:FLAGS;... (2026-11-28 and -29 measured larger steps: 1-10%; since

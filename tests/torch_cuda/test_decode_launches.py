@@ -27,7 +27,7 @@ VIEWS = {"view", "_unsafe_view", "t", "transpose", "slice", "split", "split_with
 # norms were 6 ops each (8 in bf16) and q and k were rotated apart: 34 ops (38 in bf16). On a GPU the
 # rotation's five ops are one Triton launch and each norm with its weight product (and the residual add
 # before the second) another (backends/torch_cuda/fused.py): 14 launches a layer there
-# (tests/torch_cuda_kernels/kernel_cases.py counts them with kernels forced).
+# (tests/torch_cuda_kernels/fused_cases.py counts them with kernels forced).
 LAYER_OPS = 21
 
 

@@ -1,5 +1,6 @@
-"""Runs kernel_cases.py (Triton kernels vs torch twins, conformance with kernels forced) in a
-subprocess: on CUDA when there is a GPU, else in Triton's interpreter on CPU tensors.
+"""Runs kernel_cases.py (Triton kernels vs torch twins, conformance with kernels forced) and
+fused_cases.py (the decoder's fused element-wise kernels) in a subprocess: on CUDA when there is a
+GPU, else in Triton's interpreter on CPU tensors.
 
 A subprocess because Triton reads TRITON_INTERPRET when it decorates a kernel: this process may
 already have imported the kernels (or must keep running them on a GPU).
@@ -15,7 +16,7 @@ import torch
 
 from specfill.backends.torch_cuda.kernels.dispatch import triton_installed
 
-CASES = Path(__file__).with_name("kernel_cases.py")
+CASES = [str(Path(__file__).with_name(name)) for name in ("kernel_cases.py", "fused_cases.py")]
 # two halves run at once (the interpreter is single-threaded: the second CPU core does the other
 # half); every case runs in exactly one, the first taking the slowest conformance groups
 FIRST_HALF = "conformance_with_kernels_forced and (layer or reuse)"
@@ -30,7 +31,7 @@ def test_triton_kernels_match_twins_and_conform():
         env["TRITON_INTERPRET"] = "1"
     runs = [
         subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(CASES), "-k", half],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *CASES, "-k", half],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

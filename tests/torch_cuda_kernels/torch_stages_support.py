@@ -9,6 +9,12 @@ from specfill.core import H2OConfig, H2OLayerResult, SpecPrefillConfig
 from specfill.core.h2o_walk import h2o_attention_layer
 from specfill.core.methods.specprefill import token_importance
 
+# the device the kernel cases run on, and their dtypes: bfloat16 on a GPU only (the interpreter runs
+# tiles in NumPy, which has no bfloat16)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+GPU_DTYPES = ["bfloat16"] if DEVICE == "cuda" else []
+DTYPES = [torch.float32, torch.float16, *(getattr(torch, d) for d in GPU_DTYPES)]
+
 # elementwise |got - want| <= atol + rtol * |want|, per dtype of the stored result; the 16-bit
 # bounds are about 4 units in the last place (float16 2^-10, bfloat16 2^-7: its 8-bit mantissa),
 # room for one rounding of the stored output plus a differently ordered fp32 accumulation

@@ -277,29 +277,24 @@ def compile_rotary(dtype: torch.dtype, head_dim: int, n_heads: int, arch: int) -
     """Compile the rotary kernel (kernels/rope_triton.py) as rope_triton.rotary launches it for
     `n_heads` heads of `head_dim` (its block of heads, 4 warps, FMA contraction off); a dict as
     compile_cell's."""
-    from .rope_triton import HEADS_PER_PROGRAM, _rotary_kernel
+    from .rope_triton import LAUNCH_OPTIONS, _rotary_kernel, launch_constants
 
-    half = head_dim // 2
-    constants = {
-        "HALF": half,
-        "BLOCK_H": min(HEADS_PER_PROGRAM, next_power_of_2(n_heads)),
-        "BLOCK_D": next_power_of_2(half),
-    }
+    constants = launch_constants(n_heads, head_dim)
     row: dict[str, Any] = {
         "cell": f"rotary {TRITON_TYPES[dtype]} d{head_dim} heads{n_heads} sm_{arch}",
         "kernel": "rotary",
         "arch": arch,
     }
     source = partial(_ast_source, _rotary_kernel, dtype, constants, set(), {"X", "COS", "SIN", "O"}, set())
-    return _compiled_row(row, source, arch, {"num_warps": 4, "num_stages": 1, "enable_fp_fusion": False})
+    return _compiled_row(row, source, arch, {**LAUNCH_OPTIONS, "num_stages": 1})
 
 
 def compile_norm(dtype: torch.dtype, width: int, residual: bool, arch: int) -> dict:
     """Compile the RMSNorm kernel (kernels/norm_triton.py) as norm_triton.rms_norm launches it for rows of
     `width` (with the residual add or without); a dict as compile_cell's."""
-    from .norm_triton import _rms_norm_kernel, norm_warps
+    from .norm_triton import _rms_norm_kernel, row_launch
 
-    block = next_power_of_2(width)
+    block, warps = row_launch(width)
     row: dict[str, Any] = {
         "cell": f"rms_norm {TRITON_TYPES[dtype]} n{width}{' +residual' if residual else ''} sm_{arch}",
         "kernel": "rms_norm",
@@ -307,4 +302,4 @@ def compile_norm(dtype: torch.dtype, width: int, residual: bool, arch: int) -> d
     }
     constants = {"HAS_RESIDUAL": residual, "BLOCK": block}
     source = partial(_ast_source, _rms_norm_kernel, dtype, constants, set(), {"X", "R", "W", "O"}, set())
-    return _compiled_row(row, source, arch, {"num_warps": norm_warps(block), "num_stages": 1})
+    return _compiled_row(row, source, arch, {"num_warps": warps, "num_stages": 1})

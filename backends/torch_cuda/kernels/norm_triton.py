@@ -10,7 +10,7 @@ float32 and rounded to it, then the weight's product rounded again (Hugging Face
 model.RMSNorm). The mean of squares is a tree sum over the row, not torch's order, and rsqrt is the
 GPU's: the result can differ from F.rms_norm's in the last place of a few elements (the sum itself
 is bitwise), within the dtype's conformance tolerance, which the first-use self-check and
-tests/torch_cuda_kernels/kernel_cases.py hold it to.
+tests/torch_cuda_kernels/fused_cases.py hold it to.
 
 Imported lazily (backends/torch_cuda/model.py through kernels/dispatch.py): Triton decides at
 decoration time whether it interprets.
@@ -26,9 +26,11 @@ from ..fused import norm_launchable
 from .dispatch import next_power_of_2
 
 
-def norm_warps(block: int) -> int:
-    """Warps of a row's program: 8 for rows of 4,096 and wider (16+ elements a thread), 4 below."""
-    return 8 if block >= 4096 else 4
+def row_launch(width: int) -> tuple[int, int]:
+    """(BLOCK, warps) of a row's program for rows of `width` (rms_norm, and kernels/aot.py): the row in
+    one power-of-2 block, 8 warps for rows of 4,096 and wider (16+ elements a thread), 4 below."""
+    block = next_power_of_2(width)
+    return block, (8 if block >= 4096 else 4)
 
 
 @triton.jit
@@ -89,10 +91,10 @@ def rms_norm(
     def strides(t: torch.Tensor) -> tuple[int, int]:
         return t.stride(1), (0 if t.dim() == 3 else t.stride(2))
 
-    block = next_power_of_2(n_cols)
+    block, warps = row_launch(n_cols)
     r = x if residual is None else residual
     _rms_norm_kernel[(n_tokens, heads)](
         x, r, weight, out, *strides(x), *strides(r), *strides(out), n_cols, float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=norm_warps(block),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return x, out

@@ -9,7 +9,7 @@ of one token's heads, reading x, cos and sin once.
 Bitwise torch's result: each product and the sum are computed in float32 and rounded to x's dtype
 where torch rounds them (its half / bfloat16 element-wise ops compute in float32 and round every
 op's result; the negation is exact), and float32 runs with FMA contraction off, so `a * b + c`
-stays two roundings, as torch's two kernels make it. tests/torch_cuda_kernels/kernel_cases.py
+stays two roundings, as torch's two kernels make it. tests/torch_cuda_kernels/fused_cases.py
 checks equality, not closeness.
 
 Imported lazily (backends/torch_cuda/rope.py through kernels/dispatch.py): Triton decides at
@@ -26,6 +26,19 @@ from ..fused import rotary_launchable
 from .dispatch import next_power_of_2
 
 HEADS_PER_PROGRAM = 16  # an 8B's 32 + 8 rotated heads of a decode token: three programs
+
+
+LAUNCH_OPTIONS = {"num_warps": 4, "enable_fp_fusion": False}  # no FMA contraction: torch's two roundings
+
+
+def launch_constants(n_heads: int, head_dim: int) -> dict[str, int]:
+    """The kernel's compile-time sizes for `n_heads` heads of `head_dim` (rotary, and kernels/aot.py)."""
+    half = head_dim // 2
+    return {
+        "HALF": half,
+        "BLOCK_H": min(HEADS_PER_PROGRAM, next_power_of_2(n_heads)),
+        "BLOCK_D": next_power_of_2(half),
+    }
 
 
 @triton.jit
@@ -80,11 +93,10 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     out = torch.empty((1, n_tokens, n_heads, head_dim), dtype=x.dtype, device=x.device).transpose(1, 2)
     if out.numel() == 0:
         return out
-    half = head_dim // 2
-    block_h = min(HEADS_PER_PROGRAM, next_power_of_2(n_heads))
-    grid = (n_tokens, triton.cdiv(n_heads, block_h))
+    sizes = launch_constants(n_heads, head_dim)
+    grid = (n_tokens, triton.cdiv(n_heads, sizes["BLOCK_H"]))
     _rotary_kernel[grid](
         x, cos, sin, out, x.stride(1), x.stride(2), cos.stride(0), sin.stride(0), out.stride(1), out.stride(2),
-        n_heads, HALF=half, BLOCK_H=block_h, BLOCK_D=next_power_of_2(half), num_warps=4, enable_fp_fusion=False,
+        n_heads, **sizes, **LAUNCH_OPTIONS,
     )  # fmt: skip
     return out

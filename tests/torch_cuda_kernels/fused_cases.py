@@ -1,0 +1,231 @@
+"""The decoder's fused element-wise kernels (backends/torch_cuda/fused.py: RoPE, RMSNorm with its
+residual add) against their torch formulas, through the model, and counted in a decode step.
+
+Not collected by the main run (the name does not start with test_): test_torch_stages_kernels.py
+runs it beside kernel_cases.py, under TRITON_INTERPRET=1 with CPU tensors when there is no GPU, on
+CUDA otherwise (the GPU session's kernel step too).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specfill.core import SpecfillWarning
+
+from .torch_stages_support import DEVICE, DTYPES, assert_close, randn
+
+torch.set_num_threads(1)
+
+
+# (heads, tokens, head dim, fused-projection columns or None): a decode token's q and k heads together
+# (8B-like 32 + 8 in miniature: 5 + 1 heads), a prefill step, a head dim whose half is no power of 2,
+# more heads than one program takes
+ROTARY = [(6, 1, 16, 8), (6, 37, 16, 8), (3, 9, 80, None), (20, 4, 16, 2)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads,tokens,d,extra", ROTARY)
+def test_rotary_kernel_is_the_formula_bitwise(heads, tokens, d, extra, dtype):
+    """The rotary kernel (kernels/rope_triton.py) gives rope.apply_rope's formula bit for bit, on heads
+    as the attention layer hands them over: a [1, H, T, D] view of a fused projection's columns
+    (`extra` more heads' columns per token, the values'), or of a plain [1, T, H, D] tensor."""
+    from specfill.backends.torch_cuda.kernels.rope_triton import rotary
+    from specfill.backends.torch_cuda.rope import rotate_half
+
+    columns = heads + (extra or 0)
+    fused = randn(1, tokens, columns * d, dtype=dtype, device=DEVICE, seed=50, scale=3.0)
+    x = fused[..., : heads * d].view(1, tokens, heads, d).transpose(1, 2)
+    cos, sin = (randn(tokens, d, dtype=dtype, device=DEVICE, seed=seed) for seed in (51, 52))
+    got = rotary(x, cos, sin)
+    want = x * cos + rotate_half(x) * sin
+    assert got.shape == want.shape and got.dtype == dtype
+    assert [st for st, n in zip(got.stride(), got.shape) if n > 1] == [
+        st for st, n in zip(want.stride(), got.shape) if n > 1
+    ]
+    assert torch.equal(got, want)
+
+
+def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
+    """With kernels forced, every attention layer's RoPE is one rotary launch and every RMSNorm one
+    rms_norm launch (the post-attention one with the residual add; Qwen3's q and k norms over the heads
+    of the fused projection): the logits equal the formula path's bitwise with the rotary kernel alone
+    (fused q and k of a Llama, q and k apart after Qwen3's per-head norms), within float32's tolerance
+    with both."""
+    from specfill.backends.torch_cuda import fused
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.self_check import kernels_env
+    from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+    fetch, launches = dispatch.triton_kernel, []
+
+    def counting(name):
+        kernel = fetch(name)
+        return lambda *args: launches.append(name) or kernel(*args)
+
+    ids = torch.tensor(prompt_ids(11), device=DEVICE)
+    for arch, rotations in (("llama", 1), ("qwen3", 2)):
+        model = make_tiny(arch).ours(device=DEVICE)
+        layers = model.args.num_hidden_layers
+        with kernels_env("off"):
+            want = model(ids)
+        monkeypatch.setattr(dispatch, "triton_kernel", counting)
+        for norms in (False, True):
+            launches.clear()
+            with monkeypatch.context() as patch, kernels_env("on"):
+                if not norms:
+                    patch.setattr(fused, "norm_launchable", lambda x, weight: False)
+                got = model(ids)
+            assert launches.count("rotary") == rotations * layers, (arch, launches)
+            per_head = 2 * layers if arch == "qwen3" else 0  # its q and k norms, on the heads in place
+            assert launches.count("rms_norm") == (2 * layers + 1 + per_head if norms else 0), (arch, launches)
+            if norms:
+                assert_close(got, want, torch.float32, f"{arch} logits")
+            else:
+                assert torch.equal(got, want), arch
+        monkeypatch.setattr(dispatch, "triton_kernel", fetch)
+
+
+def test_the_rotary_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
+    """fused.rotary_self_check (what auto mode asks on a GPU before the first rotation of a dtype and head dim)
+    passes the real kernel and refuses, with one warning, a kernel that rotates the wrong way."""
+    from specfill.backends.torch_cuda import fused
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.backends.torch_cuda.rope import rope_formula
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    like = torch.zeros(1, 2, 3, 16, device=DEVICE)
+    KERNEL_SELF_CHECK.reset()
+    try:
+        assert fused.rotary_self_check(like, rope_formula)
+        KERNEL_SELF_CHECK.reset()
+        fetch = dispatch.triton_kernel
+        monkeypatch.setattr(dispatch, "triton_kernel", lambda name: lambda x, c, s: fetch(name)(x, c, -s))
+        with pytest.warns(SpecfillWarning, match="rotary embedding"):
+            assert not fused.rotary_self_check(like, rope_formula)
+    finally:
+        KERNEL_SELF_CHECK.reset()
+
+
+# (rows, width, residual): a decode token, a prefill step's rows, a width that is no power of 2
+NORMS = [(1, 64, True), (9, 48, True), (5, 80, False)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_rms_norm_kernel_normalises_heads_in_place(dtype):
+    """Per-head norms (Qwen3's q / k): [1, T, H, n] heads of a fused projection's columns, each head a row."""
+    import torch.nn.functional as F
+
+    from specfill.backends.torch_cuda.kernels.norm_triton import rms_norm
+
+    fused = randn(1, 7, 5 * 24, dtype=dtype, device=DEVICE, seed=63, scale=2.0)
+    heads = fused[..., : 3 * 24].view(1, 7, 3, 24)
+    weight = randn(24, dtype=dtype, device=DEVICE, seed=64)
+    h, got = rms_norm(heads, weight, 1e-6)
+    assert h is heads and got.shape == (1, 7, 3, 24) and got.is_contiguous()
+    assert_close(got, weight * F.rms_norm(heads, (24,), eps=1e-6), dtype, "per-head rms_norm")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,width,residual", NORMS)
+def test_rms_norm_kernel_matches_the_formula(rows, width, residual, dtype):
+    """The RMSNorm kernel (kernels/norm_triton.py): the residual sum bitwise `out + x`, written into out;
+    the normalised rows within the dtype's tolerance of `weight * F.rms_norm(h)` (its mean of squares is
+    summed in another order), on rows as the block hands them over (a slice of a longer step's rows)."""
+    import torch.nn.functional as F
+
+    from specfill.backends.torch_cuda.kernels.norm_triton import rms_norm
+
+    x = randn(1, rows + 2, width, dtype=dtype, device=DEVICE, seed=60, scale=2.0)[:, 2:]
+    out = randn(1, rows, width, dtype=dtype, device=DEVICE, seed=61)
+    weight = randn(width, dtype=dtype, device=DEVICE, seed=62)
+    want_h = out + x if residual else out.clone()
+    want = weight * F.rms_norm(want_h, (width,), eps=1e-6)
+    h, got = rms_norm(out, weight, 1e-6, x if residual else None)
+    assert h.data_ptr() == out.data_ptr() and torch.equal(h, want_h)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert_close(got, want, dtype, "rms_norm")
+
+
+def test_the_norm_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
+    """fused.norm_self_check passes the real kernel and refuses, with one warning, one whose weight is off."""
+    from specfill.backends.torch_cuda import fused
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    like = torch.zeros(1, 2, 32, device=DEVICE)
+    KERNEL_SELF_CHECK.reset()
+    try:
+        assert fused.norm_self_check(like, 1e-6)
+        KERNEL_SELF_CHECK.reset()
+        fetch = dispatch.triton_kernel
+        monkeypatch.setattr(dispatch, "triton_kernel", lambda name: lambda x, w, e, r: fetch(name)(x, w * 1.1, e, r))
+        with pytest.warns(SpecfillWarning, match="rms norm"):
+            assert not fused.norm_self_check(like, 1e-6)
+    finally:
+        KERNEL_SELF_CHECK.reset()
+
+
+def test_a_static_decode_step_launches_fourteen_kernels_a_layer_with_the_fused_kernels(monkeypatch):
+    """What a GPU's decode step launches per layer once RoPE and the norms are fused: the aten ops
+    test_decode_launches.py counts on the CPU path (21), less RoPE's five and the norms' sums and
+    products (an add and two weight products; the norms themselves were one op each), plus one rotary
+    and two rms_norm launches: 14. Counted here with kernels forced, each Triton launch as one."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from specfill.backends.torch_cuda import decode_graph
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
+    from specfill.core.self_check import kernels_env
+    from tests.torch_cuda.test_decode_launches import VIEWS
+    from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.launches, self.paused = 0, False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if not self.paused and not func.is_view and name not in VIEWS and not name.startswith("empty"):
+                self.launches += 1
+            return func(*args, **(kwargs or {}))
+
+    fetch, counter = dispatch.triton_kernel, Count()
+
+    def counted(name):
+        kernel = fetch(name)
+
+        def launch(*args):
+            counter.launches += 1
+            counter.paused = True  # the interpreter's own tensor traffic is not the kernel's launches
+            try:
+                return kernel(*args)
+            finally:
+                counter.paused = False
+
+        return launch
+
+    def third_step(layers):
+        model = make_tiny("llama", num_hidden_layers=layers).ours(device=DEVICE)
+        model.ops.static_decode = True
+        model.ops.decode_graphs = decode_graph.DecodeGraphs(None, attention="sdpa")
+        steps = model.generate_step(
+            prompt_ids(12), max_tokens=3, sampling=SamplingConfig(), stop_ids=frozenset(), method=PrefillMethod(),
+            info=GenerationInfo(),
+        )  # fmt: skip
+        next(steps), next(steps)
+        counter.launches = 0
+        with counter:
+            next(steps)
+        return counter.launches
+
+    monkeypatch.setattr(dispatch, "triton_kernel", counted)
+    per_layer = {}
+    for word in ("off", "on"):
+        with kernels_env(word):
+            two, four = third_step(2), third_step(4)
+        per_layer[word] = (four - two) / 2
+    # seven fewer wherever it runs (a GPU's aten decompositions may count the rest apart), 14 from the CPU's 21
+    assert per_layer["off"] - per_layer["on"] == 7, per_layer
+    assert DEVICE == "cuda" or per_layer == {"off": 21, "on": 14}, per_layer
