@@ -40,7 +40,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--kernel",
         action="append",
-        choices=("forward", "colsum", "scoring", "prefill", "prefill-tma"),
+        choices=("forward", "colsum", "scoring", "prefill", "prefill-tma", "prefill-tma-wide"),
         help="kernel (repeatable; default: all)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "gpu" / "aot")
@@ -58,7 +58,7 @@ def _markdown(rows: list[dict], meta: dict) -> str:
         f"**{len(rows)} cells, {len(failed)} failures, {meta['spills']} with register spills.** "
         "A cell is one kernel x dtype x head dim x mask (flash kernels: block-diagonal or full) "
         "or rows class (scoring: G x n_q up to 16/32/64) or lower-right causal (prefill; prefill-tma: "
-        "its tensor-descriptor twin, sm_90 only) x target, "
+        "its tensor-descriptor twin, sm_90 only; prefill-tma-wide: that twin with 128 x 128 tiles) x target, "
         "compiled with the tiles the "
         "dispatcher picks there (backends/torch_cuda/kernels/tiles.py). Resident blocks per SM "
         "follow the per-arch limits of the CUDA C++ Programming Guide (cited in tiles.py).",

@@ -132,6 +132,15 @@ def _triton_prefill_tma(q, k, v, start, scale):
     return triton_kernel("prefill_attention")(q, k, v, scale, tma=True)
 
 
+def _triton_prefill_tma_wide(q, k, v, start, scale):
+    """The TMA kernel with 128 x 128 tiles (tiles.prefill_tiles' wide ones, sm_90's 16-bit heads up to 128)."""
+    from .kernels.dispatch import triton_kernel
+
+    if start != k.shape[2] - q.shape[2]:
+        raise ValueError(f"the Triton prefill kernel takes the step's queries last (start {start})")
+    return triton_kernel("prefill_attention")(q, k, v, scale, tma=True, wide=True)
+
+
 def _triton_wanted() -> bool:
     """Whether the Triton prefill kernel is a candidate: Triton installed and kernels not turned
     off (SPECFILL_KERNELS=off / --kernels off keeps every call on torch's own kernels)."""
@@ -156,6 +165,7 @@ def candidates(kind: str) -> dict[str, Kernel]:
     triton = {"triton": _triton_prefill} if _triton_wanted() else {}
     if triton and _tma_capable():
         triton["triton-tma"] = _triton_prefill_tma
+        triton["triton-tma-wide"] = _triton_prefill_tma_wide
     if kind == "causal":
         return {
             "sdpa": _sdpa_causal(None),

@@ -125,7 +125,10 @@ def test_the_tma_candidate_only_where_the_gpu_has_tma(monkeypatch, capability, t
     monkeypatch.setenv("SPECFILL_KERNELS", "auto")
     assert "triton-tma" not in choice.candidates("prefix")  # no GPU here
     with simulated_cuda(FakeRuntime(capability)):
-        assert ("triton-tma" in choice.candidates("prefix")) is tma and "triton" in choice.candidates("causal")
+        for kind in ("causal", "prefix"):
+            assert "triton" in choice.candidates(kind)
+            assert ("triton-tma" in choice.candidates(kind)) is tma
+            assert ("triton-tma-wide" in choice.candidates(kind)) is tma
 
 
 @pytest.mark.parametrize("steps,probed", [(50, 2048), (4096, 4096), (16384, 8192)])

@@ -198,14 +198,15 @@ PREFILL = [
 ]
 
 
-@pytest.mark.parametrize("tma", [False, True], ids=["pointers", "tma"])
+@pytest.mark.parametrize("tma,wide", [(False, False), (True, False), (True, True)], ids=["pointers", "tma", "wide"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("hq,hkv,t,s,d,tiles", PREFILL)
-def test_prefill_kernel_matches_float32_attention(hq, hkv, t, s, d, tiles, dtype, tma):
-    """The Triton prefill kernels (the attention probe's "triton" and "triton-tma" candidates) against
-    float32 attention with an explicit lower-right causal mask and expanded heads, on q / k / v as a
-    layer hands them over ([1, H, T, D] views of [1, T, H, D] projections). The TMA kernel takes
-    power-of-2 heads only (a clear error otherwise) and, on a GPU, sm_90 or later."""
+def test_prefill_kernel_matches_float32_attention(hq, hkv, t, s, d, tiles, dtype, tma, wide):
+    """The Triton prefill kernels (the attention probe's "triton", "triton-tma" and "triton-tma-wide"
+    candidates) against float32 attention with an explicit lower-right causal mask and expanded heads,
+    on q / k / v as a layer hands them over ([1, H, T, D] views of [1, T, H, D] projections). The TMA
+    kernel takes power-of-2 heads only (a clear error otherwise) and, on a GPU, sm_90 or later; its
+    wide tiles there 16-bit heads up to 128 only (the interpreter runs its own small tiles)."""
     from specfill.backends.torch_cuda.attention_choice import reference
     from specfill.backends.torch_cuda.kernels.prefill_triton import prefill_attention
 
@@ -215,11 +216,27 @@ def test_prefill_kernel_matches_float32_attention(hq, hkv, t, s, d, tiles, dtype
     k, v = (randn(1, s, hkv, d, dtype=dtype, device=DEVICE, seed=seed).transpose(1, 2) for seed in (41, 42))
     if tma and d & (d - 1):
         with pytest.raises(ValueError, match="power-of-2 heads"):
-            prefill_attention(q, k, v, 0.3, tiles=tiles, tma=True)
+            prefill_attention(q, k, v, 0.3, tiles=tiles, tma=True, wide=wide)
         return
-    got = prefill_attention(q, k, v, 0.3, tiles=tiles, tma=tma)
+    if wide and DEVICE == "cuda" and (dtype == torch.float32 or d > 128):
+        with pytest.raises(ValueError, match="wide prefill tiles"):
+            prefill_attention(q, k, v, 0.3, tiles=tiles, tma=True, wide=True)
+        return
+    got = prefill_attention(q, k, v, 0.3, tiles=tiles, tma=tma, wide=wide)
     assert got.dtype == dtype and got.shape == (1, hq, t, d)
     assert_close(got, reference(q, k, v, s - t, 0.3).to(dtype), dtype, "prefill")
+
+
+def test_prefill_kernel_takes_only_a_positive_scale():
+    """The tile scales the raw scores' row maxima (prefill_triton._tile), which only a positive scale
+    commutes with: any other is refused, never computed wrong."""
+    from specfill.backends.torch_cuda.kernels.prefill_triton import prefill_attention
+
+    q = randn(1, 2, 4, 16, dtype=torch.float32, device=DEVICE, seed=43)
+    k = randn(1, 2, 6, 16, dtype=torch.float32, device=DEVICE, seed=44)
+    for scale in (0.0, -0.3):
+        with pytest.raises(ValueError, match="positive scale"):
+            prefill_attention(q, k, k, scale)
 
 
 @pytest.mark.parametrize("kind", ["causal", "prefix"])
@@ -231,6 +248,7 @@ def test_the_attention_probe_runs_the_triton_candidate(kind):
     kernels = {"triton": choice.candidates(kind)["triton"]}
     if DEVICE == "cpu" or torch.cuda.get_device_capability()[0] >= 9:
         kernels["triton-tma"] = choice._triton_prefill_tma
+        kernels["triton-tma-wide"] = choice._triton_prefill_tma_wide
     dtype = torch.float16 if DEVICE == "cuda" else torch.float32
     name, _, report = choice.probe(kind, 4, 2, 16, dtype, torch.device(DEVICE), kernels, queries=24, prefix=40)
     assert name in kernels and all(report[each].endswith(" ms") for each in kernels), report

@@ -35,7 +35,7 @@ from specfill.backends.torch_cuda.kernels.aot import Cell, compile_cell
 cells = [Cell("forward", torch.bfloat16, 128, 1, 89), Cell("colsum", torch.float16, 64, 0, 89),
          Cell("scoring", torch.float32, 128, 32, 89), Cell("forward", torch.float32, 256, 0, 89),
          Cell("prefill", torch.bfloat16, 128, 0, 89), Cell("prefill", torch.bfloat16, 128, 0, 90),
-         Cell("prefill-tma", torch.float16, 128, 0, 90)]
+         Cell("prefill-tma", torch.float16, 128, 0, 90), Cell("prefill-tma-wide", torch.bfloat16, 64, 0, 90)]
 print(json.dumps([compile_cell(cell) for cell in cells]))
 """
 
@@ -122,7 +122,7 @@ def test_committed_matrix_covers_todays_tiles_without_failures():
 
     rows = {row["cell"]: row for row in json.loads(MATRIX.read_text())["cells"]}
     cells = all_cells()
-    assert len(cells) == len(rows) == 606
+    assert len(cells) == len(rows) == 610
     for cell in cells:
         row = rows[cell.label()]
         assert Tiles(row["block_m"], row["block_n"], row["num_warps"], row["num_stages"]) == cell.tiles(), cell
@@ -152,6 +152,11 @@ def test_tiles_stay_dot_shaped_and_cover_the_rows():
                 assert tiles.block_m >= 16 and tiles.block_n >= 16 and tiles.num_stages >= 1
                 prefill = prefill_tiles(block_d, dtype, arch)
                 assert prefill.block_m >= 16 and prefill.block_n >= 16 and prefill.num_stages >= 1
+                if arch >= 90 and dtype != torch.float32 and block_d <= 128:
+                    assert prefill_tiles(block_d, dtype, arch, wide=True).block_n == 128
+                else:
+                    with pytest.raises(ValueError, match="wide prefill tiles"):
+                        prefill_tiles(block_d, dtype, arch, wide=True)
                 for rows in (1, 8, 16, 40, 64, 512):
                     scoring = scoring_tiles(rows, block_d, dtype, arch)
                     assert 16 <= scoring.block_m <= 64 and scoring.block_n >= 16

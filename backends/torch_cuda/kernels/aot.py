@@ -25,6 +25,7 @@ from .tiles import ARCH_LIMITS, Tiles, flash_tiles, prefill_tiles, resident_bloc
 TRITON_TYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 HEAD_DIMS = (64, 80, 96, 128, 256)
 SCORING_ROWS = (16, 32, 64)  # the three BLOCK_R classes: G x n_q up to 16, 32, 64 and above
+PREFILL_KERNELS = ("prefill", "prefill-tma", "prefill-tma-wide")  # the attention probe's Triton candidates
 # pointer arguments that carry the input dtype; the others are fp32 statistics / outputs
 INPUT_POINTERS = {"Q", "K", "V", "O", "Qs", "Ks"}
 FP32_POINTERS = {"M", "L", "CS", "Probs"}
@@ -63,20 +64,20 @@ class Cell(NamedTuple):
         block_d = max(16, next_power_of_2(self.head_dim))
         if self.kernel == "scoring":
             return scoring_tiles(self.variant, block_d, self.dtype, self.arch)
-        if self.kernel in ("prefill", "prefill-tma"):
-            return prefill_tiles(block_d, self.dtype, self.arch)
+        if self.kernel in PREFILL_KERNELS:
+            return prefill_tiles(block_d, self.dtype, self.arch, wide=self.kernel == "prefill-tma-wide")
         return flash_tiles(block_d, self.dtype, self.arch)
 
     def label(self) -> str:
-        if self.kernel in ("prefill", "prefill-tma"):
+        if self.kernel in PREFILL_KERNELS:
             return f"{self.kernel} {TRITON_TYPES[self.dtype]} d{self.head_dim} lower-right sm_{self.arch}"
         kind = f"rows{self.variant}" if self.kernel == "scoring" else ("blockdiag" if self.variant else "full")
         return f"{self.kernel} {TRITON_TYPES[self.dtype]} d{self.head_dim} {kind} sm_{self.arch}"
 
 
 def all_cells(archs=tuple(ARCH_LIMITS)) -> list[Cell]:
-    """Every configuration the dispatchers can choose, on every target (606 for the 5 targets: the
-    TMA prefill kernel on sm_90 only, 16-bit, power-of-2 heads)."""
+    """Every configuration the dispatchers can choose, on every target (610 for the 5 targets: the
+    TMA prefill kernel on sm_90 only, 16-bit, power-of-2 heads; its wide tiles for heads up to 128)."""
     cells = []
     for arch in archs:
         for dtype in TRITON_TYPES:
@@ -86,6 +87,8 @@ def all_cells(archs=tuple(ARCH_LIMITS)) -> list[Cell]:
                 cells.append(Cell("prefill", dtype, head_dim, 0, arch))
                 if arch >= 90 and dtype != torch.float32 and head_dim & (head_dim - 1) == 0:
                     cells.append(Cell("prefill-tma", dtype, head_dim, 0, arch))
+                    if head_dim <= 128:
+                        cells.append(Cell("prefill-tma-wide", dtype, head_dim, 0, arch))
     return cells
 
 
@@ -98,7 +101,7 @@ def _kernel_fn(kernel: str):
         from .prefill_triton import _prefill_kernel
 
         return _prefill_kernel
-    if kernel == "prefill-tma":
+    if kernel in ("prefill-tma", "prefill-tma-wide"):
         from .prefill_triton import _prefill_tma_kernel
 
         return _prefill_tma_kernel
@@ -117,7 +120,7 @@ def _source(cell: Cell, tiles: Tiles):
         constants["BLOCK_R"] = tiles.block_m
     elif cell.kernel == "prefill":
         constants.update(BLOCK_M=tiles.block_m, HEAD_DIM=cell.head_dim)
-    elif cell.kernel == "prefill-tma":
+    elif cell.kernel in ("prefill-tma", "prefill-tma-wide"):
         constants["BLOCK_M"] = tiles.block_m
         kind = TRITON_TYPES[cell.dtype]
         descriptors = {

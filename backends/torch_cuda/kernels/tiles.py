@@ -94,7 +94,7 @@ def flash_tiles(block_d: int, dtype: torch.dtype, arch: int) -> Tiles:
     return Tiles(64, 32, 8, 2)
 
 
-def prefill_tiles(block_d: int, dtype: torch.dtype, arch: int) -> Tiles:
+def prefill_tiles(block_d: int, dtype: torch.dtype, arch: int, wide: bool = False) -> Tiles:
     """The prefill kernel's tiles (kernels/prefill_triton.py) for head dim padded to block_d.
 
     float32 (FMA dots, see flash_tiles) takes flash_tiles' tiles, with 8 warps for heads of 65-128
@@ -103,7 +103,18 @@ def prefill_tiles(block_d: int, dtype: torch.dtype, arch: int) -> Tiles:
     where a block may hold 163 KB or more of shared memory; the 99 KB targets (sm_86, sm_89) pipeline
     2 stages and take 64 x 32 tiles with 4 warps for heads of 65-128 (64 x 64 spilled), and 256-wide
     heads take 64 x 32 everywhere. Each choice compiles without a spill and within shared memory on
-    every target (scripts/aot_matrix.py); 4 warps for 128 rows spilled on sm_80."""
+    every target (scripts/aot_matrix.py); 4 warps for 128 rows spilled on sm_80.
+
+    wide: the fused-attention tutorial's other Hopper shape, 128 x 128 tiles with 8 warps (its autotuner
+    keeps 8 warps on sm_90 only for tiles of 128 x 128 or more), 2 stages for heads of 65-128 (165 KB of
+    shared memory; 3 would take 225 of the 227 KB), 3 up to 64 (116 KB): the TMA kernel's second
+    candidate in the attention probe, sm_90 and 16-bit heads up to 128 only (ValueError elsewhere)."""
+    if wide:
+        if arch < 90 or dtype == torch.float32 or block_d > 128:
+            raise ValueError(
+                f"wide prefill tiles are for sm_90's 16-bit heads up to 128, not {dtype} d{block_d} sm_{arch}"
+            )
+        return Tiles(128, 128, 8, 3 if block_d <= 64 else 2)
     if dtype == torch.float32:
         return Tiles(16, 16, 8, 1) if 64 < block_d <= 128 else flash_tiles(block_d, dtype, arch)
     small = _small_smem(arch)
