@@ -45,8 +45,10 @@
 # The device-tool call (the `run` tool) the lead uses, after fetching the wheel(s) here once with
 #   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 #   (add pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 for an image without pytest)
+#   and FlashAttention-4 packed once with `bash scripts/fa4_pack.sh` (.fa4/, ~56 MiB: with .whl/ under
+#   the tool's 64 MiB carry; without it the session runs as before, less that one probe candidate)
 #   command:   PACK=1 OUT=$OUT/gpu bash scripts/gpu_session.sh
-#   carry:     [".whl"]
+#   carry:     [".whl", ".fa4"]
 #   timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
 # The files come back under files_at/gpu: commit them under results/gpu/h100/ (or h200/).
 #
@@ -145,6 +147,25 @@ for module in gguf pytest pluggy iniconfig pygments; do
         echo "gpu_session: no $module module and no .whl/$module-*.whl: the steps needing it will fail" | tee -a "$LOG"
     fi
 done
+# FlashAttention-4 (the attention probe's "flash-attn-4" candidate: the FA3 design on Hopper, which torch's
+# own kernels lack), where the call carried it: .fa4/site-cp312.tar.xz (scripts/fa4_pack.sh, ~56 MiB),
+# unpacked after specfill on the path when the image's Python is the archive's; the image's own cuda-python
+# is kept where it has one. Without the archive every other candidate runs as before.
+FA4_PACK=.fa4/site-cp$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")').tar.xz
+if [[ ! -f "$FA4_PACK" ]]; then
+    others=$(ls .fa4/site-cp*.tar.xz 2>/dev/null | tr '\n' ' ')
+    [[ -z "$others" ]] || echo "gpu_session: no $FA4_PACK for this Python (only $others): no FlashAttention-4" | tee -a "$LOG"
+else
+    FA4_SITE="$SITE/fa4"
+    if mkdir -p "$FA4_SITE" && tar -xJf "$FA4_PACK" -C "$FA4_SITE" >> "$LOG" 2>&1; then
+        if "$PY" -c "import cuda.bindings.driver" 2>/dev/null; then rm -rf "$FA4_SITE"/cuda "$FA4_SITE"/cuda_*; fi
+        export PYTHONPATH=$PYTHONPATH:$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/python_packages
+        "$PY" -c "import flash_attn.cute.interface; print('flash-attn-4 importable')" >> "$LOG" 2>&1 \
+            || echo "gpu_session: FlashAttention-4 unpacked but does not import (session.log)" | tee -a "$LOG"
+    else
+        echo "gpu_session: cannot unpack $FA4_PACK" | tee -a "$LOG"
+    fi
+fi
 "$PY" -c "import specfill.core, specfill; print('specfill from', specfill.__file__)" >> "$LOG" 2>&1 \
     || { echo "gpu_session: cannot import specfill" | tee -a "$LOG" >&2; exit 2; }
 echo "setup: $((SECONDS - START)) s; budget ${BUDGET_S} s from the start, shares ${SHARES[*]}" | tee -a "$LOG"
@@ -187,6 +208,12 @@ try:
 except ImportError:
     triton_version = None
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton_version)
+try:
+    from importlib.metadata import version
+    import flash_attn.cute.interface
+    print("flash-attn-4", version("flash-attn-4"), "nvidia-cutlass-dsl", version("nvidia-cutlass-dsl"))
+except Exception as e:
+    print("flash-attn-4 None:", type(e).__name__)
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print("gpu", p.name, "capability %d.%d" % (p.major, p.minor), "memory %.1f GiB" % (p.total_memory / 2**30))

@@ -4,7 +4,8 @@ torch offers several fused kernels (FlashAttention-2, cuDNN's, memory-efficient)
 scaled_dot_product_attention, and which one is fastest, and which takes grouped KV heads without
 expanded copies, depends on the GPU and the torch build; our Triton kernel (kernels/prefill_triton.py:
 one call for either kind, grouped heads read in place) is a candidate of both kinds wherever Triton is
-installed and the kernels are not turned off. A prefill step needs two kinds of call:
+installed and the kernels are not turned off, and so is FlashAttention-4 (flash_attn.cute, the FA3 design
+on Hopper) wherever it is installed. A prefill step needs two kinds of call:
 
 - "causal": a step over an empty cache (its own keys are all keys; square causal);
 - "prefix": a step after `start` cached slots, query t seeing slots 0..start + t (lower-right
@@ -141,6 +142,30 @@ def _triton_prefill_tma_wide(q, k, v, start, scale):
     return triton_kernel("prefill_attention")(q, k, v, scale, tma=True, wide=True)
 
 
+def _flash_attn_4(q, k, v, start, scale):
+    """FlashAttention-4's forward (`pip install flash-attn-4`: CuTe DSL kernels, on sm_90 the FA3 design,
+    warp-specialised producer and consumer warpgroups, which torch's own kernels lack): one call for
+    either kind, causal aligned to the bottom right (query t sees slots 0..S - T + t), grouped heads
+    passed through, on [1, T, H, D] views of q, k and v (no copies: the layer's projections and the
+    cache keep the head size contiguous); bf16 / fp16 only. Compiled on first use (seconds a shape)."""
+    from flash_attn.cute.interface import flash_attn_func
+
+    if start != k.shape[2] - q.shape[2]:
+        raise ValueError(f"FlashAttention-4 takes the step's queries last (start {start})")
+    out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=True)
+    return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
+
+def _flash_attn_4_installed() -> bool:
+    """FlashAttention-4's CuTe package importable (flash_attn.cute; FlashAttention-2's flash_attn has none)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("flash_attn.cute") is not None
+    except Exception:  # a flash_attn package that cannot import (a broken build, another torch's): no candidate
+        return False
+
+
 def _triton_wanted() -> bool:
     """Whether the Triton prefill kernel is a candidate: Triton installed and kernels not turned
     off (SPECFILL_KERNELS=off / --kernels off keeps every call on torch's own kernels)."""
@@ -160,25 +185,29 @@ def _tma_capable() -> bool:
 
 
 def candidates(kind: str) -> dict[str, Kernel]:
+    """The candidates of `kind`: torch's fused kernels, ours (kernels not off), and FlashAttention-4
+    where it is installed (kernels not off: the setting keeps every call on torch's own)."""
     from torch.nn.attention import SDPBackend
 
-    triton = {"triton": _triton_prefill} if _triton_wanted() else {}
-    if triton and _tma_capable():
-        triton["triton-tma"] = _triton_prefill_tma
-        triton["triton-tma-wide"] = _triton_prefill_tma_wide
+    extra = {"triton": _triton_prefill} if _triton_wanted() else {}
+    if extra and _tma_capable():
+        extra["triton-tma"] = _triton_prefill_tma
+        extra["triton-tma-wide"] = _triton_prefill_tma_wide
+    if kernels_setting(None) is not False and _flash_attn_4_installed():
+        extra["flash-attn-4"] = _flash_attn_4
     if kind == "causal":
         return {
             "sdpa": _sdpa_causal(None),
             "flash": _sdpa_causal(SDPBackend.FLASH_ATTENTION),
             "cudnn": _sdpa_causal(SDPBackend.CUDNN_ATTENTION),
-            **triton,
+            **extra,
         }
     return {
         "lower-right-expanded": _lower_right(gqa=False),
         "lower-right-gqa": _lower_right(gqa=True),
         "split-flash": _split(_flash_raw),
         "split-cudnn": _split(_cudnn_raw),
-        **triton,
+        **extra,
     }
 
 

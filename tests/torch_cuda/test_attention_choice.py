@@ -152,3 +152,58 @@ def test_the_probe_takes_the_first_calls_step_within_bounds(monkeypatch, steps, 
 def test_the_probe_report_names_its_shape():
     _, _, report = choice.probe("prefix", 4, 2, 16, torch.float32, CPU, {"expanded": choice._lower_right(False)}, 8, 24)
     assert report["probed on"] == "8 queries after 24 slots" and report["expanded"].endswith(" ms")
+
+
+def _fake_flash_attn_4(monkeypatch, calls: list) -> None:
+    """flash_attn.cute.interface as FlashAttention-4 lays it out: q [B, Sq, Hq, D], k / v [B, Sk, Hkv, D],
+    causal aligned to the bottom right, (out [B, Sq, Hq, D], lse); here in float32 through the probe's
+    reference, recording what it was handed."""
+    import sys
+    import types
+    from importlib.machinery import ModuleSpec
+
+    def flash_attn_func(q, k, v, softmax_scale=None, causal=False):
+        calls.append((q, k, v, causal))
+        assert causal and q.stride(-1) == k.stride(-1) == v.stride(-1) == 1
+        start = k.shape[1] - q.shape[1]
+        out = choice.reference(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), start, softmax_scale)
+        return out.transpose(1, 2).contiguous().to(q.dtype), None
+
+    for name in ("flash_attn", "flash_attn.cute", "flash_attn.cute.interface"):
+        module = types.ModuleType(name)
+        module.__spec__ = ModuleSpec(name, None, is_package=not name.endswith("interface"))
+        monkeypatch.setitem(sys.modules, name, module)
+    sys.modules["flash_attn.cute.interface"].flash_attn_func = flash_attn_func
+
+
+def test_flash_attn_4_is_a_candidate_where_installed_and_kernels_are_not_off(monkeypatch):
+    monkeypatch.setenv("SPECFILL_KERNELS", "auto")
+    assert "flash-attn-4" not in choice.candidates("causal")  # not installed here
+    _fake_flash_attn_4(monkeypatch, [])
+    assert all("flash-attn-4" in choice.candidates(kind) for kind in ("causal", "prefix"))
+    monkeypatch.setenv("SPECFILL_KERNELS", "off")
+    assert "flash-attn-4" not in choice.candidates("prefix")
+
+
+@pytest.mark.parametrize("kind", ["causal", "prefix"])
+def test_flash_attn_4_gets_sequence_major_views_and_is_chosen_only_if_right(monkeypatch, kind):
+    """The wrapper hands FlashAttention-4 [1, T, H, D] views of the layer's [1, H, T, D] tensors (the
+    same storage: no copy), grouped heads as they are, causal for either kind (its bottom-right
+    alignment is the prefix kind's lower-right mask), and returns the [1, H, T, D] view back; the probe
+    checks it like any candidate."""
+    calls: list = []
+    _fake_flash_attn_4(monkeypatch, calls)
+    name, kernel, report = choice.probe(
+        kind, 4, 2, 16, torch.float32, CPU, {"flash-attn-4": choice._flash_attn_4}, queries=8, prefix=24
+    )
+    assert name == "flash-attn-4" and report[name].endswith(" ms"), report
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8 + (24 if kind == "prefix" else 0), 16)
+    v = torch.randn_like(k)
+    calls.clear()
+    got = kernel(q, k, v, k.shape[2] - 8, 0.25)
+    ((fq, fk, fv, _),) = calls
+    assert fq.shape == (1, 8, 4, 16) and fk.shape == (1, k.shape[2], 2, 16)
+    assert (fq.data_ptr(), fk.data_ptr(), fv.data_ptr()) == (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    torch.testing.assert_close(got, choice.reference(q, k, v, k.shape[2] - 8, 0.25), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="queries last"):
+        kernel(q, k, v, 0 if kind == "prefix" else 3, 0.25)
