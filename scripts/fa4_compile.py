@@ -11,7 +11,7 @@ name the target. CuTe DSL checks for a CUDA driver once, before its first load, 
 that first attempt is repeated. Writes each kernel's cubin size and registers (Triton's bundled cuobjdump;
 its shared memory is dynamic, set at launch) as a Markdown table.
 
-    PYVER=3.11 OUT=/tmp/fa4 bash scripts/fa4_pack.sh
+    PYVER=3.11 OUT=/tmp/fa4 WITH_CUDA_PYTHON=1 PART_MIB=0 bash scripts/fa4_pack.sh
     mkdir /tmp/fa4site && tar -xJf /tmp/fa4/site-cp311.tar.xz -C /tmp/fa4site
     PYTHONPATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/python_packages \\
         .venv/bin/python scripts/fa4_compile.py --out results/gpu/aot/flash_attn_4.md

@@ -45,10 +45,14 @@
 # The device-tool call (the `run` tool) the lead uses, after fetching the wheel(s) here once with
 #   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 #   (add pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 for an image without pytest)
-#   and FlashAttention-4 packed once with `bash scripts/fa4_pack.sh` (.fa4/, ~56 MiB: with .whl/ under
-#   the tool's 64 MiB carry; without it the session runs as before, less that one probe candidate)
+#   and FlashAttention-4 packed once with `bash scripts/fa4_pack.sh` (~4 min: .fa4/site-cp312.tar.xz.part00
+#   ..part03, each what the working tree leaves a call, 15 MiB today, and .sha256). A call carries the
+#   working tree (~47 MiB) and at most 64 MiB in all, so the parts go one a call, back to back (the machine
+#   keeps a call's carried files while it stays warm, ~30 s after each): for each part but the last, a call
+#   with  command: ls -l .fa4   carry: [".fa4/site-cp312.tar.xz.part00"]   timeout_s: 60
+#   then the session's call with the last part (without FlashAttention-4: carry [".whl"] alone):
 #   command:   PACK=1 OUT=$OUT/gpu bash scripts/gpu_session.sh
-#   carry:     [".whl", ".fa4"]
+#   carry:     [".whl", ".fa4/site-cp312.tar.xz.part03", ".fa4/site-cp312.tar.xz.sha256"]
 #   timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
 # The files come back under files_at/gpu: commit them under results/gpu/h100/ (or h200/).
 #
@@ -148,23 +152,28 @@ for module in gguf pytest pluggy iniconfig pygments; do
     fi
 done
 # FlashAttention-4 (the attention probe's "flash-attn-4" candidate: the FA3 design on Hopper, which torch's
-# own kernels lack), where the call carried it: .fa4/site-cp312.tar.xz (scripts/fa4_pack.sh, ~56 MiB),
-# unpacked after specfill on the path when the image's Python is the archive's; the image's own cuda-python
-# is kept where it has one. Without the archive every other candidate runs as before.
+# own kernels lack), where the calls carried it: .fa4/site-cpXY.tar.xz.partNN and its .sha256 (scripts/
+# fa4_pack.sh; a part a call, see the head of this file), joined, checked and unpacked after specfill on
+# the path for the CPython the archive is for. A missing part (the machine went back between the calls) or
+# another Python: logged, and the session runs without it, as it does without the parts.
 FA4_PACK=.fa4/site-cp$("$PY" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")').tar.xz
-if [[ ! -f "$FA4_PACK" ]]; then
-    others=$(ls .fa4/site-cp*.tar.xz 2>/dev/null | tr '\n' ' ')
-    [[ -z "$others" ]] || echo "gpu_session: no $FA4_PACK for this Python (only $others): no FlashAttention-4" | tee -a "$LOG"
-else
+if [[ -f "$FA4_PACK.sha256" ]]; then
     FA4_SITE="$SITE/fa4"
-    if mkdir -p "$FA4_SITE" && tar -xJf "$FA4_PACK" -C "$FA4_SITE" >> "$LOG" 2>&1; then
-        if "$PY" -c "import cuda.bindings.driver" 2>/dev/null; then rm -rf "$FA4_SITE"/cuda "$FA4_SITE"/cuda_*; fi
+    mkdir -p "$FA4_SITE"
+    cat "$FA4_PACK".part* > "$SITE/fa4.tar.xz" 2>> "$LOG"
+    parts=$(ls "$FA4_PACK".part* 2>/dev/null | wc -l)
+    if [[ $(sha256sum < "$SITE/fa4.tar.xz" | cut -d' ' -f1) != $(cut -d' ' -f1 "$FA4_PACK.sha256") ]]; then
+        echo "gpu_session: FlashAttention-4's $parts parts here do not make its archive: left out" | tee -a "$LOG"
+    elif tar -xJf "$SITE/fa4.tar.xz" -C "$FA4_SITE" >> "$LOG" 2>&1; then
+        rm -f "$SITE/fa4.tar.xz"
         export PYTHONPATH=$PYTHONPATH:$FA4_SITE:$FA4_SITE/nvidia_cutlass_dsl/python_packages
         "$PY" -c "import flash_attn.cute.interface; print('flash-attn-4 importable')" >> "$LOG" 2>&1 \
             || echo "gpu_session: FlashAttention-4 unpacked but does not import (session.log)" | tee -a "$LOG"
     else
-        echo "gpu_session: cannot unpack $FA4_PACK" | tee -a "$LOG"
+        echo "gpu_session: cannot unpack FlashAttention-4's archive" | tee -a "$LOG"
     fi
+elif ls .fa4/site-cp*.sha256 > /dev/null 2>&1; then
+    echo "gpu_session: FlashAttention-4 is packed for another Python ($(ls .fa4/*.sha256)): left out" | tee -a "$LOG"
 fi
 "$PY" -c "import specfill.core, specfill; print('specfill from', specfill.__file__)" >> "$LOG" 2>&1 \
     || { echo "gpu_session: cannot import specfill" | tee -a "$LOG" >&2; exit 2; }
