@@ -4,7 +4,8 @@
 # imports, and the H200 image has no FlashAttention and no network. Its CuTe DSL compiler is large: the
 # packages take ~53 MiB unpacked and xz-compressed, and a device call carries at most 64 MiB together
 # with the working tree (~47 MiB of it tracked files), so the archive travels in parts of PART_MIB (what
-# the working tree leaves, unless given), one a call (the device keeps a call's carried files for the next while it stays warm), joined and
+# the working tree leaves, unless given), one a call (the device keeps a call's carried files for the next while it stays warm),
+# or all in one call with results/ held out of the tree (scripts/device_tree.py), joined and
 # checked against its sha256 by scripts/gpu_session.sh, which unpacks it for the image's CPython.
 #
 #   bash scripts/fa4_pack.sh     # -> .fa4/site-cp312.tar.xz.partNN + .sha256 (gitignored); ~4 min of xz

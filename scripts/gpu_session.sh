@@ -42,18 +42,24 @@
 # with its limit and the bench also budgets itself run by run (roofline x 4), writing its rows as
 # it goes. The exit code says whether every step passed.
 #
-# The device-tool call (the `run` tool) the lead uses, after fetching the wheel(s) here once with
-#   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
-#   (add pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 for an image without pytest)
+# The device-tool call (the `run` tool) the lead uses, after fetching the wheels here once with
+#   .venv/bin/pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0 fla-core==0.6.0
+#   (add pytest==9.2.0 pluggy==1.7.0 iniconfig==2.3.1 pygments==2.21.0 for an image without pytest;
+#   fla-core: flash-linear-attention's Triton kernels, for the hybrid step alone)
 #   and FlashAttention-4 packed once with `bash scripts/fa4_pack.sh` (~4 min: .fa4/site-cp312.tar.xz.part00
-#   ..part03, each what the working tree leaves a call, 15 MiB today, and .sha256). A call carries the
-#   working tree (~47 MiB) and at most 64 MiB in all, so the parts go one a call, back to back (the machine
-#   keeps a call's carried files while it stays warm, ~30 s after each): for each part but the last, a call
-#   with  command: ls -l .fa4   carry: [".fa4/site-cp312.tar.xz.part00"]   timeout_s: 60
-#   then the session's call with the last part (without FlashAttention-4: carry [".whl"] alone):
-#   command:   PACK=1 OUT=$OUT/gpu bash scripts/gpu_session.sh
-#   carry:     [".whl", ".fa4/site-cp312.tar.xz.part03", ".fa4/site-cp312.tar.xz.sha256"]
-#   timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
+#   ..part03 and .sha256, ~52 MiB). A call sends the working tree (~47 MiB, ~41 of it results/) and what it
+#   carries, at most 64 MiB, so results/ is held out of the tree for the call (nothing on the GPU reads it
+#   but results/gpu/aot/, which stays): one call carries everything.
+#     python3 scripts/device_tree.py hold && python3 scripts/device_tree.py size --carry .whl .fa4   # <= 64 MiB
+#     command:   PACK=1 OUT=$OUT/gpu bash scripts/gpu_session.sh
+#     carry:     [".whl", ".fa4"]
+#     timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
+#     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
+#   Should the tool refuse the held tree (files missing from git's list), restore it and send the parts one a
+#   call instead, back to back (the machine keeps a call's carried files while it stays warm, ~30 s after
+#   each): `command: ls -l .fa4`, `carry: [".fa4/site-cp312.tar.xz.part00"]`, `timeout_s: 60`, then part01,
+#   part02 (PART_MIB is what the whole tree leaves, 15 MiB today), and the session's call with
+#   carry [".whl", ".fa4/site-cp312.tar.xz.part03", ".fa4/site-cp312.tar.xz.sha256"].
 # The files come back under files_at/gpu: commit them under results/gpu/h100/ (or h200/).
 #
 # Smoke mode (CPU, tiny random models, seconds; tests/test_random_model.py runs it):
@@ -151,6 +157,18 @@ for module in gguf pytest pluggy iniconfig pygments; do
         echo "gpu_session: no $module module and no .whl/$module-*.whl: the steps needing it will fail" | tee -a "$LOG"
     fi
 done
+# flash-linear-attention's kernels (fla-core, pure Python and Triton) for the hybrid step alone, where .whl/
+# has its wheel: transformers' delta-net layers take fla's gated delta rule where `fla` imports (the torch
+# reference otherwise, run 2 of 2026-11-29); kept off the other steps' path (conformance compares with torch)
+FLA_SITE=""
+fla_wheel=$(ls .whl/fla_core-*.whl 2>/dev/null | head -1)
+if [[ -n "$fla_wheel" && "$DEVICE" == cuda* ]]; then
+    if "$PY" -m zipfile -e "$fla_wheel" "$SITE/fla" >> "$LOG" 2>&1; then
+        FLA_SITE="$SITE/fla"
+    else
+        echo "gpu_session: cannot unpack $fla_wheel: the hybrid runs transformers' torch path" | tee -a "$LOG"
+    fi
+fi
 # FlashAttention-4 (the attention probe's "flash-attn-4" candidate: the FA3 design on Hopper, which torch's
 # own kernels lack), where the calls carried it: .fa4/site-cpXY.tar.xz.partNN and its .sha256 (scripts/
 # fa4_pack.sh; a part a call, see the head of this file), joined, checked and unpacked after specfill on
@@ -186,7 +204,7 @@ if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator
 fi
 export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
 export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS EXACT_MODEL PROFILE_DECODE_MODES
-export PROFILE_METHODS PROFILE_TOKENS
+export PROFILE_METHODS PROFILE_TOKENS FLA_SITE
 
 # step INDEX FUNCTION: the function under `timeout` (its output in session.log), its limit (LIMIT)
 # the budget left minus the shares of the steps after it
@@ -274,15 +292,25 @@ profile() {
         --decode-modes "$PROFILE_DECODE_MODES" --dtype "$DTYPE" --device "$DEVICE" --out "$OUT/profile"
 }
 
-hybrid() {
-    # a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device: transformers' forward
-    # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found
+hybrid_run() {
     "$PY" -c 'import importlib.util as u; print("hybrid kernels:", {m: bool(u.find_spec(m)) for m in ("fla", "causal_conv1d", "mamba_ssm")})'
     # shellcheck disable=SC2086  # HYBRID_LENGTHS is a list
     PYTHONUNBUFFERED=1 "$PY" scripts/hybrid_speed.py --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
         --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS
 }
-export -f machine conformance kernels bench exact hybrid profile
+
+hybrid() {
+    # a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device: transformers' forward
+    # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found.
+    # With fla carried: that run first, in two thirds of the step's time (fla tunes its kernels on first
+    # use); if it fails, transformers' torch path in what is left
+    if [[ -n "$FLA_SITE" ]]; then
+        PYTHONPATH=$FLA_SITE:$PYTHONPATH timeout -k 5 $((LIMIT * 2 / 3)) bash -c hybrid_run && return 0
+        echo "hybrid: the run with flash-linear-attention failed (above): transformers' torch path instead"
+    fi
+    hybrid_run
+}
+export -f machine conformance kernels bench exact hybrid hybrid_run profile
 
 # STEPS: the steps to run (a rerun after a partial session names only what it still needs); a step
 # left out has no share and no files
