@@ -54,6 +54,11 @@
 #     command:   PACK=1 OUT=$OUT/gpu bash scripts/gpu_session.sh
 #     carry:     [".whl", ".fa4"]
 #     timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
+#   The machine's start and that call leave ~3 of the session's 15 minutes: too few to start a machine, but
+#   the warm one (30 s idle) takes a second call at once, where `status` has budget_left_s >= 200: where the
+#   composition's and H2O's time goes (their speculator's / main model's walk, host-bound by subtraction)
+#     command:   STEPS=profile PROFILE_METHODS=composition,h2o PROFILE_TOKENS=32768 BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
+#     carry:     []   (what call 1 carried stays on the warm machine)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
 #   Should the tool refuse the held tree (files missing from git's list), restore it and send the parts one a
 #   call instead, back to back (the machine keeps a call's carried files while it stays warm, ~30 s after
@@ -322,7 +327,10 @@ for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] && ste
 echo "total: $((SECONDS - START)) s" | tee -a "$LOG"
 if [[ "${PACK:-0}" == 1 ]]; then
     # the device tool brings back at most 8 files: the ones read first stay apart, the rest go in one archive
-    tar -czf "$OUT/all.tar.gz" -C "$OUT" --exclude all.tar.gz . && echo "packed: $(ls "$OUT" | wc -l) files before" >> "$LOG"
+    # written beside, then moved in: an archive growing inside the folder it reads makes tar warn and fail
+    packed=$(mktemp /tmp/gpu-session-all.XXXXXX)
+    tar -czf "$packed" -C "$OUT" --exclude all.tar.gz . && mv "$packed" "$OUT/all.tar.gz" \
+        && echo "packed: $(ls "$OUT" | wc -l) files before" >> "$LOG"
     find "$OUT" -maxdepth 1 -type f ! -name all.tar.gz ! -name e2e.json ! -name ttft.md ! -name session.log \
         ! -name hybrid.md ! -name machine.txt ! -name ttft_ttft.png ! -name exact.md -delete
 fi
