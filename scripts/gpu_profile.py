@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = random_prompt_ids(tokenizer.vocab_size, args.tokens, seed=args.tokens)
     scenarios = [(name, ids, methods[name], 1, None) for name in args.methods.split(",")]
     decode_ids = random_prompt_ids(tokenizer.vocab_size, min(args.decode_prompt, args.tokens), seed=7)
-    for mode in args.decode_modes.split(","):
+    for mode in [m for m in args.decode_modes.split(",") if m]:  # none: ""
         name = f"decode {mode} (full prefill + plain decode)"
         scenarios.append((name, decode_ids, methods["full"], args.decode_tokens, mode))
     for name, prompt, method, new, mode in scenarios:
