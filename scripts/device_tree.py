@@ -13,7 +13,8 @@ each. Held out of the tree, results/ leaves room for the whole pack and the whee
 
 `hold` moves tracked files only, into the gitignored .device_hold/ (which travels only when carried),
 and refuses while a hold is in place or results/ has uncommitted changes, so that `restore` puts back
-exactly what git has. `restore` refuses to overwrite a file that came back meanwhile.
+exactly what git has. `restore` refuses to overwrite a file that came back meanwhile, and puts back a hold
+cut short as well (a session that finds .device_hold/ restores it before anything else).
 """
 
 from __future__ import annotations
