@@ -103,6 +103,7 @@ def e2e(result: dict, shape: Shape) -> dict:
         "prefill_roofline_fraction": {},
         "prefill_tflops": {},
         "ttft_s": {},
+        "acceptance": acceptance(result),
         "attention_kernels": chosen(),
         "kernel_self_checks": [
             {"kernel": v.kernel, "dtype": v.dtype, "shape": v.shape_class, "passed": v.passed, "reason": v.reason}
@@ -119,6 +120,63 @@ def e2e(result: dict, shape: Shape) -> dict:
                 out["prefill_roofline_fraction"][key] = r["predicted_s"] / r["ttft_s"]
             out["prefill_tflops"][key] = prefill_flops(shape, r["prompt_tokens"]) / r["ttft_s"] / 1e12
     return out
+
+
+# issue 50's acceptance lines, read off a run's rows: decode (graphs, warm median) at the decode rows' length,
+# full prefill's measured / roofline at ~32K and the longest length, and at the longest: SpecPrefill's and the
+# composition's speed-ups, H2O's against 0.8 of its roofline ratio (full's roofline over its own)
+DECODE_TPS, FULL_OVER_ROOFLINE, SPECPREFILL_X, COMPOSITION_X, H2O_SHARE = 150.0, 1.5, 2.5, 4.0, 0.8
+
+
+def acceptance(result: dict) -> list[dict]:
+    """Each line: what it asks, the measured figure, the bound, and whether it holds (None: not measured,
+    a row missing or out of time). Decode tokens against the eager path are the exact step's (float32)."""
+    rows = {(r["method"], r["prompt_tokens"]): r for r in result["rows"] if r.get("ttft_s")}
+    lengths = sorted({n for _, n in rows})
+    out: list[dict] = []
+
+    def line(what: str, measured: float | None, bound: float, at_least: bool) -> None:
+        holds = None if measured is None else (measured >= bound if at_least else measured <= bound)
+        out.append({"line": what, "measured": measured, "bound": bound, "holds": holds})
+
+    graphs = [d for d in result["decode"] if d.get("mode") == "graphs" and not d["draft_tokens"]]
+    tps = graphs[0].get("decode_tps") if graphs else None
+    at = f" at {graphs[0]['prompt_tokens']}" if graphs else ""
+    line(f"decode tok/s (graphs, warm median){at} >= {DECODE_TPS:g}", tps, DECODE_TPS, True)
+    longest = lengths[-1] if lengths else None
+    mid = min(lengths, key=lambda n: abs(n - 32768)) if lengths else None
+    for n in dict.fromkeys(n for n in (mid, longest) if n is not None):
+        ratio = rows.get(("full", n), {}).get("measured_over_predicted")
+        line(f"full prefill at {n}: measured / roofline <= {FULL_OVER_ROOFLINE:g}", ratio, FULL_OVER_ROOFLINE, False)
+    for method, bound in (("specprefill", SPECPREFILL_X), ("composition", COMPOSITION_X)):
+        speedup = rows.get((method, longest), {}).get("speedup_vs_full") if longest else None
+        line(f"{method} at {longest}: speed-up vs full >= {bound:g}", speedup, bound, True)
+    full, h2o = rows.get(("full", longest), {}), rows.get(("h2o", longest), {})
+    if full.get("predicted_s") and h2o.get("predicted_s"):
+        bound = H2O_SHARE * full["predicted_s"] / h2o["predicted_s"]
+        line(
+            f"h2o at {longest}: speed-up vs full >= {H2O_SHARE:g} x its roofline ratio",
+            h2o.get("speedup_vs_full"),
+            bound,
+            True,
+        )
+    else:
+        line(f"h2o at {longest}: speed-up vs full >= {H2O_SHARE:g} x its roofline ratio", None, float("nan"), True)
+    return out
+
+
+def acceptance_lines(result: dict) -> list[str]:
+    lines = [
+        "",
+        "Issue 50's acceptance lines as this run measured them:",
+        "",
+        "| line | measured | bound | holds |",
+        "|---|---|---|---|",
+    ]
+    for a in acceptance(result):
+        holds = {True: "yes", False: "no", None: "not measured"}[a["holds"]]
+        lines.append(f"| {a['line']} | {fmt(a['measured'], '.3g')} | {fmt(a['bound'], '.3g')} | {holds} |")
+    return lines
 
 
 def row_line(r: dict) -> str:
@@ -189,6 +247,7 @@ def report(result: dict) -> str:
             f"| {r['error'] or ''} |"
         )
     lines += parts_table(result["rows"])
+    lines += acceptance_lines(result)
     lines += [
         "",
         "| decode after full prefill | mode | prompt tokens | tok/s (warm median) | first run tok/s | setup s "
@@ -205,7 +264,7 @@ def report(result: dict) -> str:
             f"| {d['error'] or ''} |"
         )
     if result.get("e2e"):
-        listed = ("attention_kernels", "kernel_self_checks")
+        listed = ("attention_kernels", "kernel_self_checks", "acceptance")
         lines += ["", "e2e: `" + json.dumps({k: v for k, v in result["e2e"].items() if k not in listed}) + "`"]
         for key, value in result["e2e"]["attention_kernels"].items():
             lines.append(f"- attention {key}: chose {value['chosen']}; {value['candidates']}")

@@ -12,7 +12,7 @@
 #      the composition as auto runs it (row composition: core/config.AUTO_COMPOSITION, an H2O speculator,
 #      keep 0.1, window 32, one neighbour; until 2026-11-29 row specprefill+h2o at keep 0.3) (+ VARIANTS, e.g. a larger prefill step) at 8K / 32K /
 #      128K, warm medians of 3, peak memory, beside the roofline; the attention kernels the device
-#      chose; e2e.json with decode_tokens_per_s and prefill_roofline_fraction
+#      chose; e2e.json with decode_tokens_per_s, prefill_roofline_fraction and issue 50's acceptance lines
 #                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json
 #   3. exact: the same model in float32 (EXACT_MODEL), decode as graphs and eagerly after an 8K
 #      prefill: greedy tokens equal to the eager path's where no bf16 rounding parts them

@@ -391,3 +391,47 @@ def test_gpu_profile_writes_its_tables(tmp_path):
         "## decode eager (full prefill + plain decode), 32 tokens, 2 new",
     ]
     assert text.count("### by operator\n") == 4 and text.count("Python stack") == 4 and "aten::mm" in text
+
+
+def test_gpu_bench_reads_issue_50s_acceptance_lines(monkeypatch):
+    """e2e.json's `acceptance`: each line of issue 50 with its figure, bound and verdict, read off the rows
+    (a row missing: not measured, never a pass)."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import gpu_bench_report as report
+
+    def row(method, n, ttft, predicted, speedup):
+        return {
+            "method": method,
+            "prompt_tokens": n,
+            "ttft_s": ttft,
+            "predicted_s": predicted,
+            "measured_over_predicted": ttft / predicted,
+            "speedup_vs_full": speedup,
+        }
+
+    rows = [
+        row("full", 32768, 1.0, 0.75, 1.0),  # 1.33x its roofline: holds
+        row("full", 131008, 9.8, 6.4, 1.0),  # 1.53x: does not
+        row("h2o", 131008, 8.0, 4.86, 9.8 / 8.0),  # 1.225x against 0.8 x 6.4 / 4.86 = 1.053x: holds
+        row("specprefill", 131008, 4.0, 2.37, 9.8 / 4.0),  # 2.45x: does not
+    ]
+    decode = [
+        {"mode": "graphs", "draft_tokens": 0, "decode_tps": 151.0, "prompt_tokens": 8192},
+        {"mode": "graphs", "draft_tokens": 4, "decode_tps": 300.0, "prompt_tokens": 8192},
+    ]
+    lines = report.acceptance({"rows": rows, "decode": decode})
+    verdicts = {a["line"].split(":")[0].split(" (")[0]: a["holds"] for a in lines}
+    assert verdicts == {
+        "decode tok/s": True,
+        "full prefill at 32768": True,
+        "full prefill at 131008": False,
+        "specprefill at 131008": False,
+        "composition at 131008": None,
+        "h2o at 131008": True,
+    }
+    h2o = next(a for a in lines if a["line"].startswith("h2o"))
+    assert h2o["bound"] == pytest.approx(0.8 * 6.4 / 4.86)
+    assert "| composition at 131008: speed-up vs full >= 4 | - | 4 | not measured |" in report.acceptance_lines(
+        {"rows": rows, "decode": decode}
+    )
