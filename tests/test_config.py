@@ -9,7 +9,7 @@ from specfill.core import ConfigError, H2OConfig, SpecfillWarning, SpecPrefillCo
 
 def test_h2o_defaults_are_the_seed_recommendation():
     c = H2OConfig()
-    assert (c.chunk_size, c.batch_size, c.local, c.heavy) == (1024, 4096, 256, 256)
+    assert (c.chunk_size, c.batch_size, c.local, c.heavy) == (1024, 16384, 256, 256)
     assert c.enabled and c.memory_size == 512
 
 

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.skipif(not triton_installed(), reason="Triton is not in
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "count_h2o_ops.py"
 
-# 4 chunks per logical batch, as the defaults (S = 1024, B = 4096); before the batched merge the
-# walk took 40 launches per chunk step in float32 and 43 in bfloat16 at Llama-3.1-8B's shape
+# 4 chunks per logical batch, as S = 1024, B = 4096 (the defaults until B became 16384: 16 chunks a batch on a
+# GPU's 16K steps); before the batched merge the walk took 40 launches per chunk step in float32 and 43 in
+# bfloat16 at Llama-3.1-8B's shape
 BUDGET = {torch.float32: 20.0, torch.bfloat16: 21.0}
 
 
@@ -38,3 +39,17 @@ def test_walk_launches_per_chunk_step(dtype):
     assert result["launches_per_step"] <= BUDGET[dtype], result["launches_per_step_by_stage"]
     by_stage = result["launches_per_step_by_stage"]
     assert by_stage["gather_memory"] == 2 and by_stage["inter_attention"] == 3 and by_stage["accumulate_scores"] == 1
+
+
+def test_whole_batches_of_a_gpu_step_launch_less_per_chunk():
+    """B's default (16384) makes a GPU's 16K prefill steps whole logical batches: 16 chunks share a
+    phase 1 and a merge where 4 did (results/gpu/h2o_walk_ops.md: 19.0 -> 14.6 launches a chunk step at 32K)."""
+    count = _count_walk()
+    per_step = {}
+    for chunks in (4, 16):
+        config = H2OConfig(chunk_size=32, batch_size=32 * chunks, local=8, heavy=8, dense_tail=0)
+        per_step[chunks] = count(512, n_heads=4, n_kv=2, head_dim=16, dtype=torch.bfloat16, config=config)[
+            "launches_per_step"
+        ]
+    assert per_step[16] < per_step[4] - 3, per_step
+    assert H2OConfig().batch_size == 16384
