@@ -1,11 +1,10 @@
 """Method configurations, validated once at construction.
 
-Defaults follow the design documents: H2O from seed 001's recommended configuration
-(-b 4096 -ub 1024 --h2o-local 256 --h2o-heavy 256; B raised to 16384, which only schedules the work, so that
-a GPU's 16K prefill steps run as whole batches) plus a measured dense tail of 64 tokens, speculative prefill
-from the reference implementation (look-ahead 8, pool kernel 13, chunks of 32, max over heads and layers) but
-keeping 30% of the prompt, not the paper's 10%: at 10% the Qwen2.5-Coder pair lost a third of its RULER answers
-(variable tracking 47 vs 87), at 30% it is within 3.5 points of full prefill on average (issue 34;
+Defaults follow the design documents: H2O from seed 001's recommended configuration (-b 4096 -ub 1024
+--h2o-local 256 --h2o-heavy 256; B 16384: it only schedules) plus a measured dense tail of 64 tokens, speculative
+prefill from the reference implementation (look-ahead 8, pool kernel 13, chunks of 32, max over heads and layers)
+but keeping 30% of the prompt, not the paper's 10%: at 10% the Qwen2.5-Coder pair lost a third of its RULER
+answers (variable tracking 47 vs 87), at 30% it is within 3.5 points of full prefill on average (issue 34;
 results/eval/ruler/frontier/, docs/eval.md). `SpecPrefillConfig.paper()` is the paper's setting.
 """
 
@@ -93,11 +92,8 @@ class H2OConfig:
     """H2O two-phase chunked sparse prefill.
 
     chunk_size (S, llama.cpp n_ubatch): tokens per chunk; phase 1 is causal inside a chunk.
-    batch_size (B, llama.cpp n_batch): tokens per logical batch; a multiple of S. Where it binds, the walk's
-    steps are min(B, the model's prefill step) (h2o_step_size): it only schedules work (phase 1 and the merge
-    run a batch at once), the output does not depend on it. 16,384 lets a GPU's 16K steps be whole
-    batches (a quarter of the walk's launches per chunk saved, results/gpu/h2o_walk_ops.md); 2,048-token
-    steps (CPU, MLX) are unchanged.
+    batch_size (B, llama.cpp n_batch): tokens per logical batch; a multiple of S. It only schedules the work
+    (steps of min(B, the model's step)): 16384 makes a GPU's 16K steps whole batches (h2o_walk_ops.md).
     local (L): tail tokens of a chunk always kept in its memory set.
     heavy (H): heavy hitters kept by accumulated score.
     dense_tail (W): the last W prompt tokens attend causally to EVERY prompt key in every layer
