@@ -7,6 +7,7 @@ test_aot.py). FlashAttention-4's pack (scripts/fa4_pack.sh, ~52 MiB) then travel
 each. Held out of the tree, results/ leaves room for the whole pack and the wheels in the session's call:
 
     python3 scripts/device_tree.py size --carry .whl .fa4   # MiB that would travel, against 64
+    python3 scripts/device_tree.py bytes                    # the tree's bytes alone, a bare number
     python3 scripts/device_tree.py hold                     # results/ (but gpu/aot) -> .device_hold/
     ... the device call, carry [".whl", ".fa4"] ...
     python3 scripts/device_tree.py restore                  # back, checked against git
@@ -68,9 +69,7 @@ def hold(root: Path) -> int:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(source, target)
             moved += 1
-    for d in sorted((p for p in (root / HELD).rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        if not any(d.iterdir()):
-            d.rmdir()
+    _prune(root / HELD)
     return moved
 
 
@@ -86,12 +85,18 @@ def restore(root: Path) -> int:
         target = root / p.relative_to(store)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.replace(p, target)
-    for d in sorted((p for p in store.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-        d.rmdir()
+    _prune(store)
     store.rmdir()
     if _git(root, "status", "--porcelain", "-z", "--", HELD):
         raise SystemExit(f"device_tree: {HELD}/ differs from git after the restore (git status)")
     return len(pending)
+
+
+def _prune(folder: Path) -> None:
+    """Remove the empty folders under `folder`, deepest first (the files moved out of them)."""
+    for d in sorted((p for p in folder.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(d.iterdir()):
+            d.rmdir()
 
 
 def _ignored(root: Path, path: str) -> bool:
@@ -100,7 +105,7 @@ def _ignored(root: Path, path: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("size", "hold", "restore"))
+    parser.add_argument("action", choices=("size", "bytes", "hold", "restore"))
     parser.add_argument("--carry", nargs="*", default=[], help="paths the call carries (size)")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
     args = parser.parse_args(argv)
@@ -110,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.action == "restore":
         print(f"device_tree: restored {restore(root)} files of {HELD}/")
     sent = travelling(root, args.carry)
+    if args.action == "bytes":  # the bare figure (scripts/fa4_pack.sh sizes its parts by it)
+        print(sent)
+        return 0
     state = "held" if (root / HOLD).exists() else "in the tree"
     print(
         f"device_tree: a call sends {sent / 2**20:.1f} MiB of {LIMIT_MIB} ({HELD}/ {state}"

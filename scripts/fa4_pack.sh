@@ -24,7 +24,7 @@ OUT=${OUT:-.fa4}
 PIP=${PIP:-.venv/bin/pip}
 # a part and the working tree that travels with it (tracked and untracked-not-ignored files) within the
 # device tool's 64 MiB a call, less 2 MiB for .whl/ and growth: ~15 MiB beside today's ~47 MiB tree
-tree=$({ git ls-files -z; git ls-files -z -o --exclude-standard; } | xargs -0 -r du -cb 2>/dev/null | awk '$2 == "total" {s += $1} END {print s + 0}')
+tree=$(python3 scripts/device_tree.py bytes)
 PART_MIB=${PART_MIB:-$(( (64 * 1048576 - tree) / 1048576 - 2 ))}
 ((PART_MIB >= 0)) || { echo "fa4_pack: the working tree ($tree bytes) leaves no room a call" >&2; exit 1; }
 PACKAGES=(

@@ -152,16 +152,14 @@ def acceptance(result: dict) -> list[dict]:
         speedup = rows.get((method, longest), {}).get("speedup_vs_full") if longest else None
         line(f"{method} at {longest}: speed-up vs full >= {bound:g}", speedup, bound, True)
     full, h2o = rows.get(("full", longest), {}), rows.get(("h2o", longest), {})
-    if full.get("predicted_s") and h2o.get("predicted_s"):
-        bound = H2O_SHARE * full["predicted_s"] / h2o["predicted_s"]
-        line(
-            f"h2o at {longest}: speed-up vs full >= {H2O_SHARE:g} x its roofline ratio",
-            h2o.get("speedup_vs_full"),
-            bound,
-            True,
-        )
-    else:
-        line(f"h2o at {longest}: speed-up vs full >= {H2O_SHARE:g} x its roofline ratio", None, float("nan"), True)
+    priced = full.get("predicted_s") and h2o.get("predicted_s")
+    bound = H2O_SHARE * full["predicted_s"] / h2o["predicted_s"] if priced else float("nan")
+    line(
+        f"h2o at {longest}: speed-up vs full >= {H2O_SHARE:g} x its roofline ratio",
+        h2o.get("speedup_vs_full") if priced else None,
+        bound,
+        True,
+    )
     return out
 
 

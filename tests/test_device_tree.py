@@ -77,3 +77,9 @@ def test_the_size_line_and_its_exit_code(tmp_path: Path, capsys: pytest.CaptureF
     assert "MiB of 64 (results/ in the tree, carrying .fa4)" in capsys.readouterr().out
     (root / ".fa4" / "part01").write_bytes(b"\0" * (65 * 2**20))
     assert device_tree.main(["size", "--root", str(root), "--carry", ".fa4"]) == 1
+
+
+def test_bytes_prints_the_bare_figure_fa4_pack_sizes_its_parts_by(tmp_path: Path, capsys) -> None:
+    root = _repo(tmp_path)
+    assert device_tree.main(["bytes", "--root", str(root)]) == 0
+    assert capsys.readouterr().out.strip() == str(device_tree.travelling(root, []))
