@@ -60,6 +60,24 @@ class H2OOps(H2OStageOps[A], Protocol[A]):
         """Entered around one logical batch's stages (the torch CPU work units; else a no-op)."""
 
 
+WalkRun = Callable[[list[A]], tuple[list[A], Any]]  # arrays in -> (arrays out, host facts), no host read
+
+
+class WalkReplay(Protocol[A]):
+    """How one prompt's H2O batches run (core/methods/h2o.py): `replay(key, run, inputs)` is `run(inputs)`.
+    Every layer's batch of one key runs the same operators on inputs of the same shapes, so a backend
+    may record `run` once per key and replay it for the next layers' inputs (torch on a GPU: one CUDA
+    graph a batch, backends/torch_cuda/walk_graph.py). key: (the batch, what else tells layers apart), a new
+    batch's first key ends the earlier batch's recordings; None: run it as it is."""
+
+    def __call__(self, key: Any, run: WalkRun[A], inputs: list[A]) -> tuple[list[A], Any]: ...
+
+
+def run_directly(key: Any, run: WalkRun[A], inputs: list[A]) -> tuple[list[A], Any]:
+    """The WalkReplay that runs every batch as it comes (the reference, MLX, torch off a GPU)."""
+    return run(inputs)
+
+
 def _method_ops_stage(name: str) -> Callable[..., Any]:
     """KernelStages' stage `name`: the backend's method_ops function of that name (plain-library code)."""
 
@@ -141,6 +159,10 @@ class KernelStages(Generic[A]):
         raise NotImplementedError
 
     layer_scores = staged_layer_scores  # a backend that fuses the three stages overrides it
+
+    def walk_replay(self) -> WalkReplay[A]:
+        """One prompt's WalkReplay (ModelOps.walk_replay): every batch run as it comes."""
+        return run_directly
 
     # a prompt step's causal attention (ModelOps.causal_step), dispatched once for every backend:
     # the backend gives the three step attentions (plain_step, windowed_step, terms_step) and
@@ -330,6 +352,9 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
 
     def device_scope(self) -> AbstractContextManager[Any]:
         """Entered around a whole prefill and decode (MLX's stream, torch's inference mode)."""
+
+    def walk_replay(self) -> WalkReplay[A]:
+        """A new prompt's WalkReplay (the H2O walk's batches, run or replayed)."""
 
     def verify_scope(self) -> AbstractContextManager[Any]:
         """Entered around a speculative-decoding verify step (k + 1 rows): a backend may pick the

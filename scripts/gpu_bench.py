@@ -37,7 +37,7 @@ from specfill.core.runtime import GenerationInfo
 from specfill.evaluation.roofline import DEVICES, Method, Shape, decode_seconds, predict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_bench_report.py
-from gpu_bench_report import decode_mode, e2e, logits_check, plot, report, row_line  # noqa: E402
+from gpu_bench_report import decode_mode, e2e, logits_check, plot, report, row_line, walk_counts, walk_row  # noqa: E402
 
 # measured / predicted was 1.1-3x on this CPU with its own measured rates (research/roofline/results/
 # roofline.md); on vendor peaks a GPU prefill reaching 30-70% of them would be 1.5-3x: 4x is an assumption
@@ -170,8 +170,11 @@ def method_configs(
             at = words.index("--step")
             step = int(words[at + 1])
             del words[at : at + 2]
+        eager_walk = "--eager-walk" in words  # H2O's batches without CUDA graphs (TorchOps.walk_capture None)
+        words = [w for w in words if w != "--eager-walk"]
         methods[name] = (kind, parser.parse_args(words))
         methods[name][1].row_step = step
+        methods[name][1].eager_walk = eager_walk
     if only is not None:
         wanted = only.split(",")
         unknown = [n for n in wanted if n not in methods]
@@ -352,32 +355,41 @@ def measure(bench: Bench) -> None:
             step = getattr(ns, "row_step", None)
             row["step"] = step or model.prefill_step_size
             default_step, model.prefill_step_size = model.prefill_step_size, step or model.prefill_step_size
-            for _ in range(args.repeats):
-                if name in out_of_time or bench.left() < cost:
-                    row["error"] = row["error"] or f"out of time ({bench.left():.0f} s left, a run costs ~{cost:.0f} s)"
-                    out_of_time.add(name)
-                    break
-                try:
-                    bench.peak_reset()
-                    row["runs"].append(one_run(model, tokenizer, ids, method, args.decode_tokens))
-                    row["peak_gb"] = max(row["peak_gb"] or 0.0, bench.peak_gb(model))
-                except Exception as e:  # torch.OutOfMemoryError included: the next method still runs
-                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                    if bench.cuda:
-                        torch.cuda.empty_cache()
-                    break
+            with walk_row(row, (model, speculator), getattr(ns, "eager_walk", False)) as walking:
+                run_row(bench, row, model, tokenizer, ids, method, cost, name, out_of_time)
             model.prefill_step_size = default_step
             finish_row(row, shapes, rates, ns)
             bench.result["rows"].append(row)
             add_speedups(bench.result["rows"])
             bench.note(row_line(row))
             bench.result["e2e"] = e2e(bench.result, shapes[0])
+            if walking:
+                bench.result["e2e"]["walk_graphs"] = walk_counts(walking)
             bench.write()
     if late and "full" in methods:
         if bench.left() < args.compile_allowance_s:
             bench.note(f"decode compiled: skipped, {bench.left():.0f} s left < {args.compile_allowance_s:.0f} s")
         else:
             decode_rows(bench, model, tokenizer, speculator, methods["full"][0], lengths[0], shapes, rates, late, [])
+
+
+def run_row(bench: Bench, row: dict, model, tokenizer, ids, method, cost: float, name: str, out_of_time: set) -> None:
+    """A row's runs (args.repeats), each while the budget allows it; an error ends the row."""
+    args = bench.args
+    for _ in range(args.repeats):
+        if name in out_of_time or bench.left() < cost:
+            row["error"] = row["error"] or f"out of time ({bench.left():.0f} s left, a run costs ~{cost:.0f} s)"
+            out_of_time.add(name)
+            break
+        try:
+            bench.peak_reset()
+            row["runs"].append(one_run(model, tokenizer, ids, method, args.decode_tokens))
+            row["peak_gb"] = max(row["peak_gb"] or 0.0, bench.peak_gb(model))
+        except Exception as e:  # torch.OutOfMemoryError included: the next method still runs
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if bench.cuda:
+                torch.cuda.empty_cache()
+            break
 
 
 def build_method(kind: str, ns: argparse.Namespace, speculator):

@@ -4,6 +4,7 @@ Markdown table, the TTFT plot; and its decode modes with the logits check that c
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,46 @@ def decode_mode(model, mode: str) -> None:
     ops.static_decode = mode != "eager"
     captured = mode in ("graphs", "compiled") and bench_on_cuda(ops)
     ops.decode_graphs = DecodeGraphs(CudaGraphCapture() if captured else None, compiled=mode == "compiled")
+
+
+def walk_ops(*models) -> list:
+    """The distinct ops objects of the models (and speculator) that record H2O batches as CUDA graphs."""
+    found: dict[int, object] = {}
+    for m in models:
+        ops = getattr(m, "ops", None)
+        if getattr(ops, "walk_stats", None) is not None:
+            found.setdefault(id(ops), ops)
+    return list(found.values())
+
+
+def walk_counts(ops_list: list) -> dict:
+    """H2O's walk graphs so far (backends/torch_cuda/walk_graph.py), summed over the ops objects:
+    batches captured and replayed, capture seconds, and why they were turned off (None: they were not)."""
+    stats = [ops.walk_stats for ops in ops_list]
+    return {
+        "captured": sum(s.captured for s in stats),
+        "replayed": sum(s.replayed for s in stats),
+        "capture_seconds": round(sum(s.capture_seconds for s in stats), 4),
+        "refused": next((s.refused for s in stats if s.refused), None),
+    }
+
+
+@contextmanager
+def walk_row(row: dict, models, eager: bool):
+    """Around one bench row: H2O's walk graphs of the models' ops off where the row says --eager-walk
+    (its batches run as they come), and row["walk_graphs"] what the row captured and replayed."""
+    ops_list = walk_ops(*models)
+    before, saved = walk_counts(ops_list), [ops.walk_capture for ops in ops_list]
+    for ops in ops_list if eager else []:
+        ops.walk_capture = None
+    try:
+        yield ops_list
+    finally:
+        for ops, capture in zip(ops_list, saved):
+            ops.walk_capture = capture
+        if ops_list:
+            after = walk_counts(ops_list)
+            row["walk_graphs"] = {k: (v - before[k] if k != "refused" else v) for k, v in after.items()}
 
 
 def logits_check(model, ids: list[int]) -> dict:

@@ -12,7 +12,8 @@
 #      the composition as auto runs it (row composition: core/config.AUTO_COMPOSITION, an H2O speculator,
 #      keep 0.1, window 32, one neighbour; until 2026-11-29 row specprefill+h2o at keep 0.3) (+ VARIANTS, e.g. a larger prefill step) at 8K / 32K /
 #      128K, warm medians of 3, peak memory, beside the roofline; the attention kernels the device
-#      chose; e2e.json with decode_tokens_per_s, prefill_roofline_fraction and issue 50's acceptance lines
+#      chose; e2e.json with decode_tokens_per_s, prefill_roofline_fraction, issue 50's acceptance lines and
+#      H2O's walk graphs (walk_graph.py: batches captured / replayed, a refusal's reason; per row in ttft.json)
 #                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json
 #   3. exact: the same model in float32 (EXACT_MODEL), decode as graphs and eagerly after an 8K
 #      prefill: greedy tokens equal to the eager path's where no bf16 rounding parts them
@@ -24,7 +25,8 @@
 #   5. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
 #      step 6's run; fused_cases.py beside it, the decoder's fused RoPE / RMSNorm;
-#      tests/torch_cuda_methods/kernel_model_cases.py, the AOT and dispatch tests)
+#      tests/torch_cuda_methods/kernel_model_cases.py with H2O's walk graphs captured for real, the AOT and
+#      dispatch tests)
 #                                                   -> kernel_tests.log
 #   6. conformance on the cuda backend, Triton kernels on, on the GPU (CONFORMANCE_DTYPES)
 #                                                   -> conformance-cuda.{json,md}

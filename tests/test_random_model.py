@@ -357,6 +357,35 @@ def test_gpu_bench_variants_run_their_own_flags(tmp_path, gpu_bench):
     assert "| keep-0.1 | 96 | main_prefill |" in (tmp_path / "ttft.md").read_text()
 
 
+def test_gpu_bench_reports_h2o_walk_graphs_per_row(tmp_path, gpu_bench, monkeypatch):
+    """Each H2O row says how many batches were captured and replayed (e2e.json `walk_graphs`: the totals
+    and why they were refused), and an --eager-walk variant runs its batches as they come. CUDA graphs
+    need a GPU: here TorchOps records with the CPU recorder of tests/torch_cuda/test_walk_graph.py."""
+    from specfill.backends.torch_cuda import walk_graph
+    from specfill.backends.torch_cuda.ops import TorchOps
+    from tests.torch_cuda.test_walk_graph import Recorder
+
+    init = TorchOps.__init__
+    monkeypatch.setattr(TorchOps, "__init__", lambda self, *a, **k: init(self, *a, **{**k, "walk_graphs": True}))
+    monkeypatch.setattr(walk_graph, "CudaWalkCapture", Recorder)
+    h2o = "--h2o-layers all --chunk-size 16 -b 64 --h2o-local 4 --h2o-heavy 4"
+    code = gpu_bench(
+        ["--model", "random:tiny-llama", "--speculator", "self:1", "--lengths", "96", "--repeats", "1"]
+        + ["--decode-tokens", "2", "--dtype", "float32", "--device", "cpu", "--roofline", "h100"]
+        + ["--budget-s", "120", "--out", str(tmp_path), "--methods", "full,h2o-all,h2o-eager"]
+        + ["--variant", f"h2o-all=h2o:{h2o}", "--variant", f"h2o-eager=h2o:{h2o} --eager-walk"]
+    )
+    assert code == 0
+    result = json.loads((tmp_path / "ttft.json").read_text())
+    rows = {r["method"]: r for r in result["rows"]}
+    graphed, eager = rows["h2o-all"]["walk_graphs"], rows["h2o-eager"]["walk_graphs"]
+    assert graphed["captured"] > 0 and graphed["replayed"] > 0 and graphed["refused"] is None, graphed
+    assert eager["captured"] == eager["replayed"] == 0 and rows["h2o-eager"]["ttft_s"] > 0
+    assert rows["full"]["walk_graphs"]["captured"] == 0
+    totals = json.loads((tmp_path / "e2e.json").read_text())["walk_graphs"]
+    assert totals["captured"] >= graphed["captured"] and totals["refused"] is None
+
+
 def test_gpu_bench_refuses_an_unknown_variant_or_row(tmp_path, gpu_bench):
     for extra, message in (
         (["--variant", "x=sparse:--keep 0.1"], "expected NAME=METHOD[:FLAGS]"),

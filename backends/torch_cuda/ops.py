@@ -50,6 +50,7 @@ class TorchOps(KernelStages):
         dtype: torch.dtype,
         use_kernels: bool | None = None,
         decode_graphs: bool | None = None,
+        walk_graphs: bool | None = None,
     ):
         self.device = torch.device(device)
         self.dtype = dtype
@@ -64,6 +65,13 @@ class TorchOps(KernelStages):
             from .decode_graph import CudaGraphCapture, DecodeGraphs
 
             self.decode_graphs = DecodeGraphs(CudaGraphCapture() if graphs else None)
+        # H2O's batches as CUDA graphs replayed over the layers (walk_graph.py): None = on a CUDA device
+        self.walk_capture: Any = None  # walk_graph.WalkCapture where batches are captured
+        self.walk_stats: Any = None  # walk_graph.WalkGraphStats: captures, replays, why refused
+        if on_gpu if walk_graphs is None else walk_graphs:
+            from .walk_graph import CudaWalkCapture, WalkGraphStats
+
+            self.walk_capture, self.walk_stats = CudaWalkCapture(), WalkGraphStats()
 
     # the stages (intra_attention, inter_attention, attention_scores, ...: KernelStages; the dispatchers check shapes)
     stage_kernels = staticmethod(stage_kernels)
@@ -71,6 +79,15 @@ class TorchOps(KernelStages):
 
     def causal_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         return method_ops.causal_attention(q, k, v, scale, self.use_kernels)
+
+    def walk_replay(self) -> Any:
+        """A prompt's H2O batches: captured and replayed over the layers where walk graphs are on
+        (walk_graph.WalkGraphs), else run as they come."""
+        if self.walk_capture is None:
+            return super().walk_replay()
+        from .walk_graph import WalkGraphs
+
+        return WalkGraphs(self.walk_capture, self.walk_stats)
 
     def concat(self, arrays: Sequence[torch.Tensor], axis: int) -> torch.Tensor:
         return torch.cat(list(arrays), dim=axis)

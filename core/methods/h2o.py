@@ -15,7 +15,7 @@ import numpy as np
 from ..config import H2OConfig
 from ..h2o_walk import dense_tail_start, h2o_attention_batch, prefix_carry, terms_arg
 from ..ops import ModelOps
-from ..stages import A, AttentionTerms, H2OCarry, active_terms, attention_layers, layer_terms
+from ..stages import A, AttentionTerms, H2OCarry, MemorySet, active_terms, attention_layers, layer_terms
 
 
 def uses_full_attention(config: H2OConfig, n_tokens: int) -> bool:
@@ -88,6 +88,7 @@ class H2OPrefillAttention(Generic[A]):
         self.scale = scale
         self.n_tokens = n_tokens
         self.carries: list[H2OCarry[A] | None] = [None] * n_layers
+        self.replay = ops.walk_replay()  # this prompt's batches, run or replayed (ModelOps.walk_replay)
 
     def __call__(self, layer: int, q: A, k: A, v: A) -> A:
         if layer not in self.sparse:  # a layer outside config.layers attends to every key
@@ -97,22 +98,38 @@ class H2OPrefillAttention(Generic[A]):
         carry = self.carries[layer] or prefix_carry(self.ops, k.shape[1], self.origin, q)
         if carry.n_done != start:
             raise ValueError(f"layer {layer}: H2O batch starts at slot {start}, the carry is at {carry.n_done}")
-        # memory sets point back into earlier batches: the walk gets every key stored so far
-        out, self.carries[layer] = h2o_attention_batch(
-            self.ops,
-            q[0],
-            k[0],
-            v[0],
-            carry,
-            self.config,
-            self.scale,
-            is_last=end == self.n_tokens,
-            tail_start=dense_tail_start(self.config, self.n_tokens),
-            window=self.windows[layer],
-            terms=self.terms[layer],
-            origin=self.origin,
+        window, terms, previous = self.windows[layer], self.terms[layer], carry.memory
+
+        def run(arrays: list[A]) -> tuple[list[A], list[int]]:
+            """The batch over its arrays alone (q, k, v, scores[, the memory set]): what a replay records."""
+            memory = None if previous is None else MemorySet(arrays[4], previous.chunk_index)
+            out, after = h2o_attention_batch(
+                self.ops,
+                arrays[0],
+                arrays[1],
+                arrays[2],
+                H2OCarry(scores=arrays[3], memory=memory),
+                self.config,
+                self.scale,
+                is_last=end == self.n_tokens,
+                tail_start=dense_tail_start(self.config, self.n_tokens),
+                window=window,
+                terms=terms,
+                origin=self.origin,
+            )
+            built = after.memory_sets
+            return [out, after.scores] + [m.indices for m in built], [m.chunk_index for m in built]
+
+        # memory sets point back into earlier batches: the walk gets every key stored so far. A layer with
+        # attention terms runs as it comes (their arrays are the layer's own); every other layer's batch
+        # from `start` to `end` is the same operators on other arrays: key (the batch, the window)
+        inputs = [q[0], k[0], v[0], carry.scores] + ([] if previous is None else [previous.indices])
+        outputs, built = self.replay(None if terms is not None else ((start, end), window), run, inputs)
+        new = [MemorySet(indices, chunk) for indices, chunk in zip(outputs[2:], built)]
+        self.carries[layer] = H2OCarry(
+            scores=outputs[1], memory=new[-1] if new else previous, memory_sets=carry.memory_sets + new
         )
-        return out[None]
+        return outputs[0][None]
 
     def last_row_dense(self, layer: int) -> bool:
         """Whether `layer` is one of its H2O layers whose last prompt row attends to every key (the

@@ -61,3 +61,32 @@ def test_speculative_prefill_with_kernels_matches_the_twins(models):
     info_k, info_t = GenerationInfo(), GenerationInfo()
     assert greedy(kernels, ids, 3, method, info_k) == greedy(twins, ids, 3, method, info_t)
     assert info_k.kept_positions == info_t.kept_positions and info_k.kept_tokens < 60
+
+
+def test_h2o_walk_graphs_replay_the_walk_bitwise(models):
+    """H2O's batches recorded once and replayed over the layers (backends/torch_cuda/walk_graph.py):
+    on a GPU real CUDA graphs, here the CPU recorder; the logits and memory sets bitwise the walk's."""
+    from specfill.backends.torch_cuda.walk_graph import WalkGraphStats
+    from tests.torch_cuda.test_walk_graph import Recorder
+
+    kernels, _ = models
+    ops = kernels.ops
+    graphed = CausalLM(kernels.model, TorchOps(ops.device, ops.dtype, True, walk_graphs=True))
+    plain = CausalLM(kernels.model, TorchOps(ops.device, ops.dtype, True, walk_graphs=False))
+    if DEVICE == "cpu":
+        graphed.ops.walk_capture, graphed.ops.walk_stats = Recorder(), WalkGraphStats()
+    ids = prompt(50, kernels.args.vocab_size, seed=13)
+    method = PrefillMethod(
+        "h2o", h2o=H2OConfig(chunk_size=16, batch_size=32, local=4, heavy=4, dense_tail=2, layers="all")
+    )
+    infos = GenerationInfo(record_memory=True), GenerationInfo(record_memory=True)
+    got = graphed.prompt_logits(ids, method=method, info=infos[0])
+    want = plain.prompt_logits(ids, method=method, info=infos[1])
+    stats = graphed.ops.walk_stats
+    assert stats.refused is None
+    n_layers = kernels.args.num_hidden_layers
+    assert stats.captured == 2 and stats.replayed == 2 * (n_layers - 1)  # batches [0, 32) and [32, 50)
+    np.testing.assert_array_equal(got, want)
+    for layer_g, layer_w in zip(*(info.memory_sets for info in infos)):
+        for m_g, m_w in zip(layer_g, layer_w):
+            np.testing.assert_array_equal(m_g, m_w)

@@ -1,0 +1,137 @@
+"""backends/torch_cuda/walk_graph.py: H2O's batches recorded once and replayed over the layers, on the CPU.
+
+CUDA graphs need a GPU; here the capture is a recorder whose replay reruns the recorded batch on the
+static inputs and writes the recorded output tensors in place (a graph's semantics but the graph),
+which checks everything but the graph itself: each layer's inputs reach the static copies, outputs
+are cloned before the next replay rewrites them, memory sets and scores carry over batches, keys
+part sliding and global layers and end with their batch, and a failed or differing capture turns the
+graphs off without changing a result. Every comparison is bitwise: a replay runs the same operators on
+the same values. scripts/gpu_session.sh times the real graphs (e2e.json `walk_graphs`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specfill.backends.torch_cuda.walk_graph import WalkGraphStats
+from specfill.core.config import H2OConfig
+from specfill.core.ops import Cancelled, cancellation
+from specfill.core.runtime import GenerationInfo, PrefillMethod
+from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+
+class Recorder:
+    """A WalkCapture whose replay reruns the recorded batch into the recorded outputs (in place)."""
+
+    def __init__(self, fail: Exception | None = None, perturb: bool = False) -> None:
+        self.fail, self.perturb = fail, perturb
+        self.captured = 0
+        self.replayed = 0
+
+    def capture(self, run, device):
+        self.captured += 1
+        if self.fail is not None:
+            raise self.fail
+        # what a capture leaves: tensors whose values only a replay writes
+        outputs = [o.new_full(o.shape, float("nan") if o.is_floating_point() else -1) for o in run()]
+
+        def replay():
+            self.replayed += 1
+            for recorded, fresh in zip(outputs, run()):
+                recorded.copy_(fresh)
+            if self.perturb:
+                outputs[0].view(-1)[0] += 1
+
+        return replay, outputs
+
+
+def h2o(n_chunk=8, n_batch=32, local=2, heavy=3) -> PrefillMethod:
+    config = H2OConfig(chunk_size=n_chunk, batch_size=n_batch, local=local, heavy=heavy, dense_tail=3, layers="all")
+    return PrefillMethod("h2o", h2o=config)
+
+
+def run_h2o(model, ids, method):
+    info = GenerationInfo(record_memory=True)
+    logits = model.prompt_logits(ids, method=method, info=info)
+    return np.asarray(logits), info.memory_sets
+
+
+def recorded(tiny, recorder, step=32):
+    model = tiny.ours(step=step)
+    model.ops.walk_capture, model.ops.walk_stats = recorder, WalkGraphStats()
+    return model
+
+
+def assert_same(got, want):
+    np.testing.assert_array_equal(got[0], want[0])
+    assert len(got[1]) == len(want[1])
+    for layer_got, layer_want in zip(got[1], want[1]):
+        assert len(layer_got) == len(layer_want)
+        for g, w in zip(layer_got, layer_want):
+            np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("arch,layers", [("llama", 4), ("gemma3", 3), ("qwen3", 3)])
+def test_replayed_batches_give_the_eager_logits_and_memory_sets(arch, layers):
+    tiny = make_tiny(arch, num_hidden_layers=layers) if arch != "gemma3" else make_tiny(arch)
+    ids = prompt_ids(75, seed=3)  # batches [0, 32), [32, 64), [64, 75): the last partial, with the dense tail
+    want = run_h2o(tiny.ours(step=32), ids, h2o())
+    recorder = Recorder()
+    model = recorded(tiny, recorder)
+    assert_same(run_h2o(model, ids, h2o()), want)
+    stats = model.ops.walk_stats
+    # one recording per batch and per kind of layer (gemma3: sliding, global, sliding), the others replayed
+    kinds = 2 if arch == "gemma3" else 1
+    assert stats.refused is None
+    assert stats.captured == recorder.captured == 3 * kinds
+    assert stats.replayed == recorder.replayed - stats.captured == 3 * (layers - kinds)
+    assert_same(run_h2o(model, ids, h2o()), want)  # a second prompt records anew: nothing kept across prompts
+    assert stats.captured == 6 * kinds
+
+
+def test_walk_graphs_are_off_on_a_cpu_and_on_by_default_on_cuda():
+    tiny = make_tiny("llama")
+    assert tiny.ours().ops.walk_capture is None
+    from specfill.backends.torch_cuda.ops import TorchOps
+
+    assert TorchOps(torch.device("cpu"), torch.float32, walk_graphs=True).walk_capture is not None
+
+
+@pytest.mark.parametrize("recorder", [Recorder(fail=RuntimeError("capture refused")), Recorder(perturb=True)])
+def test_a_failed_or_differing_capture_turns_the_graphs_off_and_changes_nothing(recorder):
+    tiny = make_tiny("llama", num_hidden_layers=3)
+    ids = prompt_ids(75, seed=3)
+    want = run_h2o(tiny.ours(step=32), ids, h2o())
+    model = recorded(tiny, recorder)
+    assert_same(run_h2o(model, ids, h2o()), want)
+    stats = model.ops.walk_stats
+    assert stats.refused and ("capture refused" in stats.refused or "differs" in stats.refused)
+    assert recorder.captured == 1 and stats.captured == stats.replayed == 0  # tried once, then as it comes
+    assert_same(run_h2o(model, ids, h2o()), want)
+    assert recorder.captured == 1
+
+
+def test_layers_with_attention_terms_run_as_they_come():
+    from specfill.backends.torch_cuda.walk_graph import WalkGraphs
+
+    ran = []
+    graphs = WalkGraphs(Recorder(), WalkGraphStats())
+    inputs = [torch.ones(2, 3)]
+    out = graphs(None, lambda arrays: (ran.append(1) or [arrays[0] * 2], None), inputs)
+    assert ran == [1] and torch.equal(out[0][0], inputs[0] * 2) and graphs.stats.captured == 0
+
+
+def test_a_cancel_during_a_recording_stops_the_request():
+    tiny = make_tiny("llama", num_hidden_layers=2)
+    model = recorded(tiny, Recorder())
+    calls = {"n": 0}
+
+    def cancelled() -> bool:  # the walk checks before every chunk: cancel inside the first recording
+        calls["n"] += 1
+        return calls["n"] > 12
+
+    with cancellation(cancelled), pytest.raises(Cancelled):
+        run_h2o(model, prompt_ids(75, seed=3), h2o())
+    assert model.ops.walk_stats.refused is None  # a cancel is not a refusal
