@@ -87,7 +87,7 @@ def _unpacked(outputs: list[torch.Tensor]) -> list[torch.Tensor]:
 
 class WalkGraphs:
     """One prompt's core/ops.WalkReplay on a CUDA device: one graph per key, replayed (the module doc).
-    The graphs of one batch (key[0]; key[1] tells its layers apart, e.g. a sliding window) live until
+    The graphs of one batch (key[0]; key[1] tells its layers apart: window, soft-cap, sinks) live until
     the next batch's first key."""
 
     def __init__(self, capture: WalkCapture, stats: WalkGraphStats):

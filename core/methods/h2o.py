@@ -99,10 +99,12 @@ class H2OPrefillAttention(Generic[A]):
         if carry.n_done != start:
             raise ValueError(f"layer {layer}: H2O batch starts at slot {start}, the carry is at {carry.n_done}")
         window, terms, previous = self.windows[layer], self.terms[layer], carry.memory
+        sinks = None if terms is None else terms.sinks
 
         def run(arrays: list[A]) -> tuple[list[A], list[int]]:
-            """The batch over its arrays alone (q, k, v, scores[, the memory set]): what a replay records."""
+            """The batch over its arrays alone (q, k, v, scores[, memory set][, sinks]): what a replay records."""
             memory = None if previous is None else MemorySet(arrays[4], previous.chunk_index)
+            own = None if terms is None else AttentionTerms(None if sinks is None else arrays[-1], terms.softcap)
             out, after = h2o_attention_batch(
                 self.ops,
                 arrays[0],
@@ -114,17 +116,19 @@ class H2OPrefillAttention(Generic[A]):
                 is_last=end == self.n_tokens,
                 tail_start=dense_tail_start(self.config, self.n_tokens),
                 window=window,
-                terms=terms,
+                terms=own,
                 origin=self.origin,
             )
             built = after.memory_sets
             return [out, after.scores] + [m.indices for m in built], [m.chunk_index for m in built]
 
-        # memory sets point back into earlier batches: the walk gets every key stored so far. A layer with
-        # attention terms runs as it comes (their arrays are the layer's own); every other layer's batch
-        # from `start` to `end` is the same operators on other arrays: key (the batch, the window)
+        # memory sets point back into earlier batches: the walk gets every key stored so far. Every layer's
+        # batch from `start` to `end` is the same operators on other arrays where the layer's window and
+        # terms (a soft-cap's value, whether it has sinks) are the same: the key
         inputs = [q[0], k[0], v[0], carry.scores] + ([] if previous is None else [previous.indices])
-        outputs, built = self.replay(None if terms is not None else ((start, end), window), run, inputs)
+        inputs += [] if sinks is None else [sinks]
+        kind = (window, None if terms is None else terms.softcap, sinks is not None)
+        outputs, built = self.replay(((start, end), kind), run, inputs)
         new = [MemorySet(indices, chunk) for indices, chunk in zip(outputs[2:], built)]
         self.carries[layer] = H2OCarry(
             scores=outputs[1], memory=new[-1] if new else previous, memory_sets=carry.memory_sets + new

@@ -113,7 +113,7 @@ def test_a_failed_or_differing_capture_turns_the_graphs_off_and_changes_nothing(
     assert recorder.captured == 1
 
 
-def test_layers_with_attention_terms_run_as_they_come():
+def test_a_key_of_none_runs_as_it_comes():
     from specfill.backends.torch_cuda.walk_graph import WalkGraphs
 
     ran = []
@@ -121,6 +121,45 @@ def test_layers_with_attention_terms_run_as_they_come():
     inputs = [torch.ones(2, 3)]
     out = graphs(None, lambda arrays: (ran.append(1) or [arrays[0] * 2], None), inputs)
     assert ran == [1] and torch.equal(out[0][0], inputs[0] * 2) and graphs.stats.captured == 0
+
+
+def test_layers_with_sinks_and_soft_caps_replay_with_their_own_terms():
+    """gpt-oss's sinks travel as an input of the batch (each layer its own), a soft-cap's value and the
+    presence of sinks part the keys: bitwise the walk's outputs, scores and memory sets."""
+    from specfill.backends.torch_cuda.ops import TorchOps
+    from specfill.core.methods.h2o import H2OPrefillAttention
+    from specfill.core.stages import AttentionTerms
+
+    gen = torch.Generator().manual_seed(5)
+    n_layers, n_tokens, hq, hkv, d = 6, 72, 4, 2, 16
+    terms = [
+        AttentionTerms(sinks=torch.randn(hq, generator=gen)),
+        AttentionTerms(softcap=20.0),
+        AttentionTerms(sinks=torch.randn(hq, generator=gen), softcap=20.0),
+        AttentionTerms(sinks=torch.randn(hq, generator=gen)),
+        AttentionTerms(softcap=20.0),
+        AttentionTerms(sinks=torch.randn(hq, generator=gen), softcap=20.0),
+    ]
+    q, k, v = (torch.randn(n_layers, 1, h, n_tokens, d, generator=gen) for h in (hq, hkv, hkv))
+    config = H2OConfig(chunk_size=8, batch_size=32, local=2, heavy=3, dense_tail=3, layers="all")
+    runs = {}
+    for graphed in (False, True):
+        ops = TorchOps(torch.device("cpu"), torch.float32)
+        if graphed:
+            ops.walk_capture, ops.walk_stats = Recorder(), WalkGraphStats()
+        attend = H2OPrefillAttention(ops, config, n_layers, d**-0.5, n_tokens, terms=terms)
+        outs = []
+        for start in range(0, n_tokens, 32):
+            end = min(start + 32, n_tokens)
+            outs += [attend(i, q[i][:, :, start:end], k[i][:, :, :end], v[i][:, :, :end]) for i in range(n_layers)]
+        runs[graphed] = (outs, attend.carries, ops.walk_stats)
+    for got, want in zip(runs[True][0], runs[False][0]):
+        assert torch.equal(got, want)
+    for got, want in zip(runs[True][1], runs[False][1]):
+        assert torch.equal(got.scores, want.scores)
+        assert all(torch.equal(a.indices, b.indices) for a, b in zip(got.memory_sets, want.memory_sets))
+    stats = runs[True][2]
+    assert stats.refused is None and stats.captured == 3 * 3 and stats.replayed == 3 * 3  # 3 batches x 3 kinds
 
 
 def test_a_cancel_during_a_recording_stops_the_request():
