@@ -19,9 +19,14 @@ def _pyplot():
 
 
 def _save(fig, path: str | os.PathLike) -> Path:
+    """Write the figure atomically, then close it (pyplot keeps every open figure: a long bench or eval
+    process would hold each plot it drew)."""
     path = Path(path)
     partial = path.with_name(path.stem + ".partial.png")
-    fig.savefig(partial, dpi=120, bbox_inches="tight")
+    try:
+        fig.savefig(partial, dpi=120, bbox_inches="tight")
+    finally:
+        _pyplot().close(fig)
     os.replace(partial, path)
     return path
 
