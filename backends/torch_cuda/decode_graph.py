@@ -170,6 +170,19 @@ class Capture(Protocol):
         ...
 
 
+def record(run: Callable[[], Any], device: torch.device, pool: Any = None) -> tuple[Any, Any]:
+    """(a torch.cuda.CUDAGraph of `run`, run's output): captured on a side stream (torch's requirement),
+    in `pool` (None: a pool of the graph's own); `run` ran eagerly before, so every kernel is warm."""
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            output = run()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    return graph, output
+
+
 class CudaGraphCapture:
     """torch.cuda.CUDAGraph, every graph of one cache in one memory pool of that cache's own.
 
@@ -182,14 +195,7 @@ class CudaGraphCapture:
     ) -> Callable[[], torch.Tensor]:
         if cache.graph_pool is None:
             cache.graph_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            # capture on a side stream (torch's requirement); the eager run before warmed every kernel
-            with torch.cuda.graph(graph, pool=cache.graph_pool, stream=stream, capture_error_mode="thread_local"):
-                output = run()
-        torch.cuda.current_stream(device).wait_stream(stream)
+        graph, output = record(run, device, cache.graph_pool)
 
         def replay() -> torch.Tensor:
             graph.replay()

@@ -15,9 +15,9 @@ outputs (output, scores, the batch's memory sets stacked: 3), ~9 launches where 
 1,024-token chunks was ~230 and their Python.
 
 A capture that fails or a replay that differs turns the graphs off for the ops object (logged once,
-`WalkGraphStats.refused` says why): every later batch runs eagerly, as before, never wrong. One key's
-graph is alive at a time (the next key frees it), each graph in a memory pool of its own (a pool id is
-never reused: decode_graph.CudaGraphCapture's note). A cancelled request (core/ops.checkpoint) is seen
+`WalkGraphStats.refused` says why): every later batch runs eagerly, as before, never wrong. One batch's
+graphs are alive at a time (the next batch's first key frees them), each in a memory pool of its own (a
+pool id is never reused: decode_graph.CudaGraphCapture's note). A cancelled request (core/ops.checkpoint) is seen
 before every layer by the model; inside a replayed batch it is not (one prefill step).
 """
 
@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable, Protocol
 
 import torch
 
 from specfill.core.ops import Cancelled, WalkRun
+
+from .decode_graph import record
 
 log = logging.getLogger("specfill.backends.torch_cuda")
 
@@ -45,16 +47,10 @@ class WalkCapture(Protocol):
 
 
 class CudaWalkCapture:
-    """torch.cuda.CUDAGraph on a side stream, in a memory pool of the graph's own."""
+    """torch.cuda.CUDAGraph (decode_graph.record), in a memory pool of the graph's own."""
 
     def capture(self, run: Callable[[], list[torch.Tensor]], device: torch.device) -> tuple[Callable[[], None], list]:
-        graph = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream(device)
-        stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                outputs = run()
-        torch.cuda.current_stream(device).wait_stream(stream)
+        graph, outputs = record(run, device)
         return graph.replay, outputs
 
 
@@ -67,9 +63,6 @@ class WalkGraphStats:
     replayed: int = 0
     capture_seconds: float = 0.0
     refused: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _signature(inputs: list[torch.Tensor]) -> tuple:
@@ -94,7 +87,7 @@ class WalkGraphs:
         self.capture = capture
         self.stats = stats
         self.batch: Any = None
-        self.entries: dict[Any, tuple[list[torch.Tensor], Callable[[], None], list[torch.Tensor], Any] | None] = {}
+        self.entries: dict[Any, tuple[list[torch.Tensor], Callable[[], None], list[torch.Tensor], Any]] = {}
 
     def __call__(self, key: Any, run: WalkRun[torch.Tensor], inputs: list[torch.Tensor]) -> tuple[list, Any]:
         if key is None or self.stats.refused is not None:
@@ -103,10 +96,7 @@ class WalkGraphs:
             self.batch, self.entries = key[0], {}  # the earlier batch's graphs and static inputs are freed
         key = (key, _signature(inputs))
         if key in self.entries:
-            entry = self.entries[key]
-            if entry is None:  # a refused capture: as it comes
-                return run(inputs)
-            statics, replay, outputs, facts = entry
+            statics, replay, outputs, facts = self.entries[key]
             for static, x in zip(statics, inputs):
                 static.copy_(x)
             replay()
@@ -115,7 +105,6 @@ class WalkGraphs:
         statics = [x.clone() for x in inputs]
         result, facts = run(statics)  # the layer's result, on the arrays the graph will read
         began = time.perf_counter()
-        self.entries[key] = None
         try:
             replay, outputs = self.capture.capture(lambda: _packed(run(statics)[0]), inputs[0].device)
             replay()
