@@ -1,5 +1,6 @@
-"""When the decoder's fused element-wise kernels run: RoPE (kernels/rope_triton.py) and RMSNorm with
-its residual add (kernels/norm_triton.py), each one Triton launch where torch launches several.
+"""When the decoder's fused element-wise kernels run: RoPE (kernels/rope_triton.py), RMSNorm with
+its residual add (kernels/norm_triton.py) and SwiGLU's gating (kernels/swiglu_triton.py), each one
+Triton launch where torch launches several.
 
 A decode step is launch-bound on a GPU (results/gpu/h200/2026-11-29), so these run on CUDA tensors
 when the kernel setting allows (SPECFILL_KERNELS / `--kernels`, which the attention probe's Triton
@@ -52,13 +53,25 @@ def norm_launchable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return weight.dtype == x.dtype and tuple(weight.shape) == (x.shape[-1],) and weight.is_contiguous()
 
 
-def _passes(kernel: str, like: torch.Tensor, width: int, run: Callable[[], list]) -> bool:
+def swiglu_launchable(gate: torch.Tensor, up: torch.Tensor) -> bool:
+    """The SwiGLU kernel takes gate and up contiguous, of one shape and one kernel dtype."""
+    return (
+        kernel_dtype(gate)
+        and gate.dtype == up.dtype
+        and gate.shape == up.shape
+        and gate.is_contiguous()
+        and up.is_contiguous()
+    )
+
+
+def _passes(kernel: str, like: torch.Tensor, width: int | None, run: Callable[[], list]) -> bool:
     from specfill.core.self_check import KERNEL_SELF_CHECK
 
     from .kernels.dispatch import SELF_CHECK
 
     dtype = SELF_CHECK.dtype_name(like.dtype)
-    return KERNEL_SELF_CHECK.passes("cuda", kernel, dtype, f"D={width}", SELF_CHECK.twin, run)
+    shape_class = "any" if width is None else f"D={width}"
+    return KERNEL_SELF_CHECK.passes("cuda", kernel, dtype, shape_class, SELF_CHECK.twin, run)
 
 
 def rotary_self_check(like: torch.Tensor, formula: Callable[..., torch.Tensor]) -> bool:
@@ -96,3 +109,20 @@ def norm_self_check(like: torch.Tensor, eps: float) -> bool:
         )
 
     return _passes("rms norm", like, width, run)
+
+
+def swiglu_self_check(like: torch.Tensor) -> bool:
+    """The SwiGLU kernel against the in-place pair on a seeded [1, 5, 300] case of like's dtype (the
+    kernel is element-wise: one check a dtype), gates of scale 4 (SiLU's tails and its middle)."""
+    import torch.nn.functional as F
+
+    from .kernels import dispatch
+
+    def run() -> list:
+        gate = dispatch.SELF_CHECK.random((1, 5, 300), like, 12) * 4
+        up = dispatch.SELF_CHECK.random((1, 5, 300), like, 13)
+        want = F.silu(gate.clone()).mul_(up)
+        got = dispatch.triton_kernel("swiglu")(gate, up)
+        return dispatch.SELF_CHECK.tensor_comparisons("gated", got, want)
+
+    return _passes("swiglu", like, None, run)

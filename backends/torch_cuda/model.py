@@ -189,8 +189,15 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # In place: each [T, ffn] temporary is the largest activation of the layer.
-        gate = F.gelu(self.gate_proj(x), approximate="tanh") if self.gelu else F.silu(self.gate_proj(x), inplace=True)
-        return self.down_proj(gate.mul_(self.up_proj(x)))
+        if self.gelu:
+            return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh").mul_(self.up_proj(x)))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        # on a GPU SiLU and the product are one launch and one pass (kernels/swiglu_triton.py), bitwise the pair
+        if fused.kernel_runs(gate, lambda: fused.swiglu_launchable(gate, up), lambda: fused.swiglu_self_check(gate)):
+            from .kernels import dispatch
+
+            return self.down_proj(dispatch.triton_kernel("swiglu")(gate, up))
+        return self.down_proj(F.silu(gate, inplace=True).mul_(up))
 
 
 class TransformerBlock(nn.Module):

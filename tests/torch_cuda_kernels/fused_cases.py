@@ -1,5 +1,5 @@
 """The decoder's fused element-wise kernels (backends/torch_cuda/fused.py: RoPE, RMSNorm with its
-residual add) against their torch formulas, through the model, and counted in a decode step.
+residual add, SwiGLU's gating) against their torch formulas, through the model, and counted in a decode step.
 
 Not collected by the main run (the name does not start with test_): test_torch_stages_kernels.py
 runs it beside kernel_cases.py, under TRITON_INTERPRET=1 with CPU tensors when there is no GPU, on
@@ -47,11 +47,12 @@ def test_rotary_kernel_is_the_formula_bitwise(heads, tokens, d, extra, dtype):
 
 
 def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
-    """With kernels forced, every attention layer's RoPE is one rotary launch and every RMSNorm one
+    """With kernels forced, every attention layer's RoPE is one rotary launch, every RMSNorm one
     rms_norm launch (the post-attention one with the residual add; Qwen3's q and k norms over the heads
-    of the fused projection): the logits equal the formula path's bitwise with the rotary kernel alone
-    (fused q and k of a Llama, q and k apart after Qwen3's per-head norms), within float32's tolerance
-    with both."""
+    of the fused projection) and every MLP's gating one swiglu launch: the logits equal the formula
+    path's bitwise with the rotary kernel alone (fused q and k of a Llama, q and k apart after Qwen3's
+    per-head norms), within float32's tolerance with all three (the norms' sums of squares run in
+    another order; the interpreter's SiLU takes NumPy's exp)."""
     from specfill.backends.torch_cuda import fused
     from specfill.backends.torch_cuda.kernels import dispatch
     from specfill.core.self_check import kernels_env
@@ -75,10 +76,12 @@ def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
             with monkeypatch.context() as patch, kernels_env("on"):
                 if not norms:
                     patch.setattr(fused, "norm_launchable", lambda x, weight: False)
+                    patch.setattr(fused, "swiglu_launchable", lambda gate, up: False)
                 got = model(ids)
             assert launches.count("rotary") == rotations * layers, (arch, launches)
             per_head = 2 * layers if arch == "qwen3" else 0  # its q and k norms, on the heads in place
             assert launches.count("rms_norm") == (2 * layers + 1 + per_head if norms else 0), (arch, launches)
+            assert launches.count("swiglu") == (layers if norms else 0), (arch, launches)
             if norms:
                 assert_close(got, want, torch.float32, f"{arch} logits")
             else:
@@ -166,11 +169,68 @@ def test_the_norm_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypat
         KERNEL_SELF_CHECK.reset()
 
 
-def test_a_static_decode_step_launches_fourteen_kernels_a_layer_with_the_fused_kernels(monkeypatch):
-    """What a GPU's decode step launches per layer once RoPE and the norms are fused: the aten ops
-    test_decode_launches.py counts on the CPU path (21), less RoPE's five and the norms' sums and
-    products (an add and two weight products; the norms themselves were one op each), plus one rotary
-    and two rms_norm launches: 14. Counted here with kernels forced, each Triton launch as one."""
+# (rows, width): a decode token's gate, a prefill step's rows whose count is no multiple of the block
+SWIGLU = [(1, 176), (37, 96)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows,width", SWIGLU)
+def test_swiglu_kernel_is_the_in_place_pair(rows, width, dtype):
+    """The SwiGLU kernel (kernels/swiglu_triton.py) writes silu(gate) * up over the gate: bitwise the
+    in-place pair `F.silu(gate, inplace=True).mul_(up)` on a GPU (torch's expf and IEEE division, rounded
+    where torch rounds); in the interpreter, whose exp is NumPy's, within the dtype's tolerance."""
+    import torch.nn.functional as F
+
+    from specfill.backends.torch_cuda.kernels.swiglu_triton import swiglu
+
+    gate = randn(1, rows, width, dtype=dtype, device=DEVICE, seed=70, scale=4.0)
+    up = randn(1, rows, width, dtype=dtype, device=DEVICE, seed=71)
+    want = F.silu(gate.clone(), inplace=True).mul_(up)
+    got = swiglu(gate, up)
+    assert got.data_ptr() == gate.data_ptr() and got.dtype == dtype and got.shape == want.shape
+    if DEVICE == "cuda":
+        assert torch.equal(got, want)
+    else:
+        assert_close(got, want, dtype, "swiglu")
+
+
+def test_swiglu_kernel_refuses_strided_or_mismatched_operands():
+    """One clear error for operands the kernel cannot take (a strided gate, shapes that differ)."""
+    from specfill.backends.torch_cuda.kernels.swiglu_triton import swiglu
+
+    gate = randn(1, 4, 32, dtype=torch.float32, device=DEVICE, seed=72)
+    with pytest.raises(ValueError, match="swiglu kernel: gate and up contiguous"):
+        swiglu(gate.transpose(1, 2), gate.transpose(1, 2).contiguous())
+    with pytest.raises(ValueError, match="swiglu kernel"):
+        swiglu(gate, gate[:, :3])
+
+
+def test_the_swiglu_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
+    """fused.swiglu_self_check passes the real kernel and refuses, with one warning, one that gates by
+    the wrong operand."""
+    from specfill.backends.torch_cuda import fused
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    like = torch.zeros(1, 2, 32, device=DEVICE)
+    KERNEL_SELF_CHECK.reset()
+    try:
+        assert fused.swiglu_self_check(like)
+        KERNEL_SELF_CHECK.reset()
+        fetch = dispatch.triton_kernel
+        monkeypatch.setattr(dispatch, "triton_kernel", lambda name: lambda g, u: fetch(name)(u.clone(), g))
+        with pytest.warns(SpecfillWarning, match="swiglu"):
+            assert not fused.swiglu_self_check(like)
+    finally:
+        KERNEL_SELF_CHECK.reset()
+
+
+def test_a_static_decode_step_launches_thirteen_kernels_a_layer_with_the_fused_kernels(monkeypatch):
+    """What a GPU's decode step launches per layer once RoPE, the norms and SwiGLU's gating are fused:
+    the aten ops test_decode_launches.py counts on the CPU path (21), less RoPE's five, the norms' sums
+    and products (an add and two weight products; the norms themselves were one op each) and the SiLU
+    and its product, plus one rotary, two rms_norm and one swiglu launch: 13. Counted here with kernels
+    forced, each Triton launch as one."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from specfill.backends.torch_cuda import decode_graph
@@ -226,6 +286,6 @@ def test_a_static_decode_step_launches_fourteen_kernels_a_layer_with_the_fused_k
         with kernels_env(word):
             two, four = third_step(2), third_step(4)
         per_layer[word] = (four - two) / 2
-    # seven fewer wherever it runs (a GPU's aten decompositions may count the rest apart), 14 from the CPU's 21
-    assert per_layer["off"] - per_layer["on"] == 7, per_layer
-    assert DEVICE == "cuda" or per_layer == {"off": 21, "on": 14}, per_layer
+    # eight fewer wherever it runs (a GPU's aten decompositions may count the rest apart), 13 from the CPU's 21
+    assert per_layer["off"] - per_layer["on"] == 8, per_layer
+    assert DEVICE == "cuda" or per_layer == {"off": 21, "on": 13}, per_layer

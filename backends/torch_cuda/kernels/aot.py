@@ -306,3 +306,14 @@ def compile_norm(dtype: torch.dtype, width: int, residual: bool, arch: int) -> d
     constants = {"HAS_RESIDUAL": residual, "BLOCK": block}
     source = partial(_ast_source, _rms_norm_kernel, dtype, constants, set(), {"X", "R", "W", "O"}, set())
     return _compiled_row(row, source, arch, {"num_warps": warps, "num_stages": 1})
+
+
+def compile_swiglu(dtype: torch.dtype, arch: int) -> dict:
+    """Compile the SwiGLU kernel (kernels/swiglu_triton.py) as swiglu_triton.swiglu launches it on a GPU
+    (its block, libdevice's expf, 4 warps, FMA contraction off); a dict as compile_cell's."""
+    from .swiglu_triton import BLOCK, LAUNCH_OPTIONS, _swiglu_kernel
+
+    row: dict[str, Any] = {"cell": f"swiglu {TRITON_TYPES[dtype]} sm_{arch}", "kernel": "swiglu", "arch": arch}
+    constants = {"BLOCK": BLOCK, "LIBDEVICE": True}
+    source = partial(_ast_source, _swiglu_kernel, dtype, constants, set(), {"G", "U"}, set())
+    return _compiled_row(row, source, arch, {**LAUNCH_OPTIONS, "num_stages": 1})
