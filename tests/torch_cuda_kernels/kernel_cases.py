@@ -263,6 +263,75 @@ def test_the_attention_probe_runs_the_triton_candidate(kind):
     assert name in kernels and all(report[each].endswith(" ms") for each in kernels), report
 
 
+def _math_halves(q, k, v, causal, scale):
+    """A stand-in for the raw fused call (cuDNN's has no CPU kernel): output and float32 log-sum-exp."""
+    from specfill.backends.torch_cuda import attention_choice as choice
+
+    k2, v2 = choice._expand(q, k, v)
+    logits = (q.float() @ k2.float().transpose(-1, -2)) * scale
+    if causal:
+        logits = logits.masked_fill(torch.ones_like(logits, dtype=torch.bool).triu(1), float("-inf"))
+    return (torch.softmax(logits, -1) @ v2.float()).to(q.dtype), torch.logsumexp(logits, -1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("layout", ["sequence-major", "head-major"])
+def test_lse_merge_kernel_is_the_torch_merge(layout, dtype):
+    """The one-pass merge (kernels/merge_triton.py) against attention_choice's torch merge: halves as a
+    fused call returns them ([1, H, T, D] views of [1, T, H, D], or contiguous), log-sum-exps far apart
+    and close, a row no key reaches (both -inf) 0 and not NaN; the output a view of [1, T, H, D]."""
+    from specfill.backends.torch_cuda import attention_choice as choice
+    from specfill.backends.torch_cuda.kernels.merge_triton import lse_merge
+
+    heads, rows, d = 3, 70, 24
+    if layout == "sequence-major":
+        out_p, out_c = (randn(1, rows, heads, d, dtype=dtype, device=DEVICE, seed=s).transpose(1, 2) for s in (80, 81))
+    else:
+        out_p, out_c = (randn(1, heads, rows, d, dtype=dtype, device=DEVICE, seed=s) for s in (80, 81))
+    lse_p = randn(1, heads, rows, dtype=torch.float32, device=DEVICE, seed=82, scale=6.0)
+    lse_c = randn(1, heads, rows, dtype=torch.float32, device=DEVICE, seed=83, scale=6.0)
+    got = lse_merge(out_p, out_c, lse_p, lse_c)
+    assert got.dtype == dtype and got.shape == (1, heads, rows, d) and got.transpose(1, 2).is_contiguous()
+    assert_close(got, choice._torch_merge(out_p, out_c, lse_p, lse_c), dtype, "lse merge")
+    lse_p[0, 1, 5] = lse_c[0, 1, 5] = float("-inf")
+    blank = lse_merge(out_p, out_c, lse_p, lse_c)
+    assert torch.isfinite(blank.float()).all() and torch.equal(
+        blank[0, 1, 5].float().abs().sum().cpu(), torch.tensor(0.0)
+    )
+
+
+def test_lse_merge_kernel_refuses_halves_it_cannot_take():
+    """One clear error: halves of two shapes, or a strided head dimension."""
+    from specfill.backends.torch_cuda.kernels.merge_triton import lse_merge
+
+    out = randn(1, 2, 5, 16, dtype=torch.float32, device=DEVICE, seed=84)
+    lse = randn(1, 2, 5, dtype=torch.float32, device=DEVICE, seed=85)
+    with pytest.raises(ValueError, match="lse_merge kernel"):
+        lse_merge(out, out[:, :, :4], lse, lse)
+    with pytest.raises(ValueError, match="lse_merge kernel"):
+        wide = randn(1, 2, 16, dtype=torch.float32, device=DEVICE, seed=85)
+        lse_merge(out.transpose(2, 3), out.transpose(2, 3), wide, wide)
+
+
+def test_the_split_candidate_with_the_merge_kernel_is_attention():
+    """The probe's "split-cudnn-triton-merge" candidate: on a GPU cuDNN's halves through the probe itself
+    (checked against float32 attention and timed); in the interpreter the split with a float32 stand-in
+    for cuDNN's raw call, against float32 attention with an explicit lower-right mask."""
+    from specfill.backends.torch_cuda import attention_choice as choice
+
+    if DEVICE == "cuda":
+        kernels = {"split-cudnn-triton-merge": choice.candidates("prefix")["split-cudnn-triton-merge"]}
+        name, _, report = choice.probe(
+            "prefix", 4, 2, 64, torch.float16, torch.device(DEVICE), kernels, queries=256, prefix=512
+        )
+        assert name in kernels and report[name].endswith(" ms"), report
+        return
+    q = randn(1, 4, 9, 16, dtype=torch.float32, device=DEVICE, seed=86)
+    k, v = (randn(1, 2, 30, 16, dtype=torch.float32, device=DEVICE, seed=s) for s in (87, 88))
+    got = choice._split(_math_halves, choice._triton_merge)(q, k, v, 21, 0.25)
+    assert_close(got, choice.reference(q, k, v, 21, 0.25), torch.float32, "split with the merge kernel")
+
+
 # (Hkv, R, N, D, keys per split): several splits with a partial last one; a verify step's GQA rows; one split
 DECODE = [
     (2, 4, 100, 16, 32),

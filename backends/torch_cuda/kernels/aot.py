@@ -317,3 +317,18 @@ def compile_swiglu(dtype: torch.dtype, arch: int) -> dict:
     constants = {"BLOCK": BLOCK, "LIBDEVICE": True}
     source = partial(_ast_source, _swiglu_kernel, dtype, constants, set(), {"G", "U"}, set())
     return _compiled_row(row, source, arch, {**LAUNCH_OPTIONS, "num_stages": 1})
+
+
+def compile_lse_merge(dtype: torch.dtype, head_dim: int, arch: int) -> dict:
+    """Compile the log-sum-exp merge (kernels/merge_triton.py) as merge_triton.lse_merge launches it for
+    heads of `head_dim` (its block of rows, 4 warps); a dict as compile_cell's."""
+    from .merge_triton import LAUNCH_OPTIONS, _lse_merge_kernel, block_rows
+
+    row: dict[str, Any] = {
+        "cell": f"lse_merge {TRITON_TYPES[dtype]} d{head_dim} sm_{arch}",
+        "kernel": "lse_merge",
+        "arch": arch,
+    }
+    constants = {"HEAD_DIM": head_dim, "BLOCK_T": block_rows(head_dim), "BLOCK_D": next_power_of_2(head_dim)}
+    source = partial(_ast_source, _lse_merge_kernel, dtype, constants, set(), {"OP", "OC", "O"}, {"LP", "LC"})
+    return _compiled_row(row, source, arch, {**LAUNCH_OPTIONS, "num_stages": 1})

@@ -37,6 +37,7 @@ TRITON_KERNELS = {
     "rotary": "rope_triton",
     "rms_norm": "norm_triton",
     "swiglu": "swiglu_triton",
+    "lse_merge": "merge_triton",
 }
 
 KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -70,7 +71,7 @@ def kernel_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
 
 def triton_kernel(name: str) -> Callable:
     """The Triton kernel `name` (flash_attention, scoring_softmax, decode_attention,
-    prefill_attention, rotary, rms_norm, swiglu), importing Triton on first use.
+    prefill_attention, rotary, rms_norm, swiglu, lse_merge), importing Triton on first use.
 
     The one place a kernel is fetched, so that a test can inject a failing or wrong one."""
     module = importlib.import_module(f"{__package__}.{TRITON_KERNELS[name]}")
