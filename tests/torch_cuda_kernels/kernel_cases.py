@@ -332,6 +332,34 @@ def test_the_split_candidate_with_the_merge_kernel_is_attention():
     assert_close(got, choice.reference(q, k, v, 21, 0.25), torch.float32, "split with the merge kernel")
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("filled,bucket", [(300, 640), (1000, 1024), (77, 96)])
+def test_eager_decode_attention_is_the_replayed_steps_bitwise(filled, bucket, dtype, monkeypatch):
+    """attention.one_query_cuda (the eager decode's attention on a GPU) over the filled slots gives bitwise
+    what a static decode step's call gives over its bucket (decode_graph._MaskedAttention: the tail hidden by
+    the bias, its slots holding stale values): the same kernel and split plan, the hidden slots adding exact
+    zeros. With the split-key kernel forced (the interpreter; the GPU's probe may choose it) and, on a GPU,
+    with whatever the probe chose."""
+    from specfill.backends.torch_cuda import attention_choice as choice
+    from specfill.backends.torch_cuda.attention import one_query_cuda
+
+    if DEVICE == "cpu":  # off CUDA decode_kernel answers SDPA: force the Triton kernel, as a GPU's probe may
+        monkeypatch.setattr(choice, "decode_kernel", lambda name, q, k: choice.split_decode)
+    n_heads, n_kv, d = 6, 2, 32
+    q = randn(1, 1, n_heads, d, dtype=dtype, device=DEVICE, seed=90).transpose(1, 2)
+    cache_k, cache_v = (randn(1, n_kv, bucket, d, dtype=dtype, device=DEVICE, seed=s, scale=2.0) for s in (91, 92))
+    folded = q.reshape(n_kv, n_heads // n_kv, d)
+    seen = torch.arange(bucket, device=DEVICE) < filled
+    bias = torch.zeros((n_heads // n_kv, bucket), dtype=dtype, device=DEVICE).masked_fill_(~seen, float("-inf"))
+    kernel = choice.decode_kernel("auto", folded, cache_k[0])
+    replayed = kernel(folded, cache_k[0], cache_v[0], bias, 0.3).reshape(1, n_heads, 1, d)
+    eager = one_query_cuda(q, cache_k[:, :, :filled], cache_v[:, :, :filled], 0.3)
+    assert eager.dtype == dtype and eager.shape == (1, n_heads, 1, d)
+    assert torch.equal(eager, replayed)
+    want = choice.reference(q, cache_k[:, :, :filled], cache_v[:, :, :filled], filled - 1, 0.3)
+    assert_close(eager, want.to(dtype), dtype, "one query")
+
+
 # (Hkv, R, N, D, keys per split): several splits with a partial last one; a verify step's GQA rows; one split
 DECODE = [
     (2, 4, 100, 16, 32),
