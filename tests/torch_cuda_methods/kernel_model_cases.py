@@ -90,3 +90,49 @@ def test_h2o_walk_graphs_replay_the_walk_bitwise(models):
     for layer_g, layer_w in zip(*(info.memory_sets for info in infos)):
         for m_g, m_w in zip(layer_g, layer_w):
             np.testing.assert_array_equal(m_g, m_w)
+
+
+@pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if DEVICE == "cuda" else []))
+def test_eager_decode_logits_are_the_replayed_steps_bitwise(tiny_checkpoint, dtype, monkeypatch):
+    """A decode step computes the same logits layer by layer as a static step (decode_graph.py; on a GPU
+    captured and replayed): they differ only in the attention call, and the eager one on a GPU is the
+    static step's own (attention.one_query_cuda). Here in the interpreter the GPU's routing is forced (a
+    one-query step through one_query_cuda, the split-key kernel for both); on a GPU as it runs, with
+    CUDA graphs, float32 and bfloat16 (where torch's one-query SDPA had parted the greedy tokens)."""
+    from specfill.backends.torch_cuda import attention, attention_choice, decode_graph
+    from specfill.core.runtime import SamplingConfig
+
+    if DEVICE == "cpu":
+        split = lambda name, q, k: attention_choice.split_decode  # noqa: E731
+        monkeypatch.setattr(attention_choice, "decode_kernel", split)
+        monkeypatch.setattr(decode_graph, "decode_kernel", split)
+        few = attention.few_queries_cpu
+
+        def gpu_routing(q, keys, values, start, scale=None, visible=None):
+            if q.shape[2] == 1 and visible is None:
+                return attention.one_query_cuda(q, keys, values, scale)
+            return few(q, keys, values, start, scale, visible)
+
+        monkeypatch.setattr(attention, "few_queries_cpu", gpu_routing)
+    model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype=dtype, device=DEVICE)
+    logits = {}
+    for static in (False, True):
+        ops = TorchOps(model.ops.device, model.ops.dtype, True)
+        ops.static_decode = static
+        if static and DEVICE == "cpu":
+            ops.decode_graphs = decode_graph.DecodeGraphs(None)
+        seen: list[torch.Tensor] = []
+        hook = model.model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out[0, -1].detach().clone()))
+        try:
+            steps = CausalLM(model.model, ops).generate_step(
+                prompt(37, model.args.vocab_size, seed=17), max_tokens=6, sampling=SamplingConfig(),
+                stop_ids=frozenset(), method=PrefillMethod(), info=GenerationInfo(),
+            )  # fmt: skip
+            tokens = [next(steps) for _ in range(6)]
+        finally:
+            hook.remove()
+        logits[static] = (tokens, seen)
+    (tokens_e, eager), (tokens_s, replayed) = logits[False], logits[True]
+    assert tokens_e == tokens_s and len(eager) == len(replayed) >= 6
+    for step, (a, b) in enumerate(zip(eager, replayed)):
+        assert torch.equal(a, b), f"decode step {step}: max |diff| {float((a.float() - b.float()).abs().max())}"
