@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specfill.backends.torch_cuda.walk_graph import WalkGraphStats
 from specfill.core.config import H2OConfig
@@ -174,3 +175,68 @@ def test_a_cancel_during_a_recording_stops_the_request():
     with cancellation(cancelled), pytest.raises(Cancelled):
         run_h2o(model, prompt_ids(75, seed=3), h2o())
     assert model.ops.walk_stats.refused is None  # a cancel is not a refusal
+
+
+# operators a CUDA graph capture refuses or cannot record: the host waits for the device (a value read,
+# a data-dependent size), or a tensor made from host data is copied in (torch.tensor / as_tensor)
+CAPTURE_BREAKERS = {"_local_scalar_dense", "item", "nonzero", "nonzero_static", "masked_select", "is_nonzero"}
+CAPTURE_BREAKERS |= {"equal", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim", "bincount"}
+CAPTURE_BREAKERS |= {"repeat_interleave", "lift_fresh", "lift_fresh_copy"}
+
+
+class _Breakers(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name.removeprefix("aten::")
+        masks = name == "index" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else ())
+        )
+        if name in CAPTURE_BREAKERS or masks:
+            self.found.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+class CaptureSafety(Recorder):
+    """A Recorder that watches what the recorded run does on a simulated GPU: breakers and host
+    synchronisations (placement's runtime) while the batch is recorded."""
+
+    def __init__(self, runtime) -> None:
+        super().__init__()
+        self.runtime, self.breakers, self.synchronized = runtime, _Breakers(), 0
+
+    def capture(self, run, device):
+        before = self.runtime.synchronized
+
+        def watched():
+            with self.breakers:
+                return run()
+
+        try:
+            return super().capture(watched, device)
+        finally:
+            self.synchronized += self.runtime.synchronized - before
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+@pytest.mark.parametrize("dense_tail", [0, 3])
+def test_a_recorded_batch_never_waits_for_the_device_nor_copies_host_data_in(arch, dense_tail, monkeypatch):
+    """What a CUDA graph of a batch records must not read a value back (a synchronisation fails the
+    capture: every batch would then run without graphs) nor copy host data in: checked on the GPU's code
+    path (the CUDA branches, Triton launches filled by their twins) for whole batches, phase 1, the walk,
+    the dense tail, sliding and global layers."""
+    from tests.torch_cuda.simulated_gpu import simulated
+
+    with simulated(monkeypatch, (9, 0)) as fake:
+        model = make_tiny(arch).ours(step=32)
+        recorder = CaptureSafety(fake["runtime"])
+        model.ops.walk_capture, model.ops.walk_stats = recorder, WalkGraphStats()
+        config = H2OConfig(chunk_size=8, batch_size=32, local=2, heavy=3, dense_tail=dense_tail, layers="all")
+        model.prompt_logits(prompt_ids(75, seed=3), method=PrefillMethod("h2o", h2o=config), info=GenerationInfo())
+    assert model.ops.walk_stats.refused is None and recorder.captured >= 3 and recorder.replayed >= 3
+    assert recorder.breakers.found == [] and recorder.synchronized == 0, (
+        recorder.breakers.found,
+        recorder.synchronized,
+    )
