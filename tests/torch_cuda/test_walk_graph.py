@@ -240,3 +240,35 @@ def test_a_recorded_batch_never_waits_for_the_device_nor_copies_host_data_in(arc
         recorder.breakers.found,
         recorder.synchronized,
     )
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["composition", "nested-composition"])
+def test_the_compositions_recorded_batches_never_wait_nor_copy_host_data_in(nested, monkeypatch):
+    """The same for SpecPrefill over an H2O speculator (auto's composition at 128K; its speculator's H2O pass
+    is what the graphs are for), whole or nested (its deeper layers H2O-walking the subset's slots)."""
+    from dataclasses import replace
+
+    from specfill.core.config import SpecPrefillConfig
+    from specfill.core.methods import speculator_depth
+    from tests.methods.support import greedy
+    from tests.torch_cuda.simulated_gpu import simulated
+
+    monkeypatch.setattr(speculator_depth, "DEEP_H2O_FROM", 1)
+    walk = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=2, dense_tail=4, layers="all")
+    config = SpecPrefillConfig(
+        keep_ratio=0.3, lookahead=3, select_chunk=4, pool_kernel=3, query_window=3, speculator_prefill=walk
+    )
+    config = replace(config, deep_keep=0.3, deep_from=0.5) if nested else config
+    with simulated(monkeypatch, (9, 0)) as fake:
+        model = make_tiny("llama", num_hidden_layers=4).ours(step=32)
+        recorder = CaptureSafety(fake["runtime"])
+        model.ops.walk_capture, model.ops.walk_stats = recorder, WalkGraphStats()
+        info = GenerationInfo()
+        method = PrefillMethod("specprefill", specprefill=config, speculator="self:3")
+        greedy(model, prompt_ids(90, seed=3), 2, method, info)
+    assert model.ops.walk_stats.refused is None and recorder.captured >= 3 and recorder.replayed >= 3
+    assert info.kept_tokens < 90
+    assert recorder.breakers.found == [] and recorder.synchronized == 0, (
+        recorder.breakers.found,
+        recorder.synchronized,
+    )
