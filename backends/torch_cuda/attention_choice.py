@@ -259,6 +259,12 @@ def split_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.
 DECODE_KERNELS: dict[str, DecodeKernel] = {"sdpa": sdpa_decode, "split-triton": split_decode}
 
 
+def decode_candidates() -> dict[str, DecodeKernel]:
+    """The decode kind's candidates: SDPA, and the split-key Triton kernel unless Triton is missing or the
+    kernels are turned off (--kernels off keeps decoding on torch's own kernels, as prefill)."""
+    return DECODE_KERNELS if _triton_wanted() else {"sdpa": sdpa_decode}
+
+
 def probe_decode(
     heads: int,
     kv_heads: int,
@@ -270,7 +276,7 @@ def probe_decode(
 ) -> tuple[str, DecodeKernel, dict[str, str]]:
     """probe's decode kind: one token's G = heads / kv_heads rows per KV head over `slots` keys,
     the last PROBE_HIDDEN masked; the fastest correct candidate against float32 SDPA."""
-    kernels = DECODE_KERNELS if kernels is None else kernels
+    kernels = decode_candidates() if kernels is None else kernels
     gen = torch.Generator(device=device).manual_seed(0)
     rows = heads // kv_heads
     q, k, v = (

@@ -91,6 +91,16 @@ def test_decode_probe_drops_failing_and_wrong_kernels():
     assert report["unmasked"].startswith("wrong") and report["broken"].startswith("failed: RuntimeError")
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed (Linux only)")
+def test_the_decode_probe_follows_the_kernels_setting(monkeypatch):
+    """The split-key Triton kernel competes for decode steps unless the kernels are turned off: then the
+    probe (the static step's and, on a GPU, the eager decode's: attention.one_query_cuda) times SDPA alone."""
+    monkeypatch.setenv("SPECFILL_KERNELS", "off")
+    assert list(choice.decode_candidates()) == ["sdpa"]
+    monkeypatch.setenv("SPECFILL_KERNELS", "auto")
+    assert list(choice.decode_candidates()) == ["sdpa", "split-triton"]
+
+
 def test_decode_kernel_is_sdpa_off_cuda_and_in_compiled_steps():
     """ "auto" probes on CUDA only; a named kernel is that one; a compiled static step traces no
     probe (DecodeGraphs asks for SDPA there)."""
