@@ -53,21 +53,17 @@ def one_query_cuda(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
     """One decode query q [1, Hq, 1, D] over every slot of keys / values [1, Hkv, S, D] on a GPU, through
-    the call a static decode step makes (decode_graph._MaskedAttention: grouped heads folded into rows,
-    attention_choice.decode_kernel's probed choice, the split-key Triton kernel or masked SDPA) with a
+    the call a static decode step makes (attention_choice.grouped_decode: grouped heads folded into rows,
+    decode_kernel's probed choice, the split-key Triton kernel or masked SDPA) with a
     zero bias: a replayed step reads a bucket of slots whose unfilled tail its bias hides, and those
     slots add exact zeros to the same splits' sums (the same split plan up to 32K slots), so the eager
     and the replayed decode compute the same logits and pick the same tokens in bfloat16 too (where
     torch's one-query SDPA rounded differently and greedy tokens parted after a few steps on random
     weights: results/gpu/h200/2026-11-29)."""
-    from .attention_choice import decode_kernel
+    from .attention_choice import grouped_decode
 
-    n_heads, n_kv, dim = q.shape[1], keys.shape[1], q.shape[-1]
-    folded = q.reshape(n_kv, n_heads // n_kv, dim)  # row g: query head kv * G + g, as the static step folds
-    bias = q.new_zeros(1, 1).expand(folded.shape[1], keys.shape[2])
-    kernel = decode_kernel("auto", folded, keys[0])
-    out = kernel(folded, keys[0], values[0], bias, dim**-0.5 if scale is None else scale)
-    return out.reshape(1, n_heads, 1, values.shape[-1])
+    bias = q.new_zeros(1, 1).expand(q.shape[1] // keys.shape[1], keys.shape[2])  # every slot seen
+    return grouped_decode("auto", q, keys, values, bias, q.shape[-1] ** -0.5 if scale is None else scale)
 
 
 def few_queries_cpu(

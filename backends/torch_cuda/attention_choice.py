@@ -306,6 +306,20 @@ def decode_kernel(name: str, q: torch.Tensor, k: torch.Tensor) -> DecodeKernel:
     return _CHOSEN[key][1]
 
 
+def grouped_decode(
+    name: str, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """q [1, Hq, T, D] of a decode or verify step over keys / values [1, Hkv, S, D] with the additive bias
+    [G * T, S] -> [1, Hq, T, Dv]: grouped heads folded into rows (row g * T + t: head (kv, g), query t; no KV
+    head copied) and the decode attention `name` (decode_kernel). The one call of a static decode step and,
+    on a GPU, of an eager one (attention.one_query_cuda), so that both compute the same attention."""
+    _, n_heads, steps, dim = q.shape
+    n_kv = keys.shape[1]
+    folded = q.reshape(n_kv, n_heads // n_kv * steps, dim)
+    out = decode_kernel(name, folded, keys[0])(folded, keys[0], values[0], bias, scale)
+    return out.reshape(1, n_heads, steps, values.shape[-1])
+
+
 def _timed(run: Callable[[], torch.Tensor], device: torch.device) -> float:
     run()
     best = float("inf")

@@ -43,7 +43,7 @@ import torch
 
 from specfill.core.errors import PromptTooLongError
 
-from .attention_choice import decode_kernel
+from .attention_choice import grouped_decode
 from .cache import ModelKVCache
 
 SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
@@ -134,14 +134,8 @@ class _MaskedAttention:
         return self._biases[key]
 
     def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        _, n_heads, steps, dim = q.shape
-        n_kv = keys.shape[1]
-        group = n_heads // n_kv
-        folded = q.reshape(n_kv, group * steps, dim)  # row g * T + t: head (kv, g), query t
-        bias = self.bias(self.windows[layer], group, q.dtype)
-        kernel = decode_kernel(self.step.attention, folded, keys[0])
-        out = kernel(folded, keys[0], values[0], bias[0, 0], self.scale)
-        return out.reshape(1, n_heads, steps, values.shape[-1])
+        bias = self.bias(self.windows[layer], q.shape[1] // keys.shape[1], q.dtype)
+        return grouped_decode(self.step.attention, q, keys, values, bias[0, 0], self.scale)
 
     def arrays(self) -> list[Any]:
         return []
