@@ -225,16 +225,24 @@ class TransformerBlock(nn.Module):
         cache: LayerKVCache,
         attend: PrefillAttention | None,
         rows_from: int = 0,
-    ) -> torch.Tensor:
+        residual: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """ropes: the (cos, sin) tables by `local_rope` (False: global, True: sliding layers' base);
-        rows_from: the output's first row (Attention.forward), x [1, T, hidden] -> [1, T - rows_from, hidden]."""
-        out = self.self_attn(self.input_layernorm(x), ropes[self.local_rope], positions, cache, attend, rows_from)
+        rows_from: the output's first row (Attention.forward). The block's input is x + residual (the
+        previous block's two terms; None: x alone), x [1, T, hidden]; returns the two terms of its output,
+        each [1, T - rows_from, hidden], unsummed: the next block's input norm adds them in its own launch
+        on a GPU (vLLM's fused add-norm), one residual add a layer fewer in a launch-bound decode step."""
+        if residual is None:
+            normed = self.input_layernorm(x)
+        else:
+            x, normed = self.input_layernorm.add_forward(x, residual)
+        out = self.self_attn(normed, ropes[self.local_rope], positions, cache, attend, rows_from)
         x = x[:, rows_from:]
         if not self.sandwich:
             h, normed = self.post_attention_layernorm.add_forward(out, x)
-            return self.mlp(normed).add_(h)
+            return self.mlp(normed), h
         h = self.post_attention_layernorm(out).add_(x)
-        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))).add_(h)
+        return self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))), h
 
 
 class Transformer(nn.Module):
@@ -331,12 +339,13 @@ class Transformer(nn.Module):
         ropes = {False: self.rope(positions, x.dtype)}
         ropes[True] = ropes[False] if self.rope_local is None else self.rope_local(positions, x.dtype)
         steps, last = x.shape[1], len(self.layers) - 1
-        rows_from = 0
+        rows_from, residual = 0, None
         for index in range(first, len(self.layers)):
             block, layer_cache = self.layers[index], cache.layers[index]
             if not torch.compiler.is_compiling():  # a compiled decode step is one graph: checked per step
                 checkpoint()  # a cancelled request (core/ops.py) stops before the next layer: eager, exact
             if index == last and logits_from != 0:  # its rows nothing reads are not computed
                 rows_from = last_rows(steps, logits_from, attend, block.self_attn.layer, layer_cache.offset + steps)
-            x = block(x, ropes, positions, layer_cache, attend, rows_from)
-        return x, rows_from
+            x, residual = block(x, ropes, positions, layer_cache, attend, rows_from, residual)
+        # the last block's two terms summed (every other block's sum is its successor's input norm's)
+        return (x if residual is None else x.add_(residual)), rows_from

@@ -26,8 +26,9 @@ VIEWS = {"view", "_unsafe_view", "t", "transpose", "slice", "split", "split_with
 # +), 2 cache writes, attention, SiLU and its product, 2 residual adds. Before (2026-11-29) the
 # norms were 6 ops each (8 in bf16) and q and k were rotated apart: 34 ops (38 in bf16). On a GPU the
 # rotation's five ops are one Triton launch, each norm with its weight product (and the residual add
-# before the second) another, and SiLU with its product a third (backends/torch_cuda/fused.py): 13
-# launches a layer there (tests/torch_cuda_kernels/fused_cases.py counts them with kernels forced).
+# before each: the input norm takes the previous layer's MLP sum) another, and SiLU with its product a
+# third (backends/torch_cuda/fused.py): 12 launches a layer there (tests/torch_cuda_kernels/fused_cases.py
+# counts them with kernels forced).
 LAYER_OPS = 21
 
 
