@@ -74,12 +74,13 @@ def main() -> int:
             for attempt in (1, 2):  # the DSL's one-time driver check fails the first compile on a machine without one
                 try:
                     with FakeTensorMode(allow_non_fake_inputs=True), torch.inference_mode():
-                        # as a layer hands them over: q a [1, H, T, D] view of its projection's [1, T, H, D],
-                        # keys and values the filled slots of a [1, Hkv, capacity, D] cache
+                        # as a layer hands them over: q a [1, H, T, D] view of its q and k heads rotated
+                        # together ([1, T, H + Hkv, D]: a token's row is (H + Hkv) x D long), keys and values
+                        # the filled slots of a [1, Hkv, capacity, D] cache
                         # (strided fakes: slicing a fake CUDA tensor needs a CUDA build of torch)
-                        dtype, d = torch.bfloat16, head_dim
+                        dtype, d, row = torch.bfloat16, head_dim, (heads + kv_heads) * head_dim
                         q = torch.empty_strided(
-                            (1, heads, queries, d), (queries * heads * d, d, heads * d, 1), dtype=dtype, device="cuda"
+                            (1, heads, queries, d), (queries * row, d, row, 1), dtype=dtype, device="cuda"
                         )
                         slots = (kv_heads * (keys + 1024) * d, (keys + 1024) * d, d, 1)
                         k, v = (
@@ -120,8 +121,9 @@ def main() -> int:
         why = (
             'The attention probe\'s "flash-attn-4" candidate (backends/torch_cuda/attention_choice.py) compiled '
             "through its own call for the shapes a Llama-3.1-8B prefill and its Llama-3.2-1B speculator ask, "
-            "with torch fake tensors laid out as a layer hands them over (q a view of its projection, keys and "
-            "values the filled slots of a larger cache): `scripts/fa4_compile.py`, whose docstring has the "
+            "with torch fake tensors laid out as a layer hands them over (q a view of its q and k heads "
+            "rotated together, keys and values the filled slots of a larger cache): `scripts/fa4_compile.py`, "
+            "whose docstring has the "
             'commands. A row "cached" reuses the kernel above it (the kernels take sequence lengths at run '
             "time). Whether it is faster than cuDNN on an H200 is the GPU session's probe to say."
         )

@@ -32,7 +32,7 @@ def causal_attention(
     if start == 0 and steps > 1 and q.device.type == "cuda":  # the fastest fused kernel here (probed once)
         from .attention_choice import kernel_for
 
-        return kernel_for("causal", q, keys)(q, keys, values, 0, scale)
+        return kernel_for("causal", q, keys, values)(q, keys, values, 0, scale)
     if start == 0:  # the step's own keys are the whole context: plain causal
         return F.scaled_dot_product_attention(q, keys, values, is_causal=steps > 1, enable_gqa=gqa, scale=scale)
     if not on_cuda(q) and steps <= CPU_FEW_QUERIES:  # decode, speculative verify
@@ -133,7 +133,7 @@ def lower_right_causal(
     if q.device.type == "cuda":
         from .attention_choice import kernel_for
 
-        return kernel_for("prefix", q, keys)(q, keys, values, keys.shape[2] - q.shape[2], scale)
+        return kernel_for("prefix", q, keys, values)(q, keys, values, keys.shape[2] - q.shape[2], scale)
     # imported here: torch.nn.attention.bias imports Triton, which CPU-only runs never need
     from torch.nn.attention.bias import causal_lower_right
 

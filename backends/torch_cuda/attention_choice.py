@@ -19,10 +19,12 @@ on Hopper) wherever it is installed; so is cuDNN's split call with our one-pass 
   over KV heads x splits programs and merges them by their float32 maxima.
 
 For each kind a few candidates are tried once on a representative shape (the model's heads and
-head size, the call's dtype): a candidate that raises or whose output differs from a float32
-reference by more than the dtype's tolerance is dropped; the fastest of the rest is kept for the
-process (`chosen()` reports them; bench and the GPU session record it). Off CUDA nothing is
-probed: CPU calls keep attention.py's paths.
+head size, the call's dtype) laid out as the call's own tensors are (`layout`: q a view of the layer's
+fused projection, keys and values the filled slots of a larger cache: a kernel that mishandles a stride
+or a descriptor's alignment fails or errs in the probe, not in a request): a candidate that raises or
+whose output differs from a float32 reference by more than the dtype's tolerance is dropped; the
+fastest of the rest is kept for the process and that layout (`chosen()` reports them; bench and the GPU
+session record it). Off CUDA nothing is probed: CPU calls keep attention.py's paths.
 
 Tolerance: bf16 / fp16 outputs of fused kernels differ from a float32 reference by their
 rounding of softmax weights and outputs (~4e-3 relative measured on bf16 rows of unit-scale
@@ -53,6 +55,61 @@ TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 def _expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     group = q.shape[1] // k.shape[1]
     return (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) if group > 1 else (k, v)
+
+
+# A layout family: (the dims from the innermost out, each one's padding class, the storage offset's class).
+Layout = tuple[tuple[int, ...], tuple[int, ...], int]
+ALIGN = 8  # elements: 16 bytes of bf16 / fp16, the alignment vector loads and TMA descriptors ask of a stride
+
+
+def _padding(elements: int) -> int:
+    """A dim's elements past its compact stride as the probe reproduces them: 0, or ALIGN x 8 plus the
+    same remainder modulo ALIGN (the alignment is what a kernel can mishandle, not the amount; a cache's
+    padding, its unfilled slots, shrinks every step and must not make every step a new family)."""
+    return 0 if elements == 0 else ALIGN * 8 + elements % ALIGN
+
+
+def layout(t: torch.Tensor) -> Layout:
+    """t's layout family, whatever its sizes, e.g. q [1, Hq, T, D] as a view of a fused [1, T, (Hq + Hkv)
+    x D] projection: ((3, 1, 2, 0), (0, 0, 64, 0), 0), its tokens padded; a cache's filled slots [1, Hkv,
+    S, D] of a larger capacity: ((3, 2, 1, 0), (0, 0, 64, 0), 0), its heads padded. Dims of size 1 count
+    as outermost and compact; overlapping strides (a broadcast) as contiguous."""
+    sized = sorted((d for d in range(t.dim()) if t.shape[d] > 1), key=lambda d: (t.stride(d), d))
+    order = (*sized, *(d for d in range(t.dim() - 1, -1, -1) if t.shape[d] <= 1))
+    padding, span = [], 1
+    for d in order:
+        past = t.stride(d) - span if t.shape[d] > 1 else 0
+        if past < 0:
+            return tuple(range(t.dim() - 1, -1, -1)), (0,) * t.dim(), 0
+        padding.append(_padding(past))
+        span = (span + past) * t.shape[d]
+    return order, tuple(padding), t.storage_offset() % ALIGN
+
+
+def laid_out(family: Layout | None, shape: tuple[int, ...], gen: torch.Generator, dtype, device) -> torch.Tensor:
+    """Unit-normal values of `shape` in the layout `family` (None: contiguous), every element of the
+    storage random (padding included: a kernel reading past a row reads noise, not zeros)."""
+    if family is None:
+        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    order, padding, offset = family
+    strides, span = [0] * len(shape), 1
+    for d, past in zip(order, padding):
+        strides[d] = span + past
+        span = strides[d] * shape[d]
+    flat = torch.randn(offset + span, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    return flat.as_strided(shape, strides, offset)
+
+
+def _label_layouts(layouts: tuple[Layout, ...] | None) -> str:
+    """' (q dim 2 padded; k dim 1 padded; v ...)' for chosen()'s key where a layout is not contiguous,
+    '' where none is."""
+    if not layouts or all(not any(padding) and not offset for _, padding, offset in layouts):
+        return ""
+    parts = []
+    for name, (order, padding, offset) in zip("qkv", layouts):
+        said = [f"dim {d} padded" for d, past in zip(order, padding) if past] + ([f"offset {offset}"] if offset else [])
+        parts.append(f"{name} {', '.join(said) if said else 'compact'}")
+    return f" ({'; '.join(parts)})"
 
 
 def _sdpa_causal(backend: Any) -> Kernel:
@@ -273,16 +330,17 @@ def probe_decode(
     device: torch.device,
     kernels: dict[str, DecodeKernel] | None = None,
     slots: int = PROBE_SLOTS,
+    layouts: tuple[Layout, Layout, Layout] | None = None,
 ) -> tuple[str, DecodeKernel, dict[str, str]]:
     """probe's decode kind: one token's G = heads / kv_heads rows per KV head over `slots` keys,
-    the last PROBE_HIDDEN masked; the fastest correct candidate against float32 SDPA."""
+    the last PROBE_HIDDEN masked, q, k and v in `layouts` (None: contiguous); the fastest correct
+    candidate against float32 SDPA."""
     kernels = decode_candidates() if kernels is None else kernels
     gen = torch.Generator(device=device).manual_seed(0)
     rows = heads // kv_heads
-    q, k, v = (
-        torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-        for shape in ((kv_heads, rows, head_dim), (kv_heads, slots, head_dim), (kv_heads, slots, head_dim))
-    )
+    shapes = ((kv_heads, rows, head_dim), (kv_heads, slots, head_dim), (kv_heads, slots, head_dim))
+    families = layouts or (None, None, None)
+    q, k, v = (laid_out(family, shape, gen, dtype, device) for family, shape in zip(families, shapes))
     seen = torch.arange(slots, device=device) < slots - min(PROBE_HIDDEN, slots - 1)
     bias = torch.zeros((rows, slots), dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
     scale = head_dim**-0.5
@@ -290,19 +348,22 @@ def probe_decode(
     return _fastest(kernels, lambda kernel: kernel(q, k, v, bias, scale), expected, dtype, device, "decode")
 
 
-def decode_kernel(name: str, q: torch.Tensor, k: torch.Tensor) -> DecodeKernel:
+def decode_kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> DecodeKernel:
     """The decode attention `name` asks for ("sdpa", "split-triton"), or with "auto" the one
     probed fastest for q [Hkv, R, D] / k [Hkv, N, D]'s rows (Hkv x R: the query heads times the
     step's tokens, as chosen() names them), head size, dtype and CUDA device (probed at the first
     call with that key, which must not be inside a CUDA graph capture or a
-    compiled function: decode_graph.py runs every step eagerly once first); off CUDA, sdpa."""
+    compiled function: decode_graph.py runs every step eagerly once first), probed in the layouts of q,
+    k and v (v: k's where not given); off CUDA, sdpa."""
     if name != "auto":
         return DECODE_KERNELS[name]
     if q.device.type != "cuda":
         return sdpa_decode
-    key = ("decode", q.shape[0] * q.shape[1], k.shape[0], q.shape[2], q.dtype, q.device)
+    layouts = (layout(q), layout(k), layout(k if v is None else v))
+    rows = q.shape[0] * q.shape[1]
+    key = ("decode", rows, k.shape[0], q.shape[2], q.dtype, q.device, layouts)
     if key not in _CHOSEN:
-        _CHOSEN[key] = probe_decode(q.shape[0] * q.shape[1], k.shape[0], q.shape[2], q.dtype, q.device)
+        _CHOSEN[key] = probe_decode(rows, k.shape[0], q.shape[2], q.dtype, q.device, layouts=layouts)
     return _CHOSEN[key][1]
 
 
@@ -316,7 +377,7 @@ def grouped_decode(
     _, n_heads, steps, dim = q.shape
     n_kv = keys.shape[1]
     folded = q.reshape(n_kv, n_heads // n_kv * steps, dim)
-    out = decode_kernel(name, folded, keys[0])(folded, keys[0], values[0], bias, scale)
+    out = decode_kernel(name, folded, keys[0], values[0])(folded, keys[0], values[0], bias, scale)
     return out.reshape(1, n_heads, steps, values.shape[-1])
 
 
@@ -347,18 +408,17 @@ def probe(
     kernels: dict[str, Kernel] | None = None,
     queries: int = PROBE_QUERIES,
     prefix: int = PROBE_PREFIX,
+    layouts: tuple[Layout, Layout, Layout] | None = None,
 ) -> tuple[str, Kernel, dict[str, str]]:
-    """Try every candidate of `kind` on random unit-scale data of this shape: (name, kernel) of
-    the fastest correct one and a report {name: "1.23 ms" | "wrong: ..." | "failed: ...",
-    "probed on": "2048 queries after 6144 slots"}."""
+    """Try every candidate of `kind` on random unit-scale data of this shape, q, k and v in `layouts`
+    (None: contiguous): (name, kernel) of the fastest correct one and a report {name: "1.23 ms" |
+    "wrong: ..." | "failed: ...", "probed on": "2048 queries after 6144 slots"}."""
     kernels = candidates(kind) if kernels is None else kernels
     gen = torch.Generator(device=device).manual_seed(0)
     start = 0 if kind == "causal" else prefix
-    shape_q, shape_kv = (1, heads, queries, head_dim), (1, kv_heads, start + queries, head_dim)
-    q, k, v = (
-        torch.randn(s, generator=gen, device=device, dtype=torch.float32).to(dtype)
-        for s in (shape_q, shape_kv, shape_kv)
-    )
+    shapes = ((1, heads, queries, head_dim), (1, kv_heads, start + queries, head_dim))
+    families = layouts or (None, None, None)
+    q, k, v = (laid_out(family, shape, gen, dtype, device) for family, shape in zip(families, (*shapes, shapes[1])))
     expected = reference(q, k, v, start, None)
     name, kernel, report = _fastest(kernels, lambda kernel: kernel(q, k, v, start, None), expected, dtype, device, kind)
     report["probed on"] = f"{queries} queries after {start} slots"
@@ -391,22 +451,29 @@ def _fastest(
     return best[1], best[2], report
 
 
-def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor) -> Kernel:
+def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> Kernel:
     """The chosen kernel of `kind` for q [1, Hq, T, D] / k [1, Hkv, S, D]'s heads, head size,
     dtype and device; probed at the first call with that key, on steps of that call's T queries
     held between PROBE_QUERIES and PROBE_MAX_QUERIES (a prompt's first step is the model's step
-    size unless the prompt is shorter), after three steps' worth of cached slots for "prefix"."""
-    key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
+    size unless the prompt is shorter), after three steps' worth of cached slots for "prefix", q, k and
+    v laid out as the call's (`layout`; v: k's where not given): a call in another layout is probed apart."""
+    layouts = (layout(q), layout(k), layout(k if v is None else v))
+    key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device, layouts)
     if key not in _CHOSEN:
         queries = min(max(q.shape[2], PROBE_QUERIES), PROBE_MAX_QUERIES)
-        _CHOSEN[key] = probe(kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device, None, queries, 3 * queries)
+        shape = (q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
+        _CHOSEN[key] = probe(kind, *shape, None, queries, 3 * queries, layouts)
     return _CHOSEN[key][1]
 
 
 def chosen() -> dict[str, Any]:
     """What each probe chose and measured: {"prefix 32/8x128 bfloat16 cuda:0": {"chosen": name,
-    "candidates": {name: "1.2 ms" | "wrong: ..." | "failed: ..."}}}."""
+    "candidates": {name: "1.2 ms" | "wrong: ..." | "failed: ..."}}}; a key names the call's layout
+    where it is not compact (_label_layouts)."""
     return {
-        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}": {"chosen": name, "candidates": report}
-        for (kind, hq, hkv, d, dtype, device), (name, _, report) in _CHOSEN.items()
+        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}{_label_layouts(layouts)}": {
+            "chosen": name,
+            "candidates": report,
+        }
+        for (kind, hq, hkv, d, dtype, device, layouts), (name, _, report) in _CHOSEN.items()
     }

@@ -147,7 +147,7 @@ def test_the_probe_takes_the_first_calls_step_within_bounds(monkeypatch, steps, 
     after three steps' worth of slots; the report says what was probed."""
     asked = []
 
-    def probe(kind, heads, kv_heads, head_dim, dtype, device, kernels, queries, prefix):
+    def probe(kind, heads, kv_heads, head_dim, dtype, device, kernels, queries, prefix, layouts):
         asked.append((queries, prefix))
         return "sdpa", None, {}
 
@@ -220,3 +220,67 @@ def test_flash_attn_4_gets_sequence_major_views_and_is_chosen_only_if_right(monk
     torch.testing.assert_close(got, choice.reference(q, k, v, k.shape[2] - 8, 0.25), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="queries last"):
         kernel(q, k, v, 0 if kind == "prefix" else 3, 0.25)
+
+
+def _fused_view(tokens: int, heads: int = 4, kv_heads: int = 2, dim: int = 16) -> torch.Tensor:
+    """q [1, H, T, D] as a layer hands it over: the heads of a fused [1, T, (H + 2 Hkv) x D] projection."""
+    fused = torch.randn(1, tokens, (heads + 2 * kv_heads) * dim)
+    return fused[..., : heads * dim].view(1, tokens, heads, dim).transpose(1, 2)
+
+
+def test_a_layout_family_is_the_same_whatever_the_sizes():
+    """q from a fused projection at any step length, a cache's filled slots at any fill: one family each
+    (one probe, not one per step), and laid_out rebuilds the family at the probe's sizes."""
+    cache = torch.randn(1, 2, 100, 16)
+    assert choice.layout(_fused_view(7)) == choice.layout(_fused_view(300)) != choice.layout(torch.randn(1, 4, 7, 16))
+    assert choice.layout(cache[:, :, :30]) == choice.layout(cache[:, :, :99]) != choice.layout(cache)
+    gen = torch.Generator().manual_seed(0)
+    for real, shape in ((_fused_view(7), (1, 4, 9, 16)), (cache[:, :, :30], (1, 2, 50, 16))):
+        probed = choice.laid_out(choice.layout(real), shape, gen, torch.float32, CPU)
+        assert probed.shape == shape and choice.layout(probed) == choice.layout(real) and not probed.is_contiguous()
+    odd = torch.randn(100)[3:67].view(1, 4, 16)  # a storage offset of 3 elements: an unaligned base
+    assert choice.layout(choice.laid_out(choice.layout(odd), (1, 4, 16), gen, torch.float32, CPU))[2] == 3
+
+
+def contiguous_only(q, k, v, start, scale):  # wrong on a padded layout: reads the storage as if compact
+    q, k, v = (x.as_strided(x.shape, torch.empty(x.shape).stride()) for x in (q, k, v))
+    return choice.reference(q, k, v, start, scale)
+
+
+@pytest.mark.parametrize("kind", ["causal", "prefix"])
+def test_the_probe_runs_candidates_in_the_calls_layout(kind, monkeypatch):
+    """A kernel that assumes compact tensors passes a probe on contiguous data and errs on the layer's
+    views; kernel_for probes in the call's layout, so it is dropped there (and reported under that layout)."""
+    kernels = {"contiguous-only": contiguous_only, "expanded": choice._lower_right(False)}
+    _, _, report = choice.probe(kind, 4, 2, 16, torch.float32, CPU, kernels, 8, 24)
+    assert report["contiguous-only"].endswith(" ms")  # contiguous probe data: it looks right
+    cache = torch.randn(1, 2, 64, 16)
+    q, k = _fused_view(8), cache[:, :, : 8 + (24 if kind == "prefix" else 0)]
+    layouts = tuple(choice.layout(x) for x in (q, k, k))
+    _, _, report = choice.probe(kind, 4, 2, 16, torch.float32, CPU, kernels, 8, 24, layouts)
+    assert report["contiguous-only"].startswith("wrong") and report["expanded"].endswith(" ms")
+
+    monkeypatch.setattr(choice, "_CHOSEN", {})
+    monkeypatch.setattr(choice, "candidates", lambda kind: kernels)
+    assert choice.kernel_for(kind, q, k, cache[:, :, : k.shape[2]]) is kernels["expanded"]
+    ((label, record),) = choice.chosen().items()
+    assert label.endswith("(q dim 2 padded; k dim 1 padded; v dim 1 padded)") and record["chosen"] == "expanded"
+    assert record["candidates"]["contiguous-only"].startswith("wrong")
+    choice.kernel_for(kind, _fused_view(8), cache[:, :, : k.shape[2] + 4])  # the next step: no new probe
+    assert len(choice.chosen()) == 1
+
+
+def test_the_decode_probe_runs_in_the_steps_layout():
+    """The decode kind likewise: keys and values a bucket of a larger cache's slots (its heads padded)."""
+
+    def contiguous_only_decode(q, k, v, bias, scale):
+        k, v = (x.as_strided(x.shape, torch.empty(x.shape).stride()) for x in (k, v))
+        return choice.sdpa_decode(q, k, v, bias, scale)
+
+    kernels = {"contiguous-only": contiguous_only_decode, "sdpa": choice.sdpa_decode}
+    bucket = torch.randn(2, 256, 16)[:, :160]
+    layouts = (choice.layout(torch.randn(2, 4, 16)), choice.layout(bucket), choice.layout(bucket))
+    _, _, contiguous = choice.probe_decode(8, 2, 16, torch.float32, CPU, kernels, slots=160)
+    name, _, laid = choice.probe_decode(8, 2, 16, torch.float32, CPU, kernels, slots=160, layouts=layouts)
+    assert contiguous["contiguous-only"].endswith(" ms") and laid["contiguous-only"].startswith("wrong")
+    assert name == "sdpa"

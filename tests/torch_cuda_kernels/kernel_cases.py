@@ -344,7 +344,7 @@ def test_eager_decode_attention_is_the_replayed_steps_bitwise(filled, bucket, dt
     from specfill.backends.torch_cuda.attention import one_query_cuda
 
     if DEVICE == "cpu":  # off CUDA decode_kernel answers SDPA: force the Triton kernel, as a GPU's probe may
-        monkeypatch.setattr(choice, "decode_kernel", lambda name, q, k: choice.split_decode)
+        monkeypatch.setattr(choice, "decode_kernel", lambda name, q, k, v=None: choice.split_decode)
     n_heads, n_kv, d = 6, 2, 32
     q = randn(1, 1, n_heads, d, dtype=dtype, device=DEVICE, seed=90).transpose(1, 2)
     cache_k, cache_v = (randn(1, n_kv, bucket, d, dtype=dtype, device=DEVICE, seed=s, scale=2.0) for s in (91, 92))

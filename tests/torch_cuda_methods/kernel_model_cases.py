@@ -103,7 +103,7 @@ def test_eager_decode_logits_are_the_replayed_steps_bitwise(tiny_checkpoint, dty
     from specfill.core.runtime import SamplingConfig
 
     if DEVICE == "cpu":
-        split = lambda name, q, k: attention_choice.split_decode  # noqa: E731
+        split = lambda name, q, k, v=None: attention_choice.split_decode  # noqa: E731
         monkeypatch.setattr(attention_choice, "decode_kernel", split)  # grouped_decode's, both paths' call
         few = attention.few_queries_cpu
 
