@@ -24,7 +24,7 @@
 #                                                   -> hybrid.{json,md,png}
 #   5. the kernel tests: Triton kernels vs their torch twins compiled for this GPU, float32 /
 #      float16 / bfloat16 (tests/torch_cuda_kernels/kernel_cases.py but its conformance groups,
-#      step 6's run; fused_cases.py beside it, the decoder's fused RoPE / RMSNorm / SwiGLU;
+#      step 6's run; fused_cases.py beside it, the decoder's fused RoPE (+ cache writes) / RMSNorm / SwiGLU;
 #      tests/torch_cuda_methods/kernel_model_cases.py with H2O's walk graphs captured for real, the AOT and
 #      dispatch tests)
 #                                                   -> kernel_tests.log

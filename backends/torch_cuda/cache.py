@@ -16,6 +16,8 @@ from specfill.core.errors import PromptTooLongError
 from specfill.core.models import ModelArgs
 from specfill.core.ops import LayerBooks
 
+from .rope import apply_rope, rotate_and_store
+
 
 class LayerKVCache:
     """One layer's keys and values, [1, Hkv, capacity, D] each, and the RoPE position of every
@@ -41,6 +43,23 @@ class LayerKVCache:
         self.v[:, :, start:end] = v
         self.offset = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def store_rotated(
+        self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A step's query and key heads qk [1, H + Hkv, T, D] before RoPE and its values v [1, Hkv, T, D]:
+        rotated by the tables [T, D] (rope.apply_rope), the keys and values stored as update_and_fetch
+        stores them; returns (the rotated queries [1, H, T, D], every filled slot's keys and values). On a
+        GPU the rotation and both writes are one launch (rope.rotate_and_store)."""
+        start, end = self.offset, self.offset + qk.shape[2]
+        if end <= self.capacity:
+            q = rotate_and_store(qk, v, cos, sin, n_heads, self.k, self.v, None, start)
+            if q is not None:
+                self.offset = end
+                return q, self.k[:, :, :end], self.v[:, :, :end]
+        qk = apply_rope(qk, cos, sin)
+        keys, values = self.update_and_fetch(qk[:, n_heads:], v)
+        return qk[:, :n_heads], keys, values
 
     def slot_positions(self, step_positions: torch.Tensor) -> torch.Tensor:
         """After a step's update_and_fetch: record its T positions [T] in its slots and return

@@ -45,6 +45,7 @@ from specfill.core.errors import PromptTooLongError
 
 from .attention_choice import grouped_decode
 from .cache import ModelKVCache
+from .rope import apply_rope, rotate_and_store
 
 SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
 log = logging.getLogger("specfill.backends.torch_cuda")
@@ -76,6 +77,18 @@ class _StaticLayer:
         write_slots(self.v, 2, self.step.slots, v)
         bucket = self.step.bucket
         return self.k[:, :, :bucket], self.v[:, :, :bucket]
+
+    def store_rotated(
+        self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """cache.LayerKVCache.store_rotated at the step's slots: on a GPU one launch (never in a compiled
+        step, whose writes stay write_slots)."""
+        q = rotate_and_store(qk, v, cos, sin, n_heads, self.k, self.v, self.step.slots)
+        if q is None:
+            qk = apply_rope(qk, cos, sin)
+            return (qk[:, :n_heads], *self.update_and_fetch(qk[:, n_heads:], v))
+        bucket = self.step.bucket
+        return q, self.k[:, :, :bucket], self.v[:, :, :bucket]
 
     def slot_positions(self, step_positions: torch.Tensor) -> torch.Tensor:
         return self.positions[: self.step.bucket]

@@ -45,6 +45,27 @@ def rotary_launchable(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> 
     return all(t.dtype == x.dtype and tuple(t.shape) == table and t.stride(-1) == 1 for t in (cos, sin))
 
 
+def rotary_store_launchable(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> bool:
+    """The rotary-and-store kernel takes what the rotary kernel takes (qk [1, H + Hkv, T, D]), v [1, Hkv,
+    T, D] and caches [1, Hkv, capacity, D] of qk's dtype, every one with a unit last stride."""
+    if not rotary_launchable(qk, cos, sin) or not 0 < n_heads < qk.shape[1]:
+        return False
+    rows = (1, qk.shape[1] - n_heads)
+    return all(
+        t.dim() == 4 and tuple(t.shape[:2]) == rows and t.shape[3] == qk.shape[3] and t.stride(-1) == 1
+        and t.dtype == qk.dtype
+        for t in (v, k_cache, v_cache)
+    ) and v.shape[2] == qk.shape[2]  # fmt: skip
+
+
 def norm_launchable(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """The RMSNorm kernel takes x [1, T, n] or [1, T, H, n] (per-head norms) in a kernel dtype with a
     unit last stride, weight [n] of x's dtype, contiguous."""
@@ -88,6 +109,30 @@ def rotary_self_check(like: torch.Tensor, formula: Callable[..., torch.Tensor]) 
         return dispatch.SELF_CHECK.tensor_comparisons("rotated", got, formula(x, cos, sin))
 
     return _passes("rotary embedding", like, head_dim, run)
+
+
+def rotary_store_self_check(like: torch.Tensor, formula: Callable[..., torch.Tensor]) -> bool:
+    """The rotary-and-store kernel against `formula` and index_copy_ on a seeded case of like's dtype and
+    head dim: 3 query and 2 KV heads of 2 tokens written at slots 4 and 1 of a 6-slot cache."""
+    from .kernels import dispatch
+
+    head_dim = like.shape[-1]
+
+    def run() -> list:
+        qk = dispatch.SELF_CHECK.random((1, 2, 7, head_dim), like, 14).transpose(1, 2)[:, :5]
+        v = dispatch.SELF_CHECK.random((1, 2, 2, head_dim), like, 15).transpose(1, 2)
+        cos, sin = (dispatch.SELF_CHECK.random((2, head_dim), like, seed) for seed in (16, 17))
+        caches = [dispatch.SELF_CHECK.random((1, 2, 6, head_dim), like, seed) for seed in (18, 19)]
+        slots = torch.tensor([4, 1], device=like.device)
+        want_q, want_k = formula(qk, cos, sin).split((3, 2), dim=1)
+        want_caches = [c.clone().index_copy_(2, slots, x) for c, x in zip(caches, (want_k, v))]
+        got_q = dispatch.triton_kernel("rotary_store")(qk, v, cos, sin, 3, *caches, slots)
+        checks = dispatch.SELF_CHECK.tensor_comparisons("rotated queries", got_q, want_q)
+        for name, got, want in zip(("keys", "values"), caches, want_caches):
+            checks += dispatch.SELF_CHECK.tensor_comparisons(f"cached {name}", got, want)
+        return checks
+
+    return _passes("rotary store", like, head_dim, run)
 
 
 def norm_self_check(like: torch.Tensor, eps: float) -> bool:

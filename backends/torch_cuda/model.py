@@ -149,17 +149,17 @@ class Attention(nn.Module):
         v = v.view(1, steps, self.n_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = rope
         if self.q_norm is None:
-            # q's and k's heads are adjacent columns of the fused product: one rotation of both (the
-            # same element-wise ops, half the launches of a decode step, which is launch-bound)
+            # q's and k's heads are adjacent columns of the fused product: rotated together and, on a GPU,
+            # with the cache writes in the same launch (a decode step is launch-bound: one where five were)
             qk = qkv[..., : self.split_sizes[0] + self.split_sizes[1]]
-            qk = apply_rope(qk.view(1, steps, self.n_heads + self.n_kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            q, k = qk[:, : self.n_heads], qk[:, self.n_heads :]
+            qk = qk.view(1, steps, self.n_heads + self.n_kv_heads, self.head_dim).transpose(1, 2)
+            q, keys, values = cache.store_rotated(qk, v, cos, sin, self.n_heads)
         else:  # each normalised by its own weight first
             q = self.q_norm(q.view(1, steps, self.n_heads, self.head_dim))
             k = self.k_norm(k.view(1, steps, self.n_kv_heads, self.head_dim))
             q = apply_rope(q.transpose(1, 2), cos, sin)
             k = apply_rope(k.transpose(1, 2), cos, sin)
-        keys, values = cache.update_and_fetch(k, v)
+            keys, values = cache.update_and_fetch(k, v)
         # a windowed layer records every step's positions, whoever attends (decode reads them)
         keys_at = cache.slot_positions(positions) if self.window is not None else None
         if rows_from:

@@ -51,6 +51,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return rope_formula(x, cos, sin)
 
 
+def rotate_and_store(
+    qk: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    n_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slots: torch.Tensor | None,
+    start: int = 0,
+) -> torch.Tensor | None:
+    """A layer's query and key heads qk [1, H + Hkv, T, D] rotated, the keys and v [1, Hkv, T, D] written
+    into the layer's caches [1, Hkv, capacity, D] at `slots` [T] (None: start.. start + T), in one
+    Triton launch on a GPU (kernels/rope_triton.rotary_store, bitwise apply_rope and the writes; fused.py
+    says when): the rotated query heads [1, H, T, D]; None where the kernel does not run (the caller
+    rotates with apply_rope and writes the cache itself: three launches)."""
+    if not fused.kernel_runs(
+        qk,
+        lambda: fused.rotary_store_launchable(qk, v, cos, sin, n_heads, k_cache, v_cache),
+        lambda: fused.rotary_store_self_check(qk, rope_formula),
+    ):
+        return None
+    from .kernels import dispatch
+
+    return dispatch.triton_kernel("rotary_store")(qk, v, cos, sin, n_heads, k_cache, v_cache, slots, start)
+
+
 def rope_formula(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Hugging Face's rotate-half RoPE in torch's element-wise ops (the CPU path; the kernel's twin)."""
     return x * cos + rotate_half(x) * sin

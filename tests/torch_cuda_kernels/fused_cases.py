@@ -47,12 +47,12 @@ def test_rotary_kernel_is_the_formula_bitwise(heads, tokens, d, extra, dtype):
 
 
 def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
-    """With kernels forced, every attention layer's RoPE is one rotary launch, every RMSNorm one
-    rms_norm launch (the post-attention one with the residual add; Qwen3's q and k norms over the heads
+    """With kernels forced, every attention layer's RoPE is one launch (a Llama's q and k rotated with
+    the cache writes: rotary_store; Qwen3's q and k apart after its per-head norms: rotary twice), every
+    RMSNorm one rms_norm launch (with the residual add before it; Qwen3's q and k norms over the heads
     of the fused projection) and every MLP's gating one swiglu launch: the logits equal the formula
-    path's bitwise with the rotary kernel alone (fused q and k of a Llama, q and k apart after Qwen3's
-    per-head norms), within float32's tolerance with all three (the norms' sums of squares run in
-    another order; the interpreter's SiLU takes NumPy's exp)."""
+    path's bitwise with the rotations alone, within float32's tolerance with all three (the norms' sums
+    of squares run in another order; the interpreter's SiLU takes NumPy's exp)."""
     from specfill.backends.torch_cuda import fused
     from specfill.backends.torch_cuda.kernels import dispatch
     from specfill.core.self_check import kernels_env
@@ -65,7 +65,7 @@ def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
         return lambda *args: launches.append(name) or kernel(*args)
 
     ids = torch.tensor(prompt_ids(11), device=DEVICE)
-    for arch, rotations in (("llama", 1), ("qwen3", 2)):
+    for arch, rotations in (("llama", 0), ("qwen3", 2)):
         model = make_tiny(arch).ours(device=DEVICE)
         layers = model.args.num_hidden_layers
         with kernels_env("off"):
@@ -79,6 +79,7 @@ def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
                     patch.setattr(fused, "swiglu_launchable", lambda gate, up: False)
                 got = model(ids)
             assert launches.count("rotary") == rotations * layers, (arch, launches)
+            assert launches.count("rotary_store") == (0 if rotations else layers), (arch, launches)
             per_head = 2 * layers if arch == "qwen3" else 0  # its q and k norms, on the heads in place
             assert launches.count("rms_norm") == (2 * layers + 1 + per_head if norms else 0), (arch, launches)
             assert launches.count("swiglu") == (layers if norms else 0), (arch, launches)
@@ -87,6 +88,69 @@ def test_the_model_runs_the_fused_kernels_when_kernels_are_forced(monkeypatch):
             else:
                 assert torch.equal(got, want), arch
         monkeypatch.setattr(dispatch, "triton_kernel", fetch)
+
+
+# (query heads, KV heads, tokens, head dim, slots or None: the step's first slot): a decode token at a
+# static step's slot, a verify step's slots out of order, a prefill step from slot 5, a head dim whose half
+# is no power of 2, more heads than one program takes
+ROTARY_STORE = [(5, 1, 1, 16, [7]), (4, 2, 3, 16, [9, 2, 5]), (6, 2, 37, 16, None), (3, 1, 4, 80, None),
+                (20, 4, 2, 16, [0, 11])]  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("heads,kv_heads,tokens,d,slots", ROTARY_STORE)
+def test_rotary_store_is_the_rotation_and_the_cache_writes_bitwise(heads, kv_heads, tokens, d, slots, dtype):
+    """kernels/rope_triton.rotary_store: the query heads rope.apply_rope's formula bit for bit, in the layout
+    the rotary kernel gives, and the caches exactly what index_copy_ of the rotated keys and the values
+    leaves (every other slot untouched), on views as the attention layer hands them over (q and k heads of
+    a fused projection, values its last columns; a layer of a stacked cache)."""
+    from specfill.backends.torch_cuda.kernels.rope_triton import rotary_store
+    from specfill.backends.torch_cuda.rope import rope_formula
+
+    fused = randn(1, tokens, (heads + 2 * kv_heads) * d, dtype=dtype, device=DEVICE, seed=53, scale=3.0)
+    qk = fused[..., : (heads + kv_heads) * d].view(1, tokens, heads + kv_heads, d).transpose(1, 2)
+    v = fused[..., (heads + kv_heads) * d :].view(1, tokens, kv_heads, d).transpose(1, 2)
+    cos, sin = (randn(tokens, d, dtype=dtype, device=DEVICE, seed=seed) for seed in (54, 55))
+    capacity = 48
+    stacked = [randn(2, 1, kv_heads, capacity, d, dtype=dtype, device=DEVICE, seed=seed) for seed in (56, 57)]
+    k_cache, v_cache = (c[1] for c in stacked)
+    at = torch.tensor(slots if slots is not None else list(range(5, 5 + tokens)), device=DEVICE)
+    want_q, want_k = rope_formula(qk, cos, sin).split((heads, kv_heads), dim=1)
+    want_caches = [c.clone().index_copy_(2, at, x) for c, x in zip((k_cache, v_cache), (want_k, v))]
+    slot_tensor = None if slots is None else at
+    got = rotary_store(qk, v, cos, sin, heads, k_cache, v_cache, slot_tensor, 5)
+    assert got.shape == want_q.shape and got.dtype == dtype
+    assert [st for st, n in zip(got.stride(), got.shape) if n > 1] == [
+        st for st, n in zip(torch.empty(1, tokens, heads, d).transpose(1, 2).stride(), got.shape) if n > 1
+    ]
+    assert torch.equal(got, want_q)
+    assert torch.equal(k_cache, want_caches[0]) and torch.equal(v_cache, want_caches[1])
+    assert torch.equal(stacked[0][0], randn(2, 1, kv_heads, capacity, d, dtype=dtype, device=DEVICE, seed=56)[0])
+
+
+def test_the_rotary_store_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
+    """fused.rotary_store_self_check passes the real kernel and refuses, with one warning, a kernel that
+    writes the keys one slot off."""
+    from specfill.backends.torch_cuda import fused
+    from specfill.backends.torch_cuda.kernels import dispatch
+    from specfill.backends.torch_cuda.rope import rope_formula
+    from specfill.core.self_check import KERNEL_SELF_CHECK
+
+    like = torch.zeros(1, 2, 3, 16, device=DEVICE)
+    KERNEL_SELF_CHECK.reset()
+    try:
+        assert fused.rotary_store_self_check(like, rope_formula)
+        KERNEL_SELF_CHECK.reset()
+        fetch = dispatch.triton_kernel
+
+        def off_by_one(name):
+            return lambda qk, v, c, s, n, kc, vc, slots, start=0: fetch(name)(qk, v, c, s, n, kc, vc, slots + 1)
+
+        monkeypatch.setattr(dispatch, "triton_kernel", off_by_one)
+        with pytest.warns(SpecfillWarning, match="rotary store"):
+            assert not fused.rotary_store_self_check(like, rope_formula)
+    finally:
+        KERNEL_SELF_CHECK.reset()
 
 
 def test_the_rotary_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
@@ -225,13 +289,13 @@ def test_the_swiglu_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeyp
         KERNEL_SELF_CHECK.reset()
 
 
-def test_a_static_decode_step_launches_twelve_kernels_a_layer_with_the_fused_kernels(monkeypatch):
+def test_a_static_decode_step_launches_ten_kernels_a_layer_with_the_fused_kernels(monkeypatch):
     """What a GPU's decode step launches per layer once RoPE, the norms and SwiGLU's gating are fused:
-    the aten ops test_decode_launches.py counts on the CPU path (21), less RoPE's five, the norms' sums
-    and products (both residual adds, each joining the norm after it, the input norm taking the previous
-    layer's MLP sum, and two weight products; the norms themselves were one op each) and the SiLU and
-    its product, plus one rotary, two rms_norm and one swiglu launch: 12. Counted here with kernels
-    forced, each Triton launch as one."""
+    the aten ops test_decode_launches.py counts on the CPU path (21), less RoPE's five and the two cache
+    writes, the norms' sums and products (both residual adds, each joining the norm after it, the input
+    norm taking the previous layer's MLP sum, and two weight products; the norms themselves were one op
+    each) and the SiLU and its product, plus one rotary_store, two rms_norm and one swiglu launch: 10.
+    Counted here with kernels forced, each Triton launch as one."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from specfill.backends.torch_cuda import decode_graph
@@ -287,6 +351,6 @@ def test_a_static_decode_step_launches_twelve_kernels_a_layer_with_the_fused_ker
         with kernels_env(word):
             two, four = third_step(2), third_step(4)
         per_layer[word] = (four - two) / 2
-    # nine fewer wherever it runs (a GPU's aten decompositions may count the rest apart), 12 from the CPU's 21
-    assert per_layer["off"] - per_layer["on"] == 9, per_layer
-    assert DEVICE == "cuda" or per_layer == {"off": 21, "on": 12}, per_layer
+    # eleven fewer wherever it runs (a GPU's aten decompositions may count the rest apart), 10 from the CPU's 21
+    assert per_layer["off"] - per_layer["on"] == 11, per_layer
+    assert DEVICE == "cuda" or per_layer == {"off": 21, "on": 10}, per_layer

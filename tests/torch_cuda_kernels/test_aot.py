@@ -93,14 +93,18 @@ def test_decode_kernels_compile_without_spills():
 
 ROTARY_SUBSET = """
 import json, torch
-from specfill.backends.torch_cuda.kernels.aot import compile_lse_merge, compile_norm, compile_rotary, compile_swiglu
+from specfill.backends.torch_cuda.kernels.aot import (
+    compile_lse_merge, compile_norm, compile_rotary, compile_rotary_store, compile_swiglu,
+)
 cells = [(torch.bfloat16, 128, 40, 90), (torch.float16, 80, 6, 89), (torch.float32, 256, 20, 80)]
+stores = [(torch.bfloat16, 128, 32, 8, 90), (torch.bfloat16, 64, 32, 8, 90), (torch.float32, 80, 6, 2, 80)]
 norms = [(torch.bfloat16, 4096, True, 90), (torch.float16, 1536, False, 89), (torch.float32, 8192, True, 80)]
 swiglus = [(torch.bfloat16, 90), (torch.float32, 80)]
 rows = [compile_rotary(*cell) for cell in cells] + [compile_norm(*cell) for cell in norms]
 merges = [(torch.bfloat16, 128, 90), (torch.bfloat16, 64, 90), (torch.float32, 256, 80)]
 rows += [compile_swiglu(*cell) for cell in swiglus]
-print(json.dumps(rows + [compile_lse_merge(*cell) for cell in merges]))
+rows += [compile_lse_merge(*cell) for cell in merges]
+print(json.dumps(rows + [compile_rotary_store(*cell) for cell in stores]))
 """
 
 
@@ -113,12 +117,14 @@ def test_fused_element_wise_kernels_compile_without_spills():
     without on sm_89, a 70B's 8,192-wide float32 rows on sm_80; the SwiGLU kernel
     (kernels/swiglu_triton.py) in bfloat16 on sm_90 and float32 on sm_80; the split attention's
     log-sum-exp merge (kernels/merge_triton.py) for the 8B's and the 1B's heads on sm_90, 256-wide
-    float32 heads on sm_80."""
+    float32 heads on sm_80; the rotary-and-store kernel (rope_triton.rotary_store) for the 8B's and the
+    1B's heads on sm_90, a float32 head dim whose half is no power of 2 on sm_80."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, "-c", ROTARY_SUBSET], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     rows = json.loads(run.stdout.strip().splitlines()[-1])
-    assert [row["kernel"] for row in rows] == ["rotary"] * 3 + ["rms_norm"] * 3 + ["swiglu"] * 2 + ["lse_merge"] * 3
+    kernels = ["rotary"] * 3 + ["rms_norm"] * 3 + ["swiglu"] * 2 + ["lse_merge"] * 3 + ["rotary_store"] * 3
+    assert [row["kernel"] for row in rows] == kernels
     for row in rows:
         assert row["failures"] == [] and 0 < row["registers"] <= 255 and row["resident_blocks"] >= 1, row
 

@@ -139,9 +139,9 @@ def _ast_source(
     fn, dtype, constants, unit_strides, input_pointers, fp32_pointers, aligned=frozenset(), descriptors=None
 ):
     """The ASTSource a launch of `fn` builds: `constants` and the unit strides as constexprs,
-    pointers typed (input dtype or fp32) and 16-byte aligned, the `aligned` integers marked
-    divisible by 16, `descriptors` {name: "tensordesc<bf16[1, 128, 128]>"} as given, qk_scale
-    fp32, other scalars i32."""
+    pointers typed (input dtype or fp32; `descriptors` may name others, e.g. {"SLOTS": "*i64"}) and
+    16-byte aligned, the `aligned` integers marked divisible by 16, `descriptors` {name:
+    "tensordesc<bf16[1, 128, 128]>"} as given, qk_scale fp32, other scalars i32."""
     from triton.compiler import ASTSource
 
     constants = dict(constants)
@@ -289,6 +289,25 @@ def compile_rotary(dtype: torch.dtype, head_dim: int, n_heads: int, arch: int) -
         "arch": arch,
     }
     source = partial(_ast_source, _rotary_kernel, dtype, constants, set(), {"X", "COS", "SIN", "O"}, set())
+    return _compiled_row(row, source, arch, {**LAUNCH_OPTIONS, "num_stages": 1})
+
+
+def compile_rotary_store(dtype: torch.dtype, head_dim: int, n_heads: int, n_kv: int, arch: int) -> dict:
+    """Compile the rotary-and-store kernel (kernels/rope_triton.py) as rope_triton.rotary_store launches it
+    in a static decode step (the step's slots tensor) for `n_heads` query and `n_kv` KV heads of
+    `head_dim`; a dict as compile_cell's."""
+    from .rope_triton import LAUNCH_OPTIONS, _rotary_store_kernel, launch_constants
+
+    constants = {**launch_constants(n_heads + 2 * n_kv, head_dim), "USE_SLOTS": True}
+    row: dict[str, Any] = {
+        "cell": f"rotary_store {TRITON_TYPES[dtype]} d{head_dim} heads{n_heads}/{n_kv} sm_{arch}",
+        "kernel": "rotary_store",
+        "arch": arch,
+    }
+    pointers = {"X", "V", "COS", "SIN", "O", "KC", "VC"}
+    source = partial(
+        _ast_source, _rotary_store_kernel, dtype, constants, set(), pointers, set(), descriptors={"SLOTS": "*i64"}
+    )
     return _compiled_row(row, source, arch, {**LAUNCH_OPTIONS, "num_stages": 1})
 
 

@@ -35,6 +35,7 @@ TRITON_KERNELS = {
     "decode_attention": "decode_triton",
     "prefill_attention": "prefill_triton",
     "rotary": "rope_triton",
+    "rotary_store": "rope_triton",
     "rms_norm": "norm_triton",
     "swiglu": "swiglu_triton",
     "lse_merge": "merge_triton",
@@ -71,7 +72,7 @@ def kernel_unavailable_reason(device: torch.device, dtype: torch.dtype) -> str |
 
 def triton_kernel(name: str) -> Callable:
     """The Triton kernel `name` (flash_attention, scoring_softmax, decode_attention,
-    prefill_attention, rotary, rms_norm, swiglu, lse_merge), importing Triton on first use.
+    prefill_attention, rotary, rotary_store, rms_norm, swiglu, lse_merge), importing Triton on first use.
 
     The one place a kernel is fetched, so that a test can inject a failing or wrong one."""
     module = importlib.import_module(f"{__package__}.{TRITON_KERNELS[name]}")
