@@ -42,6 +42,23 @@ def launch_constants(n_heads: int, head_dim: int) -> dict[str, int]:
 
 
 @triton.jit
+def _rotated_halves(x_first, COS, SIN, t, stride_ct, stride_st, d, in_half, mask, HALF: tl.constexpr):
+    """The two halves of each head at x_first [heads, BLOCK_D] (its first half's addresses) rotated by
+    token t's tables: each product and the sum computed in float32 and rounded to x's dtype where torch
+    rounds them (rotate_half(x) = [-x2, x1]; the negation is exact). Both kernels' rotation, written once."""
+    x1 = tl.load(x_first, mask=mask, other=0.0)
+    x2 = tl.load(x_first + HALF, mask=mask, other=0.0)
+    c1 = tl.load(COS + t * stride_ct + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
+    c2 = tl.load(COS + t * stride_ct + HALF + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
+    s1 = tl.load(SIN + t * stride_st + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
+    s2 = tl.load(SIN + t * stride_st + HALF + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
+    kind = x1.dtype
+    o1 = (x1.to(tl.float32) * c1).to(kind).to(tl.float32) + (-x2.to(tl.float32) * s1).to(kind).to(tl.float32)
+    o2 = (x2.to(tl.float32) * c2).to(kind).to(tl.float32) + (x1.to(tl.float32) * s2).to(kind).to(tl.float32)
+    return o1.to(kind), o2.to(kind)
+
+
+@triton.jit
 def _rotary_kernel(
     X,
     COS,
@@ -64,19 +81,10 @@ def _rotary_kernel(
     in_half = d < HALF
     mask = (heads < n_heads)[:, None] & in_half[None, :]
     x_first = X + t * stride_xt + heads[:, None] * stride_xh + d[None, :]
-    x1 = tl.load(x_first, mask=mask, other=0.0)
-    x2 = tl.load(x_first + HALF, mask=mask, other=0.0)
-    c1 = tl.load(COS + t * stride_ct + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    c2 = tl.load(COS + t * stride_ct + HALF + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    s1 = tl.load(SIN + t * stride_st + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    s2 = tl.load(SIN + t * stride_st + HALF + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    kind = x1.dtype
-    # rotate_half(x) = [-x2, x1]; every product and the sum rounded to x's dtype, as torch's ops
-    o1 = (x1.to(tl.float32) * c1).to(kind).to(tl.float32) + (-x2.to(tl.float32) * s1).to(kind).to(tl.float32)
-    o2 = (x2.to(tl.float32) * c2).to(kind).to(tl.float32) + (x1.to(tl.float32) * s2).to(kind).to(tl.float32)
+    o1, o2 = _rotated_halves(x_first, COS, SIN, t, stride_ct, stride_st, d, in_half, mask, HALF)
     o_first = O + t * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    tl.store(o_first, o1.to(kind), mask=mask)
-    tl.store(o_first + HALF, o2.to(kind), mask=mask)
+    tl.store(o_first, o1, mask=mask)
+    tl.store(o_first + HALF, o2, mask=mask)
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -145,24 +153,15 @@ def _rotary_store_kernel(
     slot = tl.load(SLOTS + t) if USE_SLOTS else start + t
     rotated = (is_q | is_k)[:, None] & in_half[None, :]
     x_first = X + t * stride_xt + heads[:, None] * stride_xh + d[None, :]
-    x1 = tl.load(x_first, mask=rotated, other=0.0)
-    x2 = tl.load(x_first + HALF, mask=rotated, other=0.0)
-    c1 = tl.load(COS + t * stride_ct + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    c2 = tl.load(COS + t * stride_ct + HALF + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    s1 = tl.load(SIN + t * stride_st + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    s2 = tl.load(SIN + t * stride_st + HALF + d, mask=in_half, other=0.0)[None, :].to(tl.float32)
-    kind = x1.dtype
-    # the rotary kernel's arithmetic, rounding for rounding (bitwise the formula)
-    o1 = (x1.to(tl.float32) * c1).to(kind).to(tl.float32) + (-x2.to(tl.float32) * s1).to(kind).to(tl.float32)
-    o2 = (x2.to(tl.float32) * c2).to(kind).to(tl.float32) + (x1.to(tl.float32) * s2).to(kind).to(tl.float32)
+    o1, o2 = _rotated_halves(x_first, COS, SIN, t, stride_ct, stride_st, d, in_half, rotated, HALF)
     q_mask = is_q[:, None] & in_half[None, :]
     o_first = O + t * stride_ot + heads[:, None] * stride_oh + d[None, :]
-    tl.store(o_first, o1.to(kind), mask=q_mask)
-    tl.store(o_first + HALF, o2.to(kind), mask=q_mask)
+    tl.store(o_first, o1, mask=q_mask)
+    tl.store(o_first + HALF, o2, mask=q_mask)
     k_mask = is_k[:, None] & in_half[None, :]
     k_first = KC + slot * stride_kct + (heads - n_heads)[:, None] * stride_kch + d[None, :]
-    tl.store(k_first, o1.to(kind), mask=k_mask)
-    tl.store(k_first + HALF, o2.to(kind), mask=k_mask)
+    tl.store(k_first, o1, mask=k_mask)
+    tl.store(k_first + HALF, o2, mask=k_mask)
     v_mask = is_v[:, None] & in_half[None, :]
     v_heads = heads - n_heads - n_kv
     v1 = tl.load(V + t * stride_vt + v_heads[:, None] * stride_vh + d[None, :], mask=v_mask, other=0.0)
