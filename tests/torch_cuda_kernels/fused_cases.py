@@ -128,6 +128,35 @@ def test_rotary_store_is_the_rotation_and_the_cache_writes_bitwise(heads, kv_hea
     assert torch.equal(stacked[0][0], randn(2, 1, kv_heads, capacity, d, dtype=dtype, device=DEVICE, seed=56)[0])
 
 
+def test_a_prefill_in_steps_stores_each_steps_keys_in_its_slots(monkeypatch):
+    """The rotary-and-store kernel through the layer cache's next slots (rope.rotate_and_store with a start):
+    a Llama prefilled in steps of 4 tokens, then decoding, with only the rotations' kernels forced, gives
+    the formula path's logits and tokens bitwise."""
+    from specfill.backends.torch_cuda import fused
+    from specfill.core.runtime import GenerationInfo, PrefillMethod, SamplingConfig
+    from specfill.core.self_check import kernels_env
+    from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
+
+    model = make_tiny("llama").ours(device=DEVICE, step=4)
+    ids = prompt_ids(11)
+
+    def run():
+        logits = model(torch.tensor(ids, device=DEVICE))
+        steps = model.generate_step(
+            ids, max_tokens=4, sampling=SamplingConfig(), stop_ids=frozenset(), method=PrefillMethod(),
+            info=GenerationInfo(),
+        )  # fmt: skip
+        return logits, list(steps)
+
+    with kernels_env("off"):
+        want = run()
+    monkeypatch.setattr(fused, "norm_launchable", lambda x, weight: False)
+    monkeypatch.setattr(fused, "swiglu_launchable", lambda gate, up: False)
+    with kernels_env("on"):
+        got = run()
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]
+
+
 def test_the_rotary_store_self_check_passes_the_kernel_and_refuses_a_wrong_one(monkeypatch):
     """fused.rotary_store_self_check passes the real kernel and refuses, with one warning, a kernel that
     writes the keys one slot off."""
