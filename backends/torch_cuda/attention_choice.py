@@ -74,15 +74,16 @@ def layout(t: torch.Tensor) -> Layout:
     x D] projection: ((3, 1, 2, 0), (0, 0, 64, 0), 0), its tokens padded; a cache's filled slots [1, Hkv,
     S, D] of a larger capacity: ((3, 2, 1, 0), (0, 0, 64, 0), 0), its heads padded. Dims of size 1 count
     as outermost and compact; overlapping strides (a broadcast) as contiguous."""
-    sized = sorted((d for d in range(t.dim()) if t.shape[d] > 1), key=lambda d: (t.stride(d), d))
-    order = (*sized, *(d for d in range(t.dim() - 1, -1, -1) if t.shape[d] <= 1))
+    shape, stride = tuple(t.shape), t.stride()  # read once: an eager decode asks every layer
+    sized = sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: (stride[d], d))
+    order = (*sized, *(d for d in range(len(shape) - 1, -1, -1) if shape[d] <= 1))
     padding, span = [], 1
     for d in order:
-        past = t.stride(d) - span if t.shape[d] > 1 else 0
+        past = stride[d] - span if shape[d] > 1 else 0
         if past < 0:
-            return tuple(range(t.dim() - 1, -1, -1)), (0,) * t.dim(), 0
+            return tuple(range(len(shape) - 1, -1, -1)), (0,) * len(shape), 0
         padding.append(_padding(past))
-        span = (span + past) * t.shape[d]
+        span = (span + past) * shape[d]
     return order, tuple(padding), t.storage_offset() % ALIGN
 
 
