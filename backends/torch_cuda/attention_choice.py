@@ -19,9 +19,10 @@ on Hopper) wherever it is installed; so is cuDNN's split call with our one-pass 
   over KV heads x splits programs and merges them by their float32 maxima.
 
 For each kind a few candidates are tried once on a representative shape (the model's heads and
-head size, the call's dtype) laid out as the call's own tensors are (`layout`: q a view of the layer's
-fused projection, keys and values the filled slots of a larger cache: a kernel that mishandles a stride
-or a descriptor's alignment fails or errs in the probe, not in a request): a candidate that raises or
+head size, the call's dtype) laid out as the call's own tensors are (`layout`: q as the layer's rotation
+wrote it, a compact [1, T, H, D] or a view of q and k rotated together; keys and values the filled slots
+of a larger cache: a kernel that mishandles a stride or a descriptor's alignment fails or errs in the
+probe, not in a request): a candidate that raises or
 whose output differs from a float32 reference by more than the dtype's tolerance is dropped; the
 fastest of the rest is kept for the process and that layout (`chosen()` reports them; bench and the GPU
 session record it). Off CUDA nothing is probed: CPU calls keep attention.py's paths.
