@@ -28,12 +28,7 @@ from typing import Any, Callable, Generic, Iterator, Protocol, Sequence, TypeVar
 import numpy as np
 
 from .errors import ConfigError
-from .stages import (
-    A,
-    AttentionTerms,
-    H2OStageOps,
-    ScoringStageOps,
-)
+from .stages import A, AttentionTerms, H2OStageOps, ScoringStageOps
 
 
 class H2OOps(H2OStageOps[A], Protocol[A]):
@@ -376,6 +371,13 @@ class ModelOps(H2OOps[A], ScoringOps[A], Protocol[A]):
         """One step: ids [T] appended to `cache` at RoPE `positions`; float32 logits
         [T - logits_from, vocab] for the step's tokens from `logits_from` on (None: no LM head)."""
 
+    def capture_step(
+        self, model: Any, ids: A, position: int, cache: KVCache[A], layers: Sequence[int]
+    ) -> tuple[A, A] | None:
+        """The speculator's look-ahead step, where the backend has one faster than `forward` with the
+        QueryCapture (None: it has not): ids [T] at positions position.. over every cached key (each layer's
+        window, no terms) -> (float32 logits [T, vocab], post-RoPE queries [len(layers), T, Hq, D])."""
+
     def layer_states(
         self, model: Any, ids: A, positions: int | np.ndarray, cache: KVCache[A], attend: PrefillAttention[A] | None
     ) -> A:
@@ -482,9 +484,8 @@ def installed() -> bool:
 
 
 def cannot_split() -> ConfigError:
-    """What a backend raises when a nested speculator (SpecPrefillConfig.deep_keep) would run a
-    model its layer_states / forward_from cannot split in two (transformers' or mlx-lm's adapted
-    families, whose forward is theirs)."""
+    """What a backend raises when a nested speculator (SpecPrefillConfig.deep_keep) would run a model
+    its layer_states / forward_from cannot split in two (adapted families, whose forward is theirs)."""
     return ConfigError(
         "deep_keep: a nested speculator needs one of specfill's own model families, not an adapted one",
         "deep_keep",

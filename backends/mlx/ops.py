@@ -100,6 +100,9 @@ class MLXOps(KernelStages):
         run = lambda rows: model.from_layer(first_layer, h, pos, cache, attend, rows)  # noqa: E731
         return _logits(model, states.shape[0], logits_from, run)
 
+    def capture_step(self, model: Any, ids: mx.array, position: int, cache: Any, layers: Sequence[int]) -> None:
+        return None  # lazy: forward with the capture builds one graph a step already
+
     def schedule(self, arrays: list[Any]) -> None:
         mx.async_eval(arrays)
 

@@ -47,6 +47,7 @@ from .attention_choice import grouped_decode
 from .cache import ModelKVCache
 from .rope import apply_rope, rotate_and_store
 
+StepOutput = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # logits, or (logits, the kept layers' queries)
 SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
 log = logging.getLogger("specfill.backends.torch_cuda")
 
@@ -100,15 +101,19 @@ class _StaticCache:
 
 
 class _StepInputs:
-    """The static inputs of one (T, bucket) step: ids, positions and slots [T] on the device, and
-    the attention call (attention_choice.decode_kernel's name: auto, sdpa or split-triton)."""
+    """The static inputs of one (T, bucket) step: ids, positions and slots [T] on the device, the
+    attention call (attention_choice.decode_kernel's name: auto, sdpa or split-triton) and the layers
+    whose queries the step also returns (SpecPrefill's look-ahead; none for decoding)."""
 
-    def __init__(self, tokens: int, bucket: int, device: torch.device, attention: str = "auto"):
+    def __init__(
+        self, tokens: int, bucket: int, device: torch.device, attention: str = "auto", kept: tuple[int, ...] = ()
+    ):
         self.ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.slots = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.bucket = bucket
         self.attention = attention
+        self.kept = kept
 
 
 class _MaskedAttention:
@@ -122,6 +127,7 @@ class _MaskedAttention:
         self.cache, self.step = cache, step
         self._visible: torch.Tensor | None = None
         self._biases: dict[tuple[int | None, int, torch.dtype], torch.Tensor] = {}
+        self.queries: dict[int, torch.Tensor] = {}  # layer -> q [1, Hq, T, D], the step's kept layers
 
     def visible(self, window: int | None) -> torch.Tensor:
         """[T, bucket] bool: which slots each query sees."""
@@ -147,6 +153,8 @@ class _MaskedAttention:
         return self._biases[key]
 
     def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        if layer in self.step.kept:
+            self.queries[layer] = q
         bias = self.bias(self.windows[layer], q.shape[1] // keys.shape[1], q.dtype)
         return grouped_decode(self.step.attention, q, keys, values, bias[0, 0], self.scale)
 
@@ -157,23 +165,27 @@ class _MaskedAttention:
         return 0  # a decode or verify step reads every row's logits
 
 
-def static_step(model: Any, cache: ModelKVCache, step: _StepInputs) -> torch.Tensor:
+def static_step(model: Any, cache: ModelKVCache, step: _StepInputs) -> StepOutput:
     """The step on the static inputs: writes the T tokens' keys/values at step.slots and their
-    positions, returns float32 logits [T, vocab]. No host synchronisation, no data-dependent shape."""
+    positions, returns float32 logits [T, vocab], and with step.kept also the post-RoPE queries
+    [len(kept), T, Hq, D] of those layers (in kept's order). No host synchronisation, no
+    data-dependent shape."""
     write_slots(cache.positions, 0, step.slots, step.positions)
     attend = _MaskedAttention(model, cache, step)
     logits = model(step.ids[None], step.positions, _StaticCache(cache, step), 0, attend)
-    return logits[0]
+    if not step.kept:
+        return logits[0]
+    return logits[0], torch.stack([attend.queries[layer][0].transpose(0, 1) for layer in step.kept])
 
 
 class Capture(Protocol):
     """How a step becomes replayable: CUDA graphs on a GPU; tests pass a recorder."""
 
     def capture(
-        self, run: Callable[[], torch.Tensor], device: torch.device, cache: ModelKVCache
-    ) -> Callable[[], torch.Tensor]:
+        self, run: Callable[[], StepOutput], device: torch.device, cache: ModelKVCache
+    ) -> Callable[[], StepOutput]:
         """Record `run` (already run once eagerly) over `cache`'s buffers; return a replay that
-        reruns it and returns its output tensor (the same static tensor every time)."""
+        reruns it and returns its output (the same static tensors every time)."""
         ...
 
 
@@ -198,13 +210,13 @@ class CudaGraphCapture:
     H200 with torch 2.11: every later allocation failed; vLLM #53682 is the same failure)."""
 
     def capture(
-        self, run: Callable[[], torch.Tensor], device: torch.device, cache: ModelKVCache
-    ) -> Callable[[], torch.Tensor]:
+        self, run: Callable[[], StepOutput], device: torch.device, cache: ModelKVCache
+    ) -> Callable[[], StepOutput]:
         if cache.graph_pool is None:
             cache.graph_pool = torch.cuda.graph_pool_handle()
         graph, output = record(run, device, cache.graph_pool)
 
-        def replay() -> torch.Tensor:
+        def replay() -> StepOutput:
             graph.replay()
             return output
 
@@ -222,7 +234,9 @@ class DecodeGraphs:
         self.attention = "sdpa" if compiled and attention == "auto" else attention
         self.setup_seconds = 0.0  # eager first runs, compilations and captures, summed over the process
         self.failed = False  # a capture failed (logged once); those steps run eagerly
+        self.refused: set[tuple[int, int, tuple[int, ...]]] = set()  # (model, T, kept layers) whose capture failed
         self.step = static_step
+        self.compiled = compiled
         if compiled:  # inductor fuses the element-wise work (norms, RoPE, masks): fewer, larger kernels
             import torch._dynamo
 
@@ -237,24 +251,39 @@ class DecodeGraphs:
 
     def run(self, model: Any, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache) -> torch.Tensor:
         """ids [T] at RoPE positions [T] into the cache's next T slots; float32 logits [T, vocab]."""
+        return self._run(model, ids, positions, cache, ())
+
+    def run_keeping(
+        self, model: Any, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache, kept: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """run's step that also returns the post-RoPE queries [len(kept), T, Hq, D] of the layers
+        `kept` (SpecPrefill's look-ahead, ModelOps.capture_step): (logits, queries)."""
+        if not kept:
+            raise ValueError("run_keeping needs at least one layer whose queries it keeps")
+        return self._run(model, ids, positions, cache, tuple(kept))
+
+    def _run(
+        self, model: Any, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache, kept: tuple[int, ...]
+    ) -> Any:
         tokens, start = ids.shape[0], cache.filled
         if start + tokens > cache.capacity:
             raise PromptTooLongError(
                 f"KV cache holds {cache.capacity} tokens, writing slots {start}..{start + tokens - 1}"
             )
-        key = (id(model), tokens, self.bucket(cache, tokens))
+        key = (id(model), tokens, self.bucket(cache, tokens), kept)
         entry = cache.graphs.get(key)
         if entry is None:
             began = time.perf_counter()
-            step = _StepInputs(tokens, key[2], ids.device, self.attention)
+            step = _StepInputs(tokens, key[2], ids.device, self.attention, kept)
             # the bucket's unfilled slots are read (masked): a masked weight is 0, but 0 * NaN is
             # NaN, so uninitialised memory there must become finite once
             cache.k[:, :, :, start + tokens : key[2]].zero_()
             cache.v[:, :, :, start + tokens : key[2]].zero_()
             self._fill(step, ids, positions, start)
-            logits = self.step(model, cache, step)
+            out = self.step(model, cache, step)
             replay = None
-            if self.capture is not None:
+            kind = (key[0], tokens, kept)  # a capture that failed for a step is not tried again for its next buckets
+            if self.capture is not None and kind not in self.refused:
                 try:
                     replay = self.capture.capture(lambda: self.step(model, cache, step), ids.device, cache)
                 except Exception as e:  # this step stays eager (the same kernels): slower, never wrong
@@ -263,15 +292,17 @@ class DecodeGraphs:
                             "decode steps run without CUDA graphs: capture failed (%s: %s)", type(e).__name__, e
                         )
                     self.failed = True
+                    self.refused.add(kind)
             cache.graphs[key] = (step, replay)
             self._advance(cache, tokens)
             self.setup_seconds += time.perf_counter() - began
-            return logits
+            return out
         step, replay = entry
         self._fill(step, ids, positions, start)
-        logits = self.step(model, cache, step) if replay is None else replay()
+        out = self.step(model, cache, step) if replay is None else replay()
         self._advance(cache, tokens)
-        return logits.clone()  # the replay's output tensor is rewritten by the next replay
+        # the replay's output tensors are rewritten by the next replay
+        return out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
 
     @staticmethod
     def _fill(step: _StepInputs, ids: torch.Tensor, positions: torch.Tensor, start: int) -> None:

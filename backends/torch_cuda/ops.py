@@ -164,6 +164,21 @@ class TorchOps(KernelStages):
         logits = model(ids[None], pos, cache, logits_from, attend)
         return None if logits is None else logits[0]
 
+    def capture_step(
+        self, model: Any, ids: torch.Tensor, position: int, cache: Any, layers: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The look-ahead's step as a static decode step keeping the layers' queries, replayed as a CUDA
+        graph after its first run (decode_graph.DecodeGraphs.run_keeping): ~10 launches a layer and no
+        Python between them, where the capture's eager step launches them one by one. Not where the steps
+        are compiled: a look-ahead's bucket is new with every prompt length, and so would its compilation be."""
+        graphs = self.decode_graphs
+        if not (self.static_decode and graphs is not None and not graphs.compiled):
+            return None
+        if not self._static_step(model, ids, cache, None, 0):
+            return None
+        pos = self._positions(position, ids.shape[0])
+        return graphs.run_keeping(model, ids, pos, cache, tuple(layers))
+
     def layer_states(self, model: Transformer, ids, positions, cache, attend) -> torch.Tensor:
         own_family(model)
         return model.states(ids[None], self._positions(positions, ids.shape[0]), cache, attend)[0]

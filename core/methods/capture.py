@@ -58,6 +58,18 @@ class QueryCapture(Generic[A]):
             return self.prompt_attend(layer, q, k, v)
         return self.ops.causal_step(q, k, v, self.scale, self.windows[layer], self.terms[layer])
 
+    @property
+    def plain(self) -> bool:
+        """Whether its look-ahead steps are plain causal steps (no layer has attention terms), which a
+        backend's own capturing step (ModelOps.capture_step) may run in its place."""
+        return all(terms is None for terms in self.terms)
+
+    def keep_step(self, queries: A) -> None:
+        """A look-ahead step run by ModelOps.capture_step: its queries [len(layers), T, Hq, D], the
+        layers' in `layers` order, kept as __call__ would have kept them."""
+        for row, layer in enumerate(self.layers):
+            self.queries[layer].append(queries[row])
+
     def _final_dense(self, layer: int) -> bool:
         return layer == self.final and self.final_rows_asked
 

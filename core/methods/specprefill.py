@@ -171,13 +171,21 @@ def run_speculator(
     capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
     pass_seconds = ops.wall_time() - began  # the backend's clock waits for the device
     fed: list[int] = []
+    stepped = split is None and capture.plain  # a backend's own capturing step may run the look-ahead
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
         if token in stop_ids:
             break
         fed.append(token)
         wants_logits = step + 1 < lookahead  # the last fed token only contributes its query
-        if split is None:
+        kept = None
+        if stepped:  # None: the backend has no such step for this speculator (every step then, the same)
+            kept = ops.capture_step(speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture.layers)
+            stepped = kept is not None
+        if kept is not None:
+            out, queries = kept
+            capture.keep_step(queries)
+        elif split is None:
             out = ops.forward(
                 speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture, 0 if wants_logits else None
             )

@@ -164,17 +164,90 @@ def test_compiled_steps_through_the_eager_backend_give_the_eager_tokens(monkeypa
     assert greedy(model, ids, 12) == expected
 
 
-def test_a_failed_capture_leaves_the_step_eager(caplog):
+def test_a_failed_capture_leaves_the_step_eager(caplog, monkeypatch):
     class Failing(Recorder):
         def capture(self, run, device, cache):
+            self.captured += 1
             raise RuntimeError("operation not permitted when stream is capturing")
 
+    monkeypatch.setattr(decode_graph, "SLOT_BUCKET", 16)  # 16 decode steps from slot 20: buckets 32 and 48
     tiny = make_tiny("llama")
     ids = prompt_ids(20)
-    expected = greedy(tiny.ours(), ids, 6)
-    model = tiny.ours()
-    static(model, Failing())
+    expected = greedy(tiny.ours(), ids, 16)
+    model, failing = tiny.ours(), Failing()
+    static(model, failing)
     with caplog.at_level("WARNING", logger="specfill.backends.torch_cuda"):
-        assert greedy(model, ids, 6) == expected
+        assert greedy(model, ids, 16) == expected
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "capture failed (RuntimeError" in lines[0]
+    assert failing.captured == 1  # not tried again for the step's next bucket
+
+
+@pytest.mark.parametrize(
+    ("arch", "h2o"), [("llama", False), ("llama", True), ("mistral", False), ("gemma3", False)]
+)  # windows; gemma3: q / k norms, sandwich norms; h2o: the prompt pass walked by H2O (the look-ahead is dense)
+def test_the_lookahead_runs_as_static_steps_keeping_the_same_queries(arch, h2o, monkeypatch):
+    """SpecPrefill's look-ahead through ModelOps.capture_step (a static step that also returns the
+    scored layers' queries, replayed after its first run): the fed tokens, the captured queries and
+    the cache as the eager capture's, within the static step's float32 rounding (the module doc)."""
+    import numpy as np
+
+    from specfill.core.config import H2OConfig
+    from specfill.core.methods.specprefill import run_speculator
+
+    walk = H2OConfig(chunk_size=8, batch_size=16, local=2, heavy=2, dense_tail=2) if h2o else None
+    monkeypatch.setattr(decode_graph, "SLOT_BUCKET", 16)
+    tiny = make_tiny(arch)
+    ids = np.array(prompt_ids(30))
+    eager, graphed, recorder = tiny.ours(), tiny.ours(), Recorder()
+    static(graphed, recorder)
+    runs = [
+        run_speculator(
+            m.ops, m.model, ids, lookahead=5, stop_ids=frozenset(), step_size=16, query_window=3, layers=[1], h2o=walk
+        )
+        for m in (eager, graphed)
+    ]
+    assert runs[1].lookahead == runs[0].lookahead and len(runs[0].lookahead) == 5
+    # slots 30..34 of a 35-slot cache: buckets of 32 (two steps) and 35 (three), one capture each
+    assert (recorder.captured, recorder.replayed) == (2, 3)
+    assert runs[1].queries.shape == runs[0].queries.shape == (1, 3 + 5, 4, tiny.args.head_dim)
+    torch.testing.assert_close(runs[1].queries, runs[0].queries, rtol=0, atol=1e-5)
+    caches = [run.cache for run in runs]
+    assert caches[0].filled == caches[1].filled == 35
+    torch.testing.assert_close(caches[1].k[:, :, :, :35], caches[0].k[:, :, :, :35], rtol=0, atol=1e-5)
+
+
+def test_a_lookahead_with_attention_terms_or_a_nested_pass_keeps_the_eager_capture(monkeypatch):
+    """capture_step is asked only where the capture's look-ahead is a plain causal step of the whole
+    speculator: not with a layer's attention terms, nor in a nested pass (its deeper layers read a subset)."""
+    import numpy as np
+
+    from specfill.core.config import SpecPrefillConfig
+    from specfill.core.methods.capture import QueryCapture
+    from specfill.core.methods.specprefill import run_speculator
+    from specfill.core.stages import AttentionTerms
+
+    tiny = make_tiny("llama")
+    ops = tiny.ours().ops
+    assert QueryCapture(ops, 2, 10, 0.25).plain
+    assert not QueryCapture(ops, 2, 10, 0.25, terms=[None, AttentionTerms(softcap=30.0)]).plain
+    compiled = tiny.ours().ops  # compiled steps: a new bucket, a new compilation, with every prompt length
+    compiled.static_decode, compiled.decode_graphs = True, decode_graph.DecodeGraphs(Recorder(), compiled=True)
+    cache = compiled.new_cache(tiny.ours().model, 8)
+    assert compiled.capture_step(tiny.ours().model, torch.tensor([1]), 0, cache, [0]) is None
+    ids = np.array(prompt_ids(30))
+    nest = SpecPrefillConfig(deep_keep=0.5, layers="first-1")
+    eager, graphed = tiny.ours(), tiny.ours()
+    static(graphed, Recorder())
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a nested pass's look-ahead asked for capture_step")
+
+    monkeypatch.setattr(graphed.ops, "capture_step", refuse)
+    runs = [
+        run_speculator(m.ops, m.model, ids, lookahead=3, stop_ids=frozenset(), step_size=16, layers=[0], nest=nest)
+        for m in (eager, graphed)
+    ]
+    assert runs[0].deep is None and runs[0].depth == 1  # nested: its first layer reads every token
+    assert runs[1].lookahead == runs[0].lookahead
+    torch.testing.assert_close(runs[1].queries, runs[0].queries, rtol=0, atol=1e-5)

@@ -135,3 +135,41 @@ def test_eager_decode_logits_are_the_replayed_steps_bitwise(tiny_checkpoint, dty
     assert tokens_e == tokens_s and len(eager) == len(replayed) >= 6
     for step, (a, b) in enumerate(zip(eager, replayed)):
         assert torch.equal(a, b), f"decode step {step}: max |diff| {float((a.float() - b.float()).abs().max())}"
+
+
+@pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if DEVICE == "cuda" else []))
+def test_the_replayed_lookahead_keeps_the_eager_queries_bitwise(tiny_checkpoint, dtype, monkeypatch):
+    """SpecPrefill's look-ahead through ModelOps.capture_step (a static step keeping the scored layers'
+    queries; on a GPU captured and replayed) against the speculator's eager capture: the same attention
+    call on a GPU (attention.one_query_cuda), so the fed tokens and every kept query are bitwise the
+    same. Here in the interpreter the GPU's routing is forced, as for the decode steps above."""
+    from specfill.backends.torch_cuda import attention, attention_choice, decode_graph
+    from specfill.core.methods.specprefill import run_speculator
+
+    if DEVICE == "cpu":
+        split = lambda name, q, k, v=None: attention_choice.split_decode  # noqa: E731
+        monkeypatch.setattr(attention_choice, "decode_kernel", split)
+        few = attention.few_queries_cpu
+
+        def gpu_routing(q, keys, values, start, scale=None, visible=None):
+            if q.shape[2] == 1 and visible is None:
+                return attention.one_query_cuda(q, keys, values, scale)
+            return few(q, keys, values, start, scale, visible)
+
+        monkeypatch.setattr(attention, "few_queries_cpu", gpu_routing)
+    model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype=dtype, device=DEVICE)
+    ids = np.array(prompt(37, model.args.vocab_size, seed=18))
+    runs = {}
+    for static in (False, True):
+        ops = TorchOps(model.ops.device, model.ops.dtype, True)
+        ops.static_decode = static
+        if static and DEVICE == "cpu":
+            ops.decode_graphs = decode_graph.DecodeGraphs(None)
+        runs[static] = run_speculator(
+            ops, model.model, ids, lookahead=4, stop_ids=frozenset(), step_size=16, query_window=2
+        )
+    eager, replayed = runs[False], runs[True]
+    assert replayed.lookahead == eager.lookahead and len(eager.lookahead) == 4
+    kept = [key for key in replayed.cache.graphs if key[3]]  # (model, T, bucket, kept layers)
+    assert kept and not eager.cache.graphs
+    assert torch.equal(replayed.queries, eager.queries), float((replayed.queries - eager.queries).abs().max())
