@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, TypeAlias, Union
 
 import torch
 
@@ -47,7 +47,7 @@ from .attention_choice import grouped_decode
 from .cache import ModelKVCache
 from .rope import apply_rope, rotate_and_store
 
-StepOutput = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # logits, or (logits, the kept layers' queries)
+StepOutput: TypeAlias = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]  # logits, or (logits, kept queries)
 SLOT_BUCKET = 1024  # slots per attention bucket: at most 1023 masked slots read per step (~12% at 8K)
 log = logging.getLogger("specfill.backends.torch_cuda")
 
