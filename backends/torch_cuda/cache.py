@@ -89,7 +89,7 @@ class ModelKVCache(LayerBooks[LayerKVCache]):
         self.positions = torch.zeros(keys.shape[3], dtype=torch.int64, device=keys.device)
         self.layers = [LayerKVCache(k, v, self.positions) for k, v in zip(keys, values)]
         # decode steps captured over this cache's buffers (decode_graph.py): they live and die with it
-        self.graphs: dict[tuple[int, int, int], Any] = {}
+        self.graphs: dict[tuple[Any, ...], Any] = {}
         self.graph_pool: Any = None  # their memory pool, this cache's own (decode_graph.CudaGraphCapture)
 
     @classmethod

@@ -67,16 +67,25 @@ if hasattr(torch.library, "custom_op"):  # torch >= 2.4; before, a plain functio
     write_slots = torch.library.custom_op("specfill::write_slots", mutates_args=("cache",))(write_slots)
 
 
-class _StaticLayer:
-    """A layer cache view for the static step: writes at the slots tensor, returns the bucket."""
+class _Slots:
+    """A run of layers filled alike: their next T slots (a static input [T]) and the bucket they read."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, step: "_StepInputs"):
-        self.k, self.v, self.positions, self.step = keys, values, positions, step
+    def __init__(self, tokens: int, bucket: int, device: torch.device, index: int = 0):
+        self.slots = torch.zeros(tokens, dtype=torch.int64, device=device)
+        self.bucket = bucket
+        self.index = index  # the run's place in the step (0: the first layers')
+
+
+class _StaticLayer:
+    """A layer cache view for the static step: writes at its run's slots tensor, returns its bucket."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, run: _Slots):
+        self.k, self.v, self.positions, self.run = keys, values, positions, run
 
     def update_and_fetch(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        write_slots(self.k, 2, self.step.slots, k)
-        write_slots(self.v, 2, self.step.slots, v)
-        bucket = self.step.bucket
+        write_slots(self.k, 2, self.run.slots, k)
+        write_slots(self.v, 2, self.run.slots, v)
+        bucket = self.run.bucket
         return self.k[:, :, :bucket], self.v[:, :, :bucket]
 
     def store_rotated(
@@ -84,69 +93,84 @@ class _StaticLayer:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """cache.LayerKVCache.store_rotated at the step's slots: on a GPU one launch (never in a compiled
         step, whose writes stay write_slots)."""
-        q = rotate_and_store(qk, v, cos, sin, n_heads, self.k, self.v, self.step.slots)
+        q = rotate_and_store(qk, v, cos, sin, n_heads, self.k, self.v, self.run.slots)
         if q is None:
             qk = apply_rope(qk, cos, sin)
             return (qk[:, :n_heads], *self.update_and_fetch(qk[:, n_heads:], v))
-        bucket = self.step.bucket
+        bucket = self.run.bucket
         return q, self.k[:, :, :bucket], self.v[:, :, :bucket]
 
     def slot_positions(self, step_positions: torch.Tensor) -> torch.Tensor:
-        return self.positions[: self.step.bucket]
+        return self.positions[: self.run.bucket]
 
 
 class _StaticCache:
     def __init__(self, cache: ModelKVCache, step: "_StepInputs"):
-        self.layers = [_StaticLayer(k, v, cache.positions, step) for k, v in zip(cache.k, cache.v)]
+        self.layers = [
+            _StaticLayer(k, v, cache.positions, step.run_of(i)) for i, (k, v) in enumerate(zip(cache.k, cache.v))
+        ]
 
 
-class _StepInputs:
-    """The static inputs of one (T, bucket) step: ids, positions and slots [T] on the device, the
-    attention call (attention_choice.decode_kernel's name: auto, sdpa or split-triton) and the layers
-    whose queries the step also returns (SpecPrefill's look-ahead; none for decoding)."""
+class _StepInputs(_Slots):
+    """The static inputs of one (T, buckets) step: ids, positions and the first layers' slots [T] on
+    the device (its own `slots` and `bucket`), the attention call (attention_choice.decode_kernel's
+    name: auto, sdpa or split-triton), the layers whose queries the step also returns (SpecPrefill's
+    look-ahead; none for decoding) and `deeper`: (first layer, bucket) of each later run of layers
+    filled to other slots (a nested speculator's deeper layers hold a subset of the prompt; none
+    for decoding)."""
 
     def __init__(
-        self, tokens: int, bucket: int, device: torch.device, attention: str = "auto", kept: tuple[int, ...] = ()
+        self,
+        tokens: int,
+        bucket: int,
+        device: torch.device,
+        attention: str = "auto",
+        kept: tuple[int, ...] = (),
+        deeper: tuple[tuple[int, int], ...] = (),
     ):
+        super().__init__(tokens, bucket, device)
         self.ids = torch.zeros(tokens, dtype=torch.int64, device=device)
         self.positions = torch.zeros(tokens, dtype=torch.int64, device=device)
-        self.slots = torch.zeros(tokens, dtype=torch.int64, device=device)
-        self.bucket = bucket
         self.attention = attention
         self.kept = kept
+        self.runs: list[tuple[int, _Slots]] = [(0, self)]
+        self.runs += [(first, _Slots(tokens, b, device, i + 1)) for i, (first, b) in enumerate(deeper)]
+
+    def run_of(self, layer: int) -> _Slots:
+        """The run of layers `layer` belongs to."""
+        return [run for first, run in self.runs if first <= layer][-1]
 
 
 class _MaskedAttention:
     """The step's attention (a PrefillAttention for Transformer.forward): q [1, Hq, T, D] over the
-    bucket's keys/values [1, Hkv, bucket, D]; query t sees slot s iff s <= slots[t], and on a
-    sliding layer also positions[t] - key_position[s] < window."""
+    bucket's keys/values [1, Hkv, bucket, D]; query t sees slot s iff s <= slots[t] (its layer's run's
+    slots), and on a sliding layer also positions[t] - key_position[s] < window."""
 
     def __init__(self, model: Any, cache: ModelKVCache, step: _StepInputs):
         self.windows = [layer.self_attn.window for layer in model.layers]
         self.scale = model.args.attention_scale
         self.cache, self.step = cache, step
-        self._visible: torch.Tensor | None = None
-        self._biases: dict[tuple[int | None, int, torch.dtype], torch.Tensor] = {}
+        self._visible: dict[int, torch.Tensor] = {}  # by run
+        self._biases: dict[tuple[int, int | None, int, torch.dtype], torch.Tensor] = {}
         self.queries: dict[int, torch.Tensor] = {}  # layer -> q [1, Hq, T, D], the step's kept layers
 
-    def visible(self, window: int | None) -> torch.Tensor:
-        """[T, bucket] bool: which slots each query sees."""
-        step = self.step
-        if self._visible is None:
-            slots = torch.arange(step.bucket, device=step.slots.device)
-            self._visible = slots[None, :] <= step.slots[:, None]
+    def visible(self, run: _Slots, window: int | None) -> torch.Tensor:
+        """[T, bucket] bool: which of the run's slots each query sees."""
+        if run.index not in self._visible:
+            slots = torch.arange(run.bucket, device=run.slots.device)
+            self._visible[run.index] = slots[None, :] <= run.slots[:, None]
         if window is None:
-            return self._visible
-        distance = step.positions[:, None] - self.cache.positions[None, : step.bucket]
-        return self._visible & (distance < window)
+            return self._visible[run.index]
+        distance = self.step.positions[:, None] - self.cache.positions[None, : run.bucket]
+        return self._visible[run.index] & (distance < window)
 
-    def bias(self, window: int | None, group: int, dtype: torch.dtype) -> torch.Tensor:
+    def bias(self, run: _Slots, window: int | None, group: int, dtype: torch.dtype) -> torch.Tensor:
         """The additive mask [1, 1, G*T, bucket] (0 where seen, -inf elsewhere; row g * T + t takes
-        query t's row), built once per step and window: SDPA would turn a boolean mask into this
+        query t's row), built once per step, run and window: SDPA would turn a boolean mask into this
         again in every layer. The same values SDPA builds, so the same results."""
-        key = (window, group, dtype)
+        key = (run.index, window, group, dtype)
         if key not in self._biases:
-            rows = self.visible(window)
+            rows = self.visible(run, window)
             rows = rows.repeat(group, 1) if group > 1 else rows
             hidden = torch.zeros(rows.shape, dtype=dtype, device=rows.device).masked_fill_(~rows, float("-inf"))
             self._biases[key] = hidden[None, None]
@@ -155,7 +179,7 @@ class _MaskedAttention:
     def __call__(self, layer: int, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         if layer in self.step.kept:
             self.queries[layer] = q
-        bias = self.bias(self.windows[layer], q.shape[1] // keys.shape[1], q.dtype)
+        bias = self.bias(self.step.run_of(layer), self.windows[layer], q.shape[1] // keys.shape[1], q.dtype)
         return grouped_decode(self.step.attention, q, keys, values, bias[0, 0], self.scale)
 
     def arrays(self) -> list[Any]:
@@ -245,9 +269,10 @@ class DecodeGraphs:
                     setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
             self.step = torch.compile(static_step, dynamic=False, fullgraph=True)
 
-    def bucket(self, cache: ModelKVCache, tokens: int) -> int:
-        end = cache.filled + tokens
-        return min(cache.capacity, -(-end // SLOT_BUCKET) * SLOT_BUCKET)
+    @staticmethod
+    def bucket(cache: ModelKVCache, start: int, tokens: int) -> int:
+        """The slots a step writing [start, start + tokens) reads: rounded up to SLOT_BUCKET, at most the capacity."""
+        return min(cache.capacity, -(-(start + tokens) // SLOT_BUCKET) * SLOT_BUCKET)
 
     def run(self, model: Any, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache) -> torch.Tensor:
         """ids [T] at RoPE positions [T] into the cache's next T slots; float32 logits [T, vocab]."""
@@ -265,21 +290,30 @@ class DecodeGraphs:
     def _run(
         self, model: Any, ids: torch.Tensor, positions: torch.Tensor, cache: ModelKVCache, kept: tuple[int, ...]
     ) -> Any:
-        tokens, start = ids.shape[0], cache.filled
-        if start + tokens > cache.capacity:
-            raise PromptTooLongError(
-                f"KV cache holds {cache.capacity} tokens, writing slots {start}..{start + tokens - 1}"
-            )
-        key = (id(model), tokens, self.bucket(cache, tokens), kept)
+        tokens = ids.shape[0]
+        # (first layer, next slot) of each run of layers filled alike: one run but in a nested speculator
+        offsets = [layer.offset for layer in cache.layers]
+        runs = [(i, start) for i, start in enumerate(offsets) if i == 0 or start != offsets[i - 1]]
+        for _, start in runs:
+            if start + tokens > cache.capacity:
+                raise PromptTooLongError(
+                    f"KV cache holds {cache.capacity} tokens, writing slots {start}..{start + tokens - 1}"
+                )
+        buckets = tuple((first, self.bucket(cache, start, tokens)) for first, start in runs)
+        key = (id(model), tokens, buckets, kept)
         entry = cache.graphs.get(key)
         if entry is None:
+            if len(runs) > 1 and any(layer.self_attn.window is not None for layer in model.layers):
+                raise ValueError("a static step of layers filled to different slots takes no sliding window")
             began = time.perf_counter()
-            step = _StepInputs(tokens, key[2], ids.device, self.attention, kept)
-            # the bucket's unfilled slots are read (masked): a masked weight is 0, but 0 * NaN is
-            # NaN, so uninitialised memory there must become finite once
-            cache.k[:, :, :, start + tokens : key[2]].zero_()
-            cache.v[:, :, :, start + tokens : key[2]].zero_()
-            self._fill(step, ids, positions, start)
+            step = _StepInputs(tokens, buckets[0][1], ids.device, self.attention, kept, buckets[1:])
+            ends = [first for first, _ in runs[1:]] + [len(offsets)]
+            for (first, start), (_, bucket), end in zip(runs, buckets, ends):
+                # the bucket's unfilled slots are read (masked): a masked weight is 0, but 0 * NaN is
+                # NaN, so uninitialised memory there must become finite once
+                cache.k[first:end, :, :, start + tokens : bucket].zero_()
+                cache.v[first:end, :, :, start + tokens : bucket].zero_()
+            self._fill(step, ids, positions, runs)
             out = self.step(model, cache, step)
             replay = None
             kind = (key[0], tokens, kept)  # a capture that failed for a step is not tried again for its next buckets
@@ -298,17 +332,18 @@ class DecodeGraphs:
             self.setup_seconds += time.perf_counter() - began
             return out
         step, replay = entry
-        self._fill(step, ids, positions, start)
+        self._fill(step, ids, positions, runs)
         out = self.step(model, cache, step) if replay is None else replay()
         self._advance(cache, tokens)
         # the replay's output tensors are rewritten by the next replay
         return out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
 
     @staticmethod
-    def _fill(step: _StepInputs, ids: torch.Tensor, positions: torch.Tensor, start: int) -> None:
+    def _fill(step: _StepInputs, ids: torch.Tensor, positions: torch.Tensor, runs: list[tuple[int, int]]) -> None:
         step.ids.copy_(ids)
         step.positions.copy_(positions)
-        torch.arange(start, start + ids.shape[0], out=step.slots)
+        for (_, start), (_, run) in zip(runs, step.runs):
+            torch.arange(start, start + ids.shape[0], out=run.slots)
 
     @staticmethod
     def _advance(cache: ModelKVCache, tokens: int) -> None:

@@ -171,7 +171,7 @@ def run_speculator(
     capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
     pass_seconds = ops.wall_time() - began  # the backend's clock waits for the device
     fed: list[int] = []
-    stepped = split is None and capture.plain  # a backend's own capturing step may run the look-ahead
+    stepped = split is None and capture.plain  # a backend's own capturing step may run the look-ahead (nested: its own)
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
         if token in stop_ids:

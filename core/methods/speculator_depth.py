@@ -243,11 +243,22 @@ class DeepSubset:
         tail = np.arange(max(cached, self.n_prompt - self.n_window), self.n_prompt)
         return np.union1d(chosen, tail).astype(np.int64)
 
-    def step(self, token: int, step: int, capture: PrefillAttention[A], wants_logits: bool) -> A | None:
+    def step(self, token: int, step: int, capture: QueryCapture[A], wants_logits: bool) -> A | None:
         """Look-ahead token `step` (position P + step): the first K layers (its queries captured),
         then, when its logits or its deeper scored queries are wanted, the deeper layers over the
-        subset."""
+        subset. Both in one of the backend's capturing steps where it has one (ModelOps.capture_step:
+        each layer over its own filled slots)."""
         ops, position = self.ops, self.n_prompt + step
+        deep = self.deep_capture
+        if (wants_logits or deep is not None) and capture.plain and (deep is None or deep.plain):
+            layers = capture.layers + ([] if deep is None else deep.layers)
+            kept = ops.capture_step(self.speculator, ops.tokens(np.array([token])), position, self.cache, layers)
+            if kept is not None:
+                logits, queries = kept
+                capture.keep_step(queries[: len(capture.layers)])
+                if deep is not None:
+                    deep.keep_step(queries[len(capture.layers) :])
+                return logits
         h = ops.layer_states(self.outer, ops.tokens(np.array([token])), position, self.cache, capture)
         if not wants_logits and self.deep_capture is None:
             return None

@@ -217,37 +217,51 @@ def test_the_lookahead_runs_as_static_steps_keeping_the_same_queries(arch, h2o, 
     torch.testing.assert_close(caches[1].k[:, :, :, :35], caches[0].k[:, :, :, :35], rtol=0, atol=1e-5)
 
 
-def test_a_lookahead_with_attention_terms_or_a_nested_pass_keeps_the_eager_capture(monkeypatch):
-    """capture_step is asked only where the capture's look-ahead is a plain causal step of the whole
-    speculator: not with a layer's attention terms, nor in a nested pass (its deeper layers read a subset)."""
+@pytest.mark.parametrize("deep_from", [None, 1], ids=["ranked", "deep-scored"])
+def test_a_nested_lookahead_runs_as_static_steps_over_each_layers_slots(deep_from, monkeypatch):
+    """A nested speculator (deep_keep): its first layer holds every prompt slot and the deeper one a
+    subset, so one static step writes and reads two runs of slots; the fed tokens, the captured queries
+    (the deeper scored layer's too, deep_from) and every layer's offset as the eager nested step's."""
     import numpy as np
 
     from specfill.core.config import SpecPrefillConfig
-    from specfill.core.methods.capture import QueryCapture
     from specfill.core.methods.specprefill import run_speculator
+
+    monkeypatch.setattr(decode_graph, "SLOT_BUCKET", 16)
+    tiny = make_tiny("llama")
+    ids = np.array(prompt_ids(40))
+    nest = SpecPrefillConfig(deep_keep=0.5, layers="all" if deep_from else "first-1", deep_from=deep_from)
+    scored = [0, 1] if deep_from else [0]
+    eager, graphed, recorder = tiny.ours(), tiny.ours(), Recorder()
+    static(graphed, recorder)
+    runs = [
+        run_speculator(m.ops, m.model, ids, lookahead=4, stop_ids=frozenset(), step_size=16, layers=scored, nest=nest)
+        for m in (eager, graphed)
+    ]
+    assert runs[0].depth == 1 and (runs[0].deep is not None) == bool(deep_from)
+    offsets = [[layer.offset for layer in run.cache.layers] for run in runs]
+    assert offsets[1] == offsets[0] and offsets[0][0] == 40 + 4 and offsets[0][1] < offsets[0][0]
+    # every step static but, where nothing reads the deeper layers' output, the last (the first layer's alone)
+    assert recorder.captured >= 1 and recorder.captured + recorder.replayed == (4 if deep_from else 3)
+    assert runs[1].lookahead == runs[0].lookahead and len(runs[0].lookahead) == 4
+    torch.testing.assert_close(runs[1].queries, runs[0].queries, rtol=0, atol=1e-5)
+    if deep_from:
+        torch.testing.assert_close(runs[1].deep.queries, runs[0].deep.queries, rtol=0, atol=1e-5)
+    for a, b in zip(*(run.cache.layers for run in runs)):
+        torch.testing.assert_close(b.k[:, :, : a.offset], a.k[:, :, : a.offset], rtol=0, atol=1e-5)
+
+
+def test_a_lookahead_with_attention_terms_or_compiled_steps_keeps_the_eager_capture():
+    """capture_step is asked only where the capture's look-ahead is a plain causal step, and answers
+    only where its steps are not compiled (a new bucket, a new compilation, with every prompt length)."""
+    from specfill.core.methods.capture import QueryCapture
     from specfill.core.stages import AttentionTerms
 
     tiny = make_tiny("llama")
     ops = tiny.ours().ops
     assert QueryCapture(ops, 2, 10, 0.25).plain
     assert not QueryCapture(ops, 2, 10, 0.25, terms=[None, AttentionTerms(softcap=30.0)]).plain
-    compiled = tiny.ours().ops  # compiled steps: a new bucket, a new compilation, with every prompt length
+    compiled = tiny.ours().ops
     compiled.static_decode, compiled.decode_graphs = True, decode_graph.DecodeGraphs(Recorder(), compiled=True)
     cache = compiled.new_cache(tiny.ours().model, 8)
     assert compiled.capture_step(tiny.ours().model, torch.tensor([1]), 0, cache, [0]) is None
-    ids = np.array(prompt_ids(30))
-    nest = SpecPrefillConfig(deep_keep=0.5, layers="first-1")
-    eager, graphed = tiny.ours(), tiny.ours()
-    static(graphed, Recorder())
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a nested pass's look-ahead asked for capture_step")
-
-    monkeypatch.setattr(graphed.ops, "capture_step", refuse)
-    runs = [
-        run_speculator(m.ops, m.model, ids, lookahead=3, stop_ids=frozenset(), step_size=16, layers=[0], nest=nest)
-        for m in (eager, graphed)
-    ]
-    assert runs[0].deep is None and runs[0].depth == 1  # nested: its first layer reads every token
-    assert runs[1].lookahead == runs[0].lookahead
-    torch.testing.assert_close(runs[1].queries, runs[0].queries, rtol=0, atol=1e-5)

@@ -173,3 +173,30 @@ def test_the_replayed_lookahead_keeps_the_eager_queries_bitwise(tiny_checkpoint,
     kept = [key for key in replayed.cache.graphs if key[3]]  # (model, T, bucket, kept layers)
     assert kept and not eager.cache.graphs
     assert torch.equal(replayed.queries, eager.queries), float((replayed.queries - eager.queries).abs().max())
+
+
+def test_the_replayed_nested_lookahead_keeps_the_eager_queries(tiny_checkpoint):
+    """A nested speculator's look-ahead (deep_keep, deep_from: its deeper layer holds a subset's slots and
+    is scored too) through one static step over two runs of slots, on a GPU captured and replayed, against
+    the eager nested step: the same tokens, queries and deeper scores. float32, to 1e-5: the eager step
+    sums the residual at the split where the static one's next norm adds it (the fused add-norm)."""
+    from specfill.backends.torch_cuda import decode_graph
+    from specfill.core.methods.specprefill import run_speculator
+
+    model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype="float32", device=DEVICE)
+    ids = np.array(prompt(45, model.args.vocab_size, seed=19))
+    nest = SpecPrefillConfig(deep_keep=0.5, layers="all", deep_from=1)
+    runs = {}
+    for static in (False, True):
+        ops = TorchOps(model.ops.device, model.ops.dtype, True)
+        ops.static_decode = static
+        if static and DEVICE == "cpu":
+            ops.decode_graphs = decode_graph.DecodeGraphs(None)
+        runs[static] = run_speculator(
+            ops, model.model, ids, lookahead=3, stop_ids=frozenset(), step_size=16, layers=[0, 1], nest=nest
+        )
+    eager, replayed = runs[False], runs[True]
+    assert replayed.lookahead == eager.lookahead and len(eager.lookahead) == 3
+    assert any(len(key[2]) == 2 for key in replayed.cache.graphs)  # two runs of slots in one step
+    torch.testing.assert_close(replayed.queries, eager.queries, rtol=0, atol=1e-5)
+    torch.testing.assert_close(replayed.deep.queries, eager.deep.queries, rtol=0, atol=1e-5)
