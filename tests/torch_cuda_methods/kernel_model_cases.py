@@ -92,6 +92,36 @@ def test_h2o_walk_graphs_replay_the_walk_bitwise(models):
             np.testing.assert_array_equal(m_g, m_w)
 
 
+def gpu_routing(monkeypatch) -> None:
+    """In the interpreter, a one-query step routed as on a GPU (attention.one_query_cuda, the split-key
+    kernel for the eager and the static step alike); on a GPU nothing to do."""
+    from specfill.backends.torch_cuda import attention, attention_choice
+
+    if DEVICE == "cpu":
+        split = lambda name, q, k, v=None: attention_choice.split_decode  # noqa: E731
+        monkeypatch.setattr(attention_choice, "decode_kernel", split)  # grouped_decode's, both paths' call
+        few = attention.few_queries_cpu
+
+        def routed(q, keys, values, start, scale=None, visible=None):
+            if q.shape[2] == 1 and visible is None:
+                return attention.one_query_cuda(q, keys, values, scale)
+            return few(q, keys, values, start, scale, visible)
+
+        monkeypatch.setattr(attention, "few_queries_cpu", routed)
+
+
+def kernel_ops(model, static: bool) -> TorchOps:
+    """Ops with the kernels forced, decode and look-ahead steps static or not (on a GPU captured as CUDA
+    graphs; in the interpreter run uncaptured)."""
+    from specfill.backends.torch_cuda import decode_graph
+
+    ops = TorchOps(model.ops.device, model.ops.dtype, True)
+    ops.static_decode = static
+    if static and DEVICE == "cpu":
+        ops.decode_graphs = decode_graph.DecodeGraphs(None)
+    return ops
+
+
 @pytest.mark.parametrize("dtype", ["float32"] + (["bfloat16"] if DEVICE == "cuda" else []))
 def test_eager_decode_logits_are_the_replayed_steps_bitwise(tiny_checkpoint, dtype, monkeypatch):
     """A decode step computes the same logits layer by layer as a static step (decode_graph.py; on a GPU
@@ -99,27 +129,13 @@ def test_eager_decode_logits_are_the_replayed_steps_bitwise(tiny_checkpoint, dty
     static step's own (attention.one_query_cuda). Here in the interpreter the GPU's routing is forced (a
     one-query step through one_query_cuda, the split-key kernel for both); on a GPU as it runs, with
     CUDA graphs, float32 and bfloat16 (where torch's one-query SDPA had parted the greedy tokens)."""
-    from specfill.backends.torch_cuda import attention, attention_choice, decode_graph
     from specfill.core.runtime import SamplingConfig
 
-    if DEVICE == "cpu":
-        split = lambda name, q, k, v=None: attention_choice.split_decode  # noqa: E731
-        monkeypatch.setattr(attention_choice, "decode_kernel", split)  # grouped_decode's, both paths' call
-        few = attention.few_queries_cpu
-
-        def gpu_routing(q, keys, values, start, scale=None, visible=None):
-            if q.shape[2] == 1 and visible is None:
-                return attention.one_query_cuda(q, keys, values, scale)
-            return few(q, keys, values, start, scale, visible)
-
-        monkeypatch.setattr(attention, "few_queries_cpu", gpu_routing)
+    gpu_routing(monkeypatch)
     model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype=dtype, device=DEVICE)
     logits = {}
     for static in (False, True):
-        ops = TorchOps(model.ops.device, model.ops.dtype, True)
-        ops.static_decode = static
-        if static and DEVICE == "cpu":
-            ops.decode_graphs = decode_graph.DecodeGraphs(None)
+        ops = kernel_ops(model, static)
         seen: list[torch.Tensor] = []
         hook = model.model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out[0, -1].detach().clone()))
         try:
@@ -143,28 +159,14 @@ def test_the_replayed_lookahead_keeps_the_eager_queries_bitwise(tiny_checkpoint,
     queries; on a GPU captured and replayed) against the speculator's eager capture: the same attention
     call on a GPU (attention.one_query_cuda), so the fed tokens and every kept query are bitwise the
     same. Here in the interpreter the GPU's routing is forced, as for the decode steps above."""
-    from specfill.backends.torch_cuda import attention, attention_choice, decode_graph
     from specfill.core.methods.specprefill import run_speculator
 
-    if DEVICE == "cpu":
-        split = lambda name, q, k, v=None: attention_choice.split_decode  # noqa: E731
-        monkeypatch.setattr(attention_choice, "decode_kernel", split)
-        few = attention.few_queries_cpu
-
-        def gpu_routing(q, keys, values, start, scale=None, visible=None):
-            if q.shape[2] == 1 and visible is None:
-                return attention.one_query_cuda(q, keys, values, scale)
-            return few(q, keys, values, start, scale, visible)
-
-        monkeypatch.setattr(attention, "few_queries_cpu", gpu_routing)
+    gpu_routing(monkeypatch)
     model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype=dtype, device=DEVICE)
     ids = np.array(prompt(37, model.args.vocab_size, seed=18))
     runs = {}
     for static in (False, True):
-        ops = TorchOps(model.ops.device, model.ops.dtype, True)
-        ops.static_decode = static
-        if static and DEVICE == "cpu":
-            ops.decode_graphs = decode_graph.DecodeGraphs(None)
+        ops = kernel_ops(model, static)
         runs[static] = run_speculator(
             ops, model.model, ids, lookahead=4, stop_ids=frozenset(), step_size=16, query_window=2
         )
@@ -180,7 +182,6 @@ def test_the_replayed_nested_lookahead_keeps_the_eager_queries(tiny_checkpoint):
     is scored too) through one static step over two runs of slots, on a GPU captured and replayed, against
     the eager nested step: the same tokens, queries and deeper scores. float32, to 1e-5: the eager step
     sums the residual at the split where the static one's next norm adds it (the fused add-norm)."""
-    from specfill.backends.torch_cuda import decode_graph
     from specfill.core.methods.specprefill import run_speculator
 
     model, _ = load(tiny_checkpoint("qwen3", "safetensors"), dtype="float32", device=DEVICE)
@@ -188,10 +189,7 @@ def test_the_replayed_nested_lookahead_keeps_the_eager_queries(tiny_checkpoint):
     nest = SpecPrefillConfig(deep_keep=0.5, layers="all", deep_from=1)
     runs = {}
     for static in (False, True):
-        ops = TorchOps(model.ops.device, model.ops.dtype, True)
-        ops.static_decode = static
-        if static and DEVICE == "cpu":
-            ops.decode_graphs = decode_graph.DecodeGraphs(None)
+        ops = kernel_ops(model, static)
         runs[static] = run_speculator(
             ops, model.model, ids, lookahead=3, stop_ids=frozenset(), step_size=16, layers=[0, 1], nest=nest
         )
