@@ -58,8 +58,9 @@
 #     timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
 #   The machine's start and that call leave ~3 of the session's 15 minutes: too few to start a machine, but
 #   the warm one (30 s idle) takes a second call at once, where `status` has budget_left_s >= 200: where the
-#   composition's and H2O's time goes (their speculator's / main model's walk, host-bound by subtraction)
-#     command:   STEPS=profile PROFILE_METHODS=composition,h2o PROFILE_TOKENS=32768 PROFILE_DECODE_MODES=graphs BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
+#   composition's and H2O's time goes (their speculator's / main model's walk, host-bound by subtraction), and
+#   SpecPrefill's (its 1B speculator's 64-wide attention against the 8B's: the 2.5x line), each written as done
+#     command:   STEPS=profile PROFILE_METHODS=composition,specprefill,h2o PROFILE_TOKENS=32768 PROFILE_DECODE_MODES=graphs BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
 #     carry:     []   (what call 1 carried stays on the warm machine)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
 #   Should the tool refuse the held tree (files missing from git's list), restore it and send the parts one a
