@@ -13,6 +13,8 @@ another order, float32 rounding only (1e-4 on logits of magnitude ~10), tokens e
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -265,3 +267,55 @@ def test_a_lookahead_with_attention_terms_or_compiled_steps_keeps_the_eager_capt
     compiled.static_decode, compiled.decode_graphs = True, decode_graph.DecodeGraphs(Recorder(), compiled=True)
     cache = compiled.new_cache(tiny.ours().model, 8)
     assert compiled.capture_step(tiny.ours().model, torch.tensor([1]), 0, cache, [0]) is None
+
+
+class CaptureSafety(Recorder):
+    """A Recorder that watches each recorded run on a simulated GPU: capture breakers (a value read back,
+    a data-dependent size, host data copied in: test_walk_graph's list) and host synchronisations."""
+
+    def __init__(self, runtime) -> None:
+        from tests.torch_cuda.test_walk_graph import _Breakers
+
+        super().__init__()
+        self.runtime, self.breakers, self.synchronized = runtime, _Breakers(), 0
+        self.kept_queries = 0  # replays that returned queries too (look-ahead steps)
+
+    def capture(self, run, device, cache):
+        before = self.runtime.synchronized
+
+        def watched():
+            with self.breakers:
+                out = run()
+            self.kept_queries += isinstance(out, tuple)
+            return out
+
+        try:
+            return super().capture(watched, device, cache)
+        finally:
+            self.synchronized += self.runtime.synchronized - before
+
+
+@pytest.mark.parametrize("nest", [False, True], ids=["whole", "nested"])
+def test_a_recorded_lookahead_or_decode_step_never_waits_nor_copies_host_data_in(nest, monkeypatch):
+    """What a CUDA graph of a static step records must not read a value back nor copy host data in (the
+    capture would fail and the steps run eagerly): SpecPrefill's look-ahead (whole, or nested over two runs
+    of slots) and the decode after it, on the GPU's code path (the CUDA branches of a simulated GPU)."""
+    from specfill.core.config import SpecPrefillConfig
+    from tests.methods.support import greedy as method_greedy
+    from tests.torch_cuda.simulated_gpu import simulated
+
+    config = SpecPrefillConfig(keep_ratio=0.3, lookahead=3, select_chunk=4, pool_kernel=3, query_window=3)
+    config = replace(config, deep_keep=0.5, deep_from=0.5) if nest else config
+    with simulated(monkeypatch, (9, 0)) as fake:
+        model = make_tiny("llama", num_hidden_layers=4).ours(step=32)
+        recorder = CaptureSafety(fake["runtime"])
+        static(model, recorder)
+        info = GenerationInfo()
+        method = PrefillMethod("specprefill", specprefill=config, speculator="self:4")
+        method_greedy(model, prompt_ids(60, seed=3), 3, method, info)
+    assert info.kept_tokens < 60 and recorder.captured >= 2  # a look-ahead step and a decode step
+    assert recorder.kept_queries == 2  # the look-ahead's second and third steps, replayed
+    assert recorder.breakers.found == [] and recorder.synchronized == 0, (
+        recorder.breakers.found,
+        recorder.synchronized,
+    )
