@@ -22,10 +22,11 @@ shapes, so the step is written with static shapes:
 (T, bucket) is seen (that call's result is the real one), captures it, and replays the capture
 from then on. SpecPrefill's look-ahead takes the same step (`run_keeping`): it also returns the
 scored layers' post-RoPE queries, and where a nested speculator's deeper layers hold a subset of the
-prompt in their own slots, each run of layers filled alike writes and reads its own slots and bucket. `compiled=True` first compiles the step with torch.compile (inductor; one graph, no
-breaks: the model skips its per-layer cancellation check and the CPU-only product order while
-compiling), which fuses the element-wise kernels; its roundings then differ from the eager step's
-(fused float32 intermediates), so it is opt-in and its tokens are compared, not assumed.
+prompt in their own slots, each run of layers filled alike writes and reads its own slots and bucket.
+`compiled=True` first compiles the step with torch.compile (inductor; one graph, no breaks: the
+model skips its per-layer cancellation check and the CPU-only product order while compiling), which
+fuses the element-wise kernels; its roundings then differ from the eager step's (fused float32
+intermediates), so it is opt-in and its tokens are compared, not assumed.
 The graphs are stored on the cache they write (ModelKVCache.graphs): a graph
 records the cache's addresses, so it lives and dies with that cache. The eager path
 (TorchOps.decode_graphs False) runs the same `static_step` without capture, so graphs on and off
