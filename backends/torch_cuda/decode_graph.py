@@ -260,7 +260,6 @@ class DecodeGraphs:
         # a compiled step traces no probe: SDPA there (inductor fuses around it)
         self.attention = "sdpa" if compiled and attention == "auto" else attention
         self.setup_seconds = 0.0  # eager first runs, compilations and captures, summed over the process
-        self.failed = False  # a capture failed (logged once); those steps run eagerly
         self.refused: set[tuple[int, int, tuple[int, ...]]] = set()  # (model, T, kept layers) whose capture failed
         self.step = static_step
         self.compiled = compiled
@@ -271,6 +270,11 @@ class DecodeGraphs:
                 if hasattr(torch._dynamo.config, limit):
                     setattr(torch._dynamo.config, limit, max(64, getattr(torch._dynamo.config, limit)))
             self.step = torch.compile(static_step, dynamic=False, fullgraph=True)
+
+    @property
+    def failed(self) -> bool:
+        """A capture failed (logged once); those steps run eagerly."""
+        return bool(self.refused)
 
     @staticmethod
     def bucket(cache: ModelKVCache, start: int, tokens: int) -> int:
@@ -328,7 +332,6 @@ class DecodeGraphs:
                         log.warning(
                             "decode steps run without CUDA graphs: capture failed (%s: %s)", type(e).__name__, e
                         )
-                    self.failed = True
                     self.refused.add(kind)
             cache.graphs[key] = (step, replay)
             self._advance(cache, tokens)

@@ -4,7 +4,7 @@ the scoring reads."""
 
 from __future__ import annotations
 
-from typing import Generic, Sequence
+from typing import Any, Generic, Sequence
 
 from ..ops import ModelOps, PrefillAttention
 from ..stages import A, AttentionTerms, active_terms
@@ -95,3 +95,23 @@ class QueryCapture(Generic[A]):
     def stacked(self) -> A:
         """[len(layers), n_queries, Hq, D]: the captured layers' queries, in `layers` order."""
         return self.ops.stack([self.ops.concat(self.queries[layer], axis=0) for layer in self.layers])
+
+
+def capturing_step(
+    ops: ModelOps[A], model: Any, ids: A, position: int, cache: Any, captures: Sequence[QueryCapture[A]]
+) -> A | None:
+    """A look-ahead step ids [T] at positions position.. through the backend's own capturing step
+    (ModelOps.capture_step) in place of `forward` with the captures: each capture's layers' queries kept
+    as its __call__ keeps them; the step's float32 logits [T, vocab], or None where it cannot stand in
+    (a layer with attention terms) or the backend has none (the caller then runs the step itself)."""
+    if not all(capture.plain for capture in captures):
+        return None
+    kept = ops.capture_step(model, ids, position, cache, [layer for capture in captures for layer in capture.layers])
+    if kept is None:
+        return None
+    logits, queries = kept
+    row = 0
+    for capture in captures:
+        capture.keep_step(queries[row : row + len(capture.layers)])
+        row += len(capture.layers)
+    return logits

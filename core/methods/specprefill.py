@@ -39,7 +39,7 @@ from ..stages import (
     attention_layers,
     layer_terms,
 )
-from .capture import QueryCapture  # re-exported: the speculator's capture is part of this method
+from .capture import QueryCapture, capturing_step  # re-exported: the speculator's capture is part of this method
 from .h2o import h2o_prefill
 from .prefill import StageProgress, prefill, stage_work
 from .scoring import DeepScores, token_importance  # token_importance re-exported: the scoring is part of this method
@@ -171,24 +171,17 @@ def run_speculator(
     capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
     pass_seconds = ops.wall_time() - began  # the backend's clock waits for the device
     fed: list[int] = []
-    stepped = split is None and capture.plain  # a backend's own capturing step may run the look-ahead (nested: its own)
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
         if token in stop_ids:
             break
         fed.append(token)
         wants_logits = step + 1 < lookahead  # the last fed token only contributes its query
-        kept = None
-        if stepped:  # None: the backend has no such step for this speculator (every step then, the same)
-            kept = ops.capture_step(speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture.layers)
-            stepped = kept is not None
-        if kept is not None:
-            out, queries = kept
-            capture.keep_step(queries)
-        elif split is None:
-            out = ops.forward(
-                speculator, ops.tokens(np.array([token])), n_prompt + step, cache, capture, 0 if wants_logits else None
-            )
+        if split is None:
+            one, position = ops.tokens(np.array([token])), n_prompt + step
+            out = capturing_step(ops, speculator, one, position, cache, [capture])
+            if out is None:
+                out = ops.forward(speculator, one, position, cache, capture, 0 if wants_logits else None)
         else:
             out = nested.step(token, step, capture, wants_logits)
         logits = out[-1] if out is not None else logits

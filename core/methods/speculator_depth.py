@@ -39,7 +39,7 @@ from ..errors import ConfigError
 from ..ops import ModelOps, PrefillAttention, cannot_split
 from ..runtime import ProgressCallback
 from ..stages import A, layer_terms
-from .capture import QueryCapture
+from .capture import QueryCapture, capturing_step
 from .h2o import h2o_prefill
 from .scoring import DeepScores, token_importance
 from .selection import select_tokens
@@ -248,18 +248,13 @@ class DeepSubset:
         then, when its logits or its deeper scored queries are wanted, the deeper layers over the
         subset. Both in one of the backend's capturing steps where it has one (ModelOps.capture_step:
         each layer over its own filled slots)."""
-        ops, position = self.ops, self.n_prompt + step
-        deep = self.deep_capture
-        if (wants_logits or deep is not None) and capture.plain and (deep is None or deep.plain):
-            layers = capture.layers + ([] if deep is None else deep.layers)
-            kept = ops.capture_step(self.speculator, ops.tokens(np.array([token])), position, self.cache, layers)
-            if kept is not None:
-                logits, queries = kept
-                capture.keep_step(queries[: len(capture.layers)])
-                if deep is not None:
-                    deep.keep_step(queries[len(capture.layers) :])
+        ops, position, one = self.ops, self.n_prompt + step, self.ops.tokens(np.array([token]))
+        if wants_logits or self.deep_capture is not None:  # a step through every layer
+            captures = [capture] + ([] if self.deep_capture is None else [self.deep_capture])
+            logits = capturing_step(ops, self.speculator, one, position, self.cache, captures)
+            if logits is not None:
                 return logits
-        h = ops.layer_states(self.outer, ops.tokens(np.array([token])), position, self.cache, capture)
+        h = ops.layer_states(self.outer, one, position, self.cache, capture)
         if not wants_logits and self.deep_capture is None:
             return None
         return ops.forward_from(
