@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..fused import rotary_launchable
+from ..fused import rotary_launchable, rotary_store_launchable
 from .dispatch import next_power_of_2
 
 HEADS_PER_PROGRAM = 16  # an 8B's 32 + 8 rotated heads of a decode token: three programs
@@ -187,8 +187,6 @@ def rotary_store(
     view of a new [1, T, H, D]), the keys written into k_cache [1, Hkv, capacity, D] and v [1, Hkv, T, D]
     into v_cache at the step's slots: `slots` [T] (int64, on the device: a static decode step's) or
     start.. start + T. One launch where the rotation and the two cache writes were three."""
-    from ..fused import rotary_store_launchable
-
     if not rotary_store_launchable(qk, v, cos, sin, n_heads, k_cache, v_cache):
         raise ValueError(
             f"rotary_store kernel: qk [1, H + Hkv, T, D], v [1, Hkv, T, D] and caches [1, Hkv, S, D] of one dtype "
