@@ -261,12 +261,20 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(args)
         self.rope_local = RotaryEmbedding(args, local=True) if args.rope_local_theta is not None else None
+        self._views: dict[int, Transformer] = {}  # first_layers' views, by depth
 
     def first_layers(self, n: int) -> "Transformer":
         """A model of this one's first n blocks with its embedding, final norm and LM head, all
-        shared (no copies): the "self:K" speculator."""
+        shared (no copies): the "self:K" speculator. Made once per n (~4 ms of module building, in
+        every request that names it) and kept: the same object each time, so the static steps
+        captured for it (keyed by the model) are found again on a reused cache."""
         if not 1 <= n <= len(self.layers):
             raise ValueError(f"first_layers takes 1..{len(self.layers)} layers, got {n}")
+        if n not in self._views:
+            self._views[n] = self._view(n)
+        return self._views[n]
+
+    def _view(self, n: int) -> "Transformer":
         with torch.device("meta"):  # placeholders, replaced by the shared modules below
             view = Transformer(replace(self.args, num_hidden_layers=n))
         view.embed_tokens, view.norm, view.lm_head = self.embed_tokens, self.norm, self.lm_head

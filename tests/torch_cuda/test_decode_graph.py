@@ -319,3 +319,13 @@ def test_a_recorded_lookahead_or_decode_step_never_waits_nor_copies_host_data_in
         recorder.breakers.found,
         recorder.synchronized,
     )
+
+
+def test_a_self_speculator_view_is_made_once_and_shares_the_main_models_modules():
+    """first_layers(K) ("self:K") is one object per K, kept: every request that names it skips the
+    module building, and static steps captured for it (keyed by the model) are found again."""
+    model = make_tiny("llama", num_hidden_layers=3).ours().model
+    view = model.first_layers(2)
+    assert model.first_layers(2) is view and model.first_layers(1) is not view
+    assert list(view.layers) == list(model.layers[:2]) and view.lm_head is model.lm_head
+    assert view.args.num_hidden_layers == 2 and not any(t.is_meta for t in [*view.parameters(), *view.buffers()])
