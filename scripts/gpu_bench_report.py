@@ -235,7 +235,7 @@ def fmt(value, spec: str) -> str:
 def parts_table(rows: list[dict]) -> list[str]:
     """Where each row's time went: its prefill's parts (medians of its runs, the backend's clock)
     beside the roofline's price of the same work; none when no row timed its parts."""
-    timed = [r for r in rows if r.get("parts")]
+    timed = sorted((r for r in rows if r.get("parts")), key=lambda r: r["prompt_tokens"])
     if not timed:
         return []
     lines = [
@@ -278,7 +278,7 @@ def report(result: dict) -> str:
         "| measured / roofline | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in result["rows"]:
+    for r in sorted(result["rows"], key=lambda r: r["prompt_tokens"]):  # run longest first, read shortest first
         lines.append(
             f"| {r['method']} | {r['prompt_tokens']} | {len(r['runs'])} | {fmt(r.get('ttft_s'), '.3f')} "
             f"| {fmt(r.get('speedup_vs_full'), '.2f')} | {fmt(r.get('kept_tokens'), 'd')} | {fmt(r['peak_gb'], '.1f')} "

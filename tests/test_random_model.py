@@ -234,8 +234,8 @@ def test_gpu_session_script_smoke_run(tmp_path):
     rows = result["rows"]
     assert result["complete"] and result["roofline"]["name"] == "H100 SXM5"
     assert [(r["method"], r["prompt_tokens"]) for r in rows] == [
-        (m, n) for n in (48, 96) for m in ("full", "h2o", "specprefill", "composition", "full-s32")
-    ]  # the composition runs: `specfill bench --help` lists --speculator-prefill
+        (m, n) for n in (96, 48) for m in ("full", "h2o", "specprefill", "composition", "full-s32")
+    ]  # the longest prompt first; the composition runs: `specfill bench --help` lists --speculator-prefill
     for r in rows:
         assert len(r["runs"]) == 2 and r["ttft_s"] == statistics.median(x["ttft_s"] for x in r["runs"])
         assert r["peak_gb"] > 0 and r["measured_over_predicted"] == pytest.approx(r["ttft_s"] / r["predicted_s"])
@@ -282,6 +282,31 @@ def test_gpu_bench_out_of_time_keeps_a_row_saying_so(tmp_path, gpu_bench):
     assert result["rows"] and all(not r["runs"] and r["error"].startswith("out of time") for r in result["rows"])
     assert all(d["error"].startswith("out of time") for d in result["decode"])
     assert "out of time" in (tmp_path / "ttft.md").read_text()
+
+
+def test_gpu_bench_runs_the_longest_prompt_first_and_a_shorter_one_after_it_ran_out(tmp_path, gpu_bench, monkeypatch):
+    """The TTFT rows run longest prompt first (issue 50's acceptance lines are read there); a run the
+    budget cannot afford at one length does not keep the method's shorter rows from running, and ttft.md
+    reads shortest first."""
+    import gpu_bench as module  # the fixture put scripts/ on the path
+
+    priced = module.predicted_ttft
+    monkeypatch.setattr(  # the longer prompt's run priced past any budget
+        module,
+        "predicted_ttft",
+        lambda shapes, rates, kind, ns, n, kept: 1e6 if n == 64 else priced(shapes, rates, kind, ns, n, kept),
+    )
+    code = gpu_bench(
+        ["--model", "random:tiny-llama", "--speculator", "self:1", "--lengths", "32,64", "--dtype", "float32"]
+        + ["--device", "cpu", "--roofline", "h100", "--budget-s", "60", "--methods", "full", "--draft-tokens", "0"]
+        + ["--repeats", "1", "--decode-tokens", "2", "--decode-modes", "eager", "--out", str(tmp_path)]
+    )
+    assert code == 0
+    rows = json.loads((tmp_path / "ttft.json").read_text())["rows"]
+    assert [(r["prompt_tokens"], bool(r["runs"])) for r in rows] == [(64, False), (32, True)]
+    assert rows[0]["error"].startswith("out of time") and rows[1]["error"] is None
+    table = (tmp_path / "ttft.md").read_text()
+    assert table.index("| full | 32 |") < table.index("| full | 64 |")
 
 
 @pytest.mark.filterwarnings("ignore:No artists with labels:UserWarning")  # a plot of no runs
