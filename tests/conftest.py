@@ -53,7 +53,10 @@ def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def fresh_drafting_costs(calibration_cache: Path):
     """Each test starts with no remembered drafting costs (core/methods/draft_costs.py): a drafted
-    decode keeps its step costs, and a later test's draft model would otherwise skip drafting on them."""
+    decode keeps its step costs, and a later test's draft model would otherwise skip drafting on them;
+    nor with an attention probe's kept choice (backends/torch_cuda/probe_store.py), which would spare a
+    later test's probe on a simulated GPU."""
     yield
     for book in calibration_cache.glob("*-drafting-*.json"):
         book.unlink()
+    (calibration_cache / "attention_choice.json").unlink(missing_ok=True)  # nor an attention probe's choice

@@ -25,7 +25,9 @@ of a larger cache: a kernel that mishandles a stride or a descriptor's alignment
 probe, not in a request): a candidate that raises or
 whose output differs from a float32 reference by more than the dtype's tolerance is dropped; the
 fastest of the rest is kept for the process and that layout (`chosen()` reports them; bench and the GPU
-session record it). Off CUDA nothing is probed: CPU calls keep attention.py's paths.
+session record it), and on disk for the next process on the same GPU and software (probe_store.py: there
+the kept choice is probed alone, its check and timing, and the rest only if it fails). Off CUDA nothing is
+probed: CPU calls keep attention.py's paths.
 
 Tolerance: bf16 / fp16 outputs of fused kernels differ from a float32 reference by their
 rounding of softmax weights and outputs (~4e-3 relative measured on bf16 rows of unit-scale
@@ -43,6 +45,8 @@ import torch
 import torch.nn.functional as F
 
 from specfill.core.self_check import kernels_setting
+
+from . import placement, probe_store
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "float | None"], torch.Tensor]
 
@@ -253,8 +257,6 @@ def _triton_wanted() -> bool:
 def _tma_capable() -> bool:
     """Whether the GPU reads tensor descriptors with its copy engine (sm_90 and later): only there is
     the TMA variant worth its compile in the probe."""
-    from . import placement
-
     if not placement.RUNTIME.available():
         return False
     return placement.RUNTIME.capability(torch.device("cuda"))[0] >= 9
@@ -365,7 +367,8 @@ def decode_kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor |
     rows = q.shape[0] * q.shape[1]
     key = ("decode", rows, k.shape[0], q.shape[2], q.dtype, q.device, layouts)
     if key not in _CHOSEN:
-        _CHOSEN[key] = probe_decode(rows, k.shape[0], q.shape[2], q.dtype, q.device, layouts=layouts)
+        run = lambda kernels: probe_decode(rows, k.shape[0], q.shape[2], q.dtype, q.device, kernels, layouts=layouts)  # noqa: E731
+        _CHOSEN[key] = probe_store.remembered(key, run, decode_candidates)
     return _CHOSEN[key][1]
 
 
@@ -464,7 +467,8 @@ def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | No
     if key not in _CHOSEN:
         queries = min(max(q.shape[2], PROBE_QUERIES), PROBE_MAX_QUERIES)
         shape = (q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
-        _CHOSEN[key] = probe(kind, *shape, None, queries, 3 * queries, layouts)
+        run = lambda kernels: probe(kind, *shape, kernels, queries, 3 * queries, layouts)  # noqa: E731
+        _CHOSEN[key] = probe_store.remembered(key, run, lambda: candidates(kind))
     return _CHOSEN[key][1]
 
 

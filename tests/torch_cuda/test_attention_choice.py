@@ -284,3 +284,72 @@ def test_the_decode_probe_runs_in_the_steps_layout():
     name, _, laid = choice.probe_decode(8, 2, 16, torch.float32, CPU, kernels, slots=160, layouts=layouts)
     assert contiguous["contiguous-only"].endswith(" ms") and laid["contiguous-only"].startswith("wrong")
     assert name == "sdpa"
+
+
+class Counted:
+    """A candidate that counts its calls (the probe calls each candidate it tries several times)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.calls = kernel, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.kernel(*args)
+
+
+def _probe_in_a_new_process(monkeypatch, kernels: dict) -> str:
+    """kernel_for on a simulated GPU with a fresh in-process memory (a new process): the chosen name."""
+    from specfill.backends.torch_cuda.placement import simulated_cuda
+    from tests.torch_cuda.simulated_gpu import FakeRuntime
+
+    monkeypatch.setattr(choice, "_CHOSEN", {})
+    monkeypatch.setattr(choice, "candidates", lambda kind: kernels)
+    q, k = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    with simulated_cuda(FakeRuntime((9, 0))):
+        kernel = choice.kernel_for("causal", q, k, k)
+    return next(name for name, candidate in kernels.items() if candidate is kernel)
+
+
+def test_a_choice_is_kept_for_the_next_process_which_checks_it_alone(monkeypatch):
+    """The probe's choice is kept on disk (probe_store.py); a new process on the same GPU and software
+    probes only that kernel (its check and timing), not the other candidates, and reports both."""
+    from specfill.backends.torch_cuda import probe_store
+
+    kernels = {"expanded": Counted(choice._lower_right(False)), "gqa": Counted(choice._lower_right(True))}
+    first = _probe_in_a_new_process(monkeypatch, kernels)
+    assert all(kernel.calls > 0 for kernel in kernels.values())
+    assert probe_store.store_path().exists() and not list(probe_store.store_path().parent.glob("*.partial"))
+    for kernel in kernels.values():
+        kernel.calls = 0
+    assert _probe_in_a_new_process(monkeypatch, kernels) == first
+    other = "gqa" if first == "expanded" else "expanded"
+    assert kernels[first].calls > 0 and kernels[other].calls == 0
+    ((_, record),) = choice.chosen().items()
+    assert "checked again alone" in record["candidates"][first] and record["candidates"][other].endswith(" ms")
+
+
+def test_a_kept_choice_that_errs_now_or_another_environment_probes_every_candidate(monkeypatch):
+    from specfill.backends.torch_cuda import probe_store
+
+    kernels = {"a": Counted(choice._lower_right(False))}
+    _probe_in_a_new_process(monkeypatch, kernels)
+    # the kept kernel now errs (a new driver, say): dropped, every candidate probed, the new choice kept
+    kernels = {"a": Counted(unmasked), "b": Counted(choice._lower_right(True))}
+    assert _probe_in_a_new_process(monkeypatch, kernels) == "b" and kernels["a"].calls == 1
+    # another offer of candidates, or another environment (a changed kernel source): probed again
+    kernels = {"b": Counted(choice._lower_right(True)), "c": Counted(choice._lower_right(False))}
+    _probe_in_a_new_process(monkeypatch, kernels)
+    assert kernels["c"].calls > 0
+    kernels = {"b": Counted(choice._lower_right(True)), "c": Counted(choice._lower_right(False))}
+    monkeypatch.setattr(probe_store, "_sources", lambda: "changed")
+    _probe_in_a_new_process(monkeypatch, kernels)
+    assert kernels["b"].calls > 0 and kernels["c"].calls > 0
+
+
+def test_a_store_that_cannot_be_written_leaves_the_choice_made(monkeypatch, tmp_path, caplog):
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(blocked / "below"))  # a folder under a file
+    kernels = {"expanded": Counted(choice._lower_right(False))}
+    assert _probe_in_a_new_process(monkeypatch, kernels) == "expanded"
+    assert "not kept" in caplog.text and blocked.read_text() == ""
