@@ -212,6 +212,9 @@ COMPOSE=""
 if "$PY" -m specfill.cli.main bench --help 2>/dev/null | grep -q -- --speculator-prefill; then
     COMPOSE=--compose
 fi
+# the attention probe's kept choices (backends/torch_cuda/probe_store.py) in the checkout's gitignored
+# .gpu_calibration/, which a warm machine keeps between calls: call 2 reads call 1's instead of probing again
+export SPECFILL_CALIBRATION_DIR=${SPECFILL_CALIBRATION_DIR:-$PWD/.gpu_calibration}
 export PY OUT MODEL SPECULATOR LENGTHS DEVICE DTYPE KERNELS REPEATS DECODE ROOFLINE CONFORMANCE_DTYPES TESTS COMPOSE
 export VARIANTS DECODE_MODES HYBRID_LENGTHS HYBRID_PARITY HYBRID_SHAPE BENCH_FLAGS EXACT_MODEL PROFILE_DECODE_MODES
 export PROFILE_METHODS PROFILE_TOKENS FLA_SITE
