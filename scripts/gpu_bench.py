@@ -8,8 +8,8 @@ roofline's prediction (evaluation/roofline.py) for this GPU, inside a time budge
 Budget: before each measurement the roofline's prediction times SLACK (the formula is a lower
 bound: norms, RoPE, launch gaps and the Python between layers are not priced) says whether one
 more run fits the time left; runs that do not fit are skipped and the row says so. The TTFT rows run
-longest prompt first (the acceptance lines' lengths; decode runs before them, after the shortest
-prompt). Results (<name>.json, <name>.md) are rewritten after every row, and once more
+longest prompt first (the acceptance lines' lengths; decode runs before them, after the first
+--lengths prompt). Results (<name>.json, <name>.md) are rewritten after every row, and once more
 on SIGTERM (the `timeout` the session script wraps each step in), so a step out of time keeps what
 it measured. A method that fails (an out-of-memory error at 128K, say) is a row with its error.
 """

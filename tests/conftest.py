@@ -59,4 +59,5 @@ def fresh_drafting_costs(calibration_cache: Path):
     yield
     for book in calibration_cache.glob("*-drafting-*.json"):
         book.unlink()
-    (calibration_cache / "attention_choice.json").unlink(missing_ok=True)  # nor an attention probe's choice
+    for book in calibration_cache.glob("cuda-attention-probe-*.json"):  # nor an attention probe's choice
+        book.unlink()

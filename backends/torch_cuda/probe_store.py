@@ -3,13 +3,13 @@ and software does not probe again.
 
 A probe times every candidate of a kind, and compiles each first (Triton's variants; FlashAttention-4's
 CuTe kernels, seconds each): in every process, every CLI run included, and in every step of the GPU
-session. What it chose is kept in <calibration dir>/attention_choice.json (core/crossover.calibration_dir,
-beside the crossover calibration) under the environment it was measured in: the GPU's name and capability,
-torch with its CUDA and cuDNN, Triton, FlashAttention-4, the kernel setting and a digest of the kernels'
-sources. A file of another environment is not read (the next choice replaces it). A recalled choice is
-run through the probe again alone, its correctness check and its timing, so a kernel that fails or errs
-now is dropped there and every candidate is probed. The file is written whole or not at all. To probe
-again, delete it.
+session. What it chose is kept as a calibration file (core/crossover.py: calibration_path, beside the
+crossover calibration and the drafting costs, cuda-attention-probe-<digest>.json) whose key is the
+environment it was measured in: the GPU's name and capability, torch with its CUDA and cuDNN, Triton,
+FlashAttention-4, the kernel setting and a digest of the kernels' sources; another environment has a file
+of its own. A recalled choice is run through the probe again alone, its correctness check and its timing,
+so a kernel that fails or errs now is dropped there and every candidate is probed. The file is written
+whole or not at all (write_calibration). To probe again, delete it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from functools import cache
 from importlib import metadata
@@ -26,16 +25,12 @@ from typing import Any, Callable
 
 import torch
 
+from specfill.core.crossover import calibration_path, write_calibration
+
 from . import placement
 
 STORE_VERSION = 1
 log = logging.getLogger("specfill.backends.torch_cuda")
-
-
-def store_path() -> Path:
-    from specfill.core.crossover import calibration_dir
-
-    return calibration_dir() / "attention_choice.json"
 
 
 def _version(distribution: str) -> str:
@@ -56,11 +51,14 @@ def _sources() -> str:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    """What a choice on `device` depends on (the module doc)."""
+    """What a choice on `device` depends on (the module doc), as a calibration key (its file:
+    core/crossover.calibration_path)."""
     from specfill.core.self_check import kernels_setting
 
     gpu = placement.RUNTIME.properties(device)
     return {
+        "backend": "cuda",
+        "method": "attention-probe",
         "version": STORE_VERSION,
         "gpu": gpu.name,
         "capability": list(gpu.capability),
@@ -77,27 +75,26 @@ def environment(device: torch.device) -> dict[str, Any]:
 def _read(env: dict[str, Any]) -> dict[str, Any]:
     """The stored choices of `env`; none where the file is missing, unreadable or of another environment."""
     try:
-        data = json.loads(store_path().read_text(encoding="utf-8"))
+        data = json.loads(calibration_path(env).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    if not isinstance(data, dict) or data.get("environment") != env or not isinstance(data.get("choices"), dict):
+    if not isinstance(data, dict) or data.get("key") != env or not isinstance(data.get("choices"), dict):
         return {}
     return data["choices"]
 
 
-def recall(device: torch.device, key: str, offered: list[str]) -> dict[str, Any] | None:
+def recall(env: dict[str, Any], key: str, offered: list[str]) -> dict[str, Any] | None:
     """The stored choice {"chosen", "report", "probed_at"} of `key` where it was made among the same
-    candidates `offered` (sorted names) in this environment; else None."""
-    entry = _read(environment(device)).get(key)
+    candidates `offered` (sorted names) in the environment `env`; else None."""
+    entry = _read(env).get(key)
     if not isinstance(entry, dict) or entry.get("offered") != offered or entry.get("chosen") not in offered:
         return None
     return entry
 
 
-def remember(device: torch.device, key: str, offered: list[str], chosen: str, report: dict[str, str]) -> None:
-    """Keep `chosen` (and the probe's report) for `key` in this environment's file, written whole: a
-    partial file, then one rename. A file that cannot be written is left as it was (logged)."""
-    env = environment(device)
+def remember(env: dict[str, Any], key: str, offered: list[str], chosen: str, report: dict[str, str]) -> None:
+    """Keep `chosen` (and the probe's report) for `key` in the file of the environment `env`, written
+    whole (crossover.write_calibration). A file that cannot be written is left as it was (logged)."""
     choices = _read(env)
     choices[key] = {
         "chosen": chosen,
@@ -105,17 +102,9 @@ def remember(device: torch.device, key: str, offered: list[str], chosen: str, re
         "report": report,
         "probed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path = store_path()
-    partial = path.with_name(f"{path.name}.{os.getpid()}.partial")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"environment": env, "choices": choices}, indent=1) + "\n", encoding="utf-8")
-        os.replace(partial, path)
+        write_calibration(env, {"key": env, "choices": choices})
     except OSError as e:
-        try:
-            partial.unlink(missing_ok=True)
-        except OSError:  # its folder could not be made: nothing was written
-            pass
         log.warning("the attention probe's choice is not kept (%s: %s)", type(e).__name__, e)
 
 
@@ -125,13 +114,14 @@ def remembered(key: tuple, run: Callable[[Any], tuple[str, Any, dict[str, str]]]
     process in this environment (recall) is probed alone instead, run({name: kernel}): its correctness
     check and timing again, the other candidates of `offered()` neither compiled nor timed. A recalled
     kernel that fails or errs now is dropped and every candidate probed; a new choice is kept."""
-    kind, heads, kv_heads, head_dim, dtype, device, layouts = key
+    device = key[5]
     if not placement.on_cuda(device):
         return run(None)
     kernels = offered()
     names = sorted(kernels)
-    stored_as = f"{kind} {heads}/{kv_heads}x{head_dim} {str(dtype).rsplit('.', 1)[-1]} {layouts}"
-    entry = recall(device, stored_as, names)
+    env = environment(device)  # the GPU is the environment's: the key without its device
+    stored_as = repr(key[:5] + key[6:])
+    entry = recall(env, stored_as, names)
     if entry is not None:
         try:
             name, kernel, report = run({entry["chosen"]: kernels[entry["chosen"]]})
@@ -141,5 +131,5 @@ def remembered(key: tuple, run: Callable[[Any], tuple[str, Any, dict[str, str]]]
             said = f"{report[name]} (checked again alone; every candidate was probed {entry['probed_at']})"
             return name, kernel, {**entry["report"], name: said}
     name, kernel, report = run(kernels)
-    remember(device, stored_as, names, name, report)
+    remember(env, stored_as, names, name, report)
     return name, kernel, report

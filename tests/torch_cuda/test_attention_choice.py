@@ -9,6 +9,7 @@ O(0.1-1) on unit-scale data, far above them).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 import pytest
@@ -313,12 +314,13 @@ def _probe_in_a_new_process(monkeypatch, kernels: dict) -> str:
 def test_a_choice_is_kept_for_the_next_process_which_checks_it_alone(monkeypatch):
     """The probe's choice is kept on disk (probe_store.py); a new process on the same GPU and software
     probes only that kernel (its check and timing), not the other candidates, and reports both."""
-    from specfill.backends.torch_cuda import probe_store
+    from specfill.core.crossover import calibration_dir, calibration_path
 
     kernels = {"expanded": Counted(choice._lower_right(False)), "gqa": Counted(choice._lower_right(True))}
     first = _probe_in_a_new_process(monkeypatch, kernels)
     assert all(kernel.calls > 0 for kernel in kernels.values())
-    assert probe_store.store_path().exists() and not list(probe_store.store_path().parent.glob("*.partial"))
+    (kept,) = calibration_dir().glob("cuda-attention-probe-*.json")  # one environment, one file
+    assert kept == calibration_path(json.loads(kept.read_text())["key"]) and not list(kept.parent.glob("*.partial"))
     for kernel in kernels.values():
         kernel.calls = 0
     assert _probe_in_a_new_process(monkeypatch, kernels) == first
