@@ -368,7 +368,7 @@ def decode_kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor |
     key = ("decode", rows, k.shape[0], q.shape[2], q.dtype, q.device, layouts)
     if key not in _CHOSEN:
         run = lambda kernels: probe_decode(rows, k.shape[0], q.shape[2], q.dtype, q.device, kernels, layouts=layouts)  # noqa: E731
-        _CHOSEN[key] = probe_store.remembered(key, run, decode_candidates)
+        _CHOSEN[key] = probe_store.remembered(key, q.device, run, decode_candidates)
     return _CHOSEN[key][1]
 
 
@@ -468,7 +468,7 @@ def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | No
         queries = min(max(q.shape[2], PROBE_QUERIES), PROBE_MAX_QUERIES)
         shape = (q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
         run = lambda kernels: probe(kind, *shape, kernels, queries, 3 * queries, layouts)  # noqa: E731
-        _CHOSEN[key] = probe_store.remembered(key, run, lambda: candidates(kind))
+        _CHOSEN[key] = probe_store.remembered(key, q.device, run, lambda: candidates(kind))
     return _CHOSEN[key][1]
 
 

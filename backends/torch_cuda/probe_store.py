@@ -108,19 +108,20 @@ def remember(env: dict[str, Any], key: str, offered: list[str], chosen: str, rep
         log.warning("the attention probe's choice is not kept (%s: %s)", type(e).__name__, e)
 
 
-def remembered(key: tuple, run: Callable[[Any], tuple[str, Any, dict[str, str]]], offered: Callable[[], dict]) -> Any:
-    """attention_choice's (name, kernel, report) for `key` (kind, heads, KV heads, head size, dtype,
-    device, layouts): run(None) probes every candidate; on a CUDA device a choice kept by an earlier
-    process in this environment (recall) is probed alone instead, run({name: kernel}): its correctness
-    check and timing again, the other candidates of `offered()` neither compiled nor timed. A recalled
-    kernel that fails or errs now is dropped and every candidate probed; a new choice is kept."""
-    device = key[5]
+def remembered(
+    key: tuple, device: torch.device, run: Callable[[Any], tuple[str, Any, dict[str, str]]], offered: Callable[[], dict]
+) -> Any:
+    """attention_choice's (name, kernel, report) for `key` (its _CHOSEN key, stored without `device`) on
+    `device`: run(None) probes every candidate; on a CUDA device a choice kept by an earlier process in
+    this environment (recall) is probed alone instead, run({name: kernel}): its correctness check and
+    timing again, the other candidates of `offered()` neither compiled nor timed. A recalled kernel that
+    fails or errs now is dropped and every candidate probed; a new choice is kept."""
     if not placement.on_cuda(device):
         return run(None)
     kernels = offered()
     names = sorted(kernels)
     env = environment(device)  # the GPU is the environment's: the key without its device
-    stored_as = repr(key[:5] + key[6:])
+    stored_as = repr(tuple(part for part in key if part != device))
     entry = recall(env, stored_as, names)
     if entry is not None:
         try:
