@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import time
 from pathlib import Path
 
@@ -34,25 +32,12 @@ import torch
 from specfill import api
 from specfill.backends.torch_cuda.decode_graph import DecodeGraphs
 from specfill.core.methods.prefill import prefill
+from specfill.evaluation.machine import describe_machine
 from specfill.evaluation.ruler_protocol import write_atomic
 
 MODELS = Path.home() / ".cache" / "specfill" / "models"
 MAIN = MODELS / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def cpu_record() -> dict:
-    info = open("/proc/cpuinfo").read()
-    name = info.split("model name")[1].split("\n")[0].strip(": \t")
-    flags = set(info.split("flags")[1].split("\n")[0].split())
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16")
-    return {
-        "cpu": name or platform.processor(),
-        "flags": [f for f in wanted if f in flags],
-        "threads": torch.get_num_threads(),
-        "load_before": os.getloadavg(),
-        "torch": torch.__version__,
-    }
 
 
 def prompt_ids(tokenizer, tokens: int) -> list[int]:
@@ -91,7 +76,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     out = args.out or Path(__file__).with_name("results") / f"decode_paths_{args.dtype}.json"
-    result = {"model": MAIN.name, "dtype": args.dtype, "machine": cpu_record(), "runs": {}}
+    result = {"model": MAIN.name, "dtype": args.dtype, "machine": describe_machine(), "runs": {}}
     lm, tokenizer = api.load(str(MAIN), backend="cuda", dtype=args.dtype, device="cpu")
     ops, model = lm.ops, lm.model
     ids = prompt_ids(tokenizer, args.prompt_tokens)

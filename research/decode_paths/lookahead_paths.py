@@ -19,11 +19,12 @@ import json
 from pathlib import Path
 
 import numpy as np
-from decode_paths import MODELS, cpu_record, prompt_ids, set_mode
+from decode_paths import MODELS, prompt_ids, set_mode
 
 from specfill import api
 from specfill.core.config import AUTO_COMPOSITION, AUTO_TURN_COMPOSITION, SpecPrefillConfig
 from specfill.core.methods.specprefill import speculate_and_select
+from specfill.evaluation.machine import describe_machine
 from specfill.evaluation.ruler_protocol import write_atomic
 
 SPEC = MODELS / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -42,7 +43,7 @@ def main() -> None:
     p.add_argument("--out", type=Path)
     args = p.parse_args()
     out = args.out or Path(__file__).with_name("results") / f"lookahead_paths_{args.dtype}.json"
-    result = {"model": SPEC.name, "dtype": args.dtype, "machine": cpu_record(), "configs": {}}
+    result = {"model": SPEC.name, "dtype": args.dtype, "machine": describe_machine(), "configs": {}}
     lm, tokenizer = api.load(str(SPEC), backend="cuda", dtype=args.dtype, device="cpu")
     ops, model = lm.ops, lm.model
     ids = np.array(prompt_ids(tokenizer, args.prompt_tokens))
