@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 import warnings
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from specfill.api import format_stats
 from specfill.core import SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
+from specfill.generation import calibrate_auto
 
 from .options import (
     add_method_options,
@@ -24,6 +26,9 @@ from .options import (
     warn_unused_options,
 )
 from .progress import PrefillProgressBar
+
+if TYPE_CHECKING:
+    from specfill.api import Session
 
 DEFAULT_PROMPT = "What is the capital of France?"
 
@@ -125,12 +130,31 @@ def cli_request(args: argparse.Namespace) -> GenerationRequest:
     )
 
 
+def _calibrate_auto(session: Session, prompt: str, request: GenerationRequest) -> None:
+    """--method auto: the calibrations its choice reads, measured before the clock where none is kept
+    (generation.calibrate_auto), each announced on stderr, and how long they took."""
+    told: list[str] = []
+
+    def tell(line: str) -> None:
+        told.append(line)
+        if session.leads:
+            print(f"specfill: {line}", file=sys.stderr, flush=True)
+
+    began = time.perf_counter()
+    calibrate_auto(session.model, session.tokenizer, prompt, request, tell)
+    if told and session.leads:
+        seconds = time.perf_counter() - began
+        print(f"specfill: auto: calibrated in {seconds:.1f} s (not in the TTFT below)", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     request = cli_request(args)  # every flag checked before any model loads
     prompt_text = read_prompt(args)
     # the backend and device rules, mlx.launch's ranks, the model
     session = open_model(args, model_file=args.model_file, download=args.download)
     prompt = build_prompt(session.tokenizer, prompt_text, args)
+    request = session.prepare(request)  # its speculator loaded: what auto's calibrations time
+    _calibrate_auto(session, prompt, request)
     last, info = None, GenerationInfo()
     bar = PrefillProgressBar(info=info)  # the whole time to first token, every prefill stage weighted
     say = print if session.leads else (lambda *_, **__: None)  # every rank generates alike; rank 0 prints

@@ -15,7 +15,7 @@ and decides what needs the model and the prompt, in one call (`plan_generation`)
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -121,18 +121,24 @@ def checked_ids(ids: Any, max_tokens: int, args: Any) -> np.ndarray:
     return checked
 
 
-def resolve_method(model: Any, method: PrefillMethod, n_tokens: int, cached: int = 0) -> PrefillMethod:
+def resolve_method(
+    model: Any,
+    method: PrefillMethod,
+    n_tokens: int,
+    cached: int = 0,
+    announce: Callable[[str], None] | None = None,
+) -> PrefillMethod:
     """ "auto" -> the sparse method this machine's calibrations find fastest for n_tokens (new
-    tokens over `cached` reused ones), full prefill below every crossover (core/probe.auto_choice);
-    with method.auto_threshold, method.sparse from it on (the new part's length against it);
-    other methods as they are."""
+    tokens over `cached` reused ones), full prefill below every crossover (core/probe.auto_choice;
+    `announce` gets a line before a calibration is measured); with method.auto_threshold,
+    method.sparse from it on (the new part's length against it); other methods as they are."""
     if method.name != "auto":
         return method
     threshold = method.auto_threshold
     if threshold is None:  # this machine's calibrations choose among the sparse methods (core/probe.py)
         from .probe import auto_choice
 
-        return auto_choice(model, method, n_tokens, cached)[0]
+        return auto_choice(model, method, n_tokens, cached, announce)[0]
     return replace(method, name=method.sparse if n_tokens >= threshold else "full", auto_threshold=None)
 
 

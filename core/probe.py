@@ -33,7 +33,15 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
-from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, common_length, extended, fastest
+from .crossover import (
+    CANDIDATE_LENGTHS,
+    calibrated,
+    calibration_dir,
+    calibration_key,
+    common_length,
+    extended,
+    fastest,
+)
 from .methods.h2o import H2OPrefillAttention, h2o_prefill, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
@@ -53,6 +61,10 @@ TURN_CACHED_PER_NEW = 2
 # where a 4K one gains 1.4x; plain SpecPrefill and the composition are nearest, and most often misranked,
 # at 2K: results/cpu_bf16_long/notes.md)
 MIN_POINTS = 2
+# one prompt's data in a SpecPrefill config, never a calibration's: left out of its key (a request's protected
+# spans are also set aside while auto weighs its options; its text units' starts differ with every prompt, and
+# with them in the key each prompt with select_units "text" calibrated anew and wrote a file of its own)
+PROMPT_DATA = ("protected", "unit_starts")
 
 
 class ProbedModel(Protocol):
@@ -164,6 +176,13 @@ def auto_options(method: PrefillMethod, prompt_tokens: int, nests: bool = True, 
     ]
 
 
+def measured_unit_starts(config: SpecPrefillConfig, total: int) -> tuple[int, ...]:
+    """The text units a probe's random tokens are selected by (select_units "text"): one every
+    select_chunk tokens, the longest a text unit is (core/text_units.py), whatever prompt the request
+    brings, so that what is timed, like the key it is saved under, is the settings' alone; () for chunks."""
+    return tuple(range(0, total, config.select_chunk)) if config.select_units == "text" else ()
+
+
 def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     """The sparse method's settings (and the speculator's shape): part of the calibration key."""
     if method.sparse == "h2o":
@@ -171,6 +190,7 @@ def method_config(lm: ProbedModel, method: PrefillMethod) -> dict[str, Any]:
     whole, run_args, step = _speculator(lm, method)
     return {
         **asdict(method.specprefill or SpecPrefillConfig()),
+        **{name: () for name in PROMPT_DATA},  # as a config without them has them: keys made before stay valid
         "speculator": asdict(whole.args),
         "speculator_layers": run_args.num_hidden_layers,
         "speculator_step": step,
@@ -239,7 +259,9 @@ def _measure(lm: ProbedModel, method: PrefillMethod, length: int, cached: int = 
     n_spec = run_args.num_hidden_layers
     config = method.specprefill or SpecPrefillConfig()
     config = dataclasses.replace(
-        config, lookahead=fit_lookahead(config.lookahead, total, spec_args.max_position_embeddings)
+        config,
+        lookahead=fit_lookahead(config.lookahead, total, spec_args.max_position_embeddings),
+        unit_starts=measured_unit_starts(config, total),
     )
     scored = scoring_layers(config, run_args)
     view_scored = max(1, len(scoring_layers(config, spec.long.args)))  # the layers the timed selection scores
@@ -335,7 +357,11 @@ def auto_crossover(
 
 
 def auto_choice(
-    lm: ProbedModel, method: PrefillMethod, prompt_tokens: int, cached: int = 0
+    lm: ProbedModel,
+    method: PrefillMethod,
+    prompt_tokens: int,
+    cached: int = 0,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[PrefillMethod, str]:
     """The method an "auto" `method` runs an n-token prompt (a turn's new part over `cached` reused
     tokens) with on this machine, and why: each of auto_options calibrated (cached, else probed)
@@ -345,7 +371,8 @@ def auto_choice(
     than the shortest calibration length runs full prefill, however long the conversation it follows.
     The SpecPrefill config's protected spans (one prompt's data) are set aside while the options are
     weighed and go to the one chosen; where they cover at least half of the new part (an agent's
-    first request: system prompt, tool schemas, question) auto runs full prefill."""
+    first request: system prompt, tool schemas, question) auto runs full prefill. `announce` gets a
+    line before each option's probe starts timing (none where every calibration is read back)."""
     asked = method.specprefill
     spans = asked.protected if asked is not None else ()
     new_spans = asked.for_new_part(cached).protected if asked is not None and spans else ()
@@ -362,7 +389,7 @@ def auto_choice(
         why.append(f"{prompt_tokens} new tokens over {cached} cached: the turn calibrations")
     wheres = {}
     for index, option in enumerate(options):
-        _, wheres[index], data = _calibration(lm, option, prompt_tokens, False, None, turn)
+        _, wheres[index], data = _calibration(lm, option, prompt_tokens, False, None, turn, announce)
         if data is not None:
             calibrations[str(index)] = data
     # the options compared at one length: each measured on to the longest any of them reached (a
@@ -372,7 +399,8 @@ def auto_choice(
         option = options[int(name)]
         lengths = [n for n in probe_lengths(lm, option, turn) if n <= common and str(n) not in data["points"]]
         if lengths:
-            calibrations[name] = extended(key_for(lm, option, turn), data, _measurer(lm, option, turn), lengths)
+            measure = _measurer(lm, option, turn, announce)
+            calibrations[name] = extended(key_for(lm, option, turn), data, measure, lengths)
     for index, option in enumerate(options):
         data = calibrations.get(str(index))
         crossover = None if data is None else data["crossover_tokens"]
@@ -417,6 +445,7 @@ def _calibration(
     refresh: bool,
     lengths: list[int] | None,
     turn: bool = False,
+    announce: Callable[[str], None] | None = None,
 ) -> tuple[int | None, str, dict[str, Any] | None]:
     """(crossover, where it came from, the calibration data or None where none was measured), the
     first MIN_POINTS lengths measured whatever the budget; a turn's: lengths of new tokens, each timed
@@ -427,12 +456,15 @@ def _calibration(
     if prompt_tokens is not None and prompt_tokens < lengths[0]:
         return None, f"prompt shorter than the shortest calibration length ({lengths[0]}): full prefill", None
     key = key_for(lm, method, turn)
-    return calibrated(key, _measurer(lm, method, turn), lengths, refresh=refresh, min_points=MIN_POINTS)
+    return calibrated(key, _measurer(lm, method, turn, announce), lengths, refresh=refresh, min_points=MIN_POINTS)
 
 
-def _measurer(lm: ProbedModel, method: PrefillMethod, turn: bool) -> Callable[[int], tuple[float, float]]:
+def _measurer(
+    lm: ProbedModel, method: PrefillMethod, turn: bool, announce: Callable[[str], None] | None = None
+) -> Callable[[int], tuple[float, float]]:
     """length -> (full s, sparse s) of `method` (a turn's: over TURN_CACHED_PER_NEW x length cached),
-    its first call preceded by an untimed one (it compiles kernels, runs self-checks, sizes caches)."""
+    its first call preceded by an untimed one (it compiles kernels, runs self-checks, sizes caches)
+    and by `announce`'s line, the wait's reason."""
     warm: list[int] = []
 
     def measure(length: int) -> tuple[float, float]:
@@ -440,6 +472,12 @@ def _measurer(lm: ProbedModel, method: PrefillMethod, turn: bool) -> Callable[[i
         with lm.ops.device_scope():
             if not warm:
                 warm.append(length)
+                if announce is not None:
+                    shape = f" on turns ({TURN_CACHED_PER_NEW}x as many tokens cached)" if turn else ""
+                    announce(
+                        f"auto: timing {sparse_name(method)} against full prefill on this machine{shape}, "
+                        f"from {length} tokens (once for this model and these settings: kept in {calibration_dir()})"
+                    )
                 _measure(lm, method, length, cached)
             return _measure(lm, method, length, cached)
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Generator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Sequence
 
 from specfill.core.decoding import LogitsProcessor
+from specfill.core.plan import checked_ids, resolve_method
 from specfill.core.request import GenerationRequest
 from specfill.core.runtime import GenerationInfo, KVState, ProgressCallback
 from specfill.core.text_units import with_text_units
@@ -50,6 +51,25 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     so a templated prompt never gets [bos, bos, ...]."""
     bos = None if tokenizer.bos_token_id is None else tokenizer.token_text(tokenizer.bos_token_id)
     return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+
+
+def calibrate_auto(
+    model: CausalLM,
+    tokenizer: Any,
+    prompt: str | Sequence[int],
+    request: GenerationRequest,
+    announce: Callable[[str], None],
+) -> None:
+    """`specfill generate --method auto`: the calibrations stream_request's choice of method reads,
+    measured now where none is kept (`announce` gets a line before each), so that the wait is said
+    and is not counted in the time to first token. It takes stream_request's steps to the method (the
+    prompt's ids, their text units): the same calibration keys. A request on a model sharded over ranks
+    calibrates in stream_request, where every rank's step is collected."""
+    if model.distributed is not None or request.method.name != "auto":
+        return
+    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+    ids = checked_ids(ids, request.max_tokens, model.args)  # a prompt the request refuses is refused first
+    resolve_method(model, with_text_units(request.method, tokenizer, ids), len(ids), announce=announce)
 
 
 def stream_request(

@@ -460,3 +460,57 @@ def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, m
         "3000 new tokens over 1040 cached: specprefill+h2o",
     ]
     assert len(measured) == again
+
+
+def test_text_units_are_one_prompts_data_calibrated_once_and_handed_to_the_choice(tiny, monkeypatch):
+    """select_units "text": each prompt's unit starts differ. They stay out of the calibration's key (with
+    them in it every such prompt calibrated anew and wrote a file of its own) and go to the chosen
+    method; the probe times its random tokens in units of select_chunk tokens, whatever the prompt."""
+    model, _ = tiny
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))
+    keys: list[str] = []
+
+    def measure(lm, method, length, cached=0):
+        keys.append(json.dumps(probe.key_for(lm, method), sort_keys=True))
+        return (1.0, 0.5)
+
+    monkeypatch.setattr(probe, "_measure", measure)
+
+    def prompt(*starts):
+        spec = SpecPrefillConfig(select_units="text", unit_starts=starts)
+        return PrefillMethod("auto", speculator="self:1", specprefill=spec)
+
+    first, _ = probe.auto_choice(model, prompt(0, 17, 40, 300), 1100)
+    measured = set(keys)
+    assert measured and first.name == "specprefill" and first.specprefill.unit_starts == (0, 17, 40, 300)
+    second, _ = probe.auto_choice(model, prompt(0, 9, 500), 1100)
+    assert set(keys) == measured and second.specprefill.unit_starts == (0, 9, 500)  # read back, not measured
+    assert len(list((crossover.calibration_dir()).iterdir())) == len(measured)
+    text, chunks = SpecPrefillConfig(select_units="text", select_chunk=32), SpecPrefillConfig()
+    assert probe.measured_unit_starts(text, 100) == (0, 32, 64, 96) and probe.measured_unit_starts(chunks, 100) == ()
+
+
+def test_cli_auto_says_its_calibration_and_keeps_it_out_of_the_ttft(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """`specfill generate --method auto`: a calibration still to be measured is announced on stderr and
+    run before the clock (the TTFT printed is the method's); one kept is read back without a word."""
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))
+    lengths = fake_measure(monkeypatch, {1040: (1.0, 0.5), 1080: (2.0, 1.0)})
+    model = str(tiny_checkpoint("llama", "safetensors"))
+
+    def generate(numbers: int) -> int:
+        prompt = " ".join(str(5 + i % 300) for i in range(numbers))
+        argv = ["generate", "--backend", "cuda", "--model", model, "--dtype", "float32", "--method", "auto"]
+        return main([*argv, "--chunk-size", "256", "--prompt", prompt, "--max-tokens", "1", "--ignore-chat-template"])
+
+    assert generate(330) == 0  # ~1,100 tokens
+    out, err = capsys.readouterr()
+    assert "specfill: auto: timing h2o against full prefill on this machine, from 1040 tokens" in err
+    assert "specfill: auto: calibrated in" in err and "Method: auto -> h2o" in out
+    assert lengths == [1040, 1040, 1080]  # the warm-up, then each length: before the generation
+    assert generate(330) == 0
+    out, err = capsys.readouterr()
+    assert "auto:" not in err and "Method: auto -> h2o" in out and lengths == [1040, 1040, 1080]
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "elsewhere"))  # nothing kept there
+    assert generate(1200) == 2  # past the tiny model's context: refused before any calibration
+    assert "exceeds the model's context" in capsys.readouterr().err and lengths == [1040, 1040, 1080]
