@@ -514,3 +514,14 @@ def test_cli_auto_says_its_calibration_and_keeps_it_out_of_the_ttft(tiny_checkpo
     monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "elsewhere"))  # nothing kept there
     assert generate(1200) == 2  # past the tiny model's context: refused before any calibration
     assert "exceeds the model's context" in capsys.readouterr().err and lengths == [1040, 1040, 1080]
+
+
+def test_select_units_text_is_calibrated_without_a_prompt(tiny):
+    """The probe's own units (measured_unit_starts) let a text-unit SpecPrefill be timed with no
+    prompt at hand: `specfill serve --method auto --select-units text` before it listens, bench and
+    doctor (before: "select_units text needs the prompt's unit_starts", and every request calibrated)."""
+    model, _ = tiny
+    spec = SpecPrefillConfig(select_units="text", select_chunk=16)
+    method = PrefillMethod("specprefill", speculator="self:1", specprefill=spec)
+    crossover_at, where = probe.auto_crossover(model, method, lengths=[1040])
+    assert "calibrated now" in where and crossover.read_calibration(probe.key_for(model, method)) is not None
