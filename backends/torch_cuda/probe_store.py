@@ -5,7 +5,7 @@ A probe times every candidate of a kind, and compiles each first (Triton's varia
 CuTe kernels, seconds each): in every process, every CLI run included, and in every step of the GPU
 session. What it chose is kept as a calibration file (core/crossover.py: calibration_path, beside the
 crossover calibration and the drafting costs, cuda-attention-probe-<digest>.json) whose key is the
-environment it was measured in: the GPU's name and capability, torch with its CUDA and cuDNN, Triton,
+environment it was measured in: the GPU's name and capability, its driver, torch with its CUDA and cuDNN, Triton,
 FlashAttention-4, the kernel setting and a digest of the kernels' sources; another environment has a file
 of its own. A recalled choice is run through the probe again alone, its correctness check and its timing,
 so a kernel that fails or errs now is dropped there and every candidate is probed. The file is written
@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import time
 from functools import cache
 from importlib import metadata
@@ -38,6 +39,22 @@ def _version(distribution: str) -> str:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
         return ""
+
+
+# the kernel module's first line: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..."
+# (Linux; torch names no driver version, and a container sees the host's module here)
+DRIVER_VERSION_FILE = Path("/proc/driver/nvidia/version")
+
+
+def driver_version() -> str:
+    """The NVIDIA kernel driver's version where Linux shows it (a new driver may make another kernel
+    the fastest); "" where it cannot be read."""
+    try:
+        first = DRIVER_VERSION_FILE.read_text(encoding="utf-8", errors="replace").splitlines()[0]
+    except (OSError, IndexError):
+        return ""
+    found = re.search(r"\s(\d+\.\d+(?:\.\d+)*)\s", f" {first} ")  # the proprietary module's line or the open one's
+    return found.group(1) if found else first.strip()
 
 
 @cache
@@ -65,6 +82,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": str(torch.version.cuda),
         "cudnn": str(torch.backends.cudnn.version()),
+        "driver": driver_version(),
         "triton": _version("triton"),
         "flash-attn-4": _version("flash-attn-4"),
         "kernels": str(kernels_setting(None)),

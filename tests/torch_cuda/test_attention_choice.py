@@ -355,3 +355,24 @@ def test_a_store_that_cannot_be_written_leaves_the_choice_made(monkeypatch, tmp_
     kernels = {"expanded": Counted(choice._lower_right(False))}
     assert _probe_in_a_new_process(monkeypatch, kernels) == "expanded"
     assert "not kept" in caplog.text and blocked.read_text() == ""
+
+
+def test_another_driver_probes_every_candidate(monkeypatch, tmp_path):
+    """The NVIDIA driver (Linux: /proc/driver/nvidia/version) is part of the kept choice's environment."""
+    from specfill.backends.torch_cuda import probe_store
+
+    version = tmp_path / "version"
+    monkeypatch.setattr(probe_store, "DRIVER_VERSION_FILE", version)
+    assert probe_store.driver_version() == ""  # no such file: no driver named
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n")
+    assert probe_store.driver_version() == "550.54.15"
+    kernels = {"b": Counted(choice._lower_right(True)), "c": Counted(choice._lower_right(False))}
+    _probe_in_a_new_process(monkeypatch, kernels)
+    kernels = {"b": Counted(choice._lower_right(True)), "c": Counted(choice._lower_right(False))}
+    _probe_in_a_new_process(monkeypatch, kernels)  # the same driver: the kept kernel alone
+    assert (kernels["b"].calls > 0) != (kernels["c"].calls > 0)
+    version.write_text("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.10  Release Build\n")
+    assert probe_store.driver_version() == "570.86.10"
+    kernels = {"b": Counted(choice._lower_right(True)), "c": Counted(choice._lower_right(False))}
+    _probe_in_a_new_process(monkeypatch, kernels)
+    assert kernels["b"].calls > 0 and kernels["c"].calls > 0
