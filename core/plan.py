@@ -14,6 +14,7 @@ and decides what needs the model and the prompt, in one call (`plan_generation`)
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -87,8 +88,11 @@ def plan_generation(
             "num_draft_tokens (speculative decoding) with logits processors is not supported", config="Drafting"
         )
     cached = 0 if reuse is None else reuse.tokens
-    method = resolve_method(model, method, len(ids) - cached, cached)  # auto: the new part over the cached
+    began, measured = time.perf_counter(), []
+    method = resolve_method(model, method, len(ids) - cached, cached, measured.append)  # auto: the new part
     info.start(len(ids), method.label)
+    if measured:  # auto's calibration measured in this request: in its time to first token, named apart
+        info.seconds["auto_calibration"] = time.perf_counter() - began
     if reuse is not None:
         check_reuse(reuse, len(ids), method, drafting)
     speculator = speculator_cache = None

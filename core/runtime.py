@@ -300,7 +300,8 @@ class GenerationInfo:
     reused prefix, the prefix's positions (all in the KV) then the kept new ones (kept_tokens counts both).
     memory_sets: H2O only and only when record_memory is set: per layer, the memory sets
     M_0 .. M_{k-2} as int arrays [Hkv, L+H] (NumPy), in chunk order.
-    seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}.
+    seconds: wall time of the prefill's parts, e.g. {"speculator": .., "main_prefill": ..}, and
+    "auto_calibration" where auto measured a calibration for this request (core/plan.py).
     method: the method that ran ("auto" resolved to full or its sparse method).
     decode: what speculative decoding did (DecodeRecord); empty without drafting.
     kv: the generation's KV cache, set after the prefill and kept current while tokens are yielded

@@ -43,6 +43,7 @@ class GenerationResponse:
     compute: str = ""  # where, in what and on how many CPU threads it ran: "cpu, bfloat16, 2 threads"
     method: str = ""  # the prefill that ran: full, h2o, specprefill or specprefill+h2o ("auto" resolved)
     setup_seconds: float = 0.0  # one-time decode-step preparation (CUDA graph capture), not in generation_tps
+    calibration_seconds: float = 0.0  # auto's calibration measured in this request: in ttft, not in prompt_tps
 
 
 def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
@@ -153,11 +154,12 @@ def _stream_request(
             text += detokenizer.finish()
         ttft, decode = first_at - start, info.decode
         setup = decode.seconds.get("setup", 0.0)  # graph capture: reported apart, never as decode speed
+        calibration = info.seconds.get("auto_calibration", 0.0)  # once per machine: never as prefill speed
         yield GenerationResponse(
             text=text,
             token=token,
             prompt_tokens=n_prompt,
-            prompt_tps=n_prompt / max(ttft, 1e-9),
+            prompt_tps=n_prompt / max(ttft - calibration, 1e-9),
             ttft=ttft,
             kept_tokens=info.kept_tokens,
             generation_tokens=n,
@@ -173,6 +175,7 @@ def _stream_request(
             verify_seconds=decode.seconds.get("verify", 0.0),
             draft_skipped=decode.skipped,
             setup_seconds=setup,
+            calibration_seconds=calibration,
         )
         if finish:
             return
@@ -186,6 +189,8 @@ def format_stats(last: GenerationResponse, requested: str = "") -> str:
         f"Prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.3f} tokens-per-sec",
         f"TTFT: {last.ttft:.3f} s",
     ]
+    if last.calibration_seconds:
+        lines[-1] += f" ({last.calibration_seconds:.1f} s of it auto's calibration on this machine, kept for later)"
     if last.method:
         asked = "auto -> " if requested == "auto" else ""
         lines.append(f"Method: {asked}{last.method}")

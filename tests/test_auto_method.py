@@ -507,6 +507,7 @@ def test_cli_auto_says_its_calibration_and_keeps_it_out_of_the_ttft(tiny_checkpo
     out, err = capsys.readouterr()
     assert "specfill: auto: timing h2o against full prefill on this machine, from 1040 tokens" in err
     assert "specfill: auto: calibrated in" in err and "Method: auto -> h2o" in out
+    assert "of it auto's calibration" not in out  # measured before the clock: none in the request
     assert lengths == [1040, 1040, 1080]  # the warm-up, then each length: before the generation
     assert generate(330) == 0
     out, err = capsys.readouterr()
@@ -525,3 +526,25 @@ def test_select_units_text_is_calibrated_without_a_prompt(tiny):
     method = PrefillMethod("specprefill", speculator="self:1", specprefill=spec)
     crossover_at, where = probe.auto_crossover(model, method, lengths=[1040])
     assert "calibrated now" in where and crossover.read_calibration(probe.key_for(model, method)) is not None
+
+
+def test_a_calibration_measured_in_a_request_is_named_apart_in_its_response(tiny, monkeypatch):
+    """Through the API the first auto request measures its calibrations: they are in its TTFT (the
+    caller waited), named in calibration_seconds and info.seconds, and not in its prompt_tps."""
+    from specfill.api import format_stats
+
+    model, tok = tiny
+    fake_measure(monkeypatch, {2048: (1.0, 0.5), 4096: (2.0, 1.0)})
+    responses = []
+    for _ in range(2):
+        info = GenerationInfo()
+        ids = [5 + i % 300 for i in range(3000)]
+        (last,) = stream_generate(model, tok, ids, 1, method=prefill_method("auto", h2o=H2O), prefill_info=info)
+        responses.append((last, info))
+    (first, info), (second, again) = responses
+    assert first.method == "h2o" and 0 < first.calibration_seconds < first.ttft
+    assert info.seconds["auto_calibration"] == first.calibration_seconds
+    assert first.prompt_tps == pytest.approx(3000 / (first.ttft - first.calibration_seconds))
+    assert "s of it auto's calibration on this machine" in format_stats(first)
+    assert second.calibration_seconds == 0.0 and "auto_calibration" not in again.seconds  # read back
+    assert "calibration" not in format_stats(second)
