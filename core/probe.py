@@ -33,15 +33,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
-from .crossover import (
-    CANDIDATE_LENGTHS,
-    calibrated,
-    calibration_dir,
-    calibration_key,
-    common_length,
-    extended,
-    fastest,
-)
+from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_dir, calibration_key, common_length, extended, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_prefill, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
