@@ -179,17 +179,22 @@ def _method_flags(method: str) -> tuple[str, ...]:
 
 
 def warn_unused_options(args: argparse.Namespace, defaults: argparse.Namespace) -> None:
-    """One warning naming the options given (not at their defaults) that `args.method` ignores."""
+    """One warning naming the options given (not at their defaults) that `args.method` ignores: another
+    method's; with auto, which weighs H2O always and SpecPrefill with a speculator (core/probe.auto_options),
+    SpecPrefill's where no --speculator is given."""
+    if args.method == "auto":
+        ignored, method = () if args.speculator is not None else ("specprefill",), "auto without --speculator"
+    else:
+        ignored, method = tuple(m for m in ("h2o", "specprefill") if m != args.method), args.method
     unused = [
         f"--{name.replace('_', '-')}"
-        for method in ("h2o", "specprefill")
-        if method != args.method
-        for name in dict.fromkeys(_method_flags(method))
+        for ignoring in ignored
+        for name in dict.fromkeys(_method_flags(ignoring))
         if getattr(args, name) != getattr(defaults, name)
     ]
     if unused:
         warnings.warn(
-            f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with --method {args.method}",
+            f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} nothing with --method {method}",
             SpecfillWarning,
             stacklevel=2,
         )

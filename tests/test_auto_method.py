@@ -548,3 +548,14 @@ def test_a_calibration_measured_in_a_request_is_named_apart_in_its_response(tiny
     assert "s of it auto's calibration on this machine" in format_stats(first)
     assert second.calibration_seconds == 0.0 and "auto_calibration" not in again.seconds  # read back
     assert "calibration" not in format_stats(second)
+
+
+def test_cli_auto_with_a_speculator_reads_every_methods_flags(tiny_checkpoint, capsys):
+    """auto weighs H2O and, with a speculator, SpecPrefill: none of their flags is 'unused' then (the CLI
+    once warned that --speculator does nothing with --method auto, while auto ran SpecPrefill with it)."""
+    model = str(tiny_checkpoint("llama", "safetensors"))
+    argv = ["generate", "--backend", "cuda", "--model", model, "--method", "auto", "--prompt", "1 2 3"]
+    assert main([*argv, "--speculator", "self:1", "--keep", "0.5", "--chunk-size", "16", "--max-tokens", "1"]) == 0
+    assert "nothing with" not in capsys.readouterr().err
+    assert main([*argv, "--keep", "0.5", "--max-tokens", "1"]) == 0
+    assert "--keep does nothing with --method auto without --speculator" in capsys.readouterr().err
