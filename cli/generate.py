@@ -12,7 +12,7 @@ from specfill.api import format_stats
 from specfill.core import SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
-from specfill.generation import calibrate_auto
+from specfill.generation import calibrate_for_prompt
 
 from .options import (
     add_method_options,
@@ -130,9 +130,9 @@ def cli_request(args: argparse.Namespace) -> GenerationRequest:
     )
 
 
-def _calibrate_auto(session: Session, prompt: str, request: GenerationRequest) -> None:
+def _calibrate_for_prompt(session: Session, prompt: str, request: GenerationRequest) -> None:
     """--method auto: the calibrations its choice reads, measured before the clock where none is kept
-    (generation.calibrate_auto), each announced on stderr, and how long they took."""
+    (generation.calibrate_for_prompt), each announced on stderr, and how long they took."""
     told: list[str] = []
 
     def tell(line: str) -> None:
@@ -141,7 +141,7 @@ def _calibrate_auto(session: Session, prompt: str, request: GenerationRequest) -
             print(f"specfill: {line}", file=sys.stderr, flush=True)
 
     began = time.perf_counter()
-    calibrate_auto(session.model, session.tokenizer, prompt, request, tell)
+    calibrate_for_prompt(session.model, session.tokenizer, prompt, request, tell)
     if told and session.leads:
         seconds = time.perf_counter() - began
         print(f"specfill: auto: calibrated in {seconds:.1f} s (not in the TTFT below)", file=sys.stderr, flush=True)
@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     session = open_model(args, model_file=args.model_file, download=args.download)
     prompt = build_prompt(session.tokenizer, prompt_text, args)
     request = session.prepare(request)  # its speculator loaded: what auto's calibrations time
-    _calibrate_auto(session, prompt, request)
+    _calibrate_for_prompt(session, prompt, request)
     last, info = None, GenerationInfo()
     bar = PrefillProgressBar(info=info)  # the whole time to first token, every prefill stage weighted
     say = print if session.leads else (lambda *_, **__: None)  # every rank generates alike; rank 0 prints

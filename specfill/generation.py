@@ -54,7 +54,7 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
 
 
-def calibrate_auto(
+def calibrate_for_prompt(
     model: CausalLM,
     tokenizer: Any,
     prompt: str | Sequence[int],
