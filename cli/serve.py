@@ -258,9 +258,13 @@ def _calibrate_auto(session: Session, h2o: H2OConfig, spec: SpecPrefillConfig) -
         file=sys.stderr,
         flush=True,
     )
+
+    def announce(line: str) -> None:  # each option's probe as it starts: a first start takes minutes on a CPU
+        print(f"specfill: {line}", file=sys.stderr, flush=True)
+
     started = time.perf_counter()
     try:
-        lines = calibrate_auto(session.model, method)
+        lines = calibrate_auto(session.model, method, announce)
     except SpecfillError as err:
         print(f"specfill: auto's calibration failed ({err}); requests calibrate it", file=sys.stderr, flush=True)
         return

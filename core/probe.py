@@ -416,15 +416,15 @@ def auto_shapes(lm: ProbedModel) -> list[tuple[int, int]]:
     return list(dict.fromkeys([(long, 0), (shortest, shortest), (long, shortest)]))
 
 
-def calibrate_auto(lm: ProbedModel, method: PrefillMethod) -> list[str]:
+def calibrate_auto(lm: ProbedModel, method: PrefillMethod, announce: Callable[[str], None] | None = None) -> list[str]:
     """Calibrate (or read the cached calibrations of) every option an "auto" `method` weighs on a
     long fresh prompt and on agent turns (auto_shapes): what `specfill serve --method auto` does
     before it listens, so that no request waits for the measurement (once per machine, model and
-    settings: the Qwen2.5-Coder pair 188 s in bf16 on a 2-core AMX CPU, its three shapes). One line per
-    shape: what auto runs there."""
+    settings: the Qwen2.5-Coder pair 188 s in bf16 on a 2-core AMX CPU, its three shapes; `announce`
+    gets a line as each option's probe starts). One line per shape: what auto runs there."""
     lines = []
     for tokens, cached in auto_shapes(lm):
-        chosen, _ = auto_choice(lm, method, tokens, cached)
+        chosen, _ = auto_choice(lm, method, tokens, cached, announce)
         shape = f"{tokens} new tokens over {cached} cached" if cached else f"a prompt of {tokens} tokens"
         lines.append(f"{shape}: {'full' if chosen.name == 'full' else sparse_name(chosen)}")
     return lines
