@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from specfill.api import format_stats
 from specfill.core import SpecfillWarning
+from specfill.core.crossover import calibration_dir
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
 from specfill.generation import calibrate_for_prompt
@@ -144,7 +145,8 @@ def _calibrate_for_prompt(session: Session, prompt: str, request: GenerationRequ
     calibrate_for_prompt(session.model, session.tokenizer, prompt, request, tell)
     if told and session.leads:
         seconds = time.perf_counter() - began
-        print(f"specfill: auto: calibrated in {seconds:.1f} s (not in the TTFT below)", file=sys.stderr, flush=True)
+        said = f"specfill: auto: calibrated in {seconds:.1f} s, kept in {calibration_dir()} (not in the TTFT below)"
+        print(said, file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 
 from .config import AUTO_COMPOSITION, AUTO_COMPOSITION_FROM, AUTO_TURN_COMPOSITION, H2OConfig, SpecPrefillConfig
-from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_dir, calibration_key, common_length, extended, fastest
+from .crossover import CANDIDATE_LENGTHS, calibrated, calibration_key, common_length, extended, fastest
 from .methods.h2o import H2OPrefillAttention, h2o_prefill, h2o_step_size
 from .methods.prefill import prefill
 from .methods.specprefill import scoring_layers, speculative_prefill
@@ -465,10 +465,12 @@ def _measurer(
             if not warm:
                 warm.append(length)
                 if announce is not None:
+                    spec = method.specprefill if method.sparse != "h2o" else None
+                    keep = "" if spec is None else f" at keep {spec.keep_ratio:g}"  # the two compositions apart
                     shape = f" on turns ({TURN_CACHED_PER_NEW}x as many tokens cached)" if turn else ""
                     announce(
-                        f"auto: timing {sparse_name(method)} against full prefill on this machine{shape}, "
-                        f"from {length} tokens (once for this model and these settings: kept in {calibration_dir()})"
+                        f"auto: timing {sparse_name(method)}{keep} against full prefill on this machine{shape}, "
+                        f"from {length} tokens (once for this model and these settings)"
                     )
                 _measure(lm, method, length, cached)
             return _measure(lm, method, length, cached)

@@ -448,7 +448,8 @@ def test_calibrate_auto_measures_a_long_prompts_and_a_turns_options_once(tiny, m
         "1040 new tokens over 1040 cached: specprefill+h2o; 3000 new tokens over 1040 cached: specprefill+h2o" in err
     ), err
     assert "specfill: auto: timing h2o against full prefill on this machine, from 1040 tokens" in err  # as it starts
-    assert "specfill: auto: timing specprefill+h2o against full prefill on this machine on turns" in err
+    assert "specfill: auto: timing specprefill+h2o at keep 0.1 against full prefill on this machine on turns" in err
+    assert "specfill: auto: timing specprefill+h2o at keep 0.3 against full prefill on this machine on turns" in err
     composed = {(c.keep_ratio, c.query_window) for name, c in measured if name == "specprefill+h2o"}
     auto, turn = probe.AUTO_COMPOSITION, probe.AUTO_TURN_COMPOSITION
     assert composed == {(auto.keep_ratio, auto.query_window), (turn.keep_ratio, turn.query_window)}
