@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from specfill.api import format_stats
 from specfill.core import SpecfillWarning
-from specfill.core.crossover import calibration_dir
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
 from specfill.generation import calibrate_for_prompt
@@ -144,6 +143,8 @@ def _calibrate_for_prompt(session: Session, prompt: str, request: GenerationRequ
     began = time.perf_counter()
     calibrate_for_prompt(session.model, session.tokenizer, prompt, request, tell)
     if told and session.leads:
+        from specfill.core.crossover import calibration_dir  # loaded where auto measured: full prefill loads none
+
         seconds = time.perf_counter() - began
         said = f"specfill: auto: calibrated in {seconds:.1f} s, kept in {calibration_dir()} (not in the TTFT below)"
         print(said, file=sys.stderr, flush=True)
