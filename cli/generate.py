@@ -132,17 +132,17 @@ def cli_request(args: argparse.Namespace) -> GenerationRequest:
 
 def _calibrate_for_prompt(session: Session, prompt: str, request: GenerationRequest) -> None:
     """--method auto: the calibrations its choice reads, measured before the clock where none is kept
-    (generation.calibrate_for_prompt), each announced on stderr, and how long they took."""
+    (generation.calibrate_for_prompt; one process: a sharded model's ranks calibrate in the request),
+    each announced on stderr, and how long they took."""
     told: list[str] = []
 
     def tell(line: str) -> None:
         told.append(line)
-        if session.leads:
-            print(f"specfill: {line}", file=sys.stderr, flush=True)
+        print(f"specfill: {line}", file=sys.stderr, flush=True)
 
     began = time.perf_counter()
     calibrate_for_prompt(session.model, session.tokenizer, prompt, request, tell)
-    if told and session.leads:
+    if told:
         from specfill.core.crossover import calibration_dir  # loaded where auto measured: full prefill loads none
 
         seconds = time.perf_counter() - began
