@@ -12,7 +12,7 @@ from specfill.api import format_stats
 from specfill.core import SpecfillWarning
 from specfill.core.request import GenerationRequest, build_request, find
 from specfill.core.runtime import GenerationInfo
-from specfill.generation import calibrate_for_prompt
+from specfill.generation import calibrate_for_prompt, encode_prompt
 
 from .options import (
     add_method_options,
@@ -130,7 +130,7 @@ def cli_request(args: argparse.Namespace) -> GenerationRequest:
     )
 
 
-def _calibrate_for_prompt(session: Session, prompt: str, request: GenerationRequest) -> None:
+def _calibrate_for_prompt(session: Session, ids: list[int], request: GenerationRequest) -> None:
     """--method auto: the calibrations its choice reads, measured before the clock where none is kept
     (generation.calibrate_for_prompt; one process: a sharded model's ranks calibrate in the request),
     each announced on stderr, and how long they took."""
@@ -141,7 +141,7 @@ def _calibrate_for_prompt(session: Session, prompt: str, request: GenerationRequ
         print(f"specfill: {line}", file=sys.stderr, flush=True)
 
     began = time.perf_counter()
-    calibrate_for_prompt(session.model, session.tokenizer, prompt, request, tell)
+    calibrate_for_prompt(session.model, session.tokenizer, ids, request, tell)
     if told:
         from specfill.core.crossover import calibration_dir  # loaded where auto measured: full prefill loads none
 
@@ -155,15 +155,15 @@ def run(args: argparse.Namespace) -> int:
     prompt_text = read_prompt(args)
     # the backend and device rules, mlx.launch's ranks, the model
     session = open_model(args, model_file=args.model_file, download=args.download)
-    prompt = build_prompt(session.tokenizer, prompt_text, args)
+    ids = encode_prompt(session.tokenizer, build_prompt(session.tokenizer, prompt_text, args))  # encoded once
     request = session.prepare(request)  # its speculator loaded: what auto's calibrations time
-    _calibrate_for_prompt(session, prompt, request)
+    _calibrate_for_prompt(session, ids, request)
     last, info = None, GenerationInfo()
     bar = PrefillProgressBar(info=info)  # the whole time to first token, every prefill stage weighted
     say = print if session.leads else (lambda *_, **__: None)  # every rank generates alike; rank 0 prints
     say("=" * 10)
     progress = bar.update if session.leads else None
-    for last in session.stream(prompt, request, prompt_progress_callback=progress, prefill_info=info):
+    for last in session.stream(ids, request, prompt_progress_callback=progress, prefill_info=info):
         bar.close()
         say(last.text, end="", flush=True)
     say()

@@ -57,18 +57,18 @@ def encode_prompt(tokenizer: Any, prompt: str) -> list[int]:
 def calibrate_for_prompt(
     model: CausalLM,
     tokenizer: Any,
-    prompt: str | Sequence[int],
+    ids: Sequence[int],
     request: GenerationRequest,
     announce: Callable[[str], None],
 ) -> None:
-    """`specfill generate --method auto`: the calibrations stream_request's choice of method reads,
-    measured now where none is kept (`announce` gets a line before each), so that the wait is said
-    and is not counted in the time to first token. It takes stream_request's steps to the method (the
-    prompt's ids, their text units): the same calibration keys. A request on a model sharded over ranks
-    calibrates in stream_request, where every rank's step is collected."""
+    """`specfill generate --method auto`: the calibrations stream_request's choice of method reads for
+    the prompt `ids` (encode_prompt's: pass the same ids to stream_request), measured now where none is
+    kept (`announce` gets a line before each), so that the wait is said and is not counted in the time
+    to first token. It takes stream_request's steps to the method (the ids checked, their text units):
+    the same calibration keys. A request on a model sharded over ranks calibrates in stream_request,
+    where every rank's step is collected."""
     if model.distributed is not None or request.method.name != "auto":
         return
-    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
     ids = checked_ids(ids, request.max_tokens, model.args)  # a prompt the request refuses is refused first
     resolve_method(model, with_text_units(request.method, tokenizer, ids), len(ids), announce=announce)
 
