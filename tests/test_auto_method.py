@@ -6,7 +6,6 @@ import json
 import pytest
 
 from specfill.api import load, prefill_method, stream_generate
-from specfill.cli.main import main
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig, crossover, probe
 from specfill.core.runtime import GenerationInfo, PrefillMethod
 
@@ -143,37 +142,6 @@ def test_explicit_threshold_overrides_the_calibration(tiny, monkeypatch):
     assert run_auto(model, tok, 40, auto_threshold=10, speculator="self:1") == "specprefill" and not calls
     with pytest.raises(ConfigError, match="auto threshold"):
         PrefillMethod("auto", auto_threshold=0)
-
-
-def test_cli_auto_threshold_needs_method_auto(capsys):
-    assert main(["generate", "--auto-threshold", "100", "--prompt", "hi"]) == 2
-    assert "auto_threshold (--auto-threshold) goes with method auto" in capsys.readouterr().err
-
-
-def test_bench_saves_its_crossover_for_auto_only_when_asked(tiny_checkpoint, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path))
-    from specfill.evaluation.bench import BenchPlan, run_bench
-
-    path = str(tiny_checkpoint("llama", "safetensors"))
-    plan = BenchPlan(
-        backends=("cuda",),
-        methods=("full", "h2o"),
-        lengths=(1100, 2048),
-        model=path,
-        decode_tokens=1,
-        device="cpu",
-        h2o=H2O,
-    )
-    calls = fake_measure(monkeypatch, {2048: (1.0, 2.0), 4096: (2.0, 3.0)})
-    result = run_bench(plan, log=lambda line: None)
-    assert calls and result["calibration"][0]["auto_source"].startswith("calibrated now")  # re-probed
-    model, _ = load(path, backend="cuda", device="cpu")
-    key = probe.key_for(model, PrefillMethod("auto", h2o=H2O))
-    assert json.loads(crossover.calibration_path(key).read_text())["how"].startswith("probe")
-    result = run_bench(BenchPlan(**{**vars(plan), "save_crossover": True}), log=lambda line: None)
-    saved = json.loads(crossover.calibration_path(key).read_text())
-    assert saved["how"].startswith("specfill bench") and set(saved["points"]) == {"1100", "2048"}
-    assert result["calibration"][0]["auto_crossover"] == saved["crossover_tokens"]
 
 
 def test_fastest_picks_the_least_ratio_among_the_crossovers_reached():
@@ -493,33 +461,6 @@ def test_text_units_are_one_prompts_data_calibrated_once_and_handed_to_the_choic
     assert probe.measured_unit_starts(text, 100) == (0, 32, 64, 96) and probe.measured_unit_starts(chunks, 100) == ()
 
 
-def test_cli_auto_says_its_calibration_and_keeps_it_out_of_the_ttft(tiny_checkpoint, tmp_path, monkeypatch, capsys):
-    """`specfill generate --method auto`: a calibration still to be measured is announced on stderr and
-    run before the clock (the TTFT printed is the method's); one kept is read back without a word."""
-    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "calibration"))
-    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))
-    lengths = fake_measure(monkeypatch, {1040: (1.0, 0.5), 1080: (2.0, 1.0)})
-    model = str(tiny_checkpoint("llama", "safetensors"))
-
-    def generate(numbers: int) -> int:
-        prompt = " ".join(str(5 + i % 300) for i in range(numbers))
-        argv = ["generate", "--backend", "cuda", "--model", model, "--dtype", "float32", "--method", "auto"]
-        return main([*argv, "--chunk-size", "256", "--prompt", prompt, "--max-tokens", "1", "--ignore-chat-template"])
-
-    assert generate(330) == 0  # ~1,100 tokens
-    out, err = capsys.readouterr()
-    assert "specfill: auto: timing h2o against full prefill on this machine, from 1040 tokens" in err
-    assert "specfill: auto: calibrated in" in err and "Method: auto -> h2o" in out
-    assert "of it auto's calibration" not in out  # measured before the clock: none in the request
-    assert lengths == [1040, 1040, 1080]  # the warm-up, then each length: before the generation
-    assert generate(330) == 0
-    out, err = capsys.readouterr()
-    assert "auto:" not in err and "Method: auto -> h2o" in out and lengths == [1040, 1040, 1080]
-    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "elsewhere"))  # nothing kept there
-    assert generate(1200) == 2  # past the tiny model's context: refused before any calibration
-    assert "exceeds the model's context" in capsys.readouterr().err and lengths == [1040, 1040, 1080]
-
-
 def test_select_units_text_is_calibrated_without_a_prompt(tiny):
     """The probe's own units (measured_unit_starts) let a text-unit SpecPrefill be timed with no
     prompt at hand: `specfill serve --method auto --select-units text` before it listens, bench and
@@ -527,7 +468,7 @@ def test_select_units_text_is_calibrated_without_a_prompt(tiny):
     model, _ = tiny
     spec = SpecPrefillConfig(select_units="text", select_chunk=16)
     method = PrefillMethod("specprefill", speculator="self:1", specprefill=spec)
-    crossover_at, where = probe.auto_crossover(model, method, lengths=[1040])
+    _, where = probe.auto_crossover(model, method, lengths=[1040])
     assert "calibrated now" in where and crossover.read_calibration(probe.key_for(model, method)) is not None
 
 
@@ -551,14 +492,3 @@ def test_a_calibration_measured_in_a_request_is_named_apart_in_its_response(tiny
     assert "s of it auto's calibration on this machine" in format_stats(first)
     assert second.calibration_seconds == 0.0 and "auto_calibration" not in again.seconds  # read back
     assert "calibration" not in format_stats(second)
-
-
-def test_cli_auto_with_a_speculator_reads_every_methods_flags(tiny_checkpoint, capsys):
-    """auto weighs H2O and, with a speculator, SpecPrefill: none of their flags is 'unused' then (the CLI
-    once warned that --speculator does nothing with --method auto, while auto ran SpecPrefill with it)."""
-    model = str(tiny_checkpoint("llama", "safetensors"))
-    argv = ["generate", "--backend", "cuda", "--model", model, "--method", "auto", "--prompt", "1 2 3"]
-    assert main([*argv, "--speculator", "self:1", "--keep", "0.5", "--chunk-size", "16", "--max-tokens", "1"]) == 0
-    assert "nothing with" not in capsys.readouterr().err
-    assert main([*argv, "--keep", "0.5", "--max-tokens", "1"]) == 0
-    assert "--keep does nothing with --method auto without --speculator" in capsys.readouterr().err

@@ -59,3 +59,35 @@ def test_bench_times_auto_after_its_calibration(tiny_checkpoint, tmp_path, capsy
     assert probed and timed[-1] == timed[-2] == len(probed)  # the last length's runs probed nothing
     assert "| auto (specprefill) | 40 |" in (tmp_path / "bench.md").read_text()
     assert data["calibration"] == []  # auto's own calibrations are the rows': nothing refreshed for it
+
+
+def test_bench_saves_its_crossover_for_auto_only_when_asked(tiny_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path))
+    from specfill.api import load
+    from specfill.core import H2OConfig, crossover, probe
+    from specfill.core.runtime import PrefillMethod
+    from specfill.evaluation.bench import BenchPlan, run_bench
+
+    h2o = H2OConfig(chunk_size=256, batch_size=1024, local=32, heavy=32)  # few chunks: quick at 2048 tokens
+
+    path = str(tiny_checkpoint("llama", "safetensors"))
+    plan = BenchPlan(
+        backends=("cuda",),
+        methods=("full", "h2o"),
+        lengths=(1100, 2048),
+        model=path,
+        decode_tokens=1,
+        device="cpu",
+        h2o=h2o,
+    )
+    table, calls = {2048: (1.0, 2.0), 4096: (2.0, 3.0)}, []  # probe._measure's (full s, sparse s), the lengths asked
+    monkeypatch.setattr(probe, "_measure", lambda lm, method, length, cached=0: calls.append(length) or table[length])
+    result = run_bench(plan, log=lambda line: None)
+    assert calls and result["calibration"][0]["auto_source"].startswith("calibrated now")  # re-probed
+    model, _ = load(path, backend="cuda", device="cpu")
+    key = probe.key_for(model, PrefillMethod("auto", h2o=h2o))
+    assert json.loads(crossover.calibration_path(key).read_text())["how"].startswith("probe")
+    result = run_bench(BenchPlan(**{**vars(plan), "save_crossover": True}), log=lambda line: None)
+    saved = json.loads(crossover.calibration_path(key).read_text())
+    assert saved["how"].startswith("specfill bench") and set(saved["points"]) == {"1100", "2048"}
+    assert result["calibration"][0]["auto_crossover"] == saved["crossover_tokens"]

@@ -9,6 +9,7 @@ import pytest
 
 from specfill.backends import torch_cuda
 from specfill.cli.main import main
+from specfill.core import probe
 from specfill.core.backend import Backend
 
 pytest.importorskip("torch")
@@ -205,3 +206,47 @@ def test_progress_bar_covers_the_whole_time_to_first_token(tmp_path, monkeypatch
     assert max(p for stage, p in shown if stage != "main_prefill") < 100
     cleared, answer = text.rsplit("\r", 2)[1:]
     assert cleared.strip() == "" and "Prompt: 1500 tokens" in answer  # the bar's line is cleared first
+
+
+def test_cli_auto_threshold_needs_method_auto(capsys):
+    assert main(["generate", "--auto-threshold", "100", "--prompt", "hi"]) == 2
+    assert "auto_threshold (--auto-threshold) goes with method auto" in capsys.readouterr().err
+
+
+def test_cli_auto_says_its_calibration_and_keeps_it_out_of_the_ttft(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """`specfill generate --method auto`: a calibration still to be measured is announced on stderr and
+    run before the clock (the TTFT printed is the method's); one kept is read back without a word."""
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "calibration"))
+    monkeypatch.setattr(probe, "CANDIDATE_LENGTHS", (1040, 1080))
+    table, lengths = {1040: (1.0, 0.5), 1080: (2.0, 1.0)}, []  # probe._measure's (full s, sparse s), the lengths asked
+    monkeypatch.setattr(probe, "_measure", lambda lm, method, length, cached=0: lengths.append(length) or table[length])
+    model = str(tiny_checkpoint("llama", "safetensors"))
+
+    def generate(numbers: int) -> int:
+        prompt = " ".join(str(5 + i % 300) for i in range(numbers))
+        argv = ["generate", "--backend", "cuda", "--model", model, "--dtype", "float32", "--method", "auto"]
+        return main([*argv, "--chunk-size", "256", "--prompt", prompt, "--max-tokens", "1", "--ignore-chat-template"])
+
+    assert generate(330) == 0  # ~1,100 tokens
+    out, err = capsys.readouterr()
+    assert "specfill: auto: timing h2o against full prefill on this machine, from 1040 tokens" in err
+    assert "specfill: auto: calibrated in" in err and "Method: auto -> h2o" in out
+    assert "of it auto's calibration" not in out  # measured before the clock: none in the request
+    assert lengths == [1040, 1040, 1080]  # the warm-up, then each length: before the generation
+    assert generate(330) == 0
+    out, err = capsys.readouterr()
+    assert "auto:" not in err and "Method: auto -> h2o" in out and lengths == [1040, 1040, 1080]
+    monkeypatch.setenv("SPECFILL_CALIBRATION_DIR", str(tmp_path / "elsewhere"))  # nothing kept there
+    assert generate(1200) == 2  # past the tiny model's context: refused before any calibration
+    assert "exceeds the model's context" in capsys.readouterr().err and lengths == [1040, 1040, 1080]
+
+
+def test_cli_auto_with_a_speculator_reads_every_methods_flags(tiny_checkpoint, capsys):
+    """auto weighs H2O and, with a speculator, SpecPrefill: none of their flags is 'unused' then (the CLI
+    once warned that --speculator does nothing with --method auto, while auto ran SpecPrefill with it)."""
+    model = str(tiny_checkpoint("llama", "safetensors"))
+    argv = ["generate", "--backend", "cuda", "--model", model, "--method", "auto", "--prompt", "1 2 3"]
+    assert main([*argv, "--speculator", "self:1", "--keep", "0.5", "--chunk-size", "16", "--max-tokens", "1"]) == 0
+    assert "nothing with" not in capsys.readouterr().err
+    assert main([*argv, "--keep", "0.5", "--max-tokens", "1"]) == 0
+    assert "--keep does nothing with --method auto without --speculator" in capsys.readouterr().err
