@@ -9,7 +9,8 @@ import shutil
 import pytest
 
 from specfill.core.errors import ChatTemplateError, ModelLoadError
-from specfill.core.io.tokenizer import load_tokenizer
+from specfill.core.io.gguf_tokenizer import end_of_generation_ids
+from specfill.core.io.tokenizer import Tokenizer, load_tokenizer
 from tests.fixtures.tiny_spm import train_tiny_spm, write_spm_gguf
 
 PROMPTS = [
@@ -54,7 +55,8 @@ def test_tiny_bpe_gguf_and_directory_agree_with_transformers(tiny_checkpoint, tr
         assert from_gguf.decode(ids) == from_dir.decode(ids) == reference.decode(ids) == text
     assert len(from_dir.encode("the capital")) < len("the capital")  # merges are in use
     assert from_gguf.bos_token_id == from_dir.bos_token_id == 1
-    assert from_gguf.eos_token_ids == from_dir.eos_token_ids == frozenset({2})
+    # the GGUF ends at <|endoftext|> (id 0) too, by llama.cpp's rule; the directory at what its files list (HF's)
+    assert from_gguf.eos_token_ids == frozenset({2, 0}) and from_dir.eos_token_ids == frozenset({2})
     for generation in (True, False):
         expected = reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=generation)
         assert from_gguf.apply_chat_template(MESSAGES, add_generation_prompt=generation) == expected
@@ -204,7 +206,7 @@ def test_demo_tokenizer_matches_transformers(transformers_module):
         assert tok.apply_chat_template(MESSAGES, add_generation_prompt=generation) == reference.apply_chat_template(
             MESSAGES, tokenize=False, add_generation_prompt=generation
         )
-    assert tok.bos_token_id == 1 and tok.eos_token_ids == {2}
+    assert tok.bos_token_id == 1 and tok.eos_token_ids == {2, 0}  # <|im_end|> declared, <|endoftext|> by its text
     assert tok.token_text(1) == "<|im_start|>" and tok.vocab_size == 49152
 
 
@@ -219,3 +221,30 @@ def test_directory_flags_generation_config_and_template_file(tmp_path, tiny_chec
     assert tok.encode("the") == [1, *tok.encode("the", add_special_tokens=False)]
     assert tok.eos_token_ids == {0, 2}
     assert tok.apply_chat_template([{"role": "user", "content": "hey"}]) == "<|im_start|>hey"
+
+
+def test_gguf_ends_where_llama_cpp_ends(tiny_checkpoint):
+    """A GGUF declares one end id; the tokens llama.cpp ends generation on by their text end it too (Qwen2.5's
+    GGUFs declare <|im_end|>; its models also end with <|endoftext|>, and went on writing past it before)."""
+    from specfill.core.io.weights import read_gguf_metadata
+
+    meta = dict(read_gguf_metadata(tiny_checkpoint("llama", "gguf")))
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    assert tokens[:3] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    assert Tokenizer.from_gguf_metadata(meta).eos_token_ids == {0, 2}
+    # the declared id stays first: the template's eos_token and add_eos_token's id
+    meta["tokenizer.ggml.add_eos_token"] = True
+    tok = Tokenizer.from_gguf_metadata(meta)
+    assert tok.encode("hi")[-1] == 2 and tok.apply_chat_template([{"role": "user", "content": "x"}]).count("<|im_end|>")
+    # a vocabulary without those texts ends at its declared id alone
+    renamed = {**meta, "tokenizer.ggml.tokens": ["<|eos0|>", *tokens[1:2], "<|eos2|>", *tokens[3:]]}
+    assert Tokenizer.from_gguf_metadata(renamed).eos_token_ids == {2}
+
+
+def test_end_of_generation_texts_and_harmony():
+    assert end_of_generation_ids(["a", "<|eot_id|>", "b", "<|end_of_text|>", "<|eom_id|>"]) == [1, 3, 4]
+    assert end_of_generation_ids(["<end_of_turn>", "<|im_end|>x", "end"]) == [0]  # whole texts only
+    assert end_of_generation_ids(["<|end|>", "<|user|>"]) == [0]  # Phi-3: <|end|> ends a reply
+    # gpt-oss's harmony: <|end|> closes one message of a reply (analysis, then final); <|return|> / <|call|> end it
+    harmony = ["<|start|>", "<|end|>", "<|message|>", "<|return|>", "<|call|>", "<|channel|>"]
+    assert end_of_generation_ids(harmony) == [3, 4]

@@ -9,7 +9,7 @@ Token types (llama.cpp): 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unuse
 from __future__ import annotations
 
 import warnings
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
@@ -132,6 +132,37 @@ def _spm_tokenizer(meta: Mapping[str, Any], tokens: list[str], types: list[int])
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(steps)
     return tok
+
+
+# Which tokens end a reply in a GGUF file: llama.cpp's rule (src/llama-vocab.cpp), besides the ids the file
+# declares (eos / eot / eom), every token spelled as one of these ends generation, because converters declare
+# one id where the model has several ends: Qwen2.5's GGUFs declare <|im_end|> while its instruct models may
+# end with <|endoftext|> (their generation_config.json lists both; seen with Qwen2.5-Coder-1.5B under Claude
+# Code, which went on writing after it). Where a vocabulary has both harmony ends (<|return|>, <|call|>:
+# gpt-oss), <|end|> closes one message of a reply and is not an end, as in llama.cpp.
+END_OF_GENERATION_TEXTS = (
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "<end_of_utterance>",
+)
+HARMONY_ENDS = ("<|return|>", "<|call|>")
+
+
+def end_of_generation_ids(tokens: Sequence[str]) -> list[int]:
+    """The ids of a GGUF vocabulary (its token texts in id order) that end generation by their text."""
+    found = {text: i for i, text in enumerate(tokens) if text in END_OF_GENERATION_TEXTS}
+    if all(end in found for end in HARMONY_ENDS):
+        found.pop("<|end|>", None)
+    return sorted(found.values())
 
 
 def tokenizer_from_gguf_metadata(meta: Mapping[str, Any]) -> Tokenizer:

@@ -20,7 +20,7 @@ from .. import checks
 from ..errors import ChatTemplateError, ModelLoadError, quote
 from .chat_template import render_chat_template
 from .gguf_file import existing_path
-from .gguf_tokenizer import tokenizer_from_gguf_metadata
+from .gguf_tokenizer import end_of_generation_ids, tokenizer_from_gguf_metadata
 from .random_model import is_random_model, random_model_args
 from .weights import read_gguf_metadata, read_json_object
 
@@ -60,12 +60,13 @@ class Tokenizer:
             return checks.flag(meta.get(key, default), f"GGUF {key}")
 
         bos = token_id("tokenizer.ggml.bos_token_id")
-        eos = [i for k in ("eos", "eot", "eom") if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
+        declared = [i for k in ("eos", "eot", "eom") if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
+        eos = list(dict.fromkeys(declared + end_of_generation_ids(meta.get("tokenizer.ggml.tokens") or [])))
         default_bos = meta.get("tokenizer.ggml.model") == "llama"  # llama.cpp's SPM default
         _set_special_token_insertion(
             backend,
             bos if flag("tokenizer.ggml.add_bos_token", default_bos) else None,
-            eos[0] if eos and flag("tokenizer.ggml.add_eos_token", False) else None,
+            declared[0] if declared and flag("tokenizer.ggml.add_eos_token", False) else None,
         )
         template = meta.get("tokenizer.chat_template")
         return cls(
