@@ -116,7 +116,21 @@ def build_plan(
     if not ids:
         raise bad_request("the prompt is empty", where)
     asked = getattr(request, "max_completion_tokens", None) or request.max_tokens
-    max_tokens = asked if asked is not None else max(1, min(defaults.max_tokens, context - len(ids)))
+    room = context - len(ids)  # what the context leaves the reply
+    notes = list(notes or [])
+    if asked is None:
+        max_tokens = max(1, min(defaults.max_tokens, room))
+    elif 0 < room < asked <= context:
+        # An agent asks its own output budget whatever the conversation's length (Claude Code 32000, Qwen Code
+        # 32768): clipped to what the context leaves, as llama.cpp's server, Ollama and LM Studio do; the reply
+        # then ends at the context's end ("length"). A max_tokens past the whole context fits no prompt: a 400.
+        max_tokens = room
+        notes.append(
+            f"max_tokens {asked} clipped to {room}: the prompt's {len(ids)} tokens leave {room} "
+            f"of the model's context of {context}"
+        )
+    else:
+        max_tokens = asked
     name = method_name(request, defaults)
     try:
         check_generation_fits(len(ids), max_tokens, context)
@@ -127,7 +141,6 @@ def build_plan(
             check_speculator_context(len(ids), defaults.speculator_context)
         except PromptTooLongError as err:  # a separate speculator reads the whole prompt too: about the method
             raise bad_request(str(err), "method") from None
-    notes = list(notes or [])
     lazy = defaults.lazy_grammar if request.lazy_grammar is None else request.lazy_grammar
     if grammar is not None and grammar.lazy and not lazy:
         grammar = None  # tool_choice auto unconstrained: no host-side processor, drafting kept
