@@ -99,7 +99,8 @@ def _events(answer: str) -> list[dict]:
 
 
 def _reply(events: list[dict]) -> tuple[dict, str]:
-    """(usage and specfill stats, what the reply said: text and calls) of a Messages or Responses stream."""
+    """(usage and specfill stats, what the reply said: text and calls) of a Messages, Responses or Chat Completions
+    stream."""
     usage: dict = {}
     said: list[str] = []
     calls: dict[int, list[str]] = {}
@@ -121,6 +122,23 @@ def _reply(events: list[dict]) -> tuple[dict, str]:
             said.append(e["delta"])
         elif kind in ("response.completed", "response.incomplete"):
             usage.update(e["response"].get("usage") or {}, specfill=e["response"].get("specfill", {}))
+        elif e.get("object") == "chat.completion.chunk":  # Chat Completions: no event type
+            for choice in e.get("choices") or []:
+                delta = choice.get("delta") or {}
+                said.append(delta.get("content") or "")
+                for call in delta.get("tool_calls") or []:
+                    name, arguments = calls.setdefault(1000 + call.get("index", 0), ["", ""])
+                    function = call.get("function") or {}
+                    calls[1000 + call.get("index", 0)] = [
+                        name + (function.get("name") or ""),
+                        arguments + (function.get("arguments") or ""),
+                    ]
+            if e.get("usage"):
+                chat = e["usage"]
+                cached = (chat.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                usage.update(input_tokens=chat["prompt_tokens"] - cached, cache_read_input_tokens=cached)
+            if e.get("specfill"):
+                usage["specfill"] = e["specfill"]
     text = "".join(said).strip()
     parts = ([repr(text[:200])] if text else []) + [f"call {name}({arguments})" for name, arguments in calls.values()]
     return usage, "; ".join(parts) or "(nothing)"
@@ -137,6 +155,11 @@ def summary(log: Path) -> str:
         if record["method"] != "POST":
             continue
         usage, said = _reply(_events(record.get("answer", "")))
+        if record["status"] >= 400:
+            try:
+                said = "error: " + json.loads(record.get("answer", ""))["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                pass
         prompt = usage.get("input_tokens", 0) + usage.get("cache_read_input_tokens", 0)
         cached = usage.get("cache_read_input_tokens", (usage.get("input_tokens_details") or {}).get("cached_tokens"))
         ttft = (usage.get("specfill") or {}).get("ttft_s")
