@@ -206,7 +206,8 @@ def test_demo_tokenizer_matches_transformers(transformers_module):
         assert tok.apply_chat_template(MESSAGES, add_generation_prompt=generation) == reference.apply_chat_template(
             MESSAGES, tokenize=False, add_generation_prompt=generation
         )
-    assert tok.bos_token_id == 1 and tok.eos_token_ids == {2, 0}  # <|im_end|> declared, <|endoftext|> by its text
+    # <|im_end|> declared; <|endoftext|> and <reponame> (its fill-in-the-middle repository token) by their text
+    assert tok.bos_token_id == 1 and tok.eos_token_ids == {2, 0, 4}
     assert tok.token_text(1) == "<|im_start|>" and tok.vocab_size == 49152
 
 
@@ -239,12 +240,21 @@ def test_gguf_ends_where_llama_cpp_ends(tiny_checkpoint):
     # a vocabulary without those texts ends at its declared id alone
     renamed = {**meta, "tokenizer.ggml.tokens": ["<|eos0|>", *tokens[1:2], "<|eos2|>", *tokens[3:]]}
     assert Tokenizer.from_gguf_metadata(renamed).eos_token_ids == {2}
+    # a declared fill-in-the-middle separator ends it too (llama.cpp: fim_pad / fim_rep / fim_sep)
+    assert Tokenizer.from_gguf_metadata({**renamed, "tokenizer.ggml.fim_sep_token_id": 7}).eos_token_ids == {2, 7}
 
 
-def test_end_of_generation_texts_and_harmony():
+def test_end_of_generation_texts_and_their_exceptions():
     assert end_of_generation_ids(["a", "<|eot_id|>", "b", "<|end_of_text|>", "<|eom_id|>"]) == [1, 3, 4]
     assert end_of_generation_ids(["<end_of_turn>", "<|im_end|>x", "end"]) == [0]  # whole texts only
     assert end_of_generation_ids(["<|end|>", "<|user|>"]) == [0]  # Phi-3: <|end|> ends a reply
+    # a coder model completing a file ends at its fill-in-the-middle pad, repository and file-separator tokens
+    assert end_of_generation_ids(["<|fim_prefix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"]) == [1, 2, 3]
+    # only added tokens (control 3, user-defined 4) count: Qwen's vocabulary has "</s>" as a plain piece (type 1)
+    assert end_of_generation_ids(["</s>", "<|endoftext|>"], [1, 3]) == [1]
+    assert end_of_generation_ids(["</s>", "<|endoftext|>"], [3, 4]) == [0, 1]
     # gpt-oss's harmony: <|end|> closes one message of a reply (analysis, then final); <|return|> / <|call|> end it
     harmony = ["<|start|>", "<|end|>", "<|message|>", "<|return|>", "<|call|>", "<|channel|>"]
     assert end_of_generation_ids(harmony) == [3, 4]
+    assert end_of_generation_ids(["<|end|>", "<|calls|>", "<|flush|>"]) == [1, 2]  # Solar Open, likewise
+    assert end_of_generation_ids(["</s>", "<|tool_response>", "<turn|>"]) == [1, 2]  # Gemma 4: </s> is no end

@@ -134,34 +134,37 @@ def _spm_tokenizer(meta: Mapping[str, Any], tokens: list[str], types: list[int])
     return tok
 
 
-# Which tokens end a reply in a GGUF file: llama.cpp's rule (src/llama-vocab.cpp), besides the ids the file
-# declares (eos / eot / eom), every token spelled as one of these ends generation, because converters declare
-# one id where the model has several ends: Qwen2.5's GGUFs declare <|im_end|> while its instruct models may
-# end with <|endoftext|> (their generation_config.json lists both; seen with Qwen2.5-Coder-1.5B under Claude
-# Code, which went on writing after it). Where a vocabulary has both harmony ends (<|return|>, <|call|>:
-# gpt-oss), <|end|> closes one message of a reply and is not an end, as in llama.cpp.
-END_OF_GENERATION_TEXTS = (
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "<|im_end|>",
-    "<|end|>",
-    "<|return|>",
-    "<|call|>",
-    "<end_of_turn>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<EOT>",
-    "_<EOT>",
-    "<end_of_utterance>",
-)
-HARMONY_ENDS = ("<|return|>", "<|call|>")
+# Which tokens end a reply in a GGUF file: llama.cpp's rule (src/llama-vocab.cpp, as of late 2026). Besides the
+# ids the file declares (eos / eot / eom, and the fill-in-the-middle pad / repo / file-separator ids), every
+# token spelled as one of these ends generation, because converters declare one id where the model has
+# several ends: Qwen2.5's GGUFs declare <|im_end|> while its instruct models may end with <|endoftext|> (their
+# generation_config.json lists both; seen with Qwen2.5-Coder-1.5B under Claude Code, which went on writing
+# after it), and a coder model completing a file ends with <|file_sep|> or <|fim_pad|>.
+END_OF_GENERATION_TEXTS = frozenset(
+    {
+        "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>",
+        "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "</s>", "<eos>", "<turn|>", "<|tool_response>", "<end_of_utterance>",
+        "<|return|>", "<|call|>", "<|calls|>", "<|flush|>",  # gpt-oss's harmony; Solar Open
+        # fill-in-the-middle: pad, repository name, file separator
+        "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]",
+        "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>",
+    }
+)  # fmt: skip
+FIM_KEYS = ("fim_pad", "fim_rep", "fim_sep")  # tokenizer.ggml.<key>_token_id: declared ends besides eos / eot / eom
 
 
-def end_of_generation_ids(tokens: Sequence[str]) -> list[int]:
-    """The ids of a GGUF vocabulary (its token texts in id order) that end generation by their text."""
-    found = {text: i for i, text in enumerate(tokens) if text in END_OF_GENERATION_TEXTS}
-    if all(end in found for end in HARMONY_ENDS):
+def end_of_generation_ids(tokens: Sequence[str], types: Sequence[int] | None = None) -> list[int]:
+    """The ids of a GGUF vocabulary (its token texts and types in id order; no types: all added) that end
+    generation by their text. Only added tokens (control or user-defined) count: Qwen's vocabulary has "</s>"
+    as a plain piece (HTML), which llama.cpp would turn into an end. As in llama.cpp: where harmony's
+    <|return|> and <|call|> (or Solar Open's <|calls|> and <|flush|>) exist, <|end|> closes one message of a
+    reply and is not an end; where Gemma 4's <|tool_response> exists, </s> is not an end."""
+    added = [True] * len(tokens) if types is None else [kind in (CONTROL, USER_DEFINED) for kind in types]
+    found = {text: i for i, text in enumerate(tokens) if text in END_OF_GENERATION_TEXTS and added[i]}
+    if {"<|return|>", "<|call|>"} <= found.keys() or {"<|calls|>", "<|flush|>"} <= found.keys():
         found.pop("<|end|>", None)
+    if "<|tool_response>" in found:
+        found.pop("</s>", None)
     return sorted(found.values())
 
 

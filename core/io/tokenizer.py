@@ -20,7 +20,7 @@ from .. import checks
 from ..errors import ChatTemplateError, ModelLoadError, quote
 from .chat_template import render_chat_template
 from .gguf_file import existing_path
-from .gguf_tokenizer import end_of_generation_ids, tokenizer_from_gguf_metadata
+from .gguf_tokenizer import FIM_KEYS, end_of_generation_ids, tokenizer_from_gguf_metadata
 from .random_model import is_random_model, random_model_args
 from .weights import read_gguf_metadata, read_json_object
 
@@ -61,7 +61,14 @@ class Tokenizer:
 
         bos = token_id("tokenizer.ggml.bos_token_id")
         declared = [i for k in ("eos", "eot", "eom") if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
-        eos = list(dict.fromkeys(declared + end_of_generation_ids(meta.get("tokenizer.ggml.tokens") or [])))
+        fim = [i for k in FIM_KEYS if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
+        eos = list(
+            dict.fromkeys(
+                declared
+                + fim
+                + end_of_generation_ids(meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type"))
+            )
+        )
         default_bos = meta.get("tokenizer.ggml.model") == "llama"  # llama.cpp's SPM default
         _set_special_token_insertion(
             backend,
