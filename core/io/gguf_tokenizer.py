@@ -134,7 +134,7 @@ def _spm_tokenizer(meta: Mapping[str, Any], tokens: list[str], types: list[int])
     return tok
 
 
-# Which tokens end a reply in a GGUF file: llama.cpp's rule (src/llama-vocab.cpp, as of late 2026). Besides the
+# Which tokens end a reply in a GGUF file: llama.cpp's rule (its src/llama-vocab.cpp, read 2026-12-04). Besides the
 # ids the file declares (eos / eot / eom, and the fill-in-the-middle pad / repo / file-separator ids), every
 # token spelled as one of these ends generation, because converters declare one id where the model has
 # several ends: Qwen2.5's GGUFs declare <|im_end|> while its instruct models may end with <|endoftext|> (their
