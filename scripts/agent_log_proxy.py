@@ -127,12 +127,10 @@ def _reply(events: list[dict]) -> tuple[dict, str]:
                 delta = choice.get("delta") or {}
                 said.append(delta.get("content") or "")
                 for call in delta.get("tool_calls") or []:
-                    name, arguments = calls.setdefault(1000 + call.get("index", 0), ["", ""])
+                    named = calls.setdefault(call.get("index", 0), ["", ""])  # a stream is one API's: no clash
                     function = call.get("function") or {}
-                    calls[1000 + call.get("index", 0)] = [
-                        name + (function.get("name") or ""),
-                        arguments + (function.get("arguments") or ""),
-                    ]
+                    named[0] += function.get("name") or ""
+                    named[1] += function.get("arguments") or ""
             if e.get("usage"):
                 chat = e["usage"]
                 cached = (chat.get("prompt_tokens_details") or {}).get("cached_tokens", 0)

@@ -60,20 +60,18 @@ class Tokenizer:
             return checks.flag(meta.get(key, default), f"GGUF {key}")
 
         bos = token_id("tokenizer.ggml.bos_token_id")
-        declared = [i for k in ("eos", "eot", "eom") if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
-        fim = [i for k in FIM_KEYS if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
-        eos = list(
-            dict.fromkeys(
-                declared
-                + fim
-                + end_of_generation_ids(meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type"))
-            )
-        )
+
+        def declared(*kinds: str) -> list[int]:
+            return [i for k in kinds if (i := token_id(f"tokenizer.ggml.{k}_token_id")) is not None]
+
+        ends = declared("eos", "eot", "eom")  # the first: the template's eos_token, add_eos_token's id
+        by_text = end_of_generation_ids(meta["tokenizer.ggml.tokens"], meta.get("tokenizer.ggml.token_type"))
+        eos = list(dict.fromkeys([*ends, *declared(*FIM_KEYS), *by_text]))
         default_bos = meta.get("tokenizer.ggml.model") == "llama"  # llama.cpp's SPM default
         _set_special_token_insertion(
             backend,
             bos if flag("tokenizer.ggml.add_bos_token", default_bos) else None,
-            declared[0] if declared and flag("tokenizer.ggml.add_eos_token", False) else None,
+            ends[0] if ends and flag("tokenizer.ggml.add_eos_token", False) else None,
         )
         template = meta.get("tokenizer.chat_template")
         return cls(
