@@ -1,9 +1,12 @@
 """The serve tests' helpers around a server evaluation/serve_process.py started: waiting for the prompt
-cache's dense rebuild, and the server's resident memory."""
+cache's dense rebuild, the server's resident memory, and a raw POST (status and body, errors too)."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from specfill.evaluation.serve_process import ServerProcess
@@ -23,3 +26,14 @@ def rss_kb(server: ServerProcess) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError("no VmRSS line")
+
+
+def post(url: str, body: bytes | dict) -> tuple[int, dict]:
+    """(status, JSON body) of a POST of `body` (raw bytes, or an object sent as JSON); an error status too."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from specfill.evaluation.serve_process import client
-from tests.serve.harness import rss_kb
+from tests.serve.harness import post, rss_kb
 
 CHAT = "/v1/chat/completions"
 COMPLETE = "/v1/completions"
@@ -61,16 +61,6 @@ MALFORMED = [  # (route, raw body): every one must get a 4xx with an OpenAI erro
     (CHAT, {"messages": MSG, "response_format": {"type": "grammar"}}),
     (COMPLETE, {"prompt": "1", "logit_bias": {"5": 1}}),
 ]
-
-
-def post(url: str, body: bytes | dict) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
 
 
 def test_malformed_requests_get_4xx(tiny_server):

@@ -9,8 +9,9 @@ import pytest
 from specfill.serve.errors import RequestError
 from specfill.serve.plan import ServerDefaults, build_plan
 from specfill.serve.protocol import ChatRequest
-from tests.serve.test_faults import CHAT, COMPLETE, post
+from tests.serve.harness import post
 
+CHAT, COMPLETE = "/v1/chat/completions", "/v1/completions"
 MSG = [{"role": "user", "content": "1 2 3"}]
 
 
