@@ -95,6 +95,12 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """The control tokens: added tokens marked special (a GGUF's CONTROL type), the ones
+        `skip_special_tokens` leaves out; user-defined added tokens are not among them."""
+        return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -132,8 +138,10 @@ class Tokenizer:
         digest.update(("special:" + ",".join(map(str, special))).encode())
         return digest.hexdigest()[:32]
 
-    def streaming_detokenizer(self, skip_special_tokens: bool = False) -> "StreamingDetokenizer":
-        return StreamingDetokenizer(self, skip_special_tokens=skip_special_tokens)
+    def streaming_detokenizer(
+        self, skip_special_tokens: bool = False, hidden: frozenset[int] = frozenset()
+    ) -> "StreamingDetokenizer":
+        return StreamingDetokenizer(self, skip_special_tokens=skip_special_tokens, hidden=hidden)
 
     def _text(self, token_id: int | None) -> str | None:
         return None if token_id is None else self.backend.id_to_token(token_id)
@@ -141,13 +149,15 @@ class Tokenizer:
 
 class StreamingDetokenizer:
     """Turns ids arriving one at a time into text pieces whose concatenation equals
-    decode(all ids). Text is held back while it ends in an incomplete UTF-8 sequence (U+FFFD);
-    each step decodes only the ids since the last complete piece."""
+    decode(all ids but the hidden ones). Text is held back while it ends in an incomplete UTF-8
+    sequence (U+FFFD); each step decodes only the ids since the last complete piece.
+    hidden: ids that write no text (the server's control tokens: serve/reply_text.py)."""
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False, hidden: frozenset[int] = frozenset()):
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        self.ids: list[int] = []
+        self._hidden = hidden
+        self.ids: list[int] = []  # the ids that write text
         self._prefix = 0  # start of the decode window (its text was emitted already)
         self._read = 0  # ids before this have been emitted
 
@@ -155,7 +165,10 @@ class StreamingDetokenizer:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
     def add_token(self, token_id: int) -> str:
-        """The text that became printable with this id ('' while a character is incomplete)."""
+        """The text that became printable with this id ('' while a character is incomplete, or for
+        a hidden id)."""
+        if token_id in self._hidden:
+            return ""
         self.ids.append(int(token_id))
         done = self._decode(self.ids[self._prefix : self._read])
         text = self._decode(self.ids[self._prefix :])

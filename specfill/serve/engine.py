@@ -20,6 +20,7 @@ from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
+from .reply_text import hidden_token_ids, reply_detokenizer
 from .token_mask import ConstrainedReply, Constraints, LazyReply
 
 
@@ -99,6 +100,7 @@ class Engine:
         self.model, self.tokenizer = session.model, session.tokenizer  # the session's, for the routes
         self.cache = cache  # None: the server runs without a prompt cache
         self.constraints = Constraints(session.tokenizer)  # constrained decoding's masks (token_mask.py)
+        self.hidden = hidden_token_ids(session.tokenizer)  # the ids that write no text in a reply (reply_text.py)
 
     @property
     def context(self) -> int:
@@ -219,15 +221,17 @@ class Engine:
     def _stream(
         self, plan: Plan, steps: Iterator[Any], emit: Emit, stats: Callable[[Any], dict[str, Any]]
     ) -> tuple[list[int], Finished] | None:
-        """Send the text (cut at stop strings); (the generated ids, the Finished event to send),
-        or None when cancelled or nothing was generated."""
+        """Send the text (its control tokens left out: reply_text.py; cut at stop strings); (the generated
+        ids, the Finished event to send), or None when cancelled or nothing was generated."""
         matcher = StopMatcher(plan.stops)
+        detokenizer = reply_detokenizer(self.tokenizer, self.hidden, plan.skip_special_tokens)
         last, finish, generated = None, "length", []
         for last in steps:
             if plan.cancelled.is_set():
                 return None
             generated.append(last.token)
-            text, hit = matcher.feed(last.text)
+            piece = detokenizer.add_token(last.token)
+            text, hit = matcher.feed(piece + detokenizer.finish() if last.finish_reason else piece)
             if text:
                 emit(Delta(text))
             if hit:

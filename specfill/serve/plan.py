@@ -71,6 +71,7 @@ class Plan:
     queue_seconds: float = 0.0  # time spent waiting for the device (set by the scheduler)
     cancelled: threading.Event = field(default_factory=threading.Event)
     grammar: ReplyGrammar | None = None  # the reply's constraint (chat.py; Engine.run decodes by it)
+    skip_special_tokens: bool = True  # the reply's control tokens write no text (reply_text.py)
 
 
 def completion_prompt_ids(tokenizer: Any, request: CompletionRequest, vocab_size: int) -> list[int]:
@@ -160,6 +161,7 @@ def build_plan(
         prompt_cache=request.prompt_cache or defaults.prompt_cache,
         notes=notes,
         grammar=grammar,
+        skip_special_tokens=request.skip_special_tokens,
     )
 
 

@@ -98,6 +98,8 @@ class SpecfillFields(PrefillFields):
     protect: list[Literal["system", "tools", "last_user"]] | None = None
     # tool_choice auto: constrain each call from its opening on (chat.py); None: the server's default
     lazy_grammar: bool | None = None
+    # vLLM's field: the reply's control tokens write no text, but the markers its tools are read by (reply_text.py)
+    skip_special_tokens: bool = True
 
 
 class SamplingFields(SamplingSettings):

@@ -1,8 +1,8 @@
 """Tool calls in a model's reply: the formats of the families specfill serves, read back from text.
 
-The server's detokenizer keeps added and special tokens, so the markers arrive as text: Qwen's
-`<tool_call>` tags (added tokens that `skip_special_tokens` would drop), Llama's `<|python_tag|>`,
-Mistral's `[TOOL_CALLS]`, gpt-oss's `<|channel|>`. detect_format picks a format from the chat
+The server's detokenizer keeps every format's markers (ToolFormat.texts; reply_text.py leaves the
+other control tokens out), so they arrive as text: Qwen's `<tool_call>` tags, Llama's
+`<|python_tag|>`, Mistral's `[TOOL_CALLS]`, gpt-oss's `<|channel|>`. detect_format picks a format from the chat
 template's source (the markers it teaches, in the order mlx-lm's tokenizer_utils checks them), and
 chat.py binds it to the request's tools (ToolFormat.bind). Who reads each format's calls:
 
@@ -144,7 +144,9 @@ class ToolFormat:
     (tool_harmony.py), not text with calls between markers; tools: the request's tools (bind); call:
     (what follows `required` before a named call's arguments, what follows them) where a
     constrained reply can be written (chat.reply_grammar); arguments: how the call writes them,
-    "json" or "xml" (Qwen3-Coder's <parameter=...> blocks: reply_grammar.py)."""
+    "json" or "xml" (Qwen3-Coder's <parameter=...> blocks: reply_grammar.py); markers: what the
+    reader reads inside a call besides the texts above (Gemma 4's <|"|> quotes, Mistral's [ARGS]),
+    kept in the reply's text where they are control tokens (reply_text.py)."""
 
     name: str
     start: str
@@ -159,6 +161,7 @@ class ToolFormat:
     tools: tuple[dict[str, Any], ...] = ()
     call: tuple[str, str] | None = None
     arguments: str = "json"
+    markers: tuple[str, ...] = ()
 
     def forced(self, name: str | None) -> str:
         """The text a reply is started with so that it is a call (to `name`, when given)."""
@@ -168,6 +171,12 @@ class ToolFormat:
         """This format for one request: its parsers see the tools (types by schema) and only a call
         to one of them counts as a JSON-only reply."""
         return dataclasses.replace(self, tools=tuple(tools))
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        """Every text the reader reads: a control token found in one stays in the reply's text."""
+        texts = (self.start, self.end, *self.leading, self.required, self.named, *(self.call or ()), *self.markers)
+        return tuple(t for t in texts if t)
 
     @property
     def names(self) -> frozenset[str]:
@@ -224,7 +233,15 @@ LLAMA3 = ToolFormat(
     leading=("{",),
     call=('{bare}", "parameters": ', "}"),
 )
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, mistral_calls, required="[TOOL_CALLS]", named="[TOOL_CALLS]")
+MISTRAL = ToolFormat(
+    "mistral",
+    "[TOOL_CALLS]",
+    None,
+    mistral_calls,
+    required="[TOOL_CALLS]",
+    named="[TOOL_CALLS]",
+    markers=("[CALL_ID]", "[ARGS]"),
+)
 QWEN3_CODER = ToolFormat(
     "qwen3_coder",
     "<tool_call>",
@@ -247,23 +264,34 @@ HARMONY = ToolFormat(
 )
 
 
-def _mlx_format(name: str, start: str, end: str | None, named: str = "") -> ToolFormat:
-    return ToolFormat(name, start, end, _mlx(name), required=start, named=start + named, reader="mlx-lm")
+def _mlx_format(name: str, start: str, end: str | None, named: str = "", markers: tuple[str, ...] = ()) -> ToolFormat:
+    return ToolFormat(
+        name, start, end, _mlx(name), required=start, named=start + named, reader="mlx-lm", markers=markers
+    )
 
 
-GLM47 = _mlx_format("glm47", "<tool_call>", "</tool_call>", "{bare}")
+_ARGUMENT_TAGS = ("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
+GLM47 = _mlx_format("glm47", "<tool_call>", "</tool_call>", "{bare}", _ARGUMENT_TAGS)
 _KIMI_CALL = "<|tool_call_begin|>functions.{bare}:0<|tool_call_argument_begin|>"
 KIMI_K2 = dataclasses.replace(
     _mlx_format("kimi_k2", "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", _KIMI_CALL),
     call=(_KIMI_CALL, "<|tool_call_end|><|tool_calls_section_end|>"),
 )
 MINIMAX_M2 = _mlx_format("minimax_m2", "<minimax:tool_call>", "</minimax:tool_call>", '\n<invoke name="{bare}">\n')
-GEMMA4 = _mlx_format("gemma4", "<|tool_call>", "<tool_call|>", "call:{bare}")
-FUNCTION_GEMMA = _mlx_format("function_gemma", "<start_function_call>", "<end_function_call>", "call:{bare}")
+GEMMA4 = _mlx_format("gemma4", "<|tool_call>", "<tool_call|>", "call:{bare}", ('<|"|>',))
+FUNCTION_GEMMA = _mlx_format(
+    "function_gemma", "<start_function_call>", "<end_function_call>", "call:{bare}", ("<escape>",)
+)
 PYTHONIC = dataclasses.replace(
     _mlx_format("pythonic", "<|tool_call_start|>", "<|tool_call_end|>", "[{bare}("), required="<|tool_call_start|>["
 )
-LONGCAT = _mlx_format("longcat", "<longcat_tool_call>", "</longcat_tool_call>", "{bare}")
+LONGCAT = _mlx_format(
+    "longcat",
+    "<longcat_tool_call>",
+    "</longcat_tool_call>",
+    "{bare}",
+    tuple(t.replace("arg_", "longcat_arg_") for t in _ARGUMENT_TAGS),
+)
 MINICPM5 = dataclasses.replace(
     _mlx_format("minicpm5", "<function name=", "</function>", '"{bare}">'), required="<function name="
 )
