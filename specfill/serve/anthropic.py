@@ -9,11 +9,14 @@ format -> response_format json_schema (validated, as there). From there both
 routes are one path: chat.py renders the template and plan.py builds the Plan. specfill's own
 fields (method, keep_ratio, ...) travel in `metadata` or as extra top-level fields.
 
-The reply is read by the same ReplySplitter and shaped as a Message (content blocks, stop_reason,
-usage with cache_read_input_tokens from the prompt cache) or as Anthropic's event stream:
-message_start, per block content_block_start / content_block_delta / content_block_stop,
-message_delta (stop_reason, usage), message_stop. thinking / redacted_thinking blocks of earlier
-turns are dropped (the model's own reasoning, not context it needs); images and documents are a 400.
+The reply is read by the same Reply and shaped as a Message (content blocks: its reasoning a
+`thinking` block, with an empty signature; stop_reason, usage with cache_read_input_tokens from the
+prompt cache) or as Anthropic's event stream: message_start, per block content_block_start /
+content_block_delta (text_delta, thinking_delta then signature_delta, input_json_delta) /
+content_block_stop, message_delta (stop_reason, usage), message_stop. An earlier turn's thinking
+blocks become its reasoning_content, which the chat template renders or drops as it was written to
+(Qwen3's keeps the reasoning of the turns since the last user message, as the model wrote it:
+the prompt cache then finds them); redacted_thinking blocks are dropped; images and documents are a 400.
 An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
 
 What Claude Code sends (issue 46) is accepted: the beta query (ignored), `thinking` and
@@ -29,12 +32,13 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .chat import ChatSetup, chat_prompt_ids, chat_setup, check_schema, check_tool_name, unknown_field
+from .chat import ChatSetup, chat_prompt, chat_setup, check_schema, check_tool_name, unknown_field
 from .engine import Delta, Failed, Finished, Started
 from .errors import anthropic_error_body, bad_request
 from .info import check_model
 from .plan import Plan, ServerDefaults
 from .protocol import ChatRequest, SpecfillFields, parse_data, read_json
+from .reasoning import Thought
 from .responses import Reply, sse
 from .system_turns import inline_system_in_place, join, place_inline_system, system_text, text_of
 from .tool_parsers import Text, ToolCall
@@ -61,7 +65,7 @@ TOOL_FIELDS = frozenset(
 )
 CHOICE_FIELDS = frozenset({"type", "name", "disable_parallel_tool_use"})
 SPECFILL_FIELDS = tuple(SpecfillFields.model_fields)
-DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+DROPPED_BLOCKS = frozenset({"redacted_thinking"})
 
 
 class MessagesRequest(BaseModel):
@@ -82,7 +86,7 @@ class MessagesRequest(BaseModel):
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None  # user_id is ignored; specfill's own fields are read from it
     output_config: dict[str, Any] | None = None  # its format (a JSON schema) is response_format; effort is ignored
-    thinking: dict[str, Any] | None = None  # extended thinking: ignored (the reply is the model's text)
+    thinking: dict[str, Any] | None = None  # extended thinking: ignored (a reply's reasoning is the template's)
     context_management: dict[str, Any] | None = None  # server-side context editing: ignored (nothing is cleared)
 
 
@@ -104,12 +108,15 @@ def _validated(data: dict[str, Any], counting: bool) -> MessagesRequest:
 
 
 def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
-    """An assistant turn: its text and its tool_use blocks as tool_calls."""
-    texts, calls = [], []
+    """An assistant turn: its text, its thinking blocks as reasoning_content (the template decides
+    what to render of it) and its tool_use blocks as tool_calls."""
+    texts, thoughts, calls = [], [], []
     for j, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            thoughts.append(block["thinking"])
         elif kind == "tool_use":
             if not isinstance(block.get("input"), dict) or not isinstance(block.get("id"), str):
                 raise bad_request(f"'{where}[{j}]': a tool_use block needs an id, a name and an input object", where)
@@ -127,6 +134,8 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
                 where,
             )
     message: dict[str, Any] = {"role": "assistant", "content": "\n\n".join(texts)}
+    if thoughts:
+        message["reasoning_content"] = "\n\n".join(thoughts)
     if calls:
         message["tool_calls"] = calls
     return message
@@ -278,7 +287,8 @@ def prepare(
     check_model(request.model, defaults)
     chat = parse_data(chat_body(request, inline_system_in_place(tokenizer)), ChatRequest)
     setup = chat_setup(chat, tokenizer.chat_template)
-    return chat, setup, chat_prompt_ids(tokenizer, chat, setup)
+    ids, setup = chat_prompt(tokenizer, chat, setup)
+    return chat, setup, ids
 
 
 def tool_use_id() -> str:
@@ -345,6 +355,8 @@ class MessageShape:
         for piece in self.reply.pieces:
             if isinstance(piece, Text):
                 content.append({"type": "text", "text": piece.text})
+            elif isinstance(piece, Thought):
+                content.append({"type": "thinking", "thinking": piece.text, "signature": ""})
             else:
                 content.append(self._tool_use(piece))
         body = self._message(
@@ -385,8 +397,10 @@ class MessageShape:
     def _close_block(self) -> list[str]:
         if self.open is None:
             return []
+        # a thinking block ends with its signature (none here: the reasoning is the model's own text)
+        signed = [self._delta({"type": "signature_delta", "signature": ""})] if self.open == "thinking" else []
         self.open = None
-        return [sse({"type": "content_block_stop", "index": self.blocks - 1}, "content_block_stop")]
+        return signed + [sse({"type": "content_block_stop", "index": self.blocks - 1}, "content_block_stop")]
 
     def _open_block(self, block: dict[str, Any]) -> list[str]:
         out = self._close_block()
@@ -407,6 +421,10 @@ class MessageShape:
                 if self.open != "text":
                     out += self._open_block({"type": "text", "text": ""})
                 out.append(self._delta({"type": "text_delta", "text": piece.text}))
+            elif isinstance(piece, Thought):
+                if self.open != "thinking":
+                    out += self._open_block({"type": "thinking", "thinking": "", "signature": ""})
+                out.append(self._delta({"type": "thinking_delta", "thinking": piece.text}))
             elif isinstance(piece, CallStart):
                 out += self._open_block({"type": "tool_use", "id": tool_use_id(), "name": piece.name, "input": {}})
             elif isinstance(piece, CallArgs):

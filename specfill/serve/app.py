@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect
 from .access import Access, protect
 from .anthropic import MessageShape
 from .anthropic import prepare as prepare_messages
-from .chat import chat_prompt_ids, chat_setup
+from .chat import chat_prompt, chat_setup
 from .engine import Delta, Engine, Failed, Finished
 from .errors import RequestError, anthropic_error_body, error_body, is_anthropic_path
 from .info import add_info_routes, check_model
@@ -131,7 +131,7 @@ def _prepare_chat(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
     body = parse_body(raw, ChatRequest)
     check_model(body.model, ctx.defaults)
     setup = chat_setup(body, ctx.engine.tokenizer.chat_template)
-    ids = chat_prompt_ids(ctx.engine.tokenizer, body, setup)
+    ids, setup = chat_prompt(ctx.engine.tokenizer, body, setup)
     plan = _chat_plan(body, setup, ids, ctx)
     return plan, ResponseShape(plan, ctx.defaults.model_id, setup)
 

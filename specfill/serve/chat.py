@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from specfill.api import encode_prompt
@@ -46,6 +46,7 @@ from specfill.core import SpecfillError
 
 from .errors import bad_request
 from .protocol import ChatRequest, Message
+from .reasoning import Reasoning, detect_reasoning
 from .reply_grammar import ReplyGrammar
 from .tool_parsers import FORMATS, ToolFormat, detect_format
 
@@ -210,6 +211,7 @@ class ChatSetup:
     max_calls: int | None = None
     output: OutputCheck | None = None
     grammar: ReplyGrammar | None = None  # what the reply is constrained to (None: unconstrained)
+    reasoning: Reasoning | None = None  # how the reply's reasoning is read apart (reasoning.py; None: it is not)
 
 
 def reply_grammar(fmt: ToolFormat, name: str | None, lazy: bool = False) -> ReplyGrammar | None:
@@ -245,9 +247,17 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
     tools = tool_definitions(request.tools) if request.tools else ()
     choice, name = tool_choice(request.tool_choice, [t["function"]["name"] for t in tools])
     output = output_check(request.response_format)
+    reasoning = detect_reasoning(template) if request.reasoning_format != "none" else None
     if not tools or choice == "none":
         prefix = "{" if output is not None and output.wants_object else ""
-        return ChatSetup(prefix=prefix, output=output, grammar=output_grammar(output, prefix))
+        fmt = detect_format(template)  # a harmony reply is read by its channels, with tools or without
+        return ChatSetup(
+            format=fmt if fmt is not None and fmt.messages else None,
+            prefix=prefix,
+            output=output,
+            grammar=output_grammar(output, prefix),
+            reasoning=reasoning,
+        )
     if not template or "tools" not in template:
         raise bad_request(
             "'tools': the model's chat template does not render tools (give a template that does with --chat-template)",
@@ -273,6 +283,7 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
         max_calls=1 if request.parallel_tool_calls is False else None,
         output=output,
         grammar=reply_grammar(bound, name, lazy=choice == "auto"),
+        reasoning=reasoning,
     )
 
 
@@ -316,6 +327,8 @@ def template_messages(messages: list[Message], system_note: str | None = None) -
             item["tool_calls"] = [
                 _template_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls)
             ]
+        if m.role == "assistant" and (thought := m.reasoning_content or m.reasoning):
+            item["reasoning_content"] = thought  # Qwen3's, GLM's, MiniMax's templates read it
         if m.role == "tool":
             item["tool_call_id"] = m.tool_call_id
         if m.name is not None:
@@ -329,9 +342,10 @@ def template_messages(messages: list[Message], system_note: str | None = None) -
     return out
 
 
-def chat_prompt_ids(tokenizer: Any, request: ChatRequest, setup: ChatSetup = ChatSetup()) -> list[int]:
+def chat_prompt(tokenizer: Any, request: ChatRequest, setup: ChatSetup = ChatSetup()) -> tuple[list[int], ChatSetup]:
     """The chat template rendered server-side (with the request's tools), the reply's forced start
-    appended, tokenized (BOS only if the template lacks it)."""
+    appended, tokenized (BOS only if the template lacks it); and the setup, its reasoning told whether
+    the prompt left it open (a forced start is the answer's)."""
     schema = setup.output.schema if setup.output is not None else None
     note = SCHEMA_NOTE + json.dumps(schema) if schema is not None else None
     messages = template_messages(request.messages, note)
@@ -340,4 +354,6 @@ def chat_prompt_ids(tokenizer: Any, request: ChatRequest, setup: ChatSetup = Cha
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
     except SpecfillError as err:
         raise bad_request(str(err), "messages") from None
-    return encode_prompt(tokenizer, text + setup.prefix)
+    if setup.reasoning is not None and not setup.prefix:
+        setup = replace(setup, reasoning=setup.reasoning.after(text))
+    return encode_prompt(tokenizer, text + setup.prefix), setup

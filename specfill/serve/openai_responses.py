@@ -6,7 +6,8 @@ does: `instructions` and the leading system / developer messages of `input` -> o
 (a later one -> a system message where it stands), user / assistant messages (`input_text`,
 `output_text`, `refusal` parts) -> chat messages, `function_call` items -> the assistant's
 tool_calls (joining the assistant message before them), `function_call_output` items -> tool
-messages, `reasoning` items dropped (the model's own reasoning, not context it needs); function
+messages, a `reasoning` item's `reasoning_text` parts -> the reasoning_content of the assistant turn
+after it (the chat template renders or drops it: chat.py; summaries and encrypted content dropped); function
 tools -> chat function tools, other tool types (web_search, file_search, local_shell, custom, mcp,
 ...) ignored and listed in the response's `specfill.ignored_tools` (Codex always sends some; a
 tool_choice naming one is a 400); `tool_choice`, `parallel_tool_calls`, `max_output_tokens` ->
@@ -30,7 +31,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .chat import ChatSetup, chat_prompt_ids, chat_setup, check_schema, check_tool_name, unknown_field
+from .chat import ChatSetup, chat_prompt, chat_setup, check_schema, check_tool_name, unknown_field
 from .errors import bad_request
 from .info import check_model
 from .plan import ServerDefaults
@@ -45,7 +46,6 @@ FUNCTION_FIELDS = frozenset(
 )
 ROLES = ("user", "assistant", "system", "developer")
 RESPONSES_TEXT = {"input_text": "text", "output_text": "text", "refusal": "refusal"}  # a part type -> its text
-DROPPED_ITEMS = frozenset({"reasoning"})
 # top-level fields that pass through to the chat request as they are (its parsing checks them);
 # top_logprobs is there so that the chat route refuses it by name
 PASSED = (
@@ -80,7 +80,7 @@ class ResponsesRequest(BaseModel):
     top_p: NUMBER | None = None
     store: bool | None = None  # accepted: nothing is stored either way
     metadata: dict[str, Any] | None = None  # echoed in the response
-    reasoning: dict[str, Any] | None = None  # ignored (no reasoning items are produced)
+    reasoning: dict[str, Any] | None = None  # effort, summary: ignored (a reply's reasoning is the template's)
     text: dict[str, Any] | None = None  # its format is response_format; verbosity is ignored
 
 
@@ -115,6 +115,14 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
     system = [request.instructions] if request.instructions else []
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}  # call_id -> tool name, for the tool messages that answer it
+    thoughts: list[str] = []  # reasoning items' text, for the next assistant turn
+
+    def assistant(message: dict[str, Any]) -> dict[str, Any]:
+        if thoughts:
+            message["reasoning_content"] = "\n\n".join(thoughts)
+            thoughts.clear()
+        return message
+
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -130,15 +138,26 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
                     system.append(text)
                 else:
                     out.append({"role": "system", "content": text})
+            elif role == "assistant":
+                out.append(assistant({"role": role, "content": text}))
             else:
                 out.append({"role": role, "content": text})
         elif kind == "function_call":
             call = _call(item, where)
             names[call["id"]] = call["function"]["name"]
-            if out and out[-1]["role"] == "assistant":
+            if out and out[-1]["role"] == "assistant" and not thoughts:
                 out[-1].setdefault("tool_calls", []).append(call)
             else:
-                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                out.append(assistant({"role": "assistant", "content": "", "tool_calls": [call]}))
+        elif kind == "reasoning":
+            parts = item.get("content") or []
+            if not isinstance(parts, list):
+                raise bad_request(f"'{where}.content' must be a list of reasoning_text parts", f"{where}.content")
+            thoughts.extend(
+                p["text"]
+                for p in parts
+                if isinstance(p, dict) and p.get("type") == "reasoning_text" and isinstance(p.get("text"), str)
+            )
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
@@ -151,10 +170,10 @@ def _messages(request: ResponsesRequest) -> list[dict[str, Any]]:
             if call_id in names:
                 message["name"] = names[call_id]
             out.append(message)
-        elif kind not in DROPPED_ITEMS:
+        else:
             raise bad_request(
                 f"'{where}.type': input items of type {kind!r} are not supported "
-                "(message, function_call, function_call_output; reasoning is dropped)",
+                "(message, function_call, function_call_output, reasoning)",
                 f"{where}.type",
             )
     if system:
@@ -258,4 +277,5 @@ def prepare(
     body, ignored = chat_body(request)
     chat = parse_data(body, ChatRequest)
     setup = chat_setup(chat, tokenizer.chat_template)
-    return request, chat, setup, chat_prompt_ids(tokenizer, chat, setup), ignored
+    ids, setup = chat_prompt(tokenizer, chat, setup)
+    return request, chat, setup, ids, ignored

@@ -2,10 +2,12 @@
 whole or as its event stream.
 
 The reply is read by the chat route's Reply (its ReplySplitter / StreamingSplitter) and shaped as a
-Response object (`message` items with one `output_text` part, `function_call` items, `usage` with
+Response object (`reasoning` items with one `reasoning_text` part (reasoning.py), `message` items with
+one `output_text` part, `function_call` items, `usage` with
 `input_tokens_details.cached_tokens`, specfill's statistics), or as the event stream: response.created,
 response.in_progress, per item response.output_item.added, (message) response.content_part.added,
-response.output_text.delta ..., response.output_text.done, response.content_part.done, (call)
+response.output_text.delta ..., response.output_text.done, response.content_part.done, (reasoning)
+the same with response.reasoning_text.delta / .done, (call)
 response.function_call_arguments.delta ..., response.function_call_arguments.done, then
 response.output_item.done; last response.completed (response.incomplete when max_output_tokens
 cut the reply; response.failed on an error after the stream began), each with its sequence_number.
@@ -22,9 +24,12 @@ from .engine import Delta, Failed, Finished
 from .errors import error_body
 from .openai_responses import ResponsesRequest
 from .plan import Plan
+from .reasoning import Thought
 from .responses import Reply, sse
 from .tool_parsers import Text, ToolCall
 from .tool_stream import CallArgs, CallEnd, CallStart
+
+PARTS = {"message": "output_text", "reasoning": "reasoning_text"}  # an item with a text part -> the part's events
 
 
 def _hex() -> str:
@@ -104,6 +109,11 @@ class ResponsesShape:
         return {"id": "msg_" + _hex(), "type": "message", "status": status, "role": "assistant", "content": content}
 
     @staticmethod
+    def _reasoning(text: str, status: str = "completed") -> dict[str, Any]:
+        content = [{"type": "reasoning_text", "text": text}]
+        return {"id": "rs_" + _hex(), "type": "reasoning", "status": status, "summary": [], "content": content}
+
+    @staticmethod
     def _function_call(name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
         return {
             "id": "fc_" + _hex(),
@@ -123,6 +133,8 @@ class ResponsesShape:
         for piece in self.reply.pieces:
             if isinstance(piece, Text):
                 self.output.append(self._message(piece.text))
+            elif isinstance(piece, Thought):
+                self.output.append(self._reasoning(piece.text))
             else:
                 self.output.append(self._function_call(piece.name, json.dumps(piece.arguments, ensure_ascii=False)))
         if not self.output:
@@ -161,11 +173,11 @@ class ResponsesShape:
             self._event(
                 "response.output_item.added",
                 output_index=index,
-                item={**item, "content": []} if item["type"] == "message" else item,
+                item={**item, "content": []} if item["type"] in PARTS else item,
             )
         )
-        if item["type"] == "message":
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        if item["type"] in PARTS:
+            part = {**item["content"][0], "text": ""}
             out.append(
                 self._event(
                     "response.content_part.added", item_id=item["id"], output_index=index, content_index=0, part=part
@@ -180,27 +192,29 @@ class ResponsesShape:
             return []
         index, out = len(self.output) - 1, []
         where = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "message":
+        if item["type"] in PARTS:
             part = item["content"][0]
-            out.append(
-                self._event("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=[])
-            )
+            logprobs = {"logprobs": []} if item["type"] == "message" else {}
+            done = f"response.{PARTS[item['type']]}.done"
+            out.append(self._event(done, **where, content_index=0, text=part["text"], **logprobs))
             out.append(self._event("response.content_part.done", **where, content_index=0, part=part))
         else:
             out.append(self._event("response.function_call_arguments.done", **where, arguments=item["arguments"]))
         item["status"] = status
         return out + [self._event("response.output_item.done", output_index=index, item=item)]
 
-    def _text(self, text: str) -> list[str]:
-        out = (
-            []
-            if self.open is not None and self.open["type"] == "message"
-            else self._add(self._message("", "in_progress"))
-        )
+    def _text(self, text: str, kind: str = "message") -> list[str]:
+        """Text into the open item of `kind` (message, reasoning), opened if another is open."""
+        out = []
+        if self.open is None or self.open["type"] != kind:
+            out = self._add(
+                self._message("", "in_progress") if kind == "message" else self._reasoning("", "in_progress")
+            )
         assert self.open is not None
         self.open["content"][0]["text"] += text
-        where = {"item_id": self.open["id"], "output_index": len(self.output) - 1}
-        return out + [self._event("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])]
+        where = {"item_id": self.open["id"], "output_index": len(self.output) - 1, "content_index": 0}
+        logprobs = {"logprobs": []} if kind == "message" else {}
+        return out + [self._event(f"response.{PARTS[kind]}.delta", **where, delta=text, **logprobs)]
 
     def _arguments(self, text: str) -> str:
         assert self.open is not None
@@ -213,6 +227,8 @@ class ResponsesShape:
         for piece in pieces:
             if isinstance(piece, Text):
                 out += self._text(piece.text)
+            elif isinstance(piece, Thought):
+                out += self._text(piece.text, "reasoning")
             elif isinstance(piece, CallStart):
                 out += self._add(self._function_call(piece.name, "", "in_progress"))
             elif isinstance(piece, CallArgs):

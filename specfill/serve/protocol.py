@@ -44,6 +44,8 @@ class Message(_Strict):
     tool_calls: list[Any] | None = None  # an assistant's calls (checked in chat.py)
     tool_call_id: str | None = None  # a tool result's call
     name: str | None = None
+    reasoning_content: str | None = None  # an assistant's reasoning (llama.cpp's and DeepSeek's field)
+    reasoning: str | None = None  # the same, as vLLM and OpenRouter name it
 
     def text(self, index: int) -> str:
         """The content as one string (text parts joined); other part types are refused."""
@@ -125,6 +127,8 @@ class ChatRequest(SamplingFields, SpecfillFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    # llama.cpp's field: "auto" reads the reply's reasoning apart (reasoning_content), "none" leaves it in content
+    reasoning_format: Literal["auto", "none"] = "auto"
 
 
 class CompletionRequest(SamplingFields, SpecfillFields):

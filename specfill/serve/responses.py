@@ -4,7 +4,8 @@ specfill adds two fields the `openai` client keeps as extras: `specfill` (statis
 TTFT, kept and cached tokens, speeds; `response_format`, the JSON check's verdict) on the final
 chunk / the whole response, and `prompt_progress` (llama.cpp's shape) on progress chunks, which
 carry no choices. A chat reply is read through the request's ReplySplitter: tool calls become
-`tool_calls`, finish_reason "tool_calls"; the rest is content. A stream hands a Hermes call out as
+`tool_calls`, finish_reason "tool_calls"; its reasoning (reasoning.py) `reasoning_content` (llama.cpp's
+and DeepSeek's field, in the message and in deltas); the rest is content. A stream hands a Hermes call out as
 the model writes it (tool_stream.py): a first delta with index, id, type and the name, then pieces
 of the arguments; calls in other formats come as one delta each.
 """
@@ -19,13 +20,15 @@ from .chat import ChatSetup
 from .engine import Delta, Failed, Finished, Progress
 from .errors import error_body
 from .plan import Plan
+from .reasoning import ReasoningSplitter, Thought
 from .tool_parsers import Piece, ReplySplitter, Text, ToolCall
 from .tool_stream import CallArgs, CallEnd, CallStart, StreamingSplitter
 
 
 class Reply:
     """A reply's text read through its setup: the forced start first, then the model's text, as
-    content and tool calls; keeps what it handed out (the whole response, the output check)."""
+    reasoning (reasoning.py), content and tool calls; keeps what it handed out (the whole response,
+    the output check)."""
 
     def __init__(self, setup: ChatSetup, stream: bool = False):
         self.setup = setup
@@ -35,20 +38,30 @@ class Reply:
             if stream
             else ReplySplitter(setup.format, setup.max_calls)
         )
+        self.thinking = None if setup.reasoning is None else ReasoningSplitter(setup.reasoning)
         self.prefix = setup.prefix
         self.content: list[str] = []
+        self.thoughts: list[str] = []
         self.calls: list[ToolCall] = []
-        self.pieces: list[Piece] = []  # in order, neighbouring text joined (Anthropic's content blocks)
+        self.pieces: list[Piece | Thought] = []  # in order, neighbours of a kind joined (Anthropic's content blocks)
 
     def feed(self, text: str) -> list[Any]:
-        """The pieces the text gives: Text and ToolCall, and a stream's CallStart / CallArgs / CallEnd."""
+        """The pieces the text gives: Thought, Text and ToolCall, and a stream's CallStart / CallArgs / CallEnd."""
         text, self.prefix = self.prefix + text, ""
-        return self._keep(self.splitter.feed(text))
+        return self._read(self.thinking.feed(text) if self.thinking is not None else [text])
 
     def finish(self) -> list[Any]:
         """The pieces held back until the end (the forced start too, if no text ever came)."""
         text, self.prefix = self.prefix, ""
-        return self._keep(self.splitter.feed(text) + self.splitter.finish())
+        parts = [text] if self.thinking is None else self.thinking.feed(text) + self.thinking.finish()
+        return self._read(parts) + self._keep(self.splitter.finish())
+
+    def _read(self, parts: list[Thought | str]) -> list[Any]:
+        """Reasoning as it is; the content through the tool-call splitter."""
+        out: list[Any] = []
+        for part in parts:
+            out += self._keep([part] if isinstance(part, Thought) else self.splitter.feed(part))
+        return out
 
     def _keep(self, pieces: list[Any]) -> list[Any]:
         for piece in pieces:
@@ -58,16 +71,23 @@ class Reply:
                 continue
             if isinstance(piece, Text):
                 self.content.append(piece.text)
+            elif isinstance(piece, Thought):
+                self.thoughts.append(piece.text)
             else:
                 self.calls.append(piece)
-            if isinstance(piece, Text) and self.pieces and isinstance(self.pieces[-1], Text):
-                self.pieces[-1] = Text(self.pieces[-1].text + piece.text)
+            last = self.pieces[-1] if self.pieces else None
+            if isinstance(piece, (Text, Thought)) and type(last) is type(piece):
+                self.pieces[-1] = type(piece)(last.text + piece.text)
             else:
                 self.pieces.append(piece)
         return pieces
 
     def text(self) -> str:
         return "".join(self.content)
+
+    def reasoning(self) -> str | None:
+        """The reply's reasoning (None: it had none)."""
+        return "".join(self.thoughts) if self.thoughts else None
 
     def verdict(self) -> dict[str, Any] | None:
         """The response_format check of the finished reply (None: no check, or the reply is calls)."""
@@ -105,15 +125,20 @@ class ResponseShape:
         stream: bool,
         first: bool = False,
         calls: list[dict[str, Any]] | None = None,
+        thought: str = "",
     ) -> dict[str, Any]:
         if not self.chat:
             return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
         if not stream:
             message: dict[str, Any] = {"role": "assistant", "content": text or ("" if not calls else None)}
+            if (reasoning := self.reply.reasoning()) is not None:
+                message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = calls
             return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
+        if thought:
+            delta["reasoning_content"] = thought
         if text:
             delta["content"] = text
         if calls:
@@ -198,6 +223,11 @@ class ResponseShape:
         for piece in pieces:
             if isinstance(piece, Text):
                 chunks.append(self.delta(piece.text))
+                continue
+            if isinstance(piece, Thought):
+                chunks.append(
+                    {**self._base(True), "choices": [self._choice(None, None, stream=True, thought=piece.text)]}
+                )
                 continue
             if isinstance(piece, CallStart):
                 function = {"name": piece.name, "arguments": ""}

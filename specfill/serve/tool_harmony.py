@@ -15,7 +15,7 @@ or to the next `<|start|>` / `<|channel|>` when the model left the end out. What
 
     a recipient          a call (`functions.` taken off the name; the body is its JSON arguments
                          object; a body that is not one comes back as the message's text)
-    analysis             nothing (the model's reasoning: specfill's replies have no field for it)
+    analysis             reasoning (Thought pieces: reasoning_content, a thinking block, a reasoning item)
     final, commentary    content (commentary without a recipient is a preamble meant for the user)
 
 A reply that does not start with a header (the model ignored the format) is content as written.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 
+from .reasoning import Thought
 from .tool_calls import MODEL_JSON, Piece, Text, ToolCall
 
 MESSAGE = "<|message|>"
@@ -50,7 +51,7 @@ class HarmonyReader:
         self.buffer = ""
         self.mode = "first"  # first (the reply's start), header, body, plain (not harmony: all content)
         self.header = ""  # the current message's header (mode body)
-        self.kind = ""  # what the current body is: call, drop or text
+        self.kind = ""  # what the current body is: call, thought or text
         self.name = ""  # the call's name (kind call)
 
     def feed(self, text: str) -> list[Piece]:
@@ -97,11 +98,11 @@ class HarmonyReader:
         # the body: up to the first end or opener
         cuts = [(i, m) for m in ENDS + OPENERS if (i := self.buffer.find(m)) >= 0]
         if not cuts:
-            if self.kind != "call":  # text is handed out (or dropped) as it comes, but a marker's start waits
+            if self.kind != "call":  # text and reasoning are handed out as they come, but a marker's start waits
                 keep = 0 if final else _held(self.buffer, ENDS + OPENERS)
                 ready, self.buffer = self.buffer[: len(self.buffer) - keep], self.buffer[len(self.buffer) - keep :]
-                if ready and self.kind == "text":
-                    out.append(Text(ready))
+                if ready:
+                    out.append(Text(ready) if self.kind == "text" else Thought(ready))
             return False
         at, marker = min(cuts)
         self._close(self.buffer[:at], out)
@@ -116,14 +117,14 @@ class HarmonyReader:
         if recipient is not None:
             self.kind, self.name = "call", recipient.group(1).removeprefix("functions.")
         elif channel is not None and channel.group(1) == "analysis":
-            self.kind = "drop"
+            self.kind = "thought"
         else:
             self.kind = "text"
 
     def _close(self, body: str, out: list[Piece]) -> None:
         """The end of a message: its call (a call's body is read whole here), or its last text."""
-        if self.kind == "text" and body:
-            out.append(Text(body))
+        if self.kind in ("text", "thought") and body:
+            out.append(Text(body) if self.kind == "text" else Thought(body))
         elif self.kind == "call":
             try:
                 arguments, end = MODEL_JSON.raw_decode(body.strip() or "{}")

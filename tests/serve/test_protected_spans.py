@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from specfill import load
-from specfill.serve.chat import chat_prompt_ids, chat_setup
+from specfill.serve.chat import chat_prompt, chat_setup
 from specfill.serve.plan import ServerDefaults, build_plan
 from specfill.serve.protocol import ChatRequest
 from specfill.serve.segments import protected_spans
@@ -38,7 +38,7 @@ def tokenizer(tmp_path_factory):
 def prompt(tokenizer, **fields):
     request = ChatRequest(messages=MESSAGES, tools=[TOOL], **fields)
     setup = chat_setup(request, tokenizer.chat_template)
-    return request, setup, chat_prompt_ids(tokenizer, request, setup)
+    return request, setup, chat_prompt(tokenizer, request, setup)[0]
 
 
 def text(tokenizer, ids, span):
@@ -78,7 +78,7 @@ def test_a_request_with_tools_protects_every_segment_unless_told_otherwise(token
     assert every == protected_spans(tokenizer, request, setup, ids) and len(every) == 3
     bare = ChatRequest(messages=MESSAGES)
     setup = chat_setup(bare, tokenizer.chat_template)
-    assert protected_spans(tokenizer, bare, setup, chat_prompt_ids(tokenizer, bare, setup)) == ()
+    assert protected_spans(tokenizer, bare, setup, chat_prompt(tokenizer, bare, setup)[0]) == ()
 
 
 def test_the_plan_gives_specprefill_its_spans_and_no_other_method(tokenizer):

@@ -14,7 +14,7 @@ import pytest
 
 from specfill.core.io.tokenizer import load_tokenizer
 from specfill.evaluation.serve_process import ServerProcess
-from specfill.serve.chat import chat_prompt_ids, chat_setup
+from specfill.serve.chat import chat_prompt, chat_setup
 from specfill.serve.protocol import ChatRequest
 from specfill.serve.tool_mlx import mlx_available
 from tests.fixtures.tool_model import QWEN35_CALL, write_qwen35_tool_checkpoint
@@ -72,7 +72,7 @@ def test_openai_tool_calls(oa, server):
     assert again.choices[0].message.tool_calls[0].function.name == "get_weather"
     tokenizer = load_tokenizer(server.checkpoint)
     request = ChatRequest.model_validate({"messages": turn, "tools": TOOLS})
-    ids = chat_prompt_ids(tokenizer, request, chat_setup(request, tokenizer.chat_template))
+    ids, _ = chat_prompt(tokenizer, request, chat_setup(request, tokenizer.chat_template))
     assert again.usage.prompt_tokens == len(ids)
     text = tokenizer.decode(ids)
     assert "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n" in text

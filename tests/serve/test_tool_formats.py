@@ -17,6 +17,7 @@ from specfill.serve import tool_mlx
 from specfill.serve.chat import chat_setup
 from specfill.serve.errors import RequestError
 from specfill.serve.protocol import ChatRequest
+from specfill.serve.reasoning import Thought
 from specfill.serve.tool_parsers import (
     FORMATS,
     HARMONY,
@@ -54,9 +55,9 @@ def split(fmt, text: str, size: int, stream: bool = False, **options) -> list:
     joined: list = []
     for piece in pieces + splitter.finish():
         piece = piece.call if isinstance(piece, CallEnd) else piece
-        if isinstance(piece, Text) and joined and isinstance(joined[-1], Text):
-            joined[-1] = Text(joined[-1].text + piece.text)
-        elif isinstance(piece, (Text, ToolCall)):
+        if isinstance(piece, (Text, Thought)) and joined and type(joined[-1]) is type(piece):
+            joined[-1] = type(piece)(joined[-1].text + piece.text)
+        elif isinstance(piece, (Text, Thought, ToolCall)):
             joined.append(piece)
     return joined
 
@@ -153,25 +154,25 @@ HARMONY_CASES = [
     (  # reasoning, then a call (<|call|> ends generation: it may come as text or not at all)
         "<|channel|>analysis<|message|>The user wants the weather in Paris.<|end|><|start|>assistant"
         '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>',
-        [WEATHER],
+        [Thought("The user wants the weather in Paris."), WEATHER],
     ),
     (
         "<|channel|>analysis<|message|>Need both.<|end|><|start|>assistant<|channel|>commentary<|message|>"
         "Checking both.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
         '{"city": "Paris"}<|call|><|start|>assistant<|channel|>commentary to=functions.get_time <|constrain|>json'
         '<|message|>{"tz": "UTC"}',
-        [Text("Checking both."), WEATHER, TIME],
+        [Thought("Need both."), Text("Checking both."), WEATHER, TIME],
     ),
     (
         "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>It is 4 < 5.",
-        [Text("It is 4 < 5.")],
+        [Thought("Simple."), Text("It is 4 < 5.")],
     ),
     (  # a call whose arguments are not JSON: its message as written
         '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": Paris}<|call|>',
         [Text('<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": Paris}')],
     ),
     ("Paris is sunny.", [Text("Paris is sunny.")]),  # no harmony at all: content as written
-    ("<|channel|>analysis<|message|>Thinking about it", []),  # cut short in its reasoning
+    ("<|channel|>analysis<|message|>Thinking about it", [Thought("Thinking about it")]),  # cut short in its reasoning
 ]
 
 
@@ -183,7 +184,11 @@ def test_harmony(output, pieces):
 
 
 def test_harmony_cap_and_forced_starts():
-    assert split(HARMONY, HARMONY_CASES[1][0], 3, max_calls=1) == [Text("Checking both."), WEATHER]
+    assert split(HARMONY, HARMONY_CASES[1][0], 3, max_calls=1) == [
+        Thought("Need both."),
+        Text("Checking both."),
+        WEATHER,
+    ]
     assert split(HARMONY, HARMONY.forced("get_time") + '{"tz": "UTC"}', 4) == [TIME]
     assert split(HARMONY, HARMONY.forced(None) + 'get_time <|constrain|>json<|message|>{"tz": "UTC"}', 4) == [TIME]
     rest = "<parameter=tz>\nUTC\n</parameter>\n</function>\n</tool_call>"
@@ -253,7 +258,7 @@ def test_without_mlx_lm(monkeypatch):
             "<tool_call>\n<function=get_weather>\n<parameter=postcode>\n75001\n</parameter>\n</function>\n</tool_call>"
         )
         assert same_every_split(QWEN3_CODER, call) == [ToolCall("get_weather", {"postcode": 75001})]
-        assert same_every_split(HARMONY, HARMONY_CASES[0][0]) == [WEATHER]
+        assert same_every_split(HARMONY, HARMONY_CASES[0][0]) == HARMONY_CASES[0][1]
         assert FORMATS["glm47"].missing() == "mlx-lm is not installed (pip install mlx-lm)"
         assert QWEN3_CODER.missing() is None and HERMES.missing() is None
         request = ChatRequest.model_validate({"messages": [{"role": "user", "content": "x"}], "tools": TOOLS})

@@ -259,6 +259,7 @@ def test_anthropic_body_translation():
         {
             "role": "assistant",
             "content": "Calling.",
+            "reasoning_content": "hm",  # its thinking block, for the template (Qwen3's renders it)
             "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}],
         },
         {"role": "tool", "content": "ok", "tool_call_id": "toolu_1", "name": "f"},

@@ -14,7 +14,7 @@ import pydantic
 import pytest
 
 from specfill.core.io.tokenizer import load_tokenizer
-from specfill.serve.chat import chat_prompt_ids, chat_setup
+from specfill.serve.chat import chat_prompt, chat_setup
 from specfill.serve.protocol import ChatRequest
 
 from .conftest import TOOL_KEY
@@ -65,8 +65,8 @@ def test_tool_round_trip(c, tool_server):
     tokenizer = load_tokenizer(tool_server.checkpoint)
     request = ChatRequest.model_validate({"messages": turn, "tools": TOOLS})
     setup = chat_setup(request, tokenizer.chat_template)
-    text = tokenizer.decode(chat_prompt_ids(tokenizer, request, setup))
-    assert second.usage.prompt_tokens == len(chat_prompt_ids(tokenizer, request, setup))
+    text = tokenizer.decode(chat_prompt(tokenizer, request, setup)[0])
+    assert second.usage.prompt_tokens == len(chat_prompt(tokenizer, request, setup)[0])
     assert '<tools>\n{"type": "function", "function": {"name": "get_weather"' in text
     assert CALL_TEXT in text and '<tool_response>\n{"temperature": 21}\n</tool_response>' in text
     counted = tokenize(tool_server, {"messages": turn, "tools": TOOLS})

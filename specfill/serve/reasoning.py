@@ -1,0 +1,112 @@
+"""A reply's reasoning read apart from its answer, as llama.cpp's server (`reasoning_content`) and vLLM's
+reasoning parsers do: the text between the thinking tags the chat template teaches (`<think>` ...
+`</think>`: Qwen3 / 3.5 / 3.6, DeepSeek-R1, GLM 4.5+, MiniMax M2, Kimi K2 Thinking; `[THINK]` ...
+`[/THINK]`: Magistral) becomes Thought pieces, the rest is the reply's content, read for tool calls
+as before. A reply is reasoning from its start when the prompt ends inside an open tag (a template
+whose generation prompt writes `<think>\\n`), or when its first text is the opening tag; reasoning
+ends at the closing tag. Tags later in the answer are content, as in llama.cpp. White space around
+the reasoning and before the answer is dropped. A request's `reasoning_format: "none"` (llama.cpp's
+field) leaves the reasoning in the content, tags and all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
+
+
+@dataclass(frozen=True)
+class Thought:
+    """Reasoning text, as it streams."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Reasoning:
+    """How a reply's reasoning is marked (open, close), and whether the prompt left it open."""
+
+    open: str
+    close: str
+    started: bool = False
+
+    def after(self, prompt: str) -> Reasoning:
+        """This for a reply that follows `prompt` (the rendered chat prompt, without a forced start)."""
+        return Reasoning(self.open, self.close, prompt.rfind(self.open) > prompt.rfind(self.close))
+
+
+def detect_reasoning(template: str | None) -> Reasoning | None:
+    """The thinking tags a chat template writes (its closing tag is the sign), or None."""
+    return next((Reasoning(o, c) for o, c in TAGS if template and c in template), None)
+
+
+def _held(text: str, tag: str) -> int:
+    """How many of text's last characters may start `tag`."""
+    return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
+
+
+class ReasoningSplitter:
+    """Thought pieces and content text (str) from a reply fed in pieces."""
+
+    def __init__(self, reasoning: Reasoning):
+        self.tags = reasoning
+        self.mode = "thought" if reasoning.started else "start"  # start, thought, answer (white space), content
+        self.buffer = ""
+        self.thought = False  # whether reasoning text was handed out (white space before it is dropped)
+
+    def feed(self, text: str) -> list[Thought | str]:
+        self.buffer += text
+        out: list[Thought | str] = []
+        while self._step(out):
+            pass
+        return out
+
+    def finish(self) -> list[Thought | str]:
+        out: list[Thought | str] = []
+        text, self.buffer = self.buffer, ""
+        if self.mode == "thought":  # cut short (max_tokens, a stop string): what it thought so far
+            self._think(text.rstrip(), out)
+        elif self.mode in ("start", "content") and text:
+            out.append(text)
+        self.mode = "content"
+        return out
+
+    def _think(self, text: str, out: list[Thought | str]) -> None:
+        text = text if self.thought else text.lstrip()
+        if text:
+            out.append(Thought(text))
+            self.thought = True
+
+    def _step(self, out: list[Thought | str]) -> bool:
+        """Read what can be read; True when the mode changed and there is more to look at."""
+        text = self.buffer
+        if self.mode == "content":
+            if text:
+                out.append(text)
+            self.buffer = ""
+            return False
+        if self.mode == "start":
+            head = text.lstrip()
+            if head.startswith(self.tags.open):
+                self.buffer, self.mode = head[len(self.tags.open) :].lstrip(), "thought"
+                return True
+            if self.tags.open.startswith(head):  # white space, or the tag's start: not known yet
+                return False
+            self.mode = "content"
+            return True
+        if self.mode == "answer":
+            self.buffer = text.lstrip()
+            if self.buffer:
+                self.mode = "content"
+            return bool(self.buffer)
+        at = text.find(self.tags.close)  # thought
+        if at >= 0:
+            self._think(text[:at].rstrip(), out)
+            self.buffer, self.mode = text[at + len(self.tags.close) :], "answer"
+            return True
+        # held back: the closing tag's start, and the white space before it (it may end the reasoning)
+        cut = len(text[: len(text) - _held(text, self.tags.close)].rstrip())
+        self._think(text[:cut], out)
+        self.buffer = text[cut:]
+        return False

@@ -1,0 +1,199 @@
+"""A reply's reasoning read apart from its answer (serve/reasoning.py): the splitter alone, split at
+every place, then a rote model whose template opens <think> in its generation prompt, behind the
+chat, Anthropic and Responses routes (whole and streamed), and the reasoning of earlier turns given
+back to the template."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from specfill.evaluation.serve_process import ServerProcess, client
+from specfill.serve.chat import chat_setup
+from specfill.serve.protocol import ChatRequest
+from specfill.serve.reasoning import Reasoning, ReasoningSplitter, Thought, detect_reasoning
+from specfill.serve.responses import Reply
+from specfill.serve.tool_parsers import ToolCall
+from tests.fixtures.tiny_tokenizer import BOS_TOKEN, EOS_TOKEN
+from tests.fixtures.tool_model import write_rote_checkpoint
+
+from .harness import post
+
+THINK = Reasoning("<think>", "</think>")
+
+
+def split(reasoning: Reasoning, text: str, cuts: tuple[int, ...]) -> tuple[str, str]:
+    """(reasoning, content) of `text` fed in the pieces `cuts` make."""
+    splitter, out, at = ReasoningSplitter(reasoning), [], 0
+    for cut in (*cuts, len(text)):
+        out += splitter.feed(text[at:cut])
+        at = cut
+    out += splitter.finish()
+    return "".join(p.text for p in out if isinstance(p, Thought)), "".join(p for p in out if isinstance(p, str))
+
+
+@pytest.mark.parametrize(
+    "reasoning, text, expected",
+    [
+        (THINK.after("assistant\n<think>\n"), "\nLet me see.\n</think>\n\nHi <think>x", ("Let me see.", "Hi <think>x")),
+        (THINK, "<think>\nA\n</think>\n\nB", ("A", "B")),  # opened by the reply itself
+        (THINK, "  Hello", ("", "  Hello")),
+        (THINK, "<thi", ("", "<thi")),  # the start of a tag, and no more: content as written
+        (THINK, "<think>cut", ("cut", "")),  # cut short: what it thought so far
+        (THINK.after("<think>\n\n</think>\n\n"), "Hi</think>", ("", "Hi</think>")),  # thinking closed in the prompt
+        (Reasoning("[THINK]", "[/THINK]"), "[THINK]plan[/THINK]answer", ("plan", "answer")),
+    ],
+)  # fmt: skip
+def test_the_splitter_reads_the_same_whatever_the_pieces(reasoning, text, expected):
+    results = {split(reasoning, text, (i, j)) for i in range(len(text) + 1) for j in range(i, len(text) + 1)}
+    assert results == {expected}
+
+
+def test_a_template_names_its_tags_by_its_closing_one():
+    assert detect_reasoning("{{ '<think>' }}...{{ '</think>' }}") == THINK
+    assert detect_reasoning("[THINK][/THINK]") == Reasoning("[THINK]", "[/THINK]")
+    assert detect_reasoning("<|im_start|>") is None and detect_reasoning(None) is None
+
+
+# Qwen3's shape in a few lines: the generation prompt opens <think>; an assistant turn's reasoning_content
+# is rendered in its <think> block
+TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"
+    "{%- if message.role == 'assistant' and message.reasoning_content %}"
+    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{{- message.content + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+)
+# after the generation prompt's "\n": "Hmm</think>Hello<|im_start|> world" (the turn opening left out)
+REPLY = {
+    "Ċ": "Hmm",
+    "Hmm": "</think>",
+    "</think>": "Hello",
+    "Hello": BOS_TOKEN,
+    BOS_TOKEN: " world",
+    " world": EOS_TOKEN,
+}
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def thinker(tmp_path_factory: pytest.TempPathFactory):
+    directory = tmp_path_factory.mktemp("thinker") / "thinker"
+    checkpoint = write_rote_checkpoint(directory, TEMPLATE, REPLY, ("<think>", "</think>"), ("Hmm", "Hello", " world"))
+    server = ServerProcess(
+        "--model", str(checkpoint), "--served-model-name", "m", "--max-tokens", "16", log=directory.parent / "serve.log"
+    )
+    yield server
+    server.stop()
+
+
+def test_chat_completions_carry_the_reasoning_apart(thinker):
+    api = client(thinker)
+    reply = api.chat.completions.create(model="m", messages=MESSAGES)
+    message = reply.choices[0].message
+    assert (message.content, message.model_extra["reasoning_content"]) == ("Hello world", "Hmm")
+    chunks = list(api.chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas) == "Hmm"
+    assert "".join(d.content or "" for d in deltas) == "Hello world"
+    status, raw = post(thinker.url + "/v1/chat/completions", {"messages": MESSAGES, "reasoning_format": "none"})
+    assert status == 200 and raw["choices"][0]["message"]["content"] == "Hmm</think>Hello world"
+    assert "reasoning_content" not in raw["choices"][0]["message"]
+    status, bad = post(thinker.url + "/v1/chat/completions", {"messages": MESSAGES, "reasoning_format": "raw"})
+    assert status == 400 and "reasoning_format" in bad["error"]["message"]
+
+
+def test_the_reasoning_of_an_earlier_turn_goes_back_to_the_template(thinker):
+    """The turn as the model wrote it: the same prompt whether the client sends it back as chat's
+    reasoning_content, vLLM's reasoning, an Anthropic thinking block or a Responses reasoning item."""
+    ask = {"role": "user", "content": "and?"}
+    turn = {"role": "assistant", "content": "Hello world"}
+    counts = {
+        post(thinker.url + "/v1/chat/completions", {"messages": [*MESSAGES, {**turn, key: "Hmm"}, ask]})[1]["usage"][
+            "prompt_tokens"
+        ]
+        for key in ("reasoning_content", "reasoning")
+    }
+    bare = post(thinker.url + "/v1/chat/completions", {"messages": [*MESSAGES, turn, ask]})[1]["usage"]
+    blocks = [{"type": "thinking", "thinking": "Hmm", "signature": ""}, {"type": "text", "text": "Hello world"}]
+    anthropic = {"model": "m", "max_tokens": 4, "messages": [*MESSAGES, {"role": "assistant", "content": blocks}, ask]}
+    usage = post(thinker.url + "/v1/messages", anthropic)[1]["usage"]  # its input_tokens: those not cached
+    counts.add(usage["input_tokens"] + usage["cache_read_input_tokens"])
+    thought = {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Hmm"}]}
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello world"}]}
+    responses = {"model": "m", "input": [*MESSAGES, thought, said, ask], "max_output_tokens": 4}
+    counts.add(post(thinker.url + "/v1/responses", responses)[1]["usage"]["input_tokens"])
+    # "<think>", "\n", "Hmm", "\n", "</think>", "\n", "\n" in the tiny vocabulary
+    assert counts == {bare["prompt_tokens"] + 7}
+
+
+def test_anthropic_gives_a_thinking_block(thinker):
+    body = {"model": "m", "max_tokens": 16, "messages": MESSAGES}
+    status, reply = post(thinker.url + "/v1/messages", body)
+    assert status == 200 and reply["content"] == [
+        {"type": "thinking", "thinking": "Hmm", "signature": ""},
+        {"type": "text", "text": "Hello world"},
+    ]
+    events = list(client_events(thinker.url + "/v1/messages", {**body, "stream": True}))
+    starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert starts == ["thinking", "text"]
+    assert [d["type"] for d in deltas if d["type"] != "text_delta"] == ["thinking_delta", "signature_delta"]
+    assert "".join(d.get("text", "") for d in deltas) == "Hello world"
+
+
+def test_responses_give_a_reasoning_item(thinker):
+    body = {"model": "m", "input": "hi", "max_output_tokens": 16}
+    status, reply = post(thinker.url + "/v1/responses", body)
+    assert status == 200 and [item["type"] for item in reply["output"]] == ["reasoning", "message"]
+    assert reply["output"][0]["content"] == [{"type": "reasoning_text", "text": "Hmm"}]
+    assert reply["output"][1]["content"][0]["text"] == "Hello world"
+    events = list(client_events(thinker.url + "/v1/responses", {**body, "stream": True}))
+    kinds = [e["type"] for e in events]
+    assert kinds.index("response.reasoning_text.delta") < kinds.index("response.reasoning_text.done")
+    assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert [i["type"] for i in done] == ["reasoning", "message"] and done[0]["content"][0]["text"] == "Hmm"
+
+
+def client_events(url: str, body: dict):
+    """The JSON data of each server-sent event of a streamed POST."""
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[len("data: ") :])
+
+
+def read(setup, text: str, size: int) -> Reply:
+    """A whole reply of `text` fed `size` characters at a time."""
+    reply = Reply(setup)
+    for i in range(0, len(text), size):
+        reply.feed(text[i : i + size])
+    reply.finish()
+    return reply
+
+
+def test_a_call_written_while_thinking_is_no_call():
+    """The reasoning is read apart first, so a call it drafts is reasoning; the answer's call is a call."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    request = ChatRequest.model_validate({"messages": MESSAGES, "tools": tools})
+    setup = chat_setup(request, "{{ tools }}<tool_call></tool_call><think></think>")
+    setup = replace(setup, reasoning=setup.reasoning.after("<|im_start|>assistant\n<think>\n"))
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    for size in (1, 3, 500):
+        reply = read(setup, f"Maybe {call}?\n</think>\n\n{call}", size)
+        assert reply.reasoning() == f"Maybe {call}?" and reply.text() == ""
+        assert reply.calls == [ToolCall("get_weather", {"city": "Paris"})]
+
+
+def test_a_harmony_reply_without_tools_is_read_by_its_channels():
+    setup = chat_setup(ChatRequest.model_validate({"messages": MESSAGES}), "<|channel|> <|message|>")
+    text = "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant<|channel|>final<|message|>It is 4."
+    for size in (1, 4, 500):
+        reply = read(setup, text, size)
+        assert (reply.reasoning(), reply.text()) == ("Simple.", "It is 4.")
