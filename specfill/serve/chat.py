@@ -31,6 +31,9 @@ cch=...;`, the first system block of its requests) is removed from system and de
 request, so kept it would end the prompt cache's shared prefix a few tokens into the system prompt;
 it is metadata for Anthropic's billing, not instructions for the model. A router that translates
 Claude Code's requests into chat completions (LiteLLM, claude-code-router) hands it on here too.
+A reply's reasoning (the template's thinking tags) is read apart before its calls (reasoning.py:
+ChatSetup.reasoning, which chat_prompt tells whether the prompt left it open); an assistant message's
+reasoning_content (or vLLM's `reasoning`) goes back to the template as reasoning_content.
 Everything a request can get wrong here is a 400 naming the field, before the request queues.
 """
 

@@ -22,6 +22,7 @@ from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
 from .reply_text import hidden_token_ids, reply_detokenizer
 from .token_mask import ConstrainedReply, Constraints, LazyReply
+from .tool_calls import held
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class StopMatcher:
             at, self.hit = min(found, key=lambda f: f[0])
             out, self.pending = self.pending[:at], ""
             return out, True
-        hold = max((k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])), default=0)
+        hold = held(self.pending, *self.stops)
         out = self.pending[: len(self.pending) - hold]
         self.pending = self.pending[len(out) :]
         return out, False

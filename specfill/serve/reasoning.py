@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .tool_calls import held
+
 TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))
 
 
@@ -39,11 +41,6 @@ class Reasoning:
 def detect_reasoning(template: str | None) -> Reasoning | None:
     """The thinking tags a chat template writes (its closing tag is the sign), or None."""
     return next((Reasoning(o, c) for o, c in TAGS if template and c in template), None)
-
-
-def _held(text: str, tag: str) -> int:
-    """How many of text's last characters may start `tag`."""
-    return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
 
 
 class ReasoningSplitter:
@@ -106,7 +103,7 @@ class ReasoningSplitter:
             self.buffer, self.mode = text[at + len(self.tags.close) :], "answer"
             return True
         # held back: the closing tag's start, and the white space before it (it may end the reasoning)
-        cut = len(text[: len(text) - _held(text, self.tags.close)].rstrip())
+        cut = len(text[: len(text) - held(text, self.tags.close)].rstrip())
         self._think(text[:cut], out)
         self.buffer = text[cut:]
         return False

@@ -2,7 +2,8 @@
 tool_mlx.py, tool_harmony.py) and the streamed reading (tool_stream.py): a call (ToolCall), the
 reply's other text (Text), a call object read from JSON (as_call, json_calls), a check that
 text is the start of one JSON value (JsonPrefix), and one that a reply is nothing but a JSON call
-(JsonOnly).
+(JsonOnly); and how much of a streamed text to hold back while it may be a marker's start (held:
+the readers', reasoning.py's and the stop strings').
 """
 
 from __future__ import annotations
@@ -13,6 +14,11 @@ import re
 import string
 from dataclasses import dataclass
 from typing import Any, Union
+
+
+def held(text: str, *markers: str) -> int:
+    """How many of text's last characters may be the start of one of the markers."""
+    return max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
 
 
 @dataclass(frozen=True)

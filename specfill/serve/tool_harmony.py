@@ -26,7 +26,7 @@ from __future__ import annotations
 import re
 
 from .reasoning import Thought
-from .tool_calls import MODEL_JSON, Piece, Text, ToolCall
+from .tool_calls import MODEL_JSON, Piece, Text, ToolCall, held
 
 MESSAGE = "<|message|>"
 START = "<|start|>"
@@ -37,11 +37,6 @@ FIRST = (CHANNEL, START, MESSAGE, " to=", "to=", "<|constrain|>")  # how the rep
 _CHANNEL = re.compile(r"<\|channel\|>\s*([\w-]+)")
 _RECIPIENT = re.compile(r"(?:^|[\s>|])to=([^\s<]+)")
 _TOKEN = re.compile(r"<\|[a-z_]+\|>")
-
-
-def _held(text: str, markers: tuple[str, ...]) -> int:
-    """How many of text's last characters may be the start of one of the markers."""
-    return max((k for m in markers for k in range(1, len(m)) if text.endswith(m[:k])), default=0)
 
 
 class HarmonyReader:
@@ -99,7 +94,7 @@ class HarmonyReader:
         cuts = [(i, m) for m in ENDS + OPENERS if (i := self.buffer.find(m)) >= 0]
         if not cuts:
             if self.kind != "call":  # text and reasoning are handed out as they come, but a marker's start waits
-                keep = 0 if final else _held(self.buffer, ENDS + OPENERS)
+                keep = 0 if final else held(self.buffer, *ENDS, *OPENERS)
                 ready, self.buffer = self.buffer[: len(self.buffer) - keep], self.buffer[len(self.buffer) - keep :]
                 if ready:
                     out.append(Text(ready) if self.kind == "text" else Thought(ready))

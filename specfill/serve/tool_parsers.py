@@ -42,7 +42,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from .tool_calls import MODEL_JSON, JsonOnly, Piece, Text, ToolCall, as_call, json_calls, loads
+from .tool_calls import MODEL_JSON, JsonOnly, Piece, Text, ToolCall, as_call, held, json_calls, loads
 from .tool_harmony import HarmonyReader
 from .tool_mlx import MissingParser, mlx_available, mlx_parser, mlx_read
 
@@ -452,7 +452,7 @@ class ReplySplitter:
             self.opening = self.pending[len(before) : at] + fmt.start
             self.body, self.pending = "", self.pending[at + len(fmt.start) :]
             return True
-        hold = max((k for k in range(1, len(fmt.start)) if self.pending.endswith(fmt.start[:k])), default=0)
+        hold = held(self.pending, fmt.start)
         ready = self.pending[: len(self.pending) - hold].rstrip()  # trailing white space waits: a call may follow
         if ready.strip():
             out.append(Text(ready))

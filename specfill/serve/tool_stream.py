@@ -18,7 +18,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from .tool_calls import JsonPrefix, Text, ToolCall, loads
+from .tool_calls import JsonPrefix, Text, ToolCall, held, loads
 from .tool_parsers import ReplySplitter, ToolFormat
 
 
@@ -86,11 +86,6 @@ class _Live:
     json: JsonPrefix = field(default_factory=JsonPrefix)
 
 
-def _held(text: str, marker: str) -> int:
-    """How many of text's last characters may be the start of `marker`."""
-    return max((k for k in range(1, len(marker)) if text.endswith(marker[:k])), default=0)
-
-
 def _closes_call(tail: str) -> bool:
     """Whether the text after a call's arguments is the rest of its object (the '}', other keys)."""
     try:
@@ -152,7 +147,7 @@ class StreamingSplitter(ReplySplitter):
         body, self.pending = self.body + self.pending, ""
         self.body = body
         cut = fmt.end_at(body)
-        limit = cut if cut >= 0 else len(body) if final else len(body) - _held(body, end)
+        limit = cut if cut >= 0 else len(body) if final else len(body) - held(body, end)
         begin = live.pos
         while live.pos < limit and not live.json.done and live.json.feed(body[live.pos]):
             live.pos += 1
