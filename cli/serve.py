@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import socket
@@ -118,6 +119,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--chat-template", default=None, help="Jinja file, or 'chatml', for models without a chat template of their own"
     )
+    p.add_argument(
+        "--chat-template-kwargs",
+        default=None,
+        metavar="JSON",
+        help="more variables for the chat template, as a JSON object (llama.cpp's flag), e.g. "
+        "'{\"enable_thinking\": false}' for Qwen3; a request's chat_template_kwargs override them",
+    )
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default=None)
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
@@ -193,6 +201,23 @@ def check_cache_bounds(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag} must be a finite number of GB > 0, got {value}")
 
 
+def template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """--chat-template-kwargs as an object whose keys are not the variables the server sets, or one ConfigError."""
+    from specfill.serve.chat import TEMPLATE_VARIABLES
+
+    if args.chat_template_kwargs is None:
+        return {}
+    try:
+        value = json.loads(args.chat_template_kwargs)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"--chat-template-kwargs must be a JSON object: {err}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--chat-template-kwargs must be a JSON object, got {type(value).__name__}")
+    if taken := sorted(value.keys() & TEMPLATE_VARIABLES):
+        raise ConfigError(f"--chat-template-kwargs: the server sets the template's {taken[0]}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
     serve = _server_modules()
     if not 0 <= args.port <= 65535:
@@ -200,6 +225,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill_step_size < 1:
         raise ConfigError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
     check_cache_bounds(args)
+    template_kwargs(args)  # a bad object fails before the model loads
     h2o, spec = options.h2o_config(args), options.specprefill_config(args)
     with warnings.catch_warnings():  # requests may pick any method: the defaults of each are the server's
         warnings.simplefilter("ignore", SpecfillWarning)
@@ -319,6 +345,7 @@ def _serve(
         prompt_cache=args.prompt_cache,
         sampling=options.sampling_options(args),
         lazy_grammar=not args.no_lazy_grammar,
+        chat_template_kwargs=template_kwargs(args),
     )
     access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))
     leader = None

@@ -64,7 +64,7 @@ TOOL_FIELDS = frozenset(
     }
 )
 CHOICE_FIELDS = frozenset({"type", "name", "disable_parallel_tool_use"})
-SPECFILL_FIELDS = tuple(SpecfillFields.model_fields)
+SPECFILL_FIELDS = (*SpecfillFields.model_fields, "chat_template_kwargs", "reasoning_format")  # the chat route's
 DROPPED_BLOCKS = frozenset({"redacted_thinking"})
 
 
@@ -286,7 +286,7 @@ def prepare(
     request = _validated(read_json(raw), counting)
     check_model(request.model, defaults)
     chat = parse_data(chat_body(request, inline_system_in_place(tokenizer)), ChatRequest)
-    setup = chat_setup(chat, tokenizer.chat_template)
+    setup = chat_setup(chat, tokenizer.chat_template, defaults.chat_template_kwargs)
     ids, setup = chat_prompt(tokenizer, chat, setup)
     return chat, setup, ids
 

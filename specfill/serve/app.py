@@ -130,7 +130,7 @@ class Route:
 def _prepare_chat(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
     body = parse_body(raw, ChatRequest)
     check_model(body.model, ctx.defaults)
-    setup = chat_setup(body, ctx.engine.tokenizer.chat_template)
+    setup = chat_setup(body, ctx.engine.tokenizer.chat_template, ctx.defaults.chat_template_kwargs)
     ids, setup = chat_prompt(ctx.engine.tokenizer, body, setup)
     plan = _chat_plan(body, setup, ids, ctx)
     return plan, ResponseShape(plan, ctx.defaults.model_id, setup)

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specfill.api import encode_prompt
@@ -89,6 +89,22 @@ def check_schema(schema: Any, where: str) -> dict[str, Any]:
             f"'{where}' is not a valid JSON schema: {err.message} (at {path or 'the top'})", where
         ) from None
     return schema
+
+
+# what the template already gets from the server: a request's chat_template_kwargs may not set them
+TEMPLATE_VARIABLES = frozenset({"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"})
+
+
+def check_template_kwargs(value: Any, where: str) -> dict[str, Any]:
+    """chat_template_kwargs (vLLM's and llama.cpp's field: `{"enable_thinking": false}` for Qwen3): an
+    object whose keys are not the variables the server sets; a 400 naming `where` otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(f"'{where}' must be an object, got {type(value).__name__}", where)
+    if taken := sorted(value.keys() & TEMPLATE_VARIABLES):
+        raise bad_request(f"'{where}.{taken[0]}': the server sets the template's {taken[0]}", where)
+    return dict(value)
 
 
 def check_tool_name(name: Any, where: str) -> str:
@@ -215,6 +231,7 @@ class ChatSetup:
     output: OutputCheck | None = None
     grammar: ReplyGrammar | None = None  # what the reply is constrained to (None: unconstrained)
     reasoning: Reasoning | None = None  # how the reply's reasoning is read apart (reasoning.py; None: it is not)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)  # more variables for the template
 
 
 def reply_grammar(fmt: ToolFormat, name: str | None, lazy: bool = False) -> ReplyGrammar | None:
@@ -244,9 +261,14 @@ def output_grammar(output: OutputCheck | None, prefix: str) -> ReplyGrammar | No
     return ReplyGrammar((("", json.dumps(schema), ""),), start=prefix)
 
 
-def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
-    """The request's tools, tool_choice, parallel_tool_calls and response_format, checked against
-    what the model's chat template can do (tools it does not render would have no effect: a 400)."""
+def chat_setup(request: ChatRequest, template: str | None, template_kwargs: dict[str, Any] | None = None) -> ChatSetup:
+    """The request's tools, tool_choice, parallel_tool_calls, response_format and chat_template_kwargs
+    (over the server's `template_kwargs`), checked against what the model's chat template can do
+    (tools it does not render would have no effect: a 400)."""
+    variables = {
+        **(template_kwargs or {}),
+        **check_template_kwargs(request.chat_template_kwargs, "chat_template_kwargs"),
+    }
     tools = tool_definitions(request.tools) if request.tools else ()
     choice, name = tool_choice(request.tool_choice, [t["function"]["name"] for t in tools])
     output = output_check(request.response_format)
@@ -260,6 +282,7 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
             output=output,
             grammar=output_grammar(output, prefix),
             reasoning=reasoning,
+            template_kwargs=variables,
         )
     if not template or "tools" not in template:
         raise bad_request(
@@ -287,6 +310,7 @@ def chat_setup(request: ChatRequest, template: str | None) -> ChatSetup:
         output=output,
         grammar=reply_grammar(bound, name, lazy=choice == "auto"),
         reasoning=reasoning,
+        template_kwargs=variables,
     )
 
 
@@ -352,7 +376,7 @@ def chat_prompt(tokenizer: Any, request: ChatRequest, setup: ChatSetup = ChatSet
     schema = setup.output.schema if setup.output is not None else None
     note = SCHEMA_NOTE + json.dumps(schema) if schema is not None else None
     messages = template_messages(request.messages, note)
-    extra = {"tools": [dict(t) for t in setup.tools]} if setup.tools else {}
+    extra = {**setup.template_kwargs, **({"tools": [dict(t) for t in setup.tools]} if setup.tools else {})}
     try:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
     except SpecfillError as err:

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from .chat import template_messages, tool_definitions
+from .chat import check_template_kwargs, template_messages, tool_definitions
 from .engine import Engine
 from .errors import RequestError, bad_request
 from .metrics import Metrics
@@ -87,7 +87,7 @@ def add_info_routes(
         try:
             data = read_json(await request.body())
             check_model(data.get("model"), defaults)
-            ids = _tokenize(engine, data)
+            ids = _tokenize(engine, data, defaults.chat_template_kwargs)
         except RequestError as err:
             return JSONResponse(err.body(), status_code=err.status)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.context}
@@ -119,8 +119,9 @@ def add_info_routes(
         return Response(status_code=204, headers={"Allow": "GET, POST, OPTIONS"})
 
 
-def _tokenize(engine: Engine, data: dict[str, Any]) -> list[int]:
-    """Token ids of `content` / `prompt` (text) or `messages` (through the chat template)."""
+def _tokenize(engine: Engine, data: dict[str, Any], template_kwargs: dict[str, Any]) -> list[int]:
+    """Token ids of `content` / `prompt` (text) or `messages` (through the chat template, with the server's
+    `template_kwargs` and the body's chat_template_kwargs)."""
     special = data.get("add_special", data.get("add_special_tokens"))
     if special is not None and not isinstance(special, bool):
         raise bad_request("'add_special' must be true or false", "add_special")
@@ -132,10 +133,11 @@ def _tokenize(engine: Engine, data: dict[str, Any]) -> list[int]:
         except ValueError:
             raise bad_request("'messages' must be a list of {role, content} objects", "messages") from None
         tools = {"tools": [dict(t) for t in tool_definitions(data["tools"])]} if data.get("tools") else {}
+        variables = check_template_kwargs(data.get("chat_template_kwargs"), "chat_template_kwargs")
         rendered = engine.tokenizer.apply_chat_template(
             template_messages(messages),
             add_generation_prompt=data.get("add_generation_prompt", True) is not False,
-            **tools,
+            **{**template_kwargs, **variables, **tools},
         )
         return engine.tokenizer.encode(rendered, add_special_tokens=bool(special))
     text = data.get("content", data.get("prompt"))

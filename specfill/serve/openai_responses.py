@@ -50,6 +50,8 @@ RESPONSES_TEXT = {"input_text": "text", "output_text": "text", "refusal": "refus
 # top_logprobs is there so that the chat route refuses it by name
 PASSED = (
     *SpecfillFields.model_fields,
+    "chat_template_kwargs",
+    "reasoning_format",
     *(f for f in SamplingSettings.model_fields if f not in ("temperature", "top_p")),
 )
 PASSED_THROUGH = tuple(dict.fromkeys((*PASSED, "top_logprobs")))
@@ -276,6 +278,6 @@ def prepare(
     check_model(request.model, defaults)
     body, ignored = chat_body(request)
     chat = parse_data(body, ChatRequest)
-    setup = chat_setup(chat, tokenizer.chat_template)
+    setup = chat_setup(chat, tokenizer.chat_template, defaults.chat_template_kwargs)
     ids, setup = chat_prompt(tokenizer, chat, setup)
     return request, chat, setup, ids, ignored

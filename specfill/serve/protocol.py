@@ -129,6 +129,8 @@ class ChatRequest(SamplingFields, SpecfillFields):
     response_format: dict[str, Any] | None = None
     # llama.cpp's field: "auto" reads the reply's reasoning apart (reasoning_content), "none" leaves it in content
     reasoning_format: Literal["auto", "none"] = "auto"
+    # vLLM's and llama.cpp's field: more variables for the chat template ({"enable_thinking": false}): chat.py
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields, SpecfillFields):

@@ -50,7 +50,8 @@ def protected_spans(
     tools = {"tools": [dict(t) for t in setup.tools]} if setup.tools else {}
 
     def tokens(msgs: list[dict[str, Any]], with_tools: bool = True, end: bool = False) -> list[int]:
-        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=end, **(tools if with_tools else {}))
+        extra = {**setup.template_kwargs, **(tools if with_tools else {})}
+        text = tokenizer.apply_chat_template(msgs, add_generation_prompt=end, **extra)
         return encode_prompt(tokenizer, text + (setup.prefix if end else ""))
 
     def boundary(i: int) -> int:

@@ -23,6 +23,9 @@ from tests.serve.harness import wait_rebuilt
         (["--top-k", "-2"], "top_k must be >= 0"),
         (["--method", "specprefill"], "needs --speculator"),
         (["--chat-template", "/nonexistent/template.jinja"], "cannot read --chat-template"),
+        (["--chat-template-kwargs", "{bad"], "--chat-template-kwargs must be a JSON object: Expecting"),
+        (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs must be a JSON object, got list"),
+        (["--chat-template-kwargs", '{"messages": []}'], "the server sets the template's messages"),
     ],
 )
 def test_bad_options_are_one_line(argv, words, capsys):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -57,14 +58,16 @@ def test_a_template_names_its_tags_by_its_closing_one():
     assert detect_reasoning("<|im_start|>") is None and detect_reasoning(None) is None
 
 
-# Qwen3's shape in a few lines: the generation prompt opens <think>; an assistant turn's reasoning_content
-# is rendered in its <think> block
+# Qwen3's shape in a few lines: the generation prompt opens <think> (closes it again with enable_thinking
+# false); an assistant turn's reasoning_content is rendered in its <think> block
 TEMPLATE = (
     "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"
     "{%- if message.role == 'assistant' and message.reasoning_content %}"
     "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
     "{{- message.content + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
 )
 # after the generation prompt's "\n": "Hmm</think>Hello<|im_start|> world" (the turn opening left out)
 REPLY = {
@@ -197,3 +200,53 @@ def test_a_harmony_reply_without_tools_is_read_by_its_channels():
     for size in (1, 4, 500):
         reply = read(setup, text, size)
         assert (reply.reasoning(), reply.text()) == ("Simple.", "It is 4.")
+
+
+def test_chat_template_kwargs_reach_the_template(thinker):
+    """enable_thinking false closes the think block in the prompt: the same rote reply is then all answer."""
+    off = {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": False}}
+    status, raw = post(thinker.url + "/v1/chat/completions", off)
+    assert status == 200 and raw["choices"][0]["message"]["content"] == "Hmm</think>Hello world"
+    on = post(thinker.url + "/v1/chat/completions", {"messages": MESSAGES})[1]
+    assert raw["usage"]["prompt_tokens"] == on["usage"]["prompt_tokens"] + 4  # "\n", "</think>", "\n", "\n"
+    assert post(thinker.url + "/tokenize", off)[1]["count"] == raw["usage"]["prompt_tokens"]
+    anthropic = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": MESSAGES,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    assert post(thinker.url + "/v1/messages", anthropic)[1]["content"] == [
+        {"type": "text", "text": "Hmm</think>Hello world"}
+    ]
+    status, bad = post(
+        thinker.url + "/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": {"tools": []}}
+    )
+    assert status == 400 and bad["error"]["param"] == "chat_template_kwargs"
+
+
+def test_the_servers_chat_template_kwargs(thinker):
+    """--chat-template-kwargs: every request's default, a request's own field over it."""
+    checkpoint = thinker.proc.args[thinker.proc.args.index("--model") + 1]
+    server = ServerProcess(
+        *("--model", checkpoint, "--served-model-name", "m", "--max-tokens", "16"),
+        *("--chat-template-kwargs", '{"enable_thinking": false}'),
+        log=Path(checkpoint).parent / "serve_off.log",
+    )
+    try:
+        off = post(server.url + "/v1/chat/completions", {"messages": MESSAGES})[1]["choices"][0]["message"]
+        assert off["content"] == "Hmm</think>Hello world" and "reasoning_content" not in off
+        on = {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": True}}
+        message = post(server.url + "/v1/chat/completions", on)[1]["choices"][0]["message"]
+        assert (message["content"], message["reasoning_content"]) == ("Hello world", "Hmm")
+    finally:
+        server.stop()
+
+
+def test_the_servers_template_kwargs_are_the_default():
+    request = ChatRequest.model_validate({"messages": MESSAGES})
+    assert chat_setup(request, TEMPLATE, {"enable_thinking": False}).template_kwargs == {"enable_thinking": False}
+    asked = ChatRequest.model_validate(
+        {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": True, "x": 1}}
+    )
+    assert chat_setup(asked, TEMPLATE, {"enable_thinking": False}).template_kwargs == {"enable_thinking": True, "x": 1}
