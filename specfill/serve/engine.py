@@ -91,6 +91,15 @@ class StopMatcher:
         out, self.pending = self.pending, ""
         return out
 
+    def word(self, text: str) -> tuple[str, bool]:
+        """feed() for a control token that writes no text (reply_text.py) but whose own `text` may hold a
+        stop string: the stop matches there as it would in the raw text (the text held back is sent)."""
+        hit = next((s for s in self.stops if s in text), None)
+        if hit is None:
+            return "", False
+        self.hit = hit
+        return self.flush(), True
+
 
 class Engine:
     """The session (the loaded model and tokenizer: specfill.open), the prompt cache, and how one Plan
@@ -232,7 +241,10 @@ class Engine:
                 return None
             generated.append(last.token)
             piece = detokenizer.add_token(last.token)
-            text, hit = matcher.feed(piece + detokenizer.finish() if last.finish_reason else piece)
+            if last.token in detokenizer.hidden and not last.finish_reason:  # a stop string may be its text
+                text, hit = matcher.word(self.tokenizer.token_text(last.token) or "")
+            else:
+                text, hit = matcher.feed(piece + detokenizer.finish() if last.finish_reason else piece)
             if text:
                 emit(Delta(text))
             if hit:

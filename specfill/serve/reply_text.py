@@ -4,7 +4,8 @@ fill-in-the-middle marker) leaves no text, except the markers the reply is read 
 "preserved tokens": the texts of the chat template's tool-call format (tool_parsers.ToolFormat.texts)
 and the reasoning tags. gpt-oss's harmony replies keep every control token: their channels are the
 reply's structure, which the server hands on as text. The end-of-generation ids write no text either
-way. A request's `skip_special_tokens: false` (vLLM's field) keeps every other control token.
+way. A request's `skip_special_tokens: false` (vLLM's field) keeps every other control token. A stop
+string is still looked for in a hidden token's own text (engine.StopMatcher.word).
 """
 
 from __future__ import annotations

@@ -116,5 +116,12 @@ def test_the_server_leaves_a_control_token_out_of_the_reply(rote_server):
         {"messages": messages, "max_tokens": 16, "skip_special_tokens": False},
     )
     assert status == 200 and raw["choices"][0]["message"]["content"] == "<think>Hmm</think>Hello<|im_start|> world"
+    # a stop string that is a hidden token's text still stops the reply there, as it would in the raw text
+    stopped = api.chat.completions.create(model="m", messages=messages, max_tokens=16, stop=["<|im_start|>"])
+    assert stopped.choices[0].message.content == "<think>Hmm</think>Hello"
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 5
+    body = {"model": "m", "max_tokens": 16, "messages": messages, "stop_sequences": ["im_start"]}
+    status, anthropic = post(rote_server.url + "/v1/messages", body)
+    assert status == 200 and anthropic["stop_reason"] == "stop_sequence" and anthropic["stop_sequence"] == "im_start"
     status, bad = post(rote_server.url + "/v1/chat/completions", {"messages": messages, "skip_special_tokens": "no"})
     assert status == 400 and "skip_special_tokens" in bad["error"]["message"]
