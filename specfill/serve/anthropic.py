@@ -19,7 +19,7 @@ blocks become its reasoning_content, which the chat template renders or drops as
 the prompt cache then finds them); redacted_thinking blocks are dropped; images and documents are a 400.
 An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
 
-What Claude Code sends (issue 46) is accepted: the beta query (ignored), `thinking` and
+What Claude Code sends (issue 46) is accepted: the beta query (ignored), `thinking` (disabled: thinking off) and
 `context_management` (ignored), system-role messages inside `messages` and its attribution line
 (system_turns.py says where they go and why).
 """
@@ -85,8 +85,8 @@ class MessagesRequest(BaseModel):
     tools: list[Any] | None = None
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None  # user_id is ignored; specfill's own fields are read from it
-    output_config: dict[str, Any] | None = None  # its format (a JSON schema) is response_format; effort is ignored
-    thinking: dict[str, Any] | None = None  # extended thinking: ignored (a reply's reasoning is the template's)
+    output_config: dict[str, Any] | None = None  # format: response_format; effort: reasoning_effort
+    thinking: dict[str, Any] | None = None  # {"type": "disabled"}: reasoning_effort "none" (reasoning.py)
     context_management: dict[str, Any] | None = None  # server-side context editing: ignored (nothing is cleared)
 
 
@@ -273,9 +273,29 @@ def chat_body(request: MessagesRequest, inline_system: bool = True) -> dict[str,
         unknown_field(form, frozenset({"type", "schema"}), "output_config.format")
         schema = check_schema(form.get("schema"), "output_config.format.schema")
         body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    if (effort := _effort(request)) is not None:
+        body["reasoning_effort"] = effort
     extra = {**(request.metadata or {}), **(request.model_extra or {})}
     body.update({name: extra[name] for name in SPECFILL_FIELDS if name in extra})
     return body
+
+
+ANTHROPIC_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh"}  # output_config.effort
+
+
+def _effort(request: MessagesRequest) -> str | None:
+    """The chat route's reasoning_effort: "none" for thinking disabled, else output_config.effort's (None:
+    the template's default; Claude Code asks adaptive thinking by default)."""
+    thinking = request.thinking if isinstance(request.thinking, dict) else {}
+    if thinking.get("type") == "disabled":
+        return "none"
+    effort = (request.output_config or {}).get("effort")
+    if effort is not None and effort not in ANTHROPIC_EFFORTS:
+        raise bad_request(
+            f"'output_config.effort' must be one of {', '.join(ANTHROPIC_EFFORTS)}, got {effort!r}",
+            "output_config.effort",
+        )
+    return None if effort is None else ANTHROPIC_EFFORTS[effort]
 
 
 def prepare(

@@ -49,7 +49,7 @@ from specfill.core import SpecfillError
 
 from .errors import bad_request
 from .protocol import ChatRequest, Message
-from .reasoning import Reasoning, detect_reasoning
+from .reasoning import Reasoning, detect_reasoning, effort_variables
 from .reply_grammar import ReplyGrammar
 from .tool_parsers import FORMATS, ToolFormat, detect_format
 
@@ -262,10 +262,11 @@ def output_grammar(output: OutputCheck | None, prefix: str) -> ReplyGrammar | No
 
 
 def chat_setup(request: ChatRequest, template: str | None, template_kwargs: dict[str, Any] | None = None) -> ChatSetup:
-    """The request's tools, tool_choice, parallel_tool_calls, response_format and chat_template_kwargs
-    (over the server's `template_kwargs`), checked against what the model's chat template can do
-    (tools it does not render would have no effect: a 400)."""
-    variables = {
+    """The request's tools, tool_choice, parallel_tool_calls, response_format, chat_template_kwargs (over
+    the server's `template_kwargs`, over what reasoning_effort sets), checked against what the model's
+    chat template can do (tools it does not render would have no effect: a 400)."""
+    variables = {  # the client's reasoning effort, under the server's variables, under the request's own
+        **effort_variables(template, request.reasoning_effort),
         **(template_kwargs or {}),
         **check_template_kwargs(request.chat_template_kwargs, "chat_template_kwargs"),
     }

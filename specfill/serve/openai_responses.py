@@ -36,6 +36,7 @@ from .errors import bad_request
 from .info import check_model
 from .plan import ServerDefaults
 from .protocol import ChatRequest, SamplingSettings, SpecfillFields, _is_type_tag, parse_data, read_json
+from .reasoning import EFFORTS
 from .system_turns import text_of
 
 NUMBER = Union[int, float]
@@ -82,7 +83,7 @@ class ResponsesRequest(BaseModel):
     top_p: NUMBER | None = None
     store: bool | None = None  # accepted: nothing is stored either way
     metadata: dict[str, Any] | None = None  # echoed in the response
-    reasoning: dict[str, Any] | None = None  # effort, summary: ignored (a reply's reasoning is the template's)
+    reasoning: dict[str, Any] | None = None  # effort: the chat route's reasoning_effort; summary: ignored
     text: dict[str, Any] | None = None  # its format is response_format; verbosity is ignored
 
 
@@ -264,6 +265,13 @@ def chat_body(request: ResponsesRequest) -> tuple[dict[str, Any], list[str]]:
         form = _response_format(request.text)
         if form is not None:
             body["response_format"] = form
+    effort = (request.reasoning or {}).get("effort")
+    if effort is not None:
+        if effort not in EFFORTS:
+            raise bad_request(
+                f"'reasoning.effort' must be one of {', '.join(EFFORTS)}, got {effort!r}", "reasoning.effort"
+            )
+        body["reasoning_effort"] = effort
     extra = request.model_extra or {}
     body.update({name: extra[name] for name in PASSED_THROUGH if name in extra})
     return body, ignored

@@ -21,6 +21,7 @@ from specfill.core.request import settings_of
 from specfill.core.runtime import Drafting, PrefillMethod, SamplingConfig
 
 from .errors import bad_request
+from .reasoning import EFFORTS
 
 NUMBER = Union[int, float]
 
@@ -131,6 +132,8 @@ class ChatRequest(SamplingFields, SpecfillFields):
     reasoning_format: Literal["auto", "none"] = "auto"
     # vLLM's and llama.cpp's field: more variables for the chat template ({"enable_thinking": false}): chat.py
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's field: the template's enable_thinking / reasoning_effort, where it reads them (reasoning.py)
+    reasoning_effort: Literal[EFFORTS] | None = None
 
 
 class CompletionRequest(SamplingFields, SpecfillFields):

@@ -38,6 +38,25 @@ class Reasoning:
         return Reasoning(self.open, self.close, prompt.rfind(self.open) > prompt.rfind(self.close))
 
 
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort
+# gpt-oss's template says "Reasoning: low / medium / high": the other efforts as the nearest of those
+HARMONY_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
+
+
+def effort_variables(template: str | None, effort: str | None) -> dict[str, object]:
+    """The chat template's variables for a client's reasoning effort (chat's reasoning_effort; the
+    Anthropic and Responses routes translate theirs into it), where the template reads them: Qwen3's
+    enable_thinking (off for "none"), gpt-oss's reasoning_effort. None: the template's own default."""
+    if effort is None or not template:
+        return {}
+    out: dict[str, object] = {}
+    if "enable_thinking" in template:
+        out["enable_thinking"] = effort != "none"
+    if "reasoning_effort" in template and effort != "none":
+        out["reasoning_effort"] = HARMONY_EFFORT[effort]
+    return out
+
+
 def detect_reasoning(template: str | None) -> Reasoning | None:
     """The thinking tags a chat template writes (its closing tag is the sign), or None."""
     return next((Reasoning(o, c) for o, c in TAGS if template and c in template), None)

@@ -14,7 +14,7 @@ import pytest
 from specfill.evaluation.serve_process import ServerProcess, client
 from specfill.serve.chat import chat_setup
 from specfill.serve.protocol import ChatRequest
-from specfill.serve.reasoning import Reasoning, ReasoningSplitter, Thought, detect_reasoning
+from specfill.serve.reasoning import Reasoning, ReasoningSplitter, Thought, detect_reasoning, effort_variables
 from specfill.serve.responses import Reply
 from specfill.serve.tool_parsers import ToolCall
 from tests.fixtures.tiny_tokenizer import BOS_TOKEN, EOS_TOKEN
@@ -250,3 +250,35 @@ def test_the_servers_template_kwargs_are_the_default():
         {"messages": MESSAGES, "chat_template_kwargs": {"enable_thinking": True, "x": 1}}
     )
     assert chat_setup(asked, TEMPLATE, {"enable_thinking": False}).template_kwargs == {"enable_thinking": True, "x": 1}
+
+
+def test_a_clients_reasoning_effort_sets_the_templates_variables():
+    assert effort_variables(TEMPLATE, "none") == {"enable_thinking": False}
+    assert effort_variables(TEMPLATE, "low") == {"enable_thinking": True}
+    harmony = "Reasoning: {{ reasoning_effort }}"
+    assert (
+        effort_variables(harmony, "xhigh") == {"reasoning_effort": "high"} and effort_variables(harmony, "none") == {}
+    )
+    assert effort_variables("{{ messages }}", "high") == {} and effort_variables(TEMPLATE, None) == {}
+
+
+def test_thinking_turned_off_by_each_route(thinker):
+    """reasoning_effort "none" (chat), thinking disabled (Anthropic), reasoning.effort "none" (Responses):
+    the template's enable_thinking false, so the rote reply is all answer; a request's own
+    chat_template_kwargs still win."""
+    chat = post(thinker.url + "/v1/chat/completions", {"messages": MESSAGES, "reasoning_effort": "none"})[1]
+    assert chat["choices"][0]["message"]["content"] == "Hmm</think>Hello world"
+    both = {"messages": MESSAGES, "reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    assert post(thinker.url + "/v1/chat/completions", both)[1]["choices"][0]["message"]["reasoning_content"] == "Hmm"
+    body = {"model": "m", "max_tokens": 16, "messages": MESSAGES, "thinking": {"type": "disabled"}}
+    assert post(thinker.url + "/v1/messages", body)[1]["content"] == [
+        {"type": "text", "text": "Hmm</think>Hello world"}
+    ]
+    adaptive = {**body, "thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}
+    assert [b["type"] for b in post(thinker.url + "/v1/messages", adaptive)[1]["content"]] == ["thinking", "text"]
+    status, bad = post(thinker.url + "/v1/messages", {**body, "thinking": None, "output_config": {"effort": "ultra"}})
+    assert status == 400 and "output_config.effort" in bad["error"]["message"]
+    responses = {"model": "m", "input": "hi", "max_output_tokens": 16, "reasoning": {"effort": "none"}}
+    assert [i["type"] for i in post(thinker.url + "/v1/responses", responses)[1]["output"]] == ["message"]
+    status, bad = post(thinker.url + "/v1/responses", {**responses, "reasoning": {"effort": "max"}})
+    assert status == 400 and bad["error"]["param"] == "reasoning.effort"
