@@ -9,14 +9,11 @@ format -> response_format json_schema (validated, as there). From there both
 routes are one path: chat.py renders the template and plan.py builds the Plan. specfill's own
 fields (method, keep_ratio, ...) travel in `metadata` or as extra top-level fields.
 
-The reply is read by the same Reply and shaped as a Message (content blocks: its reasoning a
-`thinking` block, with an empty signature; stop_reason, usage with cache_read_input_tokens from the
-prompt cache) or as Anthropic's event stream: message_start, per block content_block_start /
-content_block_delta (text_delta, thinking_delta then signature_delta, input_json_delta) /
-content_block_stop, message_delta (stop_reason, usage), message_stop. An earlier turn's thinking
-blocks become its reasoning_content, which the chat template renders or drops as it was written to
-(Qwen3's keeps the reasoning of the turns since the last user message, as the model wrote it:
-the prompt cache then finds them); redacted_thinking blocks are dropped; images and documents are a 400.
+The reply is read by the same Reply and shaped by anthropic_shape.MessageShape. An earlier turn's
+thinking blocks (their text, or the text our signature hides: anthropic_shape.signed) become its
+reasoning_content, which the chat template renders or drops as it was written to (Qwen3's keeps the
+reasoning of the turns since the last user message, as the model wrote it: the prompt cache then finds
+them); redacted_thinking blocks are dropped; images and documents are a 400.
 An omitted temperature is the server's default (greedy), not Anthropic's 1.0.
 
 What Claude Code sends (issue 46) is accepted: the beta query (ignored), `thinking` (disabled: thinking off) and
@@ -27,22 +24,17 @@ What Claude Code sends (issue 46) is accepted: the beta query (ignored), `thinki
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .anthropic_shape import signed
 from .chat import ChatSetup, chat_prompt, chat_setup, check_schema, check_tool_name, unknown_field
-from .engine import Delta, Failed, Finished, Started
 from .errors import anthropic_error_body, bad_request
 from .info import check_model
-from .plan import Plan, ServerDefaults
+from .plan import ServerDefaults
 from .protocol import ChatRequest, SpecfillFields, parse_data, read_json
-from .reasoning import Thought
-from .responses import Reply, sse
 from .system_turns import inline_system_in_place, join, place_inline_system, system_text, text_of
-from .tool_parsers import Text, ToolCall
-from .tool_stream import CallArgs, CallEnd, CallStart
 
 NUMBER = Union[int, float]
 error_body = anthropic_error_body
@@ -116,7 +108,8 @@ def _assistant(blocks: list[Any], where: str) -> dict[str, Any]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
-            thoughts.append(block["thinking"])
+            if thought := block["thinking"] or signed(block.get("signature")):  # shown, or hidden in our signature
+                thoughts.append(thought)
         elif kind == "tool_use":
             if not isinstance(block.get("input"), dict) or not isinstance(block.get("id"), str):
                 raise bad_request(f"'{where}[{j}]': a tool_use block needs an id, a name and an input object", where)
@@ -300,189 +293,13 @@ def _effort(request: MessagesRequest) -> str | None:
 
 def prepare(
     raw: bytes, tokenizer: Any, defaults: ServerDefaults, *, counting: bool = False
-) -> tuple[ChatRequest, ChatSetup, list[int]]:
-    """A Messages body -> (the chat request it stands for, its setup, the prompt ids); a 400 / 404
-    (RequestError) names the field. counting: /count_tokens (max_tokens may be left out)."""
+) -> tuple[ChatRequest, ChatSetup, list[int], bool]:
+    """A Messages body -> (the chat request it stands for, its setup, the prompt ids, whether the reply's
+    thinking is shown: `thinking.display` "omitted" hides it); a 400 / 404 (RequestError) names the field.
+    counting: /count_tokens (max_tokens may be left out)."""
     request = _validated(read_json(raw), counting)
     check_model(request.model, defaults)
     chat = parse_data(chat_body(request, inline_system_in_place(tokenizer)), ChatRequest)
     setup = chat_setup(chat, tokenizer.chat_template, defaults.chat_template_kwargs)
     ids, setup = chat_prompt(tokenizer, chat, setup)
-    return chat, setup, ids
-
-
-def tool_use_id() -> str:
-    return "toolu_" + uuid.uuid4().hex[:24]
-
-
-class MessageShape:
-    """The body of one Messages response, whole or as Anthropic's event stream."""
-
-    error = staticmethod(anthropic_error_body)
-
-    def __init__(self, plan: Plan, model_id: str, setup: ChatSetup):
-        self.plan = plan
-        self.id = "msg_" + uuid.uuid4().hex[:24]
-        self.model_id = model_id
-        self.reply = Reply(setup, plan.stream)
-        self.started = False
-        self.blocks = 0  # content blocks opened so far
-        self.open: str | None = None  # the type of the block open now
-
-    @staticmethod
-    def usage(prompt: int, cached: int, output: int) -> dict[str, Any]:
-        """Anthropic's usage: input_tokens are the prompt tokens not read from the cache."""
-        return {
-            "input_tokens": prompt - cached,
-            "output_tokens": output,
-            "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": cached,
-        }
-
-    def _stop(self, done: Finished) -> tuple[str, str | None]:
-        """(stop_reason, stop_sequence)."""
-        if done.stop is not None:
-            return "stop_sequence", done.stop
-        if done.finish_reason == "length":
-            return "max_tokens", None
-        return ("tool_use" if self.reply.calls else "end_turn"), None
-
-    def _message(
-        self, content: list[dict[str, Any]], stop: tuple[str | None, str | None], usage: dict[str, Any]
-    ) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model_id,
-            "content": content,
-            "stop_reason": stop[0],
-            "stop_sequence": stop[1],
-            "usage": usage,
-        }
-
-    @staticmethod
-    def _tool_use(call: ToolCall) -> dict[str, Any]:
-        return {"type": "tool_use", "id": tool_use_id(), "name": call.name, "input": call.arguments}
-
-    # the whole response
-    def collect(self, text: str) -> None:
-        self.reply.feed(text)
-
-    def whole(self, done: Finished) -> dict[str, Any]:
-        self.reply.finish()
-        content: list[dict[str, Any]] = []
-        for piece in self.reply.pieces:
-            if isinstance(piece, Text):
-                content.append({"type": "text", "text": piece.text})
-            elif isinstance(piece, Thought):
-                content.append({"type": "thinking", "thinking": piece.text, "signature": ""})
-            else:
-                content.append(self._tool_use(piece))
-        body = self._message(
-            content or [{"type": "text", "text": ""}],
-            self._stop(done),
-            self.usage(done.prompt_tokens, done.cached_tokens, done.completion_tokens),
-        )
-        return {**body, "specfill": self._stats(done)}
-
-    def _stats(self, done: Finished) -> dict[str, Any]:
-        verdict = self.reply.verdict()
-        return done.stats if verdict is None else {**done.stats, "response_format": verdict}
-
-    # the stream
-    @staticmethod
-    def opening() -> list[str]:
-        return []
-
-    @staticmethod
-    def keepalive() -> list[str]:
-        """What a silent stream sends: Anthropic's ping event (its SDKs skip it; the bytes count)."""
-        return [sse({"type": "ping"}, "ping")]
-
-    @staticmethod
-    def ending() -> list[str]:
-        return []
-
-    def _start(self, cached: int) -> list[str]:
-        if self.started:
-            return []
-        self.started = True
-        usage = self.usage(len(self.plan.ids), cached, 0)
-        return [
-            sse({"type": "message_start", "message": self._message([], (None, None), usage)}, "message_start"),
-            sse({"type": "ping"}, "ping"),
-        ]
-
-    def _close_block(self) -> list[str]:
-        if self.open is None:
-            return []
-        # a thinking block ends with its signature (none here: the reasoning is the model's own text)
-        signed = [self._delta({"type": "signature_delta", "signature": ""})] if self.open == "thinking" else []
-        self.open = None
-        return signed + [sse({"type": "content_block_stop", "index": self.blocks - 1}, "content_block_stop")]
-
-    def _open_block(self, block: dict[str, Any]) -> list[str]:
-        out = self._close_block()
-        self.open, self.blocks = block["type"], self.blocks + 1
-        return out + [
-            sse(
-                {"type": "content_block_start", "index": self.blocks - 1, "content_block": block}, "content_block_start"
-            )
-        ]
-
-    def _delta(self, delta: dict[str, Any]) -> str:
-        return sse({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}, "content_block_delta")
-
-    def _pieces(self, pieces: list[Any]) -> list[str]:
-        out: list[str] = []
-        for piece in pieces:
-            if isinstance(piece, Text):
-                if self.open != "text":
-                    out += self._open_block({"type": "text", "text": ""})
-                out.append(self._delta({"type": "text_delta", "text": piece.text}))
-            elif isinstance(piece, Thought):
-                if self.open != "thinking":
-                    out += self._open_block({"type": "thinking", "thinking": "", "signature": ""})
-                out.append(self._delta({"type": "thinking_delta", "thinking": piece.text}))
-            elif isinstance(piece, CallStart):
-                out += self._open_block({"type": "tool_use", "id": tool_use_id(), "name": piece.name, "input": {}})
-            elif isinstance(piece, CallArgs):
-                out.append(self._delta({"type": "input_json_delta", "partial_json": piece.text}))
-            elif isinstance(piece, CallEnd):
-                out += self._close_block()
-            else:
-                block = self._tool_use(piece)
-                out += self._open_block({**block, "input": {}})
-                out.append(
-                    self._delta(
-                        {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
-                    )
-                )
-                out += self._close_block()
-        return out
-
-    def event(self, event: Any) -> list[str]:
-        """The events one engine event turns into."""
-        if isinstance(event, Started):
-            return self._start(event.cached)
-        if isinstance(event, Delta):
-            return self._start(0) + self._pieces(self.reply.feed(event.text))
-        if isinstance(event, Finished):
-            out = self._start(event.cached_tokens) + self._pieces(self.reply.finish())
-            if not self.blocks:
-                out += self._open_block({"type": "text", "text": ""})
-            out += self._close_block()
-            stop_reason, stop_sequence = self._stop(event)
-            usage = self.usage(event.prompt_tokens, event.cached_tokens, event.completion_tokens)
-            delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
-            out.append(
-                sse(
-                    {"type": "message_delta", "delta": delta, "usage": usage, "specfill": self._stats(event)},
-                    "message_delta",
-                )
-            )
-            return out + [sse({"type": "message_stop"}, "message_stop")]
-        if isinstance(event, Failed):
-            return [sse(anthropic_error_body(event.status, event.message), "error")]
-        return []
+    return chat, setup, ids, (request.thinking or {}).get("display") != "omitted"

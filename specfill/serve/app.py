@@ -29,8 +29,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from .access import Access, protect
-from .anthropic import MessageShape
 from .anthropic import prepare as prepare_messages
+from .anthropic_shape import MessageShape
 from .chat import chat_prompt, chat_setup
 from .engine import Delta, Engine, Failed, Finished
 from .errors import RequestError, anthropic_error_body, error_body, is_anthropic_path
@@ -101,7 +101,7 @@ def create_app(engine: Engine, defaults: ServerDefaults, *, max_queue: int = 8, 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request) -> Any:
         try:
-            _, _, ids = prepare_messages(await request.body(), engine.tokenizer, defaults, counting=True)
+            _, _, ids, _ = prepare_messages(await request.body(), engine.tokenizer, defaults, counting=True)
         except RequestError as err:
             return JSONResponse(anthropic_error_body(err.status, err.message), status_code=err.status)
         return {"input_tokens": len(ids)}
@@ -154,9 +154,9 @@ def _prepare_completion(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
 
 
 def _prepare_messages(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:
-    body, setup, ids = prepare_messages(raw, ctx.engine.tokenizer, ctx.defaults)
+    body, setup, ids, shown = prepare_messages(raw, ctx.engine.tokenizer, ctx.defaults)
     plan = _chat_plan(body, setup, ids, ctx)
-    return plan, MessageShape(plan, ctx.defaults.model_id, setup)
+    return plan, MessageShape(plan, ctx.defaults.model_id, setup, shown)
 
 
 def _prepare_responses(raw: bytes, ctx: _Context) -> tuple[Plan, Any]:

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from specfill.serve import app
-from specfill.serve.anthropic import MessageShape
+from specfill.serve.anthropic_shape import MessageShape
 from specfill.serve.chat import ChatSetup
 from specfill.serve.engine import Delta, Finished, Started
 from specfill.serve.metrics import Outcome

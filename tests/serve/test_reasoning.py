@@ -282,3 +282,30 @@ def test_thinking_turned_off_by_each_route(thinker):
     assert [i["type"] for i in post(thinker.url + "/v1/responses", responses)[1]["output"]] == ["message"]
     status, bad = post(thinker.url + "/v1/responses", {**responses, "reasoning": {"effort": "max"}})
     assert status == 400 and bad["error"]["param"] == "reasoning.effort"
+
+
+def test_anthropic_thinking_hidden_travels_in_its_signature(thinker):
+    """thinking.display "omitted" (what Claude Code asks): the block's text is empty, its signature
+    carries it, and a later request that sends the block back gives the template the same reasoning."""
+    body = {
+        "model": "m",
+        "max_tokens": 16,
+        "messages": MESSAGES,
+        "thinking": {"type": "adaptive", "display": "omitted"},
+    }
+    block, text = post(thinker.url + "/v1/messages", body)[1]["content"]
+    assert block["type"] == "thinking" and block["thinking"] == "" and block["signature"].startswith("specfill:")
+    assert text == {"type": "text", "text": "Hello world"}
+    events = list(client_events(thinker.url + "/v1/messages", {**body, "stream": True}))
+    deltas = [e["delta"] for e in events if e["type"] == "content_block_delta"]
+    assert [d["type"] for d in deltas if d["type"] != "text_delta"] == ["signature_delta"]
+    assert deltas[0]["signature"] == block["signature"]
+
+    def counted(turn: list[dict]) -> int:
+        """The prompt tokens of a next request whose assistant turn is `turn`."""
+        messages = [*MESSAGES, {"role": "assistant", "content": turn}, {"role": "user", "content": "and?"}]
+        return post(thinker.url + "/v1/messages/count_tokens", {**body, "messages": messages})[1]["input_tokens"]
+
+    shown = {"type": "thinking", "thinking": "Hmm", "signature": ""}
+    foreign = {"type": "thinking", "thinking": "", "signature": "EuYBCkQYAiJA"}  # another server's: opaque, dropped
+    assert counted([block, text]) == counted([shown, text]) == counted([text]) + 7 == counted([foreign, text]) + 7
