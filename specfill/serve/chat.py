@@ -372,8 +372,8 @@ def template_messages(messages: list[Message], system_note: str | None = None) -
 
 def chat_prompt(tokenizer: Any, request: ChatRequest, setup: ChatSetup = ChatSetup()) -> tuple[list[int], ChatSetup]:
     """The chat template rendered server-side (with the request's tools), the reply's forced start
-    appended, tokenized (BOS only if the template lacks it); and the setup, its reasoning told whether
-    the prompt left it open (a forced start is the answer's)."""
+    appended (answer_start), tokenized (BOS only if the template lacks it); and the setup, its reasoning
+    told whether the reply starts inside it."""
     schema = setup.output.schema if setup.output is not None else None
     note = SCHEMA_NOTE + json.dumps(schema) if schema is not None else None
     messages = template_messages(request.messages, note)
@@ -382,6 +382,18 @@ def chat_prompt(tokenizer: Any, request: ChatRequest, setup: ChatSetup = ChatSet
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **extra)
     except SpecfillError as err:
         raise bad_request(str(err), "messages") from None
-    if setup.reasoning is not None and not setup.prefix:
-        setup = replace(setup, reasoning=setup.reasoning.after(text))
-    return encode_prompt(tokenizer, text + setup.prefix), setup
+    tail, setup = answer_start(setup, text)
+    return encode_prompt(tokenizer, text + tail), setup
+
+
+def answer_start(setup: ChatSetup, prompt: str) -> tuple[str, ChatSetup]:
+    """What follows the rendered `prompt`: the reply's forced start, after a close of the reasoning the
+    prompt left open (a forced start is the answer's: the JSON object, the call; the prompt then ends as
+    the template writes it with thinking off, in the model's own form rather than an answer inside an open
+    think block); and the setup, its reasoning told whether the reply starts inside it."""
+    if setup.reasoning is None:
+        return setup.prefix, setup
+    reasoning = setup.reasoning.after(prompt)
+    if setup.prefix and reasoning.started:
+        return reasoning.closing(prompt) + setup.prefix, replace(setup, reasoning=replace(reasoning, started=False))
+    return setup.prefix, replace(setup, reasoning=reasoning)

@@ -37,6 +37,11 @@ class Reasoning:
         """This for a reply that follows `prompt` (the rendered chat prompt, without a forced start)."""
         return Reasoning(self.open, self.close, prompt.rfind(self.open) > prompt.rfind(self.close))
 
+    def closing(self, prompt: str) -> str:
+        """What closes the reasoning `prompt` left open with none written, as a template with thinking
+        off writes it (Qwen3's `<think>\n\n</think>\n\n`)."""
+        return ("\n" if prompt.endswith("\n") else "") + self.close + "\n\n"
+
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")  # OpenAI's reasoning_effort
 # gpt-oss's template says "Reasoning: low / medium / high": the other efforts as the nearest of those

@@ -27,7 +27,7 @@ from typing import Any
 
 from specfill.api import encode_prompt
 
-from .chat import ChatSetup, template_messages
+from .chat import ChatSetup, answer_start, template_messages
 
 SEGMENTS = ("system", "tools", "last_user")
 
@@ -52,7 +52,7 @@ def protected_spans(
     def tokens(msgs: list[dict[str, Any]], with_tools: bool = True, end: bool = False) -> list[int]:
         extra = {**setup.template_kwargs, **(tools if with_tools else {})}
         text = tokenizer.apply_chat_template(msgs, add_generation_prompt=end, **extra)
-        return encode_prompt(tokenizer, text + (setup.prefix if end else ""))
+        return encode_prompt(tokenizer, text + (answer_start(setup, text)[0] if end else ""))
 
     def boundary(i: int) -> int:
         return 0 if i == 0 else _shared(tokens(messages[:i]), ids)

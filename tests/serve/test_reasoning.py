@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from specfill.core.io.tokenizer import Tokenizer
 from specfill.evaluation.serve_process import ServerProcess, client
-from specfill.serve.chat import chat_setup
+from specfill.serve.chat import chat_prompt, chat_setup
 from specfill.serve.protocol import ChatRequest
 from specfill.serve.reasoning import Reasoning, ReasoningSplitter, Thought, detect_reasoning, effort_variables
 from specfill.serve.responses import Reply
 from specfill.serve.tool_parsers import ToolCall
 from tests.fixtures.tiny_tokenizer import BOS_TOKEN, EOS_TOKEN
-from tests.fixtures.tool_model import write_rote_checkpoint
+from tests.fixtures.tool_model import rote_tokenizer, write_rote_checkpoint
 
 from .harness import post
 
@@ -309,3 +310,20 @@ def test_anthropic_thinking_hidden_travels_in_its_signature(thinker):
     shown = {"type": "thinking", "thinking": "Hmm", "signature": ""}
     foreign = {"type": "thinking", "thinking": "", "signature": "EuYBCkQYAiJA"}  # another server's: opaque, dropped
     assert counted([block, text]) == counted([shown, text]) == counted([text]) + 7 == counted([foreign, text]) + 7
+
+
+def test_a_forced_answer_closes_the_open_reasoning_first(thinker):
+    """A JSON response_format forces the reply's "{": after the think block the prompt left open is
+    closed as the template closes it with thinking off (not an answer written inside <think>)."""
+    backend = rote_tokenizer(("<think>", "</think>"), ("Hmm", "Hello", " world"))
+    tok = Tokenizer(backend, bos_token_id=None, eos_token_ids=[backend.token_to_id(EOS_TOKEN)], chat_template=TEMPLATE)
+    request = ChatRequest.model_validate({"messages": MESSAGES, "response_format": {"type": "json_object"}})
+    ids, setup = chat_prompt(tok, request, chat_setup(request, TEMPLATE))
+    assert tok.decode(ids).endswith("assistant\n<think>\n\n</think>\n\n{") and not setup.reasoning.started
+    off = {**request.model_dump(exclude_none=True), "chat_template_kwargs": {"enable_thinking": False}}
+    closed = ChatRequest.model_validate(off)
+    assert tok.decode(chat_prompt(tok, closed, chat_setup(closed, TEMPLATE))[0]) == tok.decode(ids)  # one form
+    body = {"messages": MESSAGES, "response_format": {"type": "json_object"}, "max_tokens": 4}
+    status, raw = post(thinker.url + "/v1/chat/completions", body)
+    message = raw["choices"][0]["message"]
+    assert status == 200 and message["content"].startswith("{") and "reasoning_content" not in message
