@@ -273,22 +273,22 @@ def chat_body(request: MessagesRequest, inline_system: bool = True) -> dict[str,
     return body
 
 
-ANTHROPIC_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "xhigh"}  # output_config.effort
+# output_config.effort (Claude Code sends "high"; "xhigh" and "max" for its strongest setting)
+ANTHROPIC_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
 
 
 def _effort(request: MessagesRequest) -> str | None:
     """The chat route's reasoning_effort: "none" for thinking disabled, else output_config.effort's (None:
-    the template's default; Claude Code asks adaptive thinking by default)."""
+    the template's default; Claude Code asks adaptive thinking by default). An effort this server does
+    not know is a hint it leaves to the template's default (a newer client's level must not fail the
+    request); one that is not a string is a 400."""
     thinking = request.thinking if isinstance(request.thinking, dict) else {}
     if thinking.get("type") == "disabled":
         return "none"
     effort = (request.output_config or {}).get("effort")
-    if effort is not None and effort not in ANTHROPIC_EFFORTS:
-        raise bad_request(
-            f"'output_config.effort' must be one of {', '.join(ANTHROPIC_EFFORTS)}, got {effort!r}",
-            "output_config.effort",
-        )
-    return None if effort is None else ANTHROPIC_EFFORTS[effort]
+    if effort is not None and not isinstance(effort, str):
+        raise bad_request(f"'output_config.effort' must be a string, got {effort!r}", "output_config.effort")
+    return ANTHROPIC_EFFORTS.get(effort) if effort is not None else None
 
 
 def prepare(

@@ -277,11 +277,15 @@ def test_thinking_turned_off_by_each_route(thinker):
     ]
     adaptive = {**body, "thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}
     assert [b["type"] for b in post(thinker.url + "/v1/messages", adaptive)[1]["content"]] == ["thinking", "text"]
-    status, bad = post(thinker.url + "/v1/messages", {**body, "thinking": None, "output_config": {"effort": "ultra"}})
+    newer = {**body, "thinking": None, "output_config": {"effort": "ultra"}}  # an unknown level: the default
+    assert [b["type"] for b in post(thinker.url + "/v1/messages", newer)[1]["content"]] == ["thinking", "text"]
+    status, bad = post(thinker.url + "/v1/messages", {**newer, "output_config": {"effort": 3}})
     assert status == 400 and "output_config.effort" in bad["error"]["message"]
     responses = {"model": "m", "input": "hi", "max_output_tokens": 16, "reasoning": {"effort": "none"}}
     assert [i["type"] for i in post(thinker.url + "/v1/responses", responses)[1]["output"]] == ["message"]
-    status, bad = post(thinker.url + "/v1/responses", {**responses, "reasoning": {"effort": "max"}})
+    unknown = {**responses, "reasoning": {"effort": "max"}}
+    assert [i["type"] for i in post(thinker.url + "/v1/responses", unknown)[1]["output"]] == ["reasoning", "message"]
+    status, bad = post(thinker.url + "/v1/responses", {**responses, "reasoning": {"effort": 1}})
     assert status == 400 and bad["error"]["param"] == "reasoning.effort"
 
 
