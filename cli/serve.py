@@ -225,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill_step_size < 1:
         raise ConfigError(f"--prefill-step-size must be >= 1, got {args.prefill_step_size}")
     check_cache_bounds(args)
-    template_kwargs(args)  # a bad object fails before the model loads
+    variables = template_kwargs(args)  # a bad object fails before the model loads
     h2o, spec = options.h2o_config(args), options.specprefill_config(args)
     with warnings.catch_warnings():  # requests may pick any method: the defaults of each are the server's
         warnings.simplefilter("ignore", SpecfillWarning)
@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
     try:
-        return _serve(args, serve, sock, h2o, spec, group)
+        return _serve(args, serve, sock, h2o, spec, variables, group)
     finally:
         sock.close()
 
@@ -322,9 +322,10 @@ def _serve(
     sock: socket.socket,
     h2o: H2OConfig,
     spec: SpecPrefillConfig,
+    variables: dict[str, Any],
     group: Any = None,
 ) -> int:
-    """Load, build the app, serve on the bound socket until a signal."""
+    """Load, build the app, serve on the bound socket until a signal (variables: --chat-template-kwargs)."""
     session, spec_context = _load(args)
     model, tokenizer, speculator = session.model, session.tokenizer, session.speculator
     if args.method == "auto" and group is None:  # under mlx.launch a request calibrates on every rank alike
@@ -345,7 +346,7 @@ def _serve(
         prompt_cache=args.prompt_cache,
         sampling=options.sampling_options(args),
         lazy_grammar=not args.no_lazy_grammar,
-        chat_template_kwargs=template_kwargs(args),
+        chat_template_kwargs=variables,
     )
     access = serve.Access(api_key=args.api_key or None, allowed_origins=tuple(args.allowed_origins))
     leader = None

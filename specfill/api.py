@@ -217,10 +217,12 @@ class Session:
         prefill_info: GenerationInfo | None = None,
         reuse: KVState | None = None,
         logits_processors: Sequence[LogitsProcessor] = (),
+        hidden_tokens: frozenset[int] = frozenset(),
         **settings: Any,
     ) -> Generator[GenerationResponse, None, None]:
         """A GenerationResponse per generated token (stream_generate's, which see for the keywords);
-        `prompt` as given (text gets the BOS rule of encode_prompt, no chat template)."""
+        `prompt` as given (text gets the BOS rule of encode_prompt, no chat template); hidden_tokens:
+        ids that write no text (stream_request's)."""
         if request is not None and settings:
             raise ConfigError(f"give a built request or settings, not both (settings given: {', '.join(settings)})")
         request = self.request(**settings) if request is None else self.prepare(request)
@@ -233,6 +235,7 @@ class Session:
             prefill_info=prefill_info,
             reuse=reuse,
             logits_processors=logits_processors,
+            hidden_tokens=hidden_tokens,
         )
 
     def generate(

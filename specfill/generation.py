@@ -83,22 +83,26 @@ def stream_request(
     prefill_info: GenerationInfo | None = None,
     reuse: KVState | None = None,
     logits_processors: Sequence[LogitsProcessor] = (),
+    hidden_tokens: frozenset[int] = frozenset(),
 ) -> Generator[GenerationResponse, None, None]:
     """stream_generate for a built request (core/request.py) whose models are loaded (Session.prepare):
     the one generation path of the API's Session, the CLI and the server.
     logits_processors: host-side (ids so far, float32 logits [vocab]) -> logits, before each
-    token is chosen (core/decoding.token_chooser; the server's constrained decoding)."""
+    token is chosen (core/decoding.token_chooser; the server's constrained decoding).
+    hidden_tokens: ids whose response text is "" (the server's control tokens: serve/reply_text.py)."""
     shared = model.distributed
     processors = tuple(logits_processors)
     if shared is None:
         yield from _stream_request(
-            model, tokenizer, prompt, request, prompt_progress_callback, prefill_info, reuse, processors
+            model, tokenizer, prompt, request, prompt_progress_callback, prefill_info, reuse, processors, hidden_tokens
         )
         return
     request = shared.collect(lambda: shared.check_request(request))
     info = prefill_info if prefill_info is not None else GenerationInfo()
     info.distributed = shared.describe()
-    steps = _stream_request(model, tokenizer, prompt, request, prompt_progress_callback, info, reuse, processors)
+    steps = _stream_request(
+        model, tokenizer, prompt, request, prompt_progress_callback, info, reuse, processors, hidden_tokens
+    )
     try:
         while True:  # a rank that is gone ends this one with one line (DistributedError), not a traceback
             response = shared.collect(lambda: next(steps, None))
@@ -118,10 +122,11 @@ def _stream_request(
     prefill_info: GenerationInfo | None,
     reuse: KVState | None,
     processors: tuple[LogitsProcessor, ...] = (),
+    hidden_tokens: frozenset[int] = frozenset(),
 ) -> Generator[GenerationResponse, None, None]:
     ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else prompt
     info = prefill_info if prefill_info is not None else GenerationInfo()
-    detokenizer = tokenizer.streaming_detokenizer()
+    detokenizer = tokenizer.streaming_detokenizer(hidden=hidden_tokens)
     start = time.perf_counter()
     first_at = None
     max_tokens = request.max_tokens

@@ -156,7 +156,7 @@ class StreamingDetokenizer:
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False, hidden: frozenset[int] = frozenset()):
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
-        self.hidden = hidden
+        self._hidden = hidden
         self.ids: list[int] = []  # the ids that write text
         self._prefix = 0  # start of the decode window (its text was emitted already)
         self._read = 0  # ids before this have been emitted
@@ -167,7 +167,7 @@ class StreamingDetokenizer:
     def add_token(self, token_id: int) -> str:
         """The text that became printable with this id ('' while a character is incomplete, or for
         a hidden id)."""
-        if token_id in self.hidden:
+        if token_id in self._hidden:
             return ""
         self.ids.append(int(token_id))
         done = self._decode(self.ids[self._prefix : self._read])

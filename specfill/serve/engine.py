@@ -20,7 +20,7 @@ from specfill.core.runtime import GenerationInfo, PrefillMethod
 
 from .plan import Plan
 from .prompt_cache import FULL, PromptCache, Reuse
-from .reply_text import hidden_token_ids, reply_detokenizer
+from .reply_text import hidden_token_ids
 from .token_mask import ConstrainedReply, Constraints, LazyReply
 from .tool_calls import held
 
@@ -175,6 +175,7 @@ class Engine:
         if plan.grammar is not None:  # a constrained reply (or lazy: its calls): chosen on the host, no drafting
             processors = (self.constraints.processor(plan.grammar),)
             request = replace(request, drafting=None)
+        hidden = self.hidden if plan.skip_special_tokens else frozenset()  # the ends write no text either way
         emit(Started(reuse.cached))
         method, info = request.method, GenerationInfo()
 
@@ -201,12 +202,17 @@ class Engine:
             prefill_info=info,
             reuse=reuse.state,
             logits_processors=processors,
+            hidden_tokens=hidden,
         )
         outcome = None
         try:
             with cancellation(plan.cancelled.is_set if layer_checks else None):  # between layers, chunks, steps
                 outcome = self._stream(
-                    plan, steps, emit, lambda last: self.stats(plan, policy, method, reuse, last, info, rebuild_s)
+                    plan,
+                    steps,
+                    emit,
+                    lambda last: self.stats(plan, policy, method, reuse, last, info, rebuild_s),
+                    hidden,
                 )
         except Cancelled:
             pass
@@ -229,22 +235,26 @@ class Engine:
             emit(outcome[1])
 
     def _stream(
-        self, plan: Plan, steps: Iterator[Any], emit: Emit, stats: Callable[[Any], dict[str, Any]]
+        self,
+        plan: Plan,
+        steps: Iterator[Any],
+        emit: Emit,
+        stats: Callable[[Any], dict[str, Any]],
+        hidden: frozenset[int] = frozenset(),
     ) -> tuple[list[int], Finished] | None:
-        """Send the text (its control tokens left out: reply_text.py; cut at stop strings); (the generated
-        ids, the Finished event to send), or None when cancelled or nothing was generated."""
+        """Send the text (`hidden`: the control tokens whose text the steps left out, reply_text.py; cut at
+        stop strings); (the generated ids, the Finished event to send), or None when cancelled or nothing
+        was generated."""
         matcher = StopMatcher(plan.stops)
-        detokenizer = reply_detokenizer(self.tokenizer, self.hidden, plan.skip_special_tokens)
         last, finish, generated = None, "length", []
         for last in steps:
             if plan.cancelled.is_set():
                 return None
             generated.append(last.token)
-            piece = detokenizer.add_token(last.token)
-            if last.token in detokenizer.hidden and not last.finish_reason:  # a stop string may be its text
+            if last.token in hidden and not last.finish_reason:  # no text, but a stop string may be its own
                 text, hit = matcher.word(self.tokenizer.token_text(last.token) or "")
             else:
-                text, hit = matcher.feed(piece + detokenizer.finish() if last.finish_reason else piece)
+                text, hit = matcher.feed(last.text)
             if text:
                 emit(Delta(text))
             if hit:

@@ -42,9 +42,8 @@ class ServerDefaults:
     prompt_cache: str = "exact"
     sampling: dict[str, Any] = field(default_factory=dict)  # --top-k etc. (core/sampling.py HOST_FIELDS)
     lazy_grammar: bool = True  # tool_choice auto: each call constrained from its opening on (chat.py)
-    chat_template_kwargs: dict[str, Any] = field(
-        default_factory=dict
-    )  # the template's variables (a request's override)
+    # --chat-template-kwargs: more variables for the chat template (a request's chat_template_kwargs override them)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def names(self) -> tuple[str, ...]:
         """The served names, model_id first."""

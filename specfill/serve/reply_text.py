@@ -12,12 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from specfill.core.io.tokenizer import StreamingDetokenizer
-
+from .reasoning import TAGS
 from .tool_parsers import detect_format
-
-# the reasoning tags of the families served (Qwen3, DeepSeek-R1, GLM, MiniMax, Kimi; Magistral's [THINK])
-REASONING_MARKERS = ("<think>", "</think>", "[THINK]", "[/THINK]")
 
 
 def hidden_token_ids(tokenizer: Any) -> frozenset[int]:
@@ -27,16 +23,10 @@ def hidden_token_ids(tokenizer: Any) -> frozenset[int]:
     fmt = detect_format(tokenizer.chat_template)
     if fmt is not None and fmt.messages:
         return ends
-    read = (*REASONING_MARKERS, *(fmt.texts if fmt is not None else ()))
+    read = (*(tag for pair in TAGS for tag in pair), *(fmt.texts if fmt is not None else ()))
     hidden = set(ends)
     for token in tokenizer.special_token_ids:
         text = tokenizer.token_text(token)
         if text is not None and not any(text in marker for marker in read):
             hidden.add(token)
     return frozenset(hidden)
-
-
-def reply_detokenizer(tokenizer: Any, hidden: frozenset[int], skip_special_tokens: bool) -> StreamingDetokenizer:
-    """The detokenizer of one reply: `hidden` (hidden_token_ids) leaves no text, or only the end ids where
-    the request keeps its special tokens."""
-    return tokenizer.streaming_detokenizer(hidden=hidden if skip_special_tokens else tokenizer.eos_token_ids)
