@@ -15,7 +15,7 @@
 #      chose; e2e.json with decode_tokens_per_s, prefill_roofline_fraction, issue 50's acceptance lines and
 #      H2O's walk graphs (walk_graph.py: batches captured / replayed, a refusal's reason; per row in ttft.json)
 #                                                   -> ttft.{json,md}, ttft_ttft.png, e2e.json
-#   3. exact: the same model in float32 (EXACT_MODEL), decode as graphs and eagerly after an 8K
+#   3. exact (only when STEPS names it, or SMOKE): the same model in float32 (EXACT_MODEL), decode as graphs and eagerly after an 8K
 #      prefill: greedy tokens equal to the eager path's where no bf16 rounding parts them
 #      (random weights' logits are nearly flat: in bf16 any two kernels part after a few tokens)
 #                                                   -> exact.{json,md}
@@ -57,11 +57,12 @@
 #     carry:     [".whl", ".fa4"]
 #     timeout_s: 600   (the script stops itself at BUDGET_S = 560 s, setup included; kill margins)
 #   The machine's start and that call leave ~3 of the session's 15 minutes: too few to start a machine, but
-#   the warm one (30 s idle) takes a second call at once, where `status` has budget_left_s >= 200: where the
-#   composition's and H2O's time goes (their speculator's / main model's walk, host-bound by subtraction), and
-#   SpecPrefill's (its 1B speculator's 64-wide attention against the 8B's: the 2.5x line), each written as done
-#     command:   STEPS=profile PROFILE_METHODS=composition,specprefill,h2o PROFILE_TOKENS=32768 PROFILE_DECODE_MODES=graphs BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
-#     carry:     []   (what call 1 carried stays on the warm machine)   timeout_s: 170
+#   the warm one (30 s idle) takes a second call at once, where `status` has budget_left_s >= 200: full prefill
+#   at 128K kernel by kernel (2026-12-04: 1.59x its roofline, GEMMs at ~764 TFLOP/s by the H2O profile at 32K,
+#   attention ~590 by subtraction: which kernel each 16K step runs, and at what rate); the 2026-12-04 call 2
+#   (composition, SpecPrefill and H2O at 32K) is results/gpu/h200/2026-12-04/run2
+#     command:   STEPS=profile PROFILE_METHODS=full PROFILE_TOKENS=131008 PROFILE_DECODE_MODES=graphs BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
+#     carry:     []   (what call 1 carried stays on the warm machine, if it is still warm)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
 #   Should the tool refuse the held tree (files missing from git's list), restore it and send the parts one a
 #   call instead, back to back (the machine keeps a call's carried files while it stays warm, ~30 s after
@@ -101,13 +102,14 @@ CONFORMANCE_DTYPES=${CONFORMANCE_DTYPES:-bfloat16}
 TESTS=${TESTS:-tests/torch_cuda_kernels/kernel_cases.py tests/torch_cuda_kernels/fused_cases.py
 tests/torch_cuda_methods/kernel_model_cases.py
 tests/torch_cuda_kernels/test_aot.py tests/torch_cuda_kernels/test_torch_stages_dispatch.py}
-read -r -a SHARES <<< "${SHARES:-15 320 45 70 60 50 0}"  # machine, bench, exact, hybrid, kernels, conformance, profile
+# (2026-12-04 at 15 320 45 70 60 50: the bench took 233 s, the hybrid and the kernel tests ran out of theirs)
+read -r -a SHARES <<< "${SHARES:-15 260 45 120 120 45 0}"  # machine, bench, exact, hybrid, kernels, conformance, profile
 # more rows per length, NAME=METHOD:FLAGS;... (2026-11-28 and -29 measured larger steps: 1-10%; since
 # 2026-12-02 the loader's own step on a GPU with room is 16K, so e.g. "full-s2k=full:--step 2048" is the
 # old default; none by default: the compiled decode row's compilation comes out of the TTFT rows' time)
 VARIANTS=${VARIANTS-}
 DECODE_MODES=${DECODE_MODES:-graphs,eager-static,eager,compiled}
-HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192 32768}
+HYBRID_LENGTHS=${HYBRID_LENGTHS:-8192}  # 32768 with fla's tuning and the torch fallback: past the step's time
 HYBRID_PARITY=${HYBRID_PARITY:-2048}
 HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}
 EXACT_MODEL=${EXACT_MODEL:-$MODEL}
@@ -309,17 +311,25 @@ hybrid_run() {
     "$PY" -c 'import importlib.util as u; print("hybrid kernels:", {m: bool(u.find_spec(m)) for m in ("fla", "causal_conv1d", "mamba_ssm")})'
     # shellcheck disable=SC2086  # HYBRID_LENGTHS is a list
     PYTHONUNBUFFERED=1 "$PY" scripts/hybrid_speed.py --out "$OUT/hybrid" --device "$DEVICE" --dtype "$DTYPE" \
-        --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS
+        --shape "$HYBRID_SHAPE" --parity-length "$HYBRID_PARITY" --lengths $HYBRID_LENGTHS --checkpoint "$SITE/hybrid-model"
 }
 
 hybrid() {
     # a Qwen3.5-0.8B-shaped random hybrid through the torch adapter on the device: transformers' forward
     # against specfill's full prefill, then full / h2o / specprefill; which fast kernels transformers found.
     # With fla carried: that run first, in two thirds of the step's time (fla tunes its kernels on first
-    # use); if it fails, transformers' torch path in what is left
+    # use); if it fails or runs out of that time, transformers' torch path in what is left. Both runs read
+    # one random checkpoint, written by the first ($SITE/hybrid-model: 2026-12-04 wrote it twice, 33 + 22 s)
     if [[ -n "$FLA_SITE" ]]; then
-        PYTHONPATH=$FLA_SITE:$PYTHONPATH timeout -k 5 $((LIMIT * 2 / 3)) bash -c hybrid_run && return 0
-        echo "hybrid: the run with flash-linear-attention failed (above): transformers' torch path instead"
+        local share=$((LIMIT * 2 / 3)) rc
+        PYTHONPATH=$FLA_SITE:$PYTHONPATH timeout -k 5 $share bash -c hybrid_run
+        rc=$?
+        [[ $rc == 0 ]] && return 0
+        if [[ $rc == 124 || $rc == 137 ]]; then
+            echo "hybrid: the run with flash-linear-attention ran out of its $share s: transformers' torch path instead"
+        else
+            echo "hybrid: the run with flash-linear-attention failed (exit $rc, above): transformers' torch path instead"
+        fi
     fi
     hybrid_run
 }
@@ -327,7 +337,13 @@ export -f machine conformance kernels bench exact hybrid hybrid_run profile
 
 # STEPS: the steps to run (a rerun after a partial session names only what it still needs); a step
 # left out has no share and no files
-STEPS=${STEPS:-machine bench exact hybrid kernels conformance}
+# (exact: by name on a GPU since 2026-12-04, whose bf16 decode gave the eager path's logits bitwise; the smoke
+# run takes every step)
+if [[ -n "${SMOKE:-}" ]]; then
+    STEPS=${STEPS:-machine bench exact hybrid kernels conformance}
+else
+    STEPS=${STEPS:-machine bench hybrid kernels conformance}
+fi
 NAMES=(machine bench exact hybrid kernels conformance profile)
 for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] || SHARES[index]=0; done
 for index in "${!NAMES[@]}"; do [[ " $STEPS " == *" ${NAMES[index]} "* ]] && step "$index" "${NAMES[index]}"; done

@@ -9,7 +9,8 @@ writes NAME.json, NAME.md and NAME.png (each atomically, rewritten after every r
 
 1. A transformers qwen3_5_text checkpoint of `--shape` with seeded random weights (timing does not
    depend on the weights' values; which tokens SpecPrefill keeps does) and a word-level tokenizer,
-   written once to a temporary directory; every step below loads it from there.
+   written once to a temporary directory (or to `--checkpoint DIR`, kept, and reused by a later run of the
+   same shape); every step below loads it from there.
 2. Parity at `--parity-length`: (a) transformers' own forward over the prompt, one call as its
    generate's prefill makes it (use_cache=True on a fresh cache, logits of the last token only),
    against (b) specfill's full prefill through the adapter (TTFT of `specfill.stream_generate`
@@ -32,6 +33,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -99,6 +101,24 @@ def build_checkpoint(directory: Path, shape: dict[str, Any], seed: int = 0) -> P
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(shape["vocab_size"])}, unk_token="t0"))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     words.save(str(directory / "tokenizer.json"))
+    return directory
+
+
+def reused_checkpoint(directory: Path, shape: dict[str, Any]) -> Path:
+    """`directory` as the checkpoint of `shape`: built there when absent (in a sibling .part directory, renamed
+    whole, so a run stopped mid-write leaves nothing a later run would read), reused when its shape.json says
+    the same shape (scripts/gpu_session.sh's hybrid step: one checkpoint for both of its runs), refused otherwise."""
+    marker = directory / "shape.json"
+    if directory.exists():
+        if not marker.is_file() or json.loads(marker.read_text()) != shape:
+            raise SystemExit(f"hybrid_speed: {directory} holds no checkpoint of this shape (shape.json): remove it")
+        return directory
+    staging = directory.with_name(directory.name + ".part")
+    if staging.exists():
+        shutil.rmtree(staging)
+    build_checkpoint(staging, shape)
+    (staging / "shape.json").write_text(json.dumps(shape))
+    staging.rename(directory)
     return directory
 
 
@@ -251,8 +271,13 @@ def run(args: argparse.Namespace) -> dict:
     }
     progress(f"shape {args.shape}: {json.dumps(shape)}; {result['speculator']}; {result['threads']} thread(s)")
     with tempfile.TemporaryDirectory() as built:
-        directory = build_checkpoint(Path(built, "model"), shape)
-        progress(f"checkpoint written to {directory}")
+        if args.checkpoint is None:
+            directory = build_checkpoint(Path(built, "model"), shape)
+            progress(f"checkpoint written to {directory}")
+        else:
+            reused = args.checkpoint.exists()
+            directory = reused_checkpoint(args.checkpoint, shape)
+            progress(f"checkpoint {'reused' if reused else 'written'}: {directory}")
         ids = random_prompt_ids(shape["vocab_size"], args.parity_length, seed=args.parity_length)
         parity = {"prompt_tokens": args.parity_length}
         result["parity"].append(parity)
@@ -303,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3.5-0.8b")
     parser.add_argument("--parity-length", type=int, default=2048, help="prompt tokens of steps (a) and (b)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192], help="the methods' prompt lengths")
+    parser.add_argument(
+        "--checkpoint", type=Path, help="the random checkpoint's directory, kept: built there when absent, else reused"
+    )
     args = parser.parse_args(argv)
     if args.parity_length < 16 or min(args.lengths) < 16:
         parser.error("prompt lengths must be at least 16 tokens")

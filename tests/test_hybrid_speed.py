@@ -39,3 +39,21 @@ def test_a_tiny_run_writes_parity_and_method_rows(tmp_path, capsys):
     assert "tiny (random weights), float32, cpu, 1 thread(s)" in markdown and "hidden_size=64" in markdown
     assert (tmp_path / "tiny.png").stat().st_size > 0
     assert "parity 32" in capsys.readouterr().out  # the progress lines
+
+
+def test_a_kept_checkpoint_is_built_once_and_reused_for_its_shape_only(tmp_path, monkeypatch):
+    """--checkpoint DIR (gpu_session.sh's hybrid step: one checkpoint for its two runs): built whole into DIR
+    (through DIR.part, renamed), reused by a later run of the same shape without a rebuild, refused for another
+    shape with one line; a .part left by a stopped run is rebuilt, never read."""
+    shape = hybrid_speed.SHAPES["tiny"]
+    directory = tmp_path / "model"
+    (tmp_path / "model.part").mkdir()
+    (tmp_path / "model.part" / "stale").write_text("a run stopped mid-write")
+    assert hybrid_speed.reused_checkpoint(directory, shape) == directory
+    assert (directory / "config.json").is_file() and (directory / "tokenizer.json").is_file()
+    assert not (directory / "stale").exists() and not (tmp_path / "model.part").exists()
+    built = []
+    monkeypatch.setattr(hybrid_speed, "build_checkpoint", lambda *a: built.append(a))
+    assert hybrid_speed.reused_checkpoint(directory, dict(shape)) == directory and built == []
+    with pytest.raises(SystemExit, match="holds no checkpoint of this shape"):
+        hybrid_speed.reused_checkpoint(directory, {**shape, "hidden_size": 2 * shape["hidden_size"]})

@@ -91,8 +91,10 @@ def _colsum_fill(args, kwargs) -> None:
 def _scoring_fill(args, kwargs) -> None:
     from specfill.backends.torch_cuda.kernels.scoring import attention_scores_twin
 
+    if kwargs["STATS"]:  # the key ranges' statistics: only the probabilities' launch writes what is read
+        return
     queries, keys, probs = args[:3]
-    query_start, scale = args[-2], args[-1] / LOG2E  # the launch's last two runtime arguments
+    query_start, scale = args[-3], args[-2] / LOG2E  # the runtime arguments before split_keys, the last
     probs.copy_(attention_scores_twin(queries, keys, scale, query_start=query_start))
 
 

@@ -75,20 +75,27 @@ def test_attention_launches_take_the_gpus_tiles(monkeypatch, capability, dtype):
 
 def test_scoring_launch_takes_the_gpus_tiles(monkeypatch):
     from specfill.backends.torch_cuda.kernels import attention_scores, attention_scores_twin
+    from specfill.backends.torch_cuda.kernels.scoring_triton import SPLIT_KEYS
 
     gen = torch.Generator().manual_seed(4)
     queries, keys = torch.randn(2, 3, 8, 128, generator=gen), torch.randn(2, 2, 50, 128, generator=gen)
     with simulated(monkeypatch, (8, 6)) as gpu:
         got = attention_scores(queries, keys, 0.09)
-    grid, launch = gpu["scoring"].launches[-1]
+    (stats_grid, stats), (grid, launch) = gpu["scoring"].launches[-2:]  # the ranges' statistics, then the probs
     tiles = scoring_tiles(4 * 3, 128, torch.float32, 86)
     assert (launch["BLOCK_R"], launch["BLOCK_N"], launch["num_warps"]) == (
         tiles.block_m,
         tiles.block_n,
         tiles.num_warps,
     )
-    assert grid == (2, 2, 1)
+    assert stats["STATS"] is True and launch["STATS"] is False and stats["BLOCK_R"] == launch["BLOCK_R"]
+    assert grid == stats_grid == (2 * 2, 1, 1)  # (layers x KV heads, row blocks, ranges of SPLIT_KEYS keys)
     torch.testing.assert_close(got, attention_scores_twin(queries, keys, 0.09))
+    long_keys = torch.randn(2, 2, 2 * SPLIT_KEYS + 52, 128, generator=gen)  # two whole ranges and a short one
+    with simulated(monkeypatch, (8, 6)) as gpu:
+        got = attention_scores(queries, long_keys, 0.09)
+    assert [grid for grid, _ in gpu["scoring"].launches[-2:]] == [(2 * 2, 1, 3)] * 2
+    torch.testing.assert_close(got, attention_scores_twin(queries, long_keys, 0.09))
 
 
 def test_model_methods_and_decode_on_a_simulated_gpu(monkeypatch):

@@ -140,6 +140,30 @@ def test_scoring_kernel_masks_an_observation_window(query_start, dtype):
                  torch.float32, "the stage takes the kernel")  # fmt: skip
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("query_start", [0, 20, 44, None])
+@pytest.mark.parametrize("split_keys", [16, 32])
+def test_scoring_kernel_splits_the_keys_among_programs(split_keys, query_start, dtype):
+    """The keys shared out in ranges of split_keys (3 or 2 ranges of 45 keys, the last one short): each
+    range's (max, sum) merged on the host is the whole row's softmax, the twin's to its tolerance; an
+    observation window's early queries see no key of the later ranges (max -inf, sum 0 there), which
+    leaves zeros and no NaN."""
+    queries = randn(2, 6, 4, 16, dtype=dtype, device=DEVICE, seed=16)
+    keys = randn(2, 2, 45, 16, dtype=dtype, device=DEVICE, seed=17)
+    got = scoring_softmax(queries, keys, 0.25, block_keys=16, query_start=query_start, split_keys=split_keys)
+    want = attention_scores(queries, keys, 0.25, use_kernel=False, query_start=query_start)
+    assert bool(torch.isfinite(got).all())
+    assert_close(got, want, torch.float32, "scoring, split keys")
+    assert_close(got.sum(-1), torch.ones_like(got[..., 0]), torch.float32, "each row sums to 1")
+
+
+def test_scoring_kernel_takes_only_whole_tiles_per_range():
+    queries = randn(1, 2, 2, 16, dtype=torch.float32, device=DEVICE, seed=18)
+    keys = randn(1, 1, 40, 16, dtype=torch.float32, device=DEVICE, seed=19)
+    with pytest.raises(ValueError, match="no multiple of the 16-key tile"):
+        scoring_softmax(queries, keys, 0.25, block_keys=16, split_keys=24)
+
+
 def test_scoring_kernel_reads_a_cache_slice_across_key_tiles():
     """Keys as a view of a larger cache ([n_l, Hkv, capacity, D] sliced to P), several rows blocks."""
     cache = randn(2, 2, 64, 24, dtype=torch.float32, device=DEVICE, seed=12)
@@ -147,6 +171,7 @@ def test_scoring_kernel_reads_a_cache_slice_across_key_tiles():
     queries = randn(2, 9, 16, 24, dtype=torch.float32, device=DEVICE, seed=13)  # G*n_q = 72 rows
     want = attention_scores(queries, keys.contiguous(), 0.2, use_kernel=False)
     assert_close(scoring_softmax(queries, keys, 0.2, block_keys=16), want, torch.float32, "scoring")
+    assert_close(scoring_softmax(queries, keys, 0.2, block_keys=16, split_keys=32), want, torch.float32, "ranges")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

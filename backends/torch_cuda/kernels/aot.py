@@ -28,7 +28,7 @@ SCORING_ROWS = (16, 32, 64)  # the three BLOCK_R classes: G x n_q up to 16, 32, 
 PREFILL_KERNELS = ("prefill", "prefill-tma", "prefill-tma-wide")  # the attention probe's Triton candidates
 # pointer arguments that carry the input dtype; the others are fp32 statistics / outputs
 INPUT_POINTERS = {"Q", "K", "V", "O", "Qs", "Ks"}
-FP32_POINTERS = {"M", "L", "CS", "Probs"}
+FP32_POINTERS = {"M", "L", "CS", "Probs", "Stats"}
 # arguments a real launch passes as 1 (contiguous last dim), which Triton specialises to constants
 UNIT_STRIDES = {"stride_qd", "stride_kd", "stride_vd", "stride_od", "stride_pp"}
 # integer arguments a real launch passes as multiples of 16 (Triton marks them divisible by 16)
@@ -110,14 +110,15 @@ def _kernel_fn(kernel: str):
     return _forward_kernel if kernel == "forward" else _colsum_kernel
 
 
-def _source(cell: Cell, tiles: Tiles):
-    """The ASTSource a launch of this cell would build: signature, constants and alignment hints."""
+def _source(cell: Cell, tiles: Tiles, stats: bool = False):
+    """The ASTSource a launch of this cell would build: signature, constants and alignment hints (stats: the
+    scoring kernel's first launch, its key ranges' statistics)."""
     fn = _kernel_fn(cell.kernel)
     block_d = max(16, next_power_of_2(cell.head_dim))
     precision = "ieee" if cell.dtype == torch.float32 else "tf32"
     constants = {"PRECISION": precision, "BLOCK_N": tiles.block_n, "BLOCK_D": block_d}
     if cell.kernel == "scoring":
-        constants["BLOCK_R"] = tiles.block_m
+        constants.update(BLOCK_R=tiles.block_m, STATS=stats)
     elif cell.kernel == "prefill":
         constants.update(BLOCK_M=tiles.block_m, HEAD_DIM=cell.head_dim)
     elif cell.kernel in ("prefill-tma", "prefill-tma-wide"):
@@ -190,7 +191,13 @@ def compile_cell(cell: Cell) -> dict:
         **tiles._asdict(),
     }
     options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
-    return _compiled_row(row, lambda: _source(cell, tiles), cell.arch, options)
+    if cell.kernel != "scoring":
+        return _compiled_row(row, lambda: _source(cell, tiles), cell.arch, options)
+    # the scoring kernel launches twice (its key ranges' statistics, then the probabilities): both compiled,
+    # the row is the one with more registers, with every failure of either
+    both = [_compiled_row(dict(row), lambda s=stats: _source(cell, tiles, s), cell.arch, options) for stats in (1, 0)]
+    worst = max(both, key=lambda r: r.get("registers", 256))
+    return {**worst, "failures": [f"{name}: {f}" for name, r in zip(("stats", "probs"), both) for f in r["failures"]]}
 
 
 def _compiled_row(row: dict[str, Any], source, arch: int, options: dict[str, int]) -> dict[str, Any]:

@@ -181,10 +181,13 @@ def prefill_attention(
         raise ValueError(f"the Triton prefill kernel takes a positive scale, not {scale}")
     if wide and not tma:
         raise ValueError("wide prefill tiles are the TMA kernel's (tma=True)")
+    q3, k3, v3 = q[0], k[0], v[0]
+    # the inputs' own refusal first, then the tiles' (wide: 16-bit heads up to 128 on sm_90)
+    if tma and (head_dim & (head_dim - 1) or head_dim < 16 or any(x.stride(-1) != 1 for x in (q3, k3, v3))):
+        raise ValueError(f"the TMA prefill kernel takes power-of-2 heads with a contiguous last dim, not {head_dim}")
     block_m, block_n, block_d, options = launch_config(n_queries, n_keys, head_dim, q.dtype, q.device, wide)
     if tiles is not None:
         block_m, block_n = tiles
-    q3, k3, v3 = q[0], k[0], v[0]
     # written as [T, Hq, D]: the layer's o_proj reads rows of Hq x D, which a [Hq, T, D] output would copy
     o = torch.empty((n_queries, n_heads, head_dim), dtype=q.dtype, device=q.device).transpose(0, 1)
     sizes = (n_queries, n_keys, n_heads // n_kv, float(scale) * LOG2E)
@@ -198,8 +201,6 @@ def prefill_attention(
             HEAD_DIM=head_dim, **constants, **options,
         )  # fmt: skip
         return o[None]
-    if block_d != head_dim or any(x.stride(-1) != 1 for x in (q3, k3, v3)):
-        raise ValueError(f"the TMA prefill kernel takes power-of-2 heads with a contiguous last dim, not {head_dim}")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     q_desc, k_desc, v_desc = (
