@@ -37,8 +37,9 @@ from specfill.core.io.random_model import random_model_args, random_prompt_ids
 from specfill.core.runtime import GenerationInfo
 from specfill.evaluation.roofline import DEVICES, Method, Shape, decode_seconds, predict
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling gpu_bench_report.py
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings gpu_bench_report.py, gpu_clocks.py
 from gpu_bench_report import decode_mode, e2e, logits_check, plot, report, row_line, walk_counts, walk_row  # noqa: E402
+from gpu_clocks import ClockSampler, annotate  # noqa: E402
 
 # measured / predicted was 1.1-3x on this CPU with its own measured rates (research/roofline/results/
 # roofline.md); on vendor peaks a GPU prefill reaching 30-70% of them would be 1.5-3x: 4x is an assumption
@@ -191,6 +192,9 @@ class Bench:
         self.deadline = time.monotonic() + args.budget_s
         self.result: dict = {"plan": vars(args), "complete": False, "notes": [], "rows": [], "decode": []}
         self.cuda = args.device.startswith("cuda")
+        clocks = Path(args.out) / f"{args.name}_clocks.csv"  # the SM clock and power beside the rows
+        index, limit = torch.device(args.device).index or 0, args.budget_s + 60
+        self.clocks = ClockSampler.start(clocks, index, limit) if self.cuda else None
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -211,19 +215,13 @@ class Bench:
         return model.peak_memory_gb()
 
     def write(self) -> None:
-        out = Path(self.args.out)
+        out, name = Path(self.args.out), self.args.name
         out.mkdir(parents=True, exist_ok=True)
-        files = [
-            (out / f"{self.args.name}.json", json.dumps(self.result, indent=1)),
-            (out / f"{self.args.name}.md", report(self.result)),
-        ]
+        annotate(self.result, self.clocks)
+        files = [(out / f"{name}.json", json.dumps(self.result, indent=1)), (out / f"{name}.md", report(self.result))]
         if self.result.get("e2e"):
-            files.append(
-                (
-                    out / ("e2e.json" if self.args.name == "ttft" else f"{self.args.name}_e2e.json"),
-                    json.dumps({**self.result["e2e"], "device": self.result.get("device_name")}, indent=1),
-                )
-            )
+            record = {**self.result["e2e"], "device": self.result.get("device_name")}
+            files.append((out / ("e2e.json" if name == "ttft" else f"{name}_e2e.json"), json.dumps(record, indent=1)))
         for path, text in files:
             partial = path.with_name(path.name + ".partial")
             partial.write_text(text + "\n")
@@ -231,7 +229,7 @@ class Bench:
 
 
 def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> dict:
-    last, tokens, info = None, [], GenerationInfo()
+    last, tokens, info, started = None, [], GenerationInfo(), time.time()
     for last in stream_generate(model, tokenizer, ids, decode_tokens, method=method, prefill_info=info, **drafting):
         tokens.append(last.token)
     return {
@@ -246,6 +244,7 @@ def one_run(model, tokenizer, ids, method, decode_tokens: int, **drafting) -> di
         # the prefill's parts as the run timed them (the backend's clock waits for the device):
         # prefill; or speculator (its pass and look-ahead), selection (scoring), main_prefill
         "parts_s": {k: round(v, 6) for k, v in info.seconds.items() if k in PARTS},
+        "window": [started, time.time()],  # wall clock, for the GPU clocks sampled meanwhile (gpu_clocks.py)
     }
 
 
@@ -295,6 +294,8 @@ def run(args: argparse.Namespace) -> int:
         bench.note("stopped from outside (the step's timeout): the rows so far are kept")
         raise
     finally:
+        if bench.clocks is not None:
+            bench.clocks.stop()
         bench.write()
     try:  # a picture of the rows; matplotlib is on the GPU image, and a failed plot loses no result
         plot(bench.result, Path(args.out) / f"{args.name}_ttft.png")

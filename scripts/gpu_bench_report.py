@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from gpu_clocks import clocks_table  # scripts/ is on the path wherever this sibling of gpu_bench.py is imported
 
 from specfill.evaluation.roofline import Shape
 
@@ -287,6 +288,7 @@ def report(result: dict) -> str:
         )
     lines += parts_table(result["rows"])
     lines += acceptance_lines(result)
+    lines += clocks_table(result)
     lines += [
         "",
         "| decode after full prefill | mode | prompt tokens | tok/s (warm median) | first run tok/s | setup s "
