@@ -217,7 +217,6 @@ class Bench:
     def write(self) -> None:
         out, name = Path(self.args.out), self.args.name
         out.mkdir(parents=True, exist_ok=True)
-        annotate(self.result, self.clocks)
         files = [(out / f"{name}.json", json.dumps(self.result, indent=1)), (out / f"{name}.md", report(self.result))]
         if self.result.get("e2e"):
             record = {**self.result["e2e"], "device": self.result.get("device_name")}
@@ -294,8 +293,9 @@ def run(args: argparse.Namespace) -> int:
         bench.note("stopped from outside (the step's timeout): the rows so far are kept")
         raise
     finally:
-        if bench.clocks is not None:
+        if bench.clocks is not None:  # the samples read once, each row given those inside its runs
             bench.clocks.stop()
+            annotate(bench.result, bench.clocks)
         bench.write()
     try:  # a picture of the rows; matplotlib is on the GPU image, and a failed plot loses no result
         plot(bench.result, Path(args.out) / f"{args.name}_ttft.png")

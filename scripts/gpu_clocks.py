@@ -112,13 +112,14 @@ class ClockSampler:
 
 
 def annotate(result: dict, sampler: ClockSampler | None) -> None:
-    """Each TTFT row (its runs' windows) and decode row (its last run's window) of a gpu_bench result
-    with the samples inside them (`gpu_clocks`); nothing without a sampler."""
+    """Each TTFT row (its runs' windows) and decode row (its last run's window; none where it failed) of a
+    gpu_bench result with the samples inside them (`gpu_clocks`), once the sampler has stopped; nothing
+    without a sampler."""
     if sampler is None:
         return
     samples = sampler.samples()
     for row in result["rows"]:
-        row["gpu_clocks"] = summary(samples, [tuple(r["window"]) for r in row["runs"] if "window" in r])
+        row["gpu_clocks"] = summary(samples, [tuple(r["window"]) for r in row["runs"]])
     for row in result["decode"]:
         row["gpu_clocks"] = summary(samples, [tuple(row["window"])] if "window" in row else [])
 
