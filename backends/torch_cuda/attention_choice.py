@@ -18,16 +18,15 @@ on Hopper) wherever it is installed; so is cuDNN's split call with our one-pass 
   program per KV head; the Triton split-key kernel (kernels/decode_triton.py) spreads the cache
   over KV heads x splits programs and merges them by their float32 maxima.
 
-For each kind a few candidates are tried once on a representative shape (the model's heads and
-head size, the call's dtype) laid out as the call's own tensors are (`layout`: q as the layer's rotation
-wrote it, a compact [1, T, H, D] or a view of q and k rotated together; keys and values the filled slots
-of a larger cache: a kernel that mishandles a stride or a descriptor's alignment fails or errs in the
-probe, not in a request): a candidate that raises or
-whose output differs from a float32 reference by more than the dtype's tolerance is dropped; the
-fastest of the rest is kept for the process and that layout (`chosen()` reports them; bench and the GPU
-session record it), and on disk for the next process on the same GPU and software (probe_store.py: there
-the kept choice is probed alone, its check and timing, and the rest only if it fails). Off CUDA nothing is
-probed: CPU calls keep attention.py's paths.
+For each kind (and a "prefix" call's span of keys) a few candidates are tried once on a representative
+shape (the model's heads and head size, the call's dtype) laid out as the call's own tensors are (`layout`:
+q as the layer's rotation wrote it, a compact [1, T, H, D] or a view of q and k rotated together; keys and
+values the filled slots of a larger cache: a kernel that mishandles a stride or a descriptor's alignment
+fails or errs in the probe, not in a request): a candidate that raises or whose output differs from a
+float32 reference by more than the dtype's tolerance is dropped; the fastest of the rest is kept for the
+process and that layout (`chosen()` reports them; bench and the GPU session record it), and on disk for the
+next process on the same GPU and software (probe_store.py: there the kept choice is probed alone, its check
+and timing, and the rest only if it fails). Off CUDA nothing is probed: CPU calls keep attention.py's paths.
 
 Tolerance: bf16 / fp16 outputs of fused kernels differ from a float32 reference by their
 rounding of softmax weights and outputs (~4e-3 relative measured on bf16 rows of unit-scale
@@ -53,6 +52,18 @@ Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "float | None"
 PROBE_QUERIES = 2048  # a prefill step's queries (the library's step size), the fewest the probe takes
 PROBE_MAX_QUERIES = 8192  # the most: a GPU's 16K steps are probed at 8K (the float32 reference's memory)
 PROBE_PREFIX = 6144  # cached slots before the step in the "prefix" probe (3 steps' worth)
+# A "prefix" step's kernel is chosen per span of its keys (up to 16K slots, up to 64K, beyond), each probed on
+# slots of its own: a 2K-query step after 6K slots ranks kernels otherwise than a 16K step after 112K (the H200's
+# 1B speculator, 2026-12-04, ran 128K prompts on a choice probed at 2,048 queries after 6,144 slots).
+PREFIX_SPANS = (16_384, 65_536)
+SPAN_SLOTS = (0, 40_960, 98_304)  # the slots a span's probe runs over (0: four times its queries, as before)
+
+
+def prefix_span(slots: int) -> int:
+    """The span (0, 1, 2) of a "prefix" step over `slots` keys."""
+    return sum(slots > edge for edge in PREFIX_SPANS)
+
+
 PROBE_REPEATS = 3
 TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 
@@ -153,15 +164,12 @@ def _lower_right(gqa: bool) -> Kernel:
 
 
 def _flash_raw(q, k, v, causal, scale):
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2]
-    return out, lse
+    return tuple(torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)[:2])
 
 
 def _cudnn_raw(q, k, v, causal, scale):
-    out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)[
-        :2
-    ]
-    return out, lse
+    attention = torch.ops.aten._scaled_dot_product_cudnn_attention
+    return tuple(attention(q, k, v, None, True, 0.0, causal, False, scale=scale)[:2])
 
 
 Merge = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -195,31 +203,23 @@ def _split(raw: Callable[..., tuple[torch.Tensor, torch.Tensor]], merge: Merge =
     return run
 
 
-def _triton_prefill(q, k, v, start, scale):
-    """kernels/prefill_triton.py: one call, lower-right causal, grouped heads by pointer arithmetic."""
-    from .kernels.dispatch import triton_kernel
+def _triton_variant(**options: bool) -> Kernel:
+    """kernels/prefill_triton.py: one call, lower-right causal, grouped heads by pointer arithmetic; with
+    tma=True through tensor descriptors (sm_90 and later), with wide=True too on 128 x 128 tiles
+    (tiles.prefill_tiles' wide ones, sm_90's 16-bit heads up to 128)."""
 
-    if start != k.shape[2] - q.shape[2]:
-        raise ValueError(f"the Triton prefill kernel takes the step's queries last (start {start})")
-    return triton_kernel("prefill_attention")(q, k, v, scale)
+    def run(q, k, v, start, scale):
+        from .kernels.dispatch import triton_kernel
 
+        if start != k.shape[2] - q.shape[2]:
+            raise ValueError(f"the Triton prefill kernel takes the step's queries last (start {start})")
+        return triton_kernel("prefill_attention")(q, k, v, scale, **options)
 
-def _triton_prefill_tma(q, k, v, start, scale):
-    """The same kernel reading q, k and v through tensor descriptors (TMA, sm_90 and later)."""
-    from .kernels.dispatch import triton_kernel
-
-    if start != k.shape[2] - q.shape[2]:
-        raise ValueError(f"the Triton prefill kernel takes the step's queries last (start {start})")
-    return triton_kernel("prefill_attention")(q, k, v, scale, tma=True)
+    return run
 
 
-def _triton_prefill_tma_wide(q, k, v, start, scale):
-    """The TMA kernel with 128 x 128 tiles (tiles.prefill_tiles' wide ones, sm_90's 16-bit heads up to 128)."""
-    from .kernels.dispatch import triton_kernel
-
-    if start != k.shape[2] - q.shape[2]:
-        raise ValueError(f"the Triton prefill kernel takes the step's queries last (start {start})")
-    return triton_kernel("prefill_attention")(q, k, v, scale, tma=True, wide=True)
+_triton_prefill, _triton_prefill_tma = _triton_variant(), _triton_variant(tma=True)
+_triton_prefill_tma_wide = _triton_variant(tma=True, wide=True)
 
 
 def _flash_attn_4(q, k, v, start, scale):
@@ -291,12 +291,22 @@ def candidates(kind: str) -> dict[str, Kernel]:
     }
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float | None) -> torch.Tensor:
-    """float32 attention with an explicit lower-right causal mask and expanded heads."""
-    k, v = _expand(q, k, v)
-    steps, slots = q.shape[2], k.shape[2]
-    mask = torch.arange(slots, device=q.device)[None, :] <= start + torch.arange(steps, device=q.device)[:, None]
-    return F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale)
+def reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int, scale: float | None, block: int = 1024
+) -> torch.Tensor:
+    """float32 attention with an explicit lower-right causal mask, one KV head's query heads and `block`
+    queries at a time (a long span's probe, 8K queries over 98K slots, is ~100 GB of float32 scores whole)."""
+    group, steps, attend = q.shape[1] // k.shape[1], q.shape[2], F.scaled_dot_product_attention
+    out = torch.empty((*q.shape[:3], v.shape[-1]), dtype=torch.float32, device=q.device)
+    slots = torch.arange(k.shape[2], device=q.device)[None, :]
+    for h in range(k.shape[1]):
+        heads = slice(h * group, (h + 1) * group)
+        kh, vh = (x[:, h : h + 1].float().expand(1, group, -1, -1) for x in (k, v))
+        for first in range(0, steps, block):
+            rows = torch.arange(first, min(first + block, steps), device=q.device)[:, None]
+            part = q[:, heads, first : first + block].float()
+            out[:, heads, first : first + block] = attend(part, kh, vh, attn_mask=slots <= start + rows, scale=scale)
+    return out
 
 
 DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -365,7 +375,7 @@ def decode_kernel(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor |
         return sdpa_decode
     layouts = (layout(q), layout(k), layout(k if v is None else v))
     rows = q.shape[0] * q.shape[1]
-    key = ("decode", rows, k.shape[0], q.shape[2], q.dtype, q.device, layouts)
+    key = ("decode", rows, k.shape[0], q.shape[2], q.dtype, q.device, layouts, 0)
     if key not in _CHOSEN:
         run = lambda kernels: probe_decode(rows, k.shape[0], q.shape[2], q.dtype, q.device, kernels, layouts=layouts)  # noqa: E731
         _CHOSEN[key] = probe_store.remembered(key, q.device, run, decode_candidates)
@@ -460,14 +470,17 @@ def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | No
     """The chosen kernel of `kind` for q [1, Hq, T, D] / k [1, Hkv, S, D]'s heads, head size,
     dtype and device; probed at the first call with that key, on steps of that call's T queries
     held between PROBE_QUERIES and PROBE_MAX_QUERIES (a prompt's first step is the model's step
-    size unless the prompt is shorter), after three steps' worth of cached slots for "prefix", q, k and
-    v laid out as the call's (`layout`; v: k's where not given): a call in another layout is probed apart."""
+    size unless the prompt is shorter), for "prefix" after three steps' worth of cached slots or, for a
+    call over more than 16K keys, up to its span's SPAN_SLOTS (each span probed apart), q, k and v laid out
+    as the call's (`layout`; v: k's where not given): a call in another layout is probed apart."""
     layouts = (layout(q), layout(k), layout(k if v is None else v))
-    key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device, layouts)
+    span = prefix_span(k.shape[2]) if kind == "prefix" else 0
+    key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device, layouts, span)
     if key not in _CHOSEN:
         queries = min(max(q.shape[2], PROBE_QUERIES), PROBE_MAX_QUERIES)
+        prefix = SPAN_SLOTS[span] - queries if SPAN_SLOTS[span] else 3 * queries
         shape = (q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
-        run = lambda kernels: probe(kind, *shape, kernels, queries, 3 * queries, layouts)  # noqa: E731
+        run = lambda kernels: probe(kind, *shape, kernels, queries, prefix, layouts)  # noqa: E731
         _CHOSEN[key] = probe_store.remembered(key, q.device, run, lambda: candidates(kind))
     return _CHOSEN[key][1]
 
@@ -475,11 +488,13 @@ def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | No
 def chosen() -> dict[str, Any]:
     """What each probe chose and measured: {"prefix 32/8x128 bfloat16 cuda:0": {"chosen": name,
     "candidates": {name: "1.2 ms" | "wrong: ..." | "failed: ..."}}}; a key names the call's layout
-    where it is not compact (_label_layouts)."""
+    where it is not compact (_label_layouts) and a "prefix" call's span of keys past the first ("prefix
+    32/8x128 bfloat16 cuda:0 over 64K keys")."""
+    spans = ("", " over 16K keys", " over 64K keys")
     return {
-        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}{_label_layouts(layouts)}": {
+        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}{spans[span]}{_label_layouts(layouts)}": {
             "chosen": name,
             "candidates": report,
         }
-        for (kind, hq, hkv, d, dtype, device, layouts), (name, _, report) in _CHOSEN.items()
+        for (kind, hq, hkv, d, dtype, device, layouts, span), (name, _, report) in _CHOSEN.items()
     }

@@ -160,6 +160,56 @@ def test_the_probe_takes_the_first_calls_step_within_bounds(monkeypatch, steps, 
     assert asked == [(probed, 3 * probed)]
 
 
+def test_prefix_calls_are_probed_per_span_of_their_keys(monkeypatch):
+    """A 16K step after 112K slots is not timed on a 2K step's probe: "prefix" calls over more than 16K and
+    more than 64K keys are probed apart, each on its span's slots, and reported under their span; a call of
+    a span already probed probes nothing, and "causal" calls have one span."""
+    asked = []
+
+    def probe(kind, heads, kv_heads, head_dim, dtype, device, kernels, queries, prefix, layouts):
+        asked.append((kind, queries, prefix))
+        return "sdpa", None, {}
+
+    monkeypatch.setattr(choice, "probe", probe)
+    monkeypatch.setattr(choice, "_CHOSEN", {})
+    for kind, steps, slots in [
+        ("prefix", 2048, 8192),
+        ("prefix", 16384, 32768),
+        ("prefix", 16384, 49152),
+        ("prefix", 16384, 131072),
+        ("prefix", 4096, 100000),
+        ("causal", 16384, 16384),
+    ]:
+        q, k = torch.empty(1, 4, steps, 16, device="meta"), torch.empty(1, 2, slots, 16, device="meta")
+        choice.kernel_for(kind, q, k)
+    assert asked == [
+        ("prefix", 2048, 3 * 2048),
+        ("prefix", 8192, 40960 - 8192),
+        ("prefix", 8192, 98304 - 8192),
+        ("causal", 8192, 3 * 8192),
+    ]
+    assert sorted(choice.chosen()) == [
+        "causal 4/2x16 float32 meta",
+        "prefix 4/2x16 float32 meta",
+        "prefix 4/2x16 float32 meta over 16K keys",
+        "prefix 4/2x16 float32 meta over 64K keys",
+    ]
+
+
+@pytest.mark.parametrize("start", [0, 5])
+def test_the_reference_by_heads_and_query_blocks_is_the_whole_computation(start):
+    """The probe's float32 reference runs a KV head's query heads and `block` queries at a time (a long
+    span's scores whole would be ~100 GB): the same numbers as one masked call over expanded heads."""
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 6, 7, 8, generator=gen), torch.randn(1, 2, start + 7, 8, generator=gen)
+    v = torch.randn(1, 2, start + 7, 8, generator=gen)
+    mask = torch.arange(start + 7)[None, :] <= start + torch.arange(7)[:, None]
+    k3, v3 = k.repeat_interleave(3, 1), v.repeat_interleave(3, 1)
+    whole = torch.nn.functional.scaled_dot_product_attention(q, k3, v3, attn_mask=mask, scale=0.3)
+    assert torch.allclose(choice.reference(q, k, v, start, 0.3, block=3), whole, atol=1e-6)
+    assert torch.allclose(choice.reference(q, k, v, start, 0.3), whole, atol=1e-6)
+
+
 def test_the_probe_report_names_its_shape():
     _, _, report = choice.probe("prefix", 4, 2, 16, torch.float32, CPU, {"expanded": choice._lower_right(False)}, 8, 24)
     assert report["probed on"] == "8 queries after 24 slots" and report["expanded"].endswith(" ms")
