@@ -490,7 +490,7 @@ def chosen() -> dict[str, Any]:
     "candidates": {name: "1.2 ms" | "wrong: ..." | "failed: ..."}}}; a key names the call's layout
     where it is not compact (_label_layouts) and a "prefix" call's span of keys past the first ("prefix
     32/8x128 bfloat16 cuda:0 over 64K keys")."""
-    spans = ("", " over 16K keys", " over 64K keys")
+    spans = ("", *(f" over {edge // 1024}K keys" for edge in PREFIX_SPANS))
     return {
         f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}{spans[span]}{_label_layouts(layouts)}": {
             "chosen": name,
