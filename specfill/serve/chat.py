@@ -33,7 +33,10 @@ it is metadata for Anthropic's billing, not instructions for the model. A router
 Claude Code's requests into chat completions (LiteLLM, claude-code-router) hands it on here too.
 A reply's reasoning (the template's thinking tags) is read apart before its calls (reasoning.py:
 ChatSetup.reasoning, which chat_prompt tells whether the prompt left it open); an assistant message's
-reasoning_content (or vLLM's `reasoning`) goes back to the template as reasoning_content.
+reasoning_content (or vLLM's `reasoning`, gpt-oss's and Ollama's `thinking`) goes back to the template as
+reasoning_content and as `thinking` (gpt-oss's template renders a tool-calling turn's analysis from it: without
+it the model read its calls' results without the reasoning that made them, and the next prompt parted from
+the cached reply at that turn's start rather than at its call).
 Everything a request can get wrong here is a 400 naming the field, before the request queues.
 """
 
@@ -355,8 +358,10 @@ def template_messages(messages: list[Message], system_note: str | None = None) -
             item["tool_calls"] = [
                 _template_call(c, f"messages[{i}].tool_calls[{j}]") for j, c in enumerate(m.tool_calls)
             ]
-        if m.role == "assistant" and (thought := m.reasoning_content or m.reasoning):
+        if m.role == "assistant" and (thought := m.reasoning_content or m.reasoning or m.thinking):
             item["reasoning_content"] = thought  # Qwen3's, GLM's, MiniMax's templates read it
+            if not (m.tool_calls and item["content"]):  # gpt-oss's reads `thinking`, and refuses it beside a
+                item["thinking"] = thought  # call's content (which it writes as the call's analysis instead)
         if m.role == "tool":
             item["tool_call_id"] = m.tool_call_id
         if m.name is not None:

@@ -70,7 +70,7 @@ class ResponsesShape:
             "output": list(self.output),
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": (request.reasoning or {}).get("effort"), "summary": None},
             "store": False,
             "temperature": request.temperature,
             "text": request.text or {"format": {"type": "text"}},
@@ -88,14 +88,14 @@ class ResponsesShape:
             body["specfill"] = {**stats, "ignored_tools": self.ignored} if self.ignored else stats
         return body
 
-    @staticmethod
-    def usage(done: Finished) -> dict[str, Any]:
-        """input_tokens count the whole prompt; cached_tokens, the part read from the prompt cache."""
+    def usage(self, done: Finished) -> dict[str, Any]:
+        """input_tokens count the whole prompt; cached_tokens, the part read from the prompt cache;
+        reasoning_tokens, the generated tokens read as reasoning (Reply.reasoning_steps)."""
         return {
             "input_tokens": done.prompt_tokens,
             "input_tokens_details": {"cached_tokens": done.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": done.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": min(self.reply.reasoning_steps, done.completion_tokens)},
             "total_tokens": done.prompt_tokens + done.completion_tokens,
         }
 

@@ -47,6 +47,7 @@ class Message(_Strict):
     name: str | None = None
     reasoning_content: str | None = None  # an assistant's reasoning (llama.cpp's and DeepSeek's field)
     reasoning: str | None = None  # the same, as vLLM and OpenRouter name it
+    thinking: str | None = None  # the same, as gpt-oss's chat template and Ollama name it
 
     def text(self, index: int) -> str:
         """The content as one string (text parts joined); other part types are refused."""

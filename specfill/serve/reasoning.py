@@ -83,6 +83,11 @@ class ReasoningSplitter:
             pass
         return out
 
+    @property
+    def thinking(self) -> bool:
+        """Whether the reply is inside its reasoning now."""
+        return self.mode == "thought"
+
     def finish(self) -> list[Thought | str]:
         out: list[Thought | str] = []
         text, self.buffer = self.buffer, ""

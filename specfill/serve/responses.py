@@ -44,11 +44,24 @@ class Reply:
         self.thoughts: list[str] = []
         self.calls: list[ToolCall] = []
         self.pieces: list[Piece | Thought] = []  # in order, neighbours of a kind joined (Anthropic's content blocks)
+        # the fed texts (the engine's deltas: a generated token's text each, or a few tokens' where the stop
+        # matcher held one back) that gave reasoning text or were held inside it (the markers that open and
+        # close it not counted): usage's reasoning_tokens
+        self.reasoning_steps = 0
 
     def feed(self, text: str) -> list[Any]:
         """The pieces the text gives: Thought, Text and ToolCall, and a stream's CallStart / CallArgs / CallEnd."""
         text, self.prefix = self.prefix + text, ""
-        return self._read(self.thinking.feed(text) if self.thinking is not None else [text])
+        inside = self._inside()
+        pieces = self._read(self.thinking.feed(text) if self.thinking is not None else [text])
+        if any(isinstance(p, Thought) for p in pieces) or (inside and self._inside()):  # gave reasoning, or held in it
+            self.reasoning_steps += 1
+        return pieces
+
+    def _inside(self) -> bool:
+        """Whether the reply is inside its reasoning now (thinking tags, or a harmony analysis message)."""
+        harmony = self.splitter.harmony
+        return (self.thinking is not None and self.thinking.thinking) or (harmony is not None and harmony.thinking)
 
     def finish(self) -> list[Any]:
         """The pieces held back until the end (the forced start too, if no text ever came)."""
@@ -153,14 +166,20 @@ class ResponseShape:
             "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
         }
 
-    @staticmethod
-    def usage(done: Finished) -> dict[str, Any]:
-        return {
+    def usage(self, done: Finished) -> dict[str, Any]:
+        """With completion_tokens_details.reasoning_tokens (OpenAI's field) where the reply reasoned
+        (Reply.reasoning_steps)."""
+        usage = {
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
             "total_tokens": done.prompt_tokens + done.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
         }
+        if self.reply.reasoning_steps:
+            usage["completion_tokens_details"] = {
+                "reasoning_tokens": min(self.reply.reasoning_steps, done.completion_tokens)
+            }
+        return usage
 
     def _finish_reason(self, done: Finished) -> str:
         return "tool_calls" if self.reply.calls and done.finish_reason == "stop" else done.finish_reason

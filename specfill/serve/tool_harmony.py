@@ -56,6 +56,11 @@ class HarmonyReader:
             pass
         return out
 
+    @property
+    def thinking(self) -> bool:
+        """Whether the reply is inside an analysis message now."""
+        return self.mode == "body" and self.kind == "thought"
+
     def finish(self) -> list[Piece]:
         out: list[Piece] = []
         while self._step(out, final=True):

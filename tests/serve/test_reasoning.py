@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from specfill.core.io.chat_template import render_chat_template
 from specfill.core.io.tokenizer import Tokenizer
 from specfill.evaluation.serve_process import ServerProcess, client
-from specfill.serve.chat import chat_prompt, chat_setup
+from specfill.serve.chat import chat_prompt, chat_setup, template_messages
 from specfill.serve.protocol import ChatRequest
 from specfill.serve.reasoning import Reasoning, ReasoningSplitter, Thought, detect_reasoning, effort_variables
 from specfill.serve.responses import Reply
@@ -331,3 +332,90 @@ def test_a_forced_answer_closes_the_open_reasoning_first(thinker):
     status, raw = post(thinker.url + "/v1/chat/completions", body)
     message = raw["choices"][0]["message"]
     assert status == 200 and message["content"].startswith("{") and "reasoning_content" not in message
+
+
+# gpt-oss's rule in a few lines (written here, not its template): a tool-calling turn's analysis is rendered
+# from `thinking` (or from the content, never both) unless a later assistant turn answers; other turns drop it
+HARMONY = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}"
+    "{%- if message.content and message.thinking %}{{ raise_exception('content and thinking both') }}{%- endif %}"
+    "{%- set later = namespace(answer=false) %}"
+    "{%- for m in messages[loop.index:] %}{%- if m.role == 'assistant' and not m.tool_calls %}"
+    "{%- set later.answer = true %}{%- endif %}{%- endfor %}"
+    "{%- if (message.content or message.thinking) and not later.answer %}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' + (message.content or message.thinking) + '<|end|>' }}"
+    "{%- endif %}"
+    "{{- '<|start|>assistant to=functions.' + message.tool_calls[0].function.name }}"
+    "{{- '<|channel|>commentary<|message|>' }}"
+    "{{- message.tool_calls[0].function.arguments | tojson + '<|call|>' }}"
+    "{%- elif message.role == 'assistant' %}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|end|>' }}"
+    "{%- else %}{{- '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}"
+)
+
+
+def harmony_prompt(turn: dict) -> str:
+    """The prompt after a tool-calling assistant `turn` and its result, rendered as the server renders it."""
+    call = {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+    messages = [*MESSAGES, {"role": "assistant", "tool_calls": [call], **turn}, {"role": "tool", "content": "a.py"}]
+    request = ChatRequest.model_validate({"messages": messages})
+    return render_chat_template(
+        HARMONY, template_messages(request.messages), add_generation_prompt=True, special_tokens={}
+    )
+
+
+@pytest.mark.parametrize("key", ["reasoning_content", "reasoning", "thinking"])
+def test_a_tool_calling_turns_reasoning_reaches_a_template_that_reads_thinking(key):
+    """gpt-oss's template renders the analysis before a call from `thinking`: whichever name the client
+    sends the reasoning under (chat's, vLLM's, gpt-oss's own), the model reads it again with the call's
+    result, as it wrote it."""
+    analysis = "<|start|>assistant<|channel|>analysis<|message|>Look first.<|end|><|start|>assistant to=functions.ls"
+    assert analysis in harmony_prompt({key: "Look first."})
+    assert "analysis" not in harmony_prompt({})
+
+
+def test_a_call_with_content_and_reasoning_renders_without_the_templates_refusal():
+    """A call's turn with a preamble (content) and reasoning: gpt-oss's template refuses both under
+    `thinking`; the server passes the reasoning as reasoning_content only, and the template writes the
+    content as the call's analysis."""
+    prompt = harmony_prompt({"content": "Listing.", "reasoning_content": "Look first."})
+    assert "<|channel|>analysis<|message|>Listing.<|end|>" in prompt and "Look first." not in prompt
+
+
+def test_usage_counts_the_tokens_read_as_reasoning(thinker):
+    """The reply's one reasoning token is "Hmm" ("</think>" closes it; "Hello", "<|im_start|>", " world" and the
+    end token are the answer): chat's completion_tokens_details and the Responses output_tokens_details say 1,
+    whole or streamed; read without its reasoning apart (reasoning_format none) the chat usage has no details."""
+    chat = post(thinker.url + "/v1/chat/completions", {"messages": MESSAGES})[1]["usage"]
+    assert chat["completion_tokens_details"] == {"reasoning_tokens": 1} and chat["completion_tokens"] == 6
+    streamed = {"messages": MESSAGES, "stream": True, "stream_options": {"include_usage": True}}
+    last = [e for e in client_events(thinker.url + "/v1/chat/completions", streamed) if e.get("usage")][-1]
+    assert last["usage"]["completion_tokens_details"] == {"reasoning_tokens": 1}
+    raw = post(thinker.url + "/v1/chat/completions", {"messages": MESSAGES, "reasoning_format": "none"})[1]
+    assert "completion_tokens_details" not in raw["usage"]
+    body = {"model": "m", "input": MESSAGES, "reasoning": {"effort": "low"}}
+    response = post(thinker.url + "/v1/responses", body)[1]
+    assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 1}
+    assert response["reasoning"]["effort"] == "low"
+    done = [e for e in client_events(thinker.url + "/v1/responses", {**body, "stream": True})][-1]
+    assert done["type"] == "response.completed"
+    assert done["response"]["usage"]["output_tokens_details"] == {"reasoning_tokens": 1}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_harmony_replys_analysis_tokens_are_its_reasoning_tokens(stream):
+    """gpt-oss: the analysis message's body tokens are reasoning; its headers, the final answer's and the
+    call's tokens are not."""
+    from specfill.serve.chat import ChatSetup
+    from specfill.serve.tool_parsers import HARMONY as HARMONY_FORMAT
+
+    tokens = ["<|channel|>", "analysis", "<|message|>", "Look", " first", ".", "<|end|>", "<|start|>", "assistant"]
+    tokens += ["<|channel|>", "commentary to=functions.ls", " <|constrain|>json", "<|message|>", '{"path": "."}']
+    reply = Reply(ChatSetup(format=HARMONY_FORMAT), stream)
+    for token in tokens:
+        reply.feed(token)
+    reply.finish()
+    assert reply.reasoning_steps == 3 and reply.reasoning() == "Look first." and reply.calls[0].name == "ls"
