@@ -81,6 +81,14 @@ def describe_machine(extra: dict | None = None) -> dict:
     return info
 
 
+def timing_machine(info: dict) -> str:
+    """What a time depends on, in one line: the CPU and its GEMM flags, torch's threads, the GPU. Two
+    times compare (a speed-up) only when taken on the same one."""
+    threads = f", {info['torch_threads']} thread(s)" if info.get("torch_threads") else ""
+    gpu = f", GPU {info['gpu']}" if info.get("gpu") else ""
+    return f"{info['cpu']} [{info.get('cpu_features', '?')}]{threads}{gpu}"
+
+
 def machine_line(info: dict) -> str:
     """One line for Markdown reports."""
     return (

@@ -43,7 +43,8 @@ class SavedPass:
     """A speculator pass over one prompt, on the host: queries [n_l, W + N', Hq, D] (the prompt's
     last W = n_window tokens', then the look-ahead's) and prompt keys [n_l, Hkv, P, D] (float32),
     the prompt ids [P], its wall time, the attention scale and the speculator's sliding windows
-    (None: global), and the prompt pass's prefill (prefill_name). A pass saved before query windows
+    (None: global), the prompt pass's prefill (prefill_name) and the machine its time was taken on
+    (machine.timing_machine; "" for a pass saved before passes said). A pass saved before query windows
     existed holds W = 1; one saved before H2O passes existed is dense."""
 
     queries: np.ndarray
@@ -54,6 +55,7 @@ class SavedPass:
     windows: tuple
     n_window: int = 1
     prefill: str = DENSE
+    timed_on: str = ""
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +71,7 @@ class SavedPass:
             windows=windows,
             n_window=self.n_window,
             prefill=self.prefill,
+            timed_on=self.timed_on,
         )
         os.replace(tmp, path)
 
@@ -78,8 +81,17 @@ class SavedPass:
             windows = tuple(None if w < 0 else int(w) for w in f["windows"])
             n_window = int(f["n_window"]) if "n_window" in f.files else 1
             prefill = str(f["prefill"]) if "prefill" in f.files else DENSE
+            timed_on = str(f["timed_on"]) if "timed_on" in f.files else ""
             return cls(
-                f["queries"], f["keys"], f["ids"], float(f["seconds"]), float(f["scale"]), windows, n_window, prefill
+                f["queries"],
+                f["keys"],
+                f["ids"],
+                float(f["seconds"]),
+                float(f["scale"]),
+                windows,
+                n_window,
+                prefill,
+                timed_on,
             )
 
 
@@ -98,6 +110,8 @@ def speculate(
     from specfill.core.methods.specprefill import run_speculator
     from specfill.core.plan import check_token_ids
     from specfill.core.request import fit_lookahead
+
+    from .machine import describe_machine, timing_machine
 
     ops = model.ops
     ids = np.asarray(check_token_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
@@ -126,6 +140,7 @@ def speculate(
         tuple(spec_model.args.layer_windows),
         spec.n_window,
         prefill_name(h2o),
+        timing_machine(describe_machine()),
     )
 
 

@@ -39,6 +39,7 @@ from specfill.core.io.demo_model import cache_dir as specfill_cache
 from specfill.core.runtime import COMPOSED, GenerationInfo, PrefillMethod
 from specfill.core.text_units import with_text_units_config
 
+from .machine import timing_machine
 from .positions import position_map
 from .ruler_candidates import (  # noqa: F401 (parse_candidate, default_candidates, candidate_grid, resolve_candidates: re-exported)
     Setting,
@@ -249,6 +250,7 @@ def run_protocol(
     answers = plan.cache_dir / "answers" / f"{_stem(plan.model)}-{device}"
 
     written: list[tuple] = []
+    here = timing_machine(machine)  # every time this run takes is taken here (a cached answer keeps its own)
 
     def keep(rec: dict) -> None:
         written.append(_key(rec))
@@ -289,11 +291,8 @@ def run_protocol(
                             h2o = on_pass[candidate].speculator_prefill
                             scores[path] = PassScores(_saved_pass(models, path, sample, log, window, h2o))
                         on = scores[path]
-                    keep(
-                        _run_candidate(
-                            plan, models, sample, length, candidate, on, budget, answers / f"{name}_{budget}.json"
-                        )
-                    )
+                    cache = answers / f"{name}_{budget}.json"
+                    keep(_run_candidate(plan, models, sample, length, candidate, on, budget, cache, here))
     if not written:  # nothing ran: no run to record
         result["runs"].remove(run)
     text = json.dumps(result) + "\n"
@@ -332,7 +331,10 @@ def _run_candidate(
     scores: PassScores | None,
     budget: int,
     full_cache: Path,
+    here: str,
 ) -> dict:
+    """One candidate's record; `here`, the machine its times are taken on (timed_on: a SpecPrefill
+    record on a saved pass also names the pass's, pass_timed_on; a cached full answer keeps its own)."""
     setting = plan.candidates[name]
     if setting is None:
         if full_cache.exists():
@@ -340,22 +342,21 @@ def _run_candidate(
             return {**cached, "setting": name, "tokens": length, "cached": True}
         answer = run_api(models.session(), sample, PrefillMethod("full"), budget)
         measured = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        rec = record(
-            sample, length, name, "full", **answer, machine_load=round(os.getloadavg()[0], 2), measured=measured
-        )
+        load = round(os.getloadavg()[0], 2)
+        rec = record(sample, length, name, "full", **answer, machine_load=load, measured=measured, timed_on=here)
         write_atomic(full_cache, json.dumps(rec) + "\n")
         return rec
     if isinstance(setting, H2OConfig):
-        return record(
-            sample, length, name, "h2o", **run_api(models.session(), sample, PrefillMethod("h2o", h2o=setting), budget)
-        )
+        answer = run_api(models.session(), sample, PrefillMethod("h2o", h2o=setting), budget)
+        return record(sample, length, name, "h2o", **answer, timed_on=here)
     if scores is None or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
-        return _end_to_end(models.session(), sample, length, name, setting, scores, budget)
+        return {**_end_to_end(models.session(), sample, length, name, setting, scores, budget), "timed_on": here}
     started = time.perf_counter()
     selection = scores.select(with_text_units_config(setting, models.tokenizer, scores.saved.ids))
     row = np.zeros(len(scores.saved.ids))
     row[selection.kept] = 1.0
-    extra = {"speculator_s": scores.saved.seconds, "config": asdict(setting)}
+    extra = {"speculator_s": scores.saved.seconds, "config": asdict(setting), "timed_on": here}
+    extra["pass_timed_on"] = scores.saved.timed_on or None  # None: a pass saved before passes said
     if setting.speculator_prefill is not None:  # scored on its H2O pass: no main model (selection only)
         return record(sample, length, name, COMPOSED, **NO_ANSWER, row=row, kept=len(selection.kept), **extra)
     answer = NO_ANSWER

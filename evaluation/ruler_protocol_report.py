@@ -22,16 +22,43 @@ def _median(values: list) -> float | None:
     return float(np.median(values)) if values else None
 
 
-def summarize(records: list[dict]) -> list[dict]:
+def timed_on(record: dict, runs: list[dict]) -> frozenset:
+    """The machines a record's TTFT was taken on (machine.timing_machine): its own (`timed_on`; else,
+    for a record from before records said, the run going at its `measured` time, or the machine of
+    every run where the result's runs all had one) and, on a saved pass, the pass's (`pass_timed_on`;
+    where the pass did not say, the runs' one machine as reports read it before, else None: unknown)."""
+    from .machine import timing_machine
+
+    machines = {timing_machine(r["machine"]) for r in runs}
+    only = next(iter(machines)) if len(machines) == 1 else None
+    own = record.get("timed_on")
+    if own is None:
+        started = [r for r in runs if record.get("measured") and r["started"] <= record["measured"]]
+        own = timing_machine(started[-1]["machine"]) if started else only
+    if "speculator_s" not in record or record.get("end_to_end"):  # its TTFT taken in one call
+        return frozenset({own})
+    return frozenset({own, record.get("pass_timed_on") or only})
+
+
+def _one_machine(records: list[dict], runs: list[dict] | None) -> str | None:
+    """The one known machine every record's time was taken on, else None (several, or one unknown)."""
+    machines = frozenset().union(*(timed_on(r, runs or []) for r in records)) if records else frozenset()
+    return next(iter(machines)) if len(machines) == 1 and None not in machines else None
+
+
+def summarize(records: list[dict], runs: list[dict] | None = None) -> list[dict]:
     """One row per (length, task, setting): samples (decoded), mean score (0-100), mean kept share
     of the prompt, span recall (mean over samples and answer spans of the share kept), answer
     recall (mean over samples of the least-kept span's share), samples with every answer span
-    kept, median TTFT and the speed-up (full's median TTFT over the setting's, same samples)."""
+    kept, median TTFT and the speed-up (full's median TTFT over the setting's, same samples), given
+    only where both were timed on one machine (`runs`: the result's, timed_on); else `timed_apart`
+    names the machines."""
     classify(records)
     rows = []
     for tokens, task in dict.fromkeys((r.get("tokens"), r["task"]) for r in records):
         cell = [r for r in records if r["task"] == task and r.get("tokens") == tokens]
-        full = _median([r["ttft_s"] for r in cell if r.get("kind", r["setting"]) == "full"])
+        fulls = [r for r in cell if r.get("kind", r["setting"]) == "full" and r["ttft_s"] is not None]
+        full = _median([r["ttft_s"] for r in fulls])
         for setting in dict.fromkeys(r["setting"] for r in cell):
             mine = [r for r in cell if r["setting"] == setting]
             scored = [r for r in mine if r["score"] is not None]
@@ -39,6 +66,12 @@ def summarize(records: list[dict]) -> list[dict]:
             least = [min(r["answer_kept"]) for r in mine if r.get("answer_kept") and not is_full]
             spans = [float(np.mean(r["answer_kept"])) for r in mine if r.get("answer_kept") and not is_full]
             ttft = _median([r["ttft_s"] for r in scored])
+            timed = [r for r in scored if r["ttft_s"] is not None]
+            apart = None
+            if full and ttft and not is_full and runs is not None:
+                machine, full_machine = _one_machine(timed, runs), _one_machine(fulls, runs)
+                if machine is None or machine != full_machine:
+                    apart = sorted(str(m) for m in set().union(*(timed_on(r, runs) for r in timed + fulls)))
             same = [r["full_score"] for r in scored if r.get("full_score") is not None]  # full on these samples
             rows.append(
                 {
@@ -55,7 +88,8 @@ def summarize(records: list[dict]) -> list[dict]:
                     "answer_recall": float(np.mean(least)) if least else None,
                     "all_spans_kept": sum(s >= DROPPED_BELOW for s in least) if least else None,
                     "median_ttft_s": ttft,
-                    "speedup": full / ttft if full and ttft and not is_full else None,
+                    "speedup": full / ttft if full and ttft and not is_full and apart is None else None,
+                    "timed_apart": apart,
                     "causes": {c: sum(r.get("cause") == c for r in scored) for c in ("selection", "misread")},
                 }
             )
@@ -117,6 +151,18 @@ def markdown(rows: list[dict], records: list[dict], header: list[str]) -> list[s
             f"| {_f(r['all_spans_kept'], '{}')}/{r['samples']} | {_f(r['median_ttft_s'], '{:.0f}')} "
             f"| {_f(r['speedup'], '{:.2f}x')} | {causes['selection']} / {causes['misread']} |"
         )
+    apart = [r for r in rows if r.get("timed_apart")]
+    if apart:
+        machines = sorted({m for r in apart for m in r["timed_apart"]})
+        groups = dict.fromkeys((r["setting"], r["tokens"]) for r in apart)
+        cells = ", ".join(
+            f"{s} at {t} ({sum(r['setting'] == s and r['tokens'] == t for r in apart)} task(s))" for s, t in groups
+        )
+        lines += [
+            "",
+            f"No speed-up for {cells}: full's times and the setting's were not all taken on one machine "
+            "(None: a record or saved pass from before they named theirs): " + "; ".join(machines) + ".",
+        ]
     losses = [r for r in records if r.get("cause")]
     lines += [
         "",
@@ -282,7 +328,7 @@ def write_protocol_report(result: dict, out: Path, name: str, map_sample: int | 
     from .machine import machine_line
 
     records = result["records"]
-    rows = summarize(records)
+    rows = summarize(records, result["runs"])
     front = frontier(rows)
     title = protocol_title(result)
     runs = [

@@ -12,6 +12,7 @@ import pytest
 from specfill.core import ConfigError, H2OConfig, SpecPrefillConfig
 from specfill.core.reference import REFERENCE
 from specfill.core.reference.specprefill import speculative_selection
+from specfill.evaluation.machine import timing_machine
 from specfill.evaluation.ruler_protocol import (
     PassScores,
     SavedPass,
@@ -22,7 +23,7 @@ from specfill.evaluation.ruler_protocol import (
     parse_candidate,
     resolve_candidates,
 )
-from specfill.evaluation.ruler_protocol_report import frontier, summarize
+from specfill.evaluation.ruler_protocol_report import frontier, markdown, summarize
 
 
 def _record(setting, score, answer_kept, kept=100, ttft=10.0, index=0, task="vt"):
@@ -75,6 +76,33 @@ def test_selection_only_records_count_in_recall_and_the_frontier_averages_tasks(
     # against full on the same samples: vt sample 1 only (sample 0 was not decoded), qa_1 sample 0
     assert front["a"]["vs_full_mean"] == pytest.approx((-50 + 100) / 2) and front["a"]["vs_full_worst"] == -50
     assert front["a"]["speedup"] == pytest.approx(np.sqrt(5.0 * 5.0))
+
+
+XEON = {"cpu": "Xeon", "cpu_features": "amx_bf16", "torch_threads": 2}
+EPYC = {"cpu": "EPYC", "cpu_features": "avx512_bf16", "torch_threads": 2}
+
+
+def test_a_speed_up_divides_only_times_taken_on_one_machine():
+    """Full prefill's records copied in from a run on another CPU (its answer cache) give no speed-up
+    against a setting timed here, nor does a setting decoded on a pass timed elsewhere; named records
+    on one machine do, and so do the unnamed records of a result whose runs were all on one machine
+    (results written before records named theirs)."""
+    xeon, epyc = timing_machine(XEON), timing_machine(EPYC)
+    runs = [{"started": "2026-12-01T01:00:00Z", "machine": XEON}, {"started": "2026-12-04T19:00:00Z", "machine": EPYC}]
+    full = {**_record("full", 1.0, None, 1000, 100.0), "measured": "2026-12-01T02:00:00Z"}  # the Xeon's, by its time
+    here = {**_record("a", 1.0, [1.0], ttft=20.0), "speculator_s": 5.0, "timed_on": epyc, "pass_timed_on": epyc}
+    moved = {**here, "setting": "b", "pass_timed_on": xeon}
+    rows = {r["setting"]: r for r in summarize([full, here, moved], runs)}
+    assert rows["a"]["speedup"] is None and rows["a"]["timed_apart"] == sorted([xeon, epyc])
+    assert rows["b"]["timed_apart"] == sorted([xeon, epyc])
+    rows = {r["setting"]: r for r in summarize([{**full, "timed_on": epyc}, here, moved], runs)}
+    assert rows["a"]["speedup"] == pytest.approx(5.0) and rows["a"]["timed_apart"] is None
+    assert rows["b"]["speedup"] is None  # its pass was timed on the Xeon
+    unnamed = [_record("full", 1.0, None, 1000, 100.0), {**_record("a", 1.0, [1.0], ttft=20.0), "speculator_s": 5.0}]
+    assert summarize(unnamed, runs[1:] * 2)[1]["speedup"] == pytest.approx(5.0)  # two runs, one machine
+    assert summarize(unnamed, runs)[1]["timed_apart"] == ["None"]  # two machines: unknown
+    text = "\n".join(markdown(summarize([full, here], runs), [full, here], []))
+    assert "No speed-up for a at 1000 (1 task(s))" in text and xeon in text
 
 
 def test_maps_round_trip_as_runs_or_rounded_fractions():
@@ -151,6 +179,7 @@ def test_a_saved_pass_round_trips(tmp_path):
     saved.save(tmp_path / "p.npz")
     back = SavedPass.load(tmp_path / "p.npz")
     assert back.windows == (None, 7) and back.seconds == 1.5 and back.scale == 0.5 and back.n_window == 1
+    assert back.timed_on == ""  # not said: a pass timed before passes named their machine
     np.testing.assert_array_equal(back.queries, saved.queries)
     assert [p.name for p in tmp_path.iterdir()] == ["p.npz"]  # nothing left half-written
 
@@ -209,6 +238,10 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
     assert {r["kind"] for r in dec["records"] if r["setting"] == "specprefill+h2o"} == {"specprefill+h2o"}
     assert not any(r.get("cached") for r in dec["records"])
     assert len(list((tmp_path / "cache" / "answers").rglob("*.json"))) == 2
+    here = timing_machine(dec["runs"][-1]["machine"])  # every time taken here, the saved passes' too
+    assert {r["timed_on"] for r in dec["records"]} == {here}
+    assert {r["pass_timed_on"] for r in dec["records"] if r["setting"] in ("a", "b")} == {here}
+    assert SavedPass.load(passes[0]).timed_on == here
 
     assert main([*common, "--name", "dec2", "--candidates", "full"]) == 0
     again = json.loads((tmp_path / "dec2.json").read_text())["records"]
