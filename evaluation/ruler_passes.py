@@ -211,7 +211,8 @@ def decode_from_pass(
     model, tokenizer, sample: RulerSample, saved: SavedPass, selection, budget: int, started: float
 ) -> tuple[str, float, float]:
     """The main model's sparse prefill of the kept tokens, then greedy decoding: (answer, score,
-    TTFT = the saved pass's time + everything since `started`, selection included)."""
+    TTFT = the saved pass's time + everything since `started`: the protocol starts it after the selection,
+    whose NumPy reference is not what SpecPrefill runs)."""
     from specfill.core.decoding import decode_tokens
     from specfill.core.methods.specprefill import prefill_kept
     from specfill.core.runtime import SamplingConfig

@@ -351,11 +351,17 @@ def _run_candidate(
         return record(sample, length, name, "h2o", **answer, timed_on=here)
     if scores is None or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
         return {**_end_to_end(models.session(), sample, length, name, setting, scores, budget), "timed_on": here}
-    started = time.perf_counter()
+    # the NumPy reference's selection, timed apart and not in the TTFT: the first candidate of a sample computes
+    # the scores the others read (38.7 s at 16K on a 2-core EPYC, then 0.0 s), where SpecPrefill itself scores
+    # with its backend's ops (bench times that part: `selection`); counted, it made the first candidate's TTFT
+    # look ~20-40 s slower than the next's (results/cpu_bf16_long/ruler_16k_growth until 2026-12-04)
+    picked = time.perf_counter()
     selection = scores.select(with_text_units_config(setting, models.tokenizer, scores.saved.ids))
+    started = time.perf_counter()
     row = np.zeros(len(scores.saved.ids))
     row[selection.kept] = 1.0
     extra = {"speculator_s": scores.saved.seconds, "config": asdict(setting), "timed_on": here}
+    extra["reference_selection_s"] = round(started - picked, 3)
     extra["pass_timed_on"] = scores.saved.timed_on or None  # None: a pass saved before passes said
     if setting.speculator_prefill is not None:  # scored on its H2O pass: no main model (selection only)
         return record(sample, length, name, COMPOSED, **NO_ANSWER, row=row, kept=len(selection.kept), **extra)

@@ -341,8 +341,10 @@ def write_protocol_report(result: dict, out: Path, name: str, map_sample: int | 
         "",
         title,
         "",
-        "SpecPrefill TTFT = the speculator pass (timed when it was saved) + the setting's selection, sparse prefill "
-        "and first token, unless the run was end to end (through the API); full and H2O through the API. "
+        "SpecPrefill TTFT = the speculator pass (timed when it was saved) + the setting's sparse prefill and first "
+        "token (its selection, the NumPy reference's, is timed apart: reference_selection_s; until 2026-12-04 it was "
+        "counted, and the first candidate of each sample paid for the scores every candidate shares), unless the "
+        "run was end to end (through the API); full and H2O through the API. "
         "Full prefill's answers come from the answer cache when a run computed them before.",
         "",
         "## Frontier (over the tasks)",

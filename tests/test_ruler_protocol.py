@@ -3,6 +3,7 @@ specs, the shared-pass scorer against the NumPy reference, causes, maps, the sum
 rows, and `specfill eval --candidates` end to end (saved passes, the full-answer cache, resuming)."""
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -184,7 +185,9 @@ def test_a_saved_pass_round_trips(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["p.npz"]  # nothing left half-written
 
 
-def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes(tiny_checkpoint, tmp_path, capsys):
+def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes(
+    tiny_checkpoint, tmp_path, capsys, monkeypatch
+):
     """`eval --candidates`: a selection-only run saves one speculator pass per sample and records
     what each SpecPrefill candidate kept; a decoding run reuses those passes, computes full
     prefill's answers once (a second run's come from the cache) and adds H2O; a rerun skips
@@ -231,7 +234,15 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
     h2o = "h2o:chunk_size=128,batch_size=128,local=16,heavy=16"
     composed = "specprefill+h2o:keep_ratio=0.3,select_chunk=8"  # its own (H2O) pass, through the API
     spec = [*spec, composed]
+    select = PassScores.select
+
+    def slow_select(self, config):  # the NumPy reference's selection, made slow: timed apart, not in the TTFT
+        time.sleep(0.3)
+        return select(self, config)
+
+    monkeypatch.setattr(PassScores, "select", slow_select)
     assert main([*common, "--name", "dec", "--candidates", "full", h2o, *spec]) == 0, capsys.readouterr().err
+    monkeypatch.setattr(PassScores, "select", select)
     assert [p.stat().st_mtime_ns for p in passes] == stamps  # the saved passes were reused
     dec = json.loads((tmp_path / "dec.json").read_text())
     assert len(dec["records"]) == 10 and all(r["score"] is not None for r in dec["records"])
@@ -240,7 +251,9 @@ def test_eval_candidates_end_to_end_saves_passes_caches_full_answers_and_resumes
     assert len(list((tmp_path / "cache" / "answers").rglob("*.json"))) == 2
     here = timing_machine(dec["runs"][-1]["machine"])  # every time taken here, the saved passes' too
     assert {r["timed_on"] for r in dec["records"]} == {here}
-    assert {r["pass_timed_on"] for r in dec["records"] if r["setting"] in ("a", "b")} == {here}
+    on_pass = [r for r in dec["records"] if r["setting"] in ("a", "b")]
+    assert {r["pass_timed_on"] for r in on_pass} == {here}
+    assert all(r["reference_selection_s"] >= 0.3 > r["ttft_s"] - r["speculator_s"] for r in on_pass)
     assert SavedPass.load(passes[0]).timed_on == here
 
     assert main([*common, "--name", "dec2", "--candidates", "full"]) == 0
