@@ -84,7 +84,7 @@ class ReasoningSplitter:
         return out
 
     @property
-    def thinking(self) -> bool:
+    def inside(self) -> bool:
         """Whether the reply is inside its reasoning now."""
         return self.mode == "thought"
 

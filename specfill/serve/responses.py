@@ -61,7 +61,7 @@ class Reply:
     def _inside(self) -> bool:
         """Whether the reply is inside its reasoning now (thinking tags, or a harmony analysis message)."""
         harmony = self.splitter.harmony
-        return (self.thinking is not None and self.thinking.thinking) or (harmony is not None and harmony.thinking)
+        return (self.thinking is not None and self.thinking.inside) or (harmony is not None and harmony.inside)
 
     def finish(self) -> list[Any]:
         """The pieces held back until the end (the forced start too, if no text ever came)."""

@@ -57,8 +57,8 @@ class HarmonyReader:
         return out
 
     @property
-    def thinking(self) -> bool:
-        """Whether the reply is inside an analysis message now."""
+    def inside(self) -> bool:
+        """Whether the reply is inside an analysis message (its reasoning) now."""
         return self.mode == "body" and self.kind == "thought"
 
     def finish(self) -> list[Piece]:
