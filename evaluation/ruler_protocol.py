@@ -352,9 +352,10 @@ def _run_candidate(
     if scores is None or (plan.end_to_end and not plan.selection_only):  # its own speculator pass
         return {**_end_to_end(models.session(), sample, length, name, setting, scores, budget), "timed_on": here}
     # the NumPy reference's selection, timed apart and not in the TTFT: the first candidate of a sample computes
-    # the scores the others read (38.7 s at 16K on a 2-core EPYC, then 0.0 s), where SpecPrefill itself scores
-    # with its backend's ops (bench times that part: `selection`); counted, it made the first candidate's TTFT
-    # look ~20-40 s slower than the next's (results/cpu_bf16_long/ruler_16k_growth until 2026-12-04)
+    # the scores the others read (at 16K on a 2-core EPYC 38.7 s, 18.0 s since its products run as BLAS matmuls;
+    # then 0.0 s), where SpecPrefill itself scores with its backend's ops (bench times that part: `selection`);
+    # counted, it made the first candidate's TTFT look ~20-40 s slower than the next's
+    # (results/cpu_bf16_long/ruler_16k_growth until 2026-12-04)
     picked = time.perf_counter()
     selection = scores.select(with_text_units_config(setting, models.tokenizer, scores.saved.ids))
     started = time.perf_counter()
