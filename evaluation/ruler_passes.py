@@ -103,15 +103,15 @@ def speculate(
     lookahead: int = PASS_LOOKAHEAD,
     query_window: int = PASS_QUERY_WINDOW,
     h2o: H2OConfig | None = None,
+    timed_on: str = "",
 ) -> SavedPass:
     """The speculator's pass over the sample's prompt (core/methods/specprefill.run_speculator; an
-    H2O prompt pass with `h2o`, as SpecPrefill over an H2O speculator runs it), timed."""
+    H2O prompt pass with `h2o`, as SpecPrefill over an H2O speculator runs it), timed on the machine
+    `timed_on` names (machine.timing_machine)."""
     from specfill.api import encode_prompt
     from specfill.core.methods.specprefill import run_speculator
     from specfill.core.plan import check_token_ids
     from specfill.core.request import fit_lookahead
-
-    from .machine import describe_machine, timing_machine
 
     ops = model.ops
     ids = np.asarray(check_token_ids(encode_prompt(tokenizer, sample.prompt), model.args.vocab_size), np.int64)
@@ -140,7 +140,7 @@ def speculate(
         tuple(spec_model.args.layer_windows),
         spec.n_window,
         prefill_name(h2o),
-        timing_machine(describe_machine()),
+        timed_on,
     )
 
 

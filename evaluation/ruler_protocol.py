@@ -289,7 +289,8 @@ def run_protocol(
                         path = pass_path(passes, name, on_pass[candidate])
                         if path not in scores:
                             h2o = on_pass[candidate].speculator_prefill
-                            scores[path] = PassScores(_saved_pass(models, path, sample, log, window, h2o))
+                            saved = _saved_pass(models, path, sample, log, window, h2o, here)
+                            scores[path] = PassScores(saved)
                         on = scores[path]
                     cache = answers / f"{name}_{budget}.json"
                     keep(_run_candidate(plan, models, sample, length, candidate, on, budget, cache, here))
@@ -308,6 +309,7 @@ def _saved_pass(
     log: Callable[[str], None],
     window: int = 1,
     h2o: H2OConfig | None = None,
+    here: str = "",
 ) -> SavedPass:
     """The sample's saved pass (dense, or an H2O prompt pass with `h2o`), run (and saved) when there
     is none, it holds fewer than `window` of the prompt's last queries (a pass saved before query
@@ -316,7 +318,7 @@ def _saved_pass(
         saved = SavedPass.load(path)
         if saved.n_window >= min(window, len(saved.ids)) and saved.prefill == prefill_name(h2o):
             return saved
-    saved = speculate(*models.scorer(), models.tokenizer, sample, h2o=h2o)
+    saved = speculate(*models.scorer(), models.tokenizer, sample, h2o=h2o, timed_on=here)
     saved.save(path)
     log(f"{sample.task} #{sample.index}: speculator pass ({saved.prefill}) {saved.seconds:.1f} s (saved)")
     return saved

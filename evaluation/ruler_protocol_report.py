@@ -12,6 +12,7 @@ import numpy as np
 
 from specfill.core.runtime import COMPOSED
 
+from .machine import timing_machine
 from .plots import _pyplot, _save, plot_position_map
 from .ruler_protocol import classify, expand_map, write_atomic
 from .ruler_report import DROPPED_BELOW
@@ -27,8 +28,6 @@ def timed_on(record: dict, runs: list[dict]) -> frozenset:
     for a record from before records said, the run going at its `measured` time, or the machine of
     every run where the result's runs all had one) and, on a saved pass, the pass's (`pass_timed_on`;
     where the pass did not say, the runs' one machine as reports read it before, else None: unknown)."""
-    from .machine import timing_machine
-
     machines = {timing_machine(r["machine"]) for r in runs}
     only = next(iter(machines)) if len(machines) == 1 else None
     own = record.get("timed_on")
@@ -40,9 +39,8 @@ def timed_on(record: dict, runs: list[dict]) -> frozenset:
     return frozenset({own, record.get("pass_timed_on") or only})
 
 
-def _one_machine(records: list[dict], runs: list[dict] | None) -> str | None:
-    """The one known machine every record's time was taken on, else None (several, or one unknown)."""
-    machines = frozenset().union(*(timed_on(r, runs or []) for r in records)) if records else frozenset()
+def _one_machine(machines: set) -> str | None:
+    """The one known machine of a set of timing machines, else None (several, or one unknown)."""
     return next(iter(machines)) if len(machines) == 1 and None not in machines else None
 
 
@@ -54,6 +52,7 @@ def summarize(records: list[dict], runs: list[dict] | None = None) -> list[dict]
     only where both were timed on one machine (`runs`: the result's, timed_on); else `timed_apart`
     names the machines."""
     classify(records)
+    machines = {} if runs is None else {id(r): timed_on(r, runs) for r in records if r["ttft_s"] is not None}
     rows = []
     for tokens, task in dict.fromkeys((r.get("tokens"), r["task"]) for r in records):
         cell = [r for r in records if r["task"] == task and r.get("tokens") == tokens]
@@ -69,9 +68,10 @@ def summarize(records: list[dict], runs: list[dict] | None = None) -> list[dict]
             timed = [r for r in scored if r["ttft_s"] is not None]
             apart = None
             if full and ttft and not is_full and runs is not None:
-                machine, full_machine = _one_machine(timed, runs), _one_machine(fulls, runs)
-                if machine is None or machine != full_machine:
-                    apart = sorted(str(m) for m in set().union(*(timed_on(r, runs) for r in timed + fulls)))
+                mine_on, full_on = (set().union(*(machines[id(r)] for r in rs)) for rs in (timed, fulls))
+                one = _one_machine(mine_on)
+                if one is None or one != _one_machine(full_on):
+                    apart = sorted(str(m) for m in mine_on | full_on)
             same = [r["full_score"] for r in scored if r.get("full_score") is not None]  # full on these samples
             rows.append(
                 {

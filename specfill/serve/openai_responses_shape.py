@@ -95,7 +95,7 @@ class ResponsesShape:
             "input_tokens": done.prompt_tokens,
             "input_tokens_details": {"cached_tokens": done.cached_tokens, "cache_write_tokens": 0},
             "output_tokens": done.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": min(self.reply.reasoning_steps, done.completion_tokens)},
+            "output_tokens_details": {"reasoning_tokens": self.reply.reasoning_tokens(done.completion_tokens)},
             "total_tokens": done.prompt_tokens + done.completion_tokens,
         }
 

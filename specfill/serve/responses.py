@@ -58,6 +58,10 @@ class Reply:
             self.reasoning_steps += 1
         return pieces
 
+    def reasoning_tokens(self, generated: int) -> int:
+        """Usage's reasoning_tokens of a reply of `generated` tokens (its reasoning_steps, at most all)."""
+        return min(self.reasoning_steps, generated)
+
     def _inside(self) -> bool:
         """Whether the reply is inside its reasoning now (thinking tags, or a harmony analysis message)."""
         harmony = self.splitter.harmony
@@ -177,7 +181,7 @@ class ResponseShape:
         }
         if self.reply.reasoning_steps:
             usage["completion_tokens_details"] = {
-                "reasoning_tokens": min(self.reply.reasoning_steps, done.completion_tokens)
+                "reasoning_tokens": self.reply.reasoning_tokens(done.completion_tokens)
             }
         return usage
 
