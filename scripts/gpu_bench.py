@@ -53,6 +53,7 @@ PARTS = {
     "prefill": ("linear", "attention"),
     "speculator": ("speculator", "lookahead"),
     "speculator_pass": ("speculator",),  # the prompt pass alone (the look-ahead: speculator less this)
+    "lookahead_setup": (),  # of the look-ahead, its steps' first runs and graph captures (no roofline)
     "selection": ("scoring",),
     "main_prefill": ("main_linear", "main_attention"),
 }
@@ -426,7 +427,7 @@ def row_parts(runs: list[dict], predicted: dict[str, float] | None) -> dict[str,
         times = [r["parts_s"][name] for r in runs if name in r.get("parts_s", {})]
         if not times:
             continue
-        guess = sum(predicted.get(k, 0.0) for k in priced) if predicted else None
+        guess = sum(predicted.get(k, 0.0) for k in priced) if predicted and priced else None
         parts[name] = {"measured_s": statistics.median(times), "predicted_s": guess}
     return parts
 

@@ -59,9 +59,11 @@
 #   The machine's start and that call leave ~3 of the session's 15 minutes: too few to start a machine, but
 #   the warm one (30 s idle) takes a second call at once, where `status` has budget_left_s >= 200: full prefill
 #   at 128K kernel by kernel (2026-12-04: 1.59x its roofline, GEMMs at ~764 TFLOP/s by the H2O profile at 32K,
-#   attention ~590 by subtraction: which kernel each 16K step runs, and at what rate); the 2026-12-04 call 2
-#   (composition, SpecPrefill and H2O at 32K) is results/gpu/h200/2026-12-04/run2
-#     command:   STEPS=profile PROFILE_METHODS=full PROFILE_TOKENS=131008 PROFILE_DECODE_MODES=graphs BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
+#   attention ~590 by subtraction: which kernel each 16K step runs, and at what rate), and SpecPrefill at 128K
+#   (its 1B pass) and at 8K, where its look-ahead took a third of the TTFT (43 of 135 ms: ttft.md's
+#   lookahead_setup part says how much of it is the per-prompt graph capture; the host-waits table where the
+#   host waited); the 2026-12-04 call 2 (composition, SpecPrefill and H2O at 32K) is results/gpu/h200/2026-12-04/run2
+#     command:   STEPS=profile PROFILE_METHODS=full,specprefill PROFILE_TOKENS=131008,8192 PROFILE_DECODE_MODES=graphs BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
 #     carry:     []   (what call 1 carried stays on the warm machine, if it is still warm)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
 #   Should the tool refuse the held tree (files missing from git's list), restore it and send the parts one a
@@ -115,8 +117,9 @@ HYBRID_SHAPE=${HYBRID_SHAPE:-qwen3.5-0.8b}
 EXACT_MODEL=${EXACT_MODEL:-$MODEL}
 PROFILE_DECODE_MODES=${PROFILE_DECODE_MODES:-eager-static,graphs,compiled}
 # the prefill rows the profile step profiles (gpu_bench.py's row names: full, h2o, specprefill, composition)
-# and their prompt length; e.g. PROFILE_METHODS=full,composition PROFILE_TOKENS=32768 for where the
-# composition's time goes (issue 50: its speculator's H2O pass measured ~7x its roofline, by subtraction)
+# and their prompt lengths (comma-separated: every row at each); e.g. PROFILE_METHODS=full,composition
+# PROFILE_TOKENS=32768 for where the composition's time goes (2026-12-04 run2: host-bound, 252 ms of GPU
+# work in a 470 ms TTFT); a run up to 32K tokens also counts where the host waited on the device
 PROFILE_METHODS=${PROFILE_METHODS:-full}
 PROFILE_TOKENS=${PROFILE_TOKENS:-${LENGTHS%%,*}}
 # more scripts/gpu_bench.py flags, e.g. "--methods full --draft-tokens 0", or "--compiled-early" for the

@@ -375,10 +375,16 @@ def test_gpu_bench_variants_run_their_own_flags(tmp_path, gpu_bench):
     assert all(r["predicted_s"] and r["error"] is None for r in rows.values())
     # each row's prefill parts, timed by the run, beside the roofline's price of the same work
     assert set(rows["full"]["parts"]) == set(rows["h2o-all"]["parts"]) == {"prefill"}
-    assert set(rows["keep-0.1"]["parts"]) == {"speculator", "speculator_pass", "selection", "main_prefill"}
-    for r in rows.values():  # speculator_pass is a part of speculator
-        assert sum(p["measured_s"] for name, p in r["parts"].items() if name != "speculator_pass") <= r["ttft_s"]
-        assert all(p["measured_s"] > 0 and p["predicted_s"] > 0 for p in r["parts"].values())
+    parts = rows["keep-0.1"]["parts"]  # the look-ahead's static steps run (eagerly) here: their setup is a part
+    assert set(parts) == {"speculator", "speculator_pass", "lookahead_setup", "selection", "main_prefill"}
+    assert parts["lookahead_setup"]["predicted_s"] is None  # no roofline prices a capture
+    look_ahead = parts["speculator"]["measured_s"] - parts["speculator_pass"]["measured_s"]
+    assert 0 < parts["lookahead_setup"]["measured_s"] < look_ahead
+    within = {"speculator_pass", "lookahead_setup"}  # parts of speculator
+    for r in rows.values():
+        assert sum(p["measured_s"] for name, p in r["parts"].items() if name not in within) <= r["ttft_s"]
+        assert all(p["measured_s"] > 0 for p in r["parts"].values())
+        assert all(p["predicted_s"] > 0 for name, p in r["parts"].items() if name != "lookahead_setup")
     assert "| keep-0.1 | 96 | main_prefill |" in (tmp_path / "ttft.md").read_text()
 
 
@@ -424,11 +430,13 @@ def test_gpu_bench_refuses_an_unknown_variant_or_row(tmp_path, gpu_bench):
 
 def test_gpu_profile_writes_its_tables(tmp_path):
     """scripts/gpu_profile.py (where a GPU run's time goes) on the CPU with tiny models: one
-    section per method and the decode, each with both tables."""
+    section per method and length and per decode mode, each with both tables, the second naming the
+    lines of ours that launched each operator (torch records stacks only with its verbose config)."""
     pytest.importorskip("torch")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_profile.py"), "--model", "random:tiny-llama"]
-        + ["--speculator", "random:tiny-llama-32k", "--tokens", "64", "--decode-prompt", "32", "--decode-tokens", "2"]
+        + ["--speculator", "random:tiny-llama-32k", "--tokens", "64,48"]
+        + ["--decode-prompt", "32", "--decode-tokens", "2"]
         + ["--methods", "full,specprefill", "--dtype", "float32", "--device", "cpu", "--out", str(tmp_path)]
         + ["--decode-modes", "graphs,eager"],
         cwd=ROOT,
@@ -441,10 +449,36 @@ def test_gpu_profile_writes_its_tables(tmp_path):
     assert [line for line in text.splitlines() if line.startswith("## ")] == [
         "## full, 64 tokens, 1 new",
         "## specprefill, 64 tokens, 1 new",
+        "## full, 48 tokens, 1 new",
+        "## specprefill, 48 tokens, 1 new",
         "## decode graphs (full prefill + plain decode), 32 tokens, 2 new",
         "## decode eager (full prefill + plain decode), 32 tokens, 2 new",
     ]
-    assert text.count("### by operator\n") == 4 and text.count("Python stack") == 4 and "aten::mm" in text
+    assert text.count("### by operator\n") == 6 and text.count("Python stack") == 6 and "aten::mm" in text
+    assert text.count("Source Location") == 6 and "backends/torch_cuda/model.py(" in text
+
+
+def test_gpu_profile_counts_waits_at_our_lines(monkeypatch):
+    """gpu_profile's host waits are counted at the innermost line of this checkout that made them
+    (the checkout's virtual environment and torch's own frames passed over)."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import traceback
+    from collections import Counter
+
+    import gpu_profile
+
+    def frame(path, line, name):
+        return traceback.FrameSummary(str(path), line, name)
+
+    ours = frame(ROOT / "core" / "methods" / "specprefill.py", 171, "run_speculator")
+    venv = frame(ROOT / ".venv" / "lib" / "torch" / "_tensor.py", 10, "item")
+    torch_frame = frame("/usr/lib/python3/torch/cuda/__init__.py", 5, "synchronize")
+    assert gpu_profile.our_line([ours, venv, torch_frame]) == "core/methods/specprefill.py:171 (run_speculator)"
+    assert gpu_profile.our_line([torch_frame]) == "(outside the checkout)"
+    table = gpu_profile.waits_table(Counter({"a.py:1 (f)": 2, "b.py:3 (g)": 5}), 10)
+    assert table[2:] == ["| 5 | b.py:3 (g) |", "| 2 | a.py:1 (f) |"]
+    assert gpu_profile.waits_table(Counter(), 10) == ["(none)"]
 
 
 def test_gpu_bench_reads_issue_50s_acceptance_lines(monkeypatch):

@@ -65,6 +65,7 @@ class SpeculatorPass(Generic[A]):
     depth: int | None = None  # the first layers the prompt pass ran (pass_depth); None: every layer
     deep: DeepScores[A] | None = None  # a nested pass's deeper scored layers (over its subset)
     pass_seconds: float = 0.0  # the prompt pass's wall time, the look-ahead after it apart
+    lookahead_setup_seconds: float = 0.0  # of the look-ahead's time, preparing its steps (graph captures)
 
     @property
     def whole(self) -> bool:
@@ -170,6 +171,7 @@ def run_speculator(
         logits = nested.prefill(ids, cached, step_size, capture, window, progress)
     capture.prompt_attend = None  # the H2O carries (scores, memory sets) are not read again
     pass_seconds = ops.wall_time() - began  # the backend's clock waits for the device
+    setup_before = ops.decode_setup_seconds()  # the look-ahead's static steps are captured per prompt
     fed: list[int] = []
     for step in range(lookahead):
         token = int(np.argmax(ops.to_numpy(logits)))
@@ -194,7 +196,8 @@ def run_speculator(
     ops.settle([queries])
     rows = None if split is None and layers is None else list(outer)  # the layers of `queries` (None: every one)
     deep = None if split is None else nested.scores()
-    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, rows, depth, deep, pass_seconds)
+    setup = ops.decode_setup_seconds() - setup_before
+    return SpeculatorPass(queries, fed, cache, speculator, n_window, n_prompt, rows, depth, deep, pass_seconds, setup)
 
 
 @dataclass
@@ -318,6 +321,8 @@ def speculate_and_select(
         "speculator_pass": spec.pass_seconds,
         "selection": ops.wall_time() - speculated,
     }
+    if spec.lookahead_setup_seconds:  # a GPU's graph captures (decode_setup_seconds), as decoding's "setup"
+        seconds["lookahead_setup"] = spec.lookahead_setup_seconds
     return spec, selection, seconds
 
 
