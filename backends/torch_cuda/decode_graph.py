@@ -218,13 +218,40 @@ class Capture(Protocol):
 
 def record(run: Callable[[], Any], device: torch.device, pool: Any = None) -> tuple[Any, Any]:
     """(a torch.cuda.CUDAGraph of `run`, run's output): captured on a side stream (torch's requirement),
-    in `pool` (None: a pool of the graph's own); `run` ran eagerly before, so every kernel is warm."""
+    in `pool` (None: a pool of the graph's own); `run` ran eagerly before, so every kernel is warm.
+
+    Captured with CUDAGraph.capture_begin / capture_end, not the torch.cuda.graph context, whose entry
+    synchronises the device and empties the allocator's cache "to free memory for the graph": captures
+    come in the middle of a request (an H2O walk's first batch of a prompt, a decode's or a look-ahead's
+    first step), where that drained the queued work and handed every cached block back to the driver, for
+    the rest of the prompt to cudaMalloc again (the H200's composition at 32K: 72 cudaMalloc and 70 cudaFree,
+    both of which wait for the device, 16 ms of host time in a 470 ms TTFT; 2026-12-04 run2). vLLM's
+    captures skip that emptying too. The side stream waits for the queued work, so nothing is recorded
+    over data still being written. Where the graph's memory does not fit beside the cached blocks (a
+    capture cannot hand them back), the cache is emptied and the capture made once more, as the context did."""
+    try:
+        return _record(run, device, pool)
+    except torch.cuda.OutOfMemoryError:
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return _record(run, device, pool)
+
+
+def _record(run: Callable[[], Any], device: torch.device, pool: Any) -> tuple[Any, Any]:
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
             output = run()
+        except BaseException:  # the capture is ended, and the error raised is run's, not the ending's
+            try:
+                graph.capture_end()
+            except Exception:
+                pass
+            raise
+        graph.capture_end()
     torch.cuda.current_stream(device).wait_stream(stream)
     return graph, output
 

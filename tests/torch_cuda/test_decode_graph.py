@@ -329,3 +329,89 @@ def test_a_self_speculator_view_is_made_once_and_shares_the_main_models_modules(
     assert model.first_layers(2) is view and model.first_layers(1) is not view
     assert list(view.layers) == list(model.layers[:2]) and view.lm_head is model.lm_head
     assert view.args.num_hidden_layers == 2 and not any(t.is_meta for t in [*view.parameters(), *view.buffers()])
+
+
+class FakeCuda:
+    """torch.cuda's capture calls as a log (CUDA graphs need a GPU): what `record` asks of the device."""
+
+    def __init__(self, failures: list[BaseException]):
+        self.calls: list[str] = []
+        self.failures = failures  # raised by the next captured runs, in order
+        fake = self
+
+        class Graph:
+            def capture_begin(self, pool=None, capture_error_mode="global"):
+                fake.calls.append(f"begin pool={pool} mode={capture_error_mode}")
+
+            def capture_end(self):
+                fake.calls.append("end")
+                if fake.failures and fake.failures[0] is None:  # a failed capture's ending fails as well
+                    fake.failures.pop(0)
+                    raise RuntimeError("operation failed due to a previous error during capture")
+
+        class Stream:
+            def __init__(self, device):
+                pass
+
+            def wait_stream(self, other):
+                fake.calls.append("wait")
+
+        self.CUDAGraph, self.Stream = Graph, Stream
+
+    def stream(self, stream):
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+    def current_stream(self, device):
+        return self.Stream(device)
+
+    def synchronize(self, device=None):
+        self.calls.append("synchronize")
+
+    def empty_cache(self):
+        self.calls.append("empty_cache")
+
+    def run(self):
+        self.calls.append("run")
+        if self.failures:
+            raise self.failures.pop(0)
+        return "output"
+
+
+def fake_cuda(monkeypatch, failures):
+    fake = FakeCuda(failures)
+    for name in ("CUDAGraph", "Stream", "stream", "current_stream", "synchronize", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+    return fake
+
+
+def test_a_capture_neither_synchronises_nor_empties_the_allocators_cache(monkeypatch):
+    """record captures on a side stream that waits for the queued work, in the pool given, without the
+    torch.cuda.graph context's device synchronisation and cache emptying (a capture mid-request drained the
+    queue and made the rest of the prompt cudaMalloc its blocks again)."""
+    fake = fake_cuda(monkeypatch, [])
+    graph, output = decode_graph.record(fake.run, torch.device("cuda"), pool="P")
+    assert output == "output" and isinstance(graph, fake.CUDAGraph)
+    assert fake.calls == ["wait", "begin pool=P mode=thread_local", "run", "end", "wait"]
+
+
+def test_a_capture_out_of_memory_empties_the_cache_and_captures_again(monkeypatch):
+    """Where the graph's memory does not fit beside the cached blocks, the capture is ended, the cache
+    emptied and the capture made once more; any other failure is the run's own error, raised as it was."""
+    fake = fake_cuda(monkeypatch, [torch.cuda.OutOfMemoryError("no room"), None])
+    _, output = decode_graph.record(fake.run, torch.device("cuda"))
+    assert output == "output"
+    assert fake.calls == ["wait", "begin pool=None mode=thread_local", "run", "end"] + [
+        "synchronize",
+        "empty_cache",
+        "wait",
+        "begin pool=None mode=thread_local",
+        "run",
+        "end",
+        "wait",
+    ]
+    fake = fake_cuda(monkeypatch, [ValueError("a host read inside the capture"), None])
+    with pytest.raises(ValueError, match="host read"):
+        decode_graph.record(fake.run, torch.device("cuda"))
+    assert "empty_cache" not in fake.calls and fake.calls[-1] == "end"
