@@ -62,11 +62,14 @@
 #   attention ~590 by subtraction: which kernel each 16K step runs, and at what rate), and SpecPrefill at 128K
 #   (its 1B pass) and at 8K, where its look-ahead took a third of the TTFT (43 of 135 ms: ttft.md's
 #   lookahead_setup part says how much of it is the per-prompt graph capture; the host-waits table where the
-#   host waited); the 2026-12-04 call 2 (composition, SpecPrefill and H2O at 32K) is results/gpu/h200/2026-12-04/run2.
+#   host waited), and the static decode step uncaptured, whose host time (25 ms a token for the 8B, 0.8 ms a
+#   layer, where the replayed graph takes 5.7 ms) is what each new prompt's first decode step and capture pay
+#   (decode setup 50-140 ms a request in 2026-12-04's rows; the stack table names the lines); the 2026-12-04
+#   call 2 (composition, SpecPrefill and H2O at 32K) is results/gpu/h200/2026-12-04/run2.
 #   New since 2026-12-04, checked on no GPU yet: graphs are captured without the torch.cuda.graph context's
 #   device synchronisation and cache emptying (decode_graph.record); the kernel tests (walk graphs captured for
 #   real) and the bench's decode token check are its test, the composition's and H2O's 8K / 32K rows its gain
-#     command:   STEPS=profile PROFILE_METHODS=full,specprefill PROFILE_TOKENS=131008,8192 PROFILE_DECODE_MODES=graphs BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
+#     command:   STEPS=profile PROFILE_METHODS=full,specprefill PROFILE_TOKENS=131008,8192 PROFILE_DECODE_MODES=eager-static BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
 #     carry:     []   (what call 1 carried stays on the warm machine, if it is still warm)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
 #   Should the tool refuse the held tree (files missing from git's list), restore it and send the parts one a
