@@ -227,11 +227,13 @@ def record(run: Callable[[], Any], device: torch.device, pool: Any = None) -> tu
     the rest of the prompt to cudaMalloc again (the H200's composition at 32K: 72 cudaMalloc and 70 cudaFree,
     both of which wait for the device, 16 ms of host time in a 470 ms TTFT; 2026-12-04 run2). vLLM's
     captures skip that emptying too. The side stream waits for the queued work, so nothing is recorded
-    over data still being written. Where the graph's memory does not fit beside the cached blocks (a
-    capture cannot hand them back), the cache is emptied and the capture made once more, as the context did."""
+    over data still being written. A capture that fails is made once more as the context made it, after a
+    synchronisation and with the cache emptied: a graph whose memory does not fit beside the cached blocks
+    (a capture cannot hand them back: out of memory, or the allocator's cudaFree refused inside the capture)
+    is then captured as before; a step that cannot be captured at all fails again, with the retry's error."""
     try:
         return _record(run, device, pool)
-    except torch.cuda.OutOfMemoryError:
+    except Exception:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         return _record(run, device, pool)
