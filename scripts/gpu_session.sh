@@ -67,8 +67,11 @@
 #   (decode setup 50-140 ms a request in 2026-12-04's rows; the stack table names the lines); the 2026-12-04
 #   call 2 (composition, SpecPrefill and H2O at 32K) is results/gpu/h200/2026-12-04/run2.
 #   New since 2026-12-04, checked on no GPU yet: graphs are captured without the torch.cuda.graph context's
-#   device synchronisation and cache emptying (decode_graph.record); the kernel tests (walk graphs captured for
-#   real) and the bench's decode token check are its test, the composition's and H2O's 8K / 32K rows its gain
+#   device synchronisation and cache emptying (decode_graph.record), and a prompt's first decode or look-ahead
+#   step of a kind the process has captured before is captured without its eager run; the kernel tests (walk
+#   graphs captured for real) and the bench's decode token check are their test; their gain: the runs' decode
+#   setup_s (2026-12-04: 50-140 ms a request), lookahead_setup, and the 8K / 32K rows of H2O, SpecPrefill and
+#   the composition; a log line "run eagerly once before their capture" says a capture without one failed
 #     command:   STEPS=profile PROFILE_METHODS=full,specprefill PROFILE_TOKENS=131008,8192 PROFILE_DECODE_MODES=eager-static BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
 #     carry:     []   (what call 1 carried stays on the warm machine, if it is still warm)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)

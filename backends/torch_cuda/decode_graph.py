@@ -20,7 +20,11 @@ shapes, so the step is written with static shapes:
 
 `static_step` is that computation, eager; `DecodeGraphs` runs it eagerly the first time a
 (T, bucket) is seen (that call's result is the real one), captures it, and replays the capture
-from then on. SpecPrefill's look-ahead takes the same step (`run_keeping`): it also returns the
+from then on. A graph belongs to its cache, and every prompt has a new one, so every prompt's first
+step is captured again; where the process has run and captured that kind of step before (the same
+model, T and kept layers, the keys laid out alike), the eager run is skipped: captured, then replayed
+(the H200's 8B: a decode's setup was an eager step of ~25 ms and a capture of about as much, 50-140 ms
+a request in 2026-12-04's rows). SpecPrefill's look-ahead takes the same step (`run_keeping`): it also returns the
 scored layers' post-RoPE queries, and where a nested speculator's deeper layers hold a subset of the
 prompt in their own slots, each run of layers filled alike writes and reads its own slots and bucket.
 `compiled=True` first compiles the step with torch.compile (inductor; one graph, no breaks: the
@@ -290,6 +294,10 @@ class DecodeGraphs:
         self.attention = "sdpa" if compiled and attention == "auto" else attention
         self.setup_seconds = 0.0  # eager first runs, compilations and captures, summed over the process
         self.refused: set[tuple[int, int, tuple[int, ...]]] = set()  # (model, T, kept layers) whose capture failed
+        # kinds run eagerly and captured once, by their keys' layouts: a new cache's (a new prompt's) first step
+        # of one of them is captured without its eager run (capture_first: off once such a capture failed)
+        self.warm: set[tuple[tuple[int, int, tuple[int, ...]], tuple[bool, ...]]] = set()
+        self.capture_first = True
         self.step = static_step
         self.compiled = compiled
         if compiled:  # inductor fuses the element-wise work (norms, RoPE, masks): fewer, larger kernels
@@ -350,21 +358,20 @@ class DecodeGraphs:
                 cache.k[first:end, :, :, start + tokens : bucket].zero_()
                 cache.v[first:end, :, :, start + tokens : bucket].zero_()
             self._fill(step, ids, positions, runs)
-            out = self.step(model, cache, step)
-            replay = None
             kind = (key[0], tokens, kept)  # a capture that failed for a step is not tried again for its next buckets
-            if self.capture is not None and kind not in self.refused:
-                try:
-                    replay = self.capture.capture(lambda: self.step(model, cache, step), ids.device, cache)
-                except Exception as e:  # this step stays eager (the same kernels): slower, never wrong
-                    if not self.failed:
-                        log.warning(
-                            "decode steps run without CUDA graphs: capture failed (%s: %s)", type(e).__name__, e
-                        )
-                    self.refused.add(kind)
+            warm = (kind, tuple(bucket == cache.capacity for _, bucket in buckets))  # the keys' layout: padded or not
+            out, replay = None, self._capture_first(model, cache, step) if warm in self.warm else None
+            if replay is None:
+                out = self.step(model, cache, step)  # the eager first run: the step's real result
+                replay = self._capture(model, cache, step, kind)
+                if replay is not None:
+                    self.warm.add(warm)
             cache.graphs[key] = (step, replay)
-            self._advance(cache, tokens)
             self.setup_seconds += time.perf_counter() - began
+            if out is None:  # captured first: the replay is the step, not its setup
+                out = replay()
+                out = out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
+            self._advance(cache, tokens)
             return out
         step, replay = entry
         self._fill(step, ids, positions, runs)
@@ -372,6 +379,35 @@ class DecodeGraphs:
         self._advance(cache, tokens)
         # the replay's output tensors are rewritten by the next replay
         return out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
+
+    def _capture(self, model: Any, cache: ModelKVCache, step: _StepInputs, kind: tuple) -> Any:
+        """The step captured after its eager first run (None: no capture, or it failed: the kind stays eager)."""
+        if self.capture is None or kind in self.refused:
+            return None
+        try:
+            return self.capture.capture(lambda: self.step(model, cache, step), step.ids.device, cache)
+        except Exception as e:  # this step stays eager (the same kernels): slower, never wrong
+            if not self.failed:
+                log.warning("decode steps run without CUDA graphs: capture failed (%s: %s)", type(e).__name__, e)
+            self.refused.add(kind)
+            return None
+
+    def _capture_first(self, model: Any, cache: ModelKVCache, step: _StepInputs) -> Any:
+        """A step of a kind this process has run and captured before (another cache, another bucket),
+        captured without an eager run first: what that run set up once (the attention kernel's probe for
+        the keys' layout, cuBLAS on the capture stream) is set up; a capture that fails all the same
+        (a Triton kernel compiled for a new size class inside it, say) falls back to the eager first run,
+        and no later step captures first (None then)."""
+        if not self.capture_first or self.capture is None or self.compiled:
+            return None
+        try:
+            return self.capture.capture(lambda: self.step(model, cache, step), step.ids.device, cache)
+        except Exception as e:
+            log.info(
+                "decode steps run eagerly once before their capture: a capture failed (%s: %s)", type(e).__name__, e
+            )
+            self.capture_first = False
+            return None
 
     @staticmethod
     def _fill(step: _StepInputs, ids: torch.Tensor, positions: torch.Tensor, runs: list[tuple[int, int]]) -> None:

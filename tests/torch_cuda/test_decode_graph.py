@@ -71,9 +71,68 @@ def test_static_steps_give_the_eager_tokens(arch, monkeypatch):
     static(model, recorder)
     info = GenerationInfo()
     assert greedy(model, ids, 40, info=info) == expected
-    # buckets of 16 slots: 32, 48, 64 (prompt 20 + 39 decode steps end at slot 59)
-    assert recorder.captured == 3 and recorder.replayed == 39 - 3
+    # buckets of 16 slots: 32, 48, 64 (prompt 20 + 39 decode steps end at slot 59); bucket 48's first step is
+    # captured first (its keys laid out as bucket 32's: padded), 64 = the capacity's runs eagerly once
+    assert recorder.captured == 3 and recorder.replayed == 39 - 2
     assert info.decode.seconds["setup"] > 0  # the first run and capture of each bucket, kept apart
+
+
+class Counting(Recorder):
+    """A Recorder that also counts the static steps run outside a replay (eager first runs)."""
+
+    def __init__(self, monkeypatch) -> None:
+        super().__init__()
+        self.steps = 0
+        step = decode_graph.static_step
+
+        def counted(*args):
+            self.steps += 1
+            return step(*args)
+
+        monkeypatch.setattr(decode_graph, "static_step", counted)
+
+    @property
+    def eager(self) -> int:
+        return self.steps - self.replayed
+
+
+def test_a_new_prompts_first_step_is_captured_without_an_eager_run(monkeypatch):
+    """A second prompt (a new cache: new addresses, so new graphs) of a kind run and captured before is
+    captured first and replayed, no eager first run (what the first prompt's run set up is set up), and
+    decodes the eager path's tokens; its setup is the capture alone."""
+    tiny = make_tiny("llama")
+    expected = [greedy(tiny.ours(), prompt_ids(n), 6) for n in (20, 30)]
+    model = tiny.ours()
+    counting = Counting(monkeypatch)
+    static(model, counting)
+    assert greedy(model, prompt_ids(20), 6) == expected[0]
+    assert (counting.captured, counting.eager, counting.replayed) == (1, 1, 4)
+    assert greedy(model, prompt_ids(30), 6) == expected[1]
+    assert (counting.captured, counting.eager, counting.replayed) == (2, 1, 9)
+
+
+def test_a_failed_first_capture_runs_the_step_eagerly_and_stops_capturing_first(caplog, monkeypatch):
+    """A capture without an eager run before it that fails (on a GPU: a kernel compiled for a new size class
+    inside the capture) runs the step eagerly and captures after, as a new kind does; later prompts run
+    eagerly first again, and the tokens are the eager path's all along."""
+
+    class FailingOnce(Counting):
+        def capture(self, run, device, cache):
+            if self.captured == 1:
+                self.captured += 1
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return super().capture(run, device, cache)
+
+    tiny = make_tiny("llama")
+    expected = [greedy(tiny.ours(), prompt_ids(n), 6) for n in (20, 30, 24)]
+    model = tiny.ours()
+    failing = FailingOnce(monkeypatch)
+    static(model, failing)
+    with caplog.at_level("INFO", logger="specfill.backends.torch_cuda"):
+        assert [greedy(model, prompt_ids(n), 6) for n in (20, 30, 24)] == expected
+    assert model.ops.decode_graphs.capture_first is False and not model.ops.decode_graphs.failed
+    assert (failing.captured, failing.eager) == (4, 3)  # 20: run, capture; 30: failed, run, capture; 24: run, capture
+    assert any("run eagerly once before their capture" in r.getMessage() for r in caplog.records)
 
 
 def test_static_logits_match_eager_logits():
