@@ -272,9 +272,15 @@ class CudaGraphCapture:
     def capture(
         self, run: Callable[[], StepOutput], device: torch.device, cache: ModelKVCache
     ) -> Callable[[], StepOutput]:
-        if cache.graph_pool is None:
+        fresh = cache.graph_pool is None
+        if fresh:
             cache.graph_pool = torch.cuda.graph_pool_handle()
-        graph, output = record(run, device, cache.graph_pool)
+        try:
+            graph, output = record(run, device, cache.graph_pool)
+        except BaseException:
+            if fresh:  # its only graph failed, so the pool is released: the cache's next capture takes a new one
+                cache.graph_pool = None
+            raise
 
         def replay() -> StepOutput:
             graph.replay()

@@ -402,6 +402,9 @@ class FakeCuda:
             def capture_begin(self, pool=None, capture_error_mode="global"):
                 fake.calls.append(f"begin pool={pool} mode={capture_error_mode}")
 
+            def replay(self):
+                fake.calls.append("replay")
+
             def capture_end(self):
                 fake.calls.append("end")
                 if fake.failures and fake.failures[0] is None:  # a failed capture's ending fails as well
@@ -437,12 +440,35 @@ class FakeCuda:
             raise self.failures.pop(0)
         return "output"
 
+    def graph_pool_handle(self):
+        self.calls.append("new pool")
+        return ("pool", self.calls.count("new pool"))
+
 
 def fake_cuda(monkeypatch, failures):
     fake = FakeCuda(failures)
-    for name in ("CUDAGraph", "Stream", "stream", "current_stream", "synchronize", "empty_cache"):
+    for name in ("CUDAGraph", "Stream", "stream", "current_stream", "synchronize", "empty_cache", "graph_pool_handle"):
         monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
     return fake
+
+
+def test_a_caches_graphs_share_its_pool_and_a_failed_first_capture_leaves_none(monkeypatch):
+    """Every graph of a cache is captured in that cache's pool; where the cache's first capture fails, the
+    pool (whose only graph failed, so torch releases it) is not kept: capturing into a released pool id
+    trips torch's allocator, so the next capture takes a new one."""
+
+    class Cache:
+        graph_pool = None
+
+    cache, fail = Cache(), ValueError("cannot be captured")
+    fake = fake_cuda(monkeypatch, [fail, None, fail, None])
+    with pytest.raises(ValueError):
+        decode_graph.CudaGraphCapture().capture(fake.run, torch.device("cuda"), cache)
+    assert cache.graph_pool is None
+    replay = decode_graph.CudaGraphCapture().capture(fake.run, torch.device("cuda"), cache)
+    assert replay() == "output" and cache.graph_pool == ("pool", 2)
+    decode_graph.CudaGraphCapture().capture(fake.run, torch.device("cuda"), cache)
+    assert cache.graph_pool == ("pool", 2) and fake.calls.count("new pool") == 2
 
 
 def test_a_capture_neither_synchronises_nor_empties_the_allocators_cache(monkeypatch):
