@@ -49,6 +49,7 @@ from typing import Any, Callable, Protocol, TypeAlias, Union
 import torch
 
 from specfill.core.errors import PromptTooLongError
+from specfill.core.ops import Cancelled
 
 from .attention_choice import grouped_decode
 from .cache import ModelKVCache
@@ -237,6 +238,8 @@ def record(run: Callable[[], Any], device: torch.device, pool: Any = None) -> tu
     is then captured as before; a step that cannot be captured at all fails again, with the retry's error."""
     try:
         return _record(run, device, pool)
+    except Cancelled:  # a cancelled request (core/ops.checkpoint, seen by a walk batch's run): not a failure
+        raise
     except Exception:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
@@ -392,6 +395,8 @@ class DecodeGraphs:
             return None
         try:
             return self.capture.capture(lambda: self.step(model, cache, step), step.ids.device, cache)
+        except Cancelled:  # the request was cancelled inside the capture (a layer's check): not the kind's failure
+            raise
         except Exception as e:  # this step stays eager (the same kernels): slower, never wrong
             if not self.failed:
                 log.warning("decode steps run without CUDA graphs: capture failed (%s: %s)", type(e).__name__, e)
@@ -408,6 +413,8 @@ class DecodeGraphs:
             return None
         try:
             return self.capture.capture(lambda: self.step(model, cache, step), step.ids.device, cache)
+        except Cancelled:
+            raise
         except Exception as e:
             log.info(
                 "decode steps run eagerly once before their capture: a capture failed (%s: %s)", type(e).__name__, e

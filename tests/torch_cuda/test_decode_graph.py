@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from specfill.backends.torch_cuda import decode_graph
+from specfill.core.ops import Cancelled
 from specfill.core.runtime import Drafting, GenerationInfo, PrefillMethod, SamplingConfig
 from tests.torch_cuda.tiny_torch_models import make_tiny, prompt_ids
 
@@ -501,3 +502,32 @@ def test_a_failed_capture_is_made_again_as_the_context_made_it(monkeypatch):
     with pytest.raises(ValueError, match="again"):
         decode_graph.record(fake.run, torch.device("cuda"))
     assert fake.calls.count("run") == 2 and fake.calls.count("empty_cache") == 1 and fake.calls[-1] == "end"
+    fake = fake_cuda(monkeypatch, [Cancelled(), None])  # a cancelled request is raised at once, not captured again
+    with pytest.raises(Cancelled):
+        decode_graph.record(fake.run, torch.device("cuda"))
+    assert fake.calls.count("run") == 1 and "empty_cache" not in fake.calls
+
+
+def test_a_request_cancelled_inside_a_capture_leaves_the_kind_capturable(monkeypatch):
+    """A cancellation seen by a layer's check while its step is being captured ends the request (Cancelled),
+    and is no failure of the capture: the next request of that kind still runs in graphs."""
+    from specfill.core.ops import cancellation
+
+    class CancelledOnce(Counting):
+        def capture(self, run, device, cache):
+            if self.captured == 0:
+                self.captured += 1
+                with cancellation(lambda: True):
+                    run()  # the layer's check raises, as a real capture's run would
+            return super().capture(run, device, cache)
+
+    tiny = make_tiny("llama")
+    expected = greedy(tiny.ours(), prompt_ids(20), 6)
+    model = tiny.ours()
+    cancelling = CancelledOnce(monkeypatch)
+    static(model, cancelling)
+    with pytest.raises(Cancelled):
+        greedy(model, prompt_ids(20), 6)
+    assert not model.ops.decode_graphs.failed and model.ops.decode_graphs.capture_first
+    assert greedy(model, prompt_ids(20), 6) == expected
+    assert cancelling.captured == 2 and cancelling.replayed == 4
