@@ -22,7 +22,8 @@ shapes, so the step is written with static shapes:
 (T, bucket) is seen (that call's result is the real one), captures it, and replays the capture
 from then on. A graph belongs to its cache, and every prompt has a new one, so every prompt's first
 step is captured again; where the process has run and captured that kind of step before (the same
-model, T and kept layers, the keys laid out alike), the eager run is skipped: captured, then replayed
+model, T and kept layers, the keys laid out alike, the split-key kernel's variant compiled), the eager
+run is skipped: captured, then replayed
 (the H200's 8B: a decode's setup was an eager step of ~25 ms and a capture of about as much, 50-140 ms
 a request in 2026-12-04's rows). SpecPrefill's look-ahead takes the same step (`run_keeping`): it also returns the
 scored layers' post-RoPE queries, and where a nested speculator's deeper layers hold a subset of the
@@ -305,7 +306,7 @@ class DecodeGraphs:
         self.refused: set[tuple[int, int, tuple[int, ...]]] = set()  # (model, T, kept layers) whose capture failed
         # kinds run eagerly and captured once, by their keys' layouts: a new cache's (a new prompt's) first step
         # of one of them is captured without its eager run (capture_first: off once such a capture failed)
-        self.warm: set[tuple[tuple[int, int, tuple[int, ...]], tuple[bool, ...]]] = set()
+        self.warm: set[tuple[tuple[int, int, tuple[int, ...]], tuple]] = set()  # (kind, _variants)
         self.capture_first = True
         self.step = static_step
         self.compiled = compiled
@@ -368,7 +369,7 @@ class DecodeGraphs:
                 cache.v[first:end, :, :, start + tokens : bucket].zero_()
             self._fill(step, ids, positions, runs)
             kind = (key[0], tokens, kept)  # a capture that failed for a step is not tried again for its next buckets
-            warm = (kind, tuple(bucket == cache.capacity for _, bucket in buckets))  # the keys' layout: padded or not
+            warm = (kind, self._variants(cache, buckets))
             out, replay = None, self._capture_first(model, cache, step) if warm in self.warm else None
             if replay is None:
                 out = self.step(model, cache, step)  # the eager first run: the step's real result
@@ -389,6 +390,16 @@ class DecodeGraphs:
         # the replay's output tensors are rewritten by the next replay
         return out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
 
+    @staticmethod
+    def _variants(cache: ModelKVCache, buckets: tuple[tuple[int, int], ...]) -> tuple:
+        """What a step's first run sets up beyond its kind, per run of layers: the probe of the keys' layout
+        (padded: a bucket short of the capacity, or not) and the split-key kernel's compiled variant."""
+        try:
+            from .kernels.decode_triton import compiled_variant
+        except ImportError:  # no Triton: no split-key kernel to compile
+            return tuple(bucket == cache.capacity for _, bucket in buckets)
+        return tuple((bucket == cache.capacity, compiled_variant(bucket, cache.k.dtype)) for _, bucket in buckets)
+
     def _capture(self, model: Any, cache: ModelKVCache, step: _StepInputs, kind: tuple) -> Any:
         """The step captured after its eager first run (None: no capture, or it failed: the kind stays eager)."""
         if self.capture is None or kind in self.refused:
@@ -406,9 +417,9 @@ class DecodeGraphs:
     def _capture_first(self, model: Any, cache: ModelKVCache, step: _StepInputs) -> Any:
         """A step of a kind this process has run and captured before (another cache, another bucket),
         captured without an eager run first: what that run set up once (the attention kernel's probe for
-        the keys' layout, cuBLAS on the capture stream) is set up; a capture that fails all the same
-        (a Triton kernel compiled for a new size class inside it, say) falls back to the eager first run,
-        and no later step captures first (None then)."""
+        the keys' layout, the split-key kernel's compiled variant: _variants; cuBLAS on the capture stream)
+        is set up; a capture that fails all the same (something compiled or probed on first use that
+        _variants does not name) falls back to the eager first run, and no later step captures first."""
         if not self.capture_first or self.capture is None or self.compiled:
             return None
         try:

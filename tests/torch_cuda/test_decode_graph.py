@@ -110,6 +110,28 @@ def test_a_new_prompts_first_step_is_captured_without_an_eager_run(monkeypatch):
     assert (counting.captured, counting.eager, counting.replayed) == (1, 1, 4)
     assert greedy(model, prompt_ids(30), 6) == expected[1]
     assert (counting.captured, counting.eager, counting.replayed) == (2, 1, 9)
+    # prompts of 26 and 42 tokens: caches of 32 and 48 slots, a multiple of 16 (the split-key kernel's
+    # other compiled variant): the first runs eagerly once, the second is captured first
+    assert [greedy(model, prompt_ids(n), 6) for n in (26, 42)] == [
+        greedy(tiny.ours(), prompt_ids(n), 6) for n in (26, 42)
+    ]
+    assert (counting.captured, counting.eager, counting.replayed) == (4, 2, 18)
+
+
+def test_the_split_key_kernels_compiled_variants():
+    """What a decode attention launch compiles anew for: the merge's BLOCK_S (16 up to 4K keys of 256-key
+    splits, then doubling; at most 128 splits) and whether the key count is a multiple of 16."""
+    from specfill.backends.torch_cuda.kernels.decode_triton import compiled_variant
+
+    assert [compiled_variant(n, torch.bfloat16) for n in (1000, 4096, 8192, 9216, 16384, 131072, 131016)] == [
+        (16, False),
+        (16, True),
+        (32, True),
+        (64, True),
+        (64, True),
+        (128, True),
+        (128, False),
+    ]
 
 
 def test_a_failed_first_capture_runs_the_step_eagerly_and_stops_capturing_first(caplog, monkeypatch):

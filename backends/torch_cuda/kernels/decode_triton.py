@@ -198,6 +198,15 @@ def split_plan(n_keys: int, block_n: int, split_keys: int | None = None) -> tupl
     return split_keys, max(1, -(-n_keys // split_keys))
 
 
+def compiled_variant(n_keys: int, dtype: torch.dtype) -> tuple[int, bool]:
+    """What decode_attention over n_keys keys compiles anew for, besides the model's fixed shapes: the merge's
+    BLOCK_S (from the split count) and whether n_keys is a multiple of 16 (Triton specialises an integer
+    argument on it). A capture whose launch needs a variant not yet compiled would compile inside it
+    (decode_graph.DecodeGraphs captures a step first only where the process has compiled its variant)."""
+    _, n_splits = split_plan(n_keys, gpu_tiles(dtype)[0])
+    return max(16, next_power_of_2(n_splits)), n_keys % 16 == 0
+
+
 def decode_attention(
     q: torch.Tensor,
     k: torch.Tensor,
