@@ -369,7 +369,7 @@ class DecodeGraphs:
                 cache.v[first:end, :, :, start + tokens : bucket].zero_()
             self._fill(step, ids, positions, runs)
             kind = (key[0], tokens, kept)  # a capture that failed for a step is not tried again for its next buckets
-            warm = (kind, self._variants(cache, buckets))
+            warm = (kind, self._variants(model, cache, buckets, tokens))
             out, replay = None, self._capture_first(model, cache, step) if warm in self.warm else None
             if replay is None:
                 out = self.step(model, cache, step)  # the eager first run: the step's real result
@@ -391,14 +391,21 @@ class DecodeGraphs:
         return out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
 
     @staticmethod
-    def _variants(cache: ModelKVCache, buckets: tuple[tuple[int, int], ...]) -> tuple:
-        """What a step's first run sets up beyond its kind, per run of layers: the probe of the keys' layout
-        (padded: a bucket short of the capacity, or not) and the split-key kernel's compiled variant."""
+    def _variants(model: Any, cache: ModelKVCache, buckets: tuple[tuple[int, int], ...], tokens: int) -> tuple:
+        """What a step's first run sets up beyond its kind: per run of layers, the probe of the keys' layout
+        (padded: a bucket short of the capacity, or not) and the split-key kernel's compiled variant; and the
+        cache's layer and head strides as the Triton kernels writing and reading it specialise them (a
+        multiple of 16 elements: with a head size such as 72, the capacity's parity decides)."""
+        strides = tuple(c.stride(d) % 16 == 0 for c in (cache.k, cache.v) for d in (0, 2))
         try:
             from .kernels.decode_triton import compiled_variant
         except ImportError:  # no Triton: no split-key kernel to compile
-            return tuple(bucket == cache.capacity for _, bucket in buckets)
-        return tuple((bucket == cache.capacity, compiled_variant(bucket, cache.k.dtype)) for _, bucket in buckets)
+            return strides, tuple(bucket == cache.capacity for _, bucket in buckets)
+        rows = model.args.num_attention_heads // model.args.num_key_value_heads * tokens  # folded query rows
+        dim = cache.v.shape[-1]
+        return strides, tuple(
+            (bucket == cache.capacity, compiled_variant(bucket, rows, dim, cache.k.dtype)) for _, bucket in buckets
+        )
 
     def _capture(self, model: Any, cache: ModelKVCache, step: _StepInputs, kind: tuple) -> Any:
         """The step captured after its eager first run (None: no capture, or it failed: the kind stays eager)."""

@@ -120,18 +120,18 @@ def test_a_new_prompts_first_step_is_captured_without_an_eager_run(monkeypatch):
 
 def test_the_split_key_kernels_compiled_variants():
     """What a decode attention launch compiles anew for: the merge's BLOCK_S (16 up to 4K keys of 256-key
-    splits, then doubling; at most 128 splits) and whether the key count is a multiple of 16."""
+    splits, then doubling; at most 128 splits), and whether each integer argument that follows the key count
+    is a multiple of 16 or 1 (Triton's specialisations)."""
     from specfill.backends.torch_cuda.kernels.decode_triton import compiled_variant
 
-    assert [compiled_variant(n, torch.bfloat16) for n in (1000, 4096, 8192, 9216, 16384, 131072, 131016)] == [
-        (16, False),
-        (16, True),
-        (32, True),
-        (64, True),
-        (64, True),
-        (128, True),
-        (128, False),
-    ]
+    def variant(n):  # the 8B's decode step: 4 folded rows a KV head, 128-wide values
+        return compiled_variant(n, 4, 128, torch.bfloat16)
+
+    assert [variant(n)[0] for n in (1000, 4096, 8192, 9216, 16384, 131072, 131016)] == [16, 16, 32, 64, 64, 128, 128]
+    assert variant(8192) != variant(7168)  # 32 splits of 256 keys, and 28: the merge's count a multiple of 16 or not
+    assert variant(8192) != variant(8200)  # 8,200 keys: not a multiple of 16 (and 33 splits)
+    assert variant(9216) == variant(10240)  # 36 and 40 splits: neither a multiple of 16, both x 4 rows
+    assert variant(256)[1][2] == (False, True)  # one split: Triton makes a count of 1 a constant
 
 
 def test_a_failed_first_capture_runs_the_step_eagerly_and_stops_capturing_first(caplog, monkeypatch):

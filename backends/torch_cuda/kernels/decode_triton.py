@@ -198,13 +198,16 @@ def split_plan(n_keys: int, block_n: int, split_keys: int | None = None) -> tupl
     return split_keys, max(1, -(-n_keys // split_keys))
 
 
-def compiled_variant(n_keys: int, dtype: torch.dtype) -> tuple[int, bool]:
-    """What decode_attention over n_keys keys compiles anew for, besides the model's fixed shapes: the merge's
-    BLOCK_S (from the split count) and whether n_keys is a multiple of 16 (Triton specialises an integer
-    argument on it). A capture whose launch needs a variant not yet compiled would compile inside it
-    (decode_graph.DecodeGraphs captures a step first only where the process has compiled its variant)."""
-    _, n_splits = split_plan(n_keys, gpu_tiles(dtype)[0])
-    return max(16, next_power_of_2(n_splits)), n_keys % 16 == 0
+def compiled_variant(n_keys: int, n_rows: int, value_dim: int, dtype: torch.dtype) -> tuple:
+    """What decode_attention of n_rows folded rows over n_keys keys compiles anew for, beyond the model's
+    fixed shapes: the merge's BLOCK_S (from the split count), and, for every integer argument that follows
+    n_keys (the key count, the split length and count, the partial results' strides), the two facts Triton
+    specialises an integer on: a multiple of 16, equal to 1. A capture whose launch needs a variant not
+    yet compiled would compile inside it (decode_graph.DecodeGraphs captures a step first only where the
+    process has compiled its variant)."""
+    split_keys, n_splits = split_plan(n_keys, gpu_tiles(dtype)[0])
+    ints = (n_keys, split_keys, n_splits, n_splits * n_rows * value_dim, n_splits * n_rows)
+    return max(16, next_power_of_2(n_splits)), tuple((v % 16 == 0, v == 1) for v in ints)
 
 
 def decode_attention(
