@@ -475,6 +475,8 @@ def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int,
                 # whether every step ran as a replayed graph (a failed capture leaves steps eager, logged once)
                 graphs = model.ops.decode_graphs
                 row["capture_failed"] = bool(graphs.failed) if graphs is not None and graphs.capture else None
+                # false: a step captured without its eager run failed, and every later one ran eagerly first
+                row["capture_first"] = graphs.capture_first if graphs is not None and graphs.capture else None
                 if mode == "eager" and not k:
                     bench.eager_tokens = row["tokens"]
             except Exception as e:
