@@ -38,6 +38,7 @@ from specfill.core.runtime import GenerationInfo
 from specfill.evaluation.roofline import DEVICES, Method, Shape, decode_seconds, predict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its siblings gpu_bench_report.py, gpu_clocks.py
+import gpu_bench_report  # noqa: E402
 from gpu_bench_report import decode_mode, e2e, logits_check, plot, report, row_line, walk_counts, walk_row  # noqa: E402
 from gpu_clocks import ClockSampler, annotate  # noqa: E402
 
@@ -472,11 +473,7 @@ def decode_rows(bench: Bench, model, tokenizer, speculator, full, n_tokens: int,
                 row["first_run_tps"], row["first_run_setup_s"] = first["decode_tps"], first["setup_s"]
                 # drafting's costs, measured in the first run, may turn it off for the next (draft_costs.py)
                 row["first_run_drafted"], row["first_run_accepted"] = first["drafted"], first["accepted"]
-                # whether every step ran as a replayed graph (a failed capture leaves steps eager, logged once)
-                graphs = model.ops.decode_graphs
-                row["capture_failed"] = bool(graphs.failed) if graphs is not None and graphs.capture else None
-                # false: a step captured without its eager run failed, and every later one ran eagerly first
-                row["capture_first"] = graphs.capture_first if graphs is not None and graphs.capture else None
+                row.update(gpu_bench_report.graph_state(model.ops))  # whether every step ran as a replayed graph
                 if mode == "eager" and not k:
                     bench.eager_tokens = row["tokens"]
             except Exception as e:

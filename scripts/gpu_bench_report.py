@@ -35,6 +35,16 @@ def walk_ops(*models) -> list:
     return list(found.values())
 
 
+def graph_state(ops) -> dict[str, bool | None]:
+    """A decode row's CUDA graphs at its end (None where steps are not captured): capture_failed, a capture
+    failed and its kind's steps ran eagerly (logged once); capture_first false, a step captured without its
+    eager run failed, so every later new prompt's first step ran eagerly first (decode_graph.DecodeGraphs)."""
+    graphs = ops.decode_graphs
+    if graphs is None or not graphs.capture:
+        return {"capture_failed": None, "capture_first": None}
+    return {"capture_failed": bool(graphs.failed), "capture_first": graphs.capture_first}
+
+
 def walk_counts(ops_list: list) -> dict:
     """H2O's walk graphs so far (backends/torch_cuda/walk_graph.py), summed over the ops objects:
     batches captured and replayed, capture seconds, and why they were turned off (None: they were not)."""

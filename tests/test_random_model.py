@@ -523,3 +523,29 @@ def test_gpu_bench_reads_issue_50s_acceptance_lines(monkeypatch):
     assert "| composition at 131008: speed-up vs full >= 4 | - | 4 | not measured |" in report.acceptance_lines(
         {"rows": rows, "decode": decode}
     )
+
+
+def test_gpu_bench_rows_say_how_decode_steps_were_captured(monkeypatch):
+    """A decode row's graph state: nothing where steps are not captured; else whether a capture failed and
+    whether new prompts' first steps were still captured without their eager run."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from types import SimpleNamespace
+
+    import gpu_bench_report
+
+    from specfill.backends.torch_cuda.decode_graph import DecodeGraphs
+
+    assert gpu_bench_report.graph_state(SimpleNamespace(decode_graphs=None)) == {
+        "capture_failed": None,
+        "capture_first": None,
+    }
+    eager = SimpleNamespace(decode_graphs=DecodeGraphs(None))  # eager-static: nothing captured
+    assert gpu_bench_report.graph_state(eager)["capture_first"] is None
+    graphs = DecodeGraphs(capture=object())
+    graphs.capture_first = False
+    graphs.refused.add((1, 1, ()))
+    assert gpu_bench_report.graph_state(SimpleNamespace(decode_graphs=graphs)) == {
+        "capture_failed": True,
+        "capture_first": False,
+    }
