@@ -32,7 +32,7 @@ try:  # the Python stacks of key_averages(group_by_stack_n) are recorded only wi
     STACKS = {"experimental_config": _ExperimentalConfig(verbose=True)}
 except ImportError:  # an older torch records them without it
     STACKS = {}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_bench import build_method, method_configs, one_run  # noqa: E402

@@ -359,36 +359,54 @@ class DecodeGraphs:
         if entry is None:
             if len(runs) > 1 and any(layer.self_attn.window is not None for layer in model.layers):
                 raise ValueError("a static step of layers filled to different slots takes no sliding window")
-            began = time.perf_counter()
-            step = _StepInputs(tokens, buckets[0][1], ids.device, self.attention, kept, buckets[1:])
-            ends = [first for first, _ in runs[1:]] + [len(offsets)]
-            for (first, start), (_, bucket), end in zip(runs, buckets, ends):
-                # the bucket's unfilled slots are read (masked): a masked weight is 0, but 0 * NaN is
-                # NaN, so uninitialised memory there must become finite once
-                cache.k[first:end, :, :, start + tokens : bucket].zero_()
-                cache.v[first:end, :, :, start + tokens : bucket].zero_()
-            self._fill(step, ids, positions, runs)
-            kind = (key[0], tokens, kept)  # a capture that failed for a step is not tried again for its next buckets
-            warm = (kind, self._variants(model, cache, buckets, tokens))
-            out, replay = None, self._capture_first(model, cache, step) if warm in self.warm else None
-            if replay is None:
-                out = self.step(model, cache, step)  # the eager first run: the step's real result
-                replay = self._capture(model, cache, step, kind)
-                if replay is not None:
-                    self.warm.add(warm)
-            cache.graphs[key] = (step, replay)
-            self.setup_seconds += time.perf_counter() - began
-            if out is None:  # captured first: the replay is the step, not its setup
-                out = replay()
-                out = out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
-            self._advance(cache, tokens)
-            return out
+            entry, out = self._first(model, ids, positions, cache, kept, runs, buckets)
+            cache.graphs[key] = entry
+            if out is not None:  # the eager first run: the step's real result
+                self._advance(cache, tokens)
+                return out
+        else:
+            self._fill(entry[0], ids, positions, runs)
         step, replay = entry
-        self._fill(step, ids, positions, runs)
         out = self.step(model, cache, step) if replay is None else replay()
         self._advance(cache, tokens)
         # the replay's output tensors are rewritten by the next replay
         return out.clone() if isinstance(out, torch.Tensor) else tuple(x.clone() for x in out)
+
+    def _first(
+        self,
+        model: Any,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: ModelKVCache,
+        kept: tuple[int, ...],
+        runs: list[tuple[int, int]],
+        buckets: tuple[tuple[int, int], ...],
+    ) -> tuple[tuple[_StepInputs, Any], Any]:
+        """A (T, buckets) step new to this cache: its static inputs filled and its graph, as (step, replay);
+        and the eager first run's result, or None where the step was captured first (its replay is the
+        step). The time spent here but in a replay is setup_seconds."""
+        began, tokens = time.perf_counter(), ids.shape[0]
+        step = _StepInputs(tokens, buckets[0][1], ids.device, self.attention, kept, buckets[1:])
+        ends = [first for first, _ in runs[1:]] + [len(cache.layers)]
+        for (first, start), (_, bucket), end in zip(runs, buckets, ends):
+            # the bucket's unfilled slots are read (masked): a masked weight is 0, but 0 * NaN is
+            # NaN, so uninitialised memory there must become finite once
+            cache.k[first:end, :, :, start + tokens : bucket].zero_()
+            cache.v[first:end, :, :, start + tokens : bucket].zero_()
+        self._fill(step, ids, positions, runs)
+        kind = (id(model), tokens, kept)  # a capture that failed for a step is not tried again for its next buckets
+        capturing = self.capture is not None and kind not in self.refused
+        warm = (kind, self._variants(model, cache, buckets, tokens)) if capturing else None
+        out, replay = None, None
+        if warm in self.warm and self.capture_first and not self.compiled:
+            replay = self._capture(model, cache, step, kind, first=True)
+        if replay is None:
+            out = self.step(model, cache, step)
+            replay = self._capture(model, cache, step, kind) if capturing else None
+            if replay is not None:
+                self.warm.add(warm)
+        self.setup_seconds += time.perf_counter() - began
+        return (step, replay), out
 
     @staticmethod
     def _variants(model: Any, cache: ModelKVCache, buckets: tuple[tuple[int, int], ...], tokens: int) -> tuple:
@@ -407,37 +425,27 @@ class DecodeGraphs:
             (bucket == cache.capacity, compiled_variant(bucket, rows, dim, cache.k.dtype)) for _, bucket in buckets
         )
 
-    def _capture(self, model: Any, cache: ModelKVCache, step: _StepInputs, kind: tuple) -> Any:
-        """The step captured after its eager first run (None: no capture, or it failed: the kind stays eager)."""
-        if self.capture is None or kind in self.refused:
-            return None
+    def _capture(self, model: Any, cache: ModelKVCache, step: _StepInputs, kind: tuple, first: bool = False) -> Any:
+        """The step captured (None where the capture failed), after its eager first run, or with `first`
+        before any: a kind this process has run and captured before (another cache, another bucket), whose
+        first run set up what it sets up once (the attention kernel's probe for the keys' layout, the
+        split-key kernel's compiled variant: _variants; cuBLAS on the capture stream). A failure after
+        the eager run leaves the kind eager (slower, never wrong); one with `first` (something compiled or
+        probed on first use that _variants does not name) falls back to the eager first run, and no
+        later step captures first."""
         try:
             return self.capture.capture(lambda: self.step(model, cache, step), step.ids.device, cache)
         except Cancelled:  # the request was cancelled inside the capture (a layer's check): not the kind's failure
             raise
-        except Exception as e:  # this step stays eager (the same kernels): slower, never wrong
-            if not self.failed:
-                log.warning("decode steps run without CUDA graphs: capture failed (%s: %s)", type(e).__name__, e)
-            self.refused.add(kind)
-            return None
-
-    def _capture_first(self, model: Any, cache: ModelKVCache, step: _StepInputs) -> Any:
-        """A step of a kind this process has run and captured before (another cache, another bucket),
-        captured without an eager run first: what that run set up once (the attention kernel's probe for
-        the keys' layout, the split-key kernel's compiled variant: _variants; cuBLAS on the capture stream)
-        is set up; a capture that fails all the same (something compiled or probed on first use that
-        _variants does not name) falls back to the eager first run, and no later step captures first."""
-        if not self.capture_first or self.capture is None or self.compiled:
-            return None
-        try:
-            return self.capture.capture(lambda: self.step(model, cache, step), step.ids.device, cache)
-        except Cancelled:
-            raise
         except Exception as e:
-            log.info(
-                "decode steps run eagerly once before their capture: a capture failed (%s: %s)", type(e).__name__, e
-            )
-            self.capture_first = False
+            reason = f"{type(e).__name__}: {e}"
+            if first:
+                log.info("decode steps run eagerly once before their capture: a capture failed (%s)", reason)
+                self.capture_first = False
+            else:
+                if not self.failed:
+                    log.warning("decode steps run without CUDA graphs: capture failed (%s)", reason)
+                self.refused.add(kind)
             return None
 
     @staticmethod
