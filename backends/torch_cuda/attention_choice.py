@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from specfill.core.self_check import kernels_setting
 
 from . import placement, probe_store
+from .tensor_layout import Layout, label_layouts, laid_out, layout
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, "float | None"], torch.Tensor]
 
@@ -59,9 +60,32 @@ PREFIX_SPANS = (16_384, 65_536)
 SPAN_SLOTS = (0, 40_960, 98_304)  # the slots a span's probe runs over (0: four times its queries, as before)
 
 
+# A "causal" step's kernel likewise per size of the step: up to 4K queries (probed at the call's, at least
+# PROBE_QUERIES), more (probed at PROBE_MAX_QUERIES, whatever the first call's size). Before, the first call
+# chose for every size: the H200 bench's 5,120-token warm-up chose the kernel of the 8B's 16K first steps, and a
+# user's first short prompt would choose it for every later long one (the choice is kept on disk).
+CAUSAL_SPANS = (4096,)
+
+
 def prefix_span(slots: int) -> int:
     """The span (0, 1, 2) of a "prefix" step over `slots` keys."""
     return sum(slots > edge for edge in PREFIX_SPANS)
+
+
+def call_span(kind: str, queries: int, slots: int) -> int:
+    """The span a call of `kind` with `queries` queries over `slots` keys is probed and chosen in: a
+    "prefix" call's by its keys (prefix_span), a "causal" call's by its queries (CAUSAL_SPANS)."""
+    if kind == "prefix":
+        return prefix_span(slots)
+    return sum(queries > edge for edge in CAUSAL_SPANS) if kind == "causal" else 0
+
+
+def _span_label(kind: str, span: int) -> str:
+    if not span:
+        return ""
+    if kind == "prefix":
+        return f" over {PREFIX_SPANS[span - 1] // 1024}K keys"
+    return f" over {CAUSAL_SPANS[span - 1] // 1024}K queries"
 
 
 PROBE_REPEATS = 3
@@ -71,62 +95,6 @@ TOLERANCE = {torch.bfloat16: 3e-2, torch.float16: 5e-3, torch.float32: 1e-4}
 def _expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     group = q.shape[1] // k.shape[1]
     return (k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) if group > 1 else (k, v)
-
-
-# A layout family: (the dims from the innermost out, each one's padding class, the storage offset's class).
-Layout = tuple[tuple[int, ...], tuple[int, ...], int]
-ALIGN = 8  # elements: 16 bytes of bf16 / fp16, the alignment vector loads and TMA descriptors ask of a stride
-
-
-def _padding(elements: int) -> int:
-    """A dim's elements past its compact stride as the probe reproduces them: 0, or ALIGN x 8 plus the
-    same remainder modulo ALIGN (the alignment is what a kernel can mishandle, not the amount; a cache's
-    padding, its unfilled slots, shrinks every step and must not make every step a new family)."""
-    return 0 if elements == 0 else ALIGN * 8 + elements % ALIGN
-
-
-def layout(t: torch.Tensor) -> Layout:
-    """t's layout family, whatever its sizes, e.g. q [1, Hq, T, D] as a view of a fused [1, T, (Hq + Hkv)
-    x D] projection: ((3, 1, 2, 0), (0, 0, 64, 0), 0), its tokens padded; a cache's filled slots [1, Hkv,
-    S, D] of a larger capacity: ((3, 2, 1, 0), (0, 0, 64, 0), 0), its heads padded. Dims of size 1 count
-    as outermost and compact; overlapping strides (a broadcast) as contiguous."""
-    shape, stride = tuple(t.shape), t.stride()  # read once: an eager decode asks every layer
-    sized = sorted((d for d in range(len(shape)) if shape[d] > 1), key=lambda d: (stride[d], d))
-    order = (*sized, *(d for d in range(len(shape) - 1, -1, -1) if shape[d] <= 1))
-    padding, span = [], 1
-    for d in order:
-        past = stride[d] - span if shape[d] > 1 else 0
-        if past < 0:
-            return tuple(range(len(shape) - 1, -1, -1)), (0,) * len(shape), 0
-        padding.append(_padding(past))
-        span = (span + past) * shape[d]
-    return order, tuple(padding), t.storage_offset() % ALIGN
-
-
-def laid_out(family: Layout | None, shape: tuple[int, ...], gen: torch.Generator, dtype, device) -> torch.Tensor:
-    """Unit-normal values of `shape` in the layout `family` (None: contiguous), every element of the
-    storage random (padding included: a kernel reading past a row reads noise, not zeros)."""
-    if family is None:
-        return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
-    order, padding, offset = family
-    strides, span = [0] * len(shape), 1
-    for d, past in zip(order, padding):
-        strides[d] = span + past
-        span = strides[d] * shape[d]
-    flat = torch.randn(offset + span, generator=gen, device=device, dtype=torch.float32).to(dtype)
-    return flat.as_strided(shape, strides, offset)
-
-
-def _label_layouts(layouts: tuple[Layout, ...] | None) -> str:
-    """' (q dim 2 padded; k dim 1 padded; v ...)' for chosen()'s key where a layout is not contiguous,
-    '' where none is."""
-    if not layouts or all(not any(padding) and not offset for _, padding, offset in layouts):
-        return ""
-    parts = []
-    for name, (order, padding, offset) in zip("qkv", layouts):
-        said = [f"dim {d} padded" for d, past in zip(order, padding) if past] + ([f"offset {offset}"] if offset else [])
-        parts.append(f"{name} {', '.join(said) if said else 'compact'}")
-    return f" ({'; '.join(parts)})"
 
 
 def _sdpa_causal(backend: Any) -> Kernel:
@@ -471,14 +439,16 @@ def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | No
     dtype and device; probed at the first call with that key, on steps of that call's T queries
     held between PROBE_QUERIES and PROBE_MAX_QUERIES (a prompt's first step is the model's step
     size unless the prompt is shorter), for "prefix" after three steps' worth of cached slots or, for a
-    call over more than 16K keys, up to its span's SPAN_SLOTS (each span probed apart), q, k and v laid out
-    as the call's (`layout`; v: k's where not given): a call in another layout is probed apart."""
+    call over more than 16K keys, up to its span's SPAN_SLOTS; a "causal" call of more than 4K queries on
+    PROBE_MAX_QUERIES (each span probed apart: call_span), q, k and v laid out as the call's (`layout`; v:
+    k's where not given): a call in another layout is probed apart."""
     layouts = (layout(q), layout(k), layout(k if v is None else v))
-    span = prefix_span(k.shape[2]) if kind == "prefix" else 0
+    span = call_span(kind, q.shape[2], k.shape[2])
     key = (kind, q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device, layouts, span)
     if key not in _CHOSEN:
-        queries = min(max(q.shape[2], PROBE_QUERIES), PROBE_MAX_QUERIES)
-        prefix = SPAN_SLOTS[span] - queries if SPAN_SLOTS[span] else 3 * queries
+        wide = kind == "causal" and span > 0  # a causal step past 4K queries: probed at the most
+        queries = PROBE_MAX_QUERIES if wide else min(max(q.shape[2], PROBE_QUERIES), PROBE_MAX_QUERIES)
+        prefix = SPAN_SLOTS[span] - queries if kind == "prefix" and SPAN_SLOTS[span] else 3 * queries
         shape = (q.shape[1], k.shape[1], q.shape[3], q.dtype, q.device)
         run = lambda kernels: probe(kind, *shape, kernels, queries, prefix, layouts)  # noqa: E731
         _CHOSEN[key] = probe_store.remembered(key, q.device, run, lambda: candidates(kind))
@@ -488,13 +458,10 @@ def kernel_for(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | No
 def chosen() -> dict[str, Any]:
     """What each probe chose and measured: {"prefix 32/8x128 bfloat16 cuda:0": {"chosen": name,
     "candidates": {name: "1.2 ms" | "wrong: ..." | "failed: ..."}}}; a key names the call's layout
-    where it is not compact (_label_layouts) and a "prefix" call's span of keys past the first ("prefix
-    32/8x128 bfloat16 cuda:0 over 64K keys")."""
-    spans = ("", *(f" over {edge // 1024}K keys" for edge in PREFIX_SPANS))
+    where it is not compact (label_layouts) and a call's span past the first ("prefix 32/8x128 bfloat16
+    cuda:0 over 64K keys", "causal 32/8x128 bfloat16 cuda:0 over 4K queries")."""
     return {
-        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}{spans[span]}{_label_layouts(layouts)}": {
-            "chosen": name,
-            "candidates": report,
-        }
+        f"{kind} {hq}/{hkv}x{d} {str(dtype).rsplit('.', 1)[-1]} {device}"
+        f"{_span_label(kind, span)}{label_layouts(layouts)}": {"chosen": name, "candidates": report}
         for (kind, hq, hkv, d, dtype, device, layouts, span), (name, _, report) in _CHOSEN.items()
     }

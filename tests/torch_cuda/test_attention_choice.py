@@ -163,7 +163,9 @@ def test_the_probe_takes_the_first_calls_step_within_bounds(monkeypatch, steps, 
 def test_prefix_calls_are_probed_per_span_of_their_keys(monkeypatch):
     """A 16K step after 112K slots is not timed on a 2K step's probe: "prefix" calls over more than 16K and
     more than 64K keys are probed apart, each on its span's slots, and reported under their span; a call of
-    a span already probed probes nothing, and "causal" calls have one span."""
+    a span already probed probes nothing. "causal" calls of more than 4K queries are probed apart too, on the
+    most queries the probe takes whatever the first one's size (the H200 bench's 5,120-token warm-up chose the
+    8B's 16K first steps' kernel), and the span of a short one on its own size."""
     asked = []
 
     def probe(kind, heads, kv_heads, head_dim, dtype, device, kernels, queries, prefix, layouts):
@@ -178,7 +180,10 @@ def test_prefix_calls_are_probed_per_span_of_their_keys(monkeypatch):
         ("prefix", 16384, 49152),
         ("prefix", 16384, 131072),
         ("prefix", 4096, 100000),
+        ("causal", 5120, 5120),
         ("causal", 16384, 16384),
+        ("causal", 3000, 3000),
+        ("causal", 1000, 1000),
     ]:
         q, k = torch.empty(1, 4, steps, 16, device="meta"), torch.empty(1, 2, slots, 16, device="meta")
         choice.kernel_for(kind, q, k)
@@ -187,9 +192,11 @@ def test_prefix_calls_are_probed_per_span_of_their_keys(monkeypatch):
         ("prefix", 8192, 40960 - 8192),
         ("prefix", 8192, 98304 - 8192),
         ("causal", 8192, 3 * 8192),
+        ("causal", 3000, 3 * 3000),
     ]
     assert sorted(choice.chosen()) == [
         "causal 4/2x16 float32 meta",
+        "causal 4/2x16 float32 meta over 4K queries",
         "prefix 4/2x16 float32 meta",
         "prefix 4/2x16 float32 meta over 16K keys",
         "prefix 4/2x16 float32 meta over 64K keys",
