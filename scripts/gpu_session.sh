@@ -72,7 +72,9 @@
 #   graphs captured for real) and the bench's decode token check are their test; their gain: the runs' decode
 #   setup_s (2026-12-04: 50-140 ms a request), lookahead_setup, and the 8K / 32K rows of H2O, SpecPrefill and
 #   the composition; a log line "run eagerly once before their capture" (a decode row's capture_first false in
-#   ttft.json) says a capture without one failed
+#   ttft.json) says a capture without one failed. Also new: a causal step of more than 4K queries is probed
+#   apart at 8,192 queries (e2e.json attention_kernels "causal ... over 4K queries"; 2026-12-04 chose the 16K first
+#   steps' kernel on the 5,120-token warm-up), and "prefix" steps per span of keys (over 16K, over 64K)
 #     command:   STEPS=profile PROFILE_METHODS=full,specprefill PROFILE_TOKENS=131008,8192 PROFILE_DECODE_MODES=eager-static BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
 #     carry:     []   (what call 1 carried stays on the warm machine, if it is still warm)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
