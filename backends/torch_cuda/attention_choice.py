@@ -65,27 +65,20 @@ SPAN_SLOTS = (0, 40_960, 98_304)  # the slots a span's probe runs over (0: four 
 # chose for every size: the H200 bench's 5,120-token warm-up chose the kernel of the 8B's 16K first steps, and a
 # user's first short prompt would choose it for every later long one (the choice is kept on disk).
 CAUSAL_SPANS = (4096,)
-
-
-def prefix_span(slots: int) -> int:
-    """The span (0, 1, 2) of a "prefix" step over `slots` keys."""
-    return sum(slots > edge for edge in PREFIX_SPANS)
+SPANS = {"prefix": (PREFIX_SPANS, "keys"), "causal": (CAUSAL_SPANS, "queries")}  # a kind's span edges, by what
 
 
 def call_span(kind: str, queries: int, slots: int) -> int:
     """The span a call of `kind` with `queries` queries over `slots` keys is probed and chosen in: a
-    "prefix" call's by its keys (prefix_span), a "causal" call's by its queries (CAUSAL_SPANS)."""
-    if kind == "prefix":
-        return prefix_span(slots)
-    return sum(queries > edge for edge in CAUSAL_SPANS) if kind == "causal" else 0
+    "prefix" call's by its keys, a "causal" call's by its queries (SPANS; 0 below the first edge)."""
+    edges, by = SPANS.get(kind, ((), ""))
+    return sum((slots if by == "keys" else queries) > edge for edge in edges)
 
 
 def _span_label(kind: str, span: int) -> str:
-    if not span:
-        return ""
-    if kind == "prefix":
-        return f" over {PREFIX_SPANS[span - 1] // 1024}K keys"
-    return f" over {CAUSAL_SPANS[span - 1] // 1024}K queries"
+    """chosen()'s words for a span past the first: " over 64K keys", " over 4K queries"."""
+    edges, by = SPANS.get(kind, ((), ""))
+    return f" over {edges[span - 1] // 1024}K {by}" if span else ""
 
 
 PROBE_REPEATS = 3
