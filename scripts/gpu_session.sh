@@ -75,6 +75,11 @@
 #   ttft.json) says a capture without one failed. Also new: a causal step of more than 4K queries is probed
 #   apart at 8,192 queries (e2e.json attention_kernels "causal ... over 4K queries"; 2026-12-04 chose the 16K first
 #   steps' kernel on the 5,120-token warm-up), and "prefix" steps per span of keys (over 16K, over 64K)
+#   Read first (2026-12-05): ttft.md's acceptance table says what a missed line needs (the TTFT, and for
+#   SpecPrefill the 1B pass with its other parts as measured); each probe's "rate" (e2e.json attention_kernels,
+#   TFLOP/s of the chosen kernel) gives the head-64 / head-128 rate ratio per span. Both #50 lines together need
+#   the 1B's head-64 attention at >= ~0.88 of the 8B's head-128 rate (results/gpu/h200/2026-12-04/analysis.md,
+#   "Can both lines hold together"); measured so far 0.70-0.81. Under that at the long spans: block #50 with it.
 #     command:   STEPS=profile PROFILE_METHODS=full,specprefill PROFILE_TOKENS=131008,8192 PROFILE_DECODE_MODES=eager-static BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
 #     carry:     []   (what call 1 carried stays on the warm machine, if it is still warm)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)

@@ -451,6 +451,7 @@ def test_gpu_bench_reads_issue_50s_acceptance_lines(monkeypatch):
         row("h2o", 131008, 8.0, 4.86, 9.8 / 8.0),  # 1.225x against 0.8 x 6.4 / 4.86 = 1.053x: holds
         row("specprefill", 131008, 4.0, 2.37, 9.8 / 4.0),  # 2.45x: does not
     ]
+    rows[-1]["parts"] = {"speculator_pass": {"measured_s": 2.5, "predicted_s": 1.4}}
     decode = [
         {"mode": "graphs", "draft_tokens": 0, "decode_tps": 151.0, "prompt_tokens": 8192},
         {"mode": "graphs", "draft_tokens": 4, "decode_tps": 300.0, "prompt_tokens": 8192},
@@ -467,6 +468,14 @@ def test_gpu_bench_reads_issue_50s_acceptance_lines(monkeypatch):
     }
     h2o = next(a for a in lines if a["line"].startswith("h2o"))
     assert h2o["bound"] == pytest.approx(0.8 * 6.4 / 4.86)
-    assert "| composition at 131008: speed-up vs full >= 4 | - | 4 | not measured |" in report.acceptance_lines(
+    assert "| composition at 131008: speed-up vs full >= 4 | - | 4 | not measured |  |" in report.acceptance_lines(
         {"rows": rows, "decode": decode}
     )
+    # what a missed line needs: full at 1.5 x its roofline; SpecPrefill at full / 2.5 = 3.92 s, which with its
+    # other parts as measured (4.0 - 2.5 s) leaves its speculator's pass 2.42 s
+    needs = {a["line"].split(":")[0]: a["needs"] for a in lines}
+    assert needs["full prefill at 131008"] == "TTFT <= 9.6 s (ran 9.8)"
+    assert needs["specprefill at 131008"] == (
+        "TTFT <= 3.92 s (ran 4); its speculator pass <= 2.42 s (ran 2.5), the rest as measured"
+    )
+    assert needs["full prefill at 32768"] == needs["h2o at 131008"] == needs["composition at 131008"] == ""

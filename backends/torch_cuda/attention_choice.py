@@ -388,7 +388,8 @@ def probe(
 ) -> tuple[str, Kernel, dict[str, str]]:
     """Try every candidate of `kind` on random unit-scale data of this shape, q, k and v in `layouts`
     (None: contiguous): (name, kernel) of the fastest correct one and a report {name: "1.23 ms" |
-    "wrong: ..." | "failed: ...", "probed on": "2048 queries after 6144 slots"}."""
+    "wrong: ..." | "failed: ...", "probed on": "2048 queries after 6144 slots", "rate": "512 TFLOP/s"
+    (the chosen kernel's, probe_flops)}."""
     kernels = candidates(kind) if kernels is None else kernels
     gen = torch.Generator(device=device).manual_seed(0)
     start = 0 if kind == "causal" else prefix
@@ -398,7 +399,17 @@ def probe(
     expected = reference(q, k, v, start, None)
     name, kernel, report = _fastest(kernels, lambda kernel: kernel(q, k, v, start, None), expected, dtype, device, kind)
     report["probed on"] = f"{queries} queries after {start} slots"
+    seconds = float(report[name].split()[0]) / 1e3
+    report["rate"] = f"{probe_flops(heads, head_dim, queries, start) / seconds / 1e12:.0f} TFLOP/s"
     return name, kernel, report
+
+
+def probe_flops(heads: int, head_dim: int, queries: int, start: int) -> float:
+    """FLOPs of a probe's call: q.k and p.v (2 x 2 x head_dim a pair) of every query head's visible pairs,
+    query t seeing slots 0..start + t (the causal half only, as the roofline counts them). Over the chosen
+    kernel's time, the probe's "rate": how near its head size's kernels come to the GPU's peak (a 1B
+    speculator's head of 64 against the 8B's 128 on one GPU, issue #50's SpecPrefill line)."""
+    return 4.0 * heads * head_dim * (queries * start + queries * (queries + 1) / 2)
 
 
 def _fastest(

@@ -217,9 +217,18 @@ def test_the_reference_by_heads_and_query_blocks_is_the_whole_computation(start)
     assert torch.allclose(choice.reference(q, k, v, start, 0.3), whole, atol=1e-6)
 
 
-def test_the_probe_report_names_its_shape():
+def test_the_probe_report_names_its_shape_and_the_chosen_kernels_rate():
     _, _, report = choice.probe("prefix", 4, 2, 16, torch.float32, CPU, {"expanded": choice._lower_right(False)}, 8, 24)
     assert report["probed on"] == "8 queries after 24 slots" and report["expanded"].endswith(" ms")
+    seconds = float(report["expanded"].split()[0]) / 1e3
+    assert report["rate"] == f"{choice.probe_flops(4, 16, 8, 24) / seconds / 1e12:.0f} TFLOP/s"
+
+
+@pytest.mark.parametrize("queries,start", [(1, 0), (5, 0), (8, 24)])
+def test_probe_flops_counts_the_visible_pairs_of_every_query_head(queries, start):
+    """2 x 2 x head_dim FLOPs (q.k, p.v) per visible (query, slot) pair per query head, counted one by one."""
+    pairs = sum(start + t + 1 for t in range(queries))
+    assert choice.probe_flops(4, 16, queries, start) == 4 * 4 * 16 * pairs
 
 
 def _fake_flash_attn_4(monkeypatch, calls: list) -> None:
@@ -380,11 +389,16 @@ def test_a_choice_is_kept_for_the_next_process_which_checks_it_alone(monkeypatch
     assert kept == calibration_path(json.loads(kept.read_text())["key"]) and not list(kept.parent.glob("*.partial"))
     for kernel in kernels.values():
         kernel.calls = 0
+    stored = json.loads(kept.read_text())
+    ((_, entry),) = stored["choices"].items()
+    entry["report"]["rate"] = "999 TFLOP/s"  # the first process's rate: the new one reports its own
+    kept.write_text(json.dumps(stored))
     assert _probe_in_a_new_process(monkeypatch, kernels) == first
     other = "gqa" if first == "expanded" else "expanded"
     assert kernels[first].calls > 0 and kernels[other].calls == 0
     ((_, record),) = choice.chosen().items()
     assert "checked again alone" in record["candidates"][first] and record["candidates"][other].endswith(" ms")
+    assert record["candidates"]["rate"].endswith(" TFLOP/s") and record["candidates"]["rate"] != "999 TFLOP/s"
 
 
 def test_a_kept_choice_that_errs_now_or_another_environment_probes_every_candidate(monkeypatch):
