@@ -78,8 +78,8 @@
 #   Read first (2026-12-05): ttft.md's acceptance table says what a missed line needs (the TTFT, and for
 #   SpecPrefill the 1B pass with its other parts as measured); each probe's "rate" (e2e.json attention_kernels,
 #   TFLOP/s of the chosen kernel) gives the head-64 / head-128 rate ratio per span. Both #50 lines together need
-#   the 1B's head-64 attention at >= ~0.88 of the 8B's head-128 rate (results/gpu/h200/2026-12-04/analysis.md,
-#   "Can both lines hold together"); measured so far 0.70-0.81. Under that at the long spans: block #50 with it.
+#   the 1B's head-64 attention at >= ~0.86 of the 8B's head-128 rate (results/gpu/h200/2026-12-04/analysis.md,
+#   "Can both lines hold together", "Decision"); measured 0.70-0.81: #50 was blocked on it (2026-12-05).
 #     command:   STEPS=profile PROFILE_METHODS=full,specprefill PROFILE_TOKENS=131008,8192 PROFILE_DECODE_MODES=eager-static BUDGET_S=140 PACK=1 OUT=$OUT/prof bash scripts/gpu_session.sh
 #     carry:     []   (what call 1 carried stays on the warm machine, if it is still warm)   timeout_s: 170
 #     python3 scripts/device_tree.py restore        # at once, before any commit (results/ is deleted meanwhile)
