@@ -43,6 +43,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from specfill.core.methods.h2o import full_dot_products
 from specfill.core.self_check import kernels_setting
 
 from . import placement, probe_store
@@ -409,7 +410,7 @@ def probe_flops(heads: int, head_dim: int, queries: int, start: int) -> float:
     query t seeing slots 0..start + t (the causal half only, as the roofline counts them). Over the chosen
     kernel's time, the probe's "rate": how near its head size's kernels come to the GPU's peak (a 1B
     speculator's head of 64 against the 8B's 128 on one GPU, issue #50's SpecPrefill line)."""
-    return 4.0 * heads * head_dim * (queries * start + queries * (queries + 1) / 2)
+    return 4.0 * heads * head_dim * (queries * start + full_dot_products(queries))
 
 
 def _fastest(
